@@ -1,0 +1,299 @@
+/*
+ * ferry: a ggml-like backend layer (tensors, buffer types, buffers, backends) and a
+ * scheduler that copies each split's inputs to the backend running the split.
+ *
+ * This header is the whole public ABI. The Python binding's cdef is this file run
+ * through the preprocessor with FERRY_CDEF defined, so it must stay plain C that
+ * cffi can read: no inline functions, no function-like macros below the guard.
+ *
+ * Conventions are ggml's: ne[0] is the fastest dimension, nb[i] is the byte stride of
+ * dimension i, nb[0] the element (or block) size.
+ *
+ * Errors: every function that can fail returns a ferry_status; on failure a message
+ * is left for ferry_last_error() (per thread). No public function aborts on bad input.
+ */
+#ifndef FERRY_H
+#define FERRY_H
+
+#ifndef FERRY_CDEF
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_MAX_DIMS 4
+#define FERRY_MAX_SRC 4
+#define FERRY_MAX_OP_PARAMS 8
+#define FERRY_MAX_NAME 64
+
+/* ---------------------------------------------------------------- errors */
+
+typedef enum {
+    FERRY_OK = 0,
+    FERRY_ERR_INVALID_ARG = 1,   /* a NULL pointer, a negative or zero size where one is needed */
+    FERRY_ERR_OUT_OF_BOUNDS = 2, /* an offset or extent past the end of a tensor or buffer */
+    FERRY_ERR_NOT_ALLOCATED = 3, /* a tensor with no memory behind it */
+    FERRY_ERR_LAYOUT = 4,        /* shapes or strides that do not match what is asked */
+    FERRY_ERR_UNKNOWN_TYPE = 5,
+    FERRY_ERR_FREED = 6,         /* a buffer that was freed */
+    FERRY_ERR_OUT_OF_MEMORY = 7,
+    FERRY_ERR_UNSUPPORTED = 8,   /* the backend or buffer cannot do this */
+    FERRY_ERR_BACKEND = 9,       /* the backend's own failure (a CUDA error, ...) */
+    FERRY_STATUS_COUNT = 10
+} ferry_status;
+
+/* The message of the last failure on this thread ("" if none). */
+const char * ferry_last_error(void);
+ferry_status ferry_last_status(void);
+void         ferry_clear_error(void);
+const char * ferry_status_name(ferry_status status);
+
+/* ---------------------------------------------------------------- types */
+
+typedef enum {
+    FERRY_TYPE_F32 = 0,
+    FERRY_TYPE_F16 = 1,
+    FERRY_TYPE_BF16 = 2,
+    FERRY_TYPE_I32 = 3,
+    FERRY_TYPE_Q8_0 = 4, /* 32 values in 34 bytes: an f16 scale and 32 int8 */
+    FERRY_TYPE_Q4_0 = 5, /* 32 values in 18 bytes: an f16 scale and 16 bytes of nibbles */
+    FERRY_TYPE_COUNT = 6
+} ferry_type;
+
+/* Unknown types give NULL / 0 and leave an error. */
+const char * ferry_type_name(ferry_type type);
+ferry_status ferry_type_from_name(const char * name, ferry_type * out);
+size_t       ferry_type_size(ferry_type type);  /* bytes per block */
+int64_t      ferry_blck_size(ferry_type type);  /* values per block */
+/* Bytes taken by a row of ne values; ne must be a multiple of the block size. */
+ferry_status ferry_row_size(ferry_type type, int64_t ne, size_t * out);
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef struct ferry_context     ferry_context;
+typedef struct ferry_buffer_type ferry_buffer_type;
+typedef struct ferry_buffer      ferry_buffer;
+typedef struct ferry_backend     ferry_backend;
+
+typedef enum {
+    FERRY_OP_NONE = 0,   /* a leaf: data of its own */
+    FERRY_OP_VIEW = 1,   /* views share their source's memory */
+    FERRY_OP_RESHAPE = 2,
+    FERRY_OP_PERMUTE = 3,
+    FERRY_OP_TRANSPOSE = 4,
+    FERRY_OP_ADD = 5,
+    FERRY_OP_MUL = 6,
+    FERRY_OP_SCALE = 7,
+    FERRY_OP_DUP = 8,
+    FERRY_OP_CONCAT = 9,
+    FERRY_OP_PAD = 10,
+    FERRY_OP_MEAN = 11,
+    FERRY_OP_ATTN_DECODE = 12,
+    FERRY_OP_COUNT = 13
+} ferry_op;
+
+enum {
+    FERRY_TENSOR_FLAG_INPUT = 1,
+    FERRY_TENSOR_FLAG_OUTPUT = 2
+};
+
+/*
+ * A tensor: type, shape, byte strides, and where its bytes live. The struct is
+ * public so that readers (and the binding) see ne/nb directly; change it only
+ * through the functions below.
+ */
+typedef struct ferry_tensor {
+    ferry_type type;
+    int64_t ne[FERRY_MAX_DIMS];
+    size_t  nb[FERRY_MAX_DIMS];
+
+    ferry_op op;
+    int32_t  op_params[FERRY_MAX_OP_PARAMS];
+    int32_t  flags;
+    struct ferry_tensor * src[FERRY_MAX_SRC];
+
+    /* Views: the tensor whose memory this one reads (never itself a view) and the
+     * byte offset into it. data and buffer follow view_src once it is allocated. */
+    struct ferry_tensor * view_src;
+    size_t view_offs;
+
+    void * data;
+    ferry_buffer * buffer;
+    uint64_t buffer_id; /* the buffer's serial, so a freed buffer is recognised */
+
+    char name[FERRY_MAX_NAME];
+} ferry_tensor;
+
+/* A context owns tensor structs (not their data); freeing it frees them all. */
+ferry_status ferry_context_new(ferry_context ** out);
+void         ferry_context_free(ferry_context * ctx);
+size_t       ferry_context_n_tensors(const ferry_context * ctx);
+
+/* A new tensor with contiguous strides; ne[i] for i >= n_dims are 1. */
+ferry_status ferry_tensor_new(ferry_context * ctx, ferry_type type, int n_dims,
+                              const int64_t * ne, ferry_tensor ** out);
+/* A tensor with the same type, ne and nb as t, unallocated (the scheduler's input copy). */
+ferry_status ferry_tensor_dup_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
+/* A view of src: n_dims shapes, explicit byte strides nb[1..n_dims-1] (nb[0] is the
+ * type's), at a byte offset from src's first byte. It must stay inside src. */
+ferry_status ferry_tensor_view(ferry_context * ctx, ferry_tensor * src, int n_dims,
+                               const int64_t * ne, const size_t * nb, size_t offset,
+                               ferry_tensor ** out);
+/* ggml's permute: dimension i of t becomes dimension axis[i] of the result. */
+ferry_status ferry_tensor_permute(ferry_context * ctx, ferry_tensor * t,
+                                  int axis0, int axis1, int axis2, int axis3, ferry_tensor ** out);
+ferry_status ferry_tensor_transpose(ferry_context * ctx, ferry_tensor * t, ferry_tensor ** out);
+/* t must be contiguous; the element count must not change. */
+ferry_status ferry_tensor_reshape(ferry_context * ctx, ferry_tensor * t, int n_dims,
+                                  const int64_t * ne, ferry_tensor ** out);
+ferry_status ferry_tensor_set_name(ferry_tensor * t, const char * name);
+
+int64_t ferry_tensor_nelements(const ferry_tensor * t);
+int64_t ferry_tensor_nrows(const ferry_tensor * t);
+/* ggml's rule: the span from the first byte to the last, whole blocks included. */
+size_t  ferry_tensor_nbytes(const ferry_tensor * t);
+bool    ferry_tensor_is_contiguous(const ferry_tensor * t);
+bool    ferry_tensor_same_layout(const ferry_tensor * a, const ferry_tensor * b);
+bool    ferry_tensor_is_view(const ferry_tensor * t);
+/* OK if t has memory behind it in a live buffer (views: their source). */
+ferry_status ferry_tensor_check_allocated(const ferry_tensor * t);
+
+/* ---------------------------------------------------------------- transfers and their counts */
+
+typedef enum {
+    FERRY_XFER_SET = 0,
+    FERRY_XFER_GET = 1,
+    FERRY_XFER_SET_2D = 2,
+    FERRY_XFER_GET_2D = 3,
+    FERRY_XFER_COPY = 4,
+    FERRY_XFER_MEMSET = 5,
+    FERRY_XFER_COUNT = 6
+} ferry_xfer;
+
+/*
+ * What a buffer or backend moved. calls and bytes count requests as made through the
+ * public API (a 2-D set of n copies of s bytes is one call of n*s bytes); impl_calls
+ * counts the operations that carried them out (the same 2-D set done by a backend
+ * without a 2-D implementation is n plain sets).
+ */
+typedef struct {
+    uint64_t calls[FERRY_XFER_COUNT];
+    uint64_t bytes[FERRY_XFER_COUNT];
+    uint64_t impl_calls[FERRY_XFER_COUNT];
+} ferry_stats;
+
+const char * ferry_xfer_name(ferry_xfer kind);
+
+/* ---------------------------------------------------------------- buffer types and buffers */
+
+typedef enum {
+    FERRY_BUFFER_USAGE_ANY = 0,
+    FERRY_BUFFER_USAGE_WEIGHTS = 1,
+    FERRY_BUFFER_USAGE_COMPUTE = 2
+} ferry_buffer_usage;
+
+const char * ferry_buffer_type_name(const ferry_buffer_type * buft);
+ferry_status ferry_buffer_type_alloc_buffer(ferry_buffer_type * buft, size_t size, ferry_buffer ** out);
+size_t       ferry_buffer_type_alignment(const ferry_buffer_type * buft);
+size_t       ferry_buffer_type_max_size(const ferry_buffer_type * buft);
+bool         ferry_buffer_type_is_host(const ferry_buffer_type * buft);
+/* Bytes a tensor takes in a buffer of this type (nbytes unless the type pads). */
+size_t       ferry_buffer_type_alloc_size(const ferry_buffer_type * buft, const ferry_tensor * t);
+
+/* Frees the buffer; tensors placed in it become unallocated for every later call. */
+void         ferry_buffer_free(ferry_buffer * buf);
+void *       ferry_buffer_base(const ferry_buffer * buf);
+size_t       ferry_buffer_size(const ferry_buffer * buf);
+ferry_buffer_type * ferry_buffer_get_type(const ferry_buffer * buf);
+bool         ferry_buffer_is_host(const ferry_buffer * buf);
+ferry_status ferry_buffer_set_usage(ferry_buffer * buf, ferry_buffer_usage usage);
+ferry_buffer_usage ferry_buffer_get_usage(const ferry_buffer * buf);
+uint64_t     ferry_buffer_id(const ferry_buffer * buf);
+bool         ferry_buffer_id_is_live(uint64_t id);
+ferry_status ferry_buffer_clear(ferry_buffer * buf, uint8_t value);
+/* Place t (not a view) at a byte offset in buf, aligned to the buffer type's alignment. */
+ferry_status ferry_buffer_place_tensor(ferry_buffer * buf, ferry_tensor * t, size_t offset);
+ferry_status ferry_buffer_get_stats(const ferry_buffer * buf, ferry_stats * out);
+void         ferry_buffer_reset_stats(ferry_buffer * buf);
+
+/* Blocking transfers between host memory and a tensor, offsets relative to the tensor. */
+ferry_status ferry_tensor_set(ferry_tensor * t, const void * data, size_t offset, size_t size);
+ferry_status ferry_tensor_get(const ferry_tensor * t, void * data, size_t offset, size_t size);
+ferry_status ferry_tensor_memset(ferry_tensor * t, uint8_t value, size_t offset, size_t size);
+/* n_copies rows of size bytes: row i goes to offset + i*stride_tensor in the tensor and
+ * comes from data + i*stride_data (the reverse for get). */
+ferry_status ferry_tensor_set_2d(ferry_tensor * t, const void * data, size_t offset, size_t size,
+                                 size_t n_copies, size_t stride_tensor, size_t stride_data);
+ferry_status ferry_tensor_get_2d(const ferry_tensor * t, void * data, size_t offset, size_t size,
+                                 size_t n_copies, size_t stride_tensor, size_t stride_data);
+/* The flat copy of nbytes() between tensors of the same layout. */
+ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst);
+
+/* ---------------------------------------------------------------- backends */
+
+void         ferry_backend_free(ferry_backend * backend);
+const char * ferry_backend_name(const ferry_backend * backend);
+ferry_buffer_type * ferry_backend_default_buffer_type(ferry_backend * backend);
+bool         ferry_backend_supports_buft(ferry_backend * backend, ferry_buffer_type * buft);
+bool         ferry_backend_supports_op(ferry_backend * backend, const ferry_tensor * op);
+/* Does the backend implement 2-D transfers itself (else they are loops of plain ones)? */
+bool         ferry_backend_has_2d(const ferry_backend * backend);
+ferry_status ferry_backend_alloc_buffer(ferry_backend * backend, size_t size, ferry_buffer ** out);
+
+ferry_status ferry_backend_tensor_set_async(ferry_backend * backend, ferry_tensor * t, const void * data,
+                                            size_t offset, size_t size);
+ferry_status ferry_backend_tensor_get_async(ferry_backend * backend, const ferry_tensor * t, void * data,
+                                            size_t offset, size_t size);
+ferry_status ferry_backend_tensor_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data,
+                                               size_t offset, size_t size, size_t n_copies,
+                                               size_t stride_tensor, size_t stride_data);
+ferry_status ferry_backend_tensor_get_2d_async(ferry_backend * backend, const ferry_tensor * t, void * data,
+                                               size_t offset, size_t size, size_t n_copies,
+                                               size_t stride_tensor, size_t stride_data);
+/* Copy src into dst (same layout) on dst's backend; falls back to a blocking copy. */
+ferry_status ferry_backend_tensor_copy_async(ferry_backend * backend_src, ferry_backend * backend_dst,
+                                             const ferry_tensor * src, ferry_tensor * dst);
+ferry_status ferry_backend_synchronize(ferry_backend * backend);
+ferry_status ferry_backend_get_stats(const ferry_backend * backend, ferry_stats * out);
+void         ferry_backend_reset_stats(ferry_backend * backend);
+
+/* The CPU backend and its host buffer type (shared by every CPU backend). */
+ferry_status ferry_cpu_backend_new(ferry_backend ** out);
+ferry_buffer_type * ferry_cpu_buffer_type(void);
+
+/*
+ * The dummy backend, for allocator tests and dry runs. Its buffers are not host memory
+ * as far as other backends know. By default they hand out synthetic addresses with no
+ * memory behind them: transfers are checked and counted, not performed, and compute
+ * does nothing. With real_memory they are backed by memory a test can read, and ops
+ * run on the CPU implementations. has_2d off makes 2-D transfers take the generic loop.
+ */
+typedef struct {
+    size_t alignment;       /* a power of two; 0 means 64 */
+    size_t max_buffer_size; /* 0 means unbounded */
+    bool   real_memory;
+    bool   has_2d;
+} ferry_dummy_params;
+
+ferry_dummy_params ferry_dummy_default_params(void);
+ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_backend ** out);
+
+/* ---------------------------------------------------------------- build */
+
+/* Was CUDA compiled in, and is a device usable now? */
+bool         ferry_built_with_cuda(void);
+bool         ferry_cuda_available(void);
+const char * ferry_version(void);
+/* sizeof(ferry_tensor) as compiled, so the binding can check its cdef agrees. */
+size_t       ferry_sizeof_tensor(void);
+size_t       ferry_sizeof_stats(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_H */

@@ -1,0 +1,178 @@
+/*
+ * The dummy backend: a device-like backend for allocator tests and dry runs. Its
+ * buffers hand out synthetic addresses (transfers checked and counted, not done), or
+ * with real_memory are host memory that other backends are told is not host.
+ */
+#include "ferry-impl.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct {
+    ferry_dummy_params params;
+    ferry_buffer_type buft;
+    char name[48];
+} dummy_ctx;
+
+/* Synthetic bases: far apart, never dereferenced, never NULL. */
+static _Atomic uintptr_t next_synthetic = (uintptr_t) 1 << 40;
+
+static const char * dummy_buft_name(const ferry_buffer_type * buft) {
+    return ((const dummy_ctx *) buft->context)->name;
+}
+
+static size_t dummy_buft_alignment(const ferry_buffer_type * buft) {
+    return ((const dummy_ctx *) buft->context)->params.alignment;
+}
+
+static size_t dummy_buft_max_size(const ferry_buffer_type * buft) {
+    const size_t max = ((const dummy_ctx *) buft->context)->params.max_buffer_size;
+    return max ? max : SIZE_MAX;
+}
+
+static bool dummy_buft_is_host(const ferry_buffer_type * buft) {
+    (void) buft;
+    return false;
+}
+
+/* ---------------------------------------------------------------- synthetic buffers */
+
+static void synthetic_free(ferry_buffer * buf) { (void) buf; }
+static void * synthetic_base(const ferry_buffer * buf) { return buf->context; }
+
+static ferry_status synthetic_memset(ferry_buffer * buf, ferry_tensor * t, uint8_t value, size_t offset, size_t size) {
+    (void) buf, (void) t, (void) value, (void) offset, (void) size;
+    return FERRY_OK;
+}
+
+static ferry_status synthetic_set(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset, size_t size) {
+    (void) buf, (void) t, (void) data, (void) offset, (void) size;
+    return FERRY_OK;
+}
+
+static ferry_status synthetic_get(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset,
+                                  size_t size) {
+    (void) buf, (void) t, (void) data, (void) offset, (void) size;
+    return FERRY_OK;
+}
+
+static ferry_status synthetic_set_2d(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset,
+                                     size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
+    (void) buf, (void) t, (void) data, (void) offset, (void) size, (void) n_copies, (void) stride_tensor,
+        (void) stride_data;
+    return FERRY_OK;
+}
+
+static ferry_status synthetic_get_2d(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset,
+                                     size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
+    (void) buf, (void) t, (void) data, (void) offset, (void) size, (void) n_copies, (void) stride_tensor,
+        (void) stride_data;
+    return FERRY_OK;
+}
+
+static ferry_status synthetic_clear(ferry_buffer * buf, uint8_t value) {
+    (void) buf, (void) value;
+    return FERRY_OK;
+}
+
+static const struct ferry_buffer_i synthetic_iface = {
+    .free_buffer = synthetic_free,
+    .get_base = synthetic_base,
+    .memset_tensor = synthetic_memset,
+    .set_tensor = synthetic_set,
+    .get_tensor = synthetic_get,
+    .set_tensor_2d = synthetic_set_2d,
+    .get_tensor_2d = synthetic_get_2d,
+    .clear = synthetic_clear,
+};
+
+static ferry_status dummy_buft_alloc(ferry_buffer_type * buft, size_t size, ferry_buffer ** out) {
+    const dummy_ctx * ctx = buft->context;
+    ferry_status st;
+    if (ctx->params.real_memory) {
+        st = ferry_host_buffer_new(buft, size, ctx->params.alignment, out);
+    } else {
+        const uintptr_t step = ((uintptr_t) size + ((uintptr_t) 1 << 30)) & ~(((uintptr_t) 1 << 30) - 1);
+        const uintptr_t base = atomic_fetch_add(&next_synthetic, step + ((uintptr_t) 1 << 30));
+        st = ferry_buffer_init(buft, synthetic_iface, (void *) base, size, out);
+    }
+    if (st == FERRY_OK && !ctx->params.has_2d) {
+        (*out)->iface.set_tensor_2d = NULL;
+        (*out)->iface.get_tensor_2d = NULL;
+    }
+    return st;
+}
+
+/* ---------------------------------------------------------------- the backend */
+
+static const char * dummy_name(const ferry_backend * backend) { return ((const dummy_ctx *) backend->context)->name; }
+
+static void dummy_free(ferry_backend * backend) { free(backend->context); }
+
+static ferry_buffer_type * dummy_default_buft(ferry_backend * backend) {
+    return &((dummy_ctx *) backend->context)->buft;
+}
+
+static bool dummy_supports_buft(ferry_backend * backend, ferry_buffer_type * buft) {
+    return buft == &((dummy_ctx *) backend->context)->buft;
+}
+
+static ferry_status dummy_set_2d(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
+                                 size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
+    (void) backend;
+    ferry_buffer * buf = ferry_tensor_buffer(t);
+    return buf->iface.set_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
+}
+
+static ferry_status dummy_get_2d(ferry_backend * backend, const ferry_tensor * t, void * data, size_t offset,
+                                 size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
+    (void) backend;
+    ferry_buffer * buf = ferry_tensor_buffer(t);
+    return buf->iface.get_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
+}
+
+ferry_dummy_params ferry_dummy_default_params(void) {
+    return (ferry_dummy_params) {.alignment = 64, .max_buffer_size = 0, .real_memory = false, .has_2d = true};
+}
+
+ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_backend ** out) {
+    FERRY_CHECK_ARG(out, "dummy_backend_new: NULL output");
+    ferry_dummy_params p = params ? *params : ferry_dummy_default_params();
+    if (p.alignment == 0) {
+        p.alignment = 64;
+    }
+    if ((p.alignment & (p.alignment - 1)) != 0 || p.alignment > ((size_t) 1 << 30)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "dummy_backend_new: alignment %zu is not a power of two up to 1 GiB",
+                          p.alignment);
+    }
+    dummy_ctx * ctx = calloc(1, sizeof(*ctx));
+    if (!ctx) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "dummy_backend_new: out of memory");
+    }
+    ctx->params = p;
+    snprintf(ctx->name, sizeof(ctx->name), "Dummy%s", p.real_memory ? "" : "(synthetic)");
+    ctx->buft.iface = (struct ferry_buffer_type_i) {
+        .get_name = dummy_buft_name,
+        .alloc_buffer = dummy_buft_alloc,
+        .get_alignment = dummy_buft_alignment,
+        .get_max_size = dummy_buft_max_size,
+        .is_host = dummy_buft_is_host,
+    };
+    ctx->buft.context = ctx;
+    struct ferry_backend_i iface = {
+        .get_name = dummy_name,
+        .free = dummy_free,
+        .get_default_buffer_type = dummy_default_buft,
+        .supports_buft = dummy_supports_buft,
+    };
+    if (p.has_2d) {
+        iface.set_tensor_2d_async = dummy_set_2d;
+        iface.get_tensor_2d_async = dummy_get_2d;
+    }
+    const ferry_status st = ferry_backend_init(iface, ctx, out);
+    if (st != FERRY_OK) {
+        free(ctx);
+    }
+    return st;
+}

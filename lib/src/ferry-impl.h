@@ -1,0 +1,158 @@
+/*
+ * Internal interfaces: each buffer type, buffer and backend is a struct of function
+ * pointers plus a context, as in ggml. Public functions (buffer.c, backend.c) check
+ * arguments and dispatch here; optional entries left NULL take a generic path.
+ */
+#ifndef FERRY_IMPL_H
+#define FERRY_IMPL_H
+
+#include "ferry.h"
+
+#include <stdarg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- errors (error.c) */
+
+/* Record a failure for ferry_last_error() and return its status. */
+ferry_status ferry_fail(ferry_status status, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+#define FERRY_CHECK_ARG(cond, ...) \
+    do { if (!(cond)) return ferry_fail(FERRY_ERR_INVALID_ARG, __VA_ARGS__); } while (0)
+#define FERRY_TRY(expr) \
+    do { ferry_status ferry_try_st_ = (expr); if (ferry_try_st_ != FERRY_OK) return ferry_try_st_; } while (0)
+
+/* Overflow-checked arithmetic on sizes: false on overflow. */
+static inline bool ferry_add_ok(size_t a, size_t b, size_t * out) { return !__builtin_add_overflow(a, b, out); }
+static inline bool ferry_mul_ok(size_t a, size_t b, size_t * out) { return !__builtin_mul_overflow(a, b, out); }
+
+/* Byte extent of a 2-D transfer: offset + (n-1)*stride + size, false on overflow. */
+bool ferry_extent_2d(size_t offset, size_t size, size_t n_copies, size_t stride, size_t * end);
+
+/* ---------------------------------------------------------------- types (types.c) */
+
+bool  ferry_type_valid(ferry_type type);
+float ferry_f16_to_f32(uint16_t h);
+uint16_t ferry_f32_to_f16(float f);
+float ferry_bf16_to_f32(uint16_t h);
+uint16_t ferry_f32_to_bf16(float f);
+
+/* ---------------------------------------------------------------- tensors (tensor.c) */
+
+/* The tensor that owns the memory t reads (t itself unless t is a view). */
+const ferry_tensor * ferry_tensor_root(const ferry_tensor * t);
+/* Refresh a view's data and buffer from its source; returns the data pointer or NULL. */
+void * ferry_tensor_data(const ferry_tensor * t);
+ferry_buffer * ferry_tensor_buffer(const ferry_tensor * t);
+/* A new tensor in ctx with everything zeroed but type; for op constructors. */
+ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, ferry_tensor ** out);
+void ferry_tensor_set_contiguous_strides(ferry_tensor * t);
+
+/* ---------------------------------------------------------------- buffer types and buffers */
+
+struct ferry_buffer_type_i {
+    const char * (*get_name)(const ferry_buffer_type * buft);
+    ferry_status (*alloc_buffer)(ferry_buffer_type * buft, size_t size, ferry_buffer ** out);
+    size_t (*get_alignment)(const ferry_buffer_type * buft);
+    size_t (*get_max_size)(const ferry_buffer_type * buft);                            /* optional: SIZE_MAX */
+    size_t (*get_alloc_size)(const ferry_buffer_type * buft, const ferry_tensor * t); /* optional: nbytes */
+    bool   (*is_host)(const ferry_buffer_type * buft);
+};
+
+struct ferry_buffer_type {
+    struct ferry_buffer_type_i iface;
+    void * context;
+};
+
+/*
+ * Offsets in the buffer interface are relative to the tensor's data pointer, which
+ * the public layer has already checked to lie, with the whole extent, inside the buffer.
+ */
+struct ferry_buffer_i {
+    void   (*free_buffer)(ferry_buffer * buf);
+    void * (*get_base)(const ferry_buffer * buf);
+    ferry_status (*memset_tensor)(ferry_buffer * buf, ferry_tensor * t, uint8_t value, size_t offset, size_t size);
+    ferry_status (*set_tensor)(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset, size_t size);
+    ferry_status (*get_tensor)(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset, size_t size);
+    /* optional: a loop of set_tensor / get_tensor */
+    ferry_status (*set_tensor_2d)(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset,
+                                  size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data);
+    ferry_status (*get_tensor_2d)(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset,
+                                  size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data);
+    /* optional: copy src (any buffer) into dst (this buffer); UNSUPPORTED if it cannot */
+    ferry_status (*cpy_tensor)(ferry_buffer * buf, const ferry_tensor * src, ferry_tensor * dst);
+    ferry_status (*clear)(ferry_buffer * buf, uint8_t value);
+};
+
+struct ferry_buffer {
+    struct ferry_buffer_i iface;
+    ferry_buffer_type * buft;
+    void * context;
+    size_t size;
+    ferry_buffer_usage usage;
+    uint64_t id;
+    ferry_stats stats;
+};
+
+/* Build a buffer around an interface and context; registers it as live. */
+ferry_status ferry_buffer_init(ferry_buffer_type * buft, struct ferry_buffer_i iface, void * context,
+                               size_t size, ferry_buffer ** out);
+void ferry_stats_add(ferry_stats * s, ferry_xfer kind, uint64_t bytes, uint64_t impl_calls);
+
+/* Plain host memory buffers (the CPU buffer type, the dummy's real memory). */
+ferry_status ferry_host_buffer_new(ferry_buffer_type * buft, size_t size, size_t alignment, ferry_buffer ** out);
+
+/* ---------------------------------------------------------------- backends */
+
+typedef struct ferry_graph ferry_graph;
+
+struct ferry_backend_i {
+    const char * (*get_name)(const ferry_backend * backend);
+    void (*free)(ferry_backend * backend);
+    ferry_buffer_type * (*get_default_buffer_type)(ferry_backend * backend);
+    bool (*supports_buft)(ferry_backend * backend, ferry_buffer_type * buft);
+    bool (*supports_op)(ferry_backend * backend, const ferry_tensor * op); /* optional: false */
+
+    /* optional: blocking buffer transfers */
+    ferry_status (*set_tensor_async)(ferry_backend * backend, ferry_tensor * t, const void * data,
+                                     size_t offset, size_t size);
+    ferry_status (*get_tensor_async)(ferry_backend * backend, const ferry_tensor * t, void * data,
+                                     size_t offset, size_t size);
+    /* optional: a loop of the plain async transfers */
+    ferry_status (*set_tensor_2d_async)(ferry_backend * backend, ferry_tensor * t, const void * data,
+                                        size_t offset, size_t size, size_t n_copies,
+                                        size_t stride_tensor, size_t stride_data);
+    ferry_status (*get_tensor_2d_async)(ferry_backend * backend, const ferry_tensor * t, void * data,
+                                        size_t offset, size_t size, size_t n_copies,
+                                        size_t stride_tensor, size_t stride_data);
+    /* optional: UNSUPPORTED makes the caller fall back to a blocking copy */
+    ferry_status (*cpy_tensor_async)(ferry_backend * backend_src, ferry_backend * backend_dst,
+                                     const ferry_tensor * src, ferry_tensor * dst);
+    ferry_status (*synchronize)(ferry_backend * backend); /* optional: nothing to wait for */
+    /* optional: compute the nodes of a graph, in order (graph.c defines the graph) */
+    ferry_status (*graph_compute)(ferry_backend * backend, ferry_graph * graph);
+};
+
+struct ferry_backend {
+    struct ferry_backend_i iface;
+    void * context;
+    ferry_stats stats;
+};
+
+ferry_status ferry_backend_init(struct ferry_backend_i iface, void * context, ferry_backend ** out);
+
+/* Checks shared by buffer.c and backend.c: t allocated, the extent inside t. */
+ferry_status ferry_check_transfer(const ferry_tensor * t, const void * data, size_t offset, size_t size,
+                                  size_t n_copies, size_t stride_tensor, const char * what);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_IMPL_H */

@@ -1,0 +1,323 @@
+/* Tensor metadata: contexts, shapes and strides, views, nbytes. No memory is touched here. */
+#include "ferry-impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct ferry_context {
+    ferry_tensor ** tensors;
+    size_t n_tensors;
+    size_t capacity;
+};
+
+ferry_status ferry_context_new(ferry_context ** out) {
+    FERRY_CHECK_ARG(out, "context_new: NULL output");
+    ferry_context * ctx = calloc(1, sizeof(*ctx));
+    if (!ctx) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "context_new: out of memory");
+    }
+    *out = ctx;
+    return FERRY_OK;
+}
+
+void ferry_context_free(ferry_context * ctx) {
+    if (!ctx) {
+        return;
+    }
+    for (size_t i = 0; i < ctx->n_tensors; i++) {
+        free(ctx->tensors[i]);
+    }
+    free(ctx->tensors);
+    free(ctx);
+}
+
+size_t ferry_context_n_tensors(const ferry_context * ctx) { return ctx ? ctx->n_tensors : 0; }
+
+ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && out, "tensor: NULL context or output");
+    if (!ferry_type_valid(type)) {
+        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "tensor: unknown type %d", (int) type);
+    }
+    if (ctx->n_tensors == ctx->capacity) {
+        const size_t cap = ctx->capacity ? 2 * ctx->capacity : 16;
+        ferry_tensor ** grown = realloc(ctx->tensors, cap * sizeof(*grown));
+        if (!grown) {
+            return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
+        }
+        ctx->tensors = grown;
+        ctx->capacity = cap;
+    }
+    ferry_tensor * t = calloc(1, sizeof(*t));
+    if (!t) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
+    }
+    t->type = type;
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        t->ne[i] = 1;
+    }
+    ctx->tensors[ctx->n_tensors++] = t;
+    *out = t;
+    return FERRY_OK;
+}
+
+void ferry_tensor_set_contiguous_strides(ferry_tensor * t) {
+    t->nb[0] = ferry_type_size(t->type);
+    t->nb[1] = t->nb[0] * (size_t) (t->ne[0] / ferry_blck_size(t->type));
+    for (int i = 2; i < FERRY_MAX_DIMS; i++) {
+        t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
+    }
+}
+
+/* Shapes must be non-negative, rows whole blocks, and the total byte size representable. */
+static ferry_status check_shape(ferry_type type, int n_dims, const int64_t * ne, const char * what) {
+    FERRY_CHECK_ARG(ne, "%s: NULL shape", what);
+    if (n_dims < 1 || n_dims > FERRY_MAX_DIMS) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: n_dims %d is not in 1..%d", what, n_dims, FERRY_MAX_DIMS);
+    }
+    size_t total = 0;
+    FERRY_TRY(ferry_row_size(type, ne[0] < 0 ? 0 : ne[0], &total));
+    for (int i = 0; i < n_dims; i++) {
+        if (ne[i] < 0) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: ne[%d] = %lld is negative", what, i, (long long) ne[i]);
+        }
+        if (i > 0 && !ferry_mul_ok(total, (size_t) ne[i], &total)) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: the shape's byte size overflows", what);
+        }
+    }
+    if (total > (size_t) INT64_MAX) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: the shape's byte size overflows", what);
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_tensor_new(ferry_context * ctx, ferry_type type, int n_dims, const int64_t * ne,
+                              ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && out, "tensor_new: NULL context or output");
+    if (!ferry_type_valid(type)) {
+        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "tensor_new: unknown type %d", (int) type);
+    }
+    FERRY_TRY(check_shape(type, n_dims, ne, "tensor_new"));
+    ferry_tensor * t;
+    FERRY_TRY(ferry_tensor_alloc_struct(ctx, type, &t));
+    for (int i = 0; i < n_dims; i++) {
+        t->ne[i] = ne[i];
+    }
+    ferry_tensor_set_contiguous_strides(t);
+    *out = t;
+    return FERRY_OK;
+}
+
+ferry_status ferry_tensor_dup_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && t && out, "tensor_dup_layout: NULL argument");
+    ferry_tensor * d;
+    FERRY_TRY(ferry_tensor_alloc_struct(ctx, t->type, &d));
+    memcpy(d->ne, t->ne, sizeof(d->ne));
+    memcpy(d->nb, t->nb, sizeof(d->nb));
+    *out = d;
+    return FERRY_OK;
+}
+
+const ferry_tensor * ferry_tensor_root(const ferry_tensor * t) { return t->view_src ? t->view_src : t; }
+
+void * ferry_tensor_data(const ferry_tensor * t) {
+    if (!t->view_src) {
+        return t->data;
+    }
+    ferry_tensor * v = (ferry_tensor *) t; /* views cache their source's placement */
+    const ferry_tensor * root = t->view_src;
+    v->buffer = root->buffer;
+    v->buffer_id = root->buffer_id;
+    v->data = root->data ? (char *) root->data + t->view_offs : NULL;
+    return v->data;
+}
+
+ferry_buffer * ferry_tensor_buffer(const ferry_tensor * t) { return ferry_tensor_root(t)->buffer; }
+
+/* A new view struct of src sharing its memory; the caller fills ne/nb. */
+static ferry_status new_view(ferry_context * ctx, ferry_tensor * src, ferry_op op, size_t offset,
+                             ferry_tensor ** out) {
+    ferry_tensor * v;
+    FERRY_TRY(ferry_tensor_alloc_struct(ctx, src->type, &v));
+    v->op = op;
+    v->src[0] = src;
+    v->view_src = (ferry_tensor *) ferry_tensor_root(src);
+    v->view_offs = (src->view_src ? src->view_offs : 0) + offset;
+    ferry_tensor_data(v);
+    *out = v;
+    return FERRY_OK;
+}
+
+int64_t ferry_tensor_nelements(const ferry_tensor * t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
+int64_t ferry_tensor_nrows(const ferry_tensor * t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
+
+size_t ferry_tensor_nbytes(const ferry_tensor * t) {
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        if (t->ne[i] <= 0) {
+            return 0;
+        }
+    }
+    const int64_t blck = ferry_blck_size(t->type);
+    size_t nbytes;
+    if (blck == 1) {
+        nbytes = ferry_type_size(t->type);
+        for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+            nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
+        }
+    } else {
+        nbytes = (size_t) t->ne[0] * t->nb[0] / (size_t) blck;
+        for (int i = 1; i < FERRY_MAX_DIMS; i++) {
+            nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
+        }
+    }
+    return nbytes;
+}
+
+bool ferry_tensor_is_contiguous(const ferry_tensor * t) {
+    size_t expect = ferry_type_size(t->type);
+    if (t->nb[0] != expect) {
+        return false;
+    }
+    expect = expect * (size_t) (t->ne[0] / ferry_blck_size(t->type));
+    for (int i = 1; i < FERRY_MAX_DIMS; i++) {
+        if (t->ne[i] != 1 && t->nb[i] != expect) {
+            return false;
+        }
+        expect *= (size_t) t->ne[i];
+    }
+    return true;
+}
+
+bool ferry_tensor_same_layout(const ferry_tensor * a, const ferry_tensor * b) {
+    if (!a || !b || a->type != b->type) {
+        return false;
+    }
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        if (a->ne[i] != b->ne[i] || a->nb[i] != b->nb[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool ferry_tensor_is_view(const ferry_tensor * t) { return t && t->view_src != NULL; }
+
+ferry_status ferry_tensor_check_allocated(const ferry_tensor * t) {
+    FERRY_CHECK_ARG(t, "NULL tensor");
+    const ferry_tensor * root = ferry_tensor_root(t);
+    if (!root->buffer) {
+        return ferry_fail(FERRY_ERR_NOT_ALLOCATED, "tensor '%s' is not allocated", t->name);
+    }
+    if (!ferry_buffer_id_is_live(root->buffer_id)) {
+        return ferry_fail(FERRY_ERR_FREED, "tensor '%s' lies in a buffer that was freed", t->name);
+    }
+    ferry_tensor_data(t);
+    return FERRY_OK;
+}
+
+ferry_status ferry_tensor_view(ferry_context * ctx, ferry_tensor * src, int n_dims, const int64_t * ne,
+                               const size_t * nb, size_t offset, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && src && out, "view: NULL argument");
+    FERRY_TRY(check_shape(src->type, n_dims, ne, "view"));
+    FERRY_CHECK_ARG(nb || n_dims == 1, "view: NULL strides for %d dimensions", n_dims);
+    ferry_tensor tmp = {.type = src->type};
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        tmp.ne[i] = i < n_dims ? ne[i] : 1;
+    }
+    tmp.nb[0] = ferry_type_size(src->type);
+    for (int i = 1; i < FERRY_MAX_DIMS; i++) {
+        if (i < n_dims) {
+            tmp.nb[i] = nb[i];
+        } else if (i == 1) {
+            tmp.nb[i] = tmp.nb[0] * (size_t) (tmp.ne[0] / ferry_blck_size(src->type));
+        } else {
+            tmp.nb[i] = tmp.nb[i - 1] * (size_t) tmp.ne[i - 1];
+        }
+    }
+    /* The span must fit inside the memory src reads from, without overflow. */
+    size_t span = ferry_type_size(src->type);
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        size_t step;
+        if (tmp.ne[i] > 0 && (!ferry_mul_ok((size_t) (tmp.ne[i] - 1), tmp.nb[i], &step) ||
+                              !ferry_add_ok(span, step, &span))) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "view: strides overflow");
+        }
+    }
+    const ferry_tensor * root = ferry_tensor_root(src);
+    const size_t base = src->view_src ? src->view_offs : 0;
+    const size_t root_bytes = ferry_tensor_nbytes(root);
+    const size_t view_bytes = ferry_tensor_nbytes(&tmp);
+    size_t start, end;
+    if (!ferry_add_ok(base, offset, &start) || !ferry_add_ok(start, view_bytes, &end) || end > root_bytes) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
+                          "view: offset %zu + %zu bytes reaches past its source '%s' (%zu bytes from offset %zu)",
+                          offset, view_bytes, root->name, root_bytes, base);
+    }
+    ferry_tensor * v;
+    FERRY_TRY(new_view(ctx, src, FERRY_OP_VIEW, offset, &v));
+    memcpy(v->ne, tmp.ne, sizeof(v->ne));
+    memcpy(v->nb, tmp.nb, sizeof(v->nb));
+    *out = v;
+    return FERRY_OK;
+}
+
+ferry_status ferry_tensor_permute(ferry_context * ctx, ferry_tensor * t, int axis0, int axis1, int axis2,
+                                  int axis3, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && t && out, "permute: NULL argument");
+    const int axis[FERRY_MAX_DIMS] = {axis0, axis1, axis2, axis3};
+    int seen = 0;
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        if (axis[i] < 0 || axis[i] >= FERRY_MAX_DIMS || (seen & (1 << axis[i]))) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "permute: (%d, %d, %d, %d) is not a permutation of 0..3",
+                              axis0, axis1, axis2, axis3);
+        }
+        seen |= 1 << axis[i];
+    }
+    ferry_tensor * v;
+    FERRY_TRY(new_view(ctx, t, FERRY_OP_PERMUTE, 0, &v));
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        v->ne[axis[i]] = t->ne[i];
+        v->nb[axis[i]] = t->nb[i];
+        v->op_params[i] = axis[i];
+    }
+    *out = v;
+    return FERRY_OK;
+}
+
+ferry_status ferry_tensor_transpose(ferry_context * ctx, ferry_tensor * t, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && t && out, "transpose: NULL argument");
+    FERRY_TRY(ferry_tensor_permute(ctx, t, 1, 0, 2, 3, out));
+    (*out)->op = FERRY_OP_TRANSPOSE;
+    return FERRY_OK;
+}
+
+ferry_status ferry_tensor_reshape(ferry_context * ctx, ferry_tensor * t, int n_dims, const int64_t * ne,
+                                  ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && t && out, "reshape: NULL argument");
+    FERRY_TRY(check_shape(t->type, n_dims, ne, "reshape"));
+    if (!ferry_tensor_is_contiguous(t)) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "reshape: tensor '%s' is not contiguous", t->name);
+    }
+    int64_t n = 1;
+    for (int i = 0; i < n_dims; i++) {
+        n *= ne[i];
+    }
+    if (n != ferry_tensor_nelements(t)) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "reshape: %lld elements cannot become %lld",
+                          (long long) ferry_tensor_nelements(t), (long long) n);
+    }
+    ferry_tensor * v;
+    FERRY_TRY(new_view(ctx, t, FERRY_OP_RESHAPE, 0, &v));
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        v->ne[i] = i < n_dims ? ne[i] : 1;
+    }
+    ferry_tensor_set_contiguous_strides(v);
+    *out = v;
+    return FERRY_OK;
+}
+
+ferry_status ferry_tensor_set_name(ferry_tensor * t, const char * name) {
+    FERRY_CHECK_ARG(t && name, "set_name: NULL argument");
+    strncpy(t->name, name, FERRY_MAX_NAME - 1);
+    t->name[FERRY_MAX_NAME - 1] = '\0';
+    return FERRY_OK;
+}
