@@ -282,6 +282,31 @@ typedef struct {
 ferry_dummy_params ferry_dummy_default_params(void);
 ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_backend ** out);
 
+/* ---------------------------------------------------------------- graphs and ops (graph.c, ops.c, ops-cpu.c) */
+
+/* (graph section) */
+
+
+/* ---------------------------------------------------------------- graph allocator (alloc.c) */
+
+/* (allocator section) */
+
+
+/* ---------------------------------------------------------------- KV cache windows (kv-cache.c) */
+
+/* (kv cache section) */
+
+
+/* ---------------------------------------------------------------- copy planning and the scheduler (copy-plan.c, sched.c) */
+
+/* (scheduler section) */
+
+
+/* ---------------------------------------------------------------- CUDA backend (cuda/) */
+
+/* (cuda section) */
+
+
 /* ---------------------------------------------------------------- build */
 
 /* Was CUDA compiled in, and is a device usable now? */
