@@ -277,6 +277,9 @@ typedef struct {
     size_t max_buffer_size; /* 0 means unbounded */
     bool   real_memory;
     bool   has_2d;
+    /* Claim to be host memory (a KV cache at full model scale in a dry run). With
+     * synthetic addresses never let a CPU op read it: there is nothing behind it. */
+    bool   is_host;
 } ferry_dummy_params;
 
 ferry_dummy_params ferry_dummy_default_params(void);
@@ -296,10 +299,92 @@ ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_ba
 
 /* (kv cache section) */
 
+/*
+ * A KV cache laid out as llama.cpp lays it out. Per layer, K is [n_embd_gqa, kv_size,
+ * n_stream] and V the same, or [kv_size, n_embd_gqa, n_stream] when v_trans (flash
+ * attention off). A unified cache is one stream of n_ctx cells; otherwise each of
+ * n_stream streams holds n_ctx / n_stream cells.
+ */
+typedef struct {
+    ferry_type type_k;
+    ferry_type type_v;
+    int64_t head_dim;
+    int64_t n_head_kv;
+    int64_t n_ctx;    /* cells in all streams together */
+    int64_t n_stream; /* 1: unified */
+    int32_t n_layer;
+    bool    v_trans;  /* V stored transposed; needs an unblocked V type */
+} ferry_kv_params;
+
+typedef struct ferry_kv_cache ferry_kv_cache;
+
+/* Lay out the cache and, when buft is given, allocate one buffer of it for all layers. */
+ferry_status ferry_kv_cache_new(const ferry_kv_params * params, ferry_buffer_type * buft, ferry_kv_cache ** out);
+void         ferry_kv_cache_free(ferry_kv_cache * kv);
+ferry_status ferry_kv_cache_params(const ferry_kv_cache * kv, ferry_kv_params * out);
+int64_t      ferry_kv_cache_kv_size(const ferry_kv_cache * kv); /* cells per stream */
+ferry_buffer * ferry_kv_cache_buffer(const ferry_kv_cache * kv);  /* NULL if not allocated */
+ferry_status ferry_kv_cache_k(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out);
+ferry_status ferry_kv_cache_v(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out);
+/*
+ * The windows attention reads: the first n_kv cells of streams s0..s1, created in ctx
+ * and permuted (0, 2, 1, 3) as attention hands them on, so rows are on dimension 1 and
+ * streams on dimension 3. K: [head_dim, n_kv, n_head_kv, ns]; V likewise, or
+ * [n_kv, head_dim, n_head_kv, ns] when transposed.
+ */
+ferry_status ferry_kv_cache_window(const ferry_kv_cache * kv, ferry_context * ctx, int32_t layer, int64_t n_kv,
+                                   int64_t s0, int64_t s1, ferry_tensor ** k_out, ferry_tensor ** v_out);
+
 
 /* ---------------------------------------------------------------- copy planning and the scheduler (copy-plan.c, sched.c) */
 
 /* (scheduler section) */
+
+/* How the scheduler copies a split input from another backend. */
+typedef enum {
+    FERRY_COPY_FLAT = 0,   /* the whole nbytes() span, gaps included */
+    FERRY_COPY_RANGES = 1, /* a host source whose last dimension is evenly spaced dense ranges: one 2-D set */
+    FERRY_COPY_PLAN = 2,   /* any view reduced to the fewest 2-D copies (copy-plan.c) */
+    FERRY_COPY_POLICY_COUNT = 3
+} ferry_copy_policy;
+
+const char * ferry_copy_policy_name(ferry_copy_policy policy);
+ferry_status ferry_copy_policy_from_name(const char * name, ferry_copy_policy * out);
+
+/* count rows of size bytes, row i at offset + i*stride (bytes, relative to a tensor's data). */
+typedef struct {
+    size_t offset;
+    size_t size;
+    size_t count;
+    size_t stride;
+} ferry_copy_2d;
+
+/*
+ * The seed's rule, on layout alone: dimensions 0..2 of t are one dense range (every
+ * byte of their span read once, dimension 0 innermost) and dimension 3 repeats it at
+ * a stride no smaller than the range. False (no error) when the rule does not apply.
+ */
+bool ferry_copy_ranges_of(const ferry_tensor * t, ferry_copy_2d * out);
+/* Bytes the graph reads through t: distinct bytes of its elements (blocks whole). */
+uint64_t ferry_tensor_bytes_read(const ferry_tensor * t);
+
+/* What one input copy did. */
+typedef struct {
+    ferry_copy_policy path;  /* what was taken: FLAT when the policy's rule did not apply */
+    uint64_t bytes_read;     /* what the graph reads through the input */
+    uint64_t bytes_span;     /* nbytes(): what a flat copy moves */
+    uint64_t bytes_copied;   /* what arrived in the destination buffer */
+    uint64_t copy_calls;     /* transfer requests made */
+    uint64_t impl_calls;     /* operations that carried them out */
+    double   copy_seconds;   /* wall time of the copy, synchronize included */
+} ferry_copy_stats;
+
+/*
+ * The ordered copy of one split input: wait for the split backend, copy src into dst
+ * (same layout) by policy, wait again. Gap bytes of dst are left untouched.
+ */
+ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
+                              ferry_tensor * dst, ferry_copy_stats * stats);
 
 
 /* ---------------------------------------------------------------- CUDA backend (cuda/) */

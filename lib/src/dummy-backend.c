@@ -32,8 +32,7 @@ static size_t dummy_buft_max_size(const ferry_buffer_type * buft) {
 }
 
 static bool dummy_buft_is_host(const ferry_buffer_type * buft) {
-    (void) buft;
-    return false;
+    return ((const dummy_ctx *) buft->context)->params.is_host;
 }
 
 /* ---------------------------------------------------------------- synthetic buffers */
@@ -151,7 +150,7 @@ ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_ba
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "dummy_backend_new: out of memory");
     }
     ctx->params = p;
-    snprintf(ctx->name, sizeof(ctx->name), "Dummy%s", p.real_memory ? "" : "(synthetic)");
+    snprintf(ctx->name, sizeof(ctx->name), "Dummy%s%s", p.is_host ? "Host" : "", p.real_memory ? "" : "(synthetic)");
     ctx->buft.iface = (struct ferry_buffer_type_i) {
         .get_name = dummy_buft_name,
         .alloc_buffer = dummy_buft_alloc,

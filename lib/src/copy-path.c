@@ -1,0 +1,154 @@
+/*
+ * The scheduler's copy path: how one split input reaches the backend that runs the
+ * split. Everything the scheduler moves between backends goes through ferry_copy_input.
+ */
+#include "ferry-impl.h"
+
+#include <string.h>
+#include <time.h>
+
+static const char * const policy_names[FERRY_COPY_POLICY_COUNT] = {"flat", "ranges", "plan"};
+
+const char * ferry_copy_policy_name(ferry_copy_policy policy) {
+    if ((int) policy < 0 || policy >= FERRY_COPY_POLICY_COUNT) {
+        ferry_fail(FERRY_ERR_INVALID_ARG, "unknown copy policy %d", (int) policy);
+        return NULL;
+    }
+    return policy_names[policy];
+}
+
+ferry_status ferry_copy_policy_from_name(const char * name, ferry_copy_policy * out) {
+    FERRY_CHECK_ARG(name && out, "copy_policy_from_name: NULL argument");
+    for (int i = 0; i < FERRY_COPY_POLICY_COUNT; i++) {
+        if (strcmp(name, policy_names[i]) == 0) {
+            *out = (ferry_copy_policy) i;
+            return FERRY_OK;
+        }
+    }
+    return ferry_fail(FERRY_ERR_INVALID_ARG, "unknown copy policy '%s' (known: flat, ranges, plan)", name);
+}
+
+/* Are dimensions 0..n_dims-1 of t one dense range? Its size goes to *size. */
+static bool dense_span(const ferry_tensor * t, int n_dims, size_t * size) {
+    if (t->nb[0] != ferry_type_size(t->type)) {
+        return false; /* dimension 0 is not the innermost: rows are scattered */
+    }
+    size_t extent;
+    if (ferry_row_size(t->type, t->ne[0], &extent) != FERRY_OK) {
+        return false;
+    }
+    /* The other dimensions, innermost first, must each step by the extent so far. */
+    int order[FERRY_MAX_DIMS], n = 0;
+    for (int d = 1; d < n_dims; d++) {
+        if (t->ne[d] > 1) {
+            int i = n++;
+            while (i > 0 && t->nb[order[i - 1]] > t->nb[d]) {
+                order[i] = order[i - 1];
+                i--;
+            }
+            order[i] = d;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (t->nb[order[i]] != extent) {
+            return false;
+        }
+        extent *= (size_t) t->ne[order[i]];
+    }
+    *size = extent;
+    return true;
+}
+
+bool ferry_copy_ranges_of(const ferry_tensor * t, ferry_copy_2d * out) {
+    if (!t || !out || !ferry_type_valid(t->type) || ferry_tensor_nelements(t) <= 0) {
+        return false;
+    }
+    size_t size;
+    if (!dense_span(t, 3, &size)) {
+        return false;
+    }
+    const size_t count = (size_t) t->ne[3];
+    if (count > 1 && t->nb[3] < size) {
+        return false; /* ranges would overlap */
+    }
+    *out = (ferry_copy_2d) {.offset = 0, .size = size, .count = count, .stride = count > 1 ? t->nb[3] : size};
+    return true;
+}
+
+uint64_t ferry_tensor_bytes_read(const ferry_tensor * t) {
+    if (!t || !ferry_type_valid(t->type) || ferry_tensor_nelements(t) <= 0) {
+        return 0;
+    }
+    ferry_copy_2d r;
+    if (ferry_copy_ranges_of(t, &r)) {
+        return (uint64_t) r.size * r.count;
+    }
+    /* Views the rule does not describe: their element bytes, assuming no element is read twice. */
+    size_t row = 0;
+    ferry_row_size(t->type, t->ne[0], &row);
+    return (uint64_t) row * (uint64_t) ferry_tensor_nrows(t);
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
+}
+
+/* Bytes, calls and operations that landed in a buffer, all kinds of write together. */
+static void sum_writes(const ferry_stats * s, uint64_t * bytes, uint64_t * calls, uint64_t * impl) {
+    const ferry_xfer kinds[] = {FERRY_XFER_SET, FERRY_XFER_SET_2D, FERRY_XFER_COPY};
+    *bytes = *calls = *impl = 0;
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        *bytes += s->bytes[kinds[i]];
+        *calls += s->calls[kinds[i]];
+        *impl += s->impl_calls[kinds[i]];
+    }
+}
+
+ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
+                              ferry_tensor * dst, ferry_copy_stats * stats) {
+    FERRY_CHECK_ARG(split_backend && src && dst, "copy_input: NULL argument");
+    if ((int) policy < 0 || policy >= FERRY_COPY_POLICY_COUNT) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "copy_input: unknown copy policy %d", (int) policy);
+    }
+    if (!ferry_tensor_same_layout(src, dst)) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "copy_input: '%s' and its copy differ in type, shape or strides", src->name);
+    }
+    FERRY_TRY(ferry_tensor_check_allocated(src));
+    FERRY_TRY(ferry_tensor_check_allocated(dst));
+    ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
+    ferry_stats before = dst_buf->stats;
+    const double t0 = now_seconds();
+
+    FERRY_TRY(ferry_backend_synchronize(split_backend));
+    ferry_copy_policy path = FERRY_COPY_FLAT;
+    ferry_copy_2d r;
+    if (policy != FERRY_COPY_FLAT && ferry_buffer_is_host(ferry_tensor_buffer(src)) && ferry_copy_ranges_of(src, &r) &&
+        r.count > 1) {
+        /* Same layout on both sides: each range lands at its own offset, gaps untouched. */
+        FERRY_TRY(ferry_backend_tensor_set_2d_async(split_backend, dst, (const char *) ferry_tensor_data(src) + r.offset,
+                                                    r.offset, r.size, r.count, r.stride, r.stride));
+        path = FERRY_COPY_RANGES;
+    } else {
+        FERRY_TRY(ferry_tensor_copy(src, dst));
+    }
+    FERRY_TRY(ferry_backend_synchronize(split_backend));
+
+    if (stats) {
+        const double t1 = now_seconds();
+        uint64_t b0, c0, i0, b1, c1, i1;
+        sum_writes(&before, &b0, &c0, &i0);
+        sum_writes(&dst_buf->stats, &b1, &c1, &i1);
+        *stats = (ferry_copy_stats) {
+            .path = path,
+            .bytes_read = ferry_tensor_bytes_read(src),
+            .bytes_span = ferry_tensor_nbytes(src),
+            .bytes_copied = b1 - b0,
+            .copy_calls = c1 - c0,
+            .impl_calls = i1 - i0,
+            .copy_seconds = t1 - t0,
+        };
+    }
+    return FERRY_OK;
+}

@@ -1,0 +1,189 @@
+/* A KV cache laid out as llama.cpp lays it out, and the windows attention reads from it. */
+#include "ferry-impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+struct ferry_kv_cache {
+    ferry_kv_params params;
+    int64_t kv_size; /* cells per stream */
+    ferry_context * ctx;
+    ferry_tensor ** k;
+    ferry_tensor ** v;
+    ferry_buffer * buffer;
+};
+
+static ferry_status check_params(const ferry_kv_params * p) {
+    FERRY_CHECK_ARG(p, "kv_cache: NULL params");
+    if (!ferry_type_valid(p->type_k) || !ferry_type_valid(p->type_v)) {
+        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "kv_cache: unknown K or V type");
+    }
+    if (p->head_dim <= 0 || p->n_head_kv <= 0 || p->n_ctx <= 0 || p->n_stream <= 0 || p->n_layer <= 0) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_cache: head_dim, n_head_kv, n_ctx, n_stream, n_layer must be positive");
+    }
+    if (p->n_ctx % p->n_stream != 0) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_cache: n_ctx %lld does not split into %lld equal streams",
+                          (long long) p->n_ctx, (long long) p->n_stream);
+    }
+    size_t r;
+    if (ferry_row_size(p->type_k, p->head_dim, &r) != FERRY_OK) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: head_dim %lld is not whole %s blocks", (long long) p->head_dim,
+                          ferry_type_name(p->type_k));
+    }
+    if (p->v_trans && ferry_blck_size(p->type_v) != 1) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: a transposed V cannot be %s (cells would split blocks)",
+                          ferry_type_name(p->type_v));
+    }
+    if (!p->v_trans && ferry_row_size(p->type_v, p->head_dim, &r) != FERRY_OK) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: head_dim %lld is not whole %s blocks", (long long) p->head_dim,
+                          ferry_type_name(p->type_v));
+    }
+    return FERRY_OK;
+}
+
+void ferry_kv_cache_free(ferry_kv_cache * kv) {
+    if (!kv) {
+        return;
+    }
+    ferry_buffer_free(kv->buffer);
+    ferry_context_free(kv->ctx);
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+/* Place every layer's K and V back to back, each at the buffer type's alignment. */
+static ferry_status allocate(ferry_kv_cache * kv, ferry_buffer_type * buft) {
+    const size_t align = ferry_buffer_type_alignment(buft) ? ferry_buffer_type_alignment(buft) : 1;
+    size_t total = 0;
+    for (int32_t l = 0; l < kv->params.n_layer; l++) {
+        ferry_tensor * pair[2] = {kv->k[l], kv->v[l]};
+        for (int i = 0; i < 2; i++) {
+            total += (ferry_buffer_type_alloc_size(buft, pair[i]) + align - 1) / align * align;
+        }
+    }
+    FERRY_TRY(ferry_buffer_type_alloc_buffer(buft, total, &kv->buffer));
+    size_t offset = 0;
+    for (int32_t l = 0; l < kv->params.n_layer; l++) {
+        ferry_tensor * pair[2] = {kv->k[l], kv->v[l]};
+        for (int i = 0; i < 2; i++) {
+            FERRY_TRY(ferry_buffer_place_tensor(kv->buffer, pair[i], offset));
+            offset += (ferry_buffer_type_alloc_size(buft, pair[i]) + align - 1) / align * align;
+        }
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_kv_cache_new(const ferry_kv_params * params, ferry_buffer_type * buft, ferry_kv_cache ** out) {
+    FERRY_CHECK_ARG(out, "kv_cache_new: NULL output");
+    FERRY_TRY(check_params(params));
+    ferry_kv_cache * kv = calloc(1, sizeof(*kv));
+    if (!kv) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "kv_cache_new: out of memory");
+    }
+    kv->params = *params;
+    kv->kv_size = params->n_ctx / params->n_stream;
+    kv->k = calloc((size_t) params->n_layer, sizeof(*kv->k));
+    kv->v = calloc((size_t) params->n_layer, sizeof(*kv->v));
+    ferry_status st = kv->k && kv->v ? ferry_context_new(&kv->ctx)
+                                     : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "kv_cache_new: out of memory");
+    const int64_t n_embd = params->head_dim * params->n_head_kv;
+    for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
+        const int64_t ne_k[3] = {n_embd, kv->kv_size, params->n_stream};
+        const int64_t ne_vt[3] = {kv->kv_size, n_embd, params->n_stream};
+        st = ferry_tensor_new(kv->ctx, params->type_k, 3, ne_k, &kv->k[l]);
+        if (st == FERRY_OK) {
+            st = ferry_tensor_new(kv->ctx, params->type_v, 3, params->v_trans ? ne_vt : ne_k, &kv->v[l]);
+        }
+        if (st == FERRY_OK) {
+            char name[FERRY_MAX_NAME];
+            snprintf(name, sizeof(name), "cache_k_l%d", l);
+            ferry_tensor_set_name(kv->k[l], name);
+            snprintf(name, sizeof(name), "cache_v_l%d", l);
+            ferry_tensor_set_name(kv->v[l], name);
+        }
+    }
+    if (st == FERRY_OK && buft) {
+        st = allocate(kv, buft);
+    }
+    if (st != FERRY_OK) {
+        ferry_kv_cache_free(kv);
+        return st;
+    }
+    *out = kv;
+    return FERRY_OK;
+}
+
+ferry_status ferry_kv_cache_params(const ferry_kv_cache * kv, ferry_kv_params * out) {
+    FERRY_CHECK_ARG(kv && out, "kv_cache_params: NULL argument");
+    *out = kv->params;
+    return FERRY_OK;
+}
+
+int64_t ferry_kv_cache_kv_size(const ferry_kv_cache * kv) { return kv ? kv->kv_size : 0; }
+ferry_buffer * ferry_kv_cache_buffer(const ferry_kv_cache * kv) { return kv ? kv->buffer : NULL; }
+
+static ferry_status check_layer(const ferry_kv_cache * kv, int32_t layer, const void * out) {
+    FERRY_CHECK_ARG(kv && out, "kv_cache: NULL argument");
+    if (layer < 0 || layer >= kv->params.n_layer) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache: layer %d is not in 0..%d", layer, kv->params.n_layer - 1);
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_kv_cache_k(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out) {
+    FERRY_TRY(check_layer(kv, layer, out));
+    *out = kv->k[layer];
+    return FERRY_OK;
+}
+
+ferry_status ferry_kv_cache_v(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out) {
+    FERRY_TRY(check_layer(kv, layer, out));
+    *out = kv->v[layer];
+    return FERRY_OK;
+}
+
+ferry_status ferry_kv_cache_window(const ferry_kv_cache * kv, ferry_context * ctx, int32_t layer, int64_t n_kv,
+                                   int64_t s0, int64_t s1, ferry_tensor ** k_out, ferry_tensor ** v_out) {
+    FERRY_TRY(check_layer(kv, layer, ctx));
+    const ferry_kv_params * p = &kv->params;
+    if (n_kv <= 0 || n_kv > kv->kv_size) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache_window: n_kv %lld is not in 1..%lld", (long long) n_kv,
+                          (long long) kv->kv_size);
+    }
+    if (s0 < 0 || s1 < s0 || s1 >= p->n_stream) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache_window: streams %lld..%lld are not within 0..%lld",
+                          (long long) s0, (long long) s1, (long long) p->n_stream - 1);
+    }
+    const int64_t ns = s1 - s0 + 1, n_embd = p->head_dim * p->n_head_kv;
+    ferry_tensor * view;
+    if (k_out) {
+        size_t head, row;
+        FERRY_TRY(ferry_row_size(p->type_k, p->head_dim, &head));
+        FERRY_TRY(ferry_row_size(p->type_k, n_embd, &row));
+        const int64_t ne[4] = {p->head_dim, p->n_head_kv, n_kv, ns};
+        const size_t nb[4] = {0, head, row, row * (size_t) kv->kv_size};
+        FERRY_TRY(ferry_tensor_view(ctx, kv->k[layer], 4, ne, nb, nb[3] * (size_t) s0, &view));
+        FERRY_TRY(ferry_tensor_permute(ctx, view, 0, 2, 1, 3, k_out));
+        ferry_tensor_set_name(*k_out, kv->k[layer]->name);
+    }
+    if (v_out) {
+        if (p->v_trans) {
+            const size_t elem = ferry_type_size(p->type_v);
+            const int64_t ne[4] = {n_kv, p->n_head_kv, p->head_dim, ns};
+            const size_t nb[4] = {0, elem * (size_t) (kv->kv_size * p->head_dim), elem * (size_t) kv->kv_size,
+                                  elem * (size_t) (kv->kv_size * n_embd)};
+            FERRY_TRY(ferry_tensor_view(ctx, kv->v[layer], 4, ne, nb, nb[3] * (size_t) s0, &view));
+        } else {
+            size_t head, row;
+            FERRY_TRY(ferry_row_size(p->type_v, p->head_dim, &head));
+            FERRY_TRY(ferry_row_size(p->type_v, n_embd, &row));
+            const int64_t ne[4] = {p->head_dim, p->n_head_kv, n_kv, ns};
+            const size_t nb[4] = {0, head, row, row * (size_t) kv->kv_size};
+            FERRY_TRY(ferry_tensor_view(ctx, kv->v[layer], 4, ne, nb, nb[3] * (size_t) s0, &view));
+        }
+        FERRY_TRY(ferry_tensor_permute(ctx, view, 0, 2, 1, 3, v_out));
+        ferry_tensor_set_name(*v_out, kv->v[layer]->name);
+    }
+    return FERRY_OK;
+}

@@ -1,0 +1,236 @@
+/* The scheduler's ordered copy path (copy-path.c), input by input. */
+#include "kv-fixture.h"
+
+static size_t row_of(ferry_type type, int64_t n) {
+    size_t r = 0;
+    ferry_row_size(type, n, &r);
+    return r;
+}
+
+/*
+ * SPEC.md's test at the heart of ferry, on one window: the K window of streams s0..s1
+ * in the shape attention hands on, copied under a policy into a sentinel-filled split
+ * buffer. Returns 0 when all holds, else the number of the first assertion that failed:
+ * 1 more (or fewer) bytes moved than the graph reads, 2 a stream's range did not
+ * arrive whole from its own source offset, 3 a gap cell lost its sentinel.
+ */
+static int check_window_copy(ferry_copy_policy policy, ferry_type type, int64_t n_stream, int64_t s0, int64_t s1,
+                             int64_t used, ferry_copy_stats * out_stats) {
+    const ferry_kv_params p = {.type_k = type, .type_v = type, .head_dim = 32, .n_head_kv = 2,
+                               .n_ctx = 24 * n_stream, .n_stream = n_stream, .n_layer = 1};
+    kv_fixture f;
+    ferry_tensor *k, *copy, *cache;
+    int failed = -1;
+    if (kv_fixture_init(&f, &p) != FERRY_OK || ferry_kv_cache_window(f.kv, f.ctx, 0, used, s0, s1, &k, NULL) != FERRY_OK ||
+        kv_split_copy(&f, k, &copy) != FERRY_OK || ferry_kv_cache_k(f.kv, 0, &cache) != FERRY_OK) {
+        fprintf(stderr, "fixture: %s\n", ferry_last_error());
+        kv_fixture_free(&f);
+        return -1;
+    }
+    ferry_copy_stats stats;
+    if (ferry_copy_input(f.split, policy, k, copy, &stats) != FERRY_OK) {
+        fprintf(stderr, "copy_input: %s\n", ferry_last_error());
+        kv_fixture_free(&f);
+        return -1;
+    }
+    if (out_stats) {
+        *out_stats = stats;
+    }
+    const size_t row = row_of(type, p.head_dim * p.n_head_kv), kv_size = (size_t) ferry_kv_cache_kv_size(f.kv);
+    const size_t ns = (size_t) (s1 - s0 + 1), range = (size_t) used * row, stride = kv_size * row;
+    const uint8_t * dst = copy->data;
+    const size_t src_base = (size_t) ((char *) k->data - (char *) ferry_buffer_base(ferry_kv_cache_buffer(f.kv)));
+    failed = 0;
+    if (stats.bytes_copied != ns * range) {
+        fprintf(stderr, "  moved %llu bytes where the graph reads %zu\n", (unsigned long long) stats.bytes_copied,
+                ns * range);
+        failed = 1;
+    }
+    for (size_t s = 0; s < ns && !failed; s++) {
+        for (size_t b = 0; b < range; b++) {
+            if (dst[s * stride + b] != kv_pattern(src_base + s * stride + b)) {
+                fprintf(stderr, "  stream %zu byte %zu did not arrive from its own source offset\n", s0 + s, b);
+                failed = 2;
+                break;
+            }
+        }
+    }
+    for (size_t s = 0; s + 1 < ns && !failed; s++) {
+        for (size_t b = range; b < stride; b++) {
+            if (dst[s * stride + b] != SENTINEL) {
+                fprintf(stderr, "  gap byte %zu after stream %zu was overwritten\n", b, s0 + s);
+                failed = 3;
+                break;
+            }
+        }
+    }
+    kv_fixture_free(&f);
+    return failed;
+}
+
+static void test_ordered_multi_stream_ranges(void) {
+    ferry_copy_stats s;
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_F16, 4, 0, 3, 10, &s), 0);
+    CHECK(s.path == FERRY_COPY_RANGES);
+    CHECK_EQ_U(s.copy_calls, 1);
+    CHECK_EQ_U(s.bytes_read, s.bytes_copied);
+}
+
+/* The same test under flat must fail, and on its first assertion. */
+static void test_ordered_multi_stream_flat_fails_first_assertion(void) {
+    ferry_copy_stats s;
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_FLAT, FERRY_TYPE_F16, 4, 0, 3, 10, &s), 1);
+    CHECK(s.path == FERRY_COPY_FLAT);
+    CHECK_EQ_U(s.bytes_copied, s.bytes_span);
+    CHECK(s.bytes_copied > s.bytes_read);
+}
+
+static void test_subset_of_streams(void) {
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_F16, 8, 3, 5, 7, NULL), 0);
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_F32, 8, 6, 7, 24, NULL), 0);
+}
+
+static void test_q8_0_and_f16_rows(void) {
+    ferry_copy_stats s;
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_Q8_0, 4, 0, 3, 9, &s), 0);
+    CHECK_EQ_U(s.bytes_copied, 4 * 9 * row_of(FERRY_TYPE_Q8_0, 64));
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_Q4_0, 2, 0, 1, 5, NULL), 0);
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_F16, 2, 0, 1, 1, NULL), 0);
+}
+
+/* Unified cache and single sequence: one range, exactly the path, bytes and calls of flat. */
+static void test_unified_and_single_sequence_same_as_flat(void) {
+    ferry_copy_stats flat, ranges;
+    /* unified: one stream holding every cell */
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_FLAT, FERRY_TYPE_Q8_0, 1, 0, 0, 17, &flat), 0);
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_Q8_0, 1, 0, 0, 17, &ranges), 0);
+    CHECK(ranges.path == FERRY_COPY_FLAT);
+    CHECK_EQ_U(ranges.bytes_copied, flat.bytes_copied);
+    CHECK_EQ_U(ranges.copy_calls, flat.copy_calls);
+    CHECK_EQ_U(ranges.impl_calls, flat.impl_calls);
+    /* a single sequence of a multi-stream cache */
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_FLAT, FERRY_TYPE_F16, 4, 2, 2, 13, &flat), 0);
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_F16, 4, 2, 2, 13, &ranges), 0);
+    CHECK(ranges.path == FERRY_COPY_FLAT);
+    CHECK_EQ_U(ranges.bytes_copied, flat.bytes_copied);
+    CHECK_EQ_U(ranges.copy_calls, flat.copy_calls);
+}
+
+/* A source in device memory (not host) goes flat even when its layout qualifies. */
+static void test_device_source_goes_flat(void) {
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    ferry_backend *dev, *split;
+    CHECK_OK(ferry_dummy_backend_new(&dp, &dev));
+    CHECK_OK(ferry_dummy_backend_new(&dp, &split));
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 32, .n_head_kv = 2,
+                               .n_ctx = 64, .n_stream = 4, .n_layer = 1};
+    ferry_kv_cache * kv;
+    CHECK_OK(ferry_kv_cache_new(&p, ferry_backend_default_buffer_type(dev), &kv));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *k, *copy;
+    CHECK_OK(ferry_kv_cache_window(kv, ctx, 0, 5, 0, 3, &k, NULL));
+    ferry_copy_2d r;
+    CHECK(ferry_copy_ranges_of(k, &r) && r.count == 4);
+    CHECK_OK(ferry_tensor_dup_layout(ctx, k, &copy));
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(split, ferry_tensor_nbytes(k), &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, copy, 0));
+    ferry_copy_stats s;
+    CHECK_OK(ferry_copy_input(split, FERRY_COPY_RANGES, k, copy, &s));
+    CHECK(s.path == FERRY_COPY_FLAT);
+    CHECK_EQ_U(s.bytes_copied, ferry_tensor_nbytes(k));
+    ferry_buffer_free(buf);
+    ferry_kv_cache_free(kv);
+    ferry_context_free(ctx);
+    ferry_backend_free(dev);
+    ferry_backend_free(split);
+}
+
+/* Layouts outside the rule: overlapping ranges, scattered slices, a transposed V. */
+static void test_rule_refuses_overlap_and_scattered_slices(void) {
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *store, *v;
+    const int64_t ne_store[1] = {4096};
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne_store, &store));
+    ferry_copy_2d r;
+    /* dense slices of 256 bytes, 4 of them 128 bytes apart: overlap */
+    const int64_t ne[4] = {16, 4, 1, 4};
+    const size_t overlap[4] = {0, 64, 256, 128};
+    CHECK_OK(ferry_tensor_view(ctx, store, 4, ne, overlap, 0, &v));
+    CHECK(!ferry_copy_ranges_of(v, &r));
+    /* rows of 64 bytes at a 100-byte pitch: the slice has gaps of its own */
+    const size_t scattered[4] = {0, 100, 400, 1000};
+    CHECK_OK(ferry_tensor_view(ctx, store, 4, ne, scattered, 0, &v));
+    CHECK(!ferry_copy_ranges_of(v, &r));
+    /* dimension 0 not innermost */
+    ferry_tensor * tr;
+    const size_t dense[4] = {0, 64, 256, 1024};
+    CHECK_OK(ferry_tensor_view(ctx, store, 4, ne, dense, 0, &v));
+    CHECK(ferry_copy_ranges_of(v, &r) && r.size == 256 && r.count == 4 && r.stride == 1024);
+    CHECK_OK(ferry_tensor_transpose(ctx, v, &tr));
+    CHECK(!ferry_copy_ranges_of(tr, &r));
+    /* ranges exactly touching: the rule applies (a contiguous tensor, one range per slice) */
+    const size_t touching[4] = {0, 64, 256, 256};
+    CHECK_OK(ferry_tensor_view(ctx, store, 4, ne, touching, 0, &v));
+    CHECK(ferry_copy_ranges_of(v, &r) && r.count == 4 && r.stride == 256);
+    ferry_context_free(ctx);
+
+    /* ... and through the copy path they go flat, the bytes of the whole span */
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 16, .n_head_kv = 2,
+                               .n_ctx = 64, .n_stream = 2, .n_layer = 1, .v_trans = true};
+    kv_fixture f;
+    CHECK_OK(kv_fixture_init(&f, &p));
+    ferry_tensor *vw, *copy;
+    CHECK_OK(ferry_kv_cache_window(f.kv, f.ctx, 0, 6, 0, 1, NULL, &vw));
+    CHECK(!ferry_copy_ranges_of(vw, &r));
+    CHECK_OK(kv_split_copy(&f, vw, &copy));
+    ferry_copy_stats s;
+    CHECK_OK(ferry_copy_input(f.split, FERRY_COPY_RANGES, vw, copy, &s));
+    CHECK(s.path == FERRY_COPY_FLAT);
+    CHECK_EQ_U(s.bytes_copied, ferry_tensor_nbytes(vw));
+    CHECK_EQ_U(s.bytes_read, 2 * 6 * 32 * 2);
+    kv_fixture_free(&f);
+}
+
+static void test_copy_input_bad_input(void) {
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 16, .n_head_kv = 2,
+                               .n_ctx = 64, .n_stream = 2, .n_layer = 1};
+    kv_fixture f;
+    CHECK_OK(kv_fixture_init(&f, &p));
+    ferry_tensor *k, *k2, *copy, *unplaced;
+    CHECK_OK(ferry_kv_cache_window(f.kv, f.ctx, 0, 6, 0, 1, &k, NULL));
+    CHECK_OK(ferry_kv_cache_window(f.kv, f.ctx, 0, 7, 0, 1, &k2, NULL));
+    CHECK_OK(kv_split_copy(&f, k, &copy));
+    CHECK_OK(ferry_tensor_dup_layout(f.ctx, k, &unplaced));
+    CHECK_FAILS(ferry_copy_input(f.split, FERRY_COPY_RANGES, k2, copy, NULL), FERRY_ERR_LAYOUT);
+    CHECK_FAILS(ferry_copy_input(f.split, FERRY_COPY_RANGES, k, unplaced, NULL), FERRY_ERR_NOT_ALLOCATED);
+    CHECK_FAILS(ferry_copy_input(f.split, (ferry_copy_policy) 7, k, copy, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_kv_cache_window(f.kv, f.ctx, 0, 33, 0, 1, &k, NULL), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_kv_cache_window(f.kv, f.ctx, 0, 3, 1, 2, &k, NULL), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_kv_cache_window(f.kv, f.ctx, 1, 3, 0, 1, &k, NULL), FERRY_ERR_OUT_OF_BOUNDS);
+    ferry_kv_cache * bad;
+    ferry_kv_params q = p;
+    q.type_v = FERRY_TYPE_Q8_0;
+    q.v_trans = true;
+    CHECK_FAILS(ferry_kv_cache_new(&q, NULL, &bad), FERRY_ERR_LAYOUT);
+    q = p;
+    q.n_ctx = 63;
+    CHECK_FAILS(ferry_kv_cache_new(&q, NULL, &bad), FERRY_ERR_INVALID_ARG);
+    kv_fixture_free(&f);
+}
+
+static const check_test tests[] = {
+    {"ordered_multi_stream_ranges", test_ordered_multi_stream_ranges},
+    {"ordered_multi_stream_flat_fails_first_assertion", test_ordered_multi_stream_flat_fails_first_assertion},
+    {"subset_of_streams", test_subset_of_streams},
+    {"q8_0_and_f16_rows", test_q8_0_and_f16_rows},
+    {"unified_and_single_sequence_same_as_flat", test_unified_and_single_sequence_same_as_flat},
+    {"device_source_goes_flat", test_device_source_goes_flat},
+    {"rule_refuses_overlap_and_scattered_slices", test_rule_refuses_overlap_and_scattered_slices},
+    {"copy_input_bad_input", test_copy_input_bad_input},
+};
+
+CHECK_MAIN(tests)
