@@ -1,0 +1,467 @@
+/*
+ * The scheduler: backends for nodes, splits, split inputs and their copies, and the
+ * run. The copy of each input is ferry_copy_input (copy-path.c); nothing else here
+ * moves bytes between backends.
+ */
+#include "ferry-impl.h"
+#include "graph-impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define FERRY_SCHED_MAX_BACKENDS 16
+
+typedef struct {
+    ferry_tensor * node;
+    int src;
+    ferry_tensor * original;
+    ferry_tensor * copy;
+} redirect;
+
+typedef struct {
+    const ferry_tensor * tensor;
+    int backend;
+} pin;
+
+struct ferry_sched {
+    ferry_backend * backends[FERRY_SCHED_MAX_BACKENDS];
+    int n_backends;
+    ferry_copy_policy policy;
+    ferry_gallocr * galloc;
+
+    pin * pins;
+    int n_pins, pins_capacity;
+
+    /* The last allocated graph. */
+    ferry_graph * graph;
+    int graph_nodes;         /* its node count then, to notice a graph that grew */
+    int * backend_of;        /* by slot of graph: backend index, -1 none */
+    ferry_context * ctx;     /* the input copies */
+    ferry_sched_split_info * splits;
+    ferry_graph ** split_graphs;
+    int n_splits;
+    ferry_sched_input_info * inputs;
+    int n_inputs, inputs_capacity;
+    redirect * redirects;
+    int n_redirects, redirects_capacity;
+    ferry_graph * alloc_graph; /* the graph with sources redirected, as the allocator sees it */
+    ferry_sched_stats stats;
+};
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
+}
+
+/* Grow an array to hold one more element. */
+static ferry_status reserve_one(void ** items, int * capacity, int count, size_t item_size) {
+    if (count < *capacity) {
+        return FERRY_OK;
+    }
+    const int cap = *capacity ? 2 * *capacity : 16;
+    void * grown = realloc(*items, (size_t) cap * item_size);
+    if (!grown) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    }
+    *items = grown;
+    *capacity = cap;
+    return FERRY_OK;
+}
+
+static void set_redirects(ferry_sched * s, bool on) {
+    for (int i = 0; i < s->n_redirects; i++) {
+        const redirect * r = &s->redirects[i];
+        r->node->src[r->src] = on ? r->copy : r->original;
+    }
+}
+
+/* Forget the last allocation (its copies, splits, graphs); the allocator's buffers stay. */
+static void reset(ferry_sched * s) {
+    for (int i = 0; i < s->n_splits; i++) {
+        ferry_graph_free(s->split_graphs[i]);
+    }
+    free(s->split_graphs);
+    free(s->splits);
+    free(s->backend_of);
+    ferry_graph_free(s->alloc_graph);
+    ferry_context_free(s->ctx);
+    s->split_graphs = NULL;
+    s->splits = NULL;
+    s->backend_of = NULL;
+    s->alloc_graph = NULL;
+    s->ctx = NULL;
+    s->n_splits = s->n_inputs = s->n_redirects = 0;
+    s->graph = NULL;
+    s->graph_nodes = 0;
+}
+
+ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, ferry_sched ** out) {
+    FERRY_CHECK_ARG(backends && out, "sched_new: NULL argument");
+    if (n_backends < 1 || n_backends > FERRY_SCHED_MAX_BACKENDS) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "sched_new: %d backends (1..%d)", n_backends, FERRY_SCHED_MAX_BACKENDS);
+    }
+    ferry_buffer_type * bufts[FERRY_SCHED_MAX_BACKENDS];
+    for (int i = 0; i < n_backends; i++) {
+        FERRY_CHECK_ARG(backends[i], "sched_new: backend %d is NULL", i);
+        bufts[i] = ferry_backend_default_buffer_type(backends[i]);
+    }
+    ferry_sched * s = calloc(1, sizeof(*s));
+    if (!s) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched_new: out of memory");
+    }
+    memcpy(s->backends, backends, (size_t) n_backends * sizeof(*backends));
+    s->n_backends = n_backends;
+    s->policy = FERRY_COPY_FLAT;
+    const ferry_status st = ferry_gallocr_new_n(bufts, n_backends, &s->galloc);
+    if (st != FERRY_OK) {
+        free(s);
+        return st;
+    }
+    *out = s;
+    return FERRY_OK;
+}
+
+void ferry_sched_free(ferry_sched * s) {
+    if (!s) {
+        return;
+    }
+    reset(s);
+    ferry_gallocr_free(s->galloc);
+    free(s->inputs);
+    free(s->redirects);
+    free(s->pins);
+    free(s);
+}
+
+ferry_status ferry_sched_set_policy(ferry_sched * s, ferry_copy_policy policy) {
+    FERRY_CHECK_ARG(s, "sched_set_policy: NULL scheduler");
+    if (ferry_copy_policy_name(policy) == NULL) {
+        return ferry_last_status();
+    }
+    s->policy = policy;
+    return FERRY_OK;
+}
+
+ferry_copy_policy ferry_sched_get_policy(const ferry_sched * s) { return s ? s->policy : FERRY_COPY_FLAT; }
+
+static int backend_index(const ferry_sched * s, const ferry_backend * backend) {
+    for (int i = 0; i < s->n_backends; i++) {
+        if (s->backends[i] == backend) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+ferry_status ferry_sched_set_tensor_backend(ferry_sched * s, ferry_tensor * node, ferry_backend * backend) {
+    FERRY_CHECK_ARG(s && node && backend, "sched_set_tensor_backend: NULL argument");
+    const int b = backend_index(s, backend);
+    if (b < 0) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "sched_set_tensor_backend: backend %s is not one of the scheduler's",
+                          ferry_backend_name(backend));
+    }
+    for (int i = 0; i < s->n_pins; i++) {
+        if (s->pins[i].tensor == node) {
+            s->pins[i].backend = b;
+            return FERRY_OK;
+        }
+    }
+    FERRY_TRY(reserve_one((void **) &s->pins, &s->pins_capacity, s->n_pins, sizeof(*s->pins)));
+    s->pins[s->n_pins++] = (pin) {node, b};
+    return FERRY_OK;
+}
+
+static int pinned_backend(const ferry_sched * s, const ferry_tensor * t) {
+    for (int i = 0; i < s->n_pins; i++) {
+        if (s->pins[i].tensor == t) {
+            return s->pins[i].backend;
+        }
+    }
+    return -1;
+}
+
+/* The first backend that can use a buffer type. */
+static int backend_for_buft(const ferry_sched * s, ferry_buffer_type * buft) {
+    for (int i = 0; i < s->n_backends; i++) {
+        if (ferry_backend_supports_buft(s->backends[i], buft)) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Where a source's bytes will be: the buffer type of its memory, or of the backend that
+ * computes it; NULL for a leaf with no memory yet (it goes where it is first used). */
+static ferry_buffer_type * source_buft(const ferry_sched * s, const ferry_tensor * src) {
+    const ferry_tensor * root = src->view_src ? src->view_src : src;
+    const int slot = ferry_graph_slot(s->graph, root);
+    if (root->op != FERRY_OP_NONE && slot >= 0 && s->backend_of[slot] >= 0) {
+        return ferry_backend_default_buffer_type(s->backends[s->backend_of[slot]]);
+    }
+    if (root->buffer && ferry_buffer_id_is_live(root->buffer_id)) {
+        return ferry_buffer_get_type(root->buffer);
+    }
+    return NULL;
+}
+
+static ferry_status assign_node(ferry_sched * s, ferry_tensor * node, int * out) {
+    int b = pinned_backend(s, node);
+    if (b >= 0) {
+        *out = b;
+        return FERRY_OK;
+    }
+    if (ferry_op_is_view(node->op)) {
+        const ferry_tensor * root = node->view_src;
+        const int slot = root ? ferry_graph_slot(s->graph, root) : -1;
+        if (root && root->op != FERRY_OP_NONE && slot >= 0) {
+            *out = s->backend_of[slot];
+        } else if (root && root->buffer) {
+            *out = backend_for_buft(s, ferry_buffer_get_type(root->buffer));
+        } else {
+            *out = -1; /* a view of a leaf with no memory: follows its consumer */
+        }
+        return FERRY_OK;
+    }
+    int first_supporting = -1;
+    for (b = 0; b < s->n_backends; b++) {
+        if (!ferry_backend_supports_op(s->backends[b], node)) {
+            continue;
+        }
+        if (first_supporting < 0) {
+            first_supporting = b;
+        }
+        bool uses_all = true;
+        for (int j = 0; j < FERRY_MAX_SRC && node->src[j] && uses_all; j++) {
+            ferry_buffer_type * buft = source_buft(s, node->src[j]);
+            uses_all = buft == NULL || ferry_backend_supports_buft(s->backends[b], buft);
+        }
+        if (uses_all) {
+            *out = b;
+            return FERRY_OK;
+        }
+    }
+    if (first_supporting < 0) {
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "sched: no backend supports %s of '%s'", ferry_op_name(node->op),
+                          node->name);
+    }
+    *out = first_supporting;
+    return FERRY_OK;
+}
+
+/* The copy of src for split `split`, made once however many of its nodes read src. */
+static ferry_status input_copy(ferry_sched * s, int split, ferry_tensor * src, ferry_tensor ** out) {
+    for (int i = s->splits[split].first_input; i < s->n_inputs; i++) {
+        if (s->inputs[i].src == src) {
+            *out = s->inputs[i].copy;
+            return FERRY_OK;
+        }
+    }
+    FERRY_TRY(reserve_one((void **) &s->inputs, &s->inputs_capacity, s->n_inputs, sizeof(*s->inputs)));
+    ferry_tensor * copy;
+    FERRY_TRY(ferry_tensor_dup_layout(s->ctx, src, &copy));
+    char name[FERRY_MAX_NAME];
+    snprintf(name, sizeof(name), "%.50s#%s", src->name, ferry_backend_name(s->splits[split].backend));
+    ferry_tensor_set_name(copy, name);
+    ferry_tensor_set_input(copy);
+    s->inputs[s->n_inputs++] = (ferry_sched_input_info) {.split = split, .src = src, .copy = copy};
+    s->splits[split].n_inputs++;
+    *out = copy;
+    return FERRY_OK;
+}
+
+/* Splits: runs of computing nodes on one backend; each source it cannot use becomes an input. */
+static ferry_status build_splits(ferry_sched * s) {
+    const int n = ferry_graph_n_nodes(s->graph);
+    s->splits = calloc((size_t) n + 1, sizeof(*s->splits));
+    s->split_graphs = calloc((size_t) n + 1, sizeof(*s->split_graphs));
+    if (!s->splits || !s->split_graphs) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        ferry_tensor * node = ferry_graph_node(s->graph, i);
+        if (ferry_op_is_view(node->op)) {
+            continue;
+        }
+        const int b = s->backend_of[ferry_graph_slot(s->graph, node)];
+        if (s->n_splits == 0 || s->splits[s->n_splits - 1].backend != s->backends[b]) {
+            ferry_sched_split_info * sp = &s->splits[s->n_splits];
+            *sp = (ferry_sched_split_info) {.backend = s->backends[b], .first_node = i, .first_input = s->n_inputs};
+            FERRY_TRY(ferry_graph_new(&s->split_graphs[s->n_splits]));
+            s->n_splits++;
+        }
+        const int split = s->n_splits - 1;
+        ferry_backend * backend = s->backends[b];
+        FERRY_TRY(ferry_graph_add_node(s->split_graphs[split], node));
+        s->splits[split].n_nodes++;
+        for (int j = 0; j < FERRY_MAX_SRC && node->src[j]; j++) {
+            ferry_buffer_type * buft = source_buft(s, node->src[j]);
+            if (buft == NULL || ferry_backend_supports_buft(backend, buft)) {
+                continue;
+            }
+            ferry_tensor * copy;
+            FERRY_TRY(input_copy(s, split, node->src[j], &copy));
+            FERRY_TRY(reserve_one((void **) &s->redirects, &s->redirects_capacity, s->n_redirects,
+                                  sizeof(*s->redirects)));
+            s->redirects[s->n_redirects++] = (redirect) {node, j, node->src[j], copy};
+        }
+    }
+    return FERRY_OK;
+}
+
+/* Place copies and outputs: the graph with sources redirected, each tensor on its backend's buffer type. */
+static ferry_status allocate(ferry_sched * s) {
+    FERRY_TRY(ferry_graph_new(&s->alloc_graph));
+    const int n = ferry_graph_n_nodes(s->graph);
+    for (int i = 0; i < n; i++) {
+        FERRY_TRY(ferry_graph_build(s->alloc_graph, ferry_graph_node(s->graph, i)));
+    }
+    const int n_nodes = ferry_graph_n_nodes(s->alloc_graph), n_leafs = ferry_graph_n_leafs(s->alloc_graph);
+    int * node_ids = calloc((size_t) n_nodes + 1, sizeof(int));
+    int * leaf_ids = calloc((size_t) n_leafs + 1, sizeof(int));
+    if (!node_ids || !leaf_ids) {
+        free(node_ids);
+        free(leaf_ids);
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    }
+    for (int i = 0; i < n_nodes; i++) {
+        const int slot = ferry_graph_slot(s->graph, ferry_graph_node(s->alloc_graph, i));
+        node_ids[i] = slot >= 0 && s->backend_of[slot] >= 0 ? s->backend_of[slot] : 0;
+    }
+    /* Leafs: a copy goes on its split's backend; a leaf without memory on its first consumer's. */
+    for (int i = 0; i < n_leafs; i++) {
+        const ferry_tensor * leaf = ferry_graph_leaf(s->alloc_graph, i);
+        for (int k = 0; k < s->n_inputs; k++) {
+            if (s->inputs[k].copy == leaf) {
+                leaf_ids[i] = backend_index(s, s->splits[s->inputs[k].split].backend);
+            }
+        }
+        for (int k = 0; k < n_nodes && !leaf->buffer && leaf_ids[i] == 0; k++) {
+            const ferry_tensor * node = ferry_graph_node(s->alloc_graph, k);
+            for (int j = 0; j < FERRY_MAX_SRC && node->src[j]; j++) {
+                if (node->src[j] == leaf || node->src[j]->view_src == leaf) {
+                    leaf_ids[i] = node_ids[k];
+                    break;
+                }
+            }
+        }
+    }
+    ferry_status st = ferry_gallocr_reserve(s->galloc, s->alloc_graph, node_ids, leaf_ids);
+    if (st == FERRY_OK) {
+        st = ferry_gallocr_alloc_graph(s->galloc, s->alloc_graph);
+    }
+    free(node_ids);
+    free(leaf_ids);
+    return st;
+}
+
+ferry_status ferry_sched_alloc_graph(ferry_sched * s, ferry_graph * graph) {
+    FERRY_CHECK_ARG(s && graph, "sched_alloc_graph: NULL argument");
+    reset(s);
+    s->graph = graph;
+    s->graph_nodes = ferry_graph_n_nodes(graph);
+    const int n_slots = ferry_graph_n_slots(graph);
+    s->backend_of = malloc(((size_t) n_slots + 1) * sizeof(int));
+    ferry_status st = FERRY_OK;
+    if (!s->backend_of || ferry_context_new(&s->ctx) != FERRY_OK) {
+        st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    }
+    for (int i = 0; st == FERRY_OK && i < n_slots; i++) {
+        s->backend_of[i] = -1;
+    }
+    for (int i = 0; st == FERRY_OK && i < s->graph_nodes; i++) {
+        ferry_tensor * node = ferry_graph_node(graph, i);
+        st = assign_node(s, node, &s->backend_of[ferry_graph_slot(graph, node)]);
+    }
+    if (st == FERRY_OK) {
+        st = build_splits(s);
+    }
+    if (st == FERRY_OK) {
+        set_redirects(s, true);
+        st = allocate(s);
+        set_redirects(s, false);
+    }
+    if (st != FERRY_OK) {
+        reset(s);
+    }
+    return st;
+}
+
+ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
+    FERRY_CHECK_ARG(s && graph, "sched_graph_compute: NULL argument");
+    if (s->graph != graph || s->graph_nodes != ferry_graph_n_nodes(graph)) {
+        FERRY_TRY(ferry_sched_alloc_graph(s, graph));
+    }
+    memset(&s->stats, 0, sizeof(s->stats));
+    s->stats.n_inputs = (uint64_t) s->n_inputs;
+    ferry_status st = FERRY_OK;
+    set_redirects(s, true);
+    for (int i = 0; i < s->n_splits && st == FERRY_OK; i++) {
+        ferry_sched_split_info * sp = &s->splits[i];
+        for (int k = sp->first_input; k < sp->first_input + sp->n_inputs && st == FERRY_OK; k++) {
+            ferry_sched_input_info * in = &s->inputs[k];
+            st = ferry_copy_input(sp->backend, s->policy, in->src, in->copy, &in->stats);
+            if (st == FERRY_OK) {
+                s->stats.bytes_read += in->stats.bytes_read;
+                s->stats.bytes_span += in->stats.bytes_span;
+                s->stats.bytes_copied += in->stats.bytes_copied;
+                s->stats.copy_calls += in->stats.copy_calls;
+                s->stats.impl_calls += in->stats.impl_calls;
+                s->stats.copy_seconds += in->stats.copy_seconds;
+            }
+        }
+        if (st == FERRY_OK) {
+            const double t0 = now_seconds();
+            st = ferry_backend_graph_compute(sp->backend, s->split_graphs[i]);
+            if (st == FERRY_OK) {
+                st = ferry_backend_synchronize(sp->backend);
+            }
+            sp->compute_seconds = now_seconds() - t0;
+            s->stats.compute_seconds += sp->compute_seconds;
+        }
+    }
+    set_redirects(s, false);
+    return st;
+}
+
+ferry_backend * ferry_sched_get_tensor_backend(const ferry_sched * s, const ferry_tensor * t) {
+    if (!s || !t || !s->graph) {
+        return NULL;
+    }
+    const int slot = ferry_graph_slot(s->graph, t);
+    return slot >= 0 && s->backend_of[slot] >= 0 ? s->backends[s->backend_of[slot]] : NULL;
+}
+
+int ferry_sched_n_splits(const ferry_sched * s) { return s ? s->n_splits : 0; }
+int ferry_sched_n_inputs(const ferry_sched * s) { return s ? s->n_inputs : 0; }
+
+ferry_status ferry_sched_split(const ferry_sched * s, int i, ferry_sched_split_info * out) {
+    FERRY_CHECK_ARG(s && out, "sched_split: NULL argument");
+    if (i < 0 || i >= s->n_splits) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "sched_split: split %d of %d", i, s->n_splits);
+    }
+    *out = s->splits[i];
+    return FERRY_OK;
+}
+
+ferry_status ferry_sched_input(const ferry_sched * s, int i, ferry_sched_input_info * out) {
+    FERRY_CHECK_ARG(s && out, "sched_input: NULL argument");
+    if (i < 0 || i >= s->n_inputs) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "sched_input: input %d of %d", i, s->n_inputs);
+    }
+    *out = s->inputs[i];
+    return FERRY_OK;
+}
+
+ferry_status ferry_sched_get_stats(const ferry_sched * s, ferry_sched_stats * out) {
+    FERRY_CHECK_ARG(s && out, "sched_get_stats: NULL argument");
+    *out = s->stats;
+    return FERRY_OK;
+}
+
+size_t ferry_sched_buffer_size(const ferry_sched * s, const ferry_backend * backend) {
+    const int b = s && backend ? backend_index(s, backend) : -1;
+    return b >= 0 ? ferry_gallocr_buffer_size(s->galloc, b) : 0;
+}

@@ -1,0 +1,221 @@
+/* The scheduler end to end: splits, input copies under each policy, and the graph's numbers. */
+#include "kv-fixture.h"
+
+#include <math.h>
+
+/* A scheduler over [split, cpu] running `out` (pinned to the split backend) on a window. */
+typedef struct {
+    kv_fixture f;
+    ferry_sched * sched;
+    ferry_graph * graph;
+    ferry_tensor * window;
+    ferry_tensor * out;
+} sched_case;
+
+static ferry_status sched_case_init(sched_case * c, const ferry_kv_params * p, int64_t n_kv, int64_t s0, int64_t s1,
+                                    ferry_copy_policy policy, bool scale) {
+    memset(c, 0, sizeof(*c));
+    FERRY_TRY(kv_fixture_init(&c->f, p));
+    FERRY_TRY(ferry_kv_cache_window(c->f.kv, c->f.ctx, 0, n_kv, s0, s1, &c->window, NULL));
+    ferry_tensor * dup;
+    FERRY_TRY(ferry_dup(c->f.ctx, c->window, &dup));
+    c->out = dup;
+    if (scale) {
+        FERRY_TRY(ferry_scale(c->f.ctx, dup, 0.5f, &c->out));
+    }
+    FERRY_TRY(ferry_tensor_set_output(c->out));
+    FERRY_TRY(ferry_graph_new(&c->graph));
+    FERRY_TRY(ferry_graph_build(c->graph, c->out));
+    ferry_backend * backends[2] = {c->f.split, c->f.cpu};
+    FERRY_TRY(ferry_sched_new(backends, 2, &c->sched));
+    FERRY_TRY(ferry_sched_set_policy(c->sched, policy));
+    FERRY_TRY(ferry_sched_set_tensor_backend(c->sched, dup, c->f.split));
+    return ferry_sched_alloc_graph(c->sched, c->graph);
+}
+
+static void sched_case_free(sched_case * c) {
+    ferry_sched_free(c->sched);
+    ferry_graph_free(c->graph);
+    kv_fixture_free(&c->f);
+}
+
+/*
+ * SPEC.md's test through the scheduler: the K window as attention hands it on, read by
+ * a node on the split backend. Returns 0 if all holds, else the first assertion that
+ * failed: 1 bytes moved != bytes read, 2 a range did not arrive whole from its own
+ * source offset, 3 a gap lost its sentinel; -1 if the setting itself failed.
+ */
+static int ordered_copy_case(ferry_copy_policy policy, ferry_type type, int64_t n_stream, int64_t used) {
+    const ferry_kv_params p = {.type_k = type, .type_v = type, .head_dim = 32, .n_head_kv = 2,
+                               .n_ctx = 16 * n_stream, .n_stream = n_stream, .n_layer = 1};
+    sched_case c;
+    ferry_sched_input_info in;
+    int result = -1;
+    if (sched_case_init(&c, &p, used, 0, n_stream - 1, policy, false) != FERRY_OK || ferry_sched_n_inputs(c.sched) != 1 ||
+        ferry_sched_input(c.sched, 0, &in) != FERRY_OK || in.src != c.window) {
+        fprintf(stderr, "setting: %s\n", ferry_last_error());
+        sched_case_free(&c);
+        return -1;
+    }
+    const size_t span = ferry_tensor_nbytes(in.copy);
+    uint8_t * got = malloc(span);
+    if (ferry_tensor_memset(in.copy, SENTINEL, 0, span) != FERRY_OK ||
+        ferry_sched_graph_compute(c.sched, c.graph) != FERRY_OK || ferry_sched_input(c.sched, 0, &in) != FERRY_OK ||
+        ferry_tensor_get(in.copy, got, 0, span) != FERRY_OK) {
+        fprintf(stderr, "run: %s\n", ferry_last_error());
+        goto done;
+    }
+    size_t row = 0;
+    ferry_row_size(type, p.head_dim * p.n_head_kv, &row);
+    const size_t stride = (size_t) ferry_kv_cache_kv_size(c.f.kv) * row, range = (size_t) used * row;
+    const size_t base = (size_t) ((char *) c.window->data - (char *) ferry_buffer_base(ferry_kv_cache_buffer(c.f.kv)));
+    result = 0;
+    if (in.stats.bytes_copied != (size_t) n_stream * range) {
+        fprintf(stderr, "  moved %llu bytes where the graph reads %zu\n", (unsigned long long) in.stats.bytes_copied,
+                (size_t) n_stream * range);
+        result = 1;
+    }
+    for (size_t s = 0; s < (size_t) n_stream && !result; s++) {
+        for (size_t b = 0; b < range && !result; b++) {
+            result = got[s * stride + b] != kv_pattern(base + s * stride + b) ? 2 : 0;
+        }
+    }
+    for (size_t s = 0; s + 1 < (size_t) n_stream && !result; s++) {
+        for (size_t b = range; b < stride && !result; b++) {
+            result = got[s * stride + b] != SENTINEL ? 3 : 0;
+        }
+    }
+done:
+    free(got);
+    sched_case_free(&c);
+    return result;
+}
+
+static void test_sched_ordered_multi_stream_ranges(void) {
+    CHECK_EQ_U(ordered_copy_case(FERRY_COPY_RANGES, FERRY_TYPE_F16, 4, 5), 0);
+    CHECK_EQ_U(ordered_copy_case(FERRY_COPY_RANGES, FERRY_TYPE_Q8_0, 2, 11), 0);
+}
+
+static void test_sched_ordered_multi_stream_flat_fails_first_assertion(void) {
+    CHECK_EQ_U(ordered_copy_case(FERRY_COPY_FLAT, FERRY_TYPE_F16, 4, 5), 1);
+}
+
+/* Splits and inputs: the window is the one input of the split backend's split. */
+static void test_sched_splits_and_inputs(void) {
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
+                               .n_ctx = 64, .n_stream = 4, .n_layer = 1};
+    sched_case c;
+    CHECK_OK(sched_case_init(&c, &p, 6, 1, 3, FERRY_COPY_RANGES, true));
+    CHECK_EQ_U(ferry_sched_n_splits(c.sched), 1); /* dup and scale both on the split backend */
+    ferry_sched_split_info sp;
+    CHECK_OK(ferry_sched_split(c.sched, 0, &sp));
+    CHECK(sp.backend == c.f.split && sp.n_nodes == 2 && sp.n_inputs == 1);
+    CHECK(ferry_sched_get_tensor_backend(c.sched, c.out) == c.f.split);
+    ferry_sched_input_info in;
+    CHECK_OK(ferry_sched_input(c.sched, 0, &in));
+    CHECK(ferry_tensor_same_layout(in.copy, c.window)); /* the copy has the source's layout */
+    CHECK(ferry_tensor_buffer(in.copy) != NULL);
+    CHECK(!ferry_buffer_is_host(in.copy->buffer));
+    CHECK(ferry_sched_buffer_size(c.sched, c.f.split) >= ferry_tensor_nbytes(c.window));
+    CHECK_FAILS(ferry_sched_split(c.sched, 1, &sp), FERRY_ERR_OUT_OF_BOUNDS);
+    /* the graph is left as given: the node still reads the window, not the copy */
+    ferry_tensor * dup = c.out->src[0];
+    CHECK(dup->src[0] == c.window);
+    CHECK_OK(ferry_sched_graph_compute(c.sched, c.graph));
+    CHECK(dup->src[0] == c.window);
+    sched_case_free(&c);
+}
+
+/* Outputs of a graph whose input copy is read by CPU kernels: one value each, same under both policies. */
+static void test_sched_same_numbers_under_both_policies(void) {
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
+                               .n_ctx = 96, .n_stream = 4, .n_layer = 1};
+    float * results[FERRY_COPY_POLICY_COUNT] = {0};
+    size_t n = 0;
+    for (int policy = FERRY_COPY_FLAT; policy <= FERRY_COPY_RANGES; policy++) {
+        sched_case c;
+        CHECK_OK(sched_case_init(&c, &p, 7, 1, 3, (ferry_copy_policy) policy, true));
+        /* cache values that mean something: value = cell index + channel/100 + stream*1000 */
+        ferry_tensor * cache;
+        CHECK_OK(ferry_kv_cache_k(c.f.kv, 0, &cache));
+        float * v = cache->data;
+        for (int64_t s = 0; s < cache->ne[2]; s++)
+            for (int64_t cell = 0; cell < cache->ne[1]; cell++)
+                for (int64_t ch = 0; ch < cache->ne[0]; ch++)
+                    v[(s * cache->ne[1] + cell) * cache->ne[0] + ch] = (float) (1000 * s + cell) + (float) ch / 100.0f;
+        CHECK_OK(ferry_sched_graph_compute(c.sched, c.graph));
+        n = (size_t) ferry_tensor_nelements(c.out);
+        results[policy] = malloc(n * sizeof(float));
+        CHECK_OK(ferry_tensor_get(c.out, results[policy], 0, n * sizeof(float)));
+        /* out = 0.5 * contiguous(window): [head_dim, n_kv, n_head_kv, ns] */
+        for (int64_t s = 0; s < 3; s++)
+            for (int64_t h = 0; h < 2; h++)
+                for (int64_t cell = 0; cell < 7; cell++)
+                    for (int64_t d = 0; d < 8; d++) {
+                        const float want = 0.5f * ((float) (1000 * (s + 1) + cell) + (float) (h * 8 + d) / 100.0f);
+                        const float got = results[policy][((s * 2 + h) * 7 + cell) * 8 + d];
+                        CHECK(fabsf(got - want) == 0.0f);
+                    }
+        sched_case_free(&c);
+    }
+    CHECK(memcmp(results[FERRY_COPY_FLAT], results[FERRY_COPY_RANGES], n * sizeof(float)) == 0);
+    free(results[FERRY_COPY_FLAT]);
+    free(results[FERRY_COPY_RANGES]);
+}
+
+/* Unified cache through the scheduler: ranges takes flat's path, bytes and calls. */
+static void test_sched_unified_same_as_flat(void) {
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_Q8_0, .type_v = FERRY_TYPE_Q8_0, .head_dim = 32, .n_head_kv = 2,
+                               .n_ctx = 64, .n_stream = 1, .n_layer = 1};
+    ferry_sched_stats st[2];
+    for (int policy = FERRY_COPY_FLAT; policy <= FERRY_COPY_RANGES; policy++) {
+        sched_case c;
+        CHECK_OK(sched_case_init(&c, &p, 40, 0, 0, (ferry_copy_policy) policy, false));
+        CHECK_OK(ferry_sched_graph_compute(c.sched, c.graph));
+        CHECK_OK(ferry_sched_get_stats(c.sched, &st[policy]));
+        sched_case_free(&c);
+    }
+    CHECK_EQ_U(st[0].bytes_copied, st[1].bytes_copied);
+    CHECK_EQ_U(st[0].copy_calls, st[1].copy_calls);
+    CHECK_EQ_U(st[0].impl_calls, st[1].impl_calls);
+    CHECK_EQ_U(st[1].bytes_copied, st[1].bytes_read);
+}
+
+/* A graph with nothing to copy: every node on the CPU next to its data. */
+static void test_sched_no_inputs_when_backend_can_use_source(void) {
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 1,
+                               .n_ctx = 32, .n_stream = 2, .n_layer = 1};
+    kv_fixture f;
+    CHECK_OK(kv_fixture_init(&f, &p));
+    ferry_tensor *k, *out;
+    CHECK_OK(ferry_kv_cache_window(f.kv, f.ctx, 0, 4, 0, 1, &k, NULL));
+    CHECK_OK(ferry_dup(f.ctx, k, &out));
+    ferry_graph * g;
+    CHECK_OK(ferry_graph_new(&g));
+    CHECK_OK(ferry_graph_build(g, out));
+    ferry_backend * backends[2] = {f.cpu, f.split};
+    ferry_sched * s;
+    CHECK_OK(ferry_sched_new(backends, 2, &s));
+    CHECK_OK(ferry_sched_graph_compute(s, g));
+    CHECK_EQ_U(ferry_sched_n_inputs(s), 0);
+    CHECK(ferry_sched_get_tensor_backend(s, out) == f.cpu);
+    ferry_backend * stranger;
+    CHECK_OK(ferry_cpu_backend_new(&stranger));
+    CHECK_FAILS(ferry_sched_set_tensor_backend(s, out, stranger), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_sched_set_policy(s, (ferry_copy_policy) 9), FERRY_ERR_INVALID_ARG);
+    ferry_backend_free(stranger);
+    ferry_sched_free(s);
+    ferry_graph_free(g);
+    kv_fixture_free(&f);
+}
+
+static const check_test tests[] = {
+    {"sched_ordered_multi_stream_ranges", test_sched_ordered_multi_stream_ranges},
+    {"sched_ordered_multi_stream_flat_fails_first_assertion", test_sched_ordered_multi_stream_flat_fails_first_assertion},
+    {"sched_splits_and_inputs", test_sched_splits_and_inputs},
+    {"sched_same_numbers_under_both_policies", test_sched_same_numbers_under_both_policies},
+    {"sched_unified_same_as_flat", test_sched_unified_same_as_flat},
+    {"sched_no_inputs_when_backend_can_use_source", test_sched_no_inputs_when_backend_can_use_source},
+};
+
+CHECK_MAIN(tests)
