@@ -452,6 +452,43 @@ size_t       ferry_sched_buffer_size(const ferry_sched * sched, const ferry_back
 /* ---------------------------------------------------------------- CUDA backend (cuda/) */
 
 /* (cuda section) */
+/*
+ * Declared in every build: without CUDA compiled in, the ferry_cuda_* functions fail
+ * with FERRY_ERR_UNSUPPORTED (ferry_cuda_device_count gives 0), so the cdef is one file.
+ */
+
+/* Devices ferry can use: 0, with FERRY_OK, when there is no device or no driver. */
+ferry_status ferry_cuda_device_count(int * out);
+/* A backend with its own stream on a device. Fails (FERRY_ERR_BACKEND) with CUDA's
+ * message when there is no usable device. */
+ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out);
+/* The device a CUDA backend runs on; FERRY_ERR_INVALID_ARG for other backends. */
+ferry_status ferry_cuda_backend_device(const ferry_backend * backend, int * out);
+/* Device memory (cudaMalloc) of a device: one buffer type per device, never freed. */
+ferry_status ferry_cuda_buffer_type(int device, ferry_buffer_type ** out);
+/* Pinned host memory (cudaMallocHost): host memory, so the CPU backend uses it too. */
+ferry_status ferry_cuda_host_buffer_type(ferry_buffer_type ** out);
+
+/* ---------------------------------------------------------------- events (event.c)
+ * Order work between backends without a full synchronize. An event belongs to the
+ * backend that made it; a backend that cannot make events gives FERRY_ERR_UNSUPPORTED. */
+
+typedef struct ferry_event ferry_event;
+
+enum {
+    FERRY_EVENT_TIMING = 1 /* the event can be timed (ferry_event_elapsed_ms); else it is lighter */
+};
+
+ferry_status ferry_event_new(ferry_backend * backend, uint32_t flags, ferry_event ** out);
+void         ferry_event_free(ferry_event * event);
+/* Mark the point in backend's queued work that the event stands for. */
+ferry_status ferry_event_record(ferry_event * event, ferry_backend * backend);
+/* Make backend's later work wait for the event, on the device where it can, else on the host. */
+ferry_status ferry_event_wait(ferry_backend * backend, ferry_event * event);
+/* Block until the work before the event is done. */
+ferry_status ferry_event_synchronize(ferry_event * event);
+/* Milliseconds between two recorded timing events of the same backend kind. */
+ferry_status ferry_event_elapsed_ms(const ferry_event * start, const ferry_event * end, float * out);
 
 
 /* ---------------------------------------------------------------- build */

@@ -107,6 +107,9 @@ void ferry_stats_add(ferry_stats * s, ferry_xfer kind, uint64_t bytes, uint64_t 
 
 /* Plain host memory buffers (the CPU buffer type, the dummy's real memory). */
 ferry_status ferry_host_buffer_new(ferry_buffer_type * buft, size_t size, size_t alignment, ferry_buffer ** out);
+/* A host buffer around memory allocated elsewhere (pinned memory); release frees base. */
+ferry_status ferry_host_buffer_wrap(ferry_buffer_type * buft, void * base, size_t size, void (*release)(void * base),
+                                    ferry_buffer ** out);
 
 /* ---------------------------------------------------------------- backends */
 
@@ -137,6 +140,8 @@ struct ferry_backend_i {
     ferry_status (*synchronize)(ferry_backend * backend); /* optional: nothing to wait for */
     /* optional: compute the nodes of a graph, in order (graph.c defines the graph) */
     ferry_status (*graph_compute)(ferry_backend * backend, ferry_graph * graph);
+    /* optional: events (event.c); without it ferry_event_new is UNSUPPORTED */
+    ferry_status (*event_new)(ferry_backend * backend, uint32_t flags, ferry_event ** out);
 };
 
 struct ferry_backend {
@@ -146,6 +151,22 @@ struct ferry_backend {
 };
 
 ferry_status ferry_backend_init(struct ferry_backend_i iface, void * context, ferry_backend ** out);
+
+/* Events: made by a backend's event_new, which fills the interface and context. */
+struct ferry_event_i {
+    void (*free)(ferry_event * event);
+    ferry_status (*record)(ferry_event * event, ferry_backend * backend);
+    /* UNSUPPORTED: backend cannot wait on the device; the caller waits on the host */
+    ferry_status (*wait)(ferry_backend * backend, ferry_event * event);
+    ferry_status (*synchronize)(ferry_event * event);
+    ferry_status (*elapsed_ms)(const ferry_event * start, const ferry_event * end, float * out); /* optional */
+};
+
+struct ferry_event {
+    struct ferry_event_i iface;
+    ferry_backend * backend;
+    void * context;
+};
 
 /* Checks shared by buffer.c and backend.c: t allocated, the extent inside t. */
 ferry_status ferry_check_transfer(const ferry_tensor * t, const void * data, size_t offset, size_t size,

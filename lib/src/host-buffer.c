@@ -6,13 +6,18 @@
 
 typedef struct {
     void * base;
+    void (*release)(void * base); /* NULL: free() */
 } host_buffer_ctx;
 
 static char * at(const ferry_tensor * t, size_t offset) { return (char *) ferry_tensor_data(t) + offset; }
 
 static void host_free(ferry_buffer * buf) {
     host_buffer_ctx * ctx = buf->context;
-    free(ctx->base);
+    if (ctx->release) {
+        ctx->release(ctx->base);
+    } else {
+        free(ctx->base);
+    }
     free(ctx);
 }
 
@@ -102,6 +107,21 @@ ferry_status ferry_host_buffer_new(ferry_buffer_type * buft, size_t size, size_t
     if (st != FERRY_OK) {
         free(base);
         free(ctx);
+    }
+    return st;
+}
+
+ferry_status ferry_host_buffer_wrap(ferry_buffer_type * buft, void * base, size_t size, void (*release)(void * base),
+                                    ferry_buffer ** out) {
+    host_buffer_ctx * ctx = calloc(1, sizeof(*ctx));
+    if (!ctx) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "host buffer: out of memory");
+    }
+    ctx->base = base;
+    ctx->release = release;
+    const ferry_status st = ferry_buffer_init(buft, host_buffer_iface, ctx, size, out);
+    if (st != FERRY_OK) {
+        free(ctx); /* base stays the caller's */
     }
     return st;
 }

@@ -1,0 +1,35 @@
+/* The CUDA entry points of a build without CUDA: declared in ferry.h in every build so
+ * the binding's cdef is one file; each says plainly that CUDA is not compiled in. */
+#include "ferry-impl.h"
+
+#define NO_CUDA(what) ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: ferry was built without CUDA (meson -Dcuda=disabled " \
+                                 "or no nvcc found)", what)
+
+ferry_status ferry_cuda_device_count(int * out) {
+    FERRY_CHECK_ARG(out, "cuda_device_count: NULL output");
+    *out = 0;
+    return FERRY_OK;
+}
+
+ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out) {
+    (void) device;
+    (void) out;
+    return NO_CUDA("cuda_backend_new");
+}
+
+ferry_status ferry_cuda_backend_device(const ferry_backend * backend, int * out) {
+    (void) backend;
+    (void) out;
+    return NO_CUDA("cuda_backend_device");
+}
+
+ferry_status ferry_cuda_buffer_type(int device, ferry_buffer_type ** out) {
+    (void) device;
+    (void) out;
+    return NO_CUDA("cuda_buffer_type");
+}
+
+ferry_status ferry_cuda_host_buffer_type(ferry_buffer_type ** out) {
+    (void) out;
+    return NO_CUDA("cuda_host_buffer_type");
+}
