@@ -113,7 +113,7 @@ class Tensor:
                 strides.append(strides[-1] * max(n, 0))
         return [min(s, _args.SIZE_MAX) for s in strides]
 
-    def permute(self, *axes: int) -> "Tensor":
+    def permute(self, *axes: int, name: Optional[str] = None) -> "Tensor":
         """ggml's permute: dimension i of this tensor becomes dimension axes[i] of the view."""
         if len(axes) == 1 and not isinstance(axes[0], int) and hasattr(axes[0], "__len__"):
             axes = tuple(axes[0])  # type: ignore[assignment]
@@ -121,12 +121,12 @@ class Tensor:
             raise InvalidArgumentError(f"permute: expected 4 axes, got {len(axes)}")
         a = [_args.as_c_int(x, f"permute: axis {i}") for i, x in enumerate(axes)]
         src = self._p
-        return self._derive(lambda ctx, out: lib.ferry_tensor_permute(ctx, src, a[0], a[1], a[2], a[3], out), None)
+        return self._derive(lambda ctx, out: lib.ferry_tensor_permute(ctx, src, a[0], a[1], a[2], a[3], out), name)
 
-    def transpose(self) -> "Tensor":
+    def transpose(self, name: Optional[str] = None) -> "Tensor":
         """Swap dimensions 0 and 1 (a view)."""
         src = self._p
-        return self._derive(lambda ctx, out: lib.ferry_tensor_transpose(ctx, src, out), None)
+        return self._derive(lambda ctx, out: lib.ferry_tensor_transpose(ctx, src, out), name)
 
     def reshape(self, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
         """A view with another shape of the same element count; this tensor must be contiguous."""
