@@ -9,7 +9,7 @@ from . import _args, _data
 from ._binding import ffi, lib
 from ._handle import Handle
 from .buffer import Buffer, BufferType
-from .errors import InvalidArgumentError, check
+from .errors import FerryError, InvalidArgumentError, check
 from .stats import Stats
 from .types import TypeLike
 
@@ -41,6 +41,9 @@ class Backend:
 
     @property
     def _p(self) -> Any:
+        """The ferry_backend*; refused once finalized (only reachable from finalizers in a cycle)."""
+        if not self._handle.alive:
+            raise FerryError("backend used after it was finalized")
         return self._handle.ptr
 
     @property
@@ -58,6 +61,9 @@ class Backend:
         return self._buffer_type
 
     def supports_buffer_type(self, buffer_type: BufferType) -> bool:
+        """Can this backend read and write buffers of buffer_type?"""
+        if not isinstance(buffer_type, BufferType):
+            raise InvalidArgumentError(f"supports_buffer_type: expected a BufferType, got {type(buffer_type).__name__}")
         return bool(lib.ferry_backend_supports_buft(self._p, buffer_type._ptr))
 
     # ------------------------------------------------------------ allocation

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from . import _args
 from ._binding import ffi, lib
 from ._handle import Handle
-from .errors import FreedBufferError, InvalidArgumentError, check
+from .errors import FerryError, FreedBufferError, InvalidArgumentError, check
 from .stats import Stats
 from .types import TypeLike
 
@@ -28,8 +28,15 @@ class BufferType:
 
     def __init__(self, ptr: Any, backend: Optional["Backend"] = None) -> None:
         """Internal: wrap a ferry_buffer_type*; use Backend.buffer_type or cpu_buffer_type()."""
-        self._ptr = ptr
+        self._raw = ptr
         self._backend = backend
+
+    @property
+    def _ptr(self) -> Any:
+        """The ferry_buffer_type*, which lives inside its backend (if any): refused once that is gone."""
+        if self._backend is not None and self._backend._handle.ptr is None:
+            raise FerryError("buffer type used after its backend was freed")
+        return self._raw
 
     @property
     def name(self) -> str:
@@ -65,10 +72,10 @@ class BufferType:
         return Buffer(out[0], self)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, BufferType) and self._ptr == other._ptr
+        return isinstance(other, BufferType) and self._raw == other._raw
 
     def __hash__(self) -> int:
-        return hash(int(ffi.cast("uintptr_t", self._ptr)))
+        return hash(int(ffi.cast("uintptr_t", self._raw)))
 
     def __repr__(self) -> str:
         max_size = "unbounded" if self.max_size is None else f"max {self.max_size}"

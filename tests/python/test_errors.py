@@ -91,24 +91,24 @@ def test_2d_strides_smaller_than_the_row(t: ferry.Tensor, cpu: ferry.CPUBackend)
 
 
 @pytest.mark.parametrize("call", [
-    lambda t, b: t.set(b"x", offset=-1),
-    lambda t, b: t.get(-1),
-    lambda t, b: t.get(0, -4),
-    lambda t, b: t.memset(0, -1),
-    lambda t, b: t.memset(256),
-    lambda t, b: t.set_2d(b"x" * 8, 0, 4, -2, 8),
-    lambda t, b: t.set_2d(b"x" * 8, 0, -4, 2, 8),
-    lambda t, b: t.get_2d(0, 4, 2, -8),
-    lambda t, b: t.get_2d(0, 4, 2, 8, stride_data=-1),
-    lambda t, b: b.set_2d_async(t, b"x" * 8, -1, 4, 2, 8),
-    lambda t, b: b.get_2d(t, 0, 4, 2, -8),
-    lambda t, b: b.alloc_buffer(-1),
-    lambda t, b: t.view([4], offset=-4),
-    lambda t, b: t.view([2, 2], [4, -8]),
-    lambda t, b: t.buffer.place(ferry.Tensor.new("f32", [1]), -64),
-    lambda t, b: ferry.DummyBackend(alignment=-1),
-    lambda t, b: ferry.DummyBackend(max_buffer_size=-1),
-], ids=lambda f: "")
+    pytest.param(lambda t, b: t.set(b"x", offset=-1), id='set offset'),
+    pytest.param(lambda t, b: t.get(-1), id='get offset'),
+    pytest.param(lambda t, b: t.get(0, -4), id='get size'),
+    pytest.param(lambda t, b: t.memset(0, -1), id='memset offset'),
+    pytest.param(lambda t, b: t.memset(256), id='memset value'),
+    pytest.param(lambda t, b: t.set_2d(b"x" * 8, 0, 4, -2, 8), id='set_2d n_copies'),
+    pytest.param(lambda t, b: t.set_2d(b"x" * 8, 0, -4, 2, 8), id='set_2d size'),
+    pytest.param(lambda t, b: t.get_2d(0, 4, 2, -8), id='get_2d stride_tensor'),
+    pytest.param(lambda t, b: t.get_2d(0, 4, 2, 8, stride_data=-1), id='get_2d stride_data'),
+    pytest.param(lambda t, b: b.set_2d_async(t, b"x" * 8, -1, 4, 2, 8), id='backend set_2d offset'),
+    pytest.param(lambda t, b: b.get_2d(t, 0, 4, 2, -8), id='backend get_2d stride'),
+    pytest.param(lambda t, b: b.alloc_buffer(-1), id='alloc_buffer size'),
+    pytest.param(lambda t, b: t.view([4], offset=-4), id='view offset'),
+    pytest.param(lambda t, b: t.view([2, 2], [4, -8]), id='view stride'),
+    pytest.param(lambda t, b: t.buffer.place(ferry.Tensor.new("f32", [1]), -64), id='place offset'),
+    pytest.param(lambda t, b: ferry.DummyBackend(alignment=-1), id='dummy alignment'),
+    pytest.param(lambda t, b: ferry.DummyBackend(max_buffer_size=-1), id='dummy max size'),
+])
 def test_negative_sizes(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
     with pytest.raises(ferry.InvalidArgumentError, match="negative|not a byte"):
         call(t, cpu)
@@ -116,15 +116,15 @@ def test_negative_sizes(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
 
 
 @pytest.mark.parametrize("call", [
-    lambda t, b: t.set(b"x", offset=2**64),
-    lambda t, b: t.get(0, 2**64),
-    lambda t, b: t.get_2d(0, 4, 2**70, 8),
-    lambda t, b: b.set_2d_async(t, b"x", 0, 1, 1, 2**64),
-    lambda t, b: b.alloc_buffer(2**64),
-    lambda t, b: t.view([4], offset=2**65),
-    lambda t, b: ferry.Tensor.new("f32", [2**63]),
-    lambda t, b: t.permute(0, 1, 2, 2**40),
-], ids=lambda f: "")
+    pytest.param(lambda t, b: t.set(b"x", offset=2**64), id='set offset'),
+    pytest.param(lambda t, b: t.get(0, 2**64), id='get size'),
+    pytest.param(lambda t, b: t.get_2d(0, 4, 2**70, 8), id='get_2d n_copies'),
+    pytest.param(lambda t, b: b.set_2d_async(t, b"x", 0, 1, 1, 2**64), id='backend set_2d stride'),
+    pytest.param(lambda t, b: b.alloc_buffer(2**64), id='alloc_buffer size'),
+    pytest.param(lambda t, b: t.view([4], offset=2**65), id='view offset'),
+    pytest.param(lambda t, b: ferry.Tensor.new("f32", [2**63]), id='tensor ne'),
+    pytest.param(lambda t, b: t.permute(0, 1, 2, 2**40), id='permute axis'),
+])
 def test_sizes_overflowing_c_types(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
     """cffi would raise OverflowError; the binding raises FerryError first."""
     with pytest.raises(ferry.InvalidArgumentError, match="overflows"):
