@@ -1,5 +1,45 @@
-"""ferry: copy the ranges of a multi-stream KV-cache window, not the span."""
+"""ferry: copy the ranges of a multi-stream KV-cache window, not the span.
 
-from ._binding import ffi, lib
+Python objects over the C library: Tensor (ggml order: ne[0] fastest, byte strides nb),
+Buffer and BufferType, CPUBackend and DummyBackend, per-kind transfer counters (Stats).
+Every failure raises FerryError (a subclass per C status) with the C message.
+"""
 
-__all__ = ["ffi", "lib"]
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from ._binding import LIB_PATH, ffi, lib
+from .backend import Backend, CPUBackend, DummyBackend
+from .buffer import Buffer, BufferType, cpu_buffer_type
+from .errors import (BackendError, FerryError, FreedBufferError, InvalidArgumentError, LayoutError,
+                     NotAllocatedError, OutOfBoundsError, OutOfMemoryError, UnknownTypeError, UnsupportedError)
+from .stats import KINDS, Stats
+from .tensor import Tensor, tensor_copy
+from .types import Type, blck_size, numpy_dtype, row_size, to_type, type_from_dtype, type_name, type_size
+
+__version__ = ffi.string(lib.ferry_version()).decode()
+
+
+def build_info() -> Dict[str, Any]:
+    """What this build contains: version, whether CUDA was compiled in, the library's path."""
+    return {
+        "version": __version__,
+        "cuda": bool(lib.ferry_built_with_cuda()),
+        "library": LIB_PATH,
+    }
+
+
+def cuda_available() -> bool:
+    """True if CUDA was compiled in and a device is usable now."""
+    return bool(lib.ferry_cuda_available())
+
+
+__all__ = [
+    "ffi", "lib", "build_info", "cuda_available",
+    "Backend", "CPUBackend", "DummyBackend", "Buffer", "BufferType", "cpu_buffer_type",
+    "Tensor", "tensor_copy", "Stats", "KINDS",
+    "Type", "to_type", "type_name", "type_size", "blck_size", "row_size", "numpy_dtype", "type_from_dtype",
+    "FerryError", "InvalidArgumentError", "OutOfBoundsError", "NotAllocatedError", "LayoutError",
+    "UnknownTypeError", "FreedBufferError", "OutOfMemoryError", "UnsupportedError", "BackendError",
+]

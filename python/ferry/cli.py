@@ -5,34 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._binding import ffi, lib
-
-
-def _check(status: int) -> None:
-    if status != 0:
-        raise SystemExit(f"ferry: {ffi.string(lib.ferry_last_error()).decode()}")
+from .errors import FerryError
+from .tensor import Tensor
+from .types import Type, row_size
 
 
 def demo() -> int:
     """Build a 2-stream q8_0 K window and show span bytes against the bytes it reads."""
-    ctx = ffi.new("ferry_context **")
-    _check(lib.ferry_context_new(ctx))
     head_dim, n_head_kv, kv_size, n_stream, n_kv = 128, 8, 16384, 2, 2176
     n_embd = head_dim * n_head_kv
-    row = ffi.new("size_t *")
-    _check(lib.ferry_row_size(lib.FERRY_TYPE_Q8_0, n_embd, row))
-    cache = ffi.new("ferry_tensor **")
-    _check(lib.ferry_tensor_new(ctx[0], lib.FERRY_TYPE_Q8_0, 3, ffi.new("int64_t[3]", [n_embd, kv_size, n_stream]), cache))
-    head = ffi.new("size_t *")
-    _check(lib.ferry_row_size(lib.FERRY_TYPE_Q8_0, head_dim, head))
-    view = ffi.new("ferry_tensor **")
-    _check(lib.ferry_tensor_view(ctx[0], cache[0], 4, ffi.new("int64_t[4]", [head_dim, n_head_kv, n_kv, n_stream]),
-                                 ffi.new("size_t[4]", [0, head[0], row[0], row[0] * kv_size]), 0, view))
-    span = lib.ferry_tensor_nbytes(view[0])
-    read = n_stream * n_kv * row[0]
+    row = row_size(Type.Q8_0, n_embd)
+    cache = Tensor.new(Type.Q8_0, [n_embd, kv_size, n_stream], name="cache")
+    view = cache.view([head_dim, n_head_kv, n_kv, n_stream],
+                      [Type.Q8_0.size, row_size(Type.Q8_0, head_dim), row, row * kv_size], name="k")
+    span = view.nbytes
+    read = n_stream * n_kv * row
     print(f"K window q8_0, {n_stream} streams of {kv_size} cells, {n_kv} cells read per stream")
     print(f"  bytes read {read:,}  span (nbytes) {span:,}  ratio {span / read:.2f}x")
-    lib.ferry_context_free(ctx[0])
     return 0
 
 
@@ -41,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="verb", required=True)
     sub.add_parser("demo", help="show what a flat copy of a multi-stream window moves")
     args = parser.parse_args(argv)
-    if args.verb == "demo":
-        return demo()
+    try:
+        if args.verb == "demo":
+            return demo()
+    except FerryError as e:
+        raise SystemExit(f"ferry: {e}") from None
     return 2
 
 

@@ -1,0 +1,71 @@
+"""Python byte containers as C pointers, with their lengths checked.
+
+C cannot know how long a foreign pointer's memory is, so every transfer checks here
+that the Python object holds what C will read or write.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import numpy as np
+
+from ._binding import ffi
+from .errors import InvalidArgumentError, OutOfBoundsError
+
+BytesLike = Union[bytes, bytearray, memoryview, np.ndarray]
+
+
+class CData:
+    """A contiguous view of a Python object as char*, and its size in bytes.
+
+    Holds the Python object (and cffi's view of it) so it lives as long as this does.
+    """
+
+    __slots__ = ("obj", "ptr", "nbytes")
+
+    def __init__(self, obj: Any, ptr: Any, nbytes: int) -> None:
+        self.obj = obj
+        self.ptr = ptr
+        self.nbytes = nbytes
+
+    def need(self, nbytes: int, what: str) -> None:
+        """Raise OutOfBoundsError unless this holds at least nbytes."""
+        if nbytes > self.nbytes:
+            raise OutOfBoundsError(f"{what}: the data holds {self.nbytes} bytes but the transfer needs {nbytes}")
+
+
+def _memoryview(data: Any, what: str) -> memoryview:
+    if isinstance(data, str):
+        raise InvalidArgumentError(f"{what}: expected bytes-like data or a numpy array, got str")
+    try:
+        return memoryview(data)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"{what}: expected bytes-like data or a numpy array ({e})") from None
+
+
+def readable(data: Any, what: str) -> CData:
+    """Data C will read: any buffer-protocol object; a non-contiguous one is copied in C order."""
+    mv = _memoryview(data, what)
+    if not mv.c_contiguous:
+        mv = memoryview(mv.tobytes())
+    mv = mv.cast("B") if mv.nbytes else memoryview(b"")
+    return CData(mv, ffi.from_buffer(mv), mv.nbytes)
+
+
+def writable(out: Any, what: str) -> CData:
+    """Memory C will write into: a writable, C-contiguous buffer-protocol object."""
+    mv = _memoryview(out, what)
+    if mv.readonly:
+        raise InvalidArgumentError(f"{what}: the output buffer is read-only")
+    if not mv.c_contiguous:
+        raise InvalidArgumentError(f"{what}: the output buffer is not contiguous")
+    mv = mv.cast("B") if mv.nbytes else memoryview(bytearray())
+    return CData(mv, ffi.from_buffer(mv, require_writable=True), mv.nbytes)
+
+
+def extent_2d(size: int, n_copies: int, stride: int) -> int:
+    """Bytes spanned by n_copies rows of size bytes at a stride: what a 2-D transfer touches."""
+    if size == 0 or n_copies == 0:
+        return 0
+    return (n_copies - 1) * stride + size

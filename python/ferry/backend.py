@@ -1,0 +1,228 @@
+"""Backends: the CPU backend, the dummy backend, and the transfers that go through them."""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+
+from . import _args, _data
+from ._binding import ffi, lib
+from ._handle import Handle
+from .buffer import Buffer, BufferType
+from .errors import FerryError, InvalidArgumentError, check
+from .stats import Stats
+from .types import TypeLike
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+
+def _tensor(t: object, what: str) -> "Tensor":
+    from .tensor import Tensor
+
+    if not isinstance(t, Tensor):
+        raise InvalidArgumentError(f"{what}: expected a Tensor, got {type(t).__name__}")
+    return t
+
+
+class Backend:
+    """A place tensors live and are transferred to: its default buffer type, counters, async transfers.
+
+    The *_async transfers keep the data objects they were given alive until synchronize(),
+    so a backend that really runs them later never reads freed Python memory.
+    """
+
+    def __init__(self, ptr: Any) -> None:
+        """Internal: take ownership of a ferry_backend*; construct CPUBackend or DummyBackend instead."""
+        self._handle = Handle(ptr, lib.ferry_backend_free)
+        self._finalizer = weakref.finalize(self, self._handle.release)
+        self._buffer_type = BufferType(lib.ferry_backend_default_buffer_type(ptr), self)
+        self._pending: List[Any] = []
+
+    @property
+    def _p(self) -> Any:
+        """The ferry_backend*; refused once finalized (only reachable from finalizers in a cycle)."""
+        if not self._handle.alive:
+            raise FerryError("backend used after it was finalized")
+        return self._handle.ptr
+
+    @property
+    def name(self) -> str:
+        return ffi.string(lib.ferry_backend_name(self._p)).decode()
+
+    @property
+    def has_2d(self) -> bool:
+        """Does the backend implement 2-D transfers itself (else each is a loop of plain ones)?"""
+        return bool(lib.ferry_backend_has_2d(self._p))
+
+    @property
+    def buffer_type(self) -> BufferType:
+        """The buffer type alloc_buffer allocates from."""
+        return self._buffer_type
+
+    def supports_buffer_type(self, buffer_type: BufferType) -> bool:
+        """Can this backend read and write buffers of buffer_type?"""
+        if not isinstance(buffer_type, BufferType):
+            raise InvalidArgumentError(f"supports_buffer_type: expected a BufferType, got {type(buffer_type).__name__}")
+        return bool(lib.ferry_backend_supports_buft(self._p, buffer_type._ptr))
+
+    # ------------------------------------------------------------ allocation
+
+    def alloc_buffer(self, size: int) -> Buffer:
+        """A new buffer of size bytes of the default buffer type."""
+        return self._buffer_type.alloc_buffer(size)
+
+    def alloc_buffer_for(self, tensor: "Tensor") -> Buffer:
+        """A buffer exactly large enough for tensor, with tensor placed at its start."""
+        t = _tensor(tensor, "alloc_buffer_for")
+        buf = self.alloc_buffer(self._buffer_type.alloc_size(t))
+        buf.place(t, 0)
+        return buf
+
+    def alloc_tensor(self, type: TypeLike, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
+        """A new contiguous tensor in a buffer of its own."""
+        from .tensor import Tensor
+
+        t = Tensor.new(type, ne, name=name)
+        self.alloc_buffer_for(t)
+        return t
+
+    # ------------------------------------------------------------ transfers
+
+    def set_async(self, tensor: "Tensor", data: _data.BytesLike, offset: int = 0) -> None:
+        """Write all of data into tensor at a byte offset."""
+        t = _tensor(tensor, "set_async")
+        d = _data.readable(data, "set_async")
+        check(lib.ferry_backend_tensor_set_async(self._p, t._p, d.ptr, _args.as_size(offset, "set_async: offset"),
+                                                 d.nbytes))
+        self._pending.append(d)
+
+    def get_async(self, tensor: "Tensor", out: Any, offset: int = 0) -> None:
+        """Fill out (a writable buffer) from tensor at a byte offset; out is valid after synchronize()."""
+        t = _tensor(tensor, "get_async")
+        d = _data.writable(out, "get_async")
+        check(lib.ferry_backend_tensor_get_async(self._p, t._p, d.ptr, _args.as_size(offset, "get_async: offset"),
+                                                 d.nbytes))
+        self._pending.append(d)
+
+    def set_2d_async(self, tensor: "Tensor", data: _data.BytesLike, offset: int, size: int, n_copies: int,
+                     stride_tensor: int, stride_data: Optional[int] = None) -> None:
+        """Write n_copies rows of size bytes: row i goes to offset + i*stride_tensor in tensor and
+        comes from data[i*stride_data:][:size] (stride_data defaults to size: packed rows)."""
+        t = _tensor(tensor, "set_2d_async")
+        args = _args_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
+        d = _data.readable(data, "set_2d_async")
+        d.need(_data.extent_2d(args[1], args[2], args[4]), "set_2d_async")
+        check(lib.ferry_backend_tensor_set_2d_async(self._p, t._p, d.ptr, *args))
+        self._pending.append(d)
+
+    def get_2d_async(self, tensor: "Tensor", out: Any, offset: int, size: int, n_copies: int,
+                     stride_tensor: int, stride_data: Optional[int] = None) -> None:
+        """Read n_copies rows of size bytes from offset + i*stride_tensor into out at i*stride_data;
+        out is valid after synchronize()."""
+        t = _tensor(tensor, "get_2d_async")
+        args = _args_2d("get_2d_async", offset, size, n_copies, stride_tensor, stride_data)
+        d = _data.writable(out, "get_2d_async")
+        d.need(_data.extent_2d(args[1], args[2], args[4]), "get_2d_async")
+        check(lib.ferry_backend_tensor_get_2d_async(self._p, t._p, d.ptr, *args))
+        self._pending.append(d)
+
+    def set_2d(self, tensor: "Tensor", data: _data.BytesLike, offset: int, size: int, n_copies: int,
+               stride_tensor: int, stride_data: Optional[int] = None) -> None:
+        """set_2d_async, then synchronize()."""
+        self.set_2d_async(tensor, data, offset, size, n_copies, stride_tensor, stride_data)
+        self.synchronize()
+
+    def get_2d(self, tensor: "Tensor", offset: int, size: int, n_copies: int, stride_tensor: int,
+               stride_data: Optional[int] = None) -> bytes:
+        """get_2d_async into new memory, synchronize(), and return it ((n_copies-1)*stride_data + size bytes)."""
+        args = _args_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
+        out = bytearray(_data.extent_2d(args[1], args[2], args[4]))
+        self.get_2d_async(tensor, out, *args)
+        self.synchronize()
+        return bytes(out)
+
+    def copy_async(self, src: "Tensor", dst: "Tensor", src_backend: Optional["Backend"] = None) -> None:
+        """Copy src into dst (same type, ne and nb) on this backend, dst's; src_backend defaults to self."""
+        s = _tensor(src, "copy_async")
+        d = _tensor(dst, "copy_async")
+        if src_backend is not None and not isinstance(src_backend, Backend):
+            raise InvalidArgumentError(f"copy_async: src_backend is not a Backend but {type(src_backend).__name__}")
+        sb = src_backend if src_backend is not None else self
+        check(lib.ferry_backend_tensor_copy_async(sb._p, self._p, s._p, d._p))
+        self._pending.append((s, d, sb))
+
+    def synchronize(self) -> None:
+        """Wait for every transfer started here; then their data objects are let go."""
+        check(lib.ferry_backend_synchronize(self._p))
+        self._pending.clear()
+
+    # ------------------------------------------------------------ counters
+
+    @property
+    def stats(self) -> Stats:
+        """What went through this backend's transfer functions."""
+        out = ffi.new("ferry_stats *")
+        check(lib.ferry_backend_get_stats(self._p, out))
+        return Stats.from_c(out)
+
+    def reset_stats(self) -> None:
+        lib.ferry_backend_reset_stats(self._p)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}{'' if self.has_2d else ' no-2d'}>"
+
+
+def _args_2d(what: str, offset: int, size: int, n_copies: int, stride_tensor: int,
+             stride_data: Optional[int]) -> tuple:
+    """The checked (offset, size, n_copies, stride_tensor, stride_data) of a 2-D transfer."""
+    size = _args.as_size(size, f"{what}: size")
+    return (
+        _args.as_size(offset, f"{what}: offset"),
+        size,
+        _args.as_size(n_copies, f"{what}: n_copies"),
+        _args.as_size(stride_tensor, f"{what}: stride_tensor"),
+        size if stride_data is None else _args.as_size(stride_data, f"{what}: stride_data"),
+    )
+
+
+class CPUBackend(Backend):
+    """The CPU backend: host memory, 2-D transfers done as row loops in place."""
+
+    def __init__(self) -> None:
+        out = ffi.new("ferry_backend **")
+        check(lib.ferry_cpu_backend_new(out))
+        super().__init__(out[0])
+
+
+class DummyBackend(Backend):
+    """A device-like backend for allocator tests and dry runs.
+
+    By default its buffers hand out synthetic addresses with no memory behind them
+    (transfers are checked and counted, not performed; reads give zeros). With
+    real_memory they are memory a test can read. has_2d=False makes every 2-D transfer
+    the generic loop of plain ones. alignment is a power of two (0: 64);
+    max_buffer_size None or 0 means unbounded.
+    """
+
+    def __init__(self, real_memory: bool = False, alignment: int = 64, max_buffer_size: Optional[int] = None,
+                 has_2d: bool = True) -> None:
+        params = ffi.new("ferry_dummy_params *")
+        params[0] = lib.ferry_dummy_default_params()
+        params.alignment = _args.as_size(alignment, "DummyBackend: alignment")
+        params.max_buffer_size = 0 if max_buffer_size is None else _args.as_size(
+            max_buffer_size, "DummyBackend: max_buffer_size")
+        params.real_memory = bool(real_memory)
+        params.has_2d = bool(has_2d)
+        out = ffi.new("ferry_backend **")
+        check(lib.ferry_dummy_backend_new(params, out))
+        super().__init__(out[0])
+        self.real_memory = bool(real_memory)
+
+    @property
+    def alignment(self) -> int:
+        return self.buffer_type.alignment
+
+    @property
+    def max_buffer_size(self) -> Optional[int]:
+        return self.buffer_type.max_size

@@ -1,0 +1,197 @@
+"""Buffer types and buffers: where tensors' bytes live."""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from . import _args
+from ._binding import ffi, lib
+from ._handle import Handle
+from .errors import FerryError, FreedBufferError, InvalidArgumentError, check
+from .stats import Stats
+from .types import TypeLike
+
+if TYPE_CHECKING:
+    from .backend import Backend
+    from .tensor import Tensor
+
+_USAGES = {"any": lib.FERRY_BUFFER_USAGE_ANY, "weights": lib.FERRY_BUFFER_USAGE_WEIGHTS,
+           "compute": lib.FERRY_BUFFER_USAGE_COMPUTE}
+
+
+class BufferType:
+    """A kind of memory (CPU host memory, a dummy backend's memory) that buffers are allocated from.
+
+    A backend's buffer type lives inside the backend, so this keeps that Backend alive.
+    """
+
+    def __init__(self, ptr: Any, backend: Optional["Backend"] = None) -> None:
+        """Internal: wrap a ferry_buffer_type*; use Backend.buffer_type or cpu_buffer_type()."""
+        self._raw = ptr
+        self._backend = backend
+
+    @property
+    def _ptr(self) -> Any:
+        """The ferry_buffer_type*, which lives inside its backend (if any): refused once that is gone."""
+        if self._backend is not None and self._backend._handle.ptr is None:
+            raise FerryError("buffer type used after its backend was freed")
+        return self._raw
+
+    @property
+    def name(self) -> str:
+        return ffi.string(lib.ferry_buffer_type_name(self._ptr)).decode()
+
+    @property
+    def alignment(self) -> int:
+        """Offsets of tensors placed in its buffers must be multiples of this."""
+        return int(lib.ferry_buffer_type_alignment(self._ptr))
+
+    @property
+    def max_size(self) -> Optional[int]:
+        """The largest buffer it allocates, or None if unbounded."""
+        n = int(lib.ferry_buffer_type_max_size(self._ptr))
+        return None if n == _args.SIZE_MAX else n
+
+    @property
+    def is_host(self) -> bool:
+        return bool(lib.ferry_buffer_type_is_host(self._ptr))
+
+    @property
+    def backend(self) -> Optional["Backend"]:
+        return self._backend
+
+    def alloc_size(self, tensor: "Tensor") -> int:
+        """Bytes tensor takes in a buffer of this type."""
+        return int(lib.ferry_buffer_type_alloc_size(self._ptr, tensor._p))
+
+    def alloc_buffer(self, size: int) -> "Buffer":
+        """A new buffer of size bytes (OutOfMemoryError past max_size)."""
+        out = ffi.new("ferry_buffer **")
+        check(lib.ferry_buffer_type_alloc_buffer(self._ptr, _args.as_size(size, "alloc_buffer: size"), out))
+        return Buffer(out[0], self)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BufferType) and self._raw == other._raw
+
+    def __hash__(self) -> int:
+        return hash(int(ffi.cast("uintptr_t", self._raw)))
+
+    def __repr__(self) -> str:
+        max_size = "unbounded" if self.max_size is None else f"max {self.max_size}"
+        return f"<BufferType {self.name} alignment={self.alignment} {max_size}{' host' if self.is_host else ''}>"
+
+
+def cpu_buffer_type() -> BufferType:
+    """The host buffer type every CPU backend allocates from."""
+    return BufferType(lib.ferry_cpu_buffer_type())
+
+
+class Buffer:
+    """A block of memory of one buffer type, with the tensors placed in it and its transfer counters.
+
+    free() is explicit and idempotent (the buffer is also freed when no longer referenced);
+    after it, tensors placed here raise FreedBufferError on every use.
+    """
+
+    def __init__(self, ptr: Any, buffer_type: BufferType) -> None:
+        """Internal: take ownership of a ferry_buffer*; use Backend.alloc_buffer or BufferType.alloc_buffer."""
+        self._type = buffer_type
+        parent = buffer_type._backend._handle if buffer_type._backend is not None else None
+        self._handle = Handle(ptr, lib.ferry_buffer_free, parent)
+        self._finalizer = weakref.finalize(self, self._handle.release)
+        self._size = int(lib.ferry_buffer_size(ptr))
+        self._id = int(lib.ferry_buffer_id(ptr))
+        self._type_name = buffer_type.name
+
+    @property
+    def _p(self) -> Any:
+        """The live ferry_buffer*; FreedBufferError once freed (C must never see a freed pointer)."""
+        ptr = self._handle.ptr if self._handle.alive else None
+        if ptr is None:
+            raise FreedBufferError(f"{self._type_name} buffer {self._id} was freed")
+        return ptr
+
+    def free(self) -> None:
+        """Free the memory now. A second call does nothing."""
+        self._finalizer()
+
+    @property
+    def freed(self) -> bool:
+        return not self._handle.alive
+
+    @property
+    def type(self) -> BufferType:
+        return self._type
+
+    @property
+    def backend(self) -> Optional["Backend"]:
+        return self._type._backend
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def id(self) -> int:
+        """ferry's serial for this buffer; tensors recognise a freed buffer by it."""
+        return self._id
+
+    @property
+    def base(self) -> int:
+        """The first byte's address (synthetic for a dummy backend without real memory)."""
+        return int(ffi.cast("uintptr_t", lib.ferry_buffer_base(self._p)))
+
+    @property
+    def is_host(self) -> bool:
+        return bool(lib.ferry_buffer_is_host(self._p))
+
+    @property
+    def usage(self) -> str:
+        """"any", "weights" or "compute"."""
+        value = int(lib.ferry_buffer_get_usage(self._p))
+        return next(k for k, v in _USAGES.items() if v == value)
+
+    @usage.setter
+    def usage(self, usage: str) -> None:
+        if usage not in _USAGES:
+            raise InvalidArgumentError(f"buffer usage {usage!r} is not one of {', '.join(_USAGES)}")
+        check(lib.ferry_buffer_set_usage(self._p, _USAGES[usage]))
+
+    def clear(self, value: int = 0) -> None:
+        """Set every byte of the buffer to value (0..255)."""
+        v = _args.as_int(value, "clear: value")
+        if not 0 <= v <= 255:
+            raise InvalidArgumentError(f"clear: value {v} is not a byte (0..255)")
+        check(lib.ferry_buffer_clear(self._p, v))
+
+    def place(self, tensor: "Tensor", offset: int = 0) -> "Tensor":
+        """Give tensor (not a view) memory at a byte offset, aligned to the buffer type. Returns tensor."""
+        from .tensor import Tensor
+
+        if not isinstance(tensor, Tensor):
+            raise InvalidArgumentError(f"place: expected a Tensor, got {type(tensor).__name__}")
+        check(lib.ferry_buffer_place_tensor(self._p, tensor._p, _args.as_size(offset, "place: offset")))
+        tensor._buffer = self  # the tensor keeps its memory alive
+        return tensor
+
+    def new_tensor(self, type: TypeLike, ne: Sequence[int], offset: int = 0, name: Optional[str] = None) -> "Tensor":
+        """A new contiguous tensor placed at offset in this buffer."""
+        from .tensor import Tensor
+
+        return self.place(Tensor.new(type, ne, name=name), offset)
+
+    @property
+    def stats(self) -> Stats:
+        """What was moved into, out of and within this buffer."""
+        out = ffi.new("ferry_stats *")
+        check(lib.ferry_buffer_get_stats(self._p, out))
+        return Stats.from_c(out)
+
+    def reset_stats(self) -> None:
+        lib.ferry_buffer_reset_stats(self._p)
+
+    def __repr__(self) -> str:
+        if self.freed:
+            return f"<Buffer {self._type_name} id={self._id} {self._size} bytes, freed>"
+        return f"<Buffer {self._type_name} id={self._id} {self._size} bytes at {self.base:#x}>"

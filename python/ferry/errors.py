@@ -1,0 +1,107 @@
+"""Exceptions: FerryError and one subclass per C status, raised with the C message."""
+
+from __future__ import annotations
+
+from typing import Dict, NoReturn, Type
+
+from ._binding import ffi, lib
+
+
+class FerryError(Exception):
+    """A ferry call failed. `status` is the C ferry_status (an int), `message` the C message."""
+
+    status: int = -1
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+
+
+class InvalidArgumentError(FerryError):
+    """A NULL, negative, non-integer or overflowing argument (FERRY_ERR_INVALID_ARG)."""
+
+    status = lib.FERRY_ERR_INVALID_ARG
+
+
+class OutOfBoundsError(FerryError):
+    """An offset or extent past the end of a tensor or buffer (FERRY_ERR_OUT_OF_BOUNDS)."""
+
+    status = lib.FERRY_ERR_OUT_OF_BOUNDS
+
+
+class NotAllocatedError(FerryError):
+    """A tensor with no memory behind it (FERRY_ERR_NOT_ALLOCATED)."""
+
+    status = lib.FERRY_ERR_NOT_ALLOCATED
+
+
+class LayoutError(FerryError):
+    """Shapes or strides that do not match what is asked (FERRY_ERR_LAYOUT)."""
+
+    status = lib.FERRY_ERR_LAYOUT
+
+
+class UnknownTypeError(FerryError):
+    """A type name or number ferry does not know (FERRY_ERR_UNKNOWN_TYPE)."""
+
+    status = lib.FERRY_ERR_UNKNOWN_TYPE
+
+
+class FreedBufferError(FerryError):
+    """Use of a buffer that was freed, or of a tensor placed in one (FERRY_ERR_FREED)."""
+
+    status = lib.FERRY_ERR_FREED
+
+
+class OutOfMemoryError(FerryError):
+    """An allocation failed or exceeds the buffer type's max size (FERRY_ERR_OUT_OF_MEMORY)."""
+
+    status = lib.FERRY_ERR_OUT_OF_MEMORY
+
+
+class UnsupportedError(FerryError):
+    """The backend or buffer cannot do this (FERRY_ERR_UNSUPPORTED)."""
+
+    status = lib.FERRY_ERR_UNSUPPORTED
+
+
+class BackendError(FerryError):
+    """The backend's own failure, e.g. a CUDA error (FERRY_ERR_BACKEND)."""
+
+    status = lib.FERRY_ERR_BACKEND
+
+
+_BY_STATUS: Dict[int, Type[FerryError]] = {
+    cls.status: cls
+    for cls in (InvalidArgumentError, OutOfBoundsError, NotAllocatedError, LayoutError, UnknownTypeError,
+                FreedBufferError, OutOfMemoryError, UnsupportedError, BackendError)
+}
+
+
+def error_class(status: int) -> Type[FerryError]:
+    """The exception class for a C status (FerryError itself for one this binding does not know)."""
+    return _BY_STATUS.get(int(status), FerryError)
+
+
+def last_error() -> str:
+    """The C message of the last failure on this thread ("" if none)."""
+    return ffi.string(lib.ferry_last_error()).decode("utf-8", "replace")
+
+
+def raise_status(status: int) -> NoReturn:
+    """Raise the exception for a failed status, with the message C left for it."""
+    message = last_error() or ffi.string(lib.ferry_status_name(status)).decode()
+    raise error_class(status)(message, int(status))
+
+
+def check(status: int) -> None:
+    """Raise the right FerryError subclass if a C call returned a failing status."""
+    if status != lib.FERRY_OK:
+        raise_status(status)
+
+
+def raise_last() -> NoReturn:
+    """Raise for a C call that signals failure by its return value (NULL, 0) rather than a status."""
+    raise_status(lib.ferry_last_status())

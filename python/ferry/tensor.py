@@ -1,0 +1,346 @@
+"""Tensors: type, 4-D shape and byte strides (ggml order: ne[0] fastest), views, transfers.
+
+Each Tensor owns a ferry_context holding its one C struct; a view keeps its source
+Tensor (and so the source's context) alive, and a placed tensor keeps its Buffer alive.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _args, _data
+from ._binding import ffi, lib
+from ._handle import Handle
+from .errors import FerryError, InvalidArgumentError, LayoutError, UnsupportedError, check
+from .types import Type, TypeLike, numpy_dtype, row_size, to_type, type_from_dtype
+
+if TYPE_CHECKING:
+    from .backend import Backend
+    from .buffer import Buffer
+
+
+def _new_context(parent: Optional[Handle]) -> Handle:
+    out = ffi.new("ferry_context **")
+    check(lib.ferry_context_new(out))
+    return Handle(out[0], lib.ferry_context_free, parent)
+
+
+def _check_tensor(t: object, what: str) -> "Tensor":
+    if not isinstance(t, Tensor):
+        raise InvalidArgumentError(f"{what}: expected a Tensor, got {type(t).__name__}")
+    return t
+
+
+class Tensor:
+    """A ferry tensor. Create with Tensor.new, Backend.alloc_tensor or Tensor.from_numpy.
+
+    Offsets and sizes of transfers are bytes relative to the tensor's first byte; the
+    tensor spans nbytes (ggml's rule: first byte to last, gaps of a strided view included).
+    """
+
+    def __init__(self, make: Callable[[Any, Any], int], source: Optional["Tensor"] = None,
+                 name: Optional[str] = None) -> None:
+        """Internal: make(ctx, out) fills out with a struct in ctx; use the constructors and view methods."""
+        self._source = source
+        self._buffer: Optional["Buffer"] = None
+        handle = _new_context(source._handle if source is not None else None)
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, handle.release)
+        out = ffi.new("ferry_tensor **")
+        check(make(handle.ptr, out))
+        self._ptr = out[0]
+        if name is not None:
+            self.name = name
+
+    @property
+    def _p(self) -> Any:
+        """The C struct; refused once its context is gone (only reachable from finalizers)."""
+        if not self._handle.alive:
+            raise FerryError("tensor used after it was finalized")
+        return self._ptr
+
+    # ------------------------------------------------------------ construction
+
+    @classmethod
+    def new(cls, type: TypeLike, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
+        """An unallocated contiguous tensor of 1 to 4 dimensions (ne[0] fastest); place it in a Buffer."""
+        ty = to_type(type)
+        shape = _args.as_shape(ne, "tensor_new")
+        return cls(lambda ctx, out: lib.ferry_tensor_new(ctx, ty.value, len(shape), ffi.new("int64_t[]", shape), out),
+                   name=name)
+
+    @classmethod
+    def from_numpy(cls, backend: "Backend", array: Any, name: Optional[str] = None) -> "Tensor":
+        """A tensor on backend holding array's values (float32, float16, int32); ne is array.shape reversed."""
+        arr = np.asarray(array)
+        ty = type_from_dtype(arr.dtype)
+        if arr.ndim > 4:
+            raise InvalidArgumentError(f"from_numpy: {arr.ndim} dimensions; ferry tensors have at most 4")
+        t = backend.alloc_tensor(ty, list(reversed(arr.shape)) or [1], name=name)
+        t.set(np.ascontiguousarray(arr))
+        return t
+
+    def _derive(self, make: Callable[[Any, Any], int], name: Optional[str]) -> "Tensor":
+        return Tensor(make, source=self, name=name)
+
+    def view(self, ne: Sequence[int], nb: Optional[Sequence[int]] = None, offset: int = 0,
+             name: Optional[str] = None) -> "Tensor":
+        """A view of ne values with byte strides nb (nb[0] must be the type size; None: contiguous)
+        starting offset bytes into this tensor. Its span must stay inside the root's memory
+        (C's rule, as ggml's: checked against the root, not against an intermediate view)."""
+        shape = _args.as_shape(ne, "view")
+        if nb is None:
+            strides = self._contiguous_strides(shape)
+        else:
+            if isinstance(nb, (str, bytes)) or len(nb) != len(shape):
+                raise InvalidArgumentError(f"view: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
+            strides = [_args.as_size(v, f"view: nb[{i}]") for i, v in enumerate(nb)]
+            if strides[0] != self.type.size:
+                raise LayoutError(f"view: nb[0] is {strides[0]} but a {self.type} element (block) is "
+                                  f"{self.type.size} bytes")
+        off = _args.as_size(offset, "view: offset")
+        src = self._p
+        return self._derive(lambda ctx, out: lib.ferry_tensor_view(
+            ctx, src, len(shape), ffi.new("int64_t[]", shape), ffi.new("size_t[]", strides), off, out), name)
+
+    def _contiguous_strides(self, shape: List[int]) -> List[int]:
+        strides = [self.type.size]
+        if len(shape) > 1:
+            strides.append(row_size(self.type, max(shape[0], 0)))
+            for n in shape[1:-1]:
+                strides.append(strides[-1] * max(n, 0))
+        return [min(s, _args.SIZE_MAX) for s in strides]
+
+    def permute(self, *axes: int, name: Optional[str] = None) -> "Tensor":
+        """ggml's permute: dimension i of this tensor becomes dimension axes[i] of the view."""
+        if len(axes) == 1 and not isinstance(axes[0], int) and hasattr(axes[0], "__len__"):
+            axes = tuple(axes[0])  # type: ignore[assignment]
+        if len(axes) != 4:
+            raise InvalidArgumentError(f"permute: expected 4 axes, got {len(axes)}")
+        a = [_args.as_c_int(x, f"permute: axis {i}") for i, x in enumerate(axes)]
+        src = self._p
+        return self._derive(lambda ctx, out: lib.ferry_tensor_permute(ctx, src, a[0], a[1], a[2], a[3], out), name)
+
+    def transpose(self, name: Optional[str] = None) -> "Tensor":
+        """Swap dimensions 0 and 1 (a view)."""
+        src = self._p
+        return self._derive(lambda ctx, out: lib.ferry_tensor_transpose(ctx, src, out), name)
+
+    def reshape(self, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
+        """A view with another shape of the same element count; this tensor must be contiguous."""
+        shape = _args.as_shape(ne, "reshape")
+        src = self._p
+        return self._derive(lambda ctx, out: lib.ferry_tensor_reshape(
+            ctx, src, len(shape), ffi.new("int64_t[]", shape), out), name)
+
+    def dup_layout(self, name: Optional[str] = None) -> "Tensor":
+        """A new unallocated tensor with this one's type, ne and nb (not a view)."""
+        src = self._p
+        return Tensor(lambda ctx, out: lib.ferry_tensor_dup_layout(ctx, src, out), name=name)
+
+    # ------------------------------------------------------------ metadata
+
+    @property
+    def type(self) -> Type:
+        return Type(self._p.type)
+
+    @property
+    def ne(self) -> Tuple[int, int, int, int]:
+        """Values per dimension, ne[0] fastest."""
+        p = self._p
+        return (int(p.ne[0]), int(p.ne[1]), int(p.ne[2]), int(p.ne[3]))
+
+    @property
+    def nb(self) -> Tuple[int, int, int, int]:
+        """Byte stride per dimension; nb[0] is the element (block) size."""
+        p = self._p
+        return (int(p.nb[0]), int(p.nb[1]), int(p.nb[2]), int(p.nb[3]))
+
+    @property
+    def ndim(self) -> int:
+        """ggml's n_dims: 1 + the last dimension whose ne is not 1 (at least 1)."""
+        ne = self.ne
+        return next((i + 1 for i in range(3, 0, -1) if ne[i] != 1), 1)
+
+    @property
+    def nbytes(self) -> int:
+        """The span from the first byte to the last (ggml's nbytes)."""
+        return int(lib.ferry_tensor_nbytes(self._p))
+
+    @property
+    def row_size(self) -> int:
+        """Bytes of one row of ne[0] values (row_size(type, ne[0]))."""
+        return row_size(self.type, self.ne[0])
+
+    @property
+    def nelements(self) -> int:
+        return int(lib.ferry_tensor_nelements(self._p))
+
+    @property
+    def nrows(self) -> int:
+        return int(lib.ferry_tensor_nrows(self._p))
+
+    @property
+    def is_contiguous(self) -> bool:
+        return bool(lib.ferry_tensor_is_contiguous(self._p))
+
+    @property
+    def is_view(self) -> bool:
+        return bool(lib.ferry_tensor_is_view(self._p))
+
+    def same_layout(self, other: "Tensor") -> bool:
+        """Same type, ne and nb."""
+        return bool(lib.ferry_tensor_same_layout(self._p, _check_tensor(other, "same_layout")._p))
+
+    @property
+    def op(self) -> int:
+        """The ferry_op that made it (FERRY_OP_VIEW, ..._PERMUTE, ...; FERRY_OP_NONE for a leaf)."""
+        return int(self._p.op)
+
+    @property
+    def name(self) -> str:
+        return ffi.string(self._p.name).decode("utf-8", "replace")
+
+    @name.setter
+    def name(self, name: str) -> None:
+        if not isinstance(name, str) or "\0" in name:
+            raise InvalidArgumentError(f"tensor name must be a str without NUL, got {name!r}")
+        check(lib.ferry_tensor_set_name(self._p, name.encode()))
+
+    @property
+    def source(self) -> Optional["Tensor"]:
+        """The tensor this view was made from (None for a root)."""
+        return self._source
+
+    @property
+    def root(self) -> "Tensor":
+        """The tensor whose memory this one reads (itself unless a view)."""
+        t = self
+        while t._source is not None:
+            t = t._source
+        return t
+
+    @property
+    def offset(self) -> int:
+        """Byte offset of the first byte in the root's memory (0 for a root)."""
+        return int(self._p.view_offs)
+
+    @property
+    def buffer(self) -> Optional["Buffer"]:
+        """The Buffer holding the memory (the root's), or None if never placed."""
+        return self.root._buffer
+
+    @property
+    def allocated(self) -> bool:
+        """True if the tensor has memory behind it in a live buffer."""
+        st = lib.ferry_tensor_check_allocated(self._p)
+        if st != lib.FERRY_OK:
+            lib.ferry_clear_error()  # a query, not a failure
+        return st == lib.FERRY_OK
+
+    @property
+    def address(self) -> Optional[int]:
+        """Address of the first byte (synthetic in a synthetic dummy buffer), None if unallocated or freed."""
+        if not self.allocated:
+            return None
+        return int(ffi.cast("uintptr_t", self.root._p.data)) + self.offset
+
+    # ------------------------------------------------------------ blocking transfers
+
+    def set(self, data: _data.BytesLike, offset: int = 0) -> None:
+        """Write all of data (bytes-like or numpy array) at a byte offset."""
+        d = _data.readable(data, "tensor_set")
+        check(lib.ferry_tensor_set(self._p, d.ptr, _args.as_size(offset, "tensor_set: offset"), d.nbytes))
+
+    def get(self, offset: int = 0, size: Optional[int] = None) -> bytes:
+        """size bytes from a byte offset (default: to the end of nbytes)."""
+        off = _args.as_size(offset, "tensor_get: offset")
+        n = max(self.nbytes - off, 0) if size is None else _args.as_size(size, "tensor_get: size")
+        out = bytearray(n)
+        self.readinto(out, off)
+        return bytes(out)
+
+    def readinto(self, out: Any, offset: int = 0) -> None:
+        """Fill out (a writable, contiguous buffer) from a byte offset."""
+        d = _data.writable(out, "tensor_get")
+        check(lib.ferry_tensor_get(self._p, d.ptr, _args.as_size(offset, "tensor_get: offset"), d.nbytes))
+
+    def memset(self, value: int, offset: int = 0, size: Optional[int] = None) -> None:
+        """Set size bytes from offset (default: to the end) to value (0..255)."""
+        v = _args.as_int(value, "tensor_memset: value")
+        if not 0 <= v <= 255:
+            raise InvalidArgumentError(f"tensor_memset: value {v} is not a byte (0..255)")
+        off = _args.as_size(offset, "tensor_memset: offset")
+        n = max(self.nbytes - off, 0) if size is None else _args.as_size(size, "tensor_memset: size")
+        check(lib.ferry_tensor_memset(self._p, v, off, n))
+
+    def set_2d(self, data: _data.BytesLike, offset: int, size: int, n_copies: int, stride_tensor: int,
+               stride_data: Optional[int] = None) -> None:
+        """Write n_copies rows of size bytes: row i lands at offset + i*stride_tensor and comes from
+        data at i*stride_data (default size: packed rows). Nothing else in the tensor changes."""
+        from .backend import _args_2d
+
+        args = _args_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
+        d = _data.readable(data, "tensor_set_2d")
+        d.need(_data.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
+        check(lib.ferry_tensor_set_2d(self._p, d.ptr, *args))
+
+    def get_2d(self, offset: int, size: int, n_copies: int, stride_tensor: int,
+               stride_data: Optional[int] = None, out: Any = None) -> Optional[bytes]:
+        """Read n_copies rows of size bytes from offset + i*stride_tensor, row i to i*stride_data.
+        Returns them as bytes ((n_copies-1)*stride_data + size long), or fills out and returns None."""
+        from .backend import _args_2d
+
+        args = _args_2d("tensor_get_2d", offset, size, n_copies, stride_tensor, stride_data)
+        need = _data.extent_2d(args[1], args[2], args[4])
+        target = bytearray(need) if out is None else out
+        d = _data.writable(target, "tensor_get_2d")
+        d.need(need, "tensor_get_2d")
+        check(lib.ferry_tensor_get_2d(self._p, d.ptr, *args))
+        return bytes(target) if out is None else None
+
+    def copy_to(self, dst: "Tensor") -> None:
+        """Copy the nbytes span into dst, which must have the same type, ne and nb."""
+        check(lib.ferry_tensor_copy(self._p, _check_tensor(dst, "tensor_copy")._p))
+
+    # ------------------------------------------------------------ numpy
+
+    def to_numpy(self) -> np.ndarray:
+        """The values as a new array shaped reversed ne (numpy order); strided views give their own
+        values, gaps skipped. Only f32, f16 and i32 (UnsupportedError otherwise)."""
+        dtype = numpy_dtype(self.type)
+        shape = tuple(reversed(self.ne[: self.ndim]))
+        if self.nelements == 0:
+            self.get(0, 0)  # still refuses an unallocated or freed tensor
+            return np.zeros(shape, dtype)
+        raw = bytearray(self.nbytes)
+        self.readinto(raw)
+        if self.is_contiguous:
+            return np.frombuffer(raw, dtype).reshape(shape)
+        strides = tuple(reversed(self.nb[: self.ndim]))
+        return np.ndarray(shape, dtype, buffer=raw, strides=strides).copy()
+
+    # ------------------------------------------------------------ display
+
+    def __repr__(self) -> str:
+        if not self._handle.alive:
+            return "<Tensor (finalized)>"
+        parts = [f"<Tensor {self.name!r} {self.type} ne={list(self.ne)} nb={list(self.nb)}"]
+        if self._source is not None:
+            parts.append(f"view of {self.root.name!r} +{self.offset}")
+        buf = self.buffer
+        if buf is None:
+            parts.append("unallocated")
+        elif buf.freed:
+            parts.append(f"in freed {buf._type_name} buffer")
+        else:
+            parts.append(f"in {buf._type_name} buffer")
+        return " ".join(parts) + ">"
+
+
+def tensor_copy(src: Tensor, dst: Tensor) -> None:
+    """Copy src's nbytes span into dst (same type, ne and nb): ferry_tensor_copy."""
+    _check_tensor(src, "tensor_copy").copy_to(dst)

@@ -1,0 +1,111 @@
+"""Element types: names and numbers, block and row sizes, numpy dtypes.
+
+Quantized types are stored in blocks (q8_0: 32 values in 34 bytes); a row of n
+values takes row_size(type, n) bytes and n must be a whole number of blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+import numpy as np
+
+from . import _args
+from ._binding import ffi, lib
+from .errors import UnsupportedError, check, raise_last
+
+
+class Type(enum.IntEnum):
+    """A ferry_type. str() gives ferry's name for it ("q8_0")."""
+
+    F32 = lib.FERRY_TYPE_F32
+    F16 = lib.FERRY_TYPE_F16
+    BF16 = lib.FERRY_TYPE_BF16
+    I32 = lib.FERRY_TYPE_I32
+    Q8_0 = lib.FERRY_TYPE_Q8_0
+    Q4_0 = lib.FERRY_TYPE_Q4_0
+
+    @property
+    def type_name(self) -> str:
+        """ferry's name for the type, as ferry_type_name gives it."""
+        return ffi.string(lib.ferry_type_name(self.value)).decode()
+
+    @property
+    def size(self) -> int:
+        """Bytes per block (per value for non-block types)."""
+        return int(lib.ferry_type_size(self.value))
+
+    @property
+    def blck_size(self) -> int:
+        """Values per block (1 for non-block types)."""
+        return int(lib.ferry_blck_size(self.value))
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.blck_size > 1
+
+    def __str__(self) -> str:
+        return self.type_name
+
+
+TypeLike = Union[Type, str, int]
+
+_NUMPY = {
+    Type.F32: np.dtype(np.float32),
+    Type.F16: np.dtype(np.float16),
+    Type.I32: np.dtype(np.int32),
+}
+
+
+def to_type(value: TypeLike) -> Type:
+    """A Type from a Type, a name ("f16") or a ferry_type number; UnknownTypeError otherwise."""
+    if isinstance(value, Type):
+        return value
+    if isinstance(value, str):
+        out = ffi.new("ferry_type *")
+        check(lib.ferry_type_from_name(value.encode(), out))
+        return Type(out[0])
+    n = _args.as_c_int(value, "type")
+    if n not in Type._value2member_map_:
+        lib.ferry_type_name(n)  # leaves C's message for an unknown type
+        raise_last()
+    return Type(n)
+
+
+def type_name(t: TypeLike) -> str:
+    return to_type(t).type_name
+
+
+def type_size(t: TypeLike) -> int:
+    """Bytes per block of type t."""
+    return to_type(t).size
+
+
+def blck_size(t: TypeLike) -> int:
+    """Values per block of type t."""
+    return to_type(t).blck_size
+
+
+def row_size(t: TypeLike, n: int) -> int:
+    """Bytes taken by a row of n values of type t (n a whole number of blocks, else LayoutError)."""
+    out = ffi.new("size_t *")
+    check(lib.ferry_row_size(to_type(t).value, _args.as_int64(n, "row_size: n"), out))
+    return int(out[0])
+
+
+def numpy_dtype(t: TypeLike) -> np.dtype:
+    """The numpy dtype for f32, f16 and i32; UnsupportedError for types numpy cannot hold."""
+    ty = to_type(t)
+    if ty not in _NUMPY:
+        raise UnsupportedError(f"type {ty} has no numpy dtype (only f32, f16 and i32 have)")
+    return _NUMPY[ty]
+
+
+def type_from_dtype(dtype: object) -> Type:
+    """The ferry Type of a numpy dtype (float32, float16, int32); UnsupportedError otherwise."""
+    dt = np.dtype(dtype)  # type: ignore[call-overload]
+    for ty, known in _NUMPY.items():
+        if dt == known:
+            return ty
+    raise UnsupportedError(f"numpy dtype {dt} has no ferry type (float32, float16 and int32 have)")

@@ -1,0 +1,284 @@
+"""Bad input from Python raises a FerryError subclass with a useful message, changes nothing, and
+the interpreter goes on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ferry
+from conftest import SENTINEL, pattern
+
+
+@pytest.fixture
+def t(cpu: ferry.CPUBackend) -> ferry.Tensor:
+    """A 48-byte f32 tensor full of the sentinel."""
+    t = cpu.alloc_tensor("f32", [4, 3], name="t")
+    t.buffer.clear(SENTINEL)
+    return t
+
+
+def unchanged(t: ferry.Tensor) -> bool:
+    return t.get() == bytes([SENTINEL]) * t.nbytes
+
+
+def test_every_error_is_a_ferry_error() -> None:
+    for cls in (ferry.InvalidArgumentError, ferry.OutOfBoundsError, ferry.NotAllocatedError, ferry.LayoutError,
+                ferry.UnknownTypeError, ferry.FreedBufferError, ferry.OutOfMemoryError, ferry.UnsupportedError,
+                ferry.BackendError):
+        assert issubclass(cls, ferry.FerryError)
+
+
+# ------------------------------------------------------------ out of bounds
+
+
+def test_set_out_of_bounds(t: ferry.Tensor) -> None:
+    with pytest.raises(ferry.OutOfBoundsError, match=r"16 bytes at offset 40 reach past the 48 bytes of 't'") as e:
+        t.set(pattern(16), offset=40)
+    assert e.value.status == ferry.lib.FERRY_ERR_OUT_OF_BOUNDS
+    assert unchanged(t)
+    t.set(pattern(8), offset=40)  # the edge itself is fine, and we are still alive
+    assert t.get(40, 8) == pattern(8)
+
+
+def test_get_out_of_bounds(t: ferry.Tensor) -> None:
+    with pytest.raises(ferry.OutOfBoundsError, match="reach past"):
+        t.get(40, 9)
+    with pytest.raises(ferry.OutOfBoundsError):
+        t.get(49)
+    with pytest.raises(ferry.OutOfBoundsError):
+        t.memset(0, 47, 2)
+    assert unchanged(t)
+
+
+def test_2d_extent_out_of_bounds(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
+    # rows at 0, 20, 40 of 10 bytes: the last ends at 50 > 48
+    with pytest.raises(ferry.OutOfBoundsError, match=r"3 rows of 10 bytes at offset 0, stride 20"):
+        t.set_2d(pattern(30), 0, 10, 3, 20)
+    with pytest.raises(ferry.OutOfBoundsError, match="rows of"):
+        t.get_2d(0, 10, 3, 20)
+    with pytest.raises(ferry.OutOfBoundsError, match="rows of"):
+        cpu.set_2d_async(t, pattern(30), 0, 10, 3, 20)
+    with pytest.raises(ferry.OutOfBoundsError, match="rows of"):
+        cpu.get_2d(t, 0, 10, 3, 20)
+    assert unchanged(t)
+
+
+def test_2d_data_too_short(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
+    """C cannot see a Python object's length; the binding checks it."""
+    with pytest.raises(ferry.OutOfBoundsError, match=r"the data holds 29 bytes but the transfer needs 30"):
+        t.set_2d(pattern(29), 0, 10, 3, 16)
+    with pytest.raises(ferry.OutOfBoundsError, match="needs 50"):
+        t.set_2d(pattern(40), 0, 10, 3, 16, stride_data=20)
+    with pytest.raises(ferry.OutOfBoundsError, match="needs 30"):
+        cpu.set_2d_async(t, pattern(29), 0, 10, 3, 16)
+    with pytest.raises(ferry.OutOfBoundsError, match="needs 30"):
+        t.get_2d(0, 10, 3, 16, out=bytearray(29))
+    with pytest.raises(ferry.OutOfBoundsError, match="needs 30"):
+        cpu.get_2d_async(t, bytearray(29), 0, 10, 3, 16)
+    assert unchanged(t)
+
+
+def test_2d_strides_smaller_than_the_row(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
+    with pytest.raises(ferry.LayoutError, match="smaller than the row"):
+        t.set_2d(pattern(30), 0, 10, 3, 8)
+    with pytest.raises(ferry.LayoutError, match="smaller than the row"):
+        cpu.set_2d_async(t, pattern(30), 0, 10, 3, 16, stride_data=5)
+    assert unchanged(t)
+
+
+# ------------------------------------------------------------ negative and overflowing sizes
+
+
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda t, b: t.set(b"x", offset=-1), id='set offset'),
+    pytest.param(lambda t, b: t.get(-1), id='get offset'),
+    pytest.param(lambda t, b: t.get(0, -4), id='get size'),
+    pytest.param(lambda t, b: t.memset(0, -1), id='memset offset'),
+    pytest.param(lambda t, b: t.memset(256), id='memset value'),
+    pytest.param(lambda t, b: t.set_2d(b"x" * 8, 0, 4, -2, 8), id='set_2d n_copies'),
+    pytest.param(lambda t, b: t.set_2d(b"x" * 8, 0, -4, 2, 8), id='set_2d size'),
+    pytest.param(lambda t, b: t.get_2d(0, 4, 2, -8), id='get_2d stride_tensor'),
+    pytest.param(lambda t, b: t.get_2d(0, 4, 2, 8, stride_data=-1), id='get_2d stride_data'),
+    pytest.param(lambda t, b: b.set_2d_async(t, b"x" * 8, -1, 4, 2, 8), id='backend set_2d offset'),
+    pytest.param(lambda t, b: b.get_2d(t, 0, 4, 2, -8), id='backend get_2d stride'),
+    pytest.param(lambda t, b: b.alloc_buffer(-1), id='alloc_buffer size'),
+    pytest.param(lambda t, b: t.view([4], offset=-4), id='view offset'),
+    pytest.param(lambda t, b: t.view([2, 2], [4, -8]), id='view stride'),
+    pytest.param(lambda t, b: t.buffer.place(ferry.Tensor.new("f32", [1]), -64), id='place offset'),
+    pytest.param(lambda t, b: ferry.DummyBackend(alignment=-1), id='dummy alignment'),
+    pytest.param(lambda t, b: ferry.DummyBackend(max_buffer_size=-1), id='dummy max size'),
+])
+def test_negative_sizes(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
+    with pytest.raises(ferry.InvalidArgumentError, match="negative|not a byte"):
+        call(t, cpu)
+    assert unchanged(t)
+
+
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda t, b: t.set(b"x", offset=2**64), id='set offset'),
+    pytest.param(lambda t, b: t.get(0, 2**64), id='get size'),
+    pytest.param(lambda t, b: t.get_2d(0, 4, 2**70, 8), id='get_2d n_copies'),
+    pytest.param(lambda t, b: b.set_2d_async(t, b"x", 0, 1, 1, 2**64), id='backend set_2d stride'),
+    pytest.param(lambda t, b: b.alloc_buffer(2**64), id='alloc_buffer size'),
+    pytest.param(lambda t, b: t.view([4], offset=2**65), id='view offset'),
+    pytest.param(lambda t, b: ferry.Tensor.new("f32", [2**63]), id='tensor ne'),
+    pytest.param(lambda t, b: t.permute(0, 1, 2, 2**40), id='permute axis'),
+])
+def test_sizes_overflowing_c_types(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
+    """cffi would raise OverflowError; the binding raises FerryError first."""
+    with pytest.raises(ferry.InvalidArgumentError, match="overflows"):
+        call(t, cpu)
+    assert unchanged(t)
+
+
+def test_sizes_c_refuses(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
+    """Sizes that fit size_t but not the tensor or ferry's limits: C's own checks and messages."""
+    with pytest.raises(ferry.InvalidArgumentError, match="not a valid size"):
+        t.set(b"x", offset=2**64 - 1)
+    with pytest.raises(ferry.OutOfBoundsError, match="overflows"):
+        ferry.Tensor.new("f32", [2**40, 2**40])
+    with pytest.raises(ferry.InvalidArgumentError, match="is negative"):
+        ferry.Tensor.new("f32", [4, -1])
+    with pytest.raises(ferry.InvalidArgumentError, match="not a valid size"):
+        cpu.alloc_buffer(2**63)
+    with pytest.raises(ferry.OutOfBoundsError, match="reach past"):
+        t.get_2d(0, 4, 2**62, 2**62, stride_data=0)  # no data needed; C finds the extent overflows
+    assert unchanged(t)
+
+
+def test_non_integers(t: ferry.Tensor) -> None:
+    for call in (lambda: t.set(b"x", offset=1.5), lambda: t.get("0"), lambda: t.view([4.0]),
+                 lambda: t.set("text"), lambda: ferry.Tensor.new("f32", 4), lambda: t.set(b"x", offset=True)):
+        with pytest.raises(ferry.InvalidArgumentError):
+            call()
+    assert unchanged(t)
+
+
+# ------------------------------------------------------------ views and layouts
+
+
+def test_view_reaching_outside_its_source(t: ferry.Tensor) -> None:
+    with pytest.raises(ferry.OutOfBoundsError, match="reaches past its source 't'"):
+        t.view([4], offset=36)
+    with pytest.raises(ferry.OutOfBoundsError, match="reaches past"):
+        t.view([4, 2], [4, 32], offset=8)  # rows at 8 and 40: ends at 56
+    inner = t.view([4, 2], [4, 16], offset=16)  # the last 32 bytes
+    with pytest.raises(ferry.OutOfBoundsError, match="reaches past"):
+        inner.view([4], offset=20)  # 16 + 20 + 16 bytes: past the root's 48
+    with pytest.raises(ferry.OutOfBoundsError, match="strides overflow"):
+        t.view([2, 2], [4, 2**64 - 1])
+    ok = inner.view([2], offset=24)
+    ok.set(pattern(8))
+    assert t.get(40, 8) == pattern(8)
+
+
+def test_wrong_layout_copies(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
+    other = cpu.alloc_tensor("f32", [3, 4], name="other")
+    other.set(pattern(48))
+    with pytest.raises(ferry.LayoutError, match=r"'other' \(f32 \[3, 4, 1, 1\]\) and 't' \(f32 \[4, 3, 1, 1\]\)"):
+        other.copy_to(t)
+    with pytest.raises(ferry.LayoutError):
+        ferry.tensor_copy(other, t.transpose())  # same ne, other strides
+    with pytest.raises(ferry.LayoutError):
+        cpu.copy_async(other, t)
+    f16 = cpu.alloc_tensor("f16", [4, 3])
+    with pytest.raises(ferry.LayoutError):
+        f16.copy_to(t)
+    assert unchanged(t)
+
+
+def test_layout_errors_of_views(t: ferry.Tensor) -> None:
+    with pytest.raises(ferry.LayoutError, match="not contiguous"):
+        t.transpose().reshape([12])
+    with pytest.raises(ferry.LayoutError, match="12 elements cannot become 10"):
+        t.reshape([10])
+    with pytest.raises(ferry.LayoutError, match="nb\\[0\\] is 8"):
+        t.view([2, 2], [8, 16])
+    with pytest.raises(ferry.LayoutError, match="whole number"):
+        ferry.Tensor.new("q8_0", [33])
+    with pytest.raises(ferry.InvalidArgumentError, match="not a permutation"):
+        t.permute(0, 0, 1, 2)
+    with pytest.raises(ferry.InvalidArgumentError, match="4 axes"):
+        t.permute(1, 0)
+    with pytest.raises(ferry.InvalidArgumentError, match="1 to 4 dimensions"):
+        ferry.Tensor.new("f32", [1, 1, 1, 1, 1])
+
+
+def test_unknown_types() -> None:
+    with pytest.raises(ferry.UnknownTypeError, match=r"unknown type name 'f64' \(known: f32, f16"):
+        ferry.Tensor.new("f64", [4])
+    with pytest.raises(ferry.UnknownTypeError, match="unknown type 99"):
+        ferry.to_type(99)
+    with pytest.raises(ferry.UnknownTypeError, match="unknown type 6"):
+        ferry.row_size(6, 32)
+    with pytest.raises(ferry.UnknownTypeError):
+        ferry.type_size("Q8_0")
+    with pytest.raises(ferry.UnsupportedError, match="float64"):
+        ferry.Tensor.from_numpy(ferry.CPUBackend(), np.zeros(3))
+    with pytest.raises(ferry.UnsupportedError, match="q8_0 has no numpy dtype"):
+        ferry.CPUBackend().alloc_tensor("q8_0", [32]).to_numpy()
+
+
+# ------------------------------------------------------------ allocation and placement
+
+
+def test_not_allocated() -> None:
+    t = ferry.Tensor.new("f32", [4], name="loose")
+    assert not t.allocated and t.address is None and t.buffer is None
+    with pytest.raises(ferry.NotAllocatedError, match="tensor 'loose' is not allocated"):
+        t.set(pattern(4))
+    with pytest.raises(ferry.NotAllocatedError):
+        t.view([2]).get()
+    with pytest.raises(ferry.NotAllocatedError):
+        t.to_numpy()
+    assert "unallocated" in repr(t)
+
+
+def test_bad_placements(cpu: ferry.CPUBackend) -> None:
+    buf = cpu.alloc_buffer(256)
+    t = ferry.Tensor.new("f32", [16], name="p")
+    with pytest.raises(ferry.InvalidArgumentError, match="not a multiple of the alignment 64"):
+        buf.place(t, 32)
+    with pytest.raises(ferry.OutOfBoundsError, match="'p' needs 64 bytes at offset 256 of a 256-byte buffer"):
+        buf.place(t, 256)
+    buf.place(t, 192)
+    with pytest.raises(ferry.InvalidArgumentError, match="is a view"):
+        buf.place(t.view([4]), 0)
+    with pytest.raises(ferry.InvalidArgumentError):
+        buf.place("not a tensor")
+    assert t.address == buf.base + 192
+
+
+def test_tensor_on_a_backend_that_cannot_use_its_buffer(cpu: ferry.CPUBackend, dummy_real: ferry.DummyBackend) -> None:
+    t = cpu.alloc_tensor("f32", [16], name="host")
+    with pytest.raises(ferry.UnsupportedError, match="cannot use buffer type CPU of 'host'"):
+        dummy_real.set_2d_async(t, pattern(16), 0, 8, 2, 16)
+
+
+# ------------------------------------------------------------ freed buffers
+
+
+def test_use_of_a_freed_buffer(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
+    buf = t.buffer
+    view = t.view([2, 2], [4, 16], offset=4)
+    other = cpu.alloc_tensor("f32", [4, 3])
+    buf.free()
+    assert buf.freed and not t.allocated and t.address is None
+    for call in (lambda: t.set(pattern(4)), lambda: t.get(), lambda: t.memset(0), lambda: view.get(),
+                 lambda: t.set_2d(pattern(8), 0, 4, 2, 8), lambda: t.get_2d(0, 4, 2, 8), lambda: t.to_numpy(),
+                 lambda: t.copy_to(other), lambda: other.copy_to(t),
+                 lambda: cpu.set_2d_async(t, pattern(8), 0, 4, 2, 8), lambda: cpu.copy_async(other, t)):
+        with pytest.raises(ferry.FreedBufferError, match="lies in a buffer that was freed"):
+            call()
+    for call in (lambda: buf.clear(), lambda: buf.place(ferry.Tensor.new("f32", [1])), lambda: buf.stats,
+                 lambda: buf.base, lambda: buf.reset_stats()):
+        with pytest.raises(ferry.FreedBufferError, match="was freed"):
+            call()
+    buf.free()  # a second free is a no-op
+    assert "freed" in repr(buf) and "in freed CPU buffer" in repr(t)
+    # the tensor can be given new memory, and works again
+    fresh = cpu.alloc_buffer(64)
+    fresh.place(t)
+    t.set(pattern(48))
+    assert view.to_numpy().tobytes() == pattern(48)[4:12] + pattern(48)[20:28]
