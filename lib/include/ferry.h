@@ -139,7 +139,7 @@ ferry_status ferry_tensor_new(ferry_context * ctx, ferry_type type, int n_dims,
 /* A tensor with the same type, ne and nb as t, unallocated (the scheduler's input copy). */
 ferry_status ferry_tensor_dup_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
 /* A view of src: n_dims shapes, explicit byte strides nb[1..n_dims-1] (nb[0] is the
- * type's), at a byte offset from src's first byte. It must stay inside src. */
+ * type's), at a byte offset from src's first byte. It must stay inside src's own span. */
 ferry_status ferry_tensor_view(ferry_context * ctx, ferry_tensor * src, int n_dims,
                                const int64_t * ne, const size_t * nb, size_t offset,
                                ferry_tensor ** out);

@@ -242,15 +242,13 @@ ferry_status ferry_tensor_view(ferry_context * ctx, ferry_tensor * src, int n_di
             return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "view: strides overflow");
         }
     }
-    const ferry_tensor * root = ferry_tensor_root(src);
-    const size_t base = src->view_src ? src->view_offs : 0;
-    const size_t root_bytes = ferry_tensor_nbytes(root);
+    /* The view must stay inside the span of its own source, not just of the root. */
+    const size_t src_bytes = ferry_tensor_nbytes(src);
     const size_t view_bytes = ferry_tensor_nbytes(&tmp);
-    size_t start, end;
-    if (!ferry_add_ok(base, offset, &start) || !ferry_add_ok(start, view_bytes, &end) || end > root_bytes) {
-        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
-                          "view: offset %zu + %zu bytes reaches past its source '%s' (%zu bytes from offset %zu)",
-                          offset, view_bytes, root->name, root_bytes, base);
+    size_t end;
+    if (!ferry_add_ok(offset, view_bytes, &end) || end > src_bytes) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "view: offset %zu + %zu bytes reaches past the %zu bytes of its source '%s'",
+                          offset, view_bytes, src_bytes, src->name);
     }
     ferry_tensor * v;
     FERRY_TRY(new_view(ctx, src, FERRY_OP_VIEW, offset, &v));

@@ -126,6 +126,11 @@ static void test_views_permute_reshape(void) {
     /* views that leave their source */
     CHECK_FAILS(ferry_tensor_view(ctx, t, 2, ne_v, nb_v, 768 - 63, &v), FERRY_ERR_OUT_OF_BOUNDS);
     CHECK_FAILS(ferry_tensor_view(ctx, vv, 2, ne_v, nb_v, 768 - 96 - 63, &v), FERRY_ERR_OUT_OF_BOUNDS);
+    /* inside the root but past the view it is taken from: still leaves its source */
+    const int64_t ne_one[1] = {8};
+    CHECK_FAILS(ferry_tensor_view(ctx, vv, 1, ne_one, NULL, 64, &v), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_OK(ferry_tensor_view(ctx, vv, 1, ne_one, NULL, 32, &v));
+    CHECK(v->view_offs == 128);
     const size_t nb_huge[2] = {0, SIZE_MAX / 2};
     CHECK_FAILS(ferry_tensor_view(ctx, t, 2, ne_v, nb_huge, 0, &v), FERRY_ERR_OUT_OF_BOUNDS);
     const int64_t ne_neg[2] = {8, -1};
