@@ -54,14 +54,15 @@ static void table_put(graph_entry * table, size_t cap, const ferry_tensor * t, i
     table[i] = (graph_entry) {t, slot};
 }
 
-static ferry_status table_rehash(ferry_graph * g, size_t cap) {
+/* Move the entries to a table of cap; drop_visiting cleans up after a failed build. */
+static ferry_status table_rehash(ferry_graph * g, size_t cap, bool drop_visiting) {
     graph_entry * grown = calloc(cap, sizeof(*grown));
     if (!grown) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph: out of memory");
     }
     g->n_entries = 0;
     for (size_t i = 0; i < g->table_cap; i++) {
-        if (g->table[i].key && g->table[i].slot != SLOT_VISITING) {
+        if (g->table[i].key && !(drop_visiting && g->table[i].slot == SLOT_VISITING)) {
             table_put(grown, cap, g->table[i].key, g->table[i].slot);
             g->n_entries++;
         }
@@ -75,7 +76,7 @@ static ferry_status table_rehash(ferry_graph * g, size_t cap) {
 /* A new entry for t, still visiting. */
 static ferry_status table_add(ferry_graph * g, const ferry_tensor * t) {
     if (2 * (g->n_entries + 1) > g->table_cap) {
-        FERRY_TRY(table_rehash(g, g->table_cap ? 2 * g->table_cap : 64));
+        FERRY_TRY(table_rehash(g, g->table_cap ? 2 * g->table_cap : 64, false));
     }
     table_put(g->table, g->table_cap, t, SLOT_VISITING);
     g->n_entries++;
@@ -182,7 +183,7 @@ ferry_status ferry_graph_build(ferry_graph * graph, ferry_tensor * t) {
     }
     free(stack);
     free(next_src);
-    if (st != FERRY_OK && table_rehash(graph, graph->table_cap) != FERRY_OK) {
+    if (st != FERRY_OK && table_rehash(graph, graph->table_cap, true) != FERRY_OK) {
         ferry_graph_clear(graph); /* cannot drop the half-visited entries: start empty */
     }
     return st;
