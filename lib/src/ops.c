@@ -17,6 +17,9 @@ const char * ferry_op_name(ferry_op op) {
     return names[op];
 }
 
+/* Tensors are often unnamed; say which operand in that case. */
+static const char * nm(const ferry_tensor * t, const char * fallback) { return t->name[0] ? t->name : fallback; }
+
 bool ferry_op_is_view(ferry_op op) {
     return op == FERRY_OP_VIEW || op == FERRY_OP_RESHAPE || op == FERRY_OP_PERMUTE || op == FERRY_OP_TRANSPOSE;
 }
@@ -49,15 +52,15 @@ static ferry_status binary(ferry_context * ctx, ferry_tensor * a, ferry_tensor *
     const char * what = ferry_op_name(op);
     FERRY_CHECK_ARG(ctx && a && b && out, "%s: NULL argument", what);
     if (a->type != b->type) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "%s: '%s' is %s but '%s' is %s", what, a->name, ferry_type_name(a->type),
-                          b->name, ferry_type_name(b->type));
+        return ferry_fail(FERRY_ERR_LAYOUT, "%s: '%s' is %s but '%s' is %s", what, nm(a, "a"),
+                          ferry_type_name(a->type), nm(b, "b"), ferry_type_name(b->type));
     }
     for (int i = 0; i < FERRY_MAX_DIMS; i++) {
         if (b->ne[i] == 0 ? a->ne[i] != 0 : a->ne[i] % b->ne[i] != 0) {
             return ferry_fail(FERRY_ERR_LAYOUT,
                               "%s: '%s' [%lld, %lld, %lld, %lld] cannot be repeated over '%s' [%lld, %lld, %lld, %lld]",
-                              what, b->name, (long long) b->ne[0], (long long) b->ne[1], (long long) b->ne[2],
-                              (long long) b->ne[3], a->name, (long long) a->ne[0], (long long) a->ne[1],
+                              what, nm(b, "b"), (long long) b->ne[0], (long long) b->ne[1], (long long) b->ne[2],
+                              (long long) b->ne[3], nm(a, "a"), (long long) a->ne[0], (long long) a->ne[1],
                               (long long) a->ne[2], (long long) a->ne[3]);
         }
     }
@@ -100,14 +103,14 @@ ferry_status ferry_concat(ferry_context * ctx, ferry_tensor * a, ferry_tensor * 
     FERRY_CHECK_ARG(ctx && a && b && out, "concat: NULL argument");
     FERRY_CHECK_ARG(dim >= 0 && dim < FERRY_MAX_DIMS, "concat: dim %d is not in 0..3", dim);
     if (a->type != b->type) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "concat: '%s' is %s but '%s' is %s", a->name, ferry_type_name(a->type),
-                          b->name, ferry_type_name(b->type));
+        return ferry_fail(FERRY_ERR_LAYOUT, "concat: '%s' is %s but '%s' is %s", nm(a, "a"),
+                          ferry_type_name(a->type), nm(b, "b"), ferry_type_name(b->type));
     }
     int64_t ne[FERRY_MAX_DIMS];
     for (int i = 0; i < FERRY_MAX_DIMS; i++) {
         if (i != dim && a->ne[i] != b->ne[i]) {
             return ferry_fail(FERRY_ERR_LAYOUT, "concat along %d: ne[%d] differs ('%s' %lld, '%s' %lld)", dim, i,
-                              a->name, (long long) a->ne[i], b->name, (long long) b->ne[i]);
+                              nm(a, "a"), (long long) a->ne[i], nm(b, "b"), (long long) b->ne[i]);
         }
         if (i == dim && a->ne[i] > INT64_MAX - b->ne[i]) {
             return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "concat: ne[%d] overflows", i);
@@ -150,7 +153,7 @@ ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** o
                           ferry_type_name(a->type));
     }
     if (a->ne[0] == 0) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "mean: '%s' has empty rows", a->name);
+        return ferry_fail(FERRY_ERR_LAYOUT, "mean: '%s' has empty rows", nm(a, "a"));
     }
     const int64_t ne[FERRY_MAX_DIMS] = {1, a->ne[1], a->ne[2], a->ne[3]};
     return new_result(ctx, a->type, ne, FERRY_OP_MEAN, a, NULL, out);
