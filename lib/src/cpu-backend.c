@@ -1,5 +1,5 @@
 /* The CPU backend and the host buffer type it allocates from. */
-#include "ferry-impl.h"
+#include "graph-impl.h"
 
 #include <stdint.h>
 
@@ -66,14 +66,26 @@ static ferry_status cpu_get_2d(ferry_backend * backend, const ferry_tensor * t, 
     return buf->iface.get_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
 }
 
+static bool cpu_supports_op(ferry_backend * backend, const ferry_tensor * op) {
+    (void) backend;
+    return ferry_cpu_op_supported(op);
+}
+
+static ferry_status cpu_graph_compute(ferry_backend * backend, ferry_graph * graph) {
+    (void) backend;
+    return ferry_cpu_compute_graph(graph);
+}
+
 ferry_status ferry_cpu_backend_new(ferry_backend ** out) {
     FERRY_CHECK_ARG(out, "cpu_backend_new: NULL output");
     const struct ferry_backend_i iface = {
         .get_name = cpu_name,
         .get_default_buffer_type = cpu_default_buft,
         .supports_buft = cpu_supports_buft,
+        .supports_op = cpu_supports_op,
         .set_tensor_2d_async = cpu_set_2d,
         .get_tensor_2d_async = cpu_get_2d,
+        .graph_compute = cpu_graph_compute,
     };
     return ferry_backend_init(iface, NULL, out);
 }

@@ -3,7 +3,7 @@
  * buffers hand out synthetic addresses (transfers checked and counted, not done), or
  * with real_memory are host memory that other backends are told is not host.
  */
-#include "ferry-impl.h"
+#include "graph-impl.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -131,6 +131,17 @@ static ferry_status dummy_get_2d(ferry_backend * backend, const ferry_tensor * t
     return buf->iface.get_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
 }
 
+/* Dry runs claim every op; only real memory computes, on the CPU kernels. */
+static bool dummy_supports_op(ferry_backend * backend, const ferry_tensor * op) {
+    (void) backend, (void) op;
+    return true;
+}
+
+static ferry_status dummy_graph_compute(ferry_backend * backend, ferry_graph * graph) {
+    const dummy_ctx * ctx = backend->context;
+    return ctx->params.real_memory ? ferry_cpu_compute_graph(graph) : FERRY_OK;
+}
+
 ferry_dummy_params ferry_dummy_default_params(void) {
     return (ferry_dummy_params) {.alignment = 64, .max_buffer_size = 0, .real_memory = false, .has_2d = true};
 }
@@ -164,6 +175,8 @@ ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_ba
         .free = dummy_free,
         .get_default_buffer_type = dummy_default_buft,
         .supports_buft = dummy_supports_buft,
+        .supports_op = dummy_supports_op,
+        .graph_compute = dummy_graph_compute,
     };
     if (p.has_2d) {
         iface.set_tensor_2d_async = dummy_set_2d;

@@ -1,0 +1,371 @@
+/*
+ * The graph allocator: walk a graph in order as it will run, giving each tensor an
+ * offset in a chunk of its buffer type while it is live (alloc-blocks.c keeps the
+ * offsets), then make buffers of the sizes the walk needed and place the tensors.
+ * The walk is deterministic, so alloc_graph simply walks again.
+ */
+#include "alloc-blocks.h"
+#include "graph-impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What the walk decided for one tensor of the graph (indexed by graph slot). */
+typedef struct {
+    int buft;      /* the buffer type it was assigned */
+    int chunk;     /* -1: the allocator does not place it (a view, or memory of its own) */
+    size_t offset, size;
+    int uses;      /* references by nodes still to run, directly or through views */
+    bool external; /* it has memory the allocator did not give it */
+    bool pinned;   /* leafs, inputs, outputs: live for the whole graph */
+    bool handed;   /* its memory went to a node that works in place */
+} tensor_plan;
+
+struct ferry_gallocr {
+    int n_bufts;
+    ferry_buffer_type ** bufts;
+    ferry_buffer ** buffers; /* n_bufts x FERRY_GALLOC_MAX_CHUNKS */
+    int * n_chunks;
+    /* the last assignment given to reserve */
+    int * node_ids;
+    int * leaf_ids;
+    int n_node_ids, n_leaf_ids;
+    /* the last walk, for placement queries */
+    const ferry_tensor ** plan_tensors;
+    tensor_plan * plan;
+    int n_plan;
+};
+
+static ferry_buffer ** chunk_slot(const ferry_gallocr * g, int buft, int chunk) {
+    return &g->buffers[buft * FERRY_GALLOC_MAX_CHUNKS + chunk];
+}
+
+ferry_status ferry_gallocr_new_n(ferry_buffer_type ** bufts, int n_bufts, ferry_gallocr ** out) {
+    FERRY_CHECK_ARG(bufts && out && n_bufts > 0, "gallocr_new: no buffer types");
+    for (int i = 0; i < n_bufts; i++) {
+        FERRY_CHECK_ARG(bufts[i], "gallocr_new: buffer type %d is NULL", i);
+    }
+    ferry_gallocr * g = calloc(1, sizeof(*g));
+    if (g) {
+        g->n_bufts = n_bufts;
+        g->bufts = calloc((size_t) n_bufts, sizeof(*g->bufts));
+        g->buffers = calloc((size_t) n_bufts * FERRY_GALLOC_MAX_CHUNKS, sizeof(*g->buffers));
+        g->n_chunks = calloc((size_t) n_bufts, sizeof(*g->n_chunks));
+    }
+    if (!g || !g->bufts || !g->buffers || !g->n_chunks) {
+        ferry_gallocr_free(g);
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr_new: out of memory");
+    }
+    memcpy(g->bufts, bufts, (size_t) n_bufts * sizeof(*bufts));
+    *out = g;
+    return FERRY_OK;
+}
+
+ferry_status ferry_gallocr_new(ferry_buffer_type * buft, ferry_gallocr ** out) {
+    return ferry_gallocr_new_n(&buft, 1, out);
+}
+
+void ferry_gallocr_free(ferry_gallocr * g) {
+    if (!g) {
+        return;
+    }
+    for (int i = 0; g->buffers && i < g->n_bufts * FERRY_GALLOC_MAX_CHUNKS; i++) {
+        ferry_buffer_free(g->buffers[i]);
+    }
+    free(g->buffers);
+    free(g->bufts);
+    free(g->n_chunks);
+    free(g->node_ids);
+    free(g->leaf_ids);
+    free(g->plan_tensors);
+    free(g->plan);
+    free(g);
+}
+
+/* Memory someone else gave t: a live buffer that is not one of ours. */
+static bool has_foreign_memory(const ferry_gallocr * g, const ferry_tensor * t) {
+    if (!t->buffer || !ferry_buffer_id_is_live(t->buffer_id)) {
+        return false;
+    }
+    for (int i = 0; i < g->n_bufts * FERRY_GALLOC_MAX_CHUNKS; i++) {
+        if (g->buffers[i] == t->buffer) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------- the walk */
+
+typedef struct {
+    ferry_gallocr * g;
+    ferry_graph * graph;
+    tensor_plan * plan;
+    const ferry_tensor ** tensors; /* by slot */
+    ferry_blocks * blocks;         /* one per buffer type */
+} walk;
+
+static ferry_status place(walk * w, const ferry_tensor * t) {
+    tensor_plan * p = &w->plan[ferry_graph_slot(w->graph, t)];
+    ferry_blocks * b = &w->blocks[p->buft];
+    p->size = ferry_blocks_round(b, ferry_buffer_type_alloc_size(w->g->bufts[p->buft], t));
+    char what[FERRY_MAX_NAME + 16];
+    snprintf(what, sizeof(what), "tensor '%s'", t->name);
+    return ferry_blocks_alloc(b, p->size, what, &p->chunk, &p->offset);
+}
+
+/* Does node n take src[0]'s memory? Only memory we placed, that nothing else will
+ * read after n (this is its last use), of the same layout and buffer type. */
+static bool try_inplace(walk * w, const ferry_tensor * n) {
+    const ferry_tensor * a = n->src[0];
+    if (!ferry_op_can_inplace(n->op) || !a || a->view_src || a->op == FERRY_OP_NONE ||
+        !ferry_tensor_same_layout(a, n)) {
+        return false;
+    }
+    tensor_plan * pa = &w->plan[ferry_graph_slot(w->graph, a)];
+    tensor_plan * pn = &w->plan[ferry_graph_slot(w->graph, n)];
+    if (pa->chunk < 0 || pa->pinned || pa->handed || pa->uses != 1 || pa->buft != pn->buft) {
+        return false;
+    }
+    pn->chunk = pa->chunk;
+    pn->offset = pa->offset;
+    pn->size = pa->size;
+    pa->handed = true;
+    return true;
+}
+
+static int slot_of(walk * w, const ferry_tensor * t) { return ferry_graph_slot(w->graph, ferry_tensor_root(t)); }
+
+/* Fill in buffer types, external memory, pins and use counts before the walk. */
+static ferry_status prepare(walk * w, const int * node_ids, const int * leaf_ids) {
+    ferry_graph * graph = w->graph;
+    const int n_leafs = ferry_graph_n_leafs(graph), n_nodes = ferry_graph_n_nodes(graph);
+    for (int i = 0; i < n_leafs + n_nodes; i++) {
+        const bool is_leaf = i < n_leafs;
+        const ferry_tensor * t = is_leaf ? ferry_graph_leaf(graph, i) : ferry_graph_node(graph, i - n_leafs);
+        const int id = is_leaf ? (leaf_ids ? leaf_ids[i] : 0) : (node_ids ? node_ids[i - n_leafs] : 0);
+        if (id < 0 || id >= w->g->n_bufts) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "gallocr: %s %d ('%s') has buffer type %d of %d",
+                              is_leaf ? "leaf" : "node", is_leaf ? i : i - n_leafs, t->name, id, w->g->n_bufts);
+        }
+        const int s = ferry_graph_slot(graph, t);
+        w->tensors[s] = t;
+        tensor_plan * p = &w->plan[s];
+        p->buft = id;
+        p->chunk = -1;
+        p->external = !t->view_src && has_foreign_memory(w->g, t);
+        p->pinned = is_leaf || (t->flags & (FERRY_TENSOR_FLAG_INPUT | FERRY_TENSOR_FLAG_OUTPUT));
+    }
+    for (int i = 0; i < n_nodes; i++) {
+        const ferry_tensor * n = ferry_graph_node(graph, i);
+        if (n->view_src && (n->flags & FERRY_TENSOR_FLAG_OUTPUT)) {
+            w->plan[slot_of(w, n)].pinned = true; /* an output view keeps its memory alive */
+        }
+        for (int j = 0; j < FERRY_MAX_SRC; j++) {
+            if (n->src[j]) {
+                const int s = slot_of(w, n->src[j]);
+                if (s < 0) {
+                    return ferry_fail(FERRY_ERR_LAYOUT, "gallocr: '%s' reads '%s', which is not in the graph",
+                                      n->name, ferry_tensor_root(n->src[j])->name);
+                }
+                w->plan[s].uses++;
+            }
+        }
+    }
+    return FERRY_OK;
+}
+
+static ferry_status run_walk(walk * w, const int * node_ids, const int * leaf_ids) {
+    ferry_graph * graph = w->graph;
+    FERRY_TRY(prepare(w, node_ids, leaf_ids));
+    /* Leafs and inputs first: their data is written before anything runs. */
+    for (int i = 0; i < ferry_graph_n_leafs(graph); i++) {
+        const ferry_tensor * t = ferry_graph_leaf(graph, i);
+        if (!t->view_src && !w->plan[ferry_graph_slot(graph, t)].external) {
+            FERRY_TRY(place(w, t));
+        }
+    }
+    for (int i = 0; i < ferry_graph_n_nodes(graph); i++) {
+        const ferry_tensor * n = ferry_graph_node(graph, i);
+        const tensor_plan * p = &w->plan[ferry_graph_slot(graph, n)];
+        if (!n->view_src && !p->external && (n->flags & FERRY_TENSOR_FLAG_INPUT)) {
+            FERRY_TRY(place(w, n));
+        }
+    }
+    /* Then each node as it runs; its sources' memory is free once their last reader ran. */
+    for (int i = 0; i < ferry_graph_n_nodes(graph); i++) {
+        const ferry_tensor * n = ferry_graph_node(graph, i);
+        const tensor_plan * pn = &w->plan[ferry_graph_slot(graph, n)];
+        if (!n->view_src && !pn->external && pn->chunk < 0 && !try_inplace(w, n)) {
+            FERRY_TRY(place(w, n));
+        }
+        for (int j = 0; j < FERRY_MAX_SRC; j++) {
+            if (!n->src[j]) {
+                continue;
+            }
+            tensor_plan * ps = &w->plan[slot_of(w, n->src[j])];
+            if (--ps->uses == 0 && ps->chunk >= 0 && !ps->pinned && !ps->handed) {
+                FERRY_TRY(ferry_blocks_free(&w->blocks[ps->buft], ps->chunk, ps->offset, ps->size));
+            }
+        }
+    }
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------- buffers */
+
+/* A chunk of need bytes. Past the max size it is a single oversized tensor's; the
+ * buffer type's own allocator decides whether it can have that much. */
+static ferry_status alloc_chunk(ferry_buffer_type * buft, size_t need, ferry_buffer ** out) {
+    if (need > ferry_buffer_type_max_size(buft) && need <= (size_t) INT64_MAX) {
+        FERRY_TRY(buft->iface.alloc_buffer(buft, need, out));
+    } else {
+        FERRY_TRY(ferry_buffer_type_alloc_buffer(buft, need, out));
+    }
+    return ferry_buffer_set_usage(*out, FERRY_BUFFER_USAGE_COMPUTE);
+}
+
+/* Grow (never shrink) each chunk's buffer to what the walk needed. */
+static ferry_status ensure_buffers(ferry_gallocr * g, const ferry_blocks * blocks) {
+    for (int b = 0; b < g->n_bufts; b++) {
+        for (int c = 0; c < blocks[b].n_chunks; c++) {
+            ferry_buffer ** slot = chunk_slot(g, b, c);
+            const size_t need = blocks[b].chunks[c].high;
+            if (*slot && ferry_buffer_size(*slot) >= need) {
+                continue;
+            }
+            ferry_buffer_free(*slot);
+            *slot = NULL;
+            FERRY_TRY(alloc_chunk(g->bufts[b], need, slot));
+        }
+        if (blocks[b].n_chunks > g->n_chunks[b]) {
+            g->n_chunks[b] = blocks[b].n_chunks;
+        }
+    }
+    return FERRY_OK;
+}
+
+/* Walk graph, grow the buffers, and keep the walk for placement queries. */
+static ferry_status measure(ferry_gallocr * g, ferry_graph * graph, const int * node_ids, const int * leaf_ids) {
+    const int n = ferry_graph_n_slots(graph);
+    walk w = {.g = g, .graph = graph};
+    w.plan = calloc((size_t) n + 1, sizeof(*w.plan));
+    w.tensors = calloc((size_t) n + 1, sizeof(*w.tensors));
+    w.blocks = calloc((size_t) g->n_bufts, sizeof(*w.blocks));
+    ferry_status st = FERRY_OK;
+    if (!w.plan || !w.tensors || !w.blocks) {
+        st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
+    }
+    for (int b = 0; st == FERRY_OK && b < g->n_bufts; b++) {
+        ferry_blocks_init(&w.blocks[b], ferry_buffer_type_alignment(g->bufts[b]),
+                          ferry_buffer_type_max_size(g->bufts[b]));
+    }
+    if (st == FERRY_OK) {
+        st = run_walk(&w, node_ids, leaf_ids);
+    }
+    if (st == FERRY_OK) {
+        st = ensure_buffers(g, w.blocks);
+    }
+    if (st == FERRY_OK) {
+        free(g->plan);
+        free(g->plan_tensors);
+        g->plan = w.plan;
+        g->plan_tensors = w.tensors;
+        g->n_plan = n;
+        w.plan = NULL;
+        w.tensors = NULL;
+    }
+    for (int b = 0; w.blocks && b < g->n_bufts; b++) {
+        ferry_blocks_release(&w.blocks[b]);
+    }
+    free(w.blocks);
+    free(w.plan);
+    free(w.tensors);
+    return st;
+}
+
+static ferry_status keep_ids(int ** dst, int * n_dst, const int * ids, int n) {
+    int * copy = NULL;
+    if (ids && n > 0) {
+        copy = malloc((size_t) n * sizeof(*copy));
+        if (!copy) {
+            return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
+        }
+        memcpy(copy, ids, (size_t) n * sizeof(*copy));
+    }
+    free(*dst);
+    *dst = copy;
+    *n_dst = n;
+    return FERRY_OK;
+}
+
+ferry_status ferry_gallocr_reserve(ferry_gallocr * g, ferry_graph * graph, const int * node_buft_ids,
+                                   const int * leaf_buft_ids) {
+    FERRY_CHECK_ARG(g && graph, "gallocr_reserve: NULL allocator or graph");
+    FERRY_TRY(measure(g, graph, node_buft_ids, leaf_buft_ids));
+    FERRY_TRY(keep_ids(&g->node_ids, &g->n_node_ids, node_buft_ids, ferry_graph_n_nodes(graph)));
+    return keep_ids(&g->leaf_ids, &g->n_leaf_ids, leaf_buft_ids, ferry_graph_n_leafs(graph));
+}
+
+ferry_status ferry_gallocr_alloc_graph(ferry_gallocr * g, ferry_graph * graph) {
+    FERRY_CHECK_ARG(g && graph, "gallocr_alloc_graph: NULL allocator or graph");
+    const int n_nodes = ferry_graph_n_nodes(graph), n_leafs = ferry_graph_n_leafs(graph);
+    const bool kept = (g->node_ids || g->leaf_ids) && g->n_node_ids == n_nodes && g->n_leaf_ids == n_leafs;
+    if (g->n_bufts > 1 && (g->node_ids || g->leaf_ids) && !kept) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG,
+                          "gallocr_alloc_graph: this graph (%d nodes, %d leafs) is not the one reserved with"
+                          " several buffer types (%d nodes, %d leafs); reserve it first",
+                          n_nodes, n_leafs, g->n_node_ids, g->n_leaf_ids);
+    }
+    FERRY_TRY(measure(g, graph, kept ? g->node_ids : NULL, kept ? g->leaf_ids : NULL));
+    for (int s = 0; s < g->n_plan; s++) {
+        const tensor_plan * p = &g->plan[s];
+        if (p->chunk >= 0) {
+            FERRY_TRY(ferry_buffer_place_tensor(*chunk_slot(g, p->buft, p->chunk), (ferry_tensor *) g->plan_tensors[s],
+                                                p->offset));
+        }
+    }
+    for (int s = 0; s < g->n_plan; s++) {
+        if (g->plan_tensors[s]->view_src) {
+            ferry_tensor_data(g->plan_tensors[s]); /* views follow their source */
+        }
+    }
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------- queries */
+
+size_t ferry_gallocr_buffer_size(const ferry_gallocr * g, int buft_id) {
+    size_t total = 0;
+    for (int c = 0; g && buft_id >= 0 && buft_id < g->n_bufts && c < g->n_chunks[buft_id]; c++) {
+        total += ferry_buffer_size(*chunk_slot(g, buft_id, c));
+    }
+    return total;
+}
+
+int ferry_gallocr_n_chunks(const ferry_gallocr * g, int buft_id) {
+    return g && buft_id >= 0 && buft_id < g->n_bufts ? g->n_chunks[buft_id] : 0;
+}
+
+ferry_buffer * ferry_gallocr_chunk_buffer(const ferry_gallocr * g, int buft_id, int chunk) {
+    if (!g || buft_id < 0 || buft_id >= g->n_bufts || chunk < 0 || chunk >= g->n_chunks[buft_id]) {
+        return NULL;
+    }
+    return *chunk_slot(g, buft_id, chunk);
+}
+
+ferry_status ferry_gallocr_tensor_placement(const ferry_gallocr * g, const ferry_tensor * t, int * buft_id,
+                                            int * chunk, size_t * offset, size_t * size) {
+    FERRY_CHECK_ARG(g && t, "gallocr_tensor_placement: NULL allocator or tensor");
+    for (int s = 0; s < g->n_plan; s++) {
+        if (g->plan_tensors[s] == t && g->plan[s].chunk >= 0) {
+            if (buft_id) *buft_id = g->plan[s].buft;
+            if (chunk) *chunk = g->plan[s].chunk;
+            if (offset) *offset = g->plan[s].offset;
+            if (size) *size = g->plan[s].size;
+            return FERRY_OK;
+        }
+    }
+    return ferry_fail(FERRY_ERR_NOT_ALLOCATED, "gallocr_tensor_placement: the last graph did not place '%s'", t->name);
+}

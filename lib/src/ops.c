@@ -1,0 +1,160 @@
+/* Op constructors: check the sources' shapes, infer the result's, record the op.
+ * Results are new contiguous tensors; the views live in tensor.c. */
+#include "graph-impl.h"
+
+#include <stdint.h>
+#include <string.h>
+
+const char * ferry_op_name(ferry_op op) {
+    static const char * const names[FERRY_OP_COUNT] = {
+        "none", "view", "reshape", "permute", "transpose", "add", "mul",
+        "scale", "dup", "concat", "pad", "mean", "attn_decode",
+    };
+    if ((int) op < 0 || op >= FERRY_OP_COUNT) {
+        ferry_fail(FERRY_ERR_INVALID_ARG, "unknown op %d", (int) op);
+        return NULL;
+    }
+    return names[op];
+}
+
+/* Tensors are often unnamed; say which operand in that case. */
+static const char * nm(const ferry_tensor * t, const char * fallback) { return t->name[0] ? t->name : fallback; }
+
+bool ferry_op_is_view(ferry_op op) {
+    return op == FERRY_OP_VIEW || op == FERRY_OP_RESHAPE || op == FERRY_OP_PERMUTE || op == FERRY_OP_TRANSPOSE;
+}
+
+bool ferry_op_can_inplace(ferry_op op) { return op == FERRY_OP_ADD || op == FERRY_OP_MUL || op == FERRY_OP_SCALE; }
+
+/* A contiguous result of the given type and shape, recording op and sources. */
+static ferry_status new_result(ferry_context * ctx, ferry_type type, const int64_t * ne, ferry_op op,
+                               ferry_tensor * a, ferry_tensor * b, ferry_tensor ** out) {
+    size_t bytes = 0;
+    FERRY_TRY(ferry_row_size(type, ne[0], &bytes));
+    for (int i = 1; i < FERRY_MAX_DIMS; i++) {
+        if (!ferry_mul_ok(bytes, (size_t) ne[i], &bytes) || bytes > (size_t) INT64_MAX) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: the result's byte size overflows", ferry_op_name(op));
+        }
+    }
+    ferry_tensor * t;
+    FERRY_TRY(ferry_tensor_alloc_struct(ctx, type, &t));
+    memcpy(t->ne, ne, sizeof(t->ne));
+    ferry_tensor_set_contiguous_strides(t);
+    t->op = op;
+    t->src[0] = a;
+    t->src[1] = b;
+    *out = t;
+    return FERRY_OK;
+}
+
+static ferry_status binary(ferry_context * ctx, ferry_tensor * a, ferry_tensor * b, ferry_op op,
+                           ferry_tensor ** out) {
+    const char * what = ferry_op_name(op);
+    FERRY_CHECK_ARG(ctx && a && b && out, "%s: NULL argument", what);
+    if (a->type != b->type) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "%s: '%s' is %s but '%s' is %s", what, nm(a, "a"),
+                          ferry_type_name(a->type), nm(b, "b"), ferry_type_name(b->type));
+    }
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        if (b->ne[i] == 0 ? a->ne[i] != 0 : a->ne[i] % b->ne[i] != 0) {
+            return ferry_fail(FERRY_ERR_LAYOUT,
+                              "%s: '%s' [%lld, %lld, %lld, %lld] cannot be repeated over '%s' [%lld, %lld, %lld, %lld]",
+                              what, nm(b, "b"), (long long) b->ne[0], (long long) b->ne[1], (long long) b->ne[2],
+                              (long long) b->ne[3], nm(a, "a"), (long long) a->ne[0], (long long) a->ne[1],
+                              (long long) a->ne[2], (long long) a->ne[3]);
+        }
+    }
+    return new_result(ctx, a->type, a->ne, op, a, b, out);
+}
+
+ferry_status ferry_add(ferry_context * ctx, ferry_tensor * a, ferry_tensor * b, ferry_tensor ** out) {
+    return binary(ctx, a, b, FERRY_OP_ADD, out);
+}
+
+ferry_status ferry_mul(ferry_context * ctx, ferry_tensor * a, ferry_tensor * b, ferry_tensor ** out) {
+    return binary(ctx, a, b, FERRY_OP_MUL, out);
+}
+
+ferry_status ferry_scale(ferry_context * ctx, ferry_tensor * a, float s, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && a && out, "scale: NULL argument");
+    FERRY_TRY(new_result(ctx, a->type, a->ne, FERRY_OP_SCALE, a, NULL, out));
+    memcpy(&(*out)->op_params[0], &s, sizeof(s));
+    return FERRY_OK;
+}
+
+ferry_status ferry_dup_as(ferry_context * ctx, ferry_tensor * a, ferry_type type, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && a && out, "dup: NULL argument");
+    if (!ferry_type_valid(type)) {
+        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "dup: unknown type %d", (int) type);
+    }
+    if (a->ne[0] % ferry_blck_size(type) != 0) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "dup: rows of %lld values are not whole %s blocks",
+                          (long long) a->ne[0], ferry_type_name(type));
+    }
+    return new_result(ctx, type, a->ne, FERRY_OP_DUP, a, NULL, out);
+}
+
+ferry_status ferry_dup(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && a && out, "dup: NULL argument");
+    return ferry_dup_as(ctx, a, a->type, out);
+}
+
+ferry_status ferry_concat(ferry_context * ctx, ferry_tensor * a, ferry_tensor * b, int dim, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && a && b && out, "concat: NULL argument");
+    FERRY_CHECK_ARG(dim >= 0 && dim < FERRY_MAX_DIMS, "concat: dim %d is not in 0..3", dim);
+    if (a->type != b->type) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "concat: '%s' is %s but '%s' is %s", nm(a, "a"),
+                          ferry_type_name(a->type), nm(b, "b"), ferry_type_name(b->type));
+    }
+    int64_t ne[FERRY_MAX_DIMS];
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        if (i != dim && a->ne[i] != b->ne[i]) {
+            return ferry_fail(FERRY_ERR_LAYOUT, "concat along %d: ne[%d] differs ('%s' %lld, '%s' %lld)", dim, i,
+                              nm(a, "a"), (long long) a->ne[i], nm(b, "b"), (long long) b->ne[i]);
+        }
+        if (i == dim && a->ne[i] > INT64_MAX - b->ne[i]) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "concat: ne[%d] overflows", i);
+        }
+        ne[i] = i == dim ? a->ne[i] + b->ne[i] : a->ne[i];
+    }
+    if (dim == 0 && ne[0] % ferry_blck_size(a->type) != 0) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "concat: rows are not whole blocks");
+    }
+    FERRY_TRY(new_result(ctx, a->type, ne, FERRY_OP_CONCAT, a, b, out));
+    (*out)->op_params[0] = dim;
+    return FERRY_OK;
+}
+
+ferry_status ferry_pad(ferry_context * ctx, ferry_tensor * a, int p0, int p1, int p2, int p3, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && a && out, "pad: NULL argument");
+    const int p[FERRY_MAX_DIMS] = {p0, p1, p2, p3};
+    int64_t ne[FERRY_MAX_DIMS];
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        if (p[i] < 0) {
+            return ferry_fail(FERRY_ERR_LAYOUT, "pad: p%d = %d is negative", i, p[i]);
+        }
+        if (a->ne[i] > INT64_MAX - p[i]) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "pad: ne[%d] overflows", i);
+        }
+        ne[i] = a->ne[i] + p[i];
+    }
+    if (ne[0] % ferry_blck_size(a->type) != 0) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "pad: rows are not whole blocks");
+    }
+    FERRY_TRY(new_result(ctx, a->type, ne, FERRY_OP_PAD, a, NULL, out));
+    memcpy((*out)->op_params, p, sizeof(p));
+    return FERRY_OK;
+}
+
+ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && a && out, "mean: NULL argument");
+    if (ferry_blck_size(a->type) != 1) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "mean: rows of %s blocks cannot become one value",
+                          ferry_type_name(a->type));
+    }
+    if (a->ne[0] == 0) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "mean: '%s' has empty rows", nm(a, "a"));
+    }
+    const int64_t ne[FERRY_MAX_DIMS] = {1, a->ne[1], a->ne[2], a->ne[3]};
+    return new_result(ctx, a->type, ne, FERRY_OP_MEAN, a, NULL, out);
+}

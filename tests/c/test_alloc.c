@@ -1,0 +1,538 @@
+/*
+ * The graph allocator, one test per scenario. Each scenario runs twice on the dummy
+ * backend, with synthetic addresses and with real memory (where it also computes the
+ * graph), and each run checks the same invariants (verify below):
+ *   - every leaf and node is allocated;
+ *   - no two tensors that are live at the same time share a byte (liveness from the
+ *     graph order: a node lives from its own step to its last reader's, through any
+ *     view; leafs, inputs, outputs and outside tensors live throughout), the one
+ *     exception being a node that works in place on its source's last use;
+ *   - each tensor lies inside its chunk, and inside the max size unless it is larger
+ *     than the max size (then it starts its own chunk);
+ *   - every offset is aligned, and the total allocated is within the scenario's bound.
+ */
+#include "check.h"
+
+#include <stdint.h>
+
+#define KB ((size_t) 1024)
+#define F32_PER_KB 256
+
+/* Run a helper that uses CHECK; stop the caller if it failed. */
+#define SUB(call)                              \
+    do {                                       \
+        const int sub_before_ = check_failures; \
+        call;                                  \
+        if (check_failures != sub_before_) {   \
+            return;                            \
+        }                                      \
+    } while (0)
+
+typedef struct {
+    bool real;
+    ferry_backend * be;
+    ferry_backend * be2; /* a second buffer type, for the scenarios that want one */
+    ferry_context * ctx;
+    ferry_graph * g;
+    ferry_gallocr * ga;
+    ferry_buffer * outside; /* memory the test gives a tensor itself */
+} fx;
+
+static ferry_status dummy(bool real, size_t align, size_t max, ferry_backend ** out) {
+    ferry_dummy_params p = ferry_dummy_default_params();
+    p.alignment = align;
+    p.max_buffer_size = max;
+    p.real_memory = real;
+    return ferry_dummy_backend_new(&p, out);
+}
+
+static bool fx_init(fx * f, bool real, size_t align, size_t max) {
+    *f = (fx) {.real = real};
+    return dummy(real, align, max, &f->be) == FERRY_OK && ferry_context_new(&f->ctx) == FERRY_OK &&
+           ferry_graph_new(&f->g) == FERRY_OK &&
+           ferry_gallocr_new(ferry_backend_default_buffer_type(f->be), &f->ga) == FERRY_OK;
+}
+
+static void fx_free(fx * f) {
+    ferry_gallocr_free(f->ga);
+    ferry_buffer_free(f->outside);
+    ferry_graph_free(f->g);
+    ferry_context_free(f->ctx);
+    ferry_backend_free(f->be2);
+    ferry_backend_free(f->be);
+}
+
+/* An f32 vector of kb kilobytes, or n floats. */
+static ferry_tensor * vec_n(fx * f, int64_t n, const char * name) {
+    ferry_tensor * t = NULL;
+    if (ferry_tensor_new(f->ctx, FERRY_TYPE_F32, 1, &n, &t) == FERRY_OK) {
+        ferry_tensor_set_name(t, name);
+    }
+    return t;
+}
+
+static ferry_tensor * input_kb(fx * f, int64_t kb, const char * name) {
+    ferry_tensor * t = vec_n(f, kb * F32_PER_KB, name);
+    if (t) {
+        ferry_tensor_set_input(t);
+    }
+    return t;
+}
+
+static ferry_tensor * named(ferry_tensor * t, const char * name) {
+    if (t) {
+        ferry_tensor_set_name(t, name);
+    }
+    return t;
+}
+
+static ferry_tensor * out(ferry_tensor * t) {
+    if (t) {
+        ferry_tensor_set_output(t);
+    }
+    return t;
+}
+
+/* Each node's tensors as the test sees them. */
+typedef struct {
+    const ferry_tensor * t;
+    int start, end; /* live steps, inclusive; -1 / n_nodes for whole-graph tensors */
+} root_info;
+
+static const ferry_tensor * root_of(const ferry_tensor * t) { return t->view_src ? t->view_src : t; }
+
+static bool whole_graph(const ferry_tensor * t) {
+    return t->op == FERRY_OP_NONE || (t->flags & (FERRY_TENSOR_FLAG_INPUT | FERRY_TENSOR_FLAG_OUTPUT));
+}
+
+static size_t offset_in(const ferry_tensor * t) {
+    return (size_t) ((uintptr_t) t->data - (uintptr_t) ferry_buffer_base(t->buffer));
+}
+
+/* node i works in place on x: its first source is x and x's last use is i */
+static bool in_place_on(const ferry_tensor * node, const ferry_tensor * x) {
+    return (node->op == FERRY_OP_ADD || node->op == FERRY_OP_MUL || node->op == FERRY_OP_SCALE) &&
+           node->src[0] == x && node->data == x->data;
+}
+
+static void verify(fx * f, size_t bound) {
+    ferry_graph * g = f->g;
+    const int n_nodes = ferry_graph_n_nodes(g), n_leafs = ferry_graph_n_leafs(g);
+    root_info * roots = calloc((size_t) (n_nodes + n_leafs), sizeof(*roots));
+    CHECK(roots);
+    int n = 0;
+    for (int i = 0; i < n_leafs + n_nodes; i++) {
+        const ferry_tensor * t = i < n_leafs ? ferry_graph_leaf(g, i) : ferry_graph_node(g, i - n_leafs);
+        if (ferry_tensor_check_allocated(t) != FERRY_OK) {
+            fprintf(stderr, "'%s' is not allocated: %s\n", t->name, ferry_last_error());
+            free(roots);
+            CHECK(!"every tensor allocated");
+        }
+        if (!t->view_src) {
+            roots[n++] = (root_info) {t, i < n_leafs ? -1 : i - n_leafs, -2};
+        }
+    }
+    /* a root lives until its last reader, direct or through a view */
+    for (int r = 0; r < n; r++) {
+        const ferry_tensor * t = roots[r].t;
+        bool pinned = whole_graph(t);
+        if (t->flags & FERRY_TENSOR_FLAG_INPUT) {
+            roots[r].start = -1;
+        }
+        for (int i = 0; i < n_nodes; i++) {
+            const ferry_tensor * node = ferry_graph_node(g, i);
+            pinned |= node->view_src == t && (node->flags & FERRY_TENSOR_FLAG_OUTPUT);
+            for (int j = 0; j < FERRY_MAX_SRC; j++) {
+                if (node->src[j] && root_of(node->src[j]) == t && i > roots[r].end) {
+                    roots[r].end = i;
+                }
+            }
+        }
+        if (pinned || roots[r].end == -2) {
+            roots[r].end = n_nodes; /* results nobody reads stay too */
+        }
+    }
+    bool ok = true;
+    for (int a = 0; a < n && ok; a++) {
+        const ferry_tensor * x = roots[a].t;
+        const ferry_buffer_type * buft = ferry_buffer_get_type(x->buffer);
+        const size_t off = offset_in(x), size = ferry_tensor_nbytes(x);
+        const size_t max = ferry_buffer_type_max_size(buft), align = ferry_buffer_type_alignment(buft);
+        if (off % align != 0 || off + size > ferry_buffer_size(x->buffer) ||
+            (size <= max ? off + size > max : off != 0)) {
+            fprintf(stderr, "'%s' at %zu (+%zu) in a %zu-byte chunk, max %zu, alignment %zu\n", x->name, off, size,
+                    ferry_buffer_size(x->buffer), max, align);
+            ok = false;
+        }
+        for (int b = a + 1; b < n && ok; b++) {
+            const ferry_tensor * y = roots[b].t;
+            if (y->buffer != x->buffer) {
+                continue;
+            }
+            const size_t yoff = offset_in(y), ysize = ferry_tensor_nbytes(y);
+            const bool share_bytes = off < yoff + ysize && yoff < off + size;
+            const bool share_time = roots[a].start <= roots[b].end && roots[b].start <= roots[a].end;
+            const bool handover = (roots[a].end == roots[b].start && in_place_on(y, x)) ||
+                                  (roots[b].end == roots[a].start && in_place_on(x, y));
+            if (share_bytes && share_time && !handover) {
+                fprintf(stderr, "'%s' [%zu, %zu) steps %d..%d overlaps '%s' [%zu, %zu) steps %d..%d\n", x->name, off,
+                        off + size, roots[a].start, roots[a].end, y->name, yoff, yoff + ysize, roots[b].start,
+                        roots[b].end);
+                ok = false;
+            }
+        }
+    }
+    free(roots);
+    CHECK(ok);
+    size_t total = ferry_gallocr_buffer_size(f->ga, 0) + ferry_gallocr_buffer_size(f->ga, 1);
+    if (total > bound) {
+        fprintf(stderr, "allocated %zu bytes, the bound is %zu\n", total, bound);
+    }
+    CHECK(total <= bound);
+}
+
+/* Reserve, allocate, verify; with real memory also compute (one buffer type only). */
+static void alloc_verify(fx * f, size_t bound) {
+    CHECK_OK(ferry_gallocr_reserve(f->ga, f->g, NULL, NULL));
+    CHECK_OK(ferry_gallocr_alloc_graph(f->ga, f->g));
+    SUB(verify(f, bound));
+    if (f->real) {
+        for (int c = 0; c < ferry_gallocr_n_chunks(f->ga, 0); c++) {
+            CHECK_OK(ferry_buffer_clear(ferry_gallocr_chunk_buffer(f->ga, 0, c), 0));
+        }
+    }
+    CHECK_OK(ferry_backend_graph_compute(f->be, f->g));
+}
+
+static void build(fx * f, ferry_tensor * t) {
+    CHECK(t);
+    CHECK_OK(ferry_graph_build(f->g, t));
+}
+
+static size_t chunk_size(fx * f, int buft, int c) { return ferry_buffer_size(ferry_gallocr_chunk_buffer(f->ga, buft, c)); }
+
+static void run_scenario(void (*fn)(fx *), size_t align, size_t max) {
+    for (int real = 0; real < 2; real++) {
+        fx f;
+        const int before = check_failures;
+        if (!fx_init(&f, real, align, max)) {
+            fprintf(stderr, "setup failed: %s\n", ferry_last_error());
+            check_failures++;
+        } else {
+            fn(&f);
+        }
+        fx_free(&f);
+        if (check_failures != before) {
+            fprintf(stderr, "  (real_memory %s)\n", real ? "on" : "off");
+            return;
+        }
+    }
+}
+
+#define SCENARIO(name, align, max) \
+    static void test_##name(void) { run_scenario(sc_##name, align, max); }
+
+/* ---------------------------------------------------------------- scenarios */
+
+/* 7 KB of tensors live together, chunks of 4 KB: two chunks. */
+static void sc_too_many_tensors_for_one_chunk(fx * f) {
+    ferry_tensor * x = input_kb(f, 1, "x"), *t;
+    for (int i = 0; i < 6; i++) {
+        CHECK_OK(ferry_scale(f->ctx, x, (float) i, &t));
+        SUB(build(f, out(named(t, "out"))));
+    }
+    SUB(alloc_verify(f, 8 * KB));
+    CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), 2);
+    CHECK_EQ_U(chunk_size(f, 0, 0), 4 * KB);
+    CHECK_EQ_U(chunk_size(f, 0, 1), 3 * KB);
+}
+SCENARIO(too_many_tensors_for_one_chunk, 64, 4 * KB)
+
+/* 3 KB used of 4: a 2 KB tensor goes to a new chunk, at its start. */
+static void sc_tensor_too_large_for_space_left(fx * f) {
+    ferry_tensor *x = input_kb(f, 1, "x"), *a, *b;
+    CHECK_OK(ferry_pad(f->ctx, x, F32_PER_KB, 0, 0, 0, &a));
+    CHECK_OK(ferry_pad(f->ctx, x, F32_PER_KB, 0, 0, 0, &b));
+    SUB(build(f, out(named(a, "a"))));
+    SUB(build(f, out(named(b, "b"))));
+    SUB(alloc_verify(f, 5 * KB));
+    CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), 2);
+    CHECK(b->buffer == ferry_gallocr_chunk_buffer(f->ga, 0, 1));
+    CHECK_EQ_U(offset_in(b), 0);
+}
+SCENARIO(tensor_too_large_for_space_left, 64, 4 * KB)
+
+/* As above, then a 1 KB tensor fills the first chunk's last kilobyte. */
+static void sc_leftover_space_filled(fx * f) {
+    ferry_tensor *x = input_kb(f, 1, "x"), *a, *b, *c;
+    CHECK_OK(ferry_pad(f->ctx, x, F32_PER_KB, 0, 0, 0, &a));
+    CHECK_OK(ferry_pad(f->ctx, x, F32_PER_KB, 0, 0, 0, &b));
+    CHECK_OK(ferry_scale(f->ctx, x, 2.0f, &c));
+    SUB(build(f, out(named(a, "a"))));
+    SUB(build(f, out(named(b, "b"))));
+    SUB(build(f, out(named(c, "c"))));
+    SUB(alloc_verify(f, 6 * KB));
+    CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), 2);
+    CHECK(c->buffer == ferry_gallocr_chunk_buffer(f->ga, 0, 0));
+    CHECK_EQ_U(offset_in(c), 3 * KB);
+    CHECK_EQ_U(chunk_size(f, 0, 0), 4 * KB);
+    CHECK_EQ_U(chunk_size(f, 0, 1), 2 * KB);
+}
+SCENARIO(leftover_space_filled, 64, 4 * KB)
+
+/* A 6 KB tensor with a 4 KB max size: a chunk of its own, exactly its size; the
+ * dummy backend accepts it (the backend's decision). */
+static void sc_tensor_larger_than_max_size(fx * f) {
+    ferry_tensor *x = input_kb(f, 1, "x"), *big, *small;
+    CHECK_OK(ferry_pad(f->ctx, x, 5 * F32_PER_KB, 0, 0, 0, &big));
+    CHECK_OK(ferry_scale(f->ctx, x, 2.0f, &small));
+    SUB(build(f, out(named(big, "big"))));
+    SUB(build(f, out(named(small, "small"))));
+    SUB(alloc_verify(f, 8 * KB));
+    CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), 2);
+    CHECK(big->buffer == ferry_gallocr_chunk_buffer(f->ga, 0, 1));
+    CHECK_EQ_U(chunk_size(f, 0, 1), 6 * KB);
+    CHECK(small->buffer == x->buffer);
+}
+SCENARIO(tensor_larger_than_max_size, 64, 4 * KB)
+
+/* 1 KB chunks: 16 live tensors fit, the 17th fails with a message, and the
+ * allocator still serves the graph that fits. */
+static void sc_more_chunks_than_kept(fx * f) {
+    ferry_tensor * x = input_kb(f, 1, "x"), *t;
+    for (int i = 0; i < FERRY_GALLOC_MAX_CHUNKS - 1; i++) {
+        CHECK_OK(ferry_scale(f->ctx, x, (float) i, &t));
+        SUB(build(f, out(named(t, "out"))));
+    }
+    SUB(alloc_verify(f, FERRY_GALLOC_MAX_CHUNKS * KB));
+    CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), FERRY_GALLOC_MAX_CHUNKS);
+
+    ferry_graph * bigger;
+    CHECK_OK(ferry_graph_new(&bigger));
+    for (int i = 0; i < ferry_graph_n_nodes(f->g); i++) {
+        ferry_graph_build(bigger, ferry_graph_node(f->g, i));
+    }
+    CHECK_OK(ferry_scale(f->ctx, x, 99.0f, &t));
+    ferry_graph_build(bigger, out(named(t, "one too many")));
+    ferry_clear_error();
+    const ferry_status st = ferry_gallocr_alloc_graph(f->ga, bigger);
+    ferry_graph_free(bigger);
+    CHECK(st == FERRY_ERR_OUT_OF_MEMORY);
+    CHECK(strstr(ferry_last_error(), "one too many") && strstr(ferry_last_error(), "16"));
+    CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), FERRY_GALLOC_MAX_CHUNKS);
+    SUB(alloc_verify(f, FERRY_GALLOC_MAX_CHUNKS * KB));
+}
+SCENARIO(more_chunks_than_kept, 64, 1 * KB)
+
+/* Views take their source's memory and keep it alive until their own readers ran. */
+static void sc_views_in_place(fx * f) {
+    const int64_t ne[2] = {F32_PER_KB, 4};
+    ferry_tensor *x, *a, *v, *r, *p, *t1, *t2, *t3;
+    CHECK_OK(ferry_tensor_new(f->ctx, FERRY_TYPE_F32, 2, ne, &x));
+    CHECK_OK(ferry_tensor_set_input(named(x, "x")));
+    CHECK_OK(ferry_scale(f->ctx, x, 2.0f, &a));
+    const int64_t ne_v[2] = {F32_PER_KB, 2};
+    CHECK_OK(ferry_tensor_view(f->ctx, named(a, "a"), 2, ne_v, a->nb, KB, &v));
+    const int64_t ne_r[1] = {4 * F32_PER_KB};
+    CHECK_OK(ferry_tensor_reshape(f->ctx, a, 1, ne_r, &r));
+    CHECK_OK(ferry_tensor_transpose(f->ctx, a, &p));
+    CHECK_OK(ferry_scale(f->ctx, v, 3.0f, &t1));
+    CHECK_OK(ferry_dup(f->ctx, p, &t2));
+    CHECK_OK(ferry_mean(f->ctx, r, &t3));
+    SUB(build(f, named(t1, "t1")));
+    SUB(build(f, named(t2, "t2")));
+    SUB(build(f, named(t3, "t3")));
+    /* x 4K, a 4K, t1 2K, t2 4K, t3 64 bytes: nothing for the views */
+    SUB(alloc_verify(f, 14 * KB + 64));
+    CHECK(v->data == (char *) a->data + KB);
+    CHECK(r->data == a->data && p->data == a->data);
+    CHECK(v->buffer == a->buffer);
+    CHECK_FAILS(ferry_gallocr_tensor_placement(f->ga, v, NULL, NULL, NULL, NULL), FERRY_ERR_NOT_ALLOCATED);
+}
+SCENARIO(views_in_place, 64, 0)
+
+/* A chain of scales runs in one block; a freed block is reused; outputs are not. */
+static void sc_reuse_and_free(fx * f) {
+    ferry_tensor *x = input_kb(f, 1, "x"), *s = x, *a, *m, *b;
+    for (int i = 0; i < 8; i++) {
+        CHECK_OK(ferry_scale(f->ctx, s, 2.0f, &s));
+        named(s, "s");
+    }
+    SUB(build(f, s));
+    SUB(alloc_verify(f, 2 * KB));
+    for (int i = 1; i < ferry_graph_n_nodes(f->g); i++) {
+        CHECK(ferry_graph_node(f->g, i)->data == ferry_graph_node(f->g, 0)->data);
+    }
+
+    ferry_graph_clear(f->g);
+    CHECK_OK(ferry_pad(f->ctx, x, F32_PER_KB, 0, 0, 0, &a));
+    CHECK_OK(ferry_mean(f->ctx, named(a, "a"), &m));
+    CHECK_OK(ferry_pad(f->ctx, x, F32_PER_KB, 0, 0, 0, &b));
+    SUB(build(f, named(m, "m")));
+    SUB(build(f, named(b, "b")));
+    SUB(alloc_verify(f, 3 * KB + 64));
+    CHECK(b->data == a->data); /* a was freed after m read it */
+
+    ferry_tensor *o, *after;
+    ferry_graph_clear(f->g);
+    CHECK_OK(ferry_scale(f->ctx, x, 2.0f, &o));
+    CHECK_OK(ferry_scale(f->ctx, out(named(o, "o")), 2.0f, &after));
+    SUB(build(f, named(after, "after")));
+    SUB(alloc_verify(f, 3 * KB + 64)); /* x, o, after; the buffer keeps its 3 KB + 64 */
+    CHECK(after->data != o->data); /* never in place on an output */
+}
+SCENARIO(reuse_and_free, 64, 0)
+
+/* a and b (1 KB each, side by side) are freed after ab = concat(a, b); d (2 KB)
+ * then fits in their merged block. Without merging it would not: 7 KB, or with a
+ * 5 KB max size a second chunk. */
+static void sc_merge(fx * f) {
+    ferry_tensor *x = input_kb(f, 1, "x"), *a, *b, *ab, *d, *o;
+    CHECK_OK(ferry_scale(f->ctx, x, 2.0f, &a));
+    CHECK_OK(ferry_scale(f->ctx, x, 3.0f, &b));
+    CHECK_OK(ferry_concat(f->ctx, named(a, "a"), named(b, "b"), 0, &ab));
+    CHECK_OK(ferry_scale(f->ctx, named(ab, "ab"), 4.0f, &d));
+    CHECK_OK(ferry_add(f->ctx, named(d, "d"), ab, &o));
+    SUB(build(f, named(o, "o")));
+    SUB(alloc_verify(f, 5 * KB));
+    CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), 1);
+    CHECK(d->data == a->data);
+}
+static void sc_merge_free_blocks_small_max(fx * f) { sc_merge(f); }
+static void sc_merge_free_blocks_unbounded(fx * f) { sc_merge(f); }
+SCENARIO(merge_free_blocks_small_max, 64, 5 * KB)
+SCENARIO(merge_free_blocks_unbounded, 64, 0)
+
+/* Chunk of 8 KB, 7 KB needed so far, with a free 3 KB hole at 1 KB and 1 KB of tail
+ * left. A 1 KB tensor fits the tail exactly, but the hole costs nothing. */
+static void sc_prefer_allocated_memory(fx * f) {
+    ferry_tensor *x = input_kb(f, 1, "x"), *a, *b, *z, *w;
+    CHECK_OK(ferry_pad(f->ctx, x, 2 * F32_PER_KB, 0, 0, 0, &a));
+    CHECK_OK(ferry_pad(f->ctx, x, 2 * F32_PER_KB, 0, 0, 0, &b));
+    CHECK_OK(ferry_add(f->ctx, named(b, "b"), named(a, "a"), &z)); /* in place on b, frees a */
+    CHECK_OK(ferry_scale(f->ctx, x, 2.0f, &w));
+    SUB(build(f, a)); /* a first, so the hole it leaves is not next to the tail */
+    SUB(build(f, out(named(z, "z"))));
+    SUB(build(f, out(named(w, "w"))));
+    SUB(alloc_verify(f, 7 * KB));
+    CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), 1);
+    CHECK_EQ_U(offset_in(w), KB);
+}
+SCENARIO(prefer_allocated_memory, 64, 8 * KB)
+
+/* Two buffer types (alignments 64 and 256, the second capped at 4 KB), nodes split
+ * between them, and one leaf the test placed itself, which the allocator leaves. */
+static void sc_several_buffer_types(fx * f) {
+    CHECK_OK(dummy(f->real, 256, 4 * KB, &f->be2));
+    ferry_buffer_type * bufts[2] = {ferry_backend_default_buffer_type(f->be),
+                                    ferry_backend_default_buffer_type(f->be2)};
+    ferry_gallocr_free(f->ga);
+    f->ga = NULL;
+    CHECK_OK(ferry_gallocr_new_n(bufts, 2, &f->ga));
+
+    ferry_tensor *x = input_kb(f, 1, "x"), *w = vec_n(f, 100, "w"), *h, *h2, *k, *o, *o2;
+    CHECK_OK(ferry_buffer_type_alloc_buffer(bufts[1], KB, &f->outside));
+    CHECK_OK(ferry_buffer_place_tensor(f->outside, w, 256));
+    void * w_data = w->data;
+    CHECK_OK(ferry_mul(f->ctx, x, x, &h));    /* buft 0 */
+    CHECK_OK(ferry_pad(f->ctx, named(h, "h"), 4, 0, 0, 0, &h2)); /* 0 */
+    ferry_tensor * hv;
+    const int64_t n100 = 100;
+    CHECK_OK(ferry_tensor_view(f->ctx, h2, 1, &n100, NULL, 0, &hv)); /* 0 (a view) */
+    CHECK_OK(ferry_add(f->ctx, named(hv, "hv"), w, &k));             /* 1 */
+    CHECK_OK(ferry_scale(f->ctx, named(k, "k"), 2.0f, &o));          /* 1, in place */
+    CHECK_OK(ferry_scale(f->ctx, named(h2, "h2"), 3.0f, &o2));       /* 0 */
+    SUB(build(f, out(named(o, "o"))));
+    SUB(build(f, out(named(o2, "o2"))));
+    const int n_nodes = ferry_graph_n_nodes(f->g), n_leafs = ferry_graph_n_leafs(f->g);
+    CHECK_EQ_U(n_leafs, 2);
+    int node_ids[8] = {0}, leaf_ids[2] = {0, 1};
+    CHECK(n_nodes <= 8);
+    for (int i = 0; i < n_nodes; i++) {
+        const ferry_tensor * t = ferry_graph_node(f->g, i);
+        node_ids[i] = t == k || t == o ? 1 : 0;
+    }
+    int bad_ids[8] = {0, 0, 0, 7};
+    CHECK_FAILS(ferry_gallocr_reserve(f->ga, f->g, bad_ids, leaf_ids), FERRY_ERR_INVALID_ARG);
+    CHECK_OK(ferry_gallocr_reserve(f->ga, f->g, node_ids, leaf_ids));
+    CHECK_OK(ferry_gallocr_alloc_graph(f->ga, f->g));
+    /* buft 0: x 1K, h 1K, h2 1K + 64 (16 bytes padded), o2 1K + 64; buft 1: k, o in one 512-byte block */
+    SUB(verify(f, 4 * KB + 128 + 512));
+    CHECK(w->data == w_data && w->buffer == f->outside);
+    CHECK(ferry_buffer_get_type(k->buffer) == bufts[1] && ferry_buffer_get_type(o->buffer) == bufts[1]);
+    CHECK(ferry_buffer_get_type(h->buffer) == bufts[0] && ferry_buffer_get_type(o2->buffer) == bufts[0]);
+    CHECK(o->data == k->data);
+    CHECK_EQ_U(ferry_gallocr_buffer_size(f->ga, 1), 512);
+    /* another graph of other counts needs its own reserve */
+    ferry_graph * other;
+    CHECK_OK(ferry_graph_new(&other));
+    ferry_graph_build(other, x);
+    const ferry_status st = ferry_gallocr_alloc_graph(f->ga, other);
+    ferry_graph_free(other);
+    CHECK(st == FERRY_ERR_INVALID_ARG);
+}
+SCENARIO(several_buffer_types, 64, 0)
+
+/* With two buffer types and everything on the first, the second gets nothing. */
+static void sc_buffer_type_receives_nothing(fx * f) {
+    CHECK_OK(dummy(f->real, 64, 0, &f->be2));
+    ferry_buffer_type * bufts[2] = {ferry_backend_default_buffer_type(f->be),
+                                    ferry_backend_default_buffer_type(f->be2)};
+    ferry_gallocr_free(f->ga);
+    f->ga = NULL;
+    CHECK_OK(ferry_gallocr_new_n(bufts, 2, &f->ga));
+    ferry_tensor *x = input_kb(f, 1, "x"), *a;
+    CHECK_OK(ferry_scale(f->ctx, x, 2.0f, &a));
+    SUB(build(f, named(a, "a")));
+    SUB(alloc_verify(f, 2 * KB));
+    CHECK_EQ_U(ferry_gallocr_buffer_size(f->ga, 1), 0);
+    CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 1), 0);
+    CHECK(ferry_gallocr_chunk_buffer(f->ga, 1, 0) == NULL);
+}
+SCENARIO(buffer_type_receives_nothing, 64, 0)
+
+/* A second, larger graph grows the buffer; the first then fits in it as it is. */
+static void sc_realloc_second_graph(fx * f) {
+    ferry_tensor *x = input_kb(f, 1, "x"), *a;
+    CHECK_OK(ferry_scale(f->ctx, x, 2.0f, &a));
+    SUB(build(f, named(a, "a")));
+    SUB(alloc_verify(f, 2 * KB));
+    CHECK_EQ_U(ferry_gallocr_buffer_size(f->ga, 0), 2 * KB);
+
+    ferry_graph * first = f->g;
+    CHECK_OK(ferry_graph_new(&f->g));
+    ferry_tensor *x2 = input_kb(f, 1, "x2"), *big, *o;
+    CHECK_OK(ferry_pad(f->ctx, x2, 3 * F32_PER_KB, 0, 0, 0, &big));
+    CHECK_OK(ferry_scale(f->ctx, named(big, "big"), 2.0f, &o));
+    SUB(build(f, named(o, "o")));
+    CHECK_OK(ferry_gallocr_alloc_graph(f->ga, f->g)); /* no reserve: alloc_graph grows */
+    SUB(verify(f, 5 * KB));
+    CHECK_EQ_U(ferry_gallocr_buffer_size(f->ga, 0), 5 * KB);
+    CHECK(ferry_tensor_check_allocated(a) == FERRY_ERR_FREED); /* the old buffer went */
+
+    ferry_buffer * kept = ferry_gallocr_chunk_buffer(f->ga, 0, 0);
+    ferry_graph_free(f->g);
+    f->g = first;
+    CHECK_OK(ferry_gallocr_alloc_graph(f->ga, f->g));
+    SUB(verify(f, 5 * KB));
+    CHECK(ferry_gallocr_chunk_buffer(f->ga, 0, 0) == kept && a->buffer == kept);
+}
+SCENARIO(realloc_second_graph, 64, 0)
+
+static const check_test tests[] = {
+    {"too_many_tensors_for_one_chunk", test_too_many_tensors_for_one_chunk},
+    {"tensor_too_large_for_space_left", test_tensor_too_large_for_space_left},
+    {"tensor_larger_than_max_size", test_tensor_larger_than_max_size},
+    {"more_chunks_than_kept", test_more_chunks_than_kept},
+    {"leftover_space_filled", test_leftover_space_filled},
+    {"views_in_place", test_views_in_place},
+    {"reuse_and_free", test_reuse_and_free},
+    {"merge_free_blocks_small_max", test_merge_free_blocks_small_max},
+    {"merge_free_blocks_unbounded", test_merge_free_blocks_unbounded},
+    {"prefer_allocated_memory", test_prefer_allocated_memory},
+    {"several_buffer_types", test_several_buffer_types},
+    {"buffer_type_receives_nothing", test_buffer_type_receives_nothing},
+    {"realloc_second_graph", test_realloc_second_graph},
+};
+
+CHECK_MAIN(tests)
