@@ -14,6 +14,8 @@ bool ferry_op_can_inplace(ferry_op op);
  * -1 for a tensor not in the graph. The allocator keeps its per-tensor state by slot. */
 int ferry_graph_n_slots(const ferry_graph * graph);
 int ferry_graph_slot(const ferry_graph * graph, const ferry_tensor * t);
+/* Append t as a node, its sources not added (a split's nodes). */
+ferry_status ferry_graph_add_node(ferry_graph * graph, ferry_tensor * t);
 
 /* The CPU kernels: compute one node whose tensors are in host memory. */
 bool ferry_cpu_op_supported(const ferry_tensor * node);

@@ -189,6 +189,19 @@ ferry_status ferry_graph_build(ferry_graph * graph, ferry_tensor * t) {
     return st;
 }
 
+/* Append t as a node without walking its sources: the scheduler's per-split graphs
+ * hold only the nodes a backend computes, their sources living elsewhere. */
+ferry_status ferry_graph_add_node(ferry_graph * graph, ferry_tensor * t) {
+    FERRY_CHECK_ARG(graph && t, "graph_add_node: NULL graph or tensor");
+    if (table_find(graph, t)) {
+        return FERRY_OK;
+    }
+    FERRY_TRY(table_add(graph, t));
+    FERRY_TRY(push(&graph->nodes, &graph->n_nodes, &graph->cap_nodes, t));
+    table_find(graph, t)->slot = graph->n_slots++;
+    return FERRY_OK;
+}
+
 int ferry_graph_n_nodes(const ferry_graph * graph) { return graph ? graph->n_nodes : 0; }
 int ferry_graph_n_leafs(const ferry_graph * graph) { return graph ? graph->n_leafs : 0; }
 

@@ -76,10 +76,15 @@ static void scale(ferry_tensor * dst) {
 static void dup(ferry_tensor * dst) {
     const ferry_tensor * a = dst->src[0];
     if (a->type == dst->type) {
+        /* Same type: move whole elements, or whole blocks of a quantized row (dim 0 in blocks). */
         const size_t size = ferry_type_size(a->type);
-        FOR_EACH(dst) {
-            memcpy(at(dst, i0, i1, i2, i3), at(a, i0, i1, i2, i3), size);
-        }
+        const int64_t n0 = dst->ne[0] / ferry_blck_size(dst->type);
+        for (int64_t i3 = 0; i3 < dst->ne[3]; i3++)
+            for (int64_t i2 = 0; i2 < dst->ne[2]; i2++)
+                for (int64_t i1 = 0; i1 < dst->ne[1]; i1++)
+                    for (int64_t i0 = 0; i0 < n0; i0++) {
+                        memcpy(at(dst, i0, i1, i2, i3), at(a, i0, i1, i2, i3), size);
+                    }
         return;
     }
     FOR_EACH(dst) {
@@ -149,7 +154,10 @@ bool ferry_cpu_op_supported(const ferry_tensor * node) {
         case FERRY_OP_MEAN:
             return is_float(node->type) && a && is_float(a->type);
         case FERRY_OP_DUP:
-            return a && (a->type == node->type ? plain : is_float(a->type) && is_float(node->type));
+            /* quantized rows only as whole blocks along dimension 0 */
+            return a && (a->type == node->type
+                             ? plain || (a->nb[0] == ferry_type_size(a->type) && node->nb[0] == ferry_type_size(a->type))
+                             : is_float(a->type) && is_float(node->type));
         case FERRY_OP_CONCAT:
             return plain && a && b && a->type == node->type && b->type == node->type;
         case FERRY_OP_PAD:

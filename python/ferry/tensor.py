@@ -89,8 +89,7 @@ class Tensor:
     def view(self, ne: Sequence[int], nb: Optional[Sequence[int]] = None, offset: int = 0,
              name: Optional[str] = None) -> "Tensor":
         """A view of ne values with byte strides nb (nb[0] must be the type size; None: contiguous)
-        starting offset bytes into this tensor. Its span must stay inside the root's memory
-        (C's rule, as ggml's: checked against the root, not against an intermediate view)."""
+        starting offset bytes into this tensor. Its span must stay inside this tensor's span."""
         shape = _args.as_shape(ne, "view")
         if nb is None:
             strides = self._contiguous_strides(shape)

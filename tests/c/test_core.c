@@ -118,9 +118,9 @@ static void test_views_permute_reshape(void) {
     CHECK_FAILS(ferry_tensor_permute(ctx, t, 0, 0, 1, 2, &p), FERRY_ERR_INVALID_ARG);
 
     /* a view of a view keeps one source and adds its offsets */
-    const int64_t ne_v[2] = {8, 2};
+    const int64_t ne_v[2] = {8, 2}, ne_v4[2] = {8, 4};
     const size_t nb_v[2] = {0, 32};
-    CHECK_OK(ferry_tensor_view(ctx, t, 2, ne_v, nb_v, 64, &v));
+    CHECK_OK(ferry_tensor_view(ctx, t, 2, ne_v4, nb_v, 64, &v));
     CHECK_OK(ferry_tensor_view(ctx, v, 2, ne_v, nb_v, 32, &vv));
     CHECK(vv->view_src == t && vv->view_offs == 96);
     /* views that leave their source */

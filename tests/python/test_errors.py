@@ -159,13 +159,16 @@ def test_non_integers(t: ferry.Tensor) -> None:
 
 
 def test_view_reaching_outside_its_source(t: ferry.Tensor) -> None:
-    with pytest.raises(ferry.OutOfBoundsError, match="reaches past its source 't'"):
+    with pytest.raises(ferry.OutOfBoundsError, match="reaches past the 48 bytes of its source 't'"):
         t.view([4], offset=36)
+    first = t.view([4])  # bytes 0..16 of t
+    with pytest.raises(ferry.OutOfBoundsError, match="reaches past the 16 bytes"):
+        first.view([4], offset=8)  # inside t, but past the view it is taken from
     with pytest.raises(ferry.OutOfBoundsError, match="reaches past"):
         t.view([4, 2], [4, 32], offset=8)  # rows at 8 and 40: ends at 56
     inner = t.view([4, 2], [4, 16], offset=16)  # the last 32 bytes
     with pytest.raises(ferry.OutOfBoundsError, match="reaches past"):
-        inner.view([4], offset=20)  # 16 + 20 + 16 bytes: past the root's 48
+        inner.view([4], offset=20)  # 20 + 16 bytes: past inner's 32
     with pytest.raises(ferry.OutOfBoundsError, match="strides overflow"):
         t.view([2, 2], [4, 2**64 - 1])
     ok = inner.view([2], offset=24)
