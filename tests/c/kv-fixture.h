@@ -1,5 +1,6 @@
-/* A host KV cache with a long-period pattern and a split backend whose buffer holds a
- * sentinel: the setting of the ordered copy tests. */
+/* The setting of the ordered copy tests: a host KV cache filled with a long-period
+ * pattern, a split backend whose copy of a window starts as a sentinel, and the check
+ * of SPEC.md's test at the heart of ferry. Any split backend: dummy or CUDA. */
 #ifndef FERRY_KV_FIXTURE_H
 #define FERRY_KV_FIXTURE_H
 
@@ -13,32 +14,44 @@ static inline uint8_t kv_pattern(size_t i) { return (uint8_t) ((i * 2654435761u)
 
 typedef struct {
     ferry_backend * cpu;
-    ferry_backend * split; /* dummy, real memory: not host to anyone */
+    ferry_backend * split;
     ferry_kv_cache * kv;
     ferry_context * ctx;
     ferry_buffer * split_buf;
 } kv_fixture;
 
-/* Fill every byte of the cache's buffer with the pattern of its offset. */
-static inline ferry_status kv_fill(ferry_kv_cache * kv) {
+/* Fill every byte of the cache's (host) buffer with the pattern of its offset. */
+static inline void kv_fill(ferry_kv_cache * kv) {
     ferry_buffer * buf = ferry_kv_cache_buffer(kv);
     uint8_t * base = ferry_buffer_base(buf);
     for (size_t i = 0; i < ferry_buffer_size(buf); i++) {
         base[i] = kv_pattern(i);
     }
-    return FERRY_OK;
 }
 
-static inline ferry_status kv_fixture_init(kv_fixture * f, const ferry_kv_params * p) {
+/* The cache in cache_buft (NULL: the CPU's), split the given backend (the fixture owns it). */
+static inline ferry_status kv_fixture_init_on(kv_fixture * f, const ferry_kv_params * p, ferry_backend * split,
+                                              ferry_buffer_type * cache_buft) {
     memset(f, 0, sizeof(*f));
+    f->split = split;
     ferry_status st = ferry_cpu_backend_new(&f->cpu);
-    ferry_dummy_params dp = ferry_dummy_default_params();
-    dp.real_memory = true;
-    if (st == FERRY_OK) st = ferry_dummy_backend_new(&dp, &f->split);
-    if (st == FERRY_OK) st = ferry_kv_cache_new(p, ferry_backend_default_buffer_type(f->cpu), &f->kv);
-    if (st == FERRY_OK) st = kv_fill(f->kv);
+    if (st == FERRY_OK) st = ferry_kv_cache_new(p, cache_buft ? cache_buft : ferry_cpu_buffer_type(), &f->kv);
+    if (st == FERRY_OK) kv_fill(f->kv);
     if (st == FERRY_OK) st = ferry_context_new(&f->ctx);
     return st;
+}
+
+/* The split backend: a dummy with real memory, not host to anyone. */
+static inline ferry_status kv_fixture_init(kv_fixture * f, const ferry_kv_params * p) {
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    ferry_backend * split = NULL;
+    const ferry_status st = ferry_dummy_backend_new(&dp, &split);
+    if (st != FERRY_OK) {
+        memset(f, 0, sizeof(*f));
+        return st;
+    }
+    return kv_fixture_init_on(f, p, split, NULL);
 }
 
 /* A same-layout copy of src on the split backend, every byte of its span a sentinel. */
@@ -46,7 +59,7 @@ static inline ferry_status kv_split_copy(kv_fixture * f, const ferry_tensor * sr
     ferry_status st = ferry_tensor_dup_layout(f->ctx, src, out);
     if (st == FERRY_OK) st = ferry_backend_alloc_buffer(f->split, ferry_tensor_nbytes(src), &f->split_buf);
     if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->split_buf, *out, 0);
-    if (st == FERRY_OK) st = ferry_buffer_clear(f->split_buf, SENTINEL);
+    if (st == FERRY_OK) st = ferry_tensor_memset(*out, SENTINEL, 0, ferry_tensor_nbytes(src));
     if (st == FERRY_OK) ferry_buffer_reset_stats(f->split_buf);
     return st;
 }
@@ -57,6 +70,55 @@ static inline void kv_fixture_free(kv_fixture * f) {
     ferry_context_free(f->ctx);
     ferry_backend_free(f->split);
     ferry_backend_free(f->cpu);
+}
+
+/*
+ * SPEC.md's three assertions on a copied window, read back through the public API.
+ * window: the K window of streams s0.. (used cells each) in the cache; copy: its copy
+ * after the copy path ran; bytes_moved: what the copy path says it moved. Returns 0
+ * when all hold, else the first that failed: 1 bytes moved != bytes read, 2 a stream's
+ * range did not arrive whole from its own source offset, 3 a gap lost its sentinel.
+ */
+static inline int kv_check_window_copy(const kv_fixture * f, const ferry_tensor * window, const ferry_tensor * copy,
+                                       uint64_t bytes_moved) {
+    const size_t ns = (size_t) window->ne[3];
+    const size_t stride = ns > 1 ? window->nb[3] : 0;
+    size_t row = 0;
+    ferry_row_size(window->type, window->ne[0] * window->ne[2], &row); /* head_dim * n_head_kv */
+    const size_t range = (size_t) window->ne[1] * row;
+    const size_t span = ferry_tensor_nbytes(copy);
+    const size_t src_base = (size_t) ((char *) window->data - (char *) ferry_buffer_base(ferry_kv_cache_buffer(f->kv)));
+    uint8_t * got = malloc(span);
+    if (!got || ferry_tensor_get(copy, got, 0, span) != FERRY_OK) {
+        fprintf(stderr, "  reading the copy back: %s\n", ferry_last_error());
+        free(got);
+        return -1;
+    }
+    int failed = 0;
+    if (bytes_moved != ns * range) {
+        fprintf(stderr, "  moved %llu bytes where the graph reads %zu\n", (unsigned long long) bytes_moved, ns * range);
+        failed = 1;
+    }
+    for (size_t s = 0; s < ns && !failed; s++) {
+        for (size_t b = 0; b < range; b++) {
+            if (got[s * stride + b] != kv_pattern(src_base + s * stride + b)) {
+                fprintf(stderr, "  stream %zu byte %zu did not arrive from its own source offset\n", s, b);
+                failed = 2;
+                break;
+            }
+        }
+    }
+    for (size_t s = 0; s + 1 < ns && !failed; s++) {
+        for (size_t b = range; b < stride; b++) {
+            if (got[s * stride + b] != SENTINEL) {
+                fprintf(stderr, "  gap byte %zu after stream %zu was overwritten\n", b, s);
+                failed = 3;
+                break;
+            }
+        }
+    }
+    free(got);
+    return failed;
 }
 
 #endif

@@ -3,8 +3,7 @@
  * without one, which meson reports as SKIP (CI has nvcc but no GPU). no_device_status
  * runs everywhere: it checks what a machine without a GPU must see.
  *
- * test_ordered_multi_stream_ranges against a CUDA split backend belongs with the
- * scheduler's tests (tests/c/test_sched*.c); its owner adds the CUDA variant there.
+ * test_ordered_multi_stream_ranges against a CUDA split backend: test_cuda_sched.c.
  */
 #include "check.h"
 
