@@ -381,21 +381,21 @@ uint64_t ferry_tensor_bytes_read(const ferry_tensor * t);
 ferry_status ferry_copy_plan(const ferry_tensor * t, ferry_copy_2d * copies, size_t max_copies, size_t * n_copies);
 
 /*
- * What a copy costs, as a model: each call (a 2-D copy, or the flat copy) costs call_us;
- * each row of a 2-D copy costs row_ns beyond its bytes; bytes move at gbps (1e9 B/s),
- * rows narrower than small_row_bytes at small_row_efficiency of it. A row is charged
- * at least min_row_bytes (a cache line or bus transaction), and never more than its
- * stride (beyond that the next row shares the transaction). Rows at least
- * wide_pitch_bytes apart cost wide_pitch_row_ns more each (0: no such cost). The
- * figures and how they were found are in copy-plan.c and tools/results.
+ * What a copy costs, as a model. Each call (a 2-D copy, or the flat copy) costs call_us.
+ * Each row of a 2-D copy costs row_ns, plus its bytes rounded up to whole line_bytes
+ * (0: exact), but no more than its stride, at gbps (1e9 B/s) times
+ * small_row_efficiency for rows narrower than small_row_bytes. Rows at least
+ * wide_pitch_bytes apart cost wide_pitch_row_ns more each (0: no such cost). The flat
+ * copy is one call and nbytes at gbps. The figures and how they were found are in
+ * copy-plan.c and tools/results.
  */
 typedef struct {
     double call_us;
     double row_ns;
     double gbps;
+    size_t line_bytes;
     size_t small_row_bytes;
     double small_row_efficiency;
-    size_t min_row_bytes;
     size_t wide_pitch_bytes;
     double wide_pitch_row_ns;
 } ferry_copy_cost_model;

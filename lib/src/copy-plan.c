@@ -269,47 +269,80 @@ ferry_status ferry_copy_plan(const ferry_tensor * t, ferry_copy_2d * copies, siz
 
 /* ---------------------------------------------------------------- the cost rule */
 
+/*
+ * CPU figures (tools/copy_cost_bench, tools/results/2026-11-30-copy-cost-cpu.md): a
+ * 2-core AMD EPYC under KVM, caches flushed before each run, 32 MiB read as rows of
+ * 16 B..64 KiB spaced 1.25..8 times their width, against one memcpy of the span.
+ * The flat copy runs at 11.8 GB/s. Gapped rows pay about 30 ns each, and rows under
+ * 8 KiB move at 0.6 of the flat rate (the prefetcher restarts at every gap); rows
+ * sharing cache lines cost whole lines. On fresh runs of the grid this model picks a
+ * copy on average 4.9% slower than the faster one with caches flushed, 5.7% with the
+ * rows warm (always the plan: 10.8% and 16.6%; always flat: 56% and 228%). So the
+ * plan pays on the CPU when the span is more than this many times the bytes read:
+ *     row   16 B  32 B  64 B  128 B  256 B  1 KiB  4 KiB  >= 8 KiB
+ *     span  29x   14x   7.2x  4.4x   3.1x   2.0x   1.75x  1.05x (-> 1x)
+ * call_us is an assumption (a blocking call and its checks; not separable here).
+ */
 ferry_copy_cost_model ferry_copy_cost_model_cpu(void) {
     return (ferry_copy_cost_model) {
-        .call_us = 0.05, .row_ns = 5.0, .gbps = 10.0, .small_row_bytes = 0, .small_row_efficiency = 1.0,
-        .min_row_bytes = 64, .wide_pitch_bytes = 0, .wide_pitch_row_ns = 0.0,
+        .call_us = 0.2, .row_ns = 30.0, .gbps = 11.8, .line_bytes = 64, .small_row_bytes = 8192,
+        .small_row_efficiency = 0.6, .wide_pitch_bytes = 0, .wide_pitch_row_ns = 0.0,
     };
 }
 
+/*
+ * GPU figures, host to device over PCIe gen 5 from pinned memory, from SPEC.md's H200
+ * anchors: 54.9 GB/s contiguous; rows under 256 B at 73% of it (measured at 64 B;
+ * assumed for 64..255 B, and rows under 64 B charged a whole 64 B), 256 B and wider at
+ * 99.7% (taken as 100%). call_us: a blocking copy measured less its bytes at 54.9 GB/s
+ * is 4..7 us over the K-window anchors (flat 372 us for 20.2 MB, 2-D 91/177/352 us),
+ * and one extra call per stream costs 2-6%: 4 us. The transposed V at 64 KiB pitch
+ * (1024 rows of 4352 B: 128 us where the same bytes contiguous take 85 us) gives
+ * 42 ns per row at that pitch; at 32 KiB or less rows run at the floor. The model
+ * reproduces those anchors within 3%. Rows of 256 B or more cost nothing beyond their
+ * bytes, so there the plan pays when it moves fewer bytes than the span, each copy
+ * beyond the first saving at least a call's worth (4 us: about 220 KB); narrower rows
+ * need a span above 1.37x the bytes read (64 B rows), 1.37 x 64 / width below 64 B.
+ */
 ferry_copy_cost_model ferry_copy_cost_model_gpu(void) {
     return (ferry_copy_cost_model) {
-        .call_us = 2.0, .row_ns = 0.0, .gbps = 54.9, .small_row_bytes = 256, .small_row_efficiency = 0.73,
-        .min_row_bytes = 64, .wide_pitch_bytes = 65536, .wide_pitch_row_ns = 42.0,
+        .call_us = 4.0, .row_ns = 0.0, .gbps = 54.9, .line_bytes = 64, .small_row_bytes = 256,
+        .small_row_efficiency = 0.73, .wide_pitch_bytes = 65536, .wide_pitch_row_ns = 42.0,
     };
 }
 
-/* Seconds for count rows of size bytes, stride apart, inside one call. */
-static double rows_cost(const ferry_copy_cost_model * m, size_t size, size_t count, size_t stride) {
-    double charged = (double) (size > m->min_row_bytes ? size : m->min_row_bytes);
-    if (count > 1 && charged > (double) stride) {
-        charged = (double) stride;
+/* Seconds for one copy: a plain copy when it is one row, else count gapped rows. */
+static double copy_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * c) {
+    const double bps = m->gbps * 1e9;
+    if (c->count <= 1) {
+        return m->call_us * 1e-6 + (double) c->size / bps;
     }
-    const double eff = size < m->small_row_bytes ? m->small_row_efficiency : 1.0;
-    double per_row = charged / (m->gbps * 1e9 * eff) + m->row_ns * 1e-9;
-    if (m->wide_pitch_bytes > 0 && count > 1 && stride >= m->wide_pitch_bytes) {
+    double charged = (double) c->size;
+    if (m->line_bytes > 0) {
+        charged = (double) ((c->size + m->line_bytes - 1) / m->line_bytes) * (double) m->line_bytes;
+    }
+    charged = charged > (double) c->stride ? (double) c->stride : charged; /* the next row shares the line */
+    const double eff = c->size < m->small_row_bytes ? m->small_row_efficiency : 1.0;
+    double per_row = m->row_ns * 1e-9 + charged / (bps * eff);
+    if (m->wide_pitch_bytes > 0 && c->stride >= m->wide_pitch_bytes) {
         per_row += m->wide_pitch_row_ns * 1e-9;
     }
-    return (double) count * per_row;
+    return m->call_us * 1e-6 + (double) c->count * per_row;
 }
 
 double ferry_copy_plan_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * copies, size_t n) {
-    if (!m || (!copies && n > 0)) {
+    if (!m || m->gbps <= 0 || (!copies && n > 0)) {
         return 0.0;
     }
     double s = 0.0;
     for (size_t i = 0; i < n; i++) {
-        s += m->call_us * 1e-6 + rows_cost(m, copies[i].size, copies[i].count, copies[i].stride);
+        s += copy_cost(m, &copies[i]);
     }
     return s;
 }
 
 double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span) {
-    if (!m || span == 0) {
+    if (!m || m->gbps <= 0 || span == 0) {
         return 0.0;
     }
     return m->call_us * 1e-6 + (double) span / (m->gbps * 1e9);
@@ -317,7 +350,7 @@ double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span) {
 
 bool ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
                           size_t n) {
-    if (!m || !t || (!copies && n > 0)) {
+    if (!m || m->gbps <= 0 || !t || !copies || n == 0) {
         return false;
     }
     return ferry_copy_plan_cost(m, copies, n) < ferry_copy_flat_cost(m, ferry_tensor_nbytes(t));

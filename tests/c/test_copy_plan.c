@@ -29,7 +29,10 @@ static ferry_tensor contiguous(ferry_type type, int64_t ne0, int64_t ne1, int64_
  * twice, 3 a byte read but not planned, 4 a byte planned but not read, 5 more bytes
  * than the view's span.
  */
+static bool last_view_rereads; /* did the last view checked read some byte twice? */
+
 static int check_exact(const ferry_tensor * t, const ferry_copy_2d * c, size_t n) {
+    last_view_rereads = false;
     const size_t unit = ferry_type_size(t->type);
     const int64_t blocks = t->ne[0] / ferry_blck_size(t->type);
     /* the true extent (nbytes() assumes blocks at nb[0] = their size) */
@@ -47,7 +50,10 @@ static int check_exact(const ferry_tensor * t, const ferry_copy_2d * c, size_t n
                 for (int64_t i0 = 0; i0 < blocks; i0++) {
                     const size_t off = (size_t) i0 * t->nb[0] + (size_t) i1 * t->nb[1] + (size_t) i2 * t->nb[2] +
                                        (size_t) i3 * t->nb[3];
-                    memset(want + off, 1, unit);
+                    for (size_t b = 0; b < unit; b++) {
+                        last_view_rereads |= want[off + b];
+                        want[off + b] = 1;
+                    }
                 }
             }
         }
@@ -312,7 +318,7 @@ static uint64_t rnd(uint64_t n) { /* xorshift64*, uniform enough for layouts */
  * a permutation, at a random offset the source allows. Every plan must be exact.
  */
 static void test_random_views_exact(void) {
-    int planned = 0, tangled = 0;
+    int planned = 0, rereads = 0, several = 0;
     for (int iter = 0; iter < 4000; iter++) {
         ferry_context * ctx;
         CHECK_OK(ferry_context_new(&ctx));
@@ -374,10 +380,12 @@ static void test_random_views_exact(void) {
         /* never more copies than the view has rows of one unit */
         CHECK(n <= (size_t) (ferry_tensor_nelements(v) / blck));
         planned++;
-        tangled += n > 1 && c[0].count == 1;
+        rereads += last_view_rereads;
+        several += n > 1;
         ferry_context_free(ctx);
     }
-    printf("  %d random views planned exactly (%d with a first copy of one row)\n", planned, tangled);
+    printf("  %d random views planned exactly: %d read some byte twice, %d needed several copies\n", planned, rereads,
+           several);
 }
 
 static void test_plan_bad_input(void) {
@@ -415,7 +423,103 @@ static void test_plan_bad_input(void) {
     CHECK_EQ_U(n, 0);
 }
 
-/* COST TESTS PLACEHOLDER */
+/* A KV layer at SPEC.md's scale, laid out only (no memory): -c 32768, 1024 channels. */
+static int plan_window(ferry_context * ctx, ferry_type type, int64_t n_stream, bool v_trans, int64_t ns,
+                       ferry_tensor ** t, ferry_copy_2d * c, size_t * n) {
+    const ferry_kv_params p = {.type_k = type, .type_v = type, .head_dim = 128, .n_head_kv = 8, .n_ctx = 32768,
+                               .n_stream = n_stream, .n_layer = 1, .v_trans = v_trans};
+    ferry_kv_cache * kv;
+    ferry_tensor *k, *v;
+    if (ferry_kv_cache_new(&p, NULL, &kv) != FERRY_OK ||
+        ferry_kv_cache_window(kv, ctx, 0, 2176, 0, ns - 1, &k, &v) != FERRY_OK) {
+        return -1;
+    }
+    *t = v_trans ? v : k;
+    const ferry_status st = ferry_copy_plan(*t, c, MAX_COPIES, n);
+    ferry_kv_cache_free(kv);
+    return st == FERRY_OK ? 0 : -1;
+}
+
+static bool within(double got, double want, double rel) { return got > want * (1 - rel) && got < want * (1 + rel); }
+
+/* The GPU model reproduces SPEC.md's anchors, and says the plan pays for them. */
+static void test_gpu_model_matches_anchors(void) {
+    const ferry_copy_cost_model m = ferry_copy_cost_model_gpu();
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t streams[] = {2, 4, 8};
+    const double flat_us[] = {372, 535, 620}, plan_us[] = {91, 177, 352};
+    for (int i = 0; i < 3; i++) {
+        ferry_tensor * k;
+        ferry_copy_2d c[MAX_COPIES];
+        size_t n;
+        CHECK_EQ_U(plan_window(ctx, FERRY_TYPE_Q8_0, streams[i], false, streams[i], &k, c, &n), 0);
+        CHECK_EQ_U(n, 1);
+        CHECK_EQ_U(c[0].size, 2176 * 1088);
+        const double pf = ferry_copy_flat_cost(&m, ferry_tensor_nbytes(k)) * 1e6;
+        const double pp = ferry_copy_plan_cost(&m, c, n) * 1e6;
+        if (!within(pf, flat_us[i], 0.03) || !within(pp, plan_us[i], 0.03)) {
+            fprintf(stderr, "  %lld streams: model flat %.0f us plan %.0f us, measured %.0f / %.0f\n",
+                    (long long) streams[i], pf, pp, flat_us[i], plan_us[i]);
+        }
+        CHECK(within(pf, flat_us[i], 0.03) && within(pp, plan_us[i], 0.03));
+        CHECK(ferry_copy_plan_pays(&m, k, c, n));
+    }
+    /* transposed V f16, unified: 1024 rows of 4352 B at a 64 KiB pitch, flat 1212 us, 2-D 128 us */
+    ferry_tensor * v;
+    ferry_copy_2d c[MAX_COPIES];
+    size_t n;
+    CHECK_EQ_U(plan_window(ctx, FERRY_TYPE_F16, 1, true, 1, &v, c, &n), 0);
+    CHECK(n == 1 && c[0].count == 1024 && c[0].size == 4352 && c[0].stride == 65536);
+    CHECK(within(ferry_copy_flat_cost(&m, ferry_tensor_nbytes(v)) * 1e6, 1212, 0.03));
+    CHECK(within(ferry_copy_plan_cost(&m, c, n) * 1e6, 128, 0.03));
+    CHECK(ferry_copy_plan_pays(&m, v, c, n));
+    /* a unified K window is its span: a tie, and a tie stays flat */
+    ferry_tensor * k;
+    CHECK_EQ_U(plan_window(ctx, FERRY_TYPE_Q8_0, 1, false, 1, &k, c, &n), 0);
+    CHECK(n == 1 && c[0].size == ferry_tensor_nbytes(k));
+    const ferry_copy_cost_model cpu = ferry_copy_cost_model_cpu();
+    CHECK(!ferry_copy_plan_pays(&m, k, c, n));
+    CHECK(!ferry_copy_plan_pays(&cpu, k, c, n));
+    ferry_context_free(ctx);
+}
+
+/* The thresholds each model documents, on single 2-D copies of 1 MiB read. */
+static void test_thresholds(void) {
+    const ferry_copy_cost_model cpu = ferry_copy_cost_model_cpu(), gpu = ferry_copy_cost_model_gpu();
+    const struct {
+        const ferry_copy_cost_model * m;
+        size_t width;
+        double below, above; /* span / read ratios on either side of the break-even */
+    } cases[] = {
+        {&cpu, 16, 25, 33},   {&cpu, 64, 6.5, 8},   {&cpu, 256, 2.8, 3.3}, {&cpu, 1024, 1.9, 2.1},
+        {&cpu, 4096, 1.7, 1.8}, {&cpu, 65536, 1.0, 1.1}, {&gpu, 64, 1.3, 1.45}, {&gpu, 16, 5.0, 5.9},
+        {&gpu, 4096, 1.0, 1.05},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const size_t w = cases[i].width, rows = ((size_t) 1 << 20) / w;
+        for (int side = 0; side < 2; side++) {
+            const size_t stride = (size_t) ((double) w * (side ? cases[i].above : cases[i].below));
+            const ferry_tensor t = layout(FERRY_TYPE_I32, (int64_t) w / 4, (int64_t) rows, 1, 1, stride, 0, 0);
+            const ferry_copy_2d c = {0, w, rows, stride};
+            const bool pays = ferry_copy_plan_pays(cases[i].m, &t, &c, 1);
+            if (pays != (side == 1)) {
+                fprintf(stderr, "  %s model, %zu B rows at %zu B: pays %d\n", cases[i].m == &cpu ? "cpu" : "gpu", w,
+                        stride, pays);
+            }
+            CHECK(pays == (side == 1));
+        }
+    }
+    /* more copies than they save: 1000 single rows saving 100 B each do not pay on the GPU */
+    ferry_copy_2d many[1000];
+    for (size_t i = 0; i < 1000; i++) {
+        many[i] = (ferry_copy_2d) {i * 4196, 4096, 1, 4096};
+    }
+    const ferry_tensor t = layout(FERRY_TYPE_I32, 1024, 1000, 1, 1, 4196, 0, 0);
+    CHECK(!ferry_copy_plan_pays(&gpu, &t, many, 1000));
+    CHECK(!ferry_copy_plan_pays(NULL, &t, many, 1000));
+    CHECK(!ferry_copy_plan_pays(&gpu, &t, NULL, 0));
+}
 
 static const check_test tests[] = {
     {"k_window_is_the_ranges", test_k_window_is_the_ranges},
@@ -428,6 +532,8 @@ static const check_test tests[] = {
     {"overlapping_views", test_overlapping_views},
     {"random_views_exact", test_random_views_exact},
     {"plan_bad_input", test_plan_bad_input},
+    {"gpu_model_matches_anchors", test_gpu_model_matches_anchors},
+    {"thresholds", test_thresholds},
 };
 
 CHECK_MAIN(tests)
