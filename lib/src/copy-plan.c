@@ -26,7 +26,7 @@
 
 /* A lattice of at most 4 dimensions, plus one run dimension in the tangled case. */
 #define PLAN_MAX_DIMS (FERRY_MAX_DIMS + 1)
-/* Rows of tangled dimensions enumerated at most (8 MiB of offsets); past it: UNSUPPORTED. */
+/* Rows of tangled dimensions enumerated at most (16 MiB of start and end offsets); past it: UNSUPPORTED. */
 #define PLAN_MAX_TANGLED_ROWS ((size_t) 1 << 20)
 
 typedef struct {
