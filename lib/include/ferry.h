@@ -459,6 +459,47 @@ bool ferry_copy_ranges_of(const ferry_tensor * t, ferry_copy_2d * out);
 /* Bytes the graph reads through t: distinct bytes of its elements (blocks whole). */
 uint64_t ferry_tensor_bytes_read(const ferry_tensor * t);
 
+/*
+ * The copy planner (copy-plan.c): the fewest 2-D copies that move exactly the bytes t
+ * reads, each byte once and no other byte, in any layout (block types, permuted or
+ * overlapping strides, size-1 and stride-0 dimensions). Offsets are relative to t's
+ * own data (add t->view_offs for offsets in the view's source). With copies NULL it
+ * only counts: *n_copies gets the number needed. With copies too small for them it
+ * fails with FERRY_ERR_OUT_OF_BOUNDS and *n_copies still gets the number needed. A
+ * view whose rows overlap or interleave across more than 2^20 rows gives
+ * FERRY_ERR_UNSUPPORTED (copy the span instead). An empty view needs no copies.
+ */
+ferry_status ferry_copy_plan(const ferry_tensor * t, ferry_copy_2d * copies, size_t max_copies, size_t * n_copies);
+
+/*
+ * What a copy costs, as a model. Each call (a 2-D copy, or the flat copy) costs call_us.
+ * Each row of a 2-D copy costs row_ns, plus its bytes rounded up to whole line_bytes
+ * (0: exact), but no more than its stride, at gbps (1e9 B/s) times
+ * small_row_efficiency for rows narrower than small_row_bytes. Rows at least
+ * wide_pitch_bytes apart cost wide_pitch_row_ns more each (0: no such cost). The flat
+ * copy is one call and nbytes at gbps. The figures and how they were found are in
+ * copy-plan.c and tools/results.
+ */
+typedef struct {
+    double call_us;
+    double row_ns;
+    double gbps;
+    size_t line_bytes;
+    size_t small_row_bytes;
+    double small_row_efficiency;
+    size_t wide_pitch_bytes;
+    double wide_pitch_row_ns;
+} ferry_copy_cost_model;
+
+ferry_copy_cost_model ferry_copy_cost_model_cpu(void); /* measured on a 2-core AMD EPYC (KVM) */
+ferry_copy_cost_model ferry_copy_cost_model_gpu(void); /* host to device, from SPEC.md's H200 anchors */
+/* Estimated seconds of n planned copies, and of one flat copy of span bytes. */
+double ferry_copy_plan_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * copies, size_t n);
+double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span);
+/* Is the plan (of t) cheaper than the flat copy of nbytes(t)? False on a tie or bad input. */
+bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
+                            size_t n);
+
 /* What one input copy did. */
 typedef struct {
     ferry_copy_policy path;  /* what was taken: FLAT when the policy's rule did not apply */

@@ -1,0 +1,357 @@
+/*
+ * Copy planning: the fewest 2-D copies that move exactly the bytes a view reads, and
+ * the cost rule that says whether they beat one flat copy of the view's span.
+ *
+ * A view reads, for every index, `unit` bytes (an element, or a block for block types)
+ * at sum(i_d * nb_d). We describe it as a row of `row` contiguous bytes repeated over
+ * a lattice of dimensions (count, stride), and simplify that lattice without changing
+ * the set of bytes it covers:
+ *   - dimensions of count 1 or stride 0 (broadcast) add no bytes: dropped;
+ *   - a dimension whose stride is at most the row extends the row (its copies touch
+ *     or overlap, so their union is one longer row), in any order of strides;
+ *   - two dimensions fold into one when the outer stride is a multiple m of the inner
+ *     one and m <= inner count: together they are one even progression (the transposed
+ *     V window folds this way to one 2-D copy).
+ * If what is left nests (each stride at least the extent of everything inside it),
+ * rows are disjoint: one 2-D copy takes the dimension with the most rows and the
+ * others are enumerated. If it does not (views whose rows interleave or overlap), the
+ * innermost dimensions that tangle are enumerated as byte intervals, sorted, merged,
+ * grouped into evenly spaced runs, and the nesting outer dimensions repeat those runs.
+ * Either way every byte the view reads is moved exactly once and no other byte is.
+ */
+#include "ferry-impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* A lattice of at most 4 dimensions, plus one run dimension in the tangled case. */
+#define PLAN_MAX_DIMS (FERRY_MAX_DIMS + 1)
+/* Rows of tangled dimensions enumerated at most (16 MiB of start and end offsets); past it: UNSUPPORTED. */
+#define PLAN_MAX_TANGLED_ROWS ((size_t) 1 << 20)
+
+typedef struct {
+    size_t n; /* count, >= 2 once simplified */
+    size_t s; /* byte stride */
+} plan_dim;
+
+typedef struct {
+    ferry_copy_2d * out; /* NULL: only count */
+    size_t max;
+    size_t count;        /* copies the plan needs so far */
+} plan_sink;
+
+static void sort_dims(plan_dim * d, int nd) {
+    for (int i = 1; i < nd; i++) {
+        plan_dim x = d[i];
+        int j = i;
+        while (j > 0 && d[j - 1].s > x.s) {
+            d[j] = d[j - 1];
+            j--;
+        }
+        d[j] = x;
+    }
+}
+
+static void remove_dim(plan_dim * d, int * nd, int i) {
+    memmove(d + i, d + i + 1, (size_t) (*nd - i - 1) * sizeof(*d));
+    (*nd)--;
+}
+
+/* Simplify (row, dims) to fixpoint without changing the bytes covered; dims sorted by stride.
+ * No arithmetic here can overflow: every value stays within the view's checked span. */
+static void simplify(size_t * row, plan_dim * d, int * nd) {
+    for (bool changed = true; changed;) {
+        changed = false;
+        int k = 0;
+        for (int i = 0; i < *nd; i++) {
+            if (d[i].n > 1 && d[i].s > 0) {
+                d[k++] = d[i];
+            }
+        }
+        *nd = k;
+        sort_dims(d, *nd);
+        if (*nd > 0 && d[0].s <= *row) {
+            *row += (d[0].n - 1) * d[0].s;
+            remove_dim(d, nd, 0);
+            changed = true;
+            continue;
+        }
+        for (int i = 0; i < *nd && !changed; i++) {
+            for (int j = i + 1; j < *nd && !changed; j++) {
+                const size_t m = d[j].s / d[i].s;
+                if (d[j].s % d[i].s == 0 && m <= d[i].n) {
+                    d[i].n += (d[j].n - 1) * m;
+                    remove_dim(d, nd, j);
+                    changed = true;
+                }
+            }
+        }
+    }
+}
+
+/* The first k such that dims k.. nest around the extent of row and dims ..k-1 (sorted
+ * dims); 0 when the whole lattice nests, else dims 0..k-1 are the tangled ones. */
+static int nesting_from(size_t row, const plan_dim * d, int nd) {
+    for (int k = 0; k <= nd; k++) {
+        size_t extent = row;
+        for (int i = 0; i < k; i++) {
+            extent += (d[i].n - 1) * d[i].s;
+        }
+        bool nests = true;
+        for (int i = k; i < nd && nests; i++) {
+            nests = d[i].s >= extent;
+            extent += (d[i].n - 1) * d[i].s;
+        }
+        if (nests) {
+            return k;
+        }
+    }
+    return nd;
+}
+
+/* Nested rows at base: one 2-D copy along the dimension with the most rows (the smallest
+ * stride among equals), one such copy per index of the other dimensions. */
+static ferry_status emit_nested(size_t base, size_t row, const plan_dim * d, int nd, plan_sink * sink) {
+    int p = -1;
+    size_t others = 1;
+    for (int i = 0; i < nd; i++) {
+        if (p < 0 || d[i].n > d[p].n) {
+            p = i;
+        }
+    }
+    for (int i = 0; i < nd; i++) {
+        if (i != p && !ferry_mul_ok(others, d[i].n, &others)) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_plan: copy count overflows");
+        }
+    }
+    size_t total;
+    if (!ferry_add_ok(sink->count, others, &total)) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_plan: copy count overflows");
+    }
+    if (!sink->out || total > sink->max) {
+        sink->count = total; /* counting only, or no room: the caller gets the count */
+        return FERRY_OK;
+    }
+    const ferry_copy_2d proto = {.size = row, .count = p >= 0 ? d[p].n : 1, .stride = p >= 0 ? d[p].s : row};
+    size_t idx[PLAN_MAX_DIMS] = {0};
+    for (size_t c = 0; c < others; c++) {
+        size_t off = base;
+        for (int i = 0; i < nd; i++) {
+            off += idx[i] * d[i].s;
+        }
+        sink->out[sink->count] = proto;
+        sink->out[sink->count].offset = off;
+        sink->count++;
+        for (int i = 0; i < nd; i++) { /* next index, innermost fastest, skipping the 2-D dimension */
+            if (i == p) {
+                continue;
+            }
+            if (++idx[i] < d[i].n) {
+                break;
+            }
+            idx[i] = 0;
+        }
+    }
+    return FERRY_OK;
+}
+
+static int cmp_size(const void * a, const void * b) {
+    const size_t x = *(const size_t *) a, y = *(const size_t *) b;
+    return (x > y) - (x < y);
+}
+
+/* Dims 0..k-1 tangle: enumerate their rows, merge them into disjoint intervals, group
+ * evenly spaced equal intervals into runs, and repeat each run over the nesting dims k... */
+static ferry_status emit_tangled(size_t row, const plan_dim * d, int nd, int k, plan_sink * sink) {
+    size_t n_rows = 1;
+    for (int i = 0; i < k; i++) {
+        if (!ferry_mul_ok(n_rows, d[i].n, &n_rows) || n_rows > PLAN_MAX_TANGLED_ROWS) {
+            return ferry_fail(FERRY_ERR_UNSUPPORTED,
+                              "copy_plan: rows overlap or interleave across more than %zu rows; copy the span instead",
+                              PLAN_MAX_TANGLED_ROWS);
+        }
+    }
+    size_t * start = malloc(2 * n_rows * sizeof(size_t));
+    if (!start) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "copy_plan: no memory for %zu row offsets", n_rows);
+    }
+    size_t * end = start + n_rows;
+    size_t idx[PLAN_MAX_DIMS] = {0};
+    for (size_t r = 0; r < n_rows; r++) {
+        start[r] = 0;
+        for (int i = 0; i < k; i++) {
+            start[r] += idx[i] * d[i].s;
+        }
+        for (int i = 0; i < k; i++) {
+            if (++idx[i] < d[i].n) {
+                break;
+            }
+            idx[i] = 0;
+        }
+    }
+    qsort(start, n_rows, sizeof(size_t), cmp_size);
+    size_t m = 0; /* merged intervals [start[i], end[i]) */
+    for (size_t r = 0; r < n_rows; r++) {
+        if (m > 0 && start[r] <= end[m - 1]) {
+            const size_t e = start[r] + row;
+            end[m - 1] = e > end[m - 1] ? e : end[m - 1];
+        } else {
+            start[m] = start[r];
+            end[m] = start[r] + row;
+            m++;
+        }
+    }
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; i < m && st == FERRY_OK;) {
+        const size_t w = end[i] - start[i];
+        size_t c = 1, stride = w, j = i + 1;
+        if (j < m && end[j] - start[j] == w) {
+            stride = start[j] - start[i];
+            for (c = 2, j++; j < m && end[j] - start[j] == w && start[j] - start[j - 1] == stride; j++) {
+                c++;
+            }
+        }
+        plan_dim dd[PLAN_MAX_DIMS];
+        int n2 = 0;
+        dd[n2++] = (plan_dim) {.n = c, .s = stride};
+        for (int o = k; o < nd; o++) {
+            dd[n2++] = d[o];
+        }
+        size_t r2 = w;
+        simplify(&r2, dd, &n2); /* a run may fold with an outer dimension */
+        st = emit_nested(start[i], r2, dd, n2, sink);
+        i = j;
+    }
+    free(start);
+    return st;
+}
+
+ferry_status ferry_copy_plan(const ferry_tensor * t, ferry_copy_2d * copies, size_t max_copies, size_t * n_copies) {
+    FERRY_CHECK_ARG(t && n_copies, "copy_plan: NULL argument");
+    *n_copies = 0;
+    if (!ferry_type_valid(t->type)) {
+        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "copy_plan: unknown type %d", (int) t->type);
+    }
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        if (t->ne[i] < 0) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "copy_plan: ne[%d] = %lld is negative", i, (long long) t->ne[i]);
+        }
+        if (t->ne[i] == 0) {
+            return FERRY_OK; /* reads nothing: no copies */
+        }
+    }
+    const int64_t blck = ferry_blck_size(t->type);
+    if (t->ne[0] % blck != 0) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "copy_plan: ne[0] = %lld is not whole %s blocks of %lld",
+                          (long long) t->ne[0], ferry_type_name(t->type), (long long) blck);
+    }
+    plan_dim d[PLAN_MAX_DIMS];
+    int nd = FERRY_MAX_DIMS;
+    size_t row = ferry_type_size(t->type), span = row;
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        d[i] = (plan_dim) {.n = (size_t) (i == 0 ? t->ne[0] / blck : t->ne[i]), .s = t->nb[i]};
+        size_t step;
+        if (!ferry_mul_ok(d[i].n - 1, d[i].s, &step) || !ferry_add_ok(span, step, &span)) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_plan: the strides of '%s' overflow", t->name);
+        }
+    }
+    simplify(&row, d, &nd);
+    const int k = nesting_from(row, d, nd);
+    plan_sink sink = {.out = copies, .max = copies ? max_copies : 0, .count = 0};
+    FERRY_TRY(k == 0 ? emit_nested(0, row, d, nd, &sink) : emit_tangled(row, d, nd, k, &sink));
+    *n_copies = sink.count;
+    if (copies && sink.count > max_copies) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_plan: '%s' needs %zu copies, room for %zu", t->name,
+                          sink.count, max_copies);
+    }
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------- the cost rule */
+
+/*
+ * CPU figures (tools/copy_cost_bench, tools/results/2026-11-30-copy-cost-cpu.md): a
+ * 2-core AMD EPYC under KVM, caches flushed before each run, 32 MiB read as rows of
+ * 16 B..64 KiB spaced 1.25..8 times their width, against one memcpy of the span.
+ * The flat copy runs at 11.8 GB/s. Gapped rows pay about 30 ns each, and rows under
+ * 8 KiB move at 0.6 of the flat rate (the prefetcher restarts at every gap); rows
+ * sharing cache lines cost whole lines. On fresh runs of the grid this model picks a
+ * copy on average 4.9% slower than the faster one with caches flushed, 5.7% with the
+ * rows warm (always the plan: 10.8% and 16.6%; always flat: 56% and 228%). So the
+ * plan pays on the CPU when the span is more than this many times the bytes read:
+ *     row   16 B  32 B  64 B  128 B  256 B  1 KiB  4 KiB  >= 8 KiB
+ *     span  29x   14x   7.2x  4.4x   3.1x   2.0x   1.75x  1.05x (-> 1x)
+ * call_us is an assumption (a blocking call and its checks; not separable here).
+ */
+ferry_copy_cost_model ferry_copy_cost_model_cpu(void) {
+    return (ferry_copy_cost_model) {
+        .call_us = 0.2, .row_ns = 30.0, .gbps = 11.8, .line_bytes = 64, .small_row_bytes = 8192,
+        .small_row_efficiency = 0.6, .wide_pitch_bytes = 0, .wide_pitch_row_ns = 0.0,
+    };
+}
+
+/*
+ * GPU figures, host to device over PCIe gen 5 from pinned memory, from SPEC.md's H200
+ * anchors: 54.9 GB/s contiguous; rows under 256 B at 73% of it (measured at 64 B;
+ * assumed for 64..255 B, and rows under 64 B charged a whole 64 B), 256 B and wider at
+ * 99.7% (taken as 100%). call_us: a blocking copy measured less its bytes at 54.9 GB/s
+ * is 4..7 us over the K-window anchors (flat 372 us for 20.2 MB, 2-D 91/177/352 us),
+ * and one extra call per stream costs 2-6%: 4 us. The transposed V at 64 KiB pitch
+ * (1024 rows of 4352 B: 128 us where the same bytes contiguous take 85 us) gives
+ * 42 ns per row at that pitch; at 32 KiB or less rows run at the floor. The model
+ * reproduces those anchors within 3%. Rows of 256 B or more cost nothing beyond their
+ * bytes, so there the plan pays when it moves fewer bytes than the span, each copy
+ * beyond the first saving at least a call's worth (4 us: about 220 KB); narrower rows
+ * need a span above 1.37x the bytes read (64 B rows), 1.37 x 64 / width below 64 B.
+ */
+ferry_copy_cost_model ferry_copy_cost_model_gpu(void) {
+    return (ferry_copy_cost_model) {
+        .call_us = 4.0, .row_ns = 0.0, .gbps = 54.9, .line_bytes = 64, .small_row_bytes = 256,
+        .small_row_efficiency = 0.73, .wide_pitch_bytes = 65536, .wide_pitch_row_ns = 42.0,
+    };
+}
+
+/* Seconds for one copy: a plain copy when it is one row, else count gapped rows. */
+static double copy_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * c) {
+    const double bps = m->gbps * 1e9;
+    if (c->count <= 1) {
+        return m->call_us * 1e-6 + (double) c->size / bps;
+    }
+    double charged = (double) c->size;
+    if (m->line_bytes > 0) {
+        charged = (double) ((c->size + m->line_bytes - 1) / m->line_bytes) * (double) m->line_bytes;
+    }
+    charged = charged > (double) c->stride ? (double) c->stride : charged; /* the next row shares the line */
+    const double eff = c->size < m->small_row_bytes ? m->small_row_efficiency : 1.0;
+    double per_row = m->row_ns * 1e-9 + charged / (bps * eff);
+    if (m->wide_pitch_bytes > 0 && c->stride >= m->wide_pitch_bytes) {
+        per_row += m->wide_pitch_row_ns * 1e-9;
+    }
+    return m->call_us * 1e-6 + (double) c->count * per_row;
+}
+
+double ferry_copy_plan_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * copies, size_t n) {
+    if (!m || m->gbps <= 0 || (!copies && n > 0)) {
+        return 0.0;
+    }
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        s += copy_cost(m, &copies[i]);
+    }
+    return s;
+}
+
+double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span) {
+    if (!m || m->gbps <= 0 || span == 0) {
+        return 0.0;
+    }
+    return m->call_us * 1e-6 + (double) span / (m->gbps * 1e9);
+}
+
+bool ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
+                          size_t n) {
+    if (!m || m->gbps <= 0 || !t || !copies || n == 0) {
+        return false;
+    }
+    return ferry_copy_plan_cost(m, copies, n) < ferry_copy_flat_cost(m, ferry_tensor_nbytes(t));
+}
