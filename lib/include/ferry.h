@@ -456,7 +456,8 @@ typedef struct {
  * a stride no smaller than the range. False (no error) when the rule does not apply.
  */
 bool ferry_copy_ranges_of(const ferry_tensor * t, ferry_copy_2d * out);
-/* Bytes the graph reads through t: distinct bytes of its elements (blocks whole). */
+/* Bytes the graph reads through t: the distinct bytes its elements cover (blocks whole),
+ * from its copy plan; views too tangled to plan count their element bytes. */
 uint64_t ferry_tensor_bytes_read(const ferry_tensor * t);
 
 /*
@@ -499,6 +500,8 @@ double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span);
 /* Is the plan (of t) cheaper than the flat copy of nbytes(t)? False on a tie or bad input. */
 bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
                             size_t n);
+/* The model a backend gives for copies into it (a GPU's from SPEC.md's anchors), else the CPU's. */
+ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend);
 
 /* What one input copy did. */
 typedef struct {

@@ -4,6 +4,7 @@
  */
 #include "ferry-impl.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -75,18 +76,121 @@ bool ferry_copy_ranges_of(const ferry_tensor * t, ferry_copy_2d * out) {
     return true;
 }
 
+/* The plan of t in `local` when it fits, else in a heap array the caller frees. */
+#define LOCAL_COPIES 16
+static ferry_status plan_of(const ferry_tensor * t, ferry_copy_2d * local, ferry_copy_2d ** copies, size_t * n) {
+    *copies = local;
+    ferry_status st = ferry_copy_plan(t, local, LOCAL_COPIES, n);
+    if (st == FERRY_ERR_OUT_OF_BOUNDS && *n > LOCAL_COPIES) {
+        *copies = malloc(*n * sizeof(**copies));
+        if (!*copies) {
+            return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "copy plan: out of memory for %zu copies", *n);
+        }
+        st = ferry_copy_plan(t, *copies, *n, n);
+    }
+    return st;
+}
+
+static void free_plan(ferry_copy_2d * local, ferry_copy_2d * copies) {
+    if (copies != local) {
+        free(copies);
+    }
+}
+
 uint64_t ferry_tensor_bytes_read(const ferry_tensor * t) {
     if (!t || !ferry_type_valid(t->type) || ferry_tensor_nelements(t) <= 0) {
         return 0;
     }
-    ferry_copy_2d r;
-    if (ferry_copy_ranges_of(t, &r)) {
-        return (uint64_t) r.size * r.count;
+    ferry_copy_2d local[LOCAL_COPIES], * copies;
+    size_t n = 0;
+    uint64_t bytes = 0;
+    if (plan_of(t, local, &copies, &n) == FERRY_OK) {
+        for (size_t i = 0; i < n; i++) {
+            bytes += (uint64_t) copies[i].size * copies[i].count;
+        }
+    } else {
+        /* Too tangled to plan: element bytes, counting a byte read twice twice. */
+        size_t row = 0;
+        ferry_row_size(t->type, t->ne[0], &row);
+        bytes = (uint64_t) row * (uint64_t) ferry_tensor_nrows(t);
     }
-    /* Views the rule does not describe: their element bytes, assuming no element is read twice. */
-    size_t row = 0;
-    ferry_row_size(t->type, t->ne[0], &row);
-    return (uint64_t) row * (uint64_t) ferry_tensor_nrows(t);
+    free_plan(local, copies);
+    return bytes;
+}
+
+ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend) {
+    if (backend && backend->iface.copy_cost_model) {
+        return backend->iface.copy_cost_model(backend);
+    }
+    return ferry_copy_cost_model_cpu();
+}
+
+/* Move the plan's rows from src to dst (same layout, so the same offsets on both sides).
+ * A host side is read or written in place; between two devices the rows are staged. */
+static ferry_status copy_planned(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst,
+                                 const ferry_copy_2d * copies, size_t n) {
+    const char * src_data = ferry_tensor_data(src);
+    if (ferry_buffer_is_host(ferry_tensor_buffer(src))) {
+        for (size_t i = 0; i < n; i++) {
+            const ferry_copy_2d * c = &copies[i];
+            FERRY_TRY(ferry_backend_tensor_set_2d_async(backend, dst, src_data + c->offset, c->offset, c->size,
+                                                        c->count, c->stride, c->stride));
+        }
+        return FERRY_OK;
+    }
+    if (ferry_buffer_is_host(ferry_tensor_buffer(dst))) {
+        char * dst_data = ferry_tensor_data(dst);
+        for (size_t i = 0; i < n; i++) {
+            const ferry_copy_2d * c = &copies[i];
+            FERRY_TRY(ferry_tensor_get_2d(src, dst_data + c->offset, c->offset, c->size, c->count, c->stride,
+                                          c->stride));
+        }
+        return FERRY_OK;
+    }
+    size_t largest = 0;
+    for (size_t i = 0; i < n; i++) {
+        largest = copies[i].size * copies[i].count > largest ? copies[i].size * copies[i].count : largest;
+    }
+    char * staging = malloc(largest ? largest : 1);
+    if (!staging) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "copy plan: cannot stage %zu bytes", largest);
+    }
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; i < n && st == FERRY_OK; i++) {
+        const ferry_copy_2d * c = &copies[i];
+        st = ferry_tensor_get_2d(src, staging, c->offset, c->size, c->count, c->stride, c->size);
+        if (st == FERRY_OK) {
+            st = ferry_backend_tensor_set_2d_async(backend, dst, staging, c->offset, c->size, c->count, c->stride,
+                                                   c->size);
+        }
+        if (st == FERRY_OK) {
+            st = ferry_backend_synchronize(backend); /* the staging rows are reused */
+        }
+    }
+    free(staging);
+    return st;
+}
+
+/* The plan policy: the planned rows when the cost model says they pay, else flat. */
+static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst,
+                                 ferry_copy_policy * path) {
+    ferry_copy_2d local[LOCAL_COPIES], * copies;
+    size_t n = 0;
+    ferry_status st = plan_of(src, local, &copies, &n);
+    if (st == FERRY_ERR_UNSUPPORTED) {
+        ferry_clear_error(); /* too tangled to plan: flat is the answer, not an error */
+        st = FERRY_OK;
+        n = 0;
+    }
+    const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
+    if (st == FERRY_OK && n > 0 && ferry_copy_plan_pays(&model, src, copies, n)) {
+        st = copy_planned(backend, src, dst, copies, n);
+        *path = FERRY_COPY_PLAN;
+    } else if (st == FERRY_OK) {
+        st = ferry_tensor_copy(src, dst);
+    }
+    free_plan(local, copies);
+    return st;
 }
 
 static double now_seconds(void) {
@@ -124,8 +228,10 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
     FERRY_TRY(ferry_backend_synchronize(split_backend));
     ferry_copy_policy path = FERRY_COPY_FLAT;
     ferry_copy_2d r;
-    if (policy != FERRY_COPY_FLAT && ferry_buffer_is_host(ferry_tensor_buffer(src)) && ferry_copy_ranges_of(src, &r) &&
-        r.count > 1) {
+    if (policy == FERRY_COPY_PLAN) {
+        FERRY_TRY(copy_by_plan(split_backend, src, dst, &path));
+    } else if (policy == FERRY_COPY_RANGES && ferry_buffer_is_host(ferry_tensor_buffer(src)) &&
+               ferry_copy_ranges_of(src, &r) && r.count > 1) {
         /* Same layout on both sides: each range lands at its own offset, gaps untouched. */
         FERRY_TRY(ferry_backend_tensor_set_2d_async(split_backend, dst, (const char *) ferry_tensor_data(src) + r.offset,
                                                     r.offset, r.size, r.count, r.stride, r.stride));

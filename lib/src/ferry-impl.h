@@ -142,6 +142,8 @@ struct ferry_backend_i {
     ferry_status (*graph_compute)(ferry_backend * backend, ferry_graph * graph);
     /* optional: events (event.c); without it ferry_event_new is UNSUPPORTED */
     ferry_status (*event_new)(ferry_backend * backend, uint32_t flags, ferry_event ** out);
+    /* optional: what copies into this backend cost, for the plan policy; else the CPU's */
+    ferry_copy_cost_model (*copy_cost_model)(const ferry_backend * backend);
 };
 
 struct ferry_backend {

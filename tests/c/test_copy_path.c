@@ -185,6 +185,109 @@ static void test_copy_input_bad_input(void) {
     kv_fixture_free(&f);
 }
 
+/* plan: a K window with wide gaps goes as one 2-D copy of its ranges, like ranges. */
+static void test_plan_multi_stream_window(void) {
+    ferry_copy_stats s;
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_PLAN, FERRY_TYPE_Q8_0, 4, 0, 3, 4, &s), 0); /* span 4.75x the reads */
+    CHECK(s.path == FERRY_COPY_PLAN);
+    CHECK_EQ_U(s.copy_calls, 1);
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_PLAN, FERRY_TYPE_F16, 8, 2, 6, 5, &s), 0);
+    CHECK(s.path == FERRY_COPY_PLAN);
+}
+
+/* plan declines when its cost rule says the gaps are too small to pay on this backend:
+ * 680-byte ranges whose span is only 2.05x the bytes read go flat on a CPU. */
+static void test_plan_declines_when_it_does_not_pay(void) {
+    ferry_copy_stats s;
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_PLAN, FERRY_TYPE_Q8_0, 4, 0, 3, 10, &s), 1);
+    CHECK(s.path == FERRY_COPY_FLAT);
+    CHECK_EQ_U(s.bytes_copied, s.bytes_span);
+}
+
+/* plan on a unified window: one contiguous range, so exactly what flat does. */
+static void test_plan_unified_same_as_flat(void) {
+    ferry_copy_stats flat, plan;
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_FLAT, FERRY_TYPE_F16, 1, 0, 0, 17, &flat), 0);
+    CHECK_EQ_U(check_window_copy(FERRY_COPY_PLAN, FERRY_TYPE_F16, 1, 0, 0, 17, &plan), 0);
+    CHECK(plan.path == FERRY_COPY_FLAT);
+    CHECK_EQ_U(plan.bytes_copied, flat.bytes_copied);
+    CHECK_EQ_U(plan.copy_calls, flat.copy_calls);
+}
+
+/* Transposed V on a unified cache: a gap after every channel row. plan moves the bytes
+ * read, in one 2-D copy, and leaves every gap byte alone; ranges cannot and goes flat. */
+static void test_plan_transposed_v(void) {
+    const int64_t head_dim = 16, n_head_kv = 2, n_kv = 128, kv_size = 4096;
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = head_dim,
+                               .n_head_kv = n_head_kv, .n_ctx = kv_size, .n_stream = 1, .n_layer = 1, .v_trans = true};
+    for (int policy = FERRY_COPY_FLAT; policy <= FERRY_COPY_PLAN; policy++) {
+        kv_fixture f;
+        CHECK_OK(kv_fixture_init(&f, &p));
+        ferry_tensor *v, *copy, *cache;
+        CHECK_OK(ferry_kv_cache_window(f.kv, f.ctx, 0, n_kv, 0, 0, NULL, &v));
+        CHECK_OK(ferry_kv_cache_v(f.kv, 0, &cache));
+        CHECK_OK(kv_split_copy(&f, v, &copy));
+        ferry_copy_stats s;
+        CHECK_OK(ferry_copy_input(f.split, (ferry_copy_policy) policy, v, copy, &s));
+        const size_t row = (size_t) n_kv * 2, pitch = (size_t) kv_size * 2, channels = (size_t) (head_dim * n_head_kv);
+        CHECK_EQ_U(s.bytes_read, channels * row);
+        if (policy == FERRY_COPY_PLAN) {
+            CHECK(s.path == FERRY_COPY_PLAN);
+            CHECK_EQ_U(s.bytes_copied, s.bytes_read);
+            CHECK_EQ_U(s.copy_calls, 1);
+            CHECK(s.bytes_span / s.bytes_read > 15); /* what flat moves instead */
+        } else {
+            CHECK(s.path == FERRY_COPY_FLAT);
+            CHECK_EQ_U(s.bytes_copied, s.bytes_span);
+        }
+        uint8_t * got = malloc(s.bytes_span);
+        CHECK_OK(ferry_tensor_get(copy, got, 0, s.bytes_span));
+        const size_t base = (size_t) ((char *) v->data - (char *) ferry_buffer_base(ferry_kv_cache_buffer(f.kv)));
+        for (size_t c = 0; c < channels; c++) {
+            for (size_t b = 0; b < pitch && c * pitch + b < s.bytes_span; b++) {
+                const uint8_t want = b < row ? kv_pattern(base + c * pitch + b)
+                                             : (policy == FERRY_COPY_PLAN ? SENTINEL : kv_pattern(base + c * pitch + b));
+                if (got[c * pitch + b] != want) {
+                    fprintf(stderr, "channel %zu byte %zu: %u, want %u\n", c, b, got[c * pitch + b], want);
+                    CHECK(false);
+                }
+            }
+        }
+        free(got);
+        kv_fixture_free(&f);
+    }
+}
+
+/* plan with a device-side source: the rows are staged through the host, still only the bytes read. */
+static void test_plan_device_source(void) {
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    ferry_backend *dev, *split;
+    CHECK_OK(ferry_dummy_backend_new(&dp, &dev));
+    CHECK_OK(ferry_dummy_backend_new(&dp, &split));
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 32, .n_head_kv = 2,
+                               .n_ctx = 4096, .n_stream = 4, .n_layer = 1};
+    ferry_kv_cache * kv;
+    CHECK_OK(ferry_kv_cache_new(&p, ferry_backend_default_buffer_type(dev), &kv));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *k, *copy;
+    CHECK_OK(ferry_kv_cache_window(kv, ctx, 0, 40, 0, 3, &k, NULL));
+    CHECK_OK(ferry_tensor_dup_layout(ctx, k, &copy));
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(split, ferry_tensor_nbytes(k), &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, copy, 0));
+    ferry_copy_stats s;
+    CHECK_OK(ferry_copy_input(split, FERRY_COPY_PLAN, k, copy, &s));
+    CHECK(s.path == FERRY_COPY_PLAN);
+    CHECK_EQ_U(s.bytes_copied, 4 * 40 * 128);
+    ferry_buffer_free(buf);
+    ferry_kv_cache_free(kv);
+    ferry_context_free(ctx);
+    ferry_backend_free(dev);
+    ferry_backend_free(split);
+}
+
 static const check_test tests[] = {
     {"ordered_multi_stream_ranges", test_ordered_multi_stream_ranges},
     {"ordered_multi_stream_flat_fails_first_assertion", test_ordered_multi_stream_flat_fails_first_assertion},
@@ -194,6 +297,11 @@ static const check_test tests[] = {
     {"device_source_goes_flat", test_device_source_goes_flat},
     {"rule_refuses_overlap_and_scattered_slices", test_rule_refuses_overlap_and_scattered_slices},
     {"copy_input_bad_input", test_copy_input_bad_input},
+    {"plan_multi_stream_window", test_plan_multi_stream_window},
+    {"plan_declines_when_it_does_not_pay", test_plan_declines_when_it_does_not_pay},
+    {"plan_unified_same_as_flat", test_plan_unified_same_as_flat},
+    {"plan_transposed_v", test_plan_transposed_v},
+    {"plan_device_source", test_plan_device_source},
 };
 
 CHECK_MAIN(tests)
