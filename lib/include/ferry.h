@@ -284,6 +284,13 @@ typedef struct {
 
 ferry_dummy_params ferry_dummy_default_params(void);
 ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_backend ** out);
+/*
+ * The stand-in device, for machines without a GPU: a CPU backend ("CPU (stand-in
+ * device)") whose buffers are host memory that no other backend may use (is_host is
+ * false), and which uses no memory but its own. A split on it receives its inputs by
+ * copy, exactly as a GPU split would, and runs the CPU kernels.
+ */
+ferry_status ferry_standin_backend_new(ferry_backend ** out);
 
 /* ---------------------------------------------------------------- graphs and ops (graph.c, ops.c, ops-cpu.c) */
 

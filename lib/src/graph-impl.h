@@ -26,4 +26,9 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * node);
 /* The nodes of a graph in order, on the CPU kernels (the CPU and dummy backends). */
 ferry_status ferry_cpu_compute_graph(ferry_graph * graph);
 
+/* A dummy backend (dummy-backend.c) under its own name that claims only the ops the CPU
+ * kernels do, so a scheduler never gives it one it cannot run: the stand-in device. */
+ferry_status ferry_dummy_backend_new_cpu_ops(const ferry_dummy_params * params, const char * name,
+                                             ferry_backend ** out);
+
 #endif
