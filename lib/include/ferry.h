@@ -284,6 +284,13 @@ typedef struct {
 
 ferry_dummy_params ferry_dummy_default_params(void);
 ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_backend ** out);
+/*
+ * The stand-in device, for machines without a GPU: a CPU backend ("CPU (stand-in
+ * device)") whose buffers are host memory that no other backend may use (is_host is
+ * false), and which uses no memory but its own. A split on it receives its inputs by
+ * copy, exactly as a GPU split would, and runs the CPU kernels.
+ */
+ferry_status ferry_standin_backend_new(ferry_backend ** out);
 
 /* ---------------------------------------------------------------- graphs and ops (graph.c, ops.c, ops-cpu.c) */
 
@@ -318,6 +325,21 @@ ferry_status ferry_concat(ferry_context * ctx, ferry_tensor * a, ferry_tensor * 
 ferry_status ferry_pad(ferry_context * ctx, ferry_tensor * a, int p0, int p1, int p2, int p3, ferry_tensor ** out);
 /* The mean over dimension 0: ne[0] becomes 1. */
 ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** out);
+/*
+ * Decode attention, one query token per stream, one sequence per stream.
+ *   q      f32 [head_dim, n_head, 1, ns]
+ *   k      [head_dim, n_kv, n_head_kv, ns]: the permuted K window of ferry_kv_cache_window
+ *   v      [head_dim, n_kv, n_head_kv, ns], or with v_trans [n_kv, head_dim, n_head_kv, ns]
+ *          (the transposed V window). v_trans says which; the shape must agree with it.
+ *   kv_len i32 [ns]: cells of each stream that count; cells at or past it are masked out
+ *          (never read). A length is clamped to 0..n_kv; 0 gives a zero output row.
+ * K and V are f32, f16 or q8_0 (q8_0 V not transposed), read only through their ne/nb.
+ * Query head h reads kv head h / (n_head / n_head_kv); n_head must be a multiple of
+ * n_head_kv. out: f32 [head_dim, n_head, 1, ns], contiguous, softmax(scale * q.k) . v.
+ * Deterministic: the same bytes in give the same bytes out on a backend, run to run.
+ */
+ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k, ferry_tensor * v,
+                               ferry_tensor * kv_len, float scale, bool v_trans, ferry_tensor ** out);
 
 /* A graph references tensors, it does not own them. build adds t and everything it
  * depends on, in topological order: leafs (op NONE) and nodes (the rest, views too).

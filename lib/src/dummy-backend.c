@@ -12,6 +12,7 @@
 typedef struct {
     ferry_dummy_params params;
     ferry_buffer_type buft;
+    bool cpu_ops; /* claim only what the CPU kernels do (the stand-in device) */
     char name[48];
 } dummy_ctx;
 
@@ -133,8 +134,8 @@ static ferry_status dummy_get_2d(ferry_backend * backend, const ferry_tensor * t
 
 /* Dry runs claim every op; only real memory computes, on the CPU kernels. */
 static bool dummy_supports_op(ferry_backend * backend, const ferry_tensor * op) {
-    (void) backend, (void) op;
-    return true;
+    const dummy_ctx * ctx = backend->context;
+    return !ctx->cpu_ops || ferry_cpu_op_supported(op);
 }
 
 static ferry_status dummy_graph_compute(ferry_backend * backend, ferry_graph * graph) {
@@ -146,7 +147,8 @@ ferry_dummy_params ferry_dummy_default_params(void) {
     return (ferry_dummy_params) {.alignment = 64, .max_buffer_size = 0, .real_memory = false, .has_2d = true};
 }
 
-ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_backend ** out) {
+static ferry_status dummy_new(const ferry_dummy_params * params, const char * name, bool cpu_ops,
+                              ferry_backend ** out) {
     FERRY_CHECK_ARG(out, "dummy_backend_new: NULL output");
     ferry_dummy_params p = params ? *params : ferry_dummy_default_params();
     if (p.alignment == 0) {
@@ -161,7 +163,12 @@ ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_ba
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "dummy_backend_new: out of memory");
     }
     ctx->params = p;
-    snprintf(ctx->name, sizeof(ctx->name), "Dummy%s%s", p.is_host ? "Host" : "", p.real_memory ? "" : "(synthetic)");
+    ctx->cpu_ops = cpu_ops;
+    if (name) {
+        snprintf(ctx->name, sizeof(ctx->name), "%s", name);
+    } else {
+        snprintf(ctx->name, sizeof(ctx->name), "Dummy%s%s", p.is_host ? "Host" : "", p.real_memory ? "" : "(synthetic)");
+    }
     ctx->buft.iface = (struct ferry_buffer_type_i) {
         .get_name = dummy_buft_name,
         .alloc_buffer = dummy_buft_alloc,
@@ -187,4 +194,13 @@ ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_ba
         free(ctx);
     }
     return st;
+}
+
+ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_backend ** out) {
+    return dummy_new(params, NULL, false, out);
+}
+
+ferry_status ferry_dummy_backend_new_cpu_ops(const ferry_dummy_params * params, const char * name,
+                                             ferry_backend ** out) {
+    return dummy_new(params, name, true, out);
 }

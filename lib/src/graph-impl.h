@@ -20,7 +20,15 @@ ferry_status ferry_graph_add_node(ferry_graph * graph, ferry_tensor * t);
 /* The CPU kernels: compute one node whose tensors are in host memory. */
 bool ferry_cpu_op_supported(const ferry_tensor * node);
 ferry_status ferry_cpu_compute_node(ferry_tensor * node);
+/* Decode attention on the CPU (ops-attn.c): the types it reads, and the kernel. */
+bool ferry_cpu_attn_supported(const ferry_tensor * node);
+ferry_status ferry_cpu_attn_decode(ferry_tensor * node);
 /* The nodes of a graph in order, on the CPU kernels (the CPU and dummy backends). */
 ferry_status ferry_cpu_compute_graph(ferry_graph * graph);
+
+/* A dummy backend (dummy-backend.c) under its own name that claims only the ops the CPU
+ * kernels do, so a scheduler never gives it one it cannot run: the stand-in device. */
+ferry_status ferry_dummy_backend_new_cpu_ops(const ferry_dummy_params * params, const char * name,
+                                             ferry_backend ** out);
 
 #endif

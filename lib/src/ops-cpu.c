@@ -162,6 +162,8 @@ bool ferry_cpu_op_supported(const ferry_tensor * node) {
             return plain && a && b && a->type == node->type && b->type == node->type;
         case FERRY_OP_PAD:
             return plain && a && a->type == node->type;
+        case FERRY_OP_ATTN_DECODE:
+            return ferry_cpu_attn_supported(node);
         default:
             return false;
     }
@@ -188,6 +190,7 @@ ferry_status ferry_cpu_compute_node(ferry_tensor * node) {
         case FERRY_OP_CONCAT: concat(node); break;
         case FERRY_OP_PAD: pad(node); break;
         case FERRY_OP_MEAN: mean(node); break;
+        case FERRY_OP_ATTN_DECODE: return ferry_cpu_attn_decode(node);
         default: break; /* leafs and views: nothing to compute */
     }
     return FERRY_OK;

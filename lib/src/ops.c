@@ -158,3 +158,58 @@ ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** o
     const int64_t ne[FERRY_MAX_DIMS] = {1, a->ne[1], a->ne[2], a->ne[3]};
     return new_result(ctx, a->type, ne, FERRY_OP_MEAN, a, NULL, out);
 }
+
+/* ---------------------------------------------------------------- decode attention */
+
+static bool attn_kv_type(ferry_type t) { return t == FERRY_TYPE_F32 || t == FERRY_TYPE_F16 || t == FERRY_TYPE_Q8_0; }
+
+static ferry_status attn_shape_error(const char * what, const ferry_tensor * t, const char * want) {
+    return ferry_fail(FERRY_ERR_LAYOUT, "attn_decode: %s is %s [%lld, %lld, %lld, %lld], expected %s", what,
+                      ferry_type_name(t->type), (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2],
+                      (long long) t->ne[3], want);
+}
+
+/*
+ * op_params: [0] scale (bits), [1] v_trans. V's orientation is an argument, not read off
+ * the shape: [head_dim, n_kv] and [n_kv, head_dim] cannot be told apart when n_kv == head_dim.
+ */
+ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k, ferry_tensor * v,
+                               ferry_tensor * kv_len, float scale, bool v_trans, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && q && k && v && kv_len && out, "attn_decode: NULL argument");
+    const int64_t d = q->ne[0], n_head = q->ne[1], ns = q->ne[3];
+    if (q->type != FERRY_TYPE_F32 || q->ne[2] != 1 || d <= 0 || n_head <= 0 || ns <= 0) {
+        return attn_shape_error("q", q, "f32 [head_dim, n_head, 1, ns], none of them 0");
+    }
+    const int64_t n_kv = k->ne[1], n_head_kv = k->ne[2];
+    if (!attn_kv_type(k->type) || k->ne[0] != d || k->ne[3] != ns || n_head_kv <= 0) {
+        return attn_shape_error("k", k, "f32, f16 or q8_0 [head_dim, n_kv, n_head_kv, ns] with q's head_dim and ns");
+    }
+    if (k->type == FERRY_TYPE_Q8_0 && d % ferry_blck_size(k->type) != 0) {
+        return attn_shape_error("k", k, "q8_0 rows of whole blocks (head_dim a multiple of 32)");
+    }
+    if (n_head % n_head_kv != 0) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "attn_decode: %lld query heads do not group over %lld kv heads",
+                          (long long) n_head, (long long) n_head_kv);
+    }
+    const int64_t v_d = v_trans ? v->ne[1] : v->ne[0], v_kv = v_trans ? v->ne[0] : v->ne[1];
+    if (!attn_kv_type(v->type) || v_d != d || v_kv != n_kv || v->ne[2] != n_head_kv || v->ne[3] != ns) {
+        return attn_shape_error("v", v,
+                                v_trans ? "f32 or f16 [n_kv, head_dim, n_head_kv, ns] (v_trans) matching k"
+                                        : "f32, f16 or q8_0 [head_dim, n_kv, n_head_kv, ns] matching k");
+    }
+    if (v->type == FERRY_TYPE_Q8_0 && (v_trans || d % ferry_blck_size(v->type) != 0)) {
+        return attn_shape_error("v", v, v_trans ? "an unblocked type when transposed (cells would split blocks)"
+                                                : "q8_0 rows of whole blocks (head_dim a multiple of 32)");
+    }
+    if (kv_len->type != FERRY_TYPE_I32 || kv_len->ne[0] != ns || kv_len->ne[1] != 1 || kv_len->ne[2] != 1 ||
+        kv_len->ne[3] != 1) {
+        return attn_shape_error("kv_len", kv_len, "i32 [ns]");
+    }
+    const int64_t ne[FERRY_MAX_DIMS] = {d, n_head, 1, ns};
+    FERRY_TRY(new_result(ctx, FERRY_TYPE_F32, ne, FERRY_OP_ATTN_DECODE, q, k, out));
+    (*out)->src[2] = v;
+    (*out)->src[3] = kv_len;
+    memcpy(&(*out)->op_params[0], &scale, sizeof(scale));
+    (*out)->op_params[1] = v_trans ? 1 : 0;
+    return FERRY_OK;
+}

@@ -1,11 +1,11 @@
 /*
  * The CUDA backend: device buffers (cudaMalloc), pinned host buffers (cudaMallocHost),
- * a backend with its own stream, and events. C++ only because nvcc compiles it; the
+ * a backend with its own stream that runs the kernels of ops-cuda.cu, and events. C++ only because nvcc compiles it; the
  * surface is the C functions of ferry.h. Every CUDA error becomes a status carrying
  * CUDA's message: nothing here aborts or exits. The public layer (buffer.c, backend.c,
  * transfer.c) has checked bounds and counts bytes, so nothing here does either.
  */
-#include "ferry-impl.h"
+#include "cuda-ops.h"
 
 #include <cuda_runtime.h>
 
@@ -409,6 +409,18 @@ static ferry_status backend_cpy_async(ferry_backend * backend_src, ferry_backend
     return FERRY_OK;
 }
 
+/* The nodes in order on the backend's stream; the kernels are in ops-cuda.cu. */
+static bool backend_supports_op(ferry_backend *, const ferry_tensor * op) { return ferry_cuda_op_supported(op); }
+
+static ferry_status backend_graph_compute(ferry_backend * backend, ferry_graph * graph) {
+    backend_ctx * ctx = ctx_of(backend);
+    CUDA_TRY(cudaSetDevice(ctx->device), "graph_compute: cudaSetDevice");
+    for (int i = 0; i < ferry_graph_n_nodes(graph); i++) {
+        FERRY_TRY(ferry_cuda_compute_node(ferry_graph_node(graph, i), ctx->stream));
+    }
+    return FERRY_OK;
+}
+
 static ferry_status backend_synchronize(ferry_backend * backend) {
     backend_ctx * ctx = ctx_of(backend);
     CUDA_TRY(cudaSetDevice(ctx->device), "synchronize: cudaSetDevice");
@@ -525,6 +537,8 @@ extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out)
     i.get_tensor_2d_async = backend_get_2d_async;
     i.cpy_tensor_async = backend_cpy_async;
     i.synchronize = backend_synchronize;
+    i.supports_op = backend_supports_op;
+    i.graph_compute = backend_graph_compute;
     i.event_new = backend_event_new;
     const ferry_status st = ferry_backend_init(i, ctx, out);
     if (st != FERRY_OK) {

@@ -1,0 +1,291 @@
+/*
+ * CUDA kernels for the ops a split needs on the device: decode attention and dup.
+ * Sources are read strictly through their ne/nb, as the CPU kernels read them, and
+ * every kernel is deterministic: each value is summed by one thread or one warp in a
+ * fixed order, warps combine in a fixed order, nothing uses atomics.
+ */
+#include "cuda-ops.h"
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+
+/* ---------------------------------------------------------------- tensors as kernels see them */
+
+struct tview {
+    const char * data;
+    int64_t ne[4];
+    int64_t nb[4];
+};
+
+static tview view_of(const ferry_tensor * t) {
+    tview v;
+    v.data = (const char *) ferry_tensor_data(t);
+    for (int i = 0; i < 4; i++) {
+        v.ne[i] = t->ne[i];
+        v.nb[i] = (int64_t) t->nb[i];
+    }
+    return v;
+}
+
+static ferry_status launch_status(const char * what) {
+    const cudaError_t err = cudaGetLastError(); /* launch errors; also clears a non-sticky one */
+    if (err != cudaSuccess) {
+        return ferry_fail(FERRY_ERR_BACKEND, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+    }
+    return FERRY_OK;
+}
+
+static __device__ __forceinline__ float half_bits_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* Element i of a row whose elements (q8_0: blocks of 32) are stride bytes apart. */
+template <int T> static __device__ __forceinline__ float load_elem(const char * row, int64_t i, int64_t stride) {
+    if (T == FERRY_TYPE_F32) {
+        return *(const float *) (row + i * stride);
+    } else if (T == FERRY_TYPE_F16) {
+        return half_bits_to_float(*(const uint16_t *) (row + i * stride));
+    } else { /* q8_0: an f16 scale d and 32 int8, value d * q */
+        const char * blk = row + (i / 32) * stride;
+        return half_bits_to_float(*(const uint16_t *) blk) * (float) ((const int8_t *) (blk + 2))[i % 32];
+    }
+}
+
+/* A butterfly: every lane adds the same pairs (a + b == b + a exactly), so all lanes
+ * end with the same bits, run after run. */
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+/* ---------------------------------------------------------------- decode attention */
+
+#define ATTN_WARPS 4
+#define ATTN_MAX_HEAD_DIM 2048 /* shared memory: (ATTN_WARPS + 1) * head_dim floats */
+
+/*
+ * One block per (query head, stream). Warp w takes cells w, w + ATTN_WARPS, ... below the
+ * stream's length, in order, keeping a running max m, sum l and output acc (online
+ * softmax); lanes split head_dim. The warps' partial results are then combined in warp
+ * order. Cells at or past the length are never read.
+ */
+template <int TK, int TV>
+static __global__ void attn_decode_kernel(tview q, tview k, tview v, tview len, char * out, int64_t out_nb0,
+                                          int64_t out_nb1, int64_t out_nb3, float scale, int v_trans, int64_t group) {
+    extern __shared__ float sh[];
+    const int64_t d = q.ne[0], n_kv = k.ne[1];
+    const int64_t h = blockIdx.x, s = blockIdx.y, hk = h / group;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float * qs = sh;
+    float * acc = qs + d; /* [ATTN_WARPS][d] */
+    float * wm = acc + ATTN_WARPS * d;
+    float * wl = wm + ATTN_WARPS;
+
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        qs[i] = *(const float *) (q.data + i * q.nb[0] + h * q.nb[1] + s * q.nb[3]);
+    }
+    for (int64_t i = lane; i < d; i += 32) {
+        acc[warp * d + i] = 0.0f;
+    }
+    const int32_t len32 = *(const int32_t *) (len.data + s * len.nb[0]);
+    const int64_t n = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+    __syncthreads();
+
+    const char * kbase = k.data + hk * k.nb[2] + s * k.nb[3];
+    const char * vbase = v.data + hk * v.nb[2] + s * v.nb[3];
+    const int64_t v_cell = v_trans ? v.nb[0] : v.nb[1];
+    const int64_t v_chan = v_trans ? v.nb[1] : v.nb[0];
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t j = warp; j < n; j += ATTN_WARPS) {
+        const char * krow = kbase + j * k.nb[1];
+        float part = 0.0f;
+        for (int64_t i = lane; i < d; i += 32) {
+            part += qs[i] * load_elem<TK>(krow, i, k.nb[0]);
+        }
+        const float sc = scale * warp_sum(part);
+        const float m_new = fmaxf(m, sc);
+        const float c = expf(m - m_new); /* 0 on the first cell: m is -inf */
+        const float p = expf(sc - m_new);
+        l = l * c + p;
+        const char * vrow = vbase + j * v_cell;
+        for (int64_t i = lane; i < d; i += 32) {
+            acc[warp * d + i] = acc[warp * d + i] * c + p * load_elem<TV>(vrow, i, v_chan);
+        }
+        m = m_new;
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l; /* 0 for a warp that had no cell */
+    }
+    __syncthreads();
+
+    float big = -INFINITY, sum = 0.0f;
+    for (int w = 0; w < ATTN_WARPS; w++) {
+        big = wl[w] > 0.0f ? fmaxf(big, wm[w]) : big;
+    }
+    for (int w = 0; w < ATTN_WARPS; w++) {
+        sum += wl[w] > 0.0f ? wl[w] * expf(wm[w] - big) : 0.0f;
+    }
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            o += wl[w] > 0.0f ? acc[w * d + i] * expf(wm[w] - big) : 0.0f;
+        }
+        *(float *) (out + i * out_nb0 + h * out_nb1 + s * out_nb3) = n > 0 ? o / sum : 0.0f;
+    }
+}
+
+static bool attn_kv_type(ferry_type t) { return t == FERRY_TYPE_F32 || t == FERRY_TYPE_F16 || t == FERRY_TYPE_Q8_0; }
+
+static bool attn_supported(const ferry_tensor * node) {
+    const ferry_tensor * q = node->src[0];
+    const ferry_tensor * k = node->src[1];
+    const ferry_tensor * v = node->src[2];
+    const ferry_tensor * len = node->src[3];
+    return node->type == FERRY_TYPE_F32 && q && k && v && len && q->type == FERRY_TYPE_F32 && attn_kv_type(k->type) &&
+           attn_kv_type(v->type) && !(node->op_params[1] && v->type == FERRY_TYPE_Q8_0) &&
+           len->type == FERRY_TYPE_I32 && q->ne[0] <= ATTN_MAX_HEAD_DIM && q->ne[1] <= INT32_MAX &&
+           q->ne[3] <= 65535;
+}
+
+template <int TK>
+static void attn_launch_v(ferry_type tv, dim3 grid, size_t shmem, cudaStream_t stream, const tview & q,
+                          const tview & k, const tview & v, const tview & len, char * out, const ferry_tensor * dst,
+                          float scale, int v_trans, int64_t group) {
+    const dim3 block(32 * ATTN_WARPS);
+    switch (tv) {
+        case FERRY_TYPE_F32:
+            attn_decode_kernel<TK, FERRY_TYPE_F32><<<grid, block, shmem, stream>>>(
+                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[3], scale, v_trans, group);
+            break;
+        case FERRY_TYPE_F16:
+            attn_decode_kernel<TK, FERRY_TYPE_F16><<<grid, block, shmem, stream>>>(
+                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[3], scale, v_trans, group);
+            break;
+        default:
+            attn_decode_kernel<TK, FERRY_TYPE_Q8_0><<<grid, block, shmem, stream>>>(
+                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[3], scale, v_trans, group);
+            break;
+    }
+}
+
+static ferry_status attn_decode(ferry_tensor * dst, cudaStream_t stream) {
+    const tview q = view_of(dst->src[0]), k = view_of(dst->src[1]), v = view_of(dst->src[2]),
+                len = view_of(dst->src[3]);
+    float scale;
+    memcpy(&scale, &dst->op_params[0], sizeof(scale));
+    const int v_trans = dst->op_params[1] != 0;
+    const int64_t group = q.ne[1] / k.ne[2];
+    const dim3 grid((unsigned) q.ne[1], (unsigned) q.ne[3]);
+    const size_t shmem = (size_t) ((ATTN_WARPS + 1) * q.ne[0] + 2 * ATTN_WARPS) * sizeof(float);
+    char * out = (char *) ferry_tensor_data(dst);
+    switch (dst->src[1]->type) {
+        case FERRY_TYPE_F32:
+            attn_launch_v<FERRY_TYPE_F32>(dst->src[2]->type, grid, shmem, stream, q, k, v, len, out, dst, scale,
+                                          v_trans, group);
+            break;
+        case FERRY_TYPE_F16:
+            attn_launch_v<FERRY_TYPE_F16>(dst->src[2]->type, grid, shmem, stream, q, k, v, len, out, dst, scale,
+                                          v_trans, group);
+            break;
+        default:
+            attn_launch_v<FERRY_TYPE_Q8_0>(dst->src[2]->type, grid, shmem, stream, q, k, v, len, out, dst, scale,
+                                           v_trans, group);
+            break;
+    }
+    return launch_status("attn_decode: kernel launch");
+}
+
+/* ---------------------------------------------------------------- dup */
+
+enum { DUP_SAME = 0, DUP_F32_TO_F16 = 1, DUP_F16_TO_F32 = 2 };
+
+/*
+ * One thread per destination element (per block of a quantized row), grid-stride.
+ * Same type: the element's bytes move whole, in 4-, 2- or 1-byte words; f32 <-> f16
+ * converts with round to nearest even.
+ */
+static __global__ void dup_kernel(tview src, tview dst, int mode, int64_t n0, int64_t n, int64_t unit) {
+    for (int64_t idx = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t) gridDim.x * blockDim.x) {
+        const int64_t i0 = idx % n0, r = idx / n0;
+        const int64_t i1 = r % dst.ne[1], i2 = (r / dst.ne[1]) % dst.ne[2], i3 = r / dst.ne[1] / dst.ne[2];
+        const char * s = src.data + i0 * src.nb[0] + i1 * src.nb[1] + i2 * src.nb[2] + i3 * src.nb[3];
+        char * o = (char *) dst.data + i0 * dst.nb[0] + i1 * dst.nb[1] + i2 * dst.nb[2] + i3 * dst.nb[3];
+        if (mode == DUP_F32_TO_F16) {
+            *(uint16_t *) o = __half_as_ushort(__float2half_rn(*(const float *) s));
+        } else if (mode == DUP_F16_TO_F32) {
+            *(float *) o = half_bits_to_float(*(const uint16_t *) s);
+        } else if (unit % 4 == 0) {
+            for (int64_t b = 0; b < unit; b += 4) *(uint32_t *) (o + b) = *(const uint32_t *) (s + b);
+        } else if (unit % 2 == 0) { /* f16, bf16, q8_0 and q4_0 blocks (34 and 18 bytes) */
+            for (int64_t b = 0; b < unit; b += 2) *(uint16_t *) (o + b) = *(const uint16_t *) (s + b);
+        } else {
+            for (int64_t b = 0; b < unit; b++) o[b] = s[b];
+        }
+    }
+}
+
+static bool dup_supported(const ferry_tensor * node) {
+    const ferry_tensor * a = node->src[0];
+    if (!a) {
+        return false;
+    }
+    if (a->type == node->type) { /* quantized rows only as whole blocks along dimension 0, as on the CPU */
+        const size_t size = ferry_type_size(a->type);
+        return ferry_blck_size(a->type) == 1 || (a->nb[0] == size && node->nb[0] == size);
+    }
+    return (a->type == FERRY_TYPE_F32 && node->type == FERRY_TYPE_F16) ||
+           (a->type == FERRY_TYPE_F16 && node->type == FERRY_TYPE_F32);
+}
+
+static ferry_status dup(ferry_tensor * dst, cudaStream_t stream) {
+    const ferry_tensor * a = dst->src[0];
+    const int mode = a->type == dst->type ? DUP_SAME : (a->type == FERRY_TYPE_F32 ? DUP_F32_TO_F16 : DUP_F16_TO_F32);
+    const int64_t n0 = dst->ne[0] / ferry_blck_size(dst->type);
+    const int64_t n = n0 * dst->ne[1] * dst->ne[2] * dst->ne[3];
+    if (n == 0) {
+        return FERRY_OK;
+    }
+    const int threads = 256;
+    const int64_t blocks = (n + threads - 1) / threads;
+    dup_kernel<<<(unsigned) (blocks < 65536 ? blocks : 65536), threads, 0, stream>>>(
+        view_of(a), view_of(dst), mode, n0, n, (int64_t) ferry_type_size(dst->type));
+    return launch_status("dup: kernel launch");
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static bool computes_nothing(ferry_op op) {
+    return op == FERRY_OP_NONE || op == FERRY_OP_VIEW || op == FERRY_OP_RESHAPE || op == FERRY_OP_PERMUTE ||
+           op == FERRY_OP_TRANSPOSE;
+}
+
+bool ferry_cuda_op_supported(const ferry_tensor * node) {
+    if (computes_nothing(node->op)) {
+        return true;
+    }
+    switch (node->op) {
+        case FERRY_OP_ATTN_DECODE: return attn_supported(node);
+        case FERRY_OP_DUP: return dup_supported(node);
+        default: return false;
+    }
+}
+
+ferry_status ferry_cuda_compute_node(ferry_tensor * node, cudaStream_t stream) {
+    if (computes_nothing(node->op)) {
+        return FERRY_OK;
+    }
+    if (!ferry_cuda_op_supported(node)) {
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "compute: the CUDA kernels do not do %s of %s ('%s')",
+                          ferry_op_name(node->op) ? ferry_op_name(node->op) : "?", ferry_type_name(node->type),
+                          node->name);
+    }
+    switch (node->op) {
+        case FERRY_OP_ATTN_DECODE: return attn_decode(node, stream);
+        case FERRY_OP_DUP: return dup(node, stream);
+        default: return FERRY_OK;
+    }
+}

@@ -1,0 +1,214 @@
+/*
+ * The CPU kernel of decode attention (ferry_attn_decode in ops.c builds the node).
+ *
+ * Work goes by (stream, kv head): each K or V row of that pair is converted to f32 once
+ * and used by every query head of the group. Only cells below the stream's length are
+ * read, and only through K's and V's ne/nb, so whatever lies in the gaps of a window or
+ * past a stream's length (NaN in the tests) cannot reach the output.
+ *
+ * Arithmetic is f32 in a fixed order, so the same bytes in give the same bytes out:
+ * dot products over head_dim (scores) and over cells (transposed V) sum 8 lanes
+ * i, i+8, ... each in order and then add the lanes in one fixed tree; the softmax
+ * subtracts the row's maximum and sums its exponentials cell by cell; the output of
+ * untransposed V adds p_j * v_j cell by cell. f32 is enough: the tests hold it to
+ * a float64 reference within 2e-6, relative to 1 + |value|.
+ */
+#include "graph-impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* f16 bits to f32, inline because it runs once per K/V element: the exponent field
+ * moves up by 13 bits and a multiply by 2^112 rebiases it (subnormals come out right
+ * too); all-ones exponents (inf, NaN) get the f32 all-ones exponent. */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t em = h & 0x7fffu;
+    uint32_t bits = em << 13;
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    f *= 0x1p112f;
+    memcpy(&bits, &f, sizeof(bits));
+    bits |= (0u - (uint32_t) (em >= 0x7c00u)) & 0x7f800000u; /* a mask, not a branch: the loops vectorize */
+    bits |= (uint32_t) (h & 0x8000u) << 16;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+/* n values of a K/V row (or of a transposed V channel) as f32. stride is the byte step
+ * from one element (one q8_0 block) to the next: nb[0] for rows, nb[0] of a transposed V
+ * along its cells. The type switch is outside the loops. */
+static void load_row(ferry_type type, const char * p, size_t stride, int64_t n, float * dst) {
+    switch (type) {
+        case FERRY_TYPE_F32:
+            if (stride == sizeof(float)) {
+                memcpy(dst, p, (size_t) n * sizeof(float));
+            } else {
+                for (int64_t i = 0; i < n; i++) {
+                    memcpy(&dst[i], p + (size_t) i * stride, sizeof(float));
+                }
+            }
+            break;
+        case FERRY_TYPE_F16:
+            if (stride == sizeof(uint16_t)) { /* the usual row: contiguous, so it vectorizes */
+                const uint16_t * h = (const uint16_t *) (const void *) p;
+                for (int64_t i = 0; i < n; i++) {
+                    dst[i] = half_to_float(h[i]);
+                }
+                break;
+            }
+            for (int64_t i = 0; i < n; i++) {
+                uint16_t h;
+                memcpy(&h, p + (size_t) i * stride, sizeof(h));
+                dst[i] = half_to_float(h);
+            }
+            break;
+        case FERRY_TYPE_Q8_0: /* blocks of an f16 scale d and 32 int8: value = d * q */
+            for (int64_t b = 0; b < n / 32; b++) {
+                const char * blk = p + (size_t) b * stride;
+                uint16_t h;
+                memcpy(&h, blk, sizeof(h));
+                const float d = half_to_float(h);
+                const int8_t * qs = (const int8_t *) (blk + 2);
+                for (int i = 0; i < 32; i++) {
+                    dst[b * 32 + i] = d * (float) qs[i];
+                }
+            }
+            break;
+        default:
+            break; /* refused by ferry_cpu_attn_supported */
+    }
+}
+
+/* Eight lanes, each summed in order, then a fixed tree: vectorizes, and never varies. */
+static inline float dot(const float * a, const float * b, int64_t n) {
+    float lane[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int l = 0; l < 8; l++) {
+            lane[l] += a[i + l] * b[i + l];
+        }
+    }
+    float tail = 0.0f;
+    for (; i < n; i++) {
+        tail += a[i] * b[i];
+    }
+    return (((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]))) + tail;
+}
+
+static bool kv_type_ok(ferry_type t) { return t == FERRY_TYPE_F32 || t == FERRY_TYPE_F16 || t == FERRY_TYPE_Q8_0; }
+
+bool ferry_cpu_attn_supported(const ferry_tensor * node) {
+    const ferry_tensor * q = node->src[0];
+    const ferry_tensor * k = node->src[1];
+    const ferry_tensor * v = node->src[2];
+    const ferry_tensor * len = node->src[3];
+    return node->type == FERRY_TYPE_F32 && q && k && v && len && q->type == FERRY_TYPE_F32 && kv_type_ok(k->type) &&
+           kv_type_ok(v->type) && !(node->op_params[1] && v->type == FERRY_TYPE_Q8_0) && len->type == FERRY_TYPE_I32;
+}
+
+static const char * at(const ferry_tensor * t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    return (const char *) t->data + (size_t) i0 * t->nb[0] + (size_t) i1 * t->nb[1] + (size_t) i2 * t->nb[2] +
+           (size_t) i3 * t->nb[3];
+}
+
+ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
+    const ferry_tensor * q = dst->src[0];
+    const ferry_tensor * k = dst->src[1];
+    const ferry_tensor * v = dst->src[2];
+    const ferry_tensor * kv_len = dst->src[3];
+    float scale;
+    memcpy(&scale, &dst->op_params[0], sizeof(scale));
+    const bool v_trans = dst->op_params[1] != 0;
+    const int64_t d = q->ne[0], n_head = q->ne[1], ns = q->ne[3];
+    const int64_t n_kv = k->ne[1], n_head_kv = k->ne[2], group = n_head / n_head_kv;
+    /* V: step between cells and between channels, whichever way it is stored */
+    const size_t v_cell = v_trans ? v->nb[0] : v->nb[1];
+    const size_t v_chan = v_trans ? v->nb[1] : v->nb[0];
+
+    /* scratch: the group's queries, one K/V row, scores then probabilities, sums, a V channel */
+    const size_t n_floats = (size_t) (group * d) * 2 + (size_t) d + (size_t) (group * n_kv) +
+                            (size_t) (n_kv > d ? n_kv : d) + (size_t) group;
+    float * scratch = malloc(n_floats * sizeof(float));
+    if (!scratch) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "attn_decode: out of memory for %zu floats of scratch", n_floats);
+    }
+    float * qf = scratch;
+    float * acc = qf + group * d;
+    float * row = acc + group * d;
+    float * p = row + d;
+    float * chan = p + group * n_kv;
+    float * inv_sum = chan + (n_kv > d ? n_kv : d);
+
+    for (int64_t s = 0; s < ns; s++) {
+        int32_t len32;
+        memcpy(&len32, at(kv_len, s, 0, 0, 0), sizeof(len32));
+        const int64_t len = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+        for (int64_t hk = 0; hk < n_head_kv; hk++) {
+            for (int64_t g = 0; g < group; g++) {
+                load_row(FERRY_TYPE_F32, at(q, 0, hk * group + g, 0, s), q->nb[0], d, qf + g * d);
+            }
+            memset(acc, 0, (size_t) (group * d) * sizeof(float));
+            if (len > 0) {
+                /* scores: one K row at a time, for every query head of the group */
+                for (int64_t j = 0; j < len; j++) {
+                    load_row(k->type, at(k, 0, j, hk, s), k->nb[0], d, row);
+                    for (int64_t g = 0; g < group; g++) {
+                        p[g * len + j] = scale * dot(qf + g * d, row, d);
+                    }
+                }
+                /* softmax with the maximum subtracted; 1/sum applied at the end */
+                for (int64_t g = 0; g < group; g++) {
+                    float * pg = p + g * len;
+                    float m = pg[0];
+                    for (int64_t j = 1; j < len; j++) {
+                        m = pg[j] > m ? pg[j] : m;
+                    }
+                    float sum = 0.0f;
+                    for (int64_t j = 0; j < len; j++) {
+                        pg[j] = expf(pg[j] - m);
+                        sum += pg[j];
+                    }
+                    inv_sum[g] = 1.0f / sum;
+                }
+                if (!v_trans) {
+                    for (int64_t j = 0; j < len; j++) {
+                        load_row(v->type, (const char *) v->data + (size_t) j * v_cell + (size_t) hk * v->nb[2] +
+                                              (size_t) s * v->nb[3],
+                                 v_chan, d, row);
+                        for (int64_t g = 0; g < group; g++) {
+                            const float pj = p[g * len + j];
+                            float * ag = acc + g * d;
+                            for (int64_t i = 0; i < d; i++) {
+                                ag[i] += pj * row[i];
+                            }
+                        }
+                    }
+                } else {
+                    /* transposed: a channel's cells lie along dimension 0, so read it as a row of len */
+                    for (int64_t i = 0; i < d; i++) {
+                        load_row(v->type, (const char *) v->data + (size_t) i * v_chan + (size_t) hk * v->nb[2] +
+                                              (size_t) s * v->nb[3],
+                                 v_cell, len, chan);
+                        for (int64_t g = 0; g < group; g++) {
+                            acc[g * d + i] = dot(p + g * len, chan, len);
+                        }
+                    }
+                }
+                for (int64_t g = 0; g < group; g++) {
+                    for (int64_t i = 0; i < d; i++) {
+                        acc[g * d + i] *= inv_sum[g];
+                    }
+                }
+            }
+            for (int64_t g = 0; g < group; g++) {
+                char * out = (char *) at(dst, 0, hk * group + g, 0, s);
+                for (int64_t i = 0; i < d; i++) {
+                    memcpy(out + (size_t) i * dst->nb[0], &acc[g * d + i], sizeof(float));
+                }
+            }
+        }
+    }
+    free(scratch);
+    return FERRY_OK;
+}

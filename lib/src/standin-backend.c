@@ -1,0 +1,17 @@
+/*
+ * The stand-in device: what a GPU split looks like on a machine without one. It is
+ * the dummy backend with real memory (dummy-backend.c), not host memory to anyone and
+ * using only its own buffers, so every input of a split on it arrives by the
+ * scheduler's copy path as it would on a GPU; it computes with the CPU kernels and
+ * claims no op they cannot do.
+ */
+#include "graph-impl.h"
+
+ferry_status ferry_standin_backend_new(ferry_backend ** out) {
+    FERRY_CHECK_ARG(out, "standin_backend_new: NULL output");
+    ferry_dummy_params p = ferry_dummy_default_params();
+    p.real_memory = true; /* real bytes, for the CPU kernels */
+    p.has_2d = true;      /* 2-D sets in one call, as cudaMemcpy2DAsync is */
+    p.is_host = false;    /* no other backend may read it: inputs are copied in */
+    return ferry_dummy_backend_new_cpu_ops(&p, "CPU (stand-in device)", out);
+}

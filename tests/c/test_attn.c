@@ -1,0 +1,291 @@
+/*
+ * Decode attention against a float64 reference computed here with plain loops, on the
+ * K and V windows of a real KV cache. Every cell the op must not read holds NaN: the
+ * gaps between streams, the cells of a stream at or past its length, the cells past
+ * n_kv. One NaN read anywhere makes its output row NaN, so a finite, matching output
+ * shows the op read exactly the cells it should, through K's and V's ne/nb.
+ */
+#include "attn-fixture.h"
+
+/*
+ * One case on the CPU backend: 0 when the output matches the reference within 2e-6 and
+ * a second run gives the same bytes; 1 on a mismatch or NaN, 2 when runs differ, -1 if
+ * the setting failed.
+ */
+static int check_case(const attn_params * p) {
+    attn_case c;
+    int result = -1;
+    float *a = NULL, *b = NULL;
+    double * want = NULL;
+    if (case_init(&c, p) != FERRY_OK) {
+        fprintf(stderr, "setting: %s\n", ferry_last_error());
+        goto done;
+    }
+    const size_t n = (size_t) ferry_tensor_nelements(c.out);
+    a = malloc(n * sizeof(float));
+    b = malloc(n * sizeof(float));
+    if (run_on(&c, c.cpu, a, n) != FERRY_OK || run_on(&c, c.cpu, b, n) != FERRY_OK) {
+        fprintf(stderr, "run: %s\n", ferry_last_error());
+        goto done;
+    }
+    want = reference(&c);
+    const double err = max_error(a, want, n);
+    if (getenv("ATTN_VERBOSE")) fprintf(stderr, "err %g\n", err);
+    result = 0;
+    if (!(err <= 2e-6)) {
+        fprintf(stderr, "  %s K, %s V%s, group %lld: max relative error %g\n", ferry_type_name(p->type_k),
+                ferry_type_name(p->type_v), p->v_trans ? " (transposed)" : "", (long long) p->group, err);
+        result = 1;
+    } else if (memcmp(a, b, n * sizeof(float)) != 0) {
+        result = 2;
+    }
+done:
+    free(a);
+    free(b);
+    free(want);
+    case_free(&c);
+    return result;
+}
+
+
+static void test_attn_f32(void) {
+    for (int trans = 0; trans < 2; trans++) {
+        for (int64_t group = 1; group <= 4; group += 3) {
+            attn_params p = base_params(FERRY_TYPE_F32, FERRY_TYPE_F32, trans, group);
+            CHECK_EQ_U(check_case(&p), 0);
+            p.q_permuted = true;
+            CHECK_EQ_U(check_case(&p), 0);
+        }
+    }
+}
+
+static void test_attn_f16(void) {
+    for (int trans = 0; trans < 2; trans++) {
+        for (int64_t group = 1; group <= 4; group += 3) {
+            const attn_params p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F16, trans, group);
+            CHECK_EQ_U(check_case(&p), 0);
+        }
+    }
+}
+
+static void test_attn_q8_0(void) {
+    for (int64_t group = 1; group <= 4; group += 3) {
+        const attn_params p = base_params(FERRY_TYPE_Q8_0, FERRY_TYPE_Q8_0, false, group);
+        CHECK_EQ_U(check_case(&p), 0);
+    }
+}
+
+/* K and V of different types, as a cache may hold them. */
+static void test_attn_mixed_types(void) {
+    attn_params p = base_params(FERRY_TYPE_Q8_0, FERRY_TYPE_F16, true, 4);
+    CHECK_EQ_U(check_case(&p), 0);
+    p = base_params(FERRY_TYPE_F16, FERRY_TYPE_Q8_0, false, 2);
+    CHECK_EQ_U(check_case(&p), 0);
+}
+
+/* Eight streams, a unified cache, one stream, odd head_dim: the shapes around the usual ones. */
+static void test_attn_shapes(void) {
+    attn_params p = base_params(FERRY_TYPE_F32, FERRY_TYPE_F16, true, 4);
+    p.n_stream = 8, p.n_ctx = 8 * 20, p.n_kv = 20, p.s0 = 0, p.s1 = 7;
+    memcpy(p.lens, (int32_t[8]) {20, 1, 0, 19, 7, 20, 3, 11}, sizeof(p.lens));
+    CHECK_EQ_U(check_case(&p), 0);
+    p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F16, false, 1);
+    p.n_stream = 1, p.n_ctx = 50, p.n_kv = 33, p.s0 = 0, p.s1 = 0, p.lens[0] = 30;
+    CHECK_EQ_U(check_case(&p), 0);
+    p = base_params(FERRY_TYPE_F32, FERRY_TYPE_F32, true, 3);
+    p.head_dim = 13, p.n_head_kv = 3;
+    CHECK_EQ_U(check_case(&p), 0);
+}
+
+/* n_kv == head_dim: only the v_trans argument tells V's orientation, and both work. */
+static void test_attn_n_kv_equals_head_dim(void) {
+    for (int trans = 0; trans < 2; trans++) {
+        attn_params p = base_params(FERRY_TYPE_F32, FERRY_TYPE_F32, trans, 2);
+        p.head_dim = 16, p.n_kv = 16, p.lens[0] = 16, p.lens[2] = 9;
+        CHECK_EQ_U(check_case(&p), 0);
+    }
+}
+
+/* Lengths outside 0..n_kv are clamped: -5 reads nothing, 1000 reads all n_kv cells. */
+static void test_attn_lengths_clamped(void) {
+    attn_params p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F32, false, 2);
+    p.lens[0] = 1000, p.lens[1] = -5, p.lens[2] = 13;
+    CHECK_EQ_U(check_case(&p), 0);
+}
+
+/* An empty stream gives zeros, and stays zeros whatever its cells hold. */
+static void test_attn_empty_stream_zeros(void) {
+    const attn_params p = base_params(FERRY_TYPE_F32, FERRY_TYPE_F32, false, 2);
+    attn_case c;
+    CHECK_OK(case_init(&c, &p));
+    const size_t n = (size_t) ferry_tensor_nelements(c.out);
+    float * got = malloc(n * sizeof(float));
+    CHECK_OK(run_on(&c, c.cpu, got, n));
+    const size_t per_stream = (size_t) (p.head_dim * p.n_head_kv * p.group);
+    bool zeros = true;
+    for (size_t i = per_stream; i < 2 * per_stream; i++) {
+        zeros = zeros && got[i] == 0.0f && !signbit(got[i]);
+    }
+    free(got);
+    case_free(&c);
+    CHECK(zeros);
+}
+
+/* Same bytes in, same bytes out, over many runs of a larger case. */
+static void test_attn_deterministic(void) {
+    attn_params p = base_params(FERRY_TYPE_Q8_0, FERRY_TYPE_F16, true, 4);
+    p.n_ctx = 4 * 300, p.n_kv = 257, p.lens[0] = 257, p.lens[1] = 100, p.lens[2] = 3;
+    attn_case c;
+    CHECK_OK(case_init(&c, &p));
+    const size_t n = (size_t) ferry_tensor_nelements(c.out);
+    float * first = malloc(n * sizeof(float));
+    float * again = malloc(n * sizeof(float));
+    bool same = run_on(&c, c.cpu, first, n) == FERRY_OK;
+    for (int i = 0; i < 5 && same; i++) {
+        same = run_on(&c, c.cpu, again, n) == FERRY_OK && memcmp(first, again, n * sizeof(float)) == 0;
+    }
+    free(first);
+    free(again);
+    case_free(&c);
+    CHECK(same);
+}
+
+/* Shapes and types that do not fit: LAYOUT with a message, nothing made. */
+static void test_attn_shape_errors(void) {
+    attn_params p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F16, false, 2);
+    attn_case c;
+    CHECK_OK(case_init(&c, &p));
+    ferry_context * ctx = c.ctx;
+    ferry_tensor *out = NULL, *t;
+    const size_t before = ferry_context_n_tensors(ctx);
+    /* V's orientation must match the argument (here n_kv 13 != head_dim 64) */
+    CHECK_FAILS(ferry_attn_decode(ctx, c.q, c.k, c.v, c.len, 1.0f, true, &out), FERRY_ERR_LAYOUT);
+    CHECK_EQ_U(ferry_context_n_tensors(ctx), before); /* nothing made */
+    CHECK(strstr(ferry_last_error(), "v_trans") != NULL);
+    /* q of another type, with ne[2] != 1, of another head_dim */
+    const int64_t ne_q16[4] = {64, 4, 1, 3}, ne_q2[4] = {64, 4, 2, 3}, ne_qd[4] = {32, 4, 1, 3};
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F16, 4, ne_q16, &t));
+    CHECK_FAILS(ferry_attn_decode(ctx, t, c.k, c.v, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, ne_q2, &t));
+    CHECK_FAILS(ferry_attn_decode(ctx, t, c.k, c.v, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, ne_qd, &t));
+    CHECK_FAILS(ferry_attn_decode(ctx, t, c.k, c.v, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    /* query heads that do not group over the kv heads: 3 over 2 */
+    const int64_t ne_q3[4] = {64, 3, 1, 3};
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, ne_q3, &t));
+    CHECK_FAILS(ferry_attn_decode(ctx, t, c.k, c.v, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    CHECK(strstr(ferry_last_error(), "group") != NULL);
+    /* a window of other streams: ns differs */
+    ferry_tensor *k2, *v2;
+    CHECK_OK(ferry_kv_cache_window(c.kv, ctx, 1, 13, 0, 3, &k2, &v2));
+    CHECK_FAILS(ferry_attn_decode(ctx, c.q, k2, c.v, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    CHECK_FAILS(ferry_attn_decode(ctx, c.q, c.k, v2, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    /* K and V of different n_kv */
+    CHECK_OK(ferry_kv_cache_window(c.kv, ctx, 1, 12, 1, 3, &k2, &v2));
+    CHECK_FAILS(ferry_attn_decode(ctx, c.q, c.k, v2, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    /* K of a type the op does not read; kv_len of the wrong type or length */
+    const int64_t ne_k[4] = {64, 13, 2, 3}, ne_len[1] = {3}, ne_len4[1] = {4};
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_BF16, 4, ne_k, &t));
+    CHECK_FAILS(ferry_attn_decode(ctx, c.q, t, c.v, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne_len, &t));
+    CHECK_FAILS(ferry_attn_decode(ctx, c.q, c.k, c.v, t, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne_len4, &t));
+    CHECK_FAILS(ferry_attn_decode(ctx, c.q, c.k, c.v, t, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    /* a transposed q8_0 V: cells would split blocks */
+    ferry_tensor * vq;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_Q8_0, 4, ne_k, &t));
+    CHECK_OK(ferry_tensor_permute(ctx, t, 1, 0, 2, 3, &vq)); /* [13, 64, 2, 3] */
+    CHECK_FAILS(ferry_attn_decode(ctx, c.q, c.k, vq, c.len, 1.0f, true, &out), FERRY_ERR_LAYOUT);
+    CHECK(strstr(ferry_last_error(), "split blocks") != NULL);
+    CHECK_FAILS(ferry_attn_decode(ctx, c.q, c.k, c.v, c.len, 1.0f, false, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_attn_decode(ctx, c.q, NULL, c.v, c.len, 1.0f, false, &out), FERRY_ERR_INVALID_ARG);
+    CHECK(out == NULL);
+    case_free(&c);
+}
+
+/* ---------------------------------------------------------------- the stand-in device */
+
+static void test_standin_backend(void) {
+    ferry_backend *standin, *cpu;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    CHECK(strcmp(ferry_backend_name(standin), "CPU (stand-in device)") == 0);
+    ferry_buffer_type * buft = ferry_backend_default_buffer_type(standin);
+    CHECK(!ferry_buffer_type_is_host(buft));
+    CHECK(ferry_backend_supports_buft(standin, buft));
+    CHECK(!ferry_backend_supports_buft(standin, ferry_cpu_buffer_type())); /* its own memory only */
+    CHECK(!ferry_backend_supports_buft(cpu, buft));                        /* and no one else uses it */
+    CHECK(ferry_backend_has_2d(standin));
+    /* real memory behind it */
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(standin, 256, &buf));
+    CHECK_OK(ferry_buffer_clear(buf, 7));
+    CHECK(((uint8_t *) ferry_buffer_base(buf))[255] == 7);
+    /* it claims the CPU kernels' ops, no more: a q4_0 conversion is not one of them */
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[2] = {32, 2};
+    ferry_tensor *a, *dup, *conv;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 2, ne, &a));
+    CHECK_OK(ferry_dup(ctx, a, &dup));
+    CHECK_OK(ferry_dup_as(ctx, a, FERRY_TYPE_Q4_0, &conv));
+    CHECK(ferry_backend_supports_op(standin, dup));
+    CHECK(!ferry_backend_supports_op(standin, conv));
+    CHECK_FAILS(ferry_standin_backend_new(NULL), FERRY_ERR_INVALID_ARG);
+    ferry_context_free(ctx);
+    ferry_buffer_free(buf);
+    ferry_backend_free(cpu);
+    ferry_backend_free(standin);
+}
+
+/*
+ * Through the scheduler: the cache, q and kv_len in CPU memory, the attention node on
+ * the stand-in device, so the windows arrive by the copy path. Under FLAT the NaN of the
+ * gaps travel too, under RANGES they do not; the outputs are the same bytes either way,
+ * and the same as the CPU backend's own.
+ */
+static void test_attn_sched_standin_flat_and_ranges(void) {
+    attn_params p = base_params(FERRY_TYPE_Q8_0, FERRY_TYPE_F16, false, 4);
+    p.n_ctx = 4 * 40, p.n_kv = 17, p.lens[0] = 17, p.lens[1] = 0, p.lens[2] = 9;
+    attn_case c;
+    CHECK_OK(case_init(&c, &p));
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    const size_t n = (size_t) ferry_tensor_nelements(c.out);
+    float * flat = malloc(n * sizeof(float));
+    float * ranges = malloc(n * sizeof(float));
+    float * direct = malloc(n * sizeof(float));
+    ferry_sched_stats st_flat, st_ranges;
+    CHECK_OK(run_sched(&c, standin, FERRY_COPY_FLAT, flat, n, &st_flat));
+    CHECK_OK(run_sched(&c, standin, FERRY_COPY_RANGES, ranges, n, &st_ranges));
+    CHECK_OK(run_on(&c, c.cpu, direct, n));
+    double * want = reference(&c);
+    const double err = max_error(direct, want, n);
+    CHECK(st_ranges.bytes_copied < st_flat.bytes_copied); /* the gaps stayed behind */
+    CHECK(err <= 2e-6);
+    CHECK(memcmp(flat, ranges, n * sizeof(float)) == 0);
+    CHECK(memcmp(flat, direct, n * sizeof(float)) == 0);
+    free(want);
+    free(flat);
+    free(ranges);
+    free(direct);
+    ferry_backend_free(standin);
+    case_free(&c);
+}
+
+static const check_test tests[] = {
+    {"attn_f32", test_attn_f32},
+    {"attn_f16", test_attn_f16},
+    {"attn_q8_0", test_attn_q8_0},
+    {"attn_mixed_types", test_attn_mixed_types},
+    {"attn_shapes", test_attn_shapes},
+    {"attn_n_kv_equals_head_dim", test_attn_n_kv_equals_head_dim},
+    {"attn_lengths_clamped", test_attn_lengths_clamped},
+    {"attn_empty_stream_zeros", test_attn_empty_stream_zeros},
+    {"attn_deterministic", test_attn_deterministic},
+    {"attn_shape_errors", test_attn_shape_errors},
+    {"standin_backend", test_standin_backend},
+    {"attn_sched_standin_flat_and_ranges", test_attn_sched_standin_flat_and_ranges},
+};
+
+CHECK_MAIN(tests)
