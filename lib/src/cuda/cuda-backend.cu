@@ -327,15 +327,19 @@ static void backend_free(ferry_backend * backend) {
 
 static ferry_buffer_type * backend_default_buft(ferry_backend * backend) { return &device_bufts[ctx_of(backend)->device]; }
 
+/* Only its own device memory: kernels never read pinned host memory across the bus, so
+ * a split on CUDA receives every host input by copy, as the scheduler measures it. */
 static bool backend_supports_buft(ferry_backend * backend, ferry_buffer_type * buft) {
-    if (buft == &host_buft) {
-        return true;
-    }
     return is_device_buft(buft) && ((device_buft_ctx *) buft->context)->device == ctx_of(backend)->device;
 }
 
-/* Transfers on the backend's stream. cudaMemcpyDefault: the destination may be device
- * memory or pinned host memory (both supported buffer types), the source any memory. */
+/* Copies into the device are costed by SPEC.md's H200 anchors (copy-plan.c). */
+static ferry_copy_cost_model backend_copy_cost_model(const ferry_backend * backend) {
+    (void) backend;
+    return ferry_copy_cost_model_gpu();
+}
+
+/* Transfers on the backend's stream (cudaMemcpyDefault): the source may be any memory. */
 static ferry_status backend_set_async(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
                                       size_t size) {
     backend_ctx * ctx = ctx_of(backend);
@@ -540,6 +544,7 @@ extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out)
     i.supports_op = backend_supports_op;
     i.graph_compute = backend_graph_compute;
     i.event_new = backend_event_new;
+    i.copy_cost_model = backend_copy_cost_model;
     const ferry_status st = ferry_backend_init(i, ctx, out);
     if (st != FERRY_OK) {
         cudaEventDestroy(ctx->copy_event);
