@@ -72,35 +72,61 @@ def test_round_trip_2d_on_device() -> None:
     assert cuda.get_2d(t, 0, row, n, pitch) == src
 
 
+def _check_window_copy(got: bytes, src: bytes, ns: int, stride: int, used: int, gaps_kept: bool) -> None:
+    for s in range(ns):
+        assert got[s * stride:s * stride + used] == src[s * stride:s * stride + used], f"stream {s}"
+        if gaps_kept and s + 1 < ns:
+            assert set(got[s * stride + used:(s + 1) * stride]) == {SENTINEL}, f"gap after stream {s}"
+
+
 @needs_device
 @pytest.mark.parametrize("pinned", [False, True])
-def test_heart_with_cuda_split_backend(pinned: bool) -> None:
-    cpu, cuda = ferry.CPUBackend(), ferry.CUDABackend(0)
+def test_heart_copy_path_with_cuda_split_backend(pinned: bool) -> None:
+    """SPEC.md's heart test on the copy path with CUDA as the split backend, host cache pageable or pinned."""
+    cuda = ferry.CUDABackend(0)
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 4 * 64, 4, pinned=pinned)
     assert kv.buffer.is_host
-    kv.k(0).set(pattern(kv.k(0).nbytes))
+    src = pattern(kv.k(0).nbytes)
+    kv.k(0).set(src)
+    k, _ = kv.window(0, 40, 0, 3)
+    row = 1088
+    for policy in ("flat", "ranges"):
+        dst = k.dup_layout()
+        cuda.alloc_buffer_for(dst)
+        dst.memset(SENTINEL)
+        st = ferry.copy_input(cuda, policy, k, dst)
+        _check_window_copy(dst.get(), src, 4, 64 * row, 40 * row, gaps_kept=policy == "ranges")
+        if policy == "ranges":
+            assert (st.path, st.bytes_copied, st.copy_calls) == (ferry.CopyPolicy.RANGES, 4 * 40 * row, 1)
+        else:
+            assert st.bytes_copied == k.nbytes > st.bytes_read
+
+
+@needs_device
+def test_scheduler_with_cuda_split_backend() -> None:
+    """The scheduler places the input copy in CUDA memory and copies it by policy. CUDA computes no ops
+    yet (its backend has no supports_op / graph_compute), so compute fails after the copy, naming the op;
+    when CUDA gains ops, replace the raises with a plain compute and compare out with the CPU's."""
+    cpu, cuda = ferry.CPUBackend(), ferry.CUDABackend(0)
+    kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 4 * 64, 4, pinned=True)
+    src = pattern(kv.k(0).nbytes)
+    kv.k(0).set(src)
     k, _ = kv.window(0, 40, 0, 3)
     out = k.dup(name="out").set_output()
     g = ferry.Graph(out)
-    stats, outs = {}, {}
     for policy in ("flat", "ranges"):
         sched = ferry.Scheduler([cuda, cpu], policy=policy)
         sched.pin(out, cuda)
         sched.alloc(g)
-        copy = sched.inputs[0].copy
-        copy.memset(SENTINEL)
-        sched.compute(g)
-        stats[policy] = sched.stats
-        got, src, row = copy.get(), pattern(kv.k(0).nbytes), 1088
-        stride, used = 64 * row, 40 * row
-        for s in range(4):
-            assert got[s * stride:s * stride + used] == src[s * stride:s * stride + used]
-            if policy == "ranges" and s < 3:
-                assert set(got[s * stride + used:(s + 1) * stride]) == {SENTINEL}
-        outs[policy] = out.get()
-    assert outs["flat"] == outs["ranges"] and len(outs["flat"]) == 4 * 40 * 1088
-    assert stats["ranges"].bytes_copied == stats["ranges"].bytes_read == 4 * 40 * 1088
-    assert stats["flat"].bytes_copied == k.nbytes > stats["flat"].bytes_read
+        (inp,) = sched.inputs
+        assert inp.copy.buffer.type == cuda.buffer_type and sched.buffer_size(cuda) >= k.nbytes
+        inp.copy.memset(SENTINEL)
+        with pytest.raises(ferry.UnsupportedError, match="does not support dup"):
+            sched.compute(g)
+        st = sched.stats
+        _check_window_copy(inp.copy.get(), src, 4, 64 * 1088, 40 * 1088, gaps_kept=policy == "ranges")
+        want = 4 * 40 * 1088 if policy == "ranges" else k.nbytes
+        assert st.bytes_copied == want and st.bytes_read == 4 * 40 * 1088
 
 
 @needs_device
