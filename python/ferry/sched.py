@@ -13,7 +13,6 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import _args
 from ._adopt import adopt_placements
 from ._binding import ffi, lib
 from ._handle import Handle
