@@ -1,7 +1,9 @@
 """ferry: copy the ranges of a multi-stream KV-cache window, not the span.
 
 Python objects over the C library: Tensor (ggml order: ne[0] fastest, byte strides nb),
-Buffer and BufferType, CPUBackend and DummyBackend, per-kind transfer counters (Stats).
+Buffer and BufferType, CPUBackend and DummyBackend, per-kind transfer counters (Stats);
+ops (add, mul, scale, dup, concat, pad, mean), Graph and GraphAllocator; KVCache and
+its windows, the Scheduler and its copy policies; CUDABackend and Events.
 Every failure raises FerryError (a subclass per C status) with the C message.
 """
 
@@ -9,11 +11,19 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from . import ops
 from ._binding import LIB_PATH, ffi, lib
+from .alloc import GraphAllocator, Placement
 from .backend import Backend, CPUBackend, DummyBackend
-from .buffer import Buffer, BufferType, cpu_buffer_type
+from .buffer import BorrowedBuffer, Buffer, BufferType, cpu_buffer_type
+from .copy_path import CopyPolicy, CopyRanges, CopyStats, bytes_read, copy_input, copy_ranges_of
+from .cuda import CUDABackend, Event, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
 from .errors import (BackendError, FerryError, FreedBufferError, InvalidArgumentError, LayoutError,
                      NotAllocatedError, OutOfBoundsError, OutOfMemoryError, UnknownTypeError, UnsupportedError)
+from .graph import Graph
+from .kv import KVCache, KVParams
+from .ops import add, concat, dup, mean, mul, pad, scale
+from .sched import Input, SchedStats, Scheduler, Split
 from .stats import KINDS, Stats
 from .tensor import Tensor, tensor_copy
 from .types import Type, blck_size, numpy_dtype, row_size, to_type, type_from_dtype, type_name, type_size
@@ -38,7 +48,11 @@ def cuda_available() -> bool:
 __all__ = [
     "ffi", "lib", "build_info", "cuda_available",
     "Backend", "CPUBackend", "DummyBackend", "Buffer", "BufferType", "cpu_buffer_type",
-    "Tensor", "tensor_copy", "Stats", "KINDS",
+    "Tensor", "tensor_copy", "Stats", "KINDS", "BorrowedBuffer",
+    "CopyPolicy", "CopyRanges", "CopyStats", "bytes_read", "copy_input", "copy_ranges_of",
+    "KVCache", "KVParams", "Scheduler", "Split", "Input", "SchedStats",
+    "CUDABackend", "Event", "cuda_device_count", "cuda_buffer_type", "cuda_host_buffer_type",
+    "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "Graph", "GraphAllocator", "Placement",
     "Type", "to_type", "type_name", "type_size", "blck_size", "row_size", "numpy_dtype", "type_from_dtype",
     "FerryError", "InvalidArgumentError", "OutOfBoundsError", "NotAllocatedError", "LayoutError",
     "UnknownTypeError", "FreedBufferError", "OutOfMemoryError", "UnsupportedError", "BackendError",

@@ -14,6 +14,7 @@ from .stats import Stats
 from .types import TypeLike
 
 if TYPE_CHECKING:
+    from .cuda import Event
     from .tensor import Tensor
 
 
@@ -157,6 +158,22 @@ class Backend:
         check(lib.ferry_backend_synchronize(self._p))
         self._pending.clear()
 
+    # ------------------------------------------------------------ events
+
+    def event(self, timing: bool = False) -> "Event":
+        """A new event of this backend (timing: it can be timed with Event.elapsed_ms)."""
+        from .cuda import Event
+
+        return Event(self, timing)
+
+    def wait(self, event: "Event") -> None:
+        """Make this backend's later work wait for event."""
+        from .cuda import Event
+
+        if not isinstance(event, Event):
+            raise InvalidArgumentError(f"wait: expected an Event, got {type(event).__name__}")
+        event.wait(self)
+
     # ------------------------------------------------------------ counters
 
     @property
@@ -202,11 +219,13 @@ class DummyBackend(Backend):
     (transfers are checked and counted, not performed; reads give zeros). With
     real_memory they are memory a test can read. has_2d=False makes every 2-D transfer
     the generic loop of plain ones. alignment is a power of two (0: 64);
-    max_buffer_size None or 0 means unbounded.
+    max_buffer_size None or 0 means unbounded. is_host makes its buffers claim to be host
+    memory (a KV cache at full model scale in a dry run); with synthetic addresses never
+    let a CPU op read them.
     """
 
     def __init__(self, real_memory: bool = False, alignment: int = 64, max_buffer_size: Optional[int] = None,
-                 has_2d: bool = True) -> None:
+                 has_2d: bool = True, is_host: bool = False) -> None:
         params = ffi.new("ferry_dummy_params *")
         params[0] = lib.ferry_dummy_default_params()
         params.alignment = _args.as_size(alignment, "DummyBackend: alignment")
@@ -214,10 +233,12 @@ class DummyBackend(Backend):
             max_buffer_size, "DummyBackend: max_buffer_size")
         params.real_memory = bool(real_memory)
         params.has_2d = bool(has_2d)
+        params.is_host = bool(is_host)
         out = ffi.new("ferry_backend **")
         check(lib.ferry_dummy_backend_new(params, out))
         super().__init__(out[0])
         self.real_memory = bool(real_memory)
+        self.is_host = bool(is_host)
 
     @property
     def alignment(self) -> int:

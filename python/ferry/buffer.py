@@ -195,3 +195,54 @@ class Buffer:
         if self.freed:
             return f"<Buffer {self._type_name} id={self._id} {self._size} bytes, freed>"
         return f"<Buffer {self._type_name} id={self._id} {self._size} bytes at {self.base:#x}>"
+
+
+class BorrowedBuffer(Buffer):
+    """A buffer that another object owns: a graph allocator's chunk, a scheduler's compute
+    memory, a KV cache's storage. Tensors placed in it hold this, and this holds the owner,
+    so the memory lives as long as they do. It is usable while the owner is open and C
+    still knows its id (an allocator that grows replaces its chunks); after that every use,
+    and every use of a tensor in it, raises FreedBufferError. free() belongs to the owner.
+    """
+
+    def __init__(self, ptr: Any, buffer_type: BufferType, owner: object, owner_handle: Handle) -> None:
+        """Internal: wrap a ferry_buffer* that owner (alive while owner_handle is) frees."""
+        self._type = buffer_type
+        self._owner = owner
+        self._handle = owner_handle
+        self._finalizer = None
+        self._ptr = ptr
+        self._size = int(lib.ferry_buffer_size(ptr))
+        self._id = int(lib.ferry_buffer_id(ptr))
+        self._type_name = buffer_type.name
+
+    @property
+    def _p(self) -> Any:
+        if self.freed:
+            raise FreedBufferError(f"{self._type_name} buffer {self._id} was freed by its owner")
+        return self._ptr
+
+    @property
+    def freed(self) -> bool:
+        return not self._handle.alive or not lib.ferry_buffer_id_is_live(self._id)
+
+    @property
+    def owner(self) -> object:
+        """The object that allocated and frees this buffer."""
+        return self._owner
+
+    def free(self) -> None:
+        """Refused: the owner frees it (close the allocator or scheduler, or drop the cache)."""
+        from .errors import UnsupportedError
+
+        raise UnsupportedError(f"{self._type_name} buffer {self._id} belongs to {type(self._owner).__name__}; "
+                               "free that instead")
+
+
+def buffer_type_of(ptr: Any, known: Sequence[BufferType]) -> BufferType:
+    """The BufferType of a ferry_buffer*: one of known (which keeps its backend alive) when it matches."""
+    raw = lib.ferry_buffer_get_type(ptr)
+    for bt in known:
+        if bt._raw == raw:
+            return bt
+    return BufferType(raw)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from typing import List
 
 from .errors import FerryError
 from .tensor import Tensor
@@ -25,14 +27,55 @@ def demo() -> int:
     return 0
 
 
+def table(args: argparse.Namespace) -> int:
+    """Print, per number of sequences, the cells read and copied under flat and ranges (a dry run)."""
+    from .table import build_table, format_table
+
+    rows = build_table(args.c, args.npl, args.npp, args.ntg, pad=args.pad, type_k=args.type,
+                       head_dim=args.head_dim, n_head_kv=args.kv_heads)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        print(f"K window {args.type}, head_dim {args.head_dim}, {args.kv_heads} KV heads, -c {args.c}, "
+              f"{args.npp} + {args.ntg} tokens per sequence (pad {args.pad})")
+        print(format_table(rows))
+    return 0
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ferry", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True)
     sub.add_parser("demo", help="show what a flat copy of a multi-stream window moves")
+    tp = sub.add_parser("table", help="cells read and copied (flat vs ranges) per number of sequences, "
+                                      "from a dry run of the scheduler")
+    tp.add_argument("-c", type=int, required=True, metavar="N_CTX", help="cells in all streams together")
+    tp.add_argument("-npl", type=_int_list, required=True, metavar="N,N,...", help="numbers of sequences (streams)")
+    tp.add_argument("-npp", type=int, required=True, help="prompt tokens per sequence")
+    tp.add_argument("-ntg", type=int, required=True, help="generated tokens per sequence")
+    tp.add_argument("--pad", type=int, default=1, help="round n_kv up to this (llama.cpp: 256; default 1)")
+    tp.add_argument("--type", default="q8_0", help="K type (default q8_0)")
+    tp.add_argument("--head-dim", type=int, default=128, help="default 128")
+    tp.add_argument("--kv-heads", type=int, default=8, help="default 8")
+    tp.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
     args = parser.parse_args(argv)
     try:
         if args.verb == "demo":
             return demo()
+        if args.verb == "table":
+            try:
+                return table(args)
+            except FerryError as e:  # every failure here comes from the arguments
+                tp.error(str(e))
     except FerryError as e:
         raise SystemExit(f"ferry: {e}") from None
     return 2

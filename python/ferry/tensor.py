@@ -14,7 +14,7 @@ import numpy as np
 from . import _args, _data
 from ._binding import ffi, lib
 from ._handle import Handle
-from .errors import FerryError, InvalidArgumentError, LayoutError, UnsupportedError, check
+from .errors import FreedBufferError, InvalidArgumentError, LayoutError, UnsupportedError, check
 from .types import Type, TypeLike, numpy_dtype, row_size, to_type, type_from_dtype
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .buffer import Buffer
 
 
-def _new_context(parent: Optional[Handle]) -> Handle:
+def _new_context(parent: Sequence[Handle]) -> Handle:
     out = ffi.new("ferry_context **")
     check(lib.ferry_context_new(out))
     return Handle(out[0], lib.ferry_context_free, parent)
@@ -42,11 +42,14 @@ class Tensor:
     """
 
     def __init__(self, make: Callable[[Any, Any], int], source: Optional["Tensor"] = None,
-                 name: Optional[str] = None) -> None:
-        """Internal: make(ctx, out) fills out with a struct in ctx; use the constructors and view methods."""
+                 name: Optional[str] = None, deps: Sequence["Tensor"] = ()) -> None:
+        """Internal: make(ctx, out) fills out with a struct in ctx; use the constructors, view methods
+        and ops. deps are the tensors an op reads (kept alive as long as this one)."""
         self._source = source
+        self._deps: Tuple["Tensor", ...] = tuple(deps)
         self._buffer: Optional["Buffer"] = None
-        handle = _new_context(source._handle if source is not None else None)
+        parents = [t._handle for t in ((source,) if source is not None else ()) + self._deps]
+        handle = _new_context(parents)
         self._handle = handle
         self._finalizer = weakref.finalize(self, handle.release)
         out = ffi.new("ferry_tensor **")
@@ -55,11 +58,27 @@ class Tensor:
         if name is not None:
             self.name = name
 
+    @classmethod
+    def _borrow(cls, ptr: Any, handle: Handle, keep: object, source: Optional["Tensor"] = None,
+                buffer: Optional["Buffer"] = None, retainable: bool = True) -> "Tensor":
+        """Internal: a Tensor over a struct someone else owns (a KV cache's layer, a scheduler's
+        input copy, the inner view of a window). It is usable while handle is alive and keeps
+        keep (the owner) alive; it frees nothing itself."""
+        t = cls.__new__(cls)
+        t._source = source
+        t._deps = (keep,)  # type: ignore[assignment]
+        t._buffer = buffer
+        t._handle = handle
+        t._finalizer = None
+        t._ptr = ptr
+        t._retainable = retainable
+        return t
+
     @property
     def _p(self) -> Any:
-        """The C struct; refused once its context is gone (only reachable from finalizers)."""
+        """The C struct; refused once its context (or the owner of a borrowed struct) is gone."""
         if not self._handle.alive:
-            raise FerryError("tensor used after it was finalized")
+            raise FreedBufferError("tensor used after its owner was freed (or it was finalized)")
         return self._ptr
 
     # ------------------------------------------------------------ construction
@@ -83,7 +102,17 @@ class Tensor:
         t.set(np.ascontiguousarray(arr))
         return t
 
+    #: False for a struct that lives only until its owner's next step (a scheduler's input copy):
+    #: nothing may keep a pointer to it, so no views or ops are built on it.
+    _retainable = True
+
+    def _check_retainable(self) -> None:
+        if not self._retainable:
+            raise UnsupportedError(f"'{self.name}' belongs to a scheduler and lives only until its next alloc: "
+                                   "read or write it, but build no views or ops on it")
+
     def _derive(self, make: Callable[[Any, Any], int], name: Optional[str]) -> "Tensor":
+        self._check_retainable()
         return Tensor(make, source=self, name=name)
 
     def view(self, ne: Sequence[int], nb: Optional[Sequence[int]] = None, offset: int = 0,
@@ -321,6 +350,76 @@ class Tensor:
             return np.frombuffer(raw, dtype).reshape(shape)
         strides = tuple(reversed(self.nb[: self.ndim]))
         return np.ndarray(shape, dtype, buffer=raw, strides=strides).copy()
+
+    # ------------------------------------------------------------ graphs: flags and ops (see ferry.ops)
+
+    @property
+    def flags(self) -> int:
+        """FERRY_TENSOR_FLAG_INPUT | FERRY_TENSOR_FLAG_OUTPUT bits."""
+        return int(self._p.flags)
+
+    @property
+    def is_input(self) -> bool:
+        return bool(self.flags & lib.FERRY_TENSOR_FLAG_INPUT)
+
+    @property
+    def is_output(self) -> bool:
+        return bool(self.flags & lib.FERRY_TENSOR_FLAG_OUTPUT)
+
+    def set_input(self) -> "Tensor":
+        """Mark it written before compute: an allocator keeps it for the whole graph. Returns self."""
+        check(lib.ferry_tensor_set_input(self._p))
+        return self
+
+    def set_output(self) -> "Tensor":
+        """Mark it read after compute: an allocator never reuses its memory. Returns self."""
+        check(lib.ferry_tensor_set_output(self._p))
+        return self
+
+    @property
+    def srcs(self) -> Tuple["Tensor", ...]:
+        """The tensors an op reads (empty for leafs and views made in Python)."""
+        return tuple(t for t in self._deps if isinstance(t, Tensor))
+
+    def __add__(self, other: "Tensor") -> "Tensor":
+        from . import ops
+
+        return ops.add(self, other)
+
+    def __mul__(self, other: "Tensor") -> "Tensor":
+        from . import ops
+
+        return ops.mul(self, other)
+
+    def scale(self, s: float, name: Optional[str] = None) -> "Tensor":
+        """ops.scale: self * s."""
+        from . import ops
+
+        return ops.scale(self, s, name=name)
+
+    def dup(self, type: Optional[TypeLike] = None, name: Optional[str] = None) -> "Tensor":
+        """ops.dup: a contiguous copy (of another type when type is given)."""
+        from . import ops
+
+        return ops.dup(self, type, name=name)
+
+    def concat(self, other: "Tensor", dim: int, name: Optional[str] = None) -> "Tensor":
+        """ops.concat: self and other joined along dim."""
+        from . import ops
+
+        return ops.concat(self, other, dim, name=name)
+
+    def pad(self, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Optional[str] = None) -> "Tensor":
+        """ops.pad: zeros appended at the end of each dimension."""
+        from . import ops
+
+        return ops.pad(self, p0, p1, p2, p3, name=name)
+
+    def mean(self, name: Optional[str] = None) -> "Tensor":
+        """ops.mean: the mean over dimension 0 (ne[0] becomes 1)."""
+        from . import ops
+
+        return ops.mean(self, name=name)
 
     # ------------------------------------------------------------ display
 

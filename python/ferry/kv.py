@@ -1,0 +1,178 @@
+"""A KV cache laid out as llama.cpp lays it out, and the windows attention reads from it.
+
+Per layer K is [n_embd_gqa, kv_size, n_stream] (ggml order) and V the same, or
+[kv_size, n_embd_gqa, n_stream] when v_trans (flash attention off). A unified cache is
+one stream of n_ctx cells; otherwise each of n_stream streams holds n_ctx / n_stream.
+The cache's tensors and windows keep the cache (and its memory) alive; it is freed by
+the garbage collector once nothing points into it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+from . import _args, _data
+from ._binding import ffi, lib
+from ._handle import Handle
+from .backend import Backend
+from .buffer import BorrowedBuffer, BufferType, buffer_type_of, cpu_buffer_type
+from .errors import InvalidArgumentError, OutOfBoundsError, check
+from .tensor import Tensor
+from .types import Type, TypeLike, to_type
+
+
+@dataclass(frozen=True)
+class KVParams:
+    """The layout of a KV cache (ferry_kv_params)."""
+
+    type_k: Type
+    type_v: Type
+    head_dim: int
+    n_head_kv: int
+    n_ctx: int
+    n_stream: int
+    n_layer: int
+    v_trans: bool
+
+    @property
+    def n_embd_gqa(self) -> int:
+        return self.head_dim * self.n_head_kv
+
+
+class KVCache:
+    """KVCache(type_k, type_v, head_dim, n_head_kv, n_ctx, n_stream, n_layer=1, v_trans=False,
+    backend=None | buffer_type=None | pinned=False): one buffer holding every layer's K and V.
+
+    The memory is the backend's default buffer type, or buffer_type, or with pinned=True
+    CUDA's pinned host memory; the CPU's host memory when none is given.
+    """
+
+    def __init__(self, type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, n_ctx: int,
+                 n_stream: int, n_layer: int = 1, v_trans: bool = False, backend: Optional[Backend] = None,
+                 buffer_type: Optional[BufferType] = None, pinned: bool = False) -> None:
+        if sum(x is not None and x is not False for x in (backend, buffer_type, pinned)) > 1:
+            raise InvalidArgumentError("KVCache: give at most one of backend, buffer_type and pinned")
+        if backend is not None:
+            if not isinstance(backend, Backend):
+                raise InvalidArgumentError(f"KVCache: backend is not a Backend but {type(backend).__name__}")
+            buft = backend.buffer_type
+        elif buffer_type is not None:
+            if not isinstance(buffer_type, BufferType):
+                raise InvalidArgumentError(f"KVCache: buffer_type is not a BufferType but {type(buffer_type).__name__}")
+            buft = buffer_type
+        elif pinned:
+            from .cuda import cuda_host_buffer_type
+
+            buft = cuda_host_buffer_type()
+        else:
+            buft = cpu_buffer_type()
+        self._buffer_type = buft
+        p = ffi.new("ferry_kv_params *")
+        p.type_k = to_type(type_k).value
+        p.type_v = to_type(type_v).value
+        p.head_dim = _args.as_int64(head_dim, "KVCache: head_dim")
+        p.n_head_kv = _args.as_int64(n_head_kv, "KVCache: n_head_kv")
+        p.n_ctx = _args.as_int64(n_ctx, "KVCache: n_ctx")
+        p.n_stream = _args.as_int64(n_stream, "KVCache: n_stream")
+        p.n_layer = _args.as_c_int(n_layer, "KVCache: n_layer")
+        p.v_trans = bool(v_trans)
+        out = ffi.new("ferry_kv_cache **")
+        check(lib.ferry_kv_cache_new(p, buft._ptr, out))
+        parent = buft._backend._handle if buft._backend is not None else None
+        self._handle = Handle(out[0], lib.ferry_kv_cache_free, parent)
+        self._finalizer = weakref.finalize(self, self._handle.release)
+        self._params = KVParams(Type(p.type_k), Type(p.type_v), int(p.head_dim), int(p.n_head_kv), int(p.n_ctx),
+                                int(p.n_stream), int(p.n_layer), bool(p.v_trans))
+        ptr = lib.ferry_kv_cache_buffer(out[0])
+        self._buffer = BorrowedBuffer(ptr, buffer_type_of(ptr, [buft]), self, self._handle)
+        self._k = [self._layer_tensor(lib.ferry_kv_cache_k, i) for i in range(self._params.n_layer)]
+        self._v = [self._layer_tensor(lib.ferry_kv_cache_v, i) for i in range(self._params.n_layer)]
+
+    def _layer_tensor(self, get: Any, layer: int) -> Tensor:
+        out = ffi.new("ferry_tensor **")
+        check(get(self._handle.ptr, layer, out))
+        return Tensor._borrow(out[0], self._handle, keep=self, buffer=self._buffer)
+
+    @property
+    def _p(self) -> Any:
+        return self._handle.ptr
+
+    @property
+    def params(self) -> KVParams:
+        return self._params
+
+    @property
+    def kv_size(self) -> int:
+        """Cells per stream."""
+        return int(lib.ferry_kv_cache_kv_size(self._p))
+
+    @property
+    def buffer(self) -> BorrowedBuffer:
+        """The one buffer holding every layer."""
+        return self._buffer
+
+    @property
+    def buffer_type(self) -> BufferType:
+        return self._buffer_type
+
+    def _layer(self, layer: int) -> int:
+        i = _args.as_c_int(layer, "KVCache: layer")
+        if not 0 <= i < self._params.n_layer:
+            raise OutOfBoundsError(f"kv_cache: layer {i} is not in 0..{self._params.n_layer - 1}")
+        return i
+
+    def k(self, layer: int = 0) -> Tensor:
+        """Layer's K tensor [n_embd_gqa, kv_size, n_stream]."""
+        return self._k[self._layer(layer)]
+
+    def v(self, layer: int = 0) -> Tensor:
+        """Layer's V tensor [n_embd_gqa, kv_size, n_stream], or [kv_size, n_embd_gqa, n_stream] when v_trans."""
+        return self._v[self._layer(layer)]
+
+    def window(self, layer: int, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+        """The K and V windows attention reads: the first n_kv cells of streams s0..s1 (default: the
+        last), permuted (0, 2, 1, 3) as attention hands them on. K: [head_dim, n_kv, n_head_kv, ns];
+        V likewise, or [n_kv, head_dim, n_head_kv, ns] when transposed."""
+        li = _args.as_c_int(layer, "kv_window: layer")
+        nk = _args.as_int64(n_kv, "kv_window: n_kv")
+        a = _args.as_int64(s0, "kv_window: s0")
+        b = self._params.n_stream - 1 if s1 is None else _args.as_int64(s1, "kv_window: s1")
+        kv = self._p
+        k = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, out, ffi.NULL),
+                   source=self.k(self._layer(li)))
+        v = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, ffi.NULL, out),
+                   source=self.v(li))
+        return k, v
+
+    def _stream_of(self, which: str, layer: int, stream: int) -> Tuple[Tensor, int, int]:
+        if which not in ("k", "v"):
+            raise InvalidArgumentError(f"kv stream: which is 'k' or 'v', not {which!r}")
+        t = self.k(layer) if which == "k" else self.v(layer)
+        s = _args.as_int64(stream, "kv stream: stream")
+        if not 0 <= s < self._params.n_stream:
+            raise OutOfBoundsError(f"kv stream: stream {s} is not in 0..{self._params.n_stream - 1}")
+        size = t.nb[2]
+        return t, s * size, size
+
+    def set_stream(self, which: str, layer: int, stream: int, data: _data.BytesLike) -> None:
+        """Fill one stream of layer's K ("k") or V ("v") with exactly its bytes (a numpy array shaped
+        [kv_size, n_embd_gqa] of the cache's dtype, or raw bytes for quantized types)."""
+        t, offset, size = self._stream_of(which, layer, stream)
+        d = _data.readable(data, "kv set_stream")
+        if d.nbytes != size:
+            raise OutOfBoundsError(f"kv set_stream: a stream of {which.upper()} holds {size} bytes, "
+                                   f"the data {d.nbytes}")
+        t.set(d.obj, offset)
+
+    def get_stream(self, which: str, layer: int, stream: int) -> bytes:
+        """The bytes of one stream of layer's K or V."""
+        t, offset, size = self._stream_of(which, layer, stream)
+        return t.get(offset, size)
+
+    def __repr__(self) -> str:
+        p = self._params
+        return (f"<KVCache K {p.type_k} V {p.type_v}{' (transposed)' if p.v_trans else ''} head_dim={p.head_dim} "
+                f"n_head_kv={p.n_head_kv} {p.n_stream} x {self.kv_size} cells, {p.n_layer} layers "
+                f"in {self._buffer_type.name}>")

@@ -1,0 +1,217 @@
+"""The scheduler: runs a graph split across backends and copies each split's inputs by a policy.
+
+Each node gets a backend (the one it is pinned to, else the first in priority order that
+supports its op and can use its sources' memory); consecutive nodes on one backend form a
+split; a source the split's backend cannot use is an input, copied (same ne and nb) to
+memory the scheduler allocates. The copies belong to the scheduler and live until its
+next alloc: Input.copy Tensors raise FreedBufferError after that.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from ._adopt import adopt_placements
+from ._binding import ffi, lib
+from ._handle import Handle
+from .backend import Backend
+from .buffer import BorrowedBuffer
+from .copy_path import CopyPolicy, CopyStats, PolicyLike, to_policy
+from .errors import FreedBufferError, InvalidArgumentError, check
+from .graph import Graph, _addr
+from .tensor import Tensor, _check_tensor
+
+
+@dataclass(frozen=True)
+class Input:
+    """A split input: what the graph reads (src), its copy on the split's backend, and the last run's copy stats."""
+
+    split: int
+    src: Tensor
+    copy: Tensor
+    stats: CopyStats
+
+
+@dataclass(frozen=True)
+class Split:
+    """A run of nodes on one backend, the inputs copied to it, and its last compute time."""
+
+    backend: Backend
+    first_node: int
+    n_nodes: int
+    inputs: List[Input]
+    compute_seconds: float
+
+
+@dataclass(frozen=True)
+class SchedStats:
+    """Totals of the last run over all inputs and splits."""
+
+    n_inputs: int
+    bytes_read: int
+    bytes_span: int
+    bytes_copied: int
+    copy_calls: int
+    impl_calls: int
+    copy_seconds: float
+    compute_seconds: float
+
+
+def _release(handles: List[Handle]) -> None:
+    for h in handles:
+        h.release()
+
+
+class Scheduler:
+    """Scheduler([backends in priority order], policy="flat" | "ranges" | "plan")."""
+
+    def __init__(self, backends: Sequence[Backend], policy: PolicyLike = "flat") -> None:
+        if isinstance(backends, Backend):
+            backends = [backends]
+        if isinstance(backends, (str, bytes)) or not hasattr(backends, "__len__") or not backends:
+            raise InvalidArgumentError(f"Scheduler: expected a non-empty list of backends, got {backends!r}")
+        for i, b in enumerate(backends):
+            if not isinstance(b, Backend):
+                raise InvalidArgumentError(f"Scheduler: backend {i} is not a Backend but {type(b).__name__}")
+        self._backends: List[Backend] = list(backends)
+        arr = ffi.new("ferry_backend *[]", [b._p for b in self._backends])
+        out = ffi.new("ferry_sched **")
+        check(lib.ferry_sched_new(arr, len(self._backends), out))
+        self._handle = Handle(out[0], lib.ferry_sched_free, [b._handle for b in self._backends])
+        # The copies of the current allocation: borrowed tensors check this handle, replaced at each alloc.
+        self._generation = Handle(object(), lambda _: None)
+        self._handles = [self._generation, self._handle]
+        self._finalizer = weakref.finalize(self, _release, self._handles)
+        self._pins: Dict[int, Tensor] = {}  # C compares pinned tensors by address: keep them alive
+        self._graph: Optional[Graph] = None
+        self._graph_nodes = 0
+        self._copies: Dict[int, Tensor] = {}
+        self._buffers: Dict[int, BorrowedBuffer] = {}
+        self.policy = policy  # type: ignore[assignment]
+
+    @property
+    def _p(self) -> Any:
+        if not self._handle.alive:
+            raise FreedBufferError("scheduler used after close()")
+        return self._handle.ptr
+
+    def close(self) -> None:
+        """Free the scheduler's copies and compute memory now. Idempotent."""
+        self._finalizer()
+        self._copies.clear()
+        self._graph = None
+
+    @property
+    def backends(self) -> List[Backend]:
+        return list(self._backends)
+
+    @property
+    def policy(self) -> CopyPolicy:
+        return CopyPolicy(lib.ferry_sched_get_policy(self._p))
+
+    @policy.setter
+    def policy(self, policy: PolicyLike) -> None:
+        check(lib.ferry_sched_set_policy(self._p, to_policy(policy).value))
+
+    def _backend(self, backend: object, what: str) -> Backend:
+        if not isinstance(backend, Backend):
+            raise InvalidArgumentError(f"{what}: expected a Backend, got {type(backend).__name__}")
+        return backend
+
+    def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
+        return next((b for b in self._backends if b._handle.ptr == ptr), None)
+
+    def pin(self, tensor: Tensor, backend: Backend) -> None:
+        """Run tensor (a node) on backend, one of the scheduler's; takes effect at the next alloc."""
+        t = _check_tensor(tensor, "pin")
+        b = self._backend(backend, "pin")
+        check(lib.ferry_sched_set_tensor_backend(self._p, t._p, b._p))
+        self._pins[_addr(t._p)] = t
+
+    def alloc(self, graph: Graph) -> None:
+        """Assign backends, find splits and inputs, allocate copies and outputs."""
+        if not isinstance(graph, Graph):
+            raise InvalidArgumentError(f"sched alloc: expected a Graph, got {type(graph).__name__}")
+        p = self._p
+        self._new_generation()
+        self._graph = None
+        check(lib.ferry_sched_alloc_graph(p, graph._p))
+        self._graph = graph  # C remembers it by address: keep it (and its tensors) alive
+        self._graph_nodes = graph.n_nodes
+        tensors = list(graph._tensors.values()) + [i.copy for i in self.inputs]
+        adopt_placements(tensors, self, self._handle, [b.buffer_type for b in self._backends], self._buffers)
+
+    def _new_generation(self) -> None:
+        self._generation.release()
+        self._generation = Handle(object(), lambda _: None)
+        self._handles[0] = self._generation
+        self._copies.clear()
+
+    def compute(self, graph: Graph) -> None:
+        """Allocate if graph is not the one last allocated (or it grew), copy inputs by policy, compute."""
+        if graph is not self._graph or graph.n_nodes != self._graph_nodes:
+            self.alloc(graph)
+        check(lib.ferry_sched_graph_compute(self._p, graph._p))
+
+    # ------------------------------------------------------------ what the last alloc and run did
+
+    def _copy(self, ptr: Any) -> Tensor:
+        key = _addr(ptr)
+        t = self._copies.get(key)
+        if t is None:
+            t = Tensor._borrow(ptr, self._generation, keep=self, retainable=False)
+            self._copies[key] = t
+        return t
+
+    @property
+    def inputs(self) -> List[Input]:
+        """Every split input of the last allocated graph, in split order."""
+        p = self._p
+        out = []
+        info = ffi.new("ferry_sched_input_info *")
+        for i in range(lib.ferry_sched_n_inputs(p)):
+            check(lib.ferry_sched_input(p, i, info))
+            assert self._graph is not None
+            out.append(Input(int(info.split), self._graph._tensor(info.src), self._copy(info.copy),
+                             CopyStats.from_c(info.stats)))
+        return out
+
+    @property
+    def splits(self) -> List[Split]:
+        """The splits of the last allocated graph, in run order."""
+        p = self._p
+        inputs = self.inputs
+        out = []
+        info = ffi.new("ferry_sched_split_info *")
+        for i in range(lib.ferry_sched_n_splits(p)):
+            check(lib.ferry_sched_split(p, i, info))
+            backend = self._wrap_backend(info.backend)
+            assert backend is not None
+            mine = inputs[info.first_input:info.first_input + info.n_inputs]
+            out.append(Split(backend, int(info.first_node), int(info.n_nodes), mine, float(info.compute_seconds)))
+        return out
+
+    @property
+    def stats(self) -> SchedStats:
+        """Totals of the last run."""
+        s = ffi.new("ferry_sched_stats *")
+        check(lib.ferry_sched_get_stats(self._p, s))
+        return SchedStats(int(s.n_inputs), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied),
+                          int(s.copy_calls), int(s.impl_calls), float(s.copy_seconds), float(s.compute_seconds))
+
+    def buffer_size(self, backend: Backend) -> int:
+        """Bytes of compute memory (copies and outputs) the scheduler holds on backend (0 if not one of its)."""
+        return int(lib.ferry_sched_buffer_size(self._p, self._backend(backend, "buffer_size")._p))
+
+    def backend_of(self, tensor: Tensor) -> Optional[Backend]:
+        """The backend a tensor of the last allocated graph was given (None if none)."""
+        t = _check_tensor(tensor, "backend_of")
+        return self._wrap_backend(lib.ferry_sched_get_tensor_backend(self._p, t._p))
+
+    def __repr__(self) -> str:
+        if not self._handle.alive:
+            return "<Scheduler closed>"
+        names = ", ".join(b.name for b in self._backends)
+        return f"<Scheduler [{names}] policy={self.policy}>"

@@ -1,0 +1,147 @@
+"""The CUDA objects of the Python API: present in every build, a FerryError without a device.
+
+Tests marked needs_device run only where ferry.cuda_available() (a GPU machine); here they skip.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ferry
+from conftest import SENTINEL, pattern
+
+needs_device = pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
+
+
+def test_device_count_agrees_with_available() -> None:
+    n = ferry.cuda_device_count()
+    assert n >= 0 and (n > 0) == ferry.cuda_available()
+    assert ferry.build_info()["cuda"] or n == 0
+
+
+@pytest.mark.skipif(ferry.cuda_available(), reason="a CUDA device is present")
+def test_cuda_backend_without_device_raises_cuda_message() -> None:
+    expected = ferry.BackendError if ferry.build_info()["cuda"] else ferry.UnsupportedError
+    with pytest.raises(expected) as e:
+        ferry.CUDABackend()
+    assert "cuda_backend_new" in e.value.message
+    assert ("CUDA" in e.value.message) if ferry.build_info()["cuda"] else ("without CUDA" in e.value.message)
+    with pytest.raises(ferry.FerryError):
+        ferry.cuda_host_buffer_type()
+    with pytest.raises(ferry.FerryError):
+        ferry.cuda_buffer_type(0)
+    with pytest.raises(ferry.FerryError):
+        ferry.KVCache("f16", "f16", 32, 2, 64, 2, pinned=True)
+
+
+def test_bad_cuda_arguments_are_ferry_errors() -> None:
+    with pytest.raises(ferry.InvalidArgumentError):
+        ferry.CUDABackend("0")  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError):
+        ferry.CUDABackend(2**40)
+    with pytest.raises(ferry.InvalidArgumentError):
+        ferry.cuda_buffer_type(-2**40)
+    with pytest.raises(ferry.InvalidArgumentError):
+        ferry.KVCache("f16", "f16", 32, 2, 64, 2, backend=ferry.CPUBackend(), pinned=True)
+
+
+def test_events_on_a_backend_without_them() -> None:
+    cpu = ferry.CPUBackend()
+    with pytest.raises(ferry.UnsupportedError, match="no events"):
+        cpu.event()
+    with pytest.raises(ferry.InvalidArgumentError):
+        cpu.wait("event")  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError):
+        ferry.Event.elapsed_ms(None, None)  # type: ignore[arg-type]
+
+
+@needs_device
+def test_round_trip_2d_on_device() -> None:
+    cuda = ferry.CUDABackend(0)
+    assert cuda.device == 0 and cuda.has_2d
+    row, pitch, n = 1088, 4 * 1088, 5
+    t = cuda.alloc_tensor("i32", [pitch * n // 4])
+    t.memset(SENTINEL)
+    src = pattern(row * n)
+    cuda.set_2d(t, src, 0, row, n, pitch)
+    got = t.get()
+    for r in range(n):
+        assert got[r * pitch:r * pitch + row] == src[r * row:(r + 1) * row]
+        assert set(got[r * pitch + row:(r + 1) * pitch]) == {SENTINEL}
+    assert cuda.get_2d(t, 0, row, n, pitch) == src
+
+
+def _check_window_copy(got: bytes, src: bytes, ns: int, stride: int, used: int, gaps_kept: bool) -> None:
+    for s in range(ns):
+        assert got[s * stride:s * stride + used] == src[s * stride:s * stride + used], f"stream {s}"
+        if gaps_kept and s + 1 < ns:
+            assert set(got[s * stride + used:(s + 1) * stride]) == {SENTINEL}, f"gap after stream {s}"
+
+
+@needs_device
+@pytest.mark.parametrize("pinned", [False, True])
+def test_heart_copy_path_with_cuda_split_backend(pinned: bool) -> None:
+    """SPEC.md's heart test on the copy path with CUDA as the split backend, host cache pageable or pinned."""
+    cuda = ferry.CUDABackend(0)
+    kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 4 * 64, 4, pinned=pinned)
+    assert kv.buffer.is_host
+    src = pattern(kv.k(0).nbytes)
+    kv.k(0).set(src)
+    k, _ = kv.window(0, 40, 0, 3)
+    row = 1088
+    for policy in ("flat", "ranges"):
+        dst = k.dup_layout()
+        cuda.alloc_buffer_for(dst)
+        dst.memset(SENTINEL)
+        st = ferry.copy_input(cuda, policy, k, dst)
+        _check_window_copy(dst.get(), src, 4, 64 * row, 40 * row, gaps_kept=policy == "ranges")
+        if policy == "ranges":
+            assert (st.path, st.bytes_copied, st.copy_calls) == (ferry.CopyPolicy.RANGES, 4 * 40 * row, 1)
+        else:
+            assert st.bytes_copied == k.nbytes > st.bytes_read
+
+
+@needs_device
+def test_scheduler_with_cuda_split_backend() -> None:
+    """The scheduler places the input copy in CUDA memory and copies it by policy. CUDA computes no ops
+    yet (its backend has no supports_op / graph_compute), so compute fails after the copy, naming the op;
+    when CUDA gains ops, replace the raises with a plain compute and compare out with the CPU's."""
+    cpu, cuda = ferry.CPUBackend(), ferry.CUDABackend(0)
+    kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 4 * 64, 4, pinned=True)
+    src = pattern(kv.k(0).nbytes)
+    kv.k(0).set(src)
+    k, _ = kv.window(0, 40, 0, 3)
+    out = k.dup(name="out").set_output()
+    g = ferry.Graph(out)
+    for policy in ("flat", "ranges"):
+        sched = ferry.Scheduler([cuda, cpu], policy=policy)
+        sched.pin(out, cuda)
+        sched.alloc(g)
+        (inp,) = sched.inputs
+        assert inp.copy.buffer.type == cuda.buffer_type and sched.buffer_size(cuda) >= k.nbytes
+        inp.copy.memset(SENTINEL)
+        with pytest.raises(ferry.UnsupportedError, match="does not support dup"):
+            sched.compute(g)
+        st = sched.stats
+        _check_window_copy(inp.copy.get(), src, 4, 64 * 1088, 40 * 1088, gaps_kept=policy == "ranges")
+        want = 4 * 40 * 1088 if policy == "ranges" else k.nbytes
+        assert st.bytes_copied == want and st.bytes_read == 4 * 40 * 1088
+
+
+@needs_device
+def test_events_order_and_time_work() -> None:
+    cuda = ferry.CUDABackend(0)
+    other = ferry.CUDABackend(0)
+    start, end = cuda.event(timing=True), cuda.event(timing=True)
+    t = cuda.alloc_tensor("f32", [1 << 20])
+    start.record()
+    cuda.set_async(t, np.ones(1 << 20, np.float32))
+    end.record(cuda)
+    other.wait(end)
+    end.synchronize()
+    ms = ferry.Event.elapsed_ms(start, end)
+    assert ms >= 0.0
+    np.testing.assert_array_equal(t.to_numpy(), np.ones(1 << 20, np.float32))
+    with pytest.raises(ferry.FerryError):
+        ferry.Event.elapsed_ms(cuda.event(), cuda.event())  # not timing events

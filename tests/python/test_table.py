@@ -1,0 +1,89 @@
+"""`ferry table`: SPEC.md's numbers from a dry run of the scheduler, its JSON, and its argument errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import ferry
+from ferry.cli import main
+from ferry.table import build_table, n_kv_for
+
+SPEC_ARGS = ["table", "-c", "32768", "-npl", "2,4,8", "-npp", "2048", "-ntg", "128"]
+
+
+def test_table_prints_spec_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(SPEC_ARGS) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines[2:]]
+    assert rows == [
+        ["2", "4,352", "18,560", "4,352", "4.26x"],
+        ["4", "8,704", "26,752", "8,704", "3.07x"],
+        ["8", "17,408", "30,848", "17,408", "1.77x"],
+    ]
+
+
+def test_table_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(SPEC_ARGS + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [sorted(r) for r in rows] == [sorted(["npl", "cells_read", "cells_copied_flat", "cells_copied_ranges",
+                                                 "ratio"])] * 3
+    assert [(r["npl"], r["cells_read"], r["cells_copied_flat"], r["cells_copied_ranges"]) for r in rows] == [
+        (2, 4352, 18560, 4352), (4, 8704, 26752, 8704), (8, 17408, 30848, 17408)]
+    assert [round(r["ratio"], 2) for r in rows] == [4.26, 3.07, 1.77]
+
+
+def test_table_pads_n_kv_and_caps_it_at_the_stream() -> None:
+    assert n_kv_for(2048, 128, 256, 16384) == 2304
+    assert n_kv_for(2048, 128, 1, 16384) == 2176
+    assert n_kv_for(2048, 128, 256, 2048) == 2048
+    (row,) = build_table(32768, [2], 2048, 128, pad=256)
+    assert (row.cells_read, row.cells_copied_flat, row.cells_copied_ranges) == (4608, 16384 + 2304, 4608)
+    (full,) = build_table(4096, [2], 2048, 128, pad=256)  # n_kv capped at kv_size: no gap, nothing to gain
+    assert (full.cells_read, full.cells_copied_flat, full.cells_copied_ranges) == (4096, 4096, 4096)
+    (f16,) = build_table(8192, [4], 100, 28, type_k="f16", head_dim=64, n_head_kv=2)
+    assert (f16.cells_read, f16.cells_copied_flat) == (4 * 128, 3 * 2048 + 128)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-c", "32768", "-npl", "3", "-npp", "2048", "-ntg", "128"], "does not split into 3 equal streams"),
+    (["-c", "32768", "-npl", "2,x", "-npp", "2048", "-ntg", "128"], "integers separated by commas"),
+    (["-c", "32768", "-npl", "2", "-npp", "2048", "-ntg", "128", "--type", "q9"], "unknown type name 'q9'"),
+    (["-c", "32768", "-npl", "2", "-npp", "2048", "-ntg", "128", "--pad", "0"], "--pad must be positive"),
+    (["-c", "0", "-npl", "2", "-npp", "2048", "-ntg", "128"], "-c must be positive"),
+    (["-c", "32768", "-npl", "2", "-npp", "2048", "-ntg", "128", "--head-dim", "100"], "not whole q8_0 blocks"),
+    (["-c", "32768", "-npl", "2", "-npp", "2048"], "required: -ntg"),
+])
+def test_table_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str], args: list, message: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["table"] + args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_demo_still_works(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    assert "ratio 4.26x" in capsys.readouterr().out
+
+
+def test_installed_command_runs() -> None:
+    exe = shutil.which("ferry", path=os.path.dirname(sys.executable)) or shutil.which("ferry")
+    cmd = [exe] if exe else [sys.executable, "-m", "ferry.cli"]
+    done = subprocess.run(cmd + SPEC_ARGS + ["--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [r["cells_copied_flat"] for r in json.loads(done.stdout)] == [18560, 26752, 30848]
+    bad = subprocess.run(cmd + ["table", "-c", "100", "-npl", "3", "-npp", "1", "-ntg", "1"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "equal streams" in bad.stderr
+
+
+def test_dummy_is_host() -> None:
+    host = ferry.DummyBackend(is_host=True)
+    assert host.is_host and host.buffer_type.is_host and host.alloc_buffer(64).is_host
+    assert not ferry.DummyBackend().buffer_type.is_host
