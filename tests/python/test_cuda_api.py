@@ -104,9 +104,8 @@ def test_heart_copy_path_with_cuda_split_backend(pinned: bool) -> None:
 
 @needs_device
 def test_scheduler_with_cuda_split_backend() -> None:
-    """The scheduler places the input copy in CUDA memory and copies it by policy. CUDA computes no ops
-    yet (its backend has no supports_op / graph_compute), so compute fails after the copy, naming the op;
-    when CUDA gains ops, replace the raises with a plain compute and compare out with the CPU's."""
+    """The scheduler places the input copy in CUDA memory, copies it by policy, and CUDA's dup reads it
+    through its own ne/nb: out holds each stream's cells, head by head, whatever the policy."""
     cpu, cuda = ferry.CPUBackend(), ferry.CUDABackend(0)
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 4 * 64, 4, pinned=True)
     src = pattern(kv.k(0).nbytes)
@@ -121,9 +120,11 @@ def test_scheduler_with_cuda_split_backend() -> None:
         (inp,) = sched.inputs
         assert inp.copy.buffer.type == cuda.buffer_type and sched.buffer_size(cuda) >= k.nbytes
         inp.copy.memset(SENTINEL)
-        with pytest.raises(ferry.UnsupportedError, match="does not support dup"):
-            sched.compute(g)
+        sched.compute(g)
         st = sched.stats
+        # out = contiguous [head_dim (136 B of q8_0), cells, heads, streams] of the window
+        want_out = np.frombuffer(src, np.uint8).reshape(4, 64, 8, 136)[:, :40].transpose(0, 2, 1, 3).tobytes()
+        assert out.get() == want_out
         _check_window_copy(inp.copy.get(), src, 4, 64 * 1088, 40 * 1088, gaps_kept=policy == "ranges")
         want = 4 * 40 * 1088 if policy == "ranges" else k.nbytes
         assert st.bytes_copied == want and st.bytes_read == 4 * 40 * 1088
