@@ -1,9 +1,10 @@
 """ferry: copy the ranges of a multi-stream KV-cache window, not the span.
 
 Python objects over the C library: Tensor (ggml order: ne[0] fastest, byte strides nb),
-Buffer and BufferType, CPUBackend and DummyBackend, per-kind transfer counters (Stats);
-ops (add, mul, scale, dup, concat, pad, mean), Graph and GraphAllocator; KVCache and
-its windows, the Scheduler and its copy policies; CUDABackend and Events.
+Buffer and BufferType, CPUBackend, DummyBackend and StandinBackend (a GPU's stand-in),
+per-kind transfer counters (Stats); ops (add, mul, scale, dup, concat, pad, mean,
+attn_decode), Graph and GraphAllocator; KVCache and its windows, the Scheduler and its
+copy policies; CUDABackend and Events.
 Every failure raises FerryError (a subclass per C status) with the C message.
 """
 
@@ -14,7 +15,7 @@ from typing import Any, Dict
 from . import ops
 from ._binding import LIB_PATH, ffi, lib
 from .alloc import GraphAllocator, Placement
-from .backend import Backend, CPUBackend, DummyBackend
+from .backend import Backend, CPUBackend, DummyBackend, StandinBackend
 from .buffer import BorrowedBuffer, Buffer, BufferType, cpu_buffer_type
 from .copy_path import CopyPolicy, CopyRanges, CopyStats, bytes_read, copy_input, copy_ranges_of
 from .cuda import CUDABackend, Event, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
@@ -22,7 +23,7 @@ from .errors import (BackendError, FerryError, FreedBufferError, InvalidArgument
                      NotAllocatedError, OutOfBoundsError, OutOfMemoryError, UnknownTypeError, UnsupportedError)
 from .graph import Graph
 from .kv import KVCache, KVParams
-from .ops import add, concat, dup, mean, mul, pad, scale
+from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
 from .sched import Input, SchedStats, Scheduler, Split
 from .stats import KINDS, Stats
 from .tensor import Tensor, tensor_copy
@@ -47,12 +48,12 @@ def cuda_available() -> bool:
 
 __all__ = [
     "ffi", "lib", "build_info", "cuda_available",
-    "Backend", "CPUBackend", "DummyBackend", "Buffer", "BufferType", "cpu_buffer_type",
+    "Backend", "CPUBackend", "DummyBackend", "StandinBackend", "Buffer", "BufferType", "cpu_buffer_type",
     "Tensor", "tensor_copy", "Stats", "KINDS", "BorrowedBuffer",
     "CopyPolicy", "CopyRanges", "CopyStats", "bytes_read", "copy_input", "copy_ranges_of",
     "KVCache", "KVParams", "Scheduler", "Split", "Input", "SchedStats",
     "CUDABackend", "Event", "cuda_device_count", "cuda_buffer_type", "cuda_host_buffer_type",
-    "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "Graph", "GraphAllocator", "Placement",
+    "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "Graph", "GraphAllocator", "Placement",
     "Type", "to_type", "type_name", "type_size", "blck_size", "row_size", "numpy_dtype", "type_from_dtype",
     "FerryError", "InvalidArgumentError", "OutOfBoundsError", "NotAllocatedError", "LayoutError",
     "UnknownTypeError", "FreedBufferError", "OutOfMemoryError", "UnsupportedError", "BackendError",

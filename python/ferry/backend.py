@@ -212,6 +212,18 @@ class CPUBackend(Backend):
         super().__init__(out[0])
 
 
+class StandinBackend(Backend):
+    """The stand-in device, for machines without a GPU: a CPU backend ("CPU (stand-in device)")
+    whose buffers no other backend may use, and which uses no memory but its own. A split on it
+    receives its inputs through the scheduler's copy path, as a GPU split would, and runs the
+    CPU kernels; its 2-D sets are one call each, as cudaMemcpy2DAsync is."""
+
+    def __init__(self) -> None:
+        out = ffi.new("ferry_backend **")
+        check(lib.ferry_standin_backend_new(out))
+        super().__init__(out[0])
+
+
 class DummyBackend(Backend):
     """A device-like backend for allocator tests and dry runs.
 

@@ -76,6 +76,35 @@ def mean(a: Tensor, name: Optional[str] = None) -> Tensor:
     return _op(lambda ctx, out: lib.ferry_mean(ctx, pa, out), (a,), name)
 
 
+def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional[float] = None,
+                v_trans: bool = False, name: Optional[str] = None) -> Tensor:
+    """Decode attention, one query token per stream: f32 [head_dim, n_head, 1, ns],
+    softmax(scale * q.k) . v per query head, over the first kv_len[s] cells of stream s.
+
+    q is f32 [head_dim, n_head, 1, ns]; k a permuted K window [head_dim, n_kv, n_head_kv, ns]
+    (KVCache.window); v the same, or with v_trans [n_kv, head_dim, n_head_kv, ns]; kv_len i32
+    [ns] (clamped to 0..n_kv; 0 gives a zero row). K and V are f32, f16 or q8_0 (q8_0 V not
+    transposed); query head h reads KV head h // (n_head // n_head_kv). scale defaults to
+    1/sqrt(head_dim). Deterministic: the same bytes in give the same bytes out on a backend.
+    """
+    pq, pk = _check_tensor(q, "attn_decode: q")._p, _check_tensor(k, "attn_decode: k")._p
+    pv, pl = _check_tensor(v, "attn_decode: v")._p, _check_tensor(kv_len, "attn_decode: kv_len")._p
+    if not isinstance(v_trans, bool):
+        raise InvalidArgumentError(f"attn_decode: v_trans must be a bool, got {v_trans!r}")
+    if scale is None:
+        head_dim = q.ne[0]
+        if head_dim <= 0:
+            raise InvalidArgumentError(f"attn_decode: q has head_dim {head_dim}: give scale")
+        f = 1.0 / math.sqrt(head_dim)
+    else:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise InvalidArgumentError(f"attn_decode: scale must be a number, got {type(scale).__name__} {scale!r}")
+        f = float(scale)
+        if not math.isfinite(f) or abs(f) > 3.4028234663852886e38:
+            raise InvalidArgumentError(f"attn_decode: scale {scale!r} is not a finite f32")
+    return _op(lambda ctx, out: lib.ferry_attn_decode(ctx, pq, pk, pv, pl, f, v_trans, out), (q, k, v, kv_len), name)
+
+
 def op_name(op: int) -> str:
     """ferry's name for a ferry_op number (Tensor.op)."""
     n = _args.as_c_int(op, "op_name")
@@ -85,4 +114,4 @@ def op_name(op: int) -> str:
     return ffi.string(p).decode()
 
 
-__all__ = ["add", "mul", "scale", "dup", "concat", "pad", "mean", "op_name"]
+__all__ = ["add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "op_name"]
