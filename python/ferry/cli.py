@@ -7,7 +7,7 @@ import json
 import sys
 from typing import List
 
-from .errors import FerryError
+from .errors import FerryError, InvalidArgumentError
 from .tensor import Tensor
 from .types import Type, row_size
 
@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("--head-dim", type=int, default=128, help="default 128")
     tp.add_argument("--kv-heads", type=int, default=8, help="default 8")
     tp.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
+    from . import bench
+
+    bp = bench.add_parser(sub, _int_list)
     args = parser.parse_args(argv)
     try:
         if args.verb == "demo":
@@ -76,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                 return table(args)
             except FerryError as e:  # every failure here comes from the arguments
                 tp.error(str(e))
+        if args.verb == "bench":
+            try:
+                return bench.main(args)
+            except InvalidArgumentError as e:  # the options; a failure to run is a FerryError below
+                bp.error(str(e))
     except FerryError as e:
         raise SystemExit(f"ferry: {e}") from None
     return 2

@@ -1,0 +1,203 @@
+"""`ferry bench` on the CPU stand-in device: exact bytes per policy and layout, outputs that agree,
+the table, --json, --plot, the progress bar, and every bad option refused."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+import ferry
+from ferry import bench
+from ferry.cli import main
+
+TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "4",
+        "--head-dim", "32", "--kv-heads", "2", "--backend", "cpu"]
+KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "bytes_read"}
+
+
+def tiny(**kw: object) -> bench.BenchConfig:
+    base = dict(n_ctx=256, npl=(2, 4), npp=16, ntg=3, n_layer=2, n_head=4, head_dim=32, n_head_kv=2,
+                policies=("flat", "ranges", "plan"), backend="cpu")
+    base.update(kw)
+    return bench.BenchConfig(**base)  # type: ignore[arg-type]
+
+
+def expected_bytes(cfg: bench.BenchConfig, npl: int) -> dict:
+    """What the split cache's windows read, what flat moves (the span), and what the unified cache
+    moves, summed over steps, layers, K and V: from the layout, not from the library."""
+    row = ferry.row_size(cfg.type_kv, cfg.n_embd)
+    kv_size = cfg.n_ctx // npl
+    windows = 2 * cfg.n_layer
+    read = sum(npl * cfg.n_kv(npl, t) for t in range(cfg.ntg)) * row * windows
+    span = sum((npl - 1) * kv_size + cfg.n_kv(npl, t) for t in range(cfg.ntg)) * row * windows
+    unified = cfg.ntg * npl * cfg.cells * row * windows
+    return {"read": read, "span": span, "unified": unified}
+
+
+@pytest.mark.parametrize("type_kv,pad", [("f16", 1), ("q8_0", 8), ("f32", 1)])
+def test_bytes_per_policy_and_layout_are_exact(type_kv: str, pad: int) -> None:
+    cfg = tiny(type_kv=type_kv, pad=pad)
+    res = bench.run_bench(cfg)
+    assert res.split_name == "CPU (stand-in device)" and res.cache_memory == "pageable host memory"
+    assert [(r.npl, r.unified, r.policy) for r in res.rows] == [
+        (npl, u, p) for npl in (2, 4) for u in (False, True) for p in ("flat", "ranges", "plan")]
+    for npl in (2, 4):
+        want = expected_bytes(cfg, npl)
+        flat, ranges, plan = (res.row(npl, p) for p in ("flat", "ranges", "plan"))
+        assert flat.bytes_read == ranges.bytes_read == plan.bytes_read == want["read"]
+        assert flat.bytes_copied == want["span"] > want["read"]
+        assert ranges.bytes_copied == plan.bytes_copied == want["read"]
+        for p in ("flat", "ranges", "plan"):  # one dense range: the same under every policy
+            u = res.row(npl, p, True)
+            assert u.bytes_copied == u.bytes_read == want["unified"]
+        assert res.outputs_identical(npl)
+        for r in res.rows:
+            assert r.tokens_per_s == pytest.approx(r.npl * cfg.ntg / r.decode_s, rel=1e-12)
+            assert 0 < r.copy_s < r.decode_s and 0 < r.compute_s < r.decode_s
+    assert res.gain(res.row(2, "flat")) == 0.0
+    r = res.row(4, "ranges", True)
+    assert res.gain(r) == r.tokens_per_s / res.row(4, "flat", True).tokens_per_s - 1.0
+
+
+def test_outputs_differ_when_content_differs() -> None:
+    """The output hash is a real check: another seed (other cache bytes and queries) changes it."""
+    a = bench.run_bench(tiny(npl=(2,), policies=("ranges",), unified=False))
+    b = bench.run_bench(tiny(npl=(2,), policies=("ranges",), unified=False, seed=1))
+    assert a.rows[0].output_sha256 != b.rows[0].output_sha256
+
+
+def test_no_flat_no_gain() -> None:
+    res = bench.run_bench(tiny(npl=(2,), policies=("ranges",), unified=False, ntg=1))
+    assert len(res.rows) == 1 and res.gain(res.rows[0]) is None
+    assert " - " in bench.format_result(res).splitlines()[5]
+
+
+def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> tuple:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["bench", *TINY, "--policy", "flat,ranges"], capsys)
+    assert code == 0 and err == ""  # no bar when stderr is not a terminal
+    lines = out.splitlines()
+    assert lines[0] == "split backend: CPU (stand-in device); KV cache in pageable host memory (CPU backend)"
+    assert lines[1] == "-c 256, -npp 16, -ntg 3, 2 layers, K/V f16, 4 heads x 32, 2 KV heads, pad 1"
+    assert lines[4].split() == ["npl", "policy", "tok/s", "gain", "decode", "copy", "compute", "copied", "read",
+                                "copy", "bw", "unified", "tok/s", "gain", "copy", "copied"]
+    rows = [ln.split() for ln in lines[5:9]]
+    assert [(r[0], r[1], r[3]) for r in rows] == [("2", "flat", "+0.0%"), ("2", "ranges", rows[1][3]),
+                                                   ("4", "flat", "+0.0%"), ("4", "ranges", rows[3][3])]
+    assert all("MiB" in ln and "GB/s" in ln for ln in lines[5:9])
+    cfg = tiny(policies=("flat", "ranges"))
+    row_ranges_2 = lines[6]
+    assert f"{expected_bytes(cfg, 2)['read'] / 2**20:,.1f} MiB" in row_ranges_2
+    assert lines[10:] == ["npl 2: attention outputs identical across policies and both caches",
+                          "npl 4: attention outputs identical across policies and both caches"]
+
+
+def test_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["bench", *TINY, "--policy", "ranges,flat", "--json"], capsys)
+    assert code == 0
+    assert err == "ferry bench: split backend CPU (stand-in device), KV cache in pageable host memory\n"
+    rows = json.loads(out)
+    assert [(r["npl"], r["unified"], r["policy"]) for r in rows] == [
+        (n, u, p) for n in (2, 4) for u in (False, True) for p in ("ranges", "flat")]
+    cfg = tiny()
+    for r in rows:
+        assert set(r) == KEYS
+        want = expected_bytes(cfg, r["npl"])
+        assert r["bytes_read"] == (want["unified"] if r["unified"] else want["read"])
+        if not r["unified"]:
+            assert r["bytes_copied"] == (want["span"] if r["policy"] == "flat" else want["read"])
+        assert r["tokens_per_s"] > 0 and r["copy_s"] > 0
+
+
+def test_json_without_unified(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["bench", *TINY, "--no-unified", "--json"], capsys)
+    rows = json.loads(out)
+    assert code == 0 and [(r["npl"], r["policy"], r["unified"]) for r in rows] == [
+        (2, "flat", False), (2, "ranges", False), (4, "flat", False), (4, "ranges", False)]
+
+
+def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    code, out, err = run_cli(["bench", *TINY, "-npl", "2", "--plot", str(path)], capsys)
+    assert code == 0 and err == f"ferry bench: wrote {path}\n"
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (700, 400)
+
+
+def test_plot_without_matplotlib_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    path = tmp_path / "bench.png"
+    with pytest.raises(SystemExit, match=r"ferry: --plot needs matplotlib: pip install 'ferry\[plot\]'"):
+        main(["bench", *TINY, "--plot", str(path)])
+    assert not path.exists()
+    with pytest.raises(ferry.UnsupportedError):
+        bench.check_plot_available()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-npl", "3"], "-npl 3: the context of 256 cells does not split into 3 equal streams"),
+    (["-npp", "200"], "-npl 2: a stream holds 128 cells, fewer than -npp + -ntg = 203"),
+    (["--policy", "flat,bogus"], "--policy 'bogus': known policies are flat, ranges, plan"),
+    (["--policy", "flat,flat"], "--policy lists a policy twice: flat,flat"),
+    (["-ntg", "0"], "-ntg must be a positive integer, got 0"),
+    (["--heads", "5"], "--heads 5 is not a multiple of --kv-heads 2"),
+    (["--type", "q8_0", "--head-dim", "48"], "--type q8_0 needs --head-dim a multiple of 32, got 48"),
+    (["--type", "q4_0"], "invalid choice: 'q4_0'"),
+    (["-npl", "2,x"], "expected integers separated by commas"),
+])
+def test_bad_options_are_refused(args: List[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *TINY, *args])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(ferry.cuda_available(), reason="a CUDA device is present")
+def test_cuda_backend_without_a_device_fails_cleanly() -> None:
+    with pytest.raises(SystemExit, match=r"^ferry: .*cuda_backend_new"):
+        main(["bench", *TINY, "--backend", "cuda"])
+
+
+def test_config_check_raises_invalid_argument() -> None:
+    with pytest.raises(ferry.InvalidArgumentError, match="-npl 0 is not a positive integer"):
+        tiny(npl=(0,)).check()
+    with pytest.raises(ferry.InvalidArgumentError, match="--backend 'tpu'"):
+        tiny(backend="tpu").check()
+    with pytest.raises(ferry.InvalidArgumentError, match="-c must be a positive integer, got True"):
+        tiny(n_ctx=True).check()
+
+
+def test_progress_bar() -> None:
+    s = io.StringIO()
+    p = bench.Progress(4, s, width=8)
+    p.step(label="npl 2 flat")
+    p.step(3, label="npl 2 ranges")
+    p.close()
+    assert s.getvalue() == ("\r[##------] 1/4 npl 2 flat\x1b[K"
+                            "\r[########] 4/4 npl 2 ranges\x1b[K\n")
+    quiet = bench.Progress(4, None)
+    quiet.step()
+    quiet.close()  # nothing to write to, nothing written
+
+
+def test_units() -> None:
+    assert bench.fmt_seconds(0.0001234) == "123.4 µs"
+    assert bench.fmt_seconds(0.01234) == "12.34 ms"
+    assert bench.fmt_seconds(12.5) == "12.500 s"
+    assert bench.fmt_mib(3 * 2**20 // 2) == "1.5 MiB"
+    assert bench.fmt_gbps(54.9e9) == "54.90 GB/s"
+    assert bench.fmt_gain(0.516) == "+51.6%" and bench.fmt_gain(-0.004) == "-0.4%" and bench.fmt_gain(None) == "-"
