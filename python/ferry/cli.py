@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("--head-dim", type=int, default=128, help="default 128")
     tp.add_argument("--kv-heads", type=int, default=8, help="default 8")
     tp.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
-    from . import bench
+    from . import bench, validate
 
     bp = bench.add_parser(sub, _int_list)
+    vp = validate.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         if args.verb == "demo":
@@ -84,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
                 return bench.main(args)
             except InvalidArgumentError as e:  # the options; a failure to run is a FerryError below
                 bp.error(str(e))
+        if args.verb == "validate":
+            try:
+                return validate.main(args)
+            except InvalidArgumentError as e:
+                vp.error(str(e))
     except FerryError as e:
         raise SystemExit(f"ferry: {e}") from None
     return 2

@@ -1,0 +1,256 @@
+"""`ferry validate`: the analogue of llama.cpp's llama-parallel hash gate.
+
+Many sequences (default 16), each with its own content, are served through a non-unified
+KV cache of fewer streams (default 8): in waves, wave w putting sequences w*S .. w*S+S-1 in
+streams 0..S-1. At the start of a wave each sequence's prompt cells are written into its
+stream (over whatever the previous wave left there); each decode step writes the sequence's
+next cell and then runs, per layer, attention over the window of the wave's streams on the
+split backend (CUDA, or the CPU stand-in), each sequence with its own query and length. The
+sha256 of every attention output, in order, is one hash per copy policy: they must be
+identical, since a copy policy changes what is moved, never what the graph reads.
+
+The negative control shows the gate can fail: the cache has one stream more than a wave
+uses, kept as a copy of stream 0 (so stream S is stream 0's neighbour after S-1), and the
+control runs the `ranges` policy with each wave's window shifted one stream up, so that every
+sequence reads its neighbour's range with its own query and length. Its hash must differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from .backend import Backend, CPUBackend
+from .bench import KV_TYPES, POLICIES, _content, _policy_list, split_backend
+from .errors import InvalidArgumentError
+from .graph import Graph
+from .kv import KVCache
+from .ops import attn_decode
+from .sched import Scheduler
+from .tensor import Tensor
+from .types import row_size, to_type
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """What `ferry validate` runs."""
+
+    n_seq: int = 16
+    n_stream: int = 8
+    n_layer: int = 2
+    n_step: int = 4
+    kv_size: int = 64
+    type_kv: str = "f16"
+    n_head: int = 4
+    head_dim: int = 32
+    n_head_kv: int = 2
+    policies: Tuple[str, ...] = POLICIES
+    backend: str = "auto"
+    seed: int = 0
+
+    def check(self) -> None:
+        """Raise InvalidArgumentError for any option that cannot run."""
+        for name, value in (("--sequences", self.n_seq), ("--streams", self.n_stream), ("--layers", self.n_layer),
+                            ("--steps", self.n_step), ("--cells", self.kv_size), ("--heads", self.n_head),
+                            ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_stream < 2:
+            raise InvalidArgumentError(f"--streams {self.n_stream}: a gate for cross-stream reads needs at least 2")
+        if self.kv_size < 2 * self.n_step + 2:
+            raise InvalidArgumentError(f"--cells {self.kv_size}: a stream needs at least 2 * --steps + 2 = "
+                                       f"{2 * self.n_step + 2} cells (prompts of different lengths, then the steps)")
+        if self.type_kv not in KV_TYPES:
+            raise InvalidArgumentError(f"--type {self.type_kv!r}: attention reads {', '.join(KV_TYPES)}")
+        if self.type_kv == "q8_0" and self.head_dim % 32:
+            raise InvalidArgumentError(f"--type q8_0 needs --head-dim a multiple of 32, got {self.head_dim}")
+        if self.n_head % self.n_head_kv:
+            raise InvalidArgumentError(f"--heads {self.n_head} is not a multiple of --kv-heads {self.n_head_kv}")
+        if not self.policies:
+            raise InvalidArgumentError("--policy: give at least one policy")
+        for p in self.policies:
+            if p not in POLICIES:
+                raise InvalidArgumentError(f"--policy {p!r}: known policies are {', '.join(POLICIES)}")
+        if len(set(self.policies)) != len(self.policies):
+            raise InvalidArgumentError(f"--policy lists a policy twice: {','.join(self.policies)}")
+        if self.backend not in ("auto", "cpu", "cuda"):
+            raise InvalidArgumentError(f"--backend {self.backend!r}: auto, cpu or cuda")
+
+    @property
+    def n_embd(self) -> int:
+        return self.head_dim * self.n_head_kv
+
+    def prompts(self) -> List[int]:
+        """Each sequence's prompt length: different lengths, so that each stream's range differs too."""
+        rng = np.random.default_rng([self.seed, 7])
+        return [int(x) for x in rng.integers(self.n_step + 1, self.kv_size - self.n_step + 1, size=self.n_seq)]
+
+
+@dataclass
+class ValidateResult:
+    """The hash per policy, the control's hash, and the verdicts."""
+
+    split_name: str
+    hashes: Dict[str, str]
+    control: str
+
+    @property
+    def identical(self) -> bool:
+        return len(set(self.hashes.values())) == 1
+
+    @property
+    def control_detected(self) -> bool:
+        return self.control not in self.hashes.values()
+
+    @property
+    def passed(self) -> bool:
+        return self.identical and self.control_detected
+
+    def as_dict(self) -> Dict[str, object]:
+        """The --json object."""
+        return {"hashes": dict(self.hashes), "identical": self.identical, "control_detected": self.control_detected}
+
+
+class _Served:
+    """The cache and each sequence's content: prompt cells written at the start of a wave, one more
+    cell per decode step, stream S kept a copy of stream 0."""
+
+    def __init__(self, cfg: ValidateConfig) -> None:
+        self.cfg = cfg
+        ty = to_type(cfg.type_kv)
+        S = cfg.n_stream
+        self.kv = KVCache(ty, ty, cfg.head_dim, cfg.n_head_kv, (S + 1) * cfg.kv_size, S + 1, cfg.n_layer)
+        self.kv.buffer.clear(0)
+        self.row = row_size(ty, cfg.n_embd)
+        self.prompt = cfg.prompts()
+        self.content = {(i, layer, which): _content(ty, self.prompt[i] + cfg.n_step, cfg.n_embd,
+                                                     (cfg.seed, i, layer, which == "v"))
+                        for i in range(cfg.n_seq) for layer in range(cfg.n_layer) for which in ("k", "v")}
+
+    def _write(self, stream: int, seq: int, cell0: int, n: int) -> None:
+        for layer in range(self.cfg.n_layer):
+            for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
+                data = self.content[seq, layer, which][cell0 * self.row:(cell0 + n) * self.row]
+                for s in (stream, self.cfg.n_stream) if stream == 0 else (stream,):
+                    t.set(data, (s * self.kv.kv_size + cell0) * self.row)
+
+    def start_wave(self, seqs: List[int]) -> None:
+        for s, i in enumerate(seqs):
+            self._write(s, i, 0, self.prompt[i])
+
+    def step(self, seqs: List[int], t: int) -> None:
+        for s, i in enumerate(seqs):
+            self._write(s, i, self.prompt[i] + t, 1)
+
+
+def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
+    rng = np.random.default_rng([cfg.seed, seq, layer, t, 1 << 20])
+    return rng.uniform(-1.0, 1.0, (cfg.n_head, cfg.head_dim)).astype(np.float32)
+
+
+def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0) -> str:
+    """Serve every sequence under a policy; the sha256 (hex) of every attention output in order.
+    shift moves each wave's window that many streams up (the negative control: 1)."""
+    cpu = CPUBackend()
+    served = _Served(cfg)
+    sched = Scheduler([split, cpu], policy=policy)
+    digest = hashlib.sha256()
+    S = cfg.n_stream
+    for w in range(0, cfg.n_seq, S):
+        seqs = list(range(w, min(w + S, cfg.n_seq)))
+        served.start_wave(seqs)
+        n = len(seqs)
+        for t in range(cfg.n_step):
+            served.step(seqs, t)
+            lens = np.array([served.prompt[i] + t + 1 for i in seqs], np.int32)
+            n_kv = int(lens.max())
+            kv_len = Tensor.from_numpy(cpu, lens, name="kv_len")
+            outs = []
+            for layer in range(cfg.n_layer):
+                q = np.stack([_query(cfg, i, layer, t) for i in seqs])[:, None]  # [ns, 1, n_head, head_dim]
+                k, v = served.kv.window(layer, n_kv, shift, shift + n - 1)
+                out = attn_decode(Tensor.from_numpy(cpu, q, name=f"q{layer}"), k, v, kv_len,
+                                  name=f"attn{layer}").set_output()
+                sched.pin(out, split)
+                outs.append(out)
+            sched.compute(Graph(*outs))
+            for out in outs:
+                digest.update(out.get())
+    sched.close()
+    return digest.hexdigest()
+
+
+def run_validate(cfg: ValidateConfig) -> ValidateResult:
+    """Each policy's hash and the control's."""
+    cfg.check()
+    split = split_backend(cfg.backend)
+    hashes = {p: serve(cfg, split, p) for p in cfg.policies}
+    control = serve(cfg, split, "ranges", shift=1)
+    return ValidateResult(split.name, hashes, control)
+
+
+def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
+    waves = -(-cfg.n_seq // cfg.n_stream)
+    lines = [
+        f"split backend: {res.split_name}",
+        f"{cfg.n_seq} sequences through {cfg.n_stream} streams of {cfg.kv_size} cells ({waves} waves), "
+        f"{cfg.n_layer} layers, {cfg.n_step} decode steps, K/V {cfg.type_kv}, {cfg.n_head} heads x {cfg.head_dim}, "
+        f"{cfg.n_head_kv} KV heads",
+        "sha256 of every attention output:",
+    ]
+    width = max(len(p) for p in [*res.hashes, "control"])
+    lines += [f"  {p.ljust(width)}  {h}" for p, h in res.hashes.items()]
+    lines.append(f"  {'control'.ljust(width)}  {res.control}  (ranges, each sequence reading its neighbour's stream)")
+    lines.append(f"policies: {'identical' if res.identical else 'DIFFERENT'}; "
+                 f"control: {'detected' if res.control_detected else 'NOT DETECTED'}; "
+                 f"gate: {'pass' if res.passed else 'FAIL'}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------ the command
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    """The `validate` verb's options, on the `ferry` command's subparsers."""
+    d = ValidateConfig()
+    vp = sub.add_parser("validate", help="the hash gate: every copy policy gives identical attention outputs, "
+                                         "and a cross-stream read is detected (llama-parallel's gate)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    vp.add_argument("--sequences", type=int, default=d.n_seq, help=f"sequences served (default {d.n_seq})")
+    vp.add_argument("--streams", type=int, default=d.n_stream, help=f"streams of the cache (default {d.n_stream})")
+    vp.add_argument("--cells", type=int, default=d.kv_size, help=f"cells per stream (default {d.kv_size})")
+    vp.add_argument("--layers", type=int, default=d.n_layer, help=f"default {d.n_layer}")
+    vp.add_argument("--steps", type=int, default=d.n_step, help=f"decode steps per wave (default {d.n_step})")
+    vp.add_argument("--type", default=d.type_kv, choices=KV_TYPES, help=f"K and V type (default {d.type_kv})")
+    vp.add_argument("--heads", type=int, default=d.n_head, help=f"query heads (default {d.n_head})")
+    vp.add_argument("--head-dim", type=int, default=d.head_dim, help=f"default {d.head_dim}")
+    vp.add_argument("--kv-heads", type=int, default=d.n_head_kv, help=f"default {d.n_head_kv}")
+    vp.add_argument("--policy", type=_policy_list, default=list(d.policies), metavar="P,P,...",
+                    help=f"copy policies to compare (default {','.join(d.policies)})")
+    vp.add_argument("--backend", default=d.backend, choices=("auto", "cpu", "cuda"),
+                    help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable)")
+    vp.add_argument("--seed", type=int, default=d.seed, help=f"the sequences' content (default {d.seed})")
+    vp.add_argument("--json", action="store_true", help='{"hashes": {policy: hex}, "identical", "control_detected"}')
+    return vp
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `ferry validate`; exit status 0 when the policies agree and the control was detected, else 1."""
+    cfg = ValidateConfig(n_seq=args.sequences, n_stream=args.streams, n_layer=args.layers, n_step=args.steps,
+                         kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
+                         n_head_kv=args.kv_heads, policies=tuple(args.policy), backend=args.backend, seed=args.seed)
+    cfg.check()
+    res = run_validate(cfg)
+    if args.json:
+        print(json.dumps(res.as_dict(), indent=2))
+    else:
+        print(format_result(cfg, res))
+    if not res.passed:
+        print("ferry validate: the gate failed", file=sys.stderr)
+    return 0 if res.passed else 1

@@ -1,0 +1,104 @@
+"""`ferry validate`, the hash gate: identical hashes under every policy, a detected control, the
+text and JSON outputs, an exit status that fails when the gate does, and what makes it a gate."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import List
+
+import pytest
+
+import ferry
+from ferry import validate
+from ferry.cli import main
+
+SMALL = ["--backend", "cpu"]
+
+
+def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", *SMALL]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert err == ""
+    assert lines[0] == "split backend: CPU (stand-in device)"
+    assert lines[1] == ("16 sequences through 8 streams of 64 cells (2 waves), 2 layers, 4 decode steps, K/V f16, "
+                        "4 heads x 32, 2 KV heads")
+    assert lines[2] == "sha256 of every attention output:"
+    hashes = [re.fullmatch(r"  (flat|ranges|plan|control) +([0-9a-f]{64})(  \(.*\))?", ln) for ln in lines[3:7]]
+    assert all(hashes) and [m.group(1) for m in hashes] == ["flat", "ranges", "plan", "control"]  # type: ignore
+    policy_hashes = {m.group(2) for m in hashes[:3]}  # type: ignore[union-attr]
+    assert len(policy_hashes) == 1 and hashes[3].group(2) not in policy_hashes  # type: ignore[union-attr]
+    assert lines[7] == "policies: identical; control: detected; gate: pass"
+    assert len(lines) == 8
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", *SMALL, "--json", "--type", "q8_0", "--sequences", "5", "--streams", "2"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert set(got) == {"hashes", "identical", "control_detected"}
+    assert list(got["hashes"]) == ["flat", "ranges", "plan"]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in got["hashes"].values())
+    assert len(set(got["hashes"].values())) == 1
+    assert got["identical"] is True and got["control_detected"] is True
+
+
+def test_hash_is_deterministic_and_follows_the_content() -> None:
+    cfg = validate.ValidateConfig(backend="cpu", policies=("ranges",), n_seq=4, n_stream=2)
+    split = ferry.StandinBackend()
+    a = validate.serve(cfg, split, "ranges")
+    assert validate.serve(cfg, split, "ranges") == a
+    assert validate.serve(validate.ValidateConfig(backend="cpu", n_seq=4, n_stream=2, seed=1), split, "ranges") != a
+
+
+def test_the_gate_fails_when_a_policy_reads_the_wrong_stream(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A policy whose run reads a neighbour's range (here: plan, made to by a shifted window) breaks
+    identity, and the command exits 1."""
+    real = validate.serve
+
+    def broken(cfg: validate.ValidateConfig, split: ferry.Backend, policy: str, shift: int = 0) -> str:
+        return real(cfg, split, policy, shift=1 if policy == "plan" else shift)
+
+    monkeypatch.setattr(validate, "serve", broken)
+    assert main(["validate", *SMALL, "--json"]) == 1
+    out, err = capsys.readouterr()
+    got = json.loads(out)
+    assert got["identical"] is False and got["control_detected"] is False  # plan's hash is the control's
+    assert got["hashes"]["flat"] == got["hashes"]["ranges"] != got["hashes"]["plan"]
+    assert err == "ferry validate: the gate failed\n"
+    assert main(["validate", *SMALL]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "policies: DIFFERENT; control: NOT DETECTED; gate: FAIL"
+
+
+def test_same_content_in_every_stream_hides_a_cross_stream_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why each sequence needs its own content: with one prompt shared by every sequence the streams
+    hold the same bytes, and the control's cross-stream read goes unseen."""
+    real_content = validate._content
+    monkeypatch.setattr(validate, "_content", lambda ty, cells, n_embd, seed: real_content(
+        ty, cells, n_embd, (seed[0], 0, seed[2], seed[3])))
+    monkeypatch.setattr(validate.ValidateConfig, "prompts", lambda self: [20] * self.n_seq)
+    monkeypatch.setattr(validate, "_query", lambda cfg, seq, layer, t: validate.np.full(
+        (cfg.n_head, cfg.head_dim), 0.25 * (layer + t + 1), validate.np.float32))
+    res = validate.run_validate(validate.ValidateConfig(backend="cpu"))
+    assert res.identical and not res.control_detected and not res.passed
+
+
+def test_prompts_differ() -> None:
+    p = validate.ValidateConfig().prompts()
+    assert len(p) == 16 and len(set(p)) > 8 and min(p) >= 5 and max(p) <= 60
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--streams", "1"], "--streams 1: a gate for cross-stream reads needs at least 2"),
+    (["--cells", "9"], "--cells 9: a stream needs at least 2 * --steps + 2 = 10 cells"),
+    (["--sequences", "0"], "--sequences must be a positive integer, got 0"),
+    (["--policy", "ranges,nope"], "--policy 'nope': known policies are flat, ranges, plan"),
+    (["--heads", "3"], "--heads 3 is not a multiple of --kv-heads 2"),
+    (["--type", "q8_0", "--head-dim", "16"], "--type q8_0 needs --head-dim a multiple of 32, got 16"),
+])
+def test_bad_options_are_refused(args: List[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["validate", *SMALL, *args])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
