@@ -70,13 +70,14 @@ class BenchConfig:
     unified: bool = True
     backend: str = "auto"
     pad: int = 1
+    repeat: int = 1
     seed: int = 0
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
         for name, value in (("-c", self.n_ctx), ("-npp", self.npp), ("-ntg", self.ntg), ("--layers", self.n_layer),
                             ("--heads", self.n_head), ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv),
-                            ("--pad", self.pad)):
+                            ("--pad", self.pad), ("--repeat", self.repeat)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
         if self.type_kv not in KV_TYPES:
@@ -300,19 +301,28 @@ def run_one(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, policy: st
 
 
 def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResult:
-    """Every (npl, policy, layout) of cfg; progress is the stream for the bar (None: no bar)."""
+    """Every (npl, policy, layout) of cfg; progress is the stream for the bar (None: no bar).
+    With repeat > 1 each runs that many times, interleaved, and the row is its fastest run."""
     cfg.check()
     split = split_backend(cfg.backend)
     cpu = CPUBackend()
     pinned = not isinstance(split, StandinBackend)
     layouts = (False, True) if cfg.unified else (False,)
-    bar = Progress(len(cfg.npl) * len(cfg.policies) * len(layouts) * cfg.ntg, progress)
+    bar = Progress(len(cfg.npl) * len(cfg.policies) * len(layouts) * cfg.ntg * cfg.repeat, progress)
     rows = []
     try:
         for npl in cfg.npl:
-            for unified in layouts:
-                for policy in cfg.policies:
-                    rows.append(run_one(cfg, split, cpu, npl, policy, unified, pinned, bar))
+            runs: Dict[Tuple[bool, str], List[BenchRow]] = {}
+            for _ in range(cfg.repeat):
+                for unified in layouts:
+                    for policy in cfg.policies:
+                        runs.setdefault((unified, policy), []).append(
+                            run_one(cfg, split, cpu, npl, policy, unified, pinned, bar))
+            for key in [(u, p) for u in layouts for p in cfg.policies]:
+                got = runs[key]
+                if len({r.output_sha256 for r in got}) != 1:
+                    raise AssertionError(f"npl {npl} {key}: repeated runs gave different attention outputs")
+                rows.append(min(got, key=lambda r: r.decode_s))
     finally:
         bar.close()
     memory = "pinned host memory" if pinned else "pageable host memory"
@@ -352,7 +362,8 @@ def format_result(res: BenchResult) -> str:
     lines = [
         f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)",
         f"-c {cfg.n_ctx}, -npp {cfg.npp}, -ntg {cfg.ntg}, {cfg.n_layer} layers, K/V {cfg.type_kv}, "
-        f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}",
+        f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}"
+        + (f", fastest of {cfg.repeat} runs" if cfg.repeat > 1 else ""),
         "copy and bytes: every layer's K and V windows, summed over the ntg steps",
         "",
     ]
@@ -452,6 +463,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
                     help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable)")
     bp.add_argument("--pad", type=int, default=d.pad,
                     help=f"round the split cache's n_kv up to this (llama.cpp: 256; default {d.pad}: exact)")
+    bp.add_argument("--repeat", type=int, default=d.repeat,
+                    help="run each configuration this many times (interleaved) and keep the fastest (default 1)")
     bp.add_argument("--json", action="store_true", help="a JSON list of objects instead of the table")
     bp.add_argument("--plot", metavar="FILE.png", help="also write a PNG chart of tokens/s (needs matplotlib)")
     return bp
@@ -467,7 +480,8 @@ def _policy_list(text: str) -> List[str]:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
-                       policies=tuple(args.policy), unified=args.unified, backend=args.backend, pad=args.pad)
+                       policies=tuple(args.policy), unified=args.unified, backend=args.backend, pad=args.pad,
+                       repeat=args.repeat)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -72,6 +72,25 @@ def test_outputs_differ_when_content_differs() -> None:
     assert a.rows[0].output_sha256 != b.rows[0].output_sha256
 
 
+def test_repeat_keeps_the_fastest_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = bench.run_one
+    made: List[bench.BenchRow] = []
+
+    def counted(*args: object) -> bench.BenchRow:
+        made.append(real(*args))  # type: ignore[arg-type]
+        return made[-1]
+
+    monkeypatch.setattr(bench, "run_one", counted)
+    cfg = tiny(npl=(2,), policies=("flat", "ranges"), repeat=3)
+    res = bench.run_bench(cfg)
+    assert [(r.policy, r.unified) for r in made] == [("flat", False), ("ranges", False), ("flat", True),
+                                                     ("ranges", True)] * 3
+    for r in res.rows:
+        same = [m for m in made if (m.policy, m.unified) == (r.policy, r.unified)]
+        assert r is min(same, key=lambda m: m.decode_s)
+    assert bench.format_result(res).splitlines()[1].endswith(", pad 1, fastest of 3 runs")
+
+
 def test_no_flat_no_gain() -> None:
     res = bench.run_bench(tiny(npl=(2,), policies=("ranges",), unified=False, ntg=1))
     assert len(res.rows) == 1 and res.gain(res.rows[0]) is None
@@ -154,6 +173,7 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path: Path, monkeypatch: p
     (["--policy", "flat,bogus"], "--policy 'bogus': known policies are flat, ranges, plan"),
     (["--policy", "flat,flat"], "--policy lists a policy twice: flat,flat"),
     (["-ntg", "0"], "-ntg must be a positive integer, got 0"),
+    (["--repeat", "0"], "--repeat must be a positive integer, got 0"),
     (["--heads", "5"], "--heads 5 is not a multiple of --kv-heads 2"),
     (["--type", "q8_0", "--head-dim", "48"], "--type q8_0 needs --head-dim a multiple of 32, got 48"),
     (["--type", "q4_0"], "invalid choice: 'q4_0'"),
