@@ -207,8 +207,9 @@ def split_backend(name: str) -> Backend:
     raise InvalidArgumentError(f"--backend {name!r}: auto, cpu or cuda")
 
 
-def _content(type_: Type, cells: int, n_embd: int, seed: Sequence[int]) -> bytes:
-    """cells rows of n_embd values of a type, random and determined by seed."""
+def random_rows(type_: Type, cells: int, n_embd: int, seed: Sequence[int]) -> bytes:
+    """cells rows of n_embd values of a type (f32, f16 or q8_0), random and determined by seed: each
+    sequence's own K or V content in `ferry bench` and `ferry validate`."""
     rng = np.random.default_rng(list(seed))
     if type_ == Type.Q8_0:
         blocks = np.zeros((cells, n_embd // 32), np.dtype([("d", "<f2"), ("qs", "i1", 32)]))
@@ -236,7 +237,7 @@ class _Run:
         for layer in range(cfg.n_layer):
             for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
                 for i in range(npl):  # sequence i: the same bytes in either layout
-                    data = _content(ty, L, cfg.n_embd, (cfg.seed, layer, i, which == "v"))
+                    data = random_rows(ty, L, cfg.n_embd, (cfg.seed, layer, i, which == "v"))
                     cell0 = i * L if unified else i * self.kv.kv_size
                     t.set(data, cell0 * row)
         rng = np.random.default_rng([cfg.seed, 1 << 20])

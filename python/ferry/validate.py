@@ -27,7 +27,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from .backend import Backend, CPUBackend
-from .bench import KV_TYPES, POLICIES, _content, _policy_list, split_backend
+from .bench import KV_TYPES, POLICIES, _policy_list, random_rows, split_backend
 from .errors import InvalidArgumentError
 from .graph import Graph
 from .kv import KVCache
@@ -129,7 +129,7 @@ class _Served:
         self.kv.buffer.clear(0)
         self.row = row_size(ty, cfg.n_embd)
         self.prompt = cfg.prompts()
-        self.content = {(i, layer, which): _content(ty, self.prompt[i] + cfg.n_step, cfg.n_embd,
+        self.content = {(i, layer, which): random_rows(ty, self.prompt[i] + cfg.n_step, cfg.n_embd,
                                                      (cfg.seed, i, layer, which == "v"))
                         for i in range(cfg.n_seq) for layer in range(cfg.n_layer) for which in ("k", "v")}
 

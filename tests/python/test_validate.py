@@ -74,8 +74,8 @@ def test_the_gate_fails_when_a_policy_reads_the_wrong_stream(monkeypatch: pytest
 def test_same_content_in_every_stream_hides_a_cross_stream_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """Why each sequence needs its own content: with one prompt shared by every sequence the streams
     hold the same bytes, and the control's cross-stream read goes unseen."""
-    real_content = validate._content
-    monkeypatch.setattr(validate, "_content", lambda ty, cells, n_embd, seed: real_content(
+    real_content = validate.random_rows
+    monkeypatch.setattr(validate, "random_rows", lambda ty, cells, n_embd, seed: real_content(
         ty, cells, n_embd, (seed[0], 0, seed[2], seed[3])))
     monkeypatch.setattr(validate.ValidateConfig, "prompts", lambda self: [20] * self.n_seq)
     monkeypatch.setattr(validate, "_query", lambda cfg, seq, layer, t: validate.np.full(
