@@ -525,6 +525,16 @@ bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor 
 /* The model a backend gives for copies into it (a GPU's from SPEC.md's anchors), else the CPU's. */
 ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend);
 
+/*
+ * Compact staging: the layout of a copy of t that holds only the bytes t reads, its
+ * dimensions in t's stride order with the gaps closed, so the k-th byte read is at
+ * offset k. Given when t's plan is one 2-D copy that reads no byte twice (the K window,
+ * the transposed V window); otherwise *out has t's own layout (as dup_layout).
+ */
+ferry_status ferry_tensor_compact_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
+/* Is dst the compact layout of src (and not simply the same layout)? */
+bool         ferry_tensor_is_compact_of(const ferry_tensor * dst, const ferry_tensor * src);
+
 /* What one input copy did. */
 typedef struct {
     ferry_copy_policy path;  /* what was taken: FLAT when the policy's rule did not apply */
@@ -538,7 +548,8 @@ typedef struct {
 
 /*
  * The ordered copy of one split input: wait for the split backend, copy src into dst
- * (same layout) by policy, wait again. Gap bytes of dst are left untouched.
+ * (same layout) by policy, wait again. Gap bytes of dst are left untouched. A dst in
+ * src's compact layout receives the bytes read, gathered, whatever the policy (path PLAN).
  */
 ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
                               ferry_tensor * dst, ferry_copy_stats * stats);
@@ -602,7 +613,12 @@ ferry_status ferry_sched_split(const ferry_sched * sched, int i, ferry_sched_spl
 int          ferry_sched_n_inputs(const ferry_sched * sched);
 ferry_status ferry_sched_input(const ferry_sched * sched, int i, ferry_sched_input_info * out);
 ferry_status ferry_sched_get_stats(const ferry_sched * sched, ferry_sched_stats * out);
-/* Bytes of compute memory (copies and outputs) the scheduler holds on a backend. */
+/* Compact staging: input copies take ferry_tensor_compact_layout (only the bytes read)
+ * instead of the source's layout; takes effect at the next alloc. Off by default. */
+ferry_status ferry_sched_set_compact(ferry_sched * sched, bool compact);
+bool         ferry_sched_get_compact(const ferry_sched * sched);
+/* Bytes of compute memory (copies and outputs) the scheduler holds on a backend. The
+ * allocator's buffers grow and never shrink: compare options on fresh schedulers. */
 size_t       ferry_sched_buffer_size(const ferry_sched * sched, const ferry_backend * backend);
 
 
