@@ -25,10 +25,13 @@
 extern "C" {
 #endif
 
-#define FERRY_MAX_DIMS 4
-#define FERRY_MAX_SRC 4
-#define FERRY_MAX_OP_PARAMS 8
-#define FERRY_MAX_NAME 64
+/* Limits as enum constants, not macros, so the binding's cdef keeps their names. */
+enum {
+    FERRY_MAX_DIMS = 4,
+    FERRY_MAX_SRC = 4,
+    FERRY_MAX_OP_PARAMS = 8,
+    FERRY_MAX_NAME = 64
+};
 
 /* ---------------------------------------------------------------- errors */
 
@@ -383,7 +386,7 @@ ferry_status ferry_backend_graph_compute(ferry_backend * backend, ferry_graph * 
  *   larger than the max size gets a chunk of its own, allocated through the buffer
  *   type's allocator directly: whether that succeeds is the backend's decision.
  */
-#define FERRY_GALLOC_MAX_CHUNKS 16
+enum { FERRY_GALLOC_MAX_CHUNKS = 16 };
 
 typedef struct ferry_gallocr ferry_gallocr;
 
