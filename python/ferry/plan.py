@@ -74,12 +74,15 @@ def _span(unit: int, counts: Sequence[int], nb: Sequence[int]) -> int:
 
 
 def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int = 0,
-                name: str = "planned") -> Tensor:
-    """A view with exactly this layout over an unallocated source just large enough for it
-    (metadata only). nb may be any permutation a ferry view can reach: nb[0] is the element
-    size, or, for plain (non-block) types, some dimension has stride = element size or one
-    value, and the view is made with it first and permuted. Errors carry C's message."""
+                name: str = "planned", source: Optional[Tensor] = None) -> Tensor:
+    """A view with exactly this layout offset bytes into source, or (source None) into an
+    unallocated tensor just large enough for it (metadata only). nb may be any permutation a
+    ferry view can reach: nb[0] is the element size, or, for plain (non-block) types, some
+    dimension has stride = element size or one value, and the view is made with it first and
+    permuted. Errors carry C's message."""
     ty = to_type(type)
+    if source is not None and _check_tensor(source, "plan_copy: source").type != ty:
+        raise LayoutError(f"plan_copy: the source is {source.type}, the view {ty}")
     shape = _args.as_shape(ne, "plan_copy: ne")
     if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != len(shape):
         raise InvalidArgumentError(f"plan_copy: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
@@ -103,20 +106,25 @@ def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: in
     vne = [shape4[i] for i in order]
     vnb = [strides4[i] for i in order]
     vnb[0] = unit
-    counts = [max(vne[0], 0) // blck] + [max(n, 0) for n in vne[1:]]
-    need = off + _span(unit, counts, vnb)
-    # the source: whole blocks covering need bytes; if that cannot be a tensor, a minimal one, so
-    # that C's view check says what is wrong (strides overflow, or the view leaves its source)
-    blocks = max(-(-need // unit), 1)
-    if blocks * blck > _args.INT64_MAX // unit or blocks > _args.INT64_MAX // blck:
-        blocks = 1
-    src = Tensor.new(ty, [blocks * blck], name=f"{name}_src")
+    src = source if source is not None else _source_for(ty, off, vne, vnb, name)
     view = src.view(vne, vnb, off, name=name if first == 0 else f"{name}_unpermuted")
     if first == 0:
         return view
     axes = list(range(4))  # swapping two axes is its own inverse
     axes[0], axes[first] = axes[first], axes[0]
     return view.permute(axes, name=name)
+
+
+def _source_for(ty: Any, off: int, ne: Sequence[int], nb: Sequence[int], name: str) -> Tensor:
+    """An unallocated 1-D tensor of whole blocks covering off plus the span of (ne, nb); if that
+    cannot be a tensor, a minimal one, so that C's view check says what is wrong (strides that
+    overflow, or a view that leaves its source)."""
+    unit, blck = ty.size, ty.blck_size
+    counts = [max(ne[0], 0) // blck] + [max(n, 0) for n in ne[1:]]
+    blocks = max(-(-(off + _span(unit, counts, nb)) // unit), 1)
+    if blocks > _args.INT64_MAX // (unit * blck):
+        blocks = 1
+    return Tensor.new(ty, [blocks * blck], name=f"{name}_src")
 
 
 def plan_copy(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int = 0) -> List[Copy2D]:
