@@ -24,8 +24,8 @@ from .errors import (BackendError, FerryError, FreedBufferError, InvalidArgument
 from .graph import Graph
 from .kv import KVCache, KVParams
 from .ops import add, concat, dup, mean, mul, pad, scale
-from .plan import (Copy2D, CopyCostModel, Explanation, cost_model, explain, flat_cost, layout_view, plan_copy,
-                   plan_cost, plan_of, plan_pays)
+from .plan import (Copy2D, CopyCostModel, Explanation, cost_model, explain, explain_tensor, flat_cost, layout_view,
+                   plan_copy, plan_cost, plan_of, plan_pays)
 from .sched import Input, SchedStats, Scheduler, Split
 from .stats import KINDS, Stats
 from .tensor import Tensor, tensor_copy
@@ -54,7 +54,7 @@ __all__ = [
     "Tensor", "tensor_copy", "Stats", "KINDS", "BorrowedBuffer",
     "CopyPolicy", "CopyRanges", "CopyStats", "bytes_read", "copy_input", "copy_ranges_of",
     "Copy2D", "CopyCostModel", "Explanation", "plan_copy", "plan_of", "layout_view", "plan_cost", "flat_cost",
-    "plan_pays", "cost_model", "explain",
+    "plan_pays", "cost_model", "explain", "explain_tensor",
     "KVCache", "KVParams", "Scheduler", "Split", "Input", "SchedStats",
     "CUDABackend", "Event", "cuda_device_count", "cuda_buffer_type", "cuda_host_buffer_type",
     "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "Graph", "GraphAllocator", "Placement",

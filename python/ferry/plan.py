@@ -89,9 +89,11 @@ def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: in
     strides = [_args.as_size(v, f"plan_copy: nb[{i}]") for i, v in enumerate(nb)]
     off = _args.as_size(offset, "plan_copy: offset")
     unit, blck = ty.size, ty.blck_size
-    # ferry views are 4-D: pad with one-value dimensions (their strides do not matter)
-    shape4 = shape + [1] * (4 - len(shape))
-    strides4 = strides + [unit] * (4 - len(strides))
+    # ferry views are 4-D: one-value dimensions after the given ones, strided as ferry_tensor_view would
+    shape4, strides4 = shape + [1] * (4 - len(shape)), list(strides)
+    for i in range(len(strides), 4):
+        s = unit * (max(shape4[0], 0) // blck) if i == 1 else strides4[i - 1] * max(shape4[i - 1], 0)
+        strides4.append(min(s, _args.SIZE_MAX))  # one value: the stride is never stepped
     first = 0
     if strides4[0] != unit:
         if blck > 1:
