@@ -359,7 +359,7 @@ def explain(type: TypeLike, ne: Sequence[int], nb: Sequence[int]) -> Explanation
     for n, s, _ in dims:
         nested = nested and s >= extent
         extent += (n - 1) * s
-    parts = [f"{_names(row_dims)} merged into a {row:,}-byte row" if row_dims
+    parts = [f"{_names(row_dims)} merged into one {row:,}-byte row" if row_dims
              else f"the row is one {ty} {what} ({unit} B)"]
     for inner, outer in folds:
         parts.append(f"{_names(outer)} folded into {_names(inner)}")

@@ -211,7 +211,7 @@ def test_plan_text_transposed_v_unified(capsys: pytest.CaptureFixture[str]) -> N
         "    offset   size  count  stride",
         "         0  4,352  1,024  65,536",
         "  cost (gpu model): plan 128.2 us, flat 1,225.3 us -> plan",
-        "  why: dim 0 merged into a 4,352-byte row; dim 2 folded into dim 1: one 2-D copy of 1,024 rows of "
+        "  why: dim 0 merged into one 4,352-byte row; dim 2 folded into dim 1: one 2-D copy of 1,024 rows of "
         "4,352 B at stride 65,536 B (dims 1,2)",
     ]
 
@@ -223,7 +223,7 @@ def test_plan_text_k_window(capsys: pytest.CaptureFixture[str]) -> None:
     assert "plan: 1 copy moving 7,102,464 B (flat moves 20,193,280 B)" in out
     assert "    8,912,896  2,367,488      3  8,912,896" in out
     assert "cost (cpu model)" in out and out.rstrip().endswith(
-        "why: dims 0,2,1 merged into a 2,367,488-byte row: one 2-D copy of 3 rows of 2,367,488 B "
+        "why: dims 0,2,1 merged into one 2,367,488-byte row: one 2-D copy of 3 rows of 2,367,488 B "
         "at stride 8,912,896 B (dim 3)")
 
 
