@@ -33,3 +33,28 @@ ferry_status ferry_cuda_host_buffer_type(ferry_buffer_type ** out) {
     (void) out;
     return NO_CUDA("cuda_host_buffer_type");
 }
+
+ferry_status ferry_cuda_host_register(void * ptr, size_t size) {
+    (void) ptr;
+    (void) size;
+    return NO_CUDA("cuda_host_register");
+}
+
+ferry_status ferry_cuda_host_unregister(void * ptr) {
+    (void) ptr;
+    return NO_CUDA("cuda_host_unregister");
+}
+
+ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, bool on, int loads_per_thread) {
+    (void) backend;
+    (void) on;
+    (void) loads_per_thread;
+    return NO_CUDA("cuda_backend_set_gather");
+}
+
+ferry_status ferry_cuda_backend_gather_info(const ferry_backend * backend, bool * on, uint64_t * copies) {
+    (void) backend;
+    (void) on;
+    (void) copies;
+    return NO_CUDA("cuda_backend_gather_info");
+}
