@@ -409,9 +409,8 @@ struct backend_ctx {
     cudaStream_t stream;
     cudaEvent_t copy_event; /* orders a copy between two backends' streams */
     char name[16];
-    bool gather;             /* the gather copy option (ferry_cuda_backend_set_gather) */
-    int gather_loads;
-    uint64_t gather_copies;  /* 2-D sets the kernel carried out */
+    ferry_cuda_gather_params gather; /* the gather copy option (ferry.h) */
+    uint64_t gather_copies;          /* 2-D sets the kernel carried out */
 };
 
 static backend_ctx * ctx_of(ferry_backend * backend) { return (backend_ctx *) backend->context; }
@@ -461,19 +460,25 @@ static ferry_status backend_get_async(ferry_backend * backend, const ferry_tenso
     return FERRY_OK;
 }
 
-/* The gather rule (ferry.h): where SPEC.md's anchors put the 2-D copy off the floor.
- * At a 32 KiB pitch or less one 2-D copy runs at the contiguous rate, at 64 KiB 1.5x
- * off it; rows under 256 B are the copy engine's other weak spot but leave a warp's
- * loads short, so they are not taken until measured. */
-#define GATHER_MIN_PITCH ((size_t) 64 << 10)
-#define GATHER_MIN_ROW ((size_t) 256)
-#define GATHER_DEFAULT_LOADS 4
+/* The gather rule's defaults (ferry.h), from SPEC.md's anchors: one 2-D copy runs at
+ * the contiguous rate up to a 32 KiB pitch and 1.5x off it at 64 KiB. Rows under
+ * 256 B are the copy engine's other weak spot, but they leave a warp's loads short:
+ * not taken until measured. */
+extern "C" ferry_cuda_gather_params ferry_cuda_gather_default_params(void) {
+    ferry_cuda_gather_params p = {};
+    p.on = false;
+    p.loads_per_thread = 4;
+    p.min_pitch = (size_t) 64 << 10;
+    p.min_row = 256;
+    return p;
+}
 
 static bool aligned16(size_t x) { return x % 16 == 0; }
 
 static bool gather_applies(const backend_ctx * ctx, const ferry_tensor * t, const void * dst, const void * data,
                            size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
-    if (!ctx->gather || n_copies < 2 || size < GATHER_MIN_ROW || stride_data < GATHER_MIN_PITCH) {
+    const ferry_cuda_gather_params * g = &ctx->gather;
+    if (!g->on || n_copies < 2 || size < g->min_row || stride_data < g->min_pitch) {
         return false;
     }
     if (!aligned16((size_t) (uintptr_t) dst) || !aligned16((size_t) (uintptr_t) data) || !aligned16(size) ||
@@ -497,7 +502,7 @@ static ferry_status backend_set_2d_async(ferry_backend * backend, ferry_tensor *
     CUDA_TRY(cudaSetDevice(ctx->device), "tensor_set_2d_async: cudaSetDevice");
     char * dst = tensor_at(t, offset);
     if (gather_applies(ctx, t, dst, data, size, n_copies, stride_tensor, stride_data)) {
-        CUDA_TRY(ferry_cuda_gather_rows(dst, stride_tensor, data, stride_data, size, n_copies, ctx->gather_loads,
+        CUDA_TRY(ferry_cuda_gather_rows(dst, stride_tensor, data, stride_data, size, n_copies, ctx->gather.loads_per_thread,
                                         ctx->stream),
                  "tensor_set_2d_async: gather kernel launch");
         ctx->gather_copies++;
@@ -658,8 +663,8 @@ extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out)
     ctx->device = device;
     snprintf(ctx->name, sizeof(ctx->name), "CUDA%d", device);
     const char * gather_env = getenv("FERRY_CUDA_GATHER");
-    ctx->gather = gather_env && gather_env[0] && strcmp(gather_env, "0") != 0;
-    ctx->gather_loads = GATHER_DEFAULT_LOADS;
+    ctx->gather = ferry_cuda_gather_default_params();
+    ctx->gather.on = gather_env && gather_env[0] && strcmp(gather_env, "0") != 0;
     /* Non-blocking: the backend's stream does not wait for the legacy default stream. */
     cudaError_t err = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking);
     if (err == cudaSuccess) {
@@ -706,31 +711,30 @@ extern "C" ferry_status ferry_cuda_backend_device(const ferry_backend * backend,
     return FERRY_OK;
 }
 
-extern "C" ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, bool on, int loads_per_thread) {
-    FERRY_CHECK_ARG(backend, "cuda_backend_set_gather: NULL backend");
+extern "C" ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_cuda_gather_params * params) {
+    FERRY_CHECK_ARG(backend && params, "cuda_backend_set_gather: NULL argument");
     if (!is_cuda_backend(backend)) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_set_gather: %s is not a CUDA backend",
                           ferry_backend_name(backend));
     }
-    const int loads = loads_per_thread == 0 ? GATHER_DEFAULT_LOADS : loads_per_thread;
-    if (!ferry_cuda_gather_loads_ok(loads)) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_set_gather: %d loads per thread (1, 2, 4, 8 or 16; "
-                          "0 for the default)", loads_per_thread);
+    if (!ferry_cuda_gather_loads_ok(params->loads_per_thread)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_set_gather: %d loads per thread (1, 2, 4, 8 or 16)",
+                          params->loads_per_thread);
     }
-    ctx_of(backend)->gather = on;
-    ctx_of(backend)->gather_loads = loads;
+    ctx_of(backend)->gather = *params;
     return FERRY_OK;
 }
 
-extern "C" ferry_status ferry_cuda_backend_gather_info(const ferry_backend * backend, bool * on, uint64_t * copies) {
-    FERRY_CHECK_ARG(backend, "cuda_backend_gather_info: NULL backend");
+extern "C" ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
+                                                      uint64_t * copies) {
+    FERRY_CHECK_ARG(backend, "cuda_backend_get_gather: NULL backend");
     if (!is_cuda_backend(backend)) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_gather_info: %s is not a CUDA backend",
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_get_gather: %s is not a CUDA backend",
                           ferry_backend_name(backend));
     }
     const backend_ctx * ctx = (const backend_ctx *) backend->context;
-    if (on) {
-        *on = ctx->gather;
+    if (params) {
+        *params = ctx->gather;
     }
     if (copies) {
         *copies = ctx->gather_copies;

@@ -45,16 +45,21 @@ ferry_status ferry_cuda_host_unregister(void * ptr) {
     return NO_CUDA("cuda_host_unregister");
 }
 
-ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, bool on, int loads_per_thread) {
+/* The defaults are plain values, the same in every build. */
+ferry_cuda_gather_params ferry_cuda_gather_default_params(void) {
+    return (ferry_cuda_gather_params) {.on = false, .loads_per_thread = 4, .min_pitch = 64 << 10, .min_row = 256};
+}
+
+ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_cuda_gather_params * params) {
     (void) backend;
-    (void) on;
-    (void) loads_per_thread;
+    (void) params;
     return NO_CUDA("cuda_backend_set_gather");
 }
 
-ferry_status ferry_cuda_backend_gather_info(const ferry_backend * backend, bool * on, uint64_t * copies) {
+ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
+                                           uint64_t * copies) {
     (void) backend;
-    (void) on;
+    (void) params;
     (void) copies;
-    return NO_CUDA("cuda_backend_gather_info");
+    return NO_CUDA("cuda_backend_get_gather");
 }
