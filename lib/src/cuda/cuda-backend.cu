@@ -489,8 +489,9 @@ static bool gather_applies(const backend_ctx * ctx, const ferry_tensor * t, cons
     if (!is_device_buffer(buf) || ((device_buffer_ctx *) buf->context)->device != ctx->device) {
         return false; /* the kernel writes this device's memory only */
     }
-    /* The public layer checked the tensor side; the span read is (n-1) pitches and a row. */
-    return pinned_mapped(data, (n_copies - 1) * stride_data + size);
+    /* The public layer checked the tensor side, not the source: the span read is (n-1) pitches and a row. */
+    size_t span;
+    return ferry_mul_ok(n_copies - 1, stride_data, &span) && ferry_add_ok(span, size, &span) && pinned_mapped(data, span);
 }
 
 /* One cudaMemcpy2DAsync moves every row: the copy engine walks the pitches itself,
