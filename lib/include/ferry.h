@@ -644,6 +644,36 @@ ferry_status ferry_cuda_backend_device(const ferry_backend * backend, int * out)
 ferry_status ferry_cuda_buffer_type(int device, ferry_buffer_type ** out);
 /* Pinned host memory (cudaMallocHost): host memory, so the CPU backend uses it too. */
 ferry_status ferry_cuda_host_buffer_type(ferry_buffer_type ** out);
+/* Host memory the caller owns, pinned and mapped for every device (cudaHostRegister)
+ * until unregistered; it must stay allocated until then. Copies from it run at the
+ * pinned rate, and the gather copy may read it. */
+ferry_status ferry_cuda_host_register(void * ptr, size_t size);
+ferry_status ferry_cuda_host_unregister(void * ptr);
+/*
+ * The gather copy, an option of each CUDA backend, OFF by default until a GPU run shows
+ * it beats the 2-D copy (tools/cuda_window_bench.c measures both); FERRY_CUDA_GATHER=1
+ * in the environment turns it on, with the default rule, for backends made afterwards.
+ * With it on, a 2-D set from host memory (ferry_backend_tensor_set_2d_async, so the
+ * scheduler's copy path) is a kernel that reads the rows through the device's mapping
+ * of the host memory, instead of one cudaMemcpy2DAsync, when all of these hold: the
+ * source rows lie in one pinned range ferry knows (a CUDA_Host buffer or memory given
+ * to ferry_cuda_host_register), their pitch is at least min_pitch, rows are at least
+ * min_row bytes, and both addresses, the row and both pitches are multiples of 16 B.
+ * Otherwise, and always with it off, the copy is one cudaMemcpy2DAsync.
+ */
+typedef struct {
+    bool   on;               /* default false */
+    int    loads_per_thread; /* 16-byte loads each thread keeps in flight: 1, 2, 4, 8 or 16; default 4 */
+    size_t min_pitch;        /* default 64 KiB: SPEC.md puts one 2-D copy at the floor up to 32 KiB */
+    size_t min_row;          /* default 256 B */
+} ferry_cuda_gather_params;
+
+ferry_cuda_gather_params ferry_cuda_gather_default_params(void);
+ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_cuda_gather_params * params);
+/* The backend's gather option, and how many 2-D sets the kernel has carried out on it
+ * (either output may be NULL). */
+ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
+                                           uint64_t * copies);
 
 /* ---------------------------------------------------------------- events (event.c)
  * Order work between backends without a full synchronize. An event belongs to the
