@@ -25,10 +25,13 @@
 extern "C" {
 #endif
 
-#define FERRY_MAX_DIMS 4
-#define FERRY_MAX_SRC 4
-#define FERRY_MAX_OP_PARAMS 8
-#define FERRY_MAX_NAME 64
+/* Limits as enum constants, not macros, so the binding's cdef keeps their names. */
+enum {
+    FERRY_MAX_DIMS = 4,
+    FERRY_MAX_SRC = 4,
+    FERRY_MAX_OP_PARAMS = 8,
+    FERRY_MAX_NAME = 64
+};
 
 /* ---------------------------------------------------------------- errors */
 
@@ -383,7 +386,7 @@ ferry_status ferry_backend_graph_compute(ferry_backend * backend, ferry_graph * 
  *   larger than the max size gets a chunk of its own, allocated through the buffer
  *   type's allocator directly: whether that succeeds is the backend's decision.
  */
-#define FERRY_GALLOC_MAX_CHUNKS 16
+enum { FERRY_GALLOC_MAX_CHUNKS = 16 };
 
 typedef struct ferry_gallocr ferry_gallocr;
 
@@ -525,6 +528,16 @@ bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor 
 /* The model a backend gives for copies into it (a GPU's from SPEC.md's anchors), else the CPU's. */
 ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend);
 
+/*
+ * Compact staging: the layout of a copy of t that holds only the bytes t reads, its
+ * dimensions in t's stride order with the gaps closed, so the k-th byte read is at
+ * offset k. Given when t's plan is one 2-D copy that reads no byte twice (the K window,
+ * the transposed V window); otherwise *out has t's own layout (as dup_layout).
+ */
+ferry_status ferry_tensor_compact_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
+/* Is dst the compact layout of src (and not simply the same layout)? */
+bool         ferry_tensor_is_compact_of(const ferry_tensor * dst, const ferry_tensor * src);
+
 /* What one input copy did. */
 typedef struct {
     ferry_copy_policy path;  /* what was taken: FLAT when the policy's rule did not apply */
@@ -538,7 +551,8 @@ typedef struct {
 
 /*
  * The ordered copy of one split input: wait for the split backend, copy src into dst
- * (same layout) by policy, wait again. Gap bytes of dst are left untouched.
+ * (same layout) by policy, wait again. Gap bytes of dst are left untouched. A dst in
+ * src's compact layout receives the bytes read, gathered, whatever the policy (path PLAN).
  */
 ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
                               ferry_tensor * dst, ferry_copy_stats * stats);
@@ -602,7 +616,12 @@ ferry_status ferry_sched_split(const ferry_sched * sched, int i, ferry_sched_spl
 int          ferry_sched_n_inputs(const ferry_sched * sched);
 ferry_status ferry_sched_input(const ferry_sched * sched, int i, ferry_sched_input_info * out);
 ferry_status ferry_sched_get_stats(const ferry_sched * sched, ferry_sched_stats * out);
-/* Bytes of compute memory (copies and outputs) the scheduler holds on a backend. */
+/* Compact staging: input copies take ferry_tensor_compact_layout (only the bytes read)
+ * instead of the source's layout; takes effect at the next alloc. Off by default. */
+ferry_status ferry_sched_set_compact(ferry_sched * sched, bool compact);
+bool         ferry_sched_get_compact(const ferry_sched * sched);
+/* Bytes of compute memory (copies and outputs) the scheduler holds on a backend. The
+ * allocator's buffers grow and never shrink: compare options on fresh schedulers. */
 size_t       ferry_sched_buffer_size(const ferry_sched * sched, const ferry_backend * backend);
 
 
@@ -625,6 +644,36 @@ ferry_status ferry_cuda_backend_device(const ferry_backend * backend, int * out)
 ferry_status ferry_cuda_buffer_type(int device, ferry_buffer_type ** out);
 /* Pinned host memory (cudaMallocHost): host memory, so the CPU backend uses it too. */
 ferry_status ferry_cuda_host_buffer_type(ferry_buffer_type ** out);
+/* Host memory the caller owns, pinned and mapped for every device (cudaHostRegister)
+ * until unregistered; it must stay allocated until then. Copies from it run at the
+ * pinned rate, and the gather copy may read it. */
+ferry_status ferry_cuda_host_register(void * ptr, size_t size);
+ferry_status ferry_cuda_host_unregister(void * ptr);
+/*
+ * The gather copy, an option of each CUDA backend, OFF by default until a GPU run shows
+ * it beats the 2-D copy (tools/cuda_window_bench.c measures both); FERRY_CUDA_GATHER=1
+ * in the environment turns it on, with the default rule, for backends made afterwards.
+ * With it on, a 2-D set from host memory (ferry_backend_tensor_set_2d_async, so the
+ * scheduler's copy path) is a kernel that reads the rows through the device's mapping
+ * of the host memory, instead of one cudaMemcpy2DAsync, when all of these hold: the
+ * source rows lie in one pinned range ferry knows (a CUDA_Host buffer or memory given
+ * to ferry_cuda_host_register), their pitch is at least min_pitch, rows are at least
+ * min_row bytes, and both addresses, the row and both pitches are multiples of 16 B.
+ * Otherwise, and always with it off, the copy is one cudaMemcpy2DAsync.
+ */
+typedef struct {
+    bool   on;               /* default false */
+    int    loads_per_thread; /* 16-byte loads each thread keeps in flight: 1, 2, 4, 8 or 16; default 4 */
+    size_t min_pitch;        /* default 64 KiB: SPEC.md puts one 2-D copy at the floor up to 32 KiB */
+    size_t min_row;          /* default 256 B */
+} ferry_cuda_gather_params;
+
+ferry_cuda_gather_params ferry_cuda_gather_default_params(void);
+ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_cuda_gather_params * params);
+/* The backend's gather option, and how many 2-D sets the kernel has carried out on it
+ * (either output may be NULL). */
+ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
+                                           uint64_t * copies);
 
 /* ---------------------------------------------------------------- events (event.c)
  * Order work between backends without a full synchronize. An event belongs to the

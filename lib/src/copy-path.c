@@ -193,6 +193,83 @@ static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * s
     return st;
 }
 
+/* The one 2-D copy of a view that reads no byte twice; false if it has no such plan. */
+static bool single_copy_of(const ferry_tensor * t, ferry_copy_2d * out) {
+    size_t n = 0, row = 0;
+    if (ferry_copy_plan(t, out, 1, &n) != FERRY_OK || n != 1 || ferry_row_size(t->type, t->ne[0], &row) != FERRY_OK) {
+        ferry_clear_error(); /* no plan of one copy: not an error, just no compaction */
+        return false;
+    }
+    return (uint64_t) out->size * out->count == (uint64_t) row * (uint64_t) ferry_tensor_nrows(t);
+}
+
+/* Strides with t's dimensions in t's stride order and no gaps (dimension 0 in blocks). */
+static void compact_strides(const ferry_tensor * t, size_t nb[FERRY_MAX_DIMS]) {
+    int order[FERRY_MAX_DIMS] = {0, 1, 2, 3};
+    for (int i = 1; i < FERRY_MAX_DIMS; i++) { /* insertion sort by stride, ties by index */
+        for (int j = i; j > 0 && t->nb[order[j - 1]] > t->nb[order[j]]; j--) {
+            const int tmp = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = tmp;
+        }
+    }
+    size_t extent = ferry_type_size(t->type);
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        const int d = order[i];
+        nb[d] = extent;
+        extent *= (size_t) (d == 0 ? t->ne[0] / ferry_blck_size(t->type) : t->ne[d]);
+    }
+}
+
+ferry_status ferry_tensor_compact_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && t && out, "compact_layout: NULL argument");
+    FERRY_TRY(ferry_tensor_dup_layout(ctx, t, out));
+    ferry_copy_2d c;
+    if (ferry_tensor_nelements(t) > 0 && single_copy_of(t, &c)) {
+        compact_strides(t, (*out)->nb);
+    }
+    return FERRY_OK;
+}
+
+bool ferry_tensor_is_compact_of(const ferry_tensor * dst, const ferry_tensor * src) {
+    if (!dst || !src || dst->type != src->type || ferry_tensor_same_layout(dst, src)) {
+        return false;
+    }
+    size_t nb[FERRY_MAX_DIMS];
+    compact_strides(src, nb);
+    ferry_copy_2d c;
+    for (int d = 0; d < FERRY_MAX_DIMS; d++) {
+        if (dst->ne[d] != src->ne[d] || dst->nb[d] != nb[d]) {
+            return false;
+        }
+    }
+    return single_copy_of(src, &c);
+}
+
+/* Gather the rows src reads into dst, packed: the compact copy. */
+static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst) {
+    ferry_copy_2d c;
+    single_copy_of(src, &c);
+    if (ferry_buffer_is_host(ferry_tensor_buffer(src))) {
+        return ferry_backend_tensor_set_2d_async(backend, dst, (const char *) ferry_tensor_data(src) + c.offset, 0,
+                                                 c.size, c.count, c.size, c.stride);
+    }
+    const size_t bytes = c.size * c.count;
+    char * staging = malloc(bytes ? bytes : 1);
+    if (!staging) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "compact copy: cannot stage %zu bytes", bytes);
+    }
+    ferry_status st = ferry_tensor_get_2d(src, staging, c.offset, c.size, c.count, c.stride, c.size);
+    if (st == FERRY_OK) {
+        st = ferry_backend_tensor_set_async(backend, dst, staging, 0, bytes);
+    }
+    if (st == FERRY_OK) {
+        st = ferry_backend_synchronize(backend); /* before the staging memory goes */
+    }
+    free(staging);
+    return st;
+}
+
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -216,8 +293,10 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
     if ((int) policy < 0 || policy >= FERRY_COPY_POLICY_COUNT) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "copy_input: unknown copy policy %d", (int) policy);
     }
-    if (!ferry_tensor_same_layout(src, dst)) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "copy_input: '%s' and its copy differ in type, shape or strides", src->name);
+    const bool compact = ferry_tensor_is_compact_of(dst, src);
+    if (!compact && !ferry_tensor_same_layout(src, dst)) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "copy_input: the copy of '%s' has neither its layout nor its compact layout",
+                          src->name);
     }
     FERRY_TRY(ferry_tensor_check_allocated(src));
     FERRY_TRY(ferry_tensor_check_allocated(dst));
@@ -228,7 +307,10 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
     FERRY_TRY(ferry_backend_synchronize(split_backend));
     ferry_copy_policy path = FERRY_COPY_FLAT;
     ferry_copy_2d r;
-    if (policy == FERRY_COPY_PLAN) {
+    if (compact) {
+        FERRY_TRY(copy_compact(split_backend, src, dst));
+        path = FERRY_COPY_PLAN;
+    } else if (policy == FERRY_COPY_PLAN) {
         FERRY_TRY(copy_by_plan(split_backend, src, dst, &path));
     } else if (policy == FERRY_COPY_RANGES && ferry_buffer_is_host(ferry_tensor_buffer(src)) &&
                ferry_copy_ranges_of(src, &r) && r.count > 1) {

@@ -143,6 +143,12 @@ ferry_status ferry_kv_cache_v(const ferry_kv_cache * kv, int32_t layer, ferry_te
     return FERRY_OK;
 }
 
+static void set_window_name(ferry_tensor * t, const char * which, int32_t layer) {
+    char name[FERRY_MAX_NAME];
+    snprintf(name, sizeof(name), "window_%s_l%d", which, layer);
+    ferry_tensor_set_name(t, name);
+}
+
 ferry_status ferry_kv_cache_window(const ferry_kv_cache * kv, ferry_context * ctx, int32_t layer, int64_t n_kv,
                                    int64_t s0, int64_t s1, ferry_tensor ** k_out, ferry_tensor ** v_out) {
     FERRY_TRY(check_layer(kv, layer, ctx));
@@ -165,7 +171,7 @@ ferry_status ferry_kv_cache_window(const ferry_kv_cache * kv, ferry_context * ct
         const size_t nb[4] = {0, head, row, row * (size_t) kv->kv_size};
         FERRY_TRY(ferry_tensor_view(ctx, kv->k[layer], 4, ne, nb, nb[3] * (size_t) s0, &view));
         FERRY_TRY(ferry_tensor_permute(ctx, view, 0, 2, 1, 3, k_out));
-        ferry_tensor_set_name(*k_out, kv->k[layer]->name);
+        set_window_name(*k_out, "k", layer);
     }
     if (v_out) {
         if (p->v_trans) {
@@ -183,7 +189,7 @@ ferry_status ferry_kv_cache_window(const ferry_kv_cache * kv, ferry_context * ct
             FERRY_TRY(ferry_tensor_view(ctx, kv->v[layer], 4, ne, nb, nb[3] * (size_t) s0, &view));
         }
         FERRY_TRY(ferry_tensor_permute(ctx, view, 0, 2, 1, 3, v_out));
-        ferry_tensor_set_name(*v_out, kv->v[layer]->name);
+        set_window_name(*v_out, "v", layer);
     }
     return FERRY_OK;
 }

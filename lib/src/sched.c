@@ -29,6 +29,7 @@ struct ferry_sched {
     ferry_backend * backends[FERRY_SCHED_MAX_BACKENDS];
     int n_backends;
     ferry_copy_policy policy;
+    bool compact; /* input copies hold only the bytes read */
     ferry_gallocr * galloc;
 
     pin * pins;
@@ -147,6 +148,15 @@ ferry_status ferry_sched_set_policy(ferry_sched * s, ferry_copy_policy policy) {
 
 ferry_copy_policy ferry_sched_get_policy(const ferry_sched * s) { return s ? s->policy : FERRY_COPY_FLAT; }
 
+ferry_status ferry_sched_set_compact(ferry_sched * s, bool compact) {
+    FERRY_CHECK_ARG(s, "sched_set_compact: NULL scheduler");
+    s->compact = compact;
+    s->graph = NULL; /* the copies change layout: allocate again at the next compute */
+    return FERRY_OK;
+}
+
+bool ferry_sched_get_compact(const ferry_sched * s) { return s && s->compact; }
+
 static int backend_index(const ferry_sched * s, const ferry_backend * backend) {
     for (int i = 0; i < s->n_backends; i++) {
         if (s->backends[i] == backend) {
@@ -261,7 +271,7 @@ static ferry_status input_copy(ferry_sched * s, int split, ferry_tensor * src, f
     }
     FERRY_TRY(reserve_one((void **) &s->inputs, &s->inputs_capacity, s->n_inputs, sizeof(*s->inputs)));
     ferry_tensor * copy;
-    FERRY_TRY(ferry_tensor_dup_layout(s->ctx, src, &copy));
+    FERRY_TRY(s->compact ? ferry_tensor_compact_layout(s->ctx, src, &copy) : ferry_tensor_dup_layout(s->ctx, src, &copy));
     char name[FERRY_MAX_NAME];
     snprintf(name, sizeof(name), "%.50s#%s", src->name, ferry_backend_name(s->splits[split].backend));
     ferry_tensor_set_name(copy, name);

@@ -4,7 +4,8 @@ Python objects over the C library: Tensor (ggml order: ne[0] fastest, byte strid
 Buffer and BufferType, CPUBackend, DummyBackend and StandinBackend (a GPU's stand-in),
 per-kind transfer counters (Stats); ops (add, mul, scale, dup, concat, pad, mean,
 attn_decode), Graph and GraphAllocator; KVCache and its windows, the Scheduler and its
-copy policies; CUDABackend and Events.
+copy policies; copy plans and their cost (plan_copy, plan_of, CopyCostModel); CUDABackend
+and Events.
 Every failure raises FerryError (a subclass per C status) with the C message.
 """
 
@@ -24,6 +25,8 @@ from .errors import (BackendError, FerryError, FreedBufferError, InvalidArgument
 from .graph import Graph
 from .kv import KVCache, KVParams
 from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
+from .plan import (Copy2D, CopyCostModel, Explanation, cost_model, explain, explain_tensor, flat_cost, layout_view,
+                   plan_copy, plan_cost, plan_of, plan_pays)
 from .sched import Input, SchedStats, Scheduler, Split
 from .stats import KINDS, Stats
 from .tensor import Tensor, tensor_copy
@@ -51,6 +54,8 @@ __all__ = [
     "Backend", "CPUBackend", "DummyBackend", "StandinBackend", "Buffer", "BufferType", "cpu_buffer_type",
     "Tensor", "tensor_copy", "Stats", "KINDS", "BorrowedBuffer",
     "CopyPolicy", "CopyRanges", "CopyStats", "bytes_read", "copy_input", "copy_ranges_of",
+    "Copy2D", "CopyCostModel", "Explanation", "plan_copy", "plan_of", "layout_view", "plan_cost", "flat_cost",
+    "plan_pays", "cost_model", "explain", "explain_tensor",
     "KVCache", "KVParams", "Scheduler", "Split", "Input", "SchedStats",
     "CUDABackend", "Event", "cuda_device_count", "cuda_buffer_type", "cuda_host_buffer_type",
     "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "Graph", "GraphAllocator", "Placement",

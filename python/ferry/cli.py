@@ -7,6 +7,7 @@ import json
 import sys
 from typing import List
 
+from . import plan_cli
 from .errors import FerryError, InvalidArgumentError
 from .tensor import Tensor
 from .types import Type, row_size
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("--head-dim", type=int, default=128, help="default 128")
     tp.add_argument("--kv-heads", type=int, default=8, help="default 8")
     tp.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
+    pp = plan_cli.add_parser(sub)
+
     from . import bench, validate
 
     bp = bench.add_parser(sub, _int_list)
@@ -80,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
                 return table(args)
             except FerryError as e:  # every failure here comes from the arguments
                 tp.error(str(e))
+        if args.verb == "plan":
+            try:
+                return plan_cli.run(args)
+            except FerryError as e:  # every failure here comes from the arguments
+                pp.error(str(e))
         if args.verb == "bench":
             try:
                 return bench.main(args)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .backend import Backend
 
 
-_MAX_SRC = len(ffi.new("ferry_tensor *").src)  # FERRY_MAX_SRC (a #define, not in the cdef)
+_MAX_SRC = lib.FERRY_MAX_SRC
 
 
 def _addr(ptr: Any) -> int:

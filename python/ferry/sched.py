@@ -65,9 +65,13 @@ def _release(handles: List[Handle]) -> None:
 
 
 class Scheduler:
-    """Scheduler([backends in priority order], policy="flat" | "ranges" | "plan")."""
+    """Scheduler([backends in priority order], policy="flat" | "ranges" | "plan", compact=False).
 
-    def __init__(self, backends: Sequence[Backend], policy: PolicyLike = "flat") -> None:
+    compact: input copies hold only the bytes their source reads (compact staging) where the
+    source's plan is one 2-D copy; the split's memory then holds bytes read, not the span.
+    """
+
+    def __init__(self, backends: Sequence[Backend], policy: PolicyLike = "flat", compact: bool = False) -> None:
         if isinstance(backends, Backend):
             backends = [backends]
         if isinstance(backends, (str, bytes)) or not hasattr(backends, "__len__") or not backends:
@@ -90,6 +94,7 @@ class Scheduler:
         self._copies: Dict[int, Tensor] = {}
         self._buffers: Dict[int, BorrowedBuffer] = {}
         self.policy = policy  # type: ignore[assignment]
+        self.compact = compact
 
     @property
     def _p(self) -> Any:
@@ -114,6 +119,18 @@ class Scheduler:
     @policy.setter
     def policy(self, policy: PolicyLike) -> None:
         check(lib.ferry_sched_set_policy(self._p, to_policy(policy).value))
+
+    @property
+    def compact(self) -> bool:
+        """Whether input copies take the compact layout (only the bytes read)."""
+        return bool(lib.ferry_sched_get_compact(self._p))
+
+    @compact.setter
+    def compact(self, compact: bool) -> None:
+        if not isinstance(compact, bool):
+            raise InvalidArgumentError(f"compact: expected a bool, got {type(compact).__name__}")
+        check(lib.ferry_sched_set_compact(self._p, compact))
+        self._graph = None  # the copies change layout: allocate again at the next compute
 
     def _backend(self, backend: object, what: str) -> Backend:
         if not isinstance(backend, Backend):

@@ -55,6 +55,16 @@ extern int check_failures;
         }                                                                                     \
     } while (0)
 
+/* Run a helper that uses CHECK; stop the caller if it failed. */
+#define SUB(call)                               \
+    do {                                        \
+        const int sub_before_ = check_failures; \
+        call;                                   \
+        if (check_failures != sub_before_) {    \
+            return;                             \
+        }                                       \
+    } while (0)
+
 typedef struct {
     const char * name;
     void (*fn)(void);

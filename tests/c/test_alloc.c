@@ -18,15 +18,6 @@
 #define KB ((size_t) 1024)
 #define F32_PER_KB 256
 
-/* Run a helper that uses CHECK; stop the caller if it failed. */
-#define SUB(call)                              \
-    do {                                       \
-        const int sub_before_ = check_failures; \
-        call;                                  \
-        if (check_failures != sub_before_) {   \
-            return;                            \
-        }                                      \
-    } while (0)
 
 typedef struct {
     bool real;

@@ -79,36 +79,43 @@ static void test_unified_and_single_sequence_same_as_flat(void) {
     CHECK_EQ_U(ranges.copy_calls, flat.copy_calls);
 }
 
-/* A source in device memory (not host) goes flat even when its layout qualifies. */
-static void test_device_source_goes_flat(void) {
+/* A K window of a cache in device memory (a dummy with real memory, not host), copied
+ * under a policy into another dummy. */
+static void device_source_case(ferry_copy_policy policy, int64_t n_ctx, int64_t used, ferry_copy_stats * out) {
     ferry_dummy_params dp = ferry_dummy_default_params();
     dp.real_memory = true;
     ferry_backend *dev, *split;
     CHECK_OK(ferry_dummy_backend_new(&dp, &dev));
     CHECK_OK(ferry_dummy_backend_new(&dp, &split));
     const ferry_kv_params p = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 32, .n_head_kv = 2,
-                               .n_ctx = 64, .n_stream = 4, .n_layer = 1};
+                               .n_ctx = n_ctx, .n_stream = 4, .n_layer = 1};
     ferry_kv_cache * kv;
     CHECK_OK(ferry_kv_cache_new(&p, ferry_backend_default_buffer_type(dev), &kv));
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     ferry_tensor *k, *copy;
-    CHECK_OK(ferry_kv_cache_window(kv, ctx, 0, 5, 0, 3, &k, NULL));
+    CHECK_OK(ferry_kv_cache_window(kv, ctx, 0, used, 0, 3, &k, NULL));
     ferry_copy_2d r;
-    CHECK(ferry_copy_ranges_of(k, &r) && r.count == 4);
+    CHECK(ferry_copy_ranges_of(k, &r) && r.count == 4); /* the layout qualifies */
     CHECK_OK(ferry_tensor_dup_layout(ctx, k, &copy));
     ferry_buffer * buf;
     CHECK_OK(ferry_backend_alloc_buffer(split, ferry_tensor_nbytes(k), &buf));
     CHECK_OK(ferry_buffer_place_tensor(buf, copy, 0));
-    ferry_copy_stats s;
-    CHECK_OK(ferry_copy_input(split, FERRY_COPY_RANGES, k, copy, &s));
-    CHECK(s.path == FERRY_COPY_FLAT);
-    CHECK_EQ_U(s.bytes_copied, ferry_tensor_nbytes(k));
+    CHECK_OK(ferry_copy_input(split, policy, k, copy, out));
+    CHECK_EQ_U(out->bytes_span, ferry_tensor_nbytes(k));
     ferry_buffer_free(buf);
     ferry_kv_cache_free(kv);
     ferry_context_free(ctx);
     ferry_backend_free(dev);
     ferry_backend_free(split);
+}
+
+/* ranges needs a host source: a device-side one goes flat even when its layout qualifies. */
+static void test_device_source_goes_flat(void) {
+    ferry_copy_stats s;
+    SUB(device_source_case(FERRY_COPY_RANGES, 64, 5, &s));
+    CHECK(s.path == FERRY_COPY_FLAT);
+    CHECK_EQ_U(s.bytes_copied, s.bytes_span);
 }
 
 /* Layouts outside the rule: overlapping ranges, scattered slices, a transposed V. */
@@ -260,32 +267,10 @@ static void test_plan_transposed_v(void) {
 
 /* plan with a device-side source: the rows are staged through the host, still only the bytes read. */
 static void test_plan_device_source(void) {
-    ferry_dummy_params dp = ferry_dummy_default_params();
-    dp.real_memory = true;
-    ferry_backend *dev, *split;
-    CHECK_OK(ferry_dummy_backend_new(&dp, &dev));
-    CHECK_OK(ferry_dummy_backend_new(&dp, &split));
-    const ferry_kv_params p = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 32, .n_head_kv = 2,
-                               .n_ctx = 4096, .n_stream = 4, .n_layer = 1};
-    ferry_kv_cache * kv;
-    CHECK_OK(ferry_kv_cache_new(&p, ferry_backend_default_buffer_type(dev), &kv));
-    ferry_context * ctx;
-    CHECK_OK(ferry_context_new(&ctx));
-    ferry_tensor *k, *copy;
-    CHECK_OK(ferry_kv_cache_window(kv, ctx, 0, 40, 0, 3, &k, NULL));
-    CHECK_OK(ferry_tensor_dup_layout(ctx, k, &copy));
-    ferry_buffer * buf;
-    CHECK_OK(ferry_backend_alloc_buffer(split, ferry_tensor_nbytes(k), &buf));
-    CHECK_OK(ferry_buffer_place_tensor(buf, copy, 0));
     ferry_copy_stats s;
-    CHECK_OK(ferry_copy_input(split, FERRY_COPY_PLAN, k, copy, &s));
+    SUB(device_source_case(FERRY_COPY_PLAN, 4096, 40, &s));
     CHECK(s.path == FERRY_COPY_PLAN);
     CHECK_EQ_U(s.bytes_copied, 4 * 40 * 128);
-    ferry_buffer_free(buf);
-    ferry_kv_cache_free(kv);
-    ferry_context_free(ctx);
-    ferry_backend_free(dev);
-    ferry_backend_free(split);
 }
 
 static const check_test tests[] = {

@@ -4,15 +4,6 @@
 
 #include <stdint.h>
 
-/* Run a helper that uses CHECK; stop the caller if it failed. */
-#define SUB(call)                               \
-    do {                                        \
-        const int sub_before_ = check_failures; \
-        call;                                   \
-        if (check_failures != sub_before_) {    \
-            return;                             \
-        }                                       \
-    } while (0)
 
 static ferry_tensor * mk(ferry_context * ctx, ferry_type type, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
     const int64_t ne[4] = {n0, n1, n2, n3};

@@ -181,6 +181,66 @@ static void test_sched_no_inputs_when_backend_can_use_source(void) {
     kv_fixture_free(&f);
 }
 
+/* Compact staging: the split holds the bytes read, not the span, and the numbers do not change. */
+static void test_sched_compact_staging(void) {
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
+                               .n_ctx = 256, .n_stream = 4, .n_layer = 1};
+    float * out[2] = {0};
+    size_t held[2] = {0}, n = 0;
+    uint64_t read = 0, span = 0;
+    for (int compact = 0; compact <= 1; compact++) {
+        sched_case c;
+        CHECK_OK(sched_case_init(&c, &p, 7, 0, 3, FERRY_COPY_RANGES, true));
+        /* a scheduler compact from its first allocation: the allocator's buffers never shrink */
+        ferry_tensor * dup = c.out->src[0];
+        ferry_sched_free(c.sched);
+        ferry_backend * backends[2] = {c.f.split, c.f.cpu};
+        CHECK_OK(ferry_sched_new(backends, 2, &c.sched));
+        CHECK_OK(ferry_sched_set_policy(c.sched, FERRY_COPY_RANGES));
+        CHECK_OK(ferry_sched_set_tensor_backend(c.sched, dup, c.f.split));
+        CHECK_OK(ferry_sched_set_compact(c.sched, compact));
+        CHECK(ferry_sched_get_compact(c.sched) == (bool) compact);
+        CHECK_OK(ferry_sched_graph_compute(c.sched, c.graph));
+        ferry_sched_input_info in;
+        CHECK_OK(ferry_sched_input(c.sched, 0, &in));
+        read = in.stats.bytes_read;
+        span = in.stats.bytes_span;
+        CHECK_EQ_U(in.stats.bytes_copied, read);
+        CHECK_EQ_U(ferry_tensor_nbytes(in.copy), compact ? read : span);
+        CHECK(compact ? ferry_tensor_is_compact_of(in.copy, c.window) : ferry_tensor_same_layout(in.copy, c.window));
+        held[compact] = ferry_sched_buffer_size(c.sched, c.f.split);
+        n = (size_t) ferry_tensor_nelements(c.out);
+        out[compact] = malloc(n * sizeof(float));
+        CHECK_OK(ferry_tensor_get(c.out, out[compact], 0, n * sizeof(float)));
+        sched_case_free(&c);
+    }
+    CHECK(memcmp(out[0], out[1], n * sizeof(float)) == 0);
+    /* the split's memory drops by exactly the gaps, up to the allocator's alignment */
+    CHECK(held[0] - held[1] + 64 >= span - read && held[0] - held[1] <= span - read + 64);
+    free(out[0]);
+    free(out[1]);
+}
+
+/* A view whose plan is several copies keeps its own layout under compact staging. */
+static void test_compact_layout_needs_one_copy(void) {
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *store, *v, *c;
+    const int64_t ne_store[1] = {1024};
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne_store, &store));
+    const int64_t ne[3] = {4, 3, 2};
+    const size_t nested[3] = {0, 100, 1000}; /* 3 rows at pitch 100, twice at 1000: two copies */
+    CHECK_OK(ferry_tensor_view(ctx, store, 3, ne, nested, 0, &v));
+    CHECK_OK(ferry_tensor_compact_layout(ctx, v, &c));
+    CHECK(ferry_tensor_same_layout(c, v) && !ferry_tensor_is_compact_of(c, v));
+    const size_t folded[3] = {0, 100, 300}; /* one progression: one copy of 6 rows */
+    CHECK_OK(ferry_tensor_view(ctx, store, 3, ne, folded, 0, &v));
+    CHECK_OK(ferry_tensor_compact_layout(ctx, v, &c));
+    CHECK(ferry_tensor_is_compact_of(c, v));
+    CHECK(c->nb[0] == 4 && c->nb[1] == 16 && c->nb[2] == 48 && ferry_tensor_nbytes(c) == 96);
+    ferry_context_free(ctx);
+}
+
 static const check_test tests[] = {
     {"sched_ordered_multi_stream_ranges", test_sched_ordered_multi_stream_ranges},
     {"sched_ordered_multi_stream_flat_fails_first_assertion", test_sched_ordered_multi_stream_flat_fails_first_assertion},
@@ -188,6 +248,8 @@ static const check_test tests[] = {
     {"sched_same_numbers_under_every_policy", test_sched_same_numbers_under_every_policy},
     {"sched_unified_same_as_flat", test_sched_unified_same_as_flat},
     {"sched_no_inputs_when_backend_can_use_source", test_sched_no_inputs_when_backend_can_use_source},
+    {"sched_compact_staging", test_sched_compact_staging},
+    {"compact_layout_needs_one_copy", test_compact_layout_needs_one_copy},
 };
 
 CHECK_MAIN(tests)

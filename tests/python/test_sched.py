@@ -139,6 +139,37 @@ def test_graph_read_by_cpu_op_same_numbers_under_both_policies() -> None:
     np.testing.assert_array_equal(results["flat"], results["ranges"])
 
 
+def test_compact_staging_holds_the_bytes_read() -> None:
+    """compact=True: the split's copy of the window holds the bytes read, the split's memory drops by
+    the gaps, and the graph's numbers do not change."""
+    runs = {}
+    for compact in (False, True):
+        cpu = ferry.CPUBackend()
+        split = ferry.DummyBackend(real_memory=True)
+        kv = ferry.KVCache("f32", "f32", 8, 2, 256, 4)
+        for stream in range(4):
+            kv.set_stream("k", 0, stream, np.random.default_rng(stream).random((64, 16), dtype=np.float32))
+        k, _ = kv.window(0, 7, 0, 3)
+        d = k.dup(name="d")
+        out = d.scale(0.5, name="out").set_output()
+        g = ferry.Graph(out)
+        sched = ferry.Scheduler([split, cpu], policy="ranges", compact=compact)
+        assert sched.compact is compact
+        sched.pin(d, split)
+        sched.compute(g)
+        (inp,) = sched.inputs
+        st = inp.stats
+        assert st.bytes_copied == st.bytes_read == 4 * 7 * 64
+        assert inp.copy.nbytes == (st.bytes_read if compact else st.bytes_span)
+        assert inp.copy.same_layout(k) is not compact
+        runs[compact] = (out.to_numpy(), sched.buffer_size(split), st.bytes_span - st.bytes_read)
+    np.testing.assert_array_equal(runs[False][0], runs[True][0])
+    saved, gaps = runs[False][1] - runs[True][1], runs[True][2]
+    assert gaps - 64 <= saved <= gaps + 64  # the gaps, up to the allocator's alignment
+    with pytest.raises(ferry.InvalidArgumentError, match="bool"):
+        ferry.Scheduler([ferry.CPUBackend()], compact="yes")  # type: ignore[arg-type]
+
+
 def test_policy_names_and_errors() -> None:
     sched = ferry.Scheduler([ferry.CPUBackend()])
     assert sched.policy == ferry.CopyPolicy.FLAT and str(sched.policy) == "flat"

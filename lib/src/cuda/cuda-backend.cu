@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <pthread.h>
 
 #define FERRY_CUDA_MAX_DEVICES 16
@@ -265,11 +266,109 @@ extern "C" ferry_status ferry_cuda_buffer_type(int device, ferry_buffer_type ** 
     return FERRY_OK;
 }
 
+/* ---------------------------------------------------------------- pinned ranges
+ *
+ * The pinned host memory ferry knows: CUDA_Host buffers and registered memory, each
+ * with its extent. The gather copy reads host memory through the device's mapping, so
+ * every byte of its rows must be mapped: cudaPointerGetAttributes says whether one
+ * address is pinned but not how far its allocation reaches, and rows that ran from one
+ * allocation into unpinned memory would fault the context. So the rule asks this list.
+ */
+
+struct pinned_range {
+    const char * base;
+    size_t size;
+    bool mapped; /* the device reads it at its host address (UVA), so the kernel can */
+};
+
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+static pinned_range * pinned_ranges;
+static size_t pinned_n, pinned_cap;
+
+/* Remember [base, base + size); false when out of memory (the range is then never gathered). */
+static bool pinned_add(const void * base, size_t size) {
+    void * dev = nullptr;
+    const bool mapped = cudaHostGetDevicePointer(&dev, (void *) base, 0) == cudaSuccess && dev == base;
+    cudaGetLastError();
+    pthread_mutex_lock(&pinned_lock);
+    bool ok = true;
+    if (pinned_n == pinned_cap) {
+        const size_t cap = pinned_cap ? 2 * pinned_cap : 16;
+        auto * grown = (pinned_range *) realloc(pinned_ranges, cap * sizeof(pinned_range));
+        ok = grown != nullptr;
+        if (ok) {
+            pinned_ranges = grown;
+            pinned_cap = cap;
+        }
+    }
+    if (ok) {
+        pinned_ranges[pinned_n++] = {(const char *) base, size, mapped};
+    }
+    pthread_mutex_unlock(&pinned_lock);
+    return ok;
+}
+
+static bool pinned_remove(const void * base) {
+    pthread_mutex_lock(&pinned_lock);
+    bool found = false;
+    for (size_t i = 0; i < pinned_n && !found; i++) {
+        if (pinned_ranges[i].base == base) {
+            pinned_ranges[i] = pinned_ranges[--pinned_n];
+            found = true;
+        }
+    }
+    if (pinned_n == 0) { /* nothing left: give the array back, so no leak is reported */
+        free(pinned_ranges);
+        pinned_ranges = nullptr;
+        pinned_cap = 0;
+    }
+    pthread_mutex_unlock(&pinned_lock);
+    return found;
+}
+
+/* Is [p, p + len) inside one pinned range the device reads at its host address? */
+static bool pinned_mapped(const void * p, size_t len) {
+    const uintptr_t lo = (uintptr_t) p;
+    pthread_mutex_lock(&pinned_lock);
+    bool inside = false;
+    for (size_t i = 0; i < pinned_n && !inside; i++) {
+        const pinned_range * r = &pinned_ranges[i];
+        const uintptr_t base = (uintptr_t) r->base;
+        inside = r->mapped && lo >= base && lo - base <= r->size && len <= r->size - (lo - base);
+    }
+    pthread_mutex_unlock(&pinned_lock);
+    return inside;
+}
+
+extern "C" ferry_status ferry_cuda_host_register(void * ptr, size_t size) {
+    FERRY_CHECK_ARG(ptr && size > 0, "cuda_host_register: NULL pointer or empty range");
+    FERRY_TRY(check_device(0, "cuda_host_register (pinned memory needs a CUDA device)"));
+    char what[80];
+    snprintf(what, sizeof(what), "cuda_host_register: cudaHostRegister of %zu bytes", size);
+    CUDA_TRY(cudaHostRegister(ptr, size, cudaHostRegisterPortable | cudaHostRegisterMapped), what);
+    if (!pinned_add(ptr, size)) {
+        cudaHostUnregister(ptr);
+        cudaGetLastError();
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "cuda_host_register: out of memory");
+    }
+    return FERRY_OK;
+}
+
+extern "C" ferry_status ferry_cuda_host_unregister(void * ptr) {
+    FERRY_CHECK_ARG(ptr, "cuda_host_unregister: NULL pointer");
+    if (!pinned_remove(ptr)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_host_unregister: %p was not registered", ptr);
+    }
+    CUDA_TRY(cudaHostUnregister(ptr), "cuda_host_unregister: cudaHostUnregister");
+    return FERRY_OK;
+}
+
 /* ---------------------------------------------------------------- pinned host buffers */
 
 static const char * host_buft_name(const ferry_buffer_type *) { return "CUDA_Host"; }
 
 static void host_release(void * base) {
+    pinned_remove(base);
     cudaFreeHost(base);
     cudaGetLastError();
 }
@@ -280,6 +379,7 @@ static ferry_status host_buft_alloc(ferry_buffer_type * buft, size_t size, ferry
     snprintf(what, sizeof(what), "CUDA_Host: cudaMallocHost of %zu bytes", size);
     void * base = nullptr;
     CUDA_TRY(cudaMallocHost(&base, size ? size : 1), what);
+    pinned_add(base, size); /* out of memory here only means its copies are never gathered */
     const ferry_status st = ferry_host_buffer_wrap(buft, base, size, host_release, out);
     if (st != FERRY_OK) {
         host_release(base);
@@ -309,6 +409,8 @@ struct backend_ctx {
     cudaStream_t stream;
     cudaEvent_t copy_event; /* orders a copy between two backends' streams */
     char name[16];
+    ferry_cuda_gather_params gather; /* the gather copy option (ferry.h) */
+    uint64_t gather_copies;          /* 2-D sets the kernel carried out */
 };
 
 static backend_ctx * ctx_of(ferry_backend * backend) { return (backend_ctx *) backend->context; }
@@ -358,13 +460,56 @@ static ferry_status backend_get_async(ferry_backend * backend, const ferry_tenso
     return FERRY_OK;
 }
 
+/* The gather rule's defaults (ferry.h), from SPEC.md's anchors: one 2-D copy runs at
+ * the contiguous rate up to a 32 KiB pitch and 1.5x off it at 64 KiB. Rows under
+ * 256 B are the copy engine's other weak spot, but they leave a warp's loads short:
+ * not taken until measured. */
+extern "C" ferry_cuda_gather_params ferry_cuda_gather_default_params(void) {
+    ferry_cuda_gather_params p = {};
+    p.on = false;
+    p.loads_per_thread = 4;
+    p.min_pitch = (size_t) 64 << 10;
+    p.min_row = 256;
+    return p;
+}
+
+static bool aligned16(size_t x) { return x % 16 == 0; }
+
+static bool gather_applies(const backend_ctx * ctx, const ferry_tensor * t, const void * dst, const void * data,
+                           size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
+    const ferry_cuda_gather_params * g = &ctx->gather;
+    if (!g->on || n_copies < 2 || size < g->min_row || stride_data < g->min_pitch) {
+        return false;
+    }
+    if (!aligned16((size_t) (uintptr_t) dst) || !aligned16((size_t) (uintptr_t) data) || !aligned16(size) ||
+        !aligned16(stride_tensor) || !aligned16(stride_data)) {
+        return false;
+    }
+    const ferry_buffer * buf = ferry_tensor_buffer(t);
+    if (!is_device_buffer(buf) || ((device_buffer_ctx *) buf->context)->device != ctx->device) {
+        return false; /* the kernel writes this device's memory only */
+    }
+    /* The public layer checked the tensor side, not the source: the span read is (n-1) pitches and a row. */
+    size_t span;
+    return ferry_mul_ok(n_copies - 1, stride_data, &span) && ferry_add_ok(span, size, &span) && pinned_mapped(data, span);
+}
+
 /* One cudaMemcpy2DAsync moves every row: the copy engine walks the pitches itself,
- * which is what lets a range copy reach the contiguous rate (SPEC.md's anchors). */
+ * which is what lets a range copy reach the contiguous rate (SPEC.md's anchors). With
+ * the gather option on and its rule met, a kernel reads the rows instead. */
 static ferry_status backend_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
                                          size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
     backend_ctx * ctx = ctx_of(backend);
     CUDA_TRY(cudaSetDevice(ctx->device), "tensor_set_2d_async: cudaSetDevice");
-    CUDA_TRY(copy_2d(tensor_at(t, offset), stride_tensor, data, stride_data, size, n_copies, ctx->stream),
+    char * dst = tensor_at(t, offset);
+    if (gather_applies(ctx, t, dst, data, size, n_copies, stride_tensor, stride_data)) {
+        CUDA_TRY(ferry_cuda_gather_rows(dst, stride_tensor, data, stride_data, size, n_copies, ctx->gather.loads_per_thread,
+                                        ctx->stream),
+                 "tensor_set_2d_async: gather kernel launch");
+        ctx->gather_copies++;
+        return FERRY_OK;
+    }
+    CUDA_TRY(copy_2d(dst, stride_tensor, data, stride_data, size, n_copies, ctx->stream),
              "tensor_set_2d_async: cudaMemcpy2DAsync");
     return FERRY_OK;
 }
@@ -518,6 +663,9 @@ extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out)
     }
     ctx->device = device;
     snprintf(ctx->name, sizeof(ctx->name), "CUDA%d", device);
+    const char * gather_env = getenv("FERRY_CUDA_GATHER");
+    ctx->gather = ferry_cuda_gather_default_params();
+    ctx->gather.on = gather_env && gather_env[0] && strcmp(gather_env, "0") != 0;
     /* Non-blocking: the backend's stream does not wait for the legacy default stream. */
     cudaError_t err = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking);
     if (err == cudaSuccess) {
@@ -561,5 +709,36 @@ extern "C" ferry_status ferry_cuda_backend_device(const ferry_backend * backend,
                           ferry_backend_name(backend));
     }
     *out = ((backend_ctx *) backend->context)->device;
+    return FERRY_OK;
+}
+
+extern "C" ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_cuda_gather_params * params) {
+    FERRY_CHECK_ARG(backend && params, "cuda_backend_set_gather: NULL argument");
+    if (!is_cuda_backend(backend)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_set_gather: %s is not a CUDA backend",
+                          ferry_backend_name(backend));
+    }
+    if (!ferry_cuda_gather_loads_ok(params->loads_per_thread)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_set_gather: %d loads per thread (1, 2, 4, 8 or 16)",
+                          params->loads_per_thread);
+    }
+    ctx_of(backend)->gather = *params;
+    return FERRY_OK;
+}
+
+extern "C" ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
+                                                      uint64_t * copies) {
+    FERRY_CHECK_ARG(backend, "cuda_backend_get_gather: NULL backend");
+    if (!is_cuda_backend(backend)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_get_gather: %s is not a CUDA backend",
+                          ferry_backend_name(backend));
+    }
+    const backend_ctx * ctx = (const backend_ctx *) backend->context;
+    if (params) {
+        *params = ctx->gather;
+    }
+    if (copies) {
+        *copies = ctx->gather_copies;
+    }
     return FERRY_OK;
 }

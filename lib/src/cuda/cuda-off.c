@@ -33,3 +33,33 @@ ferry_status ferry_cuda_host_buffer_type(ferry_buffer_type ** out) {
     (void) out;
     return NO_CUDA("cuda_host_buffer_type");
 }
+
+ferry_status ferry_cuda_host_register(void * ptr, size_t size) {
+    (void) ptr;
+    (void) size;
+    return NO_CUDA("cuda_host_register");
+}
+
+ferry_status ferry_cuda_host_unregister(void * ptr) {
+    (void) ptr;
+    return NO_CUDA("cuda_host_unregister");
+}
+
+/* The defaults are plain values, the same in every build. */
+ferry_cuda_gather_params ferry_cuda_gather_default_params(void) {
+    return (ferry_cuda_gather_params) {.on = false, .loads_per_thread = 4, .min_pitch = 64 << 10, .min_row = 256};
+}
+
+ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_cuda_gather_params * params) {
+    (void) backend;
+    (void) params;
+    return NO_CUDA("cuda_backend_set_gather");
+}
+
+ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
+                                           uint64_t * copies) {
+    (void) backend;
+    (void) params;
+    (void) copies;
+    return NO_CUDA("cuda_backend_get_gather");
+}

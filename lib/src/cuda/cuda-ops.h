@@ -1,5 +1,5 @@
-/* The CUDA kernels the backend runs (ops-cuda.cu): decode attention and dup. C++ only,
- * shared by the two CUDA sources of this folder. */
+/* The CUDA kernels the backend runs (ops-cuda.cu: decode attention and dup; copy-gather.cu:
+ * the gather copy). C++ only, shared by the CUDA sources of this folder. */
 #ifndef FERRY_CUDA_OPS_H
 #define FERRY_CUDA_OPS_H
 
@@ -12,5 +12,13 @@ bool ferry_cuda_op_supported(const ferry_tensor * node);
 /* Queue one node on stream; its tensors are in memory the device can read. CUDA errors
  * become FERRY_ERR_BACKEND with CUDA's message. */
 ferry_status ferry_cuda_compute_node(ferry_tensor * node, cudaStream_t stream);
+
+/* The gather copy (copy-gather.cu): height rows of width bytes from src (pinned host
+ * memory as the device maps it, or device memory) at spitch to dst at dpitch, by a
+ * kernel on stream. src, dst, width and both pitches must be multiples of 16; loads is
+ * the 16-byte loads each thread keeps in flight, one of 1, 2, 4, 8, 16. */
+bool ferry_cuda_gather_loads_ok(int loads);
+cudaError_t ferry_cuda_gather_rows(void * dst, size_t dpitch, const void * src, size_t spitch, size_t width,
+                                   size_t height, int loads, cudaStream_t stream);
 
 #endif

@@ -1,0 +1,70 @@
+/*
+ * The gather copy: a kernel that reads rows of pinned, mapped host memory straight
+ * through the device's mapping of it and writes them to device memory. It stands in
+ * for cudaMemcpy2DAsync where the copy engine is slow: rows far apart (SPEC.md: the
+ * transposed V window at a 64 KiB pitch runs 1.5x the contiguous floor as one 2-D
+ * copy). Every thread keeps L 16-byte loads in flight before it stores any, so the
+ * bus sees many outstanding reads; a warp's loads are consecutive bytes of one row.
+ */
+#include "cuda-ops.h"
+
+#include <cstdint>
+
+#define GATHER_THREADS 256
+
+/* Rows as one flat run of 16-byte elements: element e is row e / w, column e % w. */
+template <int L>
+__global__ void gather_rows_kernel(uint4 * __restrict__ dst, uint64_t dpitch, const uint4 * __restrict__ src,
+                                   uint64_t spitch, uint64_t w, uint64_t total, uint64_t n_chunks) {
+    for (uint64_t chunk = blockIdx.x; chunk < n_chunks; chunk += gridDim.x) {
+        const uint64_t first = chunk * (uint64_t) GATHER_THREADS * L + threadIdx.x;
+        uint4 v[L];
+        uint64_t at[L];
+#pragma unroll
+        for (int j = 0; j < L; j++) {
+            const uint64_t e = first + (uint64_t) j * GATHER_THREADS;
+            if (e < total) {
+                const uint64_t r = e / w, c = e - r * w;
+                v[j] = src[r * spitch + c];
+                at[j] = r * dpitch + c;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < L; j++) {
+            if (first + (uint64_t) j * GATHER_THREADS < total) {
+                dst[at[j]] = v[j];
+            }
+        }
+    }
+}
+
+bool ferry_cuda_gather_loads_ok(int loads) {
+    return loads == 1 || loads == 2 || loads == 4 || loads == 8 || loads == 16;
+}
+
+template <int L>
+static cudaError_t launch(uint4 * dst, uint64_t dpitch, const uint4 * src, uint64_t spitch, uint64_t w, uint64_t total,
+                          cudaStream_t stream) {
+    const uint64_t per_block = (uint64_t) GATHER_THREADS * L;
+    const uint64_t n_chunks = (total + per_block - 1) / per_block;
+    /* More blocks than the device holds at once buy nothing; the loop takes the rest. */
+    const unsigned grid = (unsigned) (n_chunks < (1u << 20) ? n_chunks : (1u << 20));
+    gather_rows_kernel<L><<<grid, GATHER_THREADS, 0, stream>>>(dst, dpitch, src, spitch, w, total, n_chunks);
+    return cudaGetLastError();
+}
+
+cudaError_t ferry_cuda_gather_rows(void * dst, size_t dpitch, const void * src, size_t spitch, size_t width,
+                                   size_t height, int loads, cudaStream_t stream) {
+    const uint64_t w = width / 16, total = w * height;
+    uint4 * d = (uint4 *) dst;
+    const uint4 * s = (const uint4 *) src;
+    const uint64_t dp = dpitch / 16, sp = spitch / 16;
+    switch (loads) {
+    case 1: return launch<1>(d, dp, s, sp, w, total, stream);
+    case 2: return launch<2>(d, dp, s, sp, w, total, stream);
+    case 4: return launch<4>(d, dp, s, sp, w, total, stream);
+    case 8: return launch<8>(d, dp, s, sp, w, total, stream);
+    case 16: return launch<16>(d, dp, s, sp, w, total, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}

@@ -1,0 +1,386 @@
+"""Copy plans: the fewest 2-D copies that move exactly the bytes a view reads, and what they cost.
+
+plan_copy(type, ne, nb, offset) plans a view given by its layout alone (metadata only:
+nothing is allocated); plan_of(tensor) plans an existing view. Both return Copy2D rows
+with offsets from the first byte of the view's source, as ferry_copy_plan computes them
+(lib/src/copy-plan.c). CopyCostModel is ferry_copy_cost_model; plan_cost, flat_cost and
+plan_pays are the rule the plan copy policy uses to choose between the plan and flat.
+explain() says in words how the planner reduced a layout to its copies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from . import _args
+from ._binding import ffi, lib
+from .backend import Backend
+from .errors import InvalidArgumentError, LayoutError, UnsupportedError, check
+from .tensor import Tensor, _check_tensor
+from .types import TypeLike, to_type
+
+
+class Copy2D(NamedTuple):
+    """count rows of size bytes, row i at offset + i*stride (bytes from the first byte of the view's source)."""
+
+    offset: int
+    size: int
+    count: int
+    stride: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this copy moves: size * count."""
+        return self.size * self.count
+
+    @property
+    def end(self) -> int:
+        """One past the last byte it moves."""
+        return self.offset + (self.count - 1) * self.stride + self.size if self.count else self.offset
+
+
+# ---------------------------------------------------------------- planning
+
+
+def _c_plan(t: Tensor) -> List[Copy2D]:
+    """ferry_copy_plan of t: count, then fill; offsets relative to t's own data."""
+    p = t._p
+    n = ffi.new("size_t *")
+    check(lib.ferry_copy_plan(p, ffi.NULL, 0, n))
+    if n[0] == 0:
+        return []
+    copies = ffi.new("ferry_copy_2d[]", n[0])
+    check(lib.ferry_copy_plan(p, copies, n[0], n))
+    return [Copy2D(int(c.offset), int(c.size), int(c.count), int(c.stride)) for c in copies[0:n[0]]]
+
+
+def plan_of(tensor: Tensor) -> List[Copy2D]:
+    """The copy plan of a tensor (a view or not), offsets from the first byte of its root (the
+    tensor whose memory it reads; itself if not a view), so each row is at offset + tensor.offset
+    of what C plans. UnsupportedError for a view whose rows tangle over more than 2^20 rows (the
+    copy path copies the span then); [] for an empty tensor."""
+    t = _check_tensor(tensor, "plan_of")
+    base = t.offset
+    return [c._replace(offset=c.offset + base) for c in _c_plan(t)]
+
+
+def _span(unit: int, counts: Sequence[int], nb: Sequence[int]) -> int:
+    """ggml's nbytes for counts (dim 0 in blocks) and strides: first byte to last."""
+    if any(n == 0 for n in counts):
+        return 0
+    return unit + sum((n - 1) * s for n, s in zip(counts, nb))
+
+
+def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int = 0,
+                name: str = "planned", source: Optional[Tensor] = None) -> Tensor:
+    """A view with exactly this layout offset bytes into source, or (source None) into an
+    unallocated tensor just large enough for it (metadata only). nb may be any permutation a
+    ferry view can reach: nb[0] is the element size, or, for plain (non-block) types, some
+    dimension has stride = element size or one value, and the view is made with it first and
+    permuted. Errors carry C's message."""
+    ty = to_type(type)
+    if source is not None and _check_tensor(source, "plan_copy: source").type != ty:
+        raise LayoutError(f"plan_copy: the source is {source.type}, the view {ty}")
+    shape = _args.as_shape(ne, "plan_copy: ne")
+    if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != len(shape):
+        raise InvalidArgumentError(f"plan_copy: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
+    strides = [_args.as_size(v, f"plan_copy: nb[{i}]") for i, v in enumerate(nb)]
+    off = _args.as_size(offset, "plan_copy: offset")
+    unit, blck = ty.size, ty.blck_size
+    # ferry views are 4-D: one-value dimensions after the given ones, strided as ferry_tensor_view would
+    shape4, strides4 = shape + [1] * (4 - len(shape)), list(strides)
+    for i in range(len(strides), 4):
+        s = unit * (max(shape4[0], 0) // blck) if i == 1 else strides4[i - 1] * max(shape4[i - 1], 0)
+        strides4.append(min(s, _args.SIZE_MAX))  # one value: the stride is never stepped
+    first = 0
+    if strides4[0] != unit:
+        if blck > 1:
+            raise LayoutError(f"plan_copy: nb[0] is {strides4[0]} but a {ty} block is {unit} bytes "
+                              "(block types keep dimension 0 innermost)")
+        first = next((i for i in range(4) if strides4[i] == unit or shape4[i] == 1), -1)
+        if first < 0:
+            raise LayoutError(f"plan_copy: no dimension has stride {unit} (one {ty} element) or one value; "
+                              "a ferry view cannot have this layout")
+    order = list(range(4))
+    order[0], order[first] = order[first], order[0]
+    vne = [shape4[i] for i in order]
+    vnb = [strides4[i] for i in order]
+    vnb[0] = unit
+    src = source if source is not None else _source_for(ty, off, vne, vnb, name)
+    view = src.view(vne, vnb, off, name=name if first == 0 else f"{name}_unpermuted")
+    if first == 0:
+        return view
+    axes = list(range(4))  # swapping two axes is its own inverse
+    axes[0], axes[first] = axes[first], axes[0]
+    return view.permute(axes, name=name)
+
+
+def _source_for(ty: Any, off: int, ne: Sequence[int], nb: Sequence[int], name: str) -> Tensor:
+    """An unallocated 1-D tensor of whole blocks covering off plus the span of (ne, nb); if that
+    cannot be a tensor, a minimal one, so that C's view check says what is wrong (strides that
+    overflow, or a view that leaves its source)."""
+    unit, blck = ty.size, ty.blck_size
+    counts = [max(ne[0], 0) // blck] + [max(n, 0) for n in ne[1:]]
+    blocks = max(-(-(off + _span(unit, counts, nb)) // unit), 1)
+    if blocks > _args.INT64_MAX // (unit * blck):
+        blocks = 1
+    return Tensor.new(ty, [blocks * blck], name=f"{name}_src")
+
+
+def plan_copy(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int = 0) -> List[Copy2D]:
+    """The copies that move exactly the bytes a view of this type, shape (ggml order, ne[0]
+    fastest) and byte strides reads, each byte once; offsets from the first byte of the view's
+    source (offset is where the view starts in it). Nothing is allocated. UnknownTypeError,
+    LayoutError (ne[0] not whole blocks, a layout no ferry view has), InvalidArgumentError
+    (negative numbers), OutOfBoundsError (strides that overflow), UnsupportedError (rows
+    tangled over more than 2^20 rows: copy the span instead)."""
+    return plan_of(layout_view(type, ne, nb, offset))
+
+
+# ---------------------------------------------------------------- cost
+
+
+@dataclass(frozen=True)
+class CopyCostModel:
+    """ferry_copy_cost_model: what a copy costs. Each call costs call_us; each row of a 2-D copy
+    row_ns plus its bytes (rounded up to whole line_bytes, at most its stride) at gbps GB/s,
+    times small_row_efficiency below small_row_bytes, plus wide_pitch_row_ns for rows at least
+    wide_pitch_bytes apart. A flat copy is one call and the span at gbps. CopyCostModel.cpu()
+    and .gpu() are ferry's figures (copy-plan.c); of_backend(b) the one b's copies are costed by."""
+
+    call_us: float
+    row_ns: float
+    gbps: float
+    line_bytes: int
+    small_row_bytes: int
+    small_row_efficiency: float
+    wide_pitch_bytes: int
+    wide_pitch_row_ns: float
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "int":
+                _args.as_size(v, f"CopyCostModel: {f.name}")
+            elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise InvalidArgumentError(f"CopyCostModel: {f.name} must be a finite number >= 0, got {v!r}")
+        if self.gbps <= 0:
+            raise InvalidArgumentError(f"CopyCostModel: gbps must be positive, got {self.gbps!r}")
+        if not 0 < self.small_row_efficiency <= 1:
+            raise InvalidArgumentError("CopyCostModel: small_row_efficiency must be in (0, 1], got "
+                                       f"{self.small_row_efficiency!r}")
+
+    @classmethod
+    def from_c(cls, m: Any) -> "CopyCostModel":
+        return cls(float(m.call_us), float(m.row_ns), float(m.gbps), int(m.line_bytes), int(m.small_row_bytes),
+                   float(m.small_row_efficiency), int(m.wide_pitch_bytes), float(m.wide_pitch_row_ns))
+
+    @classmethod
+    def cpu(cls) -> "CopyCostModel":
+        """Host to host, measured on a 2-core EPYC (tools/results/2026-11-30-copy-cost-cpu.md)."""
+        return cls.from_c(lib.ferry_copy_cost_model_cpu())
+
+    @classmethod
+    def gpu(cls) -> "CopyCostModel":
+        """Host to device over PCIe gen 5, from SPEC.md's H200 anchors."""
+        return cls.from_c(lib.ferry_copy_cost_model_gpu())
+
+    @classmethod
+    def of_backend(cls, backend: Backend) -> "CopyCostModel":
+        """The model for copies into backend (a GPU's for CUDA, else the CPU's)."""
+        if not isinstance(backend, Backend):
+            raise InvalidArgumentError(f"CopyCostModel.of_backend: expected a Backend, got {type(backend).__name__}")
+        return cls.from_c(lib.ferry_backend_copy_cost_model(backend._p))
+
+    def _c(self) -> Any:
+        m = ffi.new("ferry_copy_cost_model *")
+        for k, v in asdict(self).items():
+            setattr(m, k, v)
+        return m
+
+    def as_dict(self) -> Dict[str, object]:
+        return asdict(self)
+
+
+ModelLike = Union[CopyCostModel, str, Backend]
+
+
+def cost_model(model: ModelLike = "cpu") -> CopyCostModel:
+    """A CopyCostModel from itself, "cpu", "gpu" or a Backend (the model its copies are costed by)."""
+    if isinstance(model, CopyCostModel):
+        return model
+    if isinstance(model, Backend):
+        return CopyCostModel.of_backend(model)
+    if model == "cpu":
+        return CopyCostModel.cpu()
+    if model == "gpu":
+        return CopyCostModel.gpu()
+    raise InvalidArgumentError(f"cost model: expected 'cpu', 'gpu', a CopyCostModel or a Backend, got {model!r}")
+
+
+def _c_copies(copies: Iterable[Sequence[int]], what: str) -> Tuple[Any, int]:
+    if isinstance(copies, (str, bytes)) or not hasattr(copies, "__iter__"):
+        raise InvalidArgumentError(f"{what}: expected a list of copies (offset, size, count, stride), got {copies!r}")
+    rows = []
+    for i, c in enumerate(copies):
+        if isinstance(c, (str, bytes)) or not hasattr(c, "__len__") or len(c) != 4:
+            raise InvalidArgumentError(f"{what}: copy {i} is not (offset, size, count, stride): {c!r}")
+        rows.append([_args.as_size(v, f"{what}: copy {i}") for v in c])
+    arr = ffi.new("ferry_copy_2d[]", max(len(rows), 1))
+    for a, (off, size, count, stride) in zip(arr, rows):
+        a.offset, a.size, a.count, a.stride = off, size, count, stride
+    return arr, len(rows)
+
+
+def plan_cost(copies: Iterable[Sequence[int]], model: ModelLike = "cpu") -> float:
+    """Estimated seconds to carry out these copies (ferry_copy_plan_cost)."""
+    m = cost_model(model)._c()
+    arr, n = _c_copies(copies, "plan_cost")
+    return float(lib.ferry_copy_plan_cost(m, arr, n))
+
+
+def flat_cost(span: int, model: ModelLike = "cpu") -> float:
+    """Estimated seconds of one flat copy of span bytes (ferry_copy_flat_cost)."""
+    m = cost_model(model)._c()
+    return float(lib.ferry_copy_flat_cost(m, _args.as_size(span, "flat_cost: span")))
+
+
+def plan_pays(tensor: Tensor, model: ModelLike = "cpu") -> bool:
+    """Would the plan copy policy move tensor by its plan (True) rather than flat, on a backend
+    with this model? False for an empty tensor or one too tangled to plan (ferry_copy_plan_pays)."""
+    t = _check_tensor(tensor, "plan_pays")
+    m = cost_model(model)._c()
+    try:
+        copies = _c_plan(t)
+    except UnsupportedError:
+        return False
+    arr, n = _c_copies(copies, "plan_pays")
+    return bool(lib.ferry_copy_plan_pays(m, t._p, arr, n))
+
+
+# ---------------------------------------------------------------- explanation
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """How the planner reduced a layout (a mirror of copy-plan.c's simplify, for display):
+    the row (bytes) and the dimensions merged into it, folds, dropped dimensions, the
+    dimensions left as (count, stride, dims), whether they nest, and a sentence."""
+
+    row: int
+    row_dims: Tuple[int, ...]
+    dropped: Tuple[Tuple[int, str], ...]
+    folds: Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], ...]
+    dims: Tuple[Tuple[int, int, Tuple[int, ...]], ...]
+    nested: bool
+    text: str
+
+    @property
+    def n_copies(self) -> Optional[int]:
+        """Copies the planner makes when the dimensions nest (None when they tangle)."""
+        if not self.nested:
+            return None
+        if not self.dims:
+            return 1
+        p = _most_rows(self.dims)
+        return math.prod(d[0] for i, d in enumerate(self.dims) if i != p)
+
+
+def _most_rows(dims: Sequence[Tuple[int, int, Tuple[int, ...]]]) -> int:
+    """copy-plan.c's choice of the 2-D dimension: the most rows, the first (smallest stride) among equals."""
+    p = 0
+    for i, d in enumerate(dims):
+        if d[0] > dims[p][0]:
+            p = i
+    return p
+
+
+def _names(dims: Sequence[int]) -> str:
+    return ("dim " if len(dims) == 1 else "dims ") + ",".join(str(d) for d in dims)
+
+
+def explain_tensor(tensor: Tensor) -> Explanation:
+    """explain() for an existing tensor's layout."""
+    t = _check_tensor(tensor, "explain")
+    return explain(t.type, t.ne, t.nb)
+
+
+def explain(type: TypeLike, ne: Sequence[int], nb: Sequence[int]) -> Explanation:
+    """Say how the planner reduces this layout: dimensions that add no bytes are dropped, those
+    whose stride is within the row merge into it, evenly spaced pairs fold into one, and what
+    is left is one 2-D copy per index of all but the dimension with the most rows (when they
+    nest) or is enumerated as intervals (when they tangle). Same rules as copy-plan.c."""
+    ty = to_type(type)
+    shape = _args.as_shape(ne, "explain: ne")
+    if len(nb) != len(shape):
+        raise InvalidArgumentError(f"explain: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
+    strides = [_args.as_size(v, f"explain: nb[{i}]") for i, v in enumerate(nb)]
+    unit, blck = ty.size, ty.blck_size
+    what = "block" if blck > 1 else "element"
+    if any(n < 0 for n in shape) or shape[0] % blck:
+        raise LayoutError(f"explain: ne {shape} is not a shape of whole {ty} blocks")
+    if any(n == 0 for n in shape):
+        return Explanation(0, (), (), (), (), True, "an empty view: nothing to copy")
+    counts = [shape[0] // blck] + shape[1:]
+    dims: List[Tuple[int, int, Tuple[int, ...]]] = [(n, s, (i,)) for i, (n, s) in enumerate(zip(counts, strides))]
+    row, row_dims = unit, []
+    dropped: List[Tuple[int, str]] = []
+    folds: List[Tuple[Tuple[int, ...], Tuple[int, ...]]] = []
+    changed = True
+    while changed:
+        changed = False
+        kept = []
+        for n, s, lab in dims:
+            if n > 1 and s > 0:
+                kept.append((n, s, lab))
+            elif n > 1:  # stride 0: the same bytes again
+                dropped.extend((d, "broadcast") for d in lab)
+        dims = sorted(kept, key=lambda d: d[1])
+        if dims and dims[0][1] <= row:
+            n, s, lab = dims.pop(0)
+            row += (n - 1) * s
+            row_dims.extend(lab)
+            changed = True
+            continue
+        for i in range(len(dims)):
+            for j in range(i + 1, len(dims)):
+                (ni, si, li), (nj, sj, lj) = dims[i], dims[j]
+                if sj % si == 0 and sj // si <= ni:
+                    dims[i] = (ni + (nj - 1) * (sj // si), si, li + lj)
+                    folds.append((li, lj))
+                    del dims[j]
+                    changed = True
+                    break
+            if changed:
+                break
+    extent, nested = row, True
+    for n, s, _ in dims:
+        nested = nested and s >= extent
+        extent += (n - 1) * s
+    parts = [f"{_names(row_dims)} merged into one {row:,}-byte row" if row_dims
+             else f"the row is one {ty} {what} ({unit} B)"]
+    for inner, outer in folds:
+        parts.append(f"{_names(outer)} folded into {_names(inner)}")
+    bc = sorted({d for d, _ in dropped})
+    if bc:
+        parts.append(f"{_names(bc)} broadcast (stride 0: no new bytes)")
+    if not dims:
+        tail = f"one copy of {row:,} B"
+    elif nested:
+        p = _most_rows(dims)
+        n, s, lab = dims[p]
+        others = math.prod(d[0] for i, d in enumerate(dims) if i != p)
+        rows = f"{n:,} rows of {row:,} B at stride {s:,} B ({_names(lab)})"
+        if others == 1:
+            tail = f"one 2-D copy of {rows}"
+        else:
+            over = [d for i, dd in enumerate(dims) if i != p for d in dd[2]]
+            tail = f"{others:,} 2-D copies (one per index of {_names(over)}) of {rows}"
+    else:
+        lab = [d for dd in dims for d in dd[2]]
+        tail = (f"rows of {_names(lab)} overlap or interleave: enumerated as byte intervals, merged, "
+                "and grouped into evenly spaced runs")
+    text = "; ".join(parts) + ": " + tail
+    return Explanation(row, tuple(row_dims), tuple(dropped), tuple(folds), tuple(dims), nested, text)
