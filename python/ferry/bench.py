@@ -72,6 +72,8 @@ class BenchConfig:
     pad: int = 1
     repeat: int = 1
     seed: int = 0
+    v_trans: bool = False  # V stored transposed (flash attention off): a gap after every channel row
+    compact: bool = False  # also run each non-flat policy with compact staging
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -86,6 +88,8 @@ class BenchConfig:
             raise InvalidArgumentError(f"--type q8_0 needs --head-dim a multiple of 32, got {self.head_dim}")
         if self.n_head % self.n_head_kv:
             raise InvalidArgumentError(f"--heads {self.n_head} is not a multiple of --kv-heads {self.n_head_kv}")
+        if self.v_trans and self.type_kv == "q8_0":
+            raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
         if not self.policies:
             raise InvalidArgumentError("--policy: give at least one policy")
         for p in self.policies:
@@ -136,6 +140,12 @@ class BenchRow:
     bytes_copied: int
     bytes_read: int
     output_sha256: str = field(repr=False)
+    compact: bool = False
+    split_memory: int = 0  # bytes the scheduler held on the split backend (copies and outputs)
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy}+compact" if self.compact else self.policy
 
     @property
     def copy_bandwidth(self) -> float:
@@ -143,9 +153,10 @@ class BenchRow:
         return self.bytes_copied / self.copy_s if self.copy_s > 0 else 0.0
 
     def as_dict(self) -> Dict[str, object]:
-        """The --json object: exactly the keys the issue names."""
+        """The --json object: the keys the issue names, then compact staging and the split's memory."""
         return {"npl": self.npl, "policy": self.policy, "unified": self.unified, "tokens_per_s": self.tokens_per_s,
-                "copy_s": self.copy_s, "bytes_copied": self.bytes_copied, "bytes_read": self.bytes_read}
+                "copy_s": self.copy_s, "bytes_copied": self.bytes_copied, "bytes_read": self.bytes_read,
+                "compact": self.compact, "split_memory_bytes": self.split_memory}
 
 
 @dataclass
@@ -157,8 +168,12 @@ class BenchResult:
     cache_memory: str
     rows: List[BenchRow]
 
-    def row(self, npl: int, policy: str, unified: bool = False) -> BenchRow:
-        return next(r for r in self.rows if (r.npl, r.policy, r.unified) == (npl, policy, unified))
+    def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False) -> BenchRow:
+        return next(r for r in self.rows if (r.npl, r.policy, r.unified, r.compact) == (npl, policy, unified, compact))
+
+    def variants(self) -> List[Tuple[str, bool]]:
+        """(policy, compact) in table order: every policy, then the non-flat ones with compact staging."""
+        return variants(self.config)
 
     def gain(self, r: BenchRow) -> Optional[float]:
         """tokens/s over that of flat (same npl and layout) minus 1; None without a flat run."""
@@ -169,6 +184,15 @@ class BenchResult:
     def outputs_identical(self, npl: int) -> bool:
         """Did every run of npl (each policy, both layouts) produce the same attention outputs?"""
         return len({r.output_sha256 for r in self.rows if r.npl == npl}) == 1
+
+
+def variants(cfg: BenchConfig) -> List[Tuple[str, bool]]:
+    """(policy, compact) runs of a configuration: compact staging gathers whatever the policy, so
+    flat has no compact variant."""
+    out = [(p, False) for p in cfg.policies]
+    if cfg.compact:
+        out += [(p, True) for p in cfg.policies if p != "flat"]
+    return out
 
 
 class Progress:
@@ -224,36 +248,57 @@ class _Run:
     """One configuration's cache, queries and scheduler, stepped through ntg decode steps."""
 
     def __init__(self, cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, policy: str, unified: bool,
-                 pinned: bool) -> None:
+                 pinned: bool, compact: bool = False) -> None:
         self.cfg, self.split, self.npl, self.unified = cfg, split, npl, unified
         ty = to_type(cfg.type_kv)
         self.type = ty
         n_stream = 1 if unified else npl
-        self.kv = KVCache(ty, ty, cfg.head_dim, cfg.n_head_kv, cfg.n_ctx, n_stream, cfg.n_layer, pinned=pinned)
+        self.kv = KVCache(ty, ty, cfg.head_dim, cfg.n_head_kv, cfg.n_ctx, n_stream, cfg.n_layer, v_trans=cfg.v_trans,
+                          pinned=pinned)
         self.kv.buffer.clear(0)
         row = row_size(ty, cfg.n_embd)
         self.row = row
         L = cfg.cells
         for layer in range(cfg.n_layer):
             for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
-                for i in range(npl):  # sequence i: the same bytes in either layout
+                for i in range(npl):  # sequence i: the same values in either layout
                     data = random_rows(ty, L, cfg.n_embd, (cfg.seed, layer, i, which == "v"))
                     cell0 = i * L if unified else i * self.kv.kv_size
-                    t.set(data, cell0 * row)
+                    if which == "v" and cfg.v_trans:
+                        self._set_transposed(t, data, i * L if unified else 0, 0 if unified else i)
+                    else:
+                        t.set(data, cell0 * row)
         rng = np.random.default_rng([cfg.seed, 1 << 20])
         self.q = [Tensor.from_numpy(split, rng.uniform(-1, 1, (npl, 1, cfg.n_head, cfg.head_dim)).astype(np.float32),
                                     name=f"q{layer}") for layer in range(cfg.n_layer)]
         self.kv_len = Tensor.from_numpy(split, np.zeros(npl, np.int32), name="kv_len")
-        self.sched = Scheduler([split, cpu], policy=policy)
+        self.sched = Scheduler([split, cpu], policy=policy, compact=compact)
+        self.split_memory = 0
+
+    def _set_transposed(self, t: Tensor, data: bytes, cell0: int, stream: int) -> None:
+        """Write cells [cell0, cell0 + L) of a transposed V ([kv_size, n_embd, n_stream]): one run of
+        cells per channel, the channel rows kv_size cells apart."""
+        cfg, elem, kv_size = self.cfg, self.type.size, self.kv.kv_size
+        cells = np.frombuffer(data, np.uint8).reshape(cfg.cells, cfg.n_embd, elem)
+        runs = np.ascontiguousarray(cells.transpose(1, 0, 2)).tobytes()  # [channel][cell]
+        base = (stream * cfg.n_embd * kv_size + cell0) * elem
+        t.set_2d(runs, base, cfg.cells * elem, cfg.n_embd, kv_size * elem, cfg.cells * elem)
 
     def _windows(self, layer: int, n_kv: int) -> Tuple[Tensor, Tensor]:
         if not self.unified:
             return self.kv.window(layer, n_kv)
+        # one stream; sequence i in cells [i*L, (i+1)*L): viewed as npl streams of L cells
         cfg, ty, L = self.cfg, self.type, self.cfg.cells
         ne = [cfg.head_dim, cfg.n_head_kv, L, self.npl]
         nb = [ty.size, row_size(ty, cfg.head_dim), self.row, self.row * L]
         k = self.kv.k(layer).view(ne, nb, name=f"k{layer}_u").permute(0, 2, 1, 3)
-        v = self.kv.v(layer).view(ne, nb, name=f"v{layer}_u").permute(0, 2, 1, 3)
+        if cfg.v_trans:
+            elem, kv_size = ty.size, self.kv.kv_size
+            ne_v = [L, cfg.n_head_kv, cfg.head_dim, self.npl]
+            nb_v = [elem, elem * kv_size * cfg.head_dim, elem * kv_size, elem * L]
+            v = self.kv.v(layer).view(ne_v, nb_v, name=f"v{layer}_u").permute(0, 2, 1, 3)
+        else:
+            v = self.kv.v(layer).view(ne, nb, name=f"v{layer}_u").permute(0, 2, 1, 3)
         return k, v
 
     def graph(self, step: int) -> Graph:
@@ -262,11 +307,13 @@ class _Run:
         outs = []
         for layer in range(self.cfg.n_layer):
             k, v = self._windows(layer, n_kv)
-            out = attn_decode(self.q[layer], k, v, self.kv_len, name=f"attn{layer}").set_output()
+            out = attn_decode(self.q[layer], k, v, self.kv_len, v_trans=self.cfg.v_trans,
+                              name=f"attn{layer}").set_output()
             self.sched.pin(out, self.split)
             outs.append(out)
         graph = Graph(*outs)
         self.sched.alloc(graph)
+        self.split_memory = max(self.split_memory, self.sched.buffer_size(self.split))
         self.kv_len.set(np.full(self.npl, self.cfg.npp + step + 1, np.int32))
         return graph
 
@@ -277,14 +324,14 @@ class _Run:
 
 
 def run_one(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, policy: str, unified: bool,
-            pinned: bool, progress: Progress) -> BenchRow:
+            pinned: bool, progress: Progress, compact: bool = False) -> BenchRow:
     """ntg timed decode steps of one configuration (after one untimed warm-up step)."""
-    run = _Run(cfg, split, cpu, npl, policy, unified, pinned)
+    run = _Run(cfg, split, cpu, npl, policy, unified, pinned, compact)
     run.step(run.graph(cfg.ntg - 1))  # warm-up: the largest graph, so no timed step allocates
     decode = copy = compute = 0.0
     copied = read = 0
     digest = hashlib.sha256()
-    label = f"npl {npl} {policy}{' unified' if unified else ''}"
+    label = f"npl {npl} {policy}{'+compact' if compact else ''}{' unified' if unified else ''}"
     for t in range(cfg.ntg):
         graph = run.graph(t)
         decode += run.step(graph)
@@ -298,7 +345,8 @@ def run_one(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, policy: st
         progress.step(label=label)
     run.sched.close()
     tps = npl * cfg.ntg / decode if decode > 0 else math.inf
-    return BenchRow(npl, policy, unified, tps, decode, copy, compute, copied, read, digest.hexdigest())
+    return BenchRow(npl, policy, unified, tps, decode, copy, compute, copied, read, digest.hexdigest(), compact,
+                    run.split_memory)
 
 
 def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResult:
@@ -309,17 +357,18 @@ def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResul
     cpu = CPUBackend()
     pinned = not isinstance(split, StandinBackend)
     layouts = (False, True) if cfg.unified else (False,)
-    bar = Progress(len(cfg.npl) * len(cfg.policies) * len(layouts) * cfg.ntg * cfg.repeat, progress)
+    runs_of = variants(cfg)
+    bar = Progress(len(cfg.npl) * len(runs_of) * len(layouts) * cfg.ntg * cfg.repeat, progress)
     rows = []
     try:
         for npl in cfg.npl:
-            runs: Dict[Tuple[bool, str], List[BenchRow]] = {}
+            runs: Dict[Tuple[bool, str, bool], List[BenchRow]] = {}
             for _ in range(cfg.repeat):
                 for unified in layouts:
-                    for policy in cfg.policies:
-                        runs.setdefault((unified, policy), []).append(
-                            run_one(cfg, split, cpu, npl, policy, unified, pinned, bar))
-            for key in [(u, p) for u in layouts for p in cfg.policies]:
+                    for policy, compact in runs_of:
+                        runs.setdefault((unified, policy, compact), []).append(
+                            run_one(cfg, split, cpu, npl, policy, unified, pinned, bar, compact))
+            for key in [(u, p, c) for u in layouts for p, c in runs_of]:
                 got = runs[key]
                 if len({r.output_sha256 for r in got}) != 1:
                     raise AssertionError(f"npl {npl} {key}: repeated runs gave different attention outputs")
@@ -364,22 +413,23 @@ def format_result(res: BenchResult) -> str:
         f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)",
         f"-c {cfg.n_ctx}, -npp {cfg.npp}, -ntg {cfg.ntg}, {cfg.n_layer} layers, K/V {cfg.type_kv}, "
         f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}"
+        + (", V transposed" if cfg.v_trans else "")
         + (f", fastest of {cfg.repeat} runs" if cfg.repeat > 1 else ""),
         "copy and bytes: every layer's K and V windows, summed over the ntg steps",
         "",
     ]
-    head = ["npl", "policy", "tok/s", "gain", "decode", "copy", "compute", "copied", "read", "copy bw"]
+    head = ["npl", "policy", "tok/s", "gain", "decode", "copy", "compute", "copied", "read", "copy bw", "split mem"]
     if cfg.unified:
         head += ["unified tok/s", "gain", "copy", "copied"]
     body = []
     for npl in cfg.npl:
-        for policy in cfg.policies:
-            r = res.row(npl, policy)
-            cells = [str(npl), policy, f"{r.tokens_per_s:,.1f}", fmt_gain(res.gain(r)), fmt_seconds(r.decode_s),
+        for policy, compact in res.variants():
+            r = res.row(npl, policy, False, compact)
+            cells = [str(npl), r.label, f"{r.tokens_per_s:,.1f}", fmt_gain(res.gain(r)), fmt_seconds(r.decode_s),
                      fmt_seconds(r.copy_s), fmt_seconds(r.compute_s), fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
-                     fmt_gbps(r.copy_bandwidth)]
+                     fmt_gbps(r.copy_bandwidth), fmt_mib(r.split_memory)]
             if cfg.unified:
-                u = res.row(npl, policy, True)
+                u = res.row(npl, policy, True, compact)
                 cells += [f"{u.tokens_per_s:,.1f}", fmt_gain(res.gain(u)), fmt_seconds(u.copy_s),
                           fmt_mib(u.bytes_copied)]
             body.append(cells)
@@ -411,13 +461,15 @@ def plot_result(res: BenchResult, path: str) -> None:
     import matplotlib.pyplot as plt
 
     cfg = res.config
-    series = [(p, False) for p in cfg.policies] + ([(p, True) for p in cfg.policies] if cfg.unified else [])
+    series = [(p, c, False) for p, c in res.variants()] + (
+        [(p, c, True) for p, c in res.variants()] if cfg.unified else [])
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    for i, (policy, unified) in enumerate(series):
+    for i, (policy, compact, unified) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(cfg.npl))]
-        ys = [res.row(npl, policy, unified).tokens_per_s for npl in cfg.npl]
-        ax.bar(xs, ys, width, label=f"{policy}{' (unified)' if unified else ''}", hatch="//" if unified else None)
+        ys = [res.row(npl, policy, unified, compact).tokens_per_s for npl in cfg.npl]
+        name = f"{policy}{'+compact' if compact else ''}{' (unified)' if unified else ''}"
+        ax.bar(xs, ys, width, label=name, hatch="//" if unified else None)
     ax.set_xticks(range(len(cfg.npl)))
     ax.set_xticklabels([str(n) for n in cfg.npl])
     ax.set_xlabel("sequences (npl)")
@@ -466,6 +518,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
                     help=f"round the split cache's n_kv up to this (llama.cpp: 256; default {d.pad}: exact)")
     bp.add_argument("--repeat", type=int, default=d.repeat,
                     help="run each configuration this many times (interleaved) and keep the fastest (default 1)")
+    bp.add_argument("--v-trans", action="store_true",
+                    help="V stored transposed (flash attention off): a gap after every channel row, even unified")
+    bp.add_argument("--compact", action="store_true",
+                    help="also run each non-flat policy with compact staging (the split holds only the bytes read)")
     bp.add_argument("--json", action="store_true", help="a JSON list of objects instead of the table")
     bp.add_argument("--plot", metavar="FILE.png", help="also write a PNG chart of tokens/s (needs matplotlib)")
     return bp
@@ -482,7 +538,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
                        policies=tuple(args.policy), unified=args.unified, backend=args.backend, pad=args.pad,
-                       repeat=args.repeat)
+                       repeat=args.repeat, v_trans=args.v_trans, compact=args.compact)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import argparse
 import hashlib
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -53,6 +53,7 @@ class ValidateConfig:
     policies: Tuple[str, ...] = POLICIES
     backend: str = "auto"
     seed: int = 0
+    compact: bool = False  # also hash each non-flat policy with compact staging
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -99,6 +100,7 @@ class ValidateResult:
     split_name: str
     hashes: Dict[str, str]
     control: str
+    split_memory: Dict[str, int] = field(default_factory=dict)  # per run: most bytes held on the split
 
     @property
     def identical(self) -> bool:
@@ -114,7 +116,8 @@ class ValidateResult:
 
     def as_dict(self) -> Dict[str, object]:
         """The --json object."""
-        return {"hashes": dict(self.hashes), "identical": self.identical, "control_detected": self.control_detected}
+        return {"hashes": dict(self.hashes), "identical": self.identical, "control_detected": self.control_detected,
+                "split_memory_bytes": dict(self.split_memory)}
 
 
 class _Served:
@@ -154,12 +157,14 @@ def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
     return rng.uniform(-1.0, 1.0, (cfg.n_head, cfg.head_dim)).astype(np.float32)
 
 
-def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0) -> str:
-    """Serve every sequence under a policy; the sha256 (hex) of every attention output in order.
-    shift moves each wave's window that many streams up (the negative control: 1)."""
+def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0, compact: bool = False) -> Tuple[str, int]:
+    """Serve every sequence under a policy; the sha256 (hex) of every attention output in order, and
+    the most bytes the scheduler held on the split backend. shift moves each wave's window that many
+    streams up (the negative control: 1); compact stages only the bytes read."""
     cpu = CPUBackend()
     served = _Served(cfg)
-    sched = Scheduler([split, cpu], policy=policy)
+    sched = Scheduler([split, cpu], policy=policy, compact=compact)
+    memory = 0
     digest = hashlib.sha256()
     S = cfg.n_stream
     for w in range(0, cfg.n_seq, S):
@@ -180,19 +185,24 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0) -> s
                 sched.pin(out, split)
                 outs.append(out)
             sched.compute(Graph(*outs))
+            memory = max(memory, sched.buffer_size(split))
             for out in outs:
                 digest.update(out.get())
     sched.close()
-    return digest.hexdigest()
+    return digest.hexdigest(), memory
 
 
 def run_validate(cfg: ValidateConfig) -> ValidateResult:
     """Each policy's hash and the control's."""
     cfg.check()
     split = split_backend(cfg.backend)
-    hashes = {p: serve(cfg, split, p) for p in cfg.policies}
-    control = serve(cfg, split, "ranges", shift=1)
-    return ValidateResult(split.name, hashes, control)
+    runs = [(p, False) for p in cfg.policies] + ([(p, True) for p in cfg.policies if p != "flat"] if cfg.compact else [])
+    hashes, memory = {}, {}
+    for policy, compact in runs:
+        name = f"{policy}+compact" if compact else policy
+        hashes[name], memory[name] = serve(cfg, split, policy, compact=compact)
+    control, _ = serve(cfg, split, "ranges", shift=1)
+    return ValidateResult(split.name, hashes, control, memory)
 
 
 def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
@@ -205,7 +215,7 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
         "sha256 of every attention output:",
     ]
     width = max(len(p) for p in [*res.hashes, "control"])
-    lines += [f"  {p.ljust(width)}  {h}" for p, h in res.hashes.items()]
+    lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B)" for p, h in res.hashes.items()]
     lines.append(f"  {'control'.ljust(width)}  {res.control}  (ranges, each sequence reading its neighbour's stream)")
     lines.append(f"policies: {'identical' if res.identical else 'DIFFERENT'}; "
                  f"control: {'detected' if res.control_detected else 'NOT DETECTED'}; "
@@ -236,6 +246,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     vp.add_argument("--backend", default=d.backend, choices=("auto", "cpu", "cuda"),
                     help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable)")
     vp.add_argument("--seed", type=int, default=d.seed, help=f"the sequences' content (default {d.seed})")
+    vp.add_argument("--compact", action="store_true",
+                    help="also hash each non-flat policy with compact staging (the split holds only the bytes read)")
     vp.add_argument("--json", action="store_true", help='{"hashes": {policy: hex}, "identical", "control_detected"}')
     return vp
 
@@ -244,7 +256,8 @@ def main(args: argparse.Namespace) -> int:
     """Run `ferry validate`; exit status 0 when the policies agree and the control was detected, else 1."""
     cfg = ValidateConfig(n_seq=args.sequences, n_stream=args.streams, n_layer=args.layers, n_step=args.steps,
                          kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
-                         n_head_kv=args.kv_heads, policies=tuple(args.policy), backend=args.backend, seed=args.seed)
+                         n_head_kv=args.kv_heads, policies=tuple(args.policy), backend=args.backend, seed=args.seed,
+                         compact=args.compact)
     cfg.check()
     res = run_validate(cfg)
     if args.json:

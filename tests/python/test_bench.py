@@ -18,7 +18,8 @@ from ferry.cli import main
 
 TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "4",
         "--head-dim", "32", "--kv-heads", "2", "--backend", "cpu"]
-KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "bytes_read"}
+KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "bytes_read", "compact",
+        "split_memory_bytes"}
 
 
 def tiny(**kw: object) -> bench.BenchConfig:
@@ -110,7 +111,7 @@ def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[0] == "split backend: CPU (stand-in device); KV cache in pageable host memory (CPU backend)"
     assert lines[1] == "-c 256, -npp 16, -ntg 3, 2 layers, K/V f16, 4 heads x 32, 2 KV heads, pad 1"
     assert lines[4].split() == ["npl", "policy", "tok/s", "gain", "decode", "copy", "compute", "copied", "read",
-                                "copy", "bw", "unified", "tok/s", "gain", "copy", "copied"]
+                                "copy", "bw", "split", "mem", "unified", "tok/s", "gain", "copy", "copied"]
     rows = [ln.split() for ln in lines[5:9]]
     assert [(r[0], r[1], r[3]) for r in rows] == [("2", "flat", "+0.0%"), ("2", "ranges", rows[1][3]),
                                                    ("4", "flat", "+0.0%"), ("4", "ranges", rows[3][3])]
@@ -221,3 +222,41 @@ def test_units() -> None:
     assert bench.fmt_mib(3 * 2**20 // 2) == "1.5 MiB"
     assert bench.fmt_gbps(54.9e9) == "54.90 GB/s"
     assert bench.fmt_gain(0.516) == "+51.6%" and bench.fmt_gain(-0.004) == "-0.4%" and bench.fmt_gain(None) == "-"
+
+
+def test_v_trans_plan_moves_the_bytes_read() -> None:
+    """V stored transposed: a gap after every channel row, so ranges goes flat while plan moves the
+    bytes read in one 2-D copy per window; the outputs agree everywhere."""
+    cfg = tiny(v_trans=True, npl=(1, 2), n_ctx=1024)
+    res = bench.run_bench(cfg)
+    elem = 2  # f16
+    for npl in (1, 2):
+        kv_size = cfg.n_ctx // npl
+        read_v = sum(npl * cfg.n_kv(npl, t) for t in range(cfg.ntg)) * cfg.n_embd * elem * cfg.n_layer
+        span_v = sum((npl * cfg.n_embd - 1) * kv_size + cfg.n_kv(npl, t) for t in range(cfg.ntg)) * elem * cfg.n_layer
+        flat, ranges, plan = (res.row(npl, p) for p in ("flat", "ranges", "plan"))
+        k_read = flat.bytes_read - read_v
+        assert plan.bytes_copied == plan.bytes_read == flat.bytes_read
+        assert ranges.bytes_copied == k_read + span_v  # K by the ranges rule, V flat: the rule cannot see it
+        assert flat.bytes_copied - plan.bytes_copied >= span_v - read_v
+        assert res.outputs_identical(npl)
+    assert res.row(1, "flat").bytes_copied > 10 * res.row(1, "plan").bytes_copied
+
+
+def test_compact_split_memory_is_the_bytes_read() -> None:
+    """--compact: each non-flat policy also runs with compact staging; the split then holds each
+    window's bytes read where it held its span, and the outputs do not change."""
+    cfg = tiny(compact=True, npl=(2,), policies=("flat", "ranges"), unified=False)
+    res = bench.run_bench(cfg)
+    assert [(r.policy, r.compact) for r in res.rows] == [("flat", False), ("ranges", False), ("ranges", True)]
+    row = ferry.row_size(cfg.type_kv, cfg.n_embd)
+    n_kv, kv_size, windows = cfg.n_kv(2, cfg.ntg - 1), cfg.n_ctx // 2, 2 * cfg.n_layer
+    span, read = ((2 - 1) * kv_size + n_kv) * row * windows, 2 * n_kv * row * windows
+    outputs = cfg.n_layer * 2 * cfg.n_head * cfg.head_dim * 4
+    slack = 64 * (windows + cfg.n_layer)  # the allocator's alignment, per tensor
+    plain, compact = res.row(2, "ranges"), res.row(2, "ranges", compact=True)
+    assert abs(plain.split_memory - (span + outputs)) <= slack
+    assert abs(compact.split_memory - (read + outputs)) <= slack
+    assert compact.bytes_copied == compact.bytes_read == plain.bytes_copied
+    assert res.outputs_identical(2)
+    assert "ranges+compact" in bench.format_result(res)

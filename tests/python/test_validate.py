@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import List
+from typing import List, Tuple
 
 import pytest
 
@@ -36,8 +36,8 @@ def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", *SMALL, "--json", "--type", "q8_0", "--sequences", "5", "--streams", "2"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert set(got) == {"hashes", "identical", "control_detected"}
-    assert list(got["hashes"]) == ["flat", "ranges", "plan"]
+    assert set(got) == {"hashes", "identical", "control_detected", "split_memory_bytes"}
+    assert list(got["hashes"]) == ["flat", "ranges", "plan"] == list(got["split_memory_bytes"])
     assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in got["hashes"].values())
     assert len(set(got["hashes"].values())) == 1
     assert got["identical"] is True and got["control_detected"] is True
@@ -57,8 +57,9 @@ def test_the_gate_fails_when_a_policy_reads_the_wrong_stream(monkeypatch: pytest
     identity, and the command exits 1."""
     real = validate.serve
 
-    def broken(cfg: validate.ValidateConfig, split: ferry.Backend, policy: str, shift: int = 0) -> str:
-        return real(cfg, split, policy, shift=1 if policy == "plan" else shift)
+    def broken(cfg: validate.ValidateConfig, split: ferry.Backend, policy: str, shift: int = 0,
+               compact: bool = False) -> Tuple[str, int]:
+        return real(cfg, split, policy, shift=1 if policy == "plan" else shift, compact=compact)
 
     monkeypatch.setattr(validate, "serve", broken)
     assert main(["validate", *SMALL, "--json"]) == 1
@@ -102,3 +103,14 @@ def test_bad_options_are_refused(args: List[str], message: str, capsys: pytest.C
         main(["validate", *SMALL, *args])
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_compact_staging_keeps_the_hashes() -> None:
+    """--compact hashes each non-flat policy again with compact staging: identical hashes, and less
+    memory held on the split backend than with the source's layout."""
+    cfg = validate.ValidateConfig(n_seq=6, n_stream=3, kv_size=48, n_step=2, compact=True, backend="cpu")
+    res = validate.run_validate(cfg)
+    assert list(res.hashes) == ["flat", "ranges", "plan", "ranges+compact", "plan+compact"]
+    assert res.identical and res.control_detected
+    assert res.split_memory["ranges+compact"] < res.split_memory["ranges"]
+    assert res.split_memory["plan+compact"] == res.split_memory["ranges+compact"]
