@@ -603,8 +603,11 @@ ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, f
 void         ferry_sched_free(ferry_sched * sched);
 ferry_status ferry_sched_set_policy(ferry_sched * sched, ferry_copy_policy policy);
 ferry_copy_policy ferry_sched_get_policy(const ferry_sched * sched);
-/* Pin a node to a backend; takes effect at the next alloc. */
+/* Pin a node to a backend; takes effect at the next alloc. Pins are kept by address
+ * until cleared: clear them when the pinned tensors go (a new graph each decode step). */
 ferry_status ferry_sched_set_tensor_backend(ferry_sched * sched, ferry_tensor * node, ferry_backend * backend);
+void         ferry_sched_clear_pins(ferry_sched * sched);
+int          ferry_sched_n_pins(const ferry_sched * sched);
 /* Assign backends, find splits and inputs, allocate copies and outputs. */
 ferry_status ferry_sched_alloc_graph(ferry_sched * sched, ferry_graph * graph);
 /* Allocate if this is not the graph last allocated, then copy inputs and compute. */

@@ -184,6 +184,14 @@ ferry_status ferry_sched_set_tensor_backend(ferry_sched * s, ferry_tensor * node
     return FERRY_OK;
 }
 
+void ferry_sched_clear_pins(ferry_sched * s) {
+    if (s) {
+        s->n_pins = 0;
+    }
+}
+
+int ferry_sched_n_pins(const ferry_sched * s) { return s ? s->n_pins : 0; }
+
 static int pinned_backend(const ferry_sched * s, const ferry_tensor * t) {
     for (int i = 0; i < s->n_pins; i++) {
         if (s->pins[i].tensor == t) {

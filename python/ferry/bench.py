@@ -304,6 +304,7 @@ class _Run:
     def graph(self, step: int) -> Graph:
         """Step's graph, allocated: per layer attention over its K and V windows, on the split backend."""
         n_kv = self.cfg.n_kv(self.npl, step)
+        self.sched.clear_pins()  # last step's nodes are gone
         outs = []
         for layer in range(self.cfg.n_layer):
             k, v = self._windows(layer, n_kv)

@@ -147,6 +147,16 @@ class Scheduler:
         check(lib.ferry_sched_set_tensor_backend(self._p, t._p, b._p))
         self._pins[_addr(t._p)] = t
 
+    def clear_pins(self) -> None:
+        """Forget every pin (C keeps them by address): for a new graph each step, whose old
+        tensors may go. Takes effect at the next alloc."""
+        lib.ferry_sched_clear_pins(self._p)
+        self._pins.clear()
+
+    @property
+    def n_pins(self) -> int:
+        return int(lib.ferry_sched_n_pins(self._p))
+
     def alloc(self, graph: Graph) -> None:
         """Assign backends, find splits and inputs, allocate copies and outputs."""
         if not isinstance(graph, Graph):

@@ -176,6 +176,7 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0, comp
             lens = np.array([served.prompt[i] + t + 1 for i in seqs], np.int32)
             n_kv = int(lens.max())
             kv_len = Tensor.from_numpy(cpu, lens, name="kv_len")
+            sched.clear_pins()  # last step's nodes are gone
             outs = []
             for layer in range(cfg.n_layer):
                 q = np.stack([_query(cfg, i, layer, t) for i in seqs])[:, None]  # [ns, 1, n_head, head_dim]

@@ -170,6 +170,24 @@ def test_compact_staging_holds_the_bytes_read() -> None:
         ferry.Scheduler([ferry.CPUBackend()], compact="yes")  # type: ignore[arg-type]
 
 
+def test_pins_clear() -> None:
+    """A pin moves a node to the split (its window becomes an input); cleared, the node goes back
+    to the CPU next to its data, and the scheduler no longer holds the pinned tensor."""
+    cpu, split = ferry.CPUBackend(), ferry.DummyBackend(real_memory=True)
+    kv = ferry.KVCache("f32", "f32", 8, 1, 32, 2)
+    k, _ = kv.window(0, 4, 0, 1)
+    out = k.dup(name="out").set_output()
+    g = ferry.Graph(out)
+    sched = ferry.Scheduler([cpu, split])
+    sched.pin(out, split)
+    sched.alloc(g)
+    assert sched.backend_of(out) is split and len(sched.inputs) == 1 and sched.n_pins == 1
+    sched.clear_pins()
+    assert sched.n_pins == 0
+    sched.alloc(g)
+    assert sched.backend_of(out) is cpu and sched.inputs == []
+
+
 def test_policy_names_and_errors() -> None:
     sched = ferry.Scheduler([ferry.CPUBackend()])
     assert sched.policy == ferry.CopyPolicy.FLAT and str(sched.policy) == "flat"
