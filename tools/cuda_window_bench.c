@@ -18,7 +18,9 @@
  *    huge_gather = from a copy of the rows in registered memory on 2 MiB pages (not run,
  *    with the reason, when the system gives none); (d4) compact_2d / compact_gather /
  *    plan_compact = into the compact layout (rows packed); (d5) hybrid25..75 = the copy
- *    engine and the gather kernel at once on two streams, 25..75% of rows gathered.
+ *    engine and the gather kernel at once on two streams, 25..75% of rows gathered;
+ *    (d6) fold3d = the backend's fold option: the same rows as one cudaMemcpy3DAsync at
+ *    half the pitch (32 KiB) in slices of two, in case the 64 KiB pitch is what costs.
  *    Each way is checked for exact bytes before it is timed (vt_check: rows whole, gaps
  *    untouched, compact rows packed, the gather kernel run exactly where it is named);
  *    one that fails is reported and not timed. Then a pitch sweep (8, 16, 32, 64 KiB:

@@ -678,6 +678,20 @@ ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_
 ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
                                            uint64_t * copies);
 
+/*
+ * The folded copy, another option of each CUDA backend, OFF by default until a GPU run
+ * shows it helps (tools/cuda_window_bench.c: way fold3d). SPEC.md puts one 2-D copy at
+ * the contiguous rate up to a 32 KiB pitch and 1.5x off it at 64 KiB, as if the copy
+ * engine's pitch had a limit. With fold_above > 0, a 2-D set or get whose pitch on either
+ * side is at least fold_above goes as one cudaMemcpy3DAsync of the same rows: that side's
+ * pitch divided by the smallest k with pitch % k == 0, row <= pitch / k < fold_above, and
+ * slices of k such pitches. Where no such k exists, the plain 2-D copy. The environment's
+ * FERRY_CUDA_FOLD=<bytes> sets fold_above for backends made afterwards.
+ */
+ferry_status ferry_cuda_backend_set_fold(ferry_backend * backend, size_t fold_above);
+/* The backend's fold_above, and how many copies it has folded (either output may be NULL). */
+ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t * fold_above, uint64_t * copies);
+
 /* ---------------------------------------------------------------- events (event.c)
  * Order work between backends without a full synchronize. An event belongs to the
  * backend that made it; a backend that cannot make events gives FERRY_ERR_UNSUPPORTED. */

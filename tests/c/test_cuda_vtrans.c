@@ -101,6 +101,8 @@ static void test_gather_params_without_device(void) {
     CHECK_FAILS(ferry_cuda_backend_get_gather(cpu, NULL, NULL), FERRY_ERR_INVALID_ARG);
     CHECK_FAILS(ferry_cuda_backend_set_gather(NULL, &d), FERRY_ERR_INVALID_ARG);
     CHECK_FAILS(ferry_cuda_backend_set_gather(cpu, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_cuda_backend_set_fold(cpu, 65536), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_cuda_backend_get_fold(cpu, NULL, NULL), FERRY_ERR_INVALID_ARG);
     ferry_backend_free(cpu);
     CHECK_FAILS(ferry_cuda_host_register(NULL, 64), FERRY_ERR_INVALID_ARG);
     char local[64];

@@ -41,11 +41,12 @@ typedef enum {
     VT_COMPACT_GATHER, /* the gather kernel into the compact layout */
     VT_PLAN_COMPACT,   /* ferry_copy_input into the compact layout (the library's staging) */
     VT_HYBRID,         /* copy engine and gather kernel at once, on two streams */
+    VT_FOLD3D,         /* the 2-D copy with the backend's fold option: one 3-D copy at half the pitch */
 } vt_kind;
 
 typedef struct {
     const char * name;  /* the JSON and table label: stable */
-    const char * group; /* the letters: a flat, b plan, c contiguous, d1..d5 candidates */
+    const char * group; /* the letters: a flat, b plan, c contiguous, d1..d6 candidates */
     vt_kind kind;
     int param;          /* gather: loads per thread (0: default); split: streams; hybrid: % of rows gathered */
 } vt_way;
@@ -72,6 +73,7 @@ static const vt_way vt_ways[] = {
     {"hybrid25", "d5", VT_HYBRID, 25},
     {"hybrid50", "d5", VT_HYBRID, 50},
     {"hybrid75", "d5", VT_HYBRID, 75},
+    {"fold3d", "d6", VT_FOLD3D, 0},
 };
 #define VT_N_WAYS ((int) (sizeof(vt_ways) / sizeof(vt_ways[0])))
 
@@ -235,6 +237,10 @@ static inline ferry_status vt_enqueue(vt_bench * b, const vt_way * w) {
             }
         }
         return st ? st : vt_set_gather(b, cuda, false, 0);
+    case VT_FOLD3D: /* pitches of 64 KiB and more fold to 32 KiB */
+        if (st == FERRY_OK) st = ferry_cuda_backend_set_fold(cuda, (size_t) 64 << 10);
+        if (st == FERRY_OK) st = vt_set_rows(b, cuda, b->src, 0, b->rows);
+        return st ? st : ferry_cuda_backend_set_fold(cuda, 0);
     case VT_SPLIT:
     case VT_HYBRID: {
         /* Stream 0 is cuda; the others wait for what cuda queued before, and cuda waits for them. */
@@ -295,7 +301,7 @@ enum {
     VT_ERR_ROWS = 2,       /* a row did not arrive whole from its own source offset */
     VT_ERR_GAP = 3,        /* a byte the way must not write lost its sentinel */
     VT_ERR_STATS = 4,      /* the copy path's stats are not one call of the bytes read */
-    VT_GATHER_DECLINED = 5, /* the gather rule did not take a gather way (or took another way) */
+    VT_GATHER_DECLINED = 5, /* the gather (or fold) rule did not take its way, or took another */
 };
 
 static inline const char * vt_check_name(int code) {
@@ -321,11 +327,17 @@ static inline int vt_check(vt_bench * b, const vt_way * w) {
         return VT_ERR_API;
     }
     const uint64_t g0 = vt_gather_count(b);
+    uint64_t f0 = 0, f1 = 0;
+    ferry_cuda_backend_get_fold(b->cuda, NULL, &f0);
     if (vt_enqueue(b, w) != FERRY_OK || vt_sync(b) != FERRY_OK) {
         return VT_ERR_API;
     }
     if (vt_gather_count(b) - g0 != vt_way_gathers(b, w)) {
         return VT_GATHER_DECLINED;
+    }
+    ferry_cuda_backend_get_fold(b->cuda, NULL, &f1);
+    if (f1 - f0 != (w->kind == VT_FOLD3D ? 1u : 0u)) {
+        return VT_GATHER_DECLINED; /* the fold rule did not take fold3d, or took another way */
     }
     if (w->kind == VT_PLAN || w->kind == VT_PLAN_GATHER || w->kind == VT_PLAN_COMPACT) {
         const ferry_copy_stats * s = &b->stats;

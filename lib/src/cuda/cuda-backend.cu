@@ -411,6 +411,8 @@ struct backend_ctx {
     char name[16];
     ferry_cuda_gather_params gather; /* the gather copy option (ferry.h) */
     uint64_t gather_copies;          /* 2-D sets the kernel carried out */
+    size_t fold_above;               /* the folded copy option (ferry.h): 0 off */
+    uint64_t fold_copies;            /* 2-D copies issued as folded 3-D ones */
 };
 
 static backend_ctx * ctx_of(ferry_backend * backend) { return (backend_ctx *) backend->context; }
@@ -494,6 +496,41 @@ static bool gather_applies(const backend_ctx * ctx, const ferry_tensor * t, cons
     return ferry_mul_ok(n_copies - 1, stride_data, &span) && ferry_add_ok(span, size, &span) && pinned_mapped(data, span);
 }
 
+/* The k that folds a pitch under `above` (1: already under; 0: none): pitch % k == 0 and
+ * row <= pitch / k < above, so slices of k pitches of pitch / k hold the same rows. */
+static size_t fold_factor(size_t pitch, size_t row, size_t above) {
+    if (pitch < above) {
+        return 1;
+    }
+    for (size_t k = 2; pitch / k >= row; k++) {
+        if (pitch % k == 0 && pitch / k < above) {
+            return k;
+        }
+    }
+    return 0;
+}
+
+/* The rows of a 2-D copy as one 3-D copy: height 1 in slices of k folded pitches, depth
+ * the rows. Returns false (nothing queued) when the option is off or cannot fold. */
+static bool copy_folded(backend_ctx * ctx, void * dst, size_t dpitch, const void * src, size_t spitch, size_t width,
+                        size_t height, cudaError_t * err) {
+    if (!ctx->fold_above || height < 2 || (dpitch < ctx->fold_above && spitch < ctx->fold_above)) {
+        return false;
+    }
+    const size_t kd = fold_factor(dpitch, width, ctx->fold_above), ks = fold_factor(spitch, width, ctx->fold_above);
+    if (!kd || !ks) {
+        return false;
+    }
+    cudaMemcpy3DParms p = {};
+    p.srcPtr = make_cudaPitchedPtr((void *) src, spitch / ks, width, ks);
+    p.dstPtr = make_cudaPitchedPtr(dst, dpitch / kd, width, kd);
+    p.extent = make_cudaExtent(width, 1, height);
+    p.kind = cudaMemcpyDefault;
+    *err = cudaMemcpy3DAsync(&p, ctx->stream);
+    ctx->fold_copies += *err == cudaSuccess;
+    return true;
+}
+
 /* One cudaMemcpy2DAsync moves every row: the copy engine walks the pitches itself,
  * which is what lets a range copy reach the contiguous rate (SPEC.md's anchors). With
  * the gather option on and its rule met, a kernel reads the rows instead. */
@@ -509,6 +546,11 @@ static ferry_status backend_set_2d_async(ferry_backend * backend, ferry_tensor *
         ctx->gather_copies++;
         return FERRY_OK;
     }
+    cudaError_t err;
+    if (copy_folded(ctx, dst, stride_tensor, data, stride_data, size, n_copies, &err)) {
+        CUDA_TRY(err, "tensor_set_2d_async: cudaMemcpy3DAsync (folded)");
+        return FERRY_OK;
+    }
     CUDA_TRY(copy_2d(dst, stride_tensor, data, stride_data, size, n_copies, ctx->stream),
              "tensor_set_2d_async: cudaMemcpy2DAsync");
     return FERRY_OK;
@@ -518,6 +560,11 @@ static ferry_status backend_get_2d_async(ferry_backend * backend, const ferry_te
                                          size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
     backend_ctx * ctx = ctx_of(backend);
     CUDA_TRY(cudaSetDevice(ctx->device), "tensor_get_2d_async: cudaSetDevice");
+    cudaError_t err;
+    if (copy_folded(ctx, data, stride_data, tensor_at(t, offset), stride_tensor, size, n_copies, &err)) {
+        CUDA_TRY(err, "tensor_get_2d_async: cudaMemcpy3DAsync (folded)");
+        return FERRY_OK;
+    }
     CUDA_TRY(copy_2d(data, stride_data, tensor_at(t, offset), stride_tensor, size, n_copies, ctx->stream),
              "tensor_get_2d_async: cudaMemcpy2DAsync");
     return FERRY_OK;
@@ -666,6 +713,8 @@ extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out)
     const char * gather_env = getenv("FERRY_CUDA_GATHER");
     ctx->gather = ferry_cuda_gather_default_params();
     ctx->gather.on = gather_env && gather_env[0] && strcmp(gather_env, "0") != 0;
+    const char * fold_env = getenv("FERRY_CUDA_FOLD");
+    ctx->fold_above = fold_env ? (size_t) strtoull(fold_env, NULL, 10) : 0;
     /* Non-blocking: the backend's stream does not wait for the legacy default stream. */
     cudaError_t err = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking);
     if (err == cudaSuccess) {
@@ -723,6 +772,33 @@ extern "C" ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, c
                           params->loads_per_thread);
     }
     ctx_of(backend)->gather = *params;
+    return FERRY_OK;
+}
+
+extern "C" ferry_status ferry_cuda_backend_set_fold(ferry_backend * backend, size_t fold_above) {
+    FERRY_CHECK_ARG(backend, "cuda_backend_set_fold: NULL backend");
+    if (!is_cuda_backend(backend)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_set_fold: %s is not a CUDA backend",
+                          ferry_backend_name(backend));
+    }
+    ctx_of(backend)->fold_above = fold_above;
+    return FERRY_OK;
+}
+
+extern "C" ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t * fold_above,
+                                                    uint64_t * copies) {
+    FERRY_CHECK_ARG(backend, "cuda_backend_get_fold: NULL backend");
+    if (!is_cuda_backend(backend)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_get_fold: %s is not a CUDA backend",
+                          ferry_backend_name(backend));
+    }
+    const backend_ctx * ctx = (const backend_ctx *) backend->context;
+    if (fold_above) {
+        *fold_above = ctx->fold_above;
+    }
+    if (copies) {
+        *copies = ctx->fold_copies;
+    }
     return FERRY_OK;
 }
 

@@ -63,3 +63,16 @@ ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_
     (void) copies;
     return NO_CUDA("cuda_backend_get_gather");
 }
+
+ferry_status ferry_cuda_backend_set_fold(ferry_backend * backend, size_t fold_above) {
+    (void) backend;
+    (void) fold_above;
+    return NO_CUDA("cuda_backend_set_fold");
+}
+
+ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t * fold_above, uint64_t * copies) {
+    (void) backend;
+    (void) fold_above;
+    (void) copies;
+    return NO_CUDA("cuda_backend_get_fold");
+}
