@@ -53,6 +53,26 @@ POLICIES = ("flat", "ranges", "plan")
 KV_TYPES = ("f32", "f16", "q8_0")
 
 
+def check_run_options(type_kv: str, head_dim: int, n_head: int, n_head_kv: int, policies: Sequence[str],
+                      backend: str) -> None:
+    """The options bench and validate share: raise InvalidArgumentError for any that cannot run."""
+    if type_kv not in KV_TYPES:
+        raise InvalidArgumentError(f"--type {type_kv!r}: attention reads {', '.join(KV_TYPES)}")
+    if type_kv == "q8_0" and head_dim % 32:
+        raise InvalidArgumentError(f"--type q8_0 needs --head-dim a multiple of 32, got {head_dim}")
+    if n_head % n_head_kv:
+        raise InvalidArgumentError(f"--heads {n_head} is not a multiple of --kv-heads {n_head_kv}")
+    if not policies:
+        raise InvalidArgumentError("--policy: give at least one policy")
+    for p in policies:
+        if p not in POLICIES:
+            raise InvalidArgumentError(f"--policy {p!r}: known policies are {', '.join(POLICIES)}")
+    if len(set(policies)) != len(policies):
+        raise InvalidArgumentError(f"--policy lists a policy twice: {','.join(policies)}")
+    if backend not in ("auto", "cpu", "cuda"):
+        raise InvalidArgumentError(f"--backend {backend!r}: auto, cpu or cuda")
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """What `ferry bench` runs: its options, with the defaults of a run that takes seconds on a CPU."""
@@ -82,23 +102,9 @@ class BenchConfig:
                             ("--pad", self.pad), ("--repeat", self.repeat)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
-        if self.type_kv not in KV_TYPES:
-            raise InvalidArgumentError(f"--type {self.type_kv!r}: attention reads {', '.join(KV_TYPES)}")
-        if self.type_kv == "q8_0" and self.head_dim % 32:
-            raise InvalidArgumentError(f"--type q8_0 needs --head-dim a multiple of 32, got {self.head_dim}")
-        if self.n_head % self.n_head_kv:
-            raise InvalidArgumentError(f"--heads {self.n_head} is not a multiple of --kv-heads {self.n_head_kv}")
+        check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.backend)
         if self.v_trans and self.type_kv == "q8_0":
             raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
-        if not self.policies:
-            raise InvalidArgumentError("--policy: give at least one policy")
-        for p in self.policies:
-            if p not in POLICIES:
-                raise InvalidArgumentError(f"--policy {p!r}: known policies are {', '.join(POLICIES)}")
-        if len(set(self.policies)) != len(self.policies):
-            raise InvalidArgumentError(f"--policy lists a policy twice: {','.join(self.policies)}")
-        if self.backend not in ("auto", "cpu", "cuda"):
-            raise InvalidArgumentError(f"--backend {self.backend!r}: auto, cpu or cuda")
         if not self.npl:
             raise InvalidArgumentError("-npl: give at least one number of sequences")
         for npl in self.npl:

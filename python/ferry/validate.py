@@ -27,7 +27,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from .backend import Backend, CPUBackend
-from .bench import KV_TYPES, POLICIES, _policy_list, random_rows, split_backend
+from .bench import KV_TYPES, POLICIES, _policy_list, check_run_options, random_rows, split_backend
 from .errors import InvalidArgumentError
 from .graph import Graph
 from .kv import KVCache
@@ -67,21 +67,7 @@ class ValidateConfig:
         if self.kv_size < 2 * self.n_step + 2:
             raise InvalidArgumentError(f"--cells {self.kv_size}: a stream needs at least 2 * --steps + 2 = "
                                        f"{2 * self.n_step + 2} cells (prompts of different lengths, then the steps)")
-        if self.type_kv not in KV_TYPES:
-            raise InvalidArgumentError(f"--type {self.type_kv!r}: attention reads {', '.join(KV_TYPES)}")
-        if self.type_kv == "q8_0" and self.head_dim % 32:
-            raise InvalidArgumentError(f"--type q8_0 needs --head-dim a multiple of 32, got {self.head_dim}")
-        if self.n_head % self.n_head_kv:
-            raise InvalidArgumentError(f"--heads {self.n_head} is not a multiple of --kv-heads {self.n_head_kv}")
-        if not self.policies:
-            raise InvalidArgumentError("--policy: give at least one policy")
-        for p in self.policies:
-            if p not in POLICIES:
-                raise InvalidArgumentError(f"--policy {p!r}: known policies are {', '.join(POLICIES)}")
-        if len(set(self.policies)) != len(self.policies):
-            raise InvalidArgumentError(f"--policy lists a policy twice: {','.join(self.policies)}")
-        if self.backend not in ("auto", "cpu", "cuda"):
-            raise InvalidArgumentError(f"--backend {self.backend!r}: auto, cpu or cuda")
+        check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.backend)
 
     @property
     def n_embd(self) -> int:
