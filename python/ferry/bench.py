@@ -30,6 +30,7 @@ Copy time and bytes are the scheduler's statistics summed over steps (every laye
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import math
@@ -351,9 +352,12 @@ def run_one(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, policy: st
             digest.update(out.get())
         progress.step(label=label)
     run.sched.close()
+    split_memory = run.split_memory
+    del run, graph
+    gc.collect()  # the cache and its tensors form a cycle: free its (pinned) memory before the next run
     tps = npl * cfg.ntg / decode if decode > 0 else math.inf
     return BenchRow(npl, policy, unified, tps, decode, copy, compute, copied, read, digest.hexdigest(), compact,
-                    run.split_memory)
+                    split_memory)
 
 
 def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResult:
