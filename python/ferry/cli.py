@@ -1,4 +1,6 @@
-"""The `ferry` command."""
+"""ferry: copy the ranges of a multi-stream KV-cache window to the device, not the span.
+
+Every verb builds real windows with the library and reports exact byte counts."""
 
 from __future__ import annotations
 
