@@ -85,15 +85,19 @@ class KVCache:
         self._finalizer = weakref.finalize(self, self._handle.release)
         self._params = KVParams(Type(p.type_k), Type(p.type_v), int(p.head_dim), int(p.n_head_kv), int(p.n_ctx),
                                 int(p.n_stream), int(p.n_layer), bool(p.v_trans))
-        ptr = lib.ferry_kv_cache_buffer(out[0])
-        self._buffer = BorrowedBuffer(ptr, buffer_type_of(ptr, [buft]), self, self._handle)
-        self._k = [self._layer_tensor(lib.ferry_kv_cache_k, i) for i in range(self._params.n_layer)]
-        self._v = [self._layer_tensor(lib.ferry_kv_cache_v, i) for i in range(self._params.n_layer)]
+        # The wrappers keep the cache alive, so the cache holds them weakly: no reference cycle,
+        # and a cache nobody uses frees its (maybe pinned) memory at once.
+        self._wrappers: "weakref.WeakValueDictionary[Tuple[str, int], Any]" = weakref.WeakValueDictionary()
 
-    def _layer_tensor(self, get: Any, layer: int) -> Tensor:
-        out = ffi.new("ferry_tensor **")
-        check(get(self._handle.ptr, layer, out))
-        return Tensor._borrow(out[0], self._handle, keep=self, buffer=self._buffer)
+    def _layer_tensor(self, which: str, layer: int) -> Tensor:
+        t = self._wrappers.get((which, layer))
+        if t is None:
+            out = ffi.new("ferry_tensor **")
+            get = lib.ferry_kv_cache_k if which == "k" else lib.ferry_kv_cache_v
+            check(get(self._handle.ptr, layer, out))
+            t = Tensor._borrow(out[0], self._handle, keep=self, buffer=self.buffer)
+            self._wrappers[which, layer] = t
+        return t
 
     @property
     def _p(self) -> Any:
@@ -111,7 +115,12 @@ class KVCache:
     @property
     def buffer(self) -> BorrowedBuffer:
         """The one buffer holding every layer."""
-        return self._buffer
+        buf = self._wrappers.get(("buffer", 0))
+        if buf is None:
+            ptr = lib.ferry_kv_cache_buffer(self._handle.ptr)
+            buf = BorrowedBuffer(ptr, buffer_type_of(ptr, [self._buffer_type]), self, self._handle)
+            self._wrappers["buffer", 0] = buf
+        return buf
 
     @property
     def buffer_type(self) -> BufferType:
@@ -125,11 +134,11 @@ class KVCache:
 
     def k(self, layer: int = 0) -> Tensor:
         """Layer's K tensor [n_embd_gqa, kv_size, n_stream]."""
-        return self._k[self._layer(layer)]
+        return self._layer_tensor("k", self._layer(layer))
 
     def v(self, layer: int = 0) -> Tensor:
         """Layer's V tensor [n_embd_gqa, kv_size, n_stream], or [kv_size, n_embd_gqa, n_stream] when v_trans."""
-        return self._v[self._layer(layer)]
+        return self._layer_tensor("v", self._layer(layer))
 
     def window(self, layer: int, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> Tuple[Tensor, Tensor]:
         """The K and V windows attention reads: the first n_kv cells of streams s0..s1 (default: the

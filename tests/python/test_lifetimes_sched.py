@@ -54,3 +54,27 @@ print("alive")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "alive"
+
+
+def test_kv_cache_is_freed_without_the_collector() -> None:
+    """A cache nobody holds is freed at once (no reference cycle keeps its memory, which may be
+    pinned, until the collector runs); a tensor of it, or its buffer, keeps it alive."""
+    import gc
+    import weakref
+
+    import ferry
+
+    gc.disable()
+    try:
+        kv = ferry.KVCache("f16", "f16", 8, 2, 64, 2, n_layer=2)
+        k = kv.k(1)
+        assert kv.k(1) is k and kv.buffer is k.buffer  # one wrapper while it is held
+        dead = weakref.ref(kv)
+        del kv
+        assert dead() is not None  # k keeps its cache
+        k.set(b"\x01" * k.nbytes)
+        assert k.get() == b"\x01" * k.nbytes
+        del k
+        assert dead() is None  # nothing else did: gone without a collection
+    finally:
+        gc.enable()
