@@ -61,14 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="show what a flat copy of a multi-stream window moves")
     tp = sub.add_parser("table", help="cells read and copied (flat vs ranges) per number of sequences, "
                                       "from a dry run of the scheduler")
-    tp.add_argument("-c", type=int, required=True, metavar="N_CTX", help="cells in all streams together")
     tp.add_argument("-npl", type=_int_list, required=True, metavar="N,N,...", help="numbers of sequences (streams)")
-    tp.add_argument("-npp", type=int, required=True, help="prompt tokens per sequence")
-    tp.add_argument("-ntg", type=int, required=True, help="generated tokens per sequence")
-    tp.add_argument("--pad", type=int, default=1, help="round n_kv up to this (llama.cpp: 256; default 1)")
-    tp.add_argument("--type", default="q8_0", help="K type (default q8_0)")
-    tp.add_argument("--head-dim", type=int, default=128, help="default 128")
-    tp.add_argument("--kv-heads", type=int, default=8, help="default 8")
+    plan_cli.add_window_args(tp, "q8_0", "K type")
     tp.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
     pp = plan_cli.add_parser(sub)
 

@@ -147,17 +147,23 @@ def format_plan(p: WindowPlan) -> str:
     return "\n".join(lines)
 
 
+def add_window_args(p: argparse.ArgumentParser, type_default: str, type_help: str) -> None:
+    """The options that say which KV-cache window a dry-run verb builds (table and plan):
+    -c, -npp, -ntg, --pad, --type, --head-dim, --kv-heads (-npl is each verb's own)."""
+    p.add_argument("-c", type=int, required=True, metavar="N_CTX", help="cells in all streams together")
+    p.add_argument("-npp", type=int, required=True, help="prompt tokens per sequence")
+    p.add_argument("-ntg", type=int, required=True, help="generated tokens per sequence")
+    p.add_argument("--pad", type=int, default=1, help="round n_kv up to this (llama.cpp: 256; default 1)")
+    p.add_argument("--type", default=type_default, help=f"{type_help} (default {type_default})")
+    p.add_argument("--head-dim", type=int, default=128, help="default 128")
+    p.add_argument("--kv-heads", type=int, default=8, help="default 8")
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The `plan` verb's arguments on the `ferry` command's subparsers."""
     pp = sub.add_parser("plan", help="the copy plan of a KV-cache window: copies, bytes moved, cost, and why")
-    pp.add_argument("-c", type=int, required=True, metavar="N_CTX", help="cells in all streams together")
     pp.add_argument("-npl", type=int, default=1, help="sequences, one stream each (default 1: a unified cache)")
-    pp.add_argument("-npp", type=int, required=True, help="prompt tokens per sequence")
-    pp.add_argument("-ntg", type=int, required=True, help="generated tokens per sequence")
-    pp.add_argument("--pad", type=int, default=1, help="round n_kv up to this (llama.cpp: 256; default 1)")
-    pp.add_argument("--type", default="f16", help="cache type (default f16)")
-    pp.add_argument("--head-dim", type=int, default=128, help="default 128")
-    pp.add_argument("--kv-heads", type=int, default=8, help="default 8")
+    add_window_args(pp, "f16", "cache type")
     pp.add_argument("--v-trans", action="store_true", help="V stored transposed (flash attention off)")
     pp.add_argument("--which", choices=("k", "v"), default="k", help="the K or the V window (default k)")
     pp.add_argument("--stream", type=parse_streams, metavar="S0-S1", help="streams read (default all)")
