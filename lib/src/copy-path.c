@@ -171,9 +171,10 @@ static ferry_status copy_planned(ferry_backend * backend, const ferry_tensor * s
     return st;
 }
 
-/* The plan policy: the planned rows when the cost model says they pay, else flat. */
+/* The plan policy: the planned rows when the cost model says they pay, else flat.
+ * *read gets the bytes the plan covers (the bytes read), 0 when src has no plan. */
 static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst,
-                                 ferry_copy_policy * path) {
+                                 ferry_copy_policy * path, uint64_t * read) {
     ferry_copy_2d local[LOCAL_COPIES], * copies;
     size_t n = 0;
     ferry_status st = plan_of(src, local, &copies, &n);
@@ -181,6 +182,10 @@ static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * s
         ferry_clear_error(); /* too tangled to plan: flat is the answer, not an error */
         st = FERRY_OK;
         n = 0;
+    }
+    *read = 0;
+    for (size_t i = 0; st == FERRY_OK && i < n; i++) {
+        *read += (uint64_t) copies[i].size * copies[i].count;
     }
     const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
     if (st == FERRY_OK && n > 0 && ferry_copy_plan_pays(&model, src, copies, n)) {
@@ -307,17 +312,19 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
     FERRY_TRY(ferry_backend_synchronize(split_backend));
     ferry_copy_policy path = FERRY_COPY_FLAT;
     ferry_copy_2d r;
+    uint64_t read = 0; /* the bytes read, when the route already knows them */
     if (compact) {
         FERRY_TRY(copy_compact(split_backend, src, dst));
         path = FERRY_COPY_PLAN;
     } else if (policy == FERRY_COPY_PLAN) {
-        FERRY_TRY(copy_by_plan(split_backend, src, dst, &path));
+        FERRY_TRY(copy_by_plan(split_backend, src, dst, &path, &read));
     } else if (policy == FERRY_COPY_RANGES && ferry_buffer_is_host(ferry_tensor_buffer(src)) &&
                ferry_copy_ranges_of(src, &r) && r.count > 1) {
         /* Same layout on both sides: each range lands at its own offset, gaps untouched. */
         FERRY_TRY(ferry_backend_tensor_set_2d_async(split_backend, dst, (const char *) ferry_tensor_data(src) + r.offset,
                                                     r.offset, r.size, r.count, r.stride, r.stride));
         path = FERRY_COPY_RANGES;
+        read = (uint64_t) r.size * r.count;
     } else {
         FERRY_TRY(ferry_tensor_copy(src, dst));
     }
@@ -330,7 +337,7 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
         sum_writes(&dst_buf->stats, &b1, &c1, &i1);
         *stats = (ferry_copy_stats) {
             .path = path,
-            .bytes_read = ferry_tensor_bytes_read(src),
+            .bytes_read = read ? read : ferry_tensor_bytes_read(src),
             .bytes_span = ferry_tensor_nbytes(src),
             .bytes_copied = b1 - b0,
             .copy_calls = c1 - c0,
