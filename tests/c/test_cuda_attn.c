@@ -124,6 +124,57 @@ static void test_cuda_dup_matches_cpu(void) {
     ferry_backend_free(cuda);
 }
 
+/* A view whose address is not a multiple of its element size (f32 at a 6-byte offset):
+ * dup of the same type moves it in narrower words, byte for byte; a conversion is refused
+ * with FERRY_ERR_LAYOUT instead of a fault that would kill the context, and the backend
+ * goes on working. */
+static void test_cuda_dup_unaligned(void) {
+    need_device();
+    ferry_backend * cuda;
+    ferry_context * ctx;
+    CHECK_OK(ferry_cuda_backend_new(0, &cuda));
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t n_src = 64, ne[2] = {16, 1};
+    const size_t nb[1] = {64};
+    ferry_tensor *src, *view, *same, *conv, *aligned, *conv_ok;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, &n_src, &src));
+    CHECK_OK(ferry_tensor_view(ctx, src, 2, ne, nb, 6, &view));
+    CHECK_OK(ferry_tensor_view(ctx, src, 2, ne, nb, 8, &aligned));
+    CHECK_OK(ferry_dup(ctx, view, &same));
+    CHECK_OK(ferry_dup_as(ctx, view, FERRY_TYPE_F16, &conv));
+    CHECK_OK(ferry_dup_as(ctx, aligned, FERRY_TYPE_F16, &conv_ok));
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(cuda, 1024, &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, src, 0));
+    CHECK_OK(ferry_buffer_place_tensor(buf, same, 256));
+    CHECK_OK(ferry_buffer_place_tensor(buf, conv, 512));
+    CHECK_OK(ferry_buffer_place_tensor(buf, conv_ok, 768));
+    uint8_t bytes[256], back[64];
+    for (int i = 0; i < 256; i++) bytes[i] = (uint8_t) (i * 37 + 11);
+    CHECK_OK(ferry_tensor_set(src, bytes, 0, sizeof(bytes)));
+    ferry_graph *g_same, *g_conv, *g_ok;
+    CHECK_OK(ferry_graph_new(&g_same));
+    CHECK_OK(ferry_graph_build(g_same, same));
+    CHECK_OK(ferry_graph_new(&g_conv));
+    CHECK_OK(ferry_graph_build(g_conv, conv));
+    CHECK_OK(ferry_graph_new(&g_ok));
+    CHECK_OK(ferry_graph_build(g_ok, conv_ok));
+    CHECK_OK(ferry_backend_graph_compute(cuda, g_same));
+    CHECK_OK(ferry_backend_synchronize(cuda));
+    CHECK_OK(ferry_tensor_get(same, back, 0, sizeof(back)));
+    CHECK(memcmp(back, bytes + 6, sizeof(back)) == 0);
+    CHECK_FAILS(ferry_backend_graph_compute(cuda, g_conv), FERRY_ERR_LAYOUT);
+    CHECK(strstr(ferry_last_error(), "not a multiple of 4") != NULL);
+    CHECK_OK(ferry_backend_graph_compute(cuda, g_ok));
+    CHECK_OK(ferry_backend_synchronize(cuda));
+    ferry_graph_free(g_same);
+    ferry_graph_free(g_conv);
+    ferry_graph_free(g_ok);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_backend_free(cuda);
+}
+
 /* What the CUDA backend claims: attention and dup, not the ops it has no kernel for. */
 static void test_cuda_supports_op(void) {
     need_device();
@@ -146,6 +197,7 @@ static const check_test tests[] = {
     {"cuda_attn_matches_cpu", test_cuda_attn_matches_cpu},
     {"cuda_dup_matches_cpu", test_cuda_dup_matches_cpu},
     {"cuda_supports_op", test_cuda_supports_op},
+    {"cuda_dup_unaligned", test_cuda_dup_unaligned},
 };
 
 CHECK_MAIN(tests)

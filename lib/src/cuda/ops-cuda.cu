@@ -29,6 +29,32 @@ static tview view_of(const ferry_tensor * t) {
     return v;
 }
 
+/* The largest power of two, up to 4, that divides t's address and every stride it steps
+ * by (a dimension of one element steps by none): the widest load its elements allow. */
+static int64_t alignment_of(const ferry_tensor * t) {
+    uint64_t bits = (uint64_t) (uintptr_t) ferry_tensor_data(t);
+    for (int i = 0; i < 4; i++) {
+        if (t->ne[i] > 1) {
+            bits |= (uint64_t) t->nb[i];
+        }
+    }
+    return bits % 4 == 0 ? 4 : bits % 2 == 0 ? 2 : 1;
+}
+
+/* The kernels load an element (a q8_0 block's scale) as one word of its size: a tensor
+ * whose address or strides are not multiples of it would fault on the device, which
+ * kills the context; it is refused instead. */
+static ferry_status check_aligned(const ferry_tensor * t, const char * op) {
+    const int64_t need = ferry_blck_size(t->type) > 1 ? 2 : (int64_t) ferry_type_size(t->type);
+    if (need > 1 && alignment_of(t) % need != 0) {
+        return ferry_fail(FERRY_ERR_LAYOUT,
+                          "%s: the CUDA kernel reads %s in %lld-byte words; '%s' has an address or stride that is "
+                          "not a multiple of %lld",
+                          op, ferry_type_name(t->type), (long long) need, t->name, (long long) need);
+    }
+    return FERRY_OK;
+}
+
 static ferry_status launch_status(const char * what) {
     const cudaError_t err = cudaGetLastError(); /* launch errors; also clears a non-sticky one */
     if (err != cudaSuccess) {
@@ -172,6 +198,10 @@ static void attn_launch_v(ferry_type tv, dim3 grid, size_t shmem, cudaStream_t s
 }
 
 static ferry_status attn_decode(ferry_tensor * dst, cudaStream_t stream) {
+    FERRY_TRY(check_aligned(dst, "attn_decode"));
+    for (int i = 0; i < 4; i++) {
+        FERRY_TRY(check_aligned(dst->src[i], "attn_decode"));
+    }
     const tview q = view_of(dst->src[0]), k = view_of(dst->src[1]), v = view_of(dst->src[2]),
                 len = view_of(dst->src[3]);
     float scale;
@@ -204,10 +234,11 @@ enum { DUP_SAME = 0, DUP_F32_TO_F16 = 1, DUP_F16_TO_F32 = 2 };
 
 /*
  * One thread per destination element (per block of a quantized row), grid-stride.
- * Same type: the element's bytes move whole, in 4-, 2- or 1-byte words; f32 <-> f16
- * converts with round to nearest even.
+ * Same type: the element's bytes move whole, in words of `word` bytes (4, 2 or 1: what
+ * the unit and both tensors' alignment allow); f32 <-> f16 converts with round to
+ * nearest even.
  */
-static __global__ void dup_kernel(tview src, tview dst, int mode, int64_t n0, int64_t n, int64_t unit) {
+static __global__ void dup_kernel(tview src, tview dst, int mode, int64_t n0, int64_t n, int64_t unit, int64_t word) {
     for (int64_t idx = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; idx < n;
          idx += (int64_t) gridDim.x * blockDim.x) {
         const int64_t i0 = idx % n0, r = idx / n0;
@@ -218,9 +249,9 @@ static __global__ void dup_kernel(tview src, tview dst, int mode, int64_t n0, in
             *(uint16_t *) o = __half_as_ushort(__float2half_rn(*(const float *) s));
         } else if (mode == DUP_F16_TO_F32) {
             *(float *) o = half_bits_to_float(*(const uint16_t *) s);
-        } else if (unit % 4 == 0) {
+        } else if (word == 4) {
             for (int64_t b = 0; b < unit; b += 4) *(uint32_t *) (o + b) = *(const uint32_t *) (s + b);
-        } else if (unit % 2 == 0) { /* f16, bf16, q8_0 and q4_0 blocks (34 and 18 bytes) */
+        } else if (word == 2) { /* f16, bf16, q8_0 and q4_0 blocks (34 and 18 bytes) */
             for (int64_t b = 0; b < unit; b += 2) *(uint16_t *) (o + b) = *(const uint16_t *) (s + b);
         } else {
             for (int64_t b = 0; b < unit; b++) o[b] = s[b];
@@ -249,10 +280,19 @@ static ferry_status dup(ferry_tensor * dst, cudaStream_t stream) {
     if (n == 0) {
         return FERRY_OK;
     }
+    const int64_t unit = (int64_t) ferry_type_size(dst->type);
+    int64_t word = 1;
+    if (mode == DUP_SAME) {
+        const int64_t align = alignment_of(a) < alignment_of(dst) ? alignment_of(a) : alignment_of(dst);
+        word = unit % 4 == 0 && align == 4 ? 4 : unit % 2 == 0 && align % 2 == 0 ? 2 : 1;
+    } else {
+        FERRY_TRY(check_aligned(a, "dup"));
+        FERRY_TRY(check_aligned(dst, "dup"));
+    }
     const int threads = 256;
     const int64_t blocks = (n + threads - 1) / threads;
     dup_kernel<<<(unsigned) (blocks < 65536 ? blocks : 65536), threads, 0, stream>>>(
-        view_of(a), view_of(dst), mode, n0, n, (int64_t) ferry_type_size(dst->type));
+        view_of(a), view_of(dst), mode, n0, n, unit, word);
     return launch_status("dup: kernel launch");
 }
 
