@@ -74,15 +74,38 @@ extern "C" bool ferry_cuda_device_count_ok(void) {
     return device_count(&n) == cudaSuccess && n > 0;
 }
 
-/* One 2-D copy; pitches past the device's limit (about 2 GiB) take a row loop instead. */
+/* The largest pitch a 2-D copy takes on the current device (cudaDevAttrMaxPitch, about
+ * 2 GiB), read once per device; INT_MAX where it cannot be read. */
+static size_t max_pitch(void) {
+    static size_t known[FERRY_CUDA_MAX_DEVICES]; /* 0: not read yet */
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= FERRY_CUDA_MAX_DEVICES) {
+        cudaGetLastError();
+        return INT_MAX;
+    }
+    size_t p = __atomic_load_n(&known[dev], __ATOMIC_RELAXED);
+    if (p == 0) {
+        p = cudaDeviceGetAttribute(&v, cudaDevAttrMaxPitch, dev) == cudaSuccess && v > 0 ? (size_t) v : INT_MAX;
+        cudaGetLastError();
+        __atomic_store_n(&known[dev], p, __ATOMIC_RELAXED);
+    }
+    return p;
+}
+
+/* One 2-D copy on the current device; pitches past its limit take a row loop instead
+ * (the runtime's error for them is not documented, so they are not tried). */
 static cudaError_t copy_2d(void * dst, size_t dpitch, const void * src, size_t spitch, size_t width, size_t height,
                            cudaStream_t stream) {
-    cudaError_t err = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, stream);
-    if (err != cudaErrorInvalidPitchValue) {
-        return err;
+    const size_t limit = max_pitch();
+    cudaError_t err = cudaSuccess;
+    if (dpitch <= limit && spitch <= limit) {
+        err = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, stream);
+        if (err != cudaErrorInvalidPitchValue) {
+            return err;
+        }
+        cudaGetLastError();
+        err = cudaSuccess;
     }
-    cudaGetLastError();
-    err = cudaSuccess;
     for (size_t i = 0; i < height && err == cudaSuccess; i++) {
         err = cudaMemcpyAsync((char *) dst + i * dpitch, (const char *) src + i * spitch, width, cudaMemcpyDefault,
                               stream);
