@@ -651,6 +651,8 @@ ferry_status ferry_cuda_host_buffer_type(ferry_buffer_type ** out);
  * until unregistered; it must stay allocated until then. Copies from it run at the
  * pinned rate, and the gather copy may read it. */
 ferry_status ferry_cuda_host_register(void * ptr, size_t size);
+/* Unregistering first lets every device finish its queued work, which may still read
+ * the memory (a copy or gather kernel in flight). */
 ferry_status ferry_cuda_host_unregister(void * ptr);
 /*
  * The gather copy, an option of each CUDA backend, OFF by default until a GPU run shows

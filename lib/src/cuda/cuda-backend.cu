@@ -331,6 +331,17 @@ static bool pinned_add(const void * base, size_t size) {
     return ok;
 }
 
+/* Was a range registered at base? */
+static bool pinned_has(const void * base) {
+    pthread_mutex_lock(&pinned_lock);
+    bool found = false;
+    for (size_t i = 0; i < pinned_n && !found; i++) {
+        found = pinned_ranges[i].base == base;
+    }
+    pthread_mutex_unlock(&pinned_lock);
+    return found;
+}
+
 static bool pinned_remove(const void * base) {
     pthread_mutex_lock(&pinned_lock);
     bool found = false;
@@ -379,6 +390,18 @@ extern "C" ferry_status ferry_cuda_host_register(void * ptr, size_t size) {
 
 extern "C" ferry_status ferry_cuda_host_unregister(void * ptr) {
     FERRY_CHECK_ARG(ptr, "cuda_host_unregister: NULL pointer");
+    if (!pinned_has(ptr)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_host_unregister: %p was not registered", ptr);
+    }
+    /* Registered memory is mapped on every device: any of them may still be reading it. */
+    int current = 0, n = 0;
+    CUDA_TRY(cudaGetDevice(&current), "cuda_host_unregister: cudaGetDevice");
+    CUDA_TRY(device_count(&n), "cuda_host_unregister: cudaGetDeviceCount");
+    for (int d = 0; d < n; d++) {
+        CUDA_TRY(cudaSetDevice(d), "cuda_host_unregister: cudaSetDevice");
+        CUDA_TRY(cudaDeviceSynchronize(), "cuda_host_unregister: cudaDeviceSynchronize");
+    }
+    CUDA_TRY(cudaSetDevice(current), "cuda_host_unregister: cudaSetDevice");
     if (!pinned_remove(ptr)) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_host_unregister: %p was not registered", ptr);
     }
