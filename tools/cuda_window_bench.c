@@ -29,13 +29,17 @@
  *
  * Each way is timed with CUDA events on the backend's stream, median of --runs (25),
  * all ways of a section interleaved in each run so they share the machine's state.
+ * Before each start event the stream is held busy for --hold-us (200) on the device
+ * (ferry_cuda_backend_hold), so a way's queued copies start back to back with the event
+ * and the time is the device's; --hold-us 0 times the host's submission as well. Ways
+ * that synchronize inside (plan, plan_*) are timed with their host work whichever.
  * About 0.1 to 1.2 ms a copy: both sections take seconds, mostly filling memory.
  * A tool, not a test: it prints the figures and whether the bars are met, and exits 0
  * when it could measure.
  *
- *   cuda-bench [--runs N] [--device D] [--json FILE]
+ *   cuda-bench [--runs N] [--device D] [--hold-us US] [--json FILE]
  *
- * JSON (keys stable): tool, backend, type, n_embd, n_ctx, n_kv, runs, statistic,
+ * JSON (keys stable): tool, backend, type, n_embd, n_ctx, n_kv, runs, statistic, hold_us,
  * contiguous_gbps_at_8_streams, streams[] (K window: ns, kv_size, {flat,ranges,
  * contiguous}_{bytes,us,gbps}, ranges_over_contiguous, flat_over_ranges, byte_ratio,
  * flat_over_ranges_of_byte_ratio, bar_ranges_within_3pct, bar_ratio_095), bars_met
@@ -66,6 +70,14 @@
 #define N_KV 2176
 #define N_EMBD 1024
 #define WARMUP 3
+
+static double hold_us = 200.0; /* --hold-us */
+
+/* Record the start event behind a hold of the stream (see the top of the file). */
+static ferry_status record_start(ferry_event * t0, ferry_backend * cuda) {
+    ferry_status st = hold_us > 0.0 ? ferry_cuda_backend_hold(cuda, hold_us) : FERRY_OK;
+    return st == FERRY_OK ? ferry_event_record(t0, cuda) : st;
+}
 
 enum { FLAT, RANGES, CONTIG, N_WAYS };
 static const char * const way_names[N_WAYS] = {"flat", "ranges", "contiguous"};
@@ -104,7 +116,7 @@ typedef struct {
 static int run_one(bench * b, int way, double * us) {
     const size_t stride = b->kv_size * b->row;
     const size_t used = N_KV * b->row;
-    TRY(ferry_event_record(b->t0, b->cuda));
+    TRY(record_start(b->t0, b->cuda));
     switch (way) {
     case FLAT:
         TRY(ferry_backend_tensor_set_async(b->cuda, b->dev, b->host, 0, (b->ns - 1) * stride + used));
@@ -162,6 +174,7 @@ static void print_json(FILE * f, const result * r, int n, int runs, const char *
     fprintf(f, "{\n  \"tool\": \"cuda-bench\",\n  \"backend\": \"%s\",\n  \"type\": \"q8_0\",\n", backend);
     fprintf(f, "  \"n_embd\": %d,\n  \"n_ctx\": %d,\n  \"n_kv\": %d,\n  \"runs\": %d,\n  \"statistic\": \"median\",\n",
             N_EMBD, N_CTX, N_KV, runs);
+    fprintf(f, "  \"hold_us\": %g,\n", hold_us);
     fprintf(f, "  \"contiguous_gbps_at_8_streams\": %.2f,\n  \"streams\": [\n", bw_contig);
     for (int i = 0; i < n; i++) {
         const double byte_ratio = (double) r[i].bytes[FLAT] / (double) r[i].bytes[RANGES];
@@ -298,7 +311,7 @@ static int vt_measure(vt_bench * b, const vt_way * const * ways, vt_result * res
                 continue;
             }
             float ms;
-            if (ferry_event_record(t0, b->cuda) != FERRY_OK || vt_enqueue(b, ways[w]) != FERRY_OK ||
+            if (record_start(t0, b->cuda) != FERRY_OK || vt_enqueue(b, ways[w]) != FERRY_OK ||
                 ferry_event_record(t1, b->cuda) != FERRY_OK || ferry_event_synchronize(t1) != FERRY_OK ||
                 ferry_event_elapsed_ms(t0, t1, &ms) != FERRY_OK) {
                 free(samples);
@@ -427,8 +440,8 @@ static const vt_result * vt_contig(const vt_report * rep) {
 
 static void vt_print_text(const vt_report * rep, const char * backend, int runs) {
     printf("\ntransposed V f16, unified -c %d, n_embd %d, n_kv %d: %zu rows of %zu B at a %zu B pitch, pinned host -> "
-           "%s, median of %d runs (CUDA events)\n", VT_N_CTX, VT_HEAD_DIM * VT_N_HEAD, VT_N_KV, rep->rows, rep->row,
-           rep->pitch, backend, runs);
+           "%s, median of %d runs (CUDA events, stream held %g us before each)\n", VT_N_CTX, VT_HEAD_DIM * VT_N_HEAD,
+           VT_N_KV, rep->rows, rep->row, rep->pitch, backend, runs, hold_us);
     if (rep->error[0] && rep->rows == 0) {
         printf("v_trans: not measured: %s\n", rep->error);
         return;
@@ -573,15 +586,21 @@ int main(int argc, char ** argv) {
             runs = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
             device = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--hold-us") && i + 1 < argc) {
+            hold_us = atof(argv[++i]);
         } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
             json_path = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--runs N] [--device D] [--json FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--runs N] [--device D] [--hold-us US] [--json FILE]\n", argv[0]);
             return 1;
         }
     }
     if (runs < 1 || runs > 10000) {
         fprintf(stderr, "cuda-bench: --runs must be 1..10000\n");
+        return 1;
+    }
+    if (!(hold_us >= 0.0 && hold_us <= 1e5)) {
+        fprintf(stderr, "cuda-bench: --hold-us must be 0..100000\n");
         return 1;
     }
     if (!ferry_cuda_available()) {
@@ -650,8 +669,8 @@ int main(int argc, char ** argv) {
         }
     }
 
-    printf("K window q8_0, n_embd %d, -c %d, n_kv %d, pinned host -> %s, median of %d runs (CUDA events)\n", N_EMBD,
-           N_CTX, N_KV, ferry_backend_name(b.cuda), runs);
+    printf("K window q8_0, n_embd %d, -c %d, n_kv %d, pinned host -> %s, median of %d runs (CUDA events, stream held "
+           "%g us before each)\n", N_EMBD, N_CTX, N_KV, ferry_backend_name(b.cuda), runs, hold_us);
     printf("%3s %10s %10s %10s   %7s %7s %7s   %9s   %9s %9s %8s\n", "ns", "flat us", "ranges us", "contig us", "flat",
            "ranges", "contig", "rng/cont", "flat/rng", "bytes", "of byte");
     printf("%3s %10s %10s %10s   %7s %7s %7s   %9s   %9s %9s %8s\n", "", "", "", "", "GB/s", "GB/s", "GB/s", "<=1.03",

@@ -694,6 +694,14 @@ ferry_status ferry_cuda_backend_set_fold(ferry_backend * backend, size_t fold_ab
 /* The backend's fold_above, and how many copies it has folded (either output may be NULL). */
 ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t * fold_above, uint64_t * copies);
 
+/*
+ * A timing aid: queue on the backend's stream a kernel that waits `microseconds` (0 to
+ * 1e6) on the device. Work queued behind it while it waits starts back to back, so events
+ * recorded around that work time the device alone, not the host's submission of it
+ * (tools/cuda_window_bench.c holds the stream before each timed copy).
+ */
+ferry_status ferry_cuda_backend_hold(ferry_backend * backend, double microseconds);
+
 /* ---------------------------------------------------------------- events (event.c)
  * Order work between backends without a full synchronize. An event belongs to the
  * backend that made it; a backend that cannot make events gives FERRY_ERR_UNSUPPORTED. */

@@ -53,6 +53,16 @@ class CUDABackend(Backend):
         check(lib.ferry_cuda_backend_device(self._p, out))
         return int(out[0])
 
+    def hold(self, microseconds: float) -> None:
+        """Queue a wait of `microseconds` (0 to 1e6) on the device, at the end of the stream.
+
+        A timing aid: work queued while the stream is held starts back to back, so events
+        recorded around it time the device alone, not the host's submission of the work.
+        """
+        if isinstance(microseconds, bool) or not isinstance(microseconds, (int, float)):
+            raise InvalidArgumentError(f"hold: microseconds must be a number, got {type(microseconds).__name__}")
+        check(lib.ferry_cuda_backend_hold(self._p, float(microseconds)))
+
 
 class Event:
     """A point in a backend's queued work. Make one with backend.event(timing=False).

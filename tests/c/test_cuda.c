@@ -7,6 +7,7 @@
  */
 #include "check.h"
 
+#include <math.h>
 #include <stdint.h>
 
 static void need_device(void) {
@@ -73,6 +74,8 @@ static void test_no_device_status(void) {
     CHECK_FAILS(ferry_event_new(cpu, 0, &ev), FERRY_ERR_UNSUPPORTED);
     int dev;
     CHECK_FAILS(ferry_cuda_backend_device(cpu, &dev), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_cuda_backend_hold(cpu, 10.0), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_cuda_backend_hold(NULL, 10.0), FERRY_ERR_INVALID_ARG);
     ferry_backend_free(cpu);
 }
 
@@ -300,6 +303,42 @@ static void test_events_order(void) {
     fixture_free(&b);
 }
 
+/* The hold keeps the stream busy on the device for at least the time asked (a lower
+ * bound: the device cannot wait less), and work queued behind it runs after it. */
+static void test_hold(void) {
+    need_device();
+    fixture f;
+    CHECK_OK(fixture_new(&f, 1 << 20));
+    CHECK_FAILS(ferry_cuda_backend_hold(f.cuda, -1.0), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_cuda_backend_hold(f.cuda, 2e6), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_cuda_backend_hold(f.cuda, NAN), FERRY_ERR_INVALID_ARG);
+    ferry_event *t0, *t1;
+    CHECK_OK(ferry_event_new(f.cuda, FERRY_EVENT_TIMING, &t0));
+    CHECK_OK(ferry_event_new(f.cuda, FERRY_EVENT_TIMING, &t1));
+    uint8_t * host = malloc(1 << 20);
+    CHECK(host);
+    for (size_t i = 0; i < (1 << 20); i++) host[i] = pattern(i);
+    CHECK_OK(ferry_buffer_clear(f.buf, 0));
+    CHECK_OK(ferry_event_record(t0, f.cuda));
+    CHECK_OK(ferry_cuda_backend_hold(f.cuda, 2000.0));
+    CHECK_OK(ferry_backend_tensor_set_async(f.cuda, f.t, host, 0, 1 << 20));
+    CHECK_OK(ferry_event_record(t1, f.cuda));
+    CHECK_OK(ferry_event_synchronize(t1));
+    float ms = 0;
+    CHECK_OK(ferry_event_elapsed_ms(t0, t1, &ms));
+    printf("hold of 2000 us, then 1 MiB: %.3f ms between the events\n", ms);
+    CHECK(ms >= 1.9f); /* the global clock may tick coarsely */
+    uint8_t * back = malloc(1 << 20);
+    CHECK(back);
+    CHECK_OK(ferry_tensor_get(f.t, back, 0, 1 << 20));
+    CHECK(memcmp(back, host, 1 << 20) == 0);
+    free(back);
+    free(host);
+    ferry_event_free(t0);
+    ferry_event_free(t1);
+    fixture_free(&f);
+}
+
 /* A CUDA failure is a status with CUDA's message, and the process goes on working. */
 static void test_cuda_error_status(void) {
     need_device();
@@ -332,6 +371,7 @@ static const check_test tests[] = {
     {"pinned_host_cpu", test_pinned_host_cpu},
     {"events_order", test_events_order},
     {"cuda_error_status", test_cuda_error_status},
+    {"hold", test_hold},
 };
 
 CHECK_MAIN(tests)

@@ -146,3 +146,24 @@ def test_events_order_and_time_work() -> None:
     np.testing.assert_array_equal(t.to_numpy(), np.ones(1 << 20, np.float32))
     with pytest.raises(ferry.FerryError):
         ferry.Event.elapsed_ms(cuda.event(), cuda.event())  # not timing events
+
+
+@needs_device
+def test_hold_delays_queued_work_and_rejects_bad_input() -> None:
+    """The held stream runs what is queued behind the hold after it: at least the hold's time
+    passes between two events around it, and the copy still arrives."""
+    cuda = ferry.CUDABackend(0)
+    start, end = cuda.event(timing=True), cuda.event(timing=True)
+    t = cuda.alloc_tensor("f32", [1 << 16])
+    start.record()
+    cuda.hold(1500)
+    cuda.set_async(t, np.full(1 << 16, 3.0, np.float32))
+    end.record()
+    end.synchronize()
+    assert ferry.Event.elapsed_ms(start, end) >= 1.4  # the global clock may tick coarsely
+    np.testing.assert_array_equal(t.to_numpy(), np.full(1 << 16, 3.0, np.float32))
+    for bad in (-1, 2e6, float("nan")):
+        with pytest.raises(ferry.InvalidArgumentError):
+            cuda.hold(bad)
+    with pytest.raises(ferry.InvalidArgumentError):
+        cuda.hold("10")  # type: ignore[arg-type]

@@ -864,3 +864,18 @@ extern "C" ferry_status ferry_cuda_backend_get_gather(const ferry_backend * back
     }
     return FERRY_OK;
 }
+
+extern "C" ferry_status ferry_cuda_backend_hold(ferry_backend * backend, double microseconds) {
+    FERRY_CHECK_ARG(backend, "cuda_backend_hold: NULL backend");
+    if (!is_cuda_backend(backend)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_hold: %s is not a CUDA backend",
+                          ferry_backend_name(backend));
+    }
+    if (!(microseconds >= 0.0 && microseconds <= 1e6)) { /* NaN fails too */
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_hold: %g us is not in 0..1e6", microseconds);
+    }
+    const backend_ctx * ctx = (const backend_ctx *) backend->context;
+    CUDA_TRY(cudaSetDevice(ctx->device), "cuda_backend_hold: cudaSetDevice");
+    CUDA_TRY(ferry_cuda_hold(microseconds, ctx->stream), "cuda_backend_hold: kernel launch");
+    return FERRY_OK;
+}

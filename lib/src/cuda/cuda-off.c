@@ -76,3 +76,9 @@ ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t *
     (void) copies;
     return NO_CUDA("cuda_backend_get_fold");
 }
+
+ferry_status ferry_cuda_backend_hold(ferry_backend * backend, double microseconds) {
+    (void) backend;
+    (void) microseconds;
+    return NO_CUDA("cuda_backend_hold");
+}

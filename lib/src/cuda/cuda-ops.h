@@ -1,5 +1,5 @@
 /* The CUDA kernels the backend runs (ops-cuda.cu: decode attention and dup; copy-gather.cu:
- * the gather copy). C++ only, shared by the CUDA sources of this folder. */
+ * the gather copy; hold.cu: a stream held busy). C++ only, shared by the CUDA sources of this folder. */
 #ifndef FERRY_CUDA_OPS_H
 #define FERRY_CUDA_OPS_H
 
@@ -20,5 +20,9 @@ ferry_status ferry_cuda_compute_node(ferry_tensor * node, cudaStream_t stream);
 bool ferry_cuda_gather_loads_ok(int loads);
 cudaError_t ferry_cuda_gather_rows(void * dst, size_t dpitch, const void * src, size_t spitch, size_t width,
                                    size_t height, int loads, cudaStream_t stream);
+
+/* Queue on stream a one-thread kernel that waits microseconds on the device's clock
+ * (hold.cu). */
+cudaError_t ferry_cuda_hold(double microseconds, cudaStream_t stream);
 
 #endif
