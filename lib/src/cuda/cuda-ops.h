@@ -1,5 +1,6 @@
-/* The CUDA kernels the backend runs (ops-cuda.cu: decode attention and dup; copy-gather.cu:
- * the gather copy; hold.cu: a stream held busy). C++ only, shared by the CUDA sources of this folder. */
+/* The CUDA kernels the backend (cuda-backend.cu) runs (ops-cuda.cu: decode attention and dup;
+ * copy-gather.cu: the gather copy; hold.cu: a stream held busy). C++ only, shared by the CUDA
+ * sources of this folder; the host sources' own shared helpers are in cuda-common.h. */
 #ifndef FERRY_CUDA_OPS_H
 #define FERRY_CUDA_OPS_H
 
