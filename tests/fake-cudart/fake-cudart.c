@@ -1,0 +1,754 @@
+/*
+ * A fake CUDA runtime for machines without a GPU: the runtime functions libferry calls,
+ * over host memory, so CI runs the CUDA backend's host code (buffer types, 2-D and 3-D
+ * copies, events, streams, pinned memory, errors as statuses) on every change.
+ *
+ * It is strict where a real device is forgiving or slow to tell:
+ * - Queued work runs late: a stream's copies and memsets run only when something waits
+ *   for them (a stream, event or device synchronize, a wait on an event, a blocking
+ *   call), never at the call that queues them. Code that reads a result, or reuses a
+ *   source, before it synchronized sees the stale bytes every time, not once in a while.
+ *   Copies from pageable host memory take their bytes at the call and copies into it
+ *   finish before the call returns, as CUDA documents for pageable memory.
+ * - Device memory is mapped with no access for the host: a host read or write of it
+ *   outside the runtime's own copies is a segfault, not a silent success.
+ * - Every device range a copy or memset touches must lie inside one allocation.
+ * - Kernels do not run: a launch fails with cudaErrorNoKernelImageForDevice, which ferry
+ *   reports as a status. Tests that need a kernel are left out of the fake runs.
+ * Timings from its events are wall-clock times of the late execution: meaningless.
+ *
+ * C11, only the CUDA headers' types; one device; a recursive lock makes it thread-safe.
+ */
+#define _GNU_SOURCE
+#include <cuda_runtime_api.h>
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define FAKE_MAX_ALLOC ((size_t) 1 << 40) /* more than any test asks for, less than a 4 PiB one */
+#define FAKE_MAX_PITCH 2147483647
+
+/* ---------------------------------------------------------------- state */
+
+static pthread_mutex_t lock_ = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static _Thread_local cudaError_t last_error;
+
+static cudaError_t fail(cudaError_t err) {
+    last_error = err;
+    return err;
+}
+
+enum mem_kind { MEM_DEVICE, MEM_PINNED, MEM_REGISTERED };
+
+typedef struct {
+    char * base;
+    size_t size;    /* what was asked */
+    size_t mapped;  /* device memory: the pages mapped */
+    enum mem_kind kind;
+} allocation;
+
+static allocation * allocs;
+static size_t n_allocs, cap_allocs;
+
+typedef struct fake_event fake_event;
+typedef struct fake_stream fake_stream;
+
+enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT };
+
+typedef struct {
+    enum op_kind kind;
+    char * dst;
+    const char * src; /* OP_COPY: the source, or the staged copy of a pageable one */
+    size_t dpitch, spitch, width, height;
+    int value;
+    char * staged; /* freed after the op ran */
+    fake_event * event;
+    uint64_t seq;         /* OP_EVENT: which record of the event */
+    fake_stream * waited; /* OP_WAIT: run this stream ... */
+    size_t waited_pos;    /* ... up to here */
+} op;
+
+struct fake_stream {
+    op * ops;
+    size_t n, cap, done; /* ops[done..n) are queued */
+    size_t base;         /* ops[0]'s position since the stream began: positions never repeat */
+    bool destroyed;
+    fake_stream * next; /* every stream, for a device synchronize */
+};
+
+struct fake_event {
+    unsigned flags;
+    fake_stream * stream; /* of the last record; NULL: never recorded */
+    size_t pos;           /* that record's position + 1 in its stream */
+    uint64_t seq, done_seq;
+    double ms; /* when the last record ran */
+};
+
+static fake_stream legacy_stream;
+static fake_stream * streams = &legacy_stream;
+static _Thread_local fake_stream * per_thread_stream;
+
+/* ---------------------------------------------------------------- memory */
+
+static allocation * find_alloc(const void * p, size_t n, bool device) {
+    const char * c = (const char *) p;
+    for (size_t i = 0; i < n_allocs; i++) {
+        allocation * a = &allocs[i];
+        if ((a->kind == MEM_DEVICE) == device && c >= a->base && c < a->base + (a->size ? a->size : 1)) {
+            return (size_t) (c - a->base) + n <= a->size ? a : NULL;
+        }
+    }
+    return NULL;
+}
+
+static bool is_device(const void * p) {
+    const char * c = (const char *) p;
+    for (size_t i = 0; i < n_allocs; i++) {
+        if (allocs[i].kind == MEM_DEVICE && c >= allocs[i].base && c < allocs[i].base + allocs[i].mapped) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool is_pinned(const void * p) {
+    const char * c = (const char *) p;
+    for (size_t i = 0; i < n_allocs; i++) {
+        if (allocs[i].kind != MEM_DEVICE && c >= allocs[i].base && c < allocs[i].base + allocs[i].size) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool add_alloc(char * base, size_t size, size_t mapped, enum mem_kind kind) {
+    if (n_allocs == cap_allocs) {
+        const size_t cap = cap_allocs ? 2 * cap_allocs : 64;
+        allocation * grown = realloc(allocs, cap * sizeof(*allocs));
+        if (!grown) {
+            return false;
+        }
+        allocs = grown;
+        cap_allocs = cap;
+    }
+    allocs[n_allocs++] = (allocation) {base, size, mapped, kind};
+    return true;
+}
+
+static void remove_alloc(allocation * a) { *a = allocs[--n_allocs]; }
+
+/* Device pages are open to the host only while queued work runs. */
+static int open_depth;
+static void device_access(bool open) {
+    for (size_t i = 0; i < n_allocs; i++) {
+        if (allocs[i].kind == MEM_DEVICE) {
+            mprotect(allocs[i].base, allocs[i].mapped, open ? PROT_READ | PROT_WRITE : PROT_NONE);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- streams and their late work */
+
+static fake_stream * stream_of(cudaStream_t s) {
+    if (s == NULL || s == cudaStreamLegacy) {
+        return &legacy_stream;
+    }
+    if (s == cudaStreamPerThread) {
+        if (!per_thread_stream) {
+            per_thread_stream = calloc(1, sizeof(fake_stream));
+            if (!per_thread_stream) {
+                return NULL;
+            }
+            per_thread_stream->next = streams;
+            streams = per_thread_stream;
+        }
+        return per_thread_stream;
+    }
+    return (fake_stream *) s;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void run_to(fake_stream * s, size_t pos);
+
+static void run_op(op * o) {
+    switch (o->kind) {
+    case OP_COPY:
+        for (size_t r = 0; r < o->height; r++) {
+            memmove(o->dst + r * o->dpitch, o->src + r * o->spitch, o->width);
+        }
+        break;
+    case OP_MEMSET:
+        memset(o->dst, o->value, o->width);
+        break;
+    case OP_EVENT:
+        if (o->seq > o->event->done_seq) {
+            o->event->done_seq = o->seq;
+            o->event->ms = now_ms();
+        }
+        break;
+    case OP_WAIT:
+        run_to(o->waited, o->waited_pos);
+        break;
+    }
+    free(o->staged);
+    o->staged = NULL;
+}
+
+/* Run s's queued work up to position pos (exclusive). */
+static void run_to(fake_stream * s, size_t pos) {
+    if (open_depth++ == 0) {
+        device_access(true);
+    }
+    while (s->base + s->done < pos && s->done < s->n) {
+        run_op(&s->ops[s->done++]);
+    }
+    if (s->done == s->n) { /* all ran: the array starts over, positions go on */
+        s->base += s->n;
+        s->done = s->n = 0;
+    }
+    if (--open_depth == 0) {
+        device_access(false);
+    }
+}
+
+static size_t end_of(const fake_stream * s) { return s->base + s->n; }
+
+static void run_all(void) {
+    for (fake_stream * s = streams; s; s = s->next) {
+        run_to(s, end_of(s));
+    }
+}
+
+static cudaError_t push(fake_stream * s, op o, size_t * pos) {
+    if (s->n == s->cap) {
+        const size_t cap = s->cap ? 2 * s->cap : 16;
+        op * grown = realloc(s->ops, cap * sizeof(op));
+        if (!grown) {
+            free(o.staged);
+            return fail(cudaErrorMemoryAllocation);
+        }
+        s->ops = grown;
+        s->cap = cap;
+    }
+    s->ops[s->n++] = o;
+    if (pos) {
+        *pos = end_of(s);
+    }
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- copies */
+
+/* Queue height rows of width bytes; pageable sources are staged now, pageable
+ * destinations (and host-to-host copies) are finished before returning. */
+static cudaError_t queue_copy(void * dst, size_t dpitch, const void * src, size_t spitch, size_t width,
+                              size_t height, cudaStream_t stream) {
+    fake_stream * s = stream_of(stream);
+    if (!s) {
+        return fail(cudaErrorMemoryAllocation);
+    }
+    if (width == 0 || height == 0) {
+        return cudaSuccess;
+    }
+    if (!dst || !src) {
+        return fail(cudaErrorInvalidValue);
+    }
+    if (dpitch < width || spitch < width || dpitch > FAKE_MAX_PITCH || spitch > FAKE_MAX_PITCH) {
+        return fail(height > 1 ? cudaErrorInvalidPitchValue : cudaErrorInvalidValue);
+    }
+    const size_t dspan = (height - 1) * dpitch + width, sspan = (height - 1) * spitch + width;
+    const bool dev_dst = is_device(dst), dev_src = is_device(src);
+    if ((dev_dst && !find_alloc(dst, dspan, true)) || (dev_src && !find_alloc(src, sspan, true))) {
+        return fail(cudaErrorInvalidValue); /* a device range past its allocation */
+    }
+    op o = {.kind = OP_COPY, .dst = dst, .src = src, .dpitch = dpitch, .spitch = spitch, .width = width,
+            .height = height};
+    if (!dev_src && !is_pinned(src)) {
+        o.staged = malloc(sspan);
+        if (!o.staged) {
+            return fail(cudaErrorMemoryAllocation);
+        }
+        memcpy(o.staged, src, sspan);
+        o.src = o.staged;
+    }
+    size_t pos;
+    const cudaError_t err = push(s, o, &pos);
+    if (err == cudaSuccess && ((!dev_dst && !is_pinned(dst)) || (!dev_dst && !dev_src))) {
+        run_to(s, pos);
+    }
+    return err;
+}
+
+cudaError_t cudaMemcpyAsync(void * dst, const void * src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+    (void) kind;
+    pthread_mutex_lock(&lock_);
+    const cudaError_t err = queue_copy(dst, count, src, count, count, 1, stream);
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+cudaError_t cudaMemcpy2DAsync(void * dst, size_t dpitch, const void * src, size_t spitch, size_t width,
+                              size_t height, enum cudaMemcpyKind kind, cudaStream_t stream) {
+    (void) kind;
+    pthread_mutex_lock(&lock_);
+    const cudaError_t err = queue_copy(dst, dpitch, src, spitch, width, height, stream);
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+/* Linear memory only: row y of slice z of a pitched pointer is at ptr + (z * ysize + y) * pitch. */
+cudaError_t cudaMemcpy3DAsync(const struct cudaMemcpy3DParms * p, cudaStream_t stream) {
+    if (!p || p->srcArray || p->dstArray) {
+        return fail(cudaErrorInvalidValue); /* ferry never copies CUDA arrays */
+    }
+    const struct cudaExtent e = p->extent;
+    const struct cudaPitchedPtr sp = p->srcPtr, dp = p->dstPtr;
+    if (sp.pitch < p->srcPos.x + e.width || dp.pitch < p->dstPos.x + e.width) {
+        return fail(cudaErrorInvalidPitchValue);
+    }
+    if (e.depth > 1 && (sp.ysize < p->srcPos.y + e.height || dp.ysize < p->dstPos.y + e.height)) {
+        return fail(cudaErrorInvalidValue);
+    }
+    pthread_mutex_lock(&lock_);
+    cudaError_t err = cudaSuccess;
+    for (size_t z = 0; z < e.depth && err == cudaSuccess; z++) {
+        const size_t so = ((p->srcPos.z + z) * sp.ysize + p->srcPos.y) * sp.pitch + p->srcPos.x;
+        const size_t d_o = ((p->dstPos.z + z) * dp.ysize + p->dstPos.y) * dp.pitch + p->dstPos.x;
+        err = queue_copy((char *) dp.ptr + d_o, dp.pitch, (const char *) sp.ptr + so, sp.pitch, e.width, e.height,
+                         stream);
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+cudaError_t cudaMemcpyPeerAsync(void * dst, int dst_device, const void * src, int src_device, size_t count,
+                                cudaStream_t stream) {
+    if (dst_device != 0 || src_device != 0) {
+        return fail(cudaErrorInvalidDevice);
+    }
+    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+}
+
+cudaError_t cudaMemsetAsync(void * dst, int value, size_t count, cudaStream_t stream) {
+    pthread_mutex_lock(&lock_);
+    cudaError_t err = cudaSuccess;
+    fake_stream * s = stream_of(stream);
+    if (!s) {
+        err = fail(cudaErrorMemoryAllocation);
+    } else if (count > 0 && !find_alloc(dst, count, true)) {
+        err = fail(cudaErrorInvalidValue); /* device memory only, inside one allocation */
+    } else if (count > 0) {
+        err = push(s, (op) {.kind = OP_MEMSET, .dst = dst, .value = value, .width = count}, NULL);
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+/* ---------------------------------------------------------------- allocation */
+
+cudaError_t cudaMalloc(void ** out, size_t size) {
+    if (!out) {
+        return fail(cudaErrorInvalidValue);
+    }
+    *out = NULL;
+    if (size == 0) {
+        return cudaSuccess;
+    }
+    if (size > FAKE_MAX_ALLOC) {
+        return fail(cudaErrorMemoryAllocation);
+    }
+    const size_t page = 4096, mapped = (size + page - 1) / page * page;
+    void * p = mmap(NULL, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        return fail(cudaErrorMemoryAllocation);
+    }
+    pthread_mutex_lock(&lock_);
+    const bool ok = add_alloc(p, size, mapped, MEM_DEVICE);
+    pthread_mutex_unlock(&lock_);
+    if (!ok) {
+        munmap(p, mapped);
+        return fail(cudaErrorMemoryAllocation);
+    }
+    *out = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void ** out, size_t size) {
+    if (!out) {
+        return fail(cudaErrorInvalidValue);
+    }
+    *out = NULL;
+    void * p = NULL;
+    if (size > FAKE_MAX_ALLOC || posix_memalign(&p, 4096, size ? size : 1) != 0) {
+        return fail(cudaErrorMemoryAllocation);
+    }
+    pthread_mutex_lock(&lock_);
+    const bool ok = add_alloc(p, size, 0, MEM_PINNED);
+    pthread_mutex_unlock(&lock_);
+    if (!ok) {
+        free(p);
+        return fail(cudaErrorMemoryAllocation);
+    }
+    *out = p;
+    return cudaSuccess;
+}
+
+/* Freeing waits for the device, as cudaFree does. */
+static cudaError_t free_alloc(void * p, enum mem_kind kind) {
+    if (!p) {
+        return cudaSuccess;
+    }
+    pthread_mutex_lock(&lock_);
+    run_all();
+    allocation * a = NULL;
+    for (size_t i = 0; i < n_allocs && !a; i++) {
+        a = allocs[i].base == p && allocs[i].kind == kind ? &allocs[i] : NULL;
+    }
+    cudaError_t err = cudaSuccess;
+    if (!a) {
+        err = fail(cudaErrorInvalidValue);
+    } else if (kind == MEM_DEVICE) {
+        munmap(a->base, a->mapped);
+        remove_alloc(a);
+    } else {
+        free(a->base);
+        remove_alloc(a);
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+cudaError_t cudaFree(void * p) { return free_alloc(p, MEM_DEVICE); }
+cudaError_t cudaFreeHost(void * p) { return free_alloc(p, MEM_PINNED); }
+
+cudaError_t cudaHostRegister(void * p, size_t size, unsigned int flags) {
+    (void) flags;
+    if (!p || size == 0) {
+        return fail(cudaErrorInvalidValue);
+    }
+    pthread_mutex_lock(&lock_);
+    cudaError_t err = cudaSuccess;
+    if (is_pinned(p) || is_pinned((char *) p + size - 1)) {
+        err = fail(cudaErrorHostMemoryAlreadyRegistered);
+    } else if (!add_alloc(p, size, 0, MEM_REGISTERED)) {
+        err = fail(cudaErrorMemoryAllocation);
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+cudaError_t cudaHostUnregister(void * p) {
+    pthread_mutex_lock(&lock_);
+    allocation * a = NULL;
+    for (size_t i = 0; i < n_allocs && !a; i++) {
+        a = allocs[i].base == p && allocs[i].kind == MEM_REGISTERED ? &allocs[i] : NULL;
+    }
+    cudaError_t err = cudaSuccess;
+    if (a) {
+        remove_alloc(a);
+    } else {
+        err = fail(cudaErrorHostMemoryNotRegistered);
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+/* With unified addressing the device reads pinned memory at its host address. */
+cudaError_t cudaHostGetDevicePointer(void ** dev, void * host, unsigned int flags) {
+    if (!dev || flags != 0) {
+        return fail(cudaErrorInvalidValue);
+    }
+    pthread_mutex_lock(&lock_);
+    const bool pinned = is_pinned(host);
+    pthread_mutex_unlock(&lock_);
+    if (!pinned) {
+        return fail(cudaErrorInvalidValue);
+    }
+    *dev = host;
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- devices */
+
+cudaError_t cudaGetDeviceCount(int * n) {
+    if (!n) {
+        return fail(cudaErrorInvalidValue);
+    }
+    *n = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+
+cudaError_t cudaGetDevice(int * device) {
+    if (!device) {
+        return fail(cudaErrorInvalidValue);
+    }
+    *device = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int * value, enum cudaDeviceAttr attr, int device) {
+    if (!value || device != 0) {
+        return fail(device != 0 ? cudaErrorInvalidDevice : cudaErrorInvalidValue);
+    }
+    *value = attr == cudaDevAttrMaxPitch ? FAKE_MAX_PITCH : 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+    pthread_mutex_lock(&lock_);
+    run_all();
+    pthread_mutex_unlock(&lock_);
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- streams and events */
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t * out, unsigned int flags) {
+    (void) flags;
+    if (!out) {
+        return fail(cudaErrorInvalidValue);
+    }
+    fake_stream * s = calloc(1, sizeof(*s));
+    if (!s) {
+        return fail(cudaErrorMemoryAllocation);
+    }
+    pthread_mutex_lock(&lock_);
+    s->next = streams;
+    streams = s;
+    pthread_mutex_unlock(&lock_);
+    *out = (cudaStream_t) s;
+    return cudaSuccess;
+}
+
+/* Its work runs to the end; the stream itself stays (an event or a wait may name it)
+ * and is freed at exit. */
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    pthread_mutex_lock(&lock_);
+    fake_stream * s = stream_of(stream);
+    run_to(s, end_of(s));
+    s->destroyed = true;
+    pthread_mutex_unlock(&lock_);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    pthread_mutex_lock(&lock_);
+    fake_stream * s = stream_of(stream);
+    if (s) {
+        run_to(s, end_of(s));
+    }
+    pthread_mutex_unlock(&lock_);
+    return s ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t * out, unsigned int flags) {
+    if (!out) {
+        return fail(cudaErrorInvalidValue);
+    }
+    fake_event * e = calloc(1, sizeof(*e));
+    if (!e) {
+        return fail(cudaErrorMemoryAllocation);
+    }
+    e->flags = flags;
+    *out = (cudaEvent_t) e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    pthread_mutex_lock(&lock_);
+    fake_event * e = (fake_event *) event;
+    if (e && e->stream) {
+        run_to(e->stream, e->pos); /* its record op points at it */
+    }
+    free(e);
+    pthread_mutex_unlock(&lock_);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    pthread_mutex_lock(&lock_);
+    fake_event * e = (fake_event *) event;
+    fake_stream * s = stream_of(stream);
+    cudaError_t err = !e ? fail(cudaErrorInvalidResourceHandle) : !s ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+    if (err == cudaSuccess) {
+        size_t pos;
+        err = push(s, (op) {.kind = OP_EVENT, .event = e, .seq = e->seq + 1}, &pos);
+        if (err == cudaSuccess) {
+            e->seq++;
+            e->stream = s;
+            e->pos = pos;
+        }
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    (void) flags;
+    pthread_mutex_lock(&lock_);
+    fake_event * e = (fake_event *) event;
+    fake_stream * s = stream_of(stream);
+    cudaError_t err = !e ? fail(cudaErrorInvalidResourceHandle) : !s ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+    if (err == cudaSuccess && e->stream && e->done_seq < e->seq) { /* never recorded or done: nothing to wait for */
+        err = push(s, (op) {.kind = OP_WAIT, .waited = e->stream, .waited_pos = e->pos}, NULL);
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    pthread_mutex_lock(&lock_);
+    fake_event * e = (fake_event *) event;
+    if (e && e->stream && e->done_seq < e->seq) {
+        run_to(e->stream, e->pos);
+    }
+    pthread_mutex_unlock(&lock_);
+    return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventElapsedTime(float * ms, cudaEvent_t start, cudaEvent_t end) {
+    const fake_event *a = (const fake_event *) start, *b = (const fake_event *) end;
+    if (!ms || !a || !b) {
+        return fail(cudaErrorInvalidValue);
+    }
+    if ((a->flags | b->flags) & cudaEventDisableTiming) {
+        return fail(cudaErrorInvalidResourceHandle);
+    }
+    pthread_mutex_lock(&lock_);
+    const bool done = a->seq > 0 && b->seq > 0 && a->done_seq == a->seq && b->done_seq == b->seq;
+    const double d = b->ms - a->ms;
+    pthread_mutex_unlock(&lock_);
+    if (!done) {
+        return fail(cudaErrorNotReady);
+    }
+    *ms = (float) d;
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- errors */
+
+cudaError_t cudaGetLastError(void) {
+    const cudaError_t err = last_error;
+    last_error = cudaSuccess;
+    return err;
+}
+
+#define FAKE_ERRORS(X)                                                                                       \
+    X(cudaSuccess, "no error")                                                                               \
+    X(cudaErrorInvalidValue, "invalid argument")                                                             \
+    X(cudaErrorMemoryAllocation, "out of memory")                                                            \
+    X(cudaErrorInvalidPitchValue, "invalid pitch argument")                                                  \
+    X(cudaErrorInvalidDevice, "invalid device ordinal")                                                      \
+    X(cudaErrorInvalidResourceHandle, "invalid resource handle")                                             \
+    X(cudaErrorNotReady, "device not ready")                                                                 \
+    X(cudaErrorHostMemoryAlreadyRegistered, "part or all of the requested memory range is already mapped")   \
+    X(cudaErrorHostMemoryNotRegistered, "pointer does not correspond to a registered memory region")         \
+    X(cudaErrorNoKernelImageForDevice, "no kernel image is available for execution on the device (fake CUDA " \
+                                       "runtime: kernels do not run)")
+
+const char * cudaGetErrorString(cudaError_t err) {
+#define FAKE_STRING(code, text) \
+    case code: return text;
+    switch (err) {
+        FAKE_ERRORS(FAKE_STRING)
+    default: return "unknown error (fake CUDA runtime)";
+    }
+}
+
+const char * cudaGetErrorName(cudaError_t err) {
+#define FAKE_NAME(code, text) \
+    case code: return #code;
+    switch (err) {
+        FAKE_ERRORS(FAKE_NAME)
+    default: return "cudaErrorUnknown";
+    }
+}
+
+/* ---------------------------------------------------------------- what nvcc's launch stubs call */
+
+static _Thread_local struct {
+    dim3 grid, block;
+    size_t shared;
+    void * stream;
+} launch_config;
+
+unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared, void * stream) {
+    launch_config.grid = grid;
+    launch_config.block = block;
+    launch_config.shared = shared;
+    launch_config.stream = stream;
+    return 0;
+}
+
+cudaError_t __cudaPopCallConfiguration(dim3 * grid, dim3 * block, size_t * shared, void * stream) {
+    *grid = launch_config.grid;
+    *block = launch_config.block;
+    *shared = launch_config.shared;
+    *(void **) stream = launch_config.stream;
+    return cudaSuccess;
+}
+
+cudaError_t __cudaGetKernel(cudaKernel_t * kernel, const void * fun) {
+    *kernel = (cudaKernel_t) fun;
+    return cudaSuccess;
+}
+
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void ** args, size_t shared,
+                               cudaStream_t stream) {
+    (void) kernel, (void) grid, (void) block, (void) args, (void) shared, (void) stream;
+    return fail(cudaErrorNoKernelImageForDevice);
+}
+
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, void ** args, size_t shared,
+                                    cudaStream_t stream) {
+    return __cudaLaunchKernel(kernel, grid, block, args, shared, stream);
+}
+
+static void * fat_binary_handle;
+
+void ** __cudaRegisterFatBinary(void * fat_cubin) {
+    (void) fat_cubin;
+    return &fat_binary_handle;
+}
+
+void __cudaRegisterFatBinaryEnd(void ** handle) { (void) handle; }
+char __cudaInitModule(void ** handle) {
+    (void) handle;
+    return 0;
+}
+void __cudaUnregisterFatBinary(void ** handle) { (void) handle; }
+
+void __cudaRegisterFunction(void ** handle, const char * host_fun, char * device_fun, const char * device_name,
+                            int thread_limit, uint3 * tid, uint3 * bid, dim3 * block, dim3 * grid, int * wsize) {
+    (void) handle, (void) host_fun, (void) device_fun, (void) device_name, (void) thread_limit;
+    (void) tid, (void) bid, (void) block, (void) grid, (void) wsize;
+}
+
+/* The streams and their queues, at exit (LeakSanitizer counts what is left). */
+__attribute__((destructor)) static void free_streams(void) {
+    for (fake_stream * s = streams; s;) {
+        fake_stream * next = s->next;
+        for (size_t i = s->done; i < s->n; i++) {
+            free(s->ops[i].staged);
+        }
+        free(s->ops);
+        if (s != &legacy_stream) {
+            free(s);
+        }
+        s = next;
+    }
+    free(allocs);
+}
