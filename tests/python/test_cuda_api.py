@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import SENTINEL, pattern
+from conftest import SENTINEL, needs_kernels, pattern
 
 needs_device = pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
 
@@ -103,6 +103,7 @@ def test_heart_copy_path_with_cuda_split_backend(pinned: bool) -> None:
 
 
 @needs_device
+@needs_kernels
 def test_scheduler_with_cuda_split_backend() -> None:
     """The scheduler places the input copy in CUDA memory, copies it by policy, and CUDA's dup reads it
     through its own ne/nb: out holds each stream's cells, head by head, whatever the policy."""
@@ -149,6 +150,7 @@ def test_events_order_and_time_work() -> None:
 
 
 @needs_device
+@needs_kernels
 def test_hold_delays_queued_work_and_rejects_bad_input() -> None:
     """The held stream runs what is queued behind the hold after it: at least the hold's time
     passes between two events around it, and the copy still arrives."""
