@@ -77,7 +77,6 @@ struct fake_stream {
     op * ops;
     size_t n, cap, done; /* ops[done..n) are queued */
     size_t base;         /* ops[0]'s position since the stream began: positions never repeat */
-    bool destroyed;
     fake_stream * next; /* every stream, for a device synchronize */
 };
 
@@ -539,7 +538,6 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     pthread_mutex_lock(&lock_);
     fake_stream * s = stream_of(stream);
     run_to(s, end_of(s));
-    s->destroyed = true;
     pthread_mutex_unlock(&lock_);
     return cudaSuccess;
 }
