@@ -141,14 +141,15 @@ static bool add_alloc(char * base, size_t size, size_t mapped, enum mem_kind kin
 
 static void remove_alloc(allocation * a) { *a = allocs[--n_allocs]; }
 
-/* Device pages are open to the host only while queued work runs. */
-static int open_depth;
-static void device_access(bool open) {
-    for (size_t i = 0; i < n_allocs; i++) {
-        if (allocs[i].kind == MEM_DEVICE) {
-            mprotect(allocs[i].base, allocs[i].mapped, open ? PROT_READ | PROT_WRITE : PROT_NONE);
-        }
+/* Device pages are open to the host only while an op that touches them runs, and only
+ * those pages (mprotect walks every page it is given). */
+static void device_access(const void * p, size_t span, bool open) {
+    if (span == 0 || !is_device(p)) {
+        return;
     }
+    const uintptr_t page = 4096, first = (uintptr_t) p / page * page;
+    const uintptr_t end = ((uintptr_t) p + span + page - 1) / page * page;
+    mprotect((void *) first, end - first, open ? PROT_READ | PROT_WRITE : PROT_NONE);
 }
 
 /* ---------------------------------------------------------------- streams and their late work */
@@ -181,13 +182,21 @@ static void run_to(fake_stream * s, size_t pos);
 
 static void run_op(op * o) {
     switch (o->kind) {
-    case OP_COPY:
+    case OP_COPY: {
+        const size_t dspan = (o->height - 1) * o->dpitch + o->width, sspan = (o->height - 1) * o->spitch + o->width;
+        device_access(o->dst, dspan, true);
+        device_access(o->src, sspan, true);
         for (size_t r = 0; r < o->height; r++) {
             memmove(o->dst + r * o->dpitch, o->src + r * o->spitch, o->width);
         }
+        device_access(o->dst, dspan, false);
+        device_access(o->src, sspan, false);
         break;
+    }
     case OP_MEMSET:
+        device_access(o->dst, o->width, true);
         memset(o->dst, o->value, o->width);
+        device_access(o->dst, o->width, false);
         break;
     case OP_EVENT:
         if (o->seq > o->event->done_seq) {
@@ -205,18 +214,12 @@ static void run_op(op * o) {
 
 /* Run s's queued work up to position pos (exclusive). */
 static void run_to(fake_stream * s, size_t pos) {
-    if (open_depth++ == 0) {
-        device_access(true);
-    }
     while (s->base + s->done < pos && s->done < s->n) {
         run_op(&s->ops[s->done++]);
     }
     if (s->done == s->n) { /* all ran: the array starts over, positions go on */
         s->base += s->n;
         s->done = s->n = 0;
-    }
-    if (--open_depth == 0) {
-        device_access(false);
     }
 }
 
