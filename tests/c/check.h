@@ -70,13 +70,6 @@ typedef struct {
     void (*fn)(void);
 } check_test;
 
-/* Under the fake CUDA runtime (tests/fake-cudart, meson -Dfake_cudart=true), where
- * copies run and kernels do not. */
-static inline int fake_cudart(void) {
-    const char * v = getenv("FERRY_FAKE_CUDART");
-    return v && strcmp(v, "1") == 0;
-}
-
 #define CHECK_MAIN(table)                                                                     \
     int check_failures = 0;                                                                   \
     int main(int argc, char ** argv) {                                                        \

@@ -13,8 +13,12 @@
  * - Device memory is mapped with no access for the host: a host read or write of it
  *   outside the runtime's own copies is a segfault, not a silent success.
  * - Every device range a copy or memset touches must lie inside one allocation.
- * - Kernels do not run: a launch fails with cudaErrorNoKernelImageForDevice, which ferry
- *   reports as a status. Tests that need a kernel are left out of the fake runs.
+ * - Of the kernels, only the two that move or wait run, as host code that follows the
+ *   device code index for index (gather_rows_kernel, from its launch's grid and block;
+ *   hold_kernel, a sleep); their launches queue like copies. A gather that reads memory
+ *   the device cannot map is an illegal address, sticky as on a device. Any other launch
+ *   fails with cudaErrorNoKernelImageForDevice, which ferry reports as a status: the
+ *   tests that need one (attention, dup) are left out of the fake runs.
  * Timings from its events are wall-clock times of the late execution: meaningless.
  *
  * C11, only the CUDA headers' types; one device; a recursive lock makes it thread-safe.
@@ -37,6 +41,7 @@
 
 static pthread_mutex_t lock_ = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static _Thread_local cudaError_t last_error;
+static cudaError_t sticky_error; /* a kernel's fault: every synchronize reports it from then on */
 
 static cudaError_t fail(cudaError_t err) {
     last_error = err;
@@ -58,7 +63,7 @@ static size_t n_allocs, cap_allocs;
 typedef struct fake_event fake_event;
 typedef struct fake_stream fake_stream;
 
-enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT };
+enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_HOLD };
 
 typedef struct {
     enum op_kind kind;
@@ -71,6 +76,10 @@ typedef struct {
     uint64_t seq;         /* OP_EVENT: which record of the event */
     fake_stream * waited; /* OP_WAIT: run this stream ... */
     size_t waited_pos;    /* ... up to here */
+    /* OP_GATHER: gather_rows_kernel's arguments (pitches and w in 16-byte units) and
+     * launch; OP_HOLD: the nanoseconds */
+    uint64_t total, n_chunks, ns;
+    unsigned grid, block, loads;
 } op;
 
 struct fake_stream {
@@ -180,6 +189,39 @@ static double now_ms(void) {
 
 static void run_to(fake_stream * s, size_t pos);
 
+/* gather_rows_kernel<L> (lib/src/cuda/copy-gather.cu) as the device runs it: block b takes
+ * chunks b, b + grid, ...; thread t of a chunk moves 16-byte elements first + j * block,
+ * j < L; element e is row e / w, column e % w. */
+static void run_gather(const op * o) {
+    const uint64_t w = o->width;
+    const uint64_t rows = w ? (o->total + w - 1) / w : 0;
+    const size_t dspan = rows ? ((rows - 1) * o->dpitch + w) * 16 : 0;
+    const size_t sspan = rows ? ((rows - 1) * o->spitch + w) * 16 : 0;
+    const bool src_ok = find_alloc(o->src, sspan, true) || (is_pinned(o->src) && is_pinned(o->src + sspan - 1));
+    if (rows && (!find_alloc(o->dst, dspan, true) || !src_ok)) {
+        sticky_error = cudaErrorIllegalAddress; /* memory the device cannot reach */
+        return;
+    }
+    device_access(o->dst, dspan, true);
+    device_access(o->src, sspan, true);
+    for (uint64_t b = 0; b < o->grid; b++) {
+        for (uint64_t chunk = b; chunk < o->n_chunks; chunk += o->grid) {
+            for (uint64_t t = 0; t < o->block; t++) {
+                const uint64_t first = chunk * o->block * o->loads + t;
+                for (uint64_t j = 0; j < o->loads; j++) {
+                    const uint64_t e = first + j * o->block;
+                    if (e < o->total) {
+                        const uint64_t r = e / w, c = e - r * w;
+                        memcpy(o->dst + (r * o->dpitch + c) * 16, o->src + (r * o->spitch + c) * 16, 16);
+                    }
+                }
+            }
+        }
+    }
+    device_access(o->dst, dspan, false);
+    device_access(o->src, sspan, false);
+}
+
 static void run_op(op * o) {
     switch (o->kind) {
     case OP_COPY: {
@@ -207,6 +249,14 @@ static void run_op(op * o) {
     case OP_WAIT:
         run_to(o->waited, o->waited_pos);
         break;
+    case OP_GATHER:
+        run_gather(o);
+        break;
+    case OP_HOLD: {
+        const struct timespec ts = {(time_t) (o->ns / 1000000000u), (long) (o->ns % 1000000000u)};
+        nanosleep(&ts, NULL);
+        break;
+    }
     }
     free(o->staged);
     o->staged = NULL;
@@ -513,7 +563,7 @@ cudaError_t cudaDeviceSynchronize(void) {
     pthread_mutex_lock(&lock_);
     run_all();
     pthread_mutex_unlock(&lock_);
-    return cudaSuccess;
+    return sticky_error ? fail(sticky_error) : cudaSuccess;
 }
 
 /* ---------------------------------------------------------------- streams and events */
@@ -552,7 +602,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
         run_to(s, end_of(s));
     }
     pthread_mutex_unlock(&lock_);
-    return s ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+    return !s ? fail(cudaErrorMemoryAllocation) : sticky_error ? fail(sticky_error) : cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t * out, unsigned int flags) {
@@ -617,7 +667,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
         run_to(e->stream, e->pos);
     }
     pthread_mutex_unlock(&lock_);
-    return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+    return !e ? fail(cudaErrorInvalidResourceHandle) : sticky_error ? fail(sticky_error) : cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float * ms, cudaEvent_t start, cudaEvent_t end) {
@@ -657,6 +707,7 @@ cudaError_t cudaGetLastError(void) {
     X(cudaErrorNotReady, "device not ready")                                                                 \
     X(cudaErrorHostMemoryAlreadyRegistered, "part or all of the requested memory range is already mapped")   \
     X(cudaErrorHostMemoryNotRegistered, "pointer does not correspond to a registered memory region")         \
+    X(cudaErrorIllegalAddress, "an illegal memory access was encountered")                                   \
     X(cudaErrorNoKernelImageForDevice, "no kernel image is available for execution on the device (fake CUDA " \
                                        "runtime: kernels do not run)")
 
@@ -702,15 +753,56 @@ cudaError_t __cudaPopCallConfiguration(dim3 * grid, dim3 * block, size_t * share
     return cudaSuccess;
 }
 
+/* The kernels nvcc registered: host stub -> device (mangled) name. */
+typedef struct {
+    const void * host_fun;
+    const char * name;
+} kernel_name;
+static kernel_name kernels[64];
+static size_t n_kernels;
+
+static const char * name_of(const void * host_fun) {
+    for (size_t i = 0; i < n_kernels; i++) {
+        if (kernels[i].host_fun == host_fun) {
+            return kernels[i].name;
+        }
+    }
+    return "";
+}
+
 cudaError_t __cudaGetKernel(cudaKernel_t * kernel, const void * fun) {
     *kernel = (cudaKernel_t) fun;
     return cudaSuccess;
 }
 
+/* L of gather_rows_kernel<L>, from the mangled name's template argument (ILi4E); 0 if none. */
+static unsigned template_int(const char * name) {
+    const char * a = strstr(name, "ILi");
+    return a ? (unsigned) strtoul(a + 3, NULL, 10) : 0;
+}
+
 cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void ** args, size_t shared,
                                cudaStream_t stream) {
-    (void) kernel, (void) grid, (void) block, (void) args, (void) shared, (void) stream;
-    return fail(cudaErrorNoKernelImageForDevice);
+    (void) shared;
+    pthread_mutex_lock(&lock_);
+    const char * name = name_of((const void *) kernel);
+    fake_stream * s = stream_of(stream);
+    cudaError_t err = cudaSuccess;
+    if (!s) {
+        err = fail(cudaErrorMemoryAllocation);
+    } else if (strstr(name, "gather_rows_kernel") && template_int(name) > 0) {
+        op o = {.kind = OP_GATHER, .dst = *(char **) args[0], .dpitch = *(uint64_t *) args[1],
+                .src = *(const char **) args[2], .spitch = *(uint64_t *) args[3], .width = *(uint64_t *) args[4],
+                .total = *(uint64_t *) args[5], .n_chunks = *(uint64_t *) args[6], .grid = grid.x,
+                .block = block.x, .loads = template_int(name)};
+        err = push(s, o, NULL);
+    } else if (strstr(name, "hold_kernel")) {
+        err = push(s, (op) {.kind = OP_HOLD, .ns = *(unsigned long long *) args[0]}, NULL);
+    } else {
+        err = fail(cudaErrorNoKernelImageForDevice);
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
 }
 
 cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, void ** args, size_t shared,
@@ -734,8 +826,11 @@ void __cudaUnregisterFatBinary(void ** handle) { (void) handle; }
 
 void __cudaRegisterFunction(void ** handle, const char * host_fun, char * device_fun, const char * device_name,
                             int thread_limit, uint3 * tid, uint3 * bid, dim3 * block, dim3 * grid, int * wsize) {
-    (void) handle, (void) host_fun, (void) device_fun, (void) device_name, (void) thread_limit;
-    (void) tid, (void) bid, (void) block, (void) grid, (void) wsize;
+    (void) handle, (void) device_fun, (void) thread_limit, (void) tid, (void) bid, (void) block, (void) grid;
+    (void) wsize;
+    if (n_kernels < sizeof(kernels) / sizeof(kernels[0])) { /* the name lives in the binary */
+        kernels[n_kernels++] = (kernel_name) {host_fun, device_name};
+    }
 }
 
 /* The streams and their queues, at exit (LeakSanitizer counts what is left). */

@@ -150,7 +150,6 @@ def test_events_order_and_time_work() -> None:
 
 
 @needs_device
-@needs_kernels
 def test_hold_delays_queued_work_and_rejects_bad_input() -> None:
     """The held stream runs what is queued behind the hold after it: at least the hold's time
     passes between two events around it, and the copy still arrives."""
