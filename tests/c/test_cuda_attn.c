@@ -135,7 +135,7 @@ static void test_cuda_dup_unaligned(void) {
     CHECK_OK(ferry_cuda_backend_new(0, &cuda));
     CHECK_OK(ferry_context_new(&ctx));
     const int64_t n_src = 64, ne[2] = {16, 1};
-    const size_t nb[1] = {64};
+    const size_t nb[2] = {4, 64}; /* nb[0] is the type size; the view reads nb[1..n_dims-1] */
     ferry_tensor *src, *view, *same, *conv, *aligned, *conv_ok;
     CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, &n_src, &src));
     CHECK_OK(ferry_tensor_view(ctx, src, 2, ne, nb, 6, &view));

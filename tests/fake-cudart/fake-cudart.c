@@ -13,12 +13,13 @@
  * - Device memory is mapped with no access for the host: a host read or write of it
  *   outside the runtime's own copies is a segfault, not a silent success.
  * - Every device range a copy or memset touches must lie inside one allocation.
- * - Of the kernels, only the two that move or wait run, as host code that follows the
- *   device code index for index (gather_rows_kernel, from its launch's grid and block;
- *   hold_kernel, a sleep); their launches queue like copies. A gather that reads memory
- *   the device cannot map is an illegal address, sticky as on a device. Any other launch
- *   fails with cudaErrorNoKernelImageForDevice, which ferry reports as a status: the
- *   tests that need one (attention, dup) are left out of the fake runs.
+ * - Of the kernels, those that move or wait run, as host code that follows the device
+ *   code index for index from the launch's grid and block (gather_rows_kernel,
+ *   dup_kernel, with ferry's own f16 conversions; hold_kernel, a sleep); their launches
+ *   queue like copies. A read of memory the device cannot map is an illegal address, a
+ *   load at an address its word does not divide a misaligned one, both sticky as on a
+ *   device. Any other launch (attention) fails with cudaErrorNoKernelImageForDevice,
+ *   which ferry reports as a status: the tests that need one are left out.
  * Timings from its events are wall-clock times of the late execution: meaningless.
  *
  * C11, only the CUDA headers' types; one device; a recursive lock makes it thread-safe.
@@ -63,7 +64,14 @@ static size_t n_allocs, cap_allocs;
 typedef struct fake_event fake_event;
 typedef struct fake_stream fake_stream;
 
-enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_HOLD };
+enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_HOLD, OP_DUP };
+
+/* dup_kernel's view of a tensor (lib/src/cuda/ops-cuda.cu: struct tview) */
+typedef struct {
+    const char * data;
+    int64_t ne[4];
+    int64_t nb[4];
+} tview;
 
 typedef struct {
     enum op_kind kind;
@@ -80,6 +88,10 @@ typedef struct {
      * launch; OP_HOLD: the nanoseconds */
     uint64_t total, n_chunks, ns;
     unsigned grid, block, loads;
+    /* OP_DUP: dup_kernel's arguments */
+    tview dsrc, ddst;
+    int mode;
+    int64_t n0, n, unit, word;
 } op;
 
 struct fake_stream {
@@ -189,6 +201,70 @@ static double now_ms(void) {
 
 static void run_to(fake_stream * s, size_t pos);
 
+/* ferry's CPU conversions (types.c, round to nearest even like __float2half_rn) */
+float ferry_f16_to_f32(uint16_t h);
+uint16_t ferry_f32_to_f16(float f);
+
+/* The bytes a view's n0 units (elements or quantized blocks) along dimension 0 and its
+ * other dimensions span from its data. */
+static size_t view_span(const tview * v, int64_t n0, int64_t unit) {
+    int64_t last = (n0 > 0 ? n0 - 1 : 0) * v->nb[0];
+    for (int i = 1; i < 4; i++) {
+        last += (v->ne[i] > 0 ? v->ne[i] - 1 : 0) * v->nb[i];
+    }
+    return (size_t) (last + unit);
+}
+
+static bool device_reads(const void * p, size_t span) {
+    return find_alloc(p, span, true) || (is_pinned(p) && is_pinned((const char *) p + span - 1));
+}
+
+/* dup_kernel (ops-cuda.cu) as the device runs it: thread t of block b takes elements
+ * b * block + t, then a grid's worth further on; modes 0 same type (in words of `word`
+ * bytes), 1 f32 -> f16, 2 f16 -> f32. */
+static void run_dup(const op * o) {
+    const int64_t su = o->mode == 2 ? 2 : o->mode == 1 ? 4 : o->unit;
+    const size_t sspan = view_span(&o->dsrc, o->n0, su), dspan = view_span(&o->ddst, o->n0, o->unit);
+    if (o->n > 0 && (!device_reads(o->dsrc.data, sspan) || !find_alloc(o->ddst.data, dspan, true))) {
+        sticky_error = cudaErrorIllegalAddress;
+        return;
+    }
+    const int64_t word = o->mode == 0 ? o->word : o->mode == 1 ? 4 : 2; /* the widest load or store */
+    device_access(o->dsrc.data, sspan, true);
+    device_access(o->ddst.data, dspan, true);
+    const int64_t stride = (int64_t) o->grid * o->block;
+    for (int64_t start = 0; start < stride && !sticky_error; start++) {
+        for (int64_t idx = start; idx < o->n; idx += stride) {
+            const int64_t i0 = idx % o->n0, r = idx / o->n0;
+            const int64_t i1 = r % o->ddst.ne[1], i2 = (r / o->ddst.ne[1]) % o->ddst.ne[2];
+            const int64_t i3 = r / o->ddst.ne[1] / o->ddst.ne[2];
+            const tview *a = &o->dsrc, *d = &o->ddst;
+            const char * sp = a->data + i0 * a->nb[0] + i1 * a->nb[1] + i2 * a->nb[2] + i3 * a->nb[3];
+            char * dp = (char *) d->data + i0 * d->nb[0] + i1 * d->nb[1] + i2 * d->nb[2] + i3 * d->nb[3];
+            if (((uintptr_t) sp | (uintptr_t) dp) % (uintptr_t) (o->mode == 0 ? word : 2) != 0 ||
+                (o->mode == 1 && (uintptr_t) sp % 4) || (o->mode == 2 && (uintptr_t) dp % 4)) {
+                sticky_error = cudaErrorMisalignedAddress;
+                break;
+            }
+            if (o->mode == 1) {
+                float f;
+                memcpy(&f, sp, 4);
+                const uint16_t h = ferry_f32_to_f16(f);
+                memcpy(dp, &h, 2);
+            } else if (o->mode == 2) {
+                uint16_t h;
+                memcpy(&h, sp, 2);
+                const float f = ferry_f16_to_f32(h);
+                memcpy(dp, &f, 4);
+            } else {
+                memcpy(dp, sp, (size_t) o->unit);
+            }
+        }
+    }
+    device_access(o->dsrc.data, sspan, false);
+    device_access(o->ddst.data, dspan, false);
+}
+
 /* gather_rows_kernel<L> (lib/src/cuda/copy-gather.cu) as the device runs it: block b takes
  * chunks b, b + grid, ...; thread t of a chunk moves 16-byte elements first + j * block,
  * j < L; element e is row e / w, column e % w. */
@@ -197,8 +273,7 @@ static void run_gather(const op * o) {
     const uint64_t rows = w ? (o->total + w - 1) / w : 0;
     const size_t dspan = rows ? ((rows - 1) * o->dpitch + w) * 16 : 0;
     const size_t sspan = rows ? ((rows - 1) * o->spitch + w) * 16 : 0;
-    const bool src_ok = find_alloc(o->src, sspan, true) || (is_pinned(o->src) && is_pinned(o->src + sspan - 1));
-    if (rows && (!find_alloc(o->dst, dspan, true) || !src_ok)) {
+    if (rows && (!find_alloc(o->dst, dspan, true) || !device_reads(o->src, sspan))) {
         sticky_error = cudaErrorIllegalAddress; /* memory the device cannot reach */
         return;
     }
@@ -251,6 +326,9 @@ static void run_op(op * o) {
         break;
     case OP_GATHER:
         run_gather(o);
+        break;
+    case OP_DUP:
+        run_dup(o);
         break;
     case OP_HOLD: {
         const struct timespec ts = {(time_t) (o->ns / 1000000000u), (long) (o->ns % 1000000000u)};
@@ -708,6 +786,7 @@ cudaError_t cudaGetLastError(void) {
     X(cudaErrorHostMemoryAlreadyRegistered, "part or all of the requested memory range is already mapped")   \
     X(cudaErrorHostMemoryNotRegistered, "pointer does not correspond to a registered memory region")         \
     X(cudaErrorIllegalAddress, "an illegal memory access was encountered")                                   \
+    X(cudaErrorMisalignedAddress, "misaligned address")                                                      \
     X(cudaErrorNoKernelImageForDevice, "no kernel image is available for execution on the device (fake CUDA " \
                                        "runtime: kernels do not run)")
 
@@ -795,6 +874,11 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void 
                 .src = *(const char **) args[2], .spitch = *(uint64_t *) args[3], .width = *(uint64_t *) args[4],
                 .total = *(uint64_t *) args[5], .n_chunks = *(uint64_t *) args[6], .grid = grid.x,
                 .block = block.x, .loads = template_int(name)};
+        err = push(s, o, NULL);
+    } else if (strstr(name, "dup_kernel")) {
+        op o = {.kind = OP_DUP, .dsrc = *(tview *) args[0], .ddst = *(tview *) args[1], .mode = *(int *) args[2],
+                .n0 = *(int64_t *) args[3], .n = *(int64_t *) args[4], .unit = *(int64_t *) args[5],
+                .word = *(int64_t *) args[6], .grid = grid.x, .block = block.x};
         err = push(s, o, NULL);
     } else if (strstr(name, "hold_kernel")) {
         err = push(s, (op) {.kind = OP_HOLD, .ns = *(unsigned long long *) args[0]}, NULL);

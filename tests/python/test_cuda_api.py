@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import SENTINEL, needs_kernels, pattern
+from conftest import SENTINEL, pattern
 
 needs_device = pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
 
@@ -103,7 +103,6 @@ def test_heart_copy_path_with_cuda_split_backend(pinned: bool) -> None:
 
 
 @needs_device
-@needs_kernels
 def test_scheduler_with_cuda_split_backend() -> None:
     """The scheduler places the input copy in CUDA memory, copies it by policy, and CUDA's dup reads it
     through its own ne/nb: out holds each stream's cells, head by head, whatever the policy."""
