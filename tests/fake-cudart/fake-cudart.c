@@ -13,19 +13,22 @@
  * - Device memory is mapped with no access for the host: a host read or write of it
  *   outside the runtime's own copies is a segfault, not a silent success.
  * - Every device range a copy or memset touches must lie inside one allocation.
- * - Of the kernels, those that move or wait run, as host code that follows the device
- *   code index for index from the launch's grid and block (gather_rows_kernel,
- *   dup_kernel, with ferry's own f16 conversions; hold_kernel, a sleep); their launches
- *   queue like copies. A read of memory the device cannot map is an illegal address, a
- *   load at an address its word does not divide a misaligned one, both sticky as on a
- *   device. Any other launch (attention) fails with cudaErrorNoKernelImageForDevice,
- *   which ferry reports as a status: the tests that need one are left out.
+ * - ferry's kernels run as host code that follows the device code index for index from
+ *   the launch's grid and block (gather_rows_kernel; dup_kernel, with ferry's own f16
+ *   conversions; attn_decode_kernel, its warps, lanes and butterfly sums in the device's
+ *   order, with the host's expf, so its floats agree to rounding, not to the bit;
+ *   hold_kernel, a sleep); their launches queue like copies. A read of memory the
+ *   device cannot map is an illegal address, a load at an address its word does not
+ *   divide a misaligned one, both sticky as on a device. Any other launch fails with
+ *   cudaErrorNoKernelImageForDevice, which ferry reports as a status.
  * Timings from its events are wall-clock times of the late execution: meaningless.
  *
  * C11, only the CUDA headers' types; one device; a recursive lock makes it thread-safe.
  */
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
+
+#include <math.h>
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -64,7 +67,7 @@ static size_t n_allocs, cap_allocs;
 typedef struct fake_event fake_event;
 typedef struct fake_stream fake_stream;
 
-enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_HOLD, OP_DUP };
+enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_HOLD, OP_DUP, OP_ATTN };
 
 /* dup_kernel's view of a tensor (lib/src/cuda/ops-cuda.cu: struct tview) */
 typedef struct {
@@ -92,6 +95,12 @@ typedef struct {
     tview dsrc, ddst;
     int mode;
     int64_t n0, n, unit, word;
+    /* OP_ATTN: attn_decode_kernel<tk, tv>'s arguments */
+    tview q, k, v, len;
+    int64_t out_nb0, out_nb1, out_nb3, group;
+    float scale;
+    int v_trans, tk, tv;
+    unsigned grid_y;
 } op;
 
 struct fake_stream {
@@ -265,6 +274,124 @@ static void run_dup(const op * o) {
     device_access(o->ddst.data, dspan, false);
 }
 
+/* The whole allocation (device or pinned) holding p, opened to the host or closed; false
+ * if p is in none the device can read. */
+static bool open_alloc_of(const void * p, bool open) {
+    const char * c = (const char *) p;
+    for (size_t i = 0; i < n_allocs; i++) {
+        if (c >= allocs[i].base && c < allocs[i].base + (allocs[i].size ? allocs[i].size : 1)) {
+            if (allocs[i].kind == MEM_DEVICE) {
+                device_access(allocs[i].base, allocs[i].size, open);
+            }
+            return true;
+        }
+    }
+    return false;
+}
+
+/* load_elem<T> of ops-cuda.cu: element i of a row whose elements (q8_0: blocks) are
+ * stride bytes apart; ferry's type numbers (ferry.h): 0 f32, 1 f16, 4 q8_0. */
+static float load_elem(int type, const char * row, int64_t i, int64_t stride) {
+    uint16_t h;
+    if (type == 0) {
+        float f;
+        memcpy(&f, row + i * stride, 4);
+        return f;
+    }
+    if (type == 1) {
+        memcpy(&h, row + i * stride, 2);
+        return ferry_f16_to_f32(h);
+    }
+    const char * blk = row + (i / 32) * stride;
+    memcpy(&h, blk, 2);
+    return ferry_f16_to_f32(h) * (float) ((const int8_t *) (blk + 2))[i % 32];
+}
+
+#define FAKE_ATTN_MAX_D 2048 /* ATTN_MAX_HEAD_DIM of ops-cuda.cu */
+
+/* attn_decode_kernel<tk, tv> (ops-cuda.cu) as the device runs it: block (h, s); warp w of
+ * block / 32 takes cells w, w + warps, ... in order with an online softmax, lane l adds
+ * head elements l, l + 32, ... and a butterfly sums the lanes; then the warps combine in
+ * warp order. */
+static void run_attn(const op * o) {
+    const tview *q = &o->q, *k = &o->k, *v = &o->v;
+    const void * reads[5] = {q->data, k->data, v->data, o->len.data, o->dst};
+    bool ok = true;
+    for (int i = 0; i < 5; i++) {
+        ok = ok && open_alloc_of(reads[i], true);
+    }
+    const int64_t d = q->ne[0], n_kv = k->ne[1], warps = o->block / 32;
+    if (!ok || d > FAKE_ATTN_MAX_D || warps < 1 || warps > 32) {
+        sticky_error = cudaErrorIllegalAddress;
+    }
+    static float acc[32][FAKE_ATTN_MAX_D], qs[FAKE_ATTN_MAX_D];
+    for (uint64_t s = 0; s < o->grid_y && !sticky_error; s++) {
+        for (uint64_t h = 0; h < o->grid; h++) {
+            const int64_t hk = (int64_t) h / o->group;
+            for (int64_t i = 0; i < d; i++) {
+                qs[i] = load_elem(0, q->data + h * q->nb[1] + s * q->nb[3], i, q->nb[0]);
+            }
+            int32_t len32;
+            memcpy(&len32, o->len.data + s * o->len.nb[0], 4);
+            const int64_t n = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+            const char * kbase = k->data + hk * k->nb[2] + s * k->nb[3];
+            const char * vbase = v->data + hk * v->nb[2] + s * v->nb[3];
+            const int64_t v_cell = o->v_trans ? v->nb[0] : v->nb[1], v_chan = o->v_trans ? v->nb[1] : v->nb[0];
+            float wm[32], wl[32];
+            for (int64_t w = 0; w < warps; w++) {
+                float m = -INFINITY, l = 0.0f;
+                memset(acc[w], 0, (size_t) d * sizeof(float));
+                for (int64_t j = w; j < n; j += warps) {
+                    const char * krow = kbase + j * k->nb[1];
+                    float part[32];
+                    for (int lane = 0; lane < 32; lane++) {
+                        part[lane] = 0.0f;
+                        for (int64_t i = lane; i < d; i += 32) {
+                            part[lane] += qs[i] * load_elem(o->tk, krow, i, k->nb[0]);
+                        }
+                    }
+                    for (int off = 16; off > 0; off >>= 1) { /* __shfl_xor_sync: every lane adds its partner */
+                        float next[32];
+                        for (int lane = 0; lane < 32; lane++) {
+                            next[lane] = part[lane] + part[lane ^ off];
+                        }
+                        memcpy(part, next, sizeof(part));
+                    }
+                    const float sc = o->scale * part[0];
+                    const float m_new = fmaxf(m, sc);
+                    const float c = expf(m - m_new), p = expf(sc - m_new);
+                    l = l * c + p;
+                    const char * vrow = vbase + j * v_cell;
+                    for (int64_t i = 0; i < d; i++) {
+                        acc[w][i] = acc[w][i] * c + p * load_elem(o->tv, vrow, i, v_chan);
+                    }
+                    m = m_new;
+                }
+                wm[w] = m;
+                wl[w] = l;
+            }
+            float big = -INFINITY, sum = 0.0f;
+            for (int64_t w = 0; w < warps; w++) {
+                big = wl[w] > 0.0f ? fmaxf(big, wm[w]) : big;
+            }
+            for (int64_t w = 0; w < warps; w++) {
+                sum += wl[w] > 0.0f ? wl[w] * expf(wm[w] - big) : 0.0f;
+            }
+            for (int64_t i = 0; i < d; i++) {
+                float out = 0.0f;
+                for (int64_t w = 0; w < warps; w++) {
+                    out += wl[w] > 0.0f ? acc[w][i] * expf(wm[w] - big) : 0.0f;
+                }
+                out = n > 0 ? out / sum : 0.0f;
+                memcpy(o->dst + i * o->out_nb0 + h * o->out_nb1 + s * o->out_nb3, &out, 4);
+            }
+        }
+    }
+    for (int i = 0; i < 5; i++) {
+        open_alloc_of(reads[i], false);
+    }
+}
+
 /* gather_rows_kernel<L> (lib/src/cuda/copy-gather.cu) as the device runs it: block b takes
  * chunks b, b + grid, ...; thread t of a chunk moves 16-byte elements first + j * block,
  * j < L; element e is row e / w, column e % w. */
@@ -329,6 +456,9 @@ static void run_op(op * o) {
         break;
     case OP_DUP:
         run_dup(o);
+        break;
+    case OP_ATTN:
+        run_attn(o);
         break;
     case OP_HOLD: {
         const struct timespec ts = {(time_t) (o->ns / 1000000000u), (long) (o->ns % 1000000000u)};
@@ -854,11 +984,17 @@ cudaError_t __cudaGetKernel(cudaKernel_t * kernel, const void * fun) {
     return cudaSuccess;
 }
 
-/* L of gather_rows_kernel<L>, from the mangled name's template argument (ILi4E); 0 if none. */
-static unsigned template_int(const char * name) {
+/* The n-th (0, 1) integer template argument of a mangled name (ILi4E, ILi0ELi4EE); 0 if none. */
+static unsigned template_int_at(const char * name, int nth) {
     const char * a = strstr(name, "ILi");
+    for (int i = 0; a && i < nth; i++) {
+        a = strstr(a + 3, "Li");
+        a = a ? a - 1 : NULL; /* so that a + 3 is past "Li" as past "ILi" */
+    }
     return a ? (unsigned) strtoul(a + 3, NULL, 10) : 0;
 }
+
+static unsigned template_int(const char * name) { return template_int_at(name, 0); }
 
 cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void ** args, size_t shared,
                                cudaStream_t stream) {
@@ -879,6 +1015,13 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void 
         op o = {.kind = OP_DUP, .dsrc = *(tview *) args[0], .ddst = *(tview *) args[1], .mode = *(int *) args[2],
                 .n0 = *(int64_t *) args[3], .n = *(int64_t *) args[4], .unit = *(int64_t *) args[5],
                 .word = *(int64_t *) args[6], .grid = grid.x, .block = block.x};
+        err = push(s, o, NULL);
+    } else if (strstr(name, "attn_decode_kernel")) {
+        op o = {.kind = OP_ATTN, .q = *(tview *) args[0], .k = *(tview *) args[1], .v = *(tview *) args[2],
+                .len = *(tview *) args[3], .dst = *(char **) args[4], .out_nb0 = *(int64_t *) args[5],
+                .out_nb1 = *(int64_t *) args[6], .out_nb3 = *(int64_t *) args[7], .scale = *(float *) args[8],
+                .v_trans = *(int *) args[9], .group = *(int64_t *) args[10], .tk = (int) template_int_at(name, 0),
+                .tv = (int) template_int_at(name, 1), .grid = grid.x, .grid_y = grid.y, .block = block.x};
         err = push(s, o, NULL);
     } else if (strstr(name, "hold_kernel")) {
         err = push(s, (op) {.kind = OP_HOLD, .ns = *(unsigned long long *) args[0]}, NULL);
