@@ -729,6 +729,9 @@ ferry_status ferry_event_elapsed_ms(const ferry_event * start, const ferry_event
 /* Was CUDA compiled in, and is a device usable now? */
 bool         ferry_built_with_cuda(void);
 bool         ferry_cuda_available(void);
+/* True only in a test build linked against tests/fake-cudart (meson -Dfake_cudart=true):
+ * its "device" is host memory and its timings mean nothing. */
+bool         ferry_built_with_fake_cudart(void);
 const char * ferry_version(void);
 /* sizeof(ferry_tensor) as compiled, so the binding can check its cdef agrees. */
 size_t       ferry_sizeof_tensor(void);

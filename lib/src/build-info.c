@@ -14,6 +14,12 @@ bool ferry_built_with_cuda(void) { return false; }
 bool ferry_cuda_available(void) { return false; }
 #endif
 
+#ifdef FERRY_FAKE_CUDART
+bool ferry_built_with_fake_cudart(void) { return true; }
+#else
+bool ferry_built_with_fake_cudart(void) { return false; }
+#endif
+
 const char * ferry_version(void) { return FERRY_VERSION; }
 size_t ferry_sizeof_tensor(void) { return sizeof(ferry_tensor); }
 size_t ferry_sizeof_stats(void) { return sizeof(ferry_stats); }

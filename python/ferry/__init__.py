@@ -36,10 +36,12 @@ __version__ = ffi.string(lib.ferry_version()).decode()
 
 
 def build_info() -> Dict[str, Any]:
-    """What this build contains: version, whether CUDA was compiled in, the library's path."""
+    """What this build contains: version, whether CUDA was compiled in (and whether against the
+    test-only fake runtime, whose timings mean nothing), the library's path."""
     return {
         "version": __version__,
         "cuda": bool(lib.ferry_built_with_cuda()),
+        "fake_cudart": bool(lib.ferry_built_with_fake_cudart()),
         "library": LIB_PATH,
     }
 

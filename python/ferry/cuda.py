@@ -48,6 +48,14 @@ class CUDABackend(Backend):
         super().__init__(out[0])
 
     @property
+    def name(self) -> str:
+        """CUDA<device>; a build against the test-only fake runtime says so, so that no figure
+        from it passes for a GPU's."""
+        base = super().name
+        return base + " (fake CUDA runtime: host memory, timings mean nothing)" if lib.ferry_built_with_fake_cudart() \
+            else base
+
+    @property
     def device(self) -> int:
         out = ffi.new("int *")
         check(lib.ferry_cuda_backend_device(self._p, out))

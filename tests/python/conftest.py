@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import ferry
 
 SENTINEL = 0xA5
-
-# Under the fake CUDA runtime (tools/test's fake-cudart run, tests/fake-cudart) copies run
-# and kernels do not: the tests that launch one skip there.
-needs_kernels = pytest.mark.skipif(os.environ.get("FERRY_FAKE_CUDART") == "1",
-                                   reason="the fake CUDA runtime runs no kernels")
 
 
 def pattern(n: int, seed: int = 0) -> bytes:

@@ -18,6 +18,9 @@ def test_build_info() -> None:
     assert isinstance(ferry.cuda_available(), bool)
     if not info["cuda"]:
         assert ferry.cuda_available() is False
+    # tools/test sets FERRY_FAKE_CUDART=1 exactly when it runs against the fake runtime's build
+    assert info["fake_cudart"] is (os.environ.get("FERRY_FAKE_CUDART") == "1")
+    assert info["cuda"] or not info["fake_cudart"]
 
 
 def test_buffer_types_and_support() -> None:

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import needs_kernels
 
 CUDA = ferry.cuda_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
@@ -223,7 +222,6 @@ def test_standin_through_scheduler_every_policy_byte_identical(case: Case) -> No
 
 
 @needs_cuda
-@needs_kernels
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_cuda_matches_numpy_every_policy(case: Case) -> None:
     b = build(case)

@@ -260,3 +260,22 @@ def test_compact_split_memory_is_the_bytes_read() -> None:
     assert compact.bytes_copied == compact.bytes_read == plain.bytes_copied
     assert res.outputs_identical(2)
     assert "ranges+compact" in bench.format_result(res)
+
+
+@pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
+@pytest.mark.parametrize("type_kv", ["f16", "q8_0"])
+def test_cuda_split_bytes_are_exact_and_outputs_agree(type_kv: str) -> None:
+    """The same workload with the split on CUDA and the cache pinned: the bytes of every policy and
+    layout are the stand-in's, and the attention outputs agree across policies and caches."""
+    cfg = tiny(type_kv=type_kv, backend="cuda")
+    res = bench.run_bench(cfg)
+    assert res.split_name.startswith("CUDA") and res.cache_memory == "pinned host memory"
+    for npl in (2, 4):
+        want = expected_bytes(cfg, npl)
+        flat, ranges, plan = (res.row(npl, p) for p in ("flat", "ranges", "plan"))
+        assert flat.bytes_read == ranges.bytes_read == plan.bytes_read == want["read"]
+        assert flat.bytes_copied == want["span"] > ranges.bytes_copied == plan.bytes_copied == want["read"]
+        assert all(res.row(npl, p, True).bytes_copied == want["unified"] for p in ("flat", "ranges", "plan"))
+        assert res.outputs_identical(npl)
+    cpu = bench.run_bench(tiny(type_kv=type_kv, npl=(2,), policies=("ranges",), unified=False))
+    assert cpu.rows[0].bytes_copied == res.row(2, "ranges").bytes_copied

@@ -167,3 +167,11 @@ def test_hold_delays_queued_work_and_rejects_bad_input() -> None:
             cuda.hold(bad)
     with pytest.raises(ferry.InvalidArgumentError):
         cuda.hold("10")  # type: ignore[arg-type]
+
+
+@needs_device
+def test_a_fake_runtime_says_so_in_the_backend_name() -> None:
+    """What ferry bench and validate print as the split backend: never a fake passing for a GPU."""
+    name = ferry.CUDABackend(0).name
+    assert name.startswith("CUDA0")
+    assert ("fake CUDA runtime" in name) is ferry.build_info()["fake_cudart"]

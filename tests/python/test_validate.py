@@ -114,3 +114,12 @@ def test_compact_staging_keeps_the_hashes() -> None:
     assert res.identical and res.control_detected
     assert res.split_memory["ranges+compact"] < res.split_memory["ranges"]
     assert res.split_memory["plan+compact"] == res.split_memory["ranges+compact"]
+
+
+@pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
+def test_cuda_split_passes_the_gate(capsys: pytest.CaptureFixture[str]) -> None:
+    """The gate with the split on CUDA (the cache pinned): identical hashes, a detected control."""
+    assert main(["validate", "--backend", "cuda", "--json", "--sequences", "6", "--streams", "3"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["identical"] is True and got["control_detected"] is True
+    assert len(set(got["hashes"].values())) == 1
