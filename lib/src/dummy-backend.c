@@ -76,6 +76,8 @@ static ferry_status synthetic_clear(ferry_buffer * buf, uint8_t value) {
     return FERRY_OK;
 }
 
+bool ferry_buffer_is_synthetic(const ferry_buffer * buf) { return buf && buf->iface.get_base == synthetic_base; }
+
 static const struct ferry_buffer_i synthetic_iface = {
     .free_buffer = synthetic_free,
     .get_base = synthetic_base,

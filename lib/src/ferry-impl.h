@@ -105,6 +105,20 @@ ferry_status ferry_buffer_init(ferry_buffer_type * buft, struct ferry_buffer_i i
                                size_t size, ferry_buffer ** out);
 void ferry_stats_add(ferry_stats * s, ferry_xfer kind, uint64_t bytes, uint64_t impl_calls);
 
+/*
+ * Synthetic buffers (a dummy backend without real_memory) hand out addresses with nothing
+ * behind them; one that claims host memory (is_host) must still never be read or written
+ * through them. A pointer into a buffer may be given to another buffer's transfer only when
+ * the pair allows it: ptr_readable (the source of a set: host memory, synthetic only when
+ * the destination is synthetic too, whose set reads nothing) and ptr_writable (the target
+ * of a get: host memory, synthetic exactly when the source is, so that a synthetic get
+ * writes nothing and a real one never writes to a synthetic address). Copies that cannot
+ * go by pointer are staged, and what a synthetic source gives there is zeros.
+ */
+bool ferry_buffer_is_synthetic(const ferry_buffer * buf);
+bool ferry_buffer_ptr_readable(const ferry_buffer * src, const ferry_buffer * dst);
+bool ferry_buffer_ptr_writable(const ferry_buffer * dst, const ferry_buffer * src);
+
 /* Plain host memory buffers (the CPU buffer type, the dummy's real memory). */
 ferry_status ferry_host_buffer_new(ferry_buffer_type * buft, size_t size, size_t alignment, ferry_buffer ** out);
 /* A host buffer around memory allocated elsewhere (pinned memory); release frees base. */

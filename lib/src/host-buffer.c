@@ -65,7 +65,7 @@ static ferry_status host_get_2d(ferry_buffer * buf, const ferry_tensor * t, void
 
 static ferry_status host_cpy(ferry_buffer * buf, const ferry_tensor * src, ferry_tensor * dst) {
     (void) buf;
-    if (!ferry_buffer_is_host(ferry_tensor_buffer(src))) {
+    if (!ferry_buffer_ptr_readable(ferry_tensor_buffer(src), buf)) {
         return FERRY_ERR_UNSUPPORTED; /* no message: the caller falls back */
     }
     memcpy(ferry_tensor_data(dst), ferry_tensor_data(src), ferry_tensor_nbytes(src));

@@ -1,0 +1,99 @@
+/* Regressions found by fuzzing the Python API (tests/python/test_fuzz_api.py): bad or
+ * unusual input must fail with a status, never crash or compute the wrong thing. */
+#include "check.h"
+
+#include <stdint.h>
+
+/* A dummy backend with synthetic addresses that claims host memory (the dry runs' KV cache):
+ * its addresses must never be handed to memory that would read or write them. Copies out
+ * of it into real memory give zeros, CPU kernels refuse it, and the copy path stays away. */
+static void test_synthetic_host_never_dereferenced(void) {
+    ferry_dummy_params p = ferry_dummy_default_params();
+    p.is_host = true;
+    ferry_backend *host, *cpu, *standin;
+    CHECK_OK(ferry_dummy_backend_new(&p, &host));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[2] = {16, 4};
+    ferry_tensor *s, *c, *d, *out;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 2, ne, &s));
+    CHECK_OK(ferry_tensor_dup_layout(ctx, s, &c));
+    CHECK_OK(ferry_tensor_dup_layout(ctx, s, &d));
+    ferry_buffer *bs, *bc, *bd;
+    CHECK_OK(ferry_backend_alloc_buffer(host, 256, &bs));
+    CHECK_OK(ferry_backend_alloc_buffer(cpu, 256, &bc));
+    CHECK_OK(ferry_backend_alloc_buffer(standin, 256, &bd));
+    CHECK_OK(ferry_buffer_place_tensor(bs, s, 0));
+    CHECK_OK(ferry_buffer_place_tensor(bc, c, 0));
+    CHECK_OK(ferry_buffer_place_tensor(bd, d, 0));
+    uint8_t back[256];
+
+    /* flat copies out of synthetic memory: zeros, whichever side is host */
+    CHECK_OK(ferry_buffer_clear(bc, 0xA5));
+    CHECK_OK(ferry_tensor_copy(s, c));
+    CHECK_OK(ferry_tensor_get(c, back, 0, 256));
+    for (int i = 0; i < 256; i++) CHECK_EQ_U(back[i], 0);
+    CHECK_OK(ferry_buffer_clear(bd, 0xA5));
+    CHECK_OK(ferry_tensor_copy(s, d));
+    CHECK_OK(ferry_tensor_get(d, back, 0, 256));
+    for (int i = 0; i < 256; i++) CHECK_EQ_U(back[i], 0);
+    /* and into it: counted, nothing written anywhere */
+    CHECK_OK(ferry_tensor_copy(c, s));
+    CHECK_OK(ferry_backend_tensor_copy_async(standin, host, d, s));
+
+    /* the copy path under every policy, a strided view as the source */
+    ferry_tensor *v, *vd;
+    const int64_t ne_v[2] = {8, 4};
+    const size_t nb_v[2] = {4, 64};
+    CHECK_OK(ferry_tensor_view(ctx, s, 2, ne_v, nb_v, 0, &v));
+    CHECK_OK(ferry_tensor_dup_layout(ctx, v, &vd));
+    ferry_buffer * bvd;
+    CHECK_OK(ferry_backend_alloc_buffer(standin, 256, &bvd));
+    CHECK_OK(ferry_buffer_place_tensor(bvd, vd, 0));
+    for (int pol = 0; pol < FERRY_COPY_POLICY_COUNT; pol++) {
+        ferry_copy_stats st;
+        CHECK_OK(ferry_buffer_clear(bvd, 0xA5));
+        CHECK_OK(ferry_copy_input(standin, (ferry_copy_policy) pol, v, vd, &st));
+        CHECK_OK(ferry_tensor_get(vd, back, 0, ferry_tensor_nbytes(vd)));
+        for (int r = 0; r < 4; r++)
+            for (int i = 0; i < 32; i++) CHECK_EQ_U(back[r * 64 + i], 0);
+    }
+    ferry_tensor * sc;
+    CHECK_OK(ferry_tensor_compact_layout(ctx, v, &sc));
+    ferry_buffer * bsc;
+    CHECK_OK(ferry_backend_alloc_buffer(standin, 256, &bsc));
+    CHECK_OK(ferry_buffer_place_tensor(bsc, sc, 0));
+    CHECK(ferry_tensor_is_compact_of(sc, v));
+    CHECK_OK(ferry_copy_input(standin, FERRY_COPY_RANGES, v, sc, NULL));
+
+    /* the CPU kernels have nothing to read there */
+    CHECK_OK(ferry_dup(ctx, s, &out));
+    ferry_buffer * bo;
+    CHECK_OK(ferry_backend_alloc_buffer(cpu, 256, &bo));
+    CHECK_OK(ferry_buffer_place_tensor(bo, out, 0));
+    ferry_graph * g;
+    CHECK_OK(ferry_graph_new(&g));
+    CHECK_OK(ferry_graph_build(g, out));
+    CHECK_FAILS(ferry_backend_graph_compute(cpu, g), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_last_error(), "synthetic") != NULL);
+
+    ferry_graph_free(g);
+    ferry_buffer_free(bo);
+    ferry_buffer_free(bsc);
+    ferry_buffer_free(bvd);
+    ferry_buffer_free(bs);
+    ferry_buffer_free(bc);
+    ferry_buffer_free(bd);
+    ferry_context_free(ctx);
+    ferry_backend_free(host);
+    ferry_backend_free(cpu);
+    ferry_backend_free(standin);
+}
+
+static const check_test tests[] = {
+    {"synthetic_host_never_dereferenced", test_synthetic_host_never_dereferenced},
+};
+
+CHECK_MAIN(tests)
