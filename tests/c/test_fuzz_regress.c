@@ -92,8 +92,36 @@ static void test_synthetic_host_never_dereferenced(void) {
     ferry_backend_free(standin);
 }
 
+/* KV parameters whose product overflows: head_dim * n_head_kv wrapped (signed overflow) and
+ * gave a cache with empty rows; the layers' total size wrapped past SIZE_MAX. */
+static void test_kv_params_overflow(void) {
+    ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = (int64_t) 1 << 40,
+                         .n_head_kv = (int64_t) 1 << 40, .n_ctx = 1, .n_stream = 1, .n_layer = 1};
+    ferry_kv_cache * kv = NULL;
+    CHECK_FAILS(ferry_kv_cache_new(&p, NULL, &kv), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "n_head_kv") != NULL);
+    p.head_dim = (int64_t) 1 << 32;
+    p.n_head_kv = (int64_t) 1 << 31; /* n_embd 2^63: one more than INT64_MAX */
+    CHECK_FAILS(ferry_kv_cache_new(&p, NULL, &kv), FERRY_ERR_OUT_OF_BOUNDS);
+    /* each layer fits, all of them do not */
+    ferry_backend * dummy;
+    CHECK_OK(ferry_dummy_backend_new(NULL, &dummy));
+    p.head_dim = 1 << 20;
+    p.n_head_kv = 1 << 19;
+    p.n_ctx = (int64_t) 1 << 20; /* K and V of 2^61 bytes each */
+    p.n_layer = 4;
+    CHECK_FAILS(ferry_kv_cache_new(&p, ferry_backend_default_buffer_type(dummy), &kv), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "layers") != NULL);
+    p.n_layer = 1;
+    CHECK_OK(ferry_kv_cache_new(&p, ferry_backend_default_buffer_type(dummy), &kv));
+    CHECK_EQ_U(ferry_buffer_size(ferry_kv_cache_buffer(kv)), (size_t) 1 << 62);
+    ferry_kv_cache_free(kv);
+    ferry_backend_free(dummy);
+}
+
 static const check_test tests[] = {
     {"synthetic_host_never_dereferenced", test_synthetic_host_never_dereferenced},
+    {"kv_params_overflow", test_kv_params_overflow},
 };
 
 CHECK_MAIN(tests)
