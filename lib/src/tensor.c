@@ -68,7 +68,18 @@ void ferry_tensor_set_contiguous_strides(ferry_tensor * t) {
     }
 }
 
-/* Shapes must be non-negative, rows whole blocks, and the total byte size representable. */
+ferry_status ferry_check_element_count(const int64_t * ne, int n_dims, const char * what) {
+    int64_t n = 1;
+    for (int i = 0; i < n_dims; i++) {
+        if (__builtin_mul_overflow(n, ne[i], &n)) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: the shape's element count overflows", what);
+        }
+    }
+    return FERRY_OK;
+}
+
+/* Shapes must be non-negative, rows whole blocks, and the total byte size and element count
+ * representable (block types hold more values than bytes). */
 static ferry_status check_shape(ferry_type type, int n_dims, const int64_t * ne, const char * what) {
     FERRY_CHECK_ARG(ne, "%s: NULL shape", what);
     if (n_dims < 1 || n_dims > FERRY_MAX_DIMS) {
@@ -87,7 +98,7 @@ static ferry_status check_shape(ferry_type type, int n_dims, const int64_t * ne,
     if (total > (size_t) INT64_MAX) {
         return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: the shape's byte size overflows", what);
     }
-    return FERRY_OK;
+    return ferry_check_element_count(ne, n_dims, what);
 }
 
 ferry_status ferry_tensor_new(ferry_context * ctx, ferry_type type, int n_dims, const int64_t * ne,

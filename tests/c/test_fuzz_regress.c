@@ -119,9 +119,30 @@ static void test_kv_params_overflow(void) {
     ferry_backend_free(dummy);
 }
 
+/* Block types hold more values than bytes: a q4_0 shape within INT64_MAX bytes can have
+ * 2^63 values, and ferry_tensor_nelements overflowed (signed) to a negative count. */
+static void test_element_count_overflow(void) {
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *t, *a, *r;
+    const int64_t ne[2] = {(int64_t) 1 << 32, (int64_t) 1 << 31}; /* 2^63 values in 18 * 2^58 bytes */
+    CHECK_FAILS(ferry_tensor_new(ctx, FERRY_TYPE_Q4_0, 2, ne, &t), FERRY_ERR_OUT_OF_BOUNDS);
+    const int64_t half[2] = {(int64_t) 1 << 32, (int64_t) 1 << 30};
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_Q4_0, 2, half, &a));
+    CHECK(ferry_tensor_nelements(a) == (int64_t) 1 << 62);
+    CHECK_FAILS(ferry_tensor_reshape(ctx, a, 2, ne, &r), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_tensor_view(ctx, a, 2, ne, NULL, 0, &r), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_pad(ctx, a, 0, 1 << 30, 0, 0, &r), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_concat(ctx, a, a, 1, &r), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_OK(ferry_pad(ctx, a, 0, 1, 0, 0, &r));
+    CHECK(ferry_tensor_nelements(r) > 0);
+    ferry_context_free(ctx);
+}
+
 static const check_test tests[] = {
     {"synthetic_host_never_dereferenced", test_synthetic_host_never_dereferenced},
     {"kv_params_overflow", test_kv_params_overflow},
+    {"element_count_overflow", test_element_count_overflow},
 };
 
 CHECK_MAIN(tests)
