@@ -175,11 +175,40 @@ static void test_overlapping_host_copy(void) {
     ferry_backend_free(cpu);
 }
 
+/* Synthetic addresses are handed out upwards and never reused; after a few buffers of 2^62
+ * bytes the next one ran past the top of the address space, so a tensor placed in it had a
+ * data pointer that overflowed (undefined; UBSan stops there). Every buffer must lie whole
+ * below the top. */
+static void test_synthetic_addresses_never_wrap(void) {
+    ferry_backend * dummy;
+    CHECK_OK(ferry_dummy_backend_new(NULL, &dummy));
+    ferry_buffer_type * buft = ferry_backend_default_buffer_type(dummy);
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const size_t size = (size_t) 1 << 62;
+    ferry_buffer * bufs[8];
+    for (int i = 0; i < 8; i++) {
+        CHECK_OK(ferry_buffer_type_alloc_buffer(buft, size, &bufs[i]));
+        const uintptr_t base = (uintptr_t) ferry_buffer_base(bufs[i]);
+        CHECK(base != 0 && base % 64 == 0);
+        CHECK(base <= UINTPTR_MAX - size); /* the whole buffer lies below the top */
+        ferry_tensor * t;
+        const int64_t ne[1] = {16};
+        CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &t));
+        CHECK_OK(ferry_buffer_place_tensor(bufs[i], t, size - 64));
+        CHECK((uintptr_t) t->data == base + size - 64);
+    }
+    for (int i = 0; i < 8; i++) ferry_buffer_free(bufs[i]);
+    ferry_context_free(ctx);
+    ferry_backend_free(dummy);
+}
+
 static const check_test tests[] = {
     {"synthetic_host_never_dereferenced", test_synthetic_host_never_dereferenced},
     {"kv_params_overflow", test_kv_params_overflow},
     {"element_count_overflow", test_element_count_overflow},
     {"overlapping_host_copy", test_overlapping_host_copy},
+    {"synthetic_addresses_never_wrap", test_synthetic_addresses_never_wrap},
 };
 
 CHECK_MAIN(tests)
