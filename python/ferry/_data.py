@@ -11,7 +11,7 @@ from typing import Any, Union
 import numpy as np
 
 from ._binding import ffi
-from .errors import InvalidArgumentError, OutOfBoundsError
+from .errors import InvalidArgumentError, OutOfBoundsError, OutOfMemoryError
 
 BytesLike = Union[bytes, bytearray, memoryview, np.ndarray]
 
@@ -62,6 +62,15 @@ def writable(out: Any, what: str) -> CData:
         raise InvalidArgumentError(f"{what}: the output buffer is not contiguous")
     mv = mv.cast("B") if mv.nbytes else memoryview(bytearray())
     return CData(mv, ffi.from_buffer(mv, require_writable=True), mv.nbytes)
+
+
+def new_bytes(n: int, what: str) -> bytearray:
+    """n zeroed bytes for C to read into; OutOfMemoryError (not MemoryError or OverflowError) when
+    Python cannot hold them."""
+    try:
+        return bytearray(n)
+    except (MemoryError, OverflowError):
+        raise OutOfMemoryError(f"{what}: cannot allocate {n} bytes to read into") from None
 
 
 def extent_2d(size: int, n_copies: int, stride: int) -> int:

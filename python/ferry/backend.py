@@ -137,8 +137,10 @@ class Backend:
     def get_2d(self, tensor: "Tensor", offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None) -> bytes:
         """get_2d_async into new memory, synchronize(), and return it ((n_copies-1)*stride_data + size bytes)."""
+        t = _tensor(tensor, "get_2d")
         args = _args_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
-        out = bytearray(_data.extent_2d(args[1], args[2], args[4]))
+        t._check_read("tensor_get_2d_async", *args)
+        out = _data.new_bytes(_data.extent_2d(args[1], args[2], args[4]), "get_2d")
         self.get_2d_async(tensor, out, *args)
         self.synchronize()
         return bytes(out)

@@ -14,7 +14,7 @@ import numpy as np
 from . import _args, _data
 from ._binding import ffi, lib
 from ._handle import Handle
-from .errors import FreedBufferError, InvalidArgumentError, LayoutError, UnsupportedError, check
+from .errors import FreedBufferError, InvalidArgumentError, LayoutError, OutOfBoundsError, UnsupportedError, check
 from .types import Type, TypeLike, numpy_dtype, row_size, to_type, type_from_dtype
 
 if TYPE_CHECKING:
@@ -287,9 +287,29 @@ class Tensor:
         """size bytes from a byte offset (default: to the end of nbytes)."""
         off = _args.as_size(offset, "tensor_get: offset")
         n = max(self.nbytes - off, 0) if size is None else _args.as_size(size, "tensor_get: size")
-        out = bytearray(n)
+        self._check_read("tensor_get", off, n)
+        out = _data.new_bytes(n, "tensor_get")
         self.readinto(out, off)
         return bytes(out)
+
+    def _check_read(self, what: str, offset: int, size: int, n_copies: int = 1, stride: int = 0,
+                    stride_data: int = 0) -> None:
+        """C's checks of a read (ferry_check_transfer, then the 2-D strides), made before Python
+        allocates the output: a request C refuses must not first ask Python for its size in memory."""
+        check(lib.ferry_tensor_check_allocated(self._p))
+        if size > _args.INT64_MAX or offset > _args.INT64_MAX:
+            raise InvalidArgumentError(f"{what}: offset {offset} or size {size} is not a valid size")
+        nbytes = self.nbytes
+        if offset + (max(n_copies, 1) - 1) * stride + size <= nbytes:
+            if n_copies > 1 and (stride < size or stride_data < size):
+                raise LayoutError(f"{what}: strides (tensor {stride}, data {stride_data}) are smaller than the row "
+                                  f"of {size} bytes")
+            return
+        if n_copies > 1:
+            raise OutOfBoundsError(f"{what}: {n_copies} rows of {size} bytes at offset {offset}, stride {stride}, "
+                                   f"reach past the {nbytes} bytes of '{self.name}'")
+        raise OutOfBoundsError(f"{what}: {size} bytes at offset {offset} reach past the {nbytes} bytes of "
+                               f"'{self.name}'")
 
     def readinto(self, out: Any, offset: int = 0) -> None:
         """Fill out (a writable, contiguous buffer) from a byte offset."""
@@ -324,7 +344,9 @@ class Tensor:
 
         args = _args_2d("tensor_get_2d", offset, size, n_copies, stride_tensor, stride_data)
         need = _data.extent_2d(args[1], args[2], args[4])
-        target = bytearray(need) if out is None else out
+        if out is None:
+            self._check_read("tensor_get_2d", *args)
+        target = _data.new_bytes(need, "tensor_get_2d") if out is None else out
         d = _data.writable(target, "tensor_get_2d")
         d.need(need, "tensor_get_2d")
         check(lib.ferry_tensor_get_2d(self._p, d.ptr, *args))
@@ -344,7 +366,7 @@ class Tensor:
         if self.nelements == 0:
             self.get(0, 0)  # still refuses an unallocated or freed tensor
             return np.zeros(shape, dtype)
-        raw = bytearray(self.nbytes)
+        raw = _data.new_bytes(self.nbytes, "to_numpy")
         self.readinto(raw)
         if self.is_contiguous:
             return np.frombuffer(raw, dtype).reshape(shape)

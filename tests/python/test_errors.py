@@ -51,6 +51,30 @@ def test_get_out_of_bounds(t: ferry.Tensor) -> None:
     assert unchanged(t)
 
 
+def test_huge_reads_refused_before_python_allocates(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
+    """A read whose output Python would allocate first: a size past the tensor is its
+    OutOfBoundsError (not MemoryError or OverflowError from bytearray), and an output too
+    large to hold is an OutOfMemoryError."""
+    with pytest.raises(ferry.OutOfBoundsError, match=r"1099511627776 bytes at offset 0 reach past the 48 bytes"):
+        t.get(0, 2**40)
+    with pytest.raises(ferry.InvalidArgumentError, match="not a valid size"):
+        t.get(0, 2**63)
+    with pytest.raises(ferry.OutOfBoundsError, match=r"4294967296 rows of 4 bytes at offset 0, stride 4,"):
+        t.get_2d(0, 4, 2**32, 4, 16)
+    with pytest.raises(ferry.LayoutError, match=r"strides \(tensor 0, data 16\) are smaller than the row of 4"):
+        t.get_2d(0, 4, 2**32, 0, 16)
+    with pytest.raises(ferry.OutOfBoundsError, match="reach past"):
+        cpu.get_2d(t, 2**32, 8, 2**32, 39)
+    with pytest.raises(ferry.OutOfMemoryError, match="cannot allocate"):
+        t.get_2d(0, 4, 2, 4, 2**62)  # the rows fit the tensor; the packed output cannot exist
+    with pytest.raises(ferry.NotAllocatedError):
+        ferry.Tensor.new("f32", [4]).get(0, 2**40)
+    huge = ferry.DummyBackend().alloc_tensor("f32", [2**60])  # synthetic: 2^62 bytes of nothing
+    with pytest.raises(ferry.OutOfMemoryError, match="cannot allocate"):
+        huge.to_numpy()
+    assert unchanged(t) and t.get(0, 4) == bytes([SENTINEL]) * 4
+
+
 def test_2d_extent_out_of_bounds(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
     # rows at 0, 20, 40 of 10 bytes: the last ends at 50 > 48
     with pytest.raises(ferry.OutOfBoundsError, match=r"3 rows of 10 bytes at offset 0, stride 20"):
