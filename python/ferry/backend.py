@@ -245,9 +245,9 @@ class DummyBackend(Backend):
         params.alignment = _args.as_size(alignment, "DummyBackend: alignment")
         params.max_buffer_size = 0 if max_buffer_size is None else _args.as_size(
             max_buffer_size, "DummyBackend: max_buffer_size")
-        params.real_memory = bool(real_memory)
-        params.has_2d = bool(has_2d)
-        params.is_host = bool(is_host)
+        params.real_memory = _args.as_bool(real_memory, "DummyBackend: real_memory")
+        params.has_2d = _args.as_bool(has_2d, "DummyBackend: has_2d")
+        params.is_host = _args.as_bool(is_host, "DummyBackend: is_host")
         out = ffi.new("ferry_backend **")
         check(lib.ferry_dummy_backend_new(params, out))
         super().__init__(out[0])

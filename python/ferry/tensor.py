@@ -94,6 +94,10 @@ class Tensor:
     @classmethod
     def from_numpy(cls, backend: "Backend", array: Any, name: Optional[str] = None) -> "Tensor":
         """A tensor on backend holding array's values (float32, float16, int32); ne is array.shape reversed."""
+        from .backend import Backend
+
+        if not isinstance(backend, Backend):
+            raise InvalidArgumentError(f"from_numpy: expected a Backend, got {type(backend).__name__}")
         arr = np.asarray(array)
         ty = type_from_dtype(arr.dtype)
         if arr.ndim > 4:
@@ -123,7 +127,7 @@ class Tensor:
         if nb is None:
             strides = self._contiguous_strides(shape)
         else:
-            if isinstance(nb, (str, bytes)) or len(nb) != len(shape):
+            if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != len(shape):
                 raise InvalidArgumentError(f"view: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
             strides = [_args.as_size(v, f"view: nb[{i}]") for i, v in enumerate(nb)]
             if strides[0] != self.type.size:

@@ -309,3 +309,46 @@ def test_use_of_a_freed_buffer(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
     fresh.place(t)
     t.set(pattern(48))
     assert view.to_numpy().tobytes() == pattern(48)[4:12] + pattern(48)[20:28]
+
+
+# ------------------------------------------------------------ arguments of the wrong kind
+
+
+@pytest.mark.parametrize("call", [
+    lambda t, cpu: ferry.Tensor.new(-1, [4]),                      # cffi: negative enum -> OverflowError
+    lambda t, cpu: ferry.to_type(-7),
+    lambda t, cpu: ferry.row_size(-1, 4),
+    lambda t, cpu: ferry.ops.op_name(-1),
+    lambda t, cpu: t.view([4], 1.5),                               # len() of a float -> TypeError
+    lambda t, cpu: ferry.explain("f32", [4], None),
+    lambda t, cpu: ferry.Scheduler([cpu]).compute(None),            # AttributeError
+    lambda t, cpu: setattr(cpu.alloc_buffer(8), "usage", []),       # unhashable -> TypeError
+    lambda t, cpu: ferry.type_from_dtype("x"),                      # numpy's TypeError
+    lambda t, cpu: ferry.type_from_dtype(1.5),
+    lambda t, cpu: ferry.Tensor.from_numpy(None, np.zeros(2, np.float32)),  # AttributeError
+    lambda t, cpu: ferry.KVCache("f32", "f32", 4, 1, 8, 2, v_trans=np.zeros(3)),  # ambiguous truth value
+    lambda t, cpu: ferry.KVCache("f32", "f32", 4, 1, 8, 2, pinned=np.zeros(3)),
+    lambda t, cpu: ferry.KVCache("f32", "f32", 4, 1, 8, 2).set_stream(np.zeros(3), 0, 0, b""),
+    lambda t, cpu: ferry.Scheduler(np.zeros(3)),
+    lambda t, cpu: ferry.cost_model(np.zeros(3)),
+    lambda t, cpu: ferry.flat_cost(4, np.zeros(3)),
+    lambda t, cpu: ferry.DummyBackend(real_memory=np.zeros(3)),
+    lambda t, cpu: cpu.event(timing=np.zeros(3)),
+])
+def test_wrong_kinds_of_argument(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
+    """Found by test_fuzz_api's type confusion: each raised TypeError, ValueError, AttributeError
+    or OverflowError from cffi or numpy instead of a FerryError."""
+    with pytest.raises(ferry.FerryError):
+        call(t, cpu)
+    assert unchanged(t)
+
+
+def test_unknown_type_numbers_keep_c_messages() -> None:
+    with pytest.raises(ferry.UnknownTypeError, match="unknown type -1"):
+        ferry.to_type(-1)
+    with pytest.raises(ferry.UnknownTypeError, match="unknown type 99"):
+        ferry.to_type(99)
+    with pytest.raises(ferry.InvalidArgumentError, match="unknown op -3"):
+        ferry.ops.op_name(-3)
+    assert ferry.to_type(5) == ferry.Type.Q4_0 and ferry.ops.op_name(5) == "add"
+    assert ferry.KVCache("f32", "f32", 4, 1, 8, 2, v_trans=np.bool_(True)).params.v_trans
