@@ -170,11 +170,11 @@ class KVCache:
         """Fill one stream of layer's K ("k") or V ("v") with exactly its bytes (a numpy array shaped
         [kv_size, n_embd_gqa] of the cache's dtype, or raw bytes for quantized types)."""
         t, offset, size = self._stream_of(which, layer, stream)
-        d = _data.readable(data, "kv set_stream")
-        if d.nbytes != size:
-            raise OutOfBoundsError(f"kv set_stream: a stream of {which.upper()} holds {size} bytes, "
-                                   f"the data {d.nbytes}")
-        t.set(d.obj, offset)
+        with _data.readable(data, "kv set_stream") as d:
+            if d.nbytes != size:
+                raise OutOfBoundsError(f"kv set_stream: a stream of {which.upper()} holds {size} bytes, "
+                                       f"the data {d.nbytes}")
+            t.set(d.obj, offset)
 
     def get_stream(self, which: str, layer: int, stream: int) -> bytes:
         """The bytes of one stream of layer's K or V."""

@@ -284,8 +284,8 @@ class Tensor:
 
     def set(self, data: _data.BytesLike, offset: int = 0) -> None:
         """Write all of data (bytes-like or numpy array) at a byte offset."""
-        d = _data.readable(data, "tensor_set")
-        check(lib.ferry_tensor_set(self._p, d.ptr, _args.as_size(offset, "tensor_set: offset"), d.nbytes))
+        with _data.readable(data, "tensor_set") as d:
+            check(lib.ferry_tensor_set(self._p, d.ptr, _args.as_size(offset, "tensor_set: offset"), d.nbytes))
 
     def get(self, offset: int = 0, size: Optional[int] = None) -> bytes:
         """size bytes from a byte offset (default: to the end of nbytes)."""
@@ -317,8 +317,8 @@ class Tensor:
 
     def readinto(self, out: Any, offset: int = 0) -> None:
         """Fill out (a writable, contiguous buffer) from a byte offset."""
-        d = _data.writable(out, "tensor_get")
-        check(lib.ferry_tensor_get(self._p, d.ptr, _args.as_size(offset, "tensor_get: offset"), d.nbytes))
+        with _data.writable(out, "tensor_get") as d:
+            check(lib.ferry_tensor_get(self._p, d.ptr, _args.as_size(offset, "tensor_get: offset"), d.nbytes))
 
     def memset(self, value: int, offset: int = 0, size: Optional[int] = None) -> None:
         """Set size bytes from offset (default: to the end) to value (0..255)."""
@@ -336,9 +336,9 @@ class Tensor:
         from .backend import _args_2d
 
         args = _args_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
-        d = _data.readable(data, "tensor_set_2d")
-        d.need(_data.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
-        check(lib.ferry_tensor_set_2d(self._p, d.ptr, *args))
+        with _data.readable(data, "tensor_set_2d") as d:
+            d.need(_data.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
+            check(lib.ferry_tensor_set_2d(self._p, d.ptr, *args))
 
     def get_2d(self, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None, out: Any = None) -> Optional[bytes]:
@@ -351,9 +351,9 @@ class Tensor:
         if out is None:
             self._check_read("tensor_get_2d", *args)
         target = _data.new_bytes(need, "tensor_get_2d") if out is None else out
-        d = _data.writable(target, "tensor_get_2d")
-        d.need(need, "tensor_get_2d")
-        check(lib.ferry_tensor_get_2d(self._p, d.ptr, *args))
+        with _data.writable(target, "tensor_get_2d") as d:
+            d.need(need, "tensor_get_2d")
+            check(lib.ferry_tensor_get_2d(self._p, d.ptr, *args))
         return bytes(target) if out is None else None
 
     def copy_to(self, dst: "Tensor") -> None:
