@@ -50,7 +50,8 @@ const ferry_tensor * ferry_tensor_root(const ferry_tensor * t);
 /* Refresh a view's data and buffer from its source; returns the data pointer or NULL. */
 void * ferry_tensor_data(const ferry_tensor * t);
 ferry_buffer * ferry_tensor_buffer(const ferry_tensor * t);
-/* OUT_OF_BOUNDS unless the product of ne[0..n_dims-1] (non-negative) fits an int64_t. */
+/* OUT_OF_BOUNDS unless the products of ne[0..n_dims-1] and of ne[1..n_dims-1] (non-negative;
+ * elements and rows) fit an int64_t, multiplied left to right. */
 ferry_status ferry_check_element_count(const int64_t * ne, int n_dims, const char * what);
 /* A new tensor in ctx with everything zeroed but type; for op constructors. */
 ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, ferry_tensor ** out);

@@ -203,12 +203,37 @@ static void test_synthetic_addresses_never_wrap(void) {
     ferry_backend_free(dummy);
 }
 
+/* Shapes at the edge of int64: nbytes of a block-type row of 2^62 values multiplied ne[0] by
+ * the block size before dividing (it wrapped: 2^58 bytes instead of 34 * 2^57), and an empty
+ * shape whose other dimensions multiply past INT64_MAX had nrows (and nelements, multiplied
+ * left to right) overflow. */
+static void test_huge_shapes_metadata(void) {
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor * t;
+    const int64_t row[1] = {(int64_t) 1 << 62};
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_Q8_0, 1, row, &t));
+    CHECK_EQ_U(ferry_tensor_nbytes(t), (size_t) 34 << 57);
+    CHECK_EQ_U(t->nb[1], (size_t) 34 << 57);
+    const int64_t empty_rows[3] = {0, (int64_t) 1 << 31, (int64_t) 1 << 32};
+    CHECK_FAILS(ferry_tensor_new(ctx, FERRY_TYPE_F32, 3, empty_rows, &t), FERRY_ERR_OUT_OF_BOUNDS);
+    const int64_t empty_last[3] = {(int64_t) 1 << 32, (int64_t) 1 << 32, 0};
+    CHECK_FAILS(ferry_tensor_new(ctx, FERRY_TYPE_F32, 3, empty_last, &t), FERRY_ERR_OUT_OF_BOUNDS);
+    const int64_t empty_ok[3] = {0, (int64_t) 1 << 31, (int64_t) 1 << 31};
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 3, empty_ok, &t));
+    CHECK(ferry_tensor_nrows(t) == (int64_t) 1 << 62 && ferry_tensor_nelements(t) == 0);
+    ferry_tensor * p;
+    CHECK_FAILS(ferry_pad(ctx, t, 0, INT32_MAX, 1 << 30, 0, &p), FERRY_ERR_OUT_OF_BOUNDS); /* rows past INT64_MAX */
+    ferry_context_free(ctx);
+}
+
 static const check_test tests[] = {
     {"synthetic_host_never_dereferenced", test_synthetic_host_never_dereferenced},
     {"kv_params_overflow", test_kv_params_overflow},
     {"element_count_overflow", test_element_count_overflow},
     {"overlapping_host_copy", test_overlapping_host_copy},
     {"synthetic_addresses_never_wrap", test_synthetic_addresses_never_wrap},
+    {"huge_shapes_metadata", test_huge_shapes_metadata},
 };
 
 CHECK_MAIN(tests)
