@@ -148,6 +148,14 @@ void * ferry_buffer_base(const ferry_buffer * buf) { return buf ? buf->iface.get
 size_t ferry_buffer_size(const ferry_buffer * buf) { return buf ? buf->size : 0; }
 ferry_buffer_type * ferry_buffer_get_type(const ferry_buffer * buf) { return buf ? buf->buft : NULL; }
 bool ferry_buffer_is_host(const ferry_buffer * buf) { return buf && ferry_buffer_type_is_host(buf->buft); }
+
+bool ferry_buffer_ptr_readable(const ferry_buffer * src, const ferry_buffer * dst) {
+    return ferry_buffer_is_host(src) && (!ferry_buffer_is_synthetic(src) || ferry_buffer_is_synthetic(dst));
+}
+
+bool ferry_buffer_ptr_writable(const ferry_buffer * dst, const ferry_buffer * src) {
+    return ferry_buffer_is_host(dst) && ferry_buffer_is_synthetic(dst) == ferry_buffer_is_synthetic(src);
+}
 uint64_t ferry_buffer_id(const ferry_buffer * buf) { return buf ? buf->id : 0; }
 
 ferry_status ferry_buffer_set_usage(ferry_buffer * buf, ferry_buffer_usage usage) {

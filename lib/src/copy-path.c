@@ -130,7 +130,9 @@ ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backen
 static ferry_status copy_planned(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst,
                                  const ferry_copy_2d * copies, size_t n) {
     const char * src_data = ferry_tensor_data(src);
-    if (ferry_buffer_is_host(ferry_tensor_buffer(src))) {
+    const ferry_buffer * src_buf = ferry_tensor_buffer(src);
+    const ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
+    if (ferry_buffer_ptr_readable(src_buf, dst_buf)) {
         for (size_t i = 0; i < n; i++) {
             const ferry_copy_2d * c = &copies[i];
             FERRY_TRY(ferry_backend_tensor_set_2d_async(backend, dst, src_data + c->offset, c->offset, c->size,
@@ -138,7 +140,7 @@ static ferry_status copy_planned(ferry_backend * backend, const ferry_tensor * s
         }
         return FERRY_OK;
     }
-    if (ferry_buffer_is_host(ferry_tensor_buffer(dst))) {
+    if (ferry_buffer_ptr_writable(dst_buf, src_buf)) {
         char * dst_data = ferry_tensor_data(dst);
         for (size_t i = 0; i < n; i++) {
             const ferry_copy_2d * c = &copies[i];
@@ -151,7 +153,7 @@ static ferry_status copy_planned(ferry_backend * backend, const ferry_tensor * s
     for (size_t i = 0; i < n; i++) {
         largest = copies[i].size * copies[i].count > largest ? copies[i].size * copies[i].count : largest;
     }
-    char * staging = malloc(largest ? largest : 1);
+    char * staging = calloc(largest ? largest : 1, 1); /* zeroed: a synthetic source writes nothing */
     if (!staging) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "copy plan: cannot stage %zu bytes", largest);
     }
@@ -255,12 +257,12 @@ bool ferry_tensor_is_compact_of(const ferry_tensor * dst, const ferry_tensor * s
 static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst) {
     ferry_copy_2d c;
     single_copy_of(src, &c);
-    if (ferry_buffer_is_host(ferry_tensor_buffer(src))) {
+    if (ferry_buffer_ptr_readable(ferry_tensor_buffer(src), ferry_tensor_buffer(dst))) {
         return ferry_backend_tensor_set_2d_async(backend, dst, (const char *) ferry_tensor_data(src) + c.offset, 0,
                                                  c.size, c.count, c.size, c.stride);
     }
     const size_t bytes = c.size * c.count;
-    char * staging = malloc(bytes ? bytes : 1);
+    char * staging = calloc(bytes ? bytes : 1, 1); /* zeroed: a synthetic source writes nothing */
     if (!staging) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "compact copy: cannot stage %zu bytes", bytes);
     }
@@ -318,7 +320,7 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
         path = FERRY_COPY_PLAN;
     } else if (policy == FERRY_COPY_PLAN) {
         FERRY_TRY(copy_by_plan(split_backend, src, dst, &path, &read));
-    } else if (policy == FERRY_COPY_RANGES && ferry_buffer_is_host(ferry_tensor_buffer(src)) &&
+    } else if (policy == FERRY_COPY_RANGES && ferry_buffer_ptr_readable(ferry_tensor_buffer(src), dst_buf) &&
                ferry_copy_ranges_of(src, &r) && r.count > 1) {
         /* Same layout on both sides: each range lands at its own offset, gaps untouched. */
         FERRY_TRY(ferry_backend_tensor_set_2d_async(split_backend, dst, (const char *) ferry_tensor_data(src) + r.offset,

@@ -16,8 +16,22 @@ typedef struct {
     char name[48];
 } dummy_ctx;
 
-/* Synthetic bases: far apart, never dereferenced, never NULL. */
-static _Atomic uintptr_t next_synthetic = (uintptr_t) 1 << 40;
+/* Synthetic bases: far apart, never dereferenced, never NULL, and each buffer whole below
+ * the top of the address space, so its tensors' data pointers never overflow. They go
+ * upwards; when the next buffer would not fit they start again from the first: nothing
+ * reads them, so a reused one only looks like an old buffer's. */
+#define SYNTHETIC_FIRST ((uintptr_t) 1 << 40)
+static _Atomic uintptr_t next_synthetic = SYNTHETIC_FIRST;
+
+static uintptr_t synthetic_base(size_t size) {
+    const uintptr_t gib = (uintptr_t) 1 << 30;
+    const uintptr_t step = ((uintptr_t) size + gib) & ~(gib - 1); /* size <= INT64_MAX: no overflow */
+    uintptr_t seen = atomic_load(&next_synthetic), base;
+    do {
+        base = seen <= UINTPTR_MAX - step - gib ? seen : SYNTHETIC_FIRST;
+    } while (!atomic_compare_exchange_weak(&next_synthetic, &seen, base + step + gib));
+    return base;
+}
 
 static const char * dummy_buft_name(const ferry_buffer_type * buft) {
     return ((const dummy_ctx *) buft->context)->name;
@@ -39,7 +53,7 @@ static bool dummy_buft_is_host(const ferry_buffer_type * buft) {
 /* ---------------------------------------------------------------- synthetic buffers */
 
 static void synthetic_free(ferry_buffer * buf) { (void) buf; }
-static void * synthetic_base(const ferry_buffer * buf) { return buf->context; }
+static void * synthetic_get_base(const ferry_buffer * buf) { return buf->context; }
 
 static ferry_status synthetic_memset(ferry_buffer * buf, ferry_tensor * t, uint8_t value, size_t offset, size_t size) {
     (void) buf, (void) t, (void) value, (void) offset, (void) size;
@@ -76,9 +90,11 @@ static ferry_status synthetic_clear(ferry_buffer * buf, uint8_t value) {
     return FERRY_OK;
 }
 
+bool ferry_buffer_is_synthetic(const ferry_buffer * buf) { return buf && buf->iface.get_base == synthetic_get_base; }
+
 static const struct ferry_buffer_i synthetic_iface = {
     .free_buffer = synthetic_free,
-    .get_base = synthetic_base,
+    .get_base = synthetic_get_base,
     .memset_tensor = synthetic_memset,
     .set_tensor = synthetic_set,
     .get_tensor = synthetic_get,
@@ -93,9 +109,7 @@ static ferry_status dummy_buft_alloc(ferry_buffer_type * buft, size_t size, ferr
     if (ctx->params.real_memory) {
         st = ferry_host_buffer_new(buft, size, ctx->params.alignment, out);
     } else {
-        const uintptr_t step = ((uintptr_t) size + ((uintptr_t) 1 << 30)) & ~(((uintptr_t) 1 << 30) - 1);
-        const uintptr_t base = atomic_fetch_add(&next_synthetic, step + ((uintptr_t) 1 << 30));
-        st = ferry_buffer_init(buft, synthetic_iface, (void *) base, size, out);
+        st = ferry_buffer_init(buft, synthetic_iface, (void *) synthetic_base(size), size, out);
     }
     if (st == FERRY_OK && !ctx->params.has_2d) {
         (*out)->iface.set_tensor_2d = NULL;

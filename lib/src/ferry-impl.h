@@ -50,6 +50,9 @@ const ferry_tensor * ferry_tensor_root(const ferry_tensor * t);
 /* Refresh a view's data and buffer from its source; returns the data pointer or NULL. */
 void * ferry_tensor_data(const ferry_tensor * t);
 ferry_buffer * ferry_tensor_buffer(const ferry_tensor * t);
+/* OUT_OF_BOUNDS unless the products of ne[0..n_dims-1] and of ne[1..n_dims-1] (non-negative;
+ * elements and rows) fit an int64_t, multiplied left to right. */
+ferry_status ferry_check_element_count(const int64_t * ne, int n_dims, const char * what);
 /* A new tensor in ctx with everything zeroed but type; for op constructors. */
 ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, ferry_tensor ** out);
 void ferry_tensor_set_contiguous_strides(ferry_tensor * t);
@@ -104,6 +107,20 @@ struct ferry_buffer {
 ferry_status ferry_buffer_init(ferry_buffer_type * buft, struct ferry_buffer_i iface, void * context,
                                size_t size, ferry_buffer ** out);
 void ferry_stats_add(ferry_stats * s, ferry_xfer kind, uint64_t bytes, uint64_t impl_calls);
+
+/*
+ * Synthetic buffers (a dummy backend without real_memory) hand out addresses with nothing
+ * behind them; one that claims host memory (is_host) must still never be read or written
+ * through them. A pointer into a buffer may be given to another buffer's transfer only when
+ * the pair allows it: ptr_readable (the source of a set: host memory, synthetic only when
+ * the destination is synthetic too, whose set reads nothing) and ptr_writable (the target
+ * of a get: host memory, synthetic exactly when the source is, so that a synthetic get
+ * writes nothing and a real one never writes to a synthetic address). Copies that cannot
+ * go by pointer are staged, and what a synthetic source gives there is zeros.
+ */
+bool ferry_buffer_is_synthetic(const ferry_buffer * buf);
+bool ferry_buffer_ptr_readable(const ferry_buffer * src, const ferry_buffer * dst);
+bool ferry_buffer_ptr_writable(const ferry_buffer * dst, const ferry_buffer * src);
 
 /* Plain host memory buffers (the CPU buffer type, the dummy's real memory). */
 ferry_status ferry_host_buffer_new(ferry_buffer_type * buft, size_t size, size_t alignment, ferry_buffer ** out);

@@ -1,4 +1,6 @@
-/* Buffers backed by plain host memory: the CPU buffer type and the dummy's real memory. */
+/* Buffers backed by plain host memory: the CPU buffer type and the dummy's real memory.
+ * Transfers use memmove: the caller's memory may be this buffer's own (a copy between two
+ * views of one tensor that overlap), where memcpy would be undefined. */
 #include "ferry-impl.h"
 
 #include <stdlib.h>
@@ -31,13 +33,13 @@ static ferry_status host_memset(ferry_buffer * buf, ferry_tensor * t, uint8_t va
 
 static ferry_status host_set(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset, size_t size) {
     (void) buf;
-    memcpy(at(t, offset), data, size);
+    memmove(at(t, offset), data, size);
     return FERRY_OK;
 }
 
 static ferry_status host_get(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset, size_t size) {
     (void) buf;
-    memcpy(data, at(t, offset), size);
+    memmove(data, at(t, offset), size);
     return FERRY_OK;
 }
 
@@ -47,7 +49,7 @@ static ferry_status host_set_2d(ferry_buffer * buf, ferry_tensor * t, const void
     char * dst = at(t, offset);
     const char * src = data;
     for (size_t i = 0; i < n_copies; i++) {
-        memcpy(dst + i * stride_tensor, src + i * stride_data, size);
+        memmove(dst + i * stride_tensor, src + i * stride_data, size);
     }
     return FERRY_OK;
 }
@@ -58,17 +60,17 @@ static ferry_status host_get_2d(ferry_buffer * buf, const ferry_tensor * t, void
     const char * src = at(t, offset);
     char * dst = data;
     for (size_t i = 0; i < n_copies; i++) {
-        memcpy(dst + i * stride_data, src + i * stride_tensor, size);
+        memmove(dst + i * stride_data, src + i * stride_tensor, size);
     }
     return FERRY_OK;
 }
 
 static ferry_status host_cpy(ferry_buffer * buf, const ferry_tensor * src, ferry_tensor * dst) {
     (void) buf;
-    if (!ferry_buffer_is_host(ferry_tensor_buffer(src))) {
+    if (!ferry_buffer_ptr_readable(ferry_tensor_buffer(src), buf)) {
         return FERRY_ERR_UNSUPPORTED; /* no message: the caller falls back */
     }
-    memcpy(ferry_tensor_data(dst), ferry_tensor_data(src), ferry_tensor_nbytes(src));
+    memmove(ferry_tensor_data(dst), ferry_tensor_data(src), ferry_tensor_nbytes(src));
     return FERRY_OK;
 }
 

@@ -21,6 +21,10 @@ static ferry_status check_params(const ferry_kv_params * p) {
     if (p->head_dim <= 0 || p->n_head_kv <= 0 || p->n_ctx <= 0 || p->n_stream <= 0 || p->n_layer <= 0) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_cache: head_dim, n_head_kv, n_ctx, n_stream, n_layer must be positive");
     }
+    if (p->head_dim > INT64_MAX / p->n_head_kv) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache: head_dim %lld x n_head_kv %lld overflows",
+                          (long long) p->head_dim, (long long) p->n_head_kv);
+    }
     if (p->n_ctx % p->n_stream != 0) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_cache: n_ctx %lld does not split into %lld equal streams",
                           (long long) p->n_ctx, (long long) p->n_stream);
@@ -59,7 +63,12 @@ static ferry_status allocate(ferry_kv_cache * kv, ferry_buffer_type * buft) {
     for (int32_t l = 0; l < kv->params.n_layer; l++) {
         ferry_tensor * pair[2] = {kv->k[l], kv->v[l]};
         for (int i = 0; i < 2; i++) {
-            total += (ferry_buffer_type_alloc_size(buft, pair[i]) + align - 1) / align * align;
+            const size_t size = ferry_buffer_type_alloc_size(buft, pair[i]);
+            size_t rounded;
+            if (!ferry_add_ok(size, align - 1, &rounded) || !ferry_add_ok(total, rounded / align * align, &total)) {
+                return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache: %d layers of K and V overflow a buffer's size",
+                                  kv->params.n_layer);
+            }
         }
     }
     FERRY_TRY(ferry_buffer_type_alloc_buffer(buft, total, &kv->buffer));

@@ -176,6 +176,14 @@ ferry_status ferry_cpu_compute_node(ferry_tensor * node) {
                           ferry_op_name(node->op) ? ferry_op_name(node->op) : "?",
                           ferry_type_name(node->type), node->name);
     }
+    for (int i = -1; i < FERRY_MAX_SRC; i++) {
+        const ferry_tensor * t = i < 0 ? node : node->src[i];
+        if (t && ferry_buffer_is_synthetic(ferry_tensor_buffer(t))) {
+            return ferry_fail(FERRY_ERR_UNSUPPORTED,
+                              "compute: '%s' lies in synthetic memory (a dummy backend without real memory): "
+                              "the CPU kernels have nothing to read or write there", t->name);
+        }
+    }
     ferry_tensor_data(node);
     for (int i = 0; i < FERRY_MAX_SRC; i++) {
         if (node->src[i]) {

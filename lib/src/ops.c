@@ -36,6 +36,7 @@ static ferry_status new_result(ferry_context * ctx, ferry_type type, const int64
             return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: the result's byte size overflows", ferry_op_name(op));
         }
     }
+    FERRY_TRY(ferry_check_element_count(ne, FERRY_MAX_DIMS, ferry_op_name(op)));
     ferry_tensor * t;
     FERRY_TRY(ferry_tensor_alloc_struct(ctx, type, &t));
     memcpy(t->ne, ne, sizeof(t->ne));

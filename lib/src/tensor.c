@@ -68,7 +68,19 @@ void ferry_tensor_set_contiguous_strides(ferry_tensor * t) {
     }
 }
 
-/* Shapes must be non-negative, rows whole blocks, and the total byte size representable. */
+ferry_status ferry_check_element_count(const int64_t * ne, int n_dims, const char * what) {
+    /* in the order ferry_tensor_nelements and _nrows multiply, so neither can overflow */
+    int64_t n = 1, rows = 1;
+    for (int i = 0; i < n_dims; i++) {
+        if (__builtin_mul_overflow(n, ne[i], &n) || (i > 0 && __builtin_mul_overflow(rows, ne[i], &rows))) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: the shape's element count overflows", what);
+        }
+    }
+    return FERRY_OK;
+}
+
+/* Shapes must be non-negative, rows whole blocks, and the total byte size and element count
+ * representable (block types hold more values than bytes). */
 static ferry_status check_shape(ferry_type type, int n_dims, const int64_t * ne, const char * what) {
     FERRY_CHECK_ARG(ne, "%s: NULL shape", what);
     if (n_dims < 1 || n_dims > FERRY_MAX_DIMS) {
@@ -87,7 +99,7 @@ static ferry_status check_shape(ferry_type type, int n_dims, const int64_t * ne,
     if (total > (size_t) INT64_MAX) {
         return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: the shape's byte size overflows", what);
     }
-    return FERRY_OK;
+    return ferry_check_element_count(ne, n_dims, what);
 }
 
 ferry_status ferry_tensor_new(ferry_context * ctx, ferry_type type, int n_dims, const int64_t * ne,
@@ -164,7 +176,8 @@ size_t ferry_tensor_nbytes(const ferry_tensor * t) {
             nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
         }
     } else {
-        nbytes = (size_t) t->ne[0] * t->nb[0] / (size_t) blck;
+        /* ggml's ne[0] * nb[0] / blck, in two parts so that the product cannot wrap */
+        nbytes = (size_t) (t->ne[0] / blck) * t->nb[0] + (size_t) (t->ne[0] % blck) * t->nb[0] / (size_t) blck;
         for (int i = 1; i < FERRY_MAX_DIMS; i++) {
             nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
         }

@@ -130,10 +130,10 @@ ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst) {
     const size_t nbytes = ferry_tensor_nbytes(src);
     ferry_buffer * src_buf = ferry_tensor_buffer(src);
     ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
-    if (ferry_buffer_is_host(src_buf)) {
+    if (ferry_buffer_ptr_readable(src_buf, dst_buf)) {
         return ferry_tensor_set(dst, ferry_tensor_data(src), 0, nbytes);
     }
-    if (ferry_buffer_is_host(dst_buf)) {
+    if (ferry_buffer_ptr_writable(dst_buf, src_buf)) {
         return ferry_tensor_get(src, ferry_tensor_data(dst), 0, nbytes);
     }
     if (dst_buf->iface.cpy_tensor) {
@@ -146,8 +146,9 @@ ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst) {
             return st;
         }
     }
-    /* Neither side is host memory and the buffers cannot copy: stage through the host. */
-    void * staging = malloc(nbytes ? nbytes : 1);
+    /* Neither side's memory can go by pointer and the buffers cannot copy: stage through the
+     * host (zeroed: a synthetic source writes nothing into it). */
+    void * staging = calloc(nbytes ? nbytes : 1, 1);
     if (!staging) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor_copy: cannot stage %zu bytes", nbytes);
     }

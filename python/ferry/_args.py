@@ -10,6 +10,8 @@ from __future__ import annotations
 import operator
 from typing import List, Sequence
 
+import numpy as np
+
 from .errors import InvalidArgumentError
 
 SIZE_MAX = 2**64 - 1
@@ -27,6 +29,13 @@ def as_int(value: object, what: str) -> int:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise InvalidArgumentError(f"{what}: expected an integer, got {type(value).__name__} {value!r}") from None
+
+
+def as_bool(value: object, what: str) -> bool:
+    """A bool argument: True or False (numpy's too), not any object Python would call truthy."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise InvalidArgumentError(f"{what}: expected a bool, got {type(value).__name__} {value!r}")
 
 
 def as_size(value: object, what: str) -> int:

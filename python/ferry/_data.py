@@ -2,6 +2,13 @@
 
 C cannot know how long a foreign pointer's memory is, so every transfer checks here
 that the Python object holds what C will read or write.
+
+The pointer is cffi's export of a memoryview, and it is given back (release(), or the
+with-block's end) as soon as C is done with it: after a blocking call, failed or not, and
+for async transfers at synchronize. An export left alive must never reach the cyclic
+garbage collector: a failed call's traceback kept in a reference cycle (a frame holding its
+own exception) would take it there, and the collector clears a memoryview while cffi still
+holds it, which crashes the interpreter.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from typing import Any, Union
 import numpy as np
 
 from ._binding import ffi
-from .errors import InvalidArgumentError, OutOfBoundsError
+from .errors import InvalidArgumentError, OutOfBoundsError, OutOfMemoryError
 
 BytesLike = Union[bytes, bytearray, memoryview, np.ndarray]
 
@@ -19,15 +26,29 @@ BytesLike = Union[bytes, bytearray, memoryview, np.ndarray]
 class CData:
     """A contiguous view of a Python object as char*, and its size in bytes.
 
-    Holds the Python object (and cffi's view of it) so it lives as long as this does.
+    Holds the Python object (and cffi's view of it) so it lives until release(); use it as a
+    context manager around a blocking call.
     """
 
     __slots__ = ("obj", "ptr", "nbytes")
 
-    def __init__(self, obj: Any, ptr: Any, nbytes: int) -> None:
+    def __init__(self, obj: memoryview, ptr: Any, nbytes: int) -> None:
         self.obj = obj
         self.ptr = ptr
         self.nbytes = nbytes
+
+    def release(self) -> None:
+        """Give back cffi's export and the memoryview; ptr is unusable after. Idempotent."""
+        if self.ptr is not None:
+            ffi.release(self.ptr)
+            self.ptr = None
+            self.obj.release()
+
+    def __enter__(self) -> "CData":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     def need(self, nbytes: int, what: str) -> None:
         """Raise OutOfBoundsError unless this holds at least nbytes."""
@@ -62,6 +83,15 @@ def writable(out: Any, what: str) -> CData:
         raise InvalidArgumentError(f"{what}: the output buffer is not contiguous")
     mv = mv.cast("B") if mv.nbytes else memoryview(bytearray())
     return CData(mv, ffi.from_buffer(mv, require_writable=True), mv.nbytes)
+
+
+def new_bytes(n: int, what: str) -> bytearray:
+    """n zeroed bytes for C to read into; OutOfMemoryError (not MemoryError or OverflowError) when
+    Python cannot hold them."""
+    try:
+        return bytearray(n)
+    except (MemoryError, OverflowError):
+        raise OutOfMemoryError(f"{what}: cannot allocate {n} bytes to read into") from None
 
 
 def extent_2d(size: int, n_copies: int, stride: int) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
 from . import _args, _data
 from ._binding import ffi, lib
@@ -36,9 +36,11 @@ class Backend:
     def __init__(self, ptr: Any) -> None:
         """Internal: take ownership of a ferry_backend*; construct CPUBackend or DummyBackend instead."""
         self._handle = Handle(ptr, lib.ferry_backend_free)
-        self._finalizer = weakref.finalize(self, self._handle.release)
-        self._buffer_type = BufferType(lib.ferry_backend_default_buffer_type(ptr), self)
         self._pending: List[Any] = []
+        # The finalizer holds the pending data, so it never reaches the cyclic collector (the
+        # backend and its BufferType are a cycle): it is released here, after a last synchronize.
+        self._finalizer = weakref.finalize(self, _release_backend, self._handle, self._pending)
+        self._buffer_type = BufferType(lib.ferry_backend_default_buffer_type(ptr), self)
 
     @property
     def _p(self) -> Any:
@@ -94,17 +96,15 @@ class Backend:
         """Write all of data into tensor at a byte offset."""
         t = _tensor(tensor, "set_async")
         d = _data.readable(data, "set_async")
-        check(lib.ferry_backend_tensor_set_async(self._p, t._p, d.ptr, _args.as_size(offset, "set_async: offset"),
-                                                 d.nbytes))
-        self._pending.append(d)
+        self._queue(d, lambda: lib.ferry_backend_tensor_set_async(
+            self._p, t._p, d.ptr, _args.as_size(offset, "set_async: offset"), d.nbytes))
 
     def get_async(self, tensor: "Tensor", out: Any, offset: int = 0) -> None:
         """Fill out (a writable buffer) from tensor at a byte offset; out is valid after synchronize()."""
         t = _tensor(tensor, "get_async")
         d = _data.writable(out, "get_async")
-        check(lib.ferry_backend_tensor_get_async(self._p, t._p, d.ptr, _args.as_size(offset, "get_async: offset"),
-                                                 d.nbytes))
-        self._pending.append(d)
+        self._queue(d, lambda: lib.ferry_backend_tensor_get_async(
+            self._p, t._p, d.ptr, _args.as_size(offset, "get_async: offset"), d.nbytes))
 
     def set_2d_async(self, tensor: "Tensor", data: _data.BytesLike, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
@@ -113,9 +113,8 @@ class Backend:
         t = _tensor(tensor, "set_2d_async")
         args = _args_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
         d = _data.readable(data, "set_2d_async")
-        d.need(_data.extent_2d(args[1], args[2], args[4]), "set_2d_async")
-        check(lib.ferry_backend_tensor_set_2d_async(self._p, t._p, d.ptr, *args))
-        self._pending.append(d)
+        self._queue(d, lambda: d.need(_data.extent_2d(args[1], args[2], args[4]), "set_2d_async")
+                    or lib.ferry_backend_tensor_set_2d_async(self._p, t._p, d.ptr, *args))
 
     def get_2d_async(self, tensor: "Tensor", out: Any, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
@@ -124,9 +123,8 @@ class Backend:
         t = _tensor(tensor, "get_2d_async")
         args = _args_2d("get_2d_async", offset, size, n_copies, stride_tensor, stride_data)
         d = _data.writable(out, "get_2d_async")
-        d.need(_data.extent_2d(args[1], args[2], args[4]), "get_2d_async")
-        check(lib.ferry_backend_tensor_get_2d_async(self._p, t._p, d.ptr, *args))
-        self._pending.append(d)
+        self._queue(d, lambda: d.need(_data.extent_2d(args[1], args[2], args[4]), "get_2d_async")
+                    or lib.ferry_backend_tensor_get_2d_async(self._p, t._p, d.ptr, *args))
 
     def set_2d(self, tensor: "Tensor", data: _data.BytesLike, offset: int, size: int, n_copies: int,
                stride_tensor: int, stride_data: Optional[int] = None) -> None:
@@ -137,8 +135,10 @@ class Backend:
     def get_2d(self, tensor: "Tensor", offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None) -> bytes:
         """get_2d_async into new memory, synchronize(), and return it ((n_copies-1)*stride_data + size bytes)."""
+        t = _tensor(tensor, "get_2d")
         args = _args_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
-        out = bytearray(_data.extent_2d(args[1], args[2], args[4]))
+        t._check_read("tensor_get_2d_async", *args)
+        out = _data.new_bytes(_data.extent_2d(args[1], args[2], args[4]), "get_2d")
         self.get_2d_async(tensor, out, *args)
         self.synchronize()
         return bytes(out)
@@ -153,10 +153,20 @@ class Backend:
         check(lib.ferry_backend_tensor_copy_async(sb._p, self._p, s._p, d._p))
         self._pending.append((s, d, sb))
 
+    def _queue(self, d: _data.CData, start: Callable[[], int]) -> None:
+        """Start an async transfer of d's memory; d is kept until synchronize(), or given back at once
+        if the transfer does not start."""
+        try:
+            check(start())
+        except BaseException:
+            d.release()
+            raise
+        self._pending.append(d)
+
     def synchronize(self) -> None:
         """Wait for every transfer started here; then their data objects are let go."""
         check(lib.ferry_backend_synchronize(self._p))
-        self._pending.clear()
+        _release_pending(self._pending)
 
     # ------------------------------------------------------------ events
 
@@ -188,6 +198,28 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}{'' if self.has_2d else ' no-2d'}>"
+
+
+# Looked up now: the first lookup of a lib function takes cffi's lock, and a finalizer may run
+# (from the collector) while this thread holds it.
+_synchronize = lib.ferry_backend_synchronize
+
+
+def _release_pending(pending: List[Any]) -> None:
+    for x in pending:
+        if isinstance(x, _data.CData):
+            x.release()
+    pending.clear()
+
+
+def _release_backend(handle: Handle, pending: List[Any]) -> None:
+    """A Backend's finalizer: transfers still queued read or write their data, so wait for them,
+    give the data back, then let the C backend go (once its buffers are gone too)."""
+    if pending:
+        if handle.ptr is not None:
+            _synchronize(handle.ptr)  # a failure has nowhere to go from a finalizer
+        _release_pending(pending)
+    handle.release()
 
 
 def _args_2d(what: str, offset: int, size: int, n_copies: int, stride_tensor: int,
@@ -243,9 +275,9 @@ class DummyBackend(Backend):
         params.alignment = _args.as_size(alignment, "DummyBackend: alignment")
         params.max_buffer_size = 0 if max_buffer_size is None else _args.as_size(
             max_buffer_size, "DummyBackend: max_buffer_size")
-        params.real_memory = bool(real_memory)
-        params.has_2d = bool(has_2d)
-        params.is_host = bool(is_host)
+        params.real_memory = _args.as_bool(real_memory, "DummyBackend: real_memory")
+        params.has_2d = _args.as_bool(has_2d, "DummyBackend: has_2d")
+        params.is_host = _args.as_bool(is_host, "DummyBackend: is_host")
         out = ffi.new("ferry_backend **")
         check(lib.ferry_dummy_backend_new(params, out))
         super().__init__(out[0])

@@ -154,7 +154,7 @@ class Buffer:
 
     @usage.setter
     def usage(self, usage: str) -> None:
-        if usage not in _USAGES:
+        if not isinstance(usage, str) or usage not in _USAGES:
             raise InvalidArgumentError(f"buffer usage {usage!r} is not one of {', '.join(_USAGES)}")
         check(lib.ferry_buffer_set_usage(self._p, _USAGES[usage]))
 

@@ -82,6 +82,7 @@ class Event:
     def __init__(self, backend: Backend, timing: bool = False) -> None:
         if not isinstance(backend, Backend):
             raise InvalidArgumentError(f"Event: expected a Backend, got {type(backend).__name__}")
+        timing = _args.as_bool(timing, "Event: timing")
         out = ffi.new("ferry_event **")
         flags = lib.FERRY_EVENT_TIMING if timing else 0
         check(lib.ferry_event_new(backend._p, flags, out))

@@ -52,6 +52,7 @@ class KVCache:
     def __init__(self, type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, n_ctx: int,
                  n_stream: int, n_layer: int = 1, v_trans: bool = False, backend: Optional[Backend] = None,
                  buffer_type: Optional[BufferType] = None, pinned: bool = False) -> None:
+        pinned = _args.as_bool(pinned, "KVCache: pinned")
         if sum(x is not None and x is not False for x in (backend, buffer_type, pinned)) > 1:
             raise InvalidArgumentError("KVCache: give at most one of backend, buffer_type and pinned")
         if backend is not None:
@@ -77,7 +78,7 @@ class KVCache:
         p.n_ctx = _args.as_int64(n_ctx, "KVCache: n_ctx")
         p.n_stream = _args.as_int64(n_stream, "KVCache: n_stream")
         p.n_layer = _args.as_c_int(n_layer, "KVCache: n_layer")
-        p.v_trans = bool(v_trans)
+        p.v_trans = _args.as_bool(v_trans, "KVCache: v_trans")
         out = ffi.new("ferry_kv_cache **")
         check(lib.ferry_kv_cache_new(p, buft._ptr, out))
         parent = buft._backend._handle if buft._backend is not None else None
@@ -156,7 +157,7 @@ class KVCache:
         return k, v
 
     def _stream_of(self, which: str, layer: int, stream: int) -> Tuple[Tensor, int, int]:
-        if which not in ("k", "v"):
+        if not isinstance(which, str) or which not in ("k", "v"):
             raise InvalidArgumentError(f"kv stream: which is 'k' or 'v', not {which!r}")
         t = self.k(layer) if which == "k" else self.v(layer)
         s = _args.as_int64(stream, "kv stream: stream")
@@ -169,11 +170,11 @@ class KVCache:
         """Fill one stream of layer's K ("k") or V ("v") with exactly its bytes (a numpy array shaped
         [kv_size, n_embd_gqa] of the cache's dtype, or raw bytes for quantized types)."""
         t, offset, size = self._stream_of(which, layer, stream)
-        d = _data.readable(data, "kv set_stream")
-        if d.nbytes != size:
-            raise OutOfBoundsError(f"kv set_stream: a stream of {which.upper()} holds {size} bytes, "
-                                   f"the data {d.nbytes}")
-        t.set(d.obj, offset)
+        with _data.readable(data, "kv set_stream") as d:
+            if d.nbytes != size:
+                raise OutOfBoundsError(f"kv set_stream: a stream of {which.upper()} holds {size} bytes, "
+                                       f"the data {d.nbytes}")
+            t.set(d.obj, offset)
 
     def get_stream(self, which: str, layer: int, stream: int) -> bytes:
         """The bytes of one stream of layer's K or V."""

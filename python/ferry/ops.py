@@ -108,7 +108,7 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
 def op_name(op: int) -> str:
     """ferry's name for a ferry_op number (Tensor.op)."""
     n = _args.as_c_int(op, "op_name")
-    p = lib.ferry_op_name(n)
+    p = lib.ferry_op_name(ffi.cast("ferry_op", n))  # a cast: the enum is unsigned, C names a negative one
     if p == ffi.NULL:
         raise_last()
     return ffi.string(p).decode()

@@ -213,9 +213,9 @@ def cost_model(model: ModelLike = "cpu") -> CopyCostModel:
         return model
     if isinstance(model, Backend):
         return CopyCostModel.of_backend(model)
-    if model == "cpu":
+    if isinstance(model, str) and model == "cpu":
         return CopyCostModel.cpu()
-    if model == "gpu":
+    if isinstance(model, str) and model == "gpu":
         return CopyCostModel.gpu()
     raise InvalidArgumentError(f"cost model: expected 'cpu', 'gpu', a CopyCostModel or a Backend, got {model!r}")
 
@@ -314,7 +314,7 @@ def explain(type: TypeLike, ne: Sequence[int], nb: Sequence[int]) -> Explanation
     nest) or is enumerated as intervals (when they tangle). Same rules as copy-plan.c."""
     ty = to_type(type)
     shape = _args.as_shape(ne, "explain: ne")
-    if len(nb) != len(shape):
+    if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != len(shape):
         raise InvalidArgumentError(f"explain: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
     strides = [_args.as_size(v, f"explain: nb[{i}]") for i, v in enumerate(nb)]
     unit, blck = ty.size, ty.blck_size

@@ -74,7 +74,7 @@ class Scheduler:
     def __init__(self, backends: Sequence[Backend], policy: PolicyLike = "flat", compact: bool = False) -> None:
         if isinstance(backends, Backend):
             backends = [backends]
-        if isinstance(backends, (str, bytes)) or not hasattr(backends, "__len__") or not backends:
+        if isinstance(backends, (str, bytes)) or not hasattr(backends, "__len__") or len(backends) == 0:
             raise InvalidArgumentError(f"Scheduler: expected a non-empty list of backends, got {backends!r}")
         for i, b in enumerate(backends):
             if not isinstance(b, Backend):
@@ -178,6 +178,8 @@ class Scheduler:
 
     def compute(self, graph: Graph) -> None:
         """Allocate if graph is not the one last allocated (or it grew), copy inputs by policy, compute."""
+        if not isinstance(graph, Graph):
+            raise InvalidArgumentError(f"sched compute: expected a Graph, got {type(graph).__name__}")
         if graph is not self._graph or graph.n_nodes != self._graph_nodes:
             self.alloc(graph)
         check(lib.ferry_sched_graph_compute(self._p, graph._p))

@@ -14,7 +14,7 @@ import numpy as np
 from . import _args, _data
 from ._binding import ffi, lib
 from ._handle import Handle
-from .errors import FreedBufferError, InvalidArgumentError, LayoutError, UnsupportedError, check
+from .errors import FreedBufferError, InvalidArgumentError, LayoutError, OutOfBoundsError, UnsupportedError, check
 from .types import Type, TypeLike, numpy_dtype, row_size, to_type, type_from_dtype
 
 if TYPE_CHECKING:
@@ -94,6 +94,10 @@ class Tensor:
     @classmethod
     def from_numpy(cls, backend: "Backend", array: Any, name: Optional[str] = None) -> "Tensor":
         """A tensor on backend holding array's values (float32, float16, int32); ne is array.shape reversed."""
+        from .backend import Backend
+
+        if not isinstance(backend, Backend):
+            raise InvalidArgumentError(f"from_numpy: expected a Backend, got {type(backend).__name__}")
         arr = np.asarray(array)
         ty = type_from_dtype(arr.dtype)
         if arr.ndim > 4:
@@ -123,7 +127,7 @@ class Tensor:
         if nb is None:
             strides = self._contiguous_strides(shape)
         else:
-            if isinstance(nb, (str, bytes)) or len(nb) != len(shape):
+            if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != len(shape):
                 raise InvalidArgumentError(f"view: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
             strides = [_args.as_size(v, f"view: nb[{i}]") for i, v in enumerate(nb)]
             if strides[0] != self.type.size:
@@ -280,21 +284,41 @@ class Tensor:
 
     def set(self, data: _data.BytesLike, offset: int = 0) -> None:
         """Write all of data (bytes-like or numpy array) at a byte offset."""
-        d = _data.readable(data, "tensor_set")
-        check(lib.ferry_tensor_set(self._p, d.ptr, _args.as_size(offset, "tensor_set: offset"), d.nbytes))
+        with _data.readable(data, "tensor_set") as d:
+            check(lib.ferry_tensor_set(self._p, d.ptr, _args.as_size(offset, "tensor_set: offset"), d.nbytes))
 
     def get(self, offset: int = 0, size: Optional[int] = None) -> bytes:
         """size bytes from a byte offset (default: to the end of nbytes)."""
         off = _args.as_size(offset, "tensor_get: offset")
         n = max(self.nbytes - off, 0) if size is None else _args.as_size(size, "tensor_get: size")
-        out = bytearray(n)
+        self._check_read("tensor_get", off, n)
+        out = _data.new_bytes(n, "tensor_get")
         self.readinto(out, off)
         return bytes(out)
 
+    def _check_read(self, what: str, offset: int, size: int, n_copies: int = 1, stride: int = 0,
+                    stride_data: int = 0) -> None:
+        """C's checks of a read (ferry_check_transfer, then the 2-D strides), made before Python
+        allocates the output: a request C refuses must not first ask Python for its size in memory."""
+        check(lib.ferry_tensor_check_allocated(self._p))
+        if size > _args.INT64_MAX or offset > _args.INT64_MAX:
+            raise InvalidArgumentError(f"{what}: offset {offset} or size {size} is not a valid size")
+        nbytes = self.nbytes
+        if offset + (max(n_copies, 1) - 1) * stride + size <= nbytes:
+            if n_copies > 1 and (stride < size or stride_data < size):
+                raise LayoutError(f"{what}: strides (tensor {stride}, data {stride_data}) are smaller than the row "
+                                  f"of {size} bytes")
+            return
+        if n_copies > 1:
+            raise OutOfBoundsError(f"{what}: {n_copies} rows of {size} bytes at offset {offset}, stride {stride}, "
+                                   f"reach past the {nbytes} bytes of '{self.name}'")
+        raise OutOfBoundsError(f"{what}: {size} bytes at offset {offset} reach past the {nbytes} bytes of "
+                               f"'{self.name}'")
+
     def readinto(self, out: Any, offset: int = 0) -> None:
         """Fill out (a writable, contiguous buffer) from a byte offset."""
-        d = _data.writable(out, "tensor_get")
-        check(lib.ferry_tensor_get(self._p, d.ptr, _args.as_size(offset, "tensor_get: offset"), d.nbytes))
+        with _data.writable(out, "tensor_get") as d:
+            check(lib.ferry_tensor_get(self._p, d.ptr, _args.as_size(offset, "tensor_get: offset"), d.nbytes))
 
     def memset(self, value: int, offset: int = 0, size: Optional[int] = None) -> None:
         """Set size bytes from offset (default: to the end) to value (0..255)."""
@@ -312,9 +336,9 @@ class Tensor:
         from .backend import _args_2d
 
         args = _args_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
-        d = _data.readable(data, "tensor_set_2d")
-        d.need(_data.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
-        check(lib.ferry_tensor_set_2d(self._p, d.ptr, *args))
+        with _data.readable(data, "tensor_set_2d") as d:
+            d.need(_data.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
+            check(lib.ferry_tensor_set_2d(self._p, d.ptr, *args))
 
     def get_2d(self, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None, out: Any = None) -> Optional[bytes]:
@@ -324,10 +348,12 @@ class Tensor:
 
         args = _args_2d("tensor_get_2d", offset, size, n_copies, stride_tensor, stride_data)
         need = _data.extent_2d(args[1], args[2], args[4])
-        target = bytearray(need) if out is None else out
-        d = _data.writable(target, "tensor_get_2d")
-        d.need(need, "tensor_get_2d")
-        check(lib.ferry_tensor_get_2d(self._p, d.ptr, *args))
+        if out is None:
+            self._check_read("tensor_get_2d", *args)
+        target = _data.new_bytes(need, "tensor_get_2d") if out is None else out
+        with _data.writable(target, "tensor_get_2d") as d:
+            d.need(need, "tensor_get_2d")
+            check(lib.ferry_tensor_get_2d(self._p, d.ptr, *args))
         return bytes(target) if out is None else None
 
     def copy_to(self, dst: "Tensor") -> None:
@@ -344,7 +370,7 @@ class Tensor:
         if self.nelements == 0:
             self.get(0, 0)  # still refuses an unallocated or freed tensor
             return np.zeros(shape, dtype)
-        raw = bytearray(self.nbytes)
+        raw = _data.new_bytes(self.nbytes, "to_numpy")
         self.readinto(raw)
         if self.is_contiguous:
             return np.frombuffer(raw, dtype).reshape(shape)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _args
 from ._binding import ffi, lib
-from .errors import UnsupportedError, check, raise_last
+from .errors import InvalidArgumentError, UnsupportedError, check, raise_last
 
 
 class Type(enum.IntEnum):
@@ -68,7 +68,7 @@ def to_type(value: TypeLike) -> Type:
         return Type(out[0])
     n = _args.as_c_int(value, "type")
     if n not in Type._value2member_map_:
-        lib.ferry_type_name(n)  # leaves C's message for an unknown type
+        lib.ferry_type_name(ffi.cast("ferry_type", n))  # leaves C's message (a cast: the enum is unsigned)
         raise_last()
     return Type(n)
 
@@ -104,7 +104,10 @@ def numpy_dtype(t: TypeLike) -> np.dtype:
 
 def type_from_dtype(dtype: object) -> Type:
     """The ferry Type of a numpy dtype (float32, float16, int32); UnsupportedError otherwise."""
-    dt = np.dtype(dtype)  # type: ignore[call-overload]
+    try:
+        dt = np.dtype(dtype)  # type: ignore[call-overload]
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"type_from_dtype: {dtype!r} is not a numpy dtype ({e})") from None
     for ty, known in _NUMPY.items():
         if dt == known:
             return ty

@@ -51,6 +51,30 @@ def test_get_out_of_bounds(t: ferry.Tensor) -> None:
     assert unchanged(t)
 
 
+def test_huge_reads_refused_before_python_allocates(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
+    """A read whose output Python would allocate first: a size past the tensor is its
+    OutOfBoundsError (not MemoryError or OverflowError from bytearray), and an output too
+    large to hold is an OutOfMemoryError."""
+    with pytest.raises(ferry.OutOfBoundsError, match=r"1099511627776 bytes at offset 0 reach past the 48 bytes"):
+        t.get(0, 2**40)
+    with pytest.raises(ferry.InvalidArgumentError, match="not a valid size"):
+        t.get(0, 2**63)
+    with pytest.raises(ferry.OutOfBoundsError, match=r"4294967296 rows of 4 bytes at offset 0, stride 4,"):
+        t.get_2d(0, 4, 2**32, 4, 16)
+    with pytest.raises(ferry.LayoutError, match=r"strides \(tensor 0, data 16\) are smaller than the row of 4"):
+        t.get_2d(0, 4, 2**32, 0, 16)
+    with pytest.raises(ferry.OutOfBoundsError, match="reach past"):
+        cpu.get_2d(t, 2**32, 8, 2**32, 39)
+    with pytest.raises(ferry.OutOfMemoryError, match="cannot allocate"):
+        t.get_2d(0, 4, 2, 4, 2**62)  # the rows fit the tensor; the packed output cannot exist
+    with pytest.raises(ferry.NotAllocatedError):
+        ferry.Tensor.new("f32", [4]).get(0, 2**40)
+    huge = ferry.DummyBackend().alloc_tensor("f32", [2**60])  # synthetic: 2^62 bytes of nothing
+    with pytest.raises(ferry.OutOfMemoryError, match="cannot allocate"):
+        huge.to_numpy()
+    assert unchanged(t) and t.get(0, 4) == bytes([SENTINEL]) * 4
+
+
 def test_2d_extent_out_of_bounds(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
     # rows at 0, 20, 40 of 10 bytes: the last ends at 50 > 48
     with pytest.raises(ferry.OutOfBoundsError, match=r"3 rows of 10 bytes at offset 0, stride 20"):
@@ -285,3 +309,46 @@ def test_use_of_a_freed_buffer(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
     fresh.place(t)
     t.set(pattern(48))
     assert view.to_numpy().tobytes() == pattern(48)[4:12] + pattern(48)[20:28]
+
+
+# ------------------------------------------------------------ arguments of the wrong kind
+
+
+@pytest.mark.parametrize("call", [
+    lambda t, cpu: ferry.Tensor.new(-1, [4]),                      # cffi: negative enum -> OverflowError
+    lambda t, cpu: ferry.to_type(-7),
+    lambda t, cpu: ferry.row_size(-1, 4),
+    lambda t, cpu: ferry.ops.op_name(-1),
+    lambda t, cpu: t.view([4], 1.5),                               # len() of a float -> TypeError
+    lambda t, cpu: ferry.explain("f32", [4], None),
+    lambda t, cpu: ferry.Scheduler([cpu]).compute(None),            # AttributeError
+    lambda t, cpu: setattr(cpu.alloc_buffer(8), "usage", []),       # unhashable -> TypeError
+    lambda t, cpu: ferry.type_from_dtype("x"),                      # numpy's TypeError
+    lambda t, cpu: ferry.type_from_dtype(1.5),
+    lambda t, cpu: ferry.Tensor.from_numpy(None, np.zeros(2, np.float32)),  # AttributeError
+    lambda t, cpu: ferry.KVCache("f32", "f32", 4, 1, 8, 2, v_trans=np.zeros(3)),  # ambiguous truth value
+    lambda t, cpu: ferry.KVCache("f32", "f32", 4, 1, 8, 2, pinned=np.zeros(3)),
+    lambda t, cpu: ferry.KVCache("f32", "f32", 4, 1, 8, 2).set_stream(np.zeros(3), 0, 0, b""),
+    lambda t, cpu: ferry.Scheduler(np.zeros(3)),
+    lambda t, cpu: ferry.cost_model(np.zeros(3)),
+    lambda t, cpu: ferry.flat_cost(4, np.zeros(3)),
+    lambda t, cpu: ferry.DummyBackend(real_memory=np.zeros(3)),
+    lambda t, cpu: cpu.event(timing=np.zeros(3)),
+])
+def test_wrong_kinds_of_argument(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
+    """Found by test_fuzz_api's type confusion: each raised TypeError, ValueError, AttributeError
+    or OverflowError from cffi or numpy instead of a FerryError."""
+    with pytest.raises(ferry.FerryError):
+        call(t, cpu)
+    assert unchanged(t)
+
+
+def test_unknown_type_numbers_keep_c_messages() -> None:
+    with pytest.raises(ferry.UnknownTypeError, match="unknown type -1"):
+        ferry.to_type(-1)
+    with pytest.raises(ferry.UnknownTypeError, match="unknown type 99"):
+        ferry.to_type(99)
+    with pytest.raises(ferry.InvalidArgumentError, match="unknown op -3"):
+        ferry.ops.op_name(-3)
+    assert ferry.to_type(5) == ferry.Type.Q4_0 and ferry.ops.op_name(5) == "add"
+    assert ferry.KVCache("f32", "f32", 4, 1, 8, 2, v_trans=np.bool_(True)).params.v_trans

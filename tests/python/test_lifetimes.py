@@ -112,3 +112,72 @@ def test_async_transfers_hold_their_data_until_synchronize(dummy_real: ferry.Dum
     dummy_real.synchronize()
     assert dummy_real._pending == []
     assert t.get(0, 16) == pattern(16) and t.get(32, 16) == pattern(32)[16:]
+
+
+def test_transfer_data_in_reference_cycles_does_not_crash_the_collector() -> None:
+    """The binding gives C its data through a memoryview exported to cffi. A transfer that failed
+    after taking it, whose exception stays in a reference cycle (a frame that keeps its own
+    exception, as `except E as e: err = e` does), left that export alive in the cycle, and the
+    collector cleared the memoryview while cffi still held it: a segfault (found by
+    test_fuzz_api). Data of async transfers never synchronized, on a backend dropped in a cycle,
+    is the same case. Run in a child: before the fix it took the interpreter down."""
+    script = """
+import gc, numpy as np, ferry
+cpu = ferry.CPUBackend()
+t = cpu.alloc_tensor("f32", [4])
+calls = [
+    lambda: t.set(np.zeros(3, np.float32), -1),
+    lambda: t.set(b"x" * 99),
+    lambda: t.readinto(bytearray(99)),
+    lambda: t.set_2d(bytearray(64), 0, 8, 2, 4),
+    lambda: t.get_2d(0, 8, 2, 4, out=bytearray(64)),
+    lambda: cpu.set_async(t, memoryview(b"x" * 99)),
+    lambda: cpu.get_2d_async(t, bytearray(99), 0, 8, 2, 99),
+    lambda: ferry.DummyBackend().set_async(t, np.zeros(4, np.float32)),
+]
+
+def keep(call):
+    try:
+        call()
+    except ferry.FerryError as e:
+        err = e  # the frame holds the exception, whose traceback holds the frame
+
+for i in range(20):
+    for call in calls:
+        keep(call)
+    gc.collect()
+for i in range(20):
+    b = ferry.DummyBackend(real_memory=True)
+    u = b.alloc_tensor("f32", [4])
+    b.set_async(u, np.zeros(4, np.float32))
+    b.get_async(u, bytearray(16))
+    b.set_2d_async(u, memoryview(bytearray(16)), 0, 8, 2, 8)
+    bag = [b, u]
+    bag.append(bag)
+    del b, u, bag
+    gc.collect()
+print("alive")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "alive", out.stderr[-3000:]
+    assert "BufferError" not in out.stderr, out.stderr[-3000:]
+
+
+def test_backend_finalizer_runs_while_cffi_is_busy() -> None:
+    """The collector may run a Backend's finalizer while this thread holds cffi's lock (it is
+    parsing a type); the finalizer must not look up a lib function then, which takes that lock:
+    the interpreter hung (found by test_fuzz_api)."""
+    script = """
+import gc, numpy as np, ferry
+b = ferry.DummyBackend(real_memory=True)
+u = b.alloc_tensor("f32", [4])
+b.set_async(u, np.zeros(4, np.float32))  # pending: the finalizer synchronizes the backend
+bag = [b, u]
+bag.append(bag)
+del b, u, bag
+with ferry.ffi._lock:
+    gc.collect()
+print("alive")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "alive", out.stderr[-3000:]
