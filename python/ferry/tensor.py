@@ -14,7 +14,8 @@ import numpy as np
 from . import _args, _data
 from ._binding import ffi, lib
 from ._handle import Handle
-from .errors import FreedBufferError, InvalidArgumentError, LayoutError, OutOfBoundsError, UnsupportedError, check
+from .errors import (FreedBufferError, InvalidArgumentError, LayoutError, OutOfBoundsError, OutOfMemoryError,
+                     UnsupportedError, check)
 from .types import Type, TypeLike, numpy_dtype, row_size, to_type, type_from_dtype
 
 if TYPE_CHECKING:
@@ -367,15 +368,21 @@ class Tensor:
         values, gaps skipped. Only f32, f16 and i32 (UnsupportedError otherwise)."""
         dtype = numpy_dtype(self.type)
         shape = tuple(reversed(self.ne[: self.ndim]))
-        if self.nelements == 0:
-            self.get(0, 0)  # still refuses an unallocated or freed tensor
-            return np.zeros(shape, dtype)
-        raw = _data.new_bytes(self.nbytes, "to_numpy")
-        self.readinto(raw)
-        if self.is_contiguous:
-            return np.frombuffer(raw, dtype).reshape(shape)
-        strides = tuple(reversed(self.nb[: self.ndim]))
-        return np.ndarray(shape, dtype, buffer=raw, strides=strides).copy()
+        try:
+            if self.nelements == 0:
+                self.get(0, 0)  # still refuses an unallocated or freed tensor
+                return np.zeros(shape, dtype)
+            raw = _data.new_bytes(self.nbytes, "to_numpy")
+            self.readinto(raw)
+            if self.is_contiguous:
+                return np.frombuffer(raw, dtype).reshape(shape)
+            strides = tuple(reversed(self.nb[: self.ndim]))
+            return np.ndarray(shape, dtype, buffer=raw, strides=strides).copy()
+        except (ValueError, MemoryError):
+            # numpy's 'array is too big' (even with no values), or no memory for the values of a
+            # broadcast view: shapes ferry allows and numpy cannot hold
+            raise OutOfMemoryError(f"to_numpy: numpy cannot hold {self.nelements} {dtype} values shaped "
+                                   f"{list(shape)}") from None
 
     # ------------------------------------------------------------ graphs: flags and ops (see ferry.ops)
 

@@ -352,3 +352,19 @@ def test_unknown_type_numbers_keep_c_messages() -> None:
         ferry.ops.op_name(-3)
     assert ferry.to_type(5) == ferry.Type.Q4_0 and ferry.ops.op_name(5) == "add"
     assert ferry.KVCache("f32", "f32", 4, 1, 8, 2, v_trans=np.bool_(True)).params.v_trans
+
+
+def test_to_numpy_of_shapes_numpy_cannot_hold(cpu: ferry.CPUBackend) -> None:
+    """Views ferry allows whose values numpy cannot hold: an empty view with a dimension of 2^62
+    (numpy's ValueError 'array is too big') and a broadcast one of 2^42 values in 8 bytes
+    (numpy's MemoryError). Found by test_fuzz_api; both are OutOfMemoryError."""
+    t = cpu.alloc_tensor("f16", [8], name="t")
+    empty = t.view([2**62, 0], [2, 8])
+    assert empty.nelements == 0 and empty.nbytes == 0
+    with pytest.raises(ferry.OutOfMemoryError, match="numpy cannot hold"):
+        empty.to_numpy()
+    broadcast = t.view([4, 2**40], [2, 0])
+    assert broadcast.nbytes == 8
+    with pytest.raises(ferry.OutOfMemoryError, match="numpy cannot hold"):
+        broadcast.to_numpy()
+    assert t.view([4, 3], [2, 0]).to_numpy().shape == (3, 4)
