@@ -283,15 +283,34 @@ static double now_seconds(void) {
     return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
 }
 
-/* Bytes, calls and operations that landed in a buffer, all kinds of write together. */
-static void sum_writes(const ferry_stats * s, uint64_t * bytes, uint64_t * calls, uint64_t * impl) {
-    const ferry_xfer kinds[] = {FERRY_XFER_SET, FERRY_XFER_SET_2D, FERRY_XFER_COPY};
+/* Bytes, calls and operations of some kinds of transfer of a buffer, together. */
+static void sum_kinds(const ferry_stats * s, const ferry_xfer * kinds, size_t n, uint64_t * bytes, uint64_t * calls,
+                      uint64_t * impl) {
     *bytes = *calls = *impl = 0;
-    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+    for (size_t i = 0; i < n; i++) {
         *bytes += s->bytes[kinds[i]];
         *calls += s->calls[kinds[i]];
         *impl += s->impl_calls[kinds[i]];
     }
+}
+
+/* What landed in dst between two snapshots of its buffer's counters (its writes) and of
+ * src's (its reads, when the copy was a get straight into dst's host memory, which dst's
+ * buffer never sees). */
+static void landed(const ferry_stats * dst0, const ferry_stats * dst1, const ferry_stats * src0,
+                   const ferry_stats * src1, bool by_get, uint64_t * bytes, uint64_t * calls, uint64_t * impl) {
+    static const ferry_xfer writes[] = {FERRY_XFER_SET, FERRY_XFER_SET_2D, FERRY_XFER_COPY};
+    static const ferry_xfer reads[] = {FERRY_XFER_GET, FERRY_XFER_GET_2D};
+    uint64_t b0, c0, i0, b1, c1, i1;
+    const ferry_stats * s0 = by_get ? src0 : dst0;
+    const ferry_stats * s1 = by_get ? src1 : dst1;
+    const ferry_xfer * kinds = by_get ? reads : writes;
+    const size_t n = by_get ? sizeof(reads) / sizeof(reads[0]) : sizeof(writes) / sizeof(writes[0]);
+    sum_kinds(s0, kinds, n, &b0, &c0, &i0);
+    sum_kinds(s1, kinds, n, &b1, &c1, &i1);
+    *bytes = b1 - b0;
+    *calls = c1 - c0;
+    *impl = i1 - i0;
 }
 
 ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
@@ -308,7 +327,11 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
     FERRY_TRY(ferry_tensor_check_allocated(src));
     FERRY_TRY(ferry_tensor_check_allocated(dst));
     ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
-    ferry_stats before = dst_buf->stats;
+    ferry_buffer * src_buf = ferry_tensor_buffer(src);
+    const ferry_stats before = dst_buf->stats, src_before = src_buf->stats;
+    /* flat and planned copies read src into dst's host memory when src cannot be read by pointer */
+    const bool by_get = !compact && !ferry_buffer_ptr_readable(src_buf, dst_buf) &&
+                        ferry_buffer_ptr_writable(dst_buf, src_buf);
     const double t0 = now_seconds();
 
     FERRY_TRY(ferry_backend_synchronize(split_backend));
@@ -334,16 +357,15 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
 
     if (stats) {
         const double t1 = now_seconds();
-        uint64_t b0, c0, i0, b1, c1, i1;
-        sum_writes(&before, &b0, &c0, &i0);
-        sum_writes(&dst_buf->stats, &b1, &c1, &i1);
+        uint64_t bytes, calls, impl;
+        landed(&before, &dst_buf->stats, &src_before, &src_buf->stats, by_get, &bytes, &calls, &impl);
         *stats = (ferry_copy_stats) {
             .path = path,
             .bytes_read = read ? read : ferry_tensor_bytes_read(src),
             .bytes_span = ferry_tensor_nbytes(src),
-            .bytes_copied = b1 - b0,
-            .copy_calls = c1 - c0,
-            .impl_calls = i1 - i0,
+            .bytes_copied = bytes,
+            .copy_calls = calls,
+            .impl_calls = impl,
             .copy_seconds = t1 - t0,
         };
     }

@@ -227,6 +227,57 @@ static void test_huge_shapes_metadata(void) {
     ferry_context_free(ctx);
 }
 
+/* An input copy from device memory into host memory goes by a get into the host side, which
+ * the destination buffer never sees: copy_input reported 0 bytes copied and 0 calls for it
+ * (a split on the CPU reading a node computed on the device), though the bytes arrived. */
+static void test_copy_input_counts_gets_into_host(void) {
+    ferry_dummy_params p = ferry_dummy_default_params();
+    p.real_memory = true;
+    ferry_backend *dev, *cpu;
+    CHECK_OK(ferry_dummy_backend_new(&p, &dev));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[2] = {16, 512};
+    ferry_tensor *root, *src, *dst;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 2, ne, &root));
+    const int64_t ne_v[2] = {4, 8};
+    const size_t nb_v[2] = {4, 4096}; /* 16 of every 4096 bytes: the plan (it pays) reads 128 */
+    CHECK_OK(ferry_tensor_view(ctx, root, 2, ne_v, nb_v, 0, &src));
+    CHECK_OK(ferry_tensor_dup_layout(ctx, src, &dst));
+    ferry_buffer *bs, *bd;
+    CHECK_OK(ferry_backend_alloc_buffer(dev, 32768, &bs));
+    CHECK_OK(ferry_backend_alloc_buffer(cpu, 32768, &bd));
+    CHECK_OK(ferry_buffer_place_tensor(bs, root, 0));
+    CHECK_OK(ferry_buffer_place_tensor(bd, dst, 0));
+    CHECK_OK(ferry_buffer_clear(bs, 7));
+    ferry_copy_stats st;
+    CHECK_OK(ferry_copy_input(cpu, FERRY_COPY_FLAT, src, dst, &st));
+    CHECK_EQ_U(st.bytes_copied, ferry_tensor_nbytes(src));
+    CHECK_EQ_U(st.copy_calls, 1);
+    CHECK_OK(ferry_copy_input(cpu, FERRY_COPY_PLAN, src, dst, &st));
+    CHECK(st.path == FERRY_COPY_PLAN);
+    CHECK_EQ_U(st.bytes_copied, 128);
+    CHECK_EQ_U(st.bytes_copied, st.bytes_read);
+    CHECK_EQ_U(st.copy_calls, 1);
+    CHECK_EQ_U(st.impl_calls, 1);
+    /* host to device stays as it was: the set lands in the destination buffer */
+    ferry_tensor * back;
+    CHECK_OK(ferry_tensor_dup_layout(ctx, src, &back));
+    ferry_buffer * bb;
+    CHECK_OK(ferry_backend_alloc_buffer(dev, 32768, &bb));
+    CHECK_OK(ferry_buffer_place_tensor(bb, back, 0));
+    CHECK_OK(ferry_copy_input(dev, FERRY_COPY_FLAT, dst, back, &st));
+    CHECK_EQ_U(st.bytes_copied, ferry_tensor_nbytes(src));
+    CHECK_EQ_U(st.copy_calls, 1);
+    ferry_buffer_free(bb);
+    ferry_buffer_free(bs);
+    ferry_buffer_free(bd);
+    ferry_context_free(ctx);
+    ferry_backend_free(dev);
+    ferry_backend_free(cpu);
+}
+
 static const check_test tests[] = {
     {"synthetic_host_never_dereferenced", test_synthetic_host_never_dereferenced},
     {"kv_params_overflow", test_kv_params_overflow},
@@ -234,6 +285,7 @@ static const check_test tests[] = {
     {"overlapping_host_copy", test_overlapping_host_copy},
     {"synthetic_addresses_never_wrap", test_synthetic_addresses_never_wrap},
     {"huge_shapes_metadata", test_huge_shapes_metadata},
+    {"copy_input_counts_gets_into_host", test_copy_input_counts_gets_into_host},
 };
 
 CHECK_MAIN(tests)
