@@ -60,6 +60,18 @@ def attempt(fn: Callable[[], Any]) -> Any:
     except ALLOWED:
         return None
 
+def apply_op(name: str, a: Any, b: Any, params: Any) -> Any:
+    """One op of the fuzzed graphs, by name, on tensors a and b (b for the binary ones)."""
+    fns = {
+        "add": lambda: ferry.add(a, b), "mul": lambda: ferry.mul(a, b), "scale": lambda: a.scale(params[0]),
+        "dup": lambda: a.dup(), "dup_as": lambda: a.dup(params[0]), "concat": lambda: a.concat(b, params[0]),
+        "pad": lambda: a.pad(*params), "mean": lambda: a.mean(), "permute": lambda: a.permute(*params),
+        "transpose": lambda: a.transpose(), "reshape": lambda: a.reshape(params),
+        "view": lambda: a.view(params[0], params[1], params[2]),
+    }
+    return fns[name]()
+
+
 
 def pattern(n: int, seed: int = 0) -> bytes:
     return bytes((i * 7 + i // 251 + seed * 13) % 251 for i in range(n))
@@ -511,14 +523,7 @@ def sc_compute(kind: str, alloc_kinds: List[str], leafs: List[List[Any]], steps:
     for step in steps:
         name, i, j, params = step[0], step[1] % len(tensors), step[2] % len(tensors), step[3]
         a, b = tensors[i], tensors[j]
-        fns = {
-            "add": lambda: ferry.add(a, b), "mul": lambda: ferry.mul(a, b), "scale": lambda: a.scale(params[0]),
-            "dup": lambda: a.dup(), "dup_as": lambda: a.dup(params[0]), "concat": lambda: a.concat(b, params[0]),
-            "pad": lambda: a.pad(*params), "mean": lambda: a.mean(), "permute": lambda: a.permute(*params),
-            "transpose": lambda: a.transpose(), "reshape": lambda: a.reshape(params),
-            "view": lambda: a.view(params[0], params[1], params[2]),
-        }
-        out = attempt(fns[name])
+        out = attempt(lambda: apply_op(name, a, b, params))
         if out is not None:
             ref[id(out)] = (name, [a, b], params)
             tensors.append(out)
@@ -1106,14 +1111,7 @@ def test_graph_allocator(types: List[Any], leafs: List[Any], steps: List[Any], n
         tensors.append(make_backend(placed_kind).alloc_tensor("f32", [4]))
     for name, i, j, params in steps:
         a, b = tensors[i % len(tensors)], tensors[j % len(tensors)]
-        fns = {
-            "add": lambda: ferry.add(a, b), "mul": lambda: ferry.mul(a, b), "scale": lambda: a.scale(params[0]),
-            "dup": lambda: a.dup(), "dup_as": lambda: a.dup(params[0]), "concat": lambda: a.concat(b, params[0]),
-            "pad": lambda: a.pad(*params), "mean": lambda: a.mean(), "permute": lambda: a.permute(*params),
-            "transpose": lambda: a.transpose(), "reshape": lambda: a.reshape(params),
-            "view": lambda: a.view(params[0], params[1], params[2]),
-        }
-        out = attempt(fns[name])
+        out = attempt(lambda: apply_op(name, a, b, params))
         if out is not None:
             tensors.append(out)
     graph = ferry.Graph(*tensors)
