@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 import ferry
+
+# Randomized tests give the same verdict on every run of a commit: the "repeatable" profile
+# derives each test's examples from the test itself (derandomize). tools/fuzz selects
+# "explore" (fresh seeds, printed on failure) to hunt for new failures; each one found is
+# kept as an explicit @example beside its test.
+settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, database=None, print_blob=True)
+settings.load_profile(os.environ.get("FERRY_HYPOTHESIS_PROFILE", "repeatable"))
 
 SENTINEL = 0xA5
 
