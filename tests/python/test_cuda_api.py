@@ -82,7 +82,7 @@ def _check_window_copy(got: bytes, src: bytes, ns: int, stride: int, used: int, 
 @needs_device
 @pytest.mark.parametrize("pinned", [False, True])
 def test_heart_copy_path_with_cuda_split_backend(pinned: bool) -> None:
-    """SPEC.md's heart test on the copy path with CUDA as the split backend, host cache pageable or pinned."""
+    """docs/design.md's heart test on the copy path with CUDA as the split backend, host cache pageable or pinned."""
     cuda = ferry.CUDABackend(0)
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 4 * 64, 4, pinned=pinned)
     assert kv.buffer.is_host

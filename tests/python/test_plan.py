@@ -1,5 +1,5 @@
 """Copy plans from Python: KV-cache windows, the transposed V, contiguous and permuted views, views
-too tangled to plan, the cost model against SPEC.md's anchors, bad input, and `ferry plan`."""
+too tangled to plan, the cost model against docs/design.md's anchors, bad input, and `ferry plan`."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def test_cost_model() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         cpu.gbps = 1.0  # type: ignore[misc]
     assert cpu.as_dict()["row_ns"] == 30.0
-    # SPEC.md's anchors on the GPU model: the q8_0 K window over 2 streams, flat 372 us against 91 us
+    # docs/design.md's anchors on the GPU model: the q8_0 K window over 2 streams, flat 372 us against 91 us
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 32768, 2)
     k, _ = kv.window(0, 2176, 0, 1)
     assert ferry.flat_cost(k.nbytes, "gpu") * 1e6 == pytest.approx(372, rel=0.03)

@@ -1,4 +1,4 @@
-"""The KV cache, the copy path and the scheduler from Python: SPEC.md's heart test and its neighbours."""
+"""The KV cache, the copy path and the scheduler from Python: docs/design.md's heart test and its neighbours."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _heart(policy: str, type_k: str, n_stream: int, n_kv: int, s0: int = 0, s1: 
 
 
 def _check_heart(kv: ferry.KVCache, k: ferry.Tensor, copy: ferry.Tensor, n_kv: int) -> Tuple[int, int]:
-    """SPEC.md's assertions on the copy; returns (bytes moved, bytes the graph reads)."""
+    """docs/design.md's assertions on the copy; returns (bytes moved, bytes the graph reads)."""
     row = ferry.row_size(kv.params.type_k, kv.params.n_embd_gqa)
     stride, used = kv.kv_size * row, n_kv * row
     ns = k.ne[3]

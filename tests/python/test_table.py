@@ -1,4 +1,4 @@
-"""`ferry table`: SPEC.md's numbers from a dry run of the scheduler, its JSON, and its argument errors."""
+"""`ferry table`: docs/design.md's numbers from a dry run of the scheduler, its JSON, and its argument errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Type names, block and row sizes, and nbytes of every type, including the permuted K window of SPEC.md."""
+"""Type names, block and row sizes, and nbytes of every type, including the permuted K window of docs/design.md."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_contiguous_nbytes_and_strides(name: str, size: int, blck: int) -> None:
 
 def k_window(backend: ferry.Backend, type_name: str, n_ctx: int, n_stream: int, n_kv: int, s0: int = 0,
              head_dim: int = 128, n_head_kv: int = 8):
-    """SPEC.md's K window over a non-unified cache, permuted (0, 2, 1, 3)."""
+    """docs/design.md's K window over a non-unified cache, permuted (0, 2, 1, 3)."""
     n_embd = head_dim * n_head_kv
     kv_size = n_ctx // n_stream
     ty = ferry.to_type(type_name)
@@ -57,7 +57,7 @@ def k_window(backend: ferry.Backend, type_name: str, n_ctx: int, n_stream: int, 
     return cache, k.permute(0, 2, 1, 3, name="k"), row, kv_size
 
 
-# SPEC.md's table at -c 32768, n_kv = 2176: streams -> cells copied flat (the nbytes span).
+# docs/design.md's table at -c 32768, n_kv = 2176: streams -> cells copied flat (the nbytes span).
 SPAN_CELLS = {2: 18560, 4: 26752, 8: 30848}
 
 
