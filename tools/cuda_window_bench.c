@@ -1,5 +1,5 @@
 /*
- * cuda-bench: two windows of SPEC.md copied from pinned host memory to the device.
+ * cuda-bench: two windows of docs/design.md copied from pinned host memory to the device.
  *
  * 1. The K window (q8_0, n_embd 1024, -c 32768, n_kv 2176), three ways per stream count:
  *   flat        one set of the nbytes() span, gaps included (the old path)

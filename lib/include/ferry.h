@@ -518,14 +518,14 @@ typedef struct {
 } ferry_copy_cost_model;
 
 ferry_copy_cost_model ferry_copy_cost_model_cpu(void); /* measured on a 2-core AMD EPYC (KVM) */
-ferry_copy_cost_model ferry_copy_cost_model_gpu(void); /* host to device, from SPEC.md's H200 anchors */
+ferry_copy_cost_model ferry_copy_cost_model_gpu(void); /* host to device, from docs/design.md's H200 anchors */
 /* Estimated seconds of n planned copies, and of one flat copy of span bytes. */
 double ferry_copy_plan_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * copies, size_t n);
 double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span);
 /* Is the plan (of t) cheaper than the flat copy of nbytes(t)? False on a tie or bad input. */
 bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
                             size_t n);
-/* The model a backend gives for copies into it (a GPU's from SPEC.md's anchors), else the CPU's. */
+/* The model a backend gives for copies into it (a GPU's from docs/design.md's anchors), else the CPU's. */
 ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend);
 
 /*
@@ -669,7 +669,7 @@ ferry_status ferry_cuda_host_unregister(void * ptr);
 typedef struct {
     bool   on;               /* default false */
     int    loads_per_thread; /* 16-byte loads each thread keeps in flight: 1, 2, 4, 8 or 16; default 4 */
-    size_t min_pitch;        /* default 64 KiB: SPEC.md puts one 2-D copy at the floor up to 32 KiB */
+    size_t min_pitch;        /* default 64 KiB: docs/design.md puts one 2-D copy at the floor up to 32 KiB */
     size_t min_row;          /* default 256 B */
 } ferry_cuda_gather_params;
 
@@ -682,7 +682,7 @@ ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_
 
 /*
  * The folded copy, another option of each CUDA backend, OFF by default until a GPU run
- * shows it helps (tools/cuda_window_bench.c: way fold3d). SPEC.md puts one 2-D copy at
+ * shows it helps (tools/cuda_window_bench.c: way fold3d). docs/design.md puts one 2-D copy at
  * the contiguous rate up to a 32 KiB pitch and 1.5x off it at 64 KiB, as if the copy
  * engine's pitch had a limit. With fold_above > 0, a 2-D set or get whose pitch on either
  * side is at least fold_above goes as one cudaMemcpy3DAsync of the same rows: that side's

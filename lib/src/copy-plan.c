@@ -291,7 +291,7 @@ ferry_copy_cost_model ferry_copy_cost_model_cpu(void) {
 }
 
 /*
- * GPU figures, host to device over PCIe gen 5 from pinned memory, from SPEC.md's H200
+ * GPU figures, host to device over PCIe gen 5 from pinned memory, from docs/design.md's H200
  * anchors: 54.9 GB/s contiguous; rows under 256 B at 73% of it (measured at 64 B;
  * assumed for 64..255 B, and rows under 64 B charged a whole 64 B), 256 B and wider at
  * 99.7% (taken as 100%). call_us: a blocking copy measured less its bytes at 54.9 GB/s

@@ -184,7 +184,7 @@ class CopyCostModel:
 
     @classmethod
     def gpu(cls) -> "CopyCostModel":
-        """Host to device over PCIe gen 5, from SPEC.md's H200 anchors."""
+        """Host to device over PCIe gen 5, from docs/design.md's H200 anchors."""
         return cls.from_c(lib.ferry_copy_cost_model_gpu())
 
     @classmethod

@@ -423,7 +423,7 @@ static void test_plan_bad_input(void) {
     CHECK_EQ_U(n, 0);
 }
 
-/* A KV layer at SPEC.md's scale, laid out only (no memory): -c 32768, 1024 channels. */
+/* A KV layer at docs/design.md's scale, laid out only (no memory): -c 32768, 1024 channels. */
 static int plan_window(ferry_context * ctx, ferry_type type, int64_t n_stream, bool v_trans, int64_t ns,
                        ferry_tensor ** t, ferry_copy_2d * c, size_t * n) {
     const ferry_kv_params p = {.type_k = type, .type_v = type, .head_dim = 128, .n_head_kv = 8, .n_ctx = 32768,
@@ -442,7 +442,7 @@ static int plan_window(ferry_context * ctx, ferry_type type, int64_t n_stream, b
 
 static bool within(double got, double want, double rel) { return got > want * (1 - rel) && got < want * (1 + rel); }
 
-/* The GPU model reproduces SPEC.md's anchors, and says the plan pays for them. */
+/* The GPU model reproduces docs/design.md's anchors, and says the plan pays for them. */
 static void test_gpu_model_matches_anchors(void) {
     const ferry_copy_cost_model m = ferry_copy_cost_model_gpu();
     ferry_context * ctx;

@@ -1,6 +1,6 @@
 /*
  * The ways to copy a transposed V window from pinned host memory to a CUDA device,
- * shared by cuda-bench (tools/cuda_window_bench.c, which times them at SPEC.md's size)
+ * shared by cuda-bench (tools/cuda_window_bench.c, which times them at docs/design.md's size)
  * and test_cuda_vtrans (which checks them small), so what is timed is what is checked.
  *
  * The window is one 2-D copy: `rows` rows of `row` bytes, `pitch` apart. Each way is

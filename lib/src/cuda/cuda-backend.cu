@@ -48,7 +48,7 @@ static bool backend_supports_buft(ferry_backend * backend, ferry_buffer_type * b
     return ferry_cuda_is_device_buft(buft) && ((device_buft_ctx *) buft->context)->device == ctx_of(backend)->device;
 }
 
-/* Copies into the device are costed by SPEC.md's H200 anchors (copy-plan.c). */
+/* Copies into the device are costed by docs/design.md's H200 anchors (copy-plan.c). */
 static ferry_copy_cost_model backend_copy_cost_model(const ferry_backend * backend) {
     (void) backend;
     return ferry_copy_cost_model_gpu();
@@ -73,7 +73,7 @@ static ferry_status backend_get_async(ferry_backend * backend, const ferry_tenso
     return FERRY_OK;
 }
 
-/* The gather rule's defaults (ferry.h), from SPEC.md's anchors: one 2-D copy runs at
+/* The gather rule's defaults (ferry.h), from docs/design.md's anchors: one 2-D copy runs at
  * the contiguous rate up to a 32 KiB pitch and 1.5x off it at 64 KiB. Rows under
  * 256 B are the copy engine's other weak spot, but they leave a warp's loads short:
  * not taken until measured. */
@@ -144,7 +144,7 @@ static bool copy_folded(backend_ctx * ctx, void * dst, size_t dpitch, const void
 }
 
 /* One cudaMemcpy2DAsync moves every row: the copy engine walks the pitches itself,
- * which is what lets a range copy reach the contiguous rate (SPEC.md's anchors). With
+ * which is what lets a range copy reach the contiguous rate (docs/design.md's anchors). With
  * the gather option on and its rule met, a kernel reads the rows instead. */
 static ferry_status backend_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
                                          size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
