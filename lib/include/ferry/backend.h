@@ -34,7 +34,8 @@ typedef struct {
 
 const char * ferry_xfer_name(ferry_xfer kind);
 
-/* ---------------------------------------------------------------- buffer types and buffers (buffer.c; transfers transfer.c) */
+/* ---------------------------------------------------------------- buffer types and buffers (buffer.c;
+ * the transfers transfer.c) */
 
 typedef enum {
     FERRY_BUFFER_USAGE_ANY = 0,
@@ -79,8 +80,8 @@ ferry_status ferry_tensor_get_2d(const ferry_tensor * t, void * data, size_t off
 /* The flat copy of nbytes() between tensors of the same layout. */
 ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst);
 
-/* ---------------------------------------------------------------- backends (backend.c, cpu-backend.c and host-buffer.c, dummy-backend.c,
- * standin-backend.c) */
+/* ---------------------------------------------------------------- backends (backend.c, cpu-backend.c
+ * with host-buffer.c, dummy-backend.c, standin-backend.c) */
 
 void         ferry_backend_free(ferry_backend * backend);
 const char * ferry_backend_name(const ferry_backend * backend);

@@ -8,8 +8,8 @@
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------- CUDA backend (cuda/: cuda-device.cu, cuda-backend.cu,
- * cuda-buffers.cu; cuda-off.c when CUDA is not compiled in) */
+/* ---------------------------------------------------------------- CUDA backend (cuda/: cuda-device.cu,
+ * cuda-backend.cu, cuda-buffers.cu; cuda-off.c when CUDA is not compiled in) */
 
 /*
  * Declared in every build: without CUDA compiled in, the ferry_cuda_* functions fail

@@ -8,8 +8,8 @@
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------- graphs and ops (graph.c; constructors ops.c; CPU kernels
- * ops-cpu.c, ops-attn.c) */
+/* ---------------------------------------------------------------- graphs and ops (graph.c; the
+ * constructors ops.c; CPU kernels ops-cpu.c, ops-attn.c) */
 
 /*
  * Graphs and ops. An op constructor makes a new, unallocated, contiguous tensor in ctx
