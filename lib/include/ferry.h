@@ -13,7 +13,7 @@
  *   ferry/graph.h    graphs, ops, the graph allocator   graph.c, ops.c, ops-cpu.c, ops-attn.c,
  *                                                       alloc.c, alloc-blocks.c
  *   ferry/kv.h       the KV cache and its windows       kv-cache.c
- *   ferry/copy.h     copy planning and the copy path    copy-plan.c, copy-path.c
+ *   ferry/copy.h     copy planning and the copy path    copy-plan.c, copy-compact.c, copy-path.c
  *   ferry/sched.h    the scheduler                      sched.c
  *   ferry/cuda.h     the CUDA backend                   cuda/
  *

@@ -355,3 +355,10 @@ bool ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * 
     }
     return ferry_copy_plan_cost(m, copies, n) < ferry_copy_flat_cost(m, ferry_tensor_nbytes(t));
 }
+
+ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend) {
+    if (backend && backend->iface.copy_cost_model) {
+        return backend->iface.copy_cost_model(backend);
+    }
+    return ferry_copy_cost_model_cpu();
+}

@@ -86,7 +86,7 @@ bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor 
 /* The model a backend gives for copies into it (a CUDA backend: the GPU's), else the CPU's. */
 ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend);
 
-/* ---------------------------------------------------------------- compact staging (copy-path.c) */
+/* ---------------------------------------------------------------- compact staging (copy-compact.c) */
 
 /*
  * Compact staging: the layout of a copy of t that holds only the bytes t reads, its
