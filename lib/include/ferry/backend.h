@@ -77,6 +77,12 @@ ferry_status ferry_tensor_set_2d(ferry_tensor * t, const void * data, size_t off
                                  size_t n_copies, size_t stride_tensor, size_t stride_data);
 ferry_status ferry_tensor_get_2d(const ferry_tensor * t, void * data, size_t offset, size_t size,
                                  size_t n_copies, size_t stride_tensor, size_t stride_data);
+/* The checks every transfer of n_copies rows of size bytes makes before it moves a byte:
+ * t allocated, offset and size valid sizes, the rows inside t, and for n_copies > 1
+ * strides no smaller than the row on either side. Messages begin with what (NULL:
+ * "tensor_check_transfer"). A caller that must size its own memory first checks here. */
+ferry_status ferry_tensor_check_transfer(const ferry_tensor * t, size_t offset, size_t size, size_t n_copies,
+                                         size_t stride_tensor, size_t stride_data, const char * what);
 /* The flat copy of nbytes() between tensors of the same layout. */
 ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst);
 

@@ -53,6 +53,55 @@ uint64_t ferry_tensor_bytes_read(const ferry_tensor * t);
  */
 ferry_status ferry_copy_plan(const ferry_tensor * t, ferry_copy_2d * copies, size_t max_copies, size_t * n_copies);
 
+/* Some of a view's dimensions, by index. */
+typedef struct {
+    int n;
+    int dim[FERRY_MAX_DIMS];
+} ferry_dim_list;
+
+/* A fold: the outer dimensions' rows continue the inner ones' even progression. */
+typedef struct {
+    ferry_dim_list inner;
+    ferry_dim_list outer;
+} ferry_copy_fold;
+
+/* A dimension the planner keeps: count rows at a byte stride, standing for dims. */
+typedef struct {
+    size_t count;
+    size_t stride;
+    ferry_dim_list dims;
+} ferry_copy_dim;
+
+/*
+ * How the planner reduces a layout, step by step, as ferry_copy_plan does it: the row
+ * starts as one element (block) of the type; dimensions of count > 1 and stride 0 add no
+ * bytes (broadcast, in dimension order); a dimension whose stride is within the row
+ * merges into it (row_dims, in the order merged); two dimensions whose strides make one
+ * even progression fold into one (folds, in order). What is left (dims, by stride) either
+ * nests, and is then n_copies 2-D copies along dims[dim_2d] (one copy of the row when no
+ * dims are left), or tangles (nested false, dim_2d -1, n_copies 0: the planner
+ * enumerates those rows as byte intervals). An empty layout (a dimension of 0) is empty,
+ * row 0, nested, n_copies 0.
+ */
+typedef struct {
+    bool   empty;
+    size_t row;                /* bytes */
+    ferry_dim_list row_dims;
+    ferry_dim_list broadcast;
+    int    n_folds;
+    ferry_copy_fold folds[FERRY_MAX_DIMS];
+    int    n_dims;
+    ferry_copy_dim dims[FERRY_MAX_DIMS];
+    bool   nested;
+    int    dim_2d;
+    size_t n_copies;
+} ferry_copy_explanation;
+
+/* The explanation of the layout (n_dims of ne and nb; the rest count 1) that a view of
+ * this type would have. Bad input fails as ferry_copy_plan fails; no view is made. */
+ferry_status ferry_copy_plan_explain(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb,
+                                     ferry_copy_explanation * out);
+
 /* ---------------------------------------------------------------- the cost model (copy-plan.c) */
 
 /*

@@ -112,6 +112,13 @@ int64_t ferry_tensor_nelements(const ferry_tensor * t);
 int64_t ferry_tensor_nrows(const ferry_tensor * t);
 /* ggml's rule: the span from the first byte to the last, whole blocks included. */
 size_t  ferry_tensor_nbytes(const ferry_tensor * t);
+/* The same rule for a layout given by n_dims of ne and nb (the rest count 1): 0 when a
+ * dimension is 0; FERRY_ERR_OUT_OF_BOUNDS when the span does not fit a size_t. */
+ferry_status ferry_layout_nbytes(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb, size_t * out);
+/* ggml's contiguous strides for n_dims of ne: nb[0] the type size, nb[1] a row of ne[0]
+ * (whole blocks), each next nb the one before times the count below it. A stride past
+ * size_t is given as SIZE_MAX: no tensor whose span steps it can be made. */
+ferry_status ferry_contiguous_strides(ferry_type type, int n_dims, const int64_t * ne, size_t * nb);
 bool    ferry_tensor_is_contiguous(const ferry_tensor * t);
 bool    ferry_tensor_same_layout(const ferry_tensor * a, const ferry_tensor * b);
 bool    ferry_tensor_is_view(const ferry_tensor * t);
