@@ -379,8 +379,8 @@ ferry_copy_cost_model ferry_copy_cost_model_cpu(void) {
 }
 
 /*
- * GPU figures, host to device over PCIe gen 5 from pinned memory, from SPEC.md's H200
- * anchors: 54.9 GB/s contiguous; rows under 256 B at 73% of it (measured at 64 B;
+ * GPU figures, host to device over PCIe gen 5 from pinned memory, from the H200 anchors
+ * of docs/design.md ("Measured anchors"): 54.9 GB/s contiguous; rows under 256 B at 73% of it (measured at 64 B;
  * assumed for 64..255 B, and rows under 64 B charged a whole 64 B), 256 B and wider at
  * 99.7% (taken as 100%). call_us: a blocking copy measured less its bytes at 54.9 GB/s
  * is 4..7 us over the K-window anchors (flat 372 us for 20.2 MB, 2-D 91/177/352 us),

@@ -111,7 +111,7 @@ static bool same_copy(ferry_copy_2d a, ferry_copy_2d b) {
     return a.offset == b.offset && a.size == b.size && a.count == b.count && a.stride == b.stride;
 }
 
-/* The K window in the shape attention hands on: one copy, the seed's ranges. */
+/* The K window in the shape attention hands on: one copy, the ranges rule's ranges. */
 static void test_k_window_is_the_ranges(void) {
     const ferry_type types[] = {FERRY_TYPE_F16, FERRY_TYPE_Q8_0, FERRY_TYPE_Q4_0};
     const int64_t streams[] = {1, 2, 4, 8};
@@ -423,7 +423,7 @@ static void test_plan_bad_input(void) {
     CHECK_EQ_U(n, 0);
 }
 
-/* A KV layer at SPEC.md's scale, laid out only (no memory): -c 32768, 1024 channels. */
+/* A KV layer at full scale, laid out only (no memory): -c 32768, 1024 channels. */
 static int plan_window(ferry_context * ctx, ferry_type type, int64_t n_stream, bool v_trans, int64_t ns,
                        ferry_tensor ** t, ferry_copy_2d * c, size_t * n) {
     const ferry_kv_params p = {.type_k = type, .type_v = type, .head_dim = 128, .n_head_kv = 8, .n_ctx = 32768,
@@ -442,7 +442,7 @@ static int plan_window(ferry_context * ctx, ferry_type type, int64_t n_stream, b
 
 static bool within(double got, double want, double rel) { return got > want * (1 - rel) && got < want * (1 + rel); }
 
-/* The GPU model reproduces SPEC.md's anchors, and says the plan pays for them. */
+/* The GPU model reproduces docs/design.md's measured anchors, and says the plan pays for them. */
 static void test_gpu_model_matches_anchors(void) {
     const ferry_copy_cost_model m = ferry_copy_cost_model_gpu();
     ferry_context * ctx;

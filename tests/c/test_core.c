@@ -52,7 +52,7 @@ static void test_nbytes_contiguous(void) {
     ferry_context_free(ctx);
 }
 
-/* The permuted K window of SPEC.md: nbytes is the span ((ns-1)*kv_size + n_kv) cells. */
+/* The permuted K window: nbytes is the span ((ns-1)*kv_size + n_kv) cells. */
 static void test_nbytes_k_window(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));

@@ -35,8 +35,8 @@ ferry_status ferry_cuda_host_register(void * ptr, size_t size);
  * the memory (a copy or gather kernel in flight). */
 ferry_status ferry_cuda_host_unregister(void * ptr);
 /*
- * The gather copy, an option of each CUDA backend, OFF by default until a GPU run shows
- * it beats the 2-D copy (tools/cuda_window_bench.c measures both); FERRY_CUDA_GATHER=1
+ * The gather copy, an option of each CUDA backend, off by default: the 2-D copy is the
+ * default, and tools/cuda_window_bench.c times the two against each other. FERRY_CUDA_GATHER=1
  * in the environment turns it on, with the default rule, for backends made afterwards.
  * With it on, a 2-D set from host memory (ferry_backend_tensor_set_2d_async, so the
  * scheduler's copy path) is a kernel that reads the rows through the device's mapping
@@ -49,7 +49,7 @@ ferry_status ferry_cuda_host_unregister(void * ptr);
 typedef struct {
     bool   on;               /* default false */
     int    loads_per_thread; /* 16-byte loads each thread keeps in flight: 1, 2, 4, 8 or 16; default 4 */
-    size_t min_pitch;        /* default 64 KiB: SPEC.md puts one 2-D copy at the floor up to 32 KiB */
+    size_t min_pitch;        /* default 64 KiB: on the H200 one 2-D copy runs at the floor up to 32 KiB */
     size_t min_row;          /* default 256 B */
 } ferry_cuda_gather_params;
 
@@ -61,9 +61,9 @@ ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_
                                            uint64_t * copies);
 
 /*
- * The folded copy, another option of each CUDA backend, OFF by default until a GPU run
- * shows it helps (tools/cuda_window_bench.c: way fold3d). SPEC.md puts one 2-D copy at
- * the contiguous rate up to a 32 KiB pitch and 1.5x off it at 64 KiB, as if the copy
+ * The folded copy, another option of each CUDA backend, off by default like the gather
+ * copy (tools/cuda_window_bench.c times it as way fold3d). On the H200 one 2-D copy runs
+ * at the contiguous rate up to a 32 KiB pitch and 1.5x off it at 64 KiB, as if the copy
  * engine's pitch had a limit. With fold_above > 0, a 2-D set or get whose pitch on either
  * side is at least fold_above goes as one cudaMemcpy3DAsync of the same rows: that side's
  * pitch divided by the smallest k with pitch % k == 0, row <= pitch / k < fold_above, and
