@@ -18,6 +18,7 @@
  * innermost dimensions that tangle are enumerated as byte intervals, sorted, merged,
  * grouped into evenly spaced runs, and the nesting outer dimensions repeat those runs.
  * Either way every byte the view reads is moved exactly once and no other byte is.
+ * ferry_copy_plan_explain runs the same simplification and says what each step did.
  */
 #include "ferry-impl.h"
 
