@@ -1,18 +1,18 @@
 /*
- * cuda-bench: two windows of docs/design.md copied from pinned host memory to the device.
+ * cuda-bench: two full-scale KV windows copied from pinned host memory to the device.
  *
  * 1. The K window (q8_0, n_embd 1024, -c 32768, n_kv 2176), three ways per stream count:
- *   flat        one set of the nbytes() span, gaps included (the old path)
+ *   flat        one set of the nbytes() span, gaps included (the flat policy)
  *   ranges      one 2-D set of ns rows of n_kv cells at the cache's stream stride
  *   contiguous  one set of the same bytes as ranges, gapless (the floor)
  *
- * 2. The transposed V window (issue 7): f16, unified -c 32768, n_embd 1024 (8 heads x
+ * 2. The transposed V window: f16, unified -c 32768, n_embd 1024 (8 heads x
  *    128), n_kv 2176, so 1024 channel rows of 4,352 B at a 65,536 B pitch, in a KV cache
  *    made by ferry_kv_cache_new (v_trans) in CUDA_Host memory. Every way of
  *    tests/c/vtrans-paths.h (vt_ways): (a) flat; (b) plan = ferry_copy_input, plan
  *    policy, into a same-layout device copy (one 2-D copy; timed with the synchronizes
  *    it makes) and copy2d = that 2-D copy queued alone; (c) contiguous, the floor;
- *    candidates (d1) gather_l1..l16 = the backend's gather kernel (ferry.h) with 1..16
+ *    candidates (d1) gather_l1..l16 = the backend's gather kernel (ferry/cuda.h) with 1..16
  *    loads in flight per thread, plan_gather = ferry_copy_input with it on; (d2)
  *    split2..4 = the 2-D copy in row chunks over 2..4 streams; (d3) huge_2d /
  *    huge_gather = from a copy of the rows in registered memory on 2 MiB pages (not run,
@@ -48,7 +48,7 @@
  * ways: {<name>: {group, us, gbps_read, over_contiguous, within_10pct, check,
  * not_timed}} (us and ratios null when not timed; check "ok" or what failed;
  * not_timed null or why), best (the fastest way of groups b and d), best_us,
- * best_over_contiguous, bar_within_10pct (issue 7: best_over_contiguous <= 1.10),
+ * best_over_contiguous, bar_within_10pct (the bar: best_over_contiguous <= 1.10),
  * pitch_sweep[]: {pitch_bytes, kv_size, plan_us, copy2d_us, gather_us, contiguous_us,
  * plan_over_contiguous, copy2d_over_contiguous, gather_over_contiguous,
  * copy2d_extra_ns_per_row (the wide-pitch term: (copy2d - contiguous) / rows),
@@ -200,7 +200,7 @@ static void print_json(FILE * f, const result * r, int n, int runs, const char *
 #define VT_N_KV 2176
 #define VT_HEAD_DIM 128
 #define VT_N_HEAD 8
-#define VT_BAR 1.10 /* issue 7: within 10% of a contiguous copy of the same bytes */
+#define VT_BAR 1.10 /* the bar: within 10% of a contiguous copy of the same bytes */
 #define VT_N_PITCHES 4
 
 /* The pitch sweep's ways, by name in vt_ways. */

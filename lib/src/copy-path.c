@@ -1,6 +1,7 @@
 /*
  * The scheduler's copy path: how one split input reaches the backend that runs the
- * split. Everything the scheduler moves between backends goes through ferry_copy_input.
+ * split. Everything the scheduler moves between backends goes through ferry_copy_input,
+ * which takes a route (copy_by_route) and then measures what moved (measure_copy).
  */
 #include "ferry-impl.h"
 
@@ -118,11 +119,42 @@ uint64_t ferry_tensor_bytes_read(const ferry_tensor * t) {
     return bytes;
 }
 
-ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend) {
-    if (backend && backend->iface.copy_cost_model) {
-        return backend->iface.copy_cost_model(backend);
+/* ---------------------------------------------------------------- moving rows */
+
+/*
+ * Move rows that neither side can reach by pointer (device to device) through host
+ * memory, one copy at a time: get the copy's rows from src, packed, then set them in
+ * dst, at their own offsets and stride (packed false: dst has src's layout) or one
+ * after another from dst's first byte (packed true: dst is src's compact layout).
+ */
+static ferry_status copy_staged(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst,
+                                const ferry_copy_2d * copies, size_t n, bool packed, const char * what) {
+    size_t largest = 0;
+    for (size_t i = 0; i < n; i++) {
+        largest = copies[i].size * copies[i].count > largest ? copies[i].size * copies[i].count : largest;
     }
-    return ferry_copy_cost_model_cpu();
+    char * staging = calloc(largest ? largest : 1, 1); /* zeroed: a synthetic source writes nothing */
+    if (!staging) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: cannot stage %zu bytes", what, largest);
+    }
+    ferry_status st = FERRY_OK;
+    size_t packed_at = 0;
+    for (size_t i = 0; i < n && st == FERRY_OK; i++) {
+        const ferry_copy_2d * c = &copies[i];
+        st = ferry_tensor_get_2d(src, staging, c->offset, c->size, c->count, c->stride, c->size);
+        if (st == FERRY_OK && packed) {
+            st = ferry_backend_tensor_set_async(backend, dst, staging, packed_at, c->size * c->count);
+            packed_at += c->size * c->count;
+        } else if (st == FERRY_OK) {
+            st = ferry_backend_tensor_set_2d_async(backend, dst, staging, c->offset, c->size, c->count, c->stride,
+                                                   c->size);
+        }
+        if (st == FERRY_OK) {
+            st = ferry_backend_synchronize(backend); /* the staging rows are reused, then freed */
+        }
+    }
+    free(staging);
+    return st;
 }
 
 /* Move the plan's rows from src to dst (same layout, so the same offsets on both sides).
@@ -149,28 +181,7 @@ static ferry_status copy_planned(ferry_backend * backend, const ferry_tensor * s
         }
         return FERRY_OK;
     }
-    size_t largest = 0;
-    for (size_t i = 0; i < n; i++) {
-        largest = copies[i].size * copies[i].count > largest ? copies[i].size * copies[i].count : largest;
-    }
-    char * staging = calloc(largest ? largest : 1, 1); /* zeroed: a synthetic source writes nothing */
-    if (!staging) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "copy plan: cannot stage %zu bytes", largest);
-    }
-    ferry_status st = FERRY_OK;
-    for (size_t i = 0; i < n && st == FERRY_OK; i++) {
-        const ferry_copy_2d * c = &copies[i];
-        st = ferry_tensor_get_2d(src, staging, c->offset, c->size, c->count, c->stride, c->size);
-        if (st == FERRY_OK) {
-            st = ferry_backend_tensor_set_2d_async(backend, dst, staging, c->offset, c->size, c->count, c->stride,
-                                                   c->size);
-        }
-        if (st == FERRY_OK) {
-            st = ferry_backend_synchronize(backend); /* the staging rows are reused */
-        }
-    }
-    free(staging);
-    return st;
+    return copy_staged(backend, src, dst, copies, n, false, "copy plan");
 }
 
 /* The plan policy: the planned rows when the cost model says they pay, else flat.
@@ -200,81 +211,48 @@ static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * s
     return st;
 }
 
-/* The one 2-D copy of a view that reads no byte twice; false if it has no such plan. */
-static bool single_copy_of(const ferry_tensor * t, ferry_copy_2d * out) {
-    size_t n = 0, row = 0;
-    if (ferry_copy_plan(t, out, 1, &n) != FERRY_OK || n != 1 || ferry_row_size(t->type, t->ne[0], &row) != FERRY_OK) {
-        ferry_clear_error(); /* no plan of one copy: not an error, just no compaction */
-        return false;
-    }
-    return (uint64_t) out->size * out->count == (uint64_t) row * (uint64_t) ferry_tensor_nrows(t);
-}
-
-/* Strides with t's dimensions in t's stride order and no gaps (dimension 0 in blocks). */
-static void compact_strides(const ferry_tensor * t, size_t nb[FERRY_MAX_DIMS]) {
-    int order[FERRY_MAX_DIMS] = {0, 1, 2, 3};
-    for (int i = 1; i < FERRY_MAX_DIMS; i++) { /* insertion sort by stride, ties by index */
-        for (int j = i; j > 0 && t->nb[order[j - 1]] > t->nb[order[j]]; j--) {
-            const int tmp = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = tmp;
-        }
-    }
-    size_t extent = ferry_type_size(t->type);
-    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
-        const int d = order[i];
-        nb[d] = extent;
-        extent *= (size_t) (d == 0 ? t->ne[0] / ferry_blck_size(t->type) : t->ne[d]);
-    }
-}
-
-ferry_status ferry_tensor_compact_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out) {
-    FERRY_CHECK_ARG(ctx && t && out, "compact_layout: NULL argument");
-    FERRY_TRY(ferry_tensor_dup_layout(ctx, t, out));
-    ferry_copy_2d c;
-    if (ferry_tensor_nelements(t) > 0 && single_copy_of(t, &c)) {
-        compact_strides(t, (*out)->nb);
-    }
-    return FERRY_OK;
-}
-
-bool ferry_tensor_is_compact_of(const ferry_tensor * dst, const ferry_tensor * src) {
-    if (!dst || !src || dst->type != src->type || ferry_tensor_same_layout(dst, src)) {
-        return false;
-    }
-    size_t nb[FERRY_MAX_DIMS];
-    compact_strides(src, nb);
-    ferry_copy_2d c;
-    for (int d = 0; d < FERRY_MAX_DIMS; d++) {
-        if (dst->ne[d] != src->ne[d] || dst->nb[d] != nb[d]) {
-            return false;
-        }
-    }
-    return single_copy_of(src, &c);
-}
-
 /* Gather the rows src reads into dst, packed: the compact copy. */
 static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst) {
     ferry_copy_2d c;
-    single_copy_of(src, &c);
+    ferry_single_copy_of(src, &c);
     if (ferry_buffer_ptr_readable(ferry_tensor_buffer(src), ferry_tensor_buffer(dst))) {
         return ferry_backend_tensor_set_2d_async(backend, dst, (const char *) ferry_tensor_data(src) + c.offset, 0,
                                                  c.size, c.count, c.size, c.stride);
     }
-    const size_t bytes = c.size * c.count;
-    char * staging = calloc(bytes ? bytes : 1, 1); /* zeroed: a synthetic source writes nothing */
-    if (!staging) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "compact copy: cannot stage %zu bytes", bytes);
+    return copy_staged(backend, src, dst, &c, 1, true, "compact copy");
+}
+
+/* ---------------------------------------------------------------- one input copy */
+
+/*
+ * The route: how src reaches dst, and the copy itself. A compact dst is gathered; the
+ * plan policy takes the plan when it pays; the ranges policy takes its one 2-D set when
+ * src is host memory dst's backend reads and the rule applies; everything else is the
+ * flat copy. *path gets the route taken, *read the bytes read when the route knows
+ * them (0 otherwise).
+ */
+static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy policy, bool compact,
+                                  const ferry_tensor * src, ferry_tensor * dst, ferry_copy_policy * path,
+                                  uint64_t * read) {
+    *path = FERRY_COPY_FLAT;
+    *read = 0;
+    ferry_copy_2d r;
+    if (compact) {
+        *path = FERRY_COPY_PLAN;
+        return copy_compact(backend, src, dst);
     }
-    ferry_status st = ferry_tensor_get_2d(src, staging, c.offset, c.size, c.count, c.stride, c.size);
-    if (st == FERRY_OK) {
-        st = ferry_backend_tensor_set_async(backend, dst, staging, 0, bytes);
+    if (policy == FERRY_COPY_PLAN) {
+        return copy_by_plan(backend, src, dst, path, read);
     }
-    if (st == FERRY_OK) {
-        st = ferry_backend_synchronize(backend); /* before the staging memory goes */
+    const bool src_readable = ferry_buffer_ptr_readable(ferry_tensor_buffer(src), ferry_tensor_buffer(dst));
+    if (policy == FERRY_COPY_RANGES && src_readable && ferry_copy_ranges_of(src, &r) && r.count > 1) {
+        /* Same layout on both sides: each range lands at its own offset, gaps untouched. */
+        *path = FERRY_COPY_RANGES;
+        *read = (uint64_t) r.size * r.count;
+        return ferry_backend_tensor_set_2d_async(backend, dst, (const char *) ferry_tensor_data(src) + r.offset,
+                                                 r.offset, r.size, r.count, r.stride, r.stride);
     }
-    free(staging);
-    return st;
+    return ferry_tensor_copy(src, dst);
 }
 
 static double now_seconds(void) {
@@ -294,23 +272,41 @@ static void sum_kinds(const ferry_stats * s, const ferry_xfer * kinds, size_t n,
     }
 }
 
-/* What landed in dst between two snapshots of its buffer's counters (its writes) and of
- * src's (its reads, when the copy was a get straight into dst's host memory, which dst's
- * buffer never sees). */
-static void landed(const ferry_stats * dst0, const ferry_stats * dst1, const ferry_stats * src0,
-                   const ferry_stats * src1, bool by_get, uint64_t * bytes, uint64_t * calls, uint64_t * impl) {
+/* The counters a copy changes, taken before it starts. by_get: the copy reads src into
+ * dst's host memory, which dst's buffer never sees, so src's reads are what landed. */
+typedef struct {
+    ferry_stats dst;
+    ferry_stats src;
+    bool by_get;
+    double t0;
+} copy_snapshot;
+
+/*
+ * The measurement: what moved between the snapshot and now, from the buffers' own
+ * counters (dst's writes, or src's reads for a copy by get), and the bytes the graph
+ * reads through src (read, when the route knew them; else from src's plan).
+ */
+static void measure_copy(const copy_snapshot * before, const ferry_tensor * src, const ferry_tensor * dst,
+                         ferry_copy_policy path, uint64_t read, ferry_copy_stats * stats) {
     static const ferry_xfer writes[] = {FERRY_XFER_SET, FERRY_XFER_SET_2D, FERRY_XFER_COPY};
     static const ferry_xfer reads[] = {FERRY_XFER_GET, FERRY_XFER_GET_2D};
+    const double t1 = now_seconds();
+    const ferry_stats * s0 = before->by_get ? &before->src : &before->dst;
+    const ferry_stats * s1 = before->by_get ? &ferry_tensor_buffer(src)->stats : &ferry_tensor_buffer(dst)->stats;
+    const ferry_xfer * kinds = before->by_get ? reads : writes;
+    const size_t n = before->by_get ? sizeof(reads) / sizeof(reads[0]) : sizeof(writes) / sizeof(writes[0]);
     uint64_t b0, c0, i0, b1, c1, i1;
-    const ferry_stats * s0 = by_get ? src0 : dst0;
-    const ferry_stats * s1 = by_get ? src1 : dst1;
-    const ferry_xfer * kinds = by_get ? reads : writes;
-    const size_t n = by_get ? sizeof(reads) / sizeof(reads[0]) : sizeof(writes) / sizeof(writes[0]);
     sum_kinds(s0, kinds, n, &b0, &c0, &i0);
     sum_kinds(s1, kinds, n, &b1, &c1, &i1);
-    *bytes = b1 - b0;
-    *calls = c1 - c0;
-    *impl = i1 - i0;
+    *stats = (ferry_copy_stats) {
+        .path = path,
+        .bytes_read = read ? read : ferry_tensor_bytes_read(src),
+        .bytes_span = ferry_tensor_nbytes(src),
+        .bytes_copied = b1 - b0,
+        .copy_calls = c1 - c0,
+        .impl_calls = i1 - i0,
+        .copy_seconds = t1 - before->t0,
+    };
 }
 
 ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
@@ -326,48 +322,23 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
     }
     FERRY_TRY(ferry_tensor_check_allocated(src));
     FERRY_TRY(ferry_tensor_check_allocated(dst));
-    ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
-    ferry_buffer * src_buf = ferry_tensor_buffer(src);
-    const ferry_stats before = dst_buf->stats, src_before = src_buf->stats;
+    const ferry_buffer * src_buf = ferry_tensor_buffer(src);
+    const ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
     /* flat and planned copies read src into dst's host memory when src cannot be read by pointer */
-    const bool by_get = !compact && !ferry_buffer_ptr_readable(src_buf, dst_buf) &&
-                        ferry_buffer_ptr_writable(dst_buf, src_buf);
-    const double t0 = now_seconds();
-
+    const copy_snapshot before = {
+        .dst = dst_buf->stats,
+        .src = src_buf->stats,
+        .by_get =
+            !compact && !ferry_buffer_ptr_readable(src_buf, dst_buf) && ferry_buffer_ptr_writable(dst_buf, src_buf),
+        .t0 = now_seconds(),
+    };
+    ferry_copy_policy path;
+    uint64_t read;
     FERRY_TRY(ferry_backend_synchronize(split_backend));
-    ferry_copy_policy path = FERRY_COPY_FLAT;
-    ferry_copy_2d r;
-    uint64_t read = 0; /* the bytes read, when the route already knows them */
-    if (compact) {
-        FERRY_TRY(copy_compact(split_backend, src, dst));
-        path = FERRY_COPY_PLAN;
-    } else if (policy == FERRY_COPY_PLAN) {
-        FERRY_TRY(copy_by_plan(split_backend, src, dst, &path, &read));
-    } else if (policy == FERRY_COPY_RANGES && ferry_buffer_ptr_readable(ferry_tensor_buffer(src), dst_buf) &&
-               ferry_copy_ranges_of(src, &r) && r.count > 1) {
-        /* Same layout on both sides: each range lands at its own offset, gaps untouched. */
-        FERRY_TRY(ferry_backend_tensor_set_2d_async(split_backend, dst, (const char *) ferry_tensor_data(src) + r.offset,
-                                                    r.offset, r.size, r.count, r.stride, r.stride));
-        path = FERRY_COPY_RANGES;
-        read = (uint64_t) r.size * r.count;
-    } else {
-        FERRY_TRY(ferry_tensor_copy(src, dst));
-    }
+    FERRY_TRY(copy_by_route(split_backend, policy, compact, src, dst, &path, &read));
     FERRY_TRY(ferry_backend_synchronize(split_backend));
-
     if (stats) {
-        const double t1 = now_seconds();
-        uint64_t bytes, calls, impl;
-        landed(&before, &dst_buf->stats, &src_before, &src_buf->stats, by_get, &bytes, &calls, &impl);
-        *stats = (ferry_copy_stats) {
-            .path = path,
-            .bytes_read = read ? read : ferry_tensor_bytes_read(src),
-            .bytes_span = ferry_tensor_nbytes(src),
-            .bytes_copied = bytes,
-            .copy_calls = calls,
-            .impl_calls = impl,
-            .copy_seconds = t1 - t0,
-        };
+        measure_copy(&before, src, dst, path, read, stats);
     }
     return FERRY_OK;
 }

@@ -18,6 +18,7 @@
  * innermost dimensions that tangle are enumerated as byte intervals, sorted, merged,
  * grouped into evenly spaced runs, and the nesting outer dimensions repeat those runs.
  * Either way every byte the view reads is moved exactly once and no other byte is.
+ * ferry_copy_plan_explain runs the same simplification and says what each step did.
  */
 #include "ferry-impl.h"
 
@@ -30,8 +31,9 @@
 #define PLAN_MAX_TANGLED_ROWS ((size_t) 1 << 20)
 
 typedef struct {
-    size_t n; /* count, >= 2 once simplified */
-    size_t s; /* byte stride */
+    size_t n;            /* count, >= 2 once simplified */
+    size_t s;            /* byte stride */
+    ferry_dim_list dims; /* the view's dimensions it stands for (none for a run of intervals) */
 } plan_dim;
 
 typedef struct {
@@ -57,21 +59,34 @@ static void remove_dim(plan_dim * d, int * nd, int i) {
     (*nd)--;
 }
 
+static void append_dims(ferry_dim_list * to, const ferry_dim_list * from) {
+    for (int i = 0; i < from->n && to->n < FERRY_MAX_DIMS; i++) {
+        to->dim[to->n++] = from->dim[i];
+    }
+}
+
 /* Simplify (row, dims) to fixpoint without changing the bytes covered; dims sorted by stride.
- * No arithmetic here can overflow: every value stays within the view's checked span. */
-static void simplify(size_t * row, plan_dim * d, int * nd) {
+ * With ex, each step is recorded there: dimensions dropped as broadcast, merged into the
+ * row, folded. No arithmetic here can overflow: every value stays within the view's
+ * checked span. */
+static void simplify(size_t * row, plan_dim * d, int * nd, ferry_copy_explanation * ex) {
     for (bool changed = true; changed;) {
         changed = false;
         int k = 0;
         for (int i = 0; i < *nd; i++) {
             if (d[i].n > 1 && d[i].s > 0) {
                 d[k++] = d[i];
+            } else if (d[i].n > 1 && ex) { /* stride 0: the same bytes again */
+                append_dims(&ex->broadcast, &d[i].dims);
             }
         }
         *nd = k;
         sort_dims(d, *nd);
         if (*nd > 0 && d[0].s <= *row) {
             *row += (d[0].n - 1) * d[0].s;
+            if (ex) {
+                append_dims(&ex->row_dims, &d[0].dims);
+            }
             remove_dim(d, nd, 0);
             changed = true;
             continue;
@@ -80,7 +95,11 @@ static void simplify(size_t * row, plan_dim * d, int * nd) {
             for (int j = i + 1; j < *nd && !changed; j++) {
                 const size_t m = d[j].s / d[i].s;
                 if (d[j].s % d[i].s == 0 && m <= d[i].n) {
+                    if (ex && ex->n_folds < FERRY_MAX_DIMS) {
+                        ex->folds[ex->n_folds++] = (ferry_copy_fold) {.inner = d[i].dims, .outer = d[j].dims};
+                    }
                     d[i].n += (d[j].n - 1) * m;
+                    append_dims(&d[i].dims, &d[j].dims);
                     remove_dim(d, nd, j);
                     changed = true;
                 }
@@ -109,21 +128,35 @@ static int nesting_from(size_t row, const plan_dim * d, int nd) {
     return nd;
 }
 
-/* Nested rows at base: one 2-D copy along the dimension with the most rows (the smallest
- * stride among equals), one such copy per index of the other dimensions. */
-static ferry_status emit_nested(size_t base, size_t row, const plan_dim * d, int nd, plan_sink * sink) {
+/* The dimension one 2-D copy of nested rows runs along: the one with the most rows, the
+ * smallest stride among equals (d is sorted); -1 when there is none. */
+static int dim_2d_of(const plan_dim * d, int nd) {
     int p = -1;
-    size_t others = 1;
     for (int i = 0; i < nd; i++) {
         if (p < 0 || d[i].n > d[p].n) {
             p = i;
         }
     }
+    return p;
+}
+
+/* How many 2-D copies nested rows take: one per index of every dimension but p. */
+static ferry_status nested_copies(const plan_dim * d, int nd, int p, size_t * others) {
+    *others = 1;
     for (int i = 0; i < nd; i++) {
-        if (i != p && !ferry_mul_ok(others, d[i].n, &others)) {
+        if (i != p && !ferry_mul_ok(*others, d[i].n, others)) {
             return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_plan: copy count overflows");
         }
     }
+    return FERRY_OK;
+}
+
+/* Nested rows at base: one 2-D copy along dim_2d_of's dimension, one such copy per index
+ * of the other dimensions. */
+static ferry_status emit_nested(size_t base, size_t row, const plan_dim * d, int nd, plan_sink * sink) {
+    const int p = dim_2d_of(d, nd);
+    size_t others;
+    FERRY_TRY(nested_copies(d, nd, p, &others));
     size_t total;
     if (!ferry_add_ok(sink->count, others, &total)) {
         return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_plan: copy count overflows");
@@ -213,12 +246,12 @@ static ferry_status emit_tangled(size_t row, const plan_dim * d, int nd, int k, 
         }
         plan_dim dd[PLAN_MAX_DIMS];
         int n2 = 0;
-        dd[n2++] = (plan_dim) {.n = c, .s = stride};
+        dd[n2++] = (plan_dim) {.n = c, .s = stride, .dims = {0}};
         for (int o = k; o < nd; o++) {
             dd[n2++] = d[o];
         }
         size_t r2 = w;
-        simplify(&r2, dd, &n2); /* a run may fold with an outer dimension */
+        simplify(&r2, dd, &n2, NULL); /* a run may fold with an outer dimension */
         st = emit_nested(start[i], r2, dd, n2, sink);
         i = j;
     }
@@ -226,36 +259,56 @@ static ferry_status emit_tangled(size_t row, const plan_dim * d, int nd, int k, 
     return st;
 }
 
+/*
+ * The lattice of a layout before simplification: one dimension per dimension of the
+ * view (dimension 0 counted in blocks) and a row of one element or block. *empty is set
+ * for a view with a dimension of 0 (the lattice is then not filled). name is the
+ * tensor's, for messages (NULL: a bare layout).
+ */
+static ferry_status plan_lattice(ferry_type type, const int64_t * ne, const size_t * nb, const char * what,
+                                 const char * name, plan_dim * d, size_t * row, bool * empty) {
+    *empty = false;
+    if (!ferry_type_valid(type)) {
+        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "%s: unknown type %d", what, (int) type);
+    }
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        if (ne[i] < 0) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: ne[%d] = %lld is negative", what, i, (long long) ne[i]);
+        }
+        if (ne[i] == 0) {
+            *empty = true; /* reads nothing: no copies */
+            return FERRY_OK;
+        }
+    }
+    const int64_t blck = ferry_blck_size(type);
+    if (ne[0] % blck != 0) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "%s: ne[0] = %lld is not whole %s blocks of %lld", what,
+                          (long long) ne[0], ferry_type_name(type), (long long) blck);
+    }
+    size_t span = *row = ferry_type_size(type);
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        d[i] = (plan_dim) {.n = (size_t) (i == 0 ? ne[0] / blck : ne[i]), .s = nb[i], .dims = {.n = 1, .dim = {i}}};
+        size_t step;
+        if (!ferry_mul_ok(d[i].n - 1, d[i].s, &step) || !ferry_add_ok(span, step, &span)) {
+            return name ? ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: the strides of '%s' overflow", what, name)
+                        : ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: the strides overflow", what);
+        }
+    }
+    return FERRY_OK;
+}
+
 ferry_status ferry_copy_plan(const ferry_tensor * t, ferry_copy_2d * copies, size_t max_copies, size_t * n_copies) {
     FERRY_CHECK_ARG(t && n_copies, "copy_plan: NULL argument");
     *n_copies = 0;
-    if (!ferry_type_valid(t->type)) {
-        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "copy_plan: unknown type %d", (int) t->type);
-    }
-    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
-        if (t->ne[i] < 0) {
-            return ferry_fail(FERRY_ERR_INVALID_ARG, "copy_plan: ne[%d] = %lld is negative", i, (long long) t->ne[i]);
-        }
-        if (t->ne[i] == 0) {
-            return FERRY_OK; /* reads nothing: no copies */
-        }
-    }
-    const int64_t blck = ferry_blck_size(t->type);
-    if (t->ne[0] % blck != 0) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "copy_plan: ne[0] = %lld is not whole %s blocks of %lld",
-                          (long long) t->ne[0], ferry_type_name(t->type), (long long) blck);
-    }
     plan_dim d[PLAN_MAX_DIMS];
     int nd = FERRY_MAX_DIMS;
-    size_t row = ferry_type_size(t->type), span = row;
-    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
-        d[i] = (plan_dim) {.n = (size_t) (i == 0 ? t->ne[0] / blck : t->ne[i]), .s = t->nb[i]};
-        size_t step;
-        if (!ferry_mul_ok(d[i].n - 1, d[i].s, &step) || !ferry_add_ok(span, step, &span)) {
-            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_plan: the strides of '%s' overflow", t->name);
-        }
+    size_t row;
+    bool empty;
+    FERRY_TRY(plan_lattice(t->type, t->ne, t->nb, "copy_plan", t->name, d, &row, &empty));
+    if (empty) {
+        return FERRY_OK;
     }
-    simplify(&row, d, &nd);
+    simplify(&row, d, &nd, NULL);
     const int k = nesting_from(row, d, nd);
     plan_sink sink = {.out = copies, .max = copies ? max_copies : 0, .count = 0};
     FERRY_TRY(k == 0 ? emit_nested(0, row, d, nd, &sink) : emit_tangled(row, d, nd, k, &sink));
@@ -264,6 +317,42 @@ ferry_status ferry_copy_plan(const ferry_tensor * t, ferry_copy_2d * copies, siz
         return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_plan: '%s' needs %zu copies, room for %zu", t->name,
                           sink.count, max_copies);
     }
+    return FERRY_OK;
+}
+
+ferry_status ferry_copy_plan_explain(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb,
+                                     ferry_copy_explanation * out) {
+    FERRY_CHECK_ARG(ne && nb && out, "copy_plan_explain: NULL argument");
+    if (n_dims < 1 || n_dims > FERRY_MAX_DIMS) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "copy_plan_explain: n_dims %d is not in 1..%d", n_dims,
+                          FERRY_MAX_DIMS);
+    }
+    int64_t ne4[FERRY_MAX_DIMS] = {1, 1, 1, 1};
+    size_t nb4[FERRY_MAX_DIMS] = {0};
+    for (int i = 0; i < n_dims; i++) {
+        ne4[i] = ne[i];
+        nb4[i] = nb[i];
+    }
+    ferry_copy_explanation ex = {.nested = true, .dim_2d = -1};
+    plan_dim d[PLAN_MAX_DIMS];
+    int nd = FERRY_MAX_DIMS;
+    FERRY_TRY(plan_lattice(type, ne4, nb4, "copy_plan_explain", NULL, d, &ex.row, &ex.empty));
+    if (ex.empty) {
+        ex.row = 0;
+        *out = ex;
+        return FERRY_OK;
+    }
+    simplify(&ex.row, d, &nd, &ex);
+    ex.n_dims = nd;
+    for (int i = 0; i < nd; i++) {
+        ex.dims[i] = (ferry_copy_dim) {.count = d[i].n, .stride = d[i].s, .dims = d[i].dims};
+    }
+    ex.nested = nesting_from(ex.row, d, nd) == 0;
+    if (ex.nested) {
+        ex.dim_2d = dim_2d_of(d, nd);
+        FERRY_TRY(nested_copies(d, nd, ex.dim_2d, &ex.n_copies));
+    }
+    *out = ex;
     return FERRY_OK;
 }
 
@@ -291,8 +380,8 @@ ferry_copy_cost_model ferry_copy_cost_model_cpu(void) {
 }
 
 /*
- * GPU figures, host to device over PCIe gen 5 from pinned memory, from docs/design.md's H200
- * anchors: 54.9 GB/s contiguous; rows under 256 B at 73% of it (measured at 64 B;
+ * GPU figures, host to device over PCIe gen 5 from pinned memory, from the H200 anchors
+ * of docs/design.md ("Measured anchors"): 54.9 GB/s contiguous; rows under 256 B at 73% of it (measured at 64 B;
  * assumed for 64..255 B, and rows under 64 B charged a whole 64 B), 256 B and wider at
  * 99.7% (taken as 100%). call_us: a blocking copy measured less its bytes at 54.9 GB/s
  * is 4..7 us over the K-window anchors (flat 372 us for 20.2 MB, 2-D 91/177/352 us),
@@ -354,4 +443,11 @@ bool ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * 
         return false;
     }
     return ferry_copy_plan_cost(m, copies, n) < ferry_copy_flat_cost(m, ferry_tensor_nbytes(t));
+}
+
+ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend) {
+    if (backend && backend->iface.copy_cost_model) {
+        return backend->iface.copy_cost_model(backend);
+    }
+    return ferry_copy_cost_model_cpu();
 }

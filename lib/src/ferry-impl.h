@@ -187,6 +187,10 @@ struct ferry_event {
     void * context;
 };
 
+/* The one 2-D copy of a view that reads no byte twice; false (no error left) if it has
+ * no such plan. Compact staging packs exactly these views (copy-compact.c). */
+bool ferry_single_copy_of(const ferry_tensor * t, ferry_copy_2d * out);
+
 /* Checks shared by buffer.c and backend.c: t allocated, the extent inside t. */
 ferry_status ferry_check_transfer(const ferry_tensor * t, const void * data, size_t offset, size_t size,
                                   size_t n_copies, size_t stride_tensor, const char * what);

@@ -60,12 +60,38 @@ ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, fer
     return FERRY_OK;
 }
 
-void ferry_tensor_set_contiguous_strides(ferry_tensor * t) {
-    t->nb[0] = ferry_type_size(t->type);
-    t->nb[1] = t->nb[0] * (size_t) (t->ne[0] / ferry_blck_size(t->type));
-    for (int i = 2; i < FERRY_MAX_DIMS; i++) {
-        t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
+/* Contiguous strides of n_dims dimensions, dimension 0 in whole blocks; a stride past
+ * size_t is SIZE_MAX (no tensor whose span would step it exists). */
+static void contiguous_strides(ferry_type type, int n_dims, const int64_t * ne, size_t * nb) {
+    nb[0] = ferry_type_size(type);
+    for (int i = 1; i < n_dims; i++) {
+        const size_t below = (size_t) (i == 1 ? ne[0] / ferry_blck_size(type) : ne[i - 1]);
+        if (!ferry_mul_ok(nb[i - 1], below, &nb[i])) {
+            nb[i] = SIZE_MAX;
+        }
     }
+}
+
+ferry_status ferry_contiguous_strides(ferry_type type, int n_dims, const int64_t * ne, size_t * nb) {
+    FERRY_CHECK_ARG(ne && nb, "contiguous_strides: NULL argument");
+    if (n_dims < 1 || n_dims > FERRY_MAX_DIMS) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "contiguous_strides: n_dims %d is not in 1..%d", n_dims,
+                          FERRY_MAX_DIMS);
+    }
+    for (int i = 0; i < n_dims; i++) {
+        if (ne[i] < 0) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "contiguous_strides: ne[%d] = %lld is negative", i,
+                              (long long) ne[i]);
+        }
+    }
+    size_t row;
+    FERRY_TRY(ferry_row_size(type, ne[0], &row)); /* unknown types and partial blocks fail here */
+    contiguous_strides(type, n_dims, ne, nb);
+    return FERRY_OK;
+}
+
+void ferry_tensor_set_contiguous_strides(ferry_tensor * t) {
+    contiguous_strides(t->type, FERRY_MAX_DIMS, t->ne, t->nb);
 }
 
 ferry_status ferry_check_element_count(const int64_t * ne, int n_dims, const char * what) {
@@ -162,27 +188,65 @@ static ferry_status new_view(ferry_context * ctx, ferry_tensor * src, ferry_op o
 int64_t ferry_tensor_nelements(const ferry_tensor * t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
 int64_t ferry_tensor_nrows(const ferry_tensor * t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
 
-size_t ferry_tensor_nbytes(const ferry_tensor * t) {
+/* ggml's nbytes of a 4-D layout of a known type: the span from the first byte to the last,
+ * whole blocks included; 0 with a dimension of 0 or less. False if it overflows. */
+static bool layout_span(ferry_type type, const int64_t * ne, const size_t * nb, size_t * out) {
+    *out = 0;
     for (int i = 0; i < FERRY_MAX_DIMS; i++) {
-        if (t->ne[i] <= 0) {
-            return 0;
+        if (ne[i] <= 0) {
+            return true;
         }
     }
-    const int64_t blck = ferry_blck_size(t->type);
-    size_t nbytes;
+    const size_t blck = (size_t) ferry_blck_size(type);
+    const size_t ne0 = (size_t) ne[0];
+    size_t span, part, step;
     if (blck == 1) {
-        nbytes = ferry_type_size(t->type);
-        for (int i = 0; i < FERRY_MAX_DIMS; i++) {
-            nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
+        span = ferry_type_size(type);
+        if (!ferry_mul_ok(ne0 - 1, nb[0], &step) || !ferry_add_ok(span, step, &span)) {
+            return false;
         }
     } else {
-        /* ggml's ne[0] * nb[0] / blck, in two parts so that the product cannot wrap */
-        nbytes = (size_t) (t->ne[0] / blck) * t->nb[0] + (size_t) (t->ne[0] % blck) * t->nb[0] / (size_t) blck;
-        for (int i = 1; i < FERRY_MAX_DIMS; i++) {
-            nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
+        /* ne[0] * nb[0] / blck, in two parts so that the product cannot wrap */
+        if (!ferry_mul_ok(ne0 / blck, nb[0], &span) || !ferry_mul_ok(ne0 % blck, nb[0], &part) ||
+            !ferry_add_ok(span, part / blck, &span)) {
+            return false;
         }
     }
-    return nbytes;
+    for (int i = 1; i < FERRY_MAX_DIMS; i++) {
+        if (!ferry_mul_ok((size_t) (ne[i] - 1), nb[i], &step) || !ferry_add_ok(span, step, &span)) {
+            return false;
+        }
+    }
+    *out = span;
+    return true;
+}
+
+size_t ferry_tensor_nbytes(const ferry_tensor * t) {
+    size_t nbytes;
+    return layout_span(t->type, t->ne, t->nb, &nbytes) ? nbytes : SIZE_MAX; /* no tensor ferry makes overflows */
+}
+
+ferry_status ferry_layout_nbytes(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb, size_t * out) {
+    FERRY_CHECK_ARG(ne && nb && out, "layout_nbytes: NULL argument");
+    if (!ferry_type_valid(type)) {
+        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "layout_nbytes: unknown type %d", (int) type);
+    }
+    if (n_dims < 1 || n_dims > FERRY_MAX_DIMS) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "layout_nbytes: n_dims %d is not in 1..%d", n_dims, FERRY_MAX_DIMS);
+    }
+    int64_t ne4[FERRY_MAX_DIMS] = {1, 1, 1, 1};
+    size_t nb4[FERRY_MAX_DIMS] = {0};
+    for (int i = 0; i < n_dims; i++) {
+        if (ne[i] < 0) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "layout_nbytes: ne[%d] = %lld is negative", i, (long long) ne[i]);
+        }
+        ne4[i] = ne[i];
+        nb4[i] = nb[i];
+    }
+    if (!layout_span(type, ne4, nb4, out)) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "layout_nbytes: the span overflows");
+    }
+    return FERRY_OK;
 }
 
 bool ferry_tensor_is_contiguous(const ferry_tensor * t) {

@@ -35,6 +35,13 @@ static ferry_status check_2d_strides(size_t size, size_t n_copies, size_t stride
     return FERRY_OK;
 }
 
+ferry_status ferry_tensor_check_transfer(const ferry_tensor * t, size_t offset, size_t size, size_t n_copies,
+                                         size_t stride_tensor, size_t stride_data, const char * what) {
+    what = what ? what : "tensor_check_transfer";
+    FERRY_TRY(ferry_check_transfer(t, t, offset, size, n_copies, stride_tensor, what)); /* t: any data but NULL */
+    return check_2d_strides(size, n_copies, stride_tensor, stride_data, what);
+}
+
 ferry_status ferry_tensor_set(ferry_tensor * t, const void * data, size_t offset, size_t size) {
     FERRY_TRY(ferry_check_transfer(t, data, offset, size, 1, 0, "tensor_set"));
     if (size == 0) {

@@ -84,8 +84,10 @@ class KVCache:
         parent = buft._backend._handle if buft._backend is not None else None
         self._handle = Handle(out[0], lib.ferry_kv_cache_free, parent)
         self._finalizer = weakref.finalize(self, self._handle.release)
-        self._params = KVParams(Type(p.type_k), Type(p.type_v), int(p.head_dim), int(p.n_head_kv), int(p.n_ctx),
-                                int(p.n_stream), int(p.n_layer), bool(p.v_trans))
+        c = ffi.new("ferry_kv_params *")
+        check(lib.ferry_kv_cache_params(self._handle.ptr, c))  # the cache's own params, as C keeps them
+        self._params = KVParams(Type(c.type_k), Type(c.type_v), int(c.head_dim), int(c.n_head_kv), int(c.n_ctx),
+                                int(c.n_stream), int(c.n_layer), bool(c.v_trans))
         # The wrappers keep the cache alive, so the cache holds them weakly: no reference cycle,
         # and a cache nobody uses frees its (maybe pinned) memory at once.
         self._wrappers: "weakref.WeakValueDictionary[Tuple[str, int], Any]" = weakref.WeakValueDictionary()

@@ -66,13 +66,6 @@ def plan_of(tensor: Tensor) -> List[Copy2D]:
     return [c._replace(offset=c.offset + base) for c in _c_plan(t)]
 
 
-def _span(unit: int, counts: Sequence[int], nb: Sequence[int]) -> int:
-    """ggml's nbytes for counts (dim 0 in blocks) and strides: first byte to last."""
-    if any(n == 0 for n in counts):
-        return 0
-    return unit + sum((n - 1) * s for n, s in zip(counts, nb))
-
-
 def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int = 0,
                 name: str = "planned", source: Optional[Tensor] = None) -> Tensor:
     """A view with exactly this layout offset bytes into source, or (source None) into an
@@ -122,8 +115,13 @@ def _source_for(ty: Any, off: int, ne: Sequence[int], nb: Sequence[int], name: s
     cannot be a tensor, a minimal one, so that C's view check says what is wrong (strides that
     overflow, or a view that leaves its source)."""
     unit, blck = ty.size, ty.blck_size
-    counts = [max(ne[0], 0) // blck] + [max(n, 0) for n in ne[1:]]
-    blocks = max(-(-(off + _span(unit, counts, nb)) // unit), 1)
+    span = ffi.new("size_t *")  # ferry_layout_nbytes: ggml's nbytes of the layout
+    if lib.ferry_layout_nbytes(ty.value, len(ne), ffi.new("int64_t[]", list(ne)), ffi.new("size_t[]", list(nb)),
+                               span) == lib.FERRY_OK:
+        blocks = max(-(-(off + int(span[0])) // unit), 1)
+    else:  # negative counts or a span past size_t: no tensor covers it
+        lib.ferry_clear_error()
+        blocks = 1
     if blocks > _args.INT64_MAX // (unit * blck):
         blocks = 1
     return Tensor.new(ty, [blocks * blck], name=f"{name}_src")
@@ -265,9 +263,9 @@ def plan_pays(tensor: Tensor, model: ModelLike = "cpu") -> bool:
 
 @dataclass(frozen=True)
 class Explanation:
-    """How the planner reduced a layout (a mirror of copy-plan.c's simplify, for display):
-    the row (bytes) and the dimensions merged into it, folds, dropped dimensions, the
-    dimensions left as (count, stride, dims), whether they nest, and a sentence."""
+    """How the planner reduced a layout (ferry_copy_plan_explain, for display): the row
+    (bytes) and the dimensions merged into it, folds, dropped dimensions, the dimensions
+    left as (count, stride, dims), whether they nest, and a sentence."""
 
     row: int
     row_dims: Tuple[int, ...]
@@ -279,22 +277,14 @@ class Explanation:
 
     @property
     def n_copies(self) -> Optional[int]:
-        """Copies the planner makes when the dimensions nest (None when they tangle)."""
-        if not self.nested:
-            return None
-        if not self.dims:
-            return 1
-        p = _most_rows(self.dims)
-        return math.prod(d[0] for i, d in enumerate(self.dims) if i != p)
+        """Copies the planner makes when the dimensions nest, as C counts them (None when they
+        tangle, or for an Explanation not made by explain)."""
+        return self.__dict__.get("_n_copies") if self.nested else None
 
 
-def _most_rows(dims: Sequence[Tuple[int, int, Tuple[int, ...]]]) -> int:
-    """copy-plan.c's choice of the 2-D dimension: the most rows, the first (smallest stride) among equals."""
-    p = 0
-    for i, d in enumerate(dims):
-        if d[0] > dims[p][0]:
-            p = i
-    return p
+def _dims(dims: Any) -> Tuple[int, ...]:
+    """A ferry_dim_list as a tuple of dimension indices."""
+    return tuple(int(d) for d in dims.dim[0:dims.n])
 
 
 def _names(dims: Sequence[int]) -> str:
@@ -321,44 +311,16 @@ def explain(type: TypeLike, ne: Sequence[int], nb: Sequence[int]) -> Explanation
     what = "block" if blck > 1 else "element"
     if any(n < 0 for n in shape) or shape[0] % blck:
         raise LayoutError(f"explain: ne {shape} is not a shape of whole {ty} blocks")
-    if any(n == 0 for n in shape):
-        return Explanation(0, (), (), (), (), True, "an empty view: nothing to copy")
-    counts = [shape[0] // blck] + shape[1:]
-    dims: List[Tuple[int, int, Tuple[int, ...]]] = [(n, s, (i,)) for i, (n, s) in enumerate(zip(counts, strides))]
-    row, row_dims = unit, []
-    dropped: List[Tuple[int, str]] = []
-    folds: List[Tuple[Tuple[int, ...], Tuple[int, ...]]] = []
-    changed = True
-    while changed:
-        changed = False
-        kept = []
-        for n, s, lab in dims:
-            if n > 1 and s > 0:
-                kept.append((n, s, lab))
-            elif n > 1:  # stride 0: the same bytes again
-                dropped.extend((d, "broadcast") for d in lab)
-        dims = sorted(kept, key=lambda d: d[1])
-        if dims and dims[0][1] <= row:
-            n, s, lab = dims.pop(0)
-            row += (n - 1) * s
-            row_dims.extend(lab)
-            changed = True
-            continue
-        for i in range(len(dims)):
-            for j in range(i + 1, len(dims)):
-                (ni, si, li), (nj, sj, lj) = dims[i], dims[j]
-                if sj % si == 0 and sj // si <= ni:
-                    dims[i] = (ni + (nj - 1) * (sj // si), si, li + lj)
-                    folds.append((li, lj))
-                    del dims[j]
-                    changed = True
-                    break
-            if changed:
-                break
-    extent, nested = row, True
-    for n, s, _ in dims:
-        nested = nested and s >= extent
-        extent += (n - 1) * s
+    ex = ffi.new("ferry_copy_explanation *")
+    check(lib.ferry_copy_plan_explain(ty.value, len(shape), ffi.new("int64_t[]", shape), ffi.new("size_t[]", strides),
+                                      ex))
+    if ex.empty:
+        return _explanation(ex, 0, (), (), (), (), True, "an empty view: nothing to copy")
+    row, row_dims = int(ex.row), _dims(ex.row_dims)
+    dropped = tuple((d, "broadcast") for d in _dims(ex.broadcast))
+    folds = tuple((_dims(f.inner), _dims(f.outer)) for f in ex.folds[0:ex.n_folds])
+    dims = tuple((int(d.count), int(d.stride), _dims(d.dims)) for d in ex.dims[0:ex.n_dims])
+    nested = bool(ex.nested)
     parts = [f"{_names(row_dims)} merged into one {row:,}-byte row" if row_dims
              else f"the row is one {ty} {what} ({unit} B)"]
     for inner, outer in folds:
@@ -369,9 +331,9 @@ def explain(type: TypeLike, ne: Sequence[int], nb: Sequence[int]) -> Explanation
     if not dims:
         tail = f"one copy of {row:,} B"
     elif nested:
-        p = _most_rows(dims)
+        p = int(ex.dim_2d)
         n, s, lab = dims[p]
-        others = math.prod(d[0] for i, d in enumerate(dims) if i != p)
+        others = int(ex.n_copies)
         rows = f"{n:,} rows of {row:,} B at stride {s:,} B ({_names(lab)})"
         if others == 1:
             tail = f"one 2-D copy of {rows}"
@@ -383,4 +345,11 @@ def explain(type: TypeLike, ne: Sequence[int], nb: Sequence[int]) -> Explanation
         tail = (f"rows of {_names(lab)} overlap or interleave: enumerated as byte intervals, merged, "
                 "and grouped into evenly spaced runs")
     text = "; ".join(parts) + ": " + tail
-    return Explanation(row, tuple(row_dims), tuple(dropped), tuple(folds), tuple(dims), nested, text)
+    return _explanation(ex, row, row_dims, dropped, folds, dims, nested, text)
+
+
+def _explanation(ex: Any, *fields: Any) -> Explanation:
+    """An Explanation of these fields that keeps C's copy count for n_copies."""
+    e = Explanation(*fields)
+    object.__setattr__(e, "_n_copies", int(ex.n_copies))
+    return e

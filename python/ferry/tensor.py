@@ -140,12 +140,11 @@ class Tensor:
             ctx, src, len(shape), ffi.new("int64_t[]", shape), ffi.new("size_t[]", strides), off, out), name)
 
     def _contiguous_strides(self, shape: List[int]) -> List[int]:
-        strides = [self.type.size]
-        if len(shape) > 1:
-            strides.append(row_size(self.type, max(shape[0], 0)))
-            for n in shape[1:-1]:
-                strides.append(strides[-1] * max(n, 0))
-        return [min(s, _args.SIZE_MAX) for s in strides]
+        """ferry_contiguous_strides of shape, a negative count taken as 0 (the view refuses it)."""
+        nb = ffi.new("size_t[]", len(shape))
+        check(lib.ferry_contiguous_strides(self.type.value, len(shape), ffi.new("int64_t[]", [max(n, 0) for n in shape]),
+                                           nb))
+        return [int(v) for v in nb]
 
     def permute(self, *axes: int, name: Optional[str] = None) -> "Tensor":
         """ggml's permute: dimension i of this tensor becomes dimension axes[i] of the view."""
@@ -299,22 +298,10 @@ class Tensor:
 
     def _check_read(self, what: str, offset: int, size: int, n_copies: int = 1, stride: int = 0,
                     stride_data: int = 0) -> None:
-        """C's checks of a read (ferry_check_transfer, then the 2-D strides), made before Python
-        allocates the output: a request C refuses must not first ask Python for its size in memory."""
-        check(lib.ferry_tensor_check_allocated(self._p))
-        if size > _args.INT64_MAX or offset > _args.INT64_MAX:
-            raise InvalidArgumentError(f"{what}: offset {offset} or size {size} is not a valid size")
-        nbytes = self.nbytes
-        if offset + (max(n_copies, 1) - 1) * stride + size <= nbytes:
-            if n_copies > 1 and (stride < size or stride_data < size):
-                raise LayoutError(f"{what}: strides (tensor {stride}, data {stride_data}) are smaller than the row "
-                                  f"of {size} bytes")
-            return
-        if n_copies > 1:
-            raise OutOfBoundsError(f"{what}: {n_copies} rows of {size} bytes at offset {offset}, stride {stride}, "
-                                   f"reach past the {nbytes} bytes of '{self.name}'")
-        raise OutOfBoundsError(f"{what}: {size} bytes at offset {offset} reach past the {nbytes} bytes of "
-                               f"'{self.name}'")
+        """C's checks of a read (ferry_tensor_check_transfer), made before Python allocates the
+        output: a request C refuses must not first ask Python for its size in memory."""
+        check(lib.ferry_tensor_check_transfer(self._p, offset, size, n_copies, stride, stride_data,
+                                              what.encode()))
 
     def readinto(self, out: Any, offset: int = 0) -> None:
         """Fill out (a writable, contiguous buffer) from a byte offset."""

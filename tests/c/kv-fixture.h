@@ -1,6 +1,6 @@
 /* The setting of the ordered copy tests: a host KV cache filled with a long-period
  * pattern, a split backend whose copy of a window starts as a sentinel, and the check
- * of docs/design.md's test at the heart of ferry. Any split backend: dummy or CUDA. */
+ * of docs/design.md's heart test. Any split backend: dummy or CUDA. */
 #ifndef FERRY_KV_FIXTURE_H
 #define FERRY_KV_FIXTURE_H
 
@@ -73,7 +73,7 @@ static inline void kv_fixture_free(kv_fixture * f) {
 }
 
 /*
- * docs/design.md's three assertions on a copied window, read back through the public API.
+ * The heart test's three assertions on a copied window, read back through the public API.
  * window: the K window of streams s0.. (used cells each) in the cache; copy: its copy
  * after the copy path ran; bytes_moved: what the copy path says it moved. Returns 0
  * when all hold, else the first that failed: 1 bytes moved != bytes read, 2 a stream's

@@ -7,7 +7,7 @@ static size_t row_of(ferry_type type, int64_t n) {
     return r;
 }
 
-/* docs/design.md's test at the heart of ferry on one window: the K window of streams s0..s1
+/* docs/design.md's heart test on one window: the K window of streams s0..s1
  * in the shape attention hands on, through the copy path into a sentinel-filled split
  * buffer. Returns kv_check_window_copy's verdict (0: all holds), -1 if the setting failed. */
 static int check_window_copy(ferry_copy_policy policy, ferry_type type, int64_t n_stream, int64_t s0, int64_t s1,

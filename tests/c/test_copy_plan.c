@@ -111,7 +111,7 @@ static bool same_copy(ferry_copy_2d a, ferry_copy_2d b) {
     return a.offset == b.offset && a.size == b.size && a.count == b.count && a.stride == b.stride;
 }
 
-/* The K window in the shape attention hands on: one copy, the seed's ranges. */
+/* The K window in the shape attention hands on: one copy, the ranges rule's ranges. */
 static void test_k_window_is_the_ranges(void) {
     const ferry_type types[] = {FERRY_TYPE_F16, FERRY_TYPE_Q8_0, FERRY_TYPE_Q4_0};
     const int64_t streams[] = {1, 2, 4, 8};
@@ -423,7 +423,7 @@ static void test_plan_bad_input(void) {
     CHECK_EQ_U(n, 0);
 }
 
-/* A KV layer at docs/design.md's scale, laid out only (no memory): -c 32768, 1024 channels. */
+/* A KV layer at full scale, laid out only (no memory): -c 32768, 1024 channels. */
 static int plan_window(ferry_context * ctx, ferry_type type, int64_t n_stream, bool v_trans, int64_t ns,
                        ferry_tensor ** t, ferry_copy_2d * c, size_t * n) {
     const ferry_kv_params p = {.type_k = type, .type_v = type, .head_dim = 128, .n_head_kv = 8, .n_ctx = 32768,
@@ -442,7 +442,7 @@ static int plan_window(ferry_context * ctx, ferry_type type, int64_t n_stream, b
 
 static bool within(double got, double want, double rel) { return got > want * (1 - rel) && got < want * (1 + rel); }
 
-/* The GPU model reproduces docs/design.md's anchors, and says the plan pays for them. */
+/* The GPU model reproduces docs/design.md's measured anchors, and says the plan pays for them. */
 static void test_gpu_model_matches_anchors(void) {
     const ferry_copy_cost_model m = ferry_copy_cost_model_gpu();
     ferry_context * ctx;
@@ -521,6 +521,139 @@ static void test_thresholds(void) {
     CHECK(!ferry_copy_plan_pays(&gpu, &t, NULL, 0));
 }
 
+
+/* ---------------------------------------------------------------- the explanation */
+
+static bool dims_are(const ferry_dim_list * l, int n, const int * want) {
+    if (l->n != n) {
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        if (l->dim[i] != want[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static ferry_status explain_of(const ferry_tensor * t, ferry_copy_explanation * ex) {
+    return ferry_copy_plan_explain(t->type, 4, t->ne, t->nb, ex);
+}
+
+/* The transposed V window: each element's row is one value, dimension 0 merges into it,
+ * and the heads fold into the head dimension: one 2-D copy. */
+static void test_explain_v_trans_folds(void) {
+    const int64_t n_kv = 13, kv_size = 40, head_dim = 8;
+    const size_t pitch = (size_t) kv_size * 4;
+    const ferry_tensor v = layout(FERRY_TYPE_F32, n_kv, head_dim, 4, 1, pitch, pitch * head_dim, pitch * head_dim * 4);
+    ferry_copy_explanation ex;
+    CHECK_OK(explain_of(&v, &ex));
+    CHECK(!ex.empty);
+    CHECK_EQ_U(ex.row, n_kv * 4);
+    CHECK(dims_are(&ex.row_dims, 1, (const int[]) {0}));
+    CHECK_EQ_U(ex.broadcast.n, 0);
+    CHECK_EQ_U(ex.n_folds, 1);
+    CHECK(dims_are(&ex.folds[0].inner, 1, (const int[]) {1}));
+    CHECK(dims_are(&ex.folds[0].outer, 1, (const int[]) {2}));
+    CHECK_EQ_U(ex.n_dims, 1);
+    CHECK_EQ_U(ex.dims[0].count, head_dim * 4);
+    CHECK_EQ_U(ex.dims[0].stride, pitch);
+    CHECK(dims_are(&ex.dims[0].dims, 2, (const int[]) {1, 2}));
+    CHECK(ex.nested);
+    CHECK_EQ_U(ex.dim_2d, 0);
+    CHECK_EQ_U(ex.n_copies, 1);
+}
+
+/* Each step once: merged dims, a broadcast dim, nested dims that take several copies
+ * along the one with the most rows, rows that tangle, and an empty layout. */
+static void test_explain_steps(void) {
+    ferry_copy_explanation ex;
+    /* dims 0 and 1 merge into a 64 B row, dim 2 is broadcast, dim 3 repeats the row */
+    const ferry_tensor a = layout(FERRY_TYPE_F32, 4, 4, 5, 2, 16, 0, 100);
+    CHECK_OK(explain_of(&a, &ex));
+    CHECK_EQ_U(ex.row, 64);
+    CHECK(dims_are(&ex.row_dims, 2, (const int[]) {0, 1}));
+    CHECK(dims_are(&ex.broadcast, 1, (const int[]) {2}));
+    CHECK_EQ_U(ex.n_folds, 0);
+    CHECK_EQ_U(ex.n_dims, 1);
+    CHECK(ex.nested);
+    CHECK_EQ_U(ex.n_copies, 1);
+    /* 3 rows at 100 B inside 5 at 1000 B: the 2-D copy runs along the 5, 3 copies of it */
+    const ferry_tensor b = layout(FERRY_TYPE_F32, 1, 3, 5, 1, 100, 1000, 4);
+    CHECK_OK(explain_of(&b, &ex));
+    CHECK_EQ_U(ex.row, 4);
+    CHECK_EQ_U(ex.row_dims.n, 0);
+    CHECK_EQ_U(ex.n_dims, 2);
+    CHECK(ex.nested);
+    CHECK_EQ_U(ex.dim_2d, 1);
+    CHECK(dims_are(&ex.dims[1].dims, 1, (const int[]) {2}));
+    CHECK_EQ_U(ex.n_copies, 3);
+    /* strides 12 and 20 under 4 B rows: they interleave over 1100 x 1100 rows */
+    const ferry_tensor c = layout(FERRY_TYPE_F32, 1, 1100, 1100, 1, 12, 20, 4);
+    CHECK_OK(explain_of(&c, &ex));
+    CHECK(!ex.nested);
+    CHECK_EQ_U(ex.dim_2d, (unsigned long long) -1);
+    CHECK_EQ_U(ex.n_copies, 0);
+    CHECK_EQ_U(ex.n_dims, 2);
+    /* a dimension of 0: empty */
+    const int64_t ne[2] = {4, 0};
+    const size_t nb[2] = {4, 16};
+    CHECK_OK(ferry_copy_plan_explain(FERRY_TYPE_F32, 2, ne, nb, &ex));
+    CHECK(ex.empty && ex.nested);
+    CHECK_EQ_U(ex.row, 0);
+    CHECK_EQ_U(ex.n_copies, 0);
+}
+
+/* On random layouts the explanation's row and copy count are the plan's own. */
+static void test_explain_agrees_with_plan(void) {
+    int nested = 0;
+    for (int iter = 0; iter < 4000; iter++) {
+        const ferry_type type = (ferry_type) rnd(FERRY_TYPE_COUNT);
+        const int64_t blck = ferry_blck_size(type);
+        const size_t unit = ferry_type_size(type);
+        ferry_tensor t = {.type = type, .ne = {(int64_t) (1 + rnd(5)) * blck}, .nb = {unit}};
+        size_t extent = row_of(type, t.ne[0]);
+        for (int d = 1; d < 4; d++) {
+            t.ne[d] = (int64_t) (1 + rnd(5));
+            t.nb[d] = rnd(3) == 0 ? unit * rnd(6) : extent * (1 + rnd(3));
+            extent += t.nb[d] * (size_t) (t.ne[d] - 1);
+        }
+        ferry_copy_explanation ex;
+        ferry_copy_2d c[MAX_COPIES];
+        size_t n;
+        CHECK_OK(explain_of(&t, &ex));
+        if (ferry_copy_plan(&t, c, MAX_COPIES, &n) != FERRY_OK) {
+            CHECK(!ex.nested); /* only tangled rows can be too many to plan */
+            continue;
+        }
+        if (ex.nested) {
+            nested++;
+            CHECK_EQ_U(ex.n_copies, n);
+            for (size_t i = 0; i < n; i++) {
+                CHECK_EQ_U(c[i].size, ex.row);
+                CHECK_EQ_U(c[i].count, ex.n_dims ? ex.dims[ex.dim_2d].count : 1);
+            }
+        }
+    }
+    printf("  %d nested random layouts explained as planned\n", nested);
+    CHECK(nested > 1000);
+}
+
+static void test_explain_bad_input(void) {
+    ferry_copy_explanation ex;
+    const int64_t ne[4] = {4, 3, 1, 1}, neg[2] = {4, -1}, q[1] = {31};
+    const size_t nb[4] = {4, 16, 48, 48}, huge[2] = {4, SIZE_MAX / 2};
+    CHECK_FAILS(ferry_copy_plan_explain(FERRY_TYPE_F32, 2, ne, nb, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_copy_plan_explain(FERRY_TYPE_F32, 2, NULL, nb, &ex), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_copy_plan_explain(FERRY_TYPE_F32, 0, ne, nb, &ex), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_copy_plan_explain(FERRY_TYPE_F32, 5, ne, nb, &ex), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_copy_plan_explain((ferry_type) 99, 2, ne, nb, &ex), FERRY_ERR_UNKNOWN_TYPE);
+    CHECK_FAILS(ferry_copy_plan_explain(FERRY_TYPE_F32, 2, neg, nb, &ex), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_copy_plan_explain(FERRY_TYPE_Q4_0, 1, q, nb, &ex), FERRY_ERR_LAYOUT);
+    const int64_t big[2] = {4, 3};
+    CHECK_FAILS(ferry_copy_plan_explain(FERRY_TYPE_F32, 2, big, huge, &ex), FERRY_ERR_OUT_OF_BOUNDS);
+}
+
 static const check_test tests[] = {
     {"k_window_is_the_ranges", test_k_window_is_the_ranges},
     {"full_window_is_one_row", test_full_window_is_one_row},
@@ -534,6 +667,10 @@ static const check_test tests[] = {
     {"plan_bad_input", test_plan_bad_input},
     {"gpu_model_matches_anchors", test_gpu_model_matches_anchors},
     {"thresholds", test_thresholds},
+    {"explain_v_trans_folds", test_explain_v_trans_folds},
+    {"explain_steps", test_explain_steps},
+    {"explain_agrees_with_plan", test_explain_agrees_with_plan},
+    {"explain_bad_input", test_explain_bad_input},
 };
 
 CHECK_MAIN(tests)

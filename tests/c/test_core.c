@@ -52,7 +52,7 @@ static void test_nbytes_contiguous(void) {
     ferry_context_free(ctx);
 }
 
-/* The permuted K window of docs/design.md: nbytes is the span ((ns-1)*kv_size + n_kv) cells. */
+/* The permuted K window: nbytes is the span ((ns-1)*kv_size + n_kv) cells. */
 static void test_nbytes_k_window(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
@@ -424,6 +424,147 @@ static void test_f16_conversions(void) {
     }
 }
 
+
+/* ferry_contiguous_strides gives the strides ferry_tensor_new gives, and a stride past
+ * size_t as SIZE_MAX. */
+static void test_contiguous_strides(void) {
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const ferry_type types[] = {FERRY_TYPE_F32, FERRY_TYPE_F16, FERRY_TYPE_Q8_0, FERRY_TYPE_Q4_0};
+    const int64_t shapes[][4] = {{64, 3, 5, 2}, {32, 1, 7, 1}, {96, 0, 2, 3}, {64, 4, 1, 9}};
+    for (size_t ti = 0; ti < 4; ti++) {
+        for (size_t si = 0; si < 4; si++) {
+            for (int n_dims = 1; n_dims <= 4; n_dims++) {
+                ferry_tensor * t;
+                size_t nb[4] = {0};
+                CHECK_OK(ferry_tensor_new(ctx, types[ti], n_dims, shapes[si], &t));
+                CHECK_OK(ferry_contiguous_strides(types[ti], n_dims, shapes[si], nb));
+                for (int d = 0; d < n_dims; d++) {
+                    CHECK_EQ_U(nb[d], t->nb[d]);
+                }
+            }
+        }
+    }
+    size_t nb[4];
+    const int64_t f32[3] = {4, 3, 2};
+    CHECK_OK(ferry_contiguous_strides(FERRY_TYPE_F32, 3, f32, nb));
+    CHECK(nb[0] == 4 && nb[1] == 16 && nb[2] == 48);
+    const int64_t q8[2] = {64, 3};
+    CHECK_OK(ferry_contiguous_strides(FERRY_TYPE_Q8_0, 2, q8, nb));
+    CHECK(nb[0] == 34 && nb[1] == 68);
+    /* 2^62 values of 4 B: the row fits, the plane past it does not; after a 0 the stride is 0 */
+    const int64_t huge[4] = {(int64_t) 1 << 60, 8, 0, 5};
+    CHECK_OK(ferry_contiguous_strides(FERRY_TYPE_F32, 4, huge, nb));
+    CHECK_EQ_U(nb[1], (size_t) 1 << 62);
+    CHECK_EQ_U(nb[2], SIZE_MAX);
+    CHECK_EQ_U(nb[3], 0);
+    const int64_t neg[2] = {4, -1}, part[1] = {33};
+    CHECK_FAILS(ferry_contiguous_strides(FERRY_TYPE_F32, 2, neg, nb), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_contiguous_strides(FERRY_TYPE_Q8_0, 1, part, nb), FERRY_ERR_LAYOUT);
+    CHECK_FAILS(ferry_contiguous_strides((ferry_type) 99, 1, f32, nb), FERRY_ERR_UNKNOWN_TYPE);
+    CHECK_FAILS(ferry_contiguous_strides(FERRY_TYPE_F32, 5, f32, nb), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_contiguous_strides(FERRY_TYPE_F32, 1, NULL, nb), FERRY_ERR_INVALID_ARG);
+    ferry_context_free(ctx);
+}
+
+/* ferry_layout_nbytes is ferry_tensor_nbytes for a bare layout, with overflow refused. */
+static void test_layout_nbytes(void) {
+    /* the K window of 4 streams: 8 rows of 64 f16 values, 3 heads, streams 40 rows apart */
+    const int64_t ne[4] = {64, 8, 3, 4};
+    const size_t nb[4] = {2, 384, 128, 40 * 384};
+    const ferry_tensor t = {.type = FERRY_TYPE_F16, .ne = {64, 8, 3, 4}, .nb = {2, 384, 128, 40 * 384}};
+    size_t n;
+    CHECK_OK(ferry_layout_nbytes(FERRY_TYPE_F16, 4, ne, nb, &n));
+    CHECK_EQ_U(n, ferry_tensor_nbytes(&t));
+    CHECK_EQ_U(n, 2 + 63 * 2 + 7 * 384 + 2 * 128 + 3 * 40 * 384);
+    CHECK_OK(ferry_layout_nbytes(FERRY_TYPE_F16, 2, ne, nb, &n)); /* dims 2 and 3 count 1 */
+    CHECK_EQ_U(n, 2 + 63 * 2 + 7 * 384);
+    const int64_t q[2] = {64, 3};
+    const size_t qnb[2] = {34, 100};
+    CHECK_OK(ferry_layout_nbytes(FERRY_TYPE_Q8_0, 2, q, qnb, &n));
+    CHECK_EQ_U(n, 2 * 34 + 2 * 100);
+    const int64_t empty[2] = {4, 0};
+    CHECK_OK(ferry_layout_nbytes(FERRY_TYPE_F32, 2, empty, nb, &n));
+    CHECK_EQ_U(n, 0);
+    const int64_t two[2] = {4, 3}, neg[2] = {4, -3};
+    const size_t wide[2] = {4, SIZE_MAX / 2};
+    CHECK_FAILS(ferry_layout_nbytes(FERRY_TYPE_F32, 2, two, wide, &n), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_layout_nbytes(FERRY_TYPE_F32, 2, neg, nb, &n), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_layout_nbytes((ferry_type) 99, 2, two, nb, &n), FERRY_ERR_UNKNOWN_TYPE);
+    CHECK_FAILS(ferry_layout_nbytes(FERRY_TYPE_F32, 0, two, nb, &n), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_layout_nbytes(FERRY_TYPE_F32, 2, two, nb, NULL), FERRY_ERR_INVALID_ARG);
+}
+
+/* ferry_tensor_check_transfer refuses what the transfers refuse, with the same status,
+ * and its message names the caller's operation. */
+static void test_check_transfer(void) {
+    ferry_backend * cpu;
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *t, *unalloc;
+    const int64_t ne[1] = {256};
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &t));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &unalloc));
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(cpu, 1024, &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    static uint8_t data[1 << 16];
+    const size_t offsets[] = {0, 24, 1000, 1024, SIZE_MAX - 2};
+    const size_t sizes[] = {0, 4, 25, 100, 1024};
+    const size_t counts[] = {0, 1, 2, 11};
+    const size_t strides[] = {0, 50, 100};
+    int refused = 0;
+    for (size_t a = 0; a < 5; a++) {
+        for (size_t b = 0; b < 5; b++) {
+            for (size_t c = 0; c < 4; c++) {
+                for (size_t d = 0; d < 3; d++) {
+                    for (size_t e = 0; e < 3; e++) {
+                        const size_t off = offsets[a], size = sizes[b], n = counts[c];
+                        const size_t st = strides[d], sd = strides[e] + size;
+                        const ferry_status want = ferry_tensor_get_2d(t, data, off, size, n, st, sd);
+                        const ferry_status got = ferry_tensor_check_transfer(t, off, size, n, st, sd, "probe");
+                        CHECK_EQ_U(got, want);
+                        refused += got != FERRY_OK;
+                    }
+                }
+            }
+        }
+    }
+    CHECK(refused > 100);
+    CHECK_FAILS(ferry_tensor_check_transfer(t, 0, 100, 2, 50, 100, "probe"), FERRY_ERR_LAYOUT);
+    CHECK_FAILS(ferry_tensor_check_transfer(t, 0, 100, 2, 100, 50, "probe"), FERRY_ERR_LAYOUT);
+    CHECK_FAILS(ferry_tensor_check_transfer(t, 1000, 25, 1, 0, 0, "probe"), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strncmp(ferry_last_error(), "probe: 25 bytes at offset 1000", 30) == 0);
+    CHECK_FAILS(ferry_tensor_check_transfer(t, 0, 100, 11, 100, 100, NULL), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strncmp(ferry_last_error(), "tensor_check_transfer: 11 rows", 30) == 0);
+    CHECK_FAILS(ferry_tensor_check_transfer(t, SIZE_MAX - 2, 8, 1, 0, 0, "probe"), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_tensor_check_transfer(unalloc, 0, 4, 1, 0, 0, "probe"), FERRY_ERR_NOT_ALLOCATED);
+    CHECK_FAILS(ferry_tensor_check_transfer(NULL, 0, 4, 1, 0, 0, "probe"), FERRY_ERR_INVALID_ARG);
+    ferry_buffer_free(buf);
+    CHECK_FAILS(ferry_tensor_check_transfer(t, 0, 4, 1, 0, 0, "probe"), FERRY_ERR_FREED);
+    ferry_backend_free(cpu);
+    ferry_context_free(ctx);
+}
+
+/* ferry_kv_cache_params gives back the params the cache was made with. */
+static void test_kv_cache_params(void) {
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_Q8_0, .type_v = FERRY_TYPE_F16, .head_dim = 64, .n_head_kv = 2,
+                               .n_ctx = 96, .n_stream = 3, .n_layer = 2, .v_trans = true};
+    ferry_kv_cache * kv;
+    CHECK_OK(ferry_kv_cache_new(&p, NULL, &kv));
+    ferry_kv_params got;
+    memset(&got, 0xff, sizeof(got));
+    CHECK_OK(ferry_kv_cache_params(kv, &got));
+    CHECK(got.type_k == p.type_k && got.type_v == p.type_v);
+    CHECK(got.head_dim == p.head_dim && got.n_head_kv == p.n_head_kv);
+    CHECK(got.n_ctx == p.n_ctx && got.n_stream == p.n_stream && got.n_layer == p.n_layer);
+    CHECK(got.v_trans == p.v_trans);
+    CHECK_FAILS(ferry_kv_cache_params(kv, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_kv_cache_params(NULL, &got), FERRY_ERR_INVALID_ARG);
+    ferry_kv_cache_free(kv);
+}
+
 static const check_test tests[] = {
     {"type_sizes", test_type_sizes},
     {"nbytes_contiguous", test_nbytes_contiguous},
@@ -437,6 +578,10 @@ static const check_test tests[] = {
     {"dummy_synthetic", test_dummy_synthetic},
     {"bad_transfers", test_bad_transfers},
     {"f16_conversions", test_f16_conversions},
+    {"contiguous_strides", test_contiguous_strides},
+    {"layout_nbytes", test_layout_nbytes},
+    {"check_transfer", test_check_transfer},
+    {"kv_cache_params", test_kv_cache_params},
 };
 
 CHECK_MAIN(tests)

@@ -1,5 +1,5 @@
 /*
- * docs/design.md's test at the heart of ferry against a CUDA split backend: the KV cache in
+ * docs/design.md's heart test against a CUDA split backend: the KV cache in
  * pinned host memory, the window's copy in device memory starting as a sentinel. Each
  * test exits 77 (SKIP) without a device.
  */

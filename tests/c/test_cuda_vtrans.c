@@ -2,7 +2,7 @@
  * The transposed V window on CUDA: the backend's gather copy against the default 2-D
  * copy, its rule, and every way cuda-bench times (vtrans-paths.h), each checked for
  * exact bytes: rows whole at their own offsets, gaps untouched, compact copies packed.
- * The window here is small (128 channel rows of 512 B at docs/design.md's 64 KiB pitch) so
+ * The window here is small (128 channel rows of 512 B at the full-scale 64 KiB pitch) so
  * the checks are quick. Each test exits 77 (SKIP) without a device, but
  * gather_params_without_device, which checks what must hold on any machine.
  */
@@ -113,7 +113,7 @@ static void test_gather_params_without_device(void) {
 }
 
 /* The gather kernel's bytes are the default 2-D copy's, byte for byte, gaps included:
- * for every loads-per-thread, n_kv cells of f16 at docs/design.md's 64 KiB pitch. */
+ * for every loads-per-thread, n_kv cells of f16 at the full-scale 64 KiB pitch. */
 static int gather_vs_2d(int64_t n_kv) {
     vt_fix f;
     if (fix_init(&f, 32768, n_kv, 0) != FERRY_OK) {

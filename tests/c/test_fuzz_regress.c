@@ -92,8 +92,9 @@ static void test_synthetic_host_never_dereferenced(void) {
     ferry_backend_free(standin);
 }
 
-/* KV parameters whose product overflows: head_dim * n_head_kv wrapped (signed overflow) and
- * gave a cache with empty rows; the layers' total size wrapped past SIZE_MAX. */
+/* KV parameters whose products overflow are refused: head_dim * n_head_kv past INT64_MAX
+ * (a signed overflow, which would give a cache with empty rows), and layers whose total
+ * size passes SIZE_MAX though each layer fits. */
 static void test_kv_params_overflow(void) {
     ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = (int64_t) 1 << 40,
                          .n_head_kv = (int64_t) 1 << 40, .n_ctx = 1, .n_stream = 1, .n_layer = 1};
@@ -120,7 +121,8 @@ static void test_kv_params_overflow(void) {
 }
 
 /* Block types hold more values than bytes: a q4_0 shape within INT64_MAX bytes can have
- * 2^63 values, and ferry_tensor_nelements overflowed (signed) to a negative count. */
+ * 2^63 values, which ferry_tensor_nelements cannot count (a signed overflow to a negative
+ * count), so every way to make such a shape is refused. */
 static void test_element_count_overflow(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
@@ -175,9 +177,9 @@ static void test_overlapping_host_copy(void) {
     ferry_backend_free(cpu);
 }
 
-/* Synthetic addresses are handed out upwards and never reused; after a few buffers of 2^62
- * bytes the next one ran past the top of the address space, so a tensor placed in it had a
- * data pointer that overflowed (undefined; UBSan stops there). Every buffer must lie whole
+/* Synthetic addresses are handed out upwards and never reused. A few buffers of 2^62 bytes
+ * reach the top of the address space, and a buffer past it would give a tensor placed in it
+ * a data pointer that overflows (undefined; UBSan stops there). Every buffer must lie whole
  * below the top. */
 static void test_synthetic_addresses_never_wrap(void) {
     ferry_backend * dummy;
@@ -203,10 +205,10 @@ static void test_synthetic_addresses_never_wrap(void) {
     ferry_backend_free(dummy);
 }
 
-/* Shapes at the edge of int64: nbytes of a block-type row of 2^62 values multiplied ne[0] by
- * the block size before dividing (it wrapped: 2^58 bytes instead of 34 * 2^57), and an empty
- * shape whose other dimensions multiply past INT64_MAX had nrows (and nelements, multiplied
- * left to right) overflow. */
+/* Shapes at the edge of int64: nbytes of a block-type row of 2^62 values divides before it
+ * multiplies (ne[0] times the type size first would wrap: 2^58 bytes instead of 34 * 2^57),
+ * and an empty shape whose other dimensions multiply past INT64_MAX is refused, as its
+ * nrows (and nelements, multiplied left to right) would overflow. */
 static void test_huge_shapes_metadata(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
@@ -228,8 +230,8 @@ static void test_huge_shapes_metadata(void) {
 }
 
 /* An input copy from device memory into host memory goes by a get into the host side, which
- * the destination buffer never sees: copy_input reported 0 bytes copied and 0 calls for it
- * (a split on the CPU reading a node computed on the device), though the bytes arrived. */
+ * the destination buffer never sees (a split on the CPU reading a node computed on the
+ * device): copy_input counts those bytes and calls from the source's reads. */
 static void test_copy_input_counts_gets_into_host(void) {
     ferry_dummy_params p = ferry_dummy_default_params();
     p.real_memory = true;

@@ -41,7 +41,7 @@ static void sched_case_free(sched_case * c) {
     kv_fixture_free(&c->f);
 }
 
-/* docs/design.md's test through the scheduler: the K window as attention hands it on, read by
+/* The heart test through the scheduler: the K window as attention hands it on, read by
  * a node on the split backend; kv_check_window_copy's verdict, -1 if the setting failed. */
 static int ordered_copy_case(ferry_copy_policy policy, ferry_type type, int64_t n_stream, int64_t used) {
     const ferry_kv_params p = {.type_k = type, .type_v = type, .head_dim = 32, .n_head_kv = 2,

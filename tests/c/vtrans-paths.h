@@ -1,6 +1,6 @@
 /*
  * The ways to copy a transposed V window from pinned host memory to a CUDA device,
- * shared by cuda-bench (tools/cuda_window_bench.c, which times them at docs/design.md's size)
+ * shared by cuda-bench (tools/cuda_window_bench.c, which times them at full scale)
  * and test_cuda_vtrans (which checks them small), so what is timed is what is checked.
  *
  * The window is one 2-D copy: `rows` rows of `row` bytes, `pitch` apart. Each way is
@@ -46,7 +46,7 @@ typedef enum {
 
 typedef struct {
     const char * name;  /* the JSON and table label: stable */
-    const char * group; /* the letters: a flat, b plan, c contiguous, d1..d6 candidates */
+    const char * group; /* the report's groups: a flat, b plan, c contiguous, d1..d6 candidates */
     vt_kind kind;
     int param;          /* gather: loads per thread (0: default); split: streams; hybrid: % of rows gathered */
 } vt_way;

@@ -290,7 +290,7 @@ static bool open_alloc_of(const void * p, bool open) {
 }
 
 /* load_elem<T> of ops-cuda.cu: element i of a row whose elements (q8_0: blocks) are
- * stride bytes apart; ferry's type numbers (ferry.h): 0 f32, 1 f16, 4 q8_0. */
+ * stride bytes apart; ferry's type numbers (ferry/tensor.h): 0 f32, 1 f16, 4 q8_0. */
 static float load_elem(int type, const char * row, int64_t i, int64_t stride) {
     uint16_t h;
     if (type == 0) {

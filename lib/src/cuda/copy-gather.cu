@@ -1,8 +1,8 @@
 /*
  * The gather copy: a kernel that reads rows of pinned, mapped host memory straight
  * through the device's mapping of it and writes them to device memory. It stands in
- * for cudaMemcpy2DAsync where the copy engine is slow: rows far apart (docs/design.md: the
- * transposed V window at a 64 KiB pitch runs 1.5x the contiguous floor as one 2-D
+ * for cudaMemcpy2DAsync where the copy engine is slow: rows far apart (on the H200 the
+ * transposed V window at a 64 KiB pitch takes 1.5x the contiguous floor as one 2-D
  * copy). Every thread keeps L 16-byte loads in flight before it stores any, so the
  * bus sees many outstanding reads; a warp's loads are consecutive bytes of one row.
  */

@@ -18,9 +18,9 @@ struct backend_ctx {
     cudaStream_t stream;
     cudaEvent_t copy_event; /* orders a copy between two backends' streams */
     char name[16];
-    ferry_cuda_gather_params gather; /* the gather copy option (ferry.h) */
+    ferry_cuda_gather_params gather; /* the gather copy option (ferry/cuda.h) */
     uint64_t gather_copies;          /* 2-D sets the kernel carried out */
-    size_t fold_above;               /* the folded copy option (ferry.h): 0 off */
+    size_t fold_above;               /* the folded copy option (ferry/cuda.h): 0 off */
     uint64_t fold_copies;            /* 2-D copies issued as folded 3-D ones */
 };
 
@@ -48,7 +48,7 @@ static bool backend_supports_buft(ferry_backend * backend, ferry_buffer_type * b
     return ferry_cuda_is_device_buft(buft) && ((device_buft_ctx *) buft->context)->device == ctx_of(backend)->device;
 }
 
-/* Copies into the device are costed by docs/design.md's H200 anchors (copy-plan.c). */
+/* Copies into the device are costed by the GPU model (copy-plan.c), fitted to the H200 anchors. */
 static ferry_copy_cost_model backend_copy_cost_model(const ferry_backend * backend) {
     (void) backend;
     return ferry_copy_cost_model_gpu();
@@ -73,10 +73,10 @@ static ferry_status backend_get_async(ferry_backend * backend, const ferry_tenso
     return FERRY_OK;
 }
 
-/* The gather rule's defaults (ferry.h), from docs/design.md's anchors: one 2-D copy runs at
+/* The gather rule's defaults (ferry/cuda.h), from the H200 anchors: one 2-D copy runs at
  * the contiguous rate up to a 32 KiB pitch and 1.5x off it at 64 KiB. Rows under
- * 256 B are the copy engine's other weak spot, but they leave a warp's loads short:
- * not taken until measured. */
+ * 256 B are the copy engine's other weak spot, but they leave a warp's loads short,
+ * so the rule leaves them to the copy engine. */
 extern "C" ferry_cuda_gather_params ferry_cuda_gather_default_params(void) {
     ferry_cuda_gather_params p = {};
     p.on = false;
@@ -144,7 +144,7 @@ static bool copy_folded(backend_ctx * ctx, void * dst, size_t dpitch, const void
 }
 
 /* One cudaMemcpy2DAsync moves every row: the copy engine walks the pitches itself,
- * which is what lets a range copy reach the contiguous rate (docs/design.md's anchors). With
+ * which is what lets a range copy reach the contiguous rate on the H200. With
  * the gather option on and its rule met, a kernel reads the rows instead. */
 static ferry_status backend_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
                                          size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {

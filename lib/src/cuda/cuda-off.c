@@ -1,4 +1,4 @@
-/* The CUDA entry points of a build without CUDA: declared in ferry.h in every build so
+/* The CUDA entry points of a build without CUDA: declared in ferry/cuda.h in every build so
  * the binding's cdef is one file; each says plainly that CUDA is not compiled in. */
 #include "ferry-impl.h"
 

@@ -1,4 +1,4 @@
-/* A kernel that keeps a stream busy for a while (ferry_cuda_backend_hold in ferry.h). */
+/* A kernel that keeps a stream busy for a while (ferry_cuda_backend_hold in ferry/cuda.h). */
 #include "cuda-ops.h"
 
 /* The device's nanosecond clock: the same on every SM, unlike clock64(). */

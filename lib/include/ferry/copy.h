@@ -1,0 +1,175 @@
+/* ferry/copy.h: copy planning, its cost model, compact staging and the copy path. */
+#ifndef FERRY_COPY_H
+#define FERRY_COPY_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- copy policies and the ranges rule (copy-path.c) */
+
+/* How the scheduler copies a split input from another backend. */
+typedef enum {
+    FERRY_COPY_FLAT = 0,   /* the whole nbytes() span, gaps included */
+    FERRY_COPY_RANGES = 1, /* a host source whose last dimension is evenly spaced dense ranges: one 2-D set */
+    FERRY_COPY_PLAN = 2,   /* any view reduced to the fewest 2-D copies (copy-plan.c) */
+    FERRY_COPY_POLICY_COUNT = 3
+} ferry_copy_policy;
+
+const char * ferry_copy_policy_name(ferry_copy_policy policy);
+ferry_status ferry_copy_policy_from_name(const char * name, ferry_copy_policy * out);
+
+/* count rows of size bytes, row i at offset + i*stride (bytes, relative to a tensor's data). */
+typedef struct {
+    size_t offset;
+    size_t size;
+    size_t count;
+    size_t stride;
+} ferry_copy_2d;
+
+/*
+ * The ranges rule, on layout alone: dimensions 0..2 of t are one dense range (every
+ * byte of their span read once, dimension 0 innermost) and dimension 3 repeats it at
+ * a stride no smaller than the range. False (no error) when the rule does not apply.
+ */
+bool ferry_copy_ranges_of(const ferry_tensor * t, ferry_copy_2d * out);
+/* Bytes the graph reads through t: the distinct bytes its elements cover (blocks whole),
+ * from its copy plan; views too tangled to plan count their element bytes. */
+uint64_t ferry_tensor_bytes_read(const ferry_tensor * t);
+
+/* ---------------------------------------------------------------- the copy planner (copy-plan.c) */
+
+/*
+ * The copy planner: the fewest 2-D copies that move exactly the bytes t
+ * reads, each byte once and no other byte, in any layout (block types, permuted or
+ * overlapping strides, size-1 and stride-0 dimensions). Offsets are relative to t's
+ * own data (add t->view_offs for offsets in the view's source). With copies NULL it
+ * only counts: *n_copies gets the number needed. With copies too small for them it
+ * fails with FERRY_ERR_OUT_OF_BOUNDS and *n_copies still gets the number needed. A
+ * view whose rows overlap or interleave across more than 2^20 rows gives
+ * FERRY_ERR_UNSUPPORTED (copy the span instead). An empty view needs no copies.
+ */
+ferry_status ferry_copy_plan(const ferry_tensor * t, ferry_copy_2d * copies, size_t max_copies, size_t * n_copies);
+
+/* Some of a view's dimensions, by index. */
+typedef struct {
+    int n;
+    int dim[FERRY_MAX_DIMS];
+} ferry_dim_list;
+
+/* A fold: the outer dimensions' rows continue the inner ones' even progression. */
+typedef struct {
+    ferry_dim_list inner;
+    ferry_dim_list outer;
+} ferry_copy_fold;
+
+/* A dimension the planner keeps: count rows at a byte stride, standing for dims. */
+typedef struct {
+    size_t count;
+    size_t stride;
+    ferry_dim_list dims;
+} ferry_copy_dim;
+
+/*
+ * How the planner reduces a layout, step by step, as ferry_copy_plan does it: the row
+ * starts as one element (block) of the type; dimensions of count > 1 and stride 0 add no
+ * bytes (broadcast, in dimension order); a dimension whose stride is within the row
+ * merges into it (row_dims, in the order merged); two dimensions whose strides make one
+ * even progression fold into one (folds, in order). What is left (dims, by stride) either
+ * nests, and is then n_copies 2-D copies along dims[dim_2d] (one copy of the row when no
+ * dims are left), or tangles (nested false, dim_2d -1, n_copies 0: the planner
+ * enumerates those rows as byte intervals). An empty layout (a dimension of 0) is empty,
+ * row 0, nested, n_copies 0.
+ */
+typedef struct {
+    bool   empty;
+    size_t row;                /* bytes */
+    ferry_dim_list row_dims;
+    ferry_dim_list broadcast;
+    int    n_folds;
+    ferry_copy_fold folds[FERRY_MAX_DIMS];
+    int    n_dims;
+    ferry_copy_dim dims[FERRY_MAX_DIMS];
+    bool   nested;
+    int    dim_2d;
+    size_t n_copies;
+} ferry_copy_explanation;
+
+/* The explanation of the layout (n_dims of ne and nb; the rest count 1) that a view of
+ * this type would have. Bad input fails as ferry_copy_plan fails; no view is made. */
+ferry_status ferry_copy_plan_explain(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb,
+                                     ferry_copy_explanation * out);
+
+/* ---------------------------------------------------------------- the cost model (copy-plan.c) */
+
+/*
+ * What a copy costs, as a model. Each call (a 2-D copy, or the flat copy) costs call_us.
+ * Each row of a 2-D copy costs row_ns, plus its bytes rounded up to whole line_bytes
+ * (0: exact), but no more than its stride, at gbps (1e9 B/s) times
+ * small_row_efficiency for rows narrower than small_row_bytes. Rows at least
+ * wide_pitch_bytes apart cost wide_pitch_row_ns more each (0: no such cost). The flat
+ * copy is one call and nbytes at gbps. The figures and how they were found are in
+ * copy-plan.c and tools/results.
+ */
+typedef struct {
+    double call_us;
+    double row_ns;
+    double gbps;
+    size_t line_bytes;
+    size_t small_row_bytes;
+    double small_row_efficiency;
+    size_t wide_pitch_bytes;
+    double wide_pitch_row_ns;
+} ferry_copy_cost_model;
+
+ferry_copy_cost_model ferry_copy_cost_model_cpu(void); /* measured on a 2-core AMD EPYC (KVM) */
+ferry_copy_cost_model ferry_copy_cost_model_gpu(void); /* host to device, H200 over PCIe 5 (docs/design.md) */
+/* Estimated seconds of n planned copies, and of one flat copy of span bytes. */
+double ferry_copy_plan_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * copies, size_t n);
+double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span);
+/* Is the plan (of t) cheaper than the flat copy of nbytes(t)? False on a tie or bad input. */
+bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
+                            size_t n);
+/* The model a backend gives for copies into it (a CUDA backend: the GPU's), else the CPU's. */
+ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend);
+
+/* ---------------------------------------------------------------- compact staging (copy-compact.c) */
+
+/*
+ * Compact staging: the layout of a copy of t that holds only the bytes t reads, its
+ * dimensions in t's stride order with the gaps closed, so the k-th byte read is at
+ * offset k. Given when t's plan is one 2-D copy that reads no byte twice (the K window,
+ * the transposed V window); otherwise *out has t's own layout (as dup_layout).
+ */
+ferry_status ferry_tensor_compact_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
+/* Is dst the compact layout of src (and not simply the same layout)? */
+bool         ferry_tensor_is_compact_of(const ferry_tensor * dst, const ferry_tensor * src);
+
+/* ---------------------------------------------------------------- the copy path (copy-path.c) */
+
+/* What one input copy did. */
+typedef struct {
+    ferry_copy_policy path;  /* what was taken: FLAT when the policy's rule did not apply */
+    uint64_t bytes_read;     /* what the graph reads through the input */
+    uint64_t bytes_span;     /* nbytes(): what a flat copy moves */
+    uint64_t bytes_copied;   /* what arrived in the destination buffer */
+    uint64_t copy_calls;     /* transfer requests made */
+    uint64_t impl_calls;     /* operations that carried them out */
+    double   copy_seconds;   /* wall time of the copy, synchronize included */
+} ferry_copy_stats;
+
+/*
+ * The ordered copy of one split input: wait for the split backend, copy src into dst
+ * (same layout) by policy, wait again. Gap bytes of dst are left untouched. A dst in
+ * src's compact layout receives the bytes read, gathered, whatever the policy (path PLAN).
+ */
+ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
+                              ferry_tensor * dst, ferry_copy_stats * stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_COPY_H */

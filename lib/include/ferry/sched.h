@@ -1,0 +1,88 @@
+/* ferry/sched.h: the scheduler. */
+#ifndef FERRY_SCHED_H
+#define FERRY_SCHED_H
+
+#include "copy.h"
+#include "graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- the scheduler (sched.c) */
+
+/*
+ * The scheduler runs a graph over backends given in priority order. Each node gets a
+ * backend: the one it is pinned to, else the first that supports its op and can use
+ * the memory of all its sources, else the first that supports its op. Views compute
+ * nothing and go with their source. Consecutive nodes on one backend form a split; a
+ * source whose memory the split's backend cannot use is an input of the split and
+ * gets a copy with the same layout (same ne and nb), placed on that backend by the
+ * graph allocator together with the nodes' outputs. Compute runs the splits in order:
+ * each split's inputs go through ferry_copy_input under the scheduler's policy, then
+ * its nodes run. Sources are redirected to their copies only while the scheduler
+ * allocates and computes; the graph is left as it was given.
+ */
+typedef struct ferry_sched ferry_sched;
+
+typedef struct {
+    ferry_backend * backend;
+    int first_node;      /* index into the graph's nodes of the split's first node */
+    int n_nodes;         /* nodes it computes (views excluded) */
+    int first_input;     /* index of its first input in ferry_sched_input */
+    int n_inputs;
+    double compute_seconds; /* last run */
+} ferry_sched_split_info;
+
+typedef struct {
+    int split;
+    ferry_tensor * src;  /* what the graph reads */
+    ferry_tensor * copy; /* its copy on the split's backend */
+    ferry_copy_stats stats; /* last run */
+} ferry_sched_input_info;
+
+/* Totals of the last run, over all inputs and splits. */
+typedef struct {
+    uint64_t n_inputs;
+    uint64_t bytes_read;
+    uint64_t bytes_span;
+    uint64_t bytes_copied;
+    uint64_t copy_calls;
+    uint64_t impl_calls;
+    double   copy_seconds;
+    double   compute_seconds;
+} ferry_sched_stats;
+
+ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, ferry_sched ** out);
+void         ferry_sched_free(ferry_sched * sched);
+ferry_status ferry_sched_set_policy(ferry_sched * sched, ferry_copy_policy policy);
+ferry_copy_policy ferry_sched_get_policy(const ferry_sched * sched);
+/* Pin a node to a backend; takes effect at the next alloc. Pins are kept by address
+ * until cleared: clear them when the pinned tensors go (a new graph each decode step). */
+ferry_status ferry_sched_set_tensor_backend(ferry_sched * sched, ferry_tensor * node, ferry_backend * backend);
+void         ferry_sched_clear_pins(ferry_sched * sched);
+int          ferry_sched_n_pins(const ferry_sched * sched);
+/* Assign backends, find splits and inputs, allocate copies and outputs. */
+ferry_status ferry_sched_alloc_graph(ferry_sched * sched, ferry_graph * graph);
+/* Allocate if this is not the graph last allocated, then copy inputs and compute. */
+ferry_status ferry_sched_graph_compute(ferry_sched * sched, ferry_graph * graph);
+/* The backend a tensor of the last allocated graph was given (NULL if none). */
+ferry_backend * ferry_sched_get_tensor_backend(const ferry_sched * sched, const ferry_tensor * t);
+int          ferry_sched_n_splits(const ferry_sched * sched);
+ferry_status ferry_sched_split(const ferry_sched * sched, int i, ferry_sched_split_info * out);
+int          ferry_sched_n_inputs(const ferry_sched * sched);
+ferry_status ferry_sched_input(const ferry_sched * sched, int i, ferry_sched_input_info * out);
+ferry_status ferry_sched_get_stats(const ferry_sched * sched, ferry_sched_stats * out);
+/* Compact staging: input copies take ferry_tensor_compact_layout (only the bytes read)
+ * instead of the source's layout; takes effect at the next alloc. Off by default. */
+ferry_status ferry_sched_set_compact(ferry_sched * sched, bool compact);
+bool         ferry_sched_get_compact(const ferry_sched * sched);
+/* Bytes of compute memory (copies and outputs) the scheduler holds on a backend. The
+ * allocator's buffers grow and never shrink: compare options on fresh schedulers. */
+size_t       ferry_sched_buffer_size(const ferry_sched * sched, const ferry_backend * backend);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_SCHED_H */

@@ -1,0 +1,132 @@
+/* ferry/tensor.h: types and tensors. */
+#ifndef FERRY_TENSOR_H
+#define FERRY_TENSOR_H
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- types (types.c) */
+
+typedef enum {
+    FERRY_TYPE_F32 = 0,
+    FERRY_TYPE_F16 = 1,
+    FERRY_TYPE_BF16 = 2,
+    FERRY_TYPE_I32 = 3,
+    FERRY_TYPE_Q8_0 = 4, /* 32 values in 34 bytes: an f16 scale and 32 int8 */
+    FERRY_TYPE_Q4_0 = 5, /* 32 values in 18 bytes: an f16 scale and 16 bytes of nibbles */
+    FERRY_TYPE_COUNT = 6
+} ferry_type;
+
+/* Unknown types give NULL / 0 and leave an error. */
+const char * ferry_type_name(ferry_type type);
+ferry_status ferry_type_from_name(const char * name, ferry_type * out);
+size_t       ferry_type_size(ferry_type type);  /* bytes per block */
+int64_t      ferry_blck_size(ferry_type type);  /* values per block */
+/* Bytes taken by a row of ne values; ne must be a multiple of the block size. */
+ferry_status ferry_row_size(ferry_type type, int64_t ne, size_t * out);
+
+/* ---------------------------------------------------------------- tensors (tensor.c) */
+
+typedef struct ferry_context     ferry_context;
+typedef struct ferry_buffer_type ferry_buffer_type;
+typedef struct ferry_buffer      ferry_buffer;
+typedef struct ferry_backend     ferry_backend;
+
+typedef enum {
+    FERRY_OP_NONE = 0,   /* a leaf: data of its own */
+    FERRY_OP_VIEW = 1,   /* views share their source's memory */
+    FERRY_OP_RESHAPE = 2,
+    FERRY_OP_PERMUTE = 3,
+    FERRY_OP_TRANSPOSE = 4,
+    FERRY_OP_ADD = 5,
+    FERRY_OP_MUL = 6,
+    FERRY_OP_SCALE = 7,
+    FERRY_OP_DUP = 8,
+    FERRY_OP_CONCAT = 9,
+    FERRY_OP_PAD = 10,
+    FERRY_OP_MEAN = 11,
+    FERRY_OP_ATTN_DECODE = 12,
+    FERRY_OP_COUNT = 13
+} ferry_op;
+
+enum {
+    FERRY_TENSOR_FLAG_INPUT = 1,
+    FERRY_TENSOR_FLAG_OUTPUT = 2
+};
+
+/*
+ * A tensor: type, shape, byte strides, and where its bytes live. The struct is
+ * public so that readers (and the binding) see ne/nb directly; change it only
+ * through the functions below.
+ */
+typedef struct ferry_tensor {
+    ferry_type type;
+    int64_t ne[FERRY_MAX_DIMS];
+    size_t  nb[FERRY_MAX_DIMS];
+
+    ferry_op op;
+    int32_t  op_params[FERRY_MAX_OP_PARAMS];
+    int32_t  flags;
+    struct ferry_tensor * src[FERRY_MAX_SRC];
+
+    /* Views: the tensor whose memory this one reads (never itself a view) and the
+     * byte offset into it. data and buffer follow view_src once it is allocated. */
+    struct ferry_tensor * view_src;
+    size_t view_offs;
+
+    void * data;
+    ferry_buffer * buffer;
+    uint64_t buffer_id; /* the buffer's serial, so a freed buffer is recognised */
+
+    char name[FERRY_MAX_NAME];
+} ferry_tensor;
+
+/* A context owns tensor structs (not their data); freeing it frees them all. */
+ferry_status ferry_context_new(ferry_context ** out);
+void         ferry_context_free(ferry_context * ctx);
+size_t       ferry_context_n_tensors(const ferry_context * ctx);
+
+/* A new tensor with contiguous strides; ne[i] for i >= n_dims are 1. */
+ferry_status ferry_tensor_new(ferry_context * ctx, ferry_type type, int n_dims,
+                              const int64_t * ne, ferry_tensor ** out);
+/* A tensor with the same type, ne and nb as t, unallocated (the scheduler's input copy). */
+ferry_status ferry_tensor_dup_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
+/* A view of src: n_dims shapes, explicit byte strides nb[1..n_dims-1] (nb[0] is the
+ * type's), at a byte offset from src's first byte. It must stay inside src's own span. */
+ferry_status ferry_tensor_view(ferry_context * ctx, ferry_tensor * src, int n_dims,
+                               const int64_t * ne, const size_t * nb, size_t offset,
+                               ferry_tensor ** out);
+/* ggml's permute: dimension i of t becomes dimension axis[i] of the result. */
+ferry_status ferry_tensor_permute(ferry_context * ctx, ferry_tensor * t,
+                                  int axis0, int axis1, int axis2, int axis3, ferry_tensor ** out);
+ferry_status ferry_tensor_transpose(ferry_context * ctx, ferry_tensor * t, ferry_tensor ** out);
+/* t must be contiguous; the element count must not change. */
+ferry_status ferry_tensor_reshape(ferry_context * ctx, ferry_tensor * t, int n_dims,
+                                  const int64_t * ne, ferry_tensor ** out);
+ferry_status ferry_tensor_set_name(ferry_tensor * t, const char * name);
+
+int64_t ferry_tensor_nelements(const ferry_tensor * t);
+int64_t ferry_tensor_nrows(const ferry_tensor * t);
+/* ggml's rule: the span from the first byte to the last, whole blocks included. */
+size_t  ferry_tensor_nbytes(const ferry_tensor * t);
+/* The same rule for a layout given by n_dims of ne and nb (the rest count 1): 0 when a
+ * dimension is 0; FERRY_ERR_OUT_OF_BOUNDS when the span does not fit a size_t. */
+ferry_status ferry_layout_nbytes(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb, size_t * out);
+/* ggml's contiguous strides for n_dims of ne: nb[0] the type size, nb[1] a row of ne[0]
+ * (whole blocks), each next nb the one before times the count below it. A stride past
+ * size_t is given as SIZE_MAX: no tensor whose span steps it can be made. */
+ferry_status ferry_contiguous_strides(ferry_type type, int n_dims, const int64_t * ne, size_t * nb);
+bool    ferry_tensor_is_contiguous(const ferry_tensor * t);
+bool    ferry_tensor_same_layout(const ferry_tensor * a, const ferry_tensor * b);
+bool    ferry_tensor_is_view(const ferry_tensor * t);
+/* OK if t has memory behind it in a live buffer (views: their source). */
+ferry_status ferry_tensor_check_allocated(const ferry_tensor * t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_TENSOR_H */
