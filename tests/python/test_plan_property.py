@@ -163,7 +163,7 @@ def check_plan(v: View, planner: Optional[Planner] = None) -> None:
     view = ferry.layout_view(v.type, v.ne, v.nb, v.offset)
     assert ferry.bytes_read(view) == total
     assert view.nbytes == v.span
-    # the explanation (a Python mirror of the planner's simplification) agrees with C
+    # the explanation (what the planner's simplification did, step by step) agrees with its plan
     ex = ferry.explain(v.type, v.ne, v.nb)
     if ex.nested and copies:
         assert len(copies) == ex.n_copies
