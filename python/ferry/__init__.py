@@ -19,7 +19,7 @@ from .alloc import GraphAllocator, Placement
 from .backend import Backend, CPUBackend, DummyBackend, StandinBackend
 from .buffer import BorrowedBuffer, Buffer, BufferType, cpu_buffer_type
 from .copy_path import CopyPolicy, CopyRanges, CopyStats, bytes_read, copy_input, copy_ranges_of
-from .cuda import CUDABackend, Event, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
+from .cuda import CUDABackend, Event, cuda_available, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
 from .errors import (BackendError, FerryError, FreedBufferError, InvalidArgumentError, LayoutError,
                      NotAllocatedError, OutOfBoundsError, OutOfMemoryError, UnknownTypeError, UnsupportedError)
 from .graph import Graph
@@ -44,11 +44,6 @@ def build_info() -> Dict[str, Any]:
         "fake_cudart": bool(lib.ferry_built_with_fake_cudart()),
         "library": LIB_PATH,
     }
-
-
-def cuda_available() -> bool:
-    """True if CUDA was compiled in and a device is usable now."""
-    return bool(lib.ferry_cuda_available())
 
 
 __all__ = [

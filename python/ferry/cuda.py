@@ -18,6 +18,11 @@ from .buffer import BufferType
 from .errors import FerryError, InvalidArgumentError, check
 
 
+def cuda_available() -> bool:
+    """True if CUDA was compiled in and a device is usable now."""
+    return bool(lib.ferry_cuda_available())
+
+
 def cuda_device_count() -> int:
     """CUDA devices ferry can use (0 when there is none, no driver, or no CUDA in this build)."""
     out = ffi.new("int *")

@@ -1,0 +1,79 @@
+"""Options and argument types that several verbs share."""
+
+from __future__ import annotations
+
+import argparse
+from typing import List, Tuple
+
+
+def int_list(text: str) -> List[int]:
+    """An argparse type: "2,4,8" as [2, 4, 8].
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        For a word that is not an integer, or no number at all.
+    """
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def policy_list(text: str) -> List[str]:
+    """An argparse type: "flat,ranges" as ["flat", "ranges"] (the names are checked when the run is).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        When no name is given.
+    """
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one policy")
+    return values
+
+
+def stream_range(text: str) -> Tuple[int, int]:
+    """An argparse type: "S0-S1" or "S" as (s0, s1).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        For anything else.
+    """
+    parts = text.split("-")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected S0-S1 or S (stream numbers), got {text!r}") from None
+    if len(values) == 1:
+        return values[0], values[0]
+    if len(values) != 2:
+        raise argparse.ArgumentTypeError(f"expected S0-S1 or S (stream numbers), got {text!r}")
+    return values[0], values[1]
+
+
+def add_window_args(p: argparse.ArgumentParser, type_default: str, type_help: str) -> None:
+    """Add the options that say which KV-cache window a dry-run verb (table, plan) builds.
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+        The verb's parser; it gets -c, -npp, -ntg, --pad, --type, --head-dim, --kv-heads
+        (-npl is each verb's own).
+    type_default : str
+        The verb's default --type.
+    type_help : str
+        What --type is, in the verb's words.
+    """
+    p.add_argument("-c", type=int, required=True, metavar="N_CTX", help="cells in all streams together")
+    p.add_argument("-npp", type=int, required=True, help="prompt tokens per sequence")
+    p.add_argument("-ntg", type=int, required=True, help="generated tokens per sequence")
+    p.add_argument("--pad", type=int, default=1, help="round n_kv up to this (llama.cpp: 256; default 1)")
+    p.add_argument("--type", default=type_default, help=f"{type_help} (default {type_default})")
+    p.add_argument("--head-dim", type=int, default=128, help="default 128")
+    p.add_argument("--kv-heads", type=int, default=8, help="default 8")
