@@ -18,17 +18,20 @@ from ._binding import LIB_PATH, ffi, lib
 from .alloc import GraphAllocator, Placement
 from .backend import Backend, CPUBackend, DummyBackend, StandinBackend
 from .buffer import BorrowedBuffer, Buffer, BufferType, cpu_buffer_type
-from .copy_path import CopyPolicy, CopyRanges, CopyStats, bytes_read, copy_input, copy_ranges_of
-from .cuda import CUDABackend, Event, cuda_available, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
+from .copy2d import Copy2D
+from .copy_path import CopyRanges, bytes_read, copy_input, copy_ranges_of
+from .cuda import CUDABackend, cuda_available, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
+from .event import Event
 from .errors import (BackendError, FerryError, FreedBufferError, InvalidArgumentError, LayoutError,
                      NotAllocatedError, OutOfBoundsError, OutOfMemoryError, UnknownTypeError, UnsupportedError)
 from .graph import Graph
 from .kv import KVCache, KVParams
 from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
-from .plan import (Copy2D, CopyCostModel, Explanation, cost_model, explain, explain_tensor, flat_cost, layout_view,
+from .plan import (CopyCostModel, Explanation, cost_model, explain, explain_tensor, flat_cost, layout_view,
                    plan_copy, plan_cost, plan_of, plan_pays)
-from .sched import Input, SchedStats, Scheduler, Split
-from .stats import KINDS, Stats
+from .policy import CopyPolicy
+from .sched import Input, Scheduler, Split
+from .stats import KINDS, CopyStats, SchedStats, Stats
 from .tensor import Tensor, tensor_copy
 from .types import Type, blck_size, numpy_dtype, row_size, to_type, type_from_dtype, type_name, type_size
 

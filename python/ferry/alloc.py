@@ -10,15 +10,16 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
-from . import _args
-from ._adopt import adopt_placements
+from . import _checks
+from ._placements import adopt_placements
 from ._binding import ffi, lib
 from ._handle import Handle
 from .backend import Backend
 from .buffer import BorrowedBuffer, BufferType
 from .errors import FreedBufferError, InvalidArgumentError, check
 from .graph import Graph
-from .tensor import Tensor, _check_tensor
+from .tensor import Tensor
+
 
 class Placement(NamedTuple):
     """Where the allocator put a tensor: buffer type index, chunk, byte offset, bytes taken."""
@@ -35,12 +36,6 @@ def _buffer_type(x: object, i: int) -> BufferType:
     if isinstance(x, BufferType):
         return x
     raise InvalidArgumentError(f"graph allocator: item {i} is not a Backend or BufferType but {type(x).__name__}")
-
-
-def _check_graph(graph: object, what: str) -> Graph:
-    if not isinstance(graph, Graph):
-        raise InvalidArgumentError(f"{what}: expected a Graph, got {type(graph).__name__}")
-    return graph
 
 
 class GraphAllocator:
@@ -90,7 +85,7 @@ class GraphAllocator:
             return ffi.NULL
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or len(ids) != n:
             raise InvalidArgumentError(f"reserve: {what} needs {n} buffer type indices, got {ids!r}")
-        vals = [_args.as_c_int(v, f"reserve: {what}[{i}]") for i, v in enumerate(ids)]
+        vals = [_checks.as_c_int(v, f"reserve: {what}[{i}]") for i, v in enumerate(ids)]
         for i, v in enumerate(vals):
             if not 0 <= v < len(self._types):
                 raise InvalidArgumentError(f"reserve: {what}[{i}] = {v} is not a buffer type index "
@@ -101,7 +96,7 @@ class GraphAllocator:
                 leaf_types: Optional[Sequence[int]] = None) -> None:
         """Measure graph and make the buffers big enough. node_types[i] / leaf_types[i]: the index
         of the buffer type of node / leaf i (None: all 0)."""
-        g = _check_graph(graph, "reserve")
+        g = _checks.instance(graph, Graph, "reserve")
         nodes = self._ids(node_types, g.n_nodes, "node_types")
         leafs = self._ids(leaf_types, g.n_leafs, "leaf_types")
         check(lib.ferry_gallocr_reserve(self._p, g._p, nodes, leafs))
@@ -109,7 +104,7 @@ class GraphAllocator:
 
     def alloc(self, graph: Graph) -> None:
         """Place every tensor of graph that has no memory yet (growing the buffers if needed)."""
-        g = _check_graph(graph, "alloc")
+        g = _checks.instance(graph, Graph, "alloc")
         check(lib.ferry_gallocr_alloc_graph(self._p, g._p))
         self._graph = g
         adopt_placements(g._tensors.values(), self, self._handle, self._types, self._chunks)
@@ -137,7 +132,7 @@ class GraphAllocator:
 
     def placement(self, tensor: Tensor) -> Optional[Placement]:
         """Where the last measured graph put tensor; None for views and tensors it left alone."""
-        t = _check_tensor(tensor, "placement")
+        t = _checks.instance(tensor, Tensor, "placement")
         vals = ffi.new("int[2]")
         sizes = ffi.new("size_t[2]")
         st = lib.ferry_gallocr_tensor_placement(self._p, t._p, vals, vals + 1, sizes, sizes + 1)
@@ -148,7 +143,7 @@ class GraphAllocator:
         return Placement(int(vals[0]), int(vals[1]), int(sizes[0]), int(sizes[1]))
 
     def _index(self, buffer_type: int) -> int:
-        i = _args.as_c_int(buffer_type, "buffer type index")
+        i = _checks.as_c_int(buffer_type, "buffer type index")
         if not 0 <= i < len(self._types):
             raise InvalidArgumentError(f"buffer type index {i} is not in 0..{len(self._types) - 1}")
         return i

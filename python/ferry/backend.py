@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
-from . import _args, _data
+from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from ._handle import Handle
 from .buffer import Buffer, BufferType
 from .errors import FerryError, InvalidArgumentError, check
+from .event import Event
 from .stats import Stats
+from .tensor import Tensor
 from .types import TypeLike
-
-if TYPE_CHECKING:
-    from .cuda import Event
-    from .tensor import Tensor
-
-
-def _tensor(t: object, what: str) -> "Tensor":
-    from .tensor import Tensor
-
-    if not isinstance(t, Tensor):
-        raise InvalidArgumentError(f"{what}: expected a Tensor, got {type(t).__name__}")
-    return t
 
 
 class Backend:
@@ -65,8 +55,7 @@ class Backend:
 
     def supports_buffer_type(self, buffer_type: BufferType) -> bool:
         """Can this backend read and write buffers of buffer_type?"""
-        if not isinstance(buffer_type, BufferType):
-            raise InvalidArgumentError(f"supports_buffer_type: expected a BufferType, got {type(buffer_type).__name__}")
+        _checks.instance(buffer_type, BufferType, "supports_buffer_type")
         return bool(lib.ferry_backend_supports_buft(self._p, buffer_type._ptr))
 
     # ------------------------------------------------------------ allocation
@@ -75,85 +64,83 @@ class Backend:
         """A new buffer of size bytes of the default buffer type."""
         return self._buffer_type.alloc_buffer(size)
 
-    def alloc_buffer_for(self, tensor: "Tensor") -> Buffer:
+    def alloc_buffer_for(self, tensor: Tensor) -> Buffer:
         """A buffer exactly large enough for tensor, with tensor placed at its start."""
-        t = _tensor(tensor, "alloc_buffer_for")
+        t = _checks.instance(tensor, Tensor, "alloc_buffer_for")
         buf = self.alloc_buffer(self._buffer_type.alloc_size(t))
         buf.place(t, 0)
         return buf
 
-    def alloc_tensor(self, type: TypeLike, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
+    def alloc_tensor(self, type: TypeLike, ne: Sequence[int], name: Optional[str] = None) -> Tensor:
         """A new contiguous tensor in a buffer of its own."""
-        from .tensor import Tensor
-
         t = Tensor.new(type, ne, name=name)
         self.alloc_buffer_for(t)
         return t
 
     # ------------------------------------------------------------ transfers
 
-    def set_async(self, tensor: "Tensor", data: _data.BytesLike, offset: int = 0) -> None:
+    def set_async(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int = 0) -> None:
         """Write all of data into tensor at a byte offset."""
-        t = _tensor(tensor, "set_async")
-        d = _data.readable(data, "set_async")
+        t = _checks.instance(tensor, Tensor, "set_async")
+        d = _pybuffer.readable(data, "set_async")
         self._queue(d, lambda: lib.ferry_backend_tensor_set_async(
-            self._p, t._p, d.ptr, _args.as_size(offset, "set_async: offset"), d.nbytes))
+            self._p, t._p, d.ptr, _checks.as_size(offset, "set_async: offset"), d.nbytes))
 
-    def get_async(self, tensor: "Tensor", out: Any, offset: int = 0) -> None:
+    def get_async(self, tensor: Tensor, out: Any, offset: int = 0) -> None:
         """Fill out (a writable buffer) from tensor at a byte offset; out is valid after synchronize()."""
-        t = _tensor(tensor, "get_async")
-        d = _data.writable(out, "get_async")
+        t = _checks.instance(tensor, Tensor, "get_async")
+        d = _pybuffer.writable(out, "get_async")
         self._queue(d, lambda: lib.ferry_backend_tensor_get_async(
-            self._p, t._p, d.ptr, _args.as_size(offset, "get_async: offset"), d.nbytes))
+            self._p, t._p, d.ptr, _checks.as_size(offset, "get_async: offset"), d.nbytes))
 
-    def set_2d_async(self, tensor: "Tensor", data: _data.BytesLike, offset: int, size: int, n_copies: int,
+    def set_2d_async(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
         """Write n_copies rows of size bytes: row i goes to offset + i*stride_tensor in tensor and
         comes from data[i*stride_data:][:size] (stride_data defaults to size: packed rows)."""
-        t = _tensor(tensor, "set_2d_async")
-        args = _args_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
-        d = _data.readable(data, "set_2d_async")
-        self._queue(d, lambda: d.need(_data.extent_2d(args[1], args[2], args[4]), "set_2d_async")
+        t = _checks.instance(tensor, Tensor, "set_2d_async")
+        args = _checks.transfer_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
+        d = _pybuffer.readable(data, "set_2d_async")
+        self._queue(d, lambda: d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "set_2d_async")
                     or lib.ferry_backend_tensor_set_2d_async(self._p, t._p, d.ptr, *args))
 
-    def get_2d_async(self, tensor: "Tensor", out: Any, offset: int, size: int, n_copies: int,
+    def get_2d_async(self, tensor: Tensor, out: Any, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
         """Read n_copies rows of size bytes from offset + i*stride_tensor into out at i*stride_data;
         out is valid after synchronize()."""
-        t = _tensor(tensor, "get_2d_async")
-        args = _args_2d("get_2d_async", offset, size, n_copies, stride_tensor, stride_data)
-        d = _data.writable(out, "get_2d_async")
-        self._queue(d, lambda: d.need(_data.extent_2d(args[1], args[2], args[4]), "get_2d_async")
+        t = _checks.instance(tensor, Tensor, "get_2d_async")
+        args = _checks.transfer_2d("get_2d_async", offset, size, n_copies, stride_tensor, stride_data)
+        d = _pybuffer.writable(out, "get_2d_async")
+        self._queue(d, lambda: d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "get_2d_async")
                     or lib.ferry_backend_tensor_get_2d_async(self._p, t._p, d.ptr, *args))
 
-    def set_2d(self, tensor: "Tensor", data: _data.BytesLike, offset: int, size: int, n_copies: int,
+    def set_2d(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                stride_tensor: int, stride_data: Optional[int] = None) -> None:
         """set_2d_async, then synchronize()."""
         self.set_2d_async(tensor, data, offset, size, n_copies, stride_tensor, stride_data)
         self.synchronize()
 
-    def get_2d(self, tensor: "Tensor", offset: int, size: int, n_copies: int, stride_tensor: int,
+    def get_2d(self, tensor: Tensor, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None) -> bytes:
         """get_2d_async into new memory, synchronize(), and return it ((n_copies-1)*stride_data + size bytes)."""
-        t = _tensor(tensor, "get_2d")
-        args = _args_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
+        t = _checks.instance(tensor, Tensor, "get_2d")
+        args = _checks.transfer_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
         t._check_read("tensor_get_2d_async", *args)
-        out = _data.new_bytes(_data.extent_2d(args[1], args[2], args[4]), "get_2d")
+        out = _pybuffer.new_bytes(_pybuffer.extent_2d(args[1], args[2], args[4]), "get_2d")
         self.get_2d_async(tensor, out, *args)
         self.synchronize()
         return bytes(out)
 
-    def copy_async(self, src: "Tensor", dst: "Tensor", src_backend: Optional["Backend"] = None) -> None:
+    def copy_async(self, src: Tensor, dst: Tensor, src_backend: Optional["Backend"] = None) -> None:
         """Copy src into dst (same type, ne and nb) on this backend, dst's; src_backend defaults to self."""
-        s = _tensor(src, "copy_async")
-        d = _tensor(dst, "copy_async")
+        s = _checks.instance(src, Tensor, "copy_async")
+        d = _checks.instance(dst, Tensor, "copy_async")
         if src_backend is not None and not isinstance(src_backend, Backend):
             raise InvalidArgumentError(f"copy_async: src_backend is not a Backend but {type(src_backend).__name__}")
         sb = src_backend if src_backend is not None else self
         check(lib.ferry_backend_tensor_copy_async(sb._p, self._p, s._p, d._p))
         self._pending.append((s, d, sb))
 
-    def _queue(self, d: _data.CData, start: Callable[[], int]) -> None:
+    def _queue(self, d: _pybuffer.CData, start: Callable[[], int]) -> None:
         """Start an async transfer of d's memory; d is kept until synchronize(), or given back at once
         if the transfer does not start."""
         try:
@@ -170,19 +157,13 @@ class Backend:
 
     # ------------------------------------------------------------ events
 
-    def event(self, timing: bool = False) -> "Event":
+    def event(self, timing: bool = False) -> Event:
         """A new event of this backend (timing: it can be timed with Event.elapsed_ms)."""
-        from .cuda import Event
-
         return Event(self, timing)
 
-    def wait(self, event: "Event") -> None:
+    def wait(self, event: Event) -> None:
         """Make this backend's later work wait for event."""
-        from .cuda import Event
-
-        if not isinstance(event, Event):
-            raise InvalidArgumentError(f"wait: expected an Event, got {type(event).__name__}")
-        event.wait(self)
+        _checks.instance(event, Event, "wait", article="an").wait(self)
 
     # ------------------------------------------------------------ counters
 
@@ -207,7 +188,7 @@ _synchronize = lib.ferry_backend_synchronize
 
 def _release_pending(pending: List[Any]) -> None:
     for x in pending:
-        if isinstance(x, _data.CData):
+        if isinstance(x, _pybuffer.CData):
             x.release()
     pending.clear()
 
@@ -220,19 +201,6 @@ def _release_backend(handle: Handle, pending: List[Any]) -> None:
             _synchronize(handle.ptr)  # a failure has nowhere to go from a finalizer
         _release_pending(pending)
     handle.release()
-
-
-def _args_2d(what: str, offset: int, size: int, n_copies: int, stride_tensor: int,
-             stride_data: Optional[int]) -> tuple:
-    """The checked (offset, size, n_copies, stride_tensor, stride_data) of a 2-D transfer."""
-    size = _args.as_size(size, f"{what}: size")
-    return (
-        _args.as_size(offset, f"{what}: offset"),
-        size,
-        _args.as_size(n_copies, f"{what}: n_copies"),
-        _args.as_size(stride_tensor, f"{what}: stride_tensor"),
-        size if stride_data is None else _args.as_size(stride_data, f"{what}: stride_data"),
-    )
 
 
 class CPUBackend(Backend):
@@ -272,12 +240,12 @@ class DummyBackend(Backend):
                  has_2d: bool = True, is_host: bool = False) -> None:
         params = ffi.new("ferry_dummy_params *")
         params[0] = lib.ferry_dummy_default_params()
-        params.alignment = _args.as_size(alignment, "DummyBackend: alignment")
-        params.max_buffer_size = 0 if max_buffer_size is None else _args.as_size(
+        params.alignment = _checks.as_size(alignment, "DummyBackend: alignment")
+        params.max_buffer_size = 0 if max_buffer_size is None else _checks.as_size(
             max_buffer_size, "DummyBackend: max_buffer_size")
-        params.real_memory = _args.as_bool(real_memory, "DummyBackend: real_memory")
-        params.has_2d = _args.as_bool(has_2d, "DummyBackend: has_2d")
-        params.is_host = _args.as_bool(is_host, "DummyBackend: is_host")
+        params.real_memory = _checks.as_bool(real_memory, "DummyBackend: real_memory")
+        params.has_2d = _checks.as_bool(has_2d, "DummyBackend: has_2d")
+        params.is_host = _checks.as_bool(is_host, "DummyBackend: is_host")
         out = ffi.new("ferry_backend **")
         check(lib.ferry_dummy_backend_new(params, out))
         super().__init__(out[0])

@@ -5,16 +5,16 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from . import _args
+from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
-from .errors import FerryError, FreedBufferError, InvalidArgumentError, check
+from .errors import FerryError, FreedBufferError, InvalidArgumentError, UnsupportedError, check
 from .stats import Stats
+from .tensor import Tensor
 from .types import TypeLike
 
 if TYPE_CHECKING:
     from .backend import Backend
-    from .tensor import Tensor
 
 _USAGES = {"any": lib.FERRY_BUFFER_USAGE_ANY, "weights": lib.FERRY_BUFFER_USAGE_WEIGHTS,
            "compute": lib.FERRY_BUFFER_USAGE_COMPUTE}
@@ -51,7 +51,7 @@ class BufferType:
     def max_size(self) -> Optional[int]:
         """The largest buffer it allocates, or None if unbounded."""
         n = int(lib.ferry_buffer_type_max_size(self._ptr))
-        return None if n == _args.SIZE_MAX else n
+        return None if n == _checks.SIZE_MAX else n
 
     @property
     def is_host(self) -> bool:
@@ -61,14 +61,14 @@ class BufferType:
     def backend(self) -> Optional["Backend"]:
         return self._backend
 
-    def alloc_size(self, tensor: "Tensor") -> int:
+    def alloc_size(self, tensor: Tensor) -> int:
         """Bytes tensor takes in a buffer of this type."""
         return int(lib.ferry_buffer_type_alloc_size(self._ptr, tensor._p))
 
     def alloc_buffer(self, size: int) -> "Buffer":
         """A new buffer of size bytes (OutOfMemoryError past max_size)."""
         out = ffi.new("ferry_buffer **")
-        check(lib.ferry_buffer_type_alloc_buffer(self._ptr, _args.as_size(size, "alloc_buffer: size"), out))
+        check(lib.ferry_buffer_type_alloc_buffer(self._ptr, _checks.as_size(size, "alloc_buffer: size"), out))
         return Buffer(out[0], self)
 
     def __eq__(self, other: object) -> bool:
@@ -160,25 +160,18 @@ class Buffer:
 
     def clear(self, value: int = 0) -> None:
         """Set every byte of the buffer to value (0..255)."""
-        v = _args.as_int(value, "clear: value")
-        if not 0 <= v <= 255:
-            raise InvalidArgumentError(f"clear: value {v} is not a byte (0..255)")
+        v = _checks.as_byte(value, "clear: value")
         check(lib.ferry_buffer_clear(self._p, v))
 
-    def place(self, tensor: "Tensor", offset: int = 0) -> "Tensor":
+    def place(self, tensor: Tensor, offset: int = 0) -> Tensor:
         """Give tensor (not a view) memory at a byte offset, aligned to the buffer type. Returns tensor."""
-        from .tensor import Tensor
-
-        if not isinstance(tensor, Tensor):
-            raise InvalidArgumentError(f"place: expected a Tensor, got {type(tensor).__name__}")
-        check(lib.ferry_buffer_place_tensor(self._p, tensor._p, _args.as_size(offset, "place: offset")))
+        _checks.instance(tensor, Tensor, "place")
+        check(lib.ferry_buffer_place_tensor(self._p, tensor._p, _checks.as_size(offset, "place: offset")))
         tensor._buffer = self  # the tensor keeps its memory alive
         return tensor
 
-    def new_tensor(self, type: TypeLike, ne: Sequence[int], offset: int = 0, name: Optional[str] = None) -> "Tensor":
+    def new_tensor(self, type: TypeLike, ne: Sequence[int], offset: int = 0, name: Optional[str] = None) -> Tensor:
         """A new contiguous tensor placed at offset in this buffer."""
-        from .tensor import Tensor
-
         return self.place(Tensor.new(type, ne, name=name), offset)
 
     @property
@@ -233,8 +226,6 @@ class BorrowedBuffer(Buffer):
 
     def free(self) -> None:
         """Refused: the owner frees it (close the allocator or scheduler, or drop the cache)."""
-        from .errors import UnsupportedError
-
         raise UnsupportedError(f"{self._type_name} buffer {self._id} belongs to {type(self._owner).__name__}; "
                                "free that instead")
 

@@ -8,15 +8,14 @@ NONE); nodes are the rest, views included.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List
 
+from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
+from .backend import Backend
 from .errors import InvalidArgumentError, check
-from .tensor import Tensor, _check_tensor
-
-if TYPE_CHECKING:
-    from .backend import Backend
+from .tensor import Tensor
 
 
 _MAX_SRC = lib.FERRY_MAX_SRC
@@ -50,7 +49,7 @@ class Graph:
     def build(self, *outputs: Tensor) -> "Graph":
         """Add each output and what it depends on. Returns self."""
         for i, t in enumerate(outputs):
-            _check_tensor(t, f"graph build: output {i}")._check_retainable()
+            _checks.instance(t, Tensor, f"graph build: output {i}")._check_retainable()
         for t in outputs:
             check(lib.ferry_graph_build(self._p, t._p))
             self._outputs.append(t)
@@ -128,12 +127,9 @@ class Graph:
     def __iter__(self) -> Iterator[Tensor]:
         return iter(self.nodes)
 
-    def compute(self, backend: "Backend") -> None:
+    def compute(self, backend: Backend) -> None:
         """Run every node on backend, then wait for it."""
-        from .backend import Backend
-
-        if not isinstance(backend, Backend):
-            raise InvalidArgumentError(f"graph compute: expected a Backend, got {type(backend).__name__}")
+        _checks.instance(backend, Backend, "graph compute")
         check(lib.ferry_backend_graph_compute(backend._p, self._p))
         backend.synchronize()
 

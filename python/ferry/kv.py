@@ -13,7 +13,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from . import _args, _data
+from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from ._handle import Handle
 from .backend import Backend
@@ -21,6 +21,9 @@ from .buffer import BorrowedBuffer, BufferType, buffer_type_of, cpu_buffer_type
 from .errors import InvalidArgumentError, OutOfBoundsError, check
 from .tensor import Tensor
 from .types import Type, TypeLike, to_type
+
+# The name KVCache.__init__ uses where it builds KVParams; that code is being replaced by calls into C.
+_args = _checks
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ class KVCache:
         return self._buffer_type
 
     def _layer(self, layer: int) -> int:
-        i = _args.as_c_int(layer, "KVCache: layer")
+        i = _checks.as_c_int(layer, "KVCache: layer")
         if not 0 <= i < self._params.n_layer:
             raise OutOfBoundsError(f"kv_cache: layer {i} is not in 0..{self._params.n_layer - 1}")
         return i
@@ -145,10 +148,10 @@ class KVCache:
         """The K and V windows attention reads: the first n_kv cells of streams s0..s1 (default: the
         last), permuted (0, 2, 1, 3) as attention hands them on. K: [head_dim, n_kv, n_head_kv, ns];
         V likewise, or [n_kv, head_dim, n_head_kv, ns] when transposed."""
-        li = _args.as_c_int(layer, "kv_window: layer")
-        nk = _args.as_int64(n_kv, "kv_window: n_kv")
-        a = _args.as_int64(s0, "kv_window: s0")
-        b = self._params.n_stream - 1 if s1 is None else _args.as_int64(s1, "kv_window: s1")
+        li = _checks.as_c_int(layer, "kv_window: layer")
+        nk = _checks.as_int64(n_kv, "kv_window: n_kv")
+        a = _checks.as_int64(s0, "kv_window: s0")
+        b = self._params.n_stream - 1 if s1 is None else _checks.as_int64(s1, "kv_window: s1")
         kv = self._p
         k = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, out, ffi.NULL),
                    source=self.k(self._layer(li)))
@@ -160,17 +163,17 @@ class KVCache:
         if not isinstance(which, str) or which not in ("k", "v"):
             raise InvalidArgumentError(f"kv stream: which is 'k' or 'v', not {which!r}")
         t = self.k(layer) if which == "k" else self.v(layer)
-        s = _args.as_int64(stream, "kv stream: stream")
+        s = _checks.as_int64(stream, "kv stream: stream")
         if not 0 <= s < self._params.n_stream:
             raise OutOfBoundsError(f"kv stream: stream {s} is not in 0..{self._params.n_stream - 1}")
         size = t.nb[2]
         return t, s * size, size
 
-    def set_stream(self, which: str, layer: int, stream: int, data: _data.BytesLike) -> None:
+    def set_stream(self, which: str, layer: int, stream: int, data: _pybuffer.BytesLike) -> None:
         """Fill one stream of layer's K ("k") or V ("v") with exactly its bytes (a numpy array shaped
         [kv_size, n_embd_gqa] of the cache's dtype, or raw bytes for quantized types)."""
         t, offset, size = self._stream_of(which, layer, stream)
-        with _data.readable(data, "kv set_stream") as d:
+        with _pybuffer.readable(data, "kv set_stream") as d:
             if d.nbytes != size:
                 raise OutOfBoundsError(f"kv set_stream: a stream of {which.upper()} holds {size} bytes, "
                                        f"the data {d.nbytes}")

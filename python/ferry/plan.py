@@ -12,33 +12,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import _args
+from . import _checks
 from ._binding import ffi, lib
 from .backend import Backend
 from .errors import InvalidArgumentError, LayoutError, UnsupportedError, check
-from .tensor import Tensor, _check_tensor
+from .copy2d import Copy2D, to_c
+from .tensor import Tensor
 from .types import TypeLike, to_type
 
+# The names explain() and explain_tensor() use; their bodies are being replaced by calls into C.
+_args = _checks
 
-class Copy2D(NamedTuple):
-    """count rows of size bytes, row i at offset + i*stride (bytes from the first byte of the view's source)."""
 
-    offset: int
-    size: int
-    count: int
-    stride: int
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this copy moves: size * count."""
-        return self.size * self.count
-
-    @property
-    def end(self) -> int:
-        """One past the last byte it moves."""
-        return self.offset + (self.count - 1) * self.stride + self.size if self.count else self.offset
+def _check_tensor(value: object, what: str) -> Tensor:
+    return _checks.instance(value, Tensor, what)
 
 
 # ---------------------------------------------------------------- planning
@@ -53,7 +42,7 @@ def _c_plan(t: Tensor) -> List[Copy2D]:
         return []
     copies = ffi.new("ferry_copy_2d[]", n[0])
     check(lib.ferry_copy_plan(p, copies, n[0], n))
-    return [Copy2D(int(c.offset), int(c.size), int(c.count), int(c.stride)) for c in copies[0:n[0]]]
+    return [Copy2D.from_c(c) for c in copies[0:n[0]]]
 
 
 def plan_of(tensor: Tensor) -> List[Copy2D]:
@@ -61,7 +50,7 @@ def plan_of(tensor: Tensor) -> List[Copy2D]:
     tensor whose memory it reads; itself if not a view), so each row is at offset + tensor.offset
     of what C plans. UnsupportedError for a view whose rows tangle over more than 2^20 rows (the
     copy path copies the span then); [] for an empty tensor."""
-    t = _check_tensor(tensor, "plan_of")
+    t = _checks.instance(tensor, Tensor, "plan_of")
     base = t.offset
     return [c._replace(offset=c.offset + base) for c in _c_plan(t)]
 
@@ -81,19 +70,17 @@ def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: in
     dimension has stride = element size or one value, and the view is made with it first and
     permuted. Errors carry C's message."""
     ty = to_type(type)
-    if source is not None and _check_tensor(source, "plan_copy: source").type != ty:
+    if source is not None and _checks.instance(source, Tensor, "plan_copy: source").type != ty:
         raise LayoutError(f"plan_copy: the source is {source.type}, the view {ty}")
-    shape = _args.as_shape(ne, "plan_copy: ne")
-    if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != len(shape):
-        raise InvalidArgumentError(f"plan_copy: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
-    strides = [_args.as_size(v, f"plan_copy: nb[{i}]") for i, v in enumerate(nb)]
-    off = _args.as_size(offset, "plan_copy: offset")
+    shape = _checks.as_shape(ne, "plan_copy: ne")
+    strides = _checks.as_strides(nb, len(shape), "plan_copy")
+    off = _checks.as_size(offset, "plan_copy: offset")
     unit, blck = ty.size, ty.blck_size
     # ferry views are 4-D: one-value dimensions after the given ones, strided as ferry_tensor_view would
     shape4, strides4 = shape + [1] * (4 - len(shape)), list(strides)
     for i in range(len(strides), 4):
         s = unit * (max(shape4[0], 0) // blck) if i == 1 else strides4[i - 1] * max(shape4[i - 1], 0)
-        strides4.append(min(s, _args.SIZE_MAX))  # one value: the stride is never stepped
+        strides4.append(min(s, _checks.SIZE_MAX))  # one value: the stride is never stepped
     first = 0
     if strides4[0] != unit:
         if blck > 1:
@@ -124,7 +111,7 @@ def _source_for(ty: Any, off: int, ne: Sequence[int], nb: Sequence[int], name: s
     unit, blck = ty.size, ty.blck_size
     counts = [max(ne[0], 0) // blck] + [max(n, 0) for n in ne[1:]]
     blocks = max(-(-(off + _span(unit, counts, nb)) // unit), 1)
-    if blocks > _args.INT64_MAX // (unit * blck):
+    if blocks > _checks.INT64_MAX // (unit * blck):
         blocks = 1
     return Tensor.new(ty, [blocks * blck], name=f"{name}_src")
 
@@ -163,7 +150,7 @@ class CopyCostModel:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.type == "int":
-                _args.as_size(v, f"CopyCostModel: {f.name}")
+                _checks.as_size(v, f"CopyCostModel: {f.name}")
             elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise InvalidArgumentError(f"CopyCostModel: {f.name} must be a finite number >= 0, got {v!r}")
         if self.gbps <= 0:
@@ -184,14 +171,13 @@ class CopyCostModel:
 
     @classmethod
     def gpu(cls) -> "CopyCostModel":
-        """Host to device over PCIe gen 5, from SPEC.md's H200 anchors."""
+        """Host to device over PCIe gen 5, from the H200 figures in docs/design.md ("Measured anchors")."""
         return cls.from_c(lib.ferry_copy_cost_model_gpu())
 
     @classmethod
     def of_backend(cls, backend: Backend) -> "CopyCostModel":
         """The model for copies into backend (a GPU's for CUDA, else the CPU's)."""
-        if not isinstance(backend, Backend):
-            raise InvalidArgumentError(f"CopyCostModel.of_backend: expected a Backend, got {type(backend).__name__}")
+        _checks.instance(backend, Backend, "CopyCostModel.of_backend")
         return cls.from_c(lib.ferry_backend_copy_cost_model(backend._p))
 
     def _c(self) -> Any:
@@ -220,43 +206,29 @@ def cost_model(model: ModelLike = "cpu") -> CopyCostModel:
     raise InvalidArgumentError(f"cost model: expected 'cpu', 'gpu', a CopyCostModel or a Backend, got {model!r}")
 
 
-def _c_copies(copies: Iterable[Sequence[int]], what: str) -> Tuple[Any, int]:
-    if isinstance(copies, (str, bytes)) or not hasattr(copies, "__iter__"):
-        raise InvalidArgumentError(f"{what}: expected a list of copies (offset, size, count, stride), got {copies!r}")
-    rows = []
-    for i, c in enumerate(copies):
-        if isinstance(c, (str, bytes)) or not hasattr(c, "__len__") or len(c) != 4:
-            raise InvalidArgumentError(f"{what}: copy {i} is not (offset, size, count, stride): {c!r}")
-        rows.append([_args.as_size(v, f"{what}: copy {i}") for v in c])
-    arr = ffi.new("ferry_copy_2d[]", max(len(rows), 1))
-    for a, (off, size, count, stride) in zip(arr, rows):
-        a.offset, a.size, a.count, a.stride = off, size, count, stride
-    return arr, len(rows)
-
-
 def plan_cost(copies: Iterable[Sequence[int]], model: ModelLike = "cpu") -> float:
     """Estimated seconds to carry out these copies (ferry_copy_plan_cost)."""
     m = cost_model(model)._c()
-    arr, n = _c_copies(copies, "plan_cost")
+    arr, n = to_c(copies, "plan_cost")
     return float(lib.ferry_copy_plan_cost(m, arr, n))
 
 
 def flat_cost(span: int, model: ModelLike = "cpu") -> float:
     """Estimated seconds of one flat copy of span bytes (ferry_copy_flat_cost)."""
     m = cost_model(model)._c()
-    return float(lib.ferry_copy_flat_cost(m, _args.as_size(span, "flat_cost: span")))
+    return float(lib.ferry_copy_flat_cost(m, _checks.as_size(span, "flat_cost: span")))
 
 
 def plan_pays(tensor: Tensor, model: ModelLike = "cpu") -> bool:
     """Would the plan copy policy move tensor by its plan (True) rather than flat, on a backend
     with this model? False for an empty tensor or one too tangled to plan (ferry_copy_plan_pays)."""
-    t = _check_tensor(tensor, "plan_pays")
+    t = _checks.instance(tensor, Tensor, "plan_pays")
     m = cost_model(model)._c()
     try:
         copies = _c_plan(t)
     except UnsupportedError:
         return False
-    arr, n = _c_copies(copies, "plan_pays")
+    arr, n = to_c(copies, "plan_pays")
     return bool(lib.ferry_copy_plan_pays(m, t._p, arr, n))
 
 

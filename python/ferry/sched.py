@@ -13,15 +13,17 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from ._adopt import adopt_placements
+from ._placements import adopt_placements
+from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
 from .backend import Backend
 from .buffer import BorrowedBuffer
-from .copy_path import CopyPolicy, CopyStats, PolicyLike, to_policy
 from .errors import FreedBufferError, InvalidArgumentError, check
 from .graph import Graph, _addr
-from .tensor import Tensor, _check_tensor
+from .policy import CopyPolicy, PolicyLike, to_policy
+from .stats import CopyStats, SchedStats
+from .tensor import Tensor
 
 
 @dataclass(frozen=True)
@@ -42,20 +44,6 @@ class Split:
     first_node: int
     n_nodes: int
     inputs: List[Input]
-    compute_seconds: float
-
-
-@dataclass(frozen=True)
-class SchedStats:
-    """Totals of the last run over all inputs and splits."""
-
-    n_inputs: int
-    bytes_read: int
-    bytes_span: int
-    bytes_copied: int
-    copy_calls: int
-    impl_calls: int
-    copy_seconds: float
     compute_seconds: float
 
 
@@ -132,18 +120,13 @@ class Scheduler:
         check(lib.ferry_sched_set_compact(self._p, compact))
         self._graph = None  # the copies change layout: allocate again at the next compute
 
-    def _backend(self, backend: object, what: str) -> Backend:
-        if not isinstance(backend, Backend):
-            raise InvalidArgumentError(f"{what}: expected a Backend, got {type(backend).__name__}")
-        return backend
-
     def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
         return next((b for b in self._backends if b._handle.ptr == ptr), None)
 
     def pin(self, tensor: Tensor, backend: Backend) -> None:
         """Run tensor (a node) on backend, one of the scheduler's; takes effect at the next alloc."""
-        t = _check_tensor(tensor, "pin")
-        b = self._backend(backend, "pin")
+        t = _checks.instance(tensor, Tensor, "pin")
+        b = _checks.instance(backend, Backend, "pin")
         check(lib.ferry_sched_set_tensor_backend(self._p, t._p, b._p))
         self._pins[_addr(t._p)] = t
 
@@ -159,8 +142,7 @@ class Scheduler:
 
     def alloc(self, graph: Graph) -> None:
         """Assign backends, find splits and inputs, allocate copies and outputs."""
-        if not isinstance(graph, Graph):
-            raise InvalidArgumentError(f"sched alloc: expected a Graph, got {type(graph).__name__}")
+        _checks.instance(graph, Graph, "sched alloc")
         p = self._p
         self._new_generation()
         self._graph = None
@@ -178,8 +160,7 @@ class Scheduler:
 
     def compute(self, graph: Graph) -> None:
         """Allocate if graph is not the one last allocated (or it grew), copy inputs by policy, compute."""
-        if not isinstance(graph, Graph):
-            raise InvalidArgumentError(f"sched compute: expected a Graph, got {type(graph).__name__}")
+        _checks.instance(graph, Graph, "sched compute")
         if graph is not self._graph or graph.n_nodes != self._graph_nodes:
             self.alloc(graph)
         check(lib.ferry_sched_graph_compute(self._p, graph._p))
@@ -227,16 +208,15 @@ class Scheduler:
         """Totals of the last run."""
         s = ffi.new("ferry_sched_stats *")
         check(lib.ferry_sched_get_stats(self._p, s))
-        return SchedStats(int(s.n_inputs), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied),
-                          int(s.copy_calls), int(s.impl_calls), float(s.copy_seconds), float(s.compute_seconds))
+        return SchedStats.from_c(s)
 
     def buffer_size(self, backend: Backend) -> int:
         """Bytes of compute memory (copies and outputs) the scheduler holds on backend (0 if not one of its)."""
-        return int(lib.ferry_sched_buffer_size(self._p, self._backend(backend, "buffer_size")._p))
+        return int(lib.ferry_sched_buffer_size(self._p, _checks.instance(backend, Backend, "buffer_size")._p))
 
     def backend_of(self, tensor: Tensor) -> Optional[Backend]:
         """The backend a tensor of the last allocated graph was given (None if none)."""
-        t = _check_tensor(tensor, "backend_of")
+        t = _checks.instance(tensor, Tensor, "backend_of")
         return self._wrap_backend(lib.ferry_sched_get_tensor_backend(self._p, t._p))
 
     def __repr__(self) -> str:

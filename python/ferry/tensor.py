@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _args, _data
+from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from ._handle import Handle
 from .errors import (FreedBufferError, InvalidArgumentError, LayoutError, OutOfBoundsError, OutOfMemoryError,
                      UnsupportedError, check)
 from .types import Type, TypeLike, numpy_dtype, row_size, to_type, type_from_dtype
+
+# The name Tensor._check_read and Tensor._contiguous_strides use; that code is being replaced by calls into C.
+_args = _checks
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -27,12 +30,6 @@ def _new_context(parent: Sequence[Handle]) -> Handle:
     out = ffi.new("ferry_context **")
     check(lib.ferry_context_new(out))
     return Handle(out[0], lib.ferry_context_free, parent)
-
-
-def _check_tensor(t: object, what: str) -> "Tensor":
-    if not isinstance(t, Tensor):
-        raise InvalidArgumentError(f"{what}: expected a Tensor, got {type(t).__name__}")
-    return t
 
 
 class Tensor:
@@ -88,17 +85,14 @@ class Tensor:
     def new(cls, type: TypeLike, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
         """An unallocated contiguous tensor of 1 to 4 dimensions (ne[0] fastest); place it in a Buffer."""
         ty = to_type(type)
-        shape = _args.as_shape(ne, "tensor_new")
+        shape = _checks.as_shape(ne, "tensor_new")
         return cls(lambda ctx, out: lib.ferry_tensor_new(ctx, ty.value, len(shape), ffi.new("int64_t[]", shape), out),
                    name=name)
 
     @classmethod
     def from_numpy(cls, backend: "Backend", array: Any, name: Optional[str] = None) -> "Tensor":
         """A tensor on backend holding array's values (float32, float16, int32); ne is array.shape reversed."""
-        from .backend import Backend
-
-        if not isinstance(backend, Backend):
-            raise InvalidArgumentError(f"from_numpy: expected a Backend, got {type(backend).__name__}")
+        _checks.c_object(backend, "ferry_backend *", "a Backend", "from_numpy")
         arr = np.asarray(array)
         ty = type_from_dtype(arr.dtype)
         if arr.ndim > 4:
@@ -124,17 +118,15 @@ class Tensor:
              name: Optional[str] = None) -> "Tensor":
         """A view of ne values with byte strides nb (nb[0] must be the type size; None: contiguous)
         starting offset bytes into this tensor. Its span must stay inside this tensor's span."""
-        shape = _args.as_shape(ne, "view")
+        shape = _checks.as_shape(ne, "view")
         if nb is None:
             strides = self._contiguous_strides(shape)
         else:
-            if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != len(shape):
-                raise InvalidArgumentError(f"view: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
-            strides = [_args.as_size(v, f"view: nb[{i}]") for i, v in enumerate(nb)]
+            strides = _checks.as_strides(nb, len(shape), "view")
             if strides[0] != self.type.size:
                 raise LayoutError(f"view: nb[0] is {strides[0]} but a {self.type} element (block) is "
                                   f"{self.type.size} bytes")
-        off = _args.as_size(offset, "view: offset")
+        off = _checks.as_size(offset, "view: offset")
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_view(
             ctx, src, len(shape), ffi.new("int64_t[]", shape), ffi.new("size_t[]", strides), off, out), name)
@@ -153,7 +145,7 @@ class Tensor:
             axes = tuple(axes[0])  # type: ignore[assignment]
         if len(axes) != 4:
             raise InvalidArgumentError(f"permute: expected 4 axes, got {len(axes)}")
-        a = [_args.as_c_int(x, f"permute: axis {i}") for i, x in enumerate(axes)]
+        a = [_checks.as_c_int(x, f"permute: axis {i}") for i, x in enumerate(axes)]
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_permute(ctx, src, a[0], a[1], a[2], a[3], out), name)
 
@@ -164,7 +156,7 @@ class Tensor:
 
     def reshape(self, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
         """A view with another shape of the same element count; this tensor must be contiguous."""
-        shape = _args.as_shape(ne, "reshape")
+        shape = _checks.as_shape(ne, "reshape")
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_reshape(
             ctx, src, len(shape), ffi.new("int64_t[]", shape), out), name)
@@ -226,7 +218,7 @@ class Tensor:
 
     def same_layout(self, other: "Tensor") -> bool:
         """Same type, ne and nb."""
-        return bool(lib.ferry_tensor_same_layout(self._p, _check_tensor(other, "same_layout")._p))
+        return bool(lib.ferry_tensor_same_layout(self._p, _checks.instance(other, Tensor, "same_layout")._p))
 
     @property
     def op(self) -> int:
@@ -283,17 +275,17 @@ class Tensor:
 
     # ------------------------------------------------------------ blocking transfers
 
-    def set(self, data: _data.BytesLike, offset: int = 0) -> None:
+    def set(self, data: _pybuffer.BytesLike, offset: int = 0) -> None:
         """Write all of data (bytes-like or numpy array) at a byte offset."""
-        with _data.readable(data, "tensor_set") as d:
-            check(lib.ferry_tensor_set(self._p, d.ptr, _args.as_size(offset, "tensor_set: offset"), d.nbytes))
+        with _pybuffer.readable(data, "tensor_set") as d:
+            check(lib.ferry_tensor_set(self._p, d.ptr, _checks.as_size(offset, "tensor_set: offset"), d.nbytes))
 
     def get(self, offset: int = 0, size: Optional[int] = None) -> bytes:
         """size bytes from a byte offset (default: to the end of nbytes)."""
-        off = _args.as_size(offset, "tensor_get: offset")
-        n = max(self.nbytes - off, 0) if size is None else _args.as_size(size, "tensor_get: size")
+        off = _checks.as_size(offset, "tensor_get: offset")
+        n = max(self.nbytes - off, 0) if size is None else _checks.as_size(size, "tensor_get: size")
         self._check_read("tensor_get", off, n)
-        out = _data.new_bytes(n, "tensor_get")
+        out = _pybuffer.new_bytes(n, "tensor_get")
         self.readinto(out, off)
         return bytes(out)
 
@@ -318,48 +310,42 @@ class Tensor:
 
     def readinto(self, out: Any, offset: int = 0) -> None:
         """Fill out (a writable, contiguous buffer) from a byte offset."""
-        with _data.writable(out, "tensor_get") as d:
-            check(lib.ferry_tensor_get(self._p, d.ptr, _args.as_size(offset, "tensor_get: offset"), d.nbytes))
+        with _pybuffer.writable(out, "tensor_get") as d:
+            check(lib.ferry_tensor_get(self._p, d.ptr, _checks.as_size(offset, "tensor_get: offset"), d.nbytes))
 
     def memset(self, value: int, offset: int = 0, size: Optional[int] = None) -> None:
         """Set size bytes from offset (default: to the end) to value (0..255)."""
-        v = _args.as_int(value, "tensor_memset: value")
-        if not 0 <= v <= 255:
-            raise InvalidArgumentError(f"tensor_memset: value {v} is not a byte (0..255)")
-        off = _args.as_size(offset, "tensor_memset: offset")
-        n = max(self.nbytes - off, 0) if size is None else _args.as_size(size, "tensor_memset: size")
+        v = _checks.as_byte(value, "tensor_memset: value")
+        off = _checks.as_size(offset, "tensor_memset: offset")
+        n = max(self.nbytes - off, 0) if size is None else _checks.as_size(size, "tensor_memset: size")
         check(lib.ferry_tensor_memset(self._p, v, off, n))
 
-    def set_2d(self, data: _data.BytesLike, offset: int, size: int, n_copies: int, stride_tensor: int,
+    def set_2d(self, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None) -> None:
         """Write n_copies rows of size bytes: row i lands at offset + i*stride_tensor and comes from
         data at i*stride_data (default size: packed rows). Nothing else in the tensor changes."""
-        from .backend import _args_2d
-
-        args = _args_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
-        with _data.readable(data, "tensor_set_2d") as d:
-            d.need(_data.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
+        args = _checks.transfer_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
+        with _pybuffer.readable(data, "tensor_set_2d") as d:
+            d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
             check(lib.ferry_tensor_set_2d(self._p, d.ptr, *args))
 
     def get_2d(self, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None, out: Any = None) -> Optional[bytes]:
         """Read n_copies rows of size bytes from offset + i*stride_tensor, row i to i*stride_data.
         Returns them as bytes ((n_copies-1)*stride_data + size long), or fills out and returns None."""
-        from .backend import _args_2d
-
-        args = _args_2d("tensor_get_2d", offset, size, n_copies, stride_tensor, stride_data)
-        need = _data.extent_2d(args[1], args[2], args[4])
+        args = _checks.transfer_2d("tensor_get_2d", offset, size, n_copies, stride_tensor, stride_data)
+        need = _pybuffer.extent_2d(args[1], args[2], args[4])
         if out is None:
             self._check_read("tensor_get_2d", *args)
-        target = _data.new_bytes(need, "tensor_get_2d") if out is None else out
-        with _data.writable(target, "tensor_get_2d") as d:
+        target = _pybuffer.new_bytes(need, "tensor_get_2d") if out is None else out
+        with _pybuffer.writable(target, "tensor_get_2d") as d:
             d.need(need, "tensor_get_2d")
             check(lib.ferry_tensor_get_2d(self._p, d.ptr, *args))
         return bytes(target) if out is None else None
 
     def copy_to(self, dst: "Tensor") -> None:
         """Copy the nbytes span into dst, which must have the same type, ne and nb."""
-        check(lib.ferry_tensor_copy(self._p, _check_tensor(dst, "tensor_copy")._p))
+        check(lib.ferry_tensor_copy(self._p, _checks.instance(dst, Tensor, "tensor_copy")._p))
 
     # ------------------------------------------------------------ numpy
 
@@ -372,7 +358,7 @@ class Tensor:
             if self.nelements == 0:
                 self.get(0, 0)  # still refuses an unallocated or freed tensor
                 return np.zeros(shape, dtype)
-            raw = _data.new_bytes(self.nbytes, "to_numpy")
+            raw = _pybuffer.new_bytes(self.nbytes, "to_numpy")
             self.readinto(raw)
             if self.is_contiguous:
                 return np.frombuffer(raw, dtype).reshape(shape)
@@ -414,45 +400,56 @@ class Tensor:
         """The tensors an op reads (empty for leafs and views made in Python)."""
         return tuple(t for t in self._deps if isinstance(t, Tensor))
 
-    def __add__(self, other: "Tensor") -> "Tensor":
-        from . import ops
+    def _op(self, make: Callable[[Any, Any], int], operands: Tuple["Tensor", ...], name: Optional[str]) -> "Tensor":
+        """The result of make in a new context: an op's node, keeping its operands alive."""
+        for t in operands:
+            t._check_retainable()
+        return Tensor(make, deps=operands, name=name)
 
-        return ops.add(self, other)
+    def _binary(self, fn: Callable[[Any, Any, Any, Any], int], other: "Tensor", what: str,
+                name: Optional[str]) -> "Tensor":
+        """An elementwise op of self (a) and other (b), checked as ferry.ops checks them."""
+        pa, pb = self._p, _checks.instance(other, Tensor, f"{what}: b")._p
+        return self._op(lambda ctx, out: fn(ctx, pa, pb, out), (self, other), name)
+
+    def __add__(self, other: "Tensor") -> "Tensor":
+        """ops.add: self + other, other repeated over self."""
+        return self._binary(lib.ferry_add, other, "add", None)
 
     def __mul__(self, other: "Tensor") -> "Tensor":
-        from . import ops
-
-        return ops.mul(self, other)
+        """ops.mul: self * other elementwise, other repeated over self."""
+        return self._binary(lib.ferry_mul, other, "mul", None)
 
     def scale(self, s: float, name: Optional[str] = None) -> "Tensor":
-        """ops.scale: self * s."""
-        from . import ops
-
-        return ops.scale(self, s, name=name)
+        """ops.scale: self * s, for a finite float s (stored as f32)."""
+        pa = self._p
+        f = _checks.as_f32(s, "scale")
+        return self._op(lambda ctx, out: lib.ferry_scale(ctx, pa, f, out), (self,), name)
 
     def dup(self, type: Optional[TypeLike] = None, name: Optional[str] = None) -> "Tensor":
-        """ops.dup: a contiguous copy (of another type when type is given)."""
-        from . import ops
-
-        return ops.dup(self, type, name=name)
+        """ops.dup: a contiguous copy (any strides), of this type or converted to type."""
+        pa = self._p
+        if type is None:
+            return self._op(lambda ctx, out: lib.ferry_dup(ctx, pa, out), (self,), name)
+        ty = to_type(type)
+        return self._op(lambda ctx, out: lib.ferry_dup_as(ctx, pa, ty.value, out), (self,), name)
 
     def concat(self, other: "Tensor", dim: int, name: Optional[str] = None) -> "Tensor":
-        """ops.concat: self and other joined along dim."""
-        from . import ops
-
-        return ops.concat(self, other, dim, name=name)
+        """ops.concat: self and other joined along dim (0..3): same type, same ne in every other dimension."""
+        pa, pb = self._p, _checks.instance(other, Tensor, "concat: b")._p
+        d = _checks.as_c_int(dim, "concat: dim")
+        return self._op(lambda ctx, out: lib.ferry_concat(ctx, pa, pb, d, out), (self, other), name)
 
     def pad(self, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Optional[str] = None) -> "Tensor":
-        """ops.pad: zeros appended at the end of each dimension."""
-        from . import ops
-
-        return ops.pad(self, p0, p1, p2, p3, name=name)
+        """ops.pad: p_i zeros appended at the end of dimension i."""
+        pa = self._p
+        p = [_checks.as_c_int(v, f"pad: p{i}") for i, v in enumerate((p0, p1, p2, p3))]
+        return self._op(lambda ctx, out: lib.ferry_pad(ctx, pa, p[0], p[1], p[2], p[3], out), (self,), name)
 
     def mean(self, name: Optional[str] = None) -> "Tensor":
         """ops.mean: the mean over dimension 0 (ne[0] becomes 1)."""
-        from . import ops
-
-        return ops.mean(self, name=name)
+        pa = self._p
+        return self._op(lambda ctx, out: lib.ferry_mean(ctx, pa, out), (self,), name)
 
     # ------------------------------------------------------------ display
 
@@ -474,4 +471,4 @@ class Tensor:
 
 def tensor_copy(src: Tensor, dst: Tensor) -> None:
     """Copy src's nbytes span into dst (same type, ne and nb): ferry_tensor_copy."""
-    _check_tensor(src, "tensor_copy").copy_to(dst)
+    _checks.instance(src, Tensor, "tensor_copy").copy_to(dst)

@@ -11,7 +11,7 @@ from typing import Union
 
 import numpy as np
 
-from . import _args
+from . import _checks
 from ._binding import ffi, lib
 from .errors import InvalidArgumentError, UnsupportedError, check, raise_last
 
@@ -66,7 +66,7 @@ def to_type(value: TypeLike) -> Type:
         out = ffi.new("ferry_type *")
         check(lib.ferry_type_from_name(value.encode(), out))
         return Type(out[0])
-    n = _args.as_c_int(value, "type")
+    n = _checks.as_c_int(value, "type")
     if n not in Type._value2member_map_:
         lib.ferry_type_name(ffi.cast("ferry_type", n))  # leaves C's message (a cast: the enum is unsigned)
         raise_last()
@@ -90,7 +90,7 @@ def blck_size(t: TypeLike) -> int:
 def row_size(t: TypeLike, n: int) -> int:
     """Bytes taken by a row of n values of type t (n a whole number of blocks, else LayoutError)."""
     out = ffi.new("size_t *")
-    check(lib.ferry_row_size(to_type(t).value, _args.as_int64(n, "row_size: n"), out))
+    check(lib.ferry_row_size(to_type(t).value, _checks.as_int64(n, "row_size: n"), out))
     return int(out[0])
 
 
