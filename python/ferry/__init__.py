@@ -21,14 +21,35 @@ from .buffer import BorrowedBuffer, Buffer, BufferType, cpu_buffer_type
 from .copy2d import Copy2D
 from .copy_path import CopyRanges, bytes_read, copy_input, copy_ranges_of
 from .cuda import CUDABackend, cuda_available, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
+from .errors import (
+    BackendError,
+    FerryError,
+    FreedBufferError,
+    InvalidArgumentError,
+    LayoutError,
+    NotAllocatedError,
+    OutOfBoundsError,
+    OutOfMemoryError,
+    UnknownTypeError,
+    UnsupportedError,
+)
 from .event import Event
-from .errors import (BackendError, FerryError, FreedBufferError, InvalidArgumentError, LayoutError,
-                     NotAllocatedError, OutOfBoundsError, OutOfMemoryError, UnknownTypeError, UnsupportedError)
 from .graph import Graph
 from .kv import KVCache, KVParams
 from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
-from .plan import (CopyCostModel, Explanation, cost_model, explain, explain_tensor, flat_cost, layout_view,
-                   plan_copy, plan_cost, plan_of, plan_pays)
+from .plan import (
+    CopyCostModel,
+    Explanation,
+    cost_model,
+    explain,
+    explain_tensor,
+    flat_cost,
+    layout_view,
+    plan_copy,
+    plan_cost,
+    plan_of,
+    plan_pays,
+)
 from .policy import CopyPolicy
 from .sched import Input, Scheduler, Split
 from .stats import KINDS, CopyStats, SchedStats, Stats

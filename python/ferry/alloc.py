@@ -11,9 +11,9 @@ import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
 from . import _checks
-from ._placements import adopt_placements
 from ._binding import ffi, lib
 from ._handle import Handle
+from ._placements import adopt_placements
 from .backend import Backend
 from .buffer import BorrowedBuffer, BufferType
 from .errors import FreedBufferError, InvalidArgumentError, check

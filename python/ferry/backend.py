@@ -100,8 +100,12 @@ class Backend:
         t = _checks.instance(tensor, Tensor, "set_2d_async")
         args = _checks.transfer_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
         d = _pybuffer.readable(data, "set_2d_async")
-        self._queue(d, lambda: d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "set_2d_async")
-                    or lib.ferry_backend_tensor_set_2d_async(self._p, t._p, d.ptr, *args))
+
+        def start() -> int:  # the length check runs inside _queue, which gives d back if it fails
+            d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "set_2d_async")
+            return int(lib.ferry_backend_tensor_set_2d_async(self._p, t._p, d.ptr, *args))
+
+        self._queue(d, start)
 
     def get_2d_async(self, tensor: Tensor, out: Any, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
@@ -110,8 +114,12 @@ class Backend:
         t = _checks.instance(tensor, Tensor, "get_2d_async")
         args = _checks.transfer_2d("get_2d_async", offset, size, n_copies, stride_tensor, stride_data)
         d = _pybuffer.writable(out, "get_2d_async")
-        self._queue(d, lambda: d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "get_2d_async")
-                    or lib.ferry_backend_tensor_get_2d_async(self._p, t._p, d.ptr, *args))
+
+        def start() -> int:  # the length check runs inside _queue, which gives d back if it fails
+            d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "get_2d_async")
+            return int(lib.ferry_backend_tensor_get_2d_async(self._p, t._p, d.ptr, *args))
+
+        self._queue(d, start)
 
     def set_2d(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                stride_tensor: int, stride_data: Optional[int] = None) -> None:

@@ -94,6 +94,8 @@ class Buffer:
     after it, tensors placed here raise FreedBufferError on every use.
     """
 
+    _finalizer: Optional[weakref.finalize]
+
     def __init__(self, ptr: Any, buffer_type: BufferType) -> None:
         """Internal: take ownership of a ferry_buffer*; use Backend.alloc_buffer or BufferType.alloc_buffer."""
         self._type = buffer_type
@@ -114,7 +116,8 @@ class Buffer:
 
     def free(self) -> None:
         """Free the memory now. A second call does nothing."""
-        self._finalizer()
+        if self._finalizer is not None:
+            self._finalizer()
 
     @property
     def freed(self) -> bool:

@@ -18,7 +18,7 @@ class Copy2D(NamedTuple):
 
     offset: int
     size: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field hides tuple.count, as ferry_copy_2d names it
     stride: int
 
     @property

@@ -7,7 +7,6 @@ CUDA's message. cuda_device_count() is 0 then, never an error.
 
 from __future__ import annotations
 
-
 from . import _checks
 from ._binding import ffi, lib
 from .backend import Backend

@@ -48,6 +48,7 @@ from .sched import Scheduler
 from .tensor import Tensor
 from .types import row_size, to_type
 from .workload import check_positive, check_run_options, check_streams, n_kv_for, random_rows, split_backend
+from .workload import variants as workload_variants
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
 OnStep = Callable[[str], None]
@@ -175,12 +176,8 @@ class BenchResult:
 
 
 def variants(cfg: BenchConfig) -> List[Tuple[str, bool]]:
-    """(policy, compact) runs of a configuration: compact staging gathers whatever the policy, so
-    flat has no compact variant."""
-    out = [(p, False) for p in cfg.policies]
-    if cfg.compact:
-        out += [(p, True) for p in cfg.policies if p != "flat"]
-    return out
+    """(policy, compact) runs of a configuration (see workload.variants)."""
+    return workload_variants(cfg.policies, cfg.compact)
 
 
 class _Run:

@@ -14,9 +14,8 @@ from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
 from .backend import Backend
-from .errors import InvalidArgumentError, check
+from .errors import check
 from .tensor import Tensor
-
 
 _MAX_SRC = lib.FERRY_MAX_SRC
 

@@ -31,7 +31,7 @@ from .ops import attn_decode
 from .sched import Scheduler
 from .tensor import Tensor
 from .types import row_size, to_type
-from .workload import POLICIES, check_positive, check_run_options, random_rows, split_backend
+from .workload import POLICIES, check_positive, check_run_options, random_rows, split_backend, variants
 
 
 @dataclass(frozen=True)
@@ -178,9 +178,8 @@ def run_validate(cfg: ValidateConfig) -> ValidateResult:
     """Each policy's hash and the control's."""
     cfg.check()
     split = split_backend(cfg.backend)
-    runs = [(p, False) for p in cfg.policies] + ([(p, True) for p in cfg.policies if p != "flat"] if cfg.compact else [])
     hashes, memory = {}, {}
-    for policy, compact in runs:
+    for policy, compact in variants(cfg.policies, cfg.compact):
         name = f"{policy}+compact" if compact else policy
         hashes[name], memory[name] = serve(cfg, split, policy, compact=compact)
     control, _ = serve(cfg, split, "ranges", shift=1)

@@ -17,8 +17,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 from . import _checks
 from ._binding import ffi, lib
 from .backend import Backend
-from .errors import InvalidArgumentError, LayoutError, UnsupportedError, check
 from .copy2d import Copy2D, to_c
+from .errors import InvalidArgumentError, LayoutError, UnsupportedError, check
 from .tensor import Tensor
 from .types import TypeLike, to_type
 

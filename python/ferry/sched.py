@@ -13,10 +13,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from ._placements import adopt_placements
 from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
+from ._placements import adopt_placements
 from .backend import Backend
 from .buffer import BorrowedBuffer
 from .errors import FreedBufferError, InvalidArgumentError, check
@@ -81,7 +81,7 @@ class Scheduler:
         self._graph_nodes = 0
         self._copies: Dict[int, Tensor] = {}
         self._buffers: Dict[int, BorrowedBuffer] = {}
-        self.policy = policy  # type: ignore[assignment]
+        self.policy = policy
         self.compact = compact
 
     @property

@@ -7,15 +7,22 @@ Tensor (and so the source's context) alive, and a placed tensor keeps its Buffer
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from ._handle import Handle
-from .errors import (FreedBufferError, InvalidArgumentError, LayoutError, OutOfBoundsError, OutOfMemoryError,
-                     UnsupportedError, check)
+from .errors import (
+    FreedBufferError,
+    InvalidArgumentError,
+    LayoutError,
+    OutOfBoundsError,
+    OutOfMemoryError,
+    UnsupportedError,
+    check,
+)
 from .types import Type, TypeLike, numpy_dtype, row_size, to_type, type_from_dtype
 
 # The name Tensor._check_read and Tensor._contiguous_strides use; that code is being replaced by calls into C.
@@ -38,6 +45,10 @@ class Tensor:
     Offsets and sizes of transfers are bytes relative to the tensor's first byte; the
     tensor spans nbytes (ggml's rule: first byte to last, gaps of a strided view included).
     """
+
+    _handle: Handle
+    _finalizer: Optional[weakref.finalize]
+    _ptr: Any
 
     def __init__(self, make: Callable[[Any, Any], int], source: Optional["Tensor"] = None,
                  name: Optional[str] = None, deps: Sequence["Tensor"] = ()) -> None:
@@ -139,10 +150,11 @@ class Tensor:
                 strides.append(strides[-1] * max(n, 0))
         return [min(s, _args.SIZE_MAX) for s in strides]
 
-    def permute(self, *axes: int, name: Optional[str] = None) -> "Tensor":
-        """ggml's permute: dimension i of this tensor becomes dimension axes[i] of the view."""
+    def permute(self, *axes: Union[int, Sequence[int]], name: Optional[str] = None) -> "Tensor":
+        """ggml's permute: dimension i of this tensor becomes dimension axes[i] of the view; the
+        four axes are given one by one or as one sequence."""
         if len(axes) == 1 and not isinstance(axes[0], int) and hasattr(axes[0], "__len__"):
-            axes = tuple(axes[0])  # type: ignore[assignment]
+            axes = tuple(axes[0])
         if len(axes) != 4:
             raise InvalidArgumentError(f"permute: expected 4 axes, got {len(axes)}")
         a = [_checks.as_c_int(x, f"permute: axis {i}") for i, x in enumerate(axes)]

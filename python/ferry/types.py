@@ -7,7 +7,7 @@ values takes row_size(type, n) bytes and n must be a whole number of blocks.
 from __future__ import annotations
 
 import enum
-from typing import Union
+from typing import Dict, Union
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class Type(enum.IntEnum):
 
 TypeLike = Union[Type, str, int]
 
-_NUMPY = {
+_NUMPY: Dict[Type, np.dtype] = {
     Type.F32: np.dtype(np.float32),
     Type.F16: np.dtype(np.float16),
     Type.I32: np.dtype(np.int32),

@@ -6,7 +6,7 @@ a split runs on, each sequence's K or V content, and the rounding of a window's 
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
@@ -102,6 +102,28 @@ def check_streams(n_ctx: int, npl: int) -> None:
     if npl <= 0 or n_ctx % npl != 0:
         raise InvalidArgumentError(f"-npl {npl}: the context of {n_ctx} cells does not split into {npl} "
                                    "equal streams")
+
+
+def variants(policies: Sequence[str], compact: bool) -> List[Tuple[str, bool]]:
+    """The (policy, compact) runs of a set of policies, in report order.
+
+    Parameters
+    ----------
+    policies : sequence of str
+        The copy policies to run.
+    compact : bool
+        Whether each non-flat policy also runs with compact staging (compact staging gathers
+        whatever the policy, so flat has no compact run).
+
+    Returns
+    -------
+    list of (str, bool)
+        Every policy plain, then the non-flat ones compact.
+    """
+    out = [(p, False) for p in policies]
+    if compact:
+        out += [(p, True) for p in policies if p != "flat"]
+    return out
 
 
 def n_kv_for(npp: int, ntg: int, pad: int, kv_size: int) -> int:

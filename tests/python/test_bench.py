@@ -13,8 +13,7 @@ from typing import List
 import pytest
 
 import ferry
-from ferry.cli import bench
-from ferry.cli import main
+from ferry.cli import bench, main
 
 TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "4",
         "--head-dim", "32", "--kv-heads", "2", "--backend", "cpu"]

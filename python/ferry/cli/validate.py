@@ -43,7 +43,8 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
         "sha256 of every attention output:",
     ]
     width = max(len(p) for p in [*res.hashes, "control"])
-    lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B)" for p, h in res.hashes.items()]
+    lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B)"
+              for p, h in res.hashes.items()]
     lines.append(f"  {'control'.ljust(width)}  {res.control}  (ranges, each sequence reading its neighbour's stream)")
     lines.append(f"policies: {'identical' if res.identical else 'DIFFERENT'}; "
                  f"control: {'detected' if res.control_detected else 'NOT DETECTED'}; "
