@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import _checks, _pybuffer
 from ._binding import ffi, lib
@@ -99,13 +99,8 @@ class Backend:
         comes from data[i*stride_data:][:size] (stride_data defaults to size: packed rows)."""
         t = _checks.instance(tensor, Tensor, "set_2d_async")
         args = _checks.transfer_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
-        d = _pybuffer.readable(data, "set_2d_async")
-
-        def start() -> int:  # the length check runs inside _queue, which gives d back if it fails
-            d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "set_2d_async")
-            return int(lib.ferry_backend_tensor_set_2d_async(self._p, t._p, d.ptr, *args))
-
-        self._queue(d, start)
+        self._queue_2d("set_2d_async", lib.ferry_backend_tensor_set_2d_async, t,
+                       _pybuffer.readable(data, "set_2d_async"), args)
 
     def get_2d_async(self, tensor: Tensor, out: Any, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
@@ -113,13 +108,8 @@ class Backend:
         out is valid after synchronize()."""
         t = _checks.instance(tensor, Tensor, "get_2d_async")
         args = _checks.transfer_2d("get_2d_async", offset, size, n_copies, stride_tensor, stride_data)
-        d = _pybuffer.writable(out, "get_2d_async")
-
-        def start() -> int:  # the length check runs inside _queue, which gives d back if it fails
-            d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "get_2d_async")
-            return int(lib.ferry_backend_tensor_get_2d_async(self._p, t._p, d.ptr, *args))
-
-        self._queue(d, start)
+        self._queue_2d("get_2d_async", lib.ferry_backend_tensor_get_2d_async, t,
+                       _pybuffer.writable(out, "get_2d_async"), args)
 
     def set_2d(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                stride_tensor: int, stride_data: Optional[int] = None) -> None:
@@ -147,6 +137,16 @@ class Backend:
         sb = src_backend if src_backend is not None else self
         check(lib.ferry_backend_tensor_copy_async(sb._p, self._p, s._p, d._p))
         self._pending.append((s, d, sb))
+
+    def _queue_2d(self, what: str, transfer: Callable[..., int], t: Tensor, d: _pybuffer.CData,
+                  args: Tuple[int, int, int, int, int]) -> None:
+        """Start a 2-D transfer of d's memory, once d is known to hold the rows args describe."""
+
+        def start() -> int:  # the length check runs inside _queue, which gives d back if it fails
+            d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), what)
+            return int(transfer(self._p, t._p, d.ptr, *args))
+
+        self._queue(d, start)
 
     def _queue(self, d: _pybuffer.CData, start: Callable[[], int]) -> None:
         """Start an async transfer of d's memory; d is kept until synchronize(), or given back at once

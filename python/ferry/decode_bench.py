@@ -1,5 +1,4 @@
-"""The decode benchmark behind `ferry bench`: llama.cpp's batched-bench generation phase, with real copies
-and timings.
+"""The decode benchmark `ferry bench` runs: llama.cpp's batched-bench generation phase, real copies and timings.
 
 A KV cache lives in host memory (pinned when the split backend is a GPU); each decode step
 runs one graph: per layer, the split's K and V windows are copied in by the scheduler's copy

@@ -1,4 +1,4 @@
-"""The hash gate behind `ferry validate`: llama.cpp's llama-parallel gate.
+"""The hash gate `ferry validate` runs: llama.cpp's llama-parallel gate.
 
 Many sequences (default 16), each with its own content, are served through a non-unified
 KV cache of fewer streams (default 8): in waves, wave w putting sequences w*S .. w*S+S-1 in

@@ -1,31 +1,4 @@
-"""`ferry bench`: the analogue of llama.cpp's batched-bench generation phase, with real copies and timings.
-
-A KV cache lives in host memory (pinned when the split backend is a GPU); each decode step
-runs one graph: per layer, the split's K and V windows are copied in by the scheduler's copy
-policy and decode attention runs on the split backend (CUDA, or the CPU stand-in device).
-
-Layouts, per number of sequences npl, with L = npp + ntg cells per sequence:
-
-- split into streams (non-unified): npl streams of kv_size = n_ctx / npl cells; stream i
-  holds sequence i in its first L cells. At step t (0..ntg-1) each sequence has npp + t + 1
-  cells, and the window is the first n_kv cells of every stream (n_kv = that length rounded
-  up to --pad, at most kv_size).
-- unified: one stream of n_ctx cells; sequence i holds cells [i*L, (i+1)*L). The split's
-  input is the first npl*L cells, one dense range, read by attention through a view with
-  npl streams of L cells (stream stride L cells) and the same per-sequence lengths. It reads
-  the same cells as the split cache and, being one range, copies the same way under every
-  policy; it copies the not-yet-generated cells of each block too (ntg - t - 1 per sequence
-  at step t), as a unified cache whose n_kv covers them would.
-
-Both layouts hold the same bytes per sequence and run the same queries, so their attention
-outputs are compared (sha256 over every output of every step and layer).
-
-Timing: a step's decode time is the wall time of Scheduler.compute on an allocated graph
-(the input copies, attention, and synchronization); building the graph in Python and the
-scheduler's allocation are outside it. One untimed warm-up step (the largest, the last)
-runs first, so no timed step allocates. tokens/s = npl * ntg / the sum of the steps' times.
-Copy time and bytes are the scheduler's statistics summed over steps (every layer's K and V).
-"""
+"""`ferry bench`: the analogue of llama.cpp's batched-bench generation phase, with real copies and timings."""
 
 from __future__ import annotations
 
@@ -37,8 +10,7 @@ from typing import Any, Optional, TextIO
 from .. import decode_bench
 from ..decode_bench import BenchConfig, BenchResult, BenchRow, run_one
 from ..errors import InvalidArgumentError, UnsupportedError
-from ..workload import KV_TYPES, SPLIT_BACKENDS
-from .options import int_list, policy_list
+from .options import add_attention_args, add_backend_arg, int_list, verb_description
 from .progress import Progress, progress_stream
 from .text_table import format_table
 
@@ -182,7 +154,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     d = BenchConfig()
     bp = sub.add_parser("bench", help="decode steps over a host KV cache: tokens/s, copy time and bytes per "
                                       "copy policy (llama-batched-bench's generation phase)",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        description=verb_description(__doc__, decode_bench.__doc__),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     bp.add_argument("-c", type=int, default=d.n_ctx, metavar="N_CTX", help=f"cells in all streams (default {d.n_ctx})")
     bp.add_argument("-npl", type=int_list, default=list(d.npl), metavar="N,N,...",
                     help=f"numbers of sequences, one stream each (default {','.join(map(str, d.npl))})")
@@ -190,16 +163,10 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     bp.add_argument("-ntg", type=int, default=d.ntg, help=f"decode steps (tokens generated per sequence; "
                                                          f"default {d.ntg})")
     bp.add_argument("--layers", type=int, default=d.n_layer, help=f"default {d.n_layer}")
-    bp.add_argument("--type", default=d.type_kv, choices=KV_TYPES, help=f"K and V type (default {d.type_kv})")
-    bp.add_argument("--heads", type=int, default=d.n_head, help=f"query heads (default {d.n_head})")
-    bp.add_argument("--head-dim", type=int, default=d.head_dim, help=f"default {d.head_dim}")
-    bp.add_argument("--kv-heads", type=int, default=d.n_head_kv, help=f"default {d.n_head_kv}")
-    bp.add_argument("--policy", type=policy_list, default=list(d.policies), metavar="P,P,...",
-                    help=f"copy policies: flat, ranges, plan (default {','.join(d.policies)})")
+    add_attention_args(bp, d, "copy policies: flat, ranges, plan")
     bp.add_argument("--unified", action=argparse.BooleanOptionalAction, default=d.unified,
                     help="also run a unified cache of the same sequences, for comparison (default on)")
-    bp.add_argument("--backend", default=d.backend, choices=SPLIT_BACKENDS,
-                    help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable)")
+    add_backend_arg(bp, d.backend)
     bp.add_argument("--pad", type=int, default=d.pad,
                     help=f"round the split cache's n_kv up to this (llama.cpp: 256; default {d.pad}: exact)")
     bp.add_argument("--repeat", type=int, default=d.repeat,

@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from typing import List, Tuple
+from typing import List, Optional, Tuple, Union
+
+from ..decode_bench import BenchConfig
+from ..hash_gate import ValidateConfig
+from ..workload import KV_TYPES, SPLIT_BACKENDS
+
+
+def verb_description(summary: Optional[str], library_doc: Optional[str]) -> str:
+    """A verb's --help text: its own one-line summary, then the library module's account of what
+    it runs (the module docstring after its first paragraph). Either is None under python -OO."""
+    details = (library_doc or "").partition("\n\n")[2]
+    return f"{summary or ''}\n\n{details}"
 
 
 def int_list(text: str) -> List[int]:
@@ -77,3 +88,30 @@ def add_window_args(p: argparse.ArgumentParser, type_default: str, type_help: st
     p.add_argument("--type", default=type_default, help=f"{type_help} (default {type_default})")
     p.add_argument("--head-dim", type=int, default=128, help="default 128")
     p.add_argument("--kv-heads", type=int, default=8, help="default 8")
+
+
+def add_attention_args(p: argparse.ArgumentParser, d: Union[BenchConfig, ValidateConfig], policy_help: str) -> None:
+    """Add the options of a decode run's attention and copies: --type, --heads, --head-dim,
+    --kv-heads, --policy.
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+        The verb's parser (bench, validate).
+    d : BenchConfig or ValidateConfig
+        The verb's defaults.
+    policy_help : str
+        What --policy does in the verb's words (its default is added).
+    """
+    p.add_argument("--type", default=d.type_kv, choices=KV_TYPES, help=f"K and V type (default {d.type_kv})")
+    p.add_argument("--heads", type=int, default=d.n_head, help=f"query heads (default {d.n_head})")
+    p.add_argument("--head-dim", type=int, default=d.head_dim, help=f"default {d.head_dim}")
+    p.add_argument("--kv-heads", type=int, default=d.n_head_kv, help=f"default {d.n_head_kv}")
+    p.add_argument("--policy", type=policy_list, default=list(d.policies), metavar="P,P,...",
+                   help=f"{policy_help} (default {','.join(d.policies)})")
+
+
+def add_backend_arg(p: argparse.ArgumentParser, default: str) -> None:
+    """Add --backend: where a decode run's split runs."""
+    p.add_argument("--backend", default=default, choices=SPLIT_BACKENDS,
+                   help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable)")

@@ -1,19 +1,4 @@
-"""`ferry validate`: the analogue of llama.cpp's llama-parallel hash gate.
-
-Many sequences (default 16), each with its own content, are served through a non-unified
-KV cache of fewer streams (default 8): in waves, wave w putting sequences w*S .. w*S+S-1 in
-streams 0..S-1. At the start of a wave each sequence's prompt cells are written into its
-stream (over whatever the previous wave left there); each decode step writes the sequence's
-next cell and then runs, per layer, attention over the window of the wave's streams on the
-split backend (CUDA, or the CPU stand-in), each sequence with its own query and length. The
-sha256 of every attention output, in order, is one hash per copy policy: they must be
-identical, since a copy policy changes what is moved, never what the graph reads.
-
-The negative control shows the gate can fail: the cache has one stream more than a wave
-uses, kept as a copy of stream 0 (so stream S is stream 0's neighbour after S-1), and the
-control runs the `ranges` policy with each wave's window shifted one stream up, so that every
-sequence reads its neighbour's range with its own query and length. Its hash must differ.
-"""
+"""`ferry validate`: the analogue of llama.cpp's llama-parallel hash gate."""
 
 from __future__ import annotations
 
@@ -25,8 +10,7 @@ from typing import Any
 from .. import hash_gate
 from ..errors import InvalidArgumentError
 from ..hash_gate import ValidateConfig, ValidateResult
-from ..workload import KV_TYPES, SPLIT_BACKENDS
-from .options import policy_list
+from .options import add_attention_args, add_backend_arg, verb_description
 
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
 ARGUMENT_ERRORS = InvalidArgumentError
@@ -60,20 +44,15 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     d = ValidateConfig()
     vp = sub.add_parser("validate", help="the hash gate: every copy policy gives identical attention outputs, "
                                          "and a cross-stream read is detected (llama-parallel's gate)",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        description=verb_description(__doc__, hash_gate.__doc__),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     vp.add_argument("--sequences", type=int, default=d.n_seq, help=f"sequences served (default {d.n_seq})")
     vp.add_argument("--streams", type=int, default=d.n_stream, help=f"streams of the cache (default {d.n_stream})")
     vp.add_argument("--cells", type=int, default=d.kv_size, help=f"cells per stream (default {d.kv_size})")
     vp.add_argument("--layers", type=int, default=d.n_layer, help=f"default {d.n_layer}")
     vp.add_argument("--steps", type=int, default=d.n_step, help=f"decode steps per wave (default {d.n_step})")
-    vp.add_argument("--type", default=d.type_kv, choices=KV_TYPES, help=f"K and V type (default {d.type_kv})")
-    vp.add_argument("--heads", type=int, default=d.n_head, help=f"query heads (default {d.n_head})")
-    vp.add_argument("--head-dim", type=int, default=d.head_dim, help=f"default {d.head_dim}")
-    vp.add_argument("--kv-heads", type=int, default=d.n_head_kv, help=f"default {d.n_head_kv}")
-    vp.add_argument("--policy", type=policy_list, default=list(d.policies), metavar="P,P,...",
-                    help=f"copy policies to compare (default {','.join(d.policies)})")
-    vp.add_argument("--backend", default=d.backend, choices=SPLIT_BACKENDS,
-                    help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable)")
+    add_attention_args(vp, d, "copy policies to compare")
+    add_backend_arg(vp, d.backend)
     vp.add_argument("--seed", type=int, default=d.seed, help=f"the sequences' content (default {d.seed})")
     vp.add_argument("--compact", action="store_true",
                     help="also hash each non-flat policy with compact staging (the split holds only the bytes read)")
@@ -92,9 +71,9 @@ def main(args: argparse.Namespace) -> int:
     Raises
     ------
     InvalidArgumentError
-        For options that cannot run (a usage error).
+        For options the gate cannot run with; the command reports it as a usage error.
     FerryError
-        When a run fails.
+        When serving the sequences fails.
     """
     cfg = ValidateConfig(n_seq=args.sequences, n_stream=args.streams, n_layer=args.layers, n_step=args.steps,
                          kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
