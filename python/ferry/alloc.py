@@ -39,10 +39,20 @@ def _buffer_type(x: object, i: int) -> BufferType:
 
 
 class GraphAllocator:
-    """GraphAllocator(backend_or_buffer_type, ...): places graphs' tensors in buffers of those types.
+    """Places graphs' tensors in buffers it owns, reusing memory as ggml's gallocr does.
 
-    With one buffer type every tensor goes there. With several, reserve() says which type
-    each node and leaf uses (indices into buffer_types) and alloc() reuses that assignment.
+    With one buffer type every tensor goes there. With several, reserve() says which type each
+    node and leaf uses (indices into buffer_types) and alloc() reuses that assignment.
+
+    Parameters
+    ----------
+    *types : Backend or BufferType, or one sequence of them
+        The buffer types (a Backend stands for its default one).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For no types, or anything but Backends and BufferTypes.
     """
 
     def __init__(self, *types: Union[Backend, BufferType]) -> None:
@@ -74,10 +84,12 @@ class GraphAllocator:
 
     @property
     def closed(self) -> bool:
+        """True once close() freed the buffers."""
         return not self._handle.alive
 
     @property
     def buffer_types(self) -> List[BufferType]:
+        """The buffer types, in the order reserve()'s indices count them."""
         return list(self._types)
 
     def _ids(self, ids: Optional[Sequence[int]], n: int, what: str) -> Any:
@@ -94,8 +106,19 @@ class GraphAllocator:
 
     def reserve(self, graph: Graph, node_types: Optional[Sequence[int]] = None,
                 leaf_types: Optional[Sequence[int]] = None) -> None:
-        """Measure graph and make the buffers big enough. node_types[i] / leaf_types[i]: the index
-        of the buffer type of node / leaf i (None: all 0)."""
+        """Measure a graph and make the buffers big enough for it.
+
+        Parameters
+        ----------
+        graph : Graph
+        node_types, leaf_types : sequence of int, optional
+            The buffer type index of each node / leaf (None: all 0).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Graph, or indices that do not match the graph or the buffer types.
+        """
         g = _checks.instance(graph, Graph, "reserve")
         nodes = self._ids(node_types, g.n_nodes, "node_types")
         leafs = self._ids(leaf_types, g.n_leafs, "leaf_types")
@@ -103,21 +126,64 @@ class GraphAllocator:
         self._graph = g
 
     def alloc(self, graph: Graph) -> None:
-        """Place every tensor of graph that has no memory yet (growing the buffers if needed)."""
+        """Place every tensor of a graph that has no memory yet (growing the buffers if needed).
+
+        Parameters
+        ----------
+        graph : Graph
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Graph.
+        OutOfMemoryError
+            When a buffer cannot grow.
+        """
         g = _checks.instance(graph, Graph, "alloc")
         check(lib.ferry_gallocr_alloc_graph(self._p, g._p))
         self._graph = g
         adopt_placements(g._tensors.values(), self, self._handle, self._types, self._chunks)
 
     def buffer_size(self, buffer_type: int = 0) -> int:
-        """Bytes over all chunks of a buffer type."""
+        """Bytes over all chunks of a buffer type.
+
+        Parameters
+        ----------
+        buffer_type : int, optional
+            Its index.
+
+        Returns
+        -------
+        int
+        """
         return int(lib.ferry_gallocr_buffer_size(self._p, self._index(buffer_type)))
 
     def n_chunks(self, buffer_type: int = 0) -> int:
+        """Chunks (buffers) of a buffer type.
+
+        Parameters
+        ----------
+        buffer_type : int, optional
+            Its index.
+
+        Returns
+        -------
+        int
+        """
         return int(lib.ferry_gallocr_n_chunks(self._p, self._index(buffer_type)))
 
     def chunks(self, buffer_type: int = 0) -> List[BorrowedBuffer]:
-        """The buffers of a buffer type (each usable while this allocator keeps it)."""
+        """The buffers of a buffer type, each usable while this allocator keeps it.
+
+        Parameters
+        ----------
+        buffer_type : int, optional
+            Its index.
+
+        Returns
+        -------
+        list of BorrowedBuffer
+        """
         b = self._index(buffer_type)
         out = []
         for c in range(self.n_chunks(b)):
@@ -131,7 +197,17 @@ class GraphAllocator:
         return out
 
     def placement(self, tensor: Tensor) -> Optional[Placement]:
-        """Where the last measured graph put tensor; None for views and tensors it left alone."""
+        """Where the last measured graph put a tensor.
+
+        Parameters
+        ----------
+        tensor : Tensor
+
+        Returns
+        -------
+        Placement or None
+            None for views and tensors it left alone.
+        """
         t = _checks.instance(tensor, Tensor, "placement")
         vals = ffi.new("int[2]")
         sizes = ffi.new("size_t[2]")

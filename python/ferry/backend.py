@@ -24,7 +24,14 @@ class Backend:
     """
 
     def __init__(self, ptr: Any) -> None:
-        """Internal: take ownership of a ferry_backend*; construct CPUBackend or DummyBackend instead."""
+        """Internal: take ownership of a ferry_backend*; construct CPUBackend, StandinBackend,
+        DummyBackend or CUDABackend instead.
+
+        Parameters
+        ----------
+        ptr : cdata ferry_backend *
+            The backend, freed with this object (once its buffers are gone too).
+        """
         self._handle = Handle(ptr, lib.ferry_backend_free)
         self._pending: List[Any] = []
         # The finalizer holds the pending data, so it never reaches the cyclic collector (the
@@ -41,6 +48,7 @@ class Backend:
 
     @property
     def name(self) -> str:
+        """The backend's name ("CPU", "CUDA0", ...)."""
         return ffi.string(lib.ferry_backend_name(self._p)).decode()
 
     @property
@@ -54,25 +62,78 @@ class Backend:
         return self._buffer_type
 
     def supports_buffer_type(self, buffer_type: BufferType) -> bool:
-        """Can this backend read and write buffers of buffer_type?"""
+        """Whether this backend can read and write buffers of a buffer type.
+
+        Parameters
+        ----------
+        buffer_type : BufferType
+
+        Returns
+        -------
+        bool
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a BufferType.
+        """
         _checks.instance(buffer_type, BufferType, "supports_buffer_type")
         return bool(lib.ferry_backend_supports_buft(self._p, buffer_type._ptr))
 
     # ------------------------------------------------------------ allocation
 
     def alloc_buffer(self, size: int) -> Buffer:
-        """A new buffer of size bytes of the default buffer type."""
+        """A new buffer of the backend's default buffer type.
+
+        Parameters
+        ----------
+        size : int
+            Bytes.
+
+        Returns
+        -------
+        Buffer
+
+        Raises
+        ------
+        OutOfMemoryError
+            Past the buffer type's max size, or when the allocation fails.
+        """
         return self._buffer_type.alloc_buffer(size)
 
     def alloc_buffer_for(self, tensor: Tensor) -> Buffer:
-        """A buffer exactly large enough for tensor, with tensor placed at its start."""
+        """A buffer exactly large enough for a tensor, with the tensor placed at its start.
+
+        Parameters
+        ----------
+        tensor : Tensor
+            Not a view, not yet placed.
+
+        Returns
+        -------
+        Buffer
+        """
         t = _checks.instance(tensor, Tensor, "alloc_buffer_for")
         buf = self.alloc_buffer(self._buffer_type.alloc_size(t))
         buf.place(t, 0)
         return buf
 
     def alloc_tensor(self, type: TypeLike, ne: Sequence[int], name: Optional[str] = None) -> Tensor:
-        """A new contiguous tensor in a buffer of its own."""
+        """A new contiguous tensor in a buffer of its own.
+
+        Parameters
+        ----------
+        type : Type, str or int
+            The element type.
+        ne : sequence of int
+            1 to 4 values per dimension.
+        name : str, optional
+            The tensor's name.
+
+        Returns
+        -------
+        Tensor
+        """
         t = Tensor.new(type, ne, name=name)
         self.alloc_buffer_for(t)
         return t
@@ -80,14 +141,49 @@ class Backend:
     # ------------------------------------------------------------ transfers
 
     def set_async(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int = 0) -> None:
-        """Write all of data into tensor at a byte offset."""
+        """Start writing all of data into a tensor; data is kept alive until synchronize().
+
+        Parameters
+        ----------
+        tensor : Tensor
+        data : bytes-like or numpy.ndarray
+        offset : int, optional
+            Bytes from the tensor's first byte.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a tensor that is not one, or values that cannot be sizes.
+        OutOfBoundsError
+            When the bytes reach past the tensor's span.
+        NotAllocatedError, FreedBufferError
+            For a tensor without live memory.
+        """
         t = _checks.instance(tensor, Tensor, "set_async")
         d = _pybuffer.readable(data, "set_async")
         self._queue(d, lambda: lib.ferry_backend_tensor_set_async(
             self._p, t._p, d.ptr, _checks.as_size(offset, "set_async: offset"), d.nbytes))
 
     def get_async(self, tensor: Tensor, out: Any, offset: int = 0) -> None:
-        """Fill out (a writable buffer) from tensor at a byte offset; out is valid after synchronize()."""
+        """Start filling out from a tensor; out holds the bytes after synchronize().
+
+        Parameters
+        ----------
+        tensor : Tensor
+        out : writable, C-contiguous bytes-like
+            Filled entirely.
+        offset : int, optional
+            Bytes from the tensor's first byte.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a tensor that is not one, or values that cannot be sizes.
+        OutOfBoundsError
+            When the bytes reach past the tensor's span.
+        NotAllocatedError, FreedBufferError
+            For a tensor without live memory.
+        """
         t = _checks.instance(tensor, Tensor, "get_async")
         d = _pybuffer.writable(out, "get_async")
         self._queue(d, lambda: lib.ferry_backend_tensor_get_async(
@@ -95,8 +191,29 @@ class Backend:
 
     def set_2d_async(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
-        """Write n_copies rows of size bytes: row i goes to offset + i*stride_tensor in tensor and
-        comes from data[i*stride_data:][:size] (stride_data defaults to size: packed rows)."""
+        """Start writing n_copies rows of size bytes: row i goes to offset + i*stride_tensor in the
+        tensor and comes from data[i*stride_data:][:size].
+
+        Parameters
+        ----------
+        tensor : Tensor
+        data : bytes-like or numpy.ndarray
+        offset, size, n_copies, stride_tensor : int
+            Where row 0 goes, bytes per row, rows, bytes between rows in the tensor.
+        stride_data : int, optional
+            Bytes between rows in data (default size: packed rows).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a tensor that is not one, or values that cannot be sizes.
+        OutOfBoundsError
+            When the bytes reach past the tensor's span.
+        NotAllocatedError, FreedBufferError
+            For a tensor without live memory.
+        LayoutError
+            For strides smaller than a row.
+        """
         t = _checks.instance(tensor, Tensor, "set_2d_async")
         args = _checks.transfer_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
         self._queue_2d("set_2d_async", lib.ferry_backend_tensor_set_2d_async, t,
@@ -104,8 +221,29 @@ class Backend:
 
     def get_2d_async(self, tensor: Tensor, out: Any, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
-        """Read n_copies rows of size bytes from offset + i*stride_tensor into out at i*stride_data;
-        out is valid after synchronize()."""
+        """Start reading n_copies rows of size bytes from offset + i*stride_tensor into out at
+        i*stride_data; out holds them after synchronize().
+
+        Parameters
+        ----------
+        tensor : Tensor
+        out : writable, C-contiguous bytes-like
+        offset, size, n_copies, stride_tensor : int
+            As for set_2d_async.
+        stride_data : int, optional
+            Bytes between rows in out (default size: packed rows).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a tensor that is not one, or values that cannot be sizes.
+        OutOfBoundsError
+            When the bytes reach past the tensor's span.
+        NotAllocatedError, FreedBufferError
+            For a tensor without live memory.
+        LayoutError
+            For strides smaller than a row.
+        """
         t = _checks.instance(tensor, Tensor, "get_2d_async")
         args = _checks.transfer_2d("get_2d_async", offset, size, n_copies, stride_tensor, stride_data)
         self._queue_2d("get_2d_async", lib.ferry_backend_tensor_get_2d_async, t,
@@ -113,13 +251,30 @@ class Backend:
 
     def set_2d(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                stride_tensor: int, stride_data: Optional[int] = None) -> None:
-        """set_2d_async, then synchronize()."""
+        """set_2d_async, then synchronize().
+
+        Parameters
+        ----------
+        tensor, data, offset, size, n_copies, stride_tensor, stride_data
+            As for set_2d_async.
+        """
         self.set_2d_async(tensor, data, offset, size, n_copies, stride_tensor, stride_data)
         self.synchronize()
 
     def get_2d(self, tensor: Tensor, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None) -> bytes:
-        """get_2d_async into new memory, synchronize(), and return it ((n_copies-1)*stride_data + size bytes)."""
+        """get_2d_async into new memory, then synchronize().
+
+        Parameters
+        ----------
+        tensor, offset, size, n_copies, stride_tensor, stride_data
+            As for get_2d_async.
+
+        Returns
+        -------
+        bytes
+            (n_copies-1)*stride_data + size bytes.
+        """
         t = _checks.instance(tensor, Tensor, "get_2d")
         args = _checks.transfer_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
         t._check_read("tensor_get_2d_async", *args)
@@ -129,7 +284,22 @@ class Backend:
         return bytes(out)
 
     def copy_async(self, src: Tensor, dst: Tensor, src_backend: Optional["Backend"] = None) -> None:
-        """Copy src into dst (same type, ne and nb) on this backend, dst's; src_backend defaults to self."""
+        """Start copying src into dst on this backend, dst's.
+
+        Parameters
+        ----------
+        src, dst : Tensor
+            Same type, ne and nb.
+        src_backend : Backend, optional
+            The backend src's memory belongs to (default: this one).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For arguments of the wrong kind.
+        LayoutError
+            When the layouts differ.
+        """
         s = _checks.instance(src, Tensor, "copy_async")
         d = _checks.instance(dst, Tensor, "copy_async")
         if src_backend is not None and not isinstance(src_backend, Backend):
@@ -166,11 +336,36 @@ class Backend:
     # ------------------------------------------------------------ events
 
     def event(self, timing: bool = False) -> Event:
-        """A new event of this backend (timing: it can be timed with Event.elapsed_ms)."""
+        """A new event of this backend.
+
+        Parameters
+        ----------
+        timing : bool, optional
+            Whether Event.elapsed_ms can time it.
+
+        Returns
+        -------
+        Event
+
+        Raises
+        ------
+        UnsupportedError
+            For a backend that cannot make events.
+        """
         return Event(self, timing)
 
     def wait(self, event: Event) -> None:
-        """Make this backend's later work wait for event."""
+        """Make this backend's later work wait for an event.
+
+        Parameters
+        ----------
+        event : Event
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but an Event.
+        """
         _checks.instance(event, Event, "wait", article="an").wait(self)
 
     # ------------------------------------------------------------ counters
@@ -183,6 +378,7 @@ class Backend:
         return Stats.from_c(out)
 
     def reset_stats(self) -> None:
+        """Set every transfer counter of the backend to 0."""
         lib.ferry_backend_reset_stats(self._p)
 
     def __repr__(self) -> str:
@@ -236,12 +432,27 @@ class DummyBackend(Backend):
     """A device-like backend for allocator tests and dry runs.
 
     By default its buffers hand out synthetic addresses with no memory behind them
-    (transfers are checked and counted, not performed; reads give zeros). With
-    real_memory they are memory a test can read. has_2d=False makes every 2-D transfer
-    the generic loop of plain ones. alignment is a power of two (0: 64);
-    max_buffer_size None or 0 means unbounded. is_host makes its buffers claim to be host
-    memory (a KV cache at full model scale in a dry run); with synthetic addresses never
-    let a CPU op read them.
+    (transfers are checked and counted, not performed; reads give zeros). Buffers that
+    claim to be host memory (is_host) hold a KV cache at full model scale in a dry run;
+    with synthetic addresses no CPU op may read them.
+
+    Parameters
+    ----------
+    real_memory : bool, optional
+        Buffers with memory a test can read (default: synthetic addresses, nothing behind them).
+    alignment : int, optional
+        A power of two (0: 64).
+    max_buffer_size : int, optional
+        The largest buffer; None or 0: unbounded.
+    has_2d : bool, optional
+        False makes every 2-D transfer the generic loop of plain ones.
+    is_host : bool, optional
+        Buffers claim to be host memory.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For values that are not bools or sizes, or an alignment that is not a power of two.
     """
 
     def __init__(self, real_memory: bool = False, alignment: int = 64, max_buffer_size: Optional[int] = None,
@@ -262,8 +473,10 @@ class DummyBackend(Backend):
 
     @property
     def alignment(self) -> int:
+        """The alignment of offsets in its buffers."""
         return self.buffer_type.alignment
 
     @property
     def max_buffer_size(self) -> Optional[int]:
+        """The largest buffer it allocates, or None if unbounded."""
         return self.buffer_type.max_size

@@ -33,15 +33,38 @@ class Copy2D(NamedTuple):
 
     @classmethod
     def from_c(cls, c: Any) -> "Copy2D":
-        """Copy a ferry_copy_2d (cdata) into Python values."""
+        """Copy a ferry_copy_2d into Python values.
+
+        Parameters
+        ----------
+        c : cdata ferry_copy_2d
+
+        Returns
+        -------
+        Copy2D
+        """
         return cls(int(c.offset), int(c.size), int(c.count), int(c.stride))
 
 
 def to_c(copies: Iterable[Sequence[int]], what: str) -> Tuple[Any, int]:
-    """A ferry_copy_2d array (at least one element, for C's sake) and the number of copies in it.
+    """A ferry_copy_2d array for C.
 
-    copies are Copy2D or any (offset, size, count, stride) sequences; InvalidArgumentError for
-    anything else, or for values that are not sizes."""
+    Parameters
+    ----------
+    copies : iterable of Copy2D or of (offset, size, count, stride)
+    what : str
+        The caller's name, for messages.
+
+    Returns
+    -------
+    (cdata ferry_copy_2d[], int)
+        The array (at least one element, for C's sake) and the number of copies in it.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything but 4-number rows, or numbers that are not sizes.
+    """
     if isinstance(copies, (str, bytes)) or not hasattr(copies, "__iter__"):
         raise InvalidArgumentError(f"{what}: expected a list of copies (offset, size, count, stride), got {copies!r}")
     rows = []

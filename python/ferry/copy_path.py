@@ -15,14 +15,23 @@ from .policy import PolicyLike, to_policy
 from .stats import CopyStats
 from .tensor import Tensor
 
-#: The old name of Copy2D where copy_ranges_of returned it; the same type.
+#: Another name for Copy2D, the one copy_ranges_of's results were exported under.
 CopyRanges = Copy2D
 
 
 def copy_ranges_of(tensor: Tensor) -> Optional[Copy2D]:
     """The ranges policy's rule on layout alone: dimensions 0..2 one dense range repeated along
-    dimension 3 at a stride no smaller than it. Offsets are from the tensor's own first byte.
-    None when the rule does not apply."""
+    dimension 3 at a stride no smaller than it.
+
+    Parameters
+    ----------
+    tensor : Tensor
+
+    Returns
+    -------
+    Copy2D or None
+        The one 2-D copy, offsets from the tensor's own first byte; None when the rule does not apply.
+    """
     t = _checks.instance(tensor, Tensor, "copy_ranges_of")
     out = ffi.new("ferry_copy_2d *")
     if not lib.ferry_copy_ranges_of(t._p, out):
@@ -31,13 +40,43 @@ def copy_ranges_of(tensor: Tensor) -> Optional[Copy2D]:
 
 
 def bytes_read(tensor: Tensor) -> int:
-    """Bytes a graph reads through tensor: the distinct bytes of its elements (blocks whole)."""
+    """Bytes a graph reads through a tensor: the distinct bytes of its elements (blocks whole).
+
+    Parameters
+    ----------
+    tensor : Tensor
+
+    Returns
+    -------
+    int
+    """
     return int(lib.ferry_tensor_bytes_read(_checks.instance(tensor, Tensor, "bytes_read")._p))
 
 
 def copy_input(split_backend: Backend, policy: PolicyLike, src: Tensor, dst: Tensor) -> CopyStats:
-    """The scheduler's ordered copy of one input: src into dst (same type, ne and nb) by policy,
-    blocking, with split_backend synchronized before and after."""
+    """The scheduler's ordered copy of one input, blocking, with the split backend synchronized
+    before and after.
+
+    Parameters
+    ----------
+    split_backend : Backend
+        The backend that runs the split (dst's).
+    policy : CopyPolicy or str
+    src, dst : Tensor
+        Same type, ne and nb.
+
+    Returns
+    -------
+    CopyStats
+        What the copy did.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For arguments of the wrong kind or an unknown policy.
+    LayoutError
+        When the layouts differ.
+    """
     _checks.instance(split_backend, Backend, "copy_input")
     pol = to_policy(policy)
     s, d = _checks.instance(src, Tensor, "copy_input: src"), _checks.instance(dst, Tensor, "copy_input: dst")

@@ -27,7 +27,21 @@ def cuda_device_count() -> int:
 
 
 def cuda_buffer_type(device: int = 0) -> BufferType:
-    """Device memory (cudaMalloc) of a device; one per device, never freed."""
+    """Device memory (cudaMalloc) of a device; one per device, never freed.
+
+    Parameters
+    ----------
+    device : int, optional
+
+    Returns
+    -------
+    BufferType
+
+    Raises
+    ------
+    UnsupportedError, BackendError
+        Without CUDA in this build, or without that device.
+    """
     out = ffi.new("ferry_buffer_type **")
     check(lib.ferry_cuda_buffer_type(_checks.as_c_int(device, "cuda_buffer_type: device"), out))
     return BufferType(out[0])
@@ -41,7 +55,19 @@ def cuda_host_buffer_type() -> BufferType:
 
 
 class CUDABackend(Backend):
-    """A backend with its own stream on a CUDA device."""
+    """A backend with its own stream on a CUDA device.
+
+    Parameters
+    ----------
+    device : int, optional
+
+    Raises
+    ------
+    UnsupportedError
+        Without CUDA in this build.
+    BackendError
+        With CUDA's message when the device is not usable.
+    """
 
     def __init__(self, device: int = 0) -> None:
         out = ffi.new("ferry_backend **")
@@ -58,15 +84,26 @@ class CUDABackend(Backend):
 
     @property
     def device(self) -> int:
+        """The CUDA device number."""
         out = ffi.new("int *")
         check(lib.ferry_cuda_backend_device(self._p, out))
         return int(out[0])
 
     def hold(self, microseconds: float) -> None:
-        """Queue a wait of `microseconds` (0 to 1e6) on the device, at the end of the stream.
+        """Queue a wait on the device, at the end of the stream.
 
         A timing aid: work queued while the stream is held starts back to back, so events
         recorded around it time the device alone, not the host's submission of the work.
+
+        Parameters
+        ----------
+        microseconds : float
+            0 to 1e6.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a number in that range.
         """
         if isinstance(microseconds, bool) or not isinstance(microseconds, (int, float)):
             raise InvalidArgumentError(f"hold: microseconds must be a number, got {type(microseconds).__name__}")

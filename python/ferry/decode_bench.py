@@ -95,6 +95,7 @@ class BenchConfig:
 
     @property
     def n_embd(self) -> int:
+        """Values per cell of K (or V): head_dim * n_head_kv."""
         return self.head_dim * self.n_head_kv
 
     @property
@@ -103,7 +104,20 @@ class BenchConfig:
         return self.npp + self.ntg
 
     def n_kv(self, npl: int, step: int) -> int:
-        """The split cache's window at a step: the sequences' length rounded up to pad, at most kv_size."""
+        """The split cache's window at a step.
+
+        Parameters
+        ----------
+        npl : int
+            Sequences (streams).
+        step : int
+            0..ntg-1.
+
+        Returns
+        -------
+        int
+            The sequences' length at the step rounded up to pad, at most kv_size.
+        """
         return n_kv_for(self.npp, step + 1, self.pad, self.n_ctx // npl)
 
     @property
@@ -132,6 +146,7 @@ class BenchRow:
 
     @property
     def label(self) -> str:
+        """The policy, with "+compact" for compact staging."""
         return f"{self.policy}+compact" if self.compact else self.policy
 
     @property
@@ -157,6 +172,24 @@ class BenchResult:
     rows: List[BenchRow]
 
     def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False) -> BenchRow:
+        """The row of one run.
+
+        Parameters
+        ----------
+        npl : int
+        policy : str
+        unified : bool, optional
+        compact : bool, optional
+
+        Returns
+        -------
+        BenchRow
+
+        Raises
+        ------
+        StopIteration
+            For a run the configuration did not make.
+        """
         return next(r for r in self.rows if (r.npl, r.policy, r.unified, r.compact) == (npl, policy, unified, compact))
 
     def variants(self) -> List[Tuple[str, bool]]:
@@ -164,18 +197,46 @@ class BenchResult:
         return variants(self.config)
 
     def gain(self, r: BenchRow) -> Optional[float]:
-        """tokens/s over that of flat (same npl and layout) minus 1; None without a flat run."""
+        """A row's tokens/s over that of flat (same npl and layout), minus 1.
+
+        Parameters
+        ----------
+        r : BenchRow
+
+        Returns
+        -------
+        float or None
+            None without a flat run.
+        """
         if "flat" not in self.config.policies:
             return None
         return r.tokens_per_s / self.row(r.npl, "flat", r.unified).tokens_per_s - 1.0
 
     def outputs_identical(self, npl: int) -> bool:
-        """Did every run of npl (each policy, both layouts) produce the same attention outputs?"""
+        """Whether every run of npl (each policy, both layouts) produced the same attention outputs.
+
+        Parameters
+        ----------
+        npl : int
+
+        Returns
+        -------
+        bool
+        """
         return len({r.output_sha256 for r in self.rows if r.npl == npl}) == 1
 
 
 def variants(cfg: BenchConfig) -> List[Tuple[str, bool]]:
-    """(policy, compact) runs of a configuration (see workload.variants)."""
+    """The (policy, compact) runs of a configuration (see workload.variants).
+
+    Parameters
+    ----------
+    cfg : BenchConfig
+
+    Returns
+    -------
+    list of (str, bool)
+    """
     return workload_variants(cfg.policies, cfg.compact)
 
 
@@ -261,7 +322,28 @@ class _Run:
 
 def run_one(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, policy: str, unified: bool,
             pinned: bool, on_step: Optional[OnStep] = None, compact: bool = False) -> BenchRow:
-    """ntg timed decode steps of one configuration (after one untimed warm-up step)."""
+    """ntg timed decode steps of one configuration, after one untimed warm-up step.
+
+    Parameters
+    ----------
+    cfg : BenchConfig
+    split, cpu : Backend
+        The split's backend and the CPU backend.
+    npl : int
+    policy : str
+    unified : bool
+        The unified cache (one stream) instead of one stream per sequence.
+    pinned : bool
+        The cache in CUDA's pinned host memory.
+    on_step : callable, optional
+        Called with the run's label after each step.
+    compact : bool, optional
+        Compact staging.
+
+    Returns
+    -------
+    BenchRow
+    """
     run = _Run(cfg, split, cpu, npl, policy, unified, pinned, compact)
     run.step(run.graph(cfg.ntg - 1))  # warm-up: the largest graph, so no timed step allocates
     decode = copy = compute = 0.0

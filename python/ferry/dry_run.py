@@ -37,12 +37,30 @@ class TableRow:
     ratio: float
 
     def as_dict(self) -> Dict[str, object]:
+        """The row as `ferry table --json` writes it."""
         return asdict(self)
 
 
 def window_stats(n_ctx: int, npl: int, n_kv: int, type_k: TypeLike = "q8_0", head_dim: int = 128,
                  n_head_kv: int = 8) -> Dict[str, SchedStats]:
-    """Run the K window of npl streams through the scheduler under flat and ranges (a dry run)."""
+    """Run the K window of npl streams through the scheduler under flat and under ranges (a dry run).
+
+    Parameters
+    ----------
+    n_ctx : int
+        Cells in all streams.
+    npl : int
+        Streams.
+    n_kv : int
+        Cells read per stream.
+    type_k : Type, str or int, optional
+    head_dim, n_head_kv : int, optional
+
+    Returns
+    -------
+    dict of str to SchedStats
+        Keyed "flat" and "ranges".
+    """
     host = DummyBackend(is_host=True)  # synthetic memory that claims to be host memory
     split = DummyBackend()  # synthetic, device-like
     kv = KVCache(type_k, type_k, head_dim, n_head_kv, n_ctx, npl, backend=host)
@@ -61,7 +79,31 @@ def window_stats(n_ctx: int, npl: int, n_kv: int, type_k: TypeLike = "q8_0", hea
 
 def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 1, type_k: TypeLike = "q8_0",
                 head_dim: int = 128, n_head_kv: int = 8) -> List[TableRow]:
-    """One TableRow per number of sequences; kv_size = n_ctx / npl."""
+    """Cells read and copied under flat and ranges, per number of sequences (a dry run).
+
+    Parameters
+    ----------
+    n_ctx : int
+        Cells in all streams; kv_size = n_ctx / npl.
+    npls : sequence of int
+        Numbers of sequences, one stream each.
+    npp, ntg : int
+        Prompt and generated tokens per sequence.
+    pad : int, optional
+        n_kv is rounded up to a multiple of this.
+    type_k : Type, str or int, optional
+    head_dim, n_head_kv : int, optional
+
+    Returns
+    -------
+    list of TableRow
+        One per number of sequences.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For values that are not positive, or an npl that does not divide n_ctx.
+    """
     check_positive((("-c", n_ctx), ("-npp", npp), ("--pad", pad), ("--head-dim", head_dim),
                     ("--kv-heads", n_head_kv)), integer=False)
     if ntg < 0:
@@ -113,14 +155,46 @@ class WindowPlan:
     explanation: str
 
     def as_dict(self) -> Dict[str, Any]:
+        """The plan as `ferry plan --json` writes it."""
         return asdict(self)
 
 
 def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: str = "f16", head_dim: int = 128,
                 n_head_kv: int = 8, v_trans: bool = False, which: str = "k", streams: Optional[Tuple[int, int]] = None,
                 backend: str = "gpu") -> WindowPlan:
-    """Plan the K or V window of a cache of npl streams (kv_size = n_ctx / npl cells each; npl 1:
-    unified) for sequences of npp + ntg tokens (n_kv rounded up to pad), streams s0..s1 (default all)."""
+    """The copy plan of a KV-cache window, what it moves, what it costs, and why (a dry run).
+
+    Parameters
+    ----------
+    n_ctx : int
+        Cells in all streams.
+    npl : int
+        Streams, kv_size = n_ctx / npl cells each (1: unified).
+    npp, ntg : int
+        Prompt and generated tokens per sequence.
+    pad : int, optional
+        n_kv is rounded up to a multiple of this.
+    type : str, optional
+        The cache's type.
+    head_dim, n_head_kv : int, optional
+    v_trans : bool, optional
+        V stored transposed.
+    which : str, optional
+        "k" or "v".
+    streams : (int, int), optional
+        The first and last stream read (default all).
+    backend : str, optional
+        "cpu" or "gpu": whose cost model decides plan or flat.
+
+    Returns
+    -------
+    WindowPlan
+
+    Raises
+    ------
+    InvalidArgumentError
+        For values out of range.
+    """
     check_positive((("-c", n_ctx), ("-npl", npl), ("-npp", npp), ("--pad", pad), ("--head-dim", head_dim),
                     ("--kv-heads", n_head_kv)), integer=False)
     if ntg < 0:

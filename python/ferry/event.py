@@ -25,6 +25,20 @@ class Event:
 
     It belongs to (and keeps alive) the backend that made it; a backend that cannot make
     events raises UnsupportedError.
+
+    Parameters
+    ----------
+    backend : Backend
+        The backend it belongs to (kept alive by the event).
+    timing : bool, optional
+        Whether elapsed_ms can time it.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything but a Backend, or a timing that is not a bool.
+    UnsupportedError
+        For a backend that cannot make events.
     """
 
     def __init__(self, backend: "Backend", timing: bool = False) -> None:
@@ -46,6 +60,7 @@ class Event:
 
     @property
     def backend(self) -> "Backend":
+        """The backend the event belongs to."""
         return self._backend
 
     def free(self) -> None:
@@ -53,14 +68,30 @@ class Event:
         self._finalizer()
 
     def record(self, backend: Optional["Backend"] = None) -> "Event":
-        """Mark the current end of backend's queued work (default: the event's own backend). Returns self."""
+        """Mark the current end of a backend's queued work.
+
+        Parameters
+        ----------
+        backend : Backend, optional
+            Default: the event's own backend.
+
+        Returns
+        -------
+        Event
+            self.
+        """
         b = _checks.c_object(self._backend if backend is None else backend, "ferry_backend *", "a Backend",
                              "event record")
         check(lib.ferry_event_record(self._p, b._p))
         return self
 
     def wait(self, backend: "Backend") -> None:
-        """Make backend's later work wait for this event (on the device where it can)."""
+        """Make a backend's later work wait for this event (on the device where it can).
+
+        Parameters
+        ----------
+        backend : Backend
+        """
         _checks.c_object(backend, "ferry_backend *", "a Backend", "event wait")
         check(lib.ferry_event_wait(backend._p, self._p))
 
@@ -70,7 +101,24 @@ class Event:
 
     @staticmethod
     def elapsed_ms(start: "Event", end: "Event") -> float:
-        """Milliseconds between two recorded timing events."""
+        """Milliseconds between two recorded timing events.
+
+        Parameters
+        ----------
+        start, end : Event
+            Both made with timing=True and recorded.
+
+        Returns
+        -------
+        float
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but Events.
+        FerryError
+            For events that were not made for timing or not recorded.
+        """
         for name, e in (("start", start), ("end", end)):
             if not isinstance(e, Event):
                 raise InvalidArgumentError(f"elapsed_ms: {name} is not an Event but {type(e).__name__}")

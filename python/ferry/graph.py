@@ -91,10 +91,12 @@ class Graph:
 
     @property
     def n_nodes(self) -> int:
+        """Nodes (ops and views)."""
         return int(lib.ferry_graph_n_nodes(self._p))
 
     @property
     def n_leafs(self) -> int:
+        """Leafs (tensors with data of their own)."""
         return int(lib.ferry_graph_n_leafs(self._p))
 
     @property
@@ -127,7 +129,20 @@ class Graph:
         return iter(self.nodes)
 
     def compute(self, backend: Backend) -> None:
-        """Run every node on backend, then wait for it."""
+        """Run every node on one backend, then wait for it.
+
+        Parameters
+        ----------
+        backend : Backend
+            Every tensor must have memory it can use.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Backend.
+        FerryError
+            When an op fails or a tensor has no usable memory.
+        """
         _checks.instance(backend, Backend, "graph compute")
         check(lib.ferry_backend_graph_compute(backend._p, self._p))
         backend.synchronize()

@@ -66,6 +66,7 @@ class ValidateConfig:
 
     @property
     def n_embd(self) -> int:
+        """Values per cell of K (or V): head_dim * n_head_kv."""
         return self.head_dim * self.n_head_kv
 
     def prompts(self) -> List[int]:
@@ -85,14 +86,17 @@ class ValidateResult:
 
     @property
     def identical(self) -> bool:
+        """Whether every policy gave the same hash."""
         return len(set(self.hashes.values())) == 1
 
     @property
     def control_detected(self) -> bool:
+        """Whether the control's hash differs from every policy's."""
         return self.control not in self.hashes.values()
 
     @property
     def passed(self) -> bool:
+        """The gate: identical hashes and a detected control."""
         return self.identical and self.control_detected
 
     def as_dict(self) -> Dict[str, object]:
@@ -139,9 +143,25 @@ def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
 
 
 def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0, compact: bool = False) -> Tuple[str, int]:
-    """Serve every sequence under a policy; the sha256 (hex) of every attention output in order, and
-    the most bytes the scheduler held on the split backend. shift moves each wave's window that many
-    streams up (the negative control: 1); compact stages only the bytes read."""
+    """Serve every sequence under a policy and hash every attention output.
+
+    Parameters
+    ----------
+    cfg : ValidateConfig
+    split : Backend
+        Where attention runs.
+    policy : str
+    shift : int, optional
+        Moves each wave's window that many streams up (the negative control: 1).
+    compact : bool, optional
+        Compact staging.
+
+    Returns
+    -------
+    (str, int)
+        The sha256 (hex) of every attention output in order, and the most bytes the scheduler
+        held on the split backend.
+    """
     cpu = CPUBackend()
     served = _Served(cfg)
     sched = Scheduler([split, cpu], policy=policy, compact=compact)
@@ -175,7 +195,23 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0, comp
 
 
 def run_validate(cfg: ValidateConfig) -> ValidateResult:
-    """Each policy's hash and the control's."""
+    """Each policy's hash and the control's.
+
+    Parameters
+    ----------
+    cfg : ValidateConfig
+
+    Returns
+    -------
+    ValidateResult
+
+    Raises
+    ------
+    InvalidArgumentError
+        For options that cannot run.
+    FerryError
+        When the split backend cannot be made or a run fails.
+    """
     cfg.check()
     split = split_backend(cfg.backend)
     hashes, memory = {}, {}

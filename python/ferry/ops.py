@@ -19,50 +19,193 @@ from .types import TypeLike
 
 
 def add(a: Tensor, b: Tensor, name: Optional[str] = None) -> Tensor:
-    """a + b, b repeated over a (each b.ne[i] divides a.ne[i]); same type."""
+    """a + b, b repeated over a.
+
+    Parameters
+    ----------
+    a, b : Tensor
+        Same type; each b.ne[i] divides a.ne[i].
+    name : str, optional
+        The result's name.
+
+    Returns
+    -------
+    Tensor
+        The op's unallocated, contiguous result.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For operands that are not Tensors.
+    LayoutError
+        For shapes that do not repeat.
+    """
     return _checks.instance(a, Tensor, "add: a")._binary(lib.ferry_add, b, "add", name)
 
 
 def mul(a: Tensor, b: Tensor, name: Optional[str] = None) -> Tensor:
-    """a * b elementwise, b repeated over a; same type."""
+    """a * b elementwise, b repeated over a.
+
+    Parameters
+    ----------
+    a, b : Tensor
+        Same type; each b.ne[i] divides a.ne[i].
+    name : str, optional
+        The result's name.
+
+    Returns
+    -------
+    Tensor
+        The op's unallocated, contiguous result.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For operands that are not Tensors.
+    LayoutError
+        For shapes that do not repeat.
+    """
     return _checks.instance(a, Tensor, "mul: a")._binary(lib.ferry_mul, b, "mul", name)
 
 
 def scale(a: Tensor, s: float, name: Optional[str] = None) -> Tensor:
-    """a * s for a finite float s (stored as f32)."""
+    """a * s.
+
+    Parameters
+    ----------
+    a : Tensor
+    s : float
+        A finite number, stored as f32.
+    name : str, optional
+        The result's name.
+
+    Returns
+    -------
+    Tensor
+        The op's unallocated, contiguous result.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a that is not a Tensor, or s not a finite f32.
+    """
     return _checks.instance(a, Tensor, "scale").scale(s, name=name)
 
 
 def dup(a: Tensor, type: Optional[TypeLike] = None, name: Optional[str] = None) -> Tensor:
-    """A contiguous copy of a (any strides), of a's type or converted to type."""
+    """A contiguous copy of a (any strides).
+
+    Parameters
+    ----------
+    a : Tensor
+    type : Type, str or int, optional
+        The copy's type; None keeps a's.
+    name : str, optional
+        The result's name.
+
+    Returns
+    -------
+    Tensor
+        The op's unallocated, contiguous result.
+    """
     return _checks.instance(a, Tensor, "dup").dup(type, name=name)
 
 
 def concat(a: Tensor, b: Tensor, dim: int, name: Optional[str] = None) -> Tensor:
-    """a and b joined along dim (0..3): same type, same ne in every other dimension."""
+    """a and b joined along a dimension.
+
+    Parameters
+    ----------
+    a, b : Tensor
+        Same type, same ne in every other dimension.
+    dim : int
+        0..3.
+    name : str, optional
+        The result's name.
+
+    Returns
+    -------
+    Tensor
+        The op's unallocated, contiguous result.
+
+    Raises
+    ------
+    LayoutError
+        For shapes that do not join.
+    """
     return _checks.instance(a, Tensor, "concat: a").concat(b, dim, name=name)
 
 
 def pad(a: Tensor, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Optional[str] = None) -> Tensor:
-    """a with p_i zeros appended at the end of dimension i."""
+    """a with zeros appended at the end of each dimension.
+
+    Parameters
+    ----------
+    a : Tensor
+    p0, p1, p2, p3 : int, optional
+        Zeros after dimension 0, 1, 2, 3.
+    name : str, optional
+        The result's name.
+
+    Returns
+    -------
+    Tensor
+        The op's unallocated, contiguous result.
+    """
     return _checks.instance(a, Tensor, "pad").pad(p0, p1, p2, p3, name=name)
 
 
 def mean(a: Tensor, name: Optional[str] = None) -> Tensor:
-    """The mean over dimension 0: ne[0] becomes 1."""
+    """The mean over dimension 0 (ne[0] becomes 1).
+
+    Parameters
+    ----------
+    a : Tensor
+    name : str, optional
+        The result's name.
+
+    Returns
+    -------
+    Tensor
+        The op's unallocated, contiguous result.
+    """
     return _checks.instance(a, Tensor, "mean").mean(name=name)
 
 
 def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional[float] = None,
                 v_trans: bool = False, name: Optional[str] = None) -> Tensor:
-    """Decode attention, one query token per stream: f32 [head_dim, n_head, 1, ns],
-    softmax(scale * q.k) . v per query head, over the first kv_len[s] cells of stream s.
+    """Decode attention, one query token per stream: softmax(scale * q.k) . v per query head, over
+    the first kv_len[s] cells of stream s. Query head h reads KV head h // (n_head // n_head_kv).
+    Deterministic: the same bytes in give the same bytes out on a backend.
 
-    q is f32 [head_dim, n_head, 1, ns]; k a permuted K window [head_dim, n_kv, n_head_kv, ns]
-    (KVCache.window); v the same, or with v_trans [n_kv, head_dim, n_head_kv, ns]; kv_len i32
-    [ns] (clamped to 0..n_kv; 0 gives a zero row). K and V are f32, f16 or q8_0 (q8_0 V not
-    transposed); query head h reads KV head h // (n_head // n_head_kv). scale defaults to
-    1/sqrt(head_dim). Deterministic: the same bytes in give the same bytes out on a backend.
+    Parameters
+    ----------
+    q : Tensor
+        f32 [head_dim, n_head, 1, ns].
+    k : Tensor
+        A permuted K window [head_dim, n_kv, n_head_kv, ns] (KVCache.window): f32, f16 or q8_0.
+    v : Tensor
+        The same as k, or with v_trans [n_kv, head_dim, n_head_kv, ns] (not q8_0).
+    kv_len : Tensor
+        i32 [ns]: cells of each stream read (clamped to 0..n_kv; 0 gives a zero row).
+    scale : float, optional
+        Default 1/sqrt(head_dim).
+    v_trans : bool, optional
+        v is transposed.
+    name : str, optional
+        The result's name.
+
+    Returns
+    -------
+    Tensor
+        f32 [head_dim, n_head, 1, ns], unallocated.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For operands that are not Tensors, a scale that is not a finite f32, v_trans not a bool.
+    LayoutError
+        For shapes or types that do not fit.
     """
     pq, pk = _checks.instance(q, Tensor, "attn_decode: q")._p, _checks.instance(k, Tensor, "attn_decode: k")._p
     pv = _checks.instance(v, Tensor, "attn_decode: v")._p
@@ -80,7 +223,22 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
 
 
 def op_name(op: int) -> str:
-    """ferry's name for a ferry_op number (Tensor.op)."""
+    """ferry's name for an op.
+
+    Parameters
+    ----------
+    op : int
+        A ferry_op number (Tensor.op).
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a number that is not an op.
+    """
     n = _checks.as_c_int(op, "op_name")
     p = lib.ferry_op_name(ffi.cast("ferry_op", n))  # a cast: the enum is unsigned, C names a negative one
     if p == ffi.NULL:

@@ -46,10 +46,26 @@ def _c_plan(t: Tensor) -> List[Copy2D]:
 
 
 def plan_of(tensor: Tensor) -> List[Copy2D]:
-    """The copy plan of a tensor (a view or not), offsets from the first byte of its root (the
-    tensor whose memory it reads; itself if not a view), so each row is at offset + tensor.offset
-    of what C plans. UnsupportedError for a view whose rows tangle over more than 2^20 rows (the
-    copy path copies the span then); [] for an empty tensor."""
+    """The copy plan of a tensor: the fewest 2-D copies that move exactly the bytes it reads.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        A view or not.
+
+    Returns
+    -------
+    list of Copy2D
+        Offsets from the first byte of its root (the tensor whose memory it reads); [] for an
+        empty tensor.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything but a Tensor.
+    UnsupportedError
+        For a view whose rows tangle over more than 2^20 rows (the copy path copies the span then).
+    """
     t = _checks.instance(tensor, Tensor, "plan_of")
     base = t.offset
     return [c._replace(offset=c.offset + base) for c in _c_plan(t)]
@@ -64,11 +80,35 @@ def _span(unit: int, counts: Sequence[int], nb: Sequence[int]) -> int:
 
 def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int = 0,
                 name: str = "planned", source: Optional[Tensor] = None) -> Tensor:
-    """A view with exactly this layout offset bytes into source, or (source None) into an
-    unallocated tensor just large enough for it (metadata only). nb may be any permutation a
-    ferry view can reach: nb[0] is the element size, or, for plain (non-block) types, some
-    dimension has stride = element size or one value, and the view is made with it first and
-    permuted. Errors carry C's message."""
+    """A view with exactly a given layout (metadata only: nothing is allocated).
+
+    nb may be any permutation a ferry view can reach: nb[0] is the element size, or, for plain
+    (non-block) types, some dimension has stride = element size or one value, and the view is
+    made with it first and permuted.
+
+    Parameters
+    ----------
+    type : Type, str or int
+    ne : sequence of int
+        1 to 4 values per dimension.
+    nb : sequence of int
+        Byte strides, one per dimension.
+    offset : int, optional
+        Where the view starts in its source, in bytes.
+    name : str, optional
+        The view's name.
+    source : Tensor, optional
+        The tensor to view; None: an unallocated tensor just large enough for the view.
+
+    Returns
+    -------
+    Tensor
+
+    Raises
+    ------
+    LayoutError, InvalidArgumentError, OutOfBoundsError
+        With C's message, for a layout no ferry view has.
+    """
     ty = to_type(type)
     if source is not None and _checks.instance(source, Tensor, "plan_copy: source").type != ty:
         raise LayoutError(f"plan_copy: the source is {source.type}, the view {ty}")
@@ -117,12 +157,37 @@ def _source_for(ty: Any, off: int, ne: Sequence[int], nb: Sequence[int], name: s
 
 
 def plan_copy(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int = 0) -> List[Copy2D]:
-    """The copies that move exactly the bytes a view of this type, shape (ggml order, ne[0]
-    fastest) and byte strides reads, each byte once; offsets from the first byte of the view's
-    source (offset is where the view starts in it). Nothing is allocated. UnknownTypeError,
-    LayoutError (ne[0] not whole blocks, a layout no ferry view has), InvalidArgumentError
-    (negative numbers), OutOfBoundsError (strides that overflow), UnsupportedError (rows
-    tangled over more than 2^20 rows: copy the span instead)."""
+    """The copies that move exactly the bytes a view of this layout reads, each byte once.
+
+    Nothing is allocated.
+
+    Parameters
+    ----------
+    type : Type, str or int
+    ne : sequence of int
+        1 to 4 values per dimension, ne[0] fastest.
+    nb : sequence of int
+        Byte strides.
+    offset : int, optional
+        Where the view starts in its source.
+
+    Returns
+    -------
+    list of Copy2D
+        Offsets from the first byte of the view's source.
+
+    Raises
+    ------
+    UnknownTypeError
+    LayoutError
+        ne[0] not whole blocks, or a layout no ferry view has.
+    InvalidArgumentError
+        Negative numbers.
+    OutOfBoundsError
+        Strides that overflow.
+    UnsupportedError
+        Rows tangled over more than 2^20 rows: copy the span instead.
+    """
     return plan_of(layout_view(type, ne, nb, offset))
 
 
@@ -161,6 +226,16 @@ class CopyCostModel:
 
     @classmethod
     def from_c(cls, m: Any) -> "CopyCostModel":
+        """Copy a ferry_copy_cost_model into Python values.
+
+        Parameters
+        ----------
+        m : cdata ferry_copy_cost_model
+
+        Returns
+        -------
+        CopyCostModel
+        """
         return cls(float(m.call_us), float(m.row_ns), float(m.gbps), int(m.line_bytes), int(m.small_row_bytes),
                    float(m.small_row_efficiency), int(m.wide_pitch_bytes), float(m.wide_pitch_row_ns))
 
@@ -176,7 +251,22 @@ class CopyCostModel:
 
     @classmethod
     def of_backend(cls, backend: Backend) -> "CopyCostModel":
-        """The model for copies into backend (a GPU's for CUDA, else the CPU's)."""
+        """The model copies into a backend are costed by.
+
+        Parameters
+        ----------
+        backend : Backend
+
+        Returns
+        -------
+        CopyCostModel
+            A GPU's for CUDA, else the CPU's.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Backend.
+        """
         _checks.instance(backend, Backend, "CopyCostModel.of_backend")
         return cls.from_c(lib.ferry_backend_copy_cost_model(backend._p))
 
@@ -187,6 +277,7 @@ class CopyCostModel:
         return m
 
     def as_dict(self) -> Dict[str, object]:
+        """The model's figures by field name."""
         return asdict(self)
 
 
@@ -194,7 +285,22 @@ ModelLike = Union[CopyCostModel, str, Backend]
 
 
 def cost_model(model: ModelLike = "cpu") -> CopyCostModel:
-    """A CopyCostModel from itself, "cpu", "gpu" or a Backend (the model its copies are costed by)."""
+    """A CopyCostModel from any of the ways to name one.
+
+    Parameters
+    ----------
+    model : CopyCostModel, str or Backend, optional
+        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+
+    Returns
+    -------
+    CopyCostModel
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything else.
+    """
     if isinstance(model, CopyCostModel):
         return model
     if isinstance(model, Backend):
@@ -207,21 +313,55 @@ def cost_model(model: ModelLike = "cpu") -> CopyCostModel:
 
 
 def plan_cost(copies: Iterable[Sequence[int]], model: ModelLike = "cpu") -> float:
-    """Estimated seconds to carry out these copies (ferry_copy_plan_cost)."""
+    """Estimated seconds to carry out some copies (ferry_copy_plan_cost).
+
+    Parameters
+    ----------
+    copies : iterable of Copy2D or of (offset, size, count, stride)
+    model : CopyCostModel, str or Backend, optional
+        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+
+    Returns
+    -------
+    float
+    """
     m = cost_model(model)._c()
     arr, n = to_c(copies, "plan_cost")
     return float(lib.ferry_copy_plan_cost(m, arr, n))
 
 
 def flat_cost(span: int, model: ModelLike = "cpu") -> float:
-    """Estimated seconds of one flat copy of span bytes (ferry_copy_flat_cost)."""
+    """Estimated seconds of one flat copy (ferry_copy_flat_cost).
+
+    Parameters
+    ----------
+    span : int
+        Bytes.
+    model : CopyCostModel, str or Backend, optional
+        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+
+    Returns
+    -------
+    float
+    """
     m = cost_model(model)._c()
     return float(lib.ferry_copy_flat_cost(m, _checks.as_size(span, "flat_cost: span")))
 
 
 def plan_pays(tensor: Tensor, model: ModelLike = "cpu") -> bool:
-    """Would the plan copy policy move tensor by its plan (True) rather than flat, on a backend
-    with this model? False for an empty tensor or one too tangled to plan (ferry_copy_plan_pays)."""
+    """Whether the plan copy policy moves a tensor by its plan rather than flat (ferry_copy_plan_pays).
+
+    Parameters
+    ----------
+    tensor : Tensor
+    model : CopyCostModel, str or Backend, optional
+        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+
+    Returns
+    -------
+    bool
+        False for an empty tensor or one too tangled to plan.
+    """
     t = _checks.instance(tensor, Tensor, "plan_pays")
     m = cost_model(model)._c()
     try:

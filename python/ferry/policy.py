@@ -30,7 +30,22 @@ PolicyLike = Union[CopyPolicy, str]
 
 
 def to_policy(value: object) -> CopyPolicy:
-    """A CopyPolicy from itself or its name ("flat", "ranges", "plan"); InvalidArgumentError otherwise."""
+    """A CopyPolicy from itself or its name.
+
+    Parameters
+    ----------
+    value : CopyPolicy or str
+        "flat", "ranges" or "plan".
+
+    Returns
+    -------
+    CopyPolicy
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything else.
+    """
     if isinstance(value, CopyPolicy):
         return value
     if isinstance(value, str):

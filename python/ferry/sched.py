@@ -53,10 +53,22 @@ def _release(handles: List[Handle]) -> None:
 
 
 class Scheduler:
-    """Scheduler([backends in priority order], policy="flat" | "ranges" | "plan", compact=False).
+    """Runs a graph split across backends, copying each split's inputs by a copy policy.
 
-    compact: input copies hold only the bytes their source reads (compact staging) where the
-    source's plan is one 2-D copy; the split's memory then holds bytes read, not the span.
+    Parameters
+    ----------
+    backends : sequence of Backend
+        In priority order (a node not pinned runs on the first that can run it).
+    policy : CopyPolicy or str, optional
+        "flat", "ranges" or "plan".
+    compact : bool, optional
+        Input copies hold only the bytes their source reads (compact staging) where the source's
+        plan is one 2-D copy: the split's memory then holds bytes read, not the span.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an empty list, anything but Backends, or an unknown policy.
     """
 
     def __init__(self, backends: Sequence[Backend], policy: PolicyLike = "flat", compact: bool = False) -> None:
@@ -98,10 +110,12 @@ class Scheduler:
 
     @property
     def backends(self) -> List[Backend]:
+        """The backends, in priority order."""
         return list(self._backends)
 
     @property
     def policy(self) -> CopyPolicy:
+        """The copy policy of split inputs (set with a CopyPolicy or a name)."""
         return CopyPolicy(lib.ferry_sched_get_policy(self._p))
 
     @policy.setter
@@ -124,7 +138,20 @@ class Scheduler:
         return next((b for b in self._backends if b._handle.ptr == ptr), None)
 
     def pin(self, tensor: Tensor, backend: Backend) -> None:
-        """Run tensor (a node) on backend, one of the scheduler's; takes effect at the next alloc."""
+        """Run a node on a backend; takes effect at the next alloc.
+
+        Parameters
+        ----------
+        tensor : Tensor
+            A node of the graph to come.
+        backend : Backend
+            One of the scheduler's.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Tensor and a Backend, or a backend not the scheduler's.
+        """
         t = _checks.instance(tensor, Tensor, "pin")
         b = _checks.instance(backend, Backend, "pin")
         check(lib.ferry_sched_set_tensor_backend(self._p, t._p, b._p))
@@ -138,10 +165,23 @@ class Scheduler:
 
     @property
     def n_pins(self) -> int:
+        """Nodes pinned to a backend."""
         return int(lib.ferry_sched_n_pins(self._p))
 
     def alloc(self, graph: Graph) -> None:
-        """Assign backends, find splits and inputs, allocate copies and outputs."""
+        """Assign backends, find splits and inputs, allocate the input copies and the outputs.
+
+        Parameters
+        ----------
+        graph : Graph
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Graph.
+        OutOfMemoryError
+            When the copies or outputs do not fit.
+        """
         _checks.instance(graph, Graph, "sched alloc")
         p = self._p
         self._new_generation()
@@ -159,7 +199,20 @@ class Scheduler:
         self._copies.clear()
 
     def compute(self, graph: Graph) -> None:
-        """Allocate if graph is not the one last allocated (or it grew), copy inputs by policy, compute."""
+        """Allocate if graph is not the one last allocated (or it grew), copy the inputs by the policy,
+        and run every split.
+
+        Parameters
+        ----------
+        graph : Graph
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Graph.
+        FerryError
+            When a copy or a split fails.
+        """
         _checks.instance(graph, Graph, "sched compute")
         if graph is not self._graph or graph.n_nodes != self._graph_nodes:
             self.alloc(graph)
@@ -211,11 +264,30 @@ class Scheduler:
         return SchedStats.from_c(s)
 
     def buffer_size(self, backend: Backend) -> int:
-        """Bytes of compute memory (copies and outputs) the scheduler holds on backend (0 if not one of its)."""
+        """Bytes of compute memory (copies and outputs) the scheduler holds on a backend.
+
+        Parameters
+        ----------
+        backend : Backend
+
+        Returns
+        -------
+        int
+            0 for a backend not the scheduler's.
+        """
         return int(lib.ferry_sched_buffer_size(self._p, _checks.instance(backend, Backend, "buffer_size")._p))
 
     def backend_of(self, tensor: Tensor) -> Optional[Backend]:
-        """The backend a tensor of the last allocated graph was given (None if none)."""
+        """The backend a tensor of the last allocated graph was given.
+
+        Parameters
+        ----------
+        tensor : Tensor
+
+        Returns
+        -------
+        Backend or None
+        """
         t = _checks.instance(tensor, Tensor, "backend_of")
         return self._wrap_backend(lib.ferry_sched_get_tensor_backend(self._p, t._p))
 

@@ -52,8 +52,24 @@ class Tensor:
 
     def __init__(self, make: Callable[[Any, Any], int], source: Optional["Tensor"] = None,
                  name: Optional[str] = None, deps: Sequence["Tensor"] = ()) -> None:
-        """Internal: make(ctx, out) fills out with a struct in ctx; use the constructors, view methods
-        and ops. deps are the tensors an op reads (kept alive as long as this one)."""
+        """Internal: a new tensor struct made by a C constructor; use the constructors, view methods and ops.
+
+        Parameters
+        ----------
+        make : callable
+            make(ctx, out) fills out with a struct in ctx and returns a ferry_status.
+        source : Tensor, optional
+            The tensor this one is a view of (kept alive as long as this one).
+        name : str, optional
+            The tensor's name.
+        deps : sequence of Tensor, optional
+            The tensors an op reads (kept alive as long as this one).
+
+        Raises
+        ------
+        FerryError
+            The subclass for the status make returned.
+        """
         self._source = source
         self._deps: Tuple["Tensor", ...] = tuple(deps)
         self._buffer: Optional["Buffer"] = None
@@ -94,7 +110,26 @@ class Tensor:
 
     @classmethod
     def new(cls, type: TypeLike, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
-        """An unallocated contiguous tensor of 1 to 4 dimensions (ne[0] fastest); place it in a Buffer."""
+        """An unallocated contiguous tensor; give it memory with Buffer.place or Backend.alloc_buffer_for.
+
+        Parameters
+        ----------
+        type : Type, str or int
+            The element type ("f32", Type.Q8_0, ...).
+        ne : sequence of int
+            1 to 4 values per dimension, ne[0] fastest.
+        name : str, optional
+            The tensor's name.
+
+        Returns
+        -------
+        Tensor
+
+        Raises
+        ------
+        UnknownTypeError, InvalidArgumentError, LayoutError
+            For an unknown type, a shape that is not 1 to 4 integers, or ne[0] not whole blocks.
+        """
         ty = to_type(type)
         shape = _checks.as_shape(ne, "tensor_new")
         return cls(lambda ctx, out: lib.ferry_tensor_new(ctx, ty.value, len(shape), ffi.new("int64_t[]", shape), out),
@@ -102,7 +137,29 @@ class Tensor:
 
     @classmethod
     def from_numpy(cls, backend: "Backend", array: Any, name: Optional[str] = None) -> "Tensor":
-        """A tensor on backend holding array's values (float32, float16, int32); ne is array.shape reversed."""
+        """A tensor on a backend holding an array's values.
+
+        Parameters
+        ----------
+        backend : Backend
+            Where the tensor's memory is allocated.
+        array : array_like
+            float32, float16 or int32 values, at most 4 dimensions.
+        name : str, optional
+            The tensor's name.
+
+        Returns
+        -------
+        Tensor
+            ne is array.shape reversed (numpy's last axis is ne[0]).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a backend that is not one, or more than 4 dimensions.
+        UnsupportedError
+            For a dtype ferry has no type for.
+        """
         _checks.c_object(backend, "ferry_backend *", "a Backend", "from_numpy")
         arr = np.asarray(array)
         ty = type_from_dtype(arr.dtype)
@@ -127,8 +184,31 @@ class Tensor:
 
     def view(self, ne: Sequence[int], nb: Optional[Sequence[int]] = None, offset: int = 0,
              name: Optional[str] = None) -> "Tensor":
-        """A view of ne values with byte strides nb (nb[0] must be the type size; None: contiguous)
-        starting offset bytes into this tensor. Its span must stay inside this tensor's span."""
+        """A view of this tensor's memory with its own shape and byte strides.
+
+        Parameters
+        ----------
+        ne : sequence of int
+            1 to 4 values per dimension.
+        nb : sequence of int, optional
+            Byte strides, one per dimension; nb[0] is the type's element (block) size. None: contiguous.
+        offset : int, optional
+            Bytes from this tensor's first byte to the view's.
+        name : str, optional
+            The view's name.
+
+        Returns
+        -------
+        Tensor
+            The view; its span must stay inside this tensor's span.
+
+        Raises
+        ------
+        InvalidArgumentError, LayoutError, OutOfBoundsError
+            For values that cannot be sizes, nb[0] not the element size, or a view that leaves this tensor.
+        UnsupportedError
+            For a scheduler's input copy, on which nothing may be built.
+        """
         shape = _checks.as_shape(ne, "view")
         if nb is None:
             strides = self._contiguous_strides(shape)
@@ -151,8 +231,24 @@ class Tensor:
         return [min(s, _args.SIZE_MAX) for s in strides]
 
     def permute(self, *axes: Union[int, Sequence[int]], name: Optional[str] = None) -> "Tensor":
-        """ggml's permute: dimension i of this tensor becomes dimension axes[i] of the view; the
-        four axes are given one by one or as one sequence."""
+        """ggml's permute: dimension i of this tensor becomes dimension axes[i] of the view.
+
+        Parameters
+        ----------
+        *axes : int, or one sequence of 4 int
+            A permutation of 0..3.
+        name : str, optional
+            The view's name.
+
+        Returns
+        -------
+        Tensor
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but 4 axes forming a permutation.
+        """
         if len(axes) == 1 and not isinstance(axes[0], int) and hasattr(axes[0], "__len__"):
             axes = tuple(axes[0])
         if len(axes) != 4:
@@ -162,19 +258,56 @@ class Tensor:
         return self._derive(lambda ctx, out: lib.ferry_tensor_permute(ctx, src, a[0], a[1], a[2], a[3], out), name)
 
     def transpose(self, name: Optional[str] = None) -> "Tensor":
-        """Swap dimensions 0 and 1 (a view)."""
+        """Swap dimensions 0 and 1 (a view).
+
+        Parameters
+        ----------
+        name : str, optional
+            The view's name.
+
+        Returns
+        -------
+        Tensor
+        """
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_transpose(ctx, src, out), name)
 
     def reshape(self, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
-        """A view with another shape of the same element count; this tensor must be contiguous."""
+        """A view with another shape of the same element count.
+
+        Parameters
+        ----------
+        ne : sequence of int
+            1 to 4 values per dimension.
+        name : str, optional
+            The view's name.
+
+        Returns
+        -------
+        Tensor
+
+        Raises
+        ------
+        LayoutError
+            When this tensor is not contiguous or the counts differ.
+        """
         shape = _checks.as_shape(ne, "reshape")
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_reshape(
             ctx, src, len(shape), ffi.new("int64_t[]", shape), out), name)
 
     def dup_layout(self, name: Optional[str] = None) -> "Tensor":
-        """A new unallocated tensor with this one's type, ne and nb (not a view)."""
+        """A new unallocated tensor with this one's type, ne and nb (not a view).
+
+        Parameters
+        ----------
+        name : str, optional
+            Its name.
+
+        Returns
+        -------
+        Tensor
+        """
         src = self._p
         return Tensor(lambda ctx, out: lib.ferry_tensor_dup_layout(ctx, src, out), name=name)
 
@@ -182,6 +315,7 @@ class Tensor:
 
     @property
     def type(self) -> Type:
+        """The element type."""
         return Type(self._p.type)
 
     @property
@@ -214,22 +348,35 @@ class Tensor:
 
     @property
     def nelements(self) -> int:
+        """Values (elements) in all dimensions."""
         return int(lib.ferry_tensor_nelements(self._p))
 
     @property
     def nrows(self) -> int:
+        """Rows: ne[1] * ne[2] * ne[3]."""
         return int(lib.ferry_tensor_nrows(self._p))
 
     @property
     def is_contiguous(self) -> bool:
+        """Whether the elements are packed in ggml order, without gaps."""
         return bool(lib.ferry_tensor_is_contiguous(self._p))
 
     @property
     def is_view(self) -> bool:
+        """Whether the tensor views another's memory."""
         return bool(lib.ferry_tensor_is_view(self._p))
 
     def same_layout(self, other: "Tensor") -> bool:
-        """Same type, ne and nb."""
+        """Whether other has this tensor's type, ne and nb.
+
+        Parameters
+        ----------
+        other : Tensor
+
+        Returns
+        -------
+        bool
+        """
         return bool(lib.ferry_tensor_same_layout(self._p, _checks.instance(other, Tensor, "same_layout")._p))
 
     @property
@@ -239,6 +386,7 @@ class Tensor:
 
     @property
     def name(self) -> str:
+        """The tensor's name (InvalidArgumentError for a non-str or one with NUL when set)."""
         return ffi.string(self._p.name).decode("utf-8", "replace")
 
     @name.setter
@@ -288,12 +436,46 @@ class Tensor:
     # ------------------------------------------------------------ blocking transfers
 
     def set(self, data: _pybuffer.BytesLike, offset: int = 0) -> None:
-        """Write all of data (bytes-like or numpy array) at a byte offset."""
+        """Write all of data into the tensor.
+
+        Parameters
+        ----------
+        data : bytes-like or numpy.ndarray
+            The bytes to write (a non-contiguous array is written in C order).
+        offset : int, optional
+            Bytes from the tensor's first byte.
+
+        Raises
+        ------
+        NotAllocatedError, FreedBufferError
+            For a tensor without live memory.
+        OutOfBoundsError
+            When the bytes reach past the tensor's span.
+        """
         with _pybuffer.readable(data, "tensor_set") as d:
             check(lib.ferry_tensor_set(self._p, d.ptr, _checks.as_size(offset, "tensor_set: offset"), d.nbytes))
 
     def get(self, offset: int = 0, size: Optional[int] = None) -> bytes:
-        """size bytes from a byte offset (default: to the end of nbytes)."""
+        """Read bytes of the tensor.
+
+        Parameters
+        ----------
+        offset : int, optional
+            Bytes from the tensor's first byte.
+        size : int, optional
+            Bytes to read; None reads to the end of the span.
+
+        Returns
+        -------
+        bytes
+
+        Raises
+        ------
+        NotAllocatedError, FreedBufferError
+            For a tensor without live memory.
+        OutOfBoundsError
+            When the bytes reach past the tensor's span.
+        """
         off = _checks.as_size(offset, "tensor_get: offset")
         n = max(self.nbytes - off, 0) if size is None else _checks.as_size(size, "tensor_get: size")
         self._check_read("tensor_get", off, n)
@@ -321,12 +503,44 @@ class Tensor:
                                f"'{self.name}'")
 
     def readinto(self, out: Any, offset: int = 0) -> None:
-        """Fill out (a writable, contiguous buffer) from a byte offset."""
+        """Fill a writable buffer from the tensor.
+
+        Parameters
+        ----------
+        out : writable, C-contiguous bytes-like
+            Filled entirely.
+        offset : int, optional
+            Bytes from the tensor's first byte.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a read-only or non-contiguous out.
+        OutOfBoundsError, NotAllocatedError, FreedBufferError
+            As for get.
+        """
         with _pybuffer.writable(out, "tensor_get") as d:
             check(lib.ferry_tensor_get(self._p, d.ptr, _checks.as_size(offset, "tensor_get: offset"), d.nbytes))
 
     def memset(self, value: int, offset: int = 0, size: Optional[int] = None) -> None:
-        """Set size bytes from offset (default: to the end) to value (0..255)."""
+        """Set bytes of the tensor to one value.
+
+        Parameters
+        ----------
+        value : int
+            0..255.
+        offset : int, optional
+            Bytes from the tensor's first byte.
+        size : int, optional
+            Bytes to set; None sets to the end of the span.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a value that is not a byte.
+        OutOfBoundsError, NotAllocatedError, FreedBufferError
+            As for set.
+        """
         v = _checks.as_byte(value, "tensor_memset: value")
         off = _checks.as_size(offset, "tensor_memset: offset")
         n = max(self.nbytes - off, 0) if size is None else _checks.as_size(size, "tensor_memset: size")
@@ -334,8 +548,30 @@ class Tensor:
 
     def set_2d(self, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None) -> None:
-        """Write n_copies rows of size bytes: row i lands at offset + i*stride_tensor and comes from
-        data at i*stride_data (default size: packed rows). Nothing else in the tensor changes."""
+        """Write n_copies rows of size bytes; nothing else in the tensor changes.
+
+        Parameters
+        ----------
+        data : bytes-like or numpy.ndarray
+            Row i is data[i*stride_data:][:size].
+        offset : int
+            Where row 0 goes, in bytes from the tensor's first byte.
+        size : int
+            Bytes per row.
+        n_copies : int
+            Rows.
+        stride_tensor : int
+            Bytes from one row to the next in the tensor.
+        stride_data : int, optional
+            Bytes from one row to the next in data (default size: packed rows).
+
+        Raises
+        ------
+        OutOfBoundsError
+            When data is too short or the rows reach past the tensor's span.
+        LayoutError
+            For strides smaller than a row.
+        """
         args = _checks.transfer_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
         with _pybuffer.readable(data, "tensor_set_2d") as d:
             d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
@@ -344,7 +580,26 @@ class Tensor:
     def get_2d(self, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None, out: Any = None) -> Optional[bytes]:
         """Read n_copies rows of size bytes from offset + i*stride_tensor, row i to i*stride_data.
-        Returns them as bytes ((n_copies-1)*stride_data + size long), or fills out and returns None."""
+
+        Parameters
+        ----------
+        offset, size, n_copies, stride_tensor : int
+            As for set_2d.
+        stride_data : int, optional
+            Bytes from one row to the next in the output (default size: packed rows).
+        out : writable bytes-like, optional
+            Filled with the rows; None returns new bytes.
+
+        Returns
+        -------
+        bytes or None
+            The rows ((n_copies-1)*stride_data + size bytes), or None when out was given.
+
+        Raises
+        ------
+        OutOfBoundsError, LayoutError, NotAllocatedError, FreedBufferError
+            As for set_2d and get.
+        """
         args = _checks.transfer_2d("tensor_get_2d", offset, size, n_copies, stride_tensor, stride_data)
         need = _pybuffer.extent_2d(args[1], args[2], args[4])
         if out is None:
@@ -356,7 +611,18 @@ class Tensor:
         return bytes(target) if out is None else None
 
     def copy_to(self, dst: "Tensor") -> None:
-        """Copy the nbytes span into dst, which must have the same type, ne and nb."""
+        """Copy the tensor's nbytes span into dst.
+
+        Parameters
+        ----------
+        dst : Tensor
+            Same type, ne and nb.
+
+        Raises
+        ------
+        LayoutError
+            When the layouts differ.
+        """
         check(lib.ferry_tensor_copy(self._p, _checks.instance(dst, Tensor, "tensor_copy")._p))
 
     # ------------------------------------------------------------ numpy
@@ -391,10 +657,12 @@ class Tensor:
 
     @property
     def is_input(self) -> bool:
+        """Whether set_input() marked it."""
         return bool(self.flags & lib.FERRY_TENSOR_FLAG_INPUT)
 
     @property
     def is_output(self) -> bool:
+        """Whether set_output() marked it."""
         return bool(self.flags & lib.FERRY_TENSOR_FLAG_OUTPUT)
 
     def set_input(self) -> "Tensor":
@@ -433,13 +701,44 @@ class Tensor:
         return self._binary(lib.ferry_mul, other, "mul", None)
 
     def scale(self, s: float, name: Optional[str] = None) -> "Tensor":
-        """ops.scale: self * s, for a finite float s (stored as f32)."""
+        """ops.scale: self * s.
+
+        Parameters
+        ----------
+        s : float
+            A finite number, stored as f32.
+        name : str, optional
+            The result's name.
+
+        Returns
+        -------
+        Tensor
+            The op's unallocated result.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For s that is not a finite f32.
+        """
         pa = self._p
         f = _checks.as_f32(s, "scale")
         return self._op(lambda ctx, out: lib.ferry_scale(ctx, pa, f, out), (self,), name)
 
     def dup(self, type: Optional[TypeLike] = None, name: Optional[str] = None) -> "Tensor":
-        """ops.dup: a contiguous copy (any strides), of this type or converted to type."""
+        """ops.dup: a contiguous copy (any strides).
+
+        Parameters
+        ----------
+        type : Type, str or int, optional
+            The copy's type; None keeps this tensor's.
+        name : str, optional
+            The result's name.
+
+        Returns
+        -------
+        Tensor
+            The op's unallocated result.
+        """
         pa = self._p
         if type is None:
             return self._op(lambda ctx, out: lib.ferry_dup(ctx, pa, out), (self,), name)
@@ -447,19 +746,63 @@ class Tensor:
         return self._op(lambda ctx, out: lib.ferry_dup_as(ctx, pa, ty.value, out), (self,), name)
 
     def concat(self, other: "Tensor", dim: int, name: Optional[str] = None) -> "Tensor":
-        """ops.concat: self and other joined along dim (0..3): same type, same ne in every other dimension."""
+        """ops.concat: self and other joined along a dimension.
+
+        Parameters
+        ----------
+        other : Tensor
+            Same type, same ne in every other dimension.
+        dim : int
+            0..3.
+        name : str, optional
+            The result's name.
+
+        Returns
+        -------
+        Tensor
+            The op's unallocated result.
+
+        Raises
+        ------
+        LayoutError
+            For shapes that do not join.
+        """
         pa, pb = self._p, _checks.instance(other, Tensor, "concat: b")._p
         d = _checks.as_c_int(dim, "concat: dim")
         return self._op(lambda ctx, out: lib.ferry_concat(ctx, pa, pb, d, out), (self, other), name)
 
     def pad(self, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Optional[str] = None) -> "Tensor":
-        """ops.pad: p_i zeros appended at the end of dimension i."""
+        """ops.pad: zeros appended at the end of each dimension.
+
+        Parameters
+        ----------
+        p0, p1, p2, p3 : int, optional
+            Zeros after dimension 0, 1, 2, 3.
+        name : str, optional
+            The result's name.
+
+        Returns
+        -------
+        Tensor
+            The op's unallocated result.
+        """
         pa = self._p
         p = [_checks.as_c_int(v, f"pad: p{i}") for i, v in enumerate((p0, p1, p2, p3))]
         return self._op(lambda ctx, out: lib.ferry_pad(ctx, pa, p[0], p[1], p[2], p[3], out), (self,), name)
 
     def mean(self, name: Optional[str] = None) -> "Tensor":
-        """ops.mean: the mean over dimension 0 (ne[0] becomes 1)."""
+        """ops.mean: the mean over dimension 0 (ne[0] becomes 1).
+
+        Parameters
+        ----------
+        name : str, optional
+            The result's name.
+
+        Returns
+        -------
+        Tensor
+            The op's unallocated result.
+        """
         pa = self._p
         return self._op(lambda ctx, out: lib.ferry_mean(ctx, pa, out), (self,), name)
 
@@ -482,5 +825,18 @@ class Tensor:
 
 
 def tensor_copy(src: Tensor, dst: Tensor) -> None:
-    """Copy src's nbytes span into dst (same type, ne and nb): ferry_tensor_copy."""
+    """Copy src's nbytes span into dst: ferry_tensor_copy.
+
+    Parameters
+    ----------
+    src, dst : Tensor
+        Same type, ne and nb.
+
+    Raises
+    ------
+    InvalidArgumentError
+        When either is not a Tensor.
+    LayoutError
+        When the layouts differ.
+    """
     _checks.instance(src, Tensor, "tensor_copy").copy_to(dst)

@@ -43,6 +43,7 @@ class Type(enum.IntEnum):
 
     @property
     def is_quantized(self) -> bool:
+        """Whether values are stored in blocks of more than one."""
         return self.blck_size > 1
 
     def __str__(self) -> str:
@@ -59,7 +60,22 @@ _NUMPY: Dict[Type, np.dtype] = {
 
 
 def to_type(value: TypeLike) -> Type:
-    """A Type from a Type, a name ("f16") or a ferry_type number; UnknownTypeError otherwise."""
+    """A Type from a Type, a name or a number.
+
+    Parameters
+    ----------
+    value : Type, str or int
+        A Type, ferry's name for one ("f16"), or a ferry_type number.
+
+    Returns
+    -------
+    Type
+
+    Raises
+    ------
+    UnknownTypeError
+        For a name or number ferry does not know.
+    """
     if isinstance(value, Type):
         return value
     if isinstance(value, str):
@@ -74,28 +90,87 @@ def to_type(value: TypeLike) -> Type:
 
 
 def type_name(t: TypeLike) -> str:
+    """ferry's name for a type.
+
+    Parameters
+    ----------
+    t : Type, str or int
+
+    Returns
+    -------
+    str
+    """
     return to_type(t).type_name
 
 
 def type_size(t: TypeLike) -> int:
-    """Bytes per block of type t."""
+    """Bytes per block of a type (per value for non-block types).
+
+    Parameters
+    ----------
+    t : Type, str or int
+
+    Returns
+    -------
+    int
+    """
     return to_type(t).size
 
 
 def blck_size(t: TypeLike) -> int:
-    """Values per block of type t."""
+    """Values per block of a type (1 for non-block types).
+
+    Parameters
+    ----------
+    t : Type, str or int
+
+    Returns
+    -------
+    int
+    """
     return to_type(t).blck_size
 
 
 def row_size(t: TypeLike, n: int) -> int:
-    """Bytes taken by a row of n values of type t (n a whole number of blocks, else LayoutError)."""
+    """Bytes taken by a row of n values of a type.
+
+    Parameters
+    ----------
+    t : Type, str or int
+    n : int
+        Values, a whole number of blocks.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    LayoutError
+        When n is not a whole number of blocks.
+    """
     out = ffi.new("size_t *")
     check(lib.ferry_row_size(to_type(t).value, _checks.as_int64(n, "row_size: n"), out))
     return int(out[0])
 
 
 def numpy_dtype(t: TypeLike) -> np.dtype:
-    """The numpy dtype for f32, f16 and i32; UnsupportedError for types numpy cannot hold."""
+    """The numpy dtype of a type.
+
+    Parameters
+    ----------
+    t : Type, str or int
+
+    Returns
+    -------
+    numpy.dtype
+        float32, float16 or int32.
+
+    Raises
+    ------
+    UnsupportedError
+        For a type numpy cannot hold (bf16, the quantized types).
+    """
     ty = to_type(t)
     if ty not in _NUMPY:
         raise UnsupportedError(f"type {ty} has no numpy dtype (only f32, f16 and i32 have)")
@@ -103,7 +178,24 @@ def numpy_dtype(t: TypeLike) -> np.dtype:
 
 
 def type_from_dtype(dtype: object) -> Type:
-    """The ferry Type of a numpy dtype (float32, float16, int32); UnsupportedError otherwise."""
+    """The ferry Type of a numpy dtype.
+
+    Parameters
+    ----------
+    dtype : numpy dtype-like
+        float32, float16 or int32.
+
+    Returns
+    -------
+    Type
+
+    Raises
+    ------
+    InvalidArgumentError
+        For something that is not a dtype.
+    UnsupportedError
+        For a dtype ferry has no type for.
+    """
     try:
         dt = np.dtype(dtype)  # type: ignore[call-overload]
     except (TypeError, ValueError) as e:

@@ -49,7 +49,18 @@ def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResul
 
 
 def fmt_seconds(s: float) -> str:
-    """A duration with a unit that keeps 3-4 significant digits: µs, ms or s."""
+    """A duration with a unit that keeps 3-4 significant digits.
+
+    Parameters
+    ----------
+    s : float
+        Seconds.
+
+    Returns
+    -------
+    str
+        In µs, ms or s.
+    """
     if s < 1e-3:
         return f"{s * 1e6:.1f} µs"
     if s < 1.0:
@@ -58,22 +69,64 @@ def fmt_seconds(s: float) -> str:
 
 
 def fmt_mib(n: int) -> str:
+    """Bytes in MiB with one decimal.
+
+    Parameters
+    ----------
+    n : int
+
+    Returns
+    -------
+    str
+    """
     return f"{n / 2**20:,.1f} MiB"
 
 
 def fmt_gbps(bps: float) -> str:
+    """A bandwidth in GB/s (10^9 bytes per second).
+
+    Parameters
+    ----------
+    bps : float
+        Bytes per second.
+
+    Returns
+    -------
+    str
+    """
     return f"{bps / 1e9:.2f} GB/s"
 
 
 def fmt_gain(g: Optional[float]) -> str:
+    """A gain as a signed percentage.
+
+    Parameters
+    ----------
+    g : float or None
+        The gain (0.1 for +10%); None when there is none.
+
+    Returns
+    -------
+    str
+        "+10.0%", or "-" for None.
+    """
     if g is None:
         return "-"
     return f"{g * 100:+.1f}%"
 
 
 def format_result(res: BenchResult) -> str:
-    """The header, one table row per (npl, policy) with the unified cache's figures beside it,
-    and whether the outputs agreed."""
+    """The bench's report: the header, one table row per (npl, policy) with the unified cache's
+    figures beside it, and whether the outputs agreed.
+
+    Parameters
+    ----------
+    res : BenchResult
+
+    Returns
+    -------
+    str
+    """
     cfg = res.config
     lines = [
         f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)",
@@ -117,7 +170,19 @@ def check_plot_available() -> None:
 
 
 def plot_result(res: BenchResult, path: str) -> None:
-    """A PNG bar chart of tokens/s by npl, one bar per policy (and per policy on the unified cache)."""
+    """Write a PNG bar chart of tokens/s by npl, one bar per policy (and per policy on the unified cache).
+
+    Parameters
+    ----------
+    res : BenchResult
+    path : str
+        The PNG file to write.
+
+    Raises
+    ------
+    UnsupportedError
+        Without matplotlib.
+    """
     check_plot_available()
     import matplotlib
 
@@ -150,7 +215,18 @@ def plot_result(res: BenchResult, path: str) -> None:
 
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
-    """Add the `bench` verb to the `ferry` command's subparsers and return its parser."""
+    """Add the `bench` verb to the `ferry` command.
+
+    Parameters
+    ----------
+    sub : argparse subparsers
+        The `ferry` command's subparsers.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The verb's parser.
+    """
     d = BenchConfig()
     bp = sub.add_parser("bench", help="decode steps over a host KV cache: tokens/s, copy time and bytes per "
                                       "copy policy (llama-batched-bench's generation phase)",
@@ -181,7 +257,16 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    """The BenchConfig the parsed options describe (not yet checked)."""
+    """The BenchConfig the parsed options describe (not yet checked).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+
+    Returns
+    -------
+    BenchConfig
+    """
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
                        policies=tuple(args.policy), unified=args.unified, backend=args.backend, pad=args.pad,
@@ -190,6 +275,11 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def main(args: argparse.Namespace) -> int:
     """Run `ferry bench`: the table (or JSON) on stdout, the progress bar on stderr, the chart to --plot.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed options.
 
     Returns
     -------

@@ -11,14 +11,34 @@ from ..workload import KV_TYPES, SPLIT_BACKENDS
 
 
 def verb_description(summary: Optional[str], library_doc: Optional[str]) -> str:
-    """A verb's --help text: its own one-line summary, then the library module's account of what
-    it runs (the module docstring after its first paragraph). Either is None under python -OO."""
+    """A verb's --help text: its own one-line summary, then the library module's account of what it
+    runs (that module's docstring after its first paragraph).
+
+    Parameters
+    ----------
+    summary : str or None
+        The verb module's docstring (None under python -OO, as is library_doc).
+    library_doc : str or None
+        The library module's docstring.
+
+    Returns
+    -------
+    str
+    """
     details = (library_doc or "").partition("\n\n")[2]
     return f"{summary or ''}\n\n{details}"
 
 
 def int_list(text: str) -> List[int]:
     """An argparse type: "2,4,8" as [2, 4, 8].
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    list of int
 
     Raises
     ------
@@ -37,6 +57,14 @@ def int_list(text: str) -> List[int]:
 def policy_list(text: str) -> List[str]:
     """An argparse type: "flat,ranges" as ["flat", "ranges"] (the names are checked when the run is).
 
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    list of str
+
     Raises
     ------
     argparse.ArgumentTypeError
@@ -50,6 +78,14 @@ def policy_list(text: str) -> List[str]:
 
 def stream_range(text: str) -> Tuple[int, int]:
     """An argparse type: "S0-S1" or "S" as (s0, s1).
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    (int, int)
 
     Raises
     ------
@@ -112,6 +148,13 @@ def add_attention_args(p: argparse.ArgumentParser, d: Union[BenchConfig, Validat
 
 
 def add_backend_arg(p: argparse.ArgumentParser, default: str) -> None:
-    """Add --backend: where a decode run's split runs."""
+    """Add --backend: where a decode run's split runs.
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+    default : str
+        One of workload.SPLIT_BACKENDS.
+    """
     p.add_argument("--backend", default=default, choices=SPLIT_BACKENDS,
                    help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable)")

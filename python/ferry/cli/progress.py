@@ -44,7 +44,15 @@ class Progress:
         self._bar: Optional[tqdm] = None
 
     def step(self, n: int = 1, label: Optional[str] = None) -> None:
-        """Advance by n steps, showing label (the run now going) when given."""
+        """Advance the bar.
+
+        Parameters
+        ----------
+        n : int, optional
+            Steps done.
+        label : str, optional
+            The run now going, shown after the count.
+        """
         if self._stream is None:
             return
         if self._bar is None:  # drawn first with this step done

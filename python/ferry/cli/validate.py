@@ -17,7 +17,17 @@ ARGUMENT_ERRORS = InvalidArgumentError
 
 
 def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
-    """The gate's report: the run, one hash per policy and the control's, and the verdicts."""
+    """The gate's report: the run, one hash per policy and the control's, and the verdicts.
+
+    Parameters
+    ----------
+    cfg : ValidateConfig
+    res : ValidateResult
+
+    Returns
+    -------
+    str
+    """
     waves = -(-cfg.n_seq // cfg.n_stream)
     lines = [
         f"split backend: {res.split_name}",
@@ -40,7 +50,18 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
 
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
-    """Add the `validate` verb to the `ferry` command's subparsers and return its parser."""
+    """Add the `validate` verb to the `ferry` command.
+
+    Parameters
+    ----------
+    sub : argparse subparsers
+        The `ferry` command's subparsers.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The verb's parser.
+    """
     d = ValidateConfig()
     vp = sub.add_parser("validate", help="the hash gate: every copy policy gives identical attention outputs, "
                                          "and a cross-stream read is detected (llama-parallel's gate)",
@@ -62,6 +83,11 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
 
 def main(args: argparse.Namespace) -> int:
     """Run `ferry validate`: the report (or JSON) on stdout.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed options.
 
     Returns
     -------
