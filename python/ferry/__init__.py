@@ -1,12 +1,21 @@
 """ferry: copy the ranges of a multi-stream KV-cache window, not the span.
 
-Python objects over the C library: Tensor (ggml order: ne[0] fastest, byte strides nb),
-Buffer and BufferType, CPUBackend, DummyBackend and StandinBackend (a GPU's stand-in),
-per-kind transfer counters (Stats); ops (add, mul, scale, dup, concat, pad, mean,
-attn_decode), Graph and GraphAllocator; KVCache and its windows, the Scheduler and its
-copy policies; copy plans and their cost (plan_copy, plan_of, CopyCostModel); CUDABackend
-and Events.
-Every failure raises FerryError (a subclass per C status) with the C message.
+Python objects over the C library, in layers that import downward only:
+
+- the binding and its basics: errors (FerryError, a subclass per C status, with the C
+  message), element types, the counters (Stats, CopyStats, SchedStats), copy policies,
+  Copy2D;
+- Tensor (ggml order: ne[0] fastest, byte strides nb);
+- buffers and backends: Buffer, BufferType, CPUBackend, StandinBackend (a GPU's stand-in),
+  DummyBackend, CUDABackend, Event;
+- ops (add, mul, scale, dup, concat, pad, mean, attn_decode), Graph, GraphAllocator;
+- copy plans and their cost (plan_copy, plan_of, CopyCostModel), the copy path;
+- the Scheduler, and KVCache with its windows;
+- the workloads the command line runs: decode_bench.run_bench, hash_gate.run_validate,
+  dry_run.build_table and dry_run.window_plan, each returning data.
+
+The `ferry` command (ferry.cli) sits on top and is the only part that parses arguments or
+prints.
 """
 
 from __future__ import annotations
@@ -60,8 +69,14 @@ __version__ = ffi.string(lib.ferry_version()).decode()
 
 
 def build_info() -> Dict[str, Any]:
-    """What this build contains: version, whether CUDA was compiled in (and whether against the
-    test-only fake runtime, whose timings mean nothing), the library's path."""
+    """What this build contains.
+
+    Returns
+    -------
+    dict
+        "version"; "cuda": whether CUDA was compiled in; "fake_cudart": whether against the
+        test-only fake runtime, whose timings mean nothing; "library": the library's path.
+    """
     return {
         "version": __version__,
         "cuda": bool(lib.ferry_built_with_cuda()),

@@ -10,7 +10,8 @@ from typing import List, Optional
 from ..errors import FerryError
 from . import bench, demo, plan, table, validate
 
-#: The verbs in the order `ferry --help` lists them; each module has add_parser and main.
+#: The verbs in the order `ferry --help` lists them; each module has add_parser, main, and
+#: ARGUMENT_ERRORS (the FerryErrors reported as usage errors, exit 2).
 VERBS = (demo, table, plan, bench, validate)
 
 
@@ -41,7 +42,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         try:
             return verb.main(args)
-        except getattr(verb, "ARGUMENT_ERRORS", ()) as e:
+        except verb.ARGUMENT_ERRORS as e:
             verb_parser.error(str(e))
     except FerryError as e:
         raise SystemExit(f"ferry: {e}") from None

@@ -8,6 +8,9 @@ from typing import Any
 from ..tensor import Tensor
 from ..types import Type, row_size
 
+#: demo takes no arguments: no failure of it is a usage error.
+ARGUMENT_ERRORS = ()
+
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `demo` verb to the `ferry` command.
