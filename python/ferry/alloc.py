@@ -126,18 +126,8 @@ class GraphAllocator:
         self._graph = g
 
     def alloc(self, graph: Graph) -> None:
-        """Place every tensor of a graph that has no memory yet (growing the buffers if needed).
-
-        Parameters
-        ----------
-        graph : Graph
-
-        Raises
-        ------
-        InvalidArgumentError
-            For anything but a Graph.
-        OutOfMemoryError
-            When a buffer cannot grow.
+        """Place every tensor of the Graph graph that has no memory yet, growing the buffers if needed
+        (OutOfMemoryError when one cannot grow).
         """
         g = _checks.instance(graph, Graph, "alloc")
         check(lib.ferry_gallocr_alloc_graph(self._p, g._p))
@@ -145,44 +135,16 @@ class GraphAllocator:
         adopt_placements(g._tensors.values(), self, self._handle, self._types, self._chunks)
 
     def buffer_size(self, buffer_type: int = 0) -> int:
-        """Bytes over all chunks of a buffer type.
-
-        Parameters
-        ----------
-        buffer_type : int, optional
-            Its index.
-
-        Returns
-        -------
-        int
-        """
+        """Bytes over all chunks of the buffer type at index buffer_type."""
         return int(lib.ferry_gallocr_buffer_size(self._p, self._index(buffer_type)))
 
     def n_chunks(self, buffer_type: int = 0) -> int:
-        """Chunks (buffers) of a buffer type.
-
-        Parameters
-        ----------
-        buffer_type : int, optional
-            Its index.
-
-        Returns
-        -------
-        int
-        """
+        """Chunks (buffers) of the buffer type at index buffer_type."""
         return int(lib.ferry_gallocr_n_chunks(self._p, self._index(buffer_type)))
 
     def chunks(self, buffer_type: int = 0) -> List[BorrowedBuffer]:
-        """The buffers of a buffer type, each usable while this allocator keeps it.
-
-        Parameters
-        ----------
-        buffer_type : int, optional
-            Its index.
-
-        Returns
-        -------
-        list of BorrowedBuffer
+        """The BorrowedBuffers of the buffer type at index buffer_type, each usable while this allocator
+        keeps it.
         """
         b = self._index(buffer_type)
         out = []

@@ -62,20 +62,8 @@ class Backend:
         return self._buffer_type
 
     def supports_buffer_type(self, buffer_type: BufferType) -> bool:
-        """Whether this backend can read and write buffers of a buffer type.
-
-        Parameters
-        ----------
-        buffer_type : BufferType
-
-        Returns
-        -------
-        bool
-
-        Raises
-        ------
-        InvalidArgumentError
-            For anything but a BufferType.
+        """Whether this backend can read and write buffers of the BufferType buffer_type
+        (InvalidArgumentError for anything else).
         """
         _checks.instance(buffer_type, BufferType, "supports_buffer_type")
         return bool(lib.ferry_backend_supports_buft(self._p, buffer_type._ptr))
@@ -83,21 +71,8 @@ class Backend:
     # ------------------------------------------------------------ allocation
 
     def alloc_buffer(self, size: int) -> Buffer:
-        """A new buffer of the backend's default buffer type.
-
-        Parameters
-        ----------
-        size : int
-            Bytes.
-
-        Returns
-        -------
-        Buffer
-
-        Raises
-        ------
-        OutOfMemoryError
-            Past the buffer type's max size, or when the allocation fails.
+        """BufferType.alloc_buffer of the backend's default buffer type: a new Buffer of size bytes
+        (OutOfMemoryError past its max size).
         """
         return self._buffer_type.alloc_buffer(size)
 
@@ -165,24 +140,8 @@ class Backend:
             self._p, t._p, d.ptr, _checks.as_size(offset, "set_async: offset"), d.nbytes))
 
     def get_async(self, tensor: Tensor, out: Any, offset: int = 0) -> None:
-        """Start filling out from a tensor; out holds the bytes after synchronize().
-
-        Parameters
-        ----------
-        tensor : Tensor
-        out : writable, C-contiguous bytes-like
-            Filled entirely.
-        offset : int, optional
-            Bytes from the tensor's first byte.
-
-        Raises
-        ------
-        InvalidArgumentError
-            For a tensor that is not one, or values that cannot be sizes.
-        OutOfBoundsError
-            When the bytes reach past the tensor's span.
-        NotAllocatedError, FreedBufferError
-            For a tensor without live memory.
+        """Start filling the writable, contiguous buffer out from tensor at a byte offset; out holds the
+        bytes after synchronize(). Raises as set_async does.
         """
         t = _checks.instance(tensor, Tensor, "get_async")
         d = _pybuffer.writable(out, "get_async")
@@ -191,26 +150,15 @@ class Backend:
 
     def set_2d_async(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
-        """Start writing n_copies rows of size bytes: row i goes to offset + i*stride_tensor in the
-        tensor and comes from data[i*stride_data:][:size].
-
-        Parameters
-        ----------
-        tensor : Tensor
-        data : bytes-like or numpy.ndarray
-        offset, size, n_copies, stride_tensor : int
-            Where row 0 goes, bytes per row, rows, bytes between rows in the tensor.
-        stride_data : int, optional
-            Bytes between rows in data (default size: packed rows).
+        """Start writing n_copies rows of size bytes into tensor, as Tensor.set_2d writes them; data is
+        kept alive until synchronize().
 
         Raises
         ------
         InvalidArgumentError
             For a tensor that is not one, or values that cannot be sizes.
         OutOfBoundsError
-            When the bytes reach past the tensor's span.
-        NotAllocatedError, FreedBufferError
-            For a tensor without live memory.
+            When data is too short or the rows reach past the tensor's span.
         LayoutError
             For strides smaller than a row.
         """
@@ -221,28 +169,8 @@ class Backend:
 
     def get_2d_async(self, tensor: Tensor, out: Any, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
-        """Start reading n_copies rows of size bytes from offset + i*stride_tensor into out at
-        i*stride_data; out holds them after synchronize().
-
-        Parameters
-        ----------
-        tensor : Tensor
-        out : writable, C-contiguous bytes-like
-        offset, size, n_copies, stride_tensor : int
-            As for set_2d_async.
-        stride_data : int, optional
-            Bytes between rows in out (default size: packed rows).
-
-        Raises
-        ------
-        InvalidArgumentError
-            For a tensor that is not one, or values that cannot be sizes.
-        OutOfBoundsError
-            When the bytes reach past the tensor's span.
-        NotAllocatedError, FreedBufferError
-            For a tensor without live memory.
-        LayoutError
-            For strides smaller than a row.
+        """Start reading rows from tensor into out, as Tensor.get_2d reads them into out; out holds them
+        after synchronize(). Raises as set_2d_async does.
         """
         t = _checks.instance(tensor, Tensor, "get_2d_async")
         args = _checks.transfer_2d("get_2d_async", offset, size, n_copies, stride_tensor, stride_data)

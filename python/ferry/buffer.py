@@ -72,16 +72,7 @@ class BufferType:
         return self._backend
 
     def alloc_size(self, tensor: Tensor) -> int:
-        """Bytes a tensor takes in a buffer of this type.
-
-        Parameters
-        ----------
-        tensor : Tensor
-
-        Returns
-        -------
-        int
-        """
+        """Bytes the Tensor tensor takes in a buffer of this type."""
         return int(lib.ferry_buffer_type_alloc_size(self._ptr, tensor._p))
 
     def alloc_buffer(self, size: int) -> "Buffer":

@@ -33,16 +33,7 @@ class Copy2D(NamedTuple):
 
     @classmethod
     def from_c(cls, c: Any) -> "Copy2D":
-        """Copy a ferry_copy_2d into Python values.
-
-        Parameters
-        ----------
-        c : cdata ferry_copy_2d
-
-        Returns
-        -------
-        Copy2D
-        """
+        """A Copy2D holding the values of the ferry_copy_2d cdata c."""
         return cls(int(c.offset), int(c.size), int(c.count), int(c.stride))
 
 

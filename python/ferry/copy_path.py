@@ -40,16 +40,7 @@ def copy_ranges_of(tensor: Tensor) -> Optional[Copy2D]:
 
 
 def bytes_read(tensor: Tensor) -> int:
-    """Bytes a graph reads through a tensor: the distinct bytes of its elements (blocks whole).
-
-    Parameters
-    ----------
-    tensor : Tensor
-
-    Returns
-    -------
-    int
-    """
+    """Bytes a graph reads through the Tensor tensor: the distinct bytes of its elements (blocks whole)."""
     return int(lib.ferry_tensor_bytes_read(_checks.instance(tensor, Tensor, "bytes_read")._p))
 
 

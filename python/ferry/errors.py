@@ -95,17 +95,7 @@ _BY_STATUS: Dict[int, Type[FerryError]] = {
 
 
 def error_class(status: int) -> Type[FerryError]:
-    """The exception class for a C status.
-
-    Parameters
-    ----------
-    status : int
-
-    Returns
-    -------
-    type
-        The FerryError subclass, or FerryError itself for a status this binding does not know.
-    """
+    """The FerryError subclass for a C status (FerryError itself for one this binding does not know)."""
     return _BY_STATUS.get(int(status), FerryError)
 
 
@@ -115,33 +105,13 @@ def last_error() -> str:
 
 
 def raise_status(status: int) -> NoReturn:
-    """Raise the exception for a failed status, with the message C left for it.
-
-    Parameters
-    ----------
-    status : int
-
-    Raises
-    ------
-    FerryError
-        Always: the subclass for status.
-    """
+    """Raise the FerryError subclass for the failed C status, with the message C left for it."""
     message = last_error() or ffi.string(lib.ferry_status_name(status)).decode()
     raise error_class(status)(message, int(status))
 
 
 def check(status: int) -> None:
-    """Raise if a C call returned a failing status.
-
-    Parameters
-    ----------
-    status : int
-
-    Raises
-    ------
-    FerryError
-        The subclass for status, unless it is FERRY_OK.
-    """
+    """Raise the FerryError subclass for status if a C call returned one that is not FERRY_OK."""
     if status != lib.FERRY_OK:
         raise_status(status)
 

@@ -86,12 +86,7 @@ class Event:
         return self
 
     def wait(self, backend: "Backend") -> None:
-        """Make a backend's later work wait for this event (on the device where it can).
-
-        Parameters
-        ----------
-        backend : Backend
-        """
+        """Make the Backend backend's later work wait for this event (on the device where it can)."""
         _checks.c_object(backend, "ferry_backend *", "a Backend", "event wait")
         check(lib.ferry_event_wait(backend._p, self._p))
 

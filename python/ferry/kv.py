@@ -189,20 +189,8 @@ class KVCache:
         return self._layer_tensor("k", self._layer(layer))
 
     def v(self, layer: int = 0) -> Tensor:
-        """A layer's V tensor, [n_embd_gqa, kv_size, n_stream], or [kv_size, n_embd_gqa, n_stream] when v_trans.
-
-        Parameters
-        ----------
-        layer : int, optional
-
-        Returns
-        -------
-        Tensor
-
-        Raises
-        ------
-        OutOfBoundsError
-            For a layer the cache does not have.
+        """A layer's V tensor, [n_embd_gqa, kv_size, n_stream], or [kv_size, n_embd_gqa, n_stream] when
+        v_trans; raises as k does.
         """
         return self._layer_tensor("v", self._layer(layer))
 
@@ -279,24 +267,7 @@ class KVCache:
             t.set(d.obj, offset)
 
     def get_stream(self, which: str, layer: int, stream: int) -> bytes:
-        """The bytes of one stream of a layer's K or V.
-
-        Parameters
-        ----------
-        which : str
-            "k" or "v".
-        layer : int
-        stream : int
-
-        Returns
-        -------
-        bytes
-
-        Raises
-        ------
-        InvalidArgumentError, OutOfBoundsError
-            As for set_stream.
-        """
+        """The bytes of one stream of a layer's K (which "k") or V ("v"); raises as set_stream does."""
         t, offset, size = self._stream_of(which, layer, stream)
         return t.get(offset, size)
 

@@ -2,8 +2,9 @@
 
 Nothing is computed until a backend (Graph.compute) or a Scheduler runs the graph. The
 result keeps its operands alive. Shapes that do not fit the op raise LayoutError with
-C's message; arguments that cannot reach C raise InvalidArgumentError. The elementwise
-ops are also Tensor methods (a + b, a.dup(), ...); these are the same ops as functions.
+C's message; arguments that cannot reach C raise InvalidArgumentError. Each takes name,
+the result's name (optional), and returns the result, unallocated. The elementwise ops are
+also Tensor methods (a + b, a.dup(), ...); these are the same ops as functions.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ def add(a: Tensor, b: Tensor, name: Optional[str] = None) -> Tensor:
     a, b : Tensor
         Same type; each b.ne[i] divides a.ne[i].
     name : str, optional
-        The result's name.
 
     Returns
     -------
     Tensor
-        The op's unallocated, contiguous result.
+        a's shape and type.
 
     Raises
     ------
@@ -44,27 +44,7 @@ def add(a: Tensor, b: Tensor, name: Optional[str] = None) -> Tensor:
 
 
 def mul(a: Tensor, b: Tensor, name: Optional[str] = None) -> Tensor:
-    """a * b elementwise, b repeated over a.
-
-    Parameters
-    ----------
-    a, b : Tensor
-        Same type; each b.ne[i] divides a.ne[i].
-    name : str, optional
-        The result's name.
-
-    Returns
-    -------
-    Tensor
-        The op's unallocated, contiguous result.
-
-    Raises
-    ------
-    InvalidArgumentError
-        For operands that are not Tensors.
-    LayoutError
-        For shapes that do not repeat.
-    """
+    """a * b elementwise, b repeated over a: as add, with the same parameters, result and errors."""
     return _checks.instance(a, Tensor, "mul: a")._binary(lib.ferry_mul, b, "mul", name)
 
 
@@ -77,12 +57,11 @@ def scale(a: Tensor, s: float, name: Optional[str] = None) -> Tensor:
     s : float
         A finite number, stored as f32.
     name : str, optional
-        The result's name.
 
     Returns
     -------
     Tensor
-        The op's unallocated, contiguous result.
+        Each value of a times s, in a's type.
 
     Raises
     ------
@@ -101,12 +80,11 @@ def dup(a: Tensor, type: Optional[TypeLike] = None, name: Optional[str] = None) 
     type : Type, str or int, optional
         The copy's type; None keeps a's.
     name : str, optional
-        The result's name.
 
     Returns
     -------
     Tensor
-        The op's unallocated, contiguous result.
+        a's shape, contiguous, of type (or a's).
     """
     return _checks.instance(a, Tensor, "dup").dup(type, name=name)
 
@@ -121,12 +99,11 @@ def concat(a: Tensor, b: Tensor, dim: int, name: Optional[str] = None) -> Tensor
     dim : int
         0..3.
     name : str, optional
-        The result's name.
 
     Returns
     -------
     Tensor
-        The op's unallocated, contiguous result.
+        a's shape but ne[dim] = a.ne[dim] + b.ne[dim].
 
     Raises
     ------
@@ -145,30 +122,17 @@ def pad(a: Tensor, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Opt
     p0, p1, p2, p3 : int, optional
         Zeros after dimension 0, 1, 2, 3.
     name : str, optional
-        The result's name.
 
     Returns
     -------
     Tensor
-        The op's unallocated, contiguous result.
+        [ne0 + p0, ne1 + p1, ne2 + p2, ne3 + p3], unallocated.
     """
     return _checks.instance(a, Tensor, "pad").pad(p0, p1, p2, p3, name=name)
 
 
 def mean(a: Tensor, name: Optional[str] = None) -> Tensor:
-    """The mean over dimension 0 (ne[0] becomes 1).
-
-    Parameters
-    ----------
-    a : Tensor
-    name : str, optional
-        The result's name.
-
-    Returns
-    -------
-    Tensor
-        The op's unallocated, contiguous result.
-    """
+    """The mean of Tensor a over dimension 0 (ne[0] becomes 1): a new unallocated Tensor named name."""
     return _checks.instance(a, Tensor, "mean").mean(name=name)
 
 
@@ -193,7 +157,6 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
     v_trans : bool, optional
         v is transposed.
     name : str, optional
-        The result's name.
 
     Returns
     -------

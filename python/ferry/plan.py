@@ -226,16 +226,7 @@ class CopyCostModel:
 
     @classmethod
     def from_c(cls, m: Any) -> "CopyCostModel":
-        """Copy a ferry_copy_cost_model into Python values.
-
-        Parameters
-        ----------
-        m : cdata ferry_copy_cost_model
-
-        Returns
-        -------
-        CopyCostModel
-        """
+        """A CopyCostModel holding the values of the ferry_copy_cost_model cdata m."""
         return cls(float(m.call_us), float(m.row_ns), float(m.gbps), int(m.line_bytes), int(m.small_row_bytes),
                    float(m.small_row_efficiency), int(m.wide_pitch_bytes), float(m.wide_pitch_row_ns))
 

@@ -30,21 +30,8 @@ PolicyLike = Union[CopyPolicy, str]
 
 
 def to_policy(value: object) -> CopyPolicy:
-    """A CopyPolicy from itself or its name.
-
-    Parameters
-    ----------
-    value : CopyPolicy or str
-        "flat", "ranges" or "plan".
-
-    Returns
-    -------
-    CopyPolicy
-
-    Raises
-    ------
-    InvalidArgumentError
-        For anything else.
+    """The CopyPolicy named by value (itself, or "flat", "ranges", "plan"); InvalidArgumentError for
+    anything else.
     """
     if isinstance(value, CopyPolicy):
         return value

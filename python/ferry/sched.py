@@ -199,19 +199,9 @@ class Scheduler:
         self._copies.clear()
 
     def compute(self, graph: Graph) -> None:
-        """Allocate if graph is not the one last allocated (or it grew), copy the inputs by the policy,
-        and run every split.
-
-        Parameters
-        ----------
-        graph : Graph
-
-        Raises
-        ------
-        InvalidArgumentError
-            For anything but a Graph.
-        FerryError
-            When a copy or a split fails.
+        """Run the Graph graph: allocate if it is not the one last allocated (or it grew), copy the inputs
+        by the policy, run every split. Raises as alloc does, or the FerryError of a failed copy or
+        split.
         """
         _checks.instance(graph, Graph, "sched compute")
         if graph is not self._graph or graph.n_nodes != self._graph_nodes:
@@ -264,30 +254,13 @@ class Scheduler:
         return SchedStats.from_c(s)
 
     def buffer_size(self, backend: Backend) -> int:
-        """Bytes of compute memory (copies and outputs) the scheduler holds on a backend.
-
-        Parameters
-        ----------
-        backend : Backend
-
-        Returns
-        -------
-        int
-            0 for a backend not the scheduler's.
+        """Bytes of compute memory (copies and outputs) the scheduler holds on the Backend backend; 0 for
+        one not its own.
         """
         return int(lib.ferry_sched_buffer_size(self._p, _checks.instance(backend, Backend, "buffer_size")._p))
 
     def backend_of(self, tensor: Tensor) -> Optional[Backend]:
-        """The backend a tensor of the last allocated graph was given.
-
-        Parameters
-        ----------
-        tensor : Tensor
-
-        Returns
-        -------
-        Backend or None
-        """
+        """The Backend the Tensor tensor of the last allocated graph was given, or None."""
         t = _checks.instance(tensor, Tensor, "backend_of")
         return self._wrap_backend(lib.ferry_sched_get_tensor_backend(self._p, t._p))
 

@@ -31,16 +31,7 @@ class Stats:
 
     @classmethod
     def from_c(cls, s: Any) -> "Stats":
-        """Copy a ferry_stats into Python values.
-
-        Parameters
-        ----------
-        s : cdata ferry_stats
-
-        Returns
-        -------
-        Stats
-        """
+        """A Stats holding the values of the ferry_stats cdata s."""
         return cls(
             calls={k: int(s.calls[i]) for i, k in enumerate(KINDS)},
             bytes={k: int(s.bytes[i]) for i, k in enumerate(KINDS)},
@@ -81,16 +72,7 @@ class CopyStats:
 
     @classmethod
     def from_c(cls, s: Any) -> "CopyStats":
-        """Copy a ferry_copy_stats into Python values.
-
-        Parameters
-        ----------
-        s : cdata ferry_copy_stats
-
-        Returns
-        -------
-        CopyStats
-        """
+        """A CopyStats holding the values of the ferry_copy_stats cdata s."""
         return cls(CopyPolicy(s.path), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied),
                    int(s.copy_calls), int(s.impl_calls), float(s.copy_seconds))
 
@@ -110,15 +92,6 @@ class SchedStats:
 
     @classmethod
     def from_c(cls, s: Any) -> "SchedStats":
-        """Copy a ferry_sched_stats into Python values.
-
-        Parameters
-        ----------
-        s : cdata ferry_sched_stats
-
-        Returns
-        -------
-        SchedStats
-        """
+        """A SchedStats holding the values of the ferry_sched_stats cdata s."""
         return cls(int(s.n_inputs), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied), int(s.copy_calls),
                    int(s.impl_calls), float(s.copy_seconds), float(s.compute_seconds))

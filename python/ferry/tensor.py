@@ -258,17 +258,7 @@ class Tensor:
         return self._derive(lambda ctx, out: lib.ferry_tensor_permute(ctx, src, a[0], a[1], a[2], a[3], out), name)
 
     def transpose(self, name: Optional[str] = None) -> "Tensor":
-        """Swap dimensions 0 and 1 (a view).
-
-        Parameters
-        ----------
-        name : str, optional
-            The view's name.
-
-        Returns
-        -------
-        Tensor
-        """
+        """A view with dimensions 0 and 1 swapped, named name."""
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_transpose(ctx, src, out), name)
 
@@ -297,17 +287,7 @@ class Tensor:
             ctx, src, len(shape), ffi.new("int64_t[]", shape), out), name)
 
     def dup_layout(self, name: Optional[str] = None) -> "Tensor":
-        """A new unallocated tensor with this one's type, ne and nb (not a view).
-
-        Parameters
-        ----------
-        name : str, optional
-            Its name.
-
-        Returns
-        -------
-        Tensor
-        """
+        """A new unallocated tensor named name with this one's type, ne and nb (not a view)."""
         src = self._p
         return Tensor(lambda ctx, out: lib.ferry_tensor_dup_layout(ctx, src, out), name=name)
 
@@ -367,16 +347,7 @@ class Tensor:
         return bool(lib.ferry_tensor_is_view(self._p))
 
     def same_layout(self, other: "Tensor") -> bool:
-        """Whether other has this tensor's type, ne and nb.
-
-        Parameters
-        ----------
-        other : Tensor
-
-        Returns
-        -------
-        bool
-        """
+        """Whether the Tensor other has this tensor's type, ne and nb."""
         return bool(lib.ferry_tensor_same_layout(self._p, _checks.instance(other, Tensor, "same_layout")._p))
 
     @property
@@ -611,18 +582,7 @@ class Tensor:
         return bytes(target) if out is None else None
 
     def copy_to(self, dst: "Tensor") -> None:
-        """Copy the tensor's nbytes span into dst.
-
-        Parameters
-        ----------
-        dst : Tensor
-            Same type, ne and nb.
-
-        Raises
-        ------
-        LayoutError
-            When the layouts differ.
-        """
+        """Copy the tensor's nbytes span into the Tensor dst, of the same type, ne and nb (else LayoutError)."""
         check(lib.ferry_tensor_copy(self._p, _checks.instance(dst, Tensor, "tensor_copy")._p))
 
     # ------------------------------------------------------------ numpy
@@ -701,44 +661,13 @@ class Tensor:
         return self._binary(lib.ferry_mul, other, "mul", None)
 
     def scale(self, s: float, name: Optional[str] = None) -> "Tensor":
-        """ops.scale: self * s.
-
-        Parameters
-        ----------
-        s : float
-            A finite number, stored as f32.
-        name : str, optional
-            The result's name.
-
-        Returns
-        -------
-        Tensor
-            The op's unallocated result.
-
-        Raises
-        ------
-        InvalidArgumentError
-            For s that is not a finite f32.
-        """
+        """ops.scale(self, s, name) as a method: self * s for a finite float s, a new unallocated Tensor."""
         pa = self._p
         f = _checks.as_f32(s, "scale")
         return self._op(lambda ctx, out: lib.ferry_scale(ctx, pa, f, out), (self,), name)
 
     def dup(self, type: Optional[TypeLike] = None, name: Optional[str] = None) -> "Tensor":
-        """ops.dup: a contiguous copy (any strides).
-
-        Parameters
-        ----------
-        type : Type, str or int, optional
-            The copy's type; None keeps this tensor's.
-        name : str, optional
-            The result's name.
-
-        Returns
-        -------
-        Tensor
-            The op's unallocated result.
-        """
+        """ops.dup(self, type, name) as a method: a contiguous copy, of another type when type is given."""
         pa = self._p
         if type is None:
             return self._op(lambda ctx, out: lib.ferry_dup(ctx, pa, out), (self,), name)
@@ -746,63 +675,19 @@ class Tensor:
         return self._op(lambda ctx, out: lib.ferry_dup_as(ctx, pa, ty.value, out), (self,), name)
 
     def concat(self, other: "Tensor", dim: int, name: Optional[str] = None) -> "Tensor":
-        """ops.concat: self and other joined along a dimension.
-
-        Parameters
-        ----------
-        other : Tensor
-            Same type, same ne in every other dimension.
-        dim : int
-            0..3.
-        name : str, optional
-            The result's name.
-
-        Returns
-        -------
-        Tensor
-            The op's unallocated result.
-
-        Raises
-        ------
-        LayoutError
-            For shapes that do not join.
-        """
+        """ops.concat(self, other, dim, name) as a method: self and other joined along dim."""
         pa, pb = self._p, _checks.instance(other, Tensor, "concat: b")._p
         d = _checks.as_c_int(dim, "concat: dim")
         return self._op(lambda ctx, out: lib.ferry_concat(ctx, pa, pb, d, out), (self, other), name)
 
     def pad(self, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Optional[str] = None) -> "Tensor":
-        """ops.pad: zeros appended at the end of each dimension.
-
-        Parameters
-        ----------
-        p0, p1, p2, p3 : int, optional
-            Zeros after dimension 0, 1, 2, 3.
-        name : str, optional
-            The result's name.
-
-        Returns
-        -------
-        Tensor
-            The op's unallocated result.
-        """
+        """ops.pad(self, p0, p1, p2, p3, name) as a method: p_i zeros appended at the end of dimension i."""
         pa = self._p
         p = [_checks.as_c_int(v, f"pad: p{i}") for i, v in enumerate((p0, p1, p2, p3))]
         return self._op(lambda ctx, out: lib.ferry_pad(ctx, pa, p[0], p[1], p[2], p[3], out), (self,), name)
 
     def mean(self, name: Optional[str] = None) -> "Tensor":
-        """ops.mean: the mean over dimension 0 (ne[0] becomes 1).
-
-        Parameters
-        ----------
-        name : str, optional
-            The result's name.
-
-        Returns
-        -------
-        Tensor
-            The op's unallocated result.
-        """
+        """ops.mean(self, name) as a method: the mean over dimension 0 (ne[0] becomes 1)."""
         pa = self._p
         return self._op(lambda ctx, out: lib.ferry_mean(ctx, pa, out), (self,), name)
 

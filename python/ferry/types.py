@@ -90,44 +90,17 @@ def to_type(value: TypeLike) -> Type:
 
 
 def type_name(t: TypeLike) -> str:
-    """ferry's name for a type.
-
-    Parameters
-    ----------
-    t : Type, str or int
-
-    Returns
-    -------
-    str
-    """
+    """ferry's name for the type t (a Type, name or number)."""
     return to_type(t).type_name
 
 
 def type_size(t: TypeLike) -> int:
-    """Bytes per block of a type (per value for non-block types).
-
-    Parameters
-    ----------
-    t : Type, str or int
-
-    Returns
-    -------
-    int
-    """
+    """Bytes per block of the type t (per value for non-block types)."""
     return to_type(t).size
 
 
 def blck_size(t: TypeLike) -> int:
-    """Values per block of a type (1 for non-block types).
-
-    Parameters
-    ----------
-    t : Type, str or int
-
-    Returns
-    -------
-    int
-    """
+    """Values per block of the type t (1 for non-block types)."""
     return to_type(t).blck_size
 
 

@@ -10,7 +10,7 @@ from typing import Any, Optional, TextIO
 from .. import decode_bench
 from ..decode_bench import BenchConfig, BenchResult, BenchRow, run_one
 from ..errors import InvalidArgumentError, UnsupportedError
-from .options import add_attention_args, add_backend_arg, int_list, verb_description
+from .options import add_attention_args, add_backend_arg, add_run_parser, int_list
 from .progress import Progress, progress_stream
 from .text_table import format_table
 
@@ -49,18 +49,7 @@ def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResul
 
 
 def fmt_seconds(s: float) -> str:
-    """A duration with a unit that keeps 3-4 significant digits.
-
-    Parameters
-    ----------
-    s : float
-        Seconds.
-
-    Returns
-    -------
-    str
-        In µs, ms or s.
-    """
+    """The duration s (seconds) with a unit that keeps 3-4 significant digits: µs, ms or s."""
     if s < 1e-3:
         return f"{s * 1e6:.1f} µs"
     if s < 1.0:
@@ -69,63 +58,25 @@ def fmt_seconds(s: float) -> str:
 
 
 def fmt_mib(n: int) -> str:
-    """Bytes in MiB with one decimal.
-
-    Parameters
-    ----------
-    n : int
-
-    Returns
-    -------
-    str
-    """
+    """The n bytes in MiB with one decimal."""
     return f"{n / 2**20:,.1f} MiB"
 
 
 def fmt_gbps(bps: float) -> str:
-    """A bandwidth in GB/s (10^9 bytes per second).
-
-    Parameters
-    ----------
-    bps : float
-        Bytes per second.
-
-    Returns
-    -------
-    str
-    """
+    """The bandwidth bps (bytes per second) in GB/s."""
     return f"{bps / 1e9:.2f} GB/s"
 
 
 def fmt_gain(g: Optional[float]) -> str:
-    """A gain as a signed percentage.
-
-    Parameters
-    ----------
-    g : float or None
-        The gain (0.1 for +10%); None when there is none.
-
-    Returns
-    -------
-    str
-        "+10.0%", or "-" for None.
-    """
+    """The gain g (0.1 for +10%) as a signed percentage, or "-" for None."""
     if g is None:
         return "-"
     return f"{g * 100:+.1f}%"
 
 
 def format_result(res: BenchResult) -> str:
-    """The bench's report: the header, one table row per (npl, policy) with the unified cache's
-    figures beside it, and whether the outputs agreed.
-
-    Parameters
-    ----------
-    res : BenchResult
-
-    Returns
-    -------
-    str
+    """The report of the BenchResult res: the header, one table row per (npl, policy) with the unified
+    cache's figures beside it, and whether the outputs agreed.
     """
     cfg = res.config
     lines = [
@@ -215,23 +166,10 @@ def plot_result(res: BenchResult, path: str) -> None:
 
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
-    """Add the `bench` verb to the `ferry` command.
-
-    Parameters
-    ----------
-    sub : argparse subparsers
-        The `ferry` command's subparsers.
-
-    Returns
-    -------
-    argparse.ArgumentParser
-        The verb's parser.
-    """
+    """Add the `bench` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
     d = BenchConfig()
-    bp = sub.add_parser("bench", help="decode steps over a host KV cache: tokens/s, copy time and bytes per "
-                                      "copy policy (llama-batched-bench's generation phase)",
-                        description=verb_description(__doc__, decode_bench.__doc__),
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    bp = add_run_parser(sub, "bench", "decode steps over a host KV cache: tokens/s, copy time and bytes per copy "
+                        "policy (llama-batched-bench's generation phase)", __doc__, decode_bench.__doc__)
     bp.add_argument("-c", type=int, default=d.n_ctx, metavar="N_CTX", help=f"cells in all streams (default {d.n_ctx})")
     bp.add_argument("-npl", type=int_list, default=list(d.npl), metavar="N,N,...",
                     help=f"numbers of sequences, one stream each (default {','.join(map(str, d.npl))})")
@@ -257,16 +195,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    """The BenchConfig the parsed options describe (not yet checked).
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-
-    Returns
-    -------
-    BenchConfig
-    """
+    """The BenchConfig the parsed options args describe (not yet checked)."""
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
                        policies=tuple(args.policy), unified=args.unified, backend=args.backend, pad=args.pad,
@@ -274,24 +203,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run `ferry bench`: the table (or JSON) on stdout, the progress bar on stderr, the chart to --plot.
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The parsed options.
-
-    Returns
-    -------
-    int
-        The exit status, 0.
-
-    Raises
-    ------
-    InvalidArgumentError
-        For options that cannot run (a usage error).
-    FerryError
-        When a run fails.
+    """Run `ferry bench` with the parsed options args: the table (or JSON) on stdout, the bar on
+    stderr, the chart to --plot. Returns the exit status 0; InvalidArgumentError for options that
+    cannot run (a usage error), another FerryError when a run fails.
     """
     cfg = config_from_args(args)
     cfg.check()

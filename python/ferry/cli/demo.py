@@ -13,33 +13,13 @@ ARGUMENT_ERRORS = ()
 
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
-    """Add the `demo` verb to the `ferry` command.
-
-    Parameters
-    ----------
-    sub : argparse subparsers
-        The `ferry` command's subparsers.
-
-    Returns
-    -------
-    argparse.ArgumentParser
-        The verb's parser.
-    """
+    """Add the `demo` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
     return sub.add_parser("demo", help="show what a flat copy of a multi-stream window moves")
 
 
 def main(args: argparse.Namespace) -> int:
-    """Build the window and print its span against the bytes it reads.
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The parsed options (none).
-
-    Returns
-    -------
-    int
-        The exit status, 0.
+    """Build the window and print its span against the bytes it reads (args: none). Returns the exit
+    status 0.
     """
     head_dim, n_head_kv, kv_size, n_stream, n_kv = 128, 8, 16384, 2, 2176
     n_embd = head_dim * n_head_kv

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 from ..decode_bench import BenchConfig
 from ..hash_gate import ValidateConfig
@@ -29,21 +29,18 @@ def verb_description(summary: Optional[str], library_doc: Optional[str]) -> str:
     return f"{summary or ''}\n\n{details}"
 
 
+def add_run_parser(sub: "argparse._SubParsersAction[Any]", verb: str, help: str, summary: Optional[str],
+                   library_doc: Optional[str]) -> argparse.ArgumentParser:
+    """Add a verb that runs a library workload (bench, validate) to the `ferry` command's
+    subparsers sub, with the help line help and, as --help's text, the verb's summary and then
+    the account library_doc gives of the run (see verb_description); returns its parser."""
+    return sub.add_parser(verb, help=help, description=verb_description(summary, library_doc),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def int_list(text: str) -> List[int]:
-    """An argparse type: "2,4,8" as [2, 4, 8].
-
-    Parameters
-    ----------
-    text : str
-
-    Returns
-    -------
-    list of int
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        For a word that is not an integer, or no number at all.
+    """An argparse type: the text "2,4,8" as [2, 4, 8]; ArgumentTypeError for a word that is not an
+    integer, or no number.
     """
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -55,20 +52,8 @@ def int_list(text: str) -> List[int]:
 
 
 def policy_list(text: str) -> List[str]:
-    """An argparse type: "flat,ranges" as ["flat", "ranges"] (the names are checked when the run is).
-
-    Parameters
-    ----------
-    text : str
-
-    Returns
-    -------
-    list of str
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        When no name is given.
+    """An argparse type: the text "flat,ranges" as ["flat", "ranges"] (names are checked when the run
+    is); ArgumentTypeError for none.
     """
     values = [x.strip() for x in text.split(",") if x.strip()]
     if not values:
@@ -77,21 +62,7 @@ def policy_list(text: str) -> List[str]:
 
 
 def stream_range(text: str) -> Tuple[int, int]:
-    """An argparse type: "S0-S1" or "S" as (s0, s1).
-
-    Parameters
-    ----------
-    text : str
-
-    Returns
-    -------
-    (int, int)
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        For anything else.
-    """
+    """An argparse type: the text "S0-S1" or "S" as (s0, s1); ArgumentTypeError for anything else."""
     parts = text.split("-")
     try:
         values = [int(p) for p in parts]
@@ -148,13 +119,6 @@ def add_attention_args(p: argparse.ArgumentParser, d: Union[BenchConfig, Validat
 
 
 def add_backend_arg(p: argparse.ArgumentParser, default: str) -> None:
-    """Add --backend: where a decode run's split runs.
-
-    Parameters
-    ----------
-    p : argparse.ArgumentParser
-    default : str
-        One of workload.SPLIT_BACKENDS.
-    """
+    """Add --backend (where a decode run's split runs, default default) to the verb's parser p."""
     p.add_argument("--backend", default=default, choices=SPLIT_BACKENDS,
                    help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable)")

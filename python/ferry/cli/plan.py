@@ -19,18 +19,7 @@ SHOWN_COPIES = 16
 
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
-    """Add the `plan` verb to the `ferry` command.
-
-    Parameters
-    ----------
-    sub : argparse subparsers
-        The `ferry` command's subparsers.
-
-    Returns
-    -------
-    argparse.ArgumentParser
-        The verb's parser.
-    """
+    """Add the `plan` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
     pp = sub.add_parser("plan", help="the copy plan of a KV-cache window: copies, bytes moved, cost, and why")
     pp.add_argument("-npl", type=int, default=1, help="sequences, one stream each (default 1: a unified cache)")
     add_window_args(pp, "f16", "cache type")
@@ -44,16 +33,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
 
 
 def format_plan(p: WindowPlan) -> str:
-    """The plan as text: the window, the span against what is read, the copies, the costs, the why.
-
-    Parameters
-    ----------
-    p : WindowPlan
-
-    Returns
-    -------
-    str
-    """
+    """The WindowPlan p as text: the window, the span against what is read, the copies, the costs, the why."""
     name = "V (transposed)" if p.which == "v" and p.v_trans else p.which.upper()
     cache = "unified, 1 stream" if p.n_stream == 1 else f"{p.n_stream} streams"
     lines = [
@@ -79,22 +59,8 @@ def format_plan(p: WindowPlan) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print the plan (or its JSON) of the window the options describe.
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The parsed options.
-
-    Returns
-    -------
-    int
-        The exit status, 0.
-
-    Raises
-    ------
-    FerryError
-        For values the dry run refuses (a usage error).
+    """Print the plan (or its JSON) of the window the parsed options args describe. Returns the exit
+    status 0; a FerryError for values the dry run refuses (a usage error).
     """
     p = window_plan(args.c, args.npl, args.npp, args.ntg, pad=args.pad, type=args.type, head_dim=args.head_dim,
                     n_head_kv=args.kv_heads, v_trans=args.v_trans, which=args.which, streams=args.stream,

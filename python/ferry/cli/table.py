@@ -16,18 +16,7 @@ ARGUMENT_ERRORS = FerryError
 
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
-    """Add the `table` verb to the `ferry` command.
-
-    Parameters
-    ----------
-    sub : argparse subparsers
-        The `ferry` command's subparsers.
-
-    Returns
-    -------
-    argparse.ArgumentParser
-        The verb's parser.
-    """
+    """Add the `table` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
     tp = sub.add_parser("table", help="cells read and copied (flat vs ranges) per number of sequences, "
                                       "from a dry run of the scheduler")
     tp.add_argument("-npl", type=int_list, required=True, metavar="N,N,...", help="numbers of sequences (streams)")
@@ -37,16 +26,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
 
 
 def format_rows(rows: Sequence[TableRow]) -> List[str]:
-    """The rows as aligned text lines with thousands separators, under a header.
-
-    Parameters
-    ----------
-    rows : sequence of TableRow
-
-    Returns
-    -------
-    list of str
-    """
+    """The TableRows rows as aligned text lines with thousands separators, under a header."""
     head = ("sequences", "cells read", "cells copied flat", "cells copied ranges", "flat/ranges")
     body = [(str(r.npl), f"{r.cells_read:,}", f"{r.cells_copied_flat:,}", f"{r.cells_copied_ranges:,}",
              f"{r.ratio:.2f}x") for r in rows]
@@ -54,22 +34,9 @@ def format_rows(rows: Sequence[TableRow]) -> List[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print, per number of sequences, the cells read and copied under flat and ranges.
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The parsed options.
-
-    Returns
-    -------
-    int
-        The exit status, 0.
-
-    Raises
-    ------
-    FerryError
-        For values the dry run refuses (a usage error).
+    """Print, for the parsed options args, the cells read and copied under flat and ranges per number
+    of sequences. Returns the exit status 0; a FerryError for values the dry run refuses (a usage
+    error).
     """
     rows = build_table(args.c, args.npl, args.npp, args.ntg, pad=args.pad, type_k=args.type,
                        head_dim=args.head_dim, n_head_kv=args.kv_heads)

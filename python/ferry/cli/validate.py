@@ -10,23 +10,15 @@ from typing import Any
 from .. import hash_gate
 from ..errors import InvalidArgumentError
 from ..hash_gate import ValidateConfig, ValidateResult
-from .options import add_attention_args, add_backend_arg, verb_description
+from .options import add_attention_args, add_backend_arg, add_run_parser
 
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
 ARGUMENT_ERRORS = InvalidArgumentError
 
 
 def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
-    """The gate's report: the run, one hash per policy and the control's, and the verdicts.
-
-    Parameters
-    ----------
-    cfg : ValidateConfig
-    res : ValidateResult
-
-    Returns
-    -------
-    str
+    """The report of the ValidateResult res of the ValidateConfig cfg: the run, one hash per policy and
+    the control's, the verdicts.
     """
     waves = -(-cfg.n_seq // cfg.n_stream)
     lines = [
@@ -50,23 +42,10 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
 
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
-    """Add the `validate` verb to the `ferry` command.
-
-    Parameters
-    ----------
-    sub : argparse subparsers
-        The `ferry` command's subparsers.
-
-    Returns
-    -------
-    argparse.ArgumentParser
-        The verb's parser.
-    """
+    """Add the `validate` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
     d = ValidateConfig()
-    vp = sub.add_parser("validate", help="the hash gate: every copy policy gives identical attention outputs, "
-                                         "and a cross-stream read is detected (llama-parallel's gate)",
-                        description=verb_description(__doc__, hash_gate.__doc__),
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    vp = add_run_parser(sub, "validate", "the hash gate: every copy policy gives identical attention outputs, and a "
+                        "cross-stream read is detected (llama-parallel's gate)", __doc__, hash_gate.__doc__)
     vp.add_argument("--sequences", type=int, default=d.n_seq, help=f"sequences served (default {d.n_seq})")
     vp.add_argument("--streams", type=int, default=d.n_stream, help=f"streams of the cache (default {d.n_stream})")
     vp.add_argument("--cells", type=int, default=d.kv_size, help=f"cells per stream (default {d.kv_size})")
@@ -82,24 +61,10 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run `ferry validate`: the report (or JSON) on stdout.
-
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The parsed options.
-
-    Returns
-    -------
-    int
-        The exit status: 0 when the policies agree and the control was detected, else 1.
-
-    Raises
-    ------
-    InvalidArgumentError
-        For options the gate cannot run with; the command reports it as a usage error.
-    FerryError
-        When serving the sequences fails.
+    """Run `ferry validate` with the parsed options args: the report (or JSON) on stdout. Returns the
+    exit status, 0 when the policies agree and the control was detected, else 1;
+    InvalidArgumentError for options the gate cannot run with (a usage error), another FerryError
+    when serving fails.
     """
     cfg = ValidateConfig(n_seq=args.sequences, n_stream=args.streams, n_layer=args.layers, n_step=args.steps,
                          kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
