@@ -5,7 +5,7 @@ nothing is allocated); plan_of(tensor) plans an existing view. Both return Copy2
 with offsets from the first byte of the view's source, as ferry_copy_plan computes them
 (lib/src/copy-plan.c). CopyCostModel is ferry_copy_cost_model; plan_cost, flat_cost and
 plan_pays are the rule the plan copy policy uses to choose between the plan and flat.
-explain() says in words how the planner reduced a layout to its copies.
+explain() says in words how the planner reduces a layout to its copies.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ a split runs on, each sequence's K or V content, and the rounding of a window's 
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
@@ -23,7 +23,7 @@ KV_TYPES: Tuple[str, ...] = ("f32", "f16", "q8_0")
 SPLIT_BACKENDS: Tuple[str, ...] = ("auto", "cpu", "cuda")
 
 
-def check_positive(values: Sequence[Tuple[str, object]], integer: bool = True) -> None:
+def check_positive(values: Sequence[Tuple[str, Any]], integer: bool = True) -> None:
     """Raise InvalidArgumentError for the first (name, value) pair whose value is not positive.
 
     Parameters
@@ -43,7 +43,7 @@ def check_positive(values: Sequence[Tuple[str, object]], integer: bool = True) -
         if integer:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
-        elif value <= 0:  # type: ignore[operator]
+        elif value <= 0:
             raise InvalidArgumentError(f"{name} must be positive, got {value}")
 
 
