@@ -3,8 +3,7 @@
 cffi raises OverflowError (or TypeError) for a negative or too large value passed as
 size_t / int64_t, and AttributeError for an object of the wrong class; ferry promises a
 FerryError with a message instead, so every argument that goes to C passes through here
-first. Each check returns the value as C will take it, or raises InvalidArgumentError
-(LayoutError where the layout, not the value, is wrong).
+first. Each check returns the value as C will take it, or raises InvalidArgumentError.
 """
 
 from __future__ import annotations

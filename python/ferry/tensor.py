@@ -640,6 +640,8 @@ class Tensor:
         """The tensors an op reads (empty for leafs and views made in Python)."""
         return tuple(t for t in self._deps if isinstance(t, Tensor))
 
+    # ------------------------------------------------------------ ops: ferry.ops documents each and calls these
+
     def _op(self, make: Callable[[Any, Any], int], operands: Tuple["Tensor", ...], name: Optional[str]) -> "Tensor":
         """The result of make in a new context: an op's node, keeping its operands alive."""
         for t in operands:

@@ -1,5 +1,5 @@
-"""The package's shape: modules import each other in layers, never in a circle, and only the
-command line (ferry/cli) parses arguments, plots or prints.
+"""The package's shape: modules import each other in layers, never in a circle, only the
+command line (ferry/cli) parses arguments, plots or prints, and meson installs every module.
 
 Both read the sources in python/ferry with `ast`, so they see every import a module can run:
 at the top and inside functions alike. Imports under `if TYPE_CHECKING:` are left out: they
@@ -9,6 +9,7 @@ never run, and are how a module names a higher layer's class in its annotations.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
@@ -115,6 +116,14 @@ def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
             if found:
                 return found
     return None
+
+
+def test_meson_installs_every_module() -> None:
+    """pip install (meson-python) installs what python/ferry/meson.build lists, and only that."""
+    listed = set(re.findall(r"'([\w/]+\.py)'", (SOURCES / "meson.build").read_text(encoding="utf-8")))
+    on_disk = {p.relative_to(SOURCES).as_posix() for p in SOURCES.rglob("*.py")}
+    assert on_disk - listed == set(), "add these to python/ferry/meson.build"
+    assert listed - on_disk == set(), "python/ferry/meson.build lists files that are gone"
 
 
 def test_the_sources_are_found() -> None:
