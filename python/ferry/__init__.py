@@ -1,12 +1,21 @@
 """ferry: copy the ranges of a multi-stream KV-cache window, not the span.
 
-Python objects over the C library: Tensor (ggml order: ne[0] fastest, byte strides nb),
-Buffer and BufferType, CPUBackend, DummyBackend and StandinBackend (a GPU's stand-in),
-per-kind transfer counters (Stats); ops (add, mul, scale, dup, concat, pad, mean,
-attn_decode), Graph and GraphAllocator; KVCache and its windows, the Scheduler and its
-copy policies; copy plans and their cost (plan_copy, plan_of, CopyCostModel); CUDABackend
-and Events.
-Every failure raises FerryError (a subclass per C status) with the C message.
+Python objects over the C library, in layers that import downward only:
+
+- the binding and its basics: errors (FerryError, a subclass per C status, with the C
+  message), element types, the counters (Stats, CopyStats, SchedStats), copy policies,
+  Copy2D;
+- Tensor (ggml order: ne[0] fastest, byte strides nb);
+- buffers and backends: Buffer, BufferType, CPUBackend, StandinBackend (a GPU's stand-in),
+  DummyBackend, CUDABackend, Event;
+- ops (add, mul, scale, dup, concat, pad, mean, attn_decode), Graph, GraphAllocator;
+- copy plans and their cost (plan_copy, plan_of, CopyCostModel), the copy path;
+- the Scheduler, and KVCache with its windows;
+- the workloads the command line runs: decode_bench.run_bench, hash_gate.run_validate,
+  dry_run.build_table and dry_run.window_plan, each returning data.
+
+The `ferry` command (ferry.cli) sits on top and is the only part that parses arguments or
+prints.
 """
 
 from __future__ import annotations
@@ -18,17 +27,41 @@ from ._binding import LIB_PATH, ffi, lib
 from .alloc import GraphAllocator, Placement
 from .backend import Backend, CPUBackend, DummyBackend, StandinBackend
 from .buffer import BorrowedBuffer, Buffer, BufferType, cpu_buffer_type
-from .copy_path import CopyPolicy, CopyRanges, CopyStats, bytes_read, copy_input, copy_ranges_of
-from .cuda import CUDABackend, Event, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
-from .errors import (BackendError, FerryError, FreedBufferError, InvalidArgumentError, LayoutError,
-                     NotAllocatedError, OutOfBoundsError, OutOfMemoryError, UnknownTypeError, UnsupportedError)
+from .copy2d import Copy2D
+from .copy_path import CopyRanges, bytes_read, copy_input, copy_ranges_of
+from .cuda import CUDABackend, cuda_available, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
+from .errors import (
+    BackendError,
+    FerryError,
+    FreedBufferError,
+    InvalidArgumentError,
+    LayoutError,
+    NotAllocatedError,
+    OutOfBoundsError,
+    OutOfMemoryError,
+    UnknownTypeError,
+    UnsupportedError,
+)
+from .event import Event
 from .graph import Graph
 from .kv import KVCache, KVParams
 from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
-from .plan import (Copy2D, CopyCostModel, Explanation, cost_model, explain, explain_tensor, flat_cost, layout_view,
-                   plan_copy, plan_cost, plan_of, plan_pays)
-from .sched import Input, SchedStats, Scheduler, Split
-from .stats import KINDS, Stats
+from .plan import (
+    CopyCostModel,
+    Explanation,
+    cost_model,
+    explain,
+    explain_tensor,
+    flat_cost,
+    layout_view,
+    plan_copy,
+    plan_cost,
+    plan_of,
+    plan_pays,
+)
+from .policy import CopyPolicy
+from .sched import Input, Scheduler, Split
+from .stats import KINDS, CopyStats, SchedStats, Stats
 from .tensor import Tensor, tensor_copy
 from .types import Type, blck_size, numpy_dtype, row_size, to_type, type_from_dtype, type_name, type_size
 
@@ -36,19 +69,20 @@ __version__ = ffi.string(lib.ferry_version()).decode()
 
 
 def build_info() -> Dict[str, Any]:
-    """What this build contains: version, whether CUDA was compiled in (and whether against the
-    test-only fake runtime, whose timings mean nothing), the library's path."""
+    """What this build contains.
+
+    Returns
+    -------
+    dict
+        "version"; "cuda": whether CUDA was compiled in; "fake_cudart": whether against the
+        test-only fake runtime, whose timings mean nothing; "library": the library's path.
+    """
     return {
         "version": __version__,
         "cuda": bool(lib.ferry_built_with_cuda()),
         "fake_cudart": bool(lib.ferry_built_with_fake_cudart()),
         "library": LIB_PATH,
     }
-
-
-def cuda_available() -> bool:
-    """True if CUDA was compiled in and a device is usable now."""
-    return bool(lib.ferry_cuda_available())
 
 
 __all__ = [

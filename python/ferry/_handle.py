@@ -23,7 +23,7 @@ class Handle:
     __slots__ = ("ptr", "_free", "_parents", "_children", "_released", "__weakref__")
 
     def __init__(self, ptr: Any, free: Callable[[Any], None],
-                 parent: Union[None, "Handle", Sequence[Optional["Handle"]]] = None) -> None:
+                 parent: Union["Handle", Sequence[Optional["Handle"]], None] = None) -> None:
         self.ptr = ptr
         self._free = free
         if parent is None:

@@ -10,15 +10,16 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
-from . import _args
-from ._adopt import adopt_placements
+from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
+from ._placements import adopt_placements
 from .backend import Backend
 from .buffer import BorrowedBuffer, BufferType
 from .errors import FreedBufferError, InvalidArgumentError, check
 from .graph import Graph
-from .tensor import Tensor, _check_tensor
+from .tensor import Tensor
+
 
 class Placement(NamedTuple):
     """Where the allocator put a tensor: buffer type index, chunk, byte offset, bytes taken."""
@@ -37,17 +38,21 @@ def _buffer_type(x: object, i: int) -> BufferType:
     raise InvalidArgumentError(f"graph allocator: item {i} is not a Backend or BufferType but {type(x).__name__}")
 
 
-def _check_graph(graph: object, what: str) -> Graph:
-    if not isinstance(graph, Graph):
-        raise InvalidArgumentError(f"{what}: expected a Graph, got {type(graph).__name__}")
-    return graph
-
-
 class GraphAllocator:
-    """GraphAllocator(backend_or_buffer_type, ...): places graphs' tensors in buffers of those types.
+    """Places graphs' tensors in buffers it owns, reusing memory as ggml's gallocr does.
 
-    With one buffer type every tensor goes there. With several, reserve() says which type
-    each node and leaf uses (indices into buffer_types) and alloc() reuses that assignment.
+    With one buffer type every tensor goes there. With several, reserve() says which type each
+    node and leaf uses (indices into buffer_types) and alloc() reuses that assignment.
+
+    Parameters
+    ----------
+    *types : Backend or BufferType, or one sequence of them
+        The buffer types (a Backend stands for its default one).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For no types, or anything but Backends and BufferTypes.
     """
 
     def __init__(self, *types: Union[Backend, BufferType]) -> None:
@@ -79,10 +84,12 @@ class GraphAllocator:
 
     @property
     def closed(self) -> bool:
+        """True once close() freed the buffers."""
         return not self._handle.alive
 
     @property
     def buffer_types(self) -> List[BufferType]:
+        """The buffer types, in the order reserve()'s indices count them."""
         return list(self._types)
 
     def _ids(self, ids: Optional[Sequence[int]], n: int, what: str) -> Any:
@@ -90,7 +97,7 @@ class GraphAllocator:
             return ffi.NULL
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or len(ids) != n:
             raise InvalidArgumentError(f"reserve: {what} needs {n} buffer type indices, got {ids!r}")
-        vals = [_args.as_c_int(v, f"reserve: {what}[{i}]") for i, v in enumerate(ids)]
+        vals = [_checks.as_c_int(v, f"reserve: {what}[{i}]") for i, v in enumerate(ids)]
         for i, v in enumerate(vals):
             if not 0 <= v < len(self._types):
                 raise InvalidArgumentError(f"reserve: {what}[{i}] = {v} is not a buffer type index "
@@ -99,30 +106,46 @@ class GraphAllocator:
 
     def reserve(self, graph: Graph, node_types: Optional[Sequence[int]] = None,
                 leaf_types: Optional[Sequence[int]] = None) -> None:
-        """Measure graph and make the buffers big enough. node_types[i] / leaf_types[i]: the index
-        of the buffer type of node / leaf i (None: all 0)."""
-        g = _check_graph(graph, "reserve")
+        """Measure a graph and make the buffers big enough for it.
+
+        Parameters
+        ----------
+        graph : Graph
+        node_types, leaf_types : sequence of int, optional
+            The buffer type index of each node / leaf (None: all 0).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Graph, or indices that do not match the graph or the buffer types.
+        """
+        g = _checks.instance(graph, Graph, "reserve")
         nodes = self._ids(node_types, g.n_nodes, "node_types")
         leafs = self._ids(leaf_types, g.n_leafs, "leaf_types")
         check(lib.ferry_gallocr_reserve(self._p, g._p, nodes, leafs))
         self._graph = g
 
     def alloc(self, graph: Graph) -> None:
-        """Place every tensor of graph that has no memory yet (growing the buffers if needed)."""
-        g = _check_graph(graph, "alloc")
+        """Place every tensor of the Graph graph that has no memory yet, growing the buffers if needed
+        (OutOfMemoryError when one cannot grow).
+        """
+        g = _checks.instance(graph, Graph, "alloc")
         check(lib.ferry_gallocr_alloc_graph(self._p, g._p))
         self._graph = g
         adopt_placements(g._tensors.values(), self, self._handle, self._types, self._chunks)
 
     def buffer_size(self, buffer_type: int = 0) -> int:
-        """Bytes over all chunks of a buffer type."""
+        """Bytes over all chunks of the buffer type at index buffer_type."""
         return int(lib.ferry_gallocr_buffer_size(self._p, self._index(buffer_type)))
 
     def n_chunks(self, buffer_type: int = 0) -> int:
+        """Chunks (buffers) of the buffer type at index buffer_type."""
         return int(lib.ferry_gallocr_n_chunks(self._p, self._index(buffer_type)))
 
     def chunks(self, buffer_type: int = 0) -> List[BorrowedBuffer]:
-        """The buffers of a buffer type (each usable while this allocator keeps it)."""
+        """The BorrowedBuffers of the buffer type at index buffer_type, each usable while this allocator
+        keeps it.
+        """
         b = self._index(buffer_type)
         out = []
         for c in range(self.n_chunks(b)):
@@ -136,8 +159,18 @@ class GraphAllocator:
         return out
 
     def placement(self, tensor: Tensor) -> Optional[Placement]:
-        """Where the last measured graph put tensor; None for views and tensors it left alone."""
-        t = _check_tensor(tensor, "placement")
+        """Where the last measured graph put a tensor.
+
+        Parameters
+        ----------
+        tensor : Tensor
+
+        Returns
+        -------
+        Placement or None
+            None for views and tensors it left alone.
+        """
+        t = _checks.instance(tensor, Tensor, "placement")
         vals = ffi.new("int[2]")
         sizes = ffi.new("size_t[2]")
         st = lib.ferry_gallocr_tensor_placement(self._p, t._p, vals, vals + 1, sizes, sizes + 1)
@@ -148,7 +181,7 @@ class GraphAllocator:
         return Placement(int(vals[0]), int(vals[1]), int(sizes[0]), int(sizes[1]))
 
     def _index(self, buffer_type: int) -> int:
-        i = _args.as_c_int(buffer_type, "buffer type index")
+        i = _checks.as_c_int(buffer_type, "buffer type index")
         if not 0 <= i < len(self._types):
             raise InvalidArgumentError(f"buffer type index {i} is not in 0..{len(self._types) - 1}")
         return i

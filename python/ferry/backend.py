@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from . import _args, _data
+from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from ._handle import Handle
 from .buffer import Buffer, BufferType
 from .errors import FerryError, InvalidArgumentError, check
+from .event import Event
 from .stats import Stats
+from .tensor import Tensor
 from .types import TypeLike
-
-if TYPE_CHECKING:
-    from .cuda import Event
-    from .tensor import Tensor
-
-
-def _tensor(t: object, what: str) -> "Tensor":
-    from .tensor import Tensor
-
-    if not isinstance(t, Tensor):
-        raise InvalidArgumentError(f"{what}: expected a Tensor, got {type(t).__name__}")
-    return t
 
 
 class Backend:
@@ -34,7 +24,14 @@ class Backend:
     """
 
     def __init__(self, ptr: Any) -> None:
-        """Internal: take ownership of a ferry_backend*; construct CPUBackend or DummyBackend instead."""
+        """Internal: take ownership of a ferry_backend*; construct CPUBackend, StandinBackend,
+        DummyBackend or CUDABackend instead.
+
+        Parameters
+        ----------
+        ptr : cdata ferry_backend *
+            The backend, freed with this object (once its buffers are gone too).
+        """
         self._handle = Handle(ptr, lib.ferry_backend_free)
         self._pending: List[Any] = []
         # The finalizer holds the pending data, so it never reaches the cyclic collector (the
@@ -51,6 +48,7 @@ class Backend:
 
     @property
     def name(self) -> str:
+        """The backend's name ("CPU", "CUDA0", ...)."""
         return ffi.string(lib.ferry_backend_name(self._p)).decode()
 
     @property
@@ -64,96 +62,191 @@ class Backend:
         return self._buffer_type
 
     def supports_buffer_type(self, buffer_type: BufferType) -> bool:
-        """Can this backend read and write buffers of buffer_type?"""
-        if not isinstance(buffer_type, BufferType):
-            raise InvalidArgumentError(f"supports_buffer_type: expected a BufferType, got {type(buffer_type).__name__}")
+        """Whether this backend can read and write buffers of the BufferType buffer_type
+        (InvalidArgumentError for anything else).
+        """
+        _checks.instance(buffer_type, BufferType, "supports_buffer_type")
         return bool(lib.ferry_backend_supports_buft(self._p, buffer_type._ptr))
 
     # ------------------------------------------------------------ allocation
 
     def alloc_buffer(self, size: int) -> Buffer:
-        """A new buffer of size bytes of the default buffer type."""
+        """BufferType.alloc_buffer of the backend's default buffer type: a new Buffer of size bytes
+        (OutOfMemoryError past its max size).
+        """
         return self._buffer_type.alloc_buffer(size)
 
-    def alloc_buffer_for(self, tensor: "Tensor") -> Buffer:
-        """A buffer exactly large enough for tensor, with tensor placed at its start."""
-        t = _tensor(tensor, "alloc_buffer_for")
+    def alloc_buffer_for(self, tensor: Tensor) -> Buffer:
+        """A buffer exactly large enough for a tensor, with the tensor placed at its start.
+
+        Parameters
+        ----------
+        tensor : Tensor
+            Not a view, not yet placed.
+
+        Returns
+        -------
+        Buffer
+        """
+        t = _checks.instance(tensor, Tensor, "alloc_buffer_for")
         buf = self.alloc_buffer(self._buffer_type.alloc_size(t))
         buf.place(t, 0)
         return buf
 
-    def alloc_tensor(self, type: TypeLike, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
-        """A new contiguous tensor in a buffer of its own."""
-        from .tensor import Tensor
+    def alloc_tensor(self, type: TypeLike, ne: Sequence[int], name: Optional[str] = None) -> Tensor:
+        """A new contiguous tensor in a buffer of its own.
 
+        Parameters
+        ----------
+        type : Type, str or int
+            The element type.
+        ne : sequence of int
+            1 to 4 values per dimension.
+        name : str, optional
+            The tensor's name.
+
+        Returns
+        -------
+        Tensor
+        """
         t = Tensor.new(type, ne, name=name)
         self.alloc_buffer_for(t)
         return t
 
     # ------------------------------------------------------------ transfers
 
-    def set_async(self, tensor: "Tensor", data: _data.BytesLike, offset: int = 0) -> None:
-        """Write all of data into tensor at a byte offset."""
-        t = _tensor(tensor, "set_async")
-        d = _data.readable(data, "set_async")
+    def set_async(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int = 0) -> None:
+        """Start writing all of data into a tensor; data is kept alive until synchronize().
+
+        Parameters
+        ----------
+        tensor : Tensor
+        data : bytes-like or numpy.ndarray
+        offset : int, optional
+            Bytes from the tensor's first byte.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a tensor that is not one, or values that cannot be sizes.
+        OutOfBoundsError
+            When the bytes reach past the tensor's span.
+        NotAllocatedError, FreedBufferError
+            For a tensor without live memory.
+        """
+        t = _checks.instance(tensor, Tensor, "set_async")
+        d = _pybuffer.readable(data, "set_async")
         self._queue(d, lambda: lib.ferry_backend_tensor_set_async(
-            self._p, t._p, d.ptr, _args.as_size(offset, "set_async: offset"), d.nbytes))
+            self._p, t._p, d.ptr, _checks.as_size(offset, "set_async: offset"), d.nbytes))
 
-    def get_async(self, tensor: "Tensor", out: Any, offset: int = 0) -> None:
-        """Fill out (a writable buffer) from tensor at a byte offset; out is valid after synchronize()."""
-        t = _tensor(tensor, "get_async")
-        d = _data.writable(out, "get_async")
+    def get_async(self, tensor: Tensor, out: Any, offset: int = 0) -> None:
+        """Start filling the writable, contiguous buffer out from tensor at a byte offset; out holds the
+        bytes after synchronize(). Raises as set_async does.
+        """
+        t = _checks.instance(tensor, Tensor, "get_async")
+        d = _pybuffer.writable(out, "get_async")
         self._queue(d, lambda: lib.ferry_backend_tensor_get_async(
-            self._p, t._p, d.ptr, _args.as_size(offset, "get_async: offset"), d.nbytes))
+            self._p, t._p, d.ptr, _checks.as_size(offset, "get_async: offset"), d.nbytes))
 
-    def set_2d_async(self, tensor: "Tensor", data: _data.BytesLike, offset: int, size: int, n_copies: int,
+    def set_2d_async(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
-        """Write n_copies rows of size bytes: row i goes to offset + i*stride_tensor in tensor and
-        comes from data[i*stride_data:][:size] (stride_data defaults to size: packed rows)."""
-        t = _tensor(tensor, "set_2d_async")
-        args = _args_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
-        d = _data.readable(data, "set_2d_async")
-        self._queue(d, lambda: d.need(_data.extent_2d(args[1], args[2], args[4]), "set_2d_async")
-                    or lib.ferry_backend_tensor_set_2d_async(self._p, t._p, d.ptr, *args))
+        """Start writing n_copies rows of size bytes into tensor, as Tensor.set_2d writes them; data is
+        kept alive until synchronize().
 
-    def get_2d_async(self, tensor: "Tensor", out: Any, offset: int, size: int, n_copies: int,
+        Raises
+        ------
+        InvalidArgumentError
+            For a tensor that is not one, or values that cannot be sizes.
+        OutOfBoundsError
+            When data is too short or the rows reach past the tensor's span.
+        LayoutError
+            For strides smaller than a row.
+        """
+        t = _checks.instance(tensor, Tensor, "set_2d_async")
+        args = _checks.transfer_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
+        self._queue_2d("set_2d_async", lib.ferry_backend_tensor_set_2d_async, t,
+                       _pybuffer.readable(data, "set_2d_async"), args)
+
+    def get_2d_async(self, tensor: Tensor, out: Any, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
-        """Read n_copies rows of size bytes from offset + i*stride_tensor into out at i*stride_data;
-        out is valid after synchronize()."""
-        t = _tensor(tensor, "get_2d_async")
-        args = _args_2d("get_2d_async", offset, size, n_copies, stride_tensor, stride_data)
-        d = _data.writable(out, "get_2d_async")
-        self._queue(d, lambda: d.need(_data.extent_2d(args[1], args[2], args[4]), "get_2d_async")
-                    or lib.ferry_backend_tensor_get_2d_async(self._p, t._p, d.ptr, *args))
+        """Start reading rows from tensor into out, as Tensor.get_2d reads them into out; out holds them
+        after synchronize(). Raises as set_2d_async does.
+        """
+        t = _checks.instance(tensor, Tensor, "get_2d_async")
+        args = _checks.transfer_2d("get_2d_async", offset, size, n_copies, stride_tensor, stride_data)
+        self._queue_2d("get_2d_async", lib.ferry_backend_tensor_get_2d_async, t,
+                       _pybuffer.writable(out, "get_2d_async"), args)
 
-    def set_2d(self, tensor: "Tensor", data: _data.BytesLike, offset: int, size: int, n_copies: int,
+    def set_2d(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                stride_tensor: int, stride_data: Optional[int] = None) -> None:
-        """set_2d_async, then synchronize()."""
+        """set_2d_async, then synchronize().
+
+        Parameters
+        ----------
+        tensor, data, offset, size, n_copies, stride_tensor, stride_data
+            As for set_2d_async.
+        """
         self.set_2d_async(tensor, data, offset, size, n_copies, stride_tensor, stride_data)
         self.synchronize()
 
-    def get_2d(self, tensor: "Tensor", offset: int, size: int, n_copies: int, stride_tensor: int,
+    def get_2d(self, tensor: Tensor, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None) -> bytes:
-        """get_2d_async into new memory, synchronize(), and return it ((n_copies-1)*stride_data + size bytes)."""
-        t = _tensor(tensor, "get_2d")
-        args = _args_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
+        """get_2d_async into new memory, then synchronize().
+
+        Parameters
+        ----------
+        tensor, offset, size, n_copies, stride_tensor, stride_data
+            As for get_2d_async.
+
+        Returns
+        -------
+        bytes
+            (n_copies-1)*stride_data + size bytes.
+        """
+        t = _checks.instance(tensor, Tensor, "get_2d")
+        args = _checks.transfer_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
         t._check_read("tensor_get_2d_async", *args)
-        out = _data.new_bytes(_data.extent_2d(args[1], args[2], args[4]), "get_2d")
+        out = _pybuffer.new_bytes(_pybuffer.extent_2d(args[1], args[2], args[4]), "get_2d")
         self.get_2d_async(tensor, out, *args)
         self.synchronize()
         return bytes(out)
 
-    def copy_async(self, src: "Tensor", dst: "Tensor", src_backend: Optional["Backend"] = None) -> None:
-        """Copy src into dst (same type, ne and nb) on this backend, dst's; src_backend defaults to self."""
-        s = _tensor(src, "copy_async")
-        d = _tensor(dst, "copy_async")
+    def copy_async(self, src: Tensor, dst: Tensor, src_backend: Optional["Backend"] = None) -> None:
+        """Start copying src into dst on this backend, dst's.
+
+        Parameters
+        ----------
+        src, dst : Tensor
+            Same type, ne and nb.
+        src_backend : Backend, optional
+            The backend src's memory belongs to (default: this one).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For arguments of the wrong kind.
+        LayoutError
+            When the layouts differ.
+        """
+        s = _checks.instance(src, Tensor, "copy_async")
+        d = _checks.instance(dst, Tensor, "copy_async")
         if src_backend is not None and not isinstance(src_backend, Backend):
             raise InvalidArgumentError(f"copy_async: src_backend is not a Backend but {type(src_backend).__name__}")
         sb = src_backend if src_backend is not None else self
         check(lib.ferry_backend_tensor_copy_async(sb._p, self._p, s._p, d._p))
         self._pending.append((s, d, sb))
 
-    def _queue(self, d: _data.CData, start: Callable[[], int]) -> None:
+    def _queue_2d(self, what: str, transfer: Callable[..., int], t: Tensor, d: _pybuffer.CData,
+                  args: Tuple[int, int, int, int, int]) -> None:
+        """Start a 2-D transfer of d's memory, once d is known to hold the rows args describe."""
+
+        def start() -> int:  # the length check runs inside _queue, which gives d back if it fails
+            d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), what)
+            return int(transfer(self._p, t._p, d.ptr, *args))
+
+        self._queue(d, start)
+
+    def _queue(self, d: _pybuffer.CData, start: Callable[[], int]) -> None:
         """Start an async transfer of d's memory; d is kept until synchronize(), or given back at once
         if the transfer does not start."""
         try:
@@ -170,19 +263,38 @@ class Backend:
 
     # ------------------------------------------------------------ events
 
-    def event(self, timing: bool = False) -> "Event":
-        """A new event of this backend (timing: it can be timed with Event.elapsed_ms)."""
-        from .cuda import Event
+    def event(self, timing: bool = False) -> Event:
+        """A new event of this backend.
 
+        Parameters
+        ----------
+        timing : bool, optional
+            Whether Event.elapsed_ms can time it.
+
+        Returns
+        -------
+        Event
+
+        Raises
+        ------
+        UnsupportedError
+            For a backend that cannot make events.
+        """
         return Event(self, timing)
 
-    def wait(self, event: "Event") -> None:
-        """Make this backend's later work wait for event."""
-        from .cuda import Event
+    def wait(self, event: Event) -> None:
+        """Make this backend's later work wait for an event.
 
-        if not isinstance(event, Event):
-            raise InvalidArgumentError(f"wait: expected an Event, got {type(event).__name__}")
-        event.wait(self)
+        Parameters
+        ----------
+        event : Event
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but an Event.
+        """
+        _checks.instance(event, Event, "wait", article="an").wait(self)
 
     # ------------------------------------------------------------ counters
 
@@ -194,6 +306,7 @@ class Backend:
         return Stats.from_c(out)
 
     def reset_stats(self) -> None:
+        """Set every transfer counter of the backend to 0."""
         lib.ferry_backend_reset_stats(self._p)
 
     def __repr__(self) -> str:
@@ -207,7 +320,7 @@ _synchronize = lib.ferry_backend_synchronize
 
 def _release_pending(pending: List[Any]) -> None:
     for x in pending:
-        if isinstance(x, _data.CData):
+        if isinstance(x, _pybuffer.CData):
             x.release()
     pending.clear()
 
@@ -220,19 +333,6 @@ def _release_backend(handle: Handle, pending: List[Any]) -> None:
             _synchronize(handle.ptr)  # a failure has nowhere to go from a finalizer
         _release_pending(pending)
     handle.release()
-
-
-def _args_2d(what: str, offset: int, size: int, n_copies: int, stride_tensor: int,
-             stride_data: Optional[int]) -> tuple:
-    """The checked (offset, size, n_copies, stride_tensor, stride_data) of a 2-D transfer."""
-    size = _args.as_size(size, f"{what}: size")
-    return (
-        _args.as_size(offset, f"{what}: offset"),
-        size,
-        _args.as_size(n_copies, f"{what}: n_copies"),
-        _args.as_size(stride_tensor, f"{what}: stride_tensor"),
-        size if stride_data is None else _args.as_size(stride_data, f"{what}: stride_data"),
-    )
 
 
 class CPUBackend(Backend):
@@ -260,24 +360,39 @@ class DummyBackend(Backend):
     """A device-like backend for allocator tests and dry runs.
 
     By default its buffers hand out synthetic addresses with no memory behind them
-    (transfers are checked and counted, not performed; reads give zeros). With
-    real_memory they are memory a test can read. has_2d=False makes every 2-D transfer
-    the generic loop of plain ones. alignment is a power of two (0: 64);
-    max_buffer_size None or 0 means unbounded. is_host makes its buffers claim to be host
-    memory (a KV cache at full model scale in a dry run); with synthetic addresses never
-    let a CPU op read them.
+    (transfers are checked and counted, not performed; reads give zeros). Buffers that
+    claim to be host memory (is_host) hold a KV cache at full model scale in a dry run;
+    with synthetic addresses no CPU op may read them.
+
+    Parameters
+    ----------
+    real_memory : bool, optional
+        Buffers with memory a test can read (default: synthetic addresses, nothing behind them).
+    alignment : int, optional
+        A power of two (0: 64).
+    max_buffer_size : int, optional
+        The largest buffer; None or 0: unbounded.
+    has_2d : bool, optional
+        False makes every 2-D transfer the generic loop of plain ones.
+    is_host : bool, optional
+        Buffers claim to be host memory.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For values that are not bools or sizes, or an alignment that is not a power of two.
     """
 
     def __init__(self, real_memory: bool = False, alignment: int = 64, max_buffer_size: Optional[int] = None,
                  has_2d: bool = True, is_host: bool = False) -> None:
         params = ffi.new("ferry_dummy_params *")
         params[0] = lib.ferry_dummy_default_params()
-        params.alignment = _args.as_size(alignment, "DummyBackend: alignment")
-        params.max_buffer_size = 0 if max_buffer_size is None else _args.as_size(
+        params.alignment = _checks.as_size(alignment, "DummyBackend: alignment")
+        params.max_buffer_size = 0 if max_buffer_size is None else _checks.as_size(
             max_buffer_size, "DummyBackend: max_buffer_size")
-        params.real_memory = _args.as_bool(real_memory, "DummyBackend: real_memory")
-        params.has_2d = _args.as_bool(has_2d, "DummyBackend: has_2d")
-        params.is_host = _args.as_bool(is_host, "DummyBackend: is_host")
+        params.real_memory = _checks.as_bool(real_memory, "DummyBackend: real_memory")
+        params.has_2d = _checks.as_bool(has_2d, "DummyBackend: has_2d")
+        params.is_host = _checks.as_bool(is_host, "DummyBackend: is_host")
         out = ffi.new("ferry_backend **")
         check(lib.ferry_dummy_backend_new(params, out))
         super().__init__(out[0])
@@ -286,8 +401,10 @@ class DummyBackend(Backend):
 
     @property
     def alignment(self) -> int:
+        """The alignment of offsets in its buffers."""
         return self.buffer_type.alignment
 
     @property
     def max_buffer_size(self) -> Optional[int]:
+        """The largest buffer it allocates, or None if unbounded."""
         return self.buffer_type.max_size

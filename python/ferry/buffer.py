@@ -5,16 +5,16 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from . import _args
+from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
-from .errors import FerryError, FreedBufferError, InvalidArgumentError, check
+from .errors import FerryError, FreedBufferError, InvalidArgumentError, UnsupportedError, check
 from .stats import Stats
+from .tensor import Tensor
 from .types import TypeLike
 
 if TYPE_CHECKING:
     from .backend import Backend
-    from .tensor import Tensor
 
 _USAGES = {"any": lib.FERRY_BUFFER_USAGE_ANY, "weights": lib.FERRY_BUFFER_USAGE_WEIGHTS,
            "compute": lib.FERRY_BUFFER_USAGE_COMPUTE}
@@ -27,7 +27,14 @@ class BufferType:
     """
 
     def __init__(self, ptr: Any, backend: Optional["Backend"] = None) -> None:
-        """Internal: wrap a ferry_buffer_type*; use Backend.buffer_type or cpu_buffer_type()."""
+        """Internal: wrap a ferry_buffer_type*; use Backend.buffer_type or cpu_buffer_type().
+
+        Parameters
+        ----------
+        ptr : cdata ferry_buffer_type *
+        backend : Backend, optional
+            The backend it lives in (kept alive by this object).
+        """
         self._raw = ptr
         self._backend = backend
 
@@ -40,6 +47,7 @@ class BufferType:
 
     @property
     def name(self) -> str:
+        """The buffer type's name ("CPU", "CUDA0", ...)."""
         return ffi.string(lib.ferry_buffer_type_name(self._ptr)).decode()
 
     @property
@@ -51,24 +59,41 @@ class BufferType:
     def max_size(self) -> Optional[int]:
         """The largest buffer it allocates, or None if unbounded."""
         n = int(lib.ferry_buffer_type_max_size(self._ptr))
-        return None if n == _args.SIZE_MAX else n
+        return None if n == _checks.SIZE_MAX else n
 
     @property
     def is_host(self) -> bool:
+        """Whether its buffers are host memory the CPU can read."""
         return bool(lib.ferry_buffer_type_is_host(self._ptr))
 
     @property
     def backend(self) -> Optional["Backend"]:
+        """The backend it belongs to, or None for a global buffer type."""
         return self._backend
 
-    def alloc_size(self, tensor: "Tensor") -> int:
-        """Bytes tensor takes in a buffer of this type."""
+    def alloc_size(self, tensor: Tensor) -> int:
+        """Bytes the Tensor tensor takes in a buffer of this type."""
         return int(lib.ferry_buffer_type_alloc_size(self._ptr, tensor._p))
 
     def alloc_buffer(self, size: int) -> "Buffer":
-        """A new buffer of size bytes (OutOfMemoryError past max_size)."""
+        """A new buffer of this type.
+
+        Parameters
+        ----------
+        size : int
+            Bytes.
+
+        Returns
+        -------
+        Buffer
+
+        Raises
+        ------
+        OutOfMemoryError
+            Past max_size, or when the allocation fails.
+        """
         out = ffi.new("ferry_buffer **")
-        check(lib.ferry_buffer_type_alloc_buffer(self._ptr, _args.as_size(size, "alloc_buffer: size"), out))
+        check(lib.ferry_buffer_type_alloc_buffer(self._ptr, _checks.as_size(size, "alloc_buffer: size"), out))
         return Buffer(out[0], self)
 
     def __eq__(self, other: object) -> bool:
@@ -94,8 +119,17 @@ class Buffer:
     after it, tensors placed here raise FreedBufferError on every use.
     """
 
+    _finalizer: Optional[weakref.finalize]
+
     def __init__(self, ptr: Any, buffer_type: BufferType) -> None:
-        """Internal: take ownership of a ferry_buffer*; use Backend.alloc_buffer or BufferType.alloc_buffer."""
+        """Internal: take ownership of a ferry_buffer*; use Backend.alloc_buffer or BufferType.alloc_buffer.
+
+        Parameters
+        ----------
+        ptr : cdata ferry_buffer *
+        buffer_type : BufferType
+            Its type (whose backend the buffer keeps alive).
+        """
         self._type = buffer_type
         parent = buffer_type._backend._handle if buffer_type._backend is not None else None
         self._handle = Handle(ptr, lib.ferry_buffer_free, parent)
@@ -114,22 +148,27 @@ class Buffer:
 
     def free(self) -> None:
         """Free the memory now. A second call does nothing."""
-        self._finalizer()
+        if self._finalizer is not None:
+            self._finalizer()
 
     @property
     def freed(self) -> bool:
+        """True once the buffer was freed; its tensors then raise FreedBufferError."""
         return not self._handle.alive
 
     @property
     def type(self) -> BufferType:
+        """The buffer's BufferType."""
         return self._type
 
     @property
     def backend(self) -> Optional["Backend"]:
+        """The backend of the buffer's type, or None."""
         return self._type._backend
 
     @property
     def size(self) -> int:
+        """Bytes."""
         return self._size
 
     @property
@@ -144,6 +183,7 @@ class Buffer:
 
     @property
     def is_host(self) -> bool:
+        """Whether the buffer is host memory the CPU can read."""
         return bool(lib.ferry_buffer_is_host(self._p))
 
     @property
@@ -159,26 +199,63 @@ class Buffer:
         check(lib.ferry_buffer_set_usage(self._p, _USAGES[usage]))
 
     def clear(self, value: int = 0) -> None:
-        """Set every byte of the buffer to value (0..255)."""
-        v = _args.as_int(value, "clear: value")
-        if not 0 <= v <= 255:
-            raise InvalidArgumentError(f"clear: value {v} is not a byte (0..255)")
+        """Set every byte of the buffer to one value.
+
+        Parameters
+        ----------
+        value : int, optional
+            0..255.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a value that is not a byte.
+        FreedBufferError
+            Once the buffer is freed.
+        """
+        v = _checks.as_byte(value, "clear: value")
         check(lib.ferry_buffer_clear(self._p, v))
 
-    def place(self, tensor: "Tensor", offset: int = 0) -> "Tensor":
-        """Give tensor (not a view) memory at a byte offset, aligned to the buffer type. Returns tensor."""
-        from .tensor import Tensor
+    def place(self, tensor: Tensor, offset: int = 0) -> Tensor:
+        """Give a tensor memory in this buffer.
 
-        if not isinstance(tensor, Tensor):
-            raise InvalidArgumentError(f"place: expected a Tensor, got {type(tensor).__name__}")
-        check(lib.ferry_buffer_place_tensor(self._p, tensor._p, _args.as_size(offset, "place: offset")))
+        Parameters
+        ----------
+        tensor : Tensor
+            Not a view, not yet placed.
+        offset : int, optional
+            Bytes from the buffer's start, a multiple of the buffer type's alignment.
+
+        Returns
+        -------
+        Tensor
+            tensor, which now keeps this buffer alive.
+
+        Raises
+        ------
+        InvalidArgumentError, OutOfBoundsError
+            For a misaligned offset or a tensor that does not fit.
+        """
+        _checks.instance(tensor, Tensor, "place")
+        check(lib.ferry_buffer_place_tensor(self._p, tensor._p, _checks.as_size(offset, "place: offset")))
         tensor._buffer = self  # the tensor keeps its memory alive
         return tensor
 
-    def new_tensor(self, type: TypeLike, ne: Sequence[int], offset: int = 0, name: Optional[str] = None) -> "Tensor":
-        """A new contiguous tensor placed at offset in this buffer."""
-        from .tensor import Tensor
+    def new_tensor(self, type: TypeLike, ne: Sequence[int], offset: int = 0, name: Optional[str] = None) -> Tensor:
+        """A new contiguous tensor placed in this buffer.
 
+        Parameters
+        ----------
+        type : Type, str or int
+        ne : sequence of int
+        offset : int, optional
+            As for place.
+        name : str, optional
+
+        Returns
+        -------
+        Tensor
+        """
         return self.place(Tensor.new(type, ne, name=name), offset)
 
     @property
@@ -189,6 +266,7 @@ class Buffer:
         return Stats.from_c(out)
 
     def reset_stats(self) -> None:
+        """Set every transfer counter of the buffer to 0."""
         lib.ferry_buffer_reset_stats(self._p)
 
     def __repr__(self) -> str:
@@ -206,7 +284,17 @@ class BorrowedBuffer(Buffer):
     """
 
     def __init__(self, ptr: Any, buffer_type: BufferType, owner: object, owner_handle: Handle) -> None:
-        """Internal: wrap a ferry_buffer* that owner (alive while owner_handle is) frees."""
+        """Internal: wrap a ferry_buffer* that another object owns and frees.
+
+        Parameters
+        ----------
+        ptr : cdata ferry_buffer *
+        buffer_type : BufferType
+        owner : object
+            The allocator, scheduler or KV cache that frees it (kept alive by this object).
+        owner_handle : Handle
+            The owner's handle: the buffer is usable while it is alive.
+        """
         self._type = buffer_type
         self._owner = owner
         self._handle = owner_handle
@@ -224,6 +312,7 @@ class BorrowedBuffer(Buffer):
 
     @property
     def freed(self) -> bool:
+        """True once the owner is closed or C no longer knows the buffer's id."""
         return not self._handle.alive or not lib.ferry_buffer_id_is_live(self._id)
 
     @property
@@ -233,14 +322,23 @@ class BorrowedBuffer(Buffer):
 
     def free(self) -> None:
         """Refused: the owner frees it (close the allocator or scheduler, or drop the cache)."""
-        from .errors import UnsupportedError
-
         raise UnsupportedError(f"{self._type_name} buffer {self._id} belongs to {type(self._owner).__name__}; "
                                "free that instead")
 
 
 def buffer_type_of(ptr: Any, known: Sequence[BufferType]) -> BufferType:
-    """The BufferType of a ferry_buffer*: one of known (which keeps its backend alive) when it matches."""
+    """The BufferType of a ferry_buffer*.
+
+    Parameters
+    ----------
+    ptr : cdata ferry_buffer *
+    known : sequence of BufferType
+        Types to reuse when one matches (they keep their backends alive).
+
+    Returns
+    -------
+    BufferType
+    """
     raw = lib.ferry_buffer_get_type(ptr)
     for bt in known:
         if bt._raw == raw:

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Dict, NoReturn, Type
+from typing import Dict, NoReturn, Optional, Type
 
 from ._binding import ffi, lib
 
 
 class FerryError(Exception):
-    """A ferry call failed. `status` is the C ferry_status (an int), `message` the C message."""
+    """A ferry call failed.
+
+    Parameters
+    ----------
+    message : str
+        The C message (or Python's, for a check made before C).
+    status : int, optional
+        The C ferry_status; default: the class's.
+
+    Attributes
+    ----------
+    status : int
+        The C ferry_status.
+    message : str
+    """
 
     status: int = -1
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: Optional[int] = None) -> None:
         super().__init__(message)
         self.message = message
         if status is not None:
@@ -81,7 +95,7 @@ _BY_STATUS: Dict[int, Type[FerryError]] = {
 
 
 def error_class(status: int) -> Type[FerryError]:
-    """The exception class for a C status (FerryError itself for one this binding does not know)."""
+    """The FerryError subclass for a C status (FerryError itself for one this binding does not know)."""
     return _BY_STATUS.get(int(status), FerryError)
 
 
@@ -91,13 +105,13 @@ def last_error() -> str:
 
 
 def raise_status(status: int) -> NoReturn:
-    """Raise the exception for a failed status, with the message C left for it."""
+    """Raise the FerryError subclass for the failed C status, with the message C left for it."""
     message = last_error() or ffi.string(lib.ferry_status_name(status)).decode()
     raise error_class(status)(message, int(status))
 
 
 def check(status: int) -> None:
-    """Raise the right FerryError subclass if a C call returned a failing status."""
+    """Raise the FerryError subclass for status if a C call returned one that is not FERRY_OK."""
     if status != lib.FERRY_OK:
         raise_status(status)
 

@@ -8,16 +8,14 @@ NONE); nodes are the rest, views included.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List
 
+from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
-from .errors import InvalidArgumentError, check
-from .tensor import Tensor, _check_tensor
-
-if TYPE_CHECKING:
-    from .backend import Backend
-
+from .backend import Backend
+from .errors import check
+from .tensor import Tensor
 
 _MAX_SRC = lib.FERRY_MAX_SRC
 
@@ -50,7 +48,7 @@ class Graph:
     def build(self, *outputs: Tensor) -> "Graph":
         """Add each output and what it depends on. Returns self."""
         for i, t in enumerate(outputs):
-            _check_tensor(t, f"graph build: output {i}")._check_retainable()
+            _checks.instance(t, Tensor, f"graph build: output {i}")._check_retainable()
         for t in outputs:
             check(lib.ferry_graph_build(self._p, t._p))
             self._outputs.append(t)
@@ -93,10 +91,12 @@ class Graph:
 
     @property
     def n_nodes(self) -> int:
+        """Nodes (ops and views)."""
         return int(lib.ferry_graph_n_nodes(self._p))
 
     @property
     def n_leafs(self) -> int:
+        """Leafs (tensors with data of their own)."""
         return int(lib.ferry_graph_n_leafs(self._p))
 
     @property
@@ -128,12 +128,22 @@ class Graph:
     def __iter__(self) -> Iterator[Tensor]:
         return iter(self.nodes)
 
-    def compute(self, backend: "Backend") -> None:
-        """Run every node on backend, then wait for it."""
-        from .backend import Backend
+    def compute(self, backend: Backend) -> None:
+        """Run every node on one backend, then wait for it.
 
-        if not isinstance(backend, Backend):
-            raise InvalidArgumentError(f"graph compute: expected a Backend, got {type(backend).__name__}")
+        Parameters
+        ----------
+        backend : Backend
+            Every tensor must have memory it can use.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Backend.
+        FerryError
+            When an op fails or a tensor has no usable memory.
+        """
+        _checks.instance(backend, Backend, "graph compute")
         check(lib.ferry_backend_graph_compute(backend._p, self._p))
         backend.synchronize()
 

@@ -13,7 +13,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from . import _args, _data
+from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from ._handle import Handle
 from .backend import Backend
@@ -38,21 +38,53 @@ class KVParams:
 
     @property
     def n_embd_gqa(self) -> int:
+        """Values per cell: head_dim * n_head_kv."""
         return self.head_dim * self.n_head_kv
 
 
 class KVCache:
-    """KVCache(type_k, type_v, head_dim, n_head_kv, n_ctx, n_stream, n_layer=1, v_trans=False,
-    backend=None | buffer_type=None | pinned=False): one buffer holding every layer's K and V.
+    """One buffer holding every layer's K and V, laid out as llama.cpp lays them out.
 
     The memory is the backend's default buffer type, or buffer_type, or with pinned=True
     CUDA's pinned host memory; the CPU's host memory when none is given.
+
+    Parameters
+    ----------
+    type_k, type_v : Type, str or int
+        The K and V types.
+    head_dim : int
+        Values per head.
+    n_head_kv : int
+        KV heads; a cell holds head_dim * n_head_kv values (n_embd_gqa) of K and of V.
+    n_ctx : int
+        Cells in all streams together.
+    n_stream : int
+        Streams (1: a unified cache); each holds n_ctx / n_stream cells.
+    n_layer : int, optional
+        Layers.
+    v_trans : bool, optional
+        V stored transposed, [kv_size, n_embd_gqa, n_stream] (flash attention off).
+    backend : Backend, optional
+        Whose default buffer type holds the cache.
+    buffer_type : BufferType, optional
+        The buffer type that holds the cache.
+    pinned : bool, optional
+        CUDA's pinned host memory holds the cache.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For more than one of backend, buffer_type and pinned, or values that cannot reach C.
+    LayoutError
+        For a layout C refuses (n_ctx not split evenly, rows not whole blocks, ...).
+    OutOfMemoryError
+        When the buffer cannot be allocated.
     """
 
     def __init__(self, type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, n_ctx: int,
                  n_stream: int, n_layer: int = 1, v_trans: bool = False, backend: Optional[Backend] = None,
                  buffer_type: Optional[BufferType] = None, pinned: bool = False) -> None:
-        pinned = _args.as_bool(pinned, "KVCache: pinned")
+        pinned = _checks.as_bool(pinned, "KVCache: pinned")
         if sum(x is not None and x is not False for x in (backend, buffer_type, pinned)) > 1:
             raise InvalidArgumentError("KVCache: give at most one of backend, buffer_type and pinned")
         if backend is not None:
@@ -73,12 +105,12 @@ class KVCache:
         p = ffi.new("ferry_kv_params *")
         p.type_k = to_type(type_k).value
         p.type_v = to_type(type_v).value
-        p.head_dim = _args.as_int64(head_dim, "KVCache: head_dim")
-        p.n_head_kv = _args.as_int64(n_head_kv, "KVCache: n_head_kv")
-        p.n_ctx = _args.as_int64(n_ctx, "KVCache: n_ctx")
-        p.n_stream = _args.as_int64(n_stream, "KVCache: n_stream")
-        p.n_layer = _args.as_c_int(n_layer, "KVCache: n_layer")
-        p.v_trans = _args.as_bool(v_trans, "KVCache: v_trans")
+        p.head_dim = _checks.as_int64(head_dim, "KVCache: head_dim")
+        p.n_head_kv = _checks.as_int64(n_head_kv, "KVCache: n_head_kv")
+        p.n_ctx = _checks.as_int64(n_ctx, "KVCache: n_ctx")
+        p.n_stream = _checks.as_int64(n_stream, "KVCache: n_stream")
+        p.n_layer = _checks.as_c_int(n_layer, "KVCache: n_layer")
+        p.v_trans = _checks.as_bool(v_trans, "KVCache: v_trans")
         out = ffi.new("ferry_kv_cache **")
         check(lib.ferry_kv_cache_new(p, buft._ptr, out))
         parent = buft._backend._handle if buft._backend is not None else None
@@ -108,6 +140,7 @@ class KVCache:
 
     @property
     def params(self) -> KVParams:
+        """The cache's layout."""
         return self._params
 
     @property
@@ -127,30 +160,67 @@ class KVCache:
 
     @property
     def buffer_type(self) -> BufferType:
+        """The buffer type the cache's memory is of."""
         return self._buffer_type
 
     def _layer(self, layer: int) -> int:
-        i = _args.as_c_int(layer, "KVCache: layer")
+        i = _checks.as_c_int(layer, "KVCache: layer")
         if not 0 <= i < self._params.n_layer:
             raise OutOfBoundsError(f"kv_cache: layer {i} is not in 0..{self._params.n_layer - 1}")
         return i
 
     def k(self, layer: int = 0) -> Tensor:
-        """Layer's K tensor [n_embd_gqa, kv_size, n_stream]."""
+        """A layer's K tensor, [n_embd_gqa, kv_size, n_stream].
+
+        Parameters
+        ----------
+        layer : int, optional
+
+        Returns
+        -------
+        Tensor
+
+        Raises
+        ------
+        OutOfBoundsError
+            For a layer the cache does not have.
+        """
         return self._layer_tensor("k", self._layer(layer))
 
     def v(self, layer: int = 0) -> Tensor:
-        """Layer's V tensor [n_embd_gqa, kv_size, n_stream], or [kv_size, n_embd_gqa, n_stream] when v_trans."""
+        """A layer's V tensor, [n_embd_gqa, kv_size, n_stream], or [kv_size, n_embd_gqa, n_stream] when
+        v_trans; raises as k does.
+        """
         return self._layer_tensor("v", self._layer(layer))
 
     def window(self, layer: int, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> Tuple[Tensor, Tensor]:
-        """The K and V windows attention reads: the first n_kv cells of streams s0..s1 (default: the
-        last), permuted (0, 2, 1, 3) as attention hands them on. K: [head_dim, n_kv, n_head_kv, ns];
-        V likewise, or [n_kv, head_dim, n_head_kv, ns] when transposed."""
-        li = _args.as_c_int(layer, "kv_window: layer")
-        nk = _args.as_int64(n_kv, "kv_window: n_kv")
-        a = _args.as_int64(s0, "kv_window: s0")
-        b = self._params.n_stream - 1 if s1 is None else _args.as_int64(s1, "kv_window: s1")
+        """The K and V windows attention reads, permuted (0, 2, 1, 3) as attention hands them on.
+
+        Parameters
+        ----------
+        layer : int
+        n_kv : int
+            Cells read from the start of each stream.
+        s0 : int, optional
+            The first stream read.
+        s1 : int, optional
+            The last stream read (default: the cache's last).
+
+        Returns
+        -------
+        (Tensor, Tensor)
+            K, [head_dim, n_kv, n_head_kv, ns]; V likewise, or [n_kv, head_dim, n_head_kv, ns] when
+            transposed.
+
+        Raises
+        ------
+        InvalidArgumentError, OutOfBoundsError
+            For a layer, n_kv or stream range the cache does not have.
+        """
+        li = _checks.as_c_int(layer, "kv_window: layer")
+        nk = _checks.as_int64(n_kv, "kv_window: n_kv")
+        a = _checks.as_int64(s0, "kv_window: s0")
+        b = self._params.n_stream - 1 if s1 is None else _checks.as_int64(s1, "kv_window: s1")
         kv = self._p
         k = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, out, ffi.NULL),
                    source=self.k(self._layer(li)))
@@ -162,24 +232,41 @@ class KVCache:
         if not isinstance(which, str) or which not in ("k", "v"):
             raise InvalidArgumentError(f"kv stream: which is 'k' or 'v', not {which!r}")
         t = self.k(layer) if which == "k" else self.v(layer)
-        s = _args.as_int64(stream, "kv stream: stream")
+        s = _checks.as_int64(stream, "kv stream: stream")
         if not 0 <= s < self._params.n_stream:
             raise OutOfBoundsError(f"kv stream: stream {s} is not in 0..{self._params.n_stream - 1}")
         size = t.nb[2]
         return t, s * size, size
 
-    def set_stream(self, which: str, layer: int, stream: int, data: _data.BytesLike) -> None:
-        """Fill one stream of layer's K ("k") or V ("v") with exactly its bytes (a numpy array shaped
-        [kv_size, n_embd_gqa] of the cache's dtype, or raw bytes for quantized types)."""
+    def set_stream(self, which: str, layer: int, stream: int, data: _pybuffer.BytesLike) -> None:
+        """Fill one stream of a layer's K or V with exactly its bytes.
+
+        Parameters
+        ----------
+        which : str
+            "k" or "v".
+        layer : int
+        stream : int
+        data : bytes-like or numpy.ndarray
+            The stream's bytes: an array shaped [kv_size, n_embd_gqa] of the cache's dtype, or raw
+            bytes for quantized types.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For which not "k" or "v".
+        OutOfBoundsError
+            For a layer or stream the cache does not have, or data of another length.
+        """
         t, offset, size = self._stream_of(which, layer, stream)
-        with _data.readable(data, "kv set_stream") as d:
+        with _pybuffer.readable(data, "kv set_stream") as d:
             if d.nbytes != size:
                 raise OutOfBoundsError(f"kv set_stream: a stream of {which.upper()} holds {size} bytes, "
                                        f"the data {d.nbytes}")
             t.set(d.obj, offset)
 
     def get_stream(self, which: str, layer: int, stream: int) -> bytes:
-        """The bytes of one stream of layer's K or V."""
+        """The bytes of one stream of a layer's K (which "k") or V ("v"); raises as set_stream does."""
         t, offset, size = self._stream_of(which, layer, stream)
         return t.get(offset, size)
 

@@ -5,41 +5,22 @@ nothing is allocated); plan_of(tensor) plans an existing view. Both return Copy2
 with offsets from the first byte of the view's source, as ferry_copy_plan computes them
 (lib/src/copy-plan.c). CopyCostModel is ferry_copy_cost_model; plan_cost, flat_cost and
 plan_pays are the rule the plan copy policy uses to choose between the plan and flat.
-explain() says in words how the planner reduced a layout to its copies.
+explain() says in words how the planner reduces a layout to its copies.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import _args
+from . import _checks
 from ._binding import ffi, lib
 from .backend import Backend
+from .copy2d import Copy2D, to_c
 from .errors import InvalidArgumentError, LayoutError, UnsupportedError, check
-from .tensor import Tensor, _check_tensor
+from .tensor import Tensor
 from .types import TypeLike, to_type
-
-
-class Copy2D(NamedTuple):
-    """count rows of size bytes, row i at offset + i*stride (bytes from the first byte of the view's source)."""
-
-    offset: int
-    size: int
-    count: int
-    stride: int
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this copy moves: size * count."""
-        return self.size * self.count
-
-    @property
-    def end(self) -> int:
-        """One past the last byte it moves."""
-        return self.offset + (self.count - 1) * self.stride + self.size if self.count else self.offset
-
 
 # ---------------------------------------------------------------- planning
 
@@ -53,40 +34,78 @@ def _c_plan(t: Tensor) -> List[Copy2D]:
         return []
     copies = ffi.new("ferry_copy_2d[]", n[0])
     check(lib.ferry_copy_plan(p, copies, n[0], n))
-    return [Copy2D(int(c.offset), int(c.size), int(c.count), int(c.stride)) for c in copies[0:n[0]]]
+    return [Copy2D.from_c(c) for c in copies[0:n[0]]]
 
 
 def plan_of(tensor: Tensor) -> List[Copy2D]:
-    """The copy plan of a tensor (a view or not), offsets from the first byte of its root (the
-    tensor whose memory it reads; itself if not a view), so each row is at offset + tensor.offset
-    of what C plans. UnsupportedError for a view whose rows tangle over more than 2^20 rows (the
-    copy path copies the span then); [] for an empty tensor."""
-    t = _check_tensor(tensor, "plan_of")
+    """The copy plan of a tensor: the fewest 2-D copies that move exactly the bytes it reads.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        A view or not.
+
+    Returns
+    -------
+    list of Copy2D
+        Offsets from the first byte of its root (the tensor whose memory it reads); [] for an
+        empty tensor.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything but a Tensor.
+    UnsupportedError
+        For a view whose rows tangle over more than 2^20 rows (the copy path copies the span then).
+    """
+    t = _checks.instance(tensor, Tensor, "plan_of")
     base = t.offset
     return [c._replace(offset=c.offset + base) for c in _c_plan(t)]
 
 
 def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int = 0,
                 name: str = "planned", source: Optional[Tensor] = None) -> Tensor:
-    """A view with exactly this layout offset bytes into source, or (source None) into an
-    unallocated tensor just large enough for it (metadata only). nb may be any permutation a
-    ferry view can reach: nb[0] is the element size, or, for plain (non-block) types, some
-    dimension has stride = element size or one value, and the view is made with it first and
-    permuted. Errors carry C's message."""
+    """A view with exactly a given layout (metadata only: nothing is allocated).
+
+    nb may be any permutation a ferry view can reach: nb[0] is the element size, or, for plain
+    (non-block) types, some dimension has stride = element size or one value, and the view is
+    made with it first and permuted.
+
+    Parameters
+    ----------
+    type : Type, str or int
+    ne : sequence of int
+        1 to 4 values per dimension.
+    nb : sequence of int
+        Byte strides, one per dimension.
+    offset : int, optional
+        Where the view starts in its source, in bytes.
+    name : str, optional
+        The view's name.
+    source : Tensor, optional
+        The tensor to view; None: an unallocated tensor just large enough for the view.
+
+    Returns
+    -------
+    Tensor
+
+    Raises
+    ------
+    LayoutError, InvalidArgumentError, OutOfBoundsError
+        With C's message, for a layout no ferry view has.
+    """
     ty = to_type(type)
-    if source is not None and _check_tensor(source, "plan_copy: source").type != ty:
+    if source is not None and _checks.instance(source, Tensor, "plan_copy: source").type != ty:
         raise LayoutError(f"plan_copy: the source is {source.type}, the view {ty}")
-    shape = _args.as_shape(ne, "plan_copy: ne")
-    if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != len(shape):
-        raise InvalidArgumentError(f"plan_copy: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
-    strides = [_args.as_size(v, f"plan_copy: nb[{i}]") for i, v in enumerate(nb)]
-    off = _args.as_size(offset, "plan_copy: offset")
+    shape = _checks.as_shape(ne, "plan_copy: ne")
+    strides = _checks.as_strides(nb, len(shape), "plan_copy")
+    off = _checks.as_size(offset, "plan_copy: offset")
     unit, blck = ty.size, ty.blck_size
     # ferry views are 4-D: one-value dimensions after the given ones, strided as ferry_tensor_view would
     shape4, strides4 = shape + [1] * (4 - len(shape)), list(strides)
     for i in range(len(strides), 4):
         s = unit * (max(shape4[0], 0) // blck) if i == 1 else strides4[i - 1] * max(shape4[i - 1], 0)
-        strides4.append(min(s, _args.SIZE_MAX))  # one value: the stride is never stepped
+        strides4.append(min(s, _checks.SIZE_MAX))  # one value: the stride is never stepped
     first = 0
     if strides4[0] != unit:
         if blck > 1:
@@ -122,18 +141,43 @@ def _source_for(ty: Any, off: int, ne: Sequence[int], nb: Sequence[int], name: s
     else:  # negative counts or a span past size_t: no tensor covers it
         lib.ferry_clear_error()
         blocks = 1
-    if blocks > _args.INT64_MAX // (unit * blck):
+    if blocks > _checks.INT64_MAX // (unit * blck):
         blocks = 1
     return Tensor.new(ty, [blocks * blck], name=f"{name}_src")
 
 
 def plan_copy(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int = 0) -> List[Copy2D]:
-    """The copies that move exactly the bytes a view of this type, shape (ggml order, ne[0]
-    fastest) and byte strides reads, each byte once; offsets from the first byte of the view's
-    source (offset is where the view starts in it). Nothing is allocated. UnknownTypeError,
-    LayoutError (ne[0] not whole blocks, a layout no ferry view has), InvalidArgumentError
-    (negative numbers), OutOfBoundsError (strides that overflow), UnsupportedError (rows
-    tangled over more than 2^20 rows: copy the span instead)."""
+    """The copies that move exactly the bytes a view of this layout reads, each byte once.
+
+    Nothing is allocated.
+
+    Parameters
+    ----------
+    type : Type, str or int
+    ne : sequence of int
+        1 to 4 values per dimension, ne[0] fastest.
+    nb : sequence of int
+        Byte strides.
+    offset : int, optional
+        Where the view starts in its source.
+
+    Returns
+    -------
+    list of Copy2D
+        Offsets from the first byte of the view's source.
+
+    Raises
+    ------
+    UnknownTypeError
+    LayoutError
+        ne[0] not whole blocks, or a layout no ferry view has.
+    InvalidArgumentError
+        Negative numbers.
+    OutOfBoundsError
+        Strides that overflow.
+    UnsupportedError
+        Rows tangled over more than 2^20 rows: copy the span instead.
+    """
     return plan_of(layout_view(type, ne, nb, offset))
 
 
@@ -161,7 +205,7 @@ class CopyCostModel:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.type == "int":
-                _args.as_size(v, f"CopyCostModel: {f.name}")
+                _checks.as_size(v, f"CopyCostModel: {f.name}")
             elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise InvalidArgumentError(f"CopyCostModel: {f.name} must be a finite number >= 0, got {v!r}")
         if self.gbps <= 0:
@@ -172,6 +216,7 @@ class CopyCostModel:
 
     @classmethod
     def from_c(cls, m: Any) -> "CopyCostModel":
+        """A CopyCostModel holding the values of the ferry_copy_cost_model cdata m."""
         return cls(float(m.call_us), float(m.row_ns), float(m.gbps), int(m.line_bytes), int(m.small_row_bytes),
                    float(m.small_row_efficiency), int(m.wide_pitch_bytes), float(m.wide_pitch_row_ns))
 
@@ -182,14 +227,28 @@ class CopyCostModel:
 
     @classmethod
     def gpu(cls) -> "CopyCostModel":
-        """Host to device over PCIe gen 5, from docs/design.md's H200 anchors."""
+        """Host to device over PCIe gen 5, from the H200 figures in docs/design.md ("Measured anchors")."""
         return cls.from_c(lib.ferry_copy_cost_model_gpu())
 
     @classmethod
     def of_backend(cls, backend: Backend) -> "CopyCostModel":
-        """The model for copies into backend (a GPU's for CUDA, else the CPU's)."""
-        if not isinstance(backend, Backend):
-            raise InvalidArgumentError(f"CopyCostModel.of_backend: expected a Backend, got {type(backend).__name__}")
+        """The model copies into a backend are costed by.
+
+        Parameters
+        ----------
+        backend : Backend
+
+        Returns
+        -------
+        CopyCostModel
+            A GPU's for CUDA, else the CPU's.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Backend.
+        """
+        _checks.instance(backend, Backend, "CopyCostModel.of_backend")
         return cls.from_c(lib.ferry_backend_copy_cost_model(backend._p))
 
     def _c(self) -> Any:
@@ -199,6 +258,7 @@ class CopyCostModel:
         return m
 
     def as_dict(self) -> Dict[str, object]:
+        """The model's figures by field name."""
         return asdict(self)
 
 
@@ -206,7 +266,22 @@ ModelLike = Union[CopyCostModel, str, Backend]
 
 
 def cost_model(model: ModelLike = "cpu") -> CopyCostModel:
-    """A CopyCostModel from itself, "cpu", "gpu" or a Backend (the model its copies are costed by)."""
+    """A CopyCostModel from any of the ways to name one.
+
+    Parameters
+    ----------
+    model : CopyCostModel, str or Backend, optional
+        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+
+    Returns
+    -------
+    CopyCostModel
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything else.
+    """
     if isinstance(model, CopyCostModel):
         return model
     if isinstance(model, Backend):
@@ -218,43 +293,63 @@ def cost_model(model: ModelLike = "cpu") -> CopyCostModel:
     raise InvalidArgumentError(f"cost model: expected 'cpu', 'gpu', a CopyCostModel or a Backend, got {model!r}")
 
 
-def _c_copies(copies: Iterable[Sequence[int]], what: str) -> Tuple[Any, int]:
-    if isinstance(copies, (str, bytes)) or not hasattr(copies, "__iter__"):
-        raise InvalidArgumentError(f"{what}: expected a list of copies (offset, size, count, stride), got {copies!r}")
-    rows = []
-    for i, c in enumerate(copies):
-        if isinstance(c, (str, bytes)) or not hasattr(c, "__len__") or len(c) != 4:
-            raise InvalidArgumentError(f"{what}: copy {i} is not (offset, size, count, stride): {c!r}")
-        rows.append([_args.as_size(v, f"{what}: copy {i}") for v in c])
-    arr = ffi.new("ferry_copy_2d[]", max(len(rows), 1))
-    for a, (off, size, count, stride) in zip(arr, rows):
-        a.offset, a.size, a.count, a.stride = off, size, count, stride
-    return arr, len(rows)
-
-
 def plan_cost(copies: Iterable[Sequence[int]], model: ModelLike = "cpu") -> float:
-    """Estimated seconds to carry out these copies (ferry_copy_plan_cost)."""
+    """Estimated seconds to carry out some copies (ferry_copy_plan_cost).
+
+    Parameters
+    ----------
+    copies : iterable of Copy2D or of (offset, size, count, stride)
+    model : CopyCostModel, str or Backend, optional
+        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+
+    Returns
+    -------
+    float
+    """
     m = cost_model(model)._c()
-    arr, n = _c_copies(copies, "plan_cost")
+    arr, n = to_c(copies, "plan_cost")
     return float(lib.ferry_copy_plan_cost(m, arr, n))
 
 
 def flat_cost(span: int, model: ModelLike = "cpu") -> float:
-    """Estimated seconds of one flat copy of span bytes (ferry_copy_flat_cost)."""
+    """Estimated seconds of one flat copy (ferry_copy_flat_cost).
+
+    Parameters
+    ----------
+    span : int
+        Bytes.
+    model : CopyCostModel, str or Backend, optional
+        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+
+    Returns
+    -------
+    float
+    """
     m = cost_model(model)._c()
-    return float(lib.ferry_copy_flat_cost(m, _args.as_size(span, "flat_cost: span")))
+    return float(lib.ferry_copy_flat_cost(m, _checks.as_size(span, "flat_cost: span")))
 
 
 def plan_pays(tensor: Tensor, model: ModelLike = "cpu") -> bool:
-    """Would the plan copy policy move tensor by its plan (True) rather than flat, on a backend
-    with this model? False for an empty tensor or one too tangled to plan (ferry_copy_plan_pays)."""
-    t = _check_tensor(tensor, "plan_pays")
+    """Whether the plan copy policy moves a tensor by its plan rather than flat (ferry_copy_plan_pays).
+
+    Parameters
+    ----------
+    tensor : Tensor
+    model : CopyCostModel, str or Backend, optional
+        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+
+    Returns
+    -------
+    bool
+        False for an empty tensor or one too tangled to plan.
+    """
+    t = _checks.instance(tensor, Tensor, "plan_pays")
     m = cost_model(model)._c()
     try:
         copies = _c_plan(t)
     except UnsupportedError:
         return False
-    arr, n = _c_copies(copies, "plan_pays")
+    arr, n = to_c(copies, "plan_pays")
     return bool(lib.ferry_copy_plan_pays(m, t._p, arr, n))
 
 
@@ -293,7 +388,7 @@ def _names(dims: Sequence[int]) -> str:
 
 def explain_tensor(tensor: Tensor) -> Explanation:
     """explain() for an existing tensor's layout."""
-    t = _check_tensor(tensor, "explain")
+    t = _checks.instance(tensor, Tensor, "explain")
     return explain(t.type, t.ne, t.nb)
 
 
@@ -303,10 +398,8 @@ def explain(type: TypeLike, ne: Sequence[int], nb: Sequence[int]) -> Explanation
     is left is one 2-D copy per index of all but the dimension with the most rows (when they
     nest) or is enumerated as intervals (when they tangle). Same rules as copy-plan.c."""
     ty = to_type(type)
-    shape = _args.as_shape(ne, "explain: ne")
-    if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != len(shape):
-        raise InvalidArgumentError(f"explain: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
-    strides = [_args.as_size(v, f"explain: nb[{i}]") for i, v in enumerate(nb)]
+    shape = _checks.as_shape(ne, "explain: ne")
+    strides = _checks.as_strides(nb, len(shape), "explain")
     unit, blck = ty.size, ty.blck_size
     what = "block" if blck > 1 else "element"
     if any(n < 0 for n in shape) or shape[0] % blck:
@@ -341,8 +434,8 @@ def explain(type: TypeLike, ne: Sequence[int], nb: Sequence[int]) -> Explanation
             over = [d for i, dd in enumerate(dims) if i != p for d in dd[2]]
             tail = f"{others:,} 2-D copies (one per index of {_names(over)}) of {rows}"
     else:
-        lab = [d for dd in dims for d in dd[2]]
-        tail = (f"rows of {_names(lab)} overlap or interleave: enumerated as byte intervals, merged, "
+        tangled = [d for dd in dims for d in dd[2]]
+        tail = (f"rows of {_names(tangled)} overlap or interleave: enumerated as byte intervals, merged, "
                 "and grouped into evenly spaced runs")
     text = "; ".join(parts) + ": " + tail
     return _explanation(ex, row, row_dims, dropped, folds, dims, nested, text)

@@ -13,15 +13,17 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from ._adopt import adopt_placements
+from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
+from ._placements import adopt_placements
 from .backend import Backend
 from .buffer import BorrowedBuffer
-from .copy_path import CopyPolicy, CopyStats, PolicyLike, to_policy
 from .errors import FreedBufferError, InvalidArgumentError, check
 from .graph import Graph, _addr
-from .tensor import Tensor, _check_tensor
+from .policy import CopyPolicy, PolicyLike, to_policy
+from .stats import CopyStats, SchedStats
+from .tensor import Tensor
 
 
 @dataclass(frozen=True)
@@ -45,30 +47,28 @@ class Split:
     compute_seconds: float
 
 
-@dataclass(frozen=True)
-class SchedStats:
-    """Totals of the last run over all inputs and splits."""
-
-    n_inputs: int
-    bytes_read: int
-    bytes_span: int
-    bytes_copied: int
-    copy_calls: int
-    impl_calls: int
-    copy_seconds: float
-    compute_seconds: float
-
-
 def _release(handles: List[Handle]) -> None:
     for h in handles:
         h.release()
 
 
 class Scheduler:
-    """Scheduler([backends in priority order], policy="flat" | "ranges" | "plan", compact=False).
+    """Runs a graph split across backends, copying each split's inputs by a copy policy.
 
-    compact: input copies hold only the bytes their source reads (compact staging) where the
-    source's plan is one 2-D copy; the split's memory then holds bytes read, not the span.
+    Parameters
+    ----------
+    backends : sequence of Backend
+        In priority order (a node not pinned runs on the first that can run it).
+    policy : CopyPolicy or str, optional
+        "flat", "ranges" or "plan".
+    compact : bool, optional
+        Input copies hold only the bytes their source reads (compact staging) where the source's
+        plan is one 2-D copy: the split's memory then holds bytes read, not the span.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an empty list, anything but Backends, or an unknown policy.
     """
 
     def __init__(self, backends: Sequence[Backend], policy: PolicyLike = "flat", compact: bool = False) -> None:
@@ -93,7 +93,7 @@ class Scheduler:
         self._graph_nodes = 0
         self._copies: Dict[int, Tensor] = {}
         self._buffers: Dict[int, BorrowedBuffer] = {}
-        self.policy = policy  # type: ignore[assignment]
+        self.policy = policy
         self.compact = compact
 
     @property
@@ -110,10 +110,12 @@ class Scheduler:
 
     @property
     def backends(self) -> List[Backend]:
+        """The backends, in priority order."""
         return list(self._backends)
 
     @property
     def policy(self) -> CopyPolicy:
+        """The copy policy of split inputs (set with a CopyPolicy or a name)."""
         return CopyPolicy(lib.ferry_sched_get_policy(self._p))
 
     @policy.setter
@@ -132,18 +134,26 @@ class Scheduler:
         check(lib.ferry_sched_set_compact(self._p, compact))
         self._graph = None  # the copies change layout: allocate again at the next compute
 
-    def _backend(self, backend: object, what: str) -> Backend:
-        if not isinstance(backend, Backend):
-            raise InvalidArgumentError(f"{what}: expected a Backend, got {type(backend).__name__}")
-        return backend
-
     def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
         return next((b for b in self._backends if b._handle.ptr == ptr), None)
 
     def pin(self, tensor: Tensor, backend: Backend) -> None:
-        """Run tensor (a node) on backend, one of the scheduler's; takes effect at the next alloc."""
-        t = _check_tensor(tensor, "pin")
-        b = self._backend(backend, "pin")
+        """Run a node on a backend; takes effect at the next alloc.
+
+        Parameters
+        ----------
+        tensor : Tensor
+            A node of the graph to come.
+        backend : Backend
+            One of the scheduler's.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Tensor and a Backend, or a backend not the scheduler's.
+        """
+        t = _checks.instance(tensor, Tensor, "pin")
+        b = _checks.instance(backend, Backend, "pin")
         check(lib.ferry_sched_set_tensor_backend(self._p, t._p, b._p))
         self._pins[_addr(t._p)] = t
 
@@ -155,12 +165,24 @@ class Scheduler:
 
     @property
     def n_pins(self) -> int:
+        """Nodes pinned to a backend."""
         return int(lib.ferry_sched_n_pins(self._p))
 
     def alloc(self, graph: Graph) -> None:
-        """Assign backends, find splits and inputs, allocate copies and outputs."""
-        if not isinstance(graph, Graph):
-            raise InvalidArgumentError(f"sched alloc: expected a Graph, got {type(graph).__name__}")
+        """Assign backends, find splits and inputs, allocate the input copies and the outputs.
+
+        Parameters
+        ----------
+        graph : Graph
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Graph.
+        OutOfMemoryError
+            When the copies or outputs do not fit.
+        """
+        _checks.instance(graph, Graph, "sched alloc")
         p = self._p
         self._new_generation()
         self._graph = None
@@ -177,9 +199,11 @@ class Scheduler:
         self._copies.clear()
 
     def compute(self, graph: Graph) -> None:
-        """Allocate if graph is not the one last allocated (or it grew), copy inputs by policy, compute."""
-        if not isinstance(graph, Graph):
-            raise InvalidArgumentError(f"sched compute: expected a Graph, got {type(graph).__name__}")
+        """Run the Graph graph: allocate if it is not the one last allocated (or it grew), copy the inputs
+        by the policy, run every split. Raises as alloc does, or the FerryError of a failed copy or
+        split.
+        """
+        _checks.instance(graph, Graph, "sched compute")
         if graph is not self._graph or graph.n_nodes != self._graph_nodes:
             self.alloc(graph)
         check(lib.ferry_sched_graph_compute(self._p, graph._p))
@@ -227,16 +251,17 @@ class Scheduler:
         """Totals of the last run."""
         s = ffi.new("ferry_sched_stats *")
         check(lib.ferry_sched_get_stats(self._p, s))
-        return SchedStats(int(s.n_inputs), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied),
-                          int(s.copy_calls), int(s.impl_calls), float(s.copy_seconds), float(s.compute_seconds))
+        return SchedStats.from_c(s)
 
     def buffer_size(self, backend: Backend) -> int:
-        """Bytes of compute memory (copies and outputs) the scheduler holds on backend (0 if not one of its)."""
-        return int(lib.ferry_sched_buffer_size(self._p, self._backend(backend, "buffer_size")._p))
+        """Bytes of compute memory (copies and outputs) the scheduler holds on the Backend backend; 0 for
+        one not its own.
+        """
+        return int(lib.ferry_sched_buffer_size(self._p, _checks.instance(backend, Backend, "buffer_size")._p))
 
     def backend_of(self, tensor: Tensor) -> Optional[Backend]:
-        """The backend a tensor of the last allocated graph was given (None if none)."""
-        t = _check_tensor(tensor, "backend_of")
+        """The Backend the Tensor tensor of the last allocated graph was given, or None."""
+        t = _checks.instance(tensor, Tensor, "backend_of")
         return self._wrap_backend(lib.ferry_sched_get_tensor_backend(self._p, t._p))
 
     def __repr__(self) -> str:

@@ -1,11 +1,15 @@
-"""Transfer counters: what a buffer or backend moved, per kind of transfer."""
+"""Counters, one Python type per C stats struct: what a buffer or backend moved per kind of
+transfer (Stats: ferry_stats), what one input copy did (CopyStats: ferry_copy_stats), and
+the totals of a scheduler's run (SchedStats: ferry_sched_stats). Each has from_c, the one
+way a C struct becomes one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 from ._binding import ffi, lib
+from .policy import CopyPolicy
 
 #: The transfer kinds, in ferry_xfer order: set, get, set_2d, get_2d, copy, memset.
 KINDS: Tuple[str, ...] = tuple(ffi.string(lib.ferry_xfer_name(k)).decode() for k in range(lib.FERRY_XFER_COUNT))
@@ -26,12 +30,12 @@ class Stats:
     impl_calls: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
 
     @classmethod
-    def from_c(cls, s: object) -> "Stats":
-        """Copy a ferry_stats (cdata) into Python values."""
+    def from_c(cls, s: Any) -> "Stats":
+        """A Stats holding the values of the ferry_stats cdata s."""
         return cls(
-            calls={k: int(s.calls[i]) for i, k in enumerate(KINDS)},  # type: ignore[attr-defined]
-            bytes={k: int(s.bytes[i]) for i, k in enumerate(KINDS)},  # type: ignore[attr-defined]
-            impl_calls={k: int(s.impl_calls[i]) for i, k in enumerate(KINDS)},  # type: ignore[attr-defined]
+            calls={k: int(s.calls[i]) for i, k in enumerate(KINDS)},
+            bytes={k: int(s.bytes[i]) for i, k in enumerate(KINDS)},
+            impl_calls={k: int(s.impl_calls[i]) for i, k in enumerate(KINDS)},
         )
 
     @property
@@ -50,3 +54,44 @@ class Stats:
         moved = [f"{k}: {self.calls[k]} calls {self.bytes[k]} B ({self.impl_calls[k]} impl)"
                  for k in KINDS if self.calls[k] or self.impl_calls[k]]
         return f"<Stats {', '.join(moved) if moved else 'nothing moved'}>"
+
+
+@dataclass(frozen=True)
+class CopyStats:
+    """What one input copy did: the path taken (FLAT when the policy's rule did not apply), the
+    bytes the graph reads, the span a flat copy moves, the bytes that arrived, transfer requests
+    and the operations that carried them out, and the wall time (synchronize included)."""
+
+    path: CopyPolicy
+    bytes_read: int
+    bytes_span: int
+    bytes_copied: int
+    copy_calls: int
+    impl_calls: int
+    copy_seconds: float
+
+    @classmethod
+    def from_c(cls, s: Any) -> "CopyStats":
+        """A CopyStats holding the values of the ferry_copy_stats cdata s."""
+        return cls(CopyPolicy(s.path), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied),
+                   int(s.copy_calls), int(s.impl_calls), float(s.copy_seconds))
+
+
+@dataclass(frozen=True)
+class SchedStats:
+    """Totals of the last run over all inputs and splits."""
+
+    n_inputs: int
+    bytes_read: int
+    bytes_span: int
+    bytes_copied: int
+    copy_calls: int
+    impl_calls: int
+    copy_seconds: float
+    compute_seconds: float
+
+    @classmethod
+    def from_c(cls, s: Any) -> "SchedStats":
+        """A SchedStats holding the values of the ferry_sched_stats cdata s."""
+        return cls(int(s.n_inputs), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied), int(s.copy_calls),
+                   int(s.impl_calls), float(s.copy_seconds), float(s.compute_seconds))

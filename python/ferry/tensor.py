@@ -7,15 +7,21 @@ Tensor (and so the source's context) alive, and a placed tensor keeps its Buffer
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _args, _data
+from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from ._handle import Handle
-from .errors import (FreedBufferError, InvalidArgumentError, LayoutError, OutOfBoundsError, OutOfMemoryError,
-                     UnsupportedError, check)
+from .errors import (
+    FreedBufferError,
+    InvalidArgumentError,
+    LayoutError,
+    OutOfMemoryError,
+    UnsupportedError,
+    check,
+)
 from .types import Type, TypeLike, numpy_dtype, row_size, to_type, type_from_dtype
 
 if TYPE_CHECKING:
@@ -29,12 +35,6 @@ def _new_context(parent: Sequence[Handle]) -> Handle:
     return Handle(out[0], lib.ferry_context_free, parent)
 
 
-def _check_tensor(t: object, what: str) -> "Tensor":
-    if not isinstance(t, Tensor):
-        raise InvalidArgumentError(f"{what}: expected a Tensor, got {type(t).__name__}")
-    return t
-
-
 class Tensor:
     """A ferry tensor. Create with Tensor.new, Backend.alloc_tensor or Tensor.from_numpy.
 
@@ -42,10 +42,30 @@ class Tensor:
     tensor spans nbytes (ggml's rule: first byte to last, gaps of a strided view included).
     """
 
+    _handle: Handle
+    _finalizer: Optional[weakref.finalize]
+    _ptr: Any
+
     def __init__(self, make: Callable[[Any, Any], int], source: Optional["Tensor"] = None,
                  name: Optional[str] = None, deps: Sequence["Tensor"] = ()) -> None:
-        """Internal: make(ctx, out) fills out with a struct in ctx; use the constructors, view methods
-        and ops. deps are the tensors an op reads (kept alive as long as this one)."""
+        """Internal: a new tensor struct made by a C constructor; use the constructors, view methods and ops.
+
+        Parameters
+        ----------
+        make : callable
+            make(ctx, out) fills out with a struct in ctx and returns a ferry_status.
+        source : Tensor, optional
+            The tensor this one is a view of (kept alive as long as this one).
+        name : str, optional
+            The tensor's name.
+        deps : sequence of Tensor, optional
+            The tensors an op reads (kept alive as long as this one).
+
+        Raises
+        ------
+        FerryError
+            The subclass for the status make returned.
+        """
         self._source = source
         self._deps: Tuple["Tensor", ...] = tuple(deps)
         self._buffer: Optional["Buffer"] = None
@@ -86,19 +106,57 @@ class Tensor:
 
     @classmethod
     def new(cls, type: TypeLike, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
-        """An unallocated contiguous tensor of 1 to 4 dimensions (ne[0] fastest); place it in a Buffer."""
+        """An unallocated contiguous tensor; give it memory with Buffer.place or Backend.alloc_buffer_for.
+
+        Parameters
+        ----------
+        type : Type, str or int
+            The element type ("f32", Type.Q8_0, ...).
+        ne : sequence of int
+            1 to 4 values per dimension, ne[0] fastest.
+        name : str, optional
+            The tensor's name.
+
+        Returns
+        -------
+        Tensor
+
+        Raises
+        ------
+        UnknownTypeError, InvalidArgumentError, LayoutError
+            For an unknown type, a shape that is not 1 to 4 integers, or ne[0] not whole blocks.
+        """
         ty = to_type(type)
-        shape = _args.as_shape(ne, "tensor_new")
+        shape = _checks.as_shape(ne, "tensor_new")
         return cls(lambda ctx, out: lib.ferry_tensor_new(ctx, ty.value, len(shape), ffi.new("int64_t[]", shape), out),
                    name=name)
 
     @classmethod
     def from_numpy(cls, backend: "Backend", array: Any, name: Optional[str] = None) -> "Tensor":
-        """A tensor on backend holding array's values (float32, float16, int32); ne is array.shape reversed."""
-        from .backend import Backend
+        """A tensor on a backend holding an array's values.
 
-        if not isinstance(backend, Backend):
-            raise InvalidArgumentError(f"from_numpy: expected a Backend, got {type(backend).__name__}")
+        Parameters
+        ----------
+        backend : Backend
+            Where the tensor's memory is allocated.
+        array : array_like
+            float32, float16 or int32 values, at most 4 dimensions.
+        name : str, optional
+            The tensor's name.
+
+        Returns
+        -------
+        Tensor
+            ne is array.shape reversed (numpy's last axis is ne[0]).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a backend that is not one, or more than 4 dimensions.
+        UnsupportedError
+            For a dtype ferry has no type for.
+        """
+        _checks.c_object(backend, "ferry_backend *", "a Backend", "from_numpy")
         arr = np.asarray(array)
         ty = type_from_dtype(arr.dtype)
         if arr.ndim > 4:
@@ -122,19 +180,40 @@ class Tensor:
 
     def view(self, ne: Sequence[int], nb: Optional[Sequence[int]] = None, offset: int = 0,
              name: Optional[str] = None) -> "Tensor":
-        """A view of ne values with byte strides nb (nb[0] must be the type size; None: contiguous)
-        starting offset bytes into this tensor. Its span must stay inside this tensor's span."""
-        shape = _args.as_shape(ne, "view")
+        """A view of this tensor's memory with its own shape and byte strides.
+
+        Parameters
+        ----------
+        ne : sequence of int
+            1 to 4 values per dimension.
+        nb : sequence of int, optional
+            Byte strides, one per dimension; nb[0] is the type's element (block) size. None: contiguous.
+        offset : int, optional
+            Bytes from this tensor's first byte to the view's.
+        name : str, optional
+            The view's name.
+
+        Returns
+        -------
+        Tensor
+            The view; its span must stay inside this tensor's span.
+
+        Raises
+        ------
+        InvalidArgumentError, LayoutError, OutOfBoundsError
+            For values that cannot be sizes, nb[0] not the element size, or a view that leaves this tensor.
+        UnsupportedError
+            For a scheduler's input copy, on which nothing may be built.
+        """
+        shape = _checks.as_shape(ne, "view")
         if nb is None:
             strides = self._contiguous_strides(shape)
         else:
-            if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != len(shape):
-                raise InvalidArgumentError(f"view: {len(shape)} dimensions need {len(shape)} strides, got {nb!r}")
-            strides = [_args.as_size(v, f"view: nb[{i}]") for i, v in enumerate(nb)]
+            strides = _checks.as_strides(nb, len(shape), "view")
             if strides[0] != self.type.size:
                 raise LayoutError(f"view: nb[0] is {strides[0]} but a {self.type} element (block) is "
                                   f"{self.type.size} bytes")
-        off = _args.as_size(offset, "view: offset")
+        off = _checks.as_size(offset, "view: offset")
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_view(
             ctx, src, len(shape), ffi.new("int64_t[]", shape), ffi.new("size_t[]", strides), off, out), name)
@@ -142,34 +221,68 @@ class Tensor:
     def _contiguous_strides(self, shape: List[int]) -> List[int]:
         """ferry_contiguous_strides of shape, a negative count taken as 0 (the view refuses it)."""
         nb = ffi.new("size_t[]", len(shape))
-        check(lib.ferry_contiguous_strides(self.type.value, len(shape), ffi.new("int64_t[]", [max(n, 0) for n in shape]),
-                                           nb))
+        counts = ffi.new("int64_t[]", [max(n, 0) for n in shape])
+        check(lib.ferry_contiguous_strides(self.type.value, len(shape), counts, nb))
         return [int(v) for v in nb]
 
-    def permute(self, *axes: int, name: Optional[str] = None) -> "Tensor":
-        """ggml's permute: dimension i of this tensor becomes dimension axes[i] of the view."""
+    def permute(self, *axes: Union[int, Sequence[int]], name: Optional[str] = None) -> "Tensor":
+        """ggml's permute: dimension i of this tensor becomes dimension axes[i] of the view.
+
+        Parameters
+        ----------
+        *axes : int, or one sequence of 4 int
+            A permutation of 0..3.
+        name : str, optional
+            The view's name.
+
+        Returns
+        -------
+        Tensor
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but 4 axes forming a permutation.
+        """
         if len(axes) == 1 and not isinstance(axes[0], int) and hasattr(axes[0], "__len__"):
-            axes = tuple(axes[0])  # type: ignore[assignment]
+            axes = tuple(axes[0])
         if len(axes) != 4:
             raise InvalidArgumentError(f"permute: expected 4 axes, got {len(axes)}")
-        a = [_args.as_c_int(x, f"permute: axis {i}") for i, x in enumerate(axes)]
+        a = [_checks.as_c_int(x, f"permute: axis {i}") for i, x in enumerate(axes)]
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_permute(ctx, src, a[0], a[1], a[2], a[3], out), name)
 
     def transpose(self, name: Optional[str] = None) -> "Tensor":
-        """Swap dimensions 0 and 1 (a view)."""
+        """A view with dimensions 0 and 1 swapped, named name."""
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_transpose(ctx, src, out), name)
 
     def reshape(self, ne: Sequence[int], name: Optional[str] = None) -> "Tensor":
-        """A view with another shape of the same element count; this tensor must be contiguous."""
-        shape = _args.as_shape(ne, "reshape")
+        """A view with another shape of the same element count.
+
+        Parameters
+        ----------
+        ne : sequence of int
+            1 to 4 values per dimension.
+        name : str, optional
+            The view's name.
+
+        Returns
+        -------
+        Tensor
+
+        Raises
+        ------
+        LayoutError
+            When this tensor is not contiguous or the counts differ.
+        """
+        shape = _checks.as_shape(ne, "reshape")
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_reshape(
             ctx, src, len(shape), ffi.new("int64_t[]", shape), out), name)
 
     def dup_layout(self, name: Optional[str] = None) -> "Tensor":
-        """A new unallocated tensor with this one's type, ne and nb (not a view)."""
+        """A new unallocated tensor named name with this one's type, ne and nb (not a view)."""
         src = self._p
         return Tensor(lambda ctx, out: lib.ferry_tensor_dup_layout(ctx, src, out), name=name)
 
@@ -177,6 +290,7 @@ class Tensor:
 
     @property
     def type(self) -> Type:
+        """The element type."""
         return Type(self._p.type)
 
     @property
@@ -209,23 +323,27 @@ class Tensor:
 
     @property
     def nelements(self) -> int:
+        """Values (elements) in all dimensions."""
         return int(lib.ferry_tensor_nelements(self._p))
 
     @property
     def nrows(self) -> int:
+        """Rows: ne[1] * ne[2] * ne[3]."""
         return int(lib.ferry_tensor_nrows(self._p))
 
     @property
     def is_contiguous(self) -> bool:
+        """Whether the elements are packed in ggml order, without gaps."""
         return bool(lib.ferry_tensor_is_contiguous(self._p))
 
     @property
     def is_view(self) -> bool:
+        """Whether the tensor views another's memory."""
         return bool(lib.ferry_tensor_is_view(self._p))
 
     def same_layout(self, other: "Tensor") -> bool:
-        """Same type, ne and nb."""
-        return bool(lib.ferry_tensor_same_layout(self._p, _check_tensor(other, "same_layout")._p))
+        """Whether the Tensor other has this tensor's type, ne and nb."""
+        return bool(lib.ferry_tensor_same_layout(self._p, _checks.instance(other, Tensor, "same_layout")._p))
 
     @property
     def op(self) -> int:
@@ -234,6 +352,7 @@ class Tensor:
 
     @property
     def name(self) -> str:
+        """The tensor's name (InvalidArgumentError for a non-str or one with NUL when set)."""
         return ffi.string(self._p.name).decode("utf-8", "replace")
 
     @name.setter
@@ -282,17 +401,51 @@ class Tensor:
 
     # ------------------------------------------------------------ blocking transfers
 
-    def set(self, data: _data.BytesLike, offset: int = 0) -> None:
-        """Write all of data (bytes-like or numpy array) at a byte offset."""
-        with _data.readable(data, "tensor_set") as d:
-            check(lib.ferry_tensor_set(self._p, d.ptr, _args.as_size(offset, "tensor_set: offset"), d.nbytes))
+    def set(self, data: _pybuffer.BytesLike, offset: int = 0) -> None:
+        """Write all of data into the tensor.
+
+        Parameters
+        ----------
+        data : bytes-like or numpy.ndarray
+            The bytes to write (a non-contiguous array is written in C order).
+        offset : int, optional
+            Bytes from the tensor's first byte.
+
+        Raises
+        ------
+        NotAllocatedError, FreedBufferError
+            For a tensor without live memory.
+        OutOfBoundsError
+            When the bytes reach past the tensor's span.
+        """
+        with _pybuffer.readable(data, "tensor_set") as d:
+            check(lib.ferry_tensor_set(self._p, d.ptr, _checks.as_size(offset, "tensor_set: offset"), d.nbytes))
 
     def get(self, offset: int = 0, size: Optional[int] = None) -> bytes:
-        """size bytes from a byte offset (default: to the end of nbytes)."""
-        off = _args.as_size(offset, "tensor_get: offset")
-        n = max(self.nbytes - off, 0) if size is None else _args.as_size(size, "tensor_get: size")
+        """Read bytes of the tensor.
+
+        Parameters
+        ----------
+        offset : int, optional
+            Bytes from the tensor's first byte.
+        size : int, optional
+            Bytes to read; None reads to the end of the span.
+
+        Returns
+        -------
+        bytes
+
+        Raises
+        ------
+        NotAllocatedError, FreedBufferError
+            For a tensor without live memory.
+        OutOfBoundsError
+            When the bytes reach past the tensor's span.
+        """
+        off = _checks.as_size(offset, "tensor_get: offset")
+        n = max(self.nbytes - off, 0) if size is None else _checks.as_size(size, "tensor_get: size")
         self._check_read("tensor_get", off, n)
-        out = _data.new_bytes(n, "tensor_get")
+        out = _pybuffer.new_bytes(n, "tensor_get")
         self.readinto(out, off)
         return bytes(out)
 
@@ -304,49 +457,116 @@ class Tensor:
                                               what.encode()))
 
     def readinto(self, out: Any, offset: int = 0) -> None:
-        """Fill out (a writable, contiguous buffer) from a byte offset."""
-        with _data.writable(out, "tensor_get") as d:
-            check(lib.ferry_tensor_get(self._p, d.ptr, _args.as_size(offset, "tensor_get: offset"), d.nbytes))
+        """Fill a writable buffer from the tensor.
+
+        Parameters
+        ----------
+        out : writable, C-contiguous bytes-like
+            Filled entirely.
+        offset : int, optional
+            Bytes from the tensor's first byte.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a read-only or non-contiguous out.
+        OutOfBoundsError, NotAllocatedError, FreedBufferError
+            As for get.
+        """
+        with _pybuffer.writable(out, "tensor_get") as d:
+            check(lib.ferry_tensor_get(self._p, d.ptr, _checks.as_size(offset, "tensor_get: offset"), d.nbytes))
 
     def memset(self, value: int, offset: int = 0, size: Optional[int] = None) -> None:
-        """Set size bytes from offset (default: to the end) to value (0..255)."""
-        v = _args.as_int(value, "tensor_memset: value")
-        if not 0 <= v <= 255:
-            raise InvalidArgumentError(f"tensor_memset: value {v} is not a byte (0..255)")
-        off = _args.as_size(offset, "tensor_memset: offset")
-        n = max(self.nbytes - off, 0) if size is None else _args.as_size(size, "tensor_memset: size")
+        """Set bytes of the tensor to one value.
+
+        Parameters
+        ----------
+        value : int
+            0..255.
+        offset : int, optional
+            Bytes from the tensor's first byte.
+        size : int, optional
+            Bytes to set; None sets to the end of the span.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a value that is not a byte.
+        OutOfBoundsError, NotAllocatedError, FreedBufferError
+            As for set.
+        """
+        v = _checks.as_byte(value, "tensor_memset: value")
+        off = _checks.as_size(offset, "tensor_memset: offset")
+        n = max(self.nbytes - off, 0) if size is None else _checks.as_size(size, "tensor_memset: size")
         check(lib.ferry_tensor_memset(self._p, v, off, n))
 
-    def set_2d(self, data: _data.BytesLike, offset: int, size: int, n_copies: int, stride_tensor: int,
+    def set_2d(self, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None) -> None:
-        """Write n_copies rows of size bytes: row i lands at offset + i*stride_tensor and comes from
-        data at i*stride_data (default size: packed rows). Nothing else in the tensor changes."""
-        from .backend import _args_2d
+        """Write n_copies rows of size bytes; nothing else in the tensor changes.
 
-        args = _args_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
-        with _data.readable(data, "tensor_set_2d") as d:
-            d.need(_data.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
+        Parameters
+        ----------
+        data : bytes-like or numpy.ndarray
+            Row i is data[i*stride_data:][:size].
+        offset : int
+            Where row 0 goes, in bytes from the tensor's first byte.
+        size : int
+            Bytes per row.
+        n_copies : int
+            Rows.
+        stride_tensor : int
+            Bytes from one row to the next in the tensor.
+        stride_data : int, optional
+            Bytes from one row to the next in data (default size: packed rows).
+
+        Raises
+        ------
+        OutOfBoundsError
+            When data is too short or the rows reach past the tensor's span.
+        LayoutError
+            For strides smaller than a row.
+        """
+        args = _checks.transfer_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
+        with _pybuffer.readable(data, "tensor_set_2d") as d:
+            d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
             check(lib.ferry_tensor_set_2d(self._p, d.ptr, *args))
 
     def get_2d(self, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None, out: Any = None) -> Optional[bytes]:
         """Read n_copies rows of size bytes from offset + i*stride_tensor, row i to i*stride_data.
-        Returns them as bytes ((n_copies-1)*stride_data + size long), or fills out and returns None."""
-        from .backend import _args_2d
 
-        args = _args_2d("tensor_get_2d", offset, size, n_copies, stride_tensor, stride_data)
-        need = _data.extent_2d(args[1], args[2], args[4])
+        Parameters
+        ----------
+        offset, size, n_copies, stride_tensor : int
+            As for set_2d.
+        stride_data : int, optional
+            Bytes from one row to the next in the output (default size: packed rows).
+        out : writable bytes-like, optional
+            Filled with the rows; None returns new bytes.
+
+        Returns
+        -------
+        bytes or None
+            The rows ((n_copies-1)*stride_data + size bytes), or None when out was given.
+
+        Raises
+        ------
+        OutOfBoundsError, LayoutError, NotAllocatedError, FreedBufferError
+            As for set_2d and get.
+        """
+        args = _checks.transfer_2d("tensor_get_2d", offset, size, n_copies, stride_tensor, stride_data)
+        need = _pybuffer.extent_2d(args[1], args[2], args[4])
         if out is None:
             self._check_read("tensor_get_2d", *args)
-        target = _data.new_bytes(need, "tensor_get_2d") if out is None else out
-        with _data.writable(target, "tensor_get_2d") as d:
+        target = _pybuffer.new_bytes(need, "tensor_get_2d") if out is None else out
+        with _pybuffer.writable(target, "tensor_get_2d") as d:
             d.need(need, "tensor_get_2d")
             check(lib.ferry_tensor_get_2d(self._p, d.ptr, *args))
         return bytes(target) if out is None else None
 
     def copy_to(self, dst: "Tensor") -> None:
-        """Copy the nbytes span into dst, which must have the same type, ne and nb."""
-        check(lib.ferry_tensor_copy(self._p, _check_tensor(dst, "tensor_copy")._p))
+        """Copy the tensor's nbytes span into the Tensor dst, of the same type, ne and nb (else LayoutError)."""
+        check(lib.ferry_tensor_copy(self._p, _checks.instance(dst, Tensor, "tensor_copy")._p))
 
     # ------------------------------------------------------------ numpy
 
@@ -359,7 +579,7 @@ class Tensor:
             if self.nelements == 0:
                 self.get(0, 0)  # still refuses an unallocated or freed tensor
                 return np.zeros(shape, dtype)
-            raw = _data.new_bytes(self.nbytes, "to_numpy")
+            raw = _pybuffer.new_bytes(self.nbytes, "to_numpy")
             self.readinto(raw)
             if self.is_contiguous:
                 return np.frombuffer(raw, dtype).reshape(shape)
@@ -380,10 +600,12 @@ class Tensor:
 
     @property
     def is_input(self) -> bool:
+        """Whether set_input() marked it."""
         return bool(self.flags & lib.FERRY_TENSOR_FLAG_INPUT)
 
     @property
     def is_output(self) -> bool:
+        """Whether set_output() marked it."""
         return bool(self.flags & lib.FERRY_TENSOR_FLAG_OUTPUT)
 
     def set_input(self) -> "Tensor":
@@ -401,45 +623,58 @@ class Tensor:
         """The tensors an op reads (empty for leafs and views made in Python)."""
         return tuple(t for t in self._deps if isinstance(t, Tensor))
 
-    def __add__(self, other: "Tensor") -> "Tensor":
-        from . import ops
+    # ------------------------------------------------------------ ops: ferry.ops documents each and calls these
 
-        return ops.add(self, other)
+    def _op(self, make: Callable[[Any, Any], int], operands: Tuple["Tensor", ...], name: Optional[str]) -> "Tensor":
+        """The result of make in a new context: an op's node, keeping its operands alive."""
+        for t in operands:
+            t._check_retainable()
+        return Tensor(make, deps=operands, name=name)
+
+    def _binary(self, fn: Callable[[Any, Any, Any, Any], int], other: "Tensor", what: str,
+                name: Optional[str]) -> "Tensor":
+        """An elementwise op of self (a) and other (b), checked as ferry.ops checks them."""
+        pa, pb = self._p, _checks.instance(other, Tensor, f"{what}: b")._p
+        return self._op(lambda ctx, out: fn(ctx, pa, pb, out), (self, other), name)
+
+    def __add__(self, other: "Tensor") -> "Tensor":
+        """ops.add: self + other, other repeated over self."""
+        return self._binary(lib.ferry_add, other, "add", None)
 
     def __mul__(self, other: "Tensor") -> "Tensor":
-        from . import ops
-
-        return ops.mul(self, other)
+        """ops.mul: self * other elementwise, other repeated over self."""
+        return self._binary(lib.ferry_mul, other, "mul", None)
 
     def scale(self, s: float, name: Optional[str] = None) -> "Tensor":
-        """ops.scale: self * s."""
-        from . import ops
-
-        return ops.scale(self, s, name=name)
+        """ops.scale(self, s, name) as a method: self * s for a finite float s, a new unallocated Tensor."""
+        pa = self._p
+        f = _checks.as_f32(s, "scale")
+        return self._op(lambda ctx, out: lib.ferry_scale(ctx, pa, f, out), (self,), name)
 
     def dup(self, type: Optional[TypeLike] = None, name: Optional[str] = None) -> "Tensor":
-        """ops.dup: a contiguous copy (of another type when type is given)."""
-        from . import ops
-
-        return ops.dup(self, type, name=name)
+        """ops.dup(self, type, name) as a method: a contiguous copy, of another type when type is given."""
+        pa = self._p
+        if type is None:
+            return self._op(lambda ctx, out: lib.ferry_dup(ctx, pa, out), (self,), name)
+        ty = to_type(type)
+        return self._op(lambda ctx, out: lib.ferry_dup_as(ctx, pa, ty.value, out), (self,), name)
 
     def concat(self, other: "Tensor", dim: int, name: Optional[str] = None) -> "Tensor":
-        """ops.concat: self and other joined along dim."""
-        from . import ops
-
-        return ops.concat(self, other, dim, name=name)
+        """ops.concat(self, other, dim, name) as a method: self and other joined along dim."""
+        pa, pb = self._p, _checks.instance(other, Tensor, "concat: b")._p
+        d = _checks.as_c_int(dim, "concat: dim")
+        return self._op(lambda ctx, out: lib.ferry_concat(ctx, pa, pb, d, out), (self, other), name)
 
     def pad(self, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Optional[str] = None) -> "Tensor":
-        """ops.pad: zeros appended at the end of each dimension."""
-        from . import ops
-
-        return ops.pad(self, p0, p1, p2, p3, name=name)
+        """ops.pad(self, p0, p1, p2, p3, name) as a method: p_i zeros appended at the end of dimension i."""
+        pa = self._p
+        p = [_checks.as_c_int(v, f"pad: p{i}") for i, v in enumerate((p0, p1, p2, p3))]
+        return self._op(lambda ctx, out: lib.ferry_pad(ctx, pa, p[0], p[1], p[2], p[3], out), (self,), name)
 
     def mean(self, name: Optional[str] = None) -> "Tensor":
-        """ops.mean: the mean over dimension 0 (ne[0] becomes 1)."""
-        from . import ops
-
-        return ops.mean(self, name=name)
+        """ops.mean(self, name) as a method: the mean over dimension 0 (ne[0] becomes 1)."""
+        pa = self._p
+        return self._op(lambda ctx, out: lib.ferry_mean(ctx, pa, out), (self,), name)
 
     # ------------------------------------------------------------ display
 
@@ -460,5 +695,18 @@ class Tensor:
 
 
 def tensor_copy(src: Tensor, dst: Tensor) -> None:
-    """Copy src's nbytes span into dst (same type, ne and nb): ferry_tensor_copy."""
-    _check_tensor(src, "tensor_copy").copy_to(dst)
+    """Copy src's nbytes span into dst: ferry_tensor_copy.
+
+    Parameters
+    ----------
+    src, dst : Tensor
+        Same type, ne and nb.
+
+    Raises
+    ------
+    InvalidArgumentError
+        When either is not a Tensor.
+    LayoutError
+        When the layouts differ.
+    """
+    _checks.instance(src, Tensor, "tensor_copy").copy_to(dst)

@@ -7,11 +7,11 @@ values takes row_size(type, n) bytes and n must be a whole number of blocks.
 from __future__ import annotations
 
 import enum
-from typing import Union
+from typing import Dict, Union
 
 import numpy as np
 
-from . import _args
+from . import _checks
 from ._binding import ffi, lib
 from .errors import InvalidArgumentError, UnsupportedError, check, raise_last
 
@@ -43,6 +43,7 @@ class Type(enum.IntEnum):
 
     @property
     def is_quantized(self) -> bool:
+        """Whether values are stored in blocks of more than one."""
         return self.blck_size > 1
 
     def __str__(self) -> str:
@@ -51,7 +52,7 @@ class Type(enum.IntEnum):
 
 TypeLike = Union[Type, str, int]
 
-_NUMPY = {
+_NUMPY: Dict[Type, np.dtype] = {
     Type.F32: np.dtype(np.float32),
     Type.F16: np.dtype(np.float16),
     Type.I32: np.dtype(np.int32),
@@ -59,14 +60,29 @@ _NUMPY = {
 
 
 def to_type(value: TypeLike) -> Type:
-    """A Type from a Type, a name ("f16") or a ferry_type number; UnknownTypeError otherwise."""
+    """A Type from a Type, a name or a number.
+
+    Parameters
+    ----------
+    value : Type, str or int
+        A Type, ferry's name for one ("f16"), or a ferry_type number.
+
+    Returns
+    -------
+    Type
+
+    Raises
+    ------
+    UnknownTypeError
+        For a name or number ferry does not know.
+    """
     if isinstance(value, Type):
         return value
     if isinstance(value, str):
         out = ffi.new("ferry_type *")
         check(lib.ferry_type_from_name(value.encode(), out))
         return Type(out[0])
-    n = _args.as_c_int(value, "type")
+    n = _checks.as_c_int(value, "type")
     if n not in Type._value2member_map_:
         lib.ferry_type_name(ffi.cast("ferry_type", n))  # leaves C's message (a cast: the enum is unsigned)
         raise_last()
@@ -74,28 +90,60 @@ def to_type(value: TypeLike) -> Type:
 
 
 def type_name(t: TypeLike) -> str:
+    """ferry's name for the type t (a Type, name or number)."""
     return to_type(t).type_name
 
 
 def type_size(t: TypeLike) -> int:
-    """Bytes per block of type t."""
+    """Bytes per block of the type t (per value for non-block types)."""
     return to_type(t).size
 
 
 def blck_size(t: TypeLike) -> int:
-    """Values per block of type t."""
+    """Values per block of the type t (1 for non-block types)."""
     return to_type(t).blck_size
 
 
 def row_size(t: TypeLike, n: int) -> int:
-    """Bytes taken by a row of n values of type t (n a whole number of blocks, else LayoutError)."""
+    """Bytes taken by a row of n values of a type.
+
+    Parameters
+    ----------
+    t : Type, str or int
+    n : int
+        Values, a whole number of blocks.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    LayoutError
+        When n is not a whole number of blocks.
+    """
     out = ffi.new("size_t *")
-    check(lib.ferry_row_size(to_type(t).value, _args.as_int64(n, "row_size: n"), out))
+    check(lib.ferry_row_size(to_type(t).value, _checks.as_int64(n, "row_size: n"), out))
     return int(out[0])
 
 
 def numpy_dtype(t: TypeLike) -> np.dtype:
-    """The numpy dtype for f32, f16 and i32; UnsupportedError for types numpy cannot hold."""
+    """The numpy dtype of a type.
+
+    Parameters
+    ----------
+    t : Type, str or int
+
+    Returns
+    -------
+    numpy.dtype
+        float32, float16 or int32.
+
+    Raises
+    ------
+    UnsupportedError
+        For a type numpy cannot hold (bf16, the quantized types).
+    """
     ty = to_type(t)
     if ty not in _NUMPY:
         raise UnsupportedError(f"type {ty} has no numpy dtype (only f32, f16 and i32 have)")
@@ -103,7 +151,24 @@ def numpy_dtype(t: TypeLike) -> np.dtype:
 
 
 def type_from_dtype(dtype: object) -> Type:
-    """The ferry Type of a numpy dtype (float32, float16, int32); UnsupportedError otherwise."""
+    """The ferry Type of a numpy dtype.
+
+    Parameters
+    ----------
+    dtype : numpy dtype-like
+        float32, float16 or int32.
+
+    Returns
+    -------
+    Type
+
+    Raises
+    ------
+    InvalidArgumentError
+        For something that is not a dtype.
+    UnsupportedError
+        For a dtype ferry has no type for.
+    """
     try:
         dt = np.dtype(dtype)  # type: ignore[call-overload]
     except (TypeError, ValueError) as e:

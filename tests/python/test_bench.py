@@ -13,8 +13,7 @@ from typing import List
 import pytest
 
 import ferry
-from ferry import bench
-from ferry.cli import main
+from ferry.cli import bench, main
 
 TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "4",
         "--head-dim", "32", "--kv-heads", "2", "--backend", "cpu"]
@@ -208,8 +207,8 @@ def test_progress_bar() -> None:
     p.step(label="npl 2 flat")
     p.step(3, label="npl 2 ranges")
     p.close()
-    assert s.getvalue() == ("\r[##------] 1/4 npl 2 flat\x1b[K"
-                            "\r[########] 4/4 npl 2 ranges\x1b[K\n")
+    assert s.getvalue().startswith("\r[##------] 1/4 npl 2 flat")  # tqdm's bar, drawn on the stream given
+    assert s.getvalue().endswith("\r[########] 4/4 npl 2 ranges\n")
     quiet = bench.Progress(4, None)
     quiet.step()
     quiet.close()  # nothing to write to, nothing written

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import ferry
-from ferry._handle import Handle
 from conftest import pattern
+from ferry._handle import Handle
 
 
 def test_view_keeps_its_source_alive(cpu: ferry.CPUBackend) -> None:

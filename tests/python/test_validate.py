@@ -10,7 +10,7 @@ from typing import List, Tuple
 import pytest
 
 import ferry
-from ferry import validate
+from ferry import hash_gate as validate
 from ferry.cli import main
 
 SMALL = ["--backend", "cpu"]

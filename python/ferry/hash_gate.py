@@ -1,4 +1,4 @@
-"""`ferry validate`: the analogue of llama.cpp's llama-parallel hash gate.
+"""The hash gate `ferry validate` runs: llama.cpp's llama-parallel gate.
 
 Many sequences (default 16), each with its own content, are served through a non-unified
 KV cache of fewer streams (default 8): in waves, wave w putting sequences w*S .. w*S+S-1 in
@@ -17,17 +17,13 @@ sequence reads its neighbour's range with its own query and length. Its hash mus
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
-import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
 import numpy as np
 
 from .backend import Backend, CPUBackend
-from .bench import KV_TYPES, POLICIES, _policy_list, check_run_options, random_rows, split_backend
 from .errors import InvalidArgumentError
 from .graph import Graph
 from .kv import KVCache
@@ -35,6 +31,7 @@ from .ops import attn_decode
 from .sched import Scheduler
 from .tensor import Tensor
 from .types import row_size, to_type
+from .workload import POLICIES, check_positive, check_run_options, random_rows, split_backend, variants
 
 
 @dataclass(frozen=True)
@@ -57,11 +54,9 @@ class ValidateConfig:
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
-        for name, value in (("--sequences", self.n_seq), ("--streams", self.n_stream), ("--layers", self.n_layer),
-                            ("--steps", self.n_step), ("--cells", self.kv_size), ("--heads", self.n_head),
-                            ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+        check_positive((("--sequences", self.n_seq), ("--streams", self.n_stream), ("--layers", self.n_layer),
+                        ("--steps", self.n_step), ("--cells", self.kv_size), ("--heads", self.n_head),
+                        ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv)))
         if self.n_stream < 2:
             raise InvalidArgumentError(f"--streams {self.n_stream}: a gate for cross-stream reads needs at least 2")
         if self.kv_size < 2 * self.n_step + 2:
@@ -71,6 +66,7 @@ class ValidateConfig:
 
     @property
     def n_embd(self) -> int:
+        """Values per cell of K (or V): head_dim * n_head_kv."""
         return self.head_dim * self.n_head_kv
 
     def prompts(self) -> List[int]:
@@ -90,18 +86,21 @@ class ValidateResult:
 
     @property
     def identical(self) -> bool:
+        """Whether every policy gave the same hash."""
         return len(set(self.hashes.values())) == 1
 
     @property
     def control_detected(self) -> bool:
+        """Whether the control's hash differs from every policy's."""
         return self.control not in self.hashes.values()
 
     @property
     def passed(self) -> bool:
+        """The gate: identical hashes and a detected control."""
         return self.identical and self.control_detected
 
     def as_dict(self) -> Dict[str, object]:
-        """The --json object."""
+        """The result as `ferry validate --json` writes it."""
         return {"hashes": dict(self.hashes), "identical": self.identical, "control_detected": self.control_detected,
                 "split_memory_bytes": dict(self.split_memory)}
 
@@ -144,9 +143,25 @@ def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
 
 
 def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0, compact: bool = False) -> Tuple[str, int]:
-    """Serve every sequence under a policy; the sha256 (hex) of every attention output in order, and
-    the most bytes the scheduler held on the split backend. shift moves each wave's window that many
-    streams up (the negative control: 1); compact stages only the bytes read."""
+    """Serve every sequence under a policy and hash every attention output.
+
+    Parameters
+    ----------
+    cfg : ValidateConfig
+    split : Backend
+        Where attention runs.
+    policy : str
+    shift : int, optional
+        Moves each wave's window that many streams up (the negative control: 1).
+    compact : bool, optional
+        Compact staging.
+
+    Returns
+    -------
+    (str, int)
+        The sha256 (hex) of every attention output in order, and the most bytes the scheduler
+        held on the split backend.
+    """
     cpu = CPUBackend()
     served = _Served(cfg)
     sched = Scheduler([split, cpu], policy=policy, compact=compact)
@@ -180,77 +195,28 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0, comp
 
 
 def run_validate(cfg: ValidateConfig) -> ValidateResult:
-    """Each policy's hash and the control's."""
+    """Each policy's hash and the control's.
+
+    Parameters
+    ----------
+    cfg : ValidateConfig
+
+    Returns
+    -------
+    ValidateResult
+
+    Raises
+    ------
+    InvalidArgumentError
+        For options that cannot run.
+    FerryError
+        When the split backend cannot be made or a run fails.
+    """
     cfg.check()
     split = split_backend(cfg.backend)
-    runs = [(p, False) for p in cfg.policies] + ([(p, True) for p in cfg.policies if p != "flat"] if cfg.compact else [])
     hashes, memory = {}, {}
-    for policy, compact in runs:
+    for policy, compact in variants(cfg.policies, cfg.compact):
         name = f"{policy}+compact" if compact else policy
         hashes[name], memory[name] = serve(cfg, split, policy, compact=compact)
     control, _ = serve(cfg, split, "ranges", shift=1)
     return ValidateResult(split.name, hashes, control, memory)
-
-
-def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
-    waves = -(-cfg.n_seq // cfg.n_stream)
-    lines = [
-        f"split backend: {res.split_name}",
-        f"{cfg.n_seq} sequences through {cfg.n_stream} streams of {cfg.kv_size} cells ({waves} waves), "
-        f"{cfg.n_layer} layers, {cfg.n_step} decode steps, K/V {cfg.type_kv}, {cfg.n_head} heads x {cfg.head_dim}, "
-        f"{cfg.n_head_kv} KV heads",
-        "sha256 of every attention output:",
-    ]
-    width = max(len(p) for p in [*res.hashes, "control"])
-    lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B)" for p, h in res.hashes.items()]
-    lines.append(f"  {'control'.ljust(width)}  {res.control}  (ranges, each sequence reading its neighbour's stream)")
-    lines.append(f"policies: {'identical' if res.identical else 'DIFFERENT'}; "
-                 f"control: {'detected' if res.control_detected else 'NOT DETECTED'}; "
-                 f"gate: {'pass' if res.passed else 'FAIL'}")
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------ the command
-
-
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
-    """The `validate` verb's options, on the `ferry` command's subparsers."""
-    d = ValidateConfig()
-    vp = sub.add_parser("validate", help="the hash gate: every copy policy gives identical attention outputs, "
-                                         "and a cross-stream read is detected (llama-parallel's gate)",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    vp.add_argument("--sequences", type=int, default=d.n_seq, help=f"sequences served (default {d.n_seq})")
-    vp.add_argument("--streams", type=int, default=d.n_stream, help=f"streams of the cache (default {d.n_stream})")
-    vp.add_argument("--cells", type=int, default=d.kv_size, help=f"cells per stream (default {d.kv_size})")
-    vp.add_argument("--layers", type=int, default=d.n_layer, help=f"default {d.n_layer}")
-    vp.add_argument("--steps", type=int, default=d.n_step, help=f"decode steps per wave (default {d.n_step})")
-    vp.add_argument("--type", default=d.type_kv, choices=KV_TYPES, help=f"K and V type (default {d.type_kv})")
-    vp.add_argument("--heads", type=int, default=d.n_head, help=f"query heads (default {d.n_head})")
-    vp.add_argument("--head-dim", type=int, default=d.head_dim, help=f"default {d.head_dim}")
-    vp.add_argument("--kv-heads", type=int, default=d.n_head_kv, help=f"default {d.n_head_kv}")
-    vp.add_argument("--policy", type=_policy_list, default=list(d.policies), metavar="P,P,...",
-                    help=f"copy policies to compare (default {','.join(d.policies)})")
-    vp.add_argument("--backend", default=d.backend, choices=("auto", "cpu", "cuda"),
-                    help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable)")
-    vp.add_argument("--seed", type=int, default=d.seed, help=f"the sequences' content (default {d.seed})")
-    vp.add_argument("--compact", action="store_true",
-                    help="also hash each non-flat policy with compact staging (the split holds only the bytes read)")
-    vp.add_argument("--json", action="store_true", help='{"hashes": {policy: hex}, "identical", "control_detected"}')
-    return vp
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run `ferry validate`; exit status 0 when the policies agree and the control was detected, else 1."""
-    cfg = ValidateConfig(n_seq=args.sequences, n_stream=args.streams, n_layer=args.layers, n_step=args.steps,
-                         kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
-                         n_head_kv=args.kv_heads, policies=tuple(args.policy), backend=args.backend, seed=args.seed,
-                         compact=args.compact)
-    cfg.check()
-    res = run_validate(cfg)
-    if args.json:
-        print(json.dumps(res.as_dict(), indent=2))
-    else:
-        print(format_result(cfg, res))
-    if not res.passed:
-        print("ferry validate: the gate failed", file=sys.stderr)
-    return 0 if res.passed else 1

@@ -1,0 +1,50 @@
+"""ferry: copy the ranges of a multi-stream KV-cache window to the device, not the span.
+
+Every verb builds real windows with the library and reports exact byte counts."""
+
+from __future__ import annotations
+
+import argparse
+from typing import List, Optional
+
+from ..errors import FerryError
+from . import bench, demo, plan, table, validate
+
+#: The verbs in the order `ferry --help` lists them; each module has add_parser, main, and
+#: ARGUMENT_ERRORS (the FerryErrors reported as usage errors, exit 2).
+VERBS = (demo, table, plan, bench, validate)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The `ferry` command.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments after the program's name (default: sys.argv[1:]).
+
+    Returns
+    -------
+    int
+        The verb's exit status.
+
+    Raises
+    ------
+    SystemExit
+        With status 2 and a usage message for bad arguments (argparse's, or a FerryError the
+        verb counts as an argument error); with "ferry: <message>" for any other FerryError.
+    """
+    parser = argparse.ArgumentParser(prog="ferry", description=__doc__)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    parsers = {verb.__name__.rsplit(".", 1)[1]: (verb, verb.add_parser(sub)) for verb in VERBS}
+    args = parser.parse_args(argv)
+    verb, verb_parser = parsers[args.verb]
+    try:
+        try:
+            return verb.main(args)
+        except verb.ARGUMENT_ERRORS as e:
+            verb_parser.error(str(e))
+    except FerryError as e:
+        raise SystemExit(f"ferry: {e}") from None
+    return 2
+

@@ -1,0 +1,223 @@
+"""`ferry bench`: the analogue of llama.cpp's batched-bench generation phase, with real copies and timings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Optional, TextIO
+
+from .. import decode_bench
+from ..decode_bench import BenchConfig, BenchResult, BenchRow, run_one
+from ..errors import InvalidArgumentError, UnsupportedError
+from .options import add_attention_args, add_backend_arg, add_run_parser, int_list
+from .progress import Progress, progress_stream
+from .text_table import format_table
+
+__all__ = ["BenchConfig", "BenchResult", "BenchRow", "Progress", "add_parser", "check_plot_available",
+           "config_from_args", "fmt_gain", "fmt_gbps", "fmt_mib", "fmt_seconds", "format_result", "main",
+           "plot_result", "run_bench", "run_one"]
+
+#: Failures that come from the options: reported as usage errors (exit 2); others end the run.
+ARGUMENT_ERRORS = InvalidArgumentError
+
+
+def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResult:
+    """`decode_bench.run_bench` with a progress bar.
+
+    Parameters
+    ----------
+    cfg : BenchConfig
+        What to run.
+    progress : TextIO, optional
+        Where to draw the bar; None draws none.
+
+    Returns
+    -------
+    BenchResult
+        As `decode_bench.run_bench` returns it.
+    """
+    bar = Progress(cfg.n_steps, progress)
+    try:
+        # this module's run_one, looked up now: a test that replaces it here sees every run
+        return decode_bench.run_bench(cfg, on_step=lambda label: bar.step(label=label), run=run_one)
+    finally:
+        bar.close()
+
+
+# ------------------------------------------------------------ output
+
+
+def fmt_seconds(s: float) -> str:
+    """The duration s (seconds) with a unit that keeps 3-4 significant digits: µs, ms or s."""
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if s < 1.0:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.3f} s"
+
+
+def fmt_mib(n: int) -> str:
+    """The n bytes in MiB with one decimal."""
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def fmt_gbps(bps: float) -> str:
+    """The bandwidth bps (bytes per second) in GB/s."""
+    return f"{bps / 1e9:.2f} GB/s"
+
+
+def fmt_gain(g: Optional[float]) -> str:
+    """The gain g (0.1 for +10%) as a signed percentage, or "-" for None."""
+    if g is None:
+        return "-"
+    return f"{g * 100:+.1f}%"
+
+
+def format_result(res: BenchResult) -> str:
+    """The report of the BenchResult res: the header, one table row per (npl, policy) with the unified
+    cache's figures beside it, and whether the outputs agreed.
+    """
+    cfg = res.config
+    lines = [
+        f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)",
+        f"-c {cfg.n_ctx}, -npp {cfg.npp}, -ntg {cfg.ntg}, {cfg.n_layer} layers, K/V {cfg.type_kv}, "
+        f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}"
+        + (", V transposed" if cfg.v_trans else "")
+        + (f", fastest of {cfg.repeat} runs" if cfg.repeat > 1 else ""),
+        "copy and bytes: every layer's K and V windows, summed over the ntg steps",
+        "",
+    ]
+    head = ["npl", "policy", "tok/s", "gain", "decode", "copy", "compute", "copied", "read", "copy bw", "split mem"]
+    if cfg.unified:
+        head += ["unified tok/s", "gain", "copy", "copied"]
+    body = []
+    for npl in cfg.npl:
+        for policy, compact in res.variants():
+            r = res.row(npl, policy, False, compact)
+            cells = [str(npl), r.label, f"{r.tokens_per_s:,.1f}", fmt_gain(res.gain(r)), fmt_seconds(r.decode_s),
+                     fmt_seconds(r.copy_s), fmt_seconds(r.compute_s), fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
+                     fmt_gbps(r.copy_bandwidth), fmt_mib(r.split_memory)]
+            if cfg.unified:
+                u = res.row(npl, policy, True, compact)
+                cells += [f"{u.tokens_per_s:,.1f}", fmt_gain(res.gain(u)), fmt_seconds(u.copy_s),
+                          fmt_mib(u.bytes_copied)]
+            body.append(cells)
+    lines += format_table([head, *body], left=(1,))
+    lines.append("")
+    for npl in cfg.npl:
+        runs = "policies and both caches" if cfg.unified else "policies"
+        same = "identical" if res.outputs_identical(npl) else "DIFFERENT"
+        lines.append(f"npl {npl}: attention outputs {same} across {runs}")
+    return "\n".join(lines)
+
+
+def check_plot_available() -> None:
+    """Raise UnsupportedError, saying how to install it, when matplotlib cannot be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UnsupportedError("--plot needs matplotlib: pip install 'ferry[plot]' (or matplotlib)") from None
+
+
+def plot_result(res: BenchResult, path: str) -> None:
+    """Write a PNG bar chart of tokens/s by npl, one bar per policy (and per policy on the unified cache).
+
+    Parameters
+    ----------
+    res : BenchResult
+    path : str
+        The PNG file to write.
+
+    Raises
+    ------
+    UnsupportedError
+        Without matplotlib.
+    """
+    check_plot_available()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg = res.config
+    series = [(p, c, False) for p, c in res.variants()] + (
+        [(p, c, True) for p, c in res.variants()] if cfg.unified else [])
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for i, (policy, compact, unified) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(cfg.npl))]
+        ys = [res.row(npl, policy, unified, compact).tokens_per_s for npl in cfg.npl]
+        name = f"{policy}{'+compact' if compact else ''}{' (unified)' if unified else ''}"
+        ax.bar(xs, ys, width, label=name, hatch="//" if unified else None)
+    ax.set_xticks(range(len(cfg.npl)))
+    ax.set_xticklabels([str(n) for n in cfg.npl])
+    ax.set_xlabel("sequences (npl)")
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title(f"ferry bench on {res.split_name}: -c {cfg.n_ctx} -npp {cfg.npp} -ntg {cfg.ntg}, "
+                 f"{cfg.n_layer} layers, {cfg.type_kv}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+# ------------------------------------------------------------ the command
+
+
+def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
+    """Add the `bench` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
+    d = BenchConfig()
+    bp = add_run_parser(sub, "bench", "decode steps over a host KV cache: tokens/s, copy time and bytes per copy "
+                        "policy (llama-batched-bench's generation phase)", __doc__, decode_bench.__doc__)
+    bp.add_argument("-c", type=int, default=d.n_ctx, metavar="N_CTX", help=f"cells in all streams (default {d.n_ctx})")
+    bp.add_argument("-npl", type=int_list, default=list(d.npl), metavar="N,N,...",
+                    help=f"numbers of sequences, one stream each (default {','.join(map(str, d.npl))})")
+    bp.add_argument("-npp", type=int, default=d.npp, help=f"prompt cells per sequence (default {d.npp})")
+    bp.add_argument("-ntg", type=int, default=d.ntg, help=f"decode steps (tokens generated per sequence; "
+                                                         f"default {d.ntg})")
+    bp.add_argument("--layers", type=int, default=d.n_layer, help=f"default {d.n_layer}")
+    add_attention_args(bp, d, "copy policies: flat, ranges, plan")
+    bp.add_argument("--unified", action=argparse.BooleanOptionalAction, default=d.unified,
+                    help="also run a unified cache of the same sequences, for comparison (default on)")
+    add_backend_arg(bp, d.backend)
+    bp.add_argument("--pad", type=int, default=d.pad,
+                    help=f"round the split cache's n_kv up to this (llama.cpp: 256; default {d.pad}: exact)")
+    bp.add_argument("--repeat", type=int, default=d.repeat,
+                    help="run each configuration this many times (interleaved) and keep the fastest (default 1)")
+    bp.add_argument("--v-trans", action="store_true",
+                    help="V stored transposed (flash attention off): a gap after every channel row, even unified")
+    bp.add_argument("--compact", action="store_true",
+                    help="also run each non-flat policy with compact staging (the split holds only the bytes read)")
+    bp.add_argument("--json", action="store_true", help="a JSON list of objects instead of the table")
+    bp.add_argument("--plot", metavar="FILE.png", help="also write a PNG chart of tokens/s (needs matplotlib)")
+    return bp
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The BenchConfig the parsed options args describe (not yet checked)."""
+    return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
+                       type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
+                       policies=tuple(args.policy), unified=args.unified, backend=args.backend, pad=args.pad,
+                       repeat=args.repeat, v_trans=args.v_trans, compact=args.compact)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `ferry bench` with the parsed options args: the table (or JSON) on stdout, the bar on
+    stderr, the chart to --plot. Returns the exit status 0; InvalidArgumentError for options that
+    cannot run (a usage error), another FerryError when a run fails.
+    """
+    cfg = config_from_args(args)
+    cfg.check()
+    if args.plot:
+        check_plot_available()
+    res = run_bench(cfg, progress_stream())
+    if args.json:
+        print(f"ferry bench: split backend {res.split_name}, KV cache in {res.cache_memory}", file=sys.stderr)
+        print(json.dumps([r.as_dict() for r in res.rows], indent=2))
+    else:
+        print(format_result(res))
+    if args.plot:
+        plot_result(res, args.plot)
+        print(f"ferry bench: wrote {args.plot}", file=sys.stderr)
+    return 0

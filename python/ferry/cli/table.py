@@ -1,0 +1,49 @@
+"""`ferry table`: what a flat copy and a ranges copy of the K window move, per number of sequences."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, List, Sequence
+
+from ..dry_run import TableRow, build_table
+from ..errors import FerryError
+from .options import add_window_args, int_list
+from .text_table import format_table
+
+#: Every failure of this verb comes from its arguments: reported as a usage error (exit 2).
+ARGUMENT_ERRORS = FerryError
+
+
+def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
+    """Add the `table` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
+    tp = sub.add_parser("table", help="cells read and copied (flat vs ranges) per number of sequences, "
+                                      "from a dry run of the scheduler")
+    tp.add_argument("-npl", type=int_list, required=True, metavar="N,N,...", help="numbers of sequences (streams)")
+    add_window_args(tp, "q8_0", "K type")
+    tp.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
+    return tp
+
+
+def format_rows(rows: Sequence[TableRow]) -> List[str]:
+    """The TableRows rows as aligned text lines with thousands separators, under a header."""
+    head = ("sequences", "cells read", "cells copied flat", "cells copied ranges", "flat/ranges")
+    body = [(str(r.npl), f"{r.cells_read:,}", f"{r.cells_copied_flat:,}", f"{r.cells_copied_ranges:,}",
+             f"{r.ratio:.2f}x") for r in rows]
+    return format_table([head, *body])
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print, for the parsed options args, the cells read and copied under flat and ranges per number
+    of sequences. Returns the exit status 0; a FerryError for values the dry run refuses (a usage
+    error).
+    """
+    rows = build_table(args.c, args.npl, args.npp, args.ntg, pad=args.pad, type_k=args.type,
+                       head_dim=args.head_dim, n_head_kv=args.kv_heads)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        print(f"K window {args.type}, head_dim {args.head_dim}, {args.kv_heads} KV heads, -c {args.c}, "
+              f"{args.npp} + {args.ntg} tokens per sequence (pad {args.pad})")
+        print("\n".join(format_rows(rows)))
+    return 0

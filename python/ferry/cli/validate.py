@@ -1,0 +1,81 @@
+"""`ferry validate`: the analogue of llama.cpp's llama-parallel hash gate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .. import hash_gate
+from ..errors import InvalidArgumentError
+from ..hash_gate import ValidateConfig, ValidateResult
+from .options import add_attention_args, add_backend_arg, add_run_parser
+
+#: Failures that come from the options: reported as usage errors (exit 2); others end the run.
+ARGUMENT_ERRORS = InvalidArgumentError
+
+
+def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
+    """The report of the ValidateResult res of the ValidateConfig cfg: the run, one hash per policy and
+    the control's, the verdicts.
+    """
+    waves = -(-cfg.n_seq // cfg.n_stream)
+    lines = [
+        f"split backend: {res.split_name}",
+        f"{cfg.n_seq} sequences through {cfg.n_stream} streams of {cfg.kv_size} cells ({waves} waves), "
+        f"{cfg.n_layer} layers, {cfg.n_step} decode steps, K/V {cfg.type_kv}, {cfg.n_head} heads x {cfg.head_dim}, "
+        f"{cfg.n_head_kv} KV heads",
+        "sha256 of every attention output:",
+    ]
+    width = max(len(p) for p in [*res.hashes, "control"])
+    lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B)"
+              for p, h in res.hashes.items()]
+    lines.append(f"  {'control'.ljust(width)}  {res.control}  (ranges, each sequence reading its neighbour's stream)")
+    lines.append(f"policies: {'identical' if res.identical else 'DIFFERENT'}; "
+                 f"control: {'detected' if res.control_detected else 'NOT DETECTED'}; "
+                 f"gate: {'pass' if res.passed else 'FAIL'}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------ the command
+
+
+def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
+    """Add the `validate` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
+    d = ValidateConfig()
+    vp = add_run_parser(sub, "validate", "the hash gate: every copy policy gives identical attention outputs, and a "
+                        "cross-stream read is detected (llama-parallel's gate)", __doc__, hash_gate.__doc__)
+    vp.add_argument("--sequences", type=int, default=d.n_seq, help=f"sequences served (default {d.n_seq})")
+    vp.add_argument("--streams", type=int, default=d.n_stream, help=f"streams of the cache (default {d.n_stream})")
+    vp.add_argument("--cells", type=int, default=d.kv_size, help=f"cells per stream (default {d.kv_size})")
+    vp.add_argument("--layers", type=int, default=d.n_layer, help=f"default {d.n_layer}")
+    vp.add_argument("--steps", type=int, default=d.n_step, help=f"decode steps per wave (default {d.n_step})")
+    add_attention_args(vp, d, "copy policies to compare")
+    add_backend_arg(vp, d.backend)
+    vp.add_argument("--seed", type=int, default=d.seed, help=f"the sequences' content (default {d.seed})")
+    vp.add_argument("--compact", action="store_true",
+                    help="also hash each non-flat policy with compact staging (the split holds only the bytes read)")
+    vp.add_argument("--json", action="store_true", help='{"hashes": {policy: hex}, "identical", "control_detected"}')
+    return vp
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `ferry validate` with the parsed options args: the report (or JSON) on stdout. Returns the
+    exit status, 0 when the policies agree and the control was detected, else 1;
+    InvalidArgumentError for options the gate cannot run with (a usage error), another FerryError
+    when serving fails.
+    """
+    cfg = ValidateConfig(n_seq=args.sequences, n_stream=args.streams, n_layer=args.layers, n_step=args.steps,
+                         kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
+                         n_head_kv=args.kv_heads, policies=tuple(args.policy), backend=args.backend, seed=args.seed,
+                         compact=args.compact)
+    cfg.check()
+    res = hash_gate.run_validate(cfg)
+    if args.json:
+        print(json.dumps(res.as_dict(), indent=2))
+    else:
+        print(format_result(cfg, res))
+    if not res.passed:
+        print("ferry validate: the gate failed", file=sys.stderr)
+    return 0 if res.passed else 1

@@ -1,0 +1,42 @@
+"""Copy policies: how the scheduler copies a split input to the backend that runs the split.
+
+flat copies the whole nbytes() span, gaps included; ranges copies a host source whose last
+dimension is evenly spaced dense ranges with one 2-D set (else flat); plan copies any view
+by its copy plan when the cost model says that beats flat. The destination's gap bytes are
+never written.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+from ._binding import ffi, lib
+from .errors import InvalidArgumentError, check
+
+
+class CopyPolicy(enum.IntEnum):
+    """A ferry_copy_policy; str() gives its name ("ranges")."""
+
+    FLAT = lib.FERRY_COPY_FLAT
+    RANGES = lib.FERRY_COPY_RANGES
+    PLAN = lib.FERRY_COPY_PLAN
+
+    def __str__(self) -> str:
+        return ffi.string(lib.ferry_copy_policy_name(self.value)).decode()
+
+
+PolicyLike = Union[CopyPolicy, str]
+
+
+def to_policy(value: object) -> CopyPolicy:
+    """The CopyPolicy named by value (itself, or "flat", "ranges", "plan"); InvalidArgumentError for
+    anything else.
+    """
+    if isinstance(value, CopyPolicy):
+        return value
+    if isinstance(value, str):
+        out = ffi.new("ferry_copy_policy *")
+        check(lib.ferry_copy_policy_from_name(value.encode(), out))
+        return CopyPolicy(out[0])
+    raise InvalidArgumentError(f"copy policy: expected a name (flat, ranges, plan) or a CopyPolicy, got {value!r}")

@@ -1,0 +1,204 @@
+"""What the decode benchmark, the hash gate and the dry runs share.
+
+The copy policies and K/V types a decode run accepts, the checks of its options, the backend
+a split runs on, each sequence's K or V content, and the rounding of a window's n_kv.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+from .backend import Backend, StandinBackend
+from .cuda import CUDABackend, cuda_available
+from .errors import InvalidArgumentError
+from .types import Type
+
+#: The copy policies a decode run compares.
+POLICIES: Tuple[str, ...] = ("flat", "ranges", "plan")
+#: The K/V types decode attention reads.
+KV_TYPES: Tuple[str, ...] = ("f32", "f16", "q8_0")
+#: The backends a split may run on: auto picks cuda when a device is usable, else cpu.
+SPLIT_BACKENDS: Tuple[str, ...] = ("auto", "cpu", "cuda")
+
+
+def check_positive(values: Sequence[Tuple[str, Any]], integer: bool = True) -> None:
+    """Raise InvalidArgumentError for the first (name, value) pair whose value is not positive.
+
+    Parameters
+    ----------
+    values : sequence of (str, object)
+        Each option's name as the command line spells it (``"-c"``) and its value.
+    integer : bool, optional
+        True: the value must also be an int (not a bool), and the message says
+        "a positive integer". False: the value is only compared with 0.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming the first option that fails, and its value.
+    """
+    for name, value in values:
+        if integer:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+        elif value <= 0:
+            raise InvalidArgumentError(f"{name} must be positive, got {value}")
+
+
+def check_run_options(type_kv: str, head_dim: int, n_head: int, n_head_kv: int, policies: Sequence[str],
+                      backend: str) -> None:
+    """Check the options the decode benchmark and the hash gate share.
+
+    Parameters
+    ----------
+    type_kv : str
+        The K and V type, one of `KV_TYPES`.
+    head_dim, n_head, n_head_kv : int
+        Values per head, query heads, KV heads.
+    policies : sequence of str
+        Copy policies to run, each of `POLICIES`, none twice.
+    backend : str
+        The split's backend, one of `SPLIT_BACKENDS`.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For the first option that cannot run, in the command line's words.
+    """
+    if type_kv not in KV_TYPES:
+        raise InvalidArgumentError(f"--type {type_kv!r}: attention reads {', '.join(KV_TYPES)}")
+    if type_kv == "q8_0" and head_dim % 32:
+        raise InvalidArgumentError(f"--type q8_0 needs --head-dim a multiple of 32, got {head_dim}")
+    if n_head % n_head_kv:
+        raise InvalidArgumentError(f"--heads {n_head} is not a multiple of --kv-heads {n_head_kv}")
+    if not policies:
+        raise InvalidArgumentError("--policy: give at least one policy")
+    for p in policies:
+        if p not in POLICIES:
+            raise InvalidArgumentError(f"--policy {p!r}: known policies are {', '.join(POLICIES)}")
+    if len(set(policies)) != len(policies):
+        raise InvalidArgumentError(f"--policy lists a policy twice: {','.join(policies)}")
+    if backend not in SPLIT_BACKENDS:
+        raise InvalidArgumentError(f"--backend {backend!r}: auto, cpu or cuda")
+
+
+def check_streams(n_ctx: int, npl: int) -> None:
+    """Raise InvalidArgumentError unless n_ctx cells split into npl equal streams.
+
+    Parameters
+    ----------
+    n_ctx : int
+        Cells in all streams together.
+    npl : int
+        Number of streams (one per sequence).
+
+    Raises
+    ------
+    InvalidArgumentError
+        When npl is not positive or does not divide n_ctx.
+    """
+    if npl <= 0 or n_ctx % npl != 0:
+        raise InvalidArgumentError(f"-npl {npl}: the context of {n_ctx} cells does not split into {npl} "
+                                   "equal streams")
+
+
+def variants(policies: Sequence[str], compact: bool) -> List[Tuple[str, bool]]:
+    """The (policy, compact) runs of a set of policies, in report order.
+
+    Parameters
+    ----------
+    policies : sequence of str
+        The copy policies to run.
+    compact : bool
+        Whether each non-flat policy also runs with compact staging (compact staging gathers
+        whatever the policy, so flat has no compact run).
+
+    Returns
+    -------
+    list of (str, bool)
+        Every policy plain, then the non-flat ones compact.
+    """
+    out = [(p, False) for p in policies]
+    if compact:
+        out += [(p, True) for p in policies if p != "flat"]
+    return out
+
+
+def n_kv_for(npp: int, ntg: int, pad: int, kv_size: int) -> int:
+    """Cells a sequence's window reads.
+
+    Parameters
+    ----------
+    npp, ntg : int
+        Prompt and generated tokens of the sequence.
+    pad : int
+        The window's length is rounded up to a multiple of this (llama.cpp: 256).
+    kv_size : int
+        Cells in the sequence's stream: the window never reaches past them.
+
+    Returns
+    -------
+    int
+        npp + ntg rounded up to pad, at most kv_size.
+    """
+    need = npp + ntg
+    return min((need + pad - 1) // pad * pad, kv_size)
+
+
+def split_backend(name: str) -> Backend:
+    """The backend attention runs on.
+
+    Parameters
+    ----------
+    name : str
+        ``"cuda"``, ``"cpu"`` (the CPU stand-in device) or ``"auto"`` (cuda when a device is
+        usable, else cpu).
+
+    Returns
+    -------
+    Backend
+        A new CUDABackend or StandinBackend.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For another name.
+    UnsupportedError, BackendError
+        When cuda is asked for and cannot be had.
+    """
+    if name == "cuda" or (name == "auto" and cuda_available()):
+        return CUDABackend()
+    if name in ("auto", "cpu"):
+        return StandinBackend()
+    raise InvalidArgumentError(f"--backend {name!r}: auto, cpu or cuda")
+
+
+def random_rows(type_: Type, cells: int, n_embd: int, seed: Sequence[int]) -> bytes:
+    """One sequence's K or V content: random rows determined by a seed.
+
+    Parameters
+    ----------
+    type_ : Type
+        F32, F16 or Q8_0.
+    cells : int
+        Rows (cells) to make.
+    n_embd : int
+        Values per row (a multiple of 32 for Q8_0).
+    seed : sequence of int
+        numpy's seed sequence; the same seed gives the same bytes.
+
+    Returns
+    -------
+    bytes
+        cells rows, each row_size(type_, n_embd) bytes; Q8_0 scales are small and positive.
+    """
+    rng = np.random.default_rng(list(seed))
+    if type_ == Type.Q8_0:
+        blocks = np.zeros((cells, n_embd // 32), np.dtype([("d", "<f2"), ("qs", "i1", 32)]))
+        blocks["d"] = rng.uniform(2.0 ** -9, 2.0 ** -7, size=blocks.shape).astype(np.float16)
+        blocks["qs"] = rng.integers(-127, 128, size=(cells, n_embd // 32, 32))
+        return blocks.tobytes()
+    dtype = np.float32 if type_ == Type.F32 else np.float16
+    return rng.uniform(-1.0, 1.0, size=(cells, n_embd)).astype(dtype).tobytes()
