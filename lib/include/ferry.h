@@ -374,11 +374,15 @@ ferry_status ferry_backend_graph_compute(ferry_backend * backend, ferry_graph * 
  *
  * - Tensors that already have memory (placed by someone else) are left alone; views
  *   take their source's memory.
- * - Leafs and tensors flagged input or output live for the whole graph and are never
- *   shared. A node is freed once its last consumer (through any view) has run.
- * - add, mul and scale take their first source's memory when it is a node the
- *   allocator placed, not an input or output, of the same layout and buffer type, and
- *   this is its last use.
+ * - Inputs (leafs and tensors flagged input) are placed before anything runs: write
+ *   their data after alloc_graph, before each compute. Like every other tensor, an
+ *   input is freed once its last consumer (through any view) has run, and its memory
+ *   may then hold later results; keep_inputs (below) keeps them to the end instead.
+ * - Outputs, and results nobody reads (a node, or a view and so its source), live to
+ *   the end of the graph.
+ * - add, mul and scale take the memory of the first source they may (in place): one the
+ *   allocator placed, not an output or kept input, of the same layout and buffer type
+ *   (a view of it only from its first byte), whose last use this is.
  * - Free blocks are reused best fit and merged with free neighbours; space within what
  *   a chunk already needs is preferred over growing one.
  * - Each buffer type's memory is a list of chunks (buffers) of at most its max size,
@@ -400,6 +404,18 @@ void         ferry_gallocr_free(ferry_gallocr * galloc);
 ferry_status ferry_gallocr_reserve(ferry_gallocr * galloc, ferry_graph * graph,
                                    const int * node_buft_ids, const int * leaf_buft_ids);
 ferry_status ferry_gallocr_alloc_graph(ferry_gallocr * galloc, ferry_graph * graph);
+
+/* keep_inputs: leafs and inputs live to the end of the graph and are never shared, for
+ * whoever reads them after compute (off by default: they are freed after their last
+ * use). The allocator's takes effect at its next reserve or alloc_graph; the
+ * scheduler's, for its input copies and the leafs it places, at its next alloc. (The
+ * scheduler places each input copy just before the first node that reads it, in memory
+ * the nodes before may have freed.) */
+ferry_status ferry_gallocr_set_keep_inputs(ferry_gallocr * galloc, bool keep);
+bool         ferry_gallocr_get_keep_inputs(const ferry_gallocr * galloc);
+struct ferry_sched; /* the scheduler's (ferry_sched, below) */
+ferry_status ferry_sched_set_keep_inputs(struct ferry_sched * sched, bool keep);
+bool         ferry_sched_get_keep_inputs(const struct ferry_sched * sched);
 
 /* What it holds: bytes over all chunks of a buffer type, chunks, a chunk's buffer. */
 size_t       ferry_gallocr_buffer_size(const ferry_gallocr * galloc, int buft_id);
@@ -565,9 +581,10 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
  * source whose memory the split's backend cannot use is an input of the split and
  * gets a copy with the same layout (same ne and nb), placed on that backend by the
  * graph allocator together with the nodes' outputs. Compute runs the splits in order:
- * each split's inputs go through ferry_copy_input under the scheduler's policy, then
- * its nodes run. Sources are redirected to their copies only while the scheduler
- * allocates and computes; the graph is left as it was given.
+ * each input goes through ferry_copy_input under the scheduler's policy just before
+ * the first of its split's nodes that reads it, once the nodes before have run.
+ * Sources are redirected to their copies only while the scheduler allocates and
+ * computes; the graph is left as it was given.
  */
 typedef struct ferry_sched ferry_sched;
 
