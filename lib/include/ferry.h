@@ -384,7 +384,9 @@ ferry_status ferry_backend_graph_compute(ferry_backend * backend, ferry_graph * 
  *   allocator placed, not an output or kept input, of the same layout and buffer type
  *   (a view of it only from its first byte), whose last use this is.
  * - Free blocks are reused best fit and merged with free neighbours; space within what
- *   a chunk already needs is preferred over growing one.
+ *   a chunk already needs is preferred over growing one. The graph is walked two ways
+ *   (the first or the last of equally good blocks; in place through views or not) and
+ *   the way that needs less memory is kept.
  * - Each buffer type's memory is a list of chunks (buffers) of at most its max size,
  *   FERRY_GALLOC_MAX_CHUNKS at most (FERRY_ERR_OUT_OF_MEMORY past that). A tensor
  *   larger than the max size gets a chunk of its own, allocated through the buffer

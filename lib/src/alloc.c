@@ -110,8 +110,11 @@ typedef struct {
     tensor_plan * plan;
     const ferry_tensor ** tensors; /* by slot */
     ferry_blocks * blocks;         /* one per buffer type */
+    const int * node_ids;          /* NULL: all 0 */
+    const int * leaf_ids;
     const ferry_gallocr_copy * copies;
     int n_copies;
+    bool through_views;            /* in place over a source through a view of it too */
 } walk;
 
 static size_t rounded_size(walk * w, const tensor_plan * p, const ferry_tensor * t) {
@@ -162,7 +165,7 @@ static ferry_status take_source(walk * w, const ferry_tensor * n, const ferry_te
 static ferry_status place_node(walk * w, const ferry_tensor * n) {
     bool taken = false;
     for (int j = 0; ferry_op_can_inplace(n->op) && j < FERRY_MAX_SRC && !taken; j++) {
-        if (n->src[j]) {
+        if (n->src[j] && (w->through_views || !n->src[j]->view_src)) {
             FERRY_TRY(take_source(w, n, n->src[j], &taken));
         }
     }
@@ -193,8 +196,9 @@ static ferry_status prepare_copies(walk * w) {
 }
 
 /* Fill in buffer types, external memory, pins and use counts before the walk. */
-static ferry_status prepare(walk * w, const int * node_ids, const int * leaf_ids) {
+static ferry_status prepare(walk * w) {
     ferry_graph * graph = w->graph;
+    const int *node_ids = w->node_ids, *leaf_ids = w->leaf_ids;
     const int n_leafs = ferry_graph_n_leafs(graph), n_nodes = ferry_graph_n_nodes(graph);
     for (int i = 0; i < n_leafs + n_nodes; i++) {
         const bool is_leaf = i < n_leafs;
@@ -303,9 +307,9 @@ static ferry_status walk_nodes(walk * w, const ferry_gallocr_copy * const * stag
     return FERRY_OK;
 }
 
-static ferry_status run_walk(walk * w, const int * node_ids, const int * leaf_ids) {
+static ferry_status run_walk(walk * w) {
     ferry_graph * graph = w->graph;
-    FERRY_TRY(prepare(w, node_ids, leaf_ids));
+    FERRY_TRY(prepare(w));
     const ferry_gallocr_copy ** staged = calloc((size_t) w->n_copies + 1, sizeof(*staged));
     if (!staged) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
@@ -370,43 +374,83 @@ static ferry_status ensure_buffers(ferry_gallocr * g, const ferry_blocks * block
     return FERRY_OK;
 }
 
-/* Walk graph, grow the buffers, and keep the walk for placement queries. */
+static void walk_release(ferry_gallocr * g, walk * w) {
+    for (int b = 0; w->blocks && b < g->n_bufts; b++) {
+        ferry_blocks_release(&w->blocks[b]);
+    }
+    free(w->blocks);
+    free(w->plan);
+    free(w->tensors);
+    w->blocks = NULL;
+    w->plan = NULL;
+    w->tensors = NULL;
+}
+
+/* One walk of graph; the second way (alt) differs in two choices, see measure. */
+static ferry_status walk_graph(walk * w, bool alt) {
+    ferry_gallocr * g = w->g;
+    const int n = ferry_graph_n_slots(w->graph);
+    w->through_views = !alt;
+    w->plan = calloc((size_t) n + 1, sizeof(*w->plan));
+    w->tensors = calloc((size_t) n + 1, sizeof(*w->tensors));
+    w->blocks = calloc((size_t) g->n_bufts, sizeof(*w->blocks));
+    if (!w->plan || !w->tensors || !w->blocks) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
+    }
+    for (int b = 0; b < g->n_bufts; b++) {
+        ferry_blocks_init(&w->blocks[b], ferry_buffer_type_alignment(g->bufts[b]),
+                          ferry_buffer_type_max_size(g->bufts[b]));
+        w->blocks[b].last_of_equal = alt;
+    }
+    return run_walk(w);
+}
+
+static size_t walk_need(const ferry_gallocr * g, const walk * w) {
+    size_t need = 0;
+    for (int b = 0; b < g->n_bufts; b++) {
+        for (int c = 0; c < w->blocks[b].n_chunks; c++) {
+            need += w->blocks[b].chunks[c].high;
+        }
+    }
+    return need;
+}
+
+/*
+ * Walk graph, grow the buffers, and keep the walk for placement queries. Greedy
+ * placement can be unlucky: where two free blocks fit a tensor equally well, or two
+ * sources could be worked over in place, the choice decides what fits later. So the
+ * graph is walked two ways, and the one that needs less memory (the first on a tie) is
+ * kept: first of equal blocks and in place through views too; last of equal blocks and
+ * in place over direct sources only (what ggml does). Both are deterministic, so
+ * reserve and alloc_graph agree.
+ */
 static ferry_status measure(ferry_gallocr * g, ferry_graph * graph, const int * node_ids, const int * leaf_ids,
                             const ferry_gallocr_copy * copies, int n_copies) {
-    const int n = ferry_graph_n_slots(graph);
-    walk w = {.g = g, .graph = graph, .copies = copies, .n_copies = n_copies};
-    w.plan = calloc((size_t) n + 1, sizeof(*w.plan));
-    w.tensors = calloc((size_t) n + 1, sizeof(*w.tensors));
-    w.blocks = calloc((size_t) g->n_bufts, sizeof(*w.blocks));
-    ferry_status st = FERRY_OK;
-    if (!w.plan || !w.tensors || !w.blocks) {
-        st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
+    const walk base = {.g = g, .graph = graph, .node_ids = node_ids, .leaf_ids = leaf_ids, .copies = copies,
+                       .n_copies = n_copies};
+    walk first = base, second = base;
+    const ferry_status st_second = walk_graph(&second, true);
+    ferry_status st = walk_graph(&first, false); /* last, so its error is the one reported */
+    if (st != FERRY_OK && st_second == FERRY_OK) {
+        ferry_clear_error();
     }
-    for (int b = 0; st == FERRY_OK && b < g->n_bufts; b++) {
-        ferry_blocks_init(&w.blocks[b], ferry_buffer_type_alignment(g->bufts[b]),
-                          ferry_buffer_type_max_size(g->bufts[b]));
-    }
-    if (st == FERRY_OK) {
-        st = run_walk(&w, node_ids, leaf_ids);
-    }
-    if (st == FERRY_OK) {
-        st = ensure_buffers(g, w.blocks);
+    walk * kept = NULL;
+    if (st == FERRY_OK || st_second == FERRY_OK) {
+        kept = st == FERRY_OK && (st_second != FERRY_OK || walk_need(g, &first) <= walk_need(g, &second)) ? &first
+                                                                                                          : &second;
+        st = ensure_buffers(g, kept->blocks);
     }
     if (st == FERRY_OK) {
         free(g->plan);
         free(g->plan_tensors);
-        g->plan = w.plan;
-        g->plan_tensors = w.tensors;
-        g->n_plan = n;
-        w.plan = NULL;
-        w.tensors = NULL;
+        g->plan = kept->plan;
+        g->plan_tensors = kept->tensors;
+        g->n_plan = ferry_graph_n_slots(graph);
+        kept->plan = NULL;
+        kept->tensors = NULL;
     }
-    for (int b = 0; w.blocks && b < g->n_bufts; b++) {
-        ferry_blocks_release(&w.blocks[b]);
-    }
-    free(w.blocks);
-    free(w.plan);
-    free(w.tensors);
+    walk_release(g, &first);
+    walk_release(g, &second);
     return st;
 }
 
