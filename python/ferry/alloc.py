@@ -44,13 +44,15 @@ def _check_graph(graph: object, what: str) -> Graph:
 
 
 class GraphAllocator:
-    """GraphAllocator(backend_or_buffer_type, ...): places graphs' tensors in buffers of those types.
+    """GraphAllocator(backend_or_buffer_type, ..., keep_inputs=False): places graphs' tensors in buffers of those types.
 
     With one buffer type every tensor goes there. With several, reserve() says which type
     each node and leaf uses (indices into buffer_types) and alloc() reuses that assignment.
+    Inputs (leafs, tensors flagged input) are freed after their last use, so set them before
+    each compute; keep_inputs=True keeps them to the end, to read them after compute.
     """
 
-    def __init__(self, *types: Union[Backend, BufferType]) -> None:
+    def __init__(self, *types: Union[Backend, BufferType], keep_inputs: bool = False) -> None:
         if len(types) == 1 and isinstance(types[0], (list, tuple)):
             types = tuple(types[0])
         if not types:
@@ -58,9 +60,12 @@ class GraphAllocator:
         self._types: List[BufferType] = [_buffer_type(x, i) for i, x in enumerate(types)]
         arr = ffi.new("ferry_buffer_type *[]", [bt._ptr for bt in self._types])
         out = ffi.new("ferry_gallocr **")
+        if not isinstance(keep_inputs, bool):
+            raise InvalidArgumentError(f"keep_inputs: expected a bool, got {type(keep_inputs).__name__}")
         check(lib.ferry_gallocr_new_n(arr, len(self._types), out))
         parents = [bt._backend._handle for bt in self._types if bt._backend is not None]
         self._handle = Handle(out[0], lib.ferry_gallocr_free, parents)
+        check(lib.ferry_gallocr_set_keep_inputs(out[0], keep_inputs))
         self._finalizer = weakref.finalize(self, self._handle.release)
         self._chunks: Dict[int, BorrowedBuffer] = {}
         self._graph: Optional[Graph] = None  # C remembers the last graph's tensors by address
