@@ -285,8 +285,9 @@ static ferry_status walk_nodes(walk * w, const ferry_gallocr_copy * const * stag
         for (int j = 0; j < FERRY_MAX_SRC && !n->view_src; j++) {
             const ferry_tensor * s = n->src[j];
             if (s && w->plan[slot_of(w, s)].step > i) {
-                return ferry_fail(FERRY_ERR_INVALID_ARG, "gallocr: node %d ('%s') reads '%s', written only before node %d",
-                                  i, n->name, ferry_tensor_root(s)->name, w->plan[slot_of(w, s)].step);
+                return ferry_fail(FERRY_ERR_INVALID_ARG,
+                                  "gallocr: node %d ('%s') reads '%s', written only before node %d", i, n->name,
+                                  ferry_tensor_root(s)->name, w->plan[slot_of(w, s)].step);
             }
         }
         if (!n->view_src && !pn->external && pn->chunk < 0) {
@@ -374,6 +375,7 @@ static ferry_status ensure_buffers(ferry_gallocr * g, const ferry_blocks * block
     return FERRY_OK;
 }
 
+/* Free what a walk holds (its plan, unless measure kept it). */
 static void walk_release(ferry_gallocr * g, walk * w) {
     for (int b = 0; w->blocks && b < g->n_bufts; b++) {
         ferry_blocks_release(&w->blocks[b]);
@@ -381,9 +383,6 @@ static void walk_release(ferry_gallocr * g, walk * w) {
     free(w->blocks);
     free(w->plan);
     free(w->tensors);
-    w->blocks = NULL;
-    w->plan = NULL;
-    w->tensors = NULL;
 }
 
 /* One walk of graph; the second way (alt) differs in two choices, see measure. */
