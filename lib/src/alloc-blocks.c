@@ -3,7 +3,7 @@
  *
  * Where a request goes, in order of preference:
  *   1. the smallest free block that holds it within what its chunk already needs
- *      (reuse costs nothing);
+ *      (reuse costs nothing), the first or the last of equal ones (last_of_equal);
  *   2. else the block that makes its chunk grow least (in practice a chunk's tail);
  *   3. else a new chunk, of the max size, or exactly the request when that is larger.
  * Freed blocks merge with free neighbours, so two freed tensors side by side can hold
@@ -77,8 +77,9 @@ ferry_status ferry_blocks_alloc(ferry_blocks * b, size_t size, const char * what
         const ferry_chunk * ch = &b->chunks[c];
         for (int i = 0; i < ch->n_free; i++) {
             const ferry_block * blk = &ch->free[i];
+            const size_t best = best_c < 0 ? 0 : b->chunks[best_c].free[best_i].size;
             if (blk->size >= size && blk->offset + size <= ch->high &&
-                (best_c < 0 || blk->size < b->chunks[best_c].free[best_i].size)) {
+                (best_c < 0 || blk->size < best || (b->last_of_equal && blk->size == best))) {
                 best_c = c, best_i = i;
             }
         }

@@ -19,6 +19,7 @@ typedef struct {
 
 typedef struct {
     size_t alignment, max_size;
+    bool last_of_equal; /* of free blocks that fit equally well, take the last (else the first) */
     ferry_chunk chunks[FERRY_GALLOC_MAX_CHUNKS];
     int n_chunks;
 } ferry_blocks;

@@ -3,6 +3,7 @@
  * run. The copy of each input is ferry_copy_input (copy-path.c); nothing else here
  * moves bytes between backends.
  */
+#include "alloc-impl.h"
 #include "ferry-impl.h"
 #include "graph-impl.h"
 
@@ -25,6 +26,15 @@ typedef struct {
     int backend;
 } pin;
 
+/* A run of a split's nodes and the inputs first read there, copied just before it runs:
+ * a split's copies arrive one part at a time, in memory its earlier parts may have freed. */
+typedef struct {
+    int split;
+    int first_node;          /* in the graph */
+    int first_input, n_inputs;
+    ferry_graph * graph;     /* its nodes */
+} part;
+
 struct ferry_sched {
     ferry_backend * backends[FERRY_SCHED_MAX_BACKENDS];
     int n_backends;
@@ -41,8 +51,9 @@ struct ferry_sched {
     int * backend_of;        /* by slot of graph: backend index, -1 none */
     ferry_context * ctx;     /* the input copies */
     ferry_sched_split_info * splits;
-    ferry_graph ** split_graphs;
     int n_splits;
+    part * parts;
+    int n_parts;
     ferry_sched_input_info * inputs;
     int n_inputs, inputs_capacity;
     redirect * redirects;
@@ -81,20 +92,20 @@ static void set_redirects(ferry_sched * s, bool on) {
 
 /* Forget the last allocation (its copies, splits, graphs); the allocator's buffers stay. */
 static void reset(ferry_sched * s) {
-    for (int i = 0; i < s->n_splits; i++) {
-        ferry_graph_free(s->split_graphs[i]);
+    for (int i = 0; i < s->n_parts; i++) {
+        ferry_graph_free(s->parts[i].graph);
     }
-    free(s->split_graphs);
+    free(s->parts);
     free(s->splits);
     free(s->backend_of);
     ferry_graph_free(s->alloc_graph);
     ferry_context_free(s->ctx);
-    s->split_graphs = NULL;
+    s->parts = NULL;
     s->splits = NULL;
     s->backend_of = NULL;
     s->alloc_graph = NULL;
     s->ctx = NULL;
-    s->n_splits = s->n_inputs = s->n_redirects = 0;
+    s->n_splits = s->n_parts = s->n_inputs = s->n_redirects = 0;
     s->graph = NULL;
     s->graph_nodes = 0;
 }
@@ -156,6 +167,15 @@ ferry_status ferry_sched_set_compact(ferry_sched * s, bool compact) {
 }
 
 bool ferry_sched_get_compact(const ferry_sched * s) { return s && s->compact; }
+
+ferry_status ferry_sched_set_keep_inputs(ferry_sched * s, bool keep) {
+    FERRY_CHECK_ARG(s, "sched_set_keep_inputs: NULL scheduler");
+    FERRY_TRY(ferry_gallocr_set_keep_inputs(s->galloc, keep));
+    s->graph = NULL; /* the copies' lifetimes change: allocate again at the next compute */
+    return FERRY_OK;
+}
+
+bool ferry_sched_get_keep_inputs(const ferry_sched * s) { return s && ferry_gallocr_get_keep_inputs(s->galloc); }
 
 static int backend_index(const ferry_sched * s, const ferry_backend * backend) {
     for (int i = 0; i < s->n_backends; i++) {
@@ -269,13 +289,32 @@ static ferry_status assign_node(ferry_sched * s, ferry_tensor * node, int * out)
     return FERRY_OK;
 }
 
-/* The copy of src for split `split`, made once however many of its nodes read src. */
-static ferry_status input_copy(ferry_sched * s, int split, ferry_tensor * src, ferry_tensor ** out) {
+/* The copy split `split` already has of src, or NULL. */
+static ferry_tensor * existing_copy(const ferry_sched * s, int split, const ferry_tensor * src) {
     for (int i = s->splits[split].first_input; i < s->n_inputs; i++) {
         if (s->inputs[i].src == src) {
-            *out = s->inputs[i].copy;
-            return FERRY_OK;
+            return s->inputs[i].copy;
         }
+    }
+    return NULL;
+}
+
+/* Does node, on split's backend, read a source the split has no copy of yet? */
+static bool needs_new_input(const ferry_sched * s, int split, const ferry_tensor * node) {
+    for (int j = 0; j < FERRY_MAX_SRC && node->src[j]; j++) {
+        ferry_buffer_type * buft = source_buft(s, node->src[j]);
+        if (buft && !ferry_backend_supports_buft(s->splits[split].backend, buft) &&
+            !existing_copy(s, split, node->src[j])) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The copy of src for split `split`, made once however many of its nodes read src. */
+static ferry_status input_copy(ferry_sched * s, int split, ferry_tensor * src, ferry_tensor ** out) {
+    if ((*out = existing_copy(s, split, src)) != NULL) {
+        return FERRY_OK;
     }
     FERRY_TRY(reserve_one((void **) &s->inputs, &s->inputs_capacity, s->n_inputs, sizeof(*s->inputs)));
     ferry_tensor * copy;
@@ -286,16 +325,26 @@ static ferry_status input_copy(ferry_sched * s, int split, ferry_tensor * src, f
     ferry_tensor_set_input(copy);
     s->inputs[s->n_inputs++] = (ferry_sched_input_info) {.split = split, .src = src, .copy = copy};
     s->splits[split].n_inputs++;
+    s->parts[s->n_parts - 1].n_inputs++;
     *out = copy;
     return FERRY_OK;
 }
 
-/* Splits: runs of computing nodes on one backend; each source it cannot use becomes an input. */
+/* A new part of the last split, from node i. */
+static ferry_status new_part(ferry_sched * s, int i) {
+    s->parts[s->n_parts] = (part) {.split = s->n_splits - 1, .first_node = i, .first_input = s->n_inputs};
+    FERRY_TRY(ferry_graph_new(&s->parts[s->n_parts].graph));
+    s->n_parts++;
+    return FERRY_OK;
+}
+
+/* Splits: runs of computing nodes on one backend; each source it cannot use becomes an
+ * input. A split's nodes run in parts, a new one where a node first reads an input. */
 static ferry_status build_splits(ferry_sched * s) {
     const int n = ferry_graph_n_nodes(s->graph);
     s->splits = calloc((size_t) n + 1, sizeof(*s->splits));
-    s->split_graphs = calloc((size_t) n + 1, sizeof(*s->split_graphs));
-    if (!s->splits || !s->split_graphs) {
+    s->parts = calloc((size_t) n + 1, sizeof(*s->parts));
+    if (!s->splits || !s->parts) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     }
     for (int i = 0; i < n; i++) {
@@ -307,12 +356,14 @@ static ferry_status build_splits(ferry_sched * s) {
         if (s->n_splits == 0 || s->splits[s->n_splits - 1].backend != s->backends[b]) {
             ferry_sched_split_info * sp = &s->splits[s->n_splits];
             *sp = (ferry_sched_split_info) {.backend = s->backends[b], .first_node = i, .first_input = s->n_inputs};
-            FERRY_TRY(ferry_graph_new(&s->split_graphs[s->n_splits]));
             s->n_splits++;
+            FERRY_TRY(new_part(s, i));
+        } else if (needs_new_input(s, s->n_splits - 1, node)) {
+            FERRY_TRY(new_part(s, i));
         }
         const int split = s->n_splits - 1;
         ferry_backend * backend = s->backends[b];
-        FERRY_TRY(ferry_graph_add_node(s->split_graphs[split], node));
+        FERRY_TRY(ferry_graph_add_node(s->parts[s->n_parts - 1].graph, node));
         s->splits[split].n_nodes++;
         for (int j = 0; j < FERRY_MAX_SRC && node->src[j]; j++) {
             ferry_buffer_type * buft = source_buft(s, node->src[j]);
@@ -366,10 +417,27 @@ static ferry_status allocate(ferry_sched * s) {
             }
         }
     }
-    ferry_status st = ferry_gallocr_reserve(s->galloc, s->alloc_graph, node_ids, leaf_ids);
+    /* Each copy is written as its part begins, from its source, which lives until then. */
+    ferry_gallocr_copy * copies = calloc((size_t) s->n_inputs + 1, sizeof(*copies));
+    ferry_status st = copies ? FERRY_OK : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    for (int p = 0; p < s->n_parts && st == FERRY_OK; p++) {
+        const ferry_tensor * first = ferry_graph_node(s->graph, s->parts[p].first_node);
+        int step = s->parts[p].first_node;
+        if (ferry_graph_node(s->alloc_graph, step) != first) { /* the same order, but do not rely on it */
+            for (step = 0; step < n_nodes && ferry_graph_node(s->alloc_graph, step) != first; step++) {
+            }
+        }
+        for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
+            copies[k] = (ferry_gallocr_copy) {.copy = s->inputs[k].copy, .src = s->inputs[k].src, .step = step};
+        }
+    }
+    if (st == FERRY_OK) {
+        st = ferry_gallocr_reserve_copies(s->galloc, s->alloc_graph, node_ids, leaf_ids, copies, s->n_inputs);
+    }
     if (st == FERRY_OK) {
         st = ferry_gallocr_alloc_graph(s->galloc, s->alloc_graph);
     }
+    free(copies);
     free(node_ids);
     free(leaf_ids);
     return st;
@@ -416,9 +484,14 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
     s->stats.n_inputs = (uint64_t) s->n_inputs;
     ferry_status st = FERRY_OK;
     set_redirects(s, true);
-    for (int i = 0; i < s->n_splits && st == FERRY_OK; i++) {
-        ferry_sched_split_info * sp = &s->splits[i];
-        for (int k = sp->first_input; k < sp->first_input + sp->n_inputs && st == FERRY_OK; k++) {
+    for (int i = 0; i < s->n_splits; i++) {
+        s->splits[i].compute_seconds = 0;
+    }
+    /* Part by part: its inputs are copied once the parts before have run (and freed memory). */
+    for (int p = 0; p < s->n_parts && st == FERRY_OK; p++) {
+        ferry_sched_split_info * sp = &s->splits[s->parts[p].split];
+        for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs && st == FERRY_OK;
+             k++) {
             ferry_sched_input_info * in = &s->inputs[k];
             st = ferry_copy_input(sp->backend, s->policy, in->src, in->copy, &in->stats);
             if (st == FERRY_OK) {
@@ -432,12 +505,13 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
         }
         if (st == FERRY_OK) {
             const double t0 = now_seconds();
-            st = ferry_backend_graph_compute(sp->backend, s->split_graphs[i]);
+            st = ferry_backend_graph_compute(sp->backend, s->parts[p].graph);
             if (st == FERRY_OK) {
                 st = ferry_backend_synchronize(sp->backend);
             }
-            sp->compute_seconds = now_seconds() - t0;
-            s->stats.compute_seconds += sp->compute_seconds;
+            const double dt = now_seconds() - t0;
+            sp->compute_seconds += dt;
+            s->stats.compute_seconds += dt;
         }
     }
     set_redirects(s, false);

@@ -42,20 +42,24 @@ class GraphAllocator:
     """Places graphs' tensors in buffers it owns, reusing memory as ggml's gallocr does.
 
     With one buffer type every tensor goes there. With several, reserve() says which type each
-    node and leaf uses (indices into buffer_types) and alloc() reuses that assignment.
+    node and leaf uses (indices into buffer_types) and alloc() reuses that assignment. Inputs
+    (leafs, tensors flagged input) are freed after their last use, so set them before each
+    compute.
 
     Parameters
     ----------
     *types : Backend or BufferType, or one sequence of them
         The buffer types (a Backend stands for its default one).
+    keep_inputs : bool, optional
+        Keep inputs to the end of the graph, to read them after compute.
 
     Raises
     ------
     InvalidArgumentError
-        For no types, or anything but Backends and BufferTypes.
+        For no types, anything but Backends and BufferTypes, or a keep_inputs that is not a bool.
     """
 
-    def __init__(self, *types: Union[Backend, BufferType]) -> None:
+    def __init__(self, *types: Union[Backend, BufferType], keep_inputs: bool = False) -> None:
         if len(types) == 1 and isinstance(types[0], (list, tuple)):
             types = tuple(types[0])
         if not types:
@@ -63,9 +67,12 @@ class GraphAllocator:
         self._types: List[BufferType] = [_buffer_type(x, i) for i, x in enumerate(types)]
         arr = ffi.new("ferry_buffer_type *[]", [bt._ptr for bt in self._types])
         out = ffi.new("ferry_gallocr **")
+        if not isinstance(keep_inputs, bool):
+            raise InvalidArgumentError(f"keep_inputs: expected a bool, got {type(keep_inputs).__name__}")
         check(lib.ferry_gallocr_new_n(arr, len(self._types), out))
         parents = [bt._backend._handle for bt in self._types if bt._backend is not None]
         self._handle = Handle(out[0], lib.ferry_gallocr_free, parents)
+        check(lib.ferry_gallocr_set_keep_inputs(out[0], keep_inputs))
         self._finalizer = weakref.finalize(self, self._handle.release)
         self._chunks: Dict[int, BorrowedBuffer] = {}
         self._graph: Optional[Graph] = None  # C remembers the last graph's tensors by address

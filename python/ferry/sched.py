@@ -64,14 +64,20 @@ class Scheduler:
     compact : bool, optional
         Input copies hold only the bytes their source reads (compact staging) where the source's
         plan is one 2-D copy: the split's memory then holds bytes read, not the span.
+    keep_inputs : bool, optional
+        Input copies (and leafs the scheduler places) live to the end of compute, to read them
+        afterwards; by default each is placed just before its first reader and freed after its
+        last use.
 
     Raises
     ------
     InvalidArgumentError
-        For an empty list, anything but Backends, or an unknown policy.
+        For an empty list, anything but Backends, an unknown policy, or a keep_inputs that is not
+        a bool.
     """
 
-    def __init__(self, backends: Sequence[Backend], policy: PolicyLike = "flat", compact: bool = False) -> None:
+    def __init__(self, backends: Sequence[Backend], policy: PolicyLike = "flat", compact: bool = False,
+                 keep_inputs: bool = False) -> None:
         if isinstance(backends, Backend):
             backends = [backends]
         if isinstance(backends, (str, bytes)) or not hasattr(backends, "__len__") or len(backends) == 0:
@@ -95,6 +101,9 @@ class Scheduler:
         self._buffers: Dict[int, BorrowedBuffer] = {}
         self.policy = policy
         self.compact = compact
+        if not isinstance(keep_inputs, bool):
+            raise InvalidArgumentError(f"keep_inputs: expected a bool, got {type(keep_inputs).__name__}")
+        check(lib.ferry_sched_set_keep_inputs(self._p, keep_inputs))
 
     @property
     def _p(self) -> Any:

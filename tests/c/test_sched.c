@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#define KB_BYTES ((size_t) 1024)
+
 #define TRY(expr) do { ferry_status try_st_ = (expr); if (try_st_ != FERRY_OK) return try_st_; } while (0)
 
 /* A scheduler over [split, cpu] running `out` (pinned to the split backend) on a window. */
@@ -251,6 +253,103 @@ static void test_compact_layout_needs_one_copy(void) {
     ferry_context_free(ctx);
 }
 
+/*
+ * A result on the CPU that a split on the stand-in device reads by copy: it must live
+ * until the copy is made, though its last reader in the allocated graph (where the split
+ * reads the copy) is a CPU node before that, which could otherwise work in place over it.
+ * And each layer's window copy is made just before the node that reads it, in the memory
+ * of the layer before: the split's memory does not grow with the layers.
+ */
+static void test_sched_copy_source_lives_until_copied(void) {
+    ferry_backend *cpu, *standin;
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t n = 64;
+    ferry_tensor *x, *a, *c, *d;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, &n, &x));
+    CHECK_OK(ferry_scale(ctx, x, 2.0f, &a)); /* CPU */
+    CHECK_OK(ferry_scale(ctx, a, 3.0f, &c)); /* CPU: a's last reader in the allocated graph */
+    CHECK_OK(ferry_scale(ctx, a, 5.0f, &d)); /* stand-in: reads a copy of a */
+    ferry_tensor_set_output(c);
+    ferry_tensor_set_output(d);
+    ferry_graph * g;
+    CHECK_OK(ferry_graph_new(&g));
+    CHECK_OK(ferry_graph_build(g, c));
+    CHECK_OK(ferry_graph_build(g, d));
+    ferry_backend * backends[2] = {cpu, standin};
+    ferry_sched * s;
+    CHECK_OK(ferry_sched_new(backends, 2, &s));
+    CHECK_OK(ferry_sched_set_tensor_backend(s, d, standin));
+    CHECK_OK(ferry_sched_alloc_graph(s, g));
+    CHECK_EQ_U(ferry_sched_n_splits(s), 2);
+    CHECK_EQ_U(ferry_sched_n_inputs(s), 1);
+    float in[64], got[64];
+    for (int i = 0; i < n; i++) {
+        in[i] = (float) i;
+    }
+    CHECK_OK(ferry_tensor_set(x, in, 0, sizeof(in)));
+    CHECK_OK(ferry_sched_graph_compute(s, g));
+    CHECK_OK(ferry_tensor_get(d, got, 0, sizeof(got)));
+    for (int i = 0; i < n; i++) {
+        CHECK(got[i] == 10.0f * in[i]);
+    }
+    CHECK_OK(ferry_tensor_get(c, got, 0, sizeof(got)));
+    for (int i = 0; i < n; i++) {
+        CHECK(got[i] == 6.0f * in[i]);
+    }
+    ferry_sched_free(s);
+    ferry_graph_free(g);
+
+    /* layers: out_l = dup(h_l) on the stand-in, h_l computed on the CPU; 4 KB each */
+    const int64_t ne = 1024;
+    ferry_tensor * outs[8];
+    CHECK_OK(ferry_graph_new(&g));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, &ne, &x));
+    for (int l = 0; l < 8; l++) {
+        ferry_tensor * h;
+        CHECK_OK(ferry_scale(ctx, x, (float) l, &h));
+        CHECK_OK(ferry_tensor_set_output(h));
+        CHECK_OK(ferry_dup(ctx, h, &outs[l]));
+        CHECK_OK(ferry_graph_build(g, h));
+    }
+    for (int l = 0; l < 8; l++) {
+        CHECK_OK(ferry_tensor_set_output(outs[l]));
+        CHECK_OK(ferry_graph_build(g, outs[l]));
+    }
+    CHECK_OK(ferry_sched_new(backends, 2, &s));
+    for (int l = 0; l < 8; l++) {
+        CHECK_OK(ferry_sched_set_tensor_backend(s, outs[l], standin));
+    }
+    CHECK_OK(ferry_sched_alloc_graph(s, g));
+    CHECK_EQ_U(ferry_sched_n_splits(s), 2);
+    CHECK_EQ_U(ferry_sched_n_inputs(s), 8);
+    /* the 8 outputs, and one copy at a time; kept, all 8 copies */
+    CHECK_EQ_U(ferry_sched_buffer_size(s, standin), 9 * 4 * KB_BYTES);
+    CHECK(!ferry_sched_get_keep_inputs(s));
+    CHECK_OK(ferry_sched_set_keep_inputs(s, true));
+    CHECK(ferry_sched_get_keep_inputs(s));
+    CHECK_OK(ferry_sched_alloc_graph(s, g));
+    CHECK_EQ_U(ferry_sched_buffer_size(s, standin), 16 * 4 * KB_BYTES);
+    CHECK_FAILS(ferry_sched_set_keep_inputs(NULL, true), FERRY_ERR_INVALID_ARG);
+    float ones[1024], got_l[1024];
+    for (int i = 0; i < ne; i++) {
+        ones[i] = 1.0f;
+    }
+    CHECK_OK(ferry_tensor_set(x, ones, 0, sizeof(ones)));
+    CHECK_OK(ferry_sched_graph_compute(s, g));
+    for (int l = 0; l < 8; l++) {
+        CHECK_OK(ferry_tensor_get(outs[l], got_l, 0, sizeof(got_l)));
+        CHECK(got_l[0] == (float) l && got_l[1023] == (float) l);
+    }
+    ferry_sched_free(s);
+    ferry_graph_free(g);
+    ferry_context_free(ctx);
+    ferry_backend_free(standin);
+    ferry_backend_free(cpu);
+}
+
 static const check_test tests[] = {
     {"sched_ordered_multi_stream_ranges", test_sched_ordered_multi_stream_ranges},
     {"sched_ordered_multi_stream_flat_fails_first_assertion", test_sched_ordered_multi_stream_flat_fails_first_assertion},
@@ -260,6 +359,7 @@ static const check_test tests[] = {
     {"sched_no_inputs_when_backend_can_use_source", test_sched_no_inputs_when_backend_can_use_source},
     {"sched_compact_staging", test_sched_compact_staging},
     {"compact_layout_needs_one_copy", test_compact_layout_needs_one_copy},
+    {"sched_copy_source_lives_until_copied", test_sched_copy_source_lives_until_copied},
 };
 
 CHECK_MAIN(tests)

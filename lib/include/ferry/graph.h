@@ -84,13 +84,19 @@ ferry_status ferry_backend_graph_compute(ferry_backend * backend, ferry_graph * 
  *
  * - Tensors that already have memory (placed by someone else) are left alone; views
  *   take their source's memory.
- * - Leafs and tensors flagged input or output live for the whole graph and are never
- *   shared. A node is freed once its last consumer (through any view) has run.
- * - add, mul and scale take their first source's memory when it is a node the
- *   allocator placed, not an input or output, of the same layout and buffer type, and
- *   this is its last use.
+ * - Inputs (leafs and tensors flagged input) are placed before anything runs: write
+ *   their data after alloc_graph, before each compute. Like every other tensor, an
+ *   input is freed once its last consumer (through any view) has run, and its memory
+ *   may then hold later results; keep_inputs (below) keeps them to the end instead.
+ * - Outputs, and results nobody reads (a node, or a view and so its source), live to
+ *   the end of the graph.
+ * - add, mul and scale take the memory of the first source they may (in place): one the
+ *   allocator placed, not an output or kept input, of the same layout and buffer type
+ *   (a view of it only from its first byte), whose last use this is.
  * - Free blocks are reused best fit and merged with free neighbours; space within what
- *   a chunk already needs is preferred over growing one.
+ *   a chunk already needs is preferred over growing one. The graph is walked two ways
+ *   (the first or the last of equally good blocks; in place through views or not) and
+ *   the way that needs less memory is kept.
  * - Each buffer type's memory is a list of chunks (buffers) of at most its max size,
  *   FERRY_GALLOC_MAX_CHUNKS at most (FERRY_ERR_OUT_OF_MEMORY past that). A tensor
  *   larger than the max size gets a chunk of its own, allocated through the buffer
@@ -110,6 +116,13 @@ void         ferry_gallocr_free(ferry_gallocr * galloc);
 ferry_status ferry_gallocr_reserve(ferry_gallocr * galloc, ferry_graph * graph,
                                    const int * node_buft_ids, const int * leaf_buft_ids);
 ferry_status ferry_gallocr_alloc_graph(ferry_gallocr * galloc, ferry_graph * graph);
+
+/* keep_inputs: leafs and inputs live to the end of the graph and are never shared, for
+ * whoever reads them after compute (off by default: they are freed after their last
+ * use). It takes effect at the next reserve or alloc_graph. The scheduler has its own
+ * (ferry_sched_set_keep_inputs, sched.h). */
+ferry_status ferry_gallocr_set_keep_inputs(ferry_gallocr * galloc, bool keep);
+bool         ferry_gallocr_get_keep_inputs(const ferry_gallocr * galloc);
 
 /* What it holds: bytes over all chunks of a buffer type, chunks, a chunk's buffer. */
 size_t       ferry_gallocr_buffer_size(const ferry_gallocr * galloc, int buft_id);

@@ -19,9 +19,10 @@ extern "C" {
  * source whose memory the split's backend cannot use is an input of the split and
  * gets a copy with the same layout (same ne and nb), placed on that backend by the
  * graph allocator together with the nodes' outputs. Compute runs the splits in order:
- * each split's inputs go through ferry_copy_input under the scheduler's policy, then
- * its nodes run. Sources are redirected to their copies only while the scheduler
- * allocates and computes; the graph is left as it was given.
+ * each input goes through ferry_copy_input under the scheduler's policy just before
+ * the first of its split's nodes that reads it, once the nodes before have run.
+ * Sources are redirected to their copies only while the scheduler allocates and
+ * computes; the graph is left as it was given.
  */
 typedef struct ferry_sched ferry_sched;
 
@@ -57,6 +58,12 @@ ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, f
 void         ferry_sched_free(ferry_sched * sched);
 ferry_status ferry_sched_set_policy(ferry_sched * sched, ferry_copy_policy policy);
 ferry_copy_policy ferry_sched_get_policy(const ferry_sched * sched);
+/* keep_inputs: input copies and the leafs the scheduler places live to the end of the
+ * graph, for whoever reads them after compute (off by default: each input copy is placed
+ * just before the first node that reads it, in memory the nodes before may have freed,
+ * and freed after its last use). Takes effect at the next alloc. */
+ferry_status ferry_sched_set_keep_inputs(ferry_sched * sched, bool keep);
+bool         ferry_sched_get_keep_inputs(const ferry_sched * sched);
 /* Pin a node to a backend; takes effect at the next alloc. Pins are kept by address
  * until cleared: clear them when the pinned tensors go (a new graph each decode step). */
 ferry_status ferry_sched_set_tensor_backend(ferry_sched * sched, ferry_tensor * node, ferry_backend * backend);
