@@ -462,7 +462,7 @@ static void vt_print_text(const vt_report * rep, const char * backend, int runs)
     if (best >= 0 && contig) {
         const double x = rep->way[best].us / contig->us;
         printf("v_trans: fastest of plan and candidates: %s, %.1f us, %.3fx the contiguous copy: within 10%% "
-               "(issue 7): %s\n", vt_ways[best].name, rep->way[best].us, x, x <= VT_BAR ? "yes" : "no");
+               "(the transposed-V bar): %s\n", vt_ways[best].name, rep->way[best].us, x, x <= VT_BAR ? "yes" : "no");
     }
     printf("v_trans: huge pages: %s\n", rep->huge_how);
     printf("\npitch sweep (same rows, cache of pitch/2 cells; gather with min_pitch 0)\n");
