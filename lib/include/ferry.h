@@ -16,6 +16,8 @@
  *   ferry/copy.h     copy planning and the copy path    copy-plan.c, copy-compact.c, copy-path.c
  *   ferry/sched.h    the scheduler                      sched.c
  *   ferry/cuda.h     the CUDA backend                   cuda/
+ *   ferry/interop.h  values of every type, foreign      quant.c, foreign-buffer.c, dlpack.c
+ *                    memory, DLPack
  *
  * The Python binding's cdef is this file run through the preprocessor with FERRY_CDEF
  * defined, so every header must stay plain C that cffi can read: system includes only
@@ -38,5 +40,6 @@
 #include "ferry/copy.h"
 #include "ferry/sched.h"
 #include "ferry/cuda.h"
+#include "ferry/interop.h"
 
 #endif /* FERRY_H */

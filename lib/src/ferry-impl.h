@@ -122,6 +122,9 @@ bool ferry_buffer_is_synthetic(const ferry_buffer * buf);
 bool ferry_buffer_ptr_readable(const ferry_buffer * src, const ferry_buffer * dst);
 bool ferry_buffer_ptr_writable(const ferry_buffer * dst, const ferry_buffer * src);
 
+/* Is buf CUDA device memory, and of which device (cuda-buffers.cu; always false without CUDA)? */
+bool ferry_cuda_buffer_device(const ferry_buffer * buf, int * device);
+
 /* Plain host memory buffers (the CPU buffer type, the dummy's real memory). */
 ferry_status ferry_host_buffer_new(ferry_buffer_type * buft, size_t size, size_t alignment, ferry_buffer ** out);
 /* A host buffer around memory allocated elsewhere (pinned memory); release frees base. */

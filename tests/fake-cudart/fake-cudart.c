@@ -739,6 +739,29 @@ cudaError_t cudaHostGetDevicePointer(void ** dev, void * host, unsigned int flag
     return cudaSuccess;
 }
 
+/* What an address is: device memory of device 0 (inside an allocation's bytes, not its page
+ * padding), pinned host memory, or anything else (unregistered, as CUDA 11+ says). */
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes * attr, const void * p) {
+    if (!attr) {
+        return fail(cudaErrorInvalidValue);
+    }
+    memset(attr, 0, sizeof(*attr));
+    pthread_mutex_lock(&lock_);
+    if (find_alloc(p, 1, true)) {
+        attr->type = cudaMemoryTypeDevice;
+        attr->devicePointer = (void *) p;
+    } else if (is_pinned(p)) {
+        attr->type = cudaMemoryTypeHost;
+        attr->hostPointer = (void *) p;
+        attr->devicePointer = (void *) p;
+    } else {
+        attr->type = cudaMemoryTypeUnregistered;
+        attr->device = -2; /* what the runtime leaves there */
+    }
+    pthread_mutex_unlock(&lock_);
+    return cudaSuccess;
+}
+
 /* ---------------------------------------------------------------- devices */
 
 cudaError_t cudaGetDeviceCount(int * n) {

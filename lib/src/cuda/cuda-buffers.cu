@@ -23,9 +23,11 @@ static ferry_status sync_per_thread(const char * what) {
 
 static void device_free(ferry_buffer * buf) {
     auto * ctx = (device_buffer_ctx *) buf->context;
-    cudaSetDevice(ctx->device);
-    cudaFree(ctx->base); /* an error here has no one to report to */
-    cudaGetLastError();
+    if (!ctx->borrowed) {
+        cudaSetDevice(ctx->device);
+        cudaFree(ctx->base); /* an error here has no one to report to */
+        cudaGetLastError();
+    }
     free(ctx);
 }
 
@@ -145,6 +147,51 @@ static ferry_status device_buft_alloc(ferry_buffer_type * buft, size_t size, fer
         free(ctx);
     }
     return st;
+}
+
+/* Is p memory of device, as CUDA sees it (device or managed memory)? */
+static bool on_device(const void * p, int device) {
+    cudaPointerAttributes attr = {};
+    const bool ok = cudaPointerGetAttributes(&attr, p) == cudaSuccess &&
+                    (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) && attr.device == device;
+    cudaGetLastError();
+    return ok;
+}
+
+extern "C" ferry_status ferry_cuda_buffer_from_ptr(int device, void * base, size_t size, ferry_buffer ** out) {
+    FERRY_CHECK_ARG(out, "cuda_buffer_from_ptr: NULL output");
+    FERRY_CHECK_ARG(base, "cuda_buffer_from_ptr: NULL base");
+    ferry_buffer_type * buft = nullptr;
+    FERRY_TRY(ferry_cuda_buffer_type(device, &buft)); /* checks the device */
+    if (size > (size_t) INT64_MAX || (uintptr_t) base > UINTPTR_MAX - size) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_buffer_from_ptr: %zu bytes at %p run past the address space",
+                          size, base);
+    }
+    /* CUDA tells where an address lies, not how far its allocation reaches: both ends are asked */
+    if (!on_device(base, device) || (size > 1 && !on_device((const char *) base + size - 1, device))) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_buffer_from_ptr: %zu bytes at %p are not memory of CUDA%d",
+                          size, base, device);
+    }
+    auto * ctx = (device_buffer_ctx *) calloc(1, sizeof(device_buffer_ctx));
+    if (!ctx) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "cuda_buffer_from_ptr: out of memory");
+    }
+    ctx->device = device;
+    ctx->base = base;
+    ctx->borrowed = true;
+    const ferry_status st = ferry_buffer_init(buft, device_buffer_iface(), ctx, size, out);
+    if (st != FERRY_OK) {
+        free(ctx);
+    }
+    return st;
+}
+
+bool ferry_cuda_buffer_device(const ferry_buffer * buf, int * device) {
+    if (!ferry_cuda_is_device_buffer(buf)) {
+        return false;
+    }
+    *device = ((const device_buffer_ctx *) buf->context)->device;
+    return true;
 }
 
 static size_t device_buft_alignment(const ferry_buffer_type *) { return FERRY_CUDA_ALIGNMENT; }

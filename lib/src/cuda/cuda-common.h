@@ -48,6 +48,7 @@ struct device_buft_ctx {
 struct device_buffer_ctx {
     int device;
     void * base;
+    bool borrowed; /* another library's memory (ferry_cuda_buffer_from_ptr): never cudaFree'd here */
 };
 
 /* One buffer type per device (cuda-buffers.cu), made by ferry_cuda_buffer_type: the backend's default. */

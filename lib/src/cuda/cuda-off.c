@@ -82,3 +82,17 @@ ferry_status ferry_cuda_backend_hold(ferry_backend * backend, double microsecond
     (void) microseconds;
     return NO_CUDA("cuda_backend_hold");
 }
+
+ferry_status ferry_cuda_buffer_from_ptr(int device, void * base, size_t size, ferry_buffer ** out) {
+    (void) device;
+    (void) base;
+    (void) size;
+    (void) out;
+    return NO_CUDA("cuda_buffer_from_ptr");
+}
+
+bool ferry_cuda_buffer_device(const ferry_buffer * buf, int * device) {
+    (void) buf;
+    (void) device;
+    return false;
+}
