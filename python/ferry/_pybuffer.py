@@ -59,6 +59,9 @@ class CData:
 def _memoryview(data: Any, what: str) -> memoryview:
     if isinstance(data, str):
         raise InvalidArgumentError(f"{what}: expected bytes-like data or a numpy array, got str")
+    if isinstance(data, np.ndarray) and data.dtype.kind == "V" and data.dtype.fields is None \
+            and data.dtype.itemsize in (1, 2, 4, 8):
+        data = data.view(f"u{data.dtype.itemsize}")  # ml_dtypes' bfloat16: no buffer format of its own
     try:
         return memoryview(data)
     except (TypeError, ValueError) as e:

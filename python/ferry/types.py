@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Dict, Union
 
+import ml_dtypes
 import numpy as np
 
 from . import _checks
@@ -55,6 +56,7 @@ TypeLike = Union[Type, str, int]
 _NUMPY: Dict[Type, np.dtype] = {
     Type.F32: np.dtype(np.float32),
     Type.F16: np.dtype(np.float16),
+    Type.BF16: np.dtype(ml_dtypes.bfloat16),  # numpy has no bf16 of its own
     Type.I32: np.dtype(np.int32),
 }
 
@@ -137,16 +139,17 @@ def numpy_dtype(t: TypeLike) -> np.dtype:
     Returns
     -------
     numpy.dtype
-        float32, float16 or int32.
+        float32, float16, ml_dtypes.bfloat16 or int32.
 
     Raises
     ------
     UnsupportedError
-        For a type numpy cannot hold (bf16, the quantized types).
+        For the block types, q8_0 and q4_0 (Tensor.to_numpy gives their values as float32,
+        Tensor.raw their bytes).
     """
     ty = to_type(t)
     if ty not in _NUMPY:
-        raise UnsupportedError(f"type {ty} has no numpy dtype (only f32, f16 and i32 have)")
+        raise UnsupportedError(f"type {ty} has no numpy dtype (only f32, f16, bf16 and i32 have)")
     return _NUMPY[ty]
 
 
@@ -156,7 +159,7 @@ def type_from_dtype(dtype: object) -> Type:
     Parameters
     ----------
     dtype : numpy dtype-like
-        float32, float16 or int32.
+        float32, float16, ml_dtypes.bfloat16 or int32.
 
     Returns
     -------
@@ -176,4 +179,4 @@ def type_from_dtype(dtype: object) -> Type:
     for ty, known in _NUMPY.items():
         if dt == known:
             return ty
-    raise UnsupportedError(f"numpy dtype {dt} has no ferry type (float32, float16 and int32 have)")
+    raise UnsupportedError(f"numpy dtype {dt} has no ferry type (float32, float16, bfloat16 and int32 have)")

@@ -97,6 +97,10 @@ def test_numpy_dtypes() -> None:
     assert ferry.numpy_dtype("f16") == np.float16
     assert ferry.numpy_dtype("i32") == np.int32
     assert ferry.type_from_dtype(np.float16) == ferry.Type.F16
-    for name in ("bf16", "q8_0", "q4_0"):
-        with pytest.raises(ferry.UnsupportedError):
+    import ml_dtypes
+
+    assert ferry.numpy_dtype("bf16") == ml_dtypes.bfloat16  # numpy has none of its own
+    assert ferry.type_from_dtype(ml_dtypes.bfloat16) == ferry.Type.BF16
+    for name in ("q8_0", "q4_0"):
+        with pytest.raises(ferry.UnsupportedError, match=f"{name} has no numpy dtype"):
             ferry.numpy_dtype(name)
