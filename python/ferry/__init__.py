@@ -11,6 +11,9 @@ Python objects over the C library, in layers that import downward only:
 - ops (add, mul, scale, dup, concat, pad, mean, attn_decode), Graph, GraphAllocator;
 - copy plans and their cost (plan_copy, plan_of, CopyCostModel), the copy path;
 - the Scheduler, and KVCache with its windows;
+- numpy, PyTorch and CuPy without copies: tensors export themselves (ferry.export: array
+  interface, DLPack, CUDA array interface; Tensor.raw), from_array imports (ferry.interop),
+  and quantize / dequantize give values of every type (ferry.quant);
 - the workloads the command line runs: decode_bench.run_bench, hash_gate.run_validate,
   dry_run.build_table and dry_run.window_plan, each returning data.
 
@@ -43,7 +46,9 @@ from .errors import (
     UnsupportedError,
 )
 from .event import Event
+from .export import TensorBytes
 from .graph import Graph
+from .interop import ForeignBuffer, from_array
 from .kv import KVCache, KVParams
 from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
 from .plan import (
@@ -60,6 +65,7 @@ from .plan import (
     plan_pays,
 )
 from .policy import CopyPolicy
+from .quant import dequantize, quantize
 from .sched import Input, Scheduler, Split
 from .stats import KINDS, CopyStats, SchedStats, Stats
 from .tensor import Tensor, tensor_copy
@@ -95,6 +101,7 @@ __all__ = [
     "KVCache", "KVParams", "Scheduler", "Split", "Input", "SchedStats",
     "CUDABackend", "Event", "cuda_device_count", "cuda_buffer_type", "cuda_host_buffer_type",
     "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "Graph", "GraphAllocator", "Placement",
+    "from_array", "ForeignBuffer", "TensorBytes", "quantize", "dequantize",
     "Type", "to_type", "type_name", "type_size", "blck_size", "row_size", "numpy_dtype", "type_from_dtype",
     "FerryError", "InvalidArgumentError", "OutOfBoundsError", "NotAllocatedError", "LayoutError",
     "UnknownTypeError", "FreedBufferError", "OutOfMemoryError", "UnsupportedError", "BackendError",

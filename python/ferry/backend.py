@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from . import _checks, _pybuffer
+from . import _checks, _pybuffer, quant
 from ._binding import ffi, lib
 from ._handle import Handle
 from .buffer import Buffer, BufferType
@@ -135,6 +135,7 @@ class Backend:
             For a tensor without live memory.
         """
         t = _checks.instance(tensor, Tensor, "set_async")
+        quant.check_data(t, data, "set_async")
         d = _pybuffer.readable(data, "set_async")
         self._queue(d, lambda: lib.ferry_backend_tensor_set_async(
             self._p, t._p, d.ptr, _checks.as_size(offset, "set_async: offset"), d.nbytes))
@@ -164,6 +165,7 @@ class Backend:
         """
         t = _checks.instance(tensor, Tensor, "set_2d_async")
         args = _checks.transfer_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
+        quant.check_data(t, data, "set_2d_async")
         self._queue_2d("set_2d_async", lib.ferry_backend_tensor_set_2d_async, t,
                        _pybuffer.readable(data, "set_2d_async"), args)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from . import _checks
 from ._binding import ffi, lib
@@ -120,8 +120,11 @@ class Buffer:
     """
 
     _finalizer: Optional[weakref.finalize]
+    #: Whether its owner may replace the memory while tensors still point into it (an
+    #: allocator that grows): such memory is never exported to other libraries (ferry.export).
+    _memory_may_move = False
 
-    def __init__(self, ptr: Any, buffer_type: BufferType) -> None:
+    def __init__(self, ptr: Any, buffer_type: BufferType, free: Callable[[Any], None] = lib.ferry_buffer_free) -> None:
         """Internal: take ownership of a ferry_buffer*; use Backend.alloc_buffer or BufferType.alloc_buffer.
 
         Parameters
@@ -129,10 +132,12 @@ class Buffer:
         ptr : cdata ferry_buffer *
         buffer_type : BufferType
             Its type (whose backend the buffer keeps alive).
+        free : callable, optional
+            Frees ptr (ferry_buffer_free; for memory another library owns, that and more).
         """
         self._type = buffer_type
         parent = buffer_type._backend._handle if buffer_type._backend is not None else None
-        self._handle = Handle(ptr, lib.ferry_buffer_free, parent)
+        self._handle = Handle(ptr, free, parent)
         self._finalizer = weakref.finalize(self, self._handle.release)
         self._size = int(lib.ferry_buffer_size(ptr))
         self._id = int(lib.ferry_buffer_id(ptr))
@@ -319,6 +324,11 @@ class BorrowedBuffer(Buffer):
     def owner(self) -> object:
         """The object that allocated and frees this buffer."""
         return self._owner
+
+    @property
+    def _memory_may_move(self) -> bool:  # type: ignore[override]
+        """A graph allocator's or scheduler's memory moves when it allocates again; a KV cache's stays."""
+        return not getattr(self._owner, "_memory_stays", False)
 
     def free(self) -> None:
         """Refused: the owner frees it (close the allocator or scheduler, or drop the cache)."""

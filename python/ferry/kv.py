@@ -81,6 +81,9 @@ class KVCache:
         When the buffer cannot be allocated.
     """
 
+    #: Its memory stays where it is for the cache's life: views of it may be exported (ferry.export).
+    _memory_stays = True
+
     def __init__(self, type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, n_ctx: int,
                  n_stream: int, n_layer: int = 1, v_trans: bool = False, backend: Optional[Backend] = None,
                  buffer_type: Optional[BufferType] = None, pinned: bool = False) -> None:

@@ -7,22 +7,21 @@ Tensor (and so the source's context) alive, and a placed tensor keeps its Buffer
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _checks, _pybuffer
+from . import _checks, _pybuffer, export, quant
 from ._binding import ffi, lib
 from ._handle import Handle
 from .errors import (
     FreedBufferError,
     InvalidArgumentError,
     LayoutError,
-    OutOfMemoryError,
     UnsupportedError,
     check,
 )
-from .types import Type, TypeLike, numpy_dtype, row_size, to_type, type_from_dtype
+from .types import Type, TypeLike, row_size, to_type
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -132,7 +131,8 @@ class Tensor:
                    name=name)
 
     @classmethod
-    def from_numpy(cls, backend: "Backend", array: Any, name: Optional[str] = None) -> "Tensor":
+    def from_numpy(cls, backend: "Backend", array: Any, name: Optional[str] = None,
+                   type: Optional[TypeLike] = None) -> "Tensor":
         """A tensor on a backend holding an array's values.
 
         Parameters
@@ -140,9 +140,12 @@ class Tensor:
         backend : Backend
             Where the tensor's memory is allocated.
         array : array_like
-            float32, float16 or int32 values, at most 4 dimensions.
+            At most 4 dimensions.
         name : str, optional
             The tensor's name.
+        type : Type, str or int, optional
+            The tensor's type (default: the array's own, float32, float16, ml_dtypes.bfloat16 or
+            int32); values of another dtype are converted, for q8_0 and q4_0 quantized (ferry.quant).
 
         Returns
         -------
@@ -152,18 +155,13 @@ class Tensor:
         Raises
         ------
         InvalidArgumentError
-            For a backend that is not one, or more than 4 dimensions.
+            For a backend that is not one, more than 4 dimensions, or values the type cannot hold.
         UnsupportedError
-            For a dtype ferry has no type for.
+            For a dtype ferry has no type for, and no type given.
+        LayoutError
+            For a last axis that is not whole blocks of a block type.
         """
-        _checks.c_object(backend, "ferry_backend *", "a Backend", "from_numpy")
-        arr = np.asarray(array)
-        ty = type_from_dtype(arr.dtype)
-        if arr.ndim > 4:
-            raise InvalidArgumentError(f"from_numpy: {arr.ndim} dimensions; ferry tensors have at most 4")
-        t = backend.alloc_tensor(ty, list(reversed(arr.shape)) or [1], name=name)
-        t.set(np.ascontiguousarray(arr))
-        return t
+        return quant.from_numpy(backend, array, type, name)
 
     #: False for a struct that lives only until its owner's next step (a scheduler's input copy):
     #: nothing may keep a pointer to it, so no views or ops are built on it.
@@ -418,6 +416,7 @@ class Tensor:
         OutOfBoundsError
             When the bytes reach past the tensor's span.
         """
+        quant.check_data(self, data, "tensor_set")
         with _pybuffer.readable(data, "tensor_set") as d:
             check(lib.ferry_tensor_set(self._p, d.ptr, _checks.as_size(offset, "tensor_set: offset"), d.nbytes))
 
@@ -527,6 +526,7 @@ class Tensor:
             For strides smaller than a row.
         """
         args = _checks.transfer_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
+        quant.check_data(self, data, "tensor_set_2d")
         with _pybuffer.readable(data, "tensor_set_2d") as d:
             d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
             check(lib.ferry_tensor_set_2d(self._p, d.ptr, *args))
@@ -572,24 +572,45 @@ class Tensor:
 
     def to_numpy(self) -> np.ndarray:
         """The values as a new array shaped reversed ne (numpy order); strided views give their own
-        values, gaps skipped. Only f32, f16 and i32 (UnsupportedError otherwise)."""
-        dtype = numpy_dtype(self.type)
-        shape = tuple(reversed(self.ne[: self.ndim]))
-        try:
-            if self.nelements == 0:
-                self.get(0, 0)  # still refuses an unallocated or freed tensor
-                return np.zeros(shape, dtype)
-            raw = _pybuffer.new_bytes(self.nbytes, "to_numpy")
-            self.readinto(raw)
-            if self.is_contiguous:
-                return np.frombuffer(raw, dtype).reshape(shape)
-            strides = tuple(reversed(self.nb[: self.ndim]))
-            return np.ndarray(shape, dtype, buffer=raw, strides=strides).copy()
-        except (ValueError, MemoryError):
-            # numpy's 'array is too big' (even with no values), or no memory for the values of a
-            # broadcast view: shapes ferry allows and numpy cannot hold
-            raise OutOfMemoryError(f"to_numpy: numpy cannot hold {self.nelements} {dtype} values shaped "
-                                   f"{list(shape)}") from None
+        values, gaps skipped. bf16 as ml_dtypes.bfloat16; q8_0 and q4_0 dequantized to float32
+        (their bytes: raw())."""
+        return quant.to_numpy(self)
+
+    # ------------------------------------------------------------ zero-copy export (ferry.export)
+
+    def raw(self) -> "export.TensorBytes":
+        """The tensor's bytes as uint8, each row its row_size bytes, exported without a copy.
+
+        Returns
+        -------
+        TensorBytes
+            Speaks the tensor's protocols: np.asarray(t.raw()), np.from_dlpack(t.raw()),
+            torch.from_dlpack(t.raw()). The block types export only this way.
+        """
+        return export.TensorBytes(self)
+
+    @property
+    def __array_interface__(self) -> Dict[str, Any]:
+        """numpy's view of host memory (ferry.export.array_interface)."""
+        return export.array_interface(self)
+
+    def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> np.ndarray:
+        """numpy's view of host memory, bf16 too (ferry.export.as_array)."""
+        return export.as_array(self, dtype, copy)
+
+    def __dlpack__(self, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Optional[bool] = None) -> Any:
+        """A DLPack capsule of host or CUDA memory (ferry.export.dlpack)."""
+        return export.dlpack(self, False, stream, max_version, dl_device, copy)
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """(1, 0) for host memory, (2, n) for CUDA device n."""
+        return export.dlpack_device(self)
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        """The view of CUDA device memory PyTorch and CuPy take (ferry.export.cuda_array_interface)."""
+        return export.cuda_array_interface(self)
 
     # ------------------------------------------------------------ graphs: flags and ops (see ferry.ops)
 

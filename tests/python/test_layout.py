@@ -20,10 +20,10 @@ SOURCES = Path(__file__).resolve().parents[2] / "python" / "ferry"
 #: The layers, lowest first: a module may import its own layer's modules and lower layers'.
 LAYERS: List[Tuple[str, ...]] = [
     ("ferry._binding",),
-    ("ferry.errors", "ferry._handle", "ferry._checks", "ferry._pybuffer", "ferry.types"),
-    ("ferry.stats", "ferry.policy", "ferry.copy2d"),
+    ("ferry.errors", "ferry._handle", "ferry._checks", "ferry._pybuffer", "ferry.types", "ferry.quant"),
+    ("ferry.stats", "ferry.policy", "ferry.copy2d", "ferry.export"),
     ("ferry.tensor",),
-    ("ferry.buffer", "ferry.event", "ferry.backend", "ferry.cuda"),
+    ("ferry.buffer", "ferry.event", "ferry.backend", "ferry.cuda", "ferry.interop"),
     ("ferry.ops", "ferry.graph", "ferry._placements", "ferry.alloc"),
     ("ferry.plan", "ferry.copy_path"),
     ("ferry.sched", "ferry.kv"),

@@ -1,0 +1,206 @@
+"""Values of every type: the numpy dtype of each type's elements (bf16 as ml_dtypes.bfloat16),
+conversion of values to and from each type (q8_0 and q4_0 quantized and dequantized by the C
+library's ferry_quantize / ferry_dequantize, the one home of that arithmetic), and the check
+that data written to a tensor holds the tensor's type.
+
+It sits beside types.py, below Tensor: what it does with tensors and backends it does
+through their methods, importing neither.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Tuple
+
+import ml_dtypes
+import numpy as np
+
+from . import _checks, _pybuffer
+from ._binding import ffi, lib
+from .errors import InvalidArgumentError, OutOfBoundsError, OutOfMemoryError, UnsupportedError, check
+from .types import _NUMPY, Type, TypeLike, to_type
+
+if TYPE_CHECKING:
+    from .backend import Backend
+    from .tensor import Tensor
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_ARRAY_DTYPES = _NUMPY  # types.py's table: f32, f16, bf16, i32
+
+
+def array_dtype(ty: TypeLike) -> Optional[np.dtype]:
+    """The dtype whose items are ty's elements (None for the block types q8_0 and q4_0)."""
+    return _ARRAY_DTYPES.get(to_type(ty))
+
+
+def value_dtype(ty: TypeLike) -> np.dtype:
+    """The dtype of ty's values as to_numpy gives them: the element dtype, float32 for block types."""
+    return _ARRAY_DTYPES.get(to_type(ty), np.dtype(np.float32))
+
+
+def type_of_dtype(dt: np.dtype) -> Optional[Type]:
+    """The ferry type whose elements dt holds (None if none does: no exception, unlike type_from_dtype)."""
+    return next((ty for ty, known in _ARRAY_DTYPES.items() if dt == known), None)
+
+
+def _is_raw(dt: np.dtype) -> bool:
+    return dt == np.uint8
+
+
+def quantize(values: Any, type: TypeLike) -> np.ndarray:
+    """Values as the bytes of a type (ferry_quantize).
+
+    Parameters
+    ----------
+    values : array_like
+        Numbers, taken in C order: floats (ints too) for f32, f16, bf16, q8_0 and q4_0, integers
+        that fit 32 bits for i32. Their count must be a whole number of blocks.
+    type : Type, str or int
+        f16 and bf16 round to nearest even; q8_0 and q4_0 are ggml's round-to-nearest reference,
+        byte for byte.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8, the type's bytes (row_size(type, count) of them).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For values that are not numbers, or not finite for q8_0 and q4_0.
+    LayoutError
+        For a count that is not whole blocks.
+    """
+    ty = to_type(type)
+    arr = np.asarray(values)
+    if ty == Type.I32:
+        if arr.dtype.kind not in "iu" or not np.array_equal(arr.astype(np.int32).astype(arr.dtype), arr):
+            raise InvalidArgumentError(f"quantize: values are {arr.dtype} but i32 holds integers that fit 32 bits")
+        return np.ascontiguousarray(arr, np.int32).reshape(-1).view(np.uint8)
+    if arr.dtype.kind not in "fiu" and arr.dtype != BFLOAT16:
+        raise InvalidArgumentError(f"quantize: values are {arr.dtype}, not numbers {ty} can hold")
+    flat = np.ascontiguousarray(arr, np.float32).reshape(-1)
+    n = flat.size
+    out = np.empty(-(-n // ty.blck_size) * ty.size, np.uint8)  # whole blocks: C refuses a partial one
+    check(lib.ferry_quantize(ty.value, ffi.from_buffer("float[]", flat), n, ffi.from_buffer(out), out.nbytes))
+    return out
+
+
+def dequantize(data: Any, type: TypeLike, n: Optional[int] = None) -> np.ndarray:
+    """The values that bytes of a type hold, as float32 (ferry_dequantize).
+
+    Parameters
+    ----------
+    data : bytes-like or numpy.ndarray
+        The type's bytes.
+    type : Type, str or int
+        f32, f16, bf16, q8_0 or q4_0 (i32 holds integers, not values).
+    n : int, optional
+        Values to read (default: all that data holds).
+
+    Returns
+    -------
+    numpy.ndarray
+        float32, n values.
+
+    Raises
+    ------
+    OutOfBoundsError
+        When data holds fewer than n values.
+    UnsupportedError
+        For i32.
+    """
+    ty = to_type(type)
+    with _pybuffer.readable(data, "dequantize") as d:
+        held = d.nbytes // ty.size * ty.blck_size
+        n = held if n is None else _checks.as_int64(n, "dequantize: n")
+        if n > held:  # before numpy is asked for n floats
+            raise OutOfBoundsError(f"dequantize: {n} {ty} values need more than the {d.nbytes} bytes given")
+        out = np.empty(max(n, 0), np.float32)
+        check(lib.ferry_dequantize(ty.value, d.ptr, d.nbytes, n, ffi.from_buffer("float[]", out)))
+    return out
+
+
+def strides_of(t: "Tensor") -> Tuple[int, ...]:
+    """t's byte strides in numpy order (all 4 dimensions), 0 for a dimension of one index or none:
+    it is never stepped, C accepts any stride there, and numpy refuses one past its index type."""
+    return tuple(s if n > 1 else 0 for n, s in zip(reversed(t.ne), reversed(t.nb)))
+
+
+def check_data(tensor: "Tensor", data: Any, what: str) -> None:
+    """Refuse data typed other than the tensor's (numpy arrays and typed memoryviews): a float32
+    array written into an f16 tensor would be taken as its bytes. Raw bytes (bytes, bytearray,
+    uint8 arrays, byte memoryviews) pass: they are the tensor's bytes as they stand."""
+    if isinstance(data, np.ndarray):
+        dt = data.dtype
+    elif isinstance(data, memoryview) and data.format not in ("B", "b", "c"):
+        try:
+            dt = np.dtype(data.format)
+        except TypeError:
+            dt = None
+    else:
+        return
+    if dt is None or _is_raw(dt):
+        return
+    ty = tensor.type
+    if type_of_dtype(dt) == ty:
+        return
+    hint = (f"convert the values (ferry.quantize(values, '{ty}'), Tensor.from_numpy(..., type='{ty}'))"
+            if ty != Type.I32 else "convert them to int32")
+    raise InvalidArgumentError(f"{what}: data is a {dt} array but '{tensor.name}' holds {ty}; {hint}, "
+                               "or pass its bytes (a uint8 view)")
+
+
+# ------------------------------------------------------------ tensors: to_numpy and from_numpy
+
+
+def to_numpy(t: "Tensor") -> np.ndarray:
+    """t's values as a new array shaped reversed ne (strided views give their own values, gaps
+    skipped): f32, f16, i32, bf16 (ml_dtypes.bfloat16) as they are, q8_0 and q4_0 dequantized
+    to float32."""
+    ty = t.type
+    shape = tuple(reversed(t.ne[: t.ndim]))
+    dtype = value_dtype(ty)
+    try:
+        if t.nelements == 0:
+            t.get(0, 0)  # still refuses an unallocated or freed tensor
+            return np.zeros(shape, dtype)
+        raw = _pybuffer.new_bytes(t.nbytes, "to_numpy")
+        t.readinto(raw)
+        elem = array_dtype(ty)
+        if elem is not None:
+            if t.is_contiguous:
+                return np.frombuffer(raw, elem).reshape(shape)
+            return np.ndarray(shape, elem, buffer=raw, strides=strides_of(t)[::-1][: t.ndim][::-1]).copy()
+        # block types: each row of ne[0] values is ne[0]/blck blocks of type_size bytes at nb[0]
+        ne = t.ne
+        blocks = np.ndarray((ne[3], ne[2], ne[1], ne[0] // ty.blck_size, ty.size), np.uint8, buffer=raw,
+                            strides=strides_of(t) + (1,))
+        values = dequantize(np.ascontiguousarray(blocks), ty, t.nelements)
+        return values.reshape(shape)
+    except (ValueError, MemoryError):
+        # numpy's 'array is too big' (even with no values), or no memory for the values of a
+        # broadcast view: shapes ferry allows and numpy cannot hold
+        raise OutOfMemoryError(f"to_numpy: numpy cannot hold {t.nelements} {dtype} values shaped "
+                               f"{list(shape)}") from None
+
+
+def from_numpy(backend: "Backend", array: Any, type: Optional[TypeLike], name: Optional[str]) -> "Tensor":
+    """A tensor on backend holding array's values as type (default: the array's own dtype's type);
+    ne is array.shape reversed. Values are converted (and quantized) before anything is allocated."""
+    _checks.c_object(backend, "ferry_backend *", "a Backend", "from_numpy")
+    arr = np.asarray(array)
+    if arr.ndim > 4:
+        raise InvalidArgumentError(f"from_numpy: {arr.ndim} dimensions; ferry tensors have at most 4")
+    if type is None:
+        ty = type_of_dtype(arr.dtype)
+        if ty is None:
+            raise UnsupportedError(f"from_numpy: numpy dtype {arr.dtype} has no ferry type (float32, float16, "
+                                   "bfloat16 and int32 have); give type= to convert the values")
+    else:
+        ty = to_type(type)
+    ne = list(reversed(arr.shape)) or [1]
+    data = np.ascontiguousarray(arr) if type_of_dtype(arr.dtype) == ty else quantize(arr, ty)
+    t = backend.alloc_tensor(ty, ne, name=name)
+    t.set(data.reshape(-1).view(np.uint8) if data.size else b"")
+    return t
+
