@@ -29,7 +29,6 @@ Copy time and bytes are the scheduler's statistics summed over steps (every laye
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import math
 import time
@@ -363,9 +362,8 @@ def run_one(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, policy: st
         if on_step is not None:
             on_step(label)
     run.sched.close()
+    run.kv.close()  # its (maybe pinned) memory is freed before the next run
     split_memory = run.split_memory
-    del run, graph
-    gc.collect()  # the cache and its tensors form a cycle: free its (pinned) memory before the next run
     tps = npl * cfg.ntg / decode if decode > 0 else math.inf
     return BenchRow(npl, policy, unified, tps, decode, copy, compute, copied, read, digest.hexdigest(), compact,
                     split_memory)
