@@ -45,7 +45,15 @@ from .ops import attn_decode
 from .sched import Scheduler
 from .tensor import Tensor
 from .types import row_size, to_type
-from .workload import check_positive, check_run_options, check_streams, n_kv_for, random_rows, split_backend
+from .workload import (
+    POLICIES,
+    check_positive,
+    check_run_options,
+    check_streams,
+    n_kv_for,
+    random_rows,
+    split_backend,
+)
 from .workload import variants as workload_variants
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
@@ -65,7 +73,7 @@ class BenchConfig:
     n_head: int = 8
     head_dim: int = 64
     n_head_kv: int = 2
-    policies: Tuple[str, ...] = ("flat", "ranges")
+    policies: Tuple[str, ...] = POLICIES
     unified: bool = True
     backend: str = "auto"
     pad: int = 1

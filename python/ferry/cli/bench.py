@@ -10,7 +10,17 @@ from typing import Any, Optional, TextIO
 from .. import decode_bench
 from ..decode_bench import BenchConfig, BenchResult, BenchRow, run_one
 from ..errors import InvalidArgumentError, UnsupportedError
-from .options import add_attention_args, add_backend_arg, add_run_parser, int_list
+from .options import (
+    POSITIVE,
+    add_backend_arg,
+    add_kv_args,
+    add_policy_arg,
+    add_shape_args,
+    add_verb_parser,
+    apply_model,
+    check_one_head_dim,
+    run_fields,
+)
 from .progress import Progress, progress_stream
 from .text_table import format_table
 
@@ -168,22 +178,17 @@ def plot_result(res: BenchResult, path: str) -> None:
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `bench` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
     d = BenchConfig()
-    bp = add_run_parser(sub, "bench", "decode steps over a host KV cache: tokens/s, copy time and bytes per copy "
-                        "policy (llama-batched-bench's generation phase)", __doc__, decode_bench.__doc__)
-    bp.add_argument("-c", type=int, default=d.n_ctx, metavar="N_CTX", help=f"cells in all streams (default {d.n_ctx})")
-    bp.add_argument("-npl", type=int_list, default=list(d.npl), metavar="N,N,...",
-                    help=f"numbers of sequences, one stream each (default {','.join(map(str, d.npl))})")
-    bp.add_argument("-npp", type=int, default=d.npp, help=f"prompt cells per sequence (default {d.npp})")
-    bp.add_argument("-ntg", type=int, default=d.ntg, help=f"decode steps (tokens generated per sequence; "
-                                                         f"default {d.ntg})")
-    bp.add_argument("--layers", type=int, default=d.n_layer, help=f"default {d.n_layer}")
-    add_attention_args(bp, d, "copy policies: flat, ranges, plan")
+    bp = add_verb_parser(sub, "bench", "decode steps over a host KV cache: tokens/s, copy time and bytes per copy "
+                         "policy (llama-batched-bench's generation phase)", __doc__,
+                         "ferry bench -c 32768 -npl 2,4,8 -npp 2048 -ntg 128 --layers 8 --type q8_0 --heads 32 "
+                         "--head-dim 128 --kv-heads 8", decode_bench.__doc__)
+    add_shape_args(bp, ntg_minimum=1)
+    add_kv_args(bp, run=True)
+    add_policy_arg(bp, "to compare")
     bp.add_argument("--unified", action=argparse.BooleanOptionalAction, default=d.unified,
                     help="also run a unified cache of the same sequences, for comparison (default on)")
-    add_backend_arg(bp, d.backend)
-    bp.add_argument("--pad", type=int, default=d.pad,
-                    help=f"round the split cache's n_kv up to this (llama.cpp: 256; default {d.pad}: exact)")
-    bp.add_argument("--repeat", type=int, default=d.repeat,
+    add_backend_arg(bp)
+    bp.add_argument("--repeat", type=POSITIVE, default=d.repeat,
                     help="run each configuration this many times (interleaved) and keep the fastest (default 1)")
     bp.add_argument("--v-trans", action="store_true",
                     help="V stored transposed (flash attention off): a gap after every channel row, even unified")
@@ -205,8 +210,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def main(args: argparse.Namespace) -> int:
     """Run `ferry bench` with the parsed options args: the table (or JSON) on stdout, the bar on
     stderr, the chart to --plot. Returns the exit status 0; InvalidArgumentError for options that
-    cannot run (a usage error), another FerryError when a run fails.
+    cannot run or a --model file that cannot be read (a usage error), another FerryError when a run
+    fails.
     """
+    check_one_head_dim(apply_model(args, run_fields()), args)
     cfg = config_from_args(args)
     cfg.check()
     if args.plot:
