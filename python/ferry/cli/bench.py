@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO, Tuple
 
 from .. import decode_bench
-from ..decode_bench import BenchConfig, BenchResult, BenchRow, run_one
+from ..decode_bench import SPREAD, STATISTIC, BenchConfig, BenchResult, BenchRow
 from ..errors import InvalidArgumentError, UnsupportedError
 from .options import (
     POSITIVE,
@@ -25,8 +25,8 @@ from .progress import Progress, progress_stream
 from .text_table import format_table
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Progress", "add_parser", "check_plot_available",
-           "config_from_args", "fmt_gain", "fmt_gbps", "fmt_mib", "fmt_seconds", "format_result", "main",
-           "plot_result", "run_bench", "run_one"]
+           "config_from_args", "fmt_gain", "fmt_gbps", "fmt_mib", "fmt_seconds", "fmt_spread", "fmt_tps",
+           "format_result", "main", "plot_result", "run_bench"]
 
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
 ARGUMENT_ERRORS = InvalidArgumentError
@@ -49,8 +49,7 @@ def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResul
     """
     bar = Progress(cfg.n_steps, progress)
     try:
-        # this module's run_one, looked up now: a test that replaces it here sees every run
-        return decode_bench.run_bench(cfg, on_step=lambda label: bar.step(label=label), run=run_one)
+        return decode_bench.run_bench(cfg, on_step=lambda label: bar.step(label=label))
     finally:
         bar.close()
 
@@ -84,6 +83,18 @@ def fmt_gain(g: Optional[float]) -> str:
     return f"{g * 100:+.1f}%"
 
 
+def fmt_spread(spread: Optional[Tuple[float, float, float]], fmt: Callable[[float], str]) -> str:
+    """A (median, least, greatest) spread as "median (least..greatest)", each written by fmt; "-" for None."""
+    if spread is None:
+        return "-"
+    return f"{fmt(spread[0])} ({fmt(spread[1])}..{fmt(spread[2])})"
+
+
+def fmt_tps(tps: float) -> str:
+    """Tokens/s with thousands separators, no decimals."""
+    return f"{tps:,.0f}"
+
+
 def format_result(res: BenchResult) -> str:
     """The report of the BenchResult res: the header, one table row per (npl, policy) with the unified
     cache's figures beside it, and whether the outputs agreed.
@@ -93,24 +104,29 @@ def format_result(res: BenchResult) -> str:
         f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)",
         f"-c {cfg.n_ctx}, -npp {cfg.npp}, -ntg {cfg.ntg}, {cfg.n_layer} layers, K/V {cfg.type_kv}, "
         f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}"
-        + (", V transposed" if cfg.v_trans else "")
-        + (f", fastest of {cfg.repeat} runs" if cfg.repeat > 1 else ""),
-        "copy and bytes: every layer's K and V windows, summed over the ntg steps",
+        + (", V transposed" if cfg.v_trans else ""),
+        f"tok/s, gain, decode, copy, compute: {STATISTIC} ({cfg.repeat} timed repetitions of each variant, "
+        "taking turns, after a warm-up)",
+        f"per repetition: {SPREAD}",
+        "copy and bytes: every layer's K and V windows over the ntg steps of a repetition",
         "",
     ]
-    head = ["npl", "policy", "tok/s", "gain", "decode", "copy", "compute", "copied", "read", "copy bw", "split mem"]
+    head = ["npl", "policy", "tok/s", "per repetition", "gain", "per repetition", "decode", "copy", "compute",
+            "copied", "read", "copy bw", "split mem"]
     if cfg.unified:
-        head += ["unified tok/s", "gain", "copy", "copied"]
+        head += ["unified tok/s", "gain", "per repetition", "copy", "copied"]
     body = []
     for npl in cfg.npl:
         for policy, compact in res.variants():
             r = res.row(npl, policy, False, compact)
-            cells = [str(npl), r.label, f"{r.tokens_per_s:,.1f}", fmt_gain(res.gain(r)), fmt_seconds(r.decode_s),
+            cells = [str(npl), r.label, fmt_tps(r.tokens_per_s), fmt_spread(r.tokens_per_s_spread, fmt_tps),
+                     fmt_gain(res.gain(r)), fmt_spread(res.gain_spread(r), fmt_gain), fmt_seconds(r.decode_s),
                      fmt_seconds(r.copy_s), fmt_seconds(r.compute_s), fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
                      fmt_gbps(r.copy_bandwidth), fmt_mib(r.split_memory)]
             if cfg.unified:
                 u = res.row(npl, policy, True, compact)
-                cells += [f"{u.tokens_per_s:,.1f}", fmt_gain(res.gain(u)), fmt_seconds(u.copy_s),
+                cells += [fmt_tps(u.tokens_per_s), fmt_gain(res.gain(u)), fmt_spread(res.gain_spread(u), fmt_gain),
+                          fmt_seconds(u.copy_s),
                           fmt_mib(u.bytes_copied)]
             body.append(cells)
     lines += format_table([head, *body], left=(1,))
@@ -189,7 +205,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                     help="also run a unified cache of the same sequences, for comparison (default on)")
     add_backend_arg(bp)
     bp.add_argument("--repeat", type=POSITIVE, default=d.repeat,
-                    help="run each configuration this many times (interleaved) and keep the fastest (default 1)")
+                    help="timed repetitions of each variant, taking turns after a warm-up; figures are medians "
+                         f"(default {d.repeat})")
     bp.add_argument("--v-trans", action="store_true",
                     help="V stored transposed (flash attention off): a gap after every channel row, even unified")
     bp.add_argument("--compact", action="store_true",
@@ -221,7 +238,7 @@ def main(args: argparse.Namespace) -> int:
     res = run_bench(cfg, progress_stream())
     if args.json:
         print(f"ferry bench: split backend {res.split_name}, KV cache in {res.cache_memory}", file=sys.stderr)
-        print(json.dumps([r.as_dict() for r in res.rows], indent=2))
+        print(json.dumps(res.as_dicts(), indent=2))
     else:
         print(format_result(res))
     if args.plot:
