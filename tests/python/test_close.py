@@ -54,6 +54,14 @@ def kv_case() -> Case:
     return Case(kv, _dead(kv.buffer.id), lambda: kv.k(0), "KVCache")
 
 
+def pinned_kv_case() -> Case:
+    if not ferry.cuda_available():
+        pytest.skip("no CUDA device: pinned memory is CUDA's")
+    kv = ferry.KVCache("f16", "f16", 8, 2, 64, 2, n_layer=2, pinned=True)
+    assert kv.buffer.type.name == ferry.cuda_host_buffer_type().name
+    return Case(kv, _dead(kv.buffer.id), lambda: kv.k(0), "KVCache")
+
+
 def _graph(cpu: ferry.CPUBackend) -> ferry.Graph:
     a = ferry.Tensor.from_numpy(cpu, np.arange(16, dtype=np.float32), name="a")
     return ferry.Graph(ferry.add(a, a, name="out").set_output())
@@ -83,8 +91,8 @@ def event_case() -> Case:
     return Case(event, _handle_gone(event), lambda: event.record(), "Event of CUDABackend")
 
 
-CASES = {"Backend": backend_case, "Buffer": buffer_case, "KVCache": kv_case, "Scheduler": scheduler_case,
-         "GraphAllocator": allocator_case, "Event": event_case}
+CASES = {"Backend": backend_case, "Buffer": buffer_case, "KVCache": kv_case, "KVCache pinned": pinned_kv_case,
+         "Scheduler": scheduler_case, "GraphAllocator": allocator_case, "Event": event_case}
 
 
 @pytest.fixture(params=list(CASES))
