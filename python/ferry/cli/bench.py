@@ -196,8 +196,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     d = BenchConfig()
     bp = add_verb_parser(sub, "bench", "decode steps over a host KV cache: tokens/s, copy time and bytes per copy "
                          "policy (llama-batched-bench's generation phase)", __doc__,
-                         "ferry bench -c 32768 -npl 2,4,8 -npp 2048 -ntg 128 --layers 8 --type q8_0 --heads 32 "
-                         "--head-dim 128 --kv-heads 8", decode_bench.__doc__)
+                         "ferry bench -c 16384 -npl 2,4,8 -npp 1024 --type q8_0 --heads 32 --head-dim 128 "
+                         "--kv-heads 8 --policy flat,ranges --repeat 5", decode_bench.__doc__)
     add_shape_args(bp, ntg_minimum=1)
     add_kv_args(bp, run=True)
     add_policy_arg(bp, "to compare")
