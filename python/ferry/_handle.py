@@ -7,12 +7,23 @@ a handle may have several parents (an op's result needs both operands, a schedul
 every backend it was given).
 Python references already keep parents alive in normal use; this also holds when the
 garbage collector finalizes a whole reference cycle in arbitrary order.
+
+Closeable is the one lifetime API of every object that owns memory or a device resource
+(Backend, Buffer, KVCache, Scheduler, GraphAllocator, Event): close(), closed, and `with`.
+close() releases the object's handle at once, without waiting for the collector: the C
+object is freed then, or, when objects made from it still hold it (a backend's buffers and
+events, a cache's window views), as soon as the last of those is freed. The closed object
+refuses every use with FreedBufferError naming it; what was made from it before keeps
+working until it is closed or dropped in turn.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+import weakref
+from typing import Any, Callable, Optional, Sequence, Tuple, Type, TypeVar, Union
+
+from .errors import FreedBufferError
 
 _lock = threading.RLock()  # finalizers may run on any thread
 
@@ -61,3 +72,51 @@ class Handle:
         for parent in parents:
             parent._children -= 1
             parent._maybe_free()
+
+
+_C = TypeVar("_C", bound="Closeable")
+
+
+class Closeable:
+    """close(), closed and `with` over a Handle released by a weakref.finalize.
+
+    A subclass sets self._handle and self._finalizer (a weakref.finalize that releases the
+    handle, and may wait for queued work first) in its constructor, and may override
+    _after_close (drop Python references to what C just freed) and _describe (how messages
+    name the object).
+    """
+
+    _handle: Handle
+    _finalizer: Optional[weakref.finalize]
+
+    def close(self) -> None:
+        """Free the C object now (or when the last object made from it goes). A second call does nothing."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._after_close()
+
+    def _after_close(self) -> None:
+        """Called by every close(); drops what the subclass keeps of the freed C object."""
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran (or the object was finalized)."""
+        return not self._handle.alive
+
+    def _describe(self) -> str:
+        """The object as FreedBufferError's message names it."""
+        return type(self).__name__
+
+    def _live(self) -> Any:
+        """The C pointer; FreedBufferError once closed (C must never see a freed pointer)."""
+        ptr = self._handle.ptr if self._handle.alive else None
+        if ptr is None:
+            raise FreedBufferError(f"{self._describe()} was closed")
+        return ptr
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Any) -> None:
+        self.close()

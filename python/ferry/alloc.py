@@ -12,11 +12,11 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Handle
+from ._handle import Closeable, Handle
 from ._placements import adopt_placements
 from .backend import Backend
 from .buffer import BorrowedBuffer, BufferType
-from .errors import FreedBufferError, InvalidArgumentError, check
+from .errors import InvalidArgumentError, check
 from .graph import Graph
 from .tensor import Tensor
 
@@ -38,7 +38,7 @@ def _buffer_type(x: object, i: int) -> BufferType:
     raise InvalidArgumentError(f"graph allocator: item {i} is not a Backend or BufferType but {type(x).__name__}")
 
 
-class GraphAllocator:
+class GraphAllocator(Closeable):
     """Places graphs' tensors in buffers it owns, reusing memory as ggml's gallocr does.
 
     With one buffer type every tensor goes there. With several, reserve() says which type each
@@ -79,20 +79,15 @@ class GraphAllocator:
 
     @property
     def _p(self) -> Any:
-        if not self._handle.alive:
-            raise FreedBufferError("graph allocator used after close()")
-        return self._handle.ptr
+        return self._live()
 
     def close(self) -> None:
         """Free every buffer now; tensors it placed become unusable (FreedBufferError). Idempotent."""
-        self._finalizer()
+        super().close()
+
+    def _after_close(self) -> None:
         self._chunks.clear()
         self._graph = None
-
-    @property
-    def closed(self) -> bool:
-        """True once close() freed the buffers."""
-        return not self._handle.alive
 
     @property
     def buffer_types(self) -> List[BufferType]:

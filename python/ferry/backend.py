@@ -7,20 +7,26 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import _checks, _pybuffer, quant
 from ._binding import ffi, lib
-from ._handle import Handle
+from ._handle import Closeable, Handle
 from .buffer import Buffer, BufferType
-from .errors import FerryError, InvalidArgumentError, check
+from .errors import InvalidArgumentError, check
 from .event import Event
 from .stats import Stats
 from .tensor import Tensor
 from .types import TypeLike
 
 
-class Backend:
+class Backend(Closeable):
     """A place tensors live and are transferred to: its default buffer type, counters, async transfers.
 
     The *_async transfers keep the data objects they were given alive until synchronize(),
     so a backend that really runs them later never reads freed Python memory.
+
+    close() (or the end of a `with` block) waits for queued transfers and frees the backend
+    now, or, while buffers, events, caches or schedulers made on it are alive, when the last
+    of them goes; they keep working. The closed backend, and its buffer_type, raise
+    FreedBufferError on every use. A backend nobody holds is freed at once: nothing of it
+    forms a reference cycle (its BufferType holds the backend, not the other way round).
     """
 
     def __init__(self, ptr: Any) -> None:
@@ -34,17 +40,21 @@ class Backend:
         """
         self._handle = Handle(ptr, lib.ferry_backend_free)
         self._pending: List[Any] = []
-        # The finalizer holds the pending data, so it never reaches the cyclic collector (the
-        # backend and its BufferType are a cycle): it is released here, after a last synchronize.
+        self._name = ffi.string(lib.ferry_backend_name(ptr)).decode()
+        # The finalizer holds the pending data, so that a backend in a reference cycle never
+        # hands it to the collector: it is released here, after a last synchronize.
         self._finalizer = weakref.finalize(self, _release_backend, self._handle, self._pending)
-        self._buffer_type = BufferType(lib.ferry_backend_default_buffer_type(ptr), self)
+        # Held weakly: the BufferType holds this backend, and a strong reference back would be
+        # a cycle that keeps a backend nobody holds alive until a collection.
+        self._buffer_type_ref: Optional["weakref.ref[BufferType]"] = None
 
     @property
     def _p(self) -> Any:
-        """The ferry_backend*; refused once finalized (only reachable from finalizers in a cycle)."""
-        if not self._handle.alive:
-            raise FerryError("backend used after it was finalized")
-        return self._handle.ptr
+        """The ferry_backend*; FreedBufferError once closed."""
+        return self._live()
+
+    def _describe(self) -> str:
+        return f"{type(self).__name__} {self._name!r}"
 
     @property
     def name(self) -> str:
@@ -58,8 +68,12 @@ class Backend:
 
     @property
     def buffer_type(self) -> BufferType:
-        """The buffer type alloc_buffer allocates from."""
-        return self._buffer_type
+        """The buffer type alloc_buffer allocates from (FreedBufferError once the backend is closed)."""
+        bt = self._buffer_type_ref() if self._buffer_type_ref is not None else None
+        if bt is None:
+            bt = BufferType(lib.ferry_backend_default_buffer_type(self._p), self)
+            self._buffer_type_ref = weakref.ref(bt)
+        return bt
 
     def supports_buffer_type(self, buffer_type: BufferType) -> bool:
         """Whether this backend can read and write buffers of the BufferType buffer_type
@@ -74,7 +88,7 @@ class Backend:
         """BufferType.alloc_buffer of the backend's default buffer type: a new Buffer of size bytes
         (OutOfMemoryError past its max size).
         """
-        return self._buffer_type.alloc_buffer(size)
+        return self.buffer_type.alloc_buffer(size)
 
     def alloc_buffer_for(self, tensor: Tensor) -> Buffer:
         """A buffer exactly large enough for a tensor, with the tensor placed at its start.
@@ -89,7 +103,7 @@ class Backend:
         Buffer
         """
         t = _checks.instance(tensor, Tensor, "alloc_buffer_for")
-        buf = self.alloc_buffer(self._buffer_type.alloc_size(t))
+        buf = self.alloc_buffer(self.buffer_type.alloc_size(t))
         buf.place(t, 0)
         return buf
 
@@ -312,6 +326,8 @@ class Backend:
         lib.ferry_backend_reset_stats(self._p)
 
     def __repr__(self) -> str:
+        if self.closed:
+            return f"<{self._describe()} closed>"
         return f"<{type(self).__name__} {self.name!r}{'' if self.has_2d else ' no-2d'}>"
 
 

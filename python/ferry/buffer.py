@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Handle
-from .errors import FerryError, FreedBufferError, InvalidArgumentError, UnsupportedError, check
+from ._handle import Closeable, Handle
+from .errors import FreedBufferError, InvalidArgumentError, UnsupportedError, check
 from .stats import Stats
 from .tensor import Tensor
 from .types import TypeLike
@@ -40,9 +40,9 @@ class BufferType:
 
     @property
     def _ptr(self) -> Any:
-        """The ferry_buffer_type*, which lives inside its backend (if any): refused once that is gone."""
+        """The ferry_buffer_type*, which lives inside its backend (if any): refused once that is freed."""
         if self._backend is not None and self._backend._handle.ptr is None:
-            raise FerryError("buffer type used after its backend was freed")
+            raise FreedBufferError(f"the buffer type of {self._backend._describe()}, which was freed")
         return self._raw
 
     @property
@@ -91,7 +91,11 @@ class BufferType:
         ------
         OutOfMemoryError
             Past max_size, or when the allocation fails.
+        FreedBufferError
+            Once its backend is closed.
         """
+        if self._backend is not None and self._backend.closed:
+            raise FreedBufferError(f"the buffer type of {self._backend._describe()}, which was closed")
         out = ffi.new("ferry_buffer **")
         check(lib.ferry_buffer_type_alloc_buffer(self._ptr, _checks.as_size(size, "alloc_buffer: size"), out))
         return Buffer(out[0], self)
@@ -112,11 +116,13 @@ def cpu_buffer_type() -> BufferType:
     return BufferType(lib.ferry_cpu_buffer_type())
 
 
-class Buffer:
+class Buffer(Closeable):
     """A block of memory of one buffer type, with the tensors placed in it and its transfer counters.
 
-    free() is explicit and idempotent (the buffer is also freed when no longer referenced);
-    after it, tensors placed here raise FreedBufferError on every use.
+    close() (free() is the same) frees the memory now, pinned memory included, and a second
+    call does nothing; the buffer is also freed when no longer referenced. After it, the buffer
+    and the tensors placed in it raise FreedBufferError on every use. Used in a `with` block,
+    it is closed at the block's end.
     """
 
     _finalizer: Optional[weakref.finalize]
@@ -151,15 +157,17 @@ class Buffer:
             raise FreedBufferError(f"{self._type_name} buffer {self._id} was freed")
         return ptr
 
+    def _describe(self) -> str:
+        return f"{self._type_name} buffer {self._id}"
+
     def free(self) -> None:
-        """Free the memory now. A second call does nothing."""
-        if self._finalizer is not None:
-            self._finalizer()
+        """close(): free the memory now. A second call does nothing."""
+        self.close()
 
     @property
     def freed(self) -> bool:
-        """True once the buffer was freed; its tensors then raise FreedBufferError."""
-        return not self._handle.alive
+        """closed: True once the buffer was freed; its tensors then raise FreedBufferError."""
+        return self.closed
 
     @property
     def type(self) -> BufferType:
@@ -316,8 +324,8 @@ class BorrowedBuffer(Buffer):
         return self._ptr
 
     @property
-    def freed(self) -> bool:
-        """True once the owner is closed or C no longer knows the buffer's id."""
+    def closed(self) -> bool:
+        """True once the owner is closed or C no longer knows the buffer's id (freed says the same)."""
         return not self._handle.alive or not lib.ferry_buffer_id_is_live(self._id)
 
     @property
@@ -330,8 +338,9 @@ class BorrowedBuffer(Buffer):
         """A graph allocator's or scheduler's memory moves when it allocates again; a KV cache's stays."""
         return not getattr(self._owner, "_memory_stays", False)
 
-    def free(self) -> None:
-        """Refused: the owner frees it (close the allocator or scheduler, or drop the cache)."""
+    def close(self) -> None:
+        """Refused (UnsupportedError), as free() is: the owner frees it (close the allocator,
+        scheduler or cache)."""
         raise UnsupportedError(f"{self._type_name} buffer {self._id} belongs to {type(self._owner).__name__}; "
                                "free that instead")
 

@@ -22,9 +22,21 @@ outputs are compared (sha256 over every output of every step and layer).
 
 Timing: a step's decode time is the wall time of Scheduler.compute on an allocated graph
 (the input copies, attention, and synchronization); building the graph in Python and the
-scheduler's allocation are outside it. One untimed warm-up step (the largest, the last)
-runs first, so no timed step allocates. tokens/s = npl * ntg / the sum of the steps' times.
-Copy time and bytes are the scheduler's statistics summed over steps (every layer's K and V).
+scheduler's allocation are outside it. A repetition of a variant (a policy, with or without
+compact staging) is its ntg steps. Per npl and layout, one cache serves every variant (each
+has its own scheduler), and the variants take turns: one untimed warm-up repetition of each,
+then --repeat timed ones, the order reversed every other repetition, so that drift of the
+machine falls on every variant alike. The collector is off while steps are timed.
+
+The figures: each step's fastest time over the repetitions, summed over the steps, is the
+decode time; tokens/s = npl * ntg / that time, and a variant's gain is its tokens/s over
+flat's, minus 1. Copy and compute time are found the same way from the scheduler's
+statistics (every layer's K and V); bytes are those of one repetition (every repetition
+moves the same). On a shared machine a step's fastest time is what repeats: measured on 2
+busy cores, the median over repetitions moved by tens of points from one run to the next
+where this moved by 2 (tools/results/*-bench-repeatability.md). The spread is reported
+beside it: each repetition's own tokens/s (median, min, max) and each repetition's tokens/s
+over flat's in the same repetition (median, min, max of those paired ratios).
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
@@ -46,7 +59,15 @@ from .ops import attn_decode
 from .sched import Scheduler
 from .tensor import Tensor
 from .types import row_size, to_type
-from .workload import check_positive, check_run_options, check_streams, n_kv_for, random_rows, split_backend
+from .workload import (
+    POLICIES,
+    check_positive,
+    check_run_options,
+    check_streams,
+    n_kv_for,
+    random_rows,
+    split_backend,
+)
 from .workload import variants as workload_variants
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
@@ -66,11 +87,11 @@ class BenchConfig:
     n_head: int = 8
     head_dim: int = 64
     n_head_kv: int = 2
-    policies: Tuple[str, ...] = ("flat", "ranges")
+    policies: Tuple[str, ...] = POLICIES
     unified: bool = True
     backend: str = "auto"
     pad: int = 1
-    repeat: int = 1
+    repeat: int = 31  # timed repetitions of each variant (after one untimed warm-up repetition)
     seed: int = 0
     v_trans: bool = False  # V stored transposed (flash attention off): a gap after every channel row
     compact: bool = False  # also run each non-flat policy with compact staging
@@ -122,14 +143,26 @@ class BenchConfig:
 
     @property
     def n_steps(self) -> int:
-        """Decode steps of a whole run: every npl, variant, layout and repeat."""
+        """Decode steps of a whole run: every npl, variant, layout and repetition (the warm-up's too)."""
         layouts = 2 if self.unified else 1
-        return len(self.npl) * len(variants(self)) * layouts * self.ntg * self.repeat
+        return len(self.npl) * len(variants(self)) * layouts * self.ntg * (WARMUP + self.repeat)
+
+
+#: Untimed repetitions of each variant before the timed ones.
+WARMUP = 1
+#: How the figures are found, as the output says it.
+STATISTIC = "each step's fastest of the repetitions, summed over the steps"
+#: How their spread is found.
+SPREAD = "median (min..max) of the repetitions; gain: of each repetition's tokens/s over flat's in it"
 
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One run: a number of sequences, a copy policy, a cache layout, and what ntg steps measured."""
+    """One variant of a number of sequences and a cache layout, over its repetitions of ntg steps.
+
+    tokens_per_s, decode_s, copy_s and compute_s are medians over the repetitions; decode_runs
+    holds each repetition's decode time, in the order they ran.
+    """
 
     npl: int
     policy: str
@@ -143,6 +176,18 @@ class BenchRow:
     output_sha256: str = field(repr=False)
     compact: bool = False
     split_memory: int = 0  # bytes the scheduler held on the split backend (copies and outputs)
+    runs_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)  # each repetition's own, in run order
+
+    @property
+    def repeats(self) -> int:
+        """Timed repetitions."""
+        return len(self.runs_tokens_per_s)
+
+    @property
+    def tokens_per_s_spread(self) -> Tuple[float, float, float]:
+        """The median, least and greatest of the repetitions' own tokens/s."""
+        runs = self.runs_tokens_per_s or (self.tokens_per_s,)
+        return statistics.median(runs), min(runs), max(runs)
 
     @property
     def label(self) -> str:
@@ -155,11 +200,13 @@ class BenchRow:
         return self.bytes_copied / self.copy_s if self.copy_s > 0 else 0.0
 
     def as_dict(self) -> Dict[str, object]:
-        """The row as `ferry bench --json` writes it: the run, its speed and bytes, compact staging and
-        the split's memory."""
+        """The row as `ferry bench --json` writes it: the run, its speed and bytes, compact staging, the
+        split's memory, the number of repetitions and their own tokens/s (median, min, max)."""
         return {"npl": self.npl, "policy": self.policy, "unified": self.unified, "tokens_per_s": self.tokens_per_s,
                 "copy_s": self.copy_s, "bytes_copied": self.bytes_copied, "bytes_read": self.bytes_read,
-                "compact": self.compact, "split_memory_bytes": self.split_memory}
+                "compact": self.compact, "split_memory_bytes": self.split_memory, "repeats": self.repeats,
+                **dict(zip(("tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max"),
+                           self.tokens_per_s_spread))}
 
 
 @dataclass
@@ -212,6 +259,30 @@ class BenchResult:
             return None
         return r.tokens_per_s / self.row(r.npl, "flat", r.unified).tokens_per_s - 1.0
 
+    def gain_spread(self, r: BenchRow) -> Optional[Tuple[float, float, float]]:
+        """The median, least and greatest over repetitions of a row's tokens/s over flat's in the same
+        repetition, minus 1 (None without flat)."""
+        if "flat" not in self.config.policies:
+            return None
+        flat = self.row(r.npl, "flat", r.unified)
+        ratios = [v / f - 1.0 for f, v in zip(flat.runs_tokens_per_s, r.runs_tokens_per_s)]
+        ratios = ratios or [self.gain(r) or 0.0]
+        return statistics.median(ratios), min(ratios), max(ratios)
+
+    def as_dicts(self) -> List[Dict[str, object]]:
+        """The rows as `ferry bench --json` writes them: each row's as_dict, its gain over flat and the
+        gain's spread ("gain", "gain_median", "gain_min", "gain_max"; None without flat), and
+        "statistic" and "spread": how they were found."""
+        out = []
+        for r in self.rows:
+            d = r.as_dict()
+            spread = self.gain_spread(r)
+            d["gain"] = self.gain(r)
+            d.update(zip(("gain_median", "gain_min", "gain_max"), spread or (None, None, None)))
+            d.update(statistic=STATISTIC, spread=SPREAD)
+            out.append(d)
+        return out
+
     def outputs_identical(self, npl: int) -> bool:
         """Whether every run of npl (each policy, both layouts) produced the same attention outputs.
 
@@ -240,11 +311,10 @@ def variants(cfg: BenchConfig) -> List[Tuple[str, bool]]:
     return workload_variants(cfg.policies, cfg.compact)
 
 
-class _Run:
-    """One configuration's cache, queries and scheduler, stepped through ntg decode steps."""
+class _Cache:
+    """One layout's cache and queries for npl sequences, shared by every variant's scheduler."""
 
-    def __init__(self, cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, policy: str, unified: bool,
-                 pinned: bool, compact: bool = False) -> None:
+    def __init__(self, cfg: BenchConfig, split: Backend, npl: int, unified: bool, pinned: bool) -> None:
         self.cfg, self.split, self.npl, self.unified = cfg, split, npl, unified
         ty = to_type(cfg.type_kv)
         self.type = ty
@@ -268,8 +338,6 @@ class _Run:
         self.q = [Tensor.from_numpy(split, rng.uniform(-1, 1, (npl, 1, cfg.n_head, cfg.head_dim)).astype(np.float32),
                                     name=f"q{layer}") for layer in range(cfg.n_layer)]
         self.kv_len = Tensor.from_numpy(split, np.zeros(npl, np.int32), name="kv_len")
-        self.sched = Scheduler([split, cpu], policy=policy, compact=compact)
-        self.split_memory = 0
 
     def _set_transposed(self, t: Tensor, data: bytes, cell0: int, stream: int) -> None:
         """Write cells [cell0, cell0 + L) of a transposed V ([kv_size, n_embd, n_stream]): one run of
@@ -280,7 +348,7 @@ class _Run:
         base = (stream * cfg.n_embd * kv_size + cell0) * elem
         t.set_2d(runs, base, cfg.cells * elem, cfg.n_embd, kv_size * elem, cfg.cells * elem)
 
-    def _windows(self, layer: int, n_kv: int) -> Tuple[Tensor, Tensor]:
+    def windows(self, layer: int, n_kv: int) -> Tuple[Tensor, Tensor]:
         if not self.unified:
             return self.kv.window(layer, n_kv)
         # one stream; sequence i in cells [i*L, (i+1)*L): viewed as npl streams of L cells
@@ -297,32 +365,109 @@ class _Run:
             v = self.kv.v(layer).view(ne, nb, name=f"v{layer}_u").permute(0, 2, 1, 3)
         return k, v
 
+    def close(self) -> None:
+        """Free the cache's (maybe pinned) memory now, before the next layout's."""
+        self.kv.close()
+
+
+@dataclass
+class _Measured:
+    """What a variant's timed repetitions measured: per repetition, per step."""
+
+    decode: List[List[float]] = field(default_factory=list)
+    copy: List[List[float]] = field(default_factory=list)
+    compute: List[List[float]] = field(default_factory=list)
+    bytes_copied: int = 0
+    bytes_read: int = 0
+    digests: List[str] = field(default_factory=list)
+
+
+def _fastest_steps(times: List[List[float]]) -> float:
+    """Each step's fastest time over the repetitions (times[repetition][step]), summed over the steps."""
+    return sum(min(step) for step in zip(*times))
+
+
+class _Variant:
+    """One copy policy (with or without compact staging) over a cache: its scheduler, its repetitions."""
+
+    def __init__(self, cache: _Cache, cpu: Backend, policy: str, compact: bool) -> None:
+        self.cache, self.policy, self.compact = cache, policy, compact
+        self.sched = Scheduler([cache.split, cpu], policy=policy, compact=compact)
+        self.split_memory = 0
+        self.measured = _Measured()
+        unified = " unified" if cache.unified else ""
+        self.label = f"npl {cache.npl} {policy}{'+compact' if compact else ''}{unified}"
+
     def graph(self, step: int) -> Graph:
         """Step's graph, allocated: per layer attention over its K and V windows, on the split backend."""
-        n_kv = self.cfg.n_kv(self.npl, step)
+        c = self.cache
+        n_kv = c.cfg.n_kv(c.npl, step)
         self.sched.clear_pins()  # last step's nodes are gone
         outs = []
-        for layer in range(self.cfg.n_layer):
-            k, v = self._windows(layer, n_kv)
-            out = attn_decode(self.q[layer], k, v, self.kv_len, v_trans=self.cfg.v_trans,
-                              name=f"attn{layer}").set_output()
-            self.sched.pin(out, self.split)
+        for layer in range(c.cfg.n_layer):
+            k, v = c.windows(layer, n_kv)
+            out = attn_decode(c.q[layer], k, v, c.kv_len, v_trans=c.cfg.v_trans, name=f"attn{layer}").set_output()
+            self.sched.pin(out, c.split)
             outs.append(out)
         graph = Graph(*outs)
         self.sched.alloc(graph)
-        self.split_memory = max(self.split_memory, self.sched.buffer_size(self.split))
-        self.kv_len.set(np.full(self.npl, self.cfg.npp + step + 1, np.int32))
+        self.split_memory = max(self.split_memory, self.sched.buffer_size(c.split))
+        c.kv_len.set(np.full(c.npl, c.cfg.npp + step + 1, np.int32))
         return graph
 
-    def step(self, graph: Graph) -> float:
-        t0 = time.perf_counter()
-        self.sched.compute(graph)
-        return time.perf_counter() - t0
+    def repetition(self, timed: bool, on_step: Optional[OnStep]) -> None:
+        """Run the ntg steps once; when timed, keep what each measured."""
+        decode: List[float] = []
+        copy: List[float] = []
+        compute: List[float] = []
+        copied = read = 0
+        digest = hashlib.sha256()
+        for t in range(self.cache.cfg.ntg):
+            graph = self.graph(t)
+            t0 = time.perf_counter()
+            self.sched.compute(graph)
+            decode.append(time.perf_counter() - t0)
+            st = self.sched.stats
+            copy.append(st.copy_seconds)
+            compute.append(st.compute_seconds)
+            copied += st.bytes_copied
+            read += st.bytes_read
+            for out in graph.outputs:
+                digest.update(out.get())
+            if on_step is not None:
+                on_step(self.label)
+        if timed:
+            m = self.measured
+            m.decode.append(decode)
+            m.copy.append(copy)
+            m.compute.append(compute)
+            m.bytes_copied, m.bytes_read = copied, read
+            m.digests.append(digest.hexdigest())
+
+    def row(self) -> BenchRow:
+        """The variant's row: each step's fastest of the repetitions, and each repetition's decode time.
+
+        Raises
+        ------
+        AssertionError
+            When its repetitions gave different attention outputs.
+        """
+        c, m = self.cache, self.measured
+        if len(set(m.digests)) != 1:
+            raise AssertionError(f"{self.label}: repeated runs gave different attention outputs")
+        decode, tokens = _fastest_steps(m.decode), c.npl * c.cfg.ntg
+        return BenchRow(c.npl, self.policy, c.unified, _tps(tokens, decode), decode, _fastest_steps(m.copy),
+                        _fastest_steps(m.compute), m.bytes_copied, m.bytes_read, m.digests[0], self.compact,
+                        self.split_memory, tuple(_tps(tokens, sum(d)) for d in m.decode))
 
 
-def run_one(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, policy: str, unified: bool,
-            pinned: bool, on_step: Optional[OnStep] = None, compact: bool = False) -> BenchRow:
-    """ntg timed decode steps of one configuration, after one untimed warm-up step.
+def _tps(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else math.inf
+
+
+def measure_layout(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, unified: bool, pinned: bool,
+                   on_step: Optional[OnStep] = None) -> List[BenchRow]:
+    """Every variant of one number of sequences and cache layout, taking turns over the repetitions.
 
     Parameters
     ----------
@@ -330,52 +475,45 @@ def run_one(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, policy: st
     split, cpu : Backend
         The split's backend and the CPU backend.
     npl : int
-    policy : str
     unified : bool
         The unified cache (one stream) instead of one stream per sequence.
     pinned : bool
         The cache in CUDA's pinned host memory.
     on_step : callable, optional
-        Called with the run's label after each step.
-    compact : bool, optional
-        Compact staging.
+        Called with the variant's label after each step.
 
     Returns
     -------
-    BenchRow
+    list of BenchRow
+        One per variant, in `variants` order.
+
+    Raises
+    ------
+    AssertionError
+        When repetitions of a variant gave different attention outputs.
     """
-    run = _Run(cfg, split, cpu, npl, policy, unified, pinned, compact)
-    run.step(run.graph(cfg.ntg - 1))  # warm-up: the largest graph, so no timed step allocates
-    decode = copy = compute = 0.0
-    copied = read = 0
-    digest = hashlib.sha256()
-    label = f"npl {npl} {policy}{'+compact' if compact else ''}{' unified' if unified else ''}"
-    for t in range(cfg.ntg):
-        graph = run.graph(t)
-        decode += run.step(graph)
-        st = run.sched.stats
-        copy += st.copy_seconds
-        compute += st.compute_seconds
-        copied += st.bytes_copied
-        read += st.bytes_read
-        for out in graph.outputs:
-            digest.update(out.get())
-        if on_step is not None:
-            on_step(label)
-    run.sched.close()
-    split_memory = run.split_memory
-    del run, graph
-    gc.collect()  # the cache and its tensors form a cycle: free its (pinned) memory before the next run
-    tps = npl * cfg.ntg / decode if decode > 0 else math.inf
-    return BenchRow(npl, policy, unified, tps, decode, copy, compute, copied, read, digest.hexdigest(), compact,
-                    split_memory)
+    cache = _Cache(cfg, split, npl, unified, pinned)
+    runs = [_Variant(cache, cpu, policy, compact) for policy, compact in variants(cfg)]
+    collecting = gc.isenabled()
+    try:
+        for rep in range(WARMUP + cfg.repeat):
+            if rep == WARMUP:
+                gc.collect()
+                gc.disable()  # as timeit does: no collection lands in one variant's steps
+            for run in (runs if rep % 2 == 0 else runs[::-1]):
+                run.repetition(rep >= WARMUP, on_step)
+    finally:
+        if collecting:
+            gc.enable()
+        for run in runs:
+            run.sched.close()
+        cache.close()
+    return [run.row() for run in runs]
 
 
-def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None,
-              run: Callable[..., BenchRow] = run_one) -> BenchResult:
-    """Run every (npl, policy, layout) of a configuration.
-
-    With repeat > 1 each runs that many times, interleaved, and its row is the fastest run.
+def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult:
+    """Run every (npl, layout, variant) of a configuration: per npl and layout, the variants take turns
+    over one warm-up and cfg.repeat timed repetitions (see the module's account of timing).
 
     Parameters
     ----------
@@ -383,8 +521,6 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None,
         What to run.
     on_step : callable, optional
         Called with the run's label after each decode step (`BenchConfig.n_steps` calls in all).
-    run : callable, optional
-        Runs one configuration, with `run_one`'s arguments (the default; a test counts its calls).
 
     Returns
     -------
@@ -398,26 +534,14 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None,
     FerryError
         When the split backend cannot be made or a run fails.
     AssertionError
-        When repeated runs of one configuration give different attention outputs.
+        When repetitions of one variant give different attention outputs.
     """
     cfg.check()
     split = split_backend(cfg.backend)
     cpu = CPUBackend()
     pinned = not isinstance(split, StandinBackend)
     layouts = (False, True) if cfg.unified else (False,)
-    runs_of = variants(cfg)
-    rows = []
-    for npl in cfg.npl:
-        runs: Dict[Tuple[bool, str, bool], List[BenchRow]] = {}
-        for _ in range(cfg.repeat):
-            for unified in layouts:
-                for policy, compact in runs_of:
-                    runs.setdefault((unified, policy, compact), []).append(
-                        run(cfg, split, cpu, npl, policy, unified, pinned, on_step, compact))
-        for key in [(u, p, c) for u in layouts for p, c in runs_of]:
-            got = runs[key]
-            if len({r.output_sha256 for r in got}) != 1:
-                raise AssertionError(f"npl {npl} {key}: repeated runs gave different attention outputs")
-            rows.append(min(got, key=lambda r: r.decode_s))
+    rows = [row for npl in cfg.npl for unified in layouts
+            for row in measure_layout(cfg, split, cpu, npl, unified, pinned, on_step)]
     memory = "pinned host memory" if pinned else "pageable host memory"
     return BenchResult(cfg, split.name, memory, rows)

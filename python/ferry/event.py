@@ -13,18 +13,19 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Handle
-from .errors import FerryError, InvalidArgumentError, check
+from ._handle import Closeable, Handle
+from .errors import InvalidArgumentError, check
 
 if TYPE_CHECKING:
     from .backend import Backend
 
 
-class Event:
+class Event(Closeable):
     """A point in a backend's queued work. Make one with backend.event(timing=False).
 
     It belongs to (and keeps alive) the backend that made it; a backend that cannot make
-    events raises UnsupportedError.
+    events raises UnsupportedError. close() (or free(), or the end of a `with` block) frees
+    it now; after that every use raises FreedBufferError.
 
     Parameters
     ----------
@@ -54,9 +55,10 @@ class Event:
 
     @property
     def _p(self) -> Any:
-        if not self._handle.alive:
-            raise FerryError("event used after it was freed")
-        return self._handle.ptr
+        return self._live()
+
+    def _describe(self) -> str:
+        return f"Event of {self._backend._describe()}"
 
     @property
     def backend(self) -> "Backend":
@@ -64,8 +66,8 @@ class Event:
         return self._backend
 
     def free(self) -> None:
-        """Free it now. A second call does nothing."""
-        self._finalizer()
+        """close(): free it now. A second call does nothing."""
+        self.close()
 
     def record(self, backend: Optional["Backend"] = None) -> "Event":
         """Mark the current end of a backend's queued work.
@@ -122,4 +124,6 @@ class Event:
         return float(out[0])
 
     def __repr__(self) -> str:
+        if self.closed or self._backend.closed:
+            return f"<{self._describe()}{' closed' if self.closed else ''}>"
         return f"<Event of {self._backend.name}{' timing' if self.timing else ''}>"

@@ -44,8 +44,8 @@ class ValidateConfig:
     n_step: int = 4
     kv_size: int = 64
     type_kv: str = "f16"
-    n_head: int = 4
-    head_dim: int = 32
+    n_head: int = 8  # the geometry is `ferry bench`'s (BenchConfig), so the two verbs share defaults
+    head_dim: int = 64
     n_head_kv: int = 2
     policies: Tuple[str, ...] = POLICIES
     backend: str = "auto"

@@ -3,8 +3,8 @@
 Per layer K is [n_embd_gqa, kv_size, n_stream] (ggml order) and V the same, or
 [kv_size, n_embd_gqa, n_stream] when v_trans (flash attention off). A unified cache is
 one stream of n_ctx cells; otherwise each of n_stream streams holds n_ctx / n_stream.
-The cache's tensors and windows keep the cache (and its memory) alive; it is freed by
-the garbage collector once nothing points into it.
+The cache's tensors and windows keep the cache (and its memory) alive; it is freed as soon
+as nothing points into it, or at once by close().
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Optional, Tuple
 
 from . import _checks, _pybuffer
 from ._binding import ffi, lib
-from ._handle import Handle
+from ._handle import Closeable, Handle
 from .backend import Backend
 from .buffer import BorrowedBuffer, BufferType, buffer_type_of, cpu_buffer_type
 from .errors import InvalidArgumentError, OutOfBoundsError, check
@@ -42,11 +42,15 @@ class KVParams:
         return self.head_dim * self.n_head_kv
 
 
-class KVCache:
+class KVCache(Closeable):
     """One buffer holding every layer's K and V, laid out as llama.cpp lays them out.
 
     The memory is the backend's default buffer type, or buffer_type, or with pinned=True
     CUDA's pinned host memory; the CPU's host memory when none is given.
+
+    close() (or the end of a `with` block) frees the memory now, pinned memory included;
+    the cache, its buffer and its layer tensors raise FreedBufferError after. Window views
+    taken before hold the memory until they go, and keep working.
 
     Parameters
     ----------
@@ -132,14 +136,17 @@ class KVCache:
         if t is None:
             out = ffi.new("ferry_tensor **")
             get = lib.ferry_kv_cache_k if which == "k" else lib.ferry_kv_cache_v
-            check(get(self._handle.ptr, layer, out))
+            check(get(self._p, layer, out))
             t = Tensor._borrow(out[0], self._handle, keep=self, buffer=self.buffer)
             self._wrappers[which, layer] = t
         return t
 
     @property
     def _p(self) -> Any:
-        return self._handle.ptr
+        return self._live()
+
+    def _after_close(self) -> None:
+        self._wrappers.clear()
 
     @property
     def params(self) -> KVParams:
@@ -156,7 +163,7 @@ class KVCache:
         """The one buffer holding every layer."""
         buf = self._wrappers.get(("buffer", 0))
         if buf is None:
-            ptr = lib.ferry_kv_cache_buffer(self._handle.ptr)
+            ptr = lib.ferry_kv_cache_buffer(self._p)
             buf = BorrowedBuffer(ptr, buffer_type_of(ptr, [self._buffer_type]), self, self._handle)
             self._wrappers["buffer", 0] = buf
         return buf
@@ -274,6 +281,8 @@ class KVCache:
         return t.get(offset, size)
 
     def __repr__(self) -> str:
+        if self.closed:
+            return "<KVCache closed>"
         p = self._params
         return (f"<KVCache K {p.type_k} V {p.type_v}{' (transposed)' if p.v_trans else ''} head_dim={p.head_dim} "
                 f"n_head_kv={p.n_head_kv} {p.n_stream} x {self.kv_size} cells, {p.n_layer} layers "

@@ -15,11 +15,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Handle
+from ._handle import Closeable, Handle
 from ._placements import adopt_placements
 from .backend import Backend
 from .buffer import BorrowedBuffer
-from .errors import FreedBufferError, InvalidArgumentError, check
+from .errors import InvalidArgumentError, check
 from .graph import Graph, _addr
 from .policy import CopyPolicy, PolicyLike, to_policy
 from .stats import CopyStats, SchedStats
@@ -52,7 +52,7 @@ def _release(handles: List[Handle]) -> None:
         h.release()
 
 
-class Scheduler:
+class Scheduler(Closeable):
     """Runs a graph split across backends, copying each split's inputs by a copy policy.
 
     Parameters
@@ -107,13 +107,14 @@ class Scheduler:
 
     @property
     def _p(self) -> Any:
-        if not self._handle.alive:
-            raise FreedBufferError("scheduler used after close()")
-        return self._handle.ptr
+        return self._live()
 
     def close(self) -> None:
-        """Free the scheduler's copies and compute memory now. Idempotent."""
-        self._finalizer()
+        """Free the scheduler's copies and compute memory now; its Input.copy tensors and the
+        outputs it placed raise FreedBufferError after. Idempotent."""
+        super().close()
+
+    def _after_close(self) -> None:
         self._copies.clear()
         self._graph = None
 

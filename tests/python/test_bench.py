@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
 import sys
 from pathlib import Path
@@ -13,12 +14,14 @@ from typing import List
 import pytest
 
 import ferry
+from ferry import decode_bench
 from ferry.cli import bench, main
 
 TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "4",
         "--head-dim", "32", "--kv-heads", "2", "--backend", "cpu"]
 KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "bytes_read", "compact",
-        "split_memory_bytes"}
+        "split_memory_bytes", "repeats", "tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max", "gain",
+        "gain_median", "gain_min", "gain_max", "statistic", "spread"}
 
 
 def tiny(**kw: object) -> bench.BenchConfig:
@@ -72,29 +75,43 @@ def test_outputs_differ_when_content_differs() -> None:
     assert a.rows[0].output_sha256 != b.rows[0].output_sha256
 
 
-def test_repeat_keeps_the_fastest_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = bench.run_one
-    made: List[bench.BenchRow] = []
-
-    def counted(*args: object) -> bench.BenchRow:
-        made.append(real(*args))  # type: ignore[arg-type]
-        return made[-1]
-
-    monkeypatch.setattr(bench, "run_one", counted)
+def test_variants_take_turns_after_a_warm_up() -> None:
+    """Per npl and layout, one repetition (ntg steps) of each variant at a time, the order reversed every
+    other repetition: a warm-up, then --repeat timed ones."""
+    labels: List[str] = []
     cfg = tiny(npl=(2,), policies=("flat", "ranges"), repeat=3)
+    res = decode_bench.run_bench(cfg, on_step=labels.append)
+    assert len(labels) == cfg.n_steps == 2 * 2 * cfg.ntg * (1 + 3)
+    reps = labels[::cfg.ntg]
+    assert all(labels[i:i + cfg.ntg] == [reps[i // cfg.ntg]] * cfg.ntg for i in range(0, len(labels), cfg.ntg))
+    turns = ["flat", "ranges", "ranges", "flat"] * 2
+    assert reps == [f"npl 2 {p}" for p in turns] + [f"npl 2 {p} unified" for p in turns]
+    assert all(r.repeats == 3 for r in res.rows)
+
+
+def test_figures_are_each_steps_fastest_and_the_spread_is_the_repetitions() -> None:
+    """tokens/s sums each step's fastest time over the repetitions, so no repetition of its own is
+    faster; the spread is the repetitions' own tokens/s, and the gain's spread their paired ratios."""
+    assert decode_bench._fastest_steps([[3.0, 1.0, 5.0], [2.0, 4.0, 6.0]]) == 2.0 + 1.0 + 5.0
+    cfg = tiny(npl=(2,), policies=("flat", "ranges"), repeat=5, unified=False)
     res = bench.run_bench(cfg)
-    assert [(r.policy, r.unified) for r in made] == [("flat", False), ("ranges", False), ("flat", True),
-                                                     ("ranges", True)] * 3
-    for r in res.rows:
-        same = [m for m in made if (m.policy, m.unified) == (r.policy, r.unified)]
-        assert r is min(same, key=lambda m: m.decode_s)
-    assert bench.format_result(res).splitlines()[1].endswith(", pad 1, fastest of 3 runs")
+    flat, ranges = res.row(2, "flat"), res.row(2, "ranges")
+    for r in (flat, ranges):
+        assert len(r.runs_tokens_per_s) == 5
+        assert r.tokens_per_s >= max(r.runs_tokens_per_s)
+        median, low, high = r.tokens_per_s_spread
+        assert (low, high) == (min(r.runs_tokens_per_s), max(r.runs_tokens_per_s)) and low <= median <= high
+        assert r.tokens_per_s == pytest.approx(r.npl * cfg.ntg / r.decode_s, rel=1e-12)
+    paired = sorted(v / f - 1.0 for f, v in zip(flat.runs_tokens_per_s, ranges.runs_tokens_per_s))
+    assert res.gain_spread(ranges) == (paired[2], paired[0], paired[-1])
+    assert res.gain(ranges) == ranges.tokens_per_s / flat.tokens_per_s - 1.0
+    assert res.gain_spread(flat) == (0.0, 0.0, 0.0)
 
 
 def test_no_flat_no_gain() -> None:
     res = bench.run_bench(tiny(npl=(2,), policies=("ranges",), unified=False, ntg=1))
     assert len(res.rows) == 1 and res.gain(res.rows[0]) is None
-    assert " - " in bench.format_result(res).splitlines()[5]
+    assert " - " in bench.format_result(res).splitlines()[7]
 
 
 def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> tuple:
@@ -109,16 +126,22 @@ def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
     lines = out.splitlines()
     assert lines[0] == "split backend: CPU (stand-in device); KV cache in pageable host memory (CPU backend)"
     assert lines[1] == "-c 256, -npp 16, -ntg 3, 2 layers, K/V f16, 4 heads x 32, 2 KV heads, pad 1"
-    assert lines[4].split() == ["npl", "policy", "tok/s", "gain", "decode", "copy", "compute", "copied", "read",
-                                "copy", "bw", "split", "mem", "unified", "tok/s", "gain", "copy", "copied"]
-    rows = [ln.split() for ln in lines[5:9]]
-    assert [(r[0], r[1], r[3]) for r in rows] == [("2", "flat", "+0.0%"), ("2", "ranges", rows[1][3]),
-                                                   ("4", "flat", "+0.0%"), ("4", "ranges", rows[3][3])]
-    assert all("MiB" in ln and "GB/s" in ln for ln in lines[5:9])
+    assert lines[2] == ("tok/s, gain, decode, copy, compute: each step's fastest of the repetitions, summed over "
+                        "the steps (31 timed repetitions of each variant, taking turns, after a warm-up)")
+    assert lines[3].startswith("per repetition: median (min..max) of the repetitions")
+    assert lines[6].split() == ["npl", "policy", "tok/s", "per", "repetition", "gain", "per", "repetition", "decode",
+                                "copy", "compute", "copied", "read", "copy", "bw", "split", "mem", "unified", "tok/s",
+                                "gain", "per", "repetition", "copy", "copied"]
+    rows = [ln.split() for ln in lines[7:11]]
+    assert [(r[0], r[1], r[5], r[6]) for r in rows] == [
+        ("2", "flat", "+0.0%", "+0.0%"), ("2", "ranges", rows[1][5], rows[1][6]),
+        ("4", "flat", "+0.0%", "+0.0%"), ("4", "ranges", rows[3][5], rows[3][6])]
+    assert all(re.fullmatch(r"\([\d,]+\.\.[\d,]+\)", r[4]) for r in rows)  # tok/s: median (min..max)
+    assert all("MiB" in ln and "GB/s" in ln for ln in lines[7:11])
     cfg = tiny(policies=("flat", "ranges"))
-    row_ranges_2 = lines[6]
+    row_ranges_2 = lines[8]
     assert f"{expected_bytes(cfg, 2)['read'] / 2**20:,.1f} MiB" in row_ranges_2
-    assert lines[10:] == ["npl 2: attention outputs identical across policies and both caches",
+    assert lines[12:] == ["npl 2: attention outputs identical across policies and both caches",
                           "npl 4: attention outputs identical across policies and both caches"]
 
 
@@ -137,10 +160,13 @@ def test_json(capsys: pytest.CaptureFixture[str]) -> None:
         if not r["unified"]:
             assert r["bytes_copied"] == (want["span"] if r["policy"] == "flat" else want["read"])
         assert r["tokens_per_s"] > 0 and r["copy_s"] > 0
+        assert r["repeats"] == 31 and r["tokens_per_s"] >= r["tokens_per_s_max"] >= r["tokens_per_s_min"] > 0
+        assert r["statistic"] == "each step's fastest of the repetitions, summed over the steps"
+        assert (r["gain"] == 0.0) == (r["policy"] == "flat") and r["gain_min"] <= r["gain_median"] <= r["gain_max"]
 
 
 def test_json_without_unified(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(["bench", *TINY, "--no-unified", "--json"], capsys)
+    code, out, _ = run_cli(["bench", *TINY, "--no-unified", "--policy", "flat,ranges", "--json"], capsys)
     rows = json.loads(out)
     assert code == 0 and [(r["npl"], r["policy"], r["unified"]) for r in rows] == [
         (2, "flat", False), (2, "ranges", False), (4, "flat", False), (4, "ranges", False)]
@@ -172,11 +198,11 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path: Path, monkeypatch: p
     (["-npp", "200"], "-npl 2: a stream holds 128 cells, fewer than -npp + -ntg = 203"),
     (["--policy", "flat,bogus"], "--policy 'bogus': known policies are flat, ranges, plan"),
     (["--policy", "flat,flat"], "--policy lists a policy twice: flat,flat"),
-    (["-ntg", "0"], "-ntg must be a positive integer, got 0"),
-    (["--repeat", "0"], "--repeat must be a positive integer, got 0"),
+    (["-ntg", "0"], "argument -ntg: 0 is out of range: 1.."),
+    (["--repeat", "0"], "argument --repeat: 0 is out of range: 1.."),
     (["--heads", "5"], "--heads 5 is not a multiple of --kv-heads 2"),
     (["--type", "q8_0", "--head-dim", "48"], "--type q8_0 needs --head-dim a multiple of 32, got 48"),
-    (["--type", "q4_0"], "invalid choice: 'q4_0'"),
+    (["--type", "q4_0"], "--type 'q4_0': attention reads f32, f16, q8_0"),
     (["-npl", "2,x"], "expected integers separated by commas"),
 ])
 def test_bad_options_are_refused(args: List[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,7 +27,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.ops", "ferry.graph", "ferry._placements", "ferry.alloc"),
     ("ferry.plan", "ferry.copy_path"),
     ("ferry.sched", "ferry.kv"),
-    ("ferry.workload", "ferry.decode_bench", "ferry.hash_gate", "ferry.dry_run"),
+    ("ferry.workload", "ferry.model_file", "ferry.decode_bench", "ferry.hash_gate", "ferry.dry_run"),
     ("ferry",),
     ("ferry.cli", "ferry.cli.options", "ferry.cli.text_table", "ferry.cli.progress", "ferry.cli.bench",
      "ferry.cli.validate", "ferry.cli.table", "ferry.cli.plan", "ferry.cli.demo", "ferry.cli.__main__"),

@@ -54,10 +54,11 @@ def test_table_pads_n_kv_and_caps_it_at_the_stream() -> None:
     (["-c", "32768", "-npl", "3", "-npp", "2048", "-ntg", "128"], "does not split into 3 equal streams"),
     (["-c", "32768", "-npl", "2,x", "-npp", "2048", "-ntg", "128"], "integers separated by commas"),
     (["-c", "32768", "-npl", "2", "-npp", "2048", "-ntg", "128", "--type", "q9"], "unknown type name 'q9'"),
-    (["-c", "32768", "-npl", "2", "-npp", "2048", "-ntg", "128", "--pad", "0"], "--pad must be positive"),
-    (["-c", "0", "-npl", "2", "-npp", "2048", "-ntg", "128"], "-c must be positive"),
-    (["-c", "32768", "-npl", "2", "-npp", "2048", "-ntg", "128", "--head-dim", "100"], "not whole q8_0 blocks"),
-    (["-c", "32768", "-npl", "2", "-npp", "2048"], "required: -ntg"),
+    (["-c", "32768", "-npl", "2", "-npp", "2048", "-ntg", "128", "--head-dim", "100", "--type", "q8_0"],
+     "not a whole number of q8_0 blocks"),
+    (["-c", "32768", "-npl", "2", "-npp", "2048", "-ntg", "128", "--pad", "0"], "argument --pad: 0 is out of range"),
+    (["-c", "0", "-npl", "2", "-npp", "2048", "-ntg", "128"], "argument -c: 0 is out of range"),
+    (["-c", "32768", "-npl", "2", "-npp", "2048", "-ntg", "-1"], "argument -ntg: -1 is out of range"),
 ])
 def test_table_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str], args: list, message: str) -> None:
     with pytest.raises(SystemExit) as e:

@@ -23,7 +23,7 @@ def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert err == ""
     assert lines[0] == "split backend: CPU (stand-in device)"
     assert lines[1] == ("16 sequences through 8 streams of 64 cells (2 waves), 2 layers, 4 decode steps, K/V f16, "
-                        "4 heads x 32, 2 KV heads")
+                        "8 heads x 64, 2 KV heads")
     assert lines[2] == "sha256 of every attention output:"
     hashes = [re.fullmatch(r"  (flat|ranges|plan|control) +([0-9a-f]{64})(  \(.*\))?", ln) for ln in lines[3:7]]
     assert all(hashes) and [m.group(1) for m in hashes] == ["flat", "ranges", "plan", "control"]  # type: ignore
@@ -93,7 +93,7 @@ def test_prompts_differ() -> None:
 @pytest.mark.parametrize("args,message", [
     (["--streams", "1"], "--streams 1: a gate for cross-stream reads needs at least 2"),
     (["--cells", "9"], "--cells 9: a stream needs at least 2 * --steps + 2 = 10 cells"),
-    (["--sequences", "0"], "--sequences must be a positive integer, got 0"),
+    (["--sequences", "0"], "argument --sequences: 0 is out of range"),
     (["--policy", "ranges,nope"], "--policy 'nope': known policies are flat, ranges, plan"),
     (["--heads", "3"], "--heads 3 is not a multiple of --kv-heads 2"),
     (["--type", "q8_0", "--head-dim", "16"], "--type q8_0 needs --head-dim a multiple of 32, got 16"),

@@ -1,18 +1,31 @@
 """ferry: copy the ranges of a multi-stream KV-cache window to the device, not the span.
 
-Every verb builds real windows with the library and reports exact byte counts."""
+Every verb builds real windows with the library and reports exact byte counts, and runs with
+no arguments on defaults that take seconds; `ferry VERB --help` says what it is for, with an
+example."""
 
 from __future__ import annotations
 
 import argparse
-from typing import List, Optional
+from types import ModuleType
+from typing import Dict, List, Optional, Tuple
 
+from .. import __version__
 from ..errors import FerryError
 from . import bench, demo, plan, table, validate
 
 #: The verbs in the order `ferry --help` lists them; each module has add_parser, main, and
 #: ARGUMENT_ERRORS (the FerryErrors reported as usage errors, exit 2).
 VERBS = (demo, table, plan, bench, validate)
+
+
+def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, Tuple[ModuleType, argparse.ArgumentParser]]]:
+    """The `ferry` command's parser, and per verb name its module and its parser."""
+    parser = argparse.ArgumentParser(prog="ferry", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"ferry {__version__}")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    return parser, {verb.__name__.rsplit(".", 1)[1]: (verb, verb.add_parser(sub)) for verb in VERBS}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -34,9 +47,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         With status 2 and a usage message for bad arguments (argparse's, or a FerryError the
         verb counts as an argument error); with "ferry: <message>" for any other FerryError.
     """
-    parser = argparse.ArgumentParser(prog="ferry", description=__doc__)
-    sub = parser.add_subparsers(dest="verb", required=True)
-    parsers = {verb.__name__.rsplit(".", 1)[1]: (verb, verb.add_parser(sub)) for verb in VERBS}
+    parser, parsers = build_parser()
     args = parser.parse_args(argv)
     verb, verb_parser = parsers[args.verb]
     try:

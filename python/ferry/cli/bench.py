@@ -5,18 +5,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO, Tuple
 
 from .. import decode_bench
-from ..decode_bench import BenchConfig, BenchResult, BenchRow, run_one
+from ..decode_bench import SPREAD, STATISTIC, BenchConfig, BenchResult, BenchRow
 from ..errors import InvalidArgumentError, UnsupportedError
-from .options import add_attention_args, add_backend_arg, add_run_parser, int_list
+from .options import (
+    POSITIVE,
+    add_backend_arg,
+    add_kv_args,
+    add_policy_arg,
+    add_shape_args,
+    add_verb_parser,
+    apply_model,
+    check_one_head_dim,
+    run_fields,
+)
 from .progress import Progress, progress_stream
 from .text_table import format_table
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Progress", "add_parser", "check_plot_available",
-           "config_from_args", "fmt_gain", "fmt_gbps", "fmt_mib", "fmt_seconds", "format_result", "main",
-           "plot_result", "run_bench", "run_one"]
+           "config_from_args", "fmt_gain", "fmt_gbps", "fmt_mib", "fmt_seconds", "fmt_spread", "fmt_tps",
+           "format_result", "main", "plot_result", "run_bench"]
 
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
 ARGUMENT_ERRORS = InvalidArgumentError
@@ -39,8 +49,7 @@ def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResul
     """
     bar = Progress(cfg.n_steps, progress)
     try:
-        # this module's run_one, looked up now: a test that replaces it here sees every run
-        return decode_bench.run_bench(cfg, on_step=lambda label: bar.step(label=label), run=run_one)
+        return decode_bench.run_bench(cfg, on_step=lambda label: bar.step(label=label))
     finally:
         bar.close()
 
@@ -74,6 +83,18 @@ def fmt_gain(g: Optional[float]) -> str:
     return f"{g * 100:+.1f}%"
 
 
+def fmt_spread(spread: Optional[Tuple[float, float, float]], fmt: Callable[[float], str]) -> str:
+    """A (median, least, greatest) spread as "median (least..greatest)", each written by fmt; "-" for None."""
+    if spread is None:
+        return "-"
+    return f"{fmt(spread[0])} ({fmt(spread[1])}..{fmt(spread[2])})"
+
+
+def fmt_tps(tps: float) -> str:
+    """Tokens/s with thousands separators, no decimals."""
+    return f"{tps:,.0f}"
+
+
 def format_result(res: BenchResult) -> str:
     """The report of the BenchResult res: the header, one table row per (npl, policy) with the unified
     cache's figures beside it, and whether the outputs agreed.
@@ -83,24 +104,29 @@ def format_result(res: BenchResult) -> str:
         f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)",
         f"-c {cfg.n_ctx}, -npp {cfg.npp}, -ntg {cfg.ntg}, {cfg.n_layer} layers, K/V {cfg.type_kv}, "
         f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}"
-        + (", V transposed" if cfg.v_trans else "")
-        + (f", fastest of {cfg.repeat} runs" if cfg.repeat > 1 else ""),
-        "copy and bytes: every layer's K and V windows, summed over the ntg steps",
+        + (", V transposed" if cfg.v_trans else ""),
+        f"tok/s, gain, decode, copy, compute: {STATISTIC} ({cfg.repeat} timed repetitions of each variant, "
+        "taking turns, after a warm-up)",
+        f"per repetition: {SPREAD}",
+        "copy and bytes: every layer's K and V windows over the ntg steps of a repetition",
         "",
     ]
-    head = ["npl", "policy", "tok/s", "gain", "decode", "copy", "compute", "copied", "read", "copy bw", "split mem"]
+    head = ["npl", "policy", "tok/s", "per repetition", "gain", "per repetition", "decode", "copy", "compute",
+            "copied", "read", "copy bw", "split mem"]
     if cfg.unified:
-        head += ["unified tok/s", "gain", "copy", "copied"]
+        head += ["unified tok/s", "gain", "per repetition", "copy", "copied"]
     body = []
     for npl in cfg.npl:
         for policy, compact in res.variants():
             r = res.row(npl, policy, False, compact)
-            cells = [str(npl), r.label, f"{r.tokens_per_s:,.1f}", fmt_gain(res.gain(r)), fmt_seconds(r.decode_s),
+            cells = [str(npl), r.label, fmt_tps(r.tokens_per_s), fmt_spread(r.tokens_per_s_spread, fmt_tps),
+                     fmt_gain(res.gain(r)), fmt_spread(res.gain_spread(r), fmt_gain), fmt_seconds(r.decode_s),
                      fmt_seconds(r.copy_s), fmt_seconds(r.compute_s), fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
                      fmt_gbps(r.copy_bandwidth), fmt_mib(r.split_memory)]
             if cfg.unified:
                 u = res.row(npl, policy, True, compact)
-                cells += [f"{u.tokens_per_s:,.1f}", fmt_gain(res.gain(u)), fmt_seconds(u.copy_s),
+                cells += [fmt_tps(u.tokens_per_s), fmt_gain(res.gain(u)), fmt_spread(res.gain_spread(u), fmt_gain),
+                          fmt_seconds(u.copy_s),
                           fmt_mib(u.bytes_copied)]
             body.append(cells)
     lines += format_table([head, *body], left=(1,))
@@ -168,23 +194,19 @@ def plot_result(res: BenchResult, path: str) -> None:
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `bench` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
     d = BenchConfig()
-    bp = add_run_parser(sub, "bench", "decode steps over a host KV cache: tokens/s, copy time and bytes per copy "
-                        "policy (llama-batched-bench's generation phase)", __doc__, decode_bench.__doc__)
-    bp.add_argument("-c", type=int, default=d.n_ctx, metavar="N_CTX", help=f"cells in all streams (default {d.n_ctx})")
-    bp.add_argument("-npl", type=int_list, default=list(d.npl), metavar="N,N,...",
-                    help=f"numbers of sequences, one stream each (default {','.join(map(str, d.npl))})")
-    bp.add_argument("-npp", type=int, default=d.npp, help=f"prompt cells per sequence (default {d.npp})")
-    bp.add_argument("-ntg", type=int, default=d.ntg, help=f"decode steps (tokens generated per sequence; "
-                                                         f"default {d.ntg})")
-    bp.add_argument("--layers", type=int, default=d.n_layer, help=f"default {d.n_layer}")
-    add_attention_args(bp, d, "copy policies: flat, ranges, plan")
+    bp = add_verb_parser(sub, "bench", "decode steps over a host KV cache: tokens/s, copy time and bytes per copy "
+                         "policy (llama-batched-bench's generation phase)", __doc__,
+                         "ferry bench -c 16384 -npl 2,4,8 -npp 1024 --type q8_0 --heads 32 --head-dim 128 "
+                         "--kv-heads 8 --policy flat,ranges --repeat 5", decode_bench.__doc__)
+    add_shape_args(bp, ntg_minimum=1)
+    add_kv_args(bp, run=True)
+    add_policy_arg(bp, "to compare")
     bp.add_argument("--unified", action=argparse.BooleanOptionalAction, default=d.unified,
                     help="also run a unified cache of the same sequences, for comparison (default on)")
-    add_backend_arg(bp, d.backend)
-    bp.add_argument("--pad", type=int, default=d.pad,
-                    help=f"round the split cache's n_kv up to this (llama.cpp: 256; default {d.pad}: exact)")
-    bp.add_argument("--repeat", type=int, default=d.repeat,
-                    help="run each configuration this many times (interleaved) and keep the fastest (default 1)")
+    add_backend_arg(bp)
+    bp.add_argument("--repeat", type=POSITIVE, default=d.repeat,
+                    help="timed repetitions of each variant, taking turns after a warm-up; figures are medians "
+                         f"(default {d.repeat})")
     bp.add_argument("--v-trans", action="store_true",
                     help="V stored transposed (flash attention off): a gap after every channel row, even unified")
     bp.add_argument("--compact", action="store_true",
@@ -205,8 +227,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def main(args: argparse.Namespace) -> int:
     """Run `ferry bench` with the parsed options args: the table (or JSON) on stdout, the bar on
     stderr, the chart to --plot. Returns the exit status 0; InvalidArgumentError for options that
-    cannot run (a usage error), another FerryError when a run fails.
+    cannot run or a --model file that cannot be read (a usage error), another FerryError when a run
+    fails.
     """
+    check_one_head_dim(apply_model(args, run_fields()), args)
     cfg = config_from_args(args)
     cfg.check()
     if args.plot:
@@ -214,7 +238,7 @@ def main(args: argparse.Namespace) -> int:
     res = run_bench(cfg, progress_stream())
     if args.json:
         print(f"ferry bench: split backend {res.split_name}, KV cache in {res.cache_memory}", file=sys.stderr)
-        print(json.dumps([r.as_dict() for r in res.rows], indent=2))
+        print(json.dumps(res.as_dicts(), indent=2))
     else:
         print(format_result(res))
     if args.plot:

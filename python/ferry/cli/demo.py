@@ -7,6 +7,7 @@ from typing import Any
 
 from ..tensor import Tensor
 from ..types import Type, row_size
+from .options import add_verb_parser
 
 #: demo takes no arguments: no failure of it is a usage error.
 ARGUMENT_ERRORS = ()
@@ -14,7 +15,7 @@ ARGUMENT_ERRORS = ()
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `demo` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
-    return sub.add_parser("demo", help="show what a flat copy of a multi-stream window moves")
+    return add_verb_parser(sub, "demo", "show what a flat copy of a multi-stream window moves", __doc__, "ferry demo")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,13 +1,31 @@
-"""Options and argument types that several verbs share."""
+"""Options and argument types that several verbs share.
+
+An option that several verbs take is defined here once, so it has one name, one meaning, one
+set of choices and one default everywhere (tests/python/test_cli.py checks it): the window's
+shape (-c, -npl, -npp, -ntg, --pad) and the KV geometry (--type, --head-dim, --kv-heads,
+--heads, --layers) default to `ferry bench`'s configuration, which runs in seconds.
+
+--model FILE.gguf fills the KV geometry from a model's metadata (ferry.model_file). An option
+given on the command line beside it wins over the file: `--model m.gguf -c 4096` reads
+everything else from the file.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, List, Optional, Tuple, Union
+import sys
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..decode_bench import BenchConfig
-from ..hash_gate import ValidateConfig
-from ..workload import KV_TYPES, SPLIT_BACKENDS
+from ..errors import InvalidArgumentError
+from ..model_file import ModelGeometry, read_model_geometry
+from ..workload import POLICIES, SPLIT_BACKENDS
+
+#: The largest count any option takes (a C int): larger numbers are refused with a message.
+MAX_COUNT = 2**31 - 1
+
+#: The defaults every verb shares.
+DEFAULTS = BenchConfig()
 
 
 def verb_description(summary: Optional[str], library_doc: Optional[str]) -> str:
@@ -29,13 +47,60 @@ def verb_description(summary: Optional[str], library_doc: Optional[str]) -> str:
     return f"{summary or ''}\n\n{details}"
 
 
-def add_run_parser(sub: "argparse._SubParsersAction[Any]", verb: str, help: str, summary: Optional[str],
-                   library_doc: Optional[str]) -> argparse.ArgumentParser:
-    """Add a verb that runs a library workload (bench, validate) to the `ferry` command's
-    subparsers sub, with the help line help and, as --help's text, the verb's summary and then
-    the account library_doc gives of the run (see verb_description); returns its parser."""
+def add_verb_parser(sub: "argparse._SubParsersAction[Any]", verb: str, help: str, summary: Optional[str],
+                    example: str, library_doc: Optional[str] = None) -> argparse.ArgumentParser:
+    """Add a verb to the `ferry` command's subparsers sub and return its parser.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+    verb : str
+        The verb's name.
+    help : str
+        Its line in `ferry --help`.
+    summary : str or None
+        What it is for: the verb module's docstring, the start of its --help.
+    example : str
+        A command line that runs it, shown at the end of its --help.
+    library_doc : str, optional
+        The docstring of the library module it runs; its account of the run follows the summary.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
     return sub.add_parser(verb, help=help, description=verb_description(summary, library_doc),
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+                          epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+class Given(argparse.Action):
+    """Store an option's value and note that it was given, so that --model does not replace it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        setattr(namespace, self.dest, values)
+        given = set(getattr(namespace, "given", set()))
+        given.add(self.dest)
+        namespace.given = given
+
+
+def count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer from minimum to MAX_COUNT; ArgumentTypeError for anything else
+    (argparse names the option in the message)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not minimum <= value <= MAX_COUNT:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: {minimum}..{MAX_COUNT}")
+        return value
+
+    return parse
+
+
+POSITIVE = count(1)
 
 
 def int_list(text: str) -> List[int]:
@@ -48,6 +113,8 @@ def int_list(text: str) -> List[int]:
         raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError("expected at least one number")
+    for v in values:
+        POSITIVE(str(v))
     return values
 
 
@@ -75,50 +142,118 @@ def stream_range(text: str) -> Tuple[int, int]:
     return values[0], values[1]
 
 
-def add_window_args(p: argparse.ArgumentParser, type_default: str, type_help: str) -> None:
-    """Add the options that say which KV-cache window a dry-run verb (table, plan) builds.
+def add_shape_args(p: argparse.ArgumentParser, ntg_minimum: int = 0) -> None:
+    """Add the options that say which windows a verb builds: -c, -npl, -npp, -ntg, --pad.
 
     Parameters
     ----------
     p : argparse.ArgumentParser
-        The verb's parser; it gets -c, -npp, -ntg, --pad, --type, --head-dim, --kv-heads
-        (-npl is each verb's own).
-    type_default : str
-        The verb's default --type.
-    type_help : str
-        What --type is, in the verb's words.
+        The verb's parser (table, plan, bench).
+    ntg_minimum : int, optional
+        The fewest generated tokens the verb takes (a dry run takes 0, a benchmark 1).
     """
-    p.add_argument("-c", type=int, required=True, metavar="N_CTX", help="cells in all streams together")
-    p.add_argument("-npp", type=int, required=True, help="prompt tokens per sequence")
-    p.add_argument("-ntg", type=int, required=True, help="generated tokens per sequence")
-    p.add_argument("--pad", type=int, default=1, help="round n_kv up to this (llama.cpp: 256; default 1)")
-    p.add_argument("--type", default=type_default, help=f"{type_help} (default {type_default})")
-    p.add_argument("--head-dim", type=int, default=128, help="default 128")
-    p.add_argument("--kv-heads", type=int, default=8, help="default 8")
+    d = DEFAULTS
+    p.add_argument("-c", type=POSITIVE, default=d.n_ctx, action=Given, metavar="N_CTX",
+                   help=f"cells in all streams together (default {d.n_ctx})")
+    p.add_argument("-npl", type=int_list, default=list(d.npl), metavar="N,N,...",
+                   help=f"numbers of sequences, one stream each (default {','.join(map(str, d.npl))})")
+    p.add_argument("-npp", type=POSITIVE, default=d.npp, help=f"prompt cells per sequence (default {d.npp})")
+    p.add_argument("-ntg", type=count(ntg_minimum), default=d.ntg,
+                   help=f"tokens generated per sequence, one decode step each (default {d.ntg})")
+    p.add_argument("--pad", type=POSITIVE, default=d.pad,
+                   help=f"round n_kv up to this (llama.cpp: 256; default {d.pad}: exact)")
 
 
-def add_attention_args(p: argparse.ArgumentParser, d: Union[BenchConfig, ValidateConfig], policy_help: str) -> None:
-    """Add the options of a decode run's attention and copies: --type, --heads, --head-dim,
-    --kv-heads, --policy.
+def add_kv_args(p: argparse.ArgumentParser, run: bool) -> None:
+    """Add the KV geometry: --type, --head-dim, --kv-heads, and for a run --heads and --layers; then
+    --model, which can give them all.
 
     Parameters
     ----------
     p : argparse.ArgumentParser
-        The verb's parser (bench, validate).
-    d : BenchConfig or ValidateConfig
-        The verb's defaults.
-    policy_help : str
-        What --policy does in the verb's words (its default is added).
+        The verb's parser.
+    run : bool
+        The verb runs attention (bench, validate): it also takes query heads and layers.
     """
-    p.add_argument("--type", default=d.type_kv, choices=KV_TYPES, help=f"K and V type (default {d.type_kv})")
-    p.add_argument("--heads", type=int, default=d.n_head, help=f"query heads (default {d.n_head})")
-    p.add_argument("--head-dim", type=int, default=d.head_dim, help=f"default {d.head_dim}")
-    p.add_argument("--kv-heads", type=int, default=d.n_head_kv, help=f"default {d.n_head_kv}")
-    p.add_argument("--policy", type=policy_list, default=list(d.policies), metavar="P,P,...",
-                   help=f"{policy_help} (default {','.join(d.policies)})")
+    d = DEFAULTS
+    p.add_argument("--type", default=d.type_kv, metavar="TYPE",
+                   help=f"K and V type: f32, f16, q8_0 (the dry runs take any ferry type; default {d.type_kv})")
+    p.add_argument("--head-dim", type=POSITIVE, default=d.head_dim, action=Given,
+                   help=f"values per head (default {d.head_dim})")
+    p.add_argument("--kv-heads", type=POSITIVE, default=d.n_head_kv, action=Given,
+                   help=f"KV heads (default {d.n_head_kv})")
+    if run:
+        p.add_argument("--heads", type=POSITIVE, default=d.n_head, action=Given,
+                       help=f"query heads (default {d.n_head})")
+        p.add_argument("--layers", type=POSITIVE, default=d.n_layer, action=Given,
+                       help=f"layers (default {d.n_layer})")
+    p.add_argument("--model", metavar="FILE.gguf",
+                   help="read the KV geometry from a model's GGUF metadata; options given beside it win "
+                        "(needs the gguf package)")
 
 
-def add_backend_arg(p: argparse.ArgumentParser, default: str) -> None:
-    """Add --backend (where a decode run's split runs, default default) to the verb's parser p."""
-    p.add_argument("--backend", default=default, choices=SPLIT_BACKENDS,
-                   help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable)")
+def add_policy_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """Add --policy (the copy policies a run compares; what says what for) to the verb's parser p."""
+    p.add_argument("--policy", type=policy_list, default=list(DEFAULTS.policies), metavar="P,P,...",
+                   help=f"copy policies {what}: {', '.join(POLICIES)} (default {','.join(DEFAULTS.policies)})")
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    """Add --backend (where a decode run's split runs) to the verb's parser p."""
+    p.add_argument("--backend", default=DEFAULTS.backend, choices=SPLIT_BACKENDS,
+                   help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable; "
+                        f"default {DEFAULTS.backend})")
+
+
+def apply_model(args: argparse.Namespace, fields: Dict[str, Callable[[ModelGeometry], int]]) -> Optional[ModelGeometry]:
+    """With --model, set each option of fields the command line did not give from the model's geometry,
+    and say on stderr what was read.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed options (changed in place).
+    fields : dict
+        Option dest -> the geometry's value for it.
+
+    Returns
+    -------
+    ModelGeometry or None
+        None without --model.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a file that is not a GGUF model.
+    UnsupportedError
+        Without the gguf package.
+    """
+    if not getattr(args, "model", None):
+        return None
+    g = read_model_geometry(args.model)
+    given: Set[str] = getattr(args, "given", set())
+    taken = []
+    for dest, value_of in fields.items():
+        if dest not in given:
+            setattr(args, dest, value_of(g))
+            taken.append(f"{dest.replace('_', '-')} {getattr(args, dest)}")
+    print(f"ferry: {g.path} ({g.architecture}): {', '.join(taken) or 'nothing taken: every option was given'}",
+          file=sys.stderr)
+    return g
+
+
+def run_fields() -> Dict[str, Callable[[ModelGeometry], int]]:
+    """What --model gives a decode run (bench, validate): its heads, head dim, KV heads and layers. Not
+    the context length: a run's cache size is the run's choice (a model's whole context would take
+    minutes and gigabytes), -c for bench and --cells for validate."""
+    return {"heads": lambda g: g.n_head, "kv_heads": lambda g: g.n_head_kv, "head_dim": lambda g: g.head_dim_k,
+            "layers": lambda g: g.n_layer}
+
+
+def check_one_head_dim(g: Optional[ModelGeometry], args: argparse.Namespace) -> None:
+    """Raise InvalidArgumentError when the model g's K and V head dims differ and the parsed options
+    args do not give --head-dim: a decode run's cache has one head dim for K and V."""
+    if g is not None and g.head_dim_k != g.head_dim_v and "head_dim" not in getattr(args, "given", set()):
+        raise InvalidArgumentError(f"--model {g.path}: K heads of {g.head_dim_k} and V heads of {g.head_dim_v} "
+                                   "values; ferry's decode runs give K and V one head dim: pass --head-dim")
+

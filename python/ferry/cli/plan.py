@@ -1,4 +1,7 @@
-"""`ferry plan`: the copy plan of a KV-cache window, what it moves, what it costs, and why."""
+"""`ferry plan`: the copy plan of a KV-cache window, what it moves, what it costs, and why.
+
+One plan per number of sequences (-npl 1: a unified cache). --model reads -c (the model's
+context length), --head-dim (K's, or V's with --which v) and --kv-heads from a GGUF file."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from typing import Any
 
 from ..dry_run import WindowPlan, window_plan
 from ..errors import FerryError
-from .options import add_window_args, stream_range
+from .options import add_kv_args, add_shape_args, add_verb_parser, apply_model, stream_range
 from .text_table import format_table
 
 #: Every failure of this verb comes from its arguments: reported as a usage error (exit 2).
@@ -20,15 +23,16 @@ SHOWN_COPIES = 16
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `plan` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
-    pp = sub.add_parser("plan", help="the copy plan of a KV-cache window: copies, bytes moved, cost, and why")
-    pp.add_argument("-npl", type=int, default=1, help="sequences, one stream each (default 1: a unified cache)")
-    add_window_args(pp, "f16", "cache type")
+    pp = add_verb_parser(sub, "plan", "the copy plan of a KV-cache window: copies, bytes moved, cost, and why",
+                         __doc__, "ferry plan -c 32768 -npl 1 -npp 2048 -ntg 128 --v-trans --which v")
+    add_shape_args(pp)
+    add_kv_args(pp, run=False)
     pp.add_argument("--v-trans", action="store_true", help="V stored transposed (flash attention off)")
     pp.add_argument("--which", choices=("k", "v"), default="k", help="the K or the V window (default k)")
     pp.add_argument("--stream", type=stream_range, metavar="S0-S1", help="streams read (default all)")
-    pp.add_argument("--backend", choices=("cpu", "gpu"), default="gpu",
+    pp.add_argument("--cost-model", choices=("cpu", "gpu"), default="gpu",
                     help="whose cost model decides plan or flat (default gpu: host to device)")
-    pp.add_argument("--json", action="store_true", help="a JSON object instead of text")
+    pp.add_argument("--json", action="store_true", help="a JSON list of objects, one per -npl, instead of text")
     return pp
 
 
@@ -52,18 +56,22 @@ def format_plan(p: WindowPlan) -> str:
         lines += format_table([head, *body], indent="    ")
         if p.n_copies > SHOWN_COPIES:
             lines.append(f"    ... {p.n_copies - SHOWN_COPIES:,} more")
-        lines.append(f"  cost ({p.backend} model): plan {p.cost_plan_us:,.1f} us, flat {p.cost_flat_us:,.1f} us "
+        lines.append(f"  cost ({p.backend} model): plan {p.cost_plan_us:,.1f} µs, flat {p.cost_flat_us:,.1f} µs "
                      f"-> {p.choice}")
     lines.append(f"  why: {p.explanation}")
     return "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print the plan (or its JSON) of the window the parsed options args describe. Returns the exit
-    status 0; a FerryError for values the dry run refuses (a usage error).
+    """Print the plan (or a JSON list of plans) of the window the parsed options args describe, one per
+    -npl. Returns the exit status 0; a FerryError for values the dry run refuses, or a --model file
+    that cannot be read (a usage error).
     """
-    p = window_plan(args.c, args.npl, args.npp, args.ntg, pad=args.pad, type=args.type, head_dim=args.head_dim,
-                    n_head_kv=args.kv_heads, v_trans=args.v_trans, which=args.which, streams=args.stream,
-                    backend=args.backend)
-    print(json.dumps(p.as_dict(), indent=2) if args.json else format_plan(p))
+    apply_model(args, {"c": lambda g: g.n_ctx, "kv_heads": lambda g: g.n_head_kv,
+                       "head_dim": lambda g: g.head_dim_v if args.which == "v" else g.head_dim_k})
+    plans = [window_plan(args.c, npl, args.npp, args.ntg, pad=args.pad, type=args.type, head_dim=args.head_dim,
+                         n_head_kv=args.kv_heads, v_trans=args.v_trans, which=args.which, streams=args.stream,
+                         backend=args.cost_model) for npl in args.npl]
+    print(json.dumps([p.as_dict() for p in plans], indent=2) if args.json
+          else "\n\n".join(format_plan(p) for p in plans))
     return 0

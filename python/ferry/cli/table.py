@@ -1,4 +1,8 @@
-"""`ferry table`: what a flat copy and a ranges copy of the K window move, per number of sequences."""
+"""`ferry table`: what a flat copy and a ranges copy of the K window move, per number of sequences.
+
+A dry run: the KV cache is laid out at full size on a backend with no memory behind it, and
+the scheduler's copy path counts the cells each policy would copy. --model reads -c (the
+model's context length), --head-dim (K's) and --kv-heads from a GGUF file."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any, List, Sequence
 
 from ..dry_run import TableRow, build_table
 from ..errors import FerryError
-from .options import add_window_args, int_list
+from .options import add_kv_args, add_shape_args, add_verb_parser, apply_model
 from .text_table import format_table
 
 #: Every failure of this verb comes from its arguments: reported as a usage error (exit 2).
@@ -17,10 +21,10 @@ ARGUMENT_ERRORS = FerryError
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `table` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
-    tp = sub.add_parser("table", help="cells read and copied (flat vs ranges) per number of sequences, "
-                                      "from a dry run of the scheduler")
-    tp.add_argument("-npl", type=int_list, required=True, metavar="N,N,...", help="numbers of sequences (streams)")
-    add_window_args(tp, "q8_0", "K type")
+    tp = add_verb_parser(sub, "table", "cells read and copied (flat vs ranges) per number of sequences, from a "
+                         "dry run of the scheduler", __doc__, "ferry table -c 32768 -npl 2,4,8 -npp 2048 -ntg 128")
+    add_shape_args(tp)
+    add_kv_args(tp, run=False)
     tp.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
     return tp
 
@@ -35,9 +39,10 @@ def format_rows(rows: Sequence[TableRow]) -> List[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Print, for the parsed options args, the cells read and copied under flat and ranges per number
-    of sequences. Returns the exit status 0; a FerryError for values the dry run refuses (a usage
-    error).
+    of sequences. Returns the exit status 0; a FerryError for values the dry run refuses, or a
+    --model file that cannot be read (a usage error).
     """
+    apply_model(args, {"c": lambda g: g.n_ctx, "head_dim": lambda g: g.head_dim_k, "kv_heads": lambda g: g.n_head_kv})
     rows = build_table(args.c, args.npl, args.npp, args.ntg, pad=args.pad, type_k=args.type,
                        head_dim=args.head_dim, n_head_kv=args.kv_heads)
     if args.json:

@@ -10,7 +10,17 @@ from typing import Any
 from .. import hash_gate
 from ..errors import InvalidArgumentError
 from ..hash_gate import ValidateConfig, ValidateResult
-from .options import add_attention_args, add_backend_arg, add_run_parser
+from .options import (
+    POSITIVE,
+    add_backend_arg,
+    add_kv_args,
+    add_policy_arg,
+    add_verb_parser,
+    apply_model,
+    check_one_head_dim,
+    count,
+    run_fields,
+)
 
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
 ARGUMENT_ERRORS = InvalidArgumentError
@@ -44,16 +54,17 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `validate` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
     d = ValidateConfig()
-    vp = add_run_parser(sub, "validate", "the hash gate: every copy policy gives identical attention outputs, and a "
-                        "cross-stream read is detected (llama-parallel's gate)", __doc__, hash_gate.__doc__)
-    vp.add_argument("--sequences", type=int, default=d.n_seq, help=f"sequences served (default {d.n_seq})")
-    vp.add_argument("--streams", type=int, default=d.n_stream, help=f"streams of the cache (default {d.n_stream})")
-    vp.add_argument("--cells", type=int, default=d.kv_size, help=f"cells per stream (default {d.kv_size})")
-    vp.add_argument("--layers", type=int, default=d.n_layer, help=f"default {d.n_layer}")
-    vp.add_argument("--steps", type=int, default=d.n_step, help=f"decode steps per wave (default {d.n_step})")
-    add_attention_args(vp, d, "copy policies to compare")
-    add_backend_arg(vp, d.backend)
-    vp.add_argument("--seed", type=int, default=d.seed, help=f"the sequences' content (default {d.seed})")
+    vp = add_verb_parser(sub, "validate", "the hash gate: every copy policy gives identical attention outputs, and "
+                         "a cross-stream read is detected (llama-parallel's gate)", __doc__,
+                         "ferry validate --sequences 16 --streams 8 --type q8_0 --head-dim 128", hash_gate.__doc__)
+    vp.add_argument("--sequences", type=POSITIVE, default=d.n_seq, help=f"sequences served (default {d.n_seq})")
+    vp.add_argument("--streams", type=POSITIVE, default=d.n_stream, help=f"streams of the cache (default {d.n_stream})")
+    vp.add_argument("--cells", type=POSITIVE, default=d.kv_size, help=f"cells per stream (default {d.kv_size})")
+    vp.add_argument("--steps", type=POSITIVE, default=d.n_step, help=f"decode steps per wave (default {d.n_step})")
+    add_kv_args(vp, run=True)
+    add_policy_arg(vp, "to compare")
+    add_backend_arg(vp)
+    vp.add_argument("--seed", type=count(0), default=d.seed, help=f"the sequences' content (default {d.seed})")
     vp.add_argument("--compact", action="store_true",
                     help="also hash each non-flat policy with compact staging (the split holds only the bytes read)")
     vp.add_argument("--json", action="store_true", help='{"hashes": {policy: hex}, "identical", "control_detected"}')
@@ -63,9 +74,10 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
 def main(args: argparse.Namespace) -> int:
     """Run `ferry validate` with the parsed options args: the report (or JSON) on stdout. Returns the
     exit status, 0 when the policies agree and the control was detected, else 1;
-    InvalidArgumentError for options the gate cannot run with (a usage error), another FerryError
-    when serving fails.
+    InvalidArgumentError for options the gate cannot run with or a --model file that cannot be read
+    (a usage error), another FerryError when serving fails.
     """
+    check_one_head_dim(apply_model(args, run_fields()), args)
     cfg = ValidateConfig(n_seq=args.sequences, n_stream=args.streams, n_layer=args.layers, n_step=args.steps,
                          kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
                          n_head_kv=args.kv_heads, policies=tuple(args.policy), backend=args.backend, seed=args.seed,

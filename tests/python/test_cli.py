@@ -1,0 +1,120 @@
+"""One command line: every verb runs with no arguments, an option shared by name has the same choices
+and default in every verb, each verb's help says what it is for with an example, --version, and
+numbers out of range refused with a message naming the option."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+from typing import Dict, List, Tuple
+
+import pytest
+
+import ferry
+from ferry.cli import VERBS, build_parser, main
+
+VERB_NAMES = [v.__name__.rsplit(".", 1)[1] for v in VERBS]
+
+
+def verb_parsers() -> Dict[str, argparse.ArgumentParser]:
+    return {name: p for name, (_, p) in build_parser()[1].items()}
+
+
+def options(p: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
+    """Each option string of a parser (but --help) and its action."""
+    return {s: a for a in p._actions for s in a.option_strings if s not in ("-h", "--help")}
+
+
+@pytest.mark.parametrize("verb", VERB_NAMES)
+def test_every_verb_runs_with_no_arguments(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([verb]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def shared_options() -> List[Tuple[str, Dict[str, argparse.Action]]]:
+    by_option: Dict[str, Dict[str, argparse.Action]] = {}
+    for verb, p in verb_parsers().items():
+        for opt, action in options(p).items():
+            by_option.setdefault(opt, {})[verb] = action
+    return sorted((o, verbs) for o, verbs in by_option.items() if len(verbs) > 1)
+
+
+def test_options_are_shared() -> None:
+    """The options the check below compares: those the issue names are among them."""
+    names = {o for o, _ in shared_options()}
+    assert {"--backend", "--type", "-c", "-npl", "--head-dim", "--kv-heads", "--model", "--json"} <= names
+
+
+@pytest.mark.parametrize("option,actions", shared_options(), ids=[o for o, _ in shared_options()])
+def test_a_shared_option_has_one_meaning(option: str, actions: Dict[str, argparse.Action]) -> None:
+    seen = {verb: (a.dest, a.choices, a.default, a.nargs, a.metavar) for verb, a in actions.items()}
+    assert len(set(map(repr, seen.values()))) == 1, seen
+
+
+def test_backend_is_auto_cpu_cuda_wherever_it_is() -> None:
+    for verb, p in verb_parsers().items():
+        a = options(p).get("--backend")
+        if a is not None:
+            assert (list(a.choices or ()), a.default) == (["auto", "cpu", "cuda"], "auto"), verb
+
+
+@pytest.mark.parametrize("verb", VERB_NAMES)
+def test_help_says_what_for_and_gives_an_example(verb: str) -> None:
+    text = verb_parsers()[verb].format_help()
+    assert (verb_parsers()[verb].description or "").strip()
+    example = text.split("example:\n", 1)[1].strip().splitlines()[0]
+    assert example.startswith(f"ferry {verb}")
+
+
+def test_every_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each verb's example runs (bench's takes 20 s on 2 cores: its options are only parsed)."""
+    parser = build_parser()[0]
+    for verb in VERB_NAMES:
+        text = verb_parsers()[verb].format_help()
+        example = text.split("example:\n", 1)[1].strip().splitlines()[0].split()
+        assert parser.parse_args(example[1:]).verb == verb
+    for verb in ("demo", "table", "plan", "validate"):
+        text = verb_parsers()[verb].format_help()
+        example = text.split("example:\n", 1)[1].strip().splitlines()[0].split()
+        assert main(example[1:]) == 0, example
+    capsys.readouterr()
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"ferry {ferry.__version__}\n"
+    assert ferry.__version__ == importlib.metadata.version("ferry")
+
+
+OUT_OF_RANGE = [
+    (verb, option, value)
+    for verb in ("table", "plan", "bench", "validate")
+    for option, values in {
+        "-c": ("0", "-1", str(2**31)), "-npl": ("0", "2,-4"), "-npp": ("0",), "-ntg": ("-1", "99999999999"),
+        "--pad": ("0",), "--head-dim": ("0", "-128"), "--kv-heads": ("0",), "--heads": ("0",), "--layers": ("-2",),
+        "--repeat": ("0",), "--sequences": ("0",), "--streams": ("0",), "--cells": ("-64",), "--steps": ("0",),
+        "--seed": ("-1",),
+    }.items()
+    for value in values
+    if option in options(verb_parsers()[verb])
+]
+
+
+@pytest.mark.parametrize("verb,option,value", OUT_OF_RANGE)
+def test_numbers_out_of_range_exit_2_naming_the_option(verb: str, option: str, value: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([verb, option, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}:" in err and "out of range" in err and "Traceback" not in err
+
+
+def test_bench_refuses_no_generated_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    """-ntg 0 is a dry run's (table, plan) but not a benchmark's."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "-ntg", "0"])
+    assert e.value.code == 2 and "argument -ntg: 0 is out of range: 1.." in capsys.readouterr().err
+    assert main(["table", "-ntg", "0"]) == 0
