@@ -12,7 +12,7 @@ struct ferry_context {
 
 ferry_status ferry_context_new(ferry_context ** out) {
     FERRY_CHECK_ARG(out, "context_new: NULL output");
-    ferry_context * ctx = calloc(1, sizeof(*ctx));
+    ferry_context * ctx = ferry_calloc(1, sizeof(*ctx));
     if (!ctx) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "context_new: out of memory");
     }
@@ -40,14 +40,14 @@ ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, fer
     }
     if (ctx->n_tensors == ctx->capacity) {
         const size_t cap = ctx->capacity ? 2 * ctx->capacity : 16;
-        ferry_tensor ** grown = realloc(ctx->tensors, cap * sizeof(*grown));
+        ferry_tensor ** grown = ferry_realloc(ctx->tensors, cap * sizeof(*grown));
         if (!grown) {
             return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
         }
         ctx->tensors = grown;
         ctx->capacity = cap;
     }
-    ferry_tensor * t = calloc(1, sizeof(*t));
+    ferry_tensor * t = ferry_calloc(1, sizeof(*t));
     if (!t) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
     }

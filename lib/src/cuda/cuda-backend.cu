@@ -290,8 +290,8 @@ static ferry_status backend_event_new(ferry_backend * backend, uint32_t flags, f
     cudaEvent_t event;
     CUDA_TRY(cudaEventCreateWithFlags(&event, (flags & FERRY_EVENT_TIMING) ? cudaEventDefault : cudaEventDisableTiming),
              "event_new: cudaEventCreateWithFlags");
-    auto * ctx = (event_ctx *) calloc(1, sizeof(event_ctx));
-    auto * ev = (ferry_event *) calloc(1, sizeof(ferry_event));
+    auto * ctx = (event_ctx *) ferry_calloc(1, sizeof(event_ctx));
+    auto * ev = (ferry_event *) ferry_calloc(1, sizeof(ferry_event));
     if (!ctx || !ev) {
         free(ctx);
         free(ev);
@@ -317,7 +317,7 @@ extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out)
     ferry_buffer_type * buft;
     FERRY_TRY(ferry_cuda_buffer_type(device, &buft)); /* makes the buffer types */
     CUDA_TRY(cudaSetDevice(device), "cuda_backend_new: cudaSetDevice");
-    auto * ctx = (backend_ctx *) calloc(1, sizeof(backend_ctx));
+    auto * ctx = (backend_ctx *) ferry_calloc(1, sizeof(backend_ctx));
     if (!ctx) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "cuda_backend_new: out of memory");
     }
