@@ -185,8 +185,9 @@ static ferry_status new_view(ferry_context * ctx, ferry_tensor * src, ferry_op o
     return FERRY_OK;
 }
 
-int64_t ferry_tensor_nelements(const ferry_tensor * t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
-int64_t ferry_tensor_nrows(const ferry_tensor * t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
+/* 0 for NULL, like the other getters: no tensor has no elements */
+int64_t ferry_tensor_nelements(const ferry_tensor * t) { return t ? t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] : 0; }
+int64_t ferry_tensor_nrows(const ferry_tensor * t) { return t ? t->ne[1] * t->ne[2] * t->ne[3] : 0; }
 
 /* ggml's nbytes of a 4-D layout of a known type: the span from the first byte to the last,
  * whole blocks included; 0 with a dimension of 0 or less. False if it overflows. */
@@ -223,6 +224,9 @@ static bool layout_span(ferry_type type, const int64_t * ne, const size_t * nb, 
 
 size_t ferry_tensor_nbytes(const ferry_tensor * t) {
     size_t nbytes;
+    if (!t) {
+        return 0;
+    }
     return layout_span(t->type, t->ne, t->nb, &nbytes) ? nbytes : SIZE_MAX; /* no tensor ferry makes overflows */
 }
 
@@ -250,6 +254,9 @@ ferry_status ferry_layout_nbytes(ferry_type type, int n_dims, const int64_t * ne
 }
 
 bool ferry_tensor_is_contiguous(const ferry_tensor * t) {
+    if (!t) {
+        return false;
+    }
     size_t expect = ferry_type_size(t->type);
     if (t->nb[0] != expect) {
         return false;
