@@ -407,9 +407,28 @@ static void cuda_run(void * p) {
     CHECK(scaled_copy_of(out, window, 0.5f));
 }
 
+#ifdef FERRY_FAKE_CUDART
+long fake_cudart_live_allocations(void); /* tests/fake-cudart: exported by libferry's fake build */
+static long cuda_live_before;
+
+/* The fake runtime counts device and pinned allocations: none may outlive the scenario. */
+static void cuda_fini(void * p) {
+    sched_fini(p);
+    if (fake_cudart_live_allocations() != cuda_live_before) {
+        fprintf(stderr, "%ld device or pinned allocations left behind\n", fake_cudart_live_allocations() - cuda_live_before);
+        check_failures++;
+    }
+}
+#else
+#define cuda_fini sched_fini
+#endif
+
 static void test_cuda_backend(void) {
     sched_state s;
-    CHECK(sweep("CUDA backend", cuda_run, sched_fini, &s, sizeof(s)) >= 0);
+#ifdef FERRY_FAKE_CUDART
+    cuda_live_before = fake_cudart_live_allocations();
+#endif
+    CHECK(sweep("CUDA backend", cuda_run, cuda_fini, &s, sizeof(s)) >= 0);
 }
 #endif
 
