@@ -12,6 +12,7 @@
  * allocations, and the sanitized build's leak check sees the host memory an error path forgot.
  */
 #include "check.h"
+#include "window-check.h"
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>
@@ -102,11 +103,7 @@ static void run(state * s) {
     ferry_buffer_type * pinned;
     CSTEP(ferry_cuda_host_buffer_type(&pinned));
     CSTEP(ferry_kv_cache_new(&p, pinned, &s->kv));
-    ferry_buffer * cache = ferry_kv_cache_buffer(s->kv);
-    float * v = ferry_buffer_base(cache);
-    for (size_t i = 0; i < ferry_buffer_size(cache) / sizeof(float); i++) {
-        v[i] = (float) (i % 4096);
-    }
+    fill_floats(ferry_kv_cache_buffer(s->kv));
     ferry_tensor *window, *dup, *scaled;
     CSTEP(ferry_kv_cache_window(s->kv, s->ctx, 0, 7, 1, 3, &window, NULL));
     CSTEP(ferry_dup(s->ctx, window, &dup));
@@ -119,22 +116,7 @@ static void run(state * s) {
     CSTEP(ferry_sched_set_policy(s->sched, FERRY_COPY_RANGES));
     CSTEP(ferry_sched_set_tensor_backend(s->sched, dup, s->cuda));
     CSTEP(ferry_sched_graph_compute(s->sched, s->graph));
-    const size_t count = (size_t) ferry_tensor_nelements(scaled);
-    float * got = malloc(count * sizeof(float));
-    CHECK(got);
-    const ferry_status st = ferry_tensor_get(scaled, got, 0, count * sizeof(float));
-    size_t k = 0;
-    bool same = st == FERRY_OK;
-    for (int64_t i3 = 0; i3 < window->ne[3]; i3++)
-        for (int64_t i2 = 0; i2 < window->ne[2]; i2++)
-            for (int64_t i1 = 0; i1 < window->ne[1]; i1++)
-                for (int64_t i0 = 0; i0 < window->ne[0]; i0++, k++) {
-                    const char * at = (const char *) window->data + i0 * window->nb[0] + i1 * window->nb[1] +
-                                      i2 * window->nb[2] + i3 * window->nb[3];
-                    same = same && got[k] == 0.5f * *(const float *) at;
-                }
-    free(got);
-    CHECK(same);
+    CHECK(scaled_copy_of(scaled, window, 0.5f));
 }
 
 static void fini(state * s) {

@@ -11,6 +11,7 @@
  */
 #include "kv-fixture.h"
 #include "alloc-hook.h"
+#include "window-check.h"
 
 #include <stdint.h>
 
@@ -74,33 +75,6 @@ static long sweep(const char * name, void (*run)(void *), void (*fini)(void *), 
         }
         absorbed += step_failed == failed_before;
     }
-}
-
-/* Cache bytes that are floats exactly halved: the value of element i is i mod 4096. */
-static void fill_floats(ferry_kv_cache * kv) {
-    ferry_buffer * buf = ferry_kv_cache_buffer(kv);
-    float * v = ferry_buffer_base(buf);
-    for (size_t i = 0; i < ferry_buffer_size(buf) / sizeof(float); i++) {
-        v[i] = (float) (i % 4096);
-    }
-}
-
-/* out (contiguous f32, window's shape) == scale * window, element by element, window on the host. */
-static bool scaled_copy_of(const ferry_tensor * out, const ferry_tensor * window, float scale) {
-    const size_t n = (size_t) ferry_tensor_nelements(out);
-    float * got = malloc(n * sizeof(float));
-    bool same = got && ferry_tensor_get(out, got, 0, n * sizeof(float)) == FERRY_OK;
-    size_t k = 0;
-    for (int64_t i3 = 0; same && i3 < window->ne[3]; i3++)
-        for (int64_t i2 = 0; same && i2 < window->ne[2]; i2++)
-            for (int64_t i1 = 0; same && i1 < window->ne[1]; i1++)
-                for (int64_t i0 = 0; same && i0 < window->ne[0]; i0++, k++) {
-                    const char * p = (const char *) window->data + i0 * window->nb[0] + i1 * window->nb[1] +
-                                     i2 * window->nb[2] + i3 * window->nb[3];
-                    same = got[k] == scale * *(const float *) p;
-                }
-    free(got);
-    return same;
 }
 
 /* Does copy hold every byte of src's span (src on the host)? */
@@ -190,7 +164,7 @@ static void sched_run(void * p) {
     STEP(ferry_dummy_backend_new(&dp, &s->split));
     STEP(ferry_cpu_backend_new(&s->cpu));
     STEP(ferry_kv_cache_new(&params, ferry_cpu_buffer_type(), &s->kv));
-    fill_floats(s->kv);
+    fill_floats(ferry_kv_cache_buffer(s->kv));
     STEP(ferry_context_new(&s->ctx));
     ferry_backend * backends[2] = {s->split, s->cpu};
     STEP(ferry_sched_new(backends, 2, &s->sched));
@@ -390,7 +364,7 @@ static void cuda_run(void * p) {
     STEP(ferry_cuda_backend_new(0, &s->split));
     STEP(ferry_cpu_backend_new(&s->cpu));
     STEP(ferry_kv_cache_new(&params, pinned, &s->kv));
-    fill_floats(s->kv);
+    fill_floats(ferry_kv_cache_buffer(s->kv));
     STEP(ferry_context_new(&s->ctx));
     ferry_backend * backends[2] = {s->split, s->cpu};
     STEP(ferry_sched_new(backends, 2, &s->sched));
