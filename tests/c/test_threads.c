@@ -22,14 +22,6 @@ typedef struct {
     int steps;
 } worker;
 
-static uint32_t next_random(uint32_t * state) { /* xorshift32: the same draws on every machine */
-    uint32_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    return *state = x;
-}
-
 #define WTRY(expr)                                                                                           \
     do {                                                                                                     \
         if ((expr) != FERRY_OK) {                                                                            \

@@ -1,13 +1,23 @@
 /* Cache values a scaled copy can be checked against exactly, and that check: the tests
  * that compute 0.5 * dup(window) through a scheduler (test_faults, test_cuda_faults,
- * test_threads) read the result back and compare every element with the window's. */
+ * test_threads, tools/soak.c) read the result back and compare every element with the window's. */
 #ifndef FERRY_WINDOW_CHECK_H
 #define FERRY_WINDOW_CHECK_H
 
 #include "ferry.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
+
+/* xorshift32: the same draws on every machine, for the tests' and the soak's fixed seeds */
+static inline uint32_t next_random(uint32_t * state) {
+    uint32_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return *state = x;
+}
 
 /* Float i of the buffer holds i mod 4096: exact, and exactly halved. */
 static inline void fill_floats(ferry_buffer * buf) {
