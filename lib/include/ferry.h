@@ -28,6 +28,18 @@
  *
  * Errors: every function that can fail returns a ferry_status; on failure a message
  * is left for ferry_last_error() (per thread). No public function aborts on bad input.
+ * A failed allocation (host memory, or CUDA's) returns FERRY_ERR_OUT_OF_MEMORY, frees
+ * what the call had made, and leaves the objects as usable as before the call.
+ *
+ * Threads: objects that share nothing may be used from several threads at once: one
+ * thread's backends, buffers, contexts, tensors, graphs, KV cache and scheduler, another
+ * thread's own. The state the library keeps for the whole process (buffer ids, the CPU
+ * buffer type, the CUDA buffer types and pinned ranges) is locked, and the error message
+ * is per thread. One object must not be used from two threads at the same time, reads
+ * included (a transfer counts its bytes into the buffer's statistics): not a backend, a
+ * buffer or a tensor in it, a context, a graph, a KV cache or a scheduler. A tensor or
+ * buffer that two schedulers read (one KV cache shared by two threads) needs the
+ * caller's lock. The Python binding releases the GIL around every call into the library.
  */
 #ifndef FERRY_H
 #define FERRY_H

@@ -38,7 +38,7 @@ size_t ferry_blocks_round(const ferry_blocks * b, size_t size) {
 static ferry_status insert_block(ferry_chunk * c, int at, ferry_block blk) {
     if (c->n_free == c->cap_free) {
         const int cap = c->cap_free ? 2 * c->cap_free : 8;
-        ferry_block * grown = realloc(c->free, (size_t) cap * sizeof(*grown));
+        ferry_block * grown = ferry_realloc(c->free, (size_t) cap * sizeof(*grown));
         if (!grown) {
             return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "allocator: out of memory");
         }

@@ -51,12 +51,12 @@ ferry_status ferry_gallocr_new_n(ferry_buffer_type ** bufts, int n_bufts, ferry_
     for (int i = 0; i < n_bufts; i++) {
         FERRY_CHECK_ARG(bufts[i], "gallocr_new: buffer type %d is NULL", i);
     }
-    ferry_gallocr * g = calloc(1, sizeof(*g));
+    ferry_gallocr * g = ferry_calloc(1, sizeof(*g));
     if (g) {
         g->n_bufts = n_bufts;
-        g->bufts = calloc((size_t) n_bufts, sizeof(*g->bufts));
-        g->buffers = calloc((size_t) n_bufts * FERRY_GALLOC_MAX_CHUNKS, sizeof(*g->buffers));
-        g->n_chunks = calloc((size_t) n_bufts, sizeof(*g->n_chunks));
+        g->bufts = ferry_calloc((size_t) n_bufts, sizeof(*g->bufts));
+        g->buffers = ferry_calloc((size_t) n_bufts * FERRY_GALLOC_MAX_CHUNKS, sizeof(*g->buffers));
+        g->n_chunks = ferry_calloc((size_t) n_bufts, sizeof(*g->n_chunks));
     }
     if (!g || !g->bufts || !g->buffers || !g->n_chunks) {
         ferry_gallocr_free(g);
@@ -219,7 +219,7 @@ static ferry_status prepare(walk * w) {
         p->pinned = (t->flags & FERRY_TENSOR_FLAG_OUTPUT) || (input && w->g->keep_inputs);
     }
     /* readers[slot]: the nodes that name a tensor as a source (not through views) */
-    int * readers = calloc((size_t) ferry_graph_n_slots(graph) + 1, sizeof(*readers));
+    int * readers = ferry_calloc((size_t) ferry_graph_n_slots(graph) + 1, sizeof(*readers));
     if (!readers) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
     }
@@ -311,7 +311,7 @@ static ferry_status walk_nodes(walk * w, const ferry_gallocr_copy * const * stag
 static ferry_status run_walk(walk * w) {
     ferry_graph * graph = w->graph;
     FERRY_TRY(prepare(w));
-    const ferry_gallocr_copy ** staged = calloc((size_t) w->n_copies + 1, sizeof(*staged));
+    const ferry_gallocr_copy ** staged = ferry_calloc((size_t) w->n_copies + 1, sizeof(*staged));
     if (!staged) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
     }
@@ -390,9 +390,9 @@ static ferry_status walk_graph(walk * w, bool alt) {
     ferry_gallocr * g = w->g;
     const int n = ferry_graph_n_slots(w->graph);
     w->through_views = !alt;
-    w->plan = calloc((size_t) n + 1, sizeof(*w->plan));
-    w->tensors = calloc((size_t) n + 1, sizeof(*w->tensors));
-    w->blocks = calloc((size_t) g->n_bufts, sizeof(*w->blocks));
+    w->plan = ferry_calloc((size_t) n + 1, sizeof(*w->plan));
+    w->tensors = ferry_calloc((size_t) n + 1, sizeof(*w->tensors));
+    w->blocks = ferry_calloc((size_t) g->n_bufts, sizeof(*w->blocks));
     if (!w->plan || !w->tensors || !w->blocks) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
     }
@@ -456,7 +456,7 @@ static ferry_status measure(ferry_gallocr * g, ferry_graph * graph, const int * 
 static ferry_status keep_ids(int ** dst, int * n_dst, const int * ids, int n) {
     int * copy = NULL;
     if (ids && n > 0) {
-        copy = malloc((size_t) n * sizeof(*copy));
+        copy = ferry_malloc((size_t) n * sizeof(*copy));
         if (!copy) {
             return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
         }
@@ -476,7 +476,7 @@ ferry_status ferry_gallocr_reserve_copies(ferry_gallocr * g, ferry_graph * graph
     FERRY_TRY(measure(g, graph, node_buft_ids, leaf_buft_ids, copies, n_copies));
     ferry_gallocr_copy * kept = NULL;
     if (n_copies > 0) {
-        kept = malloc((size_t) n_copies * sizeof(*kept));
+        kept = ferry_malloc((size_t) n_copies * sizeof(*kept));
         if (!kept) {
             return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
         }

@@ -5,7 +5,7 @@
 #include <string.h>
 
 ferry_status ferry_backend_init(struct ferry_backend_i iface, void * context, ferry_backend ** out) {
-    ferry_backend * backend = calloc(1, sizeof(*backend));
+    ferry_backend * backend = ferry_calloc(1, sizeof(*backend));
     if (!backend) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "backend: out of memory");
     }

@@ -20,7 +20,7 @@ static bool live_add(uint64_t id) {
     bool ok = true;
     if (n_live == live_capacity) {
         const size_t cap = live_capacity ? 2 * live_capacity : 64;
-        uint64_t * grown = realloc(live_ids, cap * sizeof(*grown));
+        uint64_t * grown = ferry_realloc(live_ids, cap * sizeof(*grown));
         if (grown) {
             live_ids = grown;
             live_capacity = cap;
@@ -116,7 +116,7 @@ size_t ferry_buffer_type_alloc_size(const ferry_buffer_type * buft, const ferry_
 
 ferry_status ferry_buffer_init(ferry_buffer_type * buft, struct ferry_buffer_i iface, void * context,
                                size_t size, ferry_buffer ** out) {
-    ferry_buffer * buf = calloc(1, sizeof(*buf));
+    ferry_buffer * buf = ferry_calloc(1, sizeof(*buf));
     if (!buf) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "buffer: out of memory");
     }

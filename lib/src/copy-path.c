@@ -83,7 +83,7 @@ static ferry_status plan_of(const ferry_tensor * t, ferry_copy_2d * local, ferry
     *copies = local;
     ferry_status st = ferry_copy_plan(t, local, LOCAL_COPIES, n);
     if (st == FERRY_ERR_OUT_OF_BOUNDS && *n > LOCAL_COPIES) {
-        *copies = malloc(*n * sizeof(**copies));
+        *copies = ferry_malloc(*n * sizeof(**copies));
         if (!*copies) {
             return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "copy plan: out of memory for %zu copies", *n);
         }
@@ -133,7 +133,7 @@ static ferry_status copy_staged(ferry_backend * backend, const ferry_tensor * sr
     for (size_t i = 0; i < n; i++) {
         largest = copies[i].size * copies[i].count > largest ? copies[i].size * copies[i].count : largest;
     }
-    char * staging = calloc(largest ? largest : 1, 1); /* zeroed: a synthetic source writes nothing */
+    char * staging = ferry_calloc(largest ? largest : 1, 1); /* zeroed: a synthetic source writes nothing */
     if (!staging) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: cannot stage %zu bytes", what, largest);
     }

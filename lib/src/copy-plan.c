@@ -204,7 +204,7 @@ static ferry_status emit_tangled(size_t row, const plan_dim * d, int nd, int k, 
                               PLAN_MAX_TANGLED_ROWS);
         }
     }
-    size_t * start = malloc(2 * n_rows * sizeof(size_t));
+    size_t * start = ferry_malloc(2 * n_rows * sizeof(size_t));
     if (!start) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "copy_plan: no memory for %zu row offsets", n_rows);
     }

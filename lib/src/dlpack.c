@@ -32,7 +32,7 @@ ferry_status ferry_dlpack_new(int32_t ndim, bool versioned, void ** out) {
     FERRY_CHECK_ARG(out, "dlpack_new: NULL output");
     FERRY_CHECK_ARG(ndim >= 0 && ndim <= FERRY_MAX_DIMS, "dlpack_new: %d dimensions (0 to %d)", (int) ndim,
                     FERRY_MAX_DIMS);
-    dlpack_box * box = calloc(1, sizeof(*box));
+    dlpack_box * box = ferry_calloc(1, sizeof(*box));
     if (!box) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "dlpack_new: out of memory");
     }

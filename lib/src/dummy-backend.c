@@ -172,7 +172,7 @@ static ferry_status dummy_new(const ferry_dummy_params * params, const char * na
         return ferry_fail(FERRY_ERR_INVALID_ARG, "dummy_backend_new: alignment %zu is not a power of two up to 1 GiB",
                           p.alignment);
     }
-    dummy_ctx * ctx = calloc(1, sizeof(*ctx));
+    dummy_ctx * ctx = ferry_calloc(1, sizeof(*ctx));
     if (!ctx) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "dummy_backend_new: out of memory");
     }

@@ -7,6 +7,7 @@
 #define FERRY_IMPL_H
 
 #include "ferry.h"
+#include "alloc-hook.h" /* ferry_malloc and kin: every allocation, for the fault-injection hook */
 
 #include <stdarg.h>
 

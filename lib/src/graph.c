@@ -56,7 +56,7 @@ static void table_put(graph_entry * table, size_t cap, const ferry_tensor * t, i
 
 /* Move the entries to a table of cap; drop_visiting cleans up after a failed build. */
 static ferry_status table_rehash(ferry_graph * g, size_t cap, bool drop_visiting) {
-    graph_entry * grown = calloc(cap, sizeof(*grown));
+    graph_entry * grown = ferry_calloc(cap, sizeof(*grown));
     if (!grown) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph: out of memory");
     }
@@ -86,7 +86,7 @@ static ferry_status table_add(ferry_graph * g, const ferry_tensor * t) {
 static ferry_status push(ferry_tensor *** list, int * n, int * cap, ferry_tensor * t) {
     if (*n == *cap) {
         const int grown_cap = *cap ? 2 * *cap : 16;
-        ferry_tensor ** grown = realloc(*list, (size_t) grown_cap * sizeof(*grown));
+        ferry_tensor ** grown = ferry_realloc(*list, (size_t) grown_cap * sizeof(*grown));
         if (!grown) {
             return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph: out of memory");
         }
@@ -99,7 +99,7 @@ static ferry_status push(ferry_tensor *** list, int * n, int * cap, ferry_tensor
 
 ferry_status ferry_graph_new(ferry_graph ** out) {
     FERRY_CHECK_ARG(out, "graph_new: NULL output");
-    ferry_graph * g = calloc(1, sizeof(*g));
+    ferry_graph * g = ferry_calloc(1, sizeof(*g));
     if (!g) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph_new: out of memory");
     }
@@ -145,9 +145,9 @@ ferry_status ferry_graph_build(ferry_graph * graph, ferry_tensor * t) {
         if (push_t) {
             if (depth == cap) {
                 cap = cap ? 2 * cap : 64;
-                ferry_tensor ** s2 = realloc(stack, cap * sizeof(*s2));
+                ferry_tensor ** s2 = ferry_realloc(stack, cap * sizeof(*s2));
                 stack = s2 ? s2 : stack;
-                int * n2 = s2 ? realloc(next_src, cap * sizeof(*n2)) : NULL;
+                int * n2 = s2 ? ferry_realloc(next_src, cap * sizeof(*n2)) : NULL;
                 next_src = n2 ? n2 : next_src;
                 if (!s2 || !n2) {
                     st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph_build: out of memory");

@@ -98,8 +98,8 @@ ferry_status ferry_host_buffer_new(ferry_buffer_type * buft, size_t size, size_t
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "host buffer: %zu bytes overflow", size);
     }
     rounded -= rounded % alignment;
-    host_buffer_ctx * ctx = calloc(1, sizeof(*ctx));
-    void * base = ctx ? aligned_alloc(alignment, rounded) : NULL;
+    host_buffer_ctx * ctx = ferry_calloc(1, sizeof(*ctx));
+    void * base = ctx ? ferry_aligned_alloc(alignment, rounded) : NULL;
     if (!base) {
         free(ctx);
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "host buffer: cannot allocate %zu bytes", size);
@@ -115,7 +115,7 @@ ferry_status ferry_host_buffer_new(ferry_buffer_type * buft, size_t size, size_t
 
 ferry_status ferry_host_buffer_wrap(ferry_buffer_type * buft, void * base, size_t size, void (*release)(void * base),
                                     ferry_buffer ** out) {
-    host_buffer_ctx * ctx = calloc(1, sizeof(*ctx));
+    host_buffer_ctx * ctx = ferry_calloc(1, sizeof(*ctx));
     if (!ctx) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "host buffer: out of memory");
     }

@@ -86,14 +86,14 @@ static ferry_status allocate(ferry_kv_cache * kv, ferry_buffer_type * buft) {
 ferry_status ferry_kv_cache_new(const ferry_kv_params * params, ferry_buffer_type * buft, ferry_kv_cache ** out) {
     FERRY_CHECK_ARG(out, "kv_cache_new: NULL output");
     FERRY_TRY(check_params(params));
-    ferry_kv_cache * kv = calloc(1, sizeof(*kv));
+    ferry_kv_cache * kv = ferry_calloc(1, sizeof(*kv));
     if (!kv) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "kv_cache_new: out of memory");
     }
     kv->params = *params;
     kv->kv_size = params->n_ctx / params->n_stream;
-    kv->k = calloc((size_t) params->n_layer, sizeof(*kv->k));
-    kv->v = calloc((size_t) params->n_layer, sizeof(*kv->v));
+    kv->k = ferry_calloc((size_t) params->n_layer, sizeof(*kv->k));
+    kv->v = ferry_calloc((size_t) params->n_layer, sizeof(*kv->v));
     ferry_status st = kv->k && kv->v ? ferry_context_new(&kv->ctx)
                                      : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "kv_cache_new: out of memory");
     const int64_t n_embd = params->head_dim * params->n_head_kv;

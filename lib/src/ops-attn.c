@@ -129,7 +129,7 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
     /* scratch: the group's queries, one K/V row, scores then probabilities, sums, a V channel */
     const size_t n_floats = (size_t) (group * d) * 2 + (size_t) d + (size_t) (group * n_kv) +
                             (size_t) (n_kv > d ? n_kv : d) + (size_t) group;
-    float * scratch = malloc(n_floats * sizeof(float));
+    float * scratch = ferry_malloc(n_floats * sizeof(float));
     if (!scratch) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "attn_decode: out of memory for %zu floats of scratch", n_floats);
     }

@@ -74,7 +74,7 @@ static ferry_status reserve_one(void ** items, int * capacity, int count, size_t
         return FERRY_OK;
     }
     const int cap = *capacity ? 2 * *capacity : 16;
-    void * grown = realloc(*items, (size_t) cap * item_size);
+    void * grown = ferry_realloc(*items, (size_t) cap * item_size);
     if (!grown) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     }
@@ -120,7 +120,7 @@ ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, f
         FERRY_CHECK_ARG(backends[i], "sched_new: backend %d is NULL", i);
         bufts[i] = ferry_backend_default_buffer_type(backends[i]);
     }
-    ferry_sched * s = calloc(1, sizeof(*s));
+    ferry_sched * s = ferry_calloc(1, sizeof(*s));
     if (!s) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched_new: out of memory");
     }
@@ -342,8 +342,8 @@ static ferry_status new_part(ferry_sched * s, int i) {
  * input. A split's nodes run in parts, a new one where a node first reads an input. */
 static ferry_status build_splits(ferry_sched * s) {
     const int n = ferry_graph_n_nodes(s->graph);
-    s->splits = calloc((size_t) n + 1, sizeof(*s->splits));
-    s->parts = calloc((size_t) n + 1, sizeof(*s->parts));
+    s->splits = ferry_calloc((size_t) n + 1, sizeof(*s->splits));
+    s->parts = ferry_calloc((size_t) n + 1, sizeof(*s->parts));
     if (!s->splits || !s->parts) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     }
@@ -388,8 +388,8 @@ static ferry_status allocate(ferry_sched * s) {
         FERRY_TRY(ferry_graph_build(s->alloc_graph, ferry_graph_node(s->graph, i)));
     }
     const int n_nodes = ferry_graph_n_nodes(s->alloc_graph), n_leafs = ferry_graph_n_leafs(s->alloc_graph);
-    int * node_ids = calloc((size_t) n_nodes + 1, sizeof(int));
-    int * leaf_ids = calloc((size_t) n_leafs + 1, sizeof(int));
+    int * node_ids = ferry_calloc((size_t) n_nodes + 1, sizeof(int));
+    int * leaf_ids = ferry_calloc((size_t) n_leafs + 1, sizeof(int));
     if (!node_ids || !leaf_ids) {
         free(node_ids);
         free(leaf_ids);
@@ -418,7 +418,7 @@ static ferry_status allocate(ferry_sched * s) {
         }
     }
     /* Each copy is written as its part begins, from its source, which lives until then. */
-    ferry_gallocr_copy * copies = calloc((size_t) s->n_inputs + 1, sizeof(*copies));
+    ferry_gallocr_copy * copies = ferry_calloc((size_t) s->n_inputs + 1, sizeof(*copies));
     ferry_status st = copies ? FERRY_OK : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     for (int p = 0; p < s->n_parts && st == FERRY_OK; p++) {
         const ferry_tensor * first = ferry_graph_node(s->graph, s->parts[p].first_node);
@@ -449,7 +449,7 @@ ferry_status ferry_sched_alloc_graph(ferry_sched * s, ferry_graph * graph) {
     s->graph = graph;
     s->graph_nodes = ferry_graph_n_nodes(graph);
     const int n_slots = ferry_graph_n_slots(graph);
-    s->backend_of = malloc(((size_t) n_slots + 1) * sizeof(int));
+    s->backend_of = ferry_malloc(((size_t) n_slots + 1) * sizeof(int));
     ferry_status st = FERRY_OK;
     if (!s->backend_of || ferry_context_new(&s->ctx) != FERRY_OK) {
         st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");

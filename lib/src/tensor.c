@@ -12,7 +12,7 @@ struct ferry_context {
 
 ferry_status ferry_context_new(ferry_context ** out) {
     FERRY_CHECK_ARG(out, "context_new: NULL output");
-    ferry_context * ctx = calloc(1, sizeof(*ctx));
+    ferry_context * ctx = ferry_calloc(1, sizeof(*ctx));
     if (!ctx) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "context_new: out of memory");
     }
@@ -40,14 +40,14 @@ ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, fer
     }
     if (ctx->n_tensors == ctx->capacity) {
         const size_t cap = ctx->capacity ? 2 * ctx->capacity : 16;
-        ferry_tensor ** grown = realloc(ctx->tensors, cap * sizeof(*grown));
+        ferry_tensor ** grown = ferry_realloc(ctx->tensors, cap * sizeof(*grown));
         if (!grown) {
             return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
         }
         ctx->tensors = grown;
         ctx->capacity = cap;
     }
-    ferry_tensor * t = calloc(1, sizeof(*t));
+    ferry_tensor * t = ferry_calloc(1, sizeof(*t));
     if (!t) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
     }
@@ -185,8 +185,9 @@ static ferry_status new_view(ferry_context * ctx, ferry_tensor * src, ferry_op o
     return FERRY_OK;
 }
 
-int64_t ferry_tensor_nelements(const ferry_tensor * t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
-int64_t ferry_tensor_nrows(const ferry_tensor * t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
+/* 0 for NULL, like the other getters: no tensor has no elements */
+int64_t ferry_tensor_nelements(const ferry_tensor * t) { return t ? t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] : 0; }
+int64_t ferry_tensor_nrows(const ferry_tensor * t) { return t ? t->ne[1] * t->ne[2] * t->ne[3] : 0; }
 
 /* ggml's nbytes of a 4-D layout of a known type: the span from the first byte to the last,
  * whole blocks included; 0 with a dimension of 0 or less. False if it overflows. */
@@ -223,6 +224,9 @@ static bool layout_span(ferry_type type, const int64_t * ne, const size_t * nb, 
 
 size_t ferry_tensor_nbytes(const ferry_tensor * t) {
     size_t nbytes;
+    if (!t) {
+        return 0;
+    }
     return layout_span(t->type, t->ne, t->nb, &nbytes) ? nbytes : SIZE_MAX; /* no tensor ferry makes overflows */
 }
 
@@ -250,6 +254,9 @@ ferry_status ferry_layout_nbytes(ferry_type type, int n_dims, const int64_t * ne
 }
 
 bool ferry_tensor_is_contiguous(const ferry_tensor * t) {
+    if (!t) {
+        return false;
+    }
     size_t expect = ferry_type_size(t->type);
     if (t->nb[0] != expect) {
         return false;

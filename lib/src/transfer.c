@@ -155,7 +155,7 @@ ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst) {
     }
     /* Neither side's memory can go by pointer and the buffers cannot copy: stage through the
      * host (zeroed: a synthetic source writes nothing into it). */
-    void * staging = calloc(nbytes ? nbytes : 1, 1);
+    void * staging = ferry_calloc(nbytes ? nbytes : 1, 1);
     if (!staging) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor_copy: cannot stage %zu bytes", nbytes);
     }

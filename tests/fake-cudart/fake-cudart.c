@@ -21,6 +21,9 @@
  *   device cannot map is an illegal address, a load at an address its word does not
  *   divide a misaligned one, both sticky as on a device. Any other launch fails with
  *   cudaErrorNoKernelImageForDevice, which ferry reports as a status.
+ * - Any call can be made to fail (fake_cudart_inject, for tests/c/test_cuda_faults.c): the
+ *   nth call of the API from now returns the error a device would give, and a sticky one
+ *   (a launch failure, an illegal address) fails every later call, as a lost context does.
  * Timings from its events are wall-clock times of the late execution: meaningless.
  *
  * C11, only the CUDA headers' types; one device; a recursive lock makes it thread-safe.
@@ -51,6 +54,62 @@ static cudaError_t fail(cudaError_t err) {
     last_error = err;
     return err;
 }
+
+/* ---------------------------------------------------------------- failure injection */
+
+#define FAKE_EXPORT __attribute__((visibility("default"))) /* a test reaches it through libferry */
+
+static long inject_at;           /* the call that fails, counted from the arm; 0: none */
+static long inject_calls;        /* calls since the arm */
+static cudaError_t inject_err;
+static cudaError_t lost_context; /* an injected sticky error: every later call returns it */
+
+static bool is_sticky(cudaError_t err) {
+    return err == cudaErrorLaunchFailure || err == cudaErrorIllegalAddress || err == cudaErrorMisalignedAddress;
+}
+
+/* The nth counted call from now fails with err (n <= 0: none). Arming starts a fresh
+ * context: a sticky error of the last run is gone, as in a new process. */
+FAKE_EXPORT void fake_cudart_inject(long n, cudaError_t err) {
+    pthread_mutex_lock(&lock_);
+    inject_at = n > 0 ? n : 0;
+    inject_calls = 0;
+    inject_err = err;
+    lost_context = cudaSuccess;
+    sticky_error = cudaSuccess;
+    pthread_mutex_unlock(&lock_);
+}
+
+/* Calls counted since the last arm. */
+FAKE_EXPORT long fake_cudart_calls(void) {
+    pthread_mutex_lock(&lock_);
+    const long n = inject_calls;
+    pthread_mutex_unlock(&lock_);
+    return n;
+}
+
+static cudaError_t injected(void) {
+    pthread_mutex_lock(&lock_);
+    cudaError_t err = lost_context;
+    if (err == cudaSuccess && ++inject_calls == inject_at) {
+        err = inject_err;
+        if (is_sticky(err)) {
+            lost_context = err;
+            sticky_error = err; /* synchronizes report it too */
+        }
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+/* At the top of every call that can fail on a device (not the frees, not the queries). */
+#define INJECT()                                       \
+    do {                                               \
+        const cudaError_t inject_err_ = injected();    \
+        if (inject_err_ != cudaSuccess) {              \
+            return fail(inject_err_);                  \
+        }                                              \
+    } while (0)
 
 enum mem_kind { MEM_DEVICE, MEM_PINNED, MEM_REGISTERED };
 
@@ -170,6 +229,14 @@ static bool add_alloc(char * base, size_t size, size_t mapped, enum mem_kind kin
 }
 
 static void remove_alloc(allocation * a) { *a = allocs[--n_allocs]; }
+
+/* Allocations live now (device, pinned, registered): a test sees what an error path leaked. */
+FAKE_EXPORT long fake_cudart_live_allocations(void) {
+    pthread_mutex_lock(&lock_);
+    const long n = (long) n_allocs;
+    pthread_mutex_unlock(&lock_);
+    return n;
+}
 
 /* Device pages are open to the host only while an op that touches them runs, and only
  * those pages (mprotect walks every page it is given). */
@@ -551,6 +618,7 @@ static cudaError_t queue_copy(void * dst, size_t dpitch, const void * src, size_
 
 cudaError_t cudaMemcpyAsync(void * dst, const void * src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
+    INJECT();
     (void) kind;
     pthread_mutex_lock(&lock_);
     const cudaError_t err = queue_copy(dst, count, src, count, count, 1, stream);
@@ -560,6 +628,7 @@ cudaError_t cudaMemcpyAsync(void * dst, const void * src, size_t count, enum cud
 
 cudaError_t cudaMemcpy2DAsync(void * dst, size_t dpitch, const void * src, size_t spitch, size_t width,
                               size_t height, enum cudaMemcpyKind kind, cudaStream_t stream) {
+    INJECT();
     (void) kind;
     pthread_mutex_lock(&lock_);
     const cudaError_t err = queue_copy(dst, dpitch, src, spitch, width, height, stream);
@@ -569,6 +638,7 @@ cudaError_t cudaMemcpy2DAsync(void * dst, size_t dpitch, const void * src, size_
 
 /* Linear memory only: row y of slice z of a pitched pointer is at ptr + (z * ysize + y) * pitch. */
 cudaError_t cudaMemcpy3DAsync(const struct cudaMemcpy3DParms * p, cudaStream_t stream) {
+    INJECT();
     if (!p || p->srcArray || p->dstArray) {
         return fail(cudaErrorInvalidValue); /* ferry never copies CUDA arrays */
     }
@@ -594,6 +664,7 @@ cudaError_t cudaMemcpy3DAsync(const struct cudaMemcpy3DParms * p, cudaStream_t s
 
 cudaError_t cudaMemcpyPeerAsync(void * dst, int dst_device, const void * src, int src_device, size_t count,
                                 cudaStream_t stream) {
+    INJECT();
     if (dst_device != 0 || src_device != 0) {
         return fail(cudaErrorInvalidDevice);
     }
@@ -601,6 +672,7 @@ cudaError_t cudaMemcpyPeerAsync(void * dst, int dst_device, const void * src, in
 }
 
 cudaError_t cudaMemsetAsync(void * dst, int value, size_t count, cudaStream_t stream) {
+    INJECT();
     pthread_mutex_lock(&lock_);
     cudaError_t err = cudaSuccess;
     fake_stream * s = stream_of(stream);
@@ -618,6 +690,7 @@ cudaError_t cudaMemsetAsync(void * dst, int value, size_t count, cudaStream_t st
 /* ---------------------------------------------------------------- allocation */
 
 cudaError_t cudaMalloc(void ** out, size_t size) {
+    INJECT();
     if (!out) {
         return fail(cudaErrorInvalidValue);
     }
@@ -645,6 +718,7 @@ cudaError_t cudaMalloc(void ** out, size_t size) {
 }
 
 cudaError_t cudaMallocHost(void ** out, size_t size) {
+    INJECT();
     if (!out) {
         return fail(cudaErrorInvalidValue);
     }
@@ -693,6 +767,7 @@ cudaError_t cudaFree(void * p) { return free_alloc(p, MEM_DEVICE); }
 cudaError_t cudaFreeHost(void * p) { return free_alloc(p, MEM_PINNED); }
 
 cudaError_t cudaHostRegister(void * p, size_t size, unsigned int flags) {
+    INJECT();
     (void) flags;
     if (!p || size == 0) {
         return fail(cudaErrorInvalidValue);
@@ -772,7 +847,10 @@ cudaError_t cudaGetDeviceCount(int * n) {
     return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int device) {
+    INJECT();
+    return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice);
+}
 
 cudaError_t cudaGetDevice(int * device) {
     if (!device) {
@@ -791,6 +869,7 @@ cudaError_t cudaDeviceGetAttribute(int * value, enum cudaDeviceAttr attr, int de
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+    INJECT();
     pthread_mutex_lock(&lock_);
     run_all();
     pthread_mutex_unlock(&lock_);
@@ -800,6 +879,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 /* ---------------------------------------------------------------- streams and events */
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t * out, unsigned int flags) {
+    INJECT();
     (void) flags;
     if (!out) {
         return fail(cudaErrorInvalidValue);
@@ -827,6 +907,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    INJECT();
     pthread_mutex_lock(&lock_);
     fake_stream * s = stream_of(stream);
     if (s) {
@@ -837,6 +918,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t * out, unsigned int flags) {
+    INJECT();
     if (!out) {
         return fail(cudaErrorInvalidValue);
     }
@@ -861,6 +943,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    INJECT();
     pthread_mutex_lock(&lock_);
     fake_event * e = (fake_event *) event;
     fake_stream * s = stream_of(stream);
@@ -879,6 +962,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    INJECT();
     (void) flags;
     pthread_mutex_lock(&lock_);
     fake_event * e = (fake_event *) event;
@@ -892,6 +976,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    INJECT();
     pthread_mutex_lock(&lock_);
     fake_event * e = (fake_event *) event;
     if (e && e->stream && e->done_seq < e->seq) {
@@ -922,11 +1007,14 @@ cudaError_t cudaEventElapsedTime(float * ms, cudaEvent_t start, cudaEvent_t end)
 
 /* ---------------------------------------------------------------- errors */
 
+/* A lost context's error stays: only a new process (here, the next arm) clears it. */
 cudaError_t cudaGetLastError(void) {
-    const cudaError_t err = last_error;
+    const cudaError_t err = lost_context ? lost_context : last_error;
     last_error = cudaSuccess;
     return err;
 }
+
+cudaError_t cudaPeekAtLastError(void) { return lost_context ? lost_context : last_error; }
 
 #define FAKE_ERRORS(X)                                                                                       \
     X(cudaSuccess, "no error")                                                                               \
@@ -940,6 +1028,7 @@ cudaError_t cudaGetLastError(void) {
     X(cudaErrorHostMemoryNotRegistered, "pointer does not correspond to a registered memory region")         \
     X(cudaErrorIllegalAddress, "an illegal memory access was encountered")                                   \
     X(cudaErrorMisalignedAddress, "misaligned address")                                                      \
+    X(cudaErrorLaunchFailure, "unspecified launch failure")                                                  \
     X(cudaErrorNoKernelImageForDevice, "no kernel image is available for execution on the device (fake CUDA " \
                                        "runtime: kernels do not run)")
 
@@ -1021,6 +1110,7 @@ static unsigned template_int(const char * name) { return template_int_at(name, 0
 
 cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void ** args, size_t shared,
                                cudaStream_t stream) {
+    INJECT();
     (void) shared;
     pthread_mutex_lock(&lock_);
     const char * name = name_of((const void *) kernel);

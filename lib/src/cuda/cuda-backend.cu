@@ -58,6 +58,7 @@ static ferry_copy_cost_model backend_copy_cost_model(const ferry_backend * backe
 static ferry_status backend_set_async(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
                                       size_t size) {
     backend_ctx * ctx = ctx_of(backend);
+    FERRY_TRY(ferry_cuda_check_context("tensor_set_async"));
     CUDA_TRY(cudaSetDevice(ctx->device), "tensor_set_async: cudaSetDevice");
     CUDA_TRY(cudaMemcpyAsync(tensor_at(t, offset), data, size, cudaMemcpyDefault, ctx->stream),
              "tensor_set_async: cudaMemcpyAsync");
@@ -67,6 +68,7 @@ static ferry_status backend_set_async(ferry_backend * backend, ferry_tensor * t,
 static ferry_status backend_get_async(ferry_backend * backend, const ferry_tensor * t, void * data, size_t offset,
                                       size_t size) {
     backend_ctx * ctx = ctx_of(backend);
+    FERRY_TRY(ferry_cuda_check_context("tensor_get_async"));
     CUDA_TRY(cudaSetDevice(ctx->device), "tensor_get_async: cudaSetDevice");
     CUDA_TRY(cudaMemcpyAsync(data, tensor_at(t, offset), size, cudaMemcpyDefault, ctx->stream),
              "tensor_get_async: cudaMemcpyAsync");
@@ -149,6 +151,7 @@ static bool copy_folded(backend_ctx * ctx, void * dst, size_t dpitch, const void
 static ferry_status backend_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
                                          size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
     backend_ctx * ctx = ctx_of(backend);
+    FERRY_TRY(ferry_cuda_check_context("tensor_set_2d_async"));
     CUDA_TRY(cudaSetDevice(ctx->device), "tensor_set_2d_async: cudaSetDevice");
     char * dst = tensor_at(t, offset);
     if (gather_applies(ctx, t, dst, data, size, n_copies, stride_tensor, stride_data)) {
@@ -171,6 +174,7 @@ static ferry_status backend_set_2d_async(ferry_backend * backend, ferry_tensor *
 static ferry_status backend_get_2d_async(ferry_backend * backend, const ferry_tensor * t, void * data, size_t offset,
                                          size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
     backend_ctx * ctx = ctx_of(backend);
+    FERRY_TRY(ferry_cuda_check_context("tensor_get_2d_async"));
     CUDA_TRY(cudaSetDevice(ctx->device), "tensor_get_2d_async: cudaSetDevice");
     cudaError_t err;
     if (copy_folded(ctx, data, stride_data, tensor_at(t, offset), stride_tensor, size, n_copies, &err)) {
@@ -223,6 +227,7 @@ static bool backend_supports_op(ferry_backend *, const ferry_tensor * op) { retu
 
 static ferry_status backend_graph_compute(ferry_backend * backend, ferry_graph * graph) {
     backend_ctx * ctx = ctx_of(backend);
+    FERRY_TRY(ferry_cuda_check_context("graph_compute"));
     CUDA_TRY(cudaSetDevice(ctx->device), "graph_compute: cudaSetDevice");
     for (int i = 0; i < ferry_graph_n_nodes(graph); i++) {
         FERRY_TRY(ferry_cuda_compute_node(ferry_graph_node(graph, i), ctx->stream));
@@ -232,6 +237,7 @@ static ferry_status backend_graph_compute(ferry_backend * backend, ferry_graph *
 
 static ferry_status backend_synchronize(ferry_backend * backend) {
     backend_ctx * ctx = ctx_of(backend);
+    FERRY_TRY(ferry_cuda_check_context("synchronize"));
     CUDA_TRY(cudaSetDevice(ctx->device), "synchronize: cudaSetDevice");
     CUDA_TRY(cudaStreamSynchronize(ctx->stream), "synchronize: cudaStreamSynchronize");
     return FERRY_OK;
@@ -290,8 +296,8 @@ static ferry_status backend_event_new(ferry_backend * backend, uint32_t flags, f
     cudaEvent_t event;
     CUDA_TRY(cudaEventCreateWithFlags(&event, (flags & FERRY_EVENT_TIMING) ? cudaEventDefault : cudaEventDisableTiming),
              "event_new: cudaEventCreateWithFlags");
-    auto * ctx = (event_ctx *) calloc(1, sizeof(event_ctx));
-    auto * ev = (ferry_event *) calloc(1, sizeof(ferry_event));
+    auto * ctx = (event_ctx *) ferry_calloc(1, sizeof(event_ctx));
+    auto * ev = (ferry_event *) ferry_calloc(1, sizeof(ferry_event));
     if (!ctx || !ev) {
         free(ctx);
         free(ev);
@@ -314,10 +320,11 @@ static ferry_status backend_event_new(ferry_backend * backend, uint32_t flags, f
 extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out) {
     FERRY_CHECK_ARG(out, "cuda_backend_new: NULL output");
     FERRY_TRY(ferry_cuda_check_device(device, "cuda_backend_new"));
+    FERRY_TRY(ferry_cuda_check_context("cuda_backend_new"));
     ferry_buffer_type * buft;
     FERRY_TRY(ferry_cuda_buffer_type(device, &buft)); /* makes the buffer types */
     CUDA_TRY(cudaSetDevice(device), "cuda_backend_new: cudaSetDevice");
-    auto * ctx = (backend_ctx *) calloc(1, sizeof(backend_ctx));
+    auto * ctx = (backend_ctx *) ferry_calloc(1, sizeof(backend_ctx));
     if (!ctx) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "cuda_backend_new: out of memory");
     }

@@ -134,7 +134,7 @@ static ferry_status device_buft_alloc(ferry_buffer_type * buft, size_t size, fer
     CUDA_TRY(cudaSetDevice(device), "alloc_buffer: cudaSetDevice");
     void * base = nullptr;
     CUDA_TRY(cudaMalloc(&base, size ? size : 1), what); /* never a NULL base */
-    auto * ctx = (device_buffer_ctx *) calloc(1, sizeof(device_buffer_ctx));
+    auto * ctx = (device_buffer_ctx *) ferry_calloc(1, sizeof(device_buffer_ctx));
     if (!ctx) {
         cudaFree(base);
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "alloc_buffer: out of memory");
@@ -172,7 +172,7 @@ extern "C" ferry_status ferry_cuda_buffer_from_ptr(int device, void * base, size
         return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_buffer_from_ptr: %zu bytes at %p are not memory of CUDA%d",
                           size, base, device);
     }
-    auto * ctx = (device_buffer_ctx *) calloc(1, sizeof(device_buffer_ctx));
+    auto * ctx = (device_buffer_ctx *) ferry_calloc(1, sizeof(device_buffer_ctx));
     if (!ctx) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "cuda_buffer_from_ptr: out of memory");
     }
@@ -255,7 +255,7 @@ static bool pinned_add(const void * base, size_t size) {
     bool ok = true;
     if (pinned_n == pinned_cap) {
         const size_t cap = pinned_cap ? 2 * pinned_cap : 16;
-        auto * grown = (pinned_range *) realloc(pinned_ranges, cap * sizeof(pinned_range));
+        auto * grown = (pinned_range *) ferry_realloc(pinned_ranges, cap * sizeof(pinned_range));
         ok = grown != nullptr;
         if (ok) {
             pinned_ranges = grown;

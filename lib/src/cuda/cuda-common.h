@@ -20,6 +20,10 @@
 /* CUDA's error as a status with CUDA's message (cuda-device.cu); CUDA_TRY returns it. */
 FERRY_CUDA_HIDDEN ferry_status ferry_cuda_fail(cudaError_t err, const char * what);
 
+/* FERRY_ERR_BACKEND with a clear message after a sticky CUDA error (a launch failure, an
+ * illegal address): the context is lost and the backend refuses work instead of trying it. */
+FERRY_CUDA_HIDDEN ferry_status ferry_cuda_check_context(const char * what);
+
 #define CUDA_TRY(call, what)                               \
     do {                                                   \
         const cudaError_t cuda_try_err_ = (call);          \

@@ -9,10 +9,42 @@
 
 /* ---------------------------------------------------------------- errors */
 
+/* Errors after which the process's CUDA context is lost: every later call returns them. */
+static bool is_sticky(cudaError_t err) {
+    switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static const char sticky_note[] =
+    "; the error is sticky: this process's CUDA context is lost, and no further work can run on the device"
+    " (only a new process can use it again)";
+
 ferry_status ferry_cuda_fail(cudaError_t err, const char * what) {
     cudaGetLastError(); /* clear a non-sticky error so the next call starts clean */
     const ferry_status st = err == cudaErrorMemoryAllocation ? FERRY_ERR_OUT_OF_MEMORY : FERRY_ERR_BACKEND;
-    return ferry_fail(st, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
+    return ferry_fail(st, "%s: %s (%s)%s", what, cudaGetErrorString(err), cudaGetErrorName(err),
+                      is_sticky(err) ? sticky_note : "");
+}
+
+ferry_status ferry_cuda_check_context(const char * what) {
+    const cudaError_t err = cudaPeekAtLastError();
+    if (is_sticky(err)) {
+        return ferry_fail(FERRY_ERR_BACKEND, "%s: refused: an earlier CUDA error, %s (%s)%s", what,
+                          cudaGetErrorString(err), cudaGetErrorName(err), sticky_note);
+    }
+    return FERRY_OK;
 }
 
 /* The device count; no driver or no device is an error with CUDA's reason. */

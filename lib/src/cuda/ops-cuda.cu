@@ -4,6 +4,7 @@
  * every kernel is deterministic: each value is summed by one thread or one warp in a
  * fixed order, warps combine in a fixed order, nothing uses atomics.
  */
+#include "cuda-common.h" /* ferry_cuda_fail */
 #include "cuda-ops.h"
 
 #include <cuda_fp16.h>
@@ -57,10 +58,8 @@ static ferry_status check_aligned(const ferry_tensor * t, const char * op) {
 
 static ferry_status launch_status(const char * what) {
     const cudaError_t err = cudaGetLastError(); /* launch errors; also clears a non-sticky one */
-    if (err != cudaSuccess) {
-        return ferry_fail(FERRY_ERR_BACKEND, "%s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
-    }
-    return FERRY_OK;
+    /* as every CUDA error: out of memory as such, a sticky one said to be */
+    return err != cudaSuccess ? ferry_cuda_fail(err, what) : FERRY_OK;
 }
 
 static __device__ __forceinline__ float half_bits_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }

@@ -1,0 +1,177 @@
+/*
+ * Every CUDA call fails in turn, against the fake runtime (tests/fake-cudart, built with
+ * -Dfake_cudart=true, whose fake_cudart_inject makes the nth call of the API fail). For
+ * each of three errors a device gives, out of memory, an invalid value and a sticky
+ * launch failure, a scenario of the CUDA backend (a device buffer's round trip; a
+ * scheduler with a CUDA split over a pinned KV cache) runs with call 1, 2, 3, ...
+ * failing until a run makes fewer calls. A call that fails must return the status of
+ * the error (FERRY_ERR_OUT_OF_MEMORY or FERRY_ERR_BACKEND) with CUDA's name for it in the
+ * message. After an error that is not sticky the same call retried succeeds, and the
+ * bytes are checked at the end; after a sticky one the backend refuses further work with
+ * a message that says so. Everything is freed either way: the fake counts its live
+ * allocations, and the sanitized build's leak check sees the host memory an error path forgot.
+ */
+#include "check.h"
+#include "window-check.h"
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+void fake_cudart_inject(long n, cudaError_t err); /* tests/fake-cudart: exported by libferry's fake build */
+long fake_cudart_calls(void);
+long fake_cudart_live_allocations(void);
+
+static cudaError_t injected_err;
+static long armed;
+static long reported;
+
+static bool fired(void) { return armed > 0 && fake_cudart_calls() >= armed; }
+
+/* the status and message an injected error must give */
+static bool reported_as_cuda(ferry_status st) {
+    const ferry_status want = injected_err == cudaErrorMemoryAllocation ? FERRY_ERR_OUT_OF_MEMORY : FERRY_ERR_BACKEND;
+    return st == want && strstr(ferry_last_error(), cudaGetErrorName(injected_err)) != NULL;
+}
+
+static bool sticky(void) { return injected_err == cudaErrorLaunchFailure; }
+
+/* A call under the fault: OK; or the fault, reported, then OK on retry (not sticky) or
+ * refused with "sticky" on retry (sticky: the scenario ends there, lost = true). */
+#define CSTEP(expr)                                                                                            \
+    do {                                                                                                       \
+        ferry_clear_error();                                                                                   \
+        ferry_status cstep_st_ = (expr);                                                                       \
+        if (cstep_st_ != FERRY_OK) {                                                                           \
+            if (!fired() || !reported_as_cuda(cstep_st_)) {                                                    \
+                fprintf(stderr, "%s:%d: %s gave '%s' (%s)%s\n", __FILE__, __LINE__, #expr,                     \
+                        ferry_status_name(cstep_st_), ferry_last_error(), fired() ? "" : " with no call failed"); \
+                check_failures++;                                                                              \
+                return;                                                                                        \
+            }                                                                                                  \
+            reported++;                                                                                        \
+            cstep_st_ = (expr);                                                                                \
+            if (sticky()) {                                                                                    \
+                if (cstep_st_ != FERRY_ERR_BACKEND || !strstr(ferry_last_error(), "sticky")) {                  \
+                    fprintf(stderr, "%s:%d: %s after a sticky error: '%s' (%s)\n", __FILE__, __LINE__, #expr,  \
+                            ferry_status_name(cstep_st_), ferry_last_error());                                 \
+                    check_failures++;                                                                          \
+                }                                                                                              \
+                s->lost = true;                                                                                \
+                return;                                                                                        \
+            }                                                                                                  \
+            if (cstep_st_ != FERRY_OK) {                                                                       \
+                fprintf(stderr, "%s:%d: %s retried: '%s' (%s)\n", __FILE__, __LINE__, #expr,                   \
+                        ferry_status_name(cstep_st_), ferry_last_error());                                     \
+                check_failures++;                                                                              \
+                return;                                                                                        \
+            }                                                                                                  \
+        }                                                                                                      \
+    } while (0)
+
+typedef struct {
+    ferry_backend * cuda;
+    ferry_backend * cpu;
+    ferry_buffer * dev_buf;
+    ferry_kv_cache * kv;
+    ferry_context * ctx;
+    ferry_graph * graph;
+    ferry_sched * sched;
+    bool lost;
+} state;
+
+static void run(state * s) {
+    CSTEP(ferry_cuda_backend_new(0, &s->cuda));
+    CSTEP(ferry_cpu_backend_new(&s->cpu));
+    CSTEP(ferry_context_new(&s->ctx));
+    /* a device buffer's round trip */
+    const int64_t n = 1024;
+    ferry_tensor * t;
+    CSTEP(ferry_tensor_new(s->ctx, FERRY_TYPE_F32, 1, &n, &t));
+    CSTEP(ferry_backend_alloc_buffer(s->cuda, ferry_tensor_nbytes(t), &s->dev_buf));
+    CSTEP(ferry_buffer_place_tensor(s->dev_buf, t, 0));
+    float in[1024], out[1024];
+    for (int i = 0; i < 1024; i++) {
+        in[i] = (float) i;
+    }
+    CSTEP(ferry_backend_tensor_set_async(s->cuda, t, in, 0, sizeof(in)));
+    CSTEP(ferry_backend_synchronize(s->cuda));
+    CSTEP(ferry_tensor_get(t, out, 0, sizeof(out)));
+    CHECK(memcmp(in, out, sizeof(in)) == 0);
+    /* the scheduler: a window of a pinned cache copied to the CUDA split, scaled there */
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
+                               .n_ctx = 64, .n_stream = 4, .n_layer = 1};
+    ferry_buffer_type * pinned;
+    CSTEP(ferry_cuda_host_buffer_type(&pinned));
+    CSTEP(ferry_kv_cache_new(&p, pinned, &s->kv));
+    fill_floats(ferry_kv_cache_buffer(s->kv));
+    ferry_tensor *window, *dup, *scaled;
+    CSTEP(ferry_kv_cache_window(s->kv, s->ctx, 0, 7, 1, 3, &window, NULL));
+    CSTEP(ferry_dup(s->ctx, window, &dup));
+    CSTEP(ferry_scale(s->ctx, dup, 0.5f, &scaled));
+    CSTEP(ferry_tensor_set_output(scaled));
+    CSTEP(ferry_graph_new(&s->graph));
+    CSTEP(ferry_graph_build(s->graph, scaled));
+    ferry_backend * backends[2] = {s->cuda, s->cpu};
+    CSTEP(ferry_sched_new(backends, 2, &s->sched));
+    CSTEP(ferry_sched_set_policy(s->sched, FERRY_COPY_RANGES));
+    CSTEP(ferry_sched_set_tensor_backend(s->sched, dup, s->cuda));
+    CSTEP(ferry_sched_graph_compute(s->sched, s->graph));
+    CHECK(scaled_copy_of(scaled, window, 0.5f));
+}
+
+static void fini(state * s) {
+    ferry_sched_free(s->sched);
+    ferry_graph_free(s->graph);
+    ferry_buffer_free(s->dev_buf);
+    ferry_kv_cache_free(s->kv);
+    ferry_context_free(s->ctx);
+    ferry_backend_free(s->cpu);
+    ferry_backend_free(s->cuda);
+}
+
+static void sweep(cudaError_t err) {
+    injected_err = err;
+    reported = 0;
+    long lost = 0;
+    const long live = fake_cudart_live_allocations();
+    for (long n = 1;; n++) {
+        state s = {0};
+        const int before = check_failures;
+        armed = n;
+        fake_cudart_inject(n, err);
+        run(&s);
+        const bool did_fire = fired();
+        const long calls = fake_cudart_calls();
+        if (s.lost && s.cuda) { /* work on the backend after a sticky error: refused, with a message */
+            CHECK_FAILS(ferry_backend_synchronize(s.cuda), FERRY_ERR_BACKEND);
+            CHECK(strstr(ferry_last_error(), "sticky") != NULL);
+        }
+        lost += s.lost;
+        armed = 0;
+        fake_cudart_inject(0, cudaSuccess);
+        fini(&s);
+        CHECK_EQ_U(fake_cudart_live_allocations(), live); /* no device or pinned memory left behind */
+        if (check_failures != before) {
+            fprintf(stderr, "%s: with call %ld of %ld failing\n", cudaGetErrorName(err), n, calls);
+            return;
+        }
+        if (!did_fire) {
+            printf("%s: %ld CUDA calls failed in turn (%ld reported, %ld of them leaving the context lost)\n",
+                   cudaGetErrorName(err), n - 1, reported, lost);
+            CHECK(n > 1);
+            return;
+        }
+    }
+}
+
+static void test_out_of_memory(void) { sweep(cudaErrorMemoryAllocation); }
+static void test_invalid_value(void) { sweep(cudaErrorInvalidValue); }
+static void test_sticky_launch_failure(void) { sweep(cudaErrorLaunchFailure); }
+
+static const check_test tests[] = {
+    {"out_of_memory", test_out_of_memory},
+    {"invalid_value", test_invalid_value},
+    {"sticky_launch_failure", test_sticky_launch_failure},
+};
+
+CHECK_MAIN(tests)

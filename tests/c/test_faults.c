@@ -1,0 +1,419 @@
+/*
+ * Every allocation fails in turn (built with -Dfault_injection=true; alloc-hook.h). Each
+ * scenario is a sequence of library calls, each made through STEP: a call that fails
+ * must fail because of the injected fault, with FERRY_ERR_OUT_OF_MEMORY and a message,
+ * and the same call retried (the fault is spent) must then succeed. At the end the
+ * scenario checks its bytes, and its objects are freed. sweep() runs a scenario with
+ * allocation 1 failing, then 2, 3, ... until a run makes fewer allocations than the one
+ * armed: every allocation point of the scenario has then failed once. Leaks show at exit
+ * under ASan's leak check (tools/test runs this test in the sanitized build), and a
+ * dangling pointer left by an error path shows when the retry or the checks touch it.
+ */
+#include "kv-fixture.h"
+#include "alloc-hook.h"
+#include "window-check.h"
+
+#include <stdint.h>
+
+#ifndef FERRY_FAULT_INJECTION
+#error "test_faults needs the hook: meson -Dfault_injection=true"
+#endif
+
+/* A call under the fault: OK, or the fault's OUT_OF_MEMORY with a message and then OK on retry. */
+#define STEP(expr)                                                                                      \
+    do {                                                                                                \
+        ferry_clear_error();                                                                            \
+        ferry_status step_st_ = (expr);                                                                 \
+        if (step_st_ != FERRY_OK) {                                                                     \
+            if (step_st_ != FERRY_ERR_OUT_OF_MEMORY || !ferry_fault_alloc_fired() ||                     \
+                ferry_last_error()[0] == '\0') {                                                        \
+                fprintf(stderr, "%s:%d: %s gave '%s' (%s)%s\n", __FILE__, __LINE__, #expr,              \
+                        ferry_status_name(step_st_), ferry_last_error(),                                \
+                        ferry_fault_alloc_fired() ? "" : " with no allocation failed");                 \
+                check_failures++;                                                                       \
+                return;                                                                                 \
+            }                                                                                           \
+            step_failed++;                                                                              \
+            step_st_ = (expr);                                                                          \
+            if (step_st_ != FERRY_OK) {                                                                 \
+                fprintf(stderr, "%s:%d: %s retried without the fault: %s (%s)\n", __FILE__, __LINE__, #expr, \
+                        ferry_status_name(step_st_), ferry_last_error());                               \
+                check_failures++;                                                                       \
+                return;                                                                                 \
+            }                                                                                           \
+        }                                                                                               \
+    } while (0)
+
+static long step_failed; /* calls that returned the fault in this sweep */
+
+/*
+ * Run `run` on a zeroed state with allocation n failing, n = 1, 2, ...; `fini` frees the
+ * state whatever run left. Prints how many points failed; a point whose failure every
+ * call absorbed (a fallback took over) is counted apart. Returns the number of points.
+ */
+static long sweep(const char * name, void (*run)(void *), void (*fini)(void *), void * state, size_t size) {
+    step_failed = 0;
+    long absorbed = 0;
+    for (long n = 1;; n++) {
+        memset(state, 0, size);
+        const long failed_before = step_failed;
+        const int before = check_failures;
+        ferry_fault_alloc_arm(n);
+        run(state);
+        const bool fired = ferry_fault_alloc_fired();
+        const long made = ferry_fault_alloc_count();
+        ferry_fault_alloc_arm(0);
+        fini(state);
+        if (check_failures != before) {
+            fprintf(stderr, "%s: with allocation %ld of %ld failing\n", name, n, made);
+            return -1;
+        }
+        if (!fired) {
+            printf("%s: %ld allocation points failed in turn (%ld reported, %ld absorbed by a fallback)\n", name,
+                   n - 1, step_failed, absorbed);
+            return n - 1;
+        }
+        absorbed += step_failed == failed_before;
+    }
+}
+
+/* Does copy hold every byte of src's span (src on the host)? */
+static bool same_span(const ferry_tensor * src, const ferry_tensor * copy) {
+    const size_t span = ferry_tensor_nbytes(src);
+    uint8_t * got = malloc(span);
+    const bool same = got && ferry_tensor_get(copy, got, 0, span) == FERRY_OK && memcmp(got, src->data, span) == 0;
+    free(got);
+    return same;
+}
+
+/* ------------------------------------------------ a KV cache and its windows, copied by each policy */
+
+typedef struct {
+    ferry_backend * split;
+    ferry_kv_cache * kv;
+    ferry_context * ctx;
+    ferry_buffer * buf;
+} kv_state;
+
+static void kv_run(void * p) {
+    kv_state * s = p;
+    const ferry_kv_params params = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 16, .n_head_kv = 2,
+                                    .n_ctx = 64, .n_stream = 4, .n_layer = 2, .v_trans = true};
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    STEP(ferry_dummy_backend_new(&dp, &s->split));
+    STEP(ferry_kv_cache_new(&params, ferry_cpu_buffer_type(), &s->kv));
+    kv_fill(s->kv);
+    STEP(ferry_context_new(&s->ctx));
+    kv_fixture f = {.kv = s->kv}; /* for kv_check_window_copy, which reads only the cache */
+    for (int policy = FERRY_COPY_FLAT; policy <= FERRY_COPY_PLAN; policy++) {
+        for (int32_t layer = 0; layer < params.n_layer; layer++) {
+            ferry_tensor *k, *v, *copy;
+            STEP(ferry_kv_cache_window(s->kv, s->ctx, layer, 5 + layer, 1, 3, &k, &v));
+            CHECK(k && v);
+            STEP(ferry_tensor_dup_layout(s->ctx, k, &copy));
+            ferry_buffer_free(s->buf);
+            s->buf = NULL;
+            STEP(ferry_backend_alloc_buffer(s->split, ferry_tensor_nbytes(k), &s->buf));
+            STEP(ferry_buffer_place_tensor(s->buf, copy, 0));
+            STEP(ferry_tensor_memset(copy, SENTINEL, 0, ferry_tensor_nbytes(copy)));
+            ferry_copy_stats stats;
+            STEP(ferry_copy_input(s->split, (ferry_copy_policy) policy, k, copy, &stats));
+            if (stats.path == FERRY_COPY_FLAT) { /* the span, gaps included */
+                CHECK(same_span(k, copy));
+            } else {
+                CHECK_EQ_U(kv_check_window_copy(&f, k, copy, stats.bytes_copied), 0);
+            }
+        }
+    }
+}
+
+static void kv_fini(void * p) {
+    kv_state * s = p;
+    ferry_buffer_free(s->buf);
+    ferry_context_free(s->ctx);
+    ferry_kv_cache_free(s->kv);
+    ferry_backend_free(s->split);
+}
+
+static void test_kv_cache_windows(void) {
+    kv_state s;
+    CHECK(sweep("kv cache and windows", kv_run, kv_fini, &s, sizeof(s)) > 0);
+}
+
+/* ------------------------------------------------ the scheduler: alloc and compute, two windows */
+
+typedef struct {
+    ferry_backend * cpu;
+    ferry_backend * split;
+    ferry_kv_cache * kv;
+    ferry_context * ctx;
+    ferry_graph * graph;
+    ferry_sched * sched;
+} sched_state;
+
+static ferry_copy_policy sched_policy;
+static bool sched_compact;
+
+static void sched_run(void * p) {
+    sched_state * s = p;
+    const ferry_kv_params params = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
+                                    .n_ctx = 96, .n_stream = 4, .n_layer = 1};
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    STEP(ferry_dummy_backend_new(&dp, &s->split));
+    STEP(ferry_cpu_backend_new(&s->cpu));
+    STEP(ferry_kv_cache_new(&params, ferry_cpu_buffer_type(), &s->kv));
+    fill_floats(ferry_kv_cache_buffer(s->kv));
+    STEP(ferry_context_new(&s->ctx));
+    ferry_backend * backends[2] = {s->split, s->cpu};
+    STEP(ferry_sched_new(backends, 2, &s->sched));
+    STEP(ferry_sched_set_policy(s->sched, sched_policy));
+    STEP(ferry_sched_set_compact(s->sched, sched_compact));
+    /* two decode steps: a new graph each, the second window longer (the allocator grows) */
+    const int64_t n_kv[2] = {5, 11};
+    for (int step = 0; step < 2; step++) {
+        ferry_tensor *window, *dup, *out;
+        STEP(ferry_kv_cache_window(s->kv, s->ctx, 0, n_kv[step], step, 3, &window, NULL));
+        STEP(ferry_dup(s->ctx, window, &dup));
+        STEP(ferry_scale(s->ctx, dup, 0.5f, &out));
+        STEP(ferry_tensor_set_output(out));
+        ferry_graph_free(s->graph);
+        s->graph = NULL;
+        STEP(ferry_graph_new(&s->graph));
+        STEP(ferry_graph_build(s->graph, out));
+        ferry_sched_clear_pins(s->sched);
+        STEP(ferry_sched_set_tensor_backend(s->sched, dup, s->split));
+        STEP(ferry_sched_alloc_graph(s->sched, s->graph));
+        STEP(ferry_sched_graph_compute(s->sched, s->graph));
+        CHECK_EQ_U(ferry_sched_n_inputs(s->sched), 1);
+        CHECK(scaled_copy_of(out, window, 0.5f));
+    }
+}
+
+static void sched_fini(void * p) {
+    sched_state * s = p;
+    ferry_sched_free(s->sched);
+    ferry_graph_free(s->graph);
+    ferry_context_free(s->ctx);
+    ferry_kv_cache_free(s->kv);
+    ferry_backend_free(s->cpu);
+    ferry_backend_free(s->split);
+}
+
+static void test_sched_every_policy(void) {
+    for (int policy = FERRY_COPY_FLAT; policy <= FERRY_COPY_PLAN; policy++) {
+        for (int compact = 0; compact <= 1; compact++) {
+            char name[80];
+            snprintf(name, sizeof(name), "scheduler, %s%s", ferry_copy_policy_name((ferry_copy_policy) policy),
+                     compact ? ", compact" : "");
+            sched_policy = (ferry_copy_policy) policy;
+            sched_compact = compact;
+            sched_state s;
+            CHECK(sweep(name, sched_run, sched_fini, &s, sizeof(s)) > 0);
+        }
+    }
+}
+
+/* ------------------------------------------------ plans that need the heap */
+
+typedef struct {
+    ferry_backend * split;
+    ferry_context * ctx;
+    ferry_buffer * src_buf;
+    ferry_buffer * dst_buf;
+} plan_state;
+
+static void plan_run(void * p) {
+    plan_state * s = p;
+    /* rows that interleave (0 12 24 | 20 32 44): the planner sorts them in a heap array */
+    ferry_tensor tangled = {.type = FERRY_TYPE_F32, .ne = {1, 3, 2, 1}, .nb = {4, 12, 20, 20}};
+    ferry_copy_2d c[8];
+    size_t n = 0;
+    STEP(ferry_copy_plan(&tangled, c, 8, &n));
+    CHECK_EQ_U(n, 3);
+    /* a view of more copies than the copy path keeps on its stack: 100 rows of 256 bytes,
+     * spaced by a 4-D layout whose strides do not nest, far apart, so that the plan pays */
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    STEP(ferry_dummy_backend_new(&dp, &s->split));
+    STEP(ferry_context_new(&s->ctx));
+    const int64_t n_src = 760 * 1024;
+    ferry_tensor *src, *view, *copy;
+    STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_F32, 1, &n_src, &src));
+    STEP(ferry_buffer_type_alloc_buffer(ferry_cpu_buffer_type(), ferry_tensor_nbytes(src), &s->src_buf));
+    STEP(ferry_buffer_place_tensor(s->src_buf, src, 0));
+    float * v = src->data;
+    for (int64_t i = 0; i < n_src; i++) {
+        v[i] = (float) i;
+    }
+    const int64_t ne[4] = {64, 5, 5, 4};
+    const size_t nb[4] = {4, 1100, 5600, 1000000};
+    STEP(ferry_tensor_view(s->ctx, src, 4, ne, nb, 4, &view));
+    STEP(ferry_tensor_dup_layout(s->ctx, view, &copy));
+    STEP(ferry_backend_alloc_buffer(s->split, ferry_tensor_nbytes(view), &s->dst_buf));
+    STEP(ferry_buffer_place_tensor(s->dst_buf, copy, 0));
+    ferry_copy_stats stats;
+    STEP(ferry_copy_input(s->split, FERRY_COPY_PLAN, view, copy, &stats));
+    CHECK(stats.path == FERRY_COPY_PLAN);
+    CHECK_EQ_U(stats.bytes_copied, 64 * 5 * 5 * 4 * sizeof(float));
+    float * got = malloc(ferry_tensor_nbytes(copy));
+    CHECK(got);
+    const ferry_status st = ferry_tensor_get(copy, got, 0, ferry_tensor_nbytes(copy));
+    bool same = st == FERRY_OK;
+    for (int64_t i3 = 0; same && i3 < ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < ne[2]; i2++)
+            for (int64_t i1 = 0; i1 < ne[1]; i1++)
+                for (int64_t i0 = 0; i0 < ne[0]; i0++) {
+                    const size_t at = (size_t) i0 * nb[0] + (size_t) i1 * nb[1] + (size_t) i2 * nb[2] + (size_t) i3 * nb[3];
+                    same = same && got[at / 4] == v[1 + at / 4];
+                }
+    free(got);
+    CHECK(same);
+}
+
+static void plan_fini(void * p) {
+    plan_state * s = p;
+    ferry_buffer_free(s->dst_buf);
+    ferry_buffer_free(s->src_buf);
+    ferry_context_free(s->ctx);
+    ferry_backend_free(s->split);
+}
+
+static void test_plan_on_the_heap(void) {
+    plan_state s;
+    CHECK(sweep("plans on the heap", plan_run, plan_fini, &s, sizeof(s)) > 0);
+}
+
+/* ------------------------------------------------ the graph allocator: reserve and allocate in chunks */
+
+typedef struct {
+    ferry_backend * be;
+    ferry_backend * be2;
+    ferry_context * ctx;
+    ferry_graph * graph;
+    ferry_gallocr * ga;
+} galloc_state;
+
+static void galloc_run(void * p) {
+    galloc_state * s = p;
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    dp.max_buffer_size = 4096; /* four 1 KB tensors a chunk */
+    STEP(ferry_dummy_backend_new(&dp, &s->be));
+    STEP(ferry_dummy_backend_new(&dp, &s->be2));
+    STEP(ferry_context_new(&s->ctx));
+    STEP(ferry_graph_new(&s->graph));
+    const int64_t n = 256;
+    ferry_tensor * x;
+    STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_F32, 1, &n, &x));
+    STEP(ferry_tensor_set_input(x));
+    ferry_tensor * outs[6];
+    for (int i = 0; i < 6; i++) {
+        STEP(ferry_scale(s->ctx, x, (float) (i + 1), &outs[i]));
+        STEP(ferry_tensor_set_output(outs[i]));
+        STEP(ferry_graph_build(s->graph, outs[i]));
+    }
+    ferry_buffer_type * bufts[2] = {ferry_backend_default_buffer_type(s->be), ferry_backend_default_buffer_type(s->be2)};
+    STEP(ferry_gallocr_new_n(bufts, 2, &s->ga));
+    STEP(ferry_gallocr_reserve(s->ga, s->graph, NULL, NULL));
+    STEP(ferry_gallocr_alloc_graph(s->ga, s->graph));
+    CHECK(ferry_gallocr_n_chunks(s->ga, 0) >= 2);
+    float in[256];
+    for (int i = 0; i < 256; i++) {
+        in[i] = (float) i;
+    }
+    STEP(ferry_tensor_set(x, in, 0, sizeof(in)));
+    STEP(ferry_backend_graph_compute(s->be, s->graph));
+    for (int k = 0; k < 6; k++) {
+        float got[256];
+        STEP(ferry_tensor_get(outs[k], got, 0, sizeof(got)));
+        for (int i = 0; i < 256; i++) {
+            CHECK(got[i] == (float) (k + 1) * in[i]);
+        }
+    }
+}
+
+static void galloc_fini(void * p) {
+    galloc_state * s = p;
+    ferry_gallocr_free(s->ga);
+    ferry_graph_free(s->graph);
+    ferry_context_free(s->ctx);
+    ferry_backend_free(s->be2);
+    ferry_backend_free(s->be);
+}
+
+static void test_gallocr_chunks(void) {
+    galloc_state s;
+    CHECK(sweep("graph allocator in chunks", galloc_run, galloc_fini, &s, sizeof(s)) > 0);
+}
+
+/* ------------------------------------------------ the CUDA backend (against the fake runtime in tests) */
+
+#ifdef FERRY_WITH_CUDA
+static void cuda_run(void * p) {
+    sched_state * s = p;
+    int devices = 0;
+    if (ferry_cuda_device_count(&devices) != FERRY_OK || devices == 0) {
+        return; /* no device: the sweep ends at once */
+    }
+    const ferry_kv_params params = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
+                                    .n_ctx = 64, .n_stream = 4, .n_layer = 1};
+    ferry_buffer_type * pinned;
+    STEP(ferry_cuda_host_buffer_type(&pinned));
+    STEP(ferry_cuda_backend_new(0, &s->split));
+    STEP(ferry_cpu_backend_new(&s->cpu));
+    STEP(ferry_kv_cache_new(&params, pinned, &s->kv));
+    fill_floats(ferry_kv_cache_buffer(s->kv));
+    STEP(ferry_context_new(&s->ctx));
+    ferry_backend * backends[2] = {s->split, s->cpu};
+    STEP(ferry_sched_new(backends, 2, &s->sched));
+    STEP(ferry_sched_set_policy(s->sched, FERRY_COPY_RANGES));
+    ferry_tensor *window, *dup, *out;
+    STEP(ferry_kv_cache_window(s->kv, s->ctx, 0, 7, 0, 3, &window, NULL));
+    STEP(ferry_dup(s->ctx, window, &dup));
+    STEP(ferry_scale(s->ctx, dup, 0.5f, &out));
+    STEP(ferry_tensor_set_output(out));
+    STEP(ferry_graph_new(&s->graph));
+    STEP(ferry_graph_build(s->graph, out));
+    STEP(ferry_sched_set_tensor_backend(s->sched, dup, s->split));
+    STEP(ferry_sched_graph_compute(s->sched, s->graph));
+    CHECK(scaled_copy_of(out, window, 0.5f));
+}
+
+#ifdef FERRY_FAKE_CUDART
+long fake_cudart_live_allocations(void); /* tests/fake-cudart: exported by libferry's fake build */
+static long cuda_live_before;
+
+/* The fake runtime counts device and pinned allocations: none may outlive the scenario. */
+static void cuda_fini(void * p) {
+    sched_fini(p);
+    if (fake_cudart_live_allocations() != cuda_live_before) {
+        fprintf(stderr, "%ld device or pinned allocations left behind\n", fake_cudart_live_allocations() - cuda_live_before);
+        check_failures++;
+    }
+}
+#else
+#define cuda_fini sched_fini
+#endif
+
+static void test_cuda_backend(void) {
+    sched_state s;
+#ifdef FERRY_FAKE_CUDART
+    cuda_live_before = fake_cudart_live_allocations();
+#endif
+    CHECK(sweep("CUDA backend", cuda_run, cuda_fini, &s, sizeof(s)) >= 0);
+}
+#endif
+
+static const check_test tests[] = {
+    {"kv_cache_windows", test_kv_cache_windows},
+    {"sched_every_policy", test_sched_every_policy},
+    {"plan_on_the_heap", test_plan_on_the_heap},
+    {"gallocr_chunks", test_gallocr_chunks},
+#ifdef FERRY_WITH_CUDA
+    {"cuda_backend", test_cuda_backend},
+#endif
+};
+
+CHECK_MAIN(tests)
