@@ -22,6 +22,7 @@ typedef struct {
     bool last_of_equal; /* of free blocks that fit equally well, take the last (else the first) */
     ferry_chunk chunks[FERRY_GALLOC_MAX_CHUNKS];
     int n_chunks;
+    bool out_of_chunks; /* an alloc failed for want of a chunk (not of heap memory) */
 } ferry_blocks;
 
 void ferry_blocks_init(ferry_blocks * b, size_t alignment, size_t max_size);

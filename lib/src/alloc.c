@@ -404,6 +404,17 @@ static ferry_status walk_graph(walk * w, bool alt) {
     return run_walk(w);
 }
 
+/* Did the walk fail only for want of a chunk? That way's plan does not fit where the
+ * other's may; any other failure (the heap) is the caller's to hear of. */
+static bool walk_out_of_chunks(const ferry_gallocr * g, const walk * w) {
+    for (int b = 0; w->blocks && b < g->n_bufts; b++) {
+        if (w->blocks[b].out_of_chunks) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static size_t walk_need(const ferry_gallocr * g, const walk * w) {
     size_t need = 0;
     for (int b = 0; b < g->n_bufts; b++) {
@@ -421,7 +432,8 @@ static size_t walk_need(const ferry_gallocr * g, const walk * w) {
  * graph is walked two ways, and the one that needs less memory (the first on a tie) is
  * kept: first of equal blocks and in place through views too; last of equal blocks and
  * in place over direct sources only (what ggml does). Both are deterministic, so
- * reserve and alloc_graph agree.
+ * reserve and alloc_graph agree. A way that runs out of chunks leaves the other; a
+ * failed heap allocation in either is reported, never absorbed.
  */
 static ferry_status measure(ferry_gallocr * g, ferry_graph * graph, const int * node_ids, const int * leaf_ids,
                             const ferry_gallocr_copy * copies, int n_copies) {
@@ -429,16 +441,18 @@ static ferry_status measure(ferry_gallocr * g, ferry_graph * graph, const int * 
                        .n_copies = n_copies};
     walk first = base, second = base;
     const ferry_status st_second = walk_graph(&second, true);
-    ferry_status st = walk_graph(&first, false); /* last, so its error is the one reported */
-    if (st != FERRY_OK && st_second == FERRY_OK) {
-        ferry_clear_error();
+    ferry_status st = st_second == FERRY_OK || walk_out_of_chunks(g, &second) ? walk_graph(&first, false) : st_second;
+    if (st != FERRY_OK && (st_second != FERRY_OK || !walk_out_of_chunks(g, &first))) {
+        walk_release(g, &first);
+        walk_release(g, &second);
+        return st;
     }
-    walk * kept = NULL;
-    if (st == FERRY_OK || st_second == FERRY_OK) {
-        kept = st == FERRY_OK && (st_second != FERRY_OK || walk_need(g, &first) <= walk_need(g, &second)) ? &first
-                                                                                                          : &second;
-        st = ensure_buffers(g, kept->blocks);
+    if (st != FERRY_OK || st_second != FERRY_OK) {
+        ferry_clear_error(); /* one way ran out of chunks: the other's plan stands */
     }
+    walk * kept = st == FERRY_OK && (st_second != FERRY_OK || walk_need(g, &first) <= walk_need(g, &second))
+                      ? &first : &second;
+    st = ensure_buffers(g, kept->blocks);
     if (st == FERRY_OK) {
         free(g->plan);
         free(g->plan_tensors);
