@@ -26,11 +26,12 @@ def adopt_placements(tensors: Iterable[Tensor], owner: object, owner_handle: Han
         p = t._ptr
         if p.buffer == ffi.NULL or p.view_src != ffi.NULL:
             continue
-        bid = int(p.buffer_id)
+        bid = p.buffer_id
+        if t._buffer is not None and t._buffer._id == bid:
+            continue  # placed before, in the buffer it knows
         if not lib.ferry_buffer_id_is_live(bid):
             continue
-        if t._buffer is not None and t._buffer.id == bid:
-            continue
+        bid = int(bid)
         buf = cache.get(bid)
         if buf is None:
             buf = BorrowedBuffer(p.buffer, buffer_type_of(p.buffer, known), owner, owner_handle)

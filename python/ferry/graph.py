@@ -8,20 +8,16 @@ NONE); nodes are the rest, views included.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
 from .backend import Backend
-from .errors import check
+from .errors import FreedBufferError, check
 from .tensor import Tensor
 
 _MAX_SRC = lib.FERRY_MAX_SRC
-
-
-def _addr(ptr: Any) -> int:
-    return int(ffi.cast("uintptr_t", ptr))
 
 
 class Graph:
@@ -38,7 +34,9 @@ class Graph:
         self._handle = Handle(out[0], lib.ferry_graph_free)
         self._finalizer = weakref.finalize(self, self._handle.release)
         self._outputs: List[Tensor] = []
-        self._tensors: Dict[int, Tensor] = {}  # by C address: every tensor the graph points at
+        self._tensors: Dict[Any, Tensor] = {}  # by C pointer: every tensor the graph points at
+        # The handles of borrowed tensors (a KV cache's layers), each with its owner: checked before a reuse.
+        self._owners: Dict[int, Tuple[Handle, object]] = {}
         self.build(*outputs)
 
     @property
@@ -58,15 +56,17 @@ class Graph:
     def _index(self, out: Tensor) -> None:
         """Map every C tensor reachable from out to a Python Tensor: the ones Python made, and
         borrowed wrappers (kept alive by the tensor that points at them) for structs made in C,
-        like the inner view of a KV-cache window."""
+        like the inner view of a KV-cache window. Keys are the C pointers themselves (cffi hashes
+        and compares a pointer by its address)."""
+        tensors = self._tensors
         stack = [out]
         found: List[Tensor] = []
         while stack:
             t = stack.pop()
-            key = _addr(t._p)
-            if key in self._tensors:
+            key = t._p  # refused for a tensor whose owner was closed
+            if key in tensors:
                 continue
-            self._tensors[key] = t
+            tensors[key] = t
             found.append(t)
             stack.extend(d for d in t._deps if isinstance(d, Tensor))
             if t._source is not None:
@@ -76,18 +76,30 @@ class Graph:
         while i < len(found):
             t = found[i]
             i += 1
+            srcs = t._ptr.src
             for j in range(_MAX_SRC):
-                src = t._p.src[j]
-                if src == ffi.NULL or _addr(src) in self._tensors:
+                src = srcs[j]
+                if src == ffi.NULL or src in tensors:
                     continue
                 view_src = src.view_src
-                root = self._tensors.get(_addr(view_src)) if view_src != ffi.NULL else None
+                root = tensors.get(view_src) if view_src != ffi.NULL else None
                 b = Tensor._borrow(src, t._handle, keep=t, source=root)
-                self._tensors[_addr(src)] = b
+                tensors[src] = b
                 found.append(b)
+        for t in found:
+            if t._finalizer is None and not isinstance(t._deps[0], Tensor):  # borrowed from a cache, ...
+                self._owners.setdefault(id(t._handle), (t._handle, t._deps[0]))
+
+    def _check_live(self) -> None:
+        """Raise FreedBufferError when an object that owns one of the graph's tensors was closed
+        (a KV cache whose layers a window reads): before a graph built earlier runs again."""
+        for handle, owner in self._owners.values():
+            if not handle.alive:
+                raise FreedBufferError(f"graph: a tensor of it belongs to {type(owner).__name__}, which was "
+                                       "closed; build the graph again")
 
     def _tensor(self, ptr: Any) -> Tensor:
-        return self._tensors[_addr(ptr)]
+        return self._tensors[ptr]
 
     @property
     def n_nodes(self) -> int:
@@ -120,7 +132,7 @@ class Graph:
         return self.leafs + self.nodes
 
     def __contains__(self, t: object) -> bool:
-        return isinstance(t, Tensor) and t._handle.alive and self._tensors.get(_addr(t._ptr)) is t
+        return isinstance(t, Tensor) and t._handle.alive and self._tensors.get(t._ptr) is t
 
     def __len__(self) -> int:
         return self.n_nodes
@@ -140,10 +152,13 @@ class Graph:
         ------
         InvalidArgumentError
             For anything but a Backend.
+        FreedBufferError
+            When an object that owns a tensor of the graph (a KV cache its windows read) was closed.
         FerryError
             When an op fails or a tensor has no usable memory.
         """
         _checks.instance(backend, Backend, "graph compute")
+        self._check_live()
         check(lib.ferry_backend_graph_compute(backend._p, self._p))
         backend.synchronize()
 

@@ -20,7 +20,7 @@ from ._placements import adopt_placements
 from .backend import Backend
 from .buffer import BorrowedBuffer
 from .errors import InvalidArgumentError, check
-from .graph import Graph, _addr
+from .graph import Graph
 from .policy import CopyPolicy, PolicyLike, to_policy
 from .stats import CopyStats, SchedStats
 from .tensor import Tensor
@@ -86,6 +86,7 @@ class Scheduler(Closeable):
             if not isinstance(b, Backend):
                 raise InvalidArgumentError(f"Scheduler: backend {i} is not a Backend but {type(b).__name__}")
         self._backends: List[Backend] = list(backends)
+        self._buffer_types = [b.buffer_type for b in self._backends]
         arr = ffi.new("ferry_backend *[]", [b._p for b in self._backends])
         out = ffi.new("ferry_sched **")
         check(lib.ferry_sched_new(arr, len(self._backends), out))
@@ -94,10 +95,10 @@ class Scheduler(Closeable):
         self._generation = Handle(object(), lambda _: None)
         self._handles = [self._generation, self._handle]
         self._finalizer = weakref.finalize(self, _release, self._handles)
-        self._pins: Dict[int, Tensor] = {}  # C compares pinned tensors by address: keep them alive
+        self._pins: Dict[Any, Tensor] = {}  # C compares pinned tensors by address: keep them alive
         self._graph: Optional[Graph] = None
         self._graph_nodes = 0
-        self._copies: Dict[int, Tensor] = {}
+        self._copies: Dict[Any, Tensor] = {}
         self._buffers: Dict[int, BorrowedBuffer] = {}
         self.policy = policy
         self.compact = compact
@@ -165,7 +166,7 @@ class Scheduler(Closeable):
         t = _checks.instance(tensor, Tensor, "pin")
         b = _checks.instance(backend, Backend, "pin")
         check(lib.ferry_sched_set_tensor_backend(self._p, t._p, b._p))
-        self._pins[_addr(t._p)] = t
+        self._pins[t._p] = t
 
     def clear_pins(self) -> None:
         """Forget every pin (C keeps them by address): for a new graph each step, whose old
@@ -199,8 +200,8 @@ class Scheduler(Closeable):
         check(lib.ferry_sched_alloc_graph(p, graph._p))
         self._graph = graph  # C remembers it by address: keep it (and its tensors) alive
         self._graph_nodes = graph.n_nodes
-        tensors = list(graph._tensors.values()) + [i.copy for i in self.inputs]
-        adopt_placements(tensors, self, self._handle, [b.buffer_type for b in self._backends], self._buffers)
+        # The input copies get their Buffer when first asked for (_copy): most loops never ask.
+        adopt_placements(graph._tensors.values(), self, self._handle, self._buffer_types, self._buffers)
 
     def _new_generation(self) -> None:
         self._generation.release()
@@ -210,10 +211,13 @@ class Scheduler(Closeable):
 
     def compute(self, graph: Graph) -> None:
         """Run the Graph graph: allocate if it is not the one last allocated (or it grew), copy the inputs
-        by the policy, run every split. Raises as alloc does, or the FerryError of a failed copy or
-        split.
+        by the policy, run every split. A graph run again is neither rebuilt nor reallocated, but its
+        inputs are copied again (their bytes change between steps). Raises as alloc does, the
+        FerryError of a failed copy or split, or FreedBufferError when an object that owns a tensor
+        of the graph (a KV cache its windows read) was closed.
         """
         _checks.instance(graph, Graph, "sched compute")
+        graph._check_live()
         if graph is not self._graph or graph.n_nodes != self._graph_nodes:
             self.alloc(graph)
         check(lib.ferry_sched_graph_compute(self._p, graph._p))
@@ -221,11 +225,12 @@ class Scheduler(Closeable):
     # ------------------------------------------------------------ what the last alloc and run did
 
     def _copy(self, ptr: Any) -> Tensor:
-        key = _addr(ptr)
+        key = ptr
         t = self._copies.get(key)
         if t is None:
             t = Tensor._borrow(ptr, self._generation, keep=self, retainable=False)
             self._copies[key] = t
+            adopt_placements((t,), self, self._handle, self._buffer_types, self._buffers)
         return t
 
     @property
