@@ -10,7 +10,8 @@ Python objects over the C library, in layers that import downward only:
   DummyBackend, CUDABackend, Event;
 - ops (add, mul, scale, dup, concat, pad, mean, attn_decode), Graph, GraphAllocator;
 - copy plans and their cost (plan_copy, plan_of, CopyCostModel), the copy path;
-- the Scheduler, and KVCache with its windows;
+- the Scheduler, KVCache with its windows, and StepGraph (a decode step's graph, reused
+  while its shape holds);
 - numpy, PyTorch and CuPy without copies: tensors export themselves (ferry.export: array
   interface, DLPack, CUDA array interface; Tensor.raw), from_array imports (ferry.interop),
   and quantize / dequantize give values of every type (ferry.quant);
@@ -68,6 +69,7 @@ from .policy import CopyPolicy
 from .quant import dequantize, quantize
 from .sched import Input, Scheduler, Split
 from .stats import KINDS, CopyStats, SchedStats, Stats
+from .step import StepGraph
 from .tensor import Tensor, tensor_copy
 from .types import Type, blck_size, numpy_dtype, row_size, to_type, type_from_dtype, type_name, type_size
 
@@ -98,7 +100,7 @@ __all__ = [
     "CopyPolicy", "CopyRanges", "CopyStats", "bytes_read", "copy_input", "copy_ranges_of",
     "Copy2D", "CopyCostModel", "Explanation", "plan_copy", "plan_of", "layout_view", "plan_cost", "flat_cost",
     "plan_pays", "cost_model", "explain", "explain_tensor",
-    "KVCache", "KVParams", "Scheduler", "Split", "Input", "SchedStats",
+    "KVCache", "KVParams", "Scheduler", "Split", "Input", "SchedStats", "StepGraph",
     "CUDABackend", "Event", "cuda_device_count", "cuda_buffer_type", "cuda_host_buffer_type",
     "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "Graph", "GraphAllocator", "Placement",
     "from_array", "ForeignBuffer", "TensorBytes", "quantize", "dequantize",

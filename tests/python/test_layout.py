@@ -26,7 +26,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.buffer", "ferry.event", "ferry.backend", "ferry.cuda", "ferry.interop"),
     ("ferry.ops", "ferry.graph", "ferry._placements", "ferry.alloc"),
     ("ferry.plan", "ferry.copy_path"),
-    ("ferry.sched", "ferry.kv"),
+    ("ferry.sched", "ferry.kv", "ferry.step"),
     ("ferry.workload", "ferry.model_file", "ferry.decode_bench", "ferry.hash_gate", "ferry.dry_run"),
     ("ferry",),
     ("ferry.cli", "ferry.cli.options", "ferry.cli.text_table", "ferry.cli.progress", "ferry.cli.bench",

@@ -1,0 +1,129 @@
+"""A decode step's graph, built and allocated once per shape and run again while the shape holds.
+
+A decode loop's graph changes shape only when its windows do: with n_kv padded (llama.cpp
+rounds it up to 256), many steps in a row read windows of the same n_kv, and their graphs
+differ only in data: each stream's length and the query, which live in input tensors the
+loop writes before each step. StepGraph keeps the last graph under its key (the padded
+n_kv, or anything that says what the graph's shape depends on) and builds a new one only
+when the key changes. The scheduler keeps the allocation of the graph it last allocated,
+so a reused graph is neither rebuilt nor reallocated; its input copies are made at every
+compute, since the bytes of the windows change every step.
+
+    steps = StepGraph(sched, build)       # build(n_kv) pins and returns the outputs
+    for t in range(n_steps):
+        kv_len.set(lengths(t))            # what changed: data, written in place
+        graph = steps.get(padded_n_kv(t)) # the same graph while n_kv holds
+        sched.compute(graph)
+
+A reused graph is checked before it runs: when an object that owns its tensors (the KV
+cache its windows read) or the scheduler was closed, Scheduler.compute raises
+FreedBufferError instead of reading freed memory.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Hashable, Optional, Sequence, Union
+
+from . import _checks
+from .errors import InvalidArgumentError
+from .graph import Graph
+from .sched import Scheduler
+from .tensor import Tensor
+
+#: Builds a step's graph for a key: pins its nodes on the scheduler and returns the outputs (or a Graph).
+Build = Callable[[Hashable], Union[Graph, Sequence[Tensor]]]
+
+
+class StepGraph:
+    """The graph of a decode step, rebuilt only when its key changes.
+
+    Parameters
+    ----------
+    sched : Scheduler
+        Runs the graph; it is allocated there when built (pins are cleared before each build).
+    build : callable
+        build(key) makes the step's graph for a key: it may pin nodes with sched.pin, and returns
+        the graph's outputs (a sequence of Tensors) or a Graph.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a sched that is not a Scheduler or a build that is not callable.
+    """
+
+    def __init__(self, sched: Scheduler, build: Build) -> None:
+        self._sched = _checks.instance(sched, Scheduler, "StepGraph: sched")
+        if not callable(build):
+            raise InvalidArgumentError(f"StepGraph: build must be callable, got {type(build).__name__}")
+        self._build = build
+        self._key: Optional[Hashable] = None
+        self._graph: Optional[Graph] = None
+        self.builds = 0
+        self.reuses = 0
+
+    @property
+    def graph(self) -> Optional[Graph]:
+        """The last graph built (None before the first get or after clear)."""
+        return self._graph
+
+    @property
+    def key(self) -> Optional[Hashable]:
+        """The key the last graph was built for."""
+        return self._key
+
+    @property
+    def rebuilds(self) -> int:
+        """Builds after the first: how often the key changed."""
+        return max(self.builds - 1, 0)
+
+    def get(self, key: Hashable) -> Graph:
+        """The step's graph for key, allocated on the scheduler: the last one when key is the last key.
+
+        Parameters
+        ----------
+        key : hashable
+            What the graph's shape depends on (the padded n_kv); compared with ==.
+
+        Returns
+        -------
+        Graph
+
+        Raises
+        ------
+        InvalidArgumentError
+            When build returns neither a Graph nor a sequence of Tensors.
+        FreedBufferError
+            When the scheduler was closed, or an object the graph's tensors belong to (a KV cache)
+            was closed: checked again before each reuse.
+        FerryError
+            As build, Graph and Scheduler.alloc raise.
+        """
+        graph = self._graph
+        if graph is not None and key == self._key:
+            graph._check_live()
+            _ = self._sched._p  # a closed scheduler refuses a reuse (FreedBufferError) as it refuses a build
+            self.reuses += 1
+            return graph
+        self._graph = self._key = None  # the old graph (and the memory it holds) may go before the new one
+        sched = self._sched
+        sched.clear_pins()
+        made = self._build(key)
+        if not isinstance(made, Graph):
+            if isinstance(made, (str, bytes)) or not hasattr(made, "__iter__"):
+                raise InvalidArgumentError(f"StepGraph: build returned {type(made).__name__}, not a Graph or "
+                                           "a sequence of Tensors")
+            made = Graph(*made)
+        sched.alloc(made)
+        self._graph, self._key = made, key
+        self.builds += 1
+        return made
+
+    def clear(self) -> None:
+        """Drop the last graph (and what it holds alive): the next get builds."""
+        self._graph = self._key = None
+
+    def __repr__(self) -> str:
+        return f"<StepGraph key={self._key!r} builds={self.builds} reuses={self.reuses}>"
+
+
+__all__ = ["StepGraph", "Build"]
