@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _checks, _pybuffer, export, quant
 from ._binding import ffi, lib
-from ._handle import Handle
+from ._handle import Handle, release_when_collected
 from .errors import (
     FreedBufferError,
     InvalidArgumentError,
@@ -42,7 +42,7 @@ class Tensor:
     """
 
     _handle: Handle
-    _finalizer: Optional[weakref.finalize]
+    _finalizer: Optional["weakref.ref[Any]"]  # None for a borrowed struct
     _ptr: Any
 
     def __init__(self, make: Callable[[Any, Any], int], source: Optional["Tensor"] = None,
@@ -71,7 +71,7 @@ class Tensor:
         parents = [t._handle for t in ((source,) if source is not None else ()) + self._deps]
         handle = _new_context(parents)
         self._handle = handle
-        self._finalizer = weakref.finalize(self, handle.release)
+        self._finalizer = release_when_collected(self, handle)
         out = ffi.new("ferry_tensor **")
         check(make(handle.ptr, out))
         self._ptr = out[0]
