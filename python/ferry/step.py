@@ -22,16 +22,60 @@ FreedBufferError instead of reading freed memory.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Optional, Sequence, Union
+from typing import Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
 from . import _checks
+from .backend import Backend
 from .errors import InvalidArgumentError
 from .graph import Graph
+from .ops import attn_decode
 from .sched import Scheduler
 from .tensor import Tensor
 
 #: Builds a step's graph for a key: pins its nodes on the scheduler and returns the outputs (or a Graph).
 Build = Callable[[Hashable], Union[Graph, Sequence[Tensor]]]
+
+
+def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[Tensor, Tensor]],
+                   q: Sequence[Tensor], kv_len: Tensor, v_trans: bool = False) -> List[Tensor]:
+    """A decode step's outputs: per layer, decode attention over its K and V windows, marked as an
+    output and pinned to a backend; what a StepGraph's build returns.
+
+    Parameters
+    ----------
+    sched : Scheduler
+        Where the outputs are pinned.
+    backend : Backend
+        One of the scheduler's: where attention runs.
+    windows : sequence of (Tensor, Tensor)
+        Per layer, its K and V windows (KVCache.window).
+    q : sequence of Tensor
+        Per layer, its query (f32 [head_dim, n_head, 1, ns]).
+    kv_len : Tensor
+        i32 [ns]: each stream's length, shared by every layer.
+    v_trans : bool, optional
+        V is transposed.
+
+    Returns
+    -------
+    list of Tensor
+        attn0, attn1, ...: one output per layer.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For as many queries as layers not given, or what attn_decode and Scheduler.pin refuse.
+    LayoutError
+        For shapes attention cannot read.
+    """
+    if len(windows) != len(q):
+        raise InvalidArgumentError(f"attention_step: {len(windows)} layers of windows but {len(q)} queries")
+    outs = []
+    for layer, (k, v) in enumerate(windows):
+        out = attn_decode(q[layer], k, v, kv_len, v_trans=v_trans, name=f"attn{layer}").set_output()
+        sched.pin(out, backend)
+        outs.append(out)
+    return outs
 
 
 class StepGraph:
@@ -126,4 +170,4 @@ class StepGraph:
         return f"<StepGraph key={self._key!r} builds={self.builds} reuses={self.reuses}>"
 
 
-__all__ = ["StepGraph", "Build"]
+__all__ = ["StepGraph", "Build", "attention_step"]

@@ -31,13 +31,8 @@ class Loop:
     def build(self, n_kv: object) -> List[ferry.Tensor]:
         assert isinstance(n_kv, int)
         self.built.append(n_kv)
-        outs = []
-        for layer in range(N_LAYER):
-            k, v = self.kv.window(layer, n_kv)
-            out = ferry.attn_decode(self.q[layer], k, v, self.kv_len, name=f"attn{layer}").set_output()
-            self.sched.pin(out, self.split)
-            outs.append(out)
-        return outs
+        windows = [self.kv.window(layer, n_kv) for layer in range(N_LAYER)]
+        return ferry.attention_step(self.sched, self.split, windows, self.q, self.kv_len)
 
     def write_cell(self, cell: int) -> None:
         """Each layer's K and V get new values at a cell of every stream (the step's token)."""
