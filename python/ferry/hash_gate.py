@@ -6,6 +6,9 @@ streams 0..S-1. At the start of a wave each sequence's prompt cells are written 
 stream (over whatever the previous wave left there); each decode step writes the sequence's
 next cell and then runs, per layer, attention over the window of the wave's streams on the
 split backend (CUDA, or the CPU stand-in), each sequence with its own query and length. The
+queries and lengths are written in place into input tensors kept per wave size, and a step
+runs the last step's graph while its n_kv (the wave's longest sequence rounded up to --pad)
+is the same, as a decode loop does (ferry.StepGraph); --no-reuse builds every step's. The
 sha256 of every attention output, in order, is one hash per copy policy: they must be
 identical, since a copy policy changes what is moved, never what the graph reads.
 
@@ -19,19 +22,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, Hashable, List, Tuple, cast
 
 import numpy as np
 
 from .backend import Backend, CPUBackend
 from .errors import InvalidArgumentError
-from .graph import Graph
 from .kv import KVCache
-from .ops import attn_decode
 from .sched import Scheduler
+from .step import StepGraph, attention_step
 from .tensor import Tensor
 from .types import row_size, to_type
-from .workload import POLICIES, check_positive, check_run_options, random_rows, split_backend, variants
+from .workload import POLICIES, check_positive, check_run_options, n_kv_for, random_rows, split_backend, variants
 
 
 @dataclass(frozen=True)
@@ -51,12 +53,14 @@ class ValidateConfig:
     backend: str = "auto"
     seed: int = 0
     compact: bool = False  # also hash each non-flat policy with compact staging
+    pad: int = 1  # a wave's n_kv is its longest sequence rounded up to this (at most kv_size)
+    reuse: bool = True  # a step whose padded n_kv is the last one's runs the last graph (StepGraph)
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
         check_positive((("--sequences", self.n_seq), ("--streams", self.n_stream), ("--layers", self.n_layer),
                         ("--steps", self.n_step), ("--cells", self.kv_size), ("--heads", self.n_head),
-                        ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv)))
+                        ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv), ("--pad", self.pad)))
         if self.n_stream < 2:
             raise InvalidArgumentError(f"--streams {self.n_stream}: a gate for cross-stream reads needs at least 2")
         if self.kv_size < 2 * self.n_step + 2:
@@ -83,6 +87,7 @@ class ValidateResult:
     hashes: Dict[str, str]
     control: str
     split_memory: Dict[str, int] = field(default_factory=dict)  # per run: most bytes held on the split
+    builds: Dict[str, int] = field(default_factory=dict)  # per run: graphs built (the other steps reused one)
 
     @property
     def identical(self) -> bool:
@@ -102,7 +107,7 @@ class ValidateResult:
     def as_dict(self) -> Dict[str, object]:
         """The result as `ferry validate --json` writes it."""
         return {"hashes": dict(self.hashes), "identical": self.identical, "control_detected": self.control_detected,
-                "split_memory_bytes": dict(self.split_memory)}
+                "split_memory_bytes": dict(self.split_memory), "graph_builds": dict(self.builds)}
 
 
 class _Served:
@@ -142,8 +147,12 @@ def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
     return rng.uniform(-1.0, 1.0, (cfg.n_head, cfg.head_dim)).astype(np.float32)
 
 
-def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0, compact: bool = False) -> Tuple[str, int]:
+def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
+          compact: bool = False) -> Tuple[str, int, int]:
     """Serve every sequence under a policy and hash every attention output.
+
+    Each step writes its queries and lengths into tensors kept per wave size, and runs the graph of
+    its padded n_kv: built when that changes (or every step without cfg.reuse), else the last one.
 
     Parameters
     ----------
@@ -158,13 +167,22 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0, comp
 
     Returns
     -------
-    (str, int)
-        The sha256 (hex) of every attention output in order, and the most bytes the scheduler
-        held on the split backend.
+    (str, int, int)
+        The sha256 (hex) of every attention output in order, the most bytes the scheduler held on
+        the split backend, and the graphs built.
     """
     cpu = CPUBackend()
     served = _Served(cfg)
     sched = Scheduler([split, cpu], policy=policy, compact=compact)
+    inputs: Dict[int, Tuple[List[Tensor], Tensor]] = {}  # per wave size: each layer's query, the lengths
+
+    def build(key: Hashable) -> List[Tensor]:
+        n, n_kv = cast(Tuple[int, int], key)
+        q, kv_len = inputs[n]
+        windows = [served.kv.window(layer, n_kv, shift, shift + n - 1) for layer in range(cfg.n_layer)]
+        return attention_step(sched, split, windows, q, kv_len)
+
+    graphs = StepGraph(sched, build)
     memory = 0
     digest = hashlib.sha256()
     S = cfg.n_stream
@@ -172,26 +190,27 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0, comp
         seqs = list(range(w, min(w + S, cfg.n_seq)))
         served.start_wave(seqs)
         n = len(seqs)
+        if n not in inputs:
+            inputs[n] = ([Tensor.from_numpy(cpu, np.zeros((n, 1, cfg.n_head, cfg.head_dim), np.float32),
+                                            name=f"q{layer}") for layer in range(cfg.n_layer)],
+                         Tensor.from_numpy(cpu, np.zeros(n, np.int32), name="kv_len"))
+        q, kv_len = inputs[n]
         for t in range(cfg.n_step):
             served.step(seqs, t)
             lens = np.array([served.prompt[i] + t + 1 for i in seqs], np.int32)
-            n_kv = int(lens.max())
-            kv_len = Tensor.from_numpy(cpu, lens, name="kv_len")
-            sched.clear_pins()  # last step's nodes are gone
-            outs = []
+            kv_len.set(lens)
             for layer in range(cfg.n_layer):
-                q = np.stack([_query(cfg, i, layer, t) for i in seqs])[:, None]  # [ns, 1, n_head, head_dim]
-                k, v = served.kv.window(layer, n_kv, shift, shift + n - 1)
-                out = attn_decode(Tensor.from_numpy(cpu, q, name=f"q{layer}"), k, v, kv_len,
-                                  name=f"attn{layer}").set_output()
-                sched.pin(out, split)
-                outs.append(out)
-            sched.compute(Graph(*outs))
+                q[layer].set(np.stack([_query(cfg, i, layer, t) for i in seqs]))
+            if not cfg.reuse:
+                graphs.clear()
+            graph = graphs.get((n, n_kv_for(int(lens.max()), 0, cfg.pad, cfg.kv_size)))
+            sched.compute(graph)
             memory = max(memory, sched.buffer_size(split))
-            for out in outs:
+            for out in graph.outputs:
                 digest.update(out.get())
+    graphs.clear()
     sched.close()
-    return digest.hexdigest(), memory
+    return digest.hexdigest(), memory, graphs.builds
 
 
 def run_validate(cfg: ValidateConfig) -> ValidateResult:
@@ -214,9 +233,9 @@ def run_validate(cfg: ValidateConfig) -> ValidateResult:
     """
     cfg.check()
     split = split_backend(cfg.backend)
-    hashes, memory = {}, {}
+    hashes, memory, builds = {}, {}, {}
     for policy, compact in variants(cfg.policies, cfg.compact):
         name = f"{policy}+compact" if compact else policy
-        hashes[name], memory[name] = serve(cfg, split, policy, compact=compact)
-    control, _ = serve(cfg, split, "ranges", shift=1)
-    return ValidateResult(split.name, hashes, control, memory)
+        hashes[name], memory[name], builds[name] = serve(cfg, split, policy, compact=compact)
+    control, _, _ = serve(cfg, split, "ranges", shift=1)
+    return ValidateResult(split.name, hashes, control, memory, builds)

@@ -3,6 +3,7 @@ text and JSON outputs, an exit status that fails when the gate does, and what ma
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import List, Tuple
@@ -36,7 +37,7 @@ def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", *SMALL, "--json", "--type", "q8_0", "--sequences", "5", "--streams", "2"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert set(got) == {"hashes", "identical", "control_detected", "split_memory_bytes"}
+    assert set(got) == {"hashes", "identical", "control_detected", "split_memory_bytes", "graph_builds"}
     assert list(got["hashes"]) == ["flat", "ranges", "plan"] == list(got["split_memory_bytes"])
     assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in got["hashes"].values())
     assert len(set(got["hashes"].values())) == 1
@@ -58,7 +59,7 @@ def test_the_gate_fails_when_a_policy_reads_the_wrong_stream(monkeypatch: pytest
     real = validate.serve
 
     def broken(cfg: validate.ValidateConfig, split: ferry.Backend, policy: str, shift: int = 0,
-               compact: bool = False) -> Tuple[str, int]:
+               compact: bool = False) -> Tuple[str, int, int]:
         return real(cfg, split, policy, shift=1 if policy == "plan" else shift, compact=compact)
 
     monkeypatch.setattr(validate, "serve", broken)
@@ -123,3 +124,14 @@ def test_cuda_split_passes_the_gate(capsys: pytest.CaptureFixture[str]) -> None:
     got = json.loads(capsys.readouterr().out)
     assert got["identical"] is True and got["control_detected"] is True
     assert len(set(got["hashes"].values())) == 1
+
+
+def test_padded_steps_reuse_one_graph_and_hash_as_graphs_built_every_step() -> None:
+    base = validate.ValidateConfig(backend="cpu", policies=("ranges",), n_seq=4, n_stream=2, n_step=6)
+    split = ferry.StandinBackend()
+    exact = validate.serve(base, split, "ranges")
+    assert exact[2] == 2 * 6  # pad 1: every step's n_kv is new
+    padded = validate.serve(dataclasses.replace(base, pad=base.kv_size), split, "ranges")
+    rebuilt = validate.serve(dataclasses.replace(base, pad=base.kv_size, reuse=False), split, "ranges")
+    assert padded[2] == 1 and rebuilt[2] == 2 * 6  # one n_kv (the whole stream) for both waves
+    assert padded[0] == rebuilt[0] == exact[0]

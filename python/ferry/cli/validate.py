@@ -39,8 +39,8 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
         "sha256 of every attention output:",
     ]
     width = max(len(p) for p in [*res.hashes, "control"])
-    lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B)"
-              for p, h in res.hashes.items()]
+    lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B, "
+              f"graph built at {res.builds.get(p, 0)} of {waves * cfg.n_step} steps)" for p, h in res.hashes.items()]
     lines.append(f"  {'control'.ljust(width)}  {res.control}  (ranges, each sequence reading its neighbour's stream)")
     lines.append(f"policies: {'identical' if res.identical else 'DIFFERENT'}; "
                  f"control: {'detected' if res.control_detected else 'NOT DETECTED'}; "
@@ -65,6 +65,10 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     add_policy_arg(vp, "to compare")
     add_backend_arg(vp)
     vp.add_argument("--seed", type=count(0), default=d.seed, help=f"the sequences' content (default {d.seed})")
+    vp.add_argument("--pad", type=POSITIVE, default=d.pad,
+                    help=f"round a wave's n_kv up to this: steps of one padded n_kv reuse one graph (default {d.pad})")
+    vp.add_argument("--no-reuse", dest="reuse", action="store_false",
+                    help="build and allocate every step's graph, even when the last one would do")
     vp.add_argument("--compact", action="store_true",
                     help="also hash each non-flat policy with compact staging (the split holds only the bytes read)")
     vp.add_argument("--json", action="store_true", help='{"hashes": {policy: hex}, "identical", "control_detected"}')
@@ -81,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = ValidateConfig(n_seq=args.sequences, n_stream=args.streams, n_layer=args.layers, n_step=args.steps,
                          kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
                          n_head_kv=args.kv_heads, policies=tuple(args.policy), backend=args.backend, seed=args.seed,
-                         compact=args.compact)
+                         compact=args.compact, pad=args.pad, reuse=args.reuse)
     cfg.check()
     res = hash_gate.run_validate(cfg)
     if args.json:
