@@ -105,7 +105,7 @@ ferry_status ferry_blocks_alloc(ferry_blocks * b, size_t size, const char * what
         if (b->n_chunks == FERRY_GALLOC_MAX_CHUNKS) {
             b->out_of_chunks = true;
             return ferry_fail(FERRY_ERR_OUT_OF_MEMORY,
-                              "allocator: %s (%zu bytes) needs a chunk beyond the %d that a buffer type may have"
+                              "allocator: tensor '%s' (%zu bytes) needs a chunk beyond the %d that a buffer type may have"
                               " (max size %zu)",
                               what, size, FERRY_GALLOC_MAX_CHUNKS, b->max_size);
         }

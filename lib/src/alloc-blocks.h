@@ -29,7 +29,7 @@ void ferry_blocks_init(ferry_blocks * b, size_t alignment, size_t max_size);
 void ferry_blocks_release(ferry_blocks * b);
 /* size rounded up to the alignment (a zero size takes one alignment unit). */
 size_t ferry_blocks_round(const ferry_blocks * b, size_t size);
-/* Place size bytes (already rounded); what names the request in an error message.
+/* Place size bytes (already rounded) for the tensor named what (an error message names it).
  * FERRY_ERR_OUT_OF_MEMORY when it needs a chunk past FERRY_GALLOC_MAX_CHUNKS. */
 ferry_status ferry_blocks_alloc(ferry_blocks * b, size_t size, const char * what, int * chunk, size_t * offset);
 ferry_status ferry_blocks_free(ferry_blocks * b, int chunk, size_t offset, size_t size);

@@ -19,4 +19,9 @@ ferry_status ferry_gallocr_reserve_copies(ferry_gallocr * galloc, ferry_graph * 
                                           const int * leaf_buft_ids, const ferry_gallocr_copy * copies,
                                           int n_copies);
 
+/* Place the tensors of the graph the last reserve measured, as alloc_graph would after
+ * measuring it again: for a caller that reserves and allocates one graph back to back,
+ * with nothing changed in between (the scheduler). */
+ferry_status ferry_gallocr_place_reserved(ferry_gallocr * galloc);
+
 #endif

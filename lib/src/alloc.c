@@ -8,7 +8,6 @@
 #include "alloc-impl.h"
 #include "graph-impl.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,9 +123,7 @@ static size_t rounded_size(walk * w, const tensor_plan * p, const ferry_tensor *
 static ferry_status place(walk * w, const ferry_tensor * t) {
     tensor_plan * p = &w->plan[ferry_graph_slot(w->graph, t)];
     p->size = rounded_size(w, p, t);
-    char what[FERRY_MAX_NAME + 16];
-    snprintf(what, sizeof(what), "tensor '%s'", t->name);
-    return ferry_blocks_alloc(&w->blocks[p->buft], p->size, what, &p->chunk, &p->offset);
+    return ferry_blocks_alloc(&w->blocks[p->buft], p->size, t->name, &p->chunk, &p->offset);
 }
 
 static int slot_of(walk * w, const ferry_tensor * t) { return ferry_graph_slot(w->graph, ferry_tensor_root(t)); }
@@ -528,6 +525,11 @@ ferry_status ferry_gallocr_alloc_graph(ferry_gallocr * g, ferry_graph * graph) {
     }
     FERRY_TRY(measure(g, graph, kept ? g->node_ids : NULL, kept ? g->leaf_ids : NULL, kept ? g->copies : NULL,
                       kept ? g->n_copies : 0));
+    return ferry_gallocr_place_reserved(g);
+}
+
+ferry_status ferry_gallocr_place_reserved(ferry_gallocr * g) {
+    FERRY_CHECK_ARG(g, "gallocr_place_reserved: NULL allocator");
     for (int s = 0; s < g->n_plan; s++) {
         const tensor_plan * p = &g->plan[s];
         if (p->chunk >= 0) {

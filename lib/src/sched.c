@@ -311,6 +311,23 @@ static bool needs_new_input(const ferry_sched * s, int split, const ferry_tensor
     return false;
 }
 
+typedef struct {
+    char s[FERRY_MAX_NAME];
+} name_buf;
+
+/* "<src name, at most 50 bytes>#<backend name>", cut to FERRY_MAX_NAME - 1 bytes: what
+ * snprintf("%.50s#%s") makes, without its cost (an alloc names a copy per input). */
+static name_buf copy_name(const char * src, const char * backend) {
+    name_buf out;
+    size_t n = strnlen(src, 50);
+    memcpy(out.s, src, n);
+    out.s[n++] = '#';
+    const size_t room = sizeof(out.s) - 1 - n, b = strnlen(backend, room);
+    memcpy(out.s + n, backend, b);
+    out.s[n + b] = '\0';
+    return out;
+}
+
 /* The copy of src for split `split`, made once however many of its nodes read src. */
 static ferry_status input_copy(ferry_sched * s, int split, ferry_tensor * src, ferry_tensor ** out) {
     if ((*out = existing_copy(s, split, src)) != NULL) {
@@ -319,9 +336,7 @@ static ferry_status input_copy(ferry_sched * s, int split, ferry_tensor * src, f
     FERRY_TRY(reserve_one((void **) &s->inputs, &s->inputs_capacity, s->n_inputs, sizeof(*s->inputs)));
     ferry_tensor * copy;
     FERRY_TRY(s->compact ? ferry_tensor_compact_layout(s->ctx, src, &copy) : ferry_tensor_dup_layout(s->ctx, src, &copy));
-    char name[FERRY_MAX_NAME];
-    snprintf(name, sizeof(name), "%.50s#%s", src->name, ferry_backend_name(s->splits[split].backend));
-    ferry_tensor_set_name(copy, name);
+    ferry_tensor_set_name(copy, copy_name(src->name, ferry_backend_name(s->splits[split].backend)).s);
     ferry_tensor_set_input(copy);
     s->inputs[s->n_inputs++] = (ferry_sched_input_info) {.split = split, .src = src, .copy = copy};
     s->splits[split].n_inputs++;
@@ -399,24 +414,42 @@ static ferry_status allocate(ferry_sched * s) {
         const int slot = ferry_graph_slot(s->graph, ferry_graph_node(s->alloc_graph, i));
         node_ids[i] = slot >= 0 && s->backend_of[slot] >= 0 ? s->backend_of[slot] : 0;
     }
-    /* Leafs: a copy goes on its split's backend; a leaf without memory on its first consumer's. */
+    /* Leafs: a copy goes on its split's backend; a leaf without memory on its first consumer's
+     * (the first whose backend is not 0). One pass over the inputs and one over the nodes'
+     * sources, leafs found by slot. */
+    const int n_slots = ferry_graph_n_slots(s->alloc_graph);
+    int * leaf_of = malloc(((size_t) n_slots + 1) * sizeof(int)); /* slot -> leaf index, -1 for a node */
+    if (!leaf_of) {
+        free(node_ids);
+        free(leaf_ids);
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    }
+    for (int i = 0; i < n_slots; i++) {
+        leaf_of[i] = -1;
+    }
     for (int i = 0; i < n_leafs; i++) {
-        const ferry_tensor * leaf = ferry_graph_leaf(s->alloc_graph, i);
-        for (int k = 0; k < s->n_inputs; k++) {
-            if (s->inputs[k].copy == leaf) {
-                leaf_ids[i] = backend_index(s, s->splits[s->inputs[k].split].backend);
-            }
+        leaf_of[ferry_graph_slot(s->alloc_graph, ferry_graph_leaf(s->alloc_graph, i))] = i;
+    }
+    for (int k = 0; k < s->n_inputs; k++) {
+        const int slot = ferry_graph_slot(s->alloc_graph, s->inputs[k].copy);
+        if (slot >= 0 && leaf_of[slot] >= 0) {
+            leaf_ids[leaf_of[slot]] = backend_index(s, s->splits[s->inputs[k].split].backend);
         }
-        for (int k = 0; k < n_nodes && !leaf->buffer && leaf_ids[i] == 0; k++) {
-            const ferry_tensor * node = ferry_graph_node(s->alloc_graph, k);
-            for (int j = 0; j < FERRY_MAX_SRC && node->src[j]; j++) {
-                if (node->src[j] == leaf || node->src[j]->view_src == leaf) {
+    }
+    for (int k = 0; k < n_nodes; k++) {
+        const ferry_tensor * node = ferry_graph_node(s->alloc_graph, k);
+        for (int j = 0; j < FERRY_MAX_SRC && node->src[j]; j++) {
+            const ferry_tensor * read[2] = {node->src[j], node->src[j]->view_src};
+            for (int r = 0; r < 2; r++) {
+                const int slot = read[r] ? ferry_graph_slot(s->alloc_graph, read[r]) : -1;
+                const int i = slot >= 0 ? leaf_of[slot] : -1;
+                if (i >= 0 && !read[r]->buffer && leaf_ids[i] == 0) {
                     leaf_ids[i] = node_ids[k];
-                    break;
                 }
             }
         }
     }
+    free(leaf_of);
     /* Each copy is written as its part begins, from its source, which lives until then. */
     ferry_gallocr_copy * copies = ferry_calloc((size_t) s->n_inputs + 1, sizeof(*copies));
     ferry_status st = copies ? FERRY_OK : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
@@ -435,7 +468,7 @@ static ferry_status allocate(ferry_sched * s) {
         st = ferry_gallocr_reserve_copies(s->galloc, s->alloc_graph, node_ids, leaf_ids, copies, s->n_inputs);
     }
     if (st == FERRY_OK) {
-        st = ferry_gallocr_alloc_graph(s->galloc, s->alloc_graph);
+        st = ferry_gallocr_place_reserved(s->galloc); /* just measured: no second walk */
     }
     free(copies);
     free(node_ids);
