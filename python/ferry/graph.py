@@ -17,8 +17,6 @@ from .backend import Backend
 from .errors import FreedBufferError, check
 from .tensor import Tensor
 
-_MAX_SRC = lib.FERRY_MAX_SRC
-
 
 class Graph:
     """Graph(out1, out2, ...): everything the outputs depend on, topologically ordered.
@@ -68,21 +66,24 @@ class Graph:
                 continue
             tensors[key] = t
             found.append(t)
-            stack.extend(d for d in t._deps if isinstance(d, Tensor))
+            for d in t._deps:
+                if isinstance(d, Tensor):
+                    stack.append(d)
             if t._source is not None:
                 stack.append(t._source)
-        # C sources no Python object stands for
+        # C sources no Python object stands for. An op made in Python (a tensor of its own, with
+        # operands) reads exactly its operands, all found above: only the others are looked at.
         i = 0
         while i < len(found):
             t = found[i]
             i += 1
-            srcs = t._ptr.src
-            for j in range(_MAX_SRC):
-                src = srcs[j]
-                if src == ffi.NULL or src in tensors:
+            if t._deps and t._finalizer is not None:
+                continue
+            for src in t._ptr.src:
+                if not src or src in tensors:  # NULL is false
                     continue
                 view_src = src.view_src
-                root = tensors.get(view_src) if view_src != ffi.NULL else None
+                root = tensors.get(view_src) if view_src else None
                 b = Tensor._borrow(src, t._handle, keep=t, source=root)
                 tensors[src] = b
                 found.append(b)
