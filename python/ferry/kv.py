@@ -232,11 +232,11 @@ class KVCache(Closeable):
         a = _checks.as_int64(s0, "kv_window: s0")
         b = self._params.n_stream - 1 if s1 is None else _checks.as_int64(s1, "kv_window: s1")
         kv = self._p
-        k = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, out, ffi.NULL),
-                   source=self.k(self._layer(li)))
-        v = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, ffi.NULL, out),
-                   source=self.v(li))
-        return k, v
+        k_layer, v_layer = self.k(li), self.v(li)
+        v_out = ffi.new("ferry_tensor **")
+        # One context holds both: V is borrowed from K's, and keeps K (and so the context) alive.
+        k = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, out, v_out), source=k_layer)
+        return k, Tensor._borrow(v_out[0], k._handle, keep=k, source=v_layer)
 
     def _stream_of(self, which: str, layer: int, stream: int) -> Tuple[Tensor, int, int]:
         if not isinstance(which, str) or which not in ("k", "v"):

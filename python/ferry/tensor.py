@@ -641,7 +641,9 @@ class Tensor:
 
     @property
     def srcs(self) -> Tuple["Tensor", ...]:
-        """The tensors an op reads (empty for leafs and views made in Python)."""
+        """The tensors an op reads (empty for leafs, views, and structs borrowed from their owner)."""
+        if self._finalizer is None:
+            return ()  # borrowed: _deps holds the owner, not operands
         return tuple(t for t in self._deps if isinstance(t, Tensor))
 
     # ------------------------------------------------------------ ops: ferry.ops documents each and calls these
