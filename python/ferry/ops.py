@@ -176,7 +176,7 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
     if not isinstance(v_trans, bool):
         raise InvalidArgumentError(f"attn_decode: v_trans must be a bool, got {v_trans!r}")
     if scale is None:
-        head_dim = q.ne[0]
+        head_dim = int(pq.ne[0])
         if head_dim <= 0:
             raise InvalidArgumentError(f"attn_decode: q has head_dim {head_dim}: give scale")
         f = 1.0 / math.sqrt(head_dim)
