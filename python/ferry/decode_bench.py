@@ -28,6 +28,13 @@ has its own scheduler), and the variants take turns: one untimed warm-up repetit
 then --repeat timed ones, the order reversed every other repetition, so that drift of the
 machine falls on every variant alike. The collector is off while steps are timed.
 
+Host time: building the graph in Python and allocating it are timed beside each step (and
+found as decode time is), with writing each sequence's length: the step's graph is built and
+allocated when the padded n_kv changes, else the last step's runs again (ferry.StepGraph;
+with reuse off, every step builds). End-to-end tokens/s = npl * ntg / (decode + host time).
+A row's rebuilds are the graphs built after a repetition's first step: one wherever n_kv
+crosses a multiple of --pad.
+
 The figures: each step's fastest time over the repetitions, summed over the steps, is the
 decode time; tokens/s = npl * ntg / that time, and a variant's gain is its tokens/s over
 flat's, minus 1. Copy and compute time are found the same way from the scheduler's
@@ -55,8 +62,8 @@ from .backend import Backend, CPUBackend, StandinBackend
 from .errors import InvalidArgumentError
 from .graph import Graph
 from .kv import KVCache
-from .ops import attn_decode
 from .sched import Scheduler
+from .step import StepGraph, attention_step
 from .tensor import Tensor
 from .types import row_size, to_type
 from .workload import (
@@ -95,6 +102,7 @@ class BenchConfig:
     seed: int = 0
     v_trans: bool = False  # V stored transposed (flash attention off): a gap after every channel row
     compact: bool = False  # also run each non-flat policy with compact staging
+    reuse: bool = True  # a step whose padded n_kv is the last step's runs the last graph (StepGraph)
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -177,6 +185,14 @@ class BenchRow:
     compact: bool = False
     split_memory: int = 0  # bytes the scheduler held on the split backend (copies and outputs)
     runs_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)  # each repetition's own, in run order
+    host_s: float = 0.0  # building (when n_kv changed) or reusing each step's graph, and writing its lengths
+    rebuilds: int = 0  # graphs built after a repetition's first step: where the padded n_kv changed
+
+    @property
+    def tokens_per_s_end_to_end(self) -> float:
+        """Tokens per second of decode and host time together: what a loop driving ferry pays."""
+        total = self.decode_s + self.host_s
+        return self.tokens_per_s * self.decode_s / total if total > 0 and self.decode_s > 0 else math.inf
 
     @property
     def repeats(self) -> int:
@@ -205,6 +221,8 @@ class BenchRow:
         return {"npl": self.npl, "policy": self.policy, "unified": self.unified, "tokens_per_s": self.tokens_per_s,
                 "copy_s": self.copy_s, "bytes_copied": self.bytes_copied, "bytes_read": self.bytes_read,
                 "compact": self.compact, "split_memory_bytes": self.split_memory, "repeats": self.repeats,
+                "host_s": self.host_s, "tokens_per_s_end_to_end": self.tokens_per_s_end_to_end,
+                "rebuilds": self.rebuilds,
                 **dict(zip(("tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max"),
                            self.tokens_per_s_spread))}
 
@@ -377,6 +395,8 @@ class _Measured:
     decode: List[List[float]] = field(default_factory=list)
     copy: List[List[float]] = field(default_factory=list)
     compute: List[List[float]] = field(default_factory=list)
+    host: List[List[float]] = field(default_factory=list)
+    rebuilds: int = 0
     bytes_copied: int = 0
     bytes_read: int = 0
     digests: List[str] = field(default_factory=list)
@@ -393,24 +413,26 @@ class _Variant:
     def __init__(self, cache: _Cache, cpu: Backend, policy: str, compact: bool) -> None:
         self.cache, self.policy, self.compact = cache, policy, compact
         self.sched = Scheduler([cache.split, cpu], policy=policy, compact=compact)
+        self.graphs = StepGraph(self.sched, self._build)
         self.split_memory = 0
         self.measured = _Measured()
         unified = " unified" if cache.unified else ""
         self.label = f"npl {cache.npl} {policy}{'+compact' if compact else ''}{unified}"
 
-    def graph(self, step: int) -> Graph:
-        """Step's graph, allocated: per layer attention over its K and V windows, on the split backend."""
+    def _build(self, n_kv: object) -> List[Tensor]:
+        """A step's outputs for a window of n_kv cells: per layer attention over its K and V windows."""
         c = self.cache
-        n_kv = c.cfg.n_kv(c.npl, step)
-        self.sched.clear_pins()  # last step's nodes are gone
-        outs = []
-        for layer in range(c.cfg.n_layer):
-            k, v = c.windows(layer, n_kv)
-            out = attn_decode(c.q[layer], k, v, c.kv_len, v_trans=c.cfg.v_trans, name=f"attn{layer}").set_output()
-            self.sched.pin(out, c.split)
-            outs.append(out)
-        graph = Graph(*outs)
-        self.sched.alloc(graph)
+        assert isinstance(n_kv, int)
+        windows = [c.windows(layer, n_kv) for layer in range(c.cfg.n_layer)]
+        return attention_step(self.sched, c.split, windows, c.q, c.kv_len, c.cfg.v_trans)
+
+    def graph(self, step: int) -> Graph:
+        """Step's graph, allocated: the last step's while the padded n_kv holds (cfg.reuse), else built;
+        then each sequence's length at the step written into kv_len."""
+        c = self.cache
+        if not c.cfg.reuse:
+            self.graphs.clear()
+        graph = self.graphs.get(c.cfg.n_kv(c.npl, step))
         self.split_memory = max(self.split_memory, self.sched.buffer_size(c.split))
         c.kv_len.set(np.full(c.npl, c.cfg.npp + step + 1, np.int32))
         return graph
@@ -420,13 +442,18 @@ class _Variant:
         decode: List[float] = []
         copy: List[float] = []
         compute: List[float] = []
-        copied = read = 0
+        host: List[float] = []
+        copied = read = builds = 0
         digest = hashlib.sha256()
         for t in range(self.cache.cfg.ntg):
-            graph = self.graph(t)
             t0 = time.perf_counter()
+            graph = self.graph(t)
+            t1 = time.perf_counter()
             self.sched.compute(graph)
-            decode.append(time.perf_counter() - t0)
+            decode.append(time.perf_counter() - t1)
+            host.append(t1 - t0)
+            if t == 0:
+                builds = self.graphs.builds
             st = self.sched.stats
             copy.append(st.copy_seconds)
             compute.append(st.compute_seconds)
@@ -441,6 +468,8 @@ class _Variant:
             m.decode.append(decode)
             m.copy.append(copy)
             m.compute.append(compute)
+            m.host.append(host)
+            m.rebuilds = self.graphs.builds - builds
             m.bytes_copied, m.bytes_read = copied, read
             m.digests.append(digest.hexdigest())
 
@@ -458,7 +487,8 @@ class _Variant:
         decode, tokens = _fastest_steps(m.decode), c.npl * c.cfg.ntg
         return BenchRow(c.npl, self.policy, c.unified, _tps(tokens, decode), decode, _fastest_steps(m.copy),
                         _fastest_steps(m.compute), m.bytes_copied, m.bytes_read, m.digests[0], self.compact,
-                        self.split_memory, tuple(_tps(tokens, sum(d)) for d in m.decode))
+                        self.split_memory, tuple(_tps(tokens, sum(d)) for d in m.decode), _fastest_steps(m.host),
+                        m.rebuilds)
 
 
 def _tps(tokens: int, seconds: float) -> float:

@@ -3,6 +3,7 @@ the table, --json, --plot, the progress bar, and every bad option refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -21,7 +22,7 @@ TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", 
         "--head-dim", "32", "--kv-heads", "2", "--backend", "cpu"]
 KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "bytes_read", "compact",
         "split_memory_bytes", "repeats", "tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max", "gain",
-        "gain_median", "gain_min", "gain_max", "statistic", "spread"}
+        "gain_median", "gain_min", "gain_max", "statistic", "spread", "host_s", "tokens_per_s_end_to_end", "rebuilds"}
 
 
 def tiny(**kw: object) -> bench.BenchConfig:
@@ -111,7 +112,7 @@ def test_figures_are_each_steps_fastest_and_the_spread_is_the_repetitions() -> N
 def test_no_flat_no_gain() -> None:
     res = bench.run_bench(tiny(npl=(2,), policies=("ranges",), unified=False, ntg=1))
     assert len(res.rows) == 1 and res.gain(res.rows[0]) is None
-    assert " - " in bench.format_result(res).splitlines()[7]
+    assert " - " in bench.format_result(res).splitlines()[8]  # the table's first row, after the header lines
 
 
 def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> tuple:
@@ -129,20 +130,21 @@ def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[2] == ("tok/s, gain, decode, copy, compute: each step's fastest of the repetitions, summed over "
                         "the steps (31 timed repetitions of each variant, taking turns, after a warm-up)")
     assert lines[3].startswith("per repetition: median (min..max) of the repetitions")
-    assert lines[6].split() == ["npl", "policy", "tok/s", "per", "repetition", "gain", "per", "repetition", "decode",
-                                "copy", "compute", "copied", "read", "copy", "bw", "split", "mem", "unified", "tok/s",
+    assert lines[5].startswith("host: getting each step's graph (built and allocated when the padded n_kv changes")
+    assert lines[7].split() == ["npl", "policy", "tok/s", "per", "repetition", "gain", "per", "repetition", "decode",
+                                "host", "e2e", "tok/s", "copy", "compute", "copied", "read", "copy", "bw", "split", "mem", "unified", "tok/s",
                                 "gain", "per", "repetition", "copy", "copied"]
-    rows = [ln.split() for ln in lines[7:11]]
+    rows = [ln.split() for ln in lines[8:12]]
     assert [(r[0], r[1], r[5], r[6]) for r in rows] == [
         ("2", "flat", "+0.0%", "+0.0%"), ("2", "ranges", rows[1][5], rows[1][6]),
         ("4", "flat", "+0.0%", "+0.0%"), ("4", "ranges", rows[3][5], rows[3][6])]
     assert all(re.fullmatch(r"\([\d,]+\.\.[\d,]+\)", r[4]) for r in rows)  # tok/s: median (min..max)
-    assert all("MiB" in ln and "GB/s" in ln for ln in lines[7:11])
+    assert all("MiB" in ln and "GB/s" in ln for ln in lines[8:12])
     cfg = tiny(policies=("flat", "ranges"))
-    row_ranges_2 = lines[8]
+    row_ranges_2 = lines[9]
     assert f"{expected_bytes(cfg, 2)['read'] / 2**20:,.1f} MiB" in row_ranges_2
-    assert lines[12:] == ["npl 2: attention outputs identical across policies and both caches",
-                          "npl 4: attention outputs identical across policies and both caches"]
+    assert lines[13:] == [f"npl {n}: attention outputs identical across policies and both caches; graph rebuilt 2 "
+                          "times within a repetition of 3 steps (pad 1)" for n in (2, 4)]
 
 
 def test_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -306,3 +308,38 @@ def test_cuda_split_bytes_are_exact_and_outputs_agree(type_kv: str) -> None:
         assert res.outputs_identical(npl)
     cpu = bench.run_bench(tiny(type_kv=type_kv, npl=(2,), policies=("ranges",), unified=False))
     assert cpu.rows[0].bytes_copied == res.row(2, "ranges").bytes_copied
+
+
+def crossings(npp: int, ntg: int, pad: int) -> int:
+    """Steps 1..ntg-1 whose length npp + t + 1 needs one more multiple of pad than the step before."""
+    return sum(1 for t in range(1, ntg) if -(-(npp + t + 1) // pad) != -(-(npp + t) // pad))
+
+
+@pytest.mark.parametrize("npp, ntg", [(250, 12), (200, 320)])
+def test_with_pad_256_the_graph_is_rebuilt_only_where_n_kv_crosses_a_multiple(npp: int, ntg: int) -> None:
+    assert crossings(npp, ntg, 256) == (1 if ntg == 12 else 2)  # 257; 257 and 513
+    cfg = tiny(n_ctx=2048, npl=(2,), npp=npp, ntg=ntg, n_layer=1, pad=256, policies=("ranges",), repeat=1)
+    res = bench.run_bench(cfg)
+    assert [(r.unified, r.rebuilds) for r in res.rows] == [(False, crossings(npp, ntg, 256)),
+                                                          (True, crossings(npp, ntg, 256))]
+    assert all(r.host_s > 0 and r.tokens_per_s_end_to_end < r.tokens_per_s for r in res.rows)
+    exact = bench.run_bench(dataclasses.replace(cfg, pad=1))
+    assert all(r.rebuilds == ntg - 1 for r in exact.rows)
+
+
+def test_reused_graphs_give_the_outputs_of_graphs_built_every_step() -> None:
+    cfg = tiny(n_ctx=2048, npl=(2,), npp=250, ntg=12, pad=256, repeat=1)
+    reused, rebuilt = bench.run_bench(cfg), bench.run_bench(dataclasses.replace(cfg, reuse=False))
+    assert [r.rebuilds for r in rebuilt.rows] == [cfg.ntg - 1] * len(rebuilt.rows)
+    assert [r.output_sha256 for r in reused.rows] == [r.output_sha256 for r in rebuilt.rows]
+    assert reused.outputs_identical(2)
+
+
+def test_no_reuse_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["bench", *TINY, "--policy", "ranges", "--no-unified", "--no-reuse", "--pad", "256",
+                            "--repeat", "1", "--json"], capsys)
+    assert code == 0 and [r["rebuilds"] for r in json.loads(out)] == [2, 2]  # 3 steps, each built
+    code, out, _ = run_cli(["bench", *TINY, "--policy", "ranges", "--no-unified", "--pad", "256", "--repeat", "1",
+                            "--json"], capsys)
+    assert code == 0 and [r["rebuilds"] for r in json.loads(out)] == [0, 0]
+    assert all(r["host_s"] > 0 and r["tokens_per_s_end_to_end"] < r["tokens_per_s"] for r in json.loads(out))

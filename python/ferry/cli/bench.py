@@ -109,9 +109,13 @@ def format_result(res: BenchResult) -> str:
         "taking turns, after a warm-up)",
         f"per repetition: {SPREAD}",
         "copy and bytes: every layer's K and V windows over the ntg steps of a repetition",
+        "host: getting each step's graph (built and allocated when the padded n_kv changes"
+        + (", else reused" if cfg.reuse else ", every step: --no-reuse") + ") and writing its lengths; "
+        "e2e tok/s counts decode and host time",
         "",
     ]
-    head = ["npl", "policy", "tok/s", "per repetition", "gain", "per repetition", "decode", "copy", "compute",
+    head = ["npl", "policy", "tok/s", "per repetition", "gain", "per repetition", "decode", "host", "e2e tok/s",
+            "copy", "compute",
             "copied", "read", "copy bw", "split mem"]
     if cfg.unified:
         head += ["unified tok/s", "gain", "per repetition", "copy", "copied"]
@@ -121,7 +125,8 @@ def format_result(res: BenchResult) -> str:
             r = res.row(npl, policy, False, compact)
             cells = [str(npl), r.label, fmt_tps(r.tokens_per_s), fmt_spread(r.tokens_per_s_spread, fmt_tps),
                      fmt_gain(res.gain(r)), fmt_spread(res.gain_spread(r), fmt_gain), fmt_seconds(r.decode_s),
-                     fmt_seconds(r.copy_s), fmt_seconds(r.compute_s), fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
+                     fmt_seconds(r.host_s), fmt_tps(r.tokens_per_s_end_to_end), fmt_seconds(r.copy_s),
+                     fmt_seconds(r.compute_s), fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
                      fmt_gbps(r.copy_bandwidth), fmt_mib(r.split_memory)]
             if cfg.unified:
                 u = res.row(npl, policy, True, compact)
@@ -134,7 +139,9 @@ def format_result(res: BenchResult) -> str:
     for npl in cfg.npl:
         runs = "policies and both caches" if cfg.unified else "policies"
         same = "identical" if res.outputs_identical(npl) else "DIFFERENT"
-        lines.append(f"npl {npl}: attention outputs {same} across {runs}")
+        rebuilds = res.row(npl, res.variants()[0][0], False, res.variants()[0][1]).rebuilds
+        lines.append(f"npl {npl}: attention outputs {same} across {runs}; graph rebuilt {rebuilds} times "
+                     f"within a repetition of {cfg.ntg} steps (pad {cfg.pad})")
     return "\n".join(lines)
 
 
@@ -211,6 +218,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                     help="V stored transposed (flash attention off): a gap after every channel row, even unified")
     bp.add_argument("--compact", action="store_true",
                     help="also run each non-flat policy with compact staging (the split holds only the bytes read)")
+    bp.add_argument("--no-reuse", dest="reuse", action="store_false",
+                    help="build and allocate every step's graph, even while the padded n_kv holds")
     bp.add_argument("--json", action="store_true", help="a JSON list of objects instead of the table")
     bp.add_argument("--plot", metavar="FILE.png", help="also write a PNG chart of tokens/s (needs matplotlib)")
     return bp
@@ -221,7 +230,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
                        policies=tuple(args.policy), unified=args.unified, backend=args.backend, pad=args.pad,
-                       repeat=args.repeat, v_trans=args.v_trans, compact=args.compact)
+                       repeat=args.repeat, v_trans=args.v_trans, compact=args.compact, reuse=args.reuse)
 
 
 def main(args: argparse.Namespace) -> int:
