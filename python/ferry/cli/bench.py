@@ -140,8 +140,8 @@ def format_result(res: BenchResult) -> str:
         runs = "policies and both caches" if cfg.unified else "policies"
         same = "identical" if res.outputs_identical(npl) else "DIFFERENT"
         rebuilds = res.row(npl, res.variants()[0][0], False, res.variants()[0][1]).rebuilds
-        lines.append(f"npl {npl}: attention outputs {same} across {runs}; graph rebuilt {rebuilds} times "
-                     f"within a repetition of {cfg.ntg} steps (pad {cfg.pad})")
+        lines.append(f"npl {npl}: attention outputs {same} across {runs}; the graph was rebuilt at {rebuilds} of "
+                     f"a repetition's {cfg.ntg - 1} later steps (pad {cfg.pad})")
     return "\n".join(lines)
 
 
