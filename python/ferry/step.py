@@ -68,10 +68,15 @@ def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[T
     LayoutError
         For shapes attention cannot read.
     """
+    if any(isinstance(x, (str, bytes)) or not hasattr(x, "__len__") for x in (windows, q)):
+        raise InvalidArgumentError("attention_step: windows and q are sequences with an item per layer")
     if len(windows) != len(q):
         raise InvalidArgumentError(f"attention_step: {len(windows)} layers of windows but {len(q)} queries")
     outs = []
-    for layer, (k, v) in enumerate(windows):
+    for layer, pair in enumerate(windows):
+        if not hasattr(pair, "__len__") or len(pair) != 2:
+            raise InvalidArgumentError(f"attention_step: layer {layer}'s windows are not a (K, V) pair")
+        k, v = pair
         out = attn_decode(q[layer], k, v, kv_len, v_trans=v_trans, name=f"attn{layer}").set_output()
         sched.pin(out, backend)
         outs.append(out)

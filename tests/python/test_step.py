@@ -156,3 +156,18 @@ def test_build_must_return_outputs() -> None:
         ferry.StepGraph(loop.sched, lambda key: [3]).get(1)  # type: ignore[list-item]
     with pytest.raises(ferry.InvalidArgumentError):
         ferry.StepGraph("sched", loop.build)  # type: ignore[arg-type]
+
+
+def test_attention_step_refuses_what_is_not_a_layer_each() -> None:
+    loop = Loop()
+    windows = [loop.kv.window(layer, 8) for layer in range(N_LAYER)]
+    with pytest.raises(ferry.InvalidArgumentError, match="2 layers of windows but 1 queries"):
+        ferry.attention_step(loop.sched, loop.split, windows, loop.q[:1], loop.kv_len)
+    with pytest.raises(ferry.InvalidArgumentError, match="not a"):
+        ferry.attention_step(loop.sched, loop.split, [windows[0][0], windows[1][0]], loop.q, loop.kv_len)
+    with pytest.raises(ferry.InvalidArgumentError, match="sequences"):
+        ferry.attention_step(loop.sched, loop.split, iter(windows), loop.q, loop.kv_len)  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError):
+        ferry.attention_step(loop.sched, loop.split, [(windows[0][0], "v"), windows[1]], loop.q, loop.kv_len)
+    with pytest.raises(ferry.InvalidArgumentError):
+        ferry.attention_step(loop.sched, "split", windows, loop.q, loop.kv_len)  # type: ignore[arg-type]
