@@ -418,7 +418,7 @@ static ferry_status allocate(ferry_sched * s) {
      * (the first whose backend is not 0). One pass over the inputs and one over the nodes'
      * sources, leafs found by slot. */
     const int n_slots = ferry_graph_n_slots(s->alloc_graph);
-    int * leaf_of = malloc(((size_t) n_slots + 1) * sizeof(int)); /* slot -> leaf index, -1 for a node */
+    int * leaf_of = ferry_malloc(((size_t) n_slots + 1) * sizeof(int)); /* slot -> leaf index, -1 for a node */
     if (!leaf_of) {
         free(node_ids);
         free(leaf_ids);
