@@ -24,4 +24,8 @@ ferry_status ferry_gallocr_reserve_copies(ferry_gallocr * galloc, ferry_graph * 
  * with nothing changed in between (the scheduler). */
 ferry_status ferry_gallocr_place_reserved(ferry_gallocr * galloc);
 
+/* Does t have memory of its own that the allocator did not place (a KV cache's, a user's)?
+ * The scheduler prefetches copies only of such sources: nothing in the graph writes them. */
+bool ferry_gallocr_has_foreign_memory(const ferry_gallocr * galloc, const ferry_tensor * t);
+
 #endif

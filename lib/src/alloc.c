@@ -89,7 +89,7 @@ void ferry_gallocr_free(ferry_gallocr * g) {
 }
 
 /* Memory someone else gave t: a live buffer that is not one of ours. */
-static bool has_foreign_memory(const ferry_gallocr * g, const ferry_tensor * t) {
+bool ferry_gallocr_has_foreign_memory(const ferry_gallocr * g, const ferry_tensor * t) {
     if (!t->buffer || !ferry_buffer_id_is_live(t->buffer_id)) {
         return false;
     }
@@ -212,7 +212,7 @@ static ferry_status prepare(walk * w) {
         p->buft = id;
         p->chunk = -1;
         p->step = -1;
-        p->external = !t->view_src && has_foreign_memory(w->g, t);
+        p->external = !t->view_src && ferry_gallocr_has_foreign_memory(w->g, t);
         p->pinned = (t->flags & FERRY_TENSOR_FLAG_OUTPUT) || (input && w->g->keep_inputs);
     }
     /* readers[slot]: the nodes that name a tensor as a source (not through views) */

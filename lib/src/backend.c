@@ -19,6 +19,7 @@ void ferry_backend_free(ferry_backend * backend) {
     if (!backend) {
         return;
     }
+    ferry_backend_free(backend->copy_queue); /* it finishes what it has queued first */
     if (backend->iface.free) {
         backend->iface.free(backend);
     }
@@ -197,6 +198,15 @@ ferry_status ferry_backend_tensor_copy_async(ferry_backend * backend_src, ferry_
     FERRY_TRY(ferry_backend_synchronize(backend_dst));
     FERRY_TRY(ferry_tensor_copy(src, dst));
     ferry_stats_add(&backend_dst->stats, FERRY_XFER_COPY, nbytes, 1);
+    return FERRY_OK;
+}
+
+ferry_status ferry_backend_get_copy_queue(ferry_backend * backend, ferry_backend ** out) {
+    FERRY_CHECK_ARG(backend && out, "backend_get_copy_queue: NULL argument");
+    if (!backend->copy_queue && backend->iface.copy_queue_new) {
+        FERRY_TRY(backend->iface.copy_queue_new(backend, &backend->copy_queue));
+    }
+    *out = backend->copy_queue;
     return FERRY_OK;
 }
 

@@ -1,7 +1,9 @@
 /*
  * The scheduler's copy path: how one split input reaches the backend that runs the
  * split. Everything the scheduler moves between backends goes through ferry_copy_input,
- * which takes a route (copy_by_route) and then measures what moved (measure_copy).
+ * which takes a route (copy_by_route) and then measures what moved (measure_copy), or
+ * through ferry_copy_input_async, which takes the same route on a copy queue and leaves
+ * the copy queued.
  */
 #include "ferry-impl.h"
 
@@ -184,9 +186,19 @@ static ferry_status copy_planned(ferry_backend * backend, const ferry_tensor * s
     return copy_staged(backend, src, dst, copies, n, false, "copy plan");
 }
 
+/* The flat copy: the whole span. Queued (on a copy queue), a source dst's backend reads by
+ * pointer goes as one async set of the span, which counts as ferry_tensor_copy's set does;
+ * otherwise it is ferry_tensor_copy, which is done when it returns. */
+static ferry_status copy_flat(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, bool queued) {
+    if (queued && ferry_buffer_ptr_readable(ferry_tensor_buffer(src), ferry_tensor_buffer(dst))) {
+        return ferry_backend_tensor_set_async(backend, dst, ferry_tensor_data(src), 0, ferry_tensor_nbytes(src));
+    }
+    return ferry_tensor_copy(src, dst);
+}
+
 /* The plan policy: the planned rows when the cost model says they pay, else flat.
  * *read gets the bytes the plan covers (the bytes read), 0 when src has no plan. */
-static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst,
+static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, bool queued,
                                  ferry_copy_policy * path, uint64_t * read) {
     ferry_copy_2d local[LOCAL_COPIES], * copies;
     size_t n = 0;
@@ -205,7 +217,7 @@ static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * s
         st = copy_planned(backend, src, dst, copies, n);
         *path = FERRY_COPY_PLAN;
     } else if (st == FERRY_OK) {
-        st = ferry_tensor_copy(src, dst);
+        st = copy_flat(backend, src, dst, queued);
     }
     free_plan(local, copies);
     return st;
@@ -229,9 +241,9 @@ static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * s
  * plan policy takes the plan when it pays; the ranges policy takes its one 2-D set when
  * src is host memory dst's backend reads and the rule applies; everything else is the
  * flat copy. *path gets the route taken, *read the bytes read when the route knows
- * them (0 otherwise).
+ * them (0 otherwise). queued: backend is a copy queue, and the flat copy goes there too.
  */
-static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy policy, bool compact,
+static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy policy, bool compact, bool queued,
                                   const ferry_tensor * src, ferry_tensor * dst, ferry_copy_policy * path,
                                   uint64_t * read) {
     *path = FERRY_COPY_FLAT;
@@ -242,7 +254,7 @@ static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy pol
         return copy_compact(backend, src, dst);
     }
     if (policy == FERRY_COPY_PLAN) {
-        return copy_by_plan(backend, src, dst, path, read);
+        return copy_by_plan(backend, src, dst, queued, path, read);
     }
     const bool src_readable = ferry_buffer_ptr_readable(ferry_tensor_buffer(src), ferry_tensor_buffer(dst));
     if (policy == FERRY_COPY_RANGES && src_readable && ferry_copy_ranges_of(src, &r) && r.count > 1) {
@@ -252,7 +264,7 @@ static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy pol
         return ferry_backend_tensor_set_2d_async(backend, dst, (const char *) ferry_tensor_data(src) + r.offset,
                                                  r.offset, r.size, r.count, r.stride, r.stride);
     }
-    return ferry_tensor_copy(src, dst);
+    return copy_flat(backend, src, dst, queued);
 }
 
 static double now_seconds(void) {
@@ -309,15 +321,16 @@ static void measure_copy(const copy_snapshot * before, const ferry_tensor * src,
     };
 }
 
-ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
-                              ferry_tensor * dst, ferry_copy_stats * stats) {
-    FERRY_CHECK_ARG(split_backend && src && dst, "copy_input: NULL argument");
+/* The checks and the counters before a copy, shared by both entry points. */
+static ferry_status begin_copy(const char * what, ferry_backend * backend, ferry_copy_policy policy,
+                               const ferry_tensor * src, ferry_tensor * dst, bool * compact, copy_snapshot * before) {
+    FERRY_CHECK_ARG(backend && src && dst, "%s: NULL argument", what);
     if ((int) policy < 0 || policy >= FERRY_COPY_POLICY_COUNT) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "copy_input: unknown copy policy %d", (int) policy);
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: unknown copy policy %d", what, (int) policy);
     }
-    const bool compact = ferry_tensor_is_compact_of(dst, src);
-    if (!compact && !ferry_tensor_same_layout(src, dst)) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "copy_input: the copy of '%s' has neither its layout nor its compact layout",
+    *compact = ferry_tensor_is_compact_of(dst, src);
+    if (!*compact && !ferry_tensor_same_layout(src, dst)) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "%s: the copy of '%s' has neither its layout nor its compact layout", what,
                           src->name);
     }
     FERRY_TRY(ferry_tensor_check_allocated(src));
@@ -325,20 +338,43 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
     const ferry_buffer * src_buf = ferry_tensor_buffer(src);
     const ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
     /* flat and planned copies read src into dst's host memory when src cannot be read by pointer */
-    const copy_snapshot before = {
+    *before = (copy_snapshot) {
         .dst = dst_buf->stats,
         .src = src_buf->stats,
         .by_get =
-            !compact && !ferry_buffer_ptr_readable(src_buf, dst_buf) && ferry_buffer_ptr_writable(dst_buf, src_buf),
+            !*compact && !ferry_buffer_ptr_readable(src_buf, dst_buf) && ferry_buffer_ptr_writable(dst_buf, src_buf),
         .t0 = now_seconds(),
     };
+    return FERRY_OK;
+}
+
+ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
+                              ferry_tensor * dst, ferry_copy_stats * stats) {
+    bool compact;
+    copy_snapshot before;
+    FERRY_TRY(begin_copy("copy_input", split_backend, policy, src, dst, &compact, &before));
     ferry_copy_policy path;
     uint64_t read;
     FERRY_TRY(ferry_backend_synchronize(split_backend));
-    FERRY_TRY(copy_by_route(split_backend, policy, compact, src, dst, &path, &read));
+    FERRY_TRY(copy_by_route(split_backend, policy, compact, false, src, dst, &path, &read));
     FERRY_TRY(ferry_backend_synchronize(split_backend));
     if (stats) {
         measure_copy(&before, src, dst, path, read, stats);
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_copy_input_async(ferry_backend * queue, ferry_copy_policy policy, const ferry_tensor * src,
+                                    ferry_tensor * dst, ferry_copy_stats * stats) {
+    bool compact;
+    copy_snapshot before;
+    FERRY_TRY(begin_copy("copy_input_async", queue, policy, src, dst, &compact, &before));
+    ferry_copy_policy path;
+    uint64_t read;
+    FERRY_TRY(copy_by_route(queue, policy, compact, true, src, dst, &path, &read));
+    if (stats) {
+        measure_copy(&before, src, dst, path, read, stats); /* the counters moved as the copy was queued */
+        stats->copy_seconds = 0;                              /* the queue's events time it */
     }
     return FERRY_OK;
 }

@@ -165,12 +165,17 @@ struct ferry_backend_i {
     ferry_status (*event_new)(ferry_backend * backend, uint32_t flags, ferry_event ** out);
     /* optional: what copies into this backend cost, for the plan policy; else the CPU's */
     ferry_copy_cost_model (*copy_cost_model)(const ferry_backend * backend);
+    /* optional: make the backend's copy queue (ferry_backend_get_copy_queue), a backend of its
+     * own whose transfers into this backend's memory run in order beside this one's compute,
+     * and whose events this backend can wait on */
+    ferry_status (*copy_queue_new)(ferry_backend * backend, ferry_backend ** out);
 };
 
 struct ferry_backend {
     struct ferry_backend_i iface;
     void * context;
     ferry_stats stats;
+    ferry_backend * copy_queue; /* made at the first ask, freed with the backend */
 };
 
 ferry_status ferry_backend_init(struct ferry_backend_i iface, void * context, ferry_backend ** out);

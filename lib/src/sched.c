@@ -1,9 +1,11 @@
 /*
  * The scheduler: backends for nodes, splits, split inputs and their copies, and the
- * run. The copy of each input is ferry_copy_input (copy-path.c); nothing else here
- * moves bytes between backends.
+ * run. The copy of each input is ferry_copy_input, or ferry_copy_input_async on a copy
+ * queue when it is prefetched (copy-path.c); nothing else here moves bytes between
+ * backends.
  */
 #include "alloc-impl.h"
+#include "copy-queue.h"
 #include "ferry-impl.h"
 #include "graph-impl.h"
 
@@ -33,6 +35,7 @@ typedef struct {
     int first_node;          /* in the graph */
     int first_input, n_inputs;
     ferry_graph * graph;     /* its nodes */
+    int last_prefetched;     /* its last input queued ahead (its compute waits for that one's event); -1 none */
 } part;
 
 struct ferry_sched {
@@ -40,6 +43,7 @@ struct ferry_sched {
     int n_backends;
     ferry_copy_policy policy;
     bool compact; /* input copies hold only the bytes read */
+    int prefetch; /* parts ahead whose inputs are queued on copy queues; 0: off */
     ferry_gallocr * galloc;
 
     pin * pins;
@@ -59,8 +63,22 @@ struct ferry_sched {
     redirect * redirects;
     int n_redirects, redirects_capacity;
     ferry_graph * alloc_graph; /* the graph with sources redirected, as the allocator sees it */
+    /* Prefetching, by input: the copy queue that carries it (NULL: copied at its part), and
+     * the events recorded on that queue before and after its copy. */
+    ferry_backend ** queue_of;
+    ferry_event ** events; /* [2k] before, [2k + 1] after input k's copy */
+    uint64_t ahead_inputs, ahead_bytes;
     ferry_sched_stats stats;
 };
+
+#ifdef FERRY_FAULT_INJECTION
+/* Test builds: compute without waiting for prefetched copies, to show what that reads. */
+static bool drop_waits;
+void ferry_fault_sched_drop_waits(bool drop) { drop_waits = drop; }
+#define DROP_WAITS() drop_waits
+#else
+#define DROP_WAITS() false
+#endif
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -92,6 +110,14 @@ static void set_redirects(ferry_sched * s, bool on) {
 
 /* Forget the last allocation (its copies, splits, graphs); the allocator's buffers stay. */
 static void reset(ferry_sched * s) {
+    for (int k = 0; s->events && k < 2 * s->n_inputs; k++) {
+        ferry_event_free(s->events[k]); /* waits, on the queue's side, until it was reached */
+    }
+    free(s->events);
+    free(s->queue_of);
+    s->events = NULL;
+    s->queue_of = NULL;
+    s->ahead_inputs = s->ahead_bytes = 0;
     for (int i = 0; i < s->n_parts; i++) {
         ferry_graph_free(s->parts[i].graph);
     }
@@ -167,6 +193,16 @@ ferry_status ferry_sched_set_compact(ferry_sched * s, bool compact) {
 }
 
 bool ferry_sched_get_compact(const ferry_sched * s) { return s && s->compact; }
+
+ferry_status ferry_sched_set_prefetch(ferry_sched * s, int n_parts) {
+    FERRY_CHECK_ARG(s, "sched_set_prefetch: NULL scheduler");
+    FERRY_CHECK_ARG(n_parts >= 0, "sched_set_prefetch: %d parts ahead (0 or more)", n_parts);
+    s->prefetch = n_parts;
+    s->graph = NULL; /* the copies' places change: allocate again at the next compute */
+    return FERRY_OK;
+}
+
+int ferry_sched_get_prefetch(const ferry_sched * s) { return s ? s->prefetch : 0; }
 
 ferry_status ferry_sched_set_keep_inputs(ferry_sched * s, bool keep) {
     FERRY_CHECK_ARG(s, "sched_set_keep_inputs: NULL scheduler");
@@ -347,7 +383,8 @@ static ferry_status input_copy(ferry_sched * s, int split, ferry_tensor * src, f
 
 /* A new part of the last split, from node i. */
 static ferry_status new_part(ferry_sched * s, int i) {
-    s->parts[s->n_parts] = (part) {.split = s->n_splits - 1, .first_node = i, .first_input = s->n_inputs};
+    s->parts[s->n_parts] =
+        (part) {.split = s->n_splits - 1, .first_node = i, .first_input = s->n_inputs, .last_prefetched = -1};
     FERRY_TRY(ferry_graph_new(&s->parts[s->n_parts].graph));
     s->n_parts++;
     return FERRY_OK;
@@ -391,6 +428,76 @@ static ferry_status build_splits(ferry_sched * s) {
                                   sizeof(*s->redirects)));
             s->redirects[s->n_redirects++] = (redirect) {node, j, node->src[j], copy};
         }
+    }
+    return FERRY_OK;
+}
+
+/* The node of the allocator's graph that part p begins with. */
+static int part_step(const ferry_sched * s, int p, int n_nodes) {
+    const ferry_tensor * first = ferry_graph_node(s->graph, s->parts[p].first_node);
+    int step = s->parts[p].first_node;
+    if (ferry_graph_node(s->alloc_graph, step) != first) { /* the same order, but do not rely on it */
+        for (step = 0; step < n_nodes && ferry_graph_node(s->alloc_graph, step) != first; step++) {
+        }
+    }
+    return step;
+}
+
+/*
+ * Prefetching: which inputs are copied ahead on a copy queue. Those whose source is ready
+ * before the graph runs (memory of its own that no node writes: a KV window) and whose
+ * split's backend has a copy queue; the others are copied at their part, as without it.
+ */
+static ferry_status choose_prefetched(ferry_sched * s) {
+    if (s->prefetch == 0 || s->n_inputs == 0) {
+        return FERRY_OK;
+    }
+    s->queue_of = ferry_calloc((size_t) s->n_inputs, sizeof(*s->queue_of));
+    if (!s->queue_of) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    }
+    for (int p = 0; p < s->n_parts; p++) {
+        part * pt = &s->parts[p];
+        for (int k = pt->first_input; k < pt->first_input + pt->n_inputs; k++) {
+            const ferry_tensor * root = ferry_tensor_root(s->inputs[k].src);
+            if (root->op != FERRY_OP_NONE || !ferry_gallocr_has_foreign_memory(s->galloc, root)) {
+                continue;
+            }
+            FERRY_TRY(ferry_backend_get_copy_queue(s->splits[pt->split].backend, &s->queue_of[k]));
+            pt->last_prefetched = s->queue_of[k] ? k : pt->last_prefetched;
+        }
+    }
+    return FERRY_OK;
+}
+
+/* After the allocation: the prefetched copies' events, and what they hold ahead of the part
+ * computing at most (the copies of the `prefetch` parts after it). */
+static ferry_status prepare_prefetch(ferry_sched * s) {
+    if (!s->queue_of) {
+        return FERRY_OK;
+    }
+    s->events = ferry_calloc((size_t) 2 * s->n_inputs, sizeof(*s->events));
+    if (!s->events) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    }
+    for (int k = 0; k < s->n_inputs; k++) {
+        if (s->queue_of[k]) {
+            FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &s->events[2 * k]));
+            FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &s->events[2 * k + 1]));
+        }
+    }
+    for (int q = 0; q < s->n_parts; q++) {
+        uint64_t inputs = 0, bytes = 0;
+        for (int p = q + 1; p < s->n_parts && p - q <= s->prefetch; p++) {
+            for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
+                if (s->queue_of[k]) {
+                    inputs++;
+                    bytes += ferry_tensor_nbytes(s->inputs[k].copy);
+                }
+            }
+        }
+        s->ahead_inputs = inputs > s->ahead_inputs ? inputs : s->ahead_inputs;
+        s->ahead_bytes = bytes > s->ahead_bytes ? bytes : s->ahead_bytes;
     }
     return FERRY_OK;
 }
@@ -450,18 +557,15 @@ static ferry_status allocate(ferry_sched * s) {
         }
     }
     free(leaf_of);
-    /* Each copy is written as its part begins, from its source, which lives until then. */
+    /* Each copy is written as its part begins, from its source, which lives until then; a
+     * prefetched one as the part `prefetch` before begins, and its memory is its own from then. */
     ferry_gallocr_copy * copies = ferry_calloc((size_t) s->n_inputs + 1, sizeof(*copies));
     ferry_status st = copies ? FERRY_OK : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     for (int p = 0; p < s->n_parts && st == FERRY_OK; p++) {
-        const ferry_tensor * first = ferry_graph_node(s->graph, s->parts[p].first_node);
-        int step = s->parts[p].first_node;
-        if (ferry_graph_node(s->alloc_graph, step) != first) { /* the same order, but do not rely on it */
-            for (step = 0; step < n_nodes && ferry_graph_node(s->alloc_graph, step) != first; step++) {
-            }
-        }
         for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
-            copies[k] = (ferry_gallocr_copy) {.copy = s->inputs[k].copy, .src = s->inputs[k].src, .step = step};
+            const int issued = s->queue_of && s->queue_of[k] ? (p > s->prefetch ? p - s->prefetch : 0) : p;
+            copies[k] = (ferry_gallocr_copy) {
+                .copy = s->inputs[k].copy, .src = s->inputs[k].src, .step = part_step(s, issued, n_nodes)};
         }
     }
     if (st == FERRY_OK) {
@@ -498,12 +602,73 @@ ferry_status ferry_sched_alloc_graph(ferry_sched * s, ferry_graph * graph) {
         st = build_splits(s);
     }
     if (st == FERRY_OK) {
+        st = choose_prefetched(s);
+    }
+    if (st == FERRY_OK) {
         set_redirects(s, true);
         st = allocate(s);
         set_redirects(s, false);
     }
+    if (st == FERRY_OK) {
+        st = prepare_prefetch(s);
+    }
     if (st != FERRY_OK) {
         reset(s);
+    }
+    return st;
+}
+
+static void add_input_stats(ferry_sched_stats * total, const ferry_copy_stats * in) {
+    total->bytes_read += in->bytes_read;
+    total->bytes_span += in->bytes_span;
+    total->bytes_copied += in->bytes_copied;
+    total->copy_calls += in->copy_calls;
+    total->impl_calls += in->impl_calls;
+    total->copy_seconds += in->copy_seconds;
+}
+
+/* Queue the prefetched inputs of parts up to `last` not yet queued (*next onwards), each
+ * between two events on its copy queue. */
+static ferry_status queue_ahead(ferry_sched * s, int last, int * next) {
+    for (; *next <= last && *next < s->n_parts; (*next)++) {
+        const part * pt = &s->parts[*next];
+        for (int k = pt->first_input; k < pt->first_input + pt->n_inputs; k++) {
+            ferry_backend * queue = s->queue_of[k];
+            if (!queue) {
+                continue;
+            }
+            ferry_sched_input_info * in = &s->inputs[k];
+            FERRY_TRY(ferry_event_record(s->events[2 * k], queue));
+            FERRY_TRY(ferry_copy_input_async(queue, s->policy, in->src, in->copy, &in->stats));
+            FERRY_TRY(ferry_event_record(s->events[2 * k + 1], queue));
+            add_input_stats(&s->stats, &in->stats);
+            s->stats.prefetched++;
+        }
+    }
+    return FERRY_OK;
+}
+
+/* After a run with prefetching: every queue done (nothing may still write a copy), and each
+ * prefetched copy's time on its queue, from its events. */
+static ferry_status finish_prefetch(ferry_sched * s, int queued_parts) {
+    if (DROP_WAITS()) {
+        return FERRY_OK; /* the test that dropped them waits for its queues itself */
+    }
+    ferry_status st = FERRY_OK;
+    for (int k = 0; k < s->n_inputs; k++) {
+        if (s->queue_of[k]) {
+            const ferry_status q = ferry_backend_synchronize(s->queue_of[k]);
+            st = st == FERRY_OK ? q : st;
+        }
+    }
+    for (int p = 0; p < queued_parts && st == FERRY_OK; p++) {
+        for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
+            float ms = 0;
+            if (s->queue_of[k] && (st = ferry_event_elapsed_ms(s->events[2 * k], s->events[2 * k + 1], &ms)) == FERRY_OK) {
+                s->inputs[k].stats.copy_seconds = 1e-3 * ms;
+                s->stats.copy_seconds += 1e-3 * ms;
+            }
+        }
     }
     return st;
 }
@@ -515,26 +680,37 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
     }
     memset(&s->stats, 0, sizeof(s->stats));
     s->stats.n_inputs = (uint64_t) s->n_inputs;
+    s->stats.ahead_inputs = s->ahead_inputs;
+    s->stats.ahead_bytes = s->ahead_bytes;
     ferry_status st = FERRY_OK;
     set_redirects(s, true);
     for (int i = 0; i < s->n_splits; i++) {
         s->splits[i].compute_seconds = 0;
     }
-    /* Part by part: its inputs are copied once the parts before have run (and freed memory). */
+    /* Part by part: its inputs are copied once the parts before have run (and freed memory);
+     * prefetched ones were queued `prefetch` parts before, and its compute waits for them. */
+    int queued = 0;
     for (int p = 0; p < s->n_parts && st == FERRY_OK; p++) {
         ferry_sched_split_info * sp = &s->splits[s->parts[p].split];
+        if (s->queue_of) {
+            st = queue_ahead(s, p + s->prefetch, &queued);
+        }
         for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs && st == FERRY_OK;
              k++) {
             ferry_sched_input_info * in = &s->inputs[k];
+            if (s->queue_of && s->queue_of[k]) {
+                continue;
+            }
             st = ferry_copy_input(sp->backend, s->policy, in->src, in->copy, &in->stats);
             if (st == FERRY_OK) {
-                s->stats.bytes_read += in->stats.bytes_read;
-                s->stats.bytes_span += in->stats.bytes_span;
-                s->stats.bytes_copied += in->stats.bytes_copied;
-                s->stats.copy_calls += in->stats.copy_calls;
-                s->stats.impl_calls += in->stats.impl_calls;
-                s->stats.copy_seconds += in->stats.copy_seconds;
+                add_input_stats(&s->stats, &in->stats);
             }
+        }
+        const int last = s->parts[p].last_prefetched;
+        if (st == FERRY_OK && last >= 0 && !DROP_WAITS()) {
+            const double t0 = now_seconds();
+            st = ferry_event_wait(sp->backend, s->events[2 * last + 1]); /* the queue is in order: all of them */
+            s->stats.wait_seconds += now_seconds() - t0;
         }
         if (st == FERRY_OK) {
             const double t0 = now_seconds();
@@ -546,6 +722,10 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
             sp->compute_seconds += dt;
             s->stats.compute_seconds += dt;
         }
+    }
+    if (s->queue_of) {
+        const ferry_status fin = finish_prefetch(s, queued);
+        st = st == FERRY_OK ? fin : st;
     }
     set_redirects(s, false);
     return st;

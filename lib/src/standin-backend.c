@@ -3,8 +3,10 @@
  * the dummy backend with real memory (dummy-backend.c), not host memory to anyone and
  * using only its own buffers, so every input of a split on it arrives by the
  * scheduler's copy path as it would on a GPU; it computes with the CPU kernels and
- * claims no op they cannot do.
+ * claims no op they cannot do. Its copy queue is a worker thread (copy-queue.c): what
+ * a CUDA copy stream is to a GPU's compute, on the host's other core.
  */
+#include "copy-queue.h"
 #include "graph-impl.h"
 
 ferry_status ferry_standin_backend_new(ferry_backend ** out) {
@@ -13,5 +15,7 @@ ferry_status ferry_standin_backend_new(ferry_backend ** out) {
     p.real_memory = true; /* real bytes, for the CPU kernels */
     p.has_2d = true;      /* 2-D sets in one call, as cudaMemcpy2DAsync is */
     p.is_host = false;    /* no other backend may read it: inputs are copied in */
-    return ferry_dummy_backend_new_cpu_ops(&p, "CPU (stand-in device)", out);
+    FERRY_TRY(ferry_dummy_backend_new_cpu_ops(&p, "CPU (stand-in device)", out));
+    (*out)->iface.copy_queue_new = ferry_worker_copy_queue_new;
+    return FERRY_OK;
 }

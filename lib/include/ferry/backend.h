@@ -87,7 +87,7 @@ ferry_status ferry_tensor_check_transfer(const ferry_tensor * t, size_t offset, 
 ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst);
 
 /* ---------------------------------------------------------------- backends (backend.c, cpu-backend.c
- * with host-buffer.c, dummy-backend.c, standin-backend.c) */
+ * with host-buffer.c, dummy-backend.c, standin-backend.c, copy-queue.c) */
 
 void         ferry_backend_free(ferry_backend * backend);
 const char * ferry_backend_name(const ferry_backend * backend);
@@ -112,6 +112,15 @@ ferry_status ferry_backend_tensor_get_2d_async(ferry_backend * backend, const fe
 ferry_status ferry_backend_tensor_copy_async(ferry_backend * backend_src, ferry_backend * backend_dst,
                                              const ferry_tensor * src, ferry_tensor * dst);
 ferry_status ferry_backend_synchronize(ferry_backend * backend);
+/*
+ * The backend's copy queue: a second, ordered queue beside the one that computes, for
+ * copies into the backend's memory (a CUDA backend's second stream; the stand-in device's
+ * worker thread). It is a backend of its own for transfers and events (copy-queue.c):
+ * what is queued on it runs in order, overlapping the backend's compute, and the backend
+ * waits for an event recorded on it with ferry_event_wait. *out is NULL, with FERRY_OK,
+ * for a backend without one. Made at the first ask and owned by the backend.
+ */
+ferry_status ferry_backend_get_copy_queue(ferry_backend * backend, ferry_backend ** out);
 ferry_status ferry_backend_get_stats(const ferry_backend * backend, ferry_stats * out);
 void         ferry_backend_reset_stats(ferry_backend * backend);
 
@@ -142,7 +151,8 @@ ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_ba
  * The stand-in device, for machines without a GPU: a CPU backend ("CPU (stand-in
  * device)") whose buffers are host memory that no other backend may use (is_host is
  * false), and which uses no memory but its own. A split on it receives its inputs by
- * copy, exactly as a GPU split would, and runs the CPU kernels.
+ * copy, exactly as a GPU split would, and runs the CPU kernels. Its copy queue is a
+ * worker thread, so copies queued there overlap its compute as a GPU's copy stream does.
  */
 ferry_status ferry_standin_backend_new(ferry_backend ** out);
 

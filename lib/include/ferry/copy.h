@@ -157,7 +157,8 @@ typedef struct {
     uint64_t bytes_copied;   /* what arrived in the destination buffer */
     uint64_t copy_calls;     /* transfer requests made */
     uint64_t impl_calls;     /* operations that carried them out */
-    double   copy_seconds;   /* wall time of the copy, synchronize included */
+    double   copy_seconds;   /* wall time of the copy, synchronize included; a prefetched
+                              * input's: the time its copy queue spent on it (its events) */
 } ferry_copy_stats;
 
 /*
@@ -167,6 +168,16 @@ typedef struct {
  */
 ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
                               ferry_tensor * dst, ferry_copy_stats * stats);
+/*
+ * The same copy queued, not waited for: on `queue` (a backend's copy queue, or any backend)
+ * by the same route, the transfers left queued where they can be (a source the backend
+ * reads by pointer; the flat copy then is one async set of the span), done at once where
+ * they cannot (a copy staged through host memory waits for the queue). src must keep its
+ * bytes, and dst be read by no one, until an event recorded after it is reached. stats
+ * count what was queued, as ferry_copy_input counts what was done; copy_seconds is 0.
+ */
+ferry_status ferry_copy_input_async(ferry_backend * queue, ferry_copy_policy policy, const ferry_tensor * src,
+                                    ferry_tensor * dst, ferry_copy_stats * stats);
 
 #ifdef __cplusplus
 }

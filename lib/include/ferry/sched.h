@@ -52,6 +52,14 @@ typedef struct {
     uint64_t impl_calls;
     double   copy_seconds;
     double   compute_seconds;
+    /* Prefetching (ferry_sched_set_prefetch): inputs copied ahead on a copy queue; the most
+     * of them, and their bytes, queued or held on a backend ahead of the part computing
+     * (what prefetching holds beyond what the part at hand reads); and the host's time
+     * in waits for them (on CUDA the device waits, and the host seldom does). */
+    uint64_t prefetched;
+    uint64_t ahead_inputs;
+    uint64_t ahead_bytes;
+    double   wait_seconds;
 } ferry_sched_stats;
 
 ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, ferry_sched ** out);
@@ -84,6 +92,20 @@ ferry_status ferry_sched_get_stats(const ferry_sched * sched, ferry_sched_stats 
  * instead of the source's layout; takes effect at the next alloc. Off by default. */
 ferry_status ferry_sched_set_compact(ferry_sched * sched, bool compact);
 bool         ferry_sched_get_compact(const ferry_sched * sched);
+/*
+ * Prefetch: copy inputs ahead of compute on their backend's copy queue
+ * (ferry_backend_get_copy_queue), up to n_parts parts ahead of the part computing. A part
+ * is a split, or the piece of one from a node that first reads an input: one layer's
+ * attention in a decode step. The inputs prefetched are those whose source is ready
+ * before the graph runs (memory of its own that no node writes: a KV window); they are
+ * queued in part order (ferry_copy_input_async) as the part n_parts before theirs begins,
+ * in memory the allocator keeps theirs from then on, and each part's compute waits on the
+ * events of its own inputs only. Others, and backends without a copy queue, copy as
+ * before. 0 (the default) is off: every figure and byte as without it. Takes effect at
+ * the next alloc.
+ */
+ferry_status ferry_sched_set_prefetch(ferry_sched * sched, int n_parts);
+int          ferry_sched_get_prefetch(const ferry_sched * sched);
 /* Bytes of compute memory (copies and outputs) the scheduler holds on a backend. The
  * allocator's buffers grow and never shrink: compare options on fresh schedulers. */
 size_t       ferry_sched_buffer_size(const ferry_sched * sched, const ferry_backend * backend);

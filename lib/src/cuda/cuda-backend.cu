@@ -1,7 +1,7 @@
 /*
  * The CUDA backend: its own stream that runs the kernels of ops-cuda.cu, its async
- * copies with the gather and folded copy options, events, and the ferry_cuda_backend_*
- * functions of ferry.h. The public layer (buffer.c, backend.c, transfer.c) has checked
+ * copies with the gather and folded copy options, events, its copy queue (a second
+ * stream, as a backend of its own), and the ferry_cuda_backend_* functions of ferry.h. The public layer (buffer.c, backend.c, transfer.c) has checked
  * bounds and counts bytes, so nothing here does either.
  */
 #include "cuda-common.h"
@@ -17,7 +17,8 @@ struct backend_ctx {
     int device;
     cudaStream_t stream;
     cudaEvent_t copy_event; /* orders a copy between two backends' streams */
-    char name[16];
+    backend_ctx * parent;   /* a copy queue's backend, whose copy options it follows; NULL for a backend */
+    char name[48];
     ferry_cuda_gather_params gather; /* the gather copy option (ferry/cuda.h) */
     uint64_t gather_copies;          /* 2-D sets the kernel carried out */
     size_t fold_above;               /* the folded copy option (ferry/cuda.h): 0 off */
@@ -25,6 +26,9 @@ struct backend_ctx {
 };
 
 static backend_ctx * ctx_of(ferry_backend * backend) { return (backend_ctx *) backend->context; }
+
+/* Whose gather and fold options a transfer follows: a copy queue's are its backend's. */
+static backend_ctx * options_of(backend_ctx * ctx) { return ctx->parent ? ctx->parent : ctx; }
 
 static const char * backend_name(const ferry_backend * backend) { return ((backend_ctx *) backend->context)->name; }
 
@@ -92,7 +96,7 @@ static bool aligned16(size_t x) { return x % 16 == 0; }
 
 static bool gather_applies(const backend_ctx * ctx, const ferry_tensor * t, const void * dst, const void * data,
                            size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
-    const ferry_cuda_gather_params * g = &ctx->gather;
+    const ferry_cuda_gather_params * g = &(ctx->parent ? ctx->parent : ctx)->gather;
     if (!g->on || n_copies < 2 || size < g->min_row || stride_data < g->min_pitch) {
         return false;
     }
@@ -128,10 +132,11 @@ static size_t fold_factor(size_t pitch, size_t row, size_t above) {
  * the rows. Returns false (nothing queued) when the option is off or cannot fold. */
 static bool copy_folded(backend_ctx * ctx, void * dst, size_t dpitch, const void * src, size_t spitch, size_t width,
                         size_t height, cudaError_t * err) {
-    if (!ctx->fold_above || height < 2 || (dpitch < ctx->fold_above && spitch < ctx->fold_above)) {
+    backend_ctx * opt = options_of(ctx);
+    if (!opt->fold_above || height < 2 || (dpitch < opt->fold_above && spitch < opt->fold_above)) {
         return false;
     }
-    const size_t kd = fold_factor(dpitch, width, ctx->fold_above), ks = fold_factor(spitch, width, ctx->fold_above);
+    const size_t kd = fold_factor(dpitch, width, opt->fold_above), ks = fold_factor(spitch, width, opt->fold_above);
     if (!kd || !ks) {
         return false;
     }
@@ -141,7 +146,7 @@ static bool copy_folded(backend_ctx * ctx, void * dst, size_t dpitch, const void
     p.extent = make_cudaExtent(width, 1, height);
     p.kind = cudaMemcpyDefault;
     *err = cudaMemcpy3DAsync(&p, ctx->stream);
-    ctx->fold_copies += *err == cudaSuccess;
+    opt->fold_copies += *err == cudaSuccess;
     return true;
 }
 
@@ -155,10 +160,10 @@ static ferry_status backend_set_2d_async(ferry_backend * backend, ferry_tensor *
     CUDA_TRY(cudaSetDevice(ctx->device), "tensor_set_2d_async: cudaSetDevice");
     char * dst = tensor_at(t, offset);
     if (gather_applies(ctx, t, dst, data, size, n_copies, stride_tensor, stride_data)) {
-        CUDA_TRY(ferry_cuda_gather_rows(dst, stride_tensor, data, stride_data, size, n_copies, ctx->gather.loads_per_thread,
-                                        ctx->stream),
+        CUDA_TRY(ferry_cuda_gather_rows(dst, stride_tensor, data, stride_data, size, n_copies,
+                                        options_of(ctx)->gather.loads_per_thread, ctx->stream),
                  "tensor_set_2d_async: gather kernel launch");
-        ctx->gather_copies++;
+        options_of(ctx)->gather_copies++;
         return FERRY_OK;
     }
     cudaError_t err;
@@ -317,25 +322,15 @@ static ferry_status backend_event_new(ferry_backend * backend, uint32_t flags, f
     return FERRY_OK;
 }
 
-extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out) {
-    FERRY_CHECK_ARG(out, "cuda_backend_new: NULL output");
-    FERRY_TRY(ferry_cuda_check_device(device, "cuda_backend_new"));
-    FERRY_TRY(ferry_cuda_check_context("cuda_backend_new"));
-    ferry_buffer_type * buft;
-    FERRY_TRY(ferry_cuda_buffer_type(device, &buft)); /* makes the buffer types */
-    CUDA_TRY(cudaSetDevice(device), "cuda_backend_new: cudaSetDevice");
+/* A context with its own non-blocking stream (it does not wait for the legacy default
+ * stream) and copy event, or NULL with the status in *st. */
+static backend_ctx * new_ctx(int device, ferry_status * st) {
     auto * ctx = (backend_ctx *) ferry_calloc(1, sizeof(backend_ctx));
     if (!ctx) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "cuda_backend_new: out of memory");
+        *st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "cuda_backend_new: out of memory");
+        return NULL;
     }
     ctx->device = device;
-    snprintf(ctx->name, sizeof(ctx->name), "CUDA%d", device);
-    const char * gather_env = getenv("FERRY_CUDA_GATHER");
-    ctx->gather = ferry_cuda_gather_default_params();
-    ctx->gather.on = gather_env && gather_env[0] && strcmp(gather_env, "0") != 0;
-    const char * fold_env = getenv("FERRY_CUDA_FOLD");
-    ctx->fold_above = fold_env ? (size_t) strtoull(fold_env, NULL, 10) : 0;
-    /* Non-blocking: the backend's stream does not wait for the legacy default stream. */
     cudaError_t err = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking);
     if (err == cudaSuccess) {
         err = cudaEventCreateWithFlags(&ctx->copy_event, cudaEventDisableTiming);
@@ -345,8 +340,15 @@ extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out)
     }
     if (err != cudaSuccess) {
         free(ctx);
-        return ferry_cuda_fail(err, "cuda_backend_new: stream or event");
+        *st = ferry_cuda_fail(err, "cuda_backend_new: stream or event");
+        return NULL;
     }
+    *st = FERRY_OK;
+    return ctx;
+}
+
+/* The transfers, synchronize and events every CUDA backend has, a copy queue included. */
+static ferry_backend_i transfer_iface(void) {
     ferry_backend_i i = {};
     i.get_name = backend_name;
     i.free = backend_free;
@@ -356,13 +358,58 @@ extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out)
     i.get_tensor_async = backend_get_async;
     i.set_tensor_2d_async = backend_set_2d_async;
     i.get_tensor_2d_async = backend_get_2d_async;
-    i.cpy_tensor_async = backend_cpy_async;
     i.synchronize = backend_synchronize;
-    i.supports_op = backend_supports_op;
-    i.graph_compute = backend_graph_compute;
     i.event_new = backend_event_new;
     i.copy_cost_model = backend_copy_cost_model;
-    const ferry_status st = ferry_backend_init(i, ctx, out);
+    return i;
+}
+
+/* The copy queue: a second stream on the same device that computes nothing; the backend's
+ * stream waits for its events on the device (cudaStreamWaitEvent). */
+static ferry_status backend_copy_queue_new(ferry_backend * backend, ferry_backend ** out) {
+    backend_ctx * parent = ctx_of(backend);
+    FERRY_TRY(ferry_cuda_check_context("copy_queue_new"));
+    CUDA_TRY(cudaSetDevice(parent->device), "copy_queue_new: cudaSetDevice");
+    ferry_status st;
+    backend_ctx * ctx = new_ctx(parent->device, &st);
+    if (!ctx) {
+        return st;
+    }
+    ctx->parent = parent;
+    snprintf(ctx->name, sizeof(ctx->name), "%.24s copy queue", parent->name);
+    st = ferry_backend_init(transfer_iface(), ctx, out);
+    if (st != FERRY_OK) {
+        cudaEventDestroy(ctx->copy_event);
+        cudaStreamDestroy(ctx->stream);
+        free(ctx);
+    }
+    return st;
+}
+
+extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out) {
+    FERRY_CHECK_ARG(out, "cuda_backend_new: NULL output");
+    FERRY_TRY(ferry_cuda_check_device(device, "cuda_backend_new"));
+    FERRY_TRY(ferry_cuda_check_context("cuda_backend_new"));
+    ferry_buffer_type * buft;
+    FERRY_TRY(ferry_cuda_buffer_type(device, &buft)); /* makes the buffer types */
+    CUDA_TRY(cudaSetDevice(device), "cuda_backend_new: cudaSetDevice");
+    ferry_status st;
+    backend_ctx * ctx = new_ctx(device, &st);
+    if (!ctx) {
+        return st;
+    }
+    snprintf(ctx->name, sizeof(ctx->name), "CUDA%d", device);
+    const char * gather_env = getenv("FERRY_CUDA_GATHER");
+    ctx->gather = ferry_cuda_gather_default_params();
+    ctx->gather.on = gather_env && gather_env[0] && strcmp(gather_env, "0") != 0;
+    const char * fold_env = getenv("FERRY_CUDA_FOLD");
+    ctx->fold_above = fold_env ? (size_t) strtoull(fold_env, NULL, 10) : 0;
+    ferry_backend_i i = transfer_iface();
+    i.cpy_tensor_async = backend_cpy_async;
+    i.supports_op = backend_supports_op;
+    i.graph_compute = backend_graph_compute;
+    i.copy_queue_new = backend_copy_queue_new;
+    st = ferry_backend_init(i, ctx, out);
     if (st != FERRY_OK) {
         cudaEventDestroy(ctx->copy_event);
         cudaStreamDestroy(ctx->stream);

@@ -1,0 +1,449 @@
+/*
+ * Prefetching (ferry_sched_set_prefetch): a decode step of several layers, each layer's
+ * K and V windows copied ahead on the split backend's copy queue while earlier layers
+ * compute, must give the bytes and the byte counts of the serial run, in memory nothing
+ * running meanwhile reuses; and a compute that does not wait for its copies' events reads
+ * stale bytes (test builds with the fault hooks: the queue held back, the waits dropped).
+ */
+#include "check.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef FERRY_FAULT_INJECTION
+void ferry_fault_copy_queue_pause(bool pause);
+void ferry_fault_sched_drop_waits(bool drop);
+#endif
+
+#define N_LAYER 4
+#define N_STREAM 4
+#define HEAD_DIM 64
+#define N_HEAD_KV 2
+#define N_HEAD 4
+#define N_CTX (N_STREAM * 48)
+#define N_KV 40
+
+#define FERRY_TRY_T(expr) do { ferry_status try_st_ = (expr); if (try_st_ != FERRY_OK) return try_st_; } while (0)
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint32_t next_u32(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t) (rng >> 32);
+}
+
+/* A finite f16 in about [-2, 2]. */
+static uint16_t random_f16(void) {
+    const uint16_t sign = (uint16_t) ((next_u32() & 1) << 15);
+    const uint16_t exp = (uint16_t) (11 + next_u32() % 5); /* 2^-4 .. 2^0 */
+    return sign | (uint16_t) (exp << 10) | (uint16_t) (next_u32() & 0x3ff);
+}
+
+/* A step: the cache in CPU memory, per layer a query and attention over its windows on
+ * `device`, every output pinned there. */
+typedef struct {
+    ferry_backend * cpu;
+    ferry_backend * device;
+    ferry_kv_cache * kv;
+    ferry_context * ctx;
+    ferry_buffer * buf; /* on device: the queries and kv_len */
+    ferry_tensor * out[N_LAYER];
+    ferry_graph * graph;
+    bool v_trans;
+} step;
+
+/* One buffer on backend holding the n tensors of ts and one more, each at a 256-byte boundary. */
+static ferry_status place_on(ferry_backend * backend, ferry_tensor ** ts, int n, ferry_tensor * more,
+                             ferry_buffer ** out) {
+    size_t size = 0;
+    for (int i = 0; i <= n; i++) {
+        size += (ferry_tensor_nbytes(i < n ? ts[i] : more) + 255) & ~(size_t) 255;
+    }
+    FERRY_TRY_T(ferry_backend_alloc_buffer(backend, size, out));
+    size_t at = 0;
+    for (int i = 0; i <= n; i++) {
+        ferry_tensor * t = i < n ? ts[i] : more;
+        FERRY_TRY_T(ferry_buffer_place_tensor(*out, t, at));
+        at += (ferry_tensor_nbytes(t) + 255) & ~(size_t) 255;
+    }
+    return FERRY_OK;
+}
+
+static ferry_status step_init(step * s, ferry_backend * device, bool v_trans) {
+    memset(s, 0, sizeof(*s));
+    s->device = device;
+    s->v_trans = v_trans;
+    const ferry_kv_params kp = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = HEAD_DIM,
+                                .n_head_kv = N_HEAD_KV, .n_ctx = N_CTX, .n_stream = N_STREAM, .n_layer = N_LAYER,
+                                .v_trans = v_trans};
+    FERRY_TRY_T(ferry_cpu_backend_new(&s->cpu));
+    FERRY_TRY_T(ferry_kv_cache_new(&kp, ferry_cpu_buffer_type(), &s->kv));
+    FERRY_TRY_T(ferry_context_new(&s->ctx));
+    const int64_t q_ne[4] = {HEAD_DIM, N_HEAD, 1, N_STREAM}, len_ne[1] = {N_STREAM};
+    ferry_tensor *q[N_LAYER], *len;
+    for (int l = 0; l < N_LAYER; l++) {
+        FERRY_TRY_T(ferry_tensor_new(s->ctx, FERRY_TYPE_F32, 4, q_ne, &q[l]));
+    }
+    FERRY_TRY_T(ferry_tensor_new(s->ctx, FERRY_TYPE_I32, 1, len_ne, &len));
+    FERRY_TRY_T(place_on(device, q, N_LAYER, len, &s->buf));
+    float qv[HEAD_DIM * N_HEAD * N_STREAM];
+    for (int l = 0; l < N_LAYER; l++) {
+        for (size_t i = 0; i < sizeof(qv) / sizeof(qv[0]); i++) {
+            qv[i] = (float) (next_u32() % 2001) / 1000.0f - 1.0f;
+        }
+        FERRY_TRY_T(ferry_tensor_set(q[l], qv, 0, sizeof(qv)));
+    }
+    const int32_t lens[N_STREAM] = {N_KV, 17, 0, 33};
+    FERRY_TRY_T(ferry_tensor_set(len, lens, 0, sizeof(lens)));
+    for (int l = 0; l < N_LAYER; l++) {
+        ferry_tensor *kc, *vc, *k, *v;
+        FERRY_TRY_T(ferry_kv_cache_k(s->kv, l, &kc));
+        FERRY_TRY_T(ferry_kv_cache_v(s->kv, l, &vc));
+        for (ferry_tensor * t = kc; t; t = t == kc ? vc : NULL) {
+            const size_t n = ferry_tensor_nbytes(t) / 2;
+            uint16_t * h = malloc(n * sizeof(*h));
+            if (!h) {
+                return FERRY_ERR_OUT_OF_MEMORY;
+            }
+            for (size_t i = 0; i < n; i++) {
+                h[i] = random_f16();
+            }
+            const ferry_status st = ferry_tensor_set(t, h, 0, n * sizeof(*h));
+            free(h);
+            FERRY_TRY_T(st);
+        }
+        FERRY_TRY_T(ferry_kv_cache_window(s->kv, s->ctx, l, N_KV, 0, N_STREAM - 1, &k, &v));
+        FERRY_TRY_T(ferry_attn_decode(s->ctx, q[l], k, v, len, 0.125f, v_trans, &s->out[l]));
+        FERRY_TRY_T(ferry_tensor_set_output(s->out[l]));
+    }
+    FERRY_TRY_T(ferry_graph_new(&s->graph));
+    for (int l = 0; l < N_LAYER; l++) {
+        FERRY_TRY_T(ferry_graph_build(s->graph, s->out[l]));
+    }
+    return FERRY_OK;
+}
+
+static void step_free(step * s) {
+    ferry_graph_free(s->graph);
+    ferry_buffer_free(s->buf);
+    ferry_context_free(s->ctx);
+    ferry_kv_cache_free(s->kv);
+    ferry_backend_free(s->cpu);
+}
+
+#define OUT_FLOATS (HEAD_DIM * N_HEAD * N_STREAM)
+
+typedef struct {
+    float out[N_LAYER][OUT_FLOATS];
+    ferry_sched_stats stats;
+} run_result;
+
+/* A new scheduler [device, cpu] with these options; computes the step and reads it back.
+ * keep: leave the scheduler to the caller (*kept), else free it. */
+static ferry_status run_step(step * s, ferry_copy_policy policy, bool compact, int prefetch, run_result * r,
+                             ferry_sched ** kept) {
+    ferry_backend * backends[2] = {s->device, s->cpu};
+    ferry_sched * sched;
+    FERRY_TRY_T(ferry_sched_new(backends, 2, &sched));
+    ferry_status st = ferry_sched_set_policy(sched, policy);
+    if (st == FERRY_OK) st = ferry_sched_set_compact(sched, compact);
+    if (st == FERRY_OK) st = ferry_sched_set_prefetch(sched, prefetch);
+    for (int l = 0; l < N_LAYER && st == FERRY_OK; l++) {
+        st = ferry_sched_set_tensor_backend(sched, s->out[l], s->device);
+    }
+    if (st == FERRY_OK) st = ferry_sched_graph_compute(sched, s->graph);
+    if (st == FERRY_OK) st = ferry_sched_get_stats(sched, &r->stats);
+    for (int l = 0; l < N_LAYER && st == FERRY_OK; l++) {
+        st = ferry_tensor_get(s->out[l], r->out[l], 0, sizeof(r->out[l]));
+    }
+    if (kept && st == FERRY_OK) {
+        *kept = sched;
+    } else {
+        ferry_sched_free(sched);
+    }
+    return st;
+}
+
+/* The counts that say what moved: the same with and without prefetching. */
+static void check_same_bytes(const ferry_sched_stats * a, const ferry_sched_stats * b) {
+    CHECK_EQ_U(a->n_inputs, b->n_inputs);
+    CHECK_EQ_U(a->bytes_read, b->bytes_read);
+    CHECK_EQ_U(a->bytes_span, b->bytes_span);
+    CHECK_EQ_U(a->bytes_copied, b->bytes_copied);
+    CHECK_EQ_U(a->copy_calls, b->copy_calls);
+    CHECK_EQ_U(a->impl_calls, b->impl_calls);
+}
+
+/*
+ * Every policy, compact staging off and on, K plain and V transposed, 1, 2 and more
+ * parts ahead than there are: the outputs byte for byte and the byte counts of the serial
+ * run; both windows of every layer prefetched; what is held ahead as the option says.
+ */
+static void same_bytes_as_serial(ferry_backend * device) {
+    for (int vt = 0; vt < 2; vt++) {
+        step s;
+        CHECK_OK(step_init(&s, device, vt == 1));
+        static run_result serial, ahead;
+        for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
+            for (int compact = 0; compact < 2; compact++) {
+                CHECK_OK(run_step(&s, (ferry_copy_policy) policy, compact, 0, &serial, NULL));
+                CHECK_EQ_U(serial.stats.prefetched, 0);
+                CHECK_EQ_U(serial.stats.ahead_inputs, 0);
+                CHECK_EQ_U(serial.stats.ahead_bytes, 0);
+                const int depths[] = {1, 2, 64};
+                for (int d = 0; d < 3; d++) {
+                    ferry_sched * sched = NULL;
+                    CHECK_OK(run_step(&s, (ferry_copy_policy) policy, compact, depths[d], &ahead, &sched));
+                    const bool same = memcmp(serial.out, ahead.out, sizeof(serial.out)) == 0;
+                    if (!same) {
+                        fprintf(stderr, "policy %d compact %d v_trans %d prefetch %d: outputs differ\n", policy,
+                                compact, vt, depths[d]);
+                    }
+                    SUB(check_same_bytes(&serial.stats, &ahead.stats));
+                    CHECK_EQ_U(ahead.stats.prefetched, 2 * N_LAYER);
+                    const int held = depths[d] < N_LAYER - 1 ? depths[d] : N_LAYER - 1;
+                    CHECK_EQ_U(ahead.stats.ahead_inputs, 2 * held);
+                    ferry_sched_input_info k, v;
+                    CHECK_OK(ferry_sched_input(sched, 0, &k));
+                    CHECK_OK(ferry_sched_input(sched, 1, &v));
+                    const uint64_t per_layer = ferry_tensor_nbytes(k.copy) + ferry_tensor_nbytes(v.copy);
+                    CHECK_EQ_U(ahead.stats.ahead_bytes, (uint64_t) held * per_layer);
+                    CHECK(ahead.stats.copy_seconds >= 0.0);
+                    ferry_sched_free(sched);
+                    CHECK(same);
+                }
+            }
+        }
+        step_free(&s);
+    }
+}
+
+static void test_standin_same_bytes_as_serial(void) {
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    SUB(same_bytes_as_serial(standin));
+    ferry_backend_free(standin);
+}
+
+/* A copy queued ahead lives in memory of its own from the part it is queued at to its
+ * own: no two copies whose times overlap share a byte, whatever the depth. */
+static void test_copies_in_flight_never_share_memory(void) {
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    step s;
+    CHECK_OK(step_init(&s, standin, false));
+    static run_result r;
+    for (int depth = 1; depth <= N_LAYER; depth++) {
+        ferry_sched * sched = NULL;
+        CHECK_OK(run_step(&s, FERRY_COPY_RANGES, false, depth, &r, &sched));
+        const int n = ferry_sched_n_inputs(sched);
+        CHECK_EQ_U(n, 2 * N_LAYER);
+        for (int a = 0; a < n; a++) {
+            for (int b = a + 1; b < n; b++) {
+                ferry_sched_input_info x, y;
+                CHECK_OK(ferry_sched_input(sched, a, &x));
+                CHECK_OK(ferry_sched_input(sched, b, &y));
+                /* layer of an input: a / 2; queued at layer - depth, read at layer */
+                const int la = a / 2, lb = b / 2;
+                const int qa = la > depth ? la - depth : 0, qb = lb > depth ? lb - depth : 0;
+                if (qb > la || qa > lb) {
+                    continue; /* their times do not meet */
+                }
+                const uintptr_t xa = (uintptr_t) x.copy->data, ya = (uintptr_t) y.copy->data;
+                const bool apart = xa + ferry_tensor_nbytes(x.copy) <= ya || ya + ferry_tensor_nbytes(y.copy) <= xa;
+                if (!apart) {
+                    fprintf(stderr, "depth %d: copies of inputs %d and %d overlap\n", depth, a, b);
+                }
+                CHECK(apart);
+            }
+        }
+        ferry_sched_free(sched);
+    }
+    step_free(&s);
+    ferry_backend_free(standin);
+}
+
+/* A backend without a copy queue copies as it always did, prefetch or not. */
+static void test_no_queue_copies_as_before(void) {
+    ferry_dummy_params p = ferry_dummy_default_params();
+    p.real_memory = true;
+    ferry_backend * device, * queue = (ferry_backend *) 1;
+    CHECK_OK(ferry_dummy_backend_new(&p, &device));
+    CHECK_OK(ferry_backend_get_copy_queue(device, &queue));
+    CHECK(queue == NULL);
+    step s;
+    CHECK_OK(step_init(&s, device, false));
+    static run_result serial, ahead;
+    CHECK_OK(run_step(&s, FERRY_COPY_RANGES, false, 0, &serial, NULL));
+    CHECK_OK(run_step(&s, FERRY_COPY_RANGES, false, 3, &ahead, NULL));
+    SUB(check_same_bytes(&serial.stats, &ahead.stats));
+    CHECK_EQ_U(ahead.stats.prefetched, 0);
+    CHECK_EQ_U(ahead.stats.ahead_bytes, 0);
+    CHECK(memcmp(serial.out, ahead.out, sizeof(serial.out)) == 0);
+    step_free(&s);
+    ferry_backend_free(device);
+}
+
+/* The stand-in's queue on its own: one per backend, rows land in order, events are reached
+ * and timed, and what it cannot do is refused. */
+static void test_standin_copy_queue(void) {
+    ferry_backend *standin, *queue, *again, *cpu;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    CHECK_OK(ferry_backend_get_copy_queue(standin, &queue));
+    CHECK(queue != NULL);
+    CHECK_OK(ferry_backend_get_copy_queue(standin, &again));
+    CHECK(again == queue);
+    CHECK(strstr(ferry_backend_name(queue), "copy queue") != NULL);
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[1] = {4096};
+    ferry_tensor * t;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne, &t));
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(standin, ferry_tensor_nbytes(t), &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    static int32_t src[4096 * 2], got[4096];
+    for (int i = 0; i < 4096 * 2; i++) {
+        src[i] = i;
+    }
+    ferry_event *a, *b;
+    CHECK_OK(ferry_event_new(queue, FERRY_EVENT_TIMING, &a));
+    CHECK_OK(ferry_event_new(queue, FERRY_EVENT_TIMING, &b));
+    CHECK_OK(ferry_event_record(a, queue));
+    /* rows of 64 ints from every other 64 of src, then the last row again from elsewhere */
+    CHECK_OK(ferry_backend_tensor_set_2d_async(queue, t, src, 0, 256, 64, 256, 512));
+    CHECK_OK(ferry_backend_tensor_set_async(queue, t, src + 100, 63 * 256, 256));
+    CHECK_OK(ferry_event_record(b, queue));
+    CHECK_OK(ferry_event_wait(standin, b));
+    CHECK_OK(ferry_tensor_get(t, got, 0, sizeof(got)));
+    bool right = true;
+    for (int r = 0; r < 64; r++) {
+        for (int i = 0; i < 64; i++) {
+            right = right && got[r * 64 + i] == (r == 63 ? 100 + i : r * 128 + i);
+        }
+    }
+    CHECK(right);
+    float ms = -1;
+    CHECK_OK(ferry_event_elapsed_ms(a, b, &ms));
+    CHECK(ms >= 0);
+    CHECK_FAILS(ferry_event_record(a, standin), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_backend_graph_compute(queue, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_backend_get_copy_queue(NULL, &again), FERRY_ERR_INVALID_ARG);
+    /* a get queued behind the sets sees them */
+    CHECK_OK(ferry_backend_tensor_set_async(queue, t, src + 1000, 0, 16));
+    int32_t four[4] = {0};
+    CHECK_OK(ferry_backend_tensor_get_async(queue, t, four, 0, 16));
+    CHECK_OK(ferry_backend_synchronize(queue));
+    CHECK(four[0] == 1000 && four[3] == 1003);
+    ferry_event_free(a);
+    ferry_event_free(b);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_backend_free(cpu);
+    ferry_backend_free(standin); /* frees its queue */
+}
+
+static void test_prefetch_refusals(void) {
+    ferry_backend * cpu;
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    ferry_sched * sched;
+    CHECK_OK(ferry_sched_new(&cpu, 1, &sched));
+    CHECK(ferry_sched_get_prefetch(sched) == 0);
+    CHECK_FAILS(ferry_sched_set_prefetch(sched, -1), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_sched_set_prefetch(NULL, 1), FERRY_ERR_INVALID_ARG);
+    CHECK_OK(ferry_sched_set_prefetch(sched, 2));
+    CHECK(ferry_sched_get_prefetch(sched) == 2);
+    CHECK(ferry_sched_get_prefetch(NULL) == 0);
+    ferry_sched_free(sched);
+    ferry_backend_free(cpu);
+}
+
+#ifdef FERRY_FAULT_INJECTION
+/*
+ * What the events guard: with the copies held back on the queue and the waits dropped,
+ * attention reads copies that have not arrived, and the outputs differ from the serial
+ * run's; the same scheduler, waiting again, gives them exactly.
+ */
+static void dropped_wait_reads_stale(ferry_backend * device, bool hold_queue) {
+    step s;
+    CHECK_OK(step_init(&s, device, false));
+    static run_result serial, dropped, waited;
+    CHECK_OK(run_step(&s, FERRY_COPY_RANGES, false, 0, &serial, NULL));
+    ferry_fault_sched_drop_waits(true);
+    ferry_fault_copy_queue_pause(hold_queue);
+    ferry_sched * sched = NULL;
+    const ferry_status st = run_step(&s, FERRY_COPY_RANGES, false, 2, &dropped, &sched);
+    ferry_fault_copy_queue_pause(false);
+    ferry_fault_sched_drop_waits(false);
+    ferry_backend * queue = NULL;
+    CHECK_OK(ferry_backend_get_copy_queue(device, &queue));
+    CHECK_OK(ferry_backend_synchronize(queue)); /* what was dropped is waited for here */
+    CHECK_OK(st);
+    CHECK(memcmp(serial.out, dropped.out, sizeof(serial.out)) != 0);
+    CHECK_OK(ferry_sched_graph_compute(sched, s.graph));
+    for (int l = 0; l < N_LAYER; l++) {
+        CHECK_OK(ferry_tensor_get(s.out[l], waited.out[l], 0, sizeof(waited.out[l])));
+    }
+    CHECK(memcmp(serial.out, waited.out, sizeof(serial.out)) == 0);
+    ferry_sched_free(sched);
+    step_free(&s);
+}
+
+static void test_standin_dropped_wait_reads_stale(void) {
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    SUB(dropped_wait_reads_stale(standin, true));
+    ferry_backend_free(standin);
+}
+#endif
+
+#ifdef FERRY_HAVE_CUDA_TESTS
+static ferry_backend * cuda_or_skip(void) {
+    ferry_backend * cuda = NULL;
+    if (!ferry_cuda_available() || ferry_cuda_backend_new(0, &cuda) != FERRY_OK) {
+        fprintf(stderr, "no CUDA device: skipped\n");
+        exit(77);
+    }
+    return cuda;
+}
+
+/* The same on CUDA: the copy queue is a second stream, the compute stream waits on its events. */
+static void test_cuda_same_bytes_as_serial(void) {
+    ferry_backend * cuda = cuda_or_skip();
+    SUB(same_bytes_as_serial(cuda));
+    ferry_backend_free(cuda);
+}
+
+#ifdef FERRY_FAULT_INJECTION
+/* Against the fake runtime, queued copies run only when something waits for them: without
+ * the compute stream's wait on their events, attention reads stale bytes every time. */
+static void test_cuda_dropped_wait_reads_stale(void) {
+    ferry_backend * cuda = cuda_or_skip();
+    SUB(dropped_wait_reads_stale(cuda, false));
+    ferry_backend_free(cuda);
+}
+#endif
+#endif
+
+static const check_test tests[] = {
+    {"standin_same_bytes_as_serial", test_standin_same_bytes_as_serial},
+    {"copies_in_flight_never_share_memory", test_copies_in_flight_never_share_memory},
+    {"no_queue_copies_as_before", test_no_queue_copies_as_before},
+    {"standin_copy_queue", test_standin_copy_queue},
+    {"prefetch_refusals", test_prefetch_refusals},
+#ifdef FERRY_FAULT_INJECTION
+    {"standin_dropped_wait_reads_stale", test_standin_dropped_wait_reads_stale},
+#endif
+#ifdef FERRY_HAVE_CUDA_TESTS
+    {"cuda_same_bytes_as_serial", test_cuda_same_bytes_as_serial},
+#ifdef FERRY_FAULT_INJECTION
+    {"cuda_dropped_wait_reads_stale", test_cuda_dropped_wait_reads_stale},
+#endif
+#endif
+};
+
+CHECK_MAIN(tests)
