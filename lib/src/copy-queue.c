@@ -8,6 +8,8 @@
 #include "copy-queue.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,13 +38,26 @@ typedef struct {
     pthread_cond_t done; /* a job finished */
     job * jobs;          /* a ring: jobs[head .. head + count) */
     size_t head, count, capacity;
-    uint64_t queued, finished; /* jobs ever queued and finished: synchronize waits for equality */
-    bool closing;
+    _Atomic uint64_t queued; /* jobs ever queued (under the lock; the idle worker polls it) */
+    _Atomic uint64_t finished; /* and finished (by the worker): synchronize waits for equality */
+    atomic_bool closing;
 } queue_ctx;
+
+/*
+ * An idle worker polls for this long, yielding its core to anyone who wants it, before it
+ * sleeps. A worker woken from sleep tends to be woken on the core of the thread that
+ * queued the copy, and the two then share that core while the other idles: measured here,
+ * the copies ran only between a step's computes, never under them. A step queues its next
+ * layer's copies within milliseconds of the last, so the worker stays on its own core.
+ */
+#define IDLE_POLL_SECONDS 0.05
+/* A thread waiting for an event polls for up to this long before it sleeps. */
+#define WAIT_POLL_SECONDS 1.0
 
 struct queue_event {
     queue_ctx * queue;
-    uint64_t recorded, reached; /* records made, and the last one the worker reached */
+    uint64_t recorded;          /* records made */
+    _Atomic uint64_t reached;   /* the last one the worker reached (a waiter polls it) */
     double seconds;             /* when the worker reached it */
 };
 
@@ -53,7 +68,6 @@ static double now_seconds(void) {
 }
 
 #ifdef FERRY_FAULT_INJECTION
-#include <stdatomic.h>
 static atomic_bool paused;
 void ferry_fault_copy_queue_pause(bool pause) { atomic_store(&paused, pause); }
 #define QUEUE_PAUSED() atomic_load(&paused)
@@ -74,6 +88,15 @@ static void * worker_main(void * arg) {
     queue_ctx * q = arg;
     pthread_mutex_lock(&q->lock);
     for (;;) {
+        if (q->count == 0 && !q->closing) {
+            const uint64_t seen = atomic_load(&q->finished);
+            pthread_mutex_unlock(&q->lock);
+            const double until = now_seconds() + IDLE_POLL_SECONDS;
+            while (atomic_load(&q->queued) == seen && !atomic_load(&q->closing) && now_seconds() < until) {
+                sched_yield();
+            }
+            pthread_mutex_lock(&q->lock);
+        }
         while (q->count == 0 && !q->closing) {
             pthread_cond_wait(&q->work, &q->lock);
         }
@@ -91,8 +114,8 @@ static void * worker_main(void * arg) {
         run_job(&j); /* the copy runs unlocked: queuing more goes on meanwhile */
         pthread_mutex_lock(&q->lock);
         if (j.kind == JOB_EVENT) {
-            j.event->reached = j.seq;
             j.event->seconds = now_seconds();
+            atomic_store(&j.event->reached, j.seq);
         }
         q->head = (q->head + 1) % q->capacity;
         q->count--;
@@ -145,13 +168,27 @@ static bool queue_supports_buft(ferry_backend * backend, ferry_buffer_type * buf
     return ferry_backend_supports_buft(ctx_of(backend)->parent, buft);
 }
 
+/* Wait until *value reaches target: poll first, then sleep on the queue's done. Polling,
+ * for the reason the idle worker polls: a waiter woken from sleep is put on the worker's
+ * core and waits there for the worker to finish. Called with the lock held. */
+static void wait_until(queue_ctx * q, _Atomic uint64_t * value, uint64_t target) {
+    if (atomic_load(value) < target) {
+        pthread_mutex_unlock(&q->lock);
+        const double until = now_seconds() + WAIT_POLL_SECONDS;
+        while (atomic_load(value) < target && now_seconds() < until) {
+            sched_yield();
+        }
+        pthread_mutex_lock(&q->lock);
+    }
+    while (atomic_load(value) < target) {
+        pthread_cond_wait(&q->done, &q->lock);
+    }
+}
+
 static ferry_status queue_synchronize(ferry_backend * backend) {
     queue_ctx * q = ctx_of(backend);
     pthread_mutex_lock(&q->lock);
-    const uint64_t target = q->queued;
-    while (q->finished < target) {
-        pthread_cond_wait(&q->done, &q->lock);
-    }
+    wait_until(q, &q->finished, atomic_load(&q->queued));
     pthread_mutex_unlock(&q->lock);
     return FERRY_OK;
 }
@@ -194,10 +231,7 @@ static ferry_status event_synchronize(ferry_event * ev) {
     queue_event * e = ev_of(ev);
     queue_ctx * q = e->queue;
     pthread_mutex_lock(&q->lock);
-    const uint64_t target = e->recorded;
-    while (e->reached < target) {
-        pthread_cond_wait(&q->done, &q->lock);
-    }
+    wait_until(q, &e->reached, e->recorded);
     pthread_mutex_unlock(&q->lock);
     return FERRY_OK;
 }

@@ -35,6 +35,16 @@ with reuse off, every step builds). End-to-end tokens/s = npl * ntg / (decode + 
 A row's rebuilds are the graphs built after a repetition's first step: one wherever n_kv
 crosses a multiple of --pad.
 
+Overlap (--overlap): every variant also runs with its scheduler prefetching (--prefetch
+layers ahead: each layer's windows copied on the split backend's copy queue while earlier
+layers compute), taking turns with the serial runs in the same invocation. The overlapped
+row's copy time is the time its copy queue spent on the copies, its compute time that of
+attention, its decode time the step's wall time as always. Its bound is max(copy, compute)
+of the serial row: what a step costs when compute hides the copy entirely (or the copy the
+compute); a step still pays its first layer's copy before anything can compute. Its memory
+is what the scheduler held on the split backend, and ahead is what prefetching held there
+beyond the layer computing (the windows of the layers queued ahead).
+
 The figures: each step's fastest time over the repetitions, summed over the steps, is the
 decode time; tokens/s = npl * ntg / that time, and a variant's gain is its tokens/s over
 flat's, minus 1. Copy and compute time are found the same way from the scheduler's
@@ -103,12 +113,14 @@ class BenchConfig:
     v_trans: bool = False  # V stored transposed (flash attention off): a gap after every channel row
     compact: bool = False  # also run each non-flat policy with compact staging
     reuse: bool = True  # a step whose padded n_kv is the last step's runs the last graph (StepGraph)
+    overlap: bool = False  # also run each variant prefetching its inputs on the copy queue
+    prefetch: int = 1  # parts (layers) ahead an overlapped run queues
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
         check_positive((("-c", self.n_ctx), ("-npp", self.npp), ("-ntg", self.ntg), ("--layers", self.n_layer),
                         ("--heads", self.n_head), ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv),
-                        ("--pad", self.pad), ("--repeat", self.repeat)))
+                        ("--pad", self.pad), ("--repeat", self.repeat), ("--prefetch", self.prefetch)))
         check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.backend)
         if self.v_trans and self.type_kv == "q8_0":
             raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
@@ -153,7 +165,13 @@ class BenchConfig:
     def n_steps(self) -> int:
         """Decode steps of a whole run: every npl, variant, layout and repetition (the warm-up's too)."""
         layouts = 2 if self.unified else 1
-        return len(self.npl) * len(variants(self)) * layouts * self.ntg * (WARMUP + self.repeat)
+        return len(self.npl) * len(variants(self)) * layouts * len(self.prefetch_depths) * self.ntg * (
+            WARMUP + self.repeat)
+
+    @property
+    def prefetch_depths(self) -> Tuple[int, ...]:
+        """The Scheduler.prefetch of each variant's runs: 0 (serial), and with overlap the depth."""
+        return (0, self.prefetch) if self.overlap else (0,)
 
 
 #: Untimed repetitions of each variant before the timed ones.
@@ -187,6 +205,13 @@ class BenchRow:
     runs_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)  # each repetition's own, in run order
     host_s: float = 0.0  # building (when n_kv changed) or reusing each step's graph, and writing its lengths
     rebuilds: int = 0  # graphs built after a repetition's first step: where the padded n_kv changed
+    prefetch: int = 0  # the scheduler's prefetch depth: 0 serial, else overlapped
+    ahead_bytes: int = 0  # the most bytes prefetching held on the split beyond the layer computing
+
+    @property
+    def overlap(self) -> bool:
+        """Whether the run prefetched its inputs on the copy queue."""
+        return self.prefetch > 0
 
     @property
     def tokens_per_s_end_to_end(self) -> float:
@@ -207,8 +232,8 @@ class BenchRow:
 
     @property
     def label(self) -> str:
-        """The policy, with "+compact" for compact staging."""
-        return f"{self.policy}+compact" if self.compact else self.policy
+        """The policy, with "+compact" for compact staging and "+overlap" for an overlapped run."""
+        return self.policy + ("+compact" if self.compact else "") + ("+overlap" if self.overlap else "")
 
     @property
     def copy_bandwidth(self) -> float:
@@ -222,7 +247,8 @@ class BenchRow:
                 "copy_s": self.copy_s, "bytes_copied": self.bytes_copied, "bytes_read": self.bytes_read,
                 "compact": self.compact, "split_memory_bytes": self.split_memory, "repeats": self.repeats,
                 "host_s": self.host_s, "tokens_per_s_end_to_end": self.tokens_per_s_end_to_end,
-                "rebuilds": self.rebuilds,
+                "rebuilds": self.rebuilds, "overlap": self.overlap, "prefetch": self.prefetch,
+                "decode_s": self.decode_s, "compute_s": self.compute_s, "ahead_bytes": self.ahead_bytes,
                 **dict(zip(("tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max"),
                            self.tokens_per_s_spread))}
 
@@ -236,7 +262,8 @@ class BenchResult:
     cache_memory: str
     rows: List[BenchRow]
 
-    def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False) -> BenchRow:
+    def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False,
+            overlap: bool = False) -> BenchRow:
         """The row of one run.
 
         Parameters
@@ -245,6 +272,8 @@ class BenchResult:
         policy : str
         unified : bool, optional
         compact : bool, optional
+        overlap : bool, optional
+            The overlapped run (--overlap) instead of the serial one.
 
         Returns
         -------
@@ -255,7 +284,17 @@ class BenchResult:
         StopIteration
             For a run the configuration did not make.
         """
-        return next(r for r in self.rows if (r.npl, r.policy, r.unified, r.compact) == (npl, policy, unified, compact))
+        return next(r for r in self.rows
+                    if (r.npl, r.policy, r.unified, r.compact, r.overlap) == (npl, policy, unified, compact, overlap))
+
+    def serial_of(self, r: BenchRow) -> BenchRow:
+        """The serial run of an overlapped row's variant (the row itself when it is serial)."""
+        return self.row(r.npl, r.policy, r.unified, r.compact)
+
+    def bound(self, r: BenchRow) -> float:
+        """max(copy, compute) of the row's serial run: a step's decode time when one hides the other."""
+        serial = self.serial_of(r)
+        return max(serial.copy_s, serial.compute_s)
 
     def variants(self) -> List[Tuple[str, bool]]:
         """(policy, compact) in table order: every policy, then the non-flat ones with compact staging."""
@@ -275,14 +314,14 @@ class BenchResult:
         """
         if "flat" not in self.config.policies:
             return None
-        return r.tokens_per_s / self.row(r.npl, "flat", r.unified).tokens_per_s - 1.0
+        return r.tokens_per_s / self.row(r.npl, "flat", r.unified, overlap=r.overlap).tokens_per_s - 1.0
 
     def gain_spread(self, r: BenchRow) -> Optional[Tuple[float, float, float]]:
         """The median, least and greatest over repetitions of a row's tokens/s over flat's in the same
         repetition, minus 1 (None without flat)."""
         if "flat" not in self.config.policies:
             return None
-        flat = self.row(r.npl, "flat", r.unified)
+        flat = self.row(r.npl, "flat", r.unified, overlap=r.overlap)
         ratios = [v / f - 1.0 for f, v in zip(flat.runs_tokens_per_s, r.runs_tokens_per_s)]
         ratios = ratios or [self.gain(r) or 0.0]
         return statistics.median(ratios), min(ratios), max(ratios)
@@ -290,10 +329,14 @@ class BenchResult:
     def as_dicts(self) -> List[Dict[str, object]]:
         """The rows as `ferry bench --json` writes them: each row's as_dict, its gain over flat and the
         gain's spread ("gain", "gain_median", "gain_min", "gain_max"; None without flat), and
-        "statistic" and "spread": how they were found."""
+        "statistic" and "spread": how they were found; an overlapped row (--overlap) also its
+        serial run's decode time and the bound max(copy, compute) of it ("serial_decode_s",
+        "bound_s"). Gains compare serial rows with serial flat, overlapped with overlapped."""
         out = []
         for r in self.rows:
             d = r.as_dict()
+            if r.overlap:
+                d.update(serial_decode_s=self.serial_of(r).decode_s, bound_s=self.bound(r))
             spread = self.gain_spread(r)
             d["gain"] = self.gain(r)
             d.update(zip(("gain_median", "gain_min", "gain_max"), spread or (None, None, None)))
@@ -302,7 +345,8 @@ class BenchResult:
         return out
 
     def outputs_identical(self, npl: int) -> bool:
-        """Whether every run of npl (each policy, both layouts) produced the same attention outputs.
+        """Whether every run of npl (each policy, both layouts, serial and overlapped) produced the same
+        attention outputs.
 
         Parameters
         ----------
@@ -399,6 +443,7 @@ class _Measured:
     rebuilds: int = 0
     bytes_copied: int = 0
     bytes_read: int = 0
+    ahead_bytes: int = 0
     digests: List[str] = field(default_factory=list)
 
 
@@ -410,14 +455,15 @@ def _fastest_steps(times: List[List[float]]) -> float:
 class _Variant:
     """One copy policy (with or without compact staging) over a cache: its scheduler, its repetitions."""
 
-    def __init__(self, cache: _Cache, cpu: Backend, policy: str, compact: bool) -> None:
-        self.cache, self.policy, self.compact = cache, policy, compact
-        self.sched = Scheduler([cache.split, cpu], policy=policy, compact=compact)
+    def __init__(self, cache: _Cache, cpu: Backend, policy: str, compact: bool, prefetch: int = 0) -> None:
+        self.cache, self.policy, self.compact, self.prefetch = cache, policy, compact, prefetch
+        self.sched = Scheduler([cache.split, cpu], policy=policy, compact=compact, prefetch=prefetch)
         self.graphs = StepGraph(self.sched, self._build)
         self.split_memory = 0
         self.measured = _Measured()
         unified = " unified" if cache.unified else ""
-        self.label = f"npl {cache.npl} {policy}{'+compact' if compact else ''}{unified}"
+        overlap = "+overlap" if prefetch else ""
+        self.label = f"npl {cache.npl} {policy}{'+compact' if compact else ''}{overlap}{unified}"
 
     def _build(self, n_kv: object) -> List[Tensor]:
         """A step's outputs for a window of n_kv cells: per layer attention over its K and V windows."""
@@ -443,7 +489,7 @@ class _Variant:
         copy: List[float] = []
         compute: List[float] = []
         host: List[float] = []
-        copied = read = builds = 0
+        copied = read = builds = ahead = 0
         digest = hashlib.sha256()
         for t in range(self.cache.cfg.ntg):
             t0 = time.perf_counter()
@@ -459,6 +505,7 @@ class _Variant:
             compute.append(st.compute_seconds)
             copied += st.bytes_copied
             read += st.bytes_read
+            ahead = max(ahead, st.ahead_bytes)
             for out in graph.outputs:
                 digest.update(out.get())
             if on_step is not None:
@@ -470,7 +517,7 @@ class _Variant:
             m.compute.append(compute)
             m.host.append(host)
             m.rebuilds = self.graphs.builds - builds
-            m.bytes_copied, m.bytes_read = copied, read
+            m.bytes_copied, m.bytes_read, m.ahead_bytes = copied, read, ahead
             m.digests.append(digest.hexdigest())
 
     def row(self) -> BenchRow:
@@ -488,7 +535,7 @@ class _Variant:
         return BenchRow(c.npl, self.policy, c.unified, _tps(tokens, decode), decode, _fastest_steps(m.copy),
                         _fastest_steps(m.compute), m.bytes_copied, m.bytes_read, m.digests[0], self.compact,
                         self.split_memory, tuple(_tps(tokens, sum(d)) for d in m.decode), _fastest_steps(m.host),
-                        m.rebuilds)
+                        m.rebuilds, self.prefetch, m.ahead_bytes)
 
 
 def _tps(tokens: int, seconds: float) -> float:
@@ -515,7 +562,8 @@ def measure_layout(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, uni
     Returns
     -------
     list of BenchRow
-        One per variant, in `variants` order.
+        One per variant, in `variants` order; with cfg.overlap each serial row followed by its
+        overlapped one.
 
     Raises
     ------
@@ -523,7 +571,8 @@ def measure_layout(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, uni
         When repetitions of a variant gave different attention outputs.
     """
     cache = _Cache(cfg, split, npl, unified, pinned)
-    runs = [_Variant(cache, cpu, policy, compact) for policy, compact in variants(cfg)]
+    runs = [_Variant(cache, cpu, policy, compact, depth) for policy, compact in variants(cfg)
+            for depth in cfg.prefetch_depths]
     collecting = gc.isenabled()
     try:
         for rep in range(WARMUP + cfg.repeat):

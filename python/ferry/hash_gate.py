@@ -10,7 +10,10 @@ queries and lengths are written in place into input tensors kept per wave size, 
 runs the last step's graph while its n_kv (the wave's longest sequence rounded up to --pad)
 is the same, as a decode loop does (ferry.StepGraph); --no-reuse builds every step's. The
 sha256 of every attention output, in order, is one hash per copy policy: they must be
-identical, since a copy policy changes what is moved, never what the graph reads.
+identical, since a copy policy changes what is moved, never what the graph reads. Each
+policy also runs overlapped (its scheduler prefetching each layer's windows on the split's
+copy queue while earlier layers compute; hashes keyed "<policy>+overlap"), which changes
+when bytes move, never which: its hash must be the same too.
 
 The negative control shows the gate can fail: the cache has one stream more than a wave
 uses, kept as a copy of stream 0 (so stream S is stream 0's neighbour after S-1), and the
@@ -55,12 +58,15 @@ class ValidateConfig:
     compact: bool = False  # also hash each non-flat policy with compact staging
     pad: int = 1  # a wave's n_kv is its longest sequence rounded up to this (at most kv_size)
     reuse: bool = True  # a step whose padded n_kv is the last one's runs the last graph (StepGraph)
+    overlap: bool = True  # also hash each run prefetching on the copy queue (keys "+overlap")
+    prefetch: int = 1  # parts (layers) ahead an overlapped run queues
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
         check_positive((("--sequences", self.n_seq), ("--streams", self.n_stream), ("--layers", self.n_layer),
                         ("--steps", self.n_step), ("--cells", self.kv_size), ("--heads", self.n_head),
-                        ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv), ("--pad", self.pad)))
+                        ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv), ("--pad", self.pad),
+                        ("--prefetch", self.prefetch)))
         if self.n_stream < 2:
             raise InvalidArgumentError(f"--streams {self.n_stream}: a gate for cross-stream reads needs at least 2")
         if self.kv_size < 2 * self.n_step + 2:
@@ -148,7 +154,7 @@ def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
 
 
 def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
-          compact: bool = False) -> Tuple[str, int, int]:
+          compact: bool = False, prefetch: int = 0) -> Tuple[str, int, int]:
     """Serve every sequence under a policy and hash every attention output.
 
     Each step writes its queries and lengths into tensors kept per wave size, and runs the graph of
@@ -164,6 +170,8 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
         Moves each wave's window that many streams up (the negative control: 1).
     compact : bool, optional
         Compact staging.
+    prefetch : int, optional
+        The scheduler's prefetch depth (0: serial; see Scheduler).
 
     Returns
     -------
@@ -173,7 +181,7 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     """
     cpu = CPUBackend()
     served = _Served(cfg)
-    sched = Scheduler([split, cpu], policy=policy, compact=compact)
+    sched = Scheduler([split, cpu], policy=policy, compact=compact, prefetch=prefetch)
     inputs: Dict[int, Tuple[List[Tensor], Tensor]] = {}  # per wave size: each layer's query, the lengths
 
     def build(key: Hashable) -> List[Tensor]:
@@ -235,7 +243,8 @@ def run_validate(cfg: ValidateConfig) -> ValidateResult:
     split = split_backend(cfg.backend)
     hashes, memory, builds = {}, {}, {}
     for policy, compact in variants(cfg.policies, cfg.compact):
-        name = f"{policy}+compact" if compact else policy
-        hashes[name], memory[name], builds[name] = serve(cfg, split, policy, compact=compact)
+        for prefetch in (0, cfg.prefetch) if cfg.overlap else (0,):
+            name = policy + ("+compact" if compact else "") + ("+overlap" if prefetch else "")
+            hashes[name], memory[name], builds[name] = serve(cfg, split, policy, compact=compact, prefetch=prefetch)
     control, _, _ = serve(cfg, split, "ranges", shift=1)
     return ValidateResult(split.name, hashes, control, memory, builds)

@@ -68,16 +68,24 @@ class Scheduler(Closeable):
         Input copies (and leafs the scheduler places) live to the end of compute, to read them
         afterwards; by default each is placed just before its first reader and freed after its
         last use.
+    prefetch : int, optional
+        Copy inputs ahead of compute on their backend's copy queue, up to this many parts ahead
+        of the part computing (a part: a split, or the piece of one from a node that first reads
+        an input; one layer's attention in a decode step). Only inputs whose source is ready
+        before the graph runs (memory of its own that no node writes: a KV window) go ahead, and
+        only onto backends with a copy queue (a CUDA backend's second stream, the stand-in
+        device's worker thread); each part's compute waits for its own inputs. 0 (the default):
+        off, every figure and byte as without it.
 
     Raises
     ------
     InvalidArgumentError
-        For an empty list, anything but Backends, an unknown policy, or a keep_inputs that is not
-        a bool.
+        For an empty list, anything but Backends, an unknown policy, a keep_inputs that is not a
+        bool, or a prefetch that is not an int of 0 or more.
     """
 
     def __init__(self, backends: Sequence[Backend], policy: PolicyLike = "flat", compact: bool = False,
-                 keep_inputs: bool = False) -> None:
+                 keep_inputs: bool = False, prefetch: int = 0) -> None:
         if isinstance(backends, Backend):
             backends = [backends]
         if isinstance(backends, (str, bytes)) or not hasattr(backends, "__len__") or len(backends) == 0:
@@ -105,6 +113,7 @@ class Scheduler(Closeable):
         if not isinstance(keep_inputs, bool):
             raise InvalidArgumentError(f"keep_inputs: expected a bool, got {type(keep_inputs).__name__}")
         check(lib.ferry_sched_set_keep_inputs(self._p, keep_inputs))
+        self.prefetch = prefetch
 
     @property
     def _p(self) -> Any:
@@ -144,6 +153,19 @@ class Scheduler(Closeable):
             raise InvalidArgumentError(f"compact: expected a bool, got {type(compact).__name__}")
         check(lib.ferry_sched_set_compact(self._p, compact))
         self._graph = None  # the copies change layout: allocate again at the next compute
+
+    @property
+    def prefetch(self) -> int:
+        """Parts ahead whose inputs are copied on copy queues (0: off); setting it takes effect at
+        the next alloc."""
+        return int(lib.ferry_sched_get_prefetch(self._p))
+
+    @prefetch.setter
+    def prefetch(self, n_parts: int) -> None:
+        if isinstance(n_parts, bool):
+            raise InvalidArgumentError("prefetch: expected an int of 0 or more, got bool")
+        check(lib.ferry_sched_set_prefetch(self._p, _checks.as_c_int(n_parts, "prefetch")))
+        self._graph = None  # the copies' places change: allocate again at the next compute
 
     def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
         return next((b for b in self._backends if b._handle.ptr == ptr), None)

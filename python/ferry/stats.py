@@ -89,9 +89,18 @@ class SchedStats:
     impl_calls: int
     copy_seconds: float
     compute_seconds: float
+    #: Prefetching (Scheduler.prefetch): inputs copied ahead on a copy queue.
+    prefetched: int = 0
+    #: The most prefetched inputs, and their bytes, queued or held ahead of the part computing:
+    #: the device memory prefetching holds beyond what the part at hand reads.
+    ahead_inputs: int = 0
+    ahead_bytes: int = 0
+    #: The host's time in waits for prefetched copies (on CUDA the device waits instead).
+    wait_seconds: float = 0.0
 
     @classmethod
     def from_c(cls, s: Any) -> "SchedStats":
         """A SchedStats holding the values of the ferry_sched_stats cdata s."""
         return cls(int(s.n_inputs), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied), int(s.copy_calls),
-                   int(s.impl_calls), float(s.copy_seconds), float(s.compute_seconds))
+                   int(s.impl_calls), float(s.copy_seconds), float(s.compute_seconds), int(s.prefetched),
+                   int(s.ahead_inputs), int(s.ahead_bytes), float(s.wait_seconds))

@@ -26,19 +26,22 @@ def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[1] == ("16 sequences through 8 streams of 64 cells (2 waves), 2 layers, 4 decode steps, K/V f16, "
                         "8 heads x 64, 2 KV heads")
     assert lines[2] == "sha256 of every attention output:"
-    hashes = [re.fullmatch(r"  (flat|ranges|plan|control) +([0-9a-f]{64})(  \(.*\))?", ln) for ln in lines[3:7]]
-    assert all(hashes) and [m.group(1) for m in hashes] == ["flat", "ranges", "plan", "control"]  # type: ignore
-    policy_hashes = {m.group(2) for m in hashes[:3]}  # type: ignore[union-attr]
-    assert len(policy_hashes) == 1 and hashes[3].group(2) not in policy_hashes  # type: ignore[union-attr]
-    assert lines[7] == "policies: identical; control: detected; gate: pass"
-    assert len(lines) == 8
+    hashes = [re.fullmatch(r"  ((?:flat|ranges|plan)(?:\+overlap)?|control) +([0-9a-f]{64})(  \(.*\))?", ln)
+              for ln in lines[3:10]]
+    assert all(hashes) and [m.group(1) for m in hashes] == [  # type: ignore[union-attr]
+        "flat", "flat+overlap", "ranges", "ranges+overlap", "plan", "plan+overlap", "control"]
+    policy_hashes = {m.group(2) for m in hashes[:6]}  # type: ignore[union-attr]
+    assert len(policy_hashes) == 1 and hashes[6].group(2) not in policy_hashes  # type: ignore[union-attr]
+    assert lines[10] == "policies: identical; control: detected; gate: pass"
+    assert len(lines) == 11
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", *SMALL, "--json", "--type", "q8_0", "--sequences", "5", "--streams", "2"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert set(got) == {"hashes", "identical", "control_detected", "split_memory_bytes", "graph_builds"}
-    assert list(got["hashes"]) == ["flat", "ranges", "plan"] == list(got["split_memory_bytes"])
+    assert list(got["hashes"]) == ["flat", "flat+overlap", "ranges", "ranges+overlap", "plan",
+                                   "plan+overlap"] == list(got["split_memory_bytes"])
     assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in got["hashes"].values())
     assert len(set(got["hashes"].values())) == 1
     assert got["identical"] is True and got["control_detected"] is True
@@ -59,8 +62,8 @@ def test_the_gate_fails_when_a_policy_reads_the_wrong_stream(monkeypatch: pytest
     real = validate.serve
 
     def broken(cfg: validate.ValidateConfig, split: ferry.Backend, policy: str, shift: int = 0,
-               compact: bool = False) -> Tuple[str, int, int]:
-        return real(cfg, split, policy, shift=1 if policy == "plan" else shift, compact=compact)
+               compact: bool = False, prefetch: int = 0) -> Tuple[str, int, int]:
+        return real(cfg, split, policy, shift=1 if policy == "plan" else shift, compact=compact, prefetch=prefetch)
 
     monkeypatch.setattr(validate, "serve", broken)
     assert main(["validate", *SMALL, "--json"]) == 1
@@ -111,7 +114,8 @@ def test_compact_staging_keeps_the_hashes() -> None:
     memory held on the split backend than with the source's layout."""
     cfg = validate.ValidateConfig(n_seq=6, n_stream=3, kv_size=48, n_step=2, compact=True, backend="cpu")
     res = validate.run_validate(cfg)
-    assert list(res.hashes) == ["flat", "ranges", "plan", "ranges+compact", "plan+compact"]
+    assert list(res.hashes) == ["flat", "flat+overlap", "ranges", "ranges+overlap", "plan", "plan+overlap",
+                                "ranges+compact", "ranges+compact+overlap", "plan+compact", "plan+compact+overlap"]
     assert res.identical and res.control_detected
     assert res.split_memory["ranges+compact"] < res.split_memory["ranges"]
     assert res.split_memory["plan+compact"] == res.split_memory["ranges+compact"]

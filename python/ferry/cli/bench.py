@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable, Optional, TextIO, Tuple
+from typing import Any, Callable, List, Optional, TextIO, Tuple
 
 from .. import decode_bench
 from ..decode_bench import SPREAD, STATISTIC, BenchConfig, BenchResult, BenchRow
@@ -25,8 +25,8 @@ from .progress import Progress, progress_stream
 from .text_table import format_table
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Progress", "add_parser", "check_plot_available",
-           "config_from_args", "fmt_gain", "fmt_gbps", "fmt_mib", "fmt_seconds", "fmt_spread", "fmt_tps",
-           "format_result", "main", "plot_result", "run_bench"]
+           "config_from_args", "fmt_gain", "fmt_gbps", "fmt_mib", "fmt_ratio", "fmt_seconds", "fmt_spread", "fmt_tps",
+           "format_overlap", "format_result", "main", "plot_result", "run_bench"]
 
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
 ARGUMENT_ERRORS = InvalidArgumentError
@@ -136,13 +136,50 @@ def format_result(res: BenchResult) -> str:
             body.append(cells)
     lines += format_table([head, *body], left=(1,))
     lines.append("")
+    if cfg.overlap:
+        lines += format_overlap(res)
+        lines.append("")
     for npl in cfg.npl:
         runs = "policies and both caches" if cfg.unified else "policies"
+        runs += ", serial and overlapped" if cfg.overlap else ""
         same = "identical" if res.outputs_identical(npl) else "DIFFERENT"
         rebuilds = res.row(npl, res.variants()[0][0], False, res.variants()[0][1]).rebuilds
         lines.append(f"npl {npl}: attention outputs {same} across {runs}; the graph was rebuilt at {rebuilds} of "
                      f"a repetition's {cfg.ntg - 1} later steps (pad {cfg.pad})")
     return "\n".join(lines)
+
+
+def fmt_ratio(x: float) -> str:
+    """A ratio x as "0.83x"."""
+    return f"{x:.2f}x"
+
+
+def format_overlap(res: BenchResult) -> List[str]:
+    """The lines of the overlap table (--overlap): per npl, layout and variant, the serial run's decode,
+    copy and compute times and its bound max(copy, compute), the overlapped run's decode time over
+    each, and the memory both held on the split backend."""
+    cfg = res.config
+    lines = [f"overlap: each variant also ran prefetching {cfg.prefetch} layer(s) ahead on the split's copy queue, "
+             "taking turns with the serial run; bound = max(copy, compute) of the serial run",
+             "overlapped copy: the copy queue's time on the copies; ahead: what prefetching held on the split "
+             "beyond the layer computing"]
+    head = ["npl", "cache", "policy", "serial decode", "copy", "compute", "bound", "overlapped decode",
+            "/ serial", "/ bound", "overlapped copy", "compute", "split mem", "overlapped", "ahead"]
+    body = []
+    layouts = (False, True) if cfg.unified else (False,)
+    for npl in cfg.npl:
+        for unified in layouts:
+            for policy, compact in res.variants():
+                s = res.row(npl, policy, unified, compact)
+                o = res.row(npl, policy, unified, compact, overlap=True)
+                bound = res.bound(o)
+                body.append([str(npl), "unified" if unified else "split", s.label, fmt_seconds(s.decode_s),
+                             fmt_seconds(s.copy_s), fmt_seconds(s.compute_s), fmt_seconds(bound),
+                             fmt_seconds(o.decode_s), fmt_ratio(o.decode_s / s.decode_s),
+                             fmt_ratio(o.decode_s / bound) if bound > 0 else "-", fmt_seconds(o.copy_s),
+                             fmt_seconds(o.compute_s), fmt_mib(s.split_memory), fmt_mib(o.split_memory),
+                             fmt_mib(o.ahead_bytes)])
+    return lines + format_table([head, *body], left=(1, 2))
 
 
 def check_plot_available() -> None:
@@ -220,6 +257,11 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                     help="also run each non-flat policy with compact staging (the split holds only the bytes read)")
     bp.add_argument("--no-reuse", dest="reuse", action="store_false",
                     help="build and allocate every step's graph, even while the padded n_kv holds")
+    bp.add_argument("--overlap", action="store_true",
+                    help="also run each variant prefetching its windows on the split's copy queue while earlier "
+                         "layers compute, and compare its decode time with the serial run's")
+    bp.add_argument("--prefetch", type=POSITIVE, default=d.prefetch, metavar="N",
+                    help=f"layers an overlapped run queues ahead (default {d.prefetch})")
     bp.add_argument("--json", action="store_true", help="a JSON list of objects instead of the table")
     bp.add_argument("--plot", metavar="FILE.png", help="also write a PNG chart of tokens/s (needs matplotlib)")
     return bp
@@ -230,7 +272,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
                        policies=tuple(args.policy), unified=args.unified, backend=args.backend, pad=args.pad,
-                       repeat=args.repeat, v_trans=args.v_trans, compact=args.compact, reuse=args.reuse)
+                       repeat=args.repeat, v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
+                       overlap=args.overlap, prefetch=args.prefetch)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -71,6 +71,11 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                     help="build and allocate every step's graph, even when the last one would do")
     vp.add_argument("--compact", action="store_true",
                     help="also hash each non-flat policy with compact staging (the split holds only the bytes read)")
+    vp.add_argument("--no-overlap", dest="overlap", action="store_false",
+                    help="leave out the overlapped runs (each policy prefetching its windows on the split's copy "
+                         "queue, hashed as <policy>+overlap)")
+    vp.add_argument("--prefetch", type=POSITIVE, default=d.prefetch, metavar="N",
+                    help=f"layers an overlapped run queues ahead (default {d.prefetch})")
     vp.add_argument("--json", action="store_true", help='{"hashes": {policy: hex}, "identical", "control_detected"}')
     return vp
 
@@ -85,7 +90,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = ValidateConfig(n_seq=args.sequences, n_stream=args.streams, n_layer=args.layers, n_step=args.steps,
                          kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
                          n_head_kv=args.kv_heads, policies=tuple(args.policy), backend=args.backend, seed=args.seed,
-                         compact=args.compact, pad=args.pad, reuse=args.reuse)
+                         compact=args.compact, pad=args.pad, reuse=args.reuse, overlap=args.overlap,
+                         prefetch=args.prefetch)
     cfg.check()
     res = hash_gate.run_validate(cfg)
     if args.json:

@@ -1,0 +1,169 @@
+"""Prefetching (Scheduler(prefetch=N)): windows copied on the split's copy queue while earlier
+layers compute give the outputs and byte counts of the serial run; `ferry bench --overlap` and
+`ferry validate` run both and say so; bad values are refused with a FerryError."""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Tuple
+
+import numpy as np
+import pytest
+
+import ferry
+from ferry.cli import bench as bench_cli
+from ferry.cli import main as cli_main
+from ferry.decode_bench import BenchConfig, run_bench
+from ferry.hash_gate import ValidateConfig, run_validate
+
+N_LAYER, N_STREAM, KV_SIZE, HEAD_DIM, N_HEAD_KV, N_HEAD, N_KV = 3, 3, 48, 16, 2, 4, 40
+
+
+class Step:
+    """A decode step of N_LAYER layers over a split cache on the host, attention on `split`."""
+
+    def __init__(self, split: ferry.Backend, v_trans: bool = False) -> None:
+        self.split, self.cpu, self.v_trans = split, ferry.CPUBackend(), v_trans
+        self.kv = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER,
+                                v_trans=v_trans)
+        rng = np.random.default_rng(5)
+        for layer in range(N_LAYER):
+            for t in (self.kv.k(layer), self.kv.v(layer)):
+                t.set(rng.uniform(-1, 1, t.nbytes // 2).astype(np.float16))
+        self.q = [ferry.Tensor.from_numpy(split, rng.uniform(-1, 1, (N_STREAM, 1, N_HEAD, HEAD_DIM))
+                                          .astype(np.float32), name=f"q{i}") for i in range(N_LAYER)]
+        self.kv_len = ferry.Tensor.from_numpy(split, np.array([N_KV, 7, 0], np.int32), name="kv_len")
+
+    def run(self, policy: str, compact: bool, prefetch: int) -> Tuple[bytes, ferry.SchedStats]:
+        """One compute on a new scheduler: every output's bytes, and the run's stats."""
+        with ferry.Scheduler([self.split, self.cpu], policy=policy, compact=compact, prefetch=prefetch) as sched:
+            windows = [self.kv.window(layer, N_KV) for layer in range(N_LAYER)]
+            outs = ferry.attention_step(sched, self.split, windows, self.q, self.kv_len, self.v_trans)
+            graph = ferry.Graph(*outs)
+            sched.compute(graph)
+            return b"".join(o.get() for o in outs), sched.stats
+
+
+BYTE_COUNTS = ("n_inputs", "bytes_read", "bytes_span", "bytes_copied", "copy_calls", "impl_calls")
+
+
+def same_as_serial(step: Step) -> None:
+    for policy in ("flat", "ranges", "plan"):
+        for compact in (False, True):
+            serial, st0 = step.run(policy, compact, 0)
+            assert (st0.prefetched, st0.ahead_inputs, st0.ahead_bytes) == (0, 0, 0)
+            for depth in (1, 2, 8):
+                out, st = step.run(policy, compact, depth)
+                assert out == serial, (policy, compact, depth)
+                assert {k: getattr(st, k) for k in BYTE_COUNTS} == {k: getattr(st0, k) for k in BYTE_COUNTS}
+                # every window but the first layer's K, which the calling thread copies itself
+                assert st.prefetched == 2 * N_LAYER - 1
+                assert st.ahead_inputs == 2 * min(depth, N_LAYER - 1)
+                assert st.ahead_bytes > 0 and st.copy_seconds >= 0
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_standin_outputs_and_bytes_as_serial(v_trans: bool) -> None:
+    same_as_serial(Step(ferry.StandinBackend(), v_trans))
+
+
+@pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device (or fake runtime)")
+def test_cuda_outputs_and_bytes_as_serial() -> None:
+    same_as_serial(Step(ferry.CUDABackend(0)))
+
+
+def test_prefetch_option() -> None:
+    split, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    sched = ferry.Scheduler([split, cpu])
+    assert sched.prefetch == 0
+    sched.prefetch = 3
+    assert sched.prefetch == 3
+    assert ferry.Scheduler([split, cpu], prefetch=2).prefetch == 2
+    for bad in (-1, True, 1.5, "2", None, 2**40):
+        with pytest.raises(ferry.InvalidArgumentError):
+            ferry.Scheduler([split, cpu], prefetch=bad)  # type: ignore[arg-type]
+        with pytest.raises(ferry.InvalidArgumentError):
+            sched.prefetch = bad  # type: ignore[assignment]
+    assert sched.prefetch == 3
+    sched.close()
+    with pytest.raises(ferry.FreedBufferError):
+        sched.prefetch = 1
+
+
+def test_cpu_split_has_nothing_to_prefetch() -> None:
+    """A backend without a copy queue (the CPU reads host memory: no inputs at all) runs as before."""
+    step = Step(ferry.CPUBackend())
+    out0, st0 = step.run("ranges", False, 0)
+    out, st = step.run("ranges", False, 2)
+    assert out == out0 and st.prefetched == 0 and st.n_inputs == st0.n_inputs
+
+
+SMALL = dict(n_ctx=512, npl=(2,), npp=32, ntg=3, n_layer=3, repeat=2, policies=("flat", "ranges"))
+
+
+def test_bench_overlap_rows() -> None:
+    res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=1))  # type: ignore[arg-type]
+    assert len(res.rows) == 2 * 2 * 2  # policies x layouts x (serial, overlapped)
+    for r in res.rows:
+        serial = res.serial_of(r)
+        assert not serial.overlap and serial.prefetch == 0
+        assert (r.bytes_copied, r.bytes_read, r.output_sha256) == (serial.bytes_copied, serial.bytes_read,
+                                                                   serial.output_sha256)
+        if r.overlap:
+            assert r.prefetch == 1 and r.ahead_bytes > 0
+            assert res.bound(r) == max(serial.copy_s, serial.compute_s)
+        else:
+            assert r.ahead_bytes == 0
+    assert res.outputs_identical(2)
+    rows = res.as_dicts()
+    assert {d["overlap"] for d in rows} == {False, True}
+    for d in rows:
+        assert {"overlap", "decode_s", "compute_s", "prefetch", "ahead_bytes"} <= d.keys()
+        assert ("bound_s" in d) == d["overlap"] and ("serial_decode_s" in d) == d["overlap"]
+    text = bench_cli.format_result(res)
+    assert "overlap: each variant also ran prefetching 1 layer(s) ahead" in text
+    assert "serial and overlapped" in text
+
+
+def test_bench_without_overlap_is_as_before() -> None:
+    res = run_bench(BenchConfig(**SMALL))  # type: ignore[arg-type]
+    assert len(res.rows) == 2 * 2 and not any(r.overlap for r in res.rows)
+    assert all(d["overlap"] is False and "bound_s" not in d for d in res.as_dicts())
+    assert "overlap:" not in bench_cli.format_result(res)
+
+
+def run_cli(argv: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str]:
+    rc = cli_main(argv)
+    return rc, capsys.readouterr().out
+
+
+def test_bench_cli_overlap_json(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = run_cli(["bench", "-c", "512", "-npl", "2", "-npp", "32", "-ntg", "2", "--layers", "2",
+                                  "--repeat", "1", "--policy", "flat", "--no-unified", "--overlap", "--prefetch", "2",
+                                  "--json"], capsys)
+    assert rc == 0
+    rows: List[Dict[str, object]] = json.loads(out)
+    assert [(d["overlap"], d["prefetch"]) for d in rows] == [(False, 0), (True, 2)]
+
+
+def test_validate_hashes_overlapped_runs() -> None:
+    res = run_validate(ValidateConfig(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("flat", "ranges"),
+                                      compact=True))
+    assert set(res.hashes) == {"flat", "flat+overlap", "ranges", "ranges+overlap", "ranges+compact",
+                               "ranges+compact+overlap"}
+    assert res.passed
+    off = run_validate(ValidateConfig(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("flat",),
+                                      overlap=False))
+    assert set(off.hashes) == {"flat"} and off.hashes["flat"] == res.hashes["flat"]
+
+
+def test_validate_cli_overlap(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = run_cli(["validate", "--sequences", "4", "--streams", "2", "--steps", "2", "--cells", "16",
+                                     "--policy", "ranges", "--json"], capsys)
+    assert rc == 0 and set(json.loads(out)["hashes"]) == {"ranges", "ranges+overlap"}
+    rc, out = run_cli(["validate", "--sequences", "4", "--streams", "2", "--steps", "2", "--cells", "16",
+                                     "--policy", "ranges", "--no-overlap", "--json"], capsys)
+    assert rc == 0 and set(json.loads(out)["hashes"]) == {"ranges"}
+    with pytest.raises(SystemExit) as e:
+        run_cli(["validate", "--prefetch", "0"], capsys)
+    assert e.value.code == 2
