@@ -215,6 +215,61 @@ static void test_sched_every_policy(void) {
     }
 }
 
+/* The same with prefetching on the stand-in's copy queue: a K and a V window read by
+ * separate nodes (two parts), so that V's copy goes ahead on the queue and K's is the
+ * calling thread's; the queue, its worker and its events are allocations too. */
+static void sched_prefetch_run(void * p) {
+    sched_state * s = p;
+    const ferry_kv_params params = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
+                                    .n_ctx = 96, .n_stream = 4, .n_layer = 1};
+    STEP(ferry_standin_backend_new(&s->split));
+    STEP(ferry_cpu_backend_new(&s->cpu));
+    STEP(ferry_kv_cache_new(&params, ferry_cpu_buffer_type(), &s->kv));
+    fill_floats(ferry_kv_cache_buffer(s->kv));
+    STEP(ferry_context_new(&s->ctx));
+    ferry_backend * backends[2] = {s->split, s->cpu};
+    STEP(ferry_sched_new(backends, 2, &s->sched));
+    STEP(ferry_sched_set_policy(s->sched, sched_policy));
+    STEP(ferry_sched_set_prefetch(s->sched, 2));
+    const int64_t n_kv[2] = {5, 11};
+    for (int step = 0; step < 2; step++) {
+        ferry_tensor *k, *v, *dup_k, *dup_v, *out_k, *out_v;
+        STEP(ferry_kv_cache_window(s->kv, s->ctx, 0, n_kv[step], step, 3, &k, &v));
+        STEP(ferry_dup(s->ctx, k, &dup_k));
+        STEP(ferry_scale(s->ctx, dup_k, 0.5f, &out_k));
+        STEP(ferry_dup(s->ctx, v, &dup_v));
+        STEP(ferry_scale(s->ctx, dup_v, 0.5f, &out_v));
+        STEP(ferry_tensor_set_output(out_k));
+        STEP(ferry_tensor_set_output(out_v));
+        ferry_graph_free(s->graph);
+        s->graph = NULL;
+        STEP(ferry_graph_new(&s->graph));
+        STEP(ferry_graph_build(s->graph, out_k));
+        STEP(ferry_graph_build(s->graph, out_v));
+        ferry_sched_clear_pins(s->sched);
+        STEP(ferry_sched_set_tensor_backend(s->sched, dup_k, s->split));
+        STEP(ferry_sched_set_tensor_backend(s->sched, dup_v, s->split));
+        STEP(ferry_sched_alloc_graph(s->sched, s->graph));
+        STEP(ferry_sched_graph_compute(s->sched, s->graph));
+        CHECK_EQ_U(ferry_sched_n_inputs(s->sched), 2);
+        ferry_sched_stats st;
+        STEP(ferry_sched_get_stats(s->sched, &st));
+        CHECK_EQ_U(st.prefetched, 1);
+        CHECK(scaled_copy_of(out_k, k, 0.5f));
+        CHECK(scaled_copy_of(out_v, v, 0.5f));
+    }
+}
+
+static void test_sched_prefetch(void) {
+    for (int policy = FERRY_COPY_FLAT; policy <= FERRY_COPY_PLAN; policy++) {
+        char name[80];
+        snprintf(name, sizeof(name), "scheduler prefetching, %s", ferry_copy_policy_name((ferry_copy_policy) policy));
+        sched_policy = (ferry_copy_policy) policy;
+        sched_state s;
+        CHECK(sweep(name, sched_prefetch_run, sched_fini, &s, sizeof(s)) > 0);
+    }
+}
+
 /* ------------------------------------------------ plans that need the heap */
 
 typedef struct {
@@ -409,6 +464,7 @@ static void test_cuda_backend(void) {
 static const check_test tests[] = {
     {"kv_cache_windows", test_kv_cache_windows},
     {"sched_every_policy", test_sched_every_policy},
+    {"sched_prefetch", test_sched_prefetch},
     {"plan_on_the_heap", test_plan_on_the_heap},
     {"gallocr_chunks", test_gallocr_chunks},
 #ifdef FERRY_WITH_CUDA
