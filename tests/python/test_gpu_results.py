@@ -113,10 +113,27 @@ def test_report_reads_the_sweep_json_and_computes_gains(files_at: Path) -> None:
     assert "## Output: ferry validate --backend cuda" in text and "identical: yes" in text
 
 
+def test_report_puts_overlapped_decode_beside_its_bound(files_at: Path) -> None:
+    sweep = subprocess.run([sys.executable, "-m", "ferry.cli", "bench", "-c", "4096", "-npl", "2", "-npp", "256",
+                            "-ntg", "2", "--layers", "2", "--backend", "cpu", "--policy", "flat", "--no-unified",
+                            "--overlap", "--repeat", "1", "--json"], capture_output=True, text=True, check=True)
+    cmd = "ferry bench -c 4096 -npl 2 -npp 256 -ntg 2 --layers 2 --policy flat --overlap --json"
+    with open(files_at / "bench.txt", "a") as f:
+        f.write(f"\n## {cmd}\n{sweep.stdout}")
+    text = load_tool().report(files_at, "bash tools/gpu-check")
+    o = next(r for r in json.loads(sweep.stdout) if r["overlap"])
+    line = next(ln for ln in text.splitlines() if ln.startswith("| 2 | split | flat |"))
+    assert f"| {o['serial_decode_s'] * 1e3:.2f} | {o['bound_s'] * 1e3:.2f} | {o['decode_s'] * 1e3:.2f} |" in line
+    assert f"| {o['decode_s'] / o['serial_decode_s']:.2f}x |" in line
+    # the first sweep's table takes serial rows only
+    assert "## Copies under compute" in text
+
+
 def test_missing_files_are_said_not_invented(tmp_path: Path) -> None:
     text = load_tool().report(tmp_path, "x")
     assert "No bench.json: cuda-bench did not finish." in text
     assert "The sweep did not run or printed no JSON." in text
+    assert "The overlapped sweep did not run or printed no JSON." in text
     assert "unknown (no nvidia-smi row in build.log)" in text
 
 
