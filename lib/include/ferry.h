@@ -40,6 +40,10 @@
  * buffer or a tensor in it, a context, a graph, a KV cache or a scheduler. A tensor or
  * buffer that two schedulers read (one KV cache shared by two threads) needs the
  * caller's lock. The Python binding releases the GIL around every call into the library.
+ * A backend's copy queue is one object with its backend: the stand-in's runs a worker
+ * thread of its own, which touches only the memory queued copies name, and a caller must
+ * not write the source or read the destination of a queued copy before an event recorded
+ * after it was reached (the scheduler waits on them).
  */
 #ifndef FERRY_H
 #define FERRY_H

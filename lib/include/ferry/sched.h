@@ -20,7 +20,8 @@ extern "C" {
  * gets a copy with the same layout (same ne and nb), placed on that backend by the
  * graph allocator together with the nodes' outputs. Compute runs the splits in order:
  * each input goes through ferry_copy_input under the scheduler's policy just before
- * the first of its split's nodes that reads it, once the nodes before have run.
+ * the first of its split's nodes that reads it, once the nodes before have run (or,
+ * prefetching, earlier on the backend's copy queue: ferry_sched_set_prefetch).
  * Sources are redirected to their copies only while the scheduler allocates and
  * computes; the graph is left as it was given.
  */
