@@ -21,7 +21,6 @@
     } while (0)
 
 static void test_null_objects(void) {
-    ferry_backend * be = NULL;
     ferry_buffer * buf = NULL;
     ferry_tensor * t = NULL;
     ferry_context * ctx = NULL;
