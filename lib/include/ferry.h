@@ -15,6 +15,8 @@
  *   ferry/kv.h       the KV cache and its windows       kv-cache.c
  *   ferry/copy.h     copy planning and the copy path    copy-plan.c, copy-compact.c, copy-path.c
  *   ferry/sched.h    the scheduler                      sched.c
+ *   ferry/step.h     a decode step's attention, built   step-graph.c
+ *                    in one call
  *   ferry/cuda.h     the CUDA backend                   cuda/
  *   ferry/interop.h  values of every type, foreign      quant.c, foreign-buffer.c, dlpack.c
  *                    memory, DLPack
@@ -55,6 +57,7 @@
 #include "ferry/kv.h"
 #include "ferry/copy.h"
 #include "ferry/sched.h"
+#include "ferry/step.h"
 #include "ferry/cuda.h"
 #include "ferry/interop.h"
 

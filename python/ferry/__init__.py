@@ -50,7 +50,7 @@ from .event import Event
 from .export import TensorBytes
 from .graph import Graph
 from .interop import ForeignBuffer, from_array
-from .kv import KVCache, KVParams
+from .kv import KVCache, KVParams, KVWindows
 from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
 from .plan import (
     CopyCostModel,
@@ -69,7 +69,7 @@ from .policy import CopyPolicy
 from .quant import dequantize, quantize
 from .sched import Input, Scheduler, Split
 from .stats import KINDS, CopyStats, SchedStats, Stats
-from .step import StepGraph, attention_step
+from .step import StepGraph, StepOutputs, attention_step, step_graph
 from .tensor import Tensor, tensor_copy
 from .types import Type, blck_size, numpy_dtype, row_size, to_type, type_from_dtype, type_name, type_size
 
@@ -100,7 +100,8 @@ __all__ = [
     "CopyPolicy", "CopyRanges", "CopyStats", "bytes_read", "copy_input", "copy_ranges_of",
     "Copy2D", "CopyCostModel", "Explanation", "plan_copy", "plan_of", "layout_view", "plan_cost", "flat_cost",
     "plan_pays", "cost_model", "explain", "explain_tensor",
-    "KVCache", "KVParams", "Scheduler", "Split", "Input", "SchedStats", "StepGraph", "attention_step",
+    "KVCache", "KVParams", "KVWindows", "Scheduler", "Split", "Input", "SchedStats", "StepGraph", "StepOutputs",
+    "attention_step", "step_graph",
     "CUDABackend", "Event", "cuda_device_count", "cuda_buffer_type", "cuda_host_buffer_type",
     "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "Graph", "GraphAllocator", "Placement",
     "from_array", "ForeignBuffer", "TensorBytes", "quantize", "dequantize",

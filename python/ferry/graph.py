@@ -8,7 +8,7 @@ NONE); nodes are the rest, views included.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from . import _checks
 from ._binding import ffi, lib
@@ -35,7 +35,31 @@ class Graph:
         self._tensors: Dict[Any, Tensor] = {}  # by C pointer: every tensor the graph points at
         # The handles of borrowed tensors (a KV cache's layers), each with its owner: checked before a reuse.
         self._owners: Dict[int, Tuple[Handle, object]] = {}
+        self._unindexed = False  # True while _tensors holds only the outputs (_built)
         self.build(*outputs)
+
+    @classmethod
+    def _built(cls, handle: Handle, outputs: List[Tensor], owners: Sequence[Tuple[Handle, object]]) -> "Graph":
+        """Internal: a graph C built already (ferry_kv_attention_step), over handle, with its outputs
+        in order and the owners its borrowed tensors belong to (checked before a reuse). Only the
+        outputs are indexed now (they are all the scheduler places); the rest, when first asked
+        for (_complete), so a step pays for no Python object it never looks at."""
+        g = cls.__new__(cls)
+        g._handle = handle
+        g._finalizer = weakref.finalize(g, handle.release)
+        g._outputs = outputs
+        g._tensors = {t._ptr: t for t in outputs}
+        g._owners = {id(h): (h, owner) for h, owner in owners}
+        g._unindexed = True
+        return g
+
+    def _complete(self) -> None:
+        """Index what a graph made by _built has beyond its outputs."""
+        if self._unindexed:
+            self._unindexed = False
+            self._tensors.clear()  # the outputs are indexed again, with what they read
+            for t in self._outputs:
+                self._index(t)
 
     @property
     def _p(self) -> Any:
@@ -45,6 +69,7 @@ class Graph:
         """Add each output and what it depends on. Returns self."""
         for i, t in enumerate(outputs):
             _checks.instance(t, Tensor, f"graph build: output {i}")._check_retainable()
+        self._complete()
         for t in outputs:
             check(lib.ferry_graph_build(self._p, t._p))
             self._outputs.append(t)
@@ -57,20 +82,27 @@ class Graph:
         like the inner view of a KV-cache window. Keys are the C pointers themselves (cffi hashes
         and compares a pointer by its address)."""
         tensors = self._tensors
-        stack = [out]
         found: List[Tensor] = []
-        while stack:
-            t = stack.pop()
-            key = t._p  # refused for a tensor whose owner was closed
-            if key in tensors:
-                continue
-            tensors[key] = t
-            found.append(t)
-            for d in t._deps:
-                if isinstance(d, Tensor):
-                    stack.append(d)
-            if t._source is not None:
-                stack.append(t._source)
+        known: Dict[int, object] = {}
+
+        def walk(stack: List[Tensor]) -> None:
+            while stack:
+                t = stack.pop()
+                key = t._p  # refused for a tensor whose owner was closed
+                if key in tensors:
+                    continue
+                tensors[key] = t
+                found.append(t)
+                for d in t._deps:
+                    if isinstance(d, Tensor):
+                        stack.append(d)
+                    elif t._finalizer is None and id(d) not in known and hasattr(d, "_known_tensors"):
+                        known[id(d)] = d  # a step's owner: it knows the Python objects of what its nodes read
+                        stack.extend(d._known_tensors())
+                if t._source is not None:
+                    stack.append(t._source)
+
+        walk([out])
         # C sources no Python object stands for. An op made in Python (a tensor of its own, with
         # operands) reads exactly its operands, all found above: only the others are looked at.
         i = 0
@@ -100,7 +132,11 @@ class Graph:
                                        "closed; build the graph again")
 
     def _tensor(self, ptr: Any) -> Tensor:
-        return self._tensors[ptr]
+        t = self._tensors.get(ptr)
+        if t is None:
+            self._complete()
+            t = self._tensors[ptr]
+        return t
 
     @property
     def n_nodes(self) -> int:
@@ -133,7 +169,10 @@ class Graph:
         return self.leafs + self.nodes
 
     def __contains__(self, t: object) -> bool:
-        return isinstance(t, Tensor) and t._handle.alive and self._tensors.get(t._ptr) is t
+        if not isinstance(t, Tensor) or not t._handle.alive:
+            return False
+        self._complete()
+        return self._tensors.get(t._ptr) is t
 
     def __len__(self) -> int:
         return self.n_nodes

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union, overload
 
 from . import _checks, _pybuffer
 from ._binding import ffi, lib
@@ -238,6 +238,32 @@ class KVCache(Closeable):
         k = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, out, v_out), source=k_layer)
         return k, Tensor._borrow(v_out[0], k._handle, keep=k, source=v_layer)
 
+    def windows(self, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> "KVWindows":
+        """Every layer's K and V windows of a step, as ferry.attention_step reads them in one C call.
+
+        Parameters
+        ----------
+        n_kv : int
+            Cells read from the start of each stream.
+        s0 : int, optional
+            The first stream read.
+        s1 : int, optional
+            The last stream read (default: the cache's last).
+
+        Returns
+        -------
+        KVWindows
+            A sequence of (K, V) pairs, one per layer, each made by window() only when indexed:
+            attention_step makes them in C instead.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For values that cannot reach C (a layer, n_kv or stream range the cache does not have
+            is refused where the windows are made, by window() or attention_step).
+        """
+        return KVWindows(self, n_kv, s0, s1)
+
     def _stream_of(self, which: str, layer: int, stream: int) -> Tuple[Tensor, int, int]:
         if not isinstance(which, str) or which not in ("k", "v"):
             raise InvalidArgumentError(f"kv stream: which is 'k' or 'v', not {which!r}")
@@ -287,3 +313,51 @@ class KVCache(Closeable):
         return (f"<KVCache K {p.type_k} V {p.type_v}{' (transposed)' if p.v_trans else ''} head_dim={p.head_dim} "
                 f"n_head_kv={p.n_head_kv} {p.n_stream} x {self.kv_size} cells, {p.n_layer} layers "
                 f"in {self._buffer_type.name}>")
+
+
+class KVWindows(Sequence[Tuple[Tensor, Tensor]]):
+    """Every layer's K and V windows of the first n_kv cells of streams s0..s1 (KVCache.windows).
+
+    Indexing makes a layer's pair with KVCache.window; ferry.attention_step makes every layer's
+    in one C call (ferry_kv_attention_step) instead, and so never wraps them in Python objects.
+
+    Parameters
+    ----------
+    cache : KVCache
+    n_kv : int
+    s0 : int, optional
+    s1 : int, optional
+        As KVCache.window takes them.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a cache that is not a KVCache, or values that cannot reach C.
+    """
+
+    def __init__(self, cache: KVCache, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> None:
+        self.cache = _checks.instance(cache, KVCache, "kv windows: cache")
+        self.n_kv = _checks.as_int64(n_kv, "kv_window: n_kv")
+        self.s0 = _checks.as_int64(s0, "kv_window: s0")
+        self.s1 = cache.params.n_stream - 1 if s1 is None else _checks.as_int64(s1, "kv_window: s1")
+
+    def __len__(self) -> int:
+        return self.cache.params.n_layer
+
+    @overload
+    def __getitem__(self, i: int) -> Tuple[Tensor, Tensor]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> List[Tuple[Tensor, Tensor]]: ...
+
+    def __getitem__(self, i: Union[int, slice]) -> Union[Tuple[Tensor, Tensor], List[Tuple[Tensor, Tensor]]]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        layer = _checks.as_c_int(i, "kv windows: layer")
+        n = len(self)
+        if not -n <= layer < n:
+            raise IndexError(f"kv windows: layer {layer} is not in 0..{n - 1}")
+        return self.cache.window(layer % n, self.n_kv, self.s0, self.s1)
+
+    def __repr__(self) -> str:
+        return f"<KVWindows n_kv={self.n_kv} streams {self.s0}..{self.s1} of {self.cache!r}>"

@@ -25,12 +25,15 @@ from __future__ import annotations
 from typing import Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
 from . import _checks
+from ._binding import ffi, lib
+from ._handle import Handle, release_when_collected
 from .backend import Backend
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, check
 from .graph import Graph
+from .kv import KVCache, KVWindows
 from .ops import attn_decode
 from .sched import Scheduler
-from .tensor import Tensor
+from .tensor import Tensor, _new_context
 
 #: Builds a step's graph for a key: pins its nodes on the scheduler and returns the outputs (or a Graph).
 Build = Callable[[Hashable], Union[Graph, Sequence[Tensor]]]
@@ -41,14 +44,18 @@ def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[T
     """A decode step's outputs: per layer, decode attention over its K and V windows, marked as an
     output and pinned to a backend; what a StepGraph's build returns.
 
+    Given KVCache.windows(n_kv), the whole step (windows, nodes, pins and its Graph) is made by
+    one C call (ferry_kv_attention_step) and only the outputs get Python objects: the fast way,
+    for a step built often. Given any other sequence of pairs, it is built layer by layer.
+
     Parameters
     ----------
     sched : Scheduler
         Where the outputs are pinned.
     backend : Backend
         One of the scheduler's: where attention runs.
-    windows : sequence of (Tensor, Tensor)
-        Per layer, its K and V windows (KVCache.window).
+    windows : KVWindows, or sequence of (Tensor, Tensor)
+        Per layer, its K and V windows (KVCache.windows, or KVCache.window per layer).
     q : sequence of Tensor
         Per layer, its query (f32 [head_dim, n_head, 1, ns]).
     kv_len : Tensor
@@ -59,7 +66,8 @@ def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[T
     Returns
     -------
     list of Tensor
-        attn0, attn1, ...: one output per layer.
+        attn0, attn1, ...: one output per layer. From KVWindows, a StepOutputs, whose graph
+        step_graph (and so StepGraph) takes as built.
 
     Raises
     ------
@@ -67,11 +75,17 @@ def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[T
         For as many queries as layers not given, or what attn_decode and Scheduler.pin refuse.
     LayoutError
         For shapes attention cannot read.
+    OutOfBoundsError
+        For windows the cache does not have (KVWindows: checked here, for every layer).
+    FreedBufferError
+        For a closed scheduler, backend or KV cache.
     """
     if any(isinstance(x, (str, bytes)) or not hasattr(x, "__len__") for x in (windows, q)):
         raise InvalidArgumentError("attention_step: windows and q are sequences with an item per layer")
     if len(windows) != len(q):
         raise InvalidArgumentError(f"attention_step: {len(windows)} layers of windows but {len(q)} queries")
+    if isinstance(windows, KVWindows):
+        return _attention_step_c(sched, backend, windows, q, kv_len, v_trans)
     outs = []
     for layer, pair in enumerate(windows):
         if not hasattr(pair, "__len__") or len(pair) != 2:
@@ -81,6 +95,108 @@ def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[T
         sched.pin(out, backend)
         outs.append(out)
     return outs
+
+
+class _Step:
+    """What a step made in C belongs to: its context (every window and node), released when the
+    last output goes, and the Python objects of what its nodes read (Graph asks for them)."""
+
+    __slots__ = ("handle", "cache", "q", "kv_len", "__weakref__")
+
+    def __init__(self, handle: Handle, cache: KVCache, q: List[Tensor], kv_len: Tensor) -> None:
+        self.handle, self.cache, self.q, self.kv_len = handle, cache, q, kv_len
+
+    def _known_tensors(self) -> List[Tensor]:
+        """The queries, kv_len, and the cache layers the windows are views of."""
+        cache = self.cache
+        layers = [t for layer in range(len(self.q)) for t in (cache.k(layer), cache.v(layer))]
+        return self.q + [self.kv_len] + layers
+
+    def _srcs_of(self, out: Tensor) -> Tuple[Tensor, ...]:
+        """What an output reads, as Tensor.srcs gives an op's operands: its q, K and V windows (wrapped
+        now, views of the cache's layers) and kv_len."""
+        known = {t._ptr: t for t in self._known_tensors()}
+        srcs = []
+        for src in out._p.src:
+            if not src:
+                break
+            t = known.get(src)
+            if t is None:  # a window: a view of a cache layer
+                t = Tensor._borrow(src, out._handle, keep=out, source=known.get(src.view_src))
+            srcs.append(t)
+        return tuple(srcs)
+
+
+class StepOutputs(List[Tensor]):
+    """attention_step's outputs from KVWindows, with the Graph C built of them (step_graph)."""
+
+    _graph: Graph
+
+
+def _attention_step_c(sched: Scheduler, backend: Backend, windows: KVWindows, q: Sequence[Tensor],
+                      kv_len: Tensor, v_trans: bool) -> StepOutputs:
+    """attention_step of KVWindows, by ferry_kv_attention_step: one C call, an object per output."""
+    sched_p = _checks.instance(sched, Scheduler, "pin")._p
+    backend_p = _checks.instance(backend, Backend, "pin")._p
+    if not isinstance(v_trans, bool):
+        raise InvalidArgumentError(f"attn_decode: v_trans must be a bool, got {v_trans!r}")
+    qs = list(q)
+    for i, t in enumerate(qs):
+        _checks.instance(t, Tensor, f"attention_step: q[{i}]")._check_retainable()
+    _checks.instance(kv_len, Tensor, "attn_decode: kv_len")._check_retainable()
+    cache = windows.cache
+    kv_p = cache._p  # FreedBufferError for a closed cache
+    n = len(qs)
+    q_p = ffi.new("ferry_tensor *[]", [t._p for t in qs])
+    len_p = kv_len._p
+    # One context holds every window and node; the step's owner releases it when the last output goes.
+    ctx = _new_context([cache._handle, kv_len._handle] + [t._handle for t in qs])
+    owner = _Step(ctx, cache, qs, kv_len)
+    release_when_collected(owner, ctx)
+    g = ffi.new("ferry_graph **")
+    check(lib.ferry_graph_new(g))
+    graph_handle = Handle(g[0], lib.ferry_graph_free)
+    outs_p = ffi.new("ferry_tensor *[]", n)
+    n_pins = lib.ferry_sched_n_pins(sched_p)
+    st = lib.ferry_kv_attention_step(kv_p, ctx.ptr, n, windows.n_kv, windows.s0, windows.s1, q_p, len_p, v_trans,
+                                     sched_p, backend_p, graph_handle.ptr, outs_p)
+    if st != lib.FERRY_OK:
+        graph_handle.release()
+        if lib.ferry_sched_n_pins(sched_p) != n_pins:  # out of memory among the pins: C keeps them by address
+            sched._pins[ctx.ptr] = owner  # type: ignore[assignment]  # the tensors live until clear_pins
+        check(st)
+    borrow = Tensor._borrow
+    outs = StepOutputs(borrow(outs_p[i], ctx, keep=owner) for i in range(n))
+    pins = sched._pins  # C compares pinned tensors by address: keep them alive until clear_pins
+    for t in outs:
+        pins[t._ptr] = t
+    outs._graph = Graph._built(graph_handle, list(outs), [(cache._handle, cache)])
+    return outs
+
+
+def step_graph(outputs: Sequence[Tensor]) -> Graph:
+    """The Graph of a step's outputs: the one attention_step built when given its StepOutputs unchanged,
+    else Graph(*outputs).
+
+    Parameters
+    ----------
+    outputs : sequence of Tensor
+
+    Returns
+    -------
+    Graph
+
+    Raises
+    ------
+    InvalidArgumentError
+        For outputs that are not Tensors.
+    """
+    if isinstance(outputs, StepOutputs):
+        graph = outputs._graph
+        built = graph._outputs
+        if len(built) == len(outputs) and all(a is b for a, b in zip(built, outputs)):
+            return graph
+    return Graph(*outputs)
 
 
 class StepGraph:
@@ -161,7 +277,7 @@ class StepGraph:
             if isinstance(made, (str, bytes)) or not hasattr(made, "__iter__"):
                 raise InvalidArgumentError(f"StepGraph: build returned {type(made).__name__}, not a Graph or "
                                            "a sequence of Tensors")
-            made = Graph(*made)
+            made = step_graph(made)
         sched.alloc(made)
         self._graph, self._key = made, key
         self.builds += 1
@@ -175,4 +291,4 @@ class StepGraph:
         return f"<StepGraph key={self._key!r} builds={self.builds} reuses={self.reuses}>"
 
 
-__all__ = ["StepGraph", "Build", "attention_step"]
+__all__ = ["StepGraph", "StepOutputs", "Build", "attention_step", "step_graph"]

@@ -641,9 +641,11 @@ class Tensor:
 
     @property
     def srcs(self) -> Tuple["Tensor", ...]:
-        """The tensors an op reads (empty for leafs, views, and structs borrowed from their owner)."""
-        if self._finalizer is None:
-            return ()  # borrowed: _deps holds the owner, not operands
+        """The tensors an op reads (empty for leafs, views, and structs borrowed from their owner, but
+        the nodes of a step made in C: ferry.attention_step's outputs from KVCache.windows)."""
+        if self._finalizer is None:  # borrowed: _deps holds the owner, not operands
+            srcs_of = getattr(self._deps[0], "_srcs_of", None)
+            return srcs_of(self) if srcs_of is not None else ()
         return tuple(t for t in self._deps if isinstance(t, Tensor))
 
     # ------------------------------------------------------------ ops: ferry.ops documents each and calls these

@@ -13,6 +13,7 @@
 #include "alloc-hook.h"
 #include "window-check.h"
 
+#include <math.h>
 #include <stdint.h>
 
 #ifndef FERRY_FAULT_INJECTION
@@ -139,6 +140,83 @@ static void kv_fini(void * p) {
 static void test_kv_cache_windows(void) {
     kv_state s;
     CHECK(sweep("kv cache and windows", kv_run, kv_fini, &s, sizeof(s)) > 0);
+}
+
+/* ------------------------------------------------ a decode step made in one call (step-graph.c) */
+
+typedef struct {
+    ferry_backend * cpu;
+    ferry_backend * split;
+    ferry_kv_cache * kv;
+    ferry_context * ctx;
+    ferry_buffer * buf;
+    ferry_graph * graph;
+    ferry_sched * sched;
+    ferry_tensor * q[2];
+    ferry_tensor * kv_len;
+} step_state;
+
+/* The step as a caller retries it after a failure: its documented state cleared first
+ * (pins made before running out of memory, part of the step in the graph). */
+static ferry_status step_fresh(step_state * s, ferry_tensor ** outs) {
+    ferry_sched_clear_pins(s->sched);
+    ferry_graph_clear(s->graph);
+    return ferry_kv_attention_step(s->kv, s->ctx, 2, 5, 1, 3, s->q, s->kv_len, true, s->sched, s->split, s->graph,
+                                   outs);
+}
+
+static void step_run(void * p) {
+    step_state * s = p;
+    const ferry_kv_params params = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
+                                    .n_ctx = 64, .n_stream = 4, .n_layer = 2, .v_trans = true};
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    STEP(ferry_dummy_backend_new(&dp, &s->split));
+    STEP(ferry_cpu_backend_new(&s->cpu));
+    STEP(ferry_kv_cache_new(&params, ferry_cpu_buffer_type(), &s->kv));
+    fill_floats(ferry_kv_cache_buffer(s->kv));
+    STEP(ferry_context_new(&s->ctx));
+    const int64_t ne_q[4] = {8, 4, 1, 3}, ne_len[1] = {3};
+    STEP(ferry_backend_alloc_buffer(s->split, 4096, &s->buf));
+    for (int l = 0; l < 2; l++) {
+        STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_F32, 4, ne_q, &s->q[l]));
+        STEP(ferry_buffer_place_tensor(s->buf, s->q[l], (size_t) l * 1024));
+        STEP(ferry_tensor_memset(s->q[l], 0, 0, ferry_tensor_nbytes(s->q[l])));
+    }
+    STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_I32, 1, ne_len, &s->kv_len));
+    STEP(ferry_buffer_place_tensor(s->buf, s->kv_len, 2048));
+    const int32_t lengths[3] = {5, 3, 4};
+    STEP(ferry_tensor_set(s->kv_len, lengths, 0, sizeof(lengths)));
+    ferry_backend * backends[2] = {s->split, s->cpu};
+    STEP(ferry_sched_new(backends, 2, &s->sched));
+    STEP(ferry_graph_new(&s->graph));
+    ferry_tensor * outs[2] = {NULL, NULL};
+    STEP(step_fresh(s, outs));
+    CHECK(outs[0] && outs[1]);
+    CHECK_EQ_U(ferry_sched_n_pins(s->sched), 2);
+    CHECK_EQ_U(ferry_graph_n_nodes(s->graph), 2 + 2 * 4); /* per layer: attention, two windows of two views */
+    STEP(ferry_sched_graph_compute(s->sched, s->graph));
+    float row[8 * 4 * 3];
+    CHECK_OK(ferry_tensor_get(outs[1], row, 0, sizeof(row)));
+    for (size_t i = 0; i < sizeof(row) / sizeof(row[0]); i++) {
+        CHECK(isfinite(row[i]));
+    }
+}
+
+static void step_fini(void * p) {
+    step_state * s = p;
+    ferry_sched_free(s->sched);
+    ferry_graph_free(s->graph);
+    ferry_buffer_free(s->buf);
+    ferry_context_free(s->ctx);
+    ferry_kv_cache_free(s->kv);
+    ferry_backend_free(s->split);
+    ferry_backend_free(s->cpu);
+}
+
+static void test_kv_attention_step(void) {
+    step_state s;
+    CHECK(sweep("kv attention step", step_run, step_fini, &s, sizeof(s)) > 0);
 }
 
 /* ------------------------------------------------ the scheduler: alloc and compute, two windows */
@@ -463,6 +541,7 @@ static void test_cuda_backend(void) {
 
 static const check_test tests[] = {
     {"kv_cache_windows", test_kv_cache_windows},
+    {"kv_attention_step", test_kv_attention_step},
     {"sched_every_policy", test_sched_every_policy},
     {"sched_prefetch", test_sched_prefetch},
     {"plan_on_the_heap", test_plan_on_the_heap},

@@ -17,9 +17,10 @@ N_LAYER, N_STREAM, KV_SIZE, HEAD_DIM, N_HEAD_KV, N_HEAD = 2, 2, 64, 8, 1, 2
 class Loop:
     """A small decode loop: a split cache on the host, attention on the stand-in device."""
 
-    def __init__(self) -> None:
+    def __init__(self, fast: bool = False, type: str = "f32", v_trans: bool = False) -> None:
+        self.fast, self.v_trans = fast, v_trans  # fast: the windows as KVCache.windows, made in one C call
         self.split, self.cpu = ferry.StandinBackend(), ferry.CPUBackend()
-        self.kv = ferry.KVCache("f32", "f32", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER)
+        self.kv = ferry.KVCache(type, type, HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER, v_trans)
         self.kv.buffer.clear(0)
         rng = np.random.default_rng(1)
         self.q = [ferry.Tensor.from_numpy(self.split, rng.uniform(-1, 1, (N_STREAM, 1, N_HEAD, HEAD_DIM))
@@ -31,16 +32,24 @@ class Loop:
     def build(self, n_kv: object) -> List[ferry.Tensor]:
         assert isinstance(n_kv, int)
         self.built.append(n_kv)
+        if self.fast:
+            return ferry.attention_step(self.sched, self.split, self.kv.windows(n_kv), self.q, self.kv_len,
+                                        v_trans=self.v_trans)
         windows = [self.kv.window(layer, n_kv) for layer in range(N_LAYER)]
-        return ferry.attention_step(self.sched, self.split, windows, self.q, self.kv_len)
+        return ferry.attention_step(self.sched, self.split, windows, self.q, self.kv_len, v_trans=self.v_trans)
 
     def write_cell(self, cell: int) -> None:
         """Each layer's K and V get new values at a cell of every stream (the step's token)."""
         rng = np.random.default_rng(cell)
         for layer in range(N_LAYER):
             for t in (self.kv.k(layer), self.kv.v(layer)):
+                values = rng.uniform(-1, 1, HEAD_DIM * N_HEAD_KV).astype(np.float32).astype(t.to_numpy().dtype)
                 for s in range(N_STREAM):
-                    t.set(rng.uniform(-1, 1, HEAD_DIM * N_HEAD_KV).astype(np.float32), (s * KV_SIZE + cell) * t.nb[1])
+                    if self.v_trans and t is self.kv.v(layer):  # a cell is a column: one value per row
+                        for i, x in enumerate(values):
+                            t.set(x.tobytes(), s * t.nb[2] + i * t.nb[1] + cell * t.nb[0])
+                    else:
+                        t.set(values, (s * KV_SIZE + cell) * t.nb[1])
 
 
 def run(loop: Loop, steps: int, pad: int, reuse: bool) -> Tuple[str, ferry.StepGraph]:
@@ -171,3 +180,172 @@ def test_attention_step_refuses_what_is_not_a_layer_each() -> None:
         ferry.attention_step(loop.sched, loop.split, [(windows[0][0], "v"), windows[1]], loop.q, loop.kv_len)
     with pytest.raises(ferry.InvalidArgumentError):
         ferry.attention_step(loop.sched, "split", windows, loop.q, loop.kv_len)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- the step made in one C call (KVCache.windows)
+
+
+@pytest.mark.parametrize("type,v_trans", [("f32", False), ("f16", False), ("f16", True)])
+def test_the_c_built_step_gives_the_bytes_of_the_python_built_one(type: str, v_trans: bool) -> None:
+    """ferry_kv_attention_step against attention_step layer by layer: byte for byte, every step."""
+    fast, _ = run(Loop(fast=True, type=type, v_trans=v_trans), steps=12, pad=8, reuse=False)
+    slow, _ = run(Loop(fast=False, type=type, v_trans=v_trans), steps=12, pad=8, reuse=False)
+    assert fast == slow
+    reused, graphs = run(Loop(fast=True, type=type, v_trans=v_trans), steps=12, pad=8, reuse=True)
+    assert reused == slow and graphs.builds == 2
+
+
+def test_the_c_built_step_is_the_python_built_one() -> None:
+    """The same outputs (names, flags, shapes, pins), the same graph, the same split inputs."""
+    loop = Loop(fast=True)
+    outs = loop.build(16)
+    assert isinstance(outs, ferry.StepOutputs) and [o.name for o in outs] == [f"attn{i}" for i in range(N_LAYER)]
+    assert all(o.is_output for o in outs) and loop.sched.n_pins == N_LAYER
+    graph = ferry.step_graph(outs)
+    assert graph is outs._graph and graph.outputs == list(outs)
+    loop.sched.compute(graph)
+    assert all(loop.sched.backend_of(o) is loop.split for o in outs)
+    slow_loop = Loop()
+    slow = ferry.Graph(*slow_loop.build(16))
+    slow_loop.sched.compute(slow)
+    assert (graph.n_nodes, graph.n_leafs) == (slow.n_nodes, slow.n_leafs)
+    assert [t.name for t in graph.nodes] == [t.name for t in slow.nodes]
+    assert [t.ne for t in graph.tensors] == [t.ne for t in slow.tensors]
+    assert [(i.src.name, i.copy.ne) for i in loop.sched.inputs] == [(i.src.name, i.copy.ne)
+                                                                     for i in slow_loop.sched.inputs]
+    # the queries, kv_len and the cache's layers are the Python objects the caller has, not new ones
+    assert graph._tensor(loop.q[0]._p) is loop.q[0] and loop.kv_len in graph
+    assert graph._tensor(loop.kv.k(1)._p) is loop.kv.k(1)
+    # Graph(*outputs) of the same outputs: the same tensors, found the general way
+    again = ferry.Graph(*outs)
+    assert [t.name for t in again.nodes] == [t.name for t in graph.nodes] and loop.q[1] in again
+    assert ferry.step_graph(list(outs)) is not graph  # not a StepOutputs: built anew
+    changed = ferry.StepOutputs(outs[:1])
+    changed._graph = graph
+    assert ferry.step_graph(changed) is not graph  # not the outputs it was built of
+
+
+def test_the_outputs_keep_the_step_alive() -> None:
+    """The context of the step's windows and nodes lives while an output does, and the cache's
+    memory while the context does."""
+    loop = Loop(fast=True)
+    graphs = ferry.StepGraph(loop.sched, loop.build)
+    loop.kv_len.set(np.array([5, 6], np.int32))
+    graph = graphs.get(8)
+    loop.sched.compute(graph)
+    out = graph.outputs[1]
+    want = out.get()
+    del graph
+    graphs.clear()
+    loop.sched.clear_pins()
+    import gc
+    gc.collect()
+    assert out.get() == want and out.name == "attn1"
+    q, k, v, kv_len = out.srcs  # as an op made in Python gives its operands
+    assert q is loop.q[1] and kv_len is loop.kv_len and (k.name, v.name) == ("window_k_l1", "window_v_l1")
+    assert k.source is loop.kv.k(1) and k.ne == (HEAD_DIM, 8, N_HEAD_KV, N_STREAM)
+
+
+def test_a_dropped_step_frees_its_context() -> None:
+    """Pins keep the step's nodes (C compares them by address) until cleared; then it is freed."""
+    import gc
+    import weakref
+
+    loop = Loop(fast=True)
+    outs = loop.build(8)
+    step = weakref.ref(outs[0]._deps[0])
+    ctx = outs[0]._handle
+    del outs
+    gc.collect()
+    assert step() is not None and ctx.alive
+    loop.sched.clear_pins()
+    gc.collect()
+    assert step() is None and ctx.ptr is None  # freed, not only released
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_closed_objects_refuse_the_c_built_step(fast: bool) -> None:
+    loop = Loop(fast=fast)
+    graphs = ferry.StepGraph(loop.sched, loop.build)
+    graph = graphs.get(8)
+    loop.sched.compute(graph)
+    loop.kv.close()
+    with pytest.raises(ferry.FreedBufferError, match="KVCache"):
+        graphs.get(8)
+    with pytest.raises(ferry.FreedBufferError, match="KVCache"):
+        loop.sched.compute(graph)
+    with pytest.raises(ferry.FreedBufferError):
+        graphs.get(16)
+    loop = Loop(fast=fast)
+    graphs = ferry.StepGraph(loop.sched, loop.build)
+    graph = graphs.get(8)
+    loop.sched.compute(graph)
+    loop.sched.close()
+    with pytest.raises(ferry.FreedBufferError):
+        graphs.get(8)
+    with pytest.raises(ferry.FreedBufferError):
+        graph.outputs[0].get()
+    with pytest.raises(ferry.FreedBufferError):
+        ferry.attention_step(loop.sched, loop.split, loop.kv.windows(8), loop.q, loop.kv_len)
+
+
+def test_the_c_built_step_refuses_bad_input_with_a_ferry_error() -> None:
+    """Each refusal a FerryError of the path layer by layer's class; none pins anything."""
+    loop = Loop(fast=True)
+    w = loop.kv.windows(16)  # not HEAD_DIM: a V read as transposed would fit
+    sched, split, q, kv_len = loop.sched, loop.split, loop.q, loop.kv_len
+    other = ferry.CPUBackend()
+    f16_q = ferry.Tensor.from_numpy(split, np.ones((N_STREAM, 1, N_HEAD, HEAD_DIM), np.float16))
+    one_stream = ferry.Tensor.from_numpy(split, np.ones((1, 1, N_HEAD, HEAD_DIM), np.float32))
+    cases = [
+        (lambda: ferry.attention_step(sched, split, w, q[:1], kv_len), ferry.InvalidArgumentError, "2 layers"),
+        (lambda: ferry.attention_step(sched, split, w, iter(q), kv_len), ferry.InvalidArgumentError, "sequences"),
+        (lambda: ferry.attention_step(sched, split, w, [q[0], "q"], kv_len), ferry.InvalidArgumentError, "q\\[1\\]"),
+        (lambda: ferry.attention_step(sched, split, w, q, "kv_len"), ferry.InvalidArgumentError, "kv_len"),
+        (lambda: ferry.attention_step("sched", split, w, q, kv_len), ferry.InvalidArgumentError, "Scheduler"),
+        (lambda: ferry.attention_step(sched, "split", w, q, kv_len), ferry.InvalidArgumentError, "Backend"),
+        (lambda: ferry.attention_step(sched, other, w, q, kv_len), ferry.InvalidArgumentError, "not one of"),
+        (lambda: ferry.attention_step(sched, split, w, q, kv_len, v_trans=1), ferry.InvalidArgumentError, "bool"),
+        (lambda: ferry.attention_step(sched, split, w, q, kv_len, v_trans=True), ferry.LayoutError, "v"),
+        (lambda: ferry.attention_step(sched, split, w, [q[0], f16_q], kv_len), ferry.LayoutError, "q"),
+        (lambda: ferry.attention_step(sched, split, w, [q[0], one_stream], kv_len), ferry.LayoutError, "k"),
+        (lambda: ferry.attention_step(sched, split, w, q, q[0]), ferry.LayoutError, "kv_len"),
+        (lambda: ferry.attention_step(sched, split, loop.kv.windows(0), q, kv_len), ferry.OutOfBoundsError, "n_kv"),
+        (lambda: ferry.attention_step(sched, split, loop.kv.windows(KV_SIZE + 1), q, kv_len),
+         ferry.OutOfBoundsError, "n_kv"),
+        (lambda: ferry.attention_step(sched, split, loop.kv.windows(8, 1, 0), q, kv_len),
+         ferry.OutOfBoundsError, "streams"),
+        (lambda: ferry.attention_step(sched, split, loop.kv.windows(8, 0, N_STREAM), q, kv_len),
+         ferry.OutOfBoundsError, "streams"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match):
+            call()
+        assert sched.n_pins == 0
+    with pytest.raises(ferry.InvalidArgumentError):
+        loop.kv.windows("8")  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError):
+        loop.kv.windows(2**70)
+    # a scheduler's input copy lives only until its next alloc: nothing may be built on it
+    graph = ferry.step_graph(ferry.attention_step(sched, split, w, q, kv_len))
+    sched.compute(graph)
+    copy = sched.inputs[0].copy
+    sched.clear_pins()
+    with pytest.raises(ferry.UnsupportedError):
+        ferry.attention_step(sched, split, w, q, copy)
+    assert sched.n_pins == 0
+
+
+def test_kv_windows_index_as_window_does() -> None:
+    loop = Loop()
+    w = loop.kv.windows(8, 1)
+    assert len(w) == N_LAYER and (w.n_kv, w.s0, w.s1) == (8, 1, N_STREAM - 1)
+    k, v = w[1]
+    k2, v2 = loop.kv.window(1, 8, 1)
+    assert (k.ne, k.nb, k.offset, v.ne, v.name) == (k2.ne, k2.nb, k2.offset, v2.ne, v2.name)
+    assert w[-1][0].name == "window_k_l1" and [p[0].name for p in w[:]] == ["window_k_l0", "window_k_l1"]
+    with pytest.raises(IndexError):
+        w[N_LAYER]
+    # a sequence of pairs: attention_step layer by layer takes it too (as a list)
+    outs = ferry.attention_step(loop.sched, loop.split, list(loop.kv.windows(8)), loop.q, loop.kv_len)
+    assert not isinstance(outs, ferry.StepOutputs) and len(outs) == N_LAYER

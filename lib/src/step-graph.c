@@ -1,0 +1,65 @@
+/* A decode step's windows, attention nodes, pins and graph, made in one call. */
+#include "ferry-impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One layer's windows and attention node, named and marked output. */
+static ferry_status make_layer(const ferry_kv_cache * kv, ferry_context * ctx, int32_t layer, int64_t n_kv,
+                               int64_t s0, int64_t s1, ferry_tensor * q, ferry_tensor * kv_len, bool v_trans,
+                               ferry_tensor ** out) {
+    if (!q) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_attention_step: layer %d's q is NULL", layer);
+    }
+    const int64_t head_dim = q->ne[0];
+    if (head_dim <= 0) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_attention_step: layer %d's q has head_dim %lld", layer,
+                          (long long) head_dim);
+    }
+    ferry_tensor *k, *v;
+    FERRY_TRY(ferry_kv_cache_window(kv, ctx, layer, n_kv, s0, s1, &k, &v));
+    /* The scale Python's attn_decode passes: 1/sqrt in double, rounded to f32. */
+    const float scale = (float) (1.0 / sqrt((double) head_dim));
+    FERRY_TRY(ferry_attn_decode(ctx, q, k, v, kv_len, scale, v_trans, out));
+    char name[FERRY_MAX_NAME];
+    snprintf(name, sizeof(name), "attn%d", layer);
+    FERRY_TRY(ferry_tensor_set_name(*out, name));
+    return ferry_tensor_set_output(*out);
+}
+
+ferry_status ferry_kv_attention_step(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer, int64_t n_kv,
+                                     int64_t s0, int64_t s1, ferry_tensor * const * q, ferry_tensor * kv_len,
+                                     bool v_trans, ferry_sched * sched, ferry_backend * backend, ferry_graph * graph,
+                                     ferry_tensor ** outs) {
+    FERRY_CHECK_ARG(kv && ctx && q && kv_len && sched && backend && graph && outs,
+                    "kv_attention_step: NULL argument");
+    ferry_kv_params p;
+    FERRY_TRY(ferry_kv_cache_params(kv, &p));
+    if (n_layer <= 0 || n_layer > p.n_layer) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_attention_step: %d layers, but the cache has 1..%d", n_layer,
+                          p.n_layer);
+    }
+    /* The outputs go to outs only on success: a caller never sees a half-made step. */
+    ferry_tensor ** made = ferry_malloc((size_t) n_layer * sizeof(*made));
+    if (!made) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "kv_attention_step: out of memory");
+    }
+    ferry_status st = FERRY_OK;
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        st = make_layer(kv, ctx, l, n_kv, s0, s1, q[l], kv_len, v_trans, &made[l]);
+    }
+    /* Pins before the graph: a backend not the scheduler's is refused at the first one. */
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        st = ferry_sched_set_tensor_backend(sched, made[l], backend);
+    }
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        st = ferry_graph_build(graph, made[l]);
+    }
+    if (st == FERRY_OK) {
+        memcpy(outs, made, (size_t) n_layer * sizeof(*made));
+    }
+    free(made);
+    return st;
+}
