@@ -469,7 +469,8 @@ class _Variant:
         """A step's outputs for a window of n_kv cells: per layer attention over its K and V windows."""
         c = self.cache
         assert isinstance(n_kv, int)
-        windows = [c.windows(layer, n_kv) for layer in range(c.cfg.n_layer)]
+        # the split cache's windows in one C call (KVCache.windows); the unified one's views in Python
+        windows = c.kv.windows(n_kv) if not c.unified else [c.windows(layer, n_kv) for layer in range(c.cfg.n_layer)]
         return attention_step(self.sched, c.split, windows, c.q, c.kv_len, c.cfg.v_trans)
 
     def graph(self, step: int) -> Graph:

@@ -187,7 +187,7 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     def build(key: Hashable) -> List[Tensor]:
         n, n_kv = cast(Tuple[int, int], key)
         q, kv_len = inputs[n]
-        windows = [served.kv.window(layer, n_kv, shift, shift + n - 1) for layer in range(cfg.n_layer)]
+        windows = served.kv.windows(n_kv, shift, shift + n - 1)
         return attention_step(sched, split, windows, q, kv_len)
 
     graphs = StepGraph(sched, build)
