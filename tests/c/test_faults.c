@@ -233,13 +233,15 @@ typedef struct {
 static ferry_copy_policy sched_policy;
 static bool sched_compact;
 
-static void sched_run(void * p) {
-    sched_state * s = p;
+/* The scheduler's scenarios' objects: a one-layer cache of floats, the split (a dummy with
+ * real memory, or the stand-in with its copy queue), the CPU, and a scheduler over both
+ * under sched_policy. */
+static void sched_open(sched_state * s, bool standin) {
     const ferry_kv_params params = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
                                     .n_ctx = 96, .n_stream = 4, .n_layer = 1};
     ferry_dummy_params dp = ferry_dummy_default_params();
     dp.real_memory = true;
-    STEP(ferry_dummy_backend_new(&dp, &s->split));
+    STEP(standin ? ferry_standin_backend_new(&s->split) : ferry_dummy_backend_new(&dp, &s->split));
     STEP(ferry_cpu_backend_new(&s->cpu));
     STEP(ferry_kv_cache_new(&params, ferry_cpu_buffer_type(), &s->kv));
     fill_floats(ferry_kv_cache_buffer(s->kv));
@@ -247,6 +249,11 @@ static void sched_run(void * p) {
     ferry_backend * backends[2] = {s->split, s->cpu};
     STEP(ferry_sched_new(backends, 2, &s->sched));
     STEP(ferry_sched_set_policy(s->sched, sched_policy));
+}
+
+static void sched_run(void * p) {
+    sched_state * s = p;
+    SUB(sched_open(s, false));
     STEP(ferry_sched_set_compact(s->sched, sched_compact));
     /* two decode steps: a new graph each, the second window longer (the allocator grows) */
     const int64_t n_kv[2] = {5, 11};
@@ -298,16 +305,7 @@ static void test_sched_every_policy(void) {
  * calling thread's; the queue, its worker and its events are allocations too. */
 static void sched_prefetch_run(void * p) {
     sched_state * s = p;
-    const ferry_kv_params params = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
-                                    .n_ctx = 96, .n_stream = 4, .n_layer = 1};
-    STEP(ferry_standin_backend_new(&s->split));
-    STEP(ferry_cpu_backend_new(&s->cpu));
-    STEP(ferry_kv_cache_new(&params, ferry_cpu_buffer_type(), &s->kv));
-    fill_floats(ferry_kv_cache_buffer(s->kv));
-    STEP(ferry_context_new(&s->ctx));
-    ferry_backend * backends[2] = {s->split, s->cpu};
-    STEP(ferry_sched_new(backends, 2, &s->sched));
-    STEP(ferry_sched_set_policy(s->sched, sched_policy));
+    SUB(sched_open(s, true));
     STEP(ferry_sched_set_prefetch(s->sched, 2));
     const int64_t n_kv[2] = {5, 11};
     for (int step = 0; step < 2; step++) {

@@ -112,24 +112,6 @@ def test_a_closed_scheduler_refuses_a_reused_graph() -> None:
         loop.sched.compute(graph)
 
 
-def test_a_closed_cache_refuses_a_reused_graph() -> None:
-    """The windows keep the cache's memory (their views work after close), but a graph that reads
-    them is refused: the cache's layers are its own, and it was closed."""
-    loop = Loop()
-    graphs = ferry.StepGraph(loop.sched, loop.build)
-    graph = graphs.get(8)
-    loop.sched.compute(graph)
-    loop.kv.close()
-    with pytest.raises(ferry.FreedBufferError, match="KVCache"):
-        graphs.get(8)
-    with pytest.raises(ferry.FreedBufferError, match="KVCache"):
-        loop.sched.compute(graph)
-    with pytest.raises(ferry.FreedBufferError, match="KVCache"):
-        graph.compute(loop.split)
-    with pytest.raises(ferry.FreedBufferError):
-        graphs.get(16)  # nor can a new one be built
-
-
 def test_a_freed_buffer_under_a_window_refuses_the_reused_graph(cpu: ferry.CPUBackend) -> None:
     split = ferry.StandinBackend()
     buf = cpu.alloc_buffer(4 * HEAD_DIM * KV_SIZE * N_STREAM)
@@ -265,6 +247,8 @@ def test_a_dropped_step_frees_its_context() -> None:
 
 @pytest.mark.parametrize("fast", [False, True])
 def test_closed_objects_refuse_the_c_built_step(fast: bool) -> None:
+    """The windows keep the cache's memory (their views work after close), but a graph that reads
+    them is refused: the cache's layers are its own, and it was closed; likewise a closed scheduler."""
     loop = Loop(fast=fast)
     graphs = ferry.StepGraph(loop.sched, loop.build)
     graph = graphs.get(8)
@@ -274,6 +258,8 @@ def test_closed_objects_refuse_the_c_built_step(fast: bool) -> None:
         graphs.get(8)
     with pytest.raises(ferry.FreedBufferError, match="KVCache"):
         loop.sched.compute(graph)
+    with pytest.raises(ferry.FreedBufferError, match="KVCache"):
+        graph.compute(loop.split)
     with pytest.raises(ferry.FreedBufferError):
         graphs.get(16)
     loop = Loop(fast=fast)
