@@ -858,6 +858,9 @@ def sc_sched(kv_kind: str, ty: str, v_trans: bool, win: List[int], which: str, o
             gc.collect()
         elif action == "alloc_other":
             attempt(lambda: sched.alloc(ferry.Graph(out.dup())))
+        elif action.startswith("prefetch"):  # copies queued ahead from now on (or refused)
+            depth = {"prefetch": 2, "prefetch_off": 0, "prefetch_bad": -1}[action]
+            attempt(lambda: setattr(sched, "prefetch", depth))
 
 
 @settings(max_examples=3 * SCALE, **ISOLATED)
@@ -874,7 +877,8 @@ def sc_sched(kv_kind: str, ty: str, v_trans: bool, win: List[int], which: str, o
     st.lists(st.tuples(st.sampled_from(["out", "src", "root", None, 5]), st.sampled_from(KINDS + [None, "x"])).map(
         list), max_size=2),
     st.lists(st.sampled_from(["compute", "compute", "close", "clear_pins", "inputs", "repr", "del_kv",
-                              "alloc_other"]), max_size=6)).map(list), min_size=20, max_size=30))
+                              "alloc_other", "prefetch", "prefetch_off", "prefetch_bad"]), max_size=6)).map(list),
+    min_size=20, max_size=30))
 def test_sched_isolated(calls: List[List[Any]]) -> None:
     run_isolated(calls)
 
