@@ -1,90 +1,15 @@
 /*
  * The scheduler: backends for nodes, splits, split inputs and their copies, and the
  * run. The copy of each input is ferry_copy_input, or ferry_copy_input_async on a copy
- * queue when it is prefetched (copy-path.c); nothing else here moves bytes between
- * backends.
+ * queue when it is prefetched (copy-path.c; which, when and the waits: sched-prefetch.c);
+ * nothing else here moves bytes between backends.
  */
-#include "alloc-impl.h"
-#include "copy-queue.h"
-#include "ferry-impl.h"
-#include "graph-impl.h"
+#include "sched-impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define FERRY_SCHED_MAX_BACKENDS 16
-
-typedef struct {
-    ferry_tensor * node;
-    int src;
-    ferry_tensor * original;
-    ferry_tensor * copy;
-} redirect;
-
-typedef struct {
-    const ferry_tensor * tensor;
-    int backend;
-} pin;
-
-/* A run of a split's nodes and the inputs first read there, copied just before it runs:
- * a split's copies arrive one part at a time, in memory its earlier parts may have freed. */
-typedef struct {
-    int split;
-    int first_node;          /* in the graph */
-    int first_input, n_inputs;
-    ferry_graph * graph;     /* its nodes */
-    int last_prefetched;     /* its last input queued ahead (its compute waits for that one's event); -1 none */
-} part;
-
-struct ferry_sched {
-    ferry_backend * backends[FERRY_SCHED_MAX_BACKENDS];
-    int n_backends;
-    ferry_copy_policy policy;
-    bool compact; /* input copies hold only the bytes read */
-    int prefetch; /* parts ahead whose inputs are queued on copy queues; 0: off */
-    ferry_gallocr * galloc;
-
-    pin * pins;
-    int n_pins, pins_capacity;
-
-    /* The last allocated graph. */
-    ferry_graph * graph;
-    int graph_nodes;         /* its node count then, to notice a graph that grew */
-    int * backend_of;        /* by slot of graph: backend index, -1 none */
-    ferry_context * ctx;     /* the input copies */
-    ferry_sched_split_info * splits;
-    int n_splits;
-    part * parts;
-    int n_parts;
-    ferry_sched_input_info * inputs;
-    int n_inputs, inputs_capacity;
-    redirect * redirects;
-    int n_redirects, redirects_capacity;
-    ferry_graph * alloc_graph; /* the graph with sources redirected, as the allocator sees it */
-    /* Prefetching, by input: the copy queue that carries it (NULL: copied at its part), and
-     * the events recorded on that queue before and after its copy. */
-    ferry_backend ** queue_of;
-    ferry_event ** events; /* [2k] before, [2k + 1] after input k's copy */
-    uint64_t ahead_inputs, ahead_bytes;
-    ferry_sched_stats stats;
-};
-
-#ifdef FERRY_FAULT_INJECTION
-/* Test builds: compute without waiting for prefetched copies, to show what that reads. */
-static bool drop_waits;
-void ferry_fault_sched_drop_waits(bool drop) { drop_waits = drop; }
-#define DROP_WAITS() drop_waits
-#else
-#define DROP_WAITS() false
-#endif
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
-}
 
 /* Grow an array to hold one more element. */
 static ferry_status reserve_one(void ** items, int * capacity, int count, size_t item_size) {
@@ -110,14 +35,7 @@ static void set_redirects(ferry_sched * s, bool on) {
 
 /* Forget the last allocation (its copies, splits, graphs); the allocator's buffers stay. */
 static void reset(ferry_sched * s) {
-    for (int k = 0; s->events && k < 2 * s->n_inputs; k++) {
-        ferry_event_free(s->events[k]); /* waits, on the queue's side, until it was reached */
-    }
-    free(s->events);
-    free(s->queue_of);
-    s->events = NULL;
-    s->queue_of = NULL;
-    s->ahead_inputs = s->ahead_bytes = 0;
+    ferry_sched_prefetch_reset(s);
     for (int i = 0; i < s->n_parts; i++) {
         ferry_graph_free(s->parts[i].graph);
     }
@@ -443,71 +361,6 @@ static int part_step(const ferry_sched * s, int p, int n_nodes) {
     return step;
 }
 
-/*
- * Prefetching: which inputs are copied ahead on a copy queue. Those whose source is ready
- * before the graph runs (memory of its own that no node writes: a KV window) and whose
- * split's backend has a copy queue; the others are copied at their part, as without it.
- * The first part's copies have no compute to hide under and the calling thread would only
- * wait for them: it copies every other one itself (the first, the third, ...) while the
- * queue copies the rest, so that the step's first wait is about half as long.
- */
-static ferry_status choose_prefetched(ferry_sched * s) {
-    if (s->prefetch == 0 || s->n_inputs == 0) {
-        return FERRY_OK;
-    }
-    s->queue_of = ferry_calloc((size_t) s->n_inputs, sizeof(*s->queue_of));
-    if (!s->queue_of) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
-    }
-    for (int p = 0; p < s->n_parts; p++) {
-        part * pt = &s->parts[p];
-        for (int k = pt->first_input; k < pt->first_input + pt->n_inputs; k++) {
-            const ferry_tensor * root = ferry_tensor_root(s->inputs[k].src);
-            if (root->op != FERRY_OP_NONE || !ferry_gallocr_has_foreign_memory(s->galloc, root)) {
-                continue;
-            }
-            if (p == 0 && (k - pt->first_input) % 2 == 0) {
-                continue; /* the calling thread's share of the first part */
-            }
-            FERRY_TRY(ferry_backend_get_copy_queue(s->splits[pt->split].backend, &s->queue_of[k]));
-            pt->last_prefetched = s->queue_of[k] ? k : pt->last_prefetched;
-        }
-    }
-    return FERRY_OK;
-}
-
-/* After the allocation: the prefetched copies' events, and what they hold ahead of the part
- * computing at most (the copies of the `prefetch` parts after it). */
-static ferry_status prepare_prefetch(ferry_sched * s) {
-    if (!s->queue_of) {
-        return FERRY_OK;
-    }
-    s->events = ferry_calloc((size_t) 2 * s->n_inputs, sizeof(*s->events));
-    if (!s->events) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
-    }
-    for (int k = 0; k < s->n_inputs; k++) {
-        if (s->queue_of[k]) {
-            FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &s->events[2 * k]));
-            FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &s->events[2 * k + 1]));
-        }
-    }
-    for (int q = 0; q < s->n_parts; q++) {
-        uint64_t inputs = 0, bytes = 0;
-        for (int p = q + 1; p < s->n_parts && p - q <= s->prefetch; p++) {
-            for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
-                if (s->queue_of[k]) {
-                    inputs++;
-                    bytes += ferry_tensor_nbytes(s->inputs[k].copy);
-                }
-            }
-        }
-        s->ahead_inputs = inputs > s->ahead_inputs ? inputs : s->ahead_inputs;
-        s->ahead_bytes = bytes > s->ahead_bytes ? bytes : s->ahead_bytes;
-    }
-    return FERRY_OK;
-}
-
 /* Place copies and outputs: the graph with sources redirected, each tensor on its backend's buffer type. */
 static ferry_status allocate(ferry_sched * s) {
     FERRY_TRY(ferry_graph_new(&s->alloc_graph));
@@ -608,7 +461,7 @@ ferry_status ferry_sched_alloc_graph(ferry_sched * s, ferry_graph * graph) {
         st = build_splits(s);
     }
     if (st == FERRY_OK) {
-        st = choose_prefetched(s);
+        st = ferry_sched_prefetch_choose(s);
     }
     if (st == FERRY_OK) {
         set_redirects(s, true);
@@ -616,65 +469,10 @@ ferry_status ferry_sched_alloc_graph(ferry_sched * s, ferry_graph * graph) {
         set_redirects(s, false);
     }
     if (st == FERRY_OK) {
-        st = prepare_prefetch(s);
+        st = ferry_sched_prefetch_prepare(s);
     }
     if (st != FERRY_OK) {
         reset(s);
-    }
-    return st;
-}
-
-static void add_input_stats(ferry_sched_stats * total, const ferry_copy_stats * in) {
-    total->bytes_read += in->bytes_read;
-    total->bytes_span += in->bytes_span;
-    total->bytes_copied += in->bytes_copied;
-    total->copy_calls += in->copy_calls;
-    total->impl_calls += in->impl_calls;
-    total->copy_seconds += in->copy_seconds;
-}
-
-/* Queue the prefetched inputs of parts up to `last` not yet queued (*next onwards), each
- * between two events on its copy queue. */
-static ferry_status queue_ahead(ferry_sched * s, int last, int * next) {
-    for (; *next <= last && *next < s->n_parts; (*next)++) {
-        const part * pt = &s->parts[*next];
-        for (int k = pt->first_input; k < pt->first_input + pt->n_inputs; k++) {
-            ferry_backend * queue = s->queue_of[k];
-            if (!queue) {
-                continue;
-            }
-            ferry_sched_input_info * in = &s->inputs[k];
-            FERRY_TRY(ferry_event_record(s->events[2 * k], queue));
-            FERRY_TRY(ferry_copy_input_async(queue, s->policy, in->src, in->copy, &in->stats));
-            FERRY_TRY(ferry_event_record(s->events[2 * k + 1], queue));
-            add_input_stats(&s->stats, &in->stats);
-            s->stats.prefetched++;
-        }
-    }
-    return FERRY_OK;
-}
-
-/* After a run with prefetching: every queue done (nothing may still write a copy), and each
- * prefetched copy's time on its queue, from its events. */
-static ferry_status finish_prefetch(ferry_sched * s, int queued_parts) {
-    if (DROP_WAITS()) {
-        return FERRY_OK; /* the test that dropped them waits for its queues itself */
-    }
-    ferry_status st = FERRY_OK;
-    for (int k = 0; k < s->n_inputs; k++) {
-        if (s->queue_of[k]) {
-            const ferry_status q = ferry_backend_synchronize(s->queue_of[k]);
-            st = st == FERRY_OK ? q : st;
-        }
-    }
-    for (int p = 0; p < queued_parts && st == FERRY_OK; p++) {
-        for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
-            float ms = 0;
-            if (s->queue_of[k] && (st = ferry_event_elapsed_ms(s->events[2 * k], s->events[2 * k + 1], &ms)) == FERRY_OK) {
-                s->inputs[k].stats.copy_seconds = 1e-3 * ms;
-                s->stats.copy_seconds += 1e-3 * ms;
-            }
-        }
     }
     return st;
 }
@@ -699,7 +497,7 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
     for (int p = 0; p < s->n_parts && st == FERRY_OK; p++) {
         ferry_sched_split_info * sp = &s->splits[s->parts[p].split];
         if (s->queue_of) {
-            st = queue_ahead(s, p + s->prefetch, &queued);
+            st = ferry_sched_prefetch_queue(s, p + s->prefetch, &queued);
         }
         for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs && st == FERRY_OK;
              k++) {
@@ -709,28 +507,25 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
             }
             st = ferry_copy_input(sp->backend, s->policy, in->src, in->copy, &in->stats);
             if (st == FERRY_OK) {
-                add_input_stats(&s->stats, &in->stats);
+                ferry_sched_add_input_stats(&s->stats, &in->stats);
             }
         }
-        const int last = s->parts[p].last_prefetched;
-        if (st == FERRY_OK && last >= 0 && !DROP_WAITS()) {
-            const double t0 = now_seconds();
-            st = ferry_event_wait(sp->backend, s->events[2 * last + 1]); /* the queue is in order: all of them */
-            s->stats.wait_seconds += now_seconds() - t0;
+        if (st == FERRY_OK) {
+            st = ferry_sched_prefetch_wait(s, p);
         }
         if (st == FERRY_OK) {
-            const double t0 = now_seconds();
+            const double t0 = ferry_sched_now();
             st = ferry_backend_graph_compute(sp->backend, s->parts[p].graph);
             if (st == FERRY_OK) {
                 st = ferry_backend_synchronize(sp->backend);
             }
-            const double dt = now_seconds() - t0;
+            const double dt = ferry_sched_now() - t0;
             sp->compute_seconds += dt;
             s->stats.compute_seconds += dt;
         }
     }
     if (s->queue_of) {
-        const ferry_status fin = finish_prefetch(s, queued);
+        const ferry_status fin = ferry_sched_prefetch_finish(s, queued);
         st = st == FERRY_OK ? fin : st;
     }
     set_redirects(s, false);

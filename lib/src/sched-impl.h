@@ -1,0 +1,100 @@
+/* The scheduler's state, shared by sched.c (splits, allocation, the run) and
+ * sched-prefetch.c (copies queued ahead). */
+#ifndef FERRY_SCHED_IMPL_H
+#define FERRY_SCHED_IMPL_H
+
+#include "alloc-impl.h"
+#include "ferry-impl.h"
+#include "graph-impl.h"
+
+#include <time.h>
+
+#define FERRY_SCHED_MAX_BACKENDS 16
+
+typedef struct {
+    ferry_tensor * node;
+    int src;
+    ferry_tensor * original;
+    ferry_tensor * copy;
+} redirect;
+
+typedef struct {
+    const ferry_tensor * tensor;
+    int backend;
+} pin;
+
+/* A run of a split's nodes and the inputs first read there, copied just before it runs:
+ * a split's copies arrive one part at a time, in memory its earlier parts may have freed. */
+typedef struct {
+    int split;
+    int first_node;          /* in the graph */
+    int first_input, n_inputs;
+    ferry_graph * graph;     /* its nodes */
+    int last_prefetched;     /* its last input queued ahead (its compute waits for that one's event); -1 none */
+} part;
+
+struct ferry_sched {
+    ferry_backend * backends[FERRY_SCHED_MAX_BACKENDS];
+    int n_backends;
+    ferry_copy_policy policy;
+    bool compact; /* input copies hold only the bytes read */
+    int prefetch; /* parts ahead whose inputs are queued on copy queues; 0: off */
+    ferry_gallocr * galloc;
+
+    pin * pins;
+    int n_pins, pins_capacity;
+
+    /* The last allocated graph. */
+    ferry_graph * graph;
+    int graph_nodes;         /* its node count then, to notice a graph that grew */
+    int * backend_of;        /* by slot of graph: backend index, -1 none */
+    ferry_context * ctx;     /* the input copies */
+    ferry_sched_split_info * splits;
+    int n_splits;
+    part * parts;
+    int n_parts;
+    ferry_sched_input_info * inputs;
+    int n_inputs, inputs_capacity;
+    redirect * redirects;
+    int n_redirects, redirects_capacity;
+    ferry_graph * alloc_graph; /* the graph with sources redirected, as the allocator sees it */
+    /* Prefetching, by input: the copy queue that carries it (NULL: copied at its part), and
+     * the events recorded on that queue before and after its copy. */
+    ferry_backend ** queue_of;
+    ferry_event ** events; /* [2k] before, [2k + 1] after input k's copy */
+    uint64_t ahead_inputs, ahead_bytes;
+    ferry_sched_stats stats;
+};
+
+static inline double ferry_sched_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
+}
+
+/* One input's copy into the run's totals. */
+static inline void ferry_sched_add_input_stats(ferry_sched_stats * total, const ferry_copy_stats * in) {
+    total->bytes_read += in->bytes_read;
+    total->bytes_span += in->bytes_span;
+    total->bytes_copied += in->bytes_copied;
+    total->copy_calls += in->copy_calls;
+    total->impl_calls += in->impl_calls;
+    total->copy_seconds += in->copy_seconds;
+}
+
+/* ---------------------------------------------------------------- prefetching (sched-prefetch.c) */
+
+/* At alloc, after the splits: which inputs go ahead on a copy queue (queue_of, last_prefetched). */
+ferry_status ferry_sched_prefetch_choose(ferry_sched * s);
+/* At alloc, after the allocation: their events, and what they hold ahead. */
+ferry_status ferry_sched_prefetch_prepare(ferry_sched * s);
+/* Forget them (events freed once reached). */
+void ferry_sched_prefetch_reset(ferry_sched * s);
+/* In the run: queue the prefetched inputs of parts *next..last. */
+ferry_status ferry_sched_prefetch_queue(ferry_sched * s, int last, int * next);
+/* In the run: part p's compute waits for its prefetched inputs. */
+ferry_status ferry_sched_prefetch_wait(ferry_sched * s, int p);
+/* After the run: every queue done, and each prefetched copy's time from its events. */
+ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts);
+
+#endif
