@@ -9,12 +9,12 @@
  *   ferry/tensor.h   types and tensors                  types.c, tensor.c
  *   ferry/backend.h  transfers, buffers, backends,      transfer.c, buffer.c, host-buffer.c,
  *                    events                             backend.c, cpu-backend.c, dummy-backend.c,
- *                                                       standin-backend.c, event.c
+ *                                                       standin-backend.c, copy-queue.c, event.c
  *   ferry/graph.h    graphs, ops, the graph allocator   graph.c, ops.c, ops-cpu.c, ops-attn.c,
  *                                                       alloc.c, alloc-blocks.c
  *   ferry/kv.h       the KV cache and its windows       kv-cache.c
  *   ferry/copy.h     copy planning and the copy path    copy-plan.c, copy-compact.c, copy-path.c
- *   ferry/sched.h    the scheduler                      sched.c
+ *   ferry/sched.h    the scheduler                      sched.c, sched-prefetch.c
  *   ferry/step.h     a decode step's attention, built   step-graph.c
  *                    in one call
  *   ferry/cuda.h     the CUDA backend                   cuda/

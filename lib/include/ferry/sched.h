@@ -9,7 +9,7 @@
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------- the scheduler (sched.c) */
+/* ---------------------------------------------------------------- the scheduler (sched.c, sched-prefetch.c) */
 
 /*
  * The scheduler runs a graph over backends given in priority order. Each node gets a
