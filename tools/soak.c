@@ -45,10 +45,8 @@ int main(int argc, char ** argv) {
     ferry_sched * sched;
     const ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 64, .n_head_kv = 4,
                                .n_ctx = 1024, .n_stream = 4, .n_layer = 4};
-    ferry_dummy_params dp = ferry_dummy_default_params();
-    dp.real_memory = true;
     TRY(ferry_cpu_backend_new(&cpu));
-    TRY(ferry_dummy_backend_new(&dp, &split));
+    TRY(ferry_standin_backend_new(&split)); /* with its copy queue's worker thread */
     TRY(ferry_kv_cache_new(&p, ferry_cpu_buffer_type(), &kv));
     fill_floats(ferry_kv_cache_buffer(kv));
     ferry_backend * backends[2] = {split, cpu};
@@ -60,24 +58,31 @@ int main(int argc, char ** argv) {
     for (step = 0; step < steps; step++) {
         ferry_context * ctx;
         ferry_graph * graph;
-        ferry_tensor *window, *dup, *out;
+        ferry_tensor *k, *v, *dup_k, *dup_v, *out_k, *out_v;
         const int32_t layer = (int32_t) (next_random(&rng) % (uint32_t) p.n_layer);
         const int64_t n_kv = 1 + next_random(&rng) % 256;
         const int64_t s0 = next_random(&rng) % 4;
         const int64_t s1 = s0 + next_random(&rng) % (uint32_t) (4 - s0);
         TRY(ferry_sched_set_policy(sched, (ferry_copy_policy) (next_random(&rng) % FERRY_COPY_POLICY_COUNT)));
         TRY(ferry_sched_set_compact(sched, next_random(&rng) % 2));
+        TRY(ferry_sched_set_prefetch(sched, (int) (next_random(&rng) % 3)));
         TRY(ferry_context_new(&ctx));
-        TRY(ferry_kv_cache_window(kv, ctx, layer, n_kv, s0, s1, &window, NULL));
-        TRY(ferry_dup(ctx, window, &dup));
-        TRY(ferry_scale(ctx, dup, 0.5f, &out));
-        TRY(ferry_tensor_set_output(out));
+        /* K and V read by separate nodes: two parts, V's copy queued ahead when prefetching */
+        TRY(ferry_kv_cache_window(kv, ctx, layer, n_kv, s0, s1, &k, &v));
+        TRY(ferry_dup(ctx, k, &dup_k));
+        TRY(ferry_scale(ctx, dup_k, 0.5f, &out_k));
+        TRY(ferry_dup(ctx, v, &dup_v));
+        TRY(ferry_scale(ctx, dup_v, 0.5f, &out_v));
+        TRY(ferry_tensor_set_output(out_k));
+        TRY(ferry_tensor_set_output(out_v));
         TRY(ferry_graph_new(&graph));
-        TRY(ferry_graph_build(graph, out));
+        TRY(ferry_graph_build(graph, out_k));
+        TRY(ferry_graph_build(graph, out_v));
         ferry_sched_clear_pins(sched);
-        TRY(ferry_sched_set_tensor_backend(sched, dup, split));
+        TRY(ferry_sched_set_tensor_backend(sched, dup_k, split));
+        TRY(ferry_sched_set_tensor_backend(sched, dup_v, split));
         TRY(ferry_sched_graph_compute(sched, graph));
-        if (!scaled_copy_of(out, window, 0.5f)) {
+        if (!scaled_copy_of(out_k, k, 0.5f) || !scaled_copy_of(out_v, v, 0.5f)) {
             fprintf(stderr, "soak: step %ld: wrong bytes\n", step);
             return 1;
         }
