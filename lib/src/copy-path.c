@@ -321,15 +321,16 @@ static void measure_copy(const copy_snapshot * before, const ferry_tensor * src,
     };
 }
 
-/* The checks and the counters before a copy, shared by both entry points. */
-static ferry_status begin_copy(const char * what, ferry_backend * backend, ferry_copy_policy policy,
-                               const ferry_tensor * src, ferry_tensor * dst, bool * compact, copy_snapshot * before) {
+/* One input copy: the checks, the counters before it, the route and what moved. queued:
+ * leave it on backend (a copy queue) instead of waiting for the backend before and after. */
+static ferry_status copy_input(const char * what, ferry_backend * backend, ferry_copy_policy policy,
+                               const ferry_tensor * src, ferry_tensor * dst, ferry_copy_stats * stats, bool queued) {
     FERRY_CHECK_ARG(backend && src && dst, "%s: NULL argument", what);
     if ((int) policy < 0 || policy >= FERRY_COPY_POLICY_COUNT) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: unknown copy policy %d", what, (int) policy);
     }
-    *compact = ferry_tensor_is_compact_of(dst, src);
-    if (!*compact && !ferry_tensor_same_layout(src, dst)) {
+    const bool compact = ferry_tensor_is_compact_of(dst, src);
+    if (!compact && !ferry_tensor_same_layout(src, dst)) {
         return ferry_fail(FERRY_ERR_LAYOUT, "%s: the copy of '%s' has neither its layout nor its compact layout", what,
                           src->name);
     }
@@ -338,43 +339,37 @@ static ferry_status begin_copy(const char * what, ferry_backend * backend, ferry
     const ferry_buffer * src_buf = ferry_tensor_buffer(src);
     const ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
     /* flat and planned copies read src into dst's host memory when src cannot be read by pointer */
-    *before = (copy_snapshot) {
+    const copy_snapshot before = {
         .dst = dst_buf->stats,
         .src = src_buf->stats,
         .by_get =
-            !*compact && !ferry_buffer_ptr_readable(src_buf, dst_buf) && ferry_buffer_ptr_writable(dst_buf, src_buf),
+            !compact && !ferry_buffer_ptr_readable(src_buf, dst_buf) && ferry_buffer_ptr_writable(dst_buf, src_buf),
         .t0 = now_seconds(),
     };
+    ferry_copy_policy path;
+    uint64_t read;
+    if (!queued) {
+        FERRY_TRY(ferry_backend_synchronize(backend));
+    }
+    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, &path, &read));
+    if (!queued) {
+        FERRY_TRY(ferry_backend_synchronize(backend));
+    }
+    if (stats) {
+        measure_copy(&before, src, dst, path, read, stats); /* queued: the counters moved as it was queued */
+        if (queued) {
+            stats->copy_seconds = 0; /* the queue's events time it */
+        }
+    }
     return FERRY_OK;
 }
 
 ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
                               ferry_tensor * dst, ferry_copy_stats * stats) {
-    bool compact;
-    copy_snapshot before;
-    FERRY_TRY(begin_copy("copy_input", split_backend, policy, src, dst, &compact, &before));
-    ferry_copy_policy path;
-    uint64_t read;
-    FERRY_TRY(ferry_backend_synchronize(split_backend));
-    FERRY_TRY(copy_by_route(split_backend, policy, compact, false, src, dst, &path, &read));
-    FERRY_TRY(ferry_backend_synchronize(split_backend));
-    if (stats) {
-        measure_copy(&before, src, dst, path, read, stats);
-    }
-    return FERRY_OK;
+    return copy_input("copy_input", split_backend, policy, src, dst, stats, false);
 }
 
 ferry_status ferry_copy_input_async(ferry_backend * queue, ferry_copy_policy policy, const ferry_tensor * src,
                                     ferry_tensor * dst, ferry_copy_stats * stats) {
-    bool compact;
-    copy_snapshot before;
-    FERRY_TRY(begin_copy("copy_input_async", queue, policy, src, dst, &compact, &before));
-    ferry_copy_policy path;
-    uint64_t read;
-    FERRY_TRY(copy_by_route(queue, policy, compact, true, src, dst, &path, &read));
-    if (stats) {
-        measure_copy(&before, src, dst, path, read, stats); /* the counters moved as the copy was queued */
-        stats->copy_seconds = 0;                              /* the queue's events time it */
-    }
-    return FERRY_OK;
+    return copy_input("copy_input_async", queue, policy, src, dst, stats, true);
 }

@@ -122,10 +122,12 @@ ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts) {
         return FERRY_OK; /* the test that dropped them waits for its queues itself */
     }
     ferry_status st = FERRY_OK;
+    const ferry_backend * done = NULL; /* inputs come queue by queue: each waited for once */
     for (int k = 0; k < s->n_inputs; k++) {
-        if (s->queue_of[k]) {
+        if (s->queue_of[k] && s->queue_of[k] != done) {
             const ferry_status q = ferry_backend_synchronize(s->queue_of[k]);
             st = st == FERRY_OK ? q : st;
+            done = s->queue_of[k];
         }
     }
     for (int p = 0; p < queued_parts && st == FERRY_OK; p++) {

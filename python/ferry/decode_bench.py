@@ -82,7 +82,9 @@ from .workload import (
     check_run_options,
     check_streams,
     n_kv_for,
+    prefetch_depths,
     random_rows,
+    run_name,
     split_backend,
 )
 from .workload import variants as workload_variants
@@ -171,7 +173,7 @@ class BenchConfig:
     @property
     def prefetch_depths(self) -> Tuple[int, ...]:
         """The Scheduler.prefetch of each variant's runs: 0 (serial), and with overlap the depth."""
-        return (0, self.prefetch) if self.overlap else (0,)
+        return prefetch_depths(self.overlap, self.prefetch)
 
 
 #: Untimed repetitions of each variant before the timed ones.
@@ -233,7 +235,7 @@ class BenchRow:
     @property
     def label(self) -> str:
         """The policy, with "+compact" for compact staging and "+overlap" for an overlapped run."""
-        return self.policy + ("+compact" if self.compact else "") + ("+overlap" if self.overlap else "")
+        return run_name(self.policy, self.compact, self.overlap)
 
     @property
     def copy_bandwidth(self) -> float:
@@ -462,8 +464,7 @@ class _Variant:
         self.split_memory = 0
         self.measured = _Measured()
         unified = " unified" if cache.unified else ""
-        overlap = "+overlap" if prefetch else ""
-        self.label = f"npl {cache.npl} {policy}{'+compact' if compact else ''}{overlap}{unified}"
+        self.label = f"npl {cache.npl} {run_name(policy, compact, prefetch > 0)}{unified}"
 
     def _build(self, n_kv: object) -> List[Tensor]:
         """A step's outputs for a window of n_kv cells: per layer attention over its K and V windows."""

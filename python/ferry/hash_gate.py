@@ -36,7 +36,17 @@ from .sched import Scheduler
 from .step import StepGraph, attention_step
 from .tensor import Tensor
 from .types import row_size, to_type
-from .workload import POLICIES, check_positive, check_run_options, n_kv_for, random_rows, split_backend, variants
+from .workload import (
+    POLICIES,
+    check_positive,
+    check_run_options,
+    n_kv_for,
+    prefetch_depths,
+    random_rows,
+    run_name,
+    split_backend,
+    variants,
+)
 
 
 @dataclass(frozen=True)
@@ -243,8 +253,8 @@ def run_validate(cfg: ValidateConfig) -> ValidateResult:
     split = split_backend(cfg.backend)
     hashes, memory, builds = {}, {}, {}
     for policy, compact in variants(cfg.policies, cfg.compact):
-        for prefetch in (0, cfg.prefetch) if cfg.overlap else (0,):
-            name = policy + ("+compact" if compact else "") + ("+overlap" if prefetch else "")
+        for prefetch in prefetch_depths(cfg.overlap, cfg.prefetch):
+            name = run_name(policy, compact, prefetch > 0)
             hashes[name], memory[name], builds[name] = serve(cfg, split, policy, compact=compact, prefetch=prefetch)
     control, _, _ = serve(cfg, split, "ranges", shift=1)
     return ValidateResult(split.name, hashes, control, memory, builds)

@@ -126,6 +126,41 @@ def variants(policies: Sequence[str], compact: bool) -> List[Tuple[str, bool]]:
     return out
 
 
+def prefetch_depths(overlap: bool, prefetch: int) -> Tuple[int, ...]:
+    """The Scheduler.prefetch of each variant's runs.
+
+    Parameters
+    ----------
+    overlap : bool
+        Whether each variant also runs overlapped.
+    prefetch : int
+        Parts (layers) an overlapped run queues ahead.
+
+    Returns
+    -------
+    tuple of int
+        (0,) for the serial run alone; (0, prefetch) with overlap.
+    """
+    return (0, prefetch) if overlap else (0,)
+
+
+def run_name(policy: str, compact: bool, overlap: bool = False) -> str:
+    """A run's name in reports and hashes: the policy, "+compact" for compact staging, "+overlap" when
+    its inputs were prefetched (e.g. "ranges+compact+overlap").
+
+    Parameters
+    ----------
+    policy : str
+    compact : bool
+    overlap : bool, optional
+
+    Returns
+    -------
+    str
+    """
+    return policy + ("+compact" if compact else "") + ("+overlap" if overlap else "")
+
+
 def n_kv_for(npp: int, ntg: int, pad: int, kv_size: int) -> int:
     """Cells a sequence's window reads.
 

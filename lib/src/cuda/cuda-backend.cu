@@ -96,7 +96,7 @@ static bool aligned16(size_t x) { return x % 16 == 0; }
 
 static bool gather_applies(const backend_ctx * ctx, const ferry_tensor * t, const void * dst, const void * data,
                            size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
-    const ferry_cuda_gather_params * g = &(ctx->parent ? ctx->parent : ctx)->gather;
+    const ferry_cuda_gather_params * g = &ctx->gather;
     if (!g->on || n_copies < 2 || size < g->min_row || stride_data < g->min_pitch) {
         return false;
     }
@@ -159,7 +159,7 @@ static ferry_status backend_set_2d_async(ferry_backend * backend, ferry_tensor *
     FERRY_TRY(ferry_cuda_check_context("tensor_set_2d_async"));
     CUDA_TRY(cudaSetDevice(ctx->device), "tensor_set_2d_async: cudaSetDevice");
     char * dst = tensor_at(t, offset);
-    if (gather_applies(ctx, t, dst, data, size, n_copies, stride_tensor, stride_data)) {
+    if (gather_applies(options_of(ctx), t, dst, data, size, n_copies, stride_tensor, stride_data)) {
         CUDA_TRY(ferry_cuda_gather_rows(dst, stride_tensor, data, stride_data, size, n_copies,
                                         options_of(ctx)->gather.loads_per_thread, ctx->stream),
                  "tensor_set_2d_async: gather kernel launch");
@@ -324,10 +324,10 @@ static ferry_status backend_event_new(ferry_backend * backend, uint32_t flags, f
 
 /* A context with its own non-blocking stream (it does not wait for the legacy default
  * stream) and copy event, or NULL with the status in *st. */
-static backend_ctx * new_ctx(int device, ferry_status * st) {
+static backend_ctx * new_ctx(int device, const char * what, ferry_status * st) {
     auto * ctx = (backend_ctx *) ferry_calloc(1, sizeof(backend_ctx));
     if (!ctx) {
-        *st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "cuda_backend_new: out of memory");
+        *st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
         return NULL;
     }
     ctx->device = device;
@@ -340,7 +340,9 @@ static backend_ctx * new_ctx(int device, ferry_status * st) {
     }
     if (err != cudaSuccess) {
         free(ctx);
-        *st = ferry_cuda_fail(err, "cuda_backend_new: stream or event");
+        char msg[64];
+        snprintf(msg, sizeof(msg), "%s: stream or event", what);
+        *st = ferry_cuda_fail(err, msg);
         return NULL;
     }
     *st = FERRY_OK;
@@ -371,7 +373,7 @@ static ferry_status backend_copy_queue_new(ferry_backend * backend, ferry_backen
     FERRY_TRY(ferry_cuda_check_context("copy_queue_new"));
     CUDA_TRY(cudaSetDevice(parent->device), "copy_queue_new: cudaSetDevice");
     ferry_status st;
-    backend_ctx * ctx = new_ctx(parent->device, &st);
+    backend_ctx * ctx = new_ctx(parent->device, "copy_queue_new", &st);
     if (!ctx) {
         return st;
     }
@@ -394,7 +396,7 @@ extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out)
     FERRY_TRY(ferry_cuda_buffer_type(device, &buft)); /* makes the buffer types */
     CUDA_TRY(cudaSetDevice(device), "cuda_backend_new: cudaSetDevice");
     ferry_status st;
-    backend_ctx * ctx = new_ctx(device, &st);
+    backend_ctx * ctx = new_ctx(device, "cuda_backend_new", &st);
     if (!ctx) {
         return st;
     }

@@ -10,6 +10,7 @@ from typing import Any, Callable, List, Optional, TextIO, Tuple
 from .. import decode_bench
 from ..decode_bench import SPREAD, STATISTIC, BenchConfig, BenchResult, BenchRow
 from ..errors import InvalidArgumentError, UnsupportedError
+from ..workload import run_name
 from .options import (
     POSITIVE,
     add_backend_arg,
@@ -218,7 +219,7 @@ def plot_result(res: BenchResult, path: str) -> None:
     for i, (policy, compact, unified) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(cfg.npl))]
         ys = [res.row(npl, policy, unified, compact).tokens_per_s for npl in cfg.npl]
-        name = f"{policy}{'+compact' if compact else ''}{' (unified)' if unified else ''}"
+        name = run_name(policy, compact) + (" (unified)" if unified else "")
         ax.bar(xs, ys, width, label=name, hatch="//" if unified else None)
     ax.set_xticks(range(len(cfg.npl)))
     ax.set_xticklabels([str(n) for n in cfg.npl])
