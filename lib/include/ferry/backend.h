@@ -32,7 +32,7 @@ typedef struct {
     uint64_t impl_calls[FERRY_XFER_COUNT];
 } ferry_stats;
 
-const char * ferry_xfer_name(ferry_xfer kind);
+FERRY_API const char * ferry_xfer_name(ferry_xfer kind);
 
 /* ---------------------------------------------------------------- buffer types and buffers (buffer.c;
  * the transfers transfer.c) */
@@ -43,75 +43,75 @@ typedef enum {
     FERRY_BUFFER_USAGE_COMPUTE = 2
 } ferry_buffer_usage;
 
-const char * ferry_buffer_type_name(const ferry_buffer_type * buft);
-ferry_status ferry_buffer_type_alloc_buffer(ferry_buffer_type * buft, size_t size, ferry_buffer ** out);
-size_t       ferry_buffer_type_alignment(const ferry_buffer_type * buft);
-size_t       ferry_buffer_type_max_size(const ferry_buffer_type * buft);
-bool         ferry_buffer_type_is_host(const ferry_buffer_type * buft);
+FERRY_API const char * ferry_buffer_type_name(const ferry_buffer_type * buft);
+FERRY_API ferry_status ferry_buffer_type_alloc_buffer(ferry_buffer_type * buft, size_t size, ferry_buffer ** out);
+FERRY_API size_t       ferry_buffer_type_alignment(const ferry_buffer_type * buft);
+FERRY_API size_t       ferry_buffer_type_max_size(const ferry_buffer_type * buft);
+FERRY_API bool         ferry_buffer_type_is_host(const ferry_buffer_type * buft);
 /* Bytes a tensor takes in a buffer of this type (nbytes unless the type pads). */
-size_t       ferry_buffer_type_alloc_size(const ferry_buffer_type * buft, const ferry_tensor * t);
+FERRY_API size_t       ferry_buffer_type_alloc_size(const ferry_buffer_type * buft, const ferry_tensor * t);
 
 /* Frees the buffer; tensors placed in it become unallocated for every later call. */
-void         ferry_buffer_free(ferry_buffer * buf);
-void *       ferry_buffer_base(const ferry_buffer * buf);
-size_t       ferry_buffer_size(const ferry_buffer * buf);
-ferry_buffer_type * ferry_buffer_get_type(const ferry_buffer * buf);
-bool         ferry_buffer_is_host(const ferry_buffer * buf);
-ferry_status ferry_buffer_set_usage(ferry_buffer * buf, ferry_buffer_usage usage);
-ferry_buffer_usage ferry_buffer_get_usage(const ferry_buffer * buf);
-uint64_t     ferry_buffer_id(const ferry_buffer * buf);
-bool         ferry_buffer_id_is_live(uint64_t id);
-ferry_status ferry_buffer_clear(ferry_buffer * buf, uint8_t value);
+FERRY_API void         ferry_buffer_free(ferry_buffer * buf);
+FERRY_API void *       ferry_buffer_base(const ferry_buffer * buf);
+FERRY_API size_t       ferry_buffer_size(const ferry_buffer * buf);
+FERRY_API ferry_buffer_type * ferry_buffer_get_type(const ferry_buffer * buf);
+FERRY_API bool         ferry_buffer_is_host(const ferry_buffer * buf);
+FERRY_API ferry_status ferry_buffer_set_usage(ferry_buffer * buf, ferry_buffer_usage usage);
+FERRY_API ferry_buffer_usage ferry_buffer_get_usage(const ferry_buffer * buf);
+FERRY_API uint64_t     ferry_buffer_id(const ferry_buffer * buf);
+FERRY_API bool         ferry_buffer_id_is_live(uint64_t id);
+FERRY_API ferry_status ferry_buffer_clear(ferry_buffer * buf, uint8_t value);
 /* Place t (not a view) at a byte offset in buf, aligned to the buffer type's alignment. */
-ferry_status ferry_buffer_place_tensor(ferry_buffer * buf, ferry_tensor * t, size_t offset);
-ferry_status ferry_buffer_get_stats(const ferry_buffer * buf, ferry_stats * out);
-void         ferry_buffer_reset_stats(ferry_buffer * buf);
+FERRY_API ferry_status ferry_buffer_place_tensor(ferry_buffer * buf, ferry_tensor * t, size_t offset);
+FERRY_API ferry_status ferry_buffer_get_stats(const ferry_buffer * buf, ferry_stats * out);
+FERRY_API void         ferry_buffer_reset_stats(ferry_buffer * buf);
 
 /* Blocking transfers between host memory and a tensor, offsets relative to the tensor. */
-ferry_status ferry_tensor_set(ferry_tensor * t, const void * data, size_t offset, size_t size);
-ferry_status ferry_tensor_get(const ferry_tensor * t, void * data, size_t offset, size_t size);
-ferry_status ferry_tensor_memset(ferry_tensor * t, uint8_t value, size_t offset, size_t size);
+FERRY_API ferry_status ferry_tensor_set(ferry_tensor * t, const void * data, size_t offset, size_t size);
+FERRY_API ferry_status ferry_tensor_get(const ferry_tensor * t, void * data, size_t offset, size_t size);
+FERRY_API ferry_status ferry_tensor_memset(ferry_tensor * t, uint8_t value, size_t offset, size_t size);
 /* n_copies rows of size bytes: row i goes to offset + i*stride_tensor in the tensor and
  * comes from data + i*stride_data (the reverse for get). */
-ferry_status ferry_tensor_set_2d(ferry_tensor * t, const void * data, size_t offset, size_t size,
+FERRY_API ferry_status ferry_tensor_set_2d(ferry_tensor * t, const void * data, size_t offset, size_t size,
                                  size_t n_copies, size_t stride_tensor, size_t stride_data);
-ferry_status ferry_tensor_get_2d(const ferry_tensor * t, void * data, size_t offset, size_t size,
+FERRY_API ferry_status ferry_tensor_get_2d(const ferry_tensor * t, void * data, size_t offset, size_t size,
                                  size_t n_copies, size_t stride_tensor, size_t stride_data);
 /* The checks every transfer of n_copies rows of size bytes makes before it moves a byte:
  * t allocated, offset and size valid sizes, the rows inside t, and for n_copies > 1
  * strides no smaller than the row on either side. Messages begin with what (NULL:
  * "tensor_check_transfer"). A caller that must size its own memory first checks here. */
-ferry_status ferry_tensor_check_transfer(const ferry_tensor * t, size_t offset, size_t size, size_t n_copies,
+FERRY_API ferry_status ferry_tensor_check_transfer(const ferry_tensor * t, size_t offset, size_t size, size_t n_copies,
                                          size_t stride_tensor, size_t stride_data, const char * what);
 /* The flat copy of nbytes() between tensors of the same layout. */
-ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst);
+FERRY_API ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst);
 
 /* ---------------------------------------------------------------- backends (backend.c, cpu-backend.c
  * with host-buffer.c, dummy-backend.c, standin-backend.c, copy-queue.c) */
 
-void         ferry_backend_free(ferry_backend * backend);
-const char * ferry_backend_name(const ferry_backend * backend);
-ferry_buffer_type * ferry_backend_default_buffer_type(ferry_backend * backend);
-bool         ferry_backend_supports_buft(ferry_backend * backend, ferry_buffer_type * buft);
-bool         ferry_backend_supports_op(ferry_backend * backend, const ferry_tensor * op);
+FERRY_API void         ferry_backend_free(ferry_backend * backend);
+FERRY_API const char * ferry_backend_name(const ferry_backend * backend);
+FERRY_API ferry_buffer_type * ferry_backend_default_buffer_type(ferry_backend * backend);
+FERRY_API bool         ferry_backend_supports_buft(ferry_backend * backend, ferry_buffer_type * buft);
+FERRY_API bool         ferry_backend_supports_op(ferry_backend * backend, const ferry_tensor * op);
 /* Does the backend implement 2-D transfers itself (else they are loops of plain ones)? */
-bool         ferry_backend_has_2d(const ferry_backend * backend);
-ferry_status ferry_backend_alloc_buffer(ferry_backend * backend, size_t size, ferry_buffer ** out);
+FERRY_API bool         ferry_backend_has_2d(const ferry_backend * backend);
+FERRY_API ferry_status ferry_backend_alloc_buffer(ferry_backend * backend, size_t size, ferry_buffer ** out);
 
-ferry_status ferry_backend_tensor_set_async(ferry_backend * backend, ferry_tensor * t, const void * data,
+FERRY_API ferry_status ferry_backend_tensor_set_async(ferry_backend * backend, ferry_tensor * t, const void * data,
                                             size_t offset, size_t size);
-ferry_status ferry_backend_tensor_get_async(ferry_backend * backend, const ferry_tensor * t, void * data,
+FERRY_API ferry_status ferry_backend_tensor_get_async(ferry_backend * backend, const ferry_tensor * t, void * data,
                                             size_t offset, size_t size);
-ferry_status ferry_backend_tensor_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data,
+FERRY_API ferry_status ferry_backend_tensor_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data,
                                                size_t offset, size_t size, size_t n_copies,
                                                size_t stride_tensor, size_t stride_data);
-ferry_status ferry_backend_tensor_get_2d_async(ferry_backend * backend, const ferry_tensor * t, void * data,
+FERRY_API ferry_status ferry_backend_tensor_get_2d_async(ferry_backend * backend, const ferry_tensor * t, void * data,
                                                size_t offset, size_t size, size_t n_copies,
                                                size_t stride_tensor, size_t stride_data);
 /* Copy src into dst (same layout) on dst's backend; falls back to a blocking copy. */
-ferry_status ferry_backend_tensor_copy_async(ferry_backend * backend_src, ferry_backend * backend_dst,
+FERRY_API ferry_status ferry_backend_tensor_copy_async(ferry_backend * backend_src, ferry_backend * backend_dst,
                                              const ferry_tensor * src, ferry_tensor * dst);
-ferry_status ferry_backend_synchronize(ferry_backend * backend);
+FERRY_API ferry_status ferry_backend_synchronize(ferry_backend * backend);
 /*
  * The backend's copy queue: a second, ordered queue beside the one that computes, for
  * copies into the backend's memory (a CUDA backend's second stream; the stand-in device's
@@ -120,13 +120,13 @@ ferry_status ferry_backend_synchronize(ferry_backend * backend);
  * waits for an event recorded on it with ferry_event_wait. *out is NULL, with FERRY_OK,
  * for a backend without one. Made at the first ask and owned by the backend.
  */
-ferry_status ferry_backend_get_copy_queue(ferry_backend * backend, ferry_backend ** out);
-ferry_status ferry_backend_get_stats(const ferry_backend * backend, ferry_stats * out);
-void         ferry_backend_reset_stats(ferry_backend * backend);
+FERRY_API ferry_status ferry_backend_get_copy_queue(ferry_backend * backend, ferry_backend ** out);
+FERRY_API ferry_status ferry_backend_get_stats(const ferry_backend * backend, ferry_stats * out);
+FERRY_API void         ferry_backend_reset_stats(ferry_backend * backend);
 
 /* The CPU backend and its host buffer type (shared by every CPU backend). */
-ferry_status ferry_cpu_backend_new(ferry_backend ** out);
-ferry_buffer_type * ferry_cpu_buffer_type(void);
+FERRY_API ferry_status ferry_cpu_backend_new(ferry_backend ** out);
+FERRY_API ferry_buffer_type * ferry_cpu_buffer_type(void);
 
 /*
  * The dummy backend, for allocator tests and dry runs. Its buffers are not host memory
@@ -145,8 +145,8 @@ typedef struct {
     bool   is_host;
 } ferry_dummy_params;
 
-ferry_dummy_params ferry_dummy_default_params(void);
-ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_backend ** out);
+FERRY_API ferry_dummy_params ferry_dummy_default_params(void);
+FERRY_API ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_backend ** out);
 /*
  * The stand-in device, for machines without a GPU: a CPU backend ("CPU (stand-in
  * device)") whose buffers are host memory that no other backend may use (is_host is
@@ -154,7 +154,7 @@ ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params, ferry_ba
  * copy, exactly as a GPU split would, and runs the CPU kernels. Its copy queue is a
  * worker thread, so copies queued there overlap its compute as a GPU's copy stream does.
  */
-ferry_status ferry_standin_backend_new(ferry_backend ** out);
+FERRY_API ferry_status ferry_standin_backend_new(ferry_backend ** out);
 
 /* ---------------------------------------------------------------- events (event.c)
  * Order work between backends without a full synchronize. An event belongs to the
@@ -166,16 +166,16 @@ enum {
     FERRY_EVENT_TIMING = 1 /* the event can be timed (ferry_event_elapsed_ms); else it is lighter */
 };
 
-ferry_status ferry_event_new(ferry_backend * backend, uint32_t flags, ferry_event ** out);
-void         ferry_event_free(ferry_event * event);
+FERRY_API ferry_status ferry_event_new(ferry_backend * backend, uint32_t flags, ferry_event ** out);
+FERRY_API void         ferry_event_free(ferry_event * event);
 /* Mark the point in backend's queued work that the event stands for. */
-ferry_status ferry_event_record(ferry_event * event, ferry_backend * backend);
+FERRY_API ferry_status ferry_event_record(ferry_event * event, ferry_backend * backend);
 /* Make backend's later work wait for the event, on the device where it can, else on the host. */
-ferry_status ferry_event_wait(ferry_backend * backend, ferry_event * event);
+FERRY_API ferry_status ferry_event_wait(ferry_backend * backend, ferry_event * event);
 /* Block until the work before the event is done. */
-ferry_status ferry_event_synchronize(ferry_event * event);
+FERRY_API ferry_status ferry_event_synchronize(ferry_event * event);
 /* Milliseconds between two recorded timing events of the same backend kind. */
-ferry_status ferry_event_elapsed_ms(const ferry_event * start, const ferry_event * end, float * out);
+FERRY_API ferry_status ferry_event_elapsed_ms(const ferry_event * start, const ferry_event * end, float * out);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,14 @@
 #include <stdint.h>
 #endif
 
+/* The library's public functions: the only symbols libferry exports (it is built with
+ * hidden visibility, so everything else in lib/src stays internal). */
+#if defined(FERRY_CDEF) || !defined(__GNUC__)
+#define FERRY_API
+#else
+#define FERRY_API __attribute__((visibility("default")))
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -37,23 +45,23 @@ typedef enum {
 } ferry_status;
 
 /* The message of the last failure on this thread ("" if none). */
-const char * ferry_last_error(void);
-ferry_status ferry_last_status(void);
-void         ferry_clear_error(void);
-const char * ferry_status_name(ferry_status status);
+FERRY_API const char * ferry_last_error(void);
+FERRY_API ferry_status ferry_last_status(void);
+FERRY_API void         ferry_clear_error(void);
+FERRY_API const char * ferry_status_name(ferry_status status);
 
 /* ---------------------------------------------------------------- build (build-info.c) */
 
 /* Was CUDA compiled in, and is a device usable now? */
-bool         ferry_built_with_cuda(void);
-bool         ferry_cuda_available(void);
+FERRY_API bool         ferry_built_with_cuda(void);
+FERRY_API bool         ferry_cuda_available(void);
 /* True only in a test build linked against tests/fake-cudart (meson -Dfake_cudart=true):
  * its "device" is host memory and its timings mean nothing. */
-bool         ferry_built_with_fake_cudart(void);
-const char * ferry_version(void);
+FERRY_API bool         ferry_built_with_fake_cudart(void);
+FERRY_API const char * ferry_version(void);
 /* sizeof(ferry_tensor) as compiled, so the binding can check its cdef agrees. */
-size_t       ferry_sizeof_tensor(void);
-size_t       ferry_sizeof_stats(void);
+FERRY_API size_t       ferry_sizeof_tensor(void);
+FERRY_API size_t       ferry_sizeof_stats(void);
 
 #ifdef __cplusplus
 }

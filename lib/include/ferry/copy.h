@@ -18,8 +18,8 @@ typedef enum {
     FERRY_COPY_POLICY_COUNT = 3
 } ferry_copy_policy;
 
-const char * ferry_copy_policy_name(ferry_copy_policy policy);
-ferry_status ferry_copy_policy_from_name(const char * name, ferry_copy_policy * out);
+FERRY_API const char * ferry_copy_policy_name(ferry_copy_policy policy);
+FERRY_API ferry_status ferry_copy_policy_from_name(const char * name, ferry_copy_policy * out);
 
 /* count rows of size bytes, row i at offset + i*stride (bytes, relative to a tensor's data). */
 typedef struct {
@@ -34,10 +34,10 @@ typedef struct {
  * byte of their span read once, dimension 0 innermost) and dimension 3 repeats it at
  * a stride no smaller than the range. False (no error) when the rule does not apply.
  */
-bool ferry_copy_ranges_of(const ferry_tensor * t, ferry_copy_2d * out);
+FERRY_API bool ferry_copy_ranges_of(const ferry_tensor * t, ferry_copy_2d * out);
 /* Bytes the graph reads through t: the distinct bytes its elements cover (blocks whole),
  * from its copy plan; views too tangled to plan count their element bytes. */
-uint64_t ferry_tensor_bytes_read(const ferry_tensor * t);
+FERRY_API uint64_t ferry_tensor_bytes_read(const ferry_tensor * t);
 
 /* ---------------------------------------------------------------- the copy planner (copy-plan.c) */
 
@@ -51,7 +51,7 @@ uint64_t ferry_tensor_bytes_read(const ferry_tensor * t);
  * view whose rows overlap or interleave across more than 2^20 rows gives
  * FERRY_ERR_UNSUPPORTED (copy the span instead). An empty view needs no copies.
  */
-ferry_status ferry_copy_plan(const ferry_tensor * t, ferry_copy_2d * copies, size_t max_copies, size_t * n_copies);
+FERRY_API ferry_status ferry_copy_plan(const ferry_tensor * t, ferry_copy_2d * copies, size_t max_copies, size_t * n_copies);
 
 /* Some of a view's dimensions, by index. */
 typedef struct {
@@ -99,7 +99,7 @@ typedef struct {
 
 /* The explanation of the layout (n_dims of ne and nb; the rest count 1) that a view of
  * this type would have. Bad input fails as ferry_copy_plan fails; no view is made. */
-ferry_status ferry_copy_plan_explain(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb,
+FERRY_API ferry_status ferry_copy_plan_explain(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb,
                                      ferry_copy_explanation * out);
 
 /* ---------------------------------------------------------------- the cost model (copy-plan.c) */
@@ -124,16 +124,16 @@ typedef struct {
     double wide_pitch_row_ns;
 } ferry_copy_cost_model;
 
-ferry_copy_cost_model ferry_copy_cost_model_cpu(void); /* measured on a 2-core AMD EPYC (KVM) */
-ferry_copy_cost_model ferry_copy_cost_model_gpu(void); /* host to device, H200 over PCIe 5 (docs/design.md) */
+FERRY_API ferry_copy_cost_model ferry_copy_cost_model_cpu(void); /* measured on a 2-core AMD EPYC (KVM) */
+FERRY_API ferry_copy_cost_model ferry_copy_cost_model_gpu(void); /* host to device, H200 over PCIe 5 (docs/design.md) */
 /* Estimated seconds of n planned copies, and of one flat copy of span bytes. */
-double ferry_copy_plan_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * copies, size_t n);
-double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span);
+FERRY_API double ferry_copy_plan_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * copies, size_t n);
+FERRY_API double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span);
 /* Is the plan (of t) cheaper than the flat copy of nbytes(t)? False on a tie or bad input. */
-bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
+FERRY_API bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
                             size_t n);
 /* The model a backend gives for copies into it (a CUDA backend: the GPU's), else the CPU's. */
-ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend);
+FERRY_API ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend);
 
 /* ---------------------------------------------------------------- compact staging (copy-compact.c) */
 
@@ -143,9 +143,9 @@ ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backen
  * offset k. Given when t's plan is one 2-D copy that reads no byte twice (the K window,
  * the transposed V window); otherwise *out has t's own layout (as dup_layout).
  */
-ferry_status ferry_tensor_compact_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
+FERRY_API ferry_status ferry_tensor_compact_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
 /* Is dst the compact layout of src (and not simply the same layout)? */
-bool         ferry_tensor_is_compact_of(const ferry_tensor * dst, const ferry_tensor * src);
+FERRY_API bool         ferry_tensor_is_compact_of(const ferry_tensor * dst, const ferry_tensor * src);
 
 /* ---------------------------------------------------------------- the copy path (copy-path.c) */
 
@@ -166,7 +166,7 @@ typedef struct {
  * (same layout) by policy, wait again. Gap bytes of dst are left untouched. A dst in
  * src's compact layout receives the bytes read, gathered, whatever the policy (path PLAN).
  */
-ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
+FERRY_API ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
                               ferry_tensor * dst, ferry_copy_stats * stats);
 /*
  * The same copy queued, not waited for: on `queue` (a backend's copy queue, or any backend)
@@ -176,7 +176,7 @@ ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy p
  * bytes, and dst be read by no one, until an event recorded after it is reached. stats
  * count what was queued, as ferry_copy_input counts what was done; copy_seconds is 0.
  */
-ferry_status ferry_copy_input_async(ferry_backend * queue, ferry_copy_policy policy, const ferry_tensor * src,
+FERRY_API ferry_status ferry_copy_input_async(ferry_backend * queue, ferry_copy_policy policy, const ferry_tensor * src,
                                     ferry_tensor * dst, ferry_copy_stats * stats);
 
 #ifdef __cplusplus

@@ -17,23 +17,23 @@ extern "C" {
  */
 
 /* Devices ferry can use: 0, with FERRY_OK, when there is no device or no driver. */
-ferry_status ferry_cuda_device_count(int * out);
+FERRY_API ferry_status ferry_cuda_device_count(int * out);
 /* A backend with its own stream on a device. Fails (FERRY_ERR_BACKEND) with CUDA's
  * message when there is no usable device. */
-ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out);
+FERRY_API ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out);
 /* The device a CUDA backend runs on; FERRY_ERR_INVALID_ARG for other backends. */
-ferry_status ferry_cuda_backend_device(const ferry_backend * backend, int * out);
+FERRY_API ferry_status ferry_cuda_backend_device(const ferry_backend * backend, int * out);
 /* Device memory (cudaMalloc) of a device: one buffer type per device, never freed. */
-ferry_status ferry_cuda_buffer_type(int device, ferry_buffer_type ** out);
+FERRY_API ferry_status ferry_cuda_buffer_type(int device, ferry_buffer_type ** out);
 /* Pinned host memory (cudaMallocHost): host memory, so the CPU backend uses it too. */
-ferry_status ferry_cuda_host_buffer_type(ferry_buffer_type ** out);
+FERRY_API ferry_status ferry_cuda_host_buffer_type(ferry_buffer_type ** out);
 /* Host memory the caller owns, pinned and mapped for every device (cudaHostRegister)
  * until unregistered; it must stay allocated until then. Copies from it run at the
  * pinned rate, and the gather copy may read it. */
-ferry_status ferry_cuda_host_register(void * ptr, size_t size);
+FERRY_API ferry_status ferry_cuda_host_register(void * ptr, size_t size);
 /* Unregistering first lets every device finish its queued work, which may still read
  * the memory (a copy or gather kernel in flight). */
-ferry_status ferry_cuda_host_unregister(void * ptr);
+FERRY_API ferry_status ferry_cuda_host_unregister(void * ptr);
 /*
  * The gather copy, an option of each CUDA backend, off by default: the 2-D copy is the
  * default, and tools/cuda_window_bench.c times the two against each other. FERRY_CUDA_GATHER=1
@@ -53,11 +53,11 @@ typedef struct {
     size_t min_row;          /* default 256 B */
 } ferry_cuda_gather_params;
 
-ferry_cuda_gather_params ferry_cuda_gather_default_params(void);
-ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_cuda_gather_params * params);
+FERRY_API ferry_cuda_gather_params ferry_cuda_gather_default_params(void);
+FERRY_API ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_cuda_gather_params * params);
 /* The backend's gather option, and how many 2-D sets the kernel has carried out on it
  * (either output may be NULL). */
-ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
+FERRY_API ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
                                            uint64_t * copies);
 
 /*
@@ -70,9 +70,9 @@ ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_
  * slices of k such pitches. Where no such k exists, the plain 2-D copy. The environment's
  * FERRY_CUDA_FOLD=<bytes> sets fold_above for backends made afterwards.
  */
-ferry_status ferry_cuda_backend_set_fold(ferry_backend * backend, size_t fold_above);
+FERRY_API ferry_status ferry_cuda_backend_set_fold(ferry_backend * backend, size_t fold_above);
 /* The backend's fold_above, and how many copies it has folded (either output may be NULL). */
-ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t * fold_above, uint64_t * copies);
+FERRY_API ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t * fold_above, uint64_t * copies);
 
 /*
  * A timing aid: queue on the backend's stream a kernel that waits `microseconds` (0 to
@@ -80,7 +80,7 @@ ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t *
  * recorded around that work time the device alone, not the host's submission of it
  * (tools/cuda_window_bench.c holds the stream before each timed copy).
  */
-ferry_status ferry_cuda_backend_hold(ferry_backend * backend, double microseconds);
+FERRY_API ferry_status ferry_cuda_backend_hold(ferry_backend * backend, double microseconds);
 
 #ifdef __cplusplus
 }

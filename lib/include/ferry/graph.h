@@ -19,27 +19,27 @@ extern "C" {
  */
 typedef struct ferry_graph ferry_graph;
 
-const char * ferry_op_name(ferry_op op);
+FERRY_API const char * ferry_op_name(ferry_op op);
 
 /* Flags: inputs are written before compute, outputs read after; the allocator keeps
  * both alive for the whole graph and never lets another tensor share their memory. */
-ferry_status ferry_tensor_set_flags(ferry_tensor * t, int32_t flags);
-ferry_status ferry_tensor_set_input(ferry_tensor * t);
-ferry_status ferry_tensor_set_output(ferry_tensor * t);
+FERRY_API ferry_status ferry_tensor_set_flags(ferry_tensor * t, int32_t flags);
+FERRY_API ferry_status ferry_tensor_set_input(ferry_tensor * t);
+FERRY_API ferry_status ferry_tensor_set_output(ferry_tensor * t);
 
 /* a + b, a * b: b is repeated over a (each b->ne[i] divides a->ne[i]); same type. */
-ferry_status ferry_add(ferry_context * ctx, ferry_tensor * a, ferry_tensor * b, ferry_tensor ** out);
-ferry_status ferry_mul(ferry_context * ctx, ferry_tensor * a, ferry_tensor * b, ferry_tensor ** out);
-ferry_status ferry_scale(ferry_context * ctx, ferry_tensor * a, float s, ferry_tensor ** out);
+FERRY_API ferry_status ferry_add(ferry_context * ctx, ferry_tensor * a, ferry_tensor * b, ferry_tensor ** out);
+FERRY_API ferry_status ferry_mul(ferry_context * ctx, ferry_tensor * a, ferry_tensor * b, ferry_tensor ** out);
+FERRY_API ferry_status ferry_scale(ferry_context * ctx, ferry_tensor * a, float s, ferry_tensor ** out);
 /* A contiguous copy of a (any strides), of a's type or converted to type. */
-ferry_status ferry_dup(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** out);
-ferry_status ferry_dup_as(ferry_context * ctx, ferry_tensor * a, ferry_type type, ferry_tensor ** out);
+FERRY_API ferry_status ferry_dup(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** out);
+FERRY_API ferry_status ferry_dup_as(ferry_context * ctx, ferry_tensor * a, ferry_type type, ferry_tensor ** out);
 /* a and b joined along dim: same type, same ne in every other dimension. */
-ferry_status ferry_concat(ferry_context * ctx, ferry_tensor * a, ferry_tensor * b, int dim, ferry_tensor ** out);
+FERRY_API ferry_status ferry_concat(ferry_context * ctx, ferry_tensor * a, ferry_tensor * b, int dim, ferry_tensor ** out);
 /* Zeros appended at the end of each dimension. */
-ferry_status ferry_pad(ferry_context * ctx, ferry_tensor * a, int p0, int p1, int p2, int p3, ferry_tensor ** out);
+FERRY_API ferry_status ferry_pad(ferry_context * ctx, ferry_tensor * a, int p0, int p1, int p2, int p3, ferry_tensor ** out);
 /* The mean over dimension 0: ne[0] becomes 1. */
-ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** out);
+FERRY_API ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** out);
 /*
  * Decode attention, one query token per stream, one sequence per stream.
  *   q      f32 [head_dim, n_head, 1, ns]
@@ -53,25 +53,25 @@ ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** o
  * n_head_kv. out: f32 [head_dim, n_head, 1, ns], contiguous, softmax(scale * q.k) . v.
  * Deterministic: the same bytes in give the same bytes out on a backend, run to run.
  */
-ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k, ferry_tensor * v,
+FERRY_API ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k, ferry_tensor * v,
                                ferry_tensor * kv_len, float scale, bool v_trans, ferry_tensor ** out);
 
 /* A graph references tensors, it does not own them. build adds t and everything it
  * depends on, in topological order: leafs (op NONE) and nodes (the rest, views too).
  * Building again adds more outputs; tensors already there are not added twice. */
-ferry_status ferry_graph_new(ferry_graph ** out);
-void         ferry_graph_free(ferry_graph * graph);
-ferry_status ferry_graph_build(ferry_graph * graph, ferry_tensor * t);
-void         ferry_graph_clear(ferry_graph * graph);
-int          ferry_graph_n_nodes(const ferry_graph * graph);
-int          ferry_graph_n_leafs(const ferry_graph * graph);
+FERRY_API ferry_status ferry_graph_new(ferry_graph ** out);
+FERRY_API void         ferry_graph_free(ferry_graph * graph);
+FERRY_API ferry_status ferry_graph_build(ferry_graph * graph, ferry_tensor * t);
+FERRY_API void         ferry_graph_clear(ferry_graph * graph);
+FERRY_API int          ferry_graph_n_nodes(const ferry_graph * graph);
+FERRY_API int          ferry_graph_n_leafs(const ferry_graph * graph);
 /* NULL when i is out of range. */
-ferry_tensor * ferry_graph_node(const ferry_graph * graph, int i);
-ferry_tensor * ferry_graph_leaf(const ferry_graph * graph, int i);
+FERRY_API ferry_tensor * ferry_graph_node(const ferry_graph * graph, int i);
+FERRY_API ferry_tensor * ferry_graph_leaf(const ferry_graph * graph, int i);
 
 /* Compute the nodes in order on backend. Every leaf and node must be allocated in
  * memory the backend can use, and every node an op it supports. */
-ferry_status ferry_backend_graph_compute(ferry_backend * backend, ferry_graph * graph);
+FERRY_API ferry_status ferry_backend_graph_compute(ferry_backend * backend, ferry_graph * graph);
 
 
 /* ---------------------------------------------------------------- graph allocator (alloc.c, alloc-blocks.c) */
@@ -106,31 +106,31 @@ enum { FERRY_GALLOC_MAX_CHUNKS = 16 };
 
 typedef struct ferry_gallocr ferry_gallocr;
 
-ferry_status ferry_gallocr_new(ferry_buffer_type * buft, ferry_gallocr ** out);
-ferry_status ferry_gallocr_new_n(ferry_buffer_type ** bufts, int n_bufts, ferry_gallocr ** out);
+FERRY_API ferry_status ferry_gallocr_new(ferry_buffer_type * buft, ferry_gallocr ** out);
+FERRY_API ferry_status ferry_gallocr_new_n(ferry_buffer_type ** bufts, int n_bufts, ferry_gallocr ** out);
 /* Frees the allocator's buffers too: tensors it placed become unallocated. */
-void         ferry_gallocr_free(ferry_gallocr * galloc);
+FERRY_API void         ferry_gallocr_free(ferry_gallocr * galloc);
 /* node_buft_ids[i] / leaf_buft_ids[i]: the index of the buffer type for node / leaf i
  * (NULL: all 0). With several buffer types, alloc_graph reuses the last assignment,
  * so reserve first with it (a graph of other counts is refused). */
-ferry_status ferry_gallocr_reserve(ferry_gallocr * galloc, ferry_graph * graph,
+FERRY_API ferry_status ferry_gallocr_reserve(ferry_gallocr * galloc, ferry_graph * graph,
                                    const int * node_buft_ids, const int * leaf_buft_ids);
-ferry_status ferry_gallocr_alloc_graph(ferry_gallocr * galloc, ferry_graph * graph);
+FERRY_API ferry_status ferry_gallocr_alloc_graph(ferry_gallocr * galloc, ferry_graph * graph);
 
 /* keep_inputs: leafs and inputs live to the end of the graph and are never shared, for
  * whoever reads them after compute (off by default: they are freed after their last
  * use). It takes effect at the next reserve or alloc_graph. The scheduler has its own
  * (ferry_sched_set_keep_inputs, sched.h). */
-ferry_status ferry_gallocr_set_keep_inputs(ferry_gallocr * galloc, bool keep);
-bool         ferry_gallocr_get_keep_inputs(const ferry_gallocr * galloc);
+FERRY_API ferry_status ferry_gallocr_set_keep_inputs(ferry_gallocr * galloc, bool keep);
+FERRY_API bool         ferry_gallocr_get_keep_inputs(const ferry_gallocr * galloc);
 
 /* What it holds: bytes over all chunks of a buffer type, chunks, a chunk's buffer. */
-size_t       ferry_gallocr_buffer_size(const ferry_gallocr * galloc, int buft_id);
-int          ferry_gallocr_n_chunks(const ferry_gallocr * galloc, int buft_id);
-ferry_buffer * ferry_gallocr_chunk_buffer(const ferry_gallocr * galloc, int buft_id, int chunk);
+FERRY_API size_t       ferry_gallocr_buffer_size(const ferry_gallocr * galloc, int buft_id);
+FERRY_API int          ferry_gallocr_n_chunks(const ferry_gallocr * galloc, int buft_id);
+FERRY_API ferry_buffer * ferry_gallocr_chunk_buffer(const ferry_gallocr * galloc, int buft_id, int chunk);
 /* Where the last measured graph put t (NOT_ALLOCATED for views and tensors it left alone);
  * size is what t took, the alloc size rounded up to the alignment. */
-ferry_status ferry_gallocr_tensor_placement(const ferry_gallocr * galloc, const ferry_tensor * t,
+FERRY_API ferry_status ferry_gallocr_tensor_placement(const ferry_gallocr * galloc, const ferry_tensor * t,
                                             int * buft_id, int * chunk, size_t * offset, size_t * size);
 
 #ifdef __cplusplus

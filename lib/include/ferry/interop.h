@@ -19,8 +19,8 @@ extern "C" {
  * ferry_dequantize reads n values of type from src (src_size bytes) into dst. i32 holds
  * integers, not values: FERRY_ERR_UNSUPPORTED. Nothing is written on failure.
  */
-ferry_status ferry_quantize(ferry_type type, const float * src, int64_t n, void * dst, size_t dst_size);
-ferry_status ferry_dequantize(ferry_type type, const void * src, size_t src_size, int64_t n, float * dst);
+FERRY_API ferry_status ferry_quantize(ferry_type type, const float * src, int64_t n, void * dst, size_t dst_size);
+FERRY_API ferry_status ferry_dequantize(ferry_type type, const void * src, size_t src_size, int64_t n, float * dst);
 
 /* ---------------------------------------------------------------- foreign memory (foreign-buffer.c;
  * cuda-buffers.cu, cuda-off.c when CUDA is not compiled in) */
@@ -37,7 +37,7 @@ typedef enum {
  * FERRY_ERR_UNSUPPORTED, saying why, for memory that no one reads directly: synthetic
  * addresses, the stand-in device's and a dummy backend's device memory.
  */
-ferry_status ferry_tensor_memory(const ferry_tensor * t, ferry_memory_kind * kind, int * device, void ** data);
+FERRY_API ferry_status ferry_tensor_memory(const ferry_tensor * t, ferry_memory_kind * kind, int * device, void ** data);
 
 /*
  * Buffers over memory another library owns (a numpy array, a PyTorch or CuPy tensor):
@@ -47,8 +47,8 @@ ferry_status ferry_tensor_memory(const ferry_tensor * t, ferry_memory_kind * kin
  * computes on it; FERRY_ERR_INVALID_ARG when CUDA says the range is not memory of that
  * device, FERRY_ERR_UNSUPPORTED without CUDA.
  */
-ferry_status ferry_host_buffer_from_ptr(void * base, size_t size, ferry_buffer ** out);
-ferry_status ferry_cuda_buffer_from_ptr(int device, void * base, size_t size, ferry_buffer ** out);
+FERRY_API ferry_status ferry_host_buffer_from_ptr(void * base, size_t size, ferry_buffer ** out);
+FERRY_API ferry_status ferry_cuda_buffer_from_ptr(int device, void * base, size_t size, ferry_buffer ** out);
 
 /* ---------------------------------------------------------------- DLPack (dlpack.c) */
 
@@ -111,11 +111,11 @@ typedef int    (*ferry_capsule_is_valid_fn)(void * capsule, const char * name);
 typedef void * (*ferry_capsule_pointer_fn)(void * capsule, const char * name);
 
 /* *out: a ferry_dl_managed_tensor, or with versioned a ferry_dl_managed_tensor_versioned (1.0). */
-ferry_status ferry_dlpack_new(int32_t ndim, bool versioned, void ** out);
-bool         ferry_dlpack_deleted(const void * managed);
-void         ferry_dlpack_free(void * managed);
-ferry_status ferry_dlpack_set_capsule_api(ferry_capsule_is_valid_fn is_valid, ferry_capsule_pointer_fn pointer);
-void         ferry_dlpack_capsule_destructor(void * capsule);
+FERRY_API ferry_status ferry_dlpack_new(int32_t ndim, bool versioned, void ** out);
+FERRY_API bool         ferry_dlpack_deleted(const void * managed);
+FERRY_API void         ferry_dlpack_free(void * managed);
+FERRY_API ferry_status ferry_dlpack_set_capsule_api(ferry_capsule_is_valid_fn is_valid, ferry_capsule_pointer_fn pointer);
+FERRY_API void         ferry_dlpack_capsule_destructor(void * capsule);
 
 #ifdef __cplusplus
 }

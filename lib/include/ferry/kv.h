@@ -30,20 +30,20 @@ typedef struct {
 typedef struct ferry_kv_cache ferry_kv_cache;
 
 /* Lay out the cache and, when buft is given, allocate one buffer of it for all layers. */
-ferry_status ferry_kv_cache_new(const ferry_kv_params * params, ferry_buffer_type * buft, ferry_kv_cache ** out);
-void         ferry_kv_cache_free(ferry_kv_cache * kv);
-ferry_status ferry_kv_cache_params(const ferry_kv_cache * kv, ferry_kv_params * out);
-int64_t      ferry_kv_cache_kv_size(const ferry_kv_cache * kv); /* cells per stream */
-ferry_buffer * ferry_kv_cache_buffer(const ferry_kv_cache * kv);  /* NULL if not allocated */
-ferry_status ferry_kv_cache_k(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out);
-ferry_status ferry_kv_cache_v(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out);
+FERRY_API ferry_status ferry_kv_cache_new(const ferry_kv_params * params, ferry_buffer_type * buft, ferry_kv_cache ** out);
+FERRY_API void         ferry_kv_cache_free(ferry_kv_cache * kv);
+FERRY_API ferry_status ferry_kv_cache_params(const ferry_kv_cache * kv, ferry_kv_params * out);
+FERRY_API int64_t      ferry_kv_cache_kv_size(const ferry_kv_cache * kv); /* cells per stream */
+FERRY_API ferry_buffer * ferry_kv_cache_buffer(const ferry_kv_cache * kv);  /* NULL if not allocated */
+FERRY_API ferry_status ferry_kv_cache_k(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out);
+FERRY_API ferry_status ferry_kv_cache_v(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out);
 /*
  * The windows attention reads: the first n_kv cells of streams s0..s1, created in ctx
  * and permuted (0, 2, 1, 3) as attention hands them on, so rows are on dimension 1 and
  * streams on dimension 3. K: [head_dim, n_kv, n_head_kv, ns]; V likewise, or
  * [n_kv, head_dim, n_head_kv, ns] when transposed.
  */
-ferry_status ferry_kv_cache_window(const ferry_kv_cache * kv, ferry_context * ctx, int32_t layer, int64_t n_kv,
+FERRY_API ferry_status ferry_kv_cache_window(const ferry_kv_cache * kv, ferry_context * ctx, int32_t layer, int64_t n_kv,
                                    int64_t s0, int64_t s1, ferry_tensor ** k_out, ferry_tensor ** v_out);
 
 #ifdef __cplusplus

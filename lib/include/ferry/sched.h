@@ -63,36 +63,36 @@ typedef struct {
     double   wait_seconds;
 } ferry_sched_stats;
 
-ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, ferry_sched ** out);
-void         ferry_sched_free(ferry_sched * sched);
-ferry_status ferry_sched_set_policy(ferry_sched * sched, ferry_copy_policy policy);
-ferry_copy_policy ferry_sched_get_policy(const ferry_sched * sched);
+FERRY_API ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, ferry_sched ** out);
+FERRY_API void         ferry_sched_free(ferry_sched * sched);
+FERRY_API ferry_status ferry_sched_set_policy(ferry_sched * sched, ferry_copy_policy policy);
+FERRY_API ferry_copy_policy ferry_sched_get_policy(const ferry_sched * sched);
 /* keep_inputs: input copies and the leafs the scheduler places live to the end of the
  * graph, for whoever reads them after compute (off by default: each input copy is placed
  * just before the first node that reads it, in memory the nodes before may have freed,
  * and freed after its last use). Takes effect at the next alloc. */
-ferry_status ferry_sched_set_keep_inputs(ferry_sched * sched, bool keep);
-bool         ferry_sched_get_keep_inputs(const ferry_sched * sched);
+FERRY_API ferry_status ferry_sched_set_keep_inputs(ferry_sched * sched, bool keep);
+FERRY_API bool         ferry_sched_get_keep_inputs(const ferry_sched * sched);
 /* Pin a node to a backend; takes effect at the next alloc. Pins are kept by address
  * until cleared: clear them when the pinned tensors go (a new graph each decode step). */
-ferry_status ferry_sched_set_tensor_backend(ferry_sched * sched, ferry_tensor * node, ferry_backend * backend);
-void         ferry_sched_clear_pins(ferry_sched * sched);
-int          ferry_sched_n_pins(const ferry_sched * sched);
+FERRY_API ferry_status ferry_sched_set_tensor_backend(ferry_sched * sched, ferry_tensor * node, ferry_backend * backend);
+FERRY_API void         ferry_sched_clear_pins(ferry_sched * sched);
+FERRY_API int          ferry_sched_n_pins(const ferry_sched * sched);
 /* Assign backends, find splits and inputs, allocate copies and outputs. */
-ferry_status ferry_sched_alloc_graph(ferry_sched * sched, ferry_graph * graph);
+FERRY_API ferry_status ferry_sched_alloc_graph(ferry_sched * sched, ferry_graph * graph);
 /* Allocate if this is not the graph last allocated, then copy inputs and compute. */
-ferry_status ferry_sched_graph_compute(ferry_sched * sched, ferry_graph * graph);
+FERRY_API ferry_status ferry_sched_graph_compute(ferry_sched * sched, ferry_graph * graph);
 /* The backend a tensor of the last allocated graph was given (NULL if none). */
-ferry_backend * ferry_sched_get_tensor_backend(const ferry_sched * sched, const ferry_tensor * t);
-int          ferry_sched_n_splits(const ferry_sched * sched);
-ferry_status ferry_sched_split(const ferry_sched * sched, int i, ferry_sched_split_info * out);
-int          ferry_sched_n_inputs(const ferry_sched * sched);
-ferry_status ferry_sched_input(const ferry_sched * sched, int i, ferry_sched_input_info * out);
-ferry_status ferry_sched_get_stats(const ferry_sched * sched, ferry_sched_stats * out);
+FERRY_API ferry_backend * ferry_sched_get_tensor_backend(const ferry_sched * sched, const ferry_tensor * t);
+FERRY_API int          ferry_sched_n_splits(const ferry_sched * sched);
+FERRY_API ferry_status ferry_sched_split(const ferry_sched * sched, int i, ferry_sched_split_info * out);
+FERRY_API int          ferry_sched_n_inputs(const ferry_sched * sched);
+FERRY_API ferry_status ferry_sched_input(const ferry_sched * sched, int i, ferry_sched_input_info * out);
+FERRY_API ferry_status ferry_sched_get_stats(const ferry_sched * sched, ferry_sched_stats * out);
 /* Compact staging: input copies take ferry_tensor_compact_layout (only the bytes read)
  * instead of the source's layout; takes effect at the next alloc. Off by default. */
-ferry_status ferry_sched_set_compact(ferry_sched * sched, bool compact);
-bool         ferry_sched_get_compact(const ferry_sched * sched);
+FERRY_API ferry_status ferry_sched_set_compact(ferry_sched * sched, bool compact);
+FERRY_API bool         ferry_sched_get_compact(const ferry_sched * sched);
 /*
  * Prefetch: copy inputs ahead of compute on their backend's copy queue
  * (ferry_backend_get_copy_queue), up to n_parts parts ahead of the part computing. A part
@@ -105,11 +105,11 @@ bool         ferry_sched_get_compact(const ferry_sched * sched);
  * before. 0 (the default) is off: every figure and byte as without it. Takes effect at
  * the next alloc.
  */
-ferry_status ferry_sched_set_prefetch(ferry_sched * sched, int n_parts);
-int          ferry_sched_get_prefetch(const ferry_sched * sched);
+FERRY_API ferry_status ferry_sched_set_prefetch(ferry_sched * sched, int n_parts);
+FERRY_API int          ferry_sched_get_prefetch(const ferry_sched * sched);
 /* Bytes of compute memory (copies and outputs) the scheduler holds on a backend. The
  * allocator's buffers grow and never shrink: compare options on fresh schedulers. */
-size_t       ferry_sched_buffer_size(const ferry_sched * sched, const ferry_backend * backend);
+FERRY_API size_t       ferry_sched_buffer_size(const ferry_sched * sched, const ferry_backend * backend);
 
 #ifdef __cplusplus
 }

@@ -28,7 +28,7 @@ extern "C" {
  * what was made stays in ctx. Only running out of memory part way through the pins or
  * the graph leaves some pins (clear them before freeing ctx) or part of the step in graph.
  */
-ferry_status ferry_kv_attention_step(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer, int64_t n_kv,
+FERRY_API ferry_status ferry_kv_attention_step(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer, int64_t n_kv,
                                      int64_t s0, int64_t s1, ferry_tensor * const * q, ferry_tensor * kv_len,
                                      bool v_trans, ferry_sched * sched, ferry_backend * backend, ferry_graph * graph,
                                      ferry_tensor ** outs);

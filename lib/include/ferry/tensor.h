@@ -21,12 +21,12 @@ typedef enum {
 } ferry_type;
 
 /* Unknown types give NULL / 0 and leave an error. */
-const char * ferry_type_name(ferry_type type);
-ferry_status ferry_type_from_name(const char * name, ferry_type * out);
-size_t       ferry_type_size(ferry_type type);  /* bytes per block */
-int64_t      ferry_blck_size(ferry_type type);  /* values per block */
+FERRY_API const char * ferry_type_name(ferry_type type);
+FERRY_API ferry_status ferry_type_from_name(const char * name, ferry_type * out);
+FERRY_API size_t       ferry_type_size(ferry_type type);  /* bytes per block */
+FERRY_API int64_t      ferry_blck_size(ferry_type type);  /* values per block */
 /* Bytes taken by a row of ne values; ne must be a multiple of the block size. */
-ferry_status ferry_row_size(ferry_type type, int64_t ne, size_t * out);
+FERRY_API ferry_status ferry_row_size(ferry_type type, int64_t ne, size_t * out);
 
 /* ---------------------------------------------------------------- tensors (tensor.c) */
 
@@ -85,45 +85,45 @@ typedef struct ferry_tensor {
 } ferry_tensor;
 
 /* A context owns tensor structs (not their data); freeing it frees them all. */
-ferry_status ferry_context_new(ferry_context ** out);
-void         ferry_context_free(ferry_context * ctx);
-size_t       ferry_context_n_tensors(const ferry_context * ctx);
+FERRY_API ferry_status ferry_context_new(ferry_context ** out);
+FERRY_API void         ferry_context_free(ferry_context * ctx);
+FERRY_API size_t       ferry_context_n_tensors(const ferry_context * ctx);
 
 /* A new tensor with contiguous strides; ne[i] for i >= n_dims are 1. */
-ferry_status ferry_tensor_new(ferry_context * ctx, ferry_type type, int n_dims,
+FERRY_API ferry_status ferry_tensor_new(ferry_context * ctx, ferry_type type, int n_dims,
                               const int64_t * ne, ferry_tensor ** out);
 /* A tensor with the same type, ne and nb as t, unallocated (the scheduler's input copy). */
-ferry_status ferry_tensor_dup_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
+FERRY_API ferry_status ferry_tensor_dup_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
 /* A view of src: n_dims shapes, explicit byte strides nb[1..n_dims-1] (nb[0] is the
  * type's), at a byte offset from src's first byte. It must stay inside src's own span. */
-ferry_status ferry_tensor_view(ferry_context * ctx, ferry_tensor * src, int n_dims,
+FERRY_API ferry_status ferry_tensor_view(ferry_context * ctx, ferry_tensor * src, int n_dims,
                                const int64_t * ne, const size_t * nb, size_t offset,
                                ferry_tensor ** out);
 /* ggml's permute: dimension i of t becomes dimension axis[i] of the result. */
-ferry_status ferry_tensor_permute(ferry_context * ctx, ferry_tensor * t,
+FERRY_API ferry_status ferry_tensor_permute(ferry_context * ctx, ferry_tensor * t,
                                   int axis0, int axis1, int axis2, int axis3, ferry_tensor ** out);
-ferry_status ferry_tensor_transpose(ferry_context * ctx, ferry_tensor * t, ferry_tensor ** out);
+FERRY_API ferry_status ferry_tensor_transpose(ferry_context * ctx, ferry_tensor * t, ferry_tensor ** out);
 /* t must be contiguous; the element count must not change. */
-ferry_status ferry_tensor_reshape(ferry_context * ctx, ferry_tensor * t, int n_dims,
+FERRY_API ferry_status ferry_tensor_reshape(ferry_context * ctx, ferry_tensor * t, int n_dims,
                                   const int64_t * ne, ferry_tensor ** out);
-ferry_status ferry_tensor_set_name(ferry_tensor * t, const char * name);
+FERRY_API ferry_status ferry_tensor_set_name(ferry_tensor * t, const char * name);
 
-int64_t ferry_tensor_nelements(const ferry_tensor * t);
-int64_t ferry_tensor_nrows(const ferry_tensor * t);
+FERRY_API int64_t ferry_tensor_nelements(const ferry_tensor * t);
+FERRY_API int64_t ferry_tensor_nrows(const ferry_tensor * t);
 /* ggml's rule: the span from the first byte to the last, whole blocks included. */
-size_t  ferry_tensor_nbytes(const ferry_tensor * t);
+FERRY_API size_t  ferry_tensor_nbytes(const ferry_tensor * t);
 /* The same rule for a layout given by n_dims of ne and nb (the rest count 1): 0 when a
  * dimension is 0; FERRY_ERR_OUT_OF_BOUNDS when the span does not fit a size_t. */
-ferry_status ferry_layout_nbytes(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb, size_t * out);
+FERRY_API ferry_status ferry_layout_nbytes(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb, size_t * out);
 /* ggml's contiguous strides for n_dims of ne: nb[0] the type size, nb[1] a row of ne[0]
  * (whole blocks), each next nb the one before times the count below it. A stride past
  * size_t is given as SIZE_MAX: no tensor whose span steps it can be made. */
-ferry_status ferry_contiguous_strides(ferry_type type, int n_dims, const int64_t * ne, size_t * nb);
-bool    ferry_tensor_is_contiguous(const ferry_tensor * t);
-bool    ferry_tensor_same_layout(const ferry_tensor * a, const ferry_tensor * b);
-bool    ferry_tensor_is_view(const ferry_tensor * t);
+FERRY_API ferry_status ferry_contiguous_strides(ferry_type type, int n_dims, const int64_t * ne, size_t * nb);
+FERRY_API bool    ferry_tensor_is_contiguous(const ferry_tensor * t);
+FERRY_API bool    ferry_tensor_same_layout(const ferry_tensor * a, const ferry_tensor * b);
+FERRY_API bool    ferry_tensor_is_view(const ferry_tensor * t);
 /* OK if t has memory behind it in a live buffer (views: their source). */
-ferry_status ferry_tensor_check_allocated(const ferry_tensor * t);
+FERRY_API ferry_status ferry_tensor_check_allocated(const ferry_tensor * t);
 
 #ifdef __cplusplus
 }
