@@ -15,8 +15,9 @@ Python objects over the C library, in layers that import downward only:
 - numpy, PyTorch and CuPy without copies: tensors export themselves (ferry.export: array
   interface, DLPack, CUDA array interface; Tensor.raw), from_array imports (ferry.interop),
   and quantize / dequantize give values of every type (ferry.quant);
-- the workloads the command line runs: decode_bench.run_bench, hash_gate.run_validate,
-  dry_run.build_table and dry_run.window_plan, each returning data.
+- the workloads the command line runs, in ferry.workloads, one module per verb
+  (workloads.bench.run_bench, workloads.validate.run_validate, workloads.table.build_table,
+  workloads.plan.window_plan), each returning data.
 
 The `ferry` command (ferry.cli) sits on top and is the only part that parses arguments or
 prints.

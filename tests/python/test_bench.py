@@ -15,8 +15,8 @@ from typing import List
 import pytest
 
 import ferry
-from ferry import decode_bench
 from ferry.cli import bench, main
+from ferry.workloads import bench as bench_workload
 
 TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "4",
         "--head-dim", "32", "--kv-heads", "2", "--backend", "cpu"]
@@ -82,7 +82,7 @@ def test_variants_take_turns_after_a_warm_up() -> None:
     other repetition: a warm-up, then --repeat timed ones."""
     labels: List[str] = []
     cfg = tiny(npl=(2,), policies=("flat", "ranges"), repeat=3)
-    res = decode_bench.run_bench(cfg, on_step=labels.append)
+    res = bench_workload.run_bench(cfg, on_step=labels.append)
     assert len(labels) == cfg.n_steps == 2 * 2 * cfg.ntg * (1 + 3)
     reps = labels[::cfg.ntg]
     assert all(labels[i:i + cfg.ntg] == [reps[i // cfg.ntg]] * cfg.ntg for i in range(0, len(labels), cfg.ntg))
@@ -94,7 +94,7 @@ def test_variants_take_turns_after_a_warm_up() -> None:
 def test_figures_are_each_steps_fastest_and_the_spread_is_the_repetitions() -> None:
     """tokens/s sums each step's fastest time over the repetitions, so no repetition of its own is
     faster; the spread is the repetitions' own tokens/s, and the gain's spread their paired ratios."""
-    assert decode_bench._fastest_steps([[3.0, 1.0, 5.0], [2.0, 4.0, 6.0]]) == 2.0 + 1.0 + 5.0
+    assert bench_workload._fastest_steps([[3.0, 1.0, 5.0], [2.0, 4.0, 6.0]]) == 2.0 + 1.0 + 5.0
     cfg = tiny(npl=(2,), policies=("flat", "ranges"), repeat=5, unified=False)
     res = bench.run_bench(cfg)
     flat, ranges = res.row(2, "flat"), res.row(2, "ranges")

@@ -13,7 +13,7 @@ import pytest
 
 import ferry
 from ferry.cli import main
-from ferry.model_file import ModelGeometry, read_model_geometry
+from ferry.workloads.model_file import ModelGeometry, read_model_geometry
 
 gguf = pytest.importorskip("gguf")
 
@@ -104,7 +104,7 @@ def test_without_gguf_reading_is_a_clear_error(llama: Path, monkeypatch: pytest.
 
 
 def test_import_ferry_does_not_import_gguf() -> None:
-    code = "import sys, ferry, ferry.cli, ferry.model_file; print('gguf' in sys.modules)"
+    code = "import sys, ferry, ferry.cli, ferry.workloads.model_file; print('gguf' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
 

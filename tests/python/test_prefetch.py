@@ -13,8 +13,8 @@ import pytest
 import ferry
 from ferry.cli import bench as bench_cli
 from ferry.cli import main as cli_main
-from ferry.decode_bench import BenchConfig, run_bench
-from ferry.hash_gate import ValidateConfig, run_validate
+from ferry.workloads.bench import BenchConfig, run_bench
+from ferry.workloads.validate import ValidateConfig, run_validate
 
 N_LAYER, N_STREAM, KV_SIZE, HEAD_DIM, N_HEAD_KV, N_HEAD, N_KV = 3, 3, 48, 16, 2, 4, 40
 

@@ -12,7 +12,7 @@ import pytest
 
 import ferry
 from ferry.cli import main
-from ferry.dry_run import build_table, n_kv_for
+from ferry.workloads.table import build_table, n_kv_for
 
 SPEC_ARGS = ["table", "-c", "32768", "-npl", "2,4,8", "-npp", "2048", "-ntg", "128"]
 

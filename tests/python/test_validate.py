@@ -11,8 +11,8 @@ from typing import List, Tuple
 import pytest
 
 import ferry
-from ferry import hash_gate as validate
 from ferry.cli import main
+from ferry.workloads import validate
 
 SMALL = ["--backend", "cpu"]
 

@@ -7,10 +7,10 @@ import json
 import sys
 from typing import Any, Callable, List, Optional, TextIO, Tuple
 
-from .. import decode_bench
-from ..decode_bench import SPREAD, STATISTIC, BenchConfig, BenchResult, BenchRow
 from ..errors import InvalidArgumentError, UnsupportedError
-from ..workload import run_name
+from ..workloads import bench as bench_workload
+from ..workloads.bench import SPREAD, STATISTIC, BenchConfig, BenchResult, BenchRow
+from ..workloads.common import run_name
 from .options import (
     POSITIVE,
     add_backend_arg,
@@ -34,7 +34,7 @@ ARGUMENT_ERRORS = InvalidArgumentError
 
 
 def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResult:
-    """`decode_bench.run_bench` with a progress bar.
+    """`bench_workload.run_bench` with a progress bar.
 
     Parameters
     ----------
@@ -46,11 +46,11 @@ def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResul
     Returns
     -------
     BenchResult
-        As `decode_bench.run_bench` returns it.
+        As `bench_workload.run_bench` returns it.
     """
     bar = Progress(cfg.n_steps, progress)
     try:
-        return decode_bench.run_bench(cfg, on_step=lambda label: bar.step(label=label))
+        return bench_workload.run_bench(cfg, on_step=lambda label: bar.step(label=label))
     finally:
         bar.close()
 
@@ -242,7 +242,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     bp = add_verb_parser(sub, "bench", "decode steps over a host KV cache: tokens/s, copy time and bytes per copy "
                          "policy (llama-batched-bench's generation phase)", __doc__,
                          "ferry bench -c 16384 -npl 2,4,8 -npp 1024 --type q8_0 --heads 32 --head-dim 128 "
-                         "--kv-heads 8 --policy flat,ranges --repeat 5", decode_bench.__doc__)
+                         "--kv-heads 8 --policy flat,ranges --repeat 5", bench_workload.__doc__)
     add_shape_args(bp, ntg_minimum=1)
     add_kv_args(bp, run=True)
     add_policy_arg(bp, "to compare")

@@ -5,7 +5,7 @@ set of choices and one default everywhere (tests/python/test_cli.py checks it): 
 shape (-c, -npl, -npp, -ntg, --pad) and the KV geometry (--type, --head-dim, --kv-heads,
 --heads, --layers) default to `ferry bench`'s configuration, which runs in seconds.
 
---model FILE.gguf fills the KV geometry from a model's metadata (ferry.model_file). An option
+--model FILE.gguf fills the KV geometry from a model's metadata (ferry.workloads.model_file). An option
 given on the command line beside it wins over the file: `--model m.gguf -c 4096` reads
 everything else from the file.
 """
@@ -16,10 +16,10 @@ import argparse
 import sys
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ..decode_bench import BenchConfig
 from ..errors import InvalidArgumentError
-from ..model_file import ModelGeometry, read_model_geometry
-from ..workload import POLICIES, SPLIT_BACKENDS
+from ..workloads.bench import BenchConfig
+from ..workloads.common import POLICIES, SPLIT_BACKENDS
+from ..workloads.model_file import ModelGeometry, read_model_geometry
 
 #: The largest count any option takes (a C int): larger numbers are refused with a message.
 MAX_COUNT = 2**31 - 1

@@ -9,8 +9,8 @@ import argparse
 import json
 from typing import Any
 
-from ..dry_run import WindowPlan, window_plan
 from ..errors import FerryError
+from ..workloads.plan import WindowPlan, window_plan
 from .options import add_kv_args, add_shape_args, add_verb_parser, apply_model, stream_range
 from .text_table import format_table
 

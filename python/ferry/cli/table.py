@@ -10,8 +10,8 @@ import argparse
 import json
 from typing import Any, List, Sequence
 
-from ..dry_run import TableRow, build_table
 from ..errors import FerryError
+from ..workloads.table import TableRow, build_table
 from .options import add_kv_args, add_shape_args, add_verb_parser, apply_model
 from .text_table import format_table
 

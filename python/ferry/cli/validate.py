@@ -7,9 +7,9 @@ import json
 import sys
 from typing import Any
 
-from .. import hash_gate
 from ..errors import InvalidArgumentError
-from ..hash_gate import ValidateConfig, ValidateResult
+from ..workloads import validate as validate_workload
+from ..workloads.validate import ValidateConfig, ValidateResult
 from .options import (
     POSITIVE,
     add_backend_arg,
@@ -56,7 +56,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     d = ValidateConfig()
     vp = add_verb_parser(sub, "validate", "the hash gate: every copy policy gives identical attention outputs, and "
                          "a cross-stream read is detected (llama-parallel's gate)", __doc__,
-                         "ferry validate --sequences 16 --streams 8 --type q8_0 --head-dim 128", hash_gate.__doc__)
+                         "ferry validate --sequences 16 --streams 8 --type q8_0 --head-dim 128",
+                         validate_workload.__doc__)
     vp.add_argument("--sequences", type=POSITIVE, default=d.n_seq, help=f"sequences served (default {d.n_seq})")
     vp.add_argument("--streams", type=POSITIVE, default=d.n_stream, help=f"streams of the cache (default {d.n_stream})")
     vp.add_argument("--cells", type=POSITIVE, default=d.kv_size, help=f"cells per stream (default {d.kv_size})")
@@ -93,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
                          compact=args.compact, pad=args.pad, reuse=args.reuse, overlap=args.overlap,
                          prefetch=args.prefetch)
     cfg.check()
-    res = hash_gate.run_validate(cfg)
+    res = validate_workload.run_validate(cfg)
     if args.json:
         print(json.dumps(res.as_dict(), indent=2))
     else:

@@ -10,10 +10,10 @@ from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
-from .backend import Backend, StandinBackend
-from .cuda import CUDABackend, cuda_available
-from .errors import InvalidArgumentError
-from .types import Type
+from ..backend import Backend, StandinBackend
+from ..cuda import CUDABackend, cuda_available
+from ..errors import InvalidArgumentError
+from ..types import Type
 
 #: The copy policies a decode run compares.
 POLICIES: Tuple[str, ...] = ("flat", "ranges", "plan")

@@ -29,14 +29,14 @@ from typing import Dict, Hashable, List, Tuple, cast
 
 import numpy as np
 
-from .backend import Backend, CPUBackend
-from .errors import InvalidArgumentError
-from .kv import KVCache
-from .sched import Scheduler
-from .step import StepGraph, attention_step
-from .tensor import Tensor
-from .types import row_size, to_type
-from .workload import (
+from ..backend import Backend, CPUBackend
+from ..errors import InvalidArgumentError
+from ..kv import KVCache
+from ..sched import Scheduler
+from ..step import StepGraph, attention_step
+from ..tensor import Tensor
+from ..types import row_size, to_type
+from .common import (
     POLICIES,
     check_positive,
     check_run_options,

@@ -68,15 +68,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .backend import Backend, CPUBackend, StandinBackend
-from .errors import InvalidArgumentError
-from .graph import Graph
-from .kv import KVCache
-from .sched import Scheduler
-from .step import StepGraph, attention_step
-from .tensor import Tensor
-from .types import row_size, to_type
-from .workload import (
+from ..backend import Backend, CPUBackend, StandinBackend
+from ..errors import InvalidArgumentError
+from ..graph import Graph
+from ..kv import KVCache
+from ..sched import Scheduler
+from ..step import StepGraph, attention_step
+from ..tensor import Tensor
+from ..types import row_size, to_type
+from .common import (
     POLICIES,
     check_positive,
     check_run_options,
@@ -87,7 +87,7 @@ from .workload import (
     run_name,
     split_backend,
 )
-from .workload import variants as workload_variants
+from .common import variants as workload_variants
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
 OnStep = Callable[[str], None]

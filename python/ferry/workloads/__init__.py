@@ -1,0 +1,12 @@
+"""The workloads the `ferry` verbs run, one module per verb, each returning data.
+
+- bench: `ferry bench`, decode steps over a host KV cache under each copy policy (run_bench);
+- validate: `ferry validate`, the hash gate over every copy policy (run_validate);
+- table: `ferry table`, cells read and copied per number of sequences (build_table);
+- plan: `ferry plan`, the copy plan of one window (window_plan);
+- common: what they share (option checks, the split's backend, cache contents);
+- model_file: a model's KV geometry from its GGUF metadata (`--model`).
+
+They sit above the library (tensors, backends, the scheduler, the KV cache) and below the
+command line, which parses and prints.
+"""

@@ -1,0 +1,131 @@
+"""The dry run `ferry plan` runs: the copy plan of one KV-cache window, what it moves and costs.
+
+Nothing is computed on real memory: the cache lives in synthetic host memory (a DummyBackend
+with is_host, no memory behind it). The plan, bytes and costs come from the library
+(ferry_copy_plan, ferry_copy_plan_cost, ferry_copy_flat_cost, ferry_copy_plan_pays) as the plan
+copy policy uses them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..backend import DummyBackend
+from ..copy_path import bytes_read
+from ..errors import InvalidArgumentError, UnsupportedError
+from ..kv import KVCache
+from ..plan import Copy2D, cost_model, explain_tensor, flat_cost, plan_cost, plan_of, plan_pays
+from ..types import to_type
+from .common import check_positive, check_streams, n_kv_for
+
+__all__ = ["WindowPlan", "window_plan"]
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """The plan of one KV-cache window (the JSON output, key for key). Offsets are bytes from
+    the first byte of the layer's K or V tensor; costs are microseconds by the backend's model;
+    choice is what the plan copy policy takes there ("plan" or "flat")."""
+
+    which: str
+    type: str
+    v_trans: bool
+    n_ctx: int
+    n_stream: int
+    kv_size: int
+    n_kv: int
+    streams: List[int]
+    head_dim: int
+    n_head_kv: int
+    ne: List[int]
+    nb: List[int]
+    offset: int
+    nbytes: int
+    bytes_read: int
+    span_read_ratio: float
+    plannable: bool
+    n_copies: int
+    copies: List[Dict[str, int]]
+    bytes_moved_plan: int
+    backend: str
+    cost_plan_us: float
+    cost_flat_us: float
+    choice: str
+    explanation: str
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The plan as `ferry plan --json` writes it."""
+        return asdict(self)
+
+
+def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: str = "f16", head_dim: int = 128,
+                n_head_kv: int = 8, v_trans: bool = False, which: str = "k", streams: Optional[Tuple[int, int]] = None,
+                backend: str = "gpu") -> WindowPlan:
+    """The copy plan of a KV-cache window, what it moves, what it costs, and why (a dry run).
+
+    Parameters
+    ----------
+    n_ctx : int
+        Cells in all streams.
+    npl : int
+        Streams, kv_size = n_ctx / npl cells each (1: unified).
+    npp, ntg : int
+        Prompt and generated tokens per sequence.
+    pad : int, optional
+        n_kv is rounded up to a multiple of this.
+    type : str, optional
+        The cache's type.
+    head_dim, n_head_kv : int, optional
+    v_trans : bool, optional
+        V stored transposed.
+    which : str, optional
+        "k" or "v".
+    streams : (int, int), optional
+        The first and last stream read (default all).
+    backend : str, optional
+        "cpu" or "gpu": whose cost model decides plan or flat.
+
+    Returns
+    -------
+    WindowPlan
+
+    Raises
+    ------
+    InvalidArgumentError
+        For values out of range.
+    """
+    check_positive((("-c", n_ctx), ("-npl", npl), ("-npp", npp), ("--pad", pad), ("--head-dim", head_dim),
+                    ("--kv-heads", n_head_kv)), integer=False)
+    if ntg < 0:
+        raise InvalidArgumentError(f"-ntg must not be negative, got {ntg}")
+    check_streams(n_ctx, npl)
+    if which not in ("k", "v"):
+        raise InvalidArgumentError(f"--which is k or v, not {which!r}")
+    if backend not in ("cpu", "gpu"):
+        raise InvalidArgumentError(f"--backend is cpu or gpu, not {backend!r}")
+    s0, s1 = streams if streams is not None else (0, npl - 1)
+    if not 0 <= s0 <= s1 < npl:
+        raise InvalidArgumentError(f"--stream {s0}-{s1}: streams are 0..{npl - 1} and s0 <= s1")
+    ty = to_type(type)
+    kv_size = n_ctx // npl
+    n_kv = n_kv_for(npp, ntg, pad, kv_size)
+    kv = KVCache(ty, ty, head_dim, n_head_kv, n_ctx, npl, v_trans=v_trans, backend=DummyBackend(is_host=True))
+    k, v = kv.window(0, n_kv, s0, s1)
+    t = k if which == "k" else v
+    model = cost_model(backend)
+    try:
+        copies: List[Copy2D] = plan_of(t)
+        plannable = True
+    except UnsupportedError:
+        copies, plannable = [], False
+    read, span = bytes_read(t), t.nbytes
+    pays = plannable and plan_pays(t, model)
+    return WindowPlan(
+        which=which, type=str(ty), v_trans=v_trans, n_ctx=n_ctx, n_stream=npl, kv_size=kv_size, n_kv=n_kv,
+        streams=[s0, s1], head_dim=head_dim, n_head_kv=n_head_kv, ne=list(t.ne), nb=list(t.nb), offset=t.offset,
+        nbytes=span, bytes_read=read, span_read_ratio=span / read if read else 1.0, plannable=plannable,
+        n_copies=len(copies), copies=[c._asdict() for c in copies], bytes_moved_plan=sum(c.nbytes for c in copies),
+        backend=backend, cost_plan_us=plan_cost(copies, model) * 1e6 if plannable else float("nan"),
+        cost_flat_us=flat_cost(span, model) * 1e6, choice="plan" if pays else "flat",
+        explanation=explain_tensor(t).text)
