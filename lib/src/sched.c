@@ -477,9 +477,13 @@ ferry_status ferry_sched_alloc_graph(ferry_sched * s, ferry_graph * graph) {
     return st;
 }
 
+bool ferry_sched_needs_alloc(const ferry_sched * s, const ferry_graph * graph) {
+    return s && graph && (s->graph != graph || s->graph_nodes != ferry_graph_n_nodes(graph));
+}
+
 ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
     FERRY_CHECK_ARG(s && graph, "sched_graph_compute: NULL argument");
-    if (s->graph != graph || s->graph_nodes != ferry_graph_n_nodes(graph)) {
+    if (ferry_sched_needs_alloc(s, graph)) {
         FERRY_TRY(ferry_sched_alloc_graph(s, graph));
     }
     memset(&s->stats, 0, sizeof(s->stats));

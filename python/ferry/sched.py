@@ -105,7 +105,6 @@ class Scheduler(Closeable):
         self._finalizer = weakref.finalize(self, _release, self._handles)
         self._pins: Dict[Any, Tensor] = {}  # C compares pinned tensors by address: keep them alive
         self._graph: Optional[Graph] = None
-        self._graph_nodes = 0
         self._copies: Dict[Any, Tensor] = {}
         self._buffers: Dict[int, BorrowedBuffer] = {}
         self.policy = policy
@@ -152,7 +151,6 @@ class Scheduler(Closeable):
         if not isinstance(compact, bool):
             raise InvalidArgumentError(f"compact: expected a bool, got {type(compact).__name__}")
         check(lib.ferry_sched_set_compact(self._p, compact))
-        self._graph = None  # the copies change layout: allocate again at the next compute
 
     @property
     def prefetch(self) -> int:
@@ -165,7 +163,6 @@ class Scheduler(Closeable):
         if isinstance(n_parts, bool):
             raise InvalidArgumentError("prefetch: expected an int of 0 or more, got bool")
         check(lib.ferry_sched_set_prefetch(self._p, _checks.as_c_int(n_parts, "prefetch")))
-        self._graph = None  # the copies' places change: allocate again at the next compute
 
     def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
         return next((b for b in self._backends if b._handle.ptr == ptr), None)
@@ -221,7 +218,6 @@ class Scheduler(Closeable):
         self._graph = None
         check(lib.ferry_sched_alloc_graph(p, graph._p))
         self._graph = graph  # C remembers it by address: keep it (and its tensors) alive
-        self._graph_nodes = graph.n_nodes
         # The input copies get their Buffer when first asked for (_copy): most loops never ask.
         adopt_placements(graph._tensors.values(), self, self._handle, self._buffer_types, self._buffers)
 
@@ -240,7 +236,7 @@ class Scheduler(Closeable):
         """
         _checks.instance(graph, Graph, "sched compute")
         graph._check_live()
-        if graph is not self._graph or graph.n_nodes != self._graph_nodes:
+        if lib.ferry_sched_needs_alloc(self._p, graph._p):
             self.alloc(graph)
         check(lib.ferry_sched_graph_compute(self._p, graph._p))
 

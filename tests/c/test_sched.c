@@ -183,6 +183,16 @@ static void test_sched_no_inputs_when_backend_can_use_source(void) {
     CHECK_EQ_U(ferry_sched_n_pins(s), 0);
     CHECK_OK(ferry_sched_alloc_graph(s, g));
     CHECK(ferry_sched_get_tensor_backend(s, out) == f.cpu && ferry_sched_n_inputs(s) == 0);
+    /* compute allocates again after an option that takes effect at the next alloc, or a new node */
+    CHECK(!ferry_sched_needs_alloc(s, g) && !ferry_sched_needs_alloc(NULL, g) && !ferry_sched_needs_alloc(s, NULL));
+    CHECK_OK(ferry_sched_set_compact(s, true));
+    CHECK(ferry_sched_needs_alloc(s, g));
+    CHECK_OK(ferry_sched_graph_compute(s, g));
+    CHECK(!ferry_sched_needs_alloc(s, g));
+    ferry_tensor * twice;
+    CHECK_OK(ferry_dup(f.ctx, out, &twice));
+    CHECK_OK(ferry_graph_build(g, twice));
+    CHECK(ferry_sched_needs_alloc(s, g));
     ferry_backend * stranger;
     CHECK_OK(ferry_cpu_backend_new(&stranger));
     CHECK_FAILS(ferry_sched_set_tensor_backend(s, out, stranger), FERRY_ERR_INVALID_ARG);

@@ -13,10 +13,12 @@ import numpy as np
 from ..backend import Backend, StandinBackend
 from ..cuda import CUDABackend, cuda_available
 from ..errors import InvalidArgumentError
+from ..policy import CopyPolicy
+from ..quant import array_dtype, quantize
 from ..types import Type
 
-#: The copy policies a decode run compares.
-POLICIES: Tuple[str, ...] = ("flat", "ranges", "plan")
+#: The copy policies a decode run compares: every CopyPolicy, by its name.
+POLICIES: Tuple[str, ...] = tuple(str(p) for p in CopyPolicy)
 #: The K/V types decode attention reads.
 KV_TYPES: Tuple[str, ...] = ("f32", "f16", "q8_0")
 #: The backends a split may run on: auto picks cuda when a device is usable, else cpu.
@@ -220,20 +222,19 @@ def random_rows(type_: Type, cells: int, n_embd: int, seed: Sequence[int]) -> by
     cells : int
         Rows (cells) to make.
     n_embd : int
-        Values per row (a multiple of 32 for Q8_0).
+        Values per row (whole blocks for Q8_0).
     seed : sequence of int
         numpy's seed sequence; the same seed gives the same bytes.
 
     Returns
     -------
     bytes
-        cells rows, each row_size(type_, n_embd) bytes; Q8_0 scales are small and positive.
+        cells rows, each row_size(type_, n_embd) bytes, of values drawn uniformly from [-1, 1):
+        a block type holds ferry's quantization of them.
     """
     rng = np.random.default_rng(list(seed))
-    if type_ == Type.Q8_0:
-        blocks = np.zeros((cells, n_embd // 32), np.dtype([("d", "<f2"), ("qs", "i1", 32)]))
-        blocks["d"] = rng.uniform(2.0 ** -9, 2.0 ** -7, size=blocks.shape).astype(np.float16)
-        blocks["qs"] = rng.integers(-127, 128, size=(cells, n_embd // 32, 32))
-        return blocks.tobytes()
-    dtype = np.float32 if type_ == Type.F32 else np.float16
-    return rng.uniform(-1.0, 1.0, size=(cells, n_embd)).astype(dtype).tobytes()
+    values = rng.uniform(-1.0, 1.0, size=(cells, n_embd))
+    dtype = array_dtype(type_)
+    if dtype is None:
+        return quantize(values.astype(np.float32), type_).tobytes()
+    return values.astype(dtype).tobytes()

@@ -147,7 +147,7 @@ class _Served:
             for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
                 data = self.content[seq, layer, which][cell0 * self.row:(cell0 + n) * self.row]
                 for s in (stream, self.cfg.n_stream) if stream == 0 else (stream,):
-                    t.set(data, (s * self.kv.kv_size + cell0) * self.row)
+                    t.set(data, self.kv.cell_offset(which, s, cell0))
 
     def start_wave(self, seqs: List[int]) -> None:
         for s, i in enumerate(seqs):
