@@ -17,18 +17,10 @@ static _Atomic uint64_t next_id = 1;
 
 static bool live_add(uint64_t id) {
     pthread_mutex_lock(&live_lock);
-    bool ok = true;
-    if (n_live == live_capacity) {
-        const size_t cap = live_capacity ? 2 * live_capacity : 64;
-        uint64_t * grown = ferry_realloc(live_ids, cap * sizeof(*grown));
-        if (grown) {
-            live_ids = grown;
-            live_capacity = cap;
-        } else {
-            ok = false;
-        }
-    }
+    uint64_t * grown = ferry_grow(live_ids, &live_capacity, n_live + 1, sizeof(*grown));
+    const bool ok = grown != NULL;
     if (ok) {
+        live_ids = grown;
         live_ids[n_live++] = id;
     }
     pthread_mutex_unlock(&live_lock);

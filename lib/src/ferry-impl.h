@@ -33,6 +33,9 @@ ferry_status ferry_fail(ferry_status status, const char * fmt, ...)
 static inline bool ferry_add_ok(size_t a, size_t b, size_t * out) { return !__builtin_add_overflow(a, b, out); }
 static inline bool ferry_mul_ok(size_t a, size_t b, size_t * out) { return !__builtin_mul_overflow(a, b, out); }
 
+/* The host's monotonic clock, in seconds: every time ferry measures (event.c). */
+double ferry_now_seconds(void);
+
 /* Byte extent of a 2-D transfer: offset + (n-1)*stride + size, false on overflow. */
 bool ferry_extent_2d(size_t offset, size_t size, size_t n_copies, size_t stride, size_t * end);
 

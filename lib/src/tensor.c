@@ -38,15 +38,11 @@ ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, fer
     if (!ferry_type_valid(type)) {
         return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "tensor: unknown type %d", (int) type);
     }
-    if (ctx->n_tensors == ctx->capacity) {
-        const size_t cap = ctx->capacity ? 2 * ctx->capacity : 16;
-        ferry_tensor ** grown = ferry_realloc(ctx->tensors, cap * sizeof(*grown));
-        if (!grown) {
-            return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
-        }
-        ctx->tensors = grown;
-        ctx->capacity = cap;
+    ferry_tensor ** grown = ferry_grow(ctx->tensors, &ctx->capacity, ctx->n_tensors + 1, sizeof(*grown));
+    if (!grown) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
     }
+    ctx->tensors = grown;
     ferry_tensor * t = ferry_calloc(1, sizeof(*t));
     if (!t) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
