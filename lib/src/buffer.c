@@ -191,14 +191,20 @@ ferry_status ferry_buffer_place_tensor(ferry_buffer * buf, ferry_tensor * t, siz
     return FERRY_OK;
 }
 
-ferry_status ferry_buffer_get_stats(const ferry_buffer * buf, ferry_stats * out) {
-    FERRY_CHECK_ARG(buf && out, "get_stats: NULL argument");
-    *out = buf->stats;
+ferry_status ferry_stats_get(const ferry_stats * s, ferry_stats * out) {
+    FERRY_CHECK_ARG(s && out, "get_stats: NULL argument");
+    *out = *s;
     return FERRY_OK;
 }
 
-void ferry_buffer_reset_stats(ferry_buffer * buf) {
-    if (buf) {
-        memset(&buf->stats, 0, sizeof(buf->stats));
+void ferry_stats_reset(ferry_stats * s) {
+    if (s) {
+        memset(s, 0, sizeof(*s));
     }
 }
+
+ferry_status ferry_buffer_get_stats(const ferry_buffer * buf, ferry_stats * out) {
+    return ferry_stats_get(buf ? &buf->stats : NULL, out);
+}
+
+void ferry_buffer_reset_stats(ferry_buffer * buf) { ferry_stats_reset(buf ? &buf->stats : NULL); }

@@ -54,3 +54,11 @@ bool ferry_rows_extent(size_t size, size_t n_copies, size_t stride_data, size_t 
     }
     return ferry_extent_2d(0, size, n_copies, stride_data, out);
 }
+
+void * ferry_zalloc(size_t size, const char * what) {
+    void * p = ferry_calloc(1, size);
+    if (!p) {
+        ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    }
+    return p;
+}

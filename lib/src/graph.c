@@ -97,12 +97,9 @@ static ferry_status push(ferry_tensor *** list, int * n, size_t * cap, ferry_ten
 
 ferry_status ferry_graph_new(ferry_graph ** out) {
     FERRY_CHECK_ARG(out, "graph_new: NULL output");
-    ferry_graph * g = ferry_calloc(1, sizeof(*g));
-    if (!g) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph_new: out of memory");
-    }
-    *out = g;
-    return FERRY_OK;
+    ferry_graph * g = ferry_zalloc(sizeof(*g), "graph_new");
+    *out = g ? g : *out;
+    return g ? FERRY_OK : FERRY_ERR_OUT_OF_MEMORY;
 }
 
 void ferry_graph_free(ferry_graph * graph) {

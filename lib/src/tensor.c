@@ -12,12 +12,9 @@ struct ferry_context {
 
 ferry_status ferry_context_new(ferry_context ** out) {
     FERRY_CHECK_ARG(out, "context_new: NULL output");
-    ferry_context * ctx = ferry_calloc(1, sizeof(*ctx));
-    if (!ctx) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "context_new: out of memory");
-    }
-    *out = ctx;
-    return FERRY_OK;
+    ferry_context * ctx = ferry_zalloc(sizeof(*ctx), "context_new");
+    *out = ctx ? ctx : *out;
+    return ctx ? FERRY_OK : FERRY_ERR_OUT_OF_MEMORY;
 }
 
 void ferry_context_free(ferry_context * ctx) {
