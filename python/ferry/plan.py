@@ -304,11 +304,12 @@ def plan_cost(copies: Iterable[Sequence[int]], model: ModelLike = "cpu") -> floa
     ----------
     copies : iterable of Copy2D or of (offset, size, count, stride)
     model : CopyCostModel, str or Backend, optional
-        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+        The cost model, as cost_model takes it.
 
     Returns
     -------
     float
+        The copies' seconds, each call and row costed as the model says.
     """
     m = cost_model(model)._c()
     arr, n = to_c(copies, "plan_cost")
@@ -321,13 +322,14 @@ def flat_cost(span: int, model: ModelLike = "cpu") -> float:
     Parameters
     ----------
     span : int
-        Bytes.
+        Bytes from the first to the last.
     model : CopyCostModel, str or Backend, optional
-        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+        As for plan_cost.
 
     Returns
     -------
     float
+        One call and the span at the model's bandwidth.
     """
     m = cost_model(model)._c()
     return float(lib.ferry_copy_flat_cost(m, _checks.as_size(span, "flat_cost: span")))
@@ -340,7 +342,7 @@ def plan_pays(tensor: Tensor, model: ModelLike = "cpu") -> bool:
     ----------
     tensor : Tensor
     model : CopyCostModel, str or Backend, optional
-        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+        As for plan_cost.
 
     Returns
     -------

@@ -77,6 +77,9 @@ class Scheduler(Closeable):
         device's worker thread); each part's compute waits for its own inputs. 0 (the default):
         off, every figure and byte as without it.
 
+    close() (or a `with` block's end) frees the scheduler's copies and compute memory now; its
+    Input.copy tensors and the outputs it placed raise FreedBufferError after.
+
     Raises
     ------
     InvalidArgumentError
@@ -117,15 +120,6 @@ class Scheduler(Closeable):
     @property
     def _p(self) -> Any:
         return self._live()
-
-    def close(self) -> None:
-        """Free the scheduler's copies and compute memory now; its Input.copy tensors and the
-        outputs it placed raise FreedBufferError after. Idempotent."""
-        super().close()
-
-    def _after_close(self) -> None:
-        self._copies.clear()
-        self._graph = None
 
     @property
     def backends(self) -> List[Backend]:
@@ -204,6 +198,7 @@ class Scheduler(Closeable):
         Parameters
         ----------
         graph : Graph
+            Kept alive until the next alloc: C knows it by address.
 
         Raises
         ------
@@ -226,6 +221,11 @@ class Scheduler(Closeable):
         self._generation = Handle(object(), lambda _: None)
         self._handles[0] = self._generation
         self._copies.clear()
+
+    def _after_close(self) -> None:
+        """Drop the copies and graph of the last allocation, which close() freed in C."""
+        self._copies.clear()
+        self._graph = None
 
     def compute(self, graph: Graph) -> None:
         """Run the Graph graph: allocate if it is not the one last allocated (or it grew), copy the inputs

@@ -85,7 +85,7 @@ from .common import (
     prefetch_depths,
     random_rows,
     run_name,
-    split_backend,
+    start_run,
 )
 from .common import variants as workload_variants
 
@@ -308,6 +308,7 @@ class BenchResult:
         Parameters
         ----------
         r : BenchRow
+            A serial row, compared with serial flat, or an overlapped one, with overlapped flat.
 
         Returns
         -------
@@ -608,15 +609,12 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
 
     Raises
     ------
-    InvalidArgumentError
-        For options that cannot run.
-    FerryError
-        When the split backend cannot be made or a run fails.
+    InvalidArgumentError, FerryError
+        As start_run raises them; FerryError too when a run fails.
     AssertionError
         When repetitions of one variant give different attention outputs.
     """
-    cfg.check()
-    split = split_backend(cfg.backend)
+    split = start_run(cfg)
     cpu = CPUBackend()
     pinned = not isinstance(split, StandinBackend)
     layouts = (False, True) if cfg.unified else (False,)

@@ -6,7 +6,8 @@ a split runs on, each sequence's K or V content, and the rounding of a window's 
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from dataclasses import asdict
+from typing import Any, Dict, List, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -182,6 +183,46 @@ def n_kv_for(npp: int, ntg: int, pad: int, kv_size: int) -> int:
     """
     need = npp + ntg
     return min((need + pad - 1) // pad * pad, kv_size)
+
+
+class JsonRecord:
+    """A dataclass whose as_dict() gives its fields by name, as a verb's --json writes them."""
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields by name."""
+        return asdict(self)  # type: ignore[call-overload]
+
+
+class RunConfig(Protocol):
+    """What start_run needs of a verb's configuration."""
+
+    @property
+    def backend(self) -> str: ...
+
+    def check(self) -> None: ...
+
+
+def start_run(cfg: RunConfig) -> Backend:
+    """Check a run's options, then make the backend its split runs on.
+
+    Parameters
+    ----------
+    cfg : BenchConfig or ValidateConfig
+
+    Returns
+    -------
+    Backend
+        split_backend(cfg.backend).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For options that cannot run.
+    FerryError
+        When the split backend cannot be made.
+    """
+    cfg.check()
+    return split_backend(cfg.backend)
 
 
 def split_backend(name: str) -> Backend:

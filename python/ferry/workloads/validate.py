@@ -44,7 +44,7 @@ from .common import (
     prefetch_depths,
     random_rows,
     run_name,
-    split_backend,
+    start_run,
     variants,
 )
 
@@ -244,13 +244,10 @@ def run_validate(cfg: ValidateConfig) -> ValidateResult:
 
     Raises
     ------
-    InvalidArgumentError
-        For options that cannot run.
-    FerryError
-        When the split backend cannot be made or a run fails.
+    InvalidArgumentError, FerryError
+        As start_run raises them; FerryError too when a run fails.
     """
-    cfg.check()
-    split = split_backend(cfg.backend)
+    split = start_run(cfg)
     hashes, memory, builds = {}, {}, {}
     for policy, compact in variants(cfg.policies, cfg.compact):
         for prefetch in prefetch_depths(cfg.overlap, cfg.prefetch):
