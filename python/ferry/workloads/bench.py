@@ -188,8 +188,9 @@ SPREAD = "median (min..max) of the repetitions; gain: of each repetition's token
 class BenchRow:
     """One variant of a number of sequences and a cache layout, over its repetitions of ntg steps.
 
-    tokens_per_s, decode_s, copy_s and compute_s are medians over the repetitions; decode_runs
-    holds each repetition's decode time, in the order they ran.
+    decode_s, copy_s, compute_s and host_s are each step's fastest over the repetitions, summed
+    over the steps, and tokens_per_s is npl * ntg over that decode_s; runs_tokens_per_s holds
+    each repetition's own tokens/s, in the order they ran.
     """
 
     npl: int
