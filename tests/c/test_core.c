@@ -562,6 +562,12 @@ static void test_check_transfer(void) {
     CHECK_FAILS(ferry_tensor_check_transfer(t, 0, 4, 1, 0, 0, "probe"), FERRY_ERR_FREED);
     ferry_backend_free(cpu);
     ferry_context_free(ctx);
+    /* the data side of a 2-D transfer: nothing when nothing moves, else first row to last */
+    size_t extent = 1;
+    CHECK(ferry_rows_extent(0, 5, 100, &extent) && extent == 0);
+    CHECK(ferry_rows_extent(4, 0, 100, &extent) && extent == 0);
+    CHECK(ferry_rows_extent(4, 3, 100, &extent) && extent == 204);
+    CHECK(!ferry_rows_extent(4, 3, SIZE_MAX / 2, &extent) && !ferry_rows_extent(4, 3, 100, NULL));
 }
 
 /* ferry_kv_cache_params gives back the params the cache was made with. */
