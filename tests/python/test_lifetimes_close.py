@@ -157,23 +157,6 @@ def test_closing_a_backend_leaves_its_buffers_working_and_frees_it_after_them() 
         t.get()
 
 
-def test_closing_a_kv_cache_keeps_the_windows_taken_before() -> None:
-    kv = ferry.KVCache("f32", "f32", 4, 1, 16, 2)
-    layer = kv.k(0)
-    layer.set(bytes(range(layer.nbytes)))
-    k, v = kv.window(0, 3)
-    buffer_id = kv.buffer.id
-    kv.close()
-    with pytest.raises(ferry.FreedBufferError, match="KVCache"):
-        kv.window(0, 3)
-    with pytest.raises(ferry.FreedBufferError):
-        layer.get()  # the layer tensors are the cache's own
-    assert lib.ferry_buffer_id_is_live(buffer_id)  # the windows hold the memory
-    assert k.get(0, 16) == bytes(range(16))
-    del k, v
-    assert not lib.ferry_buffer_id_is_live(buffer_id)
-
-
 def test_closing_a_backend_leaves_its_scheduler_working() -> None:
     cpu = ferry.CPUBackend()
     sched = ferry.Scheduler([cpu])
