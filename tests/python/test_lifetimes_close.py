@@ -117,7 +117,7 @@ def test_use_after_close_raises_freed_naming_the_object(case: Case) -> None:
     case.obj.close()
     with pytest.raises(ferry.FreedBufferError, match=f"^{case.name}"):
         case.use()
-    repr(case.obj)  # still printable
+    assert repr(case.obj).endswith((" closed>", ", freed>"))  # still printable, and says it is closed
 
 
 def test_with_closes(case: Case) -> None:
