@@ -41,7 +41,7 @@ def shared_options() -> List[Tuple[str, Dict[str, argparse.Action]]]:
 
 
 def test_options_are_shared() -> None:
-    """The options the check below compares: those the issue names are among them."""
+    """The options the check below compares: these, shared by name across verbs, are among them."""
     names = {o for o, _ in shared_options()}
     assert {"--backend", "--type", "-c", "-npl", "--head-dim", "--kv-heads", "--model", "--json"} <= names
 

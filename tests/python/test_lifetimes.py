@@ -115,12 +115,12 @@ def test_async_transfers_hold_their_data_until_synchronize(dummy_real: ferry.Dum
 
 
 def test_transfer_data_in_reference_cycles_does_not_crash_the_collector() -> None:
-    """The binding gives C its data through a memoryview exported to cffi. A transfer that failed
+    """The binding gives C its data through a memoryview exported to cffi. A transfer that fails
     after taking it, whose exception stays in a reference cycle (a frame that keeps its own
-    exception, as `except E as e: err = e` does), left that export alive in the cycle, and the
-    collector cleared the memoryview while cffi still held it: a segfault (found by
-    test_fuzz_api). Data of async transfers never synchronized, on a backend dropped in a cycle,
-    is the same case. Run in a child: before the fix it took the interpreter down."""
+    exception, as `except E as e: err = e` does), must not leave that export alive in the cycle:
+    the collector would clear the memoryview while cffi still holds it, a segfault. Data of async
+    transfers never synchronized, on a backend dropped in a cycle, is the same case. Run in a
+    child, so that a crash fails the test instead of ending pytest."""
     script = """
 import gc, numpy as np, ferry
 cpu = ferry.CPUBackend()
