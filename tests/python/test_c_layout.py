@@ -1,5 +1,5 @@
 """The C library's shape: the generic layer (the files directly in lib/src) names no backend,
-and the installed library exports the public API alone.
+the installed library exports the public API alone, and each C test is named once.
 
 The first tests read the sources as text, so they need no build: each backend's folder under
 lib/src (cpu, dummy, standin, cuda) holds what it defines, and a file of the generic layer
@@ -11,10 +11,12 @@ their interfaces (lib/src/ferry-impl.h) instead.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import ModuleType
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
@@ -274,3 +276,121 @@ def test_layout_checks_can_fail(tmp_path: Path) -> None:
                        'int f(void) { return ferry_cpu_backend_new(0) + "ferry_dummy_backend_new"[0]; }\n')
     assert include_violations([planted]) == [f"{planted}:1: includes standin/copy-queue.h"]
     assert name_violations([planted]) == [f"{planted}:3: ferry_cpu_backend_new (cpu/)"]
+
+
+# ---------------------------------------------------------------- what the library exports
+
+
+def api_functions(cdef: str) -> Set[str]:
+    """Return the functions a cdef declares.
+
+    Parameters
+    ----------
+    cdef : str
+        The preprocessed umbrella header (ferry_cdef.h, installed beside the library).
+
+    Returns
+    -------
+    set of str
+        The name of every function declaration at the top level.
+    """
+    code, _ = _preprocessor_lines(strip_c(cdef))
+    names = set()
+    for stmt, end in _top_level_statements(code):
+        flat = " ".join(stmt.split())
+        m = _FUNC_DECL.search(flat)
+        if end == ";" and m and "typedef" not in flat.split() and "=" not in flat.split("(")[0]:
+            names.add(m.group(1))
+    return names
+
+
+def exported_functions(library: str) -> Set[str]:
+    """The functions a shared library exports, as ``nm -D --defined-only`` lists them."""
+    out = subprocess.run(["nm", "-D", "--defined-only", library], check=True, capture_output=True, text=True).stdout
+    return {f[2] for f in (line.split() for line in out.splitlines()) if len(f) == 3 and f[1] in "TWi"}
+
+
+def test_exports_are_the_public_api() -> None:
+    if shutil.which("nm") is None:
+        pytest.skip("no nm on this machine")
+    import ferry
+    from ferry import _binding
+
+    api = api_functions(Path(_binding.CDEF_PATH).read_text())
+    assert {"ferry_last_error", "ferry_cpu_backend_new", "ferry_cuda_available", "ferry_tensor_memory"} <= api
+    exported = exported_functions(_binding.LIB_PATH)
+    if ferry.build_info()["fake_cudart"]:  # the test build's fake runtime: its hooks for the tests
+        exported = {e for e in exported if not e.startswith("fake_cudart_")}
+    assert sorted(exported - api) == [], "exported but not declared in lib/include"
+    assert sorted(api - exported) == [], "declared in lib/include but not exported"
+
+
+def test_api_functions_reads_declarations_only() -> None:
+    cdef = ("typedef struct ferry_x ferry_x;\ntypedef void (*ferry_cb)(int a);\n"
+            "struct s { int (*get)(int); };\nconst char * ferry_name(const ferry_x * x);\n"
+            "ferry_status ferry_make(int (*f)(int), ferry_x ** out);\nenum { A = 1 };\n")
+    assert api_functions(cdef) == {"ferry_name", "ferry_make"}
+
+
+# ---------------------------------------------------------------- C test names, written once
+
+C_TESTS = ROOT / "tests" / "c"
+
+
+def _list_tests() -> ModuleType:
+    """tests/c/list-tests.py, the script meson asks for each C program's test names."""
+    spec = importlib.util.spec_from_file_location("list_tests", C_TESTS / "list-tests.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def c_test_functions(text: str) -> Set[str]:
+    """The test functions a C test program defines: ``static void test_x(void)``, written
+    out or made by a macro of the file (``#define SCENARIO(name, ...) static void test_##name``)."""
+    found = set(re.findall(r"^static void (test_\w+)\(void\)", text, re.M))
+    for macro in re.findall(r"#\s*define\s+(\w+)\(\s*\w+[^)]*\)\s*\\?\s*static void test_##", text):
+        found |= {"test_" + n for n in re.findall(r"^" + macro + r"\((\w+)", text, re.M)}
+    return found
+
+
+def unlisted_tests(text: str) -> Tuple[Set[str], Set[str]]:
+    """Return a test program's test functions missing from its table, and table entries
+    that name no test function of the file (every branch of the table's #ifs taken)."""
+    in_table = {fn for _, fn in _list_tests().entries(text, None)}
+    defined = c_test_functions(text)
+    return defined - in_table, in_table - defined
+
+
+@pytest.mark.parametrize("program", sorted(p.name for p in C_TESTS.glob("test_*.c")))
+def test_every_c_test_is_in_its_table(program: str) -> None:
+    text = (C_TESTS / program).read_text()
+    missing, stray = unlisted_tests(text)
+    assert missing == set(), "test functions that no table entry runs"
+    assert stray == set(), "table entries that name no test function"
+    names = [n for n, _ in _list_tests().entries(text, None)]
+    assert len(names) == len(set(names)) and names
+
+
+def test_c_test_names_are_not_written_again() -> None:
+    # the names live in the programs alone: meson.build lists programs, never a test's name
+    build = (C_TESTS / "meson.build").read_text()
+    for p in C_TESTS.glob("test_*.c"):
+        for name, _ in _list_tests().entries(p.read_text(), None):
+            assert f"'{name}'" not in build, f"{name} ({p.name}) is written in tests/c/meson.build too"
+
+
+def test_listing_follows_the_compile_and_refuses_what_it_cannot_read() -> None:
+    lt = _list_tests()
+    text = ("static void test_a(void) {}\nstatic void test_b(void) {}\nstatic void test_c(void) {}\n"
+            "static void test_forgotten(void) {}\n"
+            "static const check_test tests[] = {\n    {\"a\", test_a},\n#ifdef FERRY_WITH_CUDA\n"
+            "    {\"b\", test_b},\n#else\n    {\"c\", test_c},\n#endif\n};\n")
+    assert lt.entries(text, set()) == [("a", "test_a"), ("c", "test_c")]
+    assert lt.entries(text, {"FERRY_WITH_CUDA"}) == [("a", "test_a"), ("b", "test_b")]
+    assert unlisted_tests(text) == ({"test_forgotten"}, set())
+    made = "#define T(name) \\\n    static void test_##name(void) {}\nT(d)\n" + text.replace("test_forgotten", "test_d")
+    assert unlisted_tests(made) == ({"test_d"}, set())
+    with pytest.raises(ValueError):
+        lt.entries(text.replace("#ifdef FERRY_WITH_CUDA", "#if defined(A) && defined(B)"), set())
