@@ -147,3 +147,37 @@ ferry_status ferry_dequantize(ferry_type type, const void * src, size_t src_size
     convert(false, type, dst, (uint8_t *) src, n, need); /* reads src only */
     return FERRY_OK;
 }
+
+ferry_status ferry_pack_blocks(ferry_type type, const float * scales, int64_t n_scales, const int8_t * q, int64_t n,
+                               void * dst, size_t dst_size) {
+    size_t need;
+    if (ferry_type_valid(type) && type != FERRY_TYPE_Q8_0 && type != FERRY_TYPE_Q4_0) {
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "pack_blocks: %s is not a block type (q8_0, q4_0)",
+                          ferry_type_name(type));
+    }
+    FERRY_TRY(check_values("pack_blocks", type, q, dst, n, dst_size, &need));
+    FERRY_CHECK_ARG(n == 0 || scales, "pack_blocks: NULL scales");
+    if (n_scales != n / QK) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "pack_blocks: %lld scales for %lld blocks", (long long) n_scales,
+                          (long long) (n / QK));
+    }
+    for (int64_t i = 0; type == FERRY_TYPE_Q4_0 && i < n; i++) {
+        if (q[i] < -8 || q[i] > 7) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "pack_blocks: value %lld is %d; q4_0 holds -8..7",
+                              (long long) i, (int) q[i]);
+        }
+    }
+    for (int64_t b = 0; b < n / QK; b++) {
+        uint8_t * blk = (uint8_t *) dst + (size_t) b * ferry_type_size(type);
+        const int8_t * qb = q + b * QK;
+        put_half(FERRY_TYPE_F16, blk, scales[b]);
+        for (int j = 0; j < QK; j++) {
+            if (type == FERRY_TYPE_Q8_0) {
+                blk[2 + j] = (uint8_t) qb[j];
+            } else if (j < QK / 2) { /* value j in the low nibble, value j + 16 in the high one */
+                blk[2 + j] = (uint8_t) ((qb[j] + 8) | ((qb[j + QK / 2] + 8) << 4));
+            }
+        }
+    }
+    return FERRY_OK;
+}

@@ -85,6 +85,45 @@ def quantize(values: Any, type: TypeLike) -> np.ndarray:
     return out
 
 
+def pack_blocks(scales: Any, q: Any, type: TypeLike) -> np.ndarray:
+    """Blocks of a block type from their parts: a scale per block and an integer per value
+    (ferry_pack_blocks), for content whose blocks are chosen rather than quantized.
+
+    Parameters
+    ----------
+    scales : array_like
+        One scale per block, in C order; stored as f16.
+    q : array_like
+        Integers, one per value, in C order (a whole number of blocks): -128..127 for q8_0,
+        -8..7 for q4_0. A value reads back as q * its block's scale.
+    type : Type, str or int
+        q8_0 or q4_0.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8, the type's bytes.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For integers out of the type's range, or a count of scales other than one per block.
+    LayoutError
+        For a count of integers that is not whole blocks.
+    UnsupportedError
+        For a type that is not a block type.
+    """
+    ty = to_type(type)
+    qa, sa = np.asarray(q).reshape(-1), np.ascontiguousarray(scales, np.float32).reshape(-1)
+    if qa.dtype.kind not in "iu" or (qa.size and (qa.min() < -128 or qa.max() > 127)):
+        raise InvalidArgumentError(f"pack_blocks: q holds {qa.dtype} values; {ty} blocks hold integers of 8 bits")
+    qs = np.ascontiguousarray(qa, np.int8)
+    out = np.empty(-(-qs.size // ty.blck_size) * ty.size, np.uint8)
+    check(lib.ferry_pack_blocks(ty.value, ffi.from_buffer("float[]", sa), sa.size, ffi.from_buffer("int8_t[]", qs),
+                                qs.size, ffi.from_buffer(out), out.nbytes))
+    return out
+
+
 def dequantize(data: Any, type: TypeLike, n: Optional[int] = None) -> np.ndarray:
     """The values that bytes of a type hold, as float32 (ferry_dequantize).
 

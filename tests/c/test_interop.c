@@ -113,6 +113,42 @@ static void test_quant_refusals(void) {
     CHECK_OK(ferry_quantize(FERRY_TYPE_Q8_0, x, 0, NULL, 0)); /* nothing to do */
 }
 
+/* Blocks from chosen scales and integers: the bytes quantize writes for the same block, and
+ * values that read back as q * scale; refusals write nothing. */
+static void test_pack_blocks(void) {
+    int8_t q[64];
+    float x[64], scales[2] = {1.0f, 0.25f}, back[64];
+    for (int j = 0; j < 64; j++) {
+        q[j] = (int8_t) (j % 15 - 8); /* -8..6: both types hold them; value j and j + 16 differ */
+        x[j] = (float) q[j];
+    }
+    q[31] = 127; /* amax 127 in the first block: quantize's d is 1 there */
+    x[31] = 127.0f;
+    uint8_t packed[68], quantized[68];
+    CHECK_OK(ferry_pack_blocks(FERRY_TYPE_Q8_0, scales, 1, q, 32, packed, 34));
+    CHECK_OK(ferry_quantize(FERRY_TYPE_Q8_0, x, 32, quantized, 34));
+    CHECK(memcmp(packed, quantized, 34) == 0);
+    q[31] = 7;
+    CHECK_OK(ferry_pack_blocks(FERRY_TYPE_Q4_0, scales, 2, q, 64, packed, 36));
+    CHECK_OK(ferry_dequantize(FERRY_TYPE_Q4_0, packed, 36, 64, back));
+    for (int j = 0; j < 64; j++) {
+        CHECK(back[j] == (float) q[j] * scales[j / 32]);
+    }
+    memset(packed, 0xee, sizeof(packed));
+    CHECK_FAILS(ferry_pack_blocks(FERRY_TYPE_F16, scales, 1, q, 32, packed, 64), FERRY_ERR_UNSUPPORTED);
+    CHECK_FAILS(ferry_pack_blocks(FERRY_TYPE_Q8_0, scales, 1, q, 33, packed, 68), FERRY_ERR_LAYOUT);
+    CHECK_FAILS(ferry_pack_blocks(FERRY_TYPE_Q8_0, scales, 2, q, 64, packed, 67), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_pack_blocks(FERRY_TYPE_Q8_0, NULL, 1, q, 32, packed, 68), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_pack_blocks(FERRY_TYPE_Q8_0, scales, 1, q, 64, packed, 68), FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "1 scales for 2 blocks") != NULL);
+    q[40] = 8;
+    CHECK_FAILS(ferry_pack_blocks(FERRY_TYPE_Q4_0, scales, 2, q, 64, packed, 36), FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "value 40") != NULL);
+    for (size_t i = 0; i < sizeof(packed); i++) {
+        CHECK_EQ_U(packed[i], 0xee);
+    }
+}
+
 /* A buffer over the caller's memory: tensors read and write it in place, and freeing the
  * buffer leaves it allocated (ASan reports a free of it, or a use after it). */
 static void test_host_buffer_from_ptr(void) {
@@ -303,6 +339,7 @@ static const check_test tests[] = {
     {"q4_0_bytes", test_q4_0_bytes},
     {"float_types", test_float_types},
     {"quant_refusals", test_quant_refusals},
+    {"pack_blocks", test_pack_blocks},
     {"host_buffer_from_ptr", test_host_buffer_from_ptr},
     {"sched_over_foreign_memory", test_sched_over_foreign_memory},
     {"tensor_memory_refusals", test_tensor_memory_refusals},

@@ -21,6 +21,15 @@ extern "C" {
  */
 FERRY_API ferry_status ferry_quantize(ferry_type type, const float * src, int64_t n, void * dst, size_t dst_size);
 FERRY_API ferry_status ferry_dequantize(ferry_type type, const void * src, size_t src_size, int64_t n, float * dst);
+/*
+ * Blocks from their parts: for a block type (q8_0, q4_0), n values (whole blocks) given as
+ * n_scales scales, one per block (stored as f16), and one integer per value, written as type
+ * into dst (dst_size bytes). A value reads back as q * scale; q8_0 takes q in -128..127,
+ * q4_0 in -8..7. For content whose blocks are chosen, not quantized from values. Nothing is
+ * written on failure.
+ */
+FERRY_API ferry_status ferry_pack_blocks(ferry_type type, const float * scales, int64_t n_scales, const int8_t * q,
+                                         int64_t n, void * dst, size_t dst_size);
 
 /* ---------------------------------------------------------------- foreign memory (foreign-buffer.c;
  * cuda/cuda-buffers.cu, cuda/cuda-off.c when CUDA is not compiled in) */

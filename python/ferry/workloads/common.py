@@ -15,7 +15,7 @@ from ..backend import Backend, StandinBackend
 from ..cuda import CUDABackend, cuda_available
 from ..errors import InvalidArgumentError
 from ..policy import CopyPolicy
-from ..quant import array_dtype, quantize
+from ..quant import array_dtype, pack_blocks
 from ..types import Type
 
 #: The copy policies a decode run compares: every CopyPolicy, by its name.
@@ -72,7 +72,7 @@ def check_run_options(type_kv: str, head_dim: int, n_head: int, n_head_kv: int, 
     """
     if type_kv not in KV_TYPES:
         raise InvalidArgumentError(f"--type {type_kv!r}: attention reads {', '.join(KV_TYPES)}")
-    if type_kv == "q8_0" and head_dim % 32:
+    if type_kv == "q8_0" and head_dim % Type.Q8_0.blck_size:
         raise InvalidArgumentError(f"--type q8_0 needs --head-dim a multiple of 32, got {head_dim}")
     if n_head % n_head_kv:
         raise InvalidArgumentError(f"--heads {n_head} is not a multiple of --kv-heads {n_head_kv}")
@@ -270,12 +270,12 @@ def random_rows(type_: Type, cells: int, n_embd: int, seed: Sequence[int]) -> by
     Returns
     -------
     bytes
-        cells rows, each row_size(type_, n_embd) bytes, of values drawn uniformly from [-1, 1):
-        a block type holds ferry's quantization of them.
+        cells rows, each row_size(type_, n_embd) bytes: values drawn uniformly from [-1, 1), or
+        for Q8_0 blocks of small positive scales and integers drawn from -127..127.
     """
     rng = np.random.default_rng(list(seed))
-    values = rng.uniform(-1.0, 1.0, size=(cells, n_embd))
     dtype = array_dtype(type_)
     if dtype is None:
-        return quantize(values.astype(np.float32), type_).tobytes()
-    return values.astype(dtype).tobytes()
+        scales = rng.uniform(2.0 ** -9, 2.0 ** -7, size=(cells, n_embd // type_.blck_size)).astype(np.float16)
+        return pack_blocks(scales, rng.integers(-127, 128, size=(cells, n_embd)), type_).tobytes()
+    return rng.uniform(-1.0, 1.0, size=(cells, n_embd)).astype(dtype).tobytes()
