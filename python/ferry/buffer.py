@@ -119,7 +119,7 @@ def cpu_buffer_type() -> BufferType:
 class Buffer(Closeable):
     """A block of memory of one buffer type, with the tensors placed in it and its transfer counters.
 
-    close() (free() is the same) frees the memory now, pinned memory included, and a second
+    close() frees the memory now, pinned memory included, and a second
     call does nothing; the buffer is also freed when no longer referenced. After it, the buffer
     and the tensors placed in it raise FreedBufferError on every use. Used in a `with` block,
     it is closed at the block's end.
@@ -159,15 +159,6 @@ class Buffer(Closeable):
 
     def _describe(self) -> str:
         return f"{self._type_name} buffer {self._id}"
-
-    def free(self) -> None:
-        """close(): free the memory now. A second call does nothing."""
-        self.close()
-
-    @property
-    def freed(self) -> bool:
-        """closed: True once the buffer was freed; its tensors then raise FreedBufferError."""
-        return self.closed
 
     @property
     def type(self) -> BufferType:
@@ -283,7 +274,7 @@ class Buffer(Closeable):
         lib.ferry_buffer_reset_stats(self._p)
 
     def __repr__(self) -> str:
-        if self.freed:
+        if self.closed:
             return f"<Buffer {self._type_name} id={self._id} {self._size} bytes, freed>"
         return f"<Buffer {self._type_name} id={self._id} {self._size} bytes at {self.base:#x}>"
 
@@ -293,7 +284,7 @@ class BorrowedBuffer(Buffer):
     memory, a KV cache's storage. Tensors placed in it hold this, and this holds the owner,
     so the memory lives as long as they do. It is usable while the owner is open and C
     still knows its id (an allocator that grows replaces its chunks); after that every use,
-    and every use of a tensor in it, raises FreedBufferError. free() belongs to the owner.
+    and every use of a tensor in it, raises FreedBufferError. close() belongs to the owner.
     """
 
     def __init__(self, ptr: Any, buffer_type: BufferType, owner: object, owner_handle: Handle) -> None:
@@ -319,13 +310,13 @@ class BorrowedBuffer(Buffer):
 
     @property
     def _p(self) -> Any:
-        if self.freed:
+        if self.closed:
             raise FreedBufferError(f"{self._type_name} buffer {self._id} was freed by its owner")
         return self._ptr
 
     @property
     def closed(self) -> bool:
-        """True once the owner is closed or C no longer knows the buffer's id (freed says the same)."""
+        """True once the owner is closed or C no longer knows the buffer's id."""
         return not self._handle.alive or not lib.ferry_buffer_id_is_live(self._id)
 
     @property
@@ -339,7 +330,7 @@ class BorrowedBuffer(Buffer):
         return not getattr(self._owner, "_memory_stays", False)
 
     def close(self) -> None:
-        """Refused (UnsupportedError), as free() is: the owner frees it (close the allocator,
+        """Refused (UnsupportedError): the owner frees it (close the allocator,
         scheduler or cache)."""
         raise UnsupportedError(f"{self._type_name} buffer {self._id} belongs to {type(self._owner).__name__}; "
                                "free that instead")

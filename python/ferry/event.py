@@ -24,7 +24,7 @@ class Event(Closeable):
     """A point in a backend's queued work. Make one with backend.event(timing=False).
 
     It belongs to (and keeps alive) the backend that made it; a backend that cannot make
-    events raises UnsupportedError. close() (or free(), or the end of a `with` block) frees
+    events raises UnsupportedError. close() (or the end of a `with` block) frees
     it now; after that every use raises FreedBufferError.
 
     Parameters
@@ -64,10 +64,6 @@ class Event(Closeable):
     def backend(self) -> "Backend":
         """The backend the event belongs to."""
         return self._backend
-
-    def free(self) -> None:
-        """close(): free it now. A second call does nothing."""
-        self.close()
 
     def record(self, backend: Optional["Backend"] = None) -> "Event":
         """Mark the current end of a backend's queued work.

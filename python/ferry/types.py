@@ -91,21 +91,6 @@ def to_type(value: TypeLike) -> Type:
     return Type(n)
 
 
-def type_name(t: TypeLike) -> str:
-    """ferry's name for the type t (a Type, name or number)."""
-    return to_type(t).type_name
-
-
-def type_size(t: TypeLike) -> int:
-    """Bytes per block of the type t (per value for non-block types)."""
-    return to_type(t).size
-
-
-def blck_size(t: TypeLike) -> int:
-    """Values per block of the type t (1 for non-block types)."""
-    return to_type(t).blck_size
-
-
 def row_size(t: TypeLike, n: int) -> int:
     """Bytes taken by a row of n values of a type.
 

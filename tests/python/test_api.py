@@ -8,11 +8,12 @@ import pytest
 
 import ferry
 from ferry import cli
+from ferry._binding import lib
 
 
 def test_build_info() -> None:
     info = ferry.build_info()
-    assert info["cuda"] is bool(ferry.lib.ferry_built_with_cuda())
+    assert info["cuda"] is bool(lib.ferry_built_with_cuda())
     assert info["version"] == ferry.__version__ == "0.1.0"
     assert os.path.isfile(info["library"])
     assert isinstance(ferry.cuda_available(), bool)

@@ -670,10 +670,10 @@ def test_kv_cache_and_windows(tk: str, tv: str, head_dim: int, n_head_kv: int, n
 def test_plan_copy(ty: Any, ne: List[int], nb: List[int], offset: int) -> None:
     """plan_copy of any layout: copies that move each byte the view reads exactly once."""
     if len(nb) >= len(ne) and ty in TYPES:
-        nb = [ferry.type_size(ty)] + nb[1:len(ne)] if nb[0] % 2 else nb[:len(ne)]
+        nb = [ferry.to_type(ty).size] + nb[1:len(ne)] if nb[0] % 2 else nb[:len(ne)]
     counts = [max(n, 0) for n in ne]
     if counts and isinstance(ty, str) and ty in TYPES:
-        counts[0] //= ferry.blck_size(ty)
+        counts[0] //= ferry.to_type(ty).blck_size
     if counts and math.prod(counts) // max(max(counts), 1) > 1 << 14:
         return  # the plan lists about that many copies: fine, but slow to build here
     copies = attempt(lambda: ferry.plan_copy(ty, ne, nb, offset))
@@ -912,7 +912,7 @@ def sc_lifetimes(dev_kind: str, actions: List[str]) -> None:
             w.pop(a[4:], None)
             gc.collect()
         elif a == "free_buf":
-            use("buf", lambda: w["buf"].free())
+            use("buf", lambda: w["buf"].close())
         elif a == "close_ga":
             use("ga", lambda: w["ga"].close())
         elif a == "close_sched":
@@ -1030,7 +1030,7 @@ def confusion_calls(J: Any) -> List[Callable[[], Any]]:
         lambda: t.set_2d(J, 0, 4, 1, 4), lambda: t.set_2d(b"xxxx", J, 4, 1, 4), lambda: t.set_2d(b"xx", 0, J, 1, 4),
         lambda: t.set_2d(b"xxxx", 0, 4, J, 4), lambda: t.set_2d(b"xxxx", 0, 4, 1, J),
         lambda: t.set_2d(b"xxxx", 0, 4, 1, 4, J), lambda: t.get_2d(J, 4, 1, 4), lambda: t.get_2d(0, 4, 1, 4, out=J),
-        lambda: t.copy_to(J), lambda: ferry.tensor_copy(J, t), lambda: t.same_layout(J),
+        lambda: t.copy_to(J), lambda: t.same_layout(J),
         lambda: setattr(t, "name", J), lambda: t.dup(J), lambda: t.concat(J, 0), lambda: t.concat(t, J),
         lambda: t.pad(J), lambda: t.pad(0, J), lambda: t.scale(J), lambda: ferry.add(J, t), lambda: ferry.add(t, J),
         lambda: ferry.mul(J, J), lambda: ferry.mean(J), lambda: ferry.dup(J), lambda: ferry.scale(J, 1.0),
@@ -1077,7 +1077,7 @@ def confusion_calls(J: Any) -> List[Callable[[], Any]]:
         lambda: cpu.get_2d(J, 0, 4, 1, 4), lambda: cpu.get_2d(t, J, 4, 1, 4), lambda: cpu.get_2d_async(t, J, 0, 4, 1, 4),
         lambda: cpu.copy_async(J, t), lambda: cpu.copy_async(t, J), lambda: cpu.copy_async(t, t, J),
         lambda: cpu.supports_buffer_type(J), lambda: cpu.wait(J), lambda: cpu.event(J), lambda: dummy.event(),
-        lambda: ferry.to_type(J), lambda: ferry.type_name(J), lambda: ferry.type_size(J), lambda: ferry.blck_size(J),
+        lambda: ferry.to_type(J),
         lambda: ferry.row_size(J, 4), lambda: ferry.row_size("f32", J), lambda: ferry.numpy_dtype(J),
         lambda: ferry.type_from_dtype(J), lambda: ferry.Tensor.from_numpy(J, arr),
         lambda: ferry.Tensor.from_numpy(cpu, J), lambda: ferry.ops.op_name(J),

@@ -55,9 +55,9 @@ def test_buffer_type_keeps_backend_alive() -> None:
 def test_free_is_idempotent_and_final(cpu: ferry.CPUBackend) -> None:
     buf = cpu.alloc_buffer(64)
     t = buf.new_tensor("f32", [16])
-    buf.free()
-    buf.free()
-    assert buf._handle.ptr is None and buf.freed
+    buf.close()
+    buf.close()
+    assert buf._handle.ptr is None and buf.closed
     with pytest.raises(ferry.FreedBufferError):
         t.get()
     del buf
@@ -122,7 +122,7 @@ def test_transfer_data_in_reference_cycles_does_not_crash_the_collector() -> Non
     test_fuzz_api). Data of async transfers never synchronized, on a backend dropped in a cycle,
     is the same case. Run in a child: before the fix it took the interpreter down."""
     script = """
-import gc, numpy as np, ferry
+import gc, numpy as np, ferry, ferry._binding
 cpu = ferry.CPUBackend()
 t = cpu.alloc_tensor("f32", [4])
 calls = [
@@ -168,14 +168,14 @@ def test_backend_finalizer_runs_while_cffi_is_busy() -> None:
     parsing a type); the finalizer must not look up a lib function then, which takes that lock:
     the interpreter hung (found by test_fuzz_api)."""
     script = """
-import gc, numpy as np, ferry
+import gc, numpy as np, ferry, ferry._binding
 b = ferry.DummyBackend(real_memory=True)
 u = b.alloc_tensor("f32", [4])
 b.set_async(u, np.zeros(4, np.float32))  # pending: the finalizer synchronizes the backend
 bag = [b, u]
 bag.append(bag)
 del b, u, bag
-with ferry.ffi._lock:
+with ferry._binding.ffi._lock:
     gc.collect()
 print("alive")
 """

@@ -212,11 +212,11 @@ def test_copy_ranges_of_and_bytes_read() -> None:
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 32768, 2)
     k, v = kv.window(0, 2176, 0, 1)
     row = 1088
-    assert ferry.copy_ranges_of(k) == ferry.CopyRanges(0, 2176 * row, 2, 16384 * row)
+    assert ferry.copy_ranges_of(k) == ferry.Copy2D(0, 2176 * row, 2, 16384 * row)
     assert ferry.bytes_read(k) == 2 * 2176 * row
     assert k.nbytes == (16384 + 2176) * row
     k1, _ = kv.window(0, 2176, 1, 1)
-    assert ferry.copy_ranges_of(k1) == ferry.CopyRanges(0, 2176 * row, 1, 2176 * row)
+    assert ferry.copy_ranges_of(k1) == ferry.Copy2D(0, 2176 * row, 1, 2176 * row)
     vt = ferry.KVCache("f16", "f16", 128, 8, 32768, 1, v_trans=True)
     _, v_tr = vt.window(0, 2176, 0, 0)
     assert v_tr.ne == (2176, 128, 8, 1)
@@ -291,7 +291,7 @@ def test_kv_cache_lifetimes_and_errors() -> None:
     with pytest.raises(ferry.LayoutError):
         ferry.KVCache("f16", "q8_0", 32, 2, 64, 4, v_trans=True)
     with pytest.raises(ferry.UnsupportedError):
-        kv.buffer.free()
+        kv.buffer.close()
     data = np.arange(16 * 64, dtype=np.float16).reshape(16, 64)
     kv.set_stream("v", 0, 3, data)
     assert kv.get_stream("v", 0, 3) == data.tobytes()

@@ -13,8 +13,8 @@ TYPES = [("f32", 4, 1), ("f16", 2, 1), ("bf16", 2, 1), ("i32", 4, 1), ("q8_0", 3
 @pytest.mark.parametrize("name,size,blck", TYPES)
 def test_type_traits(name: str, size: int, blck: int) -> None:
     t = ferry.to_type(name)
-    assert str(t) == name and ferry.type_name(t) == name
-    assert ferry.type_size(name) == size and ferry.blck_size(name) == blck
+    assert str(t) == name and ferry.to_type(t).type_name == name
+    assert ferry.to_type(name).size == size and ferry.to_type(name).blck_size == blck
     assert ferry.to_type(int(t)) is t
 
 
