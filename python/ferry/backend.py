@@ -5,14 +5,14 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from . import _checks, _pybuffer, quant
+from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from ._handle import Closeable, Handle
 from .buffer import Buffer, BufferType
 from .errors import InvalidArgumentError, check
 from .event import Event
 from .stats import Stats
-from .tensor import Tensor
+from .tensor import Tensor, writable_data
 from .types import TypeLike
 
 
@@ -135,24 +135,26 @@ class Backend(Closeable):
         Parameters
         ----------
         tensor : Tensor
-        data : bytes-like or numpy.ndarray
+        data : bytes-like, numpy.ndarray or TensorBytes
+            Checked as Tensor.set's data is.
         offset : int, optional
             Bytes from the tensor's first byte.
 
         Raises
         ------
         InvalidArgumentError
-            For a tensor that is not one, or values that cannot be sizes.
+            For a tensor that is not one, values that cannot be sizes, or data of another dtype.
+        LayoutError
+            For data of another shape.
         OutOfBoundsError
             When the bytes reach past the tensor's span.
         NotAllocatedError, FreedBufferError
             For a tensor without live memory.
         """
         t = _checks.instance(tensor, Tensor, "set_async")
-        quant.check_data(t, data, "set_async")
-        d = _pybuffer.readable(data, "set_async")
-        self._queue(d, lambda: lib.ferry_backend_tensor_set_async(
-            self._p, t._p, d.ptr, _checks.as_size(offset, "set_async: offset"), d.nbytes))
+        off = _checks.as_size(offset, "set_async: offset")
+        d = writable_data(t, data, "set_async", off)
+        self._queue(d, lambda: lib.ferry_backend_tensor_set_async(self._p, t._p, d.ptr, off, d.nbytes))
 
     def get_async(self, tensor: Tensor, out: Any, offset: int = 0) -> None:
         """Start filling the writable, contiguous buffer out from tensor at a byte offset; out holds the
@@ -165,23 +167,22 @@ class Backend(Closeable):
 
     def set_2d_async(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
-        """Start writing n_copies rows of size bytes into tensor, as Tensor.set_2d writes them; data is
-        kept alive until synchronize().
+        """Start writing n_copies rows of size bytes into tensor, as Tensor.set_2d writes them (data
+        checked as there); data is kept alive until synchronize().
 
         Raises
         ------
         InvalidArgumentError
-            For a tensor that is not one, or values that cannot be sizes.
+            For a tensor that is not one, values that cannot be sizes, or data of another dtype.
         OutOfBoundsError
-            When data is too short or the rows reach past the tensor's span.
+            When data is shorter or longer than the rows, or the rows reach past the tensor's span.
         LayoutError
-            For strides smaller than a row.
+            For strides smaller than a row, or data of another shape.
         """
         t = _checks.instance(tensor, Tensor, "set_2d_async")
         args = _checks.transfer_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
-        quant.check_data(t, data, "set_2d_async")
         self._queue_2d("set_2d_async", lib.ferry_backend_tensor_set_2d_async, t,
-                       _pybuffer.readable(data, "set_2d_async"), args)
+                       writable_data(t, data, "set_2d_async", rows=args), args)
 
     def get_2d_async(self, tensor: Tensor, out: Any, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
@@ -221,7 +222,7 @@ class Backend(Closeable):
         """
         t = _checks.instance(tensor, Tensor, "get_2d")
         args = _checks.transfer_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
-        t._check_read("tensor_get_2d_async", *args)
+        t._check_transfer("tensor_get_2d_async", *args)
         out = _pybuffer.new_bytes(_pybuffer.extent_2d(args[1], args[2], args[4]), "get_2d")
         self.get_2d_async(tensor, out, *args)
         self.synchronize()

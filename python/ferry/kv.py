@@ -283,23 +283,22 @@ class KVCache(Closeable):
             "k" or "v".
         layer : int
         stream : int
-        data : bytes-like or numpy.ndarray
-            The stream's bytes: an array shaped [kv_size, n_embd_gqa] of the cache's dtype, or raw
-            bytes for quantized types.
+        data : bytes-like, numpy.ndarray or TensorBytes
+            The stream's values: an array of the cache's dtype shaped [kv_size, n_embd_gqa]
+            ([n_embd_gqa, kv_size] for a transposed V) or flat, or its raw bytes (the only way for
+            quantized types); checked as every write is (Tensor.set).
 
         Raises
         ------
         InvalidArgumentError
-            For which not "k" or "v".
+            For which not "k" or "v", or data of another dtype.
+        LayoutError
+            For data of another shape.
         OutOfBoundsError
-            For a layer or stream the cache does not have, or data of another length.
+            For a layer or stream the cache does not have, or data of another size.
         """
-        t, offset, size = self._stream_of(which, layer, stream)
-        with _pybuffer.readable(data, "kv set_stream") as d:
-            if d.nbytes != size:
-                raise OutOfBoundsError(f"kv set_stream: a stream of {which.upper()} holds {size} bytes, "
-                                       f"the data {d.nbytes}")
-            t.set(d.obj, offset)
+        t, offset, _ = self._stream_of(which, layer, stream)
+        t._write(data, offset, "kv set_stream", region=(t.ne[1], t.ne[0]))
 
     def get_stream(self, which: str, layer: int, stream: int) -> bytes:
         """The bytes of one stream of a layer's K (which "k") or V ("v"); raises as set_stream does."""
