@@ -22,7 +22,19 @@ from .tensor import Tensor
 
 
 class Placement(NamedTuple):
-    """Where the allocator put a tensor: buffer type index, chunk, byte offset, bytes taken."""
+    """Where a GraphAllocator put a tensor (GraphAllocator.placement).
+
+    Attributes
+    ----------
+    buffer_type : int
+        Index of the buffer type in the allocator's buffer_types.
+    chunk : int
+        Index of the chunk (one buffer) of that type.
+    offset : int
+        Bytes from the chunk's start.
+    size : int
+        Bytes taken (the buffer type's alloc_size of the tensor).
+    """
 
     buffer_type: int
     chunk: int

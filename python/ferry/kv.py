@@ -25,7 +25,25 @@ from .types import Type, TypeLike, to_type
 
 @dataclass(frozen=True)
 class KVParams:
-    """The layout of a KV cache (ferry_kv_params)."""
+    """The layout of a KV cache (ferry_kv_params), as C keeps it: KVCache.params.
+
+    Attributes
+    ----------
+    type_k, type_v : Type
+        The element types of K and V.
+    head_dim : int
+        Values per head.
+    n_head_kv : int
+        KV heads per cell.
+    n_ctx : int
+        Cells in all streams together.
+    n_stream : int
+        Streams; each holds n_ctx / n_stream cells (KVCache.kv_size).
+    n_layer : int
+        Layers, each with its K and V.
+    v_trans : bool
+        Whether V is stored transposed, [kv_size, n_embd_gqa, n_stream].
+    """
 
     type_k: Type
     type_v: Type

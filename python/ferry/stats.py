@@ -17,12 +17,21 @@ KINDS: Tuple[str, ...] = tuple(ffi.string(lib.ferry_xfer_name(k)).decode() for k
 
 @dataclass(frozen=True)
 class Stats:
-    """A snapshot of a ferry_stats. Each dict is keyed by KINDS.
+    """A snapshot of a buffer's or backend's transfer counters (ferry_stats).
 
-    calls and bytes count requests as made through the API (a 2-D set of n rows of s
-    bytes is one call of n*s bytes); impl_calls counts the operations that carried
-    them out (n for a backend with no 2-D implementation). Subtracting two snapshots
-    gives what moved in between.
+    The counts are cumulative: since the buffer or backend was made, or since its
+    reset_stats(). Subtracting two snapshots gives what moved in between. Each dict is keyed by
+    the transfer kinds, KINDS: "set", "get", "set_2d", "get_2d", "copy", "memset".
+
+    Attributes
+    ----------
+    calls : dict of str to int
+        Transfer requests as made through the API: a 2-D set of n rows is one call.
+    bytes : dict of str to int
+        Bytes those requests moved (a 2-D set of n rows of s bytes: n*s).
+    impl_calls : dict of str to int
+        Operations that carried the requests out: the same 2-D set is n plain sets on a
+        backend without a 2-D implementation, one call on a backend with one.
     """
 
     calls: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
@@ -58,9 +67,29 @@ class Stats:
 
 @dataclass(frozen=True)
 class CopyStats:
-    """What one input copy did: the path taken (FLAT when the policy's rule did not apply), the
-    bytes the graph reads, the span a flat copy moves, the bytes that arrived, transfer requests
-    and the operations that carried them out, and the wall time (synchronize included)."""
+    """What one copy of one input did (ferry_copy_stats): copy_input's result, and each
+    Scheduler.inputs entry's figures for the last run.
+
+    Attributes
+    ----------
+    path : CopyPolicy
+        The path taken: the policy asked for, or FLAT when its rule did not apply.
+    bytes_read : int
+        Bytes the graph reads through the input (its distinct elements).
+    bytes_span : int
+        The input's nbytes: what a flat copy moves, gaps included.
+    bytes_copied : int
+        Bytes that arrived in the destination buffer.
+    copy_calls : int
+        Transfer requests made (a 2-D copy is one).
+    impl_calls : int
+        Operations that carried them out (a 2-D copy on a backend without 2-D transfers is one
+        per row).
+    copy_seconds : float
+        Wall time of the copy in seconds, synchronize included; for an input the scheduler
+        prefetched, the time its copy queue spent on it (measured by events); 0 for a copy
+        queued and not waited for.
+    """
 
     path: CopyPolicy
     bytes_read: int
@@ -79,7 +108,42 @@ class CopyStats:
 
 @dataclass(frozen=True)
 class SchedStats:
-    """Totals of the last run over all inputs and splits."""
+    """What a Scheduler's last compute did (ferry_sched_stats): totals over all its inputs and
+    splits for that one run, not cumulative; each compute starts them again from 0.
+
+    Attributes
+    ----------
+    n_inputs : int
+        Split inputs of the graph: sources a split's backend cannot read where they are, each
+        copied to it.
+    bytes_read : int
+        Bytes the graph reads through them (CopyStats.bytes_read, summed).
+    bytes_span : int
+        Their spans (nbytes, gaps included): what flat copies of all of them would move.
+    bytes_copied : int
+        Bytes that arrived on the splits' backends.
+    copy_calls : int
+        Transfer requests the copies made.
+    impl_calls : int
+        Operations that carried those requests out (a 2-D copy is one per row on a backend
+        without 2-D transfers).
+    copy_seconds : float
+        Seconds spent copying inputs, synchronize included; a prefetched input counts its
+        time on its copy queue.
+    compute_seconds : float
+        Seconds the splits' backends spent computing, each part synchronized.
+    prefetched : int
+        Inputs copied ahead on a copy queue (Scheduler.prefetch); 0 without prefetching.
+    ahead_inputs : int
+        The most prefetched inputs queued or held ahead of the part computing, over the run's
+        parts: what the prefetch depth asks of the graph as allocated.
+    ahead_bytes : int
+        Their bytes (the copies' nbytes) at that most: device memory prefetching holds beyond
+        what the part at hand reads.
+    wait_seconds : float
+        Seconds the host waited for prefetched copies; on CUDA the device waits instead and
+        this stays near 0.
+    """
 
     n_inputs: int
     bytes_read: int
@@ -89,13 +153,9 @@ class SchedStats:
     impl_calls: int
     copy_seconds: float
     compute_seconds: float
-    #: Prefetching (Scheduler.prefetch): inputs copied ahead on a copy queue.
     prefetched: int = 0
-    #: The most prefetched inputs, and their bytes, queued or held ahead of the part computing:
-    #: the device memory prefetching holds beyond what the part at hand reads.
     ahead_inputs: int = 0
     ahead_bytes: int = 0
-    #: The host's time in waits for prefetched copies (on CUDA the device waits instead).
     wait_seconds: float = 0.0
 
     @classmethod

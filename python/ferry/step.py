@@ -128,7 +128,9 @@ class _Step:
 
 
 class StepOutputs(List[Tensor]):
-    """attention_step's outputs from KVWindows, with the Graph C built of them (step_graph)."""
+    """attention_step's outputs from KVWindows: a list of Tensor, one attention output per layer
+    (f32 [head_dim, n_head, 1, ns], unallocated until the scheduler runs them), holding the Graph C
+    built of them, which step_graph takes without building it again."""
 
     _graph: Graph
 
