@@ -117,6 +117,11 @@ class Closeable:
             raise FreedBufferError(f"{self._describe()} was closed")
         return ptr
 
+    @property
+    def _p(self) -> Any:
+        """The C pointer every call takes: _live()."""
+        return self._live()
+
     def __enter__(self: _C) -> _C:
         return self
 

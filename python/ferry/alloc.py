@@ -89,22 +89,9 @@ class GraphAllocator(Closeable):
         self._chunks: Dict[int, BorrowedBuffer] = {}
         self._graph: Optional[Graph] = None  # C remembers the last graph's tensors by address
 
-    @property
-    def _p(self) -> Any:
-        return self._live()
-
-    def close(self) -> None:
-        """Free every buffer now; tensors it placed become unusable (FreedBufferError). Idempotent."""
-        super().close()
-
     def _after_close(self) -> None:
         self._chunks.clear()
         self._graph = None
-
-    @property
-    def buffer_types(self) -> List[BufferType]:
-        """The buffer types, in the order reserve()'s indices count them."""
-        return list(self._types)
 
     def _ids(self, ids: Optional[Sequence[int]], n: int, what: str) -> Any:
         if ids is None:
@@ -148,6 +135,11 @@ class GraphAllocator(Closeable):
         self._graph = g
         adopt_placements(g._tensors.values(), self, self._handle, self._types, self._chunks)
 
+    @property
+    def buffer_types(self) -> List[BufferType]:
+        """The buffer types, in the order reserve()'s indices count them."""
+        return list(self._types)
+
     def buffer_size(self, buffer_type: int = 0) -> int:
         """Bytes over all chunks of the buffer type at index buffer_type."""
         return int(lib.ferry_gallocr_buffer_size(self._p, self._index(buffer_type)))
@@ -178,6 +170,7 @@ class GraphAllocator(Closeable):
         Parameters
         ----------
         tensor : Tensor
+            A node or leaf of that graph.
 
         Returns
         -------

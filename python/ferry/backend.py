@@ -6,17 +6,17 @@ import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import _checks, _pybuffer
-from ._binding import ffi, lib
+from ._binding import ffi, lib, query
 from ._handle import Closeable, Handle
 from .buffer import Buffer, BufferType
 from .errors import InvalidArgumentError, check
 from .event import Event
-from .stats import Stats
+from .stats import Counted
 from .tensor import Tensor, writable_data
 from .types import TypeLike
 
 
-class Backend(Closeable):
+class Backend(Closeable, Counted):
     """A place tensors live and are transferred to: its default buffer type, counters, async transfers.
 
     The *_async transfers keep the data objects they were given alive until synchronize(),
@@ -48,11 +48,6 @@ class Backend(Closeable):
         # a cycle that keeps a backend nobody holds alive until a collection.
         self._buffer_type_ref: Optional["weakref.ref[BufferType]"] = None
 
-    @property
-    def _p(self) -> Any:
-        """The ferry_backend*; FreedBufferError once closed."""
-        return self._live()
-
     def _describe(self) -> str:
         return f"{type(self).__name__} {self._name!r}"
 
@@ -61,10 +56,8 @@ class Backend(Closeable):
         """The backend's name ("CPU", "CUDA0", ...)."""
         return ffi.string(lib.ferry_backend_name(self._p)).decode()
 
-    @property
-    def has_2d(self) -> bool:
-        """Does the backend implement 2-D transfers itself (else each is a loop of plain ones)?"""
-        return bool(lib.ferry_backend_has_2d(self._p))
+    has_2d = query(lib.ferry_backend_has_2d, bool,
+                   "Does the backend implement 2-D transfers itself (else each is a loop of plain ones)?")
 
     @property
     def buffer_type(self) -> BufferType:
@@ -305,6 +298,7 @@ class Backend(Closeable):
         Parameters
         ----------
         event : Event
+            Recorded on any backend; this one waits on the device where it can.
 
         Raises
         ------
@@ -313,18 +307,8 @@ class Backend(Closeable):
         """
         _checks.instance(event, Event, "wait", article="an").wait(self)
 
-    # ------------------------------------------------------------ counters
-
-    @property
-    def stats(self) -> Stats:
-        """What went through this backend's transfer functions."""
-        out = ffi.new("ferry_stats *")
-        check(lib.ferry_backend_get_stats(self._p, out))
-        return Stats.from_c(out)
-
-    def reset_stats(self) -> None:
-        """Set every transfer counter of the backend to 0."""
-        lib.ferry_backend_reset_stats(self._p)
+    _get_stats = lib.ferry_backend_get_stats
+    _reset_stats = lib.ferry_backend_reset_stats
 
     def __repr__(self) -> str:
         if self.closed:

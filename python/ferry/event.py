@@ -9,7 +9,7 @@ wrap rather than by their class.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from . import _checks
 from ._binding import ffi, lib
@@ -52,10 +52,6 @@ class Event(Closeable):
         self.timing = bool(timing)
         self._handle = Handle(out[0], lib.ferry_event_free, backend._handle)
         self._finalizer = weakref.finalize(self, self._handle.release)
-
-    @property
-    def _p(self) -> Any:
-        return self._live()
 
     def _describe(self) -> str:
         return f"Event of {self._backend._describe()}"

@@ -159,10 +159,6 @@ class KVCache(Closeable):
             self._wrappers[which, layer] = t
         return t
 
-    @property
-    def _p(self) -> Any:
-        return self._live()
-
     def _after_close(self) -> None:
         self._wrappers.clear()
 
@@ -261,12 +257,8 @@ class KVCache(Closeable):
 
         Parameters
         ----------
-        n_kv : int
-            Cells read from the start of each stream.
-        s0 : int, optional
-            The first stream read.
-        s1 : int, optional
-            The last stream read (default: the cache's last).
+        n_kv, s0, s1 : int
+            As window() takes them (s0 and s1 optional).
 
         Returns
         -------

@@ -6,9 +6,10 @@ way a C struct becomes one."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Tuple
+from typing import Any, ClassVar, Dict, Tuple
 
 from ._binding import ffi, lib
+from .errors import check
 from .policy import CopyPolicy
 
 #: The transfer kinds, in ferry_xfer order: set, get, set_2d, get_2d, copy, memset.
@@ -65,8 +66,48 @@ class Stats:
         return f"<Stats {', '.join(moved) if moved else 'nothing moved'}>"
 
 
+class Counted:
+    """stats and reset_stats of an object whose C struct counts its transfers (a Buffer's, a
+    Backend's ferry_stats). A subclass names its C getter and resetter and has _p."""
+
+    _get_stats: ClassVar[Any]  # ferry_status (*)(const T *, ferry_stats *)
+    _reset_stats: ClassVar[Any]  # void (*)(T *)
+    _p: Any
+
+    @property
+    def stats(self) -> Stats:
+        """What was moved through the object: counts since it was made or reset_stats()."""
+        out = ffi.new("ferry_stats *")
+        check(type(self)._get_stats(self._p, out))
+        return Stats.from_c(out)
+
+    def reset_stats(self) -> None:
+        """Set every transfer counter to 0."""
+        type(self)._reset_stats(self._p)
+
+
 @dataclass(frozen=True)
-class CopyStats:
+class _CopyFigures:
+    """The figures of copies of inputs, one copy's (CopyStats) or a run's totals (SchedStats):
+    the same fields of ferry_copy_stats and ferry_sched_stats, each class saying what they mean."""
+
+    bytes_read: int
+    bytes_span: int
+    bytes_copied: int
+    copy_calls: int
+    impl_calls: int
+    copy_seconds: float
+
+    @staticmethod
+    def _figures(s: Any) -> Dict[str, Any]:
+        """The shared fields of the C struct s, by name."""
+        return {"bytes_read": int(s.bytes_read), "bytes_span": int(s.bytes_span), "bytes_copied": int(s.bytes_copied),
+                "copy_calls": int(s.copy_calls), "impl_calls": int(s.impl_calls),
+                "copy_seconds": float(s.copy_seconds)}
+
+
+@dataclass(frozen=True)
+class CopyStats(_CopyFigures):
     """What one copy of one input did (ferry_copy_stats): copy_input's result, and each
     Scheduler.inputs entry's figures for the last run.
 
@@ -92,22 +133,15 @@ class CopyStats:
     """
 
     path: CopyPolicy
-    bytes_read: int
-    bytes_span: int
-    bytes_copied: int
-    copy_calls: int
-    impl_calls: int
-    copy_seconds: float
 
     @classmethod
     def from_c(cls, s: Any) -> "CopyStats":
         """A CopyStats holding the values of the ferry_copy_stats cdata s."""
-        return cls(CopyPolicy(s.path), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied),
-                   int(s.copy_calls), int(s.impl_calls), float(s.copy_seconds))
+        return cls(path=CopyPolicy(s.path), **cls._figures(s))
 
 
 @dataclass(frozen=True)
-class SchedStats:
+class SchedStats(_CopyFigures):
     """What a Scheduler's last compute did (ferry_sched_stats): totals over all its inputs and
     splits for that one run, not cumulative; each compute starts them again from 0.
 
@@ -146,12 +180,6 @@ class SchedStats:
     """
 
     n_inputs: int
-    bytes_read: int
-    bytes_span: int
-    bytes_copied: int
-    copy_calls: int
-    impl_calls: int
-    copy_seconds: float
     compute_seconds: float
     prefetched: int = 0
     ahead_inputs: int = 0
@@ -161,6 +189,6 @@ class SchedStats:
     @classmethod
     def from_c(cls, s: Any) -> "SchedStats":
         """A SchedStats holding the values of the ferry_sched_stats cdata s."""
-        return cls(int(s.n_inputs), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied), int(s.copy_calls),
-                   int(s.impl_calls), float(s.copy_seconds), float(s.compute_seconds), int(s.prefetched),
-                   int(s.ahead_inputs), int(s.ahead_bytes), float(s.wait_seconds))
+        return cls(n_inputs=int(s.n_inputs), compute_seconds=float(s.compute_seconds), prefetched=int(s.prefetched),
+                   ahead_inputs=int(s.ahead_inputs), ahead_bytes=int(s.ahead_bytes),
+                   wait_seconds=float(s.wait_seconds), **cls._figures(s))

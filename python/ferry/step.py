@@ -187,6 +187,7 @@ def step_graph(outputs: Sequence[Tensor]) -> Graph:
     Returns
     -------
     Graph
+        Of the outputs, as the scheduler computes it.
 
     Raises
     ------
@@ -254,6 +255,7 @@ class StepGraph:
         Returns
         -------
         Graph
+            The step's graph: built for a new key, else the last one, reused.
 
         Raises
         ------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 import numpy as np
 
 from . import _checks, _pybuffer, export, quant
-from ._binding import ffi, lib
+from ._binding import ffi, lib, query
 from ._handle import Handle, release_when_collected
 from .errors import (
     FreedBufferError,
@@ -238,6 +238,7 @@ class Tensor:
         Returns
         -------
         Tensor
+            The view: dimension i of this tensor at axes[i].
 
         Raises
         ------
@@ -270,6 +271,7 @@ class Tensor:
         Returns
         -------
         Tensor
+            The view, over this tensor's memory.
 
         Raises
         ------
@@ -311,35 +313,18 @@ class Tensor:
         ne = self.ne
         return next((i + 1 for i in range(3, 0, -1) if ne[i] != 1), 1)
 
-    @property
-    def nbytes(self) -> int:
-        """The span from the first byte to the last (ggml's nbytes)."""
-        return int(lib.ferry_tensor_nbytes(self._p))
+    nbytes = query(lib.ferry_tensor_nbytes, int, "The span from the first byte to the last (ggml's nbytes).")
 
     @property
     def row_size(self) -> int:
         """Bytes of one row of ne[0] values (row_size(type, ne[0]))."""
         return row_size(self.type, self.ne[0])
 
-    @property
-    def nelements(self) -> int:
-        """Values (elements) in all dimensions."""
-        return int(lib.ferry_tensor_nelements(self._p))
-
-    @property
-    def nrows(self) -> int:
-        """Rows: ne[1] * ne[2] * ne[3]."""
-        return int(lib.ferry_tensor_nrows(self._p))
-
-    @property
-    def is_contiguous(self) -> bool:
-        """Whether the elements are packed in ggml order, without gaps."""
-        return bool(lib.ferry_tensor_is_contiguous(self._p))
-
-    @property
-    def is_view(self) -> bool:
-        """Whether the tensor views another's memory."""
-        return bool(lib.ferry_tensor_is_view(self._p))
+    nelements = query(lib.ferry_tensor_nelements, int, "Values (elements) in all dimensions.")
+    nrows = query(lib.ferry_tensor_nrows, int, "Rows: ne[1] * ne[2] * ne[3].")
+    is_contiguous = query(lib.ferry_tensor_is_contiguous, bool,
+                          "Whether the elements are packed in ggml order, without gaps.")
+    is_view = query(lib.ferry_tensor_is_view, bool, "Whether the tensor views another's memory.")
 
     def same_layout(self, other: "Tensor") -> bool:
         """Whether the Tensor other has this tensor's type, ne and nb."""
