@@ -646,7 +646,7 @@ class Tensor:
             return srcs_of(self) if srcs_of is not None else ()
         return tuple(t for t in self._deps if isinstance(t, Tensor))
 
-    # ------------------------------------------------------------ ops: ferry.ops documents each and calls these
+    # ------------------------------------------------------------ ops: ferry.ops builds each through these
 
     def _op(self, make: Callable[[Any, Any], int], operands: Tuple["Tensor", ...], name: Optional[str]) -> "Tensor":
         """The result of make in a new context: an op's node, keeping its operands alive."""
@@ -667,37 +667,6 @@ class Tensor:
     def __mul__(self, other: "Tensor") -> "Tensor":
         """ops.mul: self * other elementwise, other repeated over self."""
         return self._binary(lib.ferry_mul, other, "mul", None)
-
-    def scale(self, s: float, name: Optional[str] = None) -> "Tensor":
-        """ops.scale(self, s, name) as a method: self * s for a finite float s, a new unallocated Tensor."""
-        pa = self._p
-        f = _checks.as_f32(s, "scale")
-        return self._op(lambda ctx, out: lib.ferry_scale(ctx, pa, f, out), (self,), name)
-
-    def dup(self, type: Optional[TypeLike] = None, name: Optional[str] = None) -> "Tensor":
-        """ops.dup(self, type, name) as a method: a contiguous copy, of another type when type is given."""
-        pa = self._p
-        if type is None:
-            return self._op(lambda ctx, out: lib.ferry_dup(ctx, pa, out), (self,), name)
-        ty = to_type(type)
-        return self._op(lambda ctx, out: lib.ferry_dup_as(ctx, pa, ty.value, out), (self,), name)
-
-    def concat(self, other: "Tensor", dim: int, name: Optional[str] = None) -> "Tensor":
-        """ops.concat(self, other, dim, name) as a method: self and other joined along dim."""
-        pa, pb = self._p, _checks.instance(other, Tensor, "concat: b")._p
-        d = _checks.as_c_int(dim, "concat: dim")
-        return self._op(lambda ctx, out: lib.ferry_concat(ctx, pa, pb, d, out), (self, other), name)
-
-    def pad(self, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Optional[str] = None) -> "Tensor":
-        """ops.pad(self, p0, p1, p2, p3, name) as a method: p_i zeros appended at the end of dimension i."""
-        pa = self._p
-        p = [_checks.as_c_int(v, f"pad: p{i}") for i, v in enumerate((p0, p1, p2, p3))]
-        return self._op(lambda ctx, out: lib.ferry_pad(ctx, pa, p[0], p[1], p[2], p[3], out), (self,), name)
-
-    def mean(self, name: Optional[str] = None) -> "Tensor":
-        """ops.mean(self, name) as a method: the mean over dimension 0 (ne[0] becomes 1)."""
-        pa = self._p
-        return self._op(lambda ctx, out: lib.ferry_mean(ctx, pa, out), (self,), name)
 
     # ------------------------------------------------------------ display
 

@@ -185,7 +185,7 @@ def test_memory_no_one_reads_is_refused(cpu: ferry.CPUBackend) -> None:
 def test_scheduler_memory_is_refused(cpu: ferry.CPUBackend) -> None:
     """A scheduler's compute tensors move when it allocates again: a view of them could dangle."""
     a = ferry.Tensor.from_numpy(cpu, np.ones(8, np.float32), name="a")
-    out = a.scale(2.0, name="out").set_output()
+    out = ferry.scale(a, 2.0, name="out").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([cpu])
     sched.compute(graph)
@@ -283,7 +283,7 @@ def test_scheduler_over_a_kv_cache_in_numpy_arrays() -> None:
     es = k.type.size
     window = k.view([head_dim, n_head, n_kv, ns], [es, head_dim * es, k.nb[1], k.nb[2]], name="win")
     window = window.permute(0, 2, 1, 3)  # [head_dim, n_kv, n_head, ns]
-    out = window.dup(name="out").set_output()
+    out = ferry.dup(window, name="out").set_output()
     dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
     sched = ferry.Scheduler([dev, cpu])
     sched.pin(out, dev)

@@ -12,8 +12,8 @@ from ferry._binding import lib
 def _graph() -> tuple:
     """x (an input) read only by y = dup(x); z = dup(y) may then take x's bytes."""
     x = ferry.Tensor.new("f32", [256], name="x").set_input()
-    y = x.dup(name="y")
-    z = y.dup(name="z").set_output()
+    y = ferry.dup(x, name="y")
+    z = ferry.dup(y, name="z").set_output()
     return x, z, ferry.Graph(z)
 
 
@@ -49,8 +49,8 @@ def test_scheduler_keeps_input_copies_on_request() -> None:
     """Layers on the stand-in device reading CPU results by copy: one copy at a time, all kept."""
     cpu, standin = ferry.CPUBackend(), ferry.StandinBackend()
     x = ferry.Tensor.new("f32", [1024], name="x")
-    hs = [x.scale(float(layer), name=f"h{layer}").set_output() for layer in range(4)]
-    outs = [h.dup(name=f"out{layer}").set_output() for layer, h in enumerate(hs)]
+    hs = [ferry.scale(x, float(layer), name=f"h{layer}").set_output() for layer in range(4)]
+    outs = [ferry.dup(h, name=f"out{layer}").set_output() for layer, h in enumerate(hs)]
     g = ferry.Graph(*hs, *outs)
     sizes = {}
     for keep in (False, True):

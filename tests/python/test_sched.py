@@ -25,7 +25,7 @@ def _heart(policy: str, type_k: str, n_stream: int, n_kv: int, s0: int = 0, s1: 
     k_layer = kv.k(0)
     k_layer.set(pattern(k_layer.nbytes))
     k, _ = kv.window(0, n_kv, s0, s1)
-    out = k.dup(name="out").set_output()
+    out = ferry.dup(k, name="out").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy=policy)
     sched.pin(out, split)
@@ -100,7 +100,7 @@ def test_device_side_source_goes_flat() -> None:
     kv = ferry.KVCache("f16", "f16", 32, 2, 64, 4, backend=device)
     assert not kv.buffer.is_host
     k, _ = kv.window(0, 5, 0, 3)
-    out = k.dup().set_output()
+    out = ferry.dup(k).set_output()
     g = ferry.Graph(out)
     sched = ferry.Scheduler([split, device], policy="ranges")
     sched.pin(out, split)
@@ -124,8 +124,8 @@ def test_graph_read_by_cpu_op_same_numbers_under_both_policies() -> None:
         for stream in range(4):
             kv.set_stream("k", 0, stream, cache[stream])
         k, _ = kv.window(0, 7, 1, 3)
-        d = k.dup(name="d")
-        out = d.scale(0.5, name="out").set_output()
+        d = ferry.dup(k, name="d")
+        out = ferry.scale(d, 0.5, name="out").set_output()
         g = ferry.Graph(out)
         sched = ferry.Scheduler([split, cpu], policy=policy)
         sched.pin(d, split)
@@ -150,8 +150,8 @@ def test_compact_staging_holds_the_bytes_read() -> None:
         for stream in range(4):
             kv.set_stream("k", 0, stream, np.random.default_rng(stream).random((64, 16), dtype=np.float32))
         k, _ = kv.window(0, 7, 0, 3)
-        d = k.dup(name="d")
-        out = d.scale(0.5, name="out").set_output()
+        d = ferry.dup(k, name="d")
+        out = ferry.scale(d, 0.5, name="out").set_output()
         g = ferry.Graph(out)
         sched = ferry.Scheduler([split, cpu], policy="ranges", compact=compact)
         assert sched.compact is compact
@@ -176,7 +176,7 @@ def test_pins_clear() -> None:
     cpu, split = ferry.CPUBackend(), ferry.DummyBackend(real_memory=True)
     kv = ferry.KVCache("f32", "f32", 8, 1, 32, 2)
     k, _ = kv.window(0, 4, 0, 1)
-    out = k.dup(name="out").set_output()
+    out = ferry.dup(k, name="out").set_output()
     g = ferry.Graph(out)
     sched = ferry.Scheduler([cpu, split])
     sched.pin(out, split)
@@ -252,7 +252,7 @@ def test_scheduler_copies_end_at_the_next_alloc() -> None:
     with pytest.raises(ferry.UnsupportedError, match="belongs to a scheduler"):
         fresh.view([4])
     with pytest.raises(ferry.UnsupportedError):
-        fresh.dup()
+        ferry.dup(fresh)
     sched.close()
     with pytest.raises(ferry.FreedBufferError):
         fresh.get()
