@@ -2,13 +2,14 @@
 
 Python objects over the C library, in layers that import downward only:
 
-- the binding and its basics: errors (FerryError, a subclass per C status, with the C
-  message), element types, the counters (Stats, CopyStats, SchedStats), copy policies,
-  Copy2D;
+- the basics over the binding (ferry._binding, the cffi ffi and lib, which this face does not
+  export): errors (FerryError, a subclass per C status, with the C message), element types,
+  the counters (Stats, CopyStats, SchedStats), copy policies, Copy2D;
 - Tensor (ggml order: ne[0] fastest, byte strides nb);
 - buffers and backends: Buffer, BufferType, CPUBackend, StandinBackend (a GPU's stand-in),
   DummyBackend, CUDABackend, Event;
-- ops (add, mul, scale, dup, concat, pad, mean, attn_decode), Graph, GraphAllocator;
+- ops, functions as ggml's are (add, mul, scale, dup, concat, pad, mean, attn_decode; a + b and
+  a * b for add and mul), Graph, GraphAllocator;
 - copy plans and their cost (plan_copy, plan_of, CopyCostModel), the copy path;
 - the Scheduler, KVCache with its windows, and StepGraph (a decode step's graph, reused
   while its shape holds);
