@@ -3,23 +3,7 @@
  * scheduler that copies each split's inputs to the backend running the split.
  *
  * This header is the whole public ABI: it includes one header per concern, each in
- * lib/include/ferry/ and each naming the source files that implement it.
- *
- *   ferry/common.h   limits, errors, what was built     error.c, build-info.c
- *   ferry/tensor.h   types and tensors                  types.c, tensor.c
- *   ferry/backend.h  transfers, buffers, backends,      transfer.c, buffer.c, host-buffer.c,
- *                    events                             backend.c, cpu-backend.c, dummy-backend.c,
- *                                                       standin-backend.c, copy-queue.c, event.c
- *   ferry/graph.h    graphs, ops, the graph allocator   graph.c, ops.c, ops-cpu.c, ops-attn.c,
- *                                                       alloc.c, alloc-blocks.c
- *   ferry/kv.h       the KV cache and its windows       kv-cache.c
- *   ferry/copy.h     copy planning and the copy path    copy-plan.c, copy-compact.c, copy-path.c
- *   ferry/sched.h    the scheduler                      sched.c, sched-prefetch.c
- *   ferry/step.h     a decode step's attention, built   step-graph.c
- *                    in one call
- *   ferry/cuda.h     the CUDA backend                   cuda/
- *   ferry/interop.h  values of every type, foreign      quant.c, foreign-buffer.c, dlpack.c
- *                    memory, DLPack
+ * lib/include/ferry/ (docs/architecture.md says which sources implement each).
  *
  * The Python binding's cdef is this file run through the preprocessor with FERRY_CDEF
  * defined, so every header must stay plain C that cffi can read: system includes only

@@ -149,6 +149,25 @@ size_t ferry_buffer_size(const ferry_buffer * buf) { return buf ? buf->size : 0;
 ferry_buffer_type * ferry_buffer_get_type(const ferry_buffer * buf) { return buf ? buf->buft : NULL; }
 bool ferry_buffer_is_host(const ferry_buffer * buf) { return buf && ferry_buffer_type_is_host(buf->buft); }
 
+bool ferry_buffer_is_synthetic(const ferry_buffer * buf) {
+    return buf && buf->buft->iface.is_synthetic && buf->buft->iface.is_synthetic(buf->buft);
+}
+
+bool ferry_buffer_memory(const ferry_buffer * buf, ferry_memory_kind * kind, int * device) {
+    if (!buf || ferry_buffer_is_synthetic(buf)) {
+        return false;
+    }
+    if (buf->buft->iface.get_memory) {
+        return buf->buft->iface.get_memory(buf->buft, kind, device);
+    }
+    if (!ferry_buffer_is_host(buf)) {
+        return false;
+    }
+    *kind = FERRY_MEMORY_HOST;
+    *device = -1;
+    return true;
+}
+
 bool ferry_buffer_ptr_readable(const ferry_buffer * src, const ferry_buffer * dst) {
     return ferry_buffer_is_host(src) && (!ferry_buffer_is_synthetic(src) || ferry_buffer_is_synthetic(dst));
 }

@@ -5,13 +5,11 @@
 #define FERRY_VERSION "0.0.0"
 #endif
 
+/* Whether a device is usable now is the CUDA backend's to say (cuda/). */
 #ifdef FERRY_WITH_CUDA
-bool ferry_cuda_device_count_ok(void); /* cuda/ */
 bool ferry_built_with_cuda(void) { return true; }
-bool ferry_cuda_available(void) { return ferry_cuda_device_count_ok(); }
 #else
 bool ferry_built_with_cuda(void) { return false; }
-bool ferry_cuda_available(void) { return false; }
 #endif
 
 #ifdef FERRY_FAKE_CUDART

@@ -67,6 +67,12 @@ struct ferry_buffer_type_i {
     size_t (*get_max_size)(const ferry_buffer_type * buft);                            /* optional: SIZE_MAX */
     size_t (*get_alloc_size)(const ferry_buffer_type * buft, const ferry_tensor * t); /* optional: nbytes */
     bool   (*is_host)(const ferry_buffer_type * buft);
+    /* optional: false. Buffers of this type hand out addresses with nothing behind them
+     * (ferry_buffer_is_synthetic). */
+    bool   (*is_synthetic)(const ferry_buffer_type * buft);
+    /* optional: host memory where is_host, else none. Whose memory the buffers are, for
+     * another library to read at their addresses (ferry_tensor_memory): false for none. */
+    bool   (*get_memory)(const ferry_buffer_type * buft, ferry_memory_kind * kind, int * device);
 };
 
 struct ferry_buffer_type {
@@ -122,11 +128,14 @@ void ferry_stats_add(ferry_stats * s, ferry_xfer kind, uint64_t bytes, uint64_t 
 bool ferry_buffer_is_synthetic(const ferry_buffer * buf);
 bool ferry_buffer_ptr_readable(const ferry_buffer * src, const ferry_buffer * dst);
 bool ferry_buffer_ptr_writable(const ferry_buffer * dst, const ferry_buffer * src);
+/* Whose memory buf is, as its type's get_memory says; false for synthetic memory and for
+ * memory no other library may read directly. */
+bool ferry_buffer_memory(const ferry_buffer * buf, ferry_memory_kind * kind, int * device);
 
-/* Is buf CUDA device memory, and of which device (cuda-buffers.cu; always false without CUDA)? */
-bool ferry_cuda_buffer_device(const ferry_buffer * buf, int * device);
-
-/* Plain host memory buffers (the CPU buffer type, the dummy's real memory). */
+/* The plain host buffer type (host-buffer.c), named "CPU": the CPU backend's own, and that
+ * of host memory another library owns. */
+ferry_buffer_type * ferry_host_buffer_type(void);
+/* Plain host memory buffers (the host buffer type, the dummy's real memory). */
 ferry_status ferry_host_buffer_new(ferry_buffer_type * buft, size_t size, size_t alignment, ferry_buffer ** out);
 /* A host buffer around memory allocated elsewhere (pinned memory); release frees base. */
 ferry_status ferry_host_buffer_wrap(ferry_buffer_type * buft, void * base, size_t size, void (*release)(void * base),
@@ -143,7 +152,8 @@ struct ferry_backend_i {
     bool (*supports_buft)(ferry_backend * backend, ferry_buffer_type * buft);
     bool (*supports_op)(ferry_backend * backend, const ferry_tensor * op); /* optional: false */
 
-    /* optional: blocking buffer transfers */
+    /* optional: transfers queued on the backend, done by its next synchronize; without
+     * them a transfer is the buffer's own, done before the call returns */
     ferry_status (*set_tensor_async)(ferry_backend * backend, ferry_tensor * t, const void * data,
                                      size_t offset, size_t size);
     ferry_status (*get_tensor_async)(ferry_backend * backend, const ferry_tensor * t, void * data,

@@ -13,7 +13,7 @@ ferry_status ferry_host_buffer_from_ptr(void * base, size_t size, ferry_buffer *
         return ferry_fail(FERRY_ERR_INVALID_ARG, "host_buffer_from_ptr: %zu bytes at %p run past the address space",
                           size, base);
     }
-    return ferry_host_buffer_wrap(ferry_cpu_buffer_type(), base, size, leave_alone, out);
+    return ferry_host_buffer_wrap(ferry_host_buffer_type(), base, size, leave_alone, out);
 }
 
 ferry_status ferry_tensor_memory(const ferry_tensor * t, ferry_memory_kind * kind, int * device, void ** data) {
@@ -25,14 +25,7 @@ ferry_status ferry_tensor_memory(const ferry_tensor * t, ferry_memory_kind * kin
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "tensor '%s' lies in a %s buffer of synthetic addresses: "
                           "there is no memory behind it to read", t->name, name);
     }
-    int dev = -1;
-    if (ferry_buffer_is_host(buf)) {
-        *kind = FERRY_MEMORY_HOST;
-        *device = -1;
-    } else if (ferry_cuda_buffer_device(buf, &dev)) {
-        *kind = FERRY_MEMORY_CUDA;
-        *device = dev;
-    } else {
+    if (!ferry_buffer_memory(buf, kind, device)) {
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "tensor '%s' lies in a %s buffer, memory of a backend that "
                           "neither the host nor a CUDA device may read directly", t->name, name);
     }

@@ -1,5 +1,6 @@
-/* Buffers backed by plain host memory: the CPU buffer type and the dummy's real memory.
- * Transfers use memmove: the caller's memory may be this buffer's own (a copy between two
+/* Buffers backed by plain host memory, and their buffer type (the CPU backend's, and that of
+ * host memory another library owns); the dummy's real memory and pinned host memory use the
+ * buffers with types of their own. Transfers use memmove: the caller's memory may be this buffer's own (a copy between two
  * views of one tensor that overlap), where memcpy would be undefined. */
 #include "ferry-impl.h"
 
@@ -127,3 +128,37 @@ ferry_status ferry_host_buffer_wrap(ferry_buffer_type * buft, void * base, size_
     }
     return st;
 }
+
+/* ---------------------------------------------------------------- the host buffer type */
+
+#define HOST_ALIGNMENT 64
+
+static const char * host_buft_name(const ferry_buffer_type * buft) {
+    (void) buft;
+    return "CPU";
+}
+
+static ferry_status host_buft_alloc(ferry_buffer_type * buft, size_t size, ferry_buffer ** out) {
+    return ferry_host_buffer_new(buft, size, HOST_ALIGNMENT, out);
+}
+
+static size_t host_buft_alignment(const ferry_buffer_type * buft) {
+    (void) buft;
+    return HOST_ALIGNMENT;
+}
+
+static bool host_buft_is_host(const ferry_buffer_type * buft) {
+    (void) buft;
+    return true;
+}
+
+static ferry_buffer_type host_buffer_type = {
+    .iface = {
+        .get_name = host_buft_name,
+        .alloc_buffer = host_buft_alloc,
+        .get_alignment = host_buft_alignment,
+        .is_host = host_buft_is_host,
+    },
+};
+
+ferry_buffer_type * ferry_host_buffer_type(void) { return &host_buffer_type; }

@@ -79,7 +79,7 @@ static ferry_status check_values(const char * what, ferry_type type, const void 
         return ferry_fail(FERRY_ERR_LAYOUT, "%s: %lld values is not a whole number of %s blocks of %lld", what,
                           (long long) n, ferry_type_name(type), (long long) ferry_blck_size(type));
     }
-    FERRY_TRY(ferry_row_size(type, n, need)); /* fails only on overflow now */
+    FERRY_TRY(ferry_row_size(type, n, need)); /* whole blocks: fails only on overflow */
     if (*need > size) {
         return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: %lld %s values take %zu bytes, the memory given holds %zu",
                           what, (long long) n, ferry_type_name(type), *need, size);

@@ -11,6 +11,13 @@
 
 #define FERRY_SCHED_MAX_BACKENDS 16
 
+#ifdef FERRY_FAULT_INJECTION
+/* Test builds: the scheduler computes without waiting for its prefetched copies
+ * (sched-prefetch.c), and leaves them queued at the end of a run: the test that asks waits
+ * for the queues. */
+void ferry_fault_sched_drop_waits(bool drop);
+#endif
+
 typedef struct {
     ferry_tensor * node;
     int src;

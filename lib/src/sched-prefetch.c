@@ -4,7 +4,6 @@
  * for, and what is left to wait for and time after the run. The copies themselves are
  * ferry_copy_input_async (copy-path.c).
  */
-#include "copy-queue.h"
 #include "sched-impl.h"
 
 #include <stdlib.h>

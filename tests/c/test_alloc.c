@@ -507,7 +507,7 @@ static void sc_in_place_over_second_source(fx * f) {
 }
 SCENARIO(in_place_over_second_source, 64, 0)
 
-/* The issue's first example in small: mul(x0, x1) with x0 read later works in place over
+/* In place over an input: mul(x0, x1) with x0 read later works in place over
  * x1, an input; the add after it over the product. */
 static void sc_in_place_over_input(fx * f) {
     ferry_tensor *x0 = input_kb(f, 1, "x0"), *x1 = input_kb(f, 1, "x1"), *m, *o;

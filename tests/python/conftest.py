@@ -19,6 +19,9 @@ settings.load_profile(os.environ.get("FERRY_HYPOTHESIS_PROFILE", "repeatable"))
 
 SENTINEL = 0xA5
 
+# (name, bytes per block, values per block), written out here rather than read from ferry.
+TYPES = [("f32", 4, 1), ("f16", 2, 1), ("bf16", 2, 1), ("i32", 4, 1), ("q8_0", 34, 32), ("q4_0", 18, 32)]
+
 
 def pattern(n: int, seed: int = 0) -> bytes:
     """n bytes with a long period (never SENTINEL), so a misplaced byte is visible."""
@@ -41,3 +44,4 @@ def real_backend(request: pytest.FixtureRequest) -> ferry.Backend:
     if request.param == "cpu":
         return ferry.CPUBackend()
     return ferry.DummyBackend(real_memory=True, has_2d=request.param != "dummy_real_no_2d")
+

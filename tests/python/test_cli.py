@@ -1,6 +1,6 @@
 """One command line: every verb runs with no arguments, an option shared by name has the same choices
 and default in every verb, each verb's help says what it is for with an example, --version, and
-numbers out of range refused with a message naming the option."""
+numbers out of range refused with a message naming the option, and the demo."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 import ferry
+from ferry import cli
 from ferry.cli import VERBS, build_parser, main
 
 VERB_NAMES = [v.__name__.rsplit(".", 1)[1] for v in VERBS]
@@ -40,7 +41,7 @@ def shared_options() -> List[Tuple[str, Dict[str, argparse.Action]]]:
 
 
 def test_options_are_shared() -> None:
-    """The options the check below compares: those the issue names are among them."""
+    """The options the check below compares: these, shared by name across verbs, are among them."""
     names = {o for o, _ in shared_options()}
     assert {"--backend", "--type", "-c", "-npl", "--head-dim", "--kv-heads", "--model", "--json"} <= names
 
@@ -118,3 +119,14 @@ def test_bench_refuses_no_generated_tokens(capsys: pytest.CaptureFixture[str]) -
         main(["bench", "-ntg", "0"])
     assert e.value.code == 2 and "argument -ntg: 0 is out of range: 1.." in capsys.readouterr().err
     assert main(["table", "-ntg", "0"]) == 0
+
+
+def test_demo(capsys) -> None:
+    assert cli.main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "bytes read 4,734,976  span (nbytes) 20,193,280  ratio 4.26x" in out
+
+
+def test_demo_still_works(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    assert "ratio 4.26x" in capsys.readouterr().out

@@ -703,18 +703,29 @@ def test_plan_copy(ty: Any, ne: List[int], nb: List[int], offset: int) -> None:
                     want.update(range(start, start + unit))
     assert covered == want
     assert ferry.bytes_read(t) == len(want)
-    ferry.explain_tensor(t)
-    assert isinstance(ferry.plan_pays(t), bool)
-    assert ferry.plan_cost(copies) >= 0 and ferry.flat_cost(t.nbytes) >= 0
+    assert ferry.plan_of(t) == copies
+    ex = ferry.explain_tensor(t)  # the explanation describes the plan it stands for
+    if ex.nested:
+        assert ex.n_copies == len(copies) and all(c.size == ex.row for c in copies), (ex, copies)
+        assert ex.row * math.prod(count for count, _, _ in ex.dims) == len(want), (ex, copies)
+    else:
+        assert ex.n_copies is None
+    assert (ferry.plan_cost(copies) > 0) is bool(copies) and (ferry.flat_cost(t.nbytes) > 0) is (t.nbytes > 0)
+    assert ferry.plan_pays(t) is (bool(copies) and ferry.plan_cost(copies) < ferry.flat_cost(t.nbytes))
 
 
 @settings(max_examples=60 * SCALE, **SETTINGS)
 @given(st.lists(st.tuples(ints(0, 2**20), ints(0, 2**20), ints(0, 2**20), ints(0, 2**20)), max_size=4),
        st.sampled_from(["cpu", "gpu", "tpu"]), ints(-1, 2**40))
 def test_plan_cost_values(copies: List[Any], model: str, span: int) -> None:
-    attempt(lambda: ferry.plan_cost(copies, model))
+    p = attempt(lambda: ferry.plan_cost(copies, model))
+    assert (p is None) is (model == "tpu" or not all(0 <= x <= SIZE_MAX for c in copies for x in c))
+    if p is not None:  # every copy costs a call at least; the cost of a plan is the sum of its copies'
+        assert math.isfinite(p) and (p > 0) is bool(copies)
+        assert p == pytest.approx(sum(ferry.plan_cost([c], model) for c in copies))
     c = attempt(lambda: ferry.flat_cost(span, model))
-    assert c is None or (c >= 0 and math.isfinite(c))
+    assert (c is None) is (model == "tpu" or not 0 <= span <= SIZE_MAX)
+    assert c is None or (math.isfinite(c) and (c > 0) is (span > 0))
 
 
 # ---------------------------------------------------------------- copy_input between backends

@@ -105,17 +105,6 @@ def test_explicit_free_waits_for_the_consumer(cpu: ferry.CPUBackend) -> None:
         t.get()
 
 
-def test_kv_cache_exports_and_outlives_its_wrapper() -> None:
-    kv = ferry.KVCache("f16", "f16", head_dim=8, n_head_kv=2, n_ctx=16, n_stream=2)
-    k = kv.k(0)
-    k.set(np.arange(k.nelements, dtype=np.float16))
-    arr = np.asarray(k)
-    assert arr.shape == (2, 8, 16) and arr.dtype == np.float16
-    del kv, k
-    gc.collect()
-    np.testing.assert_array_equal(arr.reshape(-1), np.arange(256, dtype=np.float16))
-
-
 def test_dlpack_capsules_consumed_or_not_leak_nothing(cpu: ferry.CPUBackend) -> None:
     _, root, view = strided_window(cpu)
     before = settled()

@@ -115,12 +115,12 @@ def test_async_transfers_hold_their_data_until_synchronize(dummy_real: ferry.Dum
 
 
 def test_transfer_data_in_reference_cycles_does_not_crash_the_collector() -> None:
-    """The binding gives C its data through a memoryview exported to cffi. A transfer that failed
+    """The binding gives C its data through a memoryview exported to cffi. A transfer that fails
     after taking it, whose exception stays in a reference cycle (a frame that keeps its own
-    exception, as `except E as e: err = e` does), left that export alive in the cycle, and the
-    collector cleared the memoryview while cffi still held it: a segfault (found by
-    test_fuzz_api). Data of async transfers never synchronized, on a backend dropped in a cycle,
-    is the same case. Run in a child: before the fix it took the interpreter down."""
+    exception, as `except E as e: err = e` does), must not leave that export alive in the cycle:
+    the collector would clear the memoryview while cffi still holds it, a segfault. Data of async
+    transfers never synchronized, on a backend dropped in a cycle, is the same case. Run in a
+    child, so that a crash fails the test instead of ending pytest."""
     script = """
 import gc, numpy as np, ferry, ferry._binding
 cpu = ferry.CPUBackend()
@@ -181,3 +181,51 @@ print("alive")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "alive", out.stderr[-3000:]
+
+
+def test_handle_with_several_parents_frees_them_after_the_child() -> None:
+    freed = []
+    a = Handle("a", freed.append)
+    b = Handle("b", freed.append)
+    child = Handle("child", freed.append, [a, b, None, a])  # a counted once
+    a.release()
+    b.release()
+    assert freed == []
+    child.release()
+    assert freed == ["child", "a", "b"]
+
+
+def test_scheduler_cycles_finalized_in_any_order_do_not_crash() -> None:
+    """KV cache, window, graph, allocator, scheduler and its copies in one reference cycle, collected at
+    once, in a child process: a use-after-free would crash it."""
+    script = """
+import gc, ferry, numpy as np
+for i in range(100):
+    cpu = ferry.CPUBackend()
+    split = ferry.DummyBackend(real_memory=True)
+    kv = ferry.KVCache("f32", "f32", 8, 2, 64, 4, backend=cpu)
+    k, v = kv.window(0, 5, 1, 3)
+    out = ferry.scale(ferry.dup(k) + ferry.dup(k), 0.5).set_output()
+    g = ferry.Graph(out)
+    sched = ferry.Scheduler([split, cpu], policy="ranges")
+    sched.pin(out, split)
+    sched.compute(g)
+    copy = sched.inputs[0].copy
+    a = ferry.Tensor.new("f32", [8]).set_input()
+    g2 = ferry.Graph(ferry.scale(a, 2.0).set_output())
+    galloc = ferry.GraphAllocator(cpu)
+    galloc.alloc(g2)
+    bag = [cpu, split, kv, k, v, out, g, sched, copy, a, g2, galloc, galloc.chunks()[0], kv.buffer]
+    bag.append(bag)
+    if i % 3 == 0:
+        sched.close()
+        galloc.close()
+    del cpu, split, kv, k, v, out, g, sched, copy, a, g2, galloc, bag
+    if i % 25 == 0:
+        gc.collect()
+gc.collect()
+print("alive")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "alive"

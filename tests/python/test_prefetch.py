@@ -91,7 +91,7 @@ def test_prefetch_option() -> None:
 
 
 def test_cpu_split_has_nothing_to_prefetch() -> None:
-    """A backend without a copy queue (the CPU reads host memory: no inputs at all) runs as before."""
+    """A backend without a copy queue (the CPU reads host memory: no inputs at all) runs as without prefetching."""
     step = Step(ferry.CPUBackend())
     out0, st0 = step.run("ranges", False, 0)
     out, st = step.run("ranges", False, 2)

@@ -15,7 +15,7 @@
  *   git clone https://github.com/ggml-org/ggml /tmp/ggml-src   # or any checkout
  *   cmake -S /tmp/ggml-src -B /tmp/ggml-build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
  *         -DBUILD_SHARED_LIBS=ON && cmake --build /tmp/ggml-build --target ggml-base
- *   meson setup build/test && ninja -C build/test                # libferry.so
+ *   meson setup build/test && ninja -C build/test                # libferry_internal.a
  *   tools/alloc_compare/build /tmp/ggml-src /tmp/ggml-build build/test   # -> build/alloc_compare
  *   build/alloc_compare [-n GRAPHS] [-s FIRST_SEED] [-v] [-d SEED]
  *

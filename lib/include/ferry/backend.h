@@ -86,8 +86,8 @@ FERRY_API ferry_status ferry_tensor_check_transfer(const ferry_tensor * t, size_
 /* The flat copy of nbytes() between tensors of the same layout. */
 FERRY_API ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst);
 
-/* ---------------------------------------------------------------- backends (backend.c, cpu-backend.c
- * with host-buffer.c, dummy-backend.c, standin-backend.c, copy-queue.c) */
+/* ---------------------------------------------------------------- backends (backend.c; the CPU, dummy
+ * and stand-in backends in cpu/, dummy/ and standin/) */
 
 FERRY_API void         ferry_backend_free(ferry_backend * backend);
 FERRY_API const char * ferry_backend_name(const ferry_backend * backend);
@@ -115,7 +115,7 @@ FERRY_API ferry_status ferry_backend_synchronize(ferry_backend * backend);
 /*
  * The backend's copy queue: a second, ordered queue beside the one that computes, for
  * copies into the backend's memory (a CUDA backend's second stream; the stand-in device's
- * worker thread). It is a backend of its own for transfers and events (copy-queue.c):
+ * worker thread). It is a backend of its own for transfers and events (standin/copy-queue.c):
  * what is queued on it runs in order, overlapping the backend's compute, and the backend
  * waits for an event recorded on it with ferry_event_wait. *out is NULL, with FERRY_OK,
  * for a backend without one. Made at the first ask and owned by the backend.

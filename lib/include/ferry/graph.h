@@ -9,7 +9,7 @@ extern "C" {
 #endif
 
 /* ---------------------------------------------------------------- graphs and ops (graph.c; the
- * constructors ops.c; CPU kernels ops-cpu.c, ops-attn.c) */
+ * constructors ops.c; CPU kernels cpu/ops-cpu.c, cpu/ops-attn.c) */
 
 /*
  * Graphs and ops. An op constructor makes a new, unallocated, contiguous tensor in ctx

@@ -23,7 +23,7 @@ FERRY_API ferry_status ferry_quantize(ferry_type type, const float * src, int64_
 FERRY_API ferry_status ferry_dequantize(ferry_type type, const void * src, size_t src_size, int64_t n, float * dst);
 
 /* ---------------------------------------------------------------- foreign memory (foreign-buffer.c;
- * cuda-buffers.cu, cuda-off.c when CUDA is not compiled in) */
+ * cuda/cuda-buffers.cu, cuda/cuda-off.c when CUDA is not compiled in) */
 
 /* Who reads a tensor's bytes directly, for exporting them to other libraries. */
 typedef enum {

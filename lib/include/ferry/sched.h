@@ -101,8 +101,8 @@ FERRY_API bool         ferry_sched_get_compact(const ferry_sched * sched);
  * before the graph runs (memory of its own that no node writes: a KV window); they are
  * queued in part order (ferry_copy_input_async) as the part n_parts before theirs begins,
  * in memory the allocator keeps theirs from then on, and each part's compute waits on the
- * events of its own inputs only. Others, and backends without a copy queue, copy as
- * before. 0 (the default) is off: every figure and byte as without it. Takes effect at
+ * events of its own inputs only. Others, and backends without a copy queue, are copied
+ * just before their part runs. 0 (the default) is off: every figure and byte as without it. Takes effect at
  * the next alloc.
  */
 FERRY_API ferry_status ferry_sched_set_prefetch(ferry_sched * sched, int n_parts);

@@ -420,84 +420,77 @@ extern "C" ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out)
     return st;
 }
 
-extern "C" ferry_status ferry_cuda_backend_device(const ferry_backend * backend, int * out) {
-    FERRY_CHECK_ARG(backend && out, "cuda_backend_device: NULL argument");
+/* The context of a CUDA backend; INVALID_ARG for NULL or another backend, after what. */
+static ferry_status cuda_ctx_of(const ferry_backend * backend, const char * what, backend_ctx ** out) {
+    FERRY_CHECK_ARG(backend, "%s: NULL backend", what);
     if (!is_cuda_backend(backend)) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_device: %s is not a CUDA backend",
-                          ferry_backend_name(backend));
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: %s is not a CUDA backend", what, ferry_backend_name(backend));
     }
-    *out = ((backend_ctx *) backend->context)->device;
+    *out = (backend_ctx *) backend->context;
+    return FERRY_OK;
+}
+
+extern "C" ferry_status ferry_cuda_backend_device(const ferry_backend * backend, int * out) {
+    backend_ctx * ctx = nullptr;
+    FERRY_TRY(cuda_ctx_of(backend, "cuda_backend_device", &ctx));
+    FERRY_CHECK_ARG(out, "cuda_backend_device: NULL output");
+    *out = ctx->device;
     return FERRY_OK;
 }
 
 extern "C" ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_cuda_gather_params * params) {
-    FERRY_CHECK_ARG(backend && params, "cuda_backend_set_gather: NULL argument");
-    if (!is_cuda_backend(backend)) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_set_gather: %s is not a CUDA backend",
-                          ferry_backend_name(backend));
-    }
+    backend_ctx * ctx = nullptr;
+    FERRY_TRY(cuda_ctx_of(backend, "cuda_backend_set_gather", &ctx));
+    FERRY_CHECK_ARG(params, "cuda_backend_set_gather: NULL params");
     if (!ferry_cuda_gather_loads_ok(params->loads_per_thread)) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_set_gather: %d loads per thread (1, 2, 4, 8 or 16)",
                           params->loads_per_thread);
     }
-    ctx_of(backend)->gather = *params;
+    ctx->gather = *params;
     return FERRY_OK;
 }
 
-extern "C" ferry_status ferry_cuda_backend_set_fold(ferry_backend * backend, size_t fold_above) {
-    FERRY_CHECK_ARG(backend, "cuda_backend_set_fold: NULL backend");
-    if (!is_cuda_backend(backend)) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_set_fold: %s is not a CUDA backend",
-                          ferry_backend_name(backend));
+/* A copy option's setting and the copies made under it (get_gather, get_fold); either
+ * output may be NULL. */
+template <typename T>
+static ferry_status get_option(const ferry_backend * backend, const char * what, T backend_ctx::*option,
+                               uint64_t backend_ctx::*copies, T * option_out, uint64_t * copies_out) {
+    backend_ctx * ctx = nullptr;
+    FERRY_TRY(cuda_ctx_of(backend, what, &ctx));
+    if (option_out) {
+        *option_out = ctx->*option;
     }
-    ctx_of(backend)->fold_above = fold_above;
-    return FERRY_OK;
-}
-
-extern "C" ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t * fold_above,
-                                                    uint64_t * copies) {
-    FERRY_CHECK_ARG(backend, "cuda_backend_get_fold: NULL backend");
-    if (!is_cuda_backend(backend)) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_get_fold: %s is not a CUDA backend",
-                          ferry_backend_name(backend));
-    }
-    const backend_ctx * ctx = (const backend_ctx *) backend->context;
-    if (fold_above) {
-        *fold_above = ctx->fold_above;
-    }
-    if (copies) {
-        *copies = ctx->fold_copies;
+    if (copies_out) {
+        *copies_out = ctx->*copies;
     }
     return FERRY_OK;
 }
 
 extern "C" ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
                                                       uint64_t * copies) {
-    FERRY_CHECK_ARG(backend, "cuda_backend_get_gather: NULL backend");
-    if (!is_cuda_backend(backend)) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_get_gather: %s is not a CUDA backend",
-                          ferry_backend_name(backend));
-    }
-    const backend_ctx * ctx = (const backend_ctx *) backend->context;
-    if (params) {
-        *params = ctx->gather;
-    }
-    if (copies) {
-        *copies = ctx->gather_copies;
-    }
+    return get_option(backend, "cuda_backend_get_gather", &backend_ctx::gather, &backend_ctx::gather_copies, params,
+                      copies);
+}
+
+extern "C" ferry_status ferry_cuda_backend_set_fold(ferry_backend * backend, size_t fold_above) {
+    backend_ctx * ctx = nullptr;
+    FERRY_TRY(cuda_ctx_of(backend, "cuda_backend_set_fold", &ctx));
+    ctx->fold_above = fold_above;
     return FERRY_OK;
 }
 
+extern "C" ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t * fold_above,
+                                                    uint64_t * copies) {
+    return get_option(backend, "cuda_backend_get_fold", &backend_ctx::fold_above, &backend_ctx::fold_copies, fold_above,
+                      copies);
+}
+
 extern "C" ferry_status ferry_cuda_backend_hold(ferry_backend * backend, double microseconds) {
-    FERRY_CHECK_ARG(backend, "cuda_backend_hold: NULL backend");
-    if (!is_cuda_backend(backend)) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_hold: %s is not a CUDA backend",
-                          ferry_backend_name(backend));
-    }
+    backend_ctx * ctx = nullptr;
+    FERRY_TRY(cuda_ctx_of(backend, "cuda_backend_hold", &ctx));
     if (!(microseconds >= 0.0 && microseconds <= 1e6)) { /* NaN fails too */
         return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_hold: %g us is not in 0..1e6", microseconds);
     }
-    const backend_ctx * ctx = (const backend_ctx *) backend->context;
     CUDA_TRY(cudaSetDevice(ctx->device), "cuda_backend_hold: cudaSetDevice");
     CUDA_TRY(ferry_cuda_hold(microseconds, ctx->stream), "cuda_backend_hold: kernel launch");
     return FERRY_OK;

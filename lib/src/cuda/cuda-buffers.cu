@@ -186,16 +186,15 @@ extern "C" ferry_status ferry_cuda_buffer_from_ptr(int device, void * base, size
     return st;
 }
 
-bool ferry_cuda_buffer_device(const ferry_buffer * buf, int * device) {
-    if (!ferry_cuda_is_device_buffer(buf)) {
-        return false;
-    }
-    *device = ((const device_buffer_ctx *) buf->context)->device;
-    return true;
-}
-
 static size_t device_buft_alignment(const ferry_buffer_type *) { return FERRY_CUDA_ALIGNMENT; }
 static bool device_buft_is_host(const ferry_buffer_type *) { return false; }
+
+/* Memory of the type's device, which another library (DLPack, __cuda_array_interface__) reads there. */
+static bool device_buft_get_memory(const ferry_buffer_type * buft, ferry_memory_kind * kind, int * device) {
+    *kind = FERRY_MEMORY_CUDA;
+    *device = ((const device_buft_ctx *) buft->context)->device;
+    return true;
+}
 
 static device_buft_ctx device_buft_ctxs[FERRY_CUDA_MAX_DEVICES];
 ferry_buffer_type ferry_cuda_device_bufts[FERRY_CUDA_MAX_DEVICES];
@@ -210,6 +209,7 @@ static void init_device_bufts(void) {
         i.alloc_buffer = device_buft_alloc;
         i.get_alignment = device_buft_alignment;
         i.is_host = device_buft_is_host;
+        i.get_memory = device_buft_get_memory;
         ferry_cuda_device_bufts[d].iface = i;
         ferry_cuda_device_bufts[d].context = &device_buft_ctxs[d];
     }
@@ -269,25 +269,29 @@ static bool pinned_add(const void * base, size_t size) {
     return ok;
 }
 
+/* The range registered at base, or pinned_n if none; the caller holds pinned_lock. */
+static size_t pinned_find(const void * base) {
+    size_t i = 0;
+    while (i < pinned_n && pinned_ranges[i].base != base) {
+        i++;
+    }
+    return i;
+}
+
 /* Was a range registered at base? */
 static bool pinned_has(const void * base) {
     pthread_mutex_lock(&pinned_lock);
-    bool found = false;
-    for (size_t i = 0; i < pinned_n && !found; i++) {
-        found = pinned_ranges[i].base == base;
-    }
+    const bool found = pinned_find(base) < pinned_n;
     pthread_mutex_unlock(&pinned_lock);
     return found;
 }
 
 static bool pinned_remove(const void * base) {
     pthread_mutex_lock(&pinned_lock);
-    bool found = false;
-    for (size_t i = 0; i < pinned_n && !found; i++) {
-        if (pinned_ranges[i].base == base) {
-            pinned_ranges[i] = pinned_ranges[--pinned_n];
-            found = true;
-        }
+    const size_t i = pinned_find(base);
+    const bool found = i < pinned_n;
+    if (found) {
+        pinned_ranges[i] = pinned_ranges[--pinned_n];
     }
     if (pinned_n == 0) { /* nothing left: give the array back, so no leak is reported */
         free(pinned_ranges);
@@ -375,7 +379,7 @@ static size_t host_buft_alignment(const ferry_buffer_type *) { return FERRY_CUDA
 static bool host_buft_is_host(const ferry_buffer_type *) { return true; }
 
 static ferry_buffer_type host_buft = {
-    {host_buft_name, host_buft_alloc, host_buft_alignment, nullptr, nullptr, host_buft_is_host},
+    {host_buft_name, host_buft_alloc, host_buft_alignment, nullptr, nullptr, host_buft_is_host, nullptr, nullptr},
     nullptr,
 };
 

@@ -11,18 +11,15 @@
 
 #include <cuda_runtime.h>
 
-/* Shared between these files only: kept out of libferry's exports, which stay ferry.h's. */
-#define FERRY_CUDA_HIDDEN __attribute__((visibility("hidden")))
-
 /* The devices ferry addresses: the per-device buffer types and pitch limits are arrays of it. */
 #define FERRY_CUDA_MAX_DEVICES 16
 
 /* CUDA's error as a status with CUDA's message (cuda-device.cu); CUDA_TRY returns it. */
-FERRY_CUDA_HIDDEN ferry_status ferry_cuda_fail(cudaError_t err, const char * what);
+ferry_status ferry_cuda_fail(cudaError_t err, const char * what);
 
 /* FERRY_ERR_BACKEND with a clear message after a sticky CUDA error (a launch failure, an
  * illegal address): the context is lost and the backend refuses work instead of trying it. */
-FERRY_CUDA_HIDDEN ferry_status ferry_cuda_check_context(const char * what);
+ferry_status ferry_cuda_check_context(const char * what);
 
 #define CUDA_TRY(call, what)                               \
     do {                                                   \
@@ -33,12 +30,12 @@ FERRY_CUDA_HIDDEN ferry_status ferry_cuda_check_context(const char * what);
     } while (0)
 
 /* The device count and CUDA's error (cuda-device.cu): host_unregister syncs every device. */
-FERRY_CUDA_HIDDEN cudaError_t ferry_cuda_count_devices(int * out);
+cudaError_t ferry_cuda_count_devices(int * out);
 /* FERRY_OK if device is usable, else why, after what (cuda-device.cu): every buffer type and the backend check. */
-FERRY_CUDA_HIDDEN ferry_status ferry_cuda_check_device(int device, const char * what);
+ferry_status ferry_cuda_check_device(int device, const char * what);
 /* One 2-D copy on the current device (cuda-device.cu): the buffers' blocking copies and the backend's queued ones. */
-FERRY_CUDA_HIDDEN cudaError_t ferry_cuda_copy_2d(void * dst, size_t dpitch, const void * src, size_t spitch,
-                                                 size_t width, size_t height, cudaStream_t stream);
+cudaError_t ferry_cuda_copy_2d(void * dst, size_t dpitch, const void * src, size_t spitch,
+                               size_t width, size_t height, cudaStream_t stream);
 
 /* Where offset bytes into t's data lie: every transfer, in the buffers and the backend, starts there. */
 static inline char * tensor_at(const ferry_tensor * t, size_t offset) { return (char *) ferry_tensor_data(t) + offset; }
@@ -56,12 +53,12 @@ struct device_buffer_ctx {
 };
 
 /* One buffer type per device (cuda-buffers.cu), made by ferry_cuda_buffer_type: the backend's default. */
-extern FERRY_CUDA_HIDDEN ferry_buffer_type ferry_cuda_device_bufts[FERRY_CUDA_MAX_DEVICES];
+extern ferry_buffer_type ferry_cuda_device_bufts[FERRY_CUDA_MAX_DEVICES];
 /* Is this a CUDA device buffer / buffer type (cuda-buffers.cu)? The backend's copies and buffer check ask. */
-FERRY_CUDA_HIDDEN bool ferry_cuda_is_device_buffer(const ferry_buffer * buf);
-FERRY_CUDA_HIDDEN bool ferry_cuda_is_device_buft(const ferry_buffer_type * buft);
+bool ferry_cuda_is_device_buffer(const ferry_buffer * buf);
+bool ferry_cuda_is_device_buft(const ferry_buffer_type * buft);
 
 /* Is [p, p + len) inside one pinned range the device maps (cuda-buffers.cu)? The gather rule asks. */
-FERRY_CUDA_HIDDEN bool ferry_cuda_pinned_mapped(const void * p, size_t len);
+bool ferry_cuda_pinned_mapped(const void * p, size_t len);
 
 #endif

@@ -81,8 +81,7 @@ extern "C" ferry_status ferry_cuda_device_count(int * out) {
     return FERRY_OK;
 }
 
-/* build-info.c: ferry_cuda_available() */
-extern "C" bool ferry_cuda_device_count_ok(void) {
+extern "C" bool ferry_cuda_available(void) {
     int n = 0;
     return ferry_cuda_count_devices(&n) == cudaSuccess && n > 0;
 }

@@ -12,20 +12,17 @@ ferry_status ferry_cuda_device_count(int * out) {
 }
 
 ferry_status ferry_cuda_backend_new(int device, ferry_backend ** out) {
-    (void) device;
-    (void) out;
+    (void) device, (void) out;
     return NO_CUDA("cuda_backend_new");
 }
 
 ferry_status ferry_cuda_backend_device(const ferry_backend * backend, int * out) {
-    (void) backend;
-    (void) out;
+    (void) backend, (void) out;
     return NO_CUDA("cuda_backend_device");
 }
 
 ferry_status ferry_cuda_buffer_type(int device, ferry_buffer_type ** out) {
-    (void) device;
-    (void) out;
+    (void) device, (void) out;
     return NO_CUDA("cuda_buffer_type");
 }
 
@@ -35,8 +32,7 @@ ferry_status ferry_cuda_host_buffer_type(ferry_buffer_type ** out) {
 }
 
 ferry_status ferry_cuda_host_register(void * ptr, size_t size) {
-    (void) ptr;
-    (void) size;
+    (void) ptr, (void) size;
     return NO_CUDA("cuda_host_register");
 }
 
@@ -51,48 +47,34 @@ ferry_cuda_gather_params ferry_cuda_gather_default_params(void) {
 }
 
 ferry_status ferry_cuda_backend_set_gather(ferry_backend * backend, const ferry_cuda_gather_params * params) {
-    (void) backend;
-    (void) params;
+    (void) backend, (void) params;
     return NO_CUDA("cuda_backend_set_gather");
 }
 
 ferry_status ferry_cuda_backend_get_gather(const ferry_backend * backend, ferry_cuda_gather_params * params,
                                            uint64_t * copies) {
-    (void) backend;
-    (void) params;
-    (void) copies;
+    (void) backend, (void) params, (void) copies;
     return NO_CUDA("cuda_backend_get_gather");
 }
 
 ferry_status ferry_cuda_backend_set_fold(ferry_backend * backend, size_t fold_above) {
-    (void) backend;
-    (void) fold_above;
+    (void) backend, (void) fold_above;
     return NO_CUDA("cuda_backend_set_fold");
 }
 
 ferry_status ferry_cuda_backend_get_fold(const ferry_backend * backend, size_t * fold_above, uint64_t * copies) {
-    (void) backend;
-    (void) fold_above;
-    (void) copies;
+    (void) backend, (void) fold_above, (void) copies;
     return NO_CUDA("cuda_backend_get_fold");
 }
 
 ferry_status ferry_cuda_backend_hold(ferry_backend * backend, double microseconds) {
-    (void) backend;
-    (void) microseconds;
+    (void) backend, (void) microseconds;
     return NO_CUDA("cuda_backend_hold");
 }
 
 ferry_status ferry_cuda_buffer_from_ptr(int device, void * base, size_t size, ferry_buffer ** out) {
-    (void) device;
-    (void) base;
-    (void) size;
-    (void) out;
+    (void) device, (void) base, (void) size, (void) out;
     return NO_CUDA("cuda_buffer_from_ptr");
 }
 
-bool ferry_cuda_buffer_device(const ferry_buffer * buf, int * device) {
-    (void) buf;
-    (void) device;
-    return false;
-}
+bool ferry_cuda_available(void) { return false; }

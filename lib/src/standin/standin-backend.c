@@ -1,13 +1,13 @@
 /*
  * The stand-in device: what a GPU split looks like on a machine without one. It is
- * the dummy backend with real memory (dummy-backend.c), not host memory to anyone and
+ * the dummy backend with real memory (dummy/), not host memory to anyone and
  * using only its own buffers, so every input of a split on it arrives by the
  * scheduler's copy path as it would on a GPU; it computes with the CPU kernels and
  * claims no op they cannot do. Its copy queue is a worker thread (copy-queue.c): what
  * a CUDA copy stream is to a GPU's compute, on the host's other core.
  */
 #include "copy-queue.h"
-#include "graph-impl.h"
+#include "dummy/dummy-impl.h"
 
 ferry_status ferry_standin_backend_new(ferry_backend ** out) {
     FERRY_CHECK_ARG(out, "standin_backend_new: NULL output");

@@ -1,4 +1,5 @@
-/* Copy queues (copy-queue.c): a worker thread as a backend's second, ordered queue. */
+/* The stand-in's copy queue (copy-queue.c): a worker thread as a backend's second, ordered
+ * queue. */
 #ifndef FERRY_COPY_QUEUE_H
 #define FERRY_COPY_QUEUE_H
 
@@ -13,9 +14,6 @@ ferry_status ferry_worker_copy_queue_new(ferry_backend * parent, ferry_backend *
 /* Test builds: while paused, no worker thread starts its next job (tests/c/test_prefetch.c
  * holds copies back to show what a missing wait reads). */
 void ferry_fault_copy_queue_pause(bool pause);
-/* Test builds: the scheduler computes without waiting for its prefetched copies (sched.c),
- * and leaves them queued at the end of a run: the test that asks waits for the queues. */
-void ferry_fault_sched_drop_waits(bool drop);
 #endif
 
 #endif

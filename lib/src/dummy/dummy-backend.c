@@ -3,7 +3,8 @@
  * buffers hand out synthetic addresses (transfers checked and counted, not done), or
  * with real_memory are host memory that other backends are told is not host.
  */
-#include "graph-impl.h"
+#include "dummy-impl.h"
+#include "cpu/cpu-impl.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -50,6 +51,11 @@ static bool dummy_buft_is_host(const ferry_buffer_type * buft) {
     return ((const dummy_ctx *) buft->context)->params.is_host;
 }
 
+/* Without real memory every buffer of the type is synthetic (the buffers below). */
+static bool dummy_buft_is_synthetic(const ferry_buffer_type * buft) {
+    return !((const dummy_ctx *) buft->context)->params.real_memory;
+}
+
 /* ---------------------------------------------------------------- synthetic buffers */
 
 static void synthetic_free(ferry_buffer * buf) { (void) buf; }
@@ -90,8 +96,6 @@ static ferry_status synthetic_clear(ferry_buffer * buf, uint8_t value) {
     return FERRY_OK;
 }
 
-bool ferry_buffer_is_synthetic(const ferry_buffer * buf) { return buf && buf->iface.get_base == synthetic_get_base; }
-
 static const struct ferry_buffer_i synthetic_iface = {
     .free_buffer = synthetic_free,
     .get_base = synthetic_get_base,
@@ -130,20 +134,6 @@ static ferry_buffer_type * dummy_default_buft(ferry_backend * backend) {
 
 static bool dummy_supports_buft(ferry_backend * backend, ferry_buffer_type * buft) {
     return buft == &((dummy_ctx *) backend->context)->buft;
-}
-
-static ferry_status dummy_set_2d(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
-                                 size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
-    (void) backend;
-    ferry_buffer * buf = ferry_tensor_buffer(t);
-    return buf->iface.set_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
-}
-
-static ferry_status dummy_get_2d(ferry_backend * backend, const ferry_tensor * t, void * data, size_t offset,
-                                 size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
-    (void) backend;
-    ferry_buffer * buf = ferry_tensor_buffer(t);
-    return buf->iface.get_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
 }
 
 /* Dry runs claim every op; only real memory computes, on the CPU kernels. */
@@ -189,6 +179,7 @@ static ferry_status dummy_new(const ferry_dummy_params * params, const char * na
         .get_alignment = dummy_buft_alignment,
         .get_max_size = dummy_buft_max_size,
         .is_host = dummy_buft_is_host,
+        .is_synthetic = dummy_buft_is_synthetic,
     };
     ctx->buft.context = ctx;
     struct ferry_backend_i iface = {
@@ -200,8 +191,8 @@ static ferry_status dummy_new(const ferry_dummy_params * params, const char * na
         .graph_compute = dummy_graph_compute,
     };
     if (p.has_2d) {
-        iface.set_tensor_2d_async = dummy_set_2d;
-        iface.get_tensor_2d_async = dummy_get_2d;
+        iface.set_tensor_2d_async = ferry_cpu_set_tensor_2d; /* host memory, or nothing to move */
+        iface.get_tensor_2d_async = ferry_cpu_get_tensor_2d;
     }
     const ferry_status st = ferry_backend_init(iface, ctx, out);
     if (st != FERRY_OK) {

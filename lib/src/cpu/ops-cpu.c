@@ -1,7 +1,7 @@
 /* CPU kernels. Every source is read strictly through its ne/nb, so views of any
  * strides work; results are written through theirs too. Arithmetic is done in f32
  * for the float types (f32, f16, bf16); copies of other types move element bytes. */
-#include "graph-impl.h"
+#include "cpu-impl.h"
 
 #include <string.h>
 

@@ -1,4 +1,5 @@
-"""The dummy backend: synthetic addresses, alignment, max buffer size; transfers counted, not done."""
+"""Backends and buffer types: which backend uses which buffer type, buffer usage, host or not, and the
+dummy backend (synthetic addresses, alignment, max buffer size; transfers counted, not done)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,31 @@ def test_synthetic_writes_do_not_land() -> None:
     t.set(pattern(32))
     assert t.get() == bytes(32)
     assert t.buffer.stats.bytes["set"] == 32 and t.buffer.stats.bytes["get"] == 32
+
+
+def test_buffer_types_and_support() -> None:
+    cpu, dummy = ferry.CPUBackend(), ferry.DummyBackend(real_memory=True)
+    assert cpu.buffer_type == ferry.cpu_buffer_type() and cpu.buffer_type.is_host
+    assert dummy.buffer_type.name == "Dummy" and not dummy.buffer_type.is_host
+    assert ferry.DummyBackend().buffer_type.name == "Dummy(synthetic)"
+    assert cpu.supports_buffer_type(ferry.cpu_buffer_type())
+    assert not cpu.supports_buffer_type(dummy.buffer_type)
+    assert dummy.supports_buffer_type(dummy.buffer_type)
+    assert not dummy.supports_buffer_type(ferry.DummyBackend(real_memory=True).buffer_type)
+    assert cpu.has_2d and not ferry.DummyBackend(has_2d=False).has_2d
+
+
+def test_buffer_usage_and_size(cpu: ferry.CPUBackend) -> None:
+    buf = cpu.alloc_buffer(100)
+    assert buf.size == 100 and buf.is_host and buf.usage == "any"
+    buf.usage = "weights"
+    assert buf.usage == "weights"
+    with pytest.raises(ferry.InvalidArgumentError, match="'scratch' is not one of any, weights, compute"):
+        buf.usage = "scratch"
+    assert buf.usage == "weights"
+
+
+def test_dummy_is_host() -> None:
+    host = ferry.DummyBackend(is_host=True)
+    assert host.is_host and host.buffer_type.is_host and host.alloc_buffer(64).is_host
+    assert not ferry.DummyBackend().buffer_type.is_host

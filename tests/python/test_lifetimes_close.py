@@ -117,7 +117,7 @@ def test_use_after_close_raises_freed_naming_the_object(case: Case) -> None:
     case.obj.close()
     with pytest.raises(ferry.FreedBufferError, match=f"^{case.name}"):
         case.use()
-    repr(case.obj)  # still printable
+    assert repr(case.obj).endswith((" closed>", ", freed>"))  # still printable, and says it is closed
 
 
 def test_with_closes(case: Case) -> None:
@@ -155,23 +155,6 @@ def test_closing_a_backend_leaves_its_buffers_working_and_frees_it_after_them() 
     assert backend._handle.ptr is None  # the last child went: the backend with it
     with pytest.raises(ferry.FreedBufferError):
         t.get()
-
-
-def test_closing_a_kv_cache_keeps_the_windows_taken_before() -> None:
-    kv = ferry.KVCache("f32", "f32", 4, 1, 16, 2)
-    layer = kv.k(0)
-    layer.set(bytes(range(layer.nbytes)))
-    k, v = kv.window(0, 3)
-    buffer_id = kv.buffer.id
-    kv.close()
-    with pytest.raises(ferry.FreedBufferError, match="KVCache"):
-        kv.window(0, 3)
-    with pytest.raises(ferry.FreedBufferError):
-        layer.get()  # the layer tensors are the cache's own
-    assert lib.ferry_buffer_id_is_live(buffer_id)  # the windows hold the memory
-    assert k.get(0, 16) == bytes(range(16))
-    del k, v
-    assert not lib.ferry_buffer_id_is_live(buffer_id)
 
 
 def test_closing_a_backend_leaves_its_scheduler_working() -> None:

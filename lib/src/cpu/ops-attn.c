@@ -13,7 +13,7 @@
  * untransposed V adds p_j * v_j cell by cell. f32 is enough: the tests hold it to
  * a float64 reference within 2e-6, relative to 1 + |value|.
  */
-#include "graph-impl.h"
+#include "cpu-impl.h"
 
 #include <math.h>
 #include <stdlib.h>
