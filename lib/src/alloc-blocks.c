@@ -36,15 +36,11 @@ size_t ferry_blocks_round(const ferry_blocks * b, size_t size) {
 }
 
 static ferry_status insert_block(ferry_chunk * c, int at, ferry_block blk) {
-    if (c->n_free == c->cap_free) {
-        const int cap = c->cap_free ? 2 * c->cap_free : 8;
-        ferry_block * grown = ferry_realloc(c->free, (size_t) cap * sizeof(*grown));
-        if (!grown) {
-            return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "allocator: out of memory");
-        }
-        c->free = grown;
-        c->cap_free = cap;
+    ferry_block * grown = ferry_grow(c->free, &c->cap_free, (size_t) c->n_free + 1, sizeof(*grown));
+    if (!grown) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "allocator: out of memory");
     }
+    c->free = grown;
     memmove(&c->free[at + 1], &c->free[at], (size_t) (c->n_free - at) * sizeof(*c->free));
     c->free[at] = blk;
     c->n_free++;

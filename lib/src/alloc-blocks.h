@@ -12,7 +12,8 @@ typedef struct {
 
 typedef struct {
     ferry_block * free; /* sorted by offset, never adjacent; the last may run to cap */
-    int n_free, cap_free;
+    int n_free;
+    size_t cap_free;
     size_t cap;  /* the most this chunk may hold: the max size, or one oversized tensor */
     size_t high; /* what it needs: the highest end of anything placed in it */
 } ferry_chunk;

@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #ifdef __cplusplus
@@ -36,6 +37,27 @@ static inline void * ferry_calloc(size_t n, size_t size) { return FERRY_ALLOC_FA
 static inline void * ferry_realloc(void * p, size_t size) { return FERRY_ALLOC_FAILS() ? NULL : realloc(p, size); }
 static inline void * ferry_aligned_alloc(size_t alignment, size_t size) {
     return FERRY_ALLOC_FAILS() ? NULL : aligned_alloc(alignment, size);
+}
+
+/* The one growable array: items (*cap of item_size bytes each) able to hold need of them.
+ * items itself when it can, else a copy of twice the capacity (16 at least) and *cap
+ * updated; NULL when out of memory or past size_t, items and *cap then as they were. */
+static inline void * ferry_grow(void * items, size_t * cap, size_t need, size_t item_size) {
+    if (need <= *cap) {
+        return items;
+    }
+    size_t n = *cap ? *cap : 8;
+    do {
+        if (n > SIZE_MAX / 2 / item_size) {
+            return NULL;
+        }
+        n *= 2;
+    } while (n < need);
+    void * grown = ferry_realloc(items, n * item_size);
+    if (grown) {
+        *cap = n;
+    }
+    return grown;
 }
 
 #ifdef __cplusplus

@@ -5,9 +5,9 @@
 #include <string.h>
 
 ferry_status ferry_backend_init(struct ferry_backend_i iface, void * context, ferry_backend ** out) {
-    ferry_backend * backend = ferry_calloc(1, sizeof(*backend));
+    ferry_backend * backend = ferry_zalloc(sizeof(*backend), "backend");
     if (!backend) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "backend: out of memory");
+        return FERRY_ERR_OUT_OF_MEMORY;
     }
     backend->iface = iface;
     backend->context = context;
@@ -64,111 +64,90 @@ static ferry_status check_backend_tensor(ferry_backend * backend, const ferry_te
     return FERRY_OK;
 }
 
-ferry_status ferry_backend_tensor_set_async(ferry_backend * backend, ferry_tensor * t, const void * data,
-                                            size_t offset, size_t size) {
-    FERRY_TRY(check_backend_tensor(backend, t, "tensor_set_async"));
-    if (!backend->iface.set_tensor_async) {
-        FERRY_TRY(ferry_tensor_set(t, data, offset, size));
+/* One row at offset, set writing t: the backend's async transfer, else the buffer's blocking one. */
+static ferry_status row_async(ferry_backend * backend, bool set, ferry_tensor * t, char * data, size_t offset,
+                              size_t size) {
+    if (set && backend->iface.set_tensor_async) {
+        return backend->iface.set_tensor_async(backend, t, data, offset, size);
+    }
+    if (!set && backend->iface.get_tensor_async) {
+        return backend->iface.get_tensor_async(backend, t, data, offset, size);
+    }
+    return ferry_buffer_transfer(ferry_tensor_buffer(t), set, t, data, offset, size);
+}
+
+/* An async transfer: the backend's own, or the blocking one (counted as the buffer's). */
+static ferry_status transfer_async(ferry_backend * backend, bool set, ferry_tensor * t, char * data, size_t offset,
+                                   size_t size) {
+    const char * what = set ? "tensor_set_async" : "tensor_get_async";
+    const ferry_xfer kind = set ? FERRY_XFER_SET : FERRY_XFER_GET;
+    FERRY_TRY(check_backend_tensor(backend, t, what));
+    if (set ? !backend->iface.set_tensor_async : !backend->iface.get_tensor_async) {
+        FERRY_TRY(ferry_transfer_1d(set, t, data, offset, size));
     } else {
-        FERRY_TRY(ferry_check_transfer(t, data, offset, size, 1, 0, "tensor_set_async"));
+        FERRY_TRY(ferry_check_transfer(t, data, offset, size, 1, 0, what));
         if (size == 0) {
             return FERRY_OK;
         }
-        FERRY_TRY(backend->iface.set_tensor_async(backend, t, data, offset, size));
-        ferry_stats_add(&ferry_tensor_buffer(t)->stats, FERRY_XFER_SET, size, 1);
+        FERRY_TRY(row_async(backend, set, t, data, offset, size));
+        ferry_stats_add(&ferry_tensor_buffer(t)->stats, kind, size, 1);
     }
     if (size) {
-        ferry_stats_add(&backend->stats, FERRY_XFER_SET, size, 1);
+        ferry_stats_add(&backend->stats, kind, size, 1);
     }
     return FERRY_OK;
+}
+
+ferry_status ferry_backend_tensor_set_async(ferry_backend * backend, ferry_tensor * t, const void * data,
+                                            size_t offset, size_t size) {
+    return transfer_async(backend, true, t, (char *) data, offset, size); /* a set only reads data */
 }
 
 ferry_status ferry_backend_tensor_get_async(ferry_backend * backend, const ferry_tensor * t, void * data,
                                             size_t offset, size_t size) {
-    FERRY_TRY(check_backend_tensor(backend, t, "tensor_get_async"));
-    if (!backend->iface.get_tensor_async) {
-        FERRY_TRY(ferry_tensor_get(t, data, offset, size));
-    } else {
-        FERRY_TRY(ferry_check_transfer(t, data, offset, size, 1, 0, "tensor_get_async"));
-        if (size == 0) {
-            return FERRY_OK;
-        }
-        FERRY_TRY(backend->iface.get_tensor_async(backend, t, data, offset, size));
-        ferry_stats_add(&ferry_tensor_buffer(t)->stats, FERRY_XFER_GET, size, 1);
-    }
-    if (size) {
-        ferry_stats_add(&backend->stats, FERRY_XFER_GET, size, 1);
-    }
-    return FERRY_OK;
+    return transfer_async(backend, false, (ferry_tensor *) t, data, offset, size); /* a get only reads t */
 }
 
-/* 2-D transfers: the backend's own, or a loop of plain async transfers (n_copies <= 1: one). */
-ferry_status ferry_backend_tensor_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data,
-                                               size_t offset, size_t size, size_t n_copies, size_t stride_tensor,
-                                               size_t stride_data) {
-    FERRY_TRY(check_backend_tensor(backend, t, "tensor_set_2d_async"));
-    FERRY_TRY(ferry_check_transfer(t, data, offset, size, n_copies, stride_tensor, "tensor_set_2d_async"));
-    if (n_copies > 1 && (stride_tensor < size || stride_data < size)) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "tensor_set_2d_async: strides (tensor %zu, data %zu) are smaller than "
-                          "the row of %zu bytes", stride_tensor, stride_data, size);
-    }
+/* 2-D transfers: the backend's own, or a loop of row_async (n_copies <= 1: one). */
+static ferry_status transfer_2d_async(ferry_backend * backend, bool set, ferry_tensor * t, char * data,
+                                      size_t offset, size_t size, size_t n_copies, size_t stride_tensor,
+                                      size_t stride_data) {
+    const char * what = set ? "tensor_set_2d_async" : "tensor_get_2d_async";
+    FERRY_TRY(check_backend_tensor(backend, t, what));
+    FERRY_TRY(ferry_check_transfer_2d(t, data, offset, size, n_copies, stride_tensor, stride_data, what));
     if (size == 0 || n_copies == 0) {
         return FERRY_OK;
     }
-    ferry_buffer * buf = ferry_tensor_buffer(t);
     uint64_t impl_calls = 1;
-    if (backend->iface.set_tensor_2d_async && n_copies > 1) {
+    if (n_copies > 1 && set && backend->iface.set_tensor_2d_async) {
         FERRY_TRY(backend->iface.set_tensor_2d_async(backend, t, data, offset, size, n_copies, stride_tensor,
+                                                     stride_data));
+    } else if (n_copies > 1 && !set && backend->iface.get_tensor_2d_async) {
+        FERRY_TRY(backend->iface.get_tensor_2d_async(backend, t, data, offset, size, n_copies, stride_tensor,
                                                      stride_data));
     } else {
         for (size_t i = 0; i < n_copies; i++) {
-            const void * row = (const char *) data + i * stride_data;
-            const size_t at = offset + i * stride_tensor;
-            if (backend->iface.set_tensor_async) {
-                FERRY_TRY(backend->iface.set_tensor_async(backend, t, row, at, size));
-            } else {
-                FERRY_TRY(buf->iface.set_tensor(buf, t, row, at, size));
-            }
+            FERRY_TRY(row_async(backend, set, t, data + i * stride_data, offset + i * stride_tensor, size));
         }
         impl_calls = n_copies;
     }
-    ferry_stats_add(&buf->stats, FERRY_XFER_SET_2D, (uint64_t) size * n_copies, impl_calls);
-    ferry_stats_add(&backend->stats, FERRY_XFER_SET_2D, (uint64_t) size * n_copies, impl_calls);
+    const ferry_xfer kind = set ? FERRY_XFER_SET_2D : FERRY_XFER_GET_2D;
+    ferry_stats_add(&ferry_tensor_buffer(t)->stats, kind, (uint64_t) size * n_copies, impl_calls);
+    ferry_stats_add(&backend->stats, kind, (uint64_t) size * n_copies, impl_calls);
     return FERRY_OK;
+}
+
+ferry_status ferry_backend_tensor_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data,
+                                               size_t offset, size_t size, size_t n_copies, size_t stride_tensor,
+                                               size_t stride_data) {
+    return transfer_2d_async(backend, true, t, (char *) data, offset, size, n_copies, stride_tensor, stride_data);
 }
 
 ferry_status ferry_backend_tensor_get_2d_async(ferry_backend * backend, const ferry_tensor * t, void * data,
                                                size_t offset, size_t size, size_t n_copies, size_t stride_tensor,
                                                size_t stride_data) {
-    FERRY_TRY(check_backend_tensor(backend, t, "tensor_get_2d_async"));
-    FERRY_TRY(ferry_check_transfer(t, data, offset, size, n_copies, stride_tensor, "tensor_get_2d_async"));
-    if (n_copies > 1 && (stride_tensor < size || stride_data < size)) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "tensor_get_2d_async: strides (tensor %zu, data %zu) are smaller than "
-                          "the row of %zu bytes", stride_tensor, stride_data, size);
-    }
-    if (size == 0 || n_copies == 0) {
-        return FERRY_OK;
-    }
-    ferry_buffer * buf = ferry_tensor_buffer(t);
-    uint64_t impl_calls = 1;
-    if (backend->iface.get_tensor_2d_async && n_copies > 1) {
-        FERRY_TRY(backend->iface.get_tensor_2d_async(backend, t, data, offset, size, n_copies, stride_tensor,
-                                                     stride_data));
-    } else {
-        for (size_t i = 0; i < n_copies; i++) {
-            void * row = (char *) data + i * stride_data;
-            const size_t at = offset + i * stride_tensor;
-            if (backend->iface.get_tensor_async) {
-                FERRY_TRY(backend->iface.get_tensor_async(backend, t, row, at, size));
-            } else {
-                FERRY_TRY(buf->iface.get_tensor(buf, t, row, at, size));
-            }
-        }
-        impl_calls = n_copies;
-    }
-    ferry_stats_add(&buf->stats, FERRY_XFER_GET_2D, (uint64_t) size * n_copies, impl_calls);
-    ferry_stats_add(&backend->stats, FERRY_XFER_GET_2D, (uint64_t) size * n_copies, impl_calls);
-    return FERRY_OK;
+    return transfer_2d_async(backend, false, (ferry_tensor *) t, data, offset, size, n_copies, stride_tensor,
+                             stride_data);
 }
 
 ferry_status ferry_backend_tensor_copy_async(ferry_backend * backend_src, ferry_backend * backend_dst,
@@ -216,13 +195,7 @@ ferry_status ferry_backend_synchronize(ferry_backend * backend) {
 }
 
 ferry_status ferry_backend_get_stats(const ferry_backend * backend, ferry_stats * out) {
-    FERRY_CHECK_ARG(backend && out, "get_stats: NULL argument");
-    *out = backend->stats;
-    return FERRY_OK;
+    return ferry_stats_get(backend ? &backend->stats : NULL, out);
 }
 
-void ferry_backend_reset_stats(ferry_backend * backend) {
-    if (backend) {
-        memset(&backend->stats, 0, sizeof(backend->stats));
-    }
-}
+void ferry_backend_reset_stats(ferry_backend * backend) { ferry_stats_reset(backend ? &backend->stats : NULL); }

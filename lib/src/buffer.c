@@ -17,18 +17,10 @@ static _Atomic uint64_t next_id = 1;
 
 static bool live_add(uint64_t id) {
     pthread_mutex_lock(&live_lock);
-    bool ok = true;
-    if (n_live == live_capacity) {
-        const size_t cap = live_capacity ? 2 * live_capacity : 64;
-        uint64_t * grown = ferry_realloc(live_ids, cap * sizeof(*grown));
-        if (grown) {
-            live_ids = grown;
-            live_capacity = cap;
-        } else {
-            ok = false;
-        }
-    }
+    uint64_t * grown = ferry_grow(live_ids, &live_capacity, n_live + 1, sizeof(*grown));
+    const bool ok = grown != NULL;
     if (ok) {
+        live_ids = grown;
         live_ids[n_live++] = id;
     }
     pthread_mutex_unlock(&live_lock);
@@ -218,14 +210,20 @@ ferry_status ferry_buffer_place_tensor(ferry_buffer * buf, ferry_tensor * t, siz
     return FERRY_OK;
 }
 
-ferry_status ferry_buffer_get_stats(const ferry_buffer * buf, ferry_stats * out) {
-    FERRY_CHECK_ARG(buf && out, "get_stats: NULL argument");
-    *out = buf->stats;
+ferry_status ferry_stats_get(const ferry_stats * s, ferry_stats * out) {
+    FERRY_CHECK_ARG(s && out, "get_stats: NULL argument");
+    *out = *s;
     return FERRY_OK;
 }
 
-void ferry_buffer_reset_stats(ferry_buffer * buf) {
-    if (buf) {
-        memset(&buf->stats, 0, sizeof(buf->stats));
+void ferry_stats_reset(ferry_stats * s) {
+    if (s) {
+        memset(s, 0, sizeof(*s));
     }
 }
+
+ferry_status ferry_buffer_get_stats(const ferry_buffer * buf, ferry_stats * out) {
+    return ferry_stats_get(buf ? &buf->stats : NULL, out);
+}
+
+void ferry_buffer_reset_stats(ferry_buffer * buf) { ferry_stats_reset(buf ? &buf->stats : NULL); }

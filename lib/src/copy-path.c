@@ -9,7 +9,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static const char * const policy_names[FERRY_COPY_POLICY_COUNT] = {"flat", "ranges", "plan"};
 
@@ -267,12 +266,6 @@ static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy pol
     return copy_flat(backend, src, dst, queued);
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
-}
-
 /* Bytes, calls and operations of some kinds of transfer of a buffer, together. */
 static void sum_kinds(const ferry_stats * s, const ferry_xfer * kinds, size_t n, uint64_t * bytes, uint64_t * calls,
                       uint64_t * impl) {
@@ -302,7 +295,7 @@ static void measure_copy(const copy_snapshot * before, const ferry_tensor * src,
                          ferry_copy_policy path, uint64_t read, ferry_copy_stats * stats) {
     static const ferry_xfer writes[] = {FERRY_XFER_SET, FERRY_XFER_SET_2D, FERRY_XFER_COPY};
     static const ferry_xfer reads[] = {FERRY_XFER_GET, FERRY_XFER_GET_2D};
-    const double t1 = now_seconds();
+    const double t1 = ferry_now_seconds();
     const ferry_stats * s0 = before->by_get ? &before->src : &before->dst;
     const ferry_stats * s1 = before->by_get ? &ferry_tensor_buffer(src)->stats : &ferry_tensor_buffer(dst)->stats;
     const ferry_xfer * kinds = before->by_get ? reads : writes;
@@ -344,7 +337,7 @@ static ferry_status copy_input(const char * what, ferry_backend * backend, ferry
         .src = src_buf->stats,
         .by_get =
             !compact && !ferry_buffer_ptr_readable(src_buf, dst_buf) && ferry_buffer_ptr_writable(dst_buf, src_buf),
-        .t0 = now_seconds(),
+        .t0 = ferry_now_seconds(),
     };
     ferry_copy_policy path;
     uint64_t read;

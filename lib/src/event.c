@@ -2,6 +2,13 @@
 #include "ferry-impl.h"
 
 #include <stdlib.h>
+#include <time.h>
+
+double ferry_now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
+}
 
 ferry_status ferry_event_new(ferry_backend * backend, uint32_t flags, ferry_event ** out) {
     FERRY_CHECK_ARG(backend && out, "event_new: NULL backend or output");

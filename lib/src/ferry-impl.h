@@ -33,6 +33,13 @@ ferry_status ferry_fail(ferry_status status, const char * fmt, ...)
 static inline bool ferry_add_ok(size_t a, size_t b, size_t * out) { return !__builtin_add_overflow(a, b, out); }
 static inline bool ferry_mul_ok(size_t a, size_t b, size_t * out) { return !__builtin_mul_overflow(a, b, out); }
 
+/* size zeroed bytes, or NULL with FERRY_ERR_OUT_OF_MEMORY "<what>: out of memory" recorded
+ * (error.c). */
+void * ferry_zalloc(size_t size, const char * what);
+
+/* The host's monotonic clock, in seconds: every time ferry measures (event.c). */
+double ferry_now_seconds(void);
+
 /* Byte extent of a 2-D transfer: offset + (n-1)*stride + size, false on overflow. */
 bool ferry_extent_2d(size_t offset, size_t size, size_t n_copies, size_t stride, size_t * end);
 
@@ -114,6 +121,9 @@ struct ferry_buffer {
 ferry_status ferry_buffer_init(ferry_buffer_type * buft, struct ferry_buffer_i iface, void * context,
                                size_t size, ferry_buffer ** out);
 void ferry_stats_add(ferry_stats * s, ferry_xfer kind, uint64_t bytes, uint64_t impl_calls);
+/* The getters and resetters of buffers' and backends' stats: s NULL for a NULL owner. */
+ferry_status ferry_stats_get(const ferry_stats * s, ferry_stats * out);
+void ferry_stats_reset(ferry_stats * s);
 
 /*
  * Synthetic buffers (a dummy backend without real_memory) hand out addresses with nothing
@@ -210,9 +220,18 @@ struct ferry_event {
  * no such plan. Compact staging packs exactly these views (copy-compact.c). */
 bool ferry_single_copy_of(const ferry_tensor * t, ferry_copy_2d * out);
 
-/* Checks shared by buffer.c and backend.c: t allocated, the extent inside t. */
+/* Checks shared by buffer.c and backend.c: t allocated, the extent inside t (transfer.c). */
 ferry_status ferry_check_transfer(const ferry_tensor * t, const void * data, size_t offset, size_t size,
                                   size_t n_copies, size_t stride_tensor, const char * what);
+/* The same, and for n_copies > 1 strides no smaller than the row on either side. */
+ferry_status ferry_check_transfer_2d(const ferry_tensor * t, const void * data, size_t offset, size_t size,
+                                     size_t n_copies, size_t stride_tensor, size_t stride_data, const char * what);
+/* The buffer's own blocking transfer of size bytes at offset, unchecked: set writes t from
+ * data, else reads t into data. */
+ferry_status ferry_buffer_transfer(ferry_buffer * buf, bool set, ferry_tensor * t, char * data, size_t offset,
+                                   size_t size);
+/* ferry_tensor_set (set) or ferry_tensor_get. */
+ferry_status ferry_transfer_1d(bool set, ferry_tensor * t, char * data, size_t offset, size_t size);
 
 #ifdef __cplusplus
 }

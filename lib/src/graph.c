@@ -14,9 +14,11 @@ typedef struct {
 
 struct ferry_graph {
     ferry_tensor ** nodes;
-    int n_nodes, cap_nodes;
+    int n_nodes;
+    size_t cap_nodes;
     ferry_tensor ** leafs;
-    int n_leafs, cap_leafs;
+    int n_leafs;
+    size_t cap_leafs;
     graph_entry * table; /* capacity a power of two, at most half full */
     size_t table_cap, n_entries;
     int n_slots;
@@ -83,28 +85,21 @@ static ferry_status table_add(ferry_graph * g, const ferry_tensor * t) {
     return FERRY_OK;
 }
 
-static ferry_status push(ferry_tensor *** list, int * n, int * cap, ferry_tensor * t) {
-    if (*n == *cap) {
-        const int grown_cap = *cap ? 2 * *cap : 16;
-        ferry_tensor ** grown = ferry_realloc(*list, (size_t) grown_cap * sizeof(*grown));
-        if (!grown) {
-            return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph: out of memory");
-        }
-        *list = grown;
-        *cap = grown_cap;
+static ferry_status push(ferry_tensor *** list, int * n, size_t * cap, ferry_tensor * t) {
+    ferry_tensor ** grown = ferry_grow(*list, cap, (size_t) *n + 1, sizeof(*grown));
+    if (!grown) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph: out of memory");
     }
+    *list = grown;
     (*list)[(*n)++] = t;
     return FERRY_OK;
 }
 
 ferry_status ferry_graph_new(ferry_graph ** out) {
     FERRY_CHECK_ARG(out, "graph_new: NULL output");
-    ferry_graph * g = ferry_calloc(1, sizeof(*g));
-    if (!g) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph_new: out of memory");
-    }
-    *out = g;
-    return FERRY_OK;
+    ferry_graph * g = ferry_zalloc(sizeof(*g), "graph_new");
+    *out = g ? g : *out;
+    return g ? FERRY_OK : FERRY_ERR_OUT_OF_MEMORY;
 }
 
 void ferry_graph_free(ferry_graph * graph) {
@@ -136,35 +131,31 @@ ferry_status ferry_graph_build(ferry_graph * graph, ferry_tensor * t) {
     if (table_find(graph, t)) {
         return FERRY_OK;
     }
-    ferry_tensor ** stack = NULL;
-    int * next_src = NULL;
+    struct frame {
+        ferry_tensor * t;
+        int next_src; /* the source to visit next */
+    } * stack = NULL;
     size_t depth = 0, cap = 0;
     ferry_status st = FERRY_OK;
     ferry_tensor * push_t = t;
     while (push_t || depth > 0) {
         if (push_t) {
-            if (depth == cap) {
-                cap = cap ? 2 * cap : 64;
-                ferry_tensor ** s2 = ferry_realloc(stack, cap * sizeof(*s2));
-                stack = s2 ? s2 : stack;
-                int * n2 = s2 ? ferry_realloc(next_src, cap * sizeof(*n2)) : NULL;
-                next_src = n2 ? n2 : next_src;
-                if (!s2 || !n2) {
-                    st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph_build: out of memory");
-                    break;
-                }
+            struct frame * grown = ferry_grow(stack, &cap, depth + 1, sizeof(*grown));
+            if (!grown) {
+                st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "graph_build: out of memory");
+                break;
             }
+            stack = grown;
             if ((st = table_add(graph, push_t)) != FERRY_OK) {
                 break;
             }
-            stack[depth] = push_t;
-            next_src[depth++] = 0;
+            stack[depth++] = (struct frame) {push_t, 0};
             push_t = NULL;
             continue;
         }
-        ferry_tensor * cur = stack[depth - 1];
-        if (next_src[depth - 1] < FERRY_MAX_SRC) {
-            ferry_tensor * s = cur->src[next_src[depth - 1]++];
+        ferry_tensor * cur = stack[depth - 1].t;
+        if (stack[depth - 1].next_src < FERRY_MAX_SRC) {
+            ferry_tensor * s = cur->src[stack[depth - 1].next_src++];
             const graph_entry * e = s ? table_find(graph, s) : NULL;
             if (e && e->slot == SLOT_VISITING) {
                 st = ferry_fail(FERRY_ERR_LAYOUT, "graph_build: '%s' depends on itself", s->name);
@@ -182,7 +173,6 @@ ferry_status ferry_graph_build(ferry_graph * graph, ferry_tensor * t) {
         table_find(graph, cur)->slot = graph->n_slots++;
     }
     free(stack);
-    free(next_src);
     if (st != FERRY_OK && table_rehash(graph, graph->table_cap, true) != FERRY_OK) {
         ferry_graph_clear(graph); /* cannot drop the half-visited entries: start empty */
     }

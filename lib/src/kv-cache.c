@@ -152,53 +152,104 @@ ferry_status ferry_kv_cache_v(const ferry_kv_cache * kv, int32_t layer, ferry_te
     return FERRY_OK;
 }
 
-static void set_window_name(ferry_tensor * t, const char * which, int32_t layer) {
+static ferry_status check_window(const ferry_kv_cache * kv, int64_t n_kv, int64_t s0, int64_t s1) {
+    if (n_kv <= 0 || n_kv > kv->kv_size) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache_window: n_kv %lld is not in 1..%lld", (long long) n_kv,
+                          (long long) kv->kv_size);
+    }
+    if (s0 < 0 || s1 < s0 || s1 >= kv->params.n_stream) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache_window: streams %lld..%lld are not within 0..%lld",
+                          (long long) s0, (long long) s1, (long long) kv->params.n_stream - 1);
+    }
+    return FERRY_OK;
+}
+
+/* Bytes of one cell (K, or a V not transposed: a row of n_embd_gqa values) or, for a
+ * transposed V, of one value: the step from a cell to the next along a stream. */
+static size_t cell_step(const ferry_kv_cache * kv, bool v) {
+    const ferry_kv_params * p = &kv->params;
+    const ferry_type type = v ? p->type_v : p->type_k;
+    size_t row = ferry_type_size(type); /* whole blocks: check_params saw to it */
+    if (!(v && p->v_trans)) {
+        ferry_row_size(type, p->head_dim * p->n_head_kv, &row);
+    }
+    return row;
+}
+
+/* The view a window takes of a layer's K (v false) or V, before its permute: cells of one
+ * stream on dimension 2 (transposed V: 0), streams on 3; offset from the tensor's first byte. */
+static void window_layout(const ferry_kv_cache * kv, bool v, int64_t n_kv, int64_t s0, int64_t s1, int64_t * ne,
+                          size_t * nb, size_t * offset) {
+    const ferry_kv_params * p = &kv->params;
+    const ferry_type type = v ? p->type_v : p->type_k;
+    const bool trans = v && p->v_trans;
+    const size_t cell = cell_step(kv, v);
+    const size_t stream = cell * (size_t) kv->kv_size * (size_t) (trans ? p->head_dim * p->n_head_kv : 1);
+    const int64_t ns = s1 - s0 + 1;
+    nb[0] = ferry_type_size(type);
+    nb[3] = stream;
+    ne[1] = p->n_head_kv;
+    ne[3] = ns;
+    if (trans) { /* one row of kv_size cells per channel */
+        ne[0] = n_kv;
+        ne[2] = p->head_dim;
+        nb[1] = cell * (size_t) (kv->kv_size * p->head_dim);
+        nb[2] = cell * (size_t) kv->kv_size;
+    } else {
+        ne[0] = p->head_dim;
+        ne[2] = n_kv;
+        ferry_row_size(type, p->head_dim, &nb[1]);
+        nb[2] = cell;
+    }
+    *offset = stream * (size_t) s0;
+}
+
+ferry_status ferry_kv_cache_window_layout(const ferry_kv_cache * kv, bool v, int64_t n_kv, int64_t s0, int64_t s1,
+                                          int64_t * ne, size_t * nb, size_t * offset) {
+    FERRY_CHECK_ARG(kv && ne && nb && offset, "kv_cache_window_layout: NULL argument");
+    FERRY_TRY(check_window(kv, n_kv, s0, s1));
+    window_layout(kv, v, n_kv, s0, s1, ne, nb, offset);
+    return FERRY_OK;
+}
+
+ferry_status ferry_kv_cache_cell_offset(const ferry_kv_cache * kv, bool v, int64_t stream, int64_t cell,
+                                        size_t * out) {
+    FERRY_CHECK_ARG(kv && out, "kv_cache_cell_offset: NULL argument");
+    if (stream < 0 || stream >= kv->params.n_stream || cell < 0 || cell > kv->kv_size) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache_cell_offset: cell %lld of stream %lld is not within "
+                          "0..%lld of 0..%lld", (long long) cell, (long long) stream, (long long) kv->kv_size,
+                          (long long) kv->params.n_stream - 1);
+    }
+    int64_t ne[FERRY_MAX_DIMS];
+    size_t nb[FERRY_MAX_DIMS], first;
+    window_layout(kv, v, 1, stream, stream, ne, nb, &first);
+    *out = first + cell_step(kv, v) * (size_t) cell;
+    return FERRY_OK;
+}
+
+/* A layer's K (v false) or V window, permuted (0, 2, 1, 3) and named. */
+static ferry_status window(const ferry_kv_cache * kv, ferry_context * ctx, bool v, int32_t layer, int64_t n_kv,
+                           int64_t s0, int64_t s1, ferry_tensor ** out) {
+    int64_t ne[FERRY_MAX_DIMS];
+    size_t nb[FERRY_MAX_DIMS], offset;
+    window_layout(kv, v, n_kv, s0, s1, ne, nb, &offset);
+    ferry_tensor * view;
+    FERRY_TRY(ferry_tensor_view(ctx, v ? kv->v[layer] : kv->k[layer], FERRY_MAX_DIMS, ne, nb, offset, &view));
+    FERRY_TRY(ferry_tensor_permute(ctx, view, 0, 2, 1, 3, out));
     char name[FERRY_MAX_NAME];
-    snprintf(name, sizeof(name), "window_%s_l%d", which, layer);
-    ferry_tensor_set_name(t, name);
+    snprintf(name, sizeof(name), "window_%s_l%d", v ? "v" : "k", layer);
+    return ferry_tensor_set_name(*out, name);
 }
 
 ferry_status ferry_kv_cache_window(const ferry_kv_cache * kv, ferry_context * ctx, int32_t layer, int64_t n_kv,
                                    int64_t s0, int64_t s1, ferry_tensor ** k_out, ferry_tensor ** v_out) {
     FERRY_TRY(check_layer(kv, layer, ctx));
-    const ferry_kv_params * p = &kv->params;
-    if (n_kv <= 0 || n_kv > kv->kv_size) {
-        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache_window: n_kv %lld is not in 1..%lld", (long long) n_kv,
-                          (long long) kv->kv_size);
-    }
-    if (s0 < 0 || s1 < s0 || s1 >= p->n_stream) {
-        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache_window: streams %lld..%lld are not within 0..%lld",
-                          (long long) s0, (long long) s1, (long long) p->n_stream - 1);
-    }
-    const int64_t ns = s1 - s0 + 1, n_embd = p->head_dim * p->n_head_kv;
-    ferry_tensor * view;
+    FERRY_TRY(check_window(kv, n_kv, s0, s1));
     if (k_out) {
-        size_t head, row;
-        FERRY_TRY(ferry_row_size(p->type_k, p->head_dim, &head));
-        FERRY_TRY(ferry_row_size(p->type_k, n_embd, &row));
-        const int64_t ne[4] = {p->head_dim, p->n_head_kv, n_kv, ns};
-        const size_t nb[4] = {0, head, row, row * (size_t) kv->kv_size};
-        FERRY_TRY(ferry_tensor_view(ctx, kv->k[layer], 4, ne, nb, nb[3] * (size_t) s0, &view));
-        FERRY_TRY(ferry_tensor_permute(ctx, view, 0, 2, 1, 3, k_out));
-        set_window_name(*k_out, "k", layer);
+        FERRY_TRY(window(kv, ctx, false, layer, n_kv, s0, s1, k_out));
     }
     if (v_out) {
-        if (p->v_trans) {
-            const size_t elem = ferry_type_size(p->type_v);
-            const int64_t ne[4] = {n_kv, p->n_head_kv, p->head_dim, ns};
-            const size_t nb[4] = {0, elem * (size_t) (kv->kv_size * p->head_dim), elem * (size_t) kv->kv_size,
-                                  elem * (size_t) (kv->kv_size * n_embd)};
-            FERRY_TRY(ferry_tensor_view(ctx, kv->v[layer], 4, ne, nb, nb[3] * (size_t) s0, &view));
-        } else {
-            size_t head, row;
-            FERRY_TRY(ferry_row_size(p->type_v, p->head_dim, &head));
-            FERRY_TRY(ferry_row_size(p->type_v, n_embd, &row));
-            const int64_t ne[4] = {p->head_dim, p->n_head_kv, n_kv, ns};
-            const size_t nb[4] = {0, head, row, row * (size_t) kv->kv_size};
-            FERRY_TRY(ferry_tensor_view(ctx, kv->v[layer], 4, ne, nb, nb[3] * (size_t) s0, &view));
-        }
-        FERRY_TRY(ferry_tensor_permute(ctx, view, 0, 2, 1, 3, v_out));
-        set_window_name(*v_out, "v", layer);
+        FERRY_TRY(window(kv, ctx, true, layer, n_kv, s0, s1, v_out));
     }
     return FERRY_OK;
 }

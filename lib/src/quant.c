@@ -17,15 +17,16 @@
 
 enum { QK = 32 };
 
-static void put_f16(uint8_t * p, float f) {
-    const uint16_t h = ferry_f32_to_f16(f);
+/* A 16-bit float of type (f16, or bf16) at p, from and to f32. */
+static void put_half(ferry_type type, uint8_t * p, float f) {
+    const uint16_t h = type == FERRY_TYPE_BF16 ? ferry_f32_to_bf16(f) : ferry_f32_to_f16(f);
     memcpy(p, &h, sizeof(h)); /* little-endian hosts only, as the rest of ferry */
 }
 
-static float get_f16(const uint8_t * p) {
+static float get_half(ferry_type type, const uint8_t * p) {
     uint16_t h;
     memcpy(&h, p, sizeof(h));
-    return ferry_f16_to_f32(h);
+    return type == FERRY_TYPE_BF16 ? ferry_bf16_to_f32(h) : ferry_f16_to_f32(h);
 }
 
 static void quantize_q8_0_block(const float * x, uint8_t * out) {
@@ -35,7 +36,7 @@ static void quantize_q8_0_block(const float * x, uint8_t * out) {
     }
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    put_f16(out, d);
+    put_half(FERRY_TYPE_F16, out, d);
     int8_t * q = (int8_t *) (out + 2);
     for (int j = 0; j < QK; j++) {
         q[j] = (int8_t) roundf(x[j] * id);
@@ -52,13 +53,52 @@ static void quantize_q4_0_block(const float * x, uint8_t * out) {
     }
     const float d = m / -8.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    put_f16(out, d);
+    put_half(FERRY_TYPE_F16, out, d);
     uint8_t * q = out + 2;
     for (int j = 0; j < QK / 2; j++) {
         int lo = (int) (x[j] * id + 8.5f), hi = (int) (x[j + QK / 2] * id + 8.5f);
         lo = lo < 15 ? lo : 15;
         hi = hi < 15 ? hi : 15;
         q[j] = (uint8_t) (lo | (hi << 4));
+    }
+}
+
+static void dequantize_q8_0_block(const uint8_t * blk, float * x) {
+    const float d = get_half(FERRY_TYPE_F16, blk);
+    const int8_t * q = (const int8_t *) (blk + 2);
+    for (int j = 0; j < QK; j++) {
+        x[j] = (float) q[j] * d;
+    }
+}
+
+static void dequantize_q4_0_block(const uint8_t * blk, float * x) {
+    const float d = get_half(FERRY_TYPE_F16, blk);
+    for (int j = 0; j < QK / 2; j++) {
+        x[j] = (float) ((blk[2 + j] & 0x0f) - 8) * d;
+        x[j + QK / 2] = (float) ((blk[2 + j] >> 4) - 8) * d;
+    }
+}
+
+/* Values to a type's bytes (to_bytes) or back, block by block (f16 and bf16: blocks of one
+ * value); f32 is a copy of need bytes. */
+static void convert(bool to_bytes, ferry_type type, float * values, uint8_t * bytes, int64_t n, size_t need) {
+    if (type == FERRY_TYPE_F32) {
+        memmove(to_bytes ? (void *) bytes : (void *) values, to_bytes ? (void *) values : (void *) bytes, need);
+        return;
+    }
+    const int64_t blck = ferry_blck_size(type);
+    for (int64_t b = 0; b < n / blck; b++) {
+        float * x = values + b * blck;
+        uint8_t * blk = bytes + (size_t) b * ferry_type_size(type);
+        if (type == FERRY_TYPE_Q8_0) {
+            to_bytes ? quantize_q8_0_block(x, blk) : dequantize_q8_0_block(blk, x);
+        } else if (type == FERRY_TYPE_Q4_0) {
+            to_bytes ? quantize_q4_0_block(x, blk) : dequantize_q4_0_block(blk, x);
+        } else if (to_bytes) {
+            put_half(type, blk, *x);
+        } else {
+            *x = get_half(type, blk);
+        }
     }
 }
 
@@ -97,72 +137,13 @@ ferry_status ferry_quantize(ferry_type type, const float * src, int64_t n, void 
                               (long long) i, (double) src[i], ferry_type_name(type));
         }
     }
-    uint8_t * out = dst;
-    switch (type) {
-    case FERRY_TYPE_F32:
-        memmove(out, src, need);
-        break;
-    case FERRY_TYPE_F16:
-    case FERRY_TYPE_BF16:
-        for (int64_t i = 0; i < n; i++) {
-            const uint16_t h = type == FERRY_TYPE_F16 ? ferry_f32_to_f16(src[i]) : ferry_f32_to_bf16(src[i]);
-            memcpy(out + 2 * i, &h, sizeof(h));
-        }
-        break;
-    case FERRY_TYPE_Q8_0:
-    case FERRY_TYPE_Q4_0:
-        for (int64_t b = 0; b < n / QK; b++) {
-            if (type == FERRY_TYPE_Q8_0) {
-                quantize_q8_0_block(src + b * QK, out + (size_t) b * ferry_type_size(type));
-            } else {
-                quantize_q4_0_block(src + b * QK, out + (size_t) b * ferry_type_size(type));
-            }
-        }
-        break;
-    default:
-        break; /* refused above */
-    }
+    convert(true, type, (float *) src, dst, n, need); /* reads src only */
     return FERRY_OK;
 }
 
 ferry_status ferry_dequantize(ferry_type type, const void * src, size_t src_size, int64_t n, float * dst) {
     size_t need;
     FERRY_TRY(check_values("dequantize", type, dst, src, n, src_size, &need));
-    const uint8_t * in = src;
-    switch (type) {
-    case FERRY_TYPE_F32:
-        memmove(dst, in, need);
-        break;
-    case FERRY_TYPE_F16:
-    case FERRY_TYPE_BF16:
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, in + 2 * i, sizeof(h));
-            dst[i] = type == FERRY_TYPE_F16 ? ferry_f16_to_f32(h) : ferry_bf16_to_f32(h);
-        }
-        break;
-    case FERRY_TYPE_Q8_0:
-        for (int64_t b = 0; b < n / QK; b++) {
-            const uint8_t * blk = in + (size_t) b * 34;
-            const float d = get_f16(blk);
-            const int8_t * q = (const int8_t *) (blk + 2);
-            for (int j = 0; j < QK; j++) {
-                dst[b * QK + j] = (float) q[j] * d;
-            }
-        }
-        break;
-    case FERRY_TYPE_Q4_0:
-        for (int64_t b = 0; b < n / QK; b++) {
-            const uint8_t * blk = in + (size_t) b * 18;
-            const float d = get_f16(blk);
-            for (int j = 0; j < QK / 2; j++) {
-                dst[b * QK + j] = (float) ((blk[2 + j] & 0x0f) - 8) * d;
-                dst[b * QK + j + QK / 2] = (float) ((blk[2 + j] >> 4) - 8) * d;
-            }
-        }
-        break;
-    default:
-        break; /* refused above */
-    }
+    convert(false, type, dst, (uint8_t *) src, n, need); /* reads src only */
     return FERRY_OK;
 }

@@ -7,7 +7,6 @@
 #include "ferry-impl.h"
 #include "graph-impl.h"
 
-#include <time.h>
 
 #define FERRY_SCHED_MAX_BACKENDS 16
 
@@ -49,7 +48,8 @@ struct ferry_sched {
     ferry_gallocr * galloc;
 
     pin * pins;
-    int n_pins, pins_capacity;
+    int n_pins;
+    size_t pins_capacity;
 
     /* The last allocated graph. */
     ferry_graph * graph;
@@ -61,9 +61,11 @@ struct ferry_sched {
     part * parts;
     int n_parts;
     ferry_sched_input_info * inputs;
-    int n_inputs, inputs_capacity;
+    int n_inputs;
+    size_t inputs_capacity;
     redirect * redirects;
-    int n_redirects, redirects_capacity;
+    int n_redirects;
+    size_t redirects_capacity;
     ferry_graph * alloc_graph; /* the graph with sources redirected, as the allocator sees it */
     /* Prefetching, by input: the copy queue that carries it (NULL: copied at its part), and
      * the events recorded on that queue before and after its copy. */
@@ -72,12 +74,6 @@ struct ferry_sched {
     uint64_t ahead_inputs, ahead_bytes;
     ferry_sched_stats stats;
 };
-
-static inline double ferry_sched_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
-}
 
 /* One input's copy into the run's totals. */
 static inline void ferry_sched_add_input_stats(ferry_sched_stats * total, const ferry_copy_stats * in) {

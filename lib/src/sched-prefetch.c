@@ -146,9 +146,9 @@ ferry_status ferry_sched_prefetch_wait(ferry_sched * s, int p) {
     if (last < 0 || DROP_WAITS()) {
         return FERRY_OK;
     }
-    const double t0 = ferry_sched_now();
+    const double t0 = ferry_now_seconds();
     ferry_backend * backend = s->splits[s->parts[p].split].backend;
     const ferry_status st = ferry_event_wait(backend, s->events[2 * last + 1]); /* the queue is in order: all */
-    s->stats.wait_seconds += ferry_sched_now() - t0;
+    s->stats.wait_seconds += ferry_now_seconds() - t0;
     return st;
 }

@@ -9,22 +9,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-/* Grow an array to hold one more element. */
-static ferry_status reserve_one(void ** items, int * capacity, int count, size_t item_size) {
-    if (count < *capacity) {
-        return FERRY_OK;
-    }
-    const int cap = *capacity ? 2 * *capacity : 16;
-    void * grown = ferry_realloc(*items, (size_t) cap * item_size);
-    if (!grown) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
-    }
-    *items = grown;
-    *capacity = cap;
-    return FERRY_OK;
-}
+/* One more element's room in an array (ferry_grow) */
+#define RESERVE_ONE(items, capacity, count)                                                      \
+    do {                                                                                         \
+        void * grown_ = ferry_grow((items), &(capacity), (size_t) (count) + 1, sizeof(*(items))); \
+        if (!grown_) {                                                                           \
+            return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");                  \
+        }                                                                                        \
+        (items) = grown_;                                                                        \
+    } while (0)
 
 static void set_redirects(ferry_sched * s, bool on) {
     for (int i = 0; i < s->n_redirects; i++) {
@@ -153,7 +147,7 @@ ferry_status ferry_sched_set_tensor_backend(ferry_sched * s, ferry_tensor * node
             return FERRY_OK;
         }
     }
-    FERRY_TRY(reserve_one((void **) &s->pins, &s->pins_capacity, s->n_pins, sizeof(*s->pins)));
+    RESERVE_ONE(s->pins, s->pins_capacity, s->n_pins);
     s->pins[s->n_pins++] = (pin) {node, b};
     return FERRY_OK;
 }
@@ -287,7 +281,7 @@ static ferry_status input_copy(ferry_sched * s, int split, ferry_tensor * src, f
     if ((*out = existing_copy(s, split, src)) != NULL) {
         return FERRY_OK;
     }
-    FERRY_TRY(reserve_one((void **) &s->inputs, &s->inputs_capacity, s->n_inputs, sizeof(*s->inputs)));
+    RESERVE_ONE(s->inputs, s->inputs_capacity, s->n_inputs);
     ferry_tensor * copy;
     FERRY_TRY(s->compact ? ferry_tensor_compact_layout(s->ctx, src, &copy) : ferry_tensor_dup_layout(s->ctx, src, &copy));
     ferry_tensor_set_name(copy, copy_name(src->name, ferry_backend_name(s->splits[split].backend)).s);
@@ -342,8 +336,7 @@ static ferry_status build_splits(ferry_sched * s) {
             }
             ferry_tensor * copy;
             FERRY_TRY(input_copy(s, split, node->src[j], &copy));
-            FERRY_TRY(reserve_one((void **) &s->redirects, &s->redirects_capacity, s->n_redirects,
-                                  sizeof(*s->redirects)));
+            RESERVE_ONE(s->redirects, s->redirects_capacity, s->n_redirects);
             s->redirects[s->n_redirects++] = (redirect) {node, j, node->src[j], copy};
         }
     }
@@ -477,9 +470,13 @@ ferry_status ferry_sched_alloc_graph(ferry_sched * s, ferry_graph * graph) {
     return st;
 }
 
+bool ferry_sched_needs_alloc(const ferry_sched * s, const ferry_graph * graph) {
+    return s && graph && (s->graph != graph || s->graph_nodes != ferry_graph_n_nodes(graph));
+}
+
 ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
     FERRY_CHECK_ARG(s && graph, "sched_graph_compute: NULL argument");
-    if (s->graph != graph || s->graph_nodes != ferry_graph_n_nodes(graph)) {
+    if (ferry_sched_needs_alloc(s, graph)) {
         FERRY_TRY(ferry_sched_alloc_graph(s, graph));
     }
     memset(&s->stats, 0, sizeof(s->stats));
@@ -514,12 +511,12 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
             st = ferry_sched_prefetch_wait(s, p);
         }
         if (st == FERRY_OK) {
-            const double t0 = ferry_sched_now();
+            const double t0 = ferry_now_seconds();
             st = ferry_backend_graph_compute(sp->backend, s->parts[p].graph);
             if (st == FERRY_OK) {
                 st = ferry_backend_synchronize(sp->backend);
             }
-            const double dt = ferry_sched_now() - t0;
+            const double dt = ferry_now_seconds() - t0;
             sp->compute_seconds += dt;
             s->stats.compute_seconds += dt;
         }

@@ -12,12 +12,9 @@ struct ferry_context {
 
 ferry_status ferry_context_new(ferry_context ** out) {
     FERRY_CHECK_ARG(out, "context_new: NULL output");
-    ferry_context * ctx = ferry_calloc(1, sizeof(*ctx));
-    if (!ctx) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "context_new: out of memory");
-    }
-    *out = ctx;
-    return FERRY_OK;
+    ferry_context * ctx = ferry_zalloc(sizeof(*ctx), "context_new");
+    *out = ctx ? ctx : *out;
+    return ctx ? FERRY_OK : FERRY_ERR_OUT_OF_MEMORY;
 }
 
 void ferry_context_free(ferry_context * ctx) {
@@ -38,15 +35,11 @@ ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, fer
     if (!ferry_type_valid(type)) {
         return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "tensor: unknown type %d", (int) type);
     }
-    if (ctx->n_tensors == ctx->capacity) {
-        const size_t cap = ctx->capacity ? 2 * ctx->capacity : 16;
-        ferry_tensor ** grown = ferry_realloc(ctx->tensors, cap * sizeof(*grown));
-        if (!grown) {
-            return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
-        }
-        ctx->tensors = grown;
-        ctx->capacity = cap;
+    ferry_tensor ** grown = ferry_grow(ctx->tensors, &ctx->capacity, ctx->n_tensors + 1, sizeof(*grown));
+    if (!grown) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
     }
+    ctx->tensors = grown;
     ferry_tensor * t = ferry_calloc(1, sizeof(*t));
     if (!t) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor: out of memory");
@@ -60,16 +53,21 @@ ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, fer
     return FERRY_OK;
 }
 
-/* Contiguous strides of n_dims dimensions, dimension 0 in whole blocks; a stride past
- * size_t is SIZE_MAX (no tensor whose span would step it exists). */
-static void contiguous_strides(ferry_type type, int n_dims, const int64_t * ne, size_t * nb) {
-    nb[0] = ferry_type_size(type);
-    for (int i = 1; i < n_dims; i++) {
+/* nb[from..to-1], each the stride below times the count below it (nb[1]: one block times
+ * the blocks of ne[0]); a stride past size_t is SIZE_MAX (no tensor whose span would step
+ * it exists). The rule of contiguous strides, and of a view's dimensions past its n_dims. */
+static void strides_on(ferry_type type, int from, int to, const int64_t * ne, size_t * nb) {
+    for (int i = from; i < to; i++) {
         const size_t below = (size_t) (i == 1 ? ne[0] / ferry_blck_size(type) : ne[i - 1]);
-        if (!ferry_mul_ok(nb[i - 1], below, &nb[i])) {
+        if (!ferry_mul_ok(i == 1 ? ferry_type_size(type) : nb[i - 1], below, &nb[i])) {
             nb[i] = SIZE_MAX;
         }
     }
+}
+
+static void contiguous_strides(ferry_type type, int n_dims, const int64_t * ne, size_t * nb) {
+    nb[0] = ferry_type_size(type);
+    strides_on(type, 1, n_dims, ne, nb);
 }
 
 ferry_status ferry_contiguous_strides(ferry_type type, int n_dims, const int64_t * ne, size_t * nb) {
@@ -298,25 +296,48 @@ ferry_status ferry_tensor_check_allocated(const ferry_tensor * t) {
     return FERRY_OK;
 }
 
+/* A view's ne and nb past its n_dims: one-value dimensions, strided on. */
+static void fill_view_dims(ferry_type type, int n_dims, int64_t * ne, size_t * nb) {
+    for (int i = n_dims; i < FERRY_MAX_DIMS; i++) {
+        ne[i] = 1;
+    }
+    strides_on(type, n_dims, FERRY_MAX_DIMS, ne, nb);
+}
+
+ferry_status ferry_view_strides(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb, size_t * out) {
+    FERRY_CHECK_ARG(ne && nb && out, "view_strides: NULL argument");
+    if (!ferry_type_valid(type)) {
+        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "view_strides: unknown type %d", (int) type);
+    }
+    FERRY_TRY(check_shape(type, n_dims, ne, "view"));
+    int64_t ne4[FERRY_MAX_DIMS];
+    for (int i = 0; i < n_dims; i++) {
+        ne4[i] = ne[i];
+        out[i] = nb[i];
+    }
+    fill_view_dims(type, n_dims, ne4, out);
+    return FERRY_OK;
+}
+
 ferry_status ferry_tensor_view(ferry_context * ctx, ferry_tensor * src, int n_dims, const int64_t * ne,
                                const size_t * nb, size_t offset, ferry_tensor ** out) {
     FERRY_CHECK_ARG(ctx && src && out, "view: NULL argument");
     FERRY_TRY(check_shape(src->type, n_dims, ne, "view"));
     FERRY_CHECK_ARG(nb || n_dims == 1, "view: NULL strides for %d dimensions", n_dims);
+    const size_t unit = ferry_type_size(src->type);
+    if (nb && nb[0] != unit) {
+        const bool blocks = ferry_blck_size(src->type) > 1;
+        return ferry_fail(FERRY_ERR_LAYOUT, "view: nb[0] is %zu but a %s %s is %zu bytes%s", nb[0],
+                          ferry_type_name(src->type), blocks ? "block" : "element", unit,
+                          blocks ? " (block types keep dimension 0 innermost)" : "");
+    }
     ferry_tensor tmp = {.type = src->type};
-    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
-        tmp.ne[i] = i < n_dims ? ne[i] : 1;
+    tmp.nb[0] = unit;
+    for (int i = 0; i < n_dims; i++) {
+        tmp.ne[i] = ne[i];
+        tmp.nb[i] = i ? nb[i] : unit;
     }
-    tmp.nb[0] = ferry_type_size(src->type);
-    for (int i = 1; i < FERRY_MAX_DIMS; i++) {
-        if (i < n_dims) {
-            tmp.nb[i] = nb[i];
-        } else if (i == 1) {
-            tmp.nb[i] = tmp.nb[0] * (size_t) (tmp.ne[0] / ferry_blck_size(src->type));
-        } else {
-            tmp.nb[i] = tmp.nb[i - 1] * (size_t) tmp.ne[i - 1];
-        }
-    }
+    fill_view_dims(src->type, n_dims, tmp.ne, tmp.nb);
     /* The span must fit inside the memory src reads from, without overflow. */
     size_t span = ferry_type_size(src->type);
     for (int i = 0; i < FERRY_MAX_DIMS; i++) {

@@ -25,10 +25,10 @@ ferry_status ferry_check_transfer(const ferry_tensor * t, const void * data, siz
     return FERRY_OK;
 }
 
-/* 2-D rows may not overlap themselves on either side. */
-static ferry_status check_2d_strides(size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data,
-                                     const char * what) {
-    if (n_copies > 1 && (stride_tensor < size || stride_data < size)) {
+ferry_status ferry_check_transfer_2d(const ferry_tensor * t, const void * data, size_t offset, size_t size,
+                                     size_t n_copies, size_t stride_tensor, size_t stride_data, const char * what) {
+    FERRY_TRY(ferry_check_transfer(t, data, offset, size, n_copies, stride_tensor, what));
+    if (n_copies > 1 && (stride_tensor < size || stride_data < size)) { /* rows overlapping themselves */
         return ferry_fail(FERRY_ERR_LAYOUT, "%s: strides (tensor %zu, data %zu) are smaller than the row of %zu bytes",
                           what, stride_tensor, stride_data, size);
     }
@@ -37,31 +37,34 @@ static ferry_status check_2d_strides(size_t size, size_t n_copies, size_t stride
 
 ferry_status ferry_tensor_check_transfer(const ferry_tensor * t, size_t offset, size_t size, size_t n_copies,
                                          size_t stride_tensor, size_t stride_data, const char * what) {
-    what = what ? what : "tensor_check_transfer";
-    FERRY_TRY(ferry_check_transfer(t, t, offset, size, n_copies, stride_tensor, what)); /* t: any data but NULL */
-    return check_2d_strides(size, n_copies, stride_tensor, stride_data, what);
+    /* t stands for data: any pointer but NULL */
+    return ferry_check_transfer_2d(t, t, offset, size, n_copies, stride_tensor, stride_data,
+                                   what ? what : "tensor_check_transfer");
+}
+
+ferry_status ferry_buffer_transfer(ferry_buffer * buf, bool set, ferry_tensor * t, char * data, size_t offset,
+                                    size_t size) {
+    return set ? buf->iface.set_tensor(buf, t, data, offset, size) : buf->iface.get_tensor(buf, t, data, offset, size);
+}
+
+ferry_status ferry_transfer_1d(bool set, ferry_tensor * t, char * data, size_t offset, size_t size) {
+    const char * what = set ? "tensor_set" : "tensor_get";
+    FERRY_TRY(ferry_check_transfer(t, data, offset, size, 1, 0, what));
+    if (size == 0) {
+        return FERRY_OK;
+    }
+    ferry_buffer * buf = ferry_tensor_buffer(t);
+    FERRY_TRY(ferry_buffer_transfer(buf, set, t, data, offset, size));
+    ferry_stats_add(&buf->stats, set ? FERRY_XFER_SET : FERRY_XFER_GET, size, 1);
+    return FERRY_OK;
 }
 
 ferry_status ferry_tensor_set(ferry_tensor * t, const void * data, size_t offset, size_t size) {
-    FERRY_TRY(ferry_check_transfer(t, data, offset, size, 1, 0, "tensor_set"));
-    if (size == 0) {
-        return FERRY_OK;
-    }
-    ferry_buffer * buf = ferry_tensor_buffer(t);
-    FERRY_TRY(buf->iface.set_tensor(buf, t, data, offset, size));
-    ferry_stats_add(&buf->stats, FERRY_XFER_SET, size, 1);
-    return FERRY_OK;
+    return ferry_transfer_1d(true, t, (char *) data, offset, size); /* a set only reads data */
 }
 
 ferry_status ferry_tensor_get(const ferry_tensor * t, void * data, size_t offset, size_t size) {
-    FERRY_TRY(ferry_check_transfer(t, data, offset, size, 1, 0, "tensor_get"));
-    if (size == 0) {
-        return FERRY_OK;
-    }
-    ferry_buffer * buf = ferry_tensor_buffer(t);
-    FERRY_TRY(buf->iface.get_tensor(buf, t, data, offset, size));
-    ferry_stats_add(&buf->stats, FERRY_XFER_GET, size, 1);
-    return FERRY_OK;
+    return ferry_transfer_1d(false, (ferry_tensor *) t, data, offset, size); /* a get only reads t */
 }
 
 ferry_status ferry_tensor_memset(ferry_tensor * t, uint8_t value, size_t offset, size_t size) {
@@ -75,47 +78,39 @@ ferry_status ferry_tensor_memset(ferry_tensor * t, uint8_t value, size_t offset,
     return FERRY_OK;
 }
 
-ferry_status ferry_tensor_set_2d(ferry_tensor * t, const void * data, size_t offset, size_t size, size_t n_copies,
-                                 size_t stride_tensor, size_t stride_data) {
-    FERRY_TRY(ferry_check_transfer(t, data, offset, size, n_copies, stride_tensor, "tensor_set_2d"));
-    FERRY_TRY(check_2d_strides(size, n_copies, stride_tensor, stride_data, "tensor_set_2d"));
+/* n_copies rows between data and t (set writes t): the buffer's 2-D transfer, or a loop of
+ * its plain one. */
+static ferry_status transfer_2d(bool set, ferry_tensor * t, char * data, size_t offset, size_t size, size_t n_copies,
+                                size_t stride_tensor, size_t stride_data) {
+    FERRY_TRY(ferry_check_transfer_2d(t, data, offset, size, n_copies, stride_tensor, stride_data,
+                                      set ? "tensor_set_2d" : "tensor_get_2d"));
     if (size == 0 || n_copies == 0) {
         return FERRY_OK;
     }
     ferry_buffer * buf = ferry_tensor_buffer(t);
     uint64_t impl_calls = 1;
-    if (buf->iface.set_tensor_2d && n_copies > 1) {
+    if (n_copies > 1 && set && buf->iface.set_tensor_2d) {
         FERRY_TRY(buf->iface.set_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data));
+    } else if (n_copies > 1 && !set && buf->iface.get_tensor_2d) {
+        FERRY_TRY(buf->iface.get_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data));
     } else {
         for (size_t i = 0; i < n_copies; i++) {
-            FERRY_TRY(buf->iface.set_tensor(buf, t, (const char *) data + i * stride_data,
-                                            offset + i * stride_tensor, size));
+            FERRY_TRY(ferry_buffer_transfer(buf, set, t, data + i * stride_data, offset + i * stride_tensor, size));
         }
         impl_calls = n_copies;
     }
-    ferry_stats_add(&buf->stats, FERRY_XFER_SET_2D, (uint64_t) size * n_copies, impl_calls);
+    ferry_stats_add(&buf->stats, set ? FERRY_XFER_SET_2D : FERRY_XFER_GET_2D, (uint64_t) size * n_copies, impl_calls);
     return FERRY_OK;
+}
+
+ferry_status ferry_tensor_set_2d(ferry_tensor * t, const void * data, size_t offset, size_t size, size_t n_copies,
+                                 size_t stride_tensor, size_t stride_data) {
+    return transfer_2d(true, t, (char *) data, offset, size, n_copies, stride_tensor, stride_data);
 }
 
 ferry_status ferry_tensor_get_2d(const ferry_tensor * t, void * data, size_t offset, size_t size, size_t n_copies,
                                  size_t stride_tensor, size_t stride_data) {
-    FERRY_TRY(ferry_check_transfer(t, data, offset, size, n_copies, stride_tensor, "tensor_get_2d"));
-    FERRY_TRY(check_2d_strides(size, n_copies, stride_tensor, stride_data, "tensor_get_2d"));
-    if (size == 0 || n_copies == 0) {
-        return FERRY_OK;
-    }
-    ferry_buffer * buf = ferry_tensor_buffer(t);
-    uint64_t impl_calls = 1;
-    if (buf->iface.get_tensor_2d && n_copies > 1) {
-        FERRY_TRY(buf->iface.get_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data));
-    } else {
-        for (size_t i = 0; i < n_copies; i++) {
-            FERRY_TRY(buf->iface.get_tensor(buf, t, (char *) data + i * stride_data, offset + i * stride_tensor, size));
-        }
-        impl_calls = n_copies;
-    }
-    ferry_stats_add(&buf->stats, FERRY_XFER_GET_2D, (uint64_t) size * n_copies, impl_calls);
-    return FERRY_OK;
+    return transfer_2d(false, (ferry_tensor *) t, data, offset, size, n_copies, stride_tensor, stride_data);
 }
 
 ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst) {

@@ -74,6 +74,19 @@ ferry_status ferry_row_size(ferry_type type, int64_t ne, size_t * out) {
     return FERRY_OK;
 }
 
+/* A float's bits, and the float of some bits. */
+static uint32_t bits_of(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof(x));
+    return x;
+}
+
+static float float_of(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
 float ferry_f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t) (h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f;
@@ -96,14 +109,11 @@ float ferry_f16_to_f32(uint16_t h) {
     } else {
         bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
     }
-    float f;
-    memcpy(&f, &bits, sizeof(f));
-    return f;
+    return float_of(bits);
 }
 
 uint16_t ferry_f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof(x));
+    uint32_t x = bits_of(f);
     const uint16_t sign = (uint16_t) ((x >> 16) & 0x8000);
     const uint32_t exp = (x >> 23) & 0xff;
     uint32_t mant = x & 0x7fffff;
@@ -137,15 +147,11 @@ uint16_t ferry_f32_to_f16(float f) {
 }
 
 float ferry_bf16_to_f32(uint16_t h) {
-    const uint32_t bits = (uint32_t) h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof(f));
-    return f;
+    return float_of((uint32_t) h << 16);
 }
 
 uint16_t ferry_f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof(x));
+    uint32_t x = bits_of(f);
     if ((x & 0x7fffffff) > 0x7f800000) {
         return (uint16_t) ((x >> 16) | 0x40); /* keep nan a nan */
     }

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, List, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Type, TypeVar
 
 import numpy as np
 
 from ._binding import ffi
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, check
 
 T = TypeVar("T")
 
@@ -137,3 +137,14 @@ def c_object(value: object, ctype: str, noun: str, what: str) -> Any:
     if not isinstance(ptr, ffi.CData) or ffi.typeof(ptr) is not ffi.typeof(ctype):
         raise InvalidArgumentError(f"{what}: expected {noun}, got {type(value).__name__}")
     return value
+
+
+_E = TypeVar("_E")
+
+
+def from_c_name(cls: Callable[[int], _E], ctype: str, from_name: Callable[[bytes, Any], int], name: str) -> _E:
+    """The cls member C's from_name (ferry_type_from_name, ferry_copy_policy_from_name) gives for
+    name, whose enum is ctype; the FerryError C leaves for a name it does not know."""
+    out = ffi.new(f"{ctype} *")
+    check(from_name(name.encode(), out))
+    return cls(out[0])

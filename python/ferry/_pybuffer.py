@@ -17,7 +17,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from ._binding import ffi
+from ._binding import ffi, lib
 from .errors import InvalidArgumentError, OutOfBoundsError, OutOfMemoryError
 
 BytesLike = Union[bytes, bytearray, memoryview, np.ndarray]
@@ -97,8 +97,17 @@ def new_bytes(n: int, what: str) -> bytearray:
         raise OutOfMemoryError(f"{what}: cannot allocate {n} bytes to read into") from None
 
 
-def extent_2d(size: int, n_copies: int, stride: int) -> int:
-    """Bytes spanned by n_copies rows of size bytes at a stride: what a 2-D transfer touches."""
-    if size == 0 or n_copies == 0:
-        return 0
-    return (n_copies - 1) * stride + size
+def extent_2d(size: int, n_copies: int, stride: int, what: str = "2-D transfer") -> int:
+    """Bytes of data n_copies rows of size bytes at a stride span (ferry_rows_extent): what a
+    2-D transfer reads or writes on the data side.
+
+    Raises
+    ------
+    OutOfBoundsError
+        When that is more than a 64-bit size.
+    """
+    out = ffi.new("size_t *")
+    if not lib.ferry_rows_extent(size, n_copies, stride, out):
+        raise OutOfBoundsError(f"{what}: {n_copies} rows of {size} bytes at a stride of {stride} span more "
+                               "than a 64-bit size")
+    return int(out[0])

@@ -104,8 +104,9 @@ def _tensor_over(what: str, address: int, dtype: np.dtype, shape: Sequence[int],
             release()
         raise builtins.type(e)(f"{what}: {e.message}") from None
     buf = _foreign_buffer(address, span, device, owner, release, what)
-    row = ne[0] // ty.blck_size * ty.size
-    if nb[1:] == [row * int(np.prod(ne[1:i], dtype=np.int64)) for i in range(1, len(ne))]:
+    dense = ffi.new("size_t[]", len(ne))
+    check(lib.ferry_contiguous_strides(ty.value, len(ne), ffi.new("int64_t[]", ne), dense))
+    if nb[1:] == list(dense)[1:]:
         return buf.place(Tensor.new(ty, ne, name=name))  # dense: the tensor itself, not a view
     root = buf.place(Tensor.new(ty, [span // ty.size * ty.blck_size], name=f"{name or 'array'} memory"))
     return root.view(ne, nb, 0, name=name)
@@ -141,7 +142,9 @@ def _foreign_layout(dtype: np.dtype, shape: Sequence[int], strides: Optional[Seq
             raise LayoutError(f"rows of {ne[0]} bytes are not whole {ty} blocks of {ty.size} bytes")
         ne[0] = ne[0] // ty.size * ty.blck_size
     nb[0] = ty.size
-    span = ne[0] // ty.blck_size * ty.size + sum((n - 1) * s for n, s in zip(ne[1:], nb[1:]))
+    out = ffi.new("size_t *")
+    check(lib.ferry_layout_nbytes(ty.value, len(ne), ffi.new("int64_t[]", ne), ffi.new("size_t[]", nb), out))
+    span = int(out[0])
     if span % ty.size:
         raise LayoutError(f"strides {tuple(strides)} span {span} bytes, not whole {ty.size}-byte elements")
     return ty, ne, nb, span

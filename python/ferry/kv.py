@@ -315,6 +315,67 @@ class KVCache(Closeable):
         t, offset, size = self._stream_of(which, layer, stream)
         return t.get(offset, size)
 
+    def window_layout(self, which: str, n_kv: int, s0: int = 0,
+                      s1: Optional[int] = None) -> Tuple[List[int], List[int], int]:
+        """The view window() takes of each layer's K (which "k") or V ("v"), before its permute
+        (ferry_kv_cache_window_layout).
+
+        Parameters
+        ----------
+        which : str
+            "k" or "v".
+        n_kv, s0, s1 : int
+            As window() takes them.
+
+        Returns
+        -------
+        (list of int, list of int, int)
+            ne and nb of 4 dimensions (cells on dimension 2, or 0 for a transposed V; streams on
+            3), and the byte offset of stream s0 from the layer tensor's first byte.
+
+        Raises
+        ------
+        InvalidArgumentError, OutOfBoundsError
+            As window() does.
+        """
+        v = _which(which, "kv window_layout")
+        nk = _checks.as_int64(n_kv, "kv window_layout: n_kv")
+        a = _checks.as_int64(s0, "kv window_layout: s0")
+        b = self._params.n_stream - 1 if s1 is None else _checks.as_int64(s1, "kv window_layout: s1")
+        ne, nb, offset = ffi.new("int64_t[4]"), ffi.new("size_t[4]"), ffi.new("size_t *")
+        check(lib.ferry_kv_cache_window_layout(self._p, v, nk, a, b, ne, nb, offset))
+        return [int(n) for n in ne], [int(n) for n in nb], int(offset[0])
+
+    def cell_offset(self, which: str, stream: int, cell: int) -> int:
+        """Where a cell of a stream lies in each layer's K (which "k") or V ("v")
+        (ferry_kv_cache_cell_offset).
+
+        Parameters
+        ----------
+        which : str
+            "k" or "v".
+        stream : int
+        cell : int
+            0..kv_size (kv_size: the stream's end).
+
+        Returns
+        -------
+        int
+            Bytes from the layer tensor's first byte to the cell's first value, or for a
+            transposed V to its value of channel 0 (channel c lies c * kv_size values on).
+
+        Raises
+        ------
+        InvalidArgumentError, OutOfBoundsError
+            For which not "k" or "v", or a stream or cell the cache does not have.
+        """
+        v = _which(which, "kv cell_offset")
+        s = _checks.as_int64(stream, "kv cell_offset: stream")
+        c = _checks.as_int64(cell, "kv cell_offset: cell")
+        out = ffi.new("size_t *")
+        check(lib.ferry_kv_cache_cell_offset(self._p, v, s, c, out))
+        return int(out[0])
+
     def __repr__(self) -> str:
         if self.closed:
             return "<KVCache closed>"
@@ -322,6 +383,13 @@ class KVCache(Closeable):
         return (f"<KVCache K {p.type_k} V {p.type_v}{' (transposed)' if p.v_trans else ''} head_dim={p.head_dim} "
                 f"n_head_kv={p.n_head_kv} {p.n_stream} x {self.kv_size} cells, {p.n_layer} layers "
                 f"in {self._buffer_type.name}>")
+
+
+def _which(which: str, what: str) -> bool:
+    """Whether which names V ("v") rather than K ("k"); InvalidArgumentError for anything else."""
+    if not isinstance(which, str) or which not in ("k", "v"):
+        raise InvalidArgumentError(f"{what}: which is 'k' or 'v', not {which!r}")
+    return which == "v"
 
 
 class KVWindows(Sequence[Tuple[Tensor, Tensor]]):

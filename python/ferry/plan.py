@@ -100,17 +100,12 @@ def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: in
     shape = _checks.as_shape(ne, "plan_copy: ne")
     strides = _checks.as_strides(nb, len(shape), "plan_copy")
     off = _checks.as_size(offset, "plan_copy: offset")
-    unit, blck = ty.size, ty.blck_size
-    # ferry views are 4-D: one-value dimensions after the given ones, strided as ferry_tensor_view would
-    shape4, strides4 = shape + [1] * (4 - len(shape)), list(strides)
-    for i in range(len(strides), 4):
-        s = unit * (max(shape4[0], 0) // blck) if i == 1 else strides4[i - 1] * max(shape4[i - 1], 0)
-        strides4.append(min(s, _checks.SIZE_MAX))  # one value: the stride is never stepped
+    unit = ty.size
+    shape4 = shape + [1] * (4 - len(shape))
+    strides4 = _view_strides(ty, shape, strides)
     first = 0
-    if strides4[0] != unit:
-        if blck > 1:
-            raise LayoutError(f"plan_copy: nb[0] is {strides4[0]} but a {ty} block is {unit} bytes "
-                              "(block types keep dimension 0 innermost)")
+    swap = strides4[0] != unit and not ty.is_quantized  # block types: the view refuses nb[0] itself
+    if swap:
         first = next((i for i in range(4) if strides4[i] == unit or shape4[i] == 1), -1)
         if first < 0:
             raise LayoutError(f"plan_copy: no dimension has stride {unit} (one {ty} element) or one value; "
@@ -119,7 +114,8 @@ def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: in
     order[0], order[first] = order[first], order[0]
     vne = [shape4[i] for i in order]
     vnb = [strides4[i] for i in order]
-    vnb[0] = unit
+    if swap:
+        vnb[0] = unit  # the dimension put first steps by one element, or holds one value
     src = source if source is not None else _source_for(ty, off, vne, vnb, name)
     view = src.view(vne, vnb, off, name=name if first == 0 else f"{name}_unpermuted")
     if first == 0:
@@ -127,6 +123,14 @@ def layout_view(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: in
     axes = list(range(4))  # swapping two axes is its own inverse
     axes[0], axes[first] = axes[first], axes[0]
     return view.permute(axes, name=name)
+
+
+def _view_strides(ty: Any, shape: List[int], strides: List[int]) -> List[int]:
+    """ferry_view_strides: the four strides a view of this shape and these strides has."""
+    out = ffi.new("size_t[4]")
+    check(lib.ferry_view_strides(ty.value, len(shape), ffi.new("int64_t[]", shape), ffi.new("size_t[]", strides),
+                                 out))
+    return [int(v) for v in out]
 
 
 def _source_for(ty: Any, off: int, ne: Sequence[int], nb: Sequence[int], name: str) -> Tensor:
@@ -320,11 +324,12 @@ def plan_cost(copies: Iterable[Sequence[int]], model: ModelLike = "cpu") -> floa
     ----------
     copies : iterable of Copy2D or of (offset, size, count, stride)
     model : CopyCostModel, str or Backend, optional
-        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+        The cost model, as cost_model takes it.
 
     Returns
     -------
     float
+        The copies' seconds, each call and row costed as the model says.
     """
     m = cost_model(model)._c()
     arr, n = to_c(copies, "plan_cost")
@@ -337,13 +342,14 @@ def flat_cost(span: int, model: ModelLike = "cpu") -> float:
     Parameters
     ----------
     span : int
-        Bytes.
+        Bytes from the first to the last.
     model : CopyCostModel, str or Backend, optional
-        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+        As for plan_cost.
 
     Returns
     -------
     float
+        One call and the span at the model's bandwidth.
     """
     m = cost_model(model)._c()
     return float(lib.ferry_copy_flat_cost(m, _checks.as_size(span, "flat_cost: span")))
@@ -356,7 +362,7 @@ def plan_pays(tensor: Tensor, model: ModelLike = "cpu") -> bool:
     ----------
     tensor : Tensor
     model : CopyCostModel, str or Backend, optional
-        The cost model: "cpu", "gpu", a model, or a Backend (the one its copies are costed by).
+        As for plan_cost.
 
     Returns
     -------

@@ -11,8 +11,9 @@ from __future__ import annotations
 import enum
 from typing import Union
 
+from . import _checks
 from ._binding import ffi, lib
-from .errors import InvalidArgumentError, check
+from .errors import InvalidArgumentError
 
 
 class CopyPolicy(enum.IntEnum):
@@ -36,7 +37,5 @@ def to_policy(value: object) -> CopyPolicy:
     if isinstance(value, CopyPolicy):
         return value
     if isinstance(value, str):
-        out = ffi.new("ferry_copy_policy *")
-        check(lib.ferry_copy_policy_from_name(value.encode(), out))
-        return CopyPolicy(out[0])
+        return _checks.from_c_name(CopyPolicy, "ferry_copy_policy", lib.ferry_copy_policy_from_name, value)
     raise InvalidArgumentError(f"copy policy: expected a name (flat, ranges, plan) or a CopyPolicy, got {value!r}")

@@ -103,6 +103,9 @@ class Scheduler(Closeable):
         device's worker thread); each part's compute waits for its own inputs. 0 (the default):
         off, every figure and byte as without it.
 
+    close() (or a `with` block's end) frees the scheduler's copies and compute memory now; its
+    Input.copy tensors and the outputs it placed raise FreedBufferError after.
+
     Raises
     ------
     InvalidArgumentError
@@ -131,7 +134,6 @@ class Scheduler(Closeable):
         self._finalizer = weakref.finalize(self, _release, self._handles)
         self._pins: Dict[Any, Tensor] = {}  # C compares pinned tensors by address: keep them alive
         self._graph: Optional[Graph] = None
-        self._graph_nodes = 0
         self._copies: Dict[Any, Tensor] = {}
         self._buffers: Dict[int, BorrowedBuffer] = {}
         self.policy = policy
@@ -144,15 +146,6 @@ class Scheduler(Closeable):
     @property
     def _p(self) -> Any:
         return self._live()
-
-    def close(self) -> None:
-        """Free the scheduler's copies and compute memory now; its Input.copy tensors and the
-        outputs it placed raise FreedBufferError after. Idempotent."""
-        super().close()
-
-    def _after_close(self) -> None:
-        self._copies.clear()
-        self._graph = None
 
     @property
     def backends(self) -> List[Backend]:
@@ -178,7 +171,6 @@ class Scheduler(Closeable):
         if not isinstance(compact, bool):
             raise InvalidArgumentError(f"compact: expected a bool, got {type(compact).__name__}")
         check(lib.ferry_sched_set_compact(self._p, compact))
-        self._graph = None  # the copies change layout: allocate again at the next compute
 
     @property
     def prefetch(self) -> int:
@@ -191,7 +183,6 @@ class Scheduler(Closeable):
         if isinstance(n_parts, bool):
             raise InvalidArgumentError("prefetch: expected an int of 0 or more, got bool")
         check(lib.ferry_sched_set_prefetch(self._p, _checks.as_c_int(n_parts, "prefetch")))
-        self._graph = None  # the copies' places change: allocate again at the next compute
 
     def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
         return next((b for b in self._backends if b._handle.ptr == ptr), None)
@@ -233,6 +224,7 @@ class Scheduler(Closeable):
         Parameters
         ----------
         graph : Graph
+            Kept alive until the next alloc: C knows it by address.
 
         Raises
         ------
@@ -247,7 +239,6 @@ class Scheduler(Closeable):
         self._graph = None
         check(lib.ferry_sched_alloc_graph(p, graph._p))
         self._graph = graph  # C remembers it by address: keep it (and its tensors) alive
-        self._graph_nodes = graph.n_nodes
         # The input copies get their Buffer when first asked for (_copy): most loops never ask.
         adopt_placements(graph._tensors.values(), self, self._handle, self._buffer_types, self._buffers)
 
@@ -256,6 +247,11 @@ class Scheduler(Closeable):
         self._generation = Handle(object(), lambda _: None)
         self._handles[0] = self._generation
         self._copies.clear()
+
+    def _after_close(self) -> None:
+        """Drop the copies and graph of the last allocation, which close() freed in C."""
+        self._copies.clear()
+        self._graph = None
 
     def compute(self, graph: Graph) -> None:
         """Run the Graph graph: allocate if it is not the one last allocated (or it grew), copy the inputs
@@ -266,7 +262,7 @@ class Scheduler(Closeable):
         """
         _checks.instance(graph, Graph, "sched compute")
         graph._check_live()
-        if graph is not self._graph or graph.n_nodes != self._graph_nodes:
+        if lib.ferry_sched_needs_alloc(self._p, graph._p):
             self.alloc(graph)
         check(lib.ferry_sched_graph_compute(self._p, graph._p))
 

@@ -209,10 +209,7 @@ class Tensor:
         if nb is None:
             strides = self._contiguous_strides(shape)
         else:
-            strides = _checks.as_strides(nb, len(shape), "view")
-            if strides[0] != self.type.size:
-                raise LayoutError(f"view: nb[0] is {strides[0]} but a {self.type} element (block) is "
-                                  f"{self.type.size} bytes")
+            strides = _checks.as_strides(nb, len(shape), "view")  # C refuses an nb[0] not the type's size
         off = _checks.as_size(offset, "view: offset")
         src = self._p
         return self._derive(lambda ctx, out: lib.ferry_tensor_view(
@@ -827,7 +824,7 @@ def _check_size(tensor: Tensor, nbytes: int, what: str, offset: int, expect: Tup
         return
     tensor._check_transfer(what, *rows)
     _, size, n_copies, _, stride_data = rows
-    need = _pybuffer.extent_2d(size, n_copies, stride_data)
+    need = _pybuffer.extent_2d(size, n_copies, stride_data, what)
     if nbytes < need:
         raise OutOfBoundsError(f"{what}: the data holds {nbytes} bytes but the transfer needs {need}")
     if need and nbytes > n_copies * stride_data:

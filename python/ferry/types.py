@@ -7,8 +7,7 @@ values takes row_size(type, n) bytes and n must be a whole number of blocks.
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Dict, TypeVar, Union
-from typing import Type as Type_
+from typing import Dict, Union
 
 import ml_dtypes
 import numpy as np
@@ -62,32 +61,6 @@ _NUMPY: Dict[Type, np.dtype] = {
 }
 
 
-E = TypeVar("E", bound=enum.IntEnum)
-
-
-def enum_from_name(cls: Type_[E], ctype: str, from_name: Callable[[bytes, Any], int], name: str) -> E:
-    """The member of a C enum that C's *_from_name function reads a name as.
-
-    Parameters
-    ----------
-    cls : IntEnum subclass
-        The enum's Python class (Type, CopyPolicy).
-    ctype : str
-        The C out-parameter's type ("ferry_type *").
-    from_name : C function
-        ferry_type_from_name, ferry_copy_policy_from_name, ...
-    name : str
-
-    Raises
-    ------
-    FerryError
-        C's error for a name it does not know.
-    """
-    out = ffi.new(ctype)
-    check(from_name(name.encode(), out))
-    return cls(out[0])
-
-
 def to_type(value: TypeLike) -> Type:
     """A Type from a Type, a name or a number.
 
@@ -108,7 +81,7 @@ def to_type(value: TypeLike) -> Type:
     if isinstance(value, Type):
         return value
     if isinstance(value, str):
-        return enum_from_name(Type, "ferry_type *", lib.ferry_type_from_name, value)
+        return _checks.from_c_name(Type, "ferry_type", lib.ferry_type_from_name, value)
     n = _checks.as_c_int(value, "type")
     if n not in Type._value2member_map_:
         lib.ferry_type_name(ffi.cast("ferry_type", n))  # leaves C's message (a cast: the enum is unsigned)

@@ -128,22 +128,22 @@ static void test_rule_refuses_overlap_and_scattered_slices(void) {
     ferry_copy_2d r;
     /* dense slices of 256 bytes, 4 of them 128 bytes apart: overlap */
     const int64_t ne[4] = {16, 4, 1, 4};
-    const size_t overlap[4] = {0, 64, 256, 128};
+    const size_t overlap[4] = {4, 64, 256, 128};
     CHECK_OK(ferry_tensor_view(ctx, store, 4, ne, overlap, 0, &v));
     CHECK(!ferry_copy_ranges_of(v, &r));
     /* rows of 64 bytes at a 100-byte pitch: the slice has gaps of its own */
-    const size_t scattered[4] = {0, 100, 400, 1000};
+    const size_t scattered[4] = {4, 100, 400, 1000};
     CHECK_OK(ferry_tensor_view(ctx, store, 4, ne, scattered, 0, &v));
     CHECK(!ferry_copy_ranges_of(v, &r));
     /* dimension 0 not innermost */
     ferry_tensor * tr;
-    const size_t dense[4] = {0, 64, 256, 1024};
+    const size_t dense[4] = {4, 64, 256, 1024};
     CHECK_OK(ferry_tensor_view(ctx, store, 4, ne, dense, 0, &v));
     CHECK(ferry_copy_ranges_of(v, &r) && r.size == 256 && r.count == 4 && r.stride == 1024);
     CHECK_OK(ferry_tensor_transpose(ctx, v, &tr));
     CHECK(!ferry_copy_ranges_of(tr, &r));
     /* ranges exactly touching: the rule applies (a contiguous tensor, one range per slice) */
-    const size_t touching[4] = {0, 64, 256, 256};
+    const size_t touching[4] = {4, 64, 256, 256};
     CHECK_OK(ferry_tensor_view(ctx, store, 4, ne, touching, 0, &v));
     CHECK(ferry_copy_ranges_of(v, &r) && r.count == 4 && r.stride == 256);
     ferry_context_free(ctx);

@@ -67,7 +67,7 @@ static void test_nbytes_k_window(void) {
             const int64_t ne_cache[3] = {n_embd, kv_size, ns};
             CHECK_OK(ferry_tensor_new(ctx, type, 3, ne_cache, &cache));
             const int64_t ne[4] = {head_dim, n_head_kv, n_kv, ns};
-            const size_t nb[4] = {0, row(type, head_dim), row(type, n_embd), row(type, n_embd) * (size_t) kv_size};
+            const size_t nb[4] = {ferry_type_size(type), row(type, head_dim), row(type, n_embd), row(type, n_embd) * (size_t) kv_size};
             ferry_tensor *k, *kp;
             CHECK_OK(ferry_tensor_view(ctx, cache, 4, ne, nb, 0, &k));
             CHECK_OK(ferry_tensor_permute(ctx, k, 0, 2, 1, 3, &kp));
@@ -86,7 +86,7 @@ static void test_nbytes_k_window(void) {
     const int64_t ne_v[3] = {kv_size, n_embd, 1};
     CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F16, 3, ne_v, &vcache));
     const int64_t ne[4] = {n_kv, n_head_kv, head_dim, 1};
-    const size_t nb[4] = {0, row(FERRY_TYPE_F16, kv_size * head_dim), row(FERRY_TYPE_F16, kv_size),
+    const size_t nb[4] = {2, row(FERRY_TYPE_F16, kv_size * head_dim), row(FERRY_TYPE_F16, kv_size),
                           row(FERRY_TYPE_F16, kv_size * n_embd)};
     ferry_tensor * v;
     CHECK_OK(ferry_tensor_view(ctx, vcache, 4, ne, nb, 0, &v));
@@ -119,7 +119,7 @@ static void test_views_permute_reshape(void) {
 
     /* a view of a view keeps one source and adds its offsets */
     const int64_t ne_v[2] = {8, 2}, ne_v4[2] = {8, 4};
-    const size_t nb_v[2] = {0, 32};
+    const size_t nb_v[2] = {4, 32};
     CHECK_OK(ferry_tensor_view(ctx, t, 2, ne_v4, nb_v, 64, &v));
     CHECK_OK(ferry_tensor_view(ctx, v, 2, ne_v, nb_v, 32, &vv));
     CHECK(vv->view_src == t && vv->view_offs == 96);
@@ -131,10 +131,27 @@ static void test_views_permute_reshape(void) {
     CHECK_FAILS(ferry_tensor_view(ctx, vv, 1, ne_one, NULL, 64, &v), FERRY_ERR_OUT_OF_BOUNDS);
     CHECK_OK(ferry_tensor_view(ctx, vv, 1, ne_one, NULL, 32, &v));
     CHECK(v->view_offs == 128);
-    const size_t nb_huge[2] = {0, SIZE_MAX / 2};
+    const size_t nb_huge[2] = {4, SIZE_MAX / 2};
     CHECK_FAILS(ferry_tensor_view(ctx, t, 2, ne_v, nb_huge, 0, &v), FERRY_ERR_OUT_OF_BOUNDS);
     const int64_t ne_neg[2] = {8, -1};
     CHECK_FAILS(ferry_tensor_view(ctx, t, 2, ne_neg, nb_v, 0, &v), FERRY_ERR_INVALID_ARG);
+    /* nb[0] is the element size, or the view is refused with a message that says so */
+    const size_t nb_gap[2] = {8, 32};
+    CHECK_FAILS(ferry_tensor_view(ctx, t, 2, ne_v, nb_gap, 0, &v), FERRY_ERR_LAYOUT);
+    CHECK(strstr(ferry_last_error(), "nb[0] is 8 but a f32 element is 4 bytes") != NULL);
+    /* the strides a view gets past its n_dims: the next one on, then one value each */
+    size_t nb4[4];
+    CHECK_OK(ferry_view_strides(FERRY_TYPE_F32, 2, ne_v, nb_v, nb4));
+    CHECK(nb4[0] == 4 && nb4[1] == 32 && nb4[2] == 64 && nb4[3] == 64);
+    CHECK_OK(ferry_tensor_view(ctx, t, 2, ne_v, nb_v, 0, &v));
+    CHECK(memcmp(v->nb, nb4, sizeof(nb4)) == 0);
+    const int64_t ne_q[1] = {64};
+    CHECK_OK(ferry_view_strides(FERRY_TYPE_Q8_0, 1, ne_q, nb_gap, nb4)); /* nb[0] as given; nb[1] two blocks */
+    CHECK(nb4[0] == 8 && nb4[1] == 68 && nb4[2] == 68 && nb4[3] == 68);
+    CHECK_FAILS(ferry_view_strides(FERRY_TYPE_F32, 2, ne_neg, nb_v, nb4), FERRY_ERR_INVALID_ARG);
+    const size_t nb_far[2] = {4, SIZE_MAX / 2 + 1};
+    CHECK_OK(ferry_view_strides(FERRY_TYPE_F32, 2, ne_v, nb_far, nb4));
+    CHECK(nb4[2] == SIZE_MAX && nb4[3] == SIZE_MAX); /* past size_t: never stepped */
     CHECK_FAILS(ferry_tensor_new(ctx, (ferry_type) 42, 2, ne_v, &v), FERRY_ERR_UNKNOWN_TYPE);
 
     CHECK_OK(ferry_tensor_dup_layout(ctx, p, &d));
@@ -545,6 +562,12 @@ static void test_check_transfer(void) {
     CHECK_FAILS(ferry_tensor_check_transfer(t, 0, 4, 1, 0, 0, "probe"), FERRY_ERR_FREED);
     ferry_backend_free(cpu);
     ferry_context_free(ctx);
+    /* the data side of a 2-D transfer: nothing when nothing moves, else first row to last */
+    size_t extent = 1;
+    CHECK(ferry_rows_extent(0, 5, 100, &extent) && extent == 0);
+    CHECK(ferry_rows_extent(4, 0, 100, &extent) && extent == 0);
+    CHECK(ferry_rows_extent(4, 3, 100, &extent) && extent == 204);
+    CHECK(!ferry_rows_extent(4, 3, SIZE_MAX / 2, &extent) && !ferry_rows_extent(4, 3, 100, NULL));
 }
 
 /* ferry_kv_cache_params gives back the params the cache was made with. */
@@ -562,6 +585,30 @@ static void test_kv_cache_params(void) {
     CHECK(got.v_trans == p.v_trans);
     CHECK_FAILS(ferry_kv_cache_params(kv, NULL), FERRY_ERR_INVALID_ARG);
     CHECK_FAILS(ferry_kv_cache_params(NULL, &got), FERRY_ERR_INVALID_ARG);
+    /* the layout a window views each layer with, and where cells lie: as the windows have them */
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *k, *v;
+    CHECK_OK(ferry_kv_cache_window(kv, ctx, 1, 5, 1, 2, &k, &v));
+    int64_t ne[4];
+    size_t nb[4], offset;
+    CHECK_OK(ferry_kv_cache_window_layout(kv, false, 5, 1, 2, ne, nb, &offset));
+    CHECK(ne[0] == 64 && ne[1] == 2 && ne[2] == 5 && ne[3] == 2 && offset == k->view_offs);
+    CHECK(nb[0] == 34 && nb[1] == 68 && nb[2] == 136 && nb[3] == 136 * 32);
+    CHECK(k->nb[0] == nb[0] && k->nb[1] == nb[2] && k->nb[2] == nb[1] && k->nb[3] == nb[3]);
+    CHECK_OK(ferry_kv_cache_window_layout(kv, true, 5, 1, 2, ne, nb, &offset));
+    CHECK(ne[0] == 5 && ne[1] == 2 && ne[2] == 64 && ne[3] == 2 && offset == v->view_offs);
+    CHECK(nb[0] == 2 && nb[1] == 2 * 32 * 64 && nb[2] == 2 * 32 && nb[3] == 2 * 32 * 128);
+    CHECK(v->nb[0] == nb[0] && v->nb[1] == nb[2] && v->nb[2] == nb[1] && v->nb[3] == nb[3]);
+    CHECK_FAILS(ferry_kv_cache_window_layout(kv, true, 33, 0, 0, ne, nb, &offset), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_kv_cache_window_layout(kv, true, 1, 2, 3, ne, nb, &offset), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_OK(ferry_kv_cache_cell_offset(kv, false, 2, 3, &offset));
+    CHECK_EQ_U(offset, (2 * 32 + 3) * 136);
+    CHECK_OK(ferry_kv_cache_cell_offset(kv, true, 2, 32, &offset)); /* a stream's end */
+    CHECK_EQ_U(offset, (2 * 32 * 128 + 32) * 2);
+    CHECK_FAILS(ferry_kv_cache_cell_offset(kv, true, 3, 0, &offset), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_kv_cache_cell_offset(kv, false, 0, 33, &offset), FERRY_ERR_OUT_OF_BOUNDS);
+    ferry_context_free(ctx);
     ferry_kv_cache_free(kv);
 }
 

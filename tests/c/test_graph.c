@@ -281,7 +281,7 @@ static void test_cpu_strided_views(void) {
     CHECK_OK(ferry_dup(r.ctx, pm, &dp));
     /* every other row of x's first dimension-1 slice: ne [3,2,2,5], nb[1] doubled */
     const int64_t ne_v[4] = {3, 2, 2, 5};
-    const size_t nb_v[4] = {0, 2 * x->nb[1], x->nb[2], x->nb[3]};
+    const size_t nb_v[4] = {x->nb[0], 2 * x->nb[1], x->nb[2], x->nb[3]};
     CHECK_OK(ferry_tensor_view(r.ctx, x, 4, ne_v, nb_v, x->nb[1], &v));
     CHECK_OK(ferry_add(r.ctx, v, b, &sum));
     CHECK_OK(ferry_dup_as(r.ctx, pm, FERRY_TYPE_F16, &h));

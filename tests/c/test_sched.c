@@ -183,6 +183,16 @@ static void test_sched_no_inputs_when_backend_can_use_source(void) {
     CHECK_EQ_U(ferry_sched_n_pins(s), 0);
     CHECK_OK(ferry_sched_alloc_graph(s, g));
     CHECK(ferry_sched_get_tensor_backend(s, out) == f.cpu && ferry_sched_n_inputs(s) == 0);
+    /* compute allocates again after an option that takes effect at the next alloc, or a new node */
+    CHECK(!ferry_sched_needs_alloc(s, g) && !ferry_sched_needs_alloc(NULL, g) && !ferry_sched_needs_alloc(s, NULL));
+    CHECK_OK(ferry_sched_set_compact(s, true));
+    CHECK(ferry_sched_needs_alloc(s, g));
+    CHECK_OK(ferry_sched_graph_compute(s, g));
+    CHECK(!ferry_sched_needs_alloc(s, g));
+    ferry_tensor * twice;
+    CHECK_OK(ferry_dup(f.ctx, out, &twice));
+    CHECK_OK(ferry_graph_build(g, twice));
+    CHECK(ferry_sched_needs_alloc(s, g));
     ferry_backend * stranger;
     CHECK_OK(ferry_cpu_backend_new(&stranger));
     CHECK_FAILS(ferry_sched_set_tensor_backend(s, out, stranger), FERRY_ERR_INVALID_ARG);
@@ -241,11 +251,11 @@ static void test_compact_layout_needs_one_copy(void) {
     const int64_t ne_store[1] = {1024};
     CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne_store, &store));
     const int64_t ne[3] = {4, 3, 2};
-    const size_t nested[3] = {0, 100, 1000}; /* 3 rows at pitch 100, twice at 1000: two copies */
+    const size_t nested[3] = {4, 100, 1000}; /* 3 rows at pitch 100, twice at 1000: two copies */
     CHECK_OK(ferry_tensor_view(ctx, store, 3, ne, nested, 0, &v));
     CHECK_OK(ferry_tensor_compact_layout(ctx, v, &c));
     CHECK(ferry_tensor_same_layout(c, v) && !ferry_tensor_is_compact_of(c, v));
-    const size_t folded[3] = {0, 100, 300}; /* one progression: one copy of 6 rows */
+    const size_t folded[3] = {4, 100, 300}; /* one progression: one copy of 6 rows */
     CHECK_OK(ferry_tensor_view(ctx, store, 3, ne, folded, 0, &v));
     CHECK_OK(ferry_tensor_compact_layout(ctx, v, &c));
     CHECK(ferry_tensor_is_compact_of(c, v));

@@ -59,6 +59,26 @@ def test_contiguous_and_unified_k_are_one_flat_copy_that_does_not_pay() -> None:
     assert ferry.plan_copy("f32", [0, 3], [4, 16]) == []  # an empty view reads nothing
 
 
+def test_window_layout_is_the_view_a_window_takes() -> None:
+    """The layout and cell offsets C gives make the window's own view, and the view layout_view plans."""
+    kv = ferry.KVCache("f16", "f16", 64, 2, 96, 3, v_trans=True)
+    for which in ("k", "v"):
+        ne, nb, offset = kv.window_layout(which, 5, 1, 2)
+        k, v = kv.window(0, 5, 1, 2)
+        w = k if which == "k" else v
+        t = kv.k(0) if which == "k" else kv.v(0)
+        view = t.view(ne, nb, offset).permute(0, 2, 1, 3)
+        assert (view.ne, view.nb, view.offset) == (w.ne, w.nb, w.offset)
+        assert ferry.plan_of(view) == ferry.plan_of(w)
+        assert offset == kv.cell_offset(which, 1, 0)
+    assert kv.cell_offset("k", 2, 3) == (2 * 32 + 3) * 256  # a cell: 128 f16 values
+    assert kv.cell_offset("v", 2, 32) == (2 * 32 * 128 + 32) * 2  # transposed: cells are values
+    with pytest.raises(ferry.OutOfBoundsError, match="cell 33 of stream 0"):
+        kv.cell_offset("k", 0, 33)
+    with pytest.raises(ferry.InvalidArgumentError, match="which is 'k' or 'v'"):
+        kv.window_layout("q", 1)
+
+
 def test_permuted_layouts_and_offsets() -> None:
     # every other f32 of 3 rows, then rows and columns swapped (dimension 0 no longer innermost)
     assert ferry.plan_copy("f32", [3, 4], [32, 8], 4) == [ferry.Copy2D(4, 4, 12, 8)]
@@ -173,6 +193,7 @@ def test_cost_model() -> None:
     (lambda: ferry.plan_copy("f32", [1.5], [4]), ferry.InvalidArgumentError, "expected an integer"),
     (lambda: ferry.plan_copy("f32", [2] * 4, [8, 16, 32, 64]), ferry.LayoutError, "no dimension has stride 4"),
     (lambda: ferry.plan_copy("q8_0", [32, 2], [68, 34]), ferry.LayoutError, "block types keep dimension 0"),
+    (lambda: ferry.Tensor.new("f32", [8]).view([2], [8]), ferry.LayoutError, "nb[0] is 8 but a f32 element is 4"),
     (lambda: ferry.plan_copy("f32", [1, 2, 3, 4, 5], [4] * 5), ferry.InvalidArgumentError, "1 to 4 dimensions"),
     (lambda: ferry.plan_of("t"), ferry.InvalidArgumentError, "expected a Tensor, got str"),
     (lambda: ferry.layout_view("f16", [4], [2], source=ferry.Tensor.new("f32", [8])), ferry.LayoutError,

@@ -83,6 +83,10 @@ FERRY_API ferry_status ferry_tensor_get_2d(const ferry_tensor * t, void * data, 
  * "tensor_check_transfer"). A caller that must size its own memory first checks here. */
 FERRY_API ferry_status ferry_tensor_check_transfer(const ferry_tensor * t, size_t offset, size_t size, size_t n_copies,
                                          size_t stride_tensor, size_t stride_data, const char * what);
+/* The bytes of data a transfer of n_copies rows of size bytes at stride_data reads or writes:
+ * (n_copies - 1) * stride_data + size, 0 when size or n_copies is 0 (nothing moves). False
+ * when that overflows a size_t. */
+FERRY_API bool ferry_rows_extent(size_t size, size_t n_copies, size_t stride_data, size_t * out);
 /* The flat copy of nbytes() between tensors of the same layout. */
 FERRY_API ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst);
 

@@ -45,6 +45,19 @@ FERRY_API ferry_status ferry_kv_cache_v(const ferry_kv_cache * kv, int32_t layer
  */
 FERRY_API ferry_status ferry_kv_cache_window(const ferry_kv_cache * kv, ferry_context * ctx, int32_t layer, int64_t n_kv,
                                    int64_t s0, int64_t s1, ferry_tensor ** k_out, ferry_tensor ** v_out);
+/*
+ * The view ferry_kv_cache_window takes of a layer's K (v false) or V, before its permute:
+ * ne and nb of 4 dimensions (cells on dimension 2, or 0 when V is transposed; streams on 3)
+ * and the byte offset of stream s0 from the layer tensor's first byte. Fails as
+ * ferry_kv_cache_window does for n_kv or streams the cache does not have.
+ */
+FERRY_API ferry_status ferry_kv_cache_window_layout(const ferry_kv_cache * kv, bool v, int64_t n_kv, int64_t s0,
+                                                    int64_t s1, int64_t * ne, size_t * nb, size_t * offset);
+/* The byte offset of a cell of a stream in each layer's K (v false) or V: of its first value,
+ * or, V transposed, of its value of channel 0 (channel c lies c * kv_size values on). cell
+ * may be kv_size, the stream's end. */
+FERRY_API ferry_status ferry_kv_cache_cell_offset(const ferry_kv_cache * kv, bool v, int64_t stream, int64_t cell,
+                                                  size_t * out);
 
 #ifdef __cplusplus
 }

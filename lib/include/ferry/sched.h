@@ -80,7 +80,11 @@ FERRY_API void         ferry_sched_clear_pins(ferry_sched * sched);
 FERRY_API int          ferry_sched_n_pins(const ferry_sched * sched);
 /* Assign backends, find splits and inputs, allocate copies and outputs. */
 FERRY_API ferry_status ferry_sched_alloc_graph(ferry_sched * sched, ferry_graph * graph);
-/* Allocate if this is not the graph last allocated, then copy inputs and compute. */
+/* Whether compute allocates graph before it runs: it is not the graph last allocated (or
+ * that alloc failed), it has more or fewer nodes than then, or an option that takes effect
+ * at the next alloc was set since. False for NULL. */
+FERRY_API bool         ferry_sched_needs_alloc(const ferry_sched * sched, const ferry_graph * graph);
+/* Allocate if ferry_sched_needs_alloc says so, then copy inputs and compute. */
 FERRY_API ferry_status ferry_sched_graph_compute(ferry_sched * sched, ferry_graph * graph);
 /* The backend a tensor of the last allocated graph was given (NULL if none). */
 FERRY_API ferry_backend * ferry_sched_get_tensor_backend(const ferry_sched * sched, const ferry_tensor * t);

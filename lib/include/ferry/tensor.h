@@ -94,11 +94,18 @@ FERRY_API ferry_status ferry_tensor_new(ferry_context * ctx, ferry_type type, in
                               const int64_t * ne, ferry_tensor ** out);
 /* A tensor with the same type, ne and nb as t, unallocated (the scheduler's input copy). */
 FERRY_API ferry_status ferry_tensor_dup_layout(ferry_context * ctx, const ferry_tensor * t, ferry_tensor ** out);
-/* A view of src: n_dims shapes, explicit byte strides nb[1..n_dims-1] (nb[0] is the
- * type's), at a byte offset from src's first byte. It must stay inside src's own span. */
+/* A view of src: n_dims shapes and byte strides (nb may be NULL for one dimension), at a
+ * byte offset from src's first byte. nb[0] must be the type's size (one element or block:
+ * FERRY_ERR_LAYOUT otherwise); dimensions past n_dims hold one value, strided as
+ * ferry_view_strides gives. The view must stay inside src's own span. */
 FERRY_API ferry_status ferry_tensor_view(ferry_context * ctx, ferry_tensor * src, int n_dims,
                                const int64_t * ne, const size_t * nb, size_t offset,
                                ferry_tensor ** out);
+/* The four strides a view of n_dims of ne and nb has: nb as given (nb[0] unchecked), then
+ * for each one-value dimension past them the stride below times the count below (nb[1]: a
+ * row of ne[0]), SIZE_MAX past size_t. Fails as ferry_tensor_view does for a bad shape. */
+FERRY_API ferry_status ferry_view_strides(ferry_type type, int n_dims, const int64_t * ne, const size_t * nb,
+                                          size_t * out);
 /* ggml's permute: dimension i of t becomes dimension axis[i] of the result. */
 FERRY_API ferry_status ferry_tensor_permute(ferry_context * ctx, ferry_tensor * t,
                                   int axis0, int axis1, int axis2, int axis3, ferry_tensor ** out);

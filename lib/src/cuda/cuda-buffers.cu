@@ -252,17 +252,10 @@ static bool pinned_add(const void * base, size_t size) {
     const bool mapped = cudaHostGetDevicePointer(&dev, (void *) base, 0) == cudaSuccess && dev == base;
     cudaGetLastError();
     pthread_mutex_lock(&pinned_lock);
-    bool ok = true;
-    if (pinned_n == pinned_cap) {
-        const size_t cap = pinned_cap ? 2 * pinned_cap : 16;
-        auto * grown = (pinned_range *) ferry_realloc(pinned_ranges, cap * sizeof(pinned_range));
-        ok = grown != nullptr;
-        if (ok) {
-            pinned_ranges = grown;
-            pinned_cap = cap;
-        }
-    }
+    auto * grown = (pinned_range *) ferry_grow(pinned_ranges, &pinned_cap, pinned_n + 1, sizeof(pinned_range));
+    const bool ok = grown != nullptr;
     if (ok) {
+        pinned_ranges = grown;
         pinned_ranges[pinned_n++] = {(const char *) base, size, mapped};
     }
     pthread_mutex_unlock(&pinned_lock);

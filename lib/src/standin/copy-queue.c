@@ -61,12 +61,6 @@ struct queue_event {
     double seconds;             /* when the worker reached it */
 };
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
-}
-
 #ifdef FERRY_FAULT_INJECTION
 static atomic_bool paused;
 void ferry_fault_copy_queue_pause(bool pause) { atomic_store(&paused, pause); }
@@ -91,8 +85,8 @@ static void * worker_main(void * arg) {
         if (q->count == 0 && !q->closing) {
             const uint64_t seen = atomic_load(&q->finished);
             pthread_mutex_unlock(&q->lock);
-            const double until = now_seconds() + IDLE_POLL_SECONDS;
-            while (atomic_load(&q->queued) == seen && !atomic_load(&q->closing) && now_seconds() < until) {
+            const double until = ferry_now_seconds() + IDLE_POLL_SECONDS;
+            while (atomic_load(&q->queued) == seen && !atomic_load(&q->closing) && ferry_now_seconds() < until) {
                 sched_yield();
             }
             pthread_mutex_lock(&q->lock);
@@ -114,7 +108,7 @@ static void * worker_main(void * arg) {
         run_job(&j); /* the copy runs unlocked: queuing more goes on meanwhile */
         pthread_mutex_lock(&q->lock);
         if (j.kind == JOB_EVENT) {
-            j.event->seconds = now_seconds();
+            j.event->seconds = ferry_now_seconds();
             atomic_store(&j.event->reached, j.seq);
         }
         q->head = (q->head + 1) % q->capacity;
@@ -174,8 +168,8 @@ static bool queue_supports_buft(ferry_backend * backend, ferry_buffer_type * buf
 static void wait_until(queue_ctx * q, _Atomic uint64_t * value, uint64_t target) {
     if (atomic_load(value) < target) {
         pthread_mutex_unlock(&q->lock);
-        const double until = now_seconds() + WAIT_POLL_SECONDS;
-        while (atomic_load(value) < target && now_seconds() < until) {
+        const double until = ferry_now_seconds() + WAIT_POLL_SECONDS;
+        while (atomic_load(value) < target && ferry_now_seconds() < until) {
             sched_yield();
         }
         pthread_mutex_lock(&q->lock);

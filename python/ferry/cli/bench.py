@@ -250,8 +250,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                     help="also run a unified cache of the same sequences, for comparison (default on)")
     add_backend_arg(bp)
     bp.add_argument("--repeat", type=POSITIVE, default=d.repeat,
-                    help="timed repetitions of each variant, taking turns after a warm-up; figures are medians "
-                         f"(default {d.repeat})")
+                    help="timed repetitions of each variant, taking turns after a warm-up; figures take each "
+                         f"step's fastest of them (default {d.repeat})")
     bp.add_argument("--v-trans", action="store_true",
                     help="V stored transposed (flash attention off): a gap after every channel row, even unified")
     bp.add_argument("--compact", action="store_true",

@@ -75,7 +75,7 @@ from ..kv import KVCache
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
-from ..types import row_size, to_type
+from ..types import to_type
 from .common import (
     POLICIES,
     check_positive,
@@ -85,7 +85,7 @@ from .common import (
     prefetch_depths,
     random_rows,
     run_name,
-    split_backend,
+    start_run,
 )
 from .common import variants as workload_variants
 
@@ -188,8 +188,9 @@ SPREAD = "median (min..max) of the repetitions; gain: of each repetition's token
 class BenchRow:
     """One variant of a number of sequences and a cache layout, over its repetitions of ntg steps.
 
-    tokens_per_s, decode_s, copy_s and compute_s are medians over the repetitions; decode_runs
-    holds each repetition's decode time, in the order they ran.
+    decode_s, copy_s, compute_s and host_s are each step's fastest over the repetitions, summed
+    over the steps, and tokens_per_s is npl * ntg over that decode_s; runs_tokens_per_s holds
+    each repetition's own tokens/s, in the order they ran.
     """
 
     npl: int
@@ -308,6 +309,7 @@ class BenchResult:
         Parameters
         ----------
         r : BenchRow
+            A serial row, compared with serial flat, or an overlapped one, with overlapped flat.
 
         Returns
         -------
@@ -386,47 +388,45 @@ class _Cache:
         self.kv = KVCache(ty, ty, cfg.head_dim, cfg.n_head_kv, cfg.n_ctx, n_stream, cfg.n_layer, v_trans=cfg.v_trans,
                           pinned=pinned)
         self.kv.buffer.clear(0)
-        row = row_size(ty, cfg.n_embd)
-        self.row = row
         L = cfg.cells
         for layer in range(cfg.n_layer):
             for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
                 for i in range(npl):  # sequence i: the same values in either layout
                     data = random_rows(ty, L, cfg.n_embd, (cfg.seed, layer, i, which == "v"))
-                    cell0 = i * L if unified else i * self.kv.kv_size
+                    stream, cell0 = (0, i * L) if unified else (i, 0)
                     if which == "v" and cfg.v_trans:
-                        self._set_transposed(t, data, i * L if unified else 0, 0 if unified else i)
+                        self._set_transposed(t, data, stream, cell0)
                     else:
-                        t.set(data, cell0 * row)
+                        t.set(data, self.kv.cell_offset(which, stream, cell0))
         rng = np.random.default_rng([cfg.seed, 1 << 20])
         self.q = [Tensor.from_numpy(split, rng.uniform(-1, 1, (npl, 1, cfg.n_head, cfg.head_dim)).astype(np.float32),
                                     name=f"q{layer}") for layer in range(cfg.n_layer)]
         self.kv_len = Tensor.from_numpy(split, np.zeros(npl, np.int32), name="kv_len")
+        # unified: the split cache's window layout over one stream, npl sequences of L cells as its streams
+        self.unified_layouts = [self._sequences_as_streams(which) for which in ("k", "v")] if unified else []
 
-    def _set_transposed(self, t: Tensor, data: bytes, cell0: int, stream: int) -> None:
-        """Write cells [cell0, cell0 + L) of a transposed V ([kv_size, n_embd, n_stream]): one run of
-        cells per channel, the channel rows kv_size cells apart."""
-        cfg, elem, kv_size = self.cfg, self.type.size, self.kv.kv_size
+    def _sequences_as_streams(self, which: str) -> Tuple[List[int], List[int]]:
+        """ne and nb of the first npl * L cells of stream 0 seen as npl streams of L cells."""
+        ne, nb, _ = self.kv.window_layout(which, self.cfg.cells, 0, 0)
+        ne[3], nb[3] = self.npl, self.kv.cell_offset(which, 0, self.cfg.cells)
+        return ne, nb
+
+    def _set_transposed(self, t: Tensor, data: bytes, stream: int, cell0: int) -> None:
+        """Write cells [cell0, cell0 + L) of a stream of a transposed V: one run of cells per
+        channel, the channel rows as far apart as the window's channel stride."""
+        cfg, elem = self.cfg, self.type.size
+        channel = self.kv.window_layout("v", 1, stream, stream)[1][2]
         cells = np.frombuffer(data, np.uint8).reshape(cfg.cells, cfg.n_embd, elem)
         runs = np.ascontiguousarray(cells.transpose(1, 0, 2)).tobytes()  # [channel][cell]
-        base = (stream * cfg.n_embd * kv_size + cell0) * elem
-        t.set_2d(runs, base, cfg.cells * elem, cfg.n_embd, kv_size * elem, cfg.cells * elem)
+        base = self.kv.cell_offset("v", stream, cell0)
+        t.set_2d(runs, base, cfg.cells * elem, cfg.n_embd, channel, cfg.cells * elem)
 
     def windows(self, layer: int, n_kv: int) -> Tuple[Tensor, Tensor]:
         if not self.unified:
             return self.kv.window(layer, n_kv)
-        # one stream; sequence i in cells [i*L, (i+1)*L): viewed as npl streams of L cells
-        cfg, ty, L = self.cfg, self.type, self.cfg.cells
-        ne = [cfg.head_dim, cfg.n_head_kv, L, self.npl]
-        nb = [ty.size, row_size(ty, cfg.head_dim), self.row, self.row * L]
-        k = self.kv.k(layer).view(ne, nb, name=f"k{layer}_u").permute(0, 2, 1, 3)
-        if cfg.v_trans:
-            elem, kv_size = ty.size, self.kv.kv_size
-            ne_v = [L, cfg.n_head_kv, cfg.head_dim, self.npl]
-            nb_v = [elem, elem * kv_size * cfg.head_dim, elem * kv_size, elem * L]
-            v = self.kv.v(layer).view(ne_v, nb_v, name=f"v{layer}_u").permute(0, 2, 1, 3)
-        else:
-            v = self.kv.v(layer).view(ne, nb, name=f"v{layer}_u").permute(0, 2, 1, 3)
+        (ne_k, nb_k), (ne_v, nb_v) = self.unified_layouts
+        k = self.kv.k(layer).view(ne_k, nb_k, name=f"k{layer}_u").permute(0, 2, 1, 3)
+        v = self.kv.v(layer).view(ne_v, nb_v, name=f"v{layer}_u").permute(0, 2, 1, 3)
         return k, v
 
     def close(self) -> None:
@@ -610,15 +610,12 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
 
     Raises
     ------
-    InvalidArgumentError
-        For options that cannot run.
-    FerryError
-        When the split backend cannot be made or a run fails.
+    InvalidArgumentError, FerryError
+        As start_run raises them; FerryError too when a run fails.
     AssertionError
         When repetitions of one variant give different attention outputs.
     """
-    cfg.check()
-    split = split_backend(cfg.backend)
+    split = start_run(cfg)
     cpu = CPUBackend()
     pinned = not isinstance(split, StandinBackend)
     layouts = (False, True) if cfg.unified else (False,)

@@ -6,17 +6,20 @@ a split runs on, each sequence's K or V content, and the rounding of a window's 
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from dataclasses import asdict
+from typing import Any, Dict, List, Protocol, Sequence, Tuple
 
 import numpy as np
 
 from ..backend import Backend, StandinBackend
 from ..cuda import CUDABackend, cuda_available
 from ..errors import InvalidArgumentError
+from ..policy import CopyPolicy
+from ..quant import array_dtype, quantize
 from ..types import Type
 
-#: The copy policies a decode run compares.
-POLICIES: Tuple[str, ...] = ("flat", "ranges", "plan")
+#: The copy policies a decode run compares: every CopyPolicy, by its name.
+POLICIES: Tuple[str, ...] = tuple(str(p) for p in CopyPolicy)
 #: The K/V types decode attention reads.
 KV_TYPES: Tuple[str, ...] = ("f32", "f16", "q8_0")
 #: The backends a split may run on: auto picks cuda when a device is usable, else cpu.
@@ -182,6 +185,46 @@ def n_kv_for(npp: int, ntg: int, pad: int, kv_size: int) -> int:
     return min((need + pad - 1) // pad * pad, kv_size)
 
 
+class JsonRecord:
+    """A dataclass whose as_dict() gives its fields by name, as a verb's --json writes them."""
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields by name."""
+        return asdict(self)  # type: ignore[call-overload]
+
+
+class RunConfig(Protocol):
+    """What start_run needs of a verb's configuration."""
+
+    @property
+    def backend(self) -> str: ...
+
+    def check(self) -> None: ...
+
+
+def start_run(cfg: RunConfig) -> Backend:
+    """Check a run's options, then make the backend its split runs on.
+
+    Parameters
+    ----------
+    cfg : BenchConfig or ValidateConfig
+
+    Returns
+    -------
+    Backend
+        split_backend(cfg.backend).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For options that cannot run.
+    FerryError
+        When the split backend cannot be made.
+    """
+    cfg.check()
+    return split_backend(cfg.backend)
+
+
 def split_backend(name: str) -> Backend:
     """The backend attention runs on.
 
@@ -220,20 +263,19 @@ def random_rows(type_: Type, cells: int, n_embd: int, seed: Sequence[int]) -> by
     cells : int
         Rows (cells) to make.
     n_embd : int
-        Values per row (a multiple of 32 for Q8_0).
+        Values per row (whole blocks for Q8_0).
     seed : sequence of int
         numpy's seed sequence; the same seed gives the same bytes.
 
     Returns
     -------
     bytes
-        cells rows, each row_size(type_, n_embd) bytes; Q8_0 scales are small and positive.
+        cells rows, each row_size(type_, n_embd) bytes, of values drawn uniformly from [-1, 1):
+        a block type holds ferry's quantization of them.
     """
     rng = np.random.default_rng(list(seed))
-    if type_ == Type.Q8_0:
-        blocks = np.zeros((cells, n_embd // 32), np.dtype([("d", "<f2"), ("qs", "i1", 32)]))
-        blocks["d"] = rng.uniform(2.0 ** -9, 2.0 ** -7, size=blocks.shape).astype(np.float16)
-        blocks["qs"] = rng.integers(-127, 128, size=(cells, n_embd // 32, 32))
-        return blocks.tobytes()
-    dtype = np.float32 if type_ == Type.F32 else np.float16
-    return rng.uniform(-1.0, 1.0, size=(cells, n_embd)).astype(dtype).tobytes()
+    values = rng.uniform(-1.0, 1.0, size=(cells, n_embd))
+    dtype = array_dtype(type_)
+    if dtype is None:
+        return quantize(values.astype(np.float32), type_).tobytes()
+    return values.astype(dtype).tobytes()

@@ -8,8 +8,8 @@ copy policy uses them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
 
 from ..backend import DummyBackend
 from ..copy_path import bytes_read
@@ -17,13 +17,13 @@ from ..errors import InvalidArgumentError, UnsupportedError
 from ..kv import KVCache
 from ..plan import Copy2D, cost_model, explain_tensor, flat_cost, plan_cost, plan_of, plan_pays
 from ..types import to_type
-from .common import check_positive, check_streams, n_kv_for
+from .common import JsonRecord, check_positive, check_streams, n_kv_for
 
 __all__ = ["WindowPlan", "window_plan"]
 
 
 @dataclass(frozen=True)
-class WindowPlan:
+class WindowPlan(JsonRecord):
     """The plan of one KV-cache window (the JSON output, key for key). Offsets are bytes from
     the first byte of the layer's K or V tensor; costs are microseconds by the backend's model;
     choice is what the plan copy policy takes there ("plan" or "flat")."""
@@ -53,10 +53,6 @@ class WindowPlan:
     cost_flat_us: float
     choice: str
     explanation: str
-
-    def as_dict(self) -> Dict[str, Any]:
-        """The plan as `ferry plan --json` writes it."""
-        return asdict(self)
 
 
 def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: str = "f16", head_dim: int = 128,

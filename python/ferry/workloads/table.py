@@ -7,7 +7,7 @@ cells of `build_table` come from the scheduler's copy statistics, not from a for
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
 from ..backend import DummyBackend
@@ -17,13 +17,13 @@ from ..kv import KVCache
 from ..ops import dup
 from ..sched import SchedStats, Scheduler
 from ..types import TypeLike, row_size, to_type
-from .common import check_positive, check_streams, n_kv_for
+from .common import JsonRecord, check_positive, check_streams, n_kv_for
 
 __all__ = ["TableRow", "build_table", "n_kv_for", "window_stats"]
 
 
 @dataclass(frozen=True)
-class TableRow:
+class TableRow(JsonRecord):
     """One number of sequences: cells the graph reads, cells each policy copied, and flat / ranges."""
 
     npl: int
@@ -31,10 +31,6 @@ class TableRow:
     cells_copied_flat: int
     cells_copied_ranges: int
     ratio: float
-
-    def as_dict(self) -> Dict[str, object]:
-        """The row as `ferry table --json` writes it."""
-        return asdict(self)
 
 
 def window_stats(n_ctx: int, npl: int, n_kv: int, type_k: TypeLike = "q8_0", head_dim: int = 128,

@@ -44,7 +44,7 @@ from .common import (
     prefetch_depths,
     random_rows,
     run_name,
-    split_backend,
+    start_run,
     variants,
 )
 
@@ -147,7 +147,7 @@ class _Served:
             for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
                 data = self.content[seq, layer, which][cell0 * self.row:(cell0 + n) * self.row]
                 for s in (stream, self.cfg.n_stream) if stream == 0 else (stream,):
-                    t.set(data, (s * self.kv.kv_size + cell0) * self.row)
+                    t.set(data, self.kv.cell_offset(which, s, cell0))
 
     def start_wave(self, seqs: List[int]) -> None:
         for s, i in enumerate(seqs):
@@ -244,13 +244,10 @@ def run_validate(cfg: ValidateConfig) -> ValidateResult:
 
     Raises
     ------
-    InvalidArgumentError
-        For options that cannot run.
-    FerryError
-        When the split backend cannot be made or a run fails.
+    InvalidArgumentError, FerryError
+        As start_run raises them; FerryError too when a run fails.
     """
-    cfg.check()
-    split = split_backend(cfg.backend)
+    split = start_run(cfg)
     hashes, memory, builds = {}, {}, {}
     for policy, compact in variants(cfg.policies, cfg.compact):
         for prefetch in prefetch_depths(cfg.overlap, cfg.prefetch):
