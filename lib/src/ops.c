@@ -2,7 +2,9 @@
  * Results are new contiguous tensors; the views live in tensor.c. */
 #include "graph-impl.h"
 
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 const char * ferry_op_name(ferry_op op) {
@@ -164,10 +166,70 @@ ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** o
 
 static bool attn_kv_type(ferry_type t) { return t == FERRY_TYPE_F32 || t == FERRY_TYPE_F16 || t == FERRY_TYPE_Q8_0; }
 
-static ferry_status attn_shape_error(const char * what, const ferry_tensor * t, const char * want) {
-    return ferry_fail(FERRY_ERR_LAYOUT, "attn_decode: %s is %s [%lld, %lld, %lld, %lld], expected %s", what,
+/* What a KV window operand looks like: KVCache.window's view, permuted (0, 2, 1, 3). */
+#define ATTN_WINDOW "a KV window permuted (0, 2, 1, 3): ne = [head_dim, n_kv, n_head_kv, ns]"
+
+/* Every layout error of attn_decode names the operand at fault, what it got (type, ne and nb)
+ * and what it should be. */
+static ferry_status attn_shape_error(const char * what, const ferry_tensor * t, const char * want, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static ferry_status attn_shape_error(const char * what, const ferry_tensor * t, const char * want, ...) {
+    char expected[256];
+    va_list ap;
+    va_start(ap, want);
+    vsnprintf(expected, sizeof expected, want, ap);
+    va_end(ap);
+    return ferry_fail(FERRY_ERR_LAYOUT,
+                      "attn_decode: %s is %s ne [%lld, %lld, %lld, %lld] nb [%zu, %zu, %zu, %zu]; %s must be %s", what,
                       ferry_type_name(t->type), (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2],
-                      (long long) t->ne[3], want);
+                      (long long) t->ne[3], t->nb[0], t->nb[1], t->nb[2], t->nb[3], what, expected);
+}
+
+/* Whether k looks like a window not yet permuted, [head_dim, n_head_kv, n_kv, ns]: heads closer
+ * together than cells, where a permuted window has cells a whole row of heads apart. */
+static bool attn_unpermuted(const ferry_tensor * k) { return k->ne[1] > 1 && k->ne[2] > 1 && k->nb[1] < k->nb[2]; }
+
+static ferry_status attn_check_q_k(const ferry_tensor * q, const ferry_tensor * k, const ferry_tensor * v,
+                                   bool v_trans) {
+    const int64_t d = q->ne[0], n_head = q->ne[1], ns = q->ne[3];
+    if (q->type != FERRY_TYPE_F32 || q->ne[2] != 1 || d <= 0 || n_head <= 0 || ns <= 0) {
+        return attn_shape_error("q", q, "f32 [head_dim, n_head, 1, ns], one query token per stream, none of them 0");
+    }
+    if (!attn_kv_type(k->type)) {
+        return attn_shape_error("k", k, "f32, f16 or q8_0, " ATTN_WINDOW);
+    }
+    if (k->ne[0] != d) {
+        const int64_t v_d = v_trans ? v->ne[1] : v->ne[0];
+        if (v_d == k->ne[0] && !attn_unpermuted(k)) { /* k and v agree: the query is the odd one out */
+            return attn_shape_error("q", q, "f32 [head_dim, n_head, 1, ns] with the head_dim %lld of k and v",
+                                    (long long) k->ne[0]);
+        }
+        return attn_shape_error("k", k, ATTN_WINDOW ", with q's head_dim %lld", (long long) d);
+    }
+    if (k->ne[3] != ns) {
+        return attn_shape_error("k", k, ATTN_WINDOW ", with q's ns %lld", (long long) ns);
+    }
+    if (k->ne[2] <= 0) {
+        return attn_shape_error("k", k, ATTN_WINDOW ", n_head_kv at least 1");
+    }
+    if (k->type == FERRY_TYPE_Q8_0 && d % ferry_blck_size(k->type) != 0) {
+        return attn_shape_error("k", k, "q8_0 rows of whole blocks (head_dim a multiple of 32)");
+    }
+    if (n_head % k->ne[2] != 0) {
+        if (attn_unpermuted(k)) {
+            return attn_shape_error("k", k, ATTN_WINDOW "; its ne[2], %lld, does not divide q's %lld query heads, "
+                                    "and its strides say it is not permuted", (long long) k->ne[2],
+                                    (long long) n_head);
+        }
+        return ferry_fail(FERRY_ERR_LAYOUT,
+                          "attn_decode: q's %lld query heads do not group over %lld kv heads (k's ne[2]); q's n_head "
+                          "(ne[1]) must be a multiple of k's n_head_kv", (long long) n_head, (long long) k->ne[2]);
+    }
+    return FERRY_OK;
 }
 
 /*
@@ -177,26 +239,16 @@ static ferry_status attn_shape_error(const char * what, const ferry_tensor * t, 
 ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k, ferry_tensor * v,
                                ferry_tensor * kv_len, float scale, bool v_trans, ferry_tensor ** out) {
     FERRY_CHECK_ARG(ctx && q && k && v && kv_len && out, "attn_decode: NULL argument");
-    const int64_t d = q->ne[0], n_head = q->ne[1], ns = q->ne[3];
-    if (q->type != FERRY_TYPE_F32 || q->ne[2] != 1 || d <= 0 || n_head <= 0 || ns <= 0) {
-        return attn_shape_error("q", q, "f32 [head_dim, n_head, 1, ns], none of them 0");
-    }
-    const int64_t n_kv = k->ne[1], n_head_kv = k->ne[2];
-    if (!attn_kv_type(k->type) || k->ne[0] != d || k->ne[3] != ns || n_head_kv <= 0) {
-        return attn_shape_error("k", k, "f32, f16 or q8_0 [head_dim, n_kv, n_head_kv, ns] with q's head_dim and ns");
-    }
-    if (k->type == FERRY_TYPE_Q8_0 && d % ferry_blck_size(k->type) != 0) {
-        return attn_shape_error("k", k, "q8_0 rows of whole blocks (head_dim a multiple of 32)");
-    }
-    if (n_head % n_head_kv != 0) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "attn_decode: %lld query heads do not group over %lld kv heads",
-                          (long long) n_head, (long long) n_head_kv);
-    }
+    FERRY_TRY(attn_check_q_k(q, k, v, v_trans));
+    const int64_t d = q->ne[0], n_head = q->ne[1], ns = q->ne[3], n_kv = k->ne[1], n_head_kv = k->ne[2];
     const int64_t v_d = v_trans ? v->ne[1] : v->ne[0], v_kv = v_trans ? v->ne[0] : v->ne[1];
     if (!attn_kv_type(v->type) || v_d != d || v_kv != n_kv || v->ne[2] != n_head_kv || v->ne[3] != ns) {
         return attn_shape_error("v", v,
-                                v_trans ? "f32 or f16 [n_kv, head_dim, n_head_kv, ns] (v_trans) matching k"
-                                        : "f32, f16 or q8_0 [head_dim, n_kv, n_head_kv, ns] matching k");
+                                v_trans ? "f32 or f16 [n_kv, head_dim, n_head_kv, ns] (v_trans) matching k, "
+                                          "[%lld, %lld, %lld, %lld]"
+                                        : "f32, f16 or q8_0 " ATTN_WINDOW " matching k, [%lld, %lld, %lld, %lld]",
+                                (long long) (v_trans ? n_kv : d), (long long) (v_trans ? d : n_kv),
+                                (long long) n_head_kv, (long long) ns);
     }
     if (v->type == FERRY_TYPE_Q8_0 && (v_trans || d % ferry_blck_size(v->type) != 0)) {
         return attn_shape_error("v", v, v_trans ? "an unblocked type when transposed (cells would split blocks)"
@@ -204,7 +256,8 @@ ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tens
     }
     if (kv_len->type != FERRY_TYPE_I32 || kv_len->ne[0] != ns || kv_len->ne[1] != 1 || kv_len->ne[2] != 1 ||
         kv_len->ne[3] != 1) {
-        return attn_shape_error("kv_len", kv_len, "i32 [ns]");
+        return attn_shape_error("kv_len", kv_len, "i32 [ns] with q's ns %lld: the cells each stream reads",
+                                (long long) ns);
     }
     const int64_t ne[FERRY_MAX_DIMS] = {d, n_head, 1, ns};
     FERRY_TRY(new_result(ctx, FERRY_TYPE_F32, ne, FERRY_OP_ATTN_DECODE, q, k, out));

@@ -2,13 +2,14 @@
 
 Python objects over the C library, in layers that import downward only:
 
-- the binding and its basics: errors (FerryError, a subclass per C status, with the C
-  message), element types, the counters (Stats, CopyStats, SchedStats), copy policies,
-  Copy2D;
+- the basics over the binding (ferry._binding, the cffi ffi and lib, which this face does not
+  export): errors (FerryError, a subclass per C status, with the C message), element types,
+  the counters (Stats, CopyStats, SchedStats), copy policies, Copy2D;
 - Tensor (ggml order: ne[0] fastest, byte strides nb);
 - buffers and backends: Buffer, BufferType, CPUBackend, StandinBackend (a GPU's stand-in),
   DummyBackend, CUDABackend, Event;
-- ops (add, mul, scale, dup, concat, pad, mean, attn_decode), Graph, GraphAllocator;
+- ops, functions as ggml's are (add, mul, scale, dup, concat, pad, mean, attn_decode; a + b and
+  a * b for add and mul), Graph, GraphAllocator;
 - copy plans and their cost (plan_copy, plan_of, CopyCostModel), the copy path;
 - the Scheduler, KVCache with its windows, and StepGraph (a decode step's graph, reused
   while its shape holds);
@@ -27,13 +28,12 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from . import ops
-from ._binding import LIB_PATH, ffi, lib
+from . import _binding, ops
 from .alloc import GraphAllocator, Placement
 from .backend import Backend, CPUBackend, DummyBackend, StandinBackend
 from .buffer import BorrowedBuffer, Buffer, BufferType, cpu_buffer_type
 from .copy2d import Copy2D
-from .copy_path import CopyRanges, bytes_read, copy_input, copy_ranges_of
+from .copy_path import bytes_read, copy_input, copy_ranges_of
 from .cuda import CUDABackend, cuda_available, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
 from .errors import (
     BackendError,
@@ -71,10 +71,10 @@ from .quant import dequantize, quantize
 from .sched import Input, Scheduler, Split
 from .stats import KINDS, CopyStats, SchedStats, Stats
 from .step import StepGraph, StepOutputs, attention_step, step_graph
-from .tensor import Tensor, tensor_copy
-from .types import Type, blck_size, numpy_dtype, row_size, to_type, type_from_dtype, type_name, type_size
+from .tensor import Tensor
+from .types import Type, numpy_dtype, row_size, to_type, type_from_dtype
 
-__version__ = ffi.string(lib.ferry_version()).decode()
+__version__ = _binding.ffi.string(_binding.lib.ferry_version()).decode()
 
 
 def build_info() -> Dict[str, Any]:
@@ -88,25 +88,37 @@ def build_info() -> Dict[str, Any]:
     """
     return {
         "version": __version__,
-        "cuda": bool(lib.ferry_built_with_cuda()),
-        "fake_cudart": bool(lib.ferry_built_with_fake_cudart()),
-        "library": LIB_PATH,
+        "cuda": bool(_binding.lib.ferry_built_with_cuda()),
+        "fake_cudart": bool(_binding.lib.ferry_built_with_fake_cudart()),
+        "library": _binding.LIB_PATH,
     }
 
 
 __all__ = [
-    "ffi", "lib", "build_info", "cuda_available",
-    "Backend", "CPUBackend", "DummyBackend", "StandinBackend", "Buffer", "BufferType", "cpu_buffer_type",
-    "Tensor", "tensor_copy", "Stats", "KINDS", "BorrowedBuffer",
-    "CopyPolicy", "CopyRanges", "CopyStats", "bytes_read", "copy_input", "copy_ranges_of",
-    "Copy2D", "CopyCostModel", "Explanation", "plan_copy", "plan_of", "layout_view", "plan_cost", "flat_cost",
-    "plan_pays", "cost_model", "explain", "explain_tensor",
-    "KVCache", "KVParams", "KVWindows", "Scheduler", "Split", "Input", "SchedStats", "StepGraph", "StepOutputs",
-    "attention_step", "step_graph",
-    "CUDABackend", "Event", "cuda_device_count", "cuda_buffer_type", "cuda_host_buffer_type",
-    "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "Graph", "GraphAllocator", "Placement",
-    "from_array", "ForeignBuffer", "TensorBytes", "quantize", "dequantize",
-    "Type", "to_type", "type_name", "type_size", "blck_size", "row_size", "numpy_dtype", "type_from_dtype",
+    # the build
+    "build_info", "cuda_available", "cuda_device_count",
+    # errors
     "FerryError", "InvalidArgumentError", "OutOfBoundsError", "NotAllocatedError", "LayoutError",
     "UnknownTypeError", "FreedBufferError", "OutOfMemoryError", "UnsupportedError", "BackendError",
+    # element types and values
+    "Type", "to_type", "row_size", "numpy_dtype", "type_from_dtype", "quantize", "dequantize",
+    # counters
+    "Stats", "KINDS", "CopyStats", "SchedStats",
+    # tensors and their memory
+    "Tensor", "Buffer", "BorrowedBuffer", "BufferType", "cpu_buffer_type", "cuda_buffer_type",
+    "cuda_host_buffer_type",
+    # backends and events
+    "Backend", "CPUBackend", "DummyBackend", "StandinBackend", "CUDABackend", "Event",
+    # ops and graphs
+    "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "Graph", "GraphAllocator",
+    "Placement",
+    # copies of split inputs: policies, plans and their cost
+    "CopyPolicy", "Copy2D", "bytes_read", "copy_input", "copy_ranges_of", "CopyCostModel", "Explanation",
+    "plan_copy", "plan_of", "layout_view", "plan_cost", "flat_cost", "plan_pays", "cost_model", "explain",
+    "explain_tensor",
+    # the scheduler, the KV cache and a decode step
+    "Scheduler", "Split", "Input", "KVCache", "KVParams", "KVWindows", "StepGraph", "StepOutputs",
+    "attention_step", "step_graph",
+    # numpy, PyTorch and CuPy without copies
+    "from_array", "ForeignBuffer", "TensorBytes",
 ]

@@ -1,7 +1,7 @@
 """Ownership of C objects: each is freed exactly once, and never before what depends on it.
 
 A Python object (Tensor, Buffer, Backend) owns a Handle and releases it from a
-weakref.finalize (or an explicit free()). A handle with a parent (a buffer's backend,
+weakref.finalize (or an explicit close()). A handle with a parent (a buffer's backend,
 a view's source context) keeps the parent's C object alive until the child is freed;
 a handle may have several parents (an op's result needs both operands, a scheduler
 every backend it was given).
@@ -116,6 +116,11 @@ class Closeable:
         if ptr is None:
             raise FreedBufferError(f"{self._describe()} was closed")
         return ptr
+
+    @property
+    def _p(self) -> Any:
+        """The C pointer every call takes: _live()."""
+        return self._live()
 
     def __enter__(self: _C) -> _C:
         return self

@@ -22,7 +22,19 @@ from .tensor import Tensor
 
 
 class Placement(NamedTuple):
-    """Where the allocator put a tensor: buffer type index, chunk, byte offset, bytes taken."""
+    """Where a GraphAllocator put a tensor (GraphAllocator.placement).
+
+    Attributes
+    ----------
+    buffer_type : int
+        Index of the buffer type in the allocator's buffer_types.
+    chunk : int
+        Index of the chunk (one buffer) of that type.
+    offset : int
+        Bytes from the chunk's start.
+    size : int
+        Bytes taken (the buffer type's alloc_size of the tensor).
+    """
 
     buffer_type: int
     chunk: int
@@ -77,22 +89,9 @@ class GraphAllocator(Closeable):
         self._chunks: Dict[int, BorrowedBuffer] = {}
         self._graph: Optional[Graph] = None  # C remembers the last graph's tensors by address
 
-    @property
-    def _p(self) -> Any:
-        return self._live()
-
-    def close(self) -> None:
-        """Free every buffer now; tensors it placed become unusable (FreedBufferError). Idempotent."""
-        super().close()
-
     def _after_close(self) -> None:
         self._chunks.clear()
         self._graph = None
-
-    @property
-    def buffer_types(self) -> List[BufferType]:
-        """The buffer types, in the order reserve()'s indices count them."""
-        return list(self._types)
 
     def _ids(self, ids: Optional[Sequence[int]], n: int, what: str) -> Any:
         if ids is None:
@@ -136,6 +135,11 @@ class GraphAllocator(Closeable):
         self._graph = g
         adopt_placements(g._tensors.values(), self, self._handle, self._types, self._chunks)
 
+    @property
+    def buffer_types(self) -> List[BufferType]:
+        """The buffer types, in the order reserve()'s indices count them."""
+        return list(self._types)
+
     def buffer_size(self, buffer_type: int = 0) -> int:
         """Bytes over all chunks of the buffer type at index buffer_type."""
         return int(lib.ferry_gallocr_buffer_size(self._p, self._index(buffer_type)))
@@ -166,6 +170,7 @@ class GraphAllocator(Closeable):
         Parameters
         ----------
         tensor : Tensor
+            A node or leaf of that graph.
 
         Returns
         -------

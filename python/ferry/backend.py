@@ -5,18 +5,18 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from . import _checks, _pybuffer, quant
-from ._binding import ffi, lib
+from . import _checks, _pybuffer
+from ._binding import ffi, lib, query
 from ._handle import Closeable, Handle
 from .buffer import Buffer, BufferType
 from .errors import InvalidArgumentError, check
 from .event import Event
-from .stats import Stats
-from .tensor import Tensor
+from .stats import Counted
+from .tensor import Tensor, writable_data
 from .types import TypeLike
 
 
-class Backend(Closeable):
+class Backend(Closeable, Counted):
     """A place tensors live and are transferred to: its default buffer type, counters, async transfers.
 
     The *_async transfers keep the data objects they were given alive until synchronize(),
@@ -48,11 +48,6 @@ class Backend(Closeable):
         # a cycle that keeps a backend nobody holds alive until a collection.
         self._buffer_type_ref: Optional["weakref.ref[BufferType]"] = None
 
-    @property
-    def _p(self) -> Any:
-        """The ferry_backend*; FreedBufferError once closed."""
-        return self._live()
-
     def _describe(self) -> str:
         return f"{type(self).__name__} {self._name!r}"
 
@@ -61,10 +56,8 @@ class Backend(Closeable):
         """The backend's name ("CPU", "CUDA0", ...)."""
         return ffi.string(lib.ferry_backend_name(self._p)).decode()
 
-    @property
-    def has_2d(self) -> bool:
-        """Does the backend implement 2-D transfers itself (else each is a loop of plain ones)?"""
-        return bool(lib.ferry_backend_has_2d(self._p))
+    has_2d = query(lib.ferry_backend_has_2d, bool,
+                   "Does the backend implement 2-D transfers itself (else each is a loop of plain ones)?")
 
     @property
     def buffer_type(self) -> BufferType:
@@ -135,24 +128,26 @@ class Backend(Closeable):
         Parameters
         ----------
         tensor : Tensor
-        data : bytes-like or numpy.ndarray
+        data : bytes-like, numpy.ndarray or TensorBytes
+            Checked as Tensor.set's data is.
         offset : int, optional
             Bytes from the tensor's first byte.
 
         Raises
         ------
         InvalidArgumentError
-            For a tensor that is not one, or values that cannot be sizes.
+            For a tensor that is not one, values that cannot be sizes, or data of another dtype.
+        LayoutError
+            For data of another shape.
         OutOfBoundsError
             When the bytes reach past the tensor's span.
         NotAllocatedError, FreedBufferError
             For a tensor without live memory.
         """
         t = _checks.instance(tensor, Tensor, "set_async")
-        quant.check_data(t, data, "set_async")
-        d = _pybuffer.readable(data, "set_async")
-        self._queue(d, lambda: lib.ferry_backend_tensor_set_async(
-            self._p, t._p, d.ptr, _checks.as_size(offset, "set_async: offset"), d.nbytes))
+        off = _checks.as_size(offset, "set_async: offset")
+        d = writable_data(t, data, "set_async", off)
+        self._queue(d, lambda: lib.ferry_backend_tensor_set_async(self._p, t._p, d.ptr, off, d.nbytes))
 
     def get_async(self, tensor: Tensor, out: Any, offset: int = 0) -> None:
         """Start filling the writable, contiguous buffer out from tensor at a byte offset; out holds the
@@ -165,23 +160,22 @@ class Backend(Closeable):
 
     def set_2d_async(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
-        """Start writing n_copies rows of size bytes into tensor, as Tensor.set_2d writes them; data is
-        kept alive until synchronize().
+        """Start writing n_copies rows of size bytes into tensor, as Tensor.set_2d writes them (data
+        checked as there); data is kept alive until synchronize().
 
         Raises
         ------
         InvalidArgumentError
-            For a tensor that is not one, or values that cannot be sizes.
+            For a tensor that is not one, values that cannot be sizes, or data of another dtype.
         OutOfBoundsError
-            When data is too short or the rows reach past the tensor's span.
+            When data is shorter or longer than the rows, or the rows reach past the tensor's span.
         LayoutError
-            For strides smaller than a row.
+            For strides smaller than a row, or data of another shape.
         """
         t = _checks.instance(tensor, Tensor, "set_2d_async")
         args = _checks.transfer_2d("set_2d_async", offset, size, n_copies, stride_tensor, stride_data)
-        quant.check_data(t, data, "set_2d_async")
         self._queue_2d("set_2d_async", lib.ferry_backend_tensor_set_2d_async, t,
-                       _pybuffer.readable(data, "set_2d_async"), args)
+                       writable_data(t, data, "set_2d_async", rows=args), args)
 
     def get_2d_async(self, tensor: Tensor, out: Any, offset: int, size: int, n_copies: int,
                      stride_tensor: int, stride_data: Optional[int] = None) -> None:
@@ -221,7 +215,7 @@ class Backend(Closeable):
         """
         t = _checks.instance(tensor, Tensor, "get_2d")
         args = _checks.transfer_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
-        t._check_read("tensor_get_2d_async", *args)
+        t._check_transfer("tensor_get_2d_async", *args)
         out = _pybuffer.new_bytes(_pybuffer.extent_2d(args[1], args[2], args[4]), "get_2d")
         self.get_2d_async(tensor, out, *args)
         self.synchronize()
@@ -304,6 +298,7 @@ class Backend(Closeable):
         Parameters
         ----------
         event : Event
+            Recorded on any backend; this one waits on the device where it can.
 
         Raises
         ------
@@ -312,18 +307,8 @@ class Backend(Closeable):
         """
         _checks.instance(event, Event, "wait", article="an").wait(self)
 
-    # ------------------------------------------------------------ counters
-
-    @property
-    def stats(self) -> Stats:
-        """What went through this backend's transfer functions."""
-        out = ffi.new("ferry_stats *")
-        check(lib.ferry_backend_get_stats(self._p, out))
-        return Stats.from_c(out)
-
-    def reset_stats(self) -> None:
-        """Set every transfer counter of the backend to 0."""
-        lib.ferry_backend_reset_stats(self._p)
+    _get_stats = lib.ferry_backend_get_stats
+    _reset_stats = lib.ferry_backend_reset_stats
 
     def __repr__(self) -> str:
         if self.closed:

@@ -6,10 +6,10 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from . import _checks
-from ._binding import ffi, lib
+from ._binding import ffi, lib, query
 from ._handle import Closeable, Handle
 from .errors import FreedBufferError, InvalidArgumentError, UnsupportedError, check
-from .stats import Stats
+from .stats import Counted
 from .tensor import Tensor
 from .types import TypeLike
 
@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
 _USAGES = {"any": lib.FERRY_BUFFER_USAGE_ANY, "weights": lib.FERRY_BUFFER_USAGE_WEIGHTS,
            "compute": lib.FERRY_BUFFER_USAGE_COMPUTE}
+
+
+def _raw(bt: "BufferType") -> Any:
+    return bt._ptr
 
 
 class BufferType:
@@ -50,10 +54,8 @@ class BufferType:
         """The buffer type's name ("CPU", "CUDA0", ...)."""
         return ffi.string(lib.ferry_buffer_type_name(self._ptr)).decode()
 
-    @property
-    def alignment(self) -> int:
-        """Offsets of tensors placed in its buffers must be multiples of this."""
-        return int(lib.ferry_buffer_type_alignment(self._ptr))
+    alignment = query(lib.ferry_buffer_type_alignment, int,
+                      "Offsets of tensors placed in its buffers must be multiples of this.", of=_raw)
 
     @property
     def max_size(self) -> Optional[int]:
@@ -61,10 +63,8 @@ class BufferType:
         n = int(lib.ferry_buffer_type_max_size(self._ptr))
         return None if n == _checks.SIZE_MAX else n
 
-    @property
-    def is_host(self) -> bool:
-        """Whether its buffers are host memory the CPU can read."""
-        return bool(lib.ferry_buffer_type_is_host(self._ptr))
+    is_host = query(lib.ferry_buffer_type_is_host, bool,
+                    "Whether its buffers are host memory the CPU can read.", of=_raw)
 
     @property
     def backend(self) -> Optional["Backend"]:
@@ -116,10 +116,10 @@ def cpu_buffer_type() -> BufferType:
     return BufferType(lib.ferry_cpu_buffer_type())
 
 
-class Buffer(Closeable):
+class Buffer(Closeable, Counted):
     """A block of memory of one buffer type, with the tensors placed in it and its transfer counters.
 
-    close() (free() is the same) frees the memory now, pinned memory included, and a second
+    close() frees the memory now, pinned memory included, and a second
     call does nothing; the buffer is also freed when no longer referenced. After it, the buffer
     and the tensors placed in it raise FreedBufferError on every use. Used in a `with` block,
     it is closed at the block's end.
@@ -129,6 +129,8 @@ class Buffer(Closeable):
     #: Whether its owner may replace the memory while tensors still point into it (an
     #: allocator that grows): such memory is never exported to other libraries (ferry.export).
     _memory_may_move = False
+    _get_stats = lib.ferry_buffer_get_stats
+    _reset_stats = lib.ferry_buffer_reset_stats
 
     def __init__(self, ptr: Any, buffer_type: BufferType, free: Callable[[Any], None] = lib.ferry_buffer_free) -> None:
         """Internal: take ownership of a ferry_buffer*; use Backend.alloc_buffer or BufferType.alloc_buffer.
@@ -160,15 +162,6 @@ class Buffer(Closeable):
     def _describe(self) -> str:
         return f"{self._type_name} buffer {self._id}"
 
-    def free(self) -> None:
-        """close(): free the memory now. A second call does nothing."""
-        self.close()
-
-    @property
-    def freed(self) -> bool:
-        """closed: True once the buffer was freed; its tensors then raise FreedBufferError."""
-        return self.closed
-
     @property
     def type(self) -> BufferType:
         """The buffer's BufferType."""
@@ -194,10 +187,7 @@ class Buffer(Closeable):
         """The first byte's address (synthetic for a dummy backend without real memory)."""
         return int(ffi.cast("uintptr_t", lib.ferry_buffer_base(self._p)))
 
-    @property
-    def is_host(self) -> bool:
-        """Whether the buffer is host memory the CPU can read."""
-        return bool(lib.ferry_buffer_is_host(self._p))
+    is_host = query(lib.ferry_buffer_is_host, bool, "Whether the buffer is host memory the CPU can read.")
 
     @property
     def usage(self) -> str:
@@ -271,19 +261,8 @@ class Buffer(Closeable):
         """
         return self.place(Tensor.new(type, ne, name=name), offset)
 
-    @property
-    def stats(self) -> Stats:
-        """What was moved into, out of and within this buffer."""
-        out = ffi.new("ferry_stats *")
-        check(lib.ferry_buffer_get_stats(self._p, out))
-        return Stats.from_c(out)
-
-    def reset_stats(self) -> None:
-        """Set every transfer counter of the buffer to 0."""
-        lib.ferry_buffer_reset_stats(self._p)
-
     def __repr__(self) -> str:
-        if self.freed:
+        if self.closed:
             return f"<Buffer {self._type_name} id={self._id} {self._size} bytes, freed>"
         return f"<Buffer {self._type_name} id={self._id} {self._size} bytes at {self.base:#x}>"
 
@@ -293,7 +272,7 @@ class BorrowedBuffer(Buffer):
     memory, a KV cache's storage. Tensors placed in it hold this, and this holds the owner,
     so the memory lives as long as they do. It is usable while the owner is open and C
     still knows its id (an allocator that grows replaces its chunks); after that every use,
-    and every use of a tensor in it, raises FreedBufferError. free() belongs to the owner.
+    and every use of a tensor in it, raises FreedBufferError. close() belongs to the owner.
     """
 
     def __init__(self, ptr: Any, buffer_type: BufferType, owner: object, owner_handle: Handle) -> None:
@@ -319,13 +298,13 @@ class BorrowedBuffer(Buffer):
 
     @property
     def _p(self) -> Any:
-        if self.freed:
+        if self.closed:
             raise FreedBufferError(f"{self._type_name} buffer {self._id} was freed by its owner")
         return self._ptr
 
     @property
     def closed(self) -> bool:
-        """True once the owner is closed or C no longer knows the buffer's id (freed says the same)."""
+        """True once the owner is closed or C no longer knows the buffer's id."""
         return not self._handle.alive or not lib.ferry_buffer_id_is_live(self._id)
 
     @property
@@ -339,7 +318,7 @@ class BorrowedBuffer(Buffer):
         return not getattr(self._owner, "_memory_stays", False)
 
     def close(self) -> None:
-        """Refused (UnsupportedError), as free() is: the owner frees it (close the allocator,
+        """Refused (UnsupportedError): the owner frees it (close the allocator,
         scheduler or cache)."""
         raise UnsupportedError(f"{self._type_name} buffer {self._id} belongs to {type(self._owner).__name__}; "
                                "free that instead")

@@ -14,6 +14,17 @@ class Copy2D(NamedTuple):
 
     What offset is counted from depends on who made it: a plan's offsets are from the first
     byte of the view's source (its root), copy_ranges_of's from the tensor's own first byte.
+
+    Attributes
+    ----------
+    offset : int
+        Bytes to the first row.
+    size : int
+        Bytes per row.
+    count : int
+        Rows.
+    stride : int
+        Bytes from one row's start to the next.
     """
 
     offset: int

@@ -15,9 +15,6 @@ from .policy import PolicyLike, to_policy
 from .stats import CopyStats
 from .tensor import Tensor
 
-#: Another name for Copy2D, the one copy_ranges_of's results were exported under.
-CopyRanges = Copy2D
-
 
 def copy_ranges_of(tensor: Tensor) -> Optional[Copy2D]:
     """The ranges policy's rule on layout alone: dimensions 0..2 one dense range repeated along

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Dict, NoReturn, Optional, Type
+from typing import Any, Dict, NoReturn, Optional, Type
 
 from ._binding import ffi, lib
+
+#: The FerryError subclass of each C status, filled as the subclasses are defined.
+_BY_STATUS: Dict[int, Type["FerryError"]] = {}
 
 
 class FerryError(Exception):
@@ -26,6 +29,13 @@ class FerryError(Exception):
 
     status: int = -1
 
+    def __init_subclass__(cls, status: Optional[int] = None, **kwargs: Any) -> None:
+        """A subclass given a C status is the one error_class raises for it."""
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+            _BY_STATUS[status] = cls
+
     def __init__(self, message: str, status: Optional[int] = None) -> None:
         super().__init__(message)
         self.message = message
@@ -33,65 +43,40 @@ class FerryError(Exception):
             self.status = status
 
 
-class InvalidArgumentError(FerryError):
-    """A NULL, negative, non-integer or overflowing argument (FERRY_ERR_INVALID_ARG)."""
-
-    status = lib.FERRY_ERR_INVALID_ARG
+class InvalidArgumentError(FerryError, status=lib.FERRY_ERR_INVALID_ARG):
+    """A NULL, negative, non-integer or overflowing argument."""
 
 
-class OutOfBoundsError(FerryError):
-    """An offset or extent past the end of a tensor or buffer (FERRY_ERR_OUT_OF_BOUNDS)."""
-
-    status = lib.FERRY_ERR_OUT_OF_BOUNDS
+class OutOfBoundsError(FerryError, status=lib.FERRY_ERR_OUT_OF_BOUNDS):
+    """An offset or extent past the end of a tensor or buffer."""
 
 
-class NotAllocatedError(FerryError):
-    """A tensor with no memory behind it (FERRY_ERR_NOT_ALLOCATED)."""
-
-    status = lib.FERRY_ERR_NOT_ALLOCATED
+class NotAllocatedError(FerryError, status=lib.FERRY_ERR_NOT_ALLOCATED):
+    """A tensor with no memory behind it."""
 
 
-class LayoutError(FerryError):
-    """Shapes or strides that do not match what is asked (FERRY_ERR_LAYOUT)."""
-
-    status = lib.FERRY_ERR_LAYOUT
+class LayoutError(FerryError, status=lib.FERRY_ERR_LAYOUT):
+    """Shapes or strides that do not match what is asked."""
 
 
-class UnknownTypeError(FerryError):
-    """A type name or number ferry does not know (FERRY_ERR_UNKNOWN_TYPE)."""
-
-    status = lib.FERRY_ERR_UNKNOWN_TYPE
+class UnknownTypeError(FerryError, status=lib.FERRY_ERR_UNKNOWN_TYPE):
+    """A type name or number ferry does not know."""
 
 
-class FreedBufferError(FerryError):
-    """Use of a buffer that was freed, or of a tensor placed in one (FERRY_ERR_FREED)."""
-
-    status = lib.FERRY_ERR_FREED
+class FreedBufferError(FerryError, status=lib.FERRY_ERR_FREED):
+    """Use of a buffer that was freed, or of a tensor placed in one."""
 
 
-class OutOfMemoryError(FerryError):
-    """An allocation failed or exceeds the buffer type's max size (FERRY_ERR_OUT_OF_MEMORY)."""
-
-    status = lib.FERRY_ERR_OUT_OF_MEMORY
+class OutOfMemoryError(FerryError, status=lib.FERRY_ERR_OUT_OF_MEMORY):
+    """An allocation failed or exceeds the buffer type's max size."""
 
 
-class UnsupportedError(FerryError):
-    """The backend or buffer cannot do this (FERRY_ERR_UNSUPPORTED)."""
-
-    status = lib.FERRY_ERR_UNSUPPORTED
+class UnsupportedError(FerryError, status=lib.FERRY_ERR_UNSUPPORTED):
+    """The backend or buffer cannot do this."""
 
 
-class BackendError(FerryError):
-    """The backend's own failure, e.g. a CUDA error (FERRY_ERR_BACKEND)."""
-
-    status = lib.FERRY_ERR_BACKEND
-
-
-_BY_STATUS: Dict[int, Type[FerryError]] = {
-    cls.status: cls
-    for cls in (InvalidArgumentError, OutOfBoundsError, NotAllocatedError, LayoutError, UnknownTypeError,
-                FreedBufferError, OutOfMemoryError, UnsupportedError, BackendError)
-}
+class BackendError(FerryError, status=lib.FERRY_ERR_BACKEND):
+    """The backend's own failure, e.g. a CUDA error."""
 
 
 def error_class(status: int) -> Type[FerryError]:

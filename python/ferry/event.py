@@ -9,7 +9,7 @@ wrap rather than by their class.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from . import _checks
 from ._binding import ffi, lib
@@ -24,7 +24,7 @@ class Event(Closeable):
     """A point in a backend's queued work. Make one with backend.event(timing=False).
 
     It belongs to (and keeps alive) the backend that made it; a backend that cannot make
-    events raises UnsupportedError. close() (or free(), or the end of a `with` block) frees
+    events raises UnsupportedError. close() (or the end of a `with` block) frees
     it now; after that every use raises FreedBufferError.
 
     Parameters
@@ -53,10 +53,6 @@ class Event(Closeable):
         self._handle = Handle(out[0], lib.ferry_event_free, backend._handle)
         self._finalizer = weakref.finalize(self, self._handle.release)
 
-    @property
-    def _p(self) -> Any:
-        return self._live()
-
     def _describe(self) -> str:
         return f"Event of {self._backend._describe()}"
 
@@ -64,10 +60,6 @@ class Event(Closeable):
     def backend(self) -> "Backend":
         """The backend the event belongs to."""
         return self._backend
-
-    def free(self) -> None:
-        """close(): free it now. A second call does nothing."""
-        self.close()
 
     def record(self, backend: Optional["Backend"] = None) -> "Event":
         """Mark the current end of a backend's queued work.

@@ -289,7 +289,17 @@ def cuda_array_interface(t: "Tensor", raw: bool = False) -> Dict[str, Any]:
 class TensorBytes:
     """A tensor's bytes as uint8, each row of ne[0] values its row_size bytes (Tensor.raw()): the
     export of the block types, whose elements no array dtype names. It speaks the same protocols
-    as the tensor (array interface, DLPack, CUDA array interface) and holds the tensor."""
+    as the tensor (array interface, DLPack, CUDA array interface) and holds the tensor;
+    Tensor.set takes it back, writing those rows packed into a tensor of the same type.
+
+    Its exported shape is the tensor's, reversed (numpy order), with the last axis the row's
+    bytes; its strides are the tensor's, so a view exports its own rows, gaps skipped.
+
+    Attributes
+    ----------
+    tensor : Tensor
+        The tensor whose bytes it exports (kept alive by it).
+    """
 
     def __init__(self, tensor: "Tensor", what: str = "raw") -> None:
         self.tensor = _checks.c_object(tensor, "ferry_tensor *", "a Tensor", what)

@@ -11,7 +11,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from . import _checks
-from ._binding import ffi, lib
+from ._binding import ffi, lib, query
 from ._handle import Handle
 from .backend import Backend
 from .errors import FreedBufferError, check
@@ -138,15 +138,8 @@ class Graph:
             t = self._tensors[ptr]
         return t
 
-    @property
-    def n_nodes(self) -> int:
-        """Nodes (ops and views)."""
-        return int(lib.ferry_graph_n_nodes(self._p))
-
-    @property
-    def n_leafs(self) -> int:
-        """Leafs (tensors with data of their own)."""
-        return int(lib.ferry_graph_n_leafs(self._p))
+    n_nodes = query(lib.ferry_graph_n_nodes, int, "Nodes (ops and views).")
+    n_leafs = query(lib.ferry_graph_n_leafs, int, "Leafs (tensors with data of their own).")
 
     @property
     def nodes(self) -> List[Tensor]:

@@ -25,7 +25,25 @@ from .types import Type, TypeLike, to_type
 
 @dataclass(frozen=True)
 class KVParams:
-    """The layout of a KV cache (ferry_kv_params)."""
+    """The layout of a KV cache (ferry_kv_params), as C keeps it: KVCache.params.
+
+    Attributes
+    ----------
+    type_k, type_v : Type
+        The element types of K and V.
+    head_dim : int
+        Values per head.
+    n_head_kv : int
+        KV heads per cell.
+    n_ctx : int
+        Cells in all streams together.
+    n_stream : int
+        Streams; each holds n_ctx / n_stream cells (KVCache.kv_size).
+    n_layer : int
+        Layers, each with its K and V.
+    v_trans : bool
+        Whether V is stored transposed, [kv_size, n_embd_gqa, n_stream].
+    """
 
     type_k: Type
     type_v: Type
@@ -141,10 +159,6 @@ class KVCache(Closeable):
             self._wrappers[which, layer] = t
         return t
 
-    @property
-    def _p(self) -> Any:
-        return self._live()
-
     def _after_close(self) -> None:
         self._wrappers.clear()
 
@@ -243,12 +257,8 @@ class KVCache(Closeable):
 
         Parameters
         ----------
-        n_kv : int
-            Cells read from the start of each stream.
-        s0 : int, optional
-            The first stream read.
-        s1 : int, optional
-            The last stream read (default: the cache's last).
+        n_kv, s0, s1 : int
+            As window() takes them (s0 and s1 optional).
 
         Returns
         -------
@@ -283,23 +293,22 @@ class KVCache(Closeable):
             "k" or "v".
         layer : int
         stream : int
-        data : bytes-like or numpy.ndarray
-            The stream's bytes: an array shaped [kv_size, n_embd_gqa] of the cache's dtype, or raw
-            bytes for quantized types.
+        data : bytes-like, numpy.ndarray or TensorBytes
+            The stream's values: an array of the cache's dtype shaped [kv_size, n_embd_gqa]
+            ([n_embd_gqa, kv_size] for a transposed V) or flat, or its raw bytes (the only way for
+            quantized types); checked as every write is (Tensor.set).
 
         Raises
         ------
         InvalidArgumentError
-            For which not "k" or "v".
+            For which not "k" or "v", or data of another dtype.
+        LayoutError
+            For data of another shape.
         OutOfBoundsError
-            For a layer or stream the cache does not have, or data of another length.
+            For a layer or stream the cache does not have, or data of another size.
         """
-        t, offset, size = self._stream_of(which, layer, stream)
-        with _pybuffer.readable(data, "kv set_stream") as d:
-            if d.nbytes != size:
-                raise OutOfBoundsError(f"kv set_stream: a stream of {which.upper()} holds {size} bytes, "
-                                       f"the data {d.nbytes}")
-            t.set(d.obj, offset)
+        t, offset, _ = self._stream_of(which, layer, stream)
+        t._write(data, offset, "kv set_stream", region=(t.ne[1], t.ne[0]))
 
     def get_stream(self, which: str, layer: int, stream: int) -> bytes:
         """The bytes of one stream of a layer's K (which "k") or V ("v"); raises as set_stream does."""

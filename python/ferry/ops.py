@@ -3,8 +3,8 @@
 Nothing is computed until a backend (Graph.compute) or a Scheduler runs the graph. The
 result keeps its operands alive. Shapes that do not fit the op raise LayoutError with
 C's message; arguments that cannot reach C raise InvalidArgumentError. Each takes name,
-the result's name (optional), and returns the result, unallocated. The elementwise ops are
-also Tensor methods (a + b, a.dup(), ...); these are the same ops as functions.
+the result's name (optional), and returns the result, unallocated. a + b and a * b are
+add(a, b) and mul(a, b), Python's operators for them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from . import _checks
 from ._binding import ffi, lib
 from .errors import InvalidArgumentError, raise_last
 from .tensor import Tensor
-from .types import TypeLike
+from .types import TypeLike, to_type
 
 
 def add(a: Tensor, b: Tensor, name: Optional[str] = None) -> Tensor:
@@ -68,7 +68,9 @@ def scale(a: Tensor, s: float, name: Optional[str] = None) -> Tensor:
     InvalidArgumentError
         For a that is not a Tensor, or s not a finite f32.
     """
-    return _checks.instance(a, Tensor, "scale").scale(s, name=name)
+    pa = _checks.instance(a, Tensor, "scale")._p
+    f = _checks.as_f32(s, "scale")
+    return a._op(lambda ctx, out: lib.ferry_scale(ctx, pa, f, out), (a,), name)
 
 
 def dup(a: Tensor, type: Optional[TypeLike] = None, name: Optional[str] = None) -> Tensor:
@@ -86,7 +88,11 @@ def dup(a: Tensor, type: Optional[TypeLike] = None, name: Optional[str] = None) 
     Tensor
         a's shape, contiguous, of type (or a's).
     """
-    return _checks.instance(a, Tensor, "dup").dup(type, name=name)
+    pa = _checks.instance(a, Tensor, "dup")._p
+    if type is None:
+        return a._op(lambda ctx, out: lib.ferry_dup(ctx, pa, out), (a,), name)
+    ty = to_type(type)
+    return a._op(lambda ctx, out: lib.ferry_dup_as(ctx, pa, ty.value, out), (a,), name)
 
 
 def concat(a: Tensor, b: Tensor, dim: int, name: Optional[str] = None) -> Tensor:
@@ -110,7 +116,10 @@ def concat(a: Tensor, b: Tensor, dim: int, name: Optional[str] = None) -> Tensor
     LayoutError
         For shapes that do not join.
     """
-    return _checks.instance(a, Tensor, "concat: a").concat(b, dim, name=name)
+    pa = _checks.instance(a, Tensor, "concat: a")._p
+    pb = _checks.instance(b, Tensor, "concat: b")._p
+    d = _checks.as_c_int(dim, "concat: dim")
+    return a._op(lambda ctx, out: lib.ferry_concat(ctx, pa, pb, d, out), (a, b), name)
 
 
 def pad(a: Tensor, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Optional[str] = None) -> Tensor:
@@ -128,12 +137,15 @@ def pad(a: Tensor, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Opt
     Tensor
         [ne0 + p0, ne1 + p1, ne2 + p2, ne3 + p3], unallocated.
     """
-    return _checks.instance(a, Tensor, "pad").pad(p0, p1, p2, p3, name=name)
+    pa = _checks.instance(a, Tensor, "pad")._p
+    p = [_checks.as_c_int(v, f"pad: p{i}") for i, v in enumerate((p0, p1, p2, p3))]
+    return a._op(lambda ctx, out: lib.ferry_pad(ctx, pa, p[0], p[1], p[2], p[3], out), (a,), name)
 
 
 def mean(a: Tensor, name: Optional[str] = None) -> Tensor:
     """The mean of Tensor a over dimension 0 (ne[0] becomes 1): a new unallocated Tensor named name."""
-    return _checks.instance(a, Tensor, "mean").mean(name=name)
+    pa = _checks.instance(a, Tensor, "mean")._p
+    return a._op(lambda ctx, out: lib.ferry_mean(ctx, pa, out), (a,), name)
 
 
 def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional[float] = None,

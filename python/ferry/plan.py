@@ -194,7 +194,27 @@ class CopyCostModel:
     row_ns plus its bytes (rounded up to whole line_bytes, at most its stride) at gbps GB/s,
     times small_row_efficiency below small_row_bytes, plus wide_pitch_row_ns for rows at least
     wide_pitch_bytes apart. A flat copy is one call and the span at gbps. CopyCostModel.cpu()
-    and .gpu() are ferry's figures (copy-plan.c); of_backend(b) the one b's copies are costed by."""
+    and .gpu() are ferry's figures (copy-plan.c); of_backend(b) the one b's copies are costed by.
+
+    Attributes
+    ----------
+    call_us : float
+        Microseconds per call (a 2-D copy, or the flat copy).
+    row_ns : float
+        Nanoseconds per row of a 2-D copy.
+    gbps : float
+        Bandwidth in GB/s (1e9 bytes per second).
+    line_bytes : int
+        A row's bytes are rounded up to whole lines of this many (0: exact), at most its stride.
+    small_row_bytes : int
+        Rows narrower than this move at gbps * small_row_efficiency.
+    small_row_efficiency : float
+        The fraction of gbps narrow rows reach.
+    wide_pitch_bytes : int
+        Rows at least this far apart cost wide_pitch_row_ns more each (0: no such cost).
+    wide_pitch_row_ns : float
+        Nanoseconds more per row of a wide pitch.
+    """
 
     call_us: float
     row_ns: float
@@ -364,9 +384,25 @@ def plan_pays(tensor: Tensor, model: ModelLike = "cpu") -> bool:
 
 @dataclass(frozen=True)
 class Explanation:
-    """How the planner reduced a layout (ferry_copy_plan_explain, for display): the row
-    (bytes) and the dimensions merged into it, folds, dropped dimensions, the dimensions
-    left as (count, stride, dims), whether they nest, and a sentence."""
+    """How the planner reduces a layout (ferry_copy_plan_explain, for display): explain's result.
+
+    Attributes
+    ----------
+    row : int
+        Bytes of the row every copy moves (0 for an empty layout).
+    row_dims : tuple of int
+        The dimensions merged into the row, in the order merged (their strides lie within it).
+    dropped : tuple of (int, str)
+        Dimensions that add no bytes, with why ("broadcast": stride 0).
+    folds : tuple of (tuple of int, tuple of int)
+        (inner, outer) pairs: outer's rows continue inner's even progression, one dimension.
+    dims : tuple of (int, int, tuple of int)
+        What is left, by stride: (count, stride in bytes, the dimensions it stands for).
+    nested : bool
+        Whether dims nest (then n_copies 2-D copies) or tangle (enumerated as byte intervals).
+    text : str
+        All of it as one sentence.
+    """
 
     row: int
     row_dims: Tuple[int, ...]

@@ -1,7 +1,6 @@
 """Values of every type: the numpy dtype of each type's elements (bf16 as ml_dtypes.bfloat16),
 conversion of values to and from each type (q8_0 and q4_0 quantized and dequantized by the C
-library's ferry_quantize / ferry_dequantize, the one home of that arithmetic), and the check
-that data written to a tensor holds the tensor's type.
+library's ferry_quantize / ferry_dequantize, the one home of that arithmetic).
 
 It sits beside types.py, below Tensor: what it does with tensors and backends it does
 through their methods, importing neither.
@@ -40,10 +39,6 @@ def value_dtype(ty: TypeLike) -> np.dtype:
 def type_of_dtype(dt: np.dtype) -> Optional[Type]:
     """The ferry type whose elements dt holds (None if none does: no exception, unlike type_from_dtype)."""
     return next((ty for ty, known in _ARRAY_DTYPES.items() if dt == known), None)
-
-
-def _is_raw(dt: np.dtype) -> bool:
-    return dt == np.uint8
 
 
 def quantize(values: Any, type: TypeLike) -> np.ndarray:
@@ -165,30 +160,6 @@ def strides_of(t: "Tensor") -> Tuple[int, ...]:
     return tuple(s if n > 1 else 0 for n, s in zip(reversed(t.ne), reversed(t.nb)))
 
 
-def check_data(tensor: "Tensor", data: Any, what: str) -> None:
-    """Refuse data typed other than the tensor's (numpy arrays and typed memoryviews): a float32
-    array written into an f16 tensor would be taken as its bytes. Raw bytes (bytes, bytearray,
-    uint8 arrays, byte memoryviews) pass: they are the tensor's bytes as they stand."""
-    if isinstance(data, np.ndarray):
-        dt = data.dtype
-    elif isinstance(data, memoryview) and data.format not in ("B", "b", "c"):
-        try:
-            dt = np.dtype(data.format)
-        except TypeError:
-            dt = None
-    else:
-        return
-    if dt is None or _is_raw(dt):
-        return
-    ty = tensor.type
-    if type_of_dtype(dt) == ty:
-        return
-    hint = (f"convert the values (ferry.quantize(values, '{ty}'), Tensor.from_numpy(..., type='{ty}'))"
-            if ty != Type.I32 else "convert them to int32")
-    raise InvalidArgumentError(f"{what}: data is a {dt} array but '{tensor.name}' holds {ty}; {hint}, "
-                               "or pass its bytes (a uint8 view)")
-
-
 # ------------------------------------------------------------ tensors: to_numpy and from_numpy
 
 
@@ -240,6 +211,6 @@ def from_numpy(backend: "Backend", array: Any, type: Optional[TypeLike], name: O
     ne = list(reversed(arr.shape)) or [1]
     data = np.ascontiguousarray(arr) if type_of_dtype(arr.dtype) == ty else quantize(arr, ty)
     t = backend.alloc_tensor(ty, ne, name=name)
-    t.set(data.reshape(-1).view(np.uint8) if data.size else b"")
+    t.set(data if data.size else b"")
     return t
 

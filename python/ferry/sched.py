@@ -28,7 +28,19 @@ from .tensor import Tensor
 
 @dataclass(frozen=True)
 class Input:
-    """A split input: what the graph reads (src), its copy on the split's backend, and the last run's copy stats."""
+    """A split input (Scheduler.inputs): a source the split's backend cannot read where it is.
+
+    Attributes
+    ----------
+    split : int
+        Index of the split that reads it (Scheduler.splits).
+    src : Tensor
+        What the graph reads.
+    copy : Tensor
+        Its copy on the split's backend, of the same layout (or src's compact layout).
+    stats : CopyStats
+        What its copy did in the last run.
+    """
 
     split: int
     src: Tensor
@@ -38,7 +50,21 @@ class Input:
 
 @dataclass(frozen=True)
 class Split:
-    """A run of nodes on one backend, the inputs copied to it, and its last compute time."""
+    """A run of consecutive nodes on one backend (Scheduler.splits).
+
+    Attributes
+    ----------
+    backend : Backend
+        The backend that computes them.
+    first_node : int
+        Index into the graph's nodes of its first node.
+    n_nodes : int
+        Nodes it computes (views excluded).
+    inputs : list of Input
+        The sources copied to its backend.
+    compute_seconds : float
+        Seconds its backend computed in the last run, synchronized.
+    """
 
     backend: Backend
     first_node: int

@@ -6,9 +6,10 @@ way a C struct becomes one."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Tuple
+from typing import Any, ClassVar, Dict, Tuple
 
 from ._binding import ffi, lib
+from .errors import check
 from .policy import CopyPolicy
 
 #: The transfer kinds, in ferry_xfer order: set, get, set_2d, get_2d, copy, memset.
@@ -17,12 +18,21 @@ KINDS: Tuple[str, ...] = tuple(ffi.string(lib.ferry_xfer_name(k)).decode() for k
 
 @dataclass(frozen=True)
 class Stats:
-    """A snapshot of a ferry_stats. Each dict is keyed by KINDS.
+    """A snapshot of a buffer's or backend's transfer counters (ferry_stats).
 
-    calls and bytes count requests as made through the API (a 2-D set of n rows of s
-    bytes is one call of n*s bytes); impl_calls counts the operations that carried
-    them out (n for a backend with no 2-D implementation). Subtracting two snapshots
-    gives what moved in between.
+    The counts are cumulative: since the buffer or backend was made, or since its
+    reset_stats(). Subtracting two snapshots gives what moved in between. Each dict is keyed by
+    the transfer kinds, KINDS: "set", "get", "set_2d", "get_2d", "copy", "memset".
+
+    Attributes
+    ----------
+    calls : dict of str to int
+        Transfer requests as made through the API: a 2-D set of n rows is one call.
+    bytes : dict of str to int
+        Bytes those requests moved (a 2-D set of n rows of s bytes: n*s).
+    impl_calls : dict of str to int
+        Operations that carried the requests out: the same 2-D set is n plain sets on a
+        backend without a 2-D implementation, one call on a backend with one.
     """
 
     calls: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
@@ -56,51 +66,129 @@ class Stats:
         return f"<Stats {', '.join(moved) if moved else 'nothing moved'}>"
 
 
-@dataclass(frozen=True)
-class CopyStats:
-    """What one input copy did: the path taken (FLAT when the policy's rule did not apply), the
-    bytes the graph reads, the span a flat copy moves, the bytes that arrived, transfer requests
-    and the operations that carried them out, and the wall time (synchronize included)."""
+class Counted:
+    """stats and reset_stats of an object whose C struct counts its transfers (a Buffer's, a
+    Backend's ferry_stats). A subclass names its C getter and resetter and has _p."""
 
-    path: CopyPolicy
+    _get_stats: ClassVar[Any]  # ferry_status (*)(const T *, ferry_stats *)
+    _reset_stats: ClassVar[Any]  # void (*)(T *)
+    _p: Any
+
+    @property
+    def stats(self) -> Stats:
+        """What was moved through the object: counts since it was made or reset_stats()."""
+        out = ffi.new("ferry_stats *")
+        check(type(self)._get_stats(self._p, out))
+        return Stats.from_c(out)
+
+    def reset_stats(self) -> None:
+        """Set every transfer counter to 0."""
+        type(self)._reset_stats(self._p)
+
+
+@dataclass(frozen=True)
+class _CopyFigures:
+    """The figures of copies of inputs, one copy's (CopyStats) or a run's totals (SchedStats):
+    the same fields of ferry_copy_stats and ferry_sched_stats, each class saying what they mean."""
+
     bytes_read: int
     bytes_span: int
     bytes_copied: int
     copy_calls: int
     impl_calls: int
     copy_seconds: float
+
+    @staticmethod
+    def _figures(s: Any) -> Dict[str, Any]:
+        """The shared fields of the C struct s, by name."""
+        return {"bytes_read": int(s.bytes_read), "bytes_span": int(s.bytes_span), "bytes_copied": int(s.bytes_copied),
+                "copy_calls": int(s.copy_calls), "impl_calls": int(s.impl_calls),
+                "copy_seconds": float(s.copy_seconds)}
+
+
+@dataclass(frozen=True)
+class CopyStats(_CopyFigures):
+    """What one copy of one input did (ferry_copy_stats): copy_input's result, and each
+    Scheduler.inputs entry's figures for the last run.
+
+    Attributes
+    ----------
+    path : CopyPolicy
+        The path taken: the policy asked for, or FLAT when its rule did not apply.
+    bytes_read : int
+        Bytes the graph reads through the input (its distinct elements).
+    bytes_span : int
+        The input's nbytes: what a flat copy moves, gaps included.
+    bytes_copied : int
+        Bytes that arrived in the destination buffer.
+    copy_calls : int
+        Transfer requests made (a 2-D copy is one).
+    impl_calls : int
+        Operations that carried them out (a 2-D copy on a backend without 2-D transfers is one
+        per row).
+    copy_seconds : float
+        Wall time of the copy in seconds, synchronize included; for an input the scheduler
+        prefetched, the time its copy queue spent on it (measured by events); 0 for a copy
+        queued and not waited for.
+    """
+
+    path: CopyPolicy
 
     @classmethod
     def from_c(cls, s: Any) -> "CopyStats":
         """A CopyStats holding the values of the ferry_copy_stats cdata s."""
-        return cls(CopyPolicy(s.path), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied),
-                   int(s.copy_calls), int(s.impl_calls), float(s.copy_seconds))
+        return cls(path=CopyPolicy(s.path), **cls._figures(s))
 
 
 @dataclass(frozen=True)
-class SchedStats:
-    """Totals of the last run over all inputs and splits."""
+class SchedStats(_CopyFigures):
+    """What a Scheduler's last compute did (ferry_sched_stats): totals over all its inputs and
+    splits for that one run, not cumulative; each compute starts them again from 0.
+
+    Attributes
+    ----------
+    n_inputs : int
+        Split inputs of the graph: sources a split's backend cannot read where they are, each
+        copied to it.
+    bytes_read : int
+        Bytes the graph reads through them (CopyStats.bytes_read, summed).
+    bytes_span : int
+        Their spans (nbytes, gaps included): what flat copies of all of them would move.
+    bytes_copied : int
+        Bytes that arrived on the splits' backends.
+    copy_calls : int
+        Transfer requests the copies made.
+    impl_calls : int
+        Operations that carried those requests out (a 2-D copy is one per row on a backend
+        without 2-D transfers).
+    copy_seconds : float
+        Seconds spent copying inputs, synchronize included; a prefetched input counts its
+        time on its copy queue.
+    compute_seconds : float
+        Seconds the splits' backends spent computing, each part synchronized.
+    prefetched : int
+        Inputs copied ahead on a copy queue (Scheduler.prefetch); 0 without prefetching.
+    ahead_inputs : int
+        The most prefetched inputs queued or held ahead of the part computing, over the run's
+        parts: what the prefetch depth asks of the graph as allocated.
+    ahead_bytes : int
+        Their bytes (the copies' nbytes) at that most: device memory prefetching holds beyond
+        what the part at hand reads.
+    wait_seconds : float
+        Seconds the host waited for prefetched copies; on CUDA the device waits instead and
+        this stays near 0.
+    """
 
     n_inputs: int
-    bytes_read: int
-    bytes_span: int
-    bytes_copied: int
-    copy_calls: int
-    impl_calls: int
-    copy_seconds: float
     compute_seconds: float
-    #: Prefetching (Scheduler.prefetch): inputs copied ahead on a copy queue.
     prefetched: int = 0
-    #: The most prefetched inputs, and their bytes, queued or held ahead of the part computing:
-    #: the device memory prefetching holds beyond what the part at hand reads.
     ahead_inputs: int = 0
     ahead_bytes: int = 0
-    #: The host's time in waits for prefetched copies (on CUDA the device waits instead).
     wait_seconds: float = 0.0
 
     @classmethod
     def from_c(cls, s: Any) -> "SchedStats":
         """A SchedStats holding the values of the ferry_sched_stats cdata s."""
-        return cls(int(s.n_inputs), int(s.bytes_read), int(s.bytes_span), int(s.bytes_copied), int(s.copy_calls),
-                   int(s.impl_calls), float(s.copy_seconds), float(s.compute_seconds), int(s.prefetched),
-                   int(s.ahead_inputs), int(s.ahead_bytes), float(s.wait_seconds))
+        return cls(n_inputs=int(s.n_inputs), compute_seconds=float(s.compute_seconds), prefetched=int(s.prefetched),
+                   ahead_inputs=int(s.ahead_inputs), ahead_bytes=int(s.ahead_bytes),
+                   wait_seconds=float(s.wait_seconds), **cls._figures(s))

@@ -128,7 +128,9 @@ class _Step:
 
 
 class StepOutputs(List[Tensor]):
-    """attention_step's outputs from KVWindows, with the Graph C built of them (step_graph)."""
+    """attention_step's outputs from KVWindows: a list of Tensor, one attention output per layer
+    (f32 [head_dim, n_head, 1, ns], unallocated until the scheduler runs them), holding the Graph C
+    built of them, which step_graph takes without building it again."""
 
     _graph: Graph
 
@@ -185,6 +187,7 @@ def step_graph(outputs: Sequence[Tensor]) -> Graph:
     Returns
     -------
     Graph
+        Of the outputs, as the scheduler computes it.
 
     Raises
     ------
@@ -252,6 +255,7 @@ class StepGraph:
         Returns
         -------
         Graph
+            The step's graph: built for a new key, else the last one, reused.
 
         Raises
         ------

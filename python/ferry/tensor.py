@@ -6,17 +6,20 @@ Tensor (and so the source's context) alive, and a placed tensor keeps its Buffer
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _checks, _pybuffer, export, quant
-from ._binding import ffi, lib
+from ._binding import ffi, lib, query
 from ._handle import Handle, release_when_collected
 from .errors import (
     FreedBufferError,
     InvalidArgumentError,
+    LayoutError,
+    OutOfBoundsError,
     UnsupportedError,
     check,
 )
@@ -232,6 +235,7 @@ class Tensor:
         Returns
         -------
         Tensor
+            The view: dimension i of this tensor at axes[i].
 
         Raises
         ------
@@ -264,6 +268,7 @@ class Tensor:
         Returns
         -------
         Tensor
+            The view, over this tensor's memory.
 
         Raises
         ------
@@ -305,35 +310,18 @@ class Tensor:
         ne = self.ne
         return next((i + 1 for i in range(3, 0, -1) if ne[i] != 1), 1)
 
-    @property
-    def nbytes(self) -> int:
-        """The span from the first byte to the last (ggml's nbytes)."""
-        return int(lib.ferry_tensor_nbytes(self._p))
+    nbytes = query(lib.ferry_tensor_nbytes, int, "The span from the first byte to the last (ggml's nbytes).")
 
     @property
     def row_size(self) -> int:
         """Bytes of one row of ne[0] values (row_size(type, ne[0]))."""
         return row_size(self.type, self.ne[0])
 
-    @property
-    def nelements(self) -> int:
-        """Values (elements) in all dimensions."""
-        return int(lib.ferry_tensor_nelements(self._p))
-
-    @property
-    def nrows(self) -> int:
-        """Rows: ne[1] * ne[2] * ne[3]."""
-        return int(lib.ferry_tensor_nrows(self._p))
-
-    @property
-    def is_contiguous(self) -> bool:
-        """Whether the elements are packed in ggml order, without gaps."""
-        return bool(lib.ferry_tensor_is_contiguous(self._p))
-
-    @property
-    def is_view(self) -> bool:
-        """Whether the tensor views another's memory."""
-        return bool(lib.ferry_tensor_is_view(self._p))
+    nelements = query(lib.ferry_tensor_nelements, int, "Values (elements) in all dimensions.")
+    nrows = query(lib.ferry_tensor_nrows, int, "Rows: ne[1] * ne[2] * ne[3].")
+    is_contiguous = query(lib.ferry_tensor_is_contiguous, bool,
+                          "Whether the elements are packed in ggml order, without gaps.")
+    is_view = query(lib.ferry_tensor_is_view, bool, "Whether the tensor views another's memory.")
 
     def same_layout(self, other: "Tensor") -> bool:
         """Whether the Tensor other has this tensor's type, ne and nb."""
@@ -396,25 +384,34 @@ class Tensor:
     # ------------------------------------------------------------ blocking transfers
 
     def set(self, data: _pybuffer.BytesLike, offset: int = 0) -> None:
-        """Write all of data into the tensor.
+        """Write all of data into the tensor, checked as every write is (writable_data).
 
         Parameters
         ----------
-        data : bytes-like or numpy.ndarray
-            The bytes to write (a non-contiguous array is written in C order).
+        data : bytes-like, numpy.ndarray or TensorBytes
+            Values of the tensor's dtype, shaped as the tensor (or leading rows of it) or flat;
+            raw bytes (bytes, uint8 arrays); or another tensor's raw(), of the same type. A
+            non-contiguous array is written in C order.
         offset : int, optional
             Bytes from the tensor's first byte.
 
         Raises
         ------
+        InvalidArgumentError
+            For data of another dtype.
+        LayoutError
+            For data of another shape, or values at an offset inside an element.
         NotAllocatedError, FreedBufferError
             For a tensor without live memory.
         OutOfBoundsError
             When the bytes reach past the tensor's span.
         """
-        quant.check_data(self, data, "tensor_set")
-        with _pybuffer.readable(data, "tensor_set") as d:
-            check(lib.ferry_tensor_set(self._p, d.ptr, _checks.as_size(offset, "tensor_set: offset"), d.nbytes))
+        self._write(data, _checks.as_size(offset, "tensor_set: offset"), "tensor_set")
+
+    def _write(self, data: Any, offset: int, what: str, region: Optional[Sequence[int]] = None) -> None:
+        """set's write, through the one check (writable_data): region, the numpy shape data must fill."""
+        with writable_data(self, data, what, offset, region) as d:
+            check(lib.ferry_tensor_set(self._p, d.ptr, offset, d.nbytes))
 
     def get(self, offset: int = 0, size: Optional[int] = None) -> bytes:
         """Read bytes of the tensor.
@@ -439,15 +436,16 @@ class Tensor:
         """
         off = _checks.as_size(offset, "tensor_get: offset")
         n = max(self.nbytes - off, 0) if size is None else _checks.as_size(size, "tensor_get: size")
-        self._check_read("tensor_get", off, n)
+        self._check_transfer("tensor_get", off, n)
         out = _pybuffer.new_bytes(n, "tensor_get")
         self.readinto(out, off)
         return bytes(out)
 
-    def _check_read(self, what: str, offset: int, size: int, n_copies: int = 1, stride: int = 0,
-                    stride_data: int = 0) -> None:
-        """C's checks of a read (ferry_tensor_check_transfer), made before Python allocates the
-        output: a request C refuses must not first ask Python for its size in memory."""
+    def _check_transfer(self, what: str, offset: int, size: int, n_copies: int = 1, stride: int = 0,
+                        stride_data: int = 0) -> None:
+        """C's checks of a transfer (ferry_tensor_check_transfer), made before Python allocates a
+        read's output (a request C refuses must not first ask Python for its size in memory) and
+        before a write's data is taken."""
         check(lib.ferry_tensor_check_transfer(self._p, offset, size, n_copies, stride, stride_data,
                                               what.encode()))
 
@@ -501,8 +499,9 @@ class Tensor:
 
         Parameters
         ----------
-        data : bytes-like or numpy.ndarray
-            Row i is data[i*stride_data:][:size].
+        data : bytes-like, numpy.ndarray or TensorBytes
+            Row i is data[i*stride_data:][:size]; checked as set's data is, an array's rows being
+            the rows written.
         offset : int
             Where row 0 goes, in bytes from the tensor's first byte.
         size : int
@@ -516,15 +515,15 @@ class Tensor:
 
         Raises
         ------
+        InvalidArgumentError
+            For data of another dtype.
         OutOfBoundsError
-            When data is too short or the rows reach past the tensor's span.
+            When data is shorter or longer than the rows, or the rows reach past the tensor's span.
         LayoutError
-            For strides smaller than a row.
+            For strides smaller than a row, or data of another shape.
         """
         args = _checks.transfer_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
-        quant.check_data(self, data, "tensor_set_2d")
-        with _pybuffer.readable(data, "tensor_set_2d") as d:
-            d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), "tensor_set_2d")
+        with writable_data(self, data, "tensor_set_2d", rows=args) as d:
             check(lib.ferry_tensor_set_2d(self._p, d.ptr, *args))
 
     def get_2d(self, offset: int, size: int, n_copies: int, stride_tensor: int,
@@ -553,7 +552,7 @@ class Tensor:
         args = _checks.transfer_2d("tensor_get_2d", offset, size, n_copies, stride_tensor, stride_data)
         need = _pybuffer.extent_2d(args[1], args[2], args[4])
         if out is None:
-            self._check_read("tensor_get_2d", *args)
+            self._check_transfer("tensor_get_2d", *args)
         target = _pybuffer.new_bytes(need, "tensor_get_2d") if out is None else out
         with _pybuffer.writable(target, "tensor_get_2d") as d:
             d.need(need, "tensor_get_2d")
@@ -562,7 +561,7 @@ class Tensor:
 
     def copy_to(self, dst: "Tensor") -> None:
         """Copy the tensor's nbytes span into the Tensor dst, of the same type, ne and nb (else LayoutError)."""
-        check(lib.ferry_tensor_copy(self._p, _checks.instance(dst, Tensor, "tensor_copy")._p))
+        check(lib.ferry_tensor_copy(self._p, _checks.instance(dst, Tensor, "copy_to")._p))
 
     # ------------------------------------------------------------ numpy
 
@@ -644,7 +643,7 @@ class Tensor:
             return srcs_of(self) if srcs_of is not None else ()
         return tuple(t for t in self._deps if isinstance(t, Tensor))
 
-    # ------------------------------------------------------------ ops: ferry.ops documents each and calls these
+    # ------------------------------------------------------------ ops: ferry.ops builds each through these
 
     def _op(self, make: Callable[[Any, Any], int], operands: Tuple["Tensor", ...], name: Optional[str]) -> "Tensor":
         """The result of make in a new context: an op's node, keeping its operands alive."""
@@ -666,37 +665,6 @@ class Tensor:
         """ops.mul: self * other elementwise, other repeated over self."""
         return self._binary(lib.ferry_mul, other, "mul", None)
 
-    def scale(self, s: float, name: Optional[str] = None) -> "Tensor":
-        """ops.scale(self, s, name) as a method: self * s for a finite float s, a new unallocated Tensor."""
-        pa = self._p
-        f = _checks.as_f32(s, "scale")
-        return self._op(lambda ctx, out: lib.ferry_scale(ctx, pa, f, out), (self,), name)
-
-    def dup(self, type: Optional[TypeLike] = None, name: Optional[str] = None) -> "Tensor":
-        """ops.dup(self, type, name) as a method: a contiguous copy, of another type when type is given."""
-        pa = self._p
-        if type is None:
-            return self._op(lambda ctx, out: lib.ferry_dup(ctx, pa, out), (self,), name)
-        ty = to_type(type)
-        return self._op(lambda ctx, out: lib.ferry_dup_as(ctx, pa, ty.value, out), (self,), name)
-
-    def concat(self, other: "Tensor", dim: int, name: Optional[str] = None) -> "Tensor":
-        """ops.concat(self, other, dim, name) as a method: self and other joined along dim."""
-        pa, pb = self._p, _checks.instance(other, Tensor, "concat: b")._p
-        d = _checks.as_c_int(dim, "concat: dim")
-        return self._op(lambda ctx, out: lib.ferry_concat(ctx, pa, pb, d, out), (self, other), name)
-
-    def pad(self, p0: int = 0, p1: int = 0, p2: int = 0, p3: int = 0, name: Optional[str] = None) -> "Tensor":
-        """ops.pad(self, p0, p1, p2, p3, name) as a method: p_i zeros appended at the end of dimension i."""
-        pa = self._p
-        p = [_checks.as_c_int(v, f"pad: p{i}") for i, v in enumerate((p0, p1, p2, p3))]
-        return self._op(lambda ctx, out: lib.ferry_pad(ctx, pa, p[0], p[1], p[2], p[3], out), (self,), name)
-
-    def mean(self, name: Optional[str] = None) -> "Tensor":
-        """ops.mean(self, name) as a method: the mean over dimension 0 (ne[0] becomes 1)."""
-        pa = self._p
-        return self._op(lambda ctx, out: lib.ferry_mean(ctx, pa, out), (self,), name)
-
     # ------------------------------------------------------------ display
 
     def __repr__(self) -> str:
@@ -708,26 +676,157 @@ class Tensor:
         buf = self.buffer
         if buf is None:
             parts.append("unallocated")
-        elif buf.freed:
+        elif buf.closed:
             parts.append(f"in freed {buf._type_name} buffer")
         else:
             parts.append(f"in {buf._type_name} buffer")
         return " ".join(parts) + ">"
 
 
-def tensor_copy(src: Tensor, dst: Tensor) -> None:
-    """Copy src's nbytes span into dst: ferry_tensor_copy.
+# ------------------------------------------------------------ the one check of every write
+
+
+def _payload(data: Any, what: str) -> Tuple[Any, Optional[Type], Optional[Tuple[int, ...]]]:
+    """data as a buffer C can read, the ferry type of its elements (None: raw bytes) and its shape
+    in numpy order with the last axis in bytes (None: flat).
+
+    The bytes of Tensor.raw() (a TensorBytes) are its tensor's rows, packed; they carry that
+    tensor's type and shape."""
+    if isinstance(data, export.TensorBytes):
+        src = data.tensor
+        shape = tuple(reversed(src.ne[: src.ndim]))
+        payload = src.get() if src.is_contiguous else np.asarray(data)  # a view's rows, packed
+        return payload, src.type, shape[:-1] + (src.row_size,)
+    if isinstance(data, np.ndarray):
+        dt, shape = data.dtype, data.shape
+    elif isinstance(data, memoryview) and data.format not in ("B", "b", "c"):
+        try:
+            dt = np.dtype(data.format)
+        except TypeError:
+            return data, None, None
+        shape = data.shape or ()
+    else:
+        return data, None, None
+    if dt in (np.dtype(np.uint8), np.dtype(np.int8)):
+        ty = None  # raw bytes: the target's bytes as they stand
+    else:
+        ty = quant.type_of_dtype(dt)
+        if ty is None:
+            raise InvalidArgumentError(f"{what}: data is a {dt} array, which no ferry type holds")
+    if len(shape) < 2:
+        return data, ty, None
+    return data, ty, tuple(shape[:-1]) + (shape[-1] * dt.itemsize,)
+
+
+def _squeezed(shape: Sequence[int]) -> Tuple[int, ...]:
+    """shape without its axes of one index but the last: the same bytes in the same order."""
+    return tuple(n for n in shape[:-1] if n != 1) + tuple(shape[-1:])
+
+
+def _fits(data: Tuple[int, ...], region: Tuple[int, ...], whole: bool) -> bool:
+    """Whether data (a byte shape) lays out as rows of region along data's first axis: of all of
+    region when whole, else of its last len(data) axes. How many rows is the size check's."""
+    k = len(data)
+    return (k == len(region) or (not whole and k < len(region))) and data[1:] == region[len(region) - k + 1:]
+
+
+def writable_data(tensor: Tensor, data: Any, what: str, offset: int = 0, region: Optional[Sequence[int]] = None,
+                  rows: Optional[Tuple[int, int, int, int, int]] = None) -> _pybuffer.CData:
+    """The one check of every write of user data into ferry memory (Tensor.set and set_2d,
+    Backend.set_async and set_2d_async, KVCache.set_stream, Tensor.from_numpy): dtype, shape and
+    size, all before a byte moves.
+
+    - dtype: typed data (a numpy array, a typed memoryview, another tensor's raw()) holds the
+      tensor's type; raw bytes (bytes, bytearray, uint8 arrays) pass as the tensor's bytes.
+    - shape: data of two or more dimensions lays out as the region it is written to (axes of one
+      index aside): the tensor's shape, or leading rows of it from offset; a 2-D write's rows are
+      data's rows. Flat data (one dimension, bytes) is values (bytes) in C order.
+    - size: C's check of the transfer (ferry_tensor_check_transfer): the bytes stay inside the
+      tensor; an exact region is filled exactly; a 2-D write's data holds its rows and no more.
+
+    Every writer calls this, and C only after it: what it refuses leaves the memory as it was.
 
     Parameters
     ----------
-    src, dst : Tensor
-        Same type, ne and nb.
+    tensor : Tensor
+        Where the data goes.
+    data : bytes-like, numpy.ndarray or TensorBytes
+    what : str
+        The writer's name, which begins every message.
+    offset : int, optional
+        Bytes from the tensor's first byte.
+    region : sequence of int, optional
+        The numpy shape (in the tensor's values) the data must fill exactly; None: the tensor's
+        own shape, of which data may fill leading rows.
+    rows : (offset, size, n_copies, stride_tensor, stride_data), optional
+        A 2-D write's rows, as _checks.transfer_2d gives them (offset is then rows[0]).
+
+    Returns
+    -------
+    CData
+        The data as C reads it; release it after the call (a context manager).
 
     Raises
     ------
     InvalidArgumentError
-        When either is not a Tensor.
+        For data of another type.
     LayoutError
-        When the layouts differ.
+        For data of another shape, or typed data at an offset inside an element.
+    OutOfBoundsError, NotAllocatedError, FreedBufferError
+        For data of another size, or a tensor without live memory.
     """
-    _checks.instance(src, Tensor, "tensor_copy").copy_to(dst)
+    payload, ty, shape = _payload(data, what)
+    target = tensor.type
+    if ty is not None and ty != target:
+        hint = (f"convert the values (ferry.quantize(values, '{target}'), Tensor.from_numpy(..., type='{target}'))"
+                if target != Type.I32 else "convert them to int32")
+        held = f"{ty} bytes (a raw())" if isinstance(data, export.TensorBytes) else f"a {quant.array_dtype(ty)} array"
+        raise InvalidArgumentError(f"{what}: data is {held} but '{tensor.name}' holds {target}; {hint}, "
+                                   "or pass its bytes (a uint8 view)")
+    if ty is not None and offset % target.size:
+        raise LayoutError(f"{what}: {target} values written at byte {offset} of '{tensor.name}' would start "
+                          f"inside an element of {target.size} bytes")
+    if rows is not None:
+        offset = rows[0]
+        expect: Tuple[int, ...] = (rows[2], rows[4])
+    else:
+        values = tuple(reversed(tensor.ne[: tensor.ndim])) if region is None else tuple(region)
+        expect = values[:-1] + (row_size(target, values[-1]),)
+    if shape is not None and not _fits(_squeezed(shape), _squeezed(expect), region is not None or rows is not None):
+        given = data.shape if hasattr(data, "shape") else shape
+        raise LayoutError(f"{what}: data shaped {tuple(given)} does not lay out as '{tensor.name}' takes it: "
+                          f"{_describe(expect, target, region is None and rows is None)}")
+    d = _pybuffer.readable(payload, what)
+    try:
+        _check_size(tensor, d.nbytes, what, offset, expect, region is not None, rows)
+    except BaseException:
+        d.release()
+        raise
+    return d
+
+
+def _describe(expect: Tuple[int, ...], ty: Type, partial: bool) -> str:
+    """The region a write fills, in words: its shape in values (rows of bytes for block types)."""
+    dt = quant.array_dtype(ty)
+    shape = expect[:-1] + (expect[-1] // dt.itemsize,) if dt is not None else expect
+    unit = f"{dt} values" if dt is not None else "bytes in the last axis"
+    return f"shaped {shape} ({unit}){', or leading rows of that' if partial else ''}, or flat"
+
+
+def _check_size(tensor: Tensor, nbytes: int, what: str, offset: int, expect: Tuple[int, ...], whole: bool,
+                rows: Optional[Tuple[int, int, int, int, int]]) -> None:
+    """C's check of the bytes written inside the tensor, then the data's length against it."""
+    if rows is None:
+        tensor._check_transfer(what, offset, nbytes)
+        if whole and nbytes != math.prod(expect):
+            raise OutOfBoundsError(f"{what}: the part of '{tensor.name}' written holds {math.prod(expect)} bytes, "
+                                   f"the data {nbytes}")
+        return
+    tensor._check_transfer(what, *rows)
+    _, size, n_copies, _, stride_data = rows
+    need = _pybuffer.extent_2d(size, n_copies, stride_data, what)
+    if nbytes < need:
+        raise OutOfBoundsError(f"{what}: the data holds {nbytes} bytes but the transfer needs {need}")
+    if need and nbytes > n_copies * stride_data:
+        raise OutOfBoundsError(f"{what}: the data holds {nbytes} bytes but the transfer takes at most "
+                               f"{n_copies * stride_data}: {n_copies} rows, {stride_data} bytes apart")

@@ -81,29 +81,12 @@ def to_type(value: TypeLike) -> Type:
     if isinstance(value, Type):
         return value
     if isinstance(value, str):
-        out = ffi.new("ferry_type *")
-        check(lib.ferry_type_from_name(value.encode(), out))
-        return Type(out[0])
+        return _checks.from_c_name(Type, "ferry_type", lib.ferry_type_from_name, value)
     n = _checks.as_c_int(value, "type")
     if n not in Type._value2member_map_:
         lib.ferry_type_name(ffi.cast("ferry_type", n))  # leaves C's message (a cast: the enum is unsigned)
         raise_last()
     return Type(n)
-
-
-def type_name(t: TypeLike) -> str:
-    """ferry's name for the type t (a Type, name or number)."""
-    return to_type(t).type_name
-
-
-def type_size(t: TypeLike) -> int:
-    """Bytes per block of the type t (per value for non-block types)."""
-    return to_type(t).size
-
-
-def blck_size(t: TypeLike) -> int:
-    """Values per block of the type t (1 for non-block types)."""
-    return to_type(t).blck_size
 
 
 def row_size(t: TypeLike, n: int) -> int:

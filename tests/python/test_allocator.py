@@ -16,8 +16,8 @@ from ferry._binding import lib
 def _graph() -> tuple:
     """x (an input) read only by y = dup(x); z = dup(y) may then take x's bytes."""
     x = ferry.Tensor.new("f32", [256], name="x").set_input()
-    y = x.dup(name="y")
-    z = y.dup(name="z").set_output()
+    y = ferry.dup(x, name="y")
+    z = ferry.dup(y, name="z").set_output()
     return x, z, ferry.Graph(z)
 
 
@@ -53,8 +53,8 @@ def test_scheduler_keeps_input_copies_on_request() -> None:
     """Layers on the stand-in device reading CPU results by copy: one copy at a time, all kept."""
     cpu, standin = ferry.CPUBackend(), ferry.StandinBackend()
     x = ferry.Tensor.new("f32", [1024], name="x")
-    hs = [x.scale(float(layer), name=f"h{layer}").set_output() for layer in range(4)]
-    outs = [h.dup(name=f"out{layer}").set_output() for layer, h in enumerate(hs)]
+    hs = [ferry.scale(x, float(layer), name=f"h{layer}").set_output() for layer in range(4)]
+    outs = [ferry.dup(h, name=f"out{layer}").set_output() for layer, h in enumerate(hs)]
     g = ferry.Graph(*hs, *outs)
     sizes = {}
     for keep in (False, True):
@@ -80,9 +80,9 @@ def test_scheduler_keeps_input_copies_on_request() -> None:
 
 def test_allocator_reuses_memory_and_reports_placements(cpu: ferry.CPUBackend) -> None:
     a = ferry.Tensor.new("f32", [256], name="a").set_input()
-    x = a.scale(2.0, name="x")
-    y = x.mean(name="y")  # x is freed after y ran, so z may take x's memory
-    z = y.scale(3.0, name="z").set_output()
+    x = ferry.scale(a, 2.0, name="x")
+    y = ferry.mean(x, name="y")  # x is freed after y ran, so z may take x's memory
+    z = ferry.scale(y, 3.0, name="z").set_output()
     g = ferry.Graph(z)
     galloc = ferry.GraphAllocator(cpu, keep_inputs=True)  # a stays apart (else x works in place over it)
     galloc.reserve(g)
@@ -105,7 +105,7 @@ def test_allocator_reuses_memory_and_reports_placements(cpu: ferry.CPUBackend) -
 
 def test_allocator_close_makes_its_tensors_raise_freed(cpu: ferry.CPUBackend) -> None:
     a = ferry.Tensor.new("f32", [8], name="a").set_input()
-    out = a.scale(2.0).set_output()
+    out = ferry.scale(a, 2.0).set_output()
     g = ferry.Graph(out)
     galloc = ferry.GraphAllocator(cpu)
     galloc.alloc(g)
@@ -113,7 +113,7 @@ def test_allocator_close_makes_its_tensors_raise_freed(cpu: ferry.CPUBackend) ->
     chunk = galloc.chunks()[0]
     galloc.close()
     galloc.close()
-    assert chunk.freed and out.buffer is chunk and not out.allocated
+    assert chunk.closed and out.buffer is chunk and not out.allocated
     with pytest.raises(ferry.FreedBufferError):
         out.to_numpy()
     with pytest.raises(ferry.FreedBufferError):
@@ -123,7 +123,7 @@ def test_allocator_close_makes_its_tensors_raise_freed(cpu: ferry.CPUBackend) ->
     with pytest.raises(ferry.FreedBufferError):
         galloc.alloc(g)
     with pytest.raises(ferry.UnsupportedError):
-        chunk.free()
+        chunk.close()
     # a new allocator places the graph again
     galloc2 = ferry.GraphAllocator(cpu)
     galloc2.alloc(g)
@@ -135,7 +135,7 @@ def test_allocator_close_makes_its_tensors_raise_freed(cpu: ferry.CPUBackend) ->
 
 def test_placed_tensor_keeps_the_allocator_alive(cpu: ferry.CPUBackend) -> None:
     a = ferry.Tensor.new("f32", [8], name="a").set_input()
-    out = a.scale(0.5).set_output()
+    out = ferry.scale(a, 0.5).set_output()
     g = ferry.Graph(out)
     galloc = ferry.GraphAllocator(cpu)
     galloc.alloc(g)
@@ -154,7 +154,7 @@ def test_placed_tensor_keeps_the_allocator_alive(cpu: ferry.CPUBackend) -> None:
 def test_two_buffer_types(cpu: ferry.CPUBackend) -> None:
     dummy = ferry.DummyBackend(real_memory=True)
     a = ferry.Tensor.new("f32", [16], name="a").set_input()
-    out = a.scale(2.0, name="out").set_output()
+    out = ferry.scale(a, 2.0, name="out").set_output()
     g = ferry.Graph(out)
     galloc = ferry.GraphAllocator(cpu, dummy)
     galloc.reserve(g, node_types=[1], leaf_types=[0])

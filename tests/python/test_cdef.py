@@ -8,7 +8,6 @@ import subprocess
 
 import pytest
 
-import ferry
 from ferry import _binding
 
 HEADER = os.path.join(os.path.dirname(__file__), "..", "..", "lib", "include", "ferry.h")
@@ -30,5 +29,5 @@ def test_installed_cdef_matches_header() -> None:
 
 
 def test_struct_sizes_agree_with_library() -> None:
-    assert ferry.ffi.sizeof("ferry_tensor") == ferry.lib.ferry_sizeof_tensor()
-    assert ferry.ffi.sizeof("ferry_stats") == ferry.lib.ferry_sizeof_stats()
+    assert _binding.ffi.sizeof("ferry_tensor") == _binding.lib.ferry_sizeof_tensor()
+    assert _binding.ffi.sizeof("ferry_stats") == _binding.lib.ferry_sizeof_stats()

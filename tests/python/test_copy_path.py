@@ -25,7 +25,7 @@ def _heart(policy: str, type_k: str, n_stream: int, n_kv: int, s0: int = 0, s1: 
     k_layer = kv.k(0)
     k_layer.set(pattern(k_layer.nbytes))
     k, _ = kv.window(0, n_kv, s0, s1)
-    out = k.dup(name="out").set_output()
+    out = ferry.dup(k, name="out").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy=policy)
     sched.pin(out, split)
@@ -100,7 +100,7 @@ def test_device_side_source_goes_flat() -> None:
     kv = ferry.KVCache("f16", "f16", 32, 2, 64, 4, backend=device)
     assert not kv.buffer.is_host
     k, _ = kv.window(0, 5, 0, 3)
-    out = k.dup().set_output()
+    out = ferry.dup(k).set_output()
     g = ferry.Graph(out)
     sched = ferry.Scheduler([split, device], policy="ranges")
     sched.pin(out, split)
@@ -121,8 +121,8 @@ def test_compact_staging_holds_the_bytes_read() -> None:
         for stream in range(4):
             kv.set_stream("k", 0, stream, np.random.default_rng(stream).random((64, 16), dtype=np.float32))
         k, _ = kv.window(0, 7, 0, 3)
-        d = k.dup(name="d")
-        out = d.scale(0.5, name="out").set_output()
+        d = ferry.dup(k, name="d")
+        out = ferry.scale(d, 0.5, name="out").set_output()
         g = ferry.Graph(out)
         sched = ferry.Scheduler([split, cpu], policy="ranges", compact=compact)
         assert sched.compact is compact
@@ -145,11 +145,11 @@ def test_copy_ranges_of_and_bytes_read() -> None:
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 32768, 2)
     k, v = kv.window(0, 2176, 0, 1)
     row = 1088
-    assert ferry.copy_ranges_of(k) == ferry.CopyRanges(0, 2176 * row, 2, 16384 * row)
+    assert ferry.copy_ranges_of(k) == ferry.Copy2D(0, 2176 * row, 2, 16384 * row)
     assert ferry.bytes_read(k) == 2 * 2176 * row
     assert k.nbytes == (16384 + 2176) * row
     k1, _ = kv.window(0, 2176, 1, 1)
-    assert ferry.copy_ranges_of(k1) == ferry.CopyRanges(0, 2176 * row, 1, 2176 * row)
+    assert ferry.copy_ranges_of(k1) == ferry.Copy2D(0, 2176 * row, 1, 2176 * row)
     vt = ferry.KVCache("f16", "f16", 128, 8, 32768, 1, v_trans=True)
     _, v_tr = vt.window(0, 2176, 0, 0)
     assert v_tr.ne == (2176, 128, 8, 1)
@@ -185,7 +185,7 @@ def test_scheduler_copies_end_at_the_next_alloc() -> None:
     with pytest.raises(ferry.UnsupportedError, match="belongs to a scheduler"):
         fresh.view([4])
     with pytest.raises(ferry.UnsupportedError):
-        fresh.dup()
+        ferry.dup(fresh)
     sched.close()
     with pytest.raises(ferry.FreedBufferError):
         fresh.get()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ferry import ffi, lib
+from ferry._binding import ffi, lib
 
 BUILT = bool(lib.ferry_built_with_cuda())
 AVAILABLE = bool(lib.ferry_cuda_available())

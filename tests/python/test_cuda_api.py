@@ -111,7 +111,7 @@ def test_scheduler_with_cuda_split_backend() -> None:
     src = pattern(kv.k(0).nbytes)
     kv.k(0).set(src)
     k, _ = kv.window(0, 40, 0, 3)
-    out = k.dup(name="out").set_output()
+    out = ferry.dup(k, name="out").set_output()
     g = ferry.Graph(out)
     for policy in ("flat", "ranges"):
         sched = ferry.Scheduler([cuda, cpu], policy=policy)

@@ -8,6 +8,7 @@ import pytest
 
 import ferry
 from conftest import SENTINEL, pattern
+from ferry._binding import lib
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def test_every_error_is_a_ferry_error() -> None:
 def test_set_out_of_bounds(t: ferry.Tensor) -> None:
     with pytest.raises(ferry.OutOfBoundsError, match=r"16 bytes at offset 40 reach past the 48 bytes of 't'") as e:
         t.set(pattern(16), offset=40)
-    assert e.value.status == ferry.lib.FERRY_ERR_OUT_OF_BOUNDS
+    assert e.value.status == lib.FERRY_ERR_OUT_OF_BOUNDS
     assert unchanged(t)
     t.set(pattern(8), offset=40)  # the edge itself is fine, and we are still alive
     assert t.get(40, 8) == pattern(8)
@@ -206,7 +207,7 @@ def test_wrong_layout_copies(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
     with pytest.raises(ferry.LayoutError, match=r"'other' \(f32 \[3, 4, 1, 1\]\) and 't' \(f32 \[4, 3, 1, 1\]\)"):
         other.copy_to(t)
     with pytest.raises(ferry.LayoutError):
-        ferry.tensor_copy(other, t.transpose())  # same ne, other strides
+        other.copy_to(t.transpose())  # same ne, other strides
     with pytest.raises(ferry.LayoutError):
         cpu.copy_async(other, t)
     f16 = cpu.alloc_tensor("f16", [4, 3])
@@ -240,7 +241,7 @@ def test_unknown_types() -> None:
     with pytest.raises(ferry.UnknownTypeError, match="unknown type 6"):
         ferry.row_size(6, 32)
     with pytest.raises(ferry.UnknownTypeError):
-        ferry.type_size("Q8_0")
+        ferry.to_type("Q8_0")
     with pytest.raises(ferry.UnsupportedError, match="float64"):
         ferry.Tensor.from_numpy(ferry.CPUBackend(), np.zeros(3))
     with pytest.raises(ferry.UnsupportedError, match="q8_0 has no numpy dtype"):
@@ -290,8 +291,8 @@ def test_use_of_a_freed_buffer(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
     buf = t.buffer
     view = t.view([2, 2], [4, 16], offset=4)
     other = cpu.alloc_tensor("f32", [4, 3])
-    buf.free()
-    assert buf.freed and not t.allocated and t.address is None
+    buf.close()
+    assert buf.closed and not t.allocated and t.address is None
     for call in (lambda: t.set(pattern(4)), lambda: t.get(), lambda: t.memset(0), lambda: view.get(),
                  lambda: t.set_2d(pattern(8), 0, 4, 2, 8), lambda: t.get_2d(0, 4, 2, 8), lambda: t.to_numpy(),
                  lambda: t.copy_to(other), lambda: other.copy_to(t),
@@ -302,7 +303,7 @@ def test_use_of_a_freed_buffer(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
                  lambda: buf.base, lambda: buf.reset_stats()):
         with pytest.raises(ferry.FreedBufferError, match="was freed"):
             call()
-    buf.free()  # a second free is a no-op
+    buf.close()  # a second close is a no-op
     assert "freed" in repr(buf) and "in freed CPU buffer" in repr(t)
     # the tensor can be given new memory, and works again
     fresh = cpu.alloc_buffer(64)

@@ -17,6 +17,7 @@ import pytest
 
 import ferry
 from ferry import export
+from ferry._binding import lib
 
 try:
     import torch
@@ -70,11 +71,11 @@ def test_view_outlives_the_tensor_object(cpu: ferry.CPUBackend, how: str) -> Non
     buffer_id = root.buffer.id
     del root, view
     gc.collect()
-    assert ferry.lib.ferry_buffer_id_is_live(buffer_id)
+    assert lib.ferry_buffer_id_is_live(buffer_id)
     np.testing.assert_array_equal(arr, values[1::2, 1:4])
     del arr
     assert settled() == 0
-    assert not ferry.lib.ferry_buffer_id_is_live(buffer_id)  # and nothing is held past the consumer
+    assert not lib.ferry_buffer_id_is_live(buffer_id)  # and nothing is held past the consumer
 
 
 def test_explicit_free_waits_for_the_consumer(cpu: ferry.CPUBackend) -> None:
@@ -84,8 +85,8 @@ def test_explicit_free_waits_for_the_consumer(cpu: ferry.CPUBackend) -> None:
     arr = np.asarray(view)
     capsule_view = np.from_dlpack(root)
     buf = root.buffer
-    buf.free()
-    assert buf.freed and ferry.lib.ferry_buffer_id_is_live(buf.id)  # C frees it when the views go
+    buf.close()
+    assert buf.closed and lib.ferry_buffer_id_is_live(buf.id)  # C frees it when the views go
     with pytest.raises(ferry.FreedBufferError):
         buf.clear()
     np.testing.assert_array_equal(arr, values[1::2, 1:4])
@@ -93,13 +94,13 @@ def test_explicit_free_waits_for_the_consumer(cpu: ferry.CPUBackend) -> None:
     bid = buf.id
     del arr, capsule_view, view, root
     assert settled() == 0
-    assert not ferry.lib.ferry_buffer_id_is_live(bid)
+    assert not lib.ferry_buffer_id_is_live(bid)
     # the hold is the view's, not the tensor's: with the views gone, a free frees at once
     t = cpu.alloc_tensor("f32", [4], name="t")
     for exporter in (np.asarray, np.from_dlpack):
         exporter(t)
     gc.collect()  # its callback lets go of DLPack exports whose consumer called the deleter
-    t.buffer.free()
+    t.buffer.close()
     with pytest.raises(ferry.FreedBufferError):
         t.get()
 
@@ -158,7 +159,7 @@ def test_memory_no_one_reads_is_refused(cpu: ferry.CPUBackend) -> None:
     standin = ferry.StandinBackend().alloc_tensor("f32", [8], name="dev")
     loose = ferry.Tensor.new("f32", [8], name="loose")
     freed = cpu.alloc_tensor("f32", [8], name="gone")
-    freed.buffer.free()
+    freed.buffer.close()
     cases = [(synthetic, ferry.UnsupportedError, "synthetic addresses"),
              (standin, ferry.UnsupportedError, "neither the host nor a CUDA device"),
              (loose, ferry.NotAllocatedError, "'loose' is not allocated"),
@@ -173,7 +174,7 @@ def test_memory_no_one_reads_is_refused(cpu: ferry.CPUBackend) -> None:
 def test_scheduler_memory_is_refused(cpu: ferry.CPUBackend) -> None:
     """A scheduler's compute tensors move when it allocates again: a view of them could dangle."""
     a = ferry.Tensor.from_numpy(cpu, np.ones(8, np.float32), name="a")
-    out = a.scale(2.0, name="out").set_output()
+    out = ferry.scale(a, 2.0, name="out").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([cpu])
     sched.compute(graph)
@@ -271,7 +272,7 @@ def test_scheduler_over_a_kv_cache_in_numpy_arrays() -> None:
     es = k.type.size
     window = k.view([head_dim, n_head, n_kv, ns], [es, head_dim * es, k.nb[1], k.nb[2]], name="win")
     window = window.permute(0, 2, 1, 3)  # [head_dim, n_kv, n_head, ns]
-    out = window.dup(name="out").set_output()
+    out = ferry.dup(window, name="out").set_output()
     dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
     sched = ferry.Scheduler([dev, cpu])
     sched.pin(out, dev)

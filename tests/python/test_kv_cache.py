@@ -91,7 +91,7 @@ def test_kv_cache_lifetimes_and_errors() -> None:
     with pytest.raises(ferry.LayoutError):
         ferry.KVCache("f16", "q8_0", 32, 2, 64, 4, v_trans=True)
     with pytest.raises(ferry.UnsupportedError):
-        kv.buffer.free()
+        kv.buffer.close()
     data = np.arange(16 * 64, dtype=np.float16).reshape(16, 64)
     kv.set_stream("v", 0, 3, data)
     assert kv.get_stream("v", 0, 3) == data.tobytes()

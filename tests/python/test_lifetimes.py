@@ -55,9 +55,9 @@ def test_buffer_type_keeps_backend_alive() -> None:
 def test_free_is_idempotent_and_final(cpu: ferry.CPUBackend) -> None:
     buf = cpu.alloc_buffer(64)
     t = buf.new_tensor("f32", [16])
-    buf.free()
-    buf.free()
-    assert buf._handle.ptr is None and buf.freed
+    buf.close()
+    buf.close()
+    assert buf._handle.ptr is None and buf.closed
     with pytest.raises(ferry.FreedBufferError):
         t.get()
     del buf
@@ -122,7 +122,7 @@ def test_transfer_data_in_reference_cycles_does_not_crash_the_collector() -> Non
     transfers never synchronized, on a backend dropped in a cycle, is the same case. Run in a
     child, so that a crash fails the test instead of ending pytest."""
     script = """
-import gc, numpy as np, ferry
+import gc, numpy as np, ferry, ferry._binding
 cpu = ferry.CPUBackend()
 t = cpu.alloc_tensor("f32", [4])
 calls = [
@@ -168,14 +168,14 @@ def test_backend_finalizer_runs_while_cffi_is_busy() -> None:
     parsing a type); the finalizer must not look up a lib function then, which takes that lock:
     the interpreter hung (found by test_fuzz_api)."""
     script = """
-import gc, numpy as np, ferry
+import gc, numpy as np, ferry, ferry._binding
 b = ferry.DummyBackend(real_memory=True)
 u = b.alloc_tensor("f32", [4])
 b.set_async(u, np.zeros(4, np.float32))  # pending: the finalizer synchronizes the backend
 bag = [b, u]
 bag.append(bag)
 del b, u, bag
-with ferry.ffi._lock:
+with ferry._binding.ffi._lock:
     gc.collect()
 print("alive")
 """
@@ -205,14 +205,14 @@ for i in range(100):
     split = ferry.DummyBackend(real_memory=True)
     kv = ferry.KVCache("f32", "f32", 8, 2, 64, 4, backend=cpu)
     k, v = kv.window(0, 5, 1, 3)
-    out = (k.dup() + k.dup()).scale(0.5).set_output()
+    out = ferry.scale(ferry.dup(k) + ferry.dup(k), 0.5).set_output()
     g = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy="ranges")
     sched.pin(out, split)
     sched.compute(g)
     copy = sched.inputs[0].copy
     a = ferry.Tensor.new("f32", [8]).set_input()
-    g2 = ferry.Graph(a.scale(2.0).set_output())
+    g2 = ferry.Graph(ferry.scale(a, 2.0).set_output())
     galloc = ferry.GraphAllocator(cpu)
     galloc.alloc(g2)
     bag = [cpu, split, kv, k, v, out, g, sched, copy, a, g2, galloc, galloc.chunks()[0], kv.buffer]

@@ -229,7 +229,7 @@ def _run(policy: str, v: View, data: bytes) -> tuple:
     src = cpu.alloc_tensor(v.type, [v.source_bytes // v.type.size * v.type.blck_size], name="src")
     src.set(data)
     view = ferry.layout_view(v.type, v.ne, v.nb, v.offset, name="view", source=src)
-    out = view.dup(name="out").set_output()
+    out = ferry.dup(view, name="out").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy=policy)
     sched.pin(out, split)

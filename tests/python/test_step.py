@@ -132,7 +132,7 @@ def test_a_freed_buffer_under_a_window_refuses_the_reused_graph(cpu: ferry.CPUBa
 
     graphs = ferry.StepGraph(sched, build)
     sched.compute(graphs.get(8))
-    buf.free()
+    buf.close()
     with pytest.raises(ferry.FreedBufferError):
         sched.compute(graphs.get(8))
 

@@ -156,7 +156,7 @@ def test_tensor_copy_between_backends(cpu: ferry.CPUBackend, dummy_real: ferry.D
     src.set(pattern(src.nbytes))
     dst = dummy_real.alloc_tensor("f16", [32, 3])
     dst.buffer.reset_stats()
-    ferry.tensor_copy(src, dst)
+    src.copy_to(dst)
     assert dst.get() == pattern(src.nbytes)
     assert dst.buffer.stats.bytes["set"] == src.nbytes  # host source: a plain set into dst
 

@@ -11,8 +11,8 @@ from conftest import TYPES
 @pytest.mark.parametrize("name,size,blck", TYPES)
 def test_type_traits(name: str, size: int, blck: int) -> None:
     t = ferry.to_type(name)
-    assert str(t) == name and ferry.type_name(t) == name
-    assert ferry.type_size(name) == size and ferry.blck_size(name) == blck
+    assert str(t) == name and ferry.to_type(t).type_name == name
+    assert ferry.to_type(name).size == size and ferry.to_type(name).blck_size == blck
     assert ferry.to_type(int(t)) is t
 
 

@@ -88,7 +88,7 @@ def test_round_trip_through_the_scheduler(type: str, ref) -> None:
     q = ferry.Tensor.from_numpy(cpu, x, type=type, name="q")
     assert q.get() == ref(x)
     rows = q.view([128, 3], [q.type.size, 2 * q.nb[1]], q.nb[1], name="rows 1, 3, 5")
-    out = rows.dup(name="out").set_output()
+    out = ferry.dup(rows, name="out").set_output()
     sched = ferry.Scheduler([dev, cpu], policy="plan")
     sched.pin(out, dev)
     sched.compute(ferry.Graph(out))

@@ -14,6 +14,7 @@ from ..backend import DummyBackend
 from ..errors import InvalidArgumentError
 from ..graph import Graph
 from ..kv import KVCache
+from ..ops import dup
 from ..sched import SchedStats, Scheduler
 from ..types import TypeLike, row_size, to_type
 from .common import JsonRecord, check_positive, check_streams, n_kv_for
@@ -56,7 +57,7 @@ def window_stats(n_ctx: int, npl: int, n_kv: int, type_k: TypeLike = "q8_0", hea
     split = DummyBackend()  # synthetic, device-like
     kv = KVCache(type_k, type_k, head_dim, n_head_kv, n_ctx, npl, backend=host)
     k, _ = kv.window(0, n_kv, 0, npl - 1)
-    out = k.dup(name="k_dup").set_output()
+    out = dup(k, name="k_dup").set_output()
     graph = Graph(out)
     stats = {}
     for policy in ("flat", "ranges"):
