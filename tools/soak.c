@@ -78,7 +78,7 @@ int main(int argc, char ** argv) {
         TRY(ferry_graph_new(&graph));
         TRY(ferry_graph_build(graph, out_k));
         TRY(ferry_graph_build(graph, out_v));
-        ferry_sched_clear_pins(sched);
+        ferry_sched_clear_assignments(sched);
         TRY(ferry_sched_set_tensor_backend(sched, dup_k, split));
         TRY(ferry_sched_set_tensor_backend(sched, dup_v, split));
         TRY(ferry_sched_graph_compute(sched, graph));

@@ -5,15 +5,15 @@
 #include "ferry-impl.h"
 
 /* A leaf of the graph that is written during the run, not before it: the scheduler's
- * copy of a split input, made from src just before node `step` runs (its split's first). */
+ * copy of a split input, made from src just before the node at index `node` runs (its split's first). */
 typedef struct {
     const ferry_tensor * copy; /* a leaf of the graph */
     const ferry_tensor * src;  /* what it is copied from: kept alive until then (NULL: nothing to keep) */
-    int step;                  /* the node it is written before, 0..n_nodes-1 */
+    int node;                  /* the node it is written before, 0..n_nodes-1 */
 } ferry_gallocr_copy;
 
-/* ferry_gallocr_reserve, with copies: each copy's memory is placed as its step begins
- * (it may be memory freed by the nodes before), and its src lives until that step's node
+/* ferry_gallocr_reserve, with copies: each copy's memory is placed as its node begins
+ * (it may be memory freed by the nodes before), and its src lives until that node
  * has run. alloc_graph reuses them with the ids; a plain reserve forgets them. */
 ferry_status ferry_gallocr_reserve_copies(ferry_gallocr * galloc, ferry_graph * graph, const int * node_buft_ids,
                                           const int * leaf_buft_ids, const ferry_gallocr_copy * copies,

@@ -17,9 +17,9 @@ typedef struct {
     int chunk;     /* -1: the allocator does not place it (a view, or memory of its own) */
     size_t offset, size;
     int uses;      /* references by nodes still to run, directly or through views */
-    int step;      /* a copy's: it is written just before this node; -1 before the graph */
+    int node;      /* a copy's: it is written just before this node; -1 before the graph */
     bool external; /* it has memory the allocator did not give it */
-    bool pinned;   /* lives to the end: outputs, results nobody reads, inputs when kept */
+    bool kept;   /* lives to the end: outputs, results nobody reads, inputs when kept */
     bool handed;   /* its memory went to a node that works in place */
 } tensor_plan;
 
@@ -140,7 +140,7 @@ static ferry_status take_source(walk * w, const ferry_tensor * n, const ferry_te
     }
     tensor_plan * ps = &w->plan[slot_of(w, s)];
     tensor_plan * pn = &w->plan[ferry_graph_slot(w->graph, n)];
-    if (ps->chunk < 0 || ps->pinned || ps->handed || ps->uses != 1 || ps->buft != pn->buft) {
+    if (ps->chunk < 0 || ps->kept || ps->handed || ps->uses != 1 || ps->buft != pn->buft) {
         return FERRY_OK;
     }
     const size_t size = rounded_size(w, pn, n);
@@ -169,7 +169,7 @@ static ferry_status place_node(walk * w, const ferry_tensor * n) {
     return taken ? FERRY_OK : place(w, n);
 }
 
-/* The copies' steps, and their sources' reads at those steps. */
+/* The copies' nodes, and their sources' reads at those nodes. */
 static ferry_status prepare_copies(walk * w) {
     const int n_nodes = ferry_graph_n_nodes(w->graph);
     for (int k = 0; k < w->n_copies; k++) {
@@ -179,20 +179,20 @@ static ferry_status prepare_copies(walk * w) {
             return ferry_fail(FERRY_ERR_INVALID_ARG, "gallocr: copy %d ('%s') is not a leaf of the graph", k,
                               c->copy ? c->copy->name : "NULL");
         }
-        if (c->step < 0 || c->step >= n_nodes) {
+        if (c->node < 0 || c->node >= n_nodes) {
             return ferry_fail(FERRY_ERR_INVALID_ARG, "gallocr: copy %d ('%s') is written before node %d of %d", k,
-                              c->copy->name, c->step, n_nodes);
+                              c->copy->name, c->node, n_nodes);
         }
-        w->plan[s].step = c->step;
+        w->plan[s].node = c->node;
         const int src = c->src ? slot_of(w, c->src) : -1;
         if (src >= 0) {
-            w->plan[src].uses++; /* read at the copy's step */
+            w->plan[src].uses++; /* read at the copy's node */
         }
     }
     return FERRY_OK;
 }
 
-/* Fill in buffer types, external memory, pins and use counts before the walk. */
+/* Fill in buffer types, external memory, assignments and use counts before the walk. */
 static ferry_status prepare(walk * w) {
     ferry_graph * graph = w->graph;
     const int *node_ids = w->node_ids, *leaf_ids = w->leaf_ids;
@@ -211,9 +211,9 @@ static ferry_status prepare(walk * w) {
         tensor_plan * p = &w->plan[s];
         p->buft = id;
         p->chunk = -1;
-        p->step = -1;
+        p->node = -1;
         p->external = !t->view_src && ferry_gallocr_has_foreign_memory(w->g, t);
-        p->pinned = (t->flags & FERRY_TENSOR_FLAG_OUTPUT) || (input && w->g->keep_inputs);
+        p->kept = (t->flags & FERRY_TENSOR_FLAG_OUTPUT) || (input && w->g->keep_inputs);
     }
     /* readers[slot]: the nodes that name a tensor as a source (not through views) */
     int * readers = ferry_calloc((size_t) ferry_graph_n_slots(graph) + 1, sizeof(*readers));
@@ -242,7 +242,7 @@ static ferry_status prepare(walk * w) {
     for (int i = 0; i < n_nodes; i++) {
         const ferry_tensor * n = ferry_graph_node(graph, i);
         if (n->view_src && ((n->flags & FERRY_TENSOR_FLAG_OUTPUT) || readers[ferry_graph_slot(graph, n)] == 0)) {
-            w->plan[slot_of(w, n)].pinned = true;
+            w->plan[slot_of(w, n)].kept = true;
         }
     }
     free(readers);
@@ -252,26 +252,26 @@ static ferry_status prepare(walk * w) {
 /* One use of the tensor in slot s is over: free its memory after its last. */
 static ferry_status release(walk * w, int s) {
     tensor_plan * p = &w->plan[s];
-    if (--p->uses == 0 && p->chunk >= 0 && !p->pinned && !p->handed) {
+    if (--p->uses == 0 && p->chunk >= 0 && !p->kept && !p->handed) {
         return ferry_blocks_free(&w->blocks[p->buft], p->chunk, p->offset, p->size);
     }
     return FERRY_OK;
 }
 
-/* By step, then in the caller's order (the pointers are into one array). */
+/* By node, then in the caller's order (the pointers are into one array). */
 static int by_step(const void * a, const void * b) {
     const ferry_gallocr_copy *x = *(const ferry_gallocr_copy * const *) a, *y = *(const ferry_gallocr_copy * const *) b;
-    return x->step != y->step ? (x->step > y->step) - (x->step < y->step) : (x > y) - (x < y);
+    return x->node != y->node ? (x->node > y->node) - (x->node < y->node) : (x > y) - (x < y);
 }
 
-/* The walk over nodes; staged: the copies by step. */
+/* The walk over nodes; staged: the copies by node. */
 static ferry_status walk_nodes(walk * w, const ferry_gallocr_copy * const * staged, int n_staged) {
     ferry_graph * graph = w->graph;
     int next = 0;
     for (int i = 0; i < ferry_graph_n_nodes(graph); i++) {
         /* A copy written just before node i: memory freed by the nodes before i is free to it. */
         const int first = next;
-        for (; next < n_staged && staged[next]->step == i; next++) {
+        for (; next < n_staged && staged[next]->node == i; next++) {
             const tensor_plan * p = &w->plan[ferry_graph_slot(graph, staged[next]->copy)];
             if (!p->external && p->chunk < 0) {
                 FERRY_TRY(place(w, staged[next]->copy));
@@ -281,10 +281,10 @@ static ferry_status walk_nodes(walk * w, const ferry_gallocr_copy * const * stag
         const tensor_plan * pn = &w->plan[ferry_graph_slot(graph, n)];
         for (int j = 0; j < FERRY_MAX_SRC && !n->view_src; j++) {
             const ferry_tensor * s = n->src[j];
-            if (s && w->plan[slot_of(w, s)].step > i) {
+            if (s && w->plan[slot_of(w, s)].node > i) {
                 return ferry_fail(FERRY_ERR_INVALID_ARG,
                                   "gallocr: node %d ('%s') reads '%s', written only before node %d", i, n->name,
-                                  ferry_tensor_root(s)->name, w->plan[slot_of(w, s)].step);
+                                  ferry_tensor_root(s)->name, w->plan[slot_of(w, s)].node);
             }
         }
         if (!n->view_src && !pn->external && pn->chunk < 0) {
@@ -317,11 +317,11 @@ static ferry_status run_walk(walk * w) {
     }
     qsort(staged, (size_t) w->n_copies, sizeof(*staged), by_step);
     ferry_status st = FERRY_OK;
-    /* Leafs and inputs first: their data is written before anything runs (copies: at their step). */
+    /* Leafs and inputs first: their data is written before anything runs (copies: at their node). */
     for (int i = 0; i < ferry_graph_n_leafs(graph) && st == FERRY_OK; i++) {
         const ferry_tensor * t = ferry_graph_leaf(graph, i);
         const tensor_plan * p = &w->plan[ferry_graph_slot(graph, t)];
-        if (!t->view_src && !p->external && p->step < 0) {
+        if (!t->view_src && !p->external && p->node < 0) {
             st = place(w, t);
         }
     }

@@ -27,7 +27,7 @@ typedef struct {
 typedef struct {
     const ferry_tensor * tensor;
     int backend;
-} pin;
+} assignment;
 
 /* A run of a split's nodes and the inputs first read there, copied just before it runs:
  * a split's copies arrive one part at a time, in memory its earlier parts may have freed. */
@@ -47,9 +47,9 @@ struct ferry_sched {
     int prefetch; /* parts ahead whose inputs are queued on copy queues; 0: off */
     ferry_gallocr * galloc;
 
-    pin * pins;
-    int n_pins;
-    size_t pins_capacity;
+    assignment * assignments;
+    int n_assignments;
+    size_t assignments_capacity;
 
     /* The last allocated graph. */
     ferry_graph * graph;

@@ -82,7 +82,7 @@ void ferry_sched_free(ferry_sched * s) {
     ferry_gallocr_free(s->galloc);
     free(s->inputs);
     free(s->redirects);
-    free(s->pins);
+    free(s->assignments);
     free(s);
 }
 
@@ -141,29 +141,29 @@ ferry_status ferry_sched_set_tensor_backend(ferry_sched * s, ferry_tensor * node
         return ferry_fail(FERRY_ERR_INVALID_ARG, "sched_set_tensor_backend: backend %s is not one of the scheduler's",
                           ferry_backend_name(backend));
     }
-    for (int i = 0; i < s->n_pins; i++) {
-        if (s->pins[i].tensor == node) {
-            s->pins[i].backend = b;
+    for (int i = 0; i < s->n_assignments; i++) {
+        if (s->assignments[i].tensor == node) {
+            s->assignments[i].backend = b;
             return FERRY_OK;
         }
     }
-    RESERVE_ONE(s->pins, s->pins_capacity, s->n_pins);
-    s->pins[s->n_pins++] = (pin) {node, b};
+    RESERVE_ONE(s->assignments, s->assignments_capacity, s->n_assignments);
+    s->assignments[s->n_assignments++] = (assignment) {node, b};
     return FERRY_OK;
 }
 
-void ferry_sched_clear_pins(ferry_sched * s) {
+void ferry_sched_clear_assignments(ferry_sched * s) {
     if (s) {
-        s->n_pins = 0;
+        s->n_assignments = 0;
     }
 }
 
-int ferry_sched_n_pins(const ferry_sched * s) { return s ? s->n_pins : 0; }
+int ferry_sched_n_assigned(const ferry_sched * s) { return s ? s->n_assignments : 0; }
 
 static int pinned_backend(const ferry_sched * s, const ferry_tensor * t) {
-    for (int i = 0; i < s->n_pins; i++) {
-        if (s->pins[i].tensor == t) {
-            return s->pins[i].backend;
+    for (int i = 0; i < s->n_assignments; i++) {
+        if (s->assignments[i].tensor == t) {
+            return s->assignments[i].backend;
         }
     }
     return -1;
@@ -344,14 +344,14 @@ static ferry_status build_splits(ferry_sched * s) {
 }
 
 /* The node of the allocator's graph that part p begins with. */
-static int part_step(const ferry_sched * s, int p, int n_nodes) {
+static int part_first_node(const ferry_sched * s, int p, int n_nodes) {
     const ferry_tensor * first = ferry_graph_node(s->graph, s->parts[p].first_node);
-    int step = s->parts[p].first_node;
-    if (ferry_graph_node(s->alloc_graph, step) != first) { /* the same order, but do not rely on it */
-        for (step = 0; step < n_nodes && ferry_graph_node(s->alloc_graph, step) != first; step++) {
+    int node = s->parts[p].first_node;
+    if (ferry_graph_node(s->alloc_graph, node) != first) { /* the same order, but do not rely on it */
+        for (node = 0; node < n_nodes && ferry_graph_node(s->alloc_graph, node) != first; node++) {
         }
     }
-    return step;
+    return node;
 }
 
 /* Place copies and outputs: the graph with sources redirected, each tensor on its backend's buffer type. */
@@ -417,7 +417,7 @@ static ferry_status allocate(ferry_sched * s) {
         for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
             const int issued = s->queue_of && s->queue_of[k] ? (p > s->prefetch ? p - s->prefetch : 0) : p;
             copies[k] = (ferry_gallocr_copy) {
-                .copy = s->inputs[k].copy, .src = s->inputs[k].src, .step = part_step(s, issued, n_nodes)};
+                .copy = s->inputs[k].copy, .src = s->inputs[k].src, .node = part_first_node(s, issued, n_nodes)};
         }
     }
     if (st == FERRY_OK) {

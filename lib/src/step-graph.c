@@ -1,4 +1,4 @@
-/* A decode step's windows, attention nodes, pins and graph, made in one call. */
+/* A decode step's windows, attention nodes, assignments and graph, made in one call. */
 #include "ferry-impl.h"
 
 #include <math.h>
@@ -50,7 +50,7 @@ ferry_status ferry_kv_attention_step(const ferry_kv_cache * kv, ferry_context * 
     for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
         st = make_layer(kv, ctx, l, n_kv, s0, s1, q[l], kv_len, v_trans, &made[l]);
     }
-    /* Pins before the graph: a backend not the scheduler's is refused at the first one. */
+    /* Assignments before the graph: a backend not the scheduler's is refused at the first one. */
     for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
         st = ferry_sched_set_tensor_backend(sched, made[l], backend);
     }

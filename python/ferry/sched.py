@@ -1,6 +1,6 @@
 """The scheduler: runs a graph split across backends and copies each split's inputs by a policy.
 
-Each node gets a backend (the one it is pinned to, else the first in priority order that
+Each node gets a backend (the one it is assigned to, else the first in priority order that
 supports its op and can use its sources' memory); consecutive nodes on one backend form a
 split; a source the split's backend cannot use is an input, copied (same ne and nb) to
 memory the scheduler allocates. The copies belong to the scheduler and live until its
@@ -132,7 +132,7 @@ class Scheduler(Closeable):
         self._generation = Handle(object(), lambda _: None)
         self._handles = [self._generation, self._handle]
         self._finalizer = weakref.finalize(self, _release, self._handles)
-        self._pins: Dict[Any, Tensor] = {}  # C compares pinned tensors by address: keep them alive
+        self._assigned: Dict[Any, Tensor] = {}  # C compares assigned tensors by address: keep them alive
         self._graph: Optional[Graph] = None
         self._copies: Dict[Any, Tensor] = {}
         self._buffers: Dict[int, BorrowedBuffer] = {}
@@ -187,7 +187,7 @@ class Scheduler(Closeable):
     def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
         return next((b for b in self._backends if b._handle.ptr == ptr), None)
 
-    def pin(self, tensor: Tensor, backend: Backend) -> None:
+    def assign(self, tensor: Tensor, backend: Backend) -> None:
         """Run a node on a backend; takes effect at the next alloc.
 
         Parameters
@@ -202,21 +202,21 @@ class Scheduler(Closeable):
         InvalidArgumentError
             For anything but a Tensor and a Backend, or a backend not the scheduler's.
         """
-        t = _checks.instance(tensor, Tensor, "pin")
-        b = _checks.instance(backend, Backend, "pin")
+        t = _checks.instance(tensor, Tensor, "assign")
+        b = _checks.instance(backend, Backend, "assign")
         check(lib.ferry_sched_set_tensor_backend(self._p, t._p, b._p))
-        self._pins[t._p] = t
+        self._assigned[t._p] = t
 
-    def clear_pins(self) -> None:
-        """Forget every pin (C keeps them by address): for a new graph each step, whose old
+    def clear_assignments(self) -> None:
+        """Forget every assignment (C keeps them by address): for a new graph each step, whose old
         tensors may go. Takes effect at the next alloc."""
-        lib.ferry_sched_clear_pins(self._p)
-        self._pins.clear()
+        lib.ferry_sched_clear_assignments(self._p)
+        self._assigned.clear()
 
     @property
-    def n_pins(self) -> int:
-        """Nodes pinned to a backend."""
-        return int(lib.ferry_sched_n_pins(self._p))
+    def n_assigned(self) -> int:
+        """Nodes assigned to a backend."""
+        return int(lib.ferry_sched_n_assigned(self._p))
 
     def alloc(self, graph: Graph) -> None:
         """Assign backends, find splits and inputs, allocate the input copies and the outputs.

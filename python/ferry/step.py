@@ -9,7 +9,7 @@ when the key changes. The scheduler keeps the allocation of the graph it last al
 so a reused graph is neither rebuilt nor reallocated; its input copies are made at every
 compute, since the bytes of the windows change every step.
 
-    steps = StepGraph(sched, build)       # build(n_kv) pins and returns the outputs
+    steps = StepGraph(sched, build)       # build(n_kv) assigns and returns the outputs
     for t in range(n_steps):
         kv_len.set(lengths(t))            # what changed: data, written in place
         graph = steps.get(padded_n_kv(t)) # the same graph while n_kv holds
@@ -35,16 +35,16 @@ from .ops import attn_decode
 from .sched import Scheduler
 from .tensor import Tensor, _new_context
 
-#: Builds a step's graph for a key: pins its nodes on the scheduler and returns the outputs (or a Graph).
+#: Builds a step's graph for a key: assigns its nodes on the scheduler and returns the outputs (or a Graph).
 Build = Callable[[Hashable], Union[Graph, Sequence[Tensor]]]
 
 
 def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[Tensor, Tensor]],
                    q: Sequence[Tensor], kv_len: Tensor, v_trans: bool = False) -> List[Tensor]:
     """A decode step's outputs: per layer, decode attention over its K and V windows, marked as an
-    output and pinned to a backend; what a StepGraph's build returns.
+    output and assigned to a backend; what a StepGraph's build returns.
 
-    Given KVCache.windows(n_kv), the whole step (windows, nodes, pins and its Graph) is made by
+    Given KVCache.windows(n_kv), the whole step (windows, nodes, assignments and its Graph) is made by
     one C call (ferry_kv_attention_step) and only the outputs get Python objects: the fast way,
     for a step built often. Given any other sequence of pairs, it is built layer by layer.
 
@@ -72,7 +72,7 @@ def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[T
     Raises
     ------
     InvalidArgumentError
-        For as many queries as layers not given, or what attn_decode and Scheduler.pin refuse.
+        For as many queries as layers not given, or what attn_decode and Scheduler.assignment refuse.
     LayoutError
         For shapes attention cannot read.
     OutOfBoundsError
@@ -92,7 +92,7 @@ def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[T
             raise InvalidArgumentError(f"attention_step: layer {layer}'s windows are not a (K, V) pair")
         k, v = pair
         out = attn_decode(q[layer], k, v, kv_len, v_trans=v_trans, name=f"attn{layer}").set_output()
-        sched.pin(out, backend)
+        sched.assign(out, backend)
         outs.append(out)
     return outs
 
@@ -138,8 +138,8 @@ class StepOutputs(List[Tensor]):
 def _attention_step_c(sched: Scheduler, backend: Backend, windows: KVWindows, q: Sequence[Tensor],
                       kv_len: Tensor, v_trans: bool) -> StepOutputs:
     """attention_step of KVWindows, by ferry_kv_attention_step: one C call, an object per output."""
-    sched_p = _checks.instance(sched, Scheduler, "pin")._p
-    backend_p = _checks.instance(backend, Backend, "pin")._p
+    sched_p = _checks.instance(sched, Scheduler, "assign")._p
+    backend_p = _checks.instance(backend, Backend, "assign")._p
     if not isinstance(v_trans, bool):
         raise InvalidArgumentError(f"attn_decode: v_trans must be a bool, got {v_trans!r}")
     qs = list(q)
@@ -159,19 +159,21 @@ def _attention_step_c(sched: Scheduler, backend: Backend, windows: KVWindows, q:
     check(lib.ferry_graph_new(g))
     graph_handle = Handle(g[0], lib.ferry_graph_free)
     outs_p = ffi.new("ferry_tensor *[]", n)
-    n_pins = lib.ferry_sched_n_pins(sched_p)
+    n_assigned = lib.ferry_sched_n_assigned(sched_p)
     st = lib.ferry_kv_attention_step(kv_p, ctx.ptr, n, windows.n_kv, windows.s0, windows.s1, q_p, len_p, v_trans,
                                      sched_p, backend_p, graph_handle.ptr, outs_p)
     if st != lib.FERRY_OK:
         graph_handle.release()
-        if lib.ferry_sched_n_pins(sched_p) != n_pins:  # out of memory among the pins: C keeps them by address
-            sched._pins[ctx.ptr] = owner  # type: ignore[assignment]  # the tensors live until clear_pins
+        # out of memory among the assignments: C keeps those made by address, so their tensors
+        # live until clear_assignments
+        if lib.ferry_sched_n_assigned(sched_p) != n_assigned:
+            sched._assigned[ctx.ptr] = owner  # type: ignore[assignment]
         check(st)
     borrow = Tensor._borrow
     outs = StepOutputs(borrow(outs_p[i], ctx, keep=owner) for i in range(n))
-    pins = sched._pins  # C compares pinned tensors by address: keep them alive until clear_pins
+    assignments = sched._assigned  # C compares assigned tensors by address: keep them alive until clear_assignments
     for t in outs:
-        pins[t._ptr] = t
+        assignments[t._ptr] = t
     outs._graph = Graph._built(graph_handle, list(outs), [(cache._handle, cache)])
     return outs
 
@@ -208,9 +210,9 @@ class StepGraph:
     Parameters
     ----------
     sched : Scheduler
-        Runs the graph; it is allocated there when built (pins are cleared before each build).
+        Runs the graph; it is allocated there when built (assignments are cleared before each build).
     build : callable
-        build(key) makes the step's graph for a key: it may pin nodes with sched.pin, and returns
+        build(key) makes the step's graph for a key: it may assign nodes with sched.assignment, and returns
         the graph's outputs (a sequence of Tensors) or a Graph.
 
     Raises
@@ -275,7 +277,7 @@ class StepGraph:
             return graph
         self._graph = self._key = None  # the old graph (and the memory it holds) may go before the new one
         sched = self._sched
-        sched.clear_pins()
+        sched.clear_assignments()
         made = self._build(key)
         if not isinstance(made, Graph):
             if isinstance(made, (str, bytes)) or not hasattr(made, "__iter__"):

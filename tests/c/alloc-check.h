@@ -6,14 +6,14 @@
  * graph alone, not from how the allocator works:
  *
  *   - an input (a leaf, or flagged input) lives from before the first node (-1), or
- *     from the node it is written before (a scheduler's copy); a node from its own step;
+ *     from the node it is written before (a scheduler's copy); a node from its own position;
  *   - a tensor lives until the last node that reads it, directly or through a view
  *     (a view node reads its source), or until a copy made of it;
  *   - it lives to the end (n_nodes) when it is an output, its memory is an output
  *     view's, nobody reads it or a view of it that nobody reads (a result), or it is an
  *     input and inputs are kept;
  *   - one exception: a node whose op works in place may start in the bytes of a source
- *     of its layout (read from that source's first byte) at the step that source dies.
+ *     of its layout (read from that source's first byte) at the node where that source dies.
  *
  * Also here: ferry's side of that description, and the ferry build of random-graph.h's
  * recipes (test_alloc.c and tools/alloc_compare use both).
@@ -34,7 +34,7 @@ enum { LT_MAX_SRC = 4 };
 typedef struct {
     const char * name;
     int root;                   /* the tensor whose memory it is: itself, or a view's source */
-    int step;                   /* its node index; -1 for a leaf */
+    int node;                   /* its node index; -1 for a leaf */
     int written;                /* an input written before this node (a copy); -1 before the graph */
     int read_at;                /* also read just before this node, outside the graph (a copy's source); -1 */
     bool input, output;
@@ -50,7 +50,7 @@ typedef struct {
 static void lt_lifetimes(lt_tensor * t, int n, int n_nodes, bool keep_inputs) {
     int * readers = calloc((size_t) n + 1, sizeof(*readers));
     for (int i = 0; i < n; i++) {
-        t[i].start = t[i].input ? t[i].written : t[i].step;
+        t[i].start = t[i].input ? t[i].written : t[i].node;
         t[i].end = t[i].read_at > t[i].start ? t[i].read_at : t[i].start;
         for (int j = 0; j < LT_MAX_SRC && readers; j++) {
             if (t[i].src[j] >= 0) {
@@ -61,8 +61,8 @@ static void lt_lifetimes(lt_tensor * t, int n, int n_nodes, bool keep_inputs) {
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < LT_MAX_SRC; j++) {
             const int s = t[i].src[j];
-            if (s >= 0 && t[i].step > t[t[s].root].end) {
-                t[t[s].root].end = t[i].step;
+            if (s >= 0 && t[i].node > t[t[s].root].end) {
+                t[t[s].root].end = t[i].node;
             }
         }
     }
@@ -102,7 +102,7 @@ static int lt_check_overlaps(lt_tensor * t, int n, int n_nodes, bool keep_inputs
             const bool time = x->start <= y->end && y->start <= x->end;
             if (bytes && time && !lt_in_place(t, a, b) && !lt_in_place(t, b, a)) {
                 if (log && found < 5) {
-                    fprintf(log, "'%s' [%zu, %zu) steps %d..%d overlaps '%s' [%zu, %zu) steps %d..%d\n", x->name,
+                    fprintf(log, "'%s' [%zu, %zu) nodes %d..%d overlaps '%s' [%zu, %zu) nodes %d..%d\n", x->name,
                             x->offset, x->offset + x->size, x->start, x->end, y->name, y->offset, y->offset + y->size,
                             y->start, y->end);
                 }
@@ -130,7 +130,7 @@ static lt_tensor * lt_from_ferry(ferry_graph * graph) {
         const ferry_tensor * root = x->view_src ? x->view_src : x;
         e->name = x->name;
         e->root = ferry_graph_slot(graph, root);
-        e->step = leaf ? -1 : i - n_leafs;
+        e->node = leaf ? -1 : i - n_leafs;
         e->written = -1;
         e->read_at = -1;
         e->input = leaf || (x->flags & FERRY_TENSOR_FLAG_INPUT);

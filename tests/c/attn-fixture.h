@@ -265,7 +265,7 @@ static inline attn_params base_params(ferry_type tk, ferry_type tv, bool v_trans
 
 /*
  * The op through the scheduler: backends [device, cpu], a fresh attention node (its
- * result placed by the scheduler) pinned to device, so q, kv_len and both windows are
+ * result placed by the scheduler) assigned to device, so q, kv_len and both windows are
  * inputs copied under policy. got: n floats of the output.
  */
 static inline ferry_status run_sched(attn_case * c, ferry_backend * device, ferry_copy_policy policy, float * got, size_t n,

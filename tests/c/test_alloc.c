@@ -4,7 +4,7 @@
  * graph), and each run checks the same invariants (verify below):
  *   - every leaf and node is allocated;
  *   - no two tensors that are live at the same time share a byte (alloc-check.h: a
- *     tensor lives from its step, or before the graph for an input, to its last
+ *     tensor lives from its node, or before the graph for an input, to its last
  *     reader's, through any view; outputs, unread results and kept inputs to the end),
  *     the one exception being a node that works in place on its source's last use;
  *   - each tensor lies inside its chunk, and inside the max size unless it is larger
@@ -94,7 +94,7 @@ static size_t offset_in(const ferry_tensor * t) {
     return (size_t) ((uintptr_t) t->data - (uintptr_t) ferry_buffer_base(t->buffer));
 }
 
-/* The invariants of the header; copies: the scheduler's, placed at their steps (may be NULL). */
+/* The invariants of the header; copies: the scheduler's, placed at their nodes (may be NULL). */
 static void verify_copies(fx * f, size_t bound, const ferry_gallocr_copy * copies, int n_copies) {
     ferry_graph * g = f->g;
     const int n_nodes = ferry_graph_n_nodes(g), n_leafs = ferry_graph_n_leafs(g);
@@ -108,10 +108,10 @@ static void verify_copies(fx * f, size_t bound, const ferry_gallocr_copy * copie
     lt_tensor * lt = lt_from_ferry(g);
     CHECK(lt);
     for (int k = 0; k < n_copies; k++) {
-        lt[ferry_graph_slot(g, copies[k].copy)].written = copies[k].step;
+        lt[ferry_graph_slot(g, copies[k].copy)].written = copies[k].node;
         const int src = copies[k].src ? ferry_graph_slot(g, ferry_tensor_root(copies[k].src)) : -1;
         if (src >= 0) {
-            lt[src].read_at = copies[k].step;
+            lt[src].read_at = copies[k].node;
         }
     }
     const int overlaps = lt_check_overlaps(lt, ferry_graph_n_slots(g), n_nodes, ferry_gallocr_get_keep_inputs(f->ga),
@@ -542,7 +542,7 @@ SCENARIO(in_place_over_view, 64, 0)
 /* The scheduler's copies: c, written just before node 2, takes memory freed before it
  * (y's); the copy d of s is made at node 3, so s lives until then and u, its last
  * reader in the graph, may not work in place over it. */
-static void sc_copies_placed_at_their_step(fx * f) {
+static void sc_copies_placed_at_their_node(fx * f) {
     ferry_tensor *x = input_kb(f, 1, "x"), *c = vec_n(f, F32_PER_KB, "c"), *d = vec_n(f, F32_PER_KB, "d");
     ferry_tensor *y, *s, *u, *o, *o2;
     CHECK_OK(ferry_dup(f->ctx, x, &y));                  /* 0 */
@@ -553,7 +553,7 @@ static void sc_copies_placed_at_their_step(fx * f) {
     SUB(build(f, out(named(o2, "o2"))));
     CHECK(ferry_graph_node(f->g, 2) == u && ferry_graph_node(f->g, 3) == o);
     /* c before node 2 (u), d (from s) before node 4 (o2) */
-    const ferry_gallocr_copy copies[2] = {{.copy = c, .src = NULL, .step = 2}, {.copy = d, .src = s, .step = 4}};
+    const ferry_gallocr_copy copies[2] = {{.copy = c, .src = NULL, .node = 2}, {.copy = d, .src = s, .node = 4}};
     CHECK_OK(ferry_gallocr_reserve_copies(f->ga, f->g, NULL, NULL, copies, 2));
     CHECK_OK(ferry_gallocr_alloc_graph(f->ga, f->g));
     SUB(verify_copies(f, 5 * KB, copies, 2));
@@ -562,16 +562,16 @@ static void sc_copies_placed_at_their_step(fx * f) {
     if (f->real) {
         CHECK_OK(ferry_backend_graph_compute(f->be, f->g));
     }
-    /* bad copies: a node, a step out of range, a copy read before it is written */
-    ferry_gallocr_copy bad = {.copy = u, .step = 1};
+    /* bad copies: a node, a position out of range, a copy read before it is written */
+    ferry_gallocr_copy bad = {.copy = u, .node = 1};
     CHECK_FAILS(ferry_gallocr_reserve_copies(f->ga, f->g, NULL, NULL, &bad, 1), FERRY_ERR_INVALID_ARG);
-    bad = (ferry_gallocr_copy) {.copy = c, .step = 9};
+    bad = (ferry_gallocr_copy) {.copy = c, .node = 9};
     CHECK_FAILS(ferry_gallocr_reserve_copies(f->ga, f->g, NULL, NULL, &bad, 1), FERRY_ERR_INVALID_ARG);
-    bad.step = 4;
+    bad.node = 4;
     CHECK_FAILS(ferry_gallocr_reserve_copies(f->ga, f->g, NULL, NULL, &bad, 1), FERRY_ERR_INVALID_ARG);
     CHECK_FAILS(ferry_gallocr_reserve_copies(f->ga, f->g, NULL, NULL, NULL, 1), FERRY_ERR_INVALID_ARG);
 }
-SCENARIO(copies_placed_at_their_step, 64, 0)
+SCENARIO(copies_placed_at_their_node, 64, 0)
 
 /* ---------------------------------------------------------------- random graphs */
 
@@ -699,7 +699,7 @@ static const check_test tests[] = {
     {"in_place_over_second_source", test_in_place_over_second_source},
     {"in_place_over_input", test_in_place_over_input},
     {"in_place_over_view", test_in_place_over_view},
-    {"copies_placed_at_their_step", test_copies_placed_at_their_step},
+    {"copies_placed_at_their_node", test_copies_placed_at_their_node},
     {"random_graphs_no_overlap", test_random_graphs_no_overlap},
 };
 

@@ -61,7 +61,7 @@ static void test_cuda_ordered_multi_stream_flat_fails_first_assertion(void) {
     CHECK_EQ_U(copy_path_case(FERRY_COPY_FLAT, FERRY_TYPE_Q8_0, 4, 37), 1);
 }
 
-/* Through the whole scheduler: a dup of the window pinned to the CUDA backend. */
+/* Through the whole scheduler: a dup of the window assigned to the CUDA backend. */
 static int sched_case(ferry_copy_policy policy, int64_t n_stream, int64_t used) {
     const ferry_kv_params p = {.type_k = FERRY_TYPE_Q8_0, .type_v = FERRY_TYPE_Q8_0, .head_dim = 128, .n_head_kv = 8,
                                .n_ctx = 64 * n_stream, .n_stream = n_stream, .n_layer = 1};

@@ -157,9 +157,9 @@ typedef struct {
 } step_state;
 
 /* The step as a caller retries it after a failure: its documented state cleared first
- * (pins made before running out of memory, part of the step in the graph). */
+ * (assignments made before running out of memory, part of the step in the graph). */
 static ferry_status step_fresh(step_state * s, ferry_tensor ** outs) {
-    ferry_sched_clear_pins(s->sched);
+    ferry_sched_clear_assignments(s->sched);
     ferry_graph_clear(s->graph);
     return ferry_kv_attention_step(s->kv, s->ctx, 2, 5, 1, 3, s->q, s->kv_len, true, s->sched, s->split, s->graph,
                                    outs);
@@ -193,7 +193,7 @@ static void step_run(void * p) {
     ferry_tensor * outs[2] = {NULL, NULL};
     STEP(step_fresh(s, outs));
     CHECK(outs[0] && outs[1]);
-    CHECK_EQ_U(ferry_sched_n_pins(s->sched), 2);
+    CHECK_EQ_U(ferry_sched_n_assigned(s->sched), 2);
     CHECK_EQ_U(ferry_graph_n_nodes(s->graph), 2 + 2 * 4); /* per layer: attention, two windows of two views */
     STEP(ferry_sched_graph_compute(s->sched, s->graph));
     float row[8 * 4 * 3];
@@ -267,7 +267,7 @@ static void sched_run(void * p) {
         s->graph = NULL;
         STEP(ferry_graph_new(&s->graph));
         STEP(ferry_graph_build(s->graph, out));
-        ferry_sched_clear_pins(s->sched);
+        ferry_sched_clear_assignments(s->sched);
         STEP(ferry_sched_set_tensor_backend(s->sched, dup, s->split));
         STEP(ferry_sched_alloc_graph(s->sched, s->graph));
         STEP(ferry_sched_graph_compute(s->sched, s->graph));
@@ -322,7 +322,7 @@ static void sched_prefetch_run(void * p) {
         STEP(ferry_graph_new(&s->graph));
         STEP(ferry_graph_build(s->graph, out_k));
         STEP(ferry_graph_build(s->graph, out_v));
-        ferry_sched_clear_pins(s->sched);
+        ferry_sched_clear_assignments(s->sched);
         STEP(ferry_sched_set_tensor_backend(s->sched, dup_k, s->split));
         STEP(ferry_sched_set_tensor_backend(s->sched, dup_v, s->split));
         STEP(ferry_sched_alloc_graph(s->sched, s->graph));

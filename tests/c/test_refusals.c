@@ -193,8 +193,8 @@ static void test_null_objects(void) {
     REFUSED(ferry_sched_set_keep_inputs(NULL, true));
     CHECK(!ferry_sched_get_keep_inputs(NULL));
     REFUSED(ferry_sched_set_tensor_backend(NULL, t, NULL));
-    ferry_sched_clear_pins(NULL);
-    CHECK_EQ_U(ferry_sched_n_pins(NULL), 0);
+    ferry_sched_clear_assignments(NULL);
+    CHECK_EQ_U(ferry_sched_n_assigned(NULL), 0);
     REFUSED(ferry_sched_alloc_graph(NULL, g));
     REFUSED(ferry_sched_graph_compute(NULL, g));
     CHECK(ferry_sched_get_tensor_backend(NULL, t) == NULL);

@@ -7,7 +7,7 @@
 
 #define TRY(expr) do { ferry_status try_st_ = (expr); if (try_st_ != FERRY_OK) return try_st_; } while (0)
 
-/* A scheduler over [split, cpu] running `out` (pinned to the split backend) on a window. */
+/* A scheduler over [split, cpu] running `out` (assigned to the split backend) on a window. */
 typedef struct {
     kv_fixture f;
     ferry_sched * sched;
@@ -155,7 +155,7 @@ static void test_sched_unified_same_as_flat(void) {
     CHECK_EQ_U(st[1].bytes_copied, st[1].bytes_read);
 }
 
-/* A graph with nothing to copy: every node on the CPU next to its data; pins move nodes and clear. */
+/* A graph with nothing to copy: every node on the CPU next to its data; assignments move nodes and clear. */
 static void test_sched_no_inputs_when_backend_can_use_source(void) {
     const ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 1,
                                .n_ctx = 32, .n_stream = 2, .n_layer = 1};
@@ -173,14 +173,14 @@ static void test_sched_no_inputs_when_backend_can_use_source(void) {
     CHECK_OK(ferry_sched_graph_compute(s, g));
     CHECK_EQ_U(ferry_sched_n_inputs(s), 0);
     CHECK(ferry_sched_get_tensor_backend(s, out) == f.cpu);
-    /* a pin moves it, and the window becomes an input; cleared, it comes back */
+    /* an assignment moves it, and the window becomes an input; cleared, it comes back */
     CHECK_OK(ferry_sched_set_tensor_backend(s, out, f.split));
-    CHECK_OK(ferry_sched_set_tensor_backend(s, out, f.split)); /* pinned twice: one pin */
-    CHECK_EQ_U(ferry_sched_n_pins(s), 1);
+    CHECK_OK(ferry_sched_set_tensor_backend(s, out, f.split)); /* assigned twice: one assignment */
+    CHECK_EQ_U(ferry_sched_n_assigned(s), 1);
     CHECK_OK(ferry_sched_alloc_graph(s, g));
     CHECK(ferry_sched_get_tensor_backend(s, out) == f.split && ferry_sched_n_inputs(s) == 1);
-    ferry_sched_clear_pins(s);
-    CHECK_EQ_U(ferry_sched_n_pins(s), 0);
+    ferry_sched_clear_assignments(s);
+    CHECK_EQ_U(ferry_sched_n_assigned(s), 0);
     CHECK_OK(ferry_sched_alloc_graph(s, g));
     CHECK(ferry_sched_get_tensor_backend(s, out) == f.cpu && ferry_sched_n_inputs(s) == 0);
     /* compute allocates again after an option that takes effect at the next alloc, or a new node */

@@ -1,7 +1,7 @@
 /*
  * ferry_kv_attention_step against the same step built a layer at a time with
- * ferry_kv_cache_window and ferry_attn_decode: the same nodes, names, flags and pins,
- * byte-identical outputs through the scheduler; and every refusal, each leaving no pin
+ * ferry_kv_cache_window and ferry_attn_decode: the same nodes, names, flags and assignments,
+ * byte-identical outputs through the scheduler; and every refusal, each leaving no assignment
  * and an untouched graph behind.
  */
 #include "check.h"
@@ -121,7 +121,7 @@ static void check_same_step(bool v_trans) {
     ferry_tensor *a[N_LAYER], *b[N_LAYER];
     CHECK_OK(ferry_kv_attention_step(f.kv, ctx_a, N_LAYER, N_KV, 0, N_STREAM - 1, f.q, f.kv_len, v_trans, f.sched,
                                      f.split, ga, a));
-    CHECK_EQ_U(ferry_sched_n_pins(f.sched), N_LAYER);
+    CHECK_EQ_U(ferry_sched_n_assigned(f.sched), N_LAYER);
     for (int l = 0; l < N_LAYER; l++) {
         char name[FERRY_MAX_NAME];
         snprintf(name, sizeof(name), "attn%d", l);
@@ -135,7 +135,7 @@ static void check_same_step(bool v_trans) {
     for (int l = 0; l < N_LAYER; l++) {
         CHECK(ferry_sched_get_tensor_backend(f.sched, a[l]) == f.split);
     }
-    ferry_sched_clear_pins(f.sched);
+    ferry_sched_clear_assignments(f.sched);
     CHECK_OK(per_layer(&f, ctx_b, v_trans, gb, b));
     CHECK_EQ_U(ferry_graph_n_nodes(ga), ferry_graph_n_nodes(gb));
     CHECK_EQ_U(ferry_graph_n_leafs(ga), ferry_graph_n_leafs(gb));
@@ -170,14 +170,14 @@ static void test_step_first_layers_and_streams(void) {
     CHECK_OK(ferry_tensor_view(f.ctx, f.kv_len, 1, ne_len, f.kv_len->nb, 0, &len1));
     CHECK_OK(ferry_kv_attention_step(f.kv, f.ctx, 2, N_KV, 1, 1, q1, len1, false, f.sched, f.split, g, outs));
     CHECK(outs[0] && outs[1] && outs[2] == NULL);
-    CHECK_EQ_U(ferry_sched_n_pins(f.sched), 2);
+    CHECK_EQ_U(ferry_sched_n_assigned(f.sched), 2);
     CHECK_EQ_U(outs[1]->ne[3], 1);
     CHECK_EQ_U(outs[1]->src[1]->ne[1], N_KV);
     ferry_graph_free(g);
     fixture_free(&f);
 }
 
-/* Each refusal: its status and a message, no pin, the graph untouched, outs not written. */
+/* Each refusal: its status and a message, no assignment, the graph untouched, outs not written. */
 static void test_step_refusals(void) {
     fixture f;
     CHECK_OK(fixture_init(&f, false));
@@ -198,7 +198,7 @@ static void test_step_refusals(void) {
 #define REFUSED(call, status)                        \
     do {                                             \
         CHECK_FAILS(call, status);                   \
-        CHECK_EQ_U(ferry_sched_n_pins(f.sched), 0);  \
+        CHECK_EQ_U(ferry_sched_n_assigned(f.sched), 0);  \
         CHECK_EQ_U(ferry_graph_n_nodes(g), 0);       \
         CHECK_EQ_U(ferry_graph_n_leafs(g), 0);       \
         for (int i = 0; i <= N_LAYER; i++) CHECK(outs[i] == sentinel); \
@@ -233,7 +233,7 @@ static void test_step_refusals(void) {
 #undef REFUSED
     /* and after all of them, the step still builds */
     CHECK_OK(ferry_kv_attention_step(f.kv, f.ctx, N_LAYER, N_KV, 0, last, f.q, f.kv_len, false, f.sched, f.split, g, outs));
-    CHECK_EQ_U(ferry_sched_n_pins(f.sched), N_LAYER);
+    CHECK_EQ_U(ferry_sched_n_assigned(f.sched), N_LAYER);
     CHECK(outs[N_LAYER] == sentinel && outs[0] != sentinel);
     ferry_backend_free(other);
     ferry_graph_free(g);

@@ -56,7 +56,7 @@ static void * run_worker(void * arg) {
         graph = NULL;
         ferry_context_free(ctx);
         ctx = NULL;
-        ferry_sched_clear_pins(sched);
+        ferry_sched_clear_assignments(sched);
         const int32_t layer = (int32_t) (next_random(&rng) % 2);
         const int64_t n_kv = 1 + next_random(&rng) % 32;
         const int64_t s0 = next_random(&rng) % 4;

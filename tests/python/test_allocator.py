@@ -61,7 +61,7 @@ def test_scheduler_keeps_input_copies_on_request() -> None:
         sched = ferry.Scheduler([cpu, standin], keep_inputs=keep)
         assert bool(lib.ferry_sched_get_keep_inputs(sched._p)) is keep
         for out in outs:
-            sched.pin(out, standin)
+            sched.assign(out, standin)
         sched.alloc(g)
         assert len(sched.inputs) == 4
         sizes[keep] = sched.buffer_size(standin)

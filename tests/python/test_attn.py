@@ -156,14 +156,14 @@ def run_cpu(c: Case, b: Built) -> np.ndarray:
 
 
 def run_sched(c: Case, b: Built, split: ferry.Backend, policy: str) -> Tuple[np.ndarray, ferry.SchedStats]:
-    """attn_decode pinned to split through a Scheduler([split, cpu]): K, V, q and kv_len are
+    """attn_decode assigned to split through a Scheduler([split, cpu]): K, V, q and kv_len are
     copied in by policy."""
     cpu = ferry.CPUBackend()
     q, lens = _operands(b, cpu)
     out = ferry.attn_decode(q, b.k, b.v, lens, scale=c.scale, v_trans=c.v_trans, name="attn").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy=policy)
-    sched.pin(out, split)
+    sched.assign(out, split)
     sched.compute(graph)
     assert sched.backend_of(out) is split
     got = out.to_numpy().reshape(c.ns, c.n_head, c.head_dim)

@@ -19,7 +19,7 @@ from ferry.cli import bench, main
 from ferry.workloads import bench as bench_workload
 
 TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "4",
-        "--head-dim", "32", "--kv-heads", "2", "--backend", "cpu"]
+        "--head-dim", "32", "--kv-heads", "2", "--device", "cpu"]
 KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "bytes_read", "compact",
         "split_memory_bytes", "repeats", "tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max", "gain",
         "gain_median", "gain_min", "gain_max", "statistic", "spread", "host_s", "tokens_per_s_end_to_end", "rebuilds",
@@ -28,7 +28,7 @@ KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "b
 
 def tiny(**kw: object) -> bench.BenchConfig:
     base = dict(n_ctx=256, npl=(2, 4), npp=16, ntg=3, n_layer=2, n_head=4, head_dim=32, n_head_kv=2,
-                policies=("flat", "ranges", "plan"), backend="cpu")
+                policies=("flat", "ranges", "plan"), device="cpu")
     base.update(kw)
     return bench.BenchConfig(**base)  # type: ignore[arg-type]
 
@@ -218,14 +218,14 @@ def test_bad_options_are_refused(args: List[str], message: str, capsys: pytest.C
 @pytest.mark.skipif(ferry.cuda_available(), reason="a CUDA device is present")
 def test_cuda_backend_without_a_device_fails_cleanly() -> None:
     with pytest.raises(SystemExit, match=r"^ferry: .*cuda_backend_new"):
-        main(["bench", *TINY, "--backend", "cuda"])
+        main(["bench", *TINY, "--device", "cuda"])
 
 
 def test_config_check_raises_invalid_argument() -> None:
     with pytest.raises(ferry.InvalidArgumentError, match="-npl 0 is not a positive integer"):
         tiny(npl=(0,)).check()
-    with pytest.raises(ferry.InvalidArgumentError, match="--backend 'tpu'"):
-        tiny(backend="tpu").check()
+    with pytest.raises(ferry.InvalidArgumentError, match="--device 'tpu'"):
+        tiny(device="tpu").check()
     with pytest.raises(ferry.InvalidArgumentError, match="-c must be a positive integer, got True"):
         tiny(n_ctx=True).check()
 
@@ -297,7 +297,7 @@ def test_compact_split_memory_is_the_bytes_read() -> None:
 def test_cuda_split_bytes_are_exact_and_outputs_agree(type_kv: str) -> None:
     """The same workload with the split on CUDA and the cache pinned: the bytes of every policy and
     layout are the stand-in's, and the attention outputs agree across policies and caches."""
-    cfg = tiny(type_kv=type_kv, backend="cuda")
+    cfg = tiny(type_kv=type_kv, device="cuda")
     res = bench.run_bench(cfg)
     assert res.split_name.startswith("CUDA") and res.cache_memory == "pinned host memory"
     for npl in (2, 4):

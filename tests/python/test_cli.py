@@ -43,7 +43,7 @@ def shared_options() -> List[Tuple[str, Dict[str, argparse.Action]]]:
 def test_options_are_shared() -> None:
     """The options the check below compares: these, shared by name across verbs, are among them."""
     names = {o for o, _ in shared_options()}
-    assert {"--backend", "--type", "-c", "-npl", "--head-dim", "--kv-heads", "--model", "--json"} <= names
+    assert {"--device", "--type", "-c", "-npl", "--head-dim", "--kv-heads", "--model", "--json"} <= names
 
 
 @pytest.mark.parametrize("option,actions", shared_options(), ids=[o for o, _ in shared_options()])
@@ -54,7 +54,7 @@ def test_a_shared_option_has_one_meaning(option: str, actions: Dict[str, argpars
 
 def test_backend_is_auto_cpu_cuda_wherever_it_is() -> None:
     for verb, p in verb_parsers().items():
-        a = options(p).get("--backend")
+        a = options(p).get("--device")
         if a is not None:
             assert (list(a.choices or ()), a.default) == (["auto", "cpu", "cuda"], "auto"), verb
 

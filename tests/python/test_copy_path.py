@@ -15,7 +15,7 @@ from conftest import SENTINEL, pattern
 
 def _heart(policy: str, type_k: str, n_stream: int, n_kv: int, s0: int = 0, s1: int | None = None,
            head_dim: int = 32, n_head_kv: int = 2, cells: int = 16):
-    """A host cache full of a pattern, the K window of streams s0..s1 read by a dup pinned to a
+    """A host cache full of a pattern, the K window of streams s0..s1 read by a dup assigned to a
     real-memory dummy backend, its input copy filled with a sentinel, run once. Returns what is needed
     to check it."""
     cpu = ferry.CPUBackend()
@@ -28,7 +28,7 @@ def _heart(policy: str, type_k: str, n_stream: int, n_kv: int, s0: int = 0, s1: 
     out = ferry.dup(k, name="out").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy=policy)
-    sched.pin(out, split)
+    sched.assign(out, split)
     sched.alloc(graph)
     (inp,) = sched.inputs
     assert inp.src is k and inp.copy.same_layout(k)
@@ -103,7 +103,7 @@ def test_device_side_source_goes_flat() -> None:
     out = ferry.dup(k).set_output()
     g = ferry.Graph(out)
     sched = ferry.Scheduler([split, device], policy="ranges")
-    sched.pin(out, split)
+    sched.assign(out, split)
     sched.compute(g)
     (inp,) = sched.inputs
     assert inp.stats.path == ferry.CopyPolicy.FLAT
@@ -126,7 +126,7 @@ def test_compact_staging_holds_the_bytes_read() -> None:
         g = ferry.Graph(out)
         sched = ferry.Scheduler([split, cpu], policy="ranges", compact=compact)
         assert sched.compact is compact
-        sched.pin(d, split)
+        sched.assign(d, split)
         sched.compute(g)
         (inp,) = sched.inputs
         st = inp.stats

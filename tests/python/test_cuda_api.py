@@ -115,7 +115,7 @@ def test_scheduler_with_cuda_split_backend() -> None:
     g = ferry.Graph(out)
     for policy in ("flat", "ranges"):
         sched = ferry.Scheduler([cuda, cpu], policy=policy)
-        sched.pin(out, cuda)
+        sched.assign(out, cuda)
         sched.alloc(g)
         (inp,) = sched.inputs
         assert inp.copy.buffer.type == cuda.buffer_type and sched.buffer_size(cuda) >= k.nbytes

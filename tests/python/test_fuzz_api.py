@@ -810,9 +810,9 @@ def test_copy_input_isolated(calls: List[List[Any]]) -> None:
 
 
 def sc_sched(kv_kind: str, ty: str, v_trans: bool, win: List[int], which: str, out_type: Optional[str],
-             backend_kinds: List[Any], policy: Any, compact: Any, pins: List[List[Any]], actions: List[str]) -> None:
+             backend_kinds: List[Any], policy: Any, compact: Any, assignments: List[List[Any]], actions: List[str]) -> None:
     """A KV window through a dup on a Scheduler of odd backend lists (empty, duplicated, foreign
-    pins), computed, computed again, closed and used; results checked when the memory is real."""
+    assignments), computed, computed again, closed and used; results checked when the memory is real."""
     pool = {k: make_backend(k) for k in KINDS}
     kv = attempt(lambda: ferry.KVCache(ty, ty, 32, 2, 16, 2, v_trans=v_trans, backend=pool[kv_kind]))
     if kv is None:
@@ -833,9 +833,9 @@ def sc_sched(kv_kind: str, ty: str, v_trans: bool, win: List[int], which: str, o
     sched = attempt(lambda: ferry.Scheduler(backends, policy=policy, compact=compact))
     if sched is None:
         return
-    for target, kind in pins:
+    for target, kind in assignments:
         t = {"out": out, "src": src, "root": src.root}.get(target, target)
-        attempt(lambda: sched.pin(t, pool.get(kind, kind)))
+        attempt(lambda: sched.assign(t, pool.get(kind, kind)))
     for action in actions:
         if action == "compute":
             if attempt(lambda: sched.compute(graph)) is None:
@@ -855,8 +855,8 @@ def sc_sched(kv_kind: str, ty: str, v_trans: bool, win: List[int], which: str, o
                     assert out.get() == want, "the scheduler's dup differs from the window"
         elif action == "close":
             sched.close()
-        elif action == "clear_pins":
-            attempt(sched.clear_pins)
+        elif action == "clear_assignments":
+            attempt(sched.clear_assignments)
         elif action == "inputs":
             for i in attempt(lambda: sched.inputs) or []:
                 attempt(i.copy.get)
@@ -887,7 +887,7 @@ def sc_sched(kv_kind: str, ty: str, v_trans: bool, win: List[int], which: str, o
     st.sampled_from(["flat", "ranges", "plan", "nope", 1]), st.sampled_from([False, True, 1]),
     st.lists(st.tuples(st.sampled_from(["out", "src", "root", None, 5]), st.sampled_from(KINDS + [None, "x"])).map(
         list), max_size=2),
-    st.lists(st.sampled_from(["compute", "compute", "close", "clear_pins", "inputs", "repr", "del_kv",
+    st.lists(st.sampled_from(["compute", "compute", "close", "clear_assignments", "inputs", "repr", "del_kv",
                               "alloc_other", "prefetch", "prefetch_off", "prefetch_bad"]), max_size=6)).map(list),
     min_size=20, max_size=30))
 def test_sched_isolated(calls: List[List[Any]]) -> None:
@@ -1063,7 +1063,7 @@ def confusion_calls(J: Any) -> List[Callable[[], Any]]:
         lambda: kv.k(J), lambda: kv.v(J), lambda: kv.set_stream(J, 0, 0, b""), lambda: kv.set_stream("k", J, 0, b""),
         lambda: kv.set_stream("k", 0, J, b""), lambda: kv.set_stream("k", 0, 0, J), lambda: kv.get_stream("v", 0, J),
         lambda: ferry.Scheduler(J), lambda: ferry.Scheduler([J]), lambda: ferry.Scheduler([cpu], policy=J),
-        lambda: ferry.Scheduler([cpu], compact=J), lambda: sched.pin(J, cpu), lambda: sched.pin(t, J),
+        lambda: ferry.Scheduler([cpu], compact=J), lambda: sched.assign(J, cpu), lambda: sched.assign(t, J),
         lambda: sched.compute(J), lambda: sched.alloc(J), lambda: sched.backend_of(J), lambda: sched.buffer_size(J),
         lambda: setattr(sched, "policy", J), lambda: setattr(sched, "compact", J),
         lambda: ferry.copy_input(J, "flat", t, t), lambda: ferry.copy_input(cpu, J, t, t),

@@ -70,10 +70,10 @@ def files_at(tmp_path: Path) -> Path:
                                           "copy2d_extra_ns_per_row": 42.0, "model_copy2d_us": 127.5}]}}
     (tmp_path / "bench.json").write_text(json.dumps(bench, indent=2))
     sweep = subprocess.run([sys.executable, "-m", "ferry.cli", "bench", "-c", "4096", "-npl", "2,4", "-npp", "256",
-                            "-ntg", "2", "--layers", "1", "--backend", "cpu", "--json"], capture_output=True, text=True, check=True)
+                            "-ntg", "2", "--layers", "1", "--device", "cpu", "--json"], capture_output=True, text=True, check=True)
     cmd = "ferry bench -c 4096 -npl 2,4 -npp 256 -ntg 2 --layers 1 --json"
     (tmp_path / "bench.txt").write_text(
-        "K window q8_0 ...\nbars (...): NOT met (marked !)\n\n## ferry validate --backend cuda\nidentical: yes\n\n"
+        "K window q8_0 ...\nbars (...): NOT met (marked !)\n\n## ferry validate --device cuda\nidentical: yes\n\n"
         f"## {cmd}\n{sweep.stdout}{sweep.stderr}\n## ferry bench --v-trans --policy flat,ranges,plan\n(table)\n")
     (tmp_path / "build.log").write_text("# environment\nname, driver_version, memory.total\n"
                                         "NVIDIA H200, 580.159.04, 143771 MiB, 5, 16\n")
@@ -110,12 +110,12 @@ def test_report_reads_the_sweep_json_and_computes_gains(files_at: Path) -> None:
         vs_unified = tokens[(npl, "ranges", False)] / tokens[(npl, "ranges", True)]
         line = next(ln for ln in text.splitlines() if ln.startswith(f"| {npl} | {tokens[(npl, 'flat', False)]:.1f} |"))
         assert f"| {gain:+.1%} |" in line and f"| {vs_unified:.3f} |" in line
-    assert "## Output: ferry validate --backend cuda" in text and "identical: yes" in text
+    assert "## Output: ferry validate --device cuda" in text and "identical: yes" in text
 
 
 def test_report_puts_overlapped_decode_beside_its_bound(files_at: Path) -> None:
     sweep = subprocess.run([sys.executable, "-m", "ferry.cli", "bench", "-c", "4096", "-npl", "2", "-npp", "256",
-                            "-ntg", "2", "--layers", "2", "--backend", "cpu", "--policy", "flat", "--no-unified",
+                            "-ntg", "2", "--layers", "2", "--device", "cpu", "--policy", "flat", "--no-unified",
                             "--overlap", "--repeat", "1", "--json"], capture_output=True, text=True, check=True)
     cmd = "ferry bench -c 4096 -npl 2 -npp 256 -ntg 2 --layers 2 --policy flat --overlap --json"
     with open(files_at / "bench.txt", "a") as f:

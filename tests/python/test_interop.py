@@ -275,7 +275,7 @@ def test_scheduler_over_a_kv_cache_in_numpy_arrays() -> None:
     out = ferry.dup(window, name="out").set_output()
     dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
     sched = ferry.Scheduler([dev, cpu])
-    sched.pin(out, dev)
+    sched.assign(out, dev)
     for policy in ("flat", "ranges"):
         sched.policy = policy
         sched.compute(ferry.Graph(out))

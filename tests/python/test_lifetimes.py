@@ -208,7 +208,7 @@ for i in range(100):
     out = ferry.scale(ferry.dup(k) + ferry.dup(k), 0.5).set_output()
     g = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy="ranges")
-    sched.pin(out, split)
+    sched.assign(out, split)
     sched.compute(g)
     copy = sched.inputs[0].copy
     a = ferry.Tensor.new("f32", [8]).set_input()

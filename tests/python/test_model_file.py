@@ -147,13 +147,13 @@ def test_plan_takes_the_v_head_dim_for_the_v_window(tmp_path: Path, capsys: pyte
 
 
 def test_bench_and_validate_take_heads_and_layers(gemma: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rows = json.loads(run(capsys, ["bench", "--model", str(gemma), "--backend", "cpu", "-npl", "2", "-ntg", "2",
+    rows = json.loads(run(capsys, ["bench", "--model", str(gemma), "--device", "cpu", "-npl", "2", "-ntg", "2",
                                    "--repeat", "1", "--json"]))
     row = 96 * 1 * 2  # bytes of a cell: head dim 96, 1 KV head, f16
     steps = (256 + 1) + (256 + 2)  # n_kv of the two steps after the default 256-cell prompt
     read = {r["bytes_read"] for r in rows if not r["unified"]}
     assert read == {steps * 2 * row * 2 * 2}  # 2 streams, K and V, 2 layers
-    got = json.loads(run(capsys, ["validate", "--model", str(gemma), "--backend", "cpu", "--json"]))
+    got = json.loads(run(capsys, ["validate", "--model", str(gemma), "--device", "cpu", "--json"]))
     assert got["identical"] and got["control_detected"]
 
 
@@ -161,9 +161,9 @@ def test_a_run_refuses_different_k_and_v_head_dims(tmp_path: Path, capsys: pytes
     path = str(write_gguf(tmp_path / "mla.gguf", "deepseek2", blocks=1, ctx=4096, embd=1024, heads=4, heads_kv=2,
                           key_length=192, value_length=128))
     with pytest.raises(SystemExit) as e:
-        main(["validate", "--model", path, "--backend", "cpu"])
+        main(["validate", "--model", path, "--device", "cpu"])
     assert e.value.code == 2 and "pass --head-dim" in capsys.readouterr().err
-    assert main(["validate", "--model", path, "--backend", "cpu", "--head-dim", "64"]) == 0
+    assert main(["validate", "--model", path, "--device", "cpu", "--head-dim", "64"]) == 0
 
 
 @pytest.mark.parametrize("verb", ["table", "plan", "bench", "validate"])

@@ -121,7 +121,7 @@ def test_too_tangled_raises_and_the_plan_policy_copies_flat() -> None:
         out = ferry.dup(v, name="out").set_output()
         g = ferry.Graph(out)
         sched = ferry.Scheduler([split, cpu], policy=policy)
-        sched.pin(out, split)
+        sched.assign(out, split)
         sched.compute(g)
         (inp,) = sched.inputs
         assert inp.stats.path == ferry.CopyPolicy.FLAT and inp.stats.bytes_copied == view.nbytes
@@ -140,7 +140,7 @@ def test_scheduler_plan_path_moves_the_plan() -> None:
     out = ferry.dup(v, name="out").set_output()
     g = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy="plan")
-    sched.pin(out, split)
+    sched.assign(out, split)
     sched.alloc(g)
     (inp,) = sched.inputs
     inp.copy.memset(SENTINEL)
@@ -254,7 +254,7 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     (p,) = json.loads(capsys.readouterr().out)
     assert list(p) == ["which", "type", "v_trans", "n_ctx", "n_stream", "kv_size", "n_kv", "streams", "head_dim",
                        "n_head_kv", "ne", "nb", "offset", "nbytes", "bytes_read", "span_read_ratio", "plannable",
-                       "n_copies", "copies", "bytes_moved_plan", "backend", "cost_plan_us", "cost_flat_us", "choice",
+                       "n_copies", "copies", "bytes_moved_plan", "cost_model", "cost_plan_us", "cost_flat_us", "choice",
                        "explanation"]
     assert p["copies"] == [{"offset": 0, "size": 4352, "count": 1024, "stride": 65536}]
     assert (p["n_copies"], p["bytes_moved_plan"], p["bytes_read"], p["nbytes"]) == (1, 4456448, 4456448, 67047680)

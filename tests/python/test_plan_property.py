@@ -222,7 +222,7 @@ def test_plan_property_fails_on_a_broken_planner(broken: Planner) -> None:
 
 
 def _run(policy: str, v: View, data: bytes) -> tuple:
-    """dup of the view (source in a CPU buffer holding data) pinned to a real-memory dummy backend,
+    """dup of the view (source in a CPU buffer holding data) assigned to a real-memory dummy backend,
     the input copy filled with SENTINEL first. Returns (output bytes, input copy bytes, stats, path)."""
     cpu = ferry.CPUBackend()
     split = ferry.DummyBackend(real_memory=True)
@@ -232,7 +232,7 @@ def _run(policy: str, v: View, data: bytes) -> tuple:
     out = ferry.dup(view, name="out").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy=policy)
-    sched.pin(out, split)
+    sched.assign(out, split)
     sched.alloc(graph)
     (inp,) = sched.inputs
     assert inp.src is view and inp.copy.same_layout(view)

@@ -1,4 +1,4 @@
-"""The scheduler from Python: splits and pins, the values a split computes from its copied inputs under
+"""The scheduler from Python: splits and assignments, the values a split computes from its copied inputs under
 every copy policy, and the policy's names and refusals."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_graph_read_by_cpu_op_same_numbers_under_both_policies() -> None:
         out = ferry.scale(d, 0.5, name="out").set_output()
         g = ferry.Graph(out)
         sched = ferry.Scheduler([split, cpu], policy=policy)
-        sched.pin(d, split)
+        sched.assign(d, split)
         sched.compute(g)
         assert [(sp.backend, sp.n_nodes, len(sp.inputs)) for sp in sched.splits] == [(split, 2, 1)]
         assert sched.backend_of(out) is split
@@ -38,20 +38,20 @@ def test_graph_read_by_cpu_op_same_numbers_under_both_policies() -> None:
     np.testing.assert_array_equal(results["flat"], results["ranges"])
 
 
-def test_pins_clear() -> None:
-    """A pin moves a node to the split (its window becomes an input); cleared, the node goes back
-    to the CPU next to its data, and the scheduler no longer holds the pinned tensor."""
+def test_assignments_clear() -> None:
+    """An assignment moves a node to the split (its window becomes an input); cleared, the node goes back
+    to the CPU next to its data, and the scheduler no longer holds the assigned tensor."""
     cpu, split = ferry.CPUBackend(), ferry.DummyBackend(real_memory=True)
     kv = ferry.KVCache("f32", "f32", 8, 1, 32, 2)
     k, _ = kv.window(0, 4, 0, 1)
     out = ferry.dup(k, name="out").set_output()
     g = ferry.Graph(out)
     sched = ferry.Scheduler([cpu, split])
-    sched.pin(out, split)
+    sched.assign(out, split)
     sched.alloc(g)
-    assert sched.backend_of(out) is split and len(sched.inputs) == 1 and sched.n_pins == 1
-    sched.clear_pins()
-    assert sched.n_pins == 0
+    assert sched.backend_of(out) is split and len(sched.inputs) == 1 and sched.n_assigned == 1
+    sched.clear_assignments()
+    assert sched.n_assigned == 0
     sched.alloc(g)
     assert sched.backend_of(out) is cpu and sched.inputs == []
 
@@ -73,4 +73,4 @@ def test_policy_names_and_errors() -> None:
         ferry.Scheduler(["cpu"])  # type: ignore[list-item]
     stranger = ferry.CPUBackend()
     with pytest.raises(ferry.InvalidArgumentError, match="not one of the scheduler's"):
-        sched.pin(ferry.Tensor.new("f32", [4]), stranger)
+        sched.assign(ferry.Tensor.new("f32", [4]), stranger)

@@ -127,7 +127,7 @@ def test_a_freed_buffer_under_a_window_refuses_the_reused_graph(cpu: ferry.CPUBa
         w = cache.view([HEAD_DIM, 1, n_kv, N_STREAM], [4, 4 * HEAD_DIM, 4 * HEAD_DIM, 4 * HEAD_DIM * KV_SIZE])
         w = w.permute(0, 2, 1, 3)
         out = ferry.attn_decode(q, w, w, kv_len).set_output()
-        sched.pin(out, split)
+        sched.assign(out, split)
         return [out]
 
     graphs = ferry.StepGraph(sched, build)
@@ -178,11 +178,11 @@ def test_the_c_built_step_gives_the_bytes_of_the_python_built_one(type: str, v_t
 
 
 def test_the_c_built_step_is_the_python_built_one() -> None:
-    """The same outputs (names, flags, shapes, pins), the same graph, the same split inputs."""
+    """The same outputs (names, flags, shapes, assignments), the same graph, the same split inputs."""
     loop = Loop(fast=True)
     outs = loop.build(16)
     assert isinstance(outs, ferry.StepOutputs) and [o.name for o in outs] == [f"attn{i}" for i in range(N_LAYER)]
-    assert all(o.is_output for o in outs) and loop.sched.n_pins == N_LAYER
+    assert all(o.is_output for o in outs) and loop.sched.n_assigned == N_LAYER
     graph = ferry.step_graph(outs)
     assert graph is outs._graph and graph.outputs == list(outs)
     loop.sched.compute(graph)
@@ -219,7 +219,7 @@ def test_the_outputs_keep_the_step_alive() -> None:
     want = out.get()
     del graph
     graphs.clear()
-    loop.sched.clear_pins()
+    loop.sched.clear_assignments()
     import gc
     gc.collect()
     assert out.get() == want and out.name == "attn1"
@@ -229,7 +229,7 @@ def test_the_outputs_keep_the_step_alive() -> None:
 
 
 def test_a_dropped_step_frees_its_context() -> None:
-    """Pins keep the step's nodes (C compares them by address) until cleared; then it is freed."""
+    """Assignments keep the step's nodes (C compares them by address) until cleared; then it is freed."""
     import gc
     import weakref
 
@@ -240,7 +240,7 @@ def test_a_dropped_step_frees_its_context() -> None:
     del outs
     gc.collect()
     assert step() is not None and ctx.alive
-    loop.sched.clear_pins()
+    loop.sched.clear_assignments()
     gc.collect()
     assert step() is None and ctx.ptr is None  # freed, not only released
 
@@ -276,7 +276,7 @@ def test_closed_objects_refuse_the_c_built_step(fast: bool) -> None:
 
 
 def test_the_c_built_step_refuses_bad_input_with_a_ferry_error() -> None:
-    """Each refusal a FerryError of the path layer by layer's class; none pins anything."""
+    """Each refusal a FerryError of the path layer by layer's class; none assigns anything."""
     loop = Loop(fast=True)
     w = loop.kv.windows(16)  # not HEAD_DIM: a V read as transposed would fit
     sched, split, q, kv_len = loop.sched, loop.split, loop.q, loop.kv_len
@@ -307,7 +307,7 @@ def test_the_c_built_step_refuses_bad_input_with_a_ferry_error() -> None:
     for call, error, match in cases:
         with pytest.raises(error, match=match):
             call()
-        assert sched.n_pins == 0
+        assert sched.n_assigned == 0
     with pytest.raises(ferry.InvalidArgumentError):
         loop.kv.windows("8")  # type: ignore[arg-type]
     with pytest.raises(ferry.InvalidArgumentError):
@@ -316,10 +316,10 @@ def test_the_c_built_step_refuses_bad_input_with_a_ferry_error() -> None:
     graph = ferry.step_graph(ferry.attention_step(sched, split, w, q, kv_len))
     sched.compute(graph)
     copy = sched.inputs[0].copy
-    sched.clear_pins()
+    sched.clear_assignments()
     with pytest.raises(ferry.UnsupportedError):
         ferry.attention_step(sched, split, w, q, copy)
-    assert sched.n_pins == 0
+    assert sched.n_assigned == 0
 
 
 def test_kv_windows_index_as_window_does() -> None:

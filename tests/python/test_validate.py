@@ -14,7 +14,7 @@ import ferry
 from ferry.cli import main
 from ferry.workloads import validate
 
-SMALL = ["--backend", "cpu"]
+SMALL = ["--device", "cpu"]
 
 
 def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,11 +48,11 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_hash_is_deterministic_and_follows_the_content() -> None:
-    cfg = validate.ValidateConfig(backend="cpu", policies=("ranges",), n_seq=4, n_stream=2)
+    cfg = validate.ValidateConfig(device="cpu", policies=("ranges",), n_seq=4, n_stream=2)
     split = ferry.StandinBackend()
     a = validate.serve(cfg, split, "ranges")
     assert validate.serve(cfg, split, "ranges") == a
-    assert validate.serve(validate.ValidateConfig(backend="cpu", n_seq=4, n_stream=2, seed=1), split, "ranges") != a
+    assert validate.serve(validate.ValidateConfig(device="cpu", n_seq=4, n_stream=2, seed=1), split, "ranges") != a
 
 
 def test_the_gate_fails_when_a_policy_reads_the_wrong_stream(monkeypatch: pytest.MonkeyPatch,
@@ -85,7 +85,7 @@ def test_same_content_in_every_stream_hides_a_cross_stream_read(monkeypatch: pyt
     monkeypatch.setattr(validate.ValidateConfig, "prompts", lambda self: [20] * self.n_seq)
     monkeypatch.setattr(validate, "_query", lambda cfg, seq, layer, t: validate.np.full(
         (cfg.n_head, cfg.head_dim), 0.25 * (layer + t + 1), validate.np.float32))
-    res = validate.run_validate(validate.ValidateConfig(backend="cpu"))
+    res = validate.run_validate(validate.ValidateConfig(device="cpu"))
     assert res.identical and not res.control_detected and not res.passed
 
 
@@ -112,7 +112,7 @@ def test_bad_options_are_refused(args: List[str], message: str, capsys: pytest.C
 def test_compact_staging_keeps_the_hashes() -> None:
     """--compact hashes each non-flat policy again with compact staging: identical hashes, and less
     memory held on the split backend than with the source's layout."""
-    cfg = validate.ValidateConfig(n_seq=6, n_stream=3, kv_size=48, n_step=2, compact=True, backend="cpu")
+    cfg = validate.ValidateConfig(n_seq=6, n_stream=3, kv_size=48, n_step=2, compact=True, device="cpu")
     res = validate.run_validate(cfg)
     assert list(res.hashes) == ["flat", "flat+overlap", "ranges", "ranges+overlap", "plan", "plan+overlap",
                                 "ranges+compact", "ranges+compact+overlap", "plan+compact", "plan+compact+overlap"]
@@ -124,14 +124,14 @@ def test_compact_staging_keeps_the_hashes() -> None:
 @pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
 def test_cuda_split_passes_the_gate(capsys: pytest.CaptureFixture[str]) -> None:
     """The gate with the split on CUDA (the cache pinned): identical hashes, a detected control."""
-    assert main(["validate", "--backend", "cuda", "--json", "--sequences", "6", "--streams", "3"]) == 0
+    assert main(["validate", "--device", "cuda", "--json", "--sequences", "6", "--streams", "3"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["identical"] is True and got["control_detected"] is True
     assert len(set(got["hashes"].values())) == 1
 
 
 def test_padded_steps_reuse_one_graph_and_hash_as_graphs_built_every_step() -> None:
-    base = validate.ValidateConfig(backend="cpu", policies=("ranges",), n_seq=4, n_stream=2, n_step=6)
+    base = validate.ValidateConfig(device="cpu", policies=("ranges",), n_seq=4, n_stream=2, n_step=6)
     split = ferry.StandinBackend()
     exact = validate.serve(base, split, "ranges")
     assert exact[2] == 2 * 6  # pad 1: every step's n_kv is new

@@ -90,7 +90,7 @@ def test_round_trip_through_the_scheduler(type: str, ref) -> None:
     rows = q.view([128, 3], [q.type.size, 2 * q.nb[1]], q.nb[1], name="rows 1, 3, 5")
     out = ferry.dup(rows, name="out").set_output()
     sched = ferry.Scheduler([dev, cpu], policy="plan")
-    sched.pin(out, dev)
+    sched.assign(out, dev)
     sched.compute(ferry.Graph(out))
     assert len(sched.inputs) == 1 and sched.backend_of(out) is dev
     want_bytes = ref(x[1:6:2])

@@ -13,7 +13,7 @@ extern "C" {
 
 /*
  * The scheduler runs a graph over backends given in priority order. Each node gets a
- * backend: the one it is pinned to, else the first that supports its op and can use
+ * backend: the one it is assigned to, else the first that supports its op and can use
  * the memory of all its sources, else the first that supports its op. Views compute
  * nothing and go with their source. Consecutive nodes on one backend form a split; a
  * source whose memory the split's backend cannot use is an input of the split and
@@ -73,11 +73,11 @@ FERRY_API ferry_copy_policy ferry_sched_get_policy(const ferry_sched * sched);
  * and freed after its last use). Takes effect at the next alloc. */
 FERRY_API ferry_status ferry_sched_set_keep_inputs(ferry_sched * sched, bool keep);
 FERRY_API bool         ferry_sched_get_keep_inputs(const ferry_sched * sched);
-/* Pin a node to a backend; takes effect at the next alloc. Pins are kept by address
- * until cleared: clear them when the pinned tensors go (a new graph each decode step). */
+/* Assign a node to a backend; takes effect at the next alloc. Assignments are kept by address
+ * until cleared: clear them when the assigned tensors go (a new graph each decode step). */
 FERRY_API ferry_status ferry_sched_set_tensor_backend(ferry_sched * sched, ferry_tensor * node, ferry_backend * backend);
-FERRY_API void         ferry_sched_clear_pins(ferry_sched * sched);
-FERRY_API int          ferry_sched_n_pins(const ferry_sched * sched);
+FERRY_API void         ferry_sched_clear_assignments(ferry_sched * sched);
+FERRY_API int          ferry_sched_n_assigned(const ferry_sched * sched);
 /* Assign backends, find splits and inputs, allocate copies and outputs. */
 FERRY_API ferry_status ferry_sched_alloc_graph(ferry_sched * sched, ferry_graph * graph);
 /* Whether compute allocates graph before it runs: it is not the graph last allocated (or

@@ -16,17 +16,17 @@ extern "C" {
  * layer at a time, in one call (a caller in Python pays one crossing a step, not several
  * a layer): the K and V windows of cells 0..n_kv-1 of streams s0..s1, made in ctx;
  * decode attention over them of q[l] and kv_len, scale 1/sqrt(q[l]'s head_dim), made in
- * ctx, named "attn<l>" and marked output; then each output pinned to backend on sched
+ * ctx, named "attn<l>" and marked output; then each output assigned to backend on sched
  * (ferry_sched_set_tensor_backend) and built into graph in layer order. outs[l] is
  * layer l's output; outs is written only on success.
  *
  * Refused (FERRY_ERR_INVALID_ARG, FERRY_ERR_OUT_OF_BOUNDS, FERRY_ERR_LAYOUT, with a
  * message naming the layer): NULL arguments or queries, n_layer not in 1..the cache's
  * layers, a window the cache does not have, shapes attention cannot read, a backend not
- * the scheduler's. Every window and node is made before the first pin and the graph is
- * built after the last, so a refused argument pins nothing and leaves graph as it was;
- * what was made stays in ctx. Only running out of memory part way through the pins or
- * the graph leaves some pins (clear them before freeing ctx) or part of the step in graph.
+ * the scheduler's. Every window and node is made before the first assignment and the graph is
+ * built after the last, so a refused argument assigns nothing and leaves graph as it was;
+ * what was made stays in ctx. Only running out of memory part way through the assignments or
+ * the graph leaves some assignments (clear them before freeing ctx) or part of the step in graph.
  */
 FERRY_API ferry_status ferry_kv_attention_step(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer, int64_t n_kv,
                                      int64_t s0, int64_t s1, ferry_tensor * const * q, ferry_tensor * kv_len,

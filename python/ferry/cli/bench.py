@@ -13,7 +13,7 @@ from ..workloads.bench import SPREAD, STATISTIC, BenchConfig, BenchResult, Bench
 from ..workloads.common import run_name
 from .options import (
     POSITIVE,
-    add_backend_arg,
+    add_device_arg,
     add_kv_args,
     add_policy_arg,
     add_shape_args,
@@ -248,7 +248,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     add_policy_arg(bp, "to compare")
     bp.add_argument("--unified", action=argparse.BooleanOptionalAction, default=d.unified,
                     help="also run a unified cache of the same sequences, for comparison (default on)")
-    add_backend_arg(bp)
+    add_device_arg(bp)
     bp.add_argument("--repeat", type=POSITIVE, default=d.repeat,
                     help="timed repetitions of each variant, taking turns after a warm-up; figures take each "
                          f"step's fastest of them (default {d.repeat})")
@@ -272,7 +272,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The BenchConfig the parsed options args describe (not yet checked)."""
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
-                       policies=tuple(args.policy), unified=args.unified, backend=args.backend, pad=args.pad,
+                       policies=tuple(args.policy), unified=args.unified, device=args.device, pad=args.pad,
                        repeat=args.repeat, v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
                        overlap=args.overlap, prefetch=args.prefetch)
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..errors import InvalidArgumentError
 from ..workloads.bench import BenchConfig
-from ..workloads.common import POLICIES, SPLIT_BACKENDS
+from ..workloads.common import DEVICES, POLICIES
 from ..workloads.model_file import ModelGeometry, read_model_geometry
 
 #: The largest count any option takes (a C int): larger numbers are refused with a message.
@@ -198,11 +198,11 @@ def add_policy_arg(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"copy policies {what}: {', '.join(POLICIES)} (default {','.join(DEFAULTS.policies)})")
 
 
-def add_backend_arg(p: argparse.ArgumentParser) -> None:
-    """Add --backend (where a decode run's split runs) to the verb's parser p."""
-    p.add_argument("--backend", default=DEFAULTS.backend, choices=SPLIT_BACKENDS,
-                   help="the split's backend: cuda, cpu (the stand-in device), auto (cuda when a device is usable; "
-                        f"default {DEFAULTS.backend})")
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    """Add --device (where a decode run's split runs) to the verb's parser p."""
+    p.add_argument("--device", default=DEFAULTS.device, choices=DEVICES,
+                   help="where the split runs: cuda, cpu (the stand-in device), auto (cuda when a device is usable; "
+                        f"default {DEFAULTS.device})")
 
 
 def apply_model(args: argparse.Namespace, fields: Dict[str, Callable[[ModelGeometry], int]]) -> Optional[ModelGeometry]:

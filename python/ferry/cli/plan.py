@@ -56,7 +56,7 @@ def format_plan(p: WindowPlan) -> str:
         lines += format_table([head, *body], indent="    ")
         if p.n_copies > SHOWN_COPIES:
             lines.append(f"    ... {p.n_copies - SHOWN_COPIES:,} more")
-        lines.append(f"  cost ({p.backend} model): plan {p.cost_plan_us:,.1f} µs, flat {p.cost_flat_us:,.1f} µs "
+        lines.append(f"  cost ({p.cost_model} model): plan {p.cost_plan_us:,.1f} µs, flat {p.cost_flat_us:,.1f} µs "
                      f"-> {p.choice}")
     lines.append(f"  why: {p.explanation}")
     return "\n".join(lines)
@@ -71,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
                        "head_dim": lambda g: g.head_dim_v if args.which == "v" else g.head_dim_k})
     plans = [window_plan(args.c, npl, args.npp, args.ntg, pad=args.pad, type=args.type, head_dim=args.head_dim,
                          n_head_kv=args.kv_heads, v_trans=args.v_trans, which=args.which, streams=args.stream,
-                         backend=args.cost_model) for npl in args.npl]
+                         cost_model=args.cost_model) for npl in args.npl]
     print(json.dumps([p.as_dict() for p in plans], indent=2) if args.json
           else "\n\n".join(format_plan(p) for p in plans))
     return 0

@@ -12,7 +12,7 @@ from ..workloads import validate as validate_workload
 from ..workloads.validate import ValidateConfig, ValidateResult
 from .options import (
     POSITIVE,
-    add_backend_arg,
+    add_device_arg,
     add_kv_args,
     add_policy_arg,
     add_verb_parser,
@@ -64,7 +64,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     vp.add_argument("--steps", type=POSITIVE, default=d.n_step, help=f"decode steps per wave (default {d.n_step})")
     add_kv_args(vp, run=True)
     add_policy_arg(vp, "to compare")
-    add_backend_arg(vp)
+    add_device_arg(vp)
     vp.add_argument("--seed", type=count(0), default=d.seed, help=f"the sequences' content (default {d.seed})")
     vp.add_argument("--pad", type=POSITIVE, default=d.pad,
                     help=f"round a wave's n_kv up to this: steps of one padded n_kv reuse one graph (default {d.pad})")
@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     check_one_head_dim(apply_model(args, run_fields()), args)
     cfg = ValidateConfig(n_seq=args.sequences, n_stream=args.streams, n_layer=args.layers, n_step=args.steps,
                          kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
-                         n_head_kv=args.kv_heads, policies=tuple(args.policy), backend=args.backend, seed=args.seed,
+                         n_head_kv=args.kv_heads, policies=tuple(args.policy), device=args.device, seed=args.seed,
                          compact=args.compact, pad=args.pad, reuse=args.reuse, overlap=args.overlap,
                          prefetch=args.prefetch)
     cfg.check()

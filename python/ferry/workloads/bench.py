@@ -108,7 +108,7 @@ class BenchConfig:
     n_head_kv: int = 2
     policies: Tuple[str, ...] = POLICIES
     unified: bool = True
-    backend: str = "auto"
+    device: str = "auto"
     pad: int = 1
     repeat: int = 31  # timed repetitions of each variant (after one untimed warm-up repetition)
     seed: int = 0
@@ -123,7 +123,7 @@ class BenchConfig:
         check_positive((("-c", self.n_ctx), ("-npp", self.npp), ("-ntg", self.ntg), ("--layers", self.n_layer),
                         ("--heads", self.n_head), ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv),
                         ("--pad", self.pad), ("--repeat", self.repeat), ("--prefetch", self.prefetch)))
-        check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.backend)
+        check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
         if self.v_trans and self.type_kv == "q8_0":
             raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
         if not self.npl:

@@ -22,8 +22,8 @@ from ..types import Type
 POLICIES: Tuple[str, ...] = tuple(str(p) for p in CopyPolicy)
 #: The K/V types decode attention reads.
 KV_TYPES: Tuple[str, ...] = ("f32", "f16", "q8_0")
-#: The backends a split may run on: auto picks cuda when a device is usable, else cpu.
-SPLIT_BACKENDS: Tuple[str, ...] = ("auto", "cpu", "cuda")
+#: The devices a split may run on: auto picks cuda when a device is usable, else cpu (the stand-in).
+DEVICES: Tuple[str, ...] = ("auto", "cpu", "cuda")
 
 
 def check_positive(values: Sequence[Tuple[str, Any]], integer: bool = True) -> None:
@@ -51,7 +51,7 @@ def check_positive(values: Sequence[Tuple[str, Any]], integer: bool = True) -> N
 
 
 def check_run_options(type_kv: str, head_dim: int, n_head: int, n_head_kv: int, policies: Sequence[str],
-                      backend: str) -> None:
+                      device: str) -> None:
     """Check the options the decode benchmark and the hash gate share.
 
     Parameters
@@ -62,8 +62,8 @@ def check_run_options(type_kv: str, head_dim: int, n_head: int, n_head_kv: int, 
         Values per head, query heads, KV heads.
     policies : sequence of str
         Copy policies to run, each of `POLICIES`, none twice.
-    backend : str
-        The split's backend, one of `SPLIT_BACKENDS`.
+    device : str
+        Where the split runs, one of `DEVICES`.
 
     Raises
     ------
@@ -83,8 +83,8 @@ def check_run_options(type_kv: str, head_dim: int, n_head: int, n_head_kv: int, 
             raise InvalidArgumentError(f"--policy {p!r}: known policies are {', '.join(POLICIES)}")
     if len(set(policies)) != len(policies):
         raise InvalidArgumentError(f"--policy lists a policy twice: {','.join(policies)}")
-    if backend not in SPLIT_BACKENDS:
-        raise InvalidArgumentError(f"--backend {backend!r}: auto, cpu or cuda")
+    if device not in DEVICES:
+        raise InvalidArgumentError(f"--device {device!r}: auto, cpu or cuda")
 
 
 def check_streams(n_ctx: int, npl: int) -> None:
@@ -197,7 +197,7 @@ class RunConfig(Protocol):
     """What start_run needs of a verb's configuration."""
 
     @property
-    def backend(self) -> str: ...
+    def device(self) -> str: ...
 
     def check(self) -> None: ...
 
@@ -212,7 +212,7 @@ def start_run(cfg: RunConfig) -> Backend:
     Returns
     -------
     Backend
-        split_backend(cfg.backend).
+        split_backend(cfg.device).
 
     Raises
     ------
@@ -222,7 +222,7 @@ def start_run(cfg: RunConfig) -> Backend:
         When the split backend cannot be made.
     """
     cfg.check()
-    return split_backend(cfg.backend)
+    return split_backend(cfg.device)
 
 
 def split_backend(name: str) -> Backend:
@@ -250,7 +250,7 @@ def split_backend(name: str) -> Backend:
         return CUDABackend()
     if name in ("auto", "cpu"):
         return StandinBackend()
-    raise InvalidArgumentError(f"--backend {name!r}: auto, cpu or cuda")
+    raise InvalidArgumentError(f"--device {name!r}: auto, cpu or cuda")
 
 
 def random_rows(type_: Type, cells: int, n_embd: int, seed: Sequence[int]) -> bytes:

@@ -15,7 +15,8 @@ from ..backend import DummyBackend
 from ..copy_path import bytes_read
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..kv import KVCache
-from ..plan import Copy2D, cost_model, explain_tensor, flat_cost, plan_cost, plan_of, plan_pays
+from ..plan import Copy2D, explain_tensor, flat_cost, plan_cost, plan_of, plan_pays
+from ..plan import cost_model as model_named
 from ..types import to_type
 from .common import JsonRecord, check_positive, check_streams, n_kv_for
 
@@ -25,7 +26,7 @@ __all__ = ["WindowPlan", "window_plan"]
 @dataclass(frozen=True)
 class WindowPlan(JsonRecord):
     """The plan of one KV-cache window (the JSON output, key for key). Offsets are bytes from
-    the first byte of the layer's K or V tensor; costs are microseconds by the backend's model;
+    the first byte of the layer's K or V tensor; costs are microseconds by the cost model named;
     choice is what the plan copy policy takes there ("plan" or "flat")."""
 
     which: str
@@ -48,7 +49,7 @@ class WindowPlan(JsonRecord):
     n_copies: int
     copies: List[Dict[str, int]]
     bytes_moved_plan: int
-    backend: str
+    cost_model: str
     cost_plan_us: float
     cost_flat_us: float
     choice: str
@@ -57,7 +58,7 @@ class WindowPlan(JsonRecord):
 
 def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: str = "f16", head_dim: int = 128,
                 n_head_kv: int = 8, v_trans: bool = False, which: str = "k", streams: Optional[Tuple[int, int]] = None,
-                backend: str = "gpu") -> WindowPlan:
+                cost_model: str = "gpu") -> WindowPlan:
     """The copy plan of a KV-cache window, what it moves, what it costs, and why (a dry run).
 
     Parameters
@@ -79,7 +80,7 @@ def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: st
         "k" or "v".
     streams : (int, int), optional
         The first and last stream read (default all).
-    backend : str, optional
+    cost_model : str, optional
         "cpu" or "gpu": whose cost model decides plan or flat.
 
     Returns
@@ -98,8 +99,8 @@ def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: st
     check_streams(n_ctx, npl)
     if which not in ("k", "v"):
         raise InvalidArgumentError(f"--which is k or v, not {which!r}")
-    if backend not in ("cpu", "gpu"):
-        raise InvalidArgumentError(f"--backend is cpu or gpu, not {backend!r}")
+    if cost_model not in ("cpu", "gpu"):
+        raise InvalidArgumentError(f"--cost-model is cpu or gpu, not {cost_model!r}")
     s0, s1 = streams if streams is not None else (0, npl - 1)
     if not 0 <= s0 <= s1 < npl:
         raise InvalidArgumentError(f"--stream {s0}-{s1}: streams are 0..{npl - 1} and s0 <= s1")
@@ -109,7 +110,7 @@ def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: st
     kv = KVCache(ty, ty, head_dim, n_head_kv, n_ctx, npl, v_trans=v_trans, backend=DummyBackend(is_host=True))
     k, v = kv.window(0, n_kv, s0, s1)
     t = k if which == "k" else v
-    model = cost_model(backend)
+    model = model_named(cost_model)
     try:
         copies: List[Copy2D] = plan_of(t)
         plannable = True
@@ -122,6 +123,6 @@ def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: st
         streams=[s0, s1], head_dim=head_dim, n_head_kv=n_head_kv, ne=list(t.ne), nb=list(t.nb), offset=t.offset,
         nbytes=span, bytes_read=read, span_read_ratio=span / read if read else 1.0, plannable=plannable,
         n_copies=len(copies), copies=[c._asdict() for c in copies], bytes_moved_plan=sum(c.nbytes for c in copies),
-        backend=backend, cost_plan_us=plan_cost(copies, model) * 1e6 if plannable else float("nan"),
+        cost_model=cost_model, cost_plan_us=plan_cost(copies, model) * 1e6 if plannable else float("nan"),
         cost_flat_us=flat_cost(span, model) * 1e6, choice="plan" if pays else "flat",
         explanation=explain_tensor(t).text)

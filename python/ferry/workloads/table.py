@@ -62,7 +62,7 @@ def window_stats(n_ctx: int, npl: int, n_kv: int, type_k: TypeLike = "q8_0", hea
     stats = {}
     for policy in ("flat", "ranges"):
         sched = Scheduler([split, host], policy=policy)
-        sched.pin(out, split)
+        sched.assign(out, split)
         sched.compute(graph)
         stats[policy] = sched.stats
         sched.close()

@@ -63,7 +63,7 @@ class ValidateConfig:
     head_dim: int = 64
     n_head_kv: int = 2
     policies: Tuple[str, ...] = POLICIES
-    backend: str = "auto"
+    device: str = "auto"
     seed: int = 0
     compact: bool = False  # also hash each non-flat policy with compact staging
     pad: int = 1  # a wave's n_kv is its longest sequence rounded up to this (at most kv_size)
@@ -82,7 +82,7 @@ class ValidateConfig:
         if self.kv_size < 2 * self.n_step + 2:
             raise InvalidArgumentError(f"--cells {self.kv_size}: a stream needs at least 2 * --steps + 2 = "
                                        f"{2 * self.n_step + 2} cells (prompts of different lengths, then the steps)")
-        check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.backend)
+        check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
 
     @property
     def n_embd(self) -> int:
