@@ -62,3 +62,9 @@ void * ferry_zalloc(size_t size, const char * what) {
     }
     return p;
 }
+
+ferry_status ferry_new_zeroed(size_t size, const char * what, void ** out) {
+    void * p = ferry_zalloc(size, what);
+    *out = p ? p : *out;
+    return p ? FERRY_OK : FERRY_ERR_OUT_OF_MEMORY;
+}

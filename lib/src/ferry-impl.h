@@ -36,6 +36,8 @@ static inline bool ferry_mul_ok(size_t a, size_t b, size_t * out) { return !__bu
 /* size zeroed bytes, or NULL with FERRY_ERR_OUT_OF_MEMORY "<what>: out of memory" recorded
  * (error.c). */
 void * ferry_zalloc(size_t size, const char * what);
+/* A constructor's zeroed object into *out; on failure OUT_OF_MEMORY, *out as it was. */
+ferry_status ferry_new_zeroed(size_t size, const char * what, void ** out);
 
 /* The host's monotonic clock, in seconds: every time ferry measures (event.c). */
 double ferry_now_seconds(void);

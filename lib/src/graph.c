@@ -97,9 +97,7 @@ static ferry_status push(ferry_tensor *** list, int * n, size_t * cap, ferry_ten
 
 ferry_status ferry_graph_new(ferry_graph ** out) {
     FERRY_CHECK_ARG(out, "graph_new: NULL output");
-    ferry_graph * g = ferry_zalloc(sizeof(*g), "graph_new");
-    *out = g ? g : *out;
-    return g ? FERRY_OK : FERRY_ERR_OUT_OF_MEMORY;
+    return ferry_new_zeroed(sizeof(**out), "graph_new", (void **) out);
 }
 
 void ferry_graph_free(ferry_graph * graph) {

@@ -12,9 +12,7 @@ struct ferry_context {
 
 ferry_status ferry_context_new(ferry_context ** out) {
     FERRY_CHECK_ARG(out, "context_new: NULL output");
-    ferry_context * ctx = ferry_zalloc(sizeof(*ctx), "context_new");
-    *out = ctx ? ctx : *out;
-    return ctx ? FERRY_OK : FERRY_ERR_OUT_OF_MEMORY;
+    return ferry_new_zeroed(sizeof(**out), "context_new", (void **) out);
 }
 
 void ferry_context_free(ferry_context * ctx) {
