@@ -67,7 +67,7 @@ from .plan import (
     plan_pays,
 )
 from .policy import CopyPolicy
-from .quant import dequantize, quantize
+from .quant import dequantize, pack_blocks, quantize
 from .sched import Input, Scheduler, Split
 from .stats import KINDS, CopyStats, SchedStats, Stats
 from .step import StepGraph, StepOutputs, attention_step, step_graph
@@ -101,7 +101,7 @@ __all__ = [
     "FerryError", "InvalidArgumentError", "OutOfBoundsError", "NotAllocatedError", "LayoutError",
     "UnknownTypeError", "FreedBufferError", "OutOfMemoryError", "UnsupportedError", "BackendError",
     # element types and values
-    "Type", "to_type", "row_size", "numpy_dtype", "type_from_dtype", "quantize", "dequantize",
+    "Type", "to_type", "row_size", "numpy_dtype", "type_from_dtype", "quantize", "dequantize", "pack_blocks",
     # counters
     "Stats", "KINDS", "CopyStats", "SchedStats",
     # tensors and their memory

@@ -168,7 +168,7 @@ def test_pack_blocks_reads_back_as_q_times_scale(type: str) -> None:
     lo, hi = (-128, 128) if type == "q8_0" else (-8, 8)
     q = rng.integers(lo, hi, size=(3, 64))
     scales = rng.uniform(0.01, 0.1, size=(3, 2)).astype(np.float16)
-    packed = ferry.quant.pack_blocks(scales, q, type)
+    packed = ferry.pack_blocks(scales, q, type)
     assert packed.nbytes == 6 * ferry.to_type(type).size
     expected = (q.reshape(6, 32) * scales.reshape(6, 1).astype(np.float32)).reshape(-1)
     assert (ferry.dequantize(packed, type) == expected.astype(np.float32)).all()
@@ -177,12 +177,12 @@ def test_pack_blocks_reads_back_as_q_times_scale(type: str) -> None:
 def test_pack_blocks_refusals() -> None:
     q = np.zeros(64, np.int64)
     with pytest.raises(ferry.InvalidArgumentError, match="1 scales for 2 blocks"):
-        ferry.quant.pack_blocks([1.0], q, "q8_0")
+        ferry.pack_blocks([1.0], q, "q8_0")
     with pytest.raises(ferry.InvalidArgumentError, match="8 bits"):
-        ferry.quant.pack_blocks([1.0, 1.0], q + 200, "q8_0")
+        ferry.pack_blocks([1.0, 1.0], q + 200, "q8_0")
     with pytest.raises(ferry.InvalidArgumentError, match="-8..7"):
-        ferry.quant.pack_blocks([1.0, 1.0], q + 8, "q4_0")
+        ferry.pack_blocks([1.0, 1.0], q + 8, "q4_0")
     with pytest.raises(ferry.LayoutError):
-        ferry.quant.pack_blocks([1.0], q[:40], "q8_0")
+        ferry.pack_blocks([1.0], q[:40], "q8_0")
     with pytest.raises(ferry.UnsupportedError, match="not a block type"):
-        ferry.quant.pack_blocks([1.0], q, "f16")
+        ferry.pack_blocks([1.0], q, "f16")
