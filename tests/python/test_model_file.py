@@ -20,7 +20,8 @@ gguf = pytest.importorskip("gguf")
 
 def write_gguf(path: Path, arch: str, blocks: int, ctx: int, embd: int, heads: Union[int, Sequence[int]],
                heads_kv: Union[int, Sequence[int], None] = None, key_length: Optional[int] = None,
-               value_length: Optional[int] = None) -> Path:
+               value_length: Optional[int] = None, sliding_window: Optional[int] = None,
+               swa_pattern: Union[int, Sequence[bool], None] = None) -> Path:
     """A metadata-only GGUF file: the architecture and its attention hyperparameters, no tensors."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(blocks)
@@ -33,6 +34,10 @@ def write_gguf(path: Path, arch: str, blocks: int, ctx: int, embd: int, heads: U
         w.add_key_length(key_length)
     if value_length is not None:
         w.add_value_length(value_length)
+    if sliding_window is not None:
+        w.add_sliding_window(sliding_window)
+    if swa_pattern is not None:
+        w.add_sliding_window_pattern(swa_pattern)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.close()
@@ -79,6 +84,49 @@ def test_per_layer_kv_heads_take_the_widest_and_count_layers_with_a_cache(tmp_pa
     g = read_model_geometry(write_gguf(tmp_path / "mixed.gguf", "openelm", blocks=4, ctx=512, embd=256,
                                        heads=[4, 4, 8, 8], heads_kv=[1, 0, 2, 2], key_length=32, value_length=32))
     assert (g.n_layer, g.n_head, g.n_head_kv, g.n_head_kv_per_layer) == (3, 8, 2, (1, 0, 2, 2))
+
+
+def test_gemma2_slides_on_the_even_layers(tmp_path: Path) -> None:
+    g = read_model_geometry(write_gguf(tmp_path / "g2.gguf", "gemma2", blocks=5, ctx=1024, embd=256, heads=4,
+                                       heads_kv=2, sliding_window=64))
+    assert g.sliding_window_per_layer == (64, None, 64, None, 64)
+    assert g.layer_windows() == [64, None, 64, None, 64]
+    assert g.as_dict()["sliding_window_per_layer"] == [64, None, 64, None, 64]
+
+
+def test_gemma3_slides_five_layers_then_one_full(tmp_path: Path) -> None:
+    g = read_model_geometry(write_gguf(tmp_path / "g3.gguf", "gemma3", blocks=8, ctx=1024, embd=256, heads=4,
+                                       heads_kv=2, sliding_window=512))
+    assert g.sliding_window_per_layer == (512,) * 5 + (None, 512, 512)
+
+
+@pytest.mark.parametrize("arch,window,pattern,blocks,expected", [
+    ("cohere2", 32, None, 5, (32, 32, 32, None, 32)),
+    ("llama4", None, None, 4, (8192, 8192, 8192, None)),  # chunked, llama.cpp's 8192 chunk
+    ("llama4", 0, None, 4, ()),  # 0 turns chunking off
+    ("mistral", 32, None, 2, (32, 32)),  # a window and no rule: every layer
+    ("gemma3", 32, 3, 4, (32, 32, None, 32)),  # the file's period wins over the architecture's
+    ("gemma2", 32, [False, True, True], 3, (None, 32, 32)),  # a flag per layer
+    ("gemma2", None, None, 2, ()),  # no window: no sliding layer
+])
+def test_sliding_window_rules(tmp_path: Path, arch: str, window: Optional[int], pattern: Any, blocks: int,
+                              expected: tuple) -> None:
+    g = read_model_geometry(write_gguf(tmp_path / "m.gguf", arch, blocks=blocks, ctx=1024, embd=256, heads=4,
+                                       heads_kv=2, sliding_window=window, swa_pattern=pattern))
+    assert g.sliding_window_per_layer == expected
+
+
+def test_sliding_layers_without_kv_heads_are_left_out(tmp_path: Path) -> None:
+    g = read_model_geometry(write_gguf(tmp_path / "m.gguf", "gemma2", blocks=4, ctx=1024, embd=256, heads=4,
+                                       heads_kv=[2, 2, 0, 2], sliding_window=16))
+    assert g.layer_windows() == [16, None, None]
+
+
+def test_bad_sliding_pattern_raises(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf", "gemma2", blocks=3, ctx=1024, embd=256, heads=4, sliding_window=16,
+                      swa_pattern=[True, False])
+    with pytest.raises(ferry.InvalidArgumentError, match="sliding_window_pattern gives 2 values for 3 blocks"):
+        read_model_geometry(path)
 
 
 def test_bad_files_raise_invalid_argument(tmp_path: Path) -> None:
@@ -175,3 +223,76 @@ def test_a_file_that_is_no_model_exits_2(verb: str, tmp_path: Path, capsys: pyte
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "not a readable GGUF file" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- layers of different sizes on the verbs
+
+
+@pytest.fixture
+def gemma3(tmp_path: Path) -> Path:
+    """7 blocks: 0-4 and 6 slide over 100 cells, 5 is full; K rows of 64 * 2 f16 values (256 bytes)."""
+    return write_gguf(tmp_path / "tiny-gemma3.gguf", "gemma3", blocks=7, ctx=4096, embd=512, heads=4, heads_kv=2,
+                      key_length=64, value_length=64, sliding_window=100)
+
+
+def expected_bytes(g: ModelGeometry, npl: int, n_kv: int) -> Dict[str, int]:
+    """Per layer: cells * row bytes, summed. A layer reads n_kv cells per stream (a sliding one at most
+    its window + the decode step's new cell); flat copies every stream's whole size but the last's tail."""
+    row = g.head_dim_k * g.n_head_kv * 2
+    kv_size = g.n_ctx // npl
+    read = flat = 0
+    for w in g.sliding_window_per_layer:
+        held = kv_size if w is None else min(w + 1, kv_size)
+        reads = min(held, n_kv)
+        read += npl * reads * row
+        flat += ((npl - 1) * held + reads) * row
+    return {"bytes_read": read, "bytes_copied_flat": flat, "bytes_copied_ranges": read}
+
+
+def test_table_counts_each_layer_at_its_own_size(gemma3: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    g = read_model_geometry(gemma3)
+    shape = ["-npl", "2,4", "-npp", "300", "-ntg", "28", "--type", "f16"]
+    rows = json.loads(run(capsys, ["table", "--model", str(gemma3), "--json"] + shape))
+    for r, npl in zip(rows, (2, 4)):
+        assert {k: r[k] for k in ("bytes_read", "bytes_copied_flat", "bytes_copied_ranges")} == \
+            expected_bytes(g, npl, 328)
+        assert [(k["kind"], k["window"], k["n_layer"], k["kv_size"], k["n_kv"]) for k in r["layers"]] == [
+            ("full", None, 1, 4096 // npl, 328), ("sliding", 100, 6, 101, 101)]
+        assert sum(k["bytes_read"] for k in r["layers"]) == r["bytes_read"] == r["cells_read"] * 256
+    text = run(capsys, ["table", "--model", str(gemma3)] + shape)
+    all_rows = [line.split() for line in text.splitlines() if " all " in line]
+    assert [[int(x.replace(",", "")) for x in line[-3:]] for line in all_rows] == [
+        list(expected_bytes(g, npl, 328).values()) for npl in (2, 4)]
+    by_hand = run(capsys, ["table", "-c", "4096", "--head-dim", "64", "--kv-heads", "2", "--swa-window", "100",
+                           "--swa-layers", "sssssfs"] + shape)
+    assert by_hand == text
+
+
+def test_plan_plans_each_layer_kind_at_its_own_size(gemma3: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plans = json.loads(run(capsys, ["plan", "--model", str(gemma3), "-npl", "2", "-npp", "300", "-ntg", "28",
+                                    "--type", "f16", "--json"]))
+    assert [(p["sliding_window"], p["n_layer"], p["kv_size"], p["n_kv"], p["bytes_read"]) for p in plans] == [
+        (None, 1, 2048, 328, 2 * 328 * 256), (100, 6, 101, 101, 2 * 101 * 256)]
+    g = read_model_geometry(gemma3)
+    assert sum(p["n_layer"] * p["bytes_read"] for p in plans) == expected_bytes(g, 2, 328)["bytes_read"]
+    text = run(capsys, ["plan", "--model", str(gemma3), "-npl", "2", "-npp", "300", "-ntg", "28", "--type", "f16"])
+    assert "6 sliding layers (window 100):" in text and "over its 6 layers: read 310,272 B" in text
+    llama = json.loads(run(capsys, ["plan", "-c", "4096", "-npl", "2", "--json"]))
+    assert "n_layer" not in llama[0] and "sliding_window" not in llama[0]
+
+
+def test_a_model_without_sliding_layers_prints_what_it_did(llama: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = json.loads(run(capsys, ["table", "--model", str(llama), "--json"]))
+    assert all(sorted(r) == ["cells_copied_flat", "cells_copied_ranges", "cells_read", "npl", "ratio"] for r in rows)
+    text = run(capsys, ["table", "--model", str(llama)])
+    assert text == run(capsys, ["table", "-c", "2048", "--head-dim", "64", "--kv-heads", "2"])
+    assert "layers" not in text
+
+
+def test_swa_options_go_together(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["table", "--swa-window", "64"])
+    assert e.value.code == 2 and "give both or neither" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["table", "--swa-window", "64", "--swa-layers", "sx"])
+    assert e.value.code == 2 and "s (sliding) or f (full)" in capsys.readouterr().err

@@ -8,6 +8,9 @@ shape (-c, -npl, -npp, -ntg, --pad) and the KV geometry (--type, --head-dim, --k
 --model FILE.gguf fills the KV geometry from a model's metadata (ferry.workloads.model_file). An option
 given on the command line beside it wins over the file: `--model m.gguf -c 4096` reads
 everything else from the file.
+
+The dry runs (table, plan) also take the model's sliding-window layers from --model, or by hand
+with --swa-window W --swa-layers PATTERN (one letter per layer: s sliding, f full).
 """
 
 from __future__ import annotations
@@ -190,6 +193,42 @@ def add_kv_args(p: argparse.ArgumentParser, run: bool) -> None:
     p.add_argument("--model", metavar="FILE.gguf",
                    help="read the KV geometry from a model's GGUF metadata; options given beside it win "
                         "(needs the gguf package)")
+
+
+def swa_pattern(text: str) -> List[bool]:
+    """An argparse type: one letter per layer, s (sliding) or f (full), as a list of "slides" flags;
+    ArgumentTypeError for another letter or none."""
+    letters = text.strip().lower()
+    if not letters or set(letters) - {"s", "f"}:
+        raise argparse.ArgumentTypeError(f"expected one letter per layer, s (sliding) or f (full), got {text!r}")
+    return [c == "s" for c in letters]
+
+
+def add_swa_args(p: argparse.ArgumentParser) -> None:
+    """Add --swa-window and --swa-layers (sliding-window layers by hand) to a dry run's parser p."""
+    p.add_argument("--swa-window", type=POSITIVE, metavar="W",
+                   help="sliding window in cells of the layers --swa-layers marks s (overrides --model's)")
+    p.add_argument("--swa-layers", type=swa_pattern, metavar="PATTERN",
+                   help="one letter per layer: s sliding, f full (e.g. sssssf); with --swa-window")
+
+
+def layer_windows(args: argparse.Namespace, g: Optional[ModelGeometry]) -> Optional[List[Optional[int]]]:
+    """Each layer's sliding window (None: full) from --swa-window/--swa-layers, else from the model g;
+    None when neither gives a sliding layer.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For one of --swa-window and --swa-layers without the other.
+    """
+    window, pattern = getattr(args, "swa_window", None), getattr(args, "swa_layers", None)
+    if (window is None) != (pattern is None):
+        raise InvalidArgumentError("--swa-window and --swa-layers go together: give both or neither")
+    if window is not None and pattern is not None:
+        return [window if slides else None for slides in pattern]
+    if g is not None and g.sliding_window_per_layer:
+        return g.layer_windows()
+    return None
 
 
 def add_policy_arg(p: argparse.ArgumentParser, what: str) -> None:

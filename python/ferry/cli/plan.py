@@ -1,17 +1,27 @@
 """`ferry plan`: the copy plan of a KV-cache window, what it moves, what it costs, and why.
 
 One plan per number of sequences (-npl 1: a unified cache). --model reads -c (the model's
-context length), --head-dim (K's, or V's with --which v) and --kv-heads from a GGUF file."""
+context length), --head-dim (K's, or V's with --which v) and --kv-heads from a GGUF file, and
+which layers slide and their window: with sliding layers, one plan per layer kind, each over a
+cache of that kind's size, with the bytes of all its layers."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 from ..errors import FerryError
 from ..workloads.plan import WindowPlan, window_plan
-from .options import add_kv_args, add_shape_args, add_verb_parser, apply_model, stream_range
+from .options import (
+    add_kv_args,
+    add_shape_args,
+    add_swa_args,
+    add_verb_parser,
+    apply_model,
+    layer_windows,
+    stream_range,
+)
 from .text_table import format_table
 
 #: Every failure of this verb comes from its arguments: reported as a usage error (exit 2).
@@ -27,6 +37,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                          __doc__, "ferry plan -c 32768 -npl 1 -npp 2048 -ntg 128 --v-trans --which v")
     add_shape_args(pp)
     add_kv_args(pp, run=False)
+    add_swa_args(pp)
     pp.add_argument("--v-trans", action="store_true", help="V stored transposed (flash attention off)")
     pp.add_argument("--which", choices=("k", "v"), default="k", help="the K or the V window (default k)")
     pp.add_argument("--stream", type=stream_range, metavar="S0-S1", help="streams read (default all)")
@@ -59,7 +70,27 @@ def format_plan(p: WindowPlan) -> str:
         lines.append(f"  cost ({p.cost_model} model): plan {p.cost_plan_us:,.1f} µs, flat {p.cost_flat_us:,.1f} µs "
                      f"-> {p.choice}")
     lines.append(f"  why: {p.explanation}")
+    if p.n_layer is not None:
+        plural = "" if p.n_layer == 1 else "s"
+        kind = f"full layer{plural}" if p.sliding_window is None else \
+            f"sliding layer{plural} (window {p.sliding_window:,})"
+        moved = p.bytes_moved_plan if p.choice == "plan" else p.nbytes
+        lines.insert(0, f"{p.n_layer} {kind}:")
+        lines.append(f"  over its {p.n_layer} layer{plural}: read {p.n_layer * p.bytes_read:,} B, "
+                     f"the plan policy moves {p.n_layer * moved:,} B")
     return "\n".join(lines)
+
+
+def layer_kinds(windows: Optional[List[Optional[int]]]) -> List[Dict[str, Optional[int]]]:
+    """window_plan's window and n_layer per kind of layer: full first, then each window in increasing
+    order; one entry of neither without layers of different sizes."""
+    if windows is None:
+        return [{}]
+    counts: Dict[Optional[int], int] = {}
+    for w in windows:
+        counts[w] = counts.get(w, 0) + 1
+    return [{"window": w, "n_layer": n} for w, n in sorted(counts.items(), key=lambda kv: -1 if kv[0] is None
+                                                             else kv[0])]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -67,11 +98,13 @@ def main(args: argparse.Namespace) -> int:
     -npl. Returns the exit status 0; a FerryError for values the dry run refuses, or a --model file
     that cannot be read (a usage error).
     """
-    apply_model(args, {"c": lambda g: g.n_ctx, "kv_heads": lambda g: g.n_head_kv,
-                       "head_dim": lambda g: g.head_dim_v if args.which == "v" else g.head_dim_k})
+    g = apply_model(args, {"c": lambda g: g.n_ctx, "kv_heads": lambda g: g.n_head_kv,
+                           "head_dim": lambda g: g.head_dim_v if args.which == "v" else g.head_dim_k})
+    kinds = layer_kinds(layer_windows(args, g))
     plans = [window_plan(args.c, npl, args.npp, args.ntg, pad=args.pad, type=args.type, head_dim=args.head_dim,
                          n_head_kv=args.kv_heads, v_trans=args.v_trans, which=args.which, streams=args.stream,
-                         cost_model=args.cost_model) for npl in args.npl]
+                         cost_model=args.cost_model, window=kind.get("window"),
+                         n_layer=kind.get("n_layer")) for npl in args.npl for kind in kinds]
     print(json.dumps([p.as_dict() for p in plans], indent=2) if args.json
           else "\n\n".join(format_plan(p) for p in plans))
     return 0

@@ -11,6 +11,25 @@ the same width, so it takes the widest layer's count, and counts as layers only 
 KV heads: a layer with none (a recurrent or attention-free block) holds no cache. The
 per-layer counts stay in ModelGeometry.n_head_kv_per_layer.
 
+Sliding-window layers. `{arch}.attention.sliding_window` (gguf's Keys.Attention.SLIDING_WINDOW)
+gives the window W in cells; absent or 0, no layer slides (llama4 excepted, below). Which layers
+slide comes from `{arch}.attention.sliding_window_pattern` (Keys.Attention.SLIDING_WINDOW_PATTERN)
+when the file has it: an array of one bool per block (true: sliding), or a period P, under which
+block i slides when i % P < P - 1 (P - 1 sliding blocks then one full; P = 0: every block slides),
+as llama.cpp reads it. Without that key the architecture's own rule, as llama.cpp hard-codes it:
+
+- gemma2, gpt-oss: period 2, the even blocks slide (0, 2, 4, ...), the odd ones are full;
+- gemma3: period 6, blocks 0-4 slide, block 5 is full, and so on;
+- gemma3n: period 5; cohere2: period 4 (three sliding blocks, then one full);
+- llama4: chunked attention in period 4 (three chunked blocks, then one full). A chunked block
+  reads from the start of its chunk, at most W cells, so it counts as a sliding block of W. W is
+  8192 when the file has no sliding_window (llama.cpp's value); 0 turns chunking off;
+- any other architecture with a window: every block slides.
+
+A sliding block holds its window plus the cells a batch adds (llama.cpp sizes its SWA cache
+W + n_ubatch); ferry's dry runs count a decode step, which adds one cell per sequence.
+ModelGeometry.sliding_window_per_layer gives each block's window, None for a full block.
+
 The file is read with `gguf`, the format's own Python package, imported only when a file is
 read: `import ferry` does not need it.
 """
@@ -19,7 +38,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import InvalidArgumentError, UnsupportedError
 
@@ -46,6 +65,9 @@ class ModelGeometry:
         The context length the model was trained for.
     n_head_kv_per_layer : tuple of int
         KV heads of each block, as the file gives them (one value repeated when it gives one).
+    sliding_window_per_layer : tuple of (int or None)
+        Each block's sliding window in cells, None for a full-attention block; empty when no
+        block slides.
     """
 
     path: str
@@ -57,13 +79,98 @@ class ModelGeometry:
     head_dim_v: int
     n_ctx: int
     n_head_kv_per_layer: Tuple[int, ...]
+    sliding_window_per_layer: Tuple[Optional[int], ...] = ()
+
+    def layer_windows(self) -> List[Optional[int]]:
+        """The sliding window of each layer that holds K and V (blocks without KV heads left out),
+        None for a full-attention layer."""
+        windows = self.sliding_window_per_layer or (None,) * len(self.n_head_kv_per_layer)
+        return [w for w, h in zip(windows, self.n_head_kv_per_layer) if h > 0]
 
     def as_dict(self) -> Dict[str, object]:
         """The geometry as a JSON object."""
         return {"path": self.path, "architecture": self.architecture, "n_layer": self.n_layer,
                 "n_head": self.n_head, "n_head_kv": self.n_head_kv, "head_dim_k": self.head_dim_k,
                 "head_dim_v": self.head_dim_v, "n_ctx": self.n_ctx,
-                "n_head_kv_per_layer": list(self.n_head_kv_per_layer)}
+                "n_head_kv_per_layer": list(self.n_head_kv_per_layer),
+                "sliding_window_per_layer": list(self.sliding_window_per_layer)}
+
+
+#: Sliding-window period per architecture when the file gives no sliding_window_pattern: block i
+#: slides when i % period < period - 1 (llama.cpp's rule).
+SWA_PERIOD: Dict[str, int] = {"gemma2": 2, "gpt-oss": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "llama4": 4}
+#: llama4's chunk when the file names none.
+LLAMA4_CHUNK = 8192
+
+
+def sliding_blocks(pattern: Any, n_block: int, key: str, path: str) -> List[bool]:
+    """Which blocks slide under a sliding_window_pattern value.
+
+    Parameters
+    ----------
+    pattern : int or sequence of bool
+        A period P (block i slides when i % P < P - 1; P = 0: every block) or one flag per block.
+    n_block : int
+    key, path : str
+        For messages.
+
+    Returns
+    -------
+    list of bool
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an array whose length is not n_block, or a negative period.
+    """
+    if isinstance(pattern, (list, tuple)):
+        if len(pattern) != n_block:
+            raise InvalidArgumentError(f"{path}: {key} gives {len(pattern)} values for {n_block} blocks")
+        return [bool(v) for v in pattern]
+    period = int(pattern)
+    if period < 0:
+        raise InvalidArgumentError(f"{path}: {key} is {period}")
+    return [period == 0 or i % period < period - 1 for i in range(n_block)]
+
+
+def _sliding_windows(arch: str, window: Optional[Any], pattern: Optional[Any], n_block: int,
+                     path: str) -> Tuple[Optional[int], ...]:
+    """Each block's window (None: full), or () when no block slides; the module docstring gives the rule."""
+    if window is None and arch == "llama4":
+        window = LLAMA4_CHUNK
+    w = 0 if window is None else int(window)
+    if w < 0:
+        raise InvalidArgumentError(f"{path}: {arch}.attention.sliding_window is {w}")
+    if w == 0:
+        return ()
+    if pattern is not None:
+        slides = sliding_blocks(pattern, n_block, f"{arch}.attention.sliding_window_pattern", path)
+    else:
+        slides = sliding_blocks(SWA_PERIOD.get(arch, 0), n_block, "", path)
+    windows: Tuple[Optional[int], ...] = tuple(w if s else None for s in slides)
+    return windows if any(s is not None for s in windows) else ()
+
+
+def layer_sizes(windows: Sequence[Optional[int]], n_kv: int, kv_size: int, n_new: int = 1) -> List[int]:
+    """Cells per stream each layer reads in a step: a full layer n_kv, a sliding layer of window W
+    min(W + n_new, n_kv).
+
+    Parameters
+    ----------
+    windows : sequence of (int or None)
+        Each layer's window, None for full attention.
+    n_kv : int
+        Cells a full layer's window reads per stream.
+    kv_size : int
+        Cells in a stream: a sliding layer never holds more.
+    n_new : int, optional
+        Cells the step adds per stream (decode: 1 per sequence).
+
+    Returns
+    -------
+    list of int
+    """
+    return [n_kv if w is None else min(w + n_new, n_kv, kv_size) for w in windows]
 
 
 def _import_gguf() -> Any:
@@ -148,7 +255,10 @@ def read_model_geometry(path: "str | os.PathLike[str]") -> ModelGeometry:
     geometry = ModelGeometry(path=name, architecture=arch, n_layer=sum(1 for h in heads_kv if h > 0),
                              n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_dim("key_length"),
                              head_dim_v=head_dim("value_length"), n_ctx=int(need(f"{arch}.context_length")),
-                             n_head_kv_per_layer=heads_kv)
+                             n_head_kv_per_layer=heads_kv,
+                             sliding_window_per_layer=_sliding_windows(
+                                 arch, get(f"{arch}.attention.sliding_window"),
+                                 get(f"{arch}.attention.sliding_window_pattern"), n_block, name))
     for field in ("head_dim_k", "head_dim_v", "n_ctx"):
         if getattr(geometry, field) <= 0:
             raise InvalidArgumentError(f"{name}: {field} is {getattr(geometry, field)}")

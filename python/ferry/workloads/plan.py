@@ -4,12 +4,16 @@ Nothing is computed on real memory: the cache lives in synthetic host memory (a 
 with is_host, no memory behind it). The plan, bytes and costs come from the library
 (ferry_copy_plan, ferry_copy_plan_cost, ferry_copy_flat_cost, ferry_copy_plan_pays) as the plan
 copy policy uses them.
+
+A sliding-window layer of window W has a cache of its own size: each stream holds
+min(W + 1, kv_size) cells (its window and the cell a decode step adds) and the window reads at
+most that many.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..backend import DummyBackend
 from ..copy_path import bytes_read
@@ -19,6 +23,7 @@ from ..plan import Copy2D, explain_tensor, flat_cost, plan_cost, plan_of, plan_p
 from ..plan import cost_model as model_named
 from ..types import to_type
 from .common import JsonRecord, check_positive, check_streams, n_kv_for
+from .model_file import layer_sizes
 
 __all__ = ["WindowPlan", "window_plan"]
 
@@ -27,7 +32,9 @@ __all__ = ["WindowPlan", "window_plan"]
 class WindowPlan(JsonRecord):
     """The plan of one KV-cache window (the JSON output, key for key). Offsets are bytes from
     the first byte of the layer's K or V tensor; costs are microseconds by the cost model named;
-    choice is what the plan copy policy takes there ("plan" or "flat")."""
+    choice is what the plan copy policy takes there ("plan" or "flat"). For a model with layers of
+    different sizes, sliding_window is the layer's window (None: full attention) and n_layer the
+    layers of that kind; both are left out of as_dict() otherwise."""
 
     which: str
     type: str
@@ -54,11 +61,20 @@ class WindowPlan(JsonRecord):
     cost_flat_us: float
     choice: str
     explanation: str
+    sliding_window: Optional[int] = None
+    n_layer: Optional[int] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields by name; sliding_window and n_layer only for layers of different sizes."""
+        d = super().as_dict()
+        if self.n_layer is None:
+            del d["sliding_window"], d["n_layer"]
+        return d
 
 
 def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: str = "f16", head_dim: int = 128,
                 n_head_kv: int = 8, v_trans: bool = False, which: str = "k", streams: Optional[Tuple[int, int]] = None,
-                cost_model: str = "gpu") -> WindowPlan:
+                cost_model: str = "gpu", window: Optional[int] = None, n_layer: Optional[int] = None) -> WindowPlan:
     """The copy plan of a KV-cache window, what it moves, what it costs, and why (a dry run).
 
     Parameters
@@ -82,6 +98,11 @@ def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: st
         The first and last stream read (default all).
     cost_model : str, optional
         "cpu" or "gpu": whose cost model decides plan or flat.
+    window : int, optional
+        The layer's sliding window: its streams hold min(window + 1, kv_size) cells each (a
+        decode step adds one), and the window reads at most that. None: full attention.
+    n_layer : int, optional
+        Layers of this kind, recorded in the plan (for a model with layers of different sizes).
 
     Returns
     -------
@@ -104,9 +125,16 @@ def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: st
     s0, s1 = streams if streams is not None else (0, npl - 1)
     if not 0 <= s0 <= s1 < npl:
         raise InvalidArgumentError(f"--stream {s0}-{s1}: streams are 0..{npl - 1} and s0 <= s1")
+    if window is not None and window <= 0:
+        raise InvalidArgumentError(f"a sliding window must be positive, got {window}")
     ty = to_type(type)
     kv_size = n_ctx // npl
     n_kv = n_kv_for(npp, ntg, pad, kv_size)
+    if window is not None:
+        # a sliding layer's cache: its window and the decode step's new cell per stream
+        kv_size = min(window + 1, kv_size)
+        (n_kv,) = layer_sizes([window], n_kv, kv_size)
+        n_ctx = kv_size * npl
     kv = KVCache(ty, ty, head_dim, n_head_kv, n_ctx, npl, v_trans=v_trans, backend=DummyBackend(is_host=True))
     k, v = kv.window(0, n_kv, s0, s1)
     t = k if which == "k" else v
@@ -125,4 +153,4 @@ def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: st
         n_copies=len(copies), copies=[c._asdict() for c in copies], bytes_moved_plan=sum(c.nbytes for c in copies),
         cost_model=cost_model, cost_plan_us=plan_cost(copies, model) * 1e6 if plannable else float("nan"),
         cost_flat_us=flat_cost(span, model) * 1e6, choice="plan" if pays else "flat",
-        explanation=explain_tensor(t).text)
+        explanation=explain_tensor(t).text, sliding_window=window, n_layer=n_layer)

@@ -3,12 +3,17 @@
 Nothing is computed on real memory: the cache lives in synthetic host memory (a DummyBackend
 with is_host, no memory behind it) and the split in a synthetic device-like DummyBackend. The
 cells of `build_table` come from the scheduler's copy statistics, not from a formula.
+
+Layers of different sizes (a model with sliding-window layers): each distinct layer size gets
+its own dry run over a cache of its own size, a sliding layer of window W holding and reading
+min(W + 1, n_kv) cells per stream (the 1: the cell a decode step adds to each sequence). The
+figures then count every layer, each at its own size, per kind and over all layers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..backend import DummyBackend
 from ..errors import InvalidArgumentError
@@ -18,19 +23,59 @@ from ..ops import dup
 from ..sched import SchedStats, Scheduler
 from ..types import TypeLike, row_size, to_type
 from .common import JsonRecord, check_positive, check_streams, n_kv_for
+from .model_file import layer_sizes
 
-__all__ = ["TableRow", "build_table", "n_kv_for", "window_stats"]
+__all__ = ["LayerKindRow", "TableRow", "build_table", "n_kv_for", "window_stats"]
+
+#: Cells a decode step adds to each sequence's stream: what a sliding layer holds beyond its window.
+DECODE_NEW_CELLS = 1
+
+
+@dataclass(frozen=True)
+class LayerKindRow(JsonRecord):
+    """The layers of one kind at one number of sequences: cells and bytes over all of them.
+
+    kind is "full" or "sliding" (window its window); kv_size the cells per stream a layer holds,
+    n_kv the cells per stream it reads; cells and bytes count every layer of the kind.
+    """
+
+    kind: str
+    window: Optional[int]
+    n_layer: int
+    kv_size: int
+    n_kv: int
+    cells_read: int
+    cells_copied_flat: int
+    cells_copied_ranges: int
+    bytes_read: int
+    bytes_copied_flat: int
+    bytes_copied_ranges: int
 
 
 @dataclass(frozen=True)
 class TableRow(JsonRecord):
-    """One number of sequences: cells the graph reads, cells each policy copied, and flat / ranges."""
+    """One number of sequences: cells the graph reads, cells each policy copied, and flat / ranges.
+
+    Without layers of different sizes the cells are one layer's K window. With them, the cells
+    count every layer at its own size, bytes_* give the same in bytes and layers each kind's share;
+    those three are left out of as_dict() otherwise."""
 
     npl: int
     cells_read: int
     cells_copied_flat: int
     cells_copied_ranges: int
     ratio: float
+    bytes_read: Optional[int] = None
+    bytes_copied_flat: Optional[int] = None
+    bytes_copied_ranges: Optional[int] = None
+    layers: Optional[List[LayerKindRow]] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields by name; the per-layer ones only for layers of different sizes."""
+        d = {k: v for k, v in super().as_dict().items() if v is not None}
+        if self.layers is not None:
+            d["layers"] = [k.as_dict() for k in self.layers]
+        return d
 
 
 def window_stats(n_ctx: int, npl: int, n_kv: int, type_k: TypeLike = "q8_0", head_dim: int = 128,
@@ -69,8 +114,17 @@ def window_stats(n_ctx: int, npl: int, n_kv: int, type_k: TypeLike = "q8_0", hea
     return stats
 
 
+def _kinds(windows: Sequence[Optional[int]]) -> List[Tuple[Optional[int], int]]:
+    """(window, layers) of each distinct window, full (None) first, then the windows in increasing order."""
+    counts: Dict[Optional[int], int] = {}
+    for w in windows:
+        counts[w] = counts.get(w, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
+
+
 def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 1, type_k: TypeLike = "q8_0",
-                head_dim: int = 128, n_head_kv: int = 8) -> List[TableRow]:
+                head_dim: int = 128, n_head_kv: int = 8,
+                layer_windows: Optional[Sequence[Optional[int]]] = None) -> List[TableRow]:
     """Cells read and copied under flat and ranges, per number of sequences (a dry run).
 
     Parameters
@@ -85,6 +139,9 @@ def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 
         n_kv is rounded up to a multiple of this.
     type_k : Type, str or int, optional
     head_dim, n_head_kv : int, optional
+    layer_windows : sequence of (int or None), optional
+        Each layer's sliding window, None for a full-attention layer. With a sliding layer among
+        them the rows count every layer at its own size; otherwise (and by default) one layer.
 
     Returns
     -------
@@ -94,21 +151,43 @@ def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 
     Raises
     ------
     InvalidArgumentError
-        For values that are not positive, or an npl that does not divide n_ctx.
+        For values that are not positive, an npl that does not divide n_ctx, or a window that is
+        not positive.
     """
     check_positive((("-c", n_ctx), ("-npp", npp), ("--pad", pad), ("--head-dim", head_dim),
                     ("--kv-heads", n_head_kv)), integer=False)
     if ntg < 0:
         raise InvalidArgumentError(f"-ntg must not be negative, got {ntg}")
+    for w in layer_windows or ():
+        if w is not None and w <= 0:
+            raise InvalidArgumentError(f"a sliding window must be positive, got {w}")
+    mixed = layer_windows is not None and any(w is not None for w in layer_windows)
     row = row_size(to_type(type_k), head_dim * n_head_kv)
+
+    def cells(n_ctx_l: int, npl: int, n_kv: int) -> Tuple[int, int, int]:
+        st = window_stats(n_ctx_l, npl, n_kv, type_k, head_dim, n_head_kv)
+        if st["flat"].bytes_read != st["ranges"].bytes_read:
+            raise AssertionError("the two runs read different windows")
+        return st["ranges"].bytes_read // row, st["flat"].bytes_copied // row, st["ranges"].bytes_copied // row
+
     rows = []
     for npl in npls:
         check_streams(n_ctx, npl)
-        n_kv = n_kv_for(npp, ntg, pad, n_ctx // npl)
-        st = window_stats(n_ctx, npl, n_kv, type_k, head_dim, n_head_kv)
-        if st["flat"].bytes_read != st["ranges"].bytes_read:
-            raise AssertionError("the two runs read different windows")
-        read, flat, ranges = st["ranges"].bytes_read // row, st["flat"].bytes_copied // row, \
-            st["ranges"].bytes_copied // row
-        rows.append(TableRow(npl, read, flat, ranges, flat / ranges))
+        kv_size = n_ctx // npl
+        n_kv = n_kv_for(npp, ntg, pad, kv_size)
+        if not mixed:
+            read, flat, ranges = cells(n_ctx, npl, n_kv)
+            rows.append(TableRow(npl, read, flat, ranges, flat / ranges))
+            continue
+        kinds = []
+        for window, n_layer in _kinds(layer_windows or ()):
+            # a sliding layer holds its window and the step's new cells, never more than a stream
+            held = kv_size if window is None else min(window + DECODE_NEW_CELLS, kv_size)
+            (n_kv_l,) = layer_sizes([window], n_kv, kv_size, DECODE_NEW_CELLS)
+            read, flat, ranges = (n_layer * c for c in cells(npl * held, npl, n_kv_l))
+            kinds.append(LayerKindRow("full" if window is None else "sliding", window, n_layer, held, n_kv_l,
+                                      read, flat, ranges, read * row, flat * row, ranges * row))
+        read, flat, ranges = (sum(getattr(k, f) for k in kinds)
+                              for f in ("cells_read", "cells_copied_flat", "cells_copied_ranges"))
+        rows.append(TableRow(npl, read, flat, ranges, flat / ranges, read * row, flat * row, ranges * row, kinds))
     return rows
