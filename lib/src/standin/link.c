@@ -2,10 +2,9 @@
  * The stand-in device's link: a transfer does its copy at once, then is held until the
  * link would have carried it, latency + bytes / bandwidth after the link was free for it.
  * Each direction is one link, taken in turn, as a GPU's copy engine is: a copy queued on
- * the worker thread and a blocking one on the backend's thread share it. The hold sleeps,
- * so a held copy leaves the core to compute, as a DMA transfer does; it spins only for the
- * last moments, where a sleep would overshoot. A host that copies slower than the link
- * cannot be held back to it: such transfers are counted late (ferry_link_stats).
+ * the worker thread and a blocking one on the backend's thread share it. A host that
+ * copies slower than the link cannot be held to it: such transfers are counted late
+ * (ferry_link_stats), so that a tool can say the link was not reached.
  */
 #include "link.h"
 
@@ -13,9 +12,12 @@
 #include <string.h>
 #include <time.h>
 
-/* A sleep overshoots by about the timer slack (50 us by default): sleep to this much
- * before the end, then spin. */
-#define SPIN_SECONDS 150e-6
+/* A hold polls the clock, yielding its core to anyone who wants it, as the copy queue's idle
+ * worker does: a thread woken from a sleep on a busy core starts up to a scheduler tick late
+ * (4 ms measured on the 2-core dev machine), longer than the link takes for a few MiB. Only
+ * a long hold sleeps, and wakes well before its end. */
+#define SLEEP_ABOVE_SECONDS 20e-3
+#define WAKE_BEFORE_SECONDS 10e-3
 
 double ferry_link_now(void) {
     struct timespec ts;
@@ -29,8 +31,8 @@ static void wait_until(double t) {
         if (left <= 0) {
             return;
         }
-        if (left > 2 * SPIN_SECONDS) {
-            const double wake = t - SPIN_SECONDS;
+        if (left > SLEEP_ABOVE_SECONDS) {
+            const double wake = t - WAKE_BEFORE_SECONDS;
             struct timespec ts = {.tv_sec = (time_t) wake};
             ts.tv_nsec = (long) ((wake - (double) ts.tv_sec) * 1e9);
             clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
