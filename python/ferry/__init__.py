@@ -6,8 +6,10 @@ Python objects over the C library, in layers that import downward only:
   message), element types, the counters (Stats, CopyStats, SchedStats), copy policies,
   Copy2D;
 - Tensor (ggml order: ne[0] fastest, byte strides nb);
-- buffers and backends: Buffer, BufferType, CPUBackend, StandinBackend (a GPU's stand-in),
-  DummyBackend, CUDABackend, Event;
+- buffers and backends: Buffer, BufferType, CPUBackend, StandinBackend (a GPU's stand-in,
+  on a link and with a memory size you give it), DummyBackend, CUDABackend, Event; what a
+  backend's memory holds (Backend.memory: MemoryInfo) and how fast its link is
+  (measure_link: LinkMeasurement; a stand-in's LinkStats);
 - ops (add, mul, scale, dup, concat, pad, mean, attn_decode), Graph, GraphAllocator;
 - copy plans and their cost (plan_copy, plan_of, CopyCostModel), the copy path;
 - the Scheduler, KVCache with its windows, and StepGraph (a decode step's graph, reused
@@ -52,6 +54,7 @@ from .export import TensorBytes
 from .graph import Graph
 from .interop import ForeignBuffer, from_array
 from .kv import KVCache, KVParams, KVWindows
+from .link import LinkMeasurement, measure_link
 from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
 from .plan import (
     CopyCostModel,
@@ -69,7 +72,7 @@ from .plan import (
 from .policy import CopyPolicy
 from .quant import dequantize, quantize
 from .sched import Input, Scheduler, Split
-from .stats import KINDS, CopyStats, SchedStats, Stats
+from .stats import KINDS, CopyStats, LinkStats, MemoryInfo, SchedStats, Stats
 from .step import StepGraph, StepOutputs, attention_step, step_graph
 from .tensor import Tensor, tensor_copy
 from .types import Type, blck_size, numpy_dtype, row_size, to_type, type_from_dtype, type_name, type_size
@@ -97,6 +100,7 @@ def build_info() -> Dict[str, Any]:
 __all__ = [
     "ffi", "lib", "build_info", "cuda_available",
     "Backend", "CPUBackend", "DummyBackend", "StandinBackend", "Buffer", "BufferType", "cpu_buffer_type",
+    "MemoryInfo", "LinkStats", "LinkMeasurement", "measure_link",
     "Tensor", "tensor_copy", "Stats", "KINDS", "BorrowedBuffer",
     "CopyPolicy", "CopyRanges", "CopyStats", "bytes_read", "copy_input", "copy_ranges_of",
     "Copy2D", "CopyCostModel", "Explanation", "plan_copy", "plan_of", "layout_view", "plan_cost", "flat_cost",
