@@ -4,10 +4,11 @@
  * The link's timing checks are the model's acceptance: a transfer of 4 MiB or more takes
  * latency + bytes / bandwidth, within 10%. The model guarantees "no sooner than", so every
  * run must take at least the modelled time (asserted strictly, each run); a run can only be
- * slower by what the host adds (a sleep's overshoot, a thread woken late on a busy core), so
- * the upper bound holds for the best of up to 5 runs: one quiet run is enough, and on a noisy
- * 2-core machine most are (measured there: 1.75 ms for 1.742 modelled, a spike of 2 to 5 ms
- * in about one run of ten on the copy queue's worker).
+ * slower by what the host adds (a thread that waits its turn on a busy core), so the upper
+ * bound holds for the best of up to 8 runs, 20 ms apart after a slow one: one quiet run is
+ * enough. Measured on the noisy 2-core dev machine: 1.744 to 1.752 ms for 1.742 modelled,
+ * and on the copy queue spells of a few runs in a row at 4 ms (a scheduler slice of another
+ * process on the worker's core).
  */
 #include "check.h"
 
@@ -17,7 +18,7 @@
 
 #define MIB ((size_t) 1 << 20)
 #define LATENCY_US 30.0
-#define TRIES 5
+#define TRIES 8
 
 static double now(void) {
     struct timespec ts;
@@ -97,6 +98,9 @@ static void link_takes_its_time(double gbps) {
                 CHECK(took >= modelled);
             }
             best = took < best ? took : best;
+            if (best > 1.10 * modelled) { /* a busy spell: let it pass before the next try */
+                nanosleep(&(struct timespec) {.tv_nsec = 20000000}, NULL);
+            }
         }
         printf("%-12s %5.2f GB/s: modelled %.3f ms, best of up to %d %.3f ms\n", xfer_names[k], gbps, 1e3 * modelled,
                TRIES, 1e3 * best);

@@ -5,7 +5,7 @@ The timing checks are the link model's acceptance: a transfer of 4 MiB or more t
 bytes / bandwidth within 10%, and measure_link recovers the bandwidth within 5%. The model
 guarantees "no sooner than", so each run is held to the lower bound strictly; the host can
 only add time (a busy or preempted core on the noisy 2-core dev machine), so the upper bound
-is asked of the best of up to 5 runs.
+is asked of the best of up to 8 runs, 20 ms apart after a slow one.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import ferry
 
 MIB = 1 << 20
 LATENCY_US = 30.0
-TRIES = 5
+TRIES = 8
 FAKE = os.environ.get("FERRY_FAKE_CUDART") == "1"
 
 
@@ -39,6 +39,7 @@ def best_time(run: Callable[[], None], modelled: float) -> float:
         best = min(best, took)
         if best <= 1.10 * modelled:
             break
+        time.sleep(0.02)  # a busy spell: let it pass before the next try
     return best
 
 
