@@ -16,8 +16,8 @@
  * worker does: a thread woken from a sleep on a busy core starts up to a scheduler tick late
  * (4 ms measured on the 2-core dev machine), longer than the link takes for a few MiB. Only
  * a long hold sleeps, and wakes well before its end. */
-#define SLEEP_ABOVE_SECONDS 20e-3
-#define WAKE_BEFORE_SECONDS 10e-3
+#define SLEEP_ABOVE_SECONDS 6e-3
+#define WAKE_BEFORE_SECONDS 5e-3
 
 double ferry_link_now(void) {
     struct timespec ts;
