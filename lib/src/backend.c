@@ -199,3 +199,12 @@ ferry_status ferry_backend_get_stats(const ferry_backend * backend, ferry_stats 
 }
 
 void ferry_backend_reset_stats(ferry_backend * backend) { ferry_stats_reset(backend ? &backend->stats : NULL); }
+
+ferry_status ferry_backend_get_memory(ferry_backend * backend, size_t * free_bytes, size_t * total_bytes) {
+    FERRY_CHECK_ARG(backend && free_bytes && total_bytes, "backend_get_memory: NULL argument");
+    if (!backend->iface.get_memory) {
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "backend_get_memory: %s cannot say what memory it has",
+                          ferry_backend_name(backend));
+    }
+    return backend->iface.get_memory(backend, free_bytes, total_bytes);
+}

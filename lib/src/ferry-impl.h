@@ -191,6 +191,8 @@ struct ferry_backend_i {
      * own whose transfers into this backend's memory run in order beside this one's compute,
      * and whose events this backend can wait on */
     ferry_status (*copy_queue_new)(ferry_backend * backend, ferry_backend ** out);
+    /* optional: UNSUPPORTED. The memory the backend allocates from (ferry_backend_get_memory). */
+    ferry_status (*get_memory)(ferry_backend * backend, size_t * free_bytes, size_t * total_bytes);
 };
 
 struct ferry_backend {

@@ -6,8 +6,10 @@ Python objects over the C library, in layers that import downward only:
   export): errors (FerryError, a subclass per C status, with the C message), element types,
   the counters (Stats, CopyStats, SchedStats), copy policies, Copy2D;
 - Tensor (ggml order: ne[0] fastest, byte strides nb);
-- buffers and backends: Buffer, BufferType, CPUBackend, StandinBackend (a GPU's stand-in),
-  DummyBackend, CUDABackend, Event;
+- buffers and backends: Buffer, BufferType, CPUBackend, StandinBackend (a GPU's stand-in,
+  on a link and with a memory size you give it), DummyBackend, CUDABackend, Event; what a
+  backend's memory holds (Backend.memory: MemoryInfo) and how fast its link is
+  (measure_link: LinkMeasurement; a stand-in's LinkStats);
 - ops, functions as ggml's are (add, mul, scale, dup, concat, pad, mean, attn_decode; a + b and
   a * b for add and mul), Graph, GraphAllocator;
 - copy plans and their cost (plan_copy, plan_of, CopyCostModel), the copy path;
@@ -52,6 +54,7 @@ from .export import TensorBytes
 from .graph import Graph
 from .interop import ForeignBuffer, from_array
 from .kv import KVCache, KVParams, KVWindows
+from .link import LinkMeasurement, measure_link
 from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
 from .plan import (
     CopyCostModel,
@@ -69,7 +72,7 @@ from .plan import (
 from .policy import CopyPolicy
 from .quant import dequantize, pack_blocks, quantize
 from .sched import Input, Scheduler, Split
-from .stats import KINDS, CopyStats, SchedStats, Stats
+from .stats import KINDS, CopyStats, LinkStats, MemoryInfo, SchedStats, Stats
 from .step import StepGraph, StepOutputs, attention_step, step_graph
 from .tensor import Tensor
 from .types import Type, numpy_dtype, row_size, to_type, type_from_dtype
@@ -103,12 +106,13 @@ __all__ = [
     # element types and values
     "Type", "to_type", "row_size", "numpy_dtype", "type_from_dtype", "quantize", "dequantize", "pack_blocks",
     # counters
-    "Stats", "KINDS", "CopyStats", "SchedStats",
+    "Stats", "KINDS", "CopyStats", "SchedStats", "LinkStats", "MemoryInfo",
     # tensors and their memory
     "Tensor", "Buffer", "BorrowedBuffer", "BufferType", "cpu_buffer_type", "cuda_buffer_type",
     "cuda_host_buffer_type",
-    # backends and events
-    "Backend", "CPUBackend", "DummyBackend", "StandinBackend", "CUDABackend", "Event",
+    # backends and events; a device's memory and link
+    "Backend", "CPUBackend", "DummyBackend", "StandinBackend", "CUDABackend", "Event", "LinkMeasurement",
+    "measure_link",
     # ops and graphs
     "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "Graph", "GraphAllocator",
     "Placement",

@@ -104,6 +104,13 @@ def as_f32(value: object, what: str) -> float:
     return f
 
 
+def as_double(value: object, what: str) -> float:
+    """A number C takes as a double: ints and floats (numpy's too), not bools; C checks its range."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentError(f"{what}: expected a number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
 def transfer_2d(what: str, offset: object, size: object, n_copies: object, stride_tensor: object,
                 stride_data: Optional[object]) -> Tuple[int, int, int, int, int]:
     """The (offset, size, n_copies, stride_tensor, stride_data) of a 2-D transfer, each a size_t;

@@ -11,7 +11,7 @@ from ._handle import Closeable, Handle
 from .buffer import Buffer, BufferType
 from .errors import InvalidArgumentError, check
 from .event import Event
-from .stats import Counted
+from .stats import Counted, LinkStats, MemoryInfo
 from .tensor import Tensor, writable_data
 from .types import TypeLike
 
@@ -310,6 +310,25 @@ class Backend(Closeable, Counted):
     _get_stats = lib.ferry_backend_get_stats
     _reset_stats = lib.ferry_backend_reset_stats
 
+    def memory(self) -> MemoryInfo:
+        """The memory the backend allocates from: free and total bytes.
+
+        Returns
+        -------
+        MemoryInfo
+            (free, total): CUDA's from cudaMemGetInfo, the CPU's from the host, a stand-in
+            device's from its memory size (the host's without one).
+
+        Raises
+        ------
+        UnsupportedError
+            For a backend that cannot say.
+        """
+        free = ffi.new("size_t *")
+        total = ffi.new("size_t *")
+        check(lib.ferry_backend_get_memory(self._p, free, total))
+        return MemoryInfo(int(free[0]), int(total[0]))
+
     def __repr__(self) -> str:
         if self.closed:
             return f"<{self._describe()} closed>"
@@ -351,12 +370,75 @@ class StandinBackend(Backend):
     """The stand-in device, for machines without a GPU: a CPU backend ("CPU (stand-in device)")
     whose buffers no other backend may use, and which uses no memory but its own. A split on it
     receives its inputs through the scheduler's copy path, as a GPU split would, and runs the
-    CPU kernels; its 2-D sets are one call each, as cudaMemcpy2DAsync is."""
+    CPU kernels; its 2-D sets are one call each, as cudaMemcpy2DAsync is.
 
-    def __init__(self) -> None:
+    It can stand in for a device on a given link with a given memory. Every transfer between
+    host memory and it (blocking or on its copy queue, 1-D or 2-D, set or get) then completes
+    no sooner than latency + bytes / bandwidth after the link was free for it, each direction
+    one link; and an allocation past its memory raises OutOfMemoryError naming the device, the
+    bytes asked and the bytes free. A link faster than the host can copy is not reached:
+    link_stats counts such transfers late. Without arguments it copies at memcpy's speed with
+    the host's memory.
+
+    Parameters
+    ----------
+    link_gbps : float, optional
+        The link's bandwidth each way in GB/s (1e9 bytes a second), 1e-3 to 1e6; None or 0:
+        unlimited.
+    latency_us : float, optional
+        Microseconds added to every transfer, 0 to 1e6.
+    memory : int, optional
+        Bytes the device has, counted as each buffer asks; None or 0: unlimited.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For values that are not numbers or sizes, or out of range.
+    """
+
+    def __init__(self, link_gbps: Optional[float] = None, latency_us: float = 0.0,
+                 memory: Optional[int] = None) -> None:
+        params = ffi.new("ferry_standin_params *")
+        params[0] = lib.ferry_standin_default_params()
+        params.link_gbps = 0.0 if link_gbps is None else _checks.as_double(link_gbps, "StandinBackend: link_gbps")
+        params.latency_us = _checks.as_double(latency_us, "StandinBackend: latency_us")
+        params.memory = 0 if memory is None else _checks.as_size(memory, "StandinBackend: memory")
         out = ffi.new("ferry_backend **")
-        check(lib.ferry_standin_backend_new(out))
+        check(lib.ferry_standin_backend_new_params(params, out))
         super().__init__(out[0])
+
+    def _params(self) -> Any:
+        params = ffi.new("ferry_standin_params *")
+        check(lib.ferry_standin_get_link(self._p, params, ffi.NULL))
+        return params
+
+    @property
+    def link_gbps(self) -> Optional[float]:
+        """The link's bandwidth in GB/s, or None for unlimited."""
+        gbps = float(self._params().link_gbps)
+        return gbps if gbps > 0 else None
+
+    @property
+    def latency_us(self) -> float:
+        """Microseconds the link adds to every transfer."""
+        return float(self._params().latency_us)
+
+    @property
+    def memory_size(self) -> Optional[int]:
+        """The bytes the device has, or None for unlimited (the host's memory)."""
+        memory = int(self._params().memory)
+        return memory if memory > 0 else None
+
+    @property
+    def link_stats(self) -> LinkStats:
+        """What the link carried since the backend was made or reset_link_stats."""
+        stats = ffi.new("ferry_link_stats *")
+        check(lib.ferry_standin_get_link(self._p, ffi.NULL, stats))
+        return LinkStats.from_c(stats)
+
+    def reset_link_stats(self) -> None:
+        """Set the link's counters to 0."""
+        check(lib.ferry_standin_reset_link_stats(self._p))
 
 
 class DummyBackend(Backend):

@@ -1,12 +1,13 @@
 """Counters, one Python type per C stats struct: what a buffer or backend moved per kind of
-transfer (Stats: ferry_stats), what one input copy did (CopyStats: ferry_copy_stats), and
-the totals of a scheduler's run (SchedStats: ferry_sched_stats). Each has from_c, the one
-way a C struct becomes one."""
+transfer (Stats: ferry_stats), what one input copy did (CopyStats: ferry_copy_stats), the
+totals of a scheduler's run (SchedStats: ferry_sched_stats), and what a stand-in device's
+link carried (LinkStats: ferry_link_stats). Each has from_c, the one way a C struct becomes
+one. MemoryInfo is what a backend says of its memory (Backend.memory)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Tuple
+from typing import Any, ClassVar, Dict, NamedTuple, Optional, Tuple
 
 from ._binding import ffi, lib
 from .errors import check
@@ -192,3 +193,86 @@ class SchedStats(_CopyFigures):
         return cls(n_inputs=int(s.n_inputs), compute_seconds=float(s.compute_seconds), prefetched=int(s.prefetched),
                    ahead_inputs=int(s.ahead_inputs), ahead_bytes=int(s.ahead_bytes),
                    wait_seconds=float(s.wait_seconds), **cls._figures(s))
+
+
+#: What a backend without a memory limit says (C's SIZE_MAX).
+SIZE_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class LinkStats:
+    """What a stand-in device's link carried (StandinBackend.link_stats), both directions, the
+    copy queue's transfers included; only a modelled link (a bandwidth or a latency) counts.
+    Cumulative since the backend was made or reset_link_stats.
+
+    A transfer is late when the host's copy alone ended after the link's modelled end: the
+    host could not copy that fast, and the link is not reached. A busy or preempted host
+    shows late transfers too.
+
+    Attributes
+    ----------
+    transfers : int
+        Transfers over the link.
+    bytes : int
+        Their bytes.
+    modelled_seconds : float
+        latency + bytes / bandwidth, summed over the transfers.
+    copy_seconds : float
+        The time the host's copies themselves took.
+    late : int
+        Transfers whose copy alone ended after the link's modelled end.
+    late_seconds : float
+        How far past their modelled ends those copies ended, summed.
+    """
+
+    transfers: int
+    bytes: int
+    modelled_seconds: float
+    copy_seconds: float
+    late: int
+    late_seconds: float
+
+    @classmethod
+    def from_c(cls, s: Any) -> "LinkStats":
+        """A LinkStats holding the values of the ferry_link_stats cdata s."""
+        return cls(int(s.transfers), int(s.bytes), float(s.modelled_seconds), float(s.copy_seconds), int(s.late),
+                   float(s.late_seconds))
+
+    @property
+    def host_gbps(self) -> Optional[float]:
+        """The rate the host's copies reached, in GB/s (1e9 bytes a second); None before any."""
+        return self.bytes / self.copy_seconds / 1e9 if self.copy_seconds > 0 else None
+
+    @property
+    def reached(self) -> bool:
+        """Whether every transfer kept to the link's model (no late one)."""
+        return self.late == 0
+
+
+class MemoryInfo(NamedTuple):
+    """A backend's memory (Backend.memory), in bytes: what is free now, and the total.
+
+    CUDA's is cudaMemGetInfo's; the CPU's, and a dummy's with real memory, the host's; a
+    stand-in device's its memory size, or the host's without one. A dummy backend without
+    real memory has nothing behind its addresses: both are SIZE_MAX (unlimited is True).
+
+    Attributes
+    ----------
+    free : int
+        Bytes free now.
+    total : int
+        Bytes in all.
+    """
+
+    free: int
+    total: int
+
+    @property
+    def used(self) -> int:
+        """total - free."""
+        return self.total - self.free
+
+    @property
+    def unlimited(self) -> bool:
+        """No limit at all (a synthetic dummy backend)."""
+        return self.total == SIZE_MAX

@@ -346,6 +346,65 @@ static void test_sched_prefetch(void) {
     }
 }
 
+/* ------------------------------------------------ the stand-in with a link and a memory size */
+
+#define LINKED_MEMORY ((size_t) 1 << 20)
+
+typedef struct {
+    ferry_backend * device;
+    ferry_context * ctx;
+    ferry_buffer * buf;
+    ferry_event * event;
+} linked_state;
+
+/* Its making, an allocation against its memory, transfers over the link blocking and on the
+ * copy queue: a failed allocation takes nothing from the memory, so what is free at the end
+ * is the memory less the one buffer. */
+static void linked_run(void * p) {
+    linked_state * s = p;
+    const ferry_standin_params params = {.link_gbps = 50, .latency_us = 1, .memory = LINKED_MEMORY};
+    STEP(ferry_standin_backend_new_params(&params, &s->device));
+    STEP(ferry_context_new(&s->ctx));
+    const int64_t ne = 4096;
+    ferry_tensor * t;
+    STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_F32, 1, &ne, &t));
+    STEP(ferry_backend_alloc_buffer(s->device, ferry_tensor_nbytes(t), &s->buf));
+    STEP(ferry_buffer_place_tensor(s->buf, t, 0));
+    float host[4096], back[4096];
+    for (int i = 0; i < 4096; i++) {
+        host[i] = (float) i;
+    }
+    STEP(ferry_tensor_set_2d(t, host, 0, 1024, 8, 2048, 1024));
+    ferry_backend * queue;
+    STEP(ferry_backend_get_copy_queue(s->device, &queue));
+    STEP(ferry_event_new(queue, 0, &s->event));
+    STEP(ferry_backend_tensor_set_async(queue, t, host, 0, sizeof(host)));
+    STEP(ferry_event_record(s->event, queue));
+    STEP(ferry_event_synchronize(s->event));
+    STEP(ferry_tensor_get(t, back, 0, sizeof(back)));
+    CHECK(memcmp(host, back, sizeof(host)) == 0);
+    size_t free_bytes, total;
+    STEP(ferry_backend_get_memory(queue, &free_bytes, &total));
+    CHECK_EQ_U(total, LINKED_MEMORY);
+    CHECK_EQ_U(free_bytes, LINKED_MEMORY - sizeof(host));
+    ferry_link_stats st;
+    STEP(ferry_standin_get_link(s->device, NULL, &st));
+    CHECK(st.transfers >= 3);
+}
+
+static void linked_fini(void * p) {
+    linked_state * s = p;
+    ferry_event_free(s->event);
+    ferry_buffer_free(s->buf);
+    ferry_context_free(s->ctx);
+    ferry_backend_free(s->device);
+}
+
+static void test_standin_linked(void) {
+    linked_state s;
+    CHECK(sweep("stand-in with a link and a memory size", linked_run, linked_fini, &s, sizeof(s)) > 0);
+}
+
 /* ------------------------------------------------ plans that need the heap */
 
 typedef struct {
@@ -543,6 +602,7 @@ static const check_test tests[] = {
     {"kv_attention_step", test_kv_attention_step},
     {"sched_every_policy", test_sched_every_policy},
     {"sched_prefetch", test_sched_prefetch},
+    {"standin_linked", test_standin_linked},
     {"plan_on_the_heap", test_plan_on_the_heap},
     {"gallocr_chunks", test_gallocr_chunks},
 #ifdef FERRY_WITH_CUDA

@@ -42,6 +42,8 @@
 #include <time.h>
 
 #define FAKE_MAX_ALLOC ((size_t) 1 << 40) /* more than any test asks for, less than a 4 PiB one */
+/* The device's memory (cudaMemGetInfo): device allocations take from it, as asked */
+#define FAKE_DEVICE_MEMORY FAKE_MAX_ALLOC
 #define FAKE_MAX_PITCH 2147483647
 
 /* ---------------------------------------------------------------- state */
@@ -231,6 +233,15 @@ static bool add_alloc(char * base, size_t size, size_t mapped, enum mem_kind kin
 static void remove_alloc(allocation * a) { *a = allocs[--n_allocs]; }
 
 /* Allocations live now (device, pinned, registered): a test sees what an error path leaked. */
+/* Device memory not taken by a live device allocation. Called with the lock held. */
+static size_t device_free_locked(void) {
+    size_t used = 0;
+    for (size_t i = 0; i < n_allocs; i++) {
+        used += allocs[i].kind == MEM_DEVICE ? allocs[i].size : 0;
+    }
+    return used < FAKE_DEVICE_MEMORY ? FAKE_DEVICE_MEMORY - used : 0;
+}
+
 FAKE_EXPORT long fake_cudart_live_allocations(void) {
     pthread_mutex_lock(&lock_);
     const long n = (long) n_allocs;
@@ -698,7 +709,10 @@ cudaError_t cudaMalloc(void ** out, size_t size) {
     if (size == 0) {
         return cudaSuccess;
     }
-    if (size > FAKE_MAX_ALLOC) {
+    pthread_mutex_lock(&lock_);
+    const size_t free_bytes = device_free_locked();
+    pthread_mutex_unlock(&lock_);
+    if (size > free_bytes) {
         return fail(cudaErrorMemoryAllocation);
     }
     const size_t page = 4096, mapped = (size + page - 1) / page * page;
@@ -838,6 +852,18 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes * attr, const 
 }
 
 /* ---------------------------------------------------------------- devices */
+
+cudaError_t cudaMemGetInfo(size_t * free_bytes, size_t * total_bytes) {
+    INJECT();
+    if (!free_bytes || !total_bytes) {
+        return fail(cudaErrorInvalidValue);
+    }
+    pthread_mutex_lock(&lock_);
+    *free_bytes = device_free_locked();
+    pthread_mutex_unlock(&lock_);
+    *total_bytes = FAKE_DEVICE_MEMORY;
+    return cudaSuccess;
+}
 
 cudaError_t cudaGetDeviceCount(int * n) {
     if (!n) {

@@ -127,6 +127,15 @@ FERRY_API ferry_status ferry_backend_synchronize(ferry_backend * backend);
 FERRY_API ferry_status ferry_backend_get_copy_queue(ferry_backend * backend, ferry_backend ** out);
 FERRY_API ferry_status ferry_backend_get_stats(const ferry_backend * backend, ferry_stats * out);
 FERRY_API void         ferry_backend_reset_stats(ferry_backend * backend);
+/*
+ * The memory the backend allocates from, in bytes: what is free now and the total. CUDA
+ * asks its device (cudaMemGetInfo); the CPU, and the dummy backend with real memory, the
+ * host (MemAvailable and the physical pages; a container's own limit is not looked at); the
+ * stand-in device its memory model, or the host's without one; a dummy backend without
+ * real memory has none behind its addresses and says SIZE_MAX for both (no limit). A copy
+ * queue answers for its backend. FERRY_ERR_UNSUPPORTED for a backend that cannot say.
+ */
+FERRY_API ferry_status ferry_backend_get_memory(ferry_backend * backend, size_t * free_bytes, size_t * total_bytes);
 
 /* The CPU backend and its host buffer type (shared by every CPU backend). */
 FERRY_API ferry_status ferry_cpu_backend_new(ferry_backend ** out);
@@ -159,6 +168,48 @@ FERRY_API ferry_status ferry_dummy_backend_new(const ferry_dummy_params * params
  * worker thread, so copies queued there overlap its compute as a GPU's copy stream does.
  */
 FERRY_API ferry_status ferry_standin_backend_new(ferry_backend ** out);
+
+/*
+ * A stand-in device with a link and a memory size. Every transfer between host memory and
+ * its memory (blocking or on its copy queue, 1-D or 2-D, set or get) is done, then held
+ * until latency + bytes / bandwidth after the link was free for it, so it completes no
+ * sooner than a link of that speed would let it; each direction is one link, taken by one
+ * transfer at a time, as a copy engine is. Allocations past memory fail with
+ * FERRY_ERR_OUT_OF_MEMORY naming the device, the bytes asked and the bytes free; freeing a
+ * buffer returns its bytes. All zeros (ferry_standin_default_params) is
+ * ferry_standin_backend_new: copies at memcpy's speed, memory unlimited.
+ */
+typedef struct {
+    double link_gbps;  /* GB/s, 1e9 bytes a second, each way; 0: unlimited. Else 1e-3 to 1e6 */
+    double latency_us; /* added to every transfer; 0 to 1e6 */
+    size_t memory;     /* bytes the device has, counted as asked by each buffer; 0: unlimited */
+} ferry_standin_params;
+
+/*
+ * What the stand-in's link carried since it was made or reset, both directions, queued
+ * transfers included; only with a link modelled (a bandwidth or a latency). copy_seconds
+ * is the time the host's copies themselves took (bytes / copy_seconds: the rate the host
+ * reached). A transfer whose copy alone ended after its modelled end is late: the host
+ * could not copy as fast as the link, which is then not reached; late_seconds sums by how
+ * much. A host that is busy or preempted shows late transfers too.
+ */
+typedef struct {
+    uint64_t transfers;
+    uint64_t bytes;
+    double   modelled_seconds; /* latency + bytes / bandwidth, summed */
+    double   copy_seconds;
+    uint64_t late;
+    double   late_seconds;
+} ferry_link_stats;
+
+FERRY_API ferry_standin_params ferry_standin_default_params(void);
+/* INVALID_ARG for a bandwidth or latency out of range (or not a number). */
+FERRY_API ferry_status ferry_standin_backend_new_params(const ferry_standin_params * params, ferry_backend ** out);
+/* The stand-in's parameters and its link's counters (either output may be NULL);
+ * INVALID_ARG for a backend that is not a stand-in device. */
+FERRY_API ferry_status ferry_standin_get_link(const ferry_backend * backend, ferry_standin_params * params,
+                                              ferry_link_stats * stats);
+FERRY_API ferry_status ferry_standin_reset_link_stats(ferry_backend * backend);
 
 /* ---------------------------------------------------------------- events (event.c)
  * Order work between backends without a full synchronize. An event belongs to the

@@ -21,4 +21,9 @@ ferry_status ferry_cpu_set_tensor_2d(ferry_backend * backend, ferry_tensor * t, 
 ferry_status ferry_cpu_get_tensor_2d(ferry_backend * backend, const ferry_tensor * t, void * data, size_t offset,
                                      size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data);
 
+/* The host's memory (cpu-backend.c): MemAvailable of /proc/meminfo, else the available
+ * pages, and the physical pages; UNSUPPORTED where the host says neither. The CPU backend's
+ * answer, and that of the backends whose memory is the host's. */
+ferry_status ferry_host_memory(size_t * free_bytes, size_t * total_bytes);
+
 #endif

@@ -349,6 +349,14 @@ static backend_ctx * new_ctx(int device, const char * what, ferry_status * st) {
     return ctx;
 }
 
+/* The device's free and total memory: what cudaMemGetInfo says, other processes' use included. */
+static ferry_status backend_get_memory(ferry_backend * backend, size_t * free_bytes, size_t * total_bytes) {
+    FERRY_TRY(ferry_cuda_check_context("backend_get_memory"));
+    CUDA_TRY(cudaSetDevice(ctx_of(backend)->device), "backend_get_memory: cudaSetDevice");
+    CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes), "backend_get_memory: cudaMemGetInfo");
+    return FERRY_OK;
+}
+
 /* The transfers, synchronize and events every CUDA backend has, a copy queue included. */
 static ferry_backend_i transfer_iface(void) {
     ferry_backend_i i = {};
@@ -363,6 +371,7 @@ static ferry_backend_i transfer_iface(void) {
     i.synchronize = backend_synchronize;
     i.event_new = backend_event_new;
     i.copy_cost_model = backend_copy_cost_model;
+    i.get_memory = backend_get_memory;
     return i;
 }
 

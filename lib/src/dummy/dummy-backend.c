@@ -147,6 +147,18 @@ static ferry_status dummy_graph_compute(ferry_backend * backend, ferry_graph * g
     return ctx->params.real_memory ? ferry_cpu_compute_graph(graph) : FERRY_OK;
 }
 
+/* Real memory is the host's. Synthetic addresses have nothing behind them: no limit but
+ * each buffer's max size, so SIZE_MAX for both. */
+static ferry_status dummy_get_memory(ferry_backend * backend, size_t * free_bytes, size_t * total_bytes) {
+    const dummy_ctx * ctx = backend->context;
+    if (ctx->params.real_memory) {
+        return ferry_host_memory(free_bytes, total_bytes);
+    }
+    *free_bytes = SIZE_MAX;
+    *total_bytes = SIZE_MAX;
+    return FERRY_OK;
+}
+
 ferry_dummy_params ferry_dummy_default_params(void) {
     return (ferry_dummy_params) {.alignment = 64, .max_buffer_size = 0, .real_memory = false, .has_2d = true};
 }
@@ -189,6 +201,7 @@ static ferry_status dummy_new(const ferry_dummy_params * params, const char * na
         .supports_buft = dummy_supports_buft,
         .supports_op = dummy_supports_op,
         .graph_compute = dummy_graph_compute,
+        .get_memory = dummy_get_memory,
     };
     if (p.has_2d) {
         iface.set_tensor_2d_async = ferry_cpu_set_tensor_2d; /* host memory, or nothing to move */

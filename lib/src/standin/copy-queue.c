@@ -25,12 +25,14 @@ typedef struct {
     char * dst;
     const char * src;
     size_t width, height, dpitch, spitch;
+    link_dir dir;
     queue_event * event;
     uint64_t seq; /* which record of the event */
 } job;
 
 typedef struct {
     ferry_backend * parent;
+    ferry_link * link; /* the parent's: queued copies take it in turn with the parent's own */
     char name[64];
     pthread_t worker;
     pthread_mutex_t lock;
@@ -69,13 +71,17 @@ void ferry_fault_copy_queue_pause(bool pause) { atomic_store(&paused, pause); }
 #define QUEUE_PAUSED() false
 #endif
 
-static void run_job(const job * j) {
+/* A copy is done when the link would have carried it: an event behind it is reached no
+ * sooner, so copies overlap compute as a link's would. */
+static void run_job(ferry_link * link, const job * j) {
     if (j->kind == JOB_EVENT) {
         return; /* its effect is the bookkeeping under the lock */
     }
+    const link_slot slot = ferry_link_begin(link, j->dir, j->width * j->height);
     for (size_t r = 0; r < j->height; r++) {
         memcpy(j->dst + r * j->dpitch, j->src + r * j->spitch, j->width);
     }
+    ferry_link_end(link, &slot, j->width * j->height);
 }
 
 static void * worker_main(void * arg) {
@@ -105,7 +111,7 @@ static void * worker_main(void * arg) {
         }
         const job j = q->jobs[q->head];
         pthread_mutex_unlock(&q->lock);
-        run_job(&j); /* the copy runs unlocked: queuing more goes on meanwhile */
+        run_job(q->link, &j); /* the copy runs unlocked: queuing more goes on meanwhile */
         pthread_mutex_lock(&q->lock);
         if (j.kind == JOB_EVENT) {
             j.event->seconds = ferry_now_seconds();
@@ -192,7 +198,7 @@ static ferry_status queue_synchronize(ferry_backend * backend) {
 static ferry_status queue_set_2d(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
                                  size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
     const job j = {.kind = JOB_COPY, .dst = (char *) ferry_tensor_data(t) + offset, .src = data, .width = size,
-                   .height = n_copies, .dpitch = stride_tensor, .spitch = stride_data};
+                   .height = n_copies, .dpitch = stride_tensor, .spitch = stride_data, .dir = LINK_TO_DEVICE};
     return push(ctx_of(backend), &j);
 }
 
@@ -204,7 +210,7 @@ static ferry_status queue_set(ferry_backend * backend, ferry_tensor * t, const v
 static ferry_status queue_get_2d(ferry_backend * backend, const ferry_tensor * t, void * data, size_t offset,
                                  size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
     const job j = {.kind = JOB_COPY, .dst = data, .src = (const char *) ferry_tensor_data(t) + offset, .width = size,
-                   .height = n_copies, .dpitch = stride_data, .spitch = stride_tensor};
+                   .height = n_copies, .dpitch = stride_data, .spitch = stride_tensor, .dir = LINK_FROM_DEVICE};
     return push(ctx_of(backend), &j);
 }
 
@@ -215,6 +221,11 @@ static ferry_status queue_get(ferry_backend * backend, const ferry_tensor * t, v
 
 static ferry_copy_cost_model queue_cost_model(const ferry_backend * backend) {
     return ferry_backend_copy_cost_model(ctx_of(backend)->parent);
+}
+
+/* The queue holds no memory: the parent's is what it copies into. */
+static ferry_status queue_get_memory(ferry_backend * backend, size_t * free_bytes, size_t * total_bytes) {
+    return ferry_backend_get_memory(ctx_of(backend)->parent, free_bytes, total_bytes);
 }
 
 /* ---------------------------------------------------------------- events */
@@ -308,12 +319,13 @@ static void queue_free(ferry_backend * backend) {
     free(q);
 }
 
-ferry_status ferry_worker_copy_queue_new(ferry_backend * parent, ferry_backend ** out) {
+ferry_status ferry_worker_copy_queue_new(ferry_backend * parent, ferry_link * link, ferry_backend ** out) {
     queue_ctx * q = ferry_calloc(1, sizeof(*q));
     if (!q) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "copy queue: out of memory");
     }
     q->parent = parent;
+    q->link = link;
     snprintf(q->name, sizeof(q->name), "%s copy queue", ferry_backend_name(parent));
     pthread_mutex_init(&q->lock, NULL);
     pthread_cond_init(&q->work, NULL);
@@ -330,6 +342,7 @@ ferry_status ferry_worker_copy_queue_new(ferry_backend * parent, ferry_backend *
         .synchronize = queue_synchronize,
         .event_new = queue_event_new,
         .copy_cost_model = queue_cost_model,
+        .get_memory = queue_get_memory,
     };
     ferry_status st = ferry_backend_init(iface, q, out);
     if (st == FERRY_OK && pthread_create(&q->worker, NULL, worker_main, q) != 0) {

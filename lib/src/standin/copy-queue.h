@@ -3,12 +3,13 @@
 #ifndef FERRY_COPY_QUEUE_H
 #define FERRY_COPY_QUEUE_H
 
-#include "ferry-impl.h"
+#include "link.h"
 
 /* A copy queue for parent, whose memory the host writes: transfers into parent's memory
- * are done by a worker thread in the order queued; its events are waited on the host. The
- * caller owns it (the parent frees it with itself). */
-ferry_status ferry_worker_copy_queue_new(ferry_backend * parent, ferry_backend ** out);
+ * are done by a worker thread in the order queued, each over link (NULL: none) as the
+ * parent's own transfers are; its events are waited on the host. The caller owns it (the
+ * parent frees it with itself, before the link). */
+ferry_status ferry_worker_copy_queue_new(ferry_backend * parent, ferry_link * link, ferry_backend ** out);
 
 #ifdef FERRY_FAULT_INJECTION
 /* Test builds: while paused, no worker thread starts its next job (tests/c/test_prefetch.c

@@ -5,17 +5,282 @@
  * scheduler's copy path as it would on a GPU; it computes with the CPU kernels and
  * claims no op they cannot do. Its copy queue is a worker thread (copy-queue.c): what
  * a CUDA copy stream is to a GPU's compute, on the host's other core.
+ *
+ * What makes it a device of a given size on a given link is here, around the dummy: its
+ * own buffer type allocates the dummy's buffers against a memory budget and wraps their
+ * transfers in the link (link.c), and the backend forwards the rest to the dummy. The
+ * context is shared by the backend and its live buffers, and goes with the last of them:
+ * a buffer may be freed after its backend, as any host buffer may.
  */
 #include "copy-queue.h"
+#include "cpu/cpu-impl.h"
 #include "dummy/dummy-impl.h"
 
-ferry_status ferry_standin_backend_new(ferry_backend ** out) {
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct {
+    ferry_backend * inner;           /* the dummy backend with the CPU kernels */
+    ferry_buffer_type * inner_buft;  /* its buffer type, which allocates the memory */
+    ferry_buffer_type buft;          /* the stand-in's: the dummy's buffers with the link around them */
+    struct ferry_buffer_i host;      /* the dummy buffers' own entries, which the stand-in's wrap */
+    bool have_host;
+    char name[48];
+    size_t alignment;
+    ferry_standin_params params;
+    pthread_mutex_t lock;            /* used and refs */
+    size_t used;                     /* bytes the live buffers asked */
+    long refs;                       /* the backend and each live buffer */
+    ferry_link link;
+} standin_ctx;
+
+static void unref(standin_ctx * s, size_t returned) {
+    pthread_mutex_lock(&s->lock);
+    s->used -= returned;
+    const bool last = --s->refs == 0;
+    pthread_mutex_unlock(&s->lock);
+    if (last) {
+        ferry_link_destroy(&s->link);
+        pthread_mutex_destroy(&s->lock);
+        free(s);
+    }
+}
+
+/* ---------------------------------------------------------------- buffers: the dummy's, over the link */
+
+static standin_ctx * buf_ctx(const ferry_buffer * buf) { return buf->buft->context; }
+
+static void standin_buffer_free(ferry_buffer * buf) {
+    standin_ctx * s = buf_ctx(buf);
+    s->host.free_buffer(buf);
+    unref(s, buf->size);
+}
+
+static ferry_status standin_set(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset, size_t size) {
+    standin_ctx * s = buf_ctx(buf);
+    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size);
+    const ferry_status st = s->host.set_tensor(buf, t, data, offset, size);
+    ferry_link_end(&s->link, &slot, size);
+    return st;
+}
+
+static ferry_status standin_get(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset, size_t size) {
+    standin_ctx * s = buf_ctx(buf);
+    const link_slot slot = ferry_link_begin(&s->link, LINK_FROM_DEVICE, size);
+    const ferry_status st = s->host.get_tensor(buf, t, data, offset, size);
+    ferry_link_end(&s->link, &slot, size);
+    return st;
+}
+
+/* A 2-D transfer is one transfer of its rows: one latency, as one cudaMemcpy2D. */
+static ferry_status standin_set_2d(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset,
+                                   size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
+    standin_ctx * s = buf_ctx(buf);
+    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size * n_copies);
+    const ferry_status st = s->host.set_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
+    ferry_link_end(&s->link, &slot, size * n_copies);
+    return st;
+}
+
+static ferry_status standin_get_2d(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset,
+                                   size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
+    standin_ctx * s = buf_ctx(buf);
+    const link_slot slot = ferry_link_begin(&s->link, LINK_FROM_DEVICE, size * n_copies);
+    const ferry_status st = s->host.get_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
+    ferry_link_end(&s->link, &slot, size * n_copies);
+    return st;
+}
+
+static const char * standin_buft_name(const ferry_buffer_type * buft) {
+    return ((const standin_ctx *) buft->context)->name;
+}
+
+static size_t standin_buft_alignment(const ferry_buffer_type * buft) {
+    return ((const standin_ctx *) buft->context)->alignment;
+}
+
+static bool standin_buft_is_host(const ferry_buffer_type * buft) {
+    (void) buft;
+    return false; /* inputs are copied in, over the link */
+}
+
+/* The bytes are taken from the budget first, so that two threads' asks never both fit in
+ * what is left for one, and given back if the allocation fails. */
+static ferry_status standin_buft_alloc(ferry_buffer_type * buft, size_t size, ferry_buffer ** out) {
+    standin_ctx * s = buft->context;
+    pthread_mutex_lock(&s->lock);
+    const size_t memory = s->params.memory, free_bytes = memory - s->used;
+    const bool fits = memory == 0 || size <= free_bytes;
+    if (fits) {
+        s->used += size;
+        s->refs++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!fits) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY,
+                          "alloc_buffer: %s is out of memory: %zu bytes asked, %zu of its %zu bytes free", s->name,
+                          size, free_bytes, memory);
+    }
+    const ferry_status st = s->inner_buft->iface.alloc_buffer(s->inner_buft, size, out);
+    if (st != FERRY_OK) {
+        unref(s, size);
+        return st;
+    }
+    ferry_buffer * buf = *out;
+    pthread_mutex_lock(&s->lock);
+    if (!s->have_host) {
+        s->host = buf->iface; /* every buffer of the dummy's type has the same entries */
+        s->have_host = true;
+    }
+    pthread_mutex_unlock(&s->lock);
+    buf->buft = buft;
+    buf->iface.free_buffer = standin_buffer_free;
+    buf->iface.set_tensor = standin_set;
+    buf->iface.get_tensor = standin_get;
+    buf->iface.set_tensor_2d = standin_set_2d;
+    buf->iface.get_tensor_2d = standin_get_2d;
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------- the backend: the dummy's */
+
+static standin_ctx * ctx_of(const ferry_backend * backend) { return backend->context; }
+
+static const char * standin_name(const ferry_backend * backend) { return ctx_of(backend)->name; }
+
+static void standin_free(ferry_backend * backend) {
+    standin_ctx * s = ctx_of(backend);
+    ferry_backend_free(s->inner);
+    s->inner = NULL;
+    s->inner_buft = NULL;
+    unref(s, 0);
+}
+
+static ferry_buffer_type * standin_default_buft(ferry_backend * backend) { return &ctx_of(backend)->buft; }
+
+static bool standin_supports_buft(ferry_backend * backend, ferry_buffer_type * buft) {
+    return buft == &ctx_of(backend)->buft;
+}
+
+static bool standin_supports_op(ferry_backend * backend, const ferry_tensor * op) {
+    return ferry_backend_supports_op(ctx_of(backend)->inner, op);
+}
+
+static ferry_status standin_graph_compute(ferry_backend * backend, ferry_graph * graph) {
+    ferry_backend * inner = ctx_of(backend)->inner;
+    return inner->iface.graph_compute(inner, graph);
+}
+
+static ferry_status standin_copy_queue_new(ferry_backend * backend, ferry_backend ** out) {
+    standin_ctx * s = ctx_of(backend);
+    return ferry_worker_copy_queue_new(backend, s->link.modelled ? &s->link : NULL, out);
+}
+
+/* Its model's memory, or without one the host's, where its buffers are. */
+static ferry_status standin_get_memory(ferry_backend * backend, size_t * free_bytes, size_t * total_bytes) {
+    standin_ctx * s = ctx_of(backend);
+    if (s->params.memory == 0) {
+        return ferry_host_memory(free_bytes, total_bytes);
+    }
+    pthread_mutex_lock(&s->lock);
+    *free_bytes = s->params.memory - s->used;
+    *total_bytes = s->params.memory;
+    pthread_mutex_unlock(&s->lock);
+    return FERRY_OK;
+}
+
+ferry_standin_params ferry_standin_default_params(void) {
+    return (ferry_standin_params) {.link_gbps = 0, .latency_us = 0, .memory = 0};
+}
+
+ferry_status ferry_standin_backend_new_params(const ferry_standin_params * params, ferry_backend ** out) {
     FERRY_CHECK_ARG(out, "standin_backend_new: NULL output");
-    ferry_dummy_params p = ferry_dummy_default_params();
-    p.real_memory = true; /* real bytes, for the CPU kernels */
-    p.has_2d = true;      /* 2-D sets in one call, as cudaMemcpy2DAsync is */
-    p.is_host = false;    /* no other backend may read it: inputs are copied in */
-    FERRY_TRY(ferry_dummy_backend_new_cpu_ops(&p, "CPU (stand-in device)", out));
-    (*out)->iface.copy_queue_new = ferry_worker_copy_queue_new;
+    const ferry_standin_params p = params ? *params : ferry_standin_default_params();
+    /* 1 MB/s is 4 s for 4 MiB: slower is a mistake, not a link */
+    if (!(p.link_gbps == 0 || (p.link_gbps >= 1e-3 && p.link_gbps <= 1e6))) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: link_gbps %g is not 0 (unlimited) or "
+                          "between 1e-3 and 1e6 GB/s", p.link_gbps);
+    }
+    if (!(p.latency_us >= 0 && p.latency_us <= 1e6)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: latency_us %g is not between 0 and 1e6",
+                          p.latency_us);
+    }
+    standin_ctx * s = ferry_calloc(1, sizeof(*s));
+    if (!s) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "standin_backend_new: out of memory");
+    }
+    snprintf(s->name, sizeof(s->name), "CPU (stand-in device)");
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true; /* real bytes, for the CPU kernels */
+    dp.has_2d = true;      /* 2-D sets in one call, as cudaMemcpy2DAsync is */
+    dp.is_host = false;    /* no other backend may read it: inputs are copied in */
+    ferry_status st = ferry_dummy_backend_new_cpu_ops(&dp, s->name, &s->inner);
+    if (st != FERRY_OK) {
+        free(s);
+        return st;
+    }
+    s->inner_buft = ferry_backend_default_buffer_type(s->inner);
+    s->alignment = ferry_buffer_type_alignment(s->inner_buft);
+    s->params = p;
+    s->refs = 1;
+    s->buft.iface = (struct ferry_buffer_type_i) {
+        .get_name = standin_buft_name,
+        .alloc_buffer = standin_buft_alloc,
+        .get_alignment = standin_buft_alignment,
+        .is_host = standin_buft_is_host,
+    };
+    s->buft.context = s;
+    struct ferry_backend_i iface = {
+        .get_name = standin_name,
+        .free = standin_free,
+        .get_default_buffer_type = standin_default_buft,
+        .supports_buft = standin_supports_buft,
+        .supports_op = standin_supports_op,
+        .graph_compute = standin_graph_compute,
+        .set_tensor_2d_async = ferry_cpu_set_tensor_2d, /* the buffer's own, over the link */
+        .get_tensor_2d_async = ferry_cpu_get_tensor_2d,
+        .copy_queue_new = standin_copy_queue_new,
+        .get_memory = standin_get_memory,
+    };
+    st = ferry_backend_init(iface, s, out);
+    if (st != FERRY_OK) {
+        ferry_backend_free(s->inner);
+        free(s);
+        return st;
+    }
+    pthread_mutex_init(&s->lock, NULL);
+    ferry_link_init(&s->link, p.link_gbps, p.latency_us);
+    return FERRY_OK;
+}
+
+ferry_status ferry_standin_backend_new(ferry_backend ** out) { return ferry_standin_backend_new_params(NULL, out); }
+
+static ferry_status standin_of(const ferry_backend * backend, const char * what, standin_ctx ** out) {
+    FERRY_CHECK_ARG(backend, "%s: NULL backend", what);
+    if (backend->iface.get_name != standin_name) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: %s is not a stand-in device", what, ferry_backend_name(backend));
+    }
+    *out = backend->context;
+    return FERRY_OK;
+}
+
+ferry_status ferry_standin_get_link(const ferry_backend * backend, ferry_standin_params * params,
+                                    ferry_link_stats * stats) {
+    standin_ctx * s = NULL;
+    FERRY_TRY(standin_of(backend, "standin_get_link", &s));
+    if (params) {
+        *params = s->params;
+    }
+    if (stats) {
+        *stats = ferry_link_get_stats(&s->link);
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_standin_reset_link_stats(ferry_backend * backend) {
+    standin_ctx * s = NULL;
+    FERRY_TRY(standin_of(backend, "standin_reset_link_stats", &s));
+    ferry_link_reset_stats(&s->link);
     return FERRY_OK;
 }

@@ -1,0 +1,94 @@
+/*
+ * The stand-in device's link: a transfer does its copy at once, then is held until the
+ * link would have carried it, latency + bytes / bandwidth after the link was free for it.
+ * Each direction is one link, taken in turn, as a GPU's copy engine is: a copy queued on
+ * the worker thread and a blocking one on the backend's thread share it. A host that
+ * copies slower than the link cannot be held to it: such transfers are counted late
+ * (ferry_link_stats), so that a tool can say the link was not reached.
+ */
+#include "link.h"
+
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+
+/* A hold polls the clock, yielding its core to anyone who wants it, as the copy queue's idle
+ * worker does: a thread woken from a sleep on a busy core starts up to a scheduler tick late
+ * (4 ms measured on the 2-core dev machine), longer than the link takes for a few MiB. Only
+ * a long hold sleeps, and wakes well before its end. */
+#define SLEEP_ABOVE_SECONDS 6e-3
+#define WAKE_BEFORE_SECONDS 5e-3
+
+static void wait_until(double t) {
+    for (;;) {
+        const double left = t - ferry_now_seconds();
+        if (left <= 0) {
+            return;
+        }
+        if (left > SLEEP_ABOVE_SECONDS) {
+            const double wake = t - WAKE_BEFORE_SECONDS;
+            struct timespec ts = {.tv_sec = (time_t) wake};
+            ts.tv_nsec = (long) ((wake - (double) ts.tv_sec) * 1e9);
+            clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+void ferry_link_init(ferry_link * link, double gbps, double latency_us) {
+    memset(link, 0, sizeof(*link));
+    link->bytes_per_second = gbps * 1e9;
+    link->latency = latency_us * 1e-6;
+    link->modelled = gbps > 0 || latency_us > 0;
+    pthread_mutex_init(&link->lock, NULL);
+}
+
+void ferry_link_destroy(ferry_link * link) { pthread_mutex_destroy(&link->lock); }
+
+link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes) {
+    link_slot slot = {0, 0};
+    if (!link || !link->modelled) {
+        return slot;
+    }
+    const double now = ferry_now_seconds();
+    const double carry = link->latency + (link->bytes_per_second > 0 ? (double) bytes / link->bytes_per_second : 0);
+    pthread_mutex_lock(&link->lock);
+    const double start = link->free_at[dir] > now ? link->free_at[dir] : now;
+    slot.end = start + carry;
+    link->free_at[dir] = slot.end;
+    link->stats.modelled_seconds += carry;
+    pthread_mutex_unlock(&link->lock);
+    slot.copy_start = ferry_now_seconds();
+    return slot;
+}
+
+void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes) {
+    if (!link || !link->modelled) {
+        return;
+    }
+    const double copied = ferry_now_seconds();
+    pthread_mutex_lock(&link->lock);
+    link->stats.transfers++;
+    link->stats.bytes += bytes;
+    link->stats.copy_seconds += copied - slot->copy_start;
+    if (copied > slot->end) {
+        link->stats.late++;
+        link->stats.late_seconds += copied - slot->end;
+    }
+    pthread_mutex_unlock(&link->lock);
+    wait_until(slot->end);
+}
+
+ferry_link_stats ferry_link_get_stats(ferry_link * link) {
+    pthread_mutex_lock(&link->lock);
+    const ferry_link_stats s = link->stats;
+    pthread_mutex_unlock(&link->lock);
+    return s;
+}
+
+void ferry_link_reset_stats(ferry_link * link) {
+    pthread_mutex_lock(&link->lock);
+    memset(&link->stats, 0, sizeof(link->stats));
+    pthread_mutex_unlock(&link->lock);
+}

@@ -1,0 +1,36 @@
+/* The stand-in device's link (link.c): transfers held to latency + bytes / bandwidth. */
+#ifndef FERRY_LINK_H
+#define FERRY_LINK_H
+
+#include "ferry-impl.h"
+
+#include <pthread.h>
+
+typedef enum { LINK_TO_DEVICE = 0, LINK_FROM_DEVICE = 1 } link_dir;
+
+/* One link each way; free_at is when its last transfer ends (the next one starts no
+ * earlier). Shared by the backend's thread and its copy queue's worker: locked. */
+typedef struct {
+    double bytes_per_second; /* 0: unlimited */
+    double latency;          /* seconds */
+    bool modelled;           /* a bandwidth or a latency: otherwise transfers are left alone */
+    pthread_mutex_t lock;
+    double free_at[2];
+    ferry_link_stats stats;
+} ferry_link;
+
+/* A transfer's place on the link: its modelled end, and when its copy began. */
+typedef struct {
+    double copy_start, end;
+} link_slot;
+
+void ferry_link_init(ferry_link * link, double gbps, double latency_us);
+void ferry_link_destroy(ferry_link * link);
+/* Take the link for bytes before copying them; ferry_link_end after the copy counts it and
+ * waits for the modelled end. Without a model both do nothing. */
+link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes);
+void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes);
+ferry_link_stats ferry_link_get_stats(ferry_link * link);
+void ferry_link_reset_stats(ferry_link * link);
+
+#endif
