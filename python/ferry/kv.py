@@ -241,8 +241,8 @@ class KVCache(Closeable):
         if p.head_dim * p.n_head_kv != n_embd:
             raise InvalidArgumentError(f"KVCache.from_arrays: n_embd_gqa {n_embd} is not n_head_kv {n_head_kv} "
                                        "heads of whole values")
-        kbufs = [t._buffer for t in ks]
-        vbufs = [t._buffer for t in vs]
+        kbufs = [_buffer_of(t) for t in ks]
+        vbufs = [_buffer_of(t) for t in vs]
         out = ffi.new("ferry_kv_cache **")
         n = len(ks)
         check(lib.ferry_kv_cache_new_over(
@@ -550,6 +550,13 @@ def _which(which: str, what: str) -> bool:
     return which == "v"
 
 
+def _buffer_of(t: Tensor) -> Any:
+    """The buffer from_array placed t in."""
+    if t._buffer is None:
+        raise InvalidArgumentError("KVCache.from_arrays: an array gave a tensor in no buffer")
+    return t._buffer
+
+
 def _params_of(type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, n_ctx: int, n_stream: int,
                n_layer: int, v_trans: bool) -> Any:
     """A ferry_kv_params of the values, each checked to reach C."""
@@ -565,7 +572,8 @@ def _params_of(type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int
     return p
 
 
-def _placement_bufts(placement: Optional[Sequence[Optional[Backend]]], n_layer: int) -> Optional[List[Optional[BufferType]]]:
+def _placement_bufts(placement: Optional[Sequence[Optional[Backend]]],
+                     n_layer: int) -> Optional[List[Optional[BufferType]]]:
     """Per layer, the buffer type of its placement (None: the cache's own), or None for no placement."""
     if placement is None:
         return None

@@ -117,7 +117,7 @@ def test_one_buffer_per_buffer_type() -> None:
     everywhere = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, 2,
                                placement=[dev, dev])
     with pytest.raises(ferry.InvalidArgumentError, match="layer_buffer"):
-        everywhere.buffer
+        _ = everywhere.buffer
 
 
 def test_placement_refusals() -> None:
