@@ -158,7 +158,8 @@ class KVCache(Closeable):
                     [buft if b is None else b for b in (layer_bufts or [None] * int(p.n_layer))],
                     tuple(None if b is None else b._backend for b in (layer_bufts or [None] * int(p.n_layer))), {})
 
-    def _setup(self, handle: Handle, layer_bufts: List[BufferType], placement: Tuple[Optional[Backend], ...],
+    def _setup(self, handle: Handle, layer_bufts: List[BufferType],
+               placement: Tuple[Union[Backend, BufferType, None], ...],
                foreign: "dict[Tuple[str, int], Any]") -> None:
         self._handle = handle
         self._finalizer = weakref.finalize(self, self._handle.release)
@@ -183,7 +184,8 @@ class KVCache(Closeable):
         dense, shaped [n_stream, kv_size, n_embd_gqa], or V transposed [n_stream, n_embd_gqa,
         kv_size]; for q8_0 its bytes, uint8 [..., row bytes], with type_k / type_v saying so. A
         layer's kv_size may be smaller than the others' (a sliding-window layer). Each layer lives
-        where its arrays are: its placement is the array's memory's backend, or None on the host.
+        where its arrays are: its placement is None on the host, or the device memory's backend
+        (its BufferType where none stands for it).
         Writes through either side are seen by the other; the cache holds the arrays.
 
         Parameters
@@ -254,7 +256,7 @@ class KVCache(Closeable):
         self._buffer_type = kbufs[0].type
         foreign = {**{("k", i): b for i, b in enumerate(kbufs)}, **{("v", i): b for i, b in enumerate(vbufs)}}
         self._setup(Handle(out[0], lib.ferry_kv_cache_free, [b._handle for b in bufs]), [b.type for b in kbufs],
-                    tuple(None if b.type.is_host else b.type._backend for b in kbufs), foreign)
+                    tuple(None if b.type.is_host else b.type._backend or b.type for b in kbufs), foreign)
         return self
 
     def _layer_tensor(self, which: str, layer: int) -> Tensor:
@@ -292,8 +294,10 @@ class KVCache(Closeable):
         return int(lib.ferry_kv_cache_layer_kv_size(self._p, self._layer(layer)))
 
     @property
-    def placement(self) -> Tuple[Optional[Backend], ...]:
-        """Per layer, the backend whose memory holds its K and V, or None for host memory."""
+    def placement(self) -> Tuple[Union[Backend, BufferType, None], ...]:
+        """Per layer, the backend whose memory holds its K and V, or None for host memory; for a
+        cache over device arrays (from_arrays), the memory's BufferType where no Backend object
+        stands for it (CUDA memory a library allocated)."""
         return self._placement
 
     @property

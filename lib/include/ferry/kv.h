@@ -37,7 +37,8 @@ FERRY_API ferry_status ferry_kv_cache_new(const ferry_kv_params * params, ferry_
  * entry is NULL; one buffer is allocated per distinct buffer type, holding all of its
  * layers. Layer l holds layer_cells[l] cells per stream (a sliding-window layer holds its
  * window), or n_ctx / n_stream where layer_cells or its entry is 0. Placement and sizes are
- * fixed for the cache's life. ferry_kv_cache_new(p, buft, out) is this with both NULL.
+ * fixed for the cache's life; layers of no buffer type (host_buft NULL) are laid out, not
+ * allocated. ferry_kv_cache_new(p, buft, out) is this with both lists NULL.
  */
 FERRY_API ferry_status ferry_kv_cache_new_layers(const ferry_kv_params * params, ferry_buffer_type * host_buft,
                                                  ferry_buffer_type * const * layer_bufts,
