@@ -108,7 +108,8 @@ class KVCache(Closeable):
     InvalidArgumentError
         For more than one of backend, buffer_type and pinned, values that cannot reach C, a
         placement or layer_cells list of another length than n_layer, a placement entry that is
-        neither None nor an open Backend, or a layer's cells beyond n_ctx / n_stream.
+        neither None nor an open Backend with memory in its buffers (a DummyBackend without
+        real_memory has none), or a layer's cells beyond n_ctx / n_stream.
     LayoutError
         For a layout C refuses (n_ctx not split evenly, rows not whole blocks, ...).
     OutOfMemoryError
@@ -597,6 +598,9 @@ def _placement_bufts(placement: Optional[Sequence[Optional[Backend]]],
         elif b.closed:
             raise InvalidArgumentError(f"KVCache: placement of layer {i} is a closed backend; its memory "
                                        "cannot hold the layer")
+        elif getattr(b, "real_memory", True) is False:  # a DummyBackend's synthetic addresses
+            raise InvalidArgumentError(f"KVCache: placement of layer {i} is {b._describe()}, whose buffers have "
+                                       "no memory behind them to hold the layer")
         else:
             out.append(b.buffer_type)
     return out

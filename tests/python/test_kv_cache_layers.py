@@ -131,6 +131,9 @@ def test_placement_refusals() -> None:
     closed.close()
     with pytest.raises(ferry.InvalidArgumentError, match="layer 2 is a closed backend"):
         ferry.KVCache(*args, placement=[None, None, closed, None])
+    with pytest.raises(ferry.InvalidArgumentError, match="layer 3 is .*no memory behind them"):
+        ferry.KVCache(*args, placement=[None, None, None, ferry.DummyBackend()])
+    assert ferry.KVCache(*args, placement=[None, None, None, ferry.DummyBackend(real_memory=True)])
     with pytest.raises(ferry.InvalidArgumentError, match="layer_cells"):
         ferry.KVCache(*args, layer_cells=[8, 8])
     with pytest.raises(ferry.InvalidArgumentError, match="layer 1's 41 cells"):
