@@ -92,11 +92,24 @@ class KVCache(Closeable):
         The buffer type that holds the cache.
     pinned : bool, optional
         CUDA's pinned host memory holds the cache.
+    placement : sequence of Backend or None, optional
+        Per layer, where its K and V live: None, the cache's memory above (the host's, as a rule);
+        a Backend, that backend's default buffer type (a device's memory). One buffer is allocated
+        per distinct buffer type. A device-resident layer's windows are views of that device's
+        memory, so a scheduler running attention there copies nothing for them. Fixed for the
+        cache's life; ``placement`` tells it back.
+    layer_cells : sequence of int or None, optional
+        Per layer, its cells per stream (None or 0: n_ctx / n_stream): a sliding-window layer holds
+        its window (plus what a batch adds) and no more. windows(n_kv) gives such a layer
+        min(n_kv, its cells): its ring's whole content.
 
     Raises
     ------
     InvalidArgumentError
-        For more than one of backend, buffer_type and pinned, or values that cannot reach C.
+        For more than one of backend, buffer_type and pinned, values that cannot reach C, a
+        placement or layer_cells list of another length than n_layer, a placement entry that is
+        neither None nor an open Backend with memory in its buffers (a DummyBackend without
+        real_memory has none), or a layer's cells beyond n_ctx / n_stream.
     LayoutError
         For a layout C refuses (n_ctx not split evenly, rows not whole blocks, ...).
     OutOfMemoryError
@@ -108,7 +121,9 @@ class KVCache(Closeable):
 
     def __init__(self, type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, n_ctx: int,
                  n_stream: int, n_layer: int = 1, v_trans: bool = False, backend: Optional[Backend] = None,
-                 buffer_type: Optional[BufferType] = None, pinned: bool = False) -> None:
+                 buffer_type: Optional[BufferType] = None, pinned: bool = False,
+                 placement: Optional[Sequence[Optional[Backend]]] = None,
+                 layer_cells: Optional[Sequence[Optional[int]]] = None) -> None:
         pinned = _checks.as_bool(pinned, "KVCache: pinned")
         if sum(x is not None and x is not False for x in (backend, buffer_type, pinned)) > 1:
             raise InvalidArgumentError("KVCache: give at most one of backend, buffer_type and pinned")
@@ -127,20 +142,31 @@ class KVCache(Closeable):
         else:
             buft = cpu_buffer_type()
         self._buffer_type = buft
-        p = ffi.new("ferry_kv_params *")
-        p.type_k = to_type(type_k).value
-        p.type_v = to_type(type_v).value
-        p.head_dim = _checks.as_int64(head_dim, "KVCache: head_dim")
-        p.n_head_kv = _checks.as_int64(n_head_kv, "KVCache: n_head_kv")
-        p.n_ctx = _checks.as_int64(n_ctx, "KVCache: n_ctx")
-        p.n_stream = _checks.as_int64(n_stream, "KVCache: n_stream")
-        p.n_layer = _checks.as_c_int(n_layer, "KVCache: n_layer")
-        p.v_trans = _checks.as_bool(v_trans, "KVCache: v_trans")
+        p = _params_of(type_k, type_v, head_dim, n_head_kv, n_ctx, n_stream, n_layer, v_trans)
+        layer_bufts = _placement_bufts(placement, int(p.n_layer))
+        cells = _layer_cells(layer_cells, int(p.n_layer))
         out = ffi.new("ferry_kv_cache **")
-        check(lib.ferry_kv_cache_new(p, buft._ptr, out))
-        parent = buft._backend._handle if buft._backend is not None else None
-        self._handle = Handle(out[0], lib.ferry_kv_cache_free, parent)
+        if layer_bufts is None and cells is None:
+            check(lib.ferry_kv_cache_new(p, buft._ptr, out))
+        else:
+            c_bufts = ffi.NULL if layer_bufts is None else ffi.new(
+                "ferry_buffer_type *[]", [ffi.NULL if b is None else b._ptr for b in layer_bufts])
+            c_cells = ffi.NULL if cells is None else ffi.new("int64_t[]", cells)
+            check(lib.ferry_kv_cache_new_layers(p, buft._ptr, c_bufts, c_cells, out))
+        owners = [buft] + [b for b in (layer_bufts or []) if b is not None]
+        parents = [b._backend._handle for b in owners if b._backend is not None]
+        self._setup(Handle(out[0], lib.ferry_kv_cache_free, parents),
+                    [buft if b is None else b for b in (layer_bufts or [None] * int(p.n_layer))],
+                    tuple(None if b is None else b._backend for b in (layer_bufts or [None] * int(p.n_layer))), {})
+
+    def _setup(self, handle: Handle, layer_bufts: List[BufferType],
+               placement: Tuple[Union[Backend, BufferType, None], ...],
+               foreign: "dict[Tuple[str, int], Any]") -> None:
+        self._handle = handle
         self._finalizer = weakref.finalize(self, self._handle.release)
+        self._layer_bufts = layer_bufts
+        self._placement = placement
+        self._foreign = foreign  # (which, layer) -> the ForeignBuffer its tensor lies in (from_arrays)
         c = ffi.new("ferry_kv_params *")
         check(lib.ferry_kv_cache_params(self._handle.ptr, c))  # the cache's own params, as C keeps them
         self._params = KVParams(Type(c.type_k), Type(c.type_v), int(c.head_dim), int(c.n_head_kv), int(c.n_ctx),
@@ -149,13 +175,99 @@ class KVCache(Closeable):
         # and a cache nobody uses frees its (maybe pinned) memory at once.
         self._wrappers: "weakref.WeakValueDictionary[Tuple[str, int], Any]" = weakref.WeakValueDictionary()
 
+    @classmethod
+    def from_arrays(cls, k_layers: Sequence[Any], v_layers: Sequence[Any], n_stream: int = 1,
+                    v_trans: bool = False, type_k: Optional[TypeLike] = None, type_v: Optional[TypeLike] = None,
+                    n_head_kv: int = 1, n_ctx: Optional[int] = None) -> "KVCache":
+        """A cache over arrays the caller owns, one K and one V per layer, without a copy.
+
+        Each array is what ferry.from_array takes (numpy, PyTorch or CuPy; host or CUDA device),
+        dense, shaped [n_stream, kv_size, n_embd_gqa], or V transposed [n_stream, n_embd_gqa,
+        kv_size]; for q8_0 its bytes, uint8 [..., row bytes], with type_k / type_v saying so. A
+        layer's kv_size may be smaller than the others' (a sliding-window layer). Each layer lives
+        where its arrays are: its placement is None on the host, or the device memory's backend
+        (its BufferType where none stands for it).
+        Writes through either side are seen by the other; the cache holds the arrays.
+
+        Parameters
+        ----------
+        k_layers, v_layers : sequence of array
+            Per layer, its K and V.
+        n_stream : int, optional
+            Streams (the arrays' first axis).
+        v_trans : bool, optional
+            V is transposed.
+        type_k, type_v : Type, str or int, optional
+            The types the arrays hold (default: their own dtype's).
+        n_head_kv : int, optional
+            KV heads: n_embd_gqa = head_dim * n_head_kv.
+        n_ctx : int, optional
+            Cells in all streams of a full layer (default: n_stream * the largest kv_size).
+
+        Returns
+        -------
+        KVCache
+
+        Raises
+        ------
+        InvalidArgumentError
+            For lists of different lengths or empty, arrays of another shape, type or memory than
+            their layer's K, or arrays from_array refuses.
+        LayoutError
+            For arrays that are not dense.
+        """
+        from .interop import ForeignBuffer, from_array
+
+        if len(k_layers) != len(v_layers) or not k_layers:
+            raise InvalidArgumentError(f"KVCache.from_arrays: {len(k_layers)} K layers and {len(v_layers)} V layers; "
+                                       "give one K and one V per layer")
+        ns = _checks.as_int64(n_stream, "KVCache.from_arrays: n_stream")
+        vt = _checks.as_bool(v_trans, "KVCache.from_arrays: v_trans")
+        ks = [from_array(a, type=type_k, name=f"cache_k_l{i}") for i, a in enumerate(k_layers)]
+        vs = [from_array(a, type=type_v, name=f"cache_v_l{i}") for i, a in enumerate(v_layers)]
+        for i, t in enumerate(ks + vs):
+            if t._source is not None or t.ne[3] != 1 or t.ne[2] != ns:
+                which = "K" if i < len(ks) else "V"
+                raise InvalidArgumentError(f"KVCache.from_arrays: layer {i % len(ks)}'s {which} is not a dense "
+                                           f"[n_stream={ns}, cells, n_embd_gqa] array (ne {list(t.ne[:3])})")
+        n_embd = ks[0].ne[0]
+        cells = [t.ne[1] for t in ks]
+        for i, (k, v) in enumerate(zip(ks, vs)):
+            want_v = [cells[i], n_embd, ns] if vt else [n_embd, cells[i], ns]
+            if k.ne[0] != n_embd or list(v.ne[:3]) != want_v:
+                raise InvalidArgumentError(f"KVCache.from_arrays: layer {i}'s K ne {list(k.ne[:3])} and V ne "
+                                           f"{list(v.ne[:3])} do not "
+                                           f"match K [{n_embd}, cells, {ns}] and V {want_v}")
+        full = max(cells)
+        p = _params_of(ks[0].type, vs[0].type, n_embd // _checks.as_int64(n_head_kv, "KVCache.from_arrays: n_head_kv"),
+                       n_head_kv, ns * full if n_ctx is None else n_ctx, ns, len(ks), vt)
+        if p.head_dim * p.n_head_kv != n_embd:
+            raise InvalidArgumentError(f"KVCache.from_arrays: n_embd_gqa {n_embd} is not n_head_kv {n_head_kv} "
+                                       "heads of whole values")
+        kbufs = [_buffer_of(t) for t in ks]
+        vbufs = [_buffer_of(t) for t in vs]
+        out = ffi.new("ferry_kv_cache **")
+        n = len(ks)
+        check(lib.ferry_kv_cache_new_over(
+            p, ffi.new("int64_t[]", [0 if c == p.n_ctx // ns else c for c in cells]),
+            ffi.new("ferry_buffer *[]", [b._p for b in kbufs]), ffi.new("size_t[]", [0] * n),
+            ffi.new("ferry_buffer *[]", [b._p for b in vbufs]), ffi.new("size_t[]", [0] * n), out))
+        self = cls.__new__(cls)
+        bufs: List[ForeignBuffer] = [b for b in kbufs + vbufs if isinstance(b, ForeignBuffer)]
+        self._buffer_type = kbufs[0].type
+        foreign = {**{("k", i): b for i, b in enumerate(kbufs)}, **{("v", i): b for i, b in enumerate(vbufs)}}
+        self._setup(Handle(out[0], lib.ferry_kv_cache_free, [b._handle for b in bufs]), [b.type for b in kbufs],
+                    tuple(None if b.type.is_host else b.type._backend or b.type for b in kbufs), foreign)
+        return self
+
     def _layer_tensor(self, which: str, layer: int) -> Tensor:
         t = self._wrappers.get((which, layer))
         if t is None:
             out = ffi.new("ferry_tensor **")
             get = lib.ferry_kv_cache_k if which == "k" else lib.ferry_kv_cache_v
             check(get(self._p, layer, out))
-            t = Tensor._borrow(out[0], self._handle, keep=self, buffer=self.buffer)
+            buf = self._foreign.get((which, layer)) or self.layer_buffer(layer)
+            t = Tensor._borrow(out[0], self._handle, keep=self, buffer=buf)
             self._wrappers[which, layer] = t
         return t
 
@@ -169,17 +281,67 @@ class KVCache(Closeable):
 
     @property
     def kv_size(self) -> int:
-        """Cells per stream."""
+        """Cells per stream of a full-size layer."""
         return int(lib.ferry_kv_cache_kv_size(self._p))
+
+    def layer_kv_size(self, layer: int) -> int:
+        """A layer's cells per stream: kv_size, or fewer for a sliding-window layer.
+
+        Raises
+        ------
+        OutOfBoundsError
+            For a layer the cache does not have.
+        """
+        return int(lib.ferry_kv_cache_layer_kv_size(self._p, self._layer(layer)))
+
+    @property
+    def placement(self) -> Tuple[Union[Backend, BufferType, None], ...]:
+        """Per layer, the backend whose memory holds its K and V, or None for host memory; for a
+        cache over device arrays (from_arrays), the memory's BufferType where no Backend object
+        stands for it (CUDA memory a library allocated)."""
+        return self._placement
 
     @property
     def buffer(self) -> BorrowedBuffer:
-        """The one buffer holding every layer."""
-        buf = self._wrappers.get(("buffer", 0))
+        """The buffer holding every layer in the cache's own host memory (with placement, the layers
+        placed None).
+
+        Raises
+        ------
+        InvalidArgumentError
+            When the cache has no such buffer: every layer placed on a device, or a cache over
+            the caller's arrays (layer_buffer says where each layer is).
+        """
+        buf = self._wrappers.get(("buffer", -1))
         if buf is None:
             ptr = lib.ferry_kv_cache_buffer(self._p)
+            if ptr == ffi.NULL:
+                raise InvalidArgumentError("KVCache.buffer: no layer is in the cache's own host memory; "
+                                           "layer_buffer(layer) gives each layer's")
             buf = BorrowedBuffer(ptr, buffer_type_of(ptr, [self._buffer_type]), self, self._handle)
-            self._wrappers["buffer", 0] = buf
+            self._wrappers["buffer", -1] = buf
+        return buf
+
+    def layer_buffer(self, layer: int) -> Any:
+        """The buffer holding a layer's K and V (the caller's K buffer for a cache over arrays).
+
+        Raises
+        ------
+        OutOfBoundsError
+            For a layer the cache does not have.
+        """
+        i = self._layer(layer)
+        if ("k", i) in self._foreign:
+            return self._foreign["k", i]
+        ptr = lib.ferry_kv_cache_layer_buffer(self._p, i)
+        if ptr == lib.ferry_kv_cache_buffer(self._p):
+            return self.buffer
+        buf = self._wrappers.get(("buffer", i))
+        if buf is None:
+            buf = BorrowedBuffer(ptr, self._layer_bufts[i], self, self._handle)
+            for j in range(self._params.n_layer):  # one wrapper per C buffer
+                if lib.ferry_kv_cache_layer_buffer(self._p, j) == ptr:
+                    self._wrappers["buffer", j] = buf
         return buf
 
     @property
@@ -382,7 +544,8 @@ class KVCache(Closeable):
         p = self._params
         return (f"<KVCache K {p.type_k} V {p.type_v}{' (transposed)' if p.v_trans else ''} head_dim={p.head_dim} "
                 f"n_head_kv={p.n_head_kv} {p.n_stream} x {self.kv_size} cells, {p.n_layer} layers "
-                f"in {self._buffer_type.name}>")
+                f"in {self._buffer_type.name}"
+                f"{'' if all(b is None for b in self._placement) else ' (placed per layer)'}>")
 
 
 def _which(which: str, what: str) -> bool:
@@ -392,11 +555,74 @@ def _which(which: str, what: str) -> bool:
     return which == "v"
 
 
+def _buffer_of(t: Tensor) -> Any:
+    """The buffer from_array placed t in."""
+    if t._buffer is None:
+        raise InvalidArgumentError("KVCache.from_arrays: an array gave a tensor in no buffer")
+    return t._buffer
+
+
+def _params_of(type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, n_ctx: int, n_stream: int,
+               n_layer: int, v_trans: bool) -> Any:
+    """A ferry_kv_params of the values, each checked to reach C."""
+    p = ffi.new("ferry_kv_params *")
+    p.type_k = to_type(type_k).value
+    p.type_v = to_type(type_v).value
+    p.head_dim = _checks.as_int64(head_dim, "KVCache: head_dim")
+    p.n_head_kv = _checks.as_int64(n_head_kv, "KVCache: n_head_kv")
+    p.n_ctx = _checks.as_int64(n_ctx, "KVCache: n_ctx")
+    p.n_stream = _checks.as_int64(n_stream, "KVCache: n_stream")
+    p.n_layer = _checks.as_c_int(n_layer, "KVCache: n_layer")
+    p.v_trans = _checks.as_bool(v_trans, "KVCache: v_trans")
+    return p
+
+
+def _placement_bufts(placement: Optional[Sequence[Optional[Backend]]],
+                     n_layer: int) -> Optional[List[Optional[BufferType]]]:
+    """Per layer, the buffer type of its placement (None: the cache's own), or None for no placement."""
+    if placement is None:
+        return None
+    if isinstance(placement, (str, bytes)) or not isinstance(placement, Sequence):
+        raise InvalidArgumentError(f"KVCache: placement is a sequence of Backend or None, not "
+                                   f"{type(placement).__name__}")
+    if len(placement) != n_layer:
+        raise InvalidArgumentError(f"KVCache: placement has {len(placement)} entries for {n_layer} layers; "
+                                   "give one per layer (None: host memory)")
+    out: List[Optional[BufferType]] = []
+    for i, b in enumerate(placement):
+        if b is None:
+            out.append(None)
+        elif not isinstance(b, Backend):
+            raise InvalidArgumentError(f"KVCache: placement of layer {i} is neither None nor a Backend but "
+                                       f"{type(b).__name__}")
+        elif b.closed:
+            raise InvalidArgumentError(f"KVCache: placement of layer {i} is a closed backend; its memory "
+                                       "cannot hold the layer")
+        elif getattr(b, "real_memory", True) is False:  # a DummyBackend's synthetic addresses
+            raise InvalidArgumentError(f"KVCache: placement of layer {i} is {b._describe()}, whose buffers have "
+                                       "no memory behind them to hold the layer")
+        else:
+            out.append(b.buffer_type)
+    return out
+
+
+def _layer_cells(cells: Optional[Sequence[Optional[int]]], n_layer: int) -> Optional[List[int]]:
+    """Per layer, its cells per stream (0: full), or None for all full."""
+    if cells is None:
+        return None
+    if isinstance(cells, (str, bytes)) or not isinstance(cells, Sequence) or len(cells) != n_layer:
+        raise InvalidArgumentError(f"KVCache: layer_cells is a sequence of {n_layer} int or None, one per layer")
+    return [0 if c is None else _checks.as_int64(c, f"KVCache: layer_cells[{i}]") for i, c in enumerate(cells)]
+
+
 class KVWindows(Sequence[Tuple[Tensor, Tensor]]):
     """Every layer's K and V windows of the first n_kv cells of streams s0..s1 (KVCache.windows).
 
-    Indexing makes a layer's pair with KVCache.window; ferry.attention_step makes every layer's
-    in one C call (ferry_kv_attention_step) instead, and so never wraps them in Python objects.
+    Indexing makes a layer's pair with KVCache.window, of min(n_kv, the layer's cells) cells: a
+    sliding-window layer's window is its ring's whole content once the sequence outgrows it
+    (attention over it takes that layer's kv_len clamped the same way).
+    ferry.attention_step makes every layer's in one C call (ferry_kv_attention_step) instead, and
+    so never wraps them in Python objects; there n_kv must fit every layer.
 
     Parameters
     ----------
@@ -434,7 +660,8 @@ class KVWindows(Sequence[Tuple[Tensor, Tensor]]):
         n = len(self)
         if not -n <= layer < n:
             raise IndexError(f"kv windows: layer {layer} is not in 0..{n - 1}")
-        return self.cache.window(layer % n, self.n_kv, self.s0, self.s1)
+        layer %= n
+        return self.cache.window(layer, min(self.n_kv, self.cache.layer_kv_size(layer)), self.s0, self.s1)
 
     def __repr__(self) -> str:
         return f"<KVWindows n_kv={self.n_kv} streams {self.s0}..{self.s1} of {self.cache!r}>"

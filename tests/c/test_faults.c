@@ -142,6 +142,56 @@ static void test_kv_cache_windows(void) {
     CHECK(sweep("kv cache and windows", kv_run, kv_fini, &s, sizeof(s)) > 0);
 }
 
+/* ------------------------------------------------ a KV cache of placed layers of different sizes */
+
+typedef struct {
+    ferry_backend * dev;
+    ferry_kv_cache * kv;
+    ferry_kv_cache * over;
+    ferry_context * ctx;
+    ferry_buffer * own[2];
+} kv_layers_state;
+
+static void kv_layers_run(void * p) {
+    kv_layers_state * s = p;
+    const ferry_kv_params params = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 16, .n_head_kv = 2,
+                                    .n_ctx = 64, .n_stream = 2, .n_layer = 3, .v_trans = true};
+    STEP(ferry_standin_backend_new(&s->dev));
+    ferry_buffer_type * dev = ferry_backend_default_buffer_type(s->dev);
+    ferry_buffer_type * bufts[3] = {NULL, dev, dev};
+    const int64_t cells[3] = {0, 8, 0};
+    STEP(ferry_kv_cache_new_layers(&params, ferry_cpu_buffer_type(), bufts, cells, &s->kv));
+    CHECK(ferry_kv_cache_layer_buffer(s->kv, 1) == ferry_kv_cache_layer_buffer(s->kv, 2));
+    STEP(ferry_context_new(&s->ctx));
+    ferry_tensor *k, *v;
+    STEP(ferry_kv_cache_window(s->kv, s->ctx, 1, 8, 0, 1, &k, &v));
+    ferry_tensor *k1, *v1;
+    STEP(ferry_kv_cache_k(s->kv, 1, &k1));
+    STEP(ferry_kv_cache_v(s->kv, 1, &v1));
+    for (int i = 0; i < 2; i++) {
+        STEP(ferry_buffer_type_alloc_buffer(ferry_cpu_buffer_type(), 8192, &s->own[i]));
+    }
+    ferry_buffer * kb[3] = {s->own[0], s->own[0], s->own[1]}, * vb[3] = {s->own[1], s->own[1], s->own[0]};
+    const size_t ko[3] = {0, 4096, 4096}, vo[3] = {0, 2048, 0};
+    const int64_t small[3] = {8, 8, 8};
+    STEP(ferry_kv_cache_new_over(&params, small, kb, ko, vb, vo, &s->over));
+}
+
+static void kv_layers_fini(void * p) {
+    kv_layers_state * s = p;
+    ferry_kv_cache_free(s->over);
+    ferry_buffer_free(s->own[0]);
+    ferry_buffer_free(s->own[1]);
+    ferry_context_free(s->ctx);
+    ferry_kv_cache_free(s->kv);
+    ferry_backend_free(s->dev);
+}
+
+static void test_kv_cache_layers(void) {
+    kv_layers_state s;
+    CHECK(sweep("kv cache of placed layers", kv_layers_run, kv_layers_fini, &s, sizeof(s)) > 0);
+}
+
 /* ------------------------------------------------ a decode step made in one call (step-graph.c) */
 
 typedef struct {
@@ -599,6 +649,7 @@ static void test_cuda_backend(void) {
 
 static const check_test tests[] = {
     {"kv_cache_windows", test_kv_cache_windows},
+    {"kv_cache_layers", test_kv_cache_layers},
     {"kv_attention_step", test_kv_attention_step},
     {"sched_every_policy", test_sched_every_policy},
     {"sched_prefetch", test_sched_prefetch},

@@ -1,0 +1,236 @@
+"""A KV cache whose layers differ: placed on a device or the host (placement=), of their own sizes
+(layer_cells=), or over the caller's arrays (KVCache.from_arrays). Every placement gives the
+all-host run's attention outputs byte for byte; device-resident layers copy nothing."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pytest
+
+import ferry
+
+N_LAYER, N_STREAM, KV_SIZE, HEAD_DIM, N_HEAD_KV, N_HEAD, N_KV = 4, 2, 40, 32, 2, 4, 33
+LENS = [N_KV, 9]
+
+_rng = random.Random(22)
+MAPS = {
+    "all host": [False] * N_LAYER,
+    "all device": [True] * N_LAYER,
+    "first 2": [True, True, False, False],
+    "every other": [i % 2 == 0 for i in range(N_LAYER)],
+    "random": [_rng.random() < 0.5 for _ in range(N_LAYER)],
+}
+
+
+def layer_values(type_k: str, type_v: str, v_trans: bool) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """Per layer, its K and V streams' bytes as [n_stream, cells, row bytes] uint8 (V transposed:
+    [n_stream, n_embd_gqa, cells * 2]), the same for every cache of a test."""
+    rng = np.random.default_rng(22)
+    n_embd = HEAD_DIM * N_HEAD_KV
+    out = []
+    for _ in range(N_LAYER):
+        pair = []
+        for ty, trans in ((type_k, False), (type_v, v_trans)):
+            vals = rng.uniform(-1, 1, (N_STREAM, KV_SIZE, n_embd)).astype(np.float32)
+            if trans:
+                vals = np.ascontiguousarray(vals.transpose(0, 2, 1))
+            raw = ferry.quantize(vals.reshape(-1), ty).view(np.uint8)
+            pair.append(raw.reshape(N_STREAM, vals.shape[1], -1))
+        out.append((pair[0], pair[1]))
+    return out
+
+
+def fill(kv: ferry.KVCache, values: Sequence[Tuple[np.ndarray, np.ndarray]]) -> None:
+    for layer, (k, v) in enumerate(values):
+        for s in range(N_STREAM):
+            kv.set_stream("k", layer, s, k[s].tobytes())
+            kv.set_stream("v", layer, s, v[s].tobytes())
+
+
+def run(kv: ferry.KVCache, split: ferry.Backend, v_trans: bool, policy: str, prefetch: int,
+        one_call: bool = False) -> Tuple[bytes, ferry.SchedStats]:
+    rng = np.random.default_rng(7)
+    q = [ferry.Tensor.from_numpy(split, rng.uniform(-1, 1, (N_STREAM, 1, N_HEAD, HEAD_DIM)).astype(np.float32))
+         for _ in range(N_LAYER)]
+    kv_len = ferry.Tensor.from_numpy(split, np.array(LENS, np.int32))
+    with ferry.Scheduler([split, ferry.CPUBackend()], policy=policy, prefetch=prefetch) as sched:
+        windows: Any = kv.windows(N_KV) if one_call else [kv.window(layer, N_KV) for layer in range(N_LAYER)]
+        outs = ferry.attention_step(sched, split, windows, q, kv_len, v_trans)
+        sched.compute(ferry.Graph(*outs))
+        return b"".join(o.get() for o in outs), sched.stats
+
+
+def window_bytes(kv: ferry.KVCache, layer: int, n_kv: int) -> int:
+    """What a layer's K and V windows of n_kv cells of every stream read."""
+    k, v = kv.window(layer, n_kv)
+    return sum(int(np.prod(t.ne)) // t.type.blck_size * t.type.size for t in (k, v))
+
+
+CASES = [("f16", "f16", False), ("f16", "f16", True), ("q8_0", "q8_0", False), ("q8_0", "f16", True)]
+
+
+@pytest.mark.parametrize("type_k,type_v,v_trans", CASES)
+def test_every_placement_as_all_host(type_k: str, type_v: str, v_trans: bool) -> None:
+    dev = ferry.StandinBackend()
+    values = layer_values(type_k, type_v, v_trans)
+    host = ferry.KVCache(type_k, type_v, HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER, v_trans=v_trans)
+    fill(host, values)
+    want, st_host = run(host, dev, v_trans, "ranges", 0)
+    assert st_host.bytes_read == sum(window_bytes(host, layer, N_KV) for layer in range(N_LAYER))
+    if not v_trans:  # a transposed V's ranges may merge its rows' small gaps
+        assert st_host.bytes_copied == st_host.bytes_read
+    per_layer = st_host.bytes_copied // N_LAYER  # every layer is laid out alike
+    for name, on_dev in MAPS.items():
+        placement = [dev if d else None for d in on_dev]
+        kv = ferry.KVCache(type_k, type_v, HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER,
+                           v_trans=v_trans, placement=placement)
+        assert kv.placement == tuple(placement)
+        fill(kv, values)
+        for layer in range(N_LAYER):  # get_stream reads a device layer back through its transfers
+            assert kv.get_stream("k", layer, 1) == values[layer][0][1].tobytes()
+        n_host = sum(not d for d in on_dev)
+        for policy in ("flat", "ranges", "plan"):
+            for prefetch in (0, 1):
+                got, st = run(kv, dev, v_trans, policy, prefetch)
+                assert got == want, (name, policy, prefetch)
+                if n_host == 0:
+                    assert st.bytes_copied == 0, (name, policy)
+                if policy == "ranges":  # host layers copy what the all-host run copies for them, no more
+                    assert st.bytes_copied == n_host * per_layer, (name, prefetch)
+        got, _ = run(kv, dev, v_trans, "ranges", 1, one_call=True)
+        assert got == want, name
+
+
+def test_one_buffer_per_buffer_type() -> None:
+    dev = ferry.StandinBackend()
+    kv = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER,
+                       placement=[dev, None, dev, None])
+    assert kv.layer_buffer(0) is kv.layer_buffer(2)
+    assert kv.layer_buffer(1) is kv.buffer is kv.layer_buffer(3)
+    assert kv.layer_buffer(0).type == dev.buffer_type
+    assert kv.k(2).buffer is kv.layer_buffer(0)
+    layer = HEAD_DIM * N_HEAD_KV * KV_SIZE * N_STREAM * 2
+    assert kv.layer_buffer(0).size >= 4 * layer and kv.buffer.size >= 4 * layer
+    everywhere = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, 2,
+                               placement=[dev, dev])
+    with pytest.raises(ferry.InvalidArgumentError, match="layer_buffer"):
+        _ = everywhere.buffer
+
+
+def test_placement_refusals() -> None:
+    dev = ferry.StandinBackend()
+    args = ("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER)
+    with pytest.raises(ferry.InvalidArgumentError, match="3 entries for 4 layers"):
+        ferry.KVCache(*args, placement=[None, dev, None])
+    with pytest.raises(ferry.InvalidArgumentError, match="layer 1 is neither None nor a Backend"):
+        ferry.KVCache(*args, placement=[None, "cuda0", None, None])
+    closed = ferry.StandinBackend()
+    closed.close()
+    with pytest.raises(ferry.InvalidArgumentError, match="layer 2 is a closed backend"):
+        ferry.KVCache(*args, placement=[None, None, closed, None])
+    with pytest.raises(ferry.InvalidArgumentError, match="layer 3 is .*no memory behind them"):
+        ferry.KVCache(*args, placement=[None, None, None, ferry.DummyBackend()])
+    assert ferry.KVCache(*args, placement=[None, None, None, ferry.DummyBackend(real_memory=True)])
+    with pytest.raises(ferry.InvalidArgumentError, match="layer_cells"):
+        ferry.KVCache(*args, layer_cells=[8, 8])
+    with pytest.raises(ferry.InvalidArgumentError, match="layer 1's 41 cells"):
+        ferry.KVCache(*args, layer_cells=[None, KV_SIZE + 1, None, None])
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_sliding_layer_reads_its_window(v_trans: bool) -> None:
+    """A layer of 8 cells holds 8; windows(n_kv) gives it 8 and attention over them with kv_len
+    clamped to 8 is what a full layer holding the same 8 cells gives."""
+    dev, win = ferry.StandinBackend(), 8
+    args = ("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, 2)
+    kv = ferry.KVCache(*args, v_trans=v_trans, layer_cells=[None, win])
+    full = ferry.KVCache(*args, v_trans=v_trans)
+    assert (kv.layer_kv_size(0), kv.layer_kv_size(1), kv.kv_size) == (KV_SIZE, win, KV_SIZE)
+    assert tuple(kv.k(1).ne[:3]) == (HEAD_DIM * N_HEAD_KV, win, N_STREAM)
+    rng = np.random.default_rng(3)
+    n_embd = HEAD_DIM * N_HEAD_KV
+    for s in range(N_STREAM):
+        for which in ("k", "v"):
+            ring = rng.uniform(-1, 1, (win, n_embd)).astype(np.float16)
+            wide = np.zeros((KV_SIZE, n_embd), np.float16)
+            wide[:win] = ring
+            if which == "v" and v_trans:
+                ring, wide = np.ascontiguousarray(ring.T), np.ascontiguousarray(wide.T)
+            kv.set_stream(which, 1, s, ring)
+            full.set_stream(which, 1, s, wide)
+    ws = kv.windows(N_KV)
+    k, v = ws[1]
+    assert k.ne[1] == win and ws[0][0].ne[1] == N_KV
+    with pytest.raises(ferry.OutOfBoundsError, match="layer 1 holds 8 cells"):
+        kv.window(1, win + 1)
+    q = ferry.Tensor.from_numpy(dev, rng.uniform(-1, 1, (N_STREAM, 1, N_HEAD, HEAD_DIM)).astype(np.float32))
+    lens = [min(n, win) for n in LENS]
+    kv_len = ferry.Tensor.from_numpy(dev, np.array(lens, np.int32))
+    outs = []
+    for cache, n in ((kv, N_KV), (full, win)):
+        with ferry.Scheduler([dev, ferry.CPUBackend()], policy="ranges") as sched:
+            kw, vw = cache.windows(n)[1]
+            out = ferry.attention_step(sched, dev, [(kw, vw)], [q], kv_len, v_trans)
+            sched.compute(ferry.Graph(*out))
+            outs.append(out[0].get())
+            assert sched.stats.bytes_read == window_bytes(kv, 1, win)  # no more than its window
+            if cache is kv:  # its ring is all it copies, transposed V included
+                assert sched.stats.bytes_copied == sched.stats.bytes_read
+    assert outs[0] == outs[1]
+
+
+def own_arrays(values: Sequence[Tuple[np.ndarray, np.ndarray]], as_type: Optional[np.dtype]) -> Tuple[list, list]:
+    ks, vs = [], []
+    for k, v in values:
+        for src, dst in ((k, ks), (v, vs)):
+            a = src.copy()
+            dst.append(a.view(as_type) if as_type is not None else a)
+    return ks, vs
+
+
+@pytest.mark.parametrize("type_k,type_v,v_trans", CASES)
+def test_from_arrays_as_own_cache(type_k: str, type_v: str, v_trans: bool) -> None:
+    dev = ferry.StandinBackend()
+    values = layer_values(type_k, type_v, v_trans)
+    own = ferry.KVCache(type_k, type_v, HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER, v_trans=v_trans)
+    fill(own, values)
+    want, _ = run(own, dev, v_trans, "ranges", 0)
+    f16 = type_k == "f16" and type_v == "f16"
+    ks, vs = own_arrays(values, np.dtype(np.float16) if f16 else None)
+    kv = ferry.KVCache.from_arrays(ks, vs, n_stream=N_STREAM, v_trans=v_trans, n_head_kv=N_HEAD_KV,
+                                   type_k=None if f16 else type_k, type_v=None if f16 else type_v)
+    assert kv.params == own.params and kv.placement == (None,) * N_LAYER
+    assert kv.k(1).address == ks[1].ctypes.data  # no copy
+    for policy, prefetch, one_call in (("ranges", 0, False), ("plan", 1, False), ("flat", 1, True)):
+        got, _ = run(kv, dev, v_trans, policy, prefetch, one_call)
+        assert got == want, (policy, prefetch, one_call)
+    vs[0][...] = 0  # the caller's writes are the cache's
+    assert kv.get_stream("v", 0, 0) == bytes(vs[0][0].nbytes)
+
+
+def test_from_arrays_refusals() -> None:
+    k = np.zeros((N_STREAM, 8, HEAD_DIM), np.float16)
+    with pytest.raises(ferry.InvalidArgumentError, match="1 K layers and 2 V layers"):
+        ferry.KVCache.from_arrays([k], [k, k], n_stream=N_STREAM)
+    with pytest.raises(ferry.InvalidArgumentError, match="n_stream=3"):
+        ferry.KVCache.from_arrays([k], [k], n_stream=3)
+    with pytest.raises(ferry.InvalidArgumentError, match="layer 0's K ne"):
+        ferry.KVCache.from_arrays([k], [np.zeros((N_STREAM, 9, HEAD_DIM), np.float16)], n_stream=N_STREAM)
+    with pytest.raises(ferry.InvalidArgumentError, match="not a dense"):
+        ferry.KVCache.from_arrays([k[:, ::2]], [k[:, ::2]], n_stream=N_STREAM)
+
+
+def test_from_torch_cpu_tensors() -> None:
+    torch = pytest.importorskip("torch")
+    values = layer_values("f16", "f16", False)
+    own = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER)
+    fill(own, values)
+    dev = ferry.StandinBackend()
+    want, _ = run(own, dev, False, "ranges", 0)
+    ks, vs = own_arrays(values, np.dtype(np.float16))
+    kv = ferry.KVCache.from_arrays([torch.from_numpy(a) for a in ks], [torch.from_numpy(a) for a in vs],
+                                   n_stream=N_STREAM, n_head_kv=N_HEAD_KV)
+    assert run(kv, dev, False, "ranges", 1)[0] == want
