@@ -4,6 +4,7 @@
  * gives the bytes of the same step on one device, under every copy policy, serial and
  * prefetched; each device's splits copy exactly its own layers' windows, a query that
  * lives on the other device, and an output read on the other device; refusals name the layer.
+ * On a machine with one GPU the CUDA tests run two backends on it (the memory then shared).
  */
 #include "check.h"
 
@@ -19,7 +20,12 @@ static ferry_status make_standin(int device, ferry_backend ** out) {
     return ferry_standin_backend_new(out);
 }
 
-static ferry_status make_cuda(int device, ferry_backend ** out) { return ferry_cuda_backend_new(device, out); }
+/* CUDA device `device`, or device 0 on a machine with one: two backends on one GPU. */
+static ferry_status make_cuda(int device, ferry_backend ** out) {
+    int n = 1;
+    ferry_cuda_device_count(&n);
+    return ferry_cuda_backend_new(n > device ? device : 0, out);
+}
 
 typedef struct {
     ferry_backend * dev[2];
@@ -126,6 +132,8 @@ static void run_step(fixture * f, const int * on, ferry_copy_policy policy, int 
     CHECK_OK(ferry_graph_new(&graph));
     ferry_backend * backends[N_LAYER];
     for (int l = 0; l < N_LAYER; l++) backends[l] = f->dev[on[l]];
+    /* two backends of one device read each other's memory: nothing but windows is copied */
+    const bool apart = ferry_backend_default_buffer_type(f->dev[0]) != ferry_backend_default_buffer_type(f->dev[1]);
     ferry_tensor * outs[N_LAYER];
     ferry_tensor * chained;
     ferry_sched_clear_assignments(f->sched);
@@ -159,21 +167,21 @@ static void run_step(fixture * f, const int * on, ferry_copy_policy policy, int 
         }
         for (int j = 0; j < N_LAYER; j++) {
             if (in.src == f->q[j]) {
-                CHECK(sp.backend == f->dev[1] && on[j] == 1); /* q lives on dev[0] */
+                CHECK(apart && sp.backend == f->dev[1] && on[j] == 1); /* q lives on dev[0] */
                 q_copies[j]++;
             }
         }
         if (in.src == outs[0]) {
-            CHECK(sp.backend == f->dev[1] && on[0] == 0);
+            CHECK(apart && sp.backend == f->dev[1] && on[0] == 0);
             chain_copies++;
         }
     }
     for (int l = 0; l < N_LAYER; l++) {
         CHECK_EQ_U(windows[l], 2);
-        CHECK_EQ_U(q_copies[l], on[l] == 1 ? 1 : 0);
+        CHECK_EQ_U(q_copies[l], apart && on[l] == 1 ? 1 : 0);
         CHECK(r->window_bytes[l] > 0);
     }
-    CHECK_EQ_U(chain_copies, on[0] == 0 ? 1 : 0);
+    CHECK_EQ_U(chain_copies, apart && on[0] == 0 ? 1 : 0);
     ferry_sched_stats stats;
     CHECK_OK(ferry_sched_get_stats(f->sched, &stats));
     CHECK(prefetch == 0 ? stats.prefetched == 0 : stats.prefetched > 0);
@@ -271,12 +279,11 @@ static void test_refusals(void) {
 }
 
 #ifdef FERRY_HAVE_CUDA_TESTS
-/* Two CUDA devices: the fake runtime presents them when asked; a GPU machine needs two. */
-static void need_two_devices(void) {
+/* A CUDA device; the fake runtime presents two when asked (a GPU machine has what it has). */
+static void need_device(void) {
     setenv("FERRY_FAKE_CUDA_DEVICES", "2", 0);
-    int n = 0;
-    if (!ferry_cuda_available() || ferry_cuda_device_count(&n) != FERRY_OK || n < 2) {
-        printf("SKIP: fewer than two CUDA devices\n");
+    if (!ferry_cuda_available()) {
+        printf("SKIP: no CUDA device\n");
         fflush(stdout);
         exit(77);
     }
@@ -304,19 +311,25 @@ static void check_cuda_two_devices(ferry_type type, bool v_trans) {
 }
 
 static void test_cuda_two_devices_f16(void) {
-    need_two_devices();
+    need_device();
     SUB(check_cuda_two_devices(FERRY_TYPE_F16, false));
     SUB(check_cuda_two_devices(FERRY_TYPE_F16, true));
 }
 
 static void test_cuda_two_devices_q8_0(void) {
-    need_two_devices();
+    need_device();
     SUB(check_cuda_two_devices(FERRY_TYPE_Q8_0, false));
 }
 
 /* Each device's memory is its own: CUDA1's backend takes only its own buffers. */
 static void test_cuda_devices_own_memory(void) {
-    need_two_devices();
+    need_device();
+    int n = 0;
+    CHECK_OK(ferry_cuda_device_count(&n));
+    if (n < 2) {
+        printf("one device: nothing of a second's memory to check\n");
+        return;
+    }
     ferry_backend *a, *b;
     CHECK_OK(ferry_cuda_backend_new(0, &a));
     CHECK_OK(ferry_cuda_backend_new(1, &b));
@@ -329,7 +342,7 @@ static void test_cuda_devices_own_memory(void) {
     ferry_backend_free(a);
     ferry_backend_free(b);
     ferry_backend * c;
-    CHECK_FAILS(ferry_cuda_backend_new(2, &c), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_cuda_backend_new(n, &c), FERRY_ERR_INVALID_ARG);
 }
 #endif
 
