@@ -46,11 +46,13 @@ def layer_split(n_layer: int, devices: Sequence[Backend]) -> List[Backend]:
     """The default map of layers to devices: contiguous ranges, in device order, as llama.cpp's
     layer split (``-sm layer``) assigns them with an even tensor split.
 
-    Layer l goes to device ``l * n_dev // n_layer``: each device gets n_layer // n_dev layers
-    and the first n_layer % n_dev devices one more (5 layers on 2 devices: 3 and 2). llama.cpp
-    gives layer l the first device whose cumulative share exceeds l / n_layer, which is the same
-    map; it counts its output layer among the layers when every layer is offloaded, which a step
-    of attention does not have.
+    llama.cpp gives layer l the first device whose cumulative share ((d + 1) / n_dev, each
+    device an equal share) exceeds l / n_layer; in whole numbers, device ``l * n_dev // n_layer``.
+    Device d so takes layers ceil(d * n_layer / n_dev) up to ceil((d + 1) * n_layer / n_dev):
+    n_layer // n_dev of them or one more, the extra layers spread where the shares' boundaries
+    fall (5 layers on 2 devices: 3 and 2; 10 on 4: 3, 2, 3, 2). llama.cpp also counts its
+    output layer among the layers when every layer is offloaded; a step of attention has none.
+    Any other map is a list of the same length.
 
     Parameters
     ----------
@@ -142,18 +144,21 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
     if len(windows) != len(q):
         raise InvalidArgumentError(f"attention_step: {len(windows)} layers of windows but {len(q)} queries")
     backends = _per_layer(backend, len(q))
-    if isinstance(windows, KVWindows):
+    if isinstance(windows, KVWindows):  # C checks every layer's backend before it assigns any
         return _attention_step_c(sched, backends, windows, q, kv_len, v_trans)
+    # the same here: a refused backend assigns nothing
+    own = {b._p for b in _checks.instance(sched, Scheduler, "assign").backends}
+    for layer, b in enumerate(backends):
+        if b._p not in own:
+            raise InvalidArgumentError(f"attention_step: layer {layer}'s backend {b.name} is not one of the "
+                                       "scheduler's")
     outs = []
     for layer, pair in enumerate(windows):
         if not hasattr(pair, "__len__") or len(pair) != 2:
             raise InvalidArgumentError(f"attention_step: layer {layer}'s windows are not a (K, V) pair")
         k, v = pair
         out = attn_decode(q[layer], k, v, kv_len, v_trans=v_trans, name=f"attn{layer}").set_output()
-        try:
-            sched.assign(out, backends[layer])
-        except InvalidArgumentError as e:
-            raise InvalidArgumentError(f"attention_step: layer {layer}: {e}") from None
+        sched.assign(out, backends[layer])
         outs.append(out)
     return outs
 

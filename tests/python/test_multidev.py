@@ -8,7 +8,9 @@ FERRY_FAKE_CUDA_DEVICES set to 2 for these tests) or of a machine that has them.
 
 from __future__ import annotations
 
+import bisect
 import os
+from fractions import Fraction
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -94,6 +96,8 @@ def test_layer_split_is_llama_cpp_s_even_split() -> None:
     assert ferry.layer_split(4, [a, b]) == [a, a, b, b]
     assert ferry.layer_split(7, [a, b, c]) == [a, a, a, b, b, c, c]
     assert ferry.layer_split(8, [a, b, c]) == [a, a, a, b, b, b, c, c]
+    d = ferry.CPUBackend()
+    assert ferry.layer_split(10, [a, b, c, d]) == [a, a, a, b, b, c, c, c, d, d]
     assert ferry.layer_split(2, [a, b, c]) == [a, b]
     assert ferry.layer_split(3, [a]) == [a, a, a]
     for n_layer in range(1, 40):
@@ -101,9 +105,11 @@ def test_layer_split_is_llama_cpp_s_even_split() -> None:
             devs = [ferry.CPUBackend() for _ in range(n_dev)]
             got = [devs.index(d) for d in ferry.layer_split(n_layer, devs)]
             assert got == sorted(got)  # contiguous ranges, in device order
+            # llama.cpp: the first device whose cumulative share (d + 1) / n_dev exceeds l / n_layer
+            shares = [Fraction(d + 1, n_dev) for d in range(n_dev)]
+            assert got == [bisect.bisect_right(shares, Fraction(layer, n_layer)) for layer in range(n_layer)]
             sizes = [got.count(d) for d in range(n_dev)]
-            # n_layer // n_dev each, the first n_layer % n_dev devices one more
-            assert sizes == [n_layer // n_dev + (d < n_layer % n_dev) for d in range(n_dev)]
+            assert all(size in (n_layer // n_dev, n_layer // n_dev + 1) for size in sizes)
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ferry.InvalidArgumentError, match="n_layer"):
             ferry.layer_split(bad, [a])  # type: ignore[arg-type]
