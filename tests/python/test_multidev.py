@@ -54,8 +54,8 @@ class Step:
         sched.compute(graph)
         outs = [t.get() for t in graph.outputs]
         layers = {(t._ptr): layer for layer in range(N_LAYER) for t in (self.kv.k(layer), self.kv.v(layer))}
-        windows: Dict[int, int] = {layer: 0 for layer in range(N_LAYER)}
-        copied: Dict[int, int] = {layer: 0 for layer in range(N_LAYER)}
+        windows: Dict[int, int] = dict.fromkeys(range(N_LAYER), 0)
+        copied: Dict[int, int] = dict.fromkeys(range(N_LAYER), 0)
         splits = sched.splits
         for split in splits:
             for inp in split.inputs:
@@ -66,7 +66,7 @@ class Step:
                     assert split.backend._p == on[layer]._p
                     windows[layer] += 1
                     copied[layer] += inp.stats.bytes_copied
-        assert windows == {layer: 2 for layer in range(N_LAYER)}
+        assert windows == dict.fromkeys(range(N_LAYER), 2)
         # one split per run of layers on one device
         runs = 1 + sum(on[i]._p != on[i + 1]._p for i in range(N_LAYER - 1))
         assert len(splits) == runs
