@@ -89,6 +89,9 @@ static inline void ferry_sched_add_input_stats(ferry_sched_stats * total, const 
 
 /* At alloc, after the splits: which inputs go ahead on a copy queue (queue_of, last_prefetched). */
 ferry_status ferry_sched_prefetch_choose(ferry_sched * s);
+
+/* Is backend one of the scheduler's? (sched.c) */
+bool ferry_sched_has_backend(const ferry_sched * s, const ferry_backend * backend);
 /* At alloc, after the allocation: their events, and what they hold ahead. */
 ferry_status ferry_sched_prefetch_prepare(ferry_sched * s);
 /* Forget them (events freed once reached). */

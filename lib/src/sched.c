@@ -134,6 +134,10 @@ static int backend_index(const ferry_sched * s, const ferry_backend * backend) {
     return -1;
 }
 
+bool ferry_sched_has_backend(const ferry_sched * s, const ferry_backend * backend) {
+    return s && backend && backend_index(s, backend) >= 0;
+}
+
 ferry_status ferry_sched_set_tensor_backend(ferry_sched * s, ferry_tensor * node, ferry_backend * backend) {
     FERRY_CHECK_ARG(s && node && backend, "sched_set_tensor_backend: NULL argument");
     const int b = backend_index(s, backend);

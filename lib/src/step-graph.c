@@ -1,5 +1,6 @@
 /* A decode step's windows, attention nodes, assignments and graph, made in one call. */
 #include "ferry-impl.h"
+#include "sched-impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +30,51 @@ static ferry_status make_layer(const ferry_kv_cache * kv, ferry_context * ctx, i
     return ferry_tensor_set_output(*out);
 }
 
+ferry_status ferry_kv_attention_step_on(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer,
+                                        int64_t n_kv, int64_t s0, int64_t s1, ferry_tensor * const * q,
+                                        ferry_tensor * kv_len, bool v_trans, ferry_sched * sched,
+                                        ferry_backend * const * backends, ferry_graph * graph, ferry_tensor ** outs) {
+    FERRY_CHECK_ARG(kv && ctx && q && kv_len && sched && backends && graph && outs,
+                    "kv_attention_step: NULL argument");
+    ferry_kv_params p;
+    FERRY_TRY(ferry_kv_cache_params(kv, &p));
+    if (n_layer <= 0 || n_layer > p.n_layer) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_attention_step: %d layers, but the cache has 1..%d", n_layer,
+                          p.n_layer);
+    }
+    /* Every layer's backend is checked before anything is made or assigned. */
+    for (int32_t l = 0; l < n_layer; l++) {
+        if (!backends[l]) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_attention_step: layer %d's backend is NULL", l);
+        }
+        if (!ferry_sched_has_backend(sched, backends[l])) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG,
+                              "kv_attention_step: layer %d's backend %s is not one of the scheduler's", l,
+                              ferry_backend_name(backends[l]));
+        }
+    }
+    /* The outputs go to outs only on success: a caller never sees a half-made step. */
+    ferry_tensor ** made = ferry_malloc((size_t) n_layer * sizeof(*made));
+    if (!made) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "kv_attention_step: out of memory");
+    }
+    ferry_status st = FERRY_OK;
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        st = make_layer(kv, ctx, l, n_kv, s0, s1, q[l], kv_len, v_trans, &made[l]);
+    }
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        st = ferry_sched_set_tensor_backend(sched, made[l], backends[l]);
+    }
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        st = ferry_graph_build(graph, made[l]);
+    }
+    if (st == FERRY_OK) {
+        memcpy(outs, made, (size_t) n_layer * sizeof(*made));
+    }
+    free(made);
+    return st;
+}
+
 ferry_status ferry_kv_attention_step(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer, int64_t n_kv,
                                      int64_t s0, int64_t s1, ferry_tensor * const * q, ferry_tensor * kv_len,
                                      bool v_trans, ferry_sched * sched, ferry_backend * backend, ferry_graph * graph,
@@ -41,25 +87,16 @@ ferry_status ferry_kv_attention_step(const ferry_kv_cache * kv, ferry_context * 
         return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_attention_step: %d layers, but the cache has 1..%d", n_layer,
                           p.n_layer);
     }
-    /* The outputs go to outs only on success: a caller never sees a half-made step. */
-    ferry_tensor ** made = ferry_malloc((size_t) n_layer * sizeof(*made));
-    if (!made) {
+    /* The same backend for every layer. */
+    ferry_backend ** backends = ferry_malloc((size_t) n_layer * sizeof(*backends));
+    if (!backends) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "kv_attention_step: out of memory");
     }
-    ferry_status st = FERRY_OK;
-    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
-        st = make_layer(kv, ctx, l, n_kv, s0, s1, q[l], kv_len, v_trans, &made[l]);
+    for (int32_t l = 0; l < n_layer; l++) {
+        backends[l] = backend;
     }
-    /* Assignments before the graph: a backend not the scheduler's is refused at the first one. */
-    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
-        st = ferry_sched_set_tensor_backend(sched, made[l], backend);
-    }
-    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
-        st = ferry_graph_build(graph, made[l]);
-    }
-    if (st == FERRY_OK) {
-        memcpy(outs, made, (size_t) n_layer * sizeof(*made));
-    }
-    free(made);
+    const ferry_status st =
+        ferry_kv_attention_step_on(kv, ctx, n_layer, n_kv, s0, s1, q, kv_len, v_trans, sched, backends, graph, outs);
+    free(backends);
     return st;
 }

@@ -73,7 +73,7 @@ from .policy import CopyPolicy
 from .quant import dequantize, pack_blocks, quantize
 from .sched import Input, Scheduler, Split
 from .stats import KINDS, CopyStats, LinkStats, MemoryInfo, SchedStats, Stats
-from .step import StepGraph, StepOutputs, attention_step, step_graph
+from .step import StepGraph, StepOutputs, attention_step, layer_split, step_graph
 from .tensor import Tensor
 from .types import Type, numpy_dtype, row_size, to_type, type_from_dtype
 
@@ -122,7 +122,7 @@ __all__ = [
     "explain_tensor",
     # the scheduler, the KV cache and a decode step
     "Scheduler", "Split", "Input", "KVCache", "KVParams", "KVWindows", "StepGraph", "StepOutputs",
-    "attention_step", "step_graph",
+    "attention_step", "layer_split", "step_graph",
     # numpy, PyTorch and CuPy without copies
     "from_array", "ForeignBuffer", "TensorBytes",
 ]

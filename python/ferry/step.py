@@ -38,11 +38,68 @@ from .tensor import Tensor, _new_context
 #: Builds a step's graph for a key: assigns its nodes on the scheduler and returns the outputs (or a Graph).
 Build = Callable[[Hashable], Union[Graph, Sequence[Tensor]]]
 
+#: Where a step's attention runs: one backend for every layer, or one per layer.
+Backends = Union[Backend, Sequence[Backend]]
 
-def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[Tensor, Tensor]],
+
+def layer_split(n_layer: int, devices: Sequence[Backend]) -> List[Backend]:
+    """The default map of layers to devices: contiguous ranges, in device order, as llama.cpp's
+    layer split (``-sm layer``) assigns them with an even tensor split.
+
+    llama.cpp gives layer l the first device whose cumulative share ((d + 1) / n_dev, each
+    device an equal share) exceeds l / n_layer; in whole numbers, device ``l * n_dev // n_layer``.
+    Device d so takes layers ceil(d * n_layer / n_dev) up to ceil((d + 1) * n_layer / n_dev):
+    n_layer // n_dev of them or one more, the extra layers spread where the shares' boundaries
+    fall (5 layers on 2 devices: 3 and 2; 10 on 4: 3, 2, 3, 2). llama.cpp also counts its
+    output layer among the layers when every layer is offloaded; a step of attention has none.
+    Any other map is a list of the same length.
+
+    Parameters
+    ----------
+    n_layer : int
+        Layers, 1 or more.
+    devices : sequence of Backend
+        The devices, 1 or more, in the order their ranges go.
+
+    Returns
+    -------
+    list of Backend
+        Per layer, its device: what attention_step takes.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For n_layer below 1, no devices, or devices that are not Backends.
+    """
+    if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
+        raise InvalidArgumentError(f"layer_split: n_layer must be a positive int, got {n_layer!r}")
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, "__len__") or len(devices) == 0:
+        raise InvalidArgumentError("layer_split: devices is a non-empty sequence of Backends")
+    devs = [_checks.instance(d, Backend, f"layer_split: devices[{i}]") for i, d in enumerate(devices)]
+    return [devs[layer * len(devs) // n_layer] for layer in range(n_layer)]
+
+
+def _per_layer(backend: Backends, n_layer: int) -> List[Backend]:
+    """backend as one Backend per layer; InvalidArgumentError for a list of the wrong length or
+    an item that is not a Backend."""
+    if isinstance(backend, Backend):
+        return [backend] * n_layer
+    if isinstance(backend, (str, bytes)) or not hasattr(backend, "__len__"):
+        raise InvalidArgumentError(f"attention_step: expected a Backend or one per layer, got {type(backend).__name__}")
+    if len(backend) != n_layer:
+        raise InvalidArgumentError(f"attention_step: {len(backend)} backends for {n_layer} layers")
+    return [_checks.instance(b, Backend, f"attention_step: layer {i}'s backend") for i, b in enumerate(backend)]
+
+
+def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[Tensor, Tensor]],
                    q: Sequence[Tensor], kv_len: Tensor, v_trans: bool = False) -> List[Tensor]:
     """A decode step's outputs: per layer, decode attention over its K and V windows, marked as an
-    output and assigned to a backend; what a StepGraph's build returns.
+    output and assigned to a backend (the same for every layer, or one per layer: several devices
+    in one step); what a StepGraph's build returns.
+
+    With a backend per layer, the scheduler makes a split per run of layers on one backend and
+    copies into each split what its layers read from elsewhere (windows, q, kv_len), through its
+    ordinary input copies.
 
     Given KVCache.windows(n_kv), the whole step (windows, nodes, assignments and its Graph) is made by
     one C call (ferry_kv_attention_step) and only the outputs get Python objects: the fast way,
@@ -52,8 +109,9 @@ def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[T
     ----------
     sched : Scheduler
         Where the outputs are pinned.
-    backend : Backend
-        One of the scheduler's: where attention runs.
+    backend : Backend, or sequence of Backend
+        The scheduler's: where attention runs, for every layer or per layer (layer_split makes
+        llama.cpp's map of contiguous ranges).
     windows : KVWindows, or sequence of (Tensor, Tensor)
         Per layer, its K and V windows (KVCache.windows, or KVCache.window per layer).
     q : sequence of Tensor
@@ -72,7 +130,8 @@ def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[T
     Raises
     ------
     InvalidArgumentError
-        For as many queries as layers not given, or what attn_decode and Scheduler.assignment refuse.
+        For as many queries (or backends) as layers not given, a backend not the scheduler's (naming
+        the layer), or what attn_decode refuses.
     LayoutError
         For shapes attention cannot read.
     OutOfBoundsError
@@ -84,15 +143,22 @@ def attention_step(sched: Scheduler, backend: Backend, windows: Sequence[Tuple[T
         raise InvalidArgumentError("attention_step: windows and q are sequences with an item per layer")
     if len(windows) != len(q):
         raise InvalidArgumentError(f"attention_step: {len(windows)} layers of windows but {len(q)} queries")
-    if isinstance(windows, KVWindows):
-        return _attention_step_c(sched, backend, windows, q, kv_len, v_trans)
+    backends = _per_layer(backend, len(q))
+    if isinstance(windows, KVWindows):  # C checks every layer's backend before it assigns any
+        return _attention_step_c(sched, backends, windows, q, kv_len, v_trans)
+    # the same here: a refused backend assigns nothing
+    own = {b._p for b in _checks.instance(sched, Scheduler, "assign").backends}
+    for layer, b in enumerate(backends):
+        if b._p not in own:
+            raise InvalidArgumentError(f"attention_step: layer {layer}'s backend {b.name} is not one of the "
+                                       "scheduler's")
     outs = []
     for layer, pair in enumerate(windows):
         if not hasattr(pair, "__len__") or len(pair) != 2:
             raise InvalidArgumentError(f"attention_step: layer {layer}'s windows are not a (K, V) pair")
         k, v = pair
         out = attn_decode(q[layer], k, v, kv_len, v_trans=v_trans, name=f"attn{layer}").set_output()
-        sched.assign(out, backend)
+        sched.assign(out, backends[layer])
         outs.append(out)
     return outs
 
@@ -135,11 +201,11 @@ class StepOutputs(List[Tensor]):
     _graph: Graph
 
 
-def _attention_step_c(sched: Scheduler, backend: Backend, windows: KVWindows, q: Sequence[Tensor],
+def _attention_step_c(sched: Scheduler, backends: List[Backend], windows: KVWindows, q: Sequence[Tensor],
                       kv_len: Tensor, v_trans: bool) -> StepOutputs:
-    """attention_step of KVWindows, by ferry_kv_attention_step: one C call, an object per output."""
+    """attention_step of KVWindows, by ferry_kv_attention_step_on: one C call, an object per output."""
     sched_p = _checks.instance(sched, Scheduler, "assign")._p
-    backend_p = _checks.instance(backend, Backend, "assign")._p
+    backends_p = ffi.new("ferry_backend *[]", [b._p for b in backends])
     if not isinstance(v_trans, bool):
         raise InvalidArgumentError(f"attn_decode: v_trans must be a bool, got {v_trans!r}")
     qs = list(q)
@@ -160,8 +226,8 @@ def _attention_step_c(sched: Scheduler, backend: Backend, windows: KVWindows, q:
     graph_handle = Handle(g[0], lib.ferry_graph_free)
     outs_p = ffi.new("ferry_tensor *[]", n)
     n_assigned = lib.ferry_sched_n_assigned(sched_p)
-    st = lib.ferry_kv_attention_step(kv_p, ctx.ptr, n, windows.n_kv, windows.s0, windows.s1, q_p, len_p, v_trans,
-                                     sched_p, backend_p, graph_handle.ptr, outs_p)
+    st = lib.ferry_kv_attention_step_on(kv_p, ctx.ptr, n, windows.n_kv, windows.s0, windows.s1, q_p, len_p,
+                                        v_trans, sched_p, backends_p, graph_handle.ptr, outs_p)
     if st != lib.FERRY_OK:
         graph_handle.release()
         # out of memory among the assignments: C keeps those made by address, so their tensors
@@ -212,8 +278,9 @@ class StepGraph:
     sched : Scheduler
         Runs the graph; it is allocated there when built (assignments are cleared before each build).
     build : callable
-        build(key) makes the step's graph for a key: it may assign nodes with sched.assignment, and returns
-        the graph's outputs (a sequence of Tensors) or a Graph.
+        build(key) makes the step's graph for a key: it may assign nodes with sched.assign (attention_step
+        with a backend per layer spreads the step over several devices), and returns the graph's outputs
+        (a sequence of Tensors) or a Graph.
 
     Raises
     ------
@@ -297,4 +364,4 @@ class StepGraph:
         return f"<StepGraph key={self._key!r} builds={self.builds} reuses={self.reuses}>"
 
 
-__all__ = ["StepGraph", "StepOutputs", "Build", "attention_step", "step_graph"]
+__all__ = ["StepGraph", "StepOutputs", "Build", "Backends", "attention_step", "layer_split", "step_graph"]

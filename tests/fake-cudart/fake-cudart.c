@@ -26,7 +26,13 @@
  *   (a launch failure, an illegal address) fails every later call, as a lost context does.
  * Timings from its events are wall-clock times of the late execution: meaningless.
  *
- * C11, only the CUDA headers' types; one device; a recursive lock makes it thread-safe.
+ * - Devices: FERRY_FAKE_CUDA_DEVICES=N (1 to 8, default 1) presents N devices, each with its
+ *   own memory, streams and events. The current device is per thread (cudaSetDevice). A
+ *   kernel that touches another device's memory faults (an illegal address); a plain copy
+ *   that does fails with cudaErrorInvalidValue: between devices only cudaMemcpyPeerAsync
+ *   copies. An event records only on a stream of its own device; any stream waits on it.
+ *
+ * C11, only the CUDA headers' types; a recursive lock makes it thread-safe.
  */
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
@@ -55,6 +61,18 @@ static cudaError_t sticky_error; /* a kernel's fault: every synchronize reports 
 static cudaError_t fail(cudaError_t err) {
     last_error = err;
     return err;
+}
+
+#define FAKE_MAX_DEVICES 8
+
+static _Thread_local int current_device;
+
+/* How many devices it presents: FERRY_FAKE_CUDA_DEVICES, 1 when unset or out of range. Read at
+ * every call, so that a test in a process of one-device tests can set it for its own run. */
+static int n_devices(void) {
+    const char * env = getenv("FERRY_FAKE_CUDA_DEVICES");
+    const long v = env ? strtol(env, NULL, 10) : 1;
+    return v >= 1 && v <= FAKE_MAX_DEVICES ? (int) v : 1;
 }
 
 /* ---------------------------------------------------------------- failure injection */
@@ -120,6 +138,7 @@ typedef struct {
     size_t size;    /* what was asked */
     size_t mapped;  /* device memory: the pages mapped */
     enum mem_kind kind;
+    int device; /* device memory: whose */
 } allocation;
 
 static allocation * allocs;
@@ -128,7 +147,7 @@ static size_t n_allocs, cap_allocs;
 typedef struct fake_event fake_event;
 typedef struct fake_stream fake_stream;
 
-enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_HOLD, OP_DUP, OP_ATTN };
+enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_HOLD, OP_DUP, OP_ATTN, OP_FAULT };
 
 /* dup_kernel's view of a tensor (lib/src/cuda/ops-cuda.cu: struct tview) */
 typedef struct {
@@ -169,17 +188,19 @@ struct fake_stream {
     size_t n, cap, done; /* ops[done..n) are queued */
     size_t base;         /* ops[0]'s position since the stream began: positions never repeat */
     fake_stream * next; /* every stream, for a device synchronize */
+    int device;         /* a created stream's device; -1: a default stream, of the current device */
 };
 
 struct fake_event {
     unsigned flags;
+    int device;
     fake_stream * stream; /* of the last record; NULL: never recorded */
     size_t pos;           /* that record's position + 1 in its stream */
     uint64_t seq, done_seq;
     double ms; /* when the last record ran */
 };
 
-static fake_stream legacy_stream;
+static fake_stream legacy_stream = {.device = -1};
 static fake_stream * streams = &legacy_stream;
 static _Thread_local fake_stream * per_thread_stream;
 
@@ -216,6 +237,26 @@ static bool is_pinned(const void * p) {
     return false;
 }
 
+/* The device whose memory p is, or -1 for memory of no device. */
+static int device_of(const void * p) {
+    const char * c = (const char *) p;
+    for (size_t i = 0; i < n_allocs; i++) {
+        if (allocs[i].kind == MEM_DEVICE && c >= allocs[i].base && c < allocs[i].base + allocs[i].mapped) {
+            return allocs[i].device;
+        }
+    }
+    return -1;
+}
+
+/* The device a stream's work runs on. */
+static int stream_device(const fake_stream * s) { return s->device >= 0 ? s->device : current_device; }
+
+/* Is p memory of a device other than dev? */
+static bool foreign(const void * p, int dev) {
+    const int d = device_of(p);
+    return d >= 0 && d != dev;
+}
+
 static bool add_alloc(char * base, size_t size, size_t mapped, enum mem_kind kind) {
     if (n_allocs == cap_allocs) {
         const size_t cap = cap_allocs ? 2 * cap_allocs : 64;
@@ -226,7 +267,7 @@ static bool add_alloc(char * base, size_t size, size_t mapped, enum mem_kind kin
         allocs = grown;
         cap_allocs = cap;
     }
-    allocs[n_allocs++] = (allocation) {base, size, mapped, kind};
+    allocs[n_allocs++] = (allocation) {base, size, mapped, kind, current_device};
     return true;
 }
 
@@ -272,6 +313,7 @@ static fake_stream * stream_of(cudaStream_t s) {
             if (!per_thread_stream) {
                 return NULL;
             }
+            per_thread_stream->device = -1;
             per_thread_stream->next = streams;
             streams = per_thread_stream;
         }
@@ -538,6 +580,9 @@ static void run_op(op * o) {
     case OP_ATTN:
         run_attn(o);
         break;
+    case OP_FAULT:
+        sticky_error = cudaErrorIllegalAddress; /* a kernel read another device's memory */
+        break;
     case OP_HOLD: {
         const struct timespec ts = {(time_t) (o->ns / 1000000000u), (long) (o->ns % 1000000000u)};
         nanosleep(&ts, NULL);
@@ -590,7 +635,7 @@ static cudaError_t push(fake_stream * s, op o, size_t * pos) {
 /* Queue height rows of width bytes; pageable sources are staged now, pageable
  * destinations (and host-to-host copies) are finished before returning. */
 static cudaError_t queue_copy(void * dst, size_t dpitch, const void * src, size_t spitch, size_t width,
-                              size_t height, cudaStream_t stream) {
+                              size_t height, cudaStream_t stream, bool peer) {
     fake_stream * s = stream_of(stream);
     if (!s) {
         return fail(cudaErrorMemoryAllocation);
@@ -608,6 +653,9 @@ static cudaError_t queue_copy(void * dst, size_t dpitch, const void * src, size_
     const bool dev_dst = is_device(dst), dev_src = is_device(src);
     if ((dev_dst && !find_alloc(dst, dspan, true)) || (dev_src && !find_alloc(src, sspan, true))) {
         return fail(cudaErrorInvalidValue); /* a device range past its allocation */
+    }
+    if (!peer && (foreign(dst, stream_device(s)) || foreign(src, stream_device(s)))) {
+        return fail(cudaErrorInvalidValue); /* another device's memory: a peer copy's */
     }
     op o = {.kind = OP_COPY, .dst = dst, .src = src, .dpitch = dpitch, .spitch = spitch, .width = width,
             .height = height};
@@ -632,7 +680,7 @@ cudaError_t cudaMemcpyAsync(void * dst, const void * src, size_t count, enum cud
     INJECT();
     (void) kind;
     pthread_mutex_lock(&lock_);
-    const cudaError_t err = queue_copy(dst, count, src, count, count, 1, stream);
+    const cudaError_t err = queue_copy(dst, count, src, count, count, 1, stream, false);
     pthread_mutex_unlock(&lock_);
     return err;
 }
@@ -642,7 +690,7 @@ cudaError_t cudaMemcpy2DAsync(void * dst, size_t dpitch, const void * src, size_
     INJECT();
     (void) kind;
     pthread_mutex_lock(&lock_);
-    const cudaError_t err = queue_copy(dst, dpitch, src, spitch, width, height, stream);
+    const cudaError_t err = queue_copy(dst, dpitch, src, spitch, width, height, stream, false);
     pthread_mutex_unlock(&lock_);
     return err;
 }
@@ -667,7 +715,7 @@ cudaError_t cudaMemcpy3DAsync(const struct cudaMemcpy3DParms * p, cudaStream_t s
         const size_t so = ((p->srcPos.z + z) * sp.ysize + p->srcPos.y) * sp.pitch + p->srcPos.x;
         const size_t d_o = ((p->dstPos.z + z) * dp.ysize + p->dstPos.y) * dp.pitch + p->dstPos.x;
         err = queue_copy((char *) dp.ptr + d_o, dp.pitch, (const char *) sp.ptr + so, sp.pitch, e.width, e.height,
-                         stream);
+                         stream, false);
     }
     pthread_mutex_unlock(&lock_);
     return err;
@@ -676,10 +724,18 @@ cudaError_t cudaMemcpy3DAsync(const struct cudaMemcpy3DParms * p, cudaStream_t s
 cudaError_t cudaMemcpyPeerAsync(void * dst, int dst_device, const void * src, int src_device, size_t count,
                                 cudaStream_t stream) {
     INJECT();
-    if (dst_device != 0 || src_device != 0) {
+    if (dst_device < 0 || dst_device >= n_devices() || src_device < 0 || src_device >= n_devices()) {
         return fail(cudaErrorInvalidDevice);
     }
-    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    pthread_mutex_lock(&lock_);
+    cudaError_t err = cudaSuccess;
+    if (count > 0 && (device_of(dst) != dst_device || device_of(src) != src_device)) {
+        err = fail(cudaErrorInvalidValue); /* each pointer is memory of the device named with it */
+    } else {
+        err = queue_copy(dst, count, src, count, count, 1, stream, true);
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
 }
 
 cudaError_t cudaMemsetAsync(void * dst, int value, size_t count, cudaStream_t stream) {
@@ -689,8 +745,8 @@ cudaError_t cudaMemsetAsync(void * dst, int value, size_t count, cudaStream_t st
     fake_stream * s = stream_of(stream);
     if (!s) {
         err = fail(cudaErrorMemoryAllocation);
-    } else if (count > 0 && !find_alloc(dst, count, true)) {
-        err = fail(cudaErrorInvalidValue); /* device memory only, inside one allocation */
+    } else if (count > 0 && (!find_alloc(dst, count, true) || foreign(dst, stream_device(s)))) {
+        err = fail(cudaErrorInvalidValue); /* this device's memory only, inside one allocation */
     } else if (count > 0) {
         err = push(s, (op) {.kind = OP_MEMSET, .dst = dst, .value = value, .width = count}, NULL);
     }
@@ -828,7 +884,7 @@ cudaError_t cudaHostGetDevicePointer(void ** dev, void * host, unsigned int flag
     return cudaSuccess;
 }
 
-/* What an address is: device memory of device 0 (inside an allocation's bytes, not its page
+/* What an address is: device memory of a device (inside an allocation's bytes, not its page
  * padding), pinned host memory, or anything else (unregistered, as CUDA 11+ says). */
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes * attr, const void * p) {
     if (!attr) {
@@ -838,6 +894,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes * attr, const 
     pthread_mutex_lock(&lock_);
     if (find_alloc(p, 1, true)) {
         attr->type = cudaMemoryTypeDevice;
+        attr->device = device_of(p);
         attr->devicePointer = (void *) p;
     } else if (is_pinned(p)) {
         attr->type = cudaMemoryTypeHost;
@@ -869,26 +926,31 @@ cudaError_t cudaGetDeviceCount(int * n) {
     if (!n) {
         return fail(cudaErrorInvalidValue);
     }
-    *n = 1;
+    *n = n_devices();
     return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
     INJECT();
-    return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice);
+    if (device < 0 || device >= n_devices()) {
+        return fail(cudaErrorInvalidDevice);
+    }
+    current_device = device;
+    return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int * device) {
     if (!device) {
         return fail(cudaErrorInvalidValue);
     }
-    *device = 0;
+    *device = current_device;
     return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetAttribute(int * value, enum cudaDeviceAttr attr, int device) {
-    if (!value || device != 0) {
-        return fail(device != 0 ? cudaErrorInvalidDevice : cudaErrorInvalidValue);
+    const bool known = device >= 0 && device < n_devices();
+    if (!value || !known) {
+        return fail(!known ? cudaErrorInvalidDevice : cudaErrorInvalidValue);
     }
     *value = attr == cudaDevAttrMaxPitch ? FAKE_MAX_PITCH : 0;
     return cudaSuccess;
@@ -914,6 +976,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t * out, unsigned int flags) {
     if (!s) {
         return fail(cudaErrorMemoryAllocation);
     }
+    s->device = current_device;
     pthread_mutex_lock(&lock_);
     s->next = streams;
     streams = s;
@@ -953,6 +1016,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t * out, unsigned int flags) {
         return fail(cudaErrorMemoryAllocation);
     }
     e->flags = flags;
+    e->device = current_device;
     *out = (cudaEvent_t) e;
     return cudaSuccess;
 }
@@ -974,6 +1038,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     fake_event * e = (fake_event *) event;
     fake_stream * s = stream_of(stream);
     cudaError_t err = !e ? fail(cudaErrorInvalidResourceHandle) : !s ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+    if (err == cudaSuccess && stream_device(s) != e->device) {
+        err = fail(cudaErrorInvalidResourceHandle); /* an event records on its own device's streams */
+    }
     if (err == cudaSuccess) {
         size_t pos;
         err = push(s, (op) {.kind = OP_EVENT, .event = e, .seq = e->seq + 1}, &pos);
@@ -1134,6 +1201,17 @@ static unsigned template_int_at(const char * name, int nth) {
 
 static unsigned template_int(const char * name) { return template_int_at(name, 0); }
 
+/* A kernel's launch: queued as itself, or, when it touches another device's memory, as the
+ * fault it makes when it runs. */
+static cudaError_t push_kernel(fake_stream * s, op o, const void * const * ptrs, int n) {
+    for (int i = 0; i < n; i++) {
+        if (foreign(ptrs[i], stream_device(s))) {
+            return push(s, (op) {.kind = OP_FAULT}, NULL);
+        }
+    }
+    return push(s, o, NULL);
+}
+
 cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void ** args, size_t shared,
                                cudaStream_t stream) {
     INJECT();
@@ -1149,19 +1227,19 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void 
                 .src = *(const char **) args[2], .spitch = *(uint64_t *) args[3], .width = *(uint64_t *) args[4],
                 .total = *(uint64_t *) args[5], .n_chunks = *(uint64_t *) args[6], .grid = grid.x,
                 .block = block.x, .loads = template_int(name)};
-        err = push(s, o, NULL);
+        err = push_kernel(s, o, (const void *[]) {o.dst, o.src}, 2);
     } else if (strstr(name, "dup_kernel")) {
         op o = {.kind = OP_DUP, .dsrc = *(tview *) args[0], .ddst = *(tview *) args[1], .mode = *(int *) args[2],
                 .n0 = *(int64_t *) args[3], .n = *(int64_t *) args[4], .unit = *(int64_t *) args[5],
                 .word = *(int64_t *) args[6], .grid = grid.x, .block = block.x};
-        err = push(s, o, NULL);
+        err = push_kernel(s, o, (const void *[]) {o.dsrc.data, o.ddst.data}, 2);
     } else if (strstr(name, "attn_decode_kernel")) {
         op o = {.kind = OP_ATTN, .q = *(tview *) args[0], .k = *(tview *) args[1], .v = *(tview *) args[2],
                 .len = *(tview *) args[3], .dst = *(char **) args[4], .out_nb0 = *(int64_t *) args[5],
                 .out_nb1 = *(int64_t *) args[6], .out_nb3 = *(int64_t *) args[7], .scale = *(float *) args[8],
                 .v_trans = *(int *) args[9], .group = *(int64_t *) args[10], .tk = (int) template_int_at(name, 0),
                 .tv = (int) template_int_at(name, 1), .grid = grid.x, .grid_y = grid.y, .block = block.x};
-        err = push(s, o, NULL);
+        err = push_kernel(s, o, (const void *[]) {o.q.data, o.k.data, o.v.data, o.len.data, o.dst}, 5);
     } else if (strstr(name, "hold_kernel")) {
         err = push(s, (op) {.kind = OP_HOLD, .ns = *(unsigned long long *) args[0]}, NULL);
     } else {

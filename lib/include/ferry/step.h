@@ -33,6 +33,21 @@ FERRY_API ferry_status ferry_kv_attention_step(const ferry_kv_cache * kv, ferry_
                                      bool v_trans, ferry_sched * sched, ferry_backend * backend, ferry_graph * graph,
                                      ferry_tensor ** outs);
 
+/*
+ * ferry_kv_attention_step with a backend per layer: layer l's output is assigned to
+ * backends[l] (n_layer of them), so that the step runs on several devices; the scheduler
+ * makes a split per run of layers on one backend and copies what a layer reads from
+ * elsewhere (its windows, its q, kv_len) into its split. Every backend is checked before
+ * anything is made: a NULL one or one not the scheduler's is refused (FERRY_ERR_INVALID_ARG,
+ * naming the layer). Otherwise as ferry_kv_attention_step, which is this with one backend
+ * for every layer.
+ */
+FERRY_API ferry_status ferry_kv_attention_step_on(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer,
+                                                  int64_t n_kv, int64_t s0, int64_t s1, ferry_tensor * const * q,
+                                                  ferry_tensor * kv_len, bool v_trans, ferry_sched * sched,
+                                                  ferry_backend * const * backends, ferry_graph * graph,
+                                                  ferry_tensor ** outs);
+
 #ifdef __cplusplus
 }
 #endif

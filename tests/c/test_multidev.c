@@ -1,0 +1,359 @@
+/*
+ * Several devices in one step: ferry_kv_attention_step_on with layers split over two
+ * devices (two stand-ins; two CUDA devices of the fake runtime, FERRY_FAKE_CUDA_DEVICES=2)
+ * gives the bytes of the same step on one device, under every copy policy, serial and
+ * prefetched; each device's splits copy exactly its own layers' windows, a query that
+ * lives on the other device, and an output read on the other device; refusals name the layer.
+ * On a machine with one GPU the CUDA tests run two backends on it (the memory then shared).
+ */
+#include "check.h"
+
+#include <math.h>
+
+enum { N_LAYER = 5, N_STREAM = 2, KV_SIZE = 32, HEAD_DIM = 64, N_HEAD_KV = 2, N_HEAD = 4, N_KV = 27 };
+enum { OUT_N = HEAD_DIM * N_HEAD * N_STREAM }; /* floats of one layer's output */
+
+typedef ferry_status (*make_backend)(int device, ferry_backend ** out);
+
+static ferry_status make_standin(int device, ferry_backend ** out) {
+    (void) device;
+    return ferry_standin_backend_new(out);
+}
+
+/* CUDA device `device`, or device 0 on a machine with one: two backends on one GPU. */
+static ferry_status make_cuda(int device, ferry_backend ** out) {
+    int n = 1;
+    ferry_cuda_device_count(&n);
+    return ferry_cuda_backend_new(n > device ? device : 0, out);
+}
+
+typedef struct {
+    ferry_backend * dev[2];
+    ferry_backend * cpu;
+    ferry_kv_cache * kv;
+    ferry_buffer * buf; /* q and kv_len, on dev[0] */
+    ferry_context * ctx;
+    ferry_tensor * q[N_LAYER];
+    ferry_tensor * kv_len;
+    ferry_sched * sched;
+} fixture;
+
+static float value(unsigned i) { return (float) ((i * 2654435761u) % 2001u) / 1000.0f - 1.0f; }
+
+/* Fill a tensor with the pattern's values from seed on, in its type. */
+static ferry_status fill(ferry_tensor * t, unsigned seed) {
+    const size_t n = (size_t) ferry_tensor_nelements(t), nbytes = ferry_tensor_nbytes(t);
+    float * v = malloc(n * sizeof(float));
+    void * bytes = malloc(nbytes);
+    ferry_status st = v && bytes ? FERRY_OK : FERRY_ERR_OUT_OF_MEMORY;
+    for (size_t i = 0; st == FERRY_OK && i < n; i++) v[i] = value(seed + (unsigned) i);
+    if (st == FERRY_OK) st = ferry_quantize(t->type, v, (int64_t) n, bytes, nbytes);
+    if (st == FERRY_OK) st = ferry_tensor_set(t, bytes, 0, nbytes);
+    free(v);
+    free(bytes);
+    return st;
+}
+
+static ferry_status fixture_init(fixture * f, make_backend make, ferry_buffer_type * cache_buft, ferry_type type,
+                                 bool v_trans) {
+    memset(f, 0, sizeof(*f));
+    const ferry_kv_params p = {type, type, HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER, v_trans};
+    ferry_status st = ferry_cpu_backend_new(&f->cpu);
+    if (st == FERRY_OK) st = make(0, &f->dev[0]);
+    if (st == FERRY_OK) st = make(1, &f->dev[1]);
+    if (st == FERRY_OK) st = ferry_kv_cache_new(&p, cache_buft ? cache_buft : ferry_cpu_buffer_type(), &f->kv);
+    for (int32_t l = 0; st == FERRY_OK && l < N_LAYER; l++) {
+        ferry_tensor *k, *v;
+        st = ferry_kv_cache_k(f->kv, l, &k);
+        if (st == FERRY_OK) st = ferry_kv_cache_v(f->kv, l, &v);
+        if (st == FERRY_OK) st = fill(k, 1000u * (unsigned) l);
+        if (st == FERRY_OK) st = fill(v, 1000u * (unsigned) l + 500000u);
+    }
+    if (st == FERRY_OK) st = ferry_context_new(&f->ctx);
+    const size_t q_bytes = sizeof(float) * HEAD_DIM * N_HEAD * N_STREAM;
+    if (st == FERRY_OK) st = ferry_backend_alloc_buffer(f->dev[0], N_LAYER * q_bytes + 256, &f->buf);
+    const int64_t ne_q[4] = {HEAD_DIM, N_HEAD, 1, N_STREAM}, ne_len[1] = {N_STREAM};
+    for (int32_t l = 0; st == FERRY_OK && l < N_LAYER; l++) {
+        st = ferry_tensor_new(f->ctx, FERRY_TYPE_F32, 4, ne_q, &f->q[l]);
+        if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->q[l], (size_t) l * q_bytes);
+        if (st == FERRY_OK) st = fill(f->q[l], 7u + 100u * (unsigned) l);
+    }
+    if (st == FERRY_OK) st = ferry_tensor_new(f->ctx, FERRY_TYPE_I32, 1, ne_len, &f->kv_len);
+    if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->kv_len, N_LAYER * q_bytes);
+    const int32_t lengths[N_STREAM] = {N_KV - 5, N_KV};
+    if (st == FERRY_OK) st = ferry_tensor_set(f->kv_len, lengths, 0, sizeof(lengths));
+    ferry_backend * backends[3] = {f->dev[0], f->dev[1], f->cpu};
+    if (st == FERRY_OK) st = ferry_sched_new(backends, 3, &f->sched);
+    return st;
+}
+
+static void fixture_free(fixture * f) {
+    ferry_sched_free(f->sched);
+    ferry_buffer_free(f->buf);
+    ferry_context_free(f->ctx);
+    ferry_kv_cache_free(f->kv);
+    ferry_backend_free(f->dev[0]);
+    ferry_backend_free(f->dev[1]);
+    ferry_backend_free(f->cpu);
+}
+
+/* What one run gives: every layer's output, then the chained copy of layer 0's output, and
+ * the bytes each layer's windows copied. */
+typedef struct {
+    float out[N_LAYER + 1][OUT_N];
+    uint64_t window_bytes[N_LAYER];
+} result;
+
+/* The layer whose K or V a source is a view of, or -1. */
+static int32_t layer_of(const fixture * f, const ferry_tensor * src) {
+    const ferry_tensor * root = src->view_src ? src->view_src : src;
+    for (int32_t l = 0; l < N_LAYER; l++) {
+        ferry_tensor *k, *v;
+        if (ferry_kv_cache_k(f->kv, l, &k) == FERRY_OK && ferry_kv_cache_v(f->kv, l, &v) == FERRY_OK &&
+            (root == k || root == v)) {
+            return l;
+        }
+    }
+    return -1;
+}
+
+/*
+ * The step with layer l on dev[on[l]], and a node on dev[1] that reads layer 0's output,
+ * run under policy and prefetch: its outputs and what each layer's windows copied. It
+ * checks where every input went: a layer's windows (K and V, once each) into a split on its
+ * own device only, a query into the split of a layer on the device it does not live on, and
+ * layer 0's output into dev[1]'s split when layer 0 is on dev[0].
+ */
+static void run_step(fixture * f, const int * on, ferry_copy_policy policy, int prefetch, bool v_trans,
+                     result * r) {
+    ferry_context * ctx;
+    ferry_graph * graph;
+    CHECK_OK(ferry_context_new(&ctx));
+    CHECK_OK(ferry_graph_new(&graph));
+    ferry_backend * backends[N_LAYER];
+    for (int l = 0; l < N_LAYER; l++) backends[l] = f->dev[on[l]];
+    /* two backends of one device read each other's memory: nothing but windows is copied */
+    const bool apart = ferry_backend_default_buffer_type(f->dev[0]) != ferry_backend_default_buffer_type(f->dev[1]);
+    ferry_tensor * outs[N_LAYER];
+    ferry_tensor * chained;
+    ferry_sched_clear_assignments(f->sched);
+    CHECK_OK(ferry_sched_set_policy(f->sched, policy));
+    CHECK_OK(ferry_sched_set_prefetch(f->sched, prefetch));
+    CHECK_OK(ferry_kv_attention_step_on(f->kv, ctx, N_LAYER, N_KV, 0, N_STREAM - 1, f->q, f->kv_len, v_trans, f->sched,
+                                        backends, graph, outs));
+    CHECK_OK(ferry_dup(ctx, outs[0], &chained));
+    CHECK_OK(ferry_tensor_set_output(chained));
+    CHECK_OK(ferry_sched_set_tensor_backend(f->sched, chained, f->dev[1]));
+    CHECK_OK(ferry_graph_build(graph, chained));
+    CHECK_OK(ferry_sched_alloc_graph(f->sched, graph));
+    CHECK_OK(ferry_sched_graph_compute(f->sched, graph));
+    for (int l = 0; l < N_LAYER; l++) {
+        CHECK_OK(ferry_tensor_get(outs[l], r->out[l], 0, sizeof(r->out[l])));
+        r->window_bytes[l] = 0;
+    }
+    CHECK_OK(ferry_tensor_get(chained, r->out[N_LAYER], 0, sizeof(r->out[N_LAYER])));
+
+    int windows[N_LAYER] = {0}, q_copies[N_LAYER] = {0}, chain_copies = 0;
+    for (int i = 0; i < ferry_sched_n_inputs(f->sched); i++) {
+        ferry_sched_input_info in;
+        ferry_sched_split_info sp;
+        CHECK_OK(ferry_sched_input(f->sched, i, &in));
+        CHECK_OK(ferry_sched_split(f->sched, in.split, &sp));
+        const int32_t l = layer_of(f, in.src);
+        if (l >= 0) {
+            CHECK(sp.backend == backends[l]); /* a window goes to its own layer's device only */
+            windows[l]++;
+            r->window_bytes[l] += in.stats.bytes_copied;
+        }
+        for (int j = 0; j < N_LAYER; j++) {
+            if (in.src == f->q[j]) {
+                CHECK(apart && sp.backend == f->dev[1] && on[j] == 1); /* q lives on dev[0] */
+                q_copies[j]++;
+            }
+        }
+        if (in.src == outs[0]) {
+            CHECK(apart && sp.backend == f->dev[1] && on[0] == 0);
+            chain_copies++;
+        }
+    }
+    for (int l = 0; l < N_LAYER; l++) {
+        CHECK_EQ_U(windows[l], 2);
+        CHECK_EQ_U(q_copies[l], apart && on[l] == 1 ? 1 : 0);
+        CHECK(r->window_bytes[l] > 0);
+    }
+    CHECK_EQ_U(chain_copies, apart && on[0] == 0 ? 1 : 0);
+    ferry_sched_stats stats;
+    CHECK_OK(ferry_sched_get_stats(f->sched, &stats));
+    CHECK(prefetch == 0 ? stats.prefetched == 0 : stats.prefetched > 0);
+    ferry_sched_clear_assignments(f->sched);
+    ferry_graph_free(graph);
+
+    ferry_context_free(ctx);
+}
+
+/* layer_split's map: layer l on device l * 2 / N_LAYER (3 layers and 2). */
+static const int split_map[N_LAYER] = {0, 0, 0, 1, 1};
+static const int one_device[N_LAYER] = {0, 0, 0, 0, 0};
+static const int every_other[N_LAYER] = {1, 0, 1, 0, 1};
+
+/* Two devices give one device's bytes, for every policy, serial and prefetched; r gets the
+ * two-device outputs of the last run. */
+static void check_two_devices(make_backend make, ferry_buffer_type * cache_buft, ferry_type type, bool v_trans,
+                              result * two) {
+    fixture f;
+    CHECK_OK(fixture_init(&f, make, cache_buft, type, v_trans));
+    static result one;
+    for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
+        for (int prefetch = 0; prefetch <= 2; prefetch += 2) {
+            SUB(run_step(&f, one_device, (ferry_copy_policy) policy, prefetch, v_trans, &one));
+            const int * maps[2] = {split_map, every_other};
+            for (int m = 0; m < 2; m++) {
+                SUB(run_step(&f, maps[m], (ferry_copy_policy) policy, prefetch, v_trans, two));
+                if (memcmp(one.out, two->out, sizeof(one.out)) != 0) {
+                    fprintf(stderr, "policy %s prefetch %d map %d: two devices' bytes differ from one's\n",
+                            ferry_copy_policy_name((ferry_copy_policy) policy), prefetch, m);
+                    CHECK(false);
+                }
+                CHECK(memcmp(one.window_bytes, two->window_bytes, sizeof(one.window_bytes)) == 0);
+            }
+            CHECK(memcmp(one.out[0], one.out[N_LAYER], sizeof(one.out[0])) == 0); /* the chained copy */
+        }
+    }
+    fixture_free(&f);
+}
+
+static void test_standin_two_devices(void) {
+    static result r;
+    SUB(check_two_devices(make_standin, NULL, FERRY_TYPE_F16, false, &r));
+    SUB(check_two_devices(make_standin, NULL, FERRY_TYPE_F16, true, &r));
+    SUB(check_two_devices(make_standin, NULL, FERRY_TYPE_Q8_0, false, &r));
+}
+
+/* A backend the scheduler does not have, or none, is refused naming the layer, before anything
+ * is assigned; one backend for every layer is the old call. */
+static void test_refusals(void) {
+    fixture f;
+    CHECK_OK(fixture_init(&f, make_standin, NULL, FERRY_TYPE_F16, false));
+    ferry_backend * stranger;
+    CHECK_OK(ferry_standin_backend_new(&stranger));
+    ferry_graph * graph;
+    CHECK_OK(ferry_graph_new(&graph));
+    ferry_tensor * outs[N_LAYER];
+    ferry_backend * backends[N_LAYER] = {f.dev[0], f.dev[0], f.dev[1], stranger, f.dev[1]};
+    CHECK_FAILS(ferry_kv_attention_step_on(f.kv, f.ctx, N_LAYER, N_KV, 0, N_STREAM - 1, f.q, f.kv_len, false, f.sched,
+                                           backends, graph, outs),
+                FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "layer 3") != NULL);
+    CHECK_EQ_U(ferry_sched_n_assigned(f.sched), 0);
+    CHECK_EQ_U(ferry_graph_n_nodes(graph), 0);
+    backends[3] = NULL;
+    CHECK_FAILS(ferry_kv_attention_step_on(f.kv, f.ctx, N_LAYER, N_KV, 0, N_STREAM - 1, f.q, f.kv_len, false, f.sched,
+                                           backends, graph, outs),
+                FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "layer 3") != NULL);
+    CHECK_FAILS(ferry_kv_attention_step_on(f.kv, f.ctx, N_LAYER, N_KV, 0, N_STREAM - 1, f.q, f.kv_len, false, f.sched,
+                                           NULL, graph, outs),
+                FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_kv_attention_step_on(f.kv, f.ctx, N_LAYER + 1, N_KV, 0, N_STREAM - 1, f.q, f.kv_len, false,
+                                           f.sched, backends, graph, outs),
+                FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_kv_attention_step(f.kv, f.ctx, N_LAYER, N_KV, 0, N_STREAM - 1, f.q, f.kv_len, false, f.sched,
+                                        stranger, graph, outs),
+                FERRY_ERR_INVALID_ARG);
+    CHECK_EQ_U(ferry_sched_n_assigned(f.sched), 0);
+    CHECK_OK(ferry_kv_attention_step(f.kv, f.ctx, N_LAYER, N_KV, 0, N_STREAM - 1, f.q, f.kv_len, false, f.sched,
+                                     f.dev[1], graph, outs));
+    for (int l = 0; l < N_LAYER; l++) {
+        CHECK(ferry_sched_get_tensor_backend(f.sched, outs[l]) == NULL); /* not allocated yet */
+    }
+    CHECK_EQ_U(ferry_sched_n_assigned(f.sched), N_LAYER);
+    CHECK_OK(ferry_sched_alloc_graph(f.sched, graph));
+    for (int l = 0; l < N_LAYER; l++) {
+        CHECK(ferry_sched_get_tensor_backend(f.sched, outs[l]) == f.dev[1]);
+    }
+    ferry_sched_clear_assignments(f.sched);
+
+    ferry_graph_free(graph);
+    ferry_backend_free(stranger);
+    fixture_free(&f);
+}
+
+#ifdef FERRY_HAVE_CUDA_TESTS
+/* A CUDA device; the fake runtime presents two when asked (a GPU machine has what it has). */
+static void need_device(void) {
+    setenv("FERRY_FAKE_CUDA_DEVICES", "2", 0);
+    if (!ferry_cuda_available()) {
+        printf("SKIP: no CUDA device\n");
+        fflush(stdout);
+        exit(77);
+    }
+}
+
+/* CUDA0 and CUDA1 with the cache in pinned host memory: one device's bytes, and the
+ * stand-ins' to rounding. */
+static void check_cuda_two_devices(ferry_type type, bool v_trans) {
+    ferry_buffer_type * pinned;
+    CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
+    static result cuda, standin;
+    SUB(check_two_devices(make_cuda, pinned, type, v_trans, &cuda));
+    SUB(check_two_devices(make_standin, NULL, type, v_trans, &standin));
+    double worst = 0;
+    for (int l = 0; l <= N_LAYER; l++) {
+        for (int i = 0; i < OUT_N; i++) {
+            const double e = fabs((double) cuda.out[l][i] - standin.out[l][i]) / (1.0 + fabs((double) standin.out[l][i]));
+            worst = e > worst ? e : worst;
+        }
+    }
+    if (!(worst < 1e-5)) {
+        fprintf(stderr, "CUDA against the stand-ins: relative error %g\n", worst);
+        CHECK(false);
+    }
+}
+
+static void test_cuda_two_devices_f16(void) {
+    need_device();
+    SUB(check_cuda_two_devices(FERRY_TYPE_F16, false));
+    SUB(check_cuda_two_devices(FERRY_TYPE_F16, true));
+}
+
+static void test_cuda_two_devices_q8_0(void) {
+    need_device();
+    SUB(check_cuda_two_devices(FERRY_TYPE_Q8_0, false));
+}
+
+/* Each device's memory is its own: CUDA1's backend takes only its own buffers. */
+static void test_cuda_devices_own_memory(void) {
+    need_device();
+    int n = 0;
+    CHECK_OK(ferry_cuda_device_count(&n));
+    if (n < 2) {
+        printf("one device: nothing of a second's memory to check\n");
+        return;
+    }
+    ferry_backend *a, *b;
+    CHECK_OK(ferry_cuda_backend_new(0, &a));
+    CHECK_OK(ferry_cuda_backend_new(1, &b));
+    int d = -1;
+    CHECK_OK(ferry_cuda_backend_device(b, &d));
+    CHECK_EQ_U(d, 1);
+    CHECK(ferry_backend_default_buffer_type(a) != ferry_backend_default_buffer_type(b));
+    CHECK(!ferry_backend_supports_buft(b, ferry_backend_default_buffer_type(a)));
+    CHECK(!ferry_backend_supports_buft(a, ferry_backend_default_buffer_type(b)));
+    ferry_backend_free(a);
+    ferry_backend_free(b);
+    ferry_backend * c;
+    CHECK_FAILS(ferry_cuda_backend_new(n, &c), FERRY_ERR_INVALID_ARG);
+}
+#endif
+
+static const check_test tests[] = {
+    {"multidev_standin", test_standin_two_devices},
+    {"multidev_refusals", test_refusals},
+#ifdef FERRY_HAVE_CUDA_TESTS
+    {"multidev_cuda_f16", test_cuda_two_devices_f16},
+    {"multidev_cuda_q8_0", test_cuda_two_devices_q8_0},
+    {"multidev_cuda_own_memory", test_cuda_devices_own_memory},
+#endif
+};
+
+CHECK_MAIN(tests)
