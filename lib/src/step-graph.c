@@ -30,18 +30,24 @@ static ferry_status make_layer(const ferry_kv_cache * kv, ferry_context * ctx, i
     return ferry_tensor_set_output(*out);
 }
 
-ferry_status ferry_kv_attention_step_on(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer,
-                                        int64_t n_kv, int64_t s0, int64_t s1, ferry_tensor * const * q,
-                                        ferry_tensor * kv_len, bool v_trans, ferry_sched * sched,
-                                        ferry_backend * const * backends, ferry_graph * graph, ferry_tensor ** outs) {
-    FERRY_CHECK_ARG(kv && ctx && q && kv_len && sched && backends && graph && outs,
-                    "kv_attention_step: NULL argument");
+/* n_layer in 1..the cache's layers: checked before anything is sized by it. */
+static ferry_status check_n_layer(const ferry_kv_cache * kv, int32_t n_layer) {
     ferry_kv_params p;
     FERRY_TRY(ferry_kv_cache_params(kv, &p));
     if (n_layer <= 0 || n_layer > p.n_layer) {
         return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_attention_step: %d layers, but the cache has 1..%d", n_layer,
                           p.n_layer);
     }
+    return FERRY_OK;
+}
+
+ferry_status ferry_kv_attention_step_on(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer,
+                                        int64_t n_kv, int64_t s0, int64_t s1, ferry_tensor * const * q,
+                                        ferry_tensor * kv_len, bool v_trans, ferry_sched * sched,
+                                        ferry_backend * const * backends, ferry_graph * graph, ferry_tensor ** outs) {
+    FERRY_CHECK_ARG(kv && ctx && q && kv_len && sched && backends && graph && outs,
+                    "kv_attention_step: NULL argument");
+    FERRY_TRY(check_n_layer(kv, n_layer));
     /* Every layer's backend is checked before anything is made or assigned. */
     for (int32_t l = 0; l < n_layer; l++) {
         if (!backends[l]) {
@@ -81,12 +87,7 @@ ferry_status ferry_kv_attention_step(const ferry_kv_cache * kv, ferry_context * 
                                      ferry_tensor ** outs) {
     FERRY_CHECK_ARG(kv && ctx && q && kv_len && sched && backend && graph && outs,
                     "kv_attention_step: NULL argument");
-    ferry_kv_params p;
-    FERRY_TRY(ferry_kv_cache_params(kv, &p));
-    if (n_layer <= 0 || n_layer > p.n_layer) {
-        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_attention_step: %d layers, but the cache has 1..%d", n_layer,
-                          p.n_layer);
-    }
+    FERRY_TRY(check_n_layer(kv, n_layer));
     /* The same backend for every layer. */
     ferry_backend ** backends = ferry_malloc((size_t) n_layer * sizeof(*backends));
     if (!backends) {
