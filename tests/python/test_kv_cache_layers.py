@@ -231,6 +231,14 @@ def test_from_torch_cpu_tensors() -> None:
     dev = ferry.StandinBackend()
     want, _ = run(own, dev, False, "ranges", 0)
     ks, vs = own_arrays(values, np.dtype(np.float16))
-    kv = ferry.KVCache.from_arrays([torch.from_numpy(a) for a in ks], [torch.from_numpy(a) for a in vs],
-                                   n_stream=N_STREAM, n_head_kv=N_HEAD_KV)
-    assert run(kv, dev, False, "ranges", 1)[0] == want
+    # memory torch allocated itself (clone), not numpy's seen through torch
+    tk = [torch.from_numpy(a).clone() for a in ks]
+    tv = [torch.from_numpy(a).clone() for a in vs]
+    kv = ferry.KVCache.from_arrays(tk, tv, n_stream=N_STREAM, n_head_kv=N_HEAD_KV)
+    assert kv.params == own.params
+    assert kv.k(1).address == tk[1].data_ptr() and kv.v(0).address == tv[0].data_ptr()  # no copy
+    for policy, prefetch, one_call in (("ranges", 0, False), ("plan", 1, False), ("flat", 1, True)):
+        got, _ = run(kv, dev, False, policy, prefetch, one_call)
+        assert got == want, (policy, prefetch, one_call)
+    tv[0].zero_()  # torch's writes are the cache's
+    assert kv.get_stream("v", 0, 0) == bytes(vs[0][0].nbytes)
