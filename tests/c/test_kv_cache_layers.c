@@ -225,7 +225,7 @@ static void test_placed_step_as_all_host(void) {
  * byte, that of its own window and lengths made by hand; a sliding layer's windows copy its 8
  * cells per stream under ranges, and an n_kv past a full layer is refused even when every
  * layer slides. */
-static void test_sliding_step(void) {
+static void sliding_step(ferry_status (*make)(ferry_backend ** out)) {
     enum { HEADS = 4, N_KV = 21 };
     const int64_t cells[4] = {0, 8, 0, 8};
     const int32_t lens[2] = {N_KV, 5};
@@ -233,7 +233,7 @@ static void test_sliding_step(void) {
         ferry_kv_params p = params;
         p.v_trans = vt;
         ferry_backend *dev, *cpu;
-        CHECK_OK(ferry_standin_backend_new(&dev));
+        CHECK_OK(make(&dev));
         CHECK_OK(ferry_cpu_backend_new(&cpu));
         ferry_kv_cache * kv;
         CHECK_OK(ferry_kv_cache_new_layers(&p, ferry_cpu_buffer_type(), NULL, cells, &kv));
@@ -256,11 +256,11 @@ static void test_sliding_step(void) {
         }
         CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne_len, &len));
         ferry_buffer * qbuf;
-        CHECK_OK(ferry_backend_alloc_buffer(dev, 4 * sizeof(qv) + 5 * 64, &qbuf));
-        CHECK_OK(ferry_buffer_place_tensor(qbuf, len, 4 * sizeof(qv) + 4 * 64));
+        CHECK_OK(ferry_backend_alloc_buffer(dev, 4 * sizeof(qv) + 5 * 256, &qbuf));
+        CHECK_OK(ferry_buffer_place_tensor(qbuf, len, 4 * sizeof(qv) + 4 * 256));
         for (int32_t l = 0; l < 4; l++) {
             CHECK_OK(ferry_buffer_place_tensor(qbuf, q[l], (size_t) l * sizeof(qv)));
-            CHECK_OK(ferry_buffer_place_tensor(qbuf, layer_len[l], 4 * sizeof(qv) + (size_t) l * 64));
+            CHECK_OK(ferry_buffer_place_tensor(qbuf, layer_len[l], 4 * sizeof(qv) + (size_t) l * 256)); /* CUDA aligns to 256 */
             CHECK_OK(ferry_tensor_set(q[l], qv, 0, sizeof(qv)));
             const int32_t own[2] = {lens[0] < cells[l] || !cells[l] ? lens[0] : (int32_t) cells[l],
                                     lens[1] < cells[l] || !cells[l] ? lens[1] : (int32_t) cells[l]};
@@ -343,11 +343,30 @@ static void test_sliding_step(void) {
     }
 }
 
+static void test_sliding_step(void) { SUB(sliding_step(ferry_standin_backend_new)); }
+
+#ifdef FERRY_HAVE_CUDA_TESTS
+static ferry_status cuda0(ferry_backend ** out) { return ferry_cuda_backend_new(0, out); }
+
+/* CUDA's attention clamps kv_len to the window as the CPU's does. */
+static void test_sliding_step_cuda(void) {
+    if (!ferry_cuda_available()) {
+        printf("SKIP: no CUDA device\n");
+        fflush(stdout);
+        exit(77);
+    }
+    SUB(sliding_step(cuda0));
+}
+#endif
+
 static const check_test tests[] = {
     {"placed_step_as_all_host", test_placed_step_as_all_host},
     {"placed_layers", test_placed_layers},
     {"layer_sizes", test_layer_sizes},
     {"sliding_step", test_sliding_step},
+#ifdef FERRY_HAVE_CUDA_TESTS
+    {"sliding_step_cuda", test_sliding_step_cuda},
+#endif
     {"over_foreign_memory", test_over_foreign_memory},
 };
 
