@@ -19,8 +19,12 @@ static ferry_status make_layer(const ferry_kv_cache * kv, ferry_context * ctx, i
         return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_attention_step: layer %d's q has head_dim %lld", layer,
                           (long long) head_dim);
     }
+    /* A sliding-window layer's window is the cells it holds once the sequence outgrows them;
+     * attention clamps each stream's kv_len to the window, so it reads min(kv_len, cells). */
+    int64_t layer_n_kv;
+    FERRY_TRY(ferry_kv_cache_layer_n_kv(kv, layer, n_kv, &layer_n_kv));
     ferry_tensor *k, *v;
-    FERRY_TRY(ferry_kv_cache_window(kv, ctx, layer, n_kv, s0, s1, &k, &v));
+    FERRY_TRY(ferry_kv_cache_window(kv, ctx, layer, layer_n_kv, s0, s1, &k, &v));
     /* The scale Python's attn_decode passes: 1/sqrt in double, rounded to f32. */
     const float scale = (float) (1.0 / sqrt((double) head_dim));
     FERRY_TRY(ferry_attn_decode(ctx, q, k, v, kv_len, scale, v_trans, out));
@@ -41,6 +45,16 @@ static ferry_status check_n_layer(const ferry_kv_cache * kv, int32_t n_layer) {
     return FERRY_OK;
 }
 
+/* n_kv in 1..a full layer's cells: a sliding layer's clamp must not hide an n_kv no layer can hold. */
+static ferry_status check_n_kv(const ferry_kv_cache * kv, int64_t n_kv) {
+    const int64_t full = ferry_kv_cache_kv_size(kv);
+    if (n_kv <= 0 || n_kv > full) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_attention_step: n_kv %lld is not in 1..%lld (a full layer's "
+                          "cells per stream)", (long long) n_kv, (long long) full);
+    }
+    return FERRY_OK;
+}
+
 ferry_status ferry_kv_attention_step_on(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer,
                                         int64_t n_kv, int64_t s0, int64_t s1, ferry_tensor * const * q,
                                         ferry_tensor * kv_len, bool v_trans, ferry_sched * sched,
@@ -48,6 +62,7 @@ ferry_status ferry_kv_attention_step_on(const ferry_kv_cache * kv, ferry_context
     FERRY_CHECK_ARG(kv && ctx && q && kv_len && sched && backends && graph && outs,
                     "kv_attention_step: NULL argument");
     FERRY_TRY(check_n_layer(kv, n_layer));
+    FERRY_TRY(check_n_kv(kv, n_kv));
     /* Every layer's backend is checked before anything is made or assigned. */
     for (int32_t l = 0; l < n_layer; l++) {
         if (!backends[l]) {

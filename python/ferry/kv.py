@@ -619,10 +619,11 @@ class KVWindows(Sequence[Tuple[Tensor, Tensor]]):
     """Every layer's K and V windows of the first n_kv cells of streams s0..s1 (KVCache.windows).
 
     Indexing makes a layer's pair with KVCache.window, of min(n_kv, the layer's cells) cells: a
-    sliding-window layer's window is its ring's whole content once the sequence outgrows it
-    (attention over it takes that layer's kv_len clamped the same way).
-    ferry.attention_step makes every layer's in one C call (ferry_kv_attention_step) instead, and
-    so never wraps them in Python objects; there n_kv must fit every layer.
+    sliding-window layer's window is its ring's whole content once the sequence outgrows it, and
+    attention, which clamps each stream's kv_len to its window's cells, reads min(kv_len, cells).
+    ferry.attention_step makes every layer's the same way in one C call (ferry_kv_attention_step)
+    instead, and so never wraps them in Python objects. An n_kv beyond a full layer's cells
+    (KVCache.kv_size) is refused, not clamped, by both.
 
     Parameters
     ----------
@@ -661,7 +662,10 @@ class KVWindows(Sequence[Tuple[Tensor, Tensor]]):
         if not -n <= layer < n:
             raise IndexError(f"kv windows: layer {layer} is not in 0..{n - 1}")
         layer %= n
-        return self.cache.window(layer, min(self.n_kv, self.cache.layer_kv_size(layer)), self.s0, self.s1)
+        cache = self.cache
+        # beyond a full layer's cells: unclamped, so that window refuses it as the one-call path does
+        n_kv = self.n_kv if self.n_kv > cache.kv_size else min(self.n_kv, cache.layer_kv_size(layer))
+        return cache.window(layer, n_kv, self.s0, self.s1)
 
     def __repr__(self) -> str:
         return f"<KVWindows n_kv={self.n_kv} streams {self.s0}..{self.s1} of {self.cache!r}>"

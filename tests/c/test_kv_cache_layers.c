@@ -220,10 +220,153 @@ static void test_placed_step_as_all_host(void) {
     }
 }
 
+/* Full and sliding layers (8 cells) in one ferry_kv_attention_step: a sliding layer's window is
+ * its 8 cells, attention reads min(kv_len, 8) of them, and every layer's output is, byte for
+ * byte, that of its own window and lengths made by hand; a sliding layer's windows copy its 8
+ * cells per stream under ranges, and an n_kv past a full layer is refused even when every
+ * layer slides. */
+static void sliding_step(ferry_status (*make)(ferry_backend ** out)) {
+    enum { HEADS = 4, N_KV = 21 };
+    const int64_t cells[4] = {0, 8, 0, 8};
+    const int32_t lens[2] = {N_KV, 5};
+    for (int vt = 0; vt < 2; vt++) {
+        ferry_kv_params p = params;
+        p.v_trans = vt;
+        ferry_backend *dev, *cpu;
+        CHECK_OK(make(&dev));
+        CHECK_OK(ferry_cpu_backend_new(&cpu));
+        ferry_kv_cache * kv;
+        CHECK_OK(ferry_kv_cache_new_layers(&p, ferry_cpu_buffer_type(), NULL, cells, &kv));
+        uint16_t vals[32 * 32 * 2];
+        for (int i = 0; i < 32 * 32 * 2; i++) vals[i] = (uint16_t) (0x3000 + (i * 37) % 0x0c00);
+        ferry_context * ctx;
+        CHECK_OK(ferry_context_new(&ctx));
+        const int64_t ne_q[4] = {16, HEADS, 1, 2}, ne_len[1] = {2};
+        float qv[16 * HEADS * 2];
+        for (int i = 0; i < 16 * HEADS * 2; i++) qv[i] = (float) ((i * 13) % 17) / 17.0f - 0.5f;
+        ferry_tensor *q[4], *len, *layer_len[4];
+        for (int32_t l = 0; l < 4; l++) {
+            ferry_tensor *k, *v;
+            CHECK_OK(ferry_kv_cache_k(kv, l, &k));
+            CHECK_OK(ferry_kv_cache_v(kv, l, &v));
+            CHECK_OK(ferry_tensor_set(k, vals + l, 0, ferry_tensor_nbytes(k)));
+            CHECK_OK(ferry_tensor_set(v, vals + 7 * l + 1, 0, ferry_tensor_nbytes(v)));
+            CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, ne_q, &q[l]));
+            CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne_len, &layer_len[l]));
+        }
+        CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne_len, &len));
+        ferry_buffer * qbuf;
+        CHECK_OK(ferry_backend_alloc_buffer(dev, 4 * sizeof(qv) + 5 * 256, &qbuf));
+        CHECK_OK(ferry_buffer_place_tensor(qbuf, len, 4 * sizeof(qv) + 4 * 256));
+        for (int32_t l = 0; l < 4; l++) {
+            CHECK_OK(ferry_buffer_place_tensor(qbuf, q[l], (size_t) l * sizeof(qv)));
+            CHECK_OK(ferry_buffer_place_tensor(qbuf, layer_len[l], 4 * sizeof(qv) + (size_t) l * 256)); /* CUDA aligns to 256 */
+            CHECK_OK(ferry_tensor_set(q[l], qv, 0, sizeof(qv)));
+            const int32_t own[2] = {lens[0] < cells[l] || !cells[l] ? lens[0] : (int32_t) cells[l],
+                                    lens[1] < cells[l] || !cells[l] ? lens[1] : (int32_t) cells[l]};
+            CHECK_OK(ferry_tensor_set(layer_len[l], own, 0, sizeof(own)));
+        }
+        CHECK_OK(ferry_tensor_set(len, lens, 0, sizeof(lens)));
+        ferry_backend * backends[2] = {dev, cpu};
+        ferry_sched * sched;
+        CHECK_OK(ferry_sched_new(backends, 2, &sched));
+        CHECK_OK(ferry_sched_set_policy(sched, FERRY_COPY_RANGES));
+
+        /* by hand: each layer's window of its own cells, read with its own lengths */
+        static float want[4][16 * HEADS * 2], got[4][16 * HEADS * 2];
+        ferry_context * hand;
+        CHECK_OK(ferry_context_new(&hand));
+        ferry_graph * graph;
+        CHECK_OK(ferry_graph_new(&graph));
+        ferry_tensor * outs[4];
+        for (int32_t l = 0; l < 4; l++) {
+            ferry_tensor *k, *v;
+            CHECK_OK(ferry_kv_cache_window(kv, hand, l, cells[l] ? cells[l] : N_KV, 0, 1, &k, &v));
+            CHECK_OK(ferry_attn_decode(hand, q[l], k, v, layer_len[l], 0.25f, vt, &outs[l]));
+            CHECK_OK(ferry_tensor_set_output(outs[l]));
+            CHECK_OK(ferry_sched_set_tensor_backend(sched, outs[l], dev));
+            CHECK_OK(ferry_graph_build(graph, outs[l]));
+        }
+        CHECK_OK(ferry_sched_alloc_graph(sched, graph));
+        CHECK_OK(ferry_sched_graph_compute(sched, graph));
+        for (int l = 0; l < 4; l++) CHECK_OK(ferry_tensor_get(outs[l], want[l], 0, sizeof(want[l])));
+        ferry_sched_clear_assignments(sched);
+        ferry_graph_free(graph);
+
+        /* in one call, one n_kv and one kv_len for every layer */
+        CHECK_OK(ferry_graph_new(&graph));
+        CHECK_OK(ferry_kv_attention_step(kv, ctx, 4, N_KV, 0, 1, q, len, vt, sched, dev, graph, outs));
+        CHECK_OK(ferry_sched_alloc_graph(sched, graph));
+        CHECK_OK(ferry_sched_graph_compute(sched, graph));
+        for (int l = 0; l < 4; l++) CHECK_OK(ferry_tensor_get(outs[l], got[l], 0, sizeof(got[l])));
+        CHECK(memcmp(got, want, sizeof(got)) == 0);
+        for (int l = 0; l < 4; l++) CHECK_EQ_U(outs[l]->src[1]->ne[1], cells[l] ? cells[l] : N_KV);
+        uint64_t copied[4] = {0};
+        for (int i = 0; i < ferry_sched_n_inputs(sched); i++) {
+            ferry_sched_input_info in;
+            CHECK_OK(ferry_sched_input(sched, i, &in));
+            for (int32_t l = 0; l < 4; l++) {
+                ferry_tensor *k, *v;
+                CHECK_OK(ferry_kv_cache_k(kv, l, &k));
+                CHECK_OK(ferry_kv_cache_v(kv, l, &v));
+                const ferry_tensor * root = in.src->view_src ? in.src->view_src : in.src;
+                if (root == k || root == v) copied[l] += in.stats.bytes_copied;
+            }
+        }
+        /* 8 cells of 32 f16 values per stream, 2 streams, K and V */
+        CHECK_EQ_U(copied[1], 8 * 32 * 2 * 2 * 2);
+        CHECK_EQ_U(copied[3], 8 * 32 * 2 * 2 * 2);
+        ferry_sched_clear_assignments(sched);
+        ferry_graph_free(graph);
+
+        CHECK_OK(ferry_graph_new(&graph));
+        CHECK_FAILS(ferry_kv_attention_step(kv, ctx, 4, 33, 0, 1, q, len, vt, sched, dev, graph, outs),
+                    FERRY_ERR_OUT_OF_BOUNDS);
+        ferry_kv_cache * sliding;
+        const int64_t all_sliding[4] = {8, 8, 8, 8};
+        CHECK_OK(ferry_kv_cache_new_layers(&p, NULL, NULL, all_sliding, &sliding));
+        CHECK_OK(ferry_kv_attention_step(sliding, ctx, 4, 32, 0, 1, q, len, vt, sched, dev, graph, outs));
+        ferry_sched_clear_assignments(sched);
+        CHECK_FAILS(ferry_kv_attention_step(sliding, ctx, 4, 33, 0, 1, q, len, vt, sched, dev, graph, outs),
+                    FERRY_ERR_OUT_OF_BOUNDS);
+        CHECK(strstr(ferry_last_error(), "n_kv 33 is not in 1..32") != NULL);
+        ferry_kv_cache_free(sliding);
+        ferry_graph_free(graph);
+
+        ferry_sched_free(sched);
+        ferry_context_free(hand);
+        ferry_buffer_free(qbuf);
+        ferry_context_free(ctx);
+        ferry_kv_cache_free(kv);
+        ferry_backend_free(cpu);
+        ferry_backend_free(dev);
+    }
+}
+
+static void test_sliding_step(void) { SUB(sliding_step(ferry_standin_backend_new)); }
+
+#ifdef FERRY_HAVE_CUDA_TESTS
+static ferry_status cuda0(ferry_backend ** out) { return ferry_cuda_backend_new(0, out); }
+
+/* CUDA's attention clamps kv_len to the window as the CPU's does. */
+static void test_sliding_step_cuda(void) {
+    if (!ferry_cuda_available()) {
+        printf("SKIP: no CUDA device\n");
+        fflush(stdout);
+        exit(77);
+    }
+    SUB(sliding_step(cuda0));
+}
+#endif
+
 static const check_test tests[] = {
     {"placed_step_as_all_host", test_placed_step_as_all_host},
     {"placed_layers", test_placed_layers},
     {"layer_sizes", test_layer_sizes},
+    {"sliding_step", test_sliding_step},
+#ifdef FERRY_HAVE_CUDA_TESTS
+    {"sliding_step_cuda", test_sliding_step_cuda},
+#endif
     {"over_foreign_memory", test_over_foreign_memory},
 };
 

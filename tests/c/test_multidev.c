@@ -4,6 +4,8 @@
  * gives the bytes of the same step on one device, under every copy policy, serial and
  * prefetched; each device's splits copy exactly its own layers' windows, a query that
  * lives on the other device, and an output read on the other device; refusals name the layer.
+ * Every placement of the KV on one, two and three devices gives the all-host one-device bytes,
+ * and its resident layers copy nothing (FERRY_FAKE_CUDA_DEVICES=3 for the CUDA matrix).
  * On a machine with one GPU the CUDA tests run two backends on it (the memory then shared).
  */
 #include "check.h"
@@ -278,6 +280,170 @@ static void test_refusals(void) {
     fixture_free(&f);
 }
 
+/* ---------------------------------------------------------------- the placement matrix
+ *
+ * Every placement of the layers' KV (host, or the memory of the device that runs the layer)
+ * on one, two and three devices (layer_split's map), under every policy, serial and
+ * prefetched, f16 and q8_0, V plain and transposed (f16): the outputs of the all-host
+ * one-device run, byte for byte; a resident layer copies nothing, a host layer exactly what
+ * the all-host one-device run copies for it.
+ */
+enum { M_LAYER = 6, M_STREAM = 2, M_KV_SIZE = 16, M_HEAD_DIM = 32, M_HEAD_KV = 1, M_HEAD = 2, M_N_KV = 13 };
+enum { M_OUT_N = M_HEAD_DIM * M_HEAD * M_STREAM };
+
+typedef struct {
+    float out[M_LAYER][M_OUT_N];
+    uint64_t copied[M_LAYER]; /* bytes each layer's windows copied */
+} m_result;
+
+/* Bit l set: layer l resident. All host, all device, the first 2, every other, and a map drawn
+ * from a fixed seed (m_random_map). */
+enum { M_N_MAPS = 5 };
+static uint32_t m_maps[M_N_MAPS] = {0x00, 0x3f, 0x03, 0x15, 0};
+
+static uint32_t m_random_map(void) {
+    uint32_t x = 22, map = 0;
+    for (int l = 0; l < M_LAYER; l++) {
+        x = x * 1103515245u + 12345u;
+        map |= (x >> 16 & 1u) << l;
+    }
+    return map;
+}
+
+typedef struct {
+    ferry_backend * dev[3];
+    ferry_backend * cpu;
+    ferry_buffer_type * host_buft;
+    ferry_type type;
+    bool v_trans;
+} m_case;
+
+/* The step with layer l on dev[l * n_dev / M_LAYER], the resident layers of map in that device's
+ * memory, the rest in host_buft, under policy and prefetch. Checks that every layer runs on its
+ * device and that a window goes to its own layer's device only, a resident layer's to none. */
+static void m_run(const m_case * c, int n_dev, uint32_t map, ferry_copy_policy policy, int prefetch, m_result * r) {
+    const ferry_kv_params p = {c->type, c->type, M_HEAD_DIM, M_HEAD_KV, M_STREAM * M_KV_SIZE, M_STREAM, M_LAYER,
+                               c->v_trans};
+    ferry_backend * on[M_LAYER];
+    ferry_buffer_type * bufts[M_LAYER];
+    for (int l = 0; l < M_LAYER; l++) {
+        on[l] = c->dev[l * n_dev / M_LAYER];
+        bufts[l] = map >> l & 1 ? ferry_backend_default_buffer_type(on[l]) : NULL;
+    }
+    ferry_kv_cache * kv;
+    CHECK_OK(ferry_kv_cache_new_layers(&p, c->host_buft, bufts, NULL, &kv));
+    ferry_tensor *k[M_LAYER], *v[M_LAYER];
+    for (int32_t l = 0; l < M_LAYER; l++) {
+        CHECK_OK(ferry_kv_cache_k(kv, l, &k[l]));
+        CHECK_OK(ferry_kv_cache_v(kv, l, &v[l]));
+        CHECK_OK(fill(k[l], 1000u * (unsigned) l));
+        CHECK_OK(fill(v[l], 1000u * (unsigned) l + 500000u));
+    }
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const size_t q_bytes = sizeof(float) * M_OUT_N;
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(c->dev[0], M_LAYER * q_bytes + 256, &buf));
+    const int64_t ne_q[4] = {M_HEAD_DIM, M_HEAD, 1, M_STREAM}, ne_len[1] = {M_STREAM};
+    ferry_tensor *q[M_LAYER], *kv_len;
+    for (int32_t l = 0; l < M_LAYER; l++) {
+        CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, ne_q, &q[l]));
+        CHECK_OK(ferry_buffer_place_tensor(buf, q[l], (size_t) l * q_bytes));
+        CHECK_OK(fill(q[l], 7u + 100u * (unsigned) l));
+    }
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne_len, &kv_len));
+    CHECK_OK(ferry_buffer_place_tensor(buf, kv_len, M_LAYER * q_bytes));
+    const int32_t lengths[M_STREAM] = {M_N_KV, 6};
+    CHECK_OK(ferry_tensor_set(kv_len, lengths, 0, sizeof(lengths)));
+    ferry_backend * backends[4] = {c->dev[0], c->dev[1], c->dev[2], NULL};
+    backends[n_dev] = c->cpu;
+    ferry_sched * sched;
+    CHECK_OK(ferry_sched_new(backends, n_dev + 1, &sched));
+    CHECK_OK(ferry_sched_set_policy(sched, policy));
+    CHECK_OK(ferry_sched_set_prefetch(sched, prefetch));
+    ferry_graph * graph;
+    CHECK_OK(ferry_graph_new(&graph));
+    ferry_tensor * outs[M_LAYER];
+    CHECK_OK(ferry_kv_attention_step_on(kv, ctx, M_LAYER, M_N_KV, 0, M_STREAM - 1, q, kv_len, c->v_trans, sched, on,
+                                        graph, outs));
+    CHECK_OK(ferry_sched_alloc_graph(sched, graph));
+    CHECK_OK(ferry_sched_graph_compute(sched, graph));
+    int windows[M_LAYER] = {0};
+    for (int l = 0; l < M_LAYER; l++) {
+        CHECK(ferry_sched_get_tensor_backend(sched, outs[l]) == on[l]);
+        CHECK_OK(ferry_tensor_get(outs[l], r->out[l], 0, sizeof(r->out[l])));
+        r->copied[l] = 0;
+    }
+    for (int i = 0; i < ferry_sched_n_inputs(sched); i++) {
+        ferry_sched_input_info in;
+        ferry_sched_split_info sp;
+        CHECK_OK(ferry_sched_input(sched, i, &in));
+        CHECK_OK(ferry_sched_split(sched, in.split, &sp));
+        const ferry_tensor * root = in.src->view_src ? in.src->view_src : in.src;
+        for (int l = 0; l < M_LAYER; l++) {
+            if (root == k[l] || root == v[l]) {
+                CHECK(sp.backend == on[l]);
+                windows[l]++;
+                r->copied[l] += in.stats.bytes_copied;
+            }
+        }
+    }
+    for (int l = 0; l < M_LAYER; l++) {
+        CHECK_EQ_U(windows[l], map >> l & 1 ? 0 : 2);
+    }
+    ferry_sched_free(sched);
+    ferry_graph_free(graph);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_kv_cache_free(kv);
+}
+
+/* The matrix of one case against its all-host one-device run; want gets that run's outputs. */
+static void check_matrix(make_backend make, ferry_buffer_type * host_buft, ferry_type type, bool v_trans,
+                         m_result * want) {
+    m_maps[M_N_MAPS - 1] = m_random_map();
+    m_case c = {.host_buft = host_buft ? host_buft : ferry_cpu_buffer_type(), .type = type, .v_trans = v_trans};
+    for (int d = 0; d < 3; d++) CHECK_OK(make(d, &c.dev[d]));
+    CHECK_OK(ferry_cpu_backend_new(&c.cpu));
+    static m_result ref[FERRY_COPY_POLICY_COUNT][2], got;
+    for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
+        for (int prefetch = 0; prefetch < 2; prefetch++) {
+            SUB(m_run(&c, 1, 0, (ferry_copy_policy) policy, prefetch, &ref[policy][prefetch]));
+            CHECK(memcmp(ref[policy][prefetch].out, ref[0][0].out, sizeof(ref[0][0].out)) == 0);
+        }
+    }
+    for (int l = 0; l < M_LAYER; l++) CHECK(ref[FERRY_COPY_RANGES][0].copied[l] > 0);
+    for (int n_dev = 1; n_dev <= 3; n_dev++) {
+        for (int m = 0; m < M_N_MAPS; m++) {
+            for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
+                for (int prefetch = 0; prefetch < 2; prefetch++) {
+                    SUB(m_run(&c, n_dev, m_maps[m], (ferry_copy_policy) policy, prefetch, &got));
+                    if (memcmp(got.out, ref[0][0].out, sizeof(got.out)) != 0) {
+                        fprintf(stderr, "%d devices, map 0x%x, policy %s, prefetch %d: bytes differ\n", n_dev,
+                                (unsigned) m_maps[m], ferry_copy_policy_name((ferry_copy_policy) policy), prefetch);
+                        CHECK(false);
+                    }
+                    for (int l = 0; l < M_LAYER; l++) {
+                        CHECK_EQ_U(got.copied[l], m_maps[m] >> l & 1 ? 0 : ref[policy][prefetch].copied[l]);
+                    }
+                }
+            }
+        }
+    }
+    memcpy(want, &ref[0][0], sizeof(*want));
+    for (int d = 0; d < 3; d++) ferry_backend_free(c.dev[d]);
+    ferry_backend_free(c.cpu);
+}
+
+static void test_placement_matrix_standin(void) {
+    const uint32_t random = m_random_map();
+    CHECK(random != 0 && random != 0x3f); /* neither all host nor all device */
+    static m_result want;
+    SUB(check_matrix(make_standin, NULL, FERRY_TYPE_F16, false, &want));
+    SUB(check_matrix(make_standin, NULL, FERRY_TYPE_F16, true, &want));
+    SUB(check_matrix(make_standin, NULL, FERRY_TYPE_Q8_0, false, &want));
+}
+
 #ifdef FERRY_HAVE_CUDA_TESTS
 /* A CUDA device; the fake runtime presents two when asked (a GPU machine has what it has). */
 static void need_device(void) {
@@ -321,6 +487,38 @@ static void test_cuda_two_devices_q8_0(void) {
     SUB(check_cuda_two_devices(FERRY_TYPE_Q8_0, false));
 }
 
+/* Three CUDA devices of the fake runtime (a GPU machine's own, or its one GPU three times), the
+ * host layers pinned: the matrix of each case, and the stand-ins' outputs to rounding. */
+static void check_cuda_matrix(ferry_type type, bool v_trans) {
+    ferry_buffer_type * pinned;
+    CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
+    static m_result cuda, standin;
+    SUB(check_matrix(make_cuda, pinned, type, v_trans, &cuda));
+    SUB(check_matrix(make_standin, NULL, type, v_trans, &standin));
+    double worst = 0;
+    for (int l = 0; l < M_LAYER; l++) {
+        for (int i = 0; i < M_OUT_N; i++) {
+            const double e = fabs((double) cuda.out[l][i] - standin.out[l][i]) / (1.0 + fabs((double) standin.out[l][i]));
+            worst = e > worst ? e : worst;
+        }
+    }
+    if (!(worst < 1e-5)) {
+        fprintf(stderr, "CUDA against the stand-ins: relative error %g\n", worst);
+        CHECK(false);
+    }
+}
+
+static void test_placement_matrix_cuda(void) {
+    setenv("FERRY_FAKE_CUDA_DEVICES", "3", 0);
+    need_device();
+    int n = 0;
+    CHECK_OK(ferry_cuda_device_count(&n));
+    printf("%d CUDA device%s: three backends on %s\n", n, n == 1 ? "" : "s", n >= 3 ? "three devices" : "fewer");
+    SUB(check_cuda_matrix(FERRY_TYPE_F16, false));
+    SUB(check_cuda_matrix(FERRY_TYPE_F16, true));
+    SUB(check_cuda_matrix(FERRY_TYPE_Q8_0, false));
+}
+
 /* Each device's memory is its own: CUDA1's backend takes only its own buffers. */
 static void test_cuda_devices_own_memory(void) {
     need_device();
@@ -349,10 +547,12 @@ static void test_cuda_devices_own_memory(void) {
 static const check_test tests[] = {
     {"multidev_standin", test_standin_two_devices},
     {"multidev_refusals", test_refusals},
+    {"multidev_placement_matrix_standin", test_placement_matrix_standin},
 #ifdef FERRY_HAVE_CUDA_TESTS
     {"multidev_cuda_f16", test_cuda_two_devices_f16},
     {"multidev_cuda_q8_0", test_cuda_two_devices_q8_0},
     {"multidev_cuda_own_memory", test_cuda_devices_own_memory},
+    {"multidev_placement_matrix_cuda", test_placement_matrix_cuda},
 #endif
 };
 

@@ -242,3 +242,104 @@ def test_from_torch_cpu_tensors() -> None:
         assert got == want, (policy, prefetch, one_call)
     tv[0].zero_()  # torch's writes are the cache's
     assert kv.get_stream("v", 0, 0) == bytes(vs[0][0].nbytes)
+
+
+def layer_copied(sched: ferry.Scheduler, kv: ferry.KVCache) -> List[int]:
+    """Per layer, the bytes its windows (K and V) copied in the scheduler's last compute."""
+    layers = {t._ptr: layer for layer in range(kv.params.n_layer) for t in (kv.k(layer), kv.v(layer))}
+    copied = [0] * kv.params.n_layer
+    for split in sched.splits:
+        for inp in split.inputs:
+            src = inp.src._p
+            layer = layers.get(src.view_src if src.view_src else src)
+            if layer is not None:
+                copied[layer] += inp.stats.bytes_copied
+    return copied
+
+
+SLIDING = [None, 8, None, 16]  # layers 1 and 3 hold the last 8 and 16 cells of each sequence
+
+
+def stream_bytes(values: np.ndarray, ty: str, trans: bool) -> bytes:
+    """A stream's [cells, n_embd_gqa] values in the cache's type, transposed when V is."""
+    vals = np.ascontiguousarray(values.T) if trans else values
+    return ferry.quantize(vals.reshape(-1), ty).tobytes()
+
+
+def row_bytes(ty: str) -> int:
+    """Bytes of one cell's n_embd_gqa values of type ty."""
+    return {"f16": 2 * HEAD_DIM * N_HEAD_KV, "q8_0": HEAD_DIM * N_HEAD_KV // 32 * 34}[ty]
+
+
+@pytest.mark.parametrize("type_k,type_v,v_trans", CASES)
+def test_one_call_step_over_sliding_layers(type_k: str, type_v: str, v_trans: bool) -> None:
+    """A cache of full and sliding layers in one attention_step call: each sliding layer's output is,
+    byte for byte, attention over the ring it holds (the sequence's last W cells) laid in a full cache
+    and read with kv_len min(len, W); each full layer's is the all-full cache's; a sliding layer's
+    windows copy no more than its W cells per stream."""
+    dev = ferry.StandinBackend()
+    n_embd = HEAD_DIM * N_HEAD_KV
+    rng = np.random.default_rng(11)
+    # positions[l][which][s]: the values of the sequence's cells 0..len-1, in order
+    positions = [[[rng.uniform(-1, 1, (n, n_embd)).astype(np.float32) for n in LENS] for _ in "kv"]
+                 for _ in range(N_LAYER)]
+    args = (type_k, type_v, HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER)
+    kv = ferry.KVCache(*args, v_trans=v_trans, layer_cells=SLIDING)
+    ref = ferry.KVCache(*args, v_trans=v_trans)  # every layer full; a sliding layer's ring in its first W cells
+    for layer, win in enumerate(SLIDING):
+        for w, (which, ty) in enumerate((("k", type_k), ("v", type_v))):
+            trans = which == "v" and v_trans
+            for s, n in enumerate(LENS):
+                seq = positions[layer][w][s]
+                cells = rng.uniform(-1, 1, (win or KV_SIZE, n_embd)).astype(np.float32)  # unwritten cells: noise
+                for pos in range(max(0, n - (win or KV_SIZE)), n):
+                    cells[pos % (win or KV_SIZE)] = seq[pos]  # a ring: position p in cell p mod W
+                wide = np.zeros((KV_SIZE, n_embd), np.float32)
+                wide[:len(cells)] = cells
+                kv.set_stream(which, layer, s, stream_bytes(cells, ty, trans))
+                ref.set_stream(which, layer, s, stream_bytes(wide, ty, trans))
+    q = [ferry.Tensor.from_numpy(dev, rng.uniform(-1, 1, (N_STREAM, 1, N_HEAD, HEAD_DIM)).astype(np.float32))
+         for _ in range(N_LAYER)]
+    kv_len = ferry.Tensor.from_numpy(dev, np.array(LENS, np.int32))
+
+    want = []  # layer by layer from the all-full cache, each with its own clamped lengths
+    for layer, win in enumerate(SLIDING):
+        n_kv = win or N_KV
+        lens = ferry.Tensor.from_numpy(dev, np.array([min(n, n_kv) for n in LENS], np.int32))
+        with ferry.Scheduler([dev, ferry.CPUBackend()], policy="ranges") as sched:
+            out = ferry.attention_step(sched, dev, [ref.window(layer, n_kv)], [q[layer]], lens, v_trans)
+            sched.compute(ferry.Graph(*out))
+            want.append(out[0].get())
+    # and in float64 from the values: attention over the last min(len, W) positions, in their order
+    scale = 1 / np.sqrt(HEAD_DIM)
+    for layer, win in enumerate(SLIDING):
+        got = np.frombuffer(want[layer], np.float32).reshape(N_STREAM, N_HEAD, HEAD_DIM)
+        qs = q[layer].to_numpy().reshape(N_STREAM, N_HEAD, HEAD_DIM).astype(np.float64)
+        for s, n in enumerate(LENS):
+            first = max(0, n - (win or n))
+            kk, vv = (ferry.dequantize(ferry.quantize(positions[layer][w][s][first:].reshape(-1), ty), ty)
+                      .reshape(n - first, N_HEAD_KV, HEAD_DIM).astype(np.float64)
+                      for w, ty in enumerate((type_k, type_v)))
+            for h in range(N_HEAD):
+                hk = h // (N_HEAD // N_HEAD_KV)
+                p = np.exp(scale * kk[:, hk] @ qs[s, h] - np.max(scale * kk[:, hk] @ qs[s, h]))
+                np.testing.assert_allclose(got[s, h], (p / p.sum()) @ vv[:, hk], rtol=1e-5, atol=1e-5)
+
+    for policy in ("flat", "ranges", "plan"):
+        for prefetch in (0, 1):
+            with ferry.Scheduler([dev, ferry.CPUBackend()], policy=policy, prefetch=prefetch) as sched:
+                outs = ferry.attention_step(sched, dev, kv.windows(N_KV), q, kv_len, v_trans)
+                sched.compute(ferry.step_graph(outs))
+                assert [o.get() for o in outs] == want, (policy, prefetch)
+                copied = layer_copied(sched, kv)
+            for layer, win in enumerate(SLIDING):
+                if win:  # its ring and no more: W cells per stream of K and of V
+                    ring = win * N_STREAM * (row_bytes(type_k) + row_bytes(type_v))
+                    assert copied[layer] <= ring, (policy, prefetch, layer)
+                    if policy == "ranges":
+                        assert copied[layer] == ring, (prefetch, layer)
+    with ferry.Scheduler([dev, ferry.CPUBackend()]) as sched:  # n_kv beyond a full layer: refused, not clamped
+        with pytest.raises(ferry.OutOfBoundsError, match="n_kv 41"):
+            ferry.attention_step(sched, dev, kv.windows(KV_SIZE + 1), q, kv_len, v_trans)
+        with pytest.raises(ferry.OutOfBoundsError, match="n_kv 41"):
+            _ = kv.windows(KV_SIZE + 1)[1]

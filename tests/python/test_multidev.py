@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import random
 from fractions import Fraction
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -190,3 +191,125 @@ def test_cuda_backend_on_device_1(two_cuda_devices: None) -> None:
     assert np.array_equal(np.frombuffer(t.get(), np.float32), np.arange(16, dtype=np.float32))
     with pytest.raises(ferry.FerryError):
         ferry.CUDABackend(device=2)
+
+
+# ---------------------------------------------------------------- the placement matrix
+#
+# Every placement of the layers' KV (host, or the memory of the device that runs the layer) on
+# one, two and three devices, under every policy, serial and prefetched, f16 and q8_0, V plain
+# and transposed (f16): the outputs of the all-host one-device run, byte for byte; a resident
+# layer copies nothing, a host layer exactly what the all-host one-device run copies for it.
+
+M_LAYER, M_STREAM, M_KV_SIZE, M_HEAD_DIM, M_HEAD_KV, M_HEAD, M_N_KV = 6, 2, 16, 32, 1, 2, 13
+_placement_rng = random.Random(22)
+PLACEMENTS = {
+    "all host": [False] * M_LAYER,
+    "all device": [True] * M_LAYER,
+    "first 2": [layer < 2 for layer in range(M_LAYER)],
+    "every other": [layer % 2 == 0 for layer in range(M_LAYER)],
+    "random": [_placement_rng.random() < 0.5 for _ in range(M_LAYER)],
+}
+MATRIX_CASES = [("f16", False), ("f16", True), ("q8_0", False)]
+
+#: One run: the outputs' bytes, and per layer the bytes its windows copied.
+Run = Tuple[List[bytes], List[int]]
+
+
+class Matrix:
+    """The cache's values, the queries and kv_len of one case, run over any devices and placement."""
+
+    def __init__(self, type: str, v_trans: bool, pinned: bool) -> None:
+        self.type, self.v_trans, self.pinned = type, v_trans, pinned
+        rng = np.random.default_rng(23)
+        n_embd = M_HEAD_DIM * M_HEAD_KV
+        self.values = [[ferry.quantize(rng.uniform(-1, 1, M_STREAM * M_KV_SIZE * n_embd).astype(np.float32), type)
+                        .tobytes() for _ in "kv"] for _ in range(M_LAYER)]
+        self.q = rng.uniform(-1, 1, (M_LAYER, M_STREAM, 1, M_HEAD, M_HEAD_DIM)).astype(np.float32)
+
+    def run_all(self, devices: Sequence[ferry.Backend], resident: Sequence[bool],
+                runs: Sequence[Tuple[str, int]]) -> Dict[Tuple[str, int], Run]:
+        """The step with layer_split's map over devices, each resident layer in its own device's
+        memory, for each (policy, prefetch) of runs. Checks that every layer runs on its device and
+        that a window goes to its own layer's device only, a resident layer's to none."""
+        on = ferry.layer_split(M_LAYER, list(devices))
+        kv = ferry.KVCache(self.type, self.type, M_HEAD_DIM, M_HEAD_KV, M_STREAM * M_KV_SIZE, M_STREAM, M_LAYER,
+                           self.v_trans, pinned=self.pinned,
+                           placement=[on[layer] if r else None for layer, r in enumerate(resident)])
+        for layer, (k, v) in enumerate(self.values):
+            kv.k(layer).set(k)
+            kv.v(layer).set(v)
+        dev0 = devices[0]
+        q = [ferry.Tensor.from_numpy(dev0, self.q[layer]) for layer in range(M_LAYER)]
+        kv_len = ferry.Tensor.from_numpy(dev0, np.array([M_N_KV, 6], np.int32))
+        layers = {t._ptr: layer for layer in range(M_LAYER) for t in (kv.k(layer), kv.v(layer))}
+        out: Dict[Tuple[str, int], Run] = {}
+        with ferry.Scheduler(list(devices) + [ferry.CPUBackend()]) as sched:
+            for policy, prefetch in runs:
+                sched.policy, sched.prefetch = policy, prefetch
+                steps = ferry.StepGraph(sched, lambda n: ferry.attention_step(sched, on, kv.windows(n), q, kv_len,
+                                                                              v_trans=self.v_trans))
+                graph = steps.get(M_N_KV)
+                sched.compute(graph)
+                assert [sched.backend_of(t) for t in graph.outputs] == on
+                copied, windows = [0] * M_LAYER, [0] * M_LAYER
+                for split in sched.splits:
+                    for inp in split.inputs:
+                        src = inp.src._p
+                        layer = layers.get(src.view_src if src.view_src else src)
+                        if layer is not None:
+                            assert split.backend._p == on[layer]._p, (policy, prefetch, layer)
+                            windows[layer] += 1
+                            copied[layer] += inp.stats.bytes_copied
+                assert windows == [0 if r else 2 for r in resident], (policy, prefetch)
+                out[policy, prefetch] = [t.get() for t in graph.outputs], copied
+        kv.close()
+        return out
+
+
+def check_matrix(make: Callable[[int], ferry.Backend], type: str, v_trans: bool, pinned: bool) -> List[bytes]:
+    """Every placement on one, two and three devices of make, every policy, serial and prefetched,
+    against the all-host run on one; returns that run's outputs."""
+    devices = [make(d) for d in range(3)]
+    m = Matrix(type, v_trans, pinned)
+    runs = [(policy, prefetch) for policy in POLICIES for prefetch in (0, 1)]
+    ref = m.run_all(devices[:1], [False] * M_LAYER, runs)
+    want = ref["ranges", 0][0]
+    for n_dev in (1, 2, 3):
+        for name, resident in PLACEMENTS.items():
+            got = m.run_all(devices[:n_dev], resident, runs)
+            for run in runs:
+                outs, copied = got[run]
+                assert outs == want, (name, n_dev, run)
+                # a resident layer copies nothing; a host layer what it copies in the all-host one-device run
+                assert copied == [0 if r else c for r, c in zip(resident, ref[run][1])], (name, n_dev, run)
+    assert all(c > 0 for c in ref["ranges", 0][1])
+    return want
+
+
+def test_placement_matrix_is_not_trivial() -> None:
+    resident = PLACEMENTS["random"]
+    assert any(resident) and not all(resident)
+    assert resident not in [p for name, p in PLACEMENTS.items() if name != "random"]
+
+
+@pytest.mark.parametrize("type,v_trans", MATRIX_CASES)
+def test_placement_matrix_standins(type: str, v_trans: bool) -> None:
+    check_matrix(lambda d: ferry.StandinBackend(), type, v_trans, pinned=False)
+
+
+@pytest.fixture
+def three_cuda_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three CUDA devices: the fake runtime presents them when asked; a GPU machine needs three."""
+    if FAKE:
+        monkeypatch.setenv("FERRY_FAKE_CUDA_DEVICES", "3")
+    if cuda_devices() < 3:
+        pytest.skip("fewer than three CUDA devices")
+
+
+@pytest.mark.parametrize("type,v_trans", MATRIX_CASES)
+def test_placement_matrix_cuda(three_cuda_devices: None, type: str, v_trans: bool) -> None:
+    """Byte for byte the all-host one-device CUDA run; to rounding, the stand-ins'."""
+    cuda = check_matrix(ferry.CUDABackend, type, v_trans, pinned=True)
+    standin = check_matrix(lambda d: ferry.StandinBackend(), type, v_trans, pinned=False)
+    for a, b in zip(cuda, standin):
+        np.testing.assert_allclose(np.frombuffer(a, np.float32), np.frombuffer(b, np.float32), rtol=1e-5, atol=1e-5)

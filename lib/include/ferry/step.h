@@ -20,10 +20,16 @@ extern "C" {
  * (ferry_sched_set_tensor_backend) and built into graph in layer order. outs[l] is
  * layer l's output; outs is written only on success.
  *
+ * Layers of different sizes: a layer holding W cells per stream (a sliding-window layer,
+ * ferry_kv_cache_new_layers) gets the window of its first min(n_kv, W) cells
+ * (ferry_kv_cache_layer_n_kv), and attention, which clamps each stream's kv_len to its
+ * window, reads min(kv_len[s], W) of them: all the sliding layer holds of a longer
+ * sequence, in whatever order it keeps them (attention does not depend on the cells' order).
+ *
  * Refused (FERRY_ERR_INVALID_ARG, FERRY_ERR_OUT_OF_BOUNDS, FERRY_ERR_LAYOUT, with a
  * message naming the layer): NULL arguments or queries, n_layer not in 1..the cache's
- * layers, a window the cache does not have, shapes attention cannot read, a backend not
- * the scheduler's. Every window and node is made before the first assignment and the graph is
+ * layers, n_kv not in 1..a full layer's cells (ferry_kv_cache_kv_size), streams the cache
+ * does not have, shapes attention cannot read, a backend not the scheduler's. Every window and node is made before the first assignment and the graph is
  * built after the last, so a refused argument assigns nothing and leaves graph as it was;
  * what was made stays in ctx. Only running out of memory part way through the assignments or
  * the graph leaves some assignments (clear them before freeing ctx) or part of the step in graph.
