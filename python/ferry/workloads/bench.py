@@ -45,6 +45,16 @@ compute); a step still pays its first layer's copy before anything can compute. 
 is what the scheduler held on the split backend, and ahead is what prefetching held there
 beyond the layer computing (the windows of the layers queued ahead).
 
+Devices (cfg.devices, ferry.workloads.devices): with --devices N the layers run on N devices
+(contiguous ranges, or the map given), each layer's query on its device and the lengths on
+device 0; a layer's KV lives in host memory or in a device's memory (--kv-device-layers,
+--placement). The scheduler has every device and the CPU; a device-resident layer's windows
+are read where they are. Each row carries per device the layers it runs and holds, the bytes
+its splits received over a repetition (of them KV windows'), their copy time (each step's
+fastest, as below) and the memory it held (the scheduler's buffer at its most plus its
+resident layers' K and V). The unified layout runs only on one device with every layer on the
+host.
+
 The figures: each step's fastest time over the repetitions, summed over the steps, is the
 decode time; tokens/s = npl * ntg / that time, and a variant's gain is its tokens/s over
 flat's, minus 1. Copy and compute time are found the same way from the scheduler's
