@@ -23,7 +23,7 @@ TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", 
 KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "bytes_read", "compact",
         "split_memory_bytes", "repeats", "tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max", "gain",
         "gain_median", "gain_min", "gain_max", "statistic", "spread", "host_s", "tokens_per_s_end_to_end", "rebuilds",
-        "overlap", "prefetch", "decode_s", "compute_s", "ahead_bytes"}
+        "overlap", "prefetch", "decode_s", "compute_s", "ahead_bytes", "devices"}
 
 
 def tiny(**kw: object) -> bench.BenchConfig:

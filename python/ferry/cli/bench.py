@@ -14,19 +14,23 @@ from ..workloads.common import run_name
 from .options import (
     POSITIVE,
     add_device_arg,
+    add_devices_args,
     add_kv_args,
     add_policy_arg,
     add_shape_args,
+    add_v_trans_arg,
     add_verb_parser,
     apply_model,
     check_one_head_dim,
+    devices_from_args,
     run_fields,
 )
 from .progress import Progress, progress_stream
 from .text_table import format_table
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Progress", "add_parser", "check_plot_available",
-           "config_from_args", "fmt_gain", "fmt_gbps", "fmt_mib", "fmt_ratio", "fmt_seconds", "fmt_spread", "fmt_tps",
+           "config_from_args", "fmt_gain", "fmt_gbps", "fmt_layers", "fmt_mib", "fmt_ratio", "fmt_seconds",
+           "fmt_spread", "fmt_tps", "format_devices",
            "format_overlap", "format_result", "main", "plot_result", "run_bench"]
 
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
@@ -118,7 +122,7 @@ def format_result(res: BenchResult) -> str:
     head = ["npl", "policy", "tok/s", "per repetition", "gain", "per repetition", "decode", "host", "e2e tok/s",
             "copy", "compute",
             "copied", "read", "copy bw", "split mem"]
-    if cfg.unified:
+    if cfg.runs_unified:
         head += ["unified tok/s", "gain", "per repetition", "copy", "copied"]
     body = []
     for npl in cfg.npl:
@@ -129,7 +133,7 @@ def format_result(res: BenchResult) -> str:
                      fmt_seconds(r.host_s), fmt_tps(r.tokens_per_s_end_to_end), fmt_seconds(r.copy_s),
                      fmt_seconds(r.compute_s), fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
                      fmt_gbps(r.copy_bandwidth), fmt_mib(r.split_memory)]
-            if cfg.unified:
+            if cfg.runs_unified:
                 u = res.row(npl, policy, True, compact)
                 cells += [fmt_tps(u.tokens_per_s), fmt_gain(res.gain(u)), fmt_spread(res.gain_spread(u), fmt_gain),
                           fmt_seconds(u.copy_s),
@@ -137,17 +141,57 @@ def format_result(res: BenchResult) -> str:
             body.append(cells)
     lines += format_table([head, *body], left=(1,))
     lines.append("")
+    if not cfg.devices.default:
+        lines += format_devices(res)
+        lines.append("")
     if cfg.overlap:
         lines += format_overlap(res)
         lines.append("")
     for npl in cfg.npl:
-        runs = "policies and both caches" if cfg.unified else "policies"
+        runs = "policies and both caches" if cfg.runs_unified else "policies"
         runs += ", serial and overlapped" if cfg.overlap else ""
         same = "identical" if res.outputs_identical(npl) else "DIFFERENT"
         rebuilds = res.row(npl, res.variants()[0][0], False, res.variants()[0][1]).rebuilds
         lines.append(f"npl {npl}: attention outputs {same} across {runs}; the graph was rebuilt at {rebuilds} of "
                      f"a repetition's {cfg.ntg - 1} later steps (pad {cfg.pad})")
     return "\n".join(lines)
+
+
+def fmt_layers(layers: List[int]) -> str:
+    """Layer indices as runs: [0, 1, 2, 5] as "0-2,5" ("-" for none)."""
+    runs: List[List[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
+
+
+def format_devices(res: BenchResult) -> List[str]:
+    """The lines of the per-device table (with --devices, a placement or a modelled link): per npl,
+    variant and device, the layers it runs and holds, the bytes its splits received over a
+    repetition (of them, KV windows'), their copy time, and the memory it held."""
+    cfg = res.config
+    dc = cfg.devices
+    lines = [f"devices: {dc.n_devices}; KV placement {dc.describe(cfg.n_layer)} "
+             f"({', '.join('h' if p is None else str(p) for p in dc.places(cfg.n_layer))}: per layer, h host memory "
+             "or the device holding it)",
+             "per device: layers run and resident, bytes its splits received over a repetition's steps (of them KV "
+             "windows), their copy time, memory held (the scheduler's buffer at its most plus resident KV)"]
+    if cfg.unified and not cfg.runs_unified:
+        lines.append("unified cache: not run (one device with every layer on the host only)")
+    head = ["npl", "policy", "device", "runs", "resident", "copied", "KV copied", "copy", "memory", "link"]
+    body = []
+    for r in res.rows:
+        if r.unified:
+            continue
+        for d in r.devices:
+            body.append([str(r.npl), r.label, f"{d.index}: {d.name}", fmt_layers(d.layers),
+                         fmt_layers(d.resident_layers), fmt_mib(d.bytes_copied), fmt_mib(d.kv_bytes_copied),
+                         fmt_seconds(d.copy_s), fmt_mib(d.memory_bytes),
+                         "-" if d.link_gbps is None else f"{d.link_gbps:g} GB/s"])
+    return lines + format_table([head, *body], left=(1, 2))
 
 
 def fmt_ratio(x: float) -> str:
@@ -167,9 +211,8 @@ def format_overlap(res: BenchResult) -> List[str]:
     head = ["npl", "cache", "policy", "serial decode", "copy", "compute", "bound", "overlapped decode",
             "/ serial", "/ bound", "overlapped copy", "compute", "split mem", "overlapped", "ahead"]
     body = []
-    layouts = (False, True) if cfg.unified else (False,)
     for npl in cfg.npl:
-        for unified in layouts:
+        for unified in cfg.layouts:
             for policy, compact in res.variants():
                 s = res.row(npl, policy, unified, compact)
                 o = res.row(npl, policy, unified, compact, overlap=True)
@@ -213,7 +256,7 @@ def plot_result(res: BenchResult, path: str) -> None:
 
     cfg = res.config
     series = [(p, c, False) for p, c in res.variants()] + (
-        [(p, c, True) for p, c in res.variants()] if cfg.unified else [])
+        [(p, c, True) for p, c in res.variants()] if cfg.runs_unified else [])
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for i, (policy, compact, unified) in enumerate(series):
@@ -247,13 +290,14 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     add_kv_args(bp, run=True)
     add_policy_arg(bp, "to compare")
     bp.add_argument("--unified", action=argparse.BooleanOptionalAction, default=d.unified,
-                    help="also run a unified cache of the same sequences, for comparison (default on)")
+                    help="also run a unified cache of the same sequences, for comparison (default on; one device "
+                         "with every layer on the host only: skipped, with a note, otherwise)")
     add_device_arg(bp)
+    add_devices_args(bp)
     bp.add_argument("--repeat", type=POSITIVE, default=d.repeat,
                     help="timed repetitions of each variant, taking turns after a warm-up; figures take each "
                          f"step's fastest of them (default {d.repeat})")
-    bp.add_argument("--v-trans", action="store_true",
-                    help="V stored transposed (flash attention off): a gap after every channel row, even unified")
+    add_v_trans_arg(bp)
     bp.add_argument("--compact", action="store_true",
                     help="also run each non-flat policy with compact staging (the split holds only the bytes read)")
     bp.add_argument("--no-reuse", dest="reuse", action="store_false",
@@ -274,7 +318,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
                        policies=tuple(args.policy), unified=args.unified, device=args.device, pad=args.pad,
                        repeat=args.repeat, v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
-                       overlap=args.overlap, prefetch=args.prefetch)
+                       overlap=args.overlap, prefetch=args.prefetch, devices=devices_from_args(args))
 
 
 def main(args: argparse.Namespace) -> int:

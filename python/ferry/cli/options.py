@@ -9,6 +9,10 @@ shape (-c, -npl, -npp, -ntg, --pad) and the KV geometry (--type, --head-dim, --k
 given on the command line beside it wins over the file: `--model m.gguf -c 4096` reads
 everything else from the file.
 
+The decode runs (bench, validate) take the devices and where each layer's KV lives: --devices,
+--link-gbps, --latency-us, --device-memory, --kv-device-layers, --placement, --layer-devices
+(ferry.workloads.devices).
+
 The dry runs (table, plan) also take the model's sliding-window layers from --model, or by hand
 with --swa-window W --swa-layers PATTERN (one letter per layer: s sliding, f full).
 """
@@ -16,12 +20,22 @@ with --swa-window W --swa-layers PATTERN (one letter per layer: s sliding, f ful
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..errors import InvalidArgumentError
 from ..workloads.bench import BenchConfig
 from ..workloads.common import DEVICES, POLICIES
+from ..workloads.devices import (
+    DeviceConfig,
+    Place,
+    parse_floats,
+    parse_indices,
+    parse_placement,
+    parse_sizes,
+    read_placement,
+)
 from ..workloads.model_file import ModelGeometry, read_model_geometry
 
 #: The largest count any option takes (a C int): larger numbers are refused with a message.
@@ -240,8 +254,72 @@ def add_policy_arg(p: argparse.ArgumentParser, what: str) -> None:
 def add_device_arg(p: argparse.ArgumentParser) -> None:
     """Add --device (where a decode run's split runs) to the verb's parser p."""
     p.add_argument("--device", default=DEFAULTS.device, choices=DEVICES,
-                   help="where the split runs: cuda, cpu (the stand-in device), auto (cuda when a device is usable; "
+                   help="where the split runs: cuda, cpu (the stand-in device), auto (cuda when --devices CUDA "
+                        "devices are usable and no stand-in link or memory is asked for, else cpu; "
                         f"default {DEFAULTS.device})")
+
+
+def add_v_trans_arg(p: argparse.ArgumentParser) -> None:
+    """Add --v-trans (V stored transposed) to a decode run's parser p."""
+    p.add_argument("--v-trans", action="store_true",
+                   help="V stored transposed (flash attention off): a gap after every channel row, even unified; "
+                        "f32 or f16")
+
+
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type calling parse, its InvalidArgumentError made ArgumentTypeError (argparse then
+    names the option)."""
+
+    def run(text: str) -> Any:
+        try:
+            return parse(text)
+        except InvalidArgumentError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return run
+
+
+def placement_arg(text: str) -> Tuple[Place, ...]:
+    """--placement's value: a file holding the list when text names one, else the list itself."""
+    if os.path.exists(text):
+        return read_placement(text)
+    return parse_placement(text)
+
+
+def add_devices_args(p: argparse.ArgumentParser) -> None:
+    """Add the devices and the KV's placement (bench, validate) to the verb's parser p: --devices,
+    --link-gbps, --latency-us, --device-memory, --kv-device-layers, --placement, --layer-devices."""
+    d = DeviceConfig()
+    g = p.add_argument_group("devices and where the KV lives")
+    g.add_argument("--devices", type=POSITIVE, default=d.n_devices, metavar="N",
+                   help="devices of the --device kind: N CPU stand-ins, or CUDA devices 0..N-1; layers go to them "
+                        f"in contiguous ranges (ferry.layer_split; default {d.n_devices})")
+    g.add_argument("--link-gbps", type=_argument_type(lambda t: parse_floats(t, "--link-gbps", 1e-3, 1e6)),
+                   metavar="G,G,...", help="stand-in only: each device's link in GB/s each way, one value for all or "
+                                           "one per device (default: unmodelled, memcpy's speed); with it auto "
+                                           "means the stand-in")
+    g.add_argument("--latency-us", type=_argument_type(lambda t: parse_floats(t, "--latency-us", 0.0, 1e6)),
+                   metavar="U,U,...", help="stand-in only: microseconds each transfer adds, one for all or one per "
+                                           "device (default 0)")
+    g.add_argument("--device-memory", type=_argument_type(lambda t: parse_sizes(t, "--device-memory")),
+                   metavar="SIZE,...", help="stand-in only: each device's memory, e.g. 64MiB, one for all or one per "
+                                            "device (default: the host's)")
+    g.add_argument("--kv-device-layers", type=count(0), metavar="N",
+                   help="the first N layers' KV resident on the device that runs them, the others in host memory "
+                        "(llama.cpp's --kv-gpu-layers; default: every layer on the host)")
+    g.add_argument("--placement", type=_argument_type(placement_arg), metavar="LIST|FILE",
+                   help="where each layer's KV lives, one item per layer: h (host memory) or a device index, e.g. "
+                        "h,0,1,h; or a file holding that list (commas or one item per line)")
+    g.add_argument("--layer-devices", type=_argument_type(lambda t: parse_indices(t, "--layer-devices")),
+                   metavar="D,D,...", help="which device runs each layer, one index per layer (default: contiguous "
+                                           "ranges)")
+
+
+def devices_from_args(args: argparse.Namespace) -> DeviceConfig:
+    """The DeviceConfig the parsed options args describe (checked by the run's config)."""
+    return DeviceConfig(n_devices=args.devices, link_gbps=args.link_gbps or (), latency_us=args.latency_us or (),
+                        memory=args.device_memory or (), kv_device_layers=args.kv_device_layers,
+                        placement=args.placement, layer_devices=args.layer_devices)
 
 
 def apply_model(args: argparse.Namespace, fields: Dict[str, Callable[[ModelGeometry], int]]) -> Optional[ModelGeometry]:

@@ -13,12 +13,15 @@ from ..workloads.validate import ValidateConfig, ValidateResult
 from .options import (
     POSITIVE,
     add_device_arg,
+    add_devices_args,
     add_kv_args,
     add_policy_arg,
+    add_v_trans_arg,
     add_verb_parser,
     apply_model,
     check_one_head_dim,
     count,
+    devices_from_args,
     run_fields,
 )
 
@@ -27,8 +30,9 @@ ARGUMENT_ERRORS = InvalidArgumentError
 
 
 def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
-    """The report of the ValidateResult res of the ValidateConfig cfg: the run, one hash per policy and
-    the control's, the verdicts.
+    """The report of the ValidateResult res of the ValidateConfig cfg: the run, one hash per policy (per
+    placement and policy when placements were compared, each placement's map listed) and the
+    control's, the verdicts.
     """
     waves = -(-cfg.n_seq // cfg.n_stream)
     lines = [
@@ -38,11 +42,17 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
         f"{cfg.n_head_kv} KV heads",
         "sha256 of every attention output:",
     ]
+    if res.placements:
+        lines[2:2] = [f"{cfg.devices.n_devices} device(s), layers run on "
+                      f"{','.join(map(str, cfg.devices.runs_on(cfg.n_layer)))}; placements (per layer: h host memory, "
+                      "or the device holding it; one-device: every layer on device 0):"] + [
+            f"  {name}: {text}" for name, text in res.placements.items()]
     width = max(len(p) for p in [*res.hashes, "control"])
     lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B, "
               f"graph built at {res.builds.get(p, 0)} of {waves * cfg.n_step} steps)" for p, h in res.hashes.items()]
     lines.append(f"  {'control'.ljust(width)}  {res.control}  (ranges, each sequence reading its neighbour's stream)")
-    lines.append(f"policies: {'identical' if res.identical else 'DIFFERENT'}; "
+    what = "placements and policies" if res.placements else "policies"
+    lines.append(f"{what}: {'identical' if res.identical else 'DIFFERENT'}; "
                  f"control: {'detected' if res.control_detected else 'NOT DETECTED'}; "
                  f"gate: {'pass' if res.passed else 'FAIL'}")
     return "\n".join(lines)
@@ -65,6 +75,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     add_kv_args(vp, run=True)
     add_policy_arg(vp, "to compare")
     add_device_arg(vp)
+    add_devices_args(vp)
+    add_v_trans_arg(vp)
     vp.add_argument("--seed", type=count(0), default=d.seed, help=f"the sequences' content (default {d.seed})")
     vp.add_argument("--pad", type=POSITIVE, default=d.pad,
                     help=f"round a wave's n_kv up to this: steps of one padded n_kv reuse one graph (default {d.pad})")
@@ -77,7 +89,9 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                          "queue, hashed as <policy>+overlap)")
     vp.add_argument("--prefetch", type=POSITIVE, default=d.prefetch, metavar="N",
                     help=f"layers an overlapped run queues ahead (default {d.prefetch})")
-    vp.add_argument("--json", action="store_true", help='{"hashes": {policy: hex}, "identical", "control_detected"}')
+    vp.add_argument("--json", action="store_true",
+                    help='{"hashes": {policy: hex}, "identical", "control_detected", ...}; with placements '
+                         '{"hashes": {"placement/policy": hex}, "placements": {name: map}, ...}')
     return vp
 
 
@@ -92,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
                          kv_size=args.cells, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
                          n_head_kv=args.kv_heads, policies=tuple(args.policy), device=args.device, seed=args.seed,
                          compact=args.compact, pad=args.pad, reuse=args.reuse, overlap=args.overlap,
-                         prefetch=args.prefetch)
+                         prefetch=args.prefetch, v_trans=args.v_trans, devices=devices_from_args(args))
     cfg.check()
     res = validate_workload.run_validate(cfg)
     if args.json:

@@ -5,6 +5,7 @@
 - table: `ferry table`, cells read and copied per number of sequences (build_table);
 - plan: `ferry plan`, the copy plan of one window (window_plan);
 - common: what they share (option checks, the split's backend, cache contents);
+- devices: the devices a decode run spreads its layers over, and where each layer's KV lives;
 - model_file: a model's KV geometry from its GGUF metadata (`--model`).
 
 They sit above the library (tensors, backends, the scheduler, the KV cache) and below the

@@ -45,6 +45,16 @@ compute); a step still pays its first layer's copy before anything can compute. 
 is what the scheduler held on the split backend, and ahead is what prefetching held there
 beyond the layer computing (the windows of the layers queued ahead).
 
+Devices (cfg.devices, ferry.workloads.devices): with --devices N the layers run on N devices
+(contiguous ranges, or the map given), each layer's query on its device and the lengths on
+device 0; a layer's KV lives in host memory or in a device's memory (--kv-device-layers,
+--placement). The scheduler has every device and the CPU; a device-resident layer's windows
+are read where they are. Each row carries per device the layers it runs and holds, the bytes
+its splits received over a repetition (of them KV windows'), their copy time (each step's
+fastest, as below) and the memory it held (the scheduler's buffer at its most plus its
+resident layers' K and V). The unified layout runs only on one device with every layer on the
+host.
+
 The figures: each step's fastest time over the repetitions, summed over the steps, is the
 decode time; tokens/s = npl * ntg / that time, and a variant's gain is its tokens/s over
 flat's, minus 1. Copy and compute time are found the same way from the scheduler's
@@ -71,7 +81,6 @@ import numpy as np
 from ..backend import Backend, CPUBackend, StandinBackend
 from ..errors import InvalidArgumentError
 from ..graph import Graph
-from ..kv import KVCache
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
@@ -82,12 +91,14 @@ from .common import (
     check_run_options,
     check_streams,
     n_kv_for,
+    new_cache,
     prefetch_depths,
     random_rows,
     run_name,
-    start_run,
+    write_cells,
 )
 from .common import variants as workload_variants
+from .devices import DeviceConfig
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
 OnStep = Callable[[str], None]
@@ -117,6 +128,7 @@ class BenchConfig:
     reuse: bool = True  # a step whose padded n_kv is the last step's runs the last graph (StepGraph)
     overlap: bool = False  # also run each variant prefetching its inputs on the copy queue
     prefetch: int = 1  # parts (layers) ahead an overlapped run queues
+    devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -124,6 +136,7 @@ class BenchConfig:
                         ("--heads", self.n_head), ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv),
                         ("--pad", self.pad), ("--repeat", self.repeat), ("--prefetch", self.prefetch)))
         check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
+        self.devices.check(self.n_layer, self.device)
         if self.v_trans and self.type_kv == "q8_0":
             raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
         if not self.npl:
@@ -140,6 +153,17 @@ class BenchConfig:
     def n_embd(self) -> int:
         """Values per cell of K (or V): head_dim * n_head_kv."""
         return self.head_dim * self.n_head_kv
+
+    @property
+    def runs_unified(self) -> bool:
+        """Whether the unified layout runs: asked for (unified), on one device with every layer's KV on the
+        host; with several devices or a placement only the split layout runs."""
+        return self.unified and self.devices.default
+
+    @property
+    def layouts(self) -> Tuple[bool, ...]:
+        """The layouts that run, as their `unified` flag: split, then unified when it runs."""
+        return (False, True) if self.runs_unified else (False,)
 
     @property
     def cells(self) -> int:
@@ -166,7 +190,7 @@ class BenchConfig:
     @property
     def n_steps(self) -> int:
         """Decode steps of a whole run: every npl, variant, layout and repetition (the warm-up's too)."""
-        layouts = 2 if self.unified else 1
+        layouts = len(self.layouts)
         return len(self.npl) * len(variants(self)) * layouts * len(self.prefetch_depths) * self.ntg * (
             WARMUP + self.repeat)
 
@@ -182,6 +206,51 @@ WARMUP = 1
 STATISTIC = "each step's fastest of the repetitions, summed over the steps"
 #: How their spread is found.
 SPREAD = "median (min..max) of the repetitions; gain: of each repetition's tokens/s over flat's in it"
+
+
+@dataclass(frozen=True)
+class DeviceFigures:
+    """What one device did in a variant's repetition (ntg steps): `ferry bench`'s per-device figures.
+
+    Attributes
+    ----------
+    index : int
+        The device's index (--devices N: 0..N-1).
+    name : str
+        The backend's name.
+    layers : list of int
+        The layers it runs.
+    resident_layers : list of int
+        The layers whose KV its memory holds.
+    bytes_copied : int
+        Bytes its splits received (windows of the layers not resident on it, and queries and lengths
+        held elsewhere), over the ntg steps.
+    kv_bytes_copied : int
+        Of those, the bytes of KV windows.
+    copy_s : float
+        Its inputs' copy time: each step's fastest over the repetitions, summed over the steps.
+    memory_bytes : int
+        What it holds: the scheduler's buffer on it at its most, plus its resident layers' K and V.
+    link_gbps : float or None
+        The stand-in's modelled link (None: unmodelled, or a CUDA device).
+    """
+
+    index: int
+    name: str
+    layers: List[int]
+    resident_layers: List[int]
+    bytes_copied: int
+    kv_bytes_copied: int
+    copy_s: float
+    memory_bytes: int
+    link_gbps: Optional[float]
+
+    def as_dict(self) -> Dict[str, object]:
+        """The figures by name, as `ferry bench --json` writes them in a row's "devices"."""
+        return {"index": self.index, "name": self.name, "layers": list(self.layers),
+                "resident_layers": list(self.resident_layers), "bytes_copied": self.bytes_copied,
+                "kv_bytes_copied": self.kv_bytes_copied, "copy_s": self.copy_s, "memory_bytes": self.memory_bytes,
+                "link_gbps": self.link_gbps}
 
 
 @dataclass(frozen=True)
@@ -210,6 +279,7 @@ class BenchRow:
     rebuilds: int = 0  # graphs built after a repetition's first step: where the padded n_kv changed
     prefetch: int = 0  # the scheduler's prefetch depth: 0 serial, else overlapped
     ahead_bytes: int = 0  # the most bytes prefetching held on the split beyond the layer computing
+    devices: Tuple[DeviceFigures, ...] = field(default=(), repr=False)  # per device, in index order
 
     @property
     def overlap(self) -> bool:
@@ -245,7 +315,8 @@ class BenchRow:
 
     def as_dict(self) -> Dict[str, object]:
         """The row as `ferry bench --json` writes it: the run, its speed and bytes, compact staging, the
-        split's memory, the number of repetitions and their own tokens/s (median, min, max)."""
+        split's memory, the number of repetitions and their own tokens/s (median, min, max), and
+        "devices": each device's figures (DeviceFigures.as_dict)."""
         return {"npl": self.npl, "policy": self.policy, "unified": self.unified, "tokens_per_s": self.tokens_per_s,
                 "copy_s": self.copy_s, "bytes_copied": self.bytes_copied, "bytes_read": self.bytes_read,
                 "compact": self.compact, "split_memory_bytes": self.split_memory, "repeats": self.repeats,
@@ -253,7 +324,8 @@ class BenchRow:
                 "rebuilds": self.rebuilds, "overlap": self.overlap, "prefetch": self.prefetch,
                 "decode_s": self.decode_s, "compute_s": self.compute_s, "ahead_bytes": self.ahead_bytes,
                 **dict(zip(("tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max"),
-                           self.tokens_per_s_spread))}
+                           self.tokens_per_s_spread)),
+                "devices": [d.as_dict() for d in self.devices]}
 
 
 @dataclass
@@ -264,6 +336,7 @@ class BenchResult:
     split_name: str
     cache_memory: str
     rows: List[BenchRow]
+    device_names: List[str] = field(default_factory=list)  # every device, in index order (split_name: device 0)
 
     def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False,
             overlap: bool = False) -> BenchRow:
@@ -378,48 +451,56 @@ def variants(cfg: BenchConfig) -> List[Tuple[str, bool]]:
 
 
 class _Cache:
-    """One layout's cache and queries for npl sequences, shared by every variant's scheduler."""
+    """One layout's cache and queries for npl sequences, shared by every variant's scheduler.
 
-    def __init__(self, cfg: BenchConfig, split: Backend, npl: int, unified: bool, pinned: bool) -> None:
-        self.cfg, self.split, self.npl, self.unified = cfg, split, npl, unified
+    The devices run the layers (runs_on[layer] indexes them); places[layer] is the device holding a
+    layer's KV, or None for host memory. Each layer's query lives on the device that runs it, the
+    lengths on device 0.
+    """
+
+    def __init__(self, cfg: BenchConfig, devices: List[Backend], npl: int, unified: bool, pinned: bool) -> None:
+        self.cfg, self.devices, self.npl, self.unified = cfg, devices, npl, unified
+        self.split = devices[0]
+        self.runs_on = cfg.devices.runs_on(cfg.n_layer)
+        self.places = cfg.devices.places(cfg.n_layer)
+        self.layer_backends = [devices[d] for d in self.runs_on]
         ty = to_type(cfg.type_kv)
         self.type = ty
         n_stream = 1 if unified else npl
-        self.kv = KVCache(ty, ty, cfg.head_dim, cfg.n_head_kv, cfg.n_ctx, n_stream, cfg.n_layer, v_trans=cfg.v_trans,
-                          pinned=pinned)
-        self.kv.buffer.clear(0)
+        self.kv = new_cache(ty, cfg.head_dim, cfg.n_head_kv, cfg.n_ctx, n_stream, cfg.n_layer, cfg.v_trans, pinned,
+                            [None if d is None else devices[d] for d in self.places])
         L = cfg.cells
         for layer in range(cfg.n_layer):
-            for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
+            for which in ("k", "v"):
                 for i in range(npl):  # sequence i: the same values in either layout
                     data = random_rows(ty, L, cfg.n_embd, (cfg.seed, layer, i, which == "v"))
                     stream, cell0 = (0, i * L) if unified else (i, 0)
-                    if which == "v" and cfg.v_trans:
-                        self._set_transposed(t, data, stream, cell0)
-                    else:
-                        t.set(data, self.kv.cell_offset(which, stream, cell0))
+                    write_cells(self.kv, which, layer, stream, cell0, data)
         rng = np.random.default_rng([cfg.seed, 1 << 20])
-        self.q = [Tensor.from_numpy(split, rng.uniform(-1, 1, (npl, 1, cfg.n_head, cfg.head_dim)).astype(np.float32),
+        self.q = [Tensor.from_numpy(self.layer_backends[layer],
+                                    rng.uniform(-1, 1, (npl, 1, cfg.n_head, cfg.head_dim)).astype(np.float32),
                                     name=f"q{layer}") for layer in range(cfg.n_layer)]
-        self.kv_len = Tensor.from_numpy(split, np.zeros(npl, np.int32), name="kv_len")
+        self.kv_len = Tensor.from_numpy(self.split, np.zeros(npl, np.int32), name="kv_len")
         # unified: the split cache's window layout over one stream, npl sequences of L cells as its streams
         self.unified_layouts = [self._sequences_as_streams(which) for which in ("k", "v")] if unified else []
+        # each cache layer's tensor, by address: an input viewing one is that layer's window
+        self.layer_of = {t._p: layer for layer in range(cfg.n_layer) for t in (self.kv.k(layer), self.kv.v(layer))}
+        self.resident_bytes = [sum(self.kv.k(layer).nbytes + self.kv.v(layer).nbytes
+                                   for layer in range(cfg.n_layer) if self.places[layer] == d)
+                               for d in range(len(devices))]
+
+    def window_layer(self, src: Tensor) -> Optional[int]:
+        """The layer whose K or V the input source src views, or None (a query, the lengths)."""
+        p = src._p
+        while p.view_src:
+            p = p.view_src
+        return self.layer_of.get(p)
 
     def _sequences_as_streams(self, which: str) -> Tuple[List[int], List[int]]:
         """ne and nb of the first npl * L cells of stream 0 seen as npl streams of L cells."""
         ne, nb, _ = self.kv.window_layout(which, self.cfg.cells, 0, 0)
         ne[3], nb[3] = self.npl, self.kv.cell_offset(which, 0, self.cfg.cells)
         return ne, nb
-
-    def _set_transposed(self, t: Tensor, data: bytes, stream: int, cell0: int) -> None:
-        """Write cells [cell0, cell0 + L) of a stream of a transposed V: one run of cells per
-        channel, the channel rows as far apart as the window's channel stride."""
-        cfg, elem = self.cfg, self.type.size
-        channel = self.kv.window_layout("v", 1, stream, stream)[1][2]
-        cells = np.frombuffer(data, np.uint8).reshape(cfg.cells, cfg.n_embd, elem)
-        runs = np.ascontiguousarray(cells.transpose(1, 0, 2)).tobytes()  # [channel][cell]
-        base = self.kv.cell_offset("v", stream, cell0)
-        t.set_2d(runs, base, cfg.cells * elem, cfg.n_embd, channel, cfg.cells * elem)
 
     def windows(self, layer: int, n_kv: int) -> Tuple[Tensor, Tensor]:
         if not self.unified:
@@ -447,6 +528,9 @@ class _Measured:
     bytes_read: int = 0
     ahead_bytes: int = 0
     digests: List[str] = field(default_factory=list)
+    device_copy: List[List[List[float]]] = field(default_factory=list)  # per device, per repetition, per step
+    device_bytes: List[int] = field(default_factory=list)  # per device: bytes its splits received
+    device_kv_bytes: List[int] = field(default_factory=list)  # per device: of those, KV windows'
 
 
 def _fastest_steps(times: List[List[float]]) -> float:
@@ -459,9 +543,10 @@ class _Variant:
 
     def __init__(self, cache: _Cache, cpu: Backend, policy: str, compact: bool, prefetch: int = 0) -> None:
         self.cache, self.policy, self.compact, self.prefetch = cache, policy, compact, prefetch
-        self.sched = Scheduler([cache.split, cpu], policy=policy, compact=compact, prefetch=prefetch)
+        self.sched = Scheduler([*cache.devices, cpu], policy=policy, compact=compact, prefetch=prefetch)
         self.graphs = StepGraph(self.sched, self._build)
         self.split_memory = 0
+        self.device_memory = [0] * len(cache.devices)  # per device: the scheduler's buffer there at its most
         self.measured = _Measured()
         unified = " unified" if cache.unified else ""
         self.label = f"npl {cache.npl} {run_name(policy, compact, prefetch > 0)}{unified}"
@@ -472,7 +557,8 @@ class _Variant:
         assert isinstance(n_kv, int)
         # the split cache's windows in one C call (KVCache.windows); the unified one's views in Python
         windows = c.kv.windows(n_kv) if not c.unified else [c.windows(layer, n_kv) for layer in range(c.cfg.n_layer)]
-        return attention_step(self.sched, c.split, windows, c.q, c.kv_len, c.cfg.v_trans)
+        on = c.split if len(c.devices) == 1 else c.layer_backends
+        return attention_step(self.sched, on, windows, c.q, c.kv_len, c.cfg.v_trans)
 
     def graph(self, step: int) -> Graph:
         """Step's graph, allocated: the last step's while the padded n_kv holds (cfg.reuse), else built;
@@ -482,6 +568,7 @@ class _Variant:
             self.graphs.clear()
         graph = self.graphs.get(c.cfg.n_kv(c.npl, step))
         self.split_memory = max(self.split_memory, self.sched.buffer_size(c.split))
+        self.device_memory = [max(m, self.sched.buffer_size(d)) for m, d in zip(self.device_memory, c.devices)]
         c.kv_len.set(np.full(c.npl, c.cfg.npp + step + 1, np.int32))
         return graph
 
@@ -492,6 +579,9 @@ class _Variant:
         compute: List[float] = []
         host: List[float] = []
         copied = read = builds = ahead = 0
+        n_dev = len(self.cache.devices)
+        dev_copy: List[List[float]] = [[] for _ in range(n_dev)]
+        dev_bytes, dev_kv = [0] * n_dev, [0] * n_dev
         digest = hashlib.sha256()
         for t in range(self.cache.cfg.ntg):
             t0 = time.perf_counter()
@@ -508,6 +598,8 @@ class _Variant:
             copied += st.bytes_copied
             read += st.bytes_read
             ahead = max(ahead, st.ahead_bytes)
+            if timed:
+                self._per_device(dev_copy, dev_bytes, dev_kv)
             for out in graph.outputs:
                 digest.update(out.get())
             if on_step is not None:
@@ -521,6 +613,38 @@ class _Variant:
             m.rebuilds = self.graphs.builds - builds
             m.bytes_copied, m.bytes_read, m.ahead_bytes = copied, read, ahead
             m.digests.append(digest.hexdigest())
+            m.device_copy.append(dev_copy)
+            m.device_bytes, m.device_kv_bytes = dev_bytes, dev_kv
+
+    def _per_device(self, copy: List[List[float]], copied: List[int], kv: List[int]) -> None:
+        """Add the last step's inputs to each device's figures: copy time (a new entry per device),
+        bytes, and bytes of KV windows; an input counts for the device of the split reading it."""
+        c = self.cache
+        index = {d._p: i for i, d in enumerate(c.devices)}
+        step = [0.0] * len(c.devices)
+        for split in self.sched.splits:
+            d = index.get(split.backend._p)
+            if d is None:
+                continue
+            for inp in split.inputs:
+                step[d] += inp.stats.copy_seconds
+                copied[d] += inp.stats.bytes_copied
+                if c.window_layer(inp.src) is not None:
+                    kv[d] += inp.stats.bytes_copied
+        for d, seconds in enumerate(step):
+            copy[d].append(seconds)
+
+    def device_figures(self) -> Tuple[DeviceFigures, ...]:
+        """Each device's figures over the timed repetitions."""
+        c, m = self.cache, self.measured
+        out = []
+        for d, dev in enumerate(c.devices):
+            link = dev.link_gbps if isinstance(dev, StandinBackend) else None
+            out.append(DeviceFigures(d, dev.name, [i for i, r in enumerate(c.runs_on) if r == d],
+                                     [i for i, p in enumerate(c.places) if p == d], m.device_bytes[d],
+                                     m.device_kv_bytes[d], _fastest_steps([rep[d] for rep in m.device_copy]),
+                                     self.device_memory[d] + c.resident_bytes[d], link))
+        return tuple(out)
 
     def row(self) -> BenchRow:
         """The variant's row: each step's fastest of the repetitions, and each repetition's decode time.
@@ -537,22 +661,24 @@ class _Variant:
         return BenchRow(c.npl, self.policy, c.unified, _tps(tokens, decode), decode, _fastest_steps(m.copy),
                         _fastest_steps(m.compute), m.bytes_copied, m.bytes_read, m.digests[0], self.compact,
                         self.split_memory, tuple(_tps(tokens, sum(d)) for d in m.decode), _fastest_steps(m.host),
-                        m.rebuilds, self.prefetch, m.ahead_bytes)
+                        m.rebuilds, self.prefetch, m.ahead_bytes, self.device_figures())
 
 
 def _tps(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else math.inf
 
 
-def measure_layout(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, unified: bool, pinned: bool,
+def measure_layout(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, unified: bool, pinned: bool,
                    on_step: Optional[OnStep] = None) -> List[BenchRow]:
     """Every variant of one number of sequences and cache layout, taking turns over the repetitions.
 
     Parameters
     ----------
     cfg : BenchConfig
-    split, cpu : Backend
-        The split's backend and the CPU backend.
+    devices : list of Backend
+        The devices (cfg.devices.make): device 0 is the split's backend with one device.
+    cpu : Backend
+        The CPU backend.
     npl : int
     unified : bool
         The unified cache (one stream) instead of one stream per sequence.
@@ -572,7 +698,7 @@ def measure_layout(cfg: BenchConfig, split: Backend, cpu: Backend, npl: int, uni
     AssertionError
         When repetitions of a variant gave different attention outputs.
     """
-    cache = _Cache(cfg, split, npl, unified, pinned)
+    cache = _Cache(cfg, devices, npl, unified, pinned)
     runs = [_Variant(cache, cpu, policy, compact, depth) for policy, compact in variants(cfg)
             for depth in cfg.prefetch_depths]
     collecting = gc.isenabled()
@@ -610,16 +736,18 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
 
     Raises
     ------
-    InvalidArgumentError, FerryError
-        As start_run raises them; FerryError too when a run fails.
+    InvalidArgumentError
+        For options that cannot run.
+    FerryError
+        When a device cannot be made (OutOfMemoryError: its resident layers do not fit), or a run fails.
     AssertionError
         When repetitions of one variant give different attention outputs.
     """
-    split = start_run(cfg)
+    cfg.check()
+    devices = cfg.devices.make(cfg.device)
     cpu = CPUBackend()
-    pinned = not isinstance(split, StandinBackend)
-    layouts = (False, True) if cfg.unified else (False,)
-    rows = [row for npl in cfg.npl for unified in layouts
-            for row in measure_layout(cfg, split, cpu, npl, unified, pinned, on_step)]
+    pinned = not isinstance(devices[0], StandinBackend)
+    rows = [row for npl in cfg.npl for unified in cfg.layouts
+            for row in measure_layout(cfg, devices, cpu, npl, unified, pinned, on_step)]
     memory = "pinned host memory" if pinned else "pageable host memory"
-    return BenchResult(cfg, split.name, memory, rows)
+    return BenchResult(cfg, devices[0].name, memory, rows, [d.name for d in devices])

@@ -7,13 +7,14 @@ a split runs on, each sequence's K or V content, and the rounding of a window's 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Dict, List, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
 from ..backend import Backend, StandinBackend
 from ..cuda import CUDABackend, cuda_available
 from ..errors import InvalidArgumentError
+from ..kv import KVCache
 from ..policy import CopyPolicy
 from ..quant import array_dtype, pack_blocks
 from ..types import Type
@@ -279,3 +280,59 @@ def random_rows(type_: Type, cells: int, n_embd: int, seed: Sequence[int]) -> by
         scales = rng.uniform(2.0 ** -9, 2.0 ** -7, size=(cells, n_embd // type_.blck_size)).astype(np.float16)
         return pack_blocks(scales, rng.integers(-127, 128, size=(cells, n_embd)), type_).tobytes()
     return rng.uniform(-1.0, 1.0, size=(cells, n_embd)).astype(dtype).tobytes()
+
+
+def new_cache(type_: Type, head_dim: int, n_head_kv: int, n_ctx: int, n_stream: int, n_layer: int, v_trans: bool,
+              pinned: bool, placement: Optional[Sequence[Optional[Backend]]] = None) -> KVCache:
+    """A KV cache, every byte 0: host-resident layers in host memory (pinned for CUDA), each other
+    layer in the memory of its placement's device.
+
+    Parameters
+    ----------
+    type_ : Type
+        K and V type.
+    head_dim, n_head_kv, n_ctx, n_stream, n_layer : int
+    v_trans : bool
+    pinned : bool
+        Host memory pinned by CUDA.
+    placement : sequence of Backend or None, optional
+        Per layer, the device holding it (None: host); None: every layer on the host.
+
+    Returns
+    -------
+    KVCache
+
+    Raises
+    ------
+    FerryError
+        As KVCache raises (OutOfMemoryError for a device without room).
+    """
+    if placement is not None and all(p is None for p in placement):
+        placement = None
+    kv = KVCache(type_, type_, head_dim, n_head_kv, n_ctx, n_stream, n_layer, v_trans=v_trans, pinned=pinned,
+                 placement=placement)
+    cleared = set()
+    for layer in range(n_layer):
+        buf = kv.layer_buffer(layer)
+        if id(buf) not in cleared:
+            cleared.add(id(buf))
+            buf.clear(0)
+    return kv
+
+
+def write_cells(kv: KVCache, which: str, layer: int, stream: int, cell0: int, data: bytes) -> None:
+    """Write rows of cells [cell0, cell0 + n) of a stream of a layer's K ("k") or V ("v"): data holds
+    n rows of n_embd_gqa values; a transposed V receives them as one run of cells per channel, the
+    channel rows as far apart as the window's channel stride.
+    """
+    t = kv.k(layer) if which == "k" else kv.v(layer)
+    p = kv.params
+    if which == "k" or not p.v_trans:
+        t.set(data, kv.cell_offset(which, stream, cell0))
+        return
+    elem = p.type_v.size
+    n_embd = p.n_embd_gqa
+    cells = len(data) // (n_embd * elem)
+    channel = kv.window_layout("v", 1, stream, stream)[1][2]
+    runs = np.ascontiguousarray(np.frombuffer(data, np.uint8).reshape(cells, n_embd, elem).transpose(1, 0, 2))
+    t.set_2d(runs.tobytes(), kv.cell_offset("v", stream, cell0), cells * elem, n_embd, channel, cells * elem)

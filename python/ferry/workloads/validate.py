@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, List, Tuple, cast
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
 from ..backend import Backend, CPUBackend
 from ..errors import InvalidArgumentError
-from ..kv import KVCache
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
@@ -41,12 +40,14 @@ from .common import (
     check_positive,
     check_run_options,
     n_kv_for,
+    new_cache,
     prefetch_depths,
     random_rows,
     run_name,
-    start_run,
     variants,
+    write_cells,
 )
+from .devices import DeviceConfig, Place, placement_name, standard_placements
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class ValidateConfig:
     reuse: bool = True  # a step whose padded n_kv is the last one's runs the last graph (StepGraph)
     overlap: bool = True  # also hash each run prefetching on the copy queue (keys "+overlap")
     prefetch: int = 1  # parts (layers) ahead an overlapped run queues
+    v_trans: bool = False  # V stored transposed (flash attention off)
+    devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -83,6 +86,16 @@ class ValidateConfig:
             raise InvalidArgumentError(f"--cells {self.kv_size}: a stream needs at least 2 * --steps + 2 = "
                                        f"{2 * self.n_step + 2} cells (prompts of different lengths, then the steps)")
         check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
+        if self.v_trans and self.type_kv == "q8_0":
+            raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
+        self.devices.check(self.n_layer, self.device)
+
+    @property
+    def placements_run(self) -> bool:
+        """Whether the gate compares placements: several devices, a placement or a map of layers to
+        devices asked for; else it compares policies on one device with every layer on the host."""
+        d = self.devices
+        return d.n_devices > 1 or d.placed or d.layer_devices is not None
 
     @property
     def n_embd(self) -> int:
@@ -104,6 +117,7 @@ class ValidateResult:
     control: str
     split_memory: Dict[str, int] = field(default_factory=dict)  # per run: most bytes held on the split
     builds: Dict[str, int] = field(default_factory=dict)  # per run: graphs built (the other steps reused one)
+    placements: Dict[str, str] = field(default_factory=dict)  # per placement name, its map ("h,0,1,h"); {} for one
 
     @property
     def identical(self) -> bool:
@@ -121,21 +135,50 @@ class ValidateResult:
         return self.identical and self.control_detected
 
     def as_dict(self) -> Dict[str, object]:
-        """The result as `ferry validate --json` writes it."""
-        return {"hashes": dict(self.hashes), "identical": self.identical, "control_detected": self.control_detected,
-                "split_memory_bytes": dict(self.split_memory), "graph_builds": dict(self.builds)}
+        """The result as `ferry validate --json` writes it; "placements" (each placement's map by name)
+        only when placements were compared."""
+        out: Dict[str, object] = {"hashes": dict(self.hashes), "identical": self.identical,
+                                  "control_detected": self.control_detected,
+                                  "split_memory_bytes": dict(self.split_memory), "graph_builds": dict(self.builds)}
+        if self.placements:
+            out["placements"] = dict(self.placements)
+        return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a served run's layers run and where their KV lives.
+
+    Attributes
+    ----------
+    devices : list of Backend
+        The devices; a scheduler's backends are these and the CPU.
+    runs_on : list of int
+        Per layer, the index of the device that runs it.
+    places : list of int or None
+        Per layer, the index of the device holding its KV, or None for host memory.
+    """
+
+    devices: List[Backend]
+    runs_on: List[int]
+    places: List[Place]
+
+    @classmethod
+    def one(cls, split: Backend, n_layer: int) -> "Layout":
+        """Every layer on split, its KV on the host."""
+        return cls([split], [0] * n_layer, [None] * n_layer)
 
 
 class _Served:
     """The cache and each sequence's content: prompt cells written at the start of a wave, one more
     cell per decode step, stream S kept a copy of stream 0."""
 
-    def __init__(self, cfg: ValidateConfig) -> None:
+    def __init__(self, cfg: ValidateConfig, placement: Optional[Sequence[Optional[Backend]]] = None) -> None:
         self.cfg = cfg
         ty = to_type(cfg.type_kv)
         S = cfg.n_stream
-        self.kv = KVCache(ty, ty, cfg.head_dim, cfg.n_head_kv, (S + 1) * cfg.kv_size, S + 1, cfg.n_layer)
-        self.kv.buffer.clear(0)
+        self.kv = new_cache(ty, cfg.head_dim, cfg.n_head_kv, (S + 1) * cfg.kv_size, S + 1, cfg.n_layer, cfg.v_trans,
+                            False, placement)
         self.row = row_size(ty, cfg.n_embd)
         self.prompt = cfg.prompts()
         self.content = {(i, layer, which): random_rows(ty, self.prompt[i] + cfg.n_step, cfg.n_embd,
@@ -144,10 +187,10 @@ class _Served:
 
     def _write(self, stream: int, seq: int, cell0: int, n: int) -> None:
         for layer in range(self.cfg.n_layer):
-            for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
+            for which in ("k", "v"):
                 data = self.content[seq, layer, which][cell0 * self.row:(cell0 + n) * self.row]
                 for s in (stream, self.cfg.n_stream) if stream == 0 else (stream,):
-                    t.set(data, self.kv.cell_offset(which, s, cell0))
+                    write_cells(self.kv, which, layer, s, cell0, data)
 
     def start_wave(self, seqs: List[int]) -> None:
         for s, i in enumerate(seqs):
@@ -164,7 +207,7 @@ def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
 
 
 def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
-          compact: bool = False, prefetch: int = 0) -> Tuple[str, int, int]:
+          compact: bool = False, prefetch: int = 0, layout: Optional[Layout] = None) -> Tuple[str, int, int]:
     """Serve every sequence under a policy and hash every attention output.
 
     Each step writes its queries and lengths into tensors kept per wave size, and runs the graph of
@@ -182,23 +225,28 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
         Compact staging.
     prefetch : int, optional
         The scheduler's prefetch depth (0: serial; see Scheduler).
+    layout : Layout, optional
+        The devices, which runs each layer and where each layer's KV lives; None: every layer on
+        split, its KV on the host.
 
     Returns
     -------
     (str, int, int)
         The sha256 (hex) of every attention output in order, the most bytes the scheduler held on
-        the split backend, and the graphs built.
+        the devices, and the graphs built.
     """
     cpu = CPUBackend()
-    served = _Served(cfg)
-    sched = Scheduler([split, cpu], policy=policy, compact=compact, prefetch=prefetch)
+    lay = layout or Layout.one(split, cfg.n_layer)
+    served = _Served(cfg, [None if d is None else lay.devices[d] for d in lay.places])
+    sched = Scheduler([*lay.devices, cpu], policy=policy, compact=compact, prefetch=prefetch)
+    on: Union[Backend, List[Backend]] = split if layout is None else [lay.devices[d] for d in lay.runs_on]
     inputs: Dict[int, Tuple[List[Tensor], Tensor]] = {}  # per wave size: each layer's query, the lengths
 
     def build(key: Hashable) -> List[Tensor]:
         n, n_kv = cast(Tuple[int, int], key)
         q, kv_len = inputs[n]
         windows = served.kv.windows(n_kv, shift, shift + n - 1)
-        return attention_step(sched, split, windows, q, kv_len)
+        return attention_step(sched, on, windows, q, kv_len, cfg.v_trans)
 
     graphs = StepGraph(sched, build)
     memory = 0
@@ -223,16 +271,42 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
                 graphs.clear()
             graph = graphs.get((n, n_kv_for(int(lens.max()), 0, cfg.pad, cfg.kv_size)))
             sched.compute(graph)
-            memory = max(memory, sched.buffer_size(split))
+            memory = max(memory, sum(sched.buffer_size(d) for d in lay.devices))
             for out in graph.outputs:
                 digest.update(out.get())
     graphs.clear()
     sched.close()
+    served.kv.close()
     return digest.hexdigest(), memory, graphs.builds
 
 
+def placements(cfg: ValidateConfig, n_devices: int) -> List[Tuple[str, List[Place]]]:
+    """The placements the gate compares, by name: standard_placements', then the user's (named by
+    DeviceConfig.describe) unless one of them has its name or map already.
+
+    Parameters
+    ----------
+    cfg : ValidateConfig
+    n_devices : int
+
+    Returns
+    -------
+    list of (str, list of int or None)
+    """
+    d = cfg.devices
+    runs_on = d.runs_on(cfg.n_layer)
+    out = standard_placements(cfg.n_layer, n_devices, runs_on, cfg.seed)
+    if d.placed:
+        mine = d.places(cfg.n_layer)
+        if all(mine != m and d.describe(cfg.n_layer) != name for name, m in out):
+            out.append((d.describe(cfg.n_layer), mine))
+    return out
+
+
 def run_validate(cfg: ValidateConfig) -> ValidateResult:
-    """Each policy's hash and the control's.
+    """Each policy's hash and the control's; with placements (cfg.placements_run), each placement's
+    under each policy, keyed "<placement>/<policy>", beside the all-host one-device run's
+    ("one-device/<policy>"): every hash must be that one.
 
     Parameters
     ----------
@@ -244,14 +318,33 @@ def run_validate(cfg: ValidateConfig) -> ValidateResult:
 
     Raises
     ------
-    InvalidArgumentError, FerryError
-        As start_run raises them; FerryError too when a run fails.
+    InvalidArgumentError
+        For options that cannot run.
+    FerryError
+        When a device cannot be made or serving fails.
     """
-    split = start_run(cfg)
+    cfg.check()
+    devices = cfg.devices.make(cfg.device)
+    split = devices[0]
+    runs: List[Tuple[str, Optional[Layout]]] = [("", None)]
+    names: Dict[str, str] = {}
+    if cfg.placements_run:
+        runs = [("one-device/", None)] if len(devices) > 1 else []
+        runs_on = cfg.devices.runs_on(cfg.n_layer)
+        for name, places in placements(cfg, len(devices)):
+            runs.append((name + "/", Layout(devices, runs_on, places)))
+            names[name] = placement_name(places)
+        if len(devices) > 1:
+            names = {"one-device": placement_name([None] * cfg.n_layer), **names}
     hashes, memory, builds = {}, {}, {}
-    for policy, compact in variants(cfg.policies, cfg.compact):
-        for prefetch in prefetch_depths(cfg.overlap, cfg.prefetch):
-            name = run_name(policy, compact, prefetch > 0)
-            hashes[name], memory[name], builds[name] = serve(cfg, split, policy, compact=compact, prefetch=prefetch)
+    for prefix, layout in runs:
+        for policy, compact in variants(cfg.policies, cfg.compact):
+            for prefetch in prefetch_depths(cfg.overlap, cfg.prefetch):
+                name = prefix + run_name(policy, compact, prefetch > 0)
+                if layout is None:
+                    got = serve(cfg, split, policy, compact=compact, prefetch=prefetch)
+                else:
+                    got = serve(cfg, split, policy, compact=compact, prefetch=prefetch, layout=layout)
+                hashes[name], memory[name], builds[name] = got
     control, _, _ = serve(cfg, split, "ranges", shift=1)
-    return ValidateResult(split.name, hashes, control, memory, builds)
+    return ValidateResult(split.name, hashes, control, memory, builds, names)

@@ -1,0 +1,337 @@
+"""The devices a decode run spreads its layers over, and where each layer's KV lives.
+
+A run has N devices of one kind (CPU stand-ins, or CUDA device indices 0..N-1). Layer l's
+attention runs on device d(l): by default contiguous ranges of layers per device
+(ferry.layer_split, llama.cpp's ``-sm layer``), or a map the user gives. Its K and V live in
+host memory ("h") or in one device's memory (a device index): a device-resident layer read
+by the device holding it copies nothing; a host-resident one is copied to its device every
+step. ``kv_device_layers`` N keeps the first N layers resident on the device that runs them
+(llama.cpp's ``--kv-gpu-layers``); ``placement`` gives any map.
+
+A stand-in device may model a link (GB/s each way, a latency per transfer) and a memory
+size, one value for every device or one per device; unset, it copies at memcpy's speed with
+the host's memory. CUDA devices have their own links and memory: these are refused there.
+
+A placement as text is one item per layer, separated by commas (whitespace around items is
+ignored): ``h`` for host memory or a device index, e.g. ``h,0,1,h``. A placement file holds
+the same text (newlines may stand for commas), e.g. one item per line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple, TypeVar
+
+import numpy as np
+
+from ..backend import Backend, StandinBackend
+from ..cuda import CUDABackend, cuda_available, cuda_device_count
+from ..errors import InvalidArgumentError
+
+T = TypeVar("T")
+
+#: A layer's placement: None for host memory, else the index of the device that holds it.
+Place = Optional[int]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def split_items(text: str, option: str) -> List[str]:
+    """The comma-separated items of text, stripped.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For no item, or an empty one (naming option and the item's place).
+    """
+    items = [x.strip() for x in text.split(",")]
+    if items == [""]:
+        raise InvalidArgumentError(f"{option}: expected a list, got nothing")
+    for i, x in enumerate(items):
+        if not x:
+            raise InvalidArgumentError(f"{option} {text!r}: item {i + 1} is empty")
+    return items
+
+
+def parse_floats(text: str, option: str, low: float, high: float) -> Tuple[float, ...]:
+    """"2.45,0.33" as (2.45, 0.33): each a number from low to high.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an empty item, a word that is not a number, or a number out of range.
+    """
+    out = []
+    for x in split_items(text, option):
+        try:
+            v = float(x)
+        except ValueError:
+            raise InvalidArgumentError(f"{option}: {x!r} is not a number") from None
+        if not low <= v <= high:  # also refuses nan
+            raise InvalidArgumentError(f"{option}: {x} is out of range: {low:g}..{high:g}")
+        out.append(v)
+    return tuple(out)
+
+
+def parse_size(text: str, option: str) -> int:
+    """A size in bytes: a number with an optional unit, B, K/KiB (1024), M/MiB, G/GiB, T/TiB, or
+    KB, MB, GB, TB (powers of 1000); "64MiB" is 67108864.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything else, or a size below 1 byte.
+    """
+    m = _SIZE.match(text)
+    if not m or (m.group(3) and not m.group(2)):
+        raise InvalidArgumentError(f"{option}: {text!r} is not a size (e.g. 64MiB, 1GiB, 500MB, 1048576)")
+    number, prefix, binary, _ = m.groups()
+    base = 1000 if prefix and not binary and m.group(4) else 1024
+    size = int(float(number) * base ** _POWERS[prefix.lower()])
+    if size < 1:
+        raise InvalidArgumentError(f"{option}: {text!r} is less than a byte")
+    return size
+
+
+def parse_sizes(text: str, option: str) -> Tuple[int, ...]:
+    """"64MiB,1GiB" as the sizes in bytes (see parse_size)."""
+    return tuple(parse_size(x, option) for x in split_items(text, option))
+
+
+def parse_indices(text: str, option: str) -> Tuple[int, ...]:
+    """"0,0,1" as (0, 0, 1): device indices, each 0 or more.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an empty item or one that is not an index.
+    """
+    out = []
+    for x in split_items(text, option):
+        if not x.isdigit():
+            raise InvalidArgumentError(f"{option}: {x!r} is not a device index (0, 1, ...)")
+        out.append(int(x))
+    return tuple(out)
+
+
+def parse_placement(text: str, option: str = "--placement") -> Tuple[Place, ...]:
+    """A placement from its text: per layer ``h`` (host memory, None) or a device index.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an empty item, or one neither h nor an index.
+    """
+    out: List[Place] = []
+    for x in split_items(text, option):
+        if x.lower() == "h":
+            out.append(None)
+        elif x.isdigit():
+            out.append(int(x))
+        else:
+            raise InvalidArgumentError(f"{option}: {x!r} is neither h (host) nor a device index")
+    return tuple(out)
+
+
+def read_placement(path: str, option: str = "--placement") -> Tuple[Place, ...]:
+    """A placement from a file holding its text (newlines may stand for commas; see parse_placement).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a file that cannot be read, or what parse_placement refuses.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidArgumentError(f"{option} {path}: cannot read it: {e}") from None
+    lines = [ln.strip().rstrip(",") for ln in text.splitlines() if ln.strip()]
+    return parse_placement(",".join(lines), f"{option} {path}")
+
+
+def placement_name(placement: Sequence[Place]) -> str:
+    """A placement as its text: "h,0,1,h"."""
+    return ",".join("h" if p is None else str(p) for p in placement)
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """How many devices a run has, their links and memory (stand-ins), which runs each layer and
+    where each layer's KV lives.
+
+    Attributes
+    ----------
+    n_devices : int
+        Devices of the run's kind, 1 or more.
+    link_gbps, latency_us : tuple of float
+        Per stand-in device, one value for all or one per device; empty: unmodelled.
+    memory : tuple of int
+        Per stand-in device, bytes it has (one for all, or one per device); empty: the host's.
+    kv_device_layers : int or None
+        The first this many layers resident on the device that runs them.
+    placement : tuple of (int or None), or None
+        Per layer, the device holding its KV (None: host); None: every layer on the host.
+    layer_devices : tuple of int, or None
+        Per layer, the device that runs it; None: contiguous ranges (ferry.layer_split).
+    placement_source : str
+        What the placement came from, for messages ("--placement h,0" or "--placement FILE").
+    """
+
+    n_devices: int = 1
+    link_gbps: Tuple[float, ...] = ()
+    latency_us: Tuple[float, ...] = ()
+    memory: Tuple[int, ...] = ()
+    kv_device_layers: Optional[int] = None
+    placement: Optional[Tuple[Place, ...]] = None
+    layer_devices: Optional[Tuple[int, ...]] = None
+
+    @property
+    def modelled(self) -> bool:
+        """Whether a link or a memory size is modelled (stand-ins only)."""
+        return bool(self.link_gbps or self.latency_us or self.memory)
+
+    @property
+    def placed(self) -> bool:
+        """Whether a placement was asked for (--kv-device-layers or --placement)."""
+        return self.kv_device_layers is not None or self.placement is not None
+
+    @property
+    def default(self) -> bool:
+        """One unmodelled device, every layer's KV on the host: the run of a verb without these options."""
+        return self.n_devices == 1 and not self.modelled and not self.placed and self.layer_devices is None
+
+    def check(self, n_layer: int, kind: str) -> None:
+        """Raise InvalidArgumentError for options that cannot run with n_layer layers on devices of
+        the kind ("auto", "cpu" or "cuda").
+        """
+        n = self.n_devices
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidArgumentError(f"--devices must be a positive integer, got {n!r}")
+        if kind == "cuda" and self.modelled:
+            raise InvalidArgumentError("--link-gbps, --latency-us and --device-memory model a stand-in device "
+                                       "(--device cpu); a CUDA device has its own link and memory")
+        for option, values in (("--link-gbps", self.link_gbps), ("--latency-us", self.latency_us),
+                               ("--device-memory", self.memory)):
+            if len(values) not in (0, 1, n):
+                raise InvalidArgumentError(f"{option}: {len(values)} values for {n} devices: give one for all "
+                                           f"or one per device")
+        if self.kv_device_layers is not None and self.placement is not None:
+            raise InvalidArgumentError("--kv-device-layers and --placement both say where the KV lives: give one")
+        if self.kv_device_layers is not None and not 0 <= self.kv_device_layers <= n_layer:
+            raise InvalidArgumentError(f"--kv-device-layers {self.kv_device_layers}: the model has {n_layer} layers")
+        for option, items in (("--placement", self.placement), ("--layer-devices", self.layer_devices)):
+            if items is None:
+                continue
+            if len(items) != n_layer:
+                raise InvalidArgumentError(f"{option}: {len(items)} items for {n_layer} layers: give one per layer")
+            for layer, d in enumerate(items):
+                if d is not None and not 0 <= d < n:
+                    raise InvalidArgumentError(f"{option}: layer {layer} names device {d}, but --devices {n} "
+                                               f"has 0..{n - 1}")
+
+    def runs_on(self, n_layer: int) -> List[int]:
+        """Per layer, the index of the device that runs it."""
+        if self.layer_devices is not None:
+            return list(self.layer_devices)
+        return [layer * self.n_devices // n_layer for layer in range(n_layer)]  # ferry.layer_split's map
+
+    def places(self, n_layer: int) -> List[Place]:
+        """Per layer, the index of the device holding its KV, or None for host memory."""
+        if self.placement is not None:
+            return list(self.placement)
+        keep = self.kv_device_layers or 0
+        runs = self.runs_on(n_layer)
+        return [runs[layer] if layer < keep else None for layer in range(n_layer)]
+
+    def describe(self, n_layer: int) -> str:
+        """The placement's name: "host" (every layer), "first4" (--kv-device-layers 4), else its text."""
+        if self.kv_device_layers is not None:
+            return "host" if self.kv_device_layers == 0 else f"first{self.kv_device_layers}"
+        places = self.places(n_layer)
+        return "host" if all(p is None for p in places) else placement_name(places)
+
+    @staticmethod
+    def per_device(values: Tuple[T, ...], d: int) -> Optional[T]:
+        """The value of a per-device list for device d (one value stands for all; empty: None)."""
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else values[d]
+
+    def kind(self, kind: str) -> str:
+        """The kind of device the run makes, "cpu" or "cuda": auto picks cuda when n_devices CUDA devices
+        are usable and no stand-in model is asked for, else cpu."""
+        if kind == "auto":
+            usable = not self.modelled and cuda_available() and cuda_device_count() >= self.n_devices
+            return "cuda" if usable else "cpu"
+        return kind
+
+    def make(self, kind: str) -> List[Backend]:
+        """The devices, in index order.
+
+        Parameters
+        ----------
+        kind : str
+            "auto", "cpu" (stand-ins, with the link and memory asked for) or "cuda" (indices 0..N-1).
+
+        Returns
+        -------
+        list of Backend
+
+        Raises
+        ------
+        InvalidArgumentError
+            For fewer CUDA devices than asked for (with CUDA usable), or another kind.
+        FerryError
+            When a device cannot be made (no CUDA: as CUDABackend raises).
+        """
+        kind = self.kind(kind)
+        if kind == "cuda":
+            if self.n_devices > 1 and cuda_available() and cuda_device_count() < self.n_devices:
+                raise InvalidArgumentError(f"--devices {self.n_devices}: {cuda_device_count()} CUDA device(s) "
+                                           "usable")
+            return [CUDABackend(d) for d in range(self.n_devices)]
+        if kind != "cpu":
+            raise InvalidArgumentError(f"--device {kind!r}: auto, cpu or cuda")
+        out: List[Backend] = []
+        for d in range(self.n_devices):
+            out.append(StandinBackend(link_gbps=self.per_device(self.link_gbps, d),
+                                      latency_us=self.per_device(self.latency_us, d) or 0.0,
+                                      memory=self.per_device(self.memory, d)))
+        return out
+
+
+def standard_placements(n_layer: int, n_devices: int, runs_on: Sequence[int],
+                        seed: int) -> List[Tuple[str, List[Place]]]:
+    """The placements the hash gate compares, by name: every layer on the host ("host"), every layer
+    resident on the device that runs it ("device"), the first half of the layers ("firstN", N =
+    n_layer // 2, at least 1), every other layer (the odd ones: "alternate"), and a random map
+    ("random": each layer on the host or any device, drawn from seed).
+
+    Parameters
+    ----------
+    n_layer, n_devices : int
+    runs_on : sequence of int
+        Per layer, the device that runs it.
+    seed : int
+
+    Returns
+    -------
+    list of (str, list of int or None)
+    """
+    half = max(n_layer // 2, 1)
+    rng = np.random.default_rng([seed, 22])
+    draw = [int(x) for x in rng.integers(-1, n_devices, size=n_layer)]
+    return [
+        ("host", [None] * n_layer),
+        ("device", list(runs_on)),
+        (f"first{half}", [runs_on[layer] if layer < half else None for layer in range(n_layer)]),
+        ("alternate", [runs_on[layer] if layer % 2 else None for layer in range(n_layer)]),
+        ("random", [None if x < 0 else x for x in draw]),
+    ]
+
+
+__all__ = ["DeviceConfig", "Place", "parse_floats", "parse_indices", "parse_placement", "parse_size", "parse_sizes",
+           "placement_name", "read_placement", "split_items", "standard_placements"]
