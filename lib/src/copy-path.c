@@ -237,9 +237,8 @@ static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * s
 
 /*
  * The route: how src reaches dst, and the copy itself. A compact dst is gathered; the
- * plan policy takes the plan when it pays; the ranges policy takes its one 2-D set when
- * src is host memory dst's backend reads and the rule applies; everything else is the
- * flat copy. *path gets the route taken, *read the bytes read when the route knows
+ * plan policy takes the plan when it pays; the ranges policy copies its ranges wherever
+ * the rule applies; everything else is the flat copy. *path gets the route taken, *read the bytes read when the route knows
  * them (0 otherwise). queued: backend is a copy queue, and the flat copy goes there too.
  */
 static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy policy, bool compact, bool queued,
@@ -255,11 +254,15 @@ static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy pol
     if (policy == FERRY_COPY_PLAN) {
         return copy_by_plan(backend, src, dst, queued, path, read);
     }
-    const bool src_readable = ferry_buffer_ptr_readable(ferry_tensor_buffer(src), ferry_tensor_buffer(dst));
-    if (policy == FERRY_COPY_RANGES && src_readable && ferry_copy_ranges_of(src, &r) && r.count > 1) {
-        /* Same layout on both sides: each range lands at its own offset, gaps untouched. */
+    if (policy == FERRY_COPY_RANGES && ferry_copy_ranges_of(src, &r) && r.count > 1) {
+        /* Same layout on both sides: each range lands at its own offset, gaps untouched. From
+         * host memory dst's backend reads, one 2-D set; from another device's memory, the
+         * same ranges by the planned copy's route (read into dst, or staged through host). */
         *path = FERRY_COPY_RANGES;
         *read = (uint64_t) r.size * r.count;
+        if (!ferry_buffer_ptr_readable(ferry_tensor_buffer(src), ferry_tensor_buffer(dst))) {
+            return copy_planned(backend, src, dst, &r, 1);
+        }
         return ferry_backend_tensor_set_2d_async(backend, dst, (const char *) ferry_tensor_data(src) + r.offset,
                                                  r.offset, r.size, r.count, r.stride, r.stride);
     }

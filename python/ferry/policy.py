@@ -1,7 +1,8 @@
 """Copy policies: how the scheduler copies a split input to the backend that runs the split.
 
-flat copies the whole nbytes() span, gaps included; ranges copies a host source whose last
-dimension is evenly spaced dense ranges with one 2-D set (else flat); plan copies any view
+flat copies the whole nbytes() span, gaps included; ranges copies a source whose last
+dimension is evenly spaced dense ranges as those ranges (one 2-D set from host memory; staged
+through the host from another device), else flat; plan copies any view
 by its copy plan when the cost model says that beats flat. The destination's gap bytes are
 never written.
 """

@@ -93,21 +93,27 @@ def test_unified_and_single_sequence_same_as_flat(n_stream: int, s: int) -> None
     assert ranges.impl_calls == flat.impl_calls
 
 
-def test_device_side_source_goes_flat() -> None:
-    """A source that is not host memory cannot take the ranges path: flat, span moved."""
+def test_device_side_source_copies_its_ranges() -> None:
+    """A source in another device's memory (a layer resident on one device, read by another) takes the
+    ranges path too: its ranges staged through the host, not the span, landing where the graph reads."""
     device = ferry.DummyBackend(real_memory=True)
     split = ferry.DummyBackend(real_memory=True)
     kv = ferry.KVCache("f16", "f16", 32, 2, 64, 4, backend=device)
     assert not kv.buffer.is_host
+    for stream in range(4):
+        kv.set_stream("k", 0, stream, np.random.default_rng(stream).integers(0, 255, 16 * 128, np.uint8))
     k, _ = kv.window(0, 5, 0, 3)
-    out = ferry.dup(k).set_output()
-    g = ferry.Graph(out)
-    sched = ferry.Scheduler([split, device], policy="ranges")
-    sched.assign(out, split)
-    sched.compute(g)
-    (inp,) = sched.inputs
-    assert inp.stats.path == ferry.CopyPolicy.FLAT
-    assert inp.stats.bytes_copied == k.nbytes == 3 * 16 * 128 + 5 * 128
+    outs = {}
+    for policy in ("flat", "ranges"):
+        out = ferry.dup(k).set_output()
+        sched = ferry.Scheduler([split, device], policy=policy)
+        sched.assign(out, split)
+        sched.compute(ferry.Graph(out))
+        (inp,) = sched.inputs
+        outs[policy] = out.get()
+    assert inp.stats.path == ferry.CopyPolicy.RANGES
+    assert inp.stats.bytes_copied == inp.stats.bytes_read == 4 * 5 * 128 < k.nbytes
+    assert outs["ranges"] == outs["flat"]  # dup reads only the window's cells
 
 
 def test_compact_staging_holds_the_bytes_read() -> None:

@@ -13,7 +13,7 @@ extern "C" {
 /* How the scheduler copies a split input from another backend. */
 typedef enum {
     FERRY_COPY_FLAT = 0,   /* the whole nbytes() span, gaps included */
-    FERRY_COPY_RANGES = 1, /* a host source whose last dimension is evenly spaced dense ranges: one 2-D set */
+    FERRY_COPY_RANGES = 1, /* a source whose last dimension is evenly spaced dense ranges: those ranges, no gaps */
     FERRY_COPY_PLAN = 2,   /* any view reduced to the fewest 2-D copies (copy-plan.c) */
     FERRY_COPY_POLICY_COUNT = 3
 } ferry_copy_policy;
