@@ -10,6 +10,14 @@
  * intersect share a byte. At the end: how many graphs, where ferry is the same, larger,
  * smaller, and ferry/ggml's median, p90, max and geometric mean.
  *
+ * It also times each library's reserve of each graph (ferry_gallocr_reserve,
+ * ggml_gallocr_reserve), on an allocator that has reserved that graph once already, as
+ * a caller that reserves every step does: -r times each (default 9), the libraries
+ * taking turns and which goes first alternating, so that a slow moment of the machine
+ * falls on both; each graph's fastest time is summed per library, and the ratio given.
+ * The first, untimed reserve is where each makes its buffer (ggml of real memory, ferry
+ * of synthetic addresses here), so it is left out of both.
+ *
  * Not built by meson, never by CI: it needs a ggml checkout and build, given by path.
  *
  *   git clone https://github.com/ggml-org/ggml /tmp/ggml-src   # or any checkout
@@ -17,10 +25,11 @@
  *         -DBUILD_SHARED_LIBS=ON && cmake --build /tmp/ggml-build --target ggml-base
  *   meson setup build/test && ninja -C build/test                # libferry_internal.a
  *   tools/alloc_compare/build /tmp/ggml-src /tmp/ggml-build build/test   # -> build/alloc_compare
- *   build/alloc_compare [-n GRAPHS] [-s FIRST_SEED] [-v] [-d SEED]
+ *   build/alloc_compare [-n GRAPHS] [-s FIRST_SEED] [-r REPS] [-v] [-d SEED]
  *
  * -v prints one line per graph: seed, nodes, leafs, ferry, ggml, ferry with inputs kept
- * (bytes), ferry/ggml, overlaps in ferry's and in ggml's placement. -d SEED prints where
+ * (bytes), ferry/ggml, overlaps in ferry's and in ggml's placement, and each library's
+ * fastest reserve (ns). -d SEED prints where
  * each library put each tensor of that seed's graph, and its lifetime.
  * Exit status: 0, or 1 when either library placed two live tensors over each other.
  */
