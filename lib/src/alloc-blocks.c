@@ -20,9 +20,25 @@ void ferry_blocks_init(ferry_blocks * b, size_t alignment, size_t max_size) {
     b->max_size = max_size ? max_size : SIZE_MAX;
 }
 
+void ferry_blocks_reset(ferry_blocks * b, size_t alignment, size_t max_size, bool last_of_equal) {
+    for (int c = 0; c < FERRY_GALLOC_MAX_CHUNKS; c++) {
+        ferry_chunk * ch = &b->chunks[c];
+        ch->n_free = 0;
+        ch->cap = ch->high = 0;
+    }
+    b->alignment = alignment ? alignment : 1;
+    b->max_size = max_size ? max_size : SIZE_MAX;
+    b->last_of_equal = last_of_equal;
+    b->n_chunks = 0;
+    b->out_of_chunks = b->tied = false;
+}
+
 void ferry_blocks_release(ferry_blocks * b) {
-    for (int c = 0; c < b->n_chunks; c++) {
+    for (int c = 0; c < FERRY_GALLOC_MAX_CHUNKS; c++) {
         free(b->chunks[c].free);
+        b->chunks[c].free = NULL;
+        b->chunks[c].cap_free = 0;
+        b->chunks[c].n_free = 0;
     }
     b->n_chunks = 0;
 }
@@ -69,17 +85,25 @@ static void take(ferry_chunk * c, int i, size_t size, size_t * offset) {
 ferry_status ferry_blocks_alloc(ferry_blocks * b, size_t size, const char * what, int * chunk, size_t * offset) {
     /* 1: best fit within what chunks already need */
     int best_c = -1, best_i = -1;
+    size_t best = 0;
+    bool tie = false; /* another block fits as well as the best so far */
     for (int c = 0; c < b->n_chunks; c++) {
         const ferry_chunk * ch = &b->chunks[c];
         for (int i = 0; i < ch->n_free; i++) {
             const ferry_block * blk = &ch->free[i];
-            const size_t best = best_c < 0 ? 0 : b->chunks[best_c].free[best_i].size;
-            if (blk->size >= size && blk->offset + size <= ch->high &&
-                (best_c < 0 || blk->size < best || (b->last_of_equal && blk->size == best))) {
-                best_c = c, best_i = i;
+            if (blk->size < size || blk->offset + size > ch->high) {
+                continue;
+            }
+            if (best_c >= 0 && blk->size == best) {
+                tie = true;
+            }
+            if (best_c < 0 || blk->size < best || (b->last_of_equal && blk->size == best)) {
+                tie = tie && best_c >= 0 && blk->size == best;
+                best_c = c, best_i = i, best = blk->size;
             }
         }
     }
+    b->tied = b->tied || tie;
     /* 2: the least growth */
     if (best_c < 0) {
         size_t best_growth = SIZE_MAX;
@@ -106,7 +130,8 @@ ferry_status ferry_blocks_alloc(ferry_blocks * b, size_t size, const char * what
                               what, size, FERRY_GALLOC_MAX_CHUNKS, b->max_size);
         }
         ferry_chunk * ch = &b->chunks[b->n_chunks];
-        memset(ch, 0, sizeof(*ch));
+        ch->n_free = 0; /* its free list's memory may be a past walk's: kept */
+        ch->high = 0;
         ch->cap = size > b->max_size ? size : b->max_size;
         FERRY_TRY(insert_block(ch, 0, (ferry_block) {0, ch->cap}));
         best_c = b->n_chunks++;

@@ -24,9 +24,12 @@ typedef struct {
     ferry_chunk chunks[FERRY_GALLOC_MAX_CHUNKS];
     int n_chunks;
     bool out_of_chunks; /* an alloc failed for want of a chunk (not of heap memory) */
+    bool tied; /* an alloc had equally good free blocks to choose from: last_of_equal mattered */
 } ferry_blocks;
 
 void ferry_blocks_init(ferry_blocks * b, size_t alignment, size_t max_size);
+/* Empty b for another walk, keeping the chunks' free lists' memory (no heap calls). */
+void ferry_blocks_reset(ferry_blocks * b, size_t alignment, size_t max_size, bool last_of_equal);
 void ferry_blocks_release(ferry_blocks * b);
 /* size rounded up to the alignment (a zero size takes one alignment unit). */
 size_t ferry_blocks_round(const ferry_blocks * b, size_t size);

@@ -19,9 +19,34 @@ typedef struct {
     int uses;      /* references by nodes still to run, directly or through views */
     int node;      /* a copy's: it is written just before this node; -1 before the graph */
     bool external; /* it has memory the allocator did not give it */
-    bool kept;   /* lives to the end: outputs, results nobody reads, inputs when kept */
+    bool kept;     /* lives to the end: outputs, results nobody reads, inputs when kept */
     bool handed;   /* its memory went to a node that works in place */
 } tensor_plan;
+
+/* A node as the walk reads it, found once per call: no lookups by pointer while walking. */
+enum {
+    SRC_INPLACE = 1, /* the node may work in place over this source (its op and layout allow it) */
+    SRC_VIEW = 2,    /* the source is a view of the memory it names */
+};
+typedef struct {
+    int slot;                        /* the node's */
+    int src[FERRY_MAX_SRC];          /* each source's memory: its root's slot; -1 none */
+    unsigned char how[FERRY_MAX_SRC]; /* SRC_* */
+    bool view;                       /* the node is a view: it places nothing */
+    bool inplace;                    /* some source has SRC_INPLACE */
+} node_index;
+
+/* A copy as the walk reads it, in the order the walk meets them (by node, then given). */
+typedef struct {
+    int node, k;   /* written before node; the caller's index */
+    int copy, src; /* slots: the copy's, its source's memory (-1: nothing to keep) */
+} staged_copy;
+
+/* A growable array of the scratch below. */
+typedef struct {
+    void * items;
+    size_t cap;
+} scratch;
 
 struct ferry_gallocr {
     bool keep_inputs; /* leafs and inputs live to the end instead of to their last use */
@@ -35,14 +60,30 @@ struct ferry_gallocr {
     int n_node_ids, n_leaf_ids;
     ferry_gallocr_copy * copies;
     int n_copies;
-    /* the last walk, for placement queries */
-    const ferry_tensor ** plan_tensors;
-    tensor_plan * plan;
+    /* the last walk kept, for placement queries: plan and plan_tensors by slot */
+    scratch plan, plan_tensors;
     int n_plan;
+    /* each call's working memory, kept between calls so that a steady state of reserves
+     * makes no heap calls: the plan before the walks, each way's plan and blocks (one per
+     * buffer type), the tensors by slot, the nodes, the leafs' slots, the copies */
+    scratch base, walked[2], tensors, index, leaf_slot, staged;
+    ferry_blocks * blocks[2];
 };
+
+static tensor_plan * plan_of(const scratch * s) { return s->items; }
 
 static ferry_buffer ** chunk_slot(const ferry_gallocr * g, int buft, int chunk) {
     return &g->buffers[buft * FERRY_GALLOC_MAX_CHUNKS + chunk];
+}
+
+/* Room for n items of item_size in s. */
+static ferry_status scratch_need(scratch * s, size_t n, size_t item_size) {
+    void * grown = ferry_grow(s->items, &s->cap, n ? n : 1, item_size);
+    if (!grown) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
+    }
+    s->items = grown;
+    return FERRY_OK;
 }
 
 ferry_status ferry_gallocr_new_n(ferry_buffer_type ** bufts, int n_bufts, ferry_gallocr ** out) {
@@ -56,12 +97,18 @@ ferry_status ferry_gallocr_new_n(ferry_buffer_type ** bufts, int n_bufts, ferry_
         g->bufts = ferry_calloc((size_t) n_bufts, sizeof(*g->bufts));
         g->buffers = ferry_calloc((size_t) n_bufts * FERRY_GALLOC_MAX_CHUNKS, sizeof(*g->buffers));
         g->n_chunks = ferry_calloc((size_t) n_bufts, sizeof(*g->n_chunks));
+        g->blocks[0] = ferry_calloc((size_t) n_bufts, sizeof(*g->blocks[0]));
+        g->blocks[1] = ferry_calloc((size_t) n_bufts, sizeof(*g->blocks[1]));
     }
-    if (!g || !g->bufts || !g->buffers || !g->n_chunks) {
+    if (!g || !g->bufts || !g->buffers || !g->n_chunks || !g->blocks[0] || !g->blocks[1]) {
         ferry_gallocr_free(g);
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr_new: out of memory");
     }
     memcpy(g->bufts, bufts, (size_t) n_bufts * sizeof(*bufts));
+    for (int b = 0; b < n_bufts; b++) {
+        ferry_blocks_init(&g->blocks[0][b], 0, 0);
+        ferry_blocks_init(&g->blocks[1][b], 0, 0);
+    }
     *out = g;
     return FERRY_OK;
 }
@@ -77,176 +124,241 @@ void ferry_gallocr_free(ferry_gallocr * g) {
     for (int i = 0; g->buffers && i < g->n_bufts * FERRY_GALLOC_MAX_CHUNKS; i++) {
         ferry_buffer_free(g->buffers[i]);
     }
+    for (int w = 0; w < 2; w++) {
+        for (int b = 0; g->blocks[w] && b < g->n_bufts; b++) {
+            ferry_blocks_release(&g->blocks[w][b]);
+        }
+        free(g->blocks[w]);
+        free(g->walked[w].items);
+    }
     free(g->buffers);
     free(g->bufts);
     free(g->n_chunks);
     free(g->node_ids);
     free(g->leaf_ids);
     free(g->copies);
-    free(g->plan_tensors);
-    free(g->plan);
+    free(g->plan.items);
+    free(g->plan_tensors.items);
+    free(g->base.items);
+    free(g->tensors.items);
+    free(g->index.items);
+    free(g->leaf_slot.items);
+    free(g->staged.items);
     free(g);
 }
 
-/* Memory someone else gave t: a live buffer that is not one of ours. */
+/* Memory someone else gave t: a live buffer that is not one of ours. Ours is asked
+ * first: it needs no lock, and a tensor the allocator placed before is the usual case. */
 bool ferry_gallocr_has_foreign_memory(const ferry_gallocr * g, const ferry_tensor * t) {
-    if (!t->buffer || !ferry_buffer_id_is_live(t->buffer_id)) {
+    if (!t->buffer) {
         return false;
     }
-    for (int i = 0; i < g->n_bufts * FERRY_GALLOC_MAX_CHUNKS; i++) {
-        if (g->buffers[i] == t->buffer) {
-            return false;
+    for (int b = 0; b < g->n_bufts; b++) {
+        for (int c = 0; c < g->n_chunks[b]; c++) {
+            if (*chunk_slot(g, b, c) == t->buffer) {
+                return false;
+            }
         }
     }
-    return true;
+    return ferry_buffer_id_is_live(t->buffer_id);
 }
 
 /* ---------------------------------------------------------------- the walk */
 
+/* One call's graph, read once (prepare) into g's scratch; then walked one or two ways. */
 typedef struct {
     ferry_gallocr * g;
     ferry_graph * graph;
-    tensor_plan * plan;
-    const ferry_tensor ** tensors; /* by slot */
-    ferry_blocks * blocks;         /* one per buffer type */
-    const int * node_ids;          /* NULL: all 0 */
+    int n_slots, n_nodes, n_leafs;
+    const int * node_ids; /* NULL: all 0 */
     const int * leaf_ids;
     const ferry_gallocr_copy * copies;
     int n_copies;
-    bool through_views;            /* in place over a source through a view of it too */
+} call;
+
+/* One way of walking the call's graph. */
+typedef struct {
+    const call * c;
+    tensor_plan * plan;
+    ferry_blocks * blocks; /* one per buffer type */
+    bool through_views;    /* in place over a source through a view of it too */
+    bool diverged;         /* it worked in place through a view: the other way would not have */
 } walk;
 
-static size_t rounded_size(walk * w, const tensor_plan * p, const ferry_tensor * t) {
-    return ferry_blocks_round(&w->blocks[p->buft], ferry_buffer_type_alloc_size(w->g->bufts[p->buft], t));
+static const ferry_tensor ** tensors_of(const call * c) { return c->g->tensors.items; }
+static const node_index * index_of(const call * c) { return c->g->index.items; }
+
+static ferry_status place(walk * w, int s) {
+    tensor_plan * p = &w->plan[s];
+    return ferry_blocks_alloc(&w->blocks[p->buft], p->size, tensors_of(w->c)[s]->name, &p->chunk, &p->offset);
 }
 
-static ferry_status place(walk * w, const ferry_tensor * t) {
-    tensor_plan * p = &w->plan[ferry_graph_slot(w->graph, t)];
-    p->size = rounded_size(w, p, t);
-    return ferry_blocks_alloc(&w->blocks[p->buft], p->size, t->name, &p->chunk, &p->offset);
-}
-
-static int slot_of(walk * w, const ferry_tensor * t) { return ferry_graph_slot(w->graph, ferry_tensor_root(t)); }
-
-/* Does node n take the memory of its source s? n works element by element, so it may
- * write each element where it read it when s has n's layout (a view only from its
- * source's first byte). The memory must be one the allocator placed, not kept to the
- * end, on n's buffer type, and nothing may read it after n (n's is its last use,
- * through any view). What n does not need of it is freed. */
-static ferry_status take_source(walk * w, const ferry_tensor * n, const ferry_tensor * s, bool * taken) {
+/* Does node i take the memory of its source j? The node works element by element, so
+ * it may write each element where it read it when the source has its layout (a view
+ * only from its source's first byte): prepare found those (SRC_INPLACE). The memory
+ * must be one the allocator placed, not kept to the end, on the node's buffer type,
+ * and nothing may read it after the node (this is its last use, through any view).
+ * What the node does not need of it is freed. */
+static ferry_status take_source(walk * w, const node_index * x, int j, bool * taken) {
     *taken = false;
-    if (!ferry_tensor_same_layout(s, n) || (s->view_src && s->view_offs != 0)) {
-        return FERRY_OK;
-    }
-    tensor_plan * ps = &w->plan[slot_of(w, s)];
-    tensor_plan * pn = &w->plan[ferry_graph_slot(w->graph, n)];
-    if (ps->chunk < 0 || ps->kept || ps->handed || ps->uses != 1 || ps->buft != pn->buft) {
-        return FERRY_OK;
-    }
-    const size_t size = rounded_size(w, pn, n);
-    if (size > ps->size) {
+    tensor_plan * ps = &w->plan[x->src[j]];
+    tensor_plan * pn = &w->plan[x->slot];
+    if (ps->chunk < 0 || ps->kept || ps->handed || ps->uses != 1 || ps->buft != pn->buft || pn->size > ps->size) {
         return FERRY_OK;
     }
     pn->chunk = ps->chunk;
     pn->offset = ps->offset;
-    pn->size = size;
     ps->handed = true;
     *taken = true;
-    if (size < ps->size) {
-        return ferry_blocks_free(&w->blocks[ps->buft], ps->chunk, ps->offset + size, ps->size - size);
+    w->diverged = w->diverged || (x->how[j] & SRC_VIEW);
+    if (pn->size < ps->size) {
+        return ferry_blocks_free(&w->blocks[ps->buft], ps->chunk, ps->offset + pn->size, ps->size - pn->size);
     }
     return FERRY_OK;
 }
 
-/* Place node n: over the first source it may take (in place), else in free memory. */
-static ferry_status place_node(walk * w, const ferry_tensor * n) {
+/* Place node x: over the first source it may take (in place), else in free memory. */
+static ferry_status place_node(walk * w, const node_index * x) {
     bool taken = false;
-    for (int j = 0; ferry_op_can_inplace(n->op) && j < FERRY_MAX_SRC && !taken; j++) {
-        if (n->src[j] && (w->through_views || !n->src[j]->view_src)) {
-            FERRY_TRY(take_source(w, n, n->src[j], &taken));
+    for (int j = 0; x->inplace && j < FERRY_MAX_SRC && !taken; j++) {
+        if ((x->how[j] & SRC_INPLACE) && (w->through_views || !(x->how[j] & SRC_VIEW))) {
+            FERRY_TRY(take_source(w, x, j, &taken));
         }
     }
-    return taken ? FERRY_OK : place(w, n);
+    return taken ? FERRY_OK : place(w, x->slot);
 }
 
-/* The copies' nodes, and their sources' reads at those nodes. */
-static ferry_status prepare_copies(walk * w) {
-    const int n_nodes = ferry_graph_n_nodes(w->graph);
-    for (int k = 0; k < w->n_copies; k++) {
-        const ferry_gallocr_copy * c = &w->copies[k];
-        const int s = c->copy ? ferry_graph_slot(w->graph, c->copy) : -1;
-        if (s < 0 || c->copy->op != FERRY_OP_NONE || c->copy->view_src) {
+/* The copies' slots and nodes, and their sources' reads at those nodes, in the order
+ * the walk meets them. */
+static ferry_status prepare_copies(const call * c, tensor_plan * base) {
+    ferry_gallocr * g = c->g;
+    FERRY_TRY(scratch_need(&g->staged, (size_t) c->n_copies, sizeof(staged_copy)));
+    staged_copy * staged = g->staged.items;
+    for (int k = 0; k < c->n_copies; k++) {
+        const ferry_gallocr_copy * cp = &c->copies[k];
+        const int s = cp->copy ? ferry_graph_slot(c->graph, cp->copy) : -1;
+        if (s < 0 || cp->copy->op != FERRY_OP_NONE || cp->copy->view_src) {
             return ferry_fail(FERRY_ERR_INVALID_ARG, "gallocr: copy %d ('%s') is not a leaf of the graph", k,
-                              c->copy ? c->copy->name : "NULL");
+                              cp->copy ? cp->copy->name : "NULL");
         }
-        if (c->node < 0 || c->node >= n_nodes) {
+        if (cp->node < 0 || cp->node >= c->n_nodes) {
             return ferry_fail(FERRY_ERR_INVALID_ARG, "gallocr: copy %d ('%s') is written before node %d of %d", k,
-                              c->copy->name, c->node, n_nodes);
+                              cp->copy->name, cp->node, c->n_nodes);
         }
-        w->plan[s].node = c->node;
-        const int src = c->src ? slot_of(w, c->src) : -1;
+        base[s].node = cp->node;
+        const int src = cp->src ? ferry_graph_slot(c->graph, ferry_tensor_root(cp->src)) : -1;
         if (src >= 0) {
-            w->plan[src].uses++; /* read at the copy's node */
+            base[src].uses++; /* read at the copy's node */
         }
+        staged[k] = (staged_copy) {.node = cp->node, .k = k, .copy = s, .src = src};
+    }
+    /* by node, then in the caller's order; usually already so */
+    for (int k = 1; k < c->n_copies; k++) {
+        const staged_copy x = staged[k];
+        int at = k;
+        for (; at > 0 && staged[at - 1].node > x.node; at--) {
+            staged[at] = staged[at - 1];
+        }
+        staged[at] = x;
     }
     return FERRY_OK;
 }
 
-/* Fill in buffer types, external memory, assignments and use counts before the walk. */
-static ferry_status prepare(walk * w) {
-    ferry_graph * graph = w->graph;
-    const int *node_ids = w->node_ids, *leaf_ids = w->leaf_ids;
-    const int n_leafs = ferry_graph_n_leafs(graph), n_nodes = ferry_graph_n_nodes(graph);
+/* Read the graph once: each tensor's slot, buffer type, size, external memory and use
+ * count (the base plan every walk starts from), each node's sources' slots. */
+static ferry_status prepare(const call * c) {
+    ferry_gallocr * g = c->g;
+    ferry_graph * graph = c->graph;
+    const int n_leafs = c->n_leafs, n_nodes = c->n_nodes;
+    FERRY_TRY(scratch_need(&g->base, (size_t) c->n_slots, sizeof(tensor_plan)));
+    FERRY_TRY(scratch_need(&g->walked[0], (size_t) c->n_slots, sizeof(tensor_plan)));
+    FERRY_TRY(scratch_need(&g->walked[1], (size_t) c->n_slots, sizeof(tensor_plan)));
+    FERRY_TRY(scratch_need(&g->tensors, (size_t) c->n_slots, sizeof(const ferry_tensor *)));
+    FERRY_TRY(scratch_need(&g->index, (size_t) n_nodes, sizeof(node_index)));
+    FERRY_TRY(scratch_need(&g->leaf_slot, (size_t) n_leafs, sizeof(int)));
+    tensor_plan * base = g->base.items;
+    const ferry_tensor ** tensors = g->tensors.items;
+    node_index * index = g->index.items;
+    int * leaf_slot = g->leaf_slot.items;
+    memset(base, 0, (size_t) c->n_slots * sizeof(*base));
+    for (int b = 0; b < g->n_bufts; b++) {
+        const size_t alignment = ferry_buffer_type_alignment(g->bufts[b]), max = ferry_buffer_type_max_size(g->bufts[b]);
+        ferry_blocks_reset(&g->blocks[0][b], alignment, max, false);
+        ferry_blocks_reset(&g->blocks[1][b], alignment, max, true);
+    }
     for (int i = 0; i < n_leafs + n_nodes; i++) {
         const bool is_leaf = i < n_leafs;
         const ferry_tensor * t = is_leaf ? ferry_graph_leaf(graph, i) : ferry_graph_node(graph, i - n_leafs);
-        const int id = is_leaf ? (leaf_ids ? leaf_ids[i] : 0) : (node_ids ? node_ids[i - n_leafs] : 0);
-        if (id < 0 || id >= w->g->n_bufts) {
+        const int id = is_leaf ? (c->leaf_ids ? c->leaf_ids[i] : 0) : (c->node_ids ? c->node_ids[i - n_leafs] : 0);
+        if (id < 0 || id >= g->n_bufts) {
             return ferry_fail(FERRY_ERR_INVALID_ARG, "gallocr: %s %d ('%s') has buffer type %d of %d",
-                              is_leaf ? "leaf" : "node", is_leaf ? i : i - n_leafs, t->name, id, w->g->n_bufts);
+                              is_leaf ? "leaf" : "node", is_leaf ? i : i - n_leafs, t->name, id, g->n_bufts);
         }
         const bool input = is_leaf || (t->flags & FERRY_TENSOR_FLAG_INPUT);
         const int s = ferry_graph_slot(graph, t);
-        w->tensors[s] = t;
-        tensor_plan * p = &w->plan[s];
+        tensors[s] = t;
+        if (is_leaf) {
+            leaf_slot[i] = s;
+        } else {
+            index[i - n_leafs].slot = s;
+        }
+        tensor_plan * p = &base[s];
         p->buft = id;
         p->chunk = -1;
         p->node = -1;
-        p->external = !t->view_src && ferry_gallocr_has_foreign_memory(w->g, t);
-        p->kept = (t->flags & FERRY_TENSOR_FLAG_OUTPUT) || (input && w->g->keep_inputs);
+        p->external = !t->view_src && ferry_gallocr_has_foreign_memory(g, t);
+        p->kept = (t->flags & FERRY_TENSOR_FLAG_OUTPUT) || (input && g->keep_inputs);
+        if (!t->view_src && !p->external) {
+            p->size = ferry_blocks_round(&g->blocks[0][id], ferry_buffer_type_alloc_size(g->bufts[id], t));
+        }
     }
-    /* readers[slot]: the nodes that name a tensor as a source (not through views) */
-    int * readers = ferry_calloc((size_t) ferry_graph_n_slots(graph) + 1, sizeof(*readers));
-    if (!readers) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
-    }
+    /* Each node's sources; handed marks, for now, a view that some node names as a source. */
     for (int i = 0; i < n_nodes; i++) {
         const ferry_tensor * n = ferry_graph_node(graph, i);
+        node_index * x = &index[i];
+        x->view = n->view_src != NULL;
+        x->inplace = false;
+        const bool can_inplace = ferry_op_can_inplace(n->op);
         for (int j = 0; j < FERRY_MAX_SRC; j++) {
-            if (!n->src[j]) {
+            const ferry_tensor * src = n->src[j];
+            x->src[j] = -1;
+            x->how[j] = 0;
+            if (!src) {
                 continue;
             }
-            const int s = slot_of(w, n->src[j]), direct = ferry_graph_slot(graph, n->src[j]);
+            const int direct = ferry_graph_slot(graph, src);
+            const int s = src->view_src ? ferry_graph_slot(graph, src->view_src) : direct;
             if (s < 0) {
-                free(readers);
                 return ferry_fail(FERRY_ERR_LAYOUT, "gallocr: '%s' reads '%s', which is not in the graph", n->name,
-                                  ferry_tensor_root(n->src[j])->name);
+                                  ferry_tensor_root(src)->name);
             }
-            w->plan[s].uses++;
-            if (direct >= 0) {
-                readers[direct]++;
+            base[s].uses++;
+            if (direct >= 0 && src->view_src) {
+                base[direct].handed = true;
+            }
+            x->src[j] = s;
+            x->how[j] = (unsigned char) (src->view_src ? SRC_VIEW : 0);
+            if (can_inplace && ferry_tensor_same_layout(src, n) && (!src->view_src || src->view_offs == 0)) {
+                x->how[j] |= SRC_INPLACE;
+                x->inplace = true;
             }
         }
     }
     /* A view that is an output, or that nobody reads (a result), keeps its source's memory. */
     for (int i = 0; i < n_nodes; i++) {
-        const ferry_tensor * n = ferry_graph_node(graph, i);
-        if (n->view_src && ((n->flags & FERRY_TENSOR_FLAG_OUTPUT) || readers[ferry_graph_slot(graph, n)] == 0)) {
-            w->plan[slot_of(w, n)].kept = true;
+        const node_index * x = &index[i];
+        if (x->view) {
+            const ferry_tensor * n = tensors[x->slot];
+            const int s = ferry_graph_slot(graph, n->view_src);
+            if (s >= 0 && ((n->flags & FERRY_TENSOR_FLAG_OUTPUT) || !base[x->slot].handed)) {
+                base[s].kept = true;
+            }
         }
     }
-    free(readers);
-    return prepare_copies(w);
+    for (int s = 0; s < c->n_slots; s++) {
+        base[s].handed = false;
+    }
+    return prepare_copies(c, base);
 }
 
 /* One use of the tensor in slot s is over: free its memory after its last. */
@@ -258,85 +370,75 @@ static ferry_status release(walk * w, int s) {
     return FERRY_OK;
 }
 
-/* By node, then in the caller's order (the pointers are into one array). */
-static int by_step(const void * a, const void * b) {
-    const ferry_gallocr_copy *x = *(const ferry_gallocr_copy * const *) a, *y = *(const ferry_gallocr_copy * const *) b;
-    return x->node != y->node ? (x->node > y->node) - (x->node < y->node) : (x > y) - (x < y);
-}
-
-/* The walk over nodes; staged: the copies by node. */
-static ferry_status walk_nodes(walk * w, const ferry_gallocr_copy * const * staged, int n_staged) {
-    ferry_graph * graph = w->graph;
+/* The walk over nodes, with the copies where they are written. */
+static ferry_status walk_nodes(walk * w) {
+    const call * c = w->c;
+    const node_index * index = index_of(c);
+    const staged_copy * staged = c->g->staged.items;
     int next = 0;
-    for (int i = 0; i < ferry_graph_n_nodes(graph); i++) {
+    for (int i = 0; i < c->n_nodes; i++) {
         /* A copy written just before node i: memory freed by the nodes before i is free to it. */
         const int first = next;
-        for (; next < n_staged && staged[next]->node == i; next++) {
-            const tensor_plan * p = &w->plan[ferry_graph_slot(graph, staged[next]->copy)];
+        for (; next < c->n_copies && staged[next].node == i; next++) {
+            const tensor_plan * p = &w->plan[staged[next].copy];
             if (!p->external && p->chunk < 0) {
-                FERRY_TRY(place(w, staged[next]->copy));
+                FERRY_TRY(place(w, staged[next].copy));
             }
         }
-        const ferry_tensor * n = ferry_graph_node(graph, i);
-        const tensor_plan * pn = &w->plan[ferry_graph_slot(graph, n)];
-        for (int j = 0; j < FERRY_MAX_SRC && !n->view_src; j++) {
-            const ferry_tensor * s = n->src[j];
-            if (s && w->plan[slot_of(w, s)].node > i) {
+        const node_index * x = &index[i];
+        const tensor_plan * pn = &w->plan[x->slot];
+        for (int j = 0; j < FERRY_MAX_SRC && !x->view && c->n_copies > 0; j++) {
+            if (x->src[j] >= 0 && w->plan[x->src[j]].node > i) {
                 return ferry_fail(FERRY_ERR_INVALID_ARG,
-                                  "gallocr: node %d ('%s') reads '%s', written only before node %d", i, n->name,
-                                  ferry_tensor_root(s)->name, w->plan[slot_of(w, s)].node);
+                                  "gallocr: node %d ('%s') reads '%s', written only before node %d", i,
+                                  tensors_of(c)[x->slot]->name, tensors_of(c)[x->src[j]]->name,
+                                  w->plan[x->src[j]].node);
             }
         }
-        if (!n->view_src && !pn->external && pn->chunk < 0) {
-            FERRY_TRY(place_node(w, n));
+        if (!x->view && !pn->external && pn->chunk < 0) {
+            FERRY_TRY(place_node(w, x));
         }
         /* Its sources' memory, and the copies' sources', is free once their last reader ran. */
         for (int j = 0; j < FERRY_MAX_SRC; j++) {
-            if (n->src[j]) {
-                FERRY_TRY(release(w, slot_of(w, n->src[j])));
+            if (x->src[j] >= 0) {
+                FERRY_TRY(release(w, x->src[j]));
             }
         }
         for (int k = first; k < next; k++) {
-            if (staged[k]->src && slot_of(w, staged[k]->src) >= 0) {
-                FERRY_TRY(release(w, slot_of(w, staged[k]->src)));
+            if (staged[k].src >= 0) {
+                FERRY_TRY(release(w, staged[k].src));
             }
         }
     }
     return FERRY_OK;
 }
 
-static ferry_status run_walk(walk * w) {
-    ferry_graph * graph = w->graph;
-    FERRY_TRY(prepare(w));
-    const ferry_gallocr_copy ** staged = ferry_calloc((size_t) w->n_copies + 1, sizeof(*staged));
-    if (!staged) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
-    }
-    for (int k = 0; k < w->n_copies; k++) {
-        staged[k] = &w->copies[k];
-    }
-    qsort(staged, (size_t) w->n_copies, sizeof(*staged), by_step);
-    ferry_status st = FERRY_OK;
+/* Walk the call's graph one way: alt takes the last of equal blocks and works in place
+ * over direct sources only; else the first of equal blocks, in place through views too. */
+static ferry_status walk_graph(walk * w, const call * c, int way) {
+    ferry_gallocr * g = c->g;
+    const bool alt = way == 1;
+    *w = (walk) {.c = c, .plan = plan_of(&g->walked[way]), .blocks = g->blocks[way], .through_views = !alt};
+    memcpy(w->plan, g->base.items, (size_t) c->n_slots * sizeof(*w->plan));
+    const ferry_tensor ** tensors = tensors_of(c);
+    const int * leaf_slot = c->g->leaf_slot.items;
+    const node_index * index = index_of(c);
     /* Leafs and inputs first: their data is written before anything runs (copies: at their node). */
-    for (int i = 0; i < ferry_graph_n_leafs(graph) && st == FERRY_OK; i++) {
-        const ferry_tensor * t = ferry_graph_leaf(graph, i);
-        const tensor_plan * p = &w->plan[ferry_graph_slot(graph, t)];
-        if (!t->view_src && !p->external && p->node < 0) {
-            st = place(w, t);
+    for (int i = 0; i < c->n_leafs; i++) {
+        const int s = leaf_slot[i];
+        const tensor_plan * p = &w->plan[s];
+        if (!tensors[s]->view_src && !p->external && p->node < 0) {
+            FERRY_TRY(place(w, s));
         }
     }
-    for (int i = 0; i < ferry_graph_n_nodes(graph) && st == FERRY_OK; i++) {
-        const ferry_tensor * n = ferry_graph_node(graph, i);
-        const tensor_plan * p = &w->plan[ferry_graph_slot(graph, n)];
-        if (!n->view_src && !p->external && (n->flags & FERRY_TENSOR_FLAG_INPUT)) {
-            st = place(w, n);
+    for (int i = 0; i < c->n_nodes; i++) {
+        const node_index * x = &index[i];
+        const tensor_plan * p = &w->plan[x->slot];
+        if (!x->view && !p->external && (tensors[x->slot]->flags & FERRY_TENSOR_FLAG_INPUT)) {
+            FERRY_TRY(place(w, x->slot));
         }
     }
-    if (st == FERRY_OK) {
-        st = walk_nodes(w, staged, w->n_copies);
-    }
-    free(staged);
-    return st;
+    return walk_nodes(w);
 }
 
 /* ---------------------------------------------------------------- buffers */
@@ -372,44 +474,26 @@ static ferry_status ensure_buffers(ferry_gallocr * g, const ferry_blocks * block
     return FERRY_OK;
 }
 
-/* Free what a walk holds (its plan, unless measure kept it). */
-static void walk_release(ferry_gallocr * g, walk * w) {
-    for (int b = 0; w->blocks && b < g->n_bufts; b++) {
-        ferry_blocks_release(&w->blocks[b]);
-    }
-    free(w->blocks);
-    free(w->plan);
-    free(w->tensors);
-}
-
-/* One walk of graph; the second way (alt) differs in two choices, see measure. */
-static ferry_status walk_graph(walk * w, bool alt) {
-    ferry_gallocr * g = w->g;
-    const int n = ferry_graph_n_slots(w->graph);
-    w->through_views = !alt;
-    w->plan = ferry_calloc((size_t) n + 1, sizeof(*w->plan));
-    w->tensors = ferry_calloc((size_t) n + 1, sizeof(*w->tensors));
-    w->blocks = ferry_calloc((size_t) g->n_bufts, sizeof(*w->blocks));
-    if (!w->plan || !w->tensors || !w->blocks) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "gallocr: out of memory");
-    }
-    for (int b = 0; b < g->n_bufts; b++) {
-        ferry_blocks_init(&w->blocks[b], ferry_buffer_type_alignment(g->bufts[b]),
-                          ferry_buffer_type_max_size(g->bufts[b]));
-        w->blocks[b].last_of_equal = alt;
-    }
-    return run_walk(w);
-}
-
 /* Did the walk fail only for want of a chunk? That way's plan does not fit where the
  * other's may; any other failure (the heap) is the caller's to hear of. */
 static bool walk_out_of_chunks(const ferry_gallocr * g, const walk * w) {
-    for (int b = 0; w->blocks && b < g->n_bufts; b++) {
+    for (int b = 0; b < g->n_bufts; b++) {
         if (w->blocks[b].out_of_chunks) {
             return true;
         }
     }
     return false;
+}
+
+/* Could the other way end elsewhere? Only where this one chose between equal blocks or
+ * worked in place through a view: at every other step both ways choose alike. */
+static bool walk_diverged(const ferry_gallocr * g, const walk * w) {
+    for (int b = 0; b < g->n_bufts; b++) {
+        if (w->blocks[b].tied) {
+            return true;
+        }
+    }
+    return w->diverged;
 }
 
 static size_t walk_need(const ferry_gallocr * g, const walk * w) {
@@ -426,42 +510,55 @@ static size_t walk_need(const ferry_gallocr * g, const walk * w) {
  * Walk graph, grow the buffers, and keep the walk for placement queries. Greedy
  * placement can be unlucky: where two free blocks fit a tensor equally well, or two
  * sources could be worked over in place, the choice decides what fits later. So the
- * graph is walked two ways, and the one that needs less memory (the first on a tie) is
- * kept: first of equal blocks and in place through views too; last of equal blocks and
- * in place over direct sources only (what ggml does). Both are deterministic, so
- * reserve and alloc_graph agree. A way that runs out of chunks leaves the other; a
- * failed heap allocation in either is reported, never absorbed.
+ * graph may be walked two ways, and the one that needs less memory (the first on a
+ * tie) is kept: first of equal blocks and in place through views too; last of equal
+ * blocks and in place over direct sources only (what ggml does). The second way is
+ * walked only where the first met such a choice; elsewhere it would repeat the first
+ * step for step. Both are deterministic, so reserve and alloc_graph agree. A way that
+ * runs out of chunks leaves the other; a failed heap allocation in either is
+ * reported, never absorbed. The graph is read once for both (prepare), into memory the
+ * allocator keeps between calls.
  */
 static ferry_status measure(ferry_gallocr * g, ferry_graph * graph, const int * node_ids, const int * leaf_ids,
                             const ferry_gallocr_copy * copies, int n_copies) {
-    const walk base = {.g = g, .graph = graph, .node_ids = node_ids, .leaf_ids = leaf_ids, .copies = copies,
-                       .n_copies = n_copies};
-    walk first = base, second = base;
-    const ferry_status st_second = walk_graph(&second, true);
-    ferry_status st = st_second == FERRY_OK || walk_out_of_chunks(g, &second) ? walk_graph(&first, false) : st_second;
-    if (st != FERRY_OK && (st_second != FERRY_OK || !walk_out_of_chunks(g, &first))) {
-        walk_release(g, &first);
-        walk_release(g, &second);
-        return st;
+    const call c = {.g = g, .graph = graph, .n_slots = ferry_graph_n_slots(graph),
+                    .n_nodes = ferry_graph_n_nodes(graph), .n_leafs = ferry_graph_n_leafs(graph),
+                    .node_ids = node_ids, .leaf_ids = leaf_ids, .copies = copies, .n_copies = n_copies};
+    FERRY_TRY(prepare(&c));
+    walk first, second;
+    const ferry_status st_first = walk_graph(&first, &c, 0);
+    const bool first_short = st_first != FERRY_OK && walk_out_of_chunks(g, &first);
+    if (st_first != FERRY_OK && !first_short) {
+        return st_first;
     }
-    if (st != FERRY_OK || st_second != FERRY_OK) {
-        ferry_clear_error(); /* one way ran out of chunks: the other's plan stands */
+    walk * kept = &first;
+    if (walk_diverged(g, &first)) {
+        const ferry_status st_second = walk_graph(&second, &c, 1);
+        if (st_second != FERRY_OK && !walk_out_of_chunks(g, &second)) {
+            return st_second;
+        }
+        if (st_second != FERRY_OK && first_short) {
+            return st_second; /* neither way fits in the chunks */
+        }
+        if (st_second != FERRY_OK || first_short) {
+            ferry_clear_error(); /* one way ran out of chunks: the other's plan stands */
+        }
+        if (first_short || (st_second == FERRY_OK && walk_need(g, &second) < walk_need(g, &first))) {
+            kept = &second;
+        }
+    } else if (first_short) {
+        return st_first; /* the other way would run out alike */
     }
-    walk * kept = st == FERRY_OK && (st_second != FERRY_OK || walk_need(g, &first) <= walk_need(g, &second))
-                      ? &first : &second;
-    st = ensure_buffers(g, kept->blocks);
-    if (st == FERRY_OK) {
-        free(g->plan);
-        free(g->plan_tensors);
-        g->plan = kept->plan;
-        g->plan_tensors = kept->tensors;
-        g->n_plan = ferry_graph_n_slots(graph);
-        kept->plan = NULL;
-        kept->tensors = NULL;
-    }
-    walk_release(g, &first);
-    walk_release(g, &second);
-    return st;
+    FERRY_TRY(ensure_buffers(g, kept->blocks));
+    /* the kept plan becomes the allocator's; its old memory serves the next walk */
+    scratch * walked = &g->walked[kept == &first ? 0 : 1];
+    const scratch old_plan = g->plan, old_tensors = g->plan_tensors;
+    g->plan = *walked;
+    *walked = old_plan;
+    g->plan_tensors = g->tensors;
+    g->tensors = old_tensors;
+    g->n_plan = c.n_slots;
+    return FERRY_OK;
 }
 
 static ferry_status keep_ids(int ** dst, int * n_dst, const int * ids, int n) {
@@ -530,16 +627,18 @@ ferry_status ferry_gallocr_alloc_graph(ferry_gallocr * g, ferry_graph * graph) {
 
 ferry_status ferry_gallocr_place_reserved(ferry_gallocr * g) {
     FERRY_CHECK_ARG(g, "gallocr_place_reserved: NULL allocator");
+    const tensor_plan * plan = plan_of(&g->plan);
+    const ferry_tensor ** tensors = g->plan_tensors.items;
     for (int s = 0; s < g->n_plan; s++) {
-        const tensor_plan * p = &g->plan[s];
+        const tensor_plan * p = &plan[s];
         if (p->chunk >= 0) {
-            FERRY_TRY(ferry_buffer_place_tensor(*chunk_slot(g, p->buft, p->chunk), (ferry_tensor *) g->plan_tensors[s],
+            FERRY_TRY(ferry_buffer_place_tensor(*chunk_slot(g, p->buft, p->chunk), (ferry_tensor *) tensors[s],
                                                 p->offset));
         }
     }
     for (int s = 0; s < g->n_plan; s++) {
-        if (g->plan_tensors[s]->view_src) {
-            ferry_tensor_data(g->plan_tensors[s]); /* views follow their source */
+        if (tensors[s]->view_src) {
+            ferry_tensor_data(tensors[s]); /* views follow their source */
         }
     }
     return FERRY_OK;
@@ -569,12 +668,14 @@ ferry_buffer * ferry_gallocr_chunk_buffer(const ferry_gallocr * g, int buft_id, 
 ferry_status ferry_gallocr_tensor_placement(const ferry_gallocr * g, const ferry_tensor * t, int * buft_id,
                                             int * chunk, size_t * offset, size_t * size) {
     FERRY_CHECK_ARG(g && t, "gallocr_tensor_placement: NULL allocator or tensor");
+    const tensor_plan * plan = plan_of(&g->plan);
+    const ferry_tensor ** tensors = g->plan_tensors.items;
     for (int s = 0; s < g->n_plan; s++) {
-        if (g->plan_tensors[s] == t && g->plan[s].chunk >= 0) {
-            if (buft_id) *buft_id = g->plan[s].buft;
-            if (chunk) *chunk = g->plan[s].chunk;
-            if (offset) *offset = g->plan[s].offset;
-            if (size) *size = g->plan[s].size;
+        if (tensors[s] == t && plan[s].chunk >= 0) {
+            if (buft_id) *buft_id = plan[s].buft;
+            if (chunk) *chunk = plan[s].chunk;
+            if (offset) *offset = plan[s].offset;
+            if (size) *size = plan[s].size;
             return FERRY_OK;
         }
     }

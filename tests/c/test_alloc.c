@@ -681,6 +681,48 @@ static void sc_random_graphs_no_overlap(fx * f) {
 }
 SCENARIO(random_graphs_no_overlap, 32, 0)
 
+/* Graphs where the two ways differ and the second needs less: the first chose between
+ * equally good blocks (seeds 261, 288) or worked in place through a view (25, 192).
+ * The sizes are the smaller way's (each at most ggml-alloc's, tools/alloc_compare).
+ * Walked again, in the memory the first call left, the plan is the same. */
+static void sc_random_graphs_smaller_way(fx * f) {
+    static rg_graph rg;
+    static const struct {
+        uint64_t seed;
+        size_t size;
+    } cases[] = {{261, 374176}, {288, 8064}, {25, 25440}, {192, 9248}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        ferry_gallocr * ga;
+        ferry_tensor * t[RG_MAX];
+        ferry_graph_clear(f->g);
+        CHECK_OK(random_graph(f, cases[k].seed, f->ctx, f->g, t, NULL, &rg));
+        CHECK_OK(ferry_gallocr_new(ferry_backend_default_buffer_type(f->be), &ga));
+        CHECK_OK(ferry_gallocr_alloc_graph(ga, f->g));
+        if (ferry_gallocr_buffer_size(ga, 0) != cases[k].size) {
+            fprintf(stderr, "seed %llu: %zu bytes\n", (unsigned long long) cases[k].seed,
+                    ferry_gallocr_buffer_size(ga, 0));
+        }
+        CHECK_EQ_U(ferry_gallocr_buffer_size(ga, 0), cases[k].size);
+        size_t offset[RG_MAX];
+        for (int i = 0; i < rg.n; i++) {
+            offset[i] = SIZE_MAX;
+            ferry_gallocr_tensor_placement(ga, t[i], NULL, NULL, &offset[i], NULL);
+        }
+        ferry_clear_error();
+        CHECK_OK(ferry_gallocr_reserve(ga, f->g, NULL, NULL));
+        CHECK_OK(ferry_gallocr_alloc_graph(ga, f->g));
+        for (int i = 0; i < rg.n; i++) {
+            size_t again = SIZE_MAX;
+            ferry_gallocr_tensor_placement(ga, t[i], NULL, NULL, &again, NULL);
+            CHECK_EQ_U(again, offset[i]);
+        }
+        ferry_clear_error();
+        CHECK_EQ_U(ferry_gallocr_buffer_size(ga, 0), cases[k].size);
+        ferry_gallocr_free(ga);
+    }
+}
+SCENARIO(random_graphs_smaller_way, 32, 0)
+
 static const check_test tests[] = {
     {"too_many_tensors_for_one_chunk", test_too_many_tensors_for_one_chunk},
     {"tensor_too_large_for_space_left", test_tensor_too_large_for_space_left},
@@ -701,6 +743,7 @@ static const check_test tests[] = {
     {"in_place_over_view", test_in_place_over_view},
     {"copies_placed_at_their_node", test_copies_placed_at_their_node},
     {"random_graphs_no_overlap", test_random_graphs_no_overlap},
+    {"random_graphs_smaller_way", test_random_graphs_smaller_way},
 };
 
 CHECK_MAIN(tests)

@@ -10,6 +10,14 @@
  * intersect share a byte. At the end: how many graphs, where ferry is the same, larger,
  * smaller, and ferry/ggml's median, p90, max and geometric mean.
  *
+ * It also times each library's reserve of each graph (ferry_gallocr_reserve,
+ * ggml_gallocr_reserve), on an allocator that has reserved that graph once already, as
+ * a caller that reserves every step does: -r times each (default 9), the libraries
+ * taking turns and which goes first alternating, so that a slow moment of the machine
+ * falls on both; each graph's fastest time is summed per library, and the ratio given.
+ * The first, untimed reserve is where each makes its buffer (ggml of real memory, ferry
+ * of synthetic addresses here), so it is left out of both.
+ *
  * Not built by meson, never by CI: it needs a ggml checkout and build, given by path.
  *
  *   git clone https://github.com/ggml-org/ggml /tmp/ggml-src   # or any checkout
@@ -17,10 +25,11 @@
  *         -DBUILD_SHARED_LIBS=ON && cmake --build /tmp/ggml-build --target ggml-base
  *   meson setup build/test && ninja -C build/test                # libferry_internal.a
  *   tools/alloc_compare/build /tmp/ggml-src /tmp/ggml-build build/test   # -> build/alloc_compare
- *   build/alloc_compare [-n GRAPHS] [-s FIRST_SEED] [-v] [-d SEED]
+ *   build/alloc_compare [-n GRAPHS] [-s FIRST_SEED] [-r REPS] [-v] [-d SEED]
  *
  * -v prints one line per graph: seed, nodes, leafs, ferry, ggml, ferry with inputs kept
- * (bytes), ferry/ggml, overlaps in ferry's and in ggml's placement. -d SEED prints where
+ * (bytes), ferry/ggml, overlaps in ferry's and in ggml's placement, and each library's
+ * fastest reserve (ns). -d SEED prints where
  * each library put each tensor of that seed's graph, and its lifetime.
  * Exit status: 0, or 1 when either library placed two live tensors over each other.
  */
@@ -31,6 +40,7 @@
 #include "ggml.h"
 
 #include <math.h>
+#include <time.h>
 
 static bool dump; /* -d: print each placement */
 
@@ -126,9 +136,9 @@ static struct ggml_tensor * ggml_build(struct ggml_context * ctx, const rg_tenso
     return NULL;
 }
 
-/* ggml's buffer for the graph; node_order[i]: the recipe index of ggml's node i (to
- * compare with ferry's order). */
-static size_t ggml_size(const rg_graph * rg, int * overlaps, int * node_order, int * n_nodes) {
+/* The recipe's graph in ggml, in ctx (which the caller frees); t: its tensors by recipe index. */
+static struct ggml_cgraph * ggml_build_graph(const rg_graph * rg, struct ggml_context ** ctx_out,
+                                             struct ggml_tensor ** t) {
     struct ggml_init_params params = {
         .mem_size = ggml_tensor_overhead() * (RG_MAX + 8) + ggml_graph_overhead(),
         .mem_buffer = NULL,
@@ -136,7 +146,6 @@ static size_t ggml_size(const rg_graph * rg, int * overlaps, int * node_order, i
     };
     struct ggml_context * ctx = ggml_init(params);
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
-    struct ggml_tensor * t[RG_MAX];
     for (int i = 0; i < rg->n; i++) {
         const rg_tensor * r = &rg->t[i];
         t[i] = ggml_build(ctx, r, r->a >= 0 ? t[r->a] : NULL, r->b >= 0 ? t[r->b] : NULL);
@@ -153,6 +162,16 @@ static size_t ggml_size(const rg_graph * rg, int * overlaps, int * node_order, i
         }
         ggml_build_forward_expand(gf, t[i]);
     }
+    *ctx_out = ctx;
+    return gf;
+}
+
+/* ggml's buffer for the graph; node_order[i]: the recipe index of ggml's node i (to
+ * compare with ferry's order). */
+static size_t ggml_size(const rg_graph * rg, int * overlaps, int * node_order, int * n_nodes) {
+    struct ggml_context * ctx;
+    struct ggml_tensor * t[RG_MAX];
+    struct ggml_cgraph * gf = ggml_build_graph(rg, &ctx, t);
     ggml_gallocr_t galloc = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
     if (!ggml_gallocr_alloc_graph(galloc, gf)) {
         fprintf(stderr, "ggml: ggml_gallocr_alloc_graph failed\n");
@@ -162,11 +181,11 @@ static size_t ggml_size(const rg_graph * rg, int * overlaps, int * node_order, i
     *n_nodes = ggml_graph_n_nodes(gf);
     lt_tensor * lt = calloc((size_t) rg->n, sizeof(*lt));
     for (int i = 0; i < rg->n; i++) {
-        lt[i].step = -1;
+        lt[i].node = -1;
     }
     for (int k = 0; k < *n_nodes; k++) {
         node_order[k] = index_of(t, rg->n, ggml_graph_node(gf, k));
-        lt[node_order[k]].step = k;
+        lt[node_order[k]].node = k;
     }
     for (int i = 0; i < rg->n; i++) {
         const struct ggml_tensor * x = t[i];
@@ -196,6 +215,63 @@ static size_t ggml_size(const rg_graph * rg, int * overlaps, int * node_order, i
     return size;
 }
 
+/* ---------------------------------------------------------------- reserve time */
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec * 1e9 + (double) ts.tv_nsec;
+}
+
+/* The fastest of reps reserves of the graph by each library, each on an allocator of
+ * its own that has reserved it once already (the steady state of a caller that
+ * reserves every step; the first call's buffers are not timed). The libraries take
+ * turns, and which goes first alternates, so a slow moment of the machine falls on
+ * both. */
+static void reserve_times(const rg_graph * rg, ferry_backend * be, int reps, double * ferry_ns, double * ggml_ns) {
+    ferry_context * fctx = NULL;
+    ferry_graph * fgraph = NULL;
+    ferry_gallocr * fa = NULL;
+    ferry_tensor * ft[RG_MAX];
+    if (ferry_context_new(&fctx) != FERRY_OK || ferry_graph_new(&fgraph) != FERRY_OK ||
+        rg_build_ferry(rg, fctx, fgraph, ft) != FERRY_OK ||
+        ferry_gallocr_new(ferry_backend_default_buffer_type(be), &fa) != FERRY_OK ||
+        ferry_gallocr_reserve(fa, fgraph, NULL, NULL) != FERRY_OK) {
+        fprintf(stderr, "ferry: %s\n", ferry_last_error());
+        exit(2);
+    }
+    struct ggml_context * gctx;
+    struct ggml_tensor * gt[RG_MAX];
+    struct ggml_cgraph * gf = ggml_build_graph(rg, &gctx, gt);
+    ggml_gallocr_t ga = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
+    if (!ggml_gallocr_reserve(ga, gf)) {
+        fprintf(stderr, "ggml: ggml_gallocr_reserve failed\n");
+        exit(2);
+    }
+    *ferry_ns = *ggml_ns = INFINITY;
+    for (int r = 0; r < reps; r++) {
+        for (int k = 0; k < 2; k++) {
+            const bool ferry_turn = (k == 0) == (r % 2 == 0);
+            const double t0 = now_ns();
+            const bool ok = ferry_turn ? ferry_gallocr_reserve(fa, fgraph, NULL, NULL) == FERRY_OK
+                                       : ggml_gallocr_reserve(ga, gf);
+            const double dt = now_ns() - t0;
+            if (!ok) {
+                fprintf(stderr, "%s: reserve failed: %s\n", ferry_turn ? "ferry" : "ggml",
+                        ferry_turn ? ferry_last_error() : "");
+                exit(2);
+            }
+            double * best = ferry_turn ? ferry_ns : ggml_ns;
+            *best = dt < *best ? dt : *best;
+        }
+    }
+    ggml_gallocr_free(ga);
+    ggml_free(gctx);
+    ferry_gallocr_free(fa);
+    ferry_graph_free(fgraph);
+    ferry_context_free(fctx);
+}
+
 /* ---------------------------------------------------------------- the run */
 
 static int cmp_double(const void * a, const void * b) {
@@ -213,12 +289,15 @@ static void quiet(enum ggml_log_level level, const char * text, void * user) {
 int main(int argc, char ** argv) {
     int n_graphs = 2000;
     uint64_t first = 1;
+    int reps = 9;
     bool verbose = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-n") && i + 1 < argc) {
             n_graphs = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
             first = strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "-r") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-v")) {
             verbose = true;
         } else if (!strcmp(argv[i], "-d") && i + 1 < argc) {
@@ -226,12 +305,12 @@ int main(int argc, char ** argv) {
             first = strtoull(argv[++i], NULL, 10);
             n_graphs = 1;
         } else {
-            fprintf(stderr, "usage: %s [-n GRAPHS] [-s FIRST_SEED] [-v] [-d SEED]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-n GRAPHS] [-s FIRST_SEED] [-r REPS] [-v] [-d SEED]\n", argv[0]);
             return 2;
         }
     }
-    if (n_graphs < 1) {
-        fprintf(stderr, "alloc_compare: -n must be at least 1\n");
+    if (n_graphs < 1 || reps < 1) {
+        fprintf(stderr, "alloc_compare: -n and -r must be at least 1\n");
         return 2;
     }
     ggml_log_set(quiet, NULL);
@@ -247,9 +326,9 @@ int main(int argc, char ** argv) {
     double * ratio = malloc((size_t) n_graphs * sizeof(*ratio));
     static rg_graph rg;
     int same = 0, larger = 0, smaller = 0, ferry_overlaps = 0, ggml_overlaps = 0, order_differs = 0;
-    double log_sum = 0, log_sum_keep = 0;
+    double log_sum = 0, log_sum_keep = 0, ferry_time = 0, ggml_time = 0;
     if (verbose) {
-        printf("seed\tnodes\tleafs\tferry\tggml\tferry_keep\tratio\tferry_overlaps\tggml_overlaps\n");
+        printf("seed\tnodes\tleafs\tferry\tggml\tferry_keep\tratio\tferry_overlaps\tggml_overlaps\tferry_ns\tggml_ns\n");
     }
     for (int g = 0; g < n_graphs; g++) {
         const uint64_t seed = first + (uint64_t) g;
@@ -262,6 +341,10 @@ int main(int argc, char ** argv) {
         r.ferry_overlaps += keep_overlaps;
         r.ggml = ggml_size(&rg, &r.ggml_overlaps, order, &r.n_nodes);
         r.n_leafs = rg.n - rg.n_nodes;
+        double ferry_ns, ggml_ns;
+        reserve_times(&rg, be, reps, &ferry_ns, &ggml_ns);
+        ferry_time += ferry_ns;
+        ggml_time += ggml_ns;
         /* ferry's node order is the recipe's order less the leafs */
         for (int i = 0, k = 0; i < rg.n; i++) {
             if (rg.t[i].op != RG_LEAF && (k >= r.n_nodes || order[k++] != i)) {
@@ -278,8 +361,9 @@ int main(int argc, char ** argv) {
         ferry_overlaps += r.ferry_overlaps;
         ggml_overlaps += r.ggml_overlaps;
         if (verbose) {
-            printf("%llu\t%d\t%d\t%zu\t%zu\t%zu\t%.4f\t%d\t%d\n", (unsigned long long) seed, r.n_nodes, r.n_leafs,
-                   r.ferry, r.ggml, r.ferry_keep, ratio[g], r.ferry_overlaps, r.ggml_overlaps);
+            printf("%llu\t%d\t%d\t%zu\t%zu\t%zu\t%.4f\t%d\t%d\t%.0f\t%.0f\n", (unsigned long long) seed, r.n_nodes,
+                   r.n_leafs, r.ferry, r.ggml, r.ferry_keep, ratio[g], r.ferry_overlaps, r.ggml_overlaps, ferry_ns,
+                   ggml_ns);
         }
     }
     qsort(ratio, (size_t) n_graphs, sizeof(*ratio), cmp_double);
@@ -293,6 +377,8 @@ int main(int argc, char ** argv) {
     printf("ferry with inputs kept / ggml: geometric mean %.4f\n", exp(log_sum_keep / n_graphs));
     printf("overlapping live tensors: ferry %d, ggml %d\n", ferry_overlaps, ggml_overlaps);
     printf("graphs whose node order differs between the libraries: %d\n", order_differs);
+    printf("reserve time (each graph's fastest of %d, summed): ferry %.3f ms, ggml %.3f ms, ferry/ggml %.3f\n", reps,
+           ferry_time / 1e6, ggml_time / 1e6, ferry_time / ggml_time);
     free(ratio);
     ferry_backend_free(be);
     return ferry_overlaps || ggml_overlaps ? 1 : 0;
