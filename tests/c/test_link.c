@@ -366,7 +366,7 @@ static double fastest_add(double slowdown) {
 
 /* A compute slowdown F holds each compute to at least F times the host's own time for it. The
  * host's time inside a slowed run is not seen from here: the fastest unslowed run stands for it,
- * with a margin for a host that runs the same add faster once. Lower bound only. */
+ * with a margin for a busy host (F = 3 must show at least 2x). Lower bound only. */
 static void test_compute_slowdown(void) {
     ferry_standin_params p;
     ferry_backend * device = NULL;
@@ -378,7 +378,7 @@ static void test_compute_slowdown(void) {
     const double host = fastest_add(0), one = fastest_add(1), slowed = fastest_add(3);
     printf("add of 4 Mi f32: host %.3f ms, slowdown 1 %.3f ms, slowdown 3 %.3f ms\n", 1e3 * host, 1e3 * one,
            1e3 * slowed);
-    CHECK(slowed >= 0.8 * 3 * (host < one ? host : one));
+    CHECK(slowed >= 2 * (host < one ? host : one));
 }
 
 #ifdef FERRY_HAVE_CUDA_TESTS
