@@ -218,6 +218,30 @@ class ResidencyPlan:
         return [i for i, r in enumerate(self.resident)
                 if r and (device is None or self.layer_device[i] == device)]
 
+    def as_dict(self, npl: int = 1) -> Dict[str, object]:
+        """The plan as data (what a --json output prints): per device its resident layers and
+        predicted memory, beside the step time and tokens/s for npl sequences.
+
+        Parameters
+        ----------
+        npl : int, optional
+            Sequences decoded together, for tokens_per_second.
+
+        Returns
+        -------
+        dict
+        """
+        pred = self.prediction
+        return {
+            "strategy": self.strategy, "prefetch": self.prefetch, "step_seconds": pred.step_seconds,
+            "tokens_per_second": self.tokens_per_second(npl), "npl": npl, "exact": self.exact,
+            "bound": None if math.isinf(self.bound) else self.bound,
+            "devices": [{"resident_layers": self.resident_layers(d), "memory": pred.memory[d],
+                         "resident_bytes": pred.resident_bytes[d], "window_bytes": pred.window_bytes[d],
+                         "copy_seconds": pred.copy_seconds[d], "budget": self.budgets[d]}
+                        for d in range(len(self.budgets))],
+        }
+
     def placement(self, backends: Sequence[object]) -> List[Optional[object]]:
         """The plan as KVCache(placement=...) takes it: per layer its device's backend, or None.
 

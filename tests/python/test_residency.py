@@ -321,6 +321,11 @@ def test_plan_object() -> None:
     assert plan.placement(["a", "b"]) == [("a" if plan.resident[i] else None) if i < 2 else
                                           ("b" if plan.resident[i] else None) for i in range(4)]
     assert plan.budgets == (64 * MIB, 64 * MIB)
+    data = plan.as_dict(4)
+    assert data["tokens_per_second"] == plan.tokens_per_second(4) and data["exact"] is True
+    assert [d["resident_layers"] for d in data["devices"]] == [plan.resident_layers(0), plan.resident_layers(1)]
+    assert [d["memory"] for d in data["devices"]] == list(plan.memory)
+    assert plan_first(layers, devices).as_dict()["bound"] is None
     with pytest.raises(ferry.InvalidArgumentError):
         plan.tokens_per_second(0)
 
