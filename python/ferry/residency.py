@@ -44,7 +44,7 @@ STRATEGIES = ("auto", "first", "round-robin", "slowest-link")
 LINK_GROUP_TOLERANCE = 0.15
 
 #: The planner's exact search stops after this many evaluated placements and keeps its best.
-DEFAULT_SEARCH_LIMIT = 200_000
+DEFAULT_SEARCH_LIMIT = 20_000
 
 #: The serial planner enumerates at most this many count vectors per device (prod(n_kind + 1)).
 KIND_LIMIT = 1_000_000
@@ -733,6 +733,34 @@ def _greedy(p: _Problem) -> List[bool]:
         t = _step_time(p, host)
 
 
+def _local_search(p: _Problem, host: List[bool], passes: int = 20) -> List[bool]:
+    """Improve a fitting placement by single moves while one lowers the step time: a layer made
+    resident, or a resident layer and a host layer of the same device exchanged."""
+    host = list(host)
+    t = _step_time(p, host)
+    for _ in range(passes):
+        improved = False
+        moves = [(j, None) for j in range(len(host)) if host[j]]
+        moves += [(j, i) for i in range(len(host)) if not host[i] for j in range(len(host))
+                  if host[j] and p.dev[j] == p.dev[i]]
+        for j, i in moves:
+            if not host[j] or (i is not None and host[i]):
+                continue  # an earlier move of this pass changed them
+            host[j] = False
+            if i is not None:
+                host[i] = True
+            t_new = _step_time(p, host) if _fits(p, host) else math.inf
+            if t_new < t * (1 - 1e-12):
+                t, improved = t_new, True
+            else:
+                host[j] = True
+                if i is not None:
+                    host[i] = False
+        if not improved:
+            break
+    return host
+
+
 def _branch_and_bound(p: _Problem, incumbent: List[bool], limit: int) -> Tuple[List[bool], bool]:
     """The model's optimum by a search over layers in order, each resident or not.
 
@@ -831,7 +859,7 @@ def plan_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
         except PlanDoesNotFitError:
             pass
     feasible = [s for s in seeds if _fits(p, s)]
-    incumbent = min(feasible, key=lambda s: _step_time(p, s))
+    incumbent = _local_search(p, min(feasible, key=lambda s: _step_time(p, s)))
     host, exact = _branch_and_bound(p, incumbent, search_limit)
     _refuse_empty(p, host)
     bound = 1.0 if exact else (1.0 + len(p.devices) if conservative is not None else math.inf)
