@@ -71,6 +71,24 @@ from .plan import (
 )
 from .policy import CopyPolicy
 from .quant import dequantize, pack_blocks, quantize
+from .residency import (
+    STRATEGIES,
+    DeviceSpec,
+    LayerCost,
+    PlanDoesNotFitError,
+    ResidencyPlan,
+    StepPrediction,
+    device_from_backend,
+    layers_from_geometry,
+    link_groups,
+    measure_compute,
+    plan_auto,
+    plan_first,
+    plan_residency,
+    plan_round_robin,
+    plan_slowest_link,
+    predict_step,
+)
 from .sched import Input, Scheduler, Split
 from .stats import KINDS, CopyStats, LinkStats, MemoryInfo, SchedStats, Stats
 from .step import StepGraph, StepOutputs, attention_step, layer_split, step_graph
@@ -103,6 +121,7 @@ __all__ = [
     # errors
     "FerryError", "InvalidArgumentError", "OutOfBoundsError", "NotAllocatedError", "LayoutError",
     "UnknownTypeError", "FreedBufferError", "OutOfMemoryError", "UnsupportedError", "BackendError",
+    "PlanDoesNotFitError",
     # element types and values
     "Type", "to_type", "row_size", "numpy_dtype", "type_from_dtype", "quantize", "dequantize", "pack_blocks",
     # counters
@@ -123,6 +142,10 @@ __all__ = [
     # the scheduler, the KV cache and a decode step
     "Scheduler", "Split", "Input", "KVCache", "KVParams", "KVWindows", "StepGraph", "StepOutputs",
     "attention_step", "layer_split", "step_graph",
+    # where each layer's KV lives: the step's cost model, the planner and the named rules
+    "LayerCost", "DeviceSpec", "StepPrediction", "ResidencyPlan", "STRATEGIES", "predict_step", "plan_residency",
+    "plan_auto", "plan_first", "plan_round_robin", "plan_slowest_link", "link_groups", "layers_from_geometry",
+    "device_from_backend", "measure_compute",
     # numpy, PyTorch and CuPy without copies
     "from_array", "ForeignBuffer", "TensorBytes",
 ]

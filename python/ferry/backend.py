@@ -377,8 +377,10 @@ class StandinBackend(Backend):
     no sooner than latency + bytes / bandwidth after the link was free for it, each direction
     one link; and an allocation past its memory raises OutOfMemoryError naming the device, the
     bytes asked and the bytes free. A link faster than the host can copy is not reached:
-    link_stats counts such transfers late. Without arguments it copies at memcpy's speed with
-    the host's memory.
+    link_stats counts such transfers late. A compute slowdown F stands in for a device that
+    computes more slowly than this host: each of its computes completes no sooner than F times
+    the host's own time for it. Without arguments it copies at memcpy's speed with the host's
+    memory and computes at the host's speed.
 
     Parameters
     ----------
@@ -389,6 +391,8 @@ class StandinBackend(Backend):
         Microseconds added to every transfer, 0 to 1e6.
     memory : int, optional
         Bytes the device has, counted as each buffer asks; None or 0: unlimited.
+    compute_slowdown : float, optional
+        Its compute takes at least this times the host's time, 1 to 1e6; None or 1: the host's.
 
     Raises
     ------
@@ -397,12 +401,14 @@ class StandinBackend(Backend):
     """
 
     def __init__(self, link_gbps: Optional[float] = None, latency_us: float = 0.0,
-                 memory: Optional[int] = None) -> None:
+                 memory: Optional[int] = None, compute_slowdown: Optional[float] = None) -> None:
         params = ffi.new("ferry_standin_params *")
         params[0] = lib.ferry_standin_default_params()
         params.link_gbps = 0.0 if link_gbps is None else _checks.as_double(link_gbps, "StandinBackend: link_gbps")
         params.latency_us = _checks.as_double(latency_us, "StandinBackend: latency_us")
         params.memory = 0 if memory is None else _checks.as_size(memory, "StandinBackend: memory")
+        params.compute_slowdown = 0.0 if compute_slowdown is None else _checks.as_double(
+            compute_slowdown, "StandinBackend: compute_slowdown")
         out = ffi.new("ferry_backend **")
         check(lib.ferry_standin_backend_new_params(params, out))
         super().__init__(out[0])
@@ -422,6 +428,11 @@ class StandinBackend(Backend):
     def latency_us(self) -> float:
         """Microseconds the link adds to every transfer."""
         return float(self._params().latency_us)
+
+    @property
+    def compute_slowdown(self) -> float:
+        """How many times the host's time its compute takes at least (1: the host's speed)."""
+        return max(1.0, float(self._params().compute_slowdown))
 
     @property
     def memory_size(self) -> Optional[int]:

@@ -316,13 +316,69 @@ static void test_params_refused(void) {
     for (size_t i = 0; i < sizeof(bad_latency) / sizeof(bad_latency[0]); i++) {
         CHECK_FAILS(standin(1, bad_latency[i], 0, &device), FERRY_ERR_INVALID_ARG);
     }
+    const double bad_slowdown[] = {-1, 0.5, 0.999, 2e6, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof(bad_slowdown) / sizeof(bad_slowdown[0]); i++) {
+        const ferry_standin_params sp = {.compute_slowdown = bad_slowdown[i]};
+        CHECK_FAILS(ferry_standin_backend_new_params(&sp, &device), FERRY_ERR_INVALID_ARG);
+    }
     CHECK_FAILS(ferry_standin_backend_new_params(NULL, NULL), FERRY_ERR_INVALID_ARG);
     CHECK(device == NULL);
     CHECK_OK(ferry_standin_backend_new_params(NULL, &device)); /* NULL params: the defaults */
     ferry_standin_params p;
     CHECK_OK(ferry_standin_get_link(device, &p, NULL));
-    CHECK(p.link_gbps == 0 && p.latency_us == 0 && p.memory == 0);
+    CHECK(p.link_gbps == 0 && p.latency_us == 0 && p.memory == 0 && p.compute_slowdown == 0);
     ferry_backend_free(device);
+}
+
+/* The fastest of RUNS computes of a + b (4 Mi f32 each) on a stand-in with a compute slowdown. */
+static double fastest_add(double slowdown) {
+    const ferry_standin_params p = {.compute_slowdown = slowdown};
+    ferry_backend * device = NULL;
+    CHECK_OK(ferry_standin_backend_new_params(&p, &device));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *a, *b, *sum;
+    ferry_buffer *ba, *bb, *bs;
+    CHECK_OK(byte_tensor(device, ctx, 16 * MIB, &a, &ba));
+    CHECK_OK(byte_tensor(device, ctx, 16 * MIB, &b, &bb));
+    CHECK_OK(ferry_add(ctx, a, b, &sum));
+    CHECK_OK(ferry_backend_alloc_buffer(device, 16 * MIB, &bs));
+    CHECK_OK(ferry_buffer_place_tensor(bs, sum, 0));
+    ferry_graph * graph;
+    CHECK_OK(ferry_graph_new(&graph));
+    CHECK_OK(ferry_graph_build(graph, sum));
+    double best = INFINITY;
+    for (int i = 0; i < 5; i++) {
+        const double t0 = now();
+        CHECK_OK(ferry_backend_graph_compute(device, graph));
+        CHECK_OK(ferry_backend_synchronize(device));
+        const double took = now() - t0;
+        best = took < best ? took : best;
+    }
+    ferry_graph_free(graph);
+    ferry_buffer_free(bs);
+    ferry_buffer_free(bb);
+    ferry_buffer_free(ba);
+    ferry_context_free(ctx);
+    ferry_backend_free(device);
+    return best;
+}
+
+/* A compute slowdown F holds each compute to at least F times the host's own time for it. The
+ * host's time inside a slowed run is not seen from here: the fastest unslowed run stands for it,
+ * with a margin for a busy host (F = 3 must show at least 2x). Lower bound only. */
+static void test_compute_slowdown(void) {
+    ferry_standin_params p;
+    ferry_backend * device = NULL;
+    const ferry_standin_params sp = {.compute_slowdown = 3};
+    CHECK_OK(ferry_standin_backend_new_params(&sp, &device));
+    CHECK_OK(ferry_standin_get_link(device, &p, NULL));
+    CHECK(p.compute_slowdown == 3);
+    ferry_backend_free(device);
+    const double host = fastest_add(0), one = fastest_add(1), slowed = fastest_add(3);
+    printf("add of 4 Mi f32: host %.3f ms, slowdown 1 %.3f ms, slowdown 3 %.3f ms\n", 1e3 * host, 1e3 * one,
+           1e3 * slowed);
+    CHECK(slowed >= 2 * (host < one ? host : one));
 }
 
 #ifdef FERRY_HAVE_CUDA_TESTS
@@ -364,6 +420,7 @@ static const check_test tests[] = {
     {"standin_memory", test_standin_memory},
     {"backend_memory", test_backend_memory},
     {"params_refused", test_params_refused},
+    {"compute_slowdown", test_compute_slowdown},
 #ifdef FERRY_HAVE_CUDA_TESTS
     {"cuda_memory", test_cuda_memory},
 #endif

@@ -176,13 +176,16 @@ FERRY_API ferry_status ferry_standin_backend_new(ferry_backend ** out);
  * sooner than a link of that speed would let it; each direction is one link, taken by one
  * transfer at a time, as a copy engine is. Allocations past memory fail with
  * FERRY_ERR_OUT_OF_MEMORY naming the device, the bytes asked and the bytes free; freeing a
- * buffer returns its bytes. All zeros (ferry_standin_default_params) is
- * ferry_standin_backend_new: copies at memcpy's speed, memory unlimited.
+ * buffer returns its bytes. A compute slowdown F stands in for a device that computes more
+ * slowly than this host: each graph compute completes no sooner than F times the host's own
+ * time for it. All zeros (ferry_standin_default_params) is ferry_standin_backend_new: copies at
+ * memcpy's speed, memory unlimited, compute at the host's speed.
  */
 typedef struct {
     double link_gbps;  /* GB/s, 1e9 bytes a second, each way; 0: unlimited. Else 1e-3 to 1e6 */
     double latency_us; /* added to every transfer; 0 to 1e6 */
     size_t memory;     /* bytes the device has, counted as asked by each buffer; 0: unlimited */
+    double compute_slowdown; /* compute takes at least this times the host's time; 0 or 1: as the host. 1 to 1e6 */
 } ferry_standin_params;
 
 /*
@@ -203,7 +206,7 @@ typedef struct {
 } ferry_link_stats;
 
 FERRY_API ferry_standin_params ferry_standin_default_params(void);
-/* INVALID_ARG for a bandwidth or latency out of range (or not a number). */
+/* INVALID_ARG for a bandwidth, latency or compute slowdown out of range (or not a number). */
 FERRY_API ferry_status ferry_standin_backend_new_params(const ferry_standin_params * params, ferry_backend ** out);
 /* The stand-in's parameters and its link's counters (either output may be NULL);
  * INVALID_ARG for a backend that is not a stand-in device. */

@@ -19,7 +19,7 @@
 #define SLEEP_ABOVE_SECONDS 6e-3
 #define WAKE_BEFORE_SECONDS 5e-3
 
-static void wait_until(double t) {
+void ferry_link_wait_until(double t) {
     for (;;) {
         const double left = t - ferry_now_seconds();
         if (left <= 0) {
@@ -77,7 +77,7 @@ void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes) {
         link->stats.late_seconds += copied - slot->end;
     }
     pthread_mutex_unlock(&link->lock);
-    wait_until(slot->end);
+    ferry_link_wait_until(slot->end);
 }
 
 ferry_link_stats ferry_link_get_stats(ferry_link * link) {

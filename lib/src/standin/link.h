@@ -30,6 +30,8 @@ void ferry_link_destroy(ferry_link * link);
  * waits for the modelled end. Without a model both do nothing. */
 link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes);
 void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes);
+/* Hold the calling thread until time t (ferry_now_seconds), as a transfer's hold does. */
+void ferry_link_wait_until(double t);
 ferry_link_stats ferry_link_get_stats(ferry_link * link);
 void ferry_link_reset_stats(ferry_link * link);
 

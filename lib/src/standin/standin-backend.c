@@ -167,9 +167,17 @@ static bool standin_supports_op(ferry_backend * backend, const ferry_tensor * op
     return ferry_backend_supports_op(ctx_of(backend)->inner, op);
 }
 
+/* With a slowdown F the compute is held, as a transfer is, until F times its own time after it
+ * began: a slower device's compute, of which copies queued meanwhile see the whole length. */
 static ferry_status standin_graph_compute(ferry_backend * backend, ferry_graph * graph) {
-    ferry_backend * inner = ctx_of(backend)->inner;
-    return inner->iface.graph_compute(inner, graph);
+    standin_ctx * s = ctx_of(backend);
+    const double slowdown = s->params.compute_slowdown;
+    const double t0 = slowdown > 1 ? ferry_now_seconds() : 0;
+    const ferry_status st = s->inner->iface.graph_compute(s->inner, graph);
+    if (st == FERRY_OK && slowdown > 1) {
+        ferry_link_wait_until(t0 + slowdown * (ferry_now_seconds() - t0));
+    }
+    return st;
 }
 
 static ferry_status standin_copy_queue_new(ferry_backend * backend, ferry_backend ** out) {
@@ -191,7 +199,7 @@ static ferry_status standin_get_memory(ferry_backend * backend, size_t * free_by
 }
 
 ferry_standin_params ferry_standin_default_params(void) {
-    return (ferry_standin_params) {.link_gbps = 0, .latency_us = 0, .memory = 0};
+    return (ferry_standin_params) {.link_gbps = 0, .latency_us = 0, .memory = 0, .compute_slowdown = 0};
 }
 
 ferry_status ferry_standin_backend_new_params(const ferry_standin_params * params, ferry_backend ** out) {
@@ -205,6 +213,10 @@ ferry_status ferry_standin_backend_new_params(const ferry_standin_params * param
     if (!(p.latency_us >= 0 && p.latency_us <= 1e6)) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: latency_us %g is not between 0 and 1e6",
                           p.latency_us);
+    }
+    if (!(p.compute_slowdown == 0 || (p.compute_slowdown >= 1 && p.compute_slowdown <= 1e6))) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: compute_slowdown %g is not 0 (the host's "
+                          "speed) or between 1 and 1e6", p.compute_slowdown);
     }
     standin_ctx * s = ferry_calloc(1, sizeof(*s));
     if (!s) {

@@ -1,0 +1,368 @@
+"""The residency cost model, the planner and the named rules (ferry.residency), and the stand-in's
+compute slowdown.
+
+The planner's claim is checked by enumeration: on every configuration of a grid (fixed seeds; up
+to 12 layers on 2 devices; links, latencies, budgets, sliding and full layers, prefetch 0/1/2)
+its predicted step time is the least of all placements that fit, and every plan fits."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from typing import List, Optional, Sequence, Tuple
+
+import pytest
+
+import ferry
+from ferry import residency
+from ferry.residency import (
+    DeviceSpec,
+    LayerCost,
+    PlanDoesNotFitError,
+    link_groups,
+    plan_auto,
+    plan_first,
+    plan_residency,
+    plan_round_robin,
+    plan_slowest_link,
+    predict_step,
+)
+
+MIB = 1 << 20
+FULL = LayerCost((4 * MIB, 4 * MIB), 16 * MIB)         # a full-attention layer: its window half of what it holds
+SLIDING = LayerCost((1 * MIB, 1 * MIB), 2 * MIB + 4096)  # a sliding layer: it holds its window (and a cell)
+
+
+def _fits(plan: ferry.residency.ResidencyPlan, devices: Sequence[DeviceSpec]) -> bool:
+    return all(d.memory is None or m <= d.memory for m, d in zip(plan.memory, devices))
+
+
+def _enumerate(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], dev: Sequence[int],
+               prefetch: int, max_layers: Optional[int] = None) -> Tuple[Optional[float], List[Tuple[bool, ...]]]:
+    """The least step time of every placement that fits, and the placements that fit."""
+    best, fitting = None, []
+    problem = residency._problem(layers, devices, dev, prefetch)  # predict_step's own, checked once
+    for resident in itertools.product((False, True), repeat=len(layers)):
+        if max_layers is not None and sum(resident) > max_layers:
+            continue
+        host = [not r for r in resident]
+        held, windows = residency._memory(problem, host)
+        if all(d.memory is None or h + w + d.reserve <= d.memory for h, w, d in zip(held, windows, devices)):
+            fitting.append(resident)
+            t = residency._step_time(problem, host)
+            best = t if best is None else min(best, t)
+    return best, fitting
+
+
+def _grid() -> List[Tuple[List[LayerCost], List[DeviceSpec], List[int], int]]:
+    rng = random.Random(23)
+    configs = []
+    links = (0.33, 1.0, 2.45, 2.6)
+    for case in range(60):
+        n = rng.choice((1, 2, 3, 5, 8, 10, 12) if case % 4 else (12,))
+        layers = [rng.choice((FULL, FULL, SLIDING)) for _ in range(n)]
+        if case % 5 == 0:
+            layers = [FULL if i % 3 != 2 else SLIDING for i in range(n)]
+        if case % 7 == 0:  # layers of the same kind but more sizes: a bigger and a smaller full layer
+            layers = [rng.choice((FULL, SLIDING, LayerCost((6 * MIB, 6 * MIB), 24 * MIB))) for _ in range(n)]
+        copy_s = 8 * MIB / 1e9  # a full layer's copy at 1 GB/s
+        held = sum(layer.resident_bytes for layer in layers) // 2  # about a device's share
+        devices = []
+        for d in range(2):
+            link = rng.choice(links)
+            compute = rng.choice((0.1, 0.5, 1.0, 3.0)) * copy_s
+            memory = None if rng.random() < 0.1 else int(rng.uniform(0.05, 0.6) * held) + 24 * MIB
+            devices.append(DeviceSpec(link, rng.choice((0.0, 10.0, 200.0)), compute, memory,
+                                      rng.choice((0, MIB)), f"dev{d}"))
+        if n > 1 and case % 3 == 0:
+            dev = [rng.randrange(2) for _ in range(n)]  # any map, not only contiguous ranges
+        else:
+            dev = [i * 2 // n for i in range(n)]
+        configs.append((layers, devices, dev, case % 3))
+    return configs
+
+
+GRID = _grid()
+
+
+@pytest.mark.parametrize("case", range(len(GRID)))
+def test_planner_is_the_least_of_every_placement(case: int) -> None:
+    layers, devices, dev, prefetch = GRID[case]
+    best, fitting = _enumerate(layers, devices, dev, prefetch)
+    try:
+        plan = plan_auto(layers, devices, dev, prefetch)
+    except PlanDoesNotFitError:
+        # refused: nothing fits, or nothing but every layer in host memory
+        assert all(not any(r) for r in fitting), (case, fitting[:3])
+        return
+    assert best is not None
+    assert _fits(plan, devices)
+    assert plan.exact and plan.bound == 1.0
+    assert plan.step_seconds <= best * (1 + 1e-12), (case, plan.step_seconds, best)
+    for strategy in ("first", "round-robin", "slowest-link"):
+        try:
+            rule = plan_residency(strategy, layers, devices, dev, prefetch)
+        except PlanDoesNotFitError:
+            continue
+        assert _fits(rule, devices), strategy
+        assert rule.step_seconds >= plan.step_seconds * (1 - 1e-12), strategy
+
+
+def test_grid_has_what_it_claims() -> None:
+    """The grid covers prefetch 0/1/2, sliding layers, 12 layers, tight and loose budgets."""
+    assert {c[3] for c in GRID} == {0, 1, 2}
+    assert any(SLIDING in c[0] and FULL in c[0] for c in GRID)
+    assert max(len(c[0]) for c in GRID) == 12
+    assert any(d.memory is None for c in GRID for d in c[1])
+    refused = 0
+    partial = 0
+    for layers, devices, dev, prefetch in GRID:
+        try:
+            plan = plan_auto(layers, devices, dev, prefetch)
+            partial += 0 < len(plan.resident_layers()) < len(layers)
+        except PlanDoesNotFitError:
+            refused += 1
+    print(f"{partial} of {len(GRID)} keep some layers, {refused} refused")
+    assert partial >= len(GRID) // 2  # most configurations must choose, not keep all or nothing
+
+
+def test_model_properties() -> None:
+    """A resident layer never makes a step slower; prefetching never makes a placement slower than
+    serial; a serial step is the sum of copies and compute."""
+    rng = random.Random(7)
+    for _ in range(200):
+        n = rng.randrange(1, 9)
+        layers = [rng.choice((FULL, SLIDING)) for _ in range(n)]
+        devices = [DeviceSpec(rng.choice((0.33, 2.45)), rng.choice((0.0, 50.0)), rng.uniform(0, 0.02))
+                   for _ in range(2)]
+        dev = [rng.randrange(2) for _ in range(n)]
+        resident = [rng.random() < 0.5 for _ in range(n)]
+        serial = predict_step(layers, devices, resident, dev, 0)
+        assert serial.step_seconds == pytest.approx(serial.compute_seconds + sum(serial.copy_seconds))
+        for prefetch in (1, 2, 3):
+            t = predict_step(layers, devices, resident, dev, prefetch).step_seconds
+            assert t <= serial.step_seconds * (1 + 1e-12)
+            assert t >= max(serial.compute_seconds, max(serial.copy_seconds)) * (1 - 1e-12)
+            for i in range(n):
+                more = list(resident)
+                more[i] = True
+                assert predict_step(layers, devices, more, dev, prefetch).step_seconds <= t * (1 + 1e-12)
+
+
+def test_prefetch_simulation_by_hand() -> None:
+    """Two layers on two devices, each transfer 0.5 s (a layer's K and V 1 s), each compute 1 s.
+    Serially 4 s. With prefetch 1, layer 0's K (the calling thread) and V (the queue) take device
+    0's link 0-1 s while layer 1's windows cross device 1's own link 0-1 s: compute 1-2 and 2-3,
+    3 s. Device 1's copies 1.5 s: serially 4.5 s, prefetched still 3 s (they arrive at 1.5 s, while
+    layer 0 computes)."""
+    layers = [LayerCost((10**9, 10**9), 1)] * 2
+    one_s = DeviceSpec(2.0, 0.0, 1.0)
+    assert predict_step(layers, [one_s, one_s], [False, False], None, 0).step_seconds == pytest.approx(4.0)
+    assert predict_step(layers, [one_s, one_s], [False, False], None, 1).step_seconds == pytest.approx(3.0)
+    slow = DeviceSpec(2.0 / 1.5, 0.0, 1.0)
+    assert predict_step(layers, [one_s, slow], [False, False], None, 0).step_seconds == pytest.approx(4.5)
+    assert predict_step(layers, [one_s, slow], [False, False], None, 1).step_seconds == pytest.approx(3.0)
+    # on one device they share its link: layer 1's windows arrive at 3 s, after layer 0's (1.5 s)
+    assert predict_step(layers, [slow], [False, False], None, 1).step_seconds == pytest.approx(4.0)
+    # one device, 3 layers, copies 2 s a layer, compute 2 s, prefetch 1: layer 0 arrives at 2 and
+    # computes 2-4; layer 1 (queued at 0) arrives at 4, computes 4-6; layer 2, queued as part 1
+    # begins (4), arrives at 6, computes 6-8: 8 s, serially 12 s
+    layers3 = [LayerCost((10**9, 10**9), 1)] * 3
+    dev = DeviceSpec(1.0, 0.0, 2.0)
+    assert predict_step(layers3, [dev], [False] * 3, None, 1).step_seconds == pytest.approx(8.0)
+    assert predict_step(layers3, [dev], [False] * 3, None, 0).step_seconds == pytest.approx(12.0)
+    # compute 3 s: layer 2 is queued at 5 (part 1 begins), arrives at 7, before part 2 begins (8)
+    dev3 = DeviceSpec(1.0, 0.0, 3.0)
+    assert predict_step(layers3, [dev3], [False] * 3, None, 1).step_seconds == pytest.approx(11.0)
+    # latency: one per transfer, 2 per layer
+    lat = DeviceSpec(4.0, 1e6, 0.0)
+    assert predict_step(layers3, [lat], [False] * 3, None, 0).step_seconds == pytest.approx(3 * 2 * 1.25)
+
+
+def test_memory_counts_windows_ahead_and_reserve() -> None:
+    layers = [FULL, FULL, SLIDING, FULL]
+    dev = [0, 0, 0, 0]
+    spec = [DeviceSpec(1.0, reserve=MIB)]
+    serial = predict_step(layers, spec, [False, False, False, True], dev, 0)
+    assert serial.window_bytes == (8 * MIB,)
+    assert serial.resident_bytes == (16 * MIB,)
+    assert serial.memory == (25 * MIB,)
+    ahead = predict_step(layers, spec, [False, False, False, True], dev, 2)
+    assert ahead.window_bytes == (18 * MIB,)  # layers 0, 1 and 2 at once
+    assert predict_step(layers, spec, [False] * 4, dev, 1).window_bytes == (16 * MIB,)
+
+
+def test_named_rules() -> None:
+    layers = [FULL] * 8
+    fast, slow = DeviceSpec(2.45, memory=39 * MIB, name="fast"), DeviceSpec(0.33, memory=39 * MIB, name="slow")
+    first = plan_first(layers, [fast, slow])
+    assert first.resident_layers() == [0]  # 2 x 16 MiB + 8 MiB of window copies: the second does not fit
+    big = DeviceSpec(2.45, memory=60 * MIB)
+    assert plan_first(layers, [big, slow]).resident_layers() == [0, 1, 2]  # then layer 3 does not fit
+    assert plan_first(layers, [big, slow]).resident_layers(1) == []  # the rule leaves device 1's memory
+    rr = plan_round_robin(layers, [big, big])
+    assert rr.resident_layers() == [0, 1, 2, 4, 5, 6]
+    sl = plan_slowest_link(layers, [big, DeviceSpec(0.33, memory=60 * MIB)])
+    assert sl.resident_layers() == [0, 1, 2, 4, 5, 6]  # both budgets spent
+    assert link_groups([2.45, 0.33, 2.6, 0.36]) == [[1, 3], [0, 2]]
+    assert link_groups([1.0, 1.15, 1.16]) == [[0, 1], [2]]
+    with pytest.raises(ferry.InvalidArgumentError, match="unknown strategy"):
+        plan_residency("fastest", layers, [big])
+    with pytest.raises(ferry.InvalidArgumentError, match="max_layers"):
+        plan_first(layers, [big], None, 0, -1)
+
+
+def test_rules_with_a_count_of_layers() -> None:
+    """With N layers to keep (--kv-gpu-layers N): first takes the first N, round-robin one per
+    device in turn, slowest-link the slowest group's first, its devices in turn."""
+    layers = [FULL] * 12
+    room = 200 * MIB
+    devices = [DeviceSpec(2.45, memory=room), DeviceSpec(0.33, memory=room), DeviceSpec(0.36, memory=room)]
+    assert plan_first(layers, devices, None, 0, 3).resident_layers() == [0, 1, 2]
+    assert plan_round_robin(layers, devices, None, 0, 4).resident_layers() == [0, 1, 4, 8]
+    assert plan_slowest_link(layers, devices, None, 0, 3).resident_layers() == [4, 5, 8]
+    assert plan_slowest_link(layers, devices, None, 0, 9).resident_layers() == [0] + list(range(4, 12))
+    auto = plan_auto(layers, devices, None, 0, 3)
+    assert len(auto.resident_layers()) == 3 and set(auto.resident_layers()) <= set(range(4, 8))  # 0.33 GB/s
+    assert plan_auto(layers, devices, None, 0, 0).resident_layers() == []
+    for prefetch in (0, 1, 2):
+        for n in (0, 1, 2, 5):
+            best, fitting = _enumerate(layers[:6], devices[:2], [0, 0, 0, 1, 1, 1], prefetch, n)
+            assert plan_auto(layers[:6], devices[:2], [0, 0, 0, 1, 1, 1], prefetch, n).step_seconds == \
+                pytest.approx(best, rel=1e-12)
+
+
+def test_prefetch_changes_the_answer() -> None:
+    """Four layers to keep of 12 (6 per device), the second device's link 2.45 times slower, its
+    compute slow enough (1.2 times its copy) to hide its own copies. Serially slowest-link is right:
+    a slow-link layer saves the most. With prefetching a slow-link layer saves next to nothing (its
+    copy is hidden; only the first is not), the fast link's copies are not hidden (compute 0.1 times
+    them): the planner keeps the fast device's layers and the slow device's first and is more than
+    10% faster."""
+    layers = [FULL] * 12
+    copy_fast, copy_slow = 8 * MIB / 2.45e9, 8 * MIB / 1.0e9
+    fast = DeviceSpec(2.45, 0.0, 0.1 * copy_fast, name="fast")
+    slow = DeviceSpec(1.0, 0.0, 1.2 * copy_slow, name="slow")
+    serial = plan_auto(layers, [fast, slow], None, 0, 4)
+    assert serial.resident_layers() == plan_slowest_link(layers, [fast, slow], None, 0, 4).resident_layers()
+    for prefetch in (1, 2):
+        auto = plan_auto(layers, [fast, slow], None, prefetch, 4)
+        rule = plan_slowest_link(layers, [fast, slow], None, prefetch, 4)
+        assert auto.exact and rule.resident_layers() == [6, 7, 8, 9]
+        assert len(auto.resident_layers(0)) >= 3
+        assert auto.step_seconds < 0.9 * rule.step_seconds, (auto.resident_layers(), rule.resident_layers())
+
+
+def test_large_serial_plan_is_exact_by_kinds() -> None:
+    """24 layers of 2 sizes on 2 devices (2^24 placements): the serial planner counts kinds; its
+    time is the best over every count of each kind on each device (by brute force over the counts:
+    serially, layers of one kind on one device are interchangeable)."""
+    layers = [FULL if i % 2 else SLIDING for i in range(24)]
+    devices = [DeviceSpec(2.45, 5.0, 1e-3, memory=100 * MIB), DeviceSpec(0.33, 5.0, 1e-3, memory=50 * MIB)]
+    plan = plan_auto(layers, devices)
+    assert plan.exact and _fits(plan, devices)
+    problem = residency._problem(layers, devices, None, 0)
+    best = math.inf
+    for f0, s0, f1, s1 in itertools.product(range(7), repeat=4):
+        host = [True] * 24
+        for d, (f, s) in enumerate(((f0, s0), (f1, s1))):
+            mine = range(12 * d, 12 * d + 12)
+            for i in [i for i in mine if i % 2][:f] + [i for i in mine if not i % 2][:s]:
+                host[i] = False
+        if residency._fits(problem, host):
+            best = min(best, residency._step_time(problem, host))
+    assert plan.step_seconds == pytest.approx(best, rel=1e-12)
+    assert 0 < len(plan.resident_layers(1)) < 12
+
+
+def test_large_prefetched_plan_states_its_bound() -> None:
+    layers = [FULL if i % 3 else SLIDING for i in range(40)]
+    devices = [DeviceSpec(2.45, 5.0, 1e-3, memory=200 * MIB), DeviceSpec(0.33, 5.0, 2e-2, memory=100 * MIB)]
+    plan = plan_auto(layers, devices, None, 2, search_limit=50)
+    assert not plan.exact and plan.bound == 3.0 and _fits(plan, devices)
+    for strategy in ("first", "round-robin", "slowest-link"):
+        assert plan.step_seconds <= plan_residency(strategy, layers, devices, None, 2).step_seconds
+    full = plan_auto(layers, devices, None, 2)
+    assert full.step_seconds <= plan.step_seconds
+
+
+def test_refusals_name_what_does_not_fit() -> None:
+    layers = [FULL] * 4
+    tight = DeviceSpec(1.0, memory=6 * MIB, reserve=MIB, name="gpu1")
+    roomy = DeviceSpec(1.0, memory=None, name="gpu0")
+    for rule in (plan_auto, plan_first, plan_round_robin, plan_slowest_link):
+        with pytest.raises(PlanDoesNotFitError, match=r"gpu1: its split's window copies needs 9437184 bytes .* "
+                                                      r"short by 3145728 bytes"):
+            rule(layers, [roomy, tight])
+    with pytest.raises(PlanDoesNotFitError, match="window copies"):
+        plan_auto(layers, [DeviceSpec(1.0, memory=17 * MIB, name="a")] * 2, None, 1)  # 2 windows ahead: 16 MiB
+    below_one = DeviceSpec(1.0, memory=20 * MIB, name="small")
+    with pytest.raises(PlanDoesNotFitError, match=r"no layer fits: small .* 4194304 bytes over its 20971520"):
+        plan_auto(layers, [below_one, below_one])
+    assert isinstance(PlanDoesNotFitError("x"), ferry.InvalidArgumentError)
+    with pytest.raises(ferry.InvalidArgumentError, match="layer_device"):
+        plan_auto(layers, [roomy], [0, 0])
+    with pytest.raises(ferry.InvalidArgumentError, match="device 2"):
+        plan_auto(layers, [roomy], [0, 0, 0, 2])
+    with pytest.raises(ferry.InvalidArgumentError, match="link_gbps"):
+        plan_auto(layers, [DeviceSpec(0.0)])
+    with pytest.raises(ferry.InvalidArgumentError, match="prefetch"):
+        plan_auto(layers, [roomy], None, -1)
+    with pytest.raises(ferry.InvalidArgumentError, match="no layers"):
+        plan_auto([], [roomy])
+
+
+def test_plan_object() -> None:
+    layers = [FULL] * 4
+    devices = [DeviceSpec(1.0, 0.0, 1e-3, memory=64 * MIB), DeviceSpec(0.5, 0.0, 1e-3, memory=64 * MIB)]
+    plan = plan_auto(layers, devices)
+    assert plan.tokens_per_second(4) == pytest.approx(4 / plan.step_seconds)
+    assert plan.placement(["a", "b"]) == [("a" if plan.resident[i] else None) if i < 2 else
+                                          ("b" if plan.resident[i] else None) for i in range(4)]
+    assert plan.budgets == (64 * MIB, 64 * MIB)
+    data = plan.as_dict(4)
+    assert data["tokens_per_second"] == plan.tokens_per_second(4) and data["exact"] is True
+    assert [d["resident_layers"] for d in data["devices"]] == [plan.resident_layers(0), plan.resident_layers(1)]
+    assert [d["memory"] for d in data["devices"]] == list(plan.memory)
+    assert plan_first(layers, devices).as_dict()["bound"] is None
+    with pytest.raises(ferry.InvalidArgumentError):
+        plan.tokens_per_second(0)
+
+
+def test_layers_from_geometry_asks_c() -> None:
+    """A sliding layer's window and cache are its own size; the bytes are the dry-run cache's."""
+    layers = ferry.residency.layers_from_geometry("f16", "f16", 128, 8, 8192, 2, 2048, [None, 1024])
+    row = 2 * 128 * 8
+    assert layers[0].transfers == (2 * 2048 * row, 2 * 2048 * row)
+    assert layers[0].resident_bytes == 2 * 8192 * row
+    assert layers[1].transfers == (2 * 1025 * row, 2 * 1025 * row)
+    assert layers[1].resident_bytes == 2 * 2 * 1025 * row
+    flat = ferry.residency.layers_from_geometry("q8_0", "q8_0", 128, 8, 8192, 2, 2048, [None], compact=False)
+    assert flat[0].staging > flat[0].window_bytes  # the spans, gaps included
+
+
+def test_stand_in_compute_slowdown() -> None:
+    """Compute on a stand-in with slowdown F takes at least F times the host's (lower bound only).
+    The host's time inside a slowed run is not seen from here: runs of the two alternate and their
+    medians are compared, with a margin for a busy host (F = 3 must show at least 2x)."""
+    host = ferry.StandinBackend()
+    slowed = ferry.StandinBackend(compute_slowdown=3)
+    assert slowed.compute_slowdown == 3.0 and host.compute_slowdown == 1.0
+    t1, t3 = [], []
+    for _ in range(5):
+        t1.append(ferry.residency.measure_compute(host, n_ctx=2048, n_layer=2, runs=1))
+        t3.append(ferry.residency.measure_compute(slowed, n_ctx=2048, n_layer=2, runs=1))
+    assert sorted(t3)[2] >= 2 * sorted(t1)[2], (t1, t3)
+    for bad in (0.5, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ferry.InvalidArgumentError, match="compute_slowdown"):
+            ferry.StandinBackend(compute_slowdown=bad)
+    with pytest.raises(ferry.InvalidArgumentError):
+        ferry.StandinBackend(compute_slowdown="fast")  # type: ignore[arg-type]
+
+
+def test_device_from_backend() -> None:
+    dev = ferry.StandinBackend(link_gbps=1.0, latency_us=20, memory=64 * MIB)
+    spec = ferry.residency.device_from_backend(dev, compute_s=1e-3, reserve=MIB)
+    assert spec.memory == 64 * MIB and spec.latency_us == 20 and spec.reserve == MIB
+    assert 0.5 < spec.link_gbps <= 1.0
