@@ -265,8 +265,8 @@ def add_shape_args(p: argparse.ArgumentParser, ntg_minimum: int = 0, gate: bool 
                    help=("tokens generated per sequence, one decode step each, in every wave " if gate else
                          "tokens generated per sequence, one decode step each ") + f"(default {d.ntg})")
     p.add_argument("--pad", type=POSITIVE, default=d.pad,
-                   help=f"round n_kv up to this; steps of one padded n_kv reuse one graph (llama.cpp: 256; "
-                        f"default {d.pad}: exact)")
+                   help="round n_kv up to this" + ("; steps of one padded n_kv reuse one graph" if ntg_minimum else "")
+                        + f" (llama.cpp: 256; default {d.pad}: exact)")
 
 
 def type_name(names: Tuple[str, ...]) -> Callable[[str], str]:
