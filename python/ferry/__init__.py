@@ -20,7 +20,10 @@ Python objects over the C library, in layers that import downward only:
   and quantize / dequantize give values of every type (ferry.quant);
 - the workloads the command line runs, in ferry.workloads, one module per verb
   (workloads.bench.run_bench, workloads.validate.run_validate, workloads.table.build_table,
-  workloads.plan.window_plan), each returning data.
+  workloads.plan.window_plan), each returning data and printing nothing: a sweep in Python
+  builds one ferry.workloads.bench.BenchConfig per point (its fields are `ferry bench`'s
+  options) and calls run_bench(cfg), whose BenchResult's rows carry each (npl, policy, cache)
+  figure; README.md shows one.
 
 The `ferry` command (ferry.cli) sits on top and is the only part that parses arguments or
 prints.

@@ -95,7 +95,7 @@ OUT_OF_RANGE = [
     for option, values in {
         "-c": ("0", "-1", str(2**31)), "-npl": ("0", "2,-4"), "-npp": ("0",), "-ntg": ("-1", "99999999999"),
         "--pad": ("0",), "--head-dim": ("0", "-128"), "--kv-heads": ("0",), "--heads": ("0",), "--layers": ("-2",),
-        "--repeat": ("0",), "--sequences": ("0",), "--streams": ("0",), "--cells": ("-64",), "--steps": ("0",),
+        "--repeat": ("0",), "--sequences": ("0",),
         "--seed": ("-1",),
     }.items()
     for value in values

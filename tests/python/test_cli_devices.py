@@ -19,7 +19,7 @@ from ferry.workloads.devices import DeviceConfig, parse_placement, parse_size, r
 
 BENCH = ["-c", "64", "-npl", "2", "-npp", "8", "-ntg", "2", "--layers", "4", "--heads", "2", "--head-dim", "32",
          "--kv-heads", "1", "--device", "cpu", "--repeat", "1", "--policy", "ranges"]
-VALIDATE = ["--sequences", "4", "--streams", "2", "--cells", "16", "--steps", "2", "--heads", "2", "--head-dim", "32",
+VALIDATE = ["-c", "32", "-npl", "2", "--sequences", "4", "-npp", "14", "-ntg", "2", "--heads", "2", "--head-dim", "32",
             "--kv-heads", "1", "--device", "cpu"]
 DEVICE_OPTIONS = ["--devices", "--link-gbps", "--latency-us", "--device-memory", "--kv-device-layers", "--placement",
                   "--layer-devices", "--v-trans"]
@@ -192,7 +192,7 @@ def test_bench_layer_devices_and_cross_device_placement(capsys: pytest.CaptureFi
 ])
 def test_validate_passes_over_placements(devices: str, layers: str, extra: List[str],
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    got = run_json(["validate", *VALIDATE, "--json", "--devices", devices, "--layers", layers, *extra], capsys)
+    [got] = run_json(["validate", *VALIDATE, "--json", "--devices", devices, "--layers", layers, *extra], capsys)
     assert got["identical"] is True and got["control_detected"] is True
     n = int(layers)
     half = n // 2
@@ -209,7 +209,7 @@ def test_validate_passes_over_placements(devices: str, layers: str, extra: List[
 
 
 def test_validate_names_the_users_placement(capsys: pytest.CaptureFixture[str]) -> None:
-    got = run_json(["validate", *VALIDATE, "--json", "--devices", "2", "--layers", "4", "--placement", "1,h,0,h",
+    [got] = run_json(["validate", *VALIDATE, "--json", "--devices", "2", "--layers", "4", "--placement", "1,h,0,h",
                     "--policy", "ranges", "--no-overlap"], capsys)
     assert list(got["hashes"])[-1] == "1,h,0,h/ranges" and got["placements"]["1,h,0,h"] == "1,h,0,h"
     assert got["identical"] is True
@@ -220,7 +220,7 @@ def test_validate_names_the_users_placement(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_validate_without_device_options_is_as_before(capsys: pytest.CaptureFixture[str]) -> None:
-    got = run_json(["validate", *VALIDATE, "--json", "--link-gbps", "50"], capsys)
+    [got] = run_json(["validate", *VALIDATE, "--json", "--link-gbps", "50"], capsys)
     assert "placements" not in got and next(iter(got["hashes"])) == "flat" and got["identical"]
 
 
@@ -237,7 +237,7 @@ def test_validate_fails_when_one_placement_reads_a_shifted_window(monkeypatch: p
 
     monkeypatch.setattr(validate_workload, "serve", shifted)
     assert main(["validate", *VALIDATE, "--json", "--devices", "2", "--layers", "4", "--policy", "ranges"]) == 1
-    got = json.loads(capsys.readouterr().out)
+    [got] = json.loads(capsys.readouterr().out)
     assert got["identical"] is False
     assert {k for k, h in got["hashes"].items() if h != got["hashes"]["one-device/ranges"]} == {
         "alternate/ranges", "alternate/ranges+overlap"}
@@ -264,7 +264,7 @@ def test_validate_fails_when_device_memory_misses_a_write(monkeypatch: pytest.Mo
     monkeypatch.setattr(DeviceConfig, "make", make)
     assert main(["validate", *VALIDATE, "--json", "--devices", "2", "--layers", "2", "--policy", "ranges",
                  "--no-overlap"]) == 1
-    got = json.loads(capsys.readouterr().out)
+    [got] = json.loads(capsys.readouterr().out)
     bad = {k for k, h in got["hashes"].items() if h != got["hashes"]["one-device/ranges"]}
     assert bad == {p + "/ranges" for p, m in got["placements"].items() if "1" in m.split(",")}
     assert bad

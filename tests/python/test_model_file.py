@@ -202,7 +202,7 @@ def test_bench_and_validate_take_heads_and_layers(gemma: Path, capsys: pytest.Ca
     read = {r["bytes_read"] for r in rows if not r["unified"]}
     assert read == {steps * 2 * row * 2 * 2}  # 2 streams, K and V, 2 layers
     got = json.loads(run(capsys, ["validate", "--model", str(gemma), "--device", "cpu", "--json"]))
-    assert got["identical"] and got["control_detected"]
+    assert [g["npl"] for g in got] == [2, 4] and all(g["identical"] and g["control_detected"] for g in got)
 
 
 def test_a_run_refuses_different_k_and_v_head_dims(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

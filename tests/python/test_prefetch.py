@@ -158,12 +158,12 @@ def test_validate_hashes_overlapped_runs() -> None:
 
 
 def test_validate_cli_overlap(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out = run_cli(["validate", "--sequences", "4", "--streams", "2", "--steps", "2", "--cells", "16",
+    rc, out = run_cli(["validate", "--sequences", "4", "-npl", "2", "-ntg", "2", "-c", "32", "-npp", "14",
                                      "--policy", "ranges", "--json"], capsys)
-    assert rc == 0 and set(json.loads(out)["hashes"]) == {"ranges", "ranges+overlap"}
-    rc, out = run_cli(["validate", "--sequences", "4", "--streams", "2", "--steps", "2", "--cells", "16",
+    assert rc == 0 and set(json.loads(out)[0]["hashes"]) == {"ranges", "ranges+overlap"}
+    rc, out = run_cli(["validate", "--sequences", "4", "-npl", "2", "-ntg", "2", "-c", "32", "-npp", "14",
                                      "--policy", "ranges", "--no-overlap", "--json"], capsys)
-    assert rc == 0 and set(json.loads(out)["hashes"]) == {"ranges"}
+    assert rc == 0 and set(json.loads(out)[0]["hashes"]) == {"ranges"}
     with pytest.raises(SystemExit) as e:
         run_cli(["validate", "--prefetch", "0"], capsys)
     assert e.value.code == 2

@@ -15,10 +15,12 @@ from ferry.cli import main
 from ferry.workloads import validate
 
 SMALL = ["--device", "cpu"]
+#: The gate at 16 sequences through 8 streams of 64 cells, 4 steps a wave, prompts of 5 to 60 cells.
+EIGHT = ["-c", "512", "-npl", "8", "--sequences", "16", "-npp", "60", "-ntg", "4"]
 
 
 def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", *SMALL]) == 0
+    assert main(["validate", *SMALL, *EIGHT]) == 0
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert err == ""
@@ -37,9 +39,10 @@ def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", *SMALL, "--json", "--type", "q8_0", "--sequences", "5", "--streams", "2"]) == 0
-    got = json.loads(capsys.readouterr().out)
-    assert set(got) == {"hashes", "identical", "control_detected", "split_memory_bytes", "graph_builds"}
+    assert main(["validate", *SMALL, "--json", "--type", "q8_0", "--sequences", "5", "-npl", "2"]) == 0
+    [got] = json.loads(capsys.readouterr().out)
+    assert set(got) == {"npl", "hashes", "identical", "control_detected", "split_memory_bytes", "graph_builds"}
+    assert got["npl"] == 2
     assert list(got["hashes"]) == ["flat", "flat+overlap", "ranges", "ranges+overlap", "plan",
                                    "plan+overlap"] == list(got["split_memory_bytes"])
     assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in got["hashes"].values())
@@ -66,13 +69,13 @@ def test_the_gate_fails_when_a_policy_reads_the_wrong_stream(monkeypatch: pytest
         return real(cfg, split, policy, shift=1 if policy == "plan" else shift, compact=compact, prefetch=prefetch)
 
     monkeypatch.setattr(validate, "serve", broken)
-    assert main(["validate", *SMALL, "--json"]) == 1
+    assert main(["validate", *SMALL, *EIGHT, "--json"]) == 1
     out, err = capsys.readouterr()
-    got = json.loads(out)
+    [got] = json.loads(out)
     assert got["identical"] is False and got["control_detected"] is False  # plan's hash is the control's
     assert got["hashes"]["flat"] == got["hashes"]["ranges"] != got["hashes"]["plan"]
     assert err == "ferry validate: the gate failed\n"
-    assert main(["validate", *SMALL]) == 1
+    assert main(["validate", *SMALL, *EIGHT]) == 1
     assert capsys.readouterr().out.splitlines()[-1] == "policies: DIFFERENT; control: NOT DETECTED; gate: FAIL"
 
 
@@ -95,8 +98,10 @@ def test_prompts_differ() -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--streams", "1"], "--streams 1: a gate for cross-stream reads needs at least 2"),
-    (["--cells", "9"], "--cells 9: a stream needs at least 2 * --steps + 2 = 10 cells"),
+    (["-npl", "1"], "-npl 1: a gate for cross-stream reads needs at least 2 streams"),
+    (["-c", "16", "-npl", "2", "-npp", "10"], "-npl 2: a stream holds 8 cells (-c / -npl), fewer than -npp + -ntg = 18"),
+    (["-npp", "9"], "-npp 9: prompts of different lengths, from -ntg + 1 = 9 cells, need -npp at least -ntg + 2 = 10"),
+    (["-c", "4095"], "-npl 2: the context of 4095 cells does not split into 2 equal streams"),
     (["--sequences", "0"], "argument --sequences: 0 is out of range"),
     (["--policy", "ranges,nope"], "--policy 'nope': known policies are flat, ranges, plan"),
     (["--heads", "3"], "--heads 3 is not a multiple of --kv-heads 2"),
@@ -124,8 +129,8 @@ def test_compact_staging_keeps_the_hashes() -> None:
 @pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
 def test_cuda_split_passes_the_gate(capsys: pytest.CaptureFixture[str]) -> None:
     """The gate with the split on CUDA (the cache pinned): identical hashes, a detected control."""
-    assert main(["validate", "--device", "cuda", "--json", "--sequences", "6", "--streams", "3"]) == 0
-    got = json.loads(capsys.readouterr().out)
+    assert main(["validate", "--device", "cuda", "--json", "--sequences", "6", "-npl", "3"]) == 0
+    [got] = json.loads(capsys.readouterr().out)
     assert got["identical"] is True and got["control_detected"] is True
     assert len(set(got["hashes"].values())) == 1
 

@@ -7,12 +7,14 @@ example."""
 from __future__ import annotations
 
 import argparse
+import sys
 from types import ModuleType
 from typing import Dict, List, Optional, Tuple
 
 from .. import __version__
 from ..errors import FerryError
 from . import bench, demo, plan, table, validate
+from .options import check_combinations, given_options
 
 #: The verbs in the order `ferry --help` lists them; each module has add_parser, main, and
 #: ARGUMENT_ERRORS (the FerryErrors reported as usage errors, exit 2).
@@ -44,12 +46,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     Raises
     ------
     SystemExit
-        With status 2 and a usage message for bad arguments (argparse's, or a FerryError the
-        verb counts as an argument error); with "ferry: <message>" for any other FerryError.
+        With status 2 and a usage message for bad arguments (argparse's, an option that would do
+        nothing beside the others, or a FerryError the verb counts as an argument error); with
+        "ferry: <message>" for any other FerryError.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser, parsers = build_parser()
     args = parser.parse_args(argv)
     verb, verb_parser = parsers[args.verb]
+    try:
+        check_combinations(args.verb, args, given_options(verb_parser, argv[argv.index(args.verb) + 1:]))
+    except FerryError as e:
+        verb_parser.error(str(e))
     try:
         try:
             return verb.main(args)

@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 
 from ..errors import InvalidArgumentError
+from ..types import Type
 from ..workloads.bench import BenchConfig
-from ..workloads.common import DEVICES, POLICIES
+from ..workloads.common import DEVICES, KV_TYPES, POLICIES
 from ..workloads.devices import (
     DeviceConfig,
     Place,
@@ -40,6 +41,9 @@ from ..workloads.model_file import ModelGeometry, read_model_geometry
 
 #: The largest count any option takes (a C int): larger numbers are refused with a message.
 MAX_COUNT = 2**31 - 1
+
+#: The types a dry run lays a cache out in: every ferry type.
+ANY_TYPE = tuple(t.name.lower() for t in Type)
 
 #: The defaults every verb shares.
 DEFAULTS = BenchConfig()
@@ -62,6 +66,51 @@ def verb_description(summary: Optional[str], library_doc: Optional[str]) -> str:
     """
     details = (library_doc or "").partition("\n\n")[2]
     return f"{summary or ''}\n\n{details}"
+
+
+def accepts(action: argparse.Action) -> str:
+    """What the option action accepts, in words: "flag" for one that takes no value, its choices, what
+    its type is marked to accept (accepting), else its metavar."""
+    if action.nargs == 0:
+        return "flag"
+    if action.choices is not None:
+        return ", ".join(map(str, action.choices))
+    return getattr(action.type, "accepts", None) or str(action.metavar or action.dest.upper())
+
+
+def default_text(action: argparse.Action) -> Optional[str]:
+    """The option action's default as its help and the README write it ("2,4", "on", "off"), or None
+    when it has no value to write (its help says in words what happens without it)."""
+    value = action.default
+    if action.nargs == 0 and not isinstance(action, argparse.BooleanOptionalAction):
+        return "off"  # a flag: not given unless given
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return None if value is None else str(value)
+
+
+def option_help(action: argparse.Action) -> str:
+    """The option action's help as `ferry VERB --help` prints it: its own text, then what it accepts,
+    then its default where the text does not say it already."""
+    text = action.help or ""
+    what = accepts(action)
+    if what != "flag" and what not in text:
+        text += f"; accepts {what}"
+    if "default" not in text:
+        default = default_text(action)
+        text += " (default: none)" if default is None else f" (default {default})"
+    return text
+
+
+class OptionsHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """A verb's --help: the description and epilog as written, each option's help by option_help."""
+
+    def _get_help_string(self, action: argparse.Action) -> Optional[str]:
+        if not action.option_strings or action.help in (None, argparse.SUPPRESS) or action.dest == "help":
+            return action.help
+        return option_help(action).replace("%", "%%")
 
 
 def add_verb_parser(sub: "argparse._SubParsersAction[Any]", verb: str, help: str, summary: Optional[str],
@@ -87,7 +136,7 @@ def add_verb_parser(sub: "argparse._SubParsersAction[Any]", verb: str, help: str
     argparse.ArgumentParser
     """
     return sub.add_parser(verb, help=help, description=verb_description(summary, library_doc),
-                          epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
+                          epilog=f"example:\n  {example}", formatter_class=OptionsHelpFormatter)
 
 
 class Given(argparse.Action):
@@ -101,10 +150,25 @@ class Given(argparse.Action):
         namespace.given = given
 
 
+ParseFn = TypeVar("ParseFn", bound=Callable[[str], Any])
+
+
+def accepting(accepts: str) -> Callable[[ParseFn], ParseFn]:
+    """A decorator marking an argparse type with what it accepts, in words: each option's help says it
+    (OptionsHelpFormatter) and the README's tables of options repeat it."""
+
+    def mark(parse: ParseFn) -> ParseFn:
+        setattr(parse, "accepts", accepts)  # noqa: B010 (an attribute a Callable's type does not declare)
+        return parse
+
+    return mark
+
+
 def count(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer from minimum to MAX_COUNT; ArgumentTypeError for anything else
     (argparse names the option in the message)."""
 
+    @accepting(f"integer >= {minimum}")
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -120,31 +184,44 @@ def count(minimum: int) -> Callable[[str], int]:
 POSITIVE = count(1)
 
 
+def list_items(text: str, what: str) -> List[str]:
+    """The comma-separated items of text, stripped; ArgumentTypeError for none or an empty item
+    ("2,,4", "2,"): an empty item is a typo, not a choice."""
+    items = [x.strip() for x in text.split(",")]
+    if items == [""]:
+        raise argparse.ArgumentTypeError(f"expected at least one {what}")
+    for i, x in enumerate(items):
+        if not x:
+            raise argparse.ArgumentTypeError(f"{text!r}: item {i + 1} is empty")
+    return items
+
+
+@accepting("integers >= 1, comma-separated")
 def int_list(text: str) -> List[int]:
     """An argparse type: the text "2,4,8" as [2, 4, 8]; ArgumentTypeError for a word that is not an
-    integer, or no number.
+    integer, a number out of range, an empty item, a number given twice, or no number.
     """
+    items = list_items(text, "number")
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in items]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{text!r} lists a number twice")
     for v in values:
         POSITIVE(str(v))
     return values
 
 
+@accepting(f"{', '.join(POLICIES)}, comma-separated")
 def policy_list(text: str) -> List[str]:
     """An argparse type: the text "flat,ranges" as ["flat", "ranges"] (names are checked when the run
-    is); ArgumentTypeError for none.
+    is, with the other options); ArgumentTypeError for an empty item, a policy given twice, or none.
     """
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one policy")
-    return values
+    return list_items(text, "policy")
 
 
+@accepting("S0-S1 or S (stream numbers)")
 def stream_range(text: str) -> Tuple[int, int]:
     """An argparse type: the text "S0-S1" or "S" as (s0, s1); ArgumentTypeError for anything else."""
     parts = text.split("-")
@@ -159,26 +236,48 @@ def stream_range(text: str) -> Tuple[int, int]:
     return values[0], values[1]
 
 
-def add_shape_args(p: argparse.ArgumentParser, ntg_minimum: int = 0) -> None:
+def add_shape_args(p: argparse.ArgumentParser, ntg_minimum: int = 0, gate: bool = False) -> None:
     """Add the options that say which windows a verb builds: -c, -npl, -npp, -ntg, --pad.
 
     Parameters
     ----------
     p : argparse.ArgumentParser
-        The verb's parser (table, plan, bench).
+        The verb's parser (table, plan, bench, validate).
     ntg_minimum : int, optional
-        The fewest generated tokens the verb takes (a dry run takes 0, a benchmark 1).
+        The fewest generated tokens the verb takes (a dry run takes 0, a decode run 1).
+    gate : bool, optional
+        The verb is the hash gate (validate): each -npl is a run of the gate over waves of sequences,
+        with prompts of different lengths up to -npp; the help says so.
     """
     d = DEFAULTS
     p.add_argument("-c", type=POSITIVE, default=d.n_ctx, action=Given, metavar="N_CTX",
-                   help=f"cells in all streams together (default {d.n_ctx})")
+                   help=f"cells in all streams together, n_ctx / npl each (default {d.n_ctx})"
+                        + ("; the gate's cache holds one stream more, the control's" if gate else ""))
     p.add_argument("-npl", type=int_list, default=list(d.npl), metavar="N,N,...",
-                   help=f"numbers of sequences, one stream each (default {','.join(map(str, d.npl))})")
-    p.add_argument("-npp", type=POSITIVE, default=d.npp, help=f"prompt cells per sequence (default {d.npp})")
+                   help=("numbers of sequences served at once, one stream each: the gate runs once per number "
+                         if gate else "numbers of sequences, one stream each ") +
+                        f"(default {','.join(map(str, d.npl))})")
+    p.add_argument("-npp", type=POSITIVE, default=d.npp,
+                   help=("the longest prompt, in cells: each sequence's prompt is -ntg + 1 to -npp cells, so that "
+                         "every stream's range differs " if gate else "prompt cells per sequence ") +
+                        f"(default {d.npp})")
     p.add_argument("-ntg", type=count(ntg_minimum), default=d.ntg,
-                   help=f"tokens generated per sequence, one decode step each (default {d.ntg})")
+                   help=("tokens generated per sequence, one decode step each, in every wave " if gate else
+                         "tokens generated per sequence, one decode step each ") + f"(default {d.ntg})")
     p.add_argument("--pad", type=POSITIVE, default=d.pad,
-                   help=f"round n_kv up to this (llama.cpp: 256; default {d.pad}: exact)")
+                   help="round n_kv up to this" + ("; steps of one padded n_kv reuse one graph" if ntg_minimum else "")
+                        + f" (llama.cpp: 256; default {d.pad}: exact)")
+
+
+def type_name(names: Tuple[str, ...]) -> Callable[[str], str]:
+    """An argparse type: a type's name, marked as accepting names (the run checks it, with the other
+    options, so that its message names the options that clash)."""
+
+    @accepting(", ".join(names))
+    def parse(text: str) -> str:
+        return text
+
+    return parse
 
 
 def add_kv_args(p: argparse.ArgumentParser, run: bool) -> None:
@@ -193,8 +292,10 @@ def add_kv_args(p: argparse.ArgumentParser, run: bool) -> None:
         The verb runs attention (bench, validate): it also takes query heads and layers.
     """
     d = DEFAULTS
-    p.add_argument("--type", default=d.type_kv, metavar="TYPE",
-                   help=f"K and V type: f32, f16, q8_0 (the dry runs take any ferry type; default {d.type_kv})")
+    p.add_argument("--type", type=type_name(KV_TYPES if run else ANY_TYPE),
+                   default=d.type_kv, metavar="TYPE",
+                   help=("K and V type: attention reads these " if run else "K and V type: any ferry type ") +
+                        f"(default {d.type_kv})")
     p.add_argument("--head-dim", type=POSITIVE, default=d.head_dim, action=Given,
                    help=f"values per head (default {d.head_dim})")
     p.add_argument("--kv-heads", type=POSITIVE, default=d.n_head_kv, action=Given,
@@ -209,6 +310,7 @@ def add_kv_args(p: argparse.ArgumentParser, run: bool) -> None:
                         "(needs the gguf package)")
 
 
+@accepting("s or f per layer")
 def swa_pattern(text: str) -> List[bool]:
     """An argparse type: one letter per layer, s (sliding) or f (full), as a list of "slides" flags;
     ArgumentTypeError for another letter or none."""
@@ -221,9 +323,11 @@ def swa_pattern(text: str) -> List[bool]:
 def add_swa_args(p: argparse.ArgumentParser) -> None:
     """Add --swa-window and --swa-layers (sliding-window layers by hand) to a dry run's parser p."""
     p.add_argument("--swa-window", type=POSITIVE, metavar="W",
-                   help="sliding window in cells of the layers --swa-layers marks s (overrides --model's)")
+                   help="sliding window in cells of the layers --swa-layers marks s (overrides --model's; default: "
+                        "--model's, else none)")
     p.add_argument("--swa-layers", type=swa_pattern, metavar="PATTERN",
-                   help="one letter per layer: s sliding, f full (e.g. sssssf); with --swa-window")
+                   help="one letter per layer: s sliding, f full (e.g. sssssf); with --swa-window (default: --model's, "
+                        "else none)")
 
 
 def layer_windows(args: argparse.Namespace, g: Optional[ModelGeometry]) -> Optional[List[Optional[int]]]:
@@ -266,10 +370,11 @@ def add_v_trans_arg(p: argparse.ArgumentParser) -> None:
                         "f32 or f16")
 
 
-def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+def _argument_type(parse: Callable[[str], Any], accepts: Optional[str] = None) -> Callable[[str], Any]:
     """An argparse type calling parse, its InvalidArgumentError made ArgumentTypeError (argparse then
-    names the option)."""
+    names the option); it accepts what accepts says (default: what parse is marked to accept)."""
 
+    @accepting(accepts or str(getattr(parse, "accepts", "")))
     def run(text: str) -> Any:
         try:
             return parse(text)
@@ -279,6 +384,7 @@ def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return run
 
 
+@accepting("h or a device index per layer, comma-separated; or a file of them")
 def placement_arg(text: str) -> Tuple[Place, ...]:
     """--placement's value: a file holding the list when text names one, else the list itself."""
     if os.path.exists(text):
@@ -294,14 +400,17 @@ def add_devices_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--devices", type=POSITIVE, default=d.n_devices, metavar="N",
                    help="devices of the --device kind: N CPU stand-ins, or CUDA devices 0..N-1; layers go to them "
                         f"in contiguous ranges (ferry.layer_split; default {d.n_devices})")
-    g.add_argument("--link-gbps", type=_argument_type(lambda t: parse_floats(t, "--link-gbps", 1e-3, 1e6)),
+    g.add_argument("--link-gbps", type=_argument_type(lambda t: parse_floats(t, "--link-gbps", 1e-3, 1e6),
+                                                         "numbers from 0.001 to 1e6, comma-separated"),
                    metavar="G,G,...", help="stand-in only: each device's link in GB/s each way, one value for all or "
                                            "one per device (default: unmodelled, memcpy's speed); with it auto "
                                            "means the stand-in")
-    g.add_argument("--latency-us", type=_argument_type(lambda t: parse_floats(t, "--latency-us", 0.0, 1e6)),
+    g.add_argument("--latency-us", type=_argument_type(lambda t: parse_floats(t, "--latency-us", 0.0, 1e6),
+                                                          "numbers from 0 to 1e6, comma-separated"),
                    metavar="U,U,...", help="stand-in only: microseconds each transfer adds, one for all or one per "
                                            "device (default 0)")
-    g.add_argument("--device-memory", type=_argument_type(lambda t: parse_sizes(t, "--device-memory")),
+    g.add_argument("--device-memory", type=_argument_type(lambda t: parse_sizes(t, "--device-memory"),
+                                                             "sizes (64MiB, 1GiB, 500MB, bytes), comma-separated"),
                    metavar="SIZE,...", help="stand-in only: each device's memory, e.g. 64MiB, one for all or one per "
                                             "device (default: the host's)")
     g.add_argument("--kv-device-layers", type=count(0), metavar="N",
@@ -309,10 +418,67 @@ def add_devices_args(p: argparse.ArgumentParser) -> None:
                         "(llama.cpp's --kv-gpu-layers; default: every layer on the host)")
     g.add_argument("--placement", type=_argument_type(placement_arg), metavar="LIST|FILE",
                    help="where each layer's KV lives, one item per layer: h (host memory) or a device index, e.g. "
-                        "h,0,1,h; or a file holding that list (commas or one item per line)")
-    g.add_argument("--layer-devices", type=_argument_type(lambda t: parse_indices(t, "--layer-devices")),
+                        "h,0,1,h; or a file holding that list (commas or one item per line; default: as "
+                        "--kv-device-layers says)")
+    g.add_argument("--layer-devices", type=_argument_type(lambda t: parse_indices(t, "--layer-devices"),
+                                                             "device indices, comma-separated"),
                    metavar="D,D,...", help="which device runs each layer, one index per layer (default: contiguous "
                                            "ranges)")
+
+
+def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Set[str]:
+    """The dests of the options the verb arguments argv give, read as the verb's parser reads them
+    (abbreviations and --option=value included), whatever their values.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The verb's parser.
+    argv : sequence of str
+        The arguments after the verb.
+
+    Returns
+    -------
+    set of str
+    """
+    saved = [(a, a.default) for a in parser._actions]
+    try:
+        for a, _ in saved:
+            a.default = argparse.SUPPRESS
+        return set(vars(parser.parse_args(list(argv)))) - {"given"}
+    finally:
+        for a, default in saved:
+            a.default = default
+
+
+def check_combinations(verb: str, args: argparse.Namespace, given: Set[str]) -> None:
+    """Refuse an option that would do nothing beside the others the verb was given.
+
+    Parameters
+    ----------
+    verb : str
+        The verb's name.
+    args : argparse.Namespace
+        Its parsed options.
+    given : set of str
+        The dests of the options the command line gave (given_options).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Saying which option does nothing, and what it needs.
+    """
+    if verb in ("bench", "validate"):
+        if "prefetch" in given and not args.overlap:
+            needs = "give --overlap too" if verb == "bench" else "leave out --no-overlap"
+            raise InvalidArgumentError(f"--prefetch sets how far an overlapped run queues ahead, and no run "
+                                       f"overlaps: {needs}")
+        if args.compact and set(args.policy) <= {"flat"}:
+            raise InvalidArgumentError("--compact adds compact-staging runs of the non-flat policies, and --policy "
+                                       f"{','.join(args.policy)} has none")
+    if verb == "plan" and args.v_trans and args.which == "k":
+        raise InvalidArgumentError("--v-trans lays V out transposed, and K's window is the same without it: "
+                                   "give --which v")
 
 
 def devices_from_args(args: argparse.Namespace) -> DeviceConfig:
@@ -362,7 +528,7 @@ def apply_model(args: argparse.Namespace, fields: Dict[str, Callable[[ModelGeome
 def run_fields() -> Dict[str, Callable[[ModelGeometry], int]]:
     """What --model gives a decode run (bench, validate): its heads, head dim, KV heads and layers. Not
     the context length: a run's cache size is the run's choice (a model's whole context would take
-    minutes and gigabytes), -c for bench and --cells for validate."""
+    minutes and gigabytes): -c."""
     return {"heads": lambda g: g.n_head, "kv_heads": lambda g: g.n_head_kv, "head_dim": lambda g: g.head_dim_k,
             "layers": lambda g: g.n_layer}
 

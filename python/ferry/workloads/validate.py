@@ -1,9 +1,11 @@
 """The hash gate `ferry validate` runs: llama.cpp's llama-parallel gate.
 
-Many sequences (default 16), each with its own content, are served through a non-unified
-KV cache of fewer streams (default 8): in waves, wave w putting sequences w*S .. w*S+S-1 in
-streams 0..S-1. At the start of a wave each sequence's prompt cells are written into its
-stream (over whatever the previous wave left there); each decode step writes the sequence's
+Many sequences (--sequences; default two waves), each with its own content and prompt length
+(from ntg + 1 to npp cells), are served through a non-unified KV cache of npl streams of
+kv_size = n_ctx / npl cells (the window options of `ferry bench`: -c, -npl, -npp, -ntg, --pad;
+the gate runs once per -npl): in waves, wave w putting sequences w*S .. w*S+S-1 in
+streams 0..S-1 (S = npl). At the start of a wave each sequence's prompt cells are written into its
+stream (over whatever the previous wave left there); each of the ntg decode steps writes the sequence's
 next cell and then runs, per layer, attention over the window of the wave's streams on the
 split backend (CUDA, or the CPU stand-in), each sequence with its own query and length. The
 queries and lengths are written in place into input tensors kept per wave size, and a step
@@ -52,7 +54,9 @@ from .devices import DeviceConfig, Place, placement_name, standard_placements
 
 @dataclass(frozen=True)
 class ValidateConfig:
-    """What `ferry validate` runs."""
+    """What `ferry validate` runs at one npl: n_seq sequences (--sequences) through n_stream streams
+    (-npl) of kv_size cells (-c / -npl), n_step decode steps a wave (-ntg), prompts of n_step + 1
+    to npp cells (-npp; None: kv_size - n_step)."""
 
     n_seq: int = 16
     n_stream: int = 8
@@ -73,18 +77,24 @@ class ValidateConfig:
     prefetch: int = 1  # parts (layers) ahead an overlapped run queues
     v_trans: bool = False  # V stored transposed (flash attention off)
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
+    npp: Optional[int] = None  # the longest prompt; None: kv_size - n_step
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
-        check_positive((("--sequences", self.n_seq), ("--streams", self.n_stream), ("--layers", self.n_layer),
-                        ("--steps", self.n_step), ("--cells", self.kv_size), ("--heads", self.n_head),
+        check_positive((("--sequences", self.n_seq), ("-npl", self.n_stream), ("--layers", self.n_layer),
+                        ("-ntg", self.n_step), ("-c / -npl", self.kv_size), ("--heads", self.n_head),
                         ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv), ("--pad", self.pad),
                         ("--prefetch", self.prefetch)))
+        if self.npp is not None:
+            check_positive((("-npp", self.npp),))
         if self.n_stream < 2:
-            raise InvalidArgumentError(f"--streams {self.n_stream}: a gate for cross-stream reads needs at least 2")
-        if self.kv_size < 2 * self.n_step + 2:
-            raise InvalidArgumentError(f"--cells {self.kv_size}: a stream needs at least 2 * --steps + 2 = "
-                                       f"{2 * self.n_step + 2} cells (prompts of different lengths, then the steps)")
+            raise InvalidArgumentError(f"-npl {self.n_stream}: a gate for cross-stream reads needs at least 2 streams")
+        if self.longest_prompt < self.n_step + 2:
+            raise InvalidArgumentError(f"-npp {self.longest_prompt}: prompts of different lengths, from -ntg + 1 = "
+                                       f"{self.n_step + 1} cells, need -npp at least -ntg + 2 = {self.n_step + 2}")
+        if self.longest_prompt + self.n_step > self.kv_size:
+            raise InvalidArgumentError(f"-npl {self.n_stream}: a stream holds {self.kv_size} cells (-c / -npl), fewer "
+                                       f"than -npp + -ntg = {self.longest_prompt + self.n_step}")
         check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
         if self.v_trans and self.type_kv == "q8_0":
             raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
@@ -102,10 +112,16 @@ class ValidateConfig:
         """Values per cell of K (or V): head_dim * n_head_kv."""
         return self.head_dim * self.n_head_kv
 
+    @property
+    def longest_prompt(self) -> int:
+        """The longest prompt a sequence may have: npp, or kv_size - n_step without it."""
+        return self.kv_size - self.n_step if self.npp is None else self.npp
+
     def prompts(self) -> List[int]:
-        """Each sequence's prompt length: different lengths, so that each stream's range differs too."""
+        """Each sequence's prompt length, n_step + 1 to longest_prompt cells: different lengths, so that
+        each stream's range differs too."""
         rng = np.random.default_rng([self.seed, 7])
-        return [int(x) for x in rng.integers(self.n_step + 1, self.kv_size - self.n_step + 1, size=self.n_seq)]
+        return [int(x) for x in rng.integers(self.n_step + 1, self.longest_prompt + 1, size=self.n_seq)]
 
 
 @dataclass
