@@ -27,7 +27,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.ops", "ferry.graph", "ferry._placements", "ferry.alloc"),
     ("ferry.plan", "ferry.copy_path"),
     ("ferry.sched", "ferry.kv", "ferry.step"),
-    ("ferry.workloads.common", "ferry.workloads.model_file", "ferry.workloads.devices"),
+    ("ferry.workloads.common", "ferry.workloads.model_file", "ferry.workloads.devices", "ferry.workloads.estimate"),
     ("ferry.workloads", "ferry.workloads.bench", "ferry.workloads.validate", "ferry.workloads.table",
      "ferry.workloads.plan"),
     ("ferry",),
