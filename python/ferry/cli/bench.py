@@ -139,16 +139,17 @@ def _samples_line(res: BenchResult) -> str:
 
 
 def _footer(res: BenchResult) -> List[str]:
-    """Per npl: whether the outputs agreed, and where the graph was rebuilt."""
+    """Per npl, whether the outputs agreed, and at how many of a repetition's later steps the graph was
+    rebuilt (the padded n_kv changed)."""
     cfg = res.config
     lines = []
     for npl in cfg.npl:
         runs = "policies and both caches" if cfg.runs_unified else "policies"
         runs += ", serial and overlapped" if cfg.overlap else ""
         same = "identical" if res.outputs_identical(npl) else "DIFFERENT"
-        rebuilds = res.row(npl, res.variants()[0][0], False, res.variants()[0][1]).rebuilds
-        lines.append(f"npl {npl}: outputs {same} across {runs}; {rebuilds} of {cfg.ntg - 1} later steps rebuilt "
-                     f"(pad {cfg.pad})")
+        r = res.row(npl, res.variants()[0][0], False, res.variants()[0][1])
+        lines.append(f"npl {npl}: attention outputs {same} across {runs}; rebuilt at {r.rebuilds} of {cfg.ntg - 1} "
+                     "later steps")
     return lines
 
 

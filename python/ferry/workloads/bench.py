@@ -30,7 +30,7 @@ calibration (ferry.workloads.estimate.calibrate: the repetitions per sample, dou
 fastest variant's sample lasts --min-sample-ms), then timed samples, one of each variant per
 turn, the order reversed every other turn, so that drift of the machine falls on every variant
 alike. Turns go on until each variant has --repeat samples; by default, until it has 10 and
-every gain's interval (below) is within +-2.5 points, or the time cap (--max-time, shared
+every gain's interval (below) is within ±2.5 points, or the time cap (--max-time, shared
 equally by the npl) has passed: then a warning says so. The collector is off while samples are
 timed.
 
@@ -956,7 +956,8 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
     cfg : BenchConfig
         What to run.
     on_step : callable, optional
-        Called with the run's label after each decode step (`BenchConfig.n_steps` calls in all).
+        Called with the run's label after each decode step (at least `BenchConfig.n_steps` calls:
+        the calibration and added samples make more).
 
     Returns
     -------
