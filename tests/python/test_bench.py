@@ -140,8 +140,8 @@ def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[1] == "-c 256, -npp 16, -ntg 3, 2 layers, K/V f16, 4 heads x 32, 2 KV heads, pad 1"
     assert lines[2].startswith("tok/s: median of the samples; gain: median of the paired samples' ratios")
     assert lines[4] == "samples: npl 2: 6 of 3 steps; npl 4: 6 of 3 steps, variants taking turns"
-    assert lines[5] == "copied, read: bytes per decode step, every layer's K and V windows"
-    assert lines[7].split() == ["npl", "policy", "tok/s", "over", "flat", "over", "unified", "copied", "read"]
+    assert lines[5] == "copy, copied, read: per decode step, every layer's K and V windows"
+    assert lines[7].split() == ["npl", "policy", "tok/s", "over", "flat", "over", "unified", "copy", "copied", "read"]
     rows = [ln.split() for ln in lines[8:14]]
     assert [r[:2] for r in rows] == [["2", "flat"], ["2", "ranges"], ["2", "unified"], ["4", "flat"],
                                      ["4", "ranges"], ["4", "unified"]]

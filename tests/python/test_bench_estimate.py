@@ -126,8 +126,8 @@ def test_warnings_name_the_cap_and_the_outliers() -> None:
     bursts = [120.0, 121.0, 119.0, 120.0, 122.0, 118.0, 120.0, 121.0, 119.0, 120.0, 60.0, 240.0]
     unstable = synthetic([100.0] * 12, bursts, capped=False, unified=False)
     (w,) = unstable.warnings()
-    assert w == ("npl 2: ranges over flat: 17% of 12 paired samples are outliers (robust z above 3.5): the machine "
-                 "was busy or the samples unstable; rerun when it is quiet")
+    assert w == ("npl 2: many outliers (robust z above 3.5) among the paired samples of ranges over flat (17% of 12): "
+                 "the machine was busy or the samples unstable; rerun when it is quiet")
 
 
 def test_a_tiny_cap_stops_the_samples_and_warns(monkeypatch: pytest.MonkeyPatch) -> None:

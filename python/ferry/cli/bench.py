@@ -172,8 +172,9 @@ def _head(res: BenchResult) -> List[str]:
 
 def format_result(res: BenchResult, wide: bool = False) -> str:
     """The report of the BenchResult res, under 100 columns: the header, per npl a row per split-cache
-    variant (tokens/s, its gain over flat and over the unified cache with their intervals, bytes
-    copied and read per step) and one for the unified cache, then whether the outputs agreed.
+    variant (tokens/s, its gain over flat and over the unified cache with their intervals, copy
+    time and bytes copied and read per step) and one for the unified cache, then whether the
+    outputs agreed.
     With wide, format_wide's report instead.
     """
     if wide:
@@ -183,10 +184,11 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
         "tok/s: median of the samples; gain: median of the paired samples' ratios, ± the farther end of",
         f"its 95% interval; ~: the interval holds 0 (within noise). Goal: ±{TARGET_HALF_WIDTH * 100:g} points",
         _samples_line(res),
-        "copied, read: bytes per decode step, every layer's K and V windows",
+        "copy, copied, read: per decode step, every layer's K and V windows",
         "",
     ]
-    head = ["npl", "policy", "tok/s", "over flat", "over unified" if cfg.runs_unified else "", "copied", "read"]
+    head = ["npl", "policy", "tok/s", "over flat", "over unified" if cfg.runs_unified else "", "copy", "copied",
+            "read"]
     body = []
     for npl in cfg.npl:
         for policy, compact in res.variants():
@@ -194,11 +196,13 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
             gain = res.gain_interval(r) if policy != "flat" else None
             body.append([str(npl), r.label, fmt_tps_digits(r.tokens_per_s), fmt_interval(gain),
                          fmt_interval(res.unified_gain(r)) if cfg.runs_unified else "",
+                         fmt_seconds(r.per_step(r.copy_s)),
                          fmt_bytes(r.per_step(r.bytes_copied)), fmt_bytes(r.per_step(r.bytes_read))])
         if cfg.runs_unified:
             policy, compact = res.variants()[0]
             u = res.row(npl, policy, True, compact)
             body.append([str(npl), "unified", fmt_tps_digits(u.tokens_per_s), "noise", "-",
+                         fmt_seconds(u.per_step(u.copy_s)),
                          fmt_bytes(u.per_step(u.bytes_copied)), fmt_bytes(u.per_step(u.bytes_read))])
     lines += [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
     if cfg.runs_unified:

@@ -558,13 +558,16 @@ class BenchResult:
                        if self.config.adaptive else f"--repeat {self.config.repeat} fixed the samples")
                 out.append(f"npl {n}: {why}: {len(wide)} of {len(claims)} gains wider than ±"
                            f"{TARGET_HALF_WIDTH * 100:g} points, the widest {r.label} over {what}: {widest}")
+            unstable = []
             for r, ref, what in claims:
                 pairs = list(zip(r.runs_tokens_per_s, ref.runs_tokens_per_s))
                 share = outlier_share([a / b for a, b in pairs])
                 if share > OUTLIER_SHARE:
-                    out.append(f"npl {n}: {r.label} over {what}: {share:.0%} of {len(pairs)} paired samples are "
-                               f"outliers (robust z above {OUTLIER_Z:g}): the machine was busy or the samples "
-                               "unstable; rerun when it is quiet")
+                    unstable.append(f"{r.label} over {what} ({share:.0%} of {len(pairs)})")
+            if unstable:
+                out.append(f"npl {n}: many outliers (robust z above {OUTLIER_Z:g}) among the paired samples of "
+                           f"{', '.join(unstable)}: the machine was busy or the samples unstable; rerun when it is "
+                           "quiet")
         return out
 
     def _claim_interval(self, r: BenchRow, ref: BenchRow) -> Interval:
