@@ -415,9 +415,9 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     bp.add_argument("--min-sample-ms", type=non_negative, default=d.min_sample_ms, metavar="MS",
                     help="what one timed sample lasts at least, in ms of decode time: the calibration doubles the "
                          f"repetitions a sample holds until it does; 0: one repetition (default {d.min_sample_ms:g})")
-    bp.add_argument("--max-time", type=non_negative, default=d.max_time, metavar="SECONDS",
+    bp.add_argument("--max-time", type=non_negative, metavar="SECONDS",
                     help="seconds the run may spend before it stops adding samples, shared equally by the npl; "
-                         f"without --repeat only (default {d.max_time:g})")
+                         f"refused with --repeat, which fixes the samples (default {d.max_time:g})")
     add_v_trans_arg(bp)
     bp.add_argument("--compact", action="store_true",
                     help="also run each non-flat policy with compact staging (the split holds only the bytes read)")
@@ -441,7 +441,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
                        policies=tuple(args.policy), unified=args.unified, device=args.device, pad=args.pad,
-                       repeat=args.repeat, min_sample_ms=args.min_sample_ms, max_time=args.max_time,
+                       repeat=args.repeat, min_sample_ms=args.min_sample_ms,
+                       max_time=BenchConfig.max_time if args.max_time is None else args.max_time,
                        v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
                        overlap=args.overlap, prefetch=args.prefetch, devices=devices_from_args(args))
 
@@ -453,6 +454,9 @@ def main(args: argparse.Namespace) -> int:
     fails.
     """
     check_one_head_dim(apply_model(args, run_fields()), args)
+    if args.repeat is not None and args.max_time is not None:
+        raise InvalidArgumentError("--max-time caps the samples added without --repeat; with --repeat "
+                                   f"{args.repeat} it does nothing: give one of them")
     cfg = config_from_args(args)
     cfg.check()
     if args.plot:
