@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import re
+import statistics
 import struct
 import sys
 from pathlib import Path
@@ -17,18 +18,24 @@ import pytest
 import ferry
 from ferry.cli import bench, main
 from ferry.workloads import bench as bench_workload
+from ferry.workloads import estimate
 
 TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "4",
         "--head-dim", "32", "--kv-heads", "2", "--device", "cpu"]
 KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "bytes_read", "compact",
         "split_memory_bytes", "repeats", "tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max", "gain",
         "gain_median", "gain_min", "gain_max", "statistic", "spread", "host_s", "tokens_per_s_end_to_end", "rebuilds",
-        "overlap", "prefetch", "decode_s", "compute_s", "ahead_bytes", "devices"}
+        "overlap", "prefetch", "decode_s", "compute_s", "ahead_bytes", "devices", "samples", "steps_per_sample",
+        "decode_s_per_step", "copy_s_per_step", "compute_s_per_step", "host_s_per_step", "bytes_copied_per_step",
+        "bytes_read_per_step", "gain_low", "gain_high", "gain_within_noise", "gain_claimed", "over_unified",
+        "over_unified_low", "over_unified_high", "config", "loops", "capped", "warnings"}
+#: A run of a fixed number of samples, one repetition each: quick, and no time cap to warn about.
+QUICK = ["--repeat", "6", "--min-sample-ms", "0"]
 
 
 def tiny(**kw: object) -> bench.BenchConfig:
     base = dict(n_ctx=256, npl=(2, 4), npp=16, ntg=3, n_layer=2, n_head=4, head_dim=32, n_head_kv=2,
-                policies=("flat", "ranges", "plan"), device="cpu")
+                policies=("flat", "ranges", "plan"), device="cpu", repeat=6, min_sample_ms=0.0)
     base.update(kw)
     return bench.BenchConfig(**base)  # type: ignore[arg-type]
 
@@ -67,7 +74,8 @@ def test_bytes_per_policy_and_layout_are_exact(type_kv: str, pad: int) -> None:
             assert 0 < r.copy_s < r.decode_s and 0 < r.compute_s < r.decode_s
     assert res.gain(res.row(2, "flat")) == 0.0
     r = res.row(4, "ranges", True)
-    assert res.gain(r) == r.tokens_per_s / res.row(4, "flat", True).tokens_per_s - 1.0
+    flat = res.row(4, "flat", True)
+    assert res.gain(r) == statistics.median(v / f - 1.0 for v, f in zip(r.runs_tokens_per_s, flat.runs_tokens_per_s))
 
 
 def test_outputs_differ_when_content_differs() -> None:
@@ -78,42 +86,43 @@ def test_outputs_differ_when_content_differs() -> None:
 
 
 def test_variants_take_turns_after_a_warm_up() -> None:
-    """Per npl and layout, one repetition (ntg steps) of each variant at a time, the order reversed every
-    other repetition: a warm-up, then --repeat timed ones."""
+    """Per npl, one sample of each variant of both layouts at a time, the order reversed every other
+    turn: a warm-up turn, then --repeat timed ones (no calibration with --min-sample-ms 0)."""
     labels: List[str] = []
     cfg = tiny(npl=(2,), policies=("flat", "ranges"), repeat=3)
     res = bench_workload.run_bench(cfg, on_step=labels.append)
     assert len(labels) == cfg.n_steps == 2 * 2 * cfg.ntg * (1 + 3)
     reps = labels[::cfg.ntg]
     assert all(labels[i:i + cfg.ntg] == [reps[i // cfg.ntg]] * cfg.ntg for i in range(0, len(labels), cfg.ntg))
-    turns = ["flat", "ranges", "ranges", "flat"] * 2
-    assert reps == [f"npl 2 {p}" for p in turns] + [f"npl 2 {p} unified" for p in turns]
+    turn = ["npl 2 flat", "npl 2 ranges", "npl 2 flat unified", "npl 2 ranges unified"]
+    assert reps == (turn + turn[::-1]) * 2
     assert all(r.repeats == 3 for r in res.rows)
 
 
-def test_figures_are_each_steps_fastest_and_the_spread_is_the_repetitions() -> None:
-    """tokens/s sums each step's fastest time over the repetitions, so no repetition of its own is
-    faster; the spread is the repetitions' own tokens/s, and the gain's spread their paired ratios."""
-    assert bench_workload._fastest_steps([[3.0, 1.0, 5.0], [2.0, 4.0, 6.0]]) == 2.0 + 1.0 + 5.0
+def test_figures_are_medians_of_the_samples() -> None:
+    """tokens/s is npl over the median decode time per step, so it lies within the samples' own; the
+    gain is the median of the paired ratios, and its spread their least and greatest."""
     cfg = tiny(npl=(2,), policies=("flat", "ranges"), repeat=5, unified=False)
     res = bench.run_bench(cfg)
     flat, ranges = res.row(2, "flat"), res.row(2, "ranges")
     for r in (flat, ranges):
         assert len(r.runs_tokens_per_s) == 5
-        assert r.tokens_per_s >= max(r.runs_tokens_per_s)
+        assert r.tokens_per_s == pytest.approx(statistics.median(r.runs_tokens_per_s), rel=1e-9)  # 5: odd
         median, low, high = r.tokens_per_s_spread
         assert (low, high) == (min(r.runs_tokens_per_s), max(r.runs_tokens_per_s)) and low <= median <= high
         assert r.tokens_per_s == pytest.approx(r.npl * cfg.ntg / r.decode_s, rel=1e-12)
     paired = sorted(v / f - 1.0 for f, v in zip(flat.runs_tokens_per_s, ranges.runs_tokens_per_s))
     assert res.gain_spread(ranges) == (paired[2], paired[0], paired[-1])
-    assert res.gain(ranges) == ranges.tokens_per_s / flat.tokens_per_s - 1.0
+    assert res.gain(ranges) == paired[2]
     assert res.gain_spread(flat) == (0.0, 0.0, 0.0)
+    assert res.gain_interval(ranges) == estimate.median_interval(paired)  # 5 samples: no interval
 
 
 def test_no_flat_no_gain() -> None:
     res = bench.run_bench(tiny(npl=(2,), policies=("ranges",), unified=False, ntg=1))
     assert len(res.rows) == 1 and res.gain(res.rows[0]) is None
     assert " - " in bench.format_result(res).splitlines()[8]  # the table's first row, after the header lines
+    assert " - " in bench.format_result(res, wide=True).splitlines()[10]
 
 
 def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> tuple:
@@ -123,35 +132,65 @@ def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> tuple:
 
 
 def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(["bench", *TINY, "--policy", "flat,ranges"], capsys)
-    assert code == 0 and err == ""  # no bar when stderr is not a terminal
+    code, out, err = run_cli(["bench", *TINY, *QUICK, "--policy", "flat,ranges"], capsys)
+    assert code == 0
+    assert "warning" not in err or "fixed the samples" in err or "outliers" in err  # only the samples' own
     lines = out.splitlines()
     assert lines[0] == "split backend: CPU (stand-in device); KV cache in pageable host memory (CPU backend)"
     assert lines[1] == "-c 256, -npp 16, -ntg 3, 2 layers, K/V f16, 4 heads x 32, 2 KV heads, pad 1"
-    assert lines[2] == ("tok/s, gain, decode, copy, compute: each step's fastest of the repetitions, summed over "
-                        "the steps (31 timed repetitions of each variant, taking turns, after a warm-up)")
-    assert lines[3].startswith("per repetition: median (min..max) of the repetitions")
-    assert lines[5].startswith("host: getting each step's graph (built and allocated when the padded n_kv changes")
-    assert lines[7].split() == ["npl", "policy", "tok/s", "per", "repetition", "gain", "per", "repetition", "decode",
-                                "host", "e2e", "tok/s", "copy", "compute", "copied", "read", "copy", "bw", "split", "mem", "unified", "tok/s",
-                                "gain", "per", "repetition", "copy", "copied"]
-    rows = [ln.split() for ln in lines[8:12]]
+    assert lines[2].startswith("tok/s: median of the samples; gain: median of the paired samples' ratios")
+    assert lines[4] == "samples: npl 2: 6 of 3 steps; npl 4: 6 of 3 steps, variants taking turns"
+    assert lines[5] == "copy, copied, read: per decode step, every layer's K and V windows"
+    assert lines[7].split() == ["npl", "policy", "tok/s", "over", "flat", "over", "unified", "copy", "copied", "read"]
+    rows = [ln.split() for ln in lines[8:14]]
+    assert [r[:2] for r in rows] == [["2", "flat"], ["2", "ranges"], ["2", "unified"], ["4", "flat"],
+                                     ["4", "ranges"], ["4", "unified"]]
+    assert rows[0][3] == "-" and rows[2][3:5] == ["noise", "-"]
+    assert re.fullmatch(r"~?[+-]\d+\.\d%", rows[1][3]) and re.fullmatch(r"±\d+\.\d", rows[1][4])
+    cfg = tiny(policies=("flat", "ranges"))
+    per_step = expected_bytes(cfg, 2)["read"] / cfg.ntg
+    assert lines[9].endswith(f"{bench.fmt_bytes(per_step)}  {bench.fmt_bytes(per_step)}")
+    assert lines[-2:] == [f"npl {n}: attention outputs identical across policies and both caches; rebuilt at 2 of "
+                          "2 later steps" for n in (2, 4)]
+    assert max(len(ln) for ln in lines) < 100
+
+
+def test_default_table_fits_100_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    """At the default options (but a fixed number of quick samples), every printed line is under 100
+    columns; --wide is wider."""
+    code, out, _ = run_cli(["bench", "--device", "cpu", *QUICK], capsys)
+    assert code == 0 and len(out.splitlines()) > 15
+    assert max(len(ln) for ln in out.splitlines()) < 100
+    code, wide, _ = run_cli(["bench", "--device", "cpu", *QUICK, "--wide"], capsys)
+    assert code == 0 and max(len(ln) for ln in wide.splitlines()) > 100
+
+
+def test_wide_table_prints_every_column(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["bench", *TINY, *QUICK, "--policy", "flat,ranges", "--wide"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[2].startswith("tok/s, decode, copy, compute: median of the samples")
+    assert lines[5].startswith("per sample: median (min..max) of the samples")
+    assert lines[7].startswith("host: getting each step's graph (built and allocated when the padded n_kv changes")
+    assert lines[9].split() == ["npl", "policy", "tok/s", "per", "sample", "gain", "per", "sample", "decode",
+                                "host", "e2e", "tok/s", "copy", "compute", "copied", "read", "copy", "bw", "split",
+                                "mem", "unified", "tok/s", "gain", "(noise)", "per", "sample", "copy", "copied",
+                                "over", "unified"]
+    rows = [ln.split() for ln in lines[10:14]]
     assert [(r[0], r[1], r[5], r[6]) for r in rows] == [
         ("2", "flat", "+0.0%", "+0.0%"), ("2", "ranges", rows[1][5], rows[1][6]),
         ("4", "flat", "+0.0%", "+0.0%"), ("4", "ranges", rows[3][5], rows[3][6])]
     assert all(re.fullmatch(r"\([\d,]+\.\.[\d,]+\)", r[4]) for r in rows)  # tok/s: median (min..max)
-    assert all("MiB" in ln and "GB/s" in ln for ln in lines[8:12])
+    assert re.fullmatch(r"~?[+-]\d+\.\d%", rows[1][5]) and re.fullmatch(r"\[[+-]\d+\.\d,[+-]\d+\.\d\]", rows[1][6])
+    assert all("MiB" in ln and "GB/s" in ln for ln in lines[10:14])
     cfg = tiny(policies=("flat", "ranges"))
-    row_ranges_2 = lines[9]
-    assert f"{expected_bytes(cfg, 2)['read'] / 2**20:,.1f} MiB" in row_ranges_2
-    assert lines[13:] == [f"npl {n}: attention outputs identical across policies and both caches; the graph was "
-                          "rebuilt at 2 of a repetition's 2 later steps (pad 1)" for n in (2, 4)]
+    assert f"{expected_bytes(cfg, 2)['read'] / 2**20:,.1f} MiB" in lines[11]
 
 
 def test_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(["bench", *TINY, "--policy", "ranges,flat", "--json"], capsys)
+    code, out, err = run_cli(["bench", *TINY, *QUICK, "--policy", "ranges,flat", "--json"], capsys)
     assert code == 0
-    assert err == "ferry bench: split backend CPU (stand-in device), KV cache in pageable host memory\n"
+    assert err.startswith("ferry bench: split backend CPU (stand-in device), KV cache in pageable host memory\n")
     rows = json.loads(out)
     assert [(r["npl"], r["unified"], r["policy"]) for r in rows] == [
         (n, u, p) for n in (2, 4) for u in (False, True) for p in ("ranges", "flat")]
@@ -162,14 +201,24 @@ def test_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert r["bytes_read"] == (want["unified"] if r["unified"] else want["read"])
         if not r["unified"]:
             assert r["bytes_copied"] == (want["span"] if r["policy"] == "flat" else want["read"])
+        assert r["bytes_read_per_step"] == r["bytes_read"] / cfg.ntg
+        assert r["copy_s_per_step"] == pytest.approx(r["copy_s"] / cfg.ntg)
         assert r["tokens_per_s"] > 0 and r["copy_s"] > 0
-        assert r["repeats"] == 31 and r["tokens_per_s"] >= r["tokens_per_s_max"] >= r["tokens_per_s_min"] > 0
-        assert r["statistic"] == "each step's fastest of the repetitions, summed over the steps"
+        assert r["repeats"] == r["samples"] == 6 and r["steps_per_sample"] == 3 and r["loops"] == 1
+        assert r["tokens_per_s_max"] >= r["tokens_per_s"] >= r["tokens_per_s_min"] > 0
+        assert r["statistic"].startswith("median of the samples")
         assert (r["gain"] == 0.0) == (r["policy"] == "flat") and r["gain_min"] <= r["gain_median"] <= r["gain_max"]
+        assert r["gain"] == r["gain_median"] and r["gain_low"] <= r["gain"] <= r["gain_high"]
+        assert r["gain_claimed"] == (r["policy"] == "ranges" and not r["unified"])
+        assert (r["over_unified"] is None) == r["unified"]
+        c = r["config"]
+        assert (c["n_ctx"], c["npl"], c["npp"], c["ntg"], c["n_layer"], c["type_kv"], c["n_head"], c["head_dim"],
+                c["n_head_kv"], c["repeat"], c["min_sample_ms"]) == (256, [2, 4], 16, 3, 2, "f16", 4, 32, 2, 6, 0.0)
+        assert c["devices"]["n_devices"] == 1 and c["policies"] == ["ranges", "flat"]
 
 
 def test_json_without_unified(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(["bench", *TINY, "--no-unified", "--policy", "flat,ranges", "--json"], capsys)
+    code, out, _ = run_cli(["bench", *TINY, *QUICK, "--no-unified", "--policy", "flat,ranges", "--json"], capsys)
     rows = json.loads(out)
     assert code == 0 and [(r["npl"], r["policy"], r["unified"]) for r in rows] == [
         (2, "flat", False), (2, "ranges", False), (4, "flat", False), (4, "ranges", False)]
@@ -178,8 +227,8 @@ def test_json_without_unified(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     path = tmp_path / "bench.png"
-    code, out, err = run_cli(["bench", *TINY, "-npl", "2", "--plot", str(path)], capsys)
-    assert code == 0 and err == f"ferry bench: wrote {path}\n"
+    code, out, err = run_cli(["bench", *TINY, *QUICK, "-npl", "2", "--plot", str(path)], capsys)
+    assert code == 0 and err.endswith(f"ferry bench: wrote {path}\n")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
@@ -203,6 +252,11 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path: Path, monkeypatch: p
     (["--policy", "flat,flat"], "--policy lists a policy twice: flat,flat"),
     (["-ntg", "0"], "argument -ntg: 0 is out of range: 1.."),
     (["--repeat", "0"], "argument --repeat: 0 is out of range: 1.."),
+    (["--min-sample-ms", "-1"], "argument --min-sample-ms: -1 is out of range: a finite number of at least 0"),
+    (["--max-time", "nan"], "argument --max-time: nan is out of range: a finite number of at least 0"),
+    (["--max-time", "soon"], "argument --max-time: expected a number, got 'soon'"),
+    (["--repeat", "3", "--max-time", "5"], "--max-time caps the samples added without --repeat; with --repeat 3 it "
+                                           "does nothing: give one of them"),
     (["--heads", "5"], "--heads 5 is not a multiple of --kv-heads 2"),
     (["--type", "q8_0", "--head-dim", "48"], "--type q8_0 needs --head-dim a multiple of 32, got 48"),
     (["--type", "q4_0"], "--type 'q4_0': attention reads f32, f16, q8_0"),
@@ -250,6 +304,12 @@ def test_units() -> None:
     assert bench.fmt_mib(3 * 2**20 // 2) == "1.5 MiB"
     assert bench.fmt_gbps(54.9e9) == "54.90 GB/s"
     assert bench.fmt_gain(0.516) == "+51.6%" and bench.fmt_gain(-0.004) == "-0.4%" and bench.fmt_gain(None) == "-"
+    assert [bench.fmt_tps_digits(x) for x in (7.1234, 71.234, 712.34, 7123.4)] == ["7.123", "71.23", "712.3", "7,123"]
+    assert bench.fmt_bytes(1536) == "1.5 KiB" and bench.fmt_bytes(3 * 2**20) == "3.00 MiB"
+    g = estimate.Interval(0.358, 0.331, 0.380, 20)
+    assert bench.fmt_interval(g) == "+35.8% ±2.7" and bench.fmt_interval(g, exact=True) == "+35.8% [+33.1,+38.0]"
+    assert bench.fmt_interval(estimate.Interval(0.008, -0.012, 0.029, 20)) == "~+0.8% ±2.1"
+    assert bench.fmt_interval(estimate.Interval(0.1, None, None, 3)) == "~+10.0% ±?" and bench.fmt_interval(None) == "-"
 
 
 def test_v_trans_plan_moves_the_bytes_read() -> None:

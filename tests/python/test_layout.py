@@ -28,7 +28,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.plan", "ferry.copy_path"),
     ("ferry.sched", "ferry.kv", "ferry.step"),
     ("ferry.residency",),
-    ("ferry.workloads.common", "ferry.workloads.model_file", "ferry.workloads.devices"),
+    ("ferry.workloads.common", "ferry.workloads.model_file", "ferry.workloads.devices", "ferry.workloads.estimate"),
     ("ferry.workloads", "ferry.workloads.bench", "ferry.workloads.validate", "ferry.workloads.table",
      "ferry.workloads.plan"),
     ("ferry",),

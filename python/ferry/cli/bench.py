@@ -9,8 +9,9 @@ from typing import Any, Callable, List, Optional, TextIO, Tuple
 
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..workloads import bench as bench_workload
-from ..workloads.bench import SPREAD, STATISTIC, BenchConfig, BenchResult, BenchRow
+from ..workloads.bench import SPREAD, TARGET_HALF_WIDTH, BenchConfig, BenchResult, BenchRow
 from ..workloads.common import run_name
+from ..workloads.estimate import Interval
 from .options import (
     POSITIVE,
     add_device_arg,
@@ -29,8 +30,8 @@ from .progress import Progress, progress_stream
 from .text_table import format_table
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Progress", "add_parser", "check_plot_available",
-           "config_from_args", "fmt_gain", "fmt_gbps", "fmt_layers", "fmt_mib", "fmt_ratio", "fmt_seconds",
-           "fmt_spread", "fmt_tps", "format_devices",
+           "config_from_args", "fmt_bytes", "fmt_gain", "fmt_gbps", "fmt_interval", "fmt_layers", "fmt_mib",
+           "fmt_ratio", "fmt_seconds", "fmt_spread", "fmt_tps", "fmt_tps_digits", "format_devices", "format_wide",
            "format_overlap", "format_result", "main", "plot_result", "run_bench"]
 
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
@@ -100,60 +101,162 @@ def fmt_tps(tps: float) -> str:
     return f"{tps:,.0f}"
 
 
-def format_result(res: BenchResult) -> str:
-    """The report of the BenchResult res: the header, one table row per (npl, policy) with the unified
-    cache's figures beside it, and whether the outputs agreed.
-    """
+def fmt_tps_digits(tps: float) -> str:
+    """Tokens/s with at least 4 significant digits (7.123, 71.23, 712.3, 7,123): a difference of a few
+    tenths of a percent shows, as the gains claim."""
+    for limit, decimals in ((10.0, 3), (100.0, 2), (1000.0, 1)):
+        if abs(tps) < limit:
+            return f"{tps:,.{decimals}f}"
+    return f"{tps:,.0f}"
+
+
+def fmt_bytes(n: float) -> str:
+    """n bytes in KiB below a MiB (one decimal), else in MiB (two decimals)."""
+    if n < 2**20:
+        return f"{n / 2**10:,.1f} KiB"
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def fmt_interval(g: Optional[Interval], exact: bool = False) -> str:
+    """A gain with its interval: "+35.8% ±2.4" (± the farther end), or with exact "+35.8% [+33.4,+38.2]";
+    "~" before it when the interval holds 0 (a gain within its own noise), "±?" without an interval
+    (too few samples), "-" for None."""
+    if g is None:
+        return "-"
+    mark = "~" if g.within_noise else ""
+    if g.low is None or g.high is None:
+        return f"{mark}{g.estimate * 100:+.1f}% ±?"
+    if exact:
+        return f"{mark}{g.estimate * 100:+.1f}% [{g.low * 100:+.1f},{g.high * 100:+.1f}]"
+    return f"{mark}{g.estimate * 100:+.1f}% ±{g.half_width * 100:.1f}"
+
+
+def _samples_line(res: BenchResult) -> str:
+    """How many samples each npl took, of how many steps."""
+    parts = [f"npl {s.npl}: {s.samples} of {s.loops * res.config.ntg} steps" + (" (capped)" if s.capped else "")
+             for s in res.sampling.values()]
+    return "samples: " + "; ".join(parts) + ", variants taking turns"
+
+
+def _footer(res: BenchResult) -> List[str]:
+    """Per npl, whether the outputs agreed, and at how many of a repetition's later steps the graph was
+    rebuilt (the padded n_kv changed)."""
     cfg = res.config
-    lines = [
-        f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)",
-        f"-c {cfg.n_ctx}, -npp {cfg.npp}, -ntg {cfg.ntg}, {cfg.n_layer} layers, K/V {cfg.type_kv}, "
-        f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}"
-        + (", V transposed" if cfg.v_trans else ""),
-        f"tok/s, gain, decode, copy, compute: {STATISTIC} ({cfg.repeat} timed repetitions of each variant, "
-        "taking turns, after a warm-up)",
-        f"per repetition: {SPREAD}",
+    lines = []
+    for npl in cfg.npl:
+        runs = "policies and both caches" if cfg.runs_unified else "policies"
+        runs += ", serial and overlapped" if cfg.overlap else ""
+        same = "identical" if res.outputs_identical(npl) else "DIFFERENT"
+        r = res.row(npl, res.variants()[0][0], False, res.variants()[0][1])
+        lines.append(f"npl {npl}: attention outputs {same} across {runs}; rebuilt at {r.rebuilds} of {cfg.ntg - 1} "
+                     "later steps")
+    return lines
+
+
+def _extra_tables(res: BenchResult) -> List[str]:
+    lines: List[str] = []
+    if not res.config.devices.default:
+        lines += format_devices(res) + [""]
+    if res.config.overlap:
+        lines += format_overlap(res) + [""]
+    return lines
+
+
+def _head(res: BenchResult) -> List[str]:
+    cfg = res.config
+    return [f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)",
+            f"-c {cfg.n_ctx}, -npp {cfg.npp}, -ntg {cfg.ntg}, {cfg.n_layer} layers, K/V {cfg.type_kv}, "
+            f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}"
+            + (", V transposed" if cfg.v_trans else "")]
+
+
+def format_result(res: BenchResult, wide: bool = False) -> str:
+    """The report of the BenchResult res, under 100 columns: the header, per npl a row per split-cache
+    variant (tokens/s, its gain over flat and over the unified cache with their intervals, copy
+    time and bytes copied and read per step) and one for the unified cache, then whether the
+    outputs agreed.
+    With wide, format_wide's report instead.
+    """
+    if wide:
+        return format_wide(res)
+    cfg = res.config
+    lines = _head(res) + [
+        "tok/s: median of the samples; gain: median of the paired samples' ratios, ± the farther end of",
+        f"its 95% interval; ~: the interval holds 0 (within noise). Goal: ±{TARGET_HALF_WIDTH * 100:g} points",
+        _samples_line(res),
+        "copy, copied, read: per decode step, every layer's K and V windows",
+        "",
+    ]
+    head = ["npl", "policy", "tok/s", "over flat", "over unified" if cfg.runs_unified else "", "copy", "copied",
+            "read"]
+    body = []
+    for npl in cfg.npl:
+        for policy, compact in res.variants():
+            r = res.row(npl, policy, False, compact)
+            gain = res.gain_interval(r) if policy != "flat" else None
+            body.append([str(npl), r.label, fmt_tps_digits(r.tokens_per_s), fmt_interval(gain),
+                         fmt_interval(res.unified_gain(r)) if cfg.runs_unified else "",
+                         fmt_seconds(r.per_step(r.copy_s)),
+                         fmt_bytes(r.per_step(r.bytes_copied)), fmt_bytes(r.per_step(r.bytes_read))])
+        if cfg.runs_unified:
+            policy, compact = res.variants()[0]
+            u = res.row(npl, policy, True, compact)
+            body.append([str(npl), "unified", fmt_tps_digits(u.tokens_per_s), "noise", "-",
+                         fmt_seconds(u.per_step(u.copy_s)),
+                         fmt_bytes(u.per_step(u.bytes_copied)), fmt_bytes(u.per_step(u.bytes_read))])
+    lines += [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
+    if cfg.runs_unified:
+        lines.append(f"unified: the cache under {res.variants()[0][0]}; one dense range, copied alike under every "
+                     "policy,")
+        lines.append("so its gain over flat is noise and not claimed (--wide, --json show it)")
+    lines.append("")
+    lines += _extra_tables(res)
+    lines += _footer(res)
+    return "\n".join(lines)
+
+
+def format_wide(res: BenchResult) -> str:
+    """The report with every figure: per npl and policy the tokens/s and gain over flat with their spread
+    over the samples and the gain's interval, decode, host, end-to-end, copy and compute time, bytes
+    copied and read over a repetition, copy bandwidth and the split's memory, then the unified
+    cache's figures and the split's gain over it; then whether the outputs agreed."""
+    cfg = res.config
+    lines = _head(res) + [
+        "tok/s, decode, copy, compute: median of the samples; gain: median of the paired samples' ratios",
+        "with its 95% interval; ~: the interval holds 0 (within noise)",
+        _samples_line(res),
+        f"per sample: {SPREAD}",
         "copy and bytes: every layer's K and V windows over the ntg steps of a repetition",
         "host: getting each step's graph (built and allocated when the padded n_kv changes"
         + (", else reused" if cfg.reuse else ", every step: --no-reuse") + ") and writing its lengths; "
         "e2e tok/s counts decode and host time",
         "",
     ]
-    head = ["npl", "policy", "tok/s", "per repetition", "gain", "per repetition", "decode", "host", "e2e tok/s",
-            "copy", "compute",
-            "copied", "read", "copy bw", "split mem"]
+    head = ["npl", "policy", "tok/s", "per sample", "gain", "per sample", "decode", "host", "e2e tok/s",
+            "copy", "compute", "copied", "read", "copy bw", "split mem"]
     if cfg.runs_unified:
-        head += ["unified tok/s", "gain", "per repetition", "copy", "copied"]
+        head += ["unified tok/s", "gain (noise)", "per sample", "copy", "copied", "over unified"]
     body = []
     for npl in cfg.npl:
         for policy, compact in res.variants():
             r = res.row(npl, policy, False, compact)
-            cells = [str(npl), r.label, fmt_tps(r.tokens_per_s), fmt_spread(r.tokens_per_s_spread, fmt_tps),
-                     fmt_gain(res.gain(r)), fmt_spread(res.gain_spread(r), fmt_gain), fmt_seconds(r.decode_s),
+            g = res.gain_interval(r)
+            cells = [str(npl), r.label, fmt_tps_digits(r.tokens_per_s), fmt_spread(r.tokens_per_s_spread, fmt_tps),
+                     fmt_gain(res.gain(r)) if policy == "flat" or g is None else fmt_interval(g, exact=True),
+                     fmt_spread(res.gain_spread(r), fmt_gain), fmt_seconds(r.decode_s),
                      fmt_seconds(r.host_s), fmt_tps(r.tokens_per_s_end_to_end), fmt_seconds(r.copy_s),
                      fmt_seconds(r.compute_s), fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
                      fmt_gbps(r.copy_bandwidth), fmt_mib(r.split_memory)]
             if cfg.runs_unified:
                 u = res.row(npl, policy, True, compact)
-                cells += [fmt_tps(u.tokens_per_s), fmt_gain(res.gain(u)), fmt_spread(res.gain_spread(u), fmt_gain),
-                          fmt_seconds(u.copy_s),
-                          fmt_mib(u.bytes_copied)]
+                cells += [fmt_tps_digits(u.tokens_per_s), fmt_gain(res.gain(u)),
+                          fmt_spread(res.gain_spread(u), fmt_gain), fmt_seconds(u.copy_s), fmt_mib(u.bytes_copied),
+                          fmt_interval(res.unified_gain(r), exact=True)]
             body.append(cells)
     lines += format_table([head, *body], left=(1,))
     lines.append("")
-    if not cfg.devices.default:
-        lines += format_devices(res)
-        lines.append("")
-    if cfg.overlap:
-        lines += format_overlap(res)
-        lines.append("")
-    for npl in cfg.npl:
-        runs = "policies and both caches" if cfg.runs_unified else "policies"
-        runs += ", serial and overlapped" if cfg.overlap else ""
-        same = "identical" if res.outputs_identical(npl) else "DIFFERENT"
-        rebuilds = res.row(npl, res.variants()[0][0], False, res.variants()[0][1]).rebuilds
-        lines.append(f"npl {npl}: attention outputs {same} across {runs}; the graph was rebuilt at {rebuilds} of "
-                     f"a repetition's {cfg.ntg - 1} later steps (pad {cfg.pad})")
+    lines += _extra_tables(res)
+    lines += _footer(res)
     return "\n".join(lines)
 
 
@@ -279,6 +382,17 @@ def plot_result(res: BenchResult, path: str) -> None:
 # ------------------------------------------------------------ the command
 
 
+def non_negative(text: str) -> float:
+    """An argparse type: a finite number of at least 0; ArgumentTypeError for anything else."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} is out of range: a finite number of at least 0")
+    return value
+
+
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `bench` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
     d = BenchConfig()
@@ -294,9 +408,16 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                          "with every layer on the host only: skipped, with a note, otherwise)")
     add_device_arg(bp)
     add_devices_args(bp)
-    bp.add_argument("--repeat", type=POSITIVE, default=d.repeat,
-                    help="timed repetitions of each variant, taking turns after a warm-up; figures take each "
-                         f"step's fastest of them (default {d.repeat})")
+    bp.add_argument("--repeat", type=POSITIVE, default=d.repeat, metavar="N",
+                    help="timed samples of each variant, exactly (default: at least "
+                         f"{bench_workload.MIN_SAMPLES}, more until every gain's 95%% interval is within "
+                         f"±{TARGET_HALF_WIDTH * 100:g} points or --max-time passes); figures are their medians")
+    bp.add_argument("--min-sample-ms", type=non_negative, default=d.min_sample_ms, metavar="MS",
+                    help="what one timed sample lasts at least, in ms of decode time: the calibration doubles the "
+                         f"repetitions a sample holds until it does; 0: one repetition (default {d.min_sample_ms:g})")
+    bp.add_argument("--max-time", type=non_negative, metavar="SECONDS",
+                    help="seconds the run may spend before it stops adding samples, shared equally by the npl; "
+                         f"refused with --repeat, which fixes the samples (default {d.max_time:g})")
     add_v_trans_arg(bp)
     bp.add_argument("--compact", action="store_true",
                     help="also run each non-flat policy with compact staging (the split holds only the bytes read)")
@@ -307,6 +428,9 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                          "layers compute, and compare its decode time with the serial run's")
     bp.add_argument("--prefetch", type=POSITIVE, default=d.prefetch, metavar="N",
                     help=f"layers an overlapped run queues ahead (default {d.prefetch})")
+    bp.add_argument("--wide", action="store_true",
+                    help="the table with every figure (spreads, decode, host and e2e, copy and compute time, "
+                         "copy bandwidth, memory, the unified cache's), wider than 100 columns")
     bp.add_argument("--json", action="store_true", help="a JSON list of objects instead of the table")
     bp.add_argument("--plot", metavar="FILE.png", help="also write a PNG chart of tokens/s (needs matplotlib)")
     return bp
@@ -317,7 +441,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
                        policies=tuple(args.policy), unified=args.unified, device=args.device, pad=args.pad,
-                       repeat=args.repeat, v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
+                       repeat=args.repeat, min_sample_ms=args.min_sample_ms,
+                       max_time=BenchConfig.max_time if args.max_time is None else args.max_time,
+                       v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
                        overlap=args.overlap, prefetch=args.prefetch, devices=devices_from_args(args))
 
 
@@ -328,6 +454,9 @@ def main(args: argparse.Namespace) -> int:
     fails.
     """
     check_one_head_dim(apply_model(args, run_fields()), args)
+    if args.repeat is not None and args.max_time is not None:
+        raise InvalidArgumentError("--max-time caps the samples added without --repeat; with --repeat "
+                                   f"{args.repeat} it does nothing: give one of them")
     cfg = config_from_args(args)
     cfg.check()
     if args.plot:
@@ -337,7 +466,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"ferry bench: split backend {res.split_name}, KV cache in {res.cache_memory}", file=sys.stderr)
         print(json.dumps(res.as_dicts(), indent=2))
     else:
-        print(format_result(res))
+        print(format_result(res, args.wide))
+    for warning in res.warnings():
+        print(f"ferry bench: warning: {warning}", file=sys.stderr)
     if args.plot:
         plot_result(res, args.plot)
         print(f"ferry bench: wrote {args.plot}", file=sys.stderr)

@@ -23,10 +23,16 @@ outputs are compared (sha256 over every output of every step and layer).
 Timing: a step's decode time is the wall time of Scheduler.compute on an allocated graph
 (the input copies, attention, and synchronization); building the graph in Python and the
 scheduler's allocation are outside it. A repetition of a variant (a policy, with or without
-compact staging) is its ntg steps. Per npl and layout, one cache serves every variant (each
-has its own scheduler), and the variants take turns: one untimed warm-up repetition of each,
-then --repeat timed ones, the order reversed every other repetition, so that drift of the
-machine falls on every variant alike. The collector is off while steps are timed.
+compact staging, on one layout) is its ntg steps; a sample is as many repetitions of it as the
+calibration found, timed together. Per npl, one cache per layout serves every variant (each has its own scheduler), and
+the variants of both layouts take turns: one untimed warm-up repetition of each, then the
+calibration (ferry.workloads.estimate.calibrate: the repetitions per sample, doubled until the
+fastest variant's sample lasts --min-sample-ms), then timed samples, one of each variant per
+turn, the order reversed every other turn, so that drift of the machine falls on every variant
+alike. Turns go on until each variant has --repeat samples; by default, until it has 10 and
+every gain's interval (below) is within ±2.5 points, or the time cap (--max-time, shared
+equally by the npl) has passed: then a warning says so. The collector is off while samples are
+timed.
 
 Host time: building the graph in Python and allocating it are timed beside each step (and
 found as decode time is), with writing each sequence's length: the step's graph is built and
@@ -50,20 +56,22 @@ Devices (cfg.devices, ferry.workloads.devices): with --devices N the layers run 
 device 0; a layer's KV lives in host memory or in a device's memory (--kv-device-layers,
 --placement). The scheduler has every device and the CPU; a device-resident layer's windows
 are read where they are. Each row carries per device the layers it runs and holds, the bytes
-its splits received over a repetition (of them KV windows'), their copy time (each step's
-fastest, as below) and the memory it held (the scheduler's buffer at its most plus its
+its splits received over a repetition (of them KV windows'), their copy time (the median, as
+below) and the memory it held (the scheduler's buffer at its most plus its
 resident layers' K and V). The unified layout runs only on one device with every layer on the
 host.
 
-The figures: each step's fastest time over the repetitions, summed over the steps, is the
-decode time; tokens/s = npl * ntg / that time, and a variant's gain is its tokens/s over
-flat's, minus 1. Copy and compute time are found the same way from the scheduler's
-statistics (every layer's K and V); bytes are those of one repetition (every repetition
-moves the same). On a shared machine a step's fastest time is what repeats: measured on 2
-busy cores, the median over repetitions moved by tens of points from one run to the next
-where this moved by 2 (tools/results/*-bench-repeatability.md). The spread is reported
-beside it: each repetition's own tokens/s (median, min, max) and each repetition's tokens/s
-over flat's in the same repetition (median, min, max of those paired ratios).
+The figures are medians (ferry.workloads.estimate): decode, copy, compute and host time are the
+median over the samples of each one's time per step, times ntg (a repetition's); tokens/s is
+npl over that median decode time per step. A gain is the median over turns of a variant's
+sample tokens/s over the reference's sample in the same turn, minus 1, with the 95%
+distribution-free interval of that median: over flat (same layout, serial or overlapped alike),
+and the split cache over the unified one under the same policy. The unified cache copies the
+same bytes under every policy, so its gain over flat measures only noise; it is kept in the
+JSON but not claimed. A gain whose interval contains 0 is within its own noise. Bytes are those
+of one repetition (every repetition moves the same), and per step their mean over the ntg
+steps. Warnings: the time cap reached before every interval was narrow enough, or more than a
+tenth of a gain's paired ratios outliers (robust z-score above 3.5).
 """
 
 from __future__ import annotations
@@ -73,8 +81,8 @@ import hashlib
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -99,6 +107,7 @@ from .common import (
 )
 from .common import variants as workload_variants
 from .devices import DeviceConfig
+from .estimate import OUTLIER_SHARE, OUTLIER_Z, Interval, calibrate, outlier_share, paired_gain, ratio_spread
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
 OnStep = Callable[[str], None]
@@ -121,7 +130,7 @@ class BenchConfig:
     unified: bool = True
     device: str = "auto"
     pad: int = 1
-    repeat: int = 31  # timed repetitions of each variant (after one untimed warm-up repetition)
+    repeat: Optional[int] = None  # timed samples of each variant; None: MIN_SAMPLES, more until intervals narrow
     seed: int = 0
     v_trans: bool = False  # V stored transposed (flash attention off): a gap after every channel row
     compact: bool = False  # also run each non-flat policy with compact staging
@@ -129,12 +138,19 @@ class BenchConfig:
     overlap: bool = False  # also run each variant prefetching its inputs on the copy queue
     prefetch: int = 1  # parts (layers) ahead an overlapped run queues
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
+    min_sample_ms: float = 20.0  # what a sample lasts at least (decode time): the calibration's goal; 0: one repetition
+    max_time: float = 30.0  # seconds the whole run may spend adding samples (default repeat only), shared by the npl
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
         check_positive((("-c", self.n_ctx), ("-npp", self.npp), ("-ntg", self.ntg), ("--layers", self.n_layer),
                         ("--heads", self.n_head), ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv),
-                        ("--pad", self.pad), ("--repeat", self.repeat), ("--prefetch", self.prefetch)))
+                        ("--pad", self.pad), ("--prefetch", self.prefetch)))
+        if self.repeat is not None:
+            check_positive((("--repeat", self.repeat),))
+        for name, value in (("--min-sample-ms", self.min_sample_ms), ("--max-time", self.max_time)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise InvalidArgumentError(f"{name} must be a number of at least 0, got {value!r}")
         check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
         self.devices.check(self.n_layer, self.device)
         if self.v_trans and self.type_kv == "q8_0":
@@ -189,10 +205,21 @@ class BenchConfig:
 
     @property
     def n_steps(self) -> int:
-        """Decode steps of a whole run: every npl, variant, layout and repetition (the warm-up's too)."""
+        """Decode steps of a run at the least: every npl, variant and layout, its warm-up and its first
+        samples, each of one repetition (calibration and added samples take more)."""
         layouts = len(self.layouts)
         return len(self.npl) * len(variants(self)) * layouts * len(self.prefetch_depths) * self.ntg * (
-            WARMUP + self.repeat)
+            WARMUP + self.min_samples)
+
+    @property
+    def min_samples(self) -> int:
+        """Timed samples of each variant before any is added: --repeat, or MIN_SAMPLES."""
+        return MIN_SAMPLES if self.repeat is None else self.repeat
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether samples are added until the intervals narrow (no --repeat)."""
+        return self.repeat is None
 
     @property
     def prefetch_depths(self) -> Tuple[int, ...]:
@@ -202,10 +229,15 @@ class BenchConfig:
 
 #: Untimed repetitions of each variant before the timed ones.
 WARMUP = 1
+#: Timed samples of each variant before the bench adds any (without --repeat).
+MIN_SAMPLES = 10
+#: Samples are added until every claimed gain's interval is within this of its estimate (2.5 points).
+TARGET_HALF_WIDTH = 0.025
 #: How the figures are found, as the output says it.
-STATISTIC = "each step's fastest of the repetitions, summed over the steps"
+STATISTIC = ("median of the samples (tokens/s: npl over the median decode time per step); gain: median of the "
+             "paired samples' ratios, with its 95% interval")
 #: How their spread is found.
-SPREAD = "median (min..max) of the repetitions; gain: of each repetition's tokens/s over flat's in it"
+SPREAD = "median (min..max) of the samples; gain: of each sample's tokens/s over the reference's in its turn"
 
 
 @dataclass(frozen=True)
@@ -228,7 +260,7 @@ class DeviceFigures:
     kv_bytes_copied : int
         Of those, the bytes of KV windows.
     copy_s : float
-        Its inputs' copy time: each step's fastest over the repetitions, summed over the steps.
+        Its inputs' copy time over a repetition: the median over the samples of its time per step, times ntg.
     memory_bytes : int
         What it holds: the scheduler's buffer on it at its most, plus its resident layers' K and V.
     link_gbps : float or None
@@ -255,11 +287,13 @@ class DeviceFigures:
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One variant of a number of sequences and a cache layout, over its repetitions of ntg steps.
+    """One variant of a number of sequences and a cache layout, over its timed samples.
 
-    decode_s, copy_s, compute_s and host_s are each step's fastest over the repetitions, summed
-    over the steps, and tokens_per_s is npl * ntg over that decode_s; runs_tokens_per_s holds
-    each repetition's own tokens/s, in the order they ran.
+    decode_s, copy_s, compute_s and host_s are a repetition's (ntg steps): the median over the
+    samples of each sample's time per step, times ntg; tokens_per_s is npl * ntg over that
+    decode_s. runs_tokens_per_s holds each sample's own tokens/s, in the order they ran (sample i
+    of every variant of an npl ran in the same turn); bytes_copied and bytes_read are a
+    repetition's.
     """
 
     npl: int
@@ -274,12 +308,14 @@ class BenchRow:
     output_sha256: str = field(repr=False)
     compact: bool = False
     split_memory: int = 0  # bytes the scheduler held on the split backend (copies and outputs)
-    runs_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)  # each repetition's own, in run order
+    runs_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)  # each sample's own, in run order
     host_s: float = 0.0  # building (when n_kv changed) or reusing each step's graph, and writing its lengths
     rebuilds: int = 0  # graphs built after a repetition's first step: where the padded n_kv changed
     prefetch: int = 0  # the scheduler's prefetch depth: 0 serial, else overlapped
     ahead_bytes: int = 0  # the most bytes prefetching held on the split beyond the layer computing
     devices: Tuple[DeviceFigures, ...] = field(default=(), repr=False)  # per device, in index order
+    steps_per_sample: int = 0  # decode steps one timed sample holds: repetitions (calibrated) times ntg
+    ntg: int = 0  # steps of a repetition
 
     @property
     def overlap(self) -> bool:
@@ -294,12 +330,16 @@ class BenchRow:
 
     @property
     def repeats(self) -> int:
-        """Timed repetitions."""
+        """Timed samples."""
         return len(self.runs_tokens_per_s)
+
+    def per_step(self, total: float) -> float:
+        """A repetition's figure (seconds or bytes over ntg steps) per step."""
+        return total / self.ntg if self.ntg else total
 
     @property
     def tokens_per_s_spread(self) -> Tuple[float, float, float]:
-        """The median, least and greatest of the repetitions' own tokens/s."""
+        """The median, least and greatest of the samples' own tokens/s."""
         runs = self.runs_tokens_per_s or (self.tokens_per_s,)
         return statistics.median(runs), min(runs), max(runs)
 
@@ -314,18 +354,83 @@ class BenchRow:
         return self.bytes_copied / self.copy_s if self.copy_s > 0 else 0.0
 
     def as_dict(self) -> Dict[str, object]:
-        """The row as `ferry bench --json` writes it: the run, its speed and bytes, compact staging, the
-        split's memory, the number of repetitions and their own tokens/s (median, min, max), and
-        "devices": each device's figures (DeviceFigures.as_dict)."""
+        """The row as `ferry bench --json` writes it: the run, its speed and bytes (a repetition's, and per
+        step), compact staging, the split's memory, the samples ("repeats" and "samples", the steps
+        each holds) and their own tokens/s (median, min, max), and "devices": each device's figures
+        (DeviceFigures.as_dict)."""
         return {"npl": self.npl, "policy": self.policy, "unified": self.unified, "tokens_per_s": self.tokens_per_s,
                 "copy_s": self.copy_s, "bytes_copied": self.bytes_copied, "bytes_read": self.bytes_read,
                 "compact": self.compact, "split_memory_bytes": self.split_memory, "repeats": self.repeats,
                 "host_s": self.host_s, "tokens_per_s_end_to_end": self.tokens_per_s_end_to_end,
                 "rebuilds": self.rebuilds, "overlap": self.overlap, "prefetch": self.prefetch,
                 "decode_s": self.decode_s, "compute_s": self.compute_s, "ahead_bytes": self.ahead_bytes,
+                "samples": self.repeats, "steps_per_sample": self.steps_per_sample,
+                "decode_s_per_step": self.per_step(self.decode_s), "copy_s_per_step": self.per_step(self.copy_s),
+                "compute_s_per_step": self.per_step(self.compute_s), "host_s_per_step": self.per_step(self.host_s),
+                "bytes_copied_per_step": self.per_step(self.bytes_copied),
+                "bytes_read_per_step": self.per_step(self.bytes_read),
                 **dict(zip(("tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max"),
                            self.tokens_per_s_spread)),
                 "devices": [d.as_dict() for d in self.devices]}
+
+
+#: A variant's identity within an npl: (policy, compact, prefetch, unified).
+Key = Tuple[str, bool, int, bool]
+
+
+def claim_pairs(keys: Sequence[Key]) -> List[Tuple[int, int, str]]:
+    """The gains a run claims among the variants of one npl, as index pairs into keys.
+
+    Every split-cache variant but flat over flat (serial over serial, overlapped over overlapped),
+    and every split-cache variant over the unified cache under the same policy. Not the unified
+    cache's gains over flat: it copies the same bytes under every policy, so they measure noise.
+
+    Parameters
+    ----------
+    keys : sequence of Key
+
+    Returns
+    -------
+    list of (int, int, str)
+        (variant, reference, "flat" or "unified").
+    """
+    index = {k: i for i, k in enumerate(keys)}
+    out = []
+    for i, (policy, compact, prefetch, unified) in enumerate(keys):
+        if unified:
+            continue
+        flat = index.get(("flat", False, prefetch, False))
+        if policy != "flat" and flat is not None:
+            out.append((i, flat, "flat"))
+        same = index.get((policy, compact, prefetch, True))
+        if same is not None:
+            out.append((i, same, "unified"))
+    return out
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one npl's variants were sampled.
+
+    Attributes
+    ----------
+    npl : int
+    loops : int
+        Repetitions of the ntg steps one sample holds (the calibration's result).
+    samples : int
+        Timed samples of each variant.
+    seconds : float
+        Wall time of the npl's warm-up, calibration and samples.
+    capped : bool
+        Samples stopped at the time cap (--max-time) before every claimed interval was within
+        TARGET_HALF_WIDTH.
+    """
+
+    npl: int
+    loops: int
+    samples: int
+    seconds: float
+    capped: bool = False
 
 
 @dataclass
@@ -337,6 +442,7 @@ class BenchResult:
     cache_memory: str
     rows: List[BenchRow]
     device_names: List[str] = field(default_factory=list)  # every device, in index order (split_name: device 0)
+    sampling: Dict[int, Sampling] = field(default_factory=dict)  # per npl
 
     def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False,
             overlap: bool = False) -> BenchRow:
@@ -376,8 +482,15 @@ class BenchResult:
         """(policy, compact) in table order: every policy, then the non-flat ones with compact staging."""
         return variants(self.config)
 
-    def gain(self, r: BenchRow) -> Optional[float]:
-        """A row's tokens/s over that of flat (same npl and layout), minus 1.
+    def flat_of(self, r: BenchRow) -> Optional[BenchRow]:
+        """flat's row of the same npl and layout (overlapped for an overlapped row); None without flat."""
+        if "flat" not in self.config.policies:
+            return None
+        return self.row(r.npl, "flat", r.unified, overlap=r.overlap)
+
+    def gain_interval(self, r: BenchRow) -> Optional[Interval]:
+        """A row's gain over flat (same npl and layout) with its 95% interval: the median of its samples'
+        tokens/s over flat's in the same turn, minus 1 (ferry.workloads.estimate.paired_gain).
 
         Parameters
         ----------
@@ -386,38 +499,109 @@ class BenchResult:
 
         Returns
         -------
-        float or None
+        Interval or None
             None without a flat run.
         """
-        if "flat" not in self.config.policies:
+        flat = self.flat_of(r)
+        if flat is None:
             return None
-        return r.tokens_per_s / self.row(r.npl, "flat", r.unified, overlap=r.overlap).tokens_per_s - 1.0
+        return paired_gain(r.runs_tokens_per_s or (r.tokens_per_s,), flat.runs_tokens_per_s or (flat.tokens_per_s,))
+
+    def gain(self, r: BenchRow) -> Optional[float]:
+        """A row's gain over flat: the estimate of gain_interval (None without flat)."""
+        g = self.gain_interval(r)
+        return None if g is None else g.estimate
+
+    def unified_gain(self, r: BenchRow) -> Optional[Interval]:
+        """A split-cache row's gain over the unified cache under the same policy (paired as gain_interval);
+        None for a unified row or when the unified cache did not run."""
+        if r.unified or not self.config.runs_unified:
+            return None
+        u = self.row(r.npl, r.policy, True, r.compact, r.overlap)
+        return paired_gain(r.runs_tokens_per_s or (r.tokens_per_s,), u.runs_tokens_per_s or (u.tokens_per_s,))
 
     def gain_spread(self, r: BenchRow) -> Optional[Tuple[float, float, float]]:
-        """The median, least and greatest over repetitions of a row's tokens/s over flat's in the same
-        repetition, minus 1 (None without flat)."""
-        if "flat" not in self.config.policies:
+        """The median, least and greatest over turns of a row's sample tokens/s over flat's in the same
+        turn, minus 1 (None without flat)."""
+        flat = self.flat_of(r)
+        if flat is None:
             return None
-        flat = self.row(r.npl, "flat", r.unified, overlap=r.overlap)
         ratios = [v / f - 1.0 for f, v in zip(flat.runs_tokens_per_s, r.runs_tokens_per_s)]
-        ratios = ratios or [self.gain(r) or 0.0]
-        return statistics.median(ratios), min(ratios), max(ratios)
+        return ratio_spread(ratios or [self.gain(r) or 0.0])
+
+    def claims(self, npl: int) -> List[Tuple[BenchRow, BenchRow, str]]:
+        """The gains the run claims at npl (claim_pairs): (row, reference row, "flat" or "unified")."""
+        rows = [r for r in self.rows if r.npl == npl]
+        keys = [(r.policy, r.compact, r.prefetch, r.unified) for r in rows]
+        return [(rows[i], rows[j], what) for i, j, what in claim_pairs(keys)]
+
+    def warnings(self, npl: Optional[int] = None) -> List[str]:
+        """What makes the figures less sure than they look, per npl (or at one npl): the time cap reached
+        before every claimed interval was within TARGET_HALF_WIDTH, intervals too wide with --repeat
+        given, and claimed gains whose paired ratios hold many outliers (estimate.outlier_share).
+
+        Returns
+        -------
+        list of str
+            One line each, naming the npl; empty when none.
+        """
+        out = []
+        for n in self.config.npl if npl is None else (npl,):
+            claims = self.claims(n)
+            wide = [(self._claim_interval(r, ref), r, what) for r, ref, what in claims]
+            wide = [w for w in wide if w[0].half_width >= TARGET_HALF_WIDTH]
+            if wide:
+                g, r, what = max(wide, key=lambda w: w[0].half_width)
+                widest = ("no interval (fewer than 6 samples)" if g.low is None
+                          else f"±{g.half_width * 100:.1f} points")
+                why = (f"the time cap (--max-time {self.config.max_time:g} s, shared by the npl) came first"
+                       if self.config.adaptive else f"--repeat {self.config.repeat} fixed the samples")
+                out.append(f"npl {n}: {why}: {len(wide)} of {len(claims)} gains wider than ±"
+                           f"{TARGET_HALF_WIDTH * 100:g} points, the widest {r.label} over {what}: {widest}")
+            unstable = []
+            for r, ref, what in claims:
+                pairs = list(zip(r.runs_tokens_per_s, ref.runs_tokens_per_s))
+                share = outlier_share([a / b for a, b in pairs])
+                if share > OUTLIER_SHARE:
+                    unstable.append(f"{r.label} over {what} ({share:.0%} of {len(pairs)})")
+            if unstable:
+                out.append(f"npl {n}: many outliers (robust z above {OUTLIER_Z:g}) among the paired samples of "
+                           f"{', '.join(unstable)}: the machine was busy or the samples unstable; rerun when it is "
+                           "quiet")
+        return out
+
+    def _claim_interval(self, r: BenchRow, ref: BenchRow) -> Interval:
+        return paired_gain(r.runs_tokens_per_s or (r.tokens_per_s,), ref.runs_tokens_per_s or (ref.tokens_per_s,))
 
     def as_dicts(self) -> List[Dict[str, object]]:
-        """The rows as `ferry bench --json` writes them: each row's as_dict, its gain over flat and the
-        gain's spread ("gain", "gain_median", "gain_min", "gain_max"; None without flat), and
-        "statistic" and "spread": how they were found; an overlapped row (--overlap) also its
-        serial run's decode time and the bound max(copy, compute) of it ("serial_decode_s",
+        """The rows as `ferry bench --json` writes them: each row's as_dict; its gain over flat with its
+        interval and spread ("gain", "gain_low", "gain_high", "gain_within_noise", "gain_median",
+        "gain_min", "gain_max"; None without flat; "gain_claimed": False for the unified cache,
+        whose gain over flat is noise); a split row's gain over the unified cache ("over_unified",
+        "over_unified_low", "over_unified_high"; None otherwise); "statistic" and "spread": how they
+        were found; "config": the whole configuration; "loops": repetitions per sample; "capped"
+        and "warnings": its npl's (BenchResult.warnings). An overlapped row (--overlap) also has
+        its serial run's decode time and the bound max(copy, compute) of it ("serial_decode_s",
         "bound_s"). Gains compare serial rows with serial flat, overlapped with overlapped."""
+        config = asdict(self.config)
+        warnings = {n: self.warnings(n) for n in self.config.npl}
         out = []
         for r in self.rows:
             d = r.as_dict()
             if r.overlap:
                 d.update(serial_decode_s=self.serial_of(r).decode_s, bound_s=self.bound(r))
-            spread = self.gain_spread(r)
-            d["gain"] = self.gain(r)
-            d.update(zip(("gain_median", "gain_min", "gain_max"), spread or (None, None, None)))
-            d.update(statistic=STATISTIC, spread=SPREAD)
+            g, u = self.gain_interval(r), self.unified_gain(r)
+            d.update(gain=None if g is None else g.estimate, gain_low=None if g is None else g.low,
+                     gain_high=None if g is None else g.high,
+                     gain_within_noise=None if g is None or r.policy == "flat" else g.within_noise,
+                     gain_claimed=not r.unified and r.policy != "flat" and g is not None)
+            d.update(zip(("gain_median", "gain_min", "gain_max"), self.gain_spread(r) or (None, None, None)))
+            d.update(over_unified=None if u is None else u.estimate, over_unified_low=None if u is None else u.low,
+                     over_unified_high=None if u is None else u.high)
+            sampling = self.sampling.get(r.npl)
+            d.update(statistic=STATISTIC, spread=SPREAD, config=config,
+                     loops=None if sampling is None else sampling.loops,
+                     capped=None if sampling is None else sampling.capped, warnings=warnings[r.npl])
             out.append(d)
         return out
 
@@ -517,25 +701,25 @@ class _Cache:
 
 @dataclass
 class _Measured:
-    """What a variant's timed repetitions measured: per repetition, per step."""
+    """What a variant's timed samples measured: per sample, its totals over its steps."""
 
-    decode: List[List[float]] = field(default_factory=list)
-    copy: List[List[float]] = field(default_factory=list)
-    compute: List[List[float]] = field(default_factory=list)
-    host: List[List[float]] = field(default_factory=list)
+    steps: List[int] = field(default_factory=list)  # decode steps in each sample
+    decode: List[float] = field(default_factory=list)
+    copy: List[float] = field(default_factory=list)
+    compute: List[float] = field(default_factory=list)
+    host: List[float] = field(default_factory=list)
     rebuilds: int = 0
     bytes_copied: int = 0
     bytes_read: int = 0
     ahead_bytes: int = 0
-    digests: List[str] = field(default_factory=list)
-    device_copy: List[List[List[float]]] = field(default_factory=list)  # per device, per repetition, per step
-    device_bytes: List[int] = field(default_factory=list)  # per device: bytes its splits received
+    digests: List[str] = field(default_factory=list)  # per repetition
+    device_copy: List[List[float]] = field(default_factory=list)  # per sample, per device
+    device_bytes: List[int] = field(default_factory=list)  # per device: bytes its splits received in a repetition
     device_kv_bytes: List[int] = field(default_factory=list)  # per device: of those, KV windows'
 
-
-def _fastest_steps(times: List[List[float]]) -> float:
-    """Each step's fastest time over the repetitions (times[repetition][step]), summed over the steps."""
-    return sum(min(step) for step in zip(*times))
+    def per_step(self, totals: List[float]) -> float:
+        """The median over the samples of a figure's time per step."""
+        return statistics.median(t / n for t, n in zip(totals, self.steps))
 
 
 class _Variant:
@@ -572,82 +756,99 @@ class _Variant:
         c.kv_len.set(np.full(c.npl, c.cfg.npp + step + 1, np.int32))
         return graph
 
-    def repetition(self, timed: bool, on_step: Optional[OnStep]) -> None:
-        """Run the ntg steps once; when timed, keep what each measured."""
-        decode: List[float] = []
-        copy: List[float] = []
-        compute: List[float] = []
-        host: List[float] = []
-        copied = read = builds = ahead = 0
+    def sample(self, loops: int, timed: bool, on_step: Optional[OnStep]) -> float:
+        """Run the ntg steps loops times; when timed, keep what they measured as one sample.
+
+        Returns
+        -------
+        float
+            The decode time of the loops * ntg steps (seconds).
+        """
+        ntg = self.cache.cfg.ntg
+        decode = copy = compute = host = 0.0
         n_dev = len(self.cache.devices)
-        dev_copy: List[List[float]] = [[] for _ in range(n_dev)]
-        dev_bytes, dev_kv = [0] * n_dev, [0] * n_dev
-        digest = hashlib.sha256()
-        for t in range(self.cache.cfg.ntg):
-            t0 = time.perf_counter()
-            graph = self.graph(t)
-            t1 = time.perf_counter()
-            self.sched.compute(graph)
-            decode.append(time.perf_counter() - t1)
-            host.append(t1 - t0)
-            if t == 0:
-                builds = self.graphs.builds
-            st = self.sched.stats
-            copy.append(st.copy_seconds)
-            compute.append(st.compute_seconds)
-            copied += st.bytes_copied
-            read += st.bytes_read
-            ahead = max(ahead, st.ahead_bytes)
+        dev_copy = [0.0] * n_dev
+        for _ in range(loops):
+            copied = read = builds = ahead = 0
+            dev_bytes, dev_kv = [0] * n_dev, [0] * n_dev
+            digest = hashlib.sha256()
+            for t in range(ntg):
+                t0 = time.perf_counter()
+                graph = self.graph(t)
+                t1 = time.perf_counter()
+                self.sched.compute(graph)
+                decode += time.perf_counter() - t1
+                host += t1 - t0
+                if t == 0:
+                    builds = self.graphs.builds
+                st = self.sched.stats
+                copy += st.copy_seconds
+                compute += st.compute_seconds
+                copied += st.bytes_copied
+                read += st.bytes_read
+                ahead = max(ahead, st.ahead_bytes)
+                if timed:
+                    self._per_device(dev_copy, dev_bytes, dev_kv)
+                for out in graph.outputs:
+                    digest.update(out.get())
+                if on_step is not None:
+                    on_step(self.label)
             if timed:
-                self._per_device(dev_copy, dev_bytes, dev_kv)
-            for out in graph.outputs:
-                digest.update(out.get())
-            if on_step is not None:
-                on_step(self.label)
+                m = self.measured
+                m.rebuilds = self.graphs.builds - builds
+                m.bytes_copied, m.bytes_read, m.ahead_bytes = copied, read, ahead
+                m.device_bytes, m.device_kv_bytes = dev_bytes, dev_kv
+                m.digests.append(digest.hexdigest())
         if timed:
             m = self.measured
+            m.steps.append(loops * ntg)
             m.decode.append(decode)
             m.copy.append(copy)
             m.compute.append(compute)
             m.host.append(host)
-            m.rebuilds = self.graphs.builds - builds
-            m.bytes_copied, m.bytes_read, m.ahead_bytes = copied, read, ahead
-            m.digests.append(digest.hexdigest())
             m.device_copy.append(dev_copy)
-            m.device_bytes, m.device_kv_bytes = dev_bytes, dev_kv
+        return decode
 
-    def _per_device(self, copy: List[List[float]], copied: List[int], kv: List[int]) -> None:
-        """Add the last step's inputs to each device's figures: copy time (a new entry per device),
-        bytes, and bytes of KV windows; an input counts for the device of the split reading it."""
+    def _per_device(self, copy: List[float], copied: List[int], kv: List[int]) -> None:
+        """Add the last step's inputs to each device's figures: copy time, bytes, and bytes of KV windows;
+        an input counts for the device of the split reading it."""
         c = self.cache
         index = {d._p: i for i, d in enumerate(c.devices)}
-        step = [0.0] * len(c.devices)
         for split in self.sched.splits:
             d = index.get(split.backend._p)
             if d is None:
                 continue
             for inp in split.inputs:
-                step[d] += inp.stats.copy_seconds
+                copy[d] += inp.stats.copy_seconds
                 copied[d] += inp.stats.bytes_copied
                 if c.window_layer(inp.src) is not None:
                     kv[d] += inp.stats.bytes_copied
-        for d, seconds in enumerate(step):
-            copy[d].append(seconds)
 
     def device_figures(self) -> Tuple[DeviceFigures, ...]:
-        """Each device's figures over the timed repetitions."""
+        """Each device's figures over the timed samples."""
         c, m = self.cache, self.measured
+        ntg = c.cfg.ntg
         out = []
         for d, dev in enumerate(c.devices):
             link = dev.link_gbps if isinstance(dev, StandinBackend) else None
             out.append(DeviceFigures(d, dev.name, [i for i, r in enumerate(c.runs_on) if r == d],
                                      [i for i, p in enumerate(c.places) if p == d], m.device_bytes[d],
-                                     m.device_kv_bytes[d], _fastest_steps([rep[d] for rep in m.device_copy]),
+                                     m.device_kv_bytes[d], ntg * m.per_step([s[d] for s in m.device_copy]),
                                      self.device_memory[d] + c.resident_bytes[d], link))
         return tuple(out)
 
+    @property
+    def key(self) -> Key:
+        """(policy, compact, prefetch, unified): the variant within its npl."""
+        return self.policy, self.compact, self.prefetch, self.cache.unified
+
+    def tokens_per_s(self) -> List[float]:
+        """Each timed sample's tokens/s, in the order they ran."""
+        m = self.measured
+        return [_tps(self.cache.npl * n, t) for n, t in zip(m.steps, m.decode)]
+
     def row(self) -> BenchRow:
-        """The variant's row: each step's fastest of the repetitions, and each repetition's decode time.
+        """The variant's row: the medians over its samples, and each sample's tokens/s.
 
         Raises
         ------
@@ -657,20 +858,29 @@ class _Variant:
         c, m = self.cache, self.measured
         if len(set(m.digests)) != 1:
             raise AssertionError(f"{self.label}: repeated runs gave different attention outputs")
-        decode, tokens = _fastest_steps(m.decode), c.npl * c.cfg.ntg
-        return BenchRow(c.npl, self.policy, c.unified, _tps(tokens, decode), decode, _fastest_steps(m.copy),
-                        _fastest_steps(m.compute), m.bytes_copied, m.bytes_read, m.digests[0], self.compact,
-                        self.split_memory, tuple(_tps(tokens, sum(d)) for d in m.decode), _fastest_steps(m.host),
-                        m.rebuilds, self.prefetch, m.ahead_bytes, self.device_figures())
+        ntg = c.cfg.ntg
+        decode = ntg * m.per_step(m.decode)
+        return BenchRow(c.npl, self.policy, c.unified, _tps(c.npl * ntg, decode), decode, ntg * m.per_step(m.copy),
+                        ntg * m.per_step(m.compute), m.bytes_copied, m.bytes_read, m.digests[0], self.compact,
+                        self.split_memory, tuple(self.tokens_per_s()), ntg * m.per_step(m.host), m.rebuilds,
+                        self.prefetch, m.ahead_bytes, self.device_figures(), m.steps[0], ntg)
 
 
 def _tps(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else math.inf
 
 
-def measure_layout(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, unified: bool, pinned: bool,
-                   on_step: Optional[OnStep] = None) -> List[BenchRow]:
-    """Every variant of one number of sequences and cache layout, taking turns over the repetitions.
+def widest_claim(runs: Sequence[_Variant]) -> float:
+    """The widest half-width among the gains the variants of one npl claim (claim_pairs); 0 for none."""
+    tps = [run.tokens_per_s() for run in runs]
+    return max((paired_gain(tps[i], tps[j]).half_width for i, j, _ in claim_pairs([r.key for r in runs])),
+               default=0.0)
+
+
+def measure_npl(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, pinned: bool,
+                on_step: Optional[OnStep] = None,
+                clock: Callable[[], float] = time.perf_counter) -> Tuple[List[BenchRow], Sampling]:
+    """Every variant of one number of sequences, on every layout, taking turns (see the module).
 
     Parameters
     ----------
@@ -680,54 +890,77 @@ def measure_layout(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: 
     cpu : Backend
         The CPU backend.
     npl : int
-    unified : bool
-        The unified cache (one stream) instead of one stream per sequence.
     pinned : bool
-        The cache in CUDA's pinned host memory.
+        The caches in CUDA's pinned host memory.
     on_step : callable, optional
         Called with the variant's label after each step.
+    clock : callable, optional
+        Seconds, for the time cap.
 
     Returns
     -------
-    list of BenchRow
-        One per variant, in `variants` order; with cfg.overlap each serial row followed by its
-        overlapped one.
+    (list of BenchRow, Sampling)
+        A row per variant: the split cache's in `variants` order (with cfg.overlap each serial row
+        followed by its overlapped one), then the unified cache's; and how they were sampled.
 
     Raises
     ------
     AssertionError
         When repetitions of a variant gave different attention outputs.
     """
-    cache = _Cache(cfg, devices, npl, unified, pinned)
-    runs = [_Variant(cache, cpu, policy, compact, depth) for policy, compact in variants(cfg)
-            for depth in cfg.prefetch_depths]
+    start = clock()
+    budget = cfg.max_time / len(cfg.npl)
+    caches: List[_Cache] = []
+    runs: List[_Variant] = []
     collecting = gc.isenabled()
     try:
-        for rep in range(WARMUP + cfg.repeat):
-            if rep == WARMUP:
-                gc.collect()
-                gc.disable()  # as timeit does: no collection lands in one variant's steps
-            for run in (runs if rep % 2 == 0 else runs[::-1]):
-                run.repetition(rep >= WARMUP, on_step)
+        for unified in cfg.layouts:
+            caches.append(_Cache(cfg, devices, npl, unified, pinned))
+            runs += [_Variant(caches[-1], cpu, policy, compact, depth) for policy, compact in variants(cfg)
+                     for depth in cfg.prefetch_depths]
+        turn = 0
+
+        def each(loops: int, timed: bool) -> float:
+            """One turn: a sample of every variant, the order reversed every other turn; the shortest."""
+            nonlocal turn
+            order = runs if turn % 2 == 0 else runs[::-1]
+            turn += 1
+            return min(run.sample(loops, timed, on_step) for run in order)
+
+        for _ in range(WARMUP):
+            each(1, False)
+        loops = calibrate(lambda n: each(n, False), cfg.min_sample_ms / 1e3)
+        gc.collect()
+        gc.disable()  # as timeit does: no collection lands in one variant's samples
+        capped = False
+        for _ in range(cfg.min_samples):
+            each(loops, True)
+        while cfg.adaptive and widest_claim(runs) >= TARGET_HALF_WIDTH:
+            if clock() - start >= budget:
+                capped = True
+                break
+            each(loops, True)
     finally:
         if collecting:
             gc.enable()
         for run in runs:
             run.sched.close()
-        cache.close()
-    return [run.row() for run in runs]
+        for cache in caches:
+            cache.close()
+    return [run.row() for run in runs], Sampling(npl, loops, len(runs[0].measured.decode), clock() - start, capped)
 
 
 def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult:
-    """Run every (npl, layout, variant) of a configuration: per npl and layout, the variants take turns
-    over one warm-up and cfg.repeat timed repetitions (see the module's account of timing).
+    """Run every (npl, layout, variant) of a configuration: per npl, the variants of both layouts take
+    turns over a warm-up, the calibration and the timed samples (see the module's account of timing).
 
     Parameters
     ----------
     cfg : BenchConfig
         What to run.
     on_step : callable, optional
-        Called with the run's label after each decode step (`BenchConfig.n_steps` calls in all).
+        Called with the run's label after each decode step (at least `BenchConfig.n_steps` calls:
+        the calibration and added samples make more).
 
     Returns
     -------
@@ -747,7 +980,10 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
     devices = cfg.devices.make(cfg.device)
     cpu = CPUBackend()
     pinned = not isinstance(devices[0], StandinBackend)
-    rows = [row for npl in cfg.npl for unified in cfg.layouts
-            for row in measure_layout(cfg, devices, cpu, npl, unified, pinned, on_step)]
+    rows: List[BenchRow] = []
+    sampling: Dict[int, Sampling] = {}
+    for npl in cfg.npl:
+        npl_rows, sampling[npl] = measure_npl(cfg, devices, cpu, npl, pinned, on_step)
+        rows += npl_rows
     memory = "pinned host memory" if pinned else "pageable host memory"
-    return BenchResult(cfg, devices[0].name, memory, rows, [d.name for d in devices])
+    return BenchResult(cfg, devices[0].name, memory, rows, [d.name for d in devices], sampling)

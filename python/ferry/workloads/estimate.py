@@ -1,0 +1,196 @@
+"""How `ferry bench` turns timed samples into figures: calibration, medians, intervals, warnings.
+
+A sample is one variant's decode steps timed together, long enough that a scheduler hiccup of
+the host is small beside it: `calibrate` finds how many repetitions of the ntg steps one sample
+holds (as pyperf does, doubling until a sample lasts the minimum).
+
+The statistic is the median everywhere: a variant's tokens/s is the median of its samples'
+tokens/s, and a gain is the median of the paired ratios (each sample's tokens/s over the
+reference's sample of the same turn), minus 1. Its 95% confidence interval is the
+distribution-free one for a median (`median_interval`): the order statistics x(j) and
+x(n+1-j) with j the largest rank for which a Binomial(n, 1/2) count falls below j with
+probability at most 2.5%. It needs no resampling and no random numbers, so the same samples
+always give the same interval, and it holds for any distribution of the ratios (needing only
+that the samples are independent), covering at least 95% exactly rather than asymptotically.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable, Optional, Sequence, Tuple
+
+#: The interval's confidence.
+CONFIDENCE = 0.95
+#: A robust z-score (|x - median| / (1.4826 MAD)) beyond this makes a sample an outlier
+#: (Iglewicz and Hoaglin's cut-off).
+OUTLIER_Z = 3.5
+#: More than this share of outliers among a gain's paired ratios makes the samples unstable.
+OUTLIER_SHARE = 0.1
+#: The most repetitions a sample may hold: calibration stops doubling here.
+MAX_LOOPS = 1 << 16
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A median with its confidence interval.
+
+    Attributes
+    ----------
+    estimate : float
+        The median.
+    low, high : float or None
+        The interval's ends; None when there are too few samples for one (fewer than
+        `fewest_samples`).
+    n : int
+        The samples behind it.
+    """
+
+    estimate: float
+    low: Optional[float]
+    high: Optional[float]
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        """The larger distance from the estimate to an end (inf without an interval)."""
+        if self.low is None or self.high is None:
+            return math.inf
+        return max(self.estimate - self.low, self.high - self.estimate)
+
+    def contains(self, x: float) -> bool:
+        """Whether x lies in the interval (False without one)."""
+        return self.low is not None and self.high is not None and self.low <= x <= self.high
+
+    @property
+    def within_noise(self) -> bool:
+        """Whether the interval contains 0 (a gain no larger than its own noise), or there is none."""
+        return self.low is None or self.contains(0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def interval_rank(n: int, confidence: float = CONFIDENCE) -> Optional[int]:
+    """The rank j (1-based) of the lower end of the median's interval over n sorted samples.
+
+    Parameters
+    ----------
+    n : int
+        Samples.
+    confidence : float, optional
+
+    Returns
+    -------
+    int or None
+        The largest j with 2 * P(B <= j - 1) <= 1 - confidence, B ~ Binomial(n, 1/2); the interval
+        is [x(j), x(n + 1 - j)]. None when even [x(1), x(n)] covers less than confidence.
+    """
+    limit = (1 - Fraction(confidence)) / 2 * 2**n  # in counts of the 2**n equally likely outcomes; exact
+    j = below = 0  # below: outcomes with B <= j - 1
+    while j < n // 2 and below + math.comb(n, j) <= limit:  # rank j + 1 is still valid
+        below += math.comb(n, j)
+        j += 1
+    return j or None
+
+
+def fewest_samples(confidence: float = CONFIDENCE) -> int:
+    """The fewest samples with a median interval at confidence (6 at 95%)."""
+    n = 1
+    while interval_rank(n, confidence) is None:
+        n += 1
+    return n
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
+    """The median of values and its distribution-free confidence interval (see the module).
+
+    Parameters
+    ----------
+    values : sequence of float
+        At least one.
+    confidence : float, optional
+
+    Returns
+    -------
+    Interval
+        Without ends when there are too few values for the confidence.
+
+    Raises
+    ------
+    ValueError
+        For no values.
+    """
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("median_interval: no values")
+    j = interval_rank(len(xs), confidence)
+    if j is None:
+        return Interval(statistics.median(xs), None, None, len(xs))
+    return Interval(statistics.median(xs), xs[j - 1], xs[len(xs) - j], len(xs))
+
+
+def paired_gain(samples: Sequence[float], reference: Sequence[float],
+                confidence: float = CONFIDENCE) -> Interval:
+    """The gain of samples over reference: the median of the paired ratios minus 1, with its interval.
+
+    Parameters
+    ----------
+    samples, reference : sequence of float
+        Rates (tokens/s), sample i of each taken in the same turn; extra samples of the longer are
+        left out.
+    confidence : float, optional
+
+    Returns
+    -------
+    Interval
+    """
+    return median_interval([a / b - 1.0 for a, b in zip(samples, reference)], confidence)
+
+
+def outlier_share(values: Sequence[float], z: float = OUTLIER_Z) -> float:
+    """The share of values whose robust z-score exceeds z (0 when the spread is 0).
+
+    The robust z-score is |x - median| / (1.4826 * MAD), MAD the median absolute deviation: 1.4826
+    MAD estimates a normal distribution's standard deviation without letting outliers widen it.
+    """
+    if not values:
+        return 0.0
+    mid = statistics.median(values)
+    mad = statistics.median(abs(x - mid) for x in values)
+    if mad == 0:
+        return 0.0
+    return sum(abs(x - mid) / (1.4826 * mad) > z for x in values) / len(values)
+
+
+def calibrate(measure: Callable[[int], float], min_seconds: float, max_loops: int = MAX_LOOPS) -> int:
+    """How many repetitions one sample holds, found as pyperf finds its loops.
+
+    Parameters
+    ----------
+    measure : callable
+        measure(loops) runs every variant for loops repetitions and returns the shortest variant's
+        time (seconds).
+    min_seconds : float
+        What a sample must last at least; 0 or less: one repetition, nothing measured.
+    max_loops : int, optional
+        Doubling stops here.
+
+    Returns
+    -------
+    int
+        The loops of the first measurement lasting min_seconds, doubling from 1; max_loops when none
+        did.
+    """
+    loops = 1
+    if min_seconds <= 0:
+        return loops
+    while loops < max_loops and measure(loops) < min_seconds:
+        loops *= 2
+    return min(loops, max_loops)
+
+
+def ratio_spread(values: Sequence[float]) -> Tuple[float, float, float]:
+    """The median, least and greatest of values (at least one)."""
+    return statistics.median(values), min(values), max(values)

@@ -1,0 +1,141 @@
+"""How `ferry bench` turns samples into figures: the median's interval on samples with known
+answers, the calibration with a fake clock, the gains it claims, and its warnings."""
+
+from __future__ import annotations
+
+import statistics
+from typing import List
+
+import numpy as np
+import pytest
+
+from ferry.workloads import bench as bench_workload
+from ferry.workloads import estimate
+from ferry.workloads.bench import BenchConfig, BenchResult, BenchRow, Sampling, claim_pairs
+
+
+def test_interval_ranks_match_the_binomial_table() -> None:
+    """The ranks of a median's 95% interval, as the tables of the sign test give them."""
+    assert [estimate.interval_rank(n) for n in range(1, 21)] == [
+        None, None, None, None, None, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 5, 5, 5, 6]
+    assert estimate.fewest_samples() == 6
+    assert estimate.interval_rank(100) == 40  # [x(40), x(61)]: 1 - 2 P(B <= 39) = 0.9648
+
+
+def test_median_interval_of_known_samples() -> None:
+    iv = estimate.median_interval([9.0, 1.0, 5.0, 3.0, 7.0, 2.0, 10.0, 4.0, 8.0, 6.0])
+    assert (iv.estimate, iv.low, iv.high, iv.n) == (5.5, 2.0, 9.0, 10)
+    assert iv.half_width == 3.5 and iv.contains(2.0) and not iv.contains(9.5) and not iv.within_noise
+    few = estimate.median_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (few.estimate, few.low, few.high) == (3.0, None, None) and few.half_width == float("inf")
+    assert few.within_noise  # no interval: nothing is claimed
+    with pytest.raises(ValueError):
+        estimate.median_interval([])
+
+
+def test_median_interval_covers_95_percent() -> None:
+    """On skewed samples with a known median (exponential: ln 2), 2,000 draws of 25 (fixed seed): the
+    interval holds it in at least 95% of them, and not in all (it is not needlessly wide)."""
+    rng = np.random.default_rng(12345)
+    hits = sum(estimate.median_interval(list(rng.exponential(1.0, 25))).contains(np.log(2.0)) for _ in range(2000))
+    assert 0.95 * 2000 <= hits <= 0.985 * 2000
+
+
+def test_paired_gain() -> None:
+    """The median of the per-turn ratios minus 1: a turn where both are slow cancels out."""
+    flat = [100.0, 50.0, 100.0, 100.0, 100.0, 100.0, 100.0]
+    other = [110.0, 55.0, 112.0, 108.0, 110.0, 111.0, 109.0]
+    g = estimate.paired_gain(other, flat)
+    assert g.estimate == pytest.approx(0.10) and g.low == pytest.approx(0.08) and g.high == pytest.approx(0.12)
+    assert g.n == 7 and not g.within_noise
+    same = estimate.paired_gain([100.0, 101.0, 99.0, 100.0, 102.0, 98.0], [100.0] * 6)
+    assert same.within_noise  # -2%..+2% holds 0
+
+
+def test_outlier_share() -> None:
+    assert estimate.outlier_share([1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 5.0]) == 0.1
+    assert estimate.outlier_share([2.0] * 8) == 0.0 and estimate.outlier_share([]) == 0.0
+
+
+def test_calibration_doubles_until_a_sample_lasts_the_minimum() -> None:
+    """A fake clock: each repetition takes 3 ms, so 20 ms needs 8 (24 ms); the loops tried double."""
+    tried: List[int] = []
+
+    def measure(loops: int) -> float:
+        tried.append(loops)
+        return 0.003 * loops
+
+    assert estimate.calibrate(measure, 0.020) == 8 and tried == [1, 2, 4, 8]
+    tried.clear()
+    assert estimate.calibrate(measure, 0.0) == 1 and tried == []  # 0: one repetition, nothing run
+    assert estimate.calibrate(measure, 0.001) == 1 and tried == [1]
+    assert estimate.calibrate(lambda loops: 0.0, 1.0, max_loops=16) == 16  # a clock that never moves
+
+
+def test_samples_hold_the_calibrated_repetitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run times samples of the calibrated repetitions: each of ntg steps times the loops."""
+    monkeypatch.setattr(bench_workload, "calibrate", lambda measure, seconds: 3)
+    labels: List[str] = []
+    cfg = BenchConfig(n_ctx=256, npl=(2,), npp=16, ntg=2, n_layer=1, n_head=4, head_dim=32, policies=("flat",),
+                      unified=False, device="cpu", repeat=4)
+    res = bench_workload.run_bench(cfg, on_step=labels.append)
+    assert len(labels) == cfg.ntg * (1 + 3 * 4)  # the warm-up's repetition, then 4 samples of 3
+    r = res.rows[0]
+    assert r.steps_per_sample == 6 and r.repeats == 4 and res.sampling[2].loops == 3
+    assert r.as_dict()["steps_per_sample"] == 6
+
+
+def test_a_tiny_minimum_takes_one_repetition() -> None:
+    cfg = BenchConfig(n_ctx=256, npl=(2,), npp=16, ntg=2, n_layer=1, n_head=4, head_dim=32, policies=("flat",),
+                      unified=False, device="cpu", repeat=2, min_sample_ms=1e-6)
+    res = bench_workload.run_bench(cfg)
+    assert res.rows[0].steps_per_sample == 2 and res.sampling[2].loops == 1
+
+
+def row(npl: int, policy: str, unified: bool, tps: List[float]) -> BenchRow:
+    return BenchRow(npl, policy, unified, statistics.median(tps), 1.0, 0.1, 0.5, 100, 50, "x",
+                    runs_tokens_per_s=tuple(tps), steps_per_sample=8, ntg=8)
+
+
+def synthetic(flat: List[float], ranges: List[float], capped: bool, unified: bool = True) -> BenchResult:
+    cfg = BenchConfig(npl=(2,), policies=("flat", "ranges"), unified=unified, max_time=1.0)
+    rows = [row(2, "flat", False, flat), row(2, "ranges", False, ranges)]
+    if unified:
+        rows += [row(2, "flat", True, flat), row(2, "ranges", True, flat)]
+    return BenchResult(cfg, "CPU", "pageable host memory", rows, sampling={2: Sampling(2, 1, len(flat), 1.0, capped)})
+
+
+def test_claims_leave_out_the_unified_gain_over_flat() -> None:
+    keys = [("flat", False, 0, False), ("ranges", False, 0, False), ("flat", False, 0, True),
+            ("ranges", False, 0, True)]
+    assert claim_pairs(keys) == [(0, 2, "unified"), (1, 0, "flat"), (1, 3, "unified")]
+
+
+def test_warnings_name_the_cap_and_the_outliers() -> None:
+    narrow = synthetic([100.0] * 12, [120.0] * 12, capped=False)
+    assert narrow.warnings() == []
+    d = narrow.as_dicts()[1]
+    assert (d["gain"], d["gain_low"], d["gain_high"]) == pytest.approx((0.2, 0.2, 0.2))
+    assert d["gain_within_noise"] is False and d["gain_claimed"] is True
+    assert d["warnings"] == [] and d["over_unified"] == pytest.approx(0.2)
+    wide = synthetic([100.0] * 12, [100.0, 140.0] * 6, capped=True)
+    (cap,) = wide.warnings()
+    assert cap.startswith("npl 2: the time cap (--max-time 1 s, shared by the npl) came first: 2 of 3 gains wider "
+                          "than ±2.5 points, the widest ranges over flat")
+    assert wide.as_dicts()[0]["warnings"] == [cap]
+    bursts = [120.0, 121.0, 119.0, 120.0, 122.0, 118.0, 120.0, 121.0, 119.0, 120.0, 60.0, 240.0]
+    unstable = synthetic([100.0] * 12, bursts, capped=False, unified=False)
+    (w,) = unstable.warnings()
+    assert w == ("npl 2: many outliers (robust z above 3.5) among the paired samples of ranges over flat (17% of 12): "
+                 "the machine was busy or the samples unstable; rerun when it is quiet")
+
+
+def test_a_tiny_cap_stops_the_samples_and_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a goal no interval can reach, the samples stop at the cap, which the result says."""
+    monkeypatch.setattr(bench_workload, "TARGET_HALF_WIDTH", -1.0)
+    cfg = BenchConfig(n_ctx=256, npl=(2,), npp=16, ntg=2, n_layer=1, n_head=4, head_dim=32,
+                      policies=("flat", "ranges"), unified=False, device="cpu", min_sample_ms=0.0, max_time=0.0)
+    res = bench_workload.run_bench(cfg)
+    assert res.sampling[2].capped and res.rows[0].repeats == bench_workload.MIN_SAMPLES
+    assert res.warnings()[0].startswith("npl 2: the time cap (--max-time 0 s, shared by the npl) came first")
+    assert all(d["capped"] is True and d["warnings"] for d in res.as_dicts())
