@@ -14,6 +14,7 @@ from ..workloads.common import run_name
 from ..workloads.estimate import Interval
 from .options import (
     POSITIVE,
+    accepting,
     add_device_arg,
     add_devices_args,
     add_kv_args,
@@ -382,6 +383,7 @@ def plot_result(res: BenchResult, path: str) -> None:
 # ------------------------------------------------------------ the command
 
 
+@accepting("number >= 0")
 def non_negative(text: str) -> float:
     """An argparse type: a finite number of at least 0; ArgumentTypeError for anything else."""
     try:
@@ -409,9 +411,9 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     add_device_arg(bp)
     add_devices_args(bp)
     bp.add_argument("--repeat", type=POSITIVE, default=d.repeat, metavar="N",
-                    help="timed samples of each variant, exactly (default: at least "
-                         f"{bench_workload.MIN_SAMPLES}, more until every gain's 95%% interval is within "
-                         f"±{TARGET_HALF_WIDTH * 100:g} points or --max-time passes); figures are their medians")
+                    help="timed samples of each variant, exactly; figures are their medians (default none: at "
+                         f"least {bench_workload.MIN_SAMPLES}, more until every gain's 95%% interval is within "
+                         f"±{TARGET_HALF_WIDTH * 100:g} points or --max-time passes)")
     bp.add_argument("--min-sample-ms", type=non_negative, default=d.min_sample_ms, metavar="MS",
                     help="what one timed sample lasts at least, in ms of decode time: the calibration doubles the "
                          f"repetitions a sample holds until it does; 0: one repetition (default {d.min_sample_ms:g})")

@@ -88,6 +88,8 @@ def default_text(action: argparse.Action) -> Optional[str]:
         return "on" if value else "off"
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value))
+    if isinstance(value, float):
+        return f"{value:g}"  # 20.0 as the help writes it: 20
     return None if value is None else str(value)
 
 
