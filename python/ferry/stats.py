@@ -223,6 +223,10 @@ class LinkStats:
         Transfers whose copy alone ended after the link's modelled end.
     late_seconds : float
         How far past their modelled ends those copies ended, summed.
+    computes : int
+        Graph computes on the device (counted with or without a modelled link).
+    compute_host_seconds : float
+        The host's own time for them; with a compute slowdown F each is held to F times its own.
     """
 
     transfers: int
@@ -231,12 +235,14 @@ class LinkStats:
     copy_seconds: float
     late: int
     late_seconds: float
+    computes: int = 0
+    compute_host_seconds: float = 0.0
 
     @classmethod
     def from_c(cls, s: Any) -> "LinkStats":
         """A LinkStats holding the values of the ferry_link_stats cdata s."""
         return cls(int(s.transfers), int(s.bytes), float(s.modelled_seconds), float(s.copy_seconds), int(s.late),
-                   float(s.late_seconds))
+                   float(s.late_seconds), int(s.computes), float(s.compute_host_seconds))
 
     @property
     def host_gbps(self) -> Optional[float]:

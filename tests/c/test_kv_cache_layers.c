@@ -237,8 +237,9 @@ static void sliding_step(ferry_status (*make)(ferry_backend ** out)) {
         CHECK_OK(ferry_cpu_backend_new(&cpu));
         ferry_kv_cache * kv;
         CHECK_OK(ferry_kv_cache_new_layers(&p, ferry_cpu_buffer_type(), NULL, cells, &kv));
-        uint16_t vals[32 * 32 * 2];
-        for (int i = 0; i < 32 * 32 * 2; i++) vals[i] = (uint16_t) (0x3000 + (i * 37) % 0x0c00);
+        /* a layer's K or V reads 32 * 32 * 2 values from vals + its offset (up to 7 * 3 + 1) */
+        uint16_t vals[32 * 32 * 2 + 32];
+        for (int i = 0; i < 32 * 32 * 2 + 32; i++) vals[i] = (uint16_t) (0x3000 + (i * 37) % 0x0c00);
         ferry_context * ctx;
         CHECK_OK(ferry_context_new(&ctx));
         const int64_t ne_q[4] = {16, HEADS, 1, 2}, ne_len[1] = {2};

@@ -203,6 +203,8 @@ typedef struct {
     double   copy_seconds;
     uint64_t late;
     double   late_seconds;
+    uint64_t computes;             /* graph computes on the device, modelled link or not */
+    double   compute_host_seconds; /* the host's own time for them; a slowdown F holds each to F times its own */
 } ferry_link_stats;
 
 FERRY_API ferry_standin_params ferry_standin_default_params(void);

@@ -29,8 +29,10 @@ typedef struct {
     char name[48];
     size_t alignment;
     ferry_standin_params params;
-    pthread_mutex_t lock;            /* used and refs */
+    pthread_mutex_t lock;            /* used, refs and the compute counters */
     size_t used;                     /* bytes the live buffers asked */
+    uint64_t computes;               /* graph computes, and the host's own time for them */
+    double compute_host_seconds;
     long refs;                       /* the backend and each live buffer */
     ferry_link link;
 } standin_ctx;
@@ -172,10 +174,15 @@ static bool standin_supports_op(ferry_backend * backend, const ferry_tensor * op
 static ferry_status standin_graph_compute(ferry_backend * backend, ferry_graph * graph) {
     standin_ctx * s = ctx_of(backend);
     const double slowdown = s->params.compute_slowdown;
-    const double t0 = slowdown > 1 ? ferry_now_seconds() : 0;
+    const double t0 = ferry_now_seconds();
     const ferry_status st = s->inner->iface.graph_compute(s->inner, graph);
+    const double own = ferry_now_seconds() - t0;
+    pthread_mutex_lock(&s->lock);
+    s->computes++;
+    s->compute_host_seconds += own;
+    pthread_mutex_unlock(&s->lock);
     if (st == FERRY_OK && slowdown > 1) {
-        ferry_link_wait_until(t0 + slowdown * (ferry_now_seconds() - t0));
+        ferry_link_wait_until(t0 + slowdown * own);
     }
     return st;
 }
@@ -286,6 +293,10 @@ ferry_status ferry_standin_get_link(const ferry_backend * backend, ferry_standin
     }
     if (stats) {
         *stats = ferry_link_get_stats(&s->link);
+        pthread_mutex_lock(&s->lock);
+        stats->computes = s->computes;
+        stats->compute_host_seconds = s->compute_host_seconds;
+        pthread_mutex_unlock(&s->lock);
     }
     return FERRY_OK;
 }
@@ -294,5 +305,9 @@ ferry_status ferry_standin_reset_link_stats(ferry_backend * backend) {
     standin_ctx * s = NULL;
     FERRY_TRY(standin_of(backend, "standin_reset_link_stats", &s));
     ferry_link_reset_stats(&s->link);
+    pthread_mutex_lock(&s->lock);
+    s->computes = 0;
+    s->compute_host_seconds = 0;
+    pthread_mutex_unlock(&s->lock);
     return FERRY_OK;
 }
