@@ -17,6 +17,7 @@ from .options import (
     add_devices_args,
     add_kv_args,
     add_policy_arg,
+    add_residency_args,
     add_shape_args,
     add_v_trans_arg,
     add_verb_parser,
@@ -309,6 +310,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                     help=f"layers an overlapped run queues ahead (default {d.prefetch})")
     bp.add_argument("--json", action="store_true", help="a JSON list of objects instead of the table")
     bp.add_argument("--plot", metavar="FILE.png", help="also write a PNG chart of tokens/s (needs matplotlib)")
+    add_residency_args(bp, "run each placement and print measured beside predicted (ferry.workloads.residency_bench)")
     return bp
 
 
@@ -327,7 +329,12 @@ def main(args: argparse.Namespace) -> int:
     cannot run or a --model file that cannot be read (a usage error), another FerryError when a run
     fails.
     """
-    check_one_head_dim(apply_model(args, run_fields()), args)
+    g = apply_model(args, run_fields())
+    check_one_head_dim(g, args)
+    if args.residency is not None:
+        from . import residency  # it prints with this module's formatters
+
+        return residency.bench_main(args, g)
     cfg = config_from_args(args)
     cfg.check()
     if args.plot:
