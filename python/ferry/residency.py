@@ -740,7 +740,7 @@ def _local_search(p: _Problem, host: List[bool], passes: int = 20) -> List[bool]
     t = _step_time(p, host)
     for _ in range(passes):
         improved = False
-        moves = [(j, None) for j in range(len(host)) if host[j]]
+        moves: List[Tuple[int, Optional[int]]] = [(j, None) for j in range(len(host)) if host[j]]
         moves += [(j, i) for i in range(len(host)) if not host[i] for j in range(len(host))
                   if host[j] and p.dev[j] == p.dev[i]]
         for j, i in moves:

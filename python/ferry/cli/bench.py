@@ -11,6 +11,7 @@ from ..errors import InvalidArgumentError, UnsupportedError
 from ..workloads import bench as bench_workload
 from ..workloads.bench import SPREAD, STATISTIC, BenchConfig, BenchResult, BenchRow
 from ..workloads.common import run_name
+from . import residency
 from .options import (
     POSITIVE,
     add_device_arg,
@@ -332,8 +333,6 @@ def main(args: argparse.Namespace) -> int:
     g = apply_model(args, run_fields())
     check_one_head_dim(g, args)
     if args.residency is not None:
-        from . import residency  # it prints with this module's formatters
-
         return residency.bench_main(args, g)
     cfg = config_from_args(args)
     cfg.check()

@@ -15,11 +15,38 @@ from ..workloads.common import n_kv_for, prefetch_depths
 from ..workloads.model_file import ModelGeometry
 from ..workloads.residency_bench import ResidencyResult, run_residency
 from ..workloads.residency_plan import ResidencyModel
-from .bench import fmt_layers, fmt_mib, fmt_seconds, fmt_tps
 from .options import layer_windows
 from .text_table import format_table
 
 __all__ = ["bench_main", "format_bench", "format_plans", "model_from_args", "plan_main"]
+
+
+def fmt_seconds(s: float) -> str:
+    """The duration s (seconds) in µs, ms or s, as `ferry bench` writes it."""
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    return f"{s * 1e3:.2f} ms" if s < 1.0 else f"{s:.3f} s"
+
+
+def fmt_mib(n: int) -> str:
+    """The n bytes in MiB with one decimal."""
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def fmt_tps(tps: float) -> str:
+    """Tokens/s with thousands separators, no decimals."""
+    return f"{tps:,.0f}"
+
+
+def fmt_layers(layers: Sequence[int]) -> str:
+    """Layer indices as runs: [0, 1, 2, 5] as "0-2,5" ("-" for none)."""
+    runs: List[List[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
 
 
 def model_from_args(args: argparse.Namespace, g: Optional[ModelGeometry]) -> ResidencyModel:
