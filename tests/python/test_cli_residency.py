@@ -13,6 +13,7 @@ from typing import Any, Dict, List
 
 import pytest
 
+import ferry.errors as ferry_errors
 from ferry.cli import main
 from ferry.residency import DeviceSpec, layers_from_geometry, plan_residency
 
@@ -176,3 +177,23 @@ def test_bench_residency_refuses_a_placement_beside_it(capsys: pytest.CaptureFix
     assert "stand-in" in refused(BENCH + ["--residency", "--device", "cuda"], capsys)
     err = refused(BENCH + ["--residency", "--device-memory", "1KiB"], capsys)
     assert "short by" in err
+
+
+def test_compute_slowdown_reaches_the_stand_ins(capsys: pytest.CaptureFixture[str]) -> None:
+    from ferry.cli import build_parser
+    from ferry.cli.options import devices_from_args
+    from ferry.workloads.devices import DeviceConfig
+
+    args = build_parser()[0].parse_args(["bench", "--devices", "2", "--compute-slowdown", "1,3.5"])
+    cfg = devices_from_args(args)
+    assert cfg.compute_slowdown == (1.0, 3.5) and cfg.modelled
+    devices = cfg.make("cpu")
+    try:
+        assert [d.compute_slowdown for d in devices] == [1.0, 3.5]
+    finally:
+        for d in devices:
+            d.close()
+    assert "stand-in" in refused(["bench", "--device", "cuda", "--compute-slowdown", "2"], capsys)
+    assert "--compute-slowdown" in refused(["bench", "--compute-slowdown", "0.5"], capsys)
+    with pytest.raises(ferry_errors.InvalidArgumentError, match="--compute-slowdown: 3 values"):
+        DeviceConfig(n_devices=2, compute_slowdown=(1.0, 2.0, 3.0)).check(2, "cpu")

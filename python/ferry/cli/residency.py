@@ -175,7 +175,7 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
              "its steps; fastest: the mean over the steps of each step's fastest repetition; the placements take "
              "turns",
              "predicted: the model's step (ferry.residency.predict_step), the mean over the steps; its compute "
-             "figure measured on the stand-in and scaled to this run (every layer resident)"]
+             "figure measured on the stand-in and scaled by an every-layer-resident run taking turns with these"]
     for n in npl:
         rows = [r for r in res.rows if r.npl == n]
         per = ", ".join(fmt_seconds(c) for c in sorted(set(res.compute_s[n])))

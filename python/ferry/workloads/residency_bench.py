@@ -7,7 +7,9 @@ stand-in at the last step's window, or given), for the last step's window (the l
 measured attention time is first scaled to the run's own conditions (calibrate_compute): a
 placement with every layer resident runs, and the figure is scaled so that the model's step
 for it is the measured one; what it then covers beside attention (each layer's query and
-lengths, the scheduler's work, a busy host) is what the model leaves to the compute figure. Each
+lengths, the scheduler's work, a busy host) is what the model leaves to the compute figure. The
+same every-layer-resident run also takes turns with the placements, and the predictions use the
+figure scaled by it again, so that they share the measurements' conditions. Each
 placement then runs on stand-in devices of its own that model the links, latency, memory and
 compute slowdown asked for: a cache with that placement (sliding-window layers at their own
 size), every layer's values the same in every placement, the `ranges` copy policy (the one the
@@ -31,7 +33,7 @@ import gc
 import hashlib
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -240,7 +242,7 @@ def calibrate_compute(model: ResidencyModel, compute: Sequence[float], npp: int,
 
 def measure_placements(model: ResidencyModel, placements: Sequence[Placement], devices: Sequence[DeviceSpec],
                        npp: int, ntg: int, pad: int = 1, repeat: int = 5, seed: int = 0,
-                       on_step: Optional[OnStep] = None) -> List[PlacementRun]:
+                       on_step: Optional[OnStep] = None, calibrate: bool = False) -> List[PlacementRun]:
     """Run each placement on stand-ins of its own, taking turns, and predict each.
 
     Parameters
@@ -260,6 +262,11 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
         The cache's values and queries.
     on_step : callable, optional
         Called with the placement's name after each step.
+    calibrate : bool, optional
+        Also run every layer resident (on stand-ins of unmodelled memory), taking turns with the
+        placements, and scale the devices' compute figures by its measured step over its
+        predicted one before predicting the placements: the figures then hold what a step costs
+        beside attention in this run's own conditions (see calibrate_compute).
 
     Returns
     -------
@@ -291,10 +298,13 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
             unique.append(p)
     cpu = CPUBackend()
     runs: List[_Run] = []
+    reference = Placement("every layer resident (calibration)", (True,) * model.n_layer)
     collecting = gc.isenabled()
     try:
         for p in unique:
             runs.append(_Run(model, p, cpu, npp, ntg, pad, seed))
+        if calibrate:
+            runs.append(_Run(model.at(memory=()), reference, cpu, npp, ntg, pad, seed))
         for rep in range(WARMUP + repeat):
             if rep == WARMUP:
                 gc.collect()
@@ -308,6 +318,12 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
             run.close()
         cpu.close()
     layers_at: Dict[int, object] = {}
+    if calibrate:
+        ref = runs.pop()
+        predicted = _predicted(model, devices, reference, npp, ntg, pad, layers_at)
+        scale = statistics.median(sum(s) / len(s) for s in ref.steps) / predicted if predicted > 0 else 1.0
+        devices = [replace(d, compute_s=tuple(c * scale for c in d.compute_s) if isinstance(d.compute_s, tuple)
+                           else d.compute_s * scale) for d in devices]
     measured = []
     for run in runs:
         per_rep = tuple(sum(s) / len(s) for s in run.steps)
@@ -389,7 +405,9 @@ def run_residency(model: ResidencyModel, strategies: Sequence[str], npl: Sequenc
     on_step : callable, optional
     calibrate : bool, optional
         Scale the measured compute figure to the run's conditions (calibrate_compute) before
-        planning; not when the model gives compute_us.
+        planning, and again by the every-layer-resident run taking turns with the placements
+        before predicting them (measure_placements(calibrate=True)); not when the model gives
+        compute_us.
 
     Returns
     -------
@@ -419,6 +437,7 @@ def run_residency(model: ResidencyModel, strategies: Sequence[str], npl: Sequenc
         plans = [plan for depth in prefetch_depths for plan in m.at(prefetch=depth).plans(strategies, devices, layers)]
         placements = [Placement(f"{p.strategy}{'+prefetch' + str(p.prefetch) if p.prefetch else ''}", p.resident,
                                 p.prefetch) for p in plans]
-        runs = measure_placements(m, placements, devices, npp, ntg, pad, repeat, seed, on_step)
+        runs = measure_placements(m, placements, devices, npp, ntg, pad, repeat, seed, on_step,
+                                  calibrate=calibrate and m.compute_us is None)
         rows += [ResidencyRow(n, p, r) for p, r in zip(plans, runs)]
     return ResidencyResult(rows, compute, links)
