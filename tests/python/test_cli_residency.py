@@ -175,6 +175,7 @@ def test_bench_residency_refuses_a_placement_beside_it(capsys: pytest.CaptureFix
     err = refused(BENCH[:-2] + ["--residency", "--placement", "h,h,0,1"], capsys)
     assert "--residency" in err and "--placement" in err
     assert "stand-in" in refused(BENCH + ["--residency", "--device", "cuda"], capsys)
+    assert "--plot" in refused(BENCH + ["--residency", "--plot", "x.png"], capsys)
     err = refused(BENCH + ["--residency", "--device-memory", "1KiB"], capsys)
     assert "short by" in err
 

@@ -206,6 +206,8 @@ def bench_main(args: argparse.Namespace, g: Optional[ModelGeometry]) -> int:
     if args.placement is not None:
         raise InvalidArgumentError("--residency chooses where each layer's KV lives: give it or --placement, not "
                                    "both (--kv-device-layers N beside it limits the resident layers to N)")
+    if args.plot:
+        raise InvalidArgumentError("--plot charts the copy policies' run; --residency prints its table (or --json)")
     if args.device == "cuda":
         raise InvalidArgumentError("--residency runs on the stand-in devices (--device cpu or auto), whose links "
                                    "and memory the model takes")
