@@ -30,10 +30,11 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.residency",),
     ("ferry.workloads.common", "ferry.workloads.model_file", "ferry.workloads.devices", "ferry.workloads.estimate"),
     ("ferry.workloads", "ferry.workloads.bench", "ferry.workloads.validate", "ferry.workloads.table",
-     "ferry.workloads.plan"),
+     "ferry.workloads.plan", "ferry.workloads.residency_plan", "ferry.workloads.residency_bench"),
     ("ferry",),
     ("ferry.cli", "ferry.cli.options", "ferry.cli.text_table", "ferry.cli.progress", "ferry.cli.bench",
-     "ferry.cli.validate", "ferry.cli.table", "ferry.cli.plan", "ferry.cli.demo", "ferry.cli.__main__"),
+     "ferry.cli.validate", "ferry.cli.table", "ferry.cli.plan", "ferry.cli.demo", "ferry.cli.__main__",
+     "ferry.cli.residency"),
 ]
 
 #: What only the command line may import.

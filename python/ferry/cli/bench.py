@@ -12,6 +12,7 @@ from ..workloads import bench as bench_workload
 from ..workloads.bench import SPREAD, TARGET_HALF_WIDTH, BenchConfig, BenchResult, BenchRow
 from ..workloads.common import run_name
 from ..workloads.estimate import Interval
+from . import residency
 from .options import (
     POSITIVE,
     accepting,
@@ -19,6 +20,7 @@ from .options import (
     add_devices_args,
     add_kv_args,
     add_policy_arg,
+    add_residency_args,
     add_shape_args,
     add_v_trans_arg,
     add_verb_parser,
@@ -435,6 +437,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                          "copy bandwidth, memory, the unified cache's), wider than 100 columns")
     bp.add_argument("--json", action="store_true", help="a JSON list of objects instead of the table")
     bp.add_argument("--plot", metavar="FILE.png", help="also write a PNG chart of tokens/s (needs matplotlib)")
+    add_residency_args(bp, "run each placement and print measured beside predicted (ferry.workloads.residency_bench)")
     return bp
 
 
@@ -455,7 +458,10 @@ def main(args: argparse.Namespace) -> int:
     cannot run or a --model file that cannot be read (a usage error), another FerryError when a run
     fails.
     """
-    check_one_head_dim(apply_model(args, run_fields()), args)
+    g = apply_model(args, run_fields())
+    check_one_head_dim(g, args)
+    if args.residency is not None:
+        return residency.bench_main(args, g)
     if args.repeat is not None and args.max_time is not None:
         raise InvalidArgumentError("--max-time caps the samples added without --repeat; with --repeat "
                                    f"{args.repeat} it does nothing: give one of them")

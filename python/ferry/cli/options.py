@@ -10,8 +10,10 @@ given on the command line beside it wins over the file: `--model m.gguf -c 4096`
 everything else from the file.
 
 The decode runs (bench, validate) take the devices and where each layer's KV lives: --devices,
---link-gbps, --latency-us, --device-memory, --kv-device-layers, --placement, --layer-devices
-(ferry.workloads.devices).
+--link-gbps, --latency-us, --device-memory, --compute-slowdown, --kv-device-layers, --placement,
+--layer-devices (ferry.workloads.devices). `plan --residency` and `bench --residency` take the
+same devices (but --placement), and --residency, --reserve, --compute-us (the residency planner,
+ferry.workloads.residency_plan).
 
 The dry runs (table, plan) also take the model's sliding-window layers from --model, or by hand
 with --swa-window W --swa-layers PATTERN (one letter per layer: s sliding, f full).
@@ -25,6 +27,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 
 from ..errors import InvalidArgumentError
+from ..residency import STRATEGIES
 from ..types import Type
 from ..workloads.bench import BenchConfig
 from ..workloads.common import DEVICES, KV_TYPES, POLICIES
@@ -394,9 +397,10 @@ def placement_arg(text: str) -> Tuple[Place, ...]:
     return parse_placement(text)
 
 
-def add_devices_args(p: argparse.ArgumentParser) -> None:
-    """Add the devices and the KV's placement (bench, validate) to the verb's parser p: --devices,
-    --link-gbps, --latency-us, --device-memory, --kv-device-layers, --placement, --layer-devices."""
+def add_devices_args(p: argparse.ArgumentParser, placement: bool = True) -> None:
+    """Add the devices and the KV's placement (bench, validate; plan without --placement) to the verb's
+    parser p: --devices, --link-gbps, --latency-us, --device-memory, --compute-slowdown,
+    --kv-device-layers, --placement (when placement), --layer-devices."""
     d = DeviceConfig()
     g = p.add_argument_group("devices and where the KV lives")
     g.add_argument("--devices", type=POSITIVE, default=d.n_devices, metavar="N",
@@ -415,13 +419,19 @@ def add_devices_args(p: argparse.ArgumentParser) -> None:
                                                              "sizes (64MiB, 1GiB, 500MB, bytes), comma-separated"),
                    metavar="SIZE,...", help="stand-in only: each device's memory, e.g. 64MiB, one for all or one per "
                                             "device (default: the host's)")
+    g.add_argument("--compute-slowdown", type=_argument_type(lambda t: parse_floats(t, "--compute-slowdown", 1.0,
+                                                                                      1e6)),
+                   metavar="F,F,...", help="stand-in only: each device's compute takes at least F times the host's "
+                                           "time (a slower GPU), one for all or one per device (default 1)")
     g.add_argument("--kv-device-layers", type=count(0), metavar="N",
                    help="the first N layers' KV resident on the device that runs them, the others in host memory "
-                        "(llama.cpp's --kv-gpu-layers; default: every layer on the host)")
-    g.add_argument("--placement", type=_argument_type(placement_arg), metavar="LIST|FILE",
-                   help="where each layer's KV lives, one item per layer: h (host memory) or a device index, e.g. "
-                        "h,0,1,h; or a file holding that list (commas or one item per line; default: as "
-                        "--kv-device-layers says)")
+                        "(llama.cpp's --kv-gpu-layers; default: every layer on the host); with --residency, at "
+                        "most N layers resident, wherever each strategy puts them")
+    if placement:
+        g.add_argument("--placement", type=_argument_type(placement_arg), metavar="LIST|FILE",
+                       help="where each layer's KV lives, one item per layer: h (host memory) or a device index, "
+                            "e.g. h,0,1,h; or a file holding that list (commas or one item per line; default: as "
+                            "--kv-device-layers says)")
     g.add_argument("--layer-devices", type=_argument_type(lambda t: parse_indices(t, "--layer-devices"),
                                                              "device indices, comma-separated"),
                    metavar="D,D,...", help="which device runs each layer, one index per layer (default: contiguous "
@@ -487,7 +497,49 @@ def devices_from_args(args: argparse.Namespace) -> DeviceConfig:
     """The DeviceConfig the parsed options args describe (checked by the run's config)."""
     return DeviceConfig(n_devices=args.devices, link_gbps=args.link_gbps or (), latency_us=args.latency_us or (),
                         memory=args.device_memory or (), kv_device_layers=args.kv_device_layers,
-                        placement=args.placement, layer_devices=args.layer_devices)
+                        placement=getattr(args, "placement", None), layer_devices=args.layer_devices,
+                        compute_slowdown=args.compute_slowdown or ())
+
+
+def one_float(option: str, low: float, high: float) -> Callable[[str], float]:
+    """A parser of one number from low to high (InvalidArgumentError naming option otherwise)."""
+
+    def parse(text: str) -> float:
+        values = parse_floats(text, option, low, high)
+        if len(values) != 1:
+            raise InvalidArgumentError(f"{option}: one number, got {len(values)}")
+        return values[0]
+
+    return parse
+
+
+def strategy_list(text: str) -> Tuple[str, ...]:
+    """An argparse type: "auto,first" as ("auto", "first"), each one of ferry.residency.STRATEGIES;
+    ArgumentTypeError for another name or none."""
+    values = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected strategies separated by commas: {', '.join(STRATEGIES)}")
+    for v in values:
+        if v not in STRATEGIES:
+            raise argparse.ArgumentTypeError(f"unknown strategy {v!r}; one of {', '.join(STRATEGIES)}")
+    return values
+
+
+def add_residency_args(p: argparse.ArgumentParser, what: str) -> None:
+    """Add the residency planner's options (plan, bench) to the verb's parser p: --residency, --reserve,
+    --compute-us; what says what --residency does in the verb."""
+    g = p.add_argument_group("where each layer's KV should live (the residency planner)")
+    g.add_argument("--residency", type=strategy_list, nargs="?", const=STRATEGIES, metavar="S,S,...",
+                   help=f"{what}, for each strategy named: {', '.join(STRATEGIES)} (auto: the planner; no list: "
+                        "all four); the devices as --devices, --link-gbps (default: measured on the stand-in), "
+                        "--latency-us, --device-memory (default: unlimited), --compute-slowdown and --kv-device-layers "
+                        "say")
+    g.add_argument("--reserve", type=_argument_type(lambda t: parse_sizes(t, "--reserve")), metavar="SIZE,...",
+                   help="with --residency: device memory set aside for what else it holds, e.g. 1MiB, one for all or "
+                        "one per device (default 0)")
+    g.add_argument("--compute-us", type=_argument_type(one_float("--compute-us", 0.0, 1e9)),
+                   metavar="U", help="with --residency: microseconds one layer's attention takes on the host (default: "
+                                     "measured once on the stand-in)")
 
 
 def apply_model(args: argparse.Namespace, fields: Dict[str, Callable[[ModelGeometry], int]]) -> Optional[ModelGeometry]:

@@ -3,7 +3,11 @@
 One plan per number of sequences (-npl 1: a unified cache). --model reads -c (the model's
 context length), --head-dim (K's, or V's with --which v) and --kv-heads from a GGUF file, and
 which layers slide and their window: with sliding layers, one plan per layer kind, each over a
-cache of that kind's size, with the bytes of all its layers."""
+cache of that kind's size, with the bytes of all its layers.
+
+--residency instead plans where each layer's KV should live over the devices (--devices,
+--link-gbps, --device-memory, --reserve, ...): each strategy's placement, its predicted step time
+and tokens/s, and memory per device (ferry.workloads.residency_plan)."""
 
 from __future__ import annotations
 
@@ -13,12 +17,18 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import FerryError
 from ..workloads.plan import WindowPlan, window_plan
+from . import residency
 from .options import (
+    DEFAULTS,
+    POSITIVE,
+    add_devices_args,
     add_kv_args,
+    add_residency_args,
     add_shape_args,
     add_swa_args,
     add_verb_parser,
     apply_model,
+    check_one_head_dim,
     layer_windows,
     stream_range,
 )
@@ -36,14 +46,21 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     pp = add_verb_parser(sub, "plan", "the copy plan of a KV-cache window: copies, bytes moved, cost, and why",
                          __doc__, "ferry plan -c 32768 -npl 1 -npp 2048 -ntg 128 --v-trans --which v")
     add_shape_args(pp)
-    add_kv_args(pp, run=False)
+    add_kv_args(pp, run=True)
     add_swa_args(pp)
     pp.add_argument("--v-trans", action="store_true", help="V stored transposed (flash attention off)")
     pp.add_argument("--which", choices=("k", "v"), default="k", help="the K or the V window (default k)")
     pp.add_argument("--stream", type=stream_range, metavar="S0-S1", help="streams read (default all)")
     pp.add_argument("--cost-model", choices=("cpu", "gpu"), default="gpu",
                     help="whose cost model decides plan or flat (default gpu: host to device)")
-    pp.add_argument("--json", action="store_true", help="a JSON list of objects, one per -npl, instead of text")
+    pp.add_argument("--json", action="store_true", help="a JSON list of objects, one per -npl, instead of text "
+                                                        "(with --residency: one per -npl, prefetch depth and strategy)")
+    add_residency_args(pp, "plan where each layer's KV lives over the devices")
+    add_devices_args(pp, placement=False)
+    pp.add_argument("--overlap", action="store_true",
+                    help="with --residency: also plan for a scheduler prefetching --prefetch layers ahead")
+    pp.add_argument("--prefetch", type=POSITIVE, default=DEFAULTS.prefetch, metavar="N",
+                    help=f"layers a prefetching scheduler queues ahead (default {DEFAULTS.prefetch})")
     return pp
 
 
@@ -95,9 +112,16 @@ def layer_kinds(windows: Optional[List[Optional[int]]]) -> List[Dict[str, Option
 
 def main(args: argparse.Namespace) -> int:
     """Print the plan (or a JSON list of plans) of the window the parsed options args describe, one per
-    -npl. Returns the exit status 0; a FerryError for values the dry run refuses, or a --model file
-    that cannot be read (a usage error).
+    -npl (with --residency, the residency plans instead). Returns the exit status 0; a FerryError for
+    values the dry run refuses, a plan that cannot fit, or a --model file that cannot be read (a usage
+    error).
     """
+    if args.residency is not None:
+        g = apply_model(args, {"c": lambda g: g.n_ctx, "kv_heads": lambda g: g.n_head_kv,
+                               "head_dim": lambda g: g.head_dim_k, "heads": lambda g: g.n_head,
+                               "layers": lambda g: g.n_layer})
+        check_one_head_dim(g, args)
+        return residency.plan_main(args, g)
     g = apply_model(args, {"c": lambda g: g.n_ctx, "kv_heads": lambda g: g.n_head_kv,
                            "head_dim": lambda g: g.head_dim_v if args.which == "v" else g.head_dim_k})
     kinds = layer_kinds(layer_windows(args, g))

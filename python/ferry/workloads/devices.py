@@ -8,9 +8,11 @@ by the device holding it copies nothing; a host-resident one is copied to its de
 step. ``kv_device_layers`` N keeps the first N layers resident on the device that runs them
 (llama.cpp's ``--kv-gpu-layers``); ``placement`` gives any map.
 
-A stand-in device may model a link (GB/s each way, a latency per transfer) and a memory
-size, one value for every device or one per device; unset, it copies at memcpy's speed with
-the host's memory. CUDA devices have their own links and memory: these are refused there.
+A stand-in device may model a link (GB/s each way, a latency per transfer), a memory size and
+a compute slowdown (its compute takes at least that many times the host's time: a slower GPU
+beside a faster one), one value for every device or one per device; unset, it copies at
+memcpy's speed with the host's memory and computes at the host's speed. CUDA devices have
+their own links, memory and speed: these are refused there.
 
 A placement as text is one item per layer, separated by commas (whitespace around items is
 ignored): ``h`` for host memory or a device index, e.g. ``h,0,1,h``. A placement file holds
@@ -170,6 +172,9 @@ class DeviceConfig:
         Per stand-in device, one value for all or one per device; empty: unmodelled.
     memory : tuple of int
         Per stand-in device, bytes it has (one for all, or one per device); empty: the host's.
+    compute_slowdown : tuple of float
+        Per stand-in device, how many times the host's time its compute takes at least (one for
+        all, or one per device); empty: the host's speed.
     kv_device_layers : int or None
         The first this many layers resident on the device that runs them.
     placement : tuple of (int or None), or None
@@ -187,11 +192,12 @@ class DeviceConfig:
     kv_device_layers: Optional[int] = None
     placement: Optional[Tuple[Place, ...]] = None
     layer_devices: Optional[Tuple[int, ...]] = None
+    compute_slowdown: Tuple[float, ...] = ()
 
     @property
     def modelled(self) -> bool:
-        """Whether a link or a memory size is modelled (stand-ins only)."""
-        return bool(self.link_gbps or self.latency_us or self.memory)
+        """Whether a link, a memory size or a compute slowdown is modelled (stand-ins only)."""
+        return bool(self.link_gbps or self.latency_us or self.memory or self.compute_slowdown)
 
     @property
     def placed(self) -> bool:
@@ -211,10 +217,11 @@ class DeviceConfig:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise InvalidArgumentError(f"--devices must be a positive integer, got {n!r}")
         if kind == "cuda" and self.modelled:
-            raise InvalidArgumentError("--link-gbps, --latency-us and --device-memory model a stand-in device "
-                                       "(--device cpu); a CUDA device has its own link and memory")
+            raise InvalidArgumentError("--link-gbps, --latency-us, --device-memory and --compute-slowdown model a "
+                                       "stand-in device (--device cpu); a CUDA device has its own link, memory and "
+                                       "speed")
         for option, values in (("--link-gbps", self.link_gbps), ("--latency-us", self.latency_us),
-                               ("--device-memory", self.memory)):
+                               ("--device-memory", self.memory), ("--compute-slowdown", self.compute_slowdown)):
             if len(values) not in (0, 1, n):
                 raise InvalidArgumentError(f"{option}: {len(values)} values for {n} devices: give one for all "
                                            f"or one per device")
@@ -299,7 +306,8 @@ class DeviceConfig:
         for d in range(self.n_devices):
             out.append(StandinBackend(link_gbps=self.per_device(self.link_gbps, d),
                                       latency_us=self.per_device(self.latency_us, d) or 0.0,
-                                      memory=self.per_device(self.memory, d)))
+                                      memory=self.per_device(self.memory, d),
+                                      compute_slowdown=self.per_device(self.compute_slowdown, d)))
         return out
 
 

@@ -1,0 +1,226 @@
+"""`ferry plan --residency` and `ferry bench --residency`: which layers' KV to keep on the devices,
+by each strategy, predicted (plan) and measured beside the prediction (bench)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import InvalidArgumentError
+from ..residency import ResidencyPlan
+from ..workloads.common import n_kv_for, prefetch_depths
+from ..workloads.model_file import ModelGeometry
+from ..workloads.residency_bench import ResidencyResult, run_residency
+from ..workloads.residency_plan import ResidencyModel
+from .options import layer_windows
+from .text_table import format_table
+
+__all__ = ["bench_main", "format_bench", "format_plans", "model_from_args", "plan_main"]
+
+
+def fmt_seconds(s: float) -> str:
+    """The duration s (seconds) in µs, ms or s, as `ferry bench` writes it."""
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    return f"{s * 1e3:.2f} ms" if s < 1.0 else f"{s:.3f} s"
+
+
+def fmt_mib(n: int) -> str:
+    """The n bytes in MiB with one decimal."""
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def fmt_tps(tps: float) -> str:
+    """Tokens/s with thousands separators, no decimals."""
+    return f"{tps:,.0f}"
+
+
+def fmt_layers(layers: Sequence[int]) -> str:
+    """Layer indices as runs: [0, 1, 2, 5] as "0-2,5" ("-" for none)."""
+    runs: List[List[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
+
+
+def model_from_args(args: argparse.Namespace, g: Optional[ModelGeometry]) -> ResidencyModel:
+    """The ResidencyModel the parsed options describe (its n_stream, n_kv and prefetch set per run).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For --swa-layers whose length is not --layers (when both are given).
+    """
+    windows = layer_windows(args, g)
+    if windows is None:
+        windows = [None] * args.layers
+    elif getattr(args, "swa_layers", None) is not None and "layers" in getattr(args, "given", set()) and \
+            len(windows) != args.layers:
+        raise InvalidArgumentError(f"--swa-layers names {len(windows)} layers, --layers {args.layers}")
+    return ResidencyModel(type_kv=args.type, head_dim=args.head_dim, n_head_kv=args.kv_heads, n_head=args.heads,
+                          n_ctx=args.c, layer_windows=tuple(windows), v_trans=bool(getattr(args, "v_trans", False)),
+                          compact=bool(getattr(args, "compact", False)), n_devices=args.devices,
+                          link_gbps=args.link_gbps or (), latency_us=args.latency_us or (),
+                          memory=args.device_memory or (), reserve=args.reserve or (),
+                          compute_slowdown=args.compute_slowdown or (), compute_us=args.compute_us,
+                          layer_devices=args.layer_devices, max_layers=args.kv_device_layers)
+
+
+def _describe_model(m: ResidencyModel) -> str:
+    sliding = [w for w in m.layer_windows if w is not None]
+    kinds = f"{m.n_layer} layers"
+    if sliding:
+        ws = ", ".join(f"{w:,}" for w in sorted(set(sliding)))
+        kinds += f" ({len(sliding)} sliding, window {ws}; {m.n_layer - len(sliding)} full)"
+    return (f"{kinds}, K/V {m.type_kv}, {m.n_head} heads x {m.head_dim}, {m.n_head_kv} KV heads"
+            + (", V transposed" if m.v_trans else ""))
+
+
+def _describe_devices(m: ResidencyModel, links: Sequence[float]) -> List[str]:
+    specs = m.devices([0.0] * m.n_layer, links)
+    out = []
+    for d, s in enumerate(specs):
+        slow = m.compute_slowdown[0 if len(m.compute_slowdown) == 1 else d] if m.compute_slowdown else 1.0
+        memory = "unlimited" if s.memory is None else fmt_mib(s.memory)
+        out.append(f"  device {d}: link {s.link_gbps:g} GB/s, latency {s.latency_us:g} µs, memory {memory}, "
+                   f"reserve {fmt_mib(s.reserve)}, compute x{slow:g}")
+    return out
+
+
+def _memory(p: ResidencyPlan, d: int) -> str:
+    budget = p.budgets[d]
+    return fmt_mib(p.memory[d]) + ("" if budget is None else f" / {fmt_mib(budget)}")
+
+
+def format_plans(plans: Sequence[ResidencyPlan], npl: int) -> List[str]:
+    """The lines of one table of plans (one prefetch depth): per strategy its step time, tokens/s,
+    step over the planner's, and per device its resident layers and memory (of its budget)."""
+    auto = next((p for p in plans if p.strategy == "auto"), None)
+    n_dev = len(plans[0].budgets)
+    head = ["strategy", "step", "tok/s", "/ auto"]
+    for d in range(n_dev):
+        head += [f"dev {d} resident", f"dev {d} memory"]
+    body = []
+    for p in plans:
+        row = [p.strategy, fmt_seconds(p.step_seconds), fmt_tps(p.tokens_per_second(npl)),
+               f"{p.step_seconds / auto.step_seconds:.2f}x" if auto and auto.step_seconds > 0 else "-"]
+        for d in range(n_dev):
+            row += [fmt_layers(p.resident_layers(d)), _memory(p, d)]
+        body.append(row)
+    lines = format_table([head, *body], left=(0,) + tuple(4 + 2 * d for d in range(n_dev)))
+    if auto is not None:
+        lines.append("auto: " + ("the model's optimum" if auto.exact else
+                                 f"the search stopped at its limit: within {auto.bound:g}x of the optimum "
+                                 "(docs/design.md)" if not math.isinf(auto.bound) else
+                                 "the search stopped at its limit"))
+    return lines
+
+
+def plan_main(args: argparse.Namespace, g: Optional[ModelGeometry]) -> int:
+    """`ferry plan --residency`: per -npl and prefetch depth, each strategy's plan, as text or JSON.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For options the planner refuses; PlanDoesNotFitError (one) when a plan cannot fit.
+    """
+    model = model_from_args(args, g)
+    links = model.links()
+    depths = prefetch_depths(args.overlap, args.prefetch)
+    out: List[Dict[str, object]] = []
+    text: List[str] = []
+    for npl in args.npl:
+        if args.c % npl:
+            raise InvalidArgumentError(f"-npl {npl}: -c {args.c} is not a multiple of it")
+        n_kv = n_kv_for(args.npp, args.ntg, args.pad, args.c // npl)
+        m = model.at(n_stream=npl, n_kv=n_kv)
+        m.check()
+        compute = m.compute_seconds()
+        devices = m.devices(compute, links)
+        layers = m.layers()
+        how = "given (--compute-us)" if m.compute_us is not None else "measured on the stand-in"
+        per = ", ".join(fmt_seconds(c) for c in sorted(set(compute)))
+        text += [f"residency: {_describe_model(m)}; -c {m.n_ctx}, -npl {npl} (one stream each), n_kv {n_kv:,}",
+                 f"  attention per layer on the host: {per} ({how}); a device's compute slowdown multiplies it",
+                 *_describe_devices(m, links)]
+        if m.max_layers is not None:
+            text.append(f"  at most {m.max_layers} layers resident (--kv-device-layers)")
+        for depth in depths:
+            plans = m.at(prefetch=depth).plans(args.residency, devices, layers)
+            out += [{**p.as_dict(npl), "n_kv": n_kv, "n_ctx": m.n_ctx} for p in plans]
+            text += ["", "serial (prefetch 0):" if depth == 0 else f"prefetching {depth} layer(s) ahead:",
+                     *format_plans(plans, npl)]
+        text.append("")
+    print(json.dumps(out, indent=2) if args.json else "\n".join(text).rstrip())
+    return 0
+
+
+def _spread(r: Tuple[float, float, float]) -> str:
+    return f"{fmt_seconds(r[0])} ({fmt_seconds(r[1])}..{fmt_seconds(r[2])})"
+
+
+def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int], repeat: int) -> str:
+    """`ferry bench --residency`'s report: per -npl and prefetch depth, each strategy's placement,
+    its predicted and measured step time and their ratio."""
+    lines = [f"residency: {_describe_model(model)}; -c {model.n_ctx}; stand-in devices, copy policy ranges, "
+             "split cache (one stream per sequence)",
+             *_describe_devices(model, res.links),
+             f"measured: a step's time, the median of {repeat} repetitions (least..greatest), each the mean of "
+             "its steps; fastest: the mean over the steps of each step's fastest repetition; the placements take "
+             "turns",
+             "predicted: the model's step (ferry.residency.predict_step), the mean over the steps; its compute "
+             "figure measured on the stand-in and scaled by an every-layer-resident run taking turns with these"]
+    for n in npl:
+        rows = [r for r in res.rows if r.npl == n]
+        per = ", ".join(fmt_seconds(c) for c in sorted(set(res.compute_s[n])))
+        lines += ["", f"-npl {n}: attention per layer (as the plans take it) {per}"]
+        head = ["strategy", "prefetch", "resident", "predicted", "measured", "fastest", "measured / predicted",
+                "tok/s"]
+        body = []
+        for r in rows:
+            resident = "; ".join(f"{d}: {fmt_layers(r.plan.resident_layers(d))}" for d in range(len(r.plan.budgets)))
+            body.append([r.strategy, str(r.plan.prefetch), resident, fmt_seconds(r.run.predicted_step_s),
+                         _spread(r.run.spread), fmt_seconds(r.run.fastest_step_s), f"{r.run.ratio:.2f}x",
+                         fmt_tps(n / r.run.measured_step_s)])
+        lines += format_table([head, *body], left=(0, 2))
+        same = "identical" if res.outputs_identical(n) else "DIFFERENT"
+        lines.append(f"attention outputs {same} across the placements")
+    return "\n".join(lines)
+
+
+def bench_main(args: argparse.Namespace, g: Optional[ModelGeometry]) -> int:
+    """`ferry bench --residency`: plan each strategy's placement and run it beside the prediction.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For options that conflict with --residency (--placement, --device cuda) or cannot run;
+        PlanDoesNotFitError when a plan cannot fit.
+    """
+    if args.placement is not None:
+        raise InvalidArgumentError("--residency chooses where each layer's KV lives: give it or --placement, not "
+                                   "both (--kv-device-layers N beside it limits the resident layers to N)")
+    if args.plot:
+        raise InvalidArgumentError("--plot charts the copy policies' run; --residency prints its table (or --json)")
+    if args.device == "cuda":
+        raise InvalidArgumentError("--residency runs on the stand-in devices (--device cpu or auto), whose links "
+                                   "and memory the model takes")
+    model = model_from_args(args, g)
+    for npl in args.npl:
+        if args.c % npl == 0 and args.npp + args.ntg > args.c // npl:
+            raise InvalidArgumentError(f"-npl {npl}: a stream holds {args.c // npl} cells, fewer than -npp + -ntg = "
+                                       f"{args.npp + args.ntg}")
+    res = run_residency(model, args.residency, args.npl, args.npp, args.ntg, args.pad, args.repeat,
+                        prefetch_depths(args.overlap, args.prefetch))
+    if args.json:
+        print(f"ferry bench --residency: links {', '.join(f'{x:g}' for x in res.links)} GB/s", file=sys.stderr)
+        print(json.dumps(res.as_dicts(), indent=2))
+    else:
+        print(format_bench(res, model, args.npl, args.repeat))
+    return 0

@@ -1,0 +1,235 @@
+"""The dry run `ferry plan --residency` runs: each strategy's placement of the KV over the devices.
+
+A model's geometry (each layer at its own size, sliding-window layers holding their window)
+gives each layer's window bytes and resident bytes (ferry.residency.layers_from_geometry, a
+dry-run cache in synthetic memory); the devices give each a link (GB/s, given, or measured
+once on an unmodelled stand-in with ferry.measure_link), a latency per transfer, a memory
+budget and a reserve. Each layer's attention time is given (--compute-us, every layer alike)
+or measured once on the stand-in (ferry.residency.measure_compute, per size of layer); a
+device with a compute slowdown F computes F times as long. Each strategy (ferry.residency's
+planner "auto" and the named rules "first", "round-robin", "slowest-link") then chooses its
+placement, and the model predicts its step time, tokens/s and memory per device. What the model
+leaves out is in docs/design.md ("Which layers to keep").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..backend import StandinBackend
+from ..errors import InvalidArgumentError
+from ..link import measure_link
+from ..residency import (
+    STRATEGIES,
+    DeviceSpec,
+    LayerCost,
+    ResidencyPlan,
+    layers_from_geometry,
+    measure_compute,
+    plan_residency,
+    predict_step,
+)
+
+__all__ = ["ResidencyModel", "check_strategies", "per_device"]
+
+
+def per_device(values: Sequence[object], n: int, option: str) -> None:
+    """Raise InvalidArgumentError unless values holds none, one (for every device) or n values."""
+    if len(values) not in (0, 1, n):
+        raise InvalidArgumentError(f"{option}: {len(values)} values for {n} devices: give one for all or one per "
+                                   "device")
+
+
+def check_strategies(strategies: Sequence[str]) -> Tuple[str, ...]:
+    """The strategies, checked against ferry.residency.STRATEGIES (InvalidArgumentError naming the
+    unknown one); empty: all of them."""
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise InvalidArgumentError(f"--residency: unknown strategy {s!r}; one of {', '.join(STRATEGIES)}")
+    return tuple(strategies) or STRATEGIES
+
+
+def _pick(values: Sequence[float], d: int, default: float) -> float:
+    if not values:
+        return default
+    return values[0] if len(values) == 1 else values[d]
+
+
+@dataclass(frozen=True)
+class ResidencyModel:
+    """A model's KV geometry and the devices it runs on, as the residency planner sees them.
+
+    Attributes
+    ----------
+    type_kv : str
+        K and V type.
+    head_dim, n_head_kv, n_head : int
+        The geometry (n_head only for measuring compute).
+    n_ctx, n_stream : int
+        Cells in all streams, and streams (one per sequence).
+    n_kv : int
+        Cells a full layer's window reads per stream.
+    layer_windows : tuple of (int or None)
+        Per layer, its sliding window (None: full attention); its length is the number of layers.
+    v_trans, compact : bool
+        V stored transposed; window copies holding only the bytes read.
+    n_devices : int
+    link_gbps, latency_us : tuple of float
+        One value for every device or one per device; no link: measured on an unmodelled stand-in.
+    memory, reserve : tuple of int
+        Per device (one for all, or one each): its memory (none: unlimited) and the bytes set aside.
+    compute_slowdown : tuple of float
+        Per device (one for all, or one each): its compute takes this times the host's (default 1).
+    compute_us : float or None
+        Microseconds one layer's attention takes on the host; None: measured on the stand-in.
+    layer_devices : tuple of int or None
+        Per layer, the device that runs it; None: contiguous ranges (ferry.layer_split).
+    prefetch : int
+        Parts the scheduler copies ahead (0: serial).
+    max_layers : int or None
+        At most this many layers resident, all devices together.
+    """
+
+    type_kv: str = "f16"
+    head_dim: int = 64
+    n_head_kv: int = 2
+    n_head: int = 8
+    n_ctx: int = 4096
+    n_stream: int = 1
+    n_kv: int = 264
+    layer_windows: Tuple[Optional[int], ...] = (None, None)
+    v_trans: bool = False
+    compact: bool = False
+    n_devices: int = 1
+    link_gbps: Tuple[float, ...] = ()
+    latency_us: Tuple[float, ...] = ()
+    memory: Tuple[int, ...] = ()
+    reserve: Tuple[int, ...] = ()
+    compute_slowdown: Tuple[float, ...] = ()
+    compute_us: Optional[float] = None
+    layer_devices: Optional[Tuple[int, ...]] = None
+    prefetch: int = 0
+    max_layers: Optional[int] = None
+
+    @property
+    def n_layer(self) -> int:
+        """Layers."""
+        return len(self.layer_windows)
+
+    def check(self) -> None:
+        """Raise InvalidArgumentError for figures the planner cannot take."""
+        if self.n_layer < 1:
+            raise InvalidArgumentError("residency: the model has no layer")
+        if self.n_devices < 1:
+            raise InvalidArgumentError(f"--devices must be a positive integer, got {self.n_devices!r}")
+        for option, values in (("--link-gbps", self.link_gbps), ("--latency-us", self.latency_us),
+                               ("--device-memory", self.memory), ("--reserve", self.reserve),
+                               ("--compute-slowdown", self.compute_slowdown)):
+            per_device(values, self.n_devices, option)
+        if self.max_layers is not None and not 0 <= self.max_layers <= self.n_layer:
+            raise InvalidArgumentError(f"--kv-device-layers {self.max_layers}: the model has {self.n_layer} layers")
+        if self.compute_us is not None and not self.compute_us >= 0:
+            raise InvalidArgumentError(f"--compute-us must be >= 0, got {self.compute_us}")
+        if self.layer_devices is not None and len(self.layer_devices) != self.n_layer:
+            raise InvalidArgumentError(f"--layer-devices: {len(self.layer_devices)} items for {self.n_layer} layers: "
+                                       "give one per layer")
+
+    @property
+    def kv_size(self) -> int:
+        """Cells per stream of a full layer."""
+        return self.n_ctx // self.n_stream
+
+    def layer_cells(self, layer: int) -> Optional[int]:
+        """Cells per stream a layer holds: min(W + 1, kv_size) for a sliding layer, None for a full one."""
+        w = self.layer_windows[layer]
+        return None if w is None else min(w + 1, self.kv_size)
+
+    def layer_n_kv(self, layer: int) -> int:
+        """Cells per stream the layer's window reads: n_kv, at most what it holds."""
+        cells = self.layer_cells(layer)
+        return self.n_kv if cells is None else min(self.n_kv, cells)
+
+    def layers(self) -> List[LayerCost]:
+        """Each layer's byte figures, from C (ferry.residency.layers_from_geometry)."""
+        return layers_from_geometry(self.type_kv, self.type_kv, self.head_dim, self.n_head_kv, self.n_ctx,
+                                    self.n_stream, self.n_kv, list(self.layer_windows), self.v_trans, self.compact)
+
+    def compute_seconds(self) -> Tuple[float, ...]:
+        """Per layer, its attention's seconds on the host: compute_us, or measured once on an
+        unmodelled stand-in for each size of layer (the fastest of 3 runs)."""
+        if self.compute_us is not None:
+            return (self.compute_us * 1e-6,) * self.n_layer
+        measured: Dict[int, float] = {}
+        out = []
+        for layer in range(self.n_layer):
+            n_kv = self.layer_n_kv(layer)
+            if n_kv not in measured:
+                dev = StandinBackend()
+                try:
+                    # a cache of just the window's cells: attention's time depends on what it reads
+                    measured[n_kv] = measure_compute(dev, self.type_kv, self.type_kv, self.head_dim, self.n_head_kv,
+                                                     self.n_head, n_kv * self.n_stream, self.n_stream, n_kv,
+                                                     n_layer=2, runs=3)
+                finally:
+                    dev.close()
+            out.append(measured[n_kv])
+        return tuple(out)
+
+    def links(self) -> Tuple[float, ...]:
+        """Each device's link in GB/s: given, or measured once on an unmodelled stand-in."""
+        if self.link_gbps:
+            return tuple(_pick(self.link_gbps, d, 0.0) for d in range(self.n_devices))
+        dev = StandinBackend()
+        try:
+            gbps = measure_link(dev).gbps
+        finally:
+            dev.close()
+        return (gbps,) * self.n_devices
+
+    def devices(self, compute: Sequence[float], links: Optional[Sequence[float]] = None) -> List[DeviceSpec]:
+        """The devices as the model sees them: compute (per layer, the host's seconds) times each
+        device's slowdown, its link (links, else self.links()), latency, memory and reserve."""
+        links = self.links() if links is None else links
+        out = []
+        for d in range(self.n_devices):
+            slow = max(1.0, _pick(self.compute_slowdown, d, 1.0))
+            memory = int(_pick(self.memory, d, 0)) or None
+            out.append(DeviceSpec(links[d], _pick(self.latency_us, d, 0.0), tuple(c * slow for c in compute), memory,
+                                  int(_pick(self.reserve, d, 0)), f"device {d}"))
+        return out
+
+    def plans(self, strategies: Sequence[str], devices: Sequence[DeviceSpec],
+              layers: Optional[Sequence[LayerCost]] = None) -> List[ResidencyPlan]:
+        """Each strategy's plan on the devices.
+
+        Parameters
+        ----------
+        strategies : sequence of str
+            Of ferry.residency.STRATEGIES.
+        devices : sequence of DeviceSpec
+            As devices() gives them.
+        layers : sequence of LayerCost, optional
+            Default: layers().
+
+        Returns
+        -------
+        list of ResidencyPlan
+
+        Raises
+        ------
+        PlanDoesNotFitError
+            When a device cannot hold its split's window copies, or no layer fits (the message
+            names the device, what it needs and by how much it is short).
+        """
+        layers = self.layers() if layers is None else layers
+        return [plan_residency(s, layers, devices, self.layer_devices, self.prefetch, self.max_layers)
+                for s in check_strategies(strategies)]
+
+    def predict(self, resident: Sequence[bool], devices: Sequence[DeviceSpec]) -> float:
+        """The model's step time for a placement (per layer, resident or not) on the devices."""
+        return predict_step(self.layers(), devices, resident, self.layer_devices, self.prefetch).step_seconds
+
+    def at(self, **changes: object) -> "ResidencyModel":
+        """This model with some fields changed (dataclasses.replace)."""
+        return replace(self, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,200 @@
+"""`ferry plan --residency` and `ferry bench --residency`: each strategy's placement as text and JSON
+(the library's plans, the planner never slower than a rule), sliding-window layers from --swa
+options and from --model, refusals (a plan that cannot fit names what and by how much; options
+that conflict), and bench running every strategy with its prediction beside what it measured (no
+timed assertion)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+import ferry.errors as ferry_errors
+from ferry.cli import main
+from ferry.residency import DeviceSpec, layers_from_geometry, plan_residency
+
+# 4 layers of f16, 2 KV heads of 32, n_kv 128 (-npp 120 -ntg 8): each layer's K and V 16 KiB per window
+GEOMETRY = ["-c", "256", "-npl", "1", "-npp", "120", "-ntg", "8", "--layers", "4", "--heads", "2", "--head-dim", "32",
+            "--kv-heads", "2", "--type", "f16"]
+TWO = ["--devices", "2", "--link-gbps", "2.45,0.33", "--compute-us", "20"]
+STRATEGIES = ["auto", "first", "round-robin", "slowest-link"]
+
+
+def run(args: List[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(args) == 0
+    return capsys.readouterr().out
+
+
+def run_json(args: List[str], capsys: pytest.CaptureFixture[str]) -> Any:
+    return json.loads(run(args + ["--json"], capsys))
+
+
+def refused(args: List[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def table_row(out: str, strategy: str) -> str:
+    return next(line for line in out.splitlines() if line.split() and line.split()[0] == strategy)
+
+
+# ------------------------------------------------------------ plan --residency
+
+
+def test_plan_residency_text_names_each_strategy_placement_and_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(["plan", "--residency", *GEOMETRY, *TWO, "--kv-device-layers", "2"], capsys)
+    assert "serial (prefetch 0)" in out and "device 1: link 0.33 GB/s" in out
+    assert "at most 2 layers resident" in out and "given (--compute-us)" in out
+    for s in STRATEGIES:
+        assert table_row(out, s)
+    # two layers kept: the planner and slowest-link on the slow link's device (layers 2-3), first on device 0's
+    assert re.search(r"^auto .* 1\.00x\s+-\s+\S.*\s2-3\s", out, re.M), out
+    assert re.search(r"^first .*\s0-1\s+\S+ MiB\s+-\s", out, re.M), out
+    assert re.search(r"^slowest-link .*\s-\s+\S+ MiB\s+2-3\s", out, re.M), out
+    assert "auto: the model's optimum" in out
+
+
+def test_plan_residency_json_is_the_library_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    plans = run_json(["plan", "--residency", *GEOMETRY, *TWO, "--kv-device-layers", "2", "--overlap",
+                      "--prefetch", "2"], capsys)
+    assert [(p["strategy"], p["prefetch"]) for p in plans] == [(s, d) for d in (0, 2) for s in STRATEGIES]
+    layers = layers_from_geometry("f16", "f16", 32, 2, 256, 1, 128, [None] * 4, compact=False)
+    devices = [DeviceSpec(2.45, 0.0, (20e-6,) * 4, None, 0, "device 0"), DeviceSpec(0.33, 0.0, (20e-6,) * 4, None, 0,
+                                                                                     "device 1")]
+    for p in plans:
+        lib = plan_residency(p["strategy"], layers, devices, prefetch=p["prefetch"], max_layers=2).as_dict(1)
+        assert {k: v for k, v in p.items() if k not in ("n_kv", "n_ctx")} == lib
+        assert p["n_kv"] == 128 and len(p["devices"]) == 2
+        same_depth = [q["step_seconds"] for q in plans if q["prefetch"] == p["prefetch"]]
+        if p["strategy"] == "auto":
+            assert p["step_seconds"] <= min(same_depth)
+        assert p["tokens_per_second"] == pytest.approx(1 / p["step_seconds"])
+
+
+def test_plan_residency_a_list_of_strategies(capsys: pytest.CaptureFixture[str]) -> None:
+    plans = run_json(["plan", "--residency", "first,auto", *GEOMETRY, *TWO], capsys)
+    assert [p["strategy"] for p in plans] == ["first", "auto"]
+
+
+def test_plan_residency_sliding_layers_from_swa_options(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--residency", "auto", *GEOMETRY, "--compute-us", "20", "--link-gbps", "1",
+            "--swa-window", "16", "--swa-layers", "ssfs"]
+    out = run(args, capsys)
+    assert "4 layers (3 sliding, window 16; 1 full)" in out
+    (plan,) = run_json(args, capsys)
+    full = layers_from_geometry("f16", "f16", 32, 2, 256, 1, 128, [None])[0].resident_bytes
+    sliding = layers_from_geometry("f16", "f16", 32, 2, 256, 1, 128, [16])[0].resident_bytes
+    assert sliding < full
+    assert plan["devices"][0]["resident_bytes"] == full + 3 * sliding  # unlimited memory: every layer kept
+    # a budget for the full layer or the three sliding ones: the planner keeps the full layer (it saves most)
+    (plan,) = run_json(args + ["--device-memory", str(full + sliding)], capsys)
+    assert 2 in plan["devices"][0]["resident_layers"]
+
+
+def test_plan_residency_sliding_layers_from_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("gguf")
+    from test_model_file import write_gguf
+
+    path = write_gguf(tmp_path / "g2.gguf", "gemma2", blocks=4, ctx=1024, embd=256, heads=4, heads_kv=2,
+                      sliding_window=32)
+    (plan,) = run_json(["plan", "--residency", "auto", "--model", str(path), "-npl", "1", "-npp", "120", "-ntg", "8",
+                        "--compute-us", "20", "--link-gbps", "1"], capsys)
+    sizes = {layers_from_geometry("f16", "f16", 64, 2, 1024, 1, 128, [w])[0].resident_bytes for w in (None, 32)}
+    assert len(sizes) == 2
+    assert plan["devices"][0]["resident_bytes"] == 2 * sum(sizes)  # gemma2: every other layer slides
+
+
+def test_plan_residency_refuses_what_cannot_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["plan", "--residency", *GEOMETRY, *TWO, "--device-memory", "1KiB"], capsys)
+    assert "device 0: its split's window copies needs" in err and "short by" in err and "bytes" in err
+    # the windows fit, no layer beside them: names the device and by how much it is over
+    err = refused(["plan", "--residency", *GEOMETRY, *TWO, "--device-memory", "40KiB"], capsys)
+    assert "no layer fits" in err and "bytes over its 40960 bytes" in err
+    err = refused(["plan", "--residency", *GEOMETRY, *TWO, "--device-memory", "1MiB", "--reserve", "1MiB"], capsys)
+    assert "1048576 reserved" in err
+    assert "--kv-device-layers 9" in refused(["plan", "--residency", *GEOMETRY, *TWO, "--kv-device-layers", "9"],
+                                             capsys)
+    assert "unknown strategy 'best'" in refused(["plan", "--residency", "best", *GEOMETRY], capsys)
+    assert "3 values for 2 devices" in refused(["plan", "--residency", *GEOMETRY, *TWO, "--reserve", "1,2,3"], capsys)
+    assert "--compute-us" in refused(["plan", "--residency", *GEOMETRY, "--compute-us", "1,2"], capsys)
+
+
+def test_plan_without_residency_is_the_window_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(["plan", *GEOMETRY], capsys)
+    assert "window" in out and "strategy" not in out
+
+
+# ------------------------------------------------------------ bench --residency
+
+
+BENCH = ["bench", *GEOMETRY, "--repeat", "2", "--devices", "2", "--link-gbps", "2.45,0.33", "--kv-device-layers", "2"]
+
+
+def test_bench_residency_runs_every_strategy_beside_its_prediction(capsys: pytest.CaptureFixture[str]) -> None:
+    rows: List[Dict[str, Any]] = run_json(BENCH + ["--residency", "--overlap"], capsys)
+    assert [(r["strategy"], r["prefetch"]) for r in rows] == [(s, d) for d in (0, 1) for s in STRATEGIES]
+    for r in rows:
+        assert r["predicted_step_s"] > 0 and r["measured_step_s"] > 0 and r["repeats"] == 2
+        assert r["ratio"] == pytest.approx(r["measured_step_s"] / r["predicted_step_s"])
+        assert r["measured_step_s_min"] <= r["measured_step_s"] <= r["measured_step_s_max"]
+        assert r["plan"]["strategy"] == r["strategy"] and r["plan"]["prefetch"] == r["prefetch"]
+        assert sum(len(d["resident_layers"]) for d in r["plan"]["devices"]) == 2
+    assert len({r["output_sha256"] for r in rows}) == 1  # a placement never changes the outputs
+    by = {(r["strategy"], r["prefetch"]): r for r in rows}
+    assert by[("auto", 0)]["plan"]["devices"][1]["resident_layers"] == [2, 3]
+    assert by[("first", 0)]["plan"]["devices"][0]["resident_layers"] == [0, 1]
+
+
+def test_bench_residency_text(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(BENCH + ["--residency", "auto,first"], capsys)
+    assert "measured / predicted" in out and "attention outputs identical across the placements" in out
+    assert table_row(out, "auto") and table_row(out, "first")
+    assert not any(line.startswith("round-robin") for line in out.splitlines())
+
+
+def test_bench_residency_sliding_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("gguf")
+    from test_model_file import write_gguf
+
+    path = write_gguf(tmp_path / "g2.gguf", "gemma2", blocks=4, ctx=1024, embd=256, heads=4, heads_kv=2,
+                      sliding_window=32)
+    rows = run_json(["bench", "--model", str(path), "-c", "256", "-npl", "1", "-npp", "120", "-ntg", "2",
+                     "--repeat", "1", "--residency", "auto", "--link-gbps", "1"], capsys)
+    assert rows[0]["predicted_step_s"] > 0 and rows[0]["measured_step_s"] > 0
+
+
+def test_bench_residency_refuses_a_placement_beside_it(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(BENCH[:-2] + ["--residency", "--placement", "h,h,0,1"], capsys)
+    assert "--residency" in err and "--placement" in err
+    assert "stand-in" in refused(BENCH + ["--residency", "--device", "cuda"], capsys)
+    assert "--plot" in refused(BENCH + ["--residency", "--plot", "x.png"], capsys)
+    err = refused(BENCH + ["--residency", "--device-memory", "1KiB"], capsys)
+    assert "short by" in err
+
+
+def test_compute_slowdown_reaches_the_stand_ins(capsys: pytest.CaptureFixture[str]) -> None:
+    from ferry.cli import build_parser
+    from ferry.cli.options import devices_from_args
+    from ferry.workloads.devices import DeviceConfig
+
+    args = build_parser()[0].parse_args(["bench", "--devices", "2", "--compute-slowdown", "1,3.5"])
+    cfg = devices_from_args(args)
+    assert cfg.compute_slowdown == (1.0, 3.5) and cfg.modelled
+    devices = cfg.make("cpu")
+    try:
+        assert [d.compute_slowdown for d in devices] == [1.0, 3.5]
+    finally:
+        for d in devices:
+            d.close()
+    assert "stand-in" in refused(["bench", "--device", "cuda", "--compute-slowdown", "2"], capsys)
+    assert "--compute-slowdown" in refused(["bench", "--compute-slowdown", "0.5"], capsys)
+    with pytest.raises(ferry_errors.InvalidArgumentError, match="--compute-slowdown: 3 values"):
+        DeviceConfig(n_devices=2, compute_slowdown=(1.0, 2.0, 3.0)).check(2, "cpu")
