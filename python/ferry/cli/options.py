@@ -285,7 +285,7 @@ def type_name(names: Tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
-def add_kv_args(p: argparse.ArgumentParser, run: bool) -> None:
+def add_kv_args(p: argparse.ArgumentParser, run: bool, heads_and_layers: Optional[bool] = None) -> None:
     """Add the KV geometry: --type, --head-dim, --kv-heads, and for a run --heads and --layers; then
     --model, which can give them all.
 
@@ -294,7 +294,10 @@ def add_kv_args(p: argparse.ArgumentParser, run: bool) -> None:
     p : argparse.ArgumentParser
         The verb's parser.
     run : bool
-        The verb runs attention (bench, validate): it also takes query heads and layers.
+        The verb runs attention (bench, validate): --type takes what attention reads, and the verb
+        takes query heads and layers.
+    heads_and_layers : bool, optional
+        Take --heads and --layers (default: run); plan takes them to model a step of any type.
     """
     d = DEFAULTS
     p.add_argument("--type", type=type_name(KV_TYPES if run else ANY_TYPE),
@@ -305,7 +308,7 @@ def add_kv_args(p: argparse.ArgumentParser, run: bool) -> None:
                    help=f"values per head (default {d.head_dim})")
     p.add_argument("--kv-heads", type=POSITIVE, default=d.n_head_kv, action=Given,
                    help=f"KV heads (default {d.n_head_kv})")
-    if run:
+    if run if heads_and_layers is None else heads_and_layers:
         p.add_argument("--heads", type=POSITIVE, default=d.n_head, action=Given,
                        help=f"query heads (default {d.n_head})")
         p.add_argument("--layers", type=POSITIVE, default=d.n_layer, action=Given,
@@ -420,7 +423,8 @@ def add_devices_args(p: argparse.ArgumentParser, placement: bool = True) -> None
                    metavar="SIZE,...", help="stand-in only: each device's memory, e.g. 64MiB, one for all or one per "
                                             "device (default: the host's)")
     g.add_argument("--compute-slowdown", type=_argument_type(lambda t: parse_floats(t, "--compute-slowdown", 1.0,
-                                                                                      1e6)),
+                                                                                      1e6),
+                                                                "numbers from 1 to 1e6, comma-separated"),
                    metavar="F,F,...", help="stand-in only: each device's compute takes at least F times the host's "
                                            "time (a slower GPU), one for all or one per device (default 1)")
     g.add_argument("--kv-device-layers", type=count(0), metavar="N",
@@ -513,12 +517,11 @@ def one_float(option: str, low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+@accepting(f"{', '.join(STRATEGIES)}, comma-separated")
 def strategy_list(text: str) -> Tuple[str, ...]:
     """An argparse type: "auto,first" as ("auto", "first"), each one of ferry.residency.STRATEGIES;
-    ArgumentTypeError for another name or none."""
-    values = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected strategies separated by commas: {', '.join(STRATEGIES)}")
+    ArgumentTypeError for another name, an empty item or none."""
+    values = tuple(list_items(text, "strategies"))
     for v in values:
         if v not in STRATEGIES:
             raise argparse.ArgumentTypeError(f"unknown strategy {v!r}; one of {', '.join(STRATEGIES)}")
@@ -530,14 +533,16 @@ def add_residency_args(p: argparse.ArgumentParser, what: str) -> None:
     --compute-us; what says what --residency does in the verb."""
     g = p.add_argument_group("where each layer's KV should live (the residency planner)")
     g.add_argument("--residency", type=strategy_list, nargs="?", const=STRATEGIES, metavar="S,S,...",
-                   help=f"{what}, for each strategy named: {', '.join(STRATEGIES)} (auto: the planner; no list: "
-                        "all four); the devices as --devices, --link-gbps (default: measured on the stand-in), "
-                        "--latency-us, --device-memory (default: unlimited), --compute-slowdown and --kv-device-layers "
-                        "say")
-    g.add_argument("--reserve", type=_argument_type(lambda t: parse_sizes(t, "--reserve")), metavar="SIZE,...",
+                   help=f"{what}, for each strategy named (auto: the planner; no list: all four); the devices as "
+                        "--devices, --link-gbps (measured on the stand-in where not given), --latency-us, "
+                        "--device-memory (unlimited where not given), --compute-slowdown and --kv-device-layers say "
+                        "(default: not run)")
+    g.add_argument("--reserve", type=_argument_type(lambda t: parse_sizes(t, "--reserve"),
+                                                       "sizes (64MiB, 1GiB, 500MB, bytes), comma-separated"),
+                   metavar="SIZE,...",
                    help="with --residency: device memory set aside for what else it holds, e.g. 1MiB, one for all or "
                         "one per device (default 0)")
-    g.add_argument("--compute-us", type=_argument_type(one_float("--compute-us", 0.0, 1e9)),
+    g.add_argument("--compute-us", type=_argument_type(one_float("--compute-us", 0.0, 1e9), "number from 0 to 1e9"),
                    metavar="U", help="with --residency: microseconds one layer's attention takes on the host (default: "
                                      "measured once on the stand-in)")
 

@@ -46,7 +46,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     pp = add_verb_parser(sub, "plan", "the copy plan of a KV-cache window: copies, bytes moved, cost, and why",
                          __doc__, "ferry plan -c 32768 -npl 1 -npp 2048 -ntg 128 --v-trans --which v")
     add_shape_args(pp)
-    add_kv_args(pp, run=True)
+    add_kv_args(pp, run=False, heads_and_layers=True)
     add_swa_args(pp)
     pp.add_argument("--v-trans", action="store_true", help="V stored transposed (flash attention off)")
     pp.add_argument("--which", choices=("k", "v"), default="k", help="the K or the V window (default k)")
