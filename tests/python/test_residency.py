@@ -15,7 +15,6 @@ from typing import List, Optional, Sequence, Tuple
 import pytest
 
 import ferry
-from ferry import residency
 from ferry.residency import (
     DeviceSpec,
     LayerCost,
@@ -28,6 +27,7 @@ from ferry.residency import (
     plan_slowest_link,
     predict_step,
 )
+from ferry.residency import model as residency  # the model's own functions, checked directly
 
 MIB = 1 << 20
 FULL = LayerCost((4 * MIB, 4 * MIB), 16 * MIB)         # a full-attention layer: its window half of what it holds

@@ -1,0 +1,68 @@
+"""Where each layer's KV should live: a cost model of one decode step, a planner, and named rules.
+
+A layer's K and V are either resident on the device that runs its attention (no copy, its bytes
+held there) or in host memory (its windows copied to that device every step, over its link).
+predict_step models one decode step under such a placement the way the scheduler runs it
+(lib/src/sched.c, lib/src/sched-prefetch.c); plan_residency chooses the placement, by the
+planner ("auto") or by one of the rules in use ("first", "round-robin", "slowest-link"). What the
+model leaves out, and the planner's argument, are in docs/design.md ("Which layers to keep").
+
+Everything here is arithmetic on the figures given; layers_from_geometry asks C for a model's
+byte figures (a dry-run cache, no memory behind it), and device_from_backend measures a device's
+link and reads its memory.
+"""
+
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional, Sequence
+
+from ..errors import InvalidArgumentError
+from .measure import device_from_backend, layers_from_geometry, measure_compute
+from .model import DeviceSpec, LayerCost, PlanDoesNotFitError, ResidencyPlan, StepPrediction, predict_step
+from .planner import plan_auto
+from .rules import link_groups, plan_first, plan_round_robin, plan_slowest_link
+
+__all__ = [
+    "LayerCost", "DeviceSpec", "StepPrediction", "ResidencyPlan", "PlanDoesNotFitError", "STRATEGIES",
+    "predict_step", "plan_residency", "plan_auto", "plan_first", "plan_round_robin", "plan_slowest_link",
+    "link_groups", "layers_from_geometry", "device_from_backend", "measure_compute",
+]
+
+#: The strategies plan_residency knows, the planner first.
+STRATEGIES = ("auto", "first", "round-robin", "slowest-link")
+
+_RULES: Dict[str, Callable[..., ResidencyPlan]] = {
+    "auto": plan_auto, "first": plan_first, "round-robin": plan_round_robin, "slowest-link": plan_slowest_link,
+}
+
+
+def plan_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
+                   layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
+                   max_layers: Optional[int] = None) -> ResidencyPlan:
+    """The placement a strategy chooses, with its prediction.
+
+    Parameters
+    ----------
+    strategy : str
+        One of STRATEGIES: "auto" (the planner), "first", "round-robin", "slowest-link".
+    layers, devices, layer_device, prefetch
+        As predict_step takes them.
+    max_layers : int, optional
+        At most this many layers resident, all devices together (a --kv-gpu-layers N); None:
+        as many as the budgets hold.
+
+    Returns
+    -------
+    ResidencyPlan
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an unknown strategy or inconsistent inputs.
+    PlanDoesNotFitError
+        When a device cannot hold its split's window copies, or no layer fits.
+    """
+    if strategy not in _RULES:
+        raise InvalidArgumentError(f"plan_residency: unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
+    return _RULES[strategy](layers, devices, layer_device, prefetch, max_layers)

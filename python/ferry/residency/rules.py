@@ -1,0 +1,159 @@
+"""The rules in use today, as named strategies: first (llama.cpp's --kv-gpu-layers), round-robin, and
+slowest-link (devices within 15% of each other grouped)."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+from .model import (
+    DeviceSpec,
+    LayerCost,
+    ResidencyPlan,
+    _check_windows_fit,
+    _fits,
+    _plan,
+    _Problem,
+    _problem,
+    _refuse_empty,
+)
+
+#: Devices whose links are within this fraction of the group's slowest count as one (slowest-link).
+LINK_GROUP_TOLERANCE = 0.15
+
+def _take_in_turn(p: _Problem, host: List[bool], groups: Sequence[Sequence[int]]) -> List[bool]:
+    """Within each group in turn, its devices take their next layer (in layer order) one after
+    another while it fits; a device whose next layer does not fit stops taking."""
+    for group in groups:
+        queues = {d: [i for i in range(len(host)) if p.dev[i] == d and host[i]] for d in group}
+        active = [d for d in group if queues[d]]
+        while active:
+            for d in list(active):
+                i = queues[d].pop(0)
+                host[i] = False
+                if not _fits(p, host):
+                    host[i] = True
+                    queues[d] = []
+                if not queues[d]:
+                    active.remove(d)
+    return host
+
+
+def plan_first(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
+               layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
+               max_layers: Optional[int] = None) -> ResidencyPlan:
+    """``first``: the first N layers resident (llama.cpp's --kv-gpu-layers N), N as large as every
+    device's budget allows.
+
+    Parameters
+    ----------
+    layers, devices, layer_device, prefetch
+        As predict_step takes them.
+    max_layers : int, optional
+        At most this many layers resident, all devices together (a --kv-gpu-layers N); None:
+        as many as the budgets hold.
+
+    Returns
+    -------
+    ResidencyPlan
+
+    Raises
+    ------
+    PlanDoesNotFitError
+        When a device cannot hold its split's window copies, or no layer fits.
+    """
+    p = _problem(layers, devices, layer_device, prefetch, max_layers)
+    _check_windows_fit(p)
+    host = [True] * len(p.layers)
+    for i in range(len(host)):
+        host[i] = False
+        if not _fits(p, host):
+            host[i] = True
+            break
+    _refuse_empty(p, host)
+    return _plan(p, "first", host)
+
+
+def plan_round_robin(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
+                     layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
+                     max_layers: Optional[int] = None) -> ResidencyPlan:
+    """``round-robin``: one layer per device in turn (each device its own layers in order), a device
+    stopping at its first layer that does not fit.
+
+    Parameters
+    ----------
+    layers, devices, layer_device, prefetch
+        As predict_step takes them.
+    max_layers : int, optional
+        At most this many layers resident, all devices together (a --kv-gpu-layers N); None:
+        as many as the budgets hold.
+
+    Returns
+    -------
+    ResidencyPlan
+
+    Raises
+    ------
+    PlanDoesNotFitError
+        When a device cannot hold its split's window copies, or no layer fits.
+    """
+    p = _problem(layers, devices, layer_device, prefetch, max_layers)
+    _check_windows_fit(p)
+    host = _take_in_turn(p, [True] * len(p.layers), [list(range(len(p.devices)))])
+    _refuse_empty(p, host)
+    return _plan(p, "round-robin", host)
+
+
+def link_groups(gbps: Sequence[float], tolerance: float = LINK_GROUP_TOLERANCE) -> List[List[int]]:
+    """Devices grouped by link, slowest group first: a group holds the devices within tolerance
+    (a fraction) above its slowest.
+
+    Parameters
+    ----------
+    gbps : sequence of float
+        Each device's link.
+    tolerance : float, optional
+
+    Returns
+    -------
+    list of list of int
+        Device indices per group.
+    """
+    order = sorted(range(len(gbps)), key=lambda d: (gbps[d], d))
+    groups: List[List[int]] = []
+    for d in order:
+        if groups and gbps[d] <= gbps[groups[-1][0]] * (1 + tolerance):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    return groups
+
+
+def plan_slowest_link(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
+                      layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
+                      max_layers: Optional[int] = None) -> ResidencyPlan:
+    """``slowest-link``: the budget spent where the link is slowest. Devices whose links are within
+    15% of each other form a group; the slowest group's devices take their layers (in order, one
+    device after another in turn) while they fit, then the next group's.
+
+    Parameters
+    ----------
+    layers, devices, layer_device, prefetch
+        As predict_step takes them (each DeviceSpec's link_gbps: given, or measured by
+        device_from_backend).
+    max_layers : int, optional
+        At most this many layers resident, all devices together; None: as many as fit.
+
+    Returns
+    -------
+    ResidencyPlan
+
+    Raises
+    ------
+    PlanDoesNotFitError
+        When a device cannot hold its split's window copies, or no layer fits.
+    """
+    p = _problem(layers, devices, layer_device, prefetch, max_layers)
+    _check_windows_fit(p)
+    host = _take_in_turn(p, [True] * len(p.layers), link_groups([s.link_gbps for s in p.devices]))
+    _refuse_empty(p, host)
+    return _plan(p, "slowest-link", host)
