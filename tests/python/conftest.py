@@ -1,8 +1,10 @@
-"""Shared fixtures: one backend of each kind, and a byte pattern that shows where bytes came from."""
+"""Shared fixtures: one backend of each kind, a byte pattern that shows where bytes came from, and the
+command line's refusal as the tests read it."""
 
 from __future__ import annotations
 
 import os
+from typing import List
 
 import pytest
 from hypothesis import settings
@@ -45,3 +47,15 @@ def real_backend(request: pytest.FixtureRequest) -> ferry.Backend:
         return ferry.CPUBackend()
     return ferry.DummyBackend(real_memory=True, has_2d=request.param != "dummy_real_no_2d")
 
+
+def refused(argv: List[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run `ferry` with argv, which it must refuse as a usage error (exit status 2, no traceback);
+    return what it wrote on stderr."""
+    from ferry.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 import ferry
+from conftest import refused
 from ferry.cli import build_parser, main
 from ferry.workloads import validate as validate_workload
 from ferry.workloads.devices import DeviceConfig, parse_placement, parse_size, read_placement
@@ -28,15 +29,6 @@ DEVICE_OPTIONS = ["--devices", "--link-gbps", "--latency-us", "--device-memory",
 def run_json(args: List[str], capsys: pytest.CaptureFixture[str]) -> Any:
     assert main(args) == 0
     return json.loads(capsys.readouterr().out)
-
-
-def refused(args: List[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
 
 
 # ------------------------------------------------------------ options

@@ -13,6 +13,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from conftest import refused
 from ferry.cli import VERBS, build_parser, main
 from ferry.cli.options import accepts, default_text, option_help
 
@@ -133,15 +134,6 @@ def test_type_says_per_verb_what_it_takes(capsys: pytest.CaptureFixture[str]) ->
         assert {"q4_0", "bf16", "q8_0"} <= set(accepts(action).split(", "))
         assert main([verb, "--type", "q4_0", "-npl", "2"]) == 0
     capsys.readouterr()
-
-
-def refused(argv: List[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -14,6 +14,7 @@ from typing import Any, Dict, List
 import pytest
 
 import ferry.errors as ferry_errors
+from conftest import refused
 from ferry.cli import main
 from ferry.residency import DeviceSpec, layers_from_geometry, plan_residency
 
@@ -31,15 +32,6 @@ def run(args: List[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 def run_json(args: List[str], capsys: pytest.CaptureFixture[str]) -> Any:
     return json.loads(run(args + ["--json"], capsys))
-
-
-def refused(args: List[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
 
 
 def table_row(out: str, strategy: str) -> str:

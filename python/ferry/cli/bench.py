@@ -30,7 +30,7 @@ from .options import (
     run_fields,
 )
 from .progress import Progress, progress_stream
-from .text_table import format_table
+from .text_table import fmt_layers, format_table
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Progress", "add_parser", "check_plot_available",
            "config_from_args", "fmt_bytes", "fmt_gain", "fmt_gbps", "fmt_interval", "fmt_layers", "fmt_mib",
@@ -261,17 +261,6 @@ def format_wide(res: BenchResult) -> str:
     lines += _extra_tables(res)
     lines += _footer(res)
     return "\n".join(lines)
-
-
-def fmt_layers(layers: List[int]) -> str:
-    """Layer indices as runs: [0, 1, 2, 5] as "0-2,5" ("-" for none)."""
-    runs: List[List[int]] = []
-    for layer in layers:
-        if runs and layer == runs[-1][1] + 1:
-            runs[-1][1] = layer
-        else:
-            runs.append([layer, layer])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
 
 
 def format_devices(res: BenchResult) -> List[str]:

@@ -16,7 +16,7 @@ from ..workloads.model_file import ModelGeometry
 from ..workloads.residency_bench import ResidencyResult, run_residency
 from ..workloads.residency_plan import ResidencyModel
 from .options import layer_windows
-from .text_table import format_table
+from .text_table import fmt_layers, format_table
 
 __all__ = ["bench_main", "format_bench", "format_plans", "model_from_args", "plan_main"]
 
@@ -36,17 +36,6 @@ def fmt_mib(n: int) -> str:
 def fmt_tps(tps: float) -> str:
     """Tokens/s with thousands separators, no decimals."""
     return f"{tps:,.0f}"
-
-
-def fmt_layers(layers: Sequence[int]) -> str:
-    """Layer indices as runs: [0, 1, 2, 5] as "0-2,5" ("-" for none)."""
-    runs: List[List[int]] = []
-    for layer in layers:
-        if runs and layer == runs[-1][1] + 1:
-            runs[-1][1] = layer
-        else:
-            runs.append([layer, layer])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
 
 
 def model_from_args(args: argparse.Namespace, g: Optional[ModelGeometry]) -> ResidencyModel:
