@@ -129,7 +129,7 @@ def test_compact_staging_keeps_the_hashes() -> None:
 @pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
 def test_cuda_split_passes_the_gate(capsys: pytest.CaptureFixture[str]) -> None:
     """The gate with the split on CUDA (the cache pinned): identical hashes, a detected control."""
-    assert main(["validate", "--device", "cuda", "--json", "--sequences", "6", "-npl", "3"]) == 0
+    assert main(["validate", "--device", "cuda", "--json", "--sequences", "6", "-npl", "2"]) == 0
     [got] = json.loads(capsys.readouterr().out)
     assert got["identical"] is True and got["control_detected"] is True
     assert len(set(got["hashes"].values())) == 1
