@@ -85,18 +85,41 @@ def test_outputs_differ_when_content_differs() -> None:
     assert a.rows[0].output_sha256 != b.rows[0].output_sha256
 
 
-def test_variants_take_turns_after_a_warm_up() -> None:
-    """Per npl, one sample of each variant of both layouts at a time, the order reversed every other
-    turn: a warm-up turn, then --repeat timed ones (no calibration with --min-sample-ms 0)."""
+def test_variants_take_turns_repetition_by_repetition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every variant of both layouts takes turns with the others one repetition at a time, in the
+    rounds of estimate.balanced_orders, and the npl take turns sample by sample: a warm-up round
+    of each npl, then --repeat samples of 3 repetitions (the calibration's loops, faked here)."""
+    monkeypatch.setattr(bench_workload, "calibrate", lambda measure, seconds: 3)
     labels: List[str] = []
-    cfg = tiny(npl=(2,), policies=("flat", "ranges"), repeat=3)
-    res = bench_workload.run_bench(cfg, on_step=labels.append)
-    assert len(labels) == cfg.n_steps == 2 * 2 * cfg.ntg * (1 + 3)
+    cfg = tiny(policies=("flat", "ranges"), repeat=2)
+    bench_workload.run_bench(cfg, on_step=labels.append)
     reps = labels[::cfg.ntg]
-    assert all(labels[i:i + cfg.ntg] == [reps[i // cfg.ntg]] * cfg.ntg for i in range(0, len(labels), cfg.ntg))
-    turn = ["npl 2 flat", "npl 2 ranges", "npl 2 flat unified", "npl 2 ranges unified"]
-    assert reps == (turn + turn[::-1]) * 2
-    assert all(r.repeats == 3 for r in res.rows)
+    assert labels == [r for r in reps for _ in range(cfg.ntg)]  # a repetition's steps run together
+    names = ["flat", "ranges", "flat unified", "ranges unified"]
+    orders = estimate.balanced_orders(len(names))
+
+    def rounds(npl: int, first: int, n: int) -> List[str]:
+        return [f"npl {npl} {names[i]}" for r in range(first, first + n) for i in orders[r % len(orders)]]
+
+    expected = rounds(2, 0, 1) + rounds(4, 0, 1)
+    for sample in range(2):
+        expected += rounds(2, 1 + 3 * sample, 3) + rounds(4, 1 + 3 * sample, 3)
+    assert reps == expected
+
+
+def test_an_npl_whose_gains_are_narrow_adds_no_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Samples are added only to the npl whose intervals are still wide; the others wait."""
+    asked = {2: 0, 4: 0}
+
+    def widest(runs: List[object]) -> float:
+        npl = runs[0].cache.npl  # type: ignore[attr-defined]
+        asked[npl] += 1
+        return 1.0 if npl == 4 and asked[npl] <= 3 else 0.0
+
+    monkeypatch.setattr(bench_workload, "widest_claim", widest)
+    res = bench_workload.run_bench(tiny(policies=("flat", "ranges"), repeat=None, max_time=600.0))
+    assert {r.npl: r.repeats for r in res.rows} == {2: bench_workload.MIN_SAMPLES, 4: bench_workload.MIN_SAMPLES + 3}
+    assert not any(s.capped for s in res.sampling.values())
 
 
 def test_figures_are_medians_of_the_samples() -> None:

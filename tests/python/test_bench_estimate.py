@@ -4,6 +4,7 @@ answers, the calibration with a fake clock, the gains it claims, and its warning
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from typing import List
 
 import numpy as np
@@ -55,6 +56,22 @@ def test_paired_gain() -> None:
 def test_outlier_share() -> None:
     assert estimate.outlier_share([1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.02, 0.98, 5.0]) == 0.1
     assert estimate.outlier_share([2.0] * 8) == 0.0 and estimate.outlier_share([]) == 0.0
+
+
+@pytest.mark.parametrize("n", range(1, 25))
+def test_balanced_orders_spread_what_runs_before_each_variant(n: int) -> None:
+    """A Williams design: each round a permutation; each variant equally often in each place and
+    after each other variant; never twice in a row, across rounds and their cycle too."""
+    orders = estimate.balanced_orders(n)
+    assert all(sorted(r) == list(range(n)) for r in orders)
+    seq = [i for r in orders for i in r]
+    if n >= 2:
+        assert all(a != b for a, b in zip(seq, seq[1:] + seq[:1]))
+    if n >= 3:
+        places = Counter((p, i) for r in orders for p, i in enumerate(r))
+        assert len(places) == n * n and len(set(places.values())) == 1
+        after = Counter((a, b) for r in orders for a, b in zip(r, r[1:]))
+        assert len(after) == n * (n - 1) and len(set(after.values())) == 1
 
 
 def test_calibration_doubles_until_a_sample_lasts_the_minimum() -> None:
@@ -120,7 +137,7 @@ def test_warnings_name_the_cap_and_the_outliers() -> None:
     assert d["warnings"] == [] and d["over_unified"] == pytest.approx(0.2)
     wide = synthetic([100.0] * 12, [100.0, 140.0] * 6, capped=True)
     (cap,) = wide.warnings()
-    assert cap.startswith("npl 2: the time cap (--max-time 1 s, shared by the npl) came first: 2 of 3 gains wider "
+    assert cap.startswith("npl 2: the time cap (--max-time 1 s) came first: 2 of 3 gains wider "
                           "than ±2.5 points, the widest ranges over flat")
     assert wide.as_dicts()[0]["warnings"] == [cap]
     bursts = [120.0, 121.0, 119.0, 120.0, 122.0, 118.0, 120.0, 121.0, 119.0, 120.0, 60.0, 240.0]
@@ -137,5 +154,5 @@ def test_a_tiny_cap_stops_the_samples_and_warns(monkeypatch: pytest.MonkeyPatch)
                       policies=("flat", "ranges"), unified=False, device="cpu", min_sample_ms=0.0, max_time=0.0)
     res = bench_workload.run_bench(cfg)
     assert res.sampling[2].capped and res.rows[0].repeats == bench_workload.MIN_SAMPLES
-    assert res.warnings()[0].startswith("npl 2: the time cap (--max-time 0 s, shared by the npl) came first")
+    assert res.warnings()[0].startswith("npl 2: the time cap (--max-time 0 s) came first")
     assert all(d["capped"] is True and d["warnings"] for d in res.as_dicts())

@@ -24,15 +24,19 @@ Timing: a step's decode time is the wall time of Scheduler.compute on an allocat
 (the input copies, attention, and synchronization); building the graph in Python and the
 scheduler's allocation are outside it. A repetition of a variant (a policy, with or without
 compact staging, on one layout) is its ntg steps; a sample is as many repetitions of it as the
-calibration found, timed together. Per npl, one cache per layout serves every variant (each has its own scheduler), and
-the variants of both layouts take turns: one untimed warm-up repetition of each, then the
-calibration (ferry.workloads.estimate.calibrate: the repetitions per sample, doubled until the
-fastest variant's sample lasts --min-sample-ms), then timed samples, one of each variant per
-turn, the order reversed every other turn, so that drift of the machine falls on every variant
-alike. Turns go on until each variant has --repeat samples; by default, until it has 10 and
-every gain's interval (below) is within ±2.5 points, or the time cap (--max-time, shared
-equally by the npl) has passed: then a warning says so. The collector is off while samples are
-timed.
+calibration found, their times added. Each npl has one cache per layout, which serves every
+variant (each has its own scheduler). The variants of both layouts take turns repetition by
+repetition, in rounds whose orders balance what runs before each variant
+(ferry.workloads.estimate.balanced_orders): a variant that runs right after its own repetition
+finds its data still in the host's caches, which one fixed order gives to some variants and
+not others. A turn of an npl is one sample of each of its variants; the npl take turns,
+turn by turn, for the whole run, so that drift of the machine falls on every npl alike. First
+one untimed warm-up round of each npl, then its calibration
+(ferry.workloads.estimate.calibrate: the repetitions per sample, doubled until the fastest
+variant's sample lasts --min-sample-ms), then the timed turns. Turns go on until each variant
+has --repeat samples; by default, until it has 10, and then an npl takes more turns while any
+of its gains' intervals (below) is wider than ±2.5 points, until the time cap (--max-time)
+has passed: then a warning says so. The collector is off while samples are timed.
 
 Host time: building the graph in Python and allocating it are timed beside each step (and
 found as decode time is), with writing each sequence's length: the step's graph is built and
@@ -76,6 +80,7 @@ tenth of a gain's paired ratios outliers (robust z-score above 3.5).
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import math
@@ -107,7 +112,16 @@ from .common import (
 )
 from .common import variants as workload_variants
 from .devices import DeviceConfig
-from .estimate import OUTLIER_SHARE, OUTLIER_Z, Interval, calibrate, outlier_share, paired_gain, ratio_spread
+from .estimate import (
+    OUTLIER_SHARE,
+    OUTLIER_Z,
+    Interval,
+    balanced_orders,
+    calibrate,
+    outlier_share,
+    paired_gain,
+    ratio_spread,
+)
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
 OnStep = Callable[[str], None]
@@ -139,7 +153,7 @@ class BenchConfig:
     prefetch: int = 1  # parts (layers) ahead an overlapped run queues
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
     min_sample_ms: float = 20.0  # what a sample lasts at least (decode time): the calibration's goal; 0: one repetition
-    max_time: float = 30.0  # seconds the whole run may spend adding samples (default repeat only), shared by the npl
+    max_time: float = 30.0  # seconds the whole run may spend adding samples (default repeat only), the npl taking turns
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -554,7 +568,7 @@ class BenchResult:
                 g, r, what = max(wide, key=lambda w: w[0].half_width)
                 widest = ("no interval (fewer than 6 samples)" if g.low is None
                           else f"±{g.half_width * 100:.1f} points")
-                why = (f"the time cap (--max-time {self.config.max_time:g} s, shared by the npl) came first"
+                why = (f"the time cap (--max-time {self.config.max_time:g} s) came first"
                        if self.config.adaptive else f"--repeat {self.config.repeat} fixed the samples")
                 out.append(f"npl {n}: {why}: {len(wide)} of {len(claims)} gains wider than ±"
                            f"{TARGET_HALF_WIDTH * 100:g} points, the widest {r.label} over {what}: {widest}")
@@ -722,6 +736,18 @@ class _Measured:
         return statistics.median(t / n for t, n in zip(totals, self.steps))
 
 
+@dataclass
+class _Sums:
+    """One sample in progress: its repetitions so far and their times (seconds)."""
+
+    reps: int = 0
+    decode: float = 0.0
+    copy: float = 0.0
+    compute: float = 0.0
+    host: float = 0.0
+    dev_copy: List[float] = field(default_factory=list)  # per device
+
+
 class _Variant:
     """One copy policy (with or without compact staging) over a cache: its scheduler, its repetitions."""
 
@@ -732,6 +758,7 @@ class _Variant:
         self.split_memory = 0
         self.device_memory = [0] * len(cache.devices)  # per device: the scheduler's buffer there at its most
         self.measured = _Measured()
+        self.sums = _Sums()
         unified = " unified" if cache.unified else ""
         self.label = f"npl {cache.npl} {run_name(policy, compact, prefetch > 0)}{unified}"
 
@@ -756,58 +783,66 @@ class _Variant:
         c.kv_len.set(np.full(c.npl, c.cfg.npp + step + 1, np.int32))
         return graph
 
-    def sample(self, loops: int, timed: bool, on_step: Optional[OnStep]) -> float:
-        """Run the ntg steps loops times; when timed, keep what they measured as one sample.
+    def begin_sample(self) -> None:
+        """Start a sample: its repetitions' times add up until end_sample."""
+        self.sums = _Sums(dev_copy=[0.0] * len(self.cache.devices))
+
+    def repetition(self, timed: bool, on_step: Optional[OnStep]) -> None:
+        """Run the ntg steps once, adding their times to the current sample; when timed, keep the
+        repetition's bytes and its outputs' digest."""
+        ntg = self.cache.cfg.ntg
+        n_dev = len(self.cache.devices)
+        sums = self.sums
+        copied = read = builds = ahead = 0
+        dev_bytes, dev_kv = [0] * n_dev, [0] * n_dev
+        digest = hashlib.sha256()
+        for t in range(ntg):
+            t0 = time.perf_counter()
+            graph = self.graph(t)
+            t1 = time.perf_counter()
+            self.sched.compute(graph)
+            sums.decode += time.perf_counter() - t1
+            sums.host += t1 - t0
+            if t == 0:
+                builds = self.graphs.builds
+            st = self.sched.stats
+            sums.copy += st.copy_seconds
+            sums.compute += st.compute_seconds
+            copied += st.bytes_copied
+            read += st.bytes_read
+            ahead = max(ahead, st.ahead_bytes)
+            if timed:
+                self._per_device(sums.dev_copy, dev_bytes, dev_kv)
+            for out in graph.outputs:
+                digest.update(out.get())
+            if on_step is not None:
+                on_step(self.label)
+        sums.reps += 1
+        if timed:
+            m = self.measured
+            m.rebuilds = self.graphs.builds - builds
+            m.bytes_copied, m.bytes_read, m.ahead_bytes = copied, read, ahead
+            m.device_bytes, m.device_kv_bytes = dev_bytes, dev_kv
+            m.digests.append(digest.hexdigest())
+
+    def end_sample(self, timed: bool) -> float:
+        """End the sample; when timed, keep what it measured.
 
         Returns
         -------
         float
-            The decode time of the loops * ntg steps (seconds).
+            The decode time of its repetitions (seconds).
         """
-        ntg = self.cache.cfg.ntg
-        decode = copy = compute = host = 0.0
-        n_dev = len(self.cache.devices)
-        dev_copy = [0.0] * n_dev
-        for _ in range(loops):
-            copied = read = builds = ahead = 0
-            dev_bytes, dev_kv = [0] * n_dev, [0] * n_dev
-            digest = hashlib.sha256()
-            for t in range(ntg):
-                t0 = time.perf_counter()
-                graph = self.graph(t)
-                t1 = time.perf_counter()
-                self.sched.compute(graph)
-                decode += time.perf_counter() - t1
-                host += t1 - t0
-                if t == 0:
-                    builds = self.graphs.builds
-                st = self.sched.stats
-                copy += st.copy_seconds
-                compute += st.compute_seconds
-                copied += st.bytes_copied
-                read += st.bytes_read
-                ahead = max(ahead, st.ahead_bytes)
-                if timed:
-                    self._per_device(dev_copy, dev_bytes, dev_kv)
-                for out in graph.outputs:
-                    digest.update(out.get())
-                if on_step is not None:
-                    on_step(self.label)
-            if timed:
-                m = self.measured
-                m.rebuilds = self.graphs.builds - builds
-                m.bytes_copied, m.bytes_read, m.ahead_bytes = copied, read, ahead
-                m.device_bytes, m.device_kv_bytes = dev_bytes, dev_kv
-                m.digests.append(digest.hexdigest())
+        sums = self.sums
         if timed:
             m = self.measured
-            m.steps.append(loops * ntg)
-            m.decode.append(decode)
-            m.copy.append(copy)
-            m.compute.append(compute)
-            m.host.append(host)
-            m.device_copy.append(dev_copy)
-        return decode
+            m.steps.append(sums.reps * self.cache.cfg.ntg)
+            m.decode.append(sums.decode)
+            m.copy.append(sums.copy)
+            m.compute.append(sums.compute)
+            m.host.append(sums.host)
+            m.device_copy.append(sums.dev_copy)
+        return sums.decode
 
     def _per_device(self, copy: List[float], copied: List[int], kv: List[int]) -> None:
         """Add the last step's inputs to each device's figures: copy time, bytes, and bytes of KV windows;
@@ -877,10 +912,66 @@ def widest_claim(runs: Sequence[_Variant]) -> float:
                default=0.0)
 
 
-def measure_npl(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, pinned: bool,
-                on_step: Optional[OnStep] = None,
-                clock: Callable[[], float] = time.perf_counter) -> Tuple[List[BenchRow], Sampling]:
-    """Every variant of one number of sequences, on every layout, taking turns (see the module).
+class _NplRuns:
+    """Every variant of one number of sequences, on every layout (see the module): its caches, its
+    variants' schedulers, and the rounds in which they take turns."""
+
+    def __init__(self, cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, pinned: bool) -> None:
+        self.cfg, self.npl = cfg, npl
+        self.caches: List[_Cache] = []
+        self.runs: List[_Variant] = []
+        self.loops = 1
+        self.seconds = 0.0  # wall time of its turns
+        self.rounds = 0
+        try:
+            for unified in cfg.layouts:
+                self.caches.append(_Cache(cfg, devices, npl, unified, pinned))
+                self.runs += [_Variant(self.caches[-1], cpu, policy, compact, depth)
+                              for policy, compact in variants(cfg) for depth in cfg.prefetch_depths]
+        except BaseException:
+            self.close()
+            raise
+        self.orders = balanced_orders(len(self.runs))
+
+    def turn(self, loops: int, timed: bool, on_step: Optional[OnStep]) -> float:
+        """A sample of loops repetitions of every variant, the variants taking turns repetition by
+        repetition in the rounds' balanced orders.
+
+        Returns
+        -------
+        float
+            The shortest variant's sample (decode seconds).
+        """
+        start = time.perf_counter()
+        for run in self.runs:
+            run.begin_sample()
+        for _ in range(loops):
+            for i in self.orders[self.rounds % len(self.orders)]:
+                self.runs[i].repetition(timed, on_step)
+            self.rounds += 1
+        shortest = min(run.end_sample(timed) for run in self.runs)
+        self.seconds += time.perf_counter() - start
+        return shortest
+
+    def wide(self) -> bool:
+        """Whether a claimed gain's interval is still wider than TARGET_HALF_WIDTH."""
+        return widest_claim(self.runs) >= TARGET_HALF_WIDTH
+
+    def rows(self) -> List[BenchRow]:
+        """A row per variant: the split cache's in `variants` order (with cfg.overlap each serial row
+        followed by its overlapped one), then the unified cache's."""
+        return [run.row() for run in self.runs]
+
+    def close(self) -> None:
+        for run in self.runs:
+            run.sched.close()
+        for cache in self.caches:
+            cache.close()
+
+
+def measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, pinned: bool, on_step: Optional[OnStep] = None,
+            clock: Callable[[], float] = time.perf_counter) -> Tuple[List[BenchRow], Dict[int, Sampling]]:
+    """Every variant of every number of sequences, all taking turns over the whole run (see the module).
 
     Parameters
     ----------
@@ -889,7 +980,6 @@ def measure_npl(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int
         The devices (cfg.devices.make): device 0 is the split's backend with one device.
     cpu : Backend
         The CPU backend.
-    npl : int
     pinned : bool
         The caches in CUDA's pinned host memory.
     on_step : callable, optional
@@ -899,9 +989,8 @@ def measure_npl(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int
 
     Returns
     -------
-    (list of BenchRow, Sampling)
-        A row per variant: the split cache's in `variants` order (with cfg.overlap each serial row
-        followed by its overlapped one), then the unified cache's; and how they were sampled.
+    (list of BenchRow, dict of int to Sampling)
+        The rows, per npl in cfg.npl's order (_NplRuns.rows), and how each npl was sampled.
 
     Raises
     ------
@@ -909,45 +998,39 @@ def measure_npl(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int
         When repetitions of a variant gave different attention outputs.
     """
     start = clock()
-    budget = cfg.max_time / len(cfg.npl)
-    caches: List[_Cache] = []
-    runs: List[_Variant] = []
+    sets: List[_NplRuns] = []
     collecting = gc.isenabled()
+    capped = False
     try:
-        for unified in cfg.layouts:
-            caches.append(_Cache(cfg, devices, npl, unified, pinned))
-            runs += [_Variant(caches[-1], cpu, policy, compact, depth) for policy, compact in variants(cfg)
-                     for depth in cfg.prefetch_depths]
-        turn = 0
-
-        def each(loops: int, timed: bool) -> float:
-            """One turn: a sample of every variant, the order reversed every other turn; the shortest."""
-            nonlocal turn
-            order = runs if turn % 2 == 0 else runs[::-1]
-            turn += 1
-            return min(run.sample(loops, timed, on_step) for run in order)
-
-        for _ in range(WARMUP):
-            each(1, False)
-        loops = calibrate(lambda n: each(n, False), cfg.min_sample_ms / 1e3)
+        for npl in cfg.npl:
+            sets.append(_NplRuns(cfg, devices, cpu, npl, pinned))
+        for each in sets:
+            for _ in range(WARMUP):
+                each.turn(1, False, on_step)
+            each.loops = calibrate(functools.partial(each.turn, timed=False, on_step=on_step), cfg.min_sample_ms / 1e3)
         gc.collect()
         gc.disable()  # as timeit does: no collection lands in one variant's samples
-        capped = False
         for _ in range(cfg.min_samples):
-            each(loops, True)
-        while cfg.adaptive and widest_claim(runs) >= TARGET_HALF_WIDTH:
-            if clock() - start >= budget:
+            for each in sets:
+                each.turn(each.loops, True, on_step)
+        while cfg.adaptive:
+            wide = [each for each in sets if each.wide()]
+            if not wide:
+                break
+            if clock() - start >= cfg.max_time:
                 capped = True
                 break
-            each(loops, True)
+            for each in wide:
+                each.turn(each.loops, True, on_step)
+        rows = [row for each in sets for row in each.rows()]
+        sampling = {each.npl: Sampling(each.npl, each.loops, len(each.runs[0].measured.decode), each.seconds,
+                                       capped and each.wide()) for each in sets}
     finally:
         if collecting:
             gc.enable()
-        for run in runs:
-            run.sched.close()
-        for cache in caches:
-            cache.close()
-    return [run.row() for run in runs], Sampling(npl, loops, len(runs[0].measured.decode), clock() - start, capped)
+        for each in sets:
+            each.close()
+    return rows, sampling
 
 
 def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult:
@@ -980,10 +1063,6 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
     devices = cfg.devices.make(cfg.device)
     cpu = CPUBackend()
     pinned = not isinstance(devices[0], StandinBackend)
-    rows: List[BenchRow] = []
-    sampling: Dict[int, Sampling] = {}
-    for npl in cfg.npl:
-        npl_rows, sampling[npl] = measure_npl(cfg, devices, cpu, npl, pinned, on_step)
-        rows += npl_rows
+    rows, sampling = measure(cfg, devices, cpu, pinned, on_step)
     memory = "pinned host memory" if pinned else "pageable host memory"
     return BenchResult(cfg, devices[0].name, memory, rows, [d.name for d in devices], sampling)

@@ -21,7 +21,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 #: The interval's confidence.
 CONFIDENCE = 0.95
@@ -194,3 +194,43 @@ def calibrate(measure: Callable[[int], float], min_seconds: float, max_loops: in
 def ratio_spread(values: Sequence[float]) -> Tuple[float, float, float]:
     """The median, least and greatest of values (at least one)."""
     return statistics.median(values), min(values), max(values)
+
+
+def balanced_orders(n: int) -> List[List[int]]:
+    """Orders in which n variants take turns, one round each, so that what runs before a variant
+    (and leaves its data in the host's caches) falls on every variant alike.
+
+    A Williams design: over the rounds each variant holds each place equally often and follows
+    every other variant equally often within a round (once for even n, twice for odd n, whose
+    design takes 2n rounds); the rounds are ordered so that no variant runs twice in a row across
+    their boundaries either. Two variants simply alternate.
+
+    Parameters
+    ----------
+    n : int
+        Variants, 1 or more.
+
+    Returns
+    -------
+    list of list of int
+        The rounds, each a permutation of range(n), to be used in turn and cyclically.
+    """
+    if n <= 2:
+        return [list(range(n))]
+    base, lo, hi = [0], 1, n - 1
+    while len(base) < n:  # 0, 1, n-1, 2, n-2, ...
+        base.append(lo)
+        lo += 1
+        if len(base) < n:
+            base.append(hi)
+            hi -= 1
+    rows = [[(x + i) % n for x in base] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    ordered = [rows.pop(0)]
+    while rows:  # each next round starts with another variant than the last one ended with
+        nxt = next((r for r in rows if r[0] != ordered[-1][-1] and (len(rows) > 1 or r[-1] != ordered[0][0])),
+                   rows[0])
+        rows.remove(nxt)
+        ordered.append(nxt)
+    return ordered
