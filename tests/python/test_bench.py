@@ -320,6 +320,19 @@ def test_progress_bar() -> None:
     quiet.close()  # nothing to write to, nothing written
 
 
+def test_a_capped_runs_bar_counts_the_seconds_of_its_cap() -> None:
+    """Without --repeat the samples go on until the intervals narrow or --max-time passes: the bar
+    counts that cap's seconds (a fake clock, a second per step), never past it."""
+    s = io.StringIO()
+    ticks = iter(range(10**6))
+    cfg = tiny(npl=(2,), policies=("flat", "ranges"), unified=False, repeat=None, max_time=3.0)
+    bench.run_bench(cfg, s, clock=lambda: float(next(ticks)))
+    out = s.getvalue()
+    assert out.startswith("\r[") and " 1/3 s npl 2 " in out
+    assert out.endswith("] 3/3 s npl 2 ranges\n") or out.endswith("] 3/3 s npl 2 flat\n")
+    assert "4/3" not in out
+
+
 def test_units() -> None:
     assert bench.fmt_seconds(0.0001234) == "123.4 µs"
     assert bench.fmt_seconds(0.01234) == "12.34 ms"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 from typing import Any, Callable, List, Optional, TextIO, Tuple
 
 from ..errors import InvalidArgumentError, UnsupportedError
@@ -41,8 +43,10 @@ __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Progress", "add_parser", "
 ARGUMENT_ERRORS = InvalidArgumentError
 
 
-def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResult:
-    """`bench_workload.run_bench` with a progress bar.
+def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None,
+              clock: Callable[[], float] = time.perf_counter) -> BenchResult:
+    """`bench_workload.run_bench` with a progress bar: of the time cap's seconds when samples are
+    added until the intervals narrow (the run may end before it), else of the decode steps.
 
     Parameters
     ----------
@@ -50,15 +54,29 @@ def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None) -> BenchResul
         What to run.
     progress : TextIO, optional
         Where to draw the bar; None draws none.
+    clock : callable, optional
+        Seconds, for the bar of a capped run.
 
     Returns
     -------
     BenchResult
         As `bench_workload.run_bench` returns it.
     """
-    bar = Progress(cfg.n_steps, progress)
+    total = max(math.ceil(cfg.max_time), 1) if cfg.adaptive else cfg.n_steps
+    bar = Progress(total, progress, unit="s" if cfg.adaptive else "")
+    start, shown = clock(), 0
+
+    def on_step(label: str) -> None:
+        nonlocal shown
+        if not cfg.adaptive:
+            bar.step(label=label)
+            return
+        now = min(int(clock() - start), total)
+        bar.step(now - shown, label=label)
+        shown = now
+
     try:
-        return bench_workload.run_bench(cfg, on_step=lambda label: bar.step(label=label))
+        return bench_workload.run_bench(cfg, on_step=on_step)
     finally:
         bar.close()
 

@@ -30,6 +30,8 @@ class Progress:
         Where to draw (stderr, never stdout: the output stays clean); None draws nothing.
     width : int, optional
         Characters of the bar itself.
+    unit : str, optional
+        What the count counts, shown after it ("s"); empty: steps, shown bare.
 
     Notes
     -----
@@ -37,10 +39,11 @@ class Progress:
     half-drawn bar behind.
     """
 
-    def __init__(self, total: int, stream: Optional[TextIO], width: int = 30) -> None:
+    def __init__(self, total: int, stream: Optional[TextIO], width: int = 30, unit: str = "") -> None:
         self._total = max(total, 1)
         self._stream = stream
         self._width = width
+        self._unit = f" {unit}" if unit else ""
         self._bar: Optional[tqdm] = None
 
     def step(self, n: int = 1, label: Optional[str] = None) -> None:
@@ -57,7 +60,7 @@ class Progress:
             return
         if self._bar is None:  # drawn first with this step done
             self._bar = tqdm(total=self._total, initial=n, file=self._stream, ascii="-#", desc=label or "",
-                             bar_format="[{bar:%d}] {n_fmt}/{total_fmt} {desc}" % self._width)
+                             bar_format="[{bar:%d}] {n_fmt}/{total_fmt}%s {desc}" % (self._width, self._unit))
             return
         if label is not None:
             self._bar.set_description_str(label, refresh=False)
