@@ -28,7 +28,7 @@ KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "b
         "overlap", "prefetch", "decode_s", "compute_s", "ahead_bytes", "devices", "samples", "steps_per_sample",
         "decode_s_per_step", "copy_s_per_step", "compute_s_per_step", "host_s_per_step", "bytes_copied_per_step",
         "bytes_read_per_step", "gain_low", "gain_high", "gain_within_noise", "gain_claimed", "over_unified",
-        "over_unified_low", "over_unified_high", "config", "loops", "capped", "warnings"}
+        "over_unified_low", "over_unified_high", "config", "loops", "capped", "warnings", "tokens_per_s_samples"}
 #: A run of a fixed number of samples, one repetition each: quick, and no time cap to warn about.
 QUICK = ["--repeat", "6", "--min-sample-ms", "0"]
 
@@ -238,6 +238,13 @@ def test_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert (c["n_ctx"], c["npl"], c["npp"], c["ntg"], c["n_layer"], c["type_kv"], c["n_head"], c["head_dim"],
                 c["n_head_kv"], c["repeat"], c["min_sample_ms"]) == (256, [2, 4], 16, 3, 2, "f16", 4, 32, 2, 6, 0.0)
         assert c["devices"]["n_devices"] == 1 and c["policies"] == ["ranges", "flat"]
+    # each sample's tokens/s, in run order: the gains can be found again from them alone
+    for r in rows:
+        samples = r["tokens_per_s_samples"]
+        assert len(samples) == r["samples"] and min(samples) == r["tokens_per_s_min"]
+        flat = next(f for f in rows if (f["npl"], f["unified"], f["policy"]) == (r["npl"], r["unified"], "flat"))
+        again = estimate.paired_gain(samples, flat["tokens_per_s_samples"])
+        assert (again.estimate, again.low, again.high) == (r["gain"], r["gain_low"], r["gain_high"])
 
 
 def test_json_without_unified(capsys: pytest.CaptureFixture[str]) -> None:

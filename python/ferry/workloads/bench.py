@@ -370,7 +370,9 @@ class BenchRow:
     def as_dict(self) -> Dict[str, object]:
         """The row as `ferry bench --json` writes it: the run, its speed and bytes (a repetition's, and per
         step), compact staging, the split's memory, the samples ("repeats" and "samples", the steps
-        each holds) and their own tokens/s (median, min, max), and "devices": each device's figures
+        each holds) and their own tokens/s (median, min, max, and "tokens_per_s_samples": each
+        sample's, in the order they ran: sample i of every variant of an npl ran in the same turn,
+        so a gain can be found again from them), and "devices": each device's figures
         (DeviceFigures.as_dict)."""
         return {"npl": self.npl, "policy": self.policy, "unified": self.unified, "tokens_per_s": self.tokens_per_s,
                 "copy_s": self.copy_s, "bytes_copied": self.bytes_copied, "bytes_read": self.bytes_read,
@@ -385,6 +387,7 @@ class BenchRow:
                 "bytes_read_per_step": self.per_step(self.bytes_read),
                 **dict(zip(("tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max"),
                            self.tokens_per_s_spread)),
+                "tokens_per_s_samples": list(self.runs_tokens_per_s),
                 "devices": [d.as_dict() for d in self.devices]}
 
 
