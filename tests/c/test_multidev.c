@@ -9,6 +9,7 @@
  * On a machine with one GPU the CUDA tests run two backends on it (the memory then shared).
  */
 #include "check.h"
+#include "value-fill.h"
 
 #include <math.h>
 
@@ -40,22 +41,6 @@ typedef struct {
     ferry_sched * sched;
 } fixture;
 
-static float value(unsigned i) { return (float) ((i * 2654435761u) % 2001u) / 1000.0f - 1.0f; }
-
-/* Fill a tensor with the pattern's values from seed on, in its type. */
-static ferry_status fill(ferry_tensor * t, unsigned seed) {
-    const size_t n = (size_t) ferry_tensor_nelements(t), nbytes = ferry_tensor_nbytes(t);
-    float * v = malloc(n * sizeof(float));
-    void * bytes = malloc(nbytes);
-    ferry_status st = v && bytes ? FERRY_OK : FERRY_ERR_OUT_OF_MEMORY;
-    for (size_t i = 0; st == FERRY_OK && i < n; i++) v[i] = value(seed + (unsigned) i);
-    if (st == FERRY_OK) st = ferry_quantize(t->type, v, (int64_t) n, bytes, nbytes);
-    if (st == FERRY_OK) st = ferry_tensor_set(t, bytes, 0, nbytes);
-    free(v);
-    free(bytes);
-    return st;
-}
-
 static ferry_status fixture_init(fixture * f, make_backend make, ferry_buffer_type * cache_buft, ferry_type type,
                                  bool v_trans) {
     memset(f, 0, sizeof(*f));
@@ -68,8 +53,8 @@ static ferry_status fixture_init(fixture * f, make_backend make, ferry_buffer_ty
         ferry_tensor *k, *v;
         st = ferry_kv_cache_k(f->kv, l, &k);
         if (st == FERRY_OK) st = ferry_kv_cache_v(f->kv, l, &v);
-        if (st == FERRY_OK) st = fill(k, 1000u * (unsigned) l);
-        if (st == FERRY_OK) st = fill(v, 1000u * (unsigned) l + 500000u);
+        if (st == FERRY_OK) st = fill_values(k, 1000u * (unsigned) l);
+        if (st == FERRY_OK) st = fill_values(v, 1000u * (unsigned) l + 500000u);
     }
     if (st == FERRY_OK) st = ferry_context_new(&f->ctx);
     const size_t q_bytes = sizeof(float) * HEAD_DIM * N_HEAD * N_STREAM;
@@ -78,7 +63,7 @@ static ferry_status fixture_init(fixture * f, make_backend make, ferry_buffer_ty
     for (int32_t l = 0; st == FERRY_OK && l < N_LAYER; l++) {
         st = ferry_tensor_new(f->ctx, FERRY_TYPE_F32, 4, ne_q, &f->q[l]);
         if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->q[l], (size_t) l * q_bytes);
-        if (st == FERRY_OK) st = fill(f->q[l], 7u + 100u * (unsigned) l);
+        if (st == FERRY_OK) st = fill_values(f->q[l], 7u + 100u * (unsigned) l);
     }
     if (st == FERRY_OK) st = ferry_tensor_new(f->ctx, FERRY_TYPE_I32, 1, ne_len, &f->kv_len);
     if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->kv_len, N_LAYER * q_bytes);
@@ -336,8 +321,8 @@ static void m_run(const m_case * c, int n_dev, uint32_t map, ferry_copy_policy p
     for (int32_t l = 0; l < M_LAYER; l++) {
         CHECK_OK(ferry_kv_cache_k(kv, l, &k[l]));
         CHECK_OK(ferry_kv_cache_v(kv, l, &v[l]));
-        CHECK_OK(fill(k[l], 1000u * (unsigned) l));
-        CHECK_OK(fill(v[l], 1000u * (unsigned) l + 500000u));
+        CHECK_OK(fill_values(k[l], 1000u * (unsigned) l));
+        CHECK_OK(fill_values(v[l], 1000u * (unsigned) l + 500000u));
     }
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
@@ -349,7 +334,7 @@ static void m_run(const m_case * c, int n_dev, uint32_t map, ferry_copy_policy p
     for (int32_t l = 0; l < M_LAYER; l++) {
         CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, ne_q, &q[l]));
         CHECK_OK(ferry_buffer_place_tensor(buf, q[l], (size_t) l * q_bytes));
-        CHECK_OK(fill(q[l], 7u + 100u * (unsigned) l));
+        CHECK_OK(fill_values(q[l], 7u + 100u * (unsigned) l));
     }
     CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne_len, &kv_len));
     CHECK_OK(ferry_buffer_place_tensor(buf, kv_len, M_LAYER * q_bytes));

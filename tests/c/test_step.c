@@ -5,6 +5,7 @@
  * and an untouched graph behind.
  */
 #include "check.h"
+#include "value-fill.h"
 
 #include <math.h>
 
@@ -24,19 +25,6 @@ typedef struct {
     ferry_sched * sched;
 } fixture;
 
-static float value(unsigned i) { return (float) ((i * 2654435761u) % 2001u) / 1000.0f - 1.0f; }
-
-/* Fill a tensor of f32 values with the pattern from seed on. */
-static ferry_status fill(ferry_tensor * t, unsigned seed) {
-    const size_t n = (size_t) ferry_tensor_nelements(t);
-    float * v = malloc(n * sizeof(float));
-    if (!v) return FERRY_ERR_OUT_OF_MEMORY;
-    for (size_t i = 0; i < n; i++) v[i] = value(seed + (unsigned) i);
-    const ferry_status st = ferry_tensor_set(t, v, 0, n * sizeof(float));
-    free(v);
-    return st;
-}
-
 static ferry_status fixture_init(fixture * f, bool v_trans) {
     memset(f, 0, sizeof(*f));
     const ferry_kv_params p = {FERRY_TYPE_F32, FERRY_TYPE_F32, HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM,
@@ -48,8 +36,8 @@ static ferry_status fixture_init(fixture * f, bool v_trans) {
         ferry_tensor *k, *v;
         st = ferry_kv_cache_k(f->kv, l, &k);
         if (st == FERRY_OK) st = ferry_kv_cache_v(f->kv, l, &v);
-        if (st == FERRY_OK) st = fill(k, 1000u * (unsigned) l);
-        if (st == FERRY_OK) st = fill(v, 1000u * (unsigned) l + 500000u);
+        if (st == FERRY_OK) st = fill_values(k, 1000u * (unsigned) l);
+        if (st == FERRY_OK) st = fill_values(v, 1000u * (unsigned) l + 500000u);
     }
     if (st == FERRY_OK) st = ferry_context_new(&f->ctx);
     const size_t q_bytes = sizeof(float) * HEAD_DIM * N_HEAD * N_STREAM;
@@ -58,7 +46,7 @@ static ferry_status fixture_init(fixture * f, bool v_trans) {
     for (int32_t l = 0; st == FERRY_OK && l < N_LAYER; l++) {
         st = ferry_tensor_new(f->ctx, FERRY_TYPE_F32, 4, ne_q, &f->q[l]);
         if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->q[l], (size_t) l * q_bytes);
-        if (st == FERRY_OK) st = fill(f->q[l], 7u + 100u * (unsigned) l);
+        if (st == FERRY_OK) st = fill_values(f->q[l], 7u + 100u * (unsigned) l);
     }
     if (st == FERRY_OK) st = ferry_tensor_new(f->ctx, FERRY_TYPE_I32, 1, ne_len, &f->kv_len);
     if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->kv_len, N_LAYER * q_bytes);
