@@ -49,22 +49,12 @@ static ferry_status fixture_init(fixture * f, make_backend make, ferry_buffer_ty
     if (st == FERRY_OK) st = make(0, &f->dev[0]);
     if (st == FERRY_OK) st = make(1, &f->dev[1]);
     if (st == FERRY_OK) st = ferry_kv_cache_new(&p, cache_buft ? cache_buft : ferry_cpu_buffer_type(), &f->kv);
-    for (int32_t l = 0; st == FERRY_OK && l < N_LAYER; l++) {
-        ferry_tensor *k, *v;
-        st = ferry_kv_cache_k(f->kv, l, &k);
-        if (st == FERRY_OK) st = ferry_kv_cache_v(f->kv, l, &v);
-        if (st == FERRY_OK) st = fill_values(k, 1000u * (unsigned) l);
-        if (st == FERRY_OK) st = fill_values(v, 1000u * (unsigned) l + 500000u);
-    }
+    if (st == FERRY_OK) st = fill_cache(f->kv, N_LAYER);
     if (st == FERRY_OK) st = ferry_context_new(&f->ctx);
     const size_t q_bytes = sizeof(float) * HEAD_DIM * N_HEAD * N_STREAM;
     if (st == FERRY_OK) st = ferry_backend_alloc_buffer(f->dev[0], N_LAYER * q_bytes + 256, &f->buf);
     const int64_t ne_q[4] = {HEAD_DIM, N_HEAD, 1, N_STREAM}, ne_len[1] = {N_STREAM};
-    for (int32_t l = 0; st == FERRY_OK && l < N_LAYER; l++) {
-        st = ferry_tensor_new(f->ctx, FERRY_TYPE_F32, 4, ne_q, &f->q[l]);
-        if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->q[l], (size_t) l * q_bytes);
-        if (st == FERRY_OK) st = fill_values(f->q[l], 7u + 100u * (unsigned) l);
-    }
+    if (st == FERRY_OK) st = place_queries(f->ctx, f->buf, N_LAYER, ne_q, q_bytes, f->q);
     if (st == FERRY_OK) st = ferry_tensor_new(f->ctx, FERRY_TYPE_I32, 1, ne_len, &f->kv_len);
     if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->kv_len, N_LAYER * q_bytes);
     const int32_t lengths[N_STREAM] = {N_KV - 5, N_KV};
@@ -321,9 +311,8 @@ static void m_run(const m_case * c, int n_dev, uint32_t map, ferry_copy_policy p
     for (int32_t l = 0; l < M_LAYER; l++) {
         CHECK_OK(ferry_kv_cache_k(kv, l, &k[l]));
         CHECK_OK(ferry_kv_cache_v(kv, l, &v[l]));
-        CHECK_OK(fill_values(k[l], 1000u * (unsigned) l));
-        CHECK_OK(fill_values(v[l], 1000u * (unsigned) l + 500000u));
     }
+    CHECK_OK(fill_cache(kv, M_LAYER));
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     const size_t q_bytes = sizeof(float) * M_OUT_N;
@@ -331,11 +320,7 @@ static void m_run(const m_case * c, int n_dev, uint32_t map, ferry_copy_policy p
     CHECK_OK(ferry_backend_alloc_buffer(c->dev[0], M_LAYER * q_bytes + 256, &buf));
     const int64_t ne_q[4] = {M_HEAD_DIM, M_HEAD, 1, M_STREAM}, ne_len[1] = {M_STREAM};
     ferry_tensor *q[M_LAYER], *kv_len;
-    for (int32_t l = 0; l < M_LAYER; l++) {
-        CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, ne_q, &q[l]));
-        CHECK_OK(ferry_buffer_place_tensor(buf, q[l], (size_t) l * q_bytes));
-        CHECK_OK(fill_values(q[l], 7u + 100u * (unsigned) l));
-    }
+    CHECK_OK(place_queries(ctx, buf, M_LAYER, ne_q, q_bytes, q));
     CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne_len, &kv_len));
     CHECK_OK(ferry_buffer_place_tensor(buf, kv_len, M_LAYER * q_bytes));
     const int32_t lengths[M_STREAM] = {M_N_KV, 6};

@@ -32,22 +32,12 @@ static ferry_status fixture_init(fixture * f, bool v_trans) {
     ferry_status st = ferry_cpu_backend_new(&f->cpu);
     if (st == FERRY_OK) st = ferry_standin_backend_new(&f->split);
     if (st == FERRY_OK) st = ferry_kv_cache_new(&p, ferry_cpu_buffer_type(), &f->kv);
-    for (int32_t l = 0; st == FERRY_OK && l < N_LAYER; l++) {
-        ferry_tensor *k, *v;
-        st = ferry_kv_cache_k(f->kv, l, &k);
-        if (st == FERRY_OK) st = ferry_kv_cache_v(f->kv, l, &v);
-        if (st == FERRY_OK) st = fill_values(k, 1000u * (unsigned) l);
-        if (st == FERRY_OK) st = fill_values(v, 1000u * (unsigned) l + 500000u);
-    }
+    if (st == FERRY_OK) st = fill_cache(f->kv, N_LAYER);
     if (st == FERRY_OK) st = ferry_context_new(&f->ctx);
     const size_t q_bytes = sizeof(float) * HEAD_DIM * N_HEAD * N_STREAM;
     if (st == FERRY_OK) st = ferry_backend_alloc_buffer(f->split, N_LAYER * q_bytes + 64, &f->buf);
     const int64_t ne_q[4] = {HEAD_DIM, N_HEAD, 1, N_STREAM}, ne_len[1] = {N_STREAM};
-    for (int32_t l = 0; st == FERRY_OK && l < N_LAYER; l++) {
-        st = ferry_tensor_new(f->ctx, FERRY_TYPE_F32, 4, ne_q, &f->q[l]);
-        if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->q[l], (size_t) l * q_bytes);
-        if (st == FERRY_OK) st = fill_values(f->q[l], 7u + 100u * (unsigned) l);
-    }
+    if (st == FERRY_OK) st = place_queries(f->ctx, f->buf, N_LAYER, ne_q, q_bytes, f->q);
     if (st == FERRY_OK) st = ferry_tensor_new(f->ctx, FERRY_TYPE_I32, 1, ne_len, &f->kv_len);
     if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->kv_len, N_LAYER * q_bytes);
     const int32_t lengths[N_STREAM] = {N_KV - 3, N_KV};

@@ -4,6 +4,7 @@
 #ifndef FERRY_VALUE_FILL_H
 #define FERRY_VALUE_FILL_H
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "ferry.h"
@@ -21,6 +22,33 @@ static inline ferry_status fill_values(ferry_tensor * t, unsigned seed) {
     if (st == FERRY_OK) st = ferry_tensor_set(t, bytes, 0, nbytes);
     free(v);
     free(bytes);
+    return st;
+}
+
+/* Fill every layer's K and V: layer l's K with the pattern from seed 1000 l, its V from
+ * 1000 l + 500000. */
+static inline ferry_status fill_cache(ferry_kv_cache * kv, int32_t n_layer) {
+    ferry_status st = FERRY_OK;
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        ferry_tensor *k, *v;
+        st = ferry_kv_cache_k(kv, l, &k);
+        if (st == FERRY_OK) st = ferry_kv_cache_v(kv, l, &v);
+        if (st == FERRY_OK) st = fill_values(k, 1000u * (unsigned) l);
+        if (st == FERRY_OK) st = fill_values(v, 1000u * (unsigned) l + 500000u);
+    }
+    return st;
+}
+
+/* One f32 query of shape ne_q per layer, placed back to back in buf (q_bytes each) and filled
+ * with the pattern from seed 7 + 100 l. */
+static inline ferry_status place_queries(ferry_context * ctx, ferry_buffer * buf, int32_t n_layer,
+                                         const int64_t ne_q[4], size_t q_bytes, ferry_tensor ** q) {
+    ferry_status st = FERRY_OK;
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        st = ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, ne_q, &q[l]);
+        if (st == FERRY_OK) st = ferry_buffer_place_tensor(buf, q[l], (size_t) l * q_bytes);
+        if (st == FERRY_OK) st = fill_values(q[l], 7u + 100u * (unsigned) l);
+    }
     return st;
 }
 
