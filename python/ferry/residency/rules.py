@@ -3,7 +3,7 @@ slowest-link (devices within 15% of each other grouped)."""
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from .model import (
     DeviceSpec,
@@ -19,6 +19,18 @@ from .model import (
 
 #: Devices whose links are within this fraction of the group's slowest count as one (slowest-link).
 LINK_GROUP_TOLERANCE = 0.15
+
+def _rule(name: str, choose: Callable[[_Problem], List[bool]], layers: Sequence[LayerCost],
+          devices: Sequence[DeviceSpec], layer_device: Optional[Sequence[int]], prefetch: int,
+          max_layers: Optional[int]) -> ResidencyPlan:
+    """A named rule's plan: the problem made and its window copies checked, choose(problem) gives
+    each layer's host flag, and a placement with no layer resident is refused."""
+    p = _problem(layers, devices, layer_device, prefetch, max_layers)
+    _check_windows_fit(p)
+    host = choose(p)
+    _refuse_empty(p, host)
+    return _plan(p, name, host)
+
 
 def _take_in_turn(p: _Problem, host: List[bool], groups: Sequence[Sequence[int]]) -> List[bool]:
     """Within each group in turn, its devices take their next layer (in layer order) one after
@@ -44,33 +56,18 @@ def plan_first(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     """``first``: the first N layers resident (llama.cpp's --kv-gpu-layers N), N as large as every
     device's budget allows.
 
-    Parameters
-    ----------
-    layers, devices, layer_device, prefetch
-        As predict_step takes them.
-    max_layers : int, optional
-        At most this many layers resident, all devices together (a --kv-gpu-layers N); None:
-        as many as the budgets hold.
-
-    Returns
-    -------
-    ResidencyPlan
-
-    Raises
-    ------
-    PlanDoesNotFitError
-        When a device cannot hold its split's window copies, or no layer fits.
+    Parameters, return value and errors as `plan_residency`'s.
     """
-    p = _problem(layers, devices, layer_device, prefetch, max_layers)
-    _check_windows_fit(p)
-    host = [True] * len(p.layers)
-    for i in range(len(host)):
-        host[i] = False
-        if not _fits(p, host):
-            host[i] = True
-            break
-    _refuse_empty(p, host)
-    return _plan(p, "first", host)
+    def choose(p: _Problem) -> List[bool]:
+        host = [True] * len(p.layers)
+        for i in range(len(host)):
+            host[i] = False
+            if not _fits(p, host):
+                host[i] = True
+                break
+        return host
+
+    return _rule("first", choose, layers, devices, layer_device, prefetch, max_layers)
 
 
 def plan_round_robin(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
@@ -79,28 +76,10 @@ def plan_round_robin(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     """``round-robin``: one layer per device in turn (each device its own layers in order), a device
     stopping at its first layer that does not fit.
 
-    Parameters
-    ----------
-    layers, devices, layer_device, prefetch
-        As predict_step takes them.
-    max_layers : int, optional
-        At most this many layers resident, all devices together (a --kv-gpu-layers N); None:
-        as many as the budgets hold.
-
-    Returns
-    -------
-    ResidencyPlan
-
-    Raises
-    ------
-    PlanDoesNotFitError
-        When a device cannot hold its split's window copies, or no layer fits.
+    Parameters, return value and errors as `plan_residency`'s.
     """
-    p = _problem(layers, devices, layer_device, prefetch, max_layers)
-    _check_windows_fit(p)
-    host = _take_in_turn(p, [True] * len(p.layers), [list(range(len(p.devices)))])
-    _refuse_empty(p, host)
-    return _plan(p, "round-robin", host)
+    return _rule("round-robin", lambda p: _take_in_turn(p, [True] * len(p.layers), [list(range(len(p.devices)))]),
+                 layers, devices, layer_device, prefetch, max_layers)
 
 
 def link_groups(gbps: Sequence[float], tolerance: float = LINK_GROUP_TOLERANCE) -> List[List[int]]:
@@ -135,25 +114,9 @@ def plan_slowest_link(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec]
     15% of each other form a group; the slowest group's devices take their layers (in order, one
     device after another in turn) while they fit, then the next group's.
 
-    Parameters
-    ----------
-    layers, devices, layer_device, prefetch
-        As predict_step takes them (each DeviceSpec's link_gbps: given, or measured by
-        device_from_backend).
-    max_layers : int, optional
-        At most this many layers resident, all devices together; None: as many as fit.
-
-    Returns
-    -------
-    ResidencyPlan
-
-    Raises
-    ------
-    PlanDoesNotFitError
-        When a device cannot hold its split's window copies, or no layer fits.
+    Parameters, return value and errors as `plan_residency`'s; each DeviceSpec's link_gbps is
+    given, or measured by device_from_backend.
     """
-    p = _problem(layers, devices, layer_device, prefetch, max_layers)
-    _check_windows_fit(p)
-    host = _take_in_turn(p, [True] * len(p.layers), link_groups([s.link_gbps for s in p.devices]))
-    _refuse_empty(p, host)
-    return _plan(p, "slowest-link", host)
+    return _rule("slowest-link",
+                 lambda p: _take_in_turn(p, [True] * len(p.layers), link_groups([s.link_gbps for s in p.devices])),
+                 layers, devices, layer_device, prefetch, max_layers)

@@ -437,7 +437,7 @@ class Sampling:
     samples : int
         Timed samples of each variant.
     seconds : float
-        Wall time of the npl's warm-up, calibration and samples.
+        Wall time of the npl's turns: its warm-up, calibration and samples.
     capped : bool
         Samples stopped at the time cap (--max-time) before every claimed interval was within
         TARGET_HALF_WIDTH.
@@ -920,7 +920,7 @@ class _NplRuns:
     variants' schedulers, and the rounds in which they take turns."""
 
     def __init__(self, cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, pinned: bool) -> None:
-        self.cfg, self.npl = cfg, npl
+        self.npl = npl
         self.caches: List[_Cache] = []
         self.runs: List[_Variant] = []
         self.loops = 1
