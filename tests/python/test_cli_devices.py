@@ -16,7 +16,7 @@ import ferry
 from conftest import refused
 from ferry.cli import build_parser, main
 from ferry.workloads import validate as validate_workload
-from ferry.workloads.devices import DeviceConfig, parse_placement, parse_size, read_placement
+from ferry.workloads.devices import STANDIN_LINK_GBPS, DeviceConfig, parse_placement, parse_size, read_placement
 
 BENCH = ["-c", "64", "-npl", "2", "-npp", "8", "-ntg", "2", "--layers", "4", "--heads", "2", "--head-dim", "32",
          "--kv-heads", "1", "--device", "cpu", "--repeat", "1", "--policy", "ranges"]
@@ -86,7 +86,8 @@ def test_placement_from_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
     (["--device", "cuda", "--device-memory", "64MiB"], "model a stand-in device (--device cpu)"),
     (["--device-memory", "64XB"], "argument --device-memory: --device-memory: '64XB' is not a size"),
     (["--link-gbps", "fast"], "argument --link-gbps: --link-gbps: 'fast' is not a number"),
-    (["--link-gbps", "0"], "argument --link-gbps: --link-gbps: 0 is out of range"),
+    (["--link-gbps", "0.0001"], "argument --link-gbps: --link-gbps: 0.0001 is out of range: 0 (unmodelled) or"),
+    (["--link-gbps", "-1"], "argument --link-gbps: --link-gbps: -1 is out of range"),
     (["--kv-device-layers", "5"], "--kv-device-layers 5: the model has 4 layers"),
     (["--kv-device-layers", "-1"], "argument --kv-device-layers: -1 is out of range"),
     (["--devices", "0"], "argument --devices: 0 is out of range"),
@@ -151,6 +152,24 @@ def test_bench_figures_per_device(capsys: pytest.CaptureFixture[str]) -> None:
     rows = run_json([*two, "--kv-device-layers", "1"], capsys)
     d0, d1 = devices_of(rows)
     assert (d0["resident_layers"], d0["kv_bytes_copied"], d1["kv_bytes_copied"]) == ([0], share, 2 * share)
+
+
+def test_the_standin_link_is_modelled_unless_0_asks_for_the_hosts_speed(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --link-gbps a stand-in's copies are held to STANDIN_LINK_GBPS, and the header says so;
+    --link-gbps 0 leaves them at the host's memcpy speed, unmodelled."""
+    rows = run_json(["bench", *BENCH, "--no-unified", "--json"], capsys)
+    (d,) = devices_of(rows)
+    assert d["link_gbps"] == STANDIN_LINK_GBPS == 8.0
+    assert d["copy_s"] >= d["bytes_copied"] / (STANDIN_LINK_GBPS * 1e9)  # a repetition's copies, held to the link
+    assert rows[0]["config"]["devices"]["link_gbps"] == []  # nothing asked: auto may still pick CUDA
+    (d,) = devices_of(run_json(["bench", *BENCH, "--no-unified", "--json", "--link-gbps", "0"], capsys))
+    assert d["link_gbps"] is None
+    assert main(["bench", *BENCH, "--no-unified"]) == 0
+    assert "stand-in link: 8 GB/s each way, modelled" in capsys.readouterr().out
+    assert main(["bench", *BENCH, "--no-unified", "--link-gbps", "0"]) == 0
+    assert "stand-in link" not in capsys.readouterr().out
+    assert DeviceConfig(link_gbps=(0.0, 2.0), n_devices=2).standin_link(0) == 0.0
+    assert [s.link_gbps for s in DeviceConfig(n_devices=2).make("cpu")] == [8.0, 8.0]
 
 
 def test_bench_text_lists_the_devices(capsys: pytest.CaptureFixture[str]) -> None:

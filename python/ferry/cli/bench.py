@@ -185,7 +185,9 @@ def _extra_tables(res: BenchResult) -> List[str]:
 
 def _head(res: BenchResult) -> List[str]:
     cfg = res.config
-    return [f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)",
+    link = [] if res.standin_link_gbps is None else [
+        f"stand-in link: {res.standin_link_gbps:g} GB/s each way, modelled (--link-gbps; 0: the host's memcpy)"]
+    return [f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)", *link,
             f"-c {cfg.n_ctx}, -npp {cfg.npp}, -ntg {cfg.ntg}, {cfg.n_layer} layers, K/V {cfg.type_kv}, "
             f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}"
             + (", V transposed" if cfg.v_trans else "")]

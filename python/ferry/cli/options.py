@@ -32,10 +32,12 @@ from ..types import Type
 from ..workloads.bench import BenchConfig
 from ..workloads.common import DEVICES, KV_TYPES, POLICIES
 from ..workloads.devices import (
+    STANDIN_LINK_GBPS,
     DeviceConfig,
     Place,
     parse_floats,
     parse_indices,
+    parse_links,
     parse_placement,
     parse_sizes,
     read_placement,
@@ -409,11 +411,10 @@ def add_devices_args(p: argparse.ArgumentParser, placement: bool = True) -> None
     g.add_argument("--devices", type=POSITIVE, default=d.n_devices, metavar="N",
                    help="devices of the --device kind: N CPU stand-ins, or CUDA devices 0..N-1; layers go to them "
                         f"in contiguous ranges (ferry.layer_split; default {d.n_devices})")
-    g.add_argument("--link-gbps", type=_argument_type(lambda t: parse_floats(t, "--link-gbps", 1e-3, 1e6),
-                                                         "numbers from 0.001 to 1e6, comma-separated"),
+    g.add_argument("--link-gbps", type=_argument_type(parse_links, "0 or numbers from 0.001 to 1e6, comma-separated"),
                    metavar="G,G,...", help="stand-in only: each device's link in GB/s each way, one value for all or "
-                                           "one per device (default: unmodelled, memcpy's speed); with it auto "
-                                           "means the stand-in")
+                                           "one per device; 0: unmodelled, the host's memcpy speed (default "
+                                           f"{STANDIN_LINK_GBPS:g}); given, auto means the stand-in")
     g.add_argument("--latency-us", type=_argument_type(lambda t: parse_floats(t, "--latency-us", 0.0, 1e6),
                                                           "numbers from 0 to 1e6, comma-separated"),
                    metavar="U,U,...", help="stand-in only: microseconds each transfer adds, one for all or one per "

@@ -2,7 +2,8 @@
 
 A KV cache lives in host memory (pinned when the split backend is a GPU); each decode step
 runs one graph: per layer, the split's K and V windows are copied in by the scheduler's copy
-policy and decode attention runs on the split backend (CUDA, or the CPU stand-in device).
+policy and decode attention runs on the split backend (CUDA, or the CPU stand-in device, whose
+copies are held to an 8 GB/s link unless --link-gbps says otherwise: ferry.workloads.devices).
 
 Layouts, per number of sequences npl, with L = npp + ntg cells per sequence:
 
@@ -68,8 +69,9 @@ host.
 The figures are medians (ferry.workloads.estimate): decode, copy, compute and host time are the
 median over the samples of each one's time per step, times ntg (a repetition's); tokens/s is
 npl over that median decode time per step. A gain is the median over turns of a variant's
-sample tokens/s over the reference's sample in the same turn, minus 1, with the 95%
-distribution-free interval of that median: over flat (same layout, serial or overlapped alike),
+sample tokens/s over the reference's sample in the same turn, minus 1, with a 95% interval of
+that median (the wider of the distribution-free one and one from batch means, which allows
+for drift within the run): over flat (same layout, serial or overlapped alike),
 and the split cache over the unified one under the same policy. The unified cache copies the
 same bytes under every policy, so its gain over flat measures only noise; it is kept in the
 JSON but not claimed. A gain whose interval contains 0 is within its own noise. Bytes are those
@@ -460,6 +462,7 @@ class BenchResult:
     rows: List[BenchRow]
     device_names: List[str] = field(default_factory=list)  # every device, in index order (split_name: device 0)
     sampling: Dict[int, Sampling] = field(default_factory=dict)  # per npl
+    standin_link_gbps: Optional[float] = None  # the stand-in split's modelled link (None: unmodelled, or CUDA)
 
     def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False,
             overlap: bool = False) -> BenchRow:
@@ -1068,4 +1071,5 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
     pinned = not isinstance(devices[0], StandinBackend)
     rows, sampling = measure(cfg, devices, cpu, pinned, on_step)
     memory = "pinned host memory" if pinned else "pageable host memory"
-    return BenchResult(cfg, devices[0].name, memory, rows, [d.name for d in devices], sampling)
+    link = devices[0].link_gbps if isinstance(devices[0], StandinBackend) else None
+    return BenchResult(cfg, devices[0].name, memory, rows, [d.name for d in devices], sampling, link)

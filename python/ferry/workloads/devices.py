@@ -77,6 +77,22 @@ def parse_floats(text: str, option: str, low: float, high: float) -> Tuple[float
     return tuple(out)
 
 
+def parse_links(text: str, option: str = "--link-gbps") -> Tuple[float, ...]:
+    """"8,0.33,0" as (8.0, 0.33, 0.0): stand-in links in GB/s, each 0 (unmodelled: the host's
+    memcpy speed) or from 0.001 to 1e6, as StandinBackend takes them.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an empty item, a word that is not a number, or a number out of range.
+    """
+    out = parse_floats(text, option, 0.0, 1e6)
+    for v in out:
+        if 0 < v < 1e-3:
+            raise InvalidArgumentError(f"{option}: {v:g} is out of range: 0 (unmodelled) or 0.001..1e+06")
+    return out
+
+
 def parse_size(text: str, option: str) -> int:
     """A size in bytes: a number with an optional unit, B, K/KiB (1024), M/MiB, G/GiB, T/TiB, or
     KB, MB, GB, TB (powers of 1000); "64MiB" is 67108864.
@@ -159,6 +175,13 @@ def placement_name(placement: Sequence[Place]) -> str:
     return ",".join("h" if p is None else str(p) for p in placement)
 
 
+#: A stand-in's link when none is asked for, GB/s: of the order of a pageable host-to-device
+#: copy over PCIe, and below what the development VM's memcpy reaches on the bench's copies
+#: (12 to 20 GB/s), so that a copy's time follows its bytes rather than the host's memory,
+#: whose speed drifts from one minute to the next on a shared machine (docs/design.md).
+STANDIN_LINK_GBPS = 8.0
+
+
 @dataclass(frozen=True)
 class DeviceConfig:
     """How many devices a run has, their links and memory (stand-ins), which runs each layer and
@@ -168,8 +191,11 @@ class DeviceConfig:
     ----------
     n_devices : int
         Devices of the run's kind, 1 or more.
-    link_gbps, latency_us : tuple of float
-        Per stand-in device, one value for all or one per device; empty: unmodelled.
+    link_gbps : tuple of float
+        Per stand-in device, its link in GB/s, one value for all or one per device; 0: unmodelled
+        (the host's memcpy speed); empty: STANDIN_LINK_GBPS.
+    latency_us : tuple of float
+        Per stand-in device, one value for all or one per device; empty: none.
     memory : tuple of int
         Per stand-in device, bytes it has (one for all, or one per device); empty: the host's.
     compute_slowdown : tuple of float
@@ -196,7 +222,8 @@ class DeviceConfig:
 
     @property
     def modelled(self) -> bool:
-        """Whether a link, a memory size or a compute slowdown is modelled (stand-ins only)."""
+        """Whether a link, a latency, a memory size or a compute slowdown is asked for (stand-in
+        options: the default link is not counted)."""
         return bool(self.link_gbps or self.latency_us or self.memory or self.compute_slowdown)
 
     @property
@@ -206,7 +233,8 @@ class DeviceConfig:
 
     @property
     def default(self) -> bool:
-        """One unmodelled device, every layer's KV on the host: the run of a verb without these options."""
+        """One device with no stand-in option, every layer's KV on the host: the run of a verb without
+        these options."""
         return self.n_devices == 1 and not self.modelled and not self.placed and self.layer_devices is None
 
     def check(self, n_layer: int, kind: str) -> None:
@@ -267,6 +295,11 @@ class DeviceConfig:
             return None
         return values[0] if len(values) == 1 else values[d]
 
+    def standin_link(self, d: int) -> float:
+        """Stand-in d's link in GB/s: given, else STANDIN_LINK_GBPS; 0 for the host's memcpy speed."""
+        given = self.per_device(self.link_gbps, d)
+        return STANDIN_LINK_GBPS if given is None else given
+
     def kind(self, kind: str) -> str:
         """The kind of device the run makes, "cpu" or "cuda": auto picks cuda when n_devices CUDA devices
         are usable and no stand-in model is asked for, else cpu."""
@@ -304,7 +337,7 @@ class DeviceConfig:
             raise InvalidArgumentError(f"--device {kind!r}: auto, cpu or cuda")
         out: List[Backend] = []
         for d in range(self.n_devices):
-            out.append(StandinBackend(link_gbps=self.per_device(self.link_gbps, d),
+            out.append(StandinBackend(link_gbps=self.standin_link(d),
                                       latency_us=self.per_device(self.latency_us, d) or 0.0,
                                       memory=self.per_device(self.memory, d),
                                       compute_slowdown=self.per_device(self.compute_slowdown, d)))
@@ -341,5 +374,18 @@ def standard_placements(n_layer: int, n_devices: int, runs_on: Sequence[int],
     ]
 
 
-__all__ = ["DeviceConfig", "Place", "parse_floats", "parse_indices", "parse_placement", "parse_size", "parse_sizes",
-           "placement_name", "read_placement", "split_items", "standard_placements"]
+__all__ = [
+    "STANDIN_LINK_GBPS",
+    "DeviceConfig",
+    "Place",
+    "parse_floats",
+    "parse_indices",
+    "parse_links",
+    "parse_placement",
+    "parse_size",
+    "parse_sizes",
+    "placement_name",
+    "read_placement",
+    "split_items",
+    "standard_placements",
+]

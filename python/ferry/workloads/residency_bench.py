@@ -128,7 +128,7 @@ class _Run:
         try:
             for d in range(m.n_devices):
                 self.devices.append(StandinBackend(
-                    link_gbps=_pick(m.link_gbps, d, 0.0) or None, latency_us=_pick(m.latency_us, d, 0.0),
+                    link_gbps=m.standin_link(d), latency_us=_pick(m.latency_us, d, 0.0),
                     memory=int(_pick(m.memory, d, 0)) or None,
                     compute_slowdown=_pick(m.compute_slowdown, d, 1.0)))
             runs_on = list(m.layer_devices) if m.layer_devices is not None else \
@@ -233,7 +233,7 @@ def calibrate_compute(model: ResidencyModel, compute: Sequence[float], npp: int,
         Per layer, the scaled figure.
     """
     free = model.at(memory=(), prefetch=0)
-    devices = free.devices(compute, [_pick(model.link_gbps, d, 1.0) for d in range(model.n_devices)])
+    devices = free.devices(compute, [model.standin_link(d) or 1.0 for d in range(model.n_devices)])
     run = measure_placements(free, [Placement("every layer resident", (True,) * model.n_layer)], devices, npp, ntg,
                              pad, repeat, seed)[0]
     scale = run.measured_step_s / run.predicted_step_s if run.predicted_step_s > 0 else 1.0

@@ -2,8 +2,9 @@
 
 A model's geometry (each layer at its own size, sliding-window layers holding their window)
 gives each layer's window bytes and resident bytes (ferry.residency.layers_from_geometry, a
-dry-run cache in synthetic memory); the devices give each a link (GB/s, given, or measured
-once on an unmodelled stand-in with ferry.measure_link), a latency per transfer, a memory
+dry-run cache in synthetic memory); the devices give each a link (GB/s: given, else the
+stand-ins' default; for 0, unmodelled, the host's copy speed measured once with
+ferry.measure_link), a latency per transfer, a memory
 budget and a reserve. Each layer's attention time is given (--compute-us, every layer alike)
 or measured once on the stand-in (ferry.residency.measure_compute, per size of layer); a
 device with a compute slowdown F computes F times as long. Each strategy (ferry.residency's
@@ -30,6 +31,7 @@ from ..residency import (
     plan_residency,
     predict_step,
 )
+from .devices import STANDIN_LINK_GBPS
 
 __all__ = ["ResidencyModel", "check_strategies", "per_device"]
 
@@ -76,7 +78,8 @@ class ResidencyModel:
         V stored transposed; window copies holding only the bytes read.
     n_devices : int
     link_gbps, latency_us : tuple of float
-        One value for every device or one per device; no link: measured on an unmodelled stand-in.
+        One value for every device or one per device. No link: the stand-ins' default
+        (ferry.workloads.devices.STANDIN_LINK_GBPS); 0: unmodelled, the host's speed.
     memory, reserve : tuple of int
         Per device (one for all, or one each): its memory (none: unlimited) and the bytes set aside.
     compute_slowdown : tuple of float
@@ -176,16 +179,23 @@ class ResidencyModel:
             out.append(measured[n_kv])
         return tuple(out)
 
+    def standin_link(self, d: int) -> float:
+        """Device d's stand-in link in GB/s as the runs model it: given, else STANDIN_LINK_GBPS (0: the
+        host's memcpy speed, unmodelled)."""
+        return _pick(self.link_gbps, d, STANDIN_LINK_GBPS)
+
     def links(self) -> Tuple[float, ...]:
-        """Each device's link in GB/s: given, or measured once on an unmodelled stand-in."""
-        if self.link_gbps:
-            return tuple(_pick(self.link_gbps, d, 0.0) for d in range(self.n_devices))
-        dev = StandinBackend()
-        try:
-            gbps = measure_link(dev).gbps
-        finally:
-            dev.close()
-        return (gbps,) * self.n_devices
+        """Each device's link in GB/s as the planner sees it: its stand-in link, or for 0 (unmodelled)
+        the host's copy speed, measured once on an unmodelled stand-in."""
+        links = [self.standin_link(d) for d in range(self.n_devices)]
+        if 0.0 in links:
+            dev = StandinBackend()
+            try:
+                gbps = measure_link(dev).gbps
+            finally:
+                dev.close()
+            links = [x or gbps for x in links]
+        return tuple(links)
 
     def devices(self, compute: Sequence[float], links: Optional[Sequence[float]] = None) -> List[DeviceSpec]:
         """The devices as the model sees them: compute (per layer, the host's seconds) times each
