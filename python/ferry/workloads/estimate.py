@@ -12,6 +12,13 @@ x(n+1-j) with j the largest rank for which a Binomial(n, 1/2) count falls below 
 probability at most 2.5%. It needs no resampling and no random numbers, so the same samples
 always give the same interval, and it holds for any distribution of the ratios (needing only
 that the samples are independent), covering at least 95% exactly rather than asymptotically.
+
+Samples of a shared machine are not independent: its speed drifts over seconds, so neighbouring
+turns resemble each other and the sign test's interval comes out too narrow. A gain's interval
+is therefore the wider of that one and a batch-means interval (`batch_interval`): the ratios,
+in the order their turns ran, cut into BATCHES consecutive batches, and Student's t interval
+of the batches' medians around the median of all. Drift within the run widens it; drift
+slower than the run cannot show in it (docs/design.md).
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ OUTLIER_Z = 3.5
 OUTLIER_SHARE = 0.1
 #: The most repetitions a sample may hold: calibration stops doubling here.
 MAX_LOOPS = 1 << 16
+#: Consecutive batches of a gain's ratios for its batch-means interval (batch_interval).
+BATCHES = 5
+#: Student's t at 97.5% with BATCHES - 1 degrees of freedom: the two-sided 95% interval's factor.
+T_975_BATCHES = 2.7764451
 
 
 @dataclass(frozen=True)
@@ -131,22 +142,61 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
     return Interval(statistics.median(xs), xs[j - 1], xs[len(xs) - j], len(xs))
 
 
-def paired_gain(samples: Sequence[float], reference: Sequence[float],
-                confidence: float = CONFIDENCE) -> Interval:
-    """The gain of samples over reference: the median of the paired ratios minus 1, with its interval.
+def batch_interval(values: Sequence[float]) -> Interval:
+    """The median of values with a 95% batch-means interval, which holds when neighbouring values
+    drift together: values, in the order they were taken, cut into BATCHES consecutive batches (as
+    equal as can be), and the median of all ± t(97.5%, BATCHES - 1) times the standard deviation of
+    the batches' medians over sqrt(BATCHES).
+
+    Parameters
+    ----------
+    values : sequence of float
+        In the order they were taken.
+
+    Returns
+    -------
+    Interval
+        Without ends for fewer than BATCHES values (a batch would be empty).
+
+    Raises
+    ------
+    ValueError
+        For no values.
+    """
+    if not values:
+        raise ValueError("batch_interval: no values")
+    n, mid = len(values), statistics.median(values)
+    if n < BATCHES:
+        return Interval(mid, None, None, n)
+    medians = [statistics.median(values[i * n // BATCHES:(i + 1) * n // BATCHES]) for i in range(BATCHES)]
+    half = T_975_BATCHES * statistics.stdev(medians) / math.sqrt(BATCHES)
+    return Interval(mid, mid - half, mid + half, n)
+
+
+def wider(a: Interval, b: Interval) -> Interval:
+    """a's estimate with the farther of each end of a and b (an end of either missing: none)."""
+    if a.low is None or a.high is None or b.low is None or b.high is None:
+        return Interval(a.estimate, None, None, a.n)
+    return Interval(a.estimate, min(a.low, b.low), max(a.high, b.high), a.n)
+
+
+def paired_gain(samples: Sequence[float], reference: Sequence[float]) -> Interval:
+    """The gain of samples over reference: the median of the paired ratios minus 1, with its interval:
+    the wider of the distribution-free one (median_interval) and the batch-means one
+    (batch_interval), the ratios taken in the order of their turns; both 95%.
 
     Parameters
     ----------
     samples, reference : sequence of float
-        Rates (tokens/s), sample i of each taken in the same turn; extra samples of the longer are
-        left out.
-    confidence : float, optional
+        Rates (tokens/s), sample i of each taken in the same turn, in the order of the turns; extra
+        samples of the longer are left out.
 
     Returns
     -------
     Interval
     """
-    return median_interval([a / b - 1.0 for a, b in zip(samples, reference)], confidence)
+    ratios = [a / b - 1.0 for a, b in zip(samples, reference)]
+    return wider(median_interval(ratios), batch_interval(ratios))
 
 
 def outlier_share(values: Sequence[float], z: float = OUTLIER_Z) -> float:
