@@ -24,16 +24,18 @@ print(json.dumps(json.loads((here / "runs.json").read_text())[n]))
 '''
 
 
-def rows(gain: float, low: float, high: float) -> List[dict]:
-    """One npl's flat and ranges rows of a run, ranges' gain over flat with its interval."""
+def rows(gain: float, low: float, high: float, compute_us: float = 275.0) -> List[dict]:
+    """One npl's flat and ranges rows of a run, ranges' gain over flat with its interval, each step
+    computing compute_us."""
     base = {"npl": 2, "unified": False, "compact": False, "overlap": False, "warnings": [], "samples": 10,
-            "steps_per_sample": 64, "over_unified": None, "over_unified_low": None, "over_unified_high": None}
+            "steps_per_sample": 64, "over_unified": None, "over_unified_low": None, "over_unified_high": None,
+            "compute_s_per_step": compute_us * 1e-6}
     flat = {**base, "policy": "flat", "gain": 0.0, "gain_low": 0.0, "gain_high": 0.0, "gain_claimed": False}
     ranges = {**base, "policy": "ranges", "gain": gain, "gain_low": low, "gain_high": high, "gain_claimed": True}
     return [flat, ranges]
 
 
-def agreement(tmp_path: Path, runs: List[Tuple[float, float, float]]) -> Tuple[int, str]:
+def agreement(tmp_path: Path, runs: List[Tuple[float, ...]]) -> Tuple[int, str]:
     (tmp_path / "runs.json").write_text(json.dumps([rows(*r) for r in runs]))
     (tmp_path / "fake.py").write_text(FAKE)
     ferry = f"{shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / 'fake.py'))} {shlex.quote(str(tmp_path))}"
@@ -61,3 +63,13 @@ def test_runs_that_do_not_agree(tmp_path: Path, runs: List[Tuple[float, float, f
     assert code == 1, out
     assert f"within 5 points at every npl: {bar1}" in out and f"of the other 2 estimates: {bar2}" in out
     assert out.rstrip().endswith("verdict: the runs do NOT agree")
+
+
+def test_the_hosts_speed_in_each_run(tmp_path: Path) -> None:
+    """flat's compute per step is printed for each run and as a range: runs at different speeds are
+    told apart."""
+    code, out = agreement(tmp_path, [(0.67, 0.66, 0.68, 275.0), (0.50, 0.49, 0.51, 405.0)])
+    assert code == 1, out
+    assert "run 1: " in out and "; flat computes 275 µs/step at npl 2" in out
+    assert "; flat computes 405 µs/step at npl 2" in out
+    assert "flat's compute per step at npl 2: 275 to 405 µs over the runs (47% apart" in out
