@@ -119,6 +119,27 @@ def test_plan_residency_refuses_what_cannot_fit(capsys: pytest.CaptureFixture[st
     assert "--compute-us" in refused(["plan", "--residency", *GEOMETRY, "--compute-us", "1,2"], capsys)
 
 
+def test_the_links_default_to_the_standins_and_0_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No --link-gbps: every device at STANDIN_LINK_GBPS, the link bench's stand-ins copy over, and
+    the runs' stand-ins model it; 0: the host's speed, measured once (faked here) for each 0."""
+    from ferry.workloads import residency_plan
+    from ferry.workloads.devices import STANDIN_LINK_GBPS
+
+    calls = []
+
+    def fake_measure(dev: Any) -> Any:
+        calls.append(dev.link_gbps)
+        return type("M", (), {"gbps": 5.5})()
+
+    monkeypatch.setattr(residency_plan, "measure_link", fake_measure)
+    model = residency_plan.ResidencyModel(n_devices=2)
+    assert model.links() == (STANDIN_LINK_GBPS,) * 2 and calls == []
+    assert [model.standin_link(d) for d in range(2)] == [STANDIN_LINK_GBPS] * 2
+    mixed = residency_plan.ResidencyModel(n_devices=2, link_gbps=(0.0, 2.45))
+    assert mixed.links() == (5.5, 2.45) and calls == [None]  # measured on an unmodelled stand-in
+    assert [mixed.standin_link(d) for d in range(2)] == [0.0, 2.45]
+
+
 def test_plan_without_residency_is_the_window_plan(capsys: pytest.CaptureFixture[str]) -> None:
     out = run(["plan", *GEOMETRY], capsys)
     assert "window" in out and "strategy" not in out
