@@ -175,6 +175,21 @@ def test_warnings_name_the_cap_and_the_outliers() -> None:
                  "the machine was busy or the samples unstable; rerun when it is quiet")
 
 
+def test_a_warning_when_the_hosts_speed_moves() -> None:
+    """flat's tokens/s 11% higher in the last fifth of the run than in the first (ranges' with it): a
+    warning naming it; 9% is not warned of, nor a burst inside one fifth."""
+    moved = synthetic([100.0] * 8 + [111.0] * 2, [120.0] * 8 + [133.2] * 2, capped=False, unified=False)
+    (w,) = moved.warnings()
+    assert w == ("npl 2: the host's speed moved 11% during the run (flat's tokens/s, fastest fifth of the run "
+                 "against slowest): the gains over flat follow it, so another run may differ by more than these "
+                 "intervals; rerun when it is quiet")
+    assert synthetic([100.0] * 8 + [109.0] * 2, [120.0] * 8 + [130.8] * 2, capped=False, unified=False).warnings() == []
+    burst = synthetic([100.0] * 19 + [150.0], [120.0] * 19 + [180.0], capped=False, unified=False)
+    assert burst.warnings() == []  # one sample of a fifth's four
+    assert estimate.batch_drift([1.0, 2.0, 3.0, 4.0]) == 0.0  # fewer values than batches
+    assert estimate.batch_drift([2.0] * 5 + [3.0] * 5) == pytest.approx(0.5)
+
+
 def test_a_tiny_cap_stops_the_samples_and_warns(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a goal no interval can reach, the samples stop at the cap, which the result says."""
     monkeypatch.setattr(bench_workload, "TARGET_HALF_WIDTH", -1.0)

@@ -76,8 +76,9 @@ and the split cache over the unified one under the same policy. The unified cach
 same bytes under every policy, so its gain over flat measures only noise; it is kept in the
 JSON but not claimed. A gain whose interval contains 0 is within its own noise. Bytes are those
 of one repetition (every repetition moves the same), and per step their mean over the ntg
-steps. Warnings: the time cap reached before every interval was narrow enough, or more than a
-tenth of a gain's paired ratios outliers (robust z-score above 3.5).
+steps. Warnings: the time cap reached before every interval was narrow enough, more than a
+tenth of a gain's paired ratios outliers (robust z-score above 3.5), or flat's tokens/s more
+than 10% apart between two fifths of the run (the host's speed moved, and the gains with it).
 """
 
 from __future__ import annotations
@@ -115,10 +116,12 @@ from .common import (
 from .common import variants as workload_variants
 from .devices import DeviceConfig
 from .estimate import (
+    DRIFT_SHARE,
     OUTLIER_SHARE,
     OUTLIER_Z,
     Interval,
     balanced_orders,
+    batch_drift,
     calibrate,
     outlier_share,
     paired_gain,
@@ -558,7 +561,8 @@ class BenchResult:
     def warnings(self, npl: Optional[int] = None) -> List[str]:
         """What makes the figures less sure than they look, per npl (or at one npl): the time cap reached
         before every claimed interval was within TARGET_HALF_WIDTH, intervals too wide with --repeat
-        given, and claimed gains whose paired ratios hold many outliers (estimate.outlier_share).
+        given, claimed gains whose paired ratios hold many outliers (estimate.outlier_share), and the
+        host's speed moving during the run (flat's tokens/s by fifths of the run, estimate.batch_drift).
 
         Returns
         -------
@@ -588,6 +592,13 @@ class BenchResult:
                 out.append(f"npl {n}: many outliers (robust z above {OUTLIER_Z:g}) among the paired samples of "
                            f"{', '.join(unstable)}: the machine was busy or the samples unstable; rerun when it is "
                            "quiet")
+            flat = next((r for r in self.rows if (r.npl, r.policy, r.unified, r.overlap) == (n, "flat", False, False)),
+                        None)
+            moved = batch_drift(flat.runs_tokens_per_s) if flat is not None else 0.0
+            if flat is not None and moved > DRIFT_SHARE:
+                out.append(f"npl {n}: the host's speed moved {moved:.0%} during the run ({flat.label}'s tokens/s, "
+                           f"fastest fifth of the run against slowest): the gains over flat follow it, so another "
+                           "run may differ by more than these intervals; rerun when it is quiet")
         return out
 
     def _claim_interval(self, r: BenchRow, ref: BenchRow) -> Interval:

@@ -43,6 +43,9 @@ MAX_LOOPS = 1 << 16
 BATCHES = 5
 #: Student's t at 97.5% with BATCHES - 1 degrees of freedom: the two-sided 95% interval's factor.
 T_975_BATCHES = 2.7764451
+#: A reference's speed moving more than this between batches makes the run's speed unsteady: on
+#: the 2-vCPU VM quiet runs moved 0 to 6%, busy ones 6 to 32%.
+DRIFT_SHARE = 0.10
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,22 @@ def batch_interval(values: Sequence[float]) -> Interval:
     medians = [statistics.median(values[i * n // BATCHES:(i + 1) * n // BATCHES]) for i in range(BATCHES)]
     half = T_975_BATCHES * statistics.stdev(medians) / math.sqrt(BATCHES)
     return Interval(mid, mid - half, mid + half, n)
+
+
+def batch_drift(values: Sequence[float]) -> float:
+    """How far values moved over the run: the largest of the BATCHES consecutive batches' medians
+    over the smallest, minus 1 (0 for fewer than BATCHES values, or values not all positive).
+
+    Parameters
+    ----------
+    values : sequence of float
+        Rates (tokens/s), in the order they were taken.
+    """
+    n = len(values)
+    if n < BATCHES:
+        return 0.0
+    medians = [statistics.median(values[i * n // BATCHES:(i + 1) * n // BATCHES]) for i in range(BATCHES)]
+    return max(medians) / min(medians) - 1.0 if min(medians) > 0 else 0.0
 
 
 def wider(a: Interval, b: Interval) -> Interval:
