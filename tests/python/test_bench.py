@@ -159,7 +159,8 @@ def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> tuple:
 def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["bench", *TINY, *QUICK, "--policy", "flat,ranges"], capsys)
     assert code == 0
-    assert "warning" not in err or "fixed the samples" in err or "outliers" in err  # only the samples' own
+    known = ("fixed the samples", "outliers", "speed moved", "past the modelled link")  # the machine's, not errors
+    assert all(any(k in line for k in known) for line in err.splitlines() if "warning" in line), err
     lines = out.splitlines()
     assert lines[0] == "split backend: CPU (stand-in device); KV cache in pageable host memory (CPU backend)"
     assert lines.pop(1) == "stand-in link: 8 GB/s each way, modelled (--link-gbps; 0: the host's memcpy)"

@@ -3,6 +3,7 @@ answers, the calibration with a fake clock, the gains it claims, and its warning
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import Counter
 from typing import List
@@ -13,6 +14,7 @@ import pytest
 from ferry.workloads import bench as bench_workload
 from ferry.workloads import estimate
 from ferry.workloads.bench import BenchConfig, BenchResult, BenchRow, Sampling, claim_pairs
+from ferry.workloads.devices import DeviceConfig
 
 
 def test_interval_ranks_match_the_binomial_table() -> None:
@@ -190,6 +192,21 @@ def test_a_warning_when_the_hosts_speed_moves() -> None:
     assert estimate.batch_drift([2.0] * 5 + [3.0] * 5) == pytest.approx(0.5)
 
 
+def test_a_warning_when_the_standin_cannot_keep_to_its_link() -> None:
+    """A link no host reaches (1e6 GB/s): every timed copy ends past its modelled end, and the run says
+    so, in every npl's warnings; a result within LINK_OVERRUN does not."""
+    cfg = BenchConfig(n_ctx=256, npl=(2,), npp=16, ntg=2, n_layer=1, n_head=4, head_dim=32,
+                      policies=("flat", "ranges"), unified=False, device="cpu", repeat=2,
+                      min_sample_ms=0.0, devices=DeviceConfig(link_gbps=(1e6,)))
+    res = bench_workload.run_bench(cfg)
+    assert res.link_overrun > 1.0 and res.standin_link_gbps == 1e6
+    (w,) = [w for w in res.warnings() if "past the modelled link" in w]
+    assert w.startswith(f"the stand-in's copies ran {res.link_overrun:.0%} past the modelled link's time")
+    assert w in res.warnings(2) and all(w in d["warnings"] for d in res.as_dicts())
+    kept = dataclasses.replace(res, link_overrun=bench_workload.LINK_OVERRUN)
+    assert not any("past the modelled link" in x for x in kept.warnings())
+
+
 def test_a_tiny_cap_stops_the_samples_and_warns(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a goal no interval can reach, the samples stop at the cap, which the result says."""
     monkeypatch.setattr(bench_workload, "TARGET_HALF_WIDTH", -1.0)
@@ -197,5 +214,5 @@ def test_a_tiny_cap_stops_the_samples_and_warns(monkeypatch: pytest.MonkeyPatch)
                       policies=("flat", "ranges"), unified=False, device="cpu", min_sample_ms=0.0, max_time=0.0)
     res = bench_workload.run_bench(cfg)
     assert res.sampling[2].capped and res.rows[0].repeats == bench_workload.MIN_SAMPLES
-    assert res.warnings()[0].startswith("npl 2: the time cap (--max-time 0 s) came first")
+    assert any(w.startswith("npl 2: the time cap (--max-time 0 s) came first") for w in res.warnings())
     assert all(d["capped"] is True and d["warnings"] for d in res.as_dicts())

@@ -77,8 +77,10 @@ same bytes under every policy, so its gain over flat measures only noise; it is 
 JSON but not claimed. A gain whose interval contains 0 is within its own noise. Bytes are those
 of one repetition (every repetition moves the same), and per step their mean over the ntg
 steps. Warnings: the time cap reached before every interval was narrow enough, more than a
-tenth of a gain's paired ratios outliers (robust z-score above 3.5), or flat's tokens/s more
-than 10% apart between two fifths of the run (the host's speed moved, and the gains with it).
+tenth of a gain's paired ratios outliers (robust z-score above 3.5), flat's tokens/s more
+than 10% apart between two fifths of the run (the host's speed moved, and the gains with it),
+or a stand-in's timed copies running more than 10% past its link's time (the host did not
+keep to the link: copy times partly follow the host).
 """
 
 from __future__ import annotations
@@ -252,6 +254,9 @@ WARMUP = 1
 MIN_SAMPLES = 10
 #: Samples are added until every claimed gain's interval is within this of its estimate (2.5 points).
 TARGET_HALF_WIDTH = 0.025
+#: A stand-in's timed copies running past their modelled ends by more than this share of the link's
+#: time: the host copies slower than the link there, and copy times follow the host (a warning).
+LINK_OVERRUN = 0.10
 #: How the figures are found, as the output says it.
 STATISTIC = ("median of the samples (tokens/s: npl over the median decode time per step); gain: median of the "
              "paired samples' ratios, with its 95% interval")
@@ -466,6 +471,7 @@ class BenchResult:
     device_names: List[str] = field(default_factory=list)  # every device, in index order (split_name: device 0)
     sampling: Dict[int, Sampling] = field(default_factory=dict)  # per npl
     standin_link_gbps: Optional[float] = None  # the stand-in split's modelled link (None: unmodelled, or CUDA)
+    link_overrun: float = 0.0  # over the timed samples, the most a stand-in's copies ran past its link, a share
 
     def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False,
             overlap: bool = False) -> BenchRow:
@@ -561,8 +567,9 @@ class BenchResult:
     def warnings(self, npl: Optional[int] = None) -> List[str]:
         """What makes the figures less sure than they look, per npl (or at one npl): the time cap reached
         before every claimed interval was within TARGET_HALF_WIDTH, intervals too wide with --repeat
-        given, claimed gains whose paired ratios hold many outliers (estimate.outlier_share), and the
-        host's speed moving during the run (flat's tokens/s by fifths of the run, estimate.batch_drift).
+        given, claimed gains whose paired ratios hold many outliers (estimate.outlier_share), the
+        host's speed moving during the run (flat's tokens/s by fifths of the run, estimate.batch_drift),
+        and (first, for every npl) a stand-in's copies running past its link (link_overrun).
 
         Returns
         -------
@@ -570,6 +577,10 @@ class BenchResult:
             One line each, naming the npl; empty when none.
         """
         out = []
+        if self.link_overrun > LINK_OVERRUN:
+            out.append(f"the stand-in's copies ran {self.link_overrun:.0%} past the modelled link's time: the host "
+                       "did not keep to the link (copies slower than it, each copy's own cost on small windows, or a "
+                       "busy machine), so copy times partly follow the host; a lower --link-gbps leaves it room")
         for n in self.config.npl if npl is None else (npl,):
             claims = self.claims(n)
             wide = [(self._claim_interval(r, ref), r, what) for r, ref, what in claims]
@@ -1025,6 +1036,9 @@ def measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, pinned: bool
             for _ in range(WARMUP):
                 each.turn(1, False, on_step)
             each.loops = calibrate(functools.partial(each.turn, timed=False, on_step=on_step), cfg.min_sample_ms / 1e3)
+        for dev in devices:  # the link's counters over the timed samples only
+            if isinstance(dev, StandinBackend):
+                dev.reset_link_stats()
         gc.collect()
         gc.disable()  # as timeit does: no collection lands in one variant's samples
         for _ in range(cfg.min_samples):
@@ -1083,4 +1097,6 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
     rows, sampling = measure(cfg, devices, cpu, pinned, on_step)
     memory = "pinned host memory" if pinned else "pageable host memory"
     link = devices[0].link_gbps if isinstance(devices[0], StandinBackend) else None
-    return BenchResult(cfg, devices[0].name, memory, rows, [d.name for d in devices], sampling, link)
+    stats = [d.link_stats for d in devices if isinstance(d, StandinBackend)]
+    overrun = max((s.late_seconds / s.modelled_seconds for s in stats if s.modelled_seconds > 0), default=0.0)
+    return BenchResult(cfg, devices[0].name, memory, rows, [d.name for d in devices], sampling, link, overrun)
