@@ -145,6 +145,13 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
     return Interval(statistics.median(xs), xs[j - 1], xs[len(xs) - j], len(xs))
 
 
+def batch_medians(values: Sequence[float]) -> List[float]:
+    """The medians of values cut, in order, into BATCHES consecutive batches as equal as can be (at
+    least BATCHES values)."""
+    n = len(values)
+    return [statistics.median(values[i * n // BATCHES:(i + 1) * n // BATCHES]) for i in range(BATCHES)]
+
+
 def batch_interval(values: Sequence[float]) -> Interval:
     """The median of values with a 95% batch-means interval, which holds when neighbouring values
     drift together: values, in the order they were taken, cut into BATCHES consecutive batches (as
@@ -171,8 +178,7 @@ def batch_interval(values: Sequence[float]) -> Interval:
     n, mid = len(values), statistics.median(values)
     if n < BATCHES:
         return Interval(mid, None, None, n)
-    medians = [statistics.median(values[i * n // BATCHES:(i + 1) * n // BATCHES]) for i in range(BATCHES)]
-    half = T_975_BATCHES * statistics.stdev(medians) / math.sqrt(BATCHES)
+    half = T_975_BATCHES * statistics.stdev(batch_medians(values)) / math.sqrt(BATCHES)
     return Interval(mid, mid - half, mid + half, n)
 
 
@@ -185,10 +191,9 @@ def batch_drift(values: Sequence[float]) -> float:
     values : sequence of float
         Rates (tokens/s), in the order they were taken.
     """
-    n = len(values)
-    if n < BATCHES:
+    if len(values) < BATCHES:
         return 0.0
-    medians = [statistics.median(values[i * n // BATCHES:(i + 1) * n // BATCHES]) for i in range(BATCHES)]
+    medians = batch_medians(values)
     return max(medians) / min(medians) - 1.0 if min(medians) > 0 else 0.0
 
 
