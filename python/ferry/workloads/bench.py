@@ -603,8 +603,7 @@ class BenchResult:
                 out.append(f"npl {n}: many outliers (robust z above {OUTLIER_Z:g}) among the paired samples of "
                            f"{', '.join(unstable)}: the machine was busy or the samples unstable; rerun when it is "
                            "quiet")
-            flat = next((r for r in self.rows if (r.npl, r.policy, r.unified, r.overlap) == (n, "flat", False, False)),
-                        None)
+            flat = self.row(n, "flat") if "flat" in self.config.policies else None
             moved = batch_drift(flat.runs_tokens_per_s) if flat is not None else 0.0
             if flat is not None and moved > DRIFT_SHARE:
                 out.append(f"npl {n}: the host's speed moved {moved:.0%} during the run ({flat.label}'s tokens/s, "

@@ -296,9 +296,8 @@ class DeviceConfig:
         return values[0] if len(values) == 1 else values[d]
 
     def standin_link(self, d: int) -> float:
-        """Stand-in d's link in GB/s: given, else STANDIN_LINK_GBPS; 0 for the host's memcpy speed."""
-        given = self.per_device(self.link_gbps, d)
-        return STANDIN_LINK_GBPS if given is None else given
+        """Stand-in d's link in GB/s (standin_link)."""
+        return standin_link(self.link_gbps, d)
 
     def kind(self, kind: str) -> str:
         """The kind of device the run makes, "cpu" or "cuda": auto picks cuda when n_devices CUDA devices
@@ -342,6 +341,14 @@ class DeviceConfig:
                                       memory=self.per_device(self.memory, d),
                                       compute_slowdown=self.per_device(self.compute_slowdown, d)))
         return out
+
+
+def standin_link(link_gbps: Sequence[float], d: int) -> float:
+    """Stand-in d's link in GB/s from a per-device list (one value for all, or one per device): given,
+    else STANDIN_LINK_GBPS; 0 for the host's memcpy speed, unmodelled."""
+    if not link_gbps:
+        return STANDIN_LINK_GBPS
+    return link_gbps[0] if len(link_gbps) == 1 else link_gbps[d]
 
 
 def standard_placements(n_layer: int, n_devices: int, runs_on: Sequence[int],
@@ -388,4 +395,5 @@ __all__ = [
     "read_placement",
     "split_items",
     "standard_placements",
+    "standin_link",
 ]

@@ -3,14 +3,14 @@
 A model's geometry (each layer at its own size, sliding-window layers holding their window)
 gives each layer's window bytes and resident bytes (ferry.residency.layers_from_geometry, a
 dry-run cache in synthetic memory); the devices give each a link (GB/s: given, else the
-stand-ins' default; for 0, unmodelled, the host's copy speed measured once with
-ferry.measure_link), a latency per transfer, a memory
-budget and a reserve. Each layer's attention time is given (--compute-us, every layer alike)
-or measured once on the stand-in (ferry.residency.measure_compute, per size of layer); a
-device with a compute slowdown F computes F times as long. Each strategy (ferry.residency's
-planner "auto" and the named rules "first", "round-robin", "slowest-link") then chooses its
-placement, and the model predicts its step time, tokens/s and memory per device. What the model
-leaves out is in docs/design.md ("Which layers to keep").
+stand-ins' default; for 0, unmodelled, the host's copy speed measured once with ferry.measure_link),
+a latency per transfer, a memory budget and a reserve. Each layer's attention time is given
+(--compute-us, every layer alike) or measured once on the stand-in
+(ferry.residency.measure_compute, per size of layer); a device with a compute slowdown F
+computes F times as long. Each strategy (ferry.residency's planner "auto" and the named rules
+"first", "round-robin", "slowest-link") then chooses its placement, and the model predicts its
+step time, tokens/s and memory per device. What the model leaves out is in docs/design.md
+("Which layers to keep").
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..residency import (
     plan_residency,
     predict_step,
 )
-from .devices import STANDIN_LINK_GBPS
+from .devices import standin_link
 
 __all__ = ["ResidencyModel", "check_strategies", "per_device"]
 
@@ -180,9 +180,8 @@ class ResidencyModel:
         return tuple(out)
 
     def standin_link(self, d: int) -> float:
-        """Device d's stand-in link in GB/s as the runs model it: given, else STANDIN_LINK_GBPS (0: the
-        host's memcpy speed, unmodelled)."""
-        return _pick(self.link_gbps, d, STANDIN_LINK_GBPS)
+        """Device d's stand-in link in GB/s as the runs model it (ferry.workloads.devices.standin_link)."""
+        return standin_link(self.link_gbps, d)
 
     def links(self) -> Tuple[float, ...]:
         """Each device's link in GB/s as the planner sees it: its stand-in link, or for 0 (unmodelled)
