@@ -28,8 +28,9 @@ KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "b
         "overlap", "prefetch", "decode_s", "compute_s", "ahead_bytes", "devices", "samples", "steps_per_sample",
         "decode_s_per_step", "copy_s_per_step", "compute_s_per_step", "host_s_per_step", "bytes_copied_per_step",
         "bytes_read_per_step", "gain_low", "gain_high", "gain_within_noise", "gain_claimed", "over_unified",
-        "over_unified_low", "over_unified_high", "config", "loops", "capped", "warnings", "tokens_per_s_samples"}
-#: A run of a fixed number of samples, one repetition each: quick, and no time cap to warn about.
+        "over_unified_low", "over_unified_high", "config", "loops", "capped", "warnings", "tokens_per_s_samples",
+        "replicas", "tokens_per_s_replicas"}
+#: A run of a fixed number of replicas, samples of one repetition: quick, and no time cap to warn about.
 QUICK = ["--repeat", "6", "--min-sample-ms", "0"]
 
 
@@ -75,7 +76,7 @@ def test_bytes_per_policy_and_layout_are_exact(type_kv: str, pad: int) -> None:
     assert res.gain(res.row(2, "flat")) == 0.0
     r = res.row(4, "ranges", True)
     flat = res.row(4, "flat", True)
-    assert res.gain(r) == statistics.median(v / f - 1.0 for v, f in zip(r.runs_tokens_per_s, flat.runs_tokens_per_s))
+    assert res.gain(r) == estimate.replica_gain(r.replicas_tokens_per_s, flat.replicas_tokens_per_s).estimate
 
 
 def test_outputs_differ_when_content_differs() -> None:
@@ -87,8 +88,9 @@ def test_outputs_differ_when_content_differs() -> None:
 
 def test_variants_take_turns_repetition_by_repetition(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every variant of both layouts takes turns with the others one repetition at a time, in the
-    rounds of estimate.balanced_orders, and the npl take turns sample by sample: a warm-up round
-    of each npl, then --repeat samples of 3 repetitions (the calibration's loops, faked here)."""
+    rounds of estimate.balanced_orders, and the npl take turns replica by replica: in each of
+    --repeat replicas a warm-up round, then samples_per_replica(3) samples of 3 repetitions (the
+    calibration's loops, faked here)."""
     monkeypatch.setattr(bench_workload, "calibrate", lambda measure, seconds: 3)
     labels: List[str] = []
     cfg = tiny(policies=("flat", "ranges"), repeat=2)
@@ -101,44 +103,57 @@ def test_variants_take_turns_repetition_by_repetition(monkeypatch: pytest.Monkey
     def rounds(npl: int, first: int, n: int) -> List[str]:
         return [f"npl {npl} {names[i]}" for r in range(first, first + n) for i in orders[r % len(orders)]]
 
-    expected = rounds(2, 0, 1) + rounds(4, 0, 1)
-    for sample in range(2):
-        expected += rounds(2, 1 + 3 * sample, 3) + rounds(4, 1 + 3 * sample, 3)
+    expected = []
+    for _ in range(2):  # each replica's rounds start again: its own schedulers
+        for npl in (2, 4):
+            expected += rounds(npl, 0, 1) + rounds(npl, 1, 3 * bench_workload.samples_per_replica(3))
     assert reps == expected
 
 
-def test_an_npl_whose_gains_are_narrow_adds_no_samples(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Samples are added only to the npl whose intervals are still wide; the others wait."""
+def test_an_npl_whose_gains_are_narrow_adds_no_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replicas are added only to the npl whose intervals are still wide; the others wait."""
     asked = {2: 0, 4: 0}
 
-    def widest(runs: List[object]) -> float:
-        npl = runs[0].cache.npl  # type: ignore[attr-defined]
+    def widest(rows: List[bench.BenchRow]) -> float:
+        npl = rows[0].npl
         asked[npl] += 1
         return 1.0 if npl == 4 and asked[npl] <= 3 else 0.0
 
     monkeypatch.setattr(bench_workload, "widest_claim", widest)
     res = bench_workload.run_bench(tiny(policies=("flat", "ranges"), repeat=None, max_time=600.0))
-    assert {r.npl: r.repeats for r in res.rows} == {2: bench_workload.MIN_SAMPLES, 4: bench_workload.MIN_SAMPLES + 3}
+    n = bench_workload.REPLICAS
+    assert {r.npl: r.replicas for r in res.rows} == {2: n, 4: n + 3}
+    per = bench_workload.samples_per_replica(1)
+    assert {r.npl: r.repeats for r in res.rows} == {2: n * per, 4: (n + 3) * per}
     assert not any(s.capped for s in res.sampling.values())
 
 
-def test_figures_are_medians_of_the_samples() -> None:
-    """tokens/s is npl over the median decode time per step, so it lies within the samples' own; the
-    gain is the median of the paired ratios, and its spread their least and greatest."""
+def test_figures_are_floors_and_their_median_over_replicas() -> None:
+    """A replica's tokens/s is that of its floor, at least its fastest sample's mean rate; a row's is the
+    median over the replicas that reached the floor; the gain is the median of those replicas'
+    ratios, and its spread their least and greatest."""
     cfg = tiny(npl=(2,), policies=("flat", "ranges"), repeat=5, unified=False)
     res = bench.run_bench(cfg)
     flat, ranges = res.row(2, "flat"), res.row(2, "ranges")
+    per = bench_workload.samples_per_replica(1)
     for r in (flat, ranges):
-        assert len(r.runs_tokens_per_s) == 5
-        assert r.tokens_per_s == pytest.approx(statistics.median(r.runs_tokens_per_s), rel=1e-9)  # 5: odd
+        assert len(r.replicas_tokens_per_s) == 5 and len(r.runs_tokens_per_s) == 5 * per
+        for i, floor in enumerate(r.replicas_tokens_per_s):
+            assert floor >= max(r.runs_tokens_per_s[i * per:(i + 1) * per]) * (1 - 1e-12)
+        kept = [x for x, ok in zip(r.replicas_tokens_per_s, estimate.reached(r.replicas_tokens_per_s)) if ok]
+        assert len(kept) == 5 - r.left_out and min(kept) * (1 - 1e-12) <= r.tokens_per_s <= max(kept) * (1 + 1e-12)
         median, low, high = r.tokens_per_s_spread
         assert (low, high) == (min(r.runs_tokens_per_s), max(r.runs_tokens_per_s)) and low <= median <= high
         assert r.tokens_per_s == pytest.approx(r.npl * cfg.ntg / r.decode_s, rel=1e-12)
-    paired = sorted(v / f - 1.0 for f, v in zip(flat.runs_tokens_per_s, ranges.runs_tokens_per_s))
-    assert res.gain_spread(ranges) == (paired[2], paired[0], paired[-1])
-    assert res.gain(ranges) == paired[2]
+        assert 0 < r.copy_s and 0 < r.compute_s and r.copy_s + r.compute_s <= r.decode_s * (1 + 1e-9)
+    # a tiny step's floor moves more than 3% between replicas, so those that reached both may be none: all then
+    paired = sorted(estimate.replica_ratios(ranges.replicas_tokens_per_s, flat.replicas_tokens_per_s)
+                    or [v / f - 1.0 for f, v in zip(flat.replicas_tokens_per_s, ranges.replicas_tokens_per_s)])
+    assert res.gain_spread(ranges) == (statistics.median(paired), paired[0], paired[-1])
+    assert res.gain(ranges) == statistics.median(paired)
     assert res.gain_spread(flat) == (0.0, 0.0, 0.0)
-    assert res.gain_interval(ranges) == estimate.median_interval(paired)  # 5 samples: no interval
+    g = res.gain_interval(ranges)  # 5 replicas: no interval
+    assert g is not None and g.low is None and g.estimate == statistics.median(paired)
 
 
 def test_no_flat_no_gain() -> None:
@@ -159,24 +174,24 @@ def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> tuple:
 def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["bench", *TINY, *QUICK, "--policy", "flat,ranges"], capsys)
     assert code == 0
-    known = ("fixed the samples", "outliers", "speed moved", "past the modelled link")  # the machine's, not errors
+    known = ("fixed the replicas", "replicas left out", "past the modelled link")  # the machine's, not errors
     assert all(any(k in line for k in known) for line in err.splitlines() if "warning" in line), err
     lines = out.splitlines()
     assert lines[0] == "split backend: CPU (stand-in device); KV cache in pageable host memory (CPU backend)"
     assert lines.pop(1) == "stand-in link: 8 GB/s each way, modelled (--link-gbps; 0: the host's memcpy)"
     assert lines[1] == "-c 256, -npp 16, -ntg 3, 2 layers, K/V f16, 4 heads x 32, 2 KV heads, pad 1"
-    assert lines[2].startswith("tok/s: median of the samples; gain: median of the paired samples' ratios")
-    assert lines[4] == "samples: npl 2: 6 of 3 steps; npl 4: 6 of 3 steps, variants taking turns"
-    assert lines[5] == "copy, copied, read: per decode step, every layer's K and V windows"
-    assert lines[7].split() == ["npl", "policy", "tok/s", "over", "flat", "over", "unified", "copy", "copied", "read"]
-    rows = [ln.split() for ln in lines[8:14]]
+    assert lines[2].startswith("tok/s: the floor (each step's fastest time in a replica, summed), median of the")
+    assert lines[5] == "replicas x samples: npl 2: 6 x 10 of 3 steps; npl 4: 6 x 10 of 3 steps; variants taking turns"
+    assert lines[6] == "copy, copied, read: per decode step, every layer's K and V windows"
+    assert lines[8].split() == ["npl", "policy", "tok/s", "over", "flat", "over", "unified", "copy", "copied", "read"]
+    rows = [ln.split() for ln in lines[9:15]]
     assert [r[:2] for r in rows] == [["2", "flat"], ["2", "ranges"], ["2", "unified"], ["4", "flat"],
                                      ["4", "ranges"], ["4", "unified"]]
     assert rows[0][3] == "-" and rows[2][3:5] == ["noise", "-"]
-    assert re.fullmatch(r"~?[+-]\d+\.\d%", rows[1][3]) and re.fullmatch(r"±\d+\.\d", rows[1][4])
+    assert re.fullmatch(r"~?[+-]\d+\.\d%", rows[1][3]) and re.fullmatch(r"±(\d+\.\d|\?)", rows[1][4])
     cfg = tiny(policies=("flat", "ranges"))
     per_step = expected_bytes(cfg, 2)["read"] / cfg.ntg
-    assert lines[9].endswith(f"{bench.fmt_bytes(per_step)}  {bench.fmt_bytes(per_step)}")
+    assert lines[10].endswith(f"{bench.fmt_bytes(per_step)}  {bench.fmt_bytes(per_step)}")
     assert lines[-2:] == [f"npl {n}: attention outputs identical across policies and both caches; rebuilt at 2 of "
                           "2 later steps" for n in (2, 4)]
     assert max(len(ln) for ln in lines) < 100
@@ -197,19 +212,19 @@ def test_wide_table_prints_every_column(capsys: pytest.CaptureFixture[str]) -> N
     assert code == 0
     lines = out.splitlines()
     assert lines.pop(1).startswith("stand-in link: 8 GB/s")
-    assert lines[2].startswith("tok/s, decode, copy, compute: median of the samples")
-    assert lines[5].startswith("per sample: median (min..max) of the samples")
+    assert lines[2].startswith("tok/s, decode, host, copy, compute: floors (each step's fastest time in a replica")
+    assert lines[5].startswith("per sample, per replica: median (min..max): tokens/s of the samples")
     assert lines[7].startswith("host: getting each step's graph (built and allocated when the padded n_kv changes")
-    assert lines[9].split() == ["npl", "policy", "tok/s", "per", "sample", "gain", "per", "sample", "decode",
+    assert lines[9].split() == ["npl", "policy", "tok/s", "per", "sample", "gain", "per", "replica", "decode",
                                 "host", "e2e", "tok/s", "copy", "compute", "copied", "read", "copy", "bw", "split",
-                                "mem", "unified", "tok/s", "gain", "(noise)", "per", "sample", "copy", "copied",
+                                "mem", "unified", "tok/s", "gain", "(noise)", "per", "replica", "copy", "copied",
                                 "over", "unified"]
     rows = [ln.split() for ln in lines[10:14]]
     assert [(r[0], r[1], r[5], r[6]) for r in rows] == [
         ("2", "flat", "+0.0%", "+0.0%"), ("2", "ranges", rows[1][5], rows[1][6]),
         ("4", "flat", "+0.0%", "+0.0%"), ("4", "ranges", rows[3][5], rows[3][6])]
     assert all(re.fullmatch(r"\([\d,]+\.\.[\d,]+\)", r[4]) for r in rows)  # tok/s: median (min..max)
-    assert re.fullmatch(r"~?[+-]\d+\.\d%", rows[1][5]) and re.fullmatch(r"\[[+-]\d+\.\d,[+-]\d+\.\d\]", rows[1][6])
+    assert re.fullmatch(r"~?[+-]\d+\.\d%", rows[1][5]) and re.fullmatch(r"\[[+-]\d+\.\d,[+-]\d+\.\d\]|±\?", rows[1][6])
     assert all("MiB" in ln and "GB/s" in ln for ln in lines[10:14])
     cfg = tiny(policies=("flat", "ranges"))
     assert f"{expected_bytes(cfg, 2)['read'] / 2**20:,.1f} MiB" in lines[11]
@@ -232,23 +247,25 @@ def test_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert r["bytes_read_per_step"] == r["bytes_read"] / cfg.ntg
         assert r["copy_s_per_step"] == pytest.approx(r["copy_s"] / cfg.ntg)
         assert r["tokens_per_s"] > 0 and r["copy_s"] > 0
-        assert r["repeats"] == r["samples"] == 6 and r["steps_per_sample"] == 3 and r["loops"] == 1
-        assert r["tokens_per_s_max"] >= r["tokens_per_s"] >= r["tokens_per_s_min"] > 0
-        assert r["statistic"].startswith("median of the samples")
+        assert r["replicas"] == 6 and r["repeats"] == r["samples"] == 6 * bench_workload.samples_per_replica(1)
+        assert r["steps_per_sample"] == 3 and r["loops"] == 1
+        assert max(r["tokens_per_s_replicas"]) >= r["tokens_per_s_max"] >= r["tokens_per_s_min"] > 0
+        assert r["statistic"].startswith("floor: each step's fastest time")
         assert (r["gain"] == 0.0) == (r["policy"] == "flat") and r["gain_min"] <= r["gain_median"] <= r["gain_max"]
-        assert r["gain"] == r["gain_median"] and r["gain_low"] <= r["gain"] <= r["gain_high"]
+        assert r["gain"] == r["gain_median"]
+        assert r["gain_low"] is r["gain_high"] is None or r["gain_low"] <= r["gain"] <= r["gain_high"]
         assert r["gain_claimed"] == (r["policy"] == "ranges" and not r["unified"])
         assert (r["over_unified"] is None) == r["unified"]
         c = r["config"]
         assert (c["n_ctx"], c["npl"], c["npp"], c["ntg"], c["n_layer"], c["type_kv"], c["n_head"], c["head_dim"],
                 c["n_head_kv"], c["repeat"], c["min_sample_ms"]) == (256, [2, 4], 16, 3, 2, "f16", 4, 32, 2, 6, 0.0)
         assert c["devices"]["n_devices"] == 1 and c["policies"] == ["ranges", "flat"]
-    # each sample's tokens/s, in run order: the gains can be found again from them alone
+    # each replica's tokens/s, in run order: the gains can be found again from them alone
     for r in rows:
         samples = r["tokens_per_s_samples"]
         assert len(samples) == r["samples"] and min(samples) == r["tokens_per_s_min"]
         flat = next(f for f in rows if (f["npl"], f["unified"], f["policy"]) == (r["npl"], r["unified"], "flat"))
-        again = estimate.paired_gain(samples, flat["tokens_per_s_samples"])
+        again = estimate.replica_gain(r["tokens_per_s_replicas"], flat["tokens_per_s_replicas"])
         assert (again.estimate, again.low, again.high) == (r["gain"], r["gain_low"], r["gain_high"])
 
 
@@ -290,7 +307,7 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path: Path, monkeypatch: p
     (["--min-sample-ms", "-1"], "argument --min-sample-ms: -1 is out of range: a finite number of at least 0"),
     (["--max-time", "nan"], "argument --max-time: nan is out of range: a finite number of at least 0"),
     (["--max-time", "soon"], "argument --max-time: expected a number, got 'soon'"),
-    (["--repeat", "3", "--max-time", "5"], "--max-time caps the samples added without --repeat; with --repeat 3 it "
+    (["--repeat", "3", "--max-time", "5"], "--max-time caps the replicas added without --repeat; with --repeat 3 it "
                                            "does nothing: give one of them"),
     (["--heads", "5"], "--heads 5 is not a multiple of --kv-heads 2"),
     (["--type", "q8_0", "--head-dim", "48"], "--type q8_0 needs --head-dim a multiple of 32, got 48"),
@@ -333,7 +350,7 @@ def test_progress_bar() -> None:
 
 
 def test_a_capped_runs_bar_counts_the_seconds_of_its_cap() -> None:
-    """Without --repeat the samples go on until the intervals narrow or --max-time passes: the bar
+    """Without --repeat the replicas go on until the intervals narrow or --max-time passes: the bar
     counts that cap's seconds (a fake clock, a second per step), never past it."""
     s = io.StringIO()
     ticks = iter(range(10**6))

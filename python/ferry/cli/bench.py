@@ -45,7 +45,7 @@ ARGUMENT_ERRORS = InvalidArgumentError
 
 def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None,
               clock: Callable[[], float] = time.perf_counter) -> BenchResult:
-    """`bench_workload.run_bench` with a progress bar: of the time cap's seconds when samples are
+    """`bench_workload.run_bench` with a progress bar: of the time cap's seconds when replicas are
     added until the intervals narrow (the run may end before it), else of the decode steps.
 
     Parameters
@@ -141,7 +141,7 @@ def fmt_bytes(n: float) -> str:
 def fmt_interval(g: Optional[Interval], exact: bool = False) -> str:
     """A gain with its interval: "+35.8% ±2.4" (± the farther end), or with exact "+35.8% [+33.4,+38.2]";
     "~" before it when the interval holds 0 (a gain within its own noise), "±?" without an interval
-    (too few samples), "-" for None."""
+    (too few replicas), "-" for None."""
     if g is None:
         return "-"
     mark = "~" if g.within_noise else ""
@@ -153,10 +153,10 @@ def fmt_interval(g: Optional[Interval], exact: bool = False) -> str:
 
 
 def _samples_line(res: BenchResult) -> str:
-    """How many samples each npl took, of how many steps."""
-    parts = [f"npl {s.npl}: {s.samples} of {s.loops * res.config.ntg} steps" + (" (capped)" if s.capped else "")
-             for s in res.sampling.values()]
-    return "samples: " + "; ".join(parts) + ", variants taking turns"
+    """How many replicas each npl took, of how many samples of how many steps."""
+    parts = [f"npl {s.npl}: {s.replicas} x {s.samples // max(s.replicas, 1)} of {s.loops * res.config.ntg} steps"
+             + (" (capped)" if s.capped else "") for s in res.sampling.values()]
+    return "replicas x samples: " + "; ".join(parts) + "; variants taking turns"
 
 
 def _footer(res: BenchResult) -> List[str]:
@@ -204,8 +204,9 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
         return format_wide(res)
     cfg = res.config
     lines = _head(res) + [
-        "tok/s: median of the samples; gain: median of the paired samples' ratios, ± the farther end of",
-        f"its 95% interval; ~: the interval holds 0 (within noise). Goal: ±{TARGET_HALF_WIDTH * 100:g} points",
+        "tok/s: the floor (each step's fastest time in a replica, summed), median of the replicas; each",
+        "replica has its own caches. gain: median of the replicas' gains, ± the farther end of its 95%",
+        f"interval; ~: the interval holds 0 (within noise). Goal: ±{TARGET_HALF_WIDTH * 100:g} points",
         _samples_line(res),
         "copy, copied, read: per decode step, every layer's K and V windows",
         "",
@@ -240,25 +241,26 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
 
 def format_wide(res: BenchResult) -> str:
     """The report with every figure: per npl and policy the tokens/s and gain over flat with their spread
-    over the samples and the gain's interval, decode, host, end-to-end, copy and compute time, bytes
+    (over the samples, and over the replicas) and the gain's interval, decode, host, end-to-end, copy and
+    compute time, bytes
     copied and read over a repetition, copy bandwidth and the split's memory, then the unified
     cache's figures and the split's gain over it; then whether the outputs agreed."""
     cfg = res.config
     lines = _head(res) + [
-        "tok/s, decode, copy, compute: median of the samples; gain: median of the paired samples' ratios",
-        "with its 95% interval; ~: the interval holds 0 (within noise)",
+        "tok/s, decode, host, copy, compute: floors (each step's fastest time in a replica, summed), median of",
+        "the replicas; gain: median of the replicas' gains with its 95% interval; ~: it holds 0 (noise)",
         _samples_line(res),
-        f"per sample: {SPREAD}",
+        f"per sample, per replica: {SPREAD}",
         "copy and bytes: every layer's K and V windows over the ntg steps of a repetition",
         "host: getting each step's graph (built and allocated when the padded n_kv changes"
         + (", else reused" if cfg.reuse else ", every step: --no-reuse") + ") and writing its lengths; "
         "e2e tok/s counts decode and host time",
         "",
     ]
-    head = ["npl", "policy", "tok/s", "per sample", "gain", "per sample", "decode", "host", "e2e tok/s",
+    head = ["npl", "policy", "tok/s", "per sample", "gain", "per replica", "decode", "host", "e2e tok/s",
             "copy", "compute", "copied", "read", "copy bw", "split mem"]
     if cfg.runs_unified:
-        head += ["unified tok/s", "gain (noise)", "per sample", "copy", "copied", "over unified"]
+        head += ["unified tok/s", "gain (noise)", "per replica", "copy", "copied", "over unified"]
     body = []
     for npl in cfg.npl:
         for policy, compact in res.variants():
@@ -422,15 +424,17 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     add_device_arg(bp)
     add_devices_args(bp)
     bp.add_argument("--repeat", type=POSITIVE, default=d.repeat, metavar="N",
-                    help="timed samples of each variant, exactly; figures are their medians (default none: at "
-                         f"least {bench_workload.MIN_SAMPLES}, more until every gain's 95%% interval is within "
-                         f"±{TARGET_HALF_WIDTH * 100:g} points or --max-time passes)")
+                    help="replicas of each npl, exactly: each its own caches and schedulers, warmed up, then "
+                         f"samples of each variant, about {bench_workload.REPS_PER_REPLICA} repetitions; figures are "
+                         "floors, the "
+                         f"median of the replicas (default none: {bench_workload.REPLICAS}, more until every gain's "
+                         f"95%% interval is within ±{TARGET_HALF_WIDTH * 100:g} points or --max-time passes)")
     bp.add_argument("--min-sample-ms", type=non_negative, default=d.min_sample_ms, metavar="MS",
                     help="what one timed sample lasts at least, in ms of decode time: the calibration doubles the "
                          f"repetitions a sample holds until it does; 0: one repetition (default {d.min_sample_ms:g})")
     bp.add_argument("--max-time", type=non_negative, metavar="SECONDS",
-                    help="seconds the run may spend before it stops adding samples, shared equally by the npl; "
-                         f"refused with --repeat, which fixes the samples (default {d.max_time:g})")
+                    help="seconds the run may spend before it stops adding replicas, shared equally by the npl; "
+                         f"refused with --repeat, which fixes the replicas (default {d.max_time:g})")
     add_v_trans_arg(bp)
     bp.add_argument("--compact", action="store_true",
                     help="also run each non-flat policy with compact staging (the split holds only the bytes read)")
@@ -472,7 +476,7 @@ def main(args: argparse.Namespace) -> int:
     if args.residency is not None:
         return residency.bench_main(args, g)
     if args.repeat is not None and args.max_time is not None:
-        raise InvalidArgumentError("--max-time caps the samples added without --repeat; with --repeat "
+        raise InvalidArgumentError("--max-time caps the replicas added without --repeat; with --repeat "
                                    f"{args.repeat} it does nothing: give one of them")
     cfg = config_from_args(args)
     cfg.check()

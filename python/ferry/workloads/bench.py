@@ -25,19 +25,21 @@ Timing: a step's decode time is the wall time of Scheduler.compute on an allocat
 (the input copies, attention, and synchronization); building the graph in Python and the
 scheduler's allocation are outside it. A repetition of a variant (a policy, with or without
 compact staging, on one layout) is its ntg steps; a sample is as many repetitions of it as the
-calibration found, their times added. Each npl has one cache per layout, which serves every
-variant (each has its own scheduler). The variants of both layouts take turns repetition by
-repetition, in rounds whose orders balance what runs before each variant
-(ferry.workloads.estimate.balanced_orders): a variant that runs right after its own repetition
-finds its data still in the host's caches, which one fixed order gives to some variants and
-not others. A turn of an npl is one sample of each of its variants; the npl take turns,
-turn by turn, for the whole run, so that drift of the machine falls on every npl alike. First
-one untimed warm-up round of each npl, then its calibration
-(ferry.workloads.estimate.calibrate: the repetitions per sample, doubled until the fastest
-variant's sample lasts --min-sample-ms), then the timed turns. Turns go on until each variant
-has --repeat samples; by default, until it has 10, and then an npl takes more turns while any
-of its gains' intervals (below) is wider than ±2.5 points, until the time cap (--max-time)
-has passed: then a warning says so. The collector is off while samples are timed.
+calibration found. A run is made of replicas: each builds its own caches (one per layout,
+serving every variant) and schedulers (one per variant), so that where their buffers land in
+memory changes from one replica to the next as it does from one run to the next. In a replica
+the variants of both layouts take turns repetition by repetition, in rounds whose orders
+balance what runs before each variant (ferry.workloads.estimate.balanced_orders): a variant
+that runs right after its own repetition finds its data still in the host's caches, which one
+fixed order gives to some variants and not others. A turn is one sample of each variant; a
+replica is one untimed warm-up round, then enough turns that each variant has about
+REPS_PER_REPLICA (32) timed repetitions, 2 to 10 turns (samples_per_replica; the first replica
+of an npl first calibrates: ferry.workloads.estimate.calibrate, the repetitions per sample
+doubled until the fastest variant's sample lasts --min-sample-ms). The npl take turns replica by
+replica. Without --repeat there are REPLICAS (6) of each npl, and then an npl takes more while
+any of its gains' intervals (below) is wider than ±2.5 points, until the time cap (--max-time)
+has passed: then a warning says so. With --repeat N, exactly N. The collector is off while
+samples are timed.
 
 Host time: building the graph in Python and allocating it are timed beside each step (and
 found as decode time is), with writing each sequence's length: the step's graph is built and
@@ -66,21 +68,24 @@ below) and the memory it held (the scheduler's buffer at its most plus its
 resident layers' K and V). The unified layout runs only on one device with every layer on the
 host.
 
-The figures are medians (ferry.workloads.estimate): decode, copy, compute and host time are the
-median over the samples of each one's time per step, times ntg (a repetition's); tokens/s is
-npl over that median decode time per step. A gain is the median over turns of a variant's
-sample tokens/s over the reference's sample in the same turn, minus 1, with a 95% interval of
-that median (the wider of the distribution-free one and one from batch means, which allows
-for drift within the run): over flat (same layout, serial or overlapped alike),
-and the split cache over the unified one under the same policy. The unified cache copies the
-same bytes under every policy, so its gain over flat measures only noise; it is kept in the
-JSON but not claimed. A gain whose interval contains 0 is within its own noise. Bytes are those
-of one repetition (every repetition moves the same), and per step their mean over the ntg
-steps. Warnings: the time cap reached before every interval was narrow enough, more than a
-tenth of a gain's paired ratios outliers (robust z-score above 3.5), flat's tokens/s more
-than 10% apart between two fifths of the run (the host's speed moved, and the gains with it),
-or a stand-in's timed copies running more than 10% past its link's time (the host did not
-keep to the link: copy times partly follow the host).
+The figures are floors (ferry.workloads.estimate): a replica's decode, copy, compute and host
+time are each step's fastest time over its samples, summed over the ntg steps (a repetition's
+floor: what the step costs when the host adds nothing to it), and a row's are the median over
+the replicas that reached it (below); tokens/s is npl * ntg over that median decode floor. A gain is the median over
+replicas of a variant's floor tokens/s over the reference's in the same replica, minus 1, with
+the 95% distribution-free interval of that median (for 6 replicas their range): over flat
+(same layout, serial or overlapped alike), and the split cache over the unified one under the
+same policy. The unified cache copies the same bytes under every policy, so its gain over flat
+measures only noise; it is kept in the JSON but not claimed. A gain whose interval contains 0
+is within its own noise. Each sample's own tokens/s (its repetitions' mean rate, whatever the
+host added) is kept beside the floors, as the load the run met. Bytes are those of one
+repetition (every repetition moves the same), and per step their mean over the ntg steps.
+A replica whose floor of a variant is more than 3% slower than that variant's fastest replica
+did not reach it (the host left some step no quiet moment) and is left out of the variant's
+figures and gains (ferry.workloads.estimate.reached); fresh memory moves a floor by about 1%.
+Warnings: the time cap reached before every interval was narrow enough, replicas left out, or
+a stand-in's timed copies running more than 10% past its link's time (the host did not keep
+to the link: copy times partly follow the host).
 """
 
 from __future__ import annotations
@@ -91,7 +96,7 @@ import hashlib
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -118,16 +123,15 @@ from .common import (
 from .common import variants as workload_variants
 from .devices import DeviceConfig
 from .estimate import (
-    DRIFT_SHARE,
-    OUTLIER_SHARE,
-    OUTLIER_Z,
+    FLOOR_SPREAD,
     Interval,
+    StepFloor,
     balanced_orders,
-    batch_drift,
     calibrate,
-    outlier_share,
-    paired_gain,
     ratio_spread,
+    reached,
+    replica_gain,
+    replica_ratios,
 )
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
@@ -151,7 +155,7 @@ class BenchConfig:
     unified: bool = True
     device: str = "auto"
     pad: int = 1
-    repeat: Optional[int] = None  # timed samples of each variant; None: MIN_SAMPLES, more until intervals narrow
+    repeat: Optional[int] = None  # replicas, exactly; None: REPLICAS, more until intervals narrow
     seed: int = 0
     v_trans: bool = False  # V stored transposed (flash attention off): a gap after every channel row
     compact: bool = False  # also run each non-flat policy with compact staging
@@ -160,7 +164,7 @@ class BenchConfig:
     prefetch: int = 1  # parts (layers) ahead an overlapped run queues
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
     min_sample_ms: float = 20.0  # what a sample lasts at least (decode time): the calibration's goal; 0: one repetition
-    max_time: float = 30.0  # seconds the whole run may spend adding samples (default repeat only), the npl taking turns
+    max_time: float = 30.0  # seconds the run may spend adding replicas (default repeat only), the npl taking turns
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -226,20 +230,21 @@ class BenchConfig:
 
     @property
     def n_steps(self) -> int:
-        """Decode steps of a run at the least: every npl, variant and layout, its warm-up and its first
-        samples, each of one repetition (calibration and added samples take more)."""
+        """Decode steps of a run at the least: every npl, variant and layout, in each of its first
+        replicas a warm-up and samples_per_replica(1) samples, each of one repetition (calibration
+        and added replicas take more or fewer)."""
         layouts = len(self.layouts)
         return len(self.npl) * len(variants(self)) * layouts * len(self.prefetch_depths) * self.ntg * (
-            WARMUP + self.min_samples)
+            WARMUP + samples_per_replica(1)) * self.min_replicas
 
     @property
-    def min_samples(self) -> int:
-        """Timed samples of each variant before any is added: --repeat, or MIN_SAMPLES."""
-        return MIN_SAMPLES if self.repeat is None else self.repeat
+    def min_replicas(self) -> int:
+        """Replicas of each npl before any is added: --repeat, or REPLICAS."""
+        return REPLICAS if self.repeat is None else self.repeat
 
     @property
     def adaptive(self) -> bool:
-        """Whether samples are added until the intervals narrow (no --repeat)."""
+        """Whether replicas are added until the intervals narrow (no --repeat)."""
         return self.repeat is None
 
     @property
@@ -248,20 +253,33 @@ class BenchConfig:
         return prefetch_depths(self.overlap, self.prefetch)
 
 
-#: Untimed repetitions of each variant before the timed ones.
+#: Untimed repetitions of each variant in a replica before its timed ones.
 WARMUP = 1
-#: Timed samples of each variant before the bench adds any (without --repeat).
-MIN_SAMPLES = 10
-#: Samples are added until every claimed gain's interval is within this of its estimate (2.5 points).
+#: Replicas of each npl before the bench adds any (without --repeat): the fewest with a 95% interval.
+REPLICAS = 6
+#: Timed repetitions of each variant a replica aims at: its samples are this over the calibrated
+#: repetitions per sample, within MIN_SAMPLES_PER_REPLICA..MAX_SAMPLES_PER_REPLICA. On the 2-vCPU VM in a
+#: busy hour, 20 repetitions left some step without a quiet moment in a third of the replicas.
+REPS_PER_REPLICA = 32
+MIN_SAMPLES_PER_REPLICA = 2
+MAX_SAMPLES_PER_REPLICA = 10
+
+
+def samples_per_replica(loops: int) -> int:
+    """Timed samples of each variant in a replica whose samples hold loops repetitions."""
+    return min(MAX_SAMPLES_PER_REPLICA, max(MIN_SAMPLES_PER_REPLICA, -(-REPS_PER_REPLICA // loops)))
+#: Replicas are added until every claimed gain's interval is within this of its estimate (2.5 points).
 TARGET_HALF_WIDTH = 0.025
 #: A stand-in's timed copies running past their modelled ends by more than this share of the link's
 #: time: the host copies slower than the link there, and copy times follow the host (a warning).
 LINK_OVERRUN = 0.10
 #: How the figures are found, as the output says it.
-STATISTIC = ("median of the samples (tokens/s: npl over the median decode time per step); gain: median of the "
-             "paired samples' ratios, with its 95% interval")
+STATISTIC = ("floor: each step's fastest time over a replica's samples, summed; the median over replicas (tokens/s: "
+             "npl over the median floor per step); gain: median over replicas of the floors' ratio, with its 95% "
+             "interval")
 #: How their spread is found.
-SPREAD = "median (min..max) of the samples; gain: of each sample's tokens/s over the reference's in its turn"
+SPREAD = ("median (min..max): tokens/s of the samples (each its mean rate, the host's load included); gain: of the "
+          "replicas' gains")
 
 
 @dataclass(frozen=True)
@@ -284,7 +302,7 @@ class DeviceFigures:
     kv_bytes_copied : int
         Of those, the bytes of KV windows.
     copy_s : float
-        Its inputs' copy time over a repetition: the median over the samples of its time per step, times ntg.
+        Its inputs' copy time over a repetition: its floor (each step's fastest), the median over replicas.
     memory_bytes : int
         What it holds: the scheduler's buffer on it at its most, plus its resident layers' K and V.
     link_gbps : float or None
@@ -311,13 +329,15 @@ class DeviceFigures:
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One variant of a number of sequences and a cache layout, over its timed samples.
+    """One variant of a number of sequences and a cache layout, over its replicas' timed samples.
 
-    decode_s, copy_s, compute_s and host_s are a repetition's (ntg steps): the median over the
-    samples of each sample's time per step, times ntg; tokens_per_s is npl * ntg over that
-    decode_s. runs_tokens_per_s holds each sample's own tokens/s, in the order they ran (sample i
-    of every variant of an npl ran in the same turn); bytes_copied and bytes_read are a
-    repetition's.
+    decode_s, copy_s, compute_s and host_s are a repetition's (ntg steps) floor: each step's
+    fastest time over a replica's samples, summed; the median over the replicas.
+    tokens_per_s is npl * ntg over that decode_s, and replicas_tokens_per_s each replica's own
+    (npl * ntg over its decode floor), in the order they ran. runs_tokens_per_s holds each
+    sample's tokens/s (its repetitions' mean rate, whatever the host added), in the order they
+    ran (sample i of every variant of an npl ran in the same turn); bytes_copied and bytes_read
+    are a repetition's.
     """
 
     npl: int
@@ -340,6 +360,7 @@ class BenchRow:
     devices: Tuple[DeviceFigures, ...] = field(default=(), repr=False)  # per device, in index order
     steps_per_sample: int = 0  # decode steps one timed sample holds: repetitions (calibrated) times ntg
     ntg: int = 0  # steps of a repetition
+    replicas_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)  # each replica's floor, in run order
 
     @property
     def overlap(self) -> bool:
@@ -354,8 +375,23 @@ class BenchRow:
 
     @property
     def repeats(self) -> int:
-        """Timed samples."""
+        """Timed samples, over every replica."""
         return len(self.runs_tokens_per_s)
+
+    @property
+    def replicas(self) -> int:
+        """Replicas: each its own caches and schedulers (at least 1)."""
+        return max(1, len(self.replicas_tokens_per_s))
+
+    @property
+    def replica_rates(self) -> Tuple[float, ...]:
+        """Each replica's tokens/s (its floor's), or the row's own for a row without them."""
+        return self.replicas_tokens_per_s or (self.tokens_per_s,)
+
+    @property
+    def left_out(self) -> int:
+        """Replicas that did not reach the floor (estimate.reached), left out of the figures and gains."""
+        return reached(self.replica_rates).count(False)
 
     def per_step(self, total: float) -> float:
         """A repetition's figure (seconds or bytes over ntg steps) per step."""
@@ -363,7 +399,8 @@ class BenchRow:
 
     @property
     def tokens_per_s_spread(self) -> Tuple[float, float, float]:
-        """The median, least and greatest of the samples' own tokens/s."""
+        """The median, least and greatest of the samples' own tokens/s (their mean rates, the host's
+        load included: the floor is at least as fast as the fastest)."""
         runs = self.runs_tokens_per_s or (self.tokens_per_s,)
         return statistics.median(runs), min(runs), max(runs)
 
@@ -379,10 +416,11 @@ class BenchRow:
 
     def as_dict(self) -> Dict[str, object]:
         """The row as `ferry bench --json` writes it: the run, its speed and bytes (a repetition's, and per
-        step), compact staging, the split's memory, the samples ("repeats" and "samples", the steps
+        step; times are floors, the median over replicas), compact staging, the split's memory, the
+        replicas ("replicas", and "tokens_per_s_replicas": each one's floor, in the order they ran,
+        so a gain can be found again from them), the samples ("repeats" and "samples", the steps
         each holds) and their own tokens/s (median, min, max, and "tokens_per_s_samples": each
-        sample's, in the order they ran: sample i of every variant of an npl ran in the same turn,
-        so a gain can be found again from them), and "devices": each device's figures
+        sample's mean rate, in the order they ran), and "devices": each device's figures
         (DeviceFigures.as_dict)."""
         return {"npl": self.npl, "policy": self.policy, "unified": self.unified, "tokens_per_s": self.tokens_per_s,
                 "copy_s": self.copy_s, "bytes_copied": self.bytes_copied, "bytes_read": self.bytes_read,
@@ -397,7 +435,8 @@ class BenchRow:
                 "bytes_read_per_step": self.per_step(self.bytes_read),
                 **dict(zip(("tokens_per_s_median", "tokens_per_s_min", "tokens_per_s_max"),
                            self.tokens_per_s_spread)),
-                "tokens_per_s_samples": list(self.runs_tokens_per_s),
+                "tokens_per_s_samples": list(self.runs_tokens_per_s), "replicas": self.replicas,
+                "tokens_per_s_replicas": list(self.replica_rates),
                 "devices": [d.as_dict() for d in self.devices]}
 
 
@@ -445,12 +484,14 @@ class Sampling:
     loops : int
         Repetitions of the ntg steps one sample holds (the calibration's result).
     samples : int
-        Timed samples of each variant.
+        Timed samples of each variant, over every replica.
     seconds : float
-        Wall time of the npl's turns: its warm-up, calibration and samples.
+        Wall time of the npl's turns: its warm-ups, calibration and samples.
     capped : bool
-        Samples stopped at the time cap (--max-time) before every claimed interval was within
+        Replicas stopped at the time cap (--max-time) before every claimed interval was within
         TARGET_HALF_WIDTH.
+    replicas : int
+        Replicas: each its own caches and schedulers, warmed up, then samples_per_replica(loops) samples.
     """
 
     npl: int
@@ -458,6 +499,7 @@ class Sampling:
     samples: int
     seconds: float
     capped: bool = False
+    replicas: int = 1
 
 
 @dataclass
@@ -518,8 +560,8 @@ class BenchResult:
         return self.row(r.npl, "flat", r.unified, overlap=r.overlap)
 
     def gain_interval(self, r: BenchRow) -> Optional[Interval]:
-        """A row's gain over flat (same npl and layout) with its 95% interval: the median of its samples'
-        tokens/s over flat's in the same turn, minus 1 (ferry.workloads.estimate.paired_gain).
+        """A row's gain over flat (same npl and layout) with its 95% interval: the median over replicas of
+        its floor's tokens/s over flat's in the same replica, minus 1 (estimate.replica_gain).
 
         Parameters
         ----------
@@ -534,7 +576,7 @@ class BenchResult:
         flat = self.flat_of(r)
         if flat is None:
             return None
-        return paired_gain(r.runs_tokens_per_s or (r.tokens_per_s,), flat.runs_tokens_per_s or (flat.tokens_per_s,))
+        return replica_gain(r.replica_rates, flat.replica_rates)
 
     def gain(self, r: BenchRow) -> Optional[float]:
         """A row's gain over flat: the estimate of gain_interval (None without flat)."""
@@ -542,21 +584,21 @@ class BenchResult:
         return None if g is None else g.estimate
 
     def unified_gain(self, r: BenchRow) -> Optional[Interval]:
-        """A split-cache row's gain over the unified cache under the same policy (paired as gain_interval);
+        """A split-cache row's gain over the unified cache under the same policy (found as gain_interval);
         None for a unified row or when the unified cache did not run."""
         if r.unified or not self.config.runs_unified:
             return None
         u = self.row(r.npl, r.policy, True, r.compact, r.overlap)
-        return paired_gain(r.runs_tokens_per_s or (r.tokens_per_s,), u.runs_tokens_per_s or (u.tokens_per_s,))
+        return replica_gain(r.replica_rates, u.replica_rates)
 
     def gain_spread(self, r: BenchRow) -> Optional[Tuple[float, float, float]]:
-        """The median, least and greatest over turns of a row's sample tokens/s over flat's in the same
-        turn, minus 1 (None without flat)."""
+        """The median, least and greatest over replicas (those that reached both floors, or all when none
+        did) of a row's floor tokens/s over flat's in the same replica, minus 1 (None without flat)."""
         flat = self.flat_of(r)
         if flat is None:
             return None
-        ratios = [v / f - 1.0 for f, v in zip(flat.runs_tokens_per_s, r.runs_tokens_per_s)]
-        return ratio_spread(ratios or [self.gain(r) or 0.0])
+        return ratio_spread(replica_ratios(r.replica_rates, flat.replica_rates)
+                            or [v / f - 1.0 for f, v in zip(flat.replica_rates, r.replica_rates)])
 
     def claims(self, npl: int) -> List[Tuple[BenchRow, BenchRow, str]]:
         """The gains the run claims at npl (claim_pairs): (row, reference row, "flat" or "unified")."""
@@ -567,9 +609,8 @@ class BenchResult:
     def warnings(self, npl: Optional[int] = None) -> List[str]:
         """What makes the figures less sure than they look, per npl (or at one npl): the time cap reached
         before every claimed interval was within TARGET_HALF_WIDTH, intervals too wide with --repeat
-        given, claimed gains whose paired ratios hold many outliers (estimate.outlier_share), the
-        host's speed moving during the run (flat's tokens/s by fifths of the run, estimate.batch_drift),
-        and (first, for every npl) a stand-in's copies running past its link (link_overrun).
+        given, replicas left out where a variant did not reach its floor (estimate.reached), and
+        (first, for every npl) a stand-in's copies running past its link (link_overrun).
 
         Returns
         -------
@@ -583,41 +624,29 @@ class BenchResult:
                        "busy machine), so copy times partly follow the host; a lower --link-gbps leaves it room")
         for n in self.config.npl if npl is None else (npl,):
             claims = self.claims(n)
-            wide = [(self._claim_interval(r, ref), r, what) for r, ref, what in claims]
+            wide = [(replica_gain(r.replica_rates, ref.replica_rates), r, what) for r, ref, what in claims]
             wide = [w for w in wide if w[0].half_width >= TARGET_HALF_WIDTH]
             if wide:
                 g, r, what = max(wide, key=lambda w: w[0].half_width)
-                widest = ("no interval (fewer than 6 samples)" if g.low is None
+                widest = ("no interval (fewer than 6 replicas reached both floors)" if g.low is None
                           else f"±{g.half_width * 100:.1f} points")
                 why = (f"the time cap (--max-time {self.config.max_time:g} s) came first"
-                       if self.config.adaptive else f"--repeat {self.config.repeat} fixed the samples")
+                       if self.config.adaptive else f"--repeat {self.config.repeat} fixed the replicas")
                 out.append(f"npl {n}: {why}: {len(wide)} of {len(claims)} gains wider than ±"
                            f"{TARGET_HALF_WIDTH * 100:g} points, the widest {r.label} over {what}: {widest}")
-            unstable = []
-            for r, ref, what in claims:
-                pairs = list(zip(r.runs_tokens_per_s, ref.runs_tokens_per_s))
-                share = outlier_share([a / b for a, b in pairs])
-                if share > OUTLIER_SHARE:
-                    unstable.append(f"{r.label} over {what} ({share:.0%} of {len(pairs)})")
-            if unstable:
-                out.append(f"npl {n}: many outliers (robust z above {OUTLIER_Z:g}) among the paired samples of "
-                           f"{', '.join(unstable)}: the machine was busy or the samples unstable; rerun when it is "
-                           "quiet")
-            flat = self.row(n, "flat") if "flat" in self.config.policies else None
-            moved = batch_drift(flat.runs_tokens_per_s) if flat is not None else 0.0
-            if flat is not None and moved > DRIFT_SHARE:
-                out.append(f"npl {n}: the host's speed moved {moved:.0%} during the run ({flat.label}'s tokens/s, "
-                           f"fastest fifth of the run against slowest): the gains over flat follow it, so another "
-                           "run may differ by more than these intervals; rerun when it is quiet")
+            rows = [r for r in self.rows if r.npl == n]
+            worst = max(rows, key=lambda r: r.left_out, default=None)
+            if worst is not None and worst.left_out:
+                name = worst.label + (" unified" if worst.unified else "")
+                out.append(f"npl {n}: replicas left out where the host left some step no quiet moment (a floor "
+                           f"over {FLOOR_SPREAD:.0%} slower than the variant's fastest replica): up to "
+                           f"{worst.left_out} of {worst.replicas}, for {name}; a quieter machine needs fewer")
         return out
-
-    def _claim_interval(self, r: BenchRow, ref: BenchRow) -> Interval:
-        return paired_gain(r.runs_tokens_per_s or (r.tokens_per_s,), ref.runs_tokens_per_s or (ref.tokens_per_s,))
 
     def as_dicts(self) -> List[Dict[str, object]]:
         """The rows as `ferry bench --json` writes them: each row's as_dict; its gain over flat with its
-        interval and spread ("gain", "gain_low", "gain_high", "gain_within_noise", "gain_median",
-        "gain_min", "gain_max"; None without flat; "gain_claimed": False for the unified cache,
+        interval and its replicas' spread ("gain", "gain_low", "gain_high", "gain_within_noise",
+        "gain_median", "gain_min", "gain_max"; None without flat; "gain_claimed": False for the unified cache,
         whose gain over flat is noise); a split row's gain over the unified cache ("over_unified",
         "over_unified_low", "over_unified_high"; None otherwise); "statistic" and "spread": how they
         were found; "config": the whole configuration; "loops": repetitions per sample; "capped"
@@ -742,37 +771,44 @@ class _Cache:
 
 @dataclass
 class _Measured:
-    """What a variant's timed samples measured: per sample, its totals over its steps."""
+    """What a variant's timed samples measured: per sample, its steps and decode time; over them all,
+    each step's fastest decode, copy, compute and host time (its floors)."""
 
+    ntg: int
     steps: List[int] = field(default_factory=list)  # decode steps in each sample
     decode: List[float] = field(default_factory=list)
-    copy: List[float] = field(default_factory=list)
-    compute: List[float] = field(default_factory=list)
-    host: List[float] = field(default_factory=list)
+    floors: Dict[str, StepFloor] = field(default_factory=dict)  # "decode", "copy", "compute", "host"
+    device_copy: List[StepFloor] = field(default_factory=list)  # per device
     rebuilds: int = 0
     bytes_copied: int = 0
     bytes_read: int = 0
     ahead_bytes: int = 0
     digests: List[str] = field(default_factory=list)  # per repetition
-    device_copy: List[List[float]] = field(default_factory=list)  # per sample, per device
     device_bytes: List[int] = field(default_factory=list)  # per device: bytes its splits received in a repetition
     device_kv_bytes: List[int] = field(default_factory=list)  # per device: of those, KV windows'
 
-    def per_step(self, totals: List[float]) -> float:
-        """The median over the samples of a figure's time per step."""
-        return statistics.median(t / n for t, n in zip(totals, self.steps))
+    def floor(self, what: str) -> float:
+        """A repetition's floor of a figure: each step's fastest time, summed (seconds)."""
+        return self.floors[what].total
+
+    def add_step(self, step: int, decode: float, copy: float, compute: float, host: float,
+                 device_copy: Sequence[float]) -> None:
+        """Count one timed step's times toward the floors."""
+        if not self.floors:
+            self.floors = {w: StepFloor(self.ntg) for w in ("decode", "copy", "compute", "host")}
+            self.device_copy = [StepFloor(self.ntg) for _ in device_copy]
+        for w, t in (("decode", decode), ("copy", copy), ("compute", compute), ("host", host)):
+            self.floors[w].add(step, t)
+        for f, t in zip(self.device_copy, device_copy):
+            f.add(step, t)
 
 
 @dataclass
 class _Sums:
-    """One sample in progress: its repetitions so far and their times (seconds)."""
+    """One sample in progress: its repetitions so far and their decode time (seconds)."""
 
     reps: int = 0
     decode: float = 0.0
-    copy: float = 0.0
-    compute: float = 0.0
-    host: float = 0.0
-    dev_copy: List[float] = field(default_factory=list)  # per device
 
 
 class _Variant:
@@ -784,7 +820,7 @@ class _Variant:
         self.graphs = StepGraph(self.sched, self._build)
         self.split_memory = 0
         self.device_memory = [0] * len(cache.devices)  # per device: the scheduler's buffer there at its most
-        self.measured = _Measured()
+        self.measured = _Measured(cache.cfg.ntg)
         self.sums = _Sums()
         unified = " unified" if cache.unified else ""
         self.label = f"npl {cache.npl} {run_name(policy, compact, prefetch > 0)}{unified}"
@@ -812,11 +848,11 @@ class _Variant:
 
     def begin_sample(self) -> None:
         """Start a sample: its repetitions' times add up until end_sample."""
-        self.sums = _Sums(dev_copy=[0.0] * len(self.cache.devices))
+        self.sums = _Sums()
 
     def repetition(self, timed: bool, on_step: Optional[OnStep]) -> None:
-        """Run the ntg steps once, adding their times to the current sample; when timed, keep the
-        repetition's bytes and its outputs' digest."""
+        """Run the ntg steps once, adding their decode time to the current sample; when timed, count
+        each step toward the floors and keep the repetition's bytes and its outputs' digest."""
         ntg = self.cache.cfg.ntg
         n_dev = len(self.cache.devices)
         sums = self.sums
@@ -828,18 +864,17 @@ class _Variant:
             graph = self.graph(t)
             t1 = time.perf_counter()
             self.sched.compute(graph)
-            sums.decode += time.perf_counter() - t1
-            sums.host += t1 - t0
+            decode = time.perf_counter() - t1
+            sums.decode += decode
             if t == 0:
                 builds = self.graphs.builds
             st = self.sched.stats
-            sums.copy += st.copy_seconds
-            sums.compute += st.compute_seconds
             copied += st.bytes_copied
             read += st.bytes_read
             ahead = max(ahead, st.ahead_bytes)
             if timed:
-                self._per_device(sums.dev_copy, dev_bytes, dev_kv)
+                self.measured.add_step(t, decode, st.copy_seconds, st.compute_seconds, t1 - t0,
+                                       self._per_device(dev_bytes, dev_kv))
             for out in graph.outputs:
                 digest.update(out.get())
             if on_step is not None:
@@ -865,16 +900,13 @@ class _Variant:
             m = self.measured
             m.steps.append(sums.reps * self.cache.cfg.ntg)
             m.decode.append(sums.decode)
-            m.copy.append(sums.copy)
-            m.compute.append(sums.compute)
-            m.host.append(sums.host)
-            m.device_copy.append(sums.dev_copy)
         return sums.decode
 
-    def _per_device(self, copy: List[float], copied: List[int], kv: List[int]) -> None:
-        """Add the last step's inputs to each device's figures: copy time, bytes, and bytes of KV windows;
-        an input counts for the device of the split reading it."""
+    def _per_device(self, copied: List[int], kv: List[int]) -> List[float]:
+        """Add the last step's inputs to each device's bytes and bytes of KV windows (an input counts for
+        the device of the split reading it); returns each device's copy time in the step."""
         c = self.cache
+        copy = [0.0] * len(c.devices)
         index = {d._p: i for i, d in enumerate(c.devices)}
         for split in self.sched.splits:
             d = index.get(split.backend._p)
@@ -885,17 +917,17 @@ class _Variant:
                 copied[d] += inp.stats.bytes_copied
                 if c.window_layer(inp.src) is not None:
                     kv[d] += inp.stats.bytes_copied
+        return copy
 
     def device_figures(self) -> Tuple[DeviceFigures, ...]:
-        """Each device's figures over the timed samples."""
+        """Each device's figures over the timed samples (its copy time: the floor)."""
         c, m = self.cache, self.measured
-        ntg = c.cfg.ntg
         out = []
         for d, dev in enumerate(c.devices):
             link = dev.link_gbps if isinstance(dev, StandinBackend) else None
             out.append(DeviceFigures(d, dev.name, [i for i, r in enumerate(c.runs_on) if r == d],
                                      [i for i, p in enumerate(c.places) if p == d], m.device_bytes[d],
-                                     m.device_kv_bytes[d], ntg * m.per_step([s[d] for s in m.device_copy]),
+                                     m.device_kv_bytes[d], m.device_copy[d].total,
                                      self.device_memory[d] + c.resident_bytes[d], link))
         return tuple(out)
 
@@ -910,7 +942,7 @@ class _Variant:
         return [_tps(self.cache.npl * n, t) for n, t in zip(m.steps, m.decode)]
 
     def row(self) -> BenchRow:
-        """The variant's row: the medians over its samples, and each sample's tokens/s.
+        """The variant's row in this replica: its floors, and each sample's tokens/s.
 
         Raises
         ------
@@ -921,27 +953,59 @@ class _Variant:
         if len(set(m.digests)) != 1:
             raise AssertionError(f"{self.label}: repeated runs gave different attention outputs")
         ntg = c.cfg.ntg
-        decode = ntg * m.per_step(m.decode)
-        return BenchRow(c.npl, self.policy, c.unified, _tps(c.npl * ntg, decode), decode, ntg * m.per_step(m.copy),
-                        ntg * m.per_step(m.compute), m.bytes_copied, m.bytes_read, m.digests[0], self.compact,
-                        self.split_memory, tuple(self.tokens_per_s()), ntg * m.per_step(m.host), m.rebuilds,
-                        self.prefetch, m.ahead_bytes, self.device_figures(), m.steps[0], ntg)
+        decode = m.floor("decode")
+        tps = _tps(c.npl * ntg, decode)
+        return BenchRow(c.npl, self.policy, c.unified, tps, decode, m.floor("copy"), m.floor("compute"),
+                        m.bytes_copied, m.bytes_read, m.digests[0], self.compact, self.split_memory,
+                        tuple(self.tokens_per_s()), m.floor("host"), m.rebuilds, self.prefetch, m.ahead_bytes,
+                        self.device_figures(), m.steps[0], ntg, (tps,))
 
 
 def _tps(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else math.inf
 
 
-def widest_claim(runs: Sequence[_Variant]) -> float:
-    """The widest half-width among the gains the variants of one npl claim (claim_pairs); 0 for none."""
-    tps = [run.tokens_per_s() for run in runs]
-    return max((paired_gain(tps[i], tps[j]).half_width for i, j, _ in claim_pairs([r.key for r in runs])),
-               default=0.0)
+def widest_claim(rows: Sequence[BenchRow]) -> float:
+    """The widest half-width among the gains the rows of one npl claim (claim_pairs); 0 for none."""
+    keys = [(r.policy, r.compact, r.prefetch, r.unified) for r in rows]
+    return max((replica_gain(rows[i].replica_rates, rows[j].replica_rates).half_width
+                for i, j, _ in claim_pairs(keys)), default=0.0)
+
+
+def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
+    """One variant's row over its replicas (each a row of one replica, in the order they ran): each
+    time the median of the floors of the replicas that reached it (estimate.reached), tokens/s
+    from the decode one, the samples of all in order, each replica's tokens/s, the most memory
+    any held.
+
+    Raises
+    ------
+    AssertionError
+        When the replicas moved different bytes or gave different attention outputs.
+    """
+    first = rows[0]
+    label = f"npl {first.npl} {first.label}{' unified' if first.unified else ''}"
+    if len({(r.bytes_copied, r.bytes_read) for r in rows}) != 1:
+        raise AssertionError(f"{label}: replicas moved different bytes")
+    if len({r.output_sha256 for r in rows}) != 1:
+        raise AssertionError(f"{label}: replicas gave different attention outputs")
+    kept = [r for r, ok in zip(rows, reached([r.tokens_per_s for r in rows])) if ok]
+    decode = statistics.median(r.decode_s for r in kept)
+    devices = tuple(replace(d, copy_s=statistics.median(r.devices[i].copy_s for r in kept),
+                            memory_bytes=max(r.devices[i].memory_bytes for r in rows))
+                    for i, d in enumerate(first.devices))
+    return replace(
+        first, tokens_per_s=_tps(first.npl * first.ntg, decode), decode_s=decode,
+        copy_s=statistics.median(r.copy_s for r in kept), compute_s=statistics.median(r.compute_s for r in kept),
+        host_s=statistics.median(r.host_s for r in kept), split_memory=max(r.split_memory for r in rows),
+        ahead_bytes=max(r.ahead_bytes for r in rows), devices=devices,
+        runs_tokens_per_s=tuple(t for r in rows for t in r.runs_tokens_per_s),
+        replicas_tokens_per_s=tuple(t for r in rows for t in r.replica_rates))
 
 
 class _NplRuns:
-    """Every variant of one number of sequences, on every layout (see the module): its caches, its
-    variants' schedulers, and the rounds in which they take turns."""
+    """One replica of every variant of one number of sequences, on every layout (see the module): its
+    caches, its variants' schedulers, and the rounds in which they take turns."""
 
     def __init__(self, cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, pinned: bool) -> None:
         self.npl = npl
@@ -980,13 +1044,9 @@ class _NplRuns:
         self.seconds += time.perf_counter() - start
         return shortest
 
-    def wide(self) -> bool:
-        """Whether a claimed gain's interval is still wider than TARGET_HALF_WIDTH."""
-        return widest_claim(self.runs) >= TARGET_HALF_WIDTH
-
     def rows(self) -> List[BenchRow]:
-        """A row per variant: the split cache's in `variants` order (with cfg.overlap each serial row
-        followed by its overlapped one), then the unified cache's."""
+        """A row per variant, of this replica: the split cache's in `variants` order (with cfg.overlap
+        each serial row followed by its overlapped one), then the unified cache's."""
         return [run.row() for run in self.runs]
 
     def close(self) -> None:
@@ -996,9 +1056,16 @@ class _NplRuns:
             cache.close()
 
 
+def _link_totals(devices: Sequence[Backend]) -> List[Tuple[float, float]]:
+    """Per stand-in device, (late, modelled) seconds its link has counted so far."""
+    return [(s.late_seconds, s.modelled_seconds) for s in
+            (d.link_stats for d in devices if isinstance(d, StandinBackend))]
+
+
 def measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, pinned: bool, on_step: Optional[OnStep] = None,
-            clock: Callable[[], float] = time.perf_counter) -> Tuple[List[BenchRow], Dict[int, Sampling]]:
-    """Every variant of every number of sequences, all taking turns over the whole run (see the module).
+            clock: Callable[[], float] = time.perf_counter) -> Tuple[List[BenchRow], Dict[int, Sampling], float]:
+    """Every variant of every number of sequences in replicas, the npl taking turns replica by replica
+    (see the module).
 
     Parameters
     ----------
@@ -1016,51 +1083,74 @@ def measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, pinned: bool
 
     Returns
     -------
-    (list of BenchRow, dict of int to Sampling)
-        The rows, per npl in cfg.npl's order (_NplRuns.rows), and how each npl was sampled.
+    (list of BenchRow, dict of int to Sampling, float)
+        The rows, per npl in cfg.npl's order (_NplRuns.rows), each over its replicas
+        (merge_replicas); how each npl was sampled; and the most a stand-in's timed copies ran past
+        its link, a share of the link's time (0 without one).
 
     Raises
     ------
     AssertionError
-        When repetitions of a variant gave different attention outputs.
+        When repetitions or replicas of a variant gave different attention outputs.
     """
     start = clock()
-    sets: List[_NplRuns] = []
+    replicas: Dict[int, List[List[BenchRow]]] = {npl: [] for npl in cfg.npl}
+    loops: Dict[int, int] = {}
+    seconds = dict.fromkeys(cfg.npl, 0.0)
+    link = [(0.0, 0.0)] * len(_link_totals(devices))
     collecting = gc.isenabled()
-    capped = False
-    try:
-        for npl in cfg.npl:
-            sets.append(_NplRuns(cfg, devices, cpu, npl, pinned))
-        for each in sets:
+
+    def replica(npl: int) -> None:
+        nonlocal link
+        each = _NplRuns(cfg, devices, cpu, npl, pinned)
+        try:
             for _ in range(WARMUP):
                 each.turn(1, False, on_step)
-            each.loops = calibrate(functools.partial(each.turn, timed=False, on_step=on_step), cfg.min_sample_ms / 1e3)
-        for dev in devices:  # the link's counters over the timed samples only
-            if isinstance(dev, StandinBackend):
-                dev.reset_link_stats()
-        gc.collect()
-        gc.disable()  # as timeit does: no collection lands in one variant's samples
-        for _ in range(cfg.min_samples):
-            for each in sets:
-                each.turn(each.loops, True, on_step)
+            if npl not in loops:
+                loops[npl] = calibrate(functools.partial(each.turn, timed=False, on_step=on_step),
+                                       cfg.min_sample_ms / 1e3)
+            gc.collect()
+            gc.disable()  # as timeit does: no collection lands in one variant's samples
+            before = _link_totals(devices)  # the link's counters over the timed samples only
+            for _ in range(samples_per_replica(loops[npl])):
+                each.turn(loops[npl], True, on_step)
+            link = [(a + l1 - l0, b + m1 - m0) for (a, b), (l0, m0), (l1, m1)
+                    in zip(link, before, _link_totals(devices))]
+            if collecting:
+                gc.enable()
+            replicas[npl].append(each.rows())
+        finally:
+            seconds[npl] += each.seconds
+            each.close()
+
+    def merged(npl: int) -> List[BenchRow]:
+        return [merge_replicas(rows) for rows in zip(*replicas[npl])]
+
+    capped = False
+    try:
+        for _ in range(cfg.min_replicas):
+            for npl in cfg.npl:
+                replica(npl)
         while cfg.adaptive:
-            wide = [each for each in sets if each.wide()]
+            wide = [npl for npl in cfg.npl if widest_claim(merged(npl)) >= TARGET_HALF_WIDTH]
             if not wide:
                 break
             if clock() - start >= cfg.max_time:
                 capped = True
                 break
-            for each in wide:
-                each.turn(each.loops, True, on_step)
-        rows = [row for each in sets for row in each.rows()]
-        sampling = {each.npl: Sampling(each.npl, each.loops, len(each.runs[0].measured.decode), each.seconds,
-                                       capped and each.wide()) for each in sets}
+            for npl in wide:
+                replica(npl)
     finally:
         if collecting:
             gc.enable()
-        for each in sets:
-            each.close()
-    return rows, sampling
+    rows: List[BenchRow] = []
+    sampling = {}
+    for npl in cfg.npl:
+        rows += merged(npl)
+        sampling[npl] = Sampling(npl, loops[npl], rows[-1].repeats, seconds[npl],
+                                 capped and widest_claim(merged(npl)) >= TARGET_HALF_WIDTH, len(replicas[npl]))
+    overrun = max((late / modelled for late, modelled in link if modelled > 0), default=0.0)
+    return rows, sampling, overrun
 
 
 def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult:
@@ -1093,9 +1183,7 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
     devices = cfg.devices.make(cfg.device)
     cpu = CPUBackend()
     pinned = not isinstance(devices[0], StandinBackend)
-    rows, sampling = measure(cfg, devices, cpu, pinned, on_step)
+    rows, sampling, overrun = measure(cfg, devices, cpu, pinned, on_step)
     memory = "pinned host memory" if pinned else "pageable host memory"
     link = devices[0].link_gbps if isinstance(devices[0], StandinBackend) else None
-    stats = [d.link_stats for d in devices if isinstance(d, StandinBackend)]
-    overrun = max((s.late_seconds / s.modelled_seconds for s in stats if s.modelled_seconds > 0), default=0.0)
     return BenchResult(cfg, devices[0].name, memory, rows, [d.name for d in devices], sampling, link, overrun)

@@ -1,24 +1,27 @@
-"""How `ferry bench` turns timed samples into figures: calibration, medians, intervals, warnings.
+"""How `ferry bench` turns timed repetitions into figures: calibration, floors, replicas, intervals.
 
 A sample is one variant's decode steps timed together, long enough that a scheduler hiccup of
 the host is small beside it: `calibrate` finds how many repetitions of the ntg steps one sample
 holds (as pyperf does, doubling until a sample lasts the minimum).
 
-The statistic is the median everywhere: a variant's tokens/s is the median of its samples'
-tokens/s, and a gain is the median of the paired ratios (each sample's tokens/s over the
-reference's sample of the same turn), minus 1. Its 95% confidence interval is the
-distribution-free one for a median (`median_interval`): the order statistics x(j) and
-x(n+1-j) with j the largest rank for which a Binomial(n, 1/2) count falls below j with
-probability at most 2.5%. It needs no resampling and no random numbers, so the same samples
-always give the same interval, and it holds for any distribution of the ratios (needing only
-that the samples are independent), covering at least 95% exactly rather than asymptotically.
+The figure of a step is its floor: the fastest time each of the ntg steps took over a replica's
+samples, summed (`StepFloor`). A shared host only ever adds time to a step (another tenant on the
+core, an interrupt, a descheduled vCPU), and in bursts: on the 2-vCPU VM a loaded hour made the
+median step 20 to 60% slower while the fastest of each step stayed within 1% of a quiet hour's.
+A gain measured on medians follows that load (it falls as the added time grows, since the load
+adds to both sides of the ratio); a gain of floors does not.
 
-Samples of a shared machine are not independent: its speed drifts over seconds, so neighbouring
-turns resemble each other and the sign test's interval comes out too narrow. A gain's interval
-is therefore the wider of that one and a batch-means interval (`batch_interval`): the ratios,
-in the order their turns ran, cut into BATCHES consecutive batches, and Student's t interval
-of the batches' medians around the median of all. Drift within the run widens it; drift
-slower than the run cannot show in it (docs/design.md).
+A floor moves by about 1% with where the run's buffers land in memory (a fresh allocation, not
+the load), which no repetition within one allocation can show. So a run is made of replicas,
+each with its own caches and schedulers; a gain is the median over replicas of each replica's
+ratio of floors, minus 1, and its 95% confidence interval is the distribution-free one for a
+median (`median_interval`): the order statistics x(j) and x(n+1-j) with j the largest rank for
+which a Binomial(n, 1/2) count falls below j with probability at most 2.5%. It needs no
+resampling and no random numbers, so the same replicas always give the same interval, and it
+holds for any distribution of the replicas' gains (needing only that they are independent);
+for 6 replicas it is their range, covering 96.9%. A replica whose floor of a variant is more
+than FLOOR_SPREAD slower than that variant's fastest replica did not reach it (the host left
+some step no quiet moment) and is left out of that variant's figures and gains (`reached`).
 """
 
 from __future__ import annotations
@@ -32,20 +35,12 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 #: The interval's confidence.
 CONFIDENCE = 0.95
-#: A robust z-score (|x - median| / (1.4826 MAD)) beyond this makes a sample an outlier
-#: (Iglewicz and Hoaglin's cut-off).
-OUTLIER_Z = 3.5
-#: More than this share of outliers among a gain's paired ratios makes the samples unstable.
-OUTLIER_SHARE = 0.1
 #: The most repetitions a sample may hold: calibration stops doubling here.
 MAX_LOOPS = 1 << 16
-#: Consecutive batches of a gain's ratios for its batch-means interval (batch_interval).
-BATCHES = 5
-#: Student's t at 97.5% with BATCHES - 1 degrees of freedom: the two-sided 95% interval's factor.
-T_975_BATCHES = 2.7764451
-#: A reference's speed moving more than this between batches makes the run's speed unsteady: on
-#: the 2-vCPU VM quiet runs moved 0 to 6%, busy ones 6 to 32%.
-DRIFT_SHARE = 0.10
+#: A variant's floor more than this share slower in one replica than in its fastest: the host
+#: left some step of that replica no quiet moment, and the replica is left out (on the 2-vCPU VM
+#: fresh allocations moved floors 0.3 to 1.1%, a replica with no quiet moment 3 to 40%).
+FLOOR_SPREAD = 0.03
 
 
 @dataclass(frozen=True)
@@ -145,97 +140,71 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
     return Interval(statistics.median(xs), xs[j - 1], xs[len(xs) - j], len(xs))
 
 
-def batch_medians(values: Sequence[float]) -> List[float]:
-    """The medians of values cut, in order, into BATCHES consecutive batches as equal as can be (at
-    least BATCHES values)."""
-    n = len(values)
-    return [statistics.median(values[i * n // BATCHES:(i + 1) * n // BATCHES]) for i in range(BATCHES)]
-
-
-def batch_interval(values: Sequence[float]) -> Interval:
-    """The median of values with a 95% batch-means interval, which holds when neighbouring values
-    drift together: values, in the order they were taken, cut into BATCHES consecutive batches (as
-    equal as can be), and the median of all ± t(97.5%, BATCHES - 1) times the standard deviation of
-    the batches' medians over sqrt(BATCHES).
+class StepFloor:
+    """The fastest time of each of a repetition's steps, over every repetition added, and their sum.
 
     Parameters
     ----------
-    values : sequence of float
-        In the order they were taken.
+    steps : int
+        Steps of a repetition (ntg).
+    """
+
+    def __init__(self, steps: int) -> None:
+        self.fastest: List[float] = [math.inf] * steps
+
+    def add(self, step: int, seconds: float) -> None:
+        """Count one timing of step (0-based)."""
+        if seconds < self.fastest[step]:
+            self.fastest[step] = seconds
+
+    @property
+    def total(self) -> float:
+        """The floor of a repetition: every step's fastest time, summed (inf before every step has one)."""
+        return math.fsum(self.fastest)
+
+
+def reached(rates: Sequence[float]) -> List[bool]:
+    """Which replicas reached a variant's floor: those whose floor's tokens/s is within FLOOR_SPREAD of
+    its fastest replica's.
+
+    Parameters
+    ----------
+    rates : sequence of float
+        Tokens/s of each replica's floor.
+    """
+    best = max(rates, default=0.0)
+    return [r * (1.0 + FLOOR_SPREAD) >= best for r in rates]
+
+
+def replica_gain(rates: Sequence[float], reference: Sequence[float]) -> Interval:
+    """The gain of rates over reference: over the replicas where both reached their floor (`reached`),
+    the median of each one's rate over the reference's in the same replica, minus 1, with its 95%
+    distribution-free interval (median_interval: no ends for fewer than 6 such replicas).
+
+    Parameters
+    ----------
+    rates, reference : sequence of float
+        Per replica, in the order they ran: tokens/s of each one's floor (at least one). Extra
+        replicas of the longer are left out.
 
     Returns
     -------
     Interval
-        Without ends for fewer than BATCHES values (a batch would be empty).
-
-    Raises
-    ------
-    ValueError
-        For no values.
+        When no replica reached both floors, the median over all of them, without ends.
     """
-    if not values:
-        raise ValueError("batch_interval: no values")
-    n, mid = len(values), statistics.median(values)
-    if n < BATCHES:
-        return Interval(mid, None, None, n)
-    half = T_975_BATCHES * statistics.stdev(batch_medians(values)) / math.sqrt(BATCHES)
-    return Interval(mid, mid - half, mid + half, n)
+    kept = replica_ratios(rates, reference)
+    if not kept:  # no replica reached both floors: all of them, and no interval
+        ratios = [a / b - 1.0 for a, b in zip(rates, reference)]
+        return Interval(statistics.median(ratios), None, None, len(ratios))
+    return median_interval(kept)
 
 
-def batch_drift(values: Sequence[float]) -> float:
-    """How far values moved over the run: the largest of the BATCHES consecutive batches' medians
-    over the smallest, minus 1 (0 for fewer than BATCHES values, or values not all positive).
-
-    Parameters
-    ----------
-    values : sequence of float
-        Rates (tokens/s), in the order they were taken.
-    """
-    if len(values) < BATCHES:
-        return 0.0
-    medians = batch_medians(values)
-    return max(medians) / min(medians) - 1.0 if min(medians) > 0 else 0.0
-
-
-def wider(a: Interval, b: Interval) -> Interval:
-    """a's estimate with the farther of each end of a and b (an end of either missing: none)."""
-    if a.low is None or a.high is None or b.low is None or b.high is None:
-        return Interval(a.estimate, None, None, a.n)
-    return Interval(a.estimate, min(a.low, b.low), max(a.high, b.high), a.n)
-
-
-def paired_gain(samples: Sequence[float], reference: Sequence[float]) -> Interval:
-    """The gain of samples over reference: the median of the paired ratios minus 1, with its interval:
-    the wider of the distribution-free one (median_interval) and the batch-means one
-    (batch_interval), the ratios taken in the order of their turns; both 95%.
-
-    Parameters
-    ----------
-    samples, reference : sequence of float
-        Rates (tokens/s), sample i of each taken in the same turn, in the order of the turns; extra
-        samples of the longer are left out.
-
-    Returns
-    -------
-    Interval
-    """
-    ratios = [a / b - 1.0 for a, b in zip(samples, reference)]
-    return wider(median_interval(ratios), batch_interval(ratios))
-
-
-def outlier_share(values: Sequence[float], z: float = OUTLIER_Z) -> float:
-    """The share of values whose robust z-score exceeds z (0 when the spread is 0).
-
-    The robust z-score is |x - median| / (1.4826 * MAD), MAD the median absolute deviation: 1.4826
-    MAD estimates a normal distribution's standard deviation without letting outliers widen it.
-    """
-    if not values:
-        return 0.0
-    mid = statistics.median(values)
-    mad = statistics.median(abs(x - mid) for x in values)
-    if mad == 0:
-        return 0.0
-    return sum(abs(x - mid) / (1.4826 * mad) > z for x in values) / len(values)
+def replica_ratios(rates: Sequence[float], reference: Sequence[float]) -> List[float]:
+    """Over the replicas where both reached their floor (`reached`), in order, each one's rate over the
+    reference's minus 1 (see replica_gain)."""
+    n = min(len(rates), len(reference))
+    both = zip(rates[:n], reference[:n], reached(rates[:n]), reached(reference[:n]))
+    return [a / b - 1.0 for a, b, ok_a, ok_b in both if ok_a and ok_b]
 
 
 def calibrate(measure: Callable[[int], float], min_seconds: float, max_loops: int = MAX_LOOPS) -> int:
