@@ -11,7 +11,7 @@ import statistics
 import struct
 import sys
 from pathlib import Path
-from typing import List
+from typing import Callable, List, Tuple
 
 import pytest
 
@@ -86,27 +86,47 @@ def test_outputs_differ_when_content_differs() -> None:
     assert a.rows[0].output_sha256 != b.rows[0].output_sha256
 
 
-def test_variants_take_turns_repetition_by_repetition(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every variant of both layouts takes turns with the others one repetition at a time, in the
-    rounds of estimate.balanced_orders, and the npl take turns replica by replica: in each of
-    --repeat replicas a warm-up round, then samples_per_replica(3) samples of 3 repetitions (the
-    calibration's loops, faked here)."""
+def _turn_order(monkeypatch: pytest.MonkeyPatch) -> Tuple[List[str], List[str], Callable[[int, int, int], List[str]]]:
+    """Run 2 replicas of npl 2 and 4 (flat, ranges; both layouts), the calibration faked to 3
+    repetitions a sample; returns each repetition's label, the steps' labels, and rounds(npl,
+    first, n): the labels of n rounds of balanced_orders from the first."""
     monkeypatch.setattr(bench_workload, "calibrate", lambda measure, seconds: 3)
     labels: List[str] = []
     cfg = tiny(policies=("flat", "ranges"), repeat=2)
     bench_workload.run_bench(cfg, on_step=labels.append)
-    reps = labels[::cfg.ntg]
-    assert labels == [r for r in reps for _ in range(cfg.ntg)]  # a repetition's steps run together
     names = ["flat", "ranges", "flat unified", "ranges unified"]
     orders = estimate.balanced_orders(len(names))
 
     def rounds(npl: int, first: int, n: int) -> List[str]:
         return [f"npl {npl} {names[i]}" for r in range(first, first + n) for i in orders[r % len(orders)]]
 
+    return labels[::cfg.ntg], labels, rounds
+
+
+def test_variants_take_turns_repetition_by_repetition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every variant of both layouts takes turns with the others one repetition at a time, in the
+    rounds of estimate.balanced_orders; the replicas of a run are made together (a warm-up round
+    each) and take turns sample by sample, each sample 3 repetitions (the calibration's loops,
+    faked here), samples_per_replica(3) of them."""
+    reps, labels, rounds = _turn_order(monkeypatch)
+    assert labels == [r for r in reps for _ in range(len(labels) // len(reps))]  # a repetition's steps together
+    made = [2, 4, 2, 4]  # each replica's rounds start at 0: its own schedulers
+    expected = [x for npl in made for x in rounds(npl, 0, 1)]
+    for sample in range(bench_workload.samples_per_replica(3)):
+        expected += [x for npl in made for x in rounds(npl, 1 + 3 * sample, 3)]
+    assert reps == expected
+
+
+def test_replicas_too_large_to_hold_together_run_one_after_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond WAVE_BYTES of cache memory, one replica of each npl at a time: made, warmed up, timed
+    (taking turns), freed; then the next."""
+    monkeypatch.setattr(bench_workload, "WAVE_BYTES", 1)
+    reps, _, rounds = _turn_order(monkeypatch)
     expected = []
-    for _ in range(2):  # each replica's rounds start again: its own schedulers
-        for npl in (2, 4):
-            expected += rounds(npl, 0, 1) + rounds(npl, 1, 3 * bench_workload.samples_per_replica(3))
+    for _ in range(2):
+        expected += rounds(2, 0, 1) + rounds(4, 0, 1)
+        for sample in range(bench_workload.samples_per_replica(3)):
+            expected += rounds(2, 1 + 3 * sample, 3) + rounds(4, 1 + 3 * sample, 3)
     assert reps == expected
 
 
@@ -122,9 +142,10 @@ def test_an_npl_whose_gains_are_narrow_adds_no_replicas(monkeypatch: pytest.Monk
     monkeypatch.setattr(bench_workload, "widest_claim", widest)
     res = bench_workload.run_bench(tiny(policies=("flat", "ranges"), repeat=None, max_time=600.0))
     n = bench_workload.REPLICAS
-    assert {r.npl: r.replicas for r in res.rows} == {2: n, 4: n + 3}
+    added = 3 * bench_workload.ADDED_REPLICAS
+    assert {r.npl: r.replicas for r in res.rows} == {2: n, 4: n + added}
     per = bench_workload.samples_per_replica(1)
-    assert {r.npl: r.repeats for r in res.rows} == {2: n * per, 4: (n + 3) * per}
+    assert {r.npl: r.repeats for r in res.rows} == {2: n * per, 4: (n + added) * per}
     assert not any(s.capped for s in res.sampling.values())
 
 

@@ -31,15 +31,19 @@ memory changes from one replica to the next as it does from one run to the next.
 the variants of both layouts take turns repetition by repetition, in rounds whose orders
 balance what runs before each variant (ferry.workloads.estimate.balanced_orders): a variant
 that runs right after its own repetition finds its data still in the host's caches, which one
-fixed order gives to some variants and not others. A turn is one sample of each variant; a
-replica is one untimed warm-up round, then enough turns that each variant has about
-REPS_PER_REPLICA (32) timed repetitions, 2 to 10 turns (samples_per_replica; the first replica
-of an npl first calibrates: ferry.workloads.estimate.calibrate, the repetitions per sample
-doubled until the fastest variant's sample lasts --min-sample-ms). The npl take turns replica by
-replica. Without --repeat there are REPLICAS (6) of each npl, and then an npl takes more while
-any of its gains' intervals (below) is wider than ±2.5 points, until the time cap (--max-time)
-has passed: then a warning says so. With --repeat N, exactly N. The collector is off while
-samples are timed.
+fixed order gives to some variants and not others. A turn is one sample of each variant. The
+replicas of a run are made together, each warmed up with one untimed round (the first of an
+npl then calibrates: ferry.workloads.estimate.calibrate, the repetitions per sample doubled
+until the fastest variant's sample lasts --min-sample-ms), and then take turns, a turn each,
+until each has about REPS_PER_REPLICA (24) timed repetitions of each variant (2 to 10 turns:
+samples_per_replica, spread evenly over the wave's rounds); so every replica's repetitions
+spread over the whole run, and a busy minute of the host falls on all of them alike.
+Replicas whose caches would pass WAVE_BYTES together are made fewer at a time (one of each
+npl at the least). Without --repeat there are REPLICAS (6) of each npl, and then
+ADDED_REPLICAS more at a time for an npl while any of its gains' intervals (below) is wider
+than ±2.5 points, if the added replicas would end within the time cap (--max-time, judged
+by what the replicas so far took): else a warning says that the cap came first. With
+--repeat N, exactly N. The collector is off while samples are timed.
 
 Host time: building the graph in Python and allocating it are timed beside each step (and
 found as decode time is), with writing each sequence's length: the step's graph is built and
@@ -107,7 +111,7 @@ from ..graph import Graph
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
-from ..types import to_type
+from ..types import row_size, to_type
 from .common import (
     POLICIES,
     check_positive,
@@ -259,10 +263,20 @@ WARMUP = 1
 REPLICAS = 6
 #: Timed repetitions of each variant a replica aims at: its samples are this over the calibrated
 #: repetitions per sample, within MIN_SAMPLES_PER_REPLICA..MAX_SAMPLES_PER_REPLICA. On the 2-vCPU VM in a
-#: busy hour, 20 repetitions left some step without a quiet moment in a third of the replicas.
-REPS_PER_REPLICA = 32
+#: busy hour, replicas of 20 to 40 repetitions run one after another often left some step without a
+#: quiet moment; run together (WAVE_BYTES) over the whole run, 24 mostly did not.
+REPS_PER_REPLICA = 24
 MIN_SAMPLES_PER_REPLICA = 2
 MAX_SAMPLES_PER_REPLICA = 10
+
+
+#: Replicas alive at once hold at most this much cache memory (every npl's and layout's K and V):
+#: within it a run's replicas are made together and take turns, so that each one's repetitions
+#: spread over the whole run and a busy minute of the host falls on all alike; beyond it they
+#: run one after another.
+WAVE_BYTES = 1 << 30
+#: Replicas added at a time to an npl whose intervals are still wide (as memory allows).
+ADDED_REPLICAS = 2
 
 
 def samples_per_replica(loops: int) -> int:
@@ -1056,6 +1070,11 @@ class _NplRuns:
             cache.close()
 
 
+def replica_bytes(cfg: BenchConfig) -> int:
+    """The cache memory of one replica of one npl: every layout's K and V of every layer."""
+    return len(cfg.layouts) * cfg.n_layer * 2 * cfg.n_ctx * row_size(cfg.type_kv, cfg.n_embd)
+
+
 def _link_totals(devices: Sequence[Backend]) -> List[Tuple[float, float]]:
     """Per stand-in device, (late, modelled) seconds its link has counted so far."""
     return [(s.late_seconds, s.modelled_seconds) for s in
@@ -1064,8 +1083,8 @@ def _link_totals(devices: Sequence[Backend]) -> List[Tuple[float, float]]:
 
 def measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, pinned: bool, on_step: Optional[OnStep] = None,
             clock: Callable[[], float] = time.perf_counter) -> Tuple[List[BenchRow], Dict[int, Sampling], float]:
-    """Every variant of every number of sequences in replicas, the npl taking turns replica by replica
-    (see the module).
+    """Every variant of every number of sequences in replicas, made in waves that take turns sample by
+    sample (see the module).
 
     Parameters
     ----------
@@ -1100,46 +1119,61 @@ def measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, pinned: bool
     link = [(0.0, 0.0)] * len(_link_totals(devices))
     collecting = gc.isenabled()
 
-    def replica(npl: int) -> None:
+    def wave(npls: Sequence[int]) -> None:
+        """A replica of each npl in npls (one may come more than once), all made before any is timed,
+        taking turns sample by sample."""
         nonlocal link
-        each = _NplRuns(cfg, devices, cpu, npl, pinned)
+        made: List[_NplRuns] = []
         try:
-            for _ in range(WARMUP):
-                each.turn(1, False, on_step)
-            if npl not in loops:
-                loops[npl] = calibrate(functools.partial(each.turn, timed=False, on_step=on_step),
-                                       cfg.min_sample_ms / 1e3)
+            for npl in npls:
+                made.append(_NplRuns(cfg, devices, cpu, npl, pinned))
+                for _ in range(WARMUP):
+                    made[-1].turn(1, False, on_step)
+                if npl not in loops:
+                    loops[npl] = calibrate(functools.partial(made[-1].turn, timed=False, on_step=on_step),
+                                           cfg.min_sample_ms / 1e3)
             gc.collect()
             gc.disable()  # as timeit does: no collection lands in one variant's samples
             before = _link_totals(devices)  # the link's counters over the timed samples only
-            for _ in range(samples_per_replica(loops[npl])):
-                each.turn(loops[npl], True, on_step)
+            need = [samples_per_replica(loops[each.npl]) for each in made]
+            rounds = max(need)
+            for k in range(rounds):
+                for each, n in zip(made, need):
+                    if (k + 1) * n // rounds > k * n // rounds:  # n turns spread evenly over the rounds
+                        each.turn(loops[each.npl], True, on_step)
             link = [(a + l1 - l0, b + m1 - m0) for (a, b), (l0, m0), (l1, m1)
                     in zip(link, before, _link_totals(devices))]
             if collecting:
                 gc.enable()
-            replicas[npl].append(each.rows())
+            for each in made:
+                replicas[each.npl].append(each.rows())
         finally:
-            seconds[npl] += each.seconds
-            each.close()
+            for each in made:
+                seconds[each.npl] += each.seconds
+                each.close()
 
     def merged(npl: int) -> List[BenchRow]:
         return [merge_replicas(rows) for rows in zip(*replicas[npl])]
 
+    together = max(1, WAVE_BYTES // max(1, replica_bytes(cfg) * len(cfg.npl)))  # replicas of each npl at once
     capped = False
     try:
-        for _ in range(cfg.min_replicas):
-            for npl in cfg.npl:
-                replica(npl)
+        made = 0
+        while made < cfg.min_replicas:
+            k = min(together, cfg.min_replicas - made)
+            wave([npl for _ in range(k) for npl in cfg.npl])
+            made += k
         while cfg.adaptive:
             wide = [npl for npl in cfg.npl if widest_claim(merged(npl)) >= TARGET_HALF_WIDTH]
             if not wide:
                 break
-            if clock() - start >= cfg.max_time:
+            more = [npl for _ in range(min(together, ADDED_REPLICAS)) for npl in wide]
+            spent = clock() - start
+            # a wave takes what its replicas took so far; one that would end past the cap does not start
+            if spent + spent * len(more) / sum(len(r) for r in replicas.values()) > cfg.max_time:
                 capped = True
                 break
-            for npl in wide:
-                replica(npl)
+            wave(more)
     finally:
         if collecting:
             gc.enable()
