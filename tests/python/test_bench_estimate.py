@@ -240,6 +240,6 @@ def test_a_tiny_cap_stops_the_replicas_and_warns(monkeypatch: pytest.MonkeyPatch
     assert all(d["capped"] is True and d["warnings"] for d in res.as_dicts())
 
 
-def test_a_replica_aims_at_24_repetitions_in_2_to_10_samples() -> None:
+def test_a_replica_aims_at_16_repetitions_in_2_to_10_samples() -> None:
     per = bench_workload.samples_per_replica
-    assert [per(n) for n in (1, 3, 4, 8, 16, 64)] == [10, 8, 6, 3, 2, 2]
+    assert [per(n) for n in (1, 3, 4, 8, 16, 64)] == [10, 6, 4, 2, 2, 2]

@@ -434,8 +434,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                          f"repetitions a sample holds until it does; 0: one repetition (default {d.min_sample_ms:g})")
     bp.add_argument("--max-time", type=non_negative, metavar="SECONDS",
                     help="seconds the run may take: replicas are added only while they would end within it (the "
-                         "first 6 always run); refused with --repeat, which fixes the replicas (default "
-                         f"{d.max_time:g})")
+                         f"first {bench_workload.REPLICAS} always run); refused with --repeat, which fixes the "
+                         f"replicas (default {d.max_time:g})")
     add_v_trans_arg(bp)
     bp.add_argument("--compact", action="store_true",
                     help="also run each non-flat policy with compact staging (the split holds only the bytes read)")

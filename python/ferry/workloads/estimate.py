@@ -19,7 +19,7 @@ median (`median_interval`): the order statistics x(j) and x(n+1-j) with j the la
 which a Binomial(n, 1/2) count falls below j with probability at most 2.5%. It needs no
 resampling and no random numbers, so the same replicas always give the same interval, and it
 holds for any distribution of the replicas' gains (needing only that they are independent);
-for 6 replicas it is their range, covering 96.9%. A replica whose floor of a variant is more
+for 6 to 8 replicas it is their range, covering 96.9 to 99.2%. A replica whose floor of a variant is more
 than FLOOR_SPREAD slower than that variant's fastest replica did not reach it (the host left
 some step no quiet moment) and is left out of that variant's figures and gains (`reached`).
 """
