@@ -35,7 +35,7 @@ fixed order gives to some variants and not others. A turn is one sample of each 
 replicas of a run are made together, each warmed up with one untimed round (the first of an
 npl then calibrates: ferry.workloads.estimate.calibrate, the repetitions per sample doubled
 until the fastest variant's sample lasts --min-sample-ms), and then take turns, a turn each,
-until each has about REPS_PER_REPLICA (16) timed repetitions of each variant (2 to 10 turns:
+until each has about REPS_PER_REPLICA (24) timed repetitions of each variant (2 to 10 turns:
 samples_per_replica, spread evenly over the wave's rounds); so every replica's repetitions
 spread over the whole run, and a busy minute of the host falls on all of them alike.
 Replicas whose caches would pass WAVE_BYTES together are made fewer at a time (one of each
@@ -75,7 +75,7 @@ host.
 The figures are floors (ferry.workloads.estimate): a replica's decode, copy, compute and host
 time are each step's fastest time over its samples, summed over the ntg steps (a repetition's
 floor: what the step costs when the host adds nothing to it), and a row's are the median over
-the replicas that reached it (below); tokens/s is npl * ntg over that median decode floor. A gain is the median over
+the replicas; tokens/s is npl * ntg over that median decode floor. A gain is the median over
 replicas of a variant's floor tokens/s over the reference's in the same replica, minus 1, with
 the 95% distribution-free interval of that median (for 6 to 8 replicas their range): over flat
 (same layout, serial or overlapped alike), and the split cache over the unified one under the
@@ -85,11 +85,11 @@ is within its own noise. Each sample's own tokens/s (its repetitions' mean rate,
 host added) is kept beside the floors, as the load the run met. Bytes are those of one
 repetition (every repetition moves the same), and per step their mean over the ntg steps.
 A replica whose floor of a variant is more than 3% slower than that variant's fastest replica
-did not reach it (the host left some step no quiet moment) and is left out of the variant's
-figures and gains (ferry.workloads.estimate.reached); fresh memory moves a floor by about 1%.
-Warnings: the time cap reached before every interval was narrow enough, replicas left out, or
-a stand-in's timed copies running more than 10% past its link's time (the host did not keep
-to the link: copy times partly follow the host).
+did not reach it (the host left some step no quiet moment: ferry.workloads.estimate.reached;
+fresh memory moves a floor by about 1%); it is kept, and widens the interval.
+Warnings: the time cap reached before every interval was narrow enough, replicas that missed
+a floor, or a stand-in's timed copies running more than 10% past its link's time (the host
+did not keep to the link: copy times partly follow the host).
 """
 
 from __future__ import annotations
@@ -135,7 +135,6 @@ from .estimate import (
     ratio_spread,
     reached,
     replica_gain,
-    replica_ratios,
 )
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
@@ -260,13 +259,13 @@ class BenchConfig:
 #: Untimed repetitions of each variant in a replica before its timed ones.
 WARMUP = 1
 #: Replicas of each npl before the bench adds any (without --repeat): 6 is the fewest with a 95%
-#: interval, and 2 more leave one when the host kept 2 from their floors (estimate.reached).
+#: interval; for 6 to 8 it is their range (96.9 to 99.2%), which a busy replica widens.
 REPLICAS = 8
 #: Timed repetitions of each variant a replica aims at: its samples are this over the calibrated
 #: repetitions per sample, within MIN_SAMPLES_PER_REPLICA..MAX_SAMPLES_PER_REPLICA. On the 2-vCPU VM in a
 #: busy hour, replicas of 20 to 40 repetitions run one after another often left some step without a
-#: quiet moment; run together (WAVE_BYTES) over the whole run, 16 to 24 mostly did not.
-REPS_PER_REPLICA = 16
+#: quiet moment; run together (WAVE_BYTES) over the whole run, 24 mostly did not, 16 less often.
+REPS_PER_REPLICA = 24
 MIN_SAMPLES_PER_REPLICA = 2
 MAX_SAMPLES_PER_REPLICA = 10
 
@@ -404,8 +403,8 @@ class BenchRow:
         return self.replicas_tokens_per_s or (self.tokens_per_s,)
 
     @property
-    def left_out(self) -> int:
-        """Replicas that did not reach the floor (estimate.reached), left out of the figures and gains."""
+    def missed(self) -> int:
+        """Replicas that did not reach the variant's floor (estimate.reached): kept, they widen the intervals."""
         return reached(self.replica_rates).count(False)
 
     def per_step(self, total: float) -> float:
@@ -607,13 +606,12 @@ class BenchResult:
         return replica_gain(r.replica_rates, u.replica_rates)
 
     def gain_spread(self, r: BenchRow) -> Optional[Tuple[float, float, float]]:
-        """The median, least and greatest over replicas (those that reached both floors, or all when none
-        did) of a row's floor tokens/s over flat's in the same replica, minus 1 (None without flat)."""
+        """The median, least and greatest over replicas of a row's floor tokens/s over flat's in the same
+        replica, minus 1 (None without flat)."""
         flat = self.flat_of(r)
         if flat is None:
             return None
-        return ratio_spread(replica_ratios(r.replica_rates, flat.replica_rates)
-                            or [v / f - 1.0 for f, v in zip(flat.replica_rates, r.replica_rates)])
+        return ratio_spread([v / f - 1.0 for f, v in zip(flat.replica_rates, r.replica_rates)])
 
     def claims(self, npl: int) -> List[Tuple[BenchRow, BenchRow, str]]:
         """The gains the run claims at npl (claim_pairs): (row, reference row, "flat" or "unified")."""
@@ -624,7 +622,7 @@ class BenchResult:
     def warnings(self, npl: Optional[int] = None) -> List[str]:
         """What makes the figures less sure than they look, per npl (or at one npl): the time cap reached
         before every claimed interval was within TARGET_HALF_WIDTH, intervals too wide with --repeat
-        given, replicas left out where a variant did not reach its floor (estimate.reached), and
+        given, replicas where a variant did not reach its floor (estimate.reached), and
         (first, for every npl) a stand-in's copies running past its link (link_overrun).
 
         Returns
@@ -643,19 +641,19 @@ class BenchResult:
             wide = [w for w in wide if w[0].half_width >= TARGET_HALF_WIDTH]
             if wide:
                 g, r, what = max(wide, key=lambda w: w[0].half_width)
-                widest = ("no interval (fewer than 6 replicas reached both floors)" if g.low is None
+                widest = ("no interval (fewer than 6 replicas)" if g.low is None
                           else f"±{g.half_width * 100:.1f} points")
                 why = (f"the time cap (--max-time {self.config.max_time:g} s) came first"
                        if self.config.adaptive else f"--repeat {self.config.repeat} fixed the replicas")
                 out.append(f"npl {n}: {why}: {len(wide)} of {len(claims)} gains wider than ±"
                            f"{TARGET_HALF_WIDTH * 100:g} points, the widest {r.label} over {what}: {widest}")
             rows = [r for r in self.rows if r.npl == n]
-            worst = max(rows, key=lambda r: r.left_out, default=None)
-            if worst is not None and worst.left_out:
+            worst = max(rows, key=lambda r: r.missed, default=None)
+            if worst is not None and worst.missed:
                 name = worst.label + (" unified" if worst.unified else "")
-                out.append(f"npl {n}: replicas left out where the host left some step no quiet moment (a floor "
-                           f"over {FLOOR_SPREAD:.0%} slower than the variant's fastest replica): up to "
-                           f"{worst.left_out} of {worst.replicas}, for {name}; a quieter machine needs fewer")
+                out.append(f"npl {n}: replicas where the host left some step no quiet moment (a floor over "
+                           f"{FLOOR_SPREAD:.0%} slower than the variant's fastest replica): up to {worst.missed} of "
+                           f"{worst.replicas}, for {name}; they widen the intervals, a quieter machine has fewer")
         return out
 
     def as_dicts(self) -> List[Dict[str, object]]:
@@ -989,9 +987,8 @@ def widest_claim(rows: Sequence[BenchRow]) -> float:
 
 def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
     """One variant's row over its replicas (each a row of one replica, in the order they ran): each
-    time the median of the floors of the replicas that reached it (estimate.reached), tokens/s
-    from the decode one, the samples of all in order, each replica's tokens/s, the most memory
-    any held.
+    time the median of the replicas' floors, tokens/s from the decode one, the samples of all in
+    order, each replica's tokens/s, the most memory any held.
 
     Raises
     ------
@@ -1004,15 +1001,14 @@ def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
         raise AssertionError(f"{label}: replicas moved different bytes")
     if len({r.output_sha256 for r in rows}) != 1:
         raise AssertionError(f"{label}: replicas gave different attention outputs")
-    kept = [r for r, ok in zip(rows, reached([r.tokens_per_s for r in rows])) if ok]
-    decode = statistics.median(r.decode_s for r in kept)
-    devices = tuple(replace(d, copy_s=statistics.median(r.devices[i].copy_s for r in kept),
+    decode = statistics.median(r.decode_s for r in rows)
+    devices = tuple(replace(d, copy_s=statistics.median(r.devices[i].copy_s for r in rows),
                             memory_bytes=max(r.devices[i].memory_bytes for r in rows))
                     for i, d in enumerate(first.devices))
     return replace(
         first, tokens_per_s=_tps(first.npl * first.ntg, decode), decode_s=decode,
-        copy_s=statistics.median(r.copy_s for r in kept), compute_s=statistics.median(r.compute_s for r in kept),
-        host_s=statistics.median(r.host_s for r in kept), split_memory=max(r.split_memory for r in rows),
+        copy_s=statistics.median(r.copy_s for r in rows), compute_s=statistics.median(r.compute_s for r in rows),
+        host_s=statistics.median(r.host_s for r in rows), split_memory=max(r.split_memory for r in rows),
         ahead_bytes=max(r.ahead_bytes for r in rows), devices=devices,
         runs_tokens_per_s=tuple(t for r in rows for t in r.runs_tokens_per_s),
         replicas_tokens_per_s=tuple(t for r in rows for t in r.replica_rates))

@@ -19,9 +19,10 @@ median (`median_interval`): the order statistics x(j) and x(n+1-j) with j the la
 which a Binomial(n, 1/2) count falls below j with probability at most 2.5%. It needs no
 resampling and no random numbers, so the same replicas always give the same interval, and it
 holds for any distribution of the replicas' gains (needing only that they are independent);
-for 6 to 8 replicas it is their range, covering 96.9 to 99.2%. A replica whose floor of a variant is more
-than FLOOR_SPREAD slower than that variant's fastest replica did not reach it (the host left
-some step no quiet moment) and is left out of that variant's figures and gains (`reached`).
+for 6 to 8 replicas it is their range, covering 96.9 to 99.2%. A replica whose floor of a
+variant is more than FLOOR_SPREAD slower than that variant's fastest replica did not reach it
+(the host left some step no quiet moment: `reached`); it is kept, so that a busy run shows in
+a wide interval rather than in a narrow one from the replicas the host happened to spare.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ CONFIDENCE = 0.95
 #: The most repetitions a sample may hold: calibration stops doubling here.
 MAX_LOOPS = 1 << 16
 #: A variant's floor more than this share slower in one replica than in its fastest: the host
-#: left some step of that replica no quiet moment, and the replica is left out (on the 2-vCPU VM
-#: fresh allocations moved floors 0.3 to 1.1%, a replica with no quiet moment 3 to 40%).
+#: left some step of that replica no quiet moment (on the 2-vCPU VM fresh allocations moved
+#: floors 0.3 to 1.1%, a replica with no quiet moment 3 to 40%).
 FLOOR_SPREAD = 0.03
 
 
@@ -165,7 +166,7 @@ class StepFloor:
 
 def reached(rates: Sequence[float]) -> List[bool]:
     """Which replicas reached a variant's floor: those whose floor's tokens/s is within FLOOR_SPREAD of
-    its fastest replica's.
+    its fastest replica's (the others are kept, and widen the intervals; a warning counts them).
 
     Parameters
     ----------
@@ -177,9 +178,9 @@ def reached(rates: Sequence[float]) -> List[bool]:
 
 
 def replica_gain(rates: Sequence[float], reference: Sequence[float]) -> Interval:
-    """The gain of rates over reference: over the replicas where both reached their floor (`reached`),
-    the median of each one's rate over the reference's in the same replica, minus 1, with its 95%
-    distribution-free interval (median_interval: no ends for fewer than 6 such replicas).
+    """The gain of rates over reference: the median over replicas of each one's rate over the
+    reference's in the same replica, minus 1, with its 95% distribution-free interval
+    (median_interval: no ends for fewer than 6 replicas).
 
     Parameters
     ----------
@@ -190,21 +191,8 @@ def replica_gain(rates: Sequence[float], reference: Sequence[float]) -> Interval
     Returns
     -------
     Interval
-        When no replica reached both floors, the median over all of them, without ends.
     """
-    kept = replica_ratios(rates, reference)
-    if not kept:  # no replica reached both floors: all of them, and no interval
-        ratios = [a / b - 1.0 for a, b in zip(rates, reference)]
-        return Interval(statistics.median(ratios), None, None, len(ratios))
-    return median_interval(kept)
-
-
-def replica_ratios(rates: Sequence[float], reference: Sequence[float]) -> List[float]:
-    """Over the replicas where both reached their floor (`reached`), in order, each one's rate over the
-    reference's minus 1 (see replica_gain)."""
-    n = min(len(rates), len(reference))
-    both = zip(rates[:n], reference[:n], reached(rates[:n]), reached(reference[:n]))
-    return [a / b - 1.0 for a, b, ok_a, ok_b in both if ok_a and ok_b]
+    return median_interval([a / b - 1.0 for a, b in zip(rates, reference)])
 
 
 def calibrate(measure: Callable[[int], float], min_seconds: float, max_loops: int = MAX_LOOPS) -> int:
