@@ -99,8 +99,8 @@ def test_floors_do_not_follow_the_hosts_load() -> None:
 
 
 def test_replicas_that_missed_the_floor_widen_the_interval() -> None:
-    """A replica more than 3% slower than the variant's fastest did not reach its floor; it is kept, so
-    the median stays with the others and the interval (their range, for 8) reaches out to it."""
+    """A replica more than 3% slower than the variant's fastest did not reach its floor: it is left out of
+    the estimate and kept in the interval (the range of all 8), which reaches out to it."""
     assert estimate.reached([100.0, 97.5, 96.0, 99.0]) == [True, True, False, True]
     assert estimate.reached([]) == []
     flat = [100.0, 100.5, 99.5, 100.0, 80.0, 100.0, 100.0, 100.0]  # replica 4: the host never left flat alone

@@ -75,9 +75,9 @@ host.
 The figures are floors (ferry.workloads.estimate): a replica's decode, copy, compute and host
 time are each step's fastest time over its samples, summed over the ntg steps (a repetition's
 floor: what the step costs when the host adds nothing to it), and a row's are the median over
-the replicas; tokens/s is npl * ntg over that median decode floor. A gain is the median over
+the replicas that reached it (below); tokens/s is npl * ntg over that median decode floor. A gain is the median over
 replicas of a variant's floor tokens/s over the reference's in the same replica, minus 1, with
-the 95% distribution-free interval of that median (for 6 to 8 replicas their range): over flat
+the 95% distribution-free interval of a median over every replica (for 6 to 8, their range): over flat
 (same layout, serial or overlapped alike), and the split cache over the unified one under the
 same policy. The unified cache copies the same bytes under every policy, so its gain over flat
 measures only noise; it is kept in the JSON but not claimed. A gain whose interval contains 0
@@ -86,7 +86,8 @@ host added) is kept beside the floors, as the load the run met. Bytes are those 
 repetition (every repetition moves the same), and per step their mean over the ntg steps.
 A replica whose floor of a variant is more than 3% slower than that variant's fastest replica
 did not reach it (the host left some step no quiet moment: ferry.workloads.estimate.reached;
-fresh memory moves a floor by about 1%); it is kept, and widens the interval.
+fresh memory moves a floor by about 1%); it is left out of the variant's figures and gain
+estimates, and kept in the intervals, which it widens.
 Warnings: the time cap reached before every interval was narrow enough, replicas that missed
 a floor, or a stand-in's timed copies running more than 10% past its link's time (the host
 did not keep to the link: copy times partly follow the host).
@@ -404,7 +405,7 @@ class BenchRow:
 
     @property
     def missed(self) -> int:
-        """Replicas that did not reach the variant's floor (estimate.reached): kept, they widen the intervals."""
+        """Replicas that did not reach the variant's floor (estimate.reached): out of its figures, in its intervals."""
         return reached(self.replica_rates).count(False)
 
     def per_step(self, total: float) -> float:
@@ -987,8 +988,9 @@ def widest_claim(rows: Sequence[BenchRow]) -> float:
 
 def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
     """One variant's row over its replicas (each a row of one replica, in the order they ran): each
-    time the median of the replicas' floors, tokens/s from the decode one, the samples of all in
-    order, each replica's tokens/s, the most memory any held.
+    time the median of the floors of the replicas that reached it (estimate.reached), tokens/s
+    from the decode one, the samples of all in order, each replica's tokens/s, the most memory
+    any held.
 
     Raises
     ------
@@ -1001,14 +1003,15 @@ def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
         raise AssertionError(f"{label}: replicas moved different bytes")
     if len({r.output_sha256 for r in rows}) != 1:
         raise AssertionError(f"{label}: replicas gave different attention outputs")
-    decode = statistics.median(r.decode_s for r in rows)
-    devices = tuple(replace(d, copy_s=statistics.median(r.devices[i].copy_s for r in rows),
+    kept = [r for r, ok in zip(rows, reached([r.tokens_per_s for r in rows])) if ok]
+    decode = statistics.median(r.decode_s for r in kept)
+    devices = tuple(replace(d, copy_s=statistics.median(r.devices[i].copy_s for r in kept),
                             memory_bytes=max(r.devices[i].memory_bytes for r in rows))
                     for i, d in enumerate(first.devices))
     return replace(
         first, tokens_per_s=_tps(first.npl * first.ntg, decode), decode_s=decode,
-        copy_s=statistics.median(r.copy_s for r in rows), compute_s=statistics.median(r.compute_s for r in rows),
-        host_s=statistics.median(r.host_s for r in rows), split_memory=max(r.split_memory for r in rows),
+        copy_s=statistics.median(r.copy_s for r in kept), compute_s=statistics.median(r.compute_s for r in kept),
+        host_s=statistics.median(r.host_s for r in kept), split_memory=max(r.split_memory for r in rows),
         ahead_bytes=max(r.ahead_bytes for r in rows), devices=devices,
         runs_tokens_per_s=tuple(t for r in rows for t in r.runs_tokens_per_s),
         replicas_tokens_per_s=tuple(t for r in rows for t in r.replica_rates))

@@ -21,8 +21,10 @@ resampling and no random numbers, so the same replicas always give the same inte
 holds for any distribution of the replicas' gains (needing only that they are independent);
 for 6 to 8 replicas it is their range, covering 96.9 to 99.2%. A replica whose floor of a
 variant is more than FLOOR_SPREAD slower than that variant's fastest replica did not reach it
-(the host left some step no quiet moment: `reached`); it is kept, so that a busy run shows in
-a wide interval rather than in a narrow one from the replicas the host happened to spare.
+(the host left some step no quiet moment: `reached`). It is left out of the estimate, which
+it would pull toward the host's load, and kept in the interval, which it widens: the
+replicas the host happened to spare alone give intervals narrower than the spread between
+runs.
 """
 
 from __future__ import annotations
@@ -166,7 +168,7 @@ class StepFloor:
 
 def reached(rates: Sequence[float]) -> List[bool]:
     """Which replicas reached a variant's floor: those whose floor's tokens/s is within FLOOR_SPREAD of
-    its fastest replica's (the others are kept, and widen the intervals; a warning counts them).
+    its fastest replica's (the others are left out of the estimates, kept in the intervals).
 
     Parameters
     ----------
@@ -178,9 +180,10 @@ def reached(rates: Sequence[float]) -> List[bool]:
 
 
 def replica_gain(rates: Sequence[float], reference: Sequence[float]) -> Interval:
-    """The gain of rates over reference: the median over replicas of each one's rate over the
-    reference's in the same replica, minus 1, with its 95% distribution-free interval
-    (median_interval: no ends for fewer than 6 replicas).
+    """The gain of rates over reference: the median, over the replicas that reached both floors
+    (`reached`; all of them when none did), of each one's rate over the reference's in the same
+    replica, minus 1; with the 95% distribution-free interval over every replica
+    (median_interval: no ends for fewer than 6), widened to hold the estimate.
 
     Parameters
     ----------
@@ -192,7 +195,14 @@ def replica_gain(rates: Sequence[float], reference: Sequence[float]) -> Interval
     -------
     Interval
     """
-    return median_interval([a / b - 1.0 for a, b in zip(rates, reference)])
+    n = min(len(rates), len(reference))
+    ratios = [a / b - 1.0 for a, b in zip(rates[:n], reference[:n])]
+    clean = [g for g, ok_a, ok_b in zip(ratios, reached(rates[:n]), reached(reference[:n])) if ok_a and ok_b]
+    every = median_interval(ratios)
+    mid = statistics.median(clean or ratios)
+    if every.low is None or every.high is None:
+        return Interval(mid, None, None, n)
+    return Interval(mid, min(every.low, mid), max(every.high, mid), n)
 
 
 def calibrate(measure: Callable[[int], float], min_seconds: float, max_loops: int = MAX_LOOPS) -> int:
