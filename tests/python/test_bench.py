@@ -92,7 +92,7 @@ def _turn_order(monkeypatch: pytest.MonkeyPatch) -> Tuple[List[str], List[str], 
     first, n): the labels of n rounds of balanced_orders from the first."""
     monkeypatch.setattr(bench_workload, "calibrate", lambda measure, seconds: 3)
     labels: List[str] = []
-    cfg = tiny(policies=("flat", "ranges"), repeat=2)
+    cfg = tiny(policies=("flat", "ranges"), repeat=2, min_sample_ms=20.0)
     bench_workload.run_bench(cfg, on_step=labels.append)
     names = ["flat", "ranges", "flat unified", "ranges unified"]
     orders = estimate.balanced_orders(len(names))
@@ -144,7 +144,7 @@ def test_an_npl_whose_gains_are_narrow_adds_no_replicas(monkeypatch: pytest.Monk
     n = bench_workload.REPLICAS
     added = 3 * bench_workload.ADDED_REPLICAS
     assert {r.npl: r.replicas for r in res.rows} == {2: n, 4: n + added}
-    per = bench_workload.samples_per_replica(1)
+    per = bench_workload.MIN_SAMPLES_PER_REPLICA  # --min-sample-ms 0: the quickest run
     assert {r.npl: r.repeats for r in res.rows} == {2: n * per, 4: (n + added) * per}
     assert not any(s.capped for s in res.sampling.values())
 
@@ -156,7 +156,7 @@ def test_figures_are_floors_and_their_median_over_replicas() -> None:
     cfg = tiny(npl=(2,), policies=("flat", "ranges"), repeat=5, unified=False)
     res = bench.run_bench(cfg)
     flat, ranges = res.row(2, "flat"), res.row(2, "ranges")
-    per = bench_workload.samples_per_replica(1)
+    per = bench_workload.MIN_SAMPLES_PER_REPLICA  # --min-sample-ms 0: the quickest run
     for r in (flat, ranges):
         assert len(r.replicas_tokens_per_s) == 5 and len(r.runs_tokens_per_s) == 5 * per
         for i, floor in enumerate(r.replicas_tokens_per_s):
@@ -201,7 +201,7 @@ def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines.pop(1) == "stand-in link: 8 GB/s each way, modelled (--link-gbps; 0: the host's memcpy)"
     assert lines[1] == "-c 256, -npp 16, -ntg 3, 2 layers, K/V f16, 4 heads x 32, 2 KV heads, pad 1"
     assert lines[2].startswith("tok/s: the floor (each step's fastest time in a replica, summed), median of the")
-    assert lines[5] == "replicas x samples: npl 2: 6 x 10 of 3 steps; npl 4: 6 x 10 of 3 steps; variants taking turns"
+    assert lines[5] == "replicas x samples: npl 2: 6 x 2 of 3 steps; npl 4: 6 x 2 of 3 steps; variants taking turns"
     assert lines[6] == "copy, copied, read: per decode step, every layer's K and V windows"
     assert lines[8].split() == ["npl", "policy", "tok/s", "over", "flat", "over", "unified", "copy", "copied", "read"]
     rows = [ln.split() for ln in lines[9:15]]
@@ -267,7 +267,7 @@ def test_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert r["bytes_read_per_step"] == r["bytes_read"] / cfg.ntg
         assert r["copy_s_per_step"] == pytest.approx(r["copy_s"] / cfg.ntg)
         assert r["tokens_per_s"] > 0 and r["copy_s"] > 0
-        assert r["replicas"] == 6 and r["repeats"] == r["samples"] == 6 * bench_workload.samples_per_replica(1)
+        assert r["replicas"] == 6 and r["repeats"] == r["samples"] == 6 * bench_workload.MIN_SAMPLES_PER_REPLICA
         assert r["steps_per_sample"] == 3 and r["loops"] == 1
         assert max(r["tokens_per_s_replicas"]) >= r["tokens_per_s_max"] >= r["tokens_per_s_min"] > 0
         assert r["statistic"].startswith("floor: each step's fastest time")

@@ -163,6 +163,9 @@ def test_a_tiny_minimum_takes_one_repetition() -> None:
                       unified=False, device="cpu", repeat=2, min_sample_ms=1e-6)
     res = bench_workload.run_bench(cfg)
     assert res.rows[0].steps_per_sample == 2 and res.sampling[2].loops == 1
+    assert res.rows[0].repeats == 2 * bench_workload.samples_per_replica(1) == 20  # 24 repetitions aimed at, 10 at most
+    quick = bench_workload.run_bench(dataclasses.replace(cfg, min_sample_ms=0.0))  # 0: the quickest run
+    assert quick.rows[0].repeats == 2 * bench_workload.MIN_SAMPLES_PER_REPLICA == 4
 
 
 def row(npl: int, policy: str, unified: bool, tps: List[float]) -> BenchRow:
@@ -236,7 +239,7 @@ def test_a_tiny_cap_stops_the_replicas_and_warns(monkeypatch: pytest.MonkeyPatch
                       policies=("flat", "ranges"), unified=False, device="cpu", min_sample_ms=0.0, max_time=0.0)
     res = bench_workload.run_bench(cfg)
     assert res.sampling[2].capped and res.sampling[2].replicas == res.rows[0].replicas == bench_workload.REPLICAS
-    assert res.rows[0].repeats == bench_workload.REPLICAS * bench_workload.samples_per_replica(1)
+    assert res.rows[0].repeats == bench_workload.REPLICAS * bench_workload.MIN_SAMPLES_PER_REPLICA
     assert any(w.startswith("npl 2: the time cap (--max-time 0 s) came first") for w in res.warnings())
     assert all(d["capped"] is True and d["warnings"] for d in res.as_dicts())
 

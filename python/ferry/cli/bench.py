@@ -431,7 +431,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                          f"95%% interval is within ±{TARGET_HALF_WIDTH * 100:g} points or --max-time passes)")
     bp.add_argument("--min-sample-ms", type=non_negative, default=d.min_sample_ms, metavar="MS",
                     help="what one timed sample lasts at least, in ms of decode time: the calibration doubles the "
-                         f"repetitions a sample holds until it does; 0: one repetition (default {d.min_sample_ms:g})")
+                         "repetitions a sample holds until it does; 0: one repetition, and 2 samples a replica (the "
+                         f"quickest run) (default {d.min_sample_ms:g})")
     bp.add_argument("--max-time", type=non_negative, metavar="SECONDS",
                     help="seconds the run may take: replicas are added only while they would end within it (the "
                          f"first {bench_workload.REPLICAS} always run); refused with --repeat, which fixes the "

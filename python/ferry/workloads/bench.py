@@ -36,7 +36,7 @@ replicas of a run are made together, each warmed up with one untimed round (the 
 npl then calibrates: ferry.workloads.estimate.calibrate, the repetitions per sample doubled
 until the fastest variant's sample lasts --min-sample-ms), and then take turns, a turn each,
 until each has about REPS_PER_REPLICA (24) timed repetitions of each variant (2 to 10 turns:
-samples_per_replica, spread evenly over the wave's rounds); so every replica's repetitions
+samples_per_replica, spread evenly over the wave's rounds; 2 with --min-sample-ms 0); so every replica's repetitions
 spread over the whole run, and a busy minute of the host falls on all of them alike.
 Replicas whose caches would pass WAVE_BYTES together are made fewer at a time (one of each
 npl at the least). Without --repeat there are REPLICAS (8) of each npl, and then
@@ -235,11 +235,17 @@ class BenchConfig:
     @property
     def n_steps(self) -> int:
         """Decode steps of a run at the least: every npl, variant and layout, in each of its first
-        replicas a warm-up and samples_per_replica(1) samples, each of one repetition (calibration
-        and added replicas take more or fewer)."""
+        replicas a warm-up and replica_samples(1) samples, each of one repetition (calibration and
+        added replicas take more)."""
         layouts = len(self.layouts)
         return len(self.npl) * len(variants(self)) * layouts * len(self.prefetch_depths) * self.ntg * (
-            WARMUP + samples_per_replica(1)) * self.min_replicas
+            WARMUP + self.replica_samples(1)) * self.min_replicas
+
+    def replica_samples(self, loops: int) -> int:
+        """Timed samples of each variant in a replica whose samples hold loops repetitions:
+        samples_per_replica(loops), or MIN_SAMPLES_PER_REPLICA with --min-sample-ms 0 (no calibration:
+        the quickest run)."""
+        return samples_per_replica(loops) if self.min_sample_ms > 0 else MIN_SAMPLES_PER_REPLICA
 
     @property
     def min_replicas(self) -> int:
@@ -506,7 +512,7 @@ class Sampling:
         Replicas stopped at the time cap (--max-time) before every claimed interval was within
         TARGET_HALF_WIDTH.
     replicas : int
-        Replicas: each its own caches and schedulers, warmed up, then samples_per_replica(loops) samples.
+        Replicas: each its own caches and schedulers, warmed up, then cfg.replica_samples(loops) samples.
     """
 
     npl: int
@@ -1135,7 +1141,7 @@ def measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, pinned: bool
             gc.collect()
             gc.disable()  # as timeit does: no collection lands in one variant's samples
             before = _link_totals(devices)  # the link's counters over the timed samples only
-            need = [samples_per_replica(loops[each.npl]) for each in made]
+            need = [cfg.replica_samples(loops[each.npl]) for each in made]
             rounds = max(need)
             for k in range(rounds):
                 for each, n in zip(made, need):
