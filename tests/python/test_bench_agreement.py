@@ -24,12 +24,12 @@ print(json.dumps(json.loads((here / "runs.json").read_text())[n]))
 '''
 
 
-def rows(gain: float, low: float, high: float, compute_us: float = 275.0) -> List[dict]:
-    """One npl's flat and ranges rows of a run, ranges' gain over flat with its interval, each step
-    computing compute_us."""
-    base = {"npl": 2, "unified": False, "compact": False, "overlap": False, "warnings": [], "samples": 10,
-            "steps_per_sample": 64, "over_unified": None, "over_unified_low": None, "over_unified_high": None,
-            "compute_s_per_step": compute_us * 1e-6}
+def rows(gain: float, low: float, high: float, added: float = 0.25) -> List[dict]:
+    """One npl's flat and ranges rows of a run, ranges' gain over flat with its interval, the host
+    adding the share `added` to the samples' time over the floor."""
+    base = {"npl": 2, "unified": False, "compact": False, "overlap": False, "warnings": [], "samples": 24,
+            "replicas": 8, "steps_per_sample": 64, "over_unified": None, "over_unified_low": None,
+            "over_unified_high": None, "tokens_per_s": 3000.0, "tokens_per_s_median": 3000.0 / (1 + added)}
     flat = {**base, "policy": "flat", "gain": 0.0, "gain_low": 0.0, "gain_high": 0.0, "gain_claimed": False}
     ranges = {**base, "policy": "ranges", "gain": gain, "gain_low": low, "gain_high": high, "gain_claimed": True}
     return [flat, ranges]
@@ -65,11 +65,12 @@ def test_runs_that_do_not_agree(tmp_path: Path, runs: List[Tuple[float, float, f
     assert out.rstrip().endswith("verdict: the runs do NOT agree")
 
 
-def test_the_hosts_speed_in_each_run(tmp_path: Path) -> None:
-    """flat's compute per step is printed for each run and as a range: runs at different speeds are
-    told apart."""
-    code, out = agreement(tmp_path, [(0.67, 0.66, 0.68, 275.0), (0.50, 0.49, 0.51, 405.0)])
+def test_the_hosts_load_in_each_run(tmp_path: Path) -> None:
+    """How much slower than its floor flat's samples ran is printed for each run and as a range: the
+    load each run met."""
+    code, out = agreement(tmp_path, [(0.67, 0.66, 0.68, 0.05), (0.50, 0.49, 0.51, 0.40)])
     assert code == 1, out
-    assert "run 1: " in out and "; flat computes 275 µs/step at npl 2" in out
-    assert "; flat computes 405 µs/step at npl 2" in out
-    assert "flat's compute per step at npl 2: 275 to 405 µs over the runs (47% apart" in out
+    assert "run 1: " in out and "replicas x samples npl 2 8x3x64" in out
+    assert "; flat's samples 5% slower than its floor at npl 2" in out
+    assert "; flat's samples 40% slower than its floor at npl 2" in out
+    assert "time the host added to flat's samples at npl 2 (median sample against the floor): 5 to 40% over" in out
