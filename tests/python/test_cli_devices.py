@@ -19,7 +19,7 @@ from ferry.workloads import validate as validate_workload
 from ferry.workloads.devices import STANDIN_LINK_GBPS, DeviceConfig, parse_placement, parse_size, read_placement
 
 BENCH = ["-c", "64", "-npl", "2", "-npp", "8", "-ntg", "2", "--layers", "4", "--heads", "2", "--head-dim", "32",
-         "--kv-heads", "1", "--device", "cpu", "--repeat", "1", "--policy", "ranges"]
+         "--kv-heads", "1", "--device", "cpu", "--repeat", "1", "--min-sample-ms", "0", "--policy", "ranges"]
 VALIDATE = ["-c", "32", "-npl", "2", "--sequences", "4", "-npp", "14", "-ntg", "2", "--heads", "2", "--head-dim", "32",
             "--kv-heads", "1", "--device", "cpu"]
 DEVICE_OPTIONS = ["--devices", "--link-gbps", "--latency-us", "--device-memory", "--kv-device-layers", "--placement",
