@@ -30,8 +30,8 @@ from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
 from .errors import FerryError, InvalidArgumentError, LayoutError, UnsupportedError, check, error_class
-from .quant import BFLOAT16, array_dtype
-from .types import Type
+from .quant import array_dtype
+from .types import Type, bfloat16
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -138,7 +138,7 @@ def as_array(t: "Tensor", dtype: Any = None, copy: Optional[bool] = None) -> np.
     if copy is False and dtype is not None and np.dtype(dtype) != array_dtype(t.type):
         raise InvalidArgumentError(f"__array__: a view of '{t.name}' is {t.type}; dtype {np.dtype(dtype)} needs a copy")
     if t.type == Type.BF16:
-        arr = np.asarray(TensorBytes(t, "__array__")).view(BFLOAT16)
+        arr = np.asarray(TensorBytes(t, "__array__")).view(bfloat16())
     else:
         arr = np.asarray(_Values(t))
     if dtype is not None:

@@ -10,35 +10,33 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
-import ml_dtypes
 import numpy as np
 
 from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from .errors import InvalidArgumentError, OutOfBoundsError, OutOfMemoryError, UnsupportedError, check
-from .types import _NUMPY, Type, TypeLike, to_type
+from .types import Type, TypeLike, dtype_type, element_dtype, to_type
 
 if TYPE_CHECKING:
     from .backend import Backend
     from .tensor import Tensor
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-_ARRAY_DTYPES = _NUMPY  # types.py's table: f32, f16, bf16, i32
 
 
 def array_dtype(ty: TypeLike) -> Optional[np.dtype]:
     """The dtype whose items are ty's elements (None for the block types q8_0 and q4_0)."""
-    return _ARRAY_DTYPES.get(to_type(ty))
+    return element_dtype(ty)
 
 
 def value_dtype(ty: TypeLike) -> np.dtype:
     """The dtype of ty's values as to_numpy gives them: the element dtype, float32 for block types."""
-    return _ARRAY_DTYPES.get(to_type(ty), np.dtype(np.float32))
+    dt = element_dtype(ty)
+    return np.dtype(np.float32) if dt is None else dt
 
 
 def type_of_dtype(dt: np.dtype) -> Optional[Type]:
     """The ferry type whose elements dt holds (None if none does: no exception, unlike type_from_dtype)."""
-    return next((ty for ty, known in _ARRAY_DTYPES.items() if dt == known), None)
+    return dtype_type(dt)
 
 
 def quantize(values: Any, type: TypeLike) -> np.ndarray:
@@ -71,7 +69,7 @@ def quantize(values: Any, type: TypeLike) -> np.ndarray:
         if arr.dtype.kind not in "iu" or not np.array_equal(arr.astype(np.int32).astype(arr.dtype), arr):
             raise InvalidArgumentError(f"quantize: values are {arr.dtype} but i32 holds integers that fit 32 bits")
         return np.ascontiguousarray(arr, np.int32).reshape(-1).view(np.uint8)
-    if arr.dtype.kind not in "fiu" and arr.dtype != BFLOAT16:
+    if arr.dtype.kind not in "fiu" and arr.dtype.name != "bfloat16":
         raise InvalidArgumentError(f"quantize: values are {arr.dtype}, not numbers {ty} can hold")
     flat = np.ascontiguousarray(arr, np.float32).reshape(-1)
     n = flat.size

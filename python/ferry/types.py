@@ -7,9 +7,9 @@ values takes row_size(type, n) bytes and n must be a whole number of blocks.
 from __future__ import annotations
 
 import enum
-from typing import Dict, Union
+import functools
+from typing import Dict, Optional, Union
 
-import ml_dtypes
 import numpy as np
 
 from . import _checks
@@ -53,12 +53,36 @@ class Type(enum.IntEnum):
 
 TypeLike = Union[Type, str, int]
 
-_NUMPY: Dict[Type, np.dtype] = {
+#: The types numpy has a dtype of its own for; bf16's comes from ml_dtypes (bfloat16()).
+_NUMPY_OWN: Dict[Type, np.dtype] = {
     Type.F32: np.dtype(np.float32),
     Type.F16: np.dtype(np.float16),
-    Type.BF16: np.dtype(ml_dtypes.bfloat16),  # numpy has no bf16 of its own
     Type.I32: np.dtype(np.int32),
 }
+
+
+@functools.lru_cache(maxsize=None)
+def bfloat16() -> np.dtype:
+    """ml_dtypes.bfloat16 (numpy has no bf16 of its own), imported on first use: importing ml_dtypes
+    takes about a second, which every `import ferry` and every `ferry` command would otherwise pay."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def element_dtype(t: TypeLike) -> Optional[np.dtype]:
+    """The numpy dtype of t's elements: float32, float16, bfloat16 or int32; None for the block types."""
+    ty = to_type(t)
+    return bfloat16() if ty == Type.BF16 else _NUMPY_OWN.get(ty)
+
+
+def dtype_type(dt: np.dtype) -> Optional[Type]:
+    """The Type whose elements dt holds, None for none (ml_dtypes is imported only for a dtype
+    named bfloat16)."""
+    for ty, known in _NUMPY_OWN.items():
+        if dt == known:
+            return ty
+    return Type.BF16 if dt.name == "bfloat16" and dt == bfloat16() else None
 
 
 def to_type(value: TypeLike) -> Type:
@@ -130,10 +154,10 @@ def numpy_dtype(t: TypeLike) -> np.dtype:
         For the block types, q8_0 and q4_0 (Tensor.to_numpy gives their values as float32,
         Tensor.raw their bytes).
     """
-    ty = to_type(t)
-    if ty not in _NUMPY:
-        raise UnsupportedError(f"type {ty} has no numpy dtype (only f32, f16, bf16 and i32 have)")
-    return _NUMPY[ty]
+    dt = element_dtype(t)
+    if dt is None:
+        raise UnsupportedError(f"type {to_type(t)} has no numpy dtype (only f32, f16, bf16 and i32 have)")
+    return dt
 
 
 def type_from_dtype(dtype: object) -> Type:
@@ -159,7 +183,7 @@ def type_from_dtype(dtype: object) -> Type:
         dt = np.dtype(dtype)  # type: ignore[call-overload]
     except (TypeError, ValueError) as e:
         raise InvalidArgumentError(f"type_from_dtype: {dtype!r} is not a numpy dtype ({e})") from None
-    for ty, known in _NUMPY.items():
-        if dt == known:
-            return ty
+    ty = dtype_type(dt)
+    if ty is not None:
+        return ty
     raise UnsupportedError(f"numpy dtype {dt} has no ferry type (float32, float16, bfloat16 and int32 have)")

@@ -4,6 +4,9 @@ a float32 array from being written, as bytes, into an f16 cache."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -11,6 +14,17 @@ import pytest
 import ferry
 
 QK = 32
+
+
+def test_ml_dtypes_is_imported_only_for_bf16() -> None:
+    """Importing ml_dtypes takes about a second: `import ferry`, every command and f16 values go
+    without it (a bench worker process starts that much faster); the first bf16 dtype brings it."""
+    code = ("import sys, numpy as np, ferry, ferry.cli, ferry.workloads.bench\n"
+            "t = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.ones(4, np.float16)); t.to_numpy(); ferry.type_from_dtype(np.float32)\n"
+            "print('ml_dtypes' in sys.modules)\n"
+            "print(ferry.numpy_dtype('bf16') == ferry.numpy_dtype(ferry.type_from_dtype('bfloat16')), 'ml_dtypes' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False", "True", "True"], done.stderr
 
 
 def f16_bytes(d: np.ndarray) -> np.ndarray:
