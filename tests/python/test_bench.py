@@ -31,12 +31,12 @@ KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "b
         "over_unified_low", "over_unified_high", "config", "loops", "capped", "warnings", "tokens_per_s_samples",
         "replicas", "tokens_per_s_replicas"}
 #: A run of a fixed number of replicas, samples of one repetition: quick, and no time cap to warn about.
-QUICK = ["--repeat", "6", "--min-sample-ms", "0"]
+QUICK = ["--repeat", "6", "--min-sample-ms", "0", "--in-process"]  # workers: test_workers.py
 
 
 def tiny(**kw: object) -> bench.BenchConfig:
     base = dict(n_ctx=256, npl=(2, 4), npp=16, ntg=3, n_layer=2, n_head=4, head_dim=32, n_head_kv=2,
-                policies=("flat", "ranges", "plan"), device="cpu", repeat=6, min_sample_ms=0.0)
+                policies=("flat", "ranges", "plan"), device="cpu", repeat=6, min_sample_ms=0.0, in_process=True)
     base.update(kw)
     return bench.BenchConfig(**base)  # type: ignore[arg-type]
 

@@ -147,7 +147,7 @@ def test_samples_hold_the_calibrated_repetitions(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(bench_workload, "calibrate", lambda measure, seconds: 3)
     labels: List[str] = []
     cfg = BenchConfig(n_ctx=256, npl=(2,), npp=16, ntg=2, n_layer=1, n_head=4, head_dim=32, policies=("flat",),
-                      unified=False, device="cpu", repeat=4)
+                      unified=False, device="cpu", in_process=True, repeat=4)
     res = bench_workload.run_bench(cfg, on_step=labels.append)
     per_replica = bench_workload.samples_per_replica(3)
     assert len(labels) == cfg.ntg * 4 * (1 + 3 * per_replica)  # per replica a warm-up's repetition, then samples
@@ -160,7 +160,7 @@ def test_samples_hold_the_calibrated_repetitions(monkeypatch: pytest.MonkeyPatch
 
 def test_a_tiny_minimum_takes_one_repetition() -> None:
     cfg = BenchConfig(n_ctx=256, npl=(2,), npp=16, ntg=2, n_layer=1, n_head=4, head_dim=32, policies=("flat",),
-                      unified=False, device="cpu", repeat=2, min_sample_ms=1e-6)
+                      unified=False, device="cpu", in_process=True, repeat=2, min_sample_ms=1e-6)
     res = bench_workload.run_bench(cfg)
     assert res.rows[0].steps_per_sample == 2 and res.sampling[2].loops == 1
     assert res.rows[0].repeats == 2 * bench_workload.samples_per_replica(1) == 20  # 24 repetitions aimed at, 10 at most
@@ -206,22 +206,22 @@ def test_warnings_name_the_cap() -> None:
 
 
 def test_a_warning_when_a_replica_never_reached_the_floor() -> None:
-    """flat's floor 4% slower in one of 7 replicas than in its fastest: a warning says so; 2% is not
-    warned of."""
+    """flat's floor 4% slower in one of 7 replicas than in its fastest: a warning says so; 1.5% is not
+    warned of (nor is its interval wider than the goal)."""
     moved = synthetic([100.0] * 6 + [96.0], [120.0] * 6 + [115.2], capped=False, unified=False)
     (w,) = moved.warnings()
     assert w == ("npl 2: replicas where the host left some step no quiet moment (a floor over 3% slower than the "
                  "variant's fastest replica): up to 1 of 7, for flat; they widen the intervals, a quieter machine "
                  "has fewer")
     assert moved.row(2, "flat").missed == 1 and moved.gain_interval(moved.row(2, "ranges")).n == 7
-    assert synthetic([100.0] * 6 + [98.0], [120.0] * 7, capped=False, unified=False).warnings() == []
+    assert synthetic([100.0] * 6 + [98.5], [120.0] * 7, capped=False, unified=False).warnings() == []
 
 
 def test_a_warning_when_the_standin_cannot_keep_to_its_link() -> None:
     """A link no host reaches (1e6 GB/s): every timed copy ends past its modelled end, and the run says
     so, in every npl's warnings; a result within LINK_OVERRUN does not."""
     cfg = BenchConfig(n_ctx=256, npl=(2,), npp=16, ntg=2, n_layer=1, n_head=4, head_dim=32,
-                      policies=("flat", "ranges"), unified=False, device="cpu", repeat=2,
+                      policies=("flat", "ranges"), unified=False, device="cpu", in_process=True, repeat=2,
                       min_sample_ms=0.0, devices=DeviceConfig(link_gbps=(1e6,)))
     res = bench_workload.run_bench(cfg)
     assert res.link_overrun > 1.0 and res.standin_link_gbps == 1e6
@@ -236,7 +236,8 @@ def test_a_tiny_cap_stops_the_replicas_and_warns(monkeypatch: pytest.MonkeyPatch
     """With a goal no interval can reach, the replicas stop at the cap, which the result says."""
     monkeypatch.setattr(bench_workload, "TARGET_HALF_WIDTH", -1.0)
     cfg = BenchConfig(n_ctx=256, npl=(2,), npp=16, ntg=2, n_layer=1, n_head=4, head_dim=32,
-                      policies=("flat", "ranges"), unified=False, device="cpu", min_sample_ms=0.0, max_time=0.0)
+                      policies=("flat", "ranges"), unified=False, device="cpu", min_sample_ms=0.0, max_time=0.0,
+                      in_process=True)
     res = bench_workload.run_bench(cfg)
     assert res.sampling[2].capped and res.sampling[2].replicas == res.rows[0].replicas == bench_workload.REPLICAS
     assert res.rows[0].repeats == bench_workload.REPLICAS * bench_workload.MIN_SAMPLES_PER_REPLICA

@@ -144,6 +144,9 @@ def test_type_says_per_verb_what_it_takes(capsys: pytest.CaptureFixture[str]) ->
     (["bench", "--compact", "--policy", "flat"], "--compact adds compact-staging runs of the non-flat policies, "
                                                  "and --policy flat has none"),
     (["validate", "--compact", "--policy", "flat"], "and --policy flat has none"),
+    (["bench", "--in-process", "--repeat", "1"], "--in-process keeps a run's replicas in this process, and with "
+                                                 "--repeat 1 there is one, made here anyway: leave it out"),
+    (["bench", "--in-process", "--residency", "auto"], "and --residency runs its placements here anyway"),
     (["plan", "--v-trans"], "--v-trans lays V out transposed, and K's window is the same without it: "
                             "give --which v"),
     (["plan", "--v-trans", "--which", "k"], "give --which v"),
@@ -175,7 +178,8 @@ def test_what_the_refusals_leave_alone(capsys: pytest.CaptureFixture[str]) -> No
 
     for argv in (["bench", "--overlap", "--prefetch", "2"], ["validate", "--prefetch", "2"],
                  ["bench", "--compact", "--policy", "flat,ranges"], ["plan", "--v-trans", "--which", "v"],
-                 ["bench", "--overlap"], ["bench", "--prefetch", "1", "--overlap"]):
+                 ["bench", "--overlap"], ["bench", "--prefetch", "1", "--overlap"], ["bench", "--in-process"],
+                 ["bench", "--in-process", "--repeat", "2"]):
         parser, parsers = build_parser()
         args = parser.parse_args(argv)
         check_combinations(argv[0], args, given_options(parsers[argv[0]][1], argv[1:]))

@@ -70,7 +70,7 @@ def files_at(tmp_path: Path) -> Path:
                                           "copy2d_extra_ns_per_row": 42.0, "model_copy2d_us": 127.5}]}}
     (tmp_path / "bench.json").write_text(json.dumps(bench, indent=2))
     sweep = subprocess.run([sys.executable, "-m", "ferry.cli", "bench", "-c", "4096", "-npl", "2,4", "-npp", "256",
-                            "-ntg", "2", "--layers", "1", "--device", "cpu", "--repeat", "3", "--min-sample-ms", "0", "--json"],
+                            "-ntg", "2", "--layers", "1", "--device", "cpu", "--repeat", "3", "--min-sample-ms", "0", "--in-process", "--json"],
                            capture_output=True, text=True, check=True)
     cmd = "ferry bench -c 4096 -npl 2,4 -npp 256 -ntg 2 --layers 1 --json"
     (tmp_path / "bench.txt").write_text(

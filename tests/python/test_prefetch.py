@@ -98,7 +98,8 @@ def test_cpu_split_has_nothing_to_prefetch() -> None:
     assert out == out0 and st.prefetched == 0 and st.n_inputs == st0.n_inputs
 
 
-SMALL = dict(n_ctx=512, npl=(2,), npp=32, ntg=3, n_layer=3, repeat=2, policies=("flat", "ranges"), min_sample_ms=0.0)
+SMALL = dict(n_ctx=512, npl=(2,), npp=32, ntg=3, n_layer=3, repeat=2, policies=("flat", "ranges"), min_sample_ms=0.0,
+             in_process=True)
 
 
 def test_bench_overlap_rows() -> None:

@@ -437,6 +437,10 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
                     help="seconds the run may take: replicas are added only while they would end within it (the "
                          f"first {bench_workload.REPLICAS} always run); refused with --repeat, which fixes the "
                          f"replicas (default {d.max_time:g})")
+    bp.add_argument("--in-process", action="store_true",
+                    help="make every replica in this process (quicker to start); without it each replica of the "
+                         "npls runs in a worker process of its own, so that the intervals hold what moves from one "
+                         "process to the next (one replica runs here either way)")
     add_v_trans_arg(bp)
     bp.add_argument("--compact", action="store_true",
                     help="also run each non-flat policy with compact staging (the split holds only the bytes read)")
@@ -463,7 +467,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        policies=tuple(args.policy), unified=args.unified, device=args.device, pad=args.pad,
                        repeat=args.repeat, min_sample_ms=args.min_sample_ms,
                        max_time=BenchConfig.max_time if args.max_time is None else args.max_time,
-                       v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
+                       in_process=args.in_process, v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
                        overlap=args.overlap, prefetch=args.prefetch, devices=devices_from_args(args))
 
 

@@ -493,6 +493,10 @@ def check_combinations(verb: str, args: argparse.Namespace, given: Set[str]) -> 
         if args.compact and set(args.policy) <= {"flat"}:
             raise InvalidArgumentError("--compact adds compact-staging runs of the non-flat policies, and --policy "
                                        f"{','.join(args.policy)} has none")
+    if verb == "bench" and args.in_process and (args.repeat == 1 or args.residency is not None):
+        why = "with --repeat 1 there is one, made here" if args.repeat == 1 else "--residency runs its placements here"
+        raise InvalidArgumentError(f"--in-process keeps a run's replicas in this process, and {why} anyway: leave it "
+                                   "out")
     if verb == "plan" and args.v_trans and args.which == "k":
         raise InvalidArgumentError("--v-trans lays V out transposed, and K's window is the same without it: "
                                    "give --which v")

@@ -32,17 +32,28 @@ the variants of both layouts take turns repetition by repetition, in rounds whos
 balance what runs before each variant (ferry.workloads.estimate.balanced_orders): a variant
 that runs right after its own repetition finds its data still in the host's caches, which one
 fixed order gives to some variants and not others. A turn is one sample of each variant. The
-replicas of a run are made together, each warmed up with one untimed round (the first of an
+replicas of a wave are made together, each warmed up with one untimed round (the first of an
 npl then calibrates: ferry.workloads.estimate.calibrate, the repetitions per sample doubled
 until the fastest variant's sample lasts --min-sample-ms), and then take turns, a turn each,
 until each has about REPS_PER_REPLICA (24) timed repetitions of each variant (2 to 10 turns:
-samples_per_replica, spread evenly over the wave's rounds; 2 with --min-sample-ms 0); so every replica's repetitions
-spread over the whole run, and a busy minute of the host falls on all of them alike.
+samples_per_replica, spread evenly over the wave's rounds; 2 with --min-sample-ms 0); so every
+replica's repetitions spread over the whole wave, and a busy minute of the host falls on all of
+them alike.
 Replicas whose caches would pass WAVE_BYTES together are made fewer at a time (one of each
-npl at the least). Without --repeat there are REPLICAS (8) of each npl, and then
-ADDED_REPLICAS more at a time for an npl while any of its gains' intervals (below) is wider
-than ±2.5 points, if the added replicas would end within the time cap (--max-time, judged
-by what the replicas so far took): else a warning says that the cap came first. With
+npl at the least).
+
+Processes: by default a wave is one replica of each npl, made in a worker process of its own
+(ferry.workloads.workers: a new interpreter, as pyperf runs its benchmarks), the waves one
+after another, the first calibrating and the others taking its repetitions per sample.
+Where a process's library and heap land moves its floors, and replicas made in one process
+share it: in ten default runs with every replica in one process, a run's interval held as
+few as 3 of the other 9 runs' estimates; with a process per replica, 5. With in_process
+(--in-process), or one replica, every replica is made here, in waves as above.
+
+Without --repeat there are REPLICAS (8) of each npl, and then ADDED_REPLICAS more at a
+time for an npl while any of its gains' intervals (below) is wider than ±2.5 points, if the
+added replicas would end within the time cap (--max-time, judged by what the replicas so far
+took): else a warning says that the cap came first. With
 --repeat N, exactly N. The collector is off while samples are timed.
 
 Host time: building the graph in Python and allocating it are timed beside each step (and
@@ -113,6 +124,7 @@ from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
 from ..types import row_size, to_type
+from . import workers
 from .common import (
     POLICIES,
     check_positive,
@@ -169,6 +181,7 @@ class BenchConfig:
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
     min_sample_ms: float = 20.0  # what a sample lasts at least (decode time): the calibration's goal; 0: one repetition
     max_time: float = 30.0  # seconds the run may spend adding replicas (default repeat only), the npl taking turns
+    in_process: bool = False  # every replica in this process (else each replica of the npls in a worker process)
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -1087,31 +1100,104 @@ def _link_totals(devices: Sequence[Backend]) -> List[Tuple[float, float]]:
             (d.link_stats for d in devices if isinstance(d, StandinBackend))]
 
 
-def measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, pinned: bool, on_step: Optional[OnStep] = None,
-            clock: Callable[[], float] = time.perf_counter) -> Tuple[List[BenchRow], Dict[int, Sampling], float]:
-    """Every variant of every number of sequences in replicas, made in waves that take turns sample by
-    sample (see the module).
+@dataclass
+class _Made:
+    """Replicas made and what they took: per npl each replica's rows (_NplRuns.rows), the repetitions per
+    sample the calibration found, the seconds of their turns; per stand-in device the (late, modelled)
+    seconds its link counted over the timed samples; and the devices they ran on."""
+
+    rows: Dict[int, List[List[BenchRow]]]
+    loops: Dict[int, int]
+    seconds: Dict[int, float]
+    link: List[Tuple[float, float]]
+    device_names: List[str]
+    pinned: bool
+    link_gbps: Optional[float]
+
+    def add(self, other: "_Made") -> None:
+        for npl, rows in other.rows.items():
+            self.rows.setdefault(npl, []).extend(rows)
+            self.seconds[npl] = self.seconds.get(npl, 0.0) + other.seconds[npl]
+        self.loops = {**other.loops, **self.loops}
+        self.link = [(a + c, b + d) for (a, b), (c, d) in zip(self.link, other.link)] if self.link else other.link
+
+
+class _Devices:
+    """The devices and the CPU backend one process's replicas run on (cfg.devices.make)."""
+
+    def __init__(self, cfg: BenchConfig) -> None:
+        self.devices = cfg.devices.make(cfg.device)
+        self.cpu = CPUBackend()
+        self.pinned = not isinstance(self.devices[0], StandinBackend)
+        first = self.devices[0]
+        self.link_gbps = first.link_gbps if isinstance(first, StandinBackend) else None
+
+
+def _wave(cfg: BenchConfig, dev: _Devices, npls: Sequence[int], loops: Dict[int, int],
+          on_step: Optional[OnStep]) -> _Made:
+    """A replica of each npl in npls (one may come more than once), all made before any is timed, taking
+    turns sample by sample; an npl not in loops is calibrated in its first replica."""
+    made: List[_NplRuns] = []
+    out = _Made({}, dict(loops), {}, [], [d.name for d in dev.devices], dev.pinned, dev.link_gbps)
+    collecting = gc.isenabled()
+    try:
+        for npl in npls:
+            made.append(_NplRuns(cfg, dev.devices, dev.cpu, npl, dev.pinned))
+            for _ in range(WARMUP):
+                made[-1].turn(1, False, on_step)
+            if npl not in out.loops:
+                out.loops[npl] = calibrate(functools.partial(made[-1].turn, timed=False, on_step=on_step),
+                                           cfg.min_sample_ms / 1e3)
+        gc.collect()
+        gc.disable()  # as timeit does: no collection lands in one variant's samples
+        before = _link_totals(dev.devices)  # the link's counters over the timed samples only
+        need = [cfg.replica_samples(out.loops[each.npl]) for each in made]
+        rounds = max(need)
+        for k in range(rounds):
+            for each, n in zip(made, need):
+                if (k + 1) * n // rounds > k * n // rounds:  # n turns spread evenly over the rounds
+                    each.turn(out.loops[each.npl], True, on_step)
+        out.link = [(l1 - l0, m1 - m0) for (l0, m0), (l1, m1) in zip(before, _link_totals(dev.devices))]
+        if collecting:
+            gc.enable()
+        for each in made:
+            out.rows.setdefault(each.npl, []).append(each.rows())
+    finally:
+        if collecting:
+            gc.enable()
+        for each in made:
+            out.seconds[each.npl] = out.seconds.get(each.npl, 0.0) + each.seconds
+            each.close()
+    return out
+
+
+def worker_wave(cfg: BenchConfig, npls: Sequence[int], loops: Dict[int, int], on_step: Optional[OnStep]) -> _Made:
+    """_wave in a worker process (ferry.workloads.workers calls it there), on devices of its own."""
+    cfg.check()
+    return _wave(cfg, _Devices(cfg), npls, loops, on_step)
+
+
+def measure(cfg: BenchConfig, wave: Callable[[Sequence[int], Dict[int, int]], _Made], together: int,
+            clock: Callable[[], float] = time.perf_counter) -> Tuple[List[BenchRow], Dict[int, Sampling], _Made]:
+    """Every variant of every number of sequences in replicas, made in waves (see the module).
 
     Parameters
     ----------
     cfg : BenchConfig
-    devices : list of Backend
-        The devices (cfg.devices.make): device 0 is the split's backend with one device.
-    cpu : Backend
-        The CPU backend.
-    pinned : bool
-        The caches in CUDA's pinned host memory.
-    on_step : callable, optional
-        Called with the variant's label after each step.
+    wave : callable
+        wave(npls, loops): a replica of each npl in npls, made together and taking turns, the npls in
+        loops sampled with those repetitions per sample (the others calibrated); in this process or in
+        a worker.
+    together : int
+        Replicas of each npl a wave makes at most.
     clock : callable, optional
         Seconds, for the time cap.
 
     Returns
     -------
-    (list of BenchRow, dict of int to Sampling, float)
+    (list of BenchRow, dict of int to Sampling, _Made)
         The rows, per npl in cfg.npl's order (_NplRuns.rows), each over its replicas
-        (merge_replicas); how each npl was sampled; and the most a stand-in's timed copies ran past
-        its link, a share of the link's time (0 without one).
+        (merge_replicas); how each npl was sampled; and every replica made.
 
     Raises
     ------
@@ -1119,78 +1205,36 @@ def measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, pinned: bool
         When repetitions or replicas of a variant gave different attention outputs.
     """
     start = clock()
-    replicas: Dict[int, List[List[BenchRow]]] = {npl: [] for npl in cfg.npl}
-    loops: Dict[int, int] = {}
-    seconds = dict.fromkeys(cfg.npl, 0.0)
-    link = [(0.0, 0.0)] * len(_link_totals(devices))
-    collecting = gc.isenabled()
-
-    def wave(npls: Sequence[int]) -> None:
-        """A replica of each npl in npls (one may come more than once), all made before any is timed,
-        taking turns sample by sample."""
-        nonlocal link
-        made: List[_NplRuns] = []
-        try:
-            for npl in npls:
-                made.append(_NplRuns(cfg, devices, cpu, npl, pinned))
-                for _ in range(WARMUP):
-                    made[-1].turn(1, False, on_step)
-                if npl not in loops:
-                    loops[npl] = calibrate(functools.partial(made[-1].turn, timed=False, on_step=on_step),
-                                           cfg.min_sample_ms / 1e3)
-            gc.collect()
-            gc.disable()  # as timeit does: no collection lands in one variant's samples
-            before = _link_totals(devices)  # the link's counters over the timed samples only
-            need = [cfg.replica_samples(loops[each.npl]) for each in made]
-            rounds = max(need)
-            for k in range(rounds):
-                for each, n in zip(made, need):
-                    if (k + 1) * n // rounds > k * n // rounds:  # n turns spread evenly over the rounds
-                        each.turn(loops[each.npl], True, on_step)
-            link = [(a + l1 - l0, b + m1 - m0) for (a, b), (l0, m0), (l1, m1)
-                    in zip(link, before, _link_totals(devices))]
-            if collecting:
-                gc.enable()
-            for each in made:
-                replicas[each.npl].append(each.rows())
-        finally:
-            for each in made:
-                seconds[each.npl] += each.seconds
-                each.close()
+    k = min(together, cfg.min_replicas)
+    made = wave([npl for _ in range(k) for npl in cfg.npl], {})
+    count = k
+    while count < cfg.min_replicas:
+        k = min(together, cfg.min_replicas - count)
+        made.add(wave([npl for _ in range(k) for npl in cfg.npl], made.loops))
+        count += k
 
     def merged(npl: int) -> List[BenchRow]:
-        return [merge_replicas(rows) for rows in zip(*replicas[npl])]
+        return [merge_replicas(rows) for rows in zip(*made.rows[npl])]
 
-    together = max(1, WAVE_BYTES // max(1, replica_bytes(cfg) * len(cfg.npl)))  # replicas of each npl at once
     capped = False
-    try:
-        made = 0
-        while made < cfg.min_replicas:
-            k = min(together, cfg.min_replicas - made)
-            wave([npl for _ in range(k) for npl in cfg.npl])
-            made += k
-        while cfg.adaptive:
-            wide = [npl for npl in cfg.npl if widest_claim(merged(npl)) >= TARGET_HALF_WIDTH]
-            if not wide:
-                break
-            more = [npl for _ in range(min(together, ADDED_REPLICAS)) for npl in wide]
-            spent = clock() - start
-            # a wave takes what its replicas took so far; one that would end past the cap does not start
-            if spent + spent * len(more) / sum(len(r) for r in replicas.values()) > cfg.max_time:
-                capped = True
-                break
-            wave(more)
-    finally:
-        if collecting:
-            gc.enable()
+    while cfg.adaptive:
+        wide = [npl for npl in cfg.npl if widest_claim(merged(npl)) >= TARGET_HALF_WIDTH]
+        if not wide:
+            break
+        more = [npl for _ in range(min(together, ADDED_REPLICAS)) for npl in wide]
+        spent = clock() - start
+        # a wave takes what its replicas took so far; one that would end past the cap does not start
+        if spent + spent * len(more) / sum(len(r) for r in made.rows.values()) > cfg.max_time:
+            capped = True
+            break
+        made.add(wave(more, made.loops))
     rows: List[BenchRow] = []
     sampling = {}
     for npl in cfg.npl:
         rows += merged(npl)
-        sampling[npl] = Sampling(npl, loops[npl], rows[-1].repeats, seconds[npl],
-                                 capped and widest_claim(merged(npl)) >= TARGET_HALF_WIDTH, len(replicas[npl]))
-    overrun = max((late / modelled for late, modelled in link if modelled > 0), default=0.0)
-    return rows, sampling, overrun
+        sampling[npl] = Sampling(npl, made.loops[npl], rows[-1].repeats, made.seconds[npl],
+                                 capped and widest_claim(merged(npl)) >= TARGET_HALF_WIDTH, len(made.rows[npl]))
+    return rows, sampling, made
 
 
 def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult:
@@ -1220,10 +1264,13 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
         When repetitions of one variant give different attention outputs.
     """
     cfg.check()
-    devices = cfg.devices.make(cfg.device)
-    cpu = CPUBackend()
-    pinned = not isinstance(devices[0], StandinBackend)
-    rows, sampling, overrun = measure(cfg, devices, cpu, pinned, on_step)
-    memory = "pinned host memory" if pinned else "pageable host memory"
-    link = devices[0].link_gbps if isinstance(devices[0], StandinBackend) else None
-    return BenchResult(cfg, devices[0].name, memory, rows, [d.name for d in devices], sampling, link, overrun)
+    if cfg.in_process or (cfg.min_replicas == 1 and not cfg.adaptive):
+        dev = _Devices(cfg)
+        together = max(1, WAVE_BYTES // max(1, replica_bytes(cfg) * len(cfg.npl)))
+        rows, sampling, made = measure(cfg, lambda npls, loops: _wave(cfg, dev, npls, loops, on_step), together)
+    else:  # a replica of each npl per worker process
+        rows, sampling, made = measure(cfg, lambda npls, loops: workers.call(
+            "ferry.workloads.bench:worker_wave", (cfg, list(npls), loops), on_step), 1)
+    overrun = max((late / modelled for late, modelled in made.link if modelled > 0), default=0.0)
+    memory = "pinned host memory" if made.pinned else "pageable host memory"
+    return BenchResult(cfg, made.device_names[0], memory, rows, made.device_names, sampling, made.link_gbps, overrun)
