@@ -5,6 +5,7 @@ gains it claims, and its warnings."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections import Counter
 from typing import List
@@ -57,10 +58,10 @@ def test_replica_gain() -> None:
     """The median over replicas of the ratios minus 1; with 6 replicas the interval is their range."""
     flat = [100.0] * 6
     other = [110.0, 110.0, 111.0, 109.0, 109.5, 110.5]
-    g = estimate.replica_gain(other, flat)
+    g = estimate.replica_gain(other, flat, between_runs=0.0)
     assert g.estimate == pytest.approx(0.10) and g.low == pytest.approx(0.09) and g.high == pytest.approx(0.11)
     assert g.n == 6 and not g.within_noise
-    same = estimate.replica_gain([100.0, 101.0, 99.0, 100.0, 101.5, 99.5], [100.0] * 6)
+    same = estimate.replica_gain([100.0, 101.0, 99.0, 100.0, 101.5, 99.5], [100.0] * 6, between_runs=0.0)
     assert same.within_noise  # -2%..+2% holds 0
     five = estimate.replica_gain(other[:5], flat)  # extra replicas of the longer are left out
     assert five.n == 5 and five.low is None and five.within_noise
@@ -105,9 +106,22 @@ def test_replicas_that_missed_the_floor_widen_the_interval() -> None:
     assert estimate.reached([]) == []
     flat = [100.0, 100.5, 99.5, 100.0, 80.0, 100.0, 100.0, 100.0]  # replica 4: the host never left flat alone
     ranges = [150.0, 150.0, 150.0, 110.0, 150.0, 150.0, 150.0, 150.0]  # replica 3: nor ranges
-    g = estimate.replica_gain(ranges, flat)
+    g = estimate.replica_gain(ranges, flat, between_runs=0.0)
     assert g.n == 8 and g.estimate == pytest.approx(0.5)
     assert g.low == pytest.approx(0.1) and g.high == pytest.approx(0.875)
+
+
+def test_the_interval_adds_what_varies_between_runs() -> None:
+    """Each end moves out from the estimate to sqrt(d^2 + (1.96 * BETWEEN_RUNS * (1 + gain))^2): replicas
+    that agree exactly still get an interval as wide as runs differ; a wide end grows little."""
+    agree = estimate.replica_gain([168.0] * 8, [100.0] * 8)
+    runs = estimate.Z95 * estimate.BETWEEN_RUNS * 1.68
+    assert estimate.BETWEEN_RUNS > 0 and runs == pytest.approx(0.0132, abs=1e-4)
+    assert (agree.estimate, agree.low, agree.high) == pytest.approx((0.68, 0.68 - runs, 0.68 + runs))
+    wide = estimate.replica_gain([158.0, 167.0, 168.0, 168.0, 168.0, 169.0], [100.0] * 6)
+    assert wide.low == pytest.approx(0.68 - math.hypot(0.10, runs)) and wide.high == pytest.approx(0.68 + math.hypot(0.01, runs))
+    assert estimate.replica_gain([100.5] * 6, [100.0] * 6).within_noise  # +0.5%: within what runs differ by
+    assert not estimate.replica_gain([100.5] * 6, [100.0] * 6, between_runs=0.0).within_noise
 
 
 @pytest.mark.parametrize("n", range(1, 25))
@@ -193,7 +207,8 @@ def test_warnings_name_the_cap() -> None:
     narrow = synthetic([100.0] * 6, [120.0] * 6, capped=False)
     assert narrow.warnings() == []
     d = narrow.as_dicts()[1]
-    assert (d["gain"], d["gain_low"], d["gain_high"]) == pytest.approx((0.2, 0.2, 0.2))
+    runs = estimate.Z95 * estimate.BETWEEN_RUNS * 1.2  # replicas that agree: what runs differ by alone
+    assert (d["gain"], d["gain_low"], d["gain_high"]) == pytest.approx((0.2, 0.2 - runs, 0.2 + runs))
     assert d["gain_within_noise"] is False and d["gain_claimed"] is True
     assert d["warnings"] == [] and d["over_unified"] == pytest.approx(0.2)
     wide = synthetic([100.0] * 6, [200.0, 206.0] * 3, capped=True)

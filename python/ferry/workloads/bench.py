@@ -47,8 +47,9 @@ Processes: by default a wave is one replica of each npl, made in a worker proces
 after another, the first calibrating and the others taking its repetitions per sample.
 Where a process's library and heap land moves its floors, and replicas made in one process
 share it: in ten default runs with every replica in one process, a run's interval held as
-few as 3 of the other 9 runs' estimates; with a process per replica, 5. With in_process
-(--in-process), or one replica, every replica is made here, in waves as above.
+few as 3 of the other 9 runs' estimates; with a process per replica, 5 (and 9 with what
+varies between runs added: estimate.BETWEEN_RUNS). With in_process (--in-process), or
+one replica, every replica is made here, in waves as above.
 
 Without --repeat there are REPLICAS (8) of each npl, and then ADDED_REPLICAS more at a
 time for an npl while any of its gains' intervals (below) is wider than ±2.5 points, if the
