@@ -134,12 +134,12 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
 
 
 def main() -> None:
-    """`python -m ferry.workloads.workers`: serve one call on stdin and stdout; what the function prints
-    goes to stderr, so that it cannot land among the messages."""
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    serve(sys.stdin.buffer, out)
-    out.close()
+    """`python -m ferry.workloads.workers`: serve one call over the pipes the parent gave it as file
+    descriptors 0 and 1; descriptor 1 then points at 2, so that what the function prints goes to
+    the parent's stderr and cannot land among the messages."""
+    with os.fdopen(0, "rb", closefd=False) as inp, os.fdopen(os.dup(1), "wb") as out:
+        os.dup2(2, 1)
+        serve(inp, out)
 
 
 if __name__ == "__main__":
