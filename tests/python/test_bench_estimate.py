@@ -111,6 +111,17 @@ def test_replicas_that_missed_the_floor_widen_the_interval() -> None:
     assert g.low == pytest.approx(0.1) and g.high == pytest.approx(0.875)
 
 
+def test_with_no_replica_quiet_for_both_the_gain_is_the_ratio_of_the_variants_figures() -> None:
+    """Each replica reached one variant's floor and missed the other's: the paired ratios (+10% and
+    +87.5%) would put the gain between them, where the load put it; the variants' own figures (each
+    the median of the replicas that reached it) give +50%. The interval still spans every replica."""
+    flat = [100.0, 80.0, 100.0, 80.0, 100.0, 80.0]
+    ranges = [110.0, 150.0, 110.0, 150.0, 110.0, 150.0]
+    g = estimate.replica_gain(ranges, flat, between_runs=0.0)
+    assert g.estimate == pytest.approx(0.5)
+    assert g.low == pytest.approx(0.1) and g.high == pytest.approx(0.875)
+
+
 def test_the_interval_adds_what_varies_between_runs() -> None:
     """Each end moves out from the estimate to sqrt(d^2 + (1.96 * BETWEEN_RUNS * (1 + gain))^2): replicas
     that agree exactly still get an interval as wide as runs differ; a wide end grows little."""

@@ -198,8 +198,9 @@ def reached(rates: Sequence[float]) -> List[bool]:
 
 def replica_gain(rates: Sequence[float], reference: Sequence[float], between_runs: float = BETWEEN_RUNS) -> Interval:
     """The gain of rates over reference: the median, over the replicas that reached both floors
-    (`reached`; all of them when none did), of each one's rate over the reference's in the same
-    replica, minus 1; with the 95% distribution-free interval over every replica
+    (`reached`), of each one's rate over the reference's in the same replica, minus 1 (when none
+    did, the ratio of the two variants' own figures, each the median over the replicas that
+    reached it, minus 1); with the 95% distribution-free interval over every replica
     (median_interval: no ends for fewer than 6), widened to hold the estimate and then by what
     varies between runs (each end's distance d from the estimate made sqrt(d^2 + (Z95 *
     between_runs * (1 + estimate))^2)).
@@ -219,9 +220,14 @@ def replica_gain(rates: Sequence[float], reference: Sequence[float], between_run
     """
     n = min(len(rates), len(reference))
     ratios = [a / b - 1.0 for a, b in zip(rates[:n], reference[:n])]
-    clean = [g for g, ok_a, ok_b in zip(ratios, reached(rates[:n]), reached(reference[:n])) if ok_a and ok_b]
+    ok_rates, ok_reference = reached(rates[:n]), reached(reference[:n])
+    clean = [g for g, ok_a, ok_b in zip(ratios, ok_rates, ok_reference) if ok_a and ok_b]
     every = median_interval(ratios)
-    mid = statistics.median(clean or ratios)
+    if clean:
+        mid = statistics.median(clean)
+    else:  # a host busy enough that no replica was quiet for both: unpaired, but not pulled by the load
+        mid = (statistics.median(a for a, ok in zip(rates, ok_rates) if ok)
+               / statistics.median(b for b, ok in zip(reference, ok_reference) if ok) - 1.0)
     if every.low is None or every.high is None:
         return Interval(mid, None, None, n)
     runs = Z95 * between_runs * (1.0 + mid)
