@@ -87,9 +87,11 @@ host.
 The figures are floors (ferry.workloads.estimate): a replica's decode, copy, compute and host
 time are each step's fastest time over its samples, summed over the ntg steps (a repetition's
 floor: what the step costs when the host adds nothing to it), and a row's are the median over
-the replicas that reached it (below); tokens/s is npl * ntg over that median decode floor. A gain is the median over
-replicas of a variant's floor tokens/s over the reference's in the same replica, minus 1, with
-the 95% distribution-free interval of a median over every replica (for 6 to 8, their range): over flat
+the replicas that reached it (below); tokens/s is npl * ntg over that median decode floor. A
+gain is the median over replicas of a variant's floor tokens/s over the reference's in the
+same replica, minus 1 (where no replica reached both floors, the ratio of the two rows'
+tokens/s), with the 95% distribution-free interval of a median over every replica (for 6 to
+8, their range), widened by what varies between runs (estimate.BETWEEN_RUNS): over flat
 (same layout, serial or overlapped alike), and the split cache over the unified one under the
 same policy. The unified cache copies the same bytes under every policy, so its gain over flat
 measures only noise; it is kept in the JSON but not claimed. A gain whose interval contains 0
