@@ -30,8 +30,7 @@ from . import _checks
 from ._binding import ffi, lib
 from ._handle import Handle
 from .errors import FerryError, InvalidArgumentError, LayoutError, UnsupportedError, check, error_class
-from .quant import array_dtype
-from .types import Type, bfloat16
+from .types import Type, array_dtype, bfloat16
 
 if TYPE_CHECKING:
     from .tensor import Tensor

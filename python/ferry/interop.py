@@ -30,9 +30,9 @@ from .export import (
     _capsule_pointer_of,
     _capsule_set_name,
 )
-from .quant import type_of_dtype, value_dtype
+from .quant import value_dtype
 from .tensor import Tensor
-from .types import Type, TypeLike, to_type
+from .types import Type, TypeLike, to_type, type_of_dtype
 
 
 class ForeignBuffer(Buffer):

@@ -15,28 +15,17 @@ import numpy as np
 from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from .errors import InvalidArgumentError, OutOfBoundsError, OutOfMemoryError, UnsupportedError, check
-from .types import Type, TypeLike, dtype_type, element_dtype, to_type
+from .types import Type, TypeLike, array_dtype, to_type, type_of_dtype
 
 if TYPE_CHECKING:
     from .backend import Backend
     from .tensor import Tensor
 
 
-
-def array_dtype(ty: TypeLike) -> Optional[np.dtype]:
-    """The dtype whose items are ty's elements (None for the block types q8_0 and q4_0)."""
-    return element_dtype(ty)
-
-
 def value_dtype(ty: TypeLike) -> np.dtype:
     """The dtype of ty's values as to_numpy gives them: the element dtype, float32 for block types."""
-    dt = element_dtype(ty)
+    dt = array_dtype(ty)
     return np.dtype(np.float32) if dt is None else dt
-
-
-def type_of_dtype(dt: np.dtype) -> Optional[Type]:
-    """The ferry type whose elements dt holds (None if none does: no exception, unlike type_from_dtype)."""
-    return dtype_type(dt)
 
 
 def quantize(values: Any, type: TypeLike) -> np.ndarray:

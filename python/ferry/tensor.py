@@ -23,7 +23,7 @@ from .errors import (
     UnsupportedError,
     check,
 )
-from .types import Type, TypeLike, row_size, to_type
+from .types import Type, TypeLike, array_dtype, row_size, to_type, type_of_dtype
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -710,7 +710,7 @@ def _payload(data: Any, what: str) -> Tuple[Any, Optional[Type], Optional[Tuple[
     if dt in (np.dtype(np.uint8), np.dtype(np.int8)):
         ty = None  # raw bytes: the target's bytes as they stand
     else:
-        ty = quant.type_of_dtype(dt)
+        ty = type_of_dtype(dt)
         if ty is None:
             raise InvalidArgumentError(f"{what}: data is a {dt} array, which no ferry type holds")
     if len(shape) < 2:
@@ -780,7 +780,7 @@ def writable_data(tensor: Tensor, data: Any, what: str, offset: int = 0, region:
     if ty is not None and ty != target:
         hint = (f"convert the values (ferry.quantize(values, '{target}'), Tensor.from_numpy(..., type='{target}'))"
                 if target != Type.I32 else "convert them to int32")
-        held = f"{ty} bytes (a raw())" if isinstance(data, export.TensorBytes) else f"a {quant.array_dtype(ty)} array"
+        held = f"{ty} bytes (a raw())" if isinstance(data, export.TensorBytes) else f"a {array_dtype(ty)} array"
         raise InvalidArgumentError(f"{what}: data is {held} but '{tensor.name}' holds {target}; {hint}, "
                                    "or pass its bytes (a uint8 view)")
     if ty is not None and offset % target.size:
@@ -807,7 +807,7 @@ def writable_data(tensor: Tensor, data: Any, what: str, offset: int = 0, region:
 
 def _describe(expect: Tuple[int, ...], ty: Type, partial: bool) -> str:
     """The region a write fills, in words: its shape in values (rows of bytes for block types)."""
-    dt = quant.array_dtype(ty)
+    dt = array_dtype(ty)
     shape = expect[:-1] + (expect[-1] // dt.itemsize,) if dt is not None else expect
     unit = f"{dt} values" if dt is not None else "bytes in the last axis"
     return f"shaped {shape} ({unit}){', or leading rows of that' if partial else ''}, or flat"

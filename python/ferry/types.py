@@ -70,13 +70,13 @@ def bfloat16() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def element_dtype(t: TypeLike) -> Optional[np.dtype]:
+def array_dtype(t: TypeLike) -> Optional[np.dtype]:
     """The numpy dtype of t's elements: float32, float16, bfloat16 or int32; None for the block types."""
     ty = to_type(t)
     return bfloat16() if ty == Type.BF16 else _NUMPY_OWN.get(ty)
 
 
-def dtype_type(dt: np.dtype) -> Optional[Type]:
+def type_of_dtype(dt: np.dtype) -> Optional[Type]:
     """The Type whose elements dt holds, None for none (ml_dtypes is imported only for a dtype
     named bfloat16)."""
     for ty, known in _NUMPY_OWN.items():
@@ -154,7 +154,7 @@ def numpy_dtype(t: TypeLike) -> np.dtype:
         For the block types, q8_0 and q4_0 (Tensor.to_numpy gives their values as float32,
         Tensor.raw their bytes).
     """
-    dt = element_dtype(t)
+    dt = array_dtype(t)
     if dt is None:
         raise UnsupportedError(f"type {to_type(t)} has no numpy dtype (only f32, f16, bf16 and i32 have)")
     return dt
@@ -183,7 +183,7 @@ def type_from_dtype(dtype: object) -> Type:
         dt = np.dtype(dtype)  # type: ignore[call-overload]
     except (TypeError, ValueError) as e:
         raise InvalidArgumentError(f"type_from_dtype: {dtype!r} is not a numpy dtype ({e})") from None
-    ty = dtype_type(dt)
+    ty = type_of_dtype(dt)
     if ty is not None:
         return ty
     raise UnsupportedError(f"numpy dtype {dt} has no ferry type (float32, float16, bfloat16 and int32 have)")

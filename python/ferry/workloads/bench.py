@@ -1122,7 +1122,7 @@ class _Made:
             self.rows.setdefault(npl, []).extend(rows)
             self.seconds[npl] = self.seconds.get(npl, 0.0) + other.seconds[npl]
         self.loops = {**other.loops, **self.loops}
-        self.link = [(a + c, b + d) for (a, b), (c, d) in zip(self.link, other.link)] if self.link else other.link
+        self.link = [(a + c, b + d) for (a, b), (c, d) in zip(self.link, other.link)]  # the same devices
 
 
 class _Devices:
@@ -1131,9 +1131,9 @@ class _Devices:
     def __init__(self, cfg: BenchConfig) -> None:
         self.devices = cfg.devices.make(cfg.device)
         self.cpu = CPUBackend()
-        self.pinned = not isinstance(self.devices[0], StandinBackend)
-        first = self.devices[0]
-        self.link_gbps = first.link_gbps if isinstance(first, StandinBackend) else None
+        split = self.devices[0]
+        self.pinned = not isinstance(split, StandinBackend)
+        self.link_gbps = split.link_gbps if isinstance(split, StandinBackend) else None
 
 
 def _wave(cfg: BenchConfig, dev: _Devices, npls: Sequence[int], loops: Dict[int, int],
@@ -1161,8 +1161,6 @@ def _wave(cfg: BenchConfig, dev: _Devices, npls: Sequence[int], loops: Dict[int,
                 if (k + 1) * n // rounds > k * n // rounds:  # n turns spread evenly over the rounds
                     each.turn(out.loops[each.npl], True, on_step)
         out.link = [(l1 - l0, m1 - m0) for (l0, m0), (l1, m1) in zip(before, _link_totals(dev.devices))]
-        if collecting:
-            gc.enable()
         for each in made:
             out.rows.setdefault(each.npl, []).append(each.rows())
     finally:

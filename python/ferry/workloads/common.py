@@ -16,8 +16,8 @@ from ..cuda import CUDABackend, cuda_available
 from ..errors import InvalidArgumentError
 from ..kv import KVCache
 from ..policy import CopyPolicy
-from ..quant import array_dtype, pack_blocks
-from ..types import Type
+from ..quant import pack_blocks
+from ..types import Type, array_dtype
 
 #: The copy policies a decode run compares: every CopyPolicy, by its name.
 POLICIES: Tuple[str, ...] = tuple(str(p) for p in CopyPolicy)

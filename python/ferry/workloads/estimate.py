@@ -30,9 +30,9 @@ Runs still differ by more than one run's replicas show, even with each replica i
 of its own: the host's state over minutes is shared by a run's replicas and not by the next
 run's. Ten default runs on the 2-vCPU VM put 1 + gain's estimates 0.14 to 0.38% apart (their
 standard deviation, per claim), while in the quietest of them the replicas' interval of plan
-over flat at npl 4 ended 0.2 points above its estimate and held 5 of the other 9 estimates. That part is a standard
-uncertainty known from those runs, not from this one (in the terms of metrology's GUM, type B
-beside the replicas' type A): the interval's ends are moved out from the estimate to
+over flat at npl 4 ended 0.2 points above its estimate and held 5 of the other 9 estimates.
+That part is a standard uncertainty known from those runs, not from this one (in the terms of
+metrology's GUM, type B beside the replicas' type A): the interval's ends are moved out from the estimate to
 sqrt(d^2 + (1.96 * BETWEEN_RUNS * (1 + gain))^2), d each end's distance from the replicas'
 interval, so that it says where another run on such a machine would put the gain. A quieter
 machine has less of it, and there the intervals are wider than they need be.
@@ -59,8 +59,8 @@ FLOOR_SPREAD = 0.03
 #: largest of the four claims' in ten default runs on the 2-vCPU VM, a replica per worker process
 #: (0.38%, tools/results/2026-12-02-bench-workers.md), rounded up.
 BETWEEN_RUNS = 0.004
-#: The standard normal's 97.5% point: a 95% interval's half-width in standard deviations.
-Z95 = 1.96
+#: A CONFIDENCE interval's half-width in standard deviations of a normal (1.96).
+Z95 = statistics.NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
 
 
 @dataclass(frozen=True)

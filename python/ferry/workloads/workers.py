@@ -22,6 +22,7 @@ import pickle
 import subprocess
 import sys
 import time
+import traceback
 from typing import Any, BinaryIO, Callable, Optional, Sequence
 
 from ..errors import FerryError
@@ -70,9 +71,11 @@ def call(target: str, args: Sequence[Any], on_step: Optional[Callable[[str], Non
                                  f"reported") from None
             if kind == "steps":
                 label, n = value
-                for _ in range(n if on_step is not None else 0):
-                    on_step(label)  # type: ignore[misc]
+                if on_step is not None:
+                    for _ in range(n):
+                        on_step(label)
             elif kind == "result":
+                proc.wait()  # it exits once it has reported
                 return value
             else:
                 raise value
@@ -122,9 +125,7 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
         steps.flush()
         try:
             payload = pickle.dumps(("error", e))
-        except Exception:
-            import traceback
-
+        except Exception:  # what pickle refuses goes back as its traceback's text
             payload = pickle.dumps(("error", RuntimeError("".join(traceback.format_exception(e)))))
         out.write(payload)
         out.flush()
