@@ -34,37 +34,3 @@ const char * ferry_status_name(ferry_status status) {
     }
     return status_names[status];
 }
-
-bool ferry_extent_2d(size_t offset, size_t size, size_t n_copies, size_t stride, size_t * end) {
-    size_t last_row = 0;
-    if (n_copies > 1 && !ferry_mul_ok(n_copies - 1, stride, &last_row)) {
-        return false;
-    }
-    size_t start = 0;
-    return ferry_add_ok(offset, last_row, &start) && ferry_add_ok(start, size, end);
-}
-
-bool ferry_rows_extent(size_t size, size_t n_copies, size_t stride_data, size_t * out) {
-    if (!out) {
-        return false;
-    }
-    if (size == 0 || n_copies == 0) {
-        *out = 0;
-        return true;
-    }
-    return ferry_extent_2d(0, size, n_copies, stride_data, out);
-}
-
-void * ferry_zalloc(size_t size, const char * what) {
-    void * p = ferry_calloc(1, size);
-    if (!p) {
-        ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
-    }
-    return p;
-}
-
-ferry_status ferry_new_zeroed(size_t size, const char * what, void ** out) {
-    void * p = ferry_zalloc(size, what);
-    *out = p ? p : *out;
-    return p ? FERRY_OK : FERRY_ERR_OUT_OF_MEMORY;
-}

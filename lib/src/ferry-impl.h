@@ -29,21 +29,26 @@ ferry_status ferry_fail(ferry_status status, const char * fmt, ...)
 #define FERRY_TRY(expr) \
     do { ferry_status ferry_try_st_ = (expr); if (ferry_try_st_ != FERRY_OK) return ferry_try_st_; } while (0)
 
+/* ---------------------------------------------------------------- sizes (sizes.c) */
+
 /* Overflow-checked arithmetic on sizes: false on overflow. */
 static inline bool ferry_add_ok(size_t a, size_t b, size_t * out) { return !__builtin_add_overflow(a, b, out); }
 static inline bool ferry_mul_ok(size_t a, size_t b, size_t * out) { return !__builtin_mul_overflow(a, b, out); }
 
-/* size zeroed bytes, or NULL with FERRY_ERR_OUT_OF_MEMORY "<what>: out of memory" recorded
- * (error.c). */
+/* Byte extent of a 2-D transfer: offset + (n-1)*stride + size, false on overflow. */
+bool ferry_extent_2d(size_t offset, size_t size, size_t n_copies, size_t stride, size_t * end);
+
+/* ---------------------------------------------------------------- zeroed allocations (zalloc.c) */
+
+/* size zeroed bytes, or NULL with FERRY_ERR_OUT_OF_MEMORY "<what>: out of memory" recorded. */
 void * ferry_zalloc(size_t size, const char * what);
 /* A constructor's zeroed object into *out; on failure OUT_OF_MEMORY, *out as it was. */
 ferry_status ferry_new_zeroed(size_t size, const char * what, void ** out);
 
-/* The host's monotonic clock, in seconds: every time ferry measures (event.c). */
-double ferry_now_seconds(void);
+/* ---------------------------------------------------------------- the clock (event.c) */
 
-/* Byte extent of a 2-D transfer: offset + (n-1)*stride + size, false on overflow. */
-bool ferry_extent_2d(size_t offset, size_t size, size_t n_copies, size_t stride, size_t * end);
+/* The host's monotonic clock, in seconds: every time ferry measures. */
+double ferry_now_seconds(void);
 
 /* ---------------------------------------------------------------- types (types.c) */
 
