@@ -48,6 +48,21 @@ bool ferry_buffer_id_is_live(uint64_t id) {
     return found;
 }
 
+/* A tensor's memory is usable while its buffer's serial is live: the check is the buffers'
+ * to make, since they keep the registry. */
+ferry_status ferry_tensor_check_allocated(const ferry_tensor * t) {
+    FERRY_CHECK_ARG(t, "NULL tensor");
+    const ferry_tensor * root = ferry_tensor_root(t);
+    if (!root->buffer) {
+        return ferry_fail(FERRY_ERR_NOT_ALLOCATED, "tensor '%s' is not allocated", t->name);
+    }
+    if (!ferry_buffer_id_is_live(root->buffer_id)) {
+        return ferry_fail(FERRY_ERR_FREED, "tensor '%s' lies in a buffer that was freed", t->name);
+    }
+    ferry_tensor_data(t);
+    return FERRY_OK;
+}
+
 /* ---------------------------------------------------------------- counters */
 
 const char * ferry_xfer_name(ferry_xfer kind) {

@@ -281,19 +281,6 @@ bool ferry_tensor_same_layout(const ferry_tensor * a, const ferry_tensor * b) {
 
 bool ferry_tensor_is_view(const ferry_tensor * t) { return t && t->view_src != NULL; }
 
-ferry_status ferry_tensor_check_allocated(const ferry_tensor * t) {
-    FERRY_CHECK_ARG(t, "NULL tensor");
-    const ferry_tensor * root = ferry_tensor_root(t);
-    if (!root->buffer) {
-        return ferry_fail(FERRY_ERR_NOT_ALLOCATED, "tensor '%s' is not allocated", t->name);
-    }
-    if (!ferry_buffer_id_is_live(root->buffer_id)) {
-        return ferry_fail(FERRY_ERR_FREED, "tensor '%s' lies in a buffer that was freed", t->name);
-    }
-    ferry_tensor_data(t);
-    return FERRY_OK;
-}
-
 /* A view's ne and nb past its n_dims: one-value dimensions, strided on. */
 static void fill_view_dims(ferry_type type, int n_dims, int64_t * ne, size_t * nb) {
     for (int i = n_dims; i < FERRY_MAX_DIMS; i++) {

@@ -129,7 +129,8 @@ FERRY_API ferry_status ferry_contiguous_strides(ferry_type type, int n_dims, con
 FERRY_API bool    ferry_tensor_is_contiguous(const ferry_tensor * t);
 FERRY_API bool    ferry_tensor_same_layout(const ferry_tensor * a, const ferry_tensor * b);
 FERRY_API bool    ferry_tensor_is_view(const ferry_tensor * t);
-/* OK if t has memory behind it in a live buffer (views: their source). */
+/* OK if t has memory behind it in a live buffer (views: their source); buffer.c checks,
+ * as the keeper of the live buffers. */
 FERRY_API ferry_status ferry_tensor_check_allocated(const ferry_tensor * t);
 
 #ifdef __cplusplus
