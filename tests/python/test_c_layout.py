@@ -1,12 +1,15 @@
-"""The C library's shape: the generic layer (the files directly in lib/src) names no backend,
-the installed library exports the public API alone, and each C test is named once.
+"""The C library's shape: which folder of lib/src may use which, which layer of the generic
+layer may call which, the installed library exports the public API alone, and each C test is
+named once.
 
-The first tests read the sources as text, so they need no build: each backend's folder under
-lib/src (cpu, dummy, standin, cuda) holds what it defines, and a file of the generic layer
-may neither include a header of those folders nor name a function, type, variable or macro
-they own. Public functions count too: the generic layer must not call ferry_cpu_backend_new
-any more than a backend's private helpers; it asks the buffer type or the backend through
-their interfaces (lib/src/ferry-impl.h) instead.
+The first tests read the sources as text, so they need no build. Each backend's folder under
+lib/src (cpu, dummy, standin, cuda) holds what it defines; a file may include the headers and
+name the functions, types, variables and macros of its own folder, of the generic layer (the
+files directly in lib/src), and of the backend folders its row of MAY_INCLUDE lists: none for
+the generic layer, which asks the buffer type or the backend through their interfaces
+(lib/src/ferry-impl.h) instead. Public functions count too: the generic layer must not call
+ferry_cpu_backend_new any more than a backend's private helpers. Within the generic layer a
+file calls functions of its own layer and lower ones (GENERIC_LAYERS), never upward.
 """
 
 from __future__ import annotations
@@ -27,6 +30,37 @@ INCLUDE = ROOT / "lib" / "include"
 
 #: The backends' folders under lib/src; every other file directly in lib/src is generic.
 BACKENDS = ("cpu", "dummy", "standin", "cuda")
+
+#: Whose headers a folder's files may include, and whose names they may use, besides their own
+#: folder's and the generic layer's ("": the files directly in lib/src). The backends stack:
+#: the dummy backend runs the CPU kernels on its real memory and takes the CPU's 2-D transfers
+#: of host memory; the stand-in device is a dummy backend claiming the CPU kernels' ops, with
+#: the CPU's transfers and the host's memory figures. The CPU and CUDA backends stand on the
+#: generic layer alone, and the generic layer on no backend.
+MAY_INCLUDE: Dict[str, Tuple[str, ...]] = {
+    "": (),
+    "cpu": (),
+    "dummy": ("cpu",),
+    "standin": ("cpu", "dummy"),
+    "cuda": (),
+}
+
+#: The generic layer's layers, lowest first, and their .c files: a file calls functions of its
+#: own layer's files and of lower ones, never of a higher one. docs/architecture.md's table
+#: lists the same rows in the same order.
+GENERIC_LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("errors, sizes and allocation", ("error.c", "sizes.c", "zalloc.c", "alloc-hook.c", "build-info.c")),
+    ("types and tensors", ("types.c", "tensor.c", "quant.c")),
+    ("buffers and buffer types", ("buffer.c", "transfer.c", "host-buffer.c", "foreign-buffer.c", "dlpack.c")),
+    ("backends", ("backend.c", "event.c")),
+    ("graphs, ops, allocator", ("graph.c", "ops.c", "alloc.c", "alloc-blocks.c")),
+    ("copy path and plans", ("copy-path.c", "copy-plan.c", "copy-compact.c")),
+    ("scheduler and prefetch", ("sched.c", "sched-prefetch.c")),
+    ("KV cache and decode step", ("kv-cache.c", "step-graph.c")),
+)
+#: Each generic .c file's layer: its index in GENERIC_LAYERS.
+GENERIC_LAYER_OF: Dict[str, int] = {f: i for i, (_, files) in enumerate(GENERIC_LAYERS) for f in files}
+
 C_SUFFIXES = (".c", ".h", ".cu")
 C_KEYWORDS = {"extern", "void", "int", "char", "bool", "struct", "union", "enum", "const", "typedef"}
 
@@ -171,6 +205,14 @@ def backend_files() -> Dict[str, List[Path]]:
     return {b: sorted(p for p in (SRC / b).rglob("*") if p.suffix in C_SUFFIXES) for b in BACKENDS}
 
 
+def folder_of(path: Path) -> str:
+    """The folder a C file belongs to: a backend's name, or ``""`` for the generic layer
+    (a file outside lib/src's backend folders, a planted one included)."""
+    if path.is_relative_to(SRC) and len(path.relative_to(SRC).parts) > 1:
+        return path.relative_to(SRC).parts[0]
+    return ""
+
+
 def _shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
@@ -184,13 +226,16 @@ def _resolve_include(name: str, including: Path) -> Optional[Path]:
     return None
 
 
-def include_violations(files: List[Path]) -> List[str]:
-    """Where a generic file includes a header of a backend's folder.
+def include_violations(files: List[Path], folder: Optional[str] = None) -> List[str]:
+    """Where a file includes a header of a backend's folder that its row of
+    ``MAY_INCLUDE`` leaves out.
 
     Parameters
     ----------
     files : list of Path
-        The generic layer's files.
+        C files of lib/src.
+    folder : str, optional
+        The folder to hold them to (a key of ``MAY_INCLUDE``); by default each file's own.
 
     Returns
     -------
@@ -198,28 +243,35 @@ def include_violations(files: List[Path]) -> List[str]:
         ``file:line: includes header`` for each such include; a header the include path
         does not find but a backend's folder holds counts too.
     """
-    backend_dirs = [(SRC / b).resolve() for b in BACKENDS]
-    backend_headers = {p.name for ps in backend_files().values() for p in ps if p.suffix == ".h"}
+    header_owner = {p.name: b for b, ps in backend_files().items() for p in ps if p.suffix == ".h"}
     found = []
     for f in files:
+        own = folder if folder is not None else folder_of(f)
+        allowed = {"", own, *MAY_INCLUDE[own]}  # the generic layer is open to every folder
         for n, line in enumerate(f.read_text().splitlines(), 1):
             m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
             if not m:
                 continue
             target = _resolve_include(m.group(1), f)
-            inside = target is not None and any(d in target.parents for d in backend_dirs)
-            if inside or (target is None and Path(m.group(1)).name in backend_headers):
+            if target is not None:
+                owner = folder_of(target)
+            else:
+                owner = header_owner.get(Path(m.group(1)).name, "")
+            if owner not in allowed:
                 found.append(f"{_shown(f)}:{n}: includes {m.group(1)}")
     return found
 
 
-def name_violations(files: List[Path]) -> List[str]:
-    """Where a generic file names what a backend's folder defines.
+def name_violations(files: List[Path], folder: Optional[str] = None) -> List[str]:
+    """Where a file names what a backend's folder defines that its row of ``MAY_INCLUDE``
+    leaves out.
 
     Parameters
     ----------
     files : list of Path
-        The generic layer's files.
+        C files of lib/src.
+    folder : str, optional
+        The folder to hold them to (a key of ``MAY_INCLUDE``); by default each file's own.
 
     Returns
     -------
@@ -236,9 +288,44 @@ def name_violations(files: List[Path]) -> List[str]:
     word = re.compile(r"\b(" + "|".join(sorted(map(re.escape, owner), key=len, reverse=True)) + r")\b")
     found = []
     for f in files:
+        own = folder if folder is not None else folder_of(f)
+        allowed = {"", own, *MAY_INCLUDE[own]}  # the generic layer is open to every folder
         for n, line in enumerate(strip_c(f.read_text()).splitlines(), 1):
             for m in word.finditer(line):
-                found.append(f"{_shown(f)}:{n}: {m.group(1)} ({owner[m.group(1)]}/)")
+                if owner[m.group(1)] not in allowed:
+                    found.append(f"{_shown(f)}:{n}: {m.group(1)} ({owner[m.group(1)]}/)")
+    return found
+
+
+def call_violations(files: List[Path], layer_of: Dict[str, int]) -> List[str]:
+    """Where a generic file calls a function that a file of a higher layer defines.
+
+    Parameters
+    ----------
+    files : list of Path
+        .c files of the generic layer.
+    layer_of : dict of str to int
+        Each generic .c file's layer (``GENERIC_LAYER_OF``; a planted file's name may be added).
+
+    Returns
+    -------
+    list of str
+        ``file:line: calls name (defining file)`` for each call, outside comments and strings,
+        of a function defined in a file of a higher layer; calls within a layer are allowed.
+    """
+    definer: Dict[str, str] = {}
+    for p in generic_files():
+        if p.suffix == ".c":
+            for name in defined_names(p):
+                definer.setdefault(name, p.name)
+    found = []
+    for f in files:
+        own = layer_of[f.name]
+        for n, line in enumerate(strip_c(f.read_text()).splitlines(), 1):
+            for m in re.finditer(r"\b(\w+)\s*\(", line):
+                at = definer.get(m.group(1))
+                if at is not None and at != f.name and layer_of[at] > own:
+                    found.append(f"{_shown(f)}:{n}: calls {m.group(1)} ({at})")
     return found
 
 
@@ -260,12 +347,23 @@ def test_what_a_backend_defines_is_found() -> None:
     assert not {"cpu_name", "synthetic_get_base", "backend_ctx", "tensor_at"} & set().union(*owned.values())
 
 
-def test_generic_layer_includes_no_backend_header() -> None:
-    assert include_violations(generic_files()) == []
+def test_include_table_names_every_folder() -> None:
+    assert set(MAY_INCLUDE) == {"", *BACKENDS}
+    assert all(set(row) <= set(BACKENDS) for row in MAY_INCLUDE.values())
+    assert MAY_INCLUDE[""] == (), "the generic layer includes no backend's header"
 
 
-def test_generic_layer_names_no_backend() -> None:
-    assert name_violations(generic_files()) == []
+@pytest.mark.parametrize("folder", sorted(MAY_INCLUDE))
+def test_includes_follow_the_table(folder: str) -> None:
+    files = generic_files() if folder == "" else backend_files()[folder]
+    assert include_violations(files) == []
+
+
+@pytest.mark.parametrize("folder", sorted(MAY_INCLUDE))
+def test_names_follow_the_table(folder: str) -> None:
+    # what a folder may include it may name, and nothing else a backend defines
+    files = generic_files() if folder == "" else backend_files()[folder]
+    assert name_violations(files) == []
 
 
 def test_layout_checks_can_fail(tmp_path: Path) -> None:
@@ -276,6 +374,109 @@ def test_layout_checks_can_fail(tmp_path: Path) -> None:
                        'int f(void) { return ferry_cpu_backend_new(0) + "ferry_dummy_backend_new"[0]; }\n')
     assert include_violations([planted]) == [f"{planted}:1: includes standin/copy-queue.h"]
     assert name_violations([planted]) == [f"{planted}:3: ferry_cpu_backend_new (cpu/)"]
+    # held to a backend's row: the dummy backend may use the CPU's, not the stand-in's
+    assert include_violations([planted], "dummy") == [f"{planted}:1: includes standin/copy-queue.h"]
+    assert name_violations([planted], "dummy") == []
+    assert include_violations([planted], "standin") == []
+    assert name_violations([planted], "cuda") == [f"{planted}:3: ferry_cpu_backend_new (cpu/)"]
+    # the CPU backend built on the dummy one would turn the stack over
+    upward = tmp_path / "upward.c"
+    upward.write_text('#include "dummy/dummy-impl.h"\n'
+                      'int g(void) { return ferry_dummy_backend_new_cpu_ops(0, 0, 0); }\n')
+    assert include_violations([upward], "cpu") == [f"{upward}:1: includes dummy/dummy-impl.h"]
+    assert name_violations([upward], "cpu") == [f"{upward}:2: ferry_dummy_backend_new_cpu_ops (dummy/)"]
+
+
+# ---------------------------------------------------------------- the generic layer calls downward
+
+
+def generic_c_files() -> List[Path]:
+    """The generic layer's .c files (its headers define no function bodies but inline ones)."""
+    return [p for p in generic_files() if p.suffix == ".c"]
+
+
+def test_every_generic_file_has_a_layer() -> None:
+    assert sorted(GENERIC_LAYER_OF) == sorted(p.name for p in generic_c_files())
+
+
+def test_generic_layer_calls_only_downward() -> None:
+    assert call_violations(generic_c_files(), GENERIC_LAYER_OF) == []
+
+
+def test_layer_table_is_architecture_md_s() -> None:
+    # the table of docs/architecture.md lists the same files, layer by layer, in the same order
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    c_part = doc[doc.index("## C: the library"):doc.index("## Python: the binding")]
+    rows = [line for line in c_part.splitlines() if line.startswith("|") and "`lib/src`:" in line]
+    documented = [set(re.findall(r"`([\w-]+\.c)`", row.split("`lib/src`:")[1])) for row in rows]
+    assert [{f for f, i in GENERIC_LAYER_OF.items() if i == layer} for layer in range(len(GENERIC_LAYERS))] \
+        == documented
+    assert [name for name, _ in GENERIC_LAYERS] == [row.split("|")[1].strip() for row in rows]
+
+
+def test_call_check_can_fail(tmp_path: Path) -> None:
+    # a tensor-layer file that asks the buffers' registry is caught; a call within its layer,
+    # downward, or in a comment or string is not
+    planted = tmp_path / "planted.c"
+    planted.write_text('/* ferry_backend_synchronize(b) */\n'
+                       'int f(const ferry_tensor * t) {\n'
+                       '    ferry_type_valid(t->type); ferry_fail(0, "ferry_sched_new(x)");\n'
+                       '    return ferry_buffer_id_is_live(t->buffer_id);\n}\n')
+    layers = {**GENERIC_LAYER_OF, "planted.c": GENERIC_LAYER_OF["tensor.c"]}
+    assert call_violations([planted], layers) == [f"{planted}:4: calls ferry_buffer_id_is_live (buffer.c)"]
+    layers["planted.c"] = GENERIC_LAYER_OF["buffer.c"]
+    assert call_violations([planted], layers) == []
+
+
+# ---------------------------------------------------------------- the headers meson installs
+
+
+def strip_meson_comments(meson: str) -> str:
+    """meson text without its comments (from a # outside a string to the end of its line)."""
+    return re.sub(r"('(?:\\.|[^'\\\n])*')|#[^\n]*", lambda m: m.group(1) or "", meson)
+
+
+def installed_headers(meson_build: str, lib_meson_build: str) -> Set[str]:
+    """The public headers the build installs, as paths from the root.
+
+    Parameters
+    ----------
+    meson_build : str
+        The top meson.build, whose ``ferry_headers = files(...)`` lists ferry/*.h.
+    lib_meson_build : str
+        lib/meson.build, whose ``install_headers`` calls install the umbrella and that list.
+
+    Returns
+    -------
+    set of str
+        lib/include/ferry.h where lib/meson.build installs it, and each header of
+        ``ferry_headers`` where lib/meson.build installs that list.
+    """
+    found: Set[str] = set()
+    calls = re.findall(r"install_headers\(([^)]*)\)", strip_meson_comments(lib_meson_build))
+    if any("'include/ferry.h'" in c for c in calls):
+        found.add("lib/include/ferry.h")
+    if any(re.match(r"\s*ferry_headers\b", c) for c in calls):
+        m = re.search(r"^ferry_headers\s*=\s*files\(([^)]*)\)", strip_meson_comments(meson_build), re.M)
+        found |= set(re.findall(r"'([^']+)'", m.group(1))) if m else set()
+    return found
+
+
+def test_every_public_header_is_installed() -> None:
+    # tools/c-install-check compares a real install with lib/include; this finds the same
+    # gap without a build
+    on_disk = {p.relative_to(ROOT).as_posix() for p in INCLUDE.rglob("*.h")}
+    listed = installed_headers((ROOT / "meson.build").read_text(), (ROOT / "lib" / "meson.build").read_text())
+    assert sorted(on_disk - listed) == [], "headers of lib/include that meson install leaves out"
+    assert sorted(listed - on_disk) == []
+
+
+def test_installed_headers_sees_a_header_left_out() -> None:
+    top = "ferry_headers = files(\n  'lib/include/ferry/a.h',\n  # 'lib/include/ferry/b.h',\n)\n"
+    lib = "install_headers('include/ferry.h')\ninstall_headers(ferry_headers, subdir: 'ferry')\n"
+    assert installed_headers(top, lib) == {"lib/include/ferry.h", "lib/include/ferry/a.h"}
+    assert installed_headers(top, "install_headers(ferry_headers, subdir: 'ferry')\n") == {"lib/include/ferry/a.h"}
+    assert installed_headers(top, "# install_headers(ferry_headers)\n") == set()
 
 
 # ---------------------------------------------------------------- what the library exports
