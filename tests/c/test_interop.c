@@ -88,6 +88,16 @@ static void test_float_types(void) {
     CHECK(memcmp(back, x, sizeof(x)) == 0);
 }
 
+/* Values f16 holds exactly (subnormals, its largest, a short fraction) come back unchanged. */
+static void test_f16_conversions(void) {
+    const float values[] = {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.333251953125f};
+    for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+        extern float ferry_f16_to_f32(uint16_t);
+        extern uint16_t ferry_f32_to_f16(float);
+        CHECK(ferry_f16_to_f32(ferry_f32_to_f16(values[i])) == values[i]);
+    }
+}
+
 /* Every refusal leaves a message and the output as it was. */
 static void test_quant_refusals(void) {
     float x[64] = {0};
@@ -338,6 +348,7 @@ static const check_test tests[] = {
     {"q8_0_bytes", test_q8_0_bytes},
     {"q4_0_bytes", test_q4_0_bytes},
     {"float_types", test_float_types},
+    {"f16_conversions", test_f16_conversions},
     {"quant_refusals", test_quant_refusals},
     {"pack_blocks", test_pack_blocks},
     {"host_buffer_from_ptr", test_host_buffer_from_ptr},
