@@ -377,6 +377,51 @@ static void test_cpu_strided_views(void) {
 }
 
 /* What compute refuses, with a message, without running anything. */
+/* What a backend refuses to compute, naming why: a node with no memory yet; an op the CPU
+ * kernels lack, on a dummy with real memory (which claims every op and computes with those
+ * kernels); any graph on a stand-in's copy queue, which copies and computes nothing. Nothing
+ * is written. */
+static void test_compute_refusals_of_backends(void) {
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    ferry_backend * dummy = NULL;
+    CHECK_OK(ferry_dummy_backend_new(&dp, &dummy));
+    rig r;
+    CHECK(rig_init(&r, dummy));
+    ferry_tensor *x = mk(r.ctx, FERRY_TYPE_Q8_0, 32, 2, 1, 1), *y;
+    CHECK_OK(ferry_dup_as(r.ctx, x, FERRY_TYPE_F32, &y)); /* dequantizing: no CPU kernel */
+    CHECK_OK(ferry_tensor_set_name(y, "dequantized"));
+    CHECK_OK(ferry_graph_build(r.g, y));
+    /* the leaf placed, the node not: refused before anything runs */
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(dummy, 4096, &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, x, 0));
+    CHECK_FAILS(ferry_backend_graph_compute(dummy, r.g), FERRY_ERR_NOT_ALLOCATED);
+    CHECK(strstr(ferry_last_error(), "'dequantized' is not allocated") != NULL);
+    CHECK_OK(ferry_buffer_place_tensor(buf, y, 1024));
+    CHECK_OK(ferry_tensor_memset(y, 0xA5, 0, ferry_tensor_nbytes(y)));
+    CHECK(ferry_backend_supports_op(dummy, y));
+    CHECK_FAILS(ferry_backend_graph_compute(dummy, r.g), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_last_error(), "the CPU kernels do not do dup of f32 ('dequantized')") != NULL);
+    uint8_t back[256];
+    CHECK_OK(ferry_tensor_get(y, back, 0, sizeof(back)));
+    for (size_t i = 0; i < sizeof(back); i++) {
+        CHECK_EQ_U(back[i], 0xA5);
+    }
+    /* a copy queue runs copies, never graphs */
+    ferry_backend *standin, *queue;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    CHECK_OK(ferry_backend_get_copy_queue(standin, &queue));
+    ferry_graph * empty;
+    CHECK_OK(ferry_graph_new(&empty));
+    CHECK_FAILS(ferry_backend_graph_compute(queue, empty), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_last_error(), "cannot compute graphs") != NULL);
+    ferry_graph_free(empty);
+    ferry_backend_free(standin);
+    ferry_buffer_free(buf);
+    rig_free(&r);
+}
+
 static void test_compute_refusals(void) {
     rig r;
     ferry_backend * cpu = NULL;
@@ -424,6 +469,7 @@ static const check_test tests[] = {
     {"dummy_real_end_to_end", test_dummy_real_end_to_end},
     {"cpu_strided_views", test_cpu_strided_views},
     {"compute_refusals", test_compute_refusals},
+    {"compute_refusals_of_backends", test_compute_refusals_of_backends},
 };
 
 CHECK_MAIN(tests)

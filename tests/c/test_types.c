@@ -232,6 +232,39 @@ static void test_layout_nbytes(void) {
     CHECK_FAILS(ferry_layout_nbytes(FERRY_TYPE_F32, 2, two, nb, NULL), FERRY_ERR_INVALID_ARG);
 }
 
+/* Layouts whose span passes size_t are refused, not wrapped: a view at an offset near
+ * SIZE_MAX, rows of elements or of blocks too far apart; a view of more than one dimension
+ * needs its strides, and an unknown type has none. */
+static void test_spans_past_size_t(void) {
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *t, *v = NULL;
+    const int64_t ne[2] = {8, 4};
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 2, ne, &t));
+    const int64_t ne_v[1] = {4};
+    CHECK_FAILS(ferry_tensor_view(ctx, t, 1, ne_v, NULL, SIZE_MAX - 7, &v), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "reaches past the 128 bytes") != NULL);
+    CHECK_FAILS(ferry_tensor_view(ctx, t, 2, ne, NULL, 0, &v), FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "NULL strides for 2 dimensions") != NULL);
+    CHECK(v == NULL);
+    size_t n = 0, nb4[4];
+    const size_t nb_f32[1] = {(size_t) 1 << 62}, nb_q8[1] = {(size_t) 1 << 10};
+    const int64_t many[1] = {(int64_t) 1 << 62};
+    CHECK_FAILS(ferry_layout_nbytes(FERRY_TYPE_F32, 1, many, nb_f32, &n), FERRY_ERR_OUT_OF_BOUNDS); /* elements apart */
+    CHECK_FAILS(ferry_layout_nbytes(FERRY_TYPE_Q8_0, 1, many, nb_q8, &n), FERRY_ERR_OUT_OF_BOUNDS); /* blocks apart */
+    CHECK_EQ_U(n, 0);
+    const size_t nb_close[1] = {34};
+    CHECK_OK(ferry_layout_nbytes(FERRY_TYPE_Q8_0, 1, many, nb_close, &n)); /* the same blocks packed: 2^57 of them */
+    CHECK_EQ_U(n, ((size_t) 1 << 57) * 34);
+    CHECK_FAILS(ferry_view_strides((ferry_type) 42, 1, ne_v, nb_close, nb4), FERRY_ERR_UNKNOWN_TYPE);
+    CHECK_FAILS(ferry_view_strides(FERRY_TYPE_F32, 1, ne_v, NULL, nb4), FERRY_ERR_INVALID_ARG);
+    /* a tensor whose type ferry does not know cannot be copied into a new one */
+    const ferry_tensor unknown = {.type = (ferry_type) 42, .ne = {1, 1, 1, 1}, .nb = {4, 4, 4, 4}};
+    CHECK_FAILS(ferry_tensor_dup_layout(ctx, &unknown, &v), FERRY_ERR_UNKNOWN_TYPE);
+    CHECK(v == NULL);
+    ferry_context_free(ctx);
+}
+
 static const check_test tests[] = {
     {"type_sizes", test_type_sizes},
     {"nbytes_contiguous", test_nbytes_contiguous},
@@ -239,6 +272,7 @@ static const check_test tests[] = {
     {"views_permute_reshape", test_views_permute_reshape},
     {"contiguous_strides", test_contiguous_strides},
     {"layout_nbytes", test_layout_nbytes},
+    {"spans_past_size_t", test_spans_past_size_t},
 };
 
 CHECK_MAIN(tests)
