@@ -7,7 +7,7 @@
  * every public transfer, and no counter counts what did not happen.
  */
 #include "check.h"
-#include "ferry-impl.h" /* the interfaces: a device whose entries fail or decline */
+#include "lost-device.h"
 
 #include <stdint.h>
 
@@ -282,63 +282,6 @@ static void test_generic_paths(void) {
     ferry_backend_free(cpu);
 }
 
-/* ---------------------------------------------------------------- a device that fails */
-
-/* Entries of a device that has failed: each returns the device's error, as CUDA's would. */
-static ferry_status lost(void) { return ferry_fail(FERRY_ERR_BACKEND, "device: lost"); }
-static ferry_status lost_set(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset, size_t size) {
-    (void) buf, (void) t, (void) data, (void) offset, (void) size;
-    return lost();
-}
-static ferry_status lost_get(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset, size_t size) {
-    (void) buf, (void) t, (void) data, (void) offset, (void) size;
-    return lost();
-}
-static ferry_status lost_memset(ferry_buffer * buf, ferry_tensor * t, uint8_t value, size_t offset, size_t size) {
-    (void) buf, (void) t, (void) value, (void) offset, (void) size;
-    return lost();
-}
-static ferry_status lost_set_2d(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset, size_t size,
-                                size_t n, size_t stride_t, size_t stride_d) {
-    (void) buf, (void) t, (void) data, (void) offset, (void) size, (void) n, (void) stride_t, (void) stride_d;
-    return lost();
-}
-static ferry_status lost_get_2d(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset, size_t size,
-                                size_t n, size_t stride_t, size_t stride_d) {
-    (void) buf, (void) t, (void) data, (void) offset, (void) size, (void) n, (void) stride_t, (void) stride_d;
-    return lost();
-}
-static ferry_status lost_set_2d_async(ferry_backend * be, ferry_tensor * t, const void * data, size_t offset,
-                                      size_t size, size_t n, size_t stride_t, size_t stride_d) {
-    (void) be, (void) t, (void) data, (void) offset, (void) size, (void) n, (void) stride_t, (void) stride_d;
-    return lost();
-}
-static ferry_status lost_get_2d_async(ferry_backend * be, const ferry_tensor * t, void * data, size_t offset,
-                                      size_t size, size_t n, size_t stride_t, size_t stride_d) {
-    (void) be, (void) t, (void) data, (void) offset, (void) size, (void) n, (void) stride_t, (void) stride_d;
-    return lost();
-}
-static ferry_status lost_synchronize(ferry_backend * be) {
-    (void) be;
-    return lost();
-}
-
-/* The error comes back as the device gave it, and no counter counts the transfer. */
-#define LOST(expr)                                                                         \
-    do {                                                                                   \
-        CHECK_FAILS(expr, FERRY_ERR_BACKEND);                                              \
-        CHECK(strcmp(ferry_last_error(), "device: lost") == 0);                            \
-    } while (0)
-
-static bool nothing_counted(const ferry_stats * s) {
-    for (int k = 0; k < FERRY_XFER_COUNT; k++) {
-        if (s->calls[k] || s->bytes[k] || s->impl_calls[k]) {
-            return false;
-        }
-    }
-    return true;
-}
-
 /* Every transfer into or out of a device that fails returns the device's error: blocking
  * or async, 1-D or 2-D, the device's own 2-D or the generic loop of rows, a staged copy.
  * Neither the buffer's nor the backend's counters count any of them. */
@@ -364,12 +307,14 @@ static void test_device_errors_reach_the_caller(void) {
     buf->iface.memset_tensor = lost_memset;
     buf->iface.set_tensor_2d = lost_set_2d;
     buf->iface.get_tensor_2d = lost_get_2d;
+    buf->iface.clear = lost_clear;
     ferry_buffer_reset_stats(buf);
     ferry_backend_reset_stats(dev);
     float data[64] = {0};
     LOST(ferry_tensor_set(t, data, 0, sizeof(data)));
     LOST(ferry_tensor_get(t, data, 0, sizeof(data)));
     LOST(ferry_tensor_memset(t, 0, 0, sizeof(data)));
+    LOST(ferry_buffer_clear(buf, 0));
     LOST(ferry_tensor_set_2d(t, data, 0, 16, 4, 64, 16));
     LOST(ferry_tensor_get_2d(t, data, 0, 16, 4, 64, 16));
     LOST(ferry_backend_tensor_set_async(dev, t, data, 0, sizeof(data))); /* no async entry: the blocking set */
@@ -486,6 +431,74 @@ static void test_async_copy_entries(void) {
     ferry_backend_free(cpu);
 }
 
+/* The same for a buffer's own copy entry, between two buffers neither side can reach by
+ * pointer: declined, the copy is staged through the host (a get and a set); failed, it is
+ * that failure; done, it counts as the destination buffer's copy. */
+static ferry_status declined_buffer_copy(ferry_buffer * buf, const ferry_tensor * src, ferry_tensor * dst) {
+    (void) buf, (void) src, (void) dst;
+    return ferry_fail(FERRY_ERR_UNSUPPORTED, "device: no direct copy");
+}
+static ferry_status failed_buffer_copy(ferry_buffer * buf, const ferry_tensor * src, ferry_tensor * dst) {
+    (void) buf, (void) src, (void) dst;
+    return lost();
+}
+static ferry_status direct_buffer_copy(ferry_buffer * buf, const ferry_tensor * src, ferry_tensor * dst) {
+    (void) buf;
+    memcpy(dst->data, src->data, ferry_tensor_nbytes(src));
+    return FERRY_OK;
+}
+
+static void test_buffer_copy_entries(void) {
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    ferry_backend * dev;
+    CHECK_OK(ferry_dummy_backend_new(&dp, &dev));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[1] = {64};
+    ferry_tensor *src, *dst;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &src));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &dst));
+    ferry_buffer *bs, *bd;
+    CHECK_OK(ferry_backend_alloc_buffer(dev, 256, &bs));
+    CHECK_OK(ferry_backend_alloc_buffer(dev, 256, &bd));
+    CHECK_OK(ferry_buffer_place_tensor(bs, src, 0));
+    CHECK_OK(ferry_buffer_place_tensor(bd, dst, 0));
+    float in[64], out[64];
+    for (int i = 0; i < 64; i++) {
+        in[i] = (float) i;
+    }
+    CHECK_OK(ferry_tensor_set(src, in, 0, sizeof(in)));
+    ferry_status (*const entries[3])(ferry_buffer *, const ferry_tensor *, ferry_tensor *) = {
+        declined_buffer_copy, failed_buffer_copy, direct_buffer_copy};
+    for (int e = 0; e < 3; e++) {
+        bd->iface.cpy_tensor = entries[e];
+        CHECK_OK(ferry_tensor_memset(dst, 0, 0, sizeof(out)));
+        ferry_buffer_reset_stats(bs);
+        ferry_buffer_reset_stats(bd);
+        const ferry_status st = ferry_tensor_copy(src, dst);
+        ferry_stats ss, ds;
+        CHECK_OK(ferry_buffer_get_stats(bs, &ss));
+        CHECK_OK(ferry_buffer_get_stats(bd, &ds));
+        CHECK_OK(ferry_tensor_get(dst, out, 0, sizeof(out)));
+        if (entries[e] == failed_buffer_copy) {
+            CHECK(st == FERRY_ERR_BACKEND && strcmp(ferry_last_error(), "device: lost") == 0);
+            CHECK(nothing_counted(&ss) && nothing_counted(&ds) && out[63] == 0.0f);
+            continue;
+        }
+        CHECK_OK(st);
+        CHECK(memcmp(in, out, sizeof(in)) == 0);
+        const bool staged = entries[e] == declined_buffer_copy;
+        CHECK_EQ_U(ss.bytes[FERRY_XFER_GET], staged ? sizeof(in) : 0);
+        CHECK_EQ_U(ds.bytes[FERRY_XFER_SET], staged ? sizeof(in) : 0);
+        CHECK_EQ_U(ds.bytes[FERRY_XFER_COPY], staged ? 0 : sizeof(in));
+    }
+    ferry_buffer_free(bs);
+    ferry_buffer_free(bd);
+    ferry_context_free(ctx);
+    ferry_backend_free(dev);
+}
+
 /* A backend without the optional entries: no ops supported, and its memory not known. */
 static void test_backend_without_optional_entries(void) {
     ferry_backend * dev;
@@ -516,6 +529,7 @@ static const check_test tests[] = {
     {"generic_paths", test_generic_paths},
     {"device_errors_reach_the_caller", test_device_errors_reach_the_caller},
     {"async_copy_entries", test_async_copy_entries},
+    {"buffer_copy_entries", test_buffer_copy_entries},
     {"backend_without_optional_entries", test_backend_without_optional_entries},
 };
 

@@ -220,6 +220,15 @@ static void test_bad_transfers(void) {
     CHECK_FAILS(ferry_backend_tensor_set_2d_async(cpu, t, data, 0, 100, 2, 50, 100), FERRY_ERR_LAYOUT);
     CHECK_FAILS(ferry_tensor_get_2d(t, data, 0, 100, 2, 100, 50), FERRY_ERR_LAYOUT);
     CHECK_OK(ferry_tensor_set(view, data, 0, 64));
+    /* nothing to do: a zero-byte memset succeeds and counts nothing */
+    ferry_stats before, after;
+    CHECK_OK(ferry_buffer_get_stats(buf, &before));
+    CHECK_OK(ferry_tensor_memset(t, 7, 1024, 0));
+    CHECK_OK(ferry_buffer_get_stats(buf, &after));
+    CHECK_EQ_U(after.calls[FERRY_XFER_MEMSET], before.calls[FERRY_XFER_MEMSET]);
+    /* an async copy of a tensor not yet placed */
+    CHECK_FAILS(ferry_backend_tensor_copy_async(cpu, cpu, unalloc, t), FERRY_ERR_NOT_ALLOCATED);
+    CHECK_FAILS(ferry_backend_tensor_set_async(cpu, unalloc, data, 0, 4), FERRY_ERR_NOT_ALLOCATED);
 
     ferry_backend * dummy;
     CHECK_OK(ferry_dummy_backend_new(NULL, &dummy));
@@ -279,6 +288,13 @@ static void test_check_transfer(void) {
     CHECK_FAILS(ferry_tensor_check_transfer(t, 0, 100, 11, 100, 100, NULL), FERRY_ERR_OUT_OF_BOUNDS);
     CHECK(strncmp(ferry_last_error(), "tensor_check_transfer: 11 rows", 30) == 0);
     CHECK_FAILS(ferry_tensor_check_transfer(t, SIZE_MAX - 2, 8, 1, 0, 0, "probe"), FERRY_ERR_INVALID_ARG);
+    /* rows whose extent passes size_t are out of bounds, not wrapped round to a small end:
+     * the last row's start, the offset added to it, the row's size added to that */
+    const size_t half = (size_t) 1 << 63;
+    CHECK_FAILS(ferry_tensor_check_transfer(t, 0, 8, 3, half, 8, "probe"), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_tensor_check_transfer(t, 4, 8, 2, half + (half - 2), 8, "probe"), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_tensor_check_transfer(t, 4, 8, 2, half + (half - 8), 8, "probe"), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "2 rows of 8 bytes at offset 4") != NULL);
     CHECK_FAILS(ferry_tensor_check_transfer(unalloc, 0, 4, 1, 0, 0, "probe"), FERRY_ERR_NOT_ALLOCATED);
     CHECK_FAILS(ferry_tensor_check_transfer(NULL, 0, 4, 1, 0, 0, "probe"), FERRY_ERR_INVALID_ARG);
     ferry_buffer_free(buf);
