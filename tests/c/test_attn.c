@@ -151,6 +151,97 @@ static void test_attn_deterministic(void) {
 }
 
 /* Shapes and types that do not fit: LAYOUT with a message, nothing made. */
+/* A tensor of the given type and shape in ctx, contiguous; NULL if refused. */
+static ferry_tensor * attn_operand(ferry_context * ctx, ferry_type type, int64_t n0, int64_t n1, int64_t n2,
+                                   int64_t n3) {
+    const int64_t ne[4] = {n0, n1, n2, n3};
+    ferry_tensor * t = NULL;
+    return ferry_tensor_new(ctx, type, 4, ne, &t) == FERRY_OK ? t : NULL;
+}
+
+/* The operand a refused attn_decode names: its message begins "attn_decode: <name> is". */
+static bool names_operand(const char * name) {
+    char want[64];
+    snprintf(want, sizeof(want), "attn_decode: %s is ", name);
+    return strncmp(ferry_last_error(), want, strlen(want)) == 0;
+}
+
+/* attn_decode refused with a layout error that names `name`, and no tensor made */
+#define ATTN_REFUSED(ctx, call, name)                                 \
+    do {                                                              \
+        const size_t n_before_ = ferry_context_n_tensors(ctx);        \
+        CHECK_FAILS(call, FERRY_ERR_LAYOUT);                          \
+        CHECK(names_operand(name));                                   \
+        CHECK_EQ_U(ferry_context_n_tensors(ctx), n_before_);          \
+    } while (0)
+
+/* Each layout error names the operand at fault: a q without heads, streams or head_dim is
+ * q's; a head_dim that only q lacks is q's too, unless k's strides show an unpermuted window
+ * (then k is the one to fix); a V that does not match K is V's; a q8_0 operand needs whole
+ * blocks in its rows; kv_len is one length per stream. Nothing is made. */
+static void test_attn_operand_errors(void) {
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor * out = NULL;
+    /* the good operands: K and V windows as KVCache.window gives them, [64, 13, 2, 3] permuted */
+    ferry_tensor *kc = attn_operand(ctx, FERRY_TYPE_F16, 64, 2, 13, 3), *k, *v;
+    CHECK(kc != NULL);
+    CHECK_OK(ferry_tensor_permute(ctx, kc, 0, 2, 1, 3, &k));
+    v = k;
+    ferry_tensor *q = attn_operand(ctx, FERRY_TYPE_F32, 64, 4, 1, 3), *len = attn_operand(ctx, FERRY_TYPE_I32, 3, 1, 1, 1);
+    CHECK_OK(ferry_attn_decode(ctx, q, k, v, len, 1.0f, false, &out));
+    out = NULL;
+
+    const int64_t bad_q[3][4] = {{0, 4, 1, 3}, {64, 0, 1, 3}, {64, 4, 1, 0}}; /* no head_dim, heads, streams */
+    for (int i = 0; i < 3; i++) {
+        ferry_tensor * t = attn_operand(ctx, FERRY_TYPE_F32, bad_q[i][0], bad_q[i][1], bad_q[i][2], bad_q[i][3]);
+        ATTN_REFUSED(ctx, ferry_attn_decode(ctx, t, k, v, len, 1.0f, false, &out), "q");
+    }
+    /* q of head_dim 32 against K and V of 64: q is the odd one out, V transposed or not */
+    ferry_tensor * q32 = attn_operand(ctx, FERRY_TYPE_F32, 32, 4, 1, 3);
+    ATTN_REFUSED(ctx, ferry_attn_decode(ctx, q32, k, v, len, 1.0f, false, &out), "q");
+    CHECK(strstr(ferry_last_error(), "head_dim 64 of k and v") != NULL);
+    ferry_tensor * vt = attn_operand(ctx, FERRY_TYPE_F16, 13, 64, 2, 3); /* [n_kv, head_dim, ...] */
+    ATTN_REFUSED(ctx, ferry_attn_decode(ctx, q32, k, vt, len, 1.0f, true, &out), "q");
+    CHECK_OK(ferry_attn_decode(ctx, q, k, vt, len, 1.0f, true, &out)); /* the same V, with q's head_dim */
+    out = NULL;
+    /* ... but K with heads closer together than cells is a window not yet permuted: k's fault */
+    ferry_tensor * k_unpermuted = attn_operand(ctx, FERRY_TYPE_F16, 64, 13, 2, 3);
+    ATTN_REFUSED(ctx, ferry_attn_decode(ctx, q32, k_unpermuted, v, len, 1.0f, false, &out), "k");
+    /* a K without kv heads */
+    ferry_tensor * k0 = attn_operand(ctx, FERRY_TYPE_F16, 64, 13, 0, 3);
+    ATTN_REFUSED(ctx, ferry_attn_decode(ctx, q, k0, v, len, 1.0f, false, &out), "k");
+    CHECK(strstr(ferry_last_error(), "n_head_kv at least 1") != NULL);
+    /* V that does not match K: its type, head_dim, kv heads, streams */
+    ferry_tensor * bad_v[4] = {
+        attn_operand(ctx, FERRY_TYPE_BF16, 64, 13, 2, 3), attn_operand(ctx, FERRY_TYPE_F16, 32, 13, 2, 3),
+        attn_operand(ctx, FERRY_TYPE_F16, 64, 13, 1, 3), attn_operand(ctx, FERRY_TYPE_F16, 64, 13, 2, 2)};
+    for (int i = 0; i < 4; i++) {
+        ATTN_REFUSED(ctx, ferry_attn_decode(ctx, q, k, bad_v[i], len, 1.0f, false, &out), "v");
+        CHECK(strstr(ferry_last_error(), "matching k, [64, 13, 2, 3]") != NULL);
+    }
+    /* q8_0 K and V of rows of 16 values (a q8_0 [32, 16] transposed): not whole blocks */
+    ferry_tensor *q16 = attn_operand(ctx, FERRY_TYPE_F32, 16, 4, 1, 3), *blocks = attn_operand(ctx, FERRY_TYPE_Q8_0, 32, 16, 2, 3);
+    ferry_tensor *k8, *k16 = attn_operand(ctx, FERRY_TYPE_F16, 16, 32, 2, 3), *k16p;
+    CHECK_OK(ferry_tensor_permute(ctx, blocks, 1, 0, 2, 3, &k8)); /* [16, 32, 2, 3] */
+    ATTN_REFUSED(ctx, ferry_attn_decode(ctx, q16, k8, k8, len, 1.0f, false, &out), "k");
+    CHECK(strstr(ferry_last_error(), "whole blocks") != NULL);
+    ferry_tensor * k16c = attn_operand(ctx, FERRY_TYPE_F16, 16, 2, 32, 3);
+    CHECK_OK(ferry_tensor_permute(ctx, k16c, 0, 2, 1, 3, &k16p)); /* a permuted f16 window, [16, 32, 2, 3] */
+    CHECK_OK(ferry_attn_decode(ctx, q16, k16p, k16, len, 1.0f, false, &out));
+    out = NULL;
+    ATTN_REFUSED(ctx, ferry_attn_decode(ctx, q16, k16p, k8, len, 1.0f, false, &out), "v");
+    CHECK(strstr(ferry_last_error(), "whole blocks") != NULL);
+    /* kv_len: one i32 per stream, nothing more */
+    ferry_tensor * bad_len[3] = {attn_operand(ctx, FERRY_TYPE_I32, 3, 2, 1, 1), attn_operand(ctx, FERRY_TYPE_I32, 3, 1, 2, 1),
+                                 attn_operand(ctx, FERRY_TYPE_I32, 3, 1, 1, 2)};
+    for (int i = 0; i < 3; i++) {
+        ATTN_REFUSED(ctx, ferry_attn_decode(ctx, q, k, v, bad_len[i], 1.0f, false, &out), "kv_len");
+    }
+    CHECK(out == NULL);
+    ferry_context_free(ctx);
+}
+
 static void test_attn_shape_errors(void) {
     attn_params p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F16, false, 2);
     attn_case c;
@@ -284,6 +375,7 @@ static const check_test tests[] = {
     {"attn_empty_stream_zeros", test_attn_empty_stream_zeros},
     {"attn_deterministic", test_attn_deterministic},
     {"attn_shape_errors", test_attn_shape_errors},
+    {"attn_operand_errors", test_attn_operand_errors},
     {"standin_backend", test_standin_backend},
     {"attn_sched_standin_flat_and_ranges", test_attn_sched_standin_flat_and_ranges},
 };

@@ -1,5 +1,6 @@
 /* The scheduler's ordered copy path (copy-path.c), input by input. */
 #include "kv-fixture.h"
+#include "lost-device.h"
 
 static size_t row_of(ferry_type type, int64_t n) {
     size_t r = 0;
@@ -289,6 +290,63 @@ static void test_plan_device_source(void) {
     CHECK_EQ_U(s.bytes_copied, 4 * 40 * 128);
 }
 
+/* A device whose second wait fails: the copy path waits before a copy and after it. */
+static int waits_before_loss;
+static ferry_status lost_after_waits(ferry_backend * be) {
+    (void) be;
+    return waits_before_loss-- > 0 ? FERRY_OK : lost();
+}
+
+/* An input copy on a device that fails gives back the device's error, whichever part of
+ * the copy it fails in: the wait before the copy (then nothing was written), the rows set
+ * from host memory (ranges, plan), the wait after, or the rows read from another device's
+ * memory into host memory. */
+static void test_device_error_during_a_copy(void) {
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_Q8_0, .type_v = FERRY_TYPE_Q8_0, .head_dim = 32, .n_head_kv = 2,
+                               .n_ctx = 96, .n_stream = 4, .n_layer = 1};
+    kv_fixture f;
+    CHECK_OK(kv_fixture_init(&f, &p));
+    ferry_tensor *k, *copy;
+    CHECK_OK(ferry_kv_cache_window(f.kv, f.ctx, 0, 4, 0, 3, &k, NULL)); /* the plan pays here */
+    CHECK_OK(kv_split_copy(&f, k, &copy));
+    const struct ferry_backend_i working = f.split->iface;
+    f.split->iface.synchronize = lost_synchronize;
+    LOST(ferry_copy_input(f.split, FERRY_COPY_RANGES, k, copy, NULL));
+    const size_t span = ferry_tensor_nbytes(copy);
+    unsigned char * bytes = malloc(span);
+    CHECK(bytes && ferry_tensor_get(copy, bytes, 0, span) == FERRY_OK);
+    size_t untouched = 0;
+    for (size_t i = 0; i < span; i++) {
+        untouched += bytes[i] == SENTINEL;
+    }
+    free(bytes);
+    CHECK_EQ_U(untouched, span); /* not one row arrived */
+    f.split->iface = working;
+    f.split->iface.set_tensor_2d_async = lost_set_2d_async;
+    LOST(ferry_copy_input(f.split, FERRY_COPY_RANGES, k, copy, NULL));
+    LOST(ferry_copy_input(f.split, FERRY_COPY_PLAN, k, copy, NULL));
+    f.split->iface = working;
+    waits_before_loss = 1;
+    f.split->iface.synchronize = lost_after_waits;
+    LOST(ferry_copy_input(f.split, FERRY_COPY_RANGES, k, copy, NULL));
+    f.split->iface = working;
+    ferry_copy_stats st;
+    CHECK_OK(ferry_copy_input(f.split, FERRY_COPY_RANGES, k, copy, &st)); /* working again: the rows arrive */
+    CHECK_EQ_U(kv_check_window_copy(&f, k, copy, st.bytes_copied), 0);
+
+    /* the other way: the window in the device's memory, read into host memory by get */
+    ferry_tensor * host_copy;
+    ferry_buffer * host_buf;
+    CHECK_OK(ferry_tensor_dup_layout(f.ctx, copy, &host_copy));
+    CHECK_OK(ferry_backend_alloc_buffer(f.cpu, ferry_tensor_nbytes(copy), &host_buf));
+    CHECK_OK(ferry_buffer_place_tensor(host_buf, host_copy, 0));
+    ferry_buffer * dev_buf = f.split_buf;
+    dev_buf->iface.get_tensor_2d = lost_get_2d;
+    LOST(ferry_copy_input(f.cpu, FERRY_COPY_RANGES, copy, host_copy, NULL));
+    ferry_buffer_free(host_buf);
+    kv_fixture_free(&f);
+}
+
 static const check_test tests[] = {
     {"ordered_multi_stream_ranges", test_ordered_multi_stream_ranges},
     {"ordered_multi_stream_flat_fails_first_assertion", test_ordered_multi_stream_flat_fails_first_assertion},
@@ -298,6 +356,7 @@ static const check_test tests[] = {
     {"device_source_copies_its_ranges", test_device_source_copies_its_ranges},
     {"rule_refuses_overlap_and_scattered_slices", test_rule_refuses_overlap_and_scattered_slices},
     {"copy_input_bad_input", test_copy_input_bad_input},
+    {"device_error_during_a_copy", test_device_error_during_a_copy},
     {"plan_multi_stream_window", test_plan_multi_stream_window},
     {"plan_declines_when_it_does_not_pay", test_plan_declines_when_it_does_not_pay},
     {"plan_unified_same_as_flat", test_plan_unified_same_as_flat},

@@ -85,6 +85,50 @@ static void test_build_long_chain(void) {
     ferry_context_free(ctx);
 }
 
+/* Results whose shape or byte size would pass int64_t are refused by name, before any
+ * tensor is made: two halves that each fit can concatenate or pad past it. And a row of a
+ * block type that a transpose cut short (q8_0 rows of 15 values) cannot become a result. */
+static void test_result_sizes_refused(void) {
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor * r = NULL;
+    /* q4_0: 2^62 values a row is 2^57 blocks, about 2^61 bytes; two rows' values pass 2^63 */
+    const int64_t half = (int64_t) 1 << 62;
+    ferry_tensor * big = mk(ctx, FERRY_TYPE_Q4_0, half, 1, 1, 1);
+    CHECK(big != NULL);
+    const size_t before = ferry_context_n_tensors(ctx);
+    CHECK_FAILS(ferry_concat(ctx, big, big, 0, &r), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "concat: ne[0] overflows") != NULL);
+    ferry_tensor * top = mk(ctx, FERRY_TYPE_Q4_0, INT64_MAX - 31, 1, 1, 1); /* the last whole block */
+    CHECK(top != NULL);
+    CHECK_FAILS(ferry_pad(ctx, top, 32, 0, 0, 0, &r), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "pad: ne[0] overflows") != NULL);
+    /* f32: 2^60 values are 2^62 bytes; two of them 2^63 (past int64_t), four 2^64 (past size_t) */
+    ferry_tensor * f = mk(ctx, FERRY_TYPE_F32, (int64_t) 1 << 60, 1, 1, 1);
+    CHECK(f != NULL);
+    CHECK_FAILS(ferry_concat(ctx, f, f, 1, &r), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "concat: the result's byte size overflows") != NULL);
+    ferry_tensor * f2 = mk(ctx, FERRY_TYPE_F32, (int64_t) 1 << 60, 2, 1, 1);
+    CHECK(f2 == NULL); /* 2^63 bytes: no such tensor either */
+    ferry_tensor * g = mk(ctx, FERRY_TYPE_F32, (int64_t) 1 << 59, 1, 1, 1);
+    CHECK(g != NULL);
+    CHECK_FAILS(ferry_pad(ctx, g, 0, 7, 0, 0, &r), FERRY_ERR_OUT_OF_BOUNDS); /* 8 rows of 2^61 bytes */
+    CHECK(strstr(ferry_last_error(), "pad: the result's byte size overflows") != NULL);
+    CHECK_EQ_U(ferry_context_n_tensors(ctx), before + 3); /* top, f and g: no result was made */
+    CHECK(r == NULL);
+
+    /* a q8_0 tensor transposed so that its rows are 15 values, part of a block */
+    ferry_tensor *q = mk(ctx, FERRY_TYPE_Q8_0, 32, 15, 1, 1), *qt;
+    CHECK_OK(ferry_tensor_transpose(ctx, q, &qt)); /* [15, 32] */
+    CHECK_FAILS(ferry_concat(ctx, qt, qt, 0, &r), FERRY_ERR_LAYOUT); /* rows of 30 values */
+    CHECK(strstr(ferry_last_error(), "not whole blocks") != NULL);
+    CHECK_FAILS(ferry_concat(ctx, qt, qt, 1, &r), FERRY_ERR_LAYOUT); /* rows of 15 values */
+    CHECK_FAILS(ferry_scale(ctx, qt, 2.0f, &r), FERRY_ERR_LAYOUT);
+    CHECK_FAILS(ferry_pad(ctx, qt, 0, 1, 0, 0, &r), FERRY_ERR_LAYOUT);
+    CHECK(r == NULL);
+    ferry_context_free(ctx);
+}
+
 static void test_shapes_and_errors(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
@@ -333,6 +377,51 @@ static void test_cpu_strided_views(void) {
 }
 
 /* What compute refuses, with a message, without running anything. */
+/* What a backend refuses to compute, naming why: a node with no memory yet; an op the CPU
+ * kernels lack, on a dummy with real memory (which claims every op and computes with those
+ * kernels); any graph on a stand-in's copy queue, which copies and computes nothing. Nothing
+ * is written. */
+static void test_compute_refusals_of_backends(void) {
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    ferry_backend * dummy = NULL;
+    CHECK_OK(ferry_dummy_backend_new(&dp, &dummy));
+    rig r;
+    CHECK(rig_init(&r, dummy));
+    ferry_tensor *x = mk(r.ctx, FERRY_TYPE_Q8_0, 32, 2, 1, 1), *y;
+    CHECK_OK(ferry_dup_as(r.ctx, x, FERRY_TYPE_F32, &y)); /* dequantizing: no CPU kernel */
+    CHECK_OK(ferry_tensor_set_name(y, "dequantized"));
+    CHECK_OK(ferry_graph_build(r.g, y));
+    /* the leaf placed, the node not: refused before anything runs */
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(dummy, 4096, &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, x, 0));
+    CHECK_FAILS(ferry_backend_graph_compute(dummy, r.g), FERRY_ERR_NOT_ALLOCATED);
+    CHECK(strstr(ferry_last_error(), "'dequantized' is not allocated") != NULL);
+    CHECK_OK(ferry_buffer_place_tensor(buf, y, 1024));
+    CHECK_OK(ferry_tensor_memset(y, 0xA5, 0, ferry_tensor_nbytes(y)));
+    CHECK(ferry_backend_supports_op(dummy, y));
+    CHECK_FAILS(ferry_backend_graph_compute(dummy, r.g), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_last_error(), "the CPU kernels do not do dup of f32 ('dequantized')") != NULL);
+    uint8_t back[256];
+    CHECK_OK(ferry_tensor_get(y, back, 0, sizeof(back)));
+    for (size_t i = 0; i < sizeof(back); i++) {
+        CHECK_EQ_U(back[i], 0xA5);
+    }
+    /* a copy queue runs copies, never graphs */
+    ferry_backend *standin, *queue;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    CHECK_OK(ferry_backend_get_copy_queue(standin, &queue));
+    ferry_graph * empty;
+    CHECK_OK(ferry_graph_new(&empty));
+    CHECK_FAILS(ferry_backend_graph_compute(queue, empty), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_last_error(), "cannot compute graphs") != NULL);
+    ferry_graph_free(empty);
+    ferry_backend_free(standin);
+    ferry_buffer_free(buf);
+    rig_free(&r);
+}
+
 static void test_compute_refusals(void) {
     rig r;
     ferry_backend * cpu = NULL;
@@ -375,10 +464,12 @@ static const check_test tests[] = {
     {"build_order", test_build_order},
     {"build_long_chain", test_build_long_chain},
     {"shapes_and_errors", test_shapes_and_errors},
+    {"result_sizes_refused", test_result_sizes_refused},
     {"cpu_end_to_end", test_cpu_end_to_end},
     {"dummy_real_end_to_end", test_dummy_real_end_to_end},
     {"cpu_strided_views", test_cpu_strided_views},
     {"compute_refusals", test_compute_refusals},
+    {"compute_refusals_of_backends", test_compute_refusals_of_backends},
 };
 
 CHECK_MAIN(tests)

@@ -88,6 +88,52 @@ static void test_float_types(void) {
     CHECK(memcmp(back, x, sizeof(x)) == 0);
 }
 
+/* Values f16 holds exactly (subnormals, its largest, a short fraction) come back unchanged. */
+static void test_f16_conversions(void) {
+    const float values[] = {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.333251953125f};
+    for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+        extern float ferry_f16_to_f32(uint16_t);
+        extern uint16_t ferry_f32_to_f16(float);
+        CHECK(ferry_f16_to_f32(ferry_f32_to_f16(values[i])) == values[i]);
+    }
+}
+
+/* What f16 cannot hold, and the halfway cases, as IEEE rounding has them: infinities stay
+ * infinite, nan stays nan, a value past f16's largest becomes inf, ties round to the even
+ * neighbour (normal and subnormal alike), and bf16 keeps a nan that truncation would make
+ * inf. Read back through dequantize: the values a caller sees. */
+static void test_float_special_values(void) {
+    const float x[10] = {
+        INFINITY, -INFINITY, NAN, 70000.0f,          /* inf, -inf, nan, past 65504 */
+        65520.0f,                                    /* halfway past 65504: the even side is inf */
+        1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f,        /* ties between f16 neighbours 2^-10 apart */
+        0x1p-25f, 3 * 0x1p-25f,                      /* ties below the smallest subnormal steps */
+        0x1p-26f,                                    /* under half the smallest subnormal: zero */
+    };
+    uint8_t out[20];
+    CHECK_OK(ferry_quantize(FERRY_TYPE_F16, x, 10, out, sizeof(out)));
+    const uint16_t want[10] = {0x7c00, 0xfc00, 0x7e00, 0x7c00, 0x7c00, 0x3c00, 0x3c02, 0x0000, 0x0002, 0x0000};
+    for (int i = 0; i < 10; i++) {
+        CHECK_EQ_U(u16_at(out + 2 * i), want[i]);
+    }
+    float back[10];
+    CHECK_OK(ferry_dequantize(FERRY_TYPE_F16, out, sizeof(out), 10, back));
+    CHECK(isinf(back[0]) && back[0] > 0 && isinf(back[1]) && back[1] < 0 && isnan(back[2]));
+    CHECK(back[6] == 1.0f + 4 * 0x1p-11f && back[8] == 0x1p-23f);
+
+    /* bf16: a signalling nan (quiet bit clear, low bits set) must not truncate to inf */
+    uint32_t snan_bits = 0x7f800001u;
+    float snan;
+    memcpy(&snan, &snan_bits, sizeof(snan));
+    const float y[3] = {snan, INFINITY, 1.0f + 0x1p-8f}; /* the last a tie: even is 1.0 */
+    CHECK_OK(ferry_quantize(FERRY_TYPE_BF16, y, 3, out, 6));
+    CHECK_EQ_U(u16_at(out), 0x7fc0);
+    CHECK_EQ_U(u16_at(out + 2), 0x7f80);
+    CHECK_EQ_U(u16_at(out + 4), 0x3f80);
+    CHECK_OK(ferry_dequantize(FERRY_TYPE_BF16, out, 6, 3, back));
+    CHECK(isnan(back[0]) && isinf(back[1]) && back[2] == 1.0f);
+}
+
 /* Every refusal leaves a message and the output as it was. */
 static void test_quant_refusals(void) {
     float x[64] = {0};
@@ -111,6 +157,12 @@ static void test_quant_refusals(void) {
     float back[64];
     CHECK_FAILS(ferry_dequantize(FERRY_TYPE_Q4_0, out, 35, 64, back), FERRY_ERR_OUT_OF_BOUNDS);
     CHECK_OK(ferry_quantize(FERRY_TYPE_Q8_0, x, 0, NULL, 0)); /* nothing to do */
+    /* a count whose bytes pass size_t: refused before anything is read or written */
+    memset(out, 0xee, sizeof(out));
+    CHECK_FAILS(ferry_quantize(FERRY_TYPE_F32, x, INT64_MAX, out, sizeof(out)), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "overflow") != NULL);
+    CHECK_FAILS(ferry_dequantize(FERRY_TYPE_F32, out, sizeof(out), INT64_MAX, back), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_EQ_U(out[0], 0xee);
 }
 
 /* Blocks from chosen scales and integers: the bytes quantize writes for the same block, and
@@ -136,6 +188,7 @@ static void test_pack_blocks(void) {
     }
     memset(packed, 0xee, sizeof(packed));
     CHECK_FAILS(ferry_pack_blocks(FERRY_TYPE_F16, scales, 1, q, 32, packed, 64), FERRY_ERR_UNSUPPORTED);
+    CHECK_FAILS(ferry_pack_blocks((ferry_type) 99, scales, 1, q, 32, packed, 64), FERRY_ERR_UNKNOWN_TYPE);
     CHECK_FAILS(ferry_pack_blocks(FERRY_TYPE_Q8_0, scales, 1, q, 33, packed, 68), FERRY_ERR_LAYOUT);
     CHECK_FAILS(ferry_pack_blocks(FERRY_TYPE_Q8_0, scales, 2, q, 64, packed, 67), FERRY_ERR_OUT_OF_BOUNDS);
     CHECK_FAILS(ferry_pack_blocks(FERRY_TYPE_Q8_0, NULL, 1, q, 32, packed, 68), FERRY_ERR_INVALID_ARG);
@@ -338,6 +391,8 @@ static const check_test tests[] = {
     {"q8_0_bytes", test_q8_0_bytes},
     {"q4_0_bytes", test_q4_0_bytes},
     {"float_types", test_float_types},
+    {"f16_conversions", test_f16_conversions},
+    {"float_special_values", test_float_special_values},
     {"quant_refusals", test_quant_refusals},
     {"pack_blocks", test_pack_blocks},
     {"host_buffer_from_ptr", test_host_buffer_from_ptr},

@@ -347,6 +347,61 @@ static void test_standin_copy_queue(void) {
     ferry_backend_free(standin); /* frees its queue */
 }
 
+/* A copy queue refuses what a backend refuses, before queuing anything: a transfer past its
+ * tensor or of an unplaced tensor; a zero-byte one queues nothing and counts nothing. Its
+ * events time only against events of the same queue, once both were recorded and reached. */
+static void test_copy_queue_refusals(void) {
+    ferry_backend *one, *two, *q1, *q2;
+    CHECK_OK(ferry_standin_backend_new(&one));
+    CHECK_OK(ferry_standin_backend_new(&two));
+    CHECK_OK(ferry_backend_get_copy_queue(one, &q1));
+    CHECK_OK(ferry_backend_get_copy_queue(two, &q2));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[1] = {64};
+    ferry_tensor *t, *unplaced;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne, &t));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne, &unplaced));
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(one, 256, &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    int32_t data[65] = {0};
+    CHECK_FAILS(ferry_backend_tensor_set_async(q1, t, data, 4, 256), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_backend_tensor_set_async(q1, unplaced, data, 0, 4), FERRY_ERR_NOT_ALLOCATED);
+    CHECK_OK(ferry_backend_tensor_set_async(q1, t, data, 0, 0));
+    ferry_stats st;
+    CHECK_OK(ferry_backend_get_stats(q1, &st));
+    CHECK_EQ_U(st.calls[FERRY_XFER_SET], 0);
+    CHECK_OK(ferry_buffer_get_stats(buf, &st));
+    CHECK_EQ_U(st.calls[FERRY_XFER_SET], 0);
+
+    ferry_event *a, *b, *other;
+    CHECK_OK(ferry_event_new(q1, FERRY_EVENT_TIMING, &a));
+    CHECK_OK(ferry_event_new(q1, FERRY_EVENT_TIMING, &b));
+    CHECK_OK(ferry_event_new(q2, FERRY_EVENT_TIMING, &other));
+    float ms = -1;
+    CHECK_OK(ferry_event_record(a, q1));
+    CHECK_FAILS(ferry_event_elapsed_ms(a, b, &ms), FERRY_ERR_INVALID_ARG); /* b never recorded */
+    CHECK(strstr(ferry_last_error(), "not recorded") != NULL);
+    CHECK_OK(ferry_event_record(b, q1));
+    CHECK_OK(ferry_event_record(other, q2));
+    CHECK_OK(ferry_event_synchronize(b));
+    CHECK_OK(ferry_event_synchronize(other));
+    CHECK_FAILS(ferry_event_elapsed_ms(a, other, &ms), FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "events of two queues") != NULL);
+    CHECK_FAILS(ferry_event_elapsed_ms(a, b, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK(ms == -1);
+    CHECK_OK(ferry_event_elapsed_ms(a, b, &ms));
+    CHECK(ms >= 0);
+    ferry_event_free(a);
+    ferry_event_free(b);
+    ferry_event_free(other);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_backend_free(one);
+    ferry_backend_free(two);
+}
+
 static void test_prefetch_refusals(void) {
     ferry_backend * cpu;
     CHECK_OK(ferry_cpu_backend_new(&cpu));
@@ -399,6 +454,55 @@ static void test_standin_dropped_wait_reads_stale(void) {
     SUB(dropped_wait_reads_stale(standin, true));
     ferry_backend_free(standin);
 }
+
+/* A queue keeps its copies in order however many wait: with the worker held, hundreds of
+ * copies queue up (the ring grows twice, the first time from a head past its start, so that
+ * the jobs it moves wrap), and once let go each element holds the last value queued for it.
+ * The first 64 copies write 32 elements twice each, so their order shows in the result. */
+static int32_t element_of(int k) { return k < 64 ? k % 32 : 32 + k % 68; }
+
+static void test_copy_queue_keeps_order_when_held(void) {
+    ferry_backend *standin, *queue;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    CHECK_OK(ferry_backend_get_copy_queue(standin, &queue));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[1] = {100};
+    ferry_tensor * t;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne, &t));
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(standin, 400, &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    static int32_t values[300];
+    int32_t want[100];
+    for (int k = 0; k < 300; k++) {
+        values[k] = k;
+        want[element_of(k)] = k; /* in queue order: the last write wins */
+    }
+    for (int k = 0; k < 40; k++) { /* the ring's head moves on to 40 */
+        CHECK_OK(ferry_backend_tensor_set_async(queue, t, &values[k], 0, 4));
+    }
+    CHECK_OK(ferry_backend_synchronize(queue));
+    ferry_fault_copy_queue_pause(true);
+    for (int k = 0; k < 300; k++) {
+        const ferry_status st = ferry_backend_tensor_set_async(queue, t, &values[k], (size_t) element_of(k) * 4, 4);
+        if (st != FERRY_OK) {
+            ferry_fault_copy_queue_pause(false);
+            CHECK_OK(st);
+        }
+    }
+    ferry_fault_copy_queue_pause(false);
+    CHECK_OK(ferry_backend_synchronize(queue));
+    int32_t got[100];
+    CHECK_OK(ferry_tensor_get(t, got, 0, sizeof(got)));
+    for (int j = 0; j < 100; j++) {
+        CHECK_EQ_U(got[j], want[j]);
+    }
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_backend_free(standin);
+}
+
 #endif
 
 #ifdef FERRY_HAVE_CUDA_TESTS
@@ -435,8 +539,10 @@ static const check_test tests[] = {
     {"no_queue_copies_as_before", test_no_queue_copies_as_before},
     {"standin_copy_queue", test_standin_copy_queue},
     {"prefetch_refusals", test_prefetch_refusals},
+    {"copy_queue_refusals", test_copy_queue_refusals},
 #ifdef FERRY_FAULT_INJECTION
     {"standin_dropped_wait_reads_stale", test_standin_dropped_wait_reads_stale},
+    {"copy_queue_keeps_order_when_held", test_copy_queue_keeps_order_when_held},
 #endif
 #ifdef FERRY_HAVE_CUDA_TESTS
     {"cuda_same_bytes_as_serial", test_cuda_same_bytes_as_serial},

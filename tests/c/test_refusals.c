@@ -2,9 +2,12 @@
  * The error branches that the other tests do not reach: every public entry point given a
  * NULL where it needs an object refuses with a status and a message (or answers NULL, 0
  * or false where it returns no status), and the generic paths a backend without its own
- * async, 2-D or event entries takes give the bytes the direct ones give.
+ * async, 2-D or event entries takes give the bytes the direct ones give. A device whose
+ * entries fail (replaced here through the internal interfaces) gives its error back through
+ * every public transfer, and no counter counts what did not happen.
  */
 #include "check.h"
+#include "lost-device.h"
 
 #include <stdint.h>
 
@@ -279,9 +282,255 @@ static void test_generic_paths(void) {
     ferry_backend_free(cpu);
 }
 
+/* Every transfer into or out of a device that fails returns the device's error: blocking
+ * or async, 1-D or 2-D, the device's own 2-D or the generic loop of rows, a staged copy.
+ * Neither the buffer's nor the backend's counters count any of them. */
+static void test_device_errors_reach_the_caller(void) {
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    ferry_backend * dev;
+    CHECK_OK(ferry_dummy_backend_new(&dp, &dev));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[1] = {64};
+    ferry_tensor *t, *other;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &t));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &other));
+    ferry_buffer *buf, *buf2;
+    CHECK_OK(ferry_backend_alloc_buffer(dev, 256, &buf));
+    CHECK_OK(ferry_backend_alloc_buffer(dev, 256, &buf2));
+    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    CHECK_OK(ferry_buffer_place_tensor(buf2, other, 0));
+    const struct ferry_buffer_i working = buf->iface;
+    buf->iface.set_tensor = lost_set;
+    buf->iface.get_tensor = lost_get;
+    buf->iface.memset_tensor = lost_memset;
+    buf->iface.set_tensor_2d = lost_set_2d;
+    buf->iface.get_tensor_2d = lost_get_2d;
+    buf->iface.clear = lost_clear;
+    ferry_buffer_reset_stats(buf);
+    ferry_backend_reset_stats(dev);
+    float data[64] = {0};
+    LOST(ferry_tensor_set(t, data, 0, sizeof(data)));
+    LOST(ferry_tensor_get(t, data, 0, sizeof(data)));
+    LOST(ferry_tensor_memset(t, 0, 0, sizeof(data)));
+    LOST(ferry_buffer_clear(buf, 0));
+    LOST(ferry_tensor_set_2d(t, data, 0, 16, 4, 64, 16));
+    LOST(ferry_tensor_get_2d(t, data, 0, 16, 4, 64, 16));
+    LOST(ferry_backend_tensor_set_async(dev, t, data, 0, sizeof(data))); /* no async entry: the blocking set */
+    LOST(ferry_tensor_copy(t, other));                                      /* neither side host: staged */
+    dev->iface.set_tensor_2d_async = lost_set_2d_async;
+    dev->iface.get_tensor_2d_async = lost_get_2d_async;
+    LOST(ferry_backend_tensor_set_2d_async(dev, t, data, 0, 16, 4, 64, 16));
+    LOST(ferry_backend_tensor_get_2d_async(dev, t, data, 0, 16, 4, 64, 16));
+    /* without 2-D entries, the generic loop of rows stops at the first failed row */
+    buf->iface.set_tensor_2d = NULL;
+    buf->iface.get_tensor_2d = NULL;
+    dev->iface.set_tensor_2d_async = NULL;
+    dev->iface.get_tensor_2d_async = NULL;
+    LOST(ferry_tensor_set_2d(t, data, 0, 16, 4, 64, 16));
+    LOST(ferry_backend_tensor_get_2d_async(dev, t, data, 0, 16, 4, 64, 16));
+    ferry_stats bs, ks, os;
+    CHECK_OK(ferry_buffer_get_stats(buf, &bs));
+    CHECK_OK(ferry_backend_get_stats(dev, &ks));
+    CHECK_OK(ferry_buffer_get_stats(buf2, &os));
+    CHECK(nothing_counted(&bs) && nothing_counted(&ks));
+    CHECK_EQ_U(os.calls[FERRY_XFER_SET], 0); /* the staged copy never reached its destination */
+    /* a device that fails when waited on: an async copy's generic path waits for both sides
+     * first, the device as source or as destination */
+    buf->iface = working;
+    dev->iface.synchronize = lost_synchronize;
+    ferry_backend * cpu;
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    ferry_tensor * host;
+    ferry_buffer * host_buf;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &host));
+    CHECK_OK(ferry_backend_alloc_buffer(cpu, 256, &host_buf));
+    CHECK_OK(ferry_buffer_place_tensor(host_buf, host, 0));
+    LOST(ferry_backend_synchronize(dev));
+    LOST(ferry_backend_tensor_copy_async(dev, cpu, t, host));
+    LOST(ferry_backend_tensor_copy_async(cpu, dev, host, other));
+    CHECK_OK(ferry_buffer_get_stats(buf2, &os));
+    CHECK_OK(ferry_buffer_get_stats(host_buf, &bs));
+    CHECK(nothing_counted(&os) && nothing_counted(&bs));
+    ferry_buffer_free(host_buf);
+    ferry_backend_free(cpu);
+    ferry_buffer_free(buf);
+    ferry_buffer_free(buf2);
+    ferry_context_free(ctx);
+    ferry_backend_free(dev);
+}
+
+/* An async copy a backend declines (UNSUPPORTED) takes the generic path: the bytes arrive and
+ * count once, as a copy. One it fails is that failure, counted nowhere. One it does counts
+ * on the backend and on the destination's buffer. */
+static ferry_status declined_copy(ferry_backend * from, ferry_backend * to, const ferry_tensor * src, ferry_tensor * dst) {
+    (void) from, (void) to, (void) src, (void) dst;
+    return ferry_fail(FERRY_ERR_UNSUPPORTED, "device: no direct copy");
+}
+static ferry_status failed_copy(ferry_backend * from, ferry_backend * to, const ferry_tensor * src, ferry_tensor * dst) {
+    (void) from, (void) to, (void) src, (void) dst;
+    return lost();
+}
+static ferry_status direct_copy(ferry_backend * from, ferry_backend * to, const ferry_tensor * src, ferry_tensor * dst) {
+    (void) from, (void) to;
+    memcpy(dst->data, src->data, ferry_tensor_nbytes(src)); /* both in this process's memory */
+    return FERRY_OK;
+}
+
+static void test_async_copy_entries(void) {
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    ferry_backend *cpu, *dev;
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    CHECK_OK(ferry_dummy_backend_new(&dp, &dev));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[1] = {64};
+    ferry_tensor *src, *dst;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &src));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &dst));
+    ferry_buffer *bs, *bd;
+    CHECK_OK(ferry_backend_alloc_buffer(cpu, 256, &bs));
+    CHECK_OK(ferry_backend_alloc_buffer(dev, 256, &bd));
+    CHECK_OK(ferry_buffer_place_tensor(bs, src, 0));
+    CHECK_OK(ferry_buffer_place_tensor(bd, dst, 0));
+    float in[64], out[64];
+    for (int i = 0; i < 64; i++) {
+        in[i] = (float) i;
+    }
+    CHECK_OK(ferry_tensor_set(src, in, 0, sizeof(in)));
+    ferry_stats ks, ds;
+    ferry_status (*const entries[3])(ferry_backend *, ferry_backend *, const ferry_tensor *, ferry_tensor *) = {
+        declined_copy, failed_copy, direct_copy};
+    for (int e = 0; e < 3; e++) {
+        dev->iface.cpy_tensor_async = entries[e];
+        CHECK_OK(ferry_tensor_memset(dst, 0, 0, sizeof(out)));
+        ferry_backend_reset_stats(dev);
+        ferry_buffer_reset_stats(bd);
+        const ferry_status st = ferry_backend_tensor_copy_async(cpu, dev, src, dst);
+        CHECK_OK(ferry_backend_get_stats(dev, &ks));
+        CHECK_OK(ferry_buffer_get_stats(bd, &ds));
+        CHECK_OK(ferry_tensor_get(dst, out, 0, sizeof(out)));
+        if (entries[e] == failed_copy) {
+            CHECK(st == FERRY_ERR_BACKEND && strcmp(ferry_last_error(), "device: lost") == 0);
+            CHECK(nothing_counted(&ks) && nothing_counted(&ds) && out[63] == 0.0f);
+            continue;
+        }
+        CHECK_OK(st);
+        CHECK(memcmp(in, out, sizeof(in)) == 0);
+        CHECK_EQ_U(ks.calls[FERRY_XFER_COPY], 1);
+        CHECK_EQ_U(ks.bytes[FERRY_XFER_COPY], sizeof(in));
+        /* the generic path's copy is the buffer's set; the backend's own is the buffer's copy */
+        CHECK_EQ_U(ds.bytes[entries[e] == direct_copy ? FERRY_XFER_COPY : FERRY_XFER_SET], sizeof(in));
+    }
+    ferry_buffer_free(bs);
+    ferry_buffer_free(bd);
+    ferry_context_free(ctx);
+    ferry_backend_free(dev);
+    ferry_backend_free(cpu);
+}
+
+/* The same for a buffer's own copy entry, between two buffers neither side can reach by
+ * pointer: declined, the copy is staged through the host (a get and a set); failed, it is
+ * that failure; done, it counts as the destination buffer's copy. */
+static ferry_status declined_buffer_copy(ferry_buffer * buf, const ferry_tensor * src, ferry_tensor * dst) {
+    (void) buf, (void) src, (void) dst;
+    return ferry_fail(FERRY_ERR_UNSUPPORTED, "device: no direct copy");
+}
+static ferry_status failed_buffer_copy(ferry_buffer * buf, const ferry_tensor * src, ferry_tensor * dst) {
+    (void) buf, (void) src, (void) dst;
+    return lost();
+}
+static ferry_status direct_buffer_copy(ferry_buffer * buf, const ferry_tensor * src, ferry_tensor * dst) {
+    (void) buf;
+    memcpy(dst->data, src->data, ferry_tensor_nbytes(src));
+    return FERRY_OK;
+}
+
+static void test_buffer_copy_entries(void) {
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    ferry_backend * dev;
+    CHECK_OK(ferry_dummy_backend_new(&dp, &dev));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[1] = {64};
+    ferry_tensor *src, *dst;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &src));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &dst));
+    ferry_buffer *bs, *bd;
+    CHECK_OK(ferry_backend_alloc_buffer(dev, 256, &bs));
+    CHECK_OK(ferry_backend_alloc_buffer(dev, 256, &bd));
+    CHECK_OK(ferry_buffer_place_tensor(bs, src, 0));
+    CHECK_OK(ferry_buffer_place_tensor(bd, dst, 0));
+    float in[64], out[64];
+    for (int i = 0; i < 64; i++) {
+        in[i] = (float) i;
+    }
+    CHECK_OK(ferry_tensor_set(src, in, 0, sizeof(in)));
+    ferry_status (*const entries[3])(ferry_buffer *, const ferry_tensor *, ferry_tensor *) = {
+        declined_buffer_copy, failed_buffer_copy, direct_buffer_copy};
+    for (int e = 0; e < 3; e++) {
+        bd->iface.cpy_tensor = entries[e];
+        CHECK_OK(ferry_tensor_memset(dst, 0, 0, sizeof(out)));
+        ferry_buffer_reset_stats(bs);
+        ferry_buffer_reset_stats(bd);
+        const ferry_status st = ferry_tensor_copy(src, dst);
+        ferry_stats ss, ds;
+        CHECK_OK(ferry_buffer_get_stats(bs, &ss));
+        CHECK_OK(ferry_buffer_get_stats(bd, &ds));
+        CHECK_OK(ferry_tensor_get(dst, out, 0, sizeof(out)));
+        if (entries[e] == failed_buffer_copy) {
+            CHECK(st == FERRY_ERR_BACKEND && strcmp(ferry_last_error(), "device: lost") == 0);
+            CHECK(nothing_counted(&ss) && nothing_counted(&ds) && out[63] == 0.0f);
+            continue;
+        }
+        CHECK_OK(st);
+        CHECK(memcmp(in, out, sizeof(in)) == 0);
+        const bool staged = entries[e] == declined_buffer_copy;
+        CHECK_EQ_U(ss.bytes[FERRY_XFER_GET], staged ? sizeof(in) : 0);
+        CHECK_EQ_U(ds.bytes[FERRY_XFER_SET], staged ? sizeof(in) : 0);
+        CHECK_EQ_U(ds.bytes[FERRY_XFER_COPY], staged ? 0 : sizeof(in));
+    }
+    ferry_buffer_free(bs);
+    ferry_buffer_free(bd);
+    ferry_context_free(ctx);
+    ferry_backend_free(dev);
+}
+
+/* A backend without the optional entries: no ops supported, and its memory not known. */
+static void test_backend_without_optional_entries(void) {
+    ferry_backend * dev;
+    CHECK_OK(ferry_dummy_backend_new(NULL, &dev));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[1] = {8};
+    ferry_tensor *a, *b;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 1, ne, &a));
+    CHECK_OK(ferry_scale(ctx, a, 2.0f, &b));
+    CHECK(ferry_backend_supports_op(dev, b));
+    dev->iface.supports_op = NULL;
+    CHECK(!ferry_backend_supports_op(dev, b));
+    size_t free_bytes = 1, total = 1;
+    CHECK_OK(ferry_backend_get_memory(dev, &free_bytes, &total));
+    dev->iface.get_memory = NULL;
+    free_bytes = total = 7;
+    CHECK_FAILS(ferry_backend_get_memory(dev, &free_bytes, &total), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_last_error(), "cannot say what memory it has") != NULL);
+    CHECK(free_bytes == 7 && total == 7);
+    CHECK_FAILS(ferry_backend_get_memory(dev, &free_bytes, NULL), FERRY_ERR_INVALID_ARG);
+    ferry_context_free(ctx);
+    ferry_backend_free(dev);
+}
+
 static const check_test tests[] = {
     {"null_objects", test_null_objects},
     {"generic_paths", test_generic_paths},
+    {"device_errors_reach_the_caller", test_device_errors_reach_the_caller},
+    {"async_copy_entries", test_async_copy_entries},
+    {"buffer_copy_entries", test_buffer_copy_entries},
+    {"backend_without_optional_entries", test_backend_without_optional_entries},
 };
 
 CHECK_MAIN(tests)

@@ -360,6 +360,69 @@ static void test_sched_copy_source_lives_until_copied(void) {
     ferry_backend_free(cpu);
 }
 
+/* What a scheduler refuses, naming why: no backends, or more than it holds (16); a graph
+ * with a node no backend supports (it says which); a split or input it does not have, a
+ * negative prefetch. Asked about what it does not hold, it answers NULL or 0. A view of a
+ * computed node is where the node is. */
+static void test_sched_refusals(void) {
+    ferry_backend * cpu;
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    ferry_backend * many[17];
+    for (int i = 0; i < 17; i++) {
+        many[i] = cpu;
+    }
+    ferry_sched * s = NULL;
+    CHECK_FAILS(ferry_sched_new(many, 0, &s), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_sched_new(many, 17, &s), FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "17 backends (1..16)") != NULL);
+    CHECK(s == NULL);
+    CHECK_OK(ferry_sched_new(many, 1, &s));
+    CHECK_FAILS(ferry_sched_set_prefetch(s, -1), FERRY_ERR_INVALID_ARG);
+    CHECK_EQ_U(ferry_sched_get_prefetch(s), 0);
+
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[2] = {32, 2};
+    ferry_tensor *x, *y, *stranger;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_Q8_0, 2, ne, &x));
+    CHECK_OK(ferry_dup_as(ctx, x, FERRY_TYPE_F32, &y)); /* dequantizing: the CPU has no kernel */
+    CHECK_OK(ferry_tensor_set_name(y, "dequantized"));
+    ferry_graph * g;
+    CHECK_OK(ferry_graph_new(&g));
+    CHECK_OK(ferry_graph_build(g, y));
+    CHECK_FAILS(ferry_sched_alloc_graph(s, g), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_last_error(), "no backend supports dup of 'dequantized'") != NULL);
+    CHECK_EQ_U(ferry_sched_n_splits(s), 0);
+
+    /* f32 instead: a dup, its transpose (a view of a computed node) and a scale of that */
+    ferry_tensor *f, *d, *t, *out;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 2, ne, &f));
+    CHECK_OK(ferry_dup(ctx, f, &d));
+    CHECK_OK(ferry_tensor_transpose(ctx, d, &t));
+    CHECK_OK(ferry_scale(ctx, t, 2.0f, &out));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 2, ne, &stranger));
+    ferry_graph_clear(g);
+    CHECK_OK(ferry_graph_build(g, out));
+    CHECK_OK(ferry_sched_alloc_graph(s, g));
+    CHECK(ferry_sched_get_tensor_backend(s, t) == cpu);
+    CHECK(ferry_sched_get_tensor_backend(s, stranger) == NULL);
+    ferry_sched_split_info sp;
+    ferry_sched_input_info in;
+    CHECK_FAILS(ferry_sched_split(s, -1, &sp), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_sched_input(s, -1, &in), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_sched_input(s, 0, &in), FERRY_ERR_OUT_OF_BOUNDS); /* no inputs: all on the CPU */
+    CHECK_FAILS(ferry_sched_set_tensor_backend(s, NULL, cpu), FERRY_ERR_INVALID_ARG);
+    ferry_backend * other;
+    CHECK_OK(ferry_cpu_backend_new(&other));
+    CHECK(ferry_sched_buffer_size(s, cpu) > 0);
+    CHECK_EQ_U(ferry_sched_buffer_size(s, other), 0);
+    ferry_backend_free(other);
+    ferry_sched_free(s);
+    ferry_graph_free(g);
+    ferry_context_free(ctx);
+    ferry_backend_free(cpu);
+}
+
 static const check_test tests[] = {
     {"sched_ordered_multi_stream_ranges", test_sched_ordered_multi_stream_ranges},
     {"sched_ordered_multi_stream_flat_fails_first_assertion", test_sched_ordered_multi_stream_flat_fails_first_assertion},
@@ -370,6 +433,7 @@ static const check_test tests[] = {
     {"sched_compact_staging", test_sched_compact_staging},
     {"compact_layout_needs_one_copy", test_compact_layout_needs_one_copy},
     {"sched_copy_source_lives_until_copied", test_sched_copy_source_lives_until_copied},
+    {"sched_refusals", test_sched_refusals},
 };
 
 CHECK_MAIN(tests)
