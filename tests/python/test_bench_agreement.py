@@ -24,12 +24,10 @@ print(json.dumps(json.loads((here / "runs.json").read_text())[n]))
 '''
 
 
-def rows(gain: float, low: float, high: float, added: float = 0.25) -> List[dict]:
-    """One npl's flat and ranges rows of a run, ranges' gain over flat with its interval, the host
-    adding the share `added` to the samples' time over the floor."""
-    base = {"npl": 2, "unified": False, "compact": False, "overlap": False, "warnings": [], "samples": 24,
-            "replicas": 8, "steps_per_sample": 64, "over_unified": None, "over_unified_low": None,
-            "over_unified_high": None, "tokens_per_s": 3000.0, "tokens_per_s_median": 3000.0 / (1 + added)}
+def rows(gain: float, low: float, high: float) -> List[dict]:
+    """One npl's flat and ranges rows of a run, ranges' gain over flat with its interval."""
+    base = {"npl": 2, "unified": False, "compact": False, "overlap": False, "replicas": 6, "over_unified": None,
+            "over_unified_low": None, "over_unified_high": None, "tokens_per_s": 3000.0}
     flat = {**base, "policy": "flat", "gain": 0.0, "gain_low": 0.0, "gain_high": 0.0, "gain_claimed": False}
     ranges = {**base, "policy": "ranges", "gain": gain, "gain_low": low, "gain_high": high, "gain_claimed": True}
     return [flat, ranges]
@@ -65,12 +63,13 @@ def test_runs_that_do_not_agree(tmp_path: Path, runs: List[Tuple[float, float, f
     assert out.rstrip().endswith("verdict: the runs do NOT agree")
 
 
-def test_the_hosts_load_in_each_run(tmp_path: Path) -> None:
-    """How much slower than its floor flat's samples ran is printed for each run and as a range: the
-    load each run met."""
-    code, out = agreement(tmp_path, [(0.67, 0.66, 0.68, 0.05), (0.50, 0.49, 0.51, 0.40)])
-    assert code == 1, out
-    assert "run 1: " in out and "replicas x samples npl 2 8x3x64" in out
-    assert "; flat's samples 5% slower than its floor at npl 2" in out
-    assert "; flat's samples 40% slower than its floor at npl 2" in out
-    assert "time the host added to flat's samples at npl 2 (median sample against the floor): 5 to 40% over" in out
+def test_each_runs_time_and_a_busy_core(tmp_path: Path) -> None:
+    """Each run's wall time is printed and their range; --busy keeps another process spinning on a core
+    while they run, and says so."""
+    (tmp_path / "runs.json").write_text(json.dumps([rows(0.67, 0.66, 0.68), rows(0.66, 0.65, 0.67)]))
+    (tmp_path / "fake.py").write_text(FAKE)
+    ferry = f"{shlex.quote(sys.executable)} {shlex.quote(str(tmp_path / 'fake.py'))} {shlex.quote(str(tmp_path))}"
+    out = subprocess.run([sys.executable, str(TOOL), "--runs", "2", "--busy", "--ferry", ferry],
+                         capture_output=True, text=True, check=False).stdout
+    assert "another process keeps one core busy" in out and "run 1: " in out and ", 6 replicas" in out
+    assert "a run's wall time: " in out and "s, one core kept busy" in out

@@ -53,8 +53,9 @@ def test_the_option_reference_is_generated_and_current() -> None:
 
 
 @pytest.mark.parametrize("verb", VERB_NAMES)
-def test_help_lists_every_option_with_its_default_and_when_it_acts(verb: str) -> None:
+def test_help_is_at_most_80_lines_and_lists_every_option_with_its_default_and_when_it_acts(verb: str) -> None:
     text = verb_parsers()[verb].format_help()
+    assert len(text.splitlines()) <= 80, f"`ferry {verb} --help` is {len(text.splitlines())} lines"
     flat = " ".join(text.split())
     for o in ot.options_of(verb):
         assert o.name in text or f"--[no-]{o.name[2:]}" in text
@@ -85,7 +86,7 @@ PROBES: Dict[str, Any] = {
     "--swa-window": "4", "--swa-layers": "ss", "--v-trans": None, "--which": "v", "--stream": "1-1",
     "--cost-model": "cpu", "--policy": "flat,ranges", "--compact": None, "--unified": "--no-unified",
     "--no-reuse": None, "--overlap": None, "--no-overlap": None, "--prefetch": "2", "--seed": "7",
-    "--repeat": "3", "--min-sample-ms": "0", "--max-time": "5", "--in-process": None, "--device": "cpu",
+    "--repeat": "3", "--rounds": "2", "--device": "cpu",
     "--devices": "2", "--link-gbps": "2.45", "--latency-us": "2", "--device-memory": "64MiB",
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
     "--residency": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
@@ -99,8 +100,6 @@ CONTEXT: Dict[ot.Cond, Tuple[List[str], List[str]]] = {
     ot.OVERLAP.conds[0]: (["--overlap"], []),
     ot.GATE_OVERLAP.conds[0]: ([], ["--no-overlap"]),
     ot.STANDIN.conds[0]: ([], ["--device", "cuda"]),
-    ot.NOT_REPEAT.conds[0]: ([], ["--repeat", "2"]),
-    ot.REPLICAS.conds[0]: ([], ["--repeat", "1"]),
     ot.NON_FLAT.conds[0]: ([], ["--policy", "flat"]),
     ot.NON_FLAT_OR_RESIDENCY.conds[0]: ([], ["--policy", "flat"]),
     ot.WHICH_V.conds[0]: (["--which", "v"], []),
@@ -191,11 +190,9 @@ def test_every_condition_and_option_has_its_context_and_probe() -> None:
     (["bench", "--residency", "--wide"], "--wide acts only without --residency"),
     (["bench", "--pref=2"], "--prefetch acts only with --overlap"),  # an abbreviation is the option too
     (["validate", "--no-overlap", "--prefetch", "2"], "--prefetch acts only without --no-overlap"),
-    (["bench", "--compact", "--policy", "flat"], "--compact acts only with ranges or plan in --policy"),
-    (["bench", "--in-process", "--repeat", "1"], "--in-process acts only with more than one replica"),
+    (["bench", "--compact", "--policy", "flat"], "--compact acts only with a non-flat --policy"),
     (["plan", "--v-trans"], "--v-trans acts only with --which v or --residency"),
     (["bench", "--json", "--wide"], "--wide acts only without --json"),
-    (["bench", "--max-time", "5", "--repeat", "2"], "--max-time acts only without --repeat"),
 ])
 def test_an_option_that_would_do_nothing_is_refused(argv: List[str], message: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:

@@ -70,7 +70,7 @@ def files_at(tmp_path: Path) -> Path:
                                           "copy2d_extra_ns_per_row": 42.0, "model_copy2d_us": 127.5}]}}
     (tmp_path / "bench.json").write_text(json.dumps(bench, indent=2))
     sweep = subprocess.run([sys.executable, "-m", "ferry.cli", "bench", "-c", "4096", "-npl", "2,4", "-npp", "256",
-                            "-ntg", "2", "--layers", "1", "--device", "cpu", "--repeat", "3", "--min-sample-ms", "0", "--in-process", "--json"],
+                            "-ntg", "2", "--layers", "1", "--device", "cpu", "--repeat", "3", "--json"],
                            capture_output=True, text=True, check=True)
     cmd = "ferry bench -c 4096 -npl 2,4 -npp 256 -ntg 2 --layers 1 --json"
     (tmp_path / "bench.txt").write_text(
@@ -117,7 +117,7 @@ def test_report_reads_the_sweep_json_and_computes_gains(files_at: Path) -> None:
 def test_report_puts_overlapped_decode_beside_its_bound(files_at: Path) -> None:
     sweep = subprocess.run([sys.executable, "-m", "ferry.cli", "bench", "-c", "4096", "-npl", "2", "-npp", "256",
                             "-ntg", "2", "--layers", "2", "--device", "cpu", "--policy", "flat", "--no-unified",
-                            "--overlap", "--repeat", "1", "--min-sample-ms", "0", "--json"], capture_output=True,
+                            "--overlap", "--repeat", "1", "--json"], capture_output=True,
                            text=True, check=True)
     cmd = "ferry bench -c 4096 -npl 2 -npp 256 -ntg 2 --layers 2 --policy flat --overlap --json"
     with open(files_at / "bench.txt", "a") as f:

@@ -98,8 +98,7 @@ def test_cpu_split_has_nothing_to_prefetch() -> None:
     assert out == out0 and st.prefetched == 0 and st.n_inputs == st0.n_inputs
 
 
-SMALL = dict(n_ctx=512, npl=(2,), npp=32, ntg=3, n_layer=3, repeat=2, policies=("flat", "ranges"), min_sample_ms=0.0,
-             in_process=True)
+SMALL = dict(n_ctx=512, npl=(2,), npp=32, ntg=3, n_layer=3, repeat=2, policies=("flat", "ranges"))
 
 
 def test_bench_overlap_rows() -> None:
@@ -140,7 +139,7 @@ def run_cli(argv: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, s
 
 def test_bench_cli_overlap_json(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out = run_cli(["bench", "-c", "512", "-npl", "2", "-npp", "32", "-ntg", "2", "--layers", "2",
-                                  "--repeat", "1", "--min-sample-ms", "0", "--policy", "flat", "--no-unified", "--overlap",
+                                  "--repeat", "1", "--policy", "flat", "--no-unified", "--overlap",
                                   "--prefetch", "2",
                                   "--json"], capsys)
     assert rc == 0

@@ -7,6 +7,7 @@ example."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from types import ModuleType
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -25,8 +26,10 @@ from .reference import VerbParser
 VERBS = (demo, table, plan, bench, validate)
 
 
+@functools.lru_cache(maxsize=1)
 def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, Tuple[ModuleType, argparse.ArgumentParser]]]:
-    """The `ferry` command's parser, and per verb name its module and its parser."""
+    """The `ferry` command's parser, and per verb name its module and its parser (made once: parsing
+    leaves a parser as it was, and making them is most of a command line's checks)."""
     parser = argparse.ArgumentParser(prog="ferry", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"ferry {__version__}")

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from ..errors import InvalidArgumentError
 from ..residency import STRATEGIES
-from ..workloads.common import DEVICES, KV_TYPES, POLICIES
+from ..workloads.common import DEVICES, KV_TYPES
 from ..workloads.devices import STANDIN_LINK_GBPS, parse_floats, parse_indices, parse_links, parse_sizes
 from .options import (
     ANY_TYPE,
@@ -25,7 +25,6 @@ from .options import (
     argument_type,
     count,
     int_list,
-    non_negative,
     one_float,
     placement_arg,
     policy_list,
@@ -86,13 +85,11 @@ RESIDENCY = when("with --residency", lambda a: a.residency is not None, "give --
 NO_RESIDENCY = when("without --residency", lambda a: a.residency is None, "leave out --residency")
 OVERLAP = when("with --overlap", lambda a: a.overlap, "give --overlap")
 GATE_OVERLAP = when("without --no-overlap", lambda a: a.overlap, "leave out --no-overlap")
-STANDIN = when("on stand-ins (--device cpu or auto)", lambda a: a.device != "cuda",
+STANDIN = when("on stand-ins", lambda a: a.device != "cuda",
                "use --device cpu (or auto)")
-NOT_REPEAT = when("without --repeat", lambda a: a.repeat is None, "leave out --repeat")
-REPLICAS = when("with more than one replica", lambda a: a.repeat != 1, "leave out --repeat 1")
-NON_FLAT = when("with ranges or plan in --policy", lambda a: bool(set(a.policy) - {"flat"}),
+NON_FLAT = when("with a non-flat --policy", lambda a: bool(set(a.policy) - {"flat"}),
                 "add ranges or plan to --policy")
-NON_FLAT_OR_RESIDENCY = when("with ranges or plan in --policy, or --residency",
+NON_FLAT_OR_RESIDENCY = when("with a non-flat --policy or --residency",
                              lambda a: bool(set(a.policy) - {"flat"}) or a.residency is not None,
                              "add ranges or plan to --policy")
 WHICH_V = when("with --which v or --residency", lambda a: a.which == "v" or a.residency is not None,
@@ -100,7 +97,7 @@ WHICH_V = when("with --which v or --residency", lambda a: a.which == "v" or a.re
 TABLE_OUT = when("without --json", lambda a: not a.json, "leave out --json")
 SWA_PAIR = when("with both --swa-window and --swa-layers",
                 lambda a: a.swa_window is not None and a.swa_layers is not None, "give both")
-UNIFIED_RUNS = when("with one device and every layer's KV on the host",
+UNIFIED_RUNS = when("on one device with all KV on the host",
                     lambda a: a.devices == 1 and a.kv_device_layers is None and a.placement is None,
                     "leave out --devices, --kv-device-layers and --placement")
 
@@ -196,7 +193,7 @@ SHAPE, KV, RUN, DEVICES_GROUP, RESIDENCY_GROUP, OUTPUT = (
 #: Every option of every verb, grouped as `--help` lists them.
 OPTIONS: Tuple[Option, ...] = (
     # the window
-    _opt(["-c"], "cells in all streams together, -c / -npl per stream", _all(ALL), SHAPE,
+    _opt(["-c"], "cells in all streams together, -c / -npl each", _all(ALL), SHAPE,
          type=POSITIVE, default=d.n_ctx, action=Given, metavar="N_CTX"),
     _opt(["-npl"], "numbers of sequences, one stream each", _all(("table", "plan", "bench")), SHAPE,
          type=int_list, default=list(d.npl), metavar="N,N,..."),
@@ -210,9 +207,9 @@ OPTIONS: Tuple[Option, ...] = (
          type=count(0), default=d.ntg),
     _opt(["-ntg"], "tokens generated per sequence, one decode step each", _all(RUNS), SHAPE,
          type=POSITIVE, default=d.ntg),
-    _opt(["--pad"], "round n_kv up to this (llama.cpp: 256); steps of one padded n_kv share a graph", _all(ALL),
+    _opt(["--pad"], "round n_kv up to this (llama.cpp: 256); steps of one n_kv share a graph", _all(ALL),
          SHAPE, type=POSITIVE, default=d.pad),
-    _opt(["--sequences"], "sequences served, in waves of -npl, each its own content (default 2 x -npl)",
+    _opt(["--sequences"], "sequences served, in waves of -npl, each its own content",
          {"validate": ALWAYS}, SHAPE, type=POSITIVE, metavar="N", default_text="2 x npl"),
     # the KV geometry
     _opt(["--type"], "K and V type (any ferry type: a dry run)", _all(DRY), KV, type=type_name(ANY_TYPE),
@@ -225,96 +222,90 @@ OPTIONS: Tuple[Option, ...] = (
          type=POSITIVE, default=d.n_head, action=Given),
     _opt(["--layers"], "layers", {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, KV,
          type=POSITIVE, default=d.n_layer, action=Given),
-    _opt(["--model"], "the KV geometry from a GGUF model's metadata; options given beside it win", _all(ALL), KV,
+    _opt(["--model"], "the KV geometry from a GGUF model (options given beside it win)", _all(ALL), KV,
          metavar="FILE.gguf"),
     _opt(["--swa-window"], "sliding window, in cells, of the layers --swa-layers marks s", _all(DRY, SWA_PAIR), KV,
          type=POSITIVE, metavar="W", default_text="--model's, else none"),
     _opt(["--swa-layers"], "one letter per layer: s sliding, f full (e.g. sssssf)", _all(DRY, SWA_PAIR), KV,
          type=swa_pattern, metavar="PATTERN", default_text="--model's, else none"),
-    _opt(["--v-trans"], "V stored transposed (flash attention off): a gap after every channel row",
+    _opt(["--v-trans"], "V stored transposed (flash attention off)",
          {"plan": WHICH_V, "bench": ALWAYS, "validate": ALWAYS}, KV, action="store_true"),
     # what runs
     _opt(["--which"], "the K or the V window", {"plan": NO_RESIDENCY}, RUN, choices=("k", "v"), default="k"),
     _opt(["--stream"], "streams read", {"plan": NO_RESIDENCY}, RUN, type=stream_range, metavar="S0-S1",
          default_text="all"),
-    _opt(["--cost-model"], "whose cost model decides plan or flat (gpu: host to device)", {"plan": NO_RESIDENCY},
+    _opt(["--cost-model"], "whose cost model decides plan or flat", {"plan": NO_RESIDENCY},
          RUN, choices=("cpu", "gpu"), default="gpu"),
-    _opt(["--policy"], f"copy policies to compare: {', '.join(POLICIES)}",
+    _opt(["--policy"], "copy policies to compare",
          {"bench": NO_RESIDENCY, "validate": ALWAYS}, RUN, type=policy_list,
          default=list(d.policies), metavar="P,P,..."),
-    _opt(["--compact"], "also run each non-flat policy with compact staging (the split holds only the bytes read)",
+    _opt(["--compact"], "also run each non-flat policy with compact staging",
          {"bench": NON_FLAT_OR_RESIDENCY, "validate": NON_FLAT}, RUN, action="store_true"),
-    _opt(["--unified"], "also run a unified cache of the same sequences, for comparison",
+    _opt(["--unified"], "also run a unified cache of the same sequences",
          {"bench": NO_RESIDENCY & UNIFIED_RUNS}, RUN, action=argparse.BooleanOptionalAction, default=d.unified),
-    _opt(["--no-reuse"], "build and allocate every step's graph, even while the padded n_kv holds",
+    _opt(["--no-reuse"], "build and allocate every step's graph",
          {"bench": NO_RESIDENCY, "validate": ALWAYS}, RUN, action="store_false", dest="reuse"),
-    _opt(["--overlap"], "also run each variant prefetching its windows on the split's copy queue",
+    _opt(["--overlap"], "also run each variant prefetching its windows",
          {"plan": RESIDENCY, "bench": ALWAYS}, RUN, action="store_true"),
-    _opt(["--no-overlap"], "leave out the overlapped runs (each policy prefetching, hashed as <policy>+overlap)",
+    _opt(["--no-overlap"], "leave out the overlapped runs (each policy prefetching)",
          {"validate": ALWAYS}, RUN, action="store_false", dest="overlap"),
     _opt(["--prefetch"], "layers an overlapped run queues ahead", {"plan": RESIDENCY & OVERLAP, "bench": OVERLAP,
                                                                    "validate": GATE_OVERLAP},
          RUN, type=POSITIVE, default=d.prefetch, metavar="N"),
     _opt(["--seed"], "the sequences' content", {"validate": ALWAYS}, RUN, type=count(0), default=0),
-    _opt(["--repeat"], "replicas of each npl, exactly (with --residency: repetitions of each placement)",
-         {"bench": ALWAYS}, RUN, type=POSITIVE, metavar="N", default_text="8, more until the intervals narrow"),
-    _opt(["--min-sample-ms"], "what one timed sample lasts at least, in ms of decode time (0: one repetition)",
-         {"bench": NO_RESIDENCY}, RUN, type=non_negative, default=d.min_sample_ms, metavar="MS"),
-    _opt(["--max-time"], "seconds the run may take adding replicas while an interval is wide",
-         {"bench": NO_RESIDENCY & NOT_REPEAT}, RUN, type=non_negative, metavar="SECONDS",
-         default_text=f"{d.max_time:g}"),
-    _opt(["--in-process"], "make every replica in this process, not each in a worker process of its own",
-         {"bench": NO_RESIDENCY & REPLICAS}, RUN, action="store_true"),
+    _opt(["--repeat"], "replicas of each npl (--residency: repetitions of each placement)", {"bench": ALWAYS}, RUN,
+         type=POSITIVE, metavar="N",
+         default_text="6, --residency 5"),
+    _opt(["--rounds"], "timed repetitions of each variant in each replica",
+         {"bench": NO_RESIDENCY}, RUN, type=POSITIVE, default=d.rounds, metavar="N"),
     # devices
-    _opt(["--device"], "where the split runs: cuda, cpu (the stand-in device), auto (cuda when usable)",
+    _opt(["--device"], "where the split runs: cuda, cpu (the stand-in), auto (cuda if usable)",
          {"bench": NO_RESIDENCY, "validate": ALWAYS}, DEVICES_GROUP, choices=DEVICES, default=d.device,
          metavar="DEVICE"),
-    _opt(["--devices"], "devices of the --device kind; layers go to them in contiguous ranges",
+    _opt(["--devices"], "devices; layers go to them in contiguous ranges",
          {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, DEVICES_GROUP, type=POSITIVE, default=1,
          metavar="N"),
-    _opt(["--link-gbps"], "each stand-in's link in GB/s each way, one for all or one per device; 0: the host's "
-         "memcpy, unmodelled", {"plan": RESIDENCY, "bench": STANDIN,
-                                                                  "validate": STANDIN},
+    _opt(["--link-gbps"], "each stand-in's link in GB/s each way (0: the host's memcpy)",
+         {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN},
          DEVICES_GROUP, type=argument_type(parse_links, "0 or 0.001 to 1e6 per device, comma-separated"),
          metavar="G,G,...", default_text=f"{STANDIN_LINK_GBPS:g}"),
-    _opt(["--latency-us"], "microseconds each stand-in transfer adds, one for all or one per device",
+    _opt(["--latency-us"], "microseconds each stand-in transfer adds",
          {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
          type=argument_type(lambda t: parse_floats(t, "--latency-us", 0.0, 1e6), "0 to 1e6 per device, "
                             "comma-separated"), metavar="U,U,...", default_text="0"),
-    _opt(["--device-memory"], "each stand-in's memory, one for all or one per device",
+    _opt(["--device-memory"], "each stand-in's memory",
          {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
          type=argument_type(lambda t: parse_sizes(t, "--device-memory"), SIZES), metavar="SIZE,...",
-         default_text="unlimited (the host's)"),
-    _opt(["--compute-slowdown"], "each stand-in's compute takes at least F times the host's (a slower GPU)",
+         default_text="unlimited"),
+    _opt(["--compute-slowdown"], "each stand-in computes at least F times as long as the host",
          {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
          type=argument_type(lambda t: parse_floats(t, "--compute-slowdown", 1.0, 1e6), "1 to 1e6 per device, "
                             "comma-separated"), metavar="F,F,...", default_text="1"),
-    _opt(["--kv-device-layers"], "the first N layers' KV on the device that runs them (llama.cpp's "
-         "--kv-gpu-layers); with --residency, at most N", {"plan": RESIDENCY, "bench": ALWAYS,
-                                                                    "validate": ALWAYS},
-         DEVICES_GROUP, type=count(0), metavar="N", default_text="every layer on the host"),
-    _opt(["--placement"], "where each layer's KV lives: h (host) or a device index per layer, e.g. h,0,1,h; or a "
-         "file of them", {"bench": NO_RESIDENCY, "validate": ALWAYS}, DEVICES_GROUP,
-         type=argument_type(placement_arg), metavar="LIST|FILE", default_text="as --kv-device-layers says"),
-    _opt(["--layer-devices"], "which device runs each layer, one index per layer",
+    _opt(["--kv-device-layers"], "the first N layers' KV on their device (--residency: at most N)",
+         {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS},
+         DEVICES_GROUP, type=count(0), metavar="N", default_text="0"),
+    _opt(["--placement"], "per layer h (host) or the device holding its KV, e.g. h,0,1,h",
+         {"bench": NO_RESIDENCY, "validate": ALWAYS}, DEVICES_GROUP,
+         type=argument_type(placement_arg), metavar="LIST|FILE", default_text="from --kv-device-layers"),
+    _opt(["--layer-devices"], "the device that runs each layer",
          {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, DEVICES_GROUP,
          type=argument_type(lambda t: parse_indices(t, "--layer-devices"), "device indices, comma-separated"),
-         metavar="D,D,...", default_text="contiguous ranges"),
+         metavar="D,D,...", default_text="ranges"),
     # the residency planner
-    _opt(["--residency"], f"plan (plan) or run beside the prediction (bench) where each layer's KV lives, per "
-         f"strategy named: {', '.join(STRATEGIES)} (no list: all)", {"plan": ALWAYS, "bench": ALWAYS},
+    _opt(["--residency"], f"each strategy's KV placement, planned (plan) or run (bench): {', '.join(STRATEGIES)}",
+         {"plan": ALWAYS, "bench": ALWAYS},
          RESIDENCY_GROUP, type=strategy_list, nargs="?", const=STRATEGIES, metavar="S,S,...",
          default_text="not run"),
-    _opt(["--reserve"], "device memory set aside for what else it holds, one for all or one per device",
+    _opt(["--reserve"], "device memory set aside for what else it holds",
          _all(("plan", "bench"), RESIDENCY), RESIDENCY_GROUP,
          type=argument_type(lambda t: parse_sizes(t, "--reserve"), SIZES), metavar="SIZE,...", default_text="0"),
     _opt(["--compute-us"], "microseconds one layer's attention takes on the host",
          _all(("plan", "bench"), RESIDENCY), RESIDENCY_GROUP,
          type=argument_type(one_float("--compute-us", 0.0, 1e9), "number from 0 to 1e9"), metavar="U",
-         default_text="measured on the stand-in"),
+         default_text="measured"),
     # output
-    _opt(["--json"], "a JSON list of objects instead of the text", _all(ALL), OUTPUT, action="store_true"),
-    _opt(["--wide"], "the table with every figure (spreads, times, bandwidth, memory), wider than 100 columns",
+    _opt(["--json"], "a JSON list of objects instead of text", _all(ALL), OUTPUT, action="store_true"),
+    _opt(["--wide"], "every figure (times, bandwidth, memory), wider than 100 columns",
          {"bench": NO_RESIDENCY & TABLE_OUT}, OUTPUT, action="store_true"),
     _opt(["--plot"], "also write a PNG chart of tokens/s (needs matplotlib)", {"bench": NO_RESIDENCY}, OUTPUT,
          metavar="FILE.png"),

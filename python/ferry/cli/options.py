@@ -229,18 +229,6 @@ def devices_from_args(args: argparse.Namespace) -> DeviceConfig:
                         compute_slowdown=args.compute_slowdown or ())
 
 
-@accepting("number >= 0")
-def non_negative(text: str) -> float:
-    """An argparse type: a finite number of at least 0; ArgumentTypeError for anything else."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"{text} is out of range: a finite number of at least 0")
-    return value
-
-
 def one_float(option: str, low: float, high: float) -> Callable[[str], float]:
     """A parser of one number from low to high (InvalidArgumentError naming option otherwise)."""
 

@@ -62,7 +62,7 @@ def _text(o: Option, verb: str) -> str:
     if not o.is_flag and o.default != "none":
         text += f" (default {o.default})"
     acts = o.verbs[verb]
-    return text + ("" if not acts.conds else f"; only {acts.text}")
+    return text + ("" if not acts.conds else f"; {acts.text}")
 
 
 def verb_help(v: Verb, epilog: str = "every option's values, default and when it acts: docs/cli.md") -> str:
