@@ -86,6 +86,9 @@ static ferry_status allocate(ferry_kv_cache * kv, ferry_buffer_type * buft) {
     ferry_buffer * buf;
     FERRY_TRY(ferry_buffer_type_alloc_buffer(buft, total, &buf));
     kv->buffers[kv->n_buffers++] = buf;
+    /* A new cache reads zeros, not what its memory held before (llama.cpp clears its KV buffers
+     * too); the buffer's own clear, so device memory is cleared where it lies. */
+    FERRY_TRY(ferry_buffer_clear(buf, 0));
     size_t offset = 0;
     for (int32_t l = 0; l < kv->params.n_layer; l++) {
         ferry_tensor * pair[2] = {kv->k[l], kv->v[l]};

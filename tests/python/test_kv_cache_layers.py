@@ -4,8 +4,10 @@ all-host run's attention outputs byte for byte; device-resident layers copy noth
 
 from __future__ import annotations
 
+import ctypes
+import platform
 import random
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -221,6 +223,46 @@ def test_from_arrays_refusals() -> None:
         ferry.KVCache.from_arrays([k], [np.zeros((N_STREAM, 9, HEAD_DIM), np.float16)], n_stream=N_STREAM)
     with pytest.raises(ferry.InvalidArgumentError, match="not a dense"):
         ferry.KVCache.from_arrays([k[:, ::2]], [k[:, ::2]], n_stream=N_STREAM)
+
+
+@pytest.fixture
+def dirty_allocations() -> Iterator[None]:
+    """Every allocation glibc makes holds 0xA5 while the test runs (M_PERTURB), as memory a process
+    used before would; elsewhere the test relies on caches getting freed caches' memory back."""
+    libc = ctypes.CDLL(None)
+    perturb = getattr(libc, "mallopt", None) if platform.libc_ver()[0] == "glibc" else None
+    if perturb is not None:
+        perturb(-6, 0x5A)  # M_PERTURB
+    try:
+        yield
+    finally:
+        if perturb is not None:
+            perturb(-6, 0)
+
+
+@pytest.mark.parametrize("where", ["host", "stand-in placement"])
+def test_new_cache_reads_zeros(where: str, dirty_allocations: None) -> None:
+    """A new cache's K and V read zeros, its device-placed layers too, whatever its memory held
+    before; each cache here is filled before it is freed, for the next one to be given."""
+    dev = ferry.StandinBackend()
+    placement = None if where == "host" else [dev if layer % 2 else None for layer in range(N_LAYER)]
+    for _ in range(3):
+        kv = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER, placement=placement)
+        for layer in range(N_LAYER):
+            for which in ("k", "v"):
+                for s in range(N_STREAM):
+                    got = np.frombuffer(kv.get_stream(which, layer, s), np.uint16)
+                    assert np.count_nonzero(got) == 0, (which, layer, s, np.count_nonzero(got))
+                    kv.set_stream(which, layer, s, np.full(got.size, 0x3C00, np.uint16).tobytes())  # 1.0
+        kv.close()
+
+
+def test_cache_over_arrays_keeps_their_content() -> None:
+    k = np.full((N_STREAM, 8, HEAD_DIM), 1.5, np.float16)
+    v = np.full((N_STREAM, 8, HEAD_DIM), -2.0, np.float16)
+    kv = ferry.KVCache.from_arrays([k], [v], n_stream=N_STREAM)
+    assert (k == 1.5).all() and (v == -2.0).all()
+    assert np.frombuffer(kv.get_stream("v", 0, 1), np.float16).tolist() == [-2.0] * (8 * HEAD_DIM)
 
 
 def test_from_torch_cpu_tensors() -> None:
