@@ -20,6 +20,7 @@ from ._handle import Closeable, Handle
 from .backend import Backend
 from .buffer import BorrowedBuffer, BufferType, buffer_type_of, cpu_buffer_type
 from .errors import FerryError, InvalidArgumentError, LayoutError, OutOfBoundsError, check
+from .ops import mark_v_window
 from .tensor import Tensor
 from .types import Type, TypeLike, row_size, to_type
 
@@ -420,7 +421,8 @@ class KVCache(Closeable):
         -------
         (Tensor, Tensor)
             K, [head_dim, n_kv, n_head_kv, ns]; V likewise, or [n_kv, head_dim, n_head_kv, ns] when
-            transposed.
+            transposed. attn_decode reads V as the cache lays it out, and refuses a v_trans that
+            disagrees.
 
         Raises
         ------
@@ -436,7 +438,9 @@ class KVCache(Closeable):
         v_out = ffi.new("ferry_tensor **")
         # One context holds both: V is borrowed from K's, and keeps K (and so the context) alive.
         k = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, out, v_out), source=k_layer)
-        return k, Tensor._borrow(v_out[0], k._handle, keep=k, source=v_layer)
+        v = Tensor._borrow(v_out[0], k._handle, keep=k, source=v_layer)
+        mark_v_window(v, self._params.v_trans)  # attention reads V as the cache lays it out
+        return k, v
 
     def windows(self, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> "KVWindows":
         """Every layer's K and V windows of a step, as ferry.attention_step reads them in one C call.

@@ -394,6 +394,13 @@ static void sliding_step(ferry_status (*make)(ferry_backend ** out)) {
         CHECK_OK(ferry_graph_new(&graph));
         CHECK_FAILS(ferry_kv_attention_step(kv, ctx, 4, 33, 0, 1, q, len, vt, sched, dev, graph, outs),
                     FERRY_ERR_OUT_OF_BOUNDS);
+        /* a v_trans other than the cache's, even with n_kv == head_dim, where V's shape fits both */
+        CHECK_FAILS(ferry_kv_attention_step(kv, ctx, 4, 16, 0, 1, q, len, !vt, sched, dev, graph, outs),
+                    FERRY_ERR_INVALID_ARG);
+        CHECK(strstr(ferry_last_error(), vt ? "v_trans is false, but the cache's V is transposed"
+                                            : "v_trans is true, but the cache's V is not transposed") != NULL);
+        CHECK_EQ_U(ferry_sched_n_assigned(sched), 0);
+        CHECK_EQ_U(ferry_graph_n_nodes(graph), 0);
         ferry_kv_cache * sliding;
         const int64_t all_sliding[4] = {8, 8, 8, 8};
         CHECK_OK(ferry_kv_cache_new_layers(&p, NULL, NULL, all_sliding, &sliding));
