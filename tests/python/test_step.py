@@ -193,6 +193,24 @@ def test_a_v_trans_other_than_the_caches_is_refused(v_trans: bool, fast: bool) -
     np.testing.assert_allclose(got[0], got[1], rtol=1e-5, atol=1e-6)  # the kernels of each layout round apart
 
 
+def test_graph_takes_a_steps_outputs() -> None:
+    """Graph(attention_step(...)): the list stands for its tensors, as Graph(*outputs) takes them."""
+    for fast in (True, False):
+        loop = Loop(fast=fast)
+        outs = loop.build(16)
+        graph = ferry.Graph(outs)
+        assert graph.outputs == list(outs)
+        assert [t.name for t in graph.nodes] == [t.name for t in ferry.step_graph(outs).nodes]
+        loop.kv_len.set(np.array([16, 3], np.int32))
+        loop.sched.compute(graph)
+        assert ferry.Graph(outs[0], (outs[1],)).outputs == list(outs)
+    with pytest.raises(ferry.InvalidArgumentError, match=r"graph build: output 1: expected a Tensor or a list of "
+                                                         r"Tensors, got str"):
+        ferry.Graph(outs[0], "attn1")  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match=r"graph build: output 0\[1\]: expected a Tensor, got str"):
+        ferry.Graph([outs[0], "attn1"])  # type: ignore[list-item]
+
+
 # ---------------------------------------------------------------- the step made in one C call (KVCache.windows)
 
 
