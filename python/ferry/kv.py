@@ -623,12 +623,20 @@ def _buffer_of(t: Tensor) -> Any:
     return t._buffer
 
 
+def _type_arg(t: TypeLike, what: str) -> Type:
+    """to_type(t), its FerryError naming the argument (what)."""
+    try:
+        return to_type(t)
+    except FerryError as e:
+        raise builtins.type(e)(f"{what}: {e.message}") from None
+
+
 def _params_of(type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, n_ctx: int, n_stream: int,
                n_layer: int, v_trans: bool) -> Any:
     """A ferry_kv_params of the values, each checked to reach C."""
     p = ffi.new("ferry_kv_params *")
-    p.type_k = to_type(type_k).value
-    p.type_v = to_type(type_v).value
+    p.type_k = _type_arg(type_k, "KVCache: type_k").value
+    p.type_v = _type_arg(type_v, "KVCache: type_v").value
     p.head_dim = _checks.as_int64(head_dim, "KVCache: head_dim")
     p.n_head_kv = _checks.as_int64(n_head_kv, "KVCache: n_head_kv")
     p.n_ctx = _checks.as_int64(n_ctx, "KVCache: n_ctx")
