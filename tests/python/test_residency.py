@@ -313,6 +313,56 @@ def test_refusals_name_what_does_not_fit() -> None:
         plan_auto([], [roomy])
 
 
+@pytest.mark.parametrize("make,message", [
+    (lambda: DeviceSpec(link_gbps="fast"), r"DeviceSpec: link_gbps is a positive finite number of GB/s, got 'fast'"),
+    (lambda: DeviceSpec(0.0), r"DeviceSpec: link_gbps is a positive finite number of GB/s, got 0.0"),
+    (lambda: DeviceSpec(float("nan")), r"DeviceSpec: link_gbps is a positive finite number of GB/s, got nan"),
+    (lambda: DeviceSpec(True), r"DeviceSpec: link_gbps is a positive finite number of GB/s, got True"),
+    (lambda: DeviceSpec(1.0, latency_us=-1), r"DeviceSpec: latency_us is a finite number of microseconds >= 0"),
+    (lambda: DeviceSpec(1.0, compute_s="1"), r"DeviceSpec: compute_s is a finite number of seconds >= 0, or a "
+                                             r"sequence of them \(one per layer\), got '1'"),
+    (lambda: DeviceSpec(1.0, compute_s=(1e-3, None)), r"DeviceSpec: compute_s\[1\] is a finite number of seconds"),
+    (lambda: DeviceSpec(1.0, compute_s=()), r"DeviceSpec: compute_s is a number of seconds, or one per layer"),
+    (lambda: DeviceSpec(1.0, memory=-1), r"DeviceSpec: memory is None or a count of bytes \(an integer >= 0\), got -1"),
+    (lambda: DeviceSpec(1.0, memory=1.5e9), r"DeviceSpec: memory is None or a count of bytes"),
+    (lambda: DeviceSpec(1.0, reserve=None), r"DeviceSpec: reserve is a count of bytes \(an integer >= 0\), got None"),
+    (lambda: DeviceSpec(1.0, name=0), r"DeviceSpec: name is a str, got int 0"),
+    (lambda: LayerCost(4096, 8192), r"LayerCost: transfers is a non-empty sequence of byte counts"),
+    (lambda: LayerCost((), 8192), r"LayerCost: transfers is a non-empty sequence of byte counts"),
+    (lambda: LayerCost((4096, -1), 8192), r"LayerCost: transfers\[1\] is a count of bytes \(an integer >= 0\), got -1"),
+    (lambda: LayerCost((4096,), "8192"), r"LayerCost: resident_bytes is a count of bytes"),
+    (lambda: LayerCost((4096,), 8192, 1.5), r"LayerCost: staging_bytes is None or a count of bytes"),
+])
+def test_fields_are_checked_where_they_are_given(make: object, message: str) -> None:
+    """A DeviceSpec or LayerCost of a field the model cannot take is refused when it is made, naming
+    the field and what it takes: not by a TypeError from inside predict_step."""
+    with pytest.raises(ferry.InvalidArgumentError, match=message):
+        make()  # type: ignore[operator]
+
+
+def test_fields_keep_the_kinds_the_model_reads() -> None:
+    import numpy as np
+
+    spec = DeviceSpec(np.float32(2.5), 3, [1, np.float64(2.0)], np.int64(1 << 30), 0, "gpu")
+    assert spec == DeviceSpec(2.5, 3.0, (1.0, 2.0), 1 << 30, 0, "gpu") and hash(spec) == hash(DeviceSpec(
+        2.5, 3.0, (1.0, 2.0), 1 << 30, 0, "gpu"))
+    assert type(spec.link_gbps) is float and type(spec.memory) is int and isinstance(spec.compute_s, tuple)
+    assert LayerCost([np.int64(4096), 0], 8192).transfers == (4096, 0)
+
+
+def test_sequences_are_refused_naming_the_argument() -> None:
+    with pytest.raises(ferry.InvalidArgumentError, match="residency: resident is a sequence of bool"):
+        predict_step([FULL], [DeviceSpec(1.0)], None)  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match="residency: layers is a sequence of LayerCost"):
+        plan_auto(None, [DeviceSpec(1.0)])  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match="residency: devices is a sequence of DeviceSpec"):
+        plan_first([FULL], DeviceSpec(1.0))  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match="residency: layer_device is a sequence"):
+        predict_step([FULL], [DeviceSpec(1.0)], [True], layer_device=0)  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match="unknown strategy"):
+        plan_residency([], [FULL], [DeviceSpec(1.0)])  # type: ignore[arg-type]
+
+
 def test_plan_object() -> None:
     layers = [FULL] * 4
     devices = [DeviceSpec(1.0, 0.0, 1e-3, memory=64 * MIB), DeviceSpec(0.5, 0.0, 1e-3, memory=64 * MIB)]

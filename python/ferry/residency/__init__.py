@@ -63,6 +63,6 @@ def plan_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequence
     PlanDoesNotFitError
         When a device cannot hold its split's window copies, or no layer fits.
     """
-    if strategy not in _RULES:
+    if not isinstance(strategy, str) or strategy not in _RULES:
         raise InvalidArgumentError(f"plan_residency: unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     return _RULES[strategy](layers, devices, layer_device, prefetch, max_layers)

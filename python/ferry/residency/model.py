@@ -4,8 +4,9 @@ it or copied from host memory every step (predict_step), and the plan object eve
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..errors import InvalidArgumentError
 
@@ -13,6 +14,34 @@ from ..errors import InvalidArgumentError
 class PlanDoesNotFitError(InvalidArgumentError):
     """A placement cannot fit a device's budget: the message names the device, what it must hold,
     what it has and by how much it is short."""
+
+
+def _set(obj: object, field_name: str, value: object) -> None:
+    """Set a field of a frozen dataclass to its checked form (in __post_init__)."""
+    object.__setattr__(obj, field_name, value)
+
+
+def _byte_count(value: object, what: str, also: str = "") -> int:
+    """value as a count of bytes: an integer >= 0 (numpy's too; numpy's bool is no Integral, Python's is)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InvalidArgumentError(f"{what} is {also}a count of bytes (an integer >= 0), got {value!r}")
+    return int(value)
+
+
+def _number(value: object, what: str, takes: str, ok: Callable[[float], bool]) -> float:
+    """value as a float: a finite real number (numpy's too, not a bool) that ok accepts."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+            not math.isfinite(float(value)) or not ok(float(value)):
+        raise InvalidArgumentError(f"{what} is {takes}, got {value!r}")
+    return float(value)
+
+
+def _sequence(value: object, what: str, item: str) -> List[Any]:
+    """value as a list: InvalidArgumentError naming the argument for anything but a sequence."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InvalidArgumentError(f"residency: {what} is a sequence of {item}, one per layer or device, not "
+                                   f"{type(value).__name__}")
+    return list(value)
 
 
 @dataclass(frozen=True)
@@ -29,11 +58,28 @@ class LayerCost:
     staging_bytes : int or None
         Device bytes the copies of its windows occupy while they live (the bytes read with
         compact staging, the windows' spans without); None: sum(transfers).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a field of another kind or out of its range (an empty or negative transfers, a
+        negative or fractional count of bytes), naming it.
     """
 
     transfers: Tuple[int, ...]
     resident_bytes: int
     staging_bytes: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        """Check each figure where it is given: InvalidArgumentError naming the field and what it takes."""
+        if isinstance(self.transfers, (str, bytes)) or not isinstance(self.transfers, Sequence) or not self.transfers:
+            raise InvalidArgumentError(f"LayerCost: transfers is a non-empty sequence of byte counts (int >= 0), "
+                                       f"got {self.transfers!r}")
+        _set(self, "transfers", tuple(_byte_count(b, f"LayerCost: transfers[{i}]")
+                                      for i, b in enumerate(self.transfers)))
+        _set(self, "resident_bytes", _byte_count(self.resident_bytes, "LayerCost: resident_bytes"))
+        if self.staging_bytes is not None:
+            _set(self, "staging_bytes", _byte_count(self.staging_bytes, "LayerCost: staging_bytes", "None or "))
 
     @property
     def window_bytes(self) -> int:
@@ -65,6 +111,13 @@ class DeviceSpec:
         Bytes set aside for what else the device must hold.
     name : str
         What messages call it (default "device <index>").
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a field of another kind or out of its range (a link_gbps not positive and finite, a
+        negative or non-finite time, a negative or fractional count of bytes, a name not a str),
+        naming it. Numbers are kept as float and counts as int.
     """
 
     link_gbps: float
@@ -73,6 +126,28 @@ class DeviceSpec:
     memory: Optional[int] = None
     reserve: int = 0
     name: str = ""
+
+    def __post_init__(self) -> None:
+        """Check each figure where it is given: InvalidArgumentError naming the field and what it takes."""
+        _set(self, "link_gbps", _number(self.link_gbps, "DeviceSpec: link_gbps", "a positive finite number of GB/s",
+                                        lambda x: x > 0))
+        _set(self, "latency_us", _number(self.latency_us, "DeviceSpec: latency_us",
+                                         "a finite number of microseconds >= 0", lambda x: x >= 0))
+        seconds = "a finite number of seconds >= 0"
+        if isinstance(self.compute_s, Sequence) and not isinstance(self.compute_s, (str, bytes)):
+            if not self.compute_s:
+                raise InvalidArgumentError("DeviceSpec: compute_s is a number of seconds, or one per layer, not an "
+                                           "empty sequence")
+            _set(self, "compute_s", tuple(_number(c, f"DeviceSpec: compute_s[{i}]", seconds, lambda x: x >= 0)
+                                          for i, c in enumerate(self.compute_s)))
+        else:
+            _set(self, "compute_s", _number(self.compute_s, "DeviceSpec: compute_s",
+                                            f"{seconds}, or a sequence of them (one per layer)", lambda x: x >= 0))
+        if self.memory is not None:
+            _set(self, "memory", _byte_count(self.memory, "DeviceSpec: memory", "None or "))
+        _set(self, "reserve", _byte_count(self.reserve, "DeviceSpec: reserve"))
+        if not isinstance(self.name, str):
+            raise InvalidArgumentError(f"DeviceSpec: name is a str, got {type(self.name).__name__} {self.name!r}")
 
 
 @dataclass(frozen=True)
@@ -242,8 +317,8 @@ class _Problem:
 
 def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_device: Optional[Sequence[int]],
              prefetch: int, max_layers: Optional[int] = None) -> _Problem:
-    layers = list(layers)
-    devices = list(devices)
+    layers = _sequence(layers, "layers", "LayerCost")
+    devices = _sequence(devices, "devices", "DeviceSpec")
     if not layers:
         raise InvalidArgumentError("residency: no layers")
     if not devices:
@@ -258,7 +333,7 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
     if layer_device is None:
         dev = [i * n_dev // len(layers) for i in range(len(layers))]  # layer_split's map
     else:
-        dev = list(layer_device)
+        dev = _sequence(layer_device, "layer_device", "device index")
         if len(dev) != len(layers):
             raise InvalidArgumentError(f"residency: {len(dev)} entries in layer_device for {len(layers)} layers")
         for i, d in enumerate(dev):
@@ -413,6 +488,7 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
         For inconsistent lengths, indices or figures.
     """
     p = _problem(layers, devices, layer_device, prefetch)
+    resident = _sequence(resident, "resident", "bool")
     if len(resident) != len(p.layers):
         raise InvalidArgumentError(f"predict_step: {len(resident)} entries in resident for {len(p.layers)} layers")
     return _prediction(p, [not bool(r) for r in resident])
