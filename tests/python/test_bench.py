@@ -327,8 +327,7 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path: Path, monkeypatch: p
     (["--min-sample-ms", "-1"], "argument --min-sample-ms: -1 is out of range: a finite number of at least 0"),
     (["--max-time", "nan"], "argument --max-time: nan is out of range: a finite number of at least 0"),
     (["--max-time", "soon"], "argument --max-time: expected a number, got 'soon'"),
-    (["--repeat", "3", "--max-time", "5"], "--max-time caps the replicas added without --repeat; with --repeat 3 it "
-                                           "does nothing: give one of them"),
+    (["--repeat", "3", "--max-time", "5"], "--max-time acts only without --repeat: leave out --repeat"),
     (["--heads", "5"], "--heads 5 is not a multiple of --kv-heads 2"),
     (["--type", "q8_0", "--head-dim", "48"], "--type q8_0 needs --head-dim a multiple of 32, got 48"),
     (["--type", "q4_0"], "--type 'q4_0': attention reads f32, f16, q8_0"),

@@ -40,7 +40,7 @@ def test_both_verbs_take_the_device_options() -> None:
         have = {s for a in parsers[verb]._actions for s in a.option_strings}
         assert set(DEVICE_OPTIONS) <= have, verb
     help_text = parsers["bench"].format_help()
-    assert "stand-in only" in help_text and "--kv-gpu-layers" in help_text
+    assert "only on stand-ins" in help_text and "--kv-gpu-layers" in help_text
 
 
 def test_parsing() -> None:
@@ -82,8 +82,8 @@ def test_placement_from_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
     (["--devices", "2", "--layer-devices", "0,1,1,5"], "--layer-devices: layer 3 names device 5"),
     (["--placement", "h,0,x,h"], "'x' is neither h (host) nor a device index"),
     (["--layer-devices", "0,h,0,0"], "'h' is not a device index"),
-    (["--device", "cuda", "--link-gbps", "2.45"], "model a stand-in device (--device cpu)"),
-    (["--device", "cuda", "--device-memory", "64MiB"], "model a stand-in device (--device cpu)"),
+    (["--device", "cuda", "--link-gbps", "2.45"], "--link-gbps acts only on stand-ins"),
+    (["--device", "cuda", "--device-memory", "64MiB"], "--device-memory acts only on stand-ins"),
     (["--device-memory", "64XB"], "argument --device-memory: --device-memory: '64XB' is not a size"),
     (["--link-gbps", "fast"], "argument --link-gbps: --link-gbps: 'fast' is not a number"),
     (["--link-gbps", "0.0001"], "argument --link-gbps: --link-gbps: 0.0001 is out of range: 0 (unmodelled) or"),
@@ -106,8 +106,11 @@ def test_v_trans_is_refused_with_q8_0(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_a_device_without_room_for_its_layers_fails_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit, match=r"^ferry: .*stand-in"):
-        main(["bench", *BENCH, "--kv-device-layers", "4", "--device-memory", "4KiB"])
+    """Issue 32, item 11: the device and the option to change, as a usage error (exit 2)."""
+    err = refused(["bench", *BENCH, "--kv-device-layers", "4", "--device-memory", "4KiB"], capsys)
+    assert "--device-memory: device 0 (4,096 bytes) cannot hold" in err
+    err = refused(["validate", "--devices", "2", "--device-memory", "1KiB,100MiB"], capsys)
+    assert "--device-memory: device 0 (1,024 bytes) cannot hold" in err
 
 
 # ------------------------------------------------------------ bench
@@ -279,3 +282,19 @@ def test_validate_fails_when_device_memory_misses_a_write(monkeypatch: pytest.Mo
     bad = {k for k, h in got["hashes"].items() if h != got["hashes"]["one-device/ranges"]}
     assert bad == {p + "/ranges" for p, m in got["placements"].items() if "1" in m.split(",")}
     assert bad
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["validate", "--devices", "3"], "--devices 3 with 2 layers: device 2 would run no layer and hold no KV"),
+    (["bench", "--devices", "3"], "--devices 3 with 2 layers: device 2 would run no layer"),
+    (["validate", "--devices", "2", "--layer-devices", "0,0"], "device 1 would run no layer and hold no KV: name it"),
+    (["plan", "--residency", "--devices", "3", "--compute-us", "1"], "device 2 would run no layer"),
+])
+def test_a_device_with_nothing_to_do_is_refused(argv: List[str], message: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32, item 10: a device that runs no layer and holds no KV says so (exit 2)."""
+    assert message in refused(argv, capsys)
+
+
+def test_a_device_that_only_holds_kv_is_taken() -> None:
+    DeviceConfig(n_devices=2, layer_devices=(0, 0), placement=(None, 1)).check(2, "cpu")

@@ -48,9 +48,9 @@ def test_plan_residency_text_names_each_strategy_placement_and_memory(capsys: py
     for s in STRATEGIES:
         assert table_row(out, s)
     # two layers kept: the planner and slowest-link on the slow link's device (layers 2-3), first on device 0's
-    assert re.search(r"^auto .* 1\.00x\s+-\s+\S.*\s2-3\s", out, re.M), out
-    assert re.search(r"^first .*\s0-1\s+\S+ MiB\s+-\s", out, re.M), out
-    assert re.search(r"^slowest-link .*\s-\s+\S+ MiB\s+2-3\s", out, re.M), out
+    assert re.search(r"^auto .* 1\.00x\s+none\s+\S.*\slayers 2-3\s", out, re.M), out
+    assert re.search(r"^first .*\slayers 0-1\s+\S+ MiB\s+none\s", out, re.M), out
+    assert re.search(r"^slowest-link .*\snone\s+\S+ MiB\s+layers 2-3\s", out, re.M), out
     assert "auto: the model's optimum" in out
 
 
@@ -141,7 +141,9 @@ def test_the_links_default_to_the_standins_and_0_is_measured(monkeypatch: pytest
 
 
 def test_plan_without_residency_is_the_window_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run(["plan", *GEOMETRY], capsys)
+    geometry = [a for i, a in enumerate(GEOMETRY) if a not in ("--layers", "--heads")
+                and GEOMETRY[i - 1] not in ("--layers", "--heads")]
+    out = run(["plan", *geometry], capsys)
     assert "window" in out and "strategy" not in out
 
 
@@ -187,7 +189,7 @@ def test_bench_residency_sliding_model(tmp_path: Path, capsys: pytest.CaptureFix
 def test_bench_residency_refuses_a_placement_beside_it(capsys: pytest.CaptureFixture[str]) -> None:
     err = refused(BENCH[:-2] + ["--residency", "--placement", "h,h,0,1"], capsys)
     assert "--residency" in err and "--placement" in err
-    assert "stand-in" in refused(BENCH + ["--residency", "--device", "cuda"], capsys)
+    assert "--device acts only without --residency" in refused(BENCH + ["--residency", "--device", "cuda"], capsys)
     assert "--plot" in refused(BENCH + ["--residency", "--plot", "x.png"], capsys)
     err = refused(BENCH + ["--residency", "--device-memory", "1KiB"], capsys)
     assert "short by" in err
@@ -211,3 +213,28 @@ def test_compute_slowdown_reaches_the_stand_ins(capsys: pytest.CaptureFixture[st
     assert "--compute-slowdown" in refused(["bench", "--compute-slowdown", "0.5"], capsys)
     with pytest.raises(ferry_errors.InvalidArgumentError, match="--compute-slowdown: 3 values"):
         DeviceConfig(n_devices=2, compute_slowdown=(1.0, 2.0, 3.0)).check(2, "cpu")
+
+
+# ------------------------------------------------------------ issue 32: what used to end in a traceback
+
+
+def test_bench_residency_without_repeat_takes_its_default_and_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 5: --repeat is none unless given; --residency then measures its default repetitions."""
+    from ferry.cli import prepare
+    from ferry.cli.residency import REPEAT
+
+    argv = ["bench", "--residency", "auto", "--layers", "2", "-c", "64", "-npl", "2", "-npp", "8", "-ntg", "2",
+            "--head-dim", "32", "--kv-heads", "1", "--heads", "2", "--compute-us", "100"]
+    assert prepare(argv)[2].repeat == REPEAT
+    rows = run_json(argv + ["--json"], capsys)
+    assert {r["strategy"] for r in rows} == {"auto"} and all(r["measured_step_s"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("verb", ["plan", "bench"])
+def test_residency_refuses_a_list_of_links_for_other_devices(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 6: two links for three devices is a usage error naming the option, in both verbs."""
+    err = refused([verb, "--residency", "--devices", "3", "--layers", "3", "--link-gbps", "1,2", "--compute-us",
+                   "100"], capsys)
+    assert "--link-gbps: 2 values for 3 devices" in err
+    err = refused([verb, "--residency", "--devices", "2", "--layer-devices", "0,2", "--compute-us", "100"], capsys)
+    assert "--layer-devices: layer 1 names device 2" in err

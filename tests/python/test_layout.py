@@ -36,9 +36,12 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.workloads", "ferry.workloads.bench", "ferry.workloads.validate", "ferry.workloads.table",
      "ferry.workloads.plan", "ferry.workloads.residency_plan", "ferry.workloads.residency_bench"),
     ("ferry",),
-    ("ferry.cli", "ferry.cli.options", "ferry.cli.text_table", "ferry.cli.progress", "ferry.cli.bench",
-     "ferry.cli.validate", "ferry.cli.table", "ferry.cli.plan", "ferry.cli.demo", "ferry.cli.__main__",
-     "ferry.cli.residency"),
+    ("ferry.cli.options", "ferry.cli.text_table", "ferry.cli.progress"),
+    ("ferry.cli.option_table",),
+    ("ferry.cli.reference",),
+    ("ferry.cli.residency",),
+    ("ferry.cli.bench", "ferry.cli.validate", "ferry.cli.table", "ferry.cli.plan", "ferry.cli.demo"),
+    ("ferry.cli", "ferry.cli.__main__"),
 ]
 
 #: What only the command line may import.

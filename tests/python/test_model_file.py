@@ -292,7 +292,8 @@ def test_a_model_without_sliding_layers_prints_what_it_did(llama: Path, capsys: 
 def test_swa_options_go_together(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["table", "--swa-window", "64"])
-    assert e.value.code == 2 and "give both or neither" in capsys.readouterr().err
+    assert e.value.code == 2 and "--swa-window acts only with both --swa-window and --swa-layers" in \
+        capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["table", "--swa-window", "64", "--swa-layers", "sx"])
     assert e.value.code == 2 and "s (sliding) or f (full)" in capsys.readouterr().err

@@ -9,14 +9,18 @@ from __future__ import annotations
 import argparse
 import sys
 from types import ModuleType
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .. import __version__
 from ..errors import FerryError
 from . import bench, demo, plan, table, validate
-from .options import check_combinations, given_options
+from .option_table import refuse_idle
+from .options import given_options
+from .reference import VerbParser
 
-#: The verbs in the order `ferry --help` lists them; each module has add_parser, main, and
+#: The verbs in the order `ferry --help` lists them; each module has VERB (what --help and
+#: docs/cli.md say of it), add_parser, job (the parsed options as what will run, every check that
+#: needs no run made), run (runs a job, returns the exit status), main (run(job(args))) and
 #: ARGUMENT_ERRORS (the FerryErrors reported as usage errors, exit 2).
 VERBS = (demo, table, plan, bench, validate)
 
@@ -26,16 +30,49 @@ def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, Tuple[ModuleType,
     parser = argparse.ArgumentParser(prog="ferry", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"ferry {__version__}")
-    sub = parser.add_subparsers(dest="verb", required=True)
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=VerbParser)
     return parser, {verb.__name__.rsplit(".", 1)[1]: (verb, verb.add_parser(sub)) for verb in VERBS}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def prepare(argv: Sequence[str]) -> Tuple[ModuleType, argparse.ArgumentParser, Any]:
+    """Parse a command line into what will run, making every check that needs no run.
+
+    Parameters
+    ----------
+    argv : sequence of str
+        The arguments after the program's name.
+
+    Returns
+    -------
+    (module, argparse.ArgumentParser, object)
+        The verb's module, its parser, and its job (verb.job of the parsed options).
+
+    Raises
+    ------
+    SystemExit
+        With status 2 and a usage message for bad arguments: argparse's, an option that would do
+        nothing beside the others (ferry.cli.option_table), or a FerryError of the verb's
+        ARGUMENT_ERRORS from making the job.
+    """
+    argv = list(argv)
+    parser, parsers = build_parser()
+    args = parser.parse_args(argv)
+    verb, verb_parser = parsers[args.verb]
+    try:
+        refuse_idle(args.verb, args, given_options(verb_parser, argv[argv.index(args.verb) + 1:]))
+        return verb, verb_parser, verb.job(args)
+    except verb.ARGUMENT_ERRORS as e:
+        verb_parser.error(str(e))
+    except FerryError as e:  # not an argument error of this verb: the run could not start
+        raise SystemExit(f"ferry: {e}") from None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """The `ferry` command.
 
     Parameters
     ----------
-    argv : list of str, optional
+    argv : sequence of str, optional
         The arguments after the program's name (default: sys.argv[1:]).
 
     Returns
@@ -46,24 +83,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     Raises
     ------
     SystemExit
-        With status 2 and a usage message for bad arguments (argparse's, an option that would do
-        nothing beside the others, or a FerryError the verb counts as an argument error); with
-        "ferry: <message>" for any other FerryError.
+        With status 2 and a usage message for bad arguments (see prepare, and a FerryError of the
+        verb's ARGUMENT_ERRORS during the run); with "ferry: <message>" for any other FerryError.
     """
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser, parsers = build_parser()
-    args = parser.parse_args(argv)
-    verb, verb_parser = parsers[args.verb]
-    try:
-        check_combinations(args.verb, args, given_options(verb_parser, argv[argv.index(args.verb) + 1:]))
-    except FerryError as e:
-        verb_parser.error(str(e))
+    verb, verb_parser, job = prepare(sys.argv[1:] if argv is None else argv)
     try:
         try:
-            return verb.main(args)
+            return int(verb.run(job))
         except verb.ARGUMENT_ERRORS as e:
             verb_parser.error(str(e))
     except FerryError as e:
         raise SystemExit(f"ferry: {e}") from None
     return 2
-

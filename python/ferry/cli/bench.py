@@ -7,7 +7,8 @@ import json
 import math
 import sys
 import time
-from typing import Any, Callable, List, Optional, TextIO, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, TextIO, Tuple, Union
 
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..workloads import bench as bench_workload
@@ -15,27 +16,14 @@ from ..workloads.bench import SPREAD, TARGET_HALF_WIDTH, BenchConfig, BenchResul
 from ..workloads.common import run_name
 from ..workloads.estimate import Interval
 from . import residency
-from .options import (
-    POSITIVE,
-    accepting,
-    add_device_arg,
-    add_devices_args,
-    add_kv_args,
-    add_policy_arg,
-    add_residency_args,
-    add_shape_args,
-    add_v_trans_arg,
-    add_verb_parser,
-    apply_model,
-    check_one_head_dim,
-    devices_from_args,
-    run_fields,
-)
+from .options import apply_model, check_one_head_dim, devices_from_args, run_fields
 from .progress import Progress, progress_stream
-from .text_table import fmt_layers, format_table
+from .reference import Verb, add_verb_parser
+from .text_table import fmt_layers, fmt_link, fmt_mib, fmt_seconds, fmt_tps_digits, format_table
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Progress", "add_parser", "check_plot_available",
-           "config_from_args", "fmt_bytes", "fmt_gain", "fmt_gbps", "fmt_interval", "fmt_layers", "fmt_mib",
+           "config_from_args", "job", "run", "fmt_bytes", "fmt_gain", "fmt_gbps", "fmt_interval", "fmt_layers",
+           "fmt_mib",
            "fmt_ratio", "fmt_seconds", "fmt_spread", "fmt_tps", "fmt_tps_digits", "format_devices", "format_wide",
            "format_overlap", "format_result", "main", "plot_result", "run_bench"]
 
@@ -84,18 +72,8 @@ def run_bench(cfg: BenchConfig, progress: Optional[TextIO] = None,
 # ------------------------------------------------------------ output
 
 
-def fmt_seconds(s: float) -> str:
-    """The duration s (seconds) with a unit that keeps 3-4 significant digits: µs, ms or s."""
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} µs"
-    if s < 1.0:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s:.3f} s"
 
 
-def fmt_mib(n: int) -> str:
-    """The n bytes in MiB with one decimal."""
-    return f"{n / 2**20:,.1f} MiB"
 
 
 def fmt_gbps(bps: float) -> str:
@@ -122,13 +100,6 @@ def fmt_tps(tps: float) -> str:
     return f"{tps:,.0f}"
 
 
-def fmt_tps_digits(tps: float) -> str:
-    """Tokens/s with at least 4 significant digits (7.123, 71.23, 712.3, 7,123): a difference of a few
-    tenths of a percent shows, as the gains claim."""
-    for limit, decimals in ((10.0, 3), (100.0, 2), (1000.0, 1)):
-        if abs(tps) < limit:
-            return f"{tps:,.{decimals}f}"
-    return f"{tps:,.0f}"
 
 
 def fmt_bytes(n: float) -> str:
@@ -185,8 +156,13 @@ def _extra_tables(res: BenchResult) -> List[str]:
 
 def _head(res: BenchResult) -> List[str]:
     cfg = res.config
+    dc = cfg.devices
+    links = [dc.standin_link(d) for d in range(dc.n_devices)]
+    named = ", ".join(f"device {d} {fmt_link(x)}" if x else f"device {d} the host's memcpy"
+                      for d, x in enumerate(links)) if len(links) > 1 else fmt_link(links[0])
     link = [] if res.standin_link_gbps is None else [
-        f"stand-in link: {res.standin_link_gbps:g} GB/s each way, modelled (--link-gbps; 0: the host's memcpy)"]
+        f"stand-in link{'s' if len(links) > 1 else ''}: {named} each way, modelled (--link-gbps; 0: the host's "
+        "memcpy)"]
     return [f"split backend: {res.split_name}; KV cache in {res.cache_memory} (CPU backend)", *link,
             f"-c {cfg.n_ctx}, -npp {cfg.npp}, -ntg {cfg.ntg}, {cfg.n_layer} layers, K/V {cfg.type_kv}, "
             f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}"
@@ -298,7 +274,7 @@ def format_devices(res: BenchResult) -> List[str]:
              "windows), their copy time, memory held (the scheduler's buffer at its most plus resident KV)"]
     if cfg.unified and not cfg.runs_unified:
         lines.append("unified cache: not run (one device with every layer on the host only)")
-    head = ["npl", "policy", "device", "runs", "resident", "copied", "KV copied", "copy", "memory", "link"]
+    head = ["npl", "policy", "device", "runs", "holds KV of", "copied", "KV copied", "copy", "memory", "link"]
     body = []
     for r in res.rows:
         if r.unified:
@@ -307,7 +283,7 @@ def format_devices(res: BenchResult) -> List[str]:
             body.append([str(r.npl), r.label, f"{d.index}: {d.name}", fmt_layers(d.layers),
                          fmt_layers(d.resident_layers), fmt_mib(d.bytes_copied), fmt_mib(d.kv_bytes_copied),
                          fmt_seconds(d.copy_s), fmt_mib(d.memory_bytes),
-                         "-" if d.link_gbps is None else f"{d.link_gbps:g} GB/s"])
+                         "-" if d.link_gbps is None else fmt_link(d.link_gbps)])
     return lines + format_table([head, *body], left=(1, 2))
 
 
@@ -396,68 +372,19 @@ def plot_result(res: BenchResult, path: str) -> None:
 # ------------------------------------------------------------ the command
 
 
-@accepting("number >= 0")
-def non_negative(text: str) -> float:
-    """An argparse type: a finite number of at least 0; ArgumentTypeError for anything else."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"{text} is out of range: a finite number of at least 0")
-    return value
+VERB = Verb("bench", "decode steps over a host KV cache: tokens/s, copy time and bytes per copy policy "
+            "(llama-batched-bench's generation phase)",
+            "Decode steps over a KV cache in host memory split into one stream per sequence: each step copies "
+            "every layer's K and V windows to the split's device under each copy policy, and attention runs "
+            "there; beside them a unified cache of the same sequences. Prints tokens/s, the gain over flat with "
+            "its 95% interval, and the bytes copied and read per step.",
+            "ferry bench -c 16384 -npl 2,4,8 -npp 1024 --type q8_0 --heads 32 --head-dim 128 --kv-heads 8 "
+            "--policy flat,ranges --repeat 5")
 
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `bench` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
-    d = BenchConfig()
-    bp = add_verb_parser(sub, "bench", "decode steps over a host KV cache: tokens/s, copy time and bytes per copy "
-                         "policy (llama-batched-bench's generation phase)", __doc__,
-                         "ferry bench -c 16384 -npl 2,4,8 -npp 1024 --type q8_0 --heads 32 --head-dim 128 "
-                         "--kv-heads 8 --policy flat,ranges --repeat 5", bench_workload.__doc__)
-    add_shape_args(bp, ntg_minimum=1)
-    add_kv_args(bp, run=True)
-    add_policy_arg(bp, "to compare")
-    bp.add_argument("--unified", action=argparse.BooleanOptionalAction, default=d.unified,
-                    help="also run a unified cache of the same sequences, for comparison (default on; one device "
-                         "with every layer on the host only: skipped, with a note, otherwise)")
-    add_device_arg(bp)
-    add_devices_args(bp)
-    bp.add_argument("--repeat", type=POSITIVE, default=d.repeat, metavar="N",
-                    help="replicas of each npl, exactly: each its own caches and schedulers, warmed up, then "
-                         f"samples of each variant, about {bench_workload.REPS_PER_REPLICA} repetitions; figures are "
-                         "floors, the "
-                         f"median of the replicas (default none: {bench_workload.REPLICAS}, more until every gain's "
-                         f"95%% interval is within ±{TARGET_HALF_WIDTH * 100:g} points or --max-time passes)")
-    bp.add_argument("--min-sample-ms", type=non_negative, default=d.min_sample_ms, metavar="MS",
-                    help="what one timed sample lasts at least, in ms of decode time: the calibration doubles the "
-                         "repetitions a sample holds until it does; 0: one repetition, and 2 samples a replica (the "
-                         f"quickest run) (default {d.min_sample_ms:g})")
-    bp.add_argument("--max-time", type=non_negative, metavar="SECONDS",
-                    help="seconds the run may take: replicas are added only while they would end within it (the "
-                         f"first {bench_workload.REPLICAS} always run); refused with --repeat, which fixes the "
-                         f"replicas (default {d.max_time:g})")
-    bp.add_argument("--in-process", action="store_true",
-                    help="make every replica in this process (quicker to start); without it each replica of the "
-                         "npls runs in a worker process of its own, so that the intervals hold what moves from one "
-                         "process to the next (one replica runs here either way)")
-    add_v_trans_arg(bp)
-    bp.add_argument("--compact", action="store_true",
-                    help="also run each non-flat policy with compact staging (the split holds only the bytes read)")
-    bp.add_argument("--no-reuse", dest="reuse", action="store_false",
-                    help="build and allocate every step's graph, even while the padded n_kv holds")
-    bp.add_argument("--overlap", action="store_true",
-                    help="also run each variant prefetching its windows on the split's copy queue while earlier "
-                         "layers compute, and compare its decode time with the serial run's")
-    bp.add_argument("--prefetch", type=POSITIVE, default=d.prefetch, metavar="N",
-                    help=f"layers an overlapped run queues ahead (default {d.prefetch})")
-    bp.add_argument("--wide", action="store_true",
-                    help="the table with every figure (spreads, decode, host and e2e, copy and compute time, "
-                         "copy bandwidth, memory, the unified cache's), wider than 100 columns")
-    bp.add_argument("--json", action="store_true", help="a JSON list of objects instead of the table")
-    bp.add_argument("--plot", metavar="FILE.png", help="also write a PNG chart of tokens/s (needs matplotlib)")
-    add_residency_args(bp, "run each placement and print measured beside predicted (ferry.workloads.residency_bench)")
-    return bp
+    return add_verb_parser(sub, VERB)
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -471,32 +398,59 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        overlap=args.overlap, prefetch=args.prefetch, devices=devices_from_args(args))
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run `ferry bench` with the parsed options args: the table (or JSON) on stdout, the bar on
-    stderr, the chart to --plot. Returns the exit status 0; InvalidArgumentError for options that
-    cannot run or a --model file that cannot be read (a usage error), another FerryError when a run
-    fails.
+@dataclass(frozen=True)
+class Job:
+    """What `ferry bench` runs and prints: the run's BenchConfig, and the table, the wide table or
+    JSON, and a chart or none."""
+
+    config: BenchConfig
+    json: bool
+    wide: bool
+    plot: Optional[str]
+
+
+def job(args: argparse.Namespace) -> Union[Job, residency.BenchJob]:
+    """The Job (with --residency, the residency.BenchJob) the parsed options args describe, --model read
+    and the config checked.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For options that cannot run, or a --model file that cannot be read.
+    UnsupportedError
+        For --plot without matplotlib.
     """
     g = apply_model(args, run_fields())
     check_one_head_dim(g, args)
     if args.residency is not None:
-        return residency.bench_main(args, g)
-    if args.repeat is not None and args.max_time is not None:
-        raise InvalidArgumentError("--max-time caps the replicas added without --repeat; with --repeat "
-                                   f"{args.repeat} it does nothing: give one of them")
+        return residency.bench_job(args, g)
     cfg = config_from_args(args)
     cfg.check()
     if args.plot:
         check_plot_available()
-    res = run_bench(cfg, progress_stream())
-    if args.json:
+    return Job(cfg, args.json, args.wide, args.plot)
+
+
+def run(j: Union[Job, residency.BenchJob]) -> int:
+    """Run the job: the table (or JSON) on stdout, the bar and warnings on stderr, the chart to its file.
+    Returns the exit status 0; a FerryError when a run fails."""
+    if isinstance(j, residency.BenchJob):
+        return residency.run_bench(j)
+    res = run_bench(j.config, progress_stream())
+    if j.json:
         print(f"ferry bench: split backend {res.split_name}, KV cache in {res.cache_memory}", file=sys.stderr)
         print(json.dumps(res.as_dicts(), indent=2))
     else:
-        print(format_result(res, args.wide))
+        print(format_result(res, j.wide))
     for warning in res.warnings():
         print(f"ferry bench: warning: {warning}", file=sys.stderr)
-    if args.plot:
-        plot_result(res, args.plot)
-        print(f"ferry bench: wrote {args.plot}", file=sys.stderr)
+    if j.plot:
+        plot_result(res, j.plot)
+        print(f"ferry bench: wrote {j.plot}", file=sys.stderr)
     return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """`ferry bench` with the parsed options args: run(job(args)). InvalidArgumentError for options that
+    cannot run (a usage error), another FerryError when a run fails."""
+    return run(job(args))

@@ -3,23 +3,38 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Tuple
 
 from ..tensor import Tensor
 from ..types import Type, row_size
-from .options import add_verb_parser
+from .reference import Verb, add_verb_parser
 
 #: demo takes no arguments: no failure of it is a usage error.
 ARGUMENT_ERRORS = ()
 
 
+VERB = Verb("demo", "show what a flat copy of a multi-stream window moves",
+            "Builds a 2-stream q8_0 K window of 2,176 cells a stream over 16,384-cell streams and prints the "
+            "bytes attention reads against the span a flat copy moves. No options.", "ferry demo")
+
+
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `demo` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
-    return add_verb_parser(sub, "demo", "show what a flat copy of a multi-stream window moves", __doc__, "ferry demo")
+    return add_verb_parser(sub, VERB)
+
+
+def job(args: argparse.Namespace) -> Tuple[()]:
+    """demo's job: nothing to choose (args: none)."""
+    return ()
 
 
 def main(args: argparse.Namespace) -> int:
-    """Build the window and print its span against the bytes it reads (args: none). Returns the exit
+    """`ferry demo`: run(job(args))."""
+    return run(job(args))
+
+
+def run(j: Tuple[()]) -> int:
+    """Build the window and print its span against the bytes it reads (j: the empty job). Returns the exit
     status 0.
     """
     head_dim, n_head_kv, kv_size, n_stream, n_kv = 128, 8, 16384, 2, 2176

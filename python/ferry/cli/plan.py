@@ -13,25 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ..errors import FerryError
 from ..workloads.plan import WindowPlan, window_plan
 from . import residency
-from .options import (
-    DEFAULTS,
-    POSITIVE,
-    add_devices_args,
-    add_kv_args,
-    add_residency_args,
-    add_shape_args,
-    add_swa_args,
-    add_verb_parser,
-    apply_model,
-    check_one_head_dim,
-    layer_windows,
-    stream_range,
-)
+from .options import apply_model, check_one_head_dim, layer_windows
+from .reference import Verb, add_verb_parser
 from .text_table import format_table
 
 #: Every failure of this verb comes from its arguments: reported as a usage error (exit 2).
@@ -41,27 +30,14 @@ ARGUMENT_ERRORS = FerryError
 SHOWN_COPIES = 16
 
 
+VERB = Verb("plan", "the copy plan of a KV-cache window: copies, bytes moved, cost, and why",
+            " ".join((__doc__ or "").split("\n\n", 1)[-1].split()),
+            "ferry plan -c 32768 -npl 1 -npp 2048 -ntg 128 --v-trans --which v")
+
+
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `plan` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
-    pp = add_verb_parser(sub, "plan", "the copy plan of a KV-cache window: copies, bytes moved, cost, and why",
-                         __doc__, "ferry plan -c 32768 -npl 1 -npp 2048 -ntg 128 --v-trans --which v")
-    add_shape_args(pp)
-    add_kv_args(pp, run=False, heads_and_layers=True)
-    add_swa_args(pp)
-    pp.add_argument("--v-trans", action="store_true", help="V stored transposed (flash attention off)")
-    pp.add_argument("--which", choices=("k", "v"), default="k", help="the K or the V window (default k)")
-    pp.add_argument("--stream", type=stream_range, metavar="S0-S1", help="streams read (default all)")
-    pp.add_argument("--cost-model", choices=("cpu", "gpu"), default="gpu",
-                    help="whose cost model decides plan or flat (default gpu: host to device)")
-    pp.add_argument("--json", action="store_true", help="a JSON list of objects, one per -npl, instead of text "
-                                                        "(with --residency: one per -npl, prefetch depth and strategy)")
-    add_residency_args(pp, "plan where each layer's KV lives over the devices")
-    add_devices_args(pp, placement=False)
-    pp.add_argument("--overlap", action="store_true",
-                    help="with --residency: also plan for a scheduler prefetching --prefetch layers ahead")
-    pp.add_argument("--prefetch", type=POSITIVE, default=DEFAULTS.prefetch, metavar="N",
-                    help=f"layers a prefetching scheduler queues ahead (default {DEFAULTS.prefetch})")
-    return pp
+    return add_verb_parser(sub, VERB)
 
 
 def format_plan(p: WindowPlan) -> str:
@@ -110,25 +86,52 @@ def layer_kinds(windows: Optional[List[Optional[int]]]) -> List[Dict[str, Option
                                                              else kv[0])]
 
 
-def main(args: argparse.Namespace) -> int:
-    """Print the plan (or a JSON list of plans) of the window the parsed options args describe, one per
-    -npl (with --residency, the residency plans instead). Returns the exit status 0; a FerryError for
-    values the dry run refuses, a plan that cannot fit, or a --model file that cannot be read (a usage
-    error).
+@dataclass(frozen=True)
+class Job:
+    """What `ferry plan` runs and prints: window_plan's arguments for each plan, and JSON or text."""
+
+    plans: Tuple[Tuple[Tuple[str, Any], ...], ...]
+    json: bool
+
+
+def job(args: argparse.Namespace) -> Union[Job, residency.PlanJob]:
+    """The Job (with --residency, the residency.PlanJob) the parsed options args describe, --model read.
+
+    Raises
+    ------
+    FerryError
+        For a --model file that cannot be read, or options the planner refuses.
     """
     if args.residency is not None:
         g = apply_model(args, {"c": lambda g: g.n_ctx, "kv_heads": lambda g: g.n_head_kv,
                                "head_dim": lambda g: g.head_dim_k, "heads": lambda g: g.n_head,
                                "layers": lambda g: g.n_layer})
         check_one_head_dim(g, args)
-        return residency.plan_main(args, g)
+        return residency.plan_job(args, g)
     g = apply_model(args, {"c": lambda g: g.n_ctx, "kv_heads": lambda g: g.n_head_kv,
                            "head_dim": lambda g: g.head_dim_v if args.which == "v" else g.head_dim_k})
     kinds = layer_kinds(layer_windows(args, g))
-    plans = [window_plan(args.c, npl, args.npp, args.ntg, pad=args.pad, type=args.type, head_dim=args.head_dim,
-                         n_head_kv=args.kv_heads, v_trans=args.v_trans, which=args.which, streams=args.stream,
-                         cost_model=args.cost_model, window=kind.get("window"),
-                         n_layer=kind.get("n_layer")) for npl in args.npl for kind in kinds]
-    print(json.dumps([p.as_dict() for p in plans], indent=2) if args.json
+    plans = tuple(tuple({"n_ctx": args.c, "npl": npl, "npp": args.npp, "ntg": args.ntg, "pad": args.pad,
+                         "type": args.type, "head_dim": args.head_dim, "n_head_kv": args.kv_heads,
+                         "v_trans": args.v_trans, "which": args.which, "streams": args.stream,
+                         "cost_model": args.cost_model, "window": kind.get("window"),
+                         "n_layer": kind.get("n_layer")}.items())
+                  for npl in args.npl for kind in kinds)
+    return Job(plans, args.json)
+
+
+def run(j: Union[Job, residency.PlanJob]) -> int:
+    """Print the plan (or a JSON list of plans) of each window of the job, one per -npl (with
+    --residency, the residency plans instead). Returns the exit status 0; a FerryError for values
+    the dry run refuses or a plan that cannot fit (a usage error)."""
+    if isinstance(j, residency.PlanJob):
+        return residency.run_plan(j)
+    plans = [window_plan(**dict(kwargs)) for kwargs in j.plans]
+    print(json.dumps([p.as_dict() for p in plans], indent=2) if j.json
           else "\n\n".join(format_plan(p) for p in plans))
     return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """`ferry plan` with the parsed options args: run(job(args))."""
+    return run(job(args))

@@ -7,35 +7,30 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import InvalidArgumentError
 from ..residency import ResidencyPlan
 from ..workloads.common import n_kv_for, prefetch_depths
+from ..workloads.devices import DeviceConfig, naming_device_memory
 from ..workloads.model_file import ModelGeometry
 from ..workloads.residency_bench import ResidencyResult, run_residency
 from ..workloads.residency_plan import ResidencyModel
-from .options import layer_windows
-from .text_table import fmt_layers, format_table
+from .options import devices_from_args, layer_windows
+from .text_table import fmt_layers, fmt_link, fmt_mib, fmt_seconds, fmt_tps_digits, format_table
 
-__all__ = ["bench_main", "format_bench", "format_plans", "model_from_args", "plan_main"]
+__all__ = ["BenchJob", "PlanJob", "bench_job", "format_bench", "format_plans", "model_from_args", "plan_job",
+           "run_bench", "run_plan"]
 
-
-def fmt_seconds(s: float) -> str:
-    """The duration s (seconds) in µs, ms or s, as `ferry bench` writes it."""
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} µs"
-    return f"{s * 1e3:.2f} ms" if s < 1.0 else f"{s:.3f} s"
+#: Repetitions of each placement `ferry bench --residency` measures without --repeat.
+REPEAT = 5
 
 
-def fmt_mib(n: int) -> str:
-    """The n bytes in MiB with one decimal."""
-    return f"{n / 2**20:,.1f} MiB"
 
 
-def fmt_tps(tps: float) -> str:
-    """Tokens/s with thousands separators, no decimals."""
-    return f"{tps:,.0f}"
+
+
 
 
 def model_from_args(args: argparse.Namespace, g: Optional[ModelGeometry]) -> ResidencyModel:
@@ -77,7 +72,7 @@ def _describe_devices(m: ResidencyModel, links: Sequence[float]) -> List[str]:
     for d, s in enumerate(specs):
         slow = m.compute_slowdown[0 if len(m.compute_slowdown) == 1 else d] if m.compute_slowdown else 1.0
         memory = "unlimited" if s.memory is None else fmt_mib(s.memory)
-        out.append(f"  device {d}: link {s.link_gbps:g} GB/s, latency {s.latency_us:g} µs, memory {memory}, "
+        out.append(f"  device {d}: link {fmt_link(s.link_gbps)}, latency {s.latency_us:g} µs, memory {memory}, "
                    f"reserve {fmt_mib(s.reserve)}, compute x{slow:g}")
     return out
 
@@ -97,7 +92,7 @@ def format_plans(plans: Sequence[ResidencyPlan], npl: int) -> List[str]:
         head += [f"dev {d} resident", f"dev {d} memory"]
     body = []
     for p in plans:
-        row = [p.strategy, fmt_seconds(p.step_seconds), fmt_tps(p.tokens_per_second(npl)),
+        row = [p.strategy, fmt_seconds(p.step_seconds), fmt_tps_digits(p.tokens_per_second(npl)),
                f"{p.step_seconds / auto.step_seconds:.2f}x" if auto and auto.step_seconds > 0 else "-"]
         for d in range(n_dev):
             row += [fmt_layers(p.resident_layers(d)), _memory(p, d)]
@@ -111,23 +106,58 @@ def format_plans(plans: Sequence[ResidencyPlan], npl: int) -> List[str]:
     return lines
 
 
-def plan_main(args: argparse.Namespace, g: Optional[ModelGeometry]) -> int:
-    """`ferry plan --residency`: per -npl and prefetch depth, each strategy's plan, as text or JSON.
+@dataclass(frozen=True)
+class PlanJob:
+    """What `ferry plan --residency` runs and prints."""
+
+    model: ResidencyModel
+    strategies: Tuple[str, ...]
+    npl: Tuple[int, ...]
+    npp: int
+    ntg: int
+    pad: int
+    depths: Tuple[int, ...]
+    json: bool
+
+
+def _checked_model(args: argparse.Namespace, g: Optional[ModelGeometry]) -> ResidencyModel:
+    """The model the parsed options describe, its devices checked as a run's are (DeviceConfig.check:
+    one value per device or one for all, layer maps, a device with nothing to run)."""
+    model = model_from_args(args, g)
+    devices_from_args(args).check(model.n_layer, "cpu")
+    model.check()
+    for npl in args.npl:
+        if args.c % npl:
+            raise InvalidArgumentError(f"-npl {npl}: -c {args.c} is not a multiple of it")
+    return model
+
+
+def plan_job(args: argparse.Namespace, g: Optional[ModelGeometry]) -> PlanJob:
+    """The PlanJob the parsed options args describe (g: --model's geometry, or None).
 
     Raises
     ------
     InvalidArgumentError
-        For options the planner refuses; PlanDoesNotFitError (one) when a plan cannot fit.
+        For options the planner refuses.
     """
-    model = model_from_args(args, g)
+    return PlanJob(_checked_model(args, g), tuple(args.residency), tuple(args.npl), args.npp, args.ntg, args.pad,
+                   prefetch_depths(args.overlap, args.prefetch), args.json)
+
+
+def run_plan(j: PlanJob) -> int:
+    """`ferry plan --residency`: per -npl and prefetch depth, each strategy's plan, as text or JSON.
+
+    Raises
+    ------
+    PlanDoesNotFitError
+        When a plan cannot fit.
+    """
+    model = j.model
     links = model.links()
-    depths = prefetch_depths(args.overlap, args.prefetch)
     out: List[Dict[str, object]] = []
     text: List[str] = []
-    for npl in args.npl:
-        if args.c % npl:
-            raise InvalidArgumentError(f"-npl {npl}: -c {args.c} is not a multiple of it")
-        n_kv = n_kv_for(args.npp, args.ntg, args.pad, args.c // npl)
+    for npl in j.npl:
+        n_kv = n_kv_for(j.npp, j.ntg, j.pad, model.n_ctx // npl)
         m = model.at(n_stream=npl, n_kv=n_kv)
         m.check()
         compute = m.compute_seconds()
@@ -140,13 +170,13 @@ def plan_main(args: argparse.Namespace, g: Optional[ModelGeometry]) -> int:
                  *_describe_devices(m, links)]
         if m.max_layers is not None:
             text.append(f"  at most {m.max_layers} layers resident (--kv-device-layers)")
-        for depth in depths:
-            plans = m.at(prefetch=depth).plans(args.residency, devices, layers)
+        for depth in j.depths:
+            plans = m.at(prefetch=depth).plans(j.strategies, devices, layers)
             out += [{**p.as_dict(npl), "n_kv": n_kv, "n_ctx": m.n_ctx} for p in plans]
             text += ["", "serial (prefetch 0):" if depth == 0 else f"prefetching {depth} layer(s) ahead:",
                      *format_plans(plans, npl)]
         text.append("")
-    print(json.dumps(out, indent=2) if args.json else "\n".join(text).rstrip())
+    print(json.dumps(out, indent=2) if j.json else "\n".join(text).rstrip())
     return 0
 
 
@@ -176,40 +206,60 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
             resident = "; ".join(f"{d}: {fmt_layers(r.plan.resident_layers(d))}" for d in range(len(r.plan.budgets)))
             body.append([r.strategy, str(r.plan.prefetch), resident, fmt_seconds(r.run.predicted_step_s),
                          _spread(r.run.spread), fmt_seconds(r.run.fastest_step_s), f"{r.run.ratio:.2f}x",
-                         fmt_tps(n / r.run.measured_step_s)])
+                         fmt_tps_digits(n / r.run.measured_step_s)])
         lines += format_table([head, *body], left=(0, 2))
         same = "identical" if res.outputs_identical(n) else "DIFFERENT"
         lines.append(f"attention outputs {same} across the placements")
     return "\n".join(lines)
 
 
-def bench_main(args: argparse.Namespace, g: Optional[ModelGeometry]) -> int:
-    """`ferry bench --residency`: plan each strategy's placement and run it beside the prediction.
+@dataclass(frozen=True)
+class BenchJob:
+    """What `ferry bench --residency` runs and prints."""
+
+    model: ResidencyModel
+    strategies: Tuple[str, ...]
+    npl: Tuple[int, ...]
+    npp: int
+    ntg: int
+    pad: int
+    repeat: int
+    depths: Tuple[int, ...]
+    json: bool
+
+
+def bench_job(args: argparse.Namespace, g: Optional[ModelGeometry]) -> BenchJob:
+    """The BenchJob the parsed options args describe (g: --model's geometry, or None).
 
     Raises
     ------
     InvalidArgumentError
-        For options that conflict with --residency (--placement, --device cuda) or cannot run;
-        PlanDoesNotFitError when a plan cannot fit.
+        For options that cannot run. (It runs on stand-in devices, whose links and memory the model
+        takes: the option table refuses --device beside --residency.)
     """
-    if args.placement is not None:
-        raise InvalidArgumentError("--residency chooses where each layer's KV lives: give it or --placement, not "
-                                   "both (--kv-device-layers N beside it limits the resident layers to N)")
-    if args.plot:
-        raise InvalidArgumentError("--plot charts the copy policies' run; --residency prints its table (or --json)")
-    if args.device == "cuda":
-        raise InvalidArgumentError("--residency runs on the stand-in devices (--device cpu or auto), whose links "
-                                   "and memory the model takes")
-    model = model_from_args(args, g)
+    model = _checked_model(args, g)
     for npl in args.npl:
-        if args.c % npl == 0 and args.npp + args.ntg > args.c // npl:
+        if args.npp + args.ntg > args.c // npl:
             raise InvalidArgumentError(f"-npl {npl}: a stream holds {args.c // npl} cells, fewer than -npp + -ntg = "
                                        f"{args.npp + args.ntg}")
-    res = run_residency(model, args.residency, args.npl, args.npp, args.ntg, args.pad, args.repeat,
-                        prefetch_depths(args.overlap, args.prefetch))
-    if args.json:
-        print(f"ferry bench --residency: links {', '.join(f'{x:g}' for x in res.links)} GB/s", file=sys.stderr)
+    return BenchJob(model, tuple(args.residency), tuple(args.npl), args.npp, args.ntg, args.pad,
+                    REPEAT if args.repeat is None else args.repeat, prefetch_depths(args.overlap, args.prefetch),
+                    args.json)
+
+
+def run_bench(j: BenchJob) -> int:
+    """`ferry bench --residency`: plan each strategy's placement and run it beside the prediction.
+
+    Raises
+    ------
+    PlanDoesNotFitError
+        When a plan cannot fit.
+    """
+    with naming_device_memory(DeviceConfig(n_devices=j.model.n_devices, memory=j.model.memory)):
+        res = run_residency(j.model, j.strategies, j.npl, j.npp, j.ntg, j.pad, j.repeat, j.depths)
+    if j.json:
+        print(f"ferry bench --residency: links {', '.join(fmt_link(x) for x in res.links)}", file=sys.stderr)
         print(json.dumps(res.as_dicts(), indent=2))
     else:
-        print(format_bench(res, model, args.npl, args.repeat))
+        print(format_bench(res, j.model, j.npl, j.repeat))
     return 0

@@ -10,26 +10,52 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, List, Sequence
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
 
 from ..errors import FerryError
 from ..workloads.table import TableRow, build_table
-from .options import add_kv_args, add_shape_args, add_swa_args, add_verb_parser, apply_model, layer_windows
+from .options import apply_model, layer_windows
+from .reference import Verb, add_verb_parser
 from .text_table import format_table
 
 #: Every failure of this verb comes from its arguments: reported as a usage error (exit 2).
 ARGUMENT_ERRORS = FerryError
 
 
+VERB = Verb("table", "cells read and copied (flat vs ranges) per number of sequences, from a dry run of the "
+            "scheduler", " ".join((__doc__ or "").split("\n\n", 1)[-1].split()),
+            "ferry table -c 32768 -npl 2,4,8 -npp 2048 -ntg 128")
+
+
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `table` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
-    tp = add_verb_parser(sub, "table", "cells read and copied (flat vs ranges) per number of sequences, from a "
-                         "dry run of the scheduler", __doc__, "ferry table -c 32768 -npl 2,4,8 -npp 2048 -ntg 128")
-    add_shape_args(tp)
-    add_kv_args(tp, run=False)
-    add_swa_args(tp)
-    tp.add_argument("--json", action="store_true", help="a JSON list of objects instead of a table")
-    return tp
+    return add_verb_parser(sub, VERB)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What `ferry table` runs and prints: build_table's arguments, and JSON or text."""
+
+    n_ctx: int
+    npl: Tuple[int, ...]
+    npp: int
+    ntg: int
+    pad: int
+    type_k: str
+    head_dim: int
+    n_head_kv: int
+    layer_windows: Optional[Tuple[Optional[int], ...]]
+    json: bool
+
+
+def job(args: argparse.Namespace) -> Job:
+    """The Job the parsed options args describe (--model read)."""
+    g = apply_model(args, {"c": lambda g: g.n_ctx, "head_dim": lambda g: g.head_dim_k,
+                           "kv_heads": lambda g: g.n_head_kv})
+    windows = layer_windows(args, g)
+    return Job(args.c, tuple(args.npl), args.npp, args.ntg, args.pad, args.type, args.head_dim, args.kv_heads,
+               None if windows is None else tuple(windows), args.json)
 
 
 def format_rows(rows: Sequence[TableRow]) -> List[str]:
@@ -59,21 +85,17 @@ def format_layer_rows(rows: Sequence[TableRow]) -> List[str]:
     return format_table([head, *body])
 
 
-def main(args: argparse.Namespace) -> int:
-    """Print, for the parsed options args, the cells read and copied under flat and ranges per number
-    of sequences. Returns the exit status 0; a FerryError for values the dry run refuses, or a
-    --model file that cannot be read (a usage error).
-    """
-    g = apply_model(args, {"c": lambda g: g.n_ctx, "head_dim": lambda g: g.head_dim_k,
-                           "kv_heads": lambda g: g.n_head_kv})
-    windows = layer_windows(args, g)
-    rows = build_table(args.c, args.npl, args.npp, args.ntg, pad=args.pad, type_k=args.type,
-                       head_dim=args.head_dim, n_head_kv=args.kv_heads, layer_windows=windows)
-    if args.json:
+def run(j: Job) -> int:
+    """Print, for the Job j, the cells read and copied under flat and ranges per number of sequences.
+    Returns the exit status 0; a FerryError for values the dry run refuses (a usage error)."""
+    windows = None if j.layer_windows is None else list(j.layer_windows)
+    rows = build_table(j.n_ctx, list(j.npl), j.npp, j.ntg, pad=j.pad, type_k=j.type_k, head_dim=j.head_dim,
+                       n_head_kv=j.n_head_kv, layer_windows=windows)
+    if j.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
-        print(f"K window {args.type}, head_dim {args.head_dim}, {args.kv_heads} KV heads, -c {args.c}, "
-              f"{args.npp} + {args.ntg} tokens per sequence (pad {args.pad})")
+        print(f"K window {j.type_k}, head_dim {j.head_dim}, {j.n_head_kv} KV heads, -c {j.n_ctx}, "
+              f"{j.npp} + {j.ntg} tokens per sequence (pad {j.pad})")
         if windows is None:
             print("\n".join(format_rows(rows)))
         else:
@@ -81,3 +103,9 @@ def main(args: argparse.Namespace) -> int:
                   "(a decode step's new token), at most n_kv; cells and bytes count every layer")
             print("\n".join(format_layer_rows(rows)))
     return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """`ferry table` with the parsed options args: run(job(args)). A --model file that cannot be read
+    is a usage error."""
+    return run(job(args))

@@ -10,27 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, List
+from dataclasses import dataclass
+from typing import Any, Tuple
 
 from ..errors import InvalidArgumentError
 from ..workloads import validate as validate_workload
 from ..workloads.common import check_streams
 from ..workloads.validate import ValidateConfig, ValidateResult
-from .options import (
-    POSITIVE,
-    add_device_arg,
-    add_devices_args,
-    add_kv_args,
-    add_policy_arg,
-    add_shape_args,
-    add_v_trans_arg,
-    add_verb_parser,
-    apply_model,
-    check_one_head_dim,
-    count,
-    devices_from_args,
-    run_fields,
-)
+from .options import apply_model, check_one_head_dim, devices_from_args, run_fields
+from .reference import Verb, add_verb_parser
 
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
 ARGUMENT_ERRORS = InvalidArgumentError
@@ -68,49 +56,34 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
 # ------------------------------------------------------------ the command
 
 
+VERB = Verb("validate", "the hash gate: every copy policy gives identical attention outputs, and a cross-stream "
+            "read is detected (llama-parallel's gate)", " ".join((__doc__ or "").split("\n", 1)[-1].split()),
+            "ferry validate -c 512 -npl 8 --sequences 16 -npp 60 -ntg 4 --type q8_0 --head-dim 128")
+
+
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
     """Add the `validate` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
-    d = ValidateConfig()
-    vp = add_verb_parser(sub, "validate", "the hash gate: every copy policy gives identical attention outputs, and "
-                         "a cross-stream read is detected (llama-parallel's gate)", __doc__,
-                         "ferry validate -c 512 -npl 8 --sequences 16 -npp 60 -ntg 4 --type q8_0 --head-dim 128",
-                         validate_workload.__doc__)
-    add_shape_args(vp, ntg_minimum=1, gate=True)
-    vp.add_argument("--sequences", type=POSITIVE, metavar="N",
-                    help="sequences served, in waves of npl, each with its own content (default: 2 x npl, two "
-                         "waves)")
-    add_kv_args(vp, run=True)
-    add_policy_arg(vp, "to compare")
-    add_device_arg(vp)
-    add_devices_args(vp)
-    add_v_trans_arg(vp)
-    vp.add_argument("--seed", type=count(0), default=d.seed, help=f"the sequences' content (default {d.seed})")
-    vp.add_argument("--no-reuse", dest="reuse", action="store_false",
-                    help="build and allocate every step's graph, even when the last one would do (default off: "
-                         "reused)")
-    vp.add_argument("--compact", action="store_true",
-                    help="also hash each non-flat policy with compact staging (the split holds only the bytes read)")
-    vp.add_argument("--no-overlap", dest="overlap", action="store_false",
-                    help="leave out the overlapped runs (each policy prefetching its windows on the split's copy "
-                         "queue, hashed as <policy>+overlap; default off: they run)")
-    vp.add_argument("--prefetch", type=POSITIVE, default=d.prefetch, metavar="N",
-                    help=f"layers an overlapped run queues ahead (default {d.prefetch})")
-    vp.add_argument("--json", action="store_true",
-                    help='a JSON list, one object per -npl: {"npl", "hashes": {policy: hex}, "identical", '
-                         '"control_detected", ...}; with placements {"hashes": {"placement/policy": hex}, '
-                         '"placements": {name: map}, ...}')
-    return vp
+    return add_verb_parser(sub, VERB)
 
 
-def configs_from_args(args: argparse.Namespace) -> List[ValidateConfig]:
+@dataclass(frozen=True)
+class Job:
+    """What `ferry validate` runs and prints: one gate per -npl, and JSON or text."""
+
+    configs: Tuple[ValidateConfig, ...]
+    json: bool
+
+
+def job(args: argparse.Namespace) -> Job:
     """The gate's runs the parsed options args describe, one per -npl: npl streams of -c / npl cells,
-    --sequences (default 2 x npl) served in waves of npl; each checked.
+    --sequences (default 2 x npl) served in waves of npl; each checked. --model is read.
 
     Raises
     ------
     InvalidArgumentError
         For options a run cannot take.
     """
+    check_one_head_dim(apply_model(args, run_fields()), args)
     out = []
     for npl in args.npl:
         check_streams(args.c, npl)
@@ -122,27 +95,29 @@ def configs_from_args(args: argparse.Namespace) -> List[ValidateConfig]:
                              devices=devices_from_args(args))
         cfg.check()
         out.append(cfg)
-    return out
+    return Job(tuple(out), args.json)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run `ferry validate` with the parsed options args, once per -npl: the reports (or a JSON list)
-    on stdout, the text's last line the verdict over every npl. Returns the exit status, 0 when at
-    every npl the policies agree and the control was detected, else 1; InvalidArgumentError for
-    options the gate cannot run with or a --model file that cannot be read (a usage error),
-    another FerryError when serving fails.
+def run(j: Job) -> int:
+    """Run the gate of the Job j once per -npl: the reports (or a JSON list) on stdout, the text's last
+    line the verdict over every npl. Returns the exit status, 0 when at every npl the policies agree
+    and the control was detected, else 1; a FerryError when serving fails.
     """
-    check_one_head_dim(apply_model(args, run_fields()), args)
-    cfgs = configs_from_args(args)
-    runs = [(cfg, validate_workload.run_validate(cfg)) for cfg in cfgs]
+    runs = [(cfg, validate_workload.run_validate(cfg)) for cfg in j.configs]
     failed = [cfg.n_stream for cfg, res in runs if not res.passed]
-    if args.json:
+    if j.json:
         print(json.dumps([{"npl": cfg.n_stream, **res.as_dict()} for cfg, res in runs], indent=2))
     else:
         print("\n\n".join(format_result(cfg, res) for cfg, res in runs))
         if len(runs) > 1:
-            print(f"\ngate at npl {', '.join(str(c.n_stream) for c in cfgs)}: "
+            print(f"\ngate at npl {', '.join(str(c.n_stream) for c in j.configs)}: "
                   + (f"FAIL at npl {', '.join(map(str, failed))}" if failed else "pass"))
     if failed:
         print("ferry validate: the gate failed", file=sys.stderr)
     return 1 if failed else 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """`ferry validate` with the parsed options args: run(job(args)). InvalidArgumentError for options
+    the gate cannot run with or a --model file that cannot be read (a usage error)."""
+    return run(job(args))

@@ -141,7 +141,7 @@ from .common import (
     write_cells,
 )
 from .common import variants as workload_variants
-from .devices import DeviceConfig
+from .devices import DeviceConfig, naming_device_memory
 from .estimate import (
     FLOOR_SPREAD,
     Interval,
@@ -1259,12 +1259,19 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
     ------
     InvalidArgumentError
         For options that cannot run.
+        InvalidArgumentError too for a stand-in out of the memory --device-memory gave it
+        (devices.naming_device_memory).
     FerryError
-        When a device cannot be made (OutOfMemoryError: its resident layers do not fit), or a run fails.
+        When a device cannot be made, or a run fails.
     AssertionError
         When repetitions of one variant give different attention outputs.
     """
     cfg.check()
+    with naming_device_memory(cfg.devices):
+        return _run_bench(cfg, on_step)
+
+
+def _run_bench(cfg: BenchConfig, on_step: Optional[OnStep]) -> BenchResult:
     if cfg.in_process or (cfg.min_replicas == 1 and not cfg.adaptive):
         dev = _Devices(cfg)
         together = max(1, WAVE_BYTES // max(1, replica_bytes(cfg) * len(cfg.npl)))

@@ -22,14 +22,15 @@ the same text (newlines may stand for commas), e.g. one item per line.
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple, TypeVar
+from typing import Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
 from ..backend import Backend, StandinBackend
 from ..cuda import CUDABackend, cuda_available, cuda_device_count
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, OutOfMemoryError
 
 T = TypeVar("T")
 
@@ -266,6 +267,15 @@ class DeviceConfig:
                 if d is not None and not 0 <= d < n:
                     raise InvalidArgumentError(f"{option}: layer {layer} names device {d}, but --devices {n} "
                                                f"has 0..{n - 1}")
+        used = set(self.runs_on(n_layer)) | {d for d in self.places(n_layer) if d is not None}
+        idle = [d for d in range(n) if d not in used]
+        if idle and self.layer_devices is None:
+            raise InvalidArgumentError(f"--devices {n} with {n_layer} layer{'s' if n_layer != 1 else ''}: device "
+                                       f"{idle[0]} would run no layer and hold no KV (layers go to the devices in "
+                                       f"contiguous ranges): give --layers {n} or more, or fewer devices")
+        if idle:
+            raise InvalidArgumentError(f"--devices {n}: device {idle[0]} would run no layer and hold no KV: name it "
+                                       "in --layer-devices (or --placement), or give fewer devices")
 
     def runs_on(self, n_layer: int) -> List[int]:
         """Per layer, the index of the device that runs it."""
@@ -343,6 +353,41 @@ class DeviceConfig:
         return out
 
 
+_OUT_OF_MEMORY = re.compile(r"(\d+) bytes asked, (\d+) of its (\d+) bytes free")
+
+
+@contextmanager
+def naming_device_memory(cfg: DeviceConfig) -> Iterator[None]:
+    """Within it, a stand-in running out of the memory --device-memory gave it raises
+    InvalidArgumentError naming the option and the device (found by its memory size; all of
+    them when they share one size), not the C library's message alone.
+
+    Parameters
+    ----------
+    cfg : DeviceConfig
+        The run's devices.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an OutOfMemoryError of a stand-in whose memory cfg sets.
+    """
+    try:
+        yield
+    except OutOfMemoryError as e:
+        m = _OUT_OF_MEMORY.search(str(e))
+        if not cfg.memory or m is None:
+            raise
+        asked, free, total = (int(x) for x in m.groups())
+        which = [d for d in range(cfg.n_devices) if cfg.per_device(cfg.memory, d) == total]
+        if not which:
+            raise
+        name = f"device {which[0]}" if len(which) == 1 else \
+            ("each device" if len(which) == cfg.n_devices else "device " + " or ".join(map(str, which)))
+        raise InvalidArgumentError(f"--device-memory: {name} ({total:,} bytes) cannot hold what the run needs "
+                                   f"there: {asked:,} bytes asked with {free:,} free; give it more memory") from None
+
+
 def standin_link(link_gbps: Sequence[float], d: int) -> float:
     """Stand-in d's link in GB/s from a per-device list (one value for all, or one per device): given,
     else STANDIN_LINK_GBPS; 0 for the host's memcpy speed, unmodelled."""
@@ -394,6 +439,7 @@ __all__ = [
     "placement_name",
     "read_placement",
     "split_items",
+    "naming_device_memory",
     "standard_placements",
     "standin_link",
 ]

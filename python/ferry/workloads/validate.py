@@ -49,7 +49,7 @@ from .common import (
     variants,
     write_cells,
 )
-from .devices import DeviceConfig, Place, placement_name, standard_placements
+from .devices import DeviceConfig, Place, naming_device_memory, placement_name, standard_placements
 
 
 @dataclass(frozen=True)
@@ -335,11 +335,16 @@ def run_validate(cfg: ValidateConfig) -> ValidateResult:
     Raises
     ------
     InvalidArgumentError
-        For options that cannot run.
+        For options that cannot run, or a stand-in out of the memory --device-memory gave it.
     FerryError
         When a device cannot be made or serving fails.
     """
     cfg.check()
+    with naming_device_memory(cfg.devices):
+        return _run_validate(cfg)
+
+
+def _run_validate(cfg: ValidateConfig) -> ValidateResult:
     devices = cfg.devices.make(cfg.device)
     split = devices[0]
     runs: List[Tuple[str, Optional[Layout]]] = [("", None)]

@@ -1,0 +1,368 @@
+"""The one table of `ferry`'s options.
+
+Each row is an option of one or more verbs: its flags, what it takes and its default, what it
+does, and per verb when it acts (always; with --residency; with --overlap; on stand-in devices;
+...). Everything else reads it: the verbs' parsers are built from it (add_options), an option
+given where it would do nothing is refused from it (refuse_idle), and `ferry VERB --help` and
+docs/cli.md print it (ferry.cli.reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+
+from ..errors import InvalidArgumentError
+from ..residency import STRATEGIES
+from ..workloads.common import DEVICES, KV_TYPES, POLICIES
+from ..workloads.devices import STANDIN_LINK_GBPS, parse_floats, parse_indices, parse_links, parse_sizes
+from .options import (
+    ANY_TYPE,
+    DEFAULTS,
+    POSITIVE,
+    Given,
+    argument_type,
+    count,
+    int_list,
+    non_negative,
+    one_float,
+    placement_arg,
+    policy_list,
+    strategy_list,
+    stream_range,
+    swa_pattern,
+    type_name,
+)
+
+Args = argparse.Namespace
+
+
+@dataclass(frozen=True)
+class Cond:
+    """One condition under which an option acts.
+
+    Attributes
+    ----------
+    text : str
+        The condition in words, after "acts only": "with --residency".
+    holds : callable
+        Whether it holds for the parsed options.
+    fix : str
+        What to change when it does not: "give --residency".
+    """
+
+    text: str
+    holds: Callable[[Args], bool]
+    fix: str
+
+
+@dataclass(frozen=True)
+class When:
+    """When an option acts: every one of its conditions holds (none: always)."""
+
+    conds: Tuple[Cond, ...] = ()
+
+    def __and__(self, other: "When") -> "When":
+        return When(self.conds + other.conds)
+
+    @property
+    def text(self) -> str:
+        """The conditions in words ("always" for none)."""
+        return " and ".join(c.text for c in self.conds) or "always"
+
+    def unmet(self, args: Args) -> Optional[Cond]:
+        """The first condition that does not hold for the parsed options args, or None."""
+        return next((c for c in self.conds if not c.holds(args)), None)
+
+
+def when(text: str, holds: Callable[[Args], bool], fix: str) -> When:
+    """A When of one condition (see Cond)."""
+    return When((Cond(text, holds, fix),))
+
+
+ALWAYS = When()
+RESIDENCY = when("with --residency", lambda a: a.residency is not None, "give --residency")
+NO_RESIDENCY = when("without --residency", lambda a: a.residency is None, "leave out --residency")
+OVERLAP = when("with --overlap", lambda a: a.overlap, "give --overlap")
+GATE_OVERLAP = when("without --no-overlap", lambda a: a.overlap, "leave out --no-overlap")
+STANDIN = when("on stand-ins (--device cpu or auto)", lambda a: a.device != "cuda",
+               "use --device cpu (or auto)")
+NOT_REPEAT = when("without --repeat", lambda a: a.repeat is None, "leave out --repeat")
+REPLICAS = when("with more than one replica", lambda a: a.repeat != 1, "leave out --repeat 1")
+NON_FLAT = when("with ranges or plan in --policy", lambda a: bool(set(a.policy) - {"flat"}),
+                "add ranges or plan to --policy")
+NON_FLAT_OR_RESIDENCY = when("with ranges or plan in --policy, or --residency",
+                             lambda a: bool(set(a.policy) - {"flat"}) or a.residency is not None,
+                             "add ranges or plan to --policy")
+WHICH_V = when("with --which v or --residency", lambda a: a.which == "v" or a.residency is not None,
+               "give --which v")
+TABLE_OUT = when("without --json", lambda a: not a.json, "leave out --json")
+SWA_PAIR = when("with both --swa-window and --swa-layers",
+                lambda a: a.swa_window is not None and a.swa_layers is not None, "give both")
+UNIFIED_RUNS = when("with one device and every layer's KV on the host",
+                    lambda a: a.devices == 1 and a.kv_device_layers is None and a.placement is None,
+                    "leave out --devices, --kv-device-layers and --placement")
+
+DRY, RUNS = ("table", "plan"), ("bench", "validate")
+ALL = DRY + RUNS
+
+
+@dataclass(frozen=True)
+class Option:
+    """A row of the table.
+
+    Attributes
+    ----------
+    flags : tuple of str
+        Its spellings, the long one last ("-c"; "--no-reuse").
+    help : str
+        What it does, one short line.
+    verbs : mapping of str to When
+        The verbs that take it, and when it acts in each.
+    group : str
+        The heading it is listed under.
+    argparse : mapping
+        What argparse.add_argument takes besides the flags and help (type, default, metavar, ...).
+    accepts : str
+        What it takes, in words (derived from argparse's type, choices or action unless given).
+    """
+
+    flags: Tuple[str, ...]
+    help: str
+    verbs: Mapping[str, When]
+    group: str
+    argparse: Mapping[str, Any] = field(default_factory=dict)
+    accepts: str = ""
+
+    @property
+    def name(self) -> str:
+        """Its long spelling."""
+        return self.flags[-1]
+
+    @property
+    def dest(self) -> str:
+        """Where argparse stores it."""
+        return str(self.argparse.get("dest") or self.name.lstrip("-").replace("-", "_"))
+
+    @property
+    def is_flag(self) -> bool:
+        """Whether it takes no value."""
+        action = self.argparse.get("action")
+        return action in ("store_true", "store_false") or action is argparse.BooleanOptionalAction
+
+    @property
+    def takes(self) -> str:
+        """What it takes, in words: "flag", its choices, or what its type accepts."""
+        if self.accepts:
+            return self.accepts
+        if self.is_flag:
+            return "flag"
+        if "choices" in self.argparse:
+            return ", ".join(self.argparse["choices"])
+        return str(getattr(self.argparse.get("type"), "accepts", "") or self.argparse.get("metavar", "value"))
+
+    @property
+    def default(self) -> str:
+        """Its default as `--help` and docs/cli.md write it."""
+        if "default_text" in self.argparse:
+            return str(self.argparse["default_text"])
+        value = self.argparse.get("default")
+        if self.is_flag:
+            return "on" if value is True and self.argparse.get("action") is argparse.BooleanOptionalAction else "off"
+        value = self.argparse.get("default")
+        if isinstance(value, (list, tuple)):
+            return ",".join(map(str, value))
+        if isinstance(value, float):
+            return f"{value:g}"
+        return "none" if value is None else str(value)
+
+
+def _opt(flags: Sequence[str], help: str, verbs: Mapping[str, When], group: str, accepts: str = "",
+         **kwargs: Any) -> Option:
+    return Option(tuple(flags), help, dict(verbs), group, kwargs, accepts)
+
+
+def _all(verbs: Sequence[str], w: When = ALWAYS) -> Dict[str, When]:
+    return dict.fromkeys(verbs, w)
+
+
+d = DEFAULTS
+SIZES = "sizes (64MiB, 1GiB, 500MB, bytes), comma-separated"
+SHAPE, KV, RUN, DEVICES_GROUP, RESIDENCY_GROUP, OUTPUT = (
+    "the window", "the KV geometry", "the run", "devices and where the KV lives",
+    "where each layer's KV should live (the residency planner)", "output")
+
+#: Every option of every verb, grouped as `--help` lists them.
+OPTIONS: Tuple[Option, ...] = (
+    # the window
+    _opt(["-c"], "cells in all streams together, -c / -npl per stream", _all(ALL), SHAPE,
+         type=POSITIVE, default=d.n_ctx, action=Given, metavar="N_CTX"),
+    _opt(["-npl"], "numbers of sequences, one stream each", _all(("table", "plan", "bench")), SHAPE,
+         type=int_list, default=list(d.npl), metavar="N,N,..."),
+    _opt(["-npl"], "streams a wave serves, one sequence each: one gate per number", {"validate": ALWAYS}, SHAPE,
+         type=int_list, default=list(d.npl), metavar="N,N,..."),
+    _opt(["-npp"], "prompt cells per sequence", _all(("table", "plan", "bench")), SHAPE, type=POSITIVE,
+         default=d.npp),
+    _opt(["-npp"], "the longest prompt, in cells: prompts are -ntg + 1 to -npp cells", {"validate": ALWAYS}, SHAPE,
+         type=POSITIVE, default=d.npp),
+    _opt(["-ntg"], "tokens generated per sequence, one decode step each", _all(DRY), SHAPE,
+         type=count(0), default=d.ntg),
+    _opt(["-ntg"], "tokens generated per sequence, one decode step each", _all(RUNS), SHAPE,
+         type=POSITIVE, default=d.ntg),
+    _opt(["--pad"], "round n_kv up to this (llama.cpp: 256); steps of one padded n_kv share a graph", _all(ALL),
+         SHAPE, type=POSITIVE, default=d.pad),
+    _opt(["--sequences"], "sequences served, in waves of -npl, each its own content (default 2 x -npl)",
+         {"validate": ALWAYS}, SHAPE, type=POSITIVE, metavar="N", default_text="2 x npl"),
+    # the KV geometry
+    _opt(["--type"], "K and V type (any ferry type: a dry run)", _all(DRY), KV, type=type_name(ANY_TYPE),
+         default=d.type_kv, metavar="TYPE"),
+    _opt(["--type"], "K and V type, as attention reads them", _all(RUNS), KV, type=type_name(KV_TYPES),
+         default=d.type_kv, metavar="TYPE"),
+    _opt(["--head-dim"], "values per head", _all(ALL), KV, type=POSITIVE, default=d.head_dim, action=Given),
+    _opt(["--kv-heads"], "KV heads", _all(ALL), KV, type=POSITIVE, default=d.n_head_kv, action=Given),
+    _opt(["--heads"], "query heads", {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, KV,
+         type=POSITIVE, default=d.n_head, action=Given),
+    _opt(["--layers"], "layers", {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, KV,
+         type=POSITIVE, default=d.n_layer, action=Given),
+    _opt(["--model"], "the KV geometry from a GGUF model's metadata; options given beside it win", _all(ALL), KV,
+         metavar="FILE.gguf"),
+    _opt(["--swa-window"], "sliding window, in cells, of the layers --swa-layers marks s", _all(DRY, SWA_PAIR), KV,
+         type=POSITIVE, metavar="W", default_text="--model's, else none"),
+    _opt(["--swa-layers"], "one letter per layer: s sliding, f full (e.g. sssssf)", _all(DRY, SWA_PAIR), KV,
+         type=swa_pattern, metavar="PATTERN", default_text="--model's, else none"),
+    _opt(["--v-trans"], "V stored transposed (flash attention off): a gap after every channel row",
+         {"plan": WHICH_V, "bench": ALWAYS, "validate": ALWAYS}, KV, action="store_true"),
+    # what runs
+    _opt(["--which"], "the K or the V window", {"plan": NO_RESIDENCY}, RUN, choices=("k", "v"), default="k"),
+    _opt(["--stream"], "streams read", {"plan": NO_RESIDENCY}, RUN, type=stream_range, metavar="S0-S1",
+         default_text="all"),
+    _opt(["--cost-model"], "whose cost model decides plan or flat (gpu: host to device)", {"plan": NO_RESIDENCY},
+         RUN, choices=("cpu", "gpu"), default="gpu"),
+    _opt(["--policy"], f"copy policies to compare: {', '.join(POLICIES)}",
+         {"bench": NO_RESIDENCY, "validate": ALWAYS}, RUN, type=policy_list,
+         default=list(d.policies), metavar="P,P,..."),
+    _opt(["--compact"], "also run each non-flat policy with compact staging (the split holds only the bytes read)",
+         {"bench": NON_FLAT_OR_RESIDENCY, "validate": NON_FLAT}, RUN, action="store_true"),
+    _opt(["--unified"], "also run a unified cache of the same sequences, for comparison",
+         {"bench": NO_RESIDENCY & UNIFIED_RUNS}, RUN, action=argparse.BooleanOptionalAction, default=d.unified),
+    _opt(["--no-reuse"], "build and allocate every step's graph, even while the padded n_kv holds",
+         {"bench": NO_RESIDENCY, "validate": ALWAYS}, RUN, action="store_false", dest="reuse"),
+    _opt(["--overlap"], "also run each variant prefetching its windows on the split's copy queue",
+         {"plan": RESIDENCY, "bench": ALWAYS}, RUN, action="store_true"),
+    _opt(["--no-overlap"], "leave out the overlapped runs (each policy prefetching, hashed as <policy>+overlap)",
+         {"validate": ALWAYS}, RUN, action="store_false", dest="overlap"),
+    _opt(["--prefetch"], "layers an overlapped run queues ahead", {"plan": RESIDENCY & OVERLAP, "bench": OVERLAP,
+                                                                   "validate": GATE_OVERLAP},
+         RUN, type=POSITIVE, default=d.prefetch, metavar="N"),
+    _opt(["--seed"], "the sequences' content", {"validate": ALWAYS}, RUN, type=count(0), default=0),
+    _opt(["--repeat"], "replicas of each npl, exactly (with --residency: repetitions of each placement)",
+         {"bench": ALWAYS}, RUN, type=POSITIVE, metavar="N", default_text="8, more until the intervals narrow"),
+    _opt(["--min-sample-ms"], "what one timed sample lasts at least, in ms of decode time (0: one repetition)",
+         {"bench": NO_RESIDENCY}, RUN, type=non_negative, default=d.min_sample_ms, metavar="MS"),
+    _opt(["--max-time"], "seconds the run may take adding replicas while an interval is wide",
+         {"bench": NO_RESIDENCY & NOT_REPEAT}, RUN, type=non_negative, metavar="SECONDS",
+         default_text=f"{d.max_time:g}"),
+    _opt(["--in-process"], "make every replica in this process, not each in a worker process of its own",
+         {"bench": NO_RESIDENCY & REPLICAS}, RUN, action="store_true"),
+    # devices
+    _opt(["--device"], "where the split runs: cuda, cpu (the stand-in device), auto (cuda when usable)",
+         {"bench": NO_RESIDENCY, "validate": ALWAYS}, DEVICES_GROUP, choices=DEVICES, default=d.device,
+         metavar="DEVICE"),
+    _opt(["--devices"], "devices of the --device kind; layers go to them in contiguous ranges",
+         {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, DEVICES_GROUP, type=POSITIVE, default=1,
+         metavar="N"),
+    _opt(["--link-gbps"], "each stand-in's link in GB/s each way, one for all or one per device; 0: the host's "
+         "memcpy, unmodelled", {"plan": RESIDENCY, "bench": STANDIN,
+                                                                  "validate": STANDIN},
+         DEVICES_GROUP, type=argument_type(parse_links, "0 or 0.001 to 1e6 per device, comma-separated"),
+         metavar="G,G,...", default_text=f"{STANDIN_LINK_GBPS:g}"),
+    _opt(["--latency-us"], "microseconds each stand-in transfer adds, one for all or one per device",
+         {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
+         type=argument_type(lambda t: parse_floats(t, "--latency-us", 0.0, 1e6), "0 to 1e6 per device, "
+                            "comma-separated"), metavar="U,U,...", default_text="0"),
+    _opt(["--device-memory"], "each stand-in's memory, one for all or one per device",
+         {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
+         type=argument_type(lambda t: parse_sizes(t, "--device-memory"), SIZES), metavar="SIZE,...",
+         default_text="unlimited (the host's)"),
+    _opt(["--compute-slowdown"], "each stand-in's compute takes at least F times the host's (a slower GPU)",
+         {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
+         type=argument_type(lambda t: parse_floats(t, "--compute-slowdown", 1.0, 1e6), "1 to 1e6 per device, "
+                            "comma-separated"), metavar="F,F,...", default_text="1"),
+    _opt(["--kv-device-layers"], "the first N layers' KV on the device that runs them (llama.cpp's "
+         "--kv-gpu-layers); with --residency, at most N", {"plan": RESIDENCY, "bench": ALWAYS,
+                                                                    "validate": ALWAYS},
+         DEVICES_GROUP, type=count(0), metavar="N", default_text="every layer on the host"),
+    _opt(["--placement"], "where each layer's KV lives: h (host) or a device index per layer, e.g. h,0,1,h; or a "
+         "file of them", {"bench": NO_RESIDENCY, "validate": ALWAYS}, DEVICES_GROUP,
+         type=argument_type(placement_arg), metavar="LIST|FILE", default_text="as --kv-device-layers says"),
+    _opt(["--layer-devices"], "which device runs each layer, one index per layer",
+         {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, DEVICES_GROUP,
+         type=argument_type(lambda t: parse_indices(t, "--layer-devices"), "device indices, comma-separated"),
+         metavar="D,D,...", default_text="contiguous ranges"),
+    # the residency planner
+    _opt(["--residency"], f"plan (plan) or run beside the prediction (bench) where each layer's KV lives, per "
+         f"strategy named: {', '.join(STRATEGIES)} (no list: all)", {"plan": ALWAYS, "bench": ALWAYS},
+         RESIDENCY_GROUP, type=strategy_list, nargs="?", const=STRATEGIES, metavar="S,S,...",
+         default_text="not run"),
+    _opt(["--reserve"], "device memory set aside for what else it holds, one for all or one per device",
+         _all(("plan", "bench"), RESIDENCY), RESIDENCY_GROUP,
+         type=argument_type(lambda t: parse_sizes(t, "--reserve"), SIZES), metavar="SIZE,...", default_text="0"),
+    _opt(["--compute-us"], "microseconds one layer's attention takes on the host",
+         _all(("plan", "bench"), RESIDENCY), RESIDENCY_GROUP,
+         type=argument_type(one_float("--compute-us", 0.0, 1e9), "number from 0 to 1e9"), metavar="U",
+         default_text="measured on the stand-in"),
+    # output
+    _opt(["--json"], "a JSON list of objects instead of the text", _all(ALL), OUTPUT, action="store_true"),
+    _opt(["--wide"], "the table with every figure (spreads, times, bandwidth, memory), wider than 100 columns",
+         {"bench": NO_RESIDENCY & TABLE_OUT}, OUTPUT, action="store_true"),
+    _opt(["--plot"], "also write a PNG chart of tokens/s (needs matplotlib)", {"bench": NO_RESIDENCY}, OUTPUT,
+         metavar="FILE.png"),
+)
+
+
+def options_of(verb: str) -> List[Option]:
+    """The rows of the table the verb takes, in the table's order."""
+    return [o for o in OPTIONS if verb in o.verbs]
+
+
+def groups_of(verb: str) -> Iterator[Tuple[str, List[Option]]]:
+    """The verb's options by heading, headings in the table's order."""
+    seen: Dict[str, List[Option]] = {}
+    for o in options_of(verb):
+        seen.setdefault(o.group, []).append(o)
+    yield from seen.items()
+
+
+def add_options(parser: argparse.ArgumentParser, verb: str) -> None:
+    """Add the verb's options to its parser, from the table."""
+    for heading, opts in groups_of(verb):
+        g = parser.add_argument_group(heading)
+        for o in opts:
+            kwargs = {k: v for k, v in o.argparse.items() if k != "default_text"}
+            g.add_argument(*o.flags, help=o.help, **kwargs)
+
+
+def refuse_idle(verb: str, args: Args, given: Set[str]) -> None:
+    """Refuse an option given where it would do nothing.
+
+    Parameters
+    ----------
+    verb : str
+        The verb's name.
+    args : argparse.Namespace
+        Its parsed options.
+    given : set of str
+        The dests of the options the command line gave (options.given_options).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming the first such option, where it acts and what to change.
+    """
+    for o in options_of(verb):
+        if o.dest not in given:
+            continue
+        unmet = o.verbs[verb].unmet(args)
+        if unmet is not None:
+            raise InvalidArgumentError(f"{o.name} acts only {unmet.text}: {unmet.fix}, or leave out {o.name}")
