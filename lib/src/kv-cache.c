@@ -21,7 +21,8 @@ struct ferry_kv_cache {
 static ferry_status check_params(const ferry_kv_params * p) {
     FERRY_CHECK_ARG(p, "kv_cache: NULL params");
     if (!ferry_type_valid(p->type_k) || !ferry_type_valid(p->type_v)) {
-        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "kv_cache: unknown K or V type");
+        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "kv_cache: %s %d is not a type", ferry_type_valid(p->type_k) ?
+                          "type_v" : "type_k", (int) (ferry_type_valid(p->type_k) ? p->type_v : p->type_k));
     }
     if (p->head_dim <= 0 || p->n_head_kv <= 0 || p->n_ctx <= 0 || p->n_stream <= 0 || p->n_layer <= 0) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_cache: head_dim, n_head_kv, n_ctx, n_stream, n_layer must be positive");
@@ -36,16 +37,16 @@ static ferry_status check_params(const ferry_kv_params * p) {
     }
     size_t r;
     if (ferry_row_size(p->type_k, p->head_dim, &r) != FERRY_OK) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: head_dim %lld is not whole %s blocks", (long long) p->head_dim,
-                          ferry_type_name(p->type_k));
+        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: head_dim %lld is not whole %s blocks of %lld values (type_k)",
+                          (long long) p->head_dim, ferry_type_name(p->type_k), (long long) ferry_blck_size(p->type_k));
     }
     if (p->v_trans && ferry_blck_size(p->type_v) != 1) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: a transposed V cannot be %s (cells would split blocks)",
-                          ferry_type_name(p->type_v));
+        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: a transposed V (v_trans) cannot be %s (type_v): cells would "
+                          "split blocks", ferry_type_name(p->type_v));
     }
     if (!p->v_trans && ferry_row_size(p->type_v, p->head_dim, &r) != FERRY_OK) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: head_dim %lld is not whole %s blocks", (long long) p->head_dim,
-                          ferry_type_name(p->type_v));
+        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: head_dim %lld is not whole %s blocks of %lld values (type_v)",
+                          (long long) p->head_dim, ferry_type_name(p->type_v), (long long) ferry_blck_size(p->type_v));
     }
     return FERRY_OK;
 }
@@ -86,6 +87,9 @@ static ferry_status allocate(ferry_kv_cache * kv, ferry_buffer_type * buft) {
     ferry_buffer * buf;
     FERRY_TRY(ferry_buffer_type_alloc_buffer(buft, total, &buf));
     kv->buffers[kv->n_buffers++] = buf;
+    /* A new cache reads zeros, not what its memory held before (llama.cpp clears its KV buffers
+     * too); the buffer's own clear, so device memory is cleared where it lies. */
+    FERRY_TRY(ferry_buffer_clear(buf, 0));
     size_t offset = 0;
     for (int32_t l = 0; l < kv->params.n_layer; l++) {
         ferry_tensor * pair[2] = {kv->k[l], kv->v[l]};

@@ -55,6 +55,18 @@ static ferry_status check_n_kv(const ferry_kv_cache * kv, int64_t n_kv) {
     return FERRY_OK;
 }
 
+/* v_trans as the cache lays V out: a window's shape cannot tell (n_kv == head_dim fits both). */
+static ferry_status check_v_trans(const ferry_kv_cache * kv, bool v_trans) {
+    ferry_kv_params p;
+    FERRY_TRY(ferry_kv_cache_params(kv, &p));
+    if (v_trans != p.v_trans) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_attention_step: v_trans is %s, but the cache's V is %stransposed "
+                          "(its params' v_trans is %s): pass the cache's", v_trans ? "true" : "false",
+                          p.v_trans ? "" : "not ", p.v_trans ? "true" : "false");
+    }
+    return FERRY_OK;
+}
+
 ferry_status ferry_kv_attention_step_on(const ferry_kv_cache * kv, ferry_context * ctx, int32_t n_layer,
                                         int64_t n_kv, int64_t s0, int64_t s1, ferry_tensor * const * q,
                                         ferry_tensor * kv_len, bool v_trans, ferry_sched * sched,
@@ -63,6 +75,7 @@ ferry_status ferry_kv_attention_step_on(const ferry_kv_cache * kv, ferry_context
                     "kv_attention_step: NULL argument");
     FERRY_TRY(check_n_layer(kv, n_layer));
     FERRY_TRY(check_n_kv(kv, n_kv));
+    FERRY_TRY(check_v_trans(kv, v_trans));
     /* Every layer's backend is checked before anything is made or assigned. */
     for (int32_t l = 0; l < n_layer; l++) {
         if (!backends[l]) {

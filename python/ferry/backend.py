@@ -361,6 +361,13 @@ class CPUBackend(Backend):
     """The CPU backend: host memory, 2-D transfers done as row loops in place."""
 
     def __init__(self) -> None:
+        """A new CPU backend; it takes no parameters.
+
+        Raises
+        ------
+        OutOfMemoryError
+            When the backend cannot be allocated.
+        """
         out = ffi.new("ferry_backend **")
         check(lib.ferry_cpu_backend_new(out))
         super().__init__(out[0])
@@ -382,26 +389,34 @@ class StandinBackend(Backend):
     the host's own time for it. Without arguments it copies at memcpy's speed with the host's
     memory and computes at the host's speed.
 
-    Parameters
-    ----------
-    link_gbps : float, optional
-        The link's bandwidth each way in GB/s (1e9 bytes a second), 1e-3 to 1e6; None or 0:
-        unlimited.
-    latency_us : float, optional
-        Microseconds added to every transfer, 0 to 1e6.
-    memory : int, optional
-        Bytes the device has, counted as each buffer asks; None or 0: unlimited.
-    compute_slowdown : float, optional
-        Its compute takes at least this times the host's time, 1 to 1e6; None or 1: the host's.
-
-    Raises
-    ------
-    InvalidArgumentError
-        For values that are not numbers or sizes, or out of range.
+    StandinBackend(link_gbps=16, latency_us=5, memory=8 << 30) stands in for a GPU on a 16 GB/s
+    link with 8 GiB of memory; the parameters are __init__'s.
     """
 
     def __init__(self, link_gbps: Optional[float] = None, latency_us: float = 0.0,
                  memory: Optional[int] = None, compute_slowdown: Optional[float] = None) -> None:
+        """A new stand-in device, on a link and with a memory of the given figures (default: none).
+
+        Parameters
+        ----------
+        link_gbps : float, optional
+            The link's bandwidth each way in GB/s (1e9 bytes a second), 1e-3 to 1e6; None or 0:
+            unlimited (memcpy's speed).
+        latency_us : float, optional
+            Microseconds added to every transfer, 0 to 1e6.
+        memory : int, optional
+            Bytes the device has, counted as each buffer asks; None or 0: unlimited (the host's).
+        compute_slowdown : float, optional
+            Its compute takes at least this times the host's time, 1 to 1e6; None or 1: the host's.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a value that is not a number (link_gbps, latency_us, compute_slowdown) or a size
+            (memory), or out of its range, naming it.
+        OutOfMemoryError
+            When the backend cannot be allocated.
+        """
         params = ffi.new("ferry_standin_params *")
         params[0] = lib.ferry_standin_default_params()
         params.link_gbps = 0.0 if link_gbps is None else _checks.as_double(link_gbps, "StandinBackend: link_gbps")
@@ -458,29 +473,34 @@ class DummyBackend(Backend):
     By default its buffers hand out synthetic addresses with no memory behind them
     (transfers are checked and counted, not performed; reads give zeros). Buffers that
     claim to be host memory (is_host) hold a KV cache at full model scale in a dry run;
-    with synthetic addresses no CPU op may read them.
-
-    Parameters
-    ----------
-    real_memory : bool, optional
-        Buffers with memory a test can read (default: synthetic addresses, nothing behind them).
-    alignment : int, optional
-        A power of two (0: 64).
-    max_buffer_size : int, optional
-        The largest buffer; None or 0: unbounded.
-    has_2d : bool, optional
-        False makes every 2-D transfer the generic loop of plain ones.
-    is_host : bool, optional
-        Buffers claim to be host memory.
-
-    Raises
-    ------
-    InvalidArgumentError
-        For values that are not bools or sizes, or an alignment that is not a power of two.
+    with synthetic addresses no CPU op may read them. The parameters are __init__'s.
     """
 
     def __init__(self, real_memory: bool = False, alignment: int = 64, max_buffer_size: Optional[int] = None,
                  has_2d: bool = True, is_host: bool = False) -> None:
+        """A new dummy backend.
+
+        Parameters
+        ----------
+        real_memory : bool, optional
+            Buffers with memory a test can read (default: synthetic addresses, nothing behind them).
+        alignment : int, optional
+            A power of two (0: 64).
+        max_buffer_size : int, optional
+            The largest buffer; None or 0: unbounded.
+        has_2d : bool, optional
+            False makes every 2-D transfer the generic loop of plain ones.
+        is_host : bool, optional
+            Buffers claim to be host memory.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a value that is not a bool (real_memory, has_2d, is_host) or a size (alignment,
+            max_buffer_size), or an alignment that is not a power of two, naming it.
+        OutOfMemoryError
+            When the backend cannot be allocated.
+        """
         params = ffi.new("ferry_dummy_params *")
         params[0] = lib.ferry_dummy_default_params()
         params.alignment = _checks.as_size(alignment, "DummyBackend: alignment")

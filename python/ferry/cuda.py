@@ -55,21 +55,25 @@ def cuda_host_buffer_type() -> BufferType:
 
 
 class CUDABackend(Backend):
-    """A backend with its own stream on a CUDA device.
-
-    Parameters
-    ----------
-    device : int, optional
-
-    Raises
-    ------
-    UnsupportedError
-        Without CUDA in this build.
-    BackendError
-        With CUDA's message when the device is not usable.
-    """
+    """A backend with its own stream on a CUDA device; the parameters are __init__'s."""
 
     def __init__(self, device: int = 0) -> None:
+        """A new backend on a CUDA device, with a stream of its own.
+
+        Parameters
+        ----------
+        device : int, optional
+            The CUDA device number (cuda_device_count() devices: 0, 1, ...).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a device that is not an integer, or not one of the devices found.
+        UnsupportedError
+            Without CUDA in this build.
+        BackendError
+            With CUDA's message when the device is not usable.
+        """
         out = ffi.new("ferry_backend **")
         check(lib.ferry_cuda_backend_new(_checks.as_c_int(device, "CUDABackend: device"), out))
         super().__init__(out[0])

@@ -8,14 +8,18 @@ NONE); nodes are the rest, views included.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple, Union
 
 from . import _checks
 from ._binding import ffi, lib, query
 from ._handle import Handle
 from .backend import Backend
-from .errors import FreedBufferError, check
+from .errors import FreedBufferError, InvalidArgumentError, check
 from .tensor import Tensor
+
+#: What Graph and build take per argument: an output, or a list (or tuple) of them, such as the
+#: StepOutputs attention_step returns.
+Outputs = Union[Tensor, Sequence[Tensor]]
 
 
 class Graph:
@@ -24,9 +28,20 @@ class Graph:
     build() adds more outputs (tensors already in the graph are not added twice).
     compute(backend) runs the nodes on one backend; every tensor must have memory the
     backend can use (place them with a GraphAllocator, or run through a Scheduler).
+
+    Parameters
+    ----------
+    *outputs : Tensor, or list or tuple of Tensor
+        The outputs, in order; a list stands for its tensors (Graph(attention_step(...)) is the
+        graph of a step's outputs; ferry.step_graph gives the one the step built already).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an output that is neither a Tensor nor a list or tuple of Tensors (naming it).
     """
 
-    def __init__(self, *outputs: Tensor) -> None:
+    def __init__(self, *outputs: Outputs) -> None:
         out = ffi.new("ferry_graph **")
         check(lib.ferry_graph_new(out))
         self._handle = Handle(out[0], lib.ferry_graph_free)
@@ -65,12 +80,37 @@ class Graph:
     def _p(self) -> Any:
         return self._handle.ptr
 
-    def build(self, *outputs: Tensor) -> "Graph":
-        """Add each output and what it depends on. Returns self."""
-        for i, t in enumerate(outputs):
-            _checks.instance(t, Tensor, f"graph build: output {i}")._check_retainable()
+    def build(self, *outputs: Outputs) -> "Graph":
+        """Add each output and what it depends on. Returns self.
+
+        Parameters
+        ----------
+        *outputs : Tensor, or list or tuple of Tensor
+            As Graph takes them.
+
+        Returns
+        -------
+        Graph
+            self.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For an output that is neither a Tensor nor a list or tuple of Tensors (naming it).
+        """
+        flat: List[Tensor] = []
+        for i, out in enumerate(outputs):
+            if isinstance(out, (list, tuple)):
+                flat.extend(_checks.instance(t, Tensor, f"graph build: output {i}[{j}]") for j, t in enumerate(out))
+            elif not isinstance(out, Tensor):
+                raise InvalidArgumentError(f"graph build: output {i}: expected a Tensor or a list of Tensors, got "
+                                           f"{type(out).__name__}")
+            else:
+                flat.append(out)
+        for t in flat:
+            t._check_retainable()
         self._complete()
-        for t in outputs:
+        for t in flat:
             check(lib.ferry_graph_build(self._p, t._p))
             self._outputs.append(t)
             self._index(t)

@@ -9,18 +9,24 @@ as nothing points into it, or at once by close().
 
 from __future__ import annotations
 
+import builtins
 import weakref
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, overload
 
 from . import _checks, _pybuffer
 from ._binding import ffi, lib
 from ._handle import Closeable, Handle
 from .backend import Backend
 from .buffer import BorrowedBuffer, BufferType, buffer_type_of, cpu_buffer_type
-from .errors import InvalidArgumentError, OutOfBoundsError, check
+from .errors import FerryError, InvalidArgumentError, LayoutError, OutOfBoundsError, check
+from .ops import mark_v_window
 from .tensor import Tensor
-from .types import Type, TypeLike, to_type
+from .types import Type, TypeLike, row_size, to_type
+
+#: The K and V types attention reads (ferry.attn_decode): what a cache over arrays may hold. A KVCache
+#: of its own memory may hold any type, for layouts and copies without attention (a dry run's plan).
+ATTENTION_TYPES: Tuple[Type, ...] = (Type.F32, Type.F16, Type.Q8_0)
 
 
 @dataclass(frozen=True)
@@ -183,11 +189,13 @@ class KVCache(Closeable):
 
         Each array is what ferry.from_array takes (numpy, PyTorch or CuPy; host or CUDA device),
         dense, shaped [n_stream, kv_size, n_embd_gqa], or V transposed [n_stream, n_embd_gqa,
-        kv_size]; for q8_0 its bytes, uint8 [..., row bytes], with type_k / type_v saying so. A
-        layer's kv_size may be smaller than the others' (a sliding-window layer). Each layer lives
-        where its arrays are: its placement is None on the host, or the device memory's backend
-        (its BufferType where none stands for it).
-        Writes through either side are seen by the other; the cache holds the arrays.
+        kv_size]; for q8_0 its bytes, uint8 [..., row bytes], with type_k / type_v saying so. Every
+        layer's K is of one type and every layer's V of one type, one attention reads
+        (ATTENTION_TYPES: f32, f16, q8_0). A layer's kv_size may be smaller than the others' (a
+        sliding-window layer). Each layer lives where its arrays are: its placement is None on the
+        host, or the device memory's backend (its BufferType where none stands for it).
+        Writes through either side are seen by the other; the cache holds the arrays. A cache over
+        arrays keeps their content (a new KVCache starts zeroed).
 
         Parameters
         ----------
@@ -211,39 +219,56 @@ class KVCache(Closeable):
         Raises
         ------
         InvalidArgumentError
-            For lists of different lengths or empty, arrays of another shape, type or memory than
-            their layer's K, or arrays from_array refuses.
+            For lists of different lengths or empty, arrays of another shape or memory than their
+            layer's K, of another type than the first layer's, of a type attention cannot read, of
+            another stream count than n_stream, or arrays from_array refuses; each naming the array
+            (k_layers[i], v_layers[i]).
         LayoutError
-            For arrays that are not dense.
+            For arrays that are not dense (naming the stride that is not) or not 3-D.
         """
         from .interop import ForeignBuffer, from_array
 
+        what = "KVCache.from_arrays"
+        for arg, layers in (("k_layers", k_layers), ("v_layers", v_layers)):
+            if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+                raise InvalidArgumentError(f"{what}: {arg} is a sequence of arrays, one per layer, not "
+                                           f"{type(layers).__name__}")
         if len(k_layers) != len(v_layers) or not k_layers:
-            raise InvalidArgumentError(f"KVCache.from_arrays: {len(k_layers)} K layers and {len(v_layers)} V layers; "
+            raise InvalidArgumentError(f"{what}: {len(k_layers)} K layers and {len(v_layers)} V layers; "
                                        "give one K and one V per layer")
-        ns = _checks.as_int64(n_stream, "KVCache.from_arrays: n_stream")
-        vt = _checks.as_bool(v_trans, "KVCache.from_arrays: v_trans")
-        ks = [from_array(a, type=type_k, name=f"cache_k_l{i}") for i, a in enumerate(k_layers)]
-        vs = [from_array(a, type=type_v, name=f"cache_v_l{i}") for i, a in enumerate(v_layers)]
-        for i, t in enumerate(ks + vs):
-            if t._source is not None or t.ne[3] != 1 or t.ne[2] != ns:
-                which = "K" if i < len(ks) else "V"
-                raise InvalidArgumentError(f"KVCache.from_arrays: layer {i % len(ks)}'s {which} is not a dense "
-                                           f"[n_stream={ns}, cells, n_embd_gqa] array (ne {list(t.ne[:3])})")
+        ns = _checks.as_int64(n_stream, f"{what}: n_stream")
+        if ns <= 0:
+            raise InvalidArgumentError(f"{what}: n_stream must be positive, got {ns}")
+        vt = _checks.as_bool(v_trans, f"{what}: v_trans")
+        heads = _checks.as_int64(n_head_kv, f"{what}: n_head_kv")
+        if heads <= 0:
+            raise InvalidArgumentError(f"{what}: n_head_kv must be positive, got {heads}")
+        ks = [_layer_array(a, "k", i, type_k, ns, False, from_array) for i, a in enumerate(k_layers)]
+        vs = [_layer_array(a, "v", i, type_v, ns, vt, from_array) for i, a in enumerate(v_layers)]
+        for arg, ts in (("k_layers", ks), ("v_layers", vs)):
+            for i, t in enumerate(ts):
+                if t.type != ts[0].type:
+                    raise InvalidArgumentError(f"{what}: {arg}[{i}] is {t.type}, {arg}[0] {ts[0].type}: every layer "
+                                               f"of a cache has one {arg[0].upper()} type")
         n_embd = ks[0].ne[0]
         cells = [t.ne[1] for t in ks]
         for i, (k, v) in enumerate(zip(ks, vs)):
+            if k.ne[0] != n_embd:
+                raise InvalidArgumentError(f"{what}: k_layers[{i}] has rows of {k.ne[0]} values (axis 2), k_layers[0] "
+                                           f"of {n_embd}: every layer has one n_embd_gqa")
             want_v = [cells[i], n_embd, ns] if vt else [n_embd, cells[i], ns]
-            if k.ne[0] != n_embd or list(v.ne[:3]) != want_v:
-                raise InvalidArgumentError(f"KVCache.from_arrays: layer {i}'s K ne {list(k.ne[:3])} and V ne "
-                                           f"{list(v.ne[:3])} do not "
-                                           f"match K [{n_embd}, cells, {ns}] and V {want_v}")
+            if list(v.ne[:3]) != want_v:
+                shape = f"[{ns}, {n_embd}, {cells[i]}]" if vt else f"[{ns}, {cells[i]}, {n_embd}]"
+                raise InvalidArgumentError(f"{what}: v_layers[{i}] is [{v.ne[2]}, {v.ne[1]}, {v.ne[0]}] values, not "
+                                           f"{shape} as k_layers[{i}]'s cells{' transposed (v_trans)' if vt else ''}")
         full = max(cells)
-        p = _params_of(ks[0].type, vs[0].type, n_embd // _checks.as_int64(n_head_kv, "KVCache.from_arrays: n_head_kv"),
-                       n_head_kv, ns * full if n_ctx is None else n_ctx, ns, len(ks), vt)
-        if p.head_dim * p.n_head_kv != n_embd:
-            raise InvalidArgumentError(f"KVCache.from_arrays: n_embd_gqa {n_embd} is not n_head_kv {n_head_kv} "
-                                       "heads of whole values")
+        if n_embd % heads:
+            raise InvalidArgumentError(f"{what}: n_embd_gqa {n_embd} is not n_head_kv {heads} heads of whole values")
+        ctx = ns * full if n_ctx is None else _checks.as_int64(n_ctx, f"{what}: n_ctx")
+        if n_ctx is not None and (ctx <= 0 or ctx % ns or ctx // ns < full):
+            raise InvalidArgumentError(f"{what}: n_ctx {ctx} is not n_stream {ns} streams of at least {full} cells, "
+                                       "the most a layer's arrays hold")
+        p = _params_of(ks[0].type, vs[0].type, n_embd // heads, heads, ctx, ns, len(ks), vt)
         kbufs = [_buffer_of(t) for t in ks]
         vbufs = [_buffer_of(t) for t in vs]
         out = ffi.new("ferry_kv_cache **")
@@ -396,7 +421,8 @@ class KVCache(Closeable):
         -------
         (Tensor, Tensor)
             K, [head_dim, n_kv, n_head_kv, ns]; V likewise, or [n_kv, head_dim, n_head_kv, ns] when
-            transposed.
+            transposed. attn_decode reads V as the cache lays it out, and refuses a v_trans that
+            disagrees.
 
         Raises
         ------
@@ -412,7 +438,9 @@ class KVCache(Closeable):
         v_out = ffi.new("ferry_tensor **")
         # One context holds both: V is borrowed from K's, and keeps K (and so the context) alive.
         k = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, out, v_out), source=k_layer)
-        return k, Tensor._borrow(v_out[0], k._handle, keep=k, source=v_layer)
+        v = Tensor._borrow(v_out[0], k._handle, keep=k, source=v_layer)
+        mark_v_window(v, self._params.v_trans)  # attention reads V as the cache lays it out
+        return k, v
 
     def windows(self, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> "KVWindows":
         """Every layer's K and V windows of a step, as ferry.attention_step reads them in one C call.
@@ -555,6 +583,39 @@ def _which(which: str, what: str) -> bool:
     return which == "v"
 
 
+def _layer_array(a: Any, which: str, layer: int, type: Optional[TypeLike], ns: int, trans: bool,
+                 from_array: Callable[..., Tensor]) -> Tensor:
+    """The tensor from_array makes of a layer's K (which "k") or V array, checked to be a dense
+    [ns, rows, row values] of a type attention reads; each FerryError names the array ("k_layers[1]")."""
+    what = f"KVCache.from_arrays: {which}_layers[{layer}]"
+    shape = getattr(a, "shape", None)
+    if shape is not None and len(shape) != 3:
+        raise LayoutError(f"{what} has {len(shape)} dimensions (shape {tuple(shape)}); a layer is 3-D: "
+                          f"[n_stream, {'n_embd_gqa, cells' if trans else 'cells, n_embd_gqa'}]")
+    try:
+        t = from_array(a, type=type, name=f"cache_{which}_l{layer}")
+    except FerryError as e:
+        given = "" if type is None else f" (type_{which}={type!r})"
+        raise builtins.type(e)(f"{what}{given}: {e.message}") from None
+    ne, nb = t.ne, t.nb
+    if t.type not in ATTENTION_TYPES:
+        raise InvalidArgumentError(f"{what} is {t.type}: attention reads {', '.join(map(str, ATTENTION_TYPES))} "
+                                   f"(q8_0 as uint8 bytes with type_{which}='q8_0')")
+    if ne[3] != 1:
+        raise LayoutError(f"{what} has 4 dimensions; a layer is 3-D")
+    if ne[2] != ns:
+        raise InvalidArgumentError(f"{what} holds {ne[2]} streams (axis 0), not n_stream={ns}")
+    row = row_size(t.type, ne[0])
+    rows, units = ("channels", "a dense row of cells") if trans else ("cells", "a dense row")
+    if ne[1] > 1 and nb[1] != row:
+        raise LayoutError(f"{what}: its {rows} (axis 1) are {nb[1]} bytes apart, {units} is {row}: pass a "
+                          "contiguous array (np.ascontiguousarray)")
+    if ne[2] > 1 and nb[2] != row * ne[1]:
+        raise LayoutError(f"{what}: its streams (axis 0) are {nb[2]} bytes apart, {ne[1]} dense rows are "
+                          f"{row * ne[1]}: pass a contiguous array (np.ascontiguousarray)")
+    return t
+
+
 def _buffer_of(t: Tensor) -> Any:
     """The buffer from_array placed t in."""
     if t._buffer is None:
@@ -562,12 +623,20 @@ def _buffer_of(t: Tensor) -> Any:
     return t._buffer
 
 
+def _type_arg(t: TypeLike, what: str) -> Type:
+    """to_type(t), its FerryError naming the argument (what)."""
+    try:
+        return to_type(t)
+    except FerryError as e:
+        raise builtins.type(e)(f"{what}: {e.message}") from None
+
+
 def _params_of(type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, n_ctx: int, n_stream: int,
                n_layer: int, v_trans: bool) -> Any:
     """A ferry_kv_params of the values, each checked to reach C."""
     p = ffi.new("ferry_kv_params *")
-    p.type_k = to_type(type_k).value
-    p.type_v = to_type(type_v).value
+    p.type_k = _type_arg(type_k, "KVCache: type_k").value
+    p.type_v = _type_arg(type_v, "KVCache: type_v").value
     p.head_dim = _checks.as_int64(head_dim, "KVCache: head_dim")
     p.n_head_kv = _checks.as_int64(n_head_kv, "KVCache: n_head_kv")
     p.n_ctx = _checks.as_int64(n_ctx, "KVCache: n_ctx")

@@ -7,15 +7,19 @@ On a stand-in device it recovers the modelled link, or shows that the host canno
 
 from __future__ import annotations
 
+import builtins
+import math
 import time
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple, TypeVar
 
 import numpy as np
 
 from . import _checks
 from .backend import Backend, StandinBackend
 from .cuda import CUDABackend, cuda_host_buffer_type
-from .errors import InvalidArgumentError, UnsupportedError
+from .errors import FerryError, FreedBufferError, InvalidArgumentError, OutOfMemoryError, UnsupportedError
+
+T = TypeVar("T")
 
 #: measure_link's default copy: large enough that a call's own cost is lost in it on a GPU's
 #: link (64 MiB is 2.7 ms at 24.5 GB/s), small enough for a stand-in's slow one (0.2 s at 0.33).
@@ -57,6 +61,19 @@ class LinkMeasurement(NamedTuple):
     reached: Optional[bool] = None
 
 
+def _allocated(alloc: Callable[[], T], n: int, where: str) -> T:
+    """alloc()'s memory for the copy; a refusal (an OutOfMemoryError, a size the memory cannot have)
+    names nbytes, and numpy's MemoryError becomes an OutOfMemoryError."""
+    try:
+        return alloc()
+    except FreedBufferError:
+        raise
+    except FerryError as e:
+        raise builtins.type(e)(f"measure_link: nbytes {n}: {where}: {e.message}") from None
+    except MemoryError:
+        raise OutOfMemoryError(f"measure_link: nbytes {n}: {where} cannot hold {n} bytes") from None
+
+
 def measure_link(device: Backend, pinned: bool = False, nbytes: int = DEFAULT_NBYTES,
                  repeats: int = 5) -> LinkMeasurement:
     """Time one large host-to-device copy: a warm-up, then the fastest of `repeats`.
@@ -83,13 +100,15 @@ def measure_link(device: Backend, pinned: bool = False, nbytes: int = DEFAULT_NB
     Raises
     ------
     InvalidArgumentError
-        For a device that is not a Backend, or nbytes or repeats out of range.
+        For a device that is not a Backend, or nbytes or repeats out of range (naming it).
     UnsupportedError
         For pinned on a device that is not CUDA's.
     OutOfMemoryError
-        When the device, or the host, cannot hold the copy.
+        When the device, or the host, cannot hold the copy (naming nbytes).
+    FreedBufferError
+        For a closed device.
     """
-    dev = _checks.instance(device, Backend, "measure_link")
+    dev = _checks.instance(device, Backend, "measure_link: device")
     want_pinned = _checks.as_bool(pinned, "measure_link: pinned")
     n = _checks.as_size(nbytes, "measure_link: nbytes") // 4 * 4
     reps = _checks.as_int(repeats, "measure_link: repeats")
@@ -103,17 +122,17 @@ def measure_link(device: Backend, pinned: bool = False, nbytes: int = DEFAULT_NB
     modelled = standin.link_gbps if standin is not None else None
     watched = standin is not None and (modelled is not None or standin.latency_us > 0)
 
-    dst_buf = dev.alloc_buffer(n)
+    dst_buf = _allocated(lambda: dev.alloc_buffer(n), n, f"{dev.name}'s memory")
     src_buf = None
     try:
         dst = dst_buf.new_tensor("f32", [n // 4])
         src: Any
         if want_pinned:
-            src_buf = cuda_host_buffer_type().alloc_buffer(n)
+            src_buf = _allocated(lambda: cuda_host_buffer_type().alloc_buffer(n), n, "pinned host memory")
             src = np.asarray(src_buf.new_tensor("f32", [n // 4]).raw())
             src[:] = 1  # every page touched before the timing
         else:
-            src = np.ones(n, dtype=np.uint8)
+            src = _allocated(lambda: np.ones(n, dtype=np.uint8), n, "host memory")
         dev.set_async(dst, src)  # warm-up: the device's pages, the first call's setup
         dev.synchronize()
         times = []
@@ -133,5 +152,6 @@ def measure_link(device: Backend, pinned: bool = False, nbytes: int = DEFAULT_NB
             src_buf.close()
     best = min(range(reps), key=lambda i: times[i])
     return LinkMeasurement(
-        gbps=n / times[best] / 1e9, seconds=times[best], nbytes=n, pinned=want_pinned, device=dev.name,
+        gbps=n / times[best] / 1e9 if times[best] > 0 else math.inf, seconds=times[best], nbytes=n,
+        pinned=want_pinned, device=dev.name,
         times=tuple(times), modelled_gbps=modelled, reached=on_model[best] if watched else None)

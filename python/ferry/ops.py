@@ -10,6 +10,7 @@ add(a, b) and mul(a, b), Python's operators for them.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Optional
 
 from . import _checks
@@ -148,8 +149,39 @@ def mean(a: Tensor, name: Optional[str] = None) -> Tensor:
     return a._op(lambda ctx, out: lib.ferry_mean(ctx, pa, out), (a,), name)
 
 
+#: The V windows a KV cache made (KVCache.window), each with whether its cache stores V transposed.
+#: A window's shape cannot tell (with n_kv == head_dim both layouts have the same ne), so attention
+#: takes the layout from here and refuses a v_trans that disagrees.
+_V_WINDOWS: "weakref.WeakKeyDictionary[Tensor, bool]" = weakref.WeakKeyDictionary()
+
+
+def mark_v_window(v: Tensor, v_trans: bool) -> None:
+    """Record that v is a KV cache's V window, transposed or not (for KVCache.window)."""
+    _V_WINDOWS[v] = bool(v_trans)
+
+
+def window_v_trans(v: object) -> Optional[bool]:
+    """Whether v, a KV cache's V window, is transposed; None for any other tensor (or object)."""
+    return _V_WINDOWS.get(v) if isinstance(v, Tensor) else None
+
+
+def v_layout(v: Tensor, v_trans: Optional[bool], what: str) -> bool:
+    """The v_trans attention reads v with: its cache's, for a cache's V window, else v_trans (default
+    False); InvalidArgumentError naming v_trans for one that is not a bool or disagrees with v's cache."""
+    if v_trans is not None and not isinstance(v_trans, bool):
+        raise InvalidArgumentError(f"{what}: v_trans must be a bool or None, got {v_trans!r}")
+    known = window_v_trans(v)
+    if known is None:
+        return bool(v_trans)
+    if v_trans is not None and v_trans != known:
+        raise InvalidArgumentError(f"{what}: v_trans={v_trans}, but v is the V window of a KV cache whose V is "
+                                   f"{'' if known else 'not '}transposed (v_trans={known}): leave v_trans out, or "
+                                   "pass the cache's")
+    return known
+
+
 def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional[float] = None,
-                v_trans: bool = False, name: Optional[str] = None) -> Tensor:
+                v_trans: Optional[bool] = None, name: Optional[str] = None) -> Tensor:
     """Decode attention, one query token per stream: softmax(scale * q.k) . v per query head, over
     the first kv_len[s] cells of stream s. Query head h reads KV head h // (n_head // n_head_kv).
     Deterministic: the same bytes in give the same bytes out on a backend.
@@ -161,13 +193,15 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
     k : Tensor
         A permuted K window [head_dim, n_kv, n_head_kv, ns] (KVCache.window): f32, f16 or q8_0.
     v : Tensor
-        The same as k, or with v_trans [n_kv, head_dim, n_head_kv, ns] (not q8_0).
+        The same as k, or transposed [n_kv, head_dim, n_head_kv, ns] (not q8_0).
     kv_len : Tensor
         i32 [ns]: cells of each stream read (clamped to 0..n_kv; 0 gives a zero row).
     scale : float, optional
         Default 1/sqrt(head_dim).
     v_trans : bool, optional
-        v is transposed.
+        v is transposed. A KV cache's V window (KVCache.window) says itself whether it is, and a
+        v_trans that disagrees is refused (with n_kv == head_dim both layouts have v's shape);
+        default: the window's, or False for any other v.
     name : str, optional
 
     Returns
@@ -178,15 +212,15 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
     Raises
     ------
     InvalidArgumentError
-        For operands that are not Tensors, a scale that is not a finite f32, v_trans not a bool.
+        For operands that are not Tensors, a scale that is not a finite f32, v_trans neither a bool
+        nor None, or a v_trans other than v's cache's.
     LayoutError
         For shapes or types that do not fit.
     """
     pq, pk = _checks.instance(q, Tensor, "attn_decode: q")._p, _checks.instance(k, Tensor, "attn_decode: k")._p
     pv = _checks.instance(v, Tensor, "attn_decode: v")._p
     pl = _checks.instance(kv_len, Tensor, "attn_decode: kv_len")._p
-    if not isinstance(v_trans, bool):
-        raise InvalidArgumentError(f"attn_decode: v_trans must be a bool, got {v_trans!r}")
+    vt = v_layout(v, v_trans, "attn_decode")
     if scale is None:
         head_dim = int(pq.ne[0])
         if head_dim <= 0:
@@ -194,7 +228,7 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
         f = 1.0 / math.sqrt(head_dim)
     else:
         f = _checks.as_f32(scale, "attn_decode: scale")
-    return q._op(lambda ctx, out: lib.ferry_attn_decode(ctx, pq, pk, pv, pl, f, v_trans, out), (q, k, v, kv_len), name)
+    return q._op(lambda ctx, out: lib.ferry_attn_decode(ctx, pq, pk, pv, pl, f, vt, out), (q, k, v, kv_len), name)
 
 
 def op_name(op: int) -> str:

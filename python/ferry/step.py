@@ -31,7 +31,7 @@ from .backend import Backend
 from .errors import InvalidArgumentError, check
 from .graph import Graph
 from .kv import KVCache, KVWindows
-from .ops import attn_decode
+from .ops import attn_decode, window_v_trans
 from .sched import Scheduler
 from .tensor import Tensor, _new_context
 
@@ -92,7 +92,7 @@ def _per_layer(backend: Backends, n_layer: int) -> List[Backend]:
 
 
 def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[Tensor, Tensor]],
-                   q: Sequence[Tensor], kv_len: Tensor, v_trans: bool = False) -> List[Tensor]:
+                   q: Sequence[Tensor], kv_len: Tensor, v_trans: Optional[bool] = None) -> List[Tensor]:
     """A decode step's outputs: per layer, decode attention over its K and V windows, marked as an
     output and assigned to a backend (the same for every layer, or one per layer: several devices
     in one step); what a StepGraph's build returns.
@@ -119,7 +119,8 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
     kv_len : Tensor
         i32 [ns]: each stream's length, shared by every layer.
     v_trans : bool, optional
-        V is transposed.
+        V is transposed. The cache's windows say themselves whether V is, and a v_trans that
+        disagrees is refused; default: the cache's (False for pairs no cache made).
 
     Returns
     -------
@@ -131,7 +132,7 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
     ------
     InvalidArgumentError
         For as many queries (or backends) as layers not given, a backend not the scheduler's (naming
-        the layer), or what attn_decode refuses.
+        the layer), a v_trans other than the cache's, or what attn_decode refuses.
     LayoutError
         For shapes attention cannot read.
     OutOfBoundsError
@@ -144,6 +145,8 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
     if len(windows) != len(q):
         raise InvalidArgumentError(f"attention_step: {len(windows)} layers of windows but {len(q)} queries")
     backends = _per_layer(backend, len(q))
+    if v_trans is not None and not isinstance(v_trans, bool):
+        raise InvalidArgumentError(f"attention_step: v_trans must be a bool or None, got {v_trans!r}")
     if isinstance(windows, KVWindows):  # C checks every layer's backend before it assigns any
         return _attention_step_c(sched, backends, windows, q, kv_len, v_trans)
     # the same here: a refused backend assigns nothing
@@ -152,14 +155,23 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
         if b._p not in own:
             raise InvalidArgumentError(f"attention_step: layer {layer}'s backend {b.name} is not one of the "
                                        "scheduler's")
-    outs = []
+    pairs = []
     for layer, pair in enumerate(windows):
-        if not hasattr(pair, "__len__") or len(pair) != 2:
-            raise InvalidArgumentError(f"attention_step: layer {layer}'s windows are not a (K, V) pair")
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2 or \
+                not all(isinstance(t, Tensor) for t in pair):
+            raise InvalidArgumentError(f"attention_step: layer {layer}'s windows are not a (K, V) pair of Tensors")
         k, v = pair
-        out = attn_decode(q[layer], k, v, kv_len, v_trans=v_trans, name=f"attn{layer}").set_output()
+        known = window_v_trans(v)
+        if v_trans is not None and known is not None and known != v_trans:
+            raise InvalidArgumentError(f"attention_step: v_trans={v_trans}, but layer {layer}'s V window is of a "
+                                       f"cache whose V is {'' if known else 'not '}transposed (v_trans={known}): "
+                                       "leave v_trans out, or pass the cache's")
+        pairs.append((k, v))
+    # every node made before the first assignment: a layer attention refuses assigns nothing
+    outs = [attn_decode(q[layer], k, v, kv_len, v_trans=v_trans, name=f"attn{layer}").set_output()
+            for layer, (k, v) in enumerate(pairs)]
+    for layer, out in enumerate(outs):
         sched.assign(out, backends[layer])
-        outs.append(out)
     return outs
 
 
@@ -202,12 +214,15 @@ class StepOutputs(List[Tensor]):
 
 
 def _attention_step_c(sched: Scheduler, backends: List[Backend], windows: KVWindows, q: Sequence[Tensor],
-                      kv_len: Tensor, v_trans: bool) -> StepOutputs:
+                      kv_len: Tensor, v_trans: Optional[bool]) -> StepOutputs:
     """attention_step of KVWindows, by ferry_kv_attention_step_on: one C call, an object per output."""
     sched_p = _checks.instance(sched, Scheduler, "assign")._p
     backends_p = ffi.new("ferry_backend *[]", [b._p for b in backends])
-    if not isinstance(v_trans, bool):
-        raise InvalidArgumentError(f"attn_decode: v_trans must be a bool, got {v_trans!r}")
+    cache_trans = windows.cache.params.v_trans
+    if v_trans is not None and v_trans != cache_trans:
+        raise InvalidArgumentError(f"attention_step: v_trans={v_trans}, but the windows' cache stores V "
+                                   f"{'' if cache_trans else 'not '}transposed (v_trans={cache_trans}): leave "
+                                   "v_trans out, or pass the cache's")
     qs = list(q)
     for i, t in enumerate(qs):
         _checks.instance(t, Tensor, f"attention_step: q[{i}]")._check_retainable()
@@ -227,7 +242,7 @@ def _attention_step_c(sched: Scheduler, backends: List[Backend], windows: KVWind
     outs_p = ffi.new("ferry_tensor *[]", n)
     n_assigned = lib.ferry_sched_n_assigned(sched_p)
     st = lib.ferry_kv_attention_step_on(kv_p, ctx.ptr, n, windows.n_kv, windows.s0, windows.s1, q_p, len_p,
-                                        v_trans, sched_p, backends_p, graph_handle.ptr, outs_p)
+                                        cache_trans, sched_p, backends_p, graph_handle.ptr, outs_p)
     if st != lib.FERRY_OK:
         graph_handle.release()
         # out of memory among the assignments: C keeps those made by address, so their tensors

@@ -4,6 +4,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 static const ferry_kv_params params = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 16,
                                        .n_head_kv = 2, .n_ctx = 64, .n_stream = 2, .n_layer = 4, .v_trans = true};
@@ -89,6 +92,74 @@ static void test_layer_sizes(void) {
     CHECK(refused == NULL);
     ferry_context_free(ctx);
     ferry_kv_cache_free(kv);
+}
+
+/* Check that every byte of each layer's K and V reads zero, then fill each with 0xA5. */
+static void check_zero_then_dirty(ferry_kv_cache * kv) {
+    for (int32_t l = 0; l < params.n_layer; l++) {
+        ferry_tensor * pair[2];
+        CHECK_OK(ferry_kv_cache_k(kv, l, &pair[0]));
+        CHECK_OK(ferry_kv_cache_v(kv, l, &pair[1]));
+        for (int i = 0; i < 2; i++) {
+            uint8_t got[32 * 32 * 2 * 2];
+            CHECK_EQ_U(ferry_tensor_nbytes(pair[i]), sizeof(got));
+            CHECK_OK(ferry_tensor_get(pair[i], got, 0, sizeof(got)));
+            size_t nonzero = 0;
+            for (size_t b = 0; b < sizeof(got); b++) {
+                nonzero += got[b] != 0;
+            }
+            CHECK_EQ_U(nonzero, 0);
+            CHECK_OK(ferry_tensor_memset(pair[i], 0xA5, 0, sizeof(got)));
+        }
+    }
+}
+
+/* A new cache reads zeros, on the host and on a device, though its memory held other bytes: glibc
+ * fills every allocation with 0xA5 here (M_PERTURB), and elsewhere each cache is likely to get the
+ * memory the one before it filled back from the allocator. A cache over the caller's memory keeps
+ * what that memory holds. */
+static void test_new_cache_reads_zeros(void) {
+#ifdef __GLIBC__
+    mallopt(M_PERTURB, 0x5A); /* allocations (not calloc's) hold 0xA5 */
+#endif
+    ferry_backend * dev;
+    CHECK_OK(ferry_standin_backend_new(&dev));
+    ferry_buffer_type * d = ferry_backend_default_buffer_type(dev);
+    ferry_buffer_type * bufts[4] = {NULL, d, NULL, d};
+    for (int round = 0; round < 3; round++) {
+        ferry_kv_cache * kv;
+        CHECK_OK(ferry_kv_cache_new_layers(&params, ferry_cpu_buffer_type(), round % 2 ? bufts : NULL, NULL, &kv));
+        const int failures = check_failures;
+        check_zero_then_dirty(kv);
+        ferry_kv_cache_free(kv);
+        CHECK(check_failures == failures);
+    }
+    ferry_backend_free(dev);
+#ifdef __GLIBC__
+    mallopt(M_PERTURB, 0);
+#endif
+
+    const size_t layer = 32 * 32 * 2 * 2;
+    uint8_t * mem = aligned_alloc(64, 8 * layer);
+    memset(mem, 0x5A, 8 * layer);
+    ferry_buffer * buf;
+    CHECK_OK(ferry_host_buffer_from_ptr(mem, 8 * layer, &buf));
+    ferry_buffer * bufs[4] = {buf, buf, buf, buf};
+    size_t ko[4], vo[4];
+    for (int l = 0; l < 4; l++) {
+        ko[l] = (size_t) (2 * l) * layer;
+        vo[l] = (size_t) (2 * l + 1) * layer;
+    }
+    ferry_kv_cache * kv;
+    CHECK_OK(ferry_kv_cache_new_over(&params, NULL, bufs, ko, bufs, vo, &kv));
+    bool kept = true;
+    for (size_t b = 0; b < 8 * layer; b++) {
+        kept = kept && mem[b] == 0x5A;
+    }
+    CHECK(kept);
+    ferry_kv_cache_free(kv);
+    ferry_buffer_free(buf);
+    free(mem);
 }
 
 /* Over the caller's memory: the layer tensors are where the caller said, and the cache frees
@@ -323,6 +394,13 @@ static void sliding_step(ferry_status (*make)(ferry_backend ** out)) {
         CHECK_OK(ferry_graph_new(&graph));
         CHECK_FAILS(ferry_kv_attention_step(kv, ctx, 4, 33, 0, 1, q, len, vt, sched, dev, graph, outs),
                     FERRY_ERR_OUT_OF_BOUNDS);
+        /* a v_trans other than the cache's, even with n_kv == head_dim, where V's shape fits both */
+        CHECK_FAILS(ferry_kv_attention_step(kv, ctx, 4, 16, 0, 1, q, len, !vt, sched, dev, graph, outs),
+                    FERRY_ERR_INVALID_ARG);
+        CHECK(strstr(ferry_last_error(), vt ? "v_trans is false, but the cache's V is transposed"
+                                            : "v_trans is true, but the cache's V is not transposed") != NULL);
+        CHECK_EQ_U(ferry_sched_n_assigned(sched), 0);
+        CHECK_EQ_U(ferry_graph_n_nodes(graph), 0);
         ferry_kv_cache * sliding;
         const int64_t all_sliding[4] = {8, 8, 8, 8};
         CHECK_OK(ferry_kv_cache_new_layers(&p, NULL, NULL, all_sliding, &sliding));
@@ -369,6 +447,7 @@ static const check_test tests[] = {
     {"sliding_step_cuda", test_sliding_step_cuda},
 #endif
     {"over_foreign_memory", test_over_foreign_memory},
+    {"new_cache_reads_zeros", test_new_cache_reads_zeros},
 };
 
 CHECK_MAIN(tests)

@@ -203,8 +203,9 @@ static void test_step_refusals(void) {
     REFUSED(ferry_kv_attention_step(f.kv, f.ctx, N_LAYER, N_KV, 0, last, q_bad, f.kv_len, false, f.sched, f.split, g, outs), FERRY_ERR_LAYOUT);
     /* kv_len must be i32 [ns]: a query is not */
     REFUSED(ferry_kv_attention_step(f.kv, f.ctx, N_LAYER, N_KV, 0, last, f.q, f.q[0], false, f.sched, f.split, g, outs), FERRY_ERR_LAYOUT);
-    /* the cache's V is not transposed: read as if it were, its shape does not fit (N_KV != HEAD_DIM) */
-    REFUSED(ferry_kv_attention_step(f.kv, f.ctx, N_LAYER, N_KV, 0, last, f.q, f.kv_len, true, f.sched, f.split, g, outs), FERRY_ERR_LAYOUT);
+    /* the cache's V is not transposed: a v_trans that says it is, is refused whatever the shapes */
+    REFUSED(ferry_kv_attention_step(f.kv, f.ctx, N_LAYER, N_KV, 0, last, f.q, f.kv_len, true, f.sched, f.split, g, outs), FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "v_trans") != NULL);
     /* streams 0..0 against queries of two streams */
     REFUSED(ferry_kv_attention_step(f.kv, f.ctx, N_LAYER, N_KV, 0, 0, f.q, f.kv_len, false, f.sched, f.split, g, outs), FERRY_ERR_LAYOUT);
     REFUSED(ferry_kv_attention_step(f.kv, f.ctx, N_LAYER, N_KV, 0, last, f.q, f.kv_len, false, f.sched, other, g, outs), FERRY_ERR_INVALID_ARG);

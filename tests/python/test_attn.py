@@ -263,8 +263,30 @@ def parts() -> Tuple[ferry.Tensor, ...]:
 
 def test_v_trans_must_match_the_shape(parts: Tuple[ferry.Tensor, ...]) -> None:
     q, k, v, lens = parts
+    plain = v.view(list(v.ne), v.nb)  # a view of the window's layout, not the window a cache made
     with pytest.raises(ferry.LayoutError, match=r"attn_decode: v .*\(v_trans\)"):
-        ferry.attn_decode(q, k, v, lens, v_trans=True)
+        ferry.attn_decode(q, k, plain, lens, v_trans=True)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_a_caches_window_says_how_its_v_lies(v_trans: bool) -> None:
+    """With n_kv == head_dim both layouts give V the same shape, so attention takes the layout from
+    the cache's V window: a v_trans that disagrees is refused naming v_trans (it used to read the V
+    of a transposed cache as not transposed, and give other outputs), and none gives the cache's."""
+    c = Case("f32", "f32", v_trans=v_trans, head_dim=32, kv_size=32, n_kv=32, lens=(32, 7, 0, 13))
+    b = build(c)
+    assert b.v.ne[0] == b.v.ne[1] == 32  # the shape fits both layouts
+    cpu = ferry.CPUBackend()
+    q, lens = _operands(b, cpu)
+    with pytest.raises(ferry.InvalidArgumentError,
+                       match=rf"attn_decode: v_trans={not v_trans}, but v is the V window of a KV cache whose V is "
+                             rf"{'' if v_trans else 'not '}transposed \(v_trans={v_trans}\)"):
+        ferry.attn_decode(q, b.k, b.v, lens, v_trans=not v_trans)
+    out = ferry.attn_decode(q, b.k, b.v, lens).set_output()  # v_trans left out: the window's
+    graph = ferry.Graph(out)
+    ferry.GraphAllocator(cpu).alloc(graph)
+    graph.compute(cpu)
+    assert_close(out.to_numpy().reshape(c.ns, c.n_head, c.head_dim), b.ref)
 
 
 def test_bad_shapes_and_types_raise_layout_error(parts: Tuple[ferry.Tensor, ...]) -> None:
@@ -293,7 +315,7 @@ def test_non_tensors_and_non_bool_v_trans_raise_invalid_argument(parts: Tuple[fe
     q, k, v, lens = parts
     with pytest.raises(ferry.InvalidArgumentError, match="attn_decode: v: expected a Tensor"):
         ferry.attn_decode(q, k, None, lens)  # type: ignore[arg-type]
-    with pytest.raises(ferry.InvalidArgumentError, match="attn_decode: v_trans must be a bool"):
+    with pytest.raises(ferry.InvalidArgumentError, match="attn_decode: v_trans must be a bool or None"):
         ferry.attn_decode(q, k, v, lens, v_trans=1)  # type: ignore[arg-type]
 
 

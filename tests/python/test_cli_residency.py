@@ -17,6 +17,7 @@ import ferry.errors as ferry_errors
 from conftest import refused
 from ferry.cli import main
 from ferry.residency import DeviceSpec, layers_from_geometry, plan_residency
+from ferry.workloads.residency_plan import ResidencyModel
 
 # 4 layers of f16, 2 KV heads of 32, n_kv 128 (-npp 120 -ntg 8): each layer's K and V 16 KiB per window
 GEOMETRY = ["-c", "256", "-npl", "1", "-npp", "120", "-ntg", "8", "--layers", "4", "--heads", "2", "--head-dim", "32",
@@ -58,12 +59,19 @@ def test_plan_residency_json_is_the_library_plan(capsys: pytest.CaptureFixture[s
     plans = run_json(["plan", "--residency", *GEOMETRY, *TWO, "--kv-device-layers", "2", "--overlap",
                       "--prefetch", "2"], capsys)
     assert [(p["strategy"], p["prefetch"]) for p in plans] == [(s, d) for d in (0, 2) for s in STRATEGIES]
-    layers = layers_from_geometry("f16", "f16", 32, 2, 256, 1, 128, [None] * 4, compact=False)
+    # the library's plan of the same model: its memory measured by a dry run of the step over the
+    # run's windows (-npp 120 -ntg 8: 121 to 128)
+    model = ResidencyModel(head_dim=32, n_head_kv=2, n_head=2, n_ctx=256, n_stream=1, n_kv=128,
+                           layer_windows=(None,) * 4, n_devices=2, step_windows=tuple(range(121, 129)))
+    layers = model.layers()
     devices = [DeviceSpec(2.45, 0.0, (20e-6,) * 4, None, 0, "device 0"), DeviceSpec(0.33, 0.0, (20e-6,) * 4, None, 0,
                                                                                      "device 1")]
     for p in plans:
-        lib = plan_residency(p["strategy"], layers, devices, prefetch=p["prefetch"], max_layers=2).as_dict(1)
+        with model.at(prefetch=p["prefetch"]).step_memory() as measure:
+            lib = plan_residency(p["strategy"], layers, devices, prefetch=p["prefetch"], max_layers=2,
+                                 measure=measure).as_dict(1)
         assert {k: v for k, v in p.items() if k not in ("n_kv", "n_ctx")} == lib
+        assert p["memory_measured"] and all(d["memory"] > d["resident_bytes"] for d in p["devices"])
         assert p["n_kv"] == 128 and len(p["devices"]) == 2
         same_depth = [q["step_seconds"] for q in plans if q["prefetch"] == p["prefetch"]]
         if p["strategy"] == "auto":
@@ -86,9 +94,12 @@ def test_plan_residency_sliding_layers_from_swa_options(capsys: pytest.CaptureFi
     sliding = layers_from_geometry("f16", "f16", 32, 2, 256, 1, 128, [16])[0].resident_bytes
     assert sliding < full
     assert plan["devices"][0]["resident_bytes"] == full + 3 * sliding  # unlimited memory: every layer kept
-    # a budget for the full layer or the three sliding ones: the planner keeps the full layer (it saves most)
-    (plan,) = run_json(args + ["--device-memory", str(full + sliding)], capsys)
-    assert 2 in plan["devices"][0]["resident_layers"]
+    # one layer kept: the full one, which saves most; then a budget of exactly the memory that plan
+    # states, where the three sliding layers would fit too: the planner keeps the full layer
+    (one,) = run_json(args + ["--kv-device-layers", "1"], capsys)
+    assert one["devices"][0]["resident_layers"] == [2] and one["memory_measured"]
+    (plan,) = run_json(args + ["--device-memory", str(one["devices"][0]["memory"])], capsys)
+    assert plan["devices"][0]["resident_layers"] == [2]
 
 
 def test_plan_residency_sliding_layers_from_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,7 +117,7 @@ def test_plan_residency_sliding_layers_from_model(tmp_path: Path, capsys: pytest
 
 def test_plan_residency_refuses_what_cannot_fit(capsys: pytest.CaptureFixture[str]) -> None:
     err = refused(["plan", "--residency", *GEOMETRY, *TWO, "--device-memory", "1KiB"], capsys)
-    assert "device 0: its split's window copies needs" in err and "short by" in err and "bytes" in err
+    assert "device 0 needs" in err and "short by" in err and "bytes" in err
     # the windows fit, no layer beside them: names the device and by how much it is over
     err = refused(["plan", "--residency", *GEOMETRY, *TWO, "--device-memory", "40KiB"], capsys)
     assert "no layer fits" in err and "bytes over its 40960 bytes" in err
@@ -166,6 +177,25 @@ def test_bench_residency_runs_every_strategy_beside_its_prediction(capsys: pytes
     by = {(r["strategy"], r["prefetch"]): r for r in rows}
     assert by[("auto", 0)]["plan"]["devices"][1]["resident_layers"] == [2, 3]
     assert by[("first", 0)]["plan"]["devices"][0]["resident_layers"] == [0, 1]
+
+
+# The issue's example at an eighth of its size: `plan` printed auto keeping layers 0,2 and 4,6 of 8 within
+# each device's memory, prefetching 1 layer ahead, and `bench` with the same options ran out of memory.
+ISSUE = ["--devices", "2", "--link-gbps", "2.45,0.33", "--device-memory", "6MiB,6MiB", "--layers", "8", "-c", "4096",
+         "-npl", "2", "-npp", "256", "-ntg", "4", "--overlap", "--compute-us", "3000"]
+
+
+def test_bench_runs_the_plan_in_the_memory_it_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each strategy's plan as `plan` prints it is the plan `bench` runs with the same options, and
+    its run holds on each device exactly the memory the plan printed (the reserve is 0)."""
+    plans = run_json(["plan", "--residency", *ISSUE], capsys)
+    rows = run_json(["bench", "--residency", *ISSUE, "--repeat", "1"], capsys)
+    assert [(r["strategy"], r["prefetch"]) for r in rows] == [(p["strategy"], p["prefetch"]) for p in plans]
+    assert any(p["prefetch"] == 1 and any(d["resident_layers"] for d in p["devices"]) for p in plans)
+    for plan, row in zip(plans, rows):
+        assert [d["resident_layers"] for d in row["plan"]["devices"]] == [d["resident_layers"] for d in plan["devices"]]
+        assert row["held_bytes"] == [d["memory"] for d in plan["devices"]], (plan, row)
+        assert all(d["memory"] <= 6 << 20 for d in plan["devices"])
 
 
 def test_bench_residency_text(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,8 +4,10 @@ all-host run's attention outputs byte for byte; device-resident layers copy noth
 
 from __future__ import annotations
 
+import ctypes
+import platform
 import random
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -215,12 +217,127 @@ def test_from_arrays_refusals() -> None:
     k = np.zeros((N_STREAM, 8, HEAD_DIM), np.float16)
     with pytest.raises(ferry.InvalidArgumentError, match="1 K layers and 2 V layers"):
         ferry.KVCache.from_arrays([k], [k, k], n_stream=N_STREAM)
-    with pytest.raises(ferry.InvalidArgumentError, match="n_stream=3"):
+    with pytest.raises(ferry.InvalidArgumentError, match=r"k_layers\[0\] holds 2 streams \(axis 0\), not n_stream=3"):
         ferry.KVCache.from_arrays([k], [k], n_stream=3)
-    with pytest.raises(ferry.InvalidArgumentError, match="layer 0's K ne"):
+    with pytest.raises(ferry.InvalidArgumentError, match=r"v_layers\[0\] is \[2, 9, 32\] values, not \[2, 8, 32\]"):
         ferry.KVCache.from_arrays([k], [np.zeros((N_STREAM, 9, HEAD_DIM), np.float16)], n_stream=N_STREAM)
-    with pytest.raises(ferry.InvalidArgumentError, match="not a dense"):
-        ferry.KVCache.from_arrays([k[:, ::2]], [k[:, ::2]], n_stream=N_STREAM)
+    with pytest.raises(ferry.InvalidArgumentError, match=r"k_layers\[1\] has rows of 16 values \(axis 2\), "
+                                                         r"k_layers\[0\] of 32"):
+        ferry.KVCache.from_arrays([k, k[..., :16].copy()], [k, k[..., :16].copy()], n_stream=N_STREAM)
+    with pytest.raises(ferry.InvalidArgumentError, match="k_layers is a sequence of arrays"):
+        ferry.KVCache.from_arrays(k, k, n_stream=N_STREAM)  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match="n_head_kv must be positive, got 0"):
+        ferry.KVCache.from_arrays([k], [k], n_stream=N_STREAM, n_head_kv=0)
+    with pytest.raises(ferry.InvalidArgumentError, match="n_ctx 8 is not n_stream 2 streams of at least 8 cells"):
+        ferry.KVCache.from_arrays([k], [k], n_stream=N_STREAM, n_ctx=8)
+
+
+@pytest.mark.parametrize("first,second", [(np.float16, np.float32), (np.float32, np.float16)])
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_from_arrays_refuses_layers_of_two_types(first: Any, second: Any, which: str) -> None:
+    """One K type and one V type per cache, as C keeps them: a later layer of another type is
+    refused, naming both layers, in either order, before anything is written."""
+    ones = [np.ones((1, 4, 32), first), np.ones((1, 4, 32), second)]
+    same = [np.ones((1, 4, 32), first), np.ones((1, 4, 32), first)]
+    ks, vs = (ones, same) if which == "k" else (same, ones)
+    names = {np.float16: "f16", np.float32: "f32"}
+    with pytest.raises(ferry.InvalidArgumentError,
+                       match=rf"{which}_layers\[1\] is {names[second]}, {which}_layers\[0\] {names[first]}: "
+                             rf"every layer of a cache has one {which.upper()} type"):
+        ferry.KVCache.from_arrays(ks, vs)
+    assert all((a == 1).all() for a in ks + vs)  # nothing written
+
+
+@pytest.mark.parametrize("make,message", [
+    pytest.param(lambda a: a[:, ::2], r"k_layers\[0\]: its cells \(axis 1\) are 512 bytes apart, a dense row is 256: "
+                 r"pass a contiguous array \(np.ascontiguousarray\)", id="every other cell"),
+    pytest.param(lambda a: a[:, :, :32], r"k_layers\[0\]: its cells \(axis 1\) are 256 bytes apart, a dense row is "
+                 r"128: pass a contiguous array", id="padded rows"),
+    pytest.param(lambda a: a[:, :8, :], r"k_layers\[0\]: its streams \(axis 0\) are 4096 bytes apart, 8 dense rows "
+                 r"are 2048: pass a contiguous array", id="padded streams"),
+    pytest.param(lambda a: a[None], r"k_layers\[0\] has 4 dimensions \(shape \(1, 2, 16, 64\)\); a layer is 3-D: "
+                 r"\[n_stream, cells, n_embd_gqa\]", id="4-D"),
+    pytest.param(lambda a: a[0], r"k_layers\[0\] has 2 dimensions \(shape \(16, 64\)\); a layer is 3-D", id="2-D"),
+])
+def test_from_arrays_names_the_layout_it_refuses(make: Any, message: str) -> None:
+    """An array that is not a dense [n_stream, cells, n_embd_gqa] is a LayoutError naming the
+    array and the stride or dimension that is wrong."""
+    a = np.ones((2, 16, 64), np.float32)
+    view = make(a)
+    with pytest.raises(ferry.LayoutError, match=message):
+        ferry.KVCache.from_arrays([view], [np.ascontiguousarray(view)], n_stream=view.shape[0] if view.ndim == 3 else 2)
+    assert (a == 1).all()
+
+
+def test_from_arrays_names_a_transposed_v_layout() -> None:
+    v = np.zeros((2, 64, 32), np.float32)  # [n_stream, n_embd_gqa, 16 cells] in rows of 32
+    with pytest.raises(ferry.LayoutError, match=r"v_layers\[0\]: its channels \(axis 1\) are 128 bytes apart, a "
+                                                r"dense row of cells is 64"):
+        ferry.KVCache.from_arrays([np.zeros((2, 16, 64), np.float32)], [v[:, :, :16]], n_stream=2, v_trans=True)
+
+
+@pytest.mark.parametrize("array,type_k,name", [
+    (np.zeros((1, 4, 32), np.int32), None, "i32"),
+    (np.zeros((1, 4, 18), np.uint8), "q4_0", "q4_0"),
+])
+def test_from_arrays_refuses_types_attention_cannot_read(array: np.ndarray, type_k: Optional[str], name: str) -> None:
+    """Attention reads K and V of f32, f16 and q8_0: a cache over arrays of another type is refused
+    where it is made, naming the layer and the types accepted, not where attention first reads it."""
+    f32 = np.zeros((1, 4, 32), np.float32)
+    with pytest.raises(ferry.InvalidArgumentError, match=rf"k_layers\[0\] is {name}: attention reads f32, f16, q8_0"):
+        ferry.KVCache.from_arrays([array], [f32], type_k=type_k)
+    with pytest.raises(ferry.InvalidArgumentError, match=rf"v_layers\[0\] is {name}: attention reads f32, f16, q8_0"):
+        ferry.KVCache.from_arrays([f32], [array], type_v=type_k)
+    # a cache of its own memory holds any type: a dry run lays out caches attention never reads
+    assert ferry.KVCache(name, name, 32, 1, 4, 1).params.type_k == ferry.to_type(name)
+
+
+def test_from_arrays_names_the_array_from_array_refuses() -> None:
+    k = np.zeros((1, 4, 32), np.float32)
+    with pytest.raises(ferry.InvalidArgumentError, match=r"v_layers\[1\]: from_array: the array is read-only"):
+        ro = k.copy()
+        ro.flags.writeable = False
+        ferry.KVCache.from_arrays([k, k], [k, ro])
+
+
+@pytest.fixture
+def dirty_allocations() -> Iterator[None]:
+    """Every allocation glibc makes holds 0xA5 while the test runs (M_PERTURB), as memory a process
+    used before would; elsewhere the test relies on caches getting freed caches' memory back."""
+    libc = ctypes.CDLL(None)
+    perturb = getattr(libc, "mallopt", None) if platform.libc_ver()[0] == "glibc" else None
+    if perturb is not None:
+        perturb(-6, 0x5A)  # M_PERTURB
+    try:
+        yield
+    finally:
+        if perturb is not None:
+            perturb(-6, 0)
+
+
+@pytest.mark.parametrize("where", ["host", "stand-in placement"])
+def test_new_cache_reads_zeros(where: str, dirty_allocations: None) -> None:
+    """A new cache's K and V read zeros, its device-placed layers too, whatever its memory held
+    before; each cache here is filled before it is freed, for the next one to be given."""
+    dev = ferry.StandinBackend()
+    placement = None if where == "host" else [dev if layer % 2 else None for layer in range(N_LAYER)]
+    for _ in range(3):
+        kv = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER, placement=placement)
+        for layer in range(N_LAYER):
+            for which in ("k", "v"):
+                for s in range(N_STREAM):
+                    got = np.frombuffer(kv.get_stream(which, layer, s), np.uint16)
+                    assert np.count_nonzero(got) == 0, (which, layer, s, np.count_nonzero(got))
+                    kv.set_stream(which, layer, s, np.full(got.size, 0x3C00, np.uint16).tobytes())  # 1.0
+        kv.close()
+
+
+def test_cache_over_arrays_keeps_their_content() -> None:
+    k = np.full((N_STREAM, 8, HEAD_DIM), 1.5, np.float16)
+    v = np.full((N_STREAM, 8, HEAD_DIM), -2.0, np.float16)
+    kv = ferry.KVCache.from_arrays([k], [v], n_stream=N_STREAM)
+    assert (k == 1.5).all() and (v == -2.0).all()
+    assert np.frombuffer(kv.get_stream("v", 0, 1), np.float16).tolist() == [-2.0] * (8 * HEAD_DIM)
 
 
 def test_from_torch_cpu_tensors() -> None:

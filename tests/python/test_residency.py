@@ -47,8 +47,9 @@ def _enumerate(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], dev: 
         if max_layers is not None and sum(resident) > max_layers:
             continue
         host = [not r for r in resident]
-        held, windows = residency._memory(problem, host)
-        if all(d.memory is None or h + w + d.reserve <= d.memory for h, w, d in zip(held, windows, devices)):
+        held, windows, inputs = residency._memory(problem, host)
+        if all(d.memory is None or h + w + i + d.reserve <= d.memory
+               for h, w, i, d in zip(held, windows, inputs, devices)):
             fitting.append(resident)
             t = residency._step_time(problem, host)
             best = t if best is None else min(best, t)
@@ -193,6 +194,68 @@ def test_memory_counts_windows_ahead_and_reserve() -> None:
     assert predict_step(layers, spec, [False] * 4, dev, 1).window_bytes == (16 * MIB,)
 
 
+def test_memory_follows_the_schedulers_parts() -> None:
+    """A part begins at each layer in host memory and at each device's first layer; a resident layer
+    computes in the part before it. So prefetching one part ahead, the copies of the next host layer
+    past a resident one are placed while that part computes: layers 0 (host), 1 (resident) and 2
+    (host) hold both host layers' copies at once (16 MiB), serially one's (8 MiB). Outputs stay to
+    the step's end, queries beside the scheduler's buffer."""
+    layers = [FULL] * 3
+    spec = [DeviceSpec(1.0)]
+    gap = [False, True, False]
+    assert predict_step(layers, spec, gap, None, 0).window_bytes == (8 * MIB,)
+    assert predict_step(layers, spec, gap, None, 1).window_bytes == (16 * MIB,)
+    assert predict_step(layers, spec, [False, False, True], None, 1).window_bytes == (16 * MIB,)
+    # two devices: device 1's first layer begins a part, which device 0's last part queues ahead
+    two = [DeviceSpec(1.0), DeviceSpec(1.0)]
+    split = predict_step(layers + [FULL], two, [False, True, True, False], None, 1)
+    assert split.window_bytes == (8 * MIB, 8 * MIB)
+    out = LayerCost((4 * MIB, 4 * MIB), 16 * MIB, None, output_bytes=4096, query_bytes=1000)
+    step = predict_step([out] * 3, spec, gap, None, 1)
+    assert step.window_bytes == (16 * MIB + 4096,)  # layer 0 computing: both copies and its output
+    assert step.input_bytes == (3000,)
+    assert step.memory == (16 * MIB + 16 * MIB + 4096 + 3000,)
+    assert predict_step([out] * 3, spec, [True] * 3, None, 1).window_bytes == (3 * 4096,)  # the outputs at the end
+
+
+def test_a_measure_decides_what_fits() -> None:
+    """With a measure, a placement fits when what it measures fits (after the model's least and the
+    measure's own least), and the plan's memory is the measured one; the measure is asked once per
+    placement."""
+    layers = [FULL] * 4
+    asked: List[Tuple[bool, ...]] = []
+
+    def measure(resident: Tuple[bool, ...]) -> List[Tuple[int, int]]:
+        asked.append(resident)
+        host = sum(not r for r in resident)
+        return [(host * 8 * MIB + MIB, 4096)]  # every host layer's copies at once, and a MiB of gaps
+
+    spec = [DeviceSpec(1.0, 0.0, 1e-3, memory=16 * MIB + 3 * 8 * MIB + MIB + 4096)]
+    plan = plan_auto(layers, spec, None, 0, measure=measure)
+    assert plan.resident_layers() == [0] and plan.prediction.measured
+    assert plan.memory == (16 * MIB + 3 * 8 * MIB + MIB + 4096,)
+    assert len(asked) == len(set(asked))
+    without = plan_auto(layers, spec, None, 0)  # the model's least: two layers fit (32 MiB + 8 MiB)
+    assert without.resident_layers() == [0, 1] and not without.prediction.measured
+
+    class WithLeast:
+        def __init__(self) -> None:
+            self.full = 0
+
+        def __call__(self, resident: Tuple[bool, ...]) -> List[Tuple[int, int]]:
+            self.full += 1
+            return measure(resident)
+
+        def least(self, resident: Tuple[bool, ...]) -> List[Tuple[int, int]]:
+            return [(measure(resident)[0][0] - MIB, 0)]
+
+    cheap = WithLeast()
+    assert plan_first(layers, spec, None, 0, measure=cheap).resident_layers() == [0]
+    assert cheap.full == 2  # every layer in host memory and layer 0 alone; the least refused layers 0-1
+    with pytest.raises(ferry.InvalidArgumentError, match="measure gave 2 devices"):
+        plan_auto(layers, spec, None, 0, measure=lambda r: [(0, 0), (0, 0)])
+
+
 def test_named_rules() -> None:
     layers = [FULL] * 8
     fast, slow = DeviceSpec(2.45, memory=39 * MIB, name="fast"), DeviceSpec(0.33, memory=39 * MIB, name="slow")
@@ -292,7 +355,7 @@ def test_refusals_name_what_does_not_fit() -> None:
     tight = DeviceSpec(1.0, memory=6 * MIB, reserve=MIB, name="gpu1")
     roomy = DeviceSpec(1.0, memory=None, name="gpu0")
     for rule in (plan_auto, plan_first, plan_round_robin, plan_slowest_link):
-        with pytest.raises(PlanDoesNotFitError, match=r"gpu1: its split's window copies needs 9437184 bytes .* "
+        with pytest.raises(PlanDoesNotFitError, match=r"gpu1 needs 9437184 bytes for its split's window copies .* "
                                                       r"short by 3145728 bytes"):
             rule(layers, [roomy, tight])
     with pytest.raises(PlanDoesNotFitError, match="window copies"):
@@ -311,6 +374,56 @@ def test_refusals_name_what_does_not_fit() -> None:
         plan_auto(layers, [roomy], None, -1)
     with pytest.raises(ferry.InvalidArgumentError, match="no layers"):
         plan_auto([], [roomy])
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: DeviceSpec(link_gbps="fast"), r"DeviceSpec: link_gbps is a positive finite number of GB/s, got 'fast'"),
+    (lambda: DeviceSpec(0.0), r"DeviceSpec: link_gbps is a positive finite number of GB/s, got 0.0"),
+    (lambda: DeviceSpec(float("nan")), r"DeviceSpec: link_gbps is a positive finite number of GB/s, got nan"),
+    (lambda: DeviceSpec(True), r"DeviceSpec: link_gbps is a positive finite number of GB/s, got True"),
+    (lambda: DeviceSpec(1.0, latency_us=-1), r"DeviceSpec: latency_us is a finite number of microseconds >= 0"),
+    (lambda: DeviceSpec(1.0, compute_s="1"), r"DeviceSpec: compute_s is a finite number of seconds >= 0, or a "
+                                             r"sequence of them \(one per layer\), got '1'"),
+    (lambda: DeviceSpec(1.0, compute_s=(1e-3, None)), r"DeviceSpec: compute_s\[1\] is a finite number of seconds"),
+    (lambda: DeviceSpec(1.0, compute_s=()), r"DeviceSpec: compute_s is a number of seconds, or one per layer"),
+    (lambda: DeviceSpec(1.0, memory=-1), r"DeviceSpec: memory is None or a count of bytes \(an integer >= 0\), got -1"),
+    (lambda: DeviceSpec(1.0, memory=1.5e9), r"DeviceSpec: memory is None or a count of bytes"),
+    (lambda: DeviceSpec(1.0, reserve=None), r"DeviceSpec: reserve is a count of bytes \(an integer >= 0\), got None"),
+    (lambda: DeviceSpec(1.0, name=0), r"DeviceSpec: name is a str, got int 0"),
+    (lambda: LayerCost(4096, 8192), r"LayerCost: transfers is a non-empty sequence of byte counts"),
+    (lambda: LayerCost((), 8192), r"LayerCost: transfers is a non-empty sequence of byte counts"),
+    (lambda: LayerCost((4096, -1), 8192), r"LayerCost: transfers\[1\] is a count of bytes \(an integer >= 0\), got -1"),
+    (lambda: LayerCost((4096,), "8192"), r"LayerCost: resident_bytes is a count of bytes"),
+    (lambda: LayerCost((4096,), 8192, 1.5), r"LayerCost: staging_bytes is None or a count of bytes"),
+])
+def test_fields_are_checked_where_they_are_given(make: object, message: str) -> None:
+    """A DeviceSpec or LayerCost of a field the model cannot take is refused when it is made, naming
+    the field and what it takes: not by a TypeError from inside predict_step."""
+    with pytest.raises(ferry.InvalidArgumentError, match=message):
+        make()  # type: ignore[operator]
+
+
+def test_fields_keep_the_kinds_the_model_reads() -> None:
+    import numpy as np
+
+    spec = DeviceSpec(np.float32(2.5), 3, [1, np.float64(2.0)], np.int64(1 << 30), 0, "gpu")
+    assert spec == DeviceSpec(2.5, 3.0, (1.0, 2.0), 1 << 30, 0, "gpu") and hash(spec) == hash(DeviceSpec(
+        2.5, 3.0, (1.0, 2.0), 1 << 30, 0, "gpu"))
+    assert type(spec.link_gbps) is float and type(spec.memory) is int and isinstance(spec.compute_s, tuple)
+    assert LayerCost([np.int64(4096), 0], 8192).transfers == (4096, 0)
+
+
+def test_sequences_are_refused_naming_the_argument() -> None:
+    with pytest.raises(ferry.InvalidArgumentError, match="residency: resident is a sequence of bool"):
+        predict_step([FULL], [DeviceSpec(1.0)], None)  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match="residency: layers is a sequence of LayerCost"):
+        plan_auto(None, [DeviceSpec(1.0)])  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match="residency: devices is a sequence of DeviceSpec"):
+        plan_first([FULL], DeviceSpec(1.0))  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match="residency: layer_device is a sequence"):
+        predict_step([FULL], [DeviceSpec(1.0)], [True], layer_device=0)  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match="unknown strategy"):
+        plan_residency([], [FULL], [DeviceSpec(1.0)])  # type: ignore[arg-type]
 
 
 def test_plan_object() -> None:

@@ -164,6 +164,53 @@ def test_attention_step_refuses_what_is_not_a_layer_each() -> None:
         ferry.attention_step(loop.sched, "split", windows, loop.q, loop.kv_len)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_a_v_trans_other_than_the_caches_is_refused(v_trans: bool, fast: bool) -> None:
+    """With n_kv == head_dim a V window's shape fits both layouts, so attention_step takes V's layout
+    from the cache: a v_trans that disagrees is refused naming v_trans, assigning nothing (it used to
+    read a transposed cache's V as not transposed, and give other outputs), and none gives the
+    outputs of the same values in a cache of the other layout (to the rounding of each layout's kernel)."""
+    loops = {vt: Loop(fast=fast, v_trans=vt) for vt in (False, True)}
+    for loop in loops.values():
+        for cell in range(HEAD_DIM):
+            loop.write_cell(cell)  # the same values, laid out each cache's way
+        loop.kv_len.set(np.array([HEAD_DIM, 5], np.int32))
+    loop = loops[v_trans]
+    windows = loop.kv.windows(HEAD_DIM) if fast else [loop.kv.window(layer, HEAD_DIM) for layer in range(N_LAYER)]
+    assert loop.kv.window(0, HEAD_DIM)[1].ne[:2] == (HEAD_DIM, HEAD_DIM)
+    with pytest.raises(ferry.InvalidArgumentError, match=rf"attention_step: v_trans={not v_trans}, but .*"
+                                                         rf"{'' if v_trans else 'not '}transposed \(v_trans={v_trans}\)"):
+        ferry.attention_step(loop.sched, loop.split, windows, loop.q, loop.kv_len, v_trans=not v_trans)
+    assert loop.sched.n_assigned == 0
+    got = []
+    for each in (loop, loops[not v_trans]):
+        w = each.kv.windows(HEAD_DIM) if fast else [each.kv.window(layer, HEAD_DIM) for layer in range(N_LAYER)]
+        outs = ferry.attention_step(each.sched, each.split, w, each.q, each.kv_len)  # v_trans: the cache's
+        graph = ferry.step_graph(outs)
+        each.sched.compute(graph)
+        got.append(np.concatenate([o.to_numpy().reshape(-1) for o in outs]))
+    np.testing.assert_allclose(got[0], got[1], rtol=1e-5, atol=1e-6)  # the kernels of each layout round apart
+
+
+def test_graph_takes_a_steps_outputs() -> None:
+    """Graph(attention_step(...)): the list stands for its tensors, as Graph(*outputs) takes them."""
+    for fast in (True, False):
+        loop = Loop(fast=fast)
+        outs = loop.build(16)
+        graph = ferry.Graph(outs)
+        assert graph.outputs == list(outs)
+        assert [t.name for t in graph.nodes] == [t.name for t in ferry.step_graph(outs).nodes]
+        loop.kv_len.set(np.array([16, 3], np.int32))
+        loop.sched.compute(graph)
+        assert ferry.Graph(outs[0], (outs[1],)).outputs == list(outs)
+    with pytest.raises(ferry.InvalidArgumentError, match=r"graph build: output 1: expected a Tensor or a list of "
+                                                         r"Tensors, got str"):
+        ferry.Graph(outs[0], "attn1")  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match=r"graph build: output 0\[1\]: expected a Tensor, got str"):
+        ferry.Graph([outs[0], "attn1"])  # type: ignore[list-item]
+
+
 # ---------------------------------------------------------------- the step made in one C call (KVCache.windows)
 
 
@@ -292,7 +339,8 @@ def test_the_c_built_step_refuses_bad_input_with_a_ferry_error() -> None:
         (lambda: ferry.attention_step(sched, "split", w, q, kv_len), ferry.InvalidArgumentError, "Backend"),
         (lambda: ferry.attention_step(sched, other, w, q, kv_len), ferry.InvalidArgumentError, "not one of"),
         (lambda: ferry.attention_step(sched, split, w, q, kv_len, v_trans=1), ferry.InvalidArgumentError, "bool"),
-        (lambda: ferry.attention_step(sched, split, w, q, kv_len, v_trans=True), ferry.LayoutError, "v"),
+        (lambda: ferry.attention_step(sched, split, w, q, kv_len, v_trans=True), ferry.InvalidArgumentError,
+         "v_trans=True, but the windows' cache stores V not transposed"),
         (lambda: ferry.attention_step(sched, split, w, [q[0], f16_q], kv_len), ferry.LayoutError, "q"),
         (lambda: ferry.attention_step(sched, split, w, [q[0], one_stream], kv_len), ferry.LayoutError, "k"),
         (lambda: ferry.attention_step(sched, split, w, q, q[0]), ferry.LayoutError, "kv_len"),

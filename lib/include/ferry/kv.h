@@ -29,7 +29,8 @@ typedef struct {
 
 typedef struct ferry_kv_cache ferry_kv_cache;
 
-/* Lay out the cache and, when buft is given, allocate one buffer of it for all layers. */
+/* Lay out the cache and, when buft is given, allocate one buffer of it for all layers. A buffer
+ * the cache allocates is cleared to zeros (ferry_buffer_clear), on a device too. */
 FERRY_API ferry_status ferry_kv_cache_new(const ferry_kv_params * params, ferry_buffer_type * buft, ferry_kv_cache ** out);
 /*
  * A cache whose layers differ in place and size. Layer l's K and V live in buffer type
@@ -47,8 +48,8 @@ FERRY_API ferry_status ferry_kv_cache_new_layers(const ferry_kv_params * params,
  * A cache over buffers the caller owns (ferry_host_buffer_from_ptr, ferry_cuda_buffer_from_ptr,
  * or any ferry buffer): layer l's K at k_offsets[l] of k_bufs[l], its V at v_offsets[l] of
  * v_bufs[l] (a buffer of the same type), laid out as the cache lays them out (dense, cells as
- * layer_cells says; NULL: all n_ctx / n_stream). The cache frees none of them: they must
- * outlive it.
+ * layer_cells says; NULL: all n_ctx / n_stream). Their content is kept, not cleared. The cache
+ * frees none of them: they must outlive it.
  */
 FERRY_API ferry_status ferry_kv_cache_new_over(const ferry_kv_params * params, const int64_t * layer_cells,
                                                ferry_buffer * const * k_bufs, const size_t * k_offsets,

@@ -29,7 +29,8 @@ extern "C" {
  * Refused (FERRY_ERR_INVALID_ARG, FERRY_ERR_OUT_OF_BOUNDS, FERRY_ERR_LAYOUT, with a
  * message naming the layer): NULL arguments or queries, n_layer not in 1..the cache's
  * layers, n_kv not in 1..a full layer's cells (ferry_kv_cache_kv_size), streams the cache
- * does not have, shapes attention cannot read, a backend not the scheduler's. Every window and node is made before the first assignment and the graph is
+ * does not have, a v_trans other than the cache's (ferry_kv_params.v_trans), shapes attention
+ * cannot read, a backend not the scheduler's. Every window and node is made before the first assignment and the graph is
  * built after the last, so a refused argument assigns nothing and leaves graph as it was;
  * what was made stays in ctx. Only running out of memory part way through the assignments or
  * the graph leaves some assignments (clear them before freeing ctx) or part of the step in graph.

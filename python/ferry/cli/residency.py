@@ -16,7 +16,7 @@ from ..workloads.common import n_kv_for, prefetch_depths
 from ..workloads.devices import DeviceConfig, naming_device_memory
 from ..workloads.model_file import ModelGeometry
 from ..workloads.residency_bench import ResidencyResult, run_residency
-from ..workloads.residency_plan import ResidencyModel
+from ..workloads.residency_plan import ResidencyModel, run_windows
 from .options import devices_from_args, layer_windows
 from .text_table import fmt_layers, fmt_link, fmt_mib, fmt_seconds, fmt_tps_digits, format_table
 
@@ -84,7 +84,8 @@ def _memory(p: ResidencyPlan, d: int) -> str:
 
 def format_plans(plans: Sequence[ResidencyPlan], npl: int) -> List[str]:
     """The lines of one table of plans (one prefetch depth): per strategy its step time, tokens/s,
-    step over the planner's, and per device its resident layers and memory (of its budget)."""
+    step over the planner's, and per device its resident layers and memory (of its budget), with a
+    line saying what the memory counts."""
     auto = next((p for p in plans if p.strategy == "auto"), None)
     n_dev = len(plans[0].budgets)
     head = ["strategy", "step", "tok/s", "/ auto"]
@@ -98,6 +99,10 @@ def format_plans(plans: Sequence[ResidencyPlan], npl: int) -> List[str]:
             row += [fmt_layers(p.resident_layers(d)), _memory(p, d)]
         body.append(row)
     lines = format_table([head, *body], left=(0,) + tuple(4 + 2 * d for d in range(n_dev)))
+    held = ("what a run of the plan holds on the device, measured by a dry run of its step (resident K/V, the "
+            "scheduler's buffer, queries, lengths)" if plans[0].prediction.measured else
+            "the model's least (resident K/V, window copies and outputs, queries)")
+    lines.append(f"memory: {held}, plus the reserve; / the device's memory")
     if auto is not None:
         lines.append("auto: " + ("the model's optimum" if auto.exact else
                                  f"the search stopped at its limit: within {auto.bound:g}x of the optimum "
@@ -158,7 +163,7 @@ def run_plan(j: PlanJob) -> int:
     text: List[str] = []
     for npl in j.npl:
         n_kv = n_kv_for(j.npp, j.ntg, j.pad, model.n_ctx // npl)
-        m = model.at(n_stream=npl, n_kv=n_kv)
+        m = model.at(n_stream=npl, n_kv=n_kv, step_windows=run_windows(j.npp, j.ntg, j.pad, model.n_ctx // npl))
         m.check()
         compute = m.compute_seconds()
         devices = m.devices(compute, links)

@@ -8,8 +8,9 @@ planner ("auto") or by one of the rules in use ("first", "round-robin", "slowest
 model leaves out, and the planner's argument, are in docs/design.md ("Which layers to keep").
 
 Everything here is arithmetic on the figures given; layers_from_geometry asks C for a model's
-byte figures (a dry-run cache, no memory behind it), and device_from_backend measures a device's
-link and reads its memory.
+byte figures (a dry-run cache, no memory behind it), StepMemory measures what a step allocates on
+each device under a placement (a dry run of it: the scheduler's buffers, as the graph allocator
+lays them out), and device_from_backend measures a device's link and reads its memory.
 """
 
 
@@ -18,15 +19,23 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional, Sequence
 
 from ..errors import InvalidArgumentError
-from .measure import device_from_backend, layers_from_geometry, measure_compute
-from .model import DeviceSpec, LayerCost, PlanDoesNotFitError, ResidencyPlan, StepPrediction, predict_step
+from .measure import StepMemory, device_from_backend, layers_from_geometry, measure_compute
+from .model import (
+    DeviceSpec,
+    LayerCost,
+    MeasureMemory,
+    PlanDoesNotFitError,
+    ResidencyPlan,
+    StepPrediction,
+    predict_step,
+)
 from .planner import plan_auto
 from .rules import link_groups, plan_first, plan_round_robin, plan_slowest_link
 
 __all__ = [
     "LayerCost", "DeviceSpec", "StepPrediction", "ResidencyPlan", "PlanDoesNotFitError", "STRATEGIES",
     "predict_step", "plan_residency", "plan_auto", "plan_first", "plan_round_robin", "plan_slowest_link",
-    "link_groups", "layers_from_geometry", "device_from_backend", "measure_compute",
+    "link_groups", "layers_from_geometry", "device_from_backend", "measure_compute", "MeasureMemory", "StepMemory",
 ]
 
 #: The strategies plan_residency knows, the planner first.
@@ -39,7 +48,7 @@ _RULES: Dict[str, Callable[..., ResidencyPlan]] = {
 
 def plan_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                    layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
-                   max_layers: Optional[int] = None) -> ResidencyPlan:
+                   max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
     """The placement a strategy chooses, with its prediction.
 
     Parameters
@@ -51,6 +60,10 @@ def plan_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequence
     max_layers : int, optional
         At most this many layers resident, all devices together (a --kv-gpu-layers N); None:
         as many as the budgets hold.
+    measure : callable, optional
+        What the step allocates on each device under a placement (MeasureMemory; StepMemory
+        measures it): a placement fits when that fits, and the plan's memory is it. None: the
+        model's least (predict_step), which the allocator may exceed.
 
     Returns
     -------
@@ -63,6 +76,6 @@ def plan_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequence
     PlanDoesNotFitError
         When a device cannot hold its split's window copies, or no layer fits.
     """
-    if strategy not in _RULES:
+    if not isinstance(strategy, str) or strategy not in _RULES:
         raise InvalidArgumentError(f"plan_residency: unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
-    return _RULES[strategy](layers, devices, layer_device, prefetch, max_layers)
+    return _RULES[strategy](layers, devices, layer_device, prefetch, max_layers, measure=measure)

@@ -4,8 +4,9 @@ it or copied from host memory every step (predict_step), and the plan object eve
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..errors import InvalidArgumentError
 
@@ -13,6 +14,34 @@ from ..errors import InvalidArgumentError
 class PlanDoesNotFitError(InvalidArgumentError):
     """A placement cannot fit a device's budget: the message names the device, what it must hold,
     what it has and by how much it is short."""
+
+
+def _set(obj: object, field_name: str, value: object) -> None:
+    """Set a field of a frozen dataclass to its checked form (in __post_init__)."""
+    object.__setattr__(obj, field_name, value)
+
+
+def _byte_count(value: object, what: str, also: str = "") -> int:
+    """value as a count of bytes: an integer >= 0 (numpy's too; numpy's bool is no Integral, Python's is)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InvalidArgumentError(f"{what} is {also}a count of bytes (an integer >= 0), got {value!r}")
+    return int(value)
+
+
+def _number(value: object, what: str, takes: str, ok: Callable[[float], bool]) -> float:
+    """value as a float: a finite real number (numpy's too, not a bool) that ok accepts."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+            not math.isfinite(float(value)) or not ok(float(value)):
+        raise InvalidArgumentError(f"{what} is {takes}, got {value!r}")
+    return float(value)
+
+
+def _sequence(value: object, what: str, item: str) -> List[Any]:
+    """value as a list: InvalidArgumentError naming the argument for anything but a sequence."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InvalidArgumentError(f"residency: {what} is a sequence of {item}, one per layer or device, not "
+                                   f"{type(value).__name__}")
+    return list(value)
 
 
 @dataclass(frozen=True)
@@ -28,12 +57,39 @@ class LayerCost:
         Bytes its K and V hold on a device where it is resident.
     staging_bytes : int or None
         Device bytes the copies of its windows occupy while they live (the bytes read with
-        compact staging, the windows' spans without); None: sum(transfers).
+        compact staging, the windows' spans without; each copy as the scheduler's buffer places
+        it, rounded up to the device's alignment); None: sum(transfers).
+    output_bytes : int
+        Device bytes its attention output takes in the scheduler's buffer, where it stays to the
+        step's end (rounded up to the alignment).
+    query_bytes : int
+        Device bytes of its query, which lives on its device beside the scheduler's buffer.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a field of another kind or out of its range (an empty or negative transfers, a
+        negative or fractional count of bytes), naming it.
     """
 
     transfers: Tuple[int, ...]
     resident_bytes: int
     staging_bytes: Optional[int] = None
+    output_bytes: int = 0
+    query_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        """Check each figure where it is given: InvalidArgumentError naming the field and what it takes."""
+        if isinstance(self.transfers, (str, bytes)) or not isinstance(self.transfers, Sequence) or not self.transfers:
+            raise InvalidArgumentError(f"LayerCost: transfers is a non-empty sequence of byte counts (int >= 0), "
+                                       f"got {self.transfers!r}")
+        _set(self, "transfers", tuple(_byte_count(b, f"LayerCost: transfers[{i}]")
+                                      for i, b in enumerate(self.transfers)))
+        _set(self, "resident_bytes", _byte_count(self.resident_bytes, "LayerCost: resident_bytes"))
+        if self.staging_bytes is not None:
+            _set(self, "staging_bytes", _byte_count(self.staging_bytes, "LayerCost: staging_bytes", "None or "))
+        _set(self, "output_bytes", _byte_count(self.output_bytes, "LayerCost: output_bytes"))
+        _set(self, "query_bytes", _byte_count(self.query_bytes, "LayerCost: query_bytes"))
 
     @property
     def window_bytes(self) -> int:
@@ -65,6 +121,13 @@ class DeviceSpec:
         Bytes set aside for what else the device must hold.
     name : str
         What messages call it (default "device <index>").
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a field of another kind or out of its range (a link_gbps not positive and finite, a
+        negative or non-finite time, a negative or fractional count of bytes, a name not a str),
+        naming it. Numbers are kept as float and counts as int.
     """
 
     link_gbps: float
@@ -73,6 +136,28 @@ class DeviceSpec:
     memory: Optional[int] = None
     reserve: int = 0
     name: str = ""
+
+    def __post_init__(self) -> None:
+        """Check each figure where it is given: InvalidArgumentError naming the field and what it takes."""
+        _set(self, "link_gbps", _number(self.link_gbps, "DeviceSpec: link_gbps", "a positive finite number of GB/s",
+                                        lambda x: x > 0))
+        _set(self, "latency_us", _number(self.latency_us, "DeviceSpec: latency_us",
+                                         "a finite number of microseconds >= 0", lambda x: x >= 0))
+        seconds = "a finite number of seconds >= 0"
+        if isinstance(self.compute_s, Sequence) and not isinstance(self.compute_s, (str, bytes)):
+            if not self.compute_s:
+                raise InvalidArgumentError("DeviceSpec: compute_s is a number of seconds, or one per layer, not an "
+                                           "empty sequence")
+            _set(self, "compute_s", tuple(_number(c, f"DeviceSpec: compute_s[{i}]", seconds, lambda x: x >= 0)
+                                          for i, c in enumerate(self.compute_s)))
+        else:
+            _set(self, "compute_s", _number(self.compute_s, "DeviceSpec: compute_s",
+                                            f"{seconds}, or a sequence of them (one per layer)", lambda x: x >= 0))
+        if self.memory is not None:
+            _set(self, "memory", _byte_count(self.memory, "DeviceSpec: memory", "None or "))
+        _set(self, "reserve", _byte_count(self.reserve, "DeviceSpec: reserve"))
+        if not isinstance(self.name, str):
+            raise InvalidArgumentError(f"DeviceSpec: name is a str, got {type(self.name).__name__} {self.name!r}")
 
 
 @dataclass(frozen=True)
@@ -84,16 +169,25 @@ class StepPrediction:
     step_seconds : float
         The step's time.
     memory : tuple of int
-        Per device: resident_bytes + window_bytes + its reserve.
+        Per device: resident_bytes + window_bytes + input_bytes + its reserve.
     resident_bytes : tuple of int
-        Per device: the K and V of its resident layers.
+        Per device: the K and V of its resident layers, as the cache allocates them.
     window_bytes : tuple of int
-        Per device: the most its split's window copies hold at once, those prefetching holds
-        ahead of the part computing included.
+        Per device: the scheduler's buffer on it at its largest. Measured (see `measured`): what
+        the allocator reserves for the step's window copies (those prefetching holds ahead of
+        the part computing included), attention outputs and other input copies, with any gaps
+        its layout leaves. Else the model's least: the most the window copies and outputs hold
+        at once.
     copy_seconds : tuple of float
         Per device: the time its link carries the step's windows.
     compute_seconds : float
         The chain of every layer's attention.
+    input_bytes : tuple of int
+        Per device: the step's own tensors on it beside the scheduler's buffer (its layers'
+        queries; measured, the lengths too).
+    measured : bool
+        Whether the memory is a measurement of what the step allocates (a dry run of it) rather
+        than the model's least.
     """
 
     step_seconds: float
@@ -102,6 +196,8 @@ class StepPrediction:
     window_bytes: Tuple[int, ...]
     copy_seconds: Tuple[float, ...]
     compute_seconds: float
+    input_bytes: Tuple[int, ...] = ()
+    measured: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,7 +241,8 @@ class ResidencyPlan:
 
     @property
     def memory(self) -> Tuple[int, ...]:
-        """Predicted memory per device (resident KV, window copies, reserve)."""
+        """Predicted memory per device (resident KV, the scheduler's buffer, the step's inputs, reserve):
+        with a measurement (prediction.measured), what a run of the plan holds beside its reserve."""
         return self.prediction.memory
 
     def tokens_per_second(self, npl: int = 1) -> float:
@@ -196,9 +293,10 @@ class ResidencyPlan:
         return {
             "strategy": self.strategy, "prefetch": self.prefetch, "step_seconds": pred.step_seconds,
             "tokens_per_second": self.tokens_per_second(npl), "npl": npl, "exact": self.exact,
-            "bound": None if math.isinf(self.bound) else self.bound,
+            "bound": None if math.isinf(self.bound) else self.bound, "memory_measured": pred.measured,
             "devices": [{"resident_layers": self.resident_layers(d), "memory": pred.memory[d],
                          "resident_bytes": pred.resident_bytes[d], "window_bytes": pred.window_bytes[d],
+                         "input_bytes": pred.input_bytes[d] if pred.input_bytes else 0,
                          "copy_seconds": pred.copy_seconds[d], "budget": self.budgets[d]}
                         for d in range(len(self.budgets))],
         }
@@ -223,6 +321,44 @@ class ResidencyPlan:
 
 # ---------------------------------------------------------------- the model
 
+#: What a step allocates under a placement, measured: called with per layer whether it is resident,
+#: it returns per device (bytes of the scheduler's buffer, bytes of the step's own tensors beside it).
+#: ferry.residency.StepMemory measures it by a dry run of the step. It may also have a method
+#: least(resident) of the same form giving no more than it does, more cheaply (StepMemory's: the
+#: largest window alone), which a fit asks first.
+MeasureMemory = Callable[[Tuple[bool, ...]], Sequence[Tuple[int, int]]]
+
+
+class _Cached:
+    """A measure asked once per placement, and its least (the measure's own where it has one; the
+    measurement itself where that was made or there is none)."""
+
+    def __init__(self, measure: MeasureMemory) -> None:
+        self.measure = measure
+        self.full: Dict[Tuple[bool, ...], List[Tuple[int, int]]] = {}
+        self.quick: Dict[Tuple[bool, ...], List[Tuple[int, int]]] = {}
+
+    @staticmethod
+    def _ask(measure: Callable[[Tuple[bool, ...]], Sequence[Tuple[int, int]]], resident: Tuple[bool, ...]
+             ) -> List[Tuple[int, int]]:
+        return [(int(b), int(i)) for b, i in measure(resident)]
+
+    def __call__(self, resident: Tuple[bool, ...]) -> List[Tuple[int, int]]:
+        got = self.full.get(resident)
+        if got is None:
+            got = self.full[resident] = self._ask(self.measure, resident)
+        return got
+
+    def least(self, resident: Tuple[bool, ...]) -> List[Tuple[int, int]]:
+        least = getattr(self.measure, "least", None)
+        if resident in self.full or not callable(least):
+            return self(resident)
+        got = self.quick.get(resident)
+        if got is None:
+            got = self.quick[resident] = self._ask(least, resident)
+        return got
+
+
 @dataclass
 class _Problem:
     """The checked inputs, in the arrays the simulation reads."""
@@ -235,15 +371,16 @@ class _Problem:
     carry: List[List[float]] = field(default_factory=list)  # per layer, each transfer's seconds on its link
     compute: List[float] = field(default_factory=list)      # per layer, on its device
     budget: List[Optional[int]] = field(default_factory=list)  # per device: memory - reserve
+    measure: Optional[_Cached] = None
 
     def name(self, d: int) -> str:
         return self.devices[d].name or f"device {d}"
 
 
 def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_device: Optional[Sequence[int]],
-             prefetch: int, max_layers: Optional[int] = None) -> _Problem:
-    layers = list(layers)
-    devices = list(devices)
+             prefetch: int, max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> _Problem:
+    layers = _sequence(layers, "layers", "LayerCost")
+    devices = _sequence(devices, "devices", "DeviceSpec")
     if not layers:
         raise InvalidArgumentError("residency: no layers")
     if not devices:
@@ -252,13 +389,13 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
         if not isinstance(layer, LayerCost):
             raise InvalidArgumentError(f"residency: layer {i} is not a LayerCost but {type(layer).__name__}")
         if not layer.transfers or any(not isinstance(b, int) or b < 0 for b in layer.transfers) or \
-                layer.resident_bytes < 0 or layer.staging < 0:
+                min(layer.resident_bytes, layer.staging, layer.output_bytes, layer.query_bytes) < 0:
             raise InvalidArgumentError(f"residency: layer {i} has a negative or missing byte figure: {layer}")
     n_dev = len(devices)
     if layer_device is None:
         dev = [i * n_dev // len(layers) for i in range(len(layers))]  # layer_split's map
     else:
-        dev = list(layer_device)
+        dev = _sequence(layer_device, "layer_device", "device index")
         if len(dev) != len(layers):
             raise InvalidArgumentError(f"residency: {len(dev)} entries in layer_device for {len(layers)} layers")
         for i, d in enumerate(dev):
@@ -268,7 +405,10 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
         raise InvalidArgumentError(f"residency: prefetch must be an integer >= 0, got {prefetch!r}")
     if max_layers is not None and (not isinstance(max_layers, int) or isinstance(max_layers, bool) or max_layers < 0):
         raise InvalidArgumentError(f"residency: max_layers must be None or an integer >= 0, got {max_layers!r}")
-    p = _Problem(layers, devices, dev, prefetch, max_layers)
+    if measure is not None and not callable(measure):
+        raise InvalidArgumentError(f"residency: measure must be callable, got {type(measure).__name__}")
+    cached = measure if measure is None or isinstance(measure, _Cached) else _Cached(measure)
+    p = _Problem(layers, devices, dev, prefetch, max_layers, measure=cached)
     for d, spec in enumerate(devices):
         if not isinstance(spec, DeviceSpec):
             raise InvalidArgumentError(f"residency: device {d} is not a DeviceSpec but {type(spec).__name__}")
@@ -331,51 +471,103 @@ def _step_time(p: _Problem, host: Sequence[bool]) -> float:
     return t
 
 
-def _memory(p: _Problem, host: Sequence[bool]) -> Tuple[List[int], List[int]]:
-    """Per device: resident bytes, and the most its window copies hold at once."""
-    n_dev, n = len(p.devices), len(host)
-    resident = [0] * n_dev
-    windows = [0] * n_dev
-    for i in range(n):
-        if not host[i]:
-            resident[p.dev[i]] += p.layers[i].resident_bytes
-    held = [0] * n_dev  # copies alive while part `part` computes: its own and those of the parts queued ahead
-    for i in range(min(p.prefetch + 1, n)):
+def _parts(p: _Problem, host: Sequence[bool]) -> List[int]:
+    """Per layer, the scheduler's part it computes in. A part begins where a split begins (the device
+    changes) and at every layer in host memory (its window copies are new inputs); a resident
+    layer computes in the part before it (sched.c's build_splits)."""
+    out, part = [], -1
+    for i in range(len(host)):
+        if i == 0 or p.dev[i] != p.dev[i - 1] or host[i]:
+            part += 1
+        out.append(part)
+    return out
+
+
+def _buffers(p: _Problem, host: Sequence[bool]) -> List[int]:
+    """Per device, the most the scheduler's buffer holds at once by the model: the window copies and
+    attention outputs alive together, walked as the graph allocator walks the step. A layer's copies
+    are placed as their part begins, or with prefetching as the part `prefetch` parts before it
+    begins, and are freed once the layer has computed; outputs stay to the end. The allocator's
+    buffer is at least this (the tensors alive at once do not overlap) and more where its layout
+    leaves gaps."""
+    n_dev = len(p.devices)
+    parts = _parts(p, host)
+    placed_at: Dict[int, List[int]] = {}  # part -> the host layers whose copies are placed as it begins
+    for i, h in enumerate(host):
+        if h:
+            placed_at.setdefault(max(parts[i] - p.prefetch, 0), []).append(i)
+    live, most = [0] * n_dev, [0] * n_dev
+    for i in range(len(host)):
+        if i == 0 or parts[i] != parts[i - 1]:
+            for j in placed_at.get(parts[i], ()):
+                live[p.dev[j]] += p.layers[j].staging
+                most[p.dev[j]] = max(most[p.dev[j]], live[p.dev[j]])
+        d = p.dev[i]
+        live[d] += p.layers[i].output_bytes
+        most[d] = max(most[d], live[d])  # the layer computing: its copies, those ahead, the outputs so far
         if host[i]:
-            held[p.dev[i]] += p.layers[i].staging
-    for part in range(n):
-        for d in range(n_dev):
-            windows[d] = max(windows[d], held[d])
-        if host[part]:
-            held[p.dev[part]] -= p.layers[part].staging
-        nxt = part + p.prefetch + 1
-        if nxt < n and host[nxt]:
-            held[p.dev[nxt]] += p.layers[nxt].staging
-    return resident, windows
+            live[d] -= p.layers[i].staging
+    return most
+
+
+def _memory(p: _Problem, host: Sequence[bool], measured: bool = True) -> Tuple[List[int], List[int], List[int]]:
+    """Per device: its resident bytes, the scheduler's buffer and the step's inputs beside it; measured
+    where the problem has a measure (and measured is True), else the model's least (_buffers and the
+    queries)."""
+    n_dev = len(p.devices)
+    resident, inputs = [0] * n_dev, [0] * n_dev
+    for i, layer in enumerate(p.layers):
+        inputs[p.dev[i]] += layer.query_bytes
+        if not host[i]:
+            resident[p.dev[i]] += layer.resident_bytes
+    if not measured or p.measure is None:
+        return resident, _buffers(p, host), inputs
+    got = _measured(p, host, p.measure)
+    return resident, [b for b, _ in got], [i for _, i in got]
+
+
+def _measured(p: _Problem, host: Sequence[bool], measure: Callable[[Tuple[bool, ...]], List[Tuple[int, int]]]
+              ) -> List[Tuple[int, int]]:
+    got = measure(tuple(not h for h in host))
+    if len(got) != len(p.devices):
+        raise InvalidArgumentError(f"residency: measure gave {len(got)} devices' memory for {len(p.devices)} devices")
+    return got
 
 
 def _fits(p: _Problem, host: Sequence[bool]) -> bool:
+    """Whether the placement keeps within max_layers and every budget. The model's least is asked
+    first, then the measure's own least where it has one: where a least does not fit, what the step
+    allocates does not either, and the full measurement is not made."""
     if p.max_layers is not None and len(host) - sum(host) > p.max_layers:
         return False
-    resident, windows = _memory(p, host)
-    return all(b is None or r + w <= b for b, r, w in zip(p.budget, resident, windows))
+    resident, buffers, inputs = _memory(p, host, measured=False)
+    if not all(b is None or r + w + i <= b for b, r, w, i in zip(p.budget, resident, buffers, inputs)):
+        return False
+    if p.measure is None:
+        return True
+    least = _measured(p, host, p.measure.least)
+    if not all(b is None or r + w + i <= b for b, r, (w, i) in zip(p.budget, resident, least)):
+        return False
+    resident, buffers, inputs = _memory(p, host)
+    return all(b is None or r + w + i <= b for b, r, w, i in zip(p.budget, resident, buffers, inputs))
 
 
 def _prediction(p: _Problem, host: Sequence[bool]) -> StepPrediction:
-    resident, windows = _memory(p, host)
+    resident, buffers, inputs = _memory(p, host)
     copy = [0.0] * len(p.devices)
     for i, h in enumerate(host):
         if h:
             copy[p.dev[i]] += sum(p.carry[i])
     return StepPrediction(
         step_seconds=_step_time(p, host),
-        memory=tuple(r + w + s.reserve for r, w, s in zip(resident, windows, p.devices)),
-        resident_bytes=tuple(resident), window_bytes=tuple(windows), copy_seconds=tuple(copy),
-        compute_seconds=sum(p.compute))
+        memory=tuple(r + w + i + s.reserve for r, w, i, s in zip(resident, buffers, inputs, p.devices)),
+        resident_bytes=tuple(resident), window_bytes=tuple(buffers), copy_seconds=tuple(copy),
+        compute_seconds=sum(p.compute), input_bytes=tuple(inputs), measured=p.measure is not None)
 
 
 def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], resident: Sequence[bool],
-                 layer_device: Optional[Sequence[int]] = None, prefetch: int = 0) -> StepPrediction:
+                 layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
+                 measure: Optional[MeasureMemory] = None) -> StepPrediction:
     """The model's decode step under a placement: its time and the memory each device holds.
 
     Serial (prefetch 0), a step is the sum over layers of the layer's copies (when it lives in host
@@ -388,8 +580,14 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     compute starts when its copies have arrived and the part before has computed, one chain across
     all devices.
 
-    Memory per device: its resident layers' K and V, the most its window copies hold at once (the
-    part computing and the prefetch parts queued after it), and its reserve.
+    Memory per device: its resident layers' K and V (each rounded up to the device's alignment, as the
+    cache places them), the scheduler's buffer, the step's own tensors on it (queries, lengths) and
+    its reserve. The scheduler's buffer, measured (measure, e.g. StepMemory: a dry run of the step),
+    is what the graph allocator reserves; without a measure, the model's least: the most the window
+    copies and attention outputs hold at once, with the scheduler's parts (one begins at each layer
+    in host memory and at each device's first layer; a layer's copies are placed as its part
+    begins, or with prefetching as the part `prefetch` parts before begins, and live until the
+    layer has computed).
 
     Parameters
     ----------
@@ -402,6 +600,8 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
         Per layer, its device's index; default: layer_split's contiguous ranges.
     prefetch : int, optional
         Parts copied ahead (Scheduler(prefetch=N)); 0: serial.
+    measure : callable, optional
+        What the step allocates under a placement (MeasureMemory); None: the model's least.
 
     Returns
     -------
@@ -412,7 +612,8 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     InvalidArgumentError
         For inconsistent lengths, indices or figures.
     """
-    p = _problem(layers, devices, layer_device, prefetch)
+    p = _problem(layers, devices, layer_device, prefetch, measure=measure)
+    resident = _sequence(resident, "resident", "bool")
     if len(resident) != len(p.layers):
         raise InvalidArgumentError(f"predict_step: {len(resident)} entries in resident for {len(p.layers)} layers")
     return _prediction(p, [not bool(r) for r in resident])
@@ -421,21 +622,24 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
 # ---------------------------------------------------------------- refusals
 
 def _short_message(p: _Problem, d: int, host: Sequence[bool], what: str) -> str:
-    resident, windows = _memory(p, host)
+    resident, buffers, inputs = _memory(p, host)
     spec = p.devices[d]
-    need = resident[d] + windows[d] + spec.reserve
+    need = resident[d] + buffers[d] + inputs[d] + spec.reserve
     assert spec.memory is not None
-    return (f"{p.name(d)}: {what} needs {need} bytes ({resident[d]} resident, {windows[d]} of window copies, "
-            f"{spec.reserve} reserved) but has {spec.memory}: short by {need - spec.memory} bytes")
+    return (f"{p.name(d)} needs {need} bytes for {what} ({resident[d]} resident, {buffers[d]} of window copies and "
+            f"outputs in the scheduler's buffer, {inputs[d]} of the step's inputs, {spec.reserve} reserved) but has "
+            f"{spec.memory}: short by {need - spec.memory} bytes")
 
 
 def _check_windows_fit(p: _Problem) -> None:
     """Refuse a device that cannot hold its split's window copies with every layer in host memory
     (the least any placement holds while a resident layer holds at least its window copies)."""
     all_host = [True] * len(p.layers)
-    _, windows = _memory(p, all_host)
+    if _fits(p, all_host):
+        return
+    _, buffers, inputs = _memory(p, all_host)
     for d, b in enumerate(p.budget):
-        if b is not None and windows[d] > b:
+        if b is not None and buffers[d] + inputs[d] > b:
             raise PlanDoesNotFitError(_short_message(p, d, all_host, "its split's window copies"))
 
 
@@ -454,8 +658,8 @@ def _refuse_empty(p: _Problem, host: Sequence[bool]) -> None:
         for i in mine:
             trial = list(host)
             trial[i] = False
-            r, w = _memory(p, trial)
-            over = r[d] + w[d] - b
+            r, w, inputs = _memory(p, trial)
+            over = r[d] + w[d] + inputs[d] - b
             best = over if best is None or over < best else best
         shorts.append((best or 0, d))
     if not shorts or min(shorts)[0] <= 0:

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .model import (
     DeviceSpec,
     LayerCost,
+    MeasureMemory,
     PlanDoesNotFitError,
     ResidencyPlan,
     _check_windows_fit,
@@ -37,11 +38,16 @@ def _serial_best(p: _Problem, windows_factor: int, limit: int,
     Serially a step is sum(compute) + the copies of the host layers, each device's independent of
     the others', and a device's memory depends only on how many of each kind of layer it keeps (a
     kind: the same transfers, resident bytes and staging), its window copies counting
-    windows_factor times the largest host layer's staging. So each device's best for each number
-    of layers kept is a count vector, one count per kind, that saves the most copy time within its
-    budget: an enumeration of prod(n_kind + 1) vectors, few where layers come in few sizes. The
-    devices' tables are then combined for the most saved with at most max_layers kept in all.
-    None when an enumeration is over limit or a device fits nothing.
+    windows_factor times the largest host layer's staging (or all its layers' outputs, when they
+    are more), beside its queries. So each device's best for each number of layers kept is a
+    count vector, one count per kind, that saves the most copy time within its budget: an
+    enumeration of prod(n_kind + 1) vectors, few where layers come in few sizes. The devices'
+    tables are then combined for the most saved with at most max_layers kept in all. None when an
+    enumeration is over limit or a device fits nothing.
+
+    With windows_factor 1 that memory is the least a placement needs (serially the largest host
+    layer's copies are alive as it computes, and every output at the end): the result is the
+    optimum of a relaxation, and where it fits (_fits: measured, with a measure) it is the optimum.
     """
     n = len(p.layers)
     tables: List[Dict[int, Tuple[float, int, List[int]]]] = []  # per device: layers kept -> (saved, used, layers)
@@ -55,10 +61,12 @@ def _serial_best(p: _Problem, windows_factor: int, limit: int,
         if math.prod(len(kinds[k]) + 1 for k in keys) > limit:
             return None
         saved = [sum(p.carry[kinds[k][0]]) for k in keys]
+        outputs = sum(p.layers[i].output_bytes for i in mine)
+        queries = sum(p.layers[i].query_bytes for i in mine)
         table: Dict[int, Tuple[float, int, List[int]]] = {}
         for counts in itertools.product(*(range(len(kinds[k]) + 1) for k in keys)):
             staged = max((k[2] for k, c in zip(keys, counts) if c < len(kinds[k])), default=0)
-            used = sum(c * k[1] for k, c in zip(keys, counts)) + windows_factor * staged
+            used = sum(c * k[1] for k, c in zip(keys, counts)) + max(windows_factor * staged, outputs) + queries
             if budget is not None and used > budget:
                 continue
             gain, kept = sum(c * g for c, g in zip(counts, saved)), sum(counts)
@@ -87,23 +95,24 @@ def _serial_best(p: _Problem, windows_factor: int, limit: int,
 
 def _greedy(p: _Problem) -> List[bool]:
     """From every layer in host memory, keep adding the layer that lowers the step time most per
-    byte it adds while one fits."""
+    byte it adds while one fits (the candidates asked in that order, so that the first that fits
+    is taken and the others' memory is not measured)."""
     host = [True] * len(p.layers)
     t = _step_time(p, host)
     while True:
-        best: Optional[Tuple[float, int]] = None
+        ranked: List[Tuple[float, int]] = []
         for i in range(len(host)):
-            if not host[i]:
-                continue
+            if host[i]:
+                host[i] = False
+                ranked.append((-(t - _step_time(p, host)) / max(1, p.layers[i].resident_bytes), i))
+                host[i] = True
+        for _, i in sorted(ranked):
             host[i] = False
             if _fits(p, host):
-                gain = (t - _step_time(p, host)) / max(1, p.layers[i].resident_bytes)
-                if best is None or gain > best[0]:
-                    best = (gain, i)
+                break
             host[i] = True
-        if best is None:
+        else:
             return host
-        host[best[1]] = False
         t = _step_time(p, host)
 
 
@@ -123,8 +132,8 @@ def _local_search(p: _Problem, host: List[bool], passes: int = 20) -> List[bool]
             host[j] = False
             if i is not None:
                 host[i] = True
-            t_new = _step_time(p, host) if _fits(p, host) else math.inf
-            if t_new < t * (1 - 1e-12):
+            t_new = _step_time(p, host)
+            if t_new < t * (1 - 1e-12) and _fits(p, host):
                 t, improved = t_new, True
             else:
                 host[j] = True
@@ -140,9 +149,11 @@ def _branch_and_bound(p: _Problem, incumbent: List[bool], limit: int) -> Tuple[L
 
     A partial placement's lower bound is the step with its undecided layers resident (the model's
     step time never rises when a layer becomes resident: it only removes transfers from a link),
-    and its memory lower bound is that of its decided layers alone (a layer decided later adds
-    resident bytes or window copies, never removes them). Returns the best placement and whether
-    the search ran to its end within limit evaluations."""
+    and its memory lower bound is the model's least for its decided layers alone (a layer decided
+    later adds resident bytes or window copies; the decided layers' parts, and so when their
+    copies live, do not depend on it); a complete placement must fit (_fits: measured where the
+    problem has a measure). Returns the best placement and whether the search ran to its end
+    within limit evaluations."""
     n = len(p.layers)
     best = list(incumbent)
     best_t = _step_time(p, best)
@@ -154,11 +165,11 @@ def _branch_and_bound(p: _Problem, incumbent: List[bool], limit: int) -> Tuple[L
         if p.max_layers is not None and k - sum(host[:k]) > p.max_layers:
             return False
         trial = host[:k] + [False] * (n - k)
-        resident, windows = _memory(p, trial)
+        resident, buffers, inputs = _memory(p, trial, measured=False)
         extra = [0] * len(p.devices)
         for i in range(k, n):
             extra[p.dev[i]] += p.layers[i].resident_bytes  # not held yet: taken back out
-        return all(b is None or r - e + w <= b for b, r, e, w in zip(p.budget, resident, extra, windows))
+        return all(b is None or r - e + w + q <= b for b, r, e, w, q in zip(p.budget, resident, extra, buffers, inputs))
 
     def search(k: int) -> None:
         nonlocal best, best_t, evaluated, complete
@@ -174,7 +185,8 @@ def _branch_and_bound(p: _Problem, incumbent: List[bool], limit: int) -> Tuple[L
         if bound >= best_t:
             return
         if k == n:
-            best, best_t = list(host), bound
+            if p.measure is None or _fits(p, host):
+                best, best_t = list(host), bound
             return
         host[k] = False
         search(k + 1)
@@ -188,12 +200,15 @@ def _branch_and_bound(p: _Problem, incumbent: List[bool], limit: int) -> Tuple[L
 
 def plan_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
               layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
-              max_layers: Optional[int] = None, search_limit: int = DEFAULT_SEARCH_LIMIT) -> ResidencyPlan:
+              max_layers: Optional[int] = None, search_limit: int = DEFAULT_SEARCH_LIMIT,
+              measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
     """``auto``: the placement with the least predicted step time within every device's budget.
 
-    Serial (prefetch 0) it is exact at any size: each device's best count of each kind of layer
-    (layers of the same size are interchangeable serially), enumerated. With prefetching, where a
-    layer sits in the order matters: a branch and bound over layers finds the optimum, stopping
+    Serial (prefetch 0) it is exact at any size where the enumeration's optimum fits: each device's
+    best count of each kind of layer (layers of the same size are interchangeable serially),
+    enumerated under the least memory a placement needs; where what the step allocates is more
+    (the allocator's gaps), the search below is made. With prefetching, where a layer sits in the
+    order matters: a branch and bound over layers finds the optimum, stopping
     after search_limit evaluated placements; what it returns then is within the bound that
     docs/design.md proves (plan.exact and plan.bound say which held).
 
@@ -206,6 +221,9 @@ def plan_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
         as many as the budgets hold.
     search_limit : int, optional
         Placements the exact search may evaluate.
+    measure : callable, optional
+        What the step allocates under a placement (MeasureMemory, e.g. StepMemory); a plan fits
+        when that fits. None: the model's least.
 
     Returns
     -------
@@ -216,11 +234,11 @@ def plan_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     PlanDoesNotFitError
         When a device cannot hold its split's window copies, or no layer fits.
     """
-    p = _problem(layers, devices, layer_device, prefetch, max_layers)
+    p = _problem(layers, devices, layer_device, prefetch, max_layers, measure)
     _check_windows_fit(p)
     if p.prefetch == 0:
         host = _serial_best(p, 1, KIND_LIMIT, p.max_layers)
-        if host is not None:
+        if host is not None and _fits(p, host):  # the relaxation's optimum fits: it is the optimum
             _refuse_empty(p, host)
             return _plan(p, "auto", host, True, 1.0)
     seeds = [_greedy(p), [True] * len(p.layers)]
@@ -229,12 +247,15 @@ def plan_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
         seeds.append(conservative)
     for rule in (plan_first, plan_round_robin, plan_slowest_link):
         try:
-            seeds.append([not r for r in rule(layers, devices, layer_device, prefetch, max_layers).resident])
+            seeds.append([not r for r in rule(layers, devices, layer_device, prefetch, max_layers,
+                                               measure=p.measure).resident])
         except PlanDoesNotFitError:
             pass
     feasible = [s for s in seeds if _fits(p, s)]
     incumbent = _local_search(p, min(feasible, key=lambda s: _step_time(p, s)))
     host, exact = _branch_and_bound(p, incumbent, search_limit)
     _refuse_empty(p, host)
-    bound = 1.0 if exact else (1.0 + len(p.devices) if conservative is not None else math.inf)
+    # the bound compares with the conservative plan, which must fit as the step allocates it
+    bound = 1.0 if exact else (1.0 + len(p.devices) if conservative is not None and _fits(p, conservative)
+                               else math.inf)
     return _plan(p, "auto", host, exact, bound)

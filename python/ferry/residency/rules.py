@@ -8,6 +8,7 @@ from typing import Callable, List, Optional, Sequence
 from .model import (
     DeviceSpec,
     LayerCost,
+    MeasureMemory,
     ResidencyPlan,
     _check_windows_fit,
     _fits,
@@ -22,10 +23,10 @@ LINK_GROUP_TOLERANCE = 0.15
 
 def _rule(name: str, choose: Callable[[_Problem], List[bool]], layers: Sequence[LayerCost],
           devices: Sequence[DeviceSpec], layer_device: Optional[Sequence[int]], prefetch: int,
-          max_layers: Optional[int]) -> ResidencyPlan:
+          max_layers: Optional[int], measure: Optional[MeasureMemory]) -> ResidencyPlan:
     """A named rule's plan: the problem made and its window copies checked, choose(problem) gives
     each layer's host flag, and a placement with no layer resident is refused."""
-    p = _problem(layers, devices, layer_device, prefetch, max_layers)
+    p = _problem(layers, devices, layer_device, prefetch, max_layers, measure)
     _check_windows_fit(p)
     host = choose(p)
     _refuse_empty(p, host)
@@ -52,7 +53,7 @@ def _take_in_turn(p: _Problem, host: List[bool], groups: Sequence[Sequence[int]]
 
 def plan_first(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
-               max_layers: Optional[int] = None) -> ResidencyPlan:
+               max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
     """``first``: the first N layers resident (llama.cpp's --kv-gpu-layers N), N as large as every
     device's budget allows.
 
@@ -67,19 +68,19 @@ def plan_first(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                 break
         return host
 
-    return _rule("first", choose, layers, devices, layer_device, prefetch, max_layers)
+    return _rule("first", choose, layers, devices, layer_device, prefetch, max_layers, measure)
 
 
 def plan_round_robin(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                      layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
-                     max_layers: Optional[int] = None) -> ResidencyPlan:
+                     max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
     """``round-robin``: one layer per device in turn (each device its own layers in order), a device
     stopping at its first layer that does not fit.
 
     Parameters, return value and errors as `plan_residency`'s.
     """
     return _rule("round-robin", lambda p: _take_in_turn(p, [True] * len(p.layers), [list(range(len(p.devices)))]),
-                 layers, devices, layer_device, prefetch, max_layers)
+                 layers, devices, layer_device, prefetch, max_layers, measure)
 
 
 def link_groups(gbps: Sequence[float], tolerance: float = LINK_GROUP_TOLERANCE) -> List[List[int]]:
@@ -109,7 +110,7 @@ def link_groups(gbps: Sequence[float], tolerance: float = LINK_GROUP_TOLERANCE) 
 
 def plan_slowest_link(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                       layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
-                      max_layers: Optional[int] = None) -> ResidencyPlan:
+                      max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
     """``slowest-link``: the budget spent where the link is slowest. Devices whose links are within
     15% of each other form a group; the slowest group's devices take their layers (in order, one
     device after another in turn) while they fit, then the next group's.
@@ -119,4 +120,4 @@ def plan_slowest_link(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec]
     """
     return _rule("slowest-link",
                  lambda p: _take_in_turn(p, [True] * len(p.layers), link_groups([s.link_gbps for s in p.devices])),
-                 layers, devices, layer_device, prefetch, max_layers)
+                 layers, devices, layer_device, prefetch, max_layers, measure)

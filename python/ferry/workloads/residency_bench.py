@@ -47,7 +47,7 @@ from ..step import StepGraph, attention_step
 from ..tensor import Tensor
 from ..types import row_size, to_type
 from .common import n_kv_for, random_rows
-from .residency_plan import ResidencyModel, _pick, check_strategies
+from .residency_plan import ResidencyModel, _pick, check_strategies, run_windows
 
 __all__ = ["Placement", "PlacementRun", "ResidencyResult", "ResidencyRow", "calibrate_compute", "measure_placements",
            "run_residency"]
@@ -84,6 +84,10 @@ class PlacementRun:
         The mean over the steps of the model's step time for that step's window.
     output_sha256 : str
         Over every output of every step of the warm-up.
+    held_bytes : tuple of (int or None)
+        Per device, the bytes its buffers held at the run's end, the most they held (the cache's
+        resident layers, the step's queries and lengths, the scheduler's buffers, which only
+        grow); None for a device without a memory size, whose use is the host's.
     """
 
     placement: Placement
@@ -91,6 +95,7 @@ class PlacementRun:
     fastest_step_s: float
     predicted_step_s: float
     output_sha256: str = field(repr=False)
+    held_bytes: Tuple[Optional[int], ...] = ()
 
     @property
     def measured_step_s(self) -> float:
@@ -185,6 +190,14 @@ class _Run:
             self.steps.append(times)
         else:
             self.digest = digest.hexdigest()
+
+    def held_bytes(self) -> Tuple[Optional[int], ...]:
+        """Per device, the bytes its buffers hold now (None without a memory size)."""
+        out: List[Optional[int]] = []
+        for d in self.devices:
+            size = d.memory_size
+            out.append(None if size is None else size - d.memory().free)
+        return tuple(out)
 
     def close(self) -> None:
         if self.sched is not None:
@@ -300,6 +313,7 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
     runs: List[_Run] = []
     reference = Placement("every layer resident (calibration)", (True,) * model.n_layer)
     collecting = gc.isenabled()
+    held: List[Tuple[Optional[int], ...]] = []
     try:
         for p in unique:
             runs.append(_Run(model, p, cpu, npp, ntg, pad, seed))
@@ -311,6 +325,7 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
                 gc.disable()
             for run in (runs if rep % 2 == 0 else runs[::-1]):
                 run.repetition(rep >= WARMUP, on_step)
+        held = [run.held_bytes() for run in runs]
     finally:
         if collecting:
             gc.enable()
@@ -320,20 +335,21 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
     layers_at: Dict[int, object] = {}
     if calibrate:
         ref = runs.pop()
+        held.pop()
         predicted = _predicted(model, devices, reference, npp, ntg, pad, layers_at)
         scale = statistics.median(sum(s) / len(s) for s in ref.steps) / predicted if predicted > 0 else 1.0
         devices = [replace(d, compute_s=tuple(c * scale for c in d.compute_s) if isinstance(d.compute_s, tuple)
                            else d.compute_s * scale) for d in devices]
     measured = []
-    for run in runs:
+    for run, bytes_held in zip(runs, held):
         per_rep = tuple(sum(s) / len(s) for s in run.steps)
         fastest = sum(min(step) for step in zip(*run.steps)) / ntg
         measured.append((per_rep, fastest, _predicted(model, devices, run.placement, npp, ntg, pad, layers_at),
-                         run.digest))
+                         run.digest, bytes_held))
     out = []
     for p in placements:
-        per_rep, fastest, predicted, digest = measured[keys[(p.resident, p.prefetch)]]
-        out.append(PlacementRun(p, per_rep, fastest, predicted, digest))
+        per_rep, fastest, predicted, digest, bytes_held = measured[keys[(p.resident, p.prefetch)]]
+        out.append(PlacementRun(p, per_rep, fastest, predicted, digest, bytes_held))
     return out
 
 
@@ -363,6 +379,7 @@ class ResidencyRow:
                 "predicted_tokens_per_s": self.npl / self.run.predicted_step_s
                 if self.run.predicted_step_s > 0 else None,
                 "repeats": len(self.run.step_s), "output_sha256": self.run.output_sha256,
+                "held_bytes": list(self.run.held_bytes),
                 "plan": self.plan.as_dict(self.npl)}
 
 
@@ -427,7 +444,8 @@ def run_residency(model: ResidencyModel, strategies: Sequence[str], npl: Sequenc
     for n in npl:
         if model.n_ctx % n:
             raise InvalidArgumentError(f"-npl {n}: -c {model.n_ctx} is not a multiple of it")
-        m = model.at(n_stream=n, n_kv=n_kv_for(npp, ntg, pad, model.n_ctx // n))
+        m = model.at(n_stream=n, n_kv=n_kv_for(npp, ntg, pad, model.n_ctx // n),
+                     step_windows=run_windows(npp, ntg, pad, model.n_ctx // n))
         m.check()
         compute[n] = m.compute_seconds()
         if calibrate and m.compute_us is None:

@@ -2,7 +2,10 @@
 
 A model's geometry (each layer at its own size, sliding-window layers holding their window)
 gives each layer's window bytes and resident bytes (ferry.residency.layers_from_geometry, a
-dry-run cache in synthetic memory); the devices give each a link (GB/s: given, else the
+dry-run cache in synthetic memory), and what the step allocates on each device under a placement
+is measured by a dry run of the run's own step (ferry.residency.StepMemory, every window the run
+takes): a plan fits when that fits, and its memory is what the run holds. The devices give each a
+link (GB/s: given, else the
 stand-ins' default; for 0, unmodelled, the host's copy speed measured once with ferry.measure_link),
 a latency per transfer, a memory budget and a reserve. Each layer's attention time is given
 (--compute-us, every layer alike) or measured once on the stand-in
@@ -26,14 +29,27 @@ from ..residency import (
     DeviceSpec,
     LayerCost,
     ResidencyPlan,
+    StepMemory,
     layers_from_geometry,
     measure_compute,
     plan_residency,
     predict_step,
 )
+from .common import n_kv_for
 from .devices import standin_link
 
-__all__ = ["ResidencyModel", "check_strategies", "per_device"]
+__all__ = ["ResidencyModel", "check_strategies", "per_device", "run_windows"]
+
+
+def run_windows(npp: int, ntg: int, pad: int, kv_size: int) -> Tuple[int, ...]:
+    """The full layers' window (n_kv) of each step of a run of -ntg steps after an -npp prompt, in order,
+    each once (a run's steps reuse a graph while their padded window holds)."""
+    out: List[int] = []
+    for t in range(ntg):
+        n_kv = n_kv_for(npp, t + 1, pad, kv_size)
+        if not out or out[-1] != n_kv:
+            out.append(n_kv)
+    return tuple(out)
 
 
 def per_device(values: Sequence[object], n: int, option: str) -> None:
@@ -92,6 +108,9 @@ class ResidencyModel:
         Parts the scheduler copies ahead (0: serial).
     max_layers : int or None
         At most this many layers resident, all devices together.
+    step_windows : tuple of int
+        The full layers' window at each step of a run (run_windows), which the dry run measuring
+        the plans' memory allocates in turn; empty: n_kv alone.
     """
 
     type_kv: str = "f16"
@@ -114,6 +133,7 @@ class ResidencyModel:
     layer_devices: Optional[Tuple[int, ...]] = None
     prefetch: int = 0
     max_layers: Optional[int] = None
+    step_windows: Tuple[int, ...] = ()
 
     @property
     def n_layer(self) -> int:
@@ -154,9 +174,24 @@ class ResidencyModel:
         return self.n_kv if cells is None else min(self.n_kv, cells)
 
     def layers(self) -> List[LayerCost]:
-        """Each layer's byte figures, from C (ferry.residency.layers_from_geometry)."""
-        return layers_from_geometry(self.type_kv, self.type_kv, self.head_dim, self.n_head_kv, self.n_ctx,
-                                    self.n_stream, self.n_kv, list(self.layer_windows), self.v_trans, self.compact)
+        """Each layer's byte figures, from C (ferry.residency.layers_from_geometry), as a stand-in
+        device's buffer type places them, with each layer's query and output."""
+        dev = StandinBackend()
+        try:
+            return layers_from_geometry(self.type_kv, self.type_kv, self.head_dim, self.n_head_kv, self.n_ctx,
+                                        self.n_stream, self.n_kv, list(self.layer_windows), self.v_trans,
+                                        self.compact, n_head=self.n_head, buffer_type=dev.buffer_type)
+        finally:
+            dev.close()
+
+    def step_memory(self) -> StepMemory:
+        """The dry run that measures what a run's step allocates on each device under a placement
+        (ferry.residency.StepMemory): this geometry, devices and prefetch depth, the windows of
+        step_windows (or n_kv), the `ranges` copy policy. Close it after use."""
+        return StepMemory(self.type_kv, self.type_kv, self.head_dim, self.n_head_kv, self.n_head, self.n_ctx,
+                          self.n_stream, [self.layer_cells(i) for i in range(self.n_layer)],
+                          self.step_windows or (self.n_kv,), self.n_devices, self.layer_devices, self.v_trans,
+                          self.compact, self.prefetch)
 
     def compute_seconds(self) -> Tuple[float, ...]:
         """Per layer, its attention's seconds on the host: compute_us, or measured once on an
@@ -230,10 +265,15 @@ class ResidencyModel:
         PlanDoesNotFitError
             When a device cannot hold its split's window copies, or no layer fits (the message
             names the device, what it needs and by how much it is short).
+
+        Each plan fits as the run's step allocates it (step_memory, a dry run), and its memory
+        is what the run holds on each device beside the reserve.
         """
         layers = self.layers() if layers is None else layers
-        return [plan_residency(s, layers, devices, self.layer_devices, self.prefetch, self.max_layers)
-                for s in check_strategies(strategies)]
+        strategies = check_strategies(strategies)
+        with self.step_memory() as measure:
+            return [plan_residency(s, layers, devices, self.layer_devices, self.prefetch, self.max_layers, measure)
+                    for s in strategies]
 
     def predict(self, resident: Sequence[bool], devices: Sequence[DeviceSpec]) -> float:
         """The model's step time for a placement (per layer, resident or not) on the devices."""

@@ -1,0 +1,526 @@
+"""The entry points added with placement, under random arguments (hypothesis, the repeatable profile):
+KVCache(placement=, layer_cells=), KVCache.from_arrays and set_stream, attention_step,
+ferry.residency's plan and predict functions with their DeviceSpec and LayerCost, StandinBackend and
+measure_link.
+
+Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
+not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
+succeeds, or raises a FerryError whose message names that argument (an OutOfMemoryError may name
+the bytes it could not have instead); never another exception. A refused call writes nothing: the
+caller's arrays, the cache's bytes, the scheduler's assignments and the device's memory and link are
+as they were. test_fuzz_api.py gives the older entry points values of the wrong kind and checks
+results; this file asks of the newer ones that a refusal says what to change and leaves no trace.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+import ferry
+from ferry.residency import (
+    DeviceSpec,
+    LayerCost,
+    plan_auto,
+    plan_first,
+    plan_residency,
+    plan_round_robin,
+    plan_slowest_link,
+    predict_step,
+)
+
+SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+# FERRY_FUZZ_SCALE=10 (tools/fuzz) runs ten times the examples.
+SCALE = max(int(os.environ.get("FERRY_FUZZ_SCALE", "1")), 1)
+
+
+class Other:
+    """An object of no kind any entry point takes."""
+
+    def __repr__(self) -> str:
+        return "Other()"
+
+
+#: Values of the wrong kind, or at the edges of the right one.
+JUNK: List[Any] = [None, "x", "", b"ab", -1, 0, 1, 3, 2**31, 2**64, -(2**63) - 1, 0.5, -0.0, float("nan"),
+                   float("inf"), -float("inf"), True, [], [None], (1, 2), {}, Other()]
+
+
+def junk() -> st.SearchStrategy[Any]:
+    return st.sampled_from(JUNK)
+
+
+def ints(lo: int = -2, hi: int = 40) -> st.SearchStrategy[int]:
+    """Mostly small integers, sometimes one at the edge of what C holds."""
+    return st.one_of(st.integers(lo, hi), st.sampled_from([-(2**63), 2**31, 2**32 + 1, 2**63 - 1, 2**63, 2**64]))
+
+
+def numbers() -> st.SearchStrategy[Any]:
+    """Floats anywhere, NaN and infinities included, and numbers of other kinds."""
+    return st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5),
+                     st.sampled_from([1e-4, 1e-3, 1e6, 1e7, np.float32(2.5), np.int64(3), np.float64("nan")]))
+
+
+def outcome(call: Callable[[], Any], names: Sequence[str]) -> Tuple[Any, Optional[ferry.FerryError]]:
+    """(call's result, None), or (None, its FerryError) when the message names one of names (an
+    OutOfMemoryError may name the bytes it lacks instead); any other exception fails the test."""
+    try:
+        result = call()
+    except ferry.OutOfMemoryError as e:
+        assert "bytes" in e.message or any(n in e.message for n in names), e.message
+        event(f"{names[0]}: OutOfMemoryError")
+        return None, e
+    except ferry.FerryError as e:
+        assert any(n in e.message for n in names), f"the message names none of {list(names)}: {e.message}"
+        event(f"{names[0]}: {type(e).__name__}")
+        return None, e
+    event(f"{names[0]}: accepted")
+    return result, None
+
+
+def changed(base: Dict[str, Any], arg: str, value: Any) -> Dict[str, Any]:
+    out = dict(base)
+    out[arg] = value
+    return out
+
+
+# ---------------------------------------------------------------- KVCache(placement=, layer_cells=)
+
+TYPE_NAMES = ["f32", "f16", "bf16", "i32", "q8_0", "q4_0", "F16", "f64", 17, -1]
+CACHE_ARGS = ["type_k", "type_v", "head_dim", "n_head_kv", "n_ctx", "n_stream", "n_layer", "v_trans", "placement",
+              "layer_cells"]
+#: What else a message may call an argument.
+CACHE_NAMES = {"n_layer": ("layers",), "n_stream": ("streams",), "placement": ("placement",),
+               "layer_cells": ("cells",)}
+
+
+def placement_entry(i: int, dev: ferry.Backend) -> Any:
+    return [None, dev, ferry.CPUBackend(), ferry.DummyBackend(), ferry.DummyBackend(real_memory=True), "dev",
+            dev.buffer_type][i]
+
+
+@st.composite
+def cache_change(draw: st.DrawFn) -> Tuple[str, Any]:
+    arg = draw(st.sampled_from(CACHE_ARGS))
+    if arg in ("type_k", "type_v"):
+        value = draw(st.one_of(st.sampled_from(TYPE_NAMES), junk()))
+    elif arg == "v_trans":
+        value = draw(st.one_of(st.booleans(), junk()))
+    elif arg == "placement":
+        value = draw(st.one_of(st.lists(st.integers(0, 6), max_size=4), junk()))
+        if isinstance(value, list) and all(isinstance(x, int) for x in value):
+            value = ("entries", value)
+    elif arg == "layer_cells":
+        value = draw(st.one_of(st.lists(st.one_of(st.none(), ints(-2, 20), junk()), max_size=4), junk()))
+    else:
+        value = draw(st.one_of(ints(), junk()))
+    return arg, value
+
+
+@settings(max_examples=400 * SCALE, **SETTINGS)
+@given(cache_change())
+@example(("type_k", None))  # refused naming type_k, not "type: expected an integer"
+@example(("type_v", "q8_0"))  # head_dim 16 is no whole q8_0 block: the message names type_v
+def test_kv_cache_with_placement(change: Tuple[str, Any]) -> None:
+    """A cache of any arguments, layers on a stand-in device among them: made, reading zeros where it
+    was placed, or refused naming the argument, with none of the device's memory kept."""
+    arg, value = change
+    dev = ferry.StandinBackend(memory=1 << 20)
+    host = ferry.StandinBackend(memory=1 << 22)  # the cache's own memory, of a budget: no huge one is touched
+    if isinstance(value, tuple) and value[:1] == ("entries",):
+        value = [placement_entry(i, dev) for i in value[1]]
+    base = dict(type_k="f16", type_v="f16", head_dim=16, n_head_kv=2, n_ctx=32, n_stream=2, n_layer=3,
+                v_trans=False, placement=[None, dev, None], layer_cells=[None, 8, 0], backend=host)
+    free = dev.memory().free
+    kv, err = outcome(lambda: ferry.KVCache(**changed(base, arg, value)), (arg,) + CACHE_NAMES.get(arg, ()))
+    if kv is None:
+        assert dev.memory().free == free, "a refused cache kept device memory"
+        return
+    p = kv.params
+    for layer in range(p.n_layer):
+        for which in ("k", "v"):
+            assert not any(kv.get_stream(which, layer, p.n_stream - 1)), (which, layer)  # a new cache reads zeros
+    where = base["placement"] if arg != "placement" else value
+    if where is not None:
+        assert all(got is (None if w is None else w) for got, w in zip(kv.placement, where))
+    kv.close()
+    assert dev.memory().free == free
+
+
+# ---------------------------------------------------------------- KVCache.from_arrays
+
+ARRAY_ARGS = ["k_layers", "v_layers", "n_stream", "v_trans", "type_k", "type_v", "n_head_kv", "n_ctx"]
+ARRAY_NAMES = {"k_layers": ("K layers",), "v_layers": ("V layers",)}
+
+
+def bad_array(kind: int) -> Any:
+    """An array from_arrays may refuse (or, for a few, take): each of another kind than the base's."""
+    a = np.full((2, 8, 32), 3.0, np.float16)
+    ro = a.copy()
+    ro.flags.writeable = False
+    return [a.astype(np.float32), a.astype(np.int32), a.view(np.uint8), a.astype(np.float64),
+            np.full((2, 16, 32), 1, np.float16)[:, ::2], np.full((2, 8, 64), 1, np.float16)[:, :, :32],
+            np.full((2, 9, 32), 1, np.float16), np.full((3, 8, 32), 1, np.float16), a[0].copy(), a[None].copy(),
+            ro, np.full((2, 4, 32), 2, np.float16), np.full((2, 8, 16), 2, np.float16), None, "x", [1.0, 2.0],
+            a.copy()][kind]
+
+
+@st.composite
+def arrays_change(draw: st.DrawFn) -> Tuple[str, Any]:
+    arg = draw(st.sampled_from(ARRAY_ARGS))
+    if arg in ("k_layers", "v_layers"):
+        value = draw(st.one_of(
+            st.tuples(st.just("replace"), st.integers(0, 1), st.integers(0, 16)),
+            st.tuples(st.just("length"), st.integers(0, 3)),
+            junk()))
+    elif arg == "v_trans":
+        value = draw(st.one_of(st.booleans(), junk()))
+    elif arg in ("type_k", "type_v"):
+        value = draw(st.one_of(st.none(), st.sampled_from(TYPE_NAMES), junk()))
+    elif arg == "n_ctx":
+        value = draw(st.one_of(st.none(), ints(-2, 40), junk()))
+    else:
+        value = draw(st.one_of(ints(-2, 5), junk()))
+    return arg, value
+
+
+@settings(max_examples=500 * SCALE, **SETTINGS)
+@given(arrays_change())
+@example(("k_layers", ("replace", 1, 0)))  # a later layer of another type: refused, not read as the first's
+@example(("v_layers", ("replace", 0, 9)))  # a 4-D array
+def test_from_arrays(change: Tuple[str, Any]) -> None:
+    """A cache over the caller's arrays: made, reading the arrays' bytes, or refused naming the
+    argument (the array: k_layers[i]); the arrays hold what they held either way."""
+    arg, value = change
+    ks = [np.full((2, 8, 32), 1.0 + i, np.float16) for i in range(2)]
+    vs = [np.full((2, 8, 32), -1.0 - i, np.float16) for i in range(2)]
+    base: Dict[str, Any] = dict(k_layers=ks, v_layers=vs, n_stream=2, v_trans=False, type_k=None, type_v=None,
+                                n_head_kv=2, n_ctx=None)
+    if isinstance(value, tuple) and value[:1] == ("replace",):
+        layers = list(base[arg])
+        layers[value[1]] = bad_array(value[2])
+        value = layers
+    elif isinstance(value, tuple) and value[:1] == ("length",):
+        value = [np.full((2, 8, 32), 5.0, np.float16) for _ in range(value[1])]
+    args = changed(base, arg, value)
+    arrays = [a for key in ("k_layers", "v_layers") if isinstance(args[key], list)
+              for a in args[key] if isinstance(a, np.ndarray)]
+    before = [a.copy() for a in arrays]
+    kv, _ = outcome(lambda: ferry.KVCache.from_arrays(**args), (arg,) + ARRAY_NAMES.get(arg, ()))
+    assert all(np.array_equal(a, b) for a, b in zip(arrays, before)), "the caller's arrays were written"
+    if kv is not None:
+        for layer, (k, v) in enumerate(zip(args["k_layers"], args["v_layers"])):
+            assert kv.get_stream("k", layer, 1) == np.ascontiguousarray(k[1]).tobytes()
+            assert kv.get_stream("v", layer, 0) == np.ascontiguousarray(v[0]).tobytes()
+
+
+# ---------------------------------------------------------------- KVCache.set_stream
+
+STREAM_ARGS = ["which", "layer", "stream", "data"]
+
+
+@st.composite
+def stream_change(draw: st.DrawFn) -> Tuple[str, Any]:
+    arg = draw(st.sampled_from(STREAM_ARGS))
+    if arg == "which":
+        value = draw(st.one_of(st.sampled_from(["k", "v", "K", "kv", ""]), junk()))
+    elif arg == "data":
+        value = draw(st.one_of(st.tuples(st.just("data"), st.integers(0, 8)), junk()))
+    else:
+        value = draw(st.one_of(ints(-2, 3), junk()))
+    return arg, value
+
+
+def stream_data(kind: int) -> Any:
+    """Data for one stream of a [8 cells, 32] f32 layer, of the right size or not."""
+    good = np.arange(8 * 32, dtype=np.float32).reshape(8, 32)
+    return [good, good.reshape(-1), good.tobytes(), good.astype(np.float16), good[:4], good.tobytes()[:-4],
+            good.tobytes() + b"xxxx", good.T, bytearray(good.tobytes())][kind]
+
+
+@settings(max_examples=150 * SCALE, **SETTINGS)
+@given(stream_change())
+@example(("data", ("data", 7)))  # a transposed view of the right shape's values
+def test_set_stream(change: Tuple[str, Any]) -> None:
+    """One stream written, exactly, or the write refused naming the argument and the cache left as it was."""
+    arg, value = change
+    if isinstance(value, tuple) and value[:1] == ("data",):
+        value = stream_data(value[1])
+    kv = ferry.KVCache("f32", "f32", 32, 1, 16, 2, n_layer=2)
+    for layer in range(2):
+        for which in ("k", "v"):
+            for s in range(2):
+                kv.set_stream(which, layer, s, np.full((8, 32), 10 * layer + s + (which == "v") * 0.5, np.float32))
+    before = {(w, layer, s): kv.get_stream(w, layer, s) for w in "kv" for layer in range(2) for s in range(2)}
+    args = changed(dict(which="v", layer=1, stream=0, data=stream_data(0)), arg, value)
+    names = {"which": ("which",), "layer": ("layer",), "stream": ("stream",), "data": ("data", "bytes", "dtype")}[arg]
+    _, err = outcome(lambda: kv.set_stream(**args), names)
+    after = {key: kv.get_stream(*key) for key in before}
+    if err is not None:
+        assert after == before, "a refused set_stream wrote"
+        return
+    key = (args["which"], args["layer"] % 2, args["stream"] % 2)
+    assert after[key] == stream_data(0).tobytes()
+    assert all(after[k] == before[k] for k in before if k != key)
+
+
+# ---------------------------------------------------------------- attention_step
+
+STEP_ARGS = ["sched", "backend", "windows", "q", "kv_len", "v_trans"]
+STEP_NAMES = {"sched": ("sched", "Scheduler", "assign"), "backend": ("backend", "Backend"),
+              "windows": ("windows", "n_kv", "stream", "window"), "q": ("q", "queries"), "kv_len": ("kv_len",),
+              "v_trans": ("v_trans",)}
+
+
+@st.composite
+def step_change(draw: st.DrawFn) -> Tuple[bool, bool, str, Any]:
+    v_trans = draw(st.booleans())
+    fast = draw(st.booleans())
+    arg = draw(st.sampled_from(STEP_ARGS))
+    if arg == "windows":
+        value = draw(st.one_of(st.tuples(st.just("windows"), ints(-1, 20), ints(-1, 2), st.none() | ints(-1, 2)),
+                               st.tuples(st.just("pairs"), st.integers(0, 4)), junk()))
+    elif arg in ("backend", "sched", "q", "kv_len"):
+        value = draw(st.one_of(st.tuples(st.just(arg), st.integers(0, 4)), junk()))
+    else:
+        value = draw(st.one_of(st.none(), st.booleans(), junk()))
+    return v_trans, fast, arg, value
+
+
+@settings(max_examples=300 * SCALE, **SETTINGS)
+@given(step_change())
+@example((True, False, "v_trans", False))  # a transposed cache's windows read as not transposed
+@example((True, True, "v_trans", False))
+@example((False, False, "windows", ("pairs", 3)))  # a str of two letters for a (K, V) pair
+def test_attention_step(case: Tuple[bool, bool, str, Any]) -> None:
+    """A step of two layers: built (and run, to the base step's bytes when only v_trans changed), or
+    refused naming the argument with nothing assigned on the scheduler."""
+    v_trans, fast, arg, value = case
+    cpu = ferry.CPUBackend()
+    kv = ferry.KVCache("f32", "f32", 16, 2, 32, 2, n_layer=2, v_trans=v_trans)
+    rng = np.random.default_rng(3)
+    for layer in range(2):
+        for which in ("k", "v"):
+            for s in range(2):
+                kv.set_stream(which, layer, s, rng.uniform(-1, 1, 16 * 32).astype(np.float32))
+    q = [ferry.Tensor.from_numpy(cpu, rng.uniform(-1, 1, (2, 1, 4, 16)).astype(np.float32)) for _ in range(2)]
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array([16, 5], np.int32))
+    sched = ferry.Scheduler([cpu])
+    windows: Any = kv.windows(16) if fast else [kv.window(layer, 16) for layer in range(2)]
+    base: Dict[str, Any] = dict(sched=sched, backend=cpu, windows=windows, q=q, kv_len=kv_len, v_trans=None)
+    want = run_step(sched, ferry.attention_step(**base))
+    sched.clear_assignments()
+    if isinstance(value, tuple) and value[:1] == ("windows",):
+        value, _ = outcome(lambda: kv.windows(*value[1:]), ("n_kv", "s0", "s1"))
+        if value is None:
+            return
+    elif isinstance(value, tuple) and value[:1] == ("pairs",):
+        value = [[kv.window(0, 16), kv.window(1, 16)], [kv.window(0, 16)], [kv.window(0, 16), (q[0], q[1])],
+                 [kv.window(0, 16), "kv"], [kv.window(0, 8), kv.window(1, 8)]][value[1]]
+    elif isinstance(value, tuple) and value[:1] == (arg,):
+        value = {"backend": lambda i: [cpu, ferry.CPUBackend(), [cpu, cpu], [cpu], [cpu, "cpu"]][i],
+                 "sched": lambda i: [sched, ferry.Scheduler([ferry.CPUBackend()]), "sched", cpu, None][i],
+                 "q": lambda i: [q, q[:1], q + q, [q[0], kv_len], [q[0], ferry.Tensor.from_numpy(
+                     cpu, np.zeros((2, 1, 4, 16), np.float16))]][i],
+                 "kv_len": lambda i: [kv_len, q[0], ferry.Tensor.from_numpy(cpu, np.array([1], np.int32)),
+                                      ferry.Tensor.from_numpy(cpu, np.array([1.0, 2.0], np.float32)),
+                                      ferry.Tensor.from_numpy(cpu, np.array([99, -3], np.int32))][i]}[arg](value[1])
+    args = changed(base, arg, value)
+    outs, err = outcome(lambda: ferry.attention_step(**args), STEP_NAMES[arg])
+    on = args["sched"] if isinstance(args["sched"], ferry.Scheduler) else sched
+    if err is not None:
+        assert on.n_assigned == 0 and sched.n_assigned == 0, "a refused step assigned outputs"
+        return
+    got = run_step(on, outs)
+    if arg == "v_trans":
+        assert got == want  # the layout is the cache's whatever v_trans says, or the step is refused
+
+
+def run_step(sched: ferry.Scheduler, outs: List[ferry.Tensor]) -> List[bytes]:
+    graph = ferry.step_graph(outs)
+    sched.alloc(graph)
+    sched.compute(graph)
+    return [t.get() for t in outs]
+
+
+# ---------------------------------------------------------------- ferry.residency
+
+PLANS: Dict[str, Callable[..., Any]] = {
+    "predict_step": predict_step, "plan_residency": plan_residency, "plan_auto": plan_auto,
+    "plan_first": plan_first, "plan_round_robin": plan_round_robin, "plan_slowest_link": plan_slowest_link}
+PLAN_NAMES = {"layers": ("layer",), "devices": ("device",), "layer_device": ("on device",), "strategy": (),
+              "resident": (), "prefetch": (), "max_layers": ()}
+
+
+def plan_base(fn: str) -> Dict[str, Any]:
+    layers = [LayerCost((4096, 4096), 16384), LayerCost((1024, 1024), 4096), LayerCost((4096, 4096), 16384)]
+    devices = [DeviceSpec(2.0, 5.0, 1e-3, memory=1 << 20, name="fast"), DeviceSpec(0.5, 0.0, (1e-3,) * 3)]
+    base: Dict[str, Any] = dict(layers=layers, devices=devices, layer_device=[0, 0, 1], prefetch=1)
+    if fn == "predict_step":
+        base["resident"] = [True, False, True]
+    else:
+        base["max_layers"] = None
+    if fn == "plan_residency":
+        base["strategy"] = "auto"
+    return base
+
+
+@st.composite
+def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
+    fn = draw(st.sampled_from(sorted(PLANS)))
+    arg = draw(st.sampled_from(sorted(plan_base(fn))))
+    items = {"layers": st.sampled_from([LayerCost((1,), 0), "layer", None, DeviceSpec(1.0)]),
+             "devices": st.sampled_from([DeviceSpec(1e-3, memory=0), DeviceSpec(1.0, compute_s=(1.0,)), "dev", None,
+                                         LayerCost((1,), 1)]),
+             "layer_device": st.one_of(ints(-1, 3), junk()), "resident": st.one_of(st.booleans(), junk())}
+    if arg in items:
+        value = draw(st.one_of(st.lists(items[arg], max_size=4), junk()))
+    elif arg == "strategy":
+        value = draw(st.one_of(st.sampled_from(["auto", "first", "round-robin", "slowest-link", "AUTO"]), junk()))
+    else:
+        value = draw(st.one_of(st.none(), ints(-2, 4), junk()))
+    return fn, arg, value
+
+
+@settings(max_examples=600 * SCALE, **SETTINGS)
+@given(plan_change())
+@example(("predict_step", "resident", None))
+@example(("plan_auto", "layers", None))
+@example(("predict_step", "layer_device", 3))
+@example(("plan_residency", "strategy", []))
+def test_plans_and_predictions(case: Tuple[str, str, Any]) -> None:
+    """Each plan and prediction of three layers on two devices, one argument changed: a plan or a
+    prediction, or a refusal naming the argument (a plan that does not fit names the device)."""
+    fn, arg, value = case
+    args = changed(plan_base(fn), arg, value)
+    result, err = outcome(lambda: PLANS[fn](**args), (arg,) + PLAN_NAMES[arg] + ("does not fit", "no layer fits"))
+    if result is None:
+        return
+    pred = result if fn == "predict_step" else result.prediction
+    assert math.isfinite(pred.step_seconds) and pred.step_seconds >= 0
+    assert len(pred.memory) == len(args["devices"])
+
+
+SPEC_FIELDS = ["link_gbps", "latency_us", "compute_s", "memory", "reserve", "name"]
+COST_FIELDS = ["transfers", "resident_bytes", "staging_bytes"]
+
+
+@st.composite
+def spec_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
+    cls = draw(st.sampled_from(["DeviceSpec", "LayerCost"]))
+    field = draw(st.sampled_from(SPEC_FIELDS if cls == "DeviceSpec" else COST_FIELDS))
+    if field in ("compute_s", "transfers"):
+        value = draw(st.one_of(numbers(), st.lists(st.one_of(numbers(), ints(), junk()), max_size=4), junk()))
+    elif field in ("memory", "reserve", "resident_bytes", "staging_bytes"):
+        value = draw(st.one_of(ints(-2, 2**20), numbers(), junk()))
+    elif field == "name":
+        value = draw(st.one_of(st.text(max_size=4), junk()))
+    else:
+        value = draw(st.one_of(numbers(), junk()))
+    return cls, field, value
+
+
+@settings(max_examples=400 * SCALE, **SETTINGS)
+@given(spec_change())
+@example(("DeviceSpec", "link_gbps", "fast"))  # refused where it is given, not by a TypeError inside the model
+@example(("DeviceSpec", "compute_s", ()))  # no compute time for any layer
+@example(("DeviceSpec", "link_gbps", 5e-324))  # a step of forever: inf, not an error
+def test_device_spec_and_layer_cost(case: Tuple[str, str, Any]) -> None:
+    """A DeviceSpec or LayerCost of any field: one predict_step takes, or refused where it is made,
+    naming the field."""
+    cls, field, value = case
+    if cls == "DeviceSpec":
+        made, _ = outcome(lambda: DeviceSpec(**changed(dict(link_gbps=1.0), field, value)), (field,))
+        spec, layers = made, [LayerCost((4096,), 8192)]
+        if made is not None and not isinstance(made.compute_s, float):
+            layers = layers * len(made.compute_s)
+    else:
+        made, _ = outcome(lambda: LayerCost(**changed(dict(transfers=(4096,), resident_bytes=8192), field, value)),
+                          (field,))
+        spec, layers = DeviceSpec(1.0), [made]
+    if made is None:
+        return
+    pred = predict_step(layers, [spec], [False] * len(layers))  # what was made, the model takes
+    assert pred.step_seconds >= 0  # not NaN; a link of 5e-324 GB/s takes forever (inf), honestly
+
+
+# ---------------------------------------------------------------- StandinBackend and measure_link
+
+STANDIN_ARGS = ["link_gbps", "latency_us", "memory", "compute_slowdown"]
+
+
+@settings(max_examples=300 * SCALE, **SETTINGS)
+@given(st.sampled_from(STANDIN_ARGS), st.one_of(numbers(), ints(), junk()))
+def test_standin_backend(arg: str, value: Any) -> None:
+    """A stand-in device of any figure: made, telling back what it was given, or refused naming it."""
+    dev, _ = outcome(lambda: ferry.StandinBackend(**{arg: value}), (arg,))
+    if dev is None:
+        return
+    told = {"link_gbps": dev.link_gbps, "latency_us": dev.latency_us, "memory": dev.memory_size,
+            "compute_slowdown": dev.compute_slowdown}[arg]
+    if value is None or value == 0:
+        assert told in (None, 0.0, 1.0)
+    else:
+        assert told == value
+
+
+LINK_ARGS = ["device", "pinned", "nbytes", "repeats"]
+
+
+@st.composite
+def link_change(draw: st.DrawFn) -> Tuple[str, Any]:
+    arg = draw(st.sampled_from(LINK_ARGS))
+    if arg == "device":
+        value = draw(st.one_of(st.sampled_from(["cpu", "dummy", "closed"]), junk()))
+    elif arg == "pinned":
+        value = draw(st.one_of(st.booleans(), junk()))
+    elif arg == "nbytes":
+        value = draw(st.one_of(ints(-2, 1 << 16), st.sampled_from([1 << 20, (1 << 20) + 4, 2**62]), junk()))
+    else:  # a valid count takes that many copies: no huge ones
+        value = draw(st.one_of(st.integers(-3, 3), st.sampled_from([None, "2", 1.0, float("nan"), -(2**64)])))
+    return arg, value
+
+
+@settings(max_examples=200 * SCALE, **SETTINGS)
+@given(link_change())
+@example(("nbytes", 2**63))  # a size no buffer can have: refused naming nbytes
+def test_measure_link(change: Tuple[str, Any]) -> None:
+    """A link measured, or the measurement refused naming the argument, with nothing of the device's
+    memory kept and nothing carried over its link."""
+    arg, value = change
+    dev = ferry.StandinBackend(memory=1 << 20)
+    if arg == "device" and value in ("cpu", "dummy", "closed"):
+        value = {"cpu": ferry.CPUBackend, "dummy": ferry.DummyBackend, "closed": ferry.StandinBackend}[value]()
+        if isinstance(value, ferry.StandinBackend):
+            value.close()
+    args = changed(dict(device=dev, pinned=False, nbytes=4096, repeats=1), arg, value)
+    free = dev.memory().free
+    got, err = outcome(lambda: ferry.measure_link(**args), (arg,) + (("backend", "Backend") if arg == "device" else ()))
+    assert dev.memory().free == free
+    if err is not None:
+        assert dev.link_stats.bytes == 0, "a refused measurement copied"
+        return
+    assert got.nbytes == args["nbytes"] // 4 * 4 and len(got.times) == args["repeats"] and got.gbps > 0
+
+
+# ---------------------------------------------------------------- the backends' documentation
+
+
+@pytest.mark.parametrize("cls", [ferry.CPUBackend, ferry.StandinBackend, ferry.DummyBackend, ferry.CUDABackend])
+def test_a_backend_constructor_documents_its_parameters(cls: type) -> None:
+    """help(StandinBackend.__init__) tells a user what to pass: each parameter, and what is raised; not
+    the base class's internal constructor."""
+    import inspect
+
+    doc = inspect.getdoc(cls.__init__) or ""
+    assert not doc.startswith("Internal"), doc
+    params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    for p in params:
+        assert f"{p} :" in doc, (cls.__name__, p)
+    assert "Raises\n------" in doc
