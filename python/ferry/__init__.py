@@ -1,44 +1,30 @@
 """ferry: copy the ranges of a multi-stream KV-cache window, not the span.
 
-Python objects over the C library, in layers that import downward only:
+The face (ferry.__all__, listed with a line each in docs/api.md): errors (FerryError, a subclass
+per C status, with C's message); element types (Type, to_type, row_size) and their values
+(quantize, dequantize); Tensor (ggml's order: ne[0] fastest, byte strides nb) and the memory
+it lives in (Buffer, BufferType); backends (CPUBackend, StandinBackend: a GPU's stand-in on a
+link and with a memory you give it, DummyBackend, CUDABackend), events and measure_link; Graph
+and GraphAllocator; copy policies and 2-D copies; the Scheduler, the KVCache and a decode step
+(attention_step, StepGraph, layer_split); from_array for numpy, PyTorch and CuPy arrays without
+copies.
 
-- the basics over the binding (ferry._binding, the cffi ffi and lib, which this face does not
-  export): errors (FerryError, a subclass per C status, with the C message), element types,
-  the counters (Stats, CopyStats, SchedStats), copy policies, Copy2D;
-- Tensor (ggml order: ne[0] fastest, byte strides nb);
-- buffers and backends: Buffer, BufferType, CPUBackend, StandinBackend (a GPU's stand-in,
-  on a link and with a memory size you give it), DummyBackend, CUDABackend, Event; what a
-  backend's memory holds (Backend.memory: MemoryInfo) and how fast its link is
-  (measure_link: LinkMeasurement; a stand-in's LinkStats);
-- ops, functions as ggml's are (add, mul, scale, dup, concat, pad, mean, attn_decode; a + b and
-  a * b for add and mul), Graph, GraphAllocator;
-- copy plans and their cost (plan_copy, plan_of, CopyCostModel), the copy path;
-- the Scheduler, KVCache with its windows, and StepGraph (a decode step's graph, reused
-  while its shape holds);
-- numpy, PyTorch and CuPy without copies: tensors export themselves (ferry.export: array
-  interface, DLPack, CUDA array interface; Tensor.raw), from_array imports (ferry.interop),
-  and quantize / dequantize give values of every type (ferry.quant);
-- the workloads the command line runs, in ferry.workloads, one module per verb
-  (workloads.bench.run_bench, workloads.validate.run_validate, workloads.table.build_table,
-  workloads.plan.window_plan), each returning data and printing nothing: a sweep in Python
-  builds one ferry.workloads.bench.BenchConfig per point (its fields are `ferry bench`'s
-  options) and calls run_bench(cfg), whose BenchResult's rows carry each (npl, policy, cache)
-  figure; README.md shows one.
-
-The `ferry` command (ferry.cli) sits on top and is the only part that parses arguments or
-prints.
+Deeper, by module: the ops (ferry.ops), the copy path (ferry.copy_path), copy plans and their
+cost model (ferry.plan), where each layer's KV should live (ferry.residency), the counters
+(ferry.stats) and the workloads the command line runs (ferry.workloads: each returns data and
+prints nothing). The `ferry` command (ferry.cli) sits on top and is the only part that parses
+arguments or prints. Modules import downward only.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict
 
-from . import _binding, ops
-from .alloc import GraphAllocator, Placement
+from . import _binding, copy_path, ops, plan, residency
+from .alloc import GraphAllocator
 from .backend import Backend, CPUBackend, DummyBackend, StandinBackend
-from .buffer import BorrowedBuffer, Buffer, BufferType, cpu_buffer_type
+from .buffer import Buffer, BufferType, cpu_buffer_type
 from .copy2d import Copy2D
-from .copy_path import bytes_read, copy_input, copy_ranges_of
 from .cuda import CUDABackend, cuda_available, cuda_buffer_type, cuda_device_count, cuda_host_buffer_type
 from .errors import (
     BackendError,
@@ -53,50 +39,16 @@ from .errors import (
     UnsupportedError,
 )
 from .event import Event
-from .export import TensorBytes
 from .graph import Graph
-from .interop import ForeignBuffer, from_array
-from .kv import KVCache, KVParams, KVWindows
-from .link import LinkMeasurement, measure_link
-from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
-from .plan import (
-    CopyCostModel,
-    Explanation,
-    cost_model,
-    explain,
-    explain_tensor,
-    flat_cost,
-    layout_view,
-    plan_copy,
-    plan_cost,
-    plan_of,
-    plan_pays,
-)
+from .interop import from_array
+from .kv import KVCache
+from .link import measure_link
 from .policy import CopyPolicy
-from .quant import dequantize, pack_blocks, quantize
-from .residency import (
-    STRATEGIES,
-    DeviceSpec,
-    LayerCost,
-    PlanDoesNotFitError,
-    ResidencyPlan,
-    StepPrediction,
-    device_from_backend,
-    layers_from_geometry,
-    link_groups,
-    measure_compute,
-    plan_auto,
-    plan_first,
-    plan_residency,
-    plan_round_robin,
-    plan_slowest_link,
-    predict_step,
-)
-from .sched import Input, Scheduler, Split
-from .stats import KINDS, CopyStats, LinkStats, MemoryInfo, SchedStats, Stats
-from .step import StepGraph, StepOutputs, attention_step, layer_split, step_graph
+from .quant import dequantize, quantize
+from .sched import Scheduler
+from .step import StepGraph, attention_step, layer_split
 from .tensor import Tensor
-from .types import Type, numpy_dtype, row_size, to_type, type_from_dtype
+from .types import Type, row_size, to_type
 
 __version__ = _binding.ffi.string(_binding.lib.ferry_version()).decode()
 
@@ -124,31 +76,21 @@ __all__ = [
     # errors
     "FerryError", "InvalidArgumentError", "OutOfBoundsError", "NotAllocatedError", "LayoutError",
     "UnknownTypeError", "FreedBufferError", "OutOfMemoryError", "UnsupportedError", "BackendError",
-    "PlanDoesNotFitError",
     # element types and values
-    "Type", "to_type", "row_size", "numpy_dtype", "type_from_dtype", "quantize", "dequantize", "pack_blocks",
-    # counters
-    "Stats", "KINDS", "CopyStats", "SchedStats", "LinkStats", "MemoryInfo",
+    "Type", "to_type", "row_size", "quantize", "dequantize",
     # tensors and their memory
-    "Tensor", "Buffer", "BorrowedBuffer", "BufferType", "cpu_buffer_type", "cuda_buffer_type",
-    "cuda_host_buffer_type",
-    # backends and events; a device's memory and link
-    "Backend", "CPUBackend", "DummyBackend", "StandinBackend", "CUDABackend", "Event", "LinkMeasurement",
-    "measure_link",
-    # ops and graphs
-    "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "Graph", "GraphAllocator",
-    "Placement",
-    # copies of split inputs: policies, plans and their cost
-    "CopyPolicy", "Copy2D", "bytes_read", "copy_input", "copy_ranges_of", "CopyCostModel", "Explanation",
-    "plan_copy", "plan_of", "layout_view", "plan_cost", "flat_cost", "plan_pays", "cost_model", "explain",
-    "explain_tensor",
+    "Tensor", "Buffer", "BufferType", "cpu_buffer_type", "cuda_buffer_type", "cuda_host_buffer_type",
+    # backends and events; a device's link
+    "Backend", "CPUBackend", "DummyBackend", "StandinBackend", "CUDABackend", "Event", "measure_link",
+    # ops and graphs (the ops themselves: ferry.ops)
+    "ops", "Graph", "GraphAllocator",
+    # copies of split inputs: policies and 2-D copies (the copy path: ferry.copy_path; plans and their cost:
+    # ferry.plan)
+    "CopyPolicy", "Copy2D", "copy_path", "plan",
     # the scheduler, the KV cache and a decode step
-    "Scheduler", "Split", "Input", "KVCache", "KVParams", "KVWindows", "StepGraph", "StepOutputs",
-    "attention_step", "layer_split", "step_graph",
-    # where each layer's KV lives: the step's cost model, the planner and the named rules
-    "LayerCost", "DeviceSpec", "StepPrediction", "ResidencyPlan", "STRATEGIES", "predict_step", "plan_residency",
-    "plan_auto", "plan_first", "plan_round_robin", "plan_slowest_link", "link_groups", "layers_from_geometry",
-    "device_from_backend", "measure_compute",
+    "Scheduler", "KVCache", "attention_step", "layer_split", "StepGraph",
+    # where each layer's KV should live: the step's cost model, the planner and the rules (ferry.residency)
+    "residency",
     # numpy, PyTorch and CuPy without copies
-    "from_array", "ForeignBuffer", "TensorBytes",
+    "from_array",
 ]

@@ -21,8 +21,8 @@ from .graph import Graph
 from .tensor import Tensor
 
 
-class Placement(NamedTuple):
-    """Where a GraphAllocator put a tensor (GraphAllocator.placement).
+class Slot(NamedTuple):
+    """Where a GraphAllocator put a tensor (GraphAllocator.slot): a buffer type's chunk and the bytes in it.
 
     Attributes
     ----------
@@ -164,7 +164,7 @@ class GraphAllocator(Closeable):
             out.append(self._chunks[bid])
         return out
 
-    def placement(self, tensor: Tensor) -> Optional[Placement]:
+    def slot(self, tensor: Tensor) -> Optional[Slot]:
         """Where the last measured graph put a tensor.
 
         Parameters
@@ -174,10 +174,10 @@ class GraphAllocator(Closeable):
 
         Returns
         -------
-        Placement or None
+        Slot or None
             None for views and tensors it left alone.
         """
-        t = _checks.instance(tensor, Tensor, "placement")
+        t = _checks.instance(tensor, Tensor, "slot")
         vals = ffi.new("int[2]")
         sizes = ffi.new("size_t[2]")
         st = lib.ferry_gallocr_tensor_placement(self._p, t._p, vals, vals + 1, sizes, sizes + 1)
@@ -185,7 +185,7 @@ class GraphAllocator(Closeable):
             lib.ferry_clear_error()
             return None
         check(st)
-        return Placement(int(vals[0]), int(vals[1]), int(sizes[0]), int(sizes[1]))
+        return Slot(int(vals[0]), int(vals[1]), int(sizes[0]), int(sizes[1]))
 
     def _index(self, buffer_type: int) -> int:
         i = _checks.as_c_int(buffer_type, "buffer type index")

@@ -180,7 +180,12 @@ def _collect_after_gc(phase: str, info: Dict[str, Any]) -> None:
         _collect()
 
 
-gc.callbacks.append(_collect_after_gc)  # so a hold ends soon after its consumer, not at the next export
+def _collect_after_each_gc() -> None:
+    """From the first DLPack export on, collect after each garbage collection, so that a hold ends
+    soon after its consumer lets go, not at the next export (an import of ferry adds nothing to
+    the collector's work)."""
+    if _collect_after_gc not in gc.callbacks:
+        gc.callbacks.append(_collect_after_gc)
 
 
 _CAPSULE_NAME = b"dltensor"  # module constants: a capsule keeps a pointer to its name
@@ -246,6 +251,7 @@ def dlpack(t: "Tensor", raw: bool = False, stream: Any = None, max_version: Any 
     dl.byte_offset = 0
     key = int(ffi.cast("uintptr_t", managed))
     _live[key] = (managed, held)
+    _collect_after_each_gc()
     try:
         return _capsule_new(key, _VERSIONED_NAME if versioned else _CAPSULE_NAME, _DESTRUCTOR)
     except BaseException:

@@ -33,7 +33,7 @@ class Graph:
     ----------
     *outputs : Tensor, or list or tuple of Tensor
         The outputs, in order; a list stands for its tensors (Graph(attention_step(...)) is the
-        graph of a step's outputs; ferry.step_graph gives the one the step built already).
+        graph of a step's outputs; its StepOutputs.graph is the one the step built already).
 
     Raises
     ------

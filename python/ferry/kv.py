@@ -24,7 +24,7 @@ from .ops import mark_v_window
 from .tensor import Tensor
 from .types import Type, TypeLike, row_size, to_type
 
-#: The K and V types attention reads (ferry.attn_decode): what a cache over arrays may hold. A KVCache
+#: The K and V types attention reads (ferry.ops.attn_decode): what a cache over arrays may hold. A KVCache
 #: of its own memory may hold any type, for layouts and copies without attention (a dry run's plan).
 ATTENTION_TYPES: Tuple[Type, ...] = (Type.F32, Type.F16, Type.Q8_0)
 

@@ -1,8 +1,8 @@
 """Copy plans: the fewest 2-D copies that move exactly the bytes a view reads, and what they cost.
 
-plan_copy(type, ne, nb, offset) plans a view given by its layout alone (metadata only:
-nothing is allocated); plan_of(tensor) plans an existing view. Both return Copy2D rows
-with offsets from the first byte of the view's source, as ferry_copy_plan computes them
+plan_copy(tensor) plans an existing view, plan_copy(type, ne, nb, offset) a view given by its
+layout alone (metadata only: nothing is allocated). Both return Copy2D rows with offsets from
+the first byte of the view's source, as ferry_copy_plan computes them
 (lib/src/copy-plan.c). CopyCostModel is ferry_copy_cost_model; plan_cost, flat_cost and
 plan_pays are the rule the plan copy policy uses to choose between the plan and flat.
 explain() says in words how the planner reduces a layout to its copies.
@@ -37,28 +37,8 @@ def _c_plan(t: Tensor) -> List[Copy2D]:
     return [Copy2D.from_c(c) for c in copies[0:n[0]]]
 
 
-def plan_of(tensor: Tensor) -> List[Copy2D]:
-    """The copy plan of a tensor: the fewest 2-D copies that move exactly the bytes it reads.
-
-    Parameters
-    ----------
-    tensor : Tensor
-        A view or not.
-
-    Returns
-    -------
-    list of Copy2D
-        Offsets from the first byte of its root (the tensor whose memory it reads); [] for an
-        empty tensor.
-
-    Raises
-    ------
-    InvalidArgumentError
-        For anything but a Tensor.
-    UnsupportedError
-        For a view whose rows tangle over more than 2^20 rows (the copy path copies the span then).
-    """
-    t = _checks.instance(tensor, Tensor, "plan_of")
+def _plan_of(t: Tensor) -> List[Copy2D]:
+    """plan_copy of a tensor: offsets from the first byte of its root."""
     base = t.offset
     return [c._replace(offset=c.offset + base) for c in _c_plan(t)]
 
@@ -150,28 +130,34 @@ def _source_for(ty: Any, off: int, ne: Sequence[int], nb: Sequence[int], name: s
     return Tensor.new(ty, [blocks * blck], name=f"{name}_src")
 
 
-def plan_copy(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int = 0) -> List[Copy2D]:
-    """The copies that move exactly the bytes a view of this layout reads, each byte once.
+def plan_copy(view: Union[Tensor, TypeLike], ne: Optional[Sequence[int]] = None, nb: Optional[Sequence[int]] = None,
+              offset: int = 0) -> List[Copy2D]:
+    """The copy plan of a view: the fewest 2-D copies that move exactly the bytes it reads, each byte once.
 
     Nothing is allocated.
 
     Parameters
     ----------
-    type : Type, str or int
-    ne : sequence of int
-        1 to 4 values per dimension, ne[0] fastest.
-    nb : sequence of int
-        Byte strides.
+    view : Tensor, or Type, str or int
+        A tensor (a view or not: ne, nb and offset are its own), or the type of a layout given by ne
+        and nb.
+    ne : sequence of int, optional
+        With a type: 1 to 4 values per dimension, ne[0] fastest.
+    nb : sequence of int, optional
+        With a type: byte strides.
     offset : int, optional
-        Where the view starts in its source.
+        With a type: where the view starts in its source.
 
     Returns
     -------
     list of Copy2D
-        Offsets from the first byte of the view's source.
+        Offsets from the first byte of the view's source (a tensor's root: the tensor whose memory
+        it reads); [] for an empty view.
 
     Raises
     ------
+    InvalidArgumentError
+        For a tensor with ne, nb or offset beside it, or a type without them; negative numbers.
     UnknownTypeError
     LayoutError
         ne[0] not whole blocks, or a layout no ferry view has.
@@ -182,7 +168,14 @@ def plan_copy(type: TypeLike, ne: Sequence[int], nb: Sequence[int], offset: int 
     UnsupportedError
         Rows tangled over more than 2^20 rows: copy the span instead.
     """
-    return plan_of(layout_view(type, ne, nb, offset))
+    if isinstance(view, Tensor):
+        if ne is not None or nb is not None or offset:
+            raise InvalidArgumentError("plan_copy: a tensor's layout is its own: give the tensor alone, or a type "
+                                       "with ne and nb")
+        return _plan_of(view)
+    if ne is None or nb is None:
+        raise InvalidArgumentError("plan_copy: a type needs ne and nb (or give a Tensor)")
+    return _plan_of(layout_view(view, ne, nb, offset))
 
 
 # ---------------------------------------------------------------- cost
@@ -428,18 +421,39 @@ def _names(dims: Sequence[int]) -> str:
     return ("dim " if len(dims) == 1 else "dims ") + ",".join(str(d) for d in dims)
 
 
-def explain_tensor(tensor: Tensor) -> Explanation:
-    """explain() for an existing tensor's layout."""
-    t = _checks.instance(tensor, Tensor, "explain")
-    return explain(t.type, t.ne, t.nb)
+def explain(view: Union[Tensor, TypeLike], ne: Optional[Sequence[int]] = None,
+            nb: Optional[Sequence[int]] = None) -> Explanation:
+    """Say how the planner reduces a layout: dimensions that add no bytes are dropped, those whose
+    stride is within the row merge into it, evenly spaced pairs fold into one, and what is left is
+    one 2-D copy per index of all but the dimension with the most rows (when they nest) or is
+    enumerated as intervals (when they tangle). Same rules as copy-plan.c.
 
+    Parameters
+    ----------
+    view : Tensor, or Type, str or int
+        A tensor (its ne and nb), or the type of a layout given by ne and nb.
+    ne, nb : sequence of int, optional
+        With a type: the layout.
 
-def explain(type: TypeLike, ne: Sequence[int], nb: Sequence[int]) -> Explanation:
-    """Say how the planner reduces this layout: dimensions that add no bytes are dropped, those
-    whose stride is within the row merge into it, evenly spaced pairs fold into one, and what
-    is left is one 2-D copy per index of all but the dimension with the most rows (when they
-    nest) or is enumerated as intervals (when they tangle). Same rules as copy-plan.c."""
-    ty = to_type(type)
+    Returns
+    -------
+    Explanation
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a tensor with ne or nb beside it, or a type without them.
+    LayoutError
+        For ne[0] not whole blocks.
+    """
+    if isinstance(view, Tensor):
+        if ne is not None or nb is not None:
+            raise InvalidArgumentError("explain: a tensor's layout is its own: give the tensor alone, or a type "
+                                       "with ne and nb")
+        ne, nb, view = view.ne, view.nb, view.type
+    elif ne is None or nb is None:
+        raise InvalidArgumentError("explain: a type needs ne and nb (or give a Tensor)")
+    ty = to_type(view)
     shape = _checks.as_shape(ne, "explain: ne")
     strides = _checks.as_strides(nb, len(shape), "explain")
     unit, blck = ty.size, ty.blck_size

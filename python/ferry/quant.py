@@ -8,18 +8,17 @@ through their methods, importing neither.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from . import _checks, _pybuffer
 from ._binding import ffi, lib
-from .errors import InvalidArgumentError, OutOfBoundsError, OutOfMemoryError, UnsupportedError, check
-from .types import Type, TypeLike, array_dtype, to_type, type_of_dtype
+from .errors import InvalidArgumentError, OutOfBoundsError, check
+from .types import Type, TypeLike, array_dtype, to_type
 
 if TYPE_CHECKING:
-    from .backend import Backend
-    from .tensor import Tensor
+    pass
 
 
 def value_dtype(ty: TypeLike) -> np.dtype:
@@ -139,65 +138,3 @@ def dequantize(data: Any, type: TypeLike, n: Optional[int] = None) -> np.ndarray
         out = np.empty(max(n, 0), np.float32)
         check(lib.ferry_dequantize(ty.value, d.ptr, d.nbytes, n, ffi.from_buffer("float[]", out)))
     return out
-
-
-def strides_of(t: "Tensor") -> Tuple[int, ...]:
-    """t's byte strides in numpy order (all 4 dimensions), 0 for a dimension of one index or none:
-    it is never stepped, C accepts any stride there, and numpy refuses one past its index type."""
-    return tuple(s if n > 1 else 0 for n, s in zip(reversed(t.ne), reversed(t.nb)))
-
-
-# ------------------------------------------------------------ tensors: to_numpy and from_numpy
-
-
-def to_numpy(t: "Tensor") -> np.ndarray:
-    """t's values as a new array shaped reversed ne (strided views give their own values, gaps
-    skipped): f32, f16, i32, bf16 (ml_dtypes.bfloat16) as they are, q8_0 and q4_0 dequantized
-    to float32."""
-    ty = t.type
-    shape = tuple(reversed(t.ne[: t.ndim]))
-    dtype = value_dtype(ty)
-    try:
-        if t.nelements == 0:
-            t.get(0, 0)  # still refuses an unallocated or freed tensor
-            return np.zeros(shape, dtype)
-        raw = _pybuffer.new_bytes(t.nbytes, "to_numpy")
-        t.readinto(raw)
-        elem = array_dtype(ty)
-        if elem is not None:
-            if t.is_contiguous:
-                return np.frombuffer(raw, elem).reshape(shape)
-            return np.ndarray(shape, elem, buffer=raw, strides=strides_of(t)[::-1][: t.ndim][::-1]).copy()
-        # block types: each row of ne[0] values is ne[0]/blck blocks of type_size bytes at nb[0]
-        ne = t.ne
-        blocks = np.ndarray((ne[3], ne[2], ne[1], ne[0] // ty.blck_size, ty.size), np.uint8, buffer=raw,
-                            strides=strides_of(t) + (1,))
-        values = dequantize(np.ascontiguousarray(blocks), ty, t.nelements)
-        return values.reshape(shape)
-    except (ValueError, MemoryError):
-        # numpy's 'array is too big' (even with no values), or no memory for the values of a
-        # broadcast view: shapes ferry allows and numpy cannot hold
-        raise OutOfMemoryError(f"to_numpy: numpy cannot hold {t.nelements} {dtype} values shaped "
-                               f"{list(shape)}") from None
-
-
-def from_numpy(backend: "Backend", array: Any, type: Optional[TypeLike], name: Optional[str]) -> "Tensor":
-    """A tensor on backend holding array's values as type (default: the array's own dtype's type);
-    ne is array.shape reversed. Values are converted (and quantized) before anything is allocated."""
-    _checks.c_object(backend, "ferry_backend *", "a Backend", "from_numpy")
-    arr = np.asarray(array)
-    if arr.ndim > 4:
-        raise InvalidArgumentError(f"from_numpy: {arr.ndim} dimensions; ferry tensors have at most 4")
-    if type is None:
-        ty = type_of_dtype(arr.dtype)
-        if ty is None:
-            raise UnsupportedError(f"from_numpy: numpy dtype {arr.dtype} has no ferry type (float32, float16, "
-                                   "bfloat16 and int32 have); give type= to convert the values")
-    else:
-        ty = to_type(type)
-    ne = list(reversed(arr.shape)) or [1]
-    data = np.ascontiguousarray(arr) if type_of_dtype(arr.dtype) == ty else quantize(arr, ty)
-    t = backend.alloc_tensor(ty, ne, name=name)
-    t.set(data if data.size else b"")
-    return t
-

@@ -92,7 +92,7 @@ def _per_layer(backend: Backends, n_layer: int) -> List[Backend]:
 
 
 def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[Tensor, Tensor]],
-                   q: Sequence[Tensor], kv_len: Tensor, v_trans: Optional[bool] = None) -> List[Tensor]:
+                   q: Sequence[Tensor], kv_len: Tensor, v_trans: Optional[bool] = None) -> "StepOutputs":
     """A decode step's outputs: per layer, decode attention over its K and V windows, marked as an
     output and assigned to a backend (the same for every layer, or one per layer: several devices
     in one step); what a StepGraph's build returns.
@@ -124,9 +124,9 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
 
     Returns
     -------
-    list of Tensor
-        attn0, attn1, ...: one output per layer. From KVWindows, a StepOutputs, whose graph
-        step_graph (and so StepGraph) takes as built.
+    StepOutputs
+        A list of Tensor, attn0, attn1, ...: one output per layer; its graph is the step's Graph
+        (from KVWindows, the one C built with the step).
 
     Raises
     ------
@@ -172,7 +172,7 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
             for layer, (k, v) in enumerate(pairs)]
     for layer, out in enumerate(outs):
         sched.assign(out, backends[layer])
-    return outs
+    return StepOutputs(outs)
 
 
 class _Step:
@@ -206,11 +206,20 @@ class _Step:
 
 
 class StepOutputs(List[Tensor]):
-    """attention_step's outputs from KVWindows: a list of Tensor, one attention output per layer
-    (f32 [head_dim, n_head, 1, ns], unallocated until the scheduler runs them), holding the Graph C
-    built of them, which step_graph takes without building it again."""
+    """attention_step's outputs: a list of Tensor, one attention output per layer (f32 [head_dim,
+    n_head, 1, ns], unallocated until the scheduler runs them), and their Graph (graph)."""
 
-    _graph: Graph
+    _graph: Optional[Graph] = None  # the Graph C built with the step (from KVWindows)
+
+    @property
+    def graph(self) -> Graph:
+        """The Graph of these outputs, as the scheduler computes it: the one attention_step built with
+        the step while the list holds what it gave, else built now (Graph(*self))."""
+        if self._graph is not None:
+            built = self._graph._outputs
+            if len(built) == len(self) and all(a is b for a, b in zip(built, self)):
+                return self._graph
+        return Graph(*self)
 
 
 def _attention_step_c(sched: Scheduler, backends: List[Backend], windows: KVWindows, q: Sequence[Tensor],
@@ -257,32 +266,6 @@ def _attention_step_c(sched: Scheduler, backends: List[Backend], windows: KVWind
         assignments[t._ptr] = t
     outs._graph = Graph._built(graph_handle, list(outs), [(cache._handle, cache)])
     return outs
-
-
-def step_graph(outputs: Sequence[Tensor]) -> Graph:
-    """The Graph of a step's outputs: the one attention_step built when given its StepOutputs unchanged,
-    else Graph(*outputs).
-
-    Parameters
-    ----------
-    outputs : sequence of Tensor
-
-    Returns
-    -------
-    Graph
-        Of the outputs, as the scheduler computes it.
-
-    Raises
-    ------
-    InvalidArgumentError
-        For outputs that are not Tensors.
-    """
-    if isinstance(outputs, StepOutputs):
-        graph = outputs._graph
-        built = graph._outputs
-        if len(built) == len(outputs) and all(a is b for a, b in zip(built, outputs)):
-            return graph
-    return Graph(*outputs)
 
 
 class StepGraph:
@@ -365,7 +348,7 @@ class StepGraph:
             if isinstance(made, (str, bytes)) or not hasattr(made, "__iter__"):
                 raise InvalidArgumentError(f"StepGraph: build returned {type(made).__name__}, not a Graph or "
                                            "a sequence of Tensors")
-            made = step_graph(made)
+            made = made.graph if isinstance(made, StepOutputs) else Graph(*made)
         sched.alloc(made)
         self._graph, self._key = made, key
         self.builds += 1
@@ -379,4 +362,4 @@ class StepGraph:
         return f"<StepGraph key={self._key!r} builds={self.builds} reuses={self.reuses}>"
 
 
-__all__ = ["StepGraph", "StepOutputs", "Build", "Backends", "attention_step", "layer_split", "step_graph"]
+__all__ = ["StepGraph", "StepOutputs", "Build", "Backends", "attention_step", "layer_split"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 import numpy as np
 
-from . import _checks, _pybuffer, export, quant
+from . import _checks, _pybuffer, export
 from ._binding import ffi, lib, query
 from ._handle import Handle, release_when_collected
 from .errors import (
@@ -20,9 +20,11 @@ from .errors import (
     InvalidArgumentError,
     LayoutError,
     OutOfBoundsError,
+    OutOfMemoryError,
     UnsupportedError,
     check,
 )
+from .quant import dequantize, quantize, value_dtype
 from .types import Type, TypeLike, array_dtype, row_size, to_type, type_of_dtype
 
 if TYPE_CHECKING:
@@ -34,6 +36,12 @@ def _new_context(parent: Sequence[Handle]) -> Handle:
     out = ffi.new("ferry_context **")
     check(lib.ferry_context_new(out))
     return Handle(out[0], lib.ferry_context_free, parent)
+
+
+def _numpy_strides(t: "Tensor") -> Tuple[int, ...]:
+    """t's byte strides in numpy order (all 4 dimensions), 0 for a dimension of one index or none:
+    it is never stepped, C accepts any stride there, and numpy refuses one past its index type."""
+    return tuple(s if n > 1 else 0 for n, s in zip(reversed(t.ne), reversed(t.nb)))
 
 
 class Tensor:
@@ -163,7 +171,22 @@ class Tensor:
         LayoutError
             For a last axis that is not whole blocks of a block type.
         """
-        return quant.from_numpy(backend, array, type, name)
+        _checks.c_object(backend, "ferry_backend *", "a Backend", "from_numpy")
+        arr = np.asarray(array)
+        if arr.ndim > 4:
+            raise InvalidArgumentError(f"from_numpy: {arr.ndim} dimensions; ferry tensors have at most 4")
+        if type is None:
+            ty = type_of_dtype(arr.dtype)
+            if ty is None:
+                raise UnsupportedError(f"from_numpy: numpy dtype {arr.dtype} has no ferry type (float32, float16, "
+                                       "bfloat16 and int32 have); give type= to convert the values")
+        else:
+            ty = to_type(type)
+        ne = list(reversed(arr.shape)) or [1]
+        data = np.ascontiguousarray(arr) if type_of_dtype(arr.dtype) == ty else quantize(arr, ty)
+        t = backend.alloc_tensor(ty, ne, name=name)
+        t.set(data if data.size else b"")
+        return t
 
     #: False for a struct that lives only until its owner's next step (a scheduler's input copy):
     #: nothing may keep a pointer to it, so no views or ops are built on it.
@@ -569,7 +592,31 @@ class Tensor:
         """The values as a new array shaped reversed ne (numpy order); strided views give their own
         values, gaps skipped. bf16 as ml_dtypes.bfloat16; q8_0 and q4_0 dequantized to float32
         (their bytes: raw())."""
-        return quant.to_numpy(self)
+        ty = self.type
+        shape = tuple(reversed(self.ne[: self.ndim]))
+        dtype = value_dtype(ty)
+        try:
+            if self.nelements == 0:
+                self.get(0, 0)  # still refuses an unallocated or freed tensor
+                return np.zeros(shape, dtype)
+            raw = _pybuffer.new_bytes(self.nbytes, "to_numpy")
+            self.readinto(raw)
+            elem = array_dtype(ty)
+            if elem is not None:
+                if self.is_contiguous:
+                    return np.frombuffer(raw, elem).reshape(shape)
+                return np.ndarray(shape, elem, buffer=raw, strides=_numpy_strides(self)[::-1][: self.ndim][::-1]).copy()
+            # block types: each row of ne[0] values is ne[0]/blck blocks of type_size bytes at nb[0]
+            ne = self.ne
+            blocks = np.ndarray((ne[3], ne[2], ne[1], ne[0] // ty.blck_size, ty.size), np.uint8, buffer=raw,
+                                strides=_numpy_strides(self) + (1,))
+            values = dequantize(np.ascontiguousarray(blocks), ty, self.nelements)
+            return values.reshape(shape)
+        except (ValueError, MemoryError):
+            # numpy's 'array is too big' (even with no values), or no memory for the values of a
+            # broadcast view: shapes ferry allows and numpy cannot hold
+            raise OutOfMemoryError(f"to_numpy: numpy cannot hold {self.nelements} {dtype} values shaped "
+                                   f"{list(shape)}") from None
 
     # ------------------------------------------------------------ zero-copy export (ferry.export)
 

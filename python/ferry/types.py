@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _checks
 from ._binding import ffi, lib
-from .errors import InvalidArgumentError, UnsupportedError, check, raise_last
+from .errors import UnsupportedError, check, raise_last
 
 
 class Type(enum.IntEnum):
@@ -47,11 +47,27 @@ class Type(enum.IntEnum):
         """Whether values are stored in blocks of more than one."""
         return self.blck_size > 1
 
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        """The numpy dtype of the type's values: float32, float16, ml_dtypes.bfloat16 or int32.
+
+        Raises
+        ------
+        UnsupportedError
+            For the block types, q8_0 and q4_0 (Tensor.to_numpy gives their values as float32,
+            Tensor.raw their bytes).
+        """
+        dt = array_dtype(self)
+        if dt is None:
+            raise UnsupportedError(f"type {self} has no numpy dtype (only f32, f16, bf16 and i32 have)")
+        return dt
+
     def __str__(self) -> str:
         return self.type_name
 
 
-TypeLike = Union[Type, str, int]
+#: What to_type takes: a Type, ferry's name for one, a ferry_type number, or a numpy dtype.
+TypeLike = Union[Type, str, int, np.dtype, type]
 
 #: The types numpy has a dtype of its own for; bf16's comes from ml_dtypes (bfloat16()).
 _NUMPY_OWN: Dict[Type, np.dtype] = {
@@ -86,12 +102,14 @@ def type_of_dtype(dt: np.dtype) -> Optional[Type]:
 
 
 def to_type(value: TypeLike) -> Type:
-    """A Type from a Type, a name or a number.
+    """A Type from a Type, ferry's name for one, a number, or a numpy dtype.
 
     Parameters
     ----------
-    value : Type, str or int
-        A Type, ferry's name for one ("f16"), or a ferry_type number.
+    value : Type, str, int, numpy.dtype or numpy scalar type
+        A Type, ferry's name for one ("f16"), a ferry_type number, or the dtype of values
+        (np.float16, np.dtype("float32"), ml_dtypes.bfloat16). A string is always ferry's name
+        (one spelling per type: "f16", not "float16").
 
     Returns
     -------
@@ -101,11 +119,19 @@ def to_type(value: TypeLike) -> Type:
     ------
     UnknownTypeError
         For a name or number ferry does not know.
+    UnsupportedError
+        For a numpy dtype ferry has no type for.
     """
     if isinstance(value, Type):
         return value
     if isinstance(value, str):
         return _checks.from_c_name(Type, "ferry_type", lib.ferry_type_from_name, value)
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        dt = np.dtype(value)
+        ty = type_of_dtype(dt)
+        if ty is None:
+            raise UnsupportedError(f"numpy dtype {dt} has no ferry type (float32, float16, bfloat16 and int32 have)")
+        return ty
     n = _checks.as_c_int(value, "type")
     if n not in Type._value2member_map_:
         lib.ferry_type_name(ffi.cast("ferry_type", n))  # leaves C's message (a cast: the enum is unsigned)
@@ -134,56 +160,3 @@ def row_size(t: TypeLike, n: int) -> int:
     out = ffi.new("size_t *")
     check(lib.ferry_row_size(to_type(t).value, _checks.as_int64(n, "row_size: n"), out))
     return int(out[0])
-
-
-def numpy_dtype(t: TypeLike) -> np.dtype:
-    """The numpy dtype of a type.
-
-    Parameters
-    ----------
-    t : Type, str or int
-
-    Returns
-    -------
-    numpy.dtype
-        float32, float16, ml_dtypes.bfloat16 or int32.
-
-    Raises
-    ------
-    UnsupportedError
-        For the block types, q8_0 and q4_0 (Tensor.to_numpy gives their values as float32,
-        Tensor.raw their bytes).
-    """
-    dt = array_dtype(t)
-    if dt is None:
-        raise UnsupportedError(f"type {to_type(t)} has no numpy dtype (only f32, f16, bf16 and i32 have)")
-    return dt
-
-
-def type_from_dtype(dtype: object) -> Type:
-    """The ferry Type of a numpy dtype.
-
-    Parameters
-    ----------
-    dtype : numpy dtype-like
-        float32, float16, ml_dtypes.bfloat16 or int32.
-
-    Returns
-    -------
-    Type
-
-    Raises
-    ------
-    InvalidArgumentError
-        For something that is not a dtype.
-    UnsupportedError
-        For a dtype ferry has no type for.
-    """
-    try:
-        dt = np.dtype(dtype)  # type: ignore[call-overload]
-    except (TypeError, ValueError) as e:
-        raise InvalidArgumentError(f"type_from_dtype: {dtype!r} is not a numpy dtype ({e})") from None
-    ty = type_of_dtype(dt)
-    if ty is not None:
-        return ty
-    raise UnsupportedError(f"numpy dtype {dt} has no ferry type (float32, float16, bfloat16 and int32 have)")

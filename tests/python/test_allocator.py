@@ -16,8 +16,8 @@ from ferry._binding import lib
 def _graph() -> tuple:
     """x (an input) read only by y = dup(x); z = dup(y) may then take x's bytes."""
     x = ferry.Tensor.new("f32", [256], name="x").set_input()
-    y = ferry.dup(x, name="y")
-    z = ferry.dup(y, name="z").set_output()
+    y = ferry.ops.dup(x, name="y")
+    z = ferry.ops.dup(y, name="z").set_output()
     return x, z, ferry.Graph(z)
 
 
@@ -26,7 +26,7 @@ def test_allocator_frees_an_input_after_its_last_use(cpu: ferry.CPUBackend) -> N
     galloc = ferry.GraphAllocator(cpu)
     assert not lib.ferry_gallocr_get_keep_inputs(galloc._p)
     galloc.alloc(g)
-    assert galloc.placement(z) == galloc.placement(x)  # z in x's bytes
+    assert galloc.slot(z) == galloc.slot(x)  # z in x's bytes
     assert galloc.buffer_size() == 2 * 1024
     x.set(np.arange(256, dtype=np.float32))
     g.compute(cpu)
@@ -38,7 +38,7 @@ def test_allocator_keeps_inputs_on_request(cpu: ferry.CPUBackend) -> None:
     galloc = ferry.GraphAllocator(cpu, keep_inputs=True)
     assert lib.ferry_gallocr_get_keep_inputs(galloc._p)
     galloc.alloc(g)
-    px, pz = galloc.placement(x), galloc.placement(z)
+    px, pz = galloc.slot(x), galloc.slot(z)
     assert px is not None and pz is not None and px.offset != pz.offset
     assert galloc.buffer_size() == 3 * 1024
     values = np.arange(256, dtype=np.float32)
@@ -53,8 +53,8 @@ def test_scheduler_keeps_input_copies_on_request() -> None:
     """Layers on the stand-in device reading CPU results by copy: one copy at a time, all kept."""
     cpu, standin = ferry.CPUBackend(), ferry.StandinBackend()
     x = ferry.Tensor.new("f32", [1024], name="x")
-    hs = [ferry.scale(x, float(layer), name=f"h{layer}").set_output() for layer in range(4)]
-    outs = [ferry.dup(h, name=f"out{layer}").set_output() for layer, h in enumerate(hs)]
+    hs = [ferry.ops.scale(x, float(layer), name=f"h{layer}").set_output() for layer in range(4)]
+    outs = [ferry.ops.dup(h, name=f"out{layer}").set_output() for layer, h in enumerate(hs)]
     g = ferry.Graph(*hs, *outs)
     sizes = {}
     for keep in (False, True):
@@ -80,23 +80,23 @@ def test_scheduler_keeps_input_copies_on_request() -> None:
 
 def test_allocator_reuses_memory_and_reports_placements(cpu: ferry.CPUBackend) -> None:
     a = ferry.Tensor.new("f32", [256], name="a").set_input()
-    x = ferry.scale(a, 2.0, name="x")
-    y = ferry.mean(x, name="y")  # x is freed after y ran, so z may take x's memory
-    z = ferry.scale(y, 3.0, name="z").set_output()
+    x = ferry.ops.scale(a, 2.0, name="x")
+    y = ferry.ops.mean(x, name="y")  # x is freed after y ran, so z may take x's memory
+    z = ferry.ops.scale(y, 3.0, name="z").set_output()
     g = ferry.Graph(z)
     galloc = ferry.GraphAllocator(cpu, keep_inputs=True)  # a stays apart (else x works in place over it)
     galloc.reserve(g)
     size = galloc.buffer_size()
     galloc.alloc(g)
     assert galloc.buffer_size() == size == galloc.chunks()[0].size and galloc.n_chunks() == 1
-    pa, px = galloc.placement(a), galloc.placement(x)
+    pa, px = galloc.slot(a), galloc.slot(x)
     assert pa is not None and px is not None
     assert pa.size == 1024 and px.size == 1024 and pa.offset != px.offset
     assert size < 1024 + 1024 + 64 + 64  # less than every tensor apart: memory was shared
     a.set(np.arange(256, dtype=np.float32))
     g.compute(cpu)
     np.testing.assert_allclose(z.to_numpy(), [255.0 * 3.0], rtol=1e-6)
-    assert galloc.placement(ferry.Tensor.new("f32", [4])) is None
+    assert galloc.slot(ferry.Tensor.new("f32", [4])) is None
     with pytest.raises(ferry.InvalidArgumentError, match="needs 3"):
         galloc.reserve(g, node_types=[0])
     with pytest.raises(ferry.InvalidArgumentError, match="not a buffer type index"):
@@ -105,7 +105,7 @@ def test_allocator_reuses_memory_and_reports_placements(cpu: ferry.CPUBackend) -
 
 def test_allocator_close_makes_its_tensors_raise_freed(cpu: ferry.CPUBackend) -> None:
     a = ferry.Tensor.new("f32", [8], name="a").set_input()
-    out = ferry.scale(a, 2.0).set_output()
+    out = ferry.ops.scale(a, 2.0).set_output()
     g = ferry.Graph(out)
     galloc = ferry.GraphAllocator(cpu)
     galloc.alloc(g)
@@ -135,7 +135,7 @@ def test_allocator_close_makes_its_tensors_raise_freed(cpu: ferry.CPUBackend) ->
 
 def test_placed_tensor_keeps_the_allocator_alive(cpu: ferry.CPUBackend) -> None:
     a = ferry.Tensor.new("f32", [8], name="a").set_input()
-    out = ferry.scale(a, 0.5).set_output()
+    out = ferry.ops.scale(a, 0.5).set_output()
     g = ferry.Graph(out)
     galloc = ferry.GraphAllocator(cpu)
     galloc.alloc(g)
@@ -154,7 +154,7 @@ def test_placed_tensor_keeps_the_allocator_alive(cpu: ferry.CPUBackend) -> None:
 def test_two_buffer_types(cpu: ferry.CPUBackend) -> None:
     dummy = ferry.DummyBackend(real_memory=True)
     a = ferry.Tensor.new("f32", [16], name="a").set_input()
-    out = ferry.scale(a, 2.0, name="out").set_output()
+    out = ferry.ops.scale(a, 2.0, name="out").set_output()
     g = ferry.Graph(out)
     galloc = ferry.GraphAllocator(cpu, dummy)
     galloc.reserve(g, node_types=[1], leaf_types=[0])

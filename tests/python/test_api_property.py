@@ -27,11 +27,11 @@ import ferry
 from ferry.residency import (
     DeviceSpec,
     LayerCost,
-    plan_auto,
-    plan_first,
-    plan_residency,
-    plan_round_robin,
-    plan_slowest_link,
+    choose_auto,
+    choose_first,
+    choose_residency,
+    choose_round_robin,
+    choose_slowest_link,
     predict_step,
 )
 
@@ -343,7 +343,7 @@ def test_attention_step(case: Tuple[bool, bool, str, Any]) -> None:
 
 
 def run_step(sched: ferry.Scheduler, outs: List[ferry.Tensor]) -> List[bytes]:
-    graph = ferry.step_graph(outs)
+    graph = outs.graph
     sched.alloc(graph)
     sched.compute(graph)
     return [t.get() for t in outs]
@@ -352,8 +352,8 @@ def run_step(sched: ferry.Scheduler, outs: List[ferry.Tensor]) -> List[bytes]:
 # ---------------------------------------------------------------- ferry.residency
 
 PLANS: Dict[str, Callable[..., Any]] = {
-    "predict_step": predict_step, "plan_residency": plan_residency, "plan_auto": plan_auto,
-    "plan_first": plan_first, "plan_round_robin": plan_round_robin, "plan_slowest_link": plan_slowest_link}
+    "predict_step": predict_step, "choose_residency": choose_residency, "choose_auto": choose_auto,
+    "choose_first": choose_first, "choose_round_robin": choose_round_robin, "choose_slowest_link": choose_slowest_link}
 PLAN_NAMES = {"layers": ("layer",), "devices": ("device",), "layer_device": ("on device",), "strategy": (),
               "resident": (), "prefetch": (), "max_layers": ()}
 
@@ -366,7 +366,7 @@ def plan_base(fn: str) -> Dict[str, Any]:
         base["resident"] = [True, False, True]
     else:
         base["max_layers"] = None
-    if fn == "plan_residency":
+    if fn == "choose_residency":
         base["strategy"] = "auto"
     return base
 
@@ -391,9 +391,9 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
 @settings(max_examples=600 * SCALE, **SETTINGS)
 @given(plan_change())
 @example(("predict_step", "resident", None))
-@example(("plan_auto", "layers", None))
+@example(("choose_auto", "layers", None))
 @example(("predict_step", "layer_device", 3))
-@example(("plan_residency", "strategy", []))
+@example(("choose_residency", "strategy", []))
 def test_plans_and_predictions(case: Tuple[str, str, Any]) -> None:
     """Each plan and prediction of three layers on two devices, one argument changed: a plan or a
     prediction, or a refusal naming the argument (a plan that does not fit names the device)."""

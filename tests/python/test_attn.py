@@ -1,4 +1,4 @@
-"""Decode attention (ferry.attn_decode) against a float64 numpy reference, on the CPU backend,
+"""Decode attention (ferry.ops.attn_decode) against a float64 numpy reference, on the CPU backend,
 on the stand-in device through the Scheduler under every copy policy, and on CUDA when present.
 
 The reference is computed from the raw bytes of the KV cache read back (q8_0 dequantized here:
@@ -146,7 +146,7 @@ def run_cpu(c: Case, b: Built) -> np.ndarray:
     """attn_decode on the CPU backend, reading the cache in place; [ns, n_head, head_dim] float32."""
     cpu = ferry.CPUBackend()
     q, lens = _operands(b, cpu)
-    out = ferry.attn_decode(q, b.k, b.v, lens, scale=c.scale, v_trans=c.v_trans, name="attn").set_output()
+    out = ferry.ops.attn_decode(q, b.k, b.v, lens, scale=c.scale, v_trans=c.v_trans, name="attn").set_output()
     assert out.type == ferry.Type.F32 and out.ne == (c.head_dim, c.n_head, 1, c.ns)
     graph = ferry.Graph(out)
     galloc = ferry.GraphAllocator(cpu)
@@ -155,12 +155,12 @@ def run_cpu(c: Case, b: Built) -> np.ndarray:
     return out.to_numpy().reshape(c.ns, c.n_head, c.head_dim)
 
 
-def run_sched(c: Case, b: Built, split: ferry.Backend, policy: str) -> Tuple[np.ndarray, ferry.SchedStats]:
+def run_sched(c: Case, b: Built, split: ferry.Backend, policy: str) -> Tuple[np.ndarray, ferry.stats.SchedStats]:
     """attn_decode assigned to split through a Scheduler([split, cpu]): K, V, q and kv_len are
     copied in by policy."""
     cpu = ferry.CPUBackend()
     q, lens = _operands(b, cpu)
-    out = ferry.attn_decode(q, b.k, b.v, lens, scale=c.scale, v_trans=c.v_trans, name="attn").set_output()
+    out = ferry.ops.attn_decode(q, b.k, b.v, lens, scale=c.scale, v_trans=c.v_trans, name="attn").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy=policy)
     sched.assign(out, split)
@@ -265,7 +265,7 @@ def test_v_trans_must_match_the_shape(parts: Tuple[ferry.Tensor, ...]) -> None:
     q, k, v, lens = parts
     plain = v.view(list(v.ne), v.nb)  # a view of the window's layout, not the window a cache made
     with pytest.raises(ferry.LayoutError, match=r"attn_decode: v .*\(v_trans\)"):
-        ferry.attn_decode(q, k, plain, lens, v_trans=True)
+        ferry.ops.attn_decode(q, k, plain, lens, v_trans=True)
 
 
 @pytest.mark.parametrize("v_trans", [False, True])
@@ -281,8 +281,8 @@ def test_a_caches_window_says_how_its_v_lies(v_trans: bool) -> None:
     with pytest.raises(ferry.InvalidArgumentError,
                        match=rf"attn_decode: v_trans={not v_trans}, but v is the V window of a KV cache whose V is "
                              rf"{'' if v_trans else 'not '}transposed \(v_trans={v_trans}\)"):
-        ferry.attn_decode(q, b.k, b.v, lens, v_trans=not v_trans)
-    out = ferry.attn_decode(q, b.k, b.v, lens).set_output()  # v_trans left out: the window's
+        ferry.ops.attn_decode(q, b.k, b.v, lens, v_trans=not v_trans)
+    out = ferry.ops.attn_decode(q, b.k, b.v, lens).set_output()  # v_trans left out: the window's
     graph = ferry.Graph(out)
     ferry.GraphAllocator(cpu).alloc(graph)
     graph.compute(cpu)
@@ -293,30 +293,30 @@ def test_bad_shapes_and_types_raise_layout_error(parts: Tuple[ferry.Tensor, ...]
     q, k, v, lens = parts
     cpu = ferry.CPUBackend()
     with pytest.raises(ferry.LayoutError, match="attn_decode: kv_len"):
-        ferry.attn_decode(q, k, v, ferry.Tensor.from_numpy(cpu, np.zeros(4, np.float32)))
+        ferry.ops.attn_decode(q, k, v, ferry.Tensor.from_numpy(cpu, np.zeros(4, np.float32)))
     with pytest.raises(ferry.LayoutError, match="attn_decode: kv_len"):
-        ferry.attn_decode(q, k, v, ferry.Tensor.from_numpy(cpu, np.zeros(3, np.int32)))
+        ferry.ops.attn_decode(q, k, v, ferry.Tensor.from_numpy(cpu, np.zeros(3, np.int32)))
     with pytest.raises(ferry.LayoutError, match="attn_decode: q"):
-        ferry.attn_decode(ferry.Tensor.from_numpy(cpu, np.zeros((4, 1, 8, 64), np.float16)), k, v, lens)
+        ferry.ops.attn_decode(ferry.Tensor.from_numpy(cpu, np.zeros((4, 1, 8, 64), np.float16)), k, v, lens)
     with pytest.raises(ferry.LayoutError, match="do not group over 2 kv heads"):
-        ferry.attn_decode(ferry.Tensor.from_numpy(cpu, np.zeros((4, 1, 3, 64), np.float32)), k, v, lens)
+        ferry.ops.attn_decode(ferry.Tensor.from_numpy(cpu, np.zeros((4, 1, 3, 64), np.float32)), k, v, lens)
     with pytest.raises(ferry.LayoutError, match="attn_decode: v"):
-        ferry.attn_decode(q, k, k.view([64, 19, 2, 4], k.nb), lens)
+        ferry.ops.attn_decode(q, k, k.view([64, 19, 2, 4], k.nb), lens)
 
 
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), 1e39, "0.5", True])
 def test_bad_scale_raises_invalid_argument(parts: Tuple[ferry.Tensor, ...], scale: object) -> None:
     q, k, v, lens = parts
     with pytest.raises(ferry.InvalidArgumentError, match="attn_decode: scale"):
-        ferry.attn_decode(q, k, v, lens, scale=scale)  # type: ignore[arg-type]
+        ferry.ops.attn_decode(q, k, v, lens, scale=scale)  # type: ignore[arg-type]
 
 
 def test_non_tensors_and_non_bool_v_trans_raise_invalid_argument(parts: Tuple[ferry.Tensor, ...]) -> None:
     q, k, v, lens = parts
     with pytest.raises(ferry.InvalidArgumentError, match="attn_decode: v: expected a Tensor"):
-        ferry.attn_decode(q, k, None, lens)  # type: ignore[arg-type]
+        ferry.ops.attn_decode(q, k, None, lens)  # type: ignore[arg-type]
     with pytest.raises(ferry.InvalidArgumentError, match="attn_decode: v_trans must be a bool or None"):
-        ferry.attn_decode(q, k, v, lens, v_trans=1)  # type: ignore[arg-type]
+        ferry.ops.attn_decode(q, k, v, lens, v_trans=1)  # type: ignore[arg-type]
 
 
 def test_result_keeps_its_sources_alive() -> None:
@@ -324,7 +324,7 @@ def test_result_keeps_its_sources_alive() -> None:
     b = build(c)
     cpu = ferry.CPUBackend()
     q, lens = _operands(b, cpu)
-    out = ferry.attn_decode(q, b.k, b.v, lens).set_output()
+    out = ferry.ops.attn_decode(q, b.k, b.v, lens).set_output()
     cache = weakref.ref(b.kv)
     assert out.srcs == (q, b.k, b.v, lens)
     ref = b.ref

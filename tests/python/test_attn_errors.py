@@ -38,7 +38,7 @@ def test_a_window_left_unpermuted_blames_k(window: Tuple[ferry.KVCache, ferry.Te
     _, k, v = window
     flat = k.permute(0, 2, 1, 3)  # its own inverse: back to [8, 4, 100, 4]
     with pytest.raises(ferry.LayoutError, match=r"^attn_decode: k is f16 ne \[8, 4, 100, 4\] nb \[2, 16, 64, ") as e:
-        ferry.attn_decode(_q(), flat, v, _lens())
+        ferry.ops.attn_decode(_q(), flat, v, _lens())
     assert "k " + "must be a KV window permuted (0, 2, 1, 3)" in e.value.message
     assert "not permuted" in e.value.message and "group" not in e.value.message
 
@@ -47,7 +47,7 @@ def test_a_query_of_another_head_dim_blames_q(window: Tuple[ferry.KVCache, ferry
     _, k, v = window
     with pytest.raises(ferry.LayoutError, match=r"^attn_decode: q is f32 ne \[4, 16, 1, 4\].* q must be "
                                                r"f32 \[head_dim, n_head, 1, ns\] with the head_dim 8 of k and v"):
-        ferry.attn_decode(_q(head_dim=4), k, v, _lens())
+        ferry.ops.attn_decode(_q(head_dim=4), k, v, _lens())
 
 
 def test_a_window_of_another_head_dim_blames_k(window: Tuple[ferry.KVCache, ferry.Tensor, ferry.Tensor]) -> None:
@@ -55,7 +55,7 @@ def test_a_window_of_another_head_dim_blames_k(window: Tuple[ferry.KVCache, ferr
     other, _ = _cache(head_dim=16).window(0, 100)
     with pytest.raises(ferry.LayoutError, match=rf"^attn_decode: k is f16 ne \[16, 100, 4, 4\].* k {WINDOW}, "
                                                r"with q's head_dim 8"):
-        ferry.attn_decode(_q(), other, v, _lens())
+        ferry.ops.attn_decode(_q(), other, v, _lens())
 
 
 def test_a_window_of_other_streams_blames_k(window: Tuple[ferry.KVCache, ferry.Tensor, ferry.Tensor]) -> None:
@@ -63,7 +63,7 @@ def test_a_window_of_other_streams_blames_k(window: Tuple[ferry.KVCache, ferry.T
     k2, _ = kv.window(0, 100, 0, 1)
     with pytest.raises(ferry.LayoutError, match=rf"^attn_decode: k is f16 ne \[8, 100, 4, 2\].* k {WINDOW}, "
                                                r"with q's ns 4"):
-        ferry.attn_decode(_q(), k2, v, _lens())
+        ferry.ops.attn_decode(_q(), k2, v, _lens())
 
 
 def test_v_of_other_cells_blames_v_and_says_its_shape(window: Tuple[ferry.KVCache, ferry.Tensor,
@@ -72,14 +72,14 @@ def test_v_of_other_cells_blames_v_and_says_its_shape(window: Tuple[ferry.KVCach
     _, v2 = kv.window(0, 20)
     with pytest.raises(ferry.LayoutError, match=r"^attn_decode: v is f16 ne \[8, 20, 4, 4\].* v must be .*matching k, "
                                                r"\[8, 100, 4, 4\]"):
-        ferry.attn_decode(_q(), k, v2, _lens())
+        ferry.ops.attn_decode(_q(), k, v2, _lens())
 
 
 def test_kv_len_of_other_streams_blames_kv_len(window: Tuple[ferry.KVCache, ferry.Tensor, ferry.Tensor]) -> None:
     _, k, v = window
     with pytest.raises(ferry.LayoutError, match=r"^attn_decode: kv_len is i32 ne \[3, 1, 1, 1\].* kv_len must be "
                                                r"i32 \[ns\] with q's ns 4"):
-        ferry.attn_decode(_q(), k, v, _lens(3))
+        ferry.ops.attn_decode(_q(), k, v, _lens(3))
 
 
 def test_query_heads_that_do_not_group_blame_q(window: Tuple[ferry.KVCache, ferry.Tensor, ferry.Tensor]) -> None:
@@ -87,4 +87,4 @@ def test_query_heads_that_do_not_group_blame_q(window: Tuple[ferry.KVCache, ferr
     _, k, v = window
     with pytest.raises(ferry.LayoutError, match=r"^attn_decode: q's 6 query heads do not group over 4 kv heads "
                                                r"\(k's ne\[2\]\); q's n_head \(ne\[1\]\) must be a multiple"):
-        ferry.attn_decode(_q(n_head=6), k, v, _lens())
+        ferry.ops.attn_decode(_q(n_head=6), k, v, _lens())

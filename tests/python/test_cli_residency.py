@@ -16,7 +16,7 @@ import pytest
 import ferry.errors as ferry_errors
 from conftest import refused
 from ferry.cli import main
-from ferry.residency import DeviceSpec, layers_from_geometry, plan_residency
+from ferry.residency import DeviceSpec, choose_residency, layers_from_geometry
 from ferry.workloads.residency_plan import ResidencyModel
 
 # 4 layers of f16, 2 KV heads of 32, n_kv 128 (-npp 120 -ntg 8): each layer's K and V 16 KiB per window
@@ -68,7 +68,7 @@ def test_plan_residency_json_is_the_library_plan(capsys: pytest.CaptureFixture[s
                                                                                      "device 1")]
     for p in plans:
         with model.at(prefetch=p["prefetch"]).step_memory() as measure:
-            lib = plan_residency(p["strategy"], layers, devices, prefetch=p["prefetch"], max_layers=2,
+            lib = choose_residency(p["strategy"], layers, devices, prefetch=p["prefetch"], max_layers=2,
                                  measure=measure).as_dict(1)
         assert {k: v for k, v in p.items() if k not in ("n_kv", "n_ctx")} == lib
         assert p["memory_measured"] and all(d["memory"] > d["resident_bytes"] for d in p["devices"])

@@ -25,7 +25,7 @@ def _heart(policy: str, type_k: str, n_stream: int, n_kv: int, s0: int = 0, s1: 
     k_layer = kv.k(0)
     k_layer.set(pattern(k_layer.nbytes))
     k, _ = kv.window(0, n_kv, s0, s1)
-    out = ferry.dup(k, name="out").set_output()
+    out = ferry.ops.dup(k, name="out").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy=policy)
     sched.assign(out, split)
@@ -105,7 +105,7 @@ def test_device_side_source_copies_its_ranges() -> None:
     k, _ = kv.window(0, 5, 0, 3)
     outs = {}
     for policy in ("flat", "ranges"):
-        out = ferry.dup(k).set_output()
+        out = ferry.ops.dup(k).set_output()
         sched = ferry.Scheduler([split, device], policy=policy)
         sched.assign(out, split)
         sched.compute(ferry.Graph(out))
@@ -127,8 +127,8 @@ def test_compact_staging_holds_the_bytes_read() -> None:
         for stream in range(4):
             kv.set_stream("k", 0, stream, np.random.default_rng(stream).random((64, 16), dtype=np.float32))
         k, _ = kv.window(0, 7, 0, 3)
-        d = ferry.dup(k, name="d")
-        out = ferry.scale(d, 0.5, name="out").set_output()
+        d = ferry.ops.dup(k, name="d")
+        out = ferry.ops.scale(d, 0.5, name="out").set_output()
         g = ferry.Graph(out)
         sched = ferry.Scheduler([split, cpu], policy="ranges", compact=compact)
         assert sched.compact is compact
@@ -151,18 +151,18 @@ def test_copy_ranges_of_and_bytes_read() -> None:
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 32768, 2)
     k, v = kv.window(0, 2176, 0, 1)
     row = 1088
-    assert ferry.copy_ranges_of(k) == ferry.Copy2D(0, 2176 * row, 2, 16384 * row)
-    assert ferry.bytes_read(k) == 2 * 2176 * row
+    assert ferry.copy_path.copy_ranges_of(k) == ferry.Copy2D(0, 2176 * row, 2, 16384 * row)
+    assert ferry.copy_path.bytes_read(k) == 2 * 2176 * row
     assert k.nbytes == (16384 + 2176) * row
     k1, _ = kv.window(0, 2176, 1, 1)
-    assert ferry.copy_ranges_of(k1) == ferry.Copy2D(0, 2176 * row, 1, 2176 * row)
+    assert ferry.copy_path.copy_ranges_of(k1) == ferry.Copy2D(0, 2176 * row, 1, 2176 * row)
     vt = ferry.KVCache("f16", "f16", 128, 8, 32768, 1, v_trans=True)
     _, v_tr = vt.window(0, 2176, 0, 0)
     assert v_tr.ne == (2176, 128, 8, 1)
-    assert ferry.copy_ranges_of(v_tr) is None  # a gap after every channel row: not one range
-    assert v_tr.nbytes // ferry.bytes_read(v_tr) == 15
+    assert ferry.copy_path.copy_ranges_of(v_tr) is None  # a gap after every channel row: not one range
+    assert v_tr.nbytes // ferry.copy_path.bytes_read(v_tr) == 15
     with pytest.raises(ferry.InvalidArgumentError):
-        ferry.copy_ranges_of("k")  # type: ignore[arg-type]
+        ferry.copy_path.copy_ranges_of("k")  # type: ignore[arg-type]
 
 
 def test_copy_input_directly() -> None:
@@ -173,11 +173,11 @@ def test_copy_input_directly() -> None:
     dst = k.dup_layout(name="dst")
     split.alloc_buffer_for(dst)
     dst.memset(SENTINEL)
-    st = ferry.copy_input(split, "ranges", k, dst)
+    st = ferry.copy_path.copy_input(split, "ranges", k, dst)
     assert (st.path, st.bytes_copied, st.copy_calls) == (ferry.CopyPolicy.RANGES, 4 * 5 * 128, 1)
     _check_heart(kv, k, dst, 5)
     with pytest.raises(ferry.LayoutError):
-        ferry.copy_input(split, "flat", k, split.alloc_tensor("f16", [4]))
+        ferry.copy_path.copy_input(split, "flat", k, split.alloc_tensor("f16", [4]))
 
 
 def test_scheduler_copies_end_at_the_next_alloc() -> None:
@@ -191,7 +191,7 @@ def test_scheduler_copies_end_at_the_next_alloc() -> None:
     with pytest.raises(ferry.UnsupportedError, match="belongs to a scheduler"):
         fresh.view([4])
     with pytest.raises(ferry.UnsupportedError):
-        ferry.dup(fresh)
+        ferry.ops.dup(fresh)
     sched.close()
     with pytest.raises(ferry.FreedBufferError):
         fresh.get()

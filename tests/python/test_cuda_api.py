@@ -94,7 +94,7 @@ def test_heart_copy_path_with_cuda_split_backend(pinned: bool) -> None:
         dst = k.dup_layout()
         cuda.alloc_buffer_for(dst)
         dst.memset(SENTINEL)
-        st = ferry.copy_input(cuda, policy, k, dst)
+        st = ferry.copy_path.copy_input(cuda, policy, k, dst)
         _check_window_copy(dst.get(), src, 4, 64 * row, 40 * row, gaps_kept=policy == "ranges")
         if policy == "ranges":
             assert (st.path, st.bytes_copied, st.copy_calls) == (ferry.CopyPolicy.RANGES, 4 * 40 * row, 1)
@@ -111,7 +111,7 @@ def test_scheduler_with_cuda_split_backend() -> None:
     src = pattern(kv.k(0).nbytes)
     kv.k(0).set(src)
     k, _ = kv.window(0, 40, 0, 3)
-    out = ferry.dup(k, name="out").set_output()
+    out = ferry.ops.dup(k, name="out").set_output()
     g = ferry.Graph(out)
     for policy in ("flat", "ranges"):
         sched = ferry.Scheduler([cuda, cpu], policy=policy)

@@ -245,7 +245,7 @@ def test_unknown_types() -> None:
     with pytest.raises(ferry.UnsupportedError, match="float64"):
         ferry.Tensor.from_numpy(ferry.CPUBackend(), np.zeros(3))
     with pytest.raises(ferry.UnsupportedError, match="q8_0 has no numpy dtype"):
-        ferry.numpy_dtype("q8_0")  # its values are float32 (to_numpy), its bytes uint8 (raw)
+        _ = ferry.to_type("q8_0").numpy_dtype  # its values are float32 (to_numpy), its bytes uint8 (raw)
 
 
 # ------------------------------------------------------------ allocation and placement
@@ -321,18 +321,18 @@ def test_use_of_a_freed_buffer(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
     lambda t, cpu: ferry.row_size(-1, 4),
     lambda t, cpu: ferry.ops.op_name(-1),
     lambda t, cpu: t.view([4], 1.5),                               # len() of a float -> TypeError
-    lambda t, cpu: ferry.explain("f32", [4], None),
+    lambda t, cpu: ferry.plan.explain("f32", [4], None),
     lambda t, cpu: ferry.Scheduler([cpu]).compute(None),            # AttributeError
     lambda t, cpu: setattr(cpu.alloc_buffer(8), "usage", []),       # unhashable -> TypeError
-    lambda t, cpu: ferry.type_from_dtype("x"),                      # numpy's TypeError
-    lambda t, cpu: ferry.type_from_dtype(1.5),
+    lambda t, cpu: ferry.to_type(np.dtype("float64")),             # a dtype ferry has no type for
+    lambda t, cpu: ferry.to_type(1.5),
     lambda t, cpu: ferry.Tensor.from_numpy(None, np.zeros(2, np.float32)),  # AttributeError
     lambda t, cpu: ferry.KVCache("f32", "f32", 4, 1, 8, 2, v_trans=np.zeros(3)),  # ambiguous truth value
     lambda t, cpu: ferry.KVCache("f32", "f32", 4, 1, 8, 2, pinned=np.zeros(3)),
     lambda t, cpu: ferry.KVCache("f32", "f32", 4, 1, 8, 2).set_stream(np.zeros(3), 0, 0, b""),
     lambda t, cpu: ferry.Scheduler(np.zeros(3)),
-    lambda t, cpu: ferry.cost_model(np.zeros(3)),
-    lambda t, cpu: ferry.flat_cost(4, np.zeros(3)),
+    lambda t, cpu: ferry.plan.cost_model(np.zeros(3)),
+    lambda t, cpu: ferry.plan.flat_cost(4, np.zeros(3)),
     lambda t, cpu: ferry.DummyBackend(real_memory=np.zeros(3)),
     lambda t, cpu: cpu.event(timing=np.zeros(3)),
 ])

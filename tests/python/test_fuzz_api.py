@@ -63,9 +63,9 @@ def attempt(fn: Callable[[], Any]) -> Any:
 def apply_op(name: str, a: Any, b: Any, params: Any) -> Any:
     """One op of the fuzzed graphs, by name, on tensors a and b (b for the binary ones)."""
     fns = {
-        "add": lambda: ferry.add(a, b), "mul": lambda: ferry.mul(a, b), "scale": lambda: ferry.scale(a, params[0]),
-        "dup": lambda: ferry.dup(a), "dup_as": lambda: ferry.dup(a, params[0]), "concat": lambda: ferry.concat(a, b, params[0]),
-        "pad": lambda: ferry.pad(a, *params), "mean": lambda: ferry.mean(a), "permute": lambda: a.permute(*params),
+        "add": lambda: ferry.ops.add(a, b), "mul": lambda: ferry.ops.mul(a, b), "scale": lambda: ferry.ops.scale(a, params[0]),
+        "dup": lambda: ferry.ops.dup(a), "dup_as": lambda: ferry.ops.dup(a, params[0]), "concat": lambda: ferry.ops.concat(a, b, params[0]),
+        "pad": lambda: ferry.ops.pad(a, *params), "mean": lambda: ferry.ops.mean(a), "permute": lambda: a.permute(*params),
         "transpose": lambda: a.transpose(), "reshape": lambda: a.reshape(params),
         "view": lambda: a.view(params[0], params[1], params[2]),
     }
@@ -471,10 +471,10 @@ def test_op_constructors(op: str, specs: List[Any], params: List[int], s: Any) -
     ts = [t if t is not None else ferry.Tensor.new("f32", [4]) for t in ts]
     a, b = ts[0], ts[1]
     fns = {
-        "add": lambda: ferry.add(a, b), "mul": lambda: a * b, "scale": lambda: ferry.scale(a, s),
-        "dup": lambda: ferry.dup(a), "dup_as": lambda: ferry.dup(a, specs[1][0]),
-        "concat": lambda: ferry.concat(a, b, params[0]), "pad": lambda: ferry.pad(a, *params), "mean": lambda: ferry.mean(a),
-        "attn": lambda: ferry.attn_decode(*ts, scale=s if params[0] % 2 else None),
+        "add": lambda: ferry.ops.add(a, b), "mul": lambda: a * b, "scale": lambda: ferry.ops.scale(a, s),
+        "dup": lambda: ferry.ops.dup(a), "dup_as": lambda: ferry.ops.dup(a, specs[1][0]),
+        "concat": lambda: ferry.ops.concat(a, b, params[0]), "pad": lambda: ferry.ops.pad(a, *params), "mean": lambda: ferry.ops.mean(a),
+        "attn": lambda: ferry.ops.attn_decode(*ts, scale=s if params[0] % 2 else None),
     }
     out = attempt(fns[op])
     if out is None:
@@ -658,7 +658,7 @@ def test_kv_cache_and_windows(tk: str, tv: str, head_dim: int, n_head_kv: int, n
     assert v.ne == ((n_kv, head_dim, n_head_kv, ns) if v_trans else (head_dim, n_kv, n_head_kv, ns))
     for x in (k, v):
         assert x.offset + x.nbytes <= x.root.nbytes
-        assert ferry.bytes_read(x) == ferry.row_size(x.type, head_dim) * n_kv * n_head_kv * ns
+        assert ferry.copy_path.bytes_read(x) == ferry.row_size(x.type, head_dim) * n_kv * n_head_kv * ns
 
 
 # ---------------------------------------------------------------- copy plans
@@ -676,10 +676,10 @@ def test_plan_copy(ty: Any, ne: List[int], nb: List[int], offset: int) -> None:
         counts[0] //= ferry.to_type(ty).blck_size
     if counts and math.prod(counts) // max(max(counts), 1) > 1 << 14:
         return  # the plan lists about that many copies: fine, but slow to build here
-    copies = attempt(lambda: ferry.plan_copy(ty, ne, nb, offset))
+    copies = attempt(lambda: ferry.plan.plan_copy(ty, ne, nb, offset))
     if copies is None:
         return
-    t = ferry.layout_view(ty, ne, nb, offset)
+    t = ferry.plan.layout_view(ty, ne, nb, offset)
     unit, blck = t.type.size, t.type.blck_size
     full = list(t.ne)
     small = math.prod([full[0] // blck] + full[1:]) <= 1 << 14
@@ -702,28 +702,28 @@ def test_plan_copy(ty: Any, ne: List[int], nb: List[int], offset: int) -> None:
                     start = t.offset + i0 * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3]
                     want.update(range(start, start + unit))
     assert covered == want
-    assert ferry.bytes_read(t) == len(want)
-    assert ferry.plan_of(t) == copies
-    ex = ferry.explain_tensor(t)  # the explanation describes the plan it stands for
+    assert ferry.copy_path.bytes_read(t) == len(want)
+    assert ferry.plan.plan_copy(t) == copies
+    ex = ferry.plan.explain(t)  # the explanation describes the plan it stands for
     if ex.nested:
         assert ex.n_copies == len(copies) and all(c.size == ex.row for c in copies), (ex, copies)
         assert ex.row * math.prod(count for count, _, _ in ex.dims) == len(want), (ex, copies)
     else:
         assert ex.n_copies is None
-    assert (ferry.plan_cost(copies) > 0) is bool(copies) and (ferry.flat_cost(t.nbytes) > 0) is (t.nbytes > 0)
-    assert ferry.plan_pays(t) is (bool(copies) and ferry.plan_cost(copies) < ferry.flat_cost(t.nbytes))
+    assert (ferry.plan.plan_cost(copies) > 0) is bool(copies) and (ferry.plan.flat_cost(t.nbytes) > 0) is (t.nbytes > 0)
+    assert ferry.plan.plan_pays(t) is (bool(copies) and ferry.plan.plan_cost(copies) < ferry.plan.flat_cost(t.nbytes))
 
 
 @settings(max_examples=60 * SCALE, **SETTINGS)
 @given(st.lists(st.tuples(ints(0, 2**20), ints(0, 2**20), ints(0, 2**20), ints(0, 2**20)), max_size=4),
        st.sampled_from(["cpu", "gpu", "tpu"]), ints(-1, 2**40))
 def test_plan_cost_values(copies: List[Any], model: str, span: int) -> None:
-    p = attempt(lambda: ferry.plan_cost(copies, model))
+    p = attempt(lambda: ferry.plan.plan_cost(copies, model))
     assert (p is None) is (model == "tpu" or not all(0 <= x <= SIZE_MAX for c in copies for x in c))
     if p is not None:  # every copy costs a call at least; the cost of a plan is the sum of its copies'
         assert math.isfinite(p) and (p > 0) is bool(copies)
-        assert p == pytest.approx(sum(ferry.plan_cost([c], model) for c in copies))
-    c = attempt(lambda: ferry.flat_cost(span, model))
+        assert p == pytest.approx(sum(ferry.plan.plan_cost([c], model) for c in copies))
+    c = attempt(lambda: ferry.plan.flat_cost(span, model))
     assert (c is None) is (model == "tpu" or not 0 <= span <= SIZE_MAX)
     assert c is None or (math.isfinite(c) and (c > 0) is (span > 0))
 
@@ -763,13 +763,13 @@ def sc_copy_input(src_kind: str, dst_kind: str, split_kind: str, src: List[Any],
     if buf is None or attempt(lambda: buf.place(d, 0)) is None:
         return
     buf.clear(0xA5)
-    stats = attempt(lambda: ferry.copy_input(split, policy, s, d))
+    stats = attempt(lambda: ferry.copy_path.copy_input(split, policy, s, d))
     if stats is None or src_kind not in REAL or dst_kind not in REAL:
         return
     assert not mismatch
     raw = root.get()
     got = d.get()
-    for c in ferry.plan_of(s):
+    for c in ferry.plan.plan_copy(s):
         rel = c.offset - s.offset
         for i in range(c.count):
             a = rel + i * c.stride
@@ -778,7 +778,7 @@ def sc_copy_input(src_kind: str, dst_kind: str, split_kind: str, src: List[Any],
     buf.place(view, 0)
     whole = view.get()
     assert whole[d.nbytes:] == bytes([0xA5]) * (len(whole) - d.nbytes), "copy_input wrote past its destination"
-    assert stats.bytes_read == ferry.bytes_read(s) and stats.bytes_span == s.nbytes
+    assert stats.bytes_read == ferry.copy_path.bytes_read(s) and stats.bytes_span == s.nbytes
     # what arrived: the span when flat, else exactly the bytes read
     assert stats.bytes_copied == (s.nbytes if stats.path == ferry.CopyPolicy.FLAT else stats.bytes_read), stats
 
@@ -824,7 +824,7 @@ def sc_sched(kv_kind: str, ty: str, v_trans: bool, win: List[int], which: str, o
     if w is None:
         return
     src = w[0] if which == "k" else w[1]
-    out = attempt(lambda: ferry.dup(src, out_type))
+    out = attempt(lambda: ferry.ops.dup(src, out_type))
     if out is None:
         return
     out.set_output()
@@ -868,7 +868,7 @@ def sc_sched(kv_kind: str, ty: str, v_trans: bool, win: List[int], which: str, o
             kv = None
             gc.collect()
         elif action == "alloc_other":
-            attempt(lambda: sched.alloc(ferry.Graph(ferry.dup(out))))
+            attempt(lambda: sched.alloc(ferry.Graph(ferry.ops.dup(out))))
         elif action.startswith("prefetch"):  # copies queued ahead from now on (or refused)
             depth = {"prefetch": 2, "prefetch_off": 0, "prefetch_bad": -1}[action]
             attempt(lambda: setattr(sched, "prefetch", depth))
@@ -906,12 +906,12 @@ def sc_lifetimes(dev_kind: str, actions: List[str]) -> None:
     w["buf"] = w["cpu"].alloc_buffer(256)
     w["t"] = w["buf"].new_tensor("f32", [16], name="t")
     w["v"] = w["t"].view([4, 2], [4, 16], 8)
-    w["op"] = (ferry.dup(w["v"]) + ferry.dup(w["v"])).set_output()
+    w["op"] = (ferry.ops.dup(w["v"]) + ferry.ops.dup(w["v"])).set_output()
     w["g"] = ferry.Graph(w["op"])
     w["ga"] = ferry.GraphAllocator(w["cpu"])
     w["kv"] = ferry.KVCache("f32", "f32", 4, 1, 8, 2, backend=w["cpu"])
     w["kw"] = w["kv"].window(0, 2, 0, 1)
-    w["kd"] = ferry.dup(w["kw"][0]).set_output()
+    w["kd"] = ferry.ops.dup(w["kw"][0]).set_output()
     w["sched"] = ferry.Scheduler([w["dev"], w["cpu"]], policy="ranges")
 
     def use(names: str, fn: Callable[[], Any]) -> None:
@@ -949,7 +949,7 @@ def sc_lifetimes(dev_kind: str, actions: List[str]) -> None:
         elif a == "get_kw":
             use("kw", lambda: w["kw"][1].get())
         elif a == "placement":
-            use("ga op", lambda: w["ga"].placement(w["op"]))
+            use("ga op", lambda: w["ga"].slot(w["op"]))
         elif a == "chunks":
             use("ga", lambda: [repr(c) for c in w["ga"].chunks()])
         elif a == "copy":
@@ -1028,7 +1028,7 @@ def confusion_calls(J: Any) -> List[Callable[[], Any]]:
     t = cpu.alloc_tensor("f32", [8, 2], name="t")
     buf = cpu.alloc_buffer(64)
     kv = ferry.KVCache("f32", "f32", 4, 1, 8, 2, backend=dummy)
-    g = ferry.Graph(ferry.dup(t))
+    g = ferry.Graph(ferry.ops.dup(t))
     ga = ferry.GraphAllocator(cpu)
     sched = ferry.Scheduler([cpu])
     arr = np.zeros(4, np.float32)
@@ -1042,14 +1042,14 @@ def confusion_calls(J: Any) -> List[Callable[[], Any]]:
         lambda: t.set_2d(b"xxxx", 0, 4, J, 4), lambda: t.set_2d(b"xxxx", 0, 4, 1, J),
         lambda: t.set_2d(b"xxxx", 0, 4, 1, 4, J), lambda: t.get_2d(J, 4, 1, 4), lambda: t.get_2d(0, 4, 1, 4, out=J),
         lambda: t.copy_to(J), lambda: t.same_layout(J),
-        lambda: setattr(t, "name", J), lambda: ferry.dup(t, J), lambda: ferry.concat(t, J, 0), lambda: ferry.concat(t, t, J),
-        lambda: ferry.pad(t, J), lambda: ferry.pad(t, 0, J), lambda: ferry.scale(t, J), lambda: ferry.add(J, t), lambda: ferry.add(t, J),
-        lambda: ferry.mul(J, J), lambda: ferry.mean(J), lambda: ferry.dup(J), lambda: ferry.scale(J, 1.0),
-        lambda: ferry.attn_decode(J, t, t, t), lambda: ferry.attn_decode(t, t, t, t, scale=J),
-        lambda: ferry.attn_decode(t, t, t, t, v_trans=J), lambda: ferry.Graph(J), lambda: g.build(J),
+        lambda: setattr(t, "name", J), lambda: ferry.ops.dup(t, J), lambda: ferry.ops.concat(t, J, 0), lambda: ferry.ops.concat(t, t, J),
+        lambda: ferry.ops.pad(t, J), lambda: ferry.ops.pad(t, 0, J), lambda: ferry.ops.scale(t, J), lambda: ferry.ops.add(J, t), lambda: ferry.ops.add(t, J),
+        lambda: ferry.ops.mul(J, J), lambda: ferry.ops.mean(J), lambda: ferry.ops.dup(J), lambda: ferry.ops.scale(J, 1.0),
+        lambda: ferry.ops.attn_decode(J, t, t, t), lambda: ferry.ops.attn_decode(t, t, t, t, scale=J),
+        lambda: ferry.ops.attn_decode(t, t, t, t, v_trans=J), lambda: ferry.Graph(J), lambda: g.build(J),
         lambda: g.compute(J), lambda: J in g, lambda: ferry.GraphAllocator(J), lambda: ferry.GraphAllocator([J]),
         lambda: ga.alloc(J), lambda: ga.reserve(J), lambda: ga.reserve(g, J), lambda: ga.reserve(g, None, J),
-        lambda: ga.placement(J), lambda: ga.buffer_size(J), lambda: ga.chunks(J), lambda: ga.n_chunks(J),
+        lambda: ga.slot(J), lambda: ga.buffer_size(J), lambda: ga.chunks(J), lambda: ga.n_chunks(J),
         lambda: ferry.KVCache(J, "f32", 4, 1, 8, 2), lambda: ferry.KVCache("f32", J, 4, 1, 8, 2),
         lambda: ferry.KVCache("f32", "f32", J, 1, 8, 2, backend=dummy),
         lambda: ferry.KVCache("f32", "f32", 4, J, 8, 2, backend=dummy),
@@ -1066,18 +1066,18 @@ def confusion_calls(J: Any) -> List[Callable[[], Any]]:
         lambda: ferry.Scheduler([cpu], compact=J), lambda: sched.assign(J, cpu), lambda: sched.assign(t, J),
         lambda: sched.compute(J), lambda: sched.alloc(J), lambda: sched.backend_of(J), lambda: sched.buffer_size(J),
         lambda: setattr(sched, "policy", J), lambda: setattr(sched, "compact", J),
-        lambda: ferry.copy_input(J, "flat", t, t), lambda: ferry.copy_input(cpu, J, t, t),
-        lambda: ferry.copy_input(cpu, "flat", J, t), lambda: ferry.copy_input(cpu, "flat", t, J),
-        lambda: ferry.plan_copy(J, [4], [4]), lambda: ferry.plan_copy("f32", J, [4]),
-        lambda: ferry.plan_copy("f32", [4], J), lambda: ferry.plan_copy("f32", [4], [4], J),
-        lambda: ferry.plan_copy("f32", [4, 2], [4, J]), lambda: ferry.layout_view("f32", [4], [4], 0, source=J),
-        lambda: ferry.plan_of(J), lambda: ferry.bytes_read(J), lambda: ferry.copy_ranges_of(J),
-        lambda: ferry.plan_cost(J), lambda: ferry.plan_cost([J]), lambda: ferry.plan_cost([], J),
-        lambda: ferry.flat_cost(J), lambda: ferry.flat_cost(4, J), lambda: ferry.plan_pays(J),
-        lambda: ferry.plan_pays(t, J), lambda: ferry.explain(J, [4], [4]), lambda: ferry.explain("f32", J, [4]),
-        lambda: ferry.explain("f32", [4], J), lambda: ferry.explain_tensor(J), lambda: ferry.cost_model(J),
-        lambda: ferry.CopyCostModel(J, 1, 1, 1, 1, 1, 1, 1), lambda: ferry.CopyCostModel(1, 1, 1, J, 1, 1, 1, 1),
-        lambda: ferry.CopyCostModel.of_backend(J),
+        lambda: ferry.copy_path.copy_input(J, "flat", t, t), lambda: ferry.copy_path.copy_input(cpu, J, t, t),
+        lambda: ferry.copy_path.copy_input(cpu, "flat", J, t), lambda: ferry.copy_path.copy_input(cpu, "flat", t, J),
+        lambda: ferry.plan.plan_copy(J, [4], [4]), lambda: ferry.plan.plan_copy("f32", J, [4]),
+        lambda: ferry.plan.plan_copy("f32", [4], J), lambda: ferry.plan.plan_copy("f32", [4], [4], J),
+        lambda: ferry.plan.plan_copy("f32", [4, 2], [4, J]), lambda: ferry.plan.layout_view("f32", [4], [4], 0, source=J),
+        lambda: ferry.plan.plan_copy(J), lambda: ferry.copy_path.bytes_read(J), lambda: ferry.copy_path.copy_ranges_of(J),
+        lambda: ferry.plan.plan_cost(J), lambda: ferry.plan.plan_cost([J]), lambda: ferry.plan.plan_cost([], J),
+        lambda: ferry.plan.flat_cost(J), lambda: ferry.plan.flat_cost(4, J), lambda: ferry.plan.plan_pays(J),
+        lambda: ferry.plan.plan_pays(t, J), lambda: ferry.plan.explain(J, [4], [4]), lambda: ferry.plan.explain("f32", J, [4]),
+        lambda: ferry.plan.explain("f32", [4], J), lambda: ferry.plan.explain(J), lambda: ferry.plan.cost_model(J),
+        lambda: ferry.plan.CopyCostModel(J, 1, 1, 1, 1, 1, 1, 1), lambda: ferry.plan.CopyCostModel(1, 1, 1, J, 1, 1, 1, 1),
+        lambda: ferry.plan.CopyCostModel.of_backend(J),
         lambda: ferry.DummyBackend(alignment=J), lambda: ferry.DummyBackend(max_buffer_size=J),
         lambda: cpu.alloc_buffer(J), lambda: cpu.alloc_tensor(J, [4]), lambda: cpu.alloc_tensor("f32", J),
         lambda: cpu.alloc_buffer_for(J), lambda: buf.place(J), lambda: buf.place(t.dup_layout(), J),
@@ -1089,8 +1089,8 @@ def confusion_calls(J: Any) -> List[Callable[[], Any]]:
         lambda: cpu.copy_async(J, t), lambda: cpu.copy_async(t, J), lambda: cpu.copy_async(t, t, J),
         lambda: cpu.supports_buffer_type(J), lambda: cpu.wait(J), lambda: cpu.event(J), lambda: dummy.event(),
         lambda: ferry.to_type(J),
-        lambda: ferry.row_size(J, 4), lambda: ferry.row_size("f32", J), lambda: ferry.numpy_dtype(J),
-        lambda: ferry.type_from_dtype(J), lambda: ferry.Tensor.from_numpy(J, arr),
+        lambda: ferry.row_size(J, 4), lambda: ferry.row_size("f32", J), lambda: ferry.to_type(J).numpy_dtype,
+        lambda: ferry.Tensor.from_numpy(J, arr),
         lambda: ferry.Tensor.from_numpy(cpu, J), lambda: ferry.ops.op_name(J),
         lambda: ferry.CUDABackend(J), lambda: ferry.cuda_buffer_type(J), lambda: ferry.Event(J),
         lambda: ferry.Event(cpu, J), lambda: ferry.Event.elapsed_ms(J, J),
@@ -1150,7 +1150,7 @@ def test_graph_allocator(types: List[Any], leafs: List[Any], steps: List[Any], n
     ga.alloc(graph)  # again: the same walk, the same places
     whole: List[Any] = []
     for t in graph.tensors:
-        p = ga.placement(t)
+        p = ga.slot(t)
         if t.is_view:
             assert p is None
             assert t.allocated == t.root.allocated

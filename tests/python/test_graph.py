@@ -26,7 +26,7 @@ def _run(cpu: ferry.CPUBackend, *outputs: ferry.Tensor) -> ferry.GraphAllocator:
 
 
 def _leaf(values: np.ndarray, name: str) -> ferry.Tensor:
-    t = ferry.Tensor.new(ferry.type_from_dtype(values.dtype), list(reversed(values.shape)), name=name).set_input()
+    t = ferry.Tensor.new(ferry.to_type(values.dtype), list(reversed(values.shape)), name=name).set_input()
     t._values = np.ascontiguousarray(values)  # type: ignore[attr-defined]
     return t
 
@@ -37,11 +37,11 @@ def test_small_graph_end_to_end_matches_numpy(cpu: ferry.CPUBackend, dtype: type
     b_np = RNG.standard_normal((1, 4, 8)).astype(dtype)
     c_np = RNG.standard_normal((3, 4, 8)).astype(dtype)
     a, b, c = _leaf(a_np, "a"), _leaf(b_np, "b"), _leaf(c_np, "c")
-    s = ferry.scale((a + b) * c, 0.25, name="s")
-    m = ferry.mean(s, name="m").set_output()
-    p = ferry.pad(s, 2, 1, name="p").set_output()
-    j = ferry.concat(a, c, 2, name="j").set_output()
-    d = ferry.dup(s, "f32", name="d").set_output()
+    s = ferry.ops.scale((a + b) * c, 0.25, name="s")
+    m = ferry.ops.mean(s, name="m").set_output()
+    p = ferry.ops.pad(s, 2, 1, name="p").set_output()
+    j = ferry.ops.concat(a, c, 2, name="j").set_output()
+    d = ferry.ops.dup(s, "f32", name="d").set_output()
     galloc = _run(cpu, m, p, j, d)
     a64, b64, c64 = (x.astype(np.float64) for x in (a_np, b_np, c_np))
     want_s = (a64 + b64) * c64 * 0.25
@@ -62,8 +62,8 @@ def test_ops_on_strided_and_permuted_views(cpu: ferry.CPUBackend) -> None:
     v = x.view([8, 3, 4], [4, 64, 192], offset=32).permute(1, 0, 2, 3)
     assert not v.is_contiguous and v.ne == (3, 8, 4, 1)
     want_v = x_np[:, 1::2, :].transpose(0, 2, 1).astype(np.float64)
-    y = ferry.scale(ferry.dup(v) + v, -1.5).set_output()
-    m = ferry.mean(v).set_output()
+    y = ferry.ops.scale(ferry.ops.dup(v) + v, -1.5).set_output()
+    m = ferry.ops.mean(v).set_output()
     _run(cpu, y, m)
     np.testing.assert_allclose(y.to_numpy(), want_v * 2 * -1.5, rtol=1e-6)
     np.testing.assert_allclose(m.to_numpy(), want_v.mean(axis=2, keepdims=True), rtol=1e-5, atol=1e-6)
@@ -72,27 +72,27 @@ def test_ops_on_strided_and_permuted_views(cpu: ferry.CPUBackend) -> None:
 def test_graph_lists_leafs_and_nodes_in_order() -> None:
     a = ferry.Tensor.new("f32", [4], name="a")
     b = ferry.Tensor.new("f32", [4], name="b")
-    s = ferry.add(a, b, name="s")
-    t = ferry.scale(s, 2.0, name="t")
+    s = ferry.ops.add(a, b, name="s")
+    t = ferry.ops.scale(s, 2.0, name="t")
     g = ferry.Graph(t)
     assert [x.name for x in g.leafs] == ["a", "b"]
     assert [x.name for x in g.nodes] == ["s", "t"]
     assert g.leafs[0] is a and g.nodes[1] is t and t.srcs == (s,) and s.srcs == (a, b)
     assert s in g and ferry.Tensor.new("f32", [4]) not in g
-    g.build(ferry.mean(t, name="u"), t)  # t again is not added twice
+    g.build(ferry.ops.mean(t, name="u"), t)  # t again is not added twice
     assert [x.name for x in g.nodes] == ["s", "t", "u"]
     assert [ferry.ops.op_name(x.op) for x in g.nodes] == ["add", "scale", "mean"]
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda a, b, c: ferry.add(a, b), "cannot be repeated"),
-    (lambda a, b, c: ferry.mul(a, b), "cannot be repeated"),
+    (lambda a, b, c: ferry.ops.add(a, b), "cannot be repeated"),
+    (lambda a, b, c: ferry.ops.mul(a, b), "cannot be repeated"),
     (lambda a, b, c: a + c, "is f16"),
-    (lambda a, b, c: ferry.concat(a, b, 0), "concat along 0: ne\\[1\\] differs"),
-    (lambda a, b, c: ferry.concat(a, c, 1), "is f16"),
-    (lambda a, b, c: ferry.pad(a, -1), "negative"),
-    (lambda a, b, c: ferry.mean(ferry.Tensor.new("q8_0", [64, 2])), "blocks"),
-    (lambda a, b, c: ferry.dup(a, "q8_0"), "not whole q8_0 blocks"),
+    (lambda a, b, c: ferry.ops.concat(a, b, 0), "concat along 0: ne\\[1\\] differs"),
+    (lambda a, b, c: ferry.ops.concat(a, c, 1), "is f16"),
+    (lambda a, b, c: ferry.ops.pad(a, -1), "negative"),
+    (lambda a, b, c: ferry.ops.mean(ferry.Tensor.new("q8_0", [64, 2])), "blocks"),
+    (lambda a, b, c: ferry.ops.dup(a, "q8_0"), "not whole q8_0 blocks"),
 ])
 def test_wrong_shapes_raise_layout_error(make, match: str) -> None:  # type: ignore[no-untyped-def]
     a = ferry.Tensor.new("f32", [6, 4], name="a")
@@ -108,15 +108,15 @@ def test_bad_op_arguments_raise_ferry_errors() -> None:
     with pytest.raises(ferry.InvalidArgumentError):
         a + 1  # type: ignore[operator]
     with pytest.raises(ferry.InvalidArgumentError):
-        ferry.scale(a, "2")  # type: ignore[arg-type]
+        ferry.ops.scale(a, "2")  # type: ignore[arg-type]
     with pytest.raises(ferry.InvalidArgumentError):
-        ferry.scale(a, float("inf"))
+        ferry.ops.scale(a, float("inf"))
     with pytest.raises(ferry.InvalidArgumentError, match="dim 7"):
-        ferry.concat(a, a, 7)
+        ferry.ops.concat(a, a, 7)
     with pytest.raises(ferry.InvalidArgumentError):
-        ferry.pad(a, 2**40)
+        ferry.ops.pad(a, 2**40)
     with pytest.raises(ferry.UnknownTypeError):
-        ferry.dup(a, "f64")
+        ferry.ops.dup(a, "f64")
     with pytest.raises(ferry.InvalidArgumentError):
         ferry.Graph(a, "b")  # type: ignore[arg-type]
     with pytest.raises(ferry.InvalidArgumentError):
@@ -129,7 +129,7 @@ def test_bad_op_arguments_raise_ferry_errors() -> None:
 
 def test_compute_without_memory_is_an_error(cpu: ferry.CPUBackend) -> None:
     a = ferry.Tensor.new("f32", [4], name="a")
-    g = ferry.Graph(ferry.scale(a, 2.0))
+    g = ferry.Graph(ferry.ops.scale(a, 2.0))
     with pytest.raises(ferry.NotAllocatedError):
         g.compute(cpu)
 

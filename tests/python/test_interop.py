@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -174,7 +176,7 @@ def test_memory_no_one_reads_is_refused(cpu: ferry.CPUBackend) -> None:
 def test_scheduler_memory_is_refused(cpu: ferry.CPUBackend) -> None:
     """A scheduler's compute tensors move when it allocates again: a view of them could dangle."""
     a = ferry.Tensor.from_numpy(cpu, np.ones(8, np.float32), name="a")
-    out = ferry.scale(a, 2.0, name="out").set_output()
+    out = ferry.ops.scale(a, 2.0, name="out").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([cpu])
     sched.compute(graph)
@@ -220,7 +222,7 @@ def test_from_array_is_a_view_of_numpy_memory(cpu: ferry.CPUBackend) -> None:
     del backing, window
     gc.collect()
     assert t.to_numpy()[1, 0] == 1234  # the tensor holds the array
-    assert isinstance(t.buffer, ferry.ForeignBuffer) and t.buffer.is_host
+    assert isinstance(t.buffer, ferry.interop.ForeignBuffer) and t.buffer.is_host
 
 
 def test_from_array_of_raw_blocks(cpu: ferry.CPUBackend) -> None:
@@ -272,7 +274,7 @@ def test_scheduler_over_a_kv_cache_in_numpy_arrays() -> None:
     es = k.type.size
     window = k.view([head_dim, n_head, n_kv, ns], [es, head_dim * es, k.nb[1], k.nb[2]], name="win")
     window = window.permute(0, 2, 1, 3)  # [head_dim, n_kv, n_head, ns]
-    out = ferry.dup(window, name="out").set_output()
+    out = ferry.ops.dup(window, name="out").set_output()
     dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
     sched = ferry.Scheduler([dev, cpu])
     sched.assign(out, dev)
@@ -374,3 +376,16 @@ def test_fake_runtime_device_memory_never_read_by_the_host() -> None:
     t = cuda_tensor(np.ones(8, np.float32))
     with pytest.raises(ferry.UnsupportedError):
         np.asarray(t)
+
+
+def test_importing_ferry_adds_no_collector_callback_and_the_first_dlpack_export_does() -> None:
+    """The collector's callback that lets go of consumed DLPack exports costs every collection of a
+    program; it comes with the first export, not with `import ferry`."""
+    code = ("import gc; before = len(gc.callbacks)\n"
+            "import numpy as np, ferry\n"
+            "print(len(gc.callbacks) - before)\n"
+            "t = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.ones(4, np.float32))\n"
+            "a = np.from_dlpack(t); a = np.from_dlpack(t)\n"
+            "print(len(gc.callbacks) - before)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["0", "1"], done.stderr

@@ -53,7 +53,7 @@ def fill(kv: ferry.KVCache, values: Sequence[Tuple[np.ndarray, np.ndarray]]) -> 
 
 
 def run(kv: ferry.KVCache, split: ferry.Backend, v_trans: bool, policy: str, prefetch: int,
-        one_call: bool = False) -> Tuple[bytes, ferry.SchedStats]:
+        one_call: bool = False) -> Tuple[bytes, ferry.stats.SchedStats]:
     rng = np.random.default_rng(7)
     q = [ferry.Tensor.from_numpy(split, rng.uniform(-1, 1, (N_STREAM, 1, N_HEAD, HEAD_DIM)).astype(np.float32))
          for _ in range(N_LAYER)]
@@ -446,7 +446,7 @@ def test_one_call_step_over_sliding_layers(type_k: str, type_v: str, v_trans: bo
         for prefetch in (0, 1):
             with ferry.Scheduler([dev, ferry.CPUBackend()], policy=policy, prefetch=prefetch) as sched:
                 outs = ferry.attention_step(sched, dev, kv.windows(N_KV), q, kv_len, v_trans)
-                sched.compute(ferry.step_graph(outs))
+                sched.compute(outs.graph)
                 assert [o.get() for o in outs] == want, (policy, prefetch)
                 copied = layer_copied(sched, kv)
             for layer, win in enumerate(SLIDING):

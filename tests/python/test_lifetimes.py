@@ -205,14 +205,14 @@ for i in range(100):
     split = ferry.DummyBackend(real_memory=True)
     kv = ferry.KVCache("f32", "f32", 8, 2, 64, 4, backend=cpu)
     k, v = kv.window(0, 5, 1, 3)
-    out = ferry.scale(ferry.dup(k) + ferry.dup(k), 0.5).set_output()
+    out = ferry.ops.scale(ferry.ops.dup(k) + ferry.ops.dup(k), 0.5).set_output()
     g = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy="ranges")
     sched.assign(out, split)
     sched.compute(g)
     copy = sched.inputs[0].copy
     a = ferry.Tensor.new("f32", [8]).set_input()
-    g2 = ferry.Graph(ferry.scale(a, 2.0).set_output())
+    g2 = ferry.Graph(ferry.ops.scale(a, 2.0).set_output())
     galloc = ferry.GraphAllocator(cpu)
     galloc.alloc(g2)
     bag = [cpu, split, kv, k, v, out, g, sched, copy, a, g2, galloc, galloc.chunks()[0], kv.buffer]

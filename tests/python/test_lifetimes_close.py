@@ -64,7 +64,7 @@ def pinned_kv_case() -> Case:
 
 def _graph(cpu: ferry.CPUBackend) -> ferry.Graph:
     a = ferry.Tensor.from_numpy(cpu, np.arange(16, dtype=np.float32), name="a")
-    return ferry.Graph(ferry.add(a, a, name="out").set_output())
+    return ferry.Graph(ferry.ops.add(a, a, name="out").set_output())
 
 
 def scheduler_case() -> Case:

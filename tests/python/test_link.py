@@ -94,7 +94,7 @@ def test_no_link_is_measured_not_modelled() -> None:
     assert (dev.link_gbps, dev.latency_us, dev.memory_size) == (None, 0.0, None)
     m = ferry.measure_link(dev, nbytes=MIB, repeats=1)
     assert m.gbps > 0 and m.modelled_gbps is None and m.reached is None
-    assert dev.link_stats == ferry.LinkStats(0, 0, 0.0, 0.0, 0, 0.0)  # nothing modelled, nothing counted
+    assert dev.link_stats == ferry.stats.LinkStats(0, 0, 0.0, 0.0, 0, 0.0)  # nothing modelled, nothing counted
     assert dev.link_stats.host_gbps is None
 
 
@@ -110,7 +110,7 @@ def test_standin_parameters() -> None:
 def test_memory_past_the_device_is_refused_and_freeing_returns_it() -> None:
     memory, ask = 64 * MIB, 40 * MIB
     dev = ferry.StandinBackend(memory=memory)
-    assert dev.memory() == ferry.MemoryInfo(free=memory, total=memory)
+    assert dev.memory() == ferry.stats.MemoryInfo(free=memory, total=memory)
     a = dev.alloc_buffer(ask)
     assert dev.memory() == (memory - ask, memory) and dev.memory().used == ask
     with pytest.raises(ferry.OutOfMemoryError) as e:

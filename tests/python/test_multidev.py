@@ -135,7 +135,7 @@ def test_per_layer_path_matches_the_c_path() -> None:
     sched.clear_assignments()
     windows = [step.kv.window(layer, N_KV) for layer in range(N_LAYER)]
     outs = ferry.attention_step(sched, on, windows, step.q, step.kv_len)
-    graph = ferry.step_graph(outs)
+    graph = outs.graph
     sched.compute(graph)
     assert [t.get() for t in outs] == fast
     assert [sched.backend_of(t) for t in outs] == on

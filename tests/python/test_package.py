@@ -1,5 +1,6 @@
-"""The package's face: build_info, cuda_available, the reprs of its objects, one spelling per public
-name with the binding kept off it, and every public result type saying what each field holds."""
+"""The package's face: build_info, cuda_available, the reprs of its objects, at most 50 public names,
+each documented in docs/api.md, one spelling per name with the binding kept off it, and every
+public result type saying what each field holds."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import pydoc
 import re
 from collections import defaultdict
+from pathlib import Path
+from types import ModuleType
 from typing import DefaultDict, List
 
 import pytest
@@ -36,12 +39,37 @@ def test_reprs(cpu: ferry.CPUBackend) -> None:
     assert repr(t.view([4], offset=6)).endswith("view of 'x' +6 in CPU buffer>")
     assert repr(cpu) == "<CPUBackend 'CPU'>"
     assert repr(ferry.DummyBackend(has_2d=False)) == "<DummyBackend 'Dummy(synthetic)' no-2d>"
-    assert repr(ferry.Stats()) == "<Stats nothing moved>"
+    assert repr(ferry.stats.Stats()) == "<Stats nothing moved>"
     t.set(bytes(6))
     assert repr(t.buffer.stats) == "<Stats set: 1 calls 6 B (1 impl)>"
 
 
 # ------------------------------------------------------------ one spelling per name
+
+API = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+
+
+def test_the_face_is_at_most_50_names_each_documented() -> None:
+    """docs/api.md has a line for each name of ferry.__all__, and for no other: a name added (or a
+    second spelling) without a line there fails here."""
+    documented = re.findall(r"^- `(\w+)`", API.read_text(encoding="utf-8"), re.M)
+    assert len(documented) == len(set(documented))
+    assert sorted(documented) == sorted(ferry.__all__)
+    assert len(ferry.__all__) <= 50
+
+
+def test_the_planner_and_the_copy_plans_live_in_their_modules() -> None:
+    """The residency planner's names are ferry.residency's and the copy-plan analysis ferry.plan's, not
+    the top level's; one word for one thing: residency's choose_*, copy plans' plan_*, the
+    allocator's Slot, a layer's placement."""
+    for name in ("choose_residency", "choose_auto", "DeviceSpec", "LayerCost", "predict_step", "ResidencyPlan"):
+        assert hasattr(ferry.residency, name) and not hasattr(ferry, name), name
+    for name in ("plan_copy", "explain", "CopyCostModel", "plan_cost", "plan_pays", "layout_view"):
+        assert hasattr(ferry.plan, name) and not hasattr(ferry, name), name
+    for gone in ("plan_residency", "plan_auto", "plan_of", "explain_tensor", "step_graph", "Placement",
+                 "numpy_dtype", "type_from_dtype"):
+        assert not hasattr(ferry, gone) and not hasattr(ferry.plan, gone) and not hasattr(ferry.residency, gone)
+    assert ferry.alloc.Slot._fields == ("buffer_type", "chunk", "offset", "size")
 
 
 def test_every_public_name_exists_once() -> None:
@@ -75,12 +103,19 @@ def test_no_second_spellings() -> None:
 # ------------------------------------------------------------ result types say what their fields hold
 
 
+#: The modules of the face whose names are public too (ferry.__all__'s modules).
+MODULES: List[ModuleType] = [ferry, ferry.plan, ferry.residency, ferry.stats, ferry.sched, ferry.kv, ferry.alloc]
+
+
 def _result_types() -> List[type]:
-    out = []
-    for name in ferry.__all__:
-        obj = getattr(ferry, name)
-        if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or hasattr(obj, "_fields")):
-            out.append(obj)
+    out: List[type] = []
+    for module in MODULES:
+        names = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
+        for name in names:
+            obj = getattr(module, name)
+            if isinstance(obj, type) and obj.__module__.startswith("ferry") and obj not in out and \
+                    (dataclasses.is_dataclass(obj) or hasattr(obj, "_fields")):
+                out.append(obj)
     return out
 
 
@@ -93,7 +128,7 @@ def _fields(cls: type) -> List[str]:
 def test_the_public_face_has_result_types() -> None:
     names = {c.__name__ for c in _result_types()}
     assert {"Stats", "CopyStats", "SchedStats", "Copy2D", "KVParams", "Split", "Input", "Explanation",
-            "Placement"} <= names
+            "Slot", "ResidencyPlan", "DeviceSpec"} <= names
 
 
 @pytest.mark.parametrize("cls", _result_types(), ids=lambda c: c.__name__)

@@ -23,40 +23,40 @@ ROW_Q8 = 1088  # a q8_0 row of 1024 channels
 def test_k_window_is_one_copy_the_ranges_rule_finds() -> None:
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 32768, 2)
     k, _ = kv.window(0, 2176, 0, 1)
-    assert ferry.plan_of(k) == [ferry.Copy2D(0, 2176 * ROW_Q8, 2, 16384 * ROW_Q8)]
-    assert tuple(ferry.plan_of(k)[0]) == tuple(ferry.copy_ranges_of(k))
-    assert ferry.plan_copy("q8_0", k.ne, k.nb, k.offset) == ferry.plan_of(k)
+    assert ferry.plan.plan_copy(k) == [ferry.Copy2D(0, 2176 * ROW_Q8, 2, 16384 * ROW_Q8)]
+    assert tuple(ferry.plan.plan_copy(k)[0]) == tuple(ferry.copy_path.copy_ranges_of(k))
+    assert ferry.plan.plan_copy("q8_0", k.ne, k.nb, k.offset) == ferry.plan.plan_copy(k)
     # streams 1..3 of 4: offsets from the layer's first byte (the window starts a stream in)
     kv4 = ferry.KVCache("q8_0", "q8_0", 128, 8, 32768, 4)
     k4, _ = kv4.window(0, 2176, 1, 3)
     assert k4.offset == 8192 * ROW_Q8
-    assert ferry.plan_of(k4) == [ferry.Copy2D(8192 * ROW_Q8, 2176 * ROW_Q8, 3, 8192 * ROW_Q8)]
-    assert ferry.plan_of(k4)[0].nbytes == ferry.bytes_read(k4) == 3 * 2176 * ROW_Q8
-    assert ferry.plan_of(k4)[0].end == k4.offset + k4.nbytes
+    assert ferry.plan.plan_copy(k4) == [ferry.Copy2D(8192 * ROW_Q8, 2176 * ROW_Q8, 3, 8192 * ROW_Q8)]
+    assert ferry.plan.plan_copy(k4)[0].nbytes == ferry.copy_path.bytes_read(k4) == 3 * 2176 * ROW_Q8
+    assert ferry.plan.plan_copy(k4)[0].end == k4.offset + k4.nbytes
 
 
 def test_transposed_v_unified_is_one_copy_of_a_fifteenth_of_the_span() -> None:
     kv = ferry.KVCache("f16", "f16", 128, 8, 32768, 1, v_trans=True)
     _, v = kv.window(0, 2176, 0, 0)
-    (c,) = ferry.plan_of(v)
+    (c,) = ferry.plan.plan_copy(v)
     assert c == ferry.Copy2D(0, 2176 * 2, 1024, 32768 * 2)  # 1024 channel rows of 4352 B, pitch 64 KiB
-    assert c.nbytes == ferry.bytes_read(v) == 1024 * 4352
+    assert c.nbytes == ferry.copy_path.bytes_read(v) == 1024 * 4352
     assert v.nbytes / c.nbytes > 15
-    assert ferry.plan_pays(v, "gpu") and ferry.plan_pays(v, "cpu")
-    ex = ferry.explain_tensor(v)
+    assert ferry.plan.plan_pays(v, "gpu") and ferry.plan.plan_pays(v, "cpu")
+    ex = ferry.plan.explain(v)
     assert (ex.row, ex.row_dims, ex.folds, ex.nested, ex.n_copies) == (4352, (0,), (((1,), (2,)),), True, 1)
 
 
 def test_contiguous_and_unified_k_are_one_flat_copy_that_does_not_pay() -> None:
     t = ferry.Tensor.new("f32", [5, 3, 2])
-    assert ferry.plan_of(t) == [ferry.Copy2D(0, 120, 1, 120)]
-    assert ferry.plan_copy("q4_0", [64, 3], [18, 36]) == [ferry.Copy2D(0, 108, 1, 108)]
+    assert ferry.plan.plan_copy(t) == [ferry.Copy2D(0, 120, 1, 120)]
+    assert ferry.plan.plan_copy("q4_0", [64, 3], [18, 36]) == [ferry.Copy2D(0, 108, 1, 108)]
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 32768, 1)
     k, _ = kv.window(0, 2176)
-    assert ferry.plan_of(k) == [ferry.Copy2D(0, k.nbytes, 1, k.nbytes)]
+    assert ferry.plan.plan_copy(k) == [ferry.Copy2D(0, k.nbytes, 1, k.nbytes)]
     # the same bytes as flat in the same one call: a tie, and a tie stays flat (the path must not change)
-    assert not ferry.plan_pays(k, "gpu") and not ferry.plan_pays(k, "cpu")
-    assert ferry.plan_copy("f32", [0, 3], [4, 16]) == []  # an empty view reads nothing
+    assert not ferry.plan.plan_pays(k, "gpu") and not ferry.plan.plan_pays(k, "cpu")
+    assert ferry.plan.plan_copy("f32", [0, 3], [4, 16]) == []  # an empty view reads nothing
 
 
 def test_window_layout_is_the_view_a_window_takes() -> None:
@@ -69,7 +69,7 @@ def test_window_layout_is_the_view_a_window_takes() -> None:
         t = kv.k(0) if which == "k" else kv.v(0)
         view = t.view(ne, nb, offset).permute(0, 2, 1, 3)
         assert (view.ne, view.nb, view.offset) == (w.ne, w.nb, w.offset)
-        assert ferry.plan_of(view) == ferry.plan_of(w)
+        assert ferry.plan.plan_copy(view) == ferry.plan.plan_copy(w)
         assert offset == kv.cell_offset(which, 1, 0)
     assert kv.cell_offset("k", 2, 3) == (2 * 32 + 3) * 256  # a cell: 128 f16 values
     assert kv.cell_offset("v", 2, 32) == (2 * 32 * 128 + 32) * 2  # transposed: cells are values
@@ -81,22 +81,22 @@ def test_window_layout_is_the_view_a_window_takes() -> None:
 
 def test_permuted_layouts_and_offsets() -> None:
     # every other f32 of 3 rows, then rows and columns swapped (dimension 0 no longer innermost)
-    assert ferry.plan_copy("f32", [3, 4], [32, 8], 4) == [ferry.Copy2D(4, 4, 12, 8)]
-    assert ferry.plan_copy("f32", [4, 3], [8, 32], 4) == ferry.plan_copy("f32", [3, 4], [32, 8], 4)
+    assert ferry.plan.plan_copy("f32", [3, 4], [32, 8], 4) == [ferry.Copy2D(4, 4, 12, 8)]
+    assert ferry.plan.plan_copy("f32", [4, 3], [8, 32], 4) == ferry.plan.plan_copy("f32", [3, 4], [32, 8], 4)
     src = ferry.Tensor.new("f32", [64], name="src")
     view = src.view([4, 3], [4, 40], 8).permute(1, 0, 2, 3)
     assert view.ne[:2] == (3, 4) and view.nb[:2] == (40, 4)
-    assert ferry.plan_of(view) == ferry.plan_copy("f32", [3, 4], [40, 4], 8) == [ferry.Copy2D(8, 16, 3, 40)]
-    lv = ferry.layout_view("f32", [3, 4], [40, 4], 8)
+    assert ferry.plan.plan_copy(view) == ferry.plan.plan_copy("f32", [3, 4], [40, 4], 8) == [ferry.Copy2D(8, 16, 3, 40)]
+    lv = ferry.plan.layout_view("f32", [3, 4], [40, 4], 8)
     assert (lv.ne, lv.nb[:2], lv.offset, lv.root.nbytes) == (view.ne, view.nb[:2], 8, 8 + 2 * 40 + 16)
     # no dimension steps by one element, but a one-value dimension can be put first and permuted
-    assert ferry.plan_copy("f32", [2, 2], [8, 16]) == [ferry.Copy2D(0, 4, 4, 8)]
+    assert ferry.plan.plan_copy("f32", [2, 2], [8, 16]) == [ferry.Copy2D(0, 4, 4, 8)]
     # giant strides are metadata: nothing is allocated
-    assert ferry.plan_copy("f32", [4, 2], [4, 2**62]) == [ferry.Copy2D(0, 16, 2, 2**62)]
+    assert ferry.plan.plan_copy("f32", [4, 2], [4, 2**62]) == [ferry.Copy2D(0, 16, 2, 2**62)]
     # overlapping rows (stride 2 under a 4-byte element) merge into one range
-    assert ferry.plan_copy("f16", [2, 5], [2, 2]) == [ferry.Copy2D(0, 12, 1, 12)]
+    assert ferry.plan.plan_copy("f16", [2, 5], [2, 2]) == [ferry.Copy2D(0, 12, 1, 12)]
     # broadcast: stride 0 adds no bytes
-    assert ferry.plan_copy("i32", [4, 6], [4, 0], 12) == [ferry.Copy2D(12, 16, 1, 16)]
+    assert ferry.plan.plan_copy("i32", [4, 6], [4, 0], 12) == [ferry.Copy2D(12, 16, 1, 16)]
 
 
 def _tangled() -> tuple:
@@ -107,18 +107,18 @@ def _tangled() -> tuple:
 def test_too_tangled_raises_and_the_plan_policy_copies_flat() -> None:
     ty, ne, nb = _tangled()
     with pytest.raises(ferry.UnsupportedError, match="more than 1048576 rows; copy the span instead"):
-        ferry.plan_copy(ty, ne, nb)
-    view = ferry.layout_view(ty, ne, nb)
-    assert not ferry.plan_pays(view, "gpu")
-    assert ferry.bytes_read(view) == 4 * 1100 * 1100  # element bytes, as ferry.h says for these
-    assert not ferry.explain(ty, ne, nb).nested
+        ferry.plan.plan_copy(ty, ne, nb)
+    view = ferry.plan.layout_view(ty, ne, nb)
+    assert not ferry.plan.plan_pays(view, "gpu")
+    assert ferry.copy_path.bytes_read(view) == 4 * 1100 * 1100  # element bytes, as ferry.h says for these
+    assert not ferry.plan.explain(ty, ne, nb).nested
     outs = {}
     for policy in ("flat", "plan"):
         cpu, split = ferry.CPUBackend(), ferry.DummyBackend(real_memory=True)
         src = cpu.alloc_tensor("f32", [view.nbytes // 4])
         src.set(pattern(view.nbytes))
-        v = ferry.layout_view(ty, ne, nb, source=src)
-        out = ferry.dup(v, name="out").set_output()
+        v = ferry.plan.layout_view(ty, ne, nb, source=src)
+        out = ferry.ops.dup(v, name="out").set_output()
         g = ferry.Graph(out)
         sched = ferry.Scheduler([split, cpu], policy=policy)
         sched.assign(out, split)
@@ -135,9 +135,9 @@ def test_scheduler_plan_path_moves_the_plan() -> None:
     kv = ferry.KVCache("f16", "f16", 64, 2, 8192, 1, v_trans=True)
     kv.v(0).set(pattern(kv.v(0).nbytes))
     _, v = kv.window(0, 2048)
-    (c,) = ferry.plan_of(v)
+    (c,) = ferry.plan.plan_copy(v)
     assert c == ferry.Copy2D(0, 4096, 128, 16384)
-    out = ferry.dup(v, name="out").set_output()
+    out = ferry.ops.dup(v, name="out").set_output()
     g = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy="plan")
     sched.assign(out, split)
@@ -157,57 +157,61 @@ def test_scheduler_plan_path_moves_the_plan() -> None:
 
 
 def test_cost_model() -> None:
-    cpu, gpu = ferry.CopyCostModel.cpu(), ferry.CopyCostModel.gpu()
-    assert cpu == ferry.CopyCostModel(0.2, 30.0, 11.8, 64, 8192, 0.6, 0, 0.0)
-    assert gpu == ferry.CopyCostModel(4.0, 0.0, 54.9, 64, 256, 0.73, 65536, 42.0)
-    assert ferry.CopyCostModel.of_backend(ferry.CPUBackend()) == cpu == ferry.cost_model("cpu")
-    assert ferry.cost_model(ferry.DummyBackend()) == cpu and ferry.cost_model(gpu) is gpu
+    cpu, gpu = ferry.plan.CopyCostModel.cpu(), ferry.plan.CopyCostModel.gpu()
+    assert cpu == ferry.plan.CopyCostModel(0.2, 30.0, 11.8, 64, 8192, 0.6, 0, 0.0)
+    assert gpu == ferry.plan.CopyCostModel(4.0, 0.0, 54.9, 64, 256, 0.73, 65536, 42.0)
+    assert ferry.plan.CopyCostModel.of_backend(ferry.CPUBackend()) == cpu == ferry.plan.cost_model("cpu")
+    assert ferry.plan.cost_model(ferry.DummyBackend()) == cpu and ferry.plan.cost_model(gpu) is gpu
     with pytest.raises(dataclasses.FrozenInstanceError):
         cpu.gbps = 1.0  # type: ignore[misc]
     assert cpu.as_dict()["row_ns"] == 30.0
     # docs/design.md's anchors on the GPU model: the q8_0 K window over 2 streams, flat 372 us against 91 us
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 32768, 2)
     k, _ = kv.window(0, 2176, 0, 1)
-    assert ferry.flat_cost(k.nbytes, "gpu") * 1e6 == pytest.approx(372, rel=0.03)
-    assert ferry.plan_cost(ferry.plan_of(k), "gpu") * 1e6 == pytest.approx(91, rel=0.03)
+    assert ferry.plan.flat_cost(k.nbytes, "gpu") * 1e6 == pytest.approx(372, rel=0.03)
+    assert ferry.plan.plan_cost(ferry.plan.plan_copy(k), "gpu") * 1e6 == pytest.approx(91, rel=0.03)
     # the transposed V at a 64 KiB pitch: 128 us as one 2-D copy
-    assert ferry.plan_cost([(0, 4352, 1024, 65536)], gpu) * 1e6 == pytest.approx(128, rel=0.03)
-    assert ferry.plan_cost([], "gpu") == 0.0 and ferry.flat_cost(0, "gpu") == 0.0
+    assert ferry.plan.plan_cost([(0, 4352, 1024, 65536)], gpu) * 1e6 == pytest.approx(128, rel=0.03)
+    assert ferry.plan.plan_cost([], "gpu") == 0.0 and ferry.plan.flat_cost(0, "gpu") == 0.0
     # a plan with a custom model: a call so dear that one flat copy always wins
     dear = dataclasses.replace(gpu, call_us=1e6)
-    assert ferry.plan_pays(k, "gpu") and ferry.plan_pays(k, dear) is True  # one copy vs one call: bytes decide
-    assert not ferry.plan_pays(kv.window(0, 2176, 0, 0)[0], dear)
+    assert ferry.plan.plan_pays(k, "gpu") and ferry.plan.plan_pays(k, dear) is True  # one copy vs one call: bytes decide
+    assert not ferry.plan.plan_pays(kv.window(0, 2176, 0, 0)[0], dear)
 
 
 @pytest.mark.parametrize("make,exc,message", [
-    (lambda: ferry.plan_copy("q9", [4], [4]), ferry.UnknownTypeError, "unknown type name 'q9'"),
-    (lambda: ferry.plan_copy(99, [4], [4]), ferry.UnknownTypeError, "unknown type"),
-    (lambda: ferry.plan_copy("q8_0", [33], [34]), ferry.LayoutError, "not a whole number of q8_0 blocks of 32"),
-    (lambda: ferry.plan_copy("f32", [-1], [4]), ferry.InvalidArgumentError, "ne[0] = -1 is negative"),
-    (lambda: ferry.plan_copy("f32", [4, 2], [4, -8]), ferry.InvalidArgumentError, "nb[1]: -8 is negative"),
-    (lambda: ferry.plan_copy("f32", [4], [4], -1), ferry.InvalidArgumentError, "offset: -1 is negative"),
-    (lambda: ferry.plan_copy("f32", [4], [4], 2**64), ferry.InvalidArgumentError, "overflows a 64-bit size"),
-    (lambda: ferry.plan_copy("f32", [4, 3], [4, 2**63]), ferry.OutOfBoundsError, "view: strides overflow"),
-    (lambda: ferry.plan_copy("f32", [4, 2], [4, 2**63]), ferry.OutOfBoundsError, "reaches past"),
-    (lambda: ferry.plan_copy("f32", [4], [4, 4]), ferry.InvalidArgumentError, "1 dimensions need 1 strides"),
-    (lambda: ferry.plan_copy("f32", [1.5], [4]), ferry.InvalidArgumentError, "expected an integer"),
-    (lambda: ferry.plan_copy("f32", [2] * 4, [8, 16, 32, 64]), ferry.LayoutError, "no dimension has stride 4"),
-    (lambda: ferry.plan_copy("q8_0", [32, 2], [68, 34]), ferry.LayoutError, "block types keep dimension 0"),
+    (lambda: ferry.plan.plan_copy("q9", [4], [4]), ferry.UnknownTypeError, "unknown type name 'q9'"),
+    (lambda: ferry.plan.plan_copy(99, [4], [4]), ferry.UnknownTypeError, "unknown type"),
+    (lambda: ferry.plan.plan_copy("q8_0", [33], [34]), ferry.LayoutError, "not a whole number of q8_0 blocks of 32"),
+    (lambda: ferry.plan.plan_copy("f32", [-1], [4]), ferry.InvalidArgumentError, "ne[0] = -1 is negative"),
+    (lambda: ferry.plan.plan_copy("f32", [4, 2], [4, -8]), ferry.InvalidArgumentError, "nb[1]: -8 is negative"),
+    (lambda: ferry.plan.plan_copy("f32", [4], [4], -1), ferry.InvalidArgumentError, "offset: -1 is negative"),
+    (lambda: ferry.plan.plan_copy("f32", [4], [4], 2**64), ferry.InvalidArgumentError, "overflows a 64-bit size"),
+    (lambda: ferry.plan.plan_copy("f32", [4, 3], [4, 2**63]), ferry.OutOfBoundsError, "view: strides overflow"),
+    (lambda: ferry.plan.plan_copy("f32", [4, 2], [4, 2**63]), ferry.OutOfBoundsError, "reaches past"),
+    (lambda: ferry.plan.plan_copy("f32", [4], [4, 4]), ferry.InvalidArgumentError, "1 dimensions need 1 strides"),
+    (lambda: ferry.plan.plan_copy("f32", [1.5], [4]), ferry.InvalidArgumentError, "expected an integer"),
+    (lambda: ferry.plan.plan_copy("f32", [2] * 4, [8, 16, 32, 64]), ferry.LayoutError, "no dimension has stride 4"),
+    (lambda: ferry.plan.plan_copy("q8_0", [32, 2], [68, 34]), ferry.LayoutError, "block types keep dimension 0"),
     (lambda: ferry.Tensor.new("f32", [8]).view([2], [8]), ferry.LayoutError, "nb[0] is 8 but a f32 element is 4"),
-    (lambda: ferry.plan_copy("f32", [1, 2, 3, 4, 5], [4] * 5), ferry.InvalidArgumentError, "1 to 4 dimensions"),
-    (lambda: ferry.plan_of("t"), ferry.InvalidArgumentError, "expected a Tensor, got str"),
-    (lambda: ferry.layout_view("f16", [4], [2], source=ferry.Tensor.new("f32", [8])), ferry.LayoutError,
+    (lambda: ferry.plan.plan_copy("f32", [1, 2, 3, 4, 5], [4] * 5), ferry.InvalidArgumentError, "1 to 4 dimensions"),
+    (lambda: ferry.plan.plan_copy("f32"), ferry.InvalidArgumentError, "a type needs ne and nb (or give a Tensor)"),
+    (lambda: ferry.plan.plan_copy(ferry.Tensor.new("f32", [4]), [4], [4]), ferry.InvalidArgumentError,
+     "a tensor's layout is its own"),
+    (lambda: ferry.plan.explain(ferry.Tensor.new("f32", [4]), [4]), ferry.InvalidArgumentError,
+     "a tensor's layout is its own"),
+    (lambda: ferry.plan.layout_view("f16", [4], [2], source=ferry.Tensor.new("f32", [8])), ferry.LayoutError,
      "the source is f32, the view f16"),
-    (lambda: ferry.plan_cost([(0, 4, 1)]), ferry.InvalidArgumentError, "copy 0 is not (offset, size, count, stride)"),
-    (lambda: ferry.plan_cost([(0, 4, -1, 4)]), ferry.InvalidArgumentError, "copy 0: -1 is negative"),
-    (lambda: ferry.plan_cost("x"), ferry.InvalidArgumentError, "expected a list of copies"),
-    (lambda: ferry.flat_cost(-1), ferry.InvalidArgumentError, "span: -1 is negative"),
-    (lambda: ferry.cost_model("tpu"), ferry.InvalidArgumentError, "expected 'cpu', 'gpu'"),
-    (lambda: ferry.CopyCostModel(1, 1, 0, 1, 1, 1, 1, 1), ferry.InvalidArgumentError, "gbps must be positive"),
-    (lambda: ferry.CopyCostModel(1, 1, 1, -1, 1, 1, 1, 1), ferry.InvalidArgumentError, "line_bytes: -1 is negative"),
-    (lambda: ferry.CopyCostModel(float("nan"), 1, 1, 1, 1, 1, 1, 1), ferry.InvalidArgumentError, "call_us"),
-    (lambda: ferry.CopyCostModel(1, 1, 1, 1, 1, 1.5, 1, 1), ferry.InvalidArgumentError, "small_row_efficiency"),
-    (lambda: ferry.explain("q4_0", [31], [18]), ferry.LayoutError, "not a shape of whole q4_0 blocks"),
+    (lambda: ferry.plan.plan_cost([(0, 4, 1)]), ferry.InvalidArgumentError, "copy 0 is not (offset, size, count, stride)"),
+    (lambda: ferry.plan.plan_cost([(0, 4, -1, 4)]), ferry.InvalidArgumentError, "copy 0: -1 is negative"),
+    (lambda: ferry.plan.plan_cost("x"), ferry.InvalidArgumentError, "expected a list of copies"),
+    (lambda: ferry.plan.flat_cost(-1), ferry.InvalidArgumentError, "span: -1 is negative"),
+    (lambda: ferry.plan.cost_model("tpu"), ferry.InvalidArgumentError, "expected 'cpu', 'gpu'"),
+    (lambda: ferry.plan.CopyCostModel(1, 1, 0, 1, 1, 1, 1, 1), ferry.InvalidArgumentError, "gbps must be positive"),
+    (lambda: ferry.plan.CopyCostModel(1, 1, 1, -1, 1, 1, 1, 1), ferry.InvalidArgumentError, "line_bytes: -1 is negative"),
+    (lambda: ferry.plan.CopyCostModel(float("nan"), 1, 1, 1, 1, 1, 1, 1), ferry.InvalidArgumentError, "call_us"),
+    (lambda: ferry.plan.CopyCostModel(1, 1, 1, 1, 1, 1.5, 1, 1), ferry.InvalidArgumentError, "small_row_efficiency"),
+    (lambda: ferry.plan.explain("q4_0", [31], [18]), ferry.LayoutError, "not a shape of whole q4_0 blocks"),
 ])
 def test_bad_input_raises_ferry_errors(make: object, exc: type, message: str) -> None:
     with pytest.raises(exc) as e:

@@ -141,15 +141,15 @@ Planner = Callable[[ferry.Type, List[int], List[int], int], List[ferry.Copy2D]]
 
 
 def check_plan(v: View, planner: Optional[Planner] = None) -> None:
-    """Property 1 for one view: the plan (ferry.plan_copy's, or planner's) moves exactly the bytes
+    """Property 1 for one view: the plan (ferry.plan.plan_copy's, or planner's) moves exactly the bytes
     read, each once."""
     note(f"{v}")
     reads = read_counts(v)
     want = reads > 0
     try:
-        copies = (planner or ferry.plan_copy)(v.type, v.ne, v.nb, v.offset)
+        copies = (planner or ferry.plan.plan_copy)(v.type, v.ne, v.nb, v.offset)
     except ferry.UnsupportedError:
-        ex = ferry.explain(v.type, v.ne, v.nb)
+        ex = ferry.plan.explain(v.type, v.ne, v.nb)
         assert not ex.nested, "UNSUPPORTED for a layout whose rows nest"
         return
     note(f"plan {copies}")
@@ -160,11 +160,11 @@ def check_plan(v: View, planner: Optional[Planner] = None) -> None:
     total = sum(c.nbytes for c in copies)
     assert total == int(want.sum()) <= v.span
     assert all(c.size > 0 and c.count > 0 for c in copies)
-    view = ferry.layout_view(v.type, v.ne, v.nb, v.offset)
-    assert ferry.bytes_read(view) == total
+    view = ferry.plan.layout_view(v.type, v.ne, v.nb, v.offset)
+    assert ferry.copy_path.bytes_read(view) == total
     assert view.nbytes == v.span
     # the explanation (what the planner's simplification did, step by step) agrees with its plan
-    ex = ferry.explain(v.type, v.ne, v.nb)
+    ex = ferry.plan.explain(v.type, v.ne, v.nb)
     if ex.nested and copies:
         assert len(copies) == ex.n_copies
         assert {c.size for c in copies} == {ex.row}
@@ -180,22 +180,22 @@ def test_plan_moves_exactly_the_bytes_read(v: View) -> None:
 
 
 def _drop_last_row(ty: ferry.Type, ne: List[int], nb: List[int], offset: int) -> List[ferry.Copy2D]:
-    copies = ferry.plan_copy(ty, ne, nb, offset)
+    copies = ferry.plan.plan_copy(ty, ne, nb, offset)
     last = copies[-1]
     return copies[:-1] + ([last._replace(count=last.count - 1)] if last.count > 1 else [])
 
 
 def _duplicate_a_row(ty: ferry.Type, ne: List[int], nb: List[int], offset: int) -> List[ferry.Copy2D]:
-    copies = ferry.plan_copy(ty, ne, nb, offset)
+    copies = ferry.plan.plan_copy(ty, ne, nb, offset)
     return copies + [copies[0]._replace(count=1)]
 
 
 def _ignore_offset(ty: ferry.Type, ne: List[int], nb: List[int], offset: int) -> List[ferry.Copy2D]:
-    return ferry.plan_copy(ty, ne, nb, 0)
+    return ferry.plan.plan_copy(ty, ne, nb, 0)
 
 
 def _whole_span(ty: ferry.Type, ne: List[int], nb: List[int], offset: int) -> List[ferry.Copy2D]:
-    span = ferry.layout_view(ty, ne, nb, offset).nbytes
+    span = ferry.plan.layout_view(ty, ne, nb, offset).nbytes
     return [ferry.Copy2D(offset, span, 1, span)]
 
 
@@ -228,8 +228,8 @@ def _run(policy: str, v: View, data: bytes) -> tuple:
     split = ferry.DummyBackend(real_memory=True)
     src = cpu.alloc_tensor(v.type, [v.source_bytes // v.type.size * v.type.blck_size], name="src")
     src.set(data)
-    view = ferry.layout_view(v.type, v.ne, v.nb, v.offset, name="view", source=src)
-    out = ferry.dup(view, name="out").set_output()
+    view = ferry.plan.layout_view(v.type, v.ne, v.nb, v.offset, name="view", source=src)
+    out = ferry.ops.dup(view, name="out").set_output()
     graph = ferry.Graph(out)
     sched = ferry.Scheduler([split, cpu], policy=policy)
     sched.assign(out, split)
@@ -266,6 +266,6 @@ def test_plan_policy_same_output_as_flat(v: View, seed: int) -> None:
         assert np.array_equal(got[reads], span_src[reads])
         assert (got[~reads] == SENTINEL).all(), "the plan wrote a gap byte"
     else:
-        view = ferry.layout_view(v.type, v.ne, v.nb, v.offset)
-        assert path_plan == ferry.CopyPolicy.FLAT and not ferry.plan_pays(view, ferry.DummyBackend())
+        view = ferry.plan.layout_view(v.type, v.ne, v.nb, v.offset)
+        assert path_plan == ferry.CopyPolicy.FLAT and not ferry.plan.plan_pays(view, ferry.DummyBackend())
         assert copy_plan == copy_flat

@@ -34,7 +34,7 @@ class Step:
                                           .astype(np.float32), name=f"q{i}") for i in range(N_LAYER)]
         self.kv_len = ferry.Tensor.from_numpy(split, np.array([N_KV, 7, 0], np.int32), name="kv_len")
 
-    def run(self, policy: str, compact: bool, prefetch: int) -> Tuple[bytes, ferry.SchedStats]:
+    def run(self, policy: str, compact: bool, prefetch: int) -> Tuple[bytes, ferry.stats.SchedStats]:
         """One compute on a new scheduler: every output's bytes, and the run's stats."""
         with ferry.Scheduler([self.split, self.cpu], policy=policy, compact=compact, prefetch=prefetch) as sched:
             windows = [self.kv.window(layer, N_KV) for layer in range(N_LAYER)]

@@ -19,12 +19,12 @@ from ferry.residency import (
     DeviceSpec,
     LayerCost,
     PlanDoesNotFitError,
+    choose_auto,
+    choose_first,
+    choose_residency,
+    choose_round_robin,
+    choose_slowest_link,
     link_groups,
-    plan_auto,
-    plan_first,
-    plan_residency,
-    plan_round_robin,
-    plan_slowest_link,
     predict_step,
 )
 from ferry.residency import model as residency  # the model's own functions, checked directly
@@ -92,7 +92,7 @@ def test_planner_is_the_least_of_every_placement(case: int) -> None:
     layers, devices, dev, prefetch = GRID[case]
     best, fitting = _enumerate(layers, devices, dev, prefetch)
     try:
-        plan = plan_auto(layers, devices, dev, prefetch)
+        plan = choose_auto(layers, devices, dev, prefetch)
     except PlanDoesNotFitError:
         # refused: nothing fits, or nothing but every layer in host memory
         assert all(not any(r) for r in fitting), (case, fitting[:3])
@@ -103,7 +103,7 @@ def test_planner_is_the_least_of_every_placement(case: int) -> None:
     assert plan.step_seconds <= best * (1 + 1e-12), (case, plan.step_seconds, best)
     for strategy in ("first", "round-robin", "slowest-link"):
         try:
-            rule = plan_residency(strategy, layers, devices, dev, prefetch)
+            rule = choose_residency(strategy, layers, devices, dev, prefetch)
         except PlanDoesNotFitError:
             continue
         assert _fits(rule, devices), strategy
@@ -120,7 +120,7 @@ def test_grid_has_what_it_claims() -> None:
     partial = 0
     for layers, devices, dev, prefetch in GRID:
         try:
-            plan = plan_auto(layers, devices, dev, prefetch)
+            plan = choose_auto(layers, devices, dev, prefetch)
             partial += 0 < len(plan.resident_layers()) < len(layers)
         except PlanDoesNotFitError:
             refused += 1
@@ -231,11 +231,11 @@ def test_a_measure_decides_what_fits() -> None:
         return [(host * 8 * MIB + MIB, 4096)]  # every host layer's copies at once, and a MiB of gaps
 
     spec = [DeviceSpec(1.0, 0.0, 1e-3, memory=16 * MIB + 3 * 8 * MIB + MIB + 4096)]
-    plan = plan_auto(layers, spec, None, 0, measure=measure)
+    plan = choose_auto(layers, spec, None, 0, measure=measure)
     assert plan.resident_layers() == [0] and plan.prediction.measured
     assert plan.memory == (16 * MIB + 3 * 8 * MIB + MIB + 4096,)
     assert len(asked) == len(set(asked))
-    without = plan_auto(layers, spec, None, 0)  # the model's least: two layers fit (32 MiB + 8 MiB)
+    without = choose_auto(layers, spec, None, 0)  # the model's least: two layers fit (32 MiB + 8 MiB)
     assert without.resident_layers() == [0, 1] and not without.prediction.measured
 
     class WithLeast:
@@ -250,30 +250,30 @@ def test_a_measure_decides_what_fits() -> None:
             return [(measure(resident)[0][0] - MIB, 0)]
 
     cheap = WithLeast()
-    assert plan_first(layers, spec, None, 0, measure=cheap).resident_layers() == [0]
+    assert choose_first(layers, spec, None, 0, measure=cheap).resident_layers() == [0]
     assert cheap.full == 2  # every layer in host memory and layer 0 alone; the least refused layers 0-1
     with pytest.raises(ferry.InvalidArgumentError, match="measure gave 2 devices"):
-        plan_auto(layers, spec, None, 0, measure=lambda r: [(0, 0), (0, 0)])
+        choose_auto(layers, spec, None, 0, measure=lambda r: [(0, 0), (0, 0)])
 
 
 def test_named_rules() -> None:
     layers = [FULL] * 8
     fast, slow = DeviceSpec(2.45, memory=39 * MIB, name="fast"), DeviceSpec(0.33, memory=39 * MIB, name="slow")
-    first = plan_first(layers, [fast, slow])
+    first = choose_first(layers, [fast, slow])
     assert first.resident_layers() == [0]  # 2 x 16 MiB + 8 MiB of window copies: the second does not fit
     big = DeviceSpec(2.45, memory=60 * MIB)
-    assert plan_first(layers, [big, slow]).resident_layers() == [0, 1, 2]  # then layer 3 does not fit
-    assert plan_first(layers, [big, slow]).resident_layers(1) == []  # the rule leaves device 1's memory
-    rr = plan_round_robin(layers, [big, big])
+    assert choose_first(layers, [big, slow]).resident_layers() == [0, 1, 2]  # then layer 3 does not fit
+    assert choose_first(layers, [big, slow]).resident_layers(1) == []  # the rule leaves device 1's memory
+    rr = choose_round_robin(layers, [big, big])
     assert rr.resident_layers() == [0, 1, 2, 4, 5, 6]
-    sl = plan_slowest_link(layers, [big, DeviceSpec(0.33, memory=60 * MIB)])
+    sl = choose_slowest_link(layers, [big, DeviceSpec(0.33, memory=60 * MIB)])
     assert sl.resident_layers() == [0, 1, 2, 4, 5, 6]  # both budgets spent
     assert link_groups([2.45, 0.33, 2.6, 0.36]) == [[1, 3], [0, 2]]
     assert link_groups([1.0, 1.15, 1.16]) == [[0, 1], [2]]
     with pytest.raises(ferry.InvalidArgumentError, match="unknown strategy"):
-        plan_residency("fastest", layers, [big])
+        choose_residency("fastest", layers, [big])
     with pytest.raises(ferry.InvalidArgumentError, match="max_layers"):
-        plan_first(layers, [big], None, 0, -1)
+        choose_first(layers, [big], None, 0, -1)
 
 
 def test_rules_with_a_count_of_layers() -> None:
@@ -282,17 +282,17 @@ def test_rules_with_a_count_of_layers() -> None:
     layers = [FULL] * 12
     room = 200 * MIB
     devices = [DeviceSpec(2.45, memory=room), DeviceSpec(0.33, memory=room), DeviceSpec(0.36, memory=room)]
-    assert plan_first(layers, devices, None, 0, 3).resident_layers() == [0, 1, 2]
-    assert plan_round_robin(layers, devices, None, 0, 4).resident_layers() == [0, 1, 4, 8]
-    assert plan_slowest_link(layers, devices, None, 0, 3).resident_layers() == [4, 5, 8]
-    assert plan_slowest_link(layers, devices, None, 0, 9).resident_layers() == [0] + list(range(4, 12))
-    auto = plan_auto(layers, devices, None, 0, 3)
+    assert choose_first(layers, devices, None, 0, 3).resident_layers() == [0, 1, 2]
+    assert choose_round_robin(layers, devices, None, 0, 4).resident_layers() == [0, 1, 4, 8]
+    assert choose_slowest_link(layers, devices, None, 0, 3).resident_layers() == [4, 5, 8]
+    assert choose_slowest_link(layers, devices, None, 0, 9).resident_layers() == [0] + list(range(4, 12))
+    auto = choose_auto(layers, devices, None, 0, 3)
     assert len(auto.resident_layers()) == 3 and set(auto.resident_layers()) <= set(range(4, 8))  # 0.33 GB/s
-    assert plan_auto(layers, devices, None, 0, 0).resident_layers() == []
+    assert choose_auto(layers, devices, None, 0, 0).resident_layers() == []
     for prefetch in (0, 1, 2):
         for n in (0, 1, 2, 5):
             best, fitting = _enumerate(layers[:6], devices[:2], [0, 0, 0, 1, 1, 1], prefetch, n)
-            assert plan_auto(layers[:6], devices[:2], [0, 0, 0, 1, 1, 1], prefetch, n).step_seconds == \
+            assert choose_auto(layers[:6], devices[:2], [0, 0, 0, 1, 1, 1], prefetch, n).step_seconds == \
                 pytest.approx(best, rel=1e-12)
 
 
@@ -307,11 +307,11 @@ def test_prefetch_changes_the_answer() -> None:
     copy_fast, copy_slow = 8 * MIB / 2.45e9, 8 * MIB / 1.0e9
     fast = DeviceSpec(2.45, 0.0, 0.1 * copy_fast, name="fast")
     slow = DeviceSpec(1.0, 0.0, 1.2 * copy_slow, name="slow")
-    serial = plan_auto(layers, [fast, slow], None, 0, 4)
-    assert serial.resident_layers() == plan_slowest_link(layers, [fast, slow], None, 0, 4).resident_layers()
+    serial = choose_auto(layers, [fast, slow], None, 0, 4)
+    assert serial.resident_layers() == choose_slowest_link(layers, [fast, slow], None, 0, 4).resident_layers()
     for prefetch in (1, 2):
-        auto = plan_auto(layers, [fast, slow], None, prefetch, 4)
-        rule = plan_slowest_link(layers, [fast, slow], None, prefetch, 4)
+        auto = choose_auto(layers, [fast, slow], None, prefetch, 4)
+        rule = choose_slowest_link(layers, [fast, slow], None, prefetch, 4)
         assert auto.exact and rule.resident_layers() == [6, 7, 8, 9]
         assert len(auto.resident_layers(0)) >= 3
         assert auto.step_seconds < 0.9 * rule.step_seconds, (auto.resident_layers(), rule.resident_layers())
@@ -323,7 +323,7 @@ def test_large_serial_plan_is_exact_by_kinds() -> None:
     serially, layers of one kind on one device are interchangeable)."""
     layers = [FULL if i % 2 else SLIDING for i in range(24)]
     devices = [DeviceSpec(2.45, 5.0, 1e-3, memory=100 * MIB), DeviceSpec(0.33, 5.0, 1e-3, memory=50 * MIB)]
-    plan = plan_auto(layers, devices)
+    plan = choose_auto(layers, devices)
     assert plan.exact and _fits(plan, devices)
     problem = residency._problem(layers, devices, None, 0)
     best = math.inf
@@ -342,11 +342,11 @@ def test_large_serial_plan_is_exact_by_kinds() -> None:
 def test_large_prefetched_plan_states_its_bound() -> None:
     layers = [FULL if i % 3 else SLIDING for i in range(40)]
     devices = [DeviceSpec(2.45, 5.0, 1e-3, memory=200 * MIB), DeviceSpec(0.33, 5.0, 2e-2, memory=100 * MIB)]
-    plan = plan_auto(layers, devices, None, 2, search_limit=50)
+    plan = choose_auto(layers, devices, None, 2, search_limit=50)
     assert not plan.exact and plan.bound == 3.0 and _fits(plan, devices)
     for strategy in ("first", "round-robin", "slowest-link"):
-        assert plan.step_seconds <= plan_residency(strategy, layers, devices, None, 2).step_seconds
-    full = plan_auto(layers, devices, None, 2)
+        assert plan.step_seconds <= choose_residency(strategy, layers, devices, None, 2).step_seconds
+    full = choose_auto(layers, devices, None, 2)
     assert full.step_seconds <= plan.step_seconds
 
 
@@ -354,26 +354,26 @@ def test_refusals_name_what_does_not_fit() -> None:
     layers = [FULL] * 4
     tight = DeviceSpec(1.0, memory=6 * MIB, reserve=MIB, name="gpu1")
     roomy = DeviceSpec(1.0, memory=None, name="gpu0")
-    for rule in (plan_auto, plan_first, plan_round_robin, plan_slowest_link):
+    for rule in (choose_auto, choose_first, choose_round_robin, choose_slowest_link):
         with pytest.raises(PlanDoesNotFitError, match=r"gpu1 needs 9437184 bytes for its split's window copies .* "
                                                       r"short by 3145728 bytes"):
             rule(layers, [roomy, tight])
     with pytest.raises(PlanDoesNotFitError, match="window copies"):
-        plan_auto(layers, [DeviceSpec(1.0, memory=17 * MIB, name="a")] * 2, None, 1)  # 2 windows ahead: 16 MiB
+        choose_auto(layers, [DeviceSpec(1.0, memory=17 * MIB, name="a")] * 2, None, 1)  # 2 windows ahead: 16 MiB
     below_one = DeviceSpec(1.0, memory=20 * MIB, name="small")
     with pytest.raises(PlanDoesNotFitError, match=r"no layer fits: small .* 4194304 bytes over its 20971520"):
-        plan_auto(layers, [below_one, below_one])
+        choose_auto(layers, [below_one, below_one])
     assert isinstance(PlanDoesNotFitError("x"), ferry.InvalidArgumentError)
     with pytest.raises(ferry.InvalidArgumentError, match="layer_device"):
-        plan_auto(layers, [roomy], [0, 0])
+        choose_auto(layers, [roomy], [0, 0])
     with pytest.raises(ferry.InvalidArgumentError, match="device 2"):
-        plan_auto(layers, [roomy], [0, 0, 0, 2])
+        choose_auto(layers, [roomy], [0, 0, 0, 2])
     with pytest.raises(ferry.InvalidArgumentError, match="link_gbps"):
-        plan_auto(layers, [DeviceSpec(0.0)])
+        choose_auto(layers, [DeviceSpec(0.0)])
     with pytest.raises(ferry.InvalidArgumentError, match="prefetch"):
-        plan_auto(layers, [roomy], None, -1)
+        choose_auto(layers, [roomy], None, -1)
     with pytest.raises(ferry.InvalidArgumentError, match="no layers"):
-        plan_auto([], [roomy])
+        choose_auto([], [roomy])
 
 
 @pytest.mark.parametrize("make,message", [
@@ -417,19 +417,19 @@ def test_sequences_are_refused_naming_the_argument() -> None:
     with pytest.raises(ferry.InvalidArgumentError, match="residency: resident is a sequence of bool"):
         predict_step([FULL], [DeviceSpec(1.0)], None)  # type: ignore[arg-type]
     with pytest.raises(ferry.InvalidArgumentError, match="residency: layers is a sequence of LayerCost"):
-        plan_auto(None, [DeviceSpec(1.0)])  # type: ignore[arg-type]
+        choose_auto(None, [DeviceSpec(1.0)])  # type: ignore[arg-type]
     with pytest.raises(ferry.InvalidArgumentError, match="residency: devices is a sequence of DeviceSpec"):
-        plan_first([FULL], DeviceSpec(1.0))  # type: ignore[arg-type]
+        choose_first([FULL], DeviceSpec(1.0))  # type: ignore[arg-type]
     with pytest.raises(ferry.InvalidArgumentError, match="residency: layer_device is a sequence"):
         predict_step([FULL], [DeviceSpec(1.0)], [True], layer_device=0)  # type: ignore[arg-type]
     with pytest.raises(ferry.InvalidArgumentError, match="unknown strategy"):
-        plan_residency([], [FULL], [DeviceSpec(1.0)])  # type: ignore[arg-type]
+        choose_residency([], [FULL], [DeviceSpec(1.0)])  # type: ignore[arg-type]
 
 
 def test_plan_object() -> None:
     layers = [FULL] * 4
     devices = [DeviceSpec(1.0, 0.0, 1e-3, memory=64 * MIB), DeviceSpec(0.5, 0.0, 1e-3, memory=64 * MIB)]
-    plan = plan_auto(layers, devices)
+    plan = choose_auto(layers, devices)
     assert plan.tokens_per_second(4) == pytest.approx(4 / plan.step_seconds)
     assert plan.placement(["a", "b"]) == [("a" if plan.resident[i] else None) if i < 2 else
                                           ("b" if plan.resident[i] else None) for i in range(4)]
@@ -438,7 +438,7 @@ def test_plan_object() -> None:
     assert data["tokens_per_second"] == plan.tokens_per_second(4) and data["exact"] is True
     assert [d["resident_layers"] for d in data["devices"]] == [plan.resident_layers(0), plan.resident_layers(1)]
     assert [d["memory"] for d in data["devices"]] == list(plan.memory)
-    assert plan_first(layers, devices).as_dict()["bound"] is None
+    assert choose_first(layers, devices).as_dict()["bound"] is None
     with pytest.raises(ferry.InvalidArgumentError):
         plan.tokens_per_second(0)
 

@@ -126,7 +126,7 @@ def test_a_freed_buffer_under_a_window_refuses_the_reused_graph(cpu: ferry.CPUBa
         assert isinstance(n_kv, int)
         w = cache.view([HEAD_DIM, 1, n_kv, N_STREAM], [4, 4 * HEAD_DIM, 4 * HEAD_DIM, 4 * HEAD_DIM * KV_SIZE])
         w = w.permute(0, 2, 1, 3)
-        out = ferry.attn_decode(q, w, w, kv_len).set_output()
+        out = ferry.ops.attn_decode(q, w, w, kv_len).set_output()
         sched.assign(out, split)
         return [out]
 
@@ -187,7 +187,7 @@ def test_a_v_trans_other_than_the_caches_is_refused(v_trans: bool, fast: bool) -
     for each in (loop, loops[not v_trans]):
         w = each.kv.windows(HEAD_DIM) if fast else [each.kv.window(layer, HEAD_DIM) for layer in range(N_LAYER)]
         outs = ferry.attention_step(each.sched, each.split, w, each.q, each.kv_len)  # v_trans: the cache's
-        graph = ferry.step_graph(outs)
+        graph = outs.graph
         each.sched.compute(graph)
         got.append(np.concatenate([o.to_numpy().reshape(-1) for o in outs]))
     np.testing.assert_allclose(got[0], got[1], rtol=1e-5, atol=1e-6)  # the kernels of each layout round apart
@@ -200,7 +200,7 @@ def test_graph_takes_a_steps_outputs() -> None:
         outs = loop.build(16)
         graph = ferry.Graph(outs)
         assert graph.outputs == list(outs)
-        assert [t.name for t in graph.nodes] == [t.name for t in ferry.step_graph(outs).nodes]
+        assert [t.name for t in graph.nodes] == [t.name for t in outs.graph.nodes]
         loop.kv_len.set(np.array([16, 3], np.int32))
         loop.sched.compute(graph)
         assert ferry.Graph(outs[0], (outs[1],)).outputs == list(outs)
@@ -228,9 +228,9 @@ def test_the_c_built_step_is_the_python_built_one() -> None:
     """The same outputs (names, flags, shapes, assignments), the same graph, the same split inputs."""
     loop = Loop(fast=True)
     outs = loop.build(16)
-    assert isinstance(outs, ferry.StepOutputs) and [o.name for o in outs] == [f"attn{i}" for i in range(N_LAYER)]
+    assert isinstance(outs, ferry.step.StepOutputs) and [o.name for o in outs] == [f"attn{i}" for i in range(N_LAYER)]
     assert all(o.is_output for o in outs) and loop.sched.n_assigned == N_LAYER
-    graph = ferry.step_graph(outs)
+    graph = outs.graph
     assert graph is outs._graph and graph.outputs == list(outs)
     loop.sched.compute(graph)
     assert all(loop.sched.backend_of(o) is loop.split for o in outs)
@@ -248,10 +248,10 @@ def test_the_c_built_step_is_the_python_built_one() -> None:
     # Graph(*outputs) of the same outputs: the same tensors, found the general way
     again = ferry.Graph(*outs)
     assert [t.name for t in again.nodes] == [t.name for t in graph.nodes] and loop.q[1] in again
-    assert ferry.step_graph(list(outs)) is not graph  # not a StepOutputs: built anew
-    changed = ferry.StepOutputs(outs[:1])
+    assert ferry.Graph(list(outs)) is not graph  # not a StepOutputs: built anew
+    changed = ferry.step.StepOutputs(outs[:1])
     changed._graph = graph
-    assert ferry.step_graph(changed) is not graph  # not the outputs it was built of
+    assert changed.graph is not graph  # not the outputs it was built of
 
 
 def test_the_outputs_keep_the_step_alive() -> None:
@@ -361,7 +361,7 @@ def test_the_c_built_step_refuses_bad_input_with_a_ferry_error() -> None:
     with pytest.raises(ferry.InvalidArgumentError):
         loop.kv.windows(2**70)
     # a scheduler's input copy lives only until its next alloc: nothing may be built on it
-    graph = ferry.step_graph(ferry.attention_step(sched, split, w, q, kv_len))
+    graph = ferry.attention_step(sched, split, w, q, kv_len).graph
     sched.compute(graph)
     copy = sched.inputs[0].copy
     sched.clear_assignments()
@@ -380,6 +380,8 @@ def test_kv_windows_index_as_window_does() -> None:
     assert w[-1][0].name == "window_k_l1" and [p[0].name for p in w[:]] == ["window_k_l0", "window_k_l1"]
     with pytest.raises(IndexError):
         w[N_LAYER]
-    # a sequence of pairs: attention_step layer by layer takes it too (as a list)
+    # a sequence of pairs: attention_step layer by layer takes it too (as a list); its graph is built
+    # when asked for, and again each time
     outs = ferry.attention_step(loop.sched, loop.split, list(loop.kv.windows(8)), loop.q, loop.kv_len)
-    assert not isinstance(outs, ferry.StepOutputs) and len(outs) == N_LAYER
+    assert len(outs) == N_LAYER and outs._graph is None and outs.graph is not outs.graph
+    assert [t.name for t in outs.graph.outputs] == [t.name for t in outs]

@@ -186,7 +186,7 @@ def test_copy_of_a_strided_view_keeps_the_destination_gaps(cpu: ferry.CPUBackend
 def test_numpy_round_trip(real_backend: ferry.Backend, dtype: type) -> None:
     arr = (np.arange(2 * 3 * 32) % 97).astype(dtype).reshape(2, 3, 32)
     t = ferry.Tensor.from_numpy(real_backend, arr, name="a")
-    assert t.ne == (32, 3, 2, 1) and t.type == ferry.type_from_dtype(dtype)
+    assert t.ne == (32, 3, 2, 1) and t.type == ferry.to_type(np.dtype(dtype))
     back = t.to_numpy()
     assert back.shape == (2, 3, 32) and back.dtype == dtype
     np.testing.assert_array_equal(back, arr)

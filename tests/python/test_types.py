@@ -43,14 +43,18 @@ def test_contiguous_nbytes_and_strides(name: str, size: int, blck: int) -> None:
 def test_numpy_dtypes() -> None:
     import numpy as np
 
-    assert ferry.numpy_dtype("f32") == np.float32
-    assert ferry.numpy_dtype("f16") == np.float16
-    assert ferry.numpy_dtype("i32") == np.int32
-    assert ferry.type_from_dtype(np.float16) == ferry.Type.F16
+    assert ferry.Type.F32.numpy_dtype == np.float32
+    assert ferry.to_type("f16").numpy_dtype == np.float16
+    assert ferry.Type.I32.numpy_dtype == np.int32
+    assert ferry.to_type(np.float16) == ferry.to_type(np.dtype("float16")) == ferry.Type.F16
     import ml_dtypes
 
-    assert ferry.numpy_dtype("bf16") == ml_dtypes.bfloat16  # numpy has none of its own
-    assert ferry.type_from_dtype(ml_dtypes.bfloat16) == ferry.Type.BF16
+    assert ferry.Type.BF16.numpy_dtype == ml_dtypes.bfloat16  # numpy has none of its own
+    assert ferry.to_type(ml_dtypes.bfloat16) == ferry.Type.BF16
     for name in ("q8_0", "q4_0"):
         with pytest.raises(ferry.UnsupportedError, match=f"{name} has no numpy dtype"):
-            ferry.numpy_dtype(name)
+            _ = ferry.to_type(name).numpy_dtype
+    with pytest.raises(ferry.UnsupportedError, match="numpy dtype float64 has no ferry type"):
+        ferry.to_type(np.float64)
+    with pytest.raises(ferry.UnknownTypeError):
+        ferry.to_type("float16")  # a string is ferry's name: one spelling per type

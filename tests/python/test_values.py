@@ -20,9 +20,9 @@ def test_ml_dtypes_is_imported_only_for_bf16() -> None:
     """Importing ml_dtypes takes about a second: `import ferry`, every command and f16 values go
     without it (a bench worker process starts that much faster); the first bf16 dtype brings it."""
     code = ("import sys, numpy as np, ferry, ferry.cli, ferry.workloads.bench\n"
-            "t = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.ones(4, np.float16)); t.to_numpy(); ferry.type_from_dtype(np.float32)\n"
+            "t = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.ones(4, np.float16)); t.to_numpy(); ferry.to_type(np.float32)\n"
             "print('ml_dtypes' in sys.modules)\n"
-            "print(ferry.numpy_dtype('bf16') == ferry.numpy_dtype(ferry.type_from_dtype('bfloat16')), 'ml_dtypes' in sys.modules)")
+            "print(ferry.Type.BF16.numpy_dtype == ferry.to_type(ferry.Type.BF16.numpy_dtype).numpy_dtype, 'ml_dtypes' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["False", "True", "True"], done.stderr
 
@@ -102,7 +102,7 @@ def test_round_trip_through_the_scheduler(type: str, ref) -> None:
     q = ferry.Tensor.from_numpy(cpu, x, type=type, name="q")
     assert q.get() == ref(x)
     rows = q.view([128, 3], [q.type.size, 2 * q.nb[1]], q.nb[1], name="rows 1, 3, 5")
-    out = ferry.dup(rows, name="out").set_output()
+    out = ferry.ops.dup(rows, name="out").set_output()
     sched = ferry.Scheduler([dev, cpu], policy="plan")
     sched.assign(out, dev)
     sched.compute(ferry.Graph(out))
@@ -111,7 +111,7 @@ def test_round_trip_through_the_scheduler(type: str, ref) -> None:
     assert out.get() == want_bytes
     np.testing.assert_array_equal(out.to_numpy(), ref_dequant(want_bytes, type).reshape(3, 128))
     np.testing.assert_array_equal(rows.to_numpy(), ref_dequant(want_bytes, type).reshape(3, 128))
-    assert out.raw().__class__ is ferry.TensorBytes  # its bytes stay available
+    assert out.raw().__class__ is ferry.export.TensorBytes  # its bytes stay available
 
 
 def test_bf16_values_match_ml_dtypes() -> None:
@@ -182,7 +182,7 @@ def test_pack_blocks_reads_back_as_q_times_scale(type: str) -> None:
     lo, hi = (-128, 128) if type == "q8_0" else (-8, 8)
     q = rng.integers(lo, hi, size=(3, 64))
     scales = rng.uniform(0.01, 0.1, size=(3, 2)).astype(np.float16)
-    packed = ferry.pack_blocks(scales, q, type)
+    packed = ferry.quant.pack_blocks(scales, q, type)
     assert packed.nbytes == 6 * ferry.to_type(type).size
     expected = (q.reshape(6, 32) * scales.reshape(6, 1).astype(np.float32)).reshape(-1)
     assert (ferry.dequantize(packed, type) == expected.astype(np.float32)).all()
@@ -191,12 +191,12 @@ def test_pack_blocks_reads_back_as_q_times_scale(type: str) -> None:
 def test_pack_blocks_refusals() -> None:
     q = np.zeros(64, np.int64)
     with pytest.raises(ferry.InvalidArgumentError, match="1 scales for 2 blocks"):
-        ferry.pack_blocks([1.0], q, "q8_0")
+        ferry.quant.pack_blocks([1.0], q, "q8_0")
     with pytest.raises(ferry.InvalidArgumentError, match="8 bits"):
-        ferry.pack_blocks([1.0, 1.0], q + 200, "q8_0")
+        ferry.quant.pack_blocks([1.0, 1.0], q + 200, "q8_0")
     with pytest.raises(ferry.InvalidArgumentError, match="-8..7"):
-        ferry.pack_blocks([1.0, 1.0], q + 8, "q4_0")
+        ferry.quant.pack_blocks([1.0, 1.0], q + 8, "q4_0")
     with pytest.raises(ferry.LayoutError):
-        ferry.pack_blocks([1.0], q[:40], "q8_0")
+        ferry.quant.pack_blocks([1.0], q[:40], "q8_0")
     with pytest.raises(ferry.UnsupportedError, match="not a block type"):
-        ferry.pack_blocks([1.0], q, "f16")
+        ferry.quant.pack_blocks([1.0], q, "f16")

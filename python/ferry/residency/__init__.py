@@ -3,7 +3,7 @@
 A layer's K and V are either resident on the device that runs its attention (no copy, its bytes
 held there) or in host memory (its windows copied to that device every step, over its link).
 predict_step models one decode step under such a placement the way the scheduler runs it
-(lib/src/sched.c, lib/src/sched-prefetch.c); plan_residency chooses the placement, by the
+(lib/src/sched.c, lib/src/sched-prefetch.c); choose_residency picks the placement, by the
 planner ("auto") or by one of the rules in use ("first", "round-robin", "slowest-link"). What the
 model leaves out, and the planner's argument, are in docs/design.md ("Which layers to keep").
 
@@ -29,24 +29,24 @@ from .model import (
     StepPrediction,
     predict_step,
 )
-from .planner import plan_auto
-from .rules import link_groups, plan_first, plan_round_robin, plan_slowest_link
+from .planner import choose_auto
+from .rules import choose_first, choose_round_robin, choose_slowest_link, link_groups
 
 __all__ = [
     "LayerCost", "DeviceSpec", "StepPrediction", "ResidencyPlan", "PlanDoesNotFitError", "STRATEGIES",
-    "predict_step", "plan_residency", "plan_auto", "plan_first", "plan_round_robin", "plan_slowest_link",
+    "predict_step", "choose_residency", "choose_auto", "choose_first", "choose_round_robin", "choose_slowest_link",
     "link_groups", "layers_from_geometry", "device_from_backend", "measure_compute", "MeasureMemory", "StepMemory",
 ]
 
-#: The strategies plan_residency knows, the planner first.
+#: The strategies choose_residency knows, the planner first.
 STRATEGIES = ("auto", "first", "round-robin", "slowest-link")
 
 _RULES: Dict[str, Callable[..., ResidencyPlan]] = {
-    "auto": plan_auto, "first": plan_first, "round-robin": plan_round_robin, "slowest-link": plan_slowest_link,
+    "auto": choose_auto, "first": choose_first, "round-robin": choose_round_robin, "slowest-link": choose_slowest_link,
 }
 
 
-def plan_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
+def choose_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                    layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
                    max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
     """The placement a strategy chooses, with its prediction.
@@ -77,5 +77,5 @@ def plan_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequence
         When a device cannot hold its split's window copies, or no layer fits.
     """
     if not isinstance(strategy, str) or strategy not in _RULES:
-        raise InvalidArgumentError(f"plan_residency: unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
+        raise InvalidArgumentError(f"choose_residency: unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     return _RULES[strategy](layers, devices, layer_device, prefetch, max_layers, measure=measure)

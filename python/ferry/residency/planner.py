@@ -23,7 +23,7 @@ from .model import (
     _refuse_empty,
     _step_time,
 )
-from .rules import plan_first, plan_round_robin, plan_slowest_link
+from .rules import choose_first, choose_round_robin, choose_slowest_link
 
 #: The planner's exact search stops after this many evaluated placements and keeps its best.
 DEFAULT_SEARCH_LIMIT = 20_000
@@ -198,7 +198,7 @@ def _branch_and_bound(p: _Problem, incumbent: List[bool], limit: int) -> Tuple[L
     return best, complete
 
 
-def plan_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
+def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
               layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
               max_layers: Optional[int] = None, search_limit: int = DEFAULT_SEARCH_LIMIT,
               measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
@@ -245,7 +245,7 @@ def plan_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     conservative = _serial_best(p, p.prefetch + 1, KIND_LIMIT, p.max_layers)
     if conservative is not None:
         seeds.append(conservative)
-    for rule in (plan_first, plan_round_robin, plan_slowest_link):
+    for rule in (choose_first, choose_round_robin, choose_slowest_link):
         try:
             seeds.append([not r for r in rule(layers, devices, layer_device, prefetch, max_layers,
                                                measure=p.measure).resident])

@@ -51,13 +51,13 @@ def _take_in_turn(p: _Problem, host: List[bool], groups: Sequence[Sequence[int]]
     return host
 
 
-def plan_first(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
+def choose_first(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
                max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
     """``first``: the first N layers resident (llama.cpp's --kv-gpu-layers N), N as large as every
     device's budget allows.
 
-    Parameters, return value and errors as `plan_residency`'s.
+    Parameters, return value and errors as `choose_residency`'s.
     """
     def choose(p: _Problem) -> List[bool]:
         host = [True] * len(p.layers)
@@ -71,13 +71,13 @@ def plan_first(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     return _rule("first", choose, layers, devices, layer_device, prefetch, max_layers, measure)
 
 
-def plan_round_robin(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
+def choose_round_robin(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                      layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
                      max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
     """``round-robin``: one layer per device in turn (each device its own layers in order), a device
     stopping at its first layer that does not fit.
 
-    Parameters, return value and errors as `plan_residency`'s.
+    Parameters, return value and errors as `choose_residency`'s.
     """
     return _rule("round-robin", lambda p: _take_in_turn(p, [True] * len(p.layers), [list(range(len(p.devices)))]),
                  layers, devices, layer_device, prefetch, max_layers, measure)
@@ -108,14 +108,14 @@ def link_groups(gbps: Sequence[float], tolerance: float = LINK_GROUP_TOLERANCE) 
     return groups
 
 
-def plan_slowest_link(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
+def choose_slowest_link(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                       layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
                       max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
     """``slowest-link``: the budget spent where the link is slowest. Devices whose links are within
     15% of each other form a group; the slowest group's devices take their layers (in order, one
     device after another in turn) while they fit, then the next group's.
 
-    Parameters, return value and errors as `plan_residency`'s; each DeviceSpec's link_gbps is
+    Parameters, return value and errors as `choose_residency`'s; each DeviceSpec's link_gbps is
     given, or measured by device_from_backend.
     """
     return _rule("slowest-link",

@@ -19,7 +19,7 @@ from ..backend import DummyBackend
 from ..copy_path import bytes_read
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..kv import KVCache
-from ..plan import Copy2D, explain_tensor, flat_cost, plan_cost, plan_of, plan_pays
+from ..plan import Copy2D, explain, flat_cost, plan_copy, plan_cost, plan_pays
 from ..plan import cost_model as model_named
 from ..types import to_type
 from .common import JsonRecord, check_positive, check_streams, n_kv_for
@@ -140,7 +140,7 @@ def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: st
     t = k if which == "k" else v
     model = model_named(cost_model)
     try:
-        copies: List[Copy2D] = plan_of(t)
+        copies: List[Copy2D] = plan_copy(t)
         plannable = True
     except UnsupportedError:
         copies, plannable = [], False
@@ -153,4 +153,4 @@ def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: st
         n_copies=len(copies), copies=[c._asdict() for c in copies], bytes_moved_plan=sum(c.nbytes for c in copies),
         cost_model=cost_model, cost_plan_us=plan_cost(copies, model) * 1e6 if plannable else float("nan"),
         cost_flat_us=flat_cost(span, model) * 1e6, choice="plan" if pays else "flat",
-        explanation=explain_tensor(t).text, sliding_window=window, n_layer=n_layer)
+        explanation=explain(t).text, sliding_window=window, n_layer=n_layer)

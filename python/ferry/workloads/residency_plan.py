@@ -30,9 +30,9 @@ from ..residency import (
     LayerCost,
     ResidencyPlan,
     StepMemory,
+    choose_residency,
     layers_from_geometry,
     measure_compute,
-    plan_residency,
     predict_step,
 )
 from .common import n_kv_for
@@ -272,7 +272,7 @@ class ResidencyModel:
         layers = self.layers() if layers is None else layers
         strategies = check_strategies(strategies)
         with self.step_memory() as measure:
-            return [plan_residency(s, layers, devices, self.layer_devices, self.prefetch, self.max_layers, measure)
+            return [choose_residency(s, layers, devices, self.layer_devices, self.prefetch, self.max_layers, measure)
                     for s in strategies]
 
     def predict(self, resident: Sequence[bool], devices: Sequence[DeviceSpec]) -> float:
