@@ -32,16 +32,36 @@ def test_readme_python_blocks_run() -> None:
                 pytest.fail(f"README.md's python block {i + 1} fails: {type(e).__name__}: {e}\n{block}")
 
 
-def test_readme_and_package_docstring_show_the_same_python_sweep() -> None:
-    """The README runs a sweep with the API the package's docstring names for it."""
-    import ferry
-    import ferry.workloads.bench as bench
+def test_the_readme_is_a_first_page() -> None:
+    """At most 150 lines; the two commands under their markers; its Python example at most 25 lines."""
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    assert len(text.splitlines()) <= 150
+    assert "<!-- main-command -->\n```\npython3 -m pip install . && ferry bench\n```" in text
+    assert "<!-- test-command -->\n```\npython3 -m pip install \".[test]\" && tools/test\n```" in text
+    assert all(len(b.splitlines()) <= 25 for b in python_blocks(text))
+
+
+def test_the_readme_example_prints_what_the_readme_says() -> None:
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(python_blocks(text)[0], "README.md", "exec"), {"__name__": "__readme__"})
+    said = re.search(r"It prints `([^`]+)`", text)
+    assert said is not None and out.getvalue().strip() == said.group(1)
+
+
+def test_the_readme_sample_output_has_the_bench_table_s_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    """The sample of `ferry bench` output is the table the code prints now: its header lines and
+    columns (a quick run here; the figures are the README's own run)."""
+    from ferry.cli import main
 
     with open(README, encoding="utf-8") as f:
-        blocks = python_blocks(f.read())
-    sweep = [b for b in blocks if "from ferry.workloads.bench import BenchConfig, run_bench" in b]
-    assert len(sweep) == 1 and "run_bench(cfg)" in sweep[0]
-    doc = " ".join((ferry.__doc__ or "").split())
-    assert "a sweep in Python builds one ferry.workloads.bench.BenchConfig per point" in doc
-    assert "calls run_bench(cfg)" in doc
-    assert callable(bench.run_bench) and bench.BenchConfig().check() is None
+        text = f.read()
+    sample = text.split("<!-- main-command -->", 1)[1].split("```\n", 3)[3].split("```", 1)[0].splitlines()
+    assert main(["bench", "--repeat", "2", "--rounds", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sample[0].split(";")[0] == out[0].split(";")[0] and sample[1] == out[1]
+    assert sample[2].split() == out[2].split()
+    assert [ln.split()[:2] for ln in sample[3:]] == [ln.split()[:2] for ln in out[3:11]]
