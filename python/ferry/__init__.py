@@ -9,7 +9,7 @@ Python objects over the C library, in layers that import downward only:
 - buffers and backends: Buffer, BufferType, CPUBackend, StandinBackend (a GPU's stand-in,
   on a link and with a memory size you give it), DummyBackend, CUDABackend, Event; what a
   backend's memory holds (Backend.memory: MemoryInfo) and how fast its link is
-  (measure_link: LinkMeasurement; a stand-in's LinkStats);
+  (measure_link: LinkMeasurement, with fit=True its LinkFit; a stand-in's LinkStats);
 - ops, functions as ggml's are (add, mul, scale, dup, concat, pad, mean, attn_decode; a + b and
   a * b for add and mul), Graph, GraphAllocator;
 - copy plans and their cost (plan_copy, plan_of, CopyCostModel), the copy path;
@@ -57,7 +57,7 @@ from .export import TensorBytes
 from .graph import Graph
 from .interop import ForeignBuffer, from_array
 from .kv import KVCache, KVParams, KVWindows
-from .link import LinkMeasurement, measure_link
+from .link import LinkFit, LinkMeasurement, fit_link, measure_link
 from .ops import add, attn_decode, concat, dup, mean, mul, pad, scale
 from .plan import (
     CopyCostModel,
@@ -71,6 +71,7 @@ from .plan import (
     plan_cost,
     plan_of,
     plan_pays,
+    ragged_plan_of,
 )
 from .policy import CopyPolicy
 from .quant import dequantize, pack_blocks, quantize
@@ -134,14 +135,14 @@ __all__ = [
     "cuda_host_buffer_type",
     # backends and events; a device's memory and link
     "Backend", "CPUBackend", "DummyBackend", "StandinBackend", "CUDABackend", "Event", "LinkMeasurement",
-    "measure_link",
+    "LinkFit", "measure_link", "fit_link",
     # ops and graphs
     "ops", "add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "Graph", "GraphAllocator",
     "Placement",
     # copies of split inputs: policies, plans and their cost
     "CopyPolicy", "Copy2D", "bytes_read", "copy_input", "copy_ranges_of", "CopyCostModel", "Explanation",
     "plan_copy", "plan_of", "layout_view", "plan_cost", "flat_cost", "plan_pays", "cost_model", "explain",
-    "explain_tensor",
+    "explain_tensor", "ragged_plan_of",
     # the scheduler, the KV cache and a decode step
     "Scheduler", "Split", "Input", "KVCache", "KVParams", "KVWindows", "StepGraph", "StepOutputs",
     "attention_step", "layer_split", "step_graph",
