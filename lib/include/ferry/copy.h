@@ -188,7 +188,9 @@ typedef struct {
 /*
  * The ordered copy of one split input: wait for the split backend, copy src into dst
  * (same layout) by policy, wait again. Gap bytes of dst are left untouched. A dst in
- * src's compact layout receives the bytes read, gathered, whatever the policy (path PLAN).
+ * src's compact layout receives the bytes read, gathered, whatever the policy (path PLAN);
+ * under ragged, a src carrying used cells (ferry_tensor_set_used_cells) sends only those, to
+ * their own offsets in either layout (path RAGGED; the lengths read now, from host memory).
  */
 FERRY_API ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
                               ferry_tensor * dst, ferry_copy_stats * stats);
