@@ -72,10 +72,6 @@ static ferry_status read_used(const ferry_tensor * t, int64_t * used) {
                           "host cannot read as it copies: place them in host memory (a CPU buffer)", t->name,
                           len->name, ferry_buffer_type_name(ferry_buffer_get_type(buf)));
     }
-    if (len->ne[0] != ns) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "ragged copy of '%s': %lld lengths for %lld streams", t->name,
-                          (long long) len->ne[0], (long long) ns);
-    }
     const char * data = ferry_tensor_data(len);
     for (int64_t s = 0; s < ns; s++) {
         int32_t v;
@@ -205,12 +201,11 @@ ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src
                                uint64_t * read) {
     *read = 0;
     dst_map map = {.compact = compact};
+    ferry_copy_2d whole;
+    if (compact && !ferry_single_copy_of(src, &whole)) { /* is_compact_of saw to it: not reached */
+        return ferry_fail(FERRY_ERR_LAYOUT, "ragged copy of '%s': no compact layout to pack by", src->name);
+    }
     if (compact) {
-        ferry_copy_2d whole;
-        if (!ferry_single_copy_of(src, &whole)) {
-            return ferry_fail(FERRY_ERR_LAYOUT, "ragged copy of '%s': its compact copy has no single 2-D copy to "
-                              "pack by", src->name);
-        }
         map.row = whole.size;
         map.pitch = whole.count > 1 ? whole.stride : whole.size;
     }

@@ -607,6 +607,32 @@ static void test_ragged_refusals(void) {
     CHECK(strstr(ferry_last_error(), "host memory") != NULL);
     CHECK_OK(ferry_tensor_set_used_cells(v, unplaced, 0, 3, 16));
     CHECK_FAILS(ferry_copy_input(f.split, FERRY_COPY_RAGGED, v, copy, NULL), FERRY_ERR_NOT_ALLOCATED);
+    /* cells on dimension 0 of an f16 K (a hand-made annotation): its copies do not pack into the
+     * compact layout, whose rows are whole streams; refused, nothing written */
+    ferry_kv_params fp = p;
+    fp.type_k = FERRY_TYPE_F16;
+    ferry_kv_cache * f16_kv;
+    CHECK_OK(ferry_kv_cache_new(&fp, ferry_cpu_buffer_type(), &f16_kv));
+    ferry_tensor *kf, *kf_copy;
+    CHECK_OK(ferry_kv_cache_window(f16_kv, f.ctx, 0, 12, 0, 3, &kf, NULL));
+    const int32_t halves[4] = {3, 32, 0, 17};
+    CHECK_OK(ferry_tensor_set(len, halves, 0, sizeof(halves)));
+    CHECK_OK(ferry_tensor_set_used_cells(kf, len, 0, 3, 0));
+    CHECK_OK(ferry_tensor_compact_layout(f.ctx, kf, &kf_copy));
+    ferry_buffer * kf_split;
+    CHECK_OK(ferry_backend_alloc_buffer(f.split, ferry_tensor_nbytes(kf_copy), &kf_split));
+    CHECK_OK(ferry_buffer_place_tensor(kf_split, kf_copy, 0));
+    CHECK_OK(ferry_tensor_memset(kf_copy, SENTINEL, 0, ferry_tensor_nbytes(kf_copy)));
+    CHECK_FAILS(ferry_copy_input(f.split, FERRY_COPY_RAGGED, kf, kf_copy, NULL), FERRY_ERR_LAYOUT);
+    CHECK(strstr(ferry_last_error(), "does not pack into its compact copy") != NULL);
+    uint8_t * untouched = malloc(ferry_tensor_nbytes(kf_copy));
+    CHECK(untouched && ferry_tensor_get(kf_copy, untouched, 0, ferry_tensor_nbytes(kf_copy)) == FERRY_OK);
+    for (size_t i = 0; i < ferry_tensor_nbytes(kf_copy); i++) CHECK(untouched[i] == SENTINEL);
+    free(untouched);
+    ferry_buffer_free(kf_split);
+    ferry_kv_cache_free(f16_kv);
+    CHECK_OK(ferry_tensor_set(len, lens, 0, sizeof(lens)));
+
     ferry_copy_2d c[4];
     size_t n;
     ferry_copy_cost_model m = ferry_copy_cost_model_cpu();

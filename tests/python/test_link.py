@@ -219,10 +219,13 @@ def test_cuda_memory() -> None:
 @needs_cuda
 @pytest.mark.parametrize("pinned", [False, True])
 def test_measure_link_on_cuda(pinned: bool) -> None:
-    """Runs on CUDA from pageable and pinned memory; under the fake runtime its figure means nothing."""
-    m = ferry.measure_link(ferry.CUDABackend(), pinned=pinned, nbytes=4 * MIB, repeats=2)
+    """Runs on CUDA from pageable and pinned memory, its fit too; under the fake runtime its figures mean
+    nothing."""
+    m = ferry.measure_link(ferry.CUDABackend(), pinned=pinned, nbytes=4 * MIB, repeats=2, fit=True)
     assert m.gbps > 0 and m.pinned is pinned and m.device.startswith("CUDA")
     assert m.modelled_gbps is None and m.reached is None
+    assert m.fit is not None and len(m.fit.points) == 6  # its 2-D copies are cudaMemcpy2DAsync's
+    assert m.fit.latency_us >= 0 and m.fit.row_ns >= 0 and m.fit.gbps > 0
 
 
 # ---------------------------------------------------------------- a link that charges per row
