@@ -184,6 +184,7 @@ ferry_status ferry_backend_get_copy_queue(ferry_backend * backend, ferry_backend
     FERRY_CHECK_ARG(backend && out, "backend_get_copy_queue: NULL argument");
     if (!backend->copy_queue && backend->iface.copy_queue_new) {
         FERRY_TRY(backend->iface.copy_queue_new(backend, &backend->copy_queue));
+        backend->copy_queue->queue_of = backend; /* its copies are costed as the backend's */
     }
     *out = backend->copy_queue;
     return FERRY_OK;

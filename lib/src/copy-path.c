@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char * const policy_names[FERRY_COPY_POLICY_COUNT] = {"flat", "ranges", "plan"};
+static const char * const policy_names[FERRY_COPY_POLICY_COUNT] = {"flat", "ranges", "plan", "ragged"};
 
 const char * ferry_copy_policy_name(ferry_copy_policy policy) {
     if ((int) policy < 0 || policy >= FERRY_COPY_POLICY_COUNT) {
@@ -28,7 +28,7 @@ ferry_status ferry_copy_policy_from_name(const char * name, ferry_copy_policy * 
             return FERRY_OK;
         }
     }
-    return ferry_fail(FERRY_ERR_INVALID_ARG, "unknown copy policy '%s' (known: flat, ranges, plan)", name);
+    return ferry_fail(FERRY_ERR_INVALID_ARG, "unknown copy policy '%s' (known: flat, ranges, plan, ragged)", name);
 }
 
 /* Are dimensions 0..n_dims-1 of t one dense range? Its size goes to *size. */
@@ -195,10 +195,10 @@ static ferry_status copy_flat(ferry_backend * backend, const ferry_tensor * src,
     return ferry_tensor_copy(src, dst);
 }
 
-/* The plan policy: the planned rows when the cost model says they pay, else flat.
- * *read gets the bytes the plan covers (the bytes read), 0 when src has no plan. */
+/* The plan policy: the planned rows when the cost model says they pay (always, with always),
+ * else flat. *read gets the bytes the plan covers (the bytes read), 0 when src has no plan. */
 static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, bool queued,
-                                 ferry_copy_policy * path, uint64_t * read) {
+                                 bool always, ferry_copy_policy * path, uint64_t * read) {
     ferry_copy_2d local[LOCAL_COPIES], * copies;
     size_t n = 0;
     ferry_status st = plan_of(src, local, &copies, &n);
@@ -212,9 +212,9 @@ static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * s
         *read += (uint64_t) copies[i].size * copies[i].count;
     }
     const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
-    if (st == FERRY_OK && n > 0 && ferry_copy_plan_pays(&model, src, copies, n)) {
+    if (st == FERRY_OK && n > 0 && (always || ferry_copy_plan_pays(&model, src, copies, n))) {
         st = copy_planned(backend, src, dst, copies, n);
-        *path = FERRY_COPY_PLAN;
+        *path = always ? FERRY_COPY_RAGGED : FERRY_COPY_PLAN;
     } else if (st == FERRY_OK) {
         st = copy_flat(backend, src, dst, queued);
     }
@@ -236,23 +236,33 @@ static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * s
 /* ---------------------------------------------------------------- one input copy */
 
 /*
- * The route: how src reaches dst, and the copy itself. A compact dst is gathered; the
- * plan policy takes the plan when it pays; the ranges policy copies its ranges wherever
- * the rule applies; everything else is the flat copy. *path gets the route taken, *read the bytes read when the route knows
- * them (0 otherwise). queued: backend is a copy queue, and the flat copy goes there too.
+ * The route: how src reaches dst, and the copy itself. The ragged policy copies a window's used
+ * cells when it carries lengths, and otherwise the plan's rows whether or not they pay; a compact
+ * dst is gathered; the plan policy takes the plan when it pays; the ranges policy copies its
+ * ranges wherever the rule applies; everything else is the flat copy. *path gets the route
+ * taken, *read the bytes read when the route knows them (*known true; else false).
+ * queued: backend is a copy queue, and the flat copy goes there too.
  */
 static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy policy, bool compact, bool queued,
                                   const ferry_tensor * src, ferry_tensor * dst, ferry_copy_policy * path,
-                                  uint64_t * read) {
+                                  uint64_t * read, bool * known) {
     *path = FERRY_COPY_FLAT;
     *read = 0;
+    *known = false;
     ferry_copy_2d r;
+    if (policy == FERRY_COPY_RAGGED && src->used_lengths) {
+        *path = FERRY_COPY_RAGGED;
+        *known = true;
+        return ferry_copy_ragged(backend, src, dst, compact, read);
+    }
     if (compact) {
         *path = FERRY_COPY_PLAN;
         return copy_compact(backend, src, dst);
     }
-    if (policy == FERRY_COPY_PLAN) {
-        return copy_by_plan(backend, src, dst, queued, path, read);
+    if (policy == FERRY_COPY_PLAN || policy == FERRY_COPY_RAGGED) {
+        const ferry_status st = copy_by_plan(backend, src, dst, queued, policy == FERRY_COPY_RAGGED, path, read);
+        *known = *read > 0;
+        return st;
     }
     if (policy == FERRY_COPY_RANGES && ferry_copy_ranges_of(src, &r) && r.count > 1) {
         /* Same layout on both sides: each range lands at its own offset, gaps untouched. From
@@ -260,6 +270,7 @@ static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy pol
          * same ranges by the planned copy's route (read into dst, or staged through host). */
         *path = FERRY_COPY_RANGES;
         *read = (uint64_t) r.size * r.count;
+        *known = true;
         if (!ferry_buffer_ptr_readable(ferry_tensor_buffer(src), ferry_tensor_buffer(dst))) {
             return copy_planned(backend, src, dst, &r, 1);
         }
@@ -295,7 +306,7 @@ typedef struct {
  * reads through src (read, when the route knew them; else from src's plan).
  */
 static void measure_copy(const copy_snapshot * before, const ferry_tensor * src, const ferry_tensor * dst,
-                         ferry_copy_policy path, uint64_t read, ferry_copy_stats * stats) {
+                         ferry_copy_policy path, uint64_t read, bool known, ferry_copy_stats * stats) {
     static const ferry_xfer writes[] = {FERRY_XFER_SET, FERRY_XFER_SET_2D, FERRY_XFER_COPY};
     static const ferry_xfer reads[] = {FERRY_XFER_GET, FERRY_XFER_GET_2D};
     const double t1 = ferry_now_seconds();
@@ -308,7 +319,7 @@ static void measure_copy(const copy_snapshot * before, const ferry_tensor * src,
     sum_kinds(s1, kinds, n, &b1, &c1, &i1);
     *stats = (ferry_copy_stats) {
         .path = path,
-        .bytes_read = read ? read : ferry_tensor_bytes_read(src),
+        .bytes_read = known ? read : ferry_tensor_bytes_read(src),
         .bytes_span = ferry_tensor_nbytes(src),
         .bytes_copied = b1 - b0,
         .copy_calls = c1 - c0,
@@ -344,15 +355,16 @@ static ferry_status copy_input(const char * what, ferry_backend * backend, ferry
     };
     ferry_copy_policy path;
     uint64_t read;
+    bool known;
     if (!queued) {
         FERRY_TRY(ferry_backend_synchronize(backend));
     }
-    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, &path, &read));
+    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, &path, &read, &known));
     if (!queued) {
         FERRY_TRY(ferry_backend_synchronize(backend));
     }
     if (stats) {
-        measure_copy(&before, src, dst, path, read, stats); /* queued: the counters moved as it was queued */
+        measure_copy(&before, src, dst, path, read, known, stats); /* queued: the counters moved as it was queued */
         if (queued) {
             stats->copy_seconds = 0; /* the queue's events time it */
         }

@@ -446,8 +446,44 @@ bool ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * 
 }
 
 ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend) {
+    if (backend && backend->has_cost_model) {
+        return backend->cost_model;
+    }
+    if (backend && backend->queue_of) {
+        return ferry_backend_copy_cost_model(backend->queue_of);
+    }
     if (backend && backend->iface.copy_cost_model) {
         return backend->iface.copy_cost_model(backend);
     }
     return ferry_copy_cost_model_cpu();
+}
+
+ferry_status ferry_copy_cost_model_check(const ferry_copy_cost_model * m, const char * what) {
+    FERRY_CHECK_ARG(m, "%s: NULL cost model", what);
+    const double figures[5] = {m->call_us, m->row_ns, m->gbps, m->small_row_efficiency, m->wide_pitch_row_ns};
+    static const char * const names[5] = {"call_us", "row_ns", "gbps", "small_row_efficiency", "wide_pitch_row_ns"};
+    for (int i = 0; i < 5; i++) {
+        if (!(figures[i] >= 0 && figures[i] <= 1e12)) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: the cost model's %s %g is not a number from 0 to 1e12", what,
+                              names[i], figures[i]);
+        }
+    }
+    if (!(m->gbps > 0)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: the cost model's gbps %g is not positive", what, m->gbps);
+    }
+    if (m->small_row_bytes > 0 && !(m->small_row_efficiency > 0 && m->small_row_efficiency <= 1)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: the cost model's small_row_efficiency %g is not in (0, 1] while "
+                          "small_row_bytes is %zu", what, m->small_row_efficiency, m->small_row_bytes);
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_backend_set_copy_cost_model(ferry_backend * backend, const ferry_copy_cost_model * model) {
+    FERRY_CHECK_ARG(backend, "backend_set_copy_cost_model: NULL backend");
+    if (model) {
+        FERRY_TRY(ferry_copy_cost_model_check(model, "backend_set_copy_cost_model"));
+        backend->cost_model = *model;
+    }
+    backend->has_cost_model = model != NULL;
+    return FERRY_OK;
 }

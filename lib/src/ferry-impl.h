@@ -205,6 +205,9 @@ struct ferry_backend {
     void * context;
     ferry_stats stats;
     ferry_backend * copy_queue; /* made at the first ask, freed with the backend */
+    ferry_backend * queue_of;   /* a copy queue's backend, whose cost model it follows; else NULL */
+    bool has_cost_model;        /* cost_model set by ferry_backend_set_copy_cost_model */
+    ferry_copy_cost_model cost_model;
 };
 
 ferry_status ferry_backend_init(struct ferry_backend_i iface, void * context, ferry_backend ** out);
@@ -228,6 +231,12 @@ struct ferry_event {
 /* The one 2-D copy of a view that reads no byte twice; false (no error left) if it has
  * no such plan. Compact staging packs exactly these views (copy-compact.c). */
 bool ferry_single_copy_of(const ferry_tensor * t, ferry_copy_2d * out);
+
+/* The ragged route (copy-ragged.c): src's used cells into dst (src's layout, or its compact
+ * layout when compact), by ferry_copy_ragged_plan's copies and the backend's cost model; *read
+ * gets the bytes moved, which are the bytes read. */
+ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, bool compact,
+                               uint64_t * read);
 
 /* Checks shared by buffer.c and backend.c: t allocated, the extent inside t (transfer.c). */
 ferry_status ferry_check_transfer(const ferry_tensor * t, const void * data, size_t offset, size_t size,

@@ -28,6 +28,10 @@ static ferry_status make_layer(const ferry_kv_cache * kv, ferry_context * ctx, i
     /* The scale Python's attn_decode passes: 1/sqrt in double, rounded to f32. */
     const float scale = (float) (1.0 / sqrt((double) head_dim));
     FERRY_TRY(ferry_attn_decode(ctx, q, k, v, kv_len, scale, v_trans, out));
+    /* The windows carry kv_len, for the ragged policy to copy each stream's cells that attention
+     * reads; lengths up to the step's n_kv are the step's (a sliding layer holds fewer cells). */
+    FERRY_TRY(ferry_tensor_set_used_cells(k, kv_len, 1, 3, n_kv));
+    FERRY_TRY(ferry_tensor_set_used_cells(v, kv_len, v_trans ? 0 : 1, 3, n_kv));
     char name[FERRY_MAX_NAME];
     snprintf(name, sizeof(name), "attn%d", layer);
     FERRY_TRY(ferry_tensor_set_name(*out, name));

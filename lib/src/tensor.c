@@ -409,3 +409,42 @@ ferry_status ferry_tensor_set_name(ferry_tensor * t, const char * name) {
     t->name[FERRY_MAX_NAME - 1] = '\0';
     return FERRY_OK;
 }
+
+ferry_status ferry_tensor_set_used_cells(ferry_tensor * t, const ferry_tensor * lengths, int cell_dim, int stream_dim,
+                                         int64_t limit) {
+    FERRY_CHECK_ARG(t, "tensor_set_used_cells: NULL tensor");
+    if (!lengths) {
+        t->used_lengths = NULL;
+        t->used_cell_dim = t->used_stream_dim = 0;
+        t->used_limit = 0;
+        return FERRY_OK;
+    }
+    if (cell_dim < 0 || cell_dim >= FERRY_MAX_DIMS || stream_dim < 0 || stream_dim >= FERRY_MAX_DIMS ||
+        cell_dim == stream_dim) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "tensor_set_used_cells: cell_dim %d and stream_dim %d of '%s' must "
+                          "be two different dimensions in 0..3", cell_dim, stream_dim, t->name);
+    }
+    if (lengths->type != FERRY_TYPE_I32 || lengths->ne[0] != t->ne[stream_dim] || lengths->ne[1] != 1 ||
+        lengths->ne[2] != 1 || lengths->ne[3] != 1) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "tensor_set_used_cells: lengths '%s' is %s [%lld, %lld, %lld, %lld]; "
+                          "it must be i32 [%lld], one length per stream of '%s' (its ne[%d])", lengths->name,
+                          ferry_type_name(lengths->type), (long long) lengths->ne[0], (long long) lengths->ne[1],
+                          (long long) lengths->ne[2], (long long) lengths->ne[3], (long long) t->ne[stream_dim],
+                          t->name, stream_dim);
+    }
+    if (limit != 0 && limit < t->ne[cell_dim]) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "tensor_set_used_cells: limit %lld is below the %lld cells of '%s' "
+                          "(its ne[%d]); 0 takes them", (long long) limit, (long long) t->ne[cell_dim], t->name,
+                          cell_dim);
+    }
+    if (cell_dim == 0 && ferry_blck_size(t->type) != 1) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "tensor_set_used_cells: cells on dimension 0 of '%s', a %s tensor, would "
+                          "split its blocks of %lld values", t->name, ferry_type_name(t->type),
+                          (long long) ferry_blck_size(t->type));
+    }
+    t->used_lengths = lengths;
+    t->used_cell_dim = cell_dim;
+    t->used_stream_dim = stream_dim;
+    t->used_limit = limit ? limit : t->ne[cell_dim];
+    return FERRY_OK;
+}

@@ -53,6 +53,14 @@ class Handle:
                 for p in parents:
                     p._children += 1
 
+    def add_parent(self, parent: "Handle") -> None:
+        """Need parent from now on too (a C object that took a pointer to the parent's), once."""
+        with _lock:
+            if parent is self or parent in self._parents:
+                return
+            parent._children += 1
+            self._parents = self._parents + (parent,)
+
     @property
     def alive(self) -> bool:
         """True until the owner released it (the C object may outlive that for its children)."""

@@ -381,8 +381,10 @@ class StandinBackend(Backend):
 
     It can stand in for a device on a given link with a given memory. Every transfer between
     host memory and it (blocking or on its copy queue, 1-D or 2-D, set or get) then completes
-    no sooner than latency + bytes / bandwidth after the link was free for it, each direction
-    one link; and an allocation past its memory raises OutOfMemoryError naming the device, the
+    no sooner than latency + rows * row_ns + bytes / bandwidth after the link was free for it
+    (rows: those of a 2-D transfer of more than one row), each direction one link; the copy
+    path weighs its routes by those figures (CopyCostModel.of_backend); and an allocation past
+    its memory raises OutOfMemoryError naming the device, the
     bytes asked and the bytes free. A link faster than the host can copy is not reached:
     link_stats counts such transfers late. A compute slowdown F stands in for a device that
     computes more slowly than this host: each of its computes completes no sooner than F times
@@ -394,7 +396,8 @@ class StandinBackend(Backend):
     """
 
     def __init__(self, link_gbps: Optional[float] = None, latency_us: float = 0.0,
-                 memory: Optional[int] = None, compute_slowdown: Optional[float] = None) -> None:
+                 memory: Optional[int] = None, compute_slowdown: Optional[float] = None,
+                 row_ns: float = 0.0) -> None:
         """A new stand-in device, on a link and with a memory of the given figures (default: none).
 
         Parameters
@@ -408,12 +411,15 @@ class StandinBackend(Backend):
             Bytes the device has, counted as each buffer asks; None or 0: unlimited (the host's).
         compute_slowdown : float, optional
             Its compute takes at least this times the host's time, 1 to 1e6; None or 1: the host's.
+        row_ns : float, optional
+            Nanoseconds added for each row of a 2-D transfer of more than one row, 0 to 1e6 (a
+            plain transfer, or a 2-D one of one row, pays none), as a real link charges per row.
 
         Raises
         ------
         InvalidArgumentError
-            For a value that is not a number (link_gbps, latency_us, compute_slowdown) or a size
-            (memory), or out of its range, naming it.
+            For a value that is not a number (link_gbps, latency_us, compute_slowdown, row_ns) or a
+            size (memory), or out of its range, naming it.
         OutOfMemoryError
             When the backend cannot be allocated.
         """
@@ -424,6 +430,7 @@ class StandinBackend(Backend):
         params.memory = 0 if memory is None else _checks.as_size(memory, "StandinBackend: memory")
         params.compute_slowdown = 0.0 if compute_slowdown is None else _checks.as_double(
             compute_slowdown, "StandinBackend: compute_slowdown")
+        params.row_ns = _checks.as_double(row_ns, "StandinBackend: row_ns")
         out = ffi.new("ferry_backend **")
         check(lib.ferry_standin_backend_new_params(params, out))
         super().__init__(out[0])
@@ -443,6 +450,11 @@ class StandinBackend(Backend):
     def latency_us(self) -> float:
         """Microseconds the link adds to every transfer."""
         return float(self._params().latency_us)
+
+    @property
+    def row_ns(self) -> float:
+        """Nanoseconds the link adds for each row of a 2-D transfer of more than one row."""
+        return float(self._params().row_ns)
 
     @property
     def compute_slowdown(self) -> float:

@@ -404,7 +404,8 @@ class KVCache(Closeable):
         """
         return self._layer_tensor("v", self._layer(layer))
 
-    def window(self, layer: int, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    def window(self, layer: int, n_kv: int, s0: int = 0, s1: Optional[int] = None,
+               lengths: Optional[Tensor] = None, limit: Optional[int] = None) -> Tuple[Tensor, Tensor]:
         """The K and V windows attention reads, permuted (0, 2, 1, 3) as attention hands them on.
 
         Parameters
@@ -416,6 +417,13 @@ class KVCache(Closeable):
             The first stream read.
         s1 : int, optional
             The last stream read (default: the cache's last).
+        lengths : Tensor, optional
+            The kv_len attention reads (i32 [ns]): both windows carry it as their used cells
+            (Tensor.set_used_cells), and the ragged policy copies stream s's first min(lengths[s],
+            n_kv) cells alone. It must then be in host memory.
+        limit : int, optional
+            Lengths above it are refused when copied (default n_kv); a sliding layer's window of
+            its own cells takes the step's n_kv here.
 
         Returns
         -------
@@ -427,8 +435,13 @@ class KVCache(Closeable):
         Raises
         ------
         InvalidArgumentError, OutOfBoundsError
-            For a layer, n_kv or stream range the cache does not have.
+            For a layer, n_kv or stream range the cache does not have, or lengths that are not a
+            Tensor or a limit below n_kv.
+        LayoutError
+            For lengths that are not i32 [ns].
         """
+        if lengths is not None:
+            _checks.instance(lengths, Tensor, "kv_window: lengths")
         li = _checks.as_c_int(layer, "kv_window: layer")
         nk = _checks.as_int64(n_kv, "kv_window: n_kv")
         a = _checks.as_int64(s0, "kv_window: s0")
@@ -440,6 +453,9 @@ class KVCache(Closeable):
         k = Tensor(lambda ctx, out: lib.ferry_kv_cache_window(kv, ctx, li, nk, a, b, out, v_out), source=k_layer)
         v = Tensor._borrow(v_out[0], k._handle, keep=k, source=v_layer)
         mark_v_window(v, self._params.v_trans)  # attention reads V as the cache lays it out
+        if lengths is not None:
+            k.set_used_cells(lengths, 1, 3, limit)
+            v.set_used_cells(lengths, 0 if self._params.v_trans else 1, 3, limit)
         return k, v
 
     def windows(self, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> "KVWindows":

@@ -19,6 +19,7 @@ from ._binding import ffi, lib
 from .backend import Backend
 from .copy2d import Copy2D, to_c
 from .errors import InvalidArgumentError, LayoutError, UnsupportedError, check
+from .link import LinkFit, LinkMeasurement
 from .tensor import Tensor
 from .types import TypeLike, to_type
 
@@ -248,6 +249,72 @@ class CopyCostModel:
         return cls.from_c(lib.ferry_copy_cost_model_gpu())
 
     @classmethod
+    def from_link(cls, link: Union[LinkMeasurement, LinkFit]) -> "CopyCostModel":
+        """The model of a measured link: a call its latency, a row its row cost, bytes at its
+        bandwidth, exactly (no line rounding, no narrow-row or wide-pitch terms): what the link
+        was measured to charge.
+
+        Parameters
+        ----------
+        link : LinkMeasurement or LinkFit
+            measure_link(device, fit=True), or its fit.
+
+        Returns
+        -------
+        CopyCostModel
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a measurement made without fit, or anything else.
+        """
+        fit = link.fit if isinstance(link, LinkMeasurement) else link
+        if not isinstance(fit, LinkFit):
+            raise InvalidArgumentError("CopyCostModel.from_link: expected measure_link(..., fit=True) or its LinkFit, "
+                                       f"got {'a measurement made without fit' if fit is None else repr(link)}")
+        # a bandwidth too fast to measure: the model's largest, so bytes cost (next to) nothing
+        gbps = fit.gbps if math.isfinite(fit.gbps) else 1e12
+        return cls(call_us=fit.latency_us, row_ns=fit.row_ns, gbps=gbps, line_bytes=0, small_row_bytes=0,
+                   small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0)
+
+    def use_for(self, backend: Backend) -> None:
+        """Cost the copies into backend, and into its copy queue, by this model in place of its own
+        (ferry_backend_set_copy_cost_model): the plan and ragged policies then choose by it.
+        CopyCostModel.restore(backend) gives it back its own.
+
+        Parameters
+        ----------
+        backend : Backend
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Backend, or figures C refuses (past 1e12).
+        FreedBufferError
+            For a closed backend.
+        """
+        b = _checks.instance(backend, Backend, "CopyCostModel.use_for")
+        check(lib.ferry_backend_set_copy_cost_model(b._p, self._c()))
+
+    @staticmethod
+    def restore(backend: Backend) -> None:
+        """Cost the copies into backend by its own model again (undoing use_for).
+
+        Parameters
+        ----------
+        backend : Backend
+
+        Raises
+        ------
+        InvalidArgumentError
+            For anything but a Backend.
+        FreedBufferError
+            For a closed backend.
+        """
+        b = _checks.instance(backend, Backend, "CopyCostModel.restore")
+        check(lib.ferry_backend_set_copy_cost_model(b._p, ffi.NULL))
+
+    @classmethod
     def of_backend(cls, backend: Backend) -> "CopyCostModel":
         """The model copies into a backend are costed by.
 
@@ -258,7 +325,8 @@ class CopyCostModel:
         Returns
         -------
         CopyCostModel
-            A GPU's for CUDA, else the CPU's.
+            The one set with use_for; else a GPU's for CUDA, a stand-in's link's when it models
+            one, else the CPU's.
 
         Raises
         ------
@@ -370,6 +438,41 @@ def plan_pays(tensor: Tensor, model: ModelLike = "cpu") -> bool:
         return False
     arr, n = to_c(copies, "plan_pays")
     return bool(lib.ferry_copy_plan_pays(m, t._p, arr, n))
+
+
+def plan_ragged(tensor: Tensor, model: ModelLike = "cpu") -> List[Copy2D]:
+    """The copies the ragged policy makes of a window that carries its streams' used lengths
+    (Tensor.set_used_cells): each stream's first used cells and no other byte, by the cheaper for
+    model of a copy per stream and the shortest length over every stream plus the tails (equal
+    lengths: the one plan over every stream). The lengths are read now.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        A window carrying used cells, its lengths in host memory.
+    model : CopyCostModel, str or Backend, optional
+        As for plan_cost.
+
+    Returns
+    -------
+    list of Copy2D
+        Offsets from the first byte of the window's root, as plan_copy gives them.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a tensor without used cells, lengths not in host memory, or anything but a Tensor.
+    OutOfBoundsError
+        For a length outside 0..the window's limit.
+    """
+    t = _checks.instance(tensor, Tensor, "plan_ragged")
+    m = cost_model(model)._c()
+    n = ffi.new("size_t *")
+    check(lib.ferry_copy_ragged_plan(t._p, m, ffi.NULL, 0, n))
+    copies = ffi.new("ferry_copy_2d[]", max(n[0], 1))
+    check(lib.ferry_copy_ragged_plan(t._p, m, copies, n[0], n))
+    base = t.offset
+    return [c._replace(offset=c.offset + base) for c in (Copy2D.from_c(x) for x in copies[0:n[0]])]
 
 
 # ---------------------------------------------------------------- explanation

@@ -3,8 +3,10 @@
 flat copies the whole nbytes() span, gaps included; ranges copies a source whose last
 dimension is evenly spaced dense ranges as those ranges (one 2-D set from host memory; staged
 through the host from another device), else flat; plan copies any view
-by its copy plan when the cost model says that beats flat. The destination's gap bytes are
-never written.
+by its copy plan when the cost model says that beats flat; ragged copies a window that carries
+its streams' used lengths (Tensor.set_used_cells; KVCache.window(lengths=...); every window of
+attention_step) as each stream's used cells and nothing after them, and any other view by its
+copy plan whether or not that beats flat. The destination's gap bytes are never written.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class CopyPolicy(enum.IntEnum):
     FLAT = lib.FERRY_COPY_FLAT
     RANGES = lib.FERRY_COPY_RANGES
     PLAN = lib.FERRY_COPY_PLAN
+    RAGGED = lib.FERRY_COPY_RAGGED
 
     def __str__(self) -> str:
         return ffi.string(lib.ferry_copy_policy_name(self.value)).decode()
@@ -32,11 +35,12 @@ PolicyLike = Union[CopyPolicy, str]
 
 
 def to_policy(value: object) -> CopyPolicy:
-    """The CopyPolicy named by value (itself, or "flat", "ranges", "plan"); InvalidArgumentError for
-    anything else.
+    """The CopyPolicy named by value (itself, or "flat", "ranges", "plan", "ragged"); InvalidArgumentError
+    for anything else.
     """
     if isinstance(value, CopyPolicy):
         return value
     if isinstance(value, str):
         return _checks.from_c_name(CopyPolicy, "ferry_copy_policy", lib.ferry_copy_policy_from_name, value)
-    raise InvalidArgumentError(f"copy policy: expected a name (flat, ranges, plan) or a CopyPolicy, got {value!r}")
+    raise InvalidArgumentError(f"copy policy: expected a name (flat, ranges, plan, ragged) or a CopyPolicy, "
+                               f"got {value!r}")

@@ -202,7 +202,8 @@ SIZE_MAX = 2**64 - 1
 @dataclass(frozen=True)
 class LinkStats:
     """What a stand-in device's link carried (StandinBackend.link_stats), both directions, the
-    copy queue's transfers included; only a modelled link (a bandwidth or a latency) counts.
+    copy queue's transfers included; only a modelled link (a bandwidth, a latency or a row cost)
+    counts.
     Cumulative since the backend was made or reset_link_stats.
 
     A transfer is late when the host's copy alone ended after the link's modelled end: the
@@ -216,7 +217,7 @@ class LinkStats:
     bytes : int
         Their bytes.
     modelled_seconds : float
-        latency + bytes / bandwidth, summed over the transfers.
+        latency + rows * row cost + bytes / bandwidth, summed over the transfers.
     copy_seconds : float
         The time the host's copies themselves took.
     late : int
@@ -227,6 +228,8 @@ class LinkStats:
         Graph computes on the device (counted with or without a modelled link).
     compute_host_seconds : float
         The host's own time for them; with a compute slowdown F each is held to F times its own.
+    rows : int
+        Rows the link charged its row cost for: those of 2-D transfers of more than one row.
     """
 
     transfers: int
@@ -237,12 +240,13 @@ class LinkStats:
     late_seconds: float
     computes: int = 0
     compute_host_seconds: float = 0.0
+    rows: int = 0
 
     @classmethod
     def from_c(cls, s: Any) -> "LinkStats":
         """A LinkStats holding the values of the ferry_link_stats cdata s."""
         return cls(int(s.transfers), int(s.bytes), float(s.modelled_seconds), float(s.copy_seconds), int(s.late),
-                   float(s.late_seconds), int(s.computes), float(s.compute_host_seconds))
+                   float(s.late_seconds), int(s.computes), float(s.compute_host_seconds), int(s.rows))
 
     @property
     def host_gbps(self) -> Optional[float]:

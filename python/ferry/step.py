@@ -117,7 +117,9 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
     q : sequence of Tensor
         Per layer, its query (f32 [head_dim, n_head, 1, ns]).
     kv_len : Tensor
-        i32 [ns]: each stream's length, shared by every layer.
+        i32 [ns]: each stream's length, shared by every layer. From KVWindows every window carries
+        it as its used cells (Tensor.set_used_cells, limit n_kv), which the ragged policy copies
+        alone; under ragged it must be in host memory (the scheduler copies it to the devices).
     v_trans : bool, optional
         V is transposed. The cache's windows say themselves whether V is, and a v_trans that
         disagrees is refused; default: the cache's (False for pairs no cache made).

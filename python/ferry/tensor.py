@@ -371,6 +371,65 @@ class Tensor:
         """The tensor this view was made from (None for a root)."""
         return self._source
 
+    def set_used_cells(self, lengths: Optional["Tensor"], cell_dim: int = 1, stream_dim: int = 3,
+                       limit: Optional[int] = None) -> "Tensor":
+        """Say that this window reads, of stream s (index s of dimension stream_dim), only the first
+        min(lengths[s], ne[cell_dim]) cells of dimension cell_dim: attention's own clamp of kv_len.
+        The ragged copy policy then copies those cells and nothing after them; the other policies
+        never read lengths. KVCache.window(lengths=...) and attention_step set it on the windows
+        they make.
+
+        Parameters
+        ----------
+        lengths : Tensor or None
+            i32 [ne[stream_dim]], the kv_len written before each step; kept alive with this tensor.
+            It must be in host memory when the ragged policy copies this window (its values are read
+            then, or when a prefetched copy is queued). None clears.
+        cell_dim : int, optional
+            The dimension of cells: 1 for K and a V not transposed as KVCache.window hands them on,
+            0 for a transposed V.
+        stream_dim : int, optional
+            The dimension of streams (3 for KVCache's windows).
+        limit : int, optional
+            Lengths above it are refused when read; lengths from ne[cell_dim] to it read all
+            ne[cell_dim] cells (a sliding layer's window is shorter than the step's n_kv). Default:
+            ne[cell_dim].
+
+        Returns
+        -------
+        Tensor
+            This tensor.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For lengths that are not a Tensor, dimensions outside 0..3 or equal, a limit below
+            ne[cell_dim].
+        LayoutError
+            For lengths not i32 with one value per stream, or cells on dimension 0 of a block type.
+        """
+        if lengths is None:
+            check(lib.ferry_tensor_set_used_cells(self._p, ffi.NULL, 0, 0, 0))
+            return self
+        lens = _checks.instance(lengths, Tensor, "set_used_cells: lengths")
+        cd = _checks.as_c_int(cell_dim, "set_used_cells: cell_dim")
+        sd = _checks.as_c_int(stream_dim, "set_used_cells: stream_dim")
+        lim = 0 if limit is None else _checks.as_int64(limit, "set_used_cells: limit")
+        if limit is not None and lim <= 0:
+            raise InvalidArgumentError(f"set_used_cells: limit {limit} is not positive")
+        check(lib.ferry_tensor_set_used_cells(self._p, lens._p, cd, sd, lim))
+        self._handle.add_parent(lens._handle)  # this struct points at the lengths' struct now
+        return self
+
+    @property
+    def used_cells(self) -> Optional[Tuple[int, int, int]]:
+        """(cell_dim, stream_dim, limit) of the used cells this window carries (set_used_cells, or the
+        one-call step's), or None when every cell is read."""
+        p = self._p
+        if not p.used_lengths:
+            return None
+        return int(p.used_cell_dim), int(p.used_stream_dim), int(p.used_limit)
+
     @property
     def root(self) -> "Tensor":
         """The tensor whose memory this one reads (itself unless a view)."""

@@ -121,4 +121,67 @@ static inline int kv_check_window_copy(const kv_fixture * f, const ferry_tensor 
     return failed;
 }
 
+/*
+ * The heart test of a ragged window: window (in the cache, carrying used cells) copied into copy
+ * (its layout, or its compact layout). used[s]: the cells of stream s the copy must hold. Returns
+ * 0 when all holds, else the first that failed: 1 bytes moved != the used cells' bytes, 2 a
+ * used cell did not arrive whole from its own source offset, 3 any other byte of the copy lost
+ * its sentinel; -1 if the copy could not be read.
+ */
+static inline int kv_check_used_copy(const kv_fixture * f, const ferry_tensor * window, const ferry_tensor * copy,
+                                     const int64_t * used, uint64_t bytes_moved) {
+    const size_t span = ferry_tensor_nbytes(copy);
+    const size_t src_base = (size_t) ((char *) window->data - (char *) ferry_buffer_base(ferry_kv_cache_buffer(f->kv)));
+    const size_t block = ferry_type_size(window->type);
+    const int64_t n0 = window->ne[0] / ferry_blck_size(window->type);
+    const int cell = window->used_cell_dim, stream = window->used_stream_dim;
+    uint8_t * got = malloc(span + 1);
+    uint8_t * mark = calloc(span + 1, 1);
+    if (!got || !mark || ferry_tensor_get(copy, got, 0, span) != FERRY_OK) {
+        fprintf(stderr, "  reading the copy back: %s\n", ferry_last_error());
+        free(got);
+        free(mark);
+        return -1;
+    }
+    uint64_t expected = 0;
+    int wrong_source = 0, wrong_gap = 0;
+    int64_t idx[4];
+    for (idx[3] = 0; idx[3] < window->ne[3]; idx[3]++)
+        for (idx[2] = 0; idx[2] < window->ne[2]; idx[2]++)
+            for (idx[1] = 0; idx[1] < window->ne[1]; idx[1]++)
+                for (idx[0] = 0; idx[0] < n0; idx[0]++) {
+                    if (idx[cell] >= used[idx[stream]]) {
+                        continue;
+                    }
+                    size_t so = 0, dof = 0;
+                    for (int d = 0; d < 4; d++) {
+                        so += (size_t) idx[d] * window->nb[d];
+                        dof += (size_t) idx[d] * copy->nb[d];
+                    }
+                    for (size_t b = 0; b < block; b++) {
+                        if (!mark[dof + b] && got[dof + b] != kv_pattern(src_base + so + b) && !wrong_source) {
+                            fprintf(stderr, "  stream %lld cell %lld byte %zu did not arrive from its own source offset\n",
+                                    (long long) idx[stream], (long long) idx[cell], b);
+                            wrong_source = 1;
+                        }
+                        expected += !mark[dof + b];
+                        mark[dof + b] = 1;
+                    }
+                }
+    for (size_t i = 0; i < span && !wrong_gap; i++) {
+        if (!mark[i] && got[i] != SENTINEL) {
+            fprintf(stderr, "  byte %zu of the copy, in no stream's used cells, was overwritten\n", i);
+            wrong_gap = 1;
+        }
+    }
+    free(got);
+    free(mark);
+    if (bytes_moved != expected) {
+        fprintf(stderr, "  moved %llu bytes where the used cells are %llu\n", (unsigned long long) bytes_moved,
+                (unsigned long long) expected);
+        return 1;
+    }
+    return wrong_source ? 2 : wrong_gap ? 3 : 0;
+}
+
 #endif

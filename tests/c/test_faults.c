@@ -107,7 +107,7 @@ static void kv_run(void * p) {
     kv_fill(s->kv);
     STEP(ferry_context_new(&s->ctx));
     kv_fixture f = {.kv = s->kv}; /* for kv_check_window_copy, which reads only the cache */
-    for (int policy = FERRY_COPY_FLAT; policy <= FERRY_COPY_PLAN; policy++) {
+    for (int policy = FERRY_COPY_FLAT; policy < FERRY_COPY_POLICY_COUNT; policy++) {
         for (int32_t layer = 0; layer < params.n_layer; layer++) {
             ferry_tensor *k, *v, *copy;
             STEP(ferry_kv_cache_window(s->kv, s->ctx, layer, 5 + layer, 1, 3, &k, &v));
@@ -140,6 +140,89 @@ static void kv_fini(void * p) {
 static void test_kv_cache_windows(void) {
     kv_state s;
     CHECK(sweep("kv cache and windows", kv_run, kv_fini, &s, sizeof(s)) > 0);
+}
+
+/* ------------------------------------------------ ragged windows: each stream's used cells */
+
+typedef struct {
+    ferry_backend * split;
+    ferry_backend * cpu;
+    ferry_backend * dev;
+    ferry_kv_cache * kv;
+    ferry_kv_cache * dev_kv;
+    ferry_context * ctx;
+    ferry_buffer * buf;
+    ferry_buffer * len_buf;
+} ragged_state;
+
+/* K and the transposed V of a host cache, each copied by both routes (calls dear: the shortest
+ * and the tails; rows dear: a copy per stream) into its layout and its compact layout; then a
+ * V window in another device's memory, staged through the host. The lengths, the route's
+ * lists and the staging are allocations too. */
+static void ragged_run(void * p) {
+    ragged_state * s = p;
+    const ferry_kv_params params = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 16, .n_head_kv = 2,
+                                    .n_ctx = 64, .n_stream = 4, .n_layer = 1, .v_trans = true};
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    STEP(ferry_dummy_backend_new(&dp, &s->split));
+    STEP(ferry_dummy_backend_new(&dp, &s->dev));
+    STEP(ferry_cpu_backend_new(&s->cpu));
+    STEP(ferry_kv_cache_new(&params, ferry_cpu_buffer_type(), &s->kv));
+    kv_fill(s->kv);
+    STEP(ferry_kv_cache_new(&params, ferry_backend_default_buffer_type(s->dev), &s->dev_kv));
+    kv_fill(s->dev_kv);
+    STEP(ferry_context_new(&s->ctx));
+    const int64_t n_stream = 4;
+    const int32_t lens[4] = {5, 0, 12, 5};
+    const int64_t used[4] = {5, 0, 12, 5};
+    ferry_tensor * len;
+    STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_I32, 1, &n_stream, &len));
+    STEP(ferry_backend_alloc_buffer(s->cpu, sizeof(lens), &s->len_buf));
+    STEP(ferry_buffer_place_tensor(s->len_buf, len, 0));
+    STEP(ferry_tensor_set(len, lens, 0, sizeof(lens)));
+    const ferry_copy_cost_model models[2] = {{.call_us = 100, .gbps = 10}, {.call_us = 0.01, .row_ns = 1000, .gbps = 10}};
+    for (int source = 0; source < 2; source++) {
+        kv_fixture f = {.kv = source ? s->dev_kv : s->kv}; /* for kv_check_used_copy, which reads only the cache */
+        for (int route = 0; route < 2; route++) {
+            for (int which = source; which < 2; which++) {
+                for (int compact = 0; compact < 2; compact++) {
+                    ferry_tensor *k, *v, *copy;
+                    STEP(ferry_kv_cache_window(f.kv, s->ctx, 0, 12, 0, 3, &k, &v));
+                    ferry_tensor * w = which ? v : k;
+                    STEP(ferry_tensor_set_used_cells(w, len, which ? 0 : 1, 3, 0));
+                    STEP(compact ? ferry_tensor_compact_layout(s->ctx, w, &copy) : ferry_tensor_dup_layout(s->ctx, w, &copy));
+                    ferry_buffer_free(s->buf);
+                    s->buf = NULL;
+                    STEP(ferry_backend_alloc_buffer(s->split, ferry_tensor_nbytes(copy), &s->buf));
+                    STEP(ferry_buffer_place_tensor(s->buf, copy, 0));
+                    STEP(ferry_tensor_memset(copy, SENTINEL, 0, ferry_tensor_nbytes(copy)));
+                    STEP(ferry_backend_set_copy_cost_model(s->split, &models[route]));
+                    ferry_copy_stats stats;
+                    STEP(ferry_copy_input(s->split, FERRY_COPY_RAGGED, w, copy, &stats));
+                    CHECK(stats.path == FERRY_COPY_RAGGED);
+                    CHECK_EQ_U(kv_check_used_copy(&f, w, copy, used, stats.bytes_copied), 0);
+                }
+            }
+        }
+    }
+}
+
+static void ragged_fini(void * p) {
+    ragged_state * s = p;
+    ferry_buffer_free(s->buf);
+    ferry_buffer_free(s->len_buf);
+    ferry_context_free(s->ctx);
+    ferry_kv_cache_free(s->kv);
+    ferry_kv_cache_free(s->dev_kv);
+    ferry_backend_free(s->cpu);
+    ferry_backend_free(s->dev);
+    ferry_backend_free(s->split);
+}
+
+static void test_ragged_windows(void) {
+    ragged_state s;
+    CHECK(sweep("ragged windows", ragged_run, ragged_fini, &s, sizeof(s)) > 0);
 }
 
 /* ------------------------------------------------ a KV cache of placed layers of different sizes */
@@ -337,7 +420,7 @@ static void sched_fini(void * p) {
 }
 
 static void test_sched_every_policy(void) {
-    for (int policy = FERRY_COPY_FLAT; policy <= FERRY_COPY_PLAN; policy++) {
+    for (int policy = FERRY_COPY_FLAT; policy < FERRY_COPY_POLICY_COUNT; policy++) {
         for (int compact = 0; compact <= 1; compact++) {
             char name[80];
             snprintf(name, sizeof(name), "scheduler, %s%s", ferry_copy_policy_name((ferry_copy_policy) policy),
@@ -387,7 +470,7 @@ static void sched_prefetch_run(void * p) {
 }
 
 static void test_sched_prefetch(void) {
-    for (int policy = FERRY_COPY_FLAT; policy <= FERRY_COPY_PLAN; policy++) {
+    for (int policy = FERRY_COPY_FLAT; policy < FERRY_COPY_POLICY_COUNT; policy++) {
         char name[80];
         snprintf(name, sizeof(name), "scheduler prefetching, %s", ferry_copy_policy_name((ferry_copy_policy) policy));
         sched_policy = (ferry_copy_policy) policy;
@@ -649,6 +732,7 @@ static void test_cuda_backend(void) {
 
 static const check_test tests[] = {
     {"kv_cache_windows", test_kv_cache_windows},
+    {"ragged_windows", test_ragged_windows},
     {"kv_cache_layers", test_kv_cache_layers},
     {"kv_attention_step", test_kv_attention_step},
     {"sched_every_policy", test_sched_every_policy},

@@ -316,6 +316,12 @@ static void test_params_refused(void) {
     for (size_t i = 0; i < sizeof(bad_latency) / sizeof(bad_latency[0]); i++) {
         CHECK_FAILS(standin(1, bad_latency[i], 0, &device), FERRY_ERR_INVALID_ARG);
     }
+    const double bad_row[] = {-1, 2e6, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof(bad_row) / sizeof(bad_row[0]); i++) {
+        const ferry_standin_params sp = {.row_ns = bad_row[i]};
+        CHECK_FAILS(ferry_standin_backend_new_params(&sp, &device), FERRY_ERR_INVALID_ARG);
+        CHECK(strstr(ferry_last_error(), "row_ns") != NULL);
+    }
     const double bad_slowdown[] = {-1, 0.5, 0.999, 2e6, NAN, INFINITY};
     for (size_t i = 0; i < sizeof(bad_slowdown) / sizeof(bad_slowdown[0]); i++) {
         const ferry_standin_params sp = {.compute_slowdown = bad_slowdown[i]};
@@ -326,7 +332,92 @@ static void test_params_refused(void) {
     CHECK_OK(ferry_standin_backend_new_params(NULL, &device)); /* NULL params: the defaults */
     ferry_standin_params p;
     CHECK_OK(ferry_standin_get_link(device, &p, NULL));
-    CHECK(p.link_gbps == 0 && p.latency_us == 0 && p.memory == 0 && p.compute_slowdown == 0);
+    CHECK(p.link_gbps == 0 && p.latency_us == 0 && p.memory == 0 && p.compute_slowdown == 0 && p.row_ns == 0);
+    ferry_backend_free(device);
+}
+
+/*
+ * A link that charges per row: a 2-D transfer of n rows costs latency + n * row_ns + bytes /
+ * bandwidth, a plain one (or a 2-D one of one row) latency + bytes / bandwidth, blocking or on the
+ * copy queue; the link's own counters say so exactly, and no transfer ends sooner. The stand-in's
+ * copy cost model is its link's, its copy queue's too, unless one is set for it.
+ */
+static void test_link_charges_per_row(void) {
+    const double gbps = 4, latency_us = 20, row_ns = 2000;
+    const ferry_standin_params p = {.link_gbps = gbps, .latency_us = latency_us, .row_ns = row_ns};
+    ferry_backend * device;
+    CHECK_OK(ferry_standin_backend_new_params(&p, &device));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor * t;
+    ferry_buffer * buf;
+    const size_t rows = 256, bytes = rows * ROW;
+    CHECK_OK(byte_tensor(device, ctx, 2 * bytes, &t, &buf));
+    char * host = calloc(1, bytes);
+    CHECK(host);
+    const double plain = latency_us * 1e-6 + (double) bytes / (gbps * 1e9);
+    const double rowed = plain + (double) rows * row_ns * 1e-9;
+    const xfer kinds[6] = {XFER_SET, XFER_SET_2D, XFER_GET_2D, XFER_QUEUE_SET, XFER_QUEUE_SET_2D, XFER_GET};
+    for (int i = 0; i < 6; i++) {
+        const bool two_d = kinds[i] == XFER_SET_2D || kinds[i] == XFER_GET_2D || kinds[i] == XFER_QUEUE_SET_2D;
+        CHECK_OK(ferry_standin_reset_link_stats(device));
+        double took = 0;
+        CHECK_OK(transfer(device, t, host, bytes, kinds[i], &took));
+        ferry_link_stats s;
+        CHECK_OK(ferry_standin_get_link(device, NULL, &s));
+        CHECK_EQ_U(s.transfers, 1);
+        CHECK_EQ_U(s.rows, two_d ? rows : 0);
+        const double want = two_d ? rowed : plain;
+        if (fabs(s.modelled_seconds - want) > 1e-9 * want || took < want) {
+            fprintf(stderr, "%s: modelled %.6f ms, took %.6f ms, want %.6f ms\n", xfer_names[kinds[i]],
+                    1e3 * s.modelled_seconds, 1e3 * took, 1e3 * want);
+            CHECK(false);
+        }
+    }
+    CHECK_OK(ferry_standin_reset_link_stats(device));
+    CHECK_OK(ferry_tensor_set_2d(t, host, 0, ROW, 1, 2 * ROW, ROW)); /* one row: no row charged */
+    ferry_link_stats one;
+    CHECK_OK(ferry_standin_get_link(device, NULL, &one));
+    CHECK_EQ_U(one.rows, 0);
+
+    ferry_backend * queue;
+    CHECK_OK(ferry_backend_get_copy_queue(device, &queue));
+    ferry_copy_cost_model m = ferry_backend_copy_cost_model(device), q = ferry_backend_copy_cost_model(queue);
+    CHECK(m.call_us == latency_us && m.row_ns == row_ns && m.gbps == gbps && m.line_bytes == 0 &&
+          m.small_row_bytes == 0 && m.wide_pitch_bytes == 0);
+    CHECK(memcmp(&m, &q, sizeof(m)) == 0);
+    /* the model prices the link's charges: a 2-D copy of the rows, and a flat copy of as many bytes */
+    const ferry_copy_2d c = {.offset = 0, .size = ROW, .count = rows, .stride = 2 * ROW};
+    CHECK(fabs(ferry_copy_plan_cost(&m, &c, 1) - rowed) < 1e-12);
+    CHECK(fabs(ferry_copy_flat_cost(&m, bytes) - plain) < 1e-12);
+    const ferry_copy_cost_model set = {.call_us = 3, .row_ns = 7, .gbps = 50};
+    CHECK_OK(ferry_backend_set_copy_cost_model(device, &set));
+    m = ferry_backend_copy_cost_model(device);
+    q = ferry_backend_copy_cost_model(queue);
+    CHECK(m.call_us == 3 && m.row_ns == 7 && m.gbps == 50 && memcmp(&m, &q, sizeof(m)) == 0);
+    ferry_copy_cost_model bad = set;
+    bad.gbps = 0;
+    CHECK_FAILS(ferry_backend_set_copy_cost_model(device, &bad), FERRY_ERR_INVALID_ARG);
+    bad = set;
+    bad.row_ns = NAN;
+    CHECK_FAILS(ferry_backend_set_copy_cost_model(device, &bad), FERRY_ERR_INVALID_ARG);
+    bad = set;
+    bad.small_row_bytes = 256;
+    bad.small_row_efficiency = 1.5;
+    CHECK_FAILS(ferry_backend_set_copy_cost_model(device, &bad), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_backend_set_copy_cost_model(NULL, &set), FERRY_ERR_INVALID_ARG);
+    CHECK(ferry_backend_copy_cost_model(device).gbps == 50); /* the refusals changed nothing */
+    CHECK_OK(ferry_backend_set_copy_cost_model(device, NULL)); /* its own again */
+    CHECK(ferry_backend_copy_cost_model(queue).row_ns == row_ns);
+    /* unmodelled: the CPU's */
+    ferry_backend * plain_dev;
+    CHECK_OK(ferry_standin_backend_new(&plain_dev));
+    const ferry_copy_cost_model cpu = ferry_copy_cost_model_cpu(), got = ferry_backend_copy_cost_model(plain_dev);
+    CHECK(memcmp(&cpu, &got, sizeof(cpu)) == 0);
+    ferry_backend_free(plain_dev);
+    free(host);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
     ferry_backend_free(device);
 }
 
@@ -427,6 +518,7 @@ static const check_test tests[] = {
     {"standin_memory", test_standin_memory},
     {"backend_memory", test_backend_memory},
     {"params_refused", test_params_refused},
+    {"link_charges_per_row", test_link_charges_per_row},
     {"compute_slowdown", test_compute_slowdown},
 #ifdef FERRY_HAVE_CUDA_TESTS
     {"cuda_memory", test_cuda_memory},

@@ -35,9 +35,11 @@ typedef struct {
     ferry_backend * cpu;
     ferry_kv_cache * kv;
     ferry_buffer * buf; /* q and kv_len, on dev[0] */
+    ferry_buffer * host_buf; /* kv_len again, in host memory: the ragged policy reads it there */
     ferry_context * ctx;
     ferry_tensor * q[N_LAYER];
     ferry_tensor * kv_len;
+    ferry_tensor * kv_len_host;
     ferry_sched * sched;
 } fixture;
 
@@ -59,6 +61,10 @@ static ferry_status fixture_init(fixture * f, make_backend make, ferry_buffer_ty
     if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->buf, f->kv_len, N_LAYER * q_bytes);
     const int32_t lengths[N_STREAM] = {N_KV - 5, N_KV};
     if (st == FERRY_OK) st = ferry_tensor_set(f->kv_len, lengths, 0, sizeof(lengths));
+    if (st == FERRY_OK) st = ferry_tensor_new(f->ctx, FERRY_TYPE_I32, 1, ne_len, &f->kv_len_host);
+    if (st == FERRY_OK) st = ferry_backend_alloc_buffer(f->cpu, sizeof(lengths), &f->host_buf);
+    if (st == FERRY_OK) st = ferry_buffer_place_tensor(f->host_buf, f->kv_len_host, 0);
+    if (st == FERRY_OK) st = ferry_tensor_set(f->kv_len_host, lengths, 0, sizeof(lengths));
     ferry_backend * backends[3] = {f->dev[0], f->dev[1], f->cpu};
     if (st == FERRY_OK) st = ferry_sched_new(backends, 3, &f->sched);
     return st;
@@ -67,6 +73,7 @@ static ferry_status fixture_init(fixture * f, make_backend make, ferry_buffer_ty
 static void fixture_free(fixture * f) {
     ferry_sched_free(f->sched);
     ferry_buffer_free(f->buf);
+    ferry_buffer_free(f->host_buf);
     ferry_context_free(f->ctx);
     ferry_kv_cache_free(f->kv);
     ferry_backend_free(f->dev[0]);
@@ -116,7 +123,8 @@ static void run_step(fixture * f, const int * on, ferry_copy_policy policy, int 
     ferry_sched_clear_assignments(f->sched);
     CHECK_OK(ferry_sched_set_policy(f->sched, policy));
     CHECK_OK(ferry_sched_set_prefetch(f->sched, prefetch));
-    CHECK_OK(ferry_kv_attention_step_on(f->kv, ctx, N_LAYER, N_KV, 0, N_STREAM - 1, f->q, f->kv_len, v_trans, f->sched,
+    ferry_tensor * kv_len = policy == FERRY_COPY_RAGGED ? f->kv_len_host : f->kv_len;
+    CHECK_OK(ferry_kv_attention_step_on(f->kv, ctx, N_LAYER, N_KV, 0, N_STREAM - 1, f->q, kv_len, v_trans, f->sched,
                                         backends, graph, outs));
     CHECK_OK(ferry_dup(ctx, outs[0], &chained));
     CHECK_OK(ferry_tensor_set_output(chained));
@@ -316,13 +324,16 @@ static void m_run(const m_case * c, int n_dev, uint32_t map, ferry_copy_policy p
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     const size_t q_bytes = sizeof(float) * M_OUT_N;
-    ferry_buffer * buf;
+    ferry_buffer *buf, *len_buf = NULL;
     CHECK_OK(ferry_backend_alloc_buffer(c->dev[0], M_LAYER * q_bytes + 256, &buf));
     const int64_t ne_q[4] = {M_HEAD_DIM, M_HEAD, 1, M_STREAM}, ne_len[1] = {M_STREAM};
     ferry_tensor *q[M_LAYER], *kv_len;
     CHECK_OK(place_queries(ctx, buf, M_LAYER, ne_q, q_bytes, q));
     CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne_len, &kv_len));
-    CHECK_OK(ferry_buffer_place_tensor(buf, kv_len, M_LAYER * q_bytes));
+    if (policy == FERRY_COPY_RAGGED) { /* read on the host as the windows are copied */
+        CHECK_OK(ferry_backend_alloc_buffer(c->cpu, M_STREAM * sizeof(int32_t), &len_buf));
+    }
+    CHECK_OK(ferry_buffer_place_tensor(len_buf ? len_buf : buf, kv_len, len_buf ? 0 : M_LAYER * q_bytes));
     const int32_t lengths[M_STREAM] = {M_N_KV, 6};
     CHECK_OK(ferry_tensor_set(kv_len, lengths, 0, sizeof(lengths)));
     ferry_backend * backends[4] = {c->dev[0], c->dev[1], c->dev[2], NULL};
@@ -364,6 +375,7 @@ static void m_run(const m_case * c, int n_dev, uint32_t map, ferry_copy_policy p
     ferry_sched_free(sched);
     ferry_graph_free(graph);
     ferry_buffer_free(buf);
+    ferry_buffer_free(len_buf);
     ferry_context_free(ctx);
     ferry_kv_cache_free(kv);
 }

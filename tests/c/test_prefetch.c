@@ -50,6 +50,7 @@ typedef struct {
     ferry_kv_cache * kv;
     ferry_context * ctx;
     ferry_buffer * buf; /* on device: the queries and kv_len */
+    ferry_buffer * host_buf; /* the lengths again, in host memory: the windows' used cells */
     ferry_tensor * out[N_LAYER];
     ferry_graph * graph;
     bool v_trans;
@@ -98,6 +99,12 @@ static ferry_status step_init(step * s, ferry_backend * device, bool v_trans) {
     }
     const int32_t lens[N_STREAM] = {N_KV, 17, 0, 33};
     FERRY_TRY_T(ferry_tensor_set(len, lens, 0, sizeof(lens)));
+    /* windows made by hand carry the lengths the ragged policy reads on the host */
+    ferry_tensor * host_len;
+    FERRY_TRY_T(ferry_tensor_new(s->ctx, FERRY_TYPE_I32, 1, len_ne, &host_len));
+    FERRY_TRY_T(ferry_backend_alloc_buffer(s->cpu, sizeof(lens), &s->host_buf));
+    FERRY_TRY_T(ferry_buffer_place_tensor(s->host_buf, host_len, 0));
+    FERRY_TRY_T(ferry_tensor_set(host_len, lens, 0, sizeof(lens)));
     for (int l = 0; l < N_LAYER; l++) {
         ferry_tensor *kc, *vc, *k, *v;
         FERRY_TRY_T(ferry_kv_cache_k(s->kv, l, &kc));
@@ -116,6 +123,8 @@ static ferry_status step_init(step * s, ferry_backend * device, bool v_trans) {
             FERRY_TRY_T(st);
         }
         FERRY_TRY_T(ferry_kv_cache_window(s->kv, s->ctx, l, N_KV, 0, N_STREAM - 1, &k, &v));
+        FERRY_TRY_T(ferry_tensor_set_used_cells(k, host_len, 1, 3, 0));
+        FERRY_TRY_T(ferry_tensor_set_used_cells(v, host_len, v_trans ? 0 : 1, 3, 0));
         FERRY_TRY_T(ferry_attn_decode(s->ctx, q[l], k, v, len, 0.125f, v_trans, &s->out[l]));
         FERRY_TRY_T(ferry_tensor_set_output(s->out[l]));
     }
@@ -129,6 +138,7 @@ static ferry_status step_init(step * s, ferry_backend * device, bool v_trans) {
 static void step_free(step * s) {
     ferry_graph_free(s->graph);
     ferry_buffer_free(s->buf);
+    ferry_buffer_free(s->host_buf);
     ferry_context_free(s->ctx);
     ferry_kv_cache_free(s->kv);
     ferry_backend_free(s->cpu);
@@ -180,16 +190,25 @@ static void check_same_bytes(const ferry_sched_stats * a, const ferry_sched_stat
 /*
  * Every policy, compact staging off and on, K plain and V transposed, 1, 2 and more
  * parts ahead than there are: the outputs byte for byte and the byte counts of the serial
- * run; both windows of every layer prefetched; what is held ahead as the option says.
+ * run; both windows of every layer prefetched; what is held ahead as the option says. The
+ * outputs are flat's under every policy, and ragged copies each stream's used cells alone.
  */
 static void same_bytes_as_serial(ferry_backend * device) {
     for (int vt = 0; vt < 2; vt++) {
         step s;
         CHECK_OK(step_init(&s, device, vt == 1));
-        static run_result serial, ahead;
+        static run_result serial, ahead, flat;
         for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
             for (int compact = 0; compact < 2; compact++) {
                 CHECK_OK(run_step(&s, (ferry_copy_policy) policy, compact, 0, &serial, NULL));
+                if (policy == FERRY_COPY_FLAT && !compact) {
+                    flat = serial;
+                }
+                CHECK(memcmp(serial.out, flat.out, sizeof(flat.out)) == 0);
+                if (policy == FERRY_COPY_RAGGED) { /* lengths 40, 17, 0, 33 of cells of 256 bytes, K and V */
+                    CHECK_EQ_U(serial.stats.bytes_copied, (uint64_t) N_LAYER * 2 * (40 + 17 + 0 + 33) * 256);
+                    CHECK_EQ_U(serial.stats.bytes_read, serial.stats.bytes_copied);
+                }
                 CHECK_EQ_U(serial.stats.prefetched, 0);
                 CHECK_EQ_U(serial.stats.ahead_inputs, 0);
                 CHECK_EQ_U(serial.stats.ahead_bytes, 0);

@@ -452,7 +452,7 @@ def test_device_spec_and_layer_cost(case: Tuple[str, str, Any]) -> None:
 
 # ---------------------------------------------------------------- StandinBackend and measure_link
 
-STANDIN_ARGS = ["link_gbps", "latency_us", "memory", "compute_slowdown"]
+STANDIN_ARGS = ["link_gbps", "latency_us", "memory", "compute_slowdown", "row_ns"]
 
 
 @settings(max_examples=300 * SCALE, **SETTINGS)
@@ -463,14 +463,14 @@ def test_standin_backend(arg: str, value: Any) -> None:
     if dev is None:
         return
     told = {"link_gbps": dev.link_gbps, "latency_us": dev.latency_us, "memory": dev.memory_size,
-            "compute_slowdown": dev.compute_slowdown}[arg]
+            "compute_slowdown": dev.compute_slowdown, "row_ns": dev.row_ns}[arg]
     if value is None or value == 0:
         assert told in (None, 0.0, 1.0)
     else:
         assert told == value
 
 
-LINK_ARGS = ["device", "pinned", "nbytes", "repeats"]
+LINK_ARGS = ["device", "pinned", "nbytes", "repeats", "fit"]
 
 
 @st.composite
@@ -478,7 +478,7 @@ def link_change(draw: st.DrawFn) -> Tuple[str, Any]:
     arg = draw(st.sampled_from(LINK_ARGS))
     if arg == "device":
         value = draw(st.one_of(st.sampled_from(["cpu", "dummy", "closed"]), junk()))
-    elif arg == "pinned":
+    elif arg in ("pinned", "fit"):
         value = draw(st.one_of(st.booleans(), junk()))
     elif arg == "nbytes":
         value = draw(st.one_of(ints(-2, 1 << 16), st.sampled_from([1 << 20, (1 << 20) + 4, 2**62]), junk()))
@@ -499,7 +499,7 @@ def test_measure_link(change: Tuple[str, Any]) -> None:
         value = {"cpu": ferry.CPUBackend, "dummy": ferry.DummyBackend, "closed": ferry.StandinBackend}[value]()
         if isinstance(value, ferry.StandinBackend):
             value.close()
-    args = changed(dict(device=dev, pinned=False, nbytes=4096, repeats=1), arg, value)
+    args = changed(dict(device=dev, pinned=False, nbytes=8192, repeats=1, fit=False), arg, value)
     free = dev.memory().free
     got, err = outcome(lambda: ferry.measure_link(**args), (arg,) + (("backend", "Backend") if arg == "device" else ()))
     assert dev.memory().free == free
@@ -507,6 +507,7 @@ def test_measure_link(change: Tuple[str, Any]) -> None:
         assert dev.link_stats.bytes == 0, "a refused measurement copied"
         return
     assert got.nbytes == args["nbytes"] // 4 * 4 and len(got.times) == args["repeats"] and got.gbps > 0
+    assert (got.fit is not None) is args["fit"]
 
 
 # ---------------------------------------------------------------- the backends' documentation

@@ -54,7 +54,7 @@ GENERIC_LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("buffers and buffer types", ("buffer.c", "transfer.c", "host-buffer.c", "foreign-buffer.c", "dlpack.c")),
     ("backends", ("backend.c", "event.c")),
     ("graphs, ops, allocator", ("graph.c", "ops.c", "alloc.c", "alloc-blocks.c")),
-    ("copy path and plans", ("copy-path.c", "copy-plan.c", "copy-compact.c")),
+    ("copy path and plans", ("copy-path.c", "copy-plan.c", "copy-compact.c", "copy-ragged.c")),
     ("scheduler and prefetch", ("sched.c", "sched-prefetch.c")),
     ("KV cache and decode step", ("kv-cache.c", "step-graph.c")),
 )

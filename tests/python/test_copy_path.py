@@ -4,7 +4,7 @@ scheduler's copies live."""
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -199,3 +199,152 @@ def test_scheduler_copies_end_at_the_next_alloc() -> None:
         sched.compute(g)
     with pytest.raises(ferry.FreedBufferError):
         out.to_numpy()  # its memory was the scheduler's
+
+
+# ---------------------------------------------------------------- ragged windows
+
+N_KV, CELLS, N_STREAM = 19, 24, 4
+
+
+def _ragged_lengths(seed: int) -> List[int]:
+    """4 lengths in 0..N_KV from a fixed seed: seed 0 holds a 0 and an N_KV, seed 1 is every length
+    equal (below N_KV), seed 2 has two streams at the shortest."""
+    lens = [int(x) for x in np.random.default_rng([35, seed]).integers(0, N_KV + 1, N_STREAM)]
+    if seed == 0:
+        lens[1], lens[2] = 0, N_KV
+    if seed == 1:
+        lens = [7] * N_STREAM
+    if seed == 2:
+        lens[3] = lens[0]
+    return lens
+
+
+def _used_bytes(w: ferry.Tensor, used: Sequence[int]) -> np.ndarray:
+    """Byte offsets, within w's span, of the used cells of a window carrying used cells (its own
+    layout: one row of every block of each cell of each stream)."""
+    cell, stream, _ = w.used_cells  # type: ignore[misc]
+    blk, size = w.type.blck_size, w.type.size
+    ne = (w.ne[0] // blk,) + w.ne[1:]
+    idx = np.indices(ne).reshape(4, -1)
+    keep = idx[cell] < np.asarray(used)[idx[stream]]
+    starts = (idx[:, keep] * np.asarray(w.nb)[:, None]).sum(axis=0)
+    return (starts[:, None] + np.arange(size)[None, :]).ravel()
+
+
+def _ragged_step(policy: str, type_kv: str, v_trans: bool, lens: Sequence[int]):
+    """A one-layer step on the stand-in over a host cache of real values, kv_len in host memory, its
+    windows' copies filled with the sentinel before the run. Returns the cache, the output's bytes,
+    the windows' inputs and the scheduler."""
+    split, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    kv = ferry.KVCache(type_kv, type_kv, 32, 2, CELLS * N_STREAM, N_STREAM, v_trans=v_trans)
+    rng = np.random.default_rng(3)
+    for t in (kv.k(0), kv.v(0)):
+        t.set(ferry.quantize(rng.uniform(-1, 1, t.nbytes // t.type.size * t.type.blck_size), type_kv))
+    q = ferry.Tensor.from_numpy(split, rng.uniform(-1, 1, (N_STREAM, 1, 4, 32)).astype(np.float32), name="q")
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array(lens, np.int32), name="kv_len")
+    sched = ferry.Scheduler([split, cpu], policy=policy)
+    outs = ferry.attention_step(sched, split, kv.windows(N_KV), [q], kv_len)
+    graph = outs.graph
+    sched.alloc(graph)
+    windows = [i for i in sched.inputs if i.src.used_cells is not None]
+    assert len(windows) == 2
+    for i in windows:
+        i.copy.memset(SENTINEL)
+    sched.compute(graph)
+    windows = [i for i in sched.inputs if i.src.used_cells is not None]  # with the run's stats
+    return kv, outs[0].get(), windows, sched
+
+
+@pytest.mark.parametrize("type_kv,v_trans", [("f16", False), ("q8_0", False), ("f16", True)])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_ragged_windows_copy_the_used_cells_alone(type_kv: str, v_trans: bool, seed: int) -> None:
+    """docs/design.md's heart test on ragged windows, through KVCache and attention_step: each stream's
+    used cells arrive from their own offsets, every other byte of the copy keeps the sentinel, bytes
+    copied are the used cells' bytes; the outputs are flat's and ranges' byte for byte."""
+    lens = _ragged_lengths(seed)
+    kv, out, windows, sched = _ragged_step("ragged", type_kv, v_trans, lens)
+    row = ferry.row_size(type_kv, 64)
+    for inp, layer in zip(windows, (kv.k(0), kv.v(0))):
+        w, copy = inp.src, inp.copy
+        assert w.used_cells == (0 if v_trans and layer is kv.v(0) else 1, 3, N_KV)
+        used = _used_bytes(w, lens)
+        src = np.frombuffer(layer.get(), np.uint8)[w.offset:w.offset + w.nbytes]
+        got = np.frombuffer(copy.get(), np.uint8)
+        np.testing.assert_array_equal(got[used], src[used])  # each used cell from its own offset
+        rest = np.ones(w.nbytes, bool)
+        rest[used] = False
+        assert (got[rest] == SENTINEL).all(), "a byte past a stream's used cells was written"
+        assert inp.stats.path == ferry.CopyPolicy.RAGGED
+        assert inp.stats.bytes_copied == inp.stats.bytes_read == used.size == sum(lens) * row
+    for policy in ("flat", "ranges"):
+        _, other, others, _ = _ragged_step(policy, type_kv, v_trans, lens)
+        assert other == out
+        if sum(lens) < N_STREAM * N_KV:  # the same check fails under ranges, on its byte count
+            assert all(i.stats.bytes_copied > sum(lens) * row for i in others)
+
+
+def test_ragged_window_by_hand_and_its_refusals() -> None:
+    """KVCache.window(lengths=...) carries the lengths on both windows; plan_ragged gives the copies by
+    model; refusals name what to change, and a refused copy writes nothing."""
+    cpu, split = ferry.CPUBackend(), ferry.DummyBackend(real_memory=True)
+    kv = ferry.KVCache("f16", "f16", 32, 2, 96, 4)
+    kv.k(0).set(pattern(kv.k(0).nbytes))
+    lens = ferry.Tensor.from_numpy(cpu, np.array([5, 9, 5, 9], np.int32), name="lens")
+    k, v = kv.window(0, 12, lengths=lens)
+    assert k.used_cells == v.used_cells == (1, 3, 12)
+    cell, stream = 128, 24 * 128
+    calls = ferry.plan.CopyCostModel(100.0, 0.0, 10.0, 0, 0, 1.0, 0, 0.0)
+    rows = ferry.plan.CopyCostModel(0.01, 1000.0, 10.0, 0, 0, 1.0, 0, 0.0)
+    assert ferry.plan.plan_ragged(k, calls) == [ferry.Copy2D(0, 5 * cell, 4, stream),
+                                              ferry.Copy2D(stream + 5 * cell, 4 * cell, 1, 4 * cell),
+                                              ferry.Copy2D(3 * stream + 5 * cell, 4 * cell, 1, 4 * cell)]
+    assert [c.size for c in ferry.plan.plan_ragged(k, rows)] == [5 * cell, 9 * cell, 5 * cell, 9 * cell]
+    dst = k.dup_layout(name="dst")
+    split.alloc_buffer_for(dst)
+    dst.memset(SENTINEL)
+    rows.use_for(split)
+    st = ferry.copy_path.copy_input(split, "ragged", k, dst)
+    assert (st.path, st.bytes_copied, st.copy_calls) == (ferry.CopyPolicy.RAGGED, 28 * cell, 4)
+    ferry.plan.CopyCostModel.restore(split)
+    # refusals: at set time, and at copy time with nothing written
+    with pytest.raises(ferry.LayoutError, match=r"i32 \[4\]"):
+        k.set_used_cells(ferry.Tensor.from_numpy(cpu, np.zeros(3, np.int32)))
+    with pytest.raises(ferry.InvalidArgumentError, match="two different dimensions"):
+        k.set_used_cells(lens, 3, 3)
+    with pytest.raises(ferry.InvalidArgumentError, match="limit 11 is below"):
+        kv.window(0, 12, lengths=lens, limit=11)
+    with pytest.raises(ferry.InvalidArgumentError, match="lengths"):
+        kv.window(0, 12, lengths=[5, 9, 5, 9])  # type: ignore[arg-type]
+    dst.memset(SENTINEL)
+    lens.set(np.array([5, 13, 5, 9], np.int32))
+    with pytest.raises(ferry.OutOfBoundsError, match="stream 1's length 13 .* is not in 0..12"):
+        ferry.copy_path.copy_input(split, "ragged", k, dst)
+    lens.set(np.array([5, -1, 5, 9], np.int32))
+    with pytest.raises(ferry.OutOfBoundsError, match="stream 1's length -1"):
+        ferry.copy_path.copy_input(split, "ragged", k, dst)
+    on_device = ferry.Tensor.from_numpy(split, np.array([5, 9, 5, 9], np.int32), name="kv_len")
+    k.set_used_cells(on_device)
+    with pytest.raises(ferry.InvalidArgumentError, match="host memory"):
+        ferry.copy_path.copy_input(split, "ragged", k, dst)
+    assert set(dst.get()) == {SENTINEL}
+    k.set_used_cells(None)
+    assert k.used_cells is None
+    with pytest.raises(ferry.InvalidArgumentError, match="no used lengths"):
+        ferry.plan.plan_ragged(k)
+
+
+def test_ragged_step_refuses_lengths_on_the_device() -> None:
+    """The ragged policy reads kv_len on the host as it copies: a kv_len in a device's memory is refused,
+    naming it, and the other policies go on as before."""
+    split, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    kv = ferry.KVCache("f16", "f16", 32, 2, 96, 4)
+    q = ferry.Tensor.from_numpy(split, np.zeros((4, 1, 4, 32), np.float32))
+    kv_len = ferry.Tensor.from_numpy(split, np.array([3, 4, 5, 6], np.int32), name="kv_len")
+    for policy in ("ranges", "ragged"):
+        sched = ferry.Scheduler([split, cpu], policy=policy)
+        graph = ferry.attention_step(sched, split, kv.windows(8), [q], kv_len).graph
+        if policy == "ragged":
+            with pytest.raises(ferry.InvalidArgumentError, match="'kv_len' are in CPU \\(stand-in device\\) memory"):
+                sched.compute(graph)
+        else:
+            sched.compute(graph)

@@ -219,7 +219,91 @@ def test_cuda_memory() -> None:
 @needs_cuda
 @pytest.mark.parametrize("pinned", [False, True])
 def test_measure_link_on_cuda(pinned: bool) -> None:
-    """Runs on CUDA from pageable and pinned memory; under the fake runtime its figure means nothing."""
-    m = ferry.measure_link(ferry.CUDABackend(), pinned=pinned, nbytes=4 * MIB, repeats=2)
+    """Runs on CUDA from pageable and pinned memory, its fit too; under the fake runtime its figures mean
+    nothing."""
+    m = ferry.measure_link(ferry.CUDABackend(), pinned=pinned, nbytes=4 * MIB, repeats=2, fit=True)
     assert m.gbps > 0 and m.pinned is pinned and m.device.startswith("CUDA")
     assert m.modelled_gbps is None and m.reached is None
+    assert m.fit is not None and len(m.fit.points) == 6  # its 2-D copies are cudaMemcpy2DAsync's
+    assert m.fit.latency_us >= 0 and m.fit.row_ns >= 0 and m.fit.gbps > 0
+
+
+# ---------------------------------------------------------------- a link that charges per row
+
+
+def test_link_charges_per_row() -> None:
+    """A 2-D transfer of n rows costs latency + n * row_ns + bytes / bandwidth, by the link's own
+    counters; a plain transfer, or a 2-D one of a single row, pays no row."""
+    dev = ferry.StandinBackend(link_gbps=2.0, latency_us=10.0, row_ns=5000.0)
+    assert (dev.link_gbps, dev.latency_us, dev.row_ns) == (2.0, 10.0, 5000.0)
+    t = dev.alloc_tensor("f32", [16384])
+    rows, row = 64, 256
+    dev.set_2d(t, np.ones(rows * row, np.uint8), 0, row, rows, 2 * row)
+    s = dev.link_stats
+    assert (s.transfers, s.rows) == (1, rows)
+    assert s.modelled_seconds == pytest.approx(10e-6 + rows * 5e-6 + rows * row / 2e9, rel=1e-9)
+    dev.reset_link_stats()
+    t.set(np.ones(rows * row, np.uint8))
+    dev.set_2d(t, np.ones(row, np.uint8), 0, row, 1, 2 * row)
+    s = dev.link_stats
+    assert (s.transfers, s.rows) == (2, 0)
+    assert s.modelled_seconds == pytest.approx(2 * 10e-6 + (rows + 1) * row / 2e9, rel=1e-9)
+    # the copy path weighs its routes by the link's figures
+    m = ferry.plan.CopyCostModel.of_backend(dev)
+    assert (m.call_us, m.row_ns, m.gbps, m.line_bytes, m.small_row_bytes) == (10.0, 5000.0, 2.0, 0, 0)
+    for bad in (-1.0, 2e6, float("nan")):
+        with pytest.raises(ferry.InvalidArgumentError, match="row_ns"):
+            ferry.StandinBackend(row_ns=bad)
+    with pytest.raises(ferry.InvalidArgumentError, match="row_ns"):
+        ferry.StandinBackend(row_ns="5")  # type: ignore[arg-type]
+
+
+def test_fit_link_recovers_the_modelled_link() -> None:
+    """fit_link on copies timed by the link's own model (its modelled_seconds, no wall clock): the
+    stand-in's latency, row cost and bandwidth, back to rounding."""
+    dev = ferry.StandinBackend(link_gbps=3.0, latency_us=40.0, row_ns=2500.0)
+    t = dev.alloc_tensor("f32", [1 << 18])
+    points = []
+    for nbytes, rows in ((4096, 1), (65536, 1), (1 << 20, 1), (65536, 16), (65536, 256), (65536, 2048)):
+        dev.reset_link_stats()
+        width = nbytes // rows
+        dev.set_2d(t, np.ones(nbytes, np.uint8), 0, width, rows, 2 * width)
+        points.append((nbytes, rows, dev.link_stats.modelled_seconds))
+    fit = ferry.link.fit_link(points)
+    assert fit.latency_us == pytest.approx(40.0, rel=1e-6)
+    assert fit.row_ns == pytest.approx(2500.0, rel=1e-6)
+    assert fit.gbps == pytest.approx(3.0, rel=1e-6)
+    model = ferry.plan.CopyCostModel.from_link(fit)
+    assert ferry.plan.plan_cost([ferry.Copy2D(0, 32, 2048, 64)], model) == pytest.approx(points[-1][2], rel=1e-6)
+    with pytest.raises(ferry.InvalidArgumentError, match="at least 2 of each"):
+        ferry.link.fit_link(points[:3])
+    with pytest.raises(ferry.InvalidArgumentError, match="seconds positive"):
+        ferry.link.fit_link(points + [(4096, 1, 0.0)])
+    with pytest.raises(ferry.InvalidArgumentError, match="not \\(bytes, rows, seconds\\)"):
+        ferry.link.fit_link(points + [(4096, 1)])  # type: ignore[list-item]
+
+
+def test_measure_link_fits_a_row_cost() -> None:
+    """measure_link(fit=True) on a stand-in charging a large row cost: the figures fitted to its timed
+    copies come back near the link's, within bounds wide enough for a busy host (the host only adds
+    time: each copy's Python call, a late wake-up); the copy cost model takes them."""
+    dev = ferry.StandinBackend(link_gbps=1.0, latency_us=500.0, row_ns=20000.0)
+    m = ferry.measure_link(dev, nbytes=MIB, repeats=2, fit=True)
+    assert m.fit is not None and len(m.fit.points) == 6
+    assert sorted(r for _, r, _ in m.fit.points) == [1, 1, 1, 16, 256, 2048]
+    assert 400.0 <= m.fit.latency_us <= 1500.0
+    assert 15000.0 <= m.fit.row_ns <= 30000.0
+    assert 0.4 <= m.fit.gbps <= 1.5
+    model = ferry.plan.CopyCostModel.from_link(m)
+    assert (model.call_us, model.row_ns, model.gbps) == (m.fit.latency_us, m.fit.row_ns, m.fit.gbps)
+    model.use_for(dev)
+    assert ferry.plan.CopyCostModel.of_backend(dev) == model
+    ferry.plan.CopyCostModel.restore(dev)
+    assert ferry.plan.CopyCostModel.of_backend(dev).row_ns == 20000.0
+    assert ferry.measure_link(dev, nbytes=MIB, repeats=1).fit is None
+    with pytest.raises(ferry.InvalidArgumentError, match="without fit"):
+        ferry.plan.CopyCostModel.from_link(ferry.measure_link(dev, nbytes=MIB, repeats=1))
+    with pytest.raises(ferry.InvalidArgumentError, match="nbytes 4096 is less than 8192"):
+        ferry.measure_link(dev, nbytes=4096, fit=True)
+    with pytest.raises(ferry.InvalidArgumentError, match="fit"):
+        ferry.measure_link(dev, fit="yes")  # type: ignore[arg-type]

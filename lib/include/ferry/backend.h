@@ -172,8 +172,9 @@ FERRY_API ferry_status ferry_standin_backend_new(ferry_backend ** out);
 /*
  * A stand-in device with a link and a memory size. Every transfer between host memory and
  * its memory (blocking or on its copy queue, 1-D or 2-D, set or get) is done, then held
- * until latency + bytes / bandwidth after the link was free for it, so it completes no
- * sooner than a link of that speed would let it; each direction is one link, taken by one
+ * until latency + rows * row_ns + bytes / bandwidth after the link was free for it (rows:
+ * those of a 2-D transfer of more than one row; a plain transfer has none), so it completes
+ * no sooner than a link of that speed would let it; each direction is one link, taken by one
  * transfer at a time, as a copy engine is. Allocations past memory fail with
  * FERRY_ERR_OUT_OF_MEMORY naming the device, the bytes asked and the bytes free; freeing a
  * buffer returns its bytes. A compute slowdown F stands in for a device that computes more
@@ -186,6 +187,7 @@ typedef struct {
     double latency_us; /* added to every transfer; 0 to 1e6 */
     size_t memory;     /* bytes the device has, counted as asked by each buffer; 0: unlimited */
     double compute_slowdown; /* compute takes at least this times the host's time; 0 or 1: as the host. 1 to 1e6 */
+    double row_ns;     /* added for each row of a 2-D transfer of more than one row; 0 to 1e6 */
 } ferry_standin_params;
 
 /*
@@ -199,7 +201,8 @@ typedef struct {
 typedef struct {
     uint64_t transfers;
     uint64_t bytes;
-    double   modelled_seconds; /* latency + bytes / bandwidth, summed */
+    double   modelled_seconds; /* latency + rows * row cost + bytes / bandwidth, summed */
+    uint64_t rows;             /* rows charged: those of 2-D transfers of more than one row */
     double   copy_seconds;
     uint64_t late;
     double   late_seconds;
@@ -208,7 +211,7 @@ typedef struct {
 } ferry_link_stats;
 
 FERRY_API ferry_standin_params ferry_standin_default_params(void);
-/* INVALID_ARG for a bandwidth, latency or compute slowdown out of range (or not a number). */
+/* INVALID_ARG for a bandwidth, latency, row cost or compute slowdown out of range (or not a number). */
 FERRY_API ferry_status ferry_standin_backend_new_params(const ferry_standin_params * params, ferry_backend ** out);
 /* The stand-in's parameters and its link's counters (either output may be NULL);
  * INVALID_ARG for a backend that is not a stand-in device. */

@@ -15,7 +15,8 @@ typedef enum {
     FERRY_COPY_FLAT = 0,   /* the whole nbytes() span, gaps included */
     FERRY_COPY_RANGES = 1, /* a source whose last dimension is evenly spaced dense ranges: those ranges, no gaps */
     FERRY_COPY_PLAN = 2,   /* any view reduced to the fewest 2-D copies (copy-plan.c) */
-    FERRY_COPY_POLICY_COUNT = 3
+    FERRY_COPY_RAGGED = 3, /* a window's used cells per stream, exactly (copy-ragged.c); else plan's copies */
+    FERRY_COPY_POLICY_COUNT = 4
 } ferry_copy_policy;
 
 FERRY_API const char * ferry_copy_policy_name(ferry_copy_policy policy);
@@ -132,8 +133,31 @@ FERRY_API double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t sp
 /* Is the plan (of t) cheaper than the flat copy of nbytes(t)? False on a tie or bad input. */
 FERRY_API bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
                             size_t n);
-/* The model a backend gives for copies into it (a CUDA backend: the GPU's), else the CPU's. */
+/* The model copies into a backend are costed by: the one set for it (ferry_backend_set_copy_cost_model),
+ * else its own (a CUDA backend: the GPU's; a stand-in with a modelled link: the link's), else the
+ * CPU's. A copy queue's is its backend's. */
 FERRY_API ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backend);
+/* Cost copies into backend, and into its copy queue, by model (figures measured on its link,
+ * say) in place of its own; NULL gives it back its own. Refused (INVALID_ARG): a figure negative,
+ * not a number or past 1e12, a gbps not positive, a small_row_efficiency outside (0, 1]. */
+FERRY_API ferry_status ferry_backend_set_copy_cost_model(ferry_backend * backend, const ferry_copy_cost_model * model);
+/* The same checks of a model alone; messages begin with what. */
+FERRY_API ferry_status ferry_copy_cost_model_check(const ferry_copy_cost_model * model, const char * what);
+
+/* ---------------------------------------------------------------- ragged windows (copy-ragged.c) */
+
+/*
+ * The copies of a window's used cells (ferry_tensor_set_used_cells), as the ragged policy
+ * makes them: stream s's cells 0..used[s]-1 and no other byte, offsets relative to t's data.
+ * Equal lengths are one plan over every stream (one 2-D copy for a KV window); unequal ones
+ * the cheaper, by model, of a copy per stream and one copy of the shortest length over every
+ * stream plus each longer stream's tail. The lengths are read now, from host memory. With
+ * copies NULL it only counts; too small a copies fails with FERRY_ERR_OUT_OF_BOUNDS, *n_copies
+ * the number needed. Refused: t without used lengths, lengths not in host memory (INVALID_ARG)
+ * or outside 0..its limit (OUT_OF_BOUNDS), a model without a positive gbps.
+ */
+FERRY_API ferry_status ferry_copy_ragged_plan(const ferry_tensor * t, const ferry_copy_cost_model * model,
+                                              ferry_copy_2d * copies, size_t max_copies, size_t * n_copies);
 
 /* ---------------------------------------------------------------- compact staging (copy-compact.c) */
 
@@ -164,7 +188,9 @@ typedef struct {
 /*
  * The ordered copy of one split input: wait for the split backend, copy src into dst
  * (same layout) by policy, wait again. Gap bytes of dst are left untouched. A dst in
- * src's compact layout receives the bytes read, gathered, whatever the policy (path PLAN).
+ * src's compact layout receives the bytes read, gathered, whatever the policy (path PLAN);
+ * under ragged, a src carrying used cells (ferry_tensor_set_used_cells) sends only those, to
+ * their own offsets in either layout (path RAGGED; the lengths read now, from host memory).
  */
 FERRY_API ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
                               ferry_tensor * dst, ferry_copy_stats * stats);

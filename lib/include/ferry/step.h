@@ -16,7 +16,9 @@ extern "C" {
  * layer at a time, in one call (a caller in Python pays one crossing a step, not several
  * a layer): the K and V windows of cells 0..n_kv-1 of streams s0..s1, made in ctx;
  * decode attention over them of q[l] and kv_len, scale 1/sqrt(q[l]'s head_dim), made in
- * ctx, named "attn<l>" and marked output; then each output assigned to backend on sched
+ * ctx, named "attn<l>" and marked output, its windows carrying kv_len as their used cells
+ * (ferry_tensor_set_used_cells, limit n_kv: what the ragged policy copies, so kv_len must then
+ * be in host memory); then each output assigned to backend on sched
  * (ferry_sched_set_tensor_backend) and built into graph in layer order. outs[l] is
  * layer l's output; outs is written only on success.
  *

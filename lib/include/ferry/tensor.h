@@ -82,6 +82,13 @@ typedef struct ferry_tensor {
     uint64_t buffer_id; /* the buffer's serial, so a freed buffer is recognised */
 
     char name[FERRY_MAX_NAME];
+
+    /* Used cells (ferry_tensor_set_used_cells): per index of dimension used_stream_dim, only
+     * the first lengths[s] indices of dimension used_cell_dim are read. NULL: all of them. */
+    const struct ferry_tensor * used_lengths;
+    int32_t used_cell_dim;
+    int32_t used_stream_dim;
+    int64_t used_limit;
 } ferry_tensor;
 
 /* A context owns tensor structs (not their data); freeing it frees them all. */
@@ -129,6 +136,21 @@ FERRY_API ferry_status ferry_contiguous_strides(ferry_type type, int n_dims, con
 FERRY_API bool    ferry_tensor_is_contiguous(const ferry_tensor * t);
 FERRY_API bool    ferry_tensor_same_layout(const ferry_tensor * a, const ferry_tensor * b);
 FERRY_API bool    ferry_tensor_is_view(const ferry_tensor * t);
+/*
+ * Used cells: t (a window over a multi-stream KV cache) reads, of stream s (index s of
+ * dimension stream_dim), only the cells 0..used[s]-1 of dimension cell_dim, where used[s] is
+ * min(lengths[s], t->ne[cell_dim]): attention's own clamp of kv_len. lengths is an i32 tensor
+ * of one value per stream (ne[0] = t->ne[stream_dim], every other ne 1), the kv_len the caller
+ * writes before each step. Lengths above limit are refused when read (limit 0: t->ne[cell_dim];
+ * a sliding-window layer's window has fewer cells than the step's n_kv, its limit). The ragged
+ * copy policy reads lengths when it copies t, or queues its copy, so lengths must then be in
+ * host memory and hold 0..limit; the other policies never read them. t keeps a pointer to
+ * lengths, which must outlive t's copies. lengths NULL clears. Refused (INVALID_ARG, LAYOUT):
+ * dimensions outside 0..3 or equal, lengths not i32 or not one per stream, a limit below
+ * t->ne[cell_dim], cells on dimension 0 of a block type (a length would split blocks).
+ */
+FERRY_API ferry_status ferry_tensor_set_used_cells(ferry_tensor * t, const ferry_tensor * lengths, int cell_dim,
+                                                   int stream_dim, int64_t limit);
 /* OK if t has memory behind it in a live buffer (views: their source); buffer.c checks,
  * as the keeper of the live buffers. */
 FERRY_API ferry_status ferry_tensor_check_allocated(const ferry_tensor * t);

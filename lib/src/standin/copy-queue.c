@@ -77,7 +77,7 @@ static void run_job(ferry_link * link, const job * j) {
     if (j->kind == JOB_EVENT) {
         return; /* its effect is the bookkeeping under the lock */
     }
-    const link_slot slot = ferry_link_begin(link, j->dir, j->width * j->height);
+    const link_slot slot = ferry_link_begin(link, j->dir, j->width * j->height, j->height);
     for (size_t r = 0; r < j->height; r++) {
         memcpy(j->dst + r * j->dpitch, j->src + r * j->spitch, j->width);
     }

@@ -1,6 +1,8 @@
 /*
  * The stand-in device's link: a transfer does its copy at once, then is held until the
- * link would have carried it, latency + bytes / bandwidth after the link was free for it.
+ * link would have carried it, latency + bytes / bandwidth after the link was free for it,
+ * plus a cost per row for a 2-D transfer of more than one row (a plain transfer, or a 2-D
+ * one of one row, pays none: as ferry_copy_cost_model costs a copy).
  * Each direction is one link, taken in turn, as a GPU's copy engine is: a copy queued on
  * the worker thread and a blocking one on the backend's thread share it. A host that
  * copies slower than the link cannot be held to it: such transfers are counted late
@@ -36,28 +38,32 @@ void ferry_link_wait_until(double t) {
     }
 }
 
-void ferry_link_init(ferry_link * link, double gbps, double latency_us) {
+void ferry_link_init(ferry_link * link, double gbps, double latency_us, double row_ns) {
     memset(link, 0, sizeof(*link));
     link->bytes_per_second = gbps * 1e9;
     link->latency = latency_us * 1e-6;
-    link->modelled = gbps > 0 || latency_us > 0;
+    link->row_seconds = row_ns * 1e-9;
+    link->modelled = gbps > 0 || latency_us > 0 || row_ns > 0;
     pthread_mutex_init(&link->lock, NULL);
 }
 
 void ferry_link_destroy(ferry_link * link) { pthread_mutex_destroy(&link->lock); }
 
-link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes) {
+link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t rows) {
     link_slot slot = {0, 0};
     if (!link || !link->modelled) {
         return slot;
     }
     const double now = ferry_now_seconds();
-    const double carry = link->latency + (link->bytes_per_second > 0 ? (double) bytes / link->bytes_per_second : 0);
+    const size_t charged = rows > 1 ? rows : 0;
+    const double carry = link->latency + (double) charged * link->row_seconds +
+                         (link->bytes_per_second > 0 ? (double) bytes / link->bytes_per_second : 0);
     pthread_mutex_lock(&link->lock);
     const double start = link->free_at[dir] > now ? link->free_at[dir] : now;
     slot.end = start + carry;
     link->free_at[dir] = slot.end;
     link->stats.modelled_seconds += carry;
+    link->stats.rows += charged;
     pthread_mutex_unlock(&link->lock);
     slot.copy_start = ferry_now_seconds();
     return slot;

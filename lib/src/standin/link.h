@@ -1,4 +1,4 @@
-/* The stand-in device's link (link.c): transfers held to latency + bytes / bandwidth. */
+/* The stand-in device's link (link.c): transfers held to latency + rows * row cost + bytes / bandwidth. */
 #ifndef FERRY_LINK_H
 #define FERRY_LINK_H
 
@@ -12,8 +12,9 @@ typedef enum { LINK_TO_DEVICE = 0, LINK_FROM_DEVICE = 1 } link_dir;
  * earlier). Shared by the backend's thread and its copy queue's worker: locked. */
 typedef struct {
     double bytes_per_second; /* 0: unlimited */
-    double latency;          /* seconds */
-    bool modelled;           /* a bandwidth or a latency: otherwise transfers are left alone */
+    double latency;          /* seconds a transfer */
+    double row_seconds;      /* seconds a row of a 2-D transfer of more than one row */
+    bool modelled;           /* a bandwidth, a latency or a row cost: otherwise transfers are left alone */
     pthread_mutex_t lock;
     double free_at[2];
     ferry_link_stats stats;
@@ -24,11 +25,11 @@ typedef struct {
     double copy_start, end;
 } link_slot;
 
-void ferry_link_init(ferry_link * link, double gbps, double latency_us);
+void ferry_link_init(ferry_link * link, double gbps, double latency_us, double row_ns);
 void ferry_link_destroy(ferry_link * link);
-/* Take the link for bytes before copying them; ferry_link_end after the copy counts it and
- * waits for the modelled end. Without a model both do nothing. */
-link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes);
+/* Take the link for bytes in rows (1 for a plain transfer) before copying them; ferry_link_end
+ * after the copy counts it and waits for the modelled end. Without a model both do nothing. */
+link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t rows);
 void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes);
 /* Hold the calling thread until time t (ferry_now_seconds), as a transfer's hold does. */
 void ferry_link_wait_until(double t);

@@ -61,7 +61,7 @@ static void standin_buffer_free(ferry_buffer * buf) {
 
 static ferry_status standin_set(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset, size_t size) {
     standin_ctx * s = buf_ctx(buf);
-    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size);
+    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size, 1);
     const ferry_status st = s->host.set_tensor(buf, t, data, offset, size);
     ferry_link_end(&s->link, &slot, size);
     return st;
@@ -69,17 +69,17 @@ static ferry_status standin_set(ferry_buffer * buf, ferry_tensor * t, const void
 
 static ferry_status standin_get(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset, size_t size) {
     standin_ctx * s = buf_ctx(buf);
-    const link_slot slot = ferry_link_begin(&s->link, LINK_FROM_DEVICE, size);
+    const link_slot slot = ferry_link_begin(&s->link, LINK_FROM_DEVICE, size, 1);
     const ferry_status st = s->host.get_tensor(buf, t, data, offset, size);
     ferry_link_end(&s->link, &slot, size);
     return st;
 }
 
-/* A 2-D transfer is one transfer of its rows: one latency, as one cudaMemcpy2D. */
+/* A 2-D transfer is one transfer of its rows: one latency, as one cudaMemcpy2D, and a row cost a row. */
 static ferry_status standin_set_2d(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset,
                                    size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
     standin_ctx * s = buf_ctx(buf);
-    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size * n_copies);
+    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size * n_copies, n_copies);
     const ferry_status st = s->host.set_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
     ferry_link_end(&s->link, &slot, size * n_copies);
     return st;
@@ -88,7 +88,7 @@ static ferry_status standin_set_2d(ferry_buffer * buf, ferry_tensor * t, const v
 static ferry_status standin_get_2d(ferry_buffer * buf, const ferry_tensor * t, void * data, size_t offset,
                                    size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
     standin_ctx * s = buf_ctx(buf);
-    const link_slot slot = ferry_link_begin(&s->link, LINK_FROM_DEVICE, size * n_copies);
+    const link_slot slot = ferry_link_begin(&s->link, LINK_FROM_DEVICE, size * n_copies, n_copies);
     const ferry_status st = s->host.get_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
     ferry_link_end(&s->link, &slot, size * n_copies);
     return st;
@@ -187,6 +187,20 @@ static ferry_status standin_graph_compute(ferry_backend * backend, ferry_graph *
     return st;
 }
 
+/* With a modelled link, copies into it cost what the link charges (the copy path weighs its routes
+ * by it): a call's latency, a row's cost beyond a single row, bytes at its bandwidth (unlimited: the
+ * CPU's). Without one, the CPU's model: memcpy carries the copies. */
+static ferry_copy_cost_model standin_copy_cost_model(const ferry_backend * backend) {
+    const standin_ctx * s = ctx_of(backend);
+    ferry_copy_cost_model m = ferry_copy_cost_model_cpu();
+    if (!s->link.modelled) {
+        return m;
+    }
+    const double gbps = s->params.link_gbps > 0 ? s->params.link_gbps : m.gbps;
+    return (ferry_copy_cost_model) {.call_us = s->params.latency_us, .row_ns = s->params.row_ns, .gbps = gbps,
+                                    .small_row_efficiency = 1.0};
+}
+
 static ferry_status standin_copy_queue_new(ferry_backend * backend, ferry_backend ** out) {
     standin_ctx * s = ctx_of(backend);
     return ferry_worker_copy_queue_new(backend, s->link.modelled ? &s->link : NULL, out);
@@ -206,7 +220,7 @@ static ferry_status standin_get_memory(ferry_backend * backend, size_t * free_by
 }
 
 ferry_standin_params ferry_standin_default_params(void) {
-    return (ferry_standin_params) {.link_gbps = 0, .latency_us = 0, .memory = 0, .compute_slowdown = 0};
+    return (ferry_standin_params) {.link_gbps = 0, .latency_us = 0, .memory = 0, .compute_slowdown = 0, .row_ns = 0};
 }
 
 ferry_status ferry_standin_backend_new_params(const ferry_standin_params * params, ferry_backend ** out) {
@@ -220,6 +234,9 @@ ferry_status ferry_standin_backend_new_params(const ferry_standin_params * param
     if (!(p.latency_us >= 0 && p.latency_us <= 1e6)) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: latency_us %g is not between 0 and 1e6",
                           p.latency_us);
+    }
+    if (!(p.row_ns >= 0 && p.row_ns <= 1e6)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: row_ns %g is not between 0 and 1e6", p.row_ns);
     }
     if (!(p.compute_slowdown == 0 || (p.compute_slowdown >= 1 && p.compute_slowdown <= 1e6))) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: compute_slowdown %g is not 0 (the host's "
@@ -260,6 +277,7 @@ ferry_status ferry_standin_backend_new_params(const ferry_standin_params * param
         .set_tensor_2d_async = ferry_cpu_set_tensor_2d, /* the buffer's own, over the link */
         .get_tensor_2d_async = ferry_cpu_get_tensor_2d,
         .copy_queue_new = standin_copy_queue_new,
+        .copy_cost_model = standin_copy_cost_model,
         .get_memory = standin_get_memory,
     };
     st = ferry_backend_init(iface, s, out);
@@ -269,7 +287,7 @@ ferry_status ferry_standin_backend_new_params(const ferry_standin_params * param
         return st;
     }
     pthread_mutex_init(&s->lock, NULL);
-    ferry_link_init(&s->link, p.link_gbps, p.latency_us);
+    ferry_link_init(&s->link, p.link_gbps, p.latency_us, p.row_ns);
     return FERRY_OK;
 }
 
