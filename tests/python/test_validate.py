@@ -28,14 +28,15 @@ def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[1] == ("16 sequences through 8 streams of 64 cells (2 waves), 2 layers, 4 decode steps, K/V f16, "
                         "8 heads x 64, 2 KV heads")
     assert lines[2] == "sha256 of every attention output:"
-    hashes = [re.fullmatch(r"  ((?:flat|ranges|plan)(?:\+overlap)?|control) +([0-9a-f]{64})(  \(.*\))?", ln)
-              for ln in lines[3:10]]
+    hashes = [re.fullmatch(r"  ((?:flat|ranges|plan|ragged)(?:\+overlap)?|control) +([0-9a-f]{64})(  \(.*\))?", ln)
+              for ln in lines[3:12]]
     assert all(hashes) and [m.group(1) for m in hashes] == [  # type: ignore[union-attr]
-        "flat", "flat+overlap", "ranges", "ranges+overlap", "plan", "plan+overlap", "control"]
-    policy_hashes = {m.group(2) for m in hashes[:6]}  # type: ignore[union-attr]
-    assert len(policy_hashes) == 1 and hashes[6].group(2) not in policy_hashes  # type: ignore[union-attr]
-    assert lines[10] == "policies: identical; control: detected; gate: pass"
-    assert len(lines) == 11
+        "flat", "flat+overlap", "ranges", "ranges+overlap", "plan", "plan+overlap", "ragged", "ragged+overlap",
+        "control"]
+    policy_hashes = {m.group(2) for m in hashes[:8]}  # type: ignore[union-attr]
+    assert len(policy_hashes) == 1 and hashes[8].group(2) not in policy_hashes  # type: ignore[union-attr]
+    assert lines[12] == "policies: identical; control: detected; gate: pass"
+    assert len(lines) == 13
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,7 +45,7 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(got) == {"npl", "hashes", "identical", "control_detected", "split_memory_bytes", "graph_builds"}
     assert got["npl"] == 2
     assert list(got["hashes"]) == ["flat", "flat+overlap", "ranges", "ranges+overlap", "plan",
-                                   "plan+overlap"] == list(got["split_memory_bytes"])
+                                   "plan+overlap", "ragged", "ragged+overlap"] == list(got["split_memory_bytes"])
     assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in got["hashes"].values())
     assert len(set(got["hashes"].values())) == 1
     assert got["identical"] is True and got["control_detected"] is True
@@ -103,7 +104,7 @@ def test_prompts_differ() -> None:
     (["-npp", "9"], "-npp 9: prompts of different lengths, from -ntg + 1 = 9 cells, need -npp at least -ntg + 2 = 10"),
     (["-c", "4095"], "-npl 2: the context of 4095 cells does not split into 2 equal streams"),
     (["--sequences", "0"], "argument --sequences: 0 is out of range"),
-    (["--policy", "ranges,nope"], "--policy 'nope': known policies are flat, ranges, plan"),
+    (["--policy", "ranges,nope"], "--policy 'nope': known policies are flat, ranges, plan, ragged"),
     (["--heads", "3"], "--heads 3 is not a multiple of --kv-heads 2"),
     (["--type", "q8_0", "--head-dim", "16"], "--type q8_0 needs --head-dim a multiple of 32, got 16"),
 ])
@@ -120,7 +121,8 @@ def test_compact_staging_keeps_the_hashes() -> None:
     cfg = validate.ValidateConfig(n_seq=6, n_stream=3, kv_size=48, n_step=2, compact=True, device="cpu")
     res = validate.run_validate(cfg)
     assert list(res.hashes) == ["flat", "flat+overlap", "ranges", "ranges+overlap", "plan", "plan+overlap",
-                                "ranges+compact", "ranges+compact+overlap", "plan+compact", "plan+compact+overlap"]
+                                "ragged", "ragged+overlap", "ranges+compact", "ranges+compact+overlap",
+                                "plan+compact", "plan+compact+overlap", "ragged+compact", "ragged+compact+overlap"]
     assert res.identical and res.control_detected
     assert res.split_memory["ranges+compact"] < res.split_memory["ranges"]
     assert res.split_memory["plan+compact"] == res.split_memory["ranges+compact"]

@@ -45,7 +45,7 @@ queue's, its bound max(copy, compute) of the serial run, and ahead the bytes pre
 the split beyond the layer computing.
 
 Devices (cfg.devices): with --devices N the layers run on N devices, each layer's query on its
-device and the lengths on device 0; a layer's KV lives in host memory or a device's memory. Each
+device and the lengths in host memory; a layer's KV lives in host memory or a device's memory. Each
 row carries per device the layers it runs and holds, the bytes its splits received over a
 repetition (of them KV windows'), their copy time and the memory it held.
 """
@@ -402,10 +402,11 @@ class _Cache:
 
     The devices run the layers (runs_on[layer] indexes them); places[layer] is the device holding a
     layer's KV, or None for host memory. Each layer's query lives on the device that runs it, the
-    lengths on device 0.
+    lengths in host memory (cpu's).
     """
 
-    def __init__(self, cfg: BenchConfig, devices: List[Backend], npl: int, unified: bool, pinned: bool) -> None:
+    def __init__(self, cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, unified: bool,
+                 pinned: bool) -> None:
         self.cfg, self.devices, self.npl, self.unified = cfg, devices, npl, unified
         self.split = devices[0]
         self.runs_on = cfg.devices.runs_on(cfg.n_layer)
@@ -425,7 +426,9 @@ class _Cache:
         self.q = [Tensor.from_numpy(self.layer_backends[layer],
                                     rng.uniform(-1, 1, (npl, 1, cfg.n_head, cfg.head_dim)).astype(np.float32),
                                     name=f"q{layer}") for layer in range(cfg.n_layer)]
-        self.kv_len = Tensor.from_numpy(self.split, np.zeros(npl, np.int32), name="kv_len")
+        # the lengths in host memory, written every step and copied where attention runs (llama.cpp's
+        # mask): the ragged policy reads them when it copies the windows
+        self.kv_len = Tensor.from_numpy(cpu, np.zeros(npl, np.int32), name="kv_len")
         # each cache layer's tensor, by address: an input viewing one is that layer's window
         self.layer_of = {t._p: layer for layer in range(cfg.n_layer) for t in (self.kv.k(layer), self.kv.v(layer))}
         self.resident_bytes = [sum(self.kv.k(layer).nbytes + self.kv.v(layer).nbytes
@@ -505,14 +508,15 @@ class _Variant:
             self.sched.compute(graph)
             decode = time.perf_counter() - t1
             st = self.sched.stats
-            copied, read, ahead = copied + st.bytes_copied, read + st.bytes_read, max(ahead, st.ahead_bytes)
+            device_copy, window_copied, window_read = self._step_inputs(dev_bytes, dev_kv)
+            copied, read, ahead = copied + window_copied, read + window_read, max(ahead, st.ahead_bytes)
             self.split_memory = max(self.split_memory, self.sched.buffer_size(c.split))
             self.device_memory = [max(m, self.sched.buffer_size(d)) for m, d in zip(self.device_memory, c.devices)]
             if timed:
                 for w, s in (("decode", decode), ("copy", st.copy_seconds), ("compute", st.compute_seconds),
                              ("host", t1 - t0)):
                     self.floors[w].add(t, s)
-                for f, s in zip(self.device_copy, self._per_device(dev_bytes, dev_kv)):
+                for f, s in zip(self.device_copy, device_copy):
                     f.add(t, s)
             for out in graph.outputs:
                 digest.update(out.get())
@@ -522,11 +526,13 @@ class _Variant:
             self.counts = (copied, read, self.graphs.builds - builds, ahead, dev_bytes, dev_kv)
             self.digests.append(digest.hexdigest())
 
-    def _per_device(self, copied: List[int], kv: List[int]) -> List[float]:
+    def _step_inputs(self, copied: List[int], kv: List[int]) -> Tuple[List[float], int, int]:
         """Add the last step's inputs to each device's bytes and KV windows' bytes (an input counts for the
-        device of the split reading it); returns each device's copy time in the step."""
+        device of the split reading it). Returns each device's copy time in the step, and the bytes the
+        K and V windows copied and read (a row's bytes: the lengths' copy is not the claim's)."""
         c = self.cache
         copy = [0.0] * len(c.devices)
+        window_copied = window_read = 0
         index = {d._p: i for i, d in enumerate(c.devices)}
         for split in self.sched.splits:
             d = index.get(split.backend._p)
@@ -537,7 +543,9 @@ class _Variant:
                 copied[d] += inp.stats.bytes_copied
                 if c.is_window(inp.src):
                     kv[d] += inp.stats.bytes_copied
-        return copy
+                    window_copied += inp.stats.bytes_copied
+                    window_read += inp.stats.bytes_read
+        return copy, window_copied, window_read
 
     def row(self) -> BenchRow:
         """The variant's row in this replica.
@@ -573,7 +581,7 @@ class _Replica:
         self.rounds = 0
         try:
             for unified in cfg.layouts:
-                self.caches.append(_Cache(cfg, devices, npl, unified, pinned))
+                self.caches.append(_Cache(cfg, devices, cpu, npl, unified, pinned))
                 self.variants += [_Variant(self.caches[-1], cpu, policy, compact, depth)
                                   for policy, compact in variants(cfg) for depth in cfg.prefetch_depths]
         except BaseException:
