@@ -188,7 +188,7 @@ static void run_scenario(void (*fn)(fx *), size_t align, size_t max, bool keep_i
 /* ---------------------------------------------------------------- scenarios */
 
 /* 7 KB of tensors live together, chunks of 4 KB: two chunks. */
-static void sc_too_many_tensors_for_one_chunk(fx * f) {
+static void sc_tensors_past_a_chunks_max_open_a_second_chunk(fx * f) {
     ferry_tensor * x = input_kb(f, 1, "x"), *t;
     for (int i = 0; i < 6; i++) {
         CHECK_OK(ferry_scale(f->ctx, x, (float) i, &t));
@@ -199,10 +199,10 @@ static void sc_too_many_tensors_for_one_chunk(fx * f) {
     CHECK_EQ_U(chunk_size(f, 0, 0), 4 * KB);
     CHECK_EQ_U(chunk_size(f, 0, 1), 3 * KB);
 }
-SCENARIO_KEEP(too_many_tensors_for_one_chunk, 64, 4 * KB)
+SCENARIO_KEEP(tensors_past_a_chunks_max_open_a_second_chunk, 64, 4 * KB)
 
 /* 3 KB used of 4: a 2 KB tensor goes to a new chunk, at its start. */
-static void sc_tensor_too_large_for_space_left(fx * f) {
+static void sc_a_tensor_too_large_for_the_rest_starts_a_chunk(fx * f) {
     ferry_tensor *x = input_kb(f, 1, "x"), *a, *b;
     CHECK_OK(ferry_pad(f->ctx, x, F32_PER_KB, 0, 0, 0, &a));
     CHECK_OK(ferry_pad(f->ctx, x, F32_PER_KB, 0, 0, 0, &b));
@@ -213,10 +213,10 @@ static void sc_tensor_too_large_for_space_left(fx * f) {
     CHECK(b->buffer == ferry_gallocr_chunk_buffer(f->ga, 0, 1));
     CHECK_EQ_U(offset_in(b), 0);
 }
-SCENARIO(tensor_too_large_for_space_left, 64, 4 * KB)
+SCENARIO(a_tensor_too_large_for_the_rest_starts_a_chunk, 64, 4 * KB)
 
 /* As above, then a 1 KB tensor fills the first chunk's last kilobyte. */
-static void sc_leftover_space_filled(fx * f) {
+static void sc_a_small_tensor_fills_the_space_a_chunk_left(fx * f) {
     ferry_tensor *x = input_kb(f, 1, "x"), *a, *b, *c;
     CHECK_OK(ferry_pad(f->ctx, x, F32_PER_KB, 0, 0, 0, &a));
     CHECK_OK(ferry_pad(f->ctx, x, F32_PER_KB, 0, 0, 0, &b));
@@ -231,11 +231,11 @@ static void sc_leftover_space_filled(fx * f) {
     CHECK_EQ_U(chunk_size(f, 0, 0), 4 * KB);
     CHECK_EQ_U(chunk_size(f, 0, 1), 2 * KB);
 }
-SCENARIO_KEEP(leftover_space_filled, 64, 4 * KB)
+SCENARIO_KEEP(a_small_tensor_fills_the_space_a_chunk_left, 64, 4 * KB)
 
 /* A 6 KB tensor with a 4 KB max size: a chunk of its own, exactly its size; the
  * dummy backend accepts it (the backend's decision). */
-static void sc_tensor_larger_than_max_size(fx * f) {
+static void sc_a_tensor_past_the_max_size_gets_its_own_chunk(fx * f) {
     ferry_tensor *x = input_kb(f, 1, "x"), *big, *small;
     CHECK_OK(ferry_pad(f->ctx, x, 5 * F32_PER_KB, 0, 0, 0, &big));
     CHECK_OK(ferry_scale(f->ctx, x, 2.0f, &small));
@@ -247,11 +247,11 @@ static void sc_tensor_larger_than_max_size(fx * f) {
     CHECK_EQ_U(chunk_size(f, 0, 1), 6 * KB);
     CHECK(small->buffer == x->buffer);
 }
-SCENARIO(tensor_larger_than_max_size, 64, 4 * KB)
+SCENARIO(a_tensor_past_the_max_size_gets_its_own_chunk, 64, 4 * KB)
 
 /* 1 KB chunks: 16 live tensors fit, the 17th fails with a message, and the
  * allocator still serves the graph that fits. */
-static void sc_more_chunks_than_kept(fx * f) {
+static void sc_past_the_last_chunk_allocation_fails_cleanly(fx * f) {
     ferry_tensor * x = input_kb(f, 1, "x"), *t;
     for (int i = 0; i < FERRY_GALLOC_MAX_CHUNKS - 1; i++) {
         CHECK_OK(ferry_scale(f->ctx, x, (float) i, &t));
@@ -275,10 +275,10 @@ static void sc_more_chunks_than_kept(fx * f) {
     CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), FERRY_GALLOC_MAX_CHUNKS);
     SUB(alloc_verify(f, FERRY_GALLOC_MAX_CHUNKS * KB));
 }
-SCENARIO_KEEP(more_chunks_than_kept, 64, 1 * KB)
+SCENARIO_KEEP(past_the_last_chunk_allocation_fails_cleanly, 64, 1 * KB)
 
 /* Views take their source's memory and keep it alive until their own readers ran. */
-static void sc_views_in_place(fx * f) {
+static void sc_views_keep_their_sources_memory_for_their_readers(fx * f) {
     const int64_t ne[2] = {F32_PER_KB, 4};
     ferry_tensor *x, *a, *v, *r, *p, *t1, *t2, *t3;
     CHECK_OK(ferry_tensor_new(f->ctx, FERRY_TYPE_F32, 2, ne, &x));
@@ -302,10 +302,10 @@ static void sc_views_in_place(fx * f) {
     CHECK(v->buffer == a->buffer);
     CHECK_FAILS(ferry_gallocr_tensor_placement(f->ga, v, NULL, NULL, NULL, NULL), FERRY_ERR_NOT_ALLOCATED);
 }
-SCENARIO(views_in_place, 64, 0)
+SCENARIO(views_keep_their_sources_memory_for_their_readers, 64, 0)
 
 /* A chain of scales runs in one block; a freed block is reused; outputs are not. */
-static void sc_reuse_and_free(fx * f) {
+static void sc_freed_blocks_are_reused_and_outputs_never_are(fx * f) {
     ferry_tensor *x = input_kb(f, 1, "x"), *s = x, *a, *m, *b;
     for (int i = 0; i < 8; i++) {
         CHECK_OK(ferry_scale(f->ctx, s, 2.0f, &s));
@@ -334,7 +334,7 @@ static void sc_reuse_and_free(fx * f) {
     SUB(alloc_verify(f, 3 * KB + 64)); /* x, o, after; the buffer keeps its 3 KB + 64 */
     CHECK(after->data != o->data); /* never in place on an output */
 }
-SCENARIO(reuse_and_free, 64, 0)
+SCENARIO(freed_blocks_are_reused_and_outputs_never_are, 64, 0)
 
 /* a and b (1 KB each, side by side) are freed after ab = concat(a, b); d (2 KB)
  * then fits in their merged block. Without merging it would not: 7 KB, or with a
@@ -351,14 +351,14 @@ static void sc_merge(fx * f) {
     CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), 1);
     CHECK(d->data == a->data);
 }
-static void sc_merge_free_blocks_small_max(fx * f) { sc_merge(f); }
-static void sc_merge_free_blocks_unbounded(fx * f) { sc_merge(f); }
-SCENARIO_KEEP(merge_free_blocks_small_max, 64, 5 * KB)
-SCENARIO_KEEP(merge_free_blocks_unbounded, 64, 0)
+static void sc_freed_neighbours_merge_under_a_small_max_size(fx * f) { sc_merge(f); }
+static void sc_freed_neighbours_merge_without_a_max_size(fx * f) { sc_merge(f); }
+SCENARIO_KEEP(freed_neighbours_merge_under_a_small_max_size, 64, 5 * KB)
+SCENARIO_KEEP(freed_neighbours_merge_without_a_max_size, 64, 0)
 
 /* Chunk of 8 KB, 7 KB needed so far, with a free 3 KB hole at 1 KB and 1 KB of tail
  * left. A 1 KB tensor fits the tail exactly, but the hole costs nothing. */
-static void sc_prefer_allocated_memory(fx * f) {
+static void sc_a_free_hole_is_taken_before_the_chunks_tail(fx * f) {
     ferry_tensor *x = input_kb(f, 1, "x"), *a, *b, *z, *w;
     CHECK_OK(ferry_pad(f->ctx, x, 2 * F32_PER_KB, 0, 0, 0, &a));
     CHECK_OK(ferry_pad(f->ctx, x, 2 * F32_PER_KB, 0, 0, 0, &b));
@@ -371,11 +371,11 @@ static void sc_prefer_allocated_memory(fx * f) {
     CHECK_EQ_U(ferry_gallocr_n_chunks(f->ga, 0), 1);
     CHECK_EQ_U(offset_in(w), KB);
 }
-SCENARIO_KEEP(prefer_allocated_memory, 64, 8 * KB)
+SCENARIO_KEEP(a_free_hole_is_taken_before_the_chunks_tail, 64, 8 * KB)
 
 /* Two buffer types (alignments 64 and 256, the second capped at 4 KB), nodes split
  * between them, and one leaf the test placed itself, which the allocator leaves. */
-static void sc_several_buffer_types(fx * f) {
+static void sc_nodes_go_to_their_reserved_buffer_types(fx * f) {
     CHECK_OK(dummy(f->real, 256, 4 * KB, &f->be2));
     ferry_buffer_type * bufts[2] = {ferry_backend_default_buffer_type(f->be),
                                     ferry_backend_default_buffer_type(f->be2)};
@@ -424,7 +424,7 @@ static void sc_several_buffer_types(fx * f) {
     ferry_graph_free(other);
     CHECK(st == FERRY_ERR_INVALID_ARG);
 }
-SCENARIO(several_buffer_types, 64, 0)
+SCENARIO(nodes_go_to_their_reserved_buffer_types, 64, 0)
 
 /* With two buffer types and everything on the first, the second gets nothing. */
 static void sc_buffer_type_receives_nothing(fx * f) {
@@ -445,7 +445,7 @@ static void sc_buffer_type_receives_nothing(fx * f) {
 SCENARIO(buffer_type_receives_nothing, 64, 0)
 
 /* A second, larger graph grows the buffer; the first then fits in it as it is. */
-static void sc_realloc_second_graph(fx * f) {
+static void sc_a_larger_graph_grows_the_buffer_for_both(fx * f) {
     ferry_tensor *x = input_kb(f, 1, "x"), *a;
     CHECK_OK(ferry_scale(f->ctx, x, 2.0f, &a));
     SUB(build(f, named(a, "a")));
@@ -470,7 +470,7 @@ static void sc_realloc_second_graph(fx * f) {
     SUB(verify(f, 5 * KB));
     CHECK(ferry_gallocr_chunk_buffer(f->ga, 0, 0) == kept && a->buffer == kept);
 }
-SCENARIO_KEEP(realloc_second_graph, 64, 0)
+SCENARIO_KEEP(a_larger_graph_grows_the_buffer_for_both, 64, 0)
 
 /* x's last reader is y: z takes x's bytes. Kept, x is never shared. */
 static void sc_input_reused_after_last_use(fx * f) {
@@ -494,7 +494,7 @@ static void sc_input_reused_after_last_use(fx * f) {
 SCENARIO(input_reused_after_last_use, 64, 0)
 
 /* p = a + b while a is read later: p takes b, its second source; e = p * a then takes p. */
-static void sc_in_place_over_second_source(fx * f) {
+static void sc_a_node_works_in_place_over_its_second_source(fx * f) {
     ferry_tensor *x = input_kb(f, 1, "x"), *a, *b, *p, *e;
     CHECK_OK(ferry_dup(f->ctx, x, &a));
     CHECK_OK(ferry_dup(f->ctx, x, &b));
@@ -505,11 +505,11 @@ static void sc_in_place_over_second_source(fx * f) {
     CHECK(p->data == b->data && e->data == b->data);
     CHECK(a->data != b->data);
 }
-SCENARIO(in_place_over_second_source, 64, 0)
+SCENARIO(a_node_works_in_place_over_its_second_source, 64, 0)
 
 /* In place over an input: mul(x0, x1) with x0 read later works in place over
  * x1, an input; the add after it over the product. */
-static void sc_in_place_over_input(fx * f) {
+static void sc_a_node_works_in_place_over_a_spent_input(fx * f) {
     ferry_tensor *x0 = input_kb(f, 1, "x0"), *x1 = input_kb(f, 1, "x1"), *m, *o;
     CHECK_OK(ferry_mul(f->ctx, x0, x1, &m));
     CHECK_OK(ferry_add(f->ctx, named(m, "m"), x0, &o));
@@ -517,10 +517,10 @@ static void sc_in_place_over_input(fx * f) {
     SUB(alloc_verify(f, 2 * KB));
     CHECK(m->data == x1->data && o->data == x1->data);
 }
-SCENARIO(in_place_over_input, 64, 0)
+SCENARIO(a_node_works_in_place_over_a_spent_input, 64, 0)
 
 /* Through a view from its source's first byte (a reshape), not through one further in. */
-static void sc_in_place_over_view(fx * f) {
+static void sc_in_place_only_through_a_view_at_its_sources_start(fx * f) {
     const int64_t ne[2] = {F32_PER_KB, 2}, flat = 2 * F32_PER_KB, half = F32_PER_KB;
     ferry_tensor *x, *a, *r, *s, *b, *v, *t;
     CHECK_OK(ferry_tensor_new(f->ctx, FERRY_TYPE_F32, 2, ne, &x));
@@ -537,7 +537,7 @@ static void sc_in_place_over_view(fx * f) {
     CHECK(s->data == a->data);
     CHECK(t->data != v->data && t->data != b->data);
 }
-SCENARIO(in_place_over_view, 64, 0)
+SCENARIO(in_place_only_through_a_view_at_its_sources_start, 64, 0)
 
 /* The scheduler's copies: c, written just before node 2, takes memory freed before it
  * (y's); the copy d of s is made at node 3, so s lives until then and u, its last
@@ -685,7 +685,7 @@ SCENARIO(random_graphs_no_overlap, 32, 0)
  * equally good blocks (seeds 261, 288) or worked in place through a view (25, 192).
  * The sizes are the smaller way's (each at most ggml-alloc's, tools/alloc_compare).
  * Walked again, in the memory the first call left, the plan is the same. */
-static void sc_random_graphs_smaller_way(fx * f) {
+static void sc_random_graphs_take_the_smaller_way_every_time(fx * f) {
     static rg_graph rg;
     static const struct {
         uint64_t seed;
@@ -721,29 +721,29 @@ static void sc_random_graphs_smaller_way(fx * f) {
         ferry_gallocr_free(ga);
     }
 }
-SCENARIO(random_graphs_smaller_way, 32, 0)
+SCENARIO(random_graphs_take_the_smaller_way_every_time, 32, 0)
 
 static const check_test tests[] = {
-    {"too_many_tensors_for_one_chunk", test_too_many_tensors_for_one_chunk},
-    {"tensor_too_large_for_space_left", test_tensor_too_large_for_space_left},
-    {"tensor_larger_than_max_size", test_tensor_larger_than_max_size},
-    {"more_chunks_than_kept", test_more_chunks_than_kept},
-    {"leftover_space_filled", test_leftover_space_filled},
-    {"views_in_place", test_views_in_place},
-    {"reuse_and_free", test_reuse_and_free},
-    {"merge_free_blocks_small_max", test_merge_free_blocks_small_max},
-    {"merge_free_blocks_unbounded", test_merge_free_blocks_unbounded},
-    {"prefer_allocated_memory", test_prefer_allocated_memory},
-    {"several_buffer_types", test_several_buffer_types},
+    {"tensors_past_a_chunks_max_open_a_second_chunk", test_tensors_past_a_chunks_max_open_a_second_chunk},
+    {"a_tensor_too_large_for_the_rest_starts_a_chunk", test_a_tensor_too_large_for_the_rest_starts_a_chunk},
+    {"a_tensor_past_the_max_size_gets_its_own_chunk", test_a_tensor_past_the_max_size_gets_its_own_chunk},
+    {"past_the_last_chunk_allocation_fails_cleanly", test_past_the_last_chunk_allocation_fails_cleanly},
+    {"a_small_tensor_fills_the_space_a_chunk_left", test_a_small_tensor_fills_the_space_a_chunk_left},
+    {"views_keep_their_sources_memory_for_their_readers", test_views_keep_their_sources_memory_for_their_readers},
+    {"freed_blocks_are_reused_and_outputs_never_are", test_freed_blocks_are_reused_and_outputs_never_are},
+    {"freed_neighbours_merge_under_a_small_max_size", test_freed_neighbours_merge_under_a_small_max_size},
+    {"freed_neighbours_merge_without_a_max_size", test_freed_neighbours_merge_without_a_max_size},
+    {"a_free_hole_is_taken_before_the_chunks_tail", test_a_free_hole_is_taken_before_the_chunks_tail},
+    {"nodes_go_to_their_reserved_buffer_types", test_nodes_go_to_their_reserved_buffer_types},
     {"buffer_type_receives_nothing", test_buffer_type_receives_nothing},
-    {"realloc_second_graph", test_realloc_second_graph},
+    {"a_larger_graph_grows_the_buffer_for_both", test_a_larger_graph_grows_the_buffer_for_both},
     {"input_reused_after_last_use", test_input_reused_after_last_use},
-    {"in_place_over_second_source", test_in_place_over_second_source},
-    {"in_place_over_input", test_in_place_over_input},
-    {"in_place_over_view", test_in_place_over_view},
+    {"a_node_works_in_place_over_its_second_source", test_a_node_works_in_place_over_its_second_source},
+    {"a_node_works_in_place_over_a_spent_input", test_a_node_works_in_place_over_a_spent_input},
+    {"in_place_only_through_a_view_at_its_sources_start", test_in_place_only_through_a_view_at_its_sources_start},
     {"copies_placed_at_their_node", test_copies_placed_at_their_node},
     {"random_graphs_no_overlap", test_random_graphs_no_overlap},
-    {"random_graphs_smaller_way", test_random_graphs_smaller_way},
+    {"random_graphs_take_the_smaller_way_every_time", test_random_graphs_take_the_smaller_way_every_time},
 };
 
 CHECK_MAIN(tests)

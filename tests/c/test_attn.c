@@ -48,7 +48,7 @@ done:
 }
 
 
-static void test_attn_f32(void) {
+static void test_f32_attention_matches_the_reference(void) {
     for (int trans = 0; trans < 2; trans++) {
         for (int64_t group = 1; group <= 4; group += 3) {
             attn_params p = base_params(FERRY_TYPE_F32, FERRY_TYPE_F32, trans, group);
@@ -59,7 +59,7 @@ static void test_attn_f32(void) {
     }
 }
 
-static void test_attn_f16(void) {
+static void test_f16_attention_matches_the_reference(void) {
     for (int trans = 0; trans < 2; trans++) {
         for (int64_t group = 1; group <= 4; group += 3) {
             const attn_params p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F16, trans, group);
@@ -68,7 +68,7 @@ static void test_attn_f16(void) {
     }
 }
 
-static void test_attn_q8_0(void) {
+static void test_q8_0_attention_matches_the_reference(void) {
     for (int64_t group = 1; group <= 4; group += 3) {
         const attn_params p = base_params(FERRY_TYPE_Q8_0, FERRY_TYPE_Q8_0, false, group);
         CHECK_EQ_U(check_case(&p), 0);
@@ -76,7 +76,7 @@ static void test_attn_q8_0(void) {
 }
 
 /* K and V of different types, as a cache may hold them. */
-static void test_attn_mixed_types(void) {
+static void test_mixed_k_and_v_types_match_the_reference(void) {
     attn_params p = base_params(FERRY_TYPE_Q8_0, FERRY_TYPE_F16, true, 4);
     CHECK_EQ_U(check_case(&p), 0);
     p = base_params(FERRY_TYPE_F16, FERRY_TYPE_Q8_0, false, 2);
@@ -84,7 +84,7 @@ static void test_attn_mixed_types(void) {
 }
 
 /* Eight streams, a unified cache, one stream, odd head_dim: the shapes around the usual ones. */
-static void test_attn_shapes(void) {
+static void test_unusual_shapes_match_the_reference(void) {
     attn_params p = base_params(FERRY_TYPE_F32, FERRY_TYPE_F16, true, 4);
     p.n_stream = 8, p.n_ctx = 8 * 20, p.n_kv = 20, p.s0 = 0, p.s1 = 7;
     memcpy(p.lens, (int32_t[8]) {20, 1, 0, 19, 7, 20, 3, 11}, sizeof(p.lens));
@@ -98,7 +98,7 @@ static void test_attn_shapes(void) {
 }
 
 /* n_kv == head_dim: only the v_trans argument tells V's orientation, and both work. */
-static void test_attn_n_kv_equals_head_dim(void) {
+static void test_at_n_kv_equal_head_dim_v_trans_says_how_v_lies(void) {
     for (int trans = 0; trans < 2; trans++) {
         attn_params p = base_params(FERRY_TYPE_F32, FERRY_TYPE_F32, trans, 2);
         p.head_dim = 16, p.n_kv = 16, p.lens[0] = 16, p.lens[2] = 9;
@@ -179,7 +179,7 @@ static bool names_operand(const char * name) {
  * q's; a head_dim that only q lacks is q's too, unless k's strides show an unpermuted window
  * (then k is the one to fix); a V that does not match K is V's; a q8_0 operand needs whole
  * blocks in its rows; kv_len is one length per stream. Nothing is made. */
-static void test_attn_operand_errors(void) {
+static void test_each_layout_error_names_the_operand_at_fault(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     ferry_tensor * out = NULL;
@@ -242,7 +242,7 @@ static void test_attn_operand_errors(void) {
     ferry_context_free(ctx);
 }
 
-static void test_attn_shape_errors(void) {
+static void test_shape_mismatches_are_layout_errors_making_nothing(void) {
     attn_params p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F16, false, 2);
     attn_case c;
     CHECK_OK(case_init(&c, &p));
@@ -296,7 +296,7 @@ static void test_attn_shape_errors(void) {
 
 /* ---------------------------------------------------------------- the stand-in device */
 
-static void test_standin_backend(void) {
+static void test_standin_has_its_own_memory_and_only_cpu_ops(void) {
     ferry_backend *standin, *cpu;
     CHECK_OK(ferry_standin_backend_new(&standin));
     CHECK_OK(ferry_cpu_backend_new(&cpu));
@@ -335,7 +335,7 @@ static void test_standin_backend(void) {
  * gaps travel too, under RANGES they do not; the outputs are the same bytes either way,
  * and the same as the CPU backend's own.
  */
-static void test_attn_sched_standin_flat_and_ranges(void) {
+static void test_scheduled_standin_gives_cpu_bytes_flat_or_ranges(void) {
     attn_params p = base_params(FERRY_TYPE_Q8_0, FERRY_TYPE_F16, false, 4);
     p.n_ctx = 4 * 40, p.n_kv = 17, p.lens[0] = 17, p.lens[1] = 0, p.lens[2] = 9;
     attn_case c;
@@ -365,19 +365,19 @@ static void test_attn_sched_standin_flat_and_ranges(void) {
 }
 
 static const check_test tests[] = {
-    {"attn_f32", test_attn_f32},
-    {"attn_f16", test_attn_f16},
-    {"attn_q8_0", test_attn_q8_0},
-    {"attn_mixed_types", test_attn_mixed_types},
-    {"attn_shapes", test_attn_shapes},
-    {"attn_n_kv_equals_head_dim", test_attn_n_kv_equals_head_dim},
+    {"f32_attention_matches_the_reference", test_f32_attention_matches_the_reference},
+    {"f16_attention_matches_the_reference", test_f16_attention_matches_the_reference},
+    {"q8_0_attention_matches_the_reference", test_q8_0_attention_matches_the_reference},
+    {"mixed_k_and_v_types_match_the_reference", test_mixed_k_and_v_types_match_the_reference},
+    {"unusual_shapes_match_the_reference", test_unusual_shapes_match_the_reference},
+    {"at_n_kv_equal_head_dim_v_trans_says_how_v_lies", test_at_n_kv_equal_head_dim_v_trans_says_how_v_lies},
     {"attn_lengths_clamped", test_attn_lengths_clamped},
     {"attn_empty_stream_zeros", test_attn_empty_stream_zeros},
     {"attn_deterministic", test_attn_deterministic},
-    {"attn_shape_errors", test_attn_shape_errors},
-    {"attn_operand_errors", test_attn_operand_errors},
-    {"standin_backend", test_standin_backend},
-    {"attn_sched_standin_flat_and_ranges", test_attn_sched_standin_flat_and_ranges},
+    {"shape_mismatches_are_layout_errors_making_nothing", test_shape_mismatches_are_layout_errors_making_nothing},
+    {"each_layout_error_names_the_operand_at_fault", test_each_layout_error_names_the_operand_at_fault},
+    {"standin_has_its_own_memory_and_only_cpu_ops", test_standin_has_its_own_memory_and_only_cpu_ops},
+    {"scheduled_standin_gives_cpu_bytes_flat_or_ranges", test_scheduled_standin_gives_cpu_bytes_flat_or_ranges},
 };
 
 CHECK_MAIN(tests)

@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 /* Synthetic addresses: aligned bases, max size enforced, transfers counted not done. */
-static void test_dummy_synthetic(void) {
+static void test_synthetic_buffers_align_cap_and_count_not_copy(void) {
     ferry_dummy_params p = ferry_dummy_default_params();
     p.alignment = 4096;
     p.max_buffer_size = 1 << 20;
@@ -48,7 +48,7 @@ static void test_dummy_synthetic(void) {
 /* A buffer keeps the usage it is given and refuses one it does not know; a tensor placed
  * past the buffer's end is refused however far past, with no wrap of offset + size, and
  * the tensor stays unplaced. */
-static void test_buffer_usage_and_placement(void) {
+static void test_bad_usage_and_placement_past_the_end_refused(void) {
     ferry_buffer * buf;
     CHECK_OK(ferry_buffer_type_alloc_buffer(ferry_cpu_buffer_type(), 4096, &buf));
     CHECK_EQ_U(ferry_buffer_get_usage(buf), FERRY_BUFFER_USAGE_ANY);
@@ -76,8 +76,8 @@ static void test_buffer_usage_and_placement(void) {
 }
 
 static const check_test tests[] = {
-    {"dummy_synthetic", test_dummy_synthetic},
-    {"buffer_usage_and_placement", test_buffer_usage_and_placement},
+    {"synthetic_buffers_align_cap_and_count_not_copy", test_synthetic_buffers_align_cap_and_count_not_copy},
+    {"bad_usage_and_placement_past_the_end_refused", test_bad_usage_and_placement_past_the_end_refused},
 };
 
 CHECK_MAIN(tests)

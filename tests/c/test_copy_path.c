@@ -51,12 +51,12 @@ static void test_ordered_multi_stream_flat_fails_first_assertion(void) {
     CHECK(s.bytes_copied > s.bytes_read);
 }
 
-static void test_subset_of_streams(void) {
+static void test_ranges_copy_exactly_a_subset_of_streams(void) {
     CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_F16, 8, 3, 5, 7, NULL), 0);
     CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_F32, 8, 6, 7, 24, NULL), 0);
 }
 
-static void test_q8_0_and_f16_rows(void) {
+static void test_ranges_copy_exactly_rows_of_q8_0_q4_0_and_f16(void) {
     ferry_copy_stats s;
     CHECK_EQ_U(check_window_copy(FERRY_COPY_RANGES, FERRY_TYPE_Q8_0, 4, 0, 3, 9, &s), 0);
     CHECK_EQ_U(s.bytes_copied, 4 * 9 * row_of(FERRY_TYPE_Q8_0, 64));
@@ -184,7 +184,7 @@ static void test_rule_refuses_overlap_and_scattered_slices(void) {
     kv_fixture_free(&f);
 }
 
-static void test_copy_input_bad_input(void) {
+static void test_copy_input_and_windows_refuse_bad_input(void) {
     const ferry_kv_params p = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 16, .n_head_kv = 2,
                                .n_ctx = 64, .n_stream = 2, .n_layer = 1};
     kv_fixture f;
@@ -212,7 +212,7 @@ static void test_copy_input_bad_input(void) {
 }
 
 /* plan: a K window with wide gaps goes as one 2-D copy of its ranges, like ranges. */
-static void test_plan_multi_stream_window(void) {
+static void test_plan_copies_a_k_windows_ranges_in_one_2d_copy(void) {
     ferry_copy_stats s;
     CHECK_EQ_U(check_window_copy(FERRY_COPY_PLAN, FERRY_TYPE_Q8_0, 4, 0, 3, 4, &s), 0); /* span 4.75x the reads */
     CHECK(s.path == FERRY_COPY_PLAN);
@@ -242,7 +242,7 @@ static void test_plan_unified_same_as_flat(void) {
 
 /* Transposed V on a unified cache: a gap after every channel row. plan moves the bytes
  * read, in one 2-D copy, and leaves every gap byte alone; ranges cannot and goes flat. */
-static void test_plan_transposed_v(void) {
+static void test_plan_moves_a_transposed_vs_bytes_read_only(void) {
     const int64_t head_dim = 16, n_head_kv = 2, n_kv = 128, kv_size = 4096;
     const ferry_kv_params p = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = head_dim,
                                .n_head_kv = n_head_kv, .n_ctx = kv_size, .n_stream = 1, .n_layer = 1, .v_trans = true};
@@ -285,7 +285,7 @@ static void test_plan_transposed_v(void) {
 }
 
 /* plan with a device-side source: the rows are staged through the host, still only the bytes read. */
-static void test_plan_device_source(void) {
+static void test_plan_stages_a_device_sources_bytes_read_only(void) {
     ferry_copy_stats s;
     SUB(device_source_case(FERRY_COPY_PLAN, 4096, 40, &s));
     CHECK(s.path == FERRY_COPY_PLAN);
@@ -795,18 +795,18 @@ static void test_ragged_attention_same_as_flat_and_ranges(void) {
 static const check_test tests[] = {
     {"ordered_multi_stream_ranges", test_ordered_multi_stream_ranges},
     {"ordered_multi_stream_flat_fails_first_assertion", test_ordered_multi_stream_flat_fails_first_assertion},
-    {"subset_of_streams", test_subset_of_streams},
-    {"q8_0_and_f16_rows", test_q8_0_and_f16_rows},
+    {"ranges_copy_exactly_a_subset_of_streams", test_ranges_copy_exactly_a_subset_of_streams},
+    {"ranges_copy_exactly_rows_of_q8_0_q4_0_and_f16", test_ranges_copy_exactly_rows_of_q8_0_q4_0_and_f16},
     {"unified_and_single_sequence_same_as_flat", test_unified_and_single_sequence_same_as_flat},
     {"device_source_copies_its_ranges", test_device_source_copies_its_ranges},
     {"rule_refuses_overlap_and_scattered_slices", test_rule_refuses_overlap_and_scattered_slices},
-    {"copy_input_bad_input", test_copy_input_bad_input},
+    {"copy_input_and_windows_refuse_bad_input", test_copy_input_and_windows_refuse_bad_input},
     {"device_error_during_a_copy", test_device_error_during_a_copy},
-    {"plan_multi_stream_window", test_plan_multi_stream_window},
+    {"plan_copies_a_k_windows_ranges_in_one_2d_copy", test_plan_copies_a_k_windows_ranges_in_one_2d_copy},
     {"plan_declines_when_it_does_not_pay", test_plan_declines_when_it_does_not_pay},
     {"plan_unified_same_as_flat", test_plan_unified_same_as_flat},
-    {"plan_transposed_v", test_plan_transposed_v},
-    {"plan_device_source", test_plan_device_source},
+    {"plan_moves_a_transposed_vs_bytes_read_only", test_plan_moves_a_transposed_vs_bytes_read_only},
+    {"plan_stages_a_device_sources_bytes_read_only", test_plan_stages_a_device_sources_bytes_read_only},
     {"ragged_windows_sentinel", test_ragged_windows_sentinel},
     {"ragged_sentinel_fails_under_ranges", test_ragged_sentinel_fails_under_ranges},
     {"ragged_route_by_cost", test_ragged_route_by_cost},

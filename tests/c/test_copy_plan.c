@@ -221,7 +221,7 @@ static void test_size_one_dims_ignored(void) {
 }
 
 /* Any order of strides: permuting a layout changes neither the bytes nor the plan. */
-static void test_permuted_orders(void) {
+static void test_permuting_a_layout_leaves_its_plan_alone(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     ferry_tensor * src;
@@ -266,7 +266,7 @@ static void test_broadcast_read_once(void) {
 }
 
 /* Overlapping and interleaving rows: each byte still moves once. */
-static void test_overlapping_views(void) {
+static void test_overlapping_rows_move_each_byte_once(void) {
     ferry_copy_2d c[MAX_COPIES];
     size_t n;
     /* a sliding window: rows of 16 B every 8 B are one range */
@@ -388,7 +388,7 @@ static void test_random_views_exact(void) {
            several);
 }
 
-static void test_plan_bad_input(void) {
+static void test_plan_refuses_bad_input_and_counts_copies_needed(void) {
     ferry_tensor t = contiguous(FERRY_TYPE_F32, 4, 3, 1, 1);
     ferry_copy_2d c[4];
     size_t n = 99;
@@ -485,7 +485,7 @@ static void test_gpu_model_matches_anchors(void) {
 }
 
 /* The thresholds each model documents, on single 2-D copies of 1 MiB read. */
-static void test_thresholds(void) {
+static void test_plans_pay_past_each_models_documented_threshold(void) {
     const ferry_copy_cost_model cpu = ferry_copy_cost_model_cpu(), gpu = ferry_copy_cost_model_gpu();
     const struct {
         const ferry_copy_cost_model * m;
@@ -566,7 +566,7 @@ static void test_explain_v_trans_folds(void) {
 
 /* Each step once: merged dims, a broadcast dim, nested dims that take several copies
  * along the one with the most rows, rows that tangle, and an empty layout. */
-static void test_explain_steps(void) {
+static void test_explain_names_each_step_of_a_plan(void) {
     ferry_copy_explanation ex;
     /* dims 0 and 1 merge into a 64 B row, dim 2 is broadcast, dim 3 repeats the row */
     const ferry_tensor a = layout(FERRY_TYPE_F32, 4, 4, 5, 2, 16, 0, 100);
@@ -639,7 +639,7 @@ static void test_explain_agrees_with_plan(void) {
     CHECK(nested > 1000);
 }
 
-static void test_explain_bad_input(void) {
+static void test_explain_refuses_bad_input_with_its_status(void) {
     ferry_copy_explanation ex;
     const int64_t ne[4] = {4, 3, 1, 1}, neg[2] = {4, -1}, q[1] = {31};
     const size_t nb[4] = {4, 16, 48, 48}, huge[2] = {4, SIZE_MAX / 2};
@@ -660,17 +660,17 @@ static const check_test tests[] = {
     {"v_trans_window_is_one_copy", test_v_trans_window_is_one_copy},
     {"contiguous_is_one_copy", test_contiguous_is_one_copy},
     {"size_one_dims_ignored", test_size_one_dims_ignored},
-    {"permuted_orders", test_permuted_orders},
+    {"permuting_a_layout_leaves_its_plan_alone", test_permuting_a_layout_leaves_its_plan_alone},
     {"broadcast_read_once", test_broadcast_read_once},
-    {"overlapping_views", test_overlapping_views},
+    {"overlapping_rows_move_each_byte_once", test_overlapping_rows_move_each_byte_once},
     {"random_views_exact", test_random_views_exact},
-    {"plan_bad_input", test_plan_bad_input},
+    {"plan_refuses_bad_input_and_counts_copies_needed", test_plan_refuses_bad_input_and_counts_copies_needed},
     {"gpu_model_matches_anchors", test_gpu_model_matches_anchors},
-    {"thresholds", test_thresholds},
+    {"plans_pay_past_each_models_documented_threshold", test_plans_pay_past_each_models_documented_threshold},
     {"explain_v_trans_folds", test_explain_v_trans_folds},
-    {"explain_steps", test_explain_steps},
+    {"explain_names_each_step_of_a_plan", test_explain_names_each_step_of_a_plan},
     {"explain_agrees_with_plan", test_explain_agrees_with_plan},
-    {"explain_bad_input", test_explain_bad_input},
+    {"explain_refuses_bad_input_with_its_status", test_explain_refuses_bad_input_with_its_status},
 };
 
 CHECK_MAIN(tests)

@@ -1,7 +1,8 @@
 /*
  * The CUDA backend. Built only when CUDA is; every test that needs a device exits 77
- * without one, which meson reports as SKIP (CI has nvcc but no GPU). no_device_status
- * runs everywhere: it checks what a machine without a GPU must see.
+ * without one, which meson reports as SKIP (CI has nvcc but no GPU).
+ * without_a_device_cuda_gives_statuses_not_aborts runs everywhere: it checks what a machine
+ * without a GPU must see.
  *
  * test_ordered_multi_stream_ranges against a CUDA split backend: test_cuda_sched.c.
  */
@@ -48,7 +49,7 @@ static void fixture_free(fixture * f) {
 }
 
 /* What a machine without a GPU must see: no abort, statuses with CUDA's reason. */
-static void test_no_device_status(void) {
+static void test_without_a_device_cuda_gives_statuses_not_aborts(void) {
     CHECK(ferry_built_with_cuda());
     int n = -1;
     CHECK_OK(ferry_cuda_device_count(&n));
@@ -143,7 +144,7 @@ static void test_round_trip_2d(void) {
     fixture_free(&f);
 }
 
-static void test_memset(void) {
+static void test_device_memset_writes_its_range_and_counts_it(void) {
     need_device();
     const size_t nbytes = 1 << 20;
     fixture f;
@@ -162,7 +163,7 @@ static void test_memset(void) {
 }
 
 /* Device to device: the blocking buffer copy and the backend's copy on its stream. */
-static void test_device_copy(void) {
+static void test_device_copies_land_blocking_and_on_the_stream(void) {
     need_device();
     const size_t nbytes = 3 << 20;
     fixture a, b;
@@ -199,7 +200,7 @@ static void test_device_copy(void) {
 }
 
 /* Pinned host memory is host memory: the CPU backend writes it, CUDA reads it. */
-static void test_pinned_host_cpu(void) {
+static void test_pinned_memory_is_host_memory_cuda_reads(void) {
     need_device();
     ferry_buffer_type * pinned;
     CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
@@ -249,7 +250,7 @@ static void test_pinned_host_cpu(void) {
 }
 
 /* Two streams ordered by an event, not a synchronize: b's copy of x sees a's writes. */
-static void test_events_order(void) {
+static void test_an_event_orders_two_streams_without_a_sync(void) {
     need_device();
     const size_t nbytes = 64 << 20; /* long enough that an unordered copy would see stale bytes */
     fixture a, b;
@@ -305,7 +306,7 @@ static void test_events_order(void) {
 
 /* The hold keeps the stream busy on the device for at least the time asked (a lower
  * bound: the device cannot wait less), and work queued behind it runs after it. */
-static void test_hold(void) {
+static void test_a_hold_delays_the_work_queued_behind_it(void) {
     need_device();
     fixture f;
     CHECK_OK(fixture_new(&f, 1 << 20));
@@ -340,7 +341,7 @@ static void test_hold(void) {
 }
 
 /* A CUDA failure is a status with CUDA's message, and the process goes on working. */
-static void test_cuda_error_status(void) {
+static void test_a_cuda_failure_is_a_status_and_work_goes_on(void) {
     need_device();
     ferry_backend * cuda;
     CHECK_OK(ferry_cuda_backend_new(0, &cuda));
@@ -364,14 +365,14 @@ static void test_cuda_error_status(void) {
 }
 
 static const check_test tests[] = {
-    {"no_device_status", test_no_device_status},
+    {"without_a_device_cuda_gives_statuses_not_aborts", test_without_a_device_cuda_gives_statuses_not_aborts},
     {"round_trip_2d", test_round_trip_2d},
-    {"memset", test_memset},
-    {"device_copy", test_device_copy},
-    {"pinned_host_cpu", test_pinned_host_cpu},
-    {"events_order", test_events_order},
-    {"cuda_error_status", test_cuda_error_status},
-    {"hold", test_hold},
+    {"device_memset_writes_its_range_and_counts_it", test_device_memset_writes_its_range_and_counts_it},
+    {"device_copies_land_blocking_and_on_the_stream", test_device_copies_land_blocking_and_on_the_stream},
+    {"pinned_memory_is_host_memory_cuda_reads", test_pinned_memory_is_host_memory_cuda_reads},
+    {"an_event_orders_two_streams_without_a_sync", test_an_event_orders_two_streams_without_a_sync},
+    {"a_cuda_failure_is_a_status_and_work_goes_on", test_a_cuda_failure_is_a_status_and_work_goes_on},
+    {"a_hold_delays_the_work_queued_behind_it", test_a_hold_delays_the_work_queued_behind_it},
 };
 
 CHECK_MAIN(tests)

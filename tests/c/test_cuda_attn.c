@@ -128,7 +128,7 @@ static void test_cuda_dup_matches_cpu(void) {
  * dup of the same type moves it in narrower words, byte for byte; a conversion is refused
  * with FERRY_ERR_LAYOUT instead of a fault that would kill the context, and the backend
  * goes on working. */
-static void test_cuda_dup_unaligned(void) {
+static void test_unaligned_dup_copies_or_refuses_without_a_fault(void) {
     need_device();
     ferry_backend * cuda;
     ferry_context * ctx;
@@ -176,7 +176,7 @@ static void test_cuda_dup_unaligned(void) {
 }
 
 /* What the CUDA backend claims: attention and dup, not the ops it has no kernel for. */
-static void test_cuda_supports_op(void) {
+static void test_cuda_claims_only_the_ops_it_has_kernels_for(void) {
     need_device();
     ferry_backend * cuda;
     CHECK_OK(ferry_cuda_backend_new(0, &cuda));
@@ -196,8 +196,8 @@ static void test_cuda_supports_op(void) {
 static const check_test tests[] = {
     {"cuda_attn_matches_cpu", test_cuda_attn_matches_cpu},
     {"cuda_dup_matches_cpu", test_cuda_dup_matches_cpu},
-    {"cuda_supports_op", test_cuda_supports_op},
-    {"cuda_dup_unaligned", test_cuda_dup_unaligned},
+    {"cuda_claims_only_the_ops_it_has_kernels_for", test_cuda_claims_only_the_ops_it_has_kernels_for},
+    {"unaligned_dup_copies_or_refuses_without_a_fault", test_unaligned_dup_copies_or_refuses_without_a_fault},
 };
 
 CHECK_MAIN(tests)

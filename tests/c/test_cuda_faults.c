@@ -164,14 +164,14 @@ static void sweep(cudaError_t err) {
     }
 }
 
-static void test_out_of_memory(void) { sweep(cudaErrorMemoryAllocation); }
-static void test_invalid_value(void) { sweep(cudaErrorInvalidValue); }
-static void test_sticky_launch_failure(void) { sweep(cudaErrorLaunchFailure); }
+static void test_out_of_memory_at_each_call_reported_and_retried(void) { sweep(cudaErrorMemoryAllocation); }
+static void test_invalid_value_at_each_call_reported_and_retried(void) { sweep(cudaErrorInvalidValue); }
+static void test_sticky_failure_at_each_call_refuses_more_work(void) { sweep(cudaErrorLaunchFailure); }
 
 static const check_test tests[] = {
-    {"out_of_memory", test_out_of_memory},
-    {"invalid_value", test_invalid_value},
-    {"sticky_launch_failure", test_sticky_launch_failure},
+    {"out_of_memory_at_each_call_reported_and_retried", test_out_of_memory_at_each_call_reported_and_retried},
+    {"invalid_value_at_each_call_reported_and_retried", test_invalid_value_at_each_call_reported_and_retried},
+    {"sticky_failure_at_each_call_refuses_more_work", test_sticky_failure_at_each_call_refuses_more_work},
 };
 
 CHECK_MAIN(tests)

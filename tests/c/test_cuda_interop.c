@@ -16,7 +16,7 @@ static void need_device(void) {
     }
 }
 
-static void test_cuda_buffer_from_ptr(void) {
+static void test_borrowed_device_memory_is_used_in_place(void) {
     need_device();
     ferry_backend * cuda = NULL;
     CHECK_OK(ferry_cuda_backend_new(0, &cuda));
@@ -58,7 +58,7 @@ static void test_cuda_buffer_from_ptr(void) {
     ferry_backend_free(cuda);
 }
 
-static void test_cuda_buffer_from_ptr_refusals(void) {
+static void test_memory_not_of_the_device_is_refused(void) {
     need_device();
     ferry_buffer * buf = NULL;
     static char host[256];
@@ -78,8 +78,8 @@ static void test_cuda_buffer_from_ptr_refusals(void) {
 }
 
 static const check_test tests[] = {
-    {"cuda_buffer_from_ptr", test_cuda_buffer_from_ptr},
-    {"cuda_buffer_from_ptr_refusals", test_cuda_buffer_from_ptr_refusals},
+    {"borrowed_device_memory_is_used_in_place", test_borrowed_device_memory_is_used_in_place},
+    {"memory_not_of_the_device_is_refused", test_memory_not_of_the_device_is_refused},
 };
 
 CHECK_MAIN(tests)

@@ -4,7 +4,7 @@
  * exact bytes: rows whole at their own offsets, gaps untouched, compact copies packed.
  * The window here is small (128 channel rows of 512 B at the full-scale 64 KiB pitch) so
  * the checks are quick. Each test exits 77 (SKIP) without a device, but
- * gather_params_without_device, which checks what must hold on any machine.
+ * gather_params_without_a_device_give_statuses, which checks what must hold on any machine.
  */
 #define _DEFAULT_SOURCE
 #include "kv-fixture.h"
@@ -89,7 +89,7 @@ static uint8_t * span_after(vt_fix * f, const vt_way * w) {
 }
 
 /* What holds without a device: defaults, and statuses instead of aborts. */
-static void test_gather_params_without_device(void) {
+static void test_gather_params_without_a_device_give_statuses(void) {
     const ferry_cuda_gather_params d = ferry_cuda_gather_default_params();
     CHECK(!d.on);
     CHECK_EQ_U(d.loads_per_thread, 4);
@@ -285,7 +285,7 @@ static void test_host_register_round_trip(void) {
 }
 
 /* FERRY_CUDA_GATHER=1 turns the option on for backends made afterwards; the default is off. */
-static void test_gather_env(void) {
+static void test_gather_env_turns_the_gather_on_for_new_backends(void) {
     need_device();
     ferry_backend *off, *on, *zero;
     ferry_cuda_gather_params p;
@@ -313,12 +313,12 @@ static void test_gather_env(void) {
 }
 
 static const check_test tests[] = {
-    {"gather_params_without_device", test_gather_params_without_device},
+    {"gather_params_without_a_device_give_statuses", test_gather_params_without_a_device_give_statuses},
     {"gather_matches_2d", test_gather_matches_2d},
     {"bench_ways_exact", test_bench_ways_exact},
     {"gather_rule_declines", test_gather_rule_declines},
     {"host_register_round_trip", test_host_register_round_trip},
-    {"gather_env", test_gather_env},
+    {"gather_env_turns_the_gather_on_for_new_backends", test_gather_env_turns_the_gather_on_for_new_backends},
 };
 
 CHECK_MAIN(tests)

@@ -90,7 +90,7 @@ static void test_bad_ranges_refused(void) {
 }
 
 /* A 3-D copy of linear memory: row y of slice z at ptr + (z * ysize + y) * pitch. */
-static void test_3d_copy_layout(void) {
+static void test_a_3d_copy_lays_each_slices_rows_at_their_pitch(void) {
     char src[8 * 16], dst[8 * 16];
     for (int i = 0; i < (int) sizeof(src); i++) src[i] = (char) i;
     memset(dst, -1, sizeof(dst));
@@ -128,7 +128,7 @@ static const check_test tests[] = {
     {"work_runs_when_waited_for", test_work_runs_when_waited_for},
     {"device_memory_closed_to_host", test_device_memory_closed_to_host},
     {"bad_ranges_refused", test_bad_ranges_refused},
-    {"3d_copy_layout", test_3d_copy_layout},
+    {"a_3d_copy_lays_each_slices_rows_at_their_pitch", test_a_3d_copy_lays_each_slices_rows_at_their_pitch},
     {"kernels_fail_as_status", test_kernels_fail_as_status},
 };
 

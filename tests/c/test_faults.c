@@ -137,7 +137,7 @@ static void kv_fini(void * p) {
     ferry_backend_free(s->split);
 }
 
-static void test_kv_cache_windows(void) {
+static void test_kv_cache_windows_fail_cleanly_at_each_allocation(void) {
     kv_state s;
     CHECK(sweep("kv cache and windows", kv_run, kv_fini, &s, sizeof(s)) > 0);
 }
@@ -220,7 +220,7 @@ static void ragged_fini(void * p) {
     ferry_backend_free(s->split);
 }
 
-static void test_ragged_windows(void) {
+static void test_ragged_windows_fail_cleanly_at_each_allocation(void) {
     ragged_state s;
     CHECK(sweep("ragged windows", ragged_run, ragged_fini, &s, sizeof(s)) > 0);
 }
@@ -270,7 +270,7 @@ static void kv_layers_fini(void * p) {
     ferry_backend_free(s->dev);
 }
 
-static void test_kv_cache_layers(void) {
+static void test_kv_cache_layers_fail_cleanly_at_each_allocation(void) {
     kv_layers_state s;
     CHECK(sweep("kv cache of placed layers", kv_layers_run, kv_layers_fini, &s, sizeof(s)) > 0);
 }
@@ -347,7 +347,7 @@ static void step_fini(void * p) {
     ferry_backend_free(s->cpu);
 }
 
-static void test_kv_attention_step(void) {
+static void test_kv_attention_step_fails_cleanly_at_each_allocation(void) {
     step_state s;
     CHECK(sweep("kv attention step", step_run, step_fini, &s, sizeof(s)) > 0);
 }
@@ -419,7 +419,7 @@ static void sched_fini(void * p) {
     ferry_backend_free(s->split);
 }
 
-static void test_sched_every_policy(void) {
+static void test_sched_policies_fail_cleanly_at_each_allocation(void) {
     for (int policy = FERRY_COPY_FLAT; policy < FERRY_COPY_POLICY_COUNT; policy++) {
         for (int compact = 0; compact <= 1; compact++) {
             char name[80];
@@ -469,7 +469,7 @@ static void sched_prefetch_run(void * p) {
     }
 }
 
-static void test_sched_prefetch(void) {
+static void test_sched_prefetch_fails_cleanly_at_each_allocation(void) {
     for (int policy = FERRY_COPY_FLAT; policy < FERRY_COPY_POLICY_COUNT; policy++) {
         char name[80];
         snprintf(name, sizeof(name), "scheduler prefetching, %s", ferry_copy_policy_name((ferry_copy_policy) policy));
@@ -533,7 +533,7 @@ static void linked_fini(void * p) {
     ferry_backend_free(s->device);
 }
 
-static void test_standin_linked(void) {
+static void test_linked_standin_fails_cleanly_at_each_allocation(void) {
     linked_state s;
     CHECK(sweep("stand-in with a link and a memory size", linked_run, linked_fini, &s, sizeof(s)) > 0);
 }
@@ -603,7 +603,7 @@ static void plan_fini(void * p) {
     ferry_backend_free(s->split);
 }
 
-static void test_plan_on_the_heap(void) {
+static void test_heap_plans_fail_cleanly_at_each_allocation(void) {
     plan_state s;
     CHECK(sweep("plans on the heap", plan_run, plan_fini, &s, sizeof(s)) > 0);
 }
@@ -666,7 +666,7 @@ static void galloc_fini(void * p) {
     ferry_backend_free(s->be);
 }
 
-static void test_gallocr_chunks(void) {
+static void test_gallocr_chunks_fail_cleanly_at_each_allocation(void) {
     galloc_state s;
     CHECK(sweep("graph allocator in chunks", galloc_run, galloc_fini, &s, sizeof(s)) > 0);
 }
@@ -720,7 +720,7 @@ static void cuda_fini(void * p) {
 #define cuda_fini sched_fini
 #endif
 
-static void test_cuda_backend(void) {
+static void test_cuda_backend_fails_cleanly_at_each_allocation(void) {
     sched_state s;
 #ifdef FERRY_FAKE_CUDART
     cuda_live_before = fake_cudart_live_allocations();
@@ -731,17 +731,17 @@ static void test_cuda_backend(void) {
 #endif
 
 static const check_test tests[] = {
-    {"kv_cache_windows", test_kv_cache_windows},
-    {"ragged_windows", test_ragged_windows},
-    {"kv_cache_layers", test_kv_cache_layers},
-    {"kv_attention_step", test_kv_attention_step},
-    {"sched_every_policy", test_sched_every_policy},
-    {"sched_prefetch", test_sched_prefetch},
-    {"standin_linked", test_standin_linked},
-    {"plan_on_the_heap", test_plan_on_the_heap},
-    {"gallocr_chunks", test_gallocr_chunks},
+    {"kv_cache_windows_fail_cleanly_at_each_allocation", test_kv_cache_windows_fail_cleanly_at_each_allocation},
+    {"ragged_windows_fail_cleanly_at_each_allocation", test_ragged_windows_fail_cleanly_at_each_allocation},
+    {"kv_cache_layers_fail_cleanly_at_each_allocation", test_kv_cache_layers_fail_cleanly_at_each_allocation},
+    {"kv_attention_step_fails_cleanly_at_each_allocation", test_kv_attention_step_fails_cleanly_at_each_allocation},
+    {"sched_policies_fail_cleanly_at_each_allocation", test_sched_policies_fail_cleanly_at_each_allocation},
+    {"sched_prefetch_fails_cleanly_at_each_allocation", test_sched_prefetch_fails_cleanly_at_each_allocation},
+    {"linked_standin_fails_cleanly_at_each_allocation", test_linked_standin_fails_cleanly_at_each_allocation},
+    {"heap_plans_fail_cleanly_at_each_allocation", test_heap_plans_fail_cleanly_at_each_allocation},
+    {"gallocr_chunks_fail_cleanly_at_each_allocation", test_gallocr_chunks_fail_cleanly_at_each_allocation},
 #ifdef FERRY_WITH_CUDA
-    {"cuda_backend", test_cuda_backend},
+    {"cuda_backend_fails_cleanly_at_each_allocation", test_cuda_backend_fails_cleanly_at_each_allocation},
 #endif
 };
 

@@ -21,7 +21,7 @@ static int index_of_node(const ferry_graph * g, const ferry_tensor * t) {
     return -1;
 }
 
-static void test_build_order(void) {
+static void test_nodes_follow_their_sources_and_cycles_are_refused(void) {
     ferry_context * ctx;
     ferry_graph * g;
     CHECK_OK(ferry_context_new(&ctx));
@@ -68,7 +68,7 @@ static void test_build_order(void) {
 }
 
 /* A chain far deeper than a C stack would allow with recursion. */
-static void test_build_long_chain(void) {
+static void test_a_200000_node_chain_builds_without_recursion(void) {
     ferry_context * ctx;
     ferry_graph * g;
     CHECK_OK(ferry_context_new(&ctx));
@@ -129,7 +129,7 @@ static void test_result_sizes_refused(void) {
     ferry_context_free(ctx);
 }
 
-static void test_shapes_and_errors(void) {
+static void test_ops_shape_their_results_or_refuse_the_operands(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     ferry_tensor *a = mk(ctx, FERRY_TYPE_F32, 4, 3, 2, 1), *b = mk(ctx, FERRY_TYPE_F32, 4, 1, 2, 1);
@@ -294,14 +294,14 @@ static void check_small_graph(ferry_backend * be) {
     }
 }
 
-static void test_cpu_end_to_end(void) {
+static void test_small_graph_computes_its_numbers_on_the_cpu(void) {
     ferry_backend * be = NULL;
     CHECK_OK(ferry_cpu_backend_new(&be));
     check_small_graph(be);
 }
 
 /* The dummy backend with real memory runs the same kernels, so the same numbers. */
-static void test_dummy_real_end_to_end(void) {
+static void test_real_memory_dummy_computes_the_cpus_numbers(void) {
     ferry_dummy_params params = ferry_dummy_default_params();
     params.real_memory = true;
     params.alignment = 256;
@@ -312,7 +312,7 @@ static void test_dummy_real_end_to_end(void) {
 
 /* Kernels on 4-D strided views: a permuted tensor, a view that skips rows, with
  * broadcasting, and dup to f16 and back. Compared with plain index arithmetic. */
-static void test_cpu_strided_views(void) {
+static void test_kernels_on_strided_views_match_index_arithmetic(void) {
     rig r;
     ferry_backend * be = NULL;
     CHECK_OK(ferry_cpu_backend_new(&be));
@@ -381,7 +381,7 @@ static void test_cpu_strided_views(void) {
  * kernels lack, on a dummy with real memory (which claims every op and computes with those
  * kernels); any graph on a stand-in's copy queue, which copies and computes nothing. Nothing
  * is written. */
-static void test_compute_refusals_of_backends(void) {
+static void test_backends_refuse_what_they_cannot_compute(void) {
     ferry_dummy_params dp = ferry_dummy_default_params();
     dp.real_memory = true;
     ferry_backend * dummy = NULL;
@@ -422,7 +422,7 @@ static void test_compute_refusals_of_backends(void) {
     rig_free(&r);
 }
 
-static void test_compute_refusals(void) {
+static void test_compute_refuses_unsupported_ops_and_memory(void) {
     rig r;
     ferry_backend * cpu = NULL;
     CHECK_OK(ferry_cpu_backend_new(&cpu));
@@ -461,15 +461,15 @@ static void test_compute_refusals(void) {
 }
 
 static const check_test tests[] = {
-    {"build_order", test_build_order},
-    {"build_long_chain", test_build_long_chain},
-    {"shapes_and_errors", test_shapes_and_errors},
+    {"nodes_follow_their_sources_and_cycles_are_refused", test_nodes_follow_their_sources_and_cycles_are_refused},
+    {"a_200000_node_chain_builds_without_recursion", test_a_200000_node_chain_builds_without_recursion},
+    {"ops_shape_their_results_or_refuse_the_operands", test_ops_shape_their_results_or_refuse_the_operands},
     {"result_sizes_refused", test_result_sizes_refused},
-    {"cpu_end_to_end", test_cpu_end_to_end},
-    {"dummy_real_end_to_end", test_dummy_real_end_to_end},
-    {"cpu_strided_views", test_cpu_strided_views},
-    {"compute_refusals", test_compute_refusals},
-    {"compute_refusals_of_backends", test_compute_refusals_of_backends},
+    {"small_graph_computes_its_numbers_on_the_cpu", test_small_graph_computes_its_numbers_on_the_cpu},
+    {"real_memory_dummy_computes_the_cpus_numbers", test_real_memory_dummy_computes_the_cpus_numbers},
+    {"kernels_on_strided_views_match_index_arithmetic", test_kernels_on_strided_views_match_index_arithmetic},
+    {"compute_refuses_unsupported_ops_and_memory", test_compute_refuses_unsupported_ops_and_memory},
+    {"backends_refuse_what_they_cannot_compute", test_backends_refuse_what_they_cannot_compute},
 };
 
 CHECK_MAIN(tests)

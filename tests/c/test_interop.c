@@ -12,7 +12,7 @@
 static uint16_t u16_at(const uint8_t * p) { return (uint16_t) (p[0] | (p[1] << 8)); }
 
 /* One q8_0 block worked by hand: amax 127 gives d = 1 (f16 0x3c00) and q = round(x). */
-static void test_q8_0_bytes(void) {
+static void test_q8_0_block_is_the_bytes_worked_by_hand(void) {
     float x[32];
     for (int j = 0; j < 32; j++) {
         x[j] = (float) (j - 16) * 0.5f; /* -8 .. 7.5: halves round away from zero */
@@ -42,7 +42,7 @@ static void test_q8_0_bytes(void) {
 
 /* One q4_0 block by hand: the value of largest magnitude is -8, so d = 1, q = min(15, trunc(x + 8.5));
  * value j in the low nibble of byte j, value j + 16 in its high nibble. */
-static void test_q4_0_bytes(void) {
+static void test_q4_0_block_is_the_bytes_worked_by_hand(void) {
     float x[32] = {0};
     x[0] = -8.0f;  /* q 0 */
     x[1] = 7.0f;   /* q 15 */
@@ -71,7 +71,7 @@ static void test_q4_0_bytes(void) {
 }
 
 /* f32, f16 and bf16 go through the conversions every other part of ferry uses. */
-static void test_float_types(void) {
+static void test_float_types_use_the_shared_conversions(void) {
     const float x[4] = {1.0f, -2.5f, 65504.0f, 1.0f / 3.0f};
     uint8_t out[16];
     float back[4];
@@ -89,7 +89,7 @@ static void test_float_types(void) {
 }
 
 /* Values f16 holds exactly (subnormals, its largest, a short fraction) come back unchanged. */
-static void test_f16_conversions(void) {
+static void test_values_f16_holds_exactly_come_back_unchanged(void) {
     const float values[] = {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.333251953125f};
     for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
         extern float ferry_f16_to_f32(uint16_t);
@@ -102,7 +102,7 @@ static void test_f16_conversions(void) {
  * infinite, nan stays nan, a value past f16's largest becomes inf, ties round to the even
  * neighbour (normal and subnormal alike), and bf16 keeps a nan that truncation would make
  * inf. Read back through dequantize: the values a caller sees. */
-static void test_float_special_values(void) {
+static void test_infinities_nans_and_ties_round_as_ieee_says(void) {
     const float x[10] = {
         INFINITY, -INFINITY, NAN, 70000.0f,          /* inf, -inf, nan, past 65504 */
         65520.0f,                                    /* halfway past 65504: the even side is inf */
@@ -135,7 +135,7 @@ static void test_float_special_values(void) {
 }
 
 /* Every refusal leaves a message and the output as it was. */
-static void test_quant_refusals(void) {
+static void test_quantize_refusals_write_nothing(void) {
     float x[64] = {0};
     uint8_t out[68];
     memset(out, 0xee, sizeof(out));
@@ -167,7 +167,7 @@ static void test_quant_refusals(void) {
 
 /* Blocks from chosen scales and integers: the bytes quantize writes for the same block, and
  * values that read back as q * scale; refusals write nothing. */
-static void test_pack_blocks(void) {
+static void test_packed_blocks_read_back_as_q_times_scale(void) {
     int8_t q[64];
     float x[64], scales[2] = {1.0f, 0.25f}, back[64];
     for (int j = 0; j < 64; j++) {
@@ -204,7 +204,7 @@ static void test_pack_blocks(void) {
 
 /* A buffer over the caller's memory: tensors read and write it in place, and freeing the
  * buffer leaves it allocated (ASan reports a free of it, or a use after it). */
-static void test_host_buffer_from_ptr(void) {
+static void test_host_memory_buffer_works_in_place_never_frees(void) {
     float * mem = malloc(64 * sizeof(float));
     CHECK(mem);
     for (int i = 0; i < 64; i++) {
@@ -250,7 +250,7 @@ static void test_host_buffer_from_ptr(void) {
 
 /* The scheduler copies an input that lies in the caller's memory to the split that needs
  * it (the stand-in device), as it would a KV cache of its own. */
-static void test_sched_over_foreign_memory(void) {
+static void test_sched_copies_inputs_from_the_callers_memory(void) {
     float mem[32];
     for (int i = 0; i < 32; i++) {
         mem[i] = (float) i;
@@ -296,7 +296,7 @@ static void test_sched_over_foreign_memory(void) {
 }
 
 /* What ferry_tensor_memory refuses, and why. */
-static void test_tensor_memory_refusals(void) {
+static void test_tensor_memory_refuses_naming_why(void) {
     ferry_context * ctx = NULL;
     CHECK_OK(ferry_context_new(&ctx));
     const int64_t ne[1] = {16};
@@ -340,7 +340,7 @@ static void * fake_pointer(void * capsule, const char * name) {
 }
 
 /* The deleter only marks; the capsule's end calls it only for a capsule no one consumed. */
-static void test_dlpack_deleter_and_capsule(void) {
+static void test_unconsumed_dlpack_capsules_call_the_deleter(void) {
     void * p = NULL;
     CHECK_OK(ferry_dlpack_new(3, false, &p));
     ferry_dl_managed_tensor * m = p;
@@ -387,17 +387,17 @@ static void test_dlpack_deleter_and_capsule(void) {
 }
 
 static const check_test tests[] = {
-    {"dlpack_deleter_and_capsule", test_dlpack_deleter_and_capsule},
-    {"q8_0_bytes", test_q8_0_bytes},
-    {"q4_0_bytes", test_q4_0_bytes},
-    {"float_types", test_float_types},
-    {"f16_conversions", test_f16_conversions},
-    {"float_special_values", test_float_special_values},
-    {"quant_refusals", test_quant_refusals},
-    {"pack_blocks", test_pack_blocks},
-    {"host_buffer_from_ptr", test_host_buffer_from_ptr},
-    {"sched_over_foreign_memory", test_sched_over_foreign_memory},
-    {"tensor_memory_refusals", test_tensor_memory_refusals},
+    {"unconsumed_dlpack_capsules_call_the_deleter", test_unconsumed_dlpack_capsules_call_the_deleter},
+    {"q8_0_block_is_the_bytes_worked_by_hand", test_q8_0_block_is_the_bytes_worked_by_hand},
+    {"q4_0_block_is_the_bytes_worked_by_hand", test_q4_0_block_is_the_bytes_worked_by_hand},
+    {"float_types_use_the_shared_conversions", test_float_types_use_the_shared_conversions},
+    {"values_f16_holds_exactly_come_back_unchanged", test_values_f16_holds_exactly_come_back_unchanged},
+    {"infinities_nans_and_ties_round_as_ieee_says", test_infinities_nans_and_ties_round_as_ieee_says},
+    {"quantize_refusals_write_nothing", test_quantize_refusals_write_nothing},
+    {"packed_blocks_read_back_as_q_times_scale", test_packed_blocks_read_back_as_q_times_scale},
+    {"host_memory_buffer_works_in_place_never_frees", test_host_memory_buffer_works_in_place_never_frees},
+    {"sched_copies_inputs_from_the_callers_memory", test_sched_copies_inputs_from_the_callers_memory},
+    {"tensor_memory_refuses_naming_why", test_tensor_memory_refuses_naming_why},
 };
 
 CHECK_MAIN(tests)

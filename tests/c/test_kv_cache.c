@@ -3,7 +3,7 @@
 #include "check.h"
 
 /* ferry_kv_cache_params gives back the params the cache was made with. */
-static void test_kv_cache_params(void) {
+static void test_kv_cache_params_gives_back_what_it_was_made_of(void) {
     const ferry_kv_params p = {.type_k = FERRY_TYPE_Q8_0, .type_v = FERRY_TYPE_F16, .head_dim = 64, .n_head_kv = 2,
                                .n_ctx = 96, .n_stream = 3, .n_layer = 2, .v_trans = true};
     ferry_kv_cache * kv;
@@ -144,7 +144,7 @@ static void test_kv_cache_outside_refused(void) {
 }
 
 static const check_test tests[] = {
-    {"kv_cache_params", test_kv_cache_params},
+    {"kv_cache_params_gives_back_what_it_was_made_of", test_kv_cache_params_gives_back_what_it_was_made_of},
     {"kv_cache_params_refused", test_kv_cache_params_refused},
     {"kv_cache_over_refused", test_kv_cache_over_refused},
     {"kv_cache_outside_refused", test_kv_cache_outside_refused},

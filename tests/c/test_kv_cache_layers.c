@@ -13,7 +13,7 @@ static const ferry_kv_params params = {.type_k = FERRY_TYPE_F16, .type_v = FERRY
 
 /* Layers 1 and 3 on the stand-in, 0 and 2 on the host: one buffer per buffer type, each
  * layer's queries say where it is, and a device layer's window is a view of device memory. */
-static void test_placed_layers(void) {
+static void test_placed_layers_share_one_buffer_per_type(void) {
     ferry_backend * dev;
     CHECK_OK(ferry_standin_backend_new(&dev));
     ferry_buffer_type * d = ferry_backend_default_buffer_type(dev);
@@ -54,7 +54,7 @@ static void test_placed_layers(void) {
 
 /* A sliding layer of 8 cells: its tensors hold 8, its window reads at most 8, and a wider one
  * is refused naming the layer and its size. */
-static void test_layer_sizes(void) {
+static void test_a_sliding_layer_holds_and_reads_only_its_cells(void) {
     const int64_t cells[4] = {0, 8, 0, 8};
     ferry_kv_cache * kv;
     CHECK_OK(ferry_kv_cache_new_layers(&params, ferry_cpu_buffer_type(), NULL, cells, &kv));
@@ -164,7 +164,7 @@ static void test_new_cache_reads_zeros(void) {
 
 /* Over the caller's memory: the layer tensors are where the caller said, and the cache frees
  * none of the caller's buffers. */
-static void test_over_foreign_memory(void) {
+static void test_cache_over_caller_memory_frees_none_of_it(void) {
     const size_t layer = 32 * 32 * 2 * 2; /* bytes of one layer's K (or V) */
     uint8_t * mem = aligned_alloc(64, 8 * layer);
     ferry_buffer * buf;
@@ -272,7 +272,7 @@ static ferry_status step_on(uint32_t map, bool v_trans, ferry_copy_policy policy
 /* Every placement gives the all-host outputs byte for byte under every policy, serial and
  * prefetched, V plain and transposed; device layers copy nothing, host layers what the
  * all-host run copies for them. */
-static void test_placed_step_as_all_host(void) {
+static void test_every_placement_gives_the_all_host_step(void) {
     const uint32_t maps[] = {0x0, 0xf, 0x3, 0x5, 0xa, 0x9};
     enum { OUT = 4 * 16 * STEP_HEADS * 2 * sizeof(float) };
     static uint8_t want[OUT], got[OUT];
@@ -428,13 +428,13 @@ static void sliding_step(ferry_status (*make)(ferry_backend ** out)) {
     }
 }
 
-static void test_sliding_step(void) { SUB(sliding_step(ferry_standin_backend_new)); }
+static void test_sliding_layers_step_matches_one_made_by_hand(void) { SUB(sliding_step(ferry_standin_backend_new)); }
 
 #ifdef FERRY_HAVE_CUDA_TESTS
 static ferry_status cuda0(ferry_backend ** out) { return ferry_cuda_backend_new(0, out); }
 
 /* CUDA's attention clamps kv_len to the window as the CPU's does. */
-static void test_sliding_step_cuda(void) {
+static void test_sliding_layers_step_on_cuda_clamps_as_the_cpu(void) {
     if (!ferry_cuda_available()) {
         printf("SKIP: no CUDA device\n");
         fflush(stdout);
@@ -445,14 +445,14 @@ static void test_sliding_step_cuda(void) {
 #endif
 
 static const check_test tests[] = {
-    {"placed_step_as_all_host", test_placed_step_as_all_host},
-    {"placed_layers", test_placed_layers},
-    {"layer_sizes", test_layer_sizes},
-    {"sliding_step", test_sliding_step},
+    {"every_placement_gives_the_all_host_step", test_every_placement_gives_the_all_host_step},
+    {"placed_layers_share_one_buffer_per_type", test_placed_layers_share_one_buffer_per_type},
+    {"a_sliding_layer_holds_and_reads_only_its_cells", test_a_sliding_layer_holds_and_reads_only_its_cells},
+    {"sliding_layers_step_matches_one_made_by_hand", test_sliding_layers_step_matches_one_made_by_hand},
 #ifdef FERRY_HAVE_CUDA_TESTS
-    {"sliding_step_cuda", test_sliding_step_cuda},
+    {"sliding_layers_step_on_cuda_clamps_as_the_cpu", test_sliding_layers_step_on_cuda_clamps_as_the_cpu},
 #endif
-    {"over_foreign_memory", test_over_foreign_memory},
+    {"cache_over_caller_memory_frees_none_of_it", test_cache_over_caller_memory_frees_none_of_it},
     {"new_cache_reads_zeros", test_new_cache_reads_zeros},
 };
 

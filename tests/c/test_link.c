@@ -124,8 +124,8 @@ static void link_takes_its_time(double gbps) {
     ferry_backend_free(device);
 }
 
-static void test_gen4_x16_link(void) { SUB(link_takes_its_time(2.45)); }
-static void test_gen3_x4_link(void) { SUB(link_takes_its_time(0.33)); }
+static void test_gen4_x16_link_holds_transfers_to_their_time(void) { SUB(link_takes_its_time(2.45)); }
+static void test_gen3_x4_link_holds_transfers_to_their_time(void) { SUB(link_takes_its_time(0.33)); }
 
 /* Queued copies take the link in turn, and the queue's events are reached when the link has
  * carried what came before them. */
@@ -230,7 +230,7 @@ static void test_no_link_no_model(void) {
 
 /* Asking more than is free fails, naming the device, the ask and what is free; freeing gives
  * the bytes back, and the same ask then succeeds. */
-static void test_standin_memory(void) {
+static void test_standin_memory_refuses_past_free_and_frees_back(void) {
     const size_t memory = 64 * MIB, ask = 40 * MIB;
     ferry_backend * device;
     CHECK_OK(standin(0, 0, memory, &device));
@@ -275,7 +275,7 @@ static bool sane_host(size_t free_bytes, size_t total) {
 }
 
 /* What every backend says of its memory. */
-static void test_backend_memory(void) {
+static void test_every_backend_tells_its_free_and_total_memory(void) {
     size_t free_bytes = 0, total = 0;
     ferry_backend * cpu;
     CHECK_OK(ferry_cpu_backend_new(&cpu));
@@ -306,7 +306,7 @@ static void test_backend_memory(void) {
     ferry_backend_free(cpu);
 }
 
-static void test_params_refused(void) {
+static void test_standin_params_out_of_range_are_refused(void) {
     ferry_backend * device = NULL;
     const double bad_gbps[] = {-1, 1e-4, 2e6, NAN, INFINITY};
     for (size_t i = 0; i < sizeof(bad_gbps) / sizeof(bad_gbps[0]); i++) {
@@ -458,7 +458,7 @@ static void timed_adds(double slowdown, int runs, double * wall, ferry_link_stat
 /* A compute slowdown F holds each compute to at least F times the host's own time for it: the
  * wall time of the computes is at least F times the host time the stand-in counted for them, a
  * bound that holds however busy the host is. Unslowed, the count is the compute itself. */
-static void test_compute_slowdown(void) {
+static void test_a_slowdown_of_f_holds_computes_to_f_times_host(void) {
     ferry_standin_params p;
     ferry_backend * device = NULL;
     const ferry_standin_params sp = {.compute_slowdown = 3};
@@ -482,7 +482,7 @@ static void test_compute_slowdown(void) {
 #ifdef FERRY_HAVE_CUDA_TESTS
 /* CUDA's answer is cudaMemGetInfo's; the fake runtime's device has 1 TiB, and its device
  * allocations take from it exactly what they ask. */
-static void test_cuda_memory(void) {
+static void test_cuda_memory_falls_by_what_allocations_take(void) {
     ferry_backend * cuda = NULL;
     if (!ferry_cuda_available() || ferry_cuda_backend_new(0, &cuda) != FERRY_OK) {
         fprintf(stderr, "no CUDA device: skipped\n");
@@ -510,18 +510,18 @@ static void test_cuda_memory(void) {
 #endif
 
 static const check_test tests[] = {
-    {"gen4_x16_link", test_gen4_x16_link},
-    {"gen3_x4_link", test_gen3_x4_link},
+    {"gen4_x16_link_holds_transfers_to_their_time", test_gen4_x16_link_holds_transfers_to_their_time},
+    {"gen3_x4_link_holds_transfers_to_their_time", test_gen3_x4_link_holds_transfers_to_their_time},
     {"queue_copies_take_the_link_in_turn", test_queue_copies_take_the_link_in_turn},
     {"link_beyond_the_host_is_reported", test_link_beyond_the_host_is_reported},
     {"no_link_no_model", test_no_link_no_model},
-    {"standin_memory", test_standin_memory},
-    {"backend_memory", test_backend_memory},
-    {"params_refused", test_params_refused},
+    {"standin_memory_refuses_past_free_and_frees_back", test_standin_memory_refuses_past_free_and_frees_back},
+    {"every_backend_tells_its_free_and_total_memory", test_every_backend_tells_its_free_and_total_memory},
+    {"standin_params_out_of_range_are_refused", test_standin_params_out_of_range_are_refused},
     {"link_charges_per_row", test_link_charges_per_row},
-    {"compute_slowdown", test_compute_slowdown},
+    {"a_slowdown_of_f_holds_computes_to_f_times_host", test_a_slowdown_of_f_holds_computes_to_f_times_host},
 #ifdef FERRY_HAVE_CUDA_TESTS
-    {"cuda_memory", test_cuda_memory},
+    {"cuda_memory_falls_by_what_allocations_take", test_cuda_memory_falls_by_what_allocations_take},
 #endif
 };
 

@@ -207,7 +207,7 @@ static void check_two_devices(make_backend make, ferry_buffer_type * cache_buft,
     fixture_free(&f);
 }
 
-static void test_standin_two_devices(void) {
+static void test_two_standins_give_one_devices_bytes(void) {
     static result r;
     SUB(check_two_devices(make_standin, NULL, FERRY_TYPE_F16, false, &r));
     SUB(check_two_devices(make_standin, NULL, FERRY_TYPE_F16, true, &r));
@@ -216,7 +216,7 @@ static void test_standin_two_devices(void) {
 
 /* A backend the scheduler does not have, or none, is refused naming the layer, before anything
  * is assigned; one backend for every layer is the old call. */
-static void test_refusals(void) {
+static void test_a_foreign_backend_is_refused_naming_the_layer(void) {
     fixture f;
     CHECK_OK(fixture_init(&f, make_standin, NULL, FERRY_TYPE_F16, false));
     ferry_backend * stranger;
@@ -417,7 +417,7 @@ static void check_matrix(make_backend make, ferry_buffer_type * host_buft, ferry
     ferry_backend_free(c.cpu);
 }
 
-static void test_placement_matrix_standin(void) {
+static void test_standin_placements_give_the_all_host_run(void) {
     const uint32_t random = m_random_map();
     CHECK(random != 0 && random != 0x3f); /* neither all host nor all device */
     static m_result want;
@@ -458,13 +458,13 @@ static void check_cuda_two_devices(ferry_type type, bool v_trans) {
     }
 }
 
-static void test_cuda_two_devices_f16(void) {
+static void test_two_cuda_devices_give_one_devices_f16_bytes(void) {
     need_device();
     SUB(check_cuda_two_devices(FERRY_TYPE_F16, false));
     SUB(check_cuda_two_devices(FERRY_TYPE_F16, true));
 }
 
-static void test_cuda_two_devices_q8_0(void) {
+static void test_two_cuda_devices_give_one_devices_q8_0_bytes(void) {
     need_device();
     SUB(check_cuda_two_devices(FERRY_TYPE_Q8_0, false));
 }
@@ -490,7 +490,7 @@ static void check_cuda_matrix(ferry_type type, bool v_trans) {
     }
 }
 
-static void test_placement_matrix_cuda(void) {
+static void test_cuda_placements_give_the_all_host_run(void) {
     setenv("FERRY_FAKE_CUDA_DEVICES", "3", 0);
     need_device();
     int n = 0;
@@ -502,7 +502,7 @@ static void test_placement_matrix_cuda(void) {
 }
 
 /* Each device's memory is its own: CUDA1's backend takes only its own buffers. */
-static void test_cuda_devices_own_memory(void) {
+static void test_each_cuda_device_takes_only_its_own_buffers(void) {
     need_device();
     int n = 0;
     CHECK_OK(ferry_cuda_device_count(&n));
@@ -527,14 +527,14 @@ static void test_cuda_devices_own_memory(void) {
 #endif
 
 static const check_test tests[] = {
-    {"multidev_standin", test_standin_two_devices},
-    {"multidev_refusals", test_refusals},
-    {"multidev_placement_matrix_standin", test_placement_matrix_standin},
+    {"two_standins_give_one_devices_bytes", test_two_standins_give_one_devices_bytes},
+    {"a_foreign_backend_is_refused_naming_the_layer", test_a_foreign_backend_is_refused_naming_the_layer},
+    {"standin_placements_give_the_all_host_run", test_standin_placements_give_the_all_host_run},
 #ifdef FERRY_HAVE_CUDA_TESTS
-    {"multidev_cuda_f16", test_cuda_two_devices_f16},
-    {"multidev_cuda_q8_0", test_cuda_two_devices_q8_0},
-    {"multidev_cuda_own_memory", test_cuda_devices_own_memory},
-    {"multidev_placement_matrix_cuda", test_placement_matrix_cuda},
+    {"two_cuda_devices_give_one_devices_f16_bytes", test_two_cuda_devices_give_one_devices_f16_bytes},
+    {"two_cuda_devices_give_one_devices_q8_0_bytes", test_two_cuda_devices_give_one_devices_q8_0_bytes},
+    {"each_cuda_device_takes_only_its_own_buffers", test_each_cuda_device_takes_only_its_own_buffers},
+    {"cuda_placements_give_the_all_host_run", test_cuda_placements_give_the_all_host_run},
 #endif
 };
 

@@ -308,7 +308,7 @@ static void test_no_queue_copies_as_before(void) {
 
 /* The stand-in's queue on its own: one per backend, rows land in order, events are reached
  * and timed, and what it cannot do is refused. */
-static void test_standin_copy_queue(void) {
+static void test_standin_copy_queue_lands_rows_in_order(void) {
     ferry_backend *standin, *queue, *again, *cpu;
     CHECK_OK(ferry_standin_backend_new(&standin));
     CHECK_OK(ferry_cpu_backend_new(&cpu));
@@ -369,7 +369,7 @@ static void test_standin_copy_queue(void) {
 /* A copy queue refuses what a backend refuses, before queuing anything: a transfer past its
  * tensor or of an unplaced tensor; a zero-byte one queues nothing and counts nothing. Its
  * events time only against events of the same queue, once both were recorded and reached. */
-static void test_copy_queue_refusals(void) {
+static void test_copy_queues_refuse_as_backends_queuing_nothing(void) {
     ferry_backend *one, *two, *q1, *q2;
     CHECK_OK(ferry_standin_backend_new(&one));
     CHECK_OK(ferry_standin_backend_new(&two));
@@ -421,7 +421,7 @@ static void test_copy_queue_refusals(void) {
     ferry_backend_free(two);
 }
 
-static void test_prefetch_refusals(void) {
+static void test_prefetch_takes_a_depth_and_refuses_a_negative_one(void) {
     ferry_backend * cpu;
     CHECK_OK(ferry_cpu_backend_new(&cpu));
     ferry_sched * sched;
@@ -556,9 +556,9 @@ static const check_test tests[] = {
     {"standin_same_bytes_as_serial", test_standin_same_bytes_as_serial},
     {"copies_in_flight_never_share_memory", test_copies_in_flight_never_share_memory},
     {"no_queue_copies_as_before", test_no_queue_copies_as_before},
-    {"standin_copy_queue", test_standin_copy_queue},
-    {"prefetch_refusals", test_prefetch_refusals},
-    {"copy_queue_refusals", test_copy_queue_refusals},
+    {"standin_copy_queue_lands_rows_in_order", test_standin_copy_queue_lands_rows_in_order},
+    {"prefetch_takes_a_depth_and_refuses_a_negative_one", test_prefetch_takes_a_depth_and_refuses_a_negative_one},
+    {"copy_queues_refuse_as_backends_queuing_nothing", test_copy_queues_refuse_as_backends_queuing_nothing},
 #ifdef FERRY_FAULT_INJECTION
     {"standin_dropped_wait_reads_stale", test_standin_dropped_wait_reads_stale},
     {"copy_queue_keeps_order_when_held", test_copy_queue_keeps_order_when_held},

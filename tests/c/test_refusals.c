@@ -23,7 +23,7 @@
         }                                                                                          \
     } while (0)
 
-static void test_null_objects(void) {
+static void test_null_objects_are_refused_with_a_message(void) {
     ferry_buffer * buf = NULL;
     ferry_tensor * t = NULL;
     ferry_context * ctx = NULL;
@@ -214,7 +214,7 @@ static void test_null_objects(void) {
 }
 
 /* A backend with none of the async, 2-D or event entries: the generic paths, byte for byte. */
-static void test_generic_paths(void) {
+static void test_generic_paths_give_the_direct_ones_bytes(void) {
     ferry_backend *cpu, *dummy;
     CHECK_OK(ferry_cpu_backend_new(&cpu));
     ferry_dummy_params dp = ferry_dummy_default_params();
@@ -378,7 +378,7 @@ static ferry_status direct_copy(ferry_backend * from, ferry_backend * to, const 
     return FERRY_OK;
 }
 
-static void test_async_copy_entries(void) {
+static void test_async_copy_entries_land_or_count_nothing(void) {
     ferry_dummy_params dp = ferry_dummy_default_params();
     dp.real_memory = true;
     ferry_backend *cpu, *dev;
@@ -448,7 +448,7 @@ static ferry_status direct_buffer_copy(ferry_buffer * buf, const ferry_tensor * 
     return FERRY_OK;
 }
 
-static void test_buffer_copy_entries(void) {
+static void test_buffer_copy_entries_land_or_count_nothing(void) {
     ferry_dummy_params dp = ferry_dummy_default_params();
     dp.real_memory = true;
     ferry_backend * dev;
@@ -500,7 +500,7 @@ static void test_buffer_copy_entries(void) {
 }
 
 /* A backend without the optional entries: no ops supported, and its memory not known. */
-static void test_backend_without_optional_entries(void) {
+static void test_missing_optional_entries_mean_no_ops_no_memory(void) {
     ferry_backend * dev;
     CHECK_OK(ferry_dummy_backend_new(NULL, &dev));
     ferry_context * ctx;
@@ -525,12 +525,12 @@ static void test_backend_without_optional_entries(void) {
 }
 
 static const check_test tests[] = {
-    {"null_objects", test_null_objects},
-    {"generic_paths", test_generic_paths},
+    {"null_objects_are_refused_with_a_message", test_null_objects_are_refused_with_a_message},
+    {"generic_paths_give_the_direct_ones_bytes", test_generic_paths_give_the_direct_ones_bytes},
     {"device_errors_reach_the_caller", test_device_errors_reach_the_caller},
-    {"async_copy_entries", test_async_copy_entries},
-    {"buffer_copy_entries", test_buffer_copy_entries},
-    {"backend_without_optional_entries", test_backend_without_optional_entries},
+    {"async_copy_entries_land_or_count_nothing", test_async_copy_entries_land_or_count_nothing},
+    {"buffer_copy_entries_land_or_count_nothing", test_buffer_copy_entries_land_or_count_nothing},
+    {"missing_optional_entries_mean_no_ops_no_memory", test_missing_optional_entries_mean_no_ops_no_memory},
 };
 
 CHECK_MAIN(tests)

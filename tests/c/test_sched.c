@@ -73,7 +73,7 @@ static void test_sched_ordered_multi_stream_flat_fails_first_assertion(void) {
 }
 
 /* Splits and inputs: the window is the one input of the split backend's split. */
-static void test_sched_splits_and_inputs(void) {
+static void test_the_window_is_the_split_backends_one_input(void) {
     const ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
                                .n_ctx = 64, .n_stream = 4, .n_layer = 1};
     sched_case c;
@@ -204,7 +204,7 @@ static void test_sched_no_inputs_when_backend_can_use_source(void) {
 }
 
 /* Compact staging: the split holds the bytes read, not the span, and the numbers do not change. */
-static void test_sched_compact_staging(void) {
+static void test_compact_staging_holds_the_bytes_read_only(void) {
     const ferry_kv_params p = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
                                .n_ctx = 256, .n_stream = 4, .n_layer = 1};
     float * out[2] = {0};
@@ -244,7 +244,7 @@ static void test_sched_compact_staging(void) {
 }
 
 /* A view whose plan is several copies keeps its own layout under compact staging. */
-static void test_compact_layout_needs_one_copy(void) {
+static void test_compact_keeps_the_layout_of_a_many_copy_view(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     ferry_tensor *store, *v, *c;
@@ -364,7 +364,7 @@ static void test_sched_copy_source_lives_until_copied(void) {
  * with a node no backend supports (it says which); a split or input it does not have, a
  * negative prefetch. Asked about what it does not hold, it answers NULL or 0. A view of a
  * computed node is where the node is. */
-static void test_sched_refusals(void) {
+static void test_sched_refuses_what_it_cannot_do_naming_why(void) {
     ferry_backend * cpu;
     CHECK_OK(ferry_cpu_backend_new(&cpu));
     ferry_backend * many[17];
@@ -426,14 +426,14 @@ static void test_sched_refusals(void) {
 static const check_test tests[] = {
     {"sched_ordered_multi_stream_ranges", test_sched_ordered_multi_stream_ranges},
     {"sched_ordered_multi_stream_flat_fails_first_assertion", test_sched_ordered_multi_stream_flat_fails_first_assertion},
-    {"sched_splits_and_inputs", test_sched_splits_and_inputs},
+    {"the_window_is_the_split_backends_one_input", test_the_window_is_the_split_backends_one_input},
     {"sched_same_numbers_under_every_policy", test_sched_same_numbers_under_every_policy},
     {"sched_unified_same_as_flat", test_sched_unified_same_as_flat},
     {"sched_no_inputs_when_backend_can_use_source", test_sched_no_inputs_when_backend_can_use_source},
-    {"sched_compact_staging", test_sched_compact_staging},
-    {"compact_layout_needs_one_copy", test_compact_layout_needs_one_copy},
+    {"compact_staging_holds_the_bytes_read_only", test_compact_staging_holds_the_bytes_read_only},
+    {"compact_keeps_the_layout_of_a_many_copy_view", test_compact_keeps_the_layout_of_a_many_copy_view},
     {"sched_copy_source_lives_until_copied", test_sched_copy_source_lives_until_copied},
-    {"sched_refusals", test_sched_refusals},
+    {"sched_refuses_what_it_cannot_do_naming_why", test_sched_refuses_what_it_cannot_do_naming_why},
 };
 
 CHECK_MAIN(tests)

@@ -135,7 +135,7 @@ static void test_step_same_as_per_layer(void) { SUB(check_same_step(false)); }
 static void test_step_same_as_per_layer_v_trans(void) { SUB(check_same_step(true)); }
 
 /* Fewer layers than the cache has: the first n_layer, and a stream range. */
-static void test_step_first_layers_and_streams(void) {
+static void test_a_step_takes_the_first_layers_and_its_streams(void) {
     fixture f;
     CHECK_OK(fixture_init(&f, false));
     ferry_graph * g;
@@ -156,7 +156,7 @@ static void test_step_first_layers_and_streams(void) {
 }
 
 /* Each refusal: its status and a message, no assignment, the graph untouched, outs not written. */
-static void test_step_refusals(void) {
+static void test_each_step_refusal_writes_and_assigns_nothing(void) {
     fixture f;
     CHECK_OK(fixture_init(&f, false));
     ferry_graph * g;
@@ -222,8 +222,8 @@ static void test_step_refusals(void) {
 static const check_test tests[] = {
     {"step_same_as_per_layer", test_step_same_as_per_layer},
     {"step_same_as_per_layer_v_trans", test_step_same_as_per_layer_v_trans},
-    {"step_first_layers_and_streams", test_step_first_layers_and_streams},
-    {"step_refusals", test_step_refusals},
+    {"a_step_takes_the_first_layers_and_its_streams", test_a_step_takes_the_first_layers_and_its_streams},
+    {"each_step_refusal_writes_and_assigns_nothing", test_each_step_refusal_writes_and_assigns_nothing},
 };
 
 CHECK_MAIN(tests)

@@ -99,7 +99,7 @@ done:
     return NULL;
 }
 
-static void test_independent_schedulers(void) {
+static void test_schedulers_sharing_nothing_run_on_four_threads(void) {
     worker w[N_THREADS];
     pthread_t th[N_THREADS];
     for (int i = 0; i < N_THREADS; i++) {
@@ -119,7 +119,7 @@ static void test_independent_schedulers(void) {
 }
 
 static const check_test tests[] = {
-    {"independent_schedulers", test_independent_schedulers},
+    {"schedulers_sharing_nothing_run_on_four_threads", test_schedulers_sharing_nothing_run_on_four_threads},
 };
 
 CHECK_MAIN(tests)

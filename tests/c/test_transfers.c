@@ -103,7 +103,7 @@ static void test_round_trip_2d_fallback(void) {
 }
 
 /* Blocking 2-D transfers through the buffer, and plain set/get counters. */
-static void test_buffer_transfers_and_counters(void) {
+static void test_buffer_2d_transfers_land_and_are_counted(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     ferry_tensor * t;
@@ -144,7 +144,7 @@ static void test_buffer_transfers_and_counters(void) {
     ferry_context_free(ctx);
 }
 
-static void test_tensor_copy(void) {
+static void test_copies_land_between_backends_same_layout_only(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     ferry_backend *cpu, *dummy;
@@ -194,7 +194,7 @@ static void test_tensor_copy(void) {
     ferry_context_free(ctx);
 }
 
-static void test_bad_transfers(void) {
+static void test_bad_transfers_are_refused_with_their_status(void) {
     ferry_backend * cpu;
     CHECK_OK(ferry_cpu_backend_new(&cpu));
     ferry_context * ctx;
@@ -246,7 +246,7 @@ static void test_bad_transfers(void) {
 
 /* ferry_tensor_check_transfer refuses what the transfers refuse, with the same status,
  * and its message names the caller's operation. */
-static void test_check_transfer(void) {
+static void test_check_transfer_refuses_as_the_transfers_do(void) {
     ferry_backend * cpu;
     CHECK_OK(ferry_cpu_backend_new(&cpu));
     ferry_context * ctx;
@@ -313,10 +313,10 @@ static const check_test tests[] = {
     {"round_trip_2d_cpu", test_round_trip_2d_cpu},
     {"round_trip_2d_dummy_real", test_round_trip_2d_dummy_real},
     {"round_trip_2d_fallback", test_round_trip_2d_fallback},
-    {"buffer_transfers_and_counters", test_buffer_transfers_and_counters},
-    {"tensor_copy", test_tensor_copy},
-    {"bad_transfers", test_bad_transfers},
-    {"check_transfer", test_check_transfer},
+    {"buffer_2d_transfers_land_and_are_counted", test_buffer_2d_transfers_land_and_are_counted},
+    {"copies_land_between_backends_same_layout_only", test_copies_land_between_backends_same_layout_only},
+    {"bad_transfers_are_refused_with_their_status", test_bad_transfers_are_refused_with_their_status},
+    {"check_transfer_refuses_as_the_transfers_do", test_check_transfer_refuses_as_the_transfers_do},
 };
 
 CHECK_MAIN(tests)

@@ -10,7 +10,7 @@ static size_t row(ferry_type type, int64_t n) {
     return r;
 }
 
-static void test_type_sizes(void) {
+static void test_type_sizes_and_rows_are_exact_unknowns_refused(void) {
     CHECK_EQ_U(ferry_type_size(FERRY_TYPE_F32), 4);
     CHECK_EQ_U(ferry_type_size(FERRY_TYPE_F16), 2);
     CHECK_EQ_U(ferry_type_size(FERRY_TYPE_BF16), 2);
@@ -36,7 +36,7 @@ static void test_type_sizes(void) {
     CHECK(ferry_type_name((ferry_type) 99) == NULL);
 }
 
-static void test_nbytes_contiguous(void) {
+static void test_contiguous_nbytes_and_strides_are_whole_rows(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     const ferry_type types[] = {FERRY_TYPE_F32, FERRY_TYPE_F16, FERRY_TYPE_BF16, FERRY_TYPE_I32, FERRY_TYPE_Q8_0,
@@ -54,7 +54,7 @@ static void test_nbytes_contiguous(void) {
 }
 
 /* The permuted K window: nbytes is the span ((ns-1)*kv_size + n_kv) cells. */
-static void test_nbytes_k_window(void) {
+static void test_k_window_nbytes_is_its_span_of_cells(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     const int64_t head_dim = 128, n_head_kv = 8, n_embd = head_dim * n_head_kv, n_kv = 2176;
@@ -97,7 +97,7 @@ static void test_nbytes_k_window(void) {
     ferry_context_free(ctx);
 }
 
-static void test_views_permute_reshape(void) {
+static void test_views_keep_their_source_and_never_leave_it(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     ferry_tensor *t, *v, *vv, *p, *tr, *r, *d;
@@ -164,7 +164,7 @@ static void test_views_permute_reshape(void) {
 
 /* ferry_contiguous_strides gives the strides ferry_tensor_new gives, and a stride past
  * size_t as SIZE_MAX. */
-static void test_contiguous_strides(void) {
+static void test_contiguous_strides_match_tensor_new(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     const ferry_type types[] = {FERRY_TYPE_F32, FERRY_TYPE_F16, FERRY_TYPE_Q8_0, FERRY_TYPE_Q4_0};
@@ -205,7 +205,7 @@ static void test_contiguous_strides(void) {
 }
 
 /* ferry_layout_nbytes is ferry_tensor_nbytes for a bare layout, with overflow refused. */
-static void test_layout_nbytes(void) {
+static void test_layout_nbytes_is_tensor_nbytes_or_refused(void) {
     /* the K window of 4 streams: 8 rows of 64 f16 values, 3 heads, streams 40 rows apart */
     const int64_t ne[4] = {64, 8, 3, 4};
     const size_t nb[4] = {2, 384, 128, 40 * 384};
@@ -235,7 +235,7 @@ static void test_layout_nbytes(void) {
 /* Layouts whose span passes size_t are refused, not wrapped: a view at an offset near
  * SIZE_MAX, rows of elements or of blocks too far apart; a view of more than one dimension
  * needs its strides, and an unknown type has none. */
-static void test_spans_past_size_t(void) {
+static void test_spans_past_size_t_are_refused_not_wrapped(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
     ferry_tensor *t, *v = NULL;
@@ -266,13 +266,13 @@ static void test_spans_past_size_t(void) {
 }
 
 static const check_test tests[] = {
-    {"type_sizes", test_type_sizes},
-    {"nbytes_contiguous", test_nbytes_contiguous},
-    {"nbytes_k_window", test_nbytes_k_window},
-    {"views_permute_reshape", test_views_permute_reshape},
-    {"contiguous_strides", test_contiguous_strides},
-    {"layout_nbytes", test_layout_nbytes},
-    {"spans_past_size_t", test_spans_past_size_t},
+    {"type_sizes_and_rows_are_exact_unknowns_refused", test_type_sizes_and_rows_are_exact_unknowns_refused},
+    {"contiguous_nbytes_and_strides_are_whole_rows", test_contiguous_nbytes_and_strides_are_whole_rows},
+    {"k_window_nbytes_is_its_span_of_cells", test_k_window_nbytes_is_its_span_of_cells},
+    {"views_keep_their_source_and_never_leave_it", test_views_keep_their_source_and_never_leave_it},
+    {"contiguous_strides_match_tensor_new", test_contiguous_strides_match_tensor_new},
+    {"layout_nbytes_is_tensor_nbytes_or_refused", test_layout_nbytes_is_tensor_nbytes_or_refused},
+    {"spans_past_size_t_are_refused_not_wrapped", test_spans_past_size_t_are_refused_not_wrapped},
 };
 
 CHECK_MAIN(tests)

@@ -151,7 +151,7 @@ def test_placed_tensor_keeps_the_allocator_alive(cpu: ferry.CPUBackend) -> None:
     assert alive() is None
 
 
-def test_two_buffer_types(cpu: ferry.CPUBackend) -> None:
+def test_allocator_places_each_tensor_in_the_buffer_type_reserved_for_it(cpu: ferry.CPUBackend) -> None:
     dummy = ferry.DummyBackend(real_memory=True)
     a = ferry.Tensor.new("f32", [16], name="a").set_input()
     out = ferry.ops.scale(a, 2.0, name="out").set_output()

@@ -127,7 +127,7 @@ def cache_change(draw: st.DrawFn) -> Tuple[str, Any]:
 @given(cache_change())
 @example(("type_k", None))  # refused naming type_k, not "type: expected an integer"
 @example(("type_v", "q8_0"))  # head_dim 16 is no whole q8_0 block: the message names type_v
-def test_kv_cache_with_placement(change: Tuple[str, Any]) -> None:
+def test_a_placed_cache_of_any_argument_reads_zeros_or_is_refused_keeping_no_device_memory(change: Tuple[str, Any]) -> None:
     """A cache of any arguments, layers on a stand-in device among them: made, reading zeros where it
     was placed, or refused naming the argument, with none of the device's memory kept."""
     arg, value = change
@@ -194,7 +194,7 @@ def arrays_change(draw: st.DrawFn) -> Tuple[str, Any]:
 @given(arrays_change())
 @example(("k_layers", ("replace", 1, 0)))  # a later layer of another type: refused, not read as the first's
 @example(("v_layers", ("replace", 0, 9)))  # a 4-D array
-def test_from_arrays(change: Tuple[str, Any]) -> None:
+def test_from_arrays_reads_the_arrays_or_refuses_naming_the_argument_and_never_writes_them(change: Tuple[str, Any]) -> None:
     """A cache over the caller's arrays: made, reading the arrays' bytes, or refused naming the
     argument (the array: k_layers[i]); the arrays hold what they held either way."""
     arg, value = change
@@ -247,7 +247,7 @@ def stream_data(kind: int) -> Any:
 @settings(max_examples=150 * SCALE, **SETTINGS)
 @given(stream_change())
 @example(("data", ("data", 7)))  # a transposed view of the right shape's values
-def test_set_stream(change: Tuple[str, Any]) -> None:
+def test_set_stream_writes_one_stream_exactly_or_refuses_naming_the_argument_writing_nothing(change: Tuple[str, Any]) -> None:
     """One stream written, exactly, or the write refused naming the argument and the cache left as it was."""
     arg, value = change
     if isinstance(value, tuple) and value[:1] == ("data",):
@@ -298,7 +298,7 @@ def step_change(draw: st.DrawFn) -> Tuple[bool, bool, str, Any]:
 @example((True, False, "v_trans", False))  # a transposed cache's windows read as not transposed
 @example((True, True, "v_trans", False))
 @example((False, False, "windows", ("pairs", 3)))  # a str of two letters for a (K, V) pair
-def test_attention_step(case: Tuple[bool, bool, str, Any]) -> None:
+def test_attention_step_of_any_argument_runs_or_is_refused_naming_it_assigning_nothing(case: Tuple[bool, bool, str, Any]) -> None:
     """A step of two layers: built (and run, to the base step's bytes when only v_trans changed), or
     refused naming the argument with nothing assigned on the scheduler."""
     v_trans, fast, arg, value = case
@@ -394,7 +394,7 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
 @example(("choose_auto", "layers", None))
 @example(("predict_step", "layer_device", 3))
 @example(("choose_residency", "strategy", []))
-def test_plans_and_predictions(case: Tuple[str, str, Any]) -> None:
+def test_each_plan_and_prediction_of_any_argument_is_finite_or_refused_naming_it(case: Tuple[str, str, Any]) -> None:
     """Each plan and prediction of three layers on two devices, one argument changed: a plan or a
     prediction, or a refusal naming the argument (a plan that does not fit names the device)."""
     fn, arg, value = case
@@ -431,7 +431,7 @@ def spec_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
 @example(("DeviceSpec", "link_gbps", "fast"))  # refused where it is given, not by a TypeError inside the model
 @example(("DeviceSpec", "compute_s", ()))  # no compute time for any layer
 @example(("DeviceSpec", "link_gbps", 5e-324))  # a step of forever: inf, not an error
-def test_device_spec_and_layer_cost(case: Tuple[str, str, Any]) -> None:
+def test_a_device_spec_or_layer_cost_is_one_predict_step_takes_or_refused_naming_the_field(case: Tuple[str, str, Any]) -> None:
     """A DeviceSpec or LayerCost of any field: one predict_step takes, or refused where it is made,
     naming the field."""
     cls, field, value = case
@@ -457,7 +457,7 @@ STANDIN_ARGS = ["link_gbps", "latency_us", "memory", "compute_slowdown", "row_ns
 
 @settings(max_examples=300 * SCALE, **SETTINGS)
 @given(st.sampled_from(STANDIN_ARGS), st.one_of(numbers(), ints(), junk()))
-def test_standin_backend(arg: str, value: Any) -> None:
+def test_a_standin_tells_back_each_figure_it_was_given_or_refuses_naming_it(arg: str, value: Any) -> None:
     """A stand-in device of any figure: made, telling back what it was given, or refused naming it."""
     dev, _ = outcome(lambda: ferry.StandinBackend(**{arg: value}), (arg,))
     if dev is None:
@@ -490,7 +490,7 @@ def link_change(draw: st.DrawFn) -> Tuple[str, Any]:
 @settings(max_examples=200 * SCALE, **SETTINGS)
 @given(link_change())
 @example(("nbytes", 2**63))  # a size no buffer can have: refused naming nbytes
-def test_measure_link(change: Tuple[str, Any]) -> None:
+def test_measure_link_measures_or_refuses_naming_the_argument_copying_nothing(change: Tuple[str, Any]) -> None:
     """A link measured, or the measurement refused naming the argument, with nothing of the device's
     memory kept and nothing carried over its link."""
     arg, value = change

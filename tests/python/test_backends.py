@@ -80,7 +80,7 @@ def test_synthetic_writes_do_not_land() -> None:
     assert t.buffer.stats.bytes["set"] == 32 and t.buffer.stats.bytes["get"] == 32
 
 
-def test_buffer_types_and_support() -> None:
+def test_a_backend_supports_its_own_buffer_type_and_no_other() -> None:
     cpu, dummy = ferry.CPUBackend(), ferry.DummyBackend(real_memory=True)
     assert cpu.buffer_type == ferry.cpu_buffer_type() and cpu.buffer_type.is_host
     assert dummy.buffer_type.name == "Dummy" and not dummy.buffer_type.is_host
@@ -92,7 +92,7 @@ def test_buffer_types_and_support() -> None:
     assert cpu.has_2d and not ferry.DummyBackend(has_2d=False).has_2d
 
 
-def test_buffer_usage_and_size(cpu: ferry.CPUBackend) -> None:
+def test_a_buffer_takes_a_known_usage_and_refuses_another(cpu: ferry.CPUBackend) -> None:
     buf = cpu.alloc_buffer(100)
     assert buf.size == 100 and buf.is_host and buf.usage == "any"
     buf.usage = "weights"
@@ -102,7 +102,7 @@ def test_buffer_usage_and_size(cpu: ferry.CPUBackend) -> None:
     assert buf.usage == "weights"
 
 
-def test_dummy_is_host() -> None:
+def test_a_dummy_is_host_memory_only_when_asked() -> None:
     host = ferry.DummyBackend(is_host=True)
     assert host.is_host and host.buffer_type.is_host and host.alloc_buffer(64).is_host
     assert not ferry.DummyBackend().buffer_type.is_host

@@ -143,7 +143,7 @@ def test_figures_are_the_median_of_the_replicas_floors() -> None:
     assert g.low <= paired[0] and paired[-1] <= g.high and g.n == 5
 
 
-def test_no_flat_no_gain() -> None:
+def test_without_a_flat_run_there_is_no_gain_and_the_table_prints_a_dash() -> None:
     res = bench.run_bench(tiny(npl=(2,), policies=("ranges",), unified=False, ntg=1))
     assert len(res.rows) == 1 and res.gain(res.rows[0]) is None
     row = next(line for line in bench.format_result(res).splitlines() if line.split()[:2] == ["2", "ranges"])
@@ -158,7 +158,7 @@ def run_cli(args: List[str], capsys: pytest.CaptureFixture[str]) -> tuple:
     return code, out, err
 
 
-def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_table_heads_the_run_and_gives_each_npl_and_policy_a_row_of_exact_bytes(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["bench", *TINY, *QUICK, "--policy", "flat,ranges"], capsys)
     assert code == 0
     assert all("past the modelled link" in line for line in err.splitlines() if "warning" in line), err
@@ -209,7 +209,7 @@ def test_wide_table_prints_every_column(capsys: pytest.CaptureFixture[str]) -> N
     assert f"{expected_bytes(cfg, 2)['read'] / 2**20:,.1f} MiB" in lines[5]
 
 
-def test_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_rows_have_every_key_exact_bytes_and_gains_their_replicas_give_again(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["bench", *TINY, *QUICK, "--policy", "ranges,flat", "--json"], capsys)
     assert code == 0
     assert err.startswith("ferry bench: split backend CPU (stand-in device), KV cache in pageable host memory\n")
@@ -242,7 +242,7 @@ def test_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert (again.estimate, again.low, again.high) == (r["gain"], r["gain_low"], r["gain_high"])
 
 
-def test_json_without_unified(capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_unified_leaves_the_unified_rows_out_of_the_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(["bench", *TINY, *QUICK, "--no-unified", "--policy", "flat,ranges", "--json"], capsys)
     rows = json.loads(out)
     assert code == 0 and [(r["npl"], r["policy"], r["unified"]) for r in rows] == [
@@ -305,7 +305,7 @@ def test_config_check_raises_invalid_argument() -> None:
         tiny(n_ctx=True).check()
 
 
-def test_progress_bar() -> None:
+def test_the_progress_bar_draws_on_the_stream_given_and_nothing_without_one() -> None:
     s = io.StringIO()
     p = bench.Progress(4, s, width=8)
     p.step(label="npl 2 flat")
@@ -328,7 +328,7 @@ def test_the_bar_counts_every_decode_step(capsys: pytest.CaptureFixture[str]) ->
         f"{cfg.n_steps}/{cfg.n_steps} npl 2" in out
 
 
-def test_how_figures_are_written() -> None:
+def test_each_figure_is_written_in_its_unit_with_its_digits() -> None:
     assert text_table.fmt_seconds(0.0001234) == "123.4 µs"
     assert text_table.fmt_seconds(0.01234) == "12.34 ms"
     assert text_table.fmt_seconds(12.5) == "12.500 s"
@@ -432,7 +432,7 @@ def test_reused_graphs_give_the_outputs_of_graphs_built_every_step() -> None:
     assert reused.outputs_identical(2)
 
 
-def test_no_reuse_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_reuse_rebuilds_every_steps_graph_and_reuse_none(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(["bench", *TINY, "--policy", "ranges", "--no-unified", "--no-reuse", "--pad", "256",
                             "--repeat", "1", "--json"], capsys)
     assert code == 0 and [r["rebuilds"] for r in json.loads(out)] == [2, 2]  # 3 steps, each built

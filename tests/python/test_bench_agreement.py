@@ -42,7 +42,7 @@ def agreement(tmp_path: Path, runs: List[Tuple[float, ...]]) -> Tuple[int, str]:
     return out.returncode, out.stdout
 
 
-def test_runs_that_agree(tmp_path: Path) -> None:
+def test_runs_whose_gains_agree_pass_both_bars_and_are_saved(tmp_path: Path) -> None:
     code, out = agreement(tmp_path, [(0.30 + 0.01 * i, 0.26 + 0.01 * i, 0.34 + 0.01 * i) for i in range(4)])
     assert code == 0, out
     assert "| 2 | ranges over flat | +30.0 +31.0 +32.0 +33.0 | 3.0 | 3 3 3 3 | 3 |" in out
@@ -56,14 +56,14 @@ def test_runs_that_agree(tmp_path: Path) -> None:
     ([(0.30, 0.20, 0.40), (0.36, 0.26, 0.46), (0.31, 0.21, 0.41)], "FAIL", "PASS"),  # 6 points apart
     ([(0.30, 0.299, 0.301), (0.32, 0.319, 0.321), (0.31, 0.309, 0.311)], "PASS", "FAIL"),  # intervals too narrow
 ])
-def test_runs_that_do_not_agree(tmp_path: Path, runs: List[Tuple[float, float, float]], bar1: str, bar2: str) -> None:
+def test_runs_too_far_apart_or_too_narrow_fail_their_bar_and_exit_1(tmp_path: Path, runs: List[Tuple[float, float, float]], bar1: str, bar2: str) -> None:
     code, out = agreement(tmp_path, runs)
     assert code == 1, out
     assert f"within 5 points at every npl: {bar1}" in out and f"of the other 2 estimates: {bar2}" in out
     assert out.rstrip().endswith("verdict: the runs do NOT agree")
 
 
-def test_each_runs_time_and_a_busy_core(tmp_path: Path) -> None:
+def test_each_runs_wall_time_is_printed_and_busy_keeps_a_core_spinning(tmp_path: Path) -> None:
     """Each run's wall time is printed and their range; --busy keeps another process spinning on a core
     while they run, and says so."""
     (tmp_path / "runs.json").write_text(json.dumps([rows(0.67, 0.66, 0.68), rows(0.66, 0.65, 0.67)]))

@@ -40,7 +40,7 @@ def shared_options() -> List[Tuple[str, Dict[str, argparse.Action]]]:
     return sorted((o, verbs) for o, verbs in by_option.items() if len(verbs) > 1)
 
 
-def test_options_are_shared() -> None:
+def test_the_device_type_and_geometry_options_are_shared_across_verbs() -> None:
     """The options the check below compares: these, shared by name across verbs, are among them."""
     names = {o for o, _ in shared_options()}
     assert {"--device", "--type", "-c", "-npl", "--head-dim", "--kv-heads", "--model", "--json"} <= names
@@ -82,7 +82,7 @@ def test_every_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
 
 
-def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+def test_version_prints_the_installed_packages_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0
@@ -122,12 +122,12 @@ def test_bench_refuses_no_generated_tokens(capsys: pytest.CaptureFixture[str]) -
     assert main(["table", "-ntg", "0"]) == 0
 
 
-def test_demo(capsys) -> None:
+def test_demo_prints_the_bytes_read_against_the_span(capsys) -> None:
     assert cli.main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "bytes read 4,734,976  span (nbytes) 20,193,280  ratio 4.26x" in out
 
 
-def test_demo_still_works(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_exits_0_and_prints_its_ratio(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     assert "ratio 4.26x" in capsys.readouterr().out

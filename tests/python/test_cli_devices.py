@@ -44,7 +44,7 @@ def test_both_verbs_take_the_device_options() -> None:
     assert "; on stand-ins" in help_text
 
 
-def test_parsing() -> None:
+def test_device_options_parse_sizes_lists_and_placements_and_default_to_one_device() -> None:
     assert parse_size("64MiB", "x") == 64 << 20 == parse_size("64M", "x")
     assert parse_size("500MB", "x") == 500_000_000 and parse_size("1GiB", "x") == 1 << 30
     assert parse_size("4096", "x") == 4096 and parse_size("1.5KiB", "x") == 1536
@@ -122,7 +122,7 @@ def devices_of(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return list(rows[0]["devices"])
 
 
-def test_bench_figures_per_device(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_device_resident_layer_copies_nothing_and_a_host_one_its_share(capsys: pytest.CaptureFixture[str]) -> None:
     """Two stand-ins on unequal links, layers 0-1 on device 0 and 2-3 on device 1: a device-resident
     layer copies nothing, a host-resident layer copies its share of the one-device all-host run."""
     one = run_json(["bench", *BENCH, "--no-unified", "--json"], capsys)
@@ -188,7 +188,7 @@ def test_bench_text_lists_the_devices(capsys: pytest.CaptureFixture[str]) -> Non
     assert "outputs identical across policies;" in out
 
 
-def test_bench_layer_devices_and_cross_device_placement(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_layer_held_on_another_device_copies_what_a_host_layer_copies(capsys: pytest.CaptureFixture[str]) -> None:
     """A layer held by another device than the one that runs it is copied from there: under ranges, exactly
     the bytes a host-resident layer copies."""
     rows = run_json(["bench", *BENCH, "--json", "--devices", "2", "--layer-devices", "1,0,1,0",
@@ -207,7 +207,7 @@ def test_bench_layer_devices_and_cross_device_placement(capsys: pytest.CaptureFi
     ("3", "5", ["--v-trans"]),
     ("3", "3", ["--type", "q8_0", "--kv-device-layers", "2"]),
 ])
-def test_validate_passes_over_placements(devices: str, layers: str, extra: List[str],
+def test_validate_hashes_every_placement_and_policy_alike(devices: str, layers: str, extra: List[str],
                                          capsys: pytest.CaptureFixture[str]) -> None:
     [got] = run_json(["validate", *VALIDATE, "--json", "--devices", devices, "--layers", layers, *extra], capsys)
     assert got["identical"] is True and got["control_detected"] is True
@@ -236,7 +236,7 @@ def test_validate_names_the_users_placement(capsys: pytest.CaptureFixture[str]) 
     assert out.splitlines()[-1] == "placements and policies: identical; control: detected; gate: pass"
 
 
-def test_validate_without_device_options_is_as_before(capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_without_device_options_keys_its_hashes_by_policy_alone(capsys: pytest.CaptureFixture[str]) -> None:
     [got] = run_json(["validate", *VALIDATE, "--json", "--link-gbps", "50"], capsys)
     assert "placements" not in got and next(iter(got["hashes"])) == "flat" and got["identical"]
 

@@ -79,12 +79,12 @@ def test_plan_residency_json_is_the_library_plan(capsys: pytest.CaptureFixture[s
         assert p["tokens_per_second"] == pytest.approx(1 / p["step_seconds"])
 
 
-def test_plan_residency_a_list_of_strategies(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_residency_plans_each_strategy_listed_in_order(capsys: pytest.CaptureFixture[str]) -> None:
     plans = run_json(["plan", "--residency", "first,auto", *GEOMETRY, *TWO], capsys)
     assert [p["strategy"] for p in plans] == ["first", "auto"]
 
 
-def test_plan_residency_sliding_layers_from_swa_options(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_residency_sizes_swa_sliding_layers_smaller_and_keeps_the_full_one_first(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["plan", "--residency", "auto", *GEOMETRY, "--compute-us", "20", "--link-gbps", "1",
             "--swa-window", "16", "--swa-layers", "ssfs"]
     out = run(args, capsys)
@@ -102,7 +102,7 @@ def test_plan_residency_sliding_layers_from_swa_options(capsys: pytest.CaptureFi
     assert plan["devices"][0]["resident_layers"] == [2]
 
 
-def test_plan_residency_sliding_layers_from_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_residency_sizes_a_models_sliding_layers_at_their_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("gguf")
     from test_model_file import write_gguf
 
@@ -198,14 +198,14 @@ def test_bench_runs_the_plan_in_the_memory_it_printed(capsys: pytest.CaptureFixt
         assert all(d["memory"] <= 6 << 20 for d in plan["devices"])
 
 
-def test_bench_residency_text(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_residency_prints_a_row_per_strategy_asked_and_the_outputs_verdict(capsys: pytest.CaptureFixture[str]) -> None:
     out = run(BENCH + ["--residency", "auto,first"], capsys)
     assert "measured / predicted" in out and "attention outputs identical across the placements" in out
     assert table_row(out, "auto") and table_row(out, "first")
     assert not any(line.startswith("round-robin") for line in out.splitlines())
 
 
-def test_bench_residency_sliding_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_residency_measures_and_predicts_a_sliding_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("gguf")
     from test_model_file import write_gguf
 

@@ -52,7 +52,7 @@ def _check_heart(kv: ferry.KVCache, k: ferry.Tensor, copy: ferry.Tensor, n_kv: i
     return ns * used, ns * used
 
 
-def test_ordered_multi_stream_ranges() -> None:
+def test_ranges_copy_exactly_the_bytes_an_ordered_multi_stream_window_reads() -> None:
     kv, k, out, sched, copy = _heart("ranges", "f16", 4, 5)
     st = sched.stats
     assert st.bytes_copied == st.bytes_read == 4 * 5 * 128  # exactly the bytes the graph reads
@@ -75,7 +75,7 @@ def test_ordered_multi_stream_flat_moves_the_span() -> None:
 @pytest.mark.parametrize("type_k,n_stream,n_kv,s0,s1", [
     ("q8_0", 2, 11, 0, 1), ("f16", 8, 7, 3, 5), ("f32", 8, 16, 6, 7), ("q4_0", 2, 5, 0, 1), ("f16", 2, 1, 0, 1),
 ])
-def test_ranges_types_and_stream_subsets(type_k: str, n_stream: int, n_kv: int, s0: int, s1: int) -> None:
+def test_ranges_copy_exactly_the_bytes_read_of_every_type_and_stream_subset(type_k: str, n_stream: int, n_kv: int, s0: int, s1: int) -> None:
     kv, k, out, sched, copy = _heart("ranges", type_k, n_stream, n_kv, s0, s1)
     row = ferry.row_size(type_k, 64)
     st = sched.stats
@@ -147,7 +147,7 @@ def test_compact_staging_holds_the_bytes_read() -> None:
         ferry.Scheduler([ferry.CPUBackend()], compact="yes")  # type: ignore[arg-type]
 
 
-def test_copy_ranges_of_and_bytes_read() -> None:
+def test_copy_ranges_of_is_one_2d_copy_of_the_bytes_read_or_none_for_a_transposed_v() -> None:
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 32768, 2)
     k, v = kv.window(0, 2176, 0, 1)
     row = 1088
@@ -165,7 +165,7 @@ def test_copy_ranges_of_and_bytes_read() -> None:
         ferry.copy_path.copy_ranges_of("k")  # type: ignore[arg-type]
 
 
-def test_copy_input_directly() -> None:
+def test_copy_input_alone_copies_the_ranges_and_refuses_another_layout() -> None:
     split = ferry.DummyBackend(real_memory=True)
     kv = ferry.KVCache("f16", "f16", 32, 2, 64, 4)
     kv.k(0).set(pattern(kv.k(0).nbytes))

@@ -49,7 +49,7 @@ def test_cpu_backend_has_no_events() -> None:
 
 
 @needs_device
-def test_round_trip_2d_on_device() -> None:
+def test_a_c_2d_set_on_the_device_lands_rows_at_their_pitch_and_leaves_the_gaps() -> None:
     backend = ffi.new("ferry_backend **")
     assert lib.ferry_cuda_backend_new(0, backend) == lib.FERRY_OK, _error()
     b = backend[0]
@@ -81,7 +81,7 @@ def test_round_trip_2d_on_device() -> None:
 
 
 @needs_device
-def test_cuda_error_is_a_status() -> None:
+def test_a_failed_cuda_malloc_is_out_of_memory_naming_the_cuda_call() -> None:
     backend = ffi.new("ferry_backend **")
     assert lib.ferry_cuda_backend_new(0, backend) == lib.FERRY_OK, _error()
     try:

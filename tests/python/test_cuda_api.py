@@ -46,7 +46,7 @@ def test_bad_cuda_arguments_are_ferry_errors() -> None:
         ferry.KVCache("f16", "f16", 32, 2, 64, 2, backend=ferry.CPUBackend(), pinned=True)
 
 
-def test_events_on_a_backend_without_them() -> None:
+def test_a_backend_without_events_refuses_them_as_ferry_errors() -> None:
     cpu = ferry.CPUBackend()
     with pytest.raises(ferry.UnsupportedError, match="no events"):
         cpu.event()
@@ -57,7 +57,7 @@ def test_events_on_a_backend_without_them() -> None:
 
 
 @needs_device
-def test_round_trip_2d_on_device() -> None:
+def test_a_2d_set_on_the_device_lands_rows_at_their_pitch_and_reads_back() -> None:
     cuda = ferry.CUDABackend(0)
     assert cuda.device == 0 and cuda.has_2d
     row, pitch, n = 1088, 4 * 1088, 5
@@ -81,7 +81,7 @@ def _check_window_copy(got: bytes, src: bytes, ns: int, stride: int, used: int, 
 
 @needs_device
 @pytest.mark.parametrize("pinned", [False, True])
-def test_heart_copy_path_with_cuda_split_backend(pinned: bool) -> None:
+def test_ranges_to_a_cuda_split_copy_each_streams_cells_and_leave_the_gaps(pinned: bool) -> None:
     """docs/design.md's heart test on the copy path with CUDA as the split backend, host cache pageable or pinned."""
     cuda = ferry.CUDABackend(0)
     kv = ferry.KVCache("q8_0", "q8_0", 128, 8, 4 * 64, 4, pinned=pinned)
@@ -103,7 +103,7 @@ def test_heart_copy_path_with_cuda_split_backend(pinned: bool) -> None:
 
 
 @needs_device
-def test_scheduler_with_cuda_split_backend() -> None:
+def test_cudas_dup_of_a_scheduled_window_holds_each_streams_cells_under_each_policy() -> None:
     """The scheduler places the input copy in CUDA memory, copies it by policy, and CUDA's dup reads it
     through its own ne/nb: out holds each stream's cells, head by head, whatever the policy."""
     cpu, cuda = ferry.CPUBackend(), ferry.CUDABackend(0)

@@ -33,7 +33,7 @@ def test_every_error_is_a_ferry_error() -> None:
 # ------------------------------------------------------------ out of bounds
 
 
-def test_set_out_of_bounds(t: ferry.Tensor) -> None:
+def test_a_set_past_the_end_is_out_of_bounds_and_writes_nothing(t: ferry.Tensor) -> None:
     with pytest.raises(ferry.OutOfBoundsError, match=r"16 bytes at offset 40 reach past the 48 bytes of 't'") as e:
         t.set(pattern(16), offset=40)
     assert e.value.status == lib.FERRY_ERR_OUT_OF_BOUNDS
@@ -42,7 +42,7 @@ def test_set_out_of_bounds(t: ferry.Tensor) -> None:
     assert t.get(40, 8) == pattern(8)
 
 
-def test_get_out_of_bounds(t: ferry.Tensor) -> None:
+def test_a_get_or_memset_past_the_end_is_out_of_bounds(t: ferry.Tensor) -> None:
     with pytest.raises(ferry.OutOfBoundsError, match="reach past"):
         t.get(40, 9)
     with pytest.raises(ferry.OutOfBoundsError):
@@ -76,7 +76,7 @@ def test_huge_reads_refused_before_python_allocates(t: ferry.Tensor, cpu: ferry.
     assert unchanged(t) and t.get(0, 4) == bytes([SENTINEL]) * 4
 
 
-def test_2d_extent_out_of_bounds(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
+def test_2d_rows_past_the_end_are_out_of_bounds(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
     # rows at 0, 20, 40 of 10 bytes: the last ends at 50 > 48
     with pytest.raises(ferry.OutOfBoundsError, match=r"3 rows of 10 bytes at offset 0, stride 20"):
         t.set_2d(pattern(30), 0, 10, 3, 20)
@@ -89,7 +89,7 @@ def test_2d_extent_out_of_bounds(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None
     assert unchanged(t)
 
 
-def test_2d_data_too_short(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
+def test_2d_data_shorter_than_its_rows_is_out_of_bounds(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
     """C cannot see a Python object's length; the binding checks it."""
     with pytest.raises(ferry.OutOfBoundsError, match=r"the data holds 29 bytes but the transfer needs 30"):
         t.set_2d(pattern(29), 0, 10, 3, 16)
@@ -104,7 +104,7 @@ def test_2d_data_too_short(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
     assert unchanged(t)
 
 
-def test_2d_strides_smaller_than_the_row(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
+def test_2d_strides_smaller_than_the_row_are_a_layout_error(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
     with pytest.raises(ferry.LayoutError, match="smaller than the row"):
         t.set_2d(pattern(30), 0, 10, 3, 8)
     with pytest.raises(ferry.LayoutError, match="smaller than the row"):
@@ -134,7 +134,7 @@ def test_2d_strides_smaller_than_the_row(t: ferry.Tensor, cpu: ferry.CPUBackend)
     pytest.param(lambda t, b: ferry.DummyBackend(alignment=-1), id='dummy alignment'),
     pytest.param(lambda t, b: ferry.DummyBackend(max_buffer_size=-1), id='dummy max size'),
 ])
-def test_negative_sizes(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
+def test_a_negative_size_or_offset_is_an_invalid_argument(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
     with pytest.raises(ferry.InvalidArgumentError, match="negative|not a byte"):
         call(t, cpu)
     assert unchanged(t)
@@ -150,14 +150,14 @@ def test_negative_sizes(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
     pytest.param(lambda t, b: ferry.Tensor.new("f32", [2**63]), id='tensor ne'),
     pytest.param(lambda t, b: t.permute(0, 1, 2, 2**40), id='permute axis'),
 ])
-def test_sizes_overflowing_c_types(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
+def test_a_size_overflowing_its_c_type_is_an_invalid_argument_not_overflow_error(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
     """cffi would raise OverflowError; the binding raises FerryError first."""
     with pytest.raises(ferry.InvalidArgumentError, match="overflows"):
         call(t, cpu)
     assert unchanged(t)
 
 
-def test_sizes_c_refuses(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
+def test_sizes_past_ferrys_limits_raise_cs_own_messages(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
     """Sizes that fit size_t but not the tensor or ferry's limits: C's own checks and messages."""
     with pytest.raises(ferry.InvalidArgumentError, match="not a valid size"):
         t.set(b"x", offset=2**64 - 1)
@@ -172,7 +172,7 @@ def test_sizes_c_refuses(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
     assert unchanged(t)
 
 
-def test_non_integers(t: ferry.Tensor) -> None:
+def test_a_non_integer_size_offset_or_data_is_an_invalid_argument(t: ferry.Tensor) -> None:
     for call in (lambda: t.set(b"x", offset=1.5), lambda: t.get("0"), lambda: t.view([4.0]),
                  lambda: t.set("text"), lambda: ferry.Tensor.new("f32", 4), lambda: t.set(b"x", offset=True)):
         with pytest.raises(ferry.InvalidArgumentError):
@@ -183,7 +183,7 @@ def test_non_integers(t: ferry.Tensor) -> None:
 # ------------------------------------------------------------ views and layouts
 
 
-def test_view_reaching_outside_its_source(t: ferry.Tensor) -> None:
+def test_a_view_reaching_outside_its_source_is_out_of_bounds(t: ferry.Tensor) -> None:
     with pytest.raises(ferry.OutOfBoundsError, match="reaches past the 48 bytes of its source 't'"):
         t.view([4], offset=36)
     first = t.view([4])  # bytes 0..16 of t
@@ -201,7 +201,7 @@ def test_view_reaching_outside_its_source(t: ferry.Tensor) -> None:
     assert t.get(40, 8) == pattern(8)
 
 
-def test_wrong_layout_copies(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
+def test_a_copy_between_different_layouts_is_a_layout_error(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
     other = cpu.alloc_tensor("f32", [3, 4], name="other")
     other.set(pattern(48))
     with pytest.raises(ferry.LayoutError, match=r"'other' \(f32 \[3, 4, 1, 1\]\) and 't' \(f32 \[4, 3, 1, 1\]\)"):
@@ -216,7 +216,7 @@ def test_wrong_layout_copies(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
     assert unchanged(t)
 
 
-def test_layout_errors_of_views(t: ferry.Tensor) -> None:
+def test_an_impossible_view_reshape_or_permute_says_why(t: ferry.Tensor) -> None:
     with pytest.raises(ferry.LayoutError, match="not contiguous"):
         t.transpose().reshape([12])
     with pytest.raises(ferry.LayoutError, match="12 elements cannot become 10"):
@@ -233,7 +233,7 @@ def test_layout_errors_of_views(t: ferry.Tensor) -> None:
         ferry.Tensor.new("f32", [1, 1, 1, 1, 1])
 
 
-def test_unknown_types() -> None:
+def test_an_unknown_type_name_or_number_is_an_unknown_type_error() -> None:
     with pytest.raises(ferry.UnknownTypeError, match=r"unknown type name 'f64' \(known: f32, f16"):
         ferry.Tensor.new("f64", [4])
     with pytest.raises(ferry.UnknownTypeError, match="unknown type 99"):
@@ -251,7 +251,7 @@ def test_unknown_types() -> None:
 # ------------------------------------------------------------ allocation and placement
 
 
-def test_not_allocated() -> None:
+def test_an_unallocated_tensor_raises_not_allocated_naming_it() -> None:
     t = ferry.Tensor.new("f32", [4], name="loose")
     assert not t.allocated and t.address is None and t.buffer is None
     with pytest.raises(ferry.NotAllocatedError, match="tensor 'loose' is not allocated"):
@@ -263,7 +263,7 @@ def test_not_allocated() -> None:
     assert "unallocated" in repr(t)
 
 
-def test_bad_placements(cpu: ferry.CPUBackend) -> None:
+def test_a_misaligned_or_overflowing_placement_is_refused(cpu: ferry.CPUBackend) -> None:
     buf = cpu.alloc_buffer(256)
     t = ferry.Tensor.new("f32", [16], name="p")
     with pytest.raises(ferry.InvalidArgumentError, match="not a multiple of the alignment 64"):
@@ -287,7 +287,7 @@ def test_tensor_on_a_backend_that_cannot_use_its_buffer(cpu: ferry.CPUBackend, d
 # ------------------------------------------------------------ freed buffers
 
 
-def test_use_of_a_freed_buffer(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
+def test_a_freed_buffer_refuses_every_use_until_the_tensor_is_placed_again(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
     buf = t.buffer
     view = t.view([2, 2], [4, 16], offset=4)
     other = cpu.alloc_tensor("f32", [4, 3])
@@ -336,7 +336,7 @@ def test_use_of_a_freed_buffer(cpu: ferry.CPUBackend, t: ferry.Tensor) -> None:
     lambda t, cpu: ferry.DummyBackend(real_memory=np.zeros(3)),
     lambda t, cpu: cpu.event(timing=np.zeros(3)),
 ])
-def test_wrong_kinds_of_argument(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
+def test_an_argument_of_the_wrong_kind_is_a_ferry_error_not_a_type_error(t: ferry.Tensor, cpu: ferry.CPUBackend, call) -> None:
     """Found by test_fuzz_api's type confusion: each raised TypeError, ValueError, AttributeError
     or OverflowError from cffi or numpy instead of a FerryError."""
     with pytest.raises(ferry.FerryError):
@@ -355,7 +355,7 @@ def test_unknown_type_numbers_keep_c_messages() -> None:
     assert ferry.KVCache("f32", "f32", 4, 1, 8, 2, v_trans=np.bool_(True)).params.v_trans
 
 
-def test_to_numpy_of_shapes_numpy_cannot_hold(cpu: ferry.CPUBackend) -> None:
+def test_to_numpy_of_a_shape_numpy_cannot_hold_is_out_of_memory(cpu: ferry.CPUBackend) -> None:
     """Views ferry allows whose values numpy cannot hold: an empty view with a dimension of 2^62
     (numpy's ValueError 'array is too big') and a broadcast one of 2^42 values in 8 bytes
     (numpy's MemoryError). Found by test_fuzz_api; both are OutOfMemoryError."""

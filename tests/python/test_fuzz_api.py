@@ -340,7 +340,7 @@ def view_args() -> st.SearchStrategy[Optional[List[Any]]]:
                                                                                                "q8_0"]),
                           shapes(3, 6).map(lambda s: [32 * s[0]] + s[1:] if s else s), view_args(),
                           st.lists(transfer_ops(), max_size=8)).map(list), min_size=20, max_size=30))
-def test_transfers_isolated(calls: List[List[Any]]) -> None:
+def test_random_transfers_land_as_a_byte_mirror_says_or_are_refused(calls: List[List[Any]]) -> None:
     run_isolated(calls)
 
 
@@ -351,7 +351,7 @@ def test_transfers_isolated(calls: List[List[Any]]) -> None:
 @given(st.sampled_from(["<f4", "<f2", "<i4", ">f4", ">i4", "f8", "i8", "u1", "bool", "c8", "U2", "V4", "O"]),
        st.lists(st.integers(0, 4), max_size=6), st.sampled_from(["c", "f", "step", "T"]),
        st.sampled_from(["cpu", "dummy_real", "standin", "dummy_synth"]))
-def test_numpy_round_trip(dtype: str, shape: List[int], order: str, kind: str) -> None:
+def test_random_numpy_arrays_round_trip_or_are_refused_when_ferry_has_no_type(dtype: str, shape: List[int], order: str, kind: str) -> None:
     size = int(np.prod(shape)) if shape else 1
     try:
         arr = (np.arange(size) % 97).astype(dtype if dtype != "O" else object).reshape(shape)
@@ -385,7 +385,7 @@ def test_numpy_round_trip(dtype: str, shape: List[int], order: str, kind: str) -
 @example("q8_0", [2**62])  # nbytes multiplied ne[0] by 34 first and wrapped
 @example("f32", [0, 2**31, 2**32])  # empty, but nrows overflowed
 @example(-1, [4])  # cffi's OverflowError for a negative enum
-def test_tensor_new(ty: Any, ne: List[int]) -> None:
+def test_random_shapes_give_tensors_of_exact_sizes_or_ferry_errors(ty: Any, ne: List[int]) -> None:
     t = attempt(lambda: ferry.Tensor.new(ty, ne))
     if t is None:
         return
@@ -411,7 +411,7 @@ def base_tensor(ty: str, ne: List[int], kind: str) -> Optional[ferry.Tensor]:
 @given(st.sampled_from(TYPES), st.lists(st.integers(0, 64), min_size=1, max_size=4),
        st.lists(ints(-1, 40), min_size=0, max_size=5), st.one_of(st.none(), st.lists(ints(0, 600), max_size=5)),
        ints(-1, 600), st.sampled_from(["none", "dummy_synth"]))
-def test_view_metadata(ty: str, base_ne: List[int], ne: List[int], nb: Optional[List[int]], offset: int,
+def test_random_views_are_made_only_inside_their_source(ty: str, base_ne: List[int], ne: List[int], nb: Optional[List[int]], offset: int,
                        kind: str) -> None:
     """Views of any shape, strides and offset: made only when they stay inside their source."""
     src = base_tensor(ty, base_ne, kind)
@@ -433,7 +433,7 @@ def test_view_metadata(ty: str, base_ne: List[int], ne: List[int], nb: Optional[
 @settings(max_examples=150 * SCALE, **SETTINGS)
 @given(st.sampled_from(TYPES), st.lists(st.integers(0, 8), min_size=1, max_size=4),
        st.lists(ints(-1, 5), min_size=0, max_size=5), st.lists(ints(-1, 64), min_size=0, max_size=5))
-def test_permute_transpose_reshape(ty: str, ne: List[int], axes: List[int], shape: List[int]) -> None:
+def test_random_permutes_transposes_and_reshapes_keep_the_elements(ty: str, ne: List[int], axes: List[int], shape: List[int]) -> None:
     t = attempt(lambda: ferry.Tensor.new(ty, [ne[0] * 32] + ne[1:]))
     if t is None:
         return
@@ -466,7 +466,7 @@ OPS = ["add", "mul", "scale", "dup", "dup_as", "concat", "pad", "mean", "attn"]
                                       min_size=4, max_size=4),
        st.lists(ints(-3, 40), min_size=4, max_size=4), st.sampled_from([0.5, -2.0, float("nan"), float("inf"), 1e39,
                                                                           3, True, "x"]))
-def test_op_constructors(op: str, specs: List[Any], params: List[int], s: Any) -> None:
+def test_random_ops_give_the_shapes_of_their_operands_or_ferry_errors(op: str, specs: List[Any], params: List[int], s: Any) -> None:
     ts = [attempt(lambda spec=spec: ferry.Tensor.new(spec[0], spec[1])) for spec in specs]
     ts = [t if t is not None else ferry.Tensor.new("f32", [4]) for t in ts]
     a, b = ts[0], ts[1]
@@ -616,7 +616,7 @@ def compute_steps() -> st.SearchStrategy[List[Any]]:
                                                                                max_size=4)).map(list),
              min_size=1, max_size=3),
     st.lists(compute_steps(), max_size=6), st.integers(0, 1000)).map(list), min_size=15, max_size=25))
-def test_compute_isolated(calls: List[List[Any]]) -> None:
+def test_random_graphs_compute_the_values_numpy_computes(calls: List[List[Any]]) -> None:
     run_isolated(calls)
 
 
@@ -629,7 +629,7 @@ def test_compute_isolated(calls: List[List[Any]]) -> None:
        st.integers(-1, 3))
 @example("f32", "f32", 2**40, 2**40, 1, 1, 1, False, 1, 0, None, 0)  # head_dim * n_head_kv wrapped to 0
 @example("f32", "f32", 2**20, 2**19, 2**20, 1, 4, False, 1, 0, None, 0)  # 4 layers of 2 * 2^61 bytes wrapped
-def test_kv_cache_and_windows(tk: str, tv: str, head_dim: int, n_head_kv: int, n_ctx: int, n_stream: int,
+def test_random_caches_and_windows_have_the_shapes_and_bytes_of_their_parameters(tk: str, tv: str, head_dim: int, n_head_kv: int, n_ctx: int, n_stream: int,
                               n_layer: int, v_trans: bool, n_kv: int, s0: int, s1: Optional[int], layer: int) -> None:
     """KV caches of any parameters (in synthetic memory), and windows of any range."""
     host = ferry.DummyBackend(is_host=True)
@@ -667,7 +667,7 @@ def test_kv_cache_and_windows(tk: str, tv: str, head_dim: int, n_head_kv: int, n
 @settings(max_examples=250 * SCALE, **SETTINGS)
 @given(st.sampled_from(TYPES + ["nope", 17]), st.lists(ints(-1, 12), min_size=1, max_size=4),
        st.lists(ints(0, 200), min_size=1, max_size=5), ints(-1, 100))
-def test_plan_copy(ty: Any, ne: List[int], nb: List[int], offset: int) -> None:
+def test_random_layouts_plan_copies_that_move_each_byte_read_once(ty: Any, ne: List[int], nb: List[int], offset: int) -> None:
     """plan_copy of any layout: copies that move each byte the view reads exactly once."""
     if len(nb) >= len(ne) and ty in TYPES:
         nb = [ferry.to_type(ty).size] + nb[1:len(ne)] if nb[0] % 2 else nb[:len(ne)]
@@ -717,7 +717,7 @@ def test_plan_copy(ty: Any, ne: List[int], nb: List[int], offset: int) -> None:
 @settings(max_examples=60 * SCALE, **SETTINGS)
 @given(st.lists(st.tuples(ints(0, 2**20), ints(0, 2**20), ints(0, 2**20), ints(0, 2**20)), max_size=4),
        st.sampled_from(["cpu", "gpu", "tpu"]), ints(-1, 2**40))
-def test_plan_cost_values(copies: List[Any], model: str, span: int) -> None:
+def test_a_plans_cost_is_the_finite_sum_of_its_copies_or_refused(copies: List[Any], model: str, span: int) -> None:
     p = attempt(lambda: ferry.plan.plan_cost(copies, model))
     assert (p is None) is (model == "tpu" or not all(0 <= x <= SIZE_MAX for c in copies for x in c))
     if p is not None:  # every copy costs a call at least; the cost of a plan is the sum of its copies'
@@ -802,7 +802,7 @@ def sc_copy_input(src_kind: str, dst_kind: str, split_kind: str, src: List[Any],
                   st.sampled_from([0, 2, 4, 8, 16]))).map(list),
     st.sampled_from([False, False, False, True]),
     st.sampled_from(["flat", "ranges", "plan", "nope", 3, None])).map(list), min_size=20, max_size=30))
-def test_copy_input_isolated(calls: List[List[Any]]) -> None:
+def test_random_input_copies_move_every_byte_read_and_write_nothing_past_their_destination(calls: List[List[Any]]) -> None:
     run_isolated(calls)
 
 
@@ -890,7 +890,7 @@ def sc_sched(kv_kind: str, ty: str, v_trans: bool, win: List[int], which: str, o
     st.lists(st.sampled_from(["compute", "compute", "close", "clear_assignments", "inputs", "repr", "del_kv",
                               "alloc_other", "prefetch", "prefetch_off", "prefetch_bad"]), max_size=6)).map(list),
     min_size=20, max_size=30))
-def test_sched_isolated(calls: List[List[Any]]) -> None:
+def test_random_schedulers_dup_the_windows_bytes_or_raise_ferry_errors(calls: List[List[Any]]) -> None:
     run_isolated(calls)
 
 
@@ -975,7 +975,7 @@ def sc_lifetimes(dev_kind: str, actions: List[str]) -> None:
     "sched_compute", "sched_inputs", "window", "get_kw", "placement", "chunks", "copy", "repr", "failed_kept",
     "pending"]),
     max_size=14)).map(list), min_size=25, max_size=40))
-def test_lifetimes_isolated(calls: List[List[Any]]) -> None:
+def test_objects_used_after_any_free_order_raise_ferry_errors_never_read_freed_memory(calls: List[List[Any]]) -> None:
     run_isolated(calls)
 
 
@@ -987,7 +987,7 @@ def test_lifetimes_isolated(calls: List[List[Any]]) -> None:
        st.lists(st.tuples(st.sampled_from(["alloc", "place", "usage", "clear"]), ints(-1, 6000), ints(-1, 600)),
                 max_size=6))
 @example(0, None, True, False, [("alloc", 2**62, 0)] * 4 + [("place", 2**62 - 64, 16)])  # addresses wrapped
-def test_dummy_backend_params(alignment: int, max_size: Optional[int], has_2d: bool, is_host: bool,
+def test_random_dummy_backends_align_and_bound_their_buffers_and_placements(alignment: int, max_size: Optional[int], has_2d: bool, is_host: bool,
                               ops: List[Any]) -> None:
     """Synthetic dummy backends of any alignment and max size, their buffers and placements."""
     d = attempt(lambda: ferry.DummyBackend(alignment=alignment, max_buffer_size=max_size, has_2d=has_2d,
@@ -1099,7 +1099,7 @@ def confusion_calls(J: Any) -> List[Callable[[], Any]]:
 
 
 @pytest.mark.parametrize("j", range(len(JUNK)), ids=[type(x).__name__ + str(i) for i, x in enumerate(JUNK)])
-def test_type_confusion(j: int) -> None:
+def test_every_entry_point_given_a_wrong_kind_of_value_raises_only_ferry_errors(j: int) -> None:
     """Each entry point given a value of the wrong kind (or an edge value) succeeds or raises a
     FerryError: never a TypeError or OverflowError from cffi, an AttributeError, or a crash."""
     J = JUNK[j]
@@ -1124,7 +1124,7 @@ def test_type_confusion(j: int) -> None:
                                                                            max_size=3)), min_size=1, max_size=3),
        st.lists(compute_steps(), max_size=8), st.lists(st.integers(-1, 3), max_size=20),
        st.lists(st.integers(-1, 3), max_size=8), st.booleans(), st.sampled_from(["cpu", "dummy_synth", None]))
-def test_graph_allocator(types: List[Any], leafs: List[Any], steps: List[Any], node_ids: List[int],
+def test_random_graphs_are_placed_aligned_inside_their_chunks_without_overlap(types: List[Any], leafs: List[Any], steps: List[Any], node_ids: List[int],
                          leaf_ids: List[int], reserve: bool, placed_kind: Optional[str]) -> None:
     """Random graphs placed by allocators over synthetic buffer types of odd alignments and max
     sizes: each placement lies inside its chunk, aligned, and tensors alive for the whole graph

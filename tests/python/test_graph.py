@@ -55,7 +55,7 @@ def test_small_graph_end_to_end_matches_numpy(cpu: ferry.CPUBackend, dtype: type
     assert m.buffer is not None and m.buffer.owner is galloc and not m.buffer.closed
 
 
-def test_ops_on_strided_and_permuted_views(cpu: ferry.CPUBackend) -> None:
+def test_ops_on_a_strided_permuted_view_compute_numpys_values(cpu: ferry.CPUBackend) -> None:
     x_np = RNG.standard_normal((4, 6, 8)).astype(np.float32)  # ne = [8, 6, 4]
     x = _leaf(x_np, "x")
     # every other row of each plane, then dimensions 0 and 1 swapped: a strided, permuted view

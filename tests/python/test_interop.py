@@ -225,7 +225,7 @@ def test_from_array_is_a_view_of_numpy_memory(cpu: ferry.CPUBackend) -> None:
     assert isinstance(t.buffer, ferry.interop.ForeignBuffer) and t.buffer.is_host
 
 
-def test_from_array_of_raw_blocks(cpu: ferry.CPUBackend) -> None:
+def test_from_array_of_raw_blocks_reads_their_dequantized_values(cpu: ferry.CPUBackend) -> None:
     values = np.linspace(-2, 2, 64, dtype=np.float32)
     blocks = ferry.quantize(values, "q4_0").reshape(2, 18)
     t = ferry.from_array(blocks, type="q4_0")
@@ -233,7 +233,7 @@ def test_from_array_of_raw_blocks(cpu: ferry.CPUBackend) -> None:
     np.testing.assert_array_equal(t.to_numpy().reshape(-1), ferry.dequantize(blocks, "q4_0"))
 
 
-def test_from_array_refusals() -> None:
+def test_from_array_refuses_what_it_cannot_view_without_a_copy_naming_why() -> None:
     ro = np.zeros(8, np.float32)
     ro.flags.writeable = False
     cases = [
@@ -254,7 +254,7 @@ def test_from_array_refusals() -> None:
 
 
 @needs_torch
-def test_from_array_of_torch_host_tensors() -> None:
+def test_from_array_of_a_torch_host_slice_writes_in_place_and_keeps_it_alive() -> None:
     x = torch.arange(24, dtype=torch.bfloat16).reshape(4, 6)
     t = ferry.from_array(x[1:3, 2:5])
     assert t.type == ferry.Type.BF16 and t.ne[:2] == (3, 2) and t.nb[:2] == (2, 12)
@@ -265,7 +265,7 @@ def test_from_array_of_torch_host_tensors() -> None:
     np.testing.assert_array_equal(t.to_numpy().astype(np.float32), [[5, 5, 5], [14, 15, 16]])
 
 
-def test_scheduler_over_a_kv_cache_in_numpy_arrays() -> None:
+def test_a_window_of_a_users_numpy_cache_arrives_by_the_schedulers_copy_with_later_writes() -> None:
     """K of 2 streams x 16 cells x (2 heads x 8) lives in the user's array; the window of the first
     6 cells of each stream, read by a dup on the stand-in device, arrives by the scheduler's copy."""
     head_dim, n_head, kv_size, ns, n_kv = 8, 2, 16, 2, 6
@@ -319,7 +319,7 @@ class CudaArray:
 
 
 @needs_device
-def test_from_array_over_cuda_memory() -> None:
+def test_from_array_over_cuda_memory_reads_and_writes_it_in_place() -> None:
     """Device memory another library owns (here ferry's own, through the interface): a tensor over
     it reads and writes in place, and holds its owner."""
     owner = cuda_tensor(np.arange(32, dtype=np.float32).reshape(4, 8))
@@ -335,7 +335,7 @@ def test_from_array_over_cuda_memory() -> None:
 
 @needs_device
 @needs_torch
-def test_torch_cuda_round_trip() -> None:
+def test_torch_cuda_tensors_and_ferry_share_device_memory_both_ways() -> None:
     if FAKE_CUDART or not torch.cuda.is_available():
         pytest.skip("this PyTorch cannot use the GPU (a CPU wheel, or the fake runtime)")
     t = cuda_tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
@@ -355,7 +355,7 @@ def test_torch_cuda_round_trip() -> None:
 
 
 @needs_device
-def test_cupy_round_trip() -> None:
+def test_cupy_arrays_and_ferry_share_device_memory_both_ways() -> None:
     cupy = pytest.importorskip("cupy")
     if FAKE_CUDART:
         pytest.skip("CuPy needs a real device")

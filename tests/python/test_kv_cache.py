@@ -35,7 +35,7 @@ SPAN_CELLS = {2: 18560, 4: 26752, 8: 30848}
 
 @pytest.mark.parametrize("name,size,blck", TYPES)
 @pytest.mark.parametrize("n_stream", [2, 4, 8])
-def test_permuted_k_window_nbytes(name: str, size: int, blck: int, n_stream: int) -> None:
+def test_a_permuted_k_window_has_design_mds_shape_strides_and_span(name: str, size: int, blck: int, n_stream: int) -> None:
     backend = ferry.DummyBackend()  # synthetic: full scale without the memory
     cache, k, row, kv_size = k_window(backend, name, 32768, n_stream, 2176)
     assert row == 1024 // blck * size
@@ -56,13 +56,13 @@ def test_k_window_from_a_later_stream_starts_at_its_offset() -> None:
     assert k.nbytes == (2 * kv_size + 2176) * row
 
 
-def test_k_window_repr() -> None:
+def test_a_k_windows_repr_gives_its_shape_strides_and_source() -> None:
     _, k, _, _ = k_window(ferry.DummyBackend(real_memory=True), "q8_0", 32768, 2, 2176)
     assert repr(k) == ("<Tensor 'k' q8_0 ne=[128, 2176, 8, 2] nb=[34, 1088, 136, 17825792] "
                        "view of 'cache' +0 in Dummy buffer>")
 
 
-def test_kv_cache_lifetimes_and_errors() -> None:
+def test_a_window_keeps_its_cache_alive_until_the_window_goes() -> None:
     kv = ferry.KVCache("f16", "f16", 32, 2, 64, 4, n_layer=2)
     alive = weakref.ref(kv)
     k, v = kv.window(1, 3, 1, 2)
@@ -75,6 +75,9 @@ def test_kv_cache_lifetimes_and_errors() -> None:
     del k, v
     gc.collect()
     assert alive() is None
+
+
+def test_a_cache_refuses_out_of_range_use_and_impossible_geometries_and_still_works() -> None:
     kv = ferry.KVCache("f16", "f16", 32, 2, 64, 4)
     with pytest.raises(ferry.OutOfBoundsError):
         kv.window(0, 17)

@@ -75,7 +75,7 @@ CASES = [("f16", "f16", False), ("f16", "f16", True), ("q8_0", "q8_0", False), (
 
 
 @pytest.mark.parametrize("type_k,type_v,v_trans", CASES)
-def test_every_placement_as_all_host(type_k: str, type_v: str, v_trans: bool) -> None:
+def test_every_placement_gives_the_all_host_outputs_and_host_layers_copy_only_theirs(type_k: str, type_v: str, v_trans: bool) -> None:
     dev = ferry.StandinBackend()
     values = layer_values(type_k, type_v, v_trans)
     host = ferry.KVCache(type_k, type_v, HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER, v_trans=v_trans)
@@ -122,7 +122,7 @@ def test_one_buffer_per_buffer_type() -> None:
         _ = everywhere.buffer
 
 
-def test_placement_refusals() -> None:
+def test_a_bad_placement_or_layer_cells_is_refused_naming_the_layer() -> None:
     dev = ferry.StandinBackend()
     args = ("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER)
     with pytest.raises(ferry.InvalidArgumentError, match="3 entries for 4 layers"):
@@ -194,7 +194,7 @@ def own_arrays(values: Sequence[Tuple[np.ndarray, np.ndarray]], as_type: Optiona
 
 
 @pytest.mark.parametrize("type_k,type_v,v_trans", CASES)
-def test_from_arrays_as_own_cache(type_k: str, type_v: str, v_trans: bool) -> None:
+def test_a_cache_over_arrays_gives_its_own_caches_outputs_without_a_copy(type_k: str, type_v: str, v_trans: bool) -> None:
     dev = ferry.StandinBackend()
     values = layer_values(type_k, type_v, v_trans)
     own = ferry.KVCache(type_k, type_v, HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER, v_trans=v_trans)
@@ -213,7 +213,7 @@ def test_from_arrays_as_own_cache(type_k: str, type_v: str, v_trans: bool) -> No
     assert kv.get_stream("v", 0, 0) == bytes(vs[0][0].nbytes)
 
 
-def test_from_arrays_refusals() -> None:
+def test_from_arrays_refuses_arrays_that_disagree_naming_the_array_and_axis() -> None:
     k = np.zeros((N_STREAM, 8, HEAD_DIM), np.float16)
     with pytest.raises(ferry.InvalidArgumentError, match="1 K layers and 2 V layers"):
         ferry.KVCache.from_arrays([k], [k, k], n_stream=N_STREAM)
@@ -340,7 +340,7 @@ def test_cache_over_arrays_keeps_their_content() -> None:
     assert np.frombuffer(kv.get_stream("v", 0, 1), np.float16).tolist() == [-2.0] * (8 * HEAD_DIM)
 
 
-def test_from_torch_cpu_tensors() -> None:
+def test_a_cache_over_torch_tensors_gives_its_own_caches_outputs_without_a_copy() -> None:
     torch = pytest.importorskip("torch")
     values = layer_values("f16", "f16", False)
     own = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, N_STREAM * KV_SIZE, N_STREAM, N_LAYER)
@@ -389,7 +389,7 @@ def row_bytes(ty: str) -> int:
 
 
 @pytest.mark.parametrize("type_k,type_v,v_trans", CASES)
-def test_one_call_step_over_sliding_layers(type_k: str, type_v: str, v_trans: bool) -> None:
+def test_a_sliding_layer_in_a_one_call_step_attends_over_its_ring_and_copies_only_it(type_k: str, type_v: str, v_trans: bool) -> None:
     """A cache of full and sliding layers in one attention_step call: each sliding layer's output is,
     byte for byte, attention over the ring it holds (the sequence's last W cells) laid in a full cache
     and read with kv_len min(len, W); each full layer's is the all-full cache's; a sliding layer's

@@ -120,7 +120,7 @@ def test_use_after_close_raises_freed_naming_the_object(case: Case) -> None:
     assert repr(case.obj).endswith((" closed>", ", freed>"))  # still printable, and says it is closed
 
 
-def test_with_closes(case: Case) -> None:
+def test_with_gives_the_object_and_closes_it_at_the_end(case: Case) -> None:
     with case.obj as entered:
         assert entered is case.obj
         case.use()

@@ -98,7 +98,7 @@ def test_no_link_is_measured_not_modelled() -> None:
     assert dev.link_stats.host_gbps is None
 
 
-def test_standin_parameters() -> None:
+def test_a_standin_tells_back_its_link_latency_and_memory_and_refuses_bad_ones() -> None:
     dev = ferry.StandinBackend(link_gbps=3.3, latency_us=12.5, memory=5 * MIB)
     assert (dev.link_gbps, dev.latency_us, dev.memory_size) == (3.3, 12.5, 5 * MIB)
     for bad in ({"link_gbps": -1.0}, {"link_gbps": 2e6}, {"link_gbps": float("nan")}, {"latency_us": -1.0},
@@ -146,14 +146,14 @@ def test_cpu_memory_is_the_hosts() -> None:
     assert synthetic.unlimited and synthetic.free == synthetic.total == 2**64 - 1
 
 
-def test_memory_of_a_closed_backend() -> None:
+def test_memory_of_a_closed_backend_raises_freed() -> None:
     dev = ferry.StandinBackend(memory=MIB)
     dev.close()
     with pytest.raises(ferry.FreedBufferError):
         dev.memory()
 
 
-def test_measure_link_refusals() -> None:
+def test_measure_link_refuses_what_it_cannot_measure() -> None:
     dev = ferry.StandinBackend()
     with pytest.raises(ferry.UnsupportedError, match="pinned"):
         ferry.measure_link(dev, pinned=True)
@@ -200,7 +200,7 @@ needs_cuda = pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA devi
 
 
 @needs_cuda
-def test_cuda_memory() -> None:
+def test_a_cuda_buffer_takes_its_bytes_from_the_devices_free_memory() -> None:
     dev = ferry.CUDABackend()
     before = dev.memory()
     assert before.total >= before.free > 64 * MIB
@@ -218,7 +218,7 @@ def test_cuda_memory() -> None:
 
 @needs_cuda
 @pytest.mark.parametrize("pinned", [False, True])
-def test_measure_link_on_cuda(pinned: bool) -> None:
+def test_measure_link_on_cuda_measures_from_pageable_and_pinned_memory(pinned: bool) -> None:
     """Runs on CUDA from pageable and pinned memory, its fit too; under the fake runtime its figures mean
     nothing."""
     m = ferry.measure_link(ferry.CUDABackend(), pinned=pinned, nbytes=4 * MIB, repeats=2, fit=True)

@@ -109,7 +109,7 @@ def test_gemma3_slides_five_layers_then_one_full(tmp_path: Path) -> None:
     ("gemma2", 32, [False, True, True], 3, (None, 32, 32)),  # a flag per layer
     ("gemma2", None, None, 2, ()),  # no window: no sliding layer
 ])
-def test_sliding_window_rules(tmp_path: Path, arch: str, window: Optional[int], pattern: Any, blocks: int,
+def test_each_architecture_slides_the_layers_its_rule_names(tmp_path: Path, arch: str, window: Optional[int], pattern: Any, blocks: int,
                               expected: tuple) -> None:
     g = read_model_geometry(write_gguf(tmp_path / "m.gguf", arch, blocks=blocks, ctx=1024, embd=256, heads=4,
                                        heads_kv=2, sliding_window=window, swa_pattern=pattern))

@@ -184,7 +184,7 @@ def test_two_cuda_devices_match_one_and_the_standins(two_cuda_devices: None, typ
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
 
 
-def test_cuda_backend_on_device_1(two_cuda_devices: None) -> None:
+def test_a_cuda_backend_on_device_1_holds_its_data_and_a_missing_device_is_refused(two_cuda_devices: None) -> None:
     b = ferry.CUDABackend(device=1)
     assert b.device == 1 and "1" in b.name
     t = ferry.Tensor.from_numpy(b, np.arange(16, dtype=np.float32))
@@ -286,14 +286,14 @@ def check_matrix(make: Callable[[int], ferry.Backend], type: str, v_trans: bool,
     return want
 
 
-def test_placement_matrix_is_not_trivial() -> None:
+def test_the_matrixs_random_placement_mixes_host_and_device_layers() -> None:
     resident = PLACEMENTS["random"]
     assert any(resident) and not all(resident)
     assert resident not in [p for name, p in PLACEMENTS.items() if name != "random"]
 
 
 @pytest.mark.parametrize("type,v_trans", MATRIX_CASES)
-def test_placement_matrix_standins(type: str, v_trans: bool) -> None:
+def test_every_placement_on_1_2_3_standins_gives_the_all_host_outputs_and_copies(type: str, v_trans: bool) -> None:
     check_matrix(lambda d: ferry.StandinBackend(), type, v_trans, pinned=False)
 
 
@@ -307,7 +307,7 @@ def three_cuda_devices(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("type,v_trans", MATRIX_CASES)
-def test_placement_matrix_cuda(three_cuda_devices: None, type: str, v_trans: bool) -> None:
+def test_every_placement_on_1_2_3_cuda_devices_gives_the_all_host_outputs_and_copies(three_cuda_devices: None, type: str, v_trans: bool) -> None:
     """Byte for byte the all-host one-device CUDA run; to rounding, the stand-ins'."""
     cuda = check_matrix(ferry.CUDABackend, type, v_trans, pinned=True)
     standin = check_matrix(lambda d: ferry.StandinBackend(), type, v_trans, pinned=False)

@@ -19,7 +19,7 @@ import ferry
 from ferry._binding import lib
 
 
-def test_build_info() -> None:
+def test_build_info_says_whether_cuda_and_the_fake_runtime_are_built_in() -> None:
     info = ferry.build_info()
     assert info["cuda"] is bool(lib.ferry_built_with_cuda())
     assert info["version"] == ferry.__version__ == "0.1.0"
@@ -32,7 +32,7 @@ def test_build_info() -> None:
     assert info["cuda"] or not info["fake_cudart"]
 
 
-def test_reprs(cpu: ferry.CPUBackend) -> None:
+def test_each_repr_names_the_object_its_layout_and_its_memory(cpu: ferry.CPUBackend) -> None:
     t = cpu.alloc_tensor("f16", [8, 2], name="x")
     assert repr(t) == "<Tensor 'x' f16 ne=[8, 2, 1, 1] nb=[2, 16, 32, 32] in CPU buffer>"
     assert repr(t.transpose(name="xt")) == "<Tensor 'xt' f16 ne=[2, 8, 1, 1] nb=[16, 2, 32, 32] view of 'x' +0 in CPU buffer>"

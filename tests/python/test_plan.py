@@ -79,7 +79,7 @@ def test_window_layout_is_the_view_a_window_takes() -> None:
         kv.window_layout("q", 1)
 
 
-def test_permuted_layouts_and_offsets() -> None:
+def test_permuted_overlapping_and_broadcast_layouts_plan_each_byte_once() -> None:
     # every other f32 of 3 rows, then rows and columns swapped (dimension 0 no longer innermost)
     assert ferry.plan.plan_copy("f32", [3, 4], [32, 8], 4) == [ferry.Copy2D(4, 4, 12, 8)]
     assert ferry.plan.plan_copy("f32", [4, 3], [8, 32], 4) == ferry.plan.plan_copy("f32", [3, 4], [32, 8], 4)
@@ -156,7 +156,7 @@ def test_scheduler_plan_path_moves_the_plan() -> None:
     np.testing.assert_array_equal(out.to_numpy(), v.to_numpy())
 
 
-def test_cost_model() -> None:
+def test_the_cost_models_are_frozen_presets_that_give_design_mds_copy_times() -> None:
     cpu, gpu = ferry.plan.CopyCostModel.cpu(), ferry.plan.CopyCostModel.gpu()
     assert cpu == ferry.plan.CopyCostModel(0.2, 30.0, 11.8, 64, 8192, 0.6, 0, 0.0)
     assert gpu == ferry.plan.CopyCostModel(4.0, 0.0, 54.9, 64, 256, 0.73, 65536, 42.0)
@@ -226,7 +226,7 @@ V_ARGS = ["plan", "-c", "32768", "-npp", "2048", "-ntg", "128", "--v-trans", "--
 K_ARGS = ["plan", "-c", "32768", "-npl", "4", "-npp", "2048", "-ntg", "128", "--type", "q8_0", *GEOMETRY]
 
 
-def test_plan_text_transposed_v_unified(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_prints_a_transposed_v_windows_one_copy_its_cost_and_why(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(V_ARGS + ["-npl", "1"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "V (transposed) window f16, head_dim 128, 8 KV heads, -c 32768 (unified, 1 stream of 32,768 cells), "
@@ -242,7 +242,7 @@ def test_plan_text_transposed_v_unified(capsys: pytest.CaptureFixture[str]) -> N
     ]
 
 
-def test_plan_text_k_window(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_prints_a_k_windows_streams_as_one_2d_copy_on_the_cpu_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(K_ARGS + ["--stream", "1-3", "--cost-model", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "ne [128, 2176, 8, 3]  nb [34, 1088, 136, 8912896]  offset 8,912,896" in out
@@ -253,7 +253,7 @@ def test_plan_text_k_window(capsys: pytest.CaptureFixture[str]) -> None:
         "at stride 8,912,896 B (dim 3)")
 
 
-def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_json_has_every_field_and_chooses_plan_for_v_and_flat_for_unified_k(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(V_ARGS + ["--json", "-npl", "1"]) == 0
     (p,) = json.loads(capsys.readouterr().out)
     assert list(p) == ["which", "type", "v_trans", "n_ctx", "n_stream", "kv_size", "n_kv", "streams", "head_dim",

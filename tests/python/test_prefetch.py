@@ -72,7 +72,7 @@ def test_cuda_outputs_and_bytes_as_serial() -> None:
     same_as_serial(Step(ferry.CUDABackend(0)))
 
 
-def test_prefetch_option() -> None:
+def test_prefetch_takes_a_depth_and_refuses_bad_ones_and_a_closed_scheduler() -> None:
     split, cpu = ferry.StandinBackend(), ferry.CPUBackend()
     sched = ferry.Scheduler([split, cpu])
     assert sched.prefetch == 0
@@ -101,7 +101,7 @@ def test_cpu_split_has_nothing_to_prefetch() -> None:
 SMALL = dict(n_ctx=512, npl=(2,), npp=32, ntg=3, n_layer=3, repeat=2, policies=("flat", "ranges"))
 
 
-def test_bench_overlap_rows() -> None:
+def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_bytes_and_outputs() -> None:
     res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=1))  # type: ignore[arg-type]
     assert len(res.rows) == 2 * 2 * 2  # policies x layouts x (serial, overlapped)
     for r in res.rows:
@@ -137,7 +137,7 @@ def run_cli(argv: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, s
     return rc, capsys.readouterr().out
 
 
-def test_bench_cli_overlap_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_overlap_on_the_command_line_adds_prefetched_json_rows(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out = run_cli(["bench", "-c", "512", "-npl", "2", "-npp", "32", "-ntg", "2", "--layers", "2",
                                   "--repeat", "1", "--policy", "flat", "--no-unified", "--overlap",
                                   "--prefetch", "2",
@@ -158,7 +158,7 @@ def test_validate_hashes_overlapped_runs() -> None:
     assert set(off.hashes) == {"flat"} and off.hashes["flat"] == res.hashes["flat"]
 
 
-def test_validate_cli_overlap(capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_hashes_overlapped_runs_unless_no_overlap_and_refuses_prefetch_0(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out = run_cli(["validate", "--sequences", "4", "-npl", "2", "-ntg", "2", "-c", "32", "-npp", "14",
                                      "--policy", "ranges", "--json"], capsys)
     assert rc == 0 and set(json.loads(out)[0]["hashes"]) == {"ranges", "ranges+overlap"}

@@ -128,7 +128,7 @@ def test_grid_has_what_it_claims() -> None:
     assert partial >= len(GRID) // 2  # most configurations must choose, not keep all or nothing
 
 
-def test_model_properties() -> None:
+def test_keeping_a_layer_or_prefetching_never_makes_a_step_slower() -> None:
     """A resident layer never makes a step slower; prefetching never makes a placement slower than
     serial; a serial step is the sum of copies and compute."""
     rng = random.Random(7)
@@ -151,7 +151,7 @@ def test_model_properties() -> None:
                 assert predict_step(layers, devices, more, dev, prefetch).step_seconds <= t * (1 + 1e-12)
 
 
-def test_prefetch_simulation_by_hand() -> None:
+def test_prefetched_steps_take_the_times_worked_out_by_hand() -> None:
     """Two layers on two devices, each transfer 0.5 s (a layer's K and V 1 s), each compute 1 s.
     Serially 4 s. With prefetch 1, layer 0's K (the calling thread) and V (the queue) take device
     0's link 0-1 s while layer 1's windows cross device 1's own link 0-1 s: compute 1-2 and 2-3,
@@ -256,7 +256,7 @@ def test_a_measure_decides_what_fits() -> None:
         choose_auto(layers, spec, None, 0, measure=lambda r: [(0, 0), (0, 0)])
 
 
-def test_named_rules() -> None:
+def test_first_round_robin_and_slowest_link_keep_the_layers_their_rules_name() -> None:
     layers = [FULL] * 8
     fast, slow = DeviceSpec(2.45, memory=39 * MIB, name="fast"), DeviceSpec(0.33, memory=39 * MIB, name="slow")
     first = choose_first(layers, [fast, slow])
@@ -276,7 +276,7 @@ def test_named_rules() -> None:
         choose_first(layers, [big], None, 0, -1)
 
 
-def test_rules_with_a_count_of_layers() -> None:
+def test_each_rule_given_a_count_keeps_that_many_layers_where_it_says() -> None:
     """With N layers to keep (--kv-gpu-layers N): first takes the first N, round-robin one per
     device in turn, slowest-link the slowest group's first, its devices in turn."""
     layers = [FULL] * 12
@@ -426,7 +426,7 @@ def test_sequences_are_refused_naming_the_argument() -> None:
         choose_residency([], [FULL], [DeviceSpec(1.0)])  # type: ignore[arg-type]
 
 
-def test_plan_object() -> None:
+def test_a_plans_tokens_per_second_placement_and_dict_agree_with_it() -> None:
     layers = [FULL] * 4
     devices = [DeviceSpec(1.0, 0.0, 1e-3, memory=64 * MIB), DeviceSpec(0.5, 0.0, 1e-3, memory=64 * MIB)]
     plan = choose_auto(layers, devices)
@@ -443,7 +443,7 @@ def test_plan_object() -> None:
         plan.tokens_per_second(0)
 
 
-def test_layers_from_geometry_asks_c() -> None:
+def test_layers_from_geometry_gives_a_sliding_layer_its_own_sizes() -> None:
     """A sliding layer's window and cache are its own size; the bytes are the dry-run cache's."""
     layers = ferry.residency.layers_from_geometry("f16", "f16", 128, 8, 8192, 2, 2048, [None, 1024])
     row = 2 * 128 * 8
@@ -455,7 +455,7 @@ def test_layers_from_geometry_asks_c() -> None:
     assert flat[0].staging > flat[0].window_bytes  # the spans, gaps included
 
 
-def test_stand_in_compute_slowdown() -> None:
+def test_a_slowed_standin_computes_at_least_that_many_times_slower() -> None:
     """Compute on a stand-in with slowdown F takes at least F times the host's own time for it: the
     wall time of a measured step against the host time the stand-in counted (link_stats), a bound
     that holds on a busy host. Unslowed, the count is the compute itself."""
@@ -479,7 +479,7 @@ def test_stand_in_compute_slowdown() -> None:
         ferry.StandinBackend(compute_slowdown="fast")  # type: ignore[arg-type]
 
 
-def test_device_from_backend() -> None:
+def test_device_from_backend_takes_the_standins_memory_latency_and_measured_link() -> None:
     dev = ferry.StandinBackend(link_gbps=1.0, latency_us=20, memory=64 * MIB)
     spec = ferry.residency.device_from_backend(dev, compute_s=1e-3, reserve=MIB)
     assert spec.memory == 64 * MIB and spec.latency_us == 20 and spec.reserve == MIB

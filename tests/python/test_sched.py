@@ -38,7 +38,7 @@ def test_graph_read_by_cpu_op_same_numbers_under_both_policies() -> None:
     np.testing.assert_array_equal(results["flat"], results["ranges"])
 
 
-def test_assignments_clear() -> None:
+def test_cleared_assignments_send_the_node_back_to_its_datas_backend() -> None:
     """An assignment moves a node to the split (its window becomes an input); cleared, the node goes back
     to the CPU next to its data, and the scheduler no longer holds the assigned tensor."""
     cpu, split = ferry.CPUBackend(), ferry.DummyBackend(real_memory=True)
@@ -56,7 +56,7 @@ def test_assignments_clear() -> None:
     assert sched.backend_of(out) is cpu and sched.inputs == []
 
 
-def test_policy_names_and_errors() -> None:
+def test_a_policy_is_set_by_name_or_enum_and_an_unknown_one_is_refused() -> None:
     sched = ferry.Scheduler([ferry.CPUBackend()])
     assert sched.policy == ferry.CopyPolicy.FLAT and str(sched.policy) == "flat"
     sched.policy = "ranges"

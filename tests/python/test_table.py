@@ -27,7 +27,7 @@ def test_table_prints_spec_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     ]
 
 
-def test_table_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_table_json_gives_design_mds_cells_per_npl(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(SPEC_ARGS + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [sorted(r) for r in rows] == [sorted(["npl", "cells_read", "cells_copied_flat", "cells_copied_ranges",

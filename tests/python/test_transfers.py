@@ -28,7 +28,7 @@ def test_set_accepts_bytearray_memoryview_and_numpy(cpu: ferry.CPUBackend) -> No
     assert np.frombuffer(got[16:], np.int32).tolist() == [7, 9]
 
 
-def test_memset(real_backend: ferry.Backend) -> None:
+def test_memset_writes_its_range_and_leaves_the_rest(real_backend: ferry.Backend) -> None:
     t = real_backend.alloc_tensor("f16", [32])
     t.set(pattern(64))
     t.memset(0x11, offset=5, size=7)
@@ -73,7 +73,7 @@ def test_get_2d_into_strided_output(cpu: ferry.CPUBackend) -> None:
     assert out == expect
 
 
-def test_2d_through_a_strided_view(dummy_real: ferry.DummyBackend) -> None:
+def test_a_views_2d_set_lands_at_offsets_from_the_views_first_byte(dummy_real: ferry.DummyBackend) -> None:
     """Offsets of a view's 2-D transfer are relative to the view's first byte in the root."""
     cache = dummy_real.alloc_tensor("f16", [64, 16, 3], name="cache")  # 128-byte rows, 16 cells per stream
     fill_sentinel(cache)
@@ -92,7 +92,7 @@ def test_2d_through_a_strided_view(dummy_real: ferry.DummyBackend) -> None:
 
 
 @pytest.mark.parametrize("has_2d", [True, False])
-def test_backend_2d_counts_and_fallback_loop(has_2d: bool) -> None:
+def test_a_backend_without_2d_makes_a_plain_call_per_row_and_counts_one_2d_call(has_2d: bool) -> None:
     """Without a 2-D implementation a 2-D set is n plain sets: impl_calls == n_copies."""
     backend = ferry.DummyBackend(real_memory=True, has_2d=has_2d)
     assert backend.has_2d is has_2d
@@ -112,7 +112,7 @@ def test_backend_2d_counts_and_fallback_loop(has_2d: bool) -> None:
         assert stats.impl_calls["get_2d"] == (1 if has_2d else n)
 
 
-def test_buffer_fallback_loop_without_2d() -> None:
+def test_a_tensors_2d_set_without_2d_loops_in_its_buffer_not_the_backend() -> None:
     backend = ferry.DummyBackend(real_memory=True, has_2d=False)
     t = backend.alloc_tensor("i32", [8, 8])
     t.buffer.reset_stats()
@@ -140,7 +140,7 @@ def test_counters_equal_bytes_requested(real_backend: ferry.Backend) -> None:
     assert buf.stats.total_bytes == 0
 
 
-def test_backend_plain_async_counts(dummy_real: ferry.DummyBackend) -> None:
+def test_backend_async_set_and_get_count_their_bytes_and_calls(dummy_real: ferry.DummyBackend) -> None:
     t = dummy_real.alloc_tensor("f32", [16])
     dummy_real.set_async(t, pattern(24), offset=8)
     out = bytearray(24)
@@ -151,7 +151,7 @@ def test_backend_plain_async_counts(dummy_real: ferry.DummyBackend) -> None:
     assert (s.bytes["set"], s.bytes["get"], s.calls["set"], s.calls["get"]) == (24, 24, 1, 1)
 
 
-def test_tensor_copy_between_backends(cpu: ferry.CPUBackend, dummy_real: ferry.DummyBackend) -> None:
+def test_a_copy_between_backends_lands_the_bytes_and_counts_them(cpu: ferry.CPUBackend, dummy_real: ferry.DummyBackend) -> None:
     src = cpu.alloc_tensor("f16", [32, 3])
     src.set(pattern(src.nbytes))
     dst = dummy_real.alloc_tensor("f16", [32, 3])
@@ -202,7 +202,7 @@ def test_to_numpy_of_views_gives_the_view_values(cpu: ferry.CPUBackend) -> None:
     np.testing.assert_array_equal(cache.reshape([80, 3]).to_numpy(), arr.reshape(3, 80))
 
 
-def test_set_from_non_contiguous_numpy(cpu: ferry.CPUBackend) -> None:
+def test_set_from_a_non_contiguous_array_copies_it_in_c_order(cpu: ferry.CPUBackend) -> None:
     arr = np.arange(12, dtype=np.int32).reshape(3, 4)
     t = cpu.alloc_tensor("i32", [3, 4])
     t.set(arr.T)  # copied in C order

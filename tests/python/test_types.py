@@ -9,7 +9,7 @@ from conftest import TYPES
 
 
 @pytest.mark.parametrize("name,size,blck", TYPES)
-def test_type_traits(name: str, size: int, blck: int) -> None:
+def test_each_type_has_its_name_size_and_block_size_both_ways(name: str, size: int, blck: int) -> None:
     t = ferry.to_type(name)
     assert str(t) == name and ferry.to_type(t).type_name == name
     assert ferry.to_type(name).size == size and ferry.to_type(name).blck_size == blck
@@ -17,7 +17,7 @@ def test_type_traits(name: str, size: int, blck: int) -> None:
 
 
 @pytest.mark.parametrize("name,size,blck", TYPES)
-def test_row_size(name: str, size: int, blck: int) -> None:
+def test_a_row_is_whole_blocks_of_the_types_size(name: str, size: int, blck: int) -> None:
     for n in (0, 32, 64, 128, 1024, 4096):
         assert ferry.row_size(name, n) == n // blck * size
 
@@ -29,7 +29,7 @@ def test_row_size_of_partial_block_is_a_layout_error(name: str, size: int, blck:
 
 
 @pytest.mark.parametrize("name,size,blck", TYPES)
-def test_contiguous_nbytes_and_strides(name: str, size: int, blck: int) -> None:
+def test_a_new_tensors_strides_and_nbytes_are_whole_rows(name: str, size: int, blck: int) -> None:
     t = ferry.Tensor.new(name, [64, 3, 2, 5])
     row = 64 // blck * size
     assert t.ne == (64, 3, 2, 5)
@@ -40,7 +40,7 @@ def test_contiguous_nbytes_and_strides(name: str, size: int, blck: int) -> None:
     assert t.is_contiguous and not t.is_view
 
 
-def test_numpy_dtypes() -> None:
+def test_each_type_has_its_numpy_dtype_and_block_types_none() -> None:
     import numpy as np
 
     assert ferry.Type.F32.numpy_dtype == np.float32

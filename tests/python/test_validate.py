@@ -39,7 +39,7 @@ def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(lines) == 13
 
 
-def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_json_has_one_identical_hash_per_policy_and_overlap(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", *SMALL, "--json", "--type", "q8_0", "--sequences", "5", "-npl", "2"]) == 0
     [got] = json.loads(capsys.readouterr().out)
     assert set(got) == {"npl", "hashes", "identical", "control_detected", "split_memory_bytes", "graph_builds"}
@@ -93,7 +93,7 @@ def test_same_content_in_every_stream_hides_a_cross_stream_read(monkeypatch: pyt
     assert res.identical and not res.control_detected and not res.passed
 
 
-def test_prompts_differ() -> None:
+def test_the_default_prompts_are_16_mostly_different_lengths_of_5_to_60() -> None:
     p = validate.ValidateConfig().prompts()
     assert len(p) == 16 and len(set(p)) > 8 and min(p) >= 5 and max(p) <= 60
 

@@ -188,7 +188,7 @@ def test_pack_blocks_reads_back_as_q_times_scale(type: str) -> None:
     assert (ferry.dequantize(packed, type) == expected.astype(np.float32)).all()
 
 
-def test_pack_blocks_refusals() -> None:
+def test_pack_blocks_refuses_values_that_do_not_fit_naming_why() -> None:
     q = np.zeros(64, np.int64)
     with pytest.raises(ferry.InvalidArgumentError, match="1 scales for 2 blocks"):
         ferry.quant.pack_blocks([1.0], q, "q8_0")
