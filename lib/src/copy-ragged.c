@@ -85,6 +85,35 @@ static ferry_status read_used(const ferry_tensor * t, int64_t * used) {
     return FERRY_OK;
 }
 
+bool ferry_copy_used_bytes(const ferry_tensor * t, uint64_t * bytes) {
+    *bytes = 0;
+    if (!t->used_lengths || ferry_tensor_check_allocated(t->used_lengths) != FERRY_OK) {
+        ferry_clear_error();
+        return false;
+    }
+    const ferry_buffer * buf = ferry_tensor_buffer(t->used_lengths);
+    if (!ferry_buffer_is_host(buf) || ferry_buffer_is_synthetic(buf)) {
+        return false; /* lengths the host cannot read: the window's own bytes stand */
+    }
+    const int64_t ns = t->ne[t->used_stream_dim];
+    int64_t * used = ferry_calloc((size_t) ns, sizeof(*used));
+    copy_list list = {0};
+    bool ok = used && read_used(t, used) == FERRY_OK;
+    for (int64_t s = 0; ok && s < ns; s++) {
+        ok = plan_cells(t, s, 0, used[s], &list) == FERRY_OK;
+    }
+    for (size_t i = 0; ok && i < list.n; i++) {
+        *bytes += (uint64_t) list.c[i].size * list.c[i].count;
+    }
+    free(list.c);
+    free(used);
+    if (!ok) {
+        ferry_clear_error();
+        *bytes = 0;
+    }
+    return ok;
+}
+
 /* The copies of t's used cells, the cheaper of the two exact routes by model (equal lengths:
  * the one plan over every stream). */
 static ferry_status choose(const ferry_tensor * t, const ferry_copy_cost_model * model, copy_list * out) {
@@ -208,6 +237,7 @@ ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src
     if (compact) {
         map.row = whole.size;
         map.pitch = whole.count > 1 ? whole.stride : whole.size;
+        map.compact = whole.count > 1; /* one dense range (every stream's cells): packed, it is src's layout */
     }
     const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
     copy_list list = {0};

@@ -65,6 +65,8 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--policy": names(["flat", "ranges", "plan"]),
     "--prefetch": NUMBERS, "--seed": NUMBERS, "--repeat": st.sampled_from(["1", "2", "0", "x"]),
     "--rounds": st.sampled_from(["1", "2", "0", "x"]),
+    "--lengths": st.sampled_from(["equal", "uniform", "LENGTHS", "/nonexistent", "x"]),
+    "--row-ns": NUMBER_LISTS,
     "--device": st.sampled_from(["auto", "cpu", "cuda", "gpu"]),
     "--devices": st.sampled_from(["1", "2", "3", "0", "x"]),
     "--link-gbps": NUMBER_LISTS, "--latency-us": NUMBER_LISTS, "--compute-slowdown": NUMBER_LISTS,
@@ -112,7 +114,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
 
     d = tmp_path_factory.mktemp("cli")
     model = write_gguf(d / "tiny.gguf", "llama", blocks=2, ctx=64, embd=64, heads=2, heads_kv=1)
-    return {"MODEL": str(model), "PLOT": str(d / "chart.png")}
+    lengths = d / "lengths.txt"
+    lengths.write_text("3\n1\n2\n4\n")
+    return {"MODEL": str(model), "PLOT": str(d / "chart.png"), "LENGTHS": str(lengths)}
 
 
 def outcome(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixture[str],
@@ -166,6 +170,7 @@ def run_whole(verb: str) -> Callable[[Any], int]:
 @example(argv=["bench", *TINY["validate"], "--residency", "auto"])  # issue 32, item 5: --repeat left out
 @example(argv=["plan", "--residency", "--devices", "3", "--link-gbps", "1,2", "--compute-us", "100"])  # item 6
 @example(argv=["bench", *TINY["bench"], "--devices", "2", "--device-memory", "1KiB"])  # item 11
+@example(argv=["bench", *TINY["bench"], "--compact"])  # ragged's compact copy of a window as long as its streams
 @settings(max_examples=40 * SCALE, **SETTINGS)
 @given(argv=st.sampled_from(VERBS).flatmap(command_lines))
 def test_what_is_taken_runs_whole(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -283,6 +283,30 @@ def test_ragged_windows_copy_the_used_cells_alone(type_kv: str, v_trans: bool, s
             assert all(i.stats.bytes_copied > sum(lens) * row for i in others)
 
 
+@pytest.mark.parametrize("lens", [(5, 5), (3, 6)])
+def test_ragged_compact_copy_of_windows_as_long_as_their_streams(lens: Tuple[int, int]) -> None:
+    """A window of every cell of its streams is one dense range, so its compact copy is its own layout:
+    the ragged copy lands each stream's used cells there, exactly (it was refused as 'does not pack',
+    found by the command line's property test at -c 64 -npl 2 --compact)."""
+    split, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    kv = ferry.KVCache("f16", "f16", 32, 1, 2 * 8, 2)
+    rng = np.random.default_rng(5)
+    for t in (kv.k(0), kv.v(0)):
+        t.set(ferry.quantize(rng.uniform(-1, 1, t.nbytes // 2), "f16"))
+    q = ferry.Tensor.from_numpy(split, rng.uniform(-1, 1, (2, 1, 2, 32)).astype(np.float32))
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array(lens, np.int32))
+    outs = {}
+    for policy, compact in (("flat", False), ("ragged", True)):
+        sched = ferry.Scheduler([split, cpu], policy=policy, compact=compact)
+        step = ferry.attention_step(sched, split, kv.windows(8), [q], kv_len)
+        sched.compute(step.graph)
+        outs[policy] = step[0].get()
+        if policy == "ragged":
+            windows = [i for i in sched.inputs if i.src.used_cells is not None]
+            assert [i.stats.bytes_copied for i in windows] == [sum(lens) * 64] * 2
+    assert outs["ragged"] == outs["flat"]
+
+
 def test_ragged_window_by_hand_and_its_refusals() -> None:
     """KVCache.window(lengths=...) carries the lengths on both windows; plan_ragged gives the copies by
     model; refusals name what to change, and a refused copy writes nothing."""
