@@ -317,6 +317,11 @@ static void measure_copy(const copy_snapshot * before, const ferry_tensor * src,
     uint64_t b0, c0, i0, b1, c1, i1;
     sum_kinds(s0, kinds, n, &b0, &c0, &i0);
     sum_kinds(s1, kinds, n, &b1, &c1, &i1);
+    uint64_t used;
+    if (ferry_copy_used_bytes(src, &used)) {
+        read = used; /* a window that carries its streams' lengths: attention reads those cells alone */
+        known = true;
+    }
     *stats = (ferry_copy_stats) {
         .path = path,
         .bytes_read = known ? read : ferry_tensor_bytes_read(src),

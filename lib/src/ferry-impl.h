@@ -232,6 +232,10 @@ struct ferry_event {
  * no such plan. Compact staging packs exactly these views (copy-compact.c). */
 bool ferry_single_copy_of(const ferry_tensor * t, ferry_copy_2d * out);
 
+/* The bytes of t's used cells (ferry_tensor_set_used_cells), what attention reads of it: true and
+ * *bytes when t carries lengths the host can read, else false (a length out of range too). */
+bool ferry_copy_used_bytes(const ferry_tensor * t, uint64_t * bytes);
+
 /* The ragged route (copy-ragged.c): src's used cells into dst (src's layout, or its compact
  * layout when compact), by ferry_copy_ragged_plan's copies and the backend's cost model; *read
  * gets the bytes moved, which are the bytes read. */
