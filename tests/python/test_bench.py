@@ -20,7 +20,7 @@ from ferry.workloads import bench as bench_workload
 from ferry.workloads import estimate
 
 TINY = ["-c", "256", "-npl", "2,4", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "4",
-        "--head-dim", "32", "--kv-heads", "2", "--device", "cpu"]
+        "--head-dim", "32", "--kv-heads", "2", "--device", "cpu", "--pad", "1"]
 KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "bytes_read", "compact",
         "split_memory", "gain", "host_s", "tokens_per_s_end_to_end", "rebuilds", "overlap", "prefetch", "decode_s",
         "compute_s", "ahead_bytes", "devices", "ntg", "output_sha256", "decode_s_per_step", "copy_s_per_step",
@@ -33,21 +33,23 @@ QUICK = ["--repeat", "3", "--rounds", "2"]
 
 def tiny(**kw: object) -> bench.BenchConfig:
     base = dict(n_ctx=256, npl=(2, 4), npp=16, ntg=3, n_layer=2, n_head=4, head_dim=32, n_head_kv=2,
-                policies=("flat", "ranges", "plan"), device="cpu", repeat=3, rounds=2)
+                policies=("flat", "ranges", "plan"), device="cpu", repeat=3, rounds=2, pad=1)
     base.update(kw)
     return bench.BenchConfig(**base)  # type: ignore[arg-type]
 
 
 def expected_bytes(cfg: bench.BenchConfig, npl: int) -> dict:
-    """What the split cache's windows read, what flat moves (the span), and what the unified cache
-    moves, summed over steps, layers, K and V: from the layout, not from the library."""
+    """What attention reads of the split cache (each sequence's own cells: what ragged copies), its
+    padded windows (what ranges and plan copy), what flat moves (the span), and what the unified
+    cache moves, summed over steps, layers, K and V: from the layout, not from the library."""
     row = ferry.row_size(cfg.type_kv, cfg.n_embd)
     kv_size = cfg.n_ctx // npl
     windows = 2 * cfg.n_layer
-    read = sum(npl * cfg.n_kv(npl, t) for t in range(cfg.ntg)) * row * windows
+    read = sum(p + t + 1 for p in cfg.prompts(npl) for t in range(cfg.ntg)) * row * windows
+    window = sum(npl * cfg.n_kv(npl, t) for t in range(cfg.ntg)) * row * windows
     span = sum((npl - 1) * kv_size + cfg.n_kv(npl, t) for t in range(cfg.ntg)) * row * windows
     unified = cfg.ntg * npl * cfg.cells * row * windows
-    return {"read": read, "span": span, "unified": unified}
+    return {"read": read, "window": window, "span": span, "unified": unified}
 
 
 @pytest.mark.parametrize("type_kv,pad", [("f16", 1), ("q8_0", 8), ("f32", 1)])
@@ -61,8 +63,9 @@ def test_bytes_per_policy_and_layout_are_exact(type_kv: str, pad: int) -> None:
         want = expected_bytes(cfg, npl)
         flat, ranges, plan = (res.row(npl, p) for p in ("flat", "ranges", "plan"))
         assert flat.bytes_read == ranges.bytes_read == plan.bytes_read == want["read"]
-        assert flat.bytes_copied == want["span"] > want["read"]
-        assert ranges.bytes_copied == plan.bytes_copied == want["read"]
+        assert flat.bytes_copied == want["span"] > want["window"] >= want["read"]
+        assert ranges.bytes_copied == plan.bytes_copied == want["window"]
+        assert (want["window"] > want["read"]) == (pad > 1)  # padding copies cells nobody reads
         for p in ("flat", "ranges", "plan"):  # one dense range: the same under every policy
             u = res.row(npl, p, True)
             assert u.bytes_copied == u.bytes_read == want["unified"]
@@ -74,6 +77,22 @@ def test_bytes_per_policy_and_layout_are_exact(type_kv: str, pad: int) -> None:
     r = res.row(4, "ranges", True)
     flat = res.row(4, "flat", True)
     assert res.gain(r) == estimate.gain_interval(r.replicas_tokens_per_s, flat.replicas_tokens_per_s).estimate
+
+
+@pytest.mark.parametrize("lengths,pad", [("equal", 1), ("equal", 16), ("uniform", 1), ("uniform", 16),
+                                         ((16, 3, 9, 1), 4)])
+def test_ragged_copies_exactly_the_cells_attention_reads_and_no_padded_row(lengths: object, pad: int) -> None:
+    """Issue 35: under ragged a row's bytes copied are each sequence's own cells, whatever the lengths and
+    the pad; ranges copies the padded window, flat the span; the outputs agree."""
+    cfg = tiny(policies=("flat", "ranges", "ragged"), lengths=lengths, pad=pad, type_kv="f16")
+    res = bench.run_bench(cfg)
+    for npl in cfg.npl:
+        want = expected_bytes(cfg, npl)
+        ragged, ranges, flat = (res.row(npl, p) for p in ("ragged", "ranges", "flat"))
+        assert ragged.bytes_copied == ragged.bytes_read == ranges.bytes_read == want["read"]
+        assert ranges.bytes_copied == want["window"] and flat.bytes_copied == want["span"]
+        assert (ranges.bytes_copied > ragged.bytes_copied) == (pad > 1 or lengths != "equal")
+        assert res.outputs_identical(npl)
 
 
 def test_outputs_differ_when_content_differs() -> None:

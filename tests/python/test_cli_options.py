@@ -81,7 +81,9 @@ BASE = {
 #: Per option, a value that is not its default and that acts on BASE (None: a flag). --model's is a
 #: file written by the test.
 PROBES: Dict[str, Any] = {
-    "-c": "256", "-npl": "2,4", "-npp": "16", "-ntg": "3", "--pad": "4", "--sequences": "6", "--type": "f32",
+    "-c": "256", "-npl": "2,4", "-npp": "16", "-ntg": "3", "--pad": "4",
+    "--lengths": {"validate": "equal", "*": "uniform"},
+    "--row-ns": "100", "--sequences": "6", "--type": "f32",
     "--head-dim": "64", "--kv-heads": "2", "--heads": "4", "--layers": "3", "--model": "MODEL",
     "--swa-window": "4", "--swa-layers": "ss", "--v-trans": None, "--which": "v", "--stream": "1-1",
     "--cost-model": "cpu", "--policy": "flat,ranges", "--compact": None, "--unified": "--no-unified",
@@ -111,8 +113,10 @@ CONTEXT: Dict[ot.Cond, Tuple[List[str], List[str]]] = {
 WALK = [(verb, o) for verb in WITH_OPTIONS for o in ot.options_of(verb)]
 
 
-def probe(o: ot.Option, model: str) -> List[str]:
+def probe(o: ot.Option, model: str, verb: str = "") -> List[str]:
     value = PROBES[o.name]
+    if isinstance(value, dict):  # a value per verb, where the verbs' defaults differ
+        value = value.get(verb, value["*"])
     if value is None:
         return [o.name]
     if value.startswith("--"):
@@ -155,19 +159,19 @@ def test_each_option_changes_what_runs_where_it_acts_and_is_refused_elsewhere(
     # --model gives what the command line does not: the geometry is left to it
     shape = ["-npl", "2", "-npp", "8", "-ntg", "2"] if o.name == "--model" else BASE[verb]
     base = [verb, *shape, *context]
-    assert job(base, capsys) != job(base + probe(o, model), capsys), f"{o.name} changes nothing where it acts"
+    assert job(base, capsys) != job(base + probe(o, model, verb), capsys), f"{o.name} changes nothing where it acts"
     for c in conds:
         others = [a for c2 in conds if c2 is not c for a in CONTEXT[c2][0]]
-        argv = [verb, *shape, *others, *CONTEXT[c][1], *probe(o, model)]
+        argv = [verb, *shape, *others, *CONTEXT[c][1], *probe(o, model, verb)]
         err = refused(argv, capsys)
         # the option is refused, or first an option of its context that needs the same condition
         named = [a for a in [o.name, *others] if a.startswith("--") and f"{a} acts only {c.text}" in err]
         assert named, (argv, err)
     # and in every other mode of the command line it is taken in, it changes what runs
     for mode in MODES:
-        if set(mode) & {*o.flags, *probe(o, model)[:1]}:
+        if set(mode) & {*o.flags, *probe(o, model, verb)[:1]}:
             continue  # the mode sets this option itself
-        without, with_it = accepted(base + list(mode), capsys), accepted(base + list(mode) + probe(o, model), capsys)
+        without, with_it = accepted(base + list(mode), capsys), accepted(base + list(mode) + probe(o, model, verb), capsys)
         if without is not None and with_it is not None:
             assert without != with_it, f"{o.name} changes nothing with {' '.join(mode)}"
 

@@ -20,7 +20,7 @@ from ferry.residency import DeviceSpec, choose_residency, layers_from_geometry
 from ferry.workloads.residency_plan import ResidencyModel
 
 # 4 layers of f16, 2 KV heads of 32, n_kv 128 (-npp 120 -ntg 8): each layer's K and V 16 KiB per window
-GEOMETRY = ["-c", "256", "-npl", "1", "-npp", "120", "-ntg", "8", "--layers", "4", "--heads", "2", "--head-dim", "32",
+GEOMETRY = ["-c", "256", "-npl", "1", "-npp", "120", "-ntg", "8", "--pad", "1", "--layers", "4", "--heads", "2", "--head-dim", "32",
             "--kv-heads", "2", "--type", "f16"]
 TWO = ["--devices", "2", "--link-gbps", "2.45,0.33", "--compute-us", "20"]
 STRATEGIES = ["auto", "first", "round-robin", "slowest-link"]

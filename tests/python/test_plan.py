@@ -222,8 +222,8 @@ def test_bad_input_raises_ferry_errors(make: object, exc: type, message: str) ->
 # ---------------------------------------------------------------- ferry plan
 
 GEOMETRY = ["--head-dim", "128", "--kv-heads", "8"]  # docs/design.md's
-V_ARGS = ["plan", "-c", "32768", "-npp", "2048", "-ntg", "128", "--v-trans", "--which", "v", *GEOMETRY]
-K_ARGS = ["plan", "-c", "32768", "-npl", "4", "-npp", "2048", "-ntg", "128", "--type", "q8_0", *GEOMETRY]
+V_ARGS = ["plan", "-c", "32768", "-npp", "2048", "-ntg", "128", "--pad", "1", "--v-trans", "--which", "v", *GEOMETRY]
+K_ARGS = ["plan", "-c", "32768", "-npl", "4", "-npp", "2048", "-ntg", "128", "--pad", "1", "--type", "q8_0", *GEOMETRY]
 
 
 def test_plan_prints_a_transposed_v_windows_one_copy_its_cost_and_why(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ import pytest
 from ferry.cli import main
 from ferry.workloads.table import build_table, n_kv_for
 
-SPEC_ARGS = ["table", "-c", "32768", "-npl", "2,4,8", "-npp", "2048", "-ntg", "128"]
+SPEC_ARGS = ["table", "-c", "32768", "-npl", "2,4,8", "-npp", "2048", "-ntg", "128", "--pad", "1"]
 
 
 def test_table_prints_spec_numbers(capsys: pytest.CaptureFixture[str]) -> None:
@@ -21,9 +21,9 @@ def test_table_prints_spec_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in lines[2:]]
     assert rows == [
-        ["2", "4,352", "18,560", "4,352", "4.26x"],
-        ["4", "8,704", "26,752", "8,704", "3.07x"],
-        ["8", "17,408", "30,848", "17,408", "1.77x"],
+        ["2", "4,352", "18,560", "4,352", "4,352", "4.26x"],
+        ["4", "8,704", "26,752", "8,704", "8,704", "3.07x"],
+        ["8", "17,408", "30,848", "17,408", "17,408", "1.77x"],
     ]
 
 
@@ -31,9 +31,10 @@ def test_table_json_gives_design_mds_cells_per_npl(capsys: pytest.CaptureFixture
     assert main(SPEC_ARGS + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [sorted(r) for r in rows] == [sorted(["npl", "cells_read", "cells_copied_flat", "cells_copied_ranges",
-                                                 "ratio"])] * 3
-    assert [(r["npl"], r["cells_read"], r["cells_copied_flat"], r["cells_copied_ranges"]) for r in rows] == [
-        (2, 4352, 18560, 4352), (4, 8704, 26752, 8704), (8, 17408, 30848, 17408)]
+                                                 "cells_copied_ragged", "ratio"])] * 3
+    assert [(r["npl"], r["cells_read"], r["cells_copied_flat"], r["cells_copied_ranges"], r["cells_copied_ragged"])
+            for r in rows] == [(2, 4352, 18560, 4352, 4352), (4, 8704, 26752, 8704, 8704),
+                               (8, 17408, 30848, 17408, 17408)]
     assert [round(r["ratio"], 2) for r in rows] == [4.26, 3.07, 1.77]
 
 
@@ -41,10 +42,28 @@ def test_table_pads_n_kv_and_caps_it_at_the_stream() -> None:
     assert n_kv_for(2048, 128, 256, 16384) == 2304
     assert n_kv_for(2048, 128, 1, 16384) == 2176
     assert n_kv_for(2048, 128, 256, 2048) == 2048
-    (row,) = build_table(32768, [2], 2048, 128, pad=256)
-    assert (row.cells_read, row.cells_copied_flat, row.cells_copied_ranges) == (4608, 16384 + 2304, 4608)
+    (row,) = build_table(32768, [2], 2048, 128, pad=256)  # attention reads 2,176 cells a stream of 2,304
+    assert (row.cells_read, row.cells_copied_flat, row.cells_copied_ranges, row.cells_copied_ragged) == (
+        4352, 16384 + 2304, 4608, 4352)
     (full,) = build_table(4096, [2], 2048, 128, pad=256)  # n_kv capped at kv_size: no gap, nothing to gain
     assert (full.cells_read, full.cells_copied_flat, full.cells_copied_ranges) == (4096, 4096, 4096)
+
+
+def test_table_counts_uneven_lengths_and_ragged_copies_only_them() -> None:
+    """Issue 35: prompts drawn up to -npp (seeded), or given: attention reads each stream's own cells,
+    which ragged copies alone; ranges copies the longest, padded, in every stream; at npl 8 with lengths
+    spread up to 2,048, ragged moves at most 0.6x the cells of ranges."""
+    rows = build_table(32768, [2, 4, 8], 2048, 128, pad=256, type_k="f16", head_dim=64, n_head_kv=2,
+                       lengths="uniform")
+    for r in rows:
+        assert r.cells_copied_ragged == r.cells_read < r.cells_copied_ranges < r.cells_copied_flat
+    assert rows[2].cells_copied_ragged <= 0.6 * rows[2].cells_copied_ranges
+    again = build_table(32768, [8], 2048, 128, pad=256, type_k="f16", head_dim=64, n_head_kv=2, lengths="uniform")
+    assert again == rows[2:]  # seeded: the same draws every run
+    (given,) = build_table(32768, [2], 2048, 128, pad=256, type_k="f16", head_dim=64, n_head_kv=2,
+                           lengths=(100, 2000))
+    assert given.cells_read == given.cells_copied_ragged == 100 + 128 + 2000 + 128
+    assert given.cells_copied_ranges == 2 * 2304
     (f16,) = build_table(8192, [4], 100, 28, type_k="f16", head_dim=64, n_head_kv=2)
     assert (f16.cells_read, f16.cells_copied_flat) == (4 * 128, 3 * 2048 + 128)
 

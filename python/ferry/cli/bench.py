@@ -288,6 +288,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
                        policies=tuple(args.policy), unified=args.unified, device=args.device, pad=args.pad,
+                       lengths=args.lengths,
                        repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
                        v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
                        overlap=args.overlap, prefetch=args.prefetch, devices=devices_from_args(args))

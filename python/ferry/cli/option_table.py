@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from ..errors import InvalidArgumentError
 from ..residency import STRATEGIES
-from ..workloads.common import DEVICES, KV_TYPES
+from ..workloads.common import DEVICES, KV_TYPES, POLICIES
 from ..workloads.devices import STANDIN_LINK_GBPS, parse_floats, parse_indices, parse_links, parse_sizes
 from .options import (
     ANY_TYPE,
@@ -25,6 +25,7 @@ from .options import (
     argument_type,
     count,
     int_list,
+    lengths_arg,
     one_float,
     placement_arg,
     policy_list,
@@ -209,6 +210,11 @@ OPTIONS: Tuple[Option, ...] = (
          type=POSITIVE, default=d.ntg),
     _opt(["--pad"], "round n_kv up to this (llama.cpp: 256); steps of one n_kv share a graph", _all(ALL),
          SHAPE, type=POSITIVE, default=d.pad),
+    _opt(["--lengths"], "each sequence's prompt: -npp cells each, drawn uniformly up to -npp (seeded), or a file",
+         {"table": ALWAYS, "bench": NO_RESIDENCY}, SHAPE, type=argument_type(lengths_arg), default="equal",
+         metavar="HOW"),
+    _opt(["--lengths"], "each sequence's prompt: -npp cells each, drawn uniformly up to -npp (seeded), or a file",
+         {"validate": ALWAYS}, SHAPE, type=argument_type(lengths_arg), default="uniform", metavar="HOW"),
     _opt(["--sequences"], "sequences served, in waves of -npl, each its own content",
          {"validate": ALWAYS}, SHAPE, type=POSITIVE, metavar="N", default_text="2 x npl"),
     # the KV geometry
@@ -236,9 +242,10 @@ OPTIONS: Tuple[Option, ...] = (
          default_text="all"),
     _opt(["--cost-model"], "whose cost model decides plan or flat", {"plan": NO_RESIDENCY},
          RUN, choices=("cpu", "gpu"), default="gpu"),
-    _opt(["--policy"], "copy policies to compare",
-         {"bench": NO_RESIDENCY, "validate": ALWAYS}, RUN, type=policy_list,
+    _opt(["--policy"], "copy policies to compare", {"bench": NO_RESIDENCY}, RUN, type=policy_list,
          default=list(d.policies), metavar="P,P,..."),
+    _opt(["--policy"], "copy policies to compare", {"validate": ALWAYS}, RUN, type=policy_list,
+         default=list(POLICIES), metavar="P,P,..."),
     _opt(["--compact"], "also run each non-flat policy with compact staging",
          {"bench": NON_FLAT_OR_RESIDENCY, "validate": NON_FLAT}, RUN, action="store_true"),
     _opt(["--unified"], "also run a unified cache of the same sequences",
@@ -273,6 +280,10 @@ OPTIONS: Tuple[Option, ...] = (
          {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
          type=argument_type(lambda t: parse_floats(t, "--latency-us", 0.0, 1e6), "0 to 1e6 per device, "
                             "comma-separated"), metavar="U,U,...", default_text="0"),
+    _opt(["--row-ns"], "nanoseconds each row of a stand-in's 2-D transfer adds",
+         {"bench": STANDIN & NO_RESIDENCY, "validate": STANDIN}, DEVICES_GROUP,
+         type=argument_type(lambda t: parse_floats(t, "--row-ns", 0.0, 1e9), "0 to 1e9 per device, "
+                            "comma-separated"), metavar="N,N,...", default_text="0"),
     _opt(["--device-memory"], "each stand-in's memory",
          {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
          type=argument_type(lambda t: parse_sizes(t, "--device-memory"), SIZES), metavar="SIZE,...",

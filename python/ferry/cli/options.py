@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 from ..errors import InvalidArgumentError
 from ..residency import STRATEGIES
 from ..types import Type
 from ..workloads.bench import BenchConfig
-from ..workloads.common import POLICIES
+from ..workloads.common import LENGTHS, POLICIES, read_lengths
 from ..workloads.devices import DeviceConfig, Place, parse_floats, parse_placement, read_placement
 from ..workloads.model_file import ModelGeometry, read_model_geometry
 
@@ -196,6 +196,16 @@ def placement_arg(text: str) -> Tuple[Place, ...]:
                                    "either") from None
 
 
+@accepting("equal, uniform, or a file of lengths")
+def lengths_arg(text: str) -> Union[str, Tuple[int, ...]]:
+    """--lengths' value: equal or uniform, else a file holding the lengths (common.read_lengths)."""
+    if text in LENGTHS:
+        return text
+    if not os.path.exists(text):
+        raise InvalidArgumentError(f"{text!r} is neither {' nor '.join(LENGTHS)} nor a file of lengths")
+    return read_lengths(text)
+
+
 def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Set[str]:
     """The dests of the options the verb arguments argv give, read as the verb's parser reads them
     (abbreviations and --option=value included), whatever their values.
@@ -224,6 +234,7 @@ def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Set[s
 def devices_from_args(args: argparse.Namespace) -> DeviceConfig:
     """The DeviceConfig the parsed options args describe (checked by the run's config)."""
     return DeviceConfig(n_devices=args.devices, link_gbps=args.link_gbps or (), latency_us=args.latency_us or (),
+                        row_ns=getattr(args, "row_ns", None) or (),
                         memory=args.device_memory or (), kv_device_layers=args.kv_device_layers,
                         placement=getattr(args, "placement", None), layer_devices=args.layer_devices,
                         compute_slowdown=args.compute_slowdown or ())

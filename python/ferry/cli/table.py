@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from ..errors import FerryError
 from ..workloads.table import TableRow, build_table
@@ -46,6 +46,7 @@ class Job:
     head_dim: int
     n_head_kv: int
     layer_windows: Optional[Tuple[Optional[int], ...]]
+    lengths: Union[str, Tuple[int, ...]]
     json: bool
 
 
@@ -55,33 +56,35 @@ def job(args: argparse.Namespace) -> Job:
                            "kv_heads": lambda g: g.n_head_kv})
     windows = layer_windows(args, g)
     return Job(args.c, tuple(args.npl), args.npp, args.ntg, args.pad, args.type, args.head_dim, args.kv_heads,
-               None if windows is None else tuple(windows), args.json)
+               None if windows is None else tuple(windows), args.lengths, args.json)
 
 
 def format_rows(rows: Sequence[TableRow]) -> List[str]:
     """The TableRows rows as aligned text lines with thousands separators, under a header."""
-    head = ("sequences", "cells read", "cells copied flat", "cells copied ranges", "flat/ranges")
+    head = ("sequences", "cells read", "copied flat", "copied ranges", "copied ragged", "flat/ragged")
     body = [(str(r.npl), f"{r.cells_read:,}", f"{r.cells_copied_flat:,}", f"{r.cells_copied_ranges:,}",
-             f"{r.ratio:.2f}x") for r in rows]
+             f"{r.cells_copied_ragged:,}", f"{r.cells_copied_flat / r.cells_copied_ragged:.2f}x") for r in rows]
     return format_table([head, *body])
 
 
 def format_layer_rows(rows: Sequence[TableRow]) -> List[str]:
     """The TableRows rows of layers of different sizes: per number of sequences a line per layer kind
     and one for all layers, cells and bytes over the layers counted."""
-    head = ("sequences", "layers", "cells read", "cells copied flat", "cells copied ranges", "flat/ranges",
-            "bytes read", "bytes copied flat", "bytes copied ranges")
+    head = ("sequences", "layers", "cells read", "copied flat", "copied ranges", "copied ragged", "flat/ragged",
+            "bytes read", "bytes copied flat", "bytes copied ranges", "bytes copied ragged")
     body = []
     for r in rows:
         for k in r.layers or []:
             name = f"{k.n_layer} full" if k.window is None else f"{k.n_layer} sliding {k.window}"
             body.append((str(r.npl), name, f"{k.cells_read:,}", f"{k.cells_copied_flat:,}",
-                         f"{k.cells_copied_ranges:,}", f"{k.cells_copied_flat / k.cells_copied_ranges:.2f}x",
-                         f"{k.bytes_read:,}", f"{k.bytes_copied_flat:,}", f"{k.bytes_copied_ranges:,}"))
+                         f"{k.cells_copied_ranges:,}", f"{k.cells_copied_ragged:,}",
+                         f"{k.cells_copied_flat / k.cells_copied_ragged:.2f}x", f"{k.bytes_read:,}",
+                         f"{k.bytes_copied_flat:,}", f"{k.bytes_copied_ranges:,}", f"{k.bytes_copied_ragged:,}"))
         n_layer = sum(k.n_layer for k in r.layers or [])
         body.append((str(r.npl), f"{n_layer} all", f"{r.cells_read:,}", f"{r.cells_copied_flat:,}",
-                     f"{r.cells_copied_ranges:,}", f"{r.ratio:.2f}x", f"{r.bytes_read:,}",
-                     f"{r.bytes_copied_flat:,}", f"{r.bytes_copied_ranges:,}"))
+                     f"{r.cells_copied_ranges:,}", f"{r.cells_copied_ragged:,}",
+                     f"{r.cells_copied_flat / r.cells_copied_ragged:.2f}x", f"{r.bytes_read:,}",
+                     f"{r.bytes_copied_flat:,}", f"{r.bytes_copied_ranges:,}", f"{r.bytes_copied_ragged:,}"))
     return format_table([head, *body])
 
 
@@ -90,12 +93,14 @@ def run(j: Job) -> int:
     Returns the exit status 0; a FerryError for values the dry run refuses (a usage error)."""
     windows = None if j.layer_windows is None else list(j.layer_windows)
     rows = build_table(j.n_ctx, list(j.npl), j.npp, j.ntg, pad=j.pad, type_k=j.type_k, head_dim=j.head_dim,
-                       n_head_kv=j.n_head_kv, layer_windows=windows)
+                       n_head_kv=j.n_head_kv, layer_windows=windows, lengths=j.lengths)
     if j.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
+        prompts = f"{j.npp}" if j.lengths == "equal" else ("up to " + str(j.npp) + (" (uniform)" if j.lengths ==
+                                                                                       "uniform" else " (given)"))
         print(f"K window {j.type_k}, head_dim {j.head_dim}, {j.n_head_kv} KV heads, -c {j.n_ctx}, "
-              f"{j.npp} + {j.ntg} tokens per sequence (pad {j.pad})")
+              f"{prompts} + {j.ntg} tokens per sequence (pad {j.pad})")
         if windows is None:
             print("\n".join(format_rows(rows)))
         else:

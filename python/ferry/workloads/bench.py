@@ -8,9 +8,11 @@ copies are held to an 8 GB/s link unless --link-gbps says otherwise: ferry.workl
 Layouts, per number of sequences npl, with L = npp + ntg cells per sequence:
 
 - split into streams (non-unified): npl streams of kv_size = n_ctx / npl cells; stream i
-  holds sequence i in its first L cells. At step t (0..ntg-1) each sequence has npp + t + 1
-  cells, and the window is the first n_kv cells of every stream (n_kv = that length rounded
-  up to --pad, at most kv_size).
+  holds sequence i in its first L cells. At step t (0..ntg-1) sequence i has p_i + t + 1 cells,
+  p_i its prompt (-npp each, or drawn as --lengths says), and the window is the first n_kv
+  cells of every stream (n_kv = the longest length rounded up to --pad, 256 as llama.cpp pads,
+  at most kv_size): flat, ranges and plan copy n_kv cells a stream, ragged each stream's own
+  length.
 - unified: one stream of n_ctx cells; sequence i holds cells [i*L, (i+1)*L). The split's
   input is the first npl*L cells, one dense range, read through a view with npl streams of L
   cells and the same lengths: the same cells as the split cache, copied alike under every
@@ -69,13 +71,14 @@ from ..step import StepGraph, attention_step
 from ..tensor import Tensor
 from ..types import row_size, to_type
 from .common import (
-    POLICIES,
+    Lengths,
     check_positive,
     check_run_options,
     check_streams,
     n_kv_for,
     new_cache,
     prefetch_depths,
+    prompt_lengths,
     random_rows,
     run_name,
     write_cells,
@@ -90,7 +93,7 @@ OnStep = Callable[[str], None]
 #: Replicas of each npl (--repeat's default): their range is a 96.9% interval for a median.
 REPLICAS = 6
 #: Timed rounds (--rounds): repetitions of each variant in each replica, after WARMUP untimed ones.
-ROUNDS = 12
+ROUNDS = 10
 WARMUP = 1
 #: Replicas of an npl made together hold at most this much cache memory; past it, one at a time.
 TOGETHER_BYTES = 1 << 30
@@ -112,10 +115,11 @@ class BenchConfig:
     n_head: int = 8
     head_dim: int = 64
     n_head_kv: int = 2
-    policies: Tuple[str, ...] = POLICIES
+    policies: Tuple[str, ...] = ("flat", "ranges", "ragged")  # plan: as ranges for these windows
     unified: bool = True
     device: str = "auto"
-    pad: int = 1
+    pad: int = 256  # llama.cpp's: steps of one padded n_kv reuse one graph; ragged copies no padded cell
+    lengths: Lengths = "equal"  # each sequence's prompt: -npp cells, seeded uniform draws, or given
     repeat: int = REPLICAS  # replicas of each npl
     rounds: int = ROUNDS  # timed repetitions of each variant in each replica
     seed: int = 0
@@ -142,6 +146,7 @@ class BenchConfig:
             if isinstance(npl, bool) or not isinstance(npl, int) or npl <= 0:
                 raise InvalidArgumentError(f"-npl {npl!r} is not a positive integer")
             check_streams(self.n_ctx, npl)
+            self.prompts(npl)
             if self.npp + self.ntg > self.n_ctx // npl:
                 raise InvalidArgumentError(f"-npl {npl}: a stream holds {self.n_ctx // npl} cells, fewer than "
                                            f"-npp + -ntg = {self.npp + self.ntg}")
@@ -166,10 +171,14 @@ class BenchConfig:
         """L: cells each sequence reaches (npp + ntg)."""
         return self.npp + self.ntg
 
+    def prompts(self, npl: int) -> List[int]:
+        """Each of npl sequences' prompt length (common.prompt_lengths of lengths, seeded by seed)."""
+        return prompt_lengths(self.lengths, npl, self.npp, self.seed)
+
     def n_kv(self, npl: int, step: int) -> int:
-        """The split cache's window at step (0..ntg-1) with npl sequences: their length rounded up to pad,
-        at most kv_size."""
-        return n_kv_for(self.npp, step + 1, self.pad, self.n_ctx // npl)
+        """The split cache's window at step (0..ntg-1) with npl sequences: the longest one's length
+        rounded up to pad, at most kv_size."""
+        return n_kv_for(max(self.prompts(npl)), step + 1, self.pad, self.n_ctx // npl)
 
     @property
     def prefetch_depths(self) -> Tuple[int, ...]:
@@ -429,6 +438,8 @@ class _Cache:
         # the lengths in host memory, written every step and copied where attention runs (llama.cpp's
         # mask): the ragged policy reads them when it copies the windows
         self.kv_len = Tensor.from_numpy(cpu, np.zeros(npl, np.int32), name="kv_len")
+        self.prompts = np.array(cfg.prompts(npl), np.int32)  # each sequence's length before the first step
+        self.n_kv = [cfg.n_kv(npl, t) for t in range(cfg.ntg)]  # the window of each step
         # each cache layer's tensor, by address: an input viewing one is that layer's window
         self.layer_of = {t._p: layer for layer in range(cfg.n_layer) for t in (self.kv.k(layer), self.kv.v(layer))}
         self.resident_bytes = [sum(self.kv.k(layer).nbytes + self.kv.v(layer).nbytes
@@ -442,11 +453,12 @@ class _Cache:
             p = p.view_src
         return p in self.layer_of
 
-    def windows(self, n_kv: int) -> List[Tuple[Tensor, Tensor]]:
-        """Every layer's K and V window of n_kv cells; unified: the first npl * L cells of its one stream
-        seen as npl streams of L cells."""
+    def windows(self, n_kv: int) -> Sequence[Tuple[Tensor, Tensor]]:
+        """Every layer's K and V window of n_kv cells (KVWindows: attention_step makes the step in one C
+        call, and the windows carry the lengths the ragged policy copies); unified: the first npl * L
+        cells of its one stream seen as npl streams of L cells, one dense range under every policy."""
         if not self.unified:
-            return list(self.kv.windows(n_kv))
+            return self.kv.windows(n_kv)
         out = []
         for layer in range(self.cfg.n_layer):
             pair = []
@@ -500,10 +512,10 @@ class _Variant:
             t0 = time.perf_counter()
             if not cfg.reuse:
                 self.graphs.clear()
-            graph = self.graphs.get(cfg.n_kv(c.npl, t))
+            graph = self.graphs.get(c.n_kv[t])
             if t == 0:
                 builds = self.graphs.builds
-            c.kv_len.set(np.full(c.npl, cfg.npp + t + 1, np.int32))
+            c.kv_len.set(c.prompts + (t + 1))
             t1 = time.perf_counter()
             self.sched.compute(graph)
             decode = time.perf_counter() - t1

@@ -7,7 +7,7 @@ a split runs on, each sequence's K or V content, and the rounding of a window's 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -163,6 +163,76 @@ def run_name(policy: str, compact: bool, overlap: bool = False) -> str:
     str
     """
     return policy + ("+compact" if compact else "") + ("+overlap" if overlap else "")
+
+
+#: How each sequence's prompt length is drawn (--lengths): -npp cells each, or seeded uniform draws;
+#: a file gives them one by one (read_lengths).
+LENGTHS: Tuple[str, ...] = ("equal", "uniform")
+#: A run's prompt lengths: one of LENGTHS, or the lengths themselves.
+Lengths = Union[str, Tuple[int, ...]]
+
+
+def read_lengths(path: str, option: str = "--lengths") -> Tuple[int, ...]:
+    """The prompt lengths a file holds: integers separated by commas, spaces or newlines.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a file that cannot be read, holds no integer, or holds a word that is not one, naming
+        option and the file.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            words = f.read().replace(",", " ").split()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidArgumentError(f"{option} {path}: cannot be read ({e})") from None
+    try:
+        values = tuple(int(w) for w in words)
+    except ValueError:
+        raise InvalidArgumentError(f"{option} {path}: expected integers (prompt lengths in cells)") from None
+    if not values:
+        raise InvalidArgumentError(f"{option} {path}: holds no length")
+    return values
+
+
+def prompt_lengths(lengths: Lengths, n: int, npp: int, seed: int, low: int = 1) -> List[int]:
+    """Each of n sequences' prompt length in cells.
+
+    Parameters
+    ----------
+    lengths : str or tuple of int
+        "equal": npp each; "uniform": drawn uniformly from low..npp, the same for the same seed;
+        a tuple: its first n values.
+    n : int
+        Sequences.
+    npp : int
+        The longest prompt.
+    seed : int
+    low : int, optional
+        The shortest prompt.
+
+    Returns
+    -------
+    list of int
+
+    Raises
+    ------
+    InvalidArgumentError
+        For another name, a tuple of fewer than n values or one outside low..npp (naming --lengths).
+    """
+    if lengths == "equal":
+        return [npp] * n
+    if lengths == "uniform":
+        rng = np.random.default_rng([seed, 35])
+        return [int(x) for x in rng.integers(low, npp + 1, size=n)]
+    if isinstance(lengths, str):
+        raise InvalidArgumentError(f"--lengths {lengths!r}: {', '.join(LENGTHS)} or a file of lengths")
+    if len(lengths) < n:
+        raise InvalidArgumentError(f"--lengths: {len(lengths)} lengths for {n} sequences: give at least {n}")
+    for i, x in enumerate(lengths[:n]):
+        if isinstance(x, bool) or not isinstance(x, int) or not low <= x <= npp:
+            raise InvalidArgumentError(f"--lengths: sequence {i}'s length {x!r} is outside {low}..{npp} (-npp)")
+    return list(lengths[:n])
 
 
 def n_kv_for(npp: int, ntg: int, pad: int, kv_size: int) -> int:

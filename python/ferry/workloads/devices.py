@@ -197,6 +197,9 @@ class DeviceConfig:
         (the host's memcpy speed); empty: STANDIN_LINK_GBPS.
     latency_us : tuple of float
         Per stand-in device, one value for all or one per device; empty: none.
+    row_ns : tuple of float
+        Per stand-in device, nanoseconds each row of a 2-D transfer adds, one value for all or one
+        per device; empty: none.
     memory : tuple of int
         Per stand-in device, bytes it has (one for all, or one per device); empty: the host's.
     compute_slowdown : tuple of float
@@ -220,12 +223,13 @@ class DeviceConfig:
     placement: Optional[Tuple[Place, ...]] = None
     layer_devices: Optional[Tuple[int, ...]] = None
     compute_slowdown: Tuple[float, ...] = ()
+    row_ns: Tuple[float, ...] = ()
 
     @property
     def modelled(self) -> bool:
-        """Whether a link, a latency, a memory size or a compute slowdown is asked for (stand-in
-        options: the default link is not counted)."""
-        return bool(self.link_gbps or self.latency_us or self.memory or self.compute_slowdown)
+        """Whether a link, a latency, a row cost, a memory size or a compute slowdown is asked for
+        (stand-in options: the default link is not counted)."""
+        return bool(self.link_gbps or self.latency_us or self.row_ns or self.memory or self.compute_slowdown)
 
     @property
     def placed(self) -> bool:
@@ -246,10 +250,11 @@ class DeviceConfig:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise InvalidArgumentError(f"--devices must be a positive integer, got {n!r}")
         if kind == "cuda" and self.modelled:
-            raise InvalidArgumentError("--link-gbps, --latency-us, --device-memory and --compute-slowdown model a "
-                                       "stand-in device (--device cpu); a CUDA device has its own link, memory and "
-                                       "speed")
+            raise InvalidArgumentError("--link-gbps, --latency-us, --row-ns, --device-memory and --compute-slowdown "
+                                       "model a stand-in device (--device cpu); a CUDA device has its own link, "
+                                       "memory and speed")
         for option, values in (("--link-gbps", self.link_gbps), ("--latency-us", self.latency_us),
+                               ("--row-ns", self.row_ns),
                                ("--device-memory", self.memory), ("--compute-slowdown", self.compute_slowdown)):
             if len(values) not in (0, 1, n):
                 raise InvalidArgumentError(f"{option}: {len(values)} values for {n} devices: give one for all "
@@ -348,6 +353,7 @@ class DeviceConfig:
         for d in range(self.n_devices):
             out.append(StandinBackend(link_gbps=self.standin_link(d),
                                       latency_us=self.per_device(self.latency_us, d) or 0.0,
+                                      row_ns=self.per_device(self.row_ns, d) or 0.0,
                                       memory=self.per_device(self.memory, d),
                                       compute_slowdown=self.per_device(self.compute_slowdown, d)))
         return out

@@ -1,8 +1,12 @@
-"""The dry run `ferry table` runs: what flat and ranges copies move per number of sequences.
+"""The dry run `ferry table` runs: what flat, ranges and ragged copies move per number of sequences.
 
 Nothing is computed on real memory: the cache lives in synthetic host memory (a DummyBackend
-with is_host, no memory behind it) and the split in a synthetic device-like DummyBackend. The
-cells of `build_table` come from the scheduler's copy statistics, not from a formula.
+with is_host, no memory behind it) and the split in a synthetic device-like DummyBackend; only
+the streams' lengths, which the ragged policy reads, are real host memory. The cells of
+`build_table` come from the scheduler's copy statistics, not from a formula. Each stream's
+sequence has its prompt (-npp, or drawn as --lengths says) plus ntg cells; the window holds the
+longest rounded up to --pad; attention reads each stream's own cells (cells read), which ragged
+copies alone.
 
 Layers of different sizes (a model with sliding-window layers): each distinct layer size gets
 its own dry run over a cache of its own size, a sliding layer of window W holding and reading
@@ -15,14 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..backend import DummyBackend
+import numpy as np
+
+from ..backend import CPUBackend, DummyBackend
 from ..errors import InvalidArgumentError
 from ..graph import Graph
 from ..kv import KVCache
 from ..ops import dup
 from ..sched import SchedStats, Scheduler
+from ..tensor import Tensor
 from ..types import TypeLike, row_size, to_type
-from .common import JsonRecord, check_positive, check_streams, n_kv_for
+from .common import JsonRecord, Lengths, check_positive, check_streams, n_kv_for, prompt_lengths
 from .model_file import layer_sizes
 
 __all__ = ["LayerKindRow", "TableRow", "build_table", "n_kv_for", "window_stats"]
@@ -47,14 +54,16 @@ class LayerKindRow(JsonRecord):
     cells_read: int
     cells_copied_flat: int
     cells_copied_ranges: int
+    cells_copied_ragged: int
     bytes_read: int
     bytes_copied_flat: int
     bytes_copied_ranges: int
+    bytes_copied_ragged: int
 
 
 @dataclass(frozen=True)
 class TableRow(JsonRecord):
-    """One number of sequences: cells the graph reads, cells each policy copied, and flat / ranges.
+    """One number of sequences: cells attention reads, cells each policy copied, and flat / ranges.
 
     Without layers of different sizes the cells are one layer's K window. With them, the cells
     count every layer at its own size, bytes_* give the same in bytes and layers each kind's share;
@@ -64,10 +73,12 @@ class TableRow(JsonRecord):
     cells_read: int
     cells_copied_flat: int
     cells_copied_ranges: int
+    cells_copied_ragged: int
     ratio: float
     bytes_read: Optional[int] = None
     bytes_copied_flat: Optional[int] = None
     bytes_copied_ranges: Optional[int] = None
+    bytes_copied_ragged: Optional[int] = None
     layers: Optional[List[LayerKindRow]] = None
 
     def as_dict(self) -> Dict[str, Any]:
@@ -79,8 +90,8 @@ class TableRow(JsonRecord):
 
 
 def window_stats(n_ctx: int, npl: int, n_kv: int, type_k: TypeLike = "q8_0", head_dim: int = 128,
-                 n_head_kv: int = 8) -> Dict[str, SchedStats]:
-    """Run the K window of npl streams through the scheduler under flat and under ranges (a dry run).
+                 n_head_kv: int = 8, used: Optional[Sequence[int]] = None) -> Dict[str, SchedStats]:
+    """Run the K window of npl streams through the scheduler under flat, ranges and ragged (a dry run).
 
     Parameters
     ----------
@@ -89,23 +100,27 @@ def window_stats(n_ctx: int, npl: int, n_kv: int, type_k: TypeLike = "q8_0", hea
     npl : int
         Streams.
     n_kv : int
-        Cells read per stream.
+        Cells of each stream the window holds.
     type_k : Type, str or int, optional
     head_dim, n_head_kv : int, optional
+    used : sequence of int, optional
+        Each stream's cells attention reads (at most n_kv): what ragged copies (default n_kv each).
 
     Returns
     -------
     dict of str to SchedStats
-        Keyed "flat" and "ranges".
+        Keyed "flat", "ranges" and "ragged".
     """
     host = DummyBackend(is_host=True)  # synthetic memory that claims to be host memory
     split = DummyBackend()  # synthetic, device-like
+    lengths = Tensor.from_numpy(CPUBackend(), np.array([n_kv] * npl if used is None else list(used), np.int32),
+                                name="kv_len")
     kv = KVCache(type_k, type_k, head_dim, n_head_kv, n_ctx, npl, backend=host)
-    k, _ = kv.window(0, n_kv, 0, npl - 1)
+    k, _ = kv.window(0, n_kv, 0, npl - 1, lengths=lengths)
     out = dup(k, name="k_dup").set_output()
     graph = Graph(out)
     stats = {}
-    for policy in ("flat", "ranges"):
+    for policy in ("flat", "ranges", "ragged"):
         sched = Scheduler([split, host], policy=policy)
         sched.assign(out, split)
         sched.compute(graph)
@@ -123,9 +138,9 @@ def _kinds(windows: Sequence[Optional[int]]) -> List[Tuple[Optional[int], int]]:
 
 
 def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 1, type_k: TypeLike = "q8_0",
-                head_dim: int = 128, n_head_kv: int = 8,
-                layer_windows: Optional[Sequence[Optional[int]]] = None) -> List[TableRow]:
-    """Cells read and copied under flat and ranges, per number of sequences (a dry run).
+                head_dim: int = 128, n_head_kv: int = 8, layer_windows: Optional[Sequence[Optional[int]]] = None,
+                lengths: Lengths = "equal", seed: int = 0) -> List[TableRow]:
+    """Cells attention reads and cells flat, ranges and ragged copy, per number of sequences (a dry run).
 
     Parameters
     ----------
@@ -142,6 +157,10 @@ def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 
     layer_windows : sequence of (int or None), optional
         Each layer's sliding window, None for a full-attention layer. With a sliding layer among
         them the rows count every layer at its own size; otherwise (and by default) one layer.
+    lengths : str or tuple of int, optional
+        Each sequence's prompt (common.prompt_lengths): "equal" (npp each), "uniform", or given.
+    seed : int, optional
+        The draws of "uniform".
 
     Returns
     -------
@@ -164,30 +183,35 @@ def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 
     mixed = layer_windows is not None and any(w is not None for w in layer_windows)
     row = row_size(to_type(type_k), head_dim * n_head_kv)
 
-    def cells(n_ctx_l: int, npl: int, n_kv: int) -> Tuple[int, int, int]:
-        st = window_stats(n_ctx_l, npl, n_kv, type_k, head_dim, n_head_kv)
+    def cells(n_ctx_l: int, npl: int, n_kv: int, prompts: Sequence[int]) -> Tuple[int, int, int, int]:
+        used = [min(p + ntg, n_kv) for p in prompts]
+        st = window_stats(n_ctx_l, npl, n_kv, type_k, head_dim, n_head_kv, used)
         if st["flat"].bytes_read != st["ranges"].bytes_read:
             raise AssertionError("the two runs read different windows")
-        return st["ranges"].bytes_read // row, st["flat"].bytes_copied // row, st["ranges"].bytes_copied // row
+        return (st["ragged"].bytes_read // row, st["flat"].bytes_copied // row, st["ranges"].bytes_copied // row,
+                st["ragged"].bytes_copied // row)
 
     rows = []
     for npl in npls:
         check_streams(n_ctx, npl)
         kv_size = n_ctx // npl
-        n_kv = n_kv_for(npp, ntg, pad, kv_size)
+        prompts = prompt_lengths(lengths, npl, npp, seed)
+        n_kv = n_kv_for(max(prompts), ntg, pad, kv_size)
         if not mixed:
-            read, flat, ranges = cells(n_ctx, npl, n_kv)
-            rows.append(TableRow(npl, read, flat, ranges, flat / ranges))
+            read, flat, ranges, ragged = cells(n_ctx, npl, n_kv, prompts)
+            rows.append(TableRow(npl, read, flat, ranges, ragged, flat / ranges))
             continue
         kinds = []
         for window, n_layer in _kinds(layer_windows or ()):
             # a sliding layer holds its window and the step's new cells, never more than a stream
             held = kv_size if window is None else min(window + DECODE_NEW_CELLS, kv_size)
             (n_kv_l,) = layer_sizes([window], n_kv, kv_size, DECODE_NEW_CELLS)
-            read, flat, ranges = (n_layer * c for c in cells(npl * held, npl, n_kv_l))
+            read, flat, ranges, ragged = (n_layer * c for c in cells(npl * held, npl, n_kv_l, prompts))
             kinds.append(LayerKindRow("full" if window is None else "sliding", window, n_layer, held, n_kv_l,
-                                      read, flat, ranges, read * row, flat * row, ranges * row))
-        read, flat, ranges = (sum(getattr(k, f) for k in kinds)
-                              for f in ("cells_read", "cells_copied_flat", "cells_copied_ranges"))
-        rows.append(TableRow(npl, read, flat, ranges, flat / ranges, read * row, flat * row, ranges * row, kinds))
+                                      read, flat, ranges, ragged, read * row, flat * row, ranges * row,
+                                      ragged * row))
+        read, flat, ranges, ragged = (sum(getattr(k, f) for k in kinds) for f in (
+            "cells_read", "cells_copied_flat", "cells_copied_ranges", "cells_copied_ragged"))
+        rows.append(TableRow(npl, read, flat, ranges, ragged, flat / ranges, read * row, flat * row, ranges * row,
+                             ragged * row, kinds))
     return rows

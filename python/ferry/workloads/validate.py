@@ -39,11 +39,13 @@ from ..tensor import Tensor
 from ..types import row_size, to_type
 from .common import (
     POLICIES,
+    Lengths,
     check_positive,
     check_run_options,
     n_kv_for,
     new_cache,
     prefetch_depths,
+    prompt_lengths,
     random_rows,
     run_name,
     variants,
@@ -56,7 +58,8 @@ from .devices import DeviceConfig, Place, naming_device_memory, placement_name, 
 class ValidateConfig:
     """What `ferry validate` runs at one npl: n_seq sequences (--sequences) through n_stream streams
     (-npl) of kv_size cells (-c / -npl), n_step decode steps a wave (-ntg), prompts of n_step + 1
-    to npp cells (-npp; None: kv_size - n_step)."""
+    to npp cells (-npp; None: kv_size - n_step) as lengths says: drawn uniformly (by default, so that
+    every stream's range differs), all npp, or given."""
 
     n_seq: int = 16
     n_stream: int = 8
@@ -78,6 +81,7 @@ class ValidateConfig:
     v_trans: bool = False  # V stored transposed (flash attention off)
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
     npp: Optional[int] = None  # the longest prompt; None: kv_size - n_step
+    lengths: Lengths = "uniform"  # the prompts' lengths: common.prompt_lengths
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -92,6 +96,7 @@ class ValidateConfig:
         if self.longest_prompt < self.n_step + 2:
             raise InvalidArgumentError(f"-npp {self.longest_prompt}: prompts of different lengths, from -ntg + 1 = "
                                        f"{self.n_step + 1} cells, need -npp at least -ntg + 2 = {self.n_step + 2}")
+        self.prompts()
         if self.longest_prompt + self.n_step > self.kv_size:
             raise InvalidArgumentError(f"-npl {self.n_stream}: a stream holds {self.kv_size} cells (-c / -npl), fewer "
                                        f"than -npp + -ntg = {self.longest_prompt + self.n_step}")
@@ -118,10 +123,9 @@ class ValidateConfig:
         return self.kv_size - self.n_step if self.npp is None else self.npp
 
     def prompts(self) -> List[int]:
-        """Each sequence's prompt length, n_step + 1 to longest_prompt cells: different lengths, so that
-        each stream's range differs too."""
-        rng = np.random.default_rng([self.seed, 7])
-        return [int(x) for x in rng.integers(self.n_step + 1, self.longest_prompt + 1, size=self.n_seq)]
+        """Each sequence's prompt length, n_step + 1 to longest_prompt cells (common.prompt_lengths of
+        lengths, seeded by seed)."""
+        return prompt_lengths(self.lengths, self.n_seq, self.longest_prompt, self.seed, low=self.n_step + 1)
 
 
 @dataclass
