@@ -72,8 +72,22 @@ struct ferry_sched {
     ferry_backend ** queue_of;
     ferry_event ** events; /* [2k] before, [2k + 1] after input k's copy */
     uint64_t ahead_inputs, ahead_bytes;
+    double * queued_at; /* by input: when its prefetched copy was queued in the run (host clock) */
     ferry_sched_stats stats;
+    /* The last run's timeline (ferry_sched_trace): room for every part's compute and wait and
+     * every input's copy, made at alloc. */
+    ferry_sched_span * spans;
+    size_t n_spans;
+    double run_start;
 };
+
+/* Add a span of the run (times on the host's clock; the trace keeps them from the run's start). */
+static inline void ferry_sched_add_span(ferry_sched * s, ferry_span_kind kind, int part, int input, double t0,
+                                        double t1) {
+    if (s->spans) {
+        s->spans[s->n_spans++] = (ferry_sched_span) {kind, part, input, t0 - s->run_start, t1 - s->run_start};
+    }
+}
 
 /* One input's copy into the run's totals. */
 static inline void ferry_sched_add_input_stats(ferry_sched_stats * total, const ferry_copy_stats * in) {

@@ -57,7 +57,8 @@ ferry_status ferry_sched_prefetch_prepare(ferry_sched * s) {
         return FERRY_OK;
     }
     s->events = ferry_calloc((size_t) 2 * s->n_inputs, sizeof(*s->events));
-    if (!s->events) {
+    s->queued_at = ferry_calloc((size_t) s->n_inputs, sizeof(*s->queued_at));
+    if (!s->events || !s->queued_at) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     }
     for (int k = 0; k < s->n_inputs; k++) {
@@ -88,8 +89,10 @@ void ferry_sched_prefetch_reset(ferry_sched * s) {
     }
     free(s->events);
     free(s->queue_of);
+    free(s->queued_at);
     s->events = NULL;
     s->queue_of = NULL;
+    s->queued_at = NULL;
     s->ahead_inputs = s->ahead_bytes = 0;
 }
 
@@ -104,6 +107,7 @@ ferry_status ferry_sched_prefetch_queue(ferry_sched * s, int last, int * next) {
                 continue;
             }
             ferry_sched_input_info * in = &s->inputs[k];
+            s->queued_at[k] = ferry_now_seconds();
             FERRY_TRY(ferry_event_record(s->events[2 * k], queue));
             FERRY_TRY(ferry_copy_input_async(queue, s->policy, in->src, in->copy, &in->stats));
             FERRY_TRY(ferry_event_record(s->events[2 * k + 1], queue));
@@ -129,12 +133,31 @@ ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts) {
             done = s->queue_of[k];
         }
     }
+    /* per queue, the run's first queued copy: the others are timed from its start event */
+    int first[FERRY_SCHED_MAX_BACKENDS + 1];
+    const ferry_backend * queues[FERRY_SCHED_MAX_BACKENDS + 1];
+    int n_queues = 0;
     for (int p = 0; p < queued_parts && st == FERRY_OK; p++) {
         for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
-            float ms = 0;
-            if (s->queue_of[k] && (st = ferry_event_elapsed_ms(s->events[2 * k], s->events[2 * k + 1], &ms)) == FERRY_OK) {
-                s->inputs[k].stats.copy_seconds = 1e-3 * ms;
-                s->stats.copy_seconds += 1e-3 * ms;
+            float ms = 0, from = 0, to = 0;
+            if (!s->queue_of[k] || (st = ferry_event_elapsed_ms(s->events[2 * k], s->events[2 * k + 1], &ms)) != FERRY_OK) {
+                continue;
+            }
+            s->inputs[k].stats.copy_seconds = 1e-3 * ms;
+            s->stats.copy_seconds += 1e-3 * ms;
+            int q = 0;
+            while (q < n_queues && queues[q] != s->queue_of[k]) {
+                q++;
+            }
+            if (q == n_queues && n_queues <= FERRY_SCHED_MAX_BACKENDS) {
+                queues[n_queues] = s->queue_of[k];
+                first[n_queues++] = k;
+            }
+            const int k0 = first[q];
+            if ((st = ferry_event_elapsed_ms(s->events[2 * k0], s->events[2 * k], &from)) == FERRY_OK &&
+                (st = ferry_event_elapsed_ms(s->events[2 * k0], s->events[2 * k + 1], &to)) == FERRY_OK) {
+                ferry_sched_add_span(s, FERRY_SPAN_QUEUED_COPY, p, k, s->queued_at[k0] + 1e-3 * from,
+                                     s->queued_at[k0] + 1e-3 * to);
             }
         }
     }
@@ -149,6 +172,8 @@ ferry_status ferry_sched_prefetch_wait(ferry_sched * s, int p) {
     const double t0 = ferry_now_seconds();
     ferry_backend * backend = s->splits[s->parts[p].split].backend;
     const ferry_status st = ferry_event_wait(backend, s->events[2 * last + 1]); /* the queue is in order: all */
-    s->stats.wait_seconds += ferry_now_seconds() - t0;
+    const double t1 = ferry_now_seconds();
+    s->stats.wait_seconds += t1 - t0;
+    ferry_sched_add_span(s, FERRY_SPAN_WAIT, p, -1, t0, t1);
     return st;
 }

@@ -30,6 +30,9 @@ static void set_redirects(ferry_sched * s, bool on) {
 /* Forget the last allocation (its copies, splits, graphs); the allocator's buffers stay. */
 static void reset(ferry_sched * s) {
     ferry_sched_prefetch_reset(s);
+    free(s->spans);
+    s->spans = NULL;
+    s->n_spans = 0;
     for (int i = 0; i < s->n_parts; i++) {
         ferry_graph_free(s->parts[i].graph);
     }
@@ -468,6 +471,10 @@ ferry_status ferry_sched_alloc_graph(ferry_sched * s, ferry_graph * graph) {
     if (st == FERRY_OK) {
         st = ferry_sched_prefetch_prepare(s);
     }
+    if (st == FERRY_OK) { /* the timeline's room: each part's compute and wait, each input's copy */
+        s->spans = ferry_calloc(2 * (size_t) s->n_parts + (size_t) s->n_inputs + 1, sizeof(*s->spans));
+        st = s->spans ? FERRY_OK : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    }
     if (st != FERRY_OK) {
         reset(s);
     }
@@ -484,6 +491,8 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
         FERRY_TRY(ferry_sched_alloc_graph(s, graph));
     }
     memset(&s->stats, 0, sizeof(s->stats));
+    s->n_spans = 0;
+    s->run_start = ferry_now_seconds();
     s->stats.n_inputs = (uint64_t) s->n_inputs;
     s->stats.ahead_inputs = s->ahead_inputs;
     s->stats.ahead_bytes = s->ahead_bytes;
@@ -506,9 +515,11 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
             if (s->queue_of && s->queue_of[k]) {
                 continue;
             }
+            const double t0 = ferry_now_seconds();
             st = ferry_copy_input(sp->backend, s->policy, in->src, in->copy, &in->stats);
             if (st == FERRY_OK) {
                 ferry_sched_add_input_stats(&s->stats, &in->stats);
+                ferry_sched_add_span(s, FERRY_SPAN_COPY, p, k, t0, ferry_now_seconds());
             }
         }
         if (st == FERRY_OK) {
@@ -520,9 +531,10 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
             if (st == FERRY_OK) {
                 st = ferry_backend_synchronize(sp->backend);
             }
-            const double dt = ferry_now_seconds() - t0;
-            sp->compute_seconds += dt;
-            s->stats.compute_seconds += dt;
+            const double t1 = ferry_now_seconds();
+            sp->compute_seconds += t1 - t0;
+            s->stats.compute_seconds += t1 - t0;
+            ferry_sched_add_span(s, FERRY_SPAN_COMPUTE, p, -1, t0, t1);
         }
     }
     if (s->queue_of) {
@@ -539,6 +551,18 @@ ferry_backend * ferry_sched_get_tensor_backend(const ferry_sched * s, const ferr
     }
     const int slot = ferry_graph_slot(s->graph, t);
     return slot >= 0 && s->backend_of[slot] >= 0 ? s->backends[s->backend_of[slot]] : NULL;
+}
+
+ferry_status ferry_sched_trace(const ferry_sched * s, ferry_sched_span * spans, size_t max, size_t * n) {
+    FERRY_CHECK_ARG(s && n, "sched_trace: NULL argument");
+    *n = s->n_spans;
+    if (spans && s->n_spans > max) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "sched_trace: %zu spans, room for %zu", s->n_spans, max);
+    }
+    if (spans && s->n_spans) {
+        memcpy(spans, s->spans, s->n_spans * sizeof(*spans));
+    }
+    return FERRY_OK;
 }
 
 int ferry_sched_n_splits(const ferry_sched * s) { return s ? s->n_splits : 0; }

@@ -427,19 +427,19 @@ ferry_status ferry_tensor_set_used_cells(ferry_tensor * t, const ferry_tensor * 
     if (lengths->type != FERRY_TYPE_I32 || lengths->ne[0] != t->ne[stream_dim] || lengths->ne[1] != 1 ||
         lengths->ne[2] != 1 || lengths->ne[3] != 1) {
         return ferry_fail(FERRY_ERR_LAYOUT, "tensor_set_used_cells: lengths '%s' is %s [%lld, %lld, %lld, %lld]; "
-                          "it must be i32 [%lld], one length per stream of '%s' (its ne[%d])", lengths->name,
+                          "it must be i32 [%lld], one length per stream of '%s' (its ne[%d]: stream_dim)", lengths->name,
                           ferry_type_name(lengths->type), (long long) lengths->ne[0], (long long) lengths->ne[1],
                           (long long) lengths->ne[2], (long long) lengths->ne[3], (long long) t->ne[stream_dim],
                           t->name, stream_dim);
     }
     if (limit != 0 && limit < t->ne[cell_dim]) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "tensor_set_used_cells: limit %lld is below the %lld cells of '%s' "
-                          "(its ne[%d]); 0 takes them", (long long) limit, (long long) t->ne[cell_dim], t->name,
+                          "(its ne[%d]: cell_dim); 0 takes them", (long long) limit, (long long) t->ne[cell_dim], t->name,
                           cell_dim);
     }
     if (cell_dim == 0 && ferry_blck_size(t->type) != 1) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "tensor_set_used_cells: cells on dimension 0 of '%s', a %s tensor, would "
-                          "split its blocks of %lld values", t->name, ferry_type_name(t->type),
+        return ferry_fail(FERRY_ERR_LAYOUT, "tensor_set_used_cells: cells on dimension 0 (cell_dim) of '%s', a %s tensor, "
+                          "would split its blocks of %lld values", t->name, ferry_type_name(t->type),
                           (long long) ferry_blck_size(t->type));
     }
     t->used_lengths = lengths;

@@ -73,6 +73,36 @@ class Split:
     compute_seconds: float
 
 
+#: A span's kind (Span.kind), by ferry_span_kind.
+SPAN_KINDS = {lib.FERRY_SPAN_COPY: "copy", lib.FERRY_SPAN_QUEUED_COPY: "queued copy", lib.FERRY_SPAN_WAIT: "wait",
+              lib.FERRY_SPAN_COMPUTE: "compute"}
+
+
+@dataclass(frozen=True)
+class Span:
+    """One span of the last run's timeline (Scheduler.trace).
+
+    Attributes
+    ----------
+    kind : str
+        "copy" (an input copied by the calling thread, at its part), "queued copy" (an input copied
+        ahead on its backend's copy queue), "wait" (the calling thread waiting for a part's queued
+        copies) or "compute" (a part's compute, synchronized).
+    part : int
+        The part it belongs to (a layer's attention, in a decode step).
+    input : int
+        The input copied (an index into Scheduler.inputs), or -1.
+    start, end : float
+        Seconds from the run's start, on the host's clock.
+    """
+
+    kind: str
+    part: int
+    input: int
+    start: float
+    end: float
+
+
 def _release(handles: List[Handle]) -> None:
     for h in handles:
         h.release()
@@ -311,6 +341,30 @@ class Scheduler(Closeable):
         s = ffi.new("ferry_sched_stats *")
         check(lib.ferry_sched_get_stats(self._p, s))
         return SchedStats.from_c(s)
+
+    def trace(self) -> List[Span]:
+        """The last run's timeline: what the calling thread and each copy queue did, and when.
+
+        Returns
+        -------
+        list of Span
+            Ordered by start: each input's copy (by the calling thread, or on its backend's copy
+            queue when prefetched, its times from the queue's events), each wait for queued copies
+            and each part's compute, in seconds from the run's start. Empty before a run and after
+            a new alloc.
+
+        Raises
+        ------
+        FreedBufferError
+            When the scheduler is closed.
+        """
+        p = self._p
+        n = ffi.new("size_t *")
+        check(lib.ferry_sched_trace(p, ffi.NULL, 0, n))
+        spans = ffi.new("ferry_sched_span[]", max(int(n[0]), 1))
+        check(lib.ferry_sched_trace(p, spans, n[0], n))
+        return sorted((Span(SPAN_KINDS[int(x.kind)], int(x.part), int(x.input), float(x.start), float(x.end))
+                       for x in spans[0:n[0]]), key=lambda sp: (sp.start, sp.end))
 
     def buffer_size(self, backend: Backend) -> int:
         """Bytes of compute memory (copies and outputs) the scheduler holds on the Backend backend; 0 for

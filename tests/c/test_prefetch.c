@@ -285,6 +285,76 @@ static void test_copies_in_flight_never_share_memory(void) {
     ferry_backend_free(standin);
 }
 
+/* Spans of a kind, and whether each compute comes after the one before and after its part's copies. */
+static int count_kind(const ferry_sched_span * sp, size_t n, ferry_span_kind kind) {
+    int c = 0;
+    for (size_t i = 0; i < n; i++) {
+        c += sp[i].kind == kind;
+    }
+    return c;
+}
+
+static void check_timeline(const ferry_sched_span * sp, size_t n) {
+    double last_compute_end = 0.0;
+    int part = 0;
+    for (size_t i = 0; i < n; i++) {
+        CHECK(sp[i].start >= 0.0 && sp[i].end >= sp[i].start);
+        CHECK((sp[i].input >= 0) == (sp[i].kind == FERRY_SPAN_COPY || sp[i].kind == FERRY_SPAN_QUEUED_COPY));
+        if (sp[i].kind == FERRY_SPAN_COMPUTE) {
+            CHECK_EQ_U(sp[i].part, part++); /* the parts in order, each once */
+            CHECK(sp[i].start >= last_compute_end);
+            last_compute_end = sp[i].end;
+            for (size_t j = 0; j < n; j++) { /* a part computes once its inputs are in */
+                if (sp[j].input >= 0 && sp[j].part == sp[i].part) {
+                    CHECK(sp[j].end <= sp[i].start + 1e-6);
+                }
+            }
+        }
+    }
+}
+
+/* ferry_sched_trace: a serial run is the thread's copies and computes, every input copied
+ * once; a prefetched one moves every input but the first layer's K to the queue and waits
+ * for them; the counts come with NULL, too little room is refused, and a new alloc clears them. */
+static void test_trace_is_each_runs_copies_waits_and_computes(void) {
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    step s;
+    CHECK_OK(step_init(&s, standin, false));
+    static run_result r;
+    static ferry_sched_span sp[256];
+    for (int depth = 0; depth <= 2; depth++) {
+        ferry_sched * sched = NULL;
+        CHECK_OK(run_step(&s, FERRY_COPY_RANGES, false, depth, &r, &sched));
+        const int inputs = ferry_sched_n_inputs(sched);
+        size_t n = 0;
+        CHECK_OK(ferry_sched_trace(sched, NULL, 0, &n));
+        CHECK(n > 0 && n <= 256);
+        size_t got = 0;
+        CHECK_EQ_U(ferry_sched_trace(sched, sp, n - 1, &got), FERRY_ERR_OUT_OF_BOUNDS);
+        CHECK_OK(ferry_sched_trace(sched, sp, 256, &got));
+        CHECK_EQ_U(got, n);
+        CHECK_EQ_U(count_kind(sp, n, FERRY_SPAN_COMPUTE), N_LAYER); /* a part per layer: each output pinned */
+        CHECK_EQ_U(count_kind(sp, n, FERRY_SPAN_COPY) + count_kind(sp, n, FERRY_SPAN_QUEUED_COPY), inputs);
+        if (depth == 0) {
+            CHECK_EQ_U(count_kind(sp, n, FERRY_SPAN_QUEUED_COPY), 0);
+            CHECK_EQ_U(count_kind(sp, n, FERRY_SPAN_WAIT), 0);
+        } else {
+            CHECK_EQ_U(count_kind(sp, n, FERRY_SPAN_QUEUED_COPY), 2 * N_LAYER - 1);
+            CHECK(count_kind(sp, n, FERRY_SPAN_WAIT) >= 1);
+        }
+        SUB(check_timeline(sp, n));
+        CHECK_EQ_U(ferry_sched_trace(sched, sp, 256, NULL), FERRY_ERR_INVALID_ARG);
+        CHECK_EQ_U(ferry_sched_trace(NULL, sp, 256, &got), FERRY_ERR_INVALID_ARG);
+        CHECK_OK(ferry_sched_alloc_graph(sched, s.graph));
+        CHECK_OK(ferry_sched_trace(sched, NULL, 0, &n));
+        CHECK_EQ_U(n, 0);
+        ferry_sched_free(sched);
+    }
+    step_free(&s);
+    ferry_backend_free(standin);
+}
+
 /* A backend without a copy queue copies as it always did, prefetch or not. */
 static void test_no_queue_copies_as_before(void) {
     ferry_dummy_params p = ferry_dummy_default_params();
@@ -556,6 +626,7 @@ static const check_test tests[] = {
     {"standin_same_bytes_as_serial", test_standin_same_bytes_as_serial},
     {"copies_in_flight_never_share_memory", test_copies_in_flight_never_share_memory},
     {"no_queue_copies_as_before", test_no_queue_copies_as_before},
+    {"trace_is_each_runs_copies_waits_and_computes", test_trace_is_each_runs_copies_waits_and_computes},
     {"standin_copy_queue_lands_rows_in_order", test_standin_copy_queue_lands_rows_in_order},
     {"prefetch_takes_a_depth_and_refuses_a_negative_one", test_prefetch_takes_a_depth_and_refuses_a_negative_one},
     {"copy_queues_refuse_as_backends_queuing_nothing", test_copy_queues_refuse_as_backends_queuing_nothing},

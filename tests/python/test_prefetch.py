@@ -5,6 +5,8 @@ layers compute give the outputs and byte counts of the serial run; `ferry bench 
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -72,6 +74,37 @@ def test_cuda_outputs_and_bytes_as_serial() -> None:
     same_as_serial(Step(ferry.CUDABackend(0)))
 
 
+def test_the_trace_shows_each_layers_copies_under_the_compute_before_it() -> None:
+    """Scheduler.trace: a compute per layer in order; the first layer's windows copied by the calling
+    thread and its queue before its compute; every later layer's windows queued, each ending before
+    its own layer's compute starts, the first starting before the layer before's compute ends (on a link
+    held to 1 GB/s, each copy lasts longer than a step's host work); every span inside the run."""
+    split = ferry.StandinBackend(link_gbps=1.0)
+    step = Step(split)
+    with ferry.Scheduler([split, step.cpu], policy="ranges", prefetch=1) as sched:
+        windows = [step.kv.window(layer, N_KV) for layer in range(N_LAYER)]
+        graph = ferry.Graph(*ferry.attention_step(sched, split, windows, step.q, step.kv_len))
+        assert sched.trace() == []  # no run yet
+        t0 = time.perf_counter()
+        sched.compute(graph)
+        wall = time.perf_counter() - t0
+        spans = sched.trace()
+        inputs = sched.inputs
+    computes = [sp for sp in spans if sp.kind == "compute"]
+    assert [sp.part for sp in computes] == list(range(N_LAYER))
+    assert all(a.end <= b.start for a, b in zip(computes, computes[1:]))
+    copies = [sp for sp in spans if "copy" in sp.kind]
+    assert sorted(sp.input for sp in copies) == [i for i, inp in enumerate(inputs) if inp.src.source is not None]
+    assert all(0 <= sp.start <= sp.end <= wall for sp in spans)
+    for sp in copies:
+        assert sp.end <= computes[sp.part].start + 1e-6, sp  # a layer computes once its windows are in
+        assert sp.part == 0 or sp.kind == "queued copy", sp
+    for part in range(1, N_LAYER):  # its copies start under the compute before (one after another on the queue)
+        assert min(sp.start for sp in copies if sp.part == part) < computes[part - 1].end, part
+    assert {sp.kind for sp in copies if sp.part == 0} == {"copy", "queued copy"}
+    assert {sp.kind for sp in spans} == {"copy", "queued copy", "wait", "compute"}
+
+
 def test_prefetch_takes_a_depth_and_refuses_bad_ones_and_a_closed_scheduler() -> None:
     split, cpu = ferry.StandinBackend(), ferry.CPUBackend()
     sched = ferry.Scheduler([split, cpu])
@@ -102,7 +135,7 @@ SMALL = dict(n_ctx=512, npl=(2,), npp=32, ntg=3, n_layer=3, repeat=2, policies=(
 
 
 def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_bytes_and_outputs() -> None:
-    res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=1))  # type: ignore[arg-type]
+    res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=(1,)))  # type: ignore[arg-type]
     assert len(res.rows) == 2 * 2 * 2  # policies x layouts x (serial, overlapped)
     for r in res.rows:
         serial = res.serial_of(r)
@@ -123,6 +156,45 @@ def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_bytes_and_outp
     text = bench_cli.format_result(res)
     assert "overlap: each variant also ran prefetching 1 layer(s) ahead" in text
     assert "serial and overlapped" in text
+
+
+def test_bench_overlap_runs_each_prefetch_depth_and_says_how_much_stays_exposed() -> None:
+    res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=(1, 2)))  # type: ignore[arg-type]
+    assert len(res.rows) == 2 * 2 * 3  # policies x layouts x (serial, depth 1, depth 2)
+    assert {r.label for r in res.rows if r.prefetch == 2 and not r.unified} == {"flat+overlap2", "ranges+overlap2"}
+    overlapped = [(r, d) for r, d in zip(res.rows, res.as_dicts()) if r.overlap]
+    assert len(overlapped) == 2 * 2 * 2
+    for r, d in overlapped:
+        s = res.serial_of(r)
+        bound, hideable = max(s.copy_s, s.compute_s), min(s.copy_s, s.compute_s)
+        assert d["over_bound"] == pytest.approx(r.decode_s / bound)
+        assert d["over_serial"] == pytest.approx(r.decode_s / s.decode_s)
+        assert d["exposed_share"] == pytest.approx((r.decode_s - bound) / hideable)
+    assert all("exposed_share" not in d for r, d in zip(res.rows, res.as_dicts()) if not r.overlap)
+    text = bench_cli.format_result(res)
+    assert "prefetching 1, 2 layer(s) ahead" in text and "ranges+overlap2" in text and "exposed" in text
+
+
+def test_bench_trace_writes_each_variants_timeline_as_a_chrome_trace(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "trace.json"
+    rc, _ = run_cli(["bench", "-c", "512", "-npl", "2", "-npp", "32", "-ntg", "2", "--layers", "3",
+                     "--repeat", "1", "--rounds", "1", "--policy", "ranges", "--no-unified", "--overlap",
+                     "--device", "cpu", "--trace", str(path)], capsys)
+    assert rc == 0
+    trace = json.loads(path.read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {"npl 2 ranges", "npl 2 ranges+overlap"}
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["cat"] for e in spans} == {"copy", "compute", "wait", "queued copy"}
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+    # each layer of each step computes once, in both runs
+    per_run = {pid: sum(1 for e in spans if e["pid"] == pid and e["cat"] == "compute") for pid in {e["pid"] for e in spans}}
+    assert len(set(per_run.values())) == 1 and min(per_run.values()) >= 3 * 2
+    refused = tmp_path / "missing" / "trace.json"
+    with pytest.raises(SystemExit) as e:
+        run_cli(["bench", "--device", "cpu", "--trace", str(refused)], capsys)
+    assert e.value.code == 2 and "--trace" in capsys.readouterr().err and not refused.parent.exists()
 
 
 def test_bench_without_overlap_is_as_before() -> None:

@@ -93,6 +93,32 @@ FERRY_API ferry_status ferry_sched_split(const ferry_sched * sched, int i, ferry
 FERRY_API int          ferry_sched_n_inputs(const ferry_sched * sched);
 FERRY_API ferry_status ferry_sched_input(const ferry_sched * sched, int i, ferry_sched_input_info * out);
 FERRY_API ferry_status ferry_sched_get_stats(const ferry_sched * sched, ferry_sched_stats * out);
+
+/*
+ * The timeline of the last run (ferry_sched_trace): what the calling thread did (a blocking
+ * copy, a wait for prefetched copies, a part's compute) and what each copy queue did (a
+ * prefetched copy), with its part and input, in seconds from the run's start on the host's
+ * clock. A queued copy's times come from its events: the first one a queue reached in the run is
+ * placed when it was queued (the queue is idle as a run begins), the others by their elapsed
+ * time from it.
+ */
+typedef enum {
+    FERRY_SPAN_COPY = 0,        /* an input copied by the calling thread, at its part */
+    FERRY_SPAN_QUEUED_COPY = 1, /* an input copied ahead on its backend's copy queue */
+    FERRY_SPAN_WAIT = 2,        /* the calling thread waiting for a part's queued copies */
+    FERRY_SPAN_COMPUTE = 3,     /* a part's compute, synchronized */
+} ferry_span_kind;
+
+typedef struct {
+    ferry_span_kind kind;
+    int part;      /* the part it belongs to */
+    int input;     /* the input copied (a copy), else -1 */
+    double start;  /* seconds from the run's start */
+    double end;
+} ferry_sched_span;
+
+/* The last run's spans (up to max of them into spans; NULL counts them): *n gets how many there are. */
+FERRY_API ferry_status ferry_sched_trace(const ferry_sched * sched, ferry_sched_span * spans, size_t max, size_t * n);
 /* Compact staging: input copies take ferry_tensor_compact_layout (only the bytes read)
  * instead of the source's layout; takes effect at the next alloc. Off by default. */
 FERRY_API ferry_status ferry_sched_set_compact(ferry_sched * sched, bool compact);
