@@ -92,7 +92,7 @@ PROBES: Dict[str, Any] = {
     "--devices": "2", "--link-gbps": "2.45", "--latency-us": "2", "--device-memory": "64MiB",
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
     "--residency": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
-    "--plot": "chart.png",
+    "--plot": "chart.png", "--trace": "trace.json",
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.

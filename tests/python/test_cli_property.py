@@ -76,7 +76,8 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--layer-devices": PLACES,
     "--residency": names(["auto", "first", "round-robin", "slowest-link"]),
     "--compute-us": st.sampled_from(["0", "10", "100", "-1", "nan", "x"]),
-    "--plot": st.just("PLOT"),
+    "--plot": st.sampled_from(["PLOT", "/nonexistent/chart.png"]),
+    "--trace": st.sampled_from(["TRACE", "/nonexistent/trace.json"]),
 }
 
 
@@ -116,7 +117,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
     model = write_gguf(d / "tiny.gguf", "llama", blocks=2, ctx=64, embd=64, heads=2, heads_kv=1)
     lengths = d / "lengths.txt"
     lengths.write_text("3\n1\n2\n4\n")
-    return {"MODEL": str(model), "PLOT": str(d / "chart.png"), "LENGTHS": str(lengths)}
+    return {"MODEL": str(model), "PLOT": str(d / "chart.png"), "TRACE": str(d / "trace.json"), "LENGTHS": str(lengths)}
 
 
 def outcome(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixture[str],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional, TextIO, Union
@@ -13,6 +14,7 @@ from ..workloads import bench as bench_workload
 from ..workloads.bench import BenchConfig, BenchResult, BenchRow
 from ..workloads.common import run_name
 from ..workloads.estimate import Interval
+from ..workloads.trace import chrome_trace
 from . import residency
 from .options import apply_model, check_one_head_dim, devices_from_args, run_fields
 from .progress import Progress, progress_stream
@@ -185,35 +187,31 @@ def format_devices(res: BenchResult) -> List[str]:
     return lines + format_table([head, *body], left=(1, 2))
 
 
-def fmt_ratio(x: float) -> str:
-    """A ratio x as "0.83x"."""
-    return f"{x:.2f}x"
-
-
 def format_overlap(res: BenchResult) -> List[str]:
-    """The lines of the overlap table (--overlap): per npl, layout and variant, the serial run's decode,
-    copy and compute times and its bound max(copy, compute), the overlapped run's decode time over
-    each, and the memory both held on the split backend."""
+    """The lines of the overlap table (--overlap): per npl, layout, variant and prefetch depth, the serial
+    run's decode, copy and compute times, its bound max(copy, compute), the overlapped run's decode time,
+    over the bound and over the serial run, the exposed share of what prefetching could hide, and what
+    prefetching held on the split ahead of the layer computing."""
     cfg = res.config
-    lines = [f"overlap: each variant also ran prefetching {cfg.prefetch} layer(s) ahead on the split's copy queue, "
-             "taking turns with the serial run; bound = max(copy, compute) of the serial run",
-             "overlapped copy: the copy queue's time on the copies; ahead: what prefetching held on the split "
-             "beyond the layer computing"]
-    head = ["npl", "cache", "policy", "serial decode", "copy", "compute", "bound", "overlapped decode",
-            "/ serial", "/ bound", "overlapped copy", "compute", "split mem", "overlapped", "ahead"]
+    depths = ", ".join(map(str, cfg.prefetch))
+    lines = [f"overlap: each variant also ran prefetching {depths} layer(s) ahead on the split's copy queue, taking "
+             "turns with the serial run;",
+             "bound = max(copy, compute) of the serial run; exposed = (overlapped - bound) / min(copy, compute): "
+             "0 hides all"]
+    head = ["npl", "cache", "policy", "serial", "copy", "compute", "bound", "overlapped", "/ bound", "/ serial",
+            "exposed", "ahead"]
     body = []
     for npl in cfg.npl:
         for unified in cfg.layouts:
             for policy, compact in res.variants():
                 s = res.row(npl, policy, unified, compact)
-                o = res.row(npl, policy, unified, compact, overlap=True)
-                bound = res.bound(o)
-                body.append([str(npl), "unified" if unified else "split", s.label, fmt_seconds(s.decode_s),
-                             fmt_seconds(s.copy_s), fmt_seconds(s.compute_s), fmt_seconds(bound),
-                             fmt_seconds(o.decode_s), fmt_ratio(o.decode_s / s.decode_s),
-                             fmt_ratio(o.decode_s / bound) if bound > 0 else "-", fmt_seconds(o.copy_s),
-                             fmt_seconds(o.compute_s), fmt_mib(s.split_memory), fmt_mib(o.split_memory),
-                             fmt_mib(o.ahead_bytes)])
+                for depth in cfg.prefetch:
+                    o = res.row(npl, policy, unified, compact, depth)
+                    bound = res.bound(o)
+                    body.append([str(npl), "unified" if unified else "split", o.label, fmt_seconds(s.decode_s),
+                                 fmt_seconds(s.copy_s), fmt_seconds(s.compute_s), fmt_seconds(bound),
+                                 fmt_seconds(o.decode_s), f"{o.decode_s / bound:.2f}x" if bound > 0 else "-",
+                                 f"{o.decode_s / s.decode_s:.2f}x", f"{res.exposed(o):.0%}", fmt_mib(o.ahead_bytes)])
     return lines + format_table([head, *body], left=(1, 2))
 
 
@@ -291,7 +289,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        lengths=args.lengths,
                        repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
                        v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
-                       overlap=args.overlap, prefetch=args.prefetch, devices=devices_from_args(args))
+                       overlap=args.overlap, prefetch=tuple(args.prefetch), devices=devices_from_args(args),
+                       trace=args.trace is not None)
 
 
 @dataclass(frozen=True)
@@ -303,6 +302,7 @@ class Job:
     json: bool
     wide: bool
     plot: Optional[str]
+    trace: Optional[str] = None
 
 
 def job(args: argparse.Namespace) -> Union[Job, residency.BenchJob]:
@@ -324,7 +324,10 @@ def job(args: argparse.Namespace) -> Union[Job, residency.BenchJob]:
     cfg.check()
     if args.plot:
         check_plot_available()
-    return Job(cfg, args.json, args.wide, args.plot)
+    for flag, path in (("--plot", args.plot), ("--trace", args.trace)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise InvalidArgumentError(f"{flag} {path}: its folder does not exist; name a file in an existing folder")
+    return Job(cfg, args.json, args.wide, args.plot, args.trace)
 
 
 def run(j: Union[Job, residency.BenchJob]) -> int:
@@ -343,6 +346,13 @@ def run(j: Union[Job, residency.BenchJob]) -> int:
     if j.plot:
         plot_result(res, j.plot)
         print(f"ferry bench: wrote {j.plot}", file=sys.stderr)
+    if j.trace:
+        try:
+            with open(j.trace, "w", encoding="utf-8") as f:
+                json.dump(chrome_trace(res.traces), f)
+        except OSError as e:
+            raise InvalidArgumentError(f"--trace {j.trace}: cannot be written ({e.strerror})") from None
+        print(f"ferry bench: wrote {j.trace} (open it in https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
     return 0
 
 

@@ -208,7 +208,7 @@ OPTIONS: Tuple[Option, ...] = (
          type=count(0), default=d.ntg),
     _opt(["-ntg"], "tokens generated per sequence, one decode step each", _all(RUNS), SHAPE,
          type=POSITIVE, default=d.ntg),
-    _opt(["--pad"], "round n_kv up to this (llama.cpp: 256); steps of one n_kv share a graph", _all(ALL),
+    _opt(["--pad"], "round n_kv up to this (llama.cpp: 256); one graph per n_kv", _all(ALL),
          SHAPE, type=POSITIVE, default=d.pad),
     _opt(["--lengths"], "each sequence's prompt: -npp cells each, drawn uniformly up to -npp (seeded), or a file",
          {"table": ALWAYS, "bench": NO_RESIDENCY}, SHAPE, type=argument_type(lengths_arg), default="equal",
@@ -256,9 +256,9 @@ OPTIONS: Tuple[Option, ...] = (
          {"plan": RESIDENCY, "bench": ALWAYS}, RUN, action="store_true"),
     _opt(["--no-overlap"], "leave out the overlapped runs (each policy prefetching)",
          {"validate": ALWAYS}, RUN, action="store_false", dest="overlap"),
-    _opt(["--prefetch"], "layers an overlapped run queues ahead", {"plan": RESIDENCY & OVERLAP, "bench": OVERLAP,
-                                                                   "validate": GATE_OVERLAP},
-         RUN, type=POSITIVE, default=d.prefetch, metavar="N"),
+    _opt(["--prefetch"], "layers an overlapped run queues ahead; a run per depth",
+         {"plan": RESIDENCY & OVERLAP, "bench": OVERLAP, "validate": GATE_OVERLAP}, RUN, type=int_list,
+         default=list(d.prefetch), metavar="N,N,..."),
     _opt(["--seed"], "the sequences' content", {"validate": ALWAYS}, RUN, type=count(0), default=0),
     _opt(["--repeat"], "replicas of each npl (--residency: repetitions of each placement)", {"bench": ALWAYS}, RUN,
          type=POSITIVE, metavar="N",
@@ -320,6 +320,8 @@ OPTIONS: Tuple[Option, ...] = (
          {"bench": NO_RESIDENCY & TABLE_OUT}, OUTPUT, action="store_true"),
     _opt(["--plot"], "also write a PNG chart of tokens/s (needs matplotlib)", {"bench": NO_RESIDENCY}, OUTPUT,
          metavar="FILE.png"),
+    _opt(["--trace"], "also write each variant's timeline (Chrome trace, for Perfetto)",
+         {"bench": NO_RESIDENCY}, OUTPUT, metavar="FILE.json"),
 )
 
 

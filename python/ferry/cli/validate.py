@@ -91,7 +91,8 @@ def job(args: argparse.Namespace) -> Job:
                              kv_size=args.c // npl, npp=args.npp, type_kv=args.type, n_head=args.heads,
                              head_dim=args.head_dim, n_head_kv=args.kv_heads, policies=tuple(args.policy),
                              device=args.device, seed=args.seed, compact=args.compact, pad=args.pad, reuse=args.reuse,
-                             overlap=args.overlap, prefetch=args.prefetch, v_trans=args.v_trans, lengths=args.lengths,
+                             overlap=args.overlap, prefetch=tuple(args.prefetch), v_trans=args.v_trans,
+                             lengths=args.lengths,
                              devices=devices_from_args(args))
         cfg.check()
         out.append(cfg)

@@ -86,6 +86,7 @@ from .common import (
 from .common import variants as workload_variants
 from .devices import DeviceConfig, naming_device_memory
 from .estimate import Interval, StepFloor, balanced_orders, gain_interval
+from .trace import TracedStep
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
 OnStep = Callable[[str], None]
@@ -127,14 +128,15 @@ class BenchConfig:
     compact: bool = False  # also run each non-flat policy with compact staging
     reuse: bool = True  # a step whose padded n_kv is the last step's runs the last graph (StepGraph)
     overlap: bool = False  # also run each variant prefetching its inputs on the copy queue
-    prefetch: int = 1  # parts (layers) ahead an overlapped run queues
+    prefetch: Tuple[int, ...] = (1,)  # parts (layers) ahead an overlapped run queues: a run per depth
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
+    trace: bool = False  # keep each variant's timeline of its last timed repetition (BenchResult.traces)
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
         check_positive((("-c", self.n_ctx), ("-npp", self.npp), ("-ntg", self.ntg), ("--layers", self.n_layer),
                         ("--heads", self.n_head), ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv),
-                        ("--pad", self.pad), ("--prefetch", self.prefetch), ("--repeat", self.repeat),
+                        ("--pad", self.pad), *(("--prefetch", d) for d in self.prefetch), ("--repeat", self.repeat),
                         ("--rounds", self.rounds)))
         check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
         self.devices.check(self.n_layer, self.device)
@@ -182,7 +184,7 @@ class BenchConfig:
 
     @property
     def prefetch_depths(self) -> Tuple[int, ...]:
-        """The Scheduler.prefetch of each variant's runs: 0 (serial), and with overlap the depth."""
+        """The Scheduler.prefetch of each variant's runs: 0 (serial), and with overlap each depth."""
         return prefetch_depths(self.overlap, self.prefetch)
 
     @property
@@ -286,7 +288,7 @@ class BenchRow:
     @property
     def label(self) -> str:
         """The policy, with "+compact" for compact staging and "+overlap" for an overlapped run."""
-        return run_name(self.policy, self.compact, self.overlap)
+        return run_name(self.policy, self.compact, self.prefetch)
 
     @property
     def copy_bandwidth(self) -> float:
@@ -320,12 +322,14 @@ class BenchResult:
     standin_link_gbps: Optional[float] = None  # the stand-in split's modelled link (None: unmodelled, or CUDA)
     link_overrun: float = 0.0  # over the timed rounds, the most a stand-in's copies ran past its link, a share
     seconds: float = 0.0  # the run's wall time
+    traces: Dict[str, List[TracedStep]] = field(default_factory=dict)  # with cfg.trace: per variant's label, the
+    # steps of its last timed repetition in the first replica
 
-    def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False,
-            overlap: bool = False) -> BenchRow:
-        """The row of one run (StopIteration for a run the configuration did not make)."""
+    def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False, prefetch: int = 0) -> BenchRow:
+        """The row of one run, serial or prefetching that many parts ahead (StopIteration for a run the
+        configuration did not make)."""
         return next(r for r in self.rows
-                    if (r.npl, r.policy, r.unified, r.compact, r.overlap) == (npl, policy, unified, compact, overlap))
+                    if (r.npl, r.policy, r.unified, r.compact, r.prefetch) == (npl, policy, unified, compact, prefetch))
 
     def serial_of(self, r: BenchRow) -> BenchRow:
         """The serial run of an overlapped row's variant (the row itself when it is serial)."""
@@ -336,6 +340,14 @@ class BenchResult:
         serial = self.serial_of(r)
         return max(serial.copy_s, serial.compute_s)
 
+    def exposed(self, r: BenchRow) -> float:
+        """An overlapped row's exposed share: of what prefetching could hide (min(copy, compute) of the serial
+        run), the share its decode still pays: (decode - max(copy, compute)) / min(copy, compute); 0 when it
+        hides it all, 1 when it hides nothing."""
+        serial = self.serial_of(r)
+        hideable = min(serial.copy_s, serial.compute_s)
+        return (r.decode_s - self.bound(r)) / hideable if hideable > 0 else 0.0
+
     def variants(self) -> List[Tuple[str, bool]]:
         """(policy, compact) in table order: every policy, then the non-flat ones with compact staging."""
         return variants(self.config)
@@ -344,7 +356,7 @@ class BenchResult:
         """flat's row of the same npl and layout (overlapped for an overlapped row); None without flat."""
         if "flat" not in self.config.policies:
             return None
-        return self.row(r.npl, "flat", r.unified, overlap=r.overlap)
+        return self.row(r.npl, "flat", r.unified, prefetch=r.prefetch)
 
     def gain_interval(self, r: BenchRow) -> Optional[Interval]:
         """A row's gain over flat (same npl and layout, serial or overlapped alike) with its interval
@@ -362,7 +374,7 @@ class BenchResult:
         or when the unified cache did not run."""
         if r.unified or not self.config.runs_unified:
             return None
-        u = self.row(r.npl, r.policy, True, r.compact, r.overlap)
+        u = self.row(r.npl, r.policy, True, r.compact, r.prefetch)
         return gain_interval(r.replica_rates, u.replica_rates)
 
     def warnings(self) -> List[str]:
@@ -378,13 +390,16 @@ class BenchResult:
         interval ("gain", "gain_low", "gain_high", "gain_within_noise"; "gain_claimed": False for flat and
         the unified cache); a split row's gain over the unified cache ("over_unified", "over_unified_low",
         "over_unified_high"); an overlapped row's serial decode time and bound ("serial_decode_s",
-        "bound_s"); "config": the whole configuration."""
+        "bound_s"), its decode time over each ("over_bound", "over_serial") and its exposed share
+        ("exposed_share", see exposed); "config": the whole configuration."""
         config = asdict(self.config)
         out = []
         for r in self.rows:
             d = r.as_dict()
             if r.overlap:
-                d.update(serial_decode_s=self.serial_of(r).decode_s, bound_s=self.bound(r))
+                serial, bound = self.serial_of(r), self.bound(r)
+                d.update(serial_decode_s=serial.decode_s, bound_s=bound, over_bound=r.decode_s / bound,
+                         over_serial=r.decode_s / serial.decode_s, exposed_share=self.exposed(r))
             g, u = self.gain_interval(r), self.unified_gain(r)
             d.update(gain=None if g is None else g.estimate, gain_low=None if g is None else g.low,
                      gain_high=None if g is None else g.high,
@@ -489,8 +504,9 @@ class _Variant:
         self.split_memory = 0
         self.device_memory = [0] * n_dev  # per device: the scheduler's buffer there at its most
         self.digests: List[str] = []
+        self.traced: List[TracedStep] = []  # with cfg.trace: the last timed repetition's steps
         self.counts = (0, 0, 0, 0, [0] * n_dev, [0] * n_dev)  # a repetition's copied, read, rebuilds, ahead, per device
-        self.label = f"npl {cache.npl} {run_name(policy, compact, prefetch > 0)}{' unified' if cache.unified else ''}"
+        self.label = f"npl {cache.npl} {run_name(policy, compact, prefetch)}{' unified' if cache.unified else ''}"
 
     def _build(self, n_kv: object) -> List[Tensor]:
         c = self.cache
@@ -508,6 +524,7 @@ class _Variant:
         dev_bytes, dev_kv = [0] * n_dev, [0] * n_dev
         builds = self.graphs.builds
         digest = hashlib.sha256()
+        traced: List[TracedStep] = []
         for t in range(cfg.ntg):
             t0 = time.perf_counter()
             if not cfg.reuse:
@@ -528,6 +545,9 @@ class _Variant:
                 for w, s in (("decode", decode), ("copy", st.copy_seconds), ("compute", st.compute_seconds),
                              ("host", t1 - t0)):
                     self.floors[w].add(t, s)
+                if cfg.trace:
+                    traced.append(TracedStep(tuple(self.sched.trace()), decode,
+                                             tuple(i.src.name for i in self.sched.inputs)))
                 for f, s in zip(self.device_copy, device_copy):
                     f.add(t, s)
             for out in graph.outputs:
@@ -537,6 +557,7 @@ class _Variant:
         if timed:
             self.counts = (copied, read, self.graphs.builds - builds, ahead, dev_bytes, dev_kv)
             self.digests.append(digest.hexdigest())
+            self.traced = traced
 
     def _step_inputs(self, copied: List[int], kv: List[int]) -> Tuple[List[float], int, int]:
         """Add the last step's inputs to each device's bytes and KV windows' bytes (an input counts for the
@@ -653,10 +674,11 @@ def _link_totals(devices: Sequence[Backend]) -> List[Tuple[float, float]]:
 
 
 def _measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, pinned: bool, count: int,
-             on_step: Optional[OnStep]) -> Tuple[List[List[BenchRow]], List[Tuple[float, float]]]:
+             on_step: Optional[OnStep]) -> Tuple[List[List[BenchRow]], List[Tuple[float, float]],
+                                                 Dict[str, List[TracedStep]]]:
     """count replicas of npl made together: a warm-up round each, then cfg.rounds timed rounds, the replicas
-    taking turns round by round. Returns each replica's rows and the links' (late, modelled) seconds
-    over the timed rounds."""
+    taking turns round by round. Returns each replica's rows, the links' (late, modelled) seconds over
+    the timed rounds, and (cfg.trace) the first replica's variants' traced steps by label."""
     made: List[_Replica] = []
     collecting = gc.isenabled()
     try:
@@ -671,7 +693,8 @@ def _measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, p
             for replica in made:
                 replica.round(True, on_step)
         link = [(l1 - l0, m1 - m0) for (l0, m0), (l1, m1) in zip(before, _link_totals(devices))]
-        return [[v.row() for v in replica.variants] for replica in made], link
+        traces = {v.label: v.traced for v in made[0].variants if v.traced}
+        return [[v.row() for v in replica.variants] for replica in made], link, traces
     finally:
         if collecting:
             gc.enable()
@@ -713,14 +736,16 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
         together = max(1, min(cfg.repeat, TOGETHER_BYTES // max(1, replica_bytes(cfg))))
         rows: List[BenchRow] = []
         overrun = 0.0
+        traces: Dict[str, List[TracedStep]] = {}
         for npl in cfg.npl:
             replicas: List[List[BenchRow]] = []
             while len(replicas) < cfg.repeat:
-                made, link = _measure(cfg, devices, cpu, npl, pinned, min(together, cfg.repeat - len(replicas)),
-                                      on_step)
+                made, link, traced = _measure(cfg, devices, cpu, npl, pinned,
+                                              min(together, cfg.repeat - len(replicas)), on_step)
+                traces = {**traced, **traces}
                 replicas += made
                 overrun = max([overrun, *(late / modelled for late, modelled in link if modelled > 0)])
             rows += [merge_replicas(per_variant) for per_variant in zip(*replicas)]
     return BenchResult(cfg, split.name, "pageable host memory" if not pinned else "pinned host memory", rows,
                        [d.name for d in devices], split.link_gbps if isinstance(split, StandinBackend) else None,
-                       overrun, time.perf_counter() - start)
+                       overrun, time.perf_counter() - start, traces)

@@ -130,39 +130,41 @@ def variants(policies: Sequence[str], compact: bool) -> List[Tuple[str, bool]]:
     return out
 
 
-def prefetch_depths(overlap: bool, prefetch: int) -> Tuple[int, ...]:
+def prefetch_depths(overlap: bool, prefetch: Sequence[int]) -> Tuple[int, ...]:
     """The Scheduler.prefetch of each variant's runs.
 
     Parameters
     ----------
     overlap : bool
         Whether each variant also runs overlapped.
-    prefetch : int
-        Parts (layers) an overlapped run queues ahead.
+    prefetch : sequence of int
+        Parts (layers) an overlapped run queues ahead: one overlapped run per depth.
 
     Returns
     -------
     tuple of int
-        (0,) for the serial run alone; (0, prefetch) with overlap.
+        (0,) for the serial run alone; (0, *prefetch) with overlap.
     """
-    return (0, prefetch) if overlap else (0,)
+    return (0, *prefetch) if overlap else (0,)
 
 
-def run_name(policy: str, compact: bool, overlap: bool = False) -> str:
-    """A run's name in reports and hashes: the policy, "+compact" for compact staging, "+overlap" when
-    its inputs were prefetched (e.g. "ranges+compact+overlap").
+def run_name(policy: str, compact: bool, prefetch: int = 0) -> str:
+    """A run's name in reports and hashes: the policy, "+compact" for compact staging, "+overlap" when its
+    inputs were prefetched one part ahead, "+overlapN" N parts ahead (e.g. "ranges+compact+overlap2").
 
     Parameters
     ----------
     policy : str
     compact : bool
-    overlap : bool, optional
+    prefetch : int, optional
+        The scheduler's prefetch depth (0: serial).
 
     Returns
     -------
     str
     """
-    return policy + ("+compact" if compact else "") + ("+overlap" if overlap else "")
+    overlap = "" if prefetch <= 0 else "+overlap" + (str(prefetch) if prefetch > 1 else "")
+    return policy + ("+compact" if compact else "") + overlap
 
 
 #: How each sequence's prompt length is drawn (--lengths): -npp cells each, or seeded uniform draws;

@@ -77,7 +77,7 @@ class ValidateConfig:
     pad: int = 1  # a wave's n_kv is its longest sequence rounded up to this (at most kv_size)
     reuse: bool = True  # a step whose padded n_kv is the last one's runs the last graph (StepGraph)
     overlap: bool = True  # also hash each run prefetching on the copy queue (keys "+overlap")
-    prefetch: int = 1  # parts (layers) ahead an overlapped run queues
+    prefetch: Tuple[int, ...] = (1,)  # parts (layers) ahead an overlapped run queues: one run per depth
     v_trans: bool = False  # V stored transposed (flash attention off)
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
     npp: Optional[int] = None  # the longest prompt; None: kv_size - n_step
@@ -88,7 +88,7 @@ class ValidateConfig:
         check_positive((("--sequences", self.n_seq), ("-npl", self.n_stream), ("--layers", self.n_layer),
                         ("-ntg", self.n_step), ("-c / -npl", self.kv_size), ("--heads", self.n_head),
                         ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv), ("--pad", self.pad),
-                        ("--prefetch", self.prefetch)))
+                        *(("--prefetch", d) for d in self.prefetch)))
         if self.npp is not None:
             check_positive((("-npp", self.npp),))
         if self.n_stream < 2:
@@ -365,7 +365,7 @@ def _run_validate(cfg: ValidateConfig) -> ValidateResult:
     for prefix, layout in runs:
         for policy, compact in variants(cfg.policies, cfg.compact):
             for prefetch in prefetch_depths(cfg.overlap, cfg.prefetch):
-                name = prefix + run_name(policy, compact, prefetch > 0)
+                name = prefix + run_name(policy, compact, prefetch)
                 if layout is None:
                     got = serve(cfg, split, policy, compact=compact, prefetch=prefetch)
                 else:
