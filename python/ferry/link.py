@@ -98,7 +98,10 @@ def fit_link(points: Sequence[Tuple[int, int, float]]) -> LinkFit:
     free = [0, 1, 2]
     coef = np.zeros(3)
     while free:
-        sol = np.linalg.lstsq(a[:, free] * weights[:, None], t * weights, rcond=None)[0]
+        m = a[:, free] * weights[:, None]
+        scale = np.linalg.norm(m, axis=0)  # columns of like size: a huge row count or size stays exact
+        scale[scale == 0] = 1.0
+        sol = np.linalg.lstsq(m / scale, t * weights, rcond=None)[0] / scale
         if (sol >= 0).all():
             coef[:] = 0
             coef[free] = sol

@@ -1,7 +1,7 @@
-"""The entry points added with placement, under random arguments (hypothesis, the repeatable profile):
-KVCache(placement=, layer_cells=), KVCache.from_arrays and set_stream, attention_step,
-ferry.residency's plan and predict functions with their DeviceSpec and LayerCost, StandinBackend and
-measure_link.
+"""The entry points added with placement and since, under random arguments (hypothesis, the repeatable
+profile): KVCache(placement=, layer_cells=), KVCache.from_arrays and set_stream, attention_step,
+ferry.residency's plan and predict functions with their DeviceSpec and LayerCost, StandinBackend,
+measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -508,6 +508,196 @@ def test_measure_link_measures_or_refuses_naming_the_argument_copying_nothing(ch
         return
     assert got.nbytes == args["nbytes"] // 4 * 4 and len(got.times) == args["repeats"] and got.gbps > 0
     assert (got.fit is not None) is args["fit"]
+
+
+# ---------------------------------------------------------------- ragged windows: set_used_cells, plan_ragged
+
+RAGGED_NS, RAGGED_CELLS, RAGGED_NKV = 3, 16, 12
+CELL_BYTES = 2 * 16 * 2  # n_head_kv x head_dim f16 values: one cell of K
+
+
+def ragged_window() -> Tuple[ferry.KVCache, ferry.Tensor, ferry.Tensor]:
+    """A cache of three streams, layer 0's K window of RAGGED_NKV cells, and lengths in host memory."""
+    kv = ferry.KVCache("f16", "f16", 16, 2, RAGGED_NS * RAGGED_CELLS, RAGGED_NS, 1)
+    lengths = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.array([5, 0, 12], np.int32), name="kv_len")
+    return kv, kv.window(0, RAGGED_NKV)[0], lengths
+
+
+def lengths_of(i: int, cpu: ferry.Tensor) -> Any:
+    """A lengths argument: the right one, one of f32, of another length, on a device, or no tensor."""
+    if i == 0:
+        return cpu
+    if i == 1:
+        return ferry.Tensor.from_numpy(ferry.CPUBackend(), np.zeros(RAGGED_NS, np.float32))
+    if i == 2:
+        return ferry.Tensor.from_numpy(ferry.CPUBackend(), np.zeros(RAGGED_NS + 1, np.int32))
+    if i == 3:
+        return ferry.Tensor.from_numpy(ferry.StandinBackend(), np.array([1, 2, 3], np.int32))
+    return JUNK[i - 4]
+
+
+USED_ARGS = ["lengths", "cell_dim", "stream_dim", "limit"]
+
+
+@st.composite
+def used_change(draw: st.DrawFn) -> Tuple[str, Any]:
+    arg = draw(st.sampled_from(USED_ARGS))
+    if arg == "lengths":
+        return arg, ("lengths", draw(st.integers(0, 3 + len(JUNK))))
+    if arg == "limit":
+        return arg, draw(st.one_of(st.none(), ints(-2, 20), junk()))
+    return arg, draw(st.one_of(ints(-2, 5), junk()))
+
+
+@settings(max_examples=400 * SCALE, **SETTINGS)
+@given(used_change())
+@example(("cell_dim", 3))  # cells and streams on one dimension: refused naming both
+@example(("limit", 11))  # below the window's cells
+@example(("lengths", ("lengths", 3)))  # lengths on a device: taken, refused when the ragged plan reads them
+def test_set_used_cells_of_any_argument_plans_each_streams_used_cells_or_is_refused_naming_it(
+        change: Tuple[str, Any]) -> None:
+    """A window's used cells of one argument changed: taken, and plan_ragged then copies each stream's
+    first min(length, n_kv) cells and no other byte (or refuses naming where the lengths are), or
+    refused naming the argument, the window as it was."""
+    arg, value = change
+    kv, k, lengths = ragged_window()
+    if isinstance(value, tuple) and value[0] == "lengths":
+        value = lengths_of(value[1], lengths)
+    args = changed(dict(lengths=lengths, cell_dim=1, stream_dim=3, limit=None), arg, value)
+    names = (arg,) + {"lengths": ("lengths", "i32"), "cell_dim": ("stream_dim", "dimension"),
+                      "stream_dim": ("cell_dim", "dimension"), "limit": ("cells",)}[arg]
+    got, err = outcome(lambda: k.set_used_cells(**args), names)
+    if err is not None:
+        assert k.used_cells is None, "a refused set_used_cells left used cells"
+        return
+    assert got is k
+    if args["lengths"] is None:
+        assert k.used_cells is None
+        return
+    assert k.used_cells is not None
+    plan, perr = outcome(lambda: ferry.plan.plan_ragged(k), ("host", "cell", "length", "dimension"))
+    if perr is not None:
+        return
+    want = sum(min(n, RAGGED_NKV) for n in lengths.to_numpy().tolist()) * CELL_BYTES
+    if k.used_cells[:2] == (1, 3):
+        assert sum(c.size * c.count for c in plan) == want
+        for c in plan:  # every byte copied is a used cell of its stream
+            for r in range(c.count):
+                start = c.offset + r * c.stride
+                stream, within = divmod(start, kv.k(0).nb[2])  # a stream's cells, one after another
+                assert within + c.size <= min(int(lengths.to_numpy()[stream]), RAGGED_NKV) * CELL_BYTES
+
+
+@st.composite
+def plan_ragged_change(draw: st.DrawFn) -> Tuple[str, Any]:
+    arg = draw(st.sampled_from(["tensor", "model"]))
+    if arg == "tensor":
+        return arg, draw(st.one_of(st.sampled_from(["window", "no used cells"]), junk()))
+    return arg, draw(st.one_of(st.sampled_from(["cpu", "cuda", "CPU", "standin", "closed", "cost model"]), numbers(),
+                               junk()))
+
+
+@settings(max_examples=200 * SCALE, **SETTINGS)
+@given(plan_ragged_change())
+@example(("model", "closed"))
+def test_plan_ragged_of_any_argument_is_the_used_cells_or_refused_naming_it(change: Tuple[str, Any]) -> None:
+    """plan_ragged with one argument changed: the used cells' copies, or a refusal naming the argument
+    (a window without used cells is refused saying so)."""
+    arg, value = change
+    kv, k, lengths = ragged_window()
+    k.set_used_cells(lengths)
+    value = {"window": k, "no used cells": kv.window(0, RAGGED_NKV)[1],
+             "standin": ferry.StandinBackend(latency_us=2.0, row_ns=50.0),
+             "closed": ferry.StandinBackend(), "cost model": ferry.plan.CopyCostModel.cpu()}.get(
+        value, value) if isinstance(value, str) else value
+    if isinstance(value, ferry.StandinBackend) and value.row_ns == 0:
+        value.close()
+    args = changed(dict(tensor=k, model="cpu"), arg, value)
+    names = {"tensor": ("plan_ragged", "used lengths", "Tensor"), "model": ("model", "cost", "Backend", "closed")}[arg]
+    got, err = outcome(lambda: ferry.plan.plan_ragged(**args), names)
+    if err is None:
+        assert sum(c.size * c.count for c in got) == (5 + 0 + 12) * CELL_BYTES
+
+
+# ---------------------------------------------------------------- fit_link
+
+
+@st.composite
+def link_points(draw: st.DrawFn) -> Tuple[Tuple[float, float, float], List[Any]]:
+    """A link's true (latency_us, row_ns, gbps) and the exact times of some copies over it, one of
+    them perhaps changed to a drawn value."""
+    latency, row, gbps = draw(st.floats(0, 50)), draw(st.floats(0, 500)), draw(st.floats(0.5, 500))
+    sizes = sorted(draw(st.sets(st.integers(1 << 10, 1 << 26), min_size=2, max_size=4)))
+    rows = sorted(draw(st.sets(st.integers(2, 4096), min_size=2, max_size=3)))
+    pts: List[Any] = [(b, 1, latency * 1e-6 + b / (gbps * 1e9)) for b in sizes]
+    pts += [(b, r, latency * 1e-6 + r * row * 1e-9 + b / (gbps * 1e9)) for b, r in zip(sizes, rows)]
+    if draw(st.booleans()):
+        i = draw(st.integers(0, len(pts) - 1))
+        field = draw(st.integers(0, 3))
+        bad = draw(st.one_of(junk(), numbers(), ints()))
+        pts[i] = bad if field == 3 else tuple(bad if f == field else x for f, x in enumerate(pts[i]))
+    return (latency, row, gbps), pts
+
+
+@settings(max_examples=400 * SCALE, **SETTINGS)
+@given(link_points())
+@example(((1.0, 0.0, 8.0), [(4096, 1, 1e-6), (4096, 1, 2e-6)]))  # one size: latency and bandwidth not apart
+@example(((1.0, 0.0, 8.0), [(4096, 1, 1e-6), (8192, 1, -1.0), (4096, 4, 1e-6), (4096, 8, 1e-6)]))
+@example(((0.0, 0.0, 1.0), [(1024, 2**63 - 1, 1.024e-06), (1025, 1, 1.025e-06), (1026, 1, 1.026e-06),
+                            (1024, 2, 1.024e-06), (1025, 3, 1.025e-06)]))  # a huge row count: columns scaled
+def test_fit_link_gives_back_the_link_its_exact_times_came_from_or_refuses_naming_the_point(
+        case: Tuple[Tuple[float, float, float], List[Any]]) -> None:
+    """Exact times of a link's copies fit back to that link (within rounding); a point changed is
+    refused naming it, or fits to figures that are finite and not below 0."""
+    (latency, row, gbps), pts = case
+    got, err = outcome(lambda: ferry.link.fit_link(pts), ("point", "rows", "sizes", "row counts"))
+    if err is not None:
+        return
+    assert got.latency_us >= 0 and got.row_ns >= 0 and got.gbps > 0
+    assert math.isfinite(got.latency_us) and math.isfinite(got.row_ns)
+    exact = all(isinstance(p, tuple) and len(p) == 3 and
+                p[2] == pytest.approx(latency * 1e-6 + (p[1] * row * 1e-9 if p[1] > 1 else 0) + p[0] / (gbps * 1e9),
+                                      rel=1e-12) for p in pts)
+    if exact:
+        assert got.latency_us == pytest.approx(latency, rel=1e-4, abs=1e-3)
+        assert got.row_ns == pytest.approx(row, rel=1e-4, abs=1e-2)
+        assert got.gbps == pytest.approx(gbps, rel=1e-4)
+
+
+# ---------------------------------------------------------------- Scheduler.trace
+
+
+@settings(max_examples=60 * SCALE, **SETTINGS)
+@given(st.sampled_from(["flat", "ranges", "plan", "ragged"]), st.integers(0, 4), st.integers(1, 4),
+       st.sampled_from([0.0, 1.0, 8.0]))
+def test_the_trace_of_any_run_computes_each_layer_once_in_order_after_its_copies(
+        policy: str, prefetch: int, n_layer: int, link_gbps: float) -> None:
+    """Scheduler.trace after a step of any policy, depth, layer count and link: each layer's compute
+    once, in order, after its own copies; every input copied once (on the queue when prefetched, but
+    the first layer's K); each span inside the run; empty before a run and refused once closed."""
+    split = ferry.StandinBackend(link_gbps=link_gbps)
+    kv = ferry.KVCache("f16", "f16", 16, 2, 2 * 32, 2, n_layer)
+    rng = np.random.default_rng(3)
+    q = [ferry.Tensor.from_numpy(split, rng.uniform(-1, 1, (2, 1, 4, 16)).astype(np.float32)) for _ in range(n_layer)]
+    kv_len = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.array([20, 7], np.int32))
+    with ferry.Scheduler([split, ferry.CPUBackend()], policy=policy, prefetch=prefetch) as sched:
+        assert sched.trace() == []
+        outs = ferry.attention_step(sched, split, kv.windows(24), q, kv_len)
+        sched.compute(outs.graph)
+        spans = sched.trace()
+        inputs = sched.inputs
+    computes = [sp for sp in spans if sp.kind == "compute"]
+    assert [sp.part for sp in computes] == list(range(n_layer))
+    assert all(a.end <= b.start for a, b in zip(computes, computes[1:]))
+    copies = [sp for sp in spans if "copy" in sp.kind]
+    assert sorted(sp.input for sp in copies) == list(range(len(inputs)))
+    for sp in copies:
+        assert sp.end <= computes[sp.part].start + 1e-6
+    queued = [sp for sp in copies if sp.kind == "queued copy"]
+    assert len(queued) == (2 * n_layer - 1 if prefetch and n_layer else 0)
+    assert all(0 <= sp.start <= sp.end for sp in spans)
+    with pytest.raises(ferry.FerryError, match="closed"):
+        sched.trace()
 
 
 # ---------------------------------------------------------------- the backends' documentation
