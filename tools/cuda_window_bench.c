@@ -653,7 +653,7 @@ int main(int argc, char ** argv) {
         r->bytes[RANGES] = r->bytes[CONTIG] = (size_t) ns * N_KV * b.row;
         for (int it = 0; it < WARMUP + runs; it++) {
             for (int w = 0; w < N_WAYS; w++) {
-                double us;
+                double us = 0;
                 if (run_one(&b, w, &us)) {
                     return 1;
                 }

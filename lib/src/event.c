@@ -57,3 +57,11 @@ ferry_status ferry_event_elapsed_ms(const ferry_event * start, const ferry_event
     }
     return start->iface.elapsed_ms(start, end, out);
 }
+
+ferry_status ferry_event_reached_seconds(const ferry_event * event, double * out) {
+    FERRY_CHECK_ARG(event && out, "event_reached_seconds: NULL argument");
+    if (!event->iface.reached_seconds) {
+        return FERRY_ERR_UNSUPPORTED;
+    }
+    return event->iface.reached_seconds(event, out);
+}

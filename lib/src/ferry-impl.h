@@ -49,6 +49,9 @@ ferry_status ferry_new_zeroed(size_t size, const char * what, void ** out);
 
 /* The host's monotonic clock, in seconds: every time ferry measures. */
 double ferry_now_seconds(void);
+/* When a reached event was reached, on ferry_now_seconds's clock; UNSUPPORTED (no error left)
+ * for events that only time against each other (a CUDA stream's). */
+ferry_status ferry_event_reached_seconds(const ferry_event * event, double * out);
 
 /* ---------------------------------------------------------------- types (types.c) */
 
@@ -220,6 +223,9 @@ struct ferry_event_i {
     ferry_status (*wait)(ferry_backend * backend, ferry_event * event);
     ferry_status (*synchronize)(ferry_event * event);
     ferry_status (*elapsed_ms)(const ferry_event * start, const ferry_event * end, float * out); /* optional */
+    /* optional: when the event was reached, on the host's clock (ferry_now_seconds); a queue run
+     * by a host thread knows it, a device stream does not */
+    ferry_status (*reached_seconds)(const ferry_event * event, double * out);
 };
 
 struct ferry_event {

@@ -133,7 +133,9 @@ ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts) {
             done = s->queue_of[k];
         }
     }
-    /* per queue, the run's first queued copy: the others are timed from its start event */
+    /* Each queued copy's span: from its events' host times where the queue knows them (a host
+     * thread's queue), else timed from the run's first queued copy on its queue, placed when it
+     * was queued (a device stream is idle as a run begins). */
     int first[FERRY_SCHED_MAX_BACKENDS + 1];
     const ferry_backend * queues[FERRY_SCHED_MAX_BACKENDS + 1];
     int n_queues = 0;
@@ -145,6 +147,12 @@ ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts) {
             }
             s->inputs[k].stats.copy_seconds = 1e-3 * ms;
             s->stats.copy_seconds += 1e-3 * ms;
+            double t0, t1;
+            if (ferry_event_reached_seconds(s->events[2 * k], &t0) == FERRY_OK &&
+                ferry_event_reached_seconds(s->events[2 * k + 1], &t1) == FERRY_OK) {
+                ferry_sched_add_span(s, FERRY_SPAN_QUEUED_COPY, p, k, t0, t1);
+                continue;
+            }
             int q = 0;
             while (q < n_queues && queues[q] != s->queue_of[k]) {
                 q++;

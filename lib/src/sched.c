@@ -502,12 +502,14 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
         s->splits[i].compute_seconds = 0;
     }
     /* Part by part: its inputs are copied once the parts before have run (and freed memory);
-     * prefetched ones were queued `prefetch` parts before, and its compute waits for them. */
+     * prefetched ones were queued `prefetch` parts before, and its compute waits for them. The
+     * parts ahead are queued after this part's own copies: queued first, they would take the
+     * link (one per direction, as a copy engine is) before a copy this part needs now. */
     int queued = 0;
     for (int p = 0; p < s->n_parts && st == FERRY_OK; p++) {
         ferry_sched_split_info * sp = &s->splits[s->parts[p].split];
         if (s->queue_of) {
-            st = ferry_sched_prefetch_queue(s, p + s->prefetch, &queued);
+            st = ferry_sched_prefetch_queue(s, p, &queued); /* the first part's share of its own */
         }
         for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs && st == FERRY_OK;
              k++) {
@@ -521,6 +523,9 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
                 ferry_sched_add_input_stats(&s->stats, &in->stats);
                 ferry_sched_add_span(s, FERRY_SPAN_COPY, p, k, t0, ferry_now_seconds());
             }
+        }
+        if (st == FERRY_OK && s->queue_of) {
+            st = ferry_sched_prefetch_queue(s, p + s->prefetch, &queued);
         }
         if (st == FERRY_OK) {
             st = ferry_sched_prefetch_wait(s, p);

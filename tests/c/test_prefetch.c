@@ -315,7 +315,8 @@ static void check_timeline(const ferry_sched_span * sp, size_t n) {
 
 /* ferry_sched_trace: a serial run is the thread's copies and computes, every input copied
  * once; a prefetched one moves every input but the first layer's K to the queue and waits
- * for them; the counts come with NULL, too little room is refused, and a new alloc clears them. */
+ * for them, the later parts' copies queued after the first part's own (on a held link, so that
+ * a copy queued too early would still hold it); the counts come with NULL, too little room is refused, and a new alloc clears them. */
 static void test_trace_is_each_runs_copies_waits_and_computes(void) {
     ferry_backend * standin;
     CHECK_OK(ferry_standin_backend_new(&standin));
@@ -342,6 +343,14 @@ static void test_trace_is_each_runs_copies_waits_and_computes(void) {
         } else {
             CHECK_EQ_U(count_kind(sp, n, FERRY_SPAN_QUEUED_COPY), 2 * N_LAYER - 1);
             CHECK(count_kind(sp, n, FERRY_SPAN_WAIT) >= 1);
+            /* the parts ahead are queued after the first part's own copies: none takes the link first */
+            for (size_t i = 0; i < n; i++) {
+                for (size_t j = 0; j < n; j++) {
+                    if (sp[i].kind == FERRY_SPAN_COPY && sp[j].kind == FERRY_SPAN_QUEUED_COPY && sp[j].part > 0) {
+                        CHECK(sp[j].start >= sp[i].end - 1e-6);
+                    }
+                }
+            }
         }
         SUB(check_timeline(sp, n));
         CHECK_EQ_U(ferry_sched_trace(sched, sp, 256, NULL), FERRY_ERR_INVALID_ARG);

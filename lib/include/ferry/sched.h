@@ -98,9 +98,10 @@ FERRY_API ferry_status ferry_sched_get_stats(const ferry_sched * sched, ferry_sc
  * The timeline of the last run (ferry_sched_trace): what the calling thread did (a blocking
  * copy, a wait for prefetched copies, a part's compute) and what each copy queue did (a
  * prefetched copy), with its part and input, in seconds from the run's start on the host's
- * clock. A queued copy's times come from its events: the first one a queue reached in the run is
- * placed when it was queued (the queue is idle as a run begins), the others by their elapsed
- * time from it.
+ * clock. A queued copy's times come from its events: on the host's clock where its queue knows
+ * when it reached them (the stand-in's worker thread), else (a CUDA stream) by their elapsed
+ * time from the run's first queued copy on that queue, placed when it was queued (the stream
+ * is idle as a run begins).
  */
 typedef enum {
     FERRY_SPAN_COPY = 0,        /* an input copied by the calling thread, at its part */

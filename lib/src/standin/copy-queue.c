@@ -285,6 +285,15 @@ static ferry_status event_elapsed_ms(const ferry_event * start, const ferry_even
     return FERRY_OK;
 }
 
+static ferry_status event_reached_seconds(const ferry_event * ev, double * out) {
+    const queue_event * e = ev_of(ev);
+    pthread_mutex_lock(&e->queue->lock);
+    const bool reached = e->recorded && e->reached == e->recorded;
+    *out = e->seconds;
+    pthread_mutex_unlock(&e->queue->lock);
+    return reached ? FERRY_OK : ferry_fail(FERRY_ERR_INVALID_ARG, "event_reached_seconds: not reached yet");
+}
+
 static ferry_status queue_event_new(ferry_backend * backend, uint32_t flags, ferry_event ** out) {
     (void) flags; /* every event of the queue is timed: a clock read */
     queue_event * e = ferry_calloc(1, sizeof(*e));
@@ -296,7 +305,8 @@ static ferry_status queue_event_new(ferry_backend * backend, uint32_t flags, fer
     }
     e->queue = ctx_of(backend);
     ev->iface = (struct ferry_event_i) {.free = event_free, .record = event_record, .wait = event_wait,
-                                        .synchronize = event_synchronize, .elapsed_ms = event_elapsed_ms};
+                                        .synchronize = event_synchronize, .elapsed_ms = event_elapsed_ms,
+                                        .reached_seconds = event_reached_seconds};
     ev->backend = backend;
     ev->context = e;
     *out = ev;
