@@ -16,6 +16,7 @@ import ferry
 from ferry.cli import bench as bench_cli
 from ferry.cli import main as cli_main
 from ferry.workloads.bench import BenchConfig, run_bench
+from ferry.workloads.devices import DeviceConfig
 from ferry.workloads.validate import ValidateConfig, run_validate
 
 N_LAYER, N_STREAM, KV_SIZE, HEAD_DIM, N_HEAD_KV, N_HEAD, N_KV = 3, 3, 48, 16, 2, 4, 40
@@ -170,9 +171,23 @@ def test_bench_overlap_runs_each_prefetch_depth_and_says_how_much_stays_exposed(
         assert d["over_bound"] == pytest.approx(r.decode_s / bound)
         assert d["over_serial"] == pytest.approx(r.decode_s / s.decode_s)
         assert d["exposed_share"] == pytest.approx((r.decode_s - bound) / hideable)
+        # the first layer's copy and the last one's compute, and each layer's max between
+        floor = s.copy_s / 3 + 2 * bound / 3 + s.compute_s / 3
+        assert d["floor_s"] == pytest.approx(floor) and d["over_floor"] == pytest.approx(r.decode_s / floor)
+        assert bound <= floor <= s.copy_s + s.compute_s
     assert all("exposed_share" not in d for r, d in zip(res.rows, res.as_dicts()) if not r.overlap)
     text = bench_cli.format_result(res)
     assert "prefetching 1, 2 layer(s) ahead" in text and "ranges+overlap2" in text and "exposed" in text
+    assert "/ floor" in text
+
+
+def test_the_floor_is_left_out_where_layers_are_not_alike() -> None:
+    cfg = BenchConfig(**{**SMALL, "policies": ("flat",)}, overlap=True,  # type: ignore[arg-type]
+                      devices=DeviceConfig(kv_device_layers=1))
+    res = run_bench(cfg)
+    over = [d for d in res.as_dicts() if d["overlap"]]
+    assert over and all(d["floor_s"] is None and d["over_floor"] is None for d in over)
+    assert res.floor(next(r for r in res.rows if r.overlap)) is None
 
 
 def test_bench_trace_writes_each_variants_timeline_as_a_chrome_trace(tmp_path: Path,
