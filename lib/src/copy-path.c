@@ -198,7 +198,7 @@ static ferry_status copy_flat(ferry_backend * backend, const ferry_tensor * src,
 /* The plan policy: the planned rows when the cost model says they pay (always, with always),
  * else flat. *read gets the bytes the plan covers (the bytes read), 0 when src has no plan. */
 static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, bool queued,
-                                 bool always, ferry_copy_policy * path, uint64_t * read) {
+                                 bool always, ferry_copy_policy * path, uint64_t * read, double * predicted) {
     ferry_copy_2d local[LOCAL_COPIES], * copies;
     size_t n = 0;
     ferry_status st = plan_of(src, local, &copies, &n);
@@ -213,9 +213,11 @@ static ferry_status copy_by_plan(ferry_backend * backend, const ferry_tensor * s
     }
     const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
     if (st == FERRY_OK && n > 0 && (always || ferry_copy_plan_pays(&model, src, copies, n))) {
+        *predicted = ferry_copy_plan_cost(&model, copies, n);
         st = copy_planned(backend, src, dst, copies, n);
         *path = always ? FERRY_COPY_RAGGED : FERRY_COPY_PLAN;
     } else if (st == FERRY_OK) {
+        *predicted = ferry_copy_flat_cost(&model, ferry_tensor_nbytes(src));
         st = copy_flat(backend, src, dst, queued);
     }
     free_plan(local, copies);
@@ -240,27 +242,33 @@ static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * s
  * cells when it carries lengths, and otherwise the plan's rows whether or not they pay; a compact
  * dst is gathered; the plan policy takes the plan when it pays; the ranges policy copies its
  * ranges wherever the rule applies; everything else is the flat copy. *path gets the route
- * taken, *read the bytes read when the route knows them (*known true; else false).
+ * taken, *read the bytes read when the route knows them (*known true; else false), *predicted
+ * the copies' time by the backend's cost model.
  * queued: backend is a copy queue, and the flat copy goes there too.
  */
 static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy policy, bool compact, bool queued,
                                   const ferry_tensor * src, ferry_tensor * dst, ferry_copy_policy * path,
-                                  uint64_t * read, bool * known) {
+                                  uint64_t * read, bool * known, double * predicted) {
     *path = FERRY_COPY_FLAT;
     *read = 0;
     *known = false;
+    *predicted = 0;
     ferry_copy_2d r;
+    const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
     if (policy == FERRY_COPY_RAGGED && src->used_lengths) {
         *path = FERRY_COPY_RAGGED;
         *known = true;
-        return ferry_copy_ragged(backend, src, dst, compact, read);
+        return ferry_copy_ragged(backend, src, dst, compact, read, predicted);
     }
     if (compact) {
         *path = FERRY_COPY_PLAN;
+        ferry_single_copy_of(src, &r);
+        *predicted = ferry_copy_plan_cost(&model, &r, 1);
         return copy_compact(backend, src, dst);
     }
     if (policy == FERRY_COPY_PLAN || policy == FERRY_COPY_RAGGED) {
-        const ferry_status st = copy_by_plan(backend, src, dst, queued, policy == FERRY_COPY_RAGGED, path, read);
+        const ferry_status st = copy_by_plan(backend, src, dst, queued, policy == FERRY_COPY_RAGGED, path, read,
+                                             predicted);
         *known = *read > 0;
         return st;
     }
@@ -271,12 +279,14 @@ static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy pol
         *path = FERRY_COPY_RANGES;
         *read = (uint64_t) r.size * r.count;
         *known = true;
+        *predicted = ferry_copy_plan_cost(&model, &r, 1);
         if (!ferry_buffer_ptr_readable(ferry_tensor_buffer(src), ferry_tensor_buffer(dst))) {
             return copy_planned(backend, src, dst, &r, 1);
         }
         return ferry_backend_tensor_set_2d_async(backend, dst, (const char *) ferry_tensor_data(src) + r.offset,
                                                  r.offset, r.size, r.count, r.stride, r.stride);
     }
+    *predicted = ferry_copy_flat_cost(&model, ferry_tensor_nbytes(src));
     return copy_flat(backend, src, dst, queued);
 }
 
@@ -306,7 +316,8 @@ typedef struct {
  * reads through src (read, when the route knew them; else from src's plan).
  */
 static void measure_copy(const copy_snapshot * before, const ferry_tensor * src, const ferry_tensor * dst,
-                         ferry_copy_policy path, uint64_t read, bool known, ferry_copy_stats * stats) {
+                         ferry_copy_policy path, uint64_t read, bool known, double predicted,
+                         ferry_copy_stats * stats) {
     static const ferry_xfer writes[] = {FERRY_XFER_SET, FERRY_XFER_SET_2D, FERRY_XFER_COPY};
     static const ferry_xfer reads[] = {FERRY_XFER_GET, FERRY_XFER_GET_2D};
     const double t1 = ferry_now_seconds();
@@ -330,6 +341,7 @@ static void measure_copy(const copy_snapshot * before, const ferry_tensor * src,
         .copy_calls = c1 - c0,
         .impl_calls = i1 - i0,
         .copy_seconds = t1 - before->t0,
+        .predicted_seconds = predicted,
     };
 }
 
@@ -361,15 +373,16 @@ static ferry_status copy_input(const char * what, ferry_backend * backend, ferry
     ferry_copy_policy path;
     uint64_t read;
     bool known;
+    double predicted;
     if (!queued) {
         FERRY_TRY(ferry_backend_synchronize(backend));
     }
-    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, &path, &read, &known));
+    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, &path, &read, &known, &predicted));
     if (!queued) {
         FERRY_TRY(ferry_backend_synchronize(backend));
     }
     if (stats) {
-        measure_copy(&before, src, dst, path, read, known, stats); /* queued: the counters moved as it was queued */
+        measure_copy(&before, src, dst, path, read, known, predicted, stats); /* queued: the counters moved as it was queued */
         if (queued) {
             stats->copy_seconds = 0; /* the queue's events time it */
         }

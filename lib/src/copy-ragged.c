@@ -227,8 +227,9 @@ static ferry_status move_copy(ferry_backend * backend, const ferry_tensor * src,
 }
 
 ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, bool compact,
-                               uint64_t * read) {
+                               uint64_t * read, double * predicted) {
     *read = 0;
+    *predicted = 0;
     dst_map map = {.compact = compact};
     ferry_copy_2d whole;
     if (compact && !ferry_single_copy_of(src, &whole)) { /* is_compact_of saw to it: not reached */
@@ -242,6 +243,9 @@ ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src
     const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
     copy_list list = {0};
     ferry_status st = choose(src, &model, &list);
+    if (st == FERRY_OK) {
+        *predicted = ferry_copy_plan_cost(&model, list.c, list.n);
+    }
     size_t largest = 0;
     for (size_t i = 0; st == FERRY_OK && i < list.n; i++) {
         size_t offset, stride;

@@ -244,9 +244,9 @@ bool ferry_copy_used_bytes(const ferry_tensor * t, uint64_t * bytes);
 
 /* The ragged route (copy-ragged.c): src's used cells into dst (src's layout, or its compact
  * layout when compact), by ferry_copy_ragged_plan's copies and the backend's cost model; *read
- * gets the bytes moved, which are the bytes read. */
+ * gets the bytes moved, which are the bytes read, *predicted the copies' time by that model. */
 ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, bool compact,
-                               uint64_t * read);
+                               uint64_t * read, double * predicted);
 
 /* Checks shared by buffer.c and backend.c: t allocated, the extent inside t (transfer.c). */
 ferry_status ferry_check_transfer(const ferry_tensor * t, const void * data, size_t offset, size_t size,

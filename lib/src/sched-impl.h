@@ -97,6 +97,7 @@ static inline void ferry_sched_add_input_stats(ferry_sched_stats * total, const 
     total->copy_calls += in->copy_calls;
     total->impl_calls += in->impl_calls;
     total->copy_seconds += in->copy_seconds;
+    total->predicted_seconds += in->predicted_seconds;
 }
 
 /* ---------------------------------------------------------------- prefetching (sched-prefetch.c) */

@@ -98,13 +98,14 @@ class _CopyFigures:
     copy_calls: int
     impl_calls: int
     copy_seconds: float
+    predicted_seconds: float
 
     @staticmethod
     def _figures(s: Any) -> Dict[str, Any]:
         """The shared fields of the C struct s, by name."""
         return {"bytes_read": int(s.bytes_read), "bytes_span": int(s.bytes_span), "bytes_copied": int(s.bytes_copied),
                 "copy_calls": int(s.copy_calls), "impl_calls": int(s.impl_calls),
-                "copy_seconds": float(s.copy_seconds)}
+                "copy_seconds": float(s.copy_seconds), "predicted_seconds": float(s.predicted_seconds)}
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,9 @@ class CopyStats(_CopyFigures):
         Wall time of the copy in seconds, synchronize included; for an input the scheduler
         prefetched, the time its copy queue spent on it (measured by events); 0 for a copy
         queued and not waited for.
+    predicted_seconds : float
+        What the copies made take by the copy cost model of the backend that made them
+        (CopyCostModel.of_backend): the model's prediction beside copy_seconds.
     """
 
     path: CopyPolicy
@@ -165,6 +169,9 @@ class SchedStats(_CopyFigures):
     copy_seconds : float
         Seconds spent copying inputs, synchronize included; a prefetched input counts its
         time on its copy queue.
+    predicted_seconds : float
+        What those copies take by each backend's copy cost model (CopyStats.predicted_seconds,
+        summed).
     compute_seconds : float
         Seconds the splits' backends spent computing, each part synchronized.
     prefetched : int

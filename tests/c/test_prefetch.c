@@ -185,6 +185,7 @@ static void check_same_bytes(const ferry_sched_stats * a, const ferry_sched_stat
     CHECK_EQ_U(a->bytes_copied, b->bytes_copied);
     CHECK_EQ_U(a->copy_calls, b->copy_calls);
     CHECK_EQ_U(a->impl_calls, b->impl_calls);
+    CHECK(a->predicted_seconds == b->predicted_seconds); /* the queue costs by its parent's model */
 }
 
 /*

@@ -26,7 +26,7 @@ KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "b
         "compute_s", "ahead_bytes", "devices", "ntg", "output_sha256", "decode_s_per_step", "copy_s_per_step",
         "compute_s_per_step", "host_s_per_step", "bytes_copied_per_step", "bytes_read_per_step", "gain_low",
         "gain_high", "gain_within_noise", "gain_claimed", "over_unified", "over_unified_low", "over_unified_high",
-        "config", "replicas", "tokens_per_s_replicas"}
+        "config", "replicas", "tokens_per_s_replicas", "predicted_copy_s", "predicted_copy_s_per_step"}
 #: A quick run: 3 replicas of 2 timed rounds.
 QUICK = ["--repeat", "3", "--rounds", "2"]
 
@@ -215,7 +215,7 @@ def test_wide_table_prints_every_column(capsys: pytest.CaptureFixture[str]) -> N
     lines = out.splitlines()
     assert lines[2] == "times over a repetition (ntg steps): floors, the median over replicas"
     assert lines[3].split() == ["npl", "policy", "tok/s", "gain", "replicas'", "gains", "decode", "host", "e2e",
-                                "tok/s", "copy", "compute", "copied", "read", "copy", "bw", "split", "mem", "unified",
+                                "tok/s", "copy", "model", "compute", "copied", "read", "copy", "bw", "split", "mem", "unified",
                                 "tok/s", "copy", "copied", "over", "unified"]
     rows = [ln.split() for ln in lines[4:8]]
     assert [(r[0], r[1], r[3], r[4]) for r in rows] == [

@@ -307,3 +307,28 @@ def test_measure_link_fits_a_row_cost() -> None:
         ferry.measure_link(dev, nbytes=4096, fit=True)
     with pytest.raises(ferry.InvalidArgumentError, match="fit"):
         ferry.measure_link(dev, fit="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy", ["flat", "ranges", "plan", "ragged"])
+def test_each_input_copy_predicts_its_time_by_the_links_model_and_takes_no_less(policy: str) -> None:
+    """CopyStats.predicted_seconds is the copies the route made costed by the stand-in's model
+    (a call's latency, a row's cost past the first, bytes at the link's rate): the flat copy one
+    call of the span, ranges one 2-D copy of a range per stream, ragged its plan of used cells.
+    The link holds each transfer at least that long, so the measured copy is never shorter."""
+    dev = ferry.StandinBackend(link_gbps=2.0, latency_us=20.0, row_ns=2000.0)
+    model = ferry.plan.CopyCostModel.of_backend(dev)
+    kv = ferry.KVCache("f16", "f16", 64, 2, 4 * 256, 4, 1)
+    lens = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.array([40, 200, 0, 130], np.int32))
+    k, _ = kv.window(0, 200, lengths=lens)
+    dst = k.dup_layout(name="dst")
+    dev.alloc_buffer_for(dst)
+    ranges = ferry.copy_path.copy_ranges_of(k)
+    want = {"flat": ferry.plan.flat_cost(k.nbytes, model),
+            "ranges": ferry.plan.plan_cost([ranges], model),
+            "plan": ferry.plan.plan_cost(ferry.plan.plan_copy(k), model),
+            "ragged": ferry.plan.plan_cost(ferry.plan.plan_ragged(k, model), model)}[policy]
+    st = ferry.copy_path.copy_input(dev, policy, k, dst)
+    assert st.predicted_seconds == pytest.approx(want, rel=1e-9) and want > 0
+    assert st.copy_seconds >= st.predicted_seconds * (1 - 1e-9)
+    if policy == "ragged":
+        assert st.bytes_copied == (40 + 200 + 0 + 130) * 256

@@ -47,7 +47,7 @@ class Step:
             return b"".join(o.get() for o in outs), sched.stats
 
 
-BYTE_COUNTS = ("n_inputs", "bytes_read", "bytes_span", "bytes_copied", "copy_calls", "impl_calls")
+BYTE_COUNTS = ("n_inputs", "bytes_read", "bytes_span", "bytes_copied", "copy_calls", "impl_calls", "predicted_seconds")
 
 
 def same_as_serial(step: Step) -> None:

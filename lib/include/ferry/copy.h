@@ -183,6 +183,7 @@ typedef struct {
     uint64_t impl_calls;     /* operations that carried them out */
     double   copy_seconds;   /* wall time of the copy, synchronize included; a prefetched
                               * input's: the time its copy queue spent on it (its events) */
+    double   predicted_seconds; /* what the backend's copy cost model says the copies made take */
 } ferry_copy_stats;
 
 /*

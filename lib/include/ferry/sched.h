@@ -52,6 +52,7 @@ typedef struct {
     uint64_t copy_calls;
     uint64_t impl_calls;
     double   copy_seconds;
+    double   predicted_seconds; /* the copies' time by each backend's copy cost model */
     double   compute_seconds;
     /* Prefetching (ferry_sched_set_prefetch): inputs copied ahead on a copy queue; the most
      * of them, and their bytes, queued or held on a backend ahead of the part computing

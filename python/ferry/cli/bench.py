@@ -134,10 +134,11 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
 def format_wide(res: BenchResult) -> str:
     """The report with every figure: per npl and variant its tokens/s, gain over flat with its interval's
     ends, each replica's gain, decode, host, end-to-end, copy and compute time, bytes copied and read
-    over a repetition, copy bandwidth and the split's memory; the unified cache's beside it."""
+    over a repetition, copy bandwidth and the split's memory; the unified cache's beside it. model is the
+    copies' time by the split's copy cost model (CopyCostModel.of_backend), beside the measured copy."""
     cfg = res.config
-    head = ["npl", "policy", "tok/s", "gain", "replicas' gains", "decode", "host", "e2e tok/s", "copy", "compute",
-            "copied", "read", "copy bw", "split mem"]
+    head = ["npl", "policy", "tok/s", "gain", "replicas' gains", "decode", "host", "e2e tok/s", "copy", "model",
+            "compute", "copied", "read", "copy bw", "split mem"]
     if cfg.runs_unified:
         head += ["unified tok/s", "copy", "copied", "over unified"]
     body = []
@@ -150,7 +151,8 @@ def format_wide(res: BenchResult) -> str:
             cells = [str(npl), r.label, fmt_tps_digits(r.tokens_per_s),
                      "-" if policy == "flat" else fmt_interval(res.gain_interval(r), exact=True), gains,
                      fmt_seconds(r.decode_s), fmt_seconds(r.host_s), fmt_tps_digits(r.tokens_per_s_end_to_end),
-                     fmt_seconds(r.copy_s), fmt_seconds(r.compute_s), fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
+                     fmt_seconds(r.copy_s), fmt_seconds(r.predicted_copy_s), fmt_seconds(r.compute_s),
+                     fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
                      f"{r.copy_bandwidth / 1e9:.2f} GB/s", fmt_mib(r.split_memory)]
             if cfg.runs_unified:
                 u = res.row(npl, policy, True, compact)

@@ -237,7 +237,8 @@ class BenchRow:
 
     decode_s, copy_s, compute_s and host_s are a repetition's (ntg steps) floor, the median over
     the replicas; tokens_per_s is npl * ntg over decode_s, and replicas_tokens_per_s each
-    replica's own, in the order they were made. bytes_copied and bytes_read are a repetition's.
+    replica's own, in the order they were made. bytes_copied, bytes_read and predicted_copy_s (the
+    copies' time by the split backends' copy cost models, beside copy_s) are a repetition's.
     """
 
     npl: int
@@ -259,6 +260,7 @@ class BenchRow:
     devices: Tuple[DeviceFigures, ...] = field(default=(), repr=False)  # per device, in index order
     ntg: int = 0  # steps of a repetition
     replicas_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)  # each replica's floor
+    predicted_copy_s: float = 0.0  # a repetition's copies by the split backends' copy cost models
 
     @property
     def overlap(self) -> bool:
@@ -304,7 +306,7 @@ class BenchRow:
                  replicas=self.replicas, tokens_per_s_replicas=list(self.replica_rates),
                  devices=[x.as_dict() for x in self.devices],
                  **{f"{w}_s_per_step": self.per_step(getattr(self, f"{w}_s"))
-                    for w in ("decode", "copy", "compute", "host")},
+                    for w in ("decode", "copy", "compute", "host", "predicted_copy")},
                  bytes_copied_per_step=self.per_step(self.bytes_copied),
                  bytes_read_per_step=self.per_step(self.bytes_read))
         return d
@@ -522,6 +524,7 @@ class _Variant:
         self.digests: List[str] = []
         self.traced: List[TracedStep] = []  # with cfg.trace: the last timed repetition's steps
         self.counts = (0, 0, 0, 0, [0] * n_dev, [0] * n_dev)  # a repetition's copied, read, rebuilds, ahead, per device
+        self.predicted = 0.0  # a repetition's copy time by the cost models
         self.label = f"npl {cache.npl} {run_name(policy, compact, prefetch)}{' unified' if cache.unified else ''}"
 
     def _build(self, n_kv: object) -> List[Tensor]:
@@ -537,6 +540,7 @@ class _Variant:
         cfg = c.cfg
         n_dev = len(c.devices)
         copied = read = ahead = 0
+        predicted = 0.0
         dev_bytes, dev_kv = [0] * n_dev, [0] * n_dev
         builds = self.graphs.builds
         digest = hashlib.sha256()
@@ -555,6 +559,7 @@ class _Variant:
             st = self.sched.stats
             device_copy, window_copied, window_read = self._step_inputs(dev_bytes, dev_kv)
             copied, read, ahead = copied + window_copied, read + window_read, max(ahead, st.ahead_bytes)
+            predicted += st.predicted_seconds
             self.split_memory = max(self.split_memory, self.sched.buffer_size(c.split))
             self.device_memory = [max(m, self.sched.buffer_size(d)) for m, d in zip(self.device_memory, c.devices)]
             if timed:
@@ -572,6 +577,7 @@ class _Variant:
                 on_step(self.label)
         if timed:
             self.counts = (copied, read, self.graphs.builds - builds, ahead, dev_bytes, dev_kv)
+            self.predicted = predicted
             self.digests.append(digest.hexdigest())
             self.traced = traced
 
@@ -617,7 +623,8 @@ class _Variant:
         tps = c.npl * c.cfg.ntg / decode
         return BenchRow(c.npl, self.policy, c.unified, tps, decode, self.floors["copy"].total,
                         self.floors["compute"].total, copied, read, self.digests[0], self.compact, self.split_memory,
-                        self.floors["host"].total, rebuilds, self.prefetch, ahead, devices, c.cfg.ntg, (tps,))
+                        self.floors["host"].total, rebuilds, self.prefetch, ahead, devices, c.cfg.ntg, (tps,),
+                        self.predicted)
 
 
 class _Replica:
