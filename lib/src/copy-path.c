@@ -236,20 +236,28 @@ static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * s
 /* ---------------------------------------------------------------- one input copy */
 
 /*
- * The route: how src reaches dst, and the copy itself. The ragged policy copies a window's used
- * cells when it carries lengths, and otherwise the plan's rows whether or not they pay; a compact
- * dst is gathered; the plan policy takes the plan when it pays; the ranges policy copies its
- * ranges wherever the rule applies; everything else is the flat copy. *path gets the route
- * taken, *read the bytes read when the route knows them (*known true; else false).
- * queued: backend is a copy queue, and the flat copy goes there too.
+ * The route: how src reaches dst, and the copy itself. A paged window is gathered whatever the
+ * policy (its cells lie in blocks, where no copy of its layout finds them; *gather says how). The
+ * ragged policy copies a window's used cells when it carries lengths, and otherwise the plan's
+ * rows whether or not they pay; a compact dst is gathered; the plan policy takes the plan when it
+ * pays; the ranges policy copies its ranges wherever the rule applies; everything else is the
+ * flat copy. *path gets the route taken (a paged window's: the policy), *read the bytes read when
+ * the route knows them (*known true; else false). queued: backend is a copy queue, and the flat
+ * copy goes there too.
  */
 static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy policy, bool compact, bool queued,
                                   const ferry_tensor * src, ferry_tensor * dst, ferry_copy_policy * path,
-                                  uint64_t * read, bool * known) {
+                                  uint64_t * read, bool * known, ferry_gather_method * gather) {
     *path = FERRY_COPY_FLAT;
     *read = 0;
     *known = false;
+    *gather = FERRY_GATHER_AUTO;
     ferry_copy_2d r;
+    if (src->paged) {
+        *path = policy;
+        *known = true;
+        return ferry_copy_paged(backend, src, dst, read, gather);
+    }
     if (policy == FERRY_COPY_RAGGED && src->used_lengths) {
         *path = FERRY_COPY_RAGGED;
         *known = true;
@@ -356,15 +364,17 @@ static ferry_status copy_input(const char * what, ferry_backend * backend, ferry
     ferry_copy_policy path;
     uint64_t read;
     bool known;
+    ferry_gather_method gather;
     if (!queued) {
         FERRY_TRY(ferry_backend_synchronize(backend));
     }
-    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, &path, &read, &known));
+    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, &path, &read, &known, &gather));
     if (!queued) {
         FERRY_TRY(ferry_backend_synchronize(backend));
     }
     if (stats) {
         measure_copy(&before, src, dst, path, read, known, stats); /* queued: the counters moved as it was queued */
+        stats->gather = gather;
         if (queued) {
             stats->copy_seconds = 0; /* the queue's events time it */
         }
