@@ -42,6 +42,10 @@ static ferry_status check_params(const ferry_paged_params * p) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache: head_dim, n_head_kv, block_size, n_blocks, n_seq and "
                           "n_layer must be positive");
     }
+    if (p->n_seq > FERRY_PAGED_MAX_SEQ) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache: n_seq %lld is past the %d sequences' tables a cache "
+                          "keeps", (long long) p->n_seq, FERRY_PAGED_MAX_SEQ);
+    }
     if (p->n_blocks > INT32_MAX) {
         return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache: n_blocks %lld is past the %d block ids a table "
                           "holds (int32)", (long long) p->n_blocks, INT32_MAX);
@@ -96,14 +100,14 @@ void ferry_paged_cache_free(ferry_paged_cache * cache) {
     free(cache);
 }
 
-/* The pools and tables, every block free; nothing placed. */
+/* The pools, nothing placed; the tables come when the pools have memory (keep_tables). */
 static ferry_status lay_out(const ferry_paged_params * params, ferry_paged_cache ** out) {
     FERRY_TRY(check_params(params));
     ferry_paged_cache * c = ferry_calloc(1, sizeof(*c));
     if (!c) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged_cache_new: out of memory");
     }
-    const size_t n = (size_t) params->n_layer, seqs = (size_t) params->n_seq, blocks = (size_t) params->n_blocks;
+    const size_t n = (size_t) params->n_layer;
     c->params = *params;
     c->pool_cells = params->n_blocks * params->block_size;
     c->tables.n_seq = params->n_seq;
@@ -113,27 +117,9 @@ static ferry_status lay_out(const ferry_paged_params * params, ferry_paged_cache
     c->layer_buf = ferry_calloc(n, sizeof(*c->layer_buf));
     c->buffers = ferry_calloc(n, sizeof(*c->buffers));
     c->sources = ferry_calloc(2 * n, sizeof(*c->sources));
-    c->tables.blocks = ferry_calloc(seqs, sizeof(*c->tables.blocks));
-    c->tables.n_blocks = ferry_calloc(seqs, sizeof(*c->tables.n_blocks));
-    c->tables.n_cells = ferry_calloc(seqs, sizeof(*c->tables.n_cells));
-    c->capacity = ferry_calloc(seqs, sizeof(*c->capacity));
-    c->refs = ferry_calloc(blocks, sizeof(*c->refs));
-    c->free_ids = ferry_calloc(blocks, sizeof(*c->free_ids));
-    c->free_at = ferry_calloc(blocks, sizeof(*c->free_at));
-    c->mark = ferry_calloc(blocks, sizeof(*c->mark));
-    ferry_status st = c->k && c->v && c->layer_buft && c->layer_buf && c->buffers && c->sources && c->tables.blocks &&
-                              c->tables.n_blocks && c->tables.n_cells && c->capacity && c->refs && c->free_ids &&
-                              c->free_at && c->mark
+    ferry_status st = c->k && c->v && c->layer_buft && c->layer_buf && c->buffers && c->sources
                           ? ferry_context_new(&c->ctx)
                           : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged_cache_new: out of memory");
-    /* The free list holds every block, block 0 on top: a fresh cache hands out 0, 1, 2, ... */
-    c->n_free = params->n_blocks;
-    for (int64_t b = 0; b < params->n_blocks; b++) {
-        if (st == FERRY_OK) {
-            c->free_ids[params->n_blocks - 1 - b] = (int32_t) b;
-            c->free_at[b] = params->n_blocks - 1 - b;
-        }
-    }
     const int64_t n_embd = params->head_dim * params->n_head_kv;
     for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
         const int64_t ne[2] = {n_embd, c->pool_cells};
@@ -163,6 +149,31 @@ static ferry_status lay_out(const ferry_paged_params * params, ferry_paged_cache
         return st;
     }
     *out = c;
+    return FERRY_OK;
+}
+
+/* Every table empty, every block on the free list, block 0 on top: a fresh cache hands out 0, 1, ... */
+static ferry_status keep_tables(ferry_paged_cache * c) {
+    const size_t seqs = (size_t) c->params.n_seq, blocks = (size_t) c->params.n_blocks;
+    c->tables.blocks = ferry_calloc(seqs, sizeof(*c->tables.blocks));
+    c->tables.n_blocks = ferry_calloc(seqs, sizeof(*c->tables.n_blocks));
+    c->tables.n_cells = ferry_calloc(seqs, sizeof(*c->tables.n_cells));
+    c->capacity = ferry_calloc(seqs, sizeof(*c->capacity));
+    c->refs = ferry_calloc(blocks, sizeof(*c->refs));
+    c->free_ids = ferry_calloc(blocks, sizeof(*c->free_ids));
+    c->free_at = ferry_calloc(blocks, sizeof(*c->free_at));
+    c->mark = ferry_calloc(blocks, sizeof(*c->mark));
+    if (!c->tables.blocks || !c->tables.n_blocks || !c->tables.n_cells || !c->capacity || !c->refs || !c->free_ids ||
+        !c->free_at || !c->mark) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged_cache_new: out of memory for the tables of %lld sequences "
+                          "and the lists of %lld blocks", (long long) c->params.n_seq,
+                          (long long) c->params.n_blocks);
+    }
+    c->n_free = c->params.n_blocks;
+    for (int64_t b = 0; b < c->params.n_blocks; b++) {
+        c->free_ids[c->params.n_blocks - 1 - b] = (int32_t) b;
+        c->free_at[b] = c->params.n_blocks - 1 - b;
+    }
     return FERRY_OK;
 }
 
@@ -219,6 +230,9 @@ ferry_status ferry_paged_cache_new(const ferry_paged_params * params, ferry_buff
             st = allocate(c, c->layer_buft[l]);
         }
     }
+    if (st == FERRY_OK) {
+        st = keep_tables(c);
+    }
     if (st != FERRY_OK) {
         ferry_paged_cache_free(c);
         return st;
@@ -250,6 +264,9 @@ ferry_status ferry_paged_cache_new_over(const ferry_paged_params * params, ferry
             c->layer_buft[l] = ferry_buffer_get_type(k_bufs[l]);
             c->layer_buf[l] = k_bufs[l];
         }
+    }
+    if (st == FERRY_OK) {
+        st = keep_tables(c);
     }
     if (st != FERRY_OK) {
         ferry_paged_cache_free(c);
@@ -320,7 +337,8 @@ static ferry_status reserve(ferry_paged_cache * c, int64_t seq, int64_t n, const
     return FERRY_OK;
 }
 
-/* A block onto the free list / off it (taken: from wherever it is in the stack). */
+/* A block onto the free list, on top / off it, from wherever it is: the rest keep their order, so
+ * that the blocks taken next are still the lowest (or the last let go). */
 static void release(ferry_paged_cache * c, int32_t b) {
     if (--c->refs[b] == 0) {
         c->free_at[b] = c->n_free;
@@ -330,11 +348,13 @@ static void release(ferry_paged_cache * c, int32_t b) {
 
 static void hold(ferry_paged_cache * c, int32_t b) {
     if (c->refs[b]++ == 0) {
-        const int64_t at = c->free_at[b], last = c->n_free - 1;
-        c->free_ids[at] = c->free_ids[last];
-        c->free_at[c->free_ids[at]] = at;
-        c->free_at[b] = -1;
+        const int64_t at = c->free_at[b];
+        memmove(c->free_ids + at, c->free_ids + at + 1, (size_t) (c->n_free - 1 - at) * sizeof(*c->free_ids));
         c->n_free--;
+        for (int64_t i = at; i < c->n_free; i++) {
+            c->free_at[c->free_ids[i]] = i;
+        }
+        c->free_at[b] = -1;
     }
 }
 

@@ -98,11 +98,11 @@ static void test_set_table_refusals(void) {
     /* a sequence's new table may keep its own blocks; the rest go back */
     CHECK_OK(ferry_paged_cache_set_table(c, 0, (const int32_t[]) {2, 6}, 2, 5));
     CHECK_EQ_U(ferry_paged_cache_free_blocks(c), 6);
-    CHECK_OK(ferry_paged_cache_allocate(c, 1, 4)); /* the top of the free list: a block let go last */
-    int32_t got[1];
-    int64_t n, cells;
-    CHECK_OK(ferry_paged_cache_table(c, 1, got, 1, &n, &cells));
-    CHECK(got[0] == 5 || got[0] == 1);
+    /* the blocks let go come back in their table's order, then the rest lowest first */
+    CHECK_OK(ferry_paged_cache_allocate(c, 1, 4));
+    CHECK(table_is(c, 1, (const int32_t[]) {5}, 1, 4));
+    CHECK_OK(ferry_paged_cache_allocate(c, 2, 16));
+    CHECK(table_is(c, 2, (const int32_t[]) {1, 0, 3, 4}, 4, 16));
     ferry_paged_cache_free(c);
 
     /* with share_blocks, two tables may hold a block; it is free when neither does */
@@ -129,6 +129,10 @@ static void test_cache_params_refused(void) {
     p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
     p.n_blocks = (int64_t) INT32_MAX + 1;
     CHECK_FAILS(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c), FERRY_ERR_OUT_OF_BOUNDS);
+    p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
+    p.n_seq = FERRY_PAGED_MAX_SEQ + 1;
+    CHECK_FAILS(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "n_seq 1048577") != NULL);
     p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
     p.block_size = INT64_MAX / 2;
     CHECK_FAILS(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c), FERRY_ERR_OUT_OF_BOUNDS);

@@ -31,13 +31,16 @@ typedef struct {
     int64_t n_head_kv;
     int64_t block_size;  /* cells per block */
     int64_t n_blocks;    /* blocks in each layer's K and V pools */
-    int64_t n_seq;       /* sequences: one block table each */
+    int64_t n_seq;       /* sequences: one block table each; 1..FERRY_PAGED_MAX_SEQ */
     int32_t n_layer;
     bool    v_trans;     /* V stored transposed; needs an unblocked V type */
     bool    share_blocks; /* tables may hold the same block (refused otherwise, naming both sequences) */
 } ferry_paged_params;
 
 typedef struct ferry_paged_cache ferry_paged_cache;
+
+/* The most sequences (tables) a cache keeps. */
+enum { FERRY_PAGED_MAX_SEQ = 1 << 20 };
 
 /*
  * A paged cache whose layer l lives in buffer type layer_bufts[l] (a device's memory, say), or
