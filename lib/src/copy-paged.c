@@ -240,8 +240,8 @@ static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend,
     ferry_gather_method best = FERRY_GATHER_RUNS;
     *plan = (ferry_paged_plan) {.blocks = runs.blocks, .runs = runs.runs, .bytes = runs.bytes};
     for (int m = FERRY_GATHER_PER_BLOCK; st == FERRY_OK && m < FERRY_GATHER_COUNT; m++) {
-        plan->method_seconds[m] =
-            offered & (1u << m) ? method_cost(&model, (ferry_gather_method) m, lists[m], runs.bytes) : -1;
+        const double cost = method_cost(&model, (ferry_gather_method) m, lists[m], runs.bytes);
+        plan->method_seconds[m] = offered & (1u << m) ? cost : -1;
         if (m != FERRY_GATHER_PER_BLOCK && plan->method_seconds[m] >= 0 &&
             plan->method_seconds[m] < plan->method_seconds[best]) {
             best = (ferry_gather_method) m; /* a tie stays with the runs */

@@ -152,6 +152,88 @@ static void test_cache_params_refused(void) {
     CHECK(c == NULL);
 }
 
+/* Every argument of the cache's functions refused where it is out of range or NULL. */
+static void test_arguments_refused(void) {
+    ferry_paged_cache * c = NULL;
+    const ferry_paged_params good = params_of(FERRY_TYPE_F32, FERRY_TYPE_F32, false);
+    ferry_paged_params p = good;
+    p.type_v = (ferry_type) -1;
+    CHECK_FAILS(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c), FERRY_ERR_UNKNOWN_TYPE);
+    CHECK(strstr(ferry_last_error(), "type_v -1") != NULL);
+    int64_t * fields[5] = {&p.head_dim, &p.n_head_kv, &p.n_blocks, &p.n_seq, &p.block_size}; /* each 0 in turn */
+    for (int f = 0; f < 5; f++) {
+        p = good;
+        *fields[f] = 0;
+        CHECK_FAILS(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c), FERRY_ERR_INVALID_ARG);
+    }
+    p = good;
+    p.n_layer = 0;
+    CHECK_FAILS(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c), FERRY_ERR_INVALID_ARG);
+    p = good;
+    p.head_dim = INT64_MAX / 2 + 1;
+    CHECK_FAILS(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c), FERRY_ERR_OUT_OF_BOUNDS);
+    ferry_paged_cache_free(NULL);
+    /* over the caller's buffers: NULLs, a missing K, a K pool that does not fit */
+    uint8_t * mem = aligned_alloc(64, 1 << 16);
+    CHECK(mem != NULL);
+    ferry_buffer * host;
+    CHECK_OK(ferry_host_buffer_from_ptr(mem, 1 << 16, &host));
+    p = good;
+    p.n_layer = 1;
+    p.n_blocks = 8;
+    ferry_buffer * bufs[1] = {host}, * none[1] = {NULL};
+    const size_t at[1] = {0}, past[1] = {1 << 16};
+    CHECK_FAILS(ferry_paged_cache_new_over(&p, bufs, NULL, bufs, at, &c), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_paged_cache_new_over(&p, bufs, at, NULL, at, &c), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_paged_cache_new_over(&p, bufs, at, bufs, NULL, &c), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_paged_cache_new_over(&p, bufs, at, bufs, at, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_paged_cache_new_over(NULL, bufs, at, bufs, at, &c), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_paged_cache_new_over(&p, none, at, bufs, at, &c), FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "layer 0 has no K pool buffer") != NULL);
+    CHECK_FAILS(ferry_paged_cache_new_over(&p, bufs, past, bufs, at, &c), FERRY_ERR_OUT_OF_BOUNDS);
+    /* the cache's getters and tables, each argument out of range */
+    CHECK_OK(ferry_paged_cache_new_over(&p, bufs, at, bufs, at, &c));
+    ferry_tensor * t;
+    ferry_paged_params got;
+    CHECK_FAILS(ferry_paged_cache_params(c, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_paged_cache_params(NULL, &got), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_paged_cache_k(c, -1, &t), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_paged_cache_v(c, 1, &t), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_paged_cache_v(c, 0, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK(ferry_paged_cache_layer_buffer(NULL, 0) == NULL && ferry_paged_cache_layer_buffer_type(c, 1) == NULL);
+    CHECK(ferry_paged_cache_layer_buffer(c, -1) == NULL && ferry_paged_cache_layer_buffer(c, 0) == host);
+    CHECK_FAILS(ferry_paged_cache_allocate(NULL, 0, 1), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_paged_cache_append(c, 5, 1), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_paged_cache_append(c, 0, 8 * BS + 1), FERRY_ERR_INVALID_ARG);
+    CHECK_OK(ferry_paged_cache_append(c, 0, 5)); /* an empty sequence grows from nothing */
+    CHECK(table_is(c, 0, (const int32_t[]) {0, 1}, 2, 5));
+    CHECK_FAILS(ferry_paged_cache_set_table(c, 1, (const int32_t[]) {3}, 1, -1), FERRY_ERR_INVALID_ARG);
+    int64_t n, cells;
+    CHECK_FAILS(ferry_paged_cache_table(c, -1, NULL, 0, &n, &cells), FERRY_ERR_OUT_OF_BOUNDS);
+    size_t off;
+    CHECK_FAILS(ferry_paged_cache_cell_offset(c, false, N_SEQ, 0, &off), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_paged_cache_cell_offset(c, false, 0, -1, &off), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_OK(ferry_paged_cache_cell_offset(c, true, 0, 4, &off)); /* V not transposed: a cell's row */
+    CHECK_EQ_U(off, (size_t) (1 * BS + 0) * HEAD_DIM * N_HEAD_KV * 4);
+    /* an empty window's plan: no copy, into room for some */
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *k;
+    CHECK_OK(ferry_paged_cache_window(c, ctx, 0, 4, 1, 2, &k, NULL));
+    ferry_backend * cpu;
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    ferry_paged_plan plan;
+    ferry_gather_copy copies[2];
+    size_t n_copies;
+    CHECK_OK(ferry_copy_paged_plan(k, cpu, &plan, copies, 2, &n_copies));
+    CHECK(plan.bytes == 0 && plan.calls == 0 && n_copies == 0 && plan.method == FERRY_GATHER_RUNS);
+    ferry_backend_free(cpu);
+    ferry_context_free(ctx);
+    ferry_paged_cache_free(c);
+    ferry_buffer_free(host);
+    free(mem);
+}
+
 /* A new cache reads zeros, though its memory held other bytes (glibc fills every allocation with
  * 0xA5 here: M_PERTURB); one over the caller's pools keeps what they hold. */
 static void test_new_cleared_and_over(void) {
@@ -802,6 +884,7 @@ static const check_test tests[] = {
     {"tables_from_the_free_list", test_tables_from_the_free_list},
     {"set_table_refusals", test_set_table_refusals},
     {"cache_params_refused", test_cache_params_refused},
+    {"arguments_refused", test_arguments_refused},
     {"new_cleared_and_over", test_new_cleared_and_over},
     {"window_layout_is_the_compact_one", test_window_layout_is_the_compact_one},
     {"window_refuses_direct_use", test_window_refuses_direct_use},
