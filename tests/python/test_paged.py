@@ -386,3 +386,33 @@ def test_a_closed_cache() -> None:
         PagedKVCache("f16", "f16", 32, 1, 4, 8, 1, placement=[None, None])
     with pytest.raises(ferry.LayoutError, match="transposed V"):
         PagedKVCache("f16", "q8_0", 32, 1, 4, 8, 1, v_trans=True)
+
+
+@pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
+def test_cuda_gathers_by_batched_copies_and_the_kernel() -> None:
+    """On CUDA from pinned pools: a copy per block, per run, batched copies and the gather kernel each
+    give attention the KVCache's outputs byte for byte, exactly the cells read copied; auto takes one of
+    the one-call methods where runs are short. From pageable pools the kernel is not offered."""
+    twin = Twin("f16", True, 0.5, seed=12)
+    pinned = PagedKVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, BS, N_BLOCKS, N_SEQ, v_trans=True, pinned=True)
+    for s, table in enumerate(twin.tables):
+        pinned.set_table(s, table, twin.cells[s])
+    for layer_pool, src in ((pinned.k(0), twin.pools[0]), (pinned.v(0), twin.pools[1])):
+        layer_pool.set(np.ascontiguousarray(src).tobytes())
+    cuda = ferry.CUDABackend()
+    want, _, _ = step(twin.kv, twin, cuda, "ragged")
+    for method in ("per_block", "runs", "batched", "kernel", "auto"):
+        pinned.gather = method
+        got, inputs, _ = step(pinned, twin, cuda, "plan", compact=method == "runs")
+        assert got == want, method
+        for inp in inputs:
+            assert inp.stats.bytes_copied == sum(twin.lens) * twin.row
+            assert method == "auto" or inp.stats.gather == to_gather_method(method)
+    assert {i.stats.gather for i in step(pinned, twin, cuda, "plan")[1]} <= {GatherMethod.BATCHED, GatherMethod.KERNEL,
+                                                                              GatherMethod.RUNS}
+    twin.paged.gather = "kernel"  # the twin's pools are numpy's: pageable memory the device does not map
+    k, _ = twin.paged.window(0, N_KV, 1, N_SEQ - 1)
+    with pytest.raises(ferry.UnsupportedError, match="does not offer the kernel gather"):
+        plan_paged(k, cuda)
+    twin.paged.gather = "auto"
+    assert plan_paged(k, cuda).method_seconds["kernel"] is None
