@@ -220,9 +220,10 @@ typedef struct {
  * cost model, a tie to runs), the copies in copies (offsets from the pool tensor's first byte
  * and the dense window's) when copies is not NULL. With copies too small it fails with
  * FERRY_ERR_OUT_OF_BOUNDS and *n_copies gets the number needed. Refused: a window that is not
- * paged, lengths as a ragged window's are refused, a sequence whose table is shorter than its
- * length (naming the sequence and the block missing), a forced method the backend does not
- * offer for the pool's memory.
+ * paged; its lengths, as the ragged policy refuses them (not in host memory, outside 0..the
+ * limit); a sequence whose table is shorter than its length (OUT_OF_BOUNDS, naming the sequence
+ * and the block it lacks); a forced method the backend does not offer for the pool's memory
+ * (UNSUPPORTED).
  */
 FERRY_API ferry_status ferry_copy_paged_plan(const ferry_tensor * window, ferry_backend * backend,
                                              ferry_paged_plan * plan, ferry_gather_copy * copies, size_t max_copies,

@@ -125,7 +125,7 @@ FERRY_API ferry_gather_method ferry_paged_cache_get_gather(const ferry_paged_cac
  * window carries (ferry_tensor_set_used_cells, kv_len) or else the cells its table holds. A
  * paged window has no bytes of its own: a transfer, a view, an export or a kernel that would
  * read it directly is refused. Refused here: a layer or sequences the cache does not have, n_kv
- * not positive. Either output may be NULL.
+ * not in 1..a pool's cells. Either output may be NULL.
  */
 FERRY_API ferry_status ferry_paged_cache_window(const ferry_paged_cache * cache, ferry_context * ctx, int32_t layer,
                                                 int64_t n_kv, int64_t s0, int64_t s1, ferry_tensor ** k_out,
