@@ -89,7 +89,7 @@ static void gather_all(ferry_buffer_type * buft, ferry_type tk, ferry_type tv, b
     ferry_backend_free(cuda);
 }
 
-static void test_cuda_gather_every_method(void) {
+static void test_cuda_gathers_move_the_used_cells_by_every_method(void) {
     need_device();
     ferry_buffer_type * pinned;
     CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
@@ -104,7 +104,7 @@ static void test_cuda_gather_every_method(void) {
 }
 
 /* From pageable memory the device does not map: no kernel, refused when forced; the rest gather. */
-static void test_cuda_pageable_pool(void) {
+static void test_cuda_kernel_refused_for_a_pageable_pool(void) {
     need_device();
     const ferry_gather_method methods[] = {FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED, FERRY_GATHER_AUTO};
     SUB(gather_all(ferry_cpu_buffer_type(), FERRY_TYPE_F16, FERRY_TYPE_F16, true, 0.5, 3, methods, 3));
@@ -172,8 +172,8 @@ static void test_cuda_attention_same_as_cell_cache(void) {
 }
 
 static const check_test tests[] = {
-    {"cuda_gather_every_method", test_cuda_gather_every_method},
-    {"cuda_pageable_pool", test_cuda_pageable_pool},
+    {"cuda_gathers_move_the_used_cells_by_every_method", test_cuda_gathers_move_the_used_cells_by_every_method},
+    {"cuda_kernel_refused_for_a_pageable_pool", test_cuda_kernel_refused_for_a_pageable_pool},
     {"cuda_attention_same_as_cell_cache", test_cuda_attention_same_as_cell_cache},
 };
 

@@ -354,7 +354,7 @@ static void paged_fini(void * p) {
     ferry_backend_free(s->split);
 }
 
-static void test_paged_cache(void) {
+static void test_paged_cache_fails_cleanly_at_each_allocation(void) {
     paged_state s;
     CHECK(sweep("paged cache", paged_run, paged_fini, &s, sizeof(s)) > 0);
 }
@@ -867,7 +867,7 @@ static void test_cuda_backend(void) {
 static const check_test tests[] = {
     {"kv_cache_windows", test_kv_cache_windows},
     {"ragged_windows", test_ragged_windows},
-    {"paged_cache", test_paged_cache},
+    {"paged_cache_fails_cleanly_at_each_allocation", test_paged_cache_fails_cleanly_at_each_allocation},
     {"kv_cache_layers", test_kv_cache_layers},
     {"kv_attention_step", test_kv_attention_step},
     {"sched_every_policy", test_sched_every_policy},

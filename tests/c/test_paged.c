@@ -24,7 +24,7 @@ static bool table_is(const ferry_paged_cache * c, int64_t seq, const int32_t * w
 
 /* ---------------------------------------------------------------- tables */
 
-static void test_tables_from_the_free_list(void) {
+static void test_tables_come_from_the_free_list_in_order(void) {
     ferry_paged_params p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
     p.n_blocks = 8;
     p.n_seq = 3;
@@ -71,7 +71,7 @@ static void test_tables_from_the_free_list(void) {
     ferry_paged_cache_free(c);
 }
 
-static void test_set_table_refusals(void) {
+static void test_bad_tables_refused_naming_the_sequence_and_block(void) {
     ferry_paged_params p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
     p.n_blocks = 8;
     p.n_seq = 3;
@@ -119,7 +119,7 @@ static void test_set_table_refusals(void) {
     ferry_paged_cache_free(c);
 }
 
-static void test_cache_params_refused(void) {
+static void test_bad_params_refused(void) {
     ferry_paged_cache * c = NULL;
     ferry_paged_params p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
     CHECK_FAILS(ferry_paged_cache_new(NULL, ferry_cpu_buffer_type(), NULL, &c), FERRY_ERR_INVALID_ARG);
@@ -236,7 +236,7 @@ static void test_arguments_refused(void) {
 
 /* A new cache reads zeros, though its memory held other bytes (glibc fills every allocation with
  * 0xA5 here: M_PERTURB); one over the caller's pools keeps what they hold. */
-static void test_new_cleared_and_over(void) {
+static void test_new_cache_reads_zeros_one_over_arrays_keeps_them(void) {
 #ifdef __GLIBC__
     mallopt(M_PERTURB, 0x5A);
 #endif
@@ -346,7 +346,7 @@ static void test_window_layout_is_the_compact_one(void) {
 }
 
 /* Nothing reads a paged window where it lies: its strides are not where its cells are. */
-static void test_window_refuses_direct_use(void) {
+static void test_windows_are_not_read_in_place(void) {
     const ferry_paged_params p = params_of(FERRY_TYPE_F32, FERRY_TYPE_F32, false);
     ferry_paged_cache * c;
     ferry_context * ctx;
@@ -509,7 +509,7 @@ static void gather_sweep(ferry_backend * backend, const ferry_gather_method * me
     ferry_backend_free(cpu);
 }
 
-static void test_gather_sentinel_standin(void) {
+static void test_gathers_move_the_used_cells_alone_on_the_standin(void) {
     ferry_backend * standin;
     CHECK_OK(ferry_standin_backend_new(&standin));
     const ferry_gather_method methods[] = {FERRY_GATHER_PER_BLOCK, FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED,
@@ -519,7 +519,7 @@ static void test_gather_sentinel_standin(void) {
 }
 
 /* A backend without a one-call gather: per block and per run; a copy queue's gather too. */
-static void test_gather_sentinel_dummy_and_queue(void) {
+static void test_gathers_move_the_used_cells_alone_on_a_queue(void) {
     ferry_backend * dummy;
     ferry_dummy_params dp = ferry_dummy_default_params();
     dp.real_memory = true;
@@ -564,7 +564,7 @@ static void test_gather_sentinel_dummy_and_queue(void) {
 }
 
 /* Pools in another device's memory: gathered by get into host memory, or staged into a device. */
-static void test_gather_from_a_device_pool(void) {
+static void test_device_pools_are_gathered_through_the_host(void) {
     ferry_backend *dev, *split, *cpu;
     ferry_dummy_params dp = ferry_dummy_default_params();
     dp.real_memory = true;
@@ -619,7 +619,7 @@ static void test_gather_from_a_device_pool(void) {
 
 /* Sequence 0 of 8 full blocks: [0, 2, 4, 6, 8, 9, 10, 11]: four runs of one block at an even
  * stride, then one run of four. */
-static void test_plan_runs_grouping_and_costs(void) {
+static void test_plan_predicts_what_the_link_charges(void) {
     const ferry_paged_params p = params_of(FERRY_TYPE_F32, FERRY_TYPE_F32, false);
     ferry_paged_cache * c;
     CHECK_OK(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c));
@@ -696,7 +696,7 @@ static void test_plan_runs_grouping_and_costs(void) {
     ferry_paged_cache_free(c);
 }
 
-static void test_gather_refusals(void) {
+static void test_short_tables_refused_before_a_byte_moves(void) {
     const ferry_paged_params p = params_of(FERRY_TYPE_F32, FERRY_TYPE_F32, true);
     ferry_paged_cache * c;
     ferry_context * ctx;
@@ -826,7 +826,7 @@ static void test_attention_same_as_cell_cache(void) {
 }
 
 /* Attention on the CPU, where the pools lie: the windows are gathered all the same. */
-static void test_attention_on_the_cpu(void) {
+static void test_attention_on_the_cpu_reads_gathered_windows_too(void) {
     ferry_backend * cpu;
     CHECK_OK(ferry_cpu_backend_new(&cpu));
     SUB(same_as_cell_cache(FERRY_TYPE_F16, FERRY_TYPE_F32, true, cpu, cpu, 0));
@@ -835,7 +835,7 @@ static void test_attention_on_the_cpu(void) {
 }
 
 /* Prefetched on the stand-in's copy queue: the same outputs and bytes. */
-static void test_attention_prefetched(void) {
+static void test_attention_prefetched_as_serial(void) {
     ferry_backend *standin, *cpu;
     CHECK_OK(ferry_standin_backend_new(&standin));
     CHECK_OK(ferry_cpu_backend_new(&cpu));
@@ -844,7 +844,7 @@ static void test_attention_prefetched(void) {
     ferry_backend_free(standin);
 }
 
-static void test_paged_step_refusals(void) {
+static void test_paged_step_refusals_assign_nothing(void) {
     twin t;
     CHECK_OK(twin_init(&t, ferry_cpu_buffer_type(), FERRY_TYPE_F32, FERRY_TYPE_F32, false, 0.5, 3));
     ferry_backend * cpu;
@@ -881,22 +881,22 @@ static void test_paged_step_refusals(void) {
 }
 
 static const check_test tests[] = {
-    {"tables_from_the_free_list", test_tables_from_the_free_list},
-    {"set_table_refusals", test_set_table_refusals},
-    {"cache_params_refused", test_cache_params_refused},
+    {"tables_come_from_the_free_list_in_order", test_tables_come_from_the_free_list_in_order},
+    {"bad_tables_refused_naming_the_sequence_and_block", test_bad_tables_refused_naming_the_sequence_and_block},
+    {"bad_params_refused", test_bad_params_refused},
     {"arguments_refused", test_arguments_refused},
-    {"new_cleared_and_over", test_new_cleared_and_over},
+    {"new_cache_reads_zeros_one_over_arrays_keeps_them", test_new_cache_reads_zeros_one_over_arrays_keeps_them},
     {"window_layout_is_the_compact_one", test_window_layout_is_the_compact_one},
-    {"window_refuses_direct_use", test_window_refuses_direct_use},
-    {"gather_sentinel_standin", test_gather_sentinel_standin},
-    {"gather_sentinel_dummy_and_queue", test_gather_sentinel_dummy_and_queue},
-    {"gather_from_a_device_pool", test_gather_from_a_device_pool},
-    {"plan_runs_grouping_and_costs", test_plan_runs_grouping_and_costs},
-    {"gather_refusals", test_gather_refusals},
+    {"windows_are_not_read_in_place", test_windows_are_not_read_in_place},
+    {"gathers_move_the_used_cells_alone_on_the_standin", test_gathers_move_the_used_cells_alone_on_the_standin},
+    {"gathers_move_the_used_cells_alone_on_a_queue", test_gathers_move_the_used_cells_alone_on_a_queue},
+    {"device_pools_are_gathered_through_the_host", test_device_pools_are_gathered_through_the_host},
+    {"plan_predicts_what_the_link_charges", test_plan_predicts_what_the_link_charges},
+    {"short_tables_refused_before_a_byte_moves", test_short_tables_refused_before_a_byte_moves},
     {"attention_same_as_cell_cache", test_attention_same_as_cell_cache},
-    {"attention_on_the_cpu", test_attention_on_the_cpu},
-    {"attention_prefetched", test_attention_prefetched},
-    {"paged_step_refusals", test_paged_step_refusals},
+    {"attention_on_the_cpu_reads_gathered_windows_too", test_attention_on_the_cpu_reads_gathered_windows_too},
+    {"attention_prefetched_as_serial", test_attention_prefetched_as_serial},
+    {"paged_step_refusals_assign_nothing", test_paged_step_refusals_assign_nothing},
 };
 
 CHECK_MAIN(tests)
