@@ -82,6 +82,11 @@ ferry_status ferry_read_used_cells(const ferry_tensor * t, const char * what, in
     return FERRY_OK;
 }
 
+/* The ragged copy's read of t's lengths. */
+static ferry_status read_used(const ferry_tensor * t, int64_t * used) {
+    return ferry_read_used_cells(t, "ragged copy", used);
+}
+
 /* The copies of t's used cells, the cheaper of the two exact routes by model (equal lengths:
  * the one plan over every stream). */
 static ferry_status choose(const ferry_tensor * t, const ferry_copy_cost_model * model, copy_list * out) {
@@ -92,7 +97,7 @@ static ferry_status choose(const ferry_tensor * t, const ferry_copy_cost_model *
                           (long long) ns);
     }
     copy_list per_stream = {0};
-    ferry_status st = ferry_read_used_cells(t, "ragged copy", used);
+    ferry_status st = read_used(t, used);
     int64_t shortest = ns > 0 ? used[0] : 0;
     bool equal = true;
     for (int64_t s = 1; st == FERRY_OK && s < ns; s++) {
