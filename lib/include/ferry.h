@@ -40,6 +40,7 @@
 #include "ferry/graph.h"
 #include "ferry/kv.h"
 #include "ferry/copy.h"
+#include "ferry/paged.h"
 #include "ferry/sched.h"
 #include "ferry/step.h"
 #include "ferry/cuda.h"

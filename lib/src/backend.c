@@ -158,6 +158,8 @@ ferry_status ferry_backend_tensor_copy_async(ferry_backend * backend_src, ferry_
         return ferry_fail(FERRY_ERR_LAYOUT, "tensor_copy_async: '%s' and '%s' differ in type, shape or strides",
                           src->name, dst->name);
     }
+    FERRY_TRY(ferry_tensor_check_not_paged(src, "tensor_copy_async"));
+    FERRY_TRY(ferry_tensor_check_not_paged(dst, "tensor_copy_async"));
     FERRY_TRY(ferry_tensor_check_allocated(src));
     FERRY_TRY(ferry_tensor_check_allocated(dst));
     const size_t nbytes = ferry_tensor_nbytes(src);
@@ -208,4 +210,34 @@ ferry_status ferry_backend_get_memory(ferry_backend * backend, size_t * free_byt
                           ferry_backend_name(backend));
     }
     return backend->iface.get_memory(backend, free_bytes, total_bytes);
+}
+
+unsigned ferry_backend_gather_methods(const ferry_backend * backend, const void * src, size_t span) {
+    return backend && backend->iface.gather_methods ? backend->iface.gather_methods(backend, src, span) : 0;
+}
+
+ferry_status ferry_backend_tensor_gather_async(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                               const ferry_gather_copy * pieces, size_t n,
+                                               ferry_gather_method method) {
+    const char * what = "tensor_gather_async";
+    FERRY_TRY(check_backend_tensor(backend, t, what));
+    FERRY_CHECK_ARG(src && (pieces || n == 0), "%s: NULL source or pieces", what);
+    if (!backend->iface.set_tensor_gather_async) {
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: %s gathers in no single call", what,
+                          ferry_backend_name(backend));
+    }
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_gather_copy * c = &pieces[i];
+        FERRY_TRY(ferry_check_transfer_2d(t, src, c->dst_offset, c->size, c->count, c->dst_stride, c->src_stride,
+                                          what));
+        bytes += (uint64_t) c->size * c->count;
+    }
+    if (bytes == 0) {
+        return FERRY_OK;
+    }
+    FERRY_TRY(backend->iface.set_tensor_gather_async(backend, t, src, pieces, n, method));
+    ferry_stats_add(&ferry_tensor_buffer(t)->stats, FERRY_XFER_SET_2D, bytes, 1);
+    ferry_stats_add(&backend->stats, FERRY_XFER_SET_2D, bytes, 1);
+    return FERRY_OK;
 }

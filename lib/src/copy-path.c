@@ -238,23 +238,30 @@ static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * s
 /* ---------------------------------------------------------------- one input copy */
 
 /*
- * The route: how src reaches dst, and the copy itself. The ragged policy copies a window's used
- * cells when it carries lengths, and otherwise the plan's rows whether or not they pay; a compact
- * dst is gathered; the plan policy takes the plan when it pays; the ranges policy copies its
- * ranges wherever the rule applies; everything else is the flat copy. *path gets the route
- * taken, *read the bytes read when the route knows them (*known true; else false), *predicted
- * the copies' time by the backend's cost model.
- * queued: backend is a copy queue, and the flat copy goes there too.
+ * The route: how src reaches dst, and the copy itself. A paged window is gathered whatever the
+ * policy (its cells lie in blocks, where no copy of its layout finds them; *gather says how). The
+ * ragged policy copies a window's used cells when it carries lengths, and otherwise the plan's
+ * rows whether or not they pay; a compact dst is gathered; the plan policy takes the plan when it
+ * pays; the ranges policy copies its ranges wherever the rule applies; everything else is the
+ * flat copy. *path gets the route taken (a paged window's: the policy), *read the bytes read when
+ * the route knows them (*known true; else false), *predicted the copies' time by the backend's
+ * cost model. queued: backend is a copy queue, and the flat copy goes there too.
  */
 static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy policy, bool compact, bool queued,
                                   const ferry_tensor * src, ferry_tensor * dst, ferry_copy_policy * path,
-                                  uint64_t * read, bool * known, double * predicted) {
+                                  uint64_t * read, bool * known, ferry_gather_method * gather, double * predicted) {
     *path = FERRY_COPY_FLAT;
     *read = 0;
     *known = false;
+    *gather = FERRY_GATHER_AUTO;
     *predicted = 0;
     ferry_copy_2d r;
     const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
+    if (src->paged) {
+        *path = policy;
+        *known = true;
+        return ferry_copy_paged(backend, src, dst, read, gather, predicted);
+    }
     if (policy == FERRY_COPY_RAGGED && src->used_lengths) {
         *path = FERRY_COPY_RAGGED;
         *known = true;
@@ -374,15 +381,17 @@ static ferry_status copy_input(const char * what, ferry_backend * backend, ferry
     uint64_t read;
     bool known;
     double predicted;
+    ferry_gather_method gather;
     if (!queued) {
         FERRY_TRY(ferry_backend_synchronize(backend));
     }
-    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, &path, &read, &known, &predicted));
+    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, &path, &read, &known, &gather, &predicted));
     if (!queued) {
         FERRY_TRY(ferry_backend_synchronize(backend));
     }
     if (stats) {
         measure_copy(&before, src, dst, path, read, known, predicted, stats); /* queued: the counters moved as it was queued */
+        stats->gather = gather;
         if (queued) {
             stats->copy_seconds = 0; /* the queue's events time it */
         }

@@ -370,12 +370,14 @@ ferry_status ferry_copy_plan_explain(ferry_type type, int n_dims, const int64_t 
  * plan pays on the CPU when the span is more than this many times the bytes read:
  *     row   16 B  32 B  64 B  128 B  256 B  1 KiB  4 KiB  >= 8 KiB
  *     span  29x   14x   7.2x  4.4x   3.1x   2.0x   1.75x  1.05x (-> 1x)
- * call_us is an assumption (a blocking call and its checks; not separable here).
+ * call_us is an assumption (a blocking call and its checks; not separable here). A gather's
+ * piece costs what a gapped row does; the host has no gather kernel (kernel_gbps unused).
  */
 ferry_copy_cost_model ferry_copy_cost_model_cpu(void) {
     return (ferry_copy_cost_model) {
         .call_us = 0.2, .row_ns = 30.0, .gbps = 11.8, .line_bytes = 64, .small_row_bytes = 8192,
-        .small_row_efficiency = 0.6, .wide_pitch_bytes = 0, .wide_pitch_row_ns = 0.0,
+        .small_row_efficiency = 0.6, .wide_pitch_bytes = 0, .wide_pitch_row_ns = 0.0, .piece_ns = 30.0,
+        .kernel_gbps = 0.0,
     };
 }
 
@@ -392,11 +394,16 @@ ferry_copy_cost_model ferry_copy_cost_model_cpu(void) {
  * bytes, so there the plan pays when it moves fewer bytes than the span, each copy
  * beyond the first saving at least a call's worth (4 us: about 220 KB); narrower rows
  * need a span above 1.37x the bytes read (64 B rows), 1.37 x 64 / width below 64 B.
+ * A paged gather's figures are assumptions until tools/gpu-check measures them: piece_ns from
+ * vLLM's batched DMA on an H100 (about 6 GB/s for 8 KiB descriptors against 50 from 28 KiB up:
+ * some 1.2 us a descriptor), kernel_gbps from the gather kernel of the transposed V anchor
+ * (99 us where the same bytes contiguous take 85: 54.9 / 1.15).
  */
 ferry_copy_cost_model ferry_copy_cost_model_gpu(void) {
     return (ferry_copy_cost_model) {
         .call_us = 4.0, .row_ns = 0.0, .gbps = 54.9, .line_bytes = 64, .small_row_bytes = 256,
-        .small_row_efficiency = 0.73, .wide_pitch_bytes = 65536, .wide_pitch_row_ns = 42.0,
+        .small_row_efficiency = 0.73, .wide_pitch_bytes = 65536, .wide_pitch_row_ns = 42.0, .piece_ns = 1200.0,
+        .kernel_gbps = 47.7,
     };
 }
 
@@ -460,9 +467,11 @@ ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backen
 
 ferry_status ferry_copy_cost_model_check(const ferry_copy_cost_model * m, const char * what) {
     FERRY_CHECK_ARG(m, "%s: NULL cost model", what);
-    const double figures[5] = {m->call_us, m->row_ns, m->gbps, m->small_row_efficiency, m->wide_pitch_row_ns};
-    static const char * const names[5] = {"call_us", "row_ns", "gbps", "small_row_efficiency", "wide_pitch_row_ns"};
-    for (int i = 0; i < 5; i++) {
+    const double figures[7] = {m->call_us,           m->row_ns,   m->gbps,       m->small_row_efficiency,
+                               m->wide_pitch_row_ns, m->piece_ns, m->kernel_gbps};
+    static const char * const names[7] = {"call_us",           "row_ns",   "gbps",       "small_row_efficiency",
+                                          "wide_pitch_row_ns", "piece_ns", "kernel_gbps"};
+    for (int i = 0; i < 7; i++) {
         if (!(figures[i] >= 0 && figures[i] <= 1e12)) {
             return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: the cost model's %s %g is not a number from 0 to 1e12", what,
                               names[i], figures[i]);

@@ -55,21 +55,17 @@ static ferry_status plan_cells(const ferry_tensor * t, int64_t s, int64_t from, 
     return FERRY_OK;
 }
 
-/*
- * Each stream's used cells, read from t's lengths: min(length, t's cells). Refused: lengths not
- * in host memory (the host reads them as it copies), or a length outside 0..the limit.
- */
-static ferry_status read_used(const ferry_tensor * t, int64_t * used) {
+ferry_status ferry_read_used_cells(const ferry_tensor * t, const char * what, int64_t * used) {
     const ferry_tensor * len = t->used_lengths;
     const int64_t ns = t->ne[t->used_stream_dim], cells = t->ne[t->used_cell_dim];
     if (ferry_tensor_check_allocated(len) != FERRY_OK) {
-        return ferry_fail(ferry_last_status(), "ragged copy of '%s': its lengths '%s' have no memory: allocate them in "
-                          "host memory and write each stream's length", t->name, len->name);
+        return ferry_fail(ferry_last_status(), "%s of '%s': its lengths '%s' have no memory: allocate them in "
+                          "host memory and write each stream's length", what, t->name, len->name);
     }
     const ferry_buffer * buf = ferry_tensor_buffer(len);
     if (!ferry_buffer_is_host(buf) || ferry_buffer_is_synthetic(buf)) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "ragged copy of '%s': its lengths '%s' are in %s memory, which the "
-                          "host cannot read as it copies: place them in host memory (a CPU buffer)", t->name,
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s of '%s': its lengths '%s' are in %s memory, which the "
+                          "host cannot read as it copies: place them in host memory (a CPU buffer)", what, t->name,
                           len->name, ferry_buffer_type_name(ferry_buffer_get_type(buf)));
     }
     const char * data = ferry_tensor_data(len);
@@ -77,12 +73,18 @@ static ferry_status read_used(const ferry_tensor * t, int64_t * used) {
         int32_t v;
         memcpy(&v, data + (size_t) s * len->nb[0], sizeof(v));
         if (v < 0 || v > t->used_limit) {
-            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "ragged copy of '%s': stream %lld's length %d (of '%s') is not "
-                              "in 0..%lld", t->name, (long long) s, (int) v, len->name, (long long) t->used_limit);
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s of '%s': stream %lld's length %d (of '%s') is not "
+                              "in 0..%lld", what, t->name, (long long) s, (int) v, len->name,
+                              (long long) t->used_limit);
         }
         used[s] = v < cells ? v : cells;
     }
     return FERRY_OK;
+}
+
+/* The ragged copy's read of t's lengths. */
+static ferry_status read_used(const ferry_tensor * t, int64_t * used) {
+    return ferry_read_used_cells(t, "ragged copy", used);
 }
 
 bool ferry_copy_used_bytes(const ferry_tensor * t, uint64_t * bytes) {

@@ -71,6 +71,13 @@ ferry_buffer * ferry_tensor_buffer(const ferry_tensor * t);
 /* OUT_OF_BOUNDS unless the products of ne[0..n_dims-1] and of ne[1..n_dims-1] (non-negative;
  * elements and rows) fit an int64_t, multiplied left to right. */
 ferry_status ferry_check_element_count(const int64_t * ne, int n_dims, const char * what);
+/* A paged window of pool (ferry_paged_cache_window): a view struct of the given ne and nb, which
+ * need not lie within pool (its bytes are gathered, never read in place), annotated with its
+ * source and first sequence. */
+ferry_status ferry_tensor_paged_window(ferry_context * ctx, ferry_tensor * pool, const int64_t * ne, const size_t * nb,
+                                       const ferry_paged_source * source, int64_t first_seq, ferry_tensor ** out);
+/* INVALID_ARG, naming what and t, when t is a paged window: its layout is not where its bytes are. */
+ferry_status ferry_tensor_check_not_paged(const ferry_tensor * t, const char * what);
 /* A new tensor in ctx with everything zeroed but type; for op constructors. */
 ferry_status ferry_tensor_alloc_struct(ferry_context * ctx, ferry_type type, ferry_tensor ** out);
 void ferry_tensor_set_contiguous_strides(ferry_tensor * t);
@@ -201,6 +208,13 @@ struct ferry_backend_i {
     ferry_status (*copy_queue_new)(ferry_backend * backend, ferry_backend ** out);
     /* optional: UNSUPPORTED. The memory the backend allocates from (ferry_backend_get_memory). */
     ferry_status (*get_memory)(ferry_backend * backend, size_t * free_bytes, size_t * total_bytes);
+    /* optional: none. The gather methods it offers in one call (a bit 1 << method each, of
+     * FERRY_GATHER_BATCHED and FERRY_GATHER_KERNEL) for a source of span bytes of host memory at src */
+    unsigned (*gather_methods)(const ferry_backend * backend, const void * src, size_t span);
+    /* optional, with gather_methods: a paged window's gather in one call by method, n pieces of
+     * host memory from src into t (offsets from src and from t's data), queued as a set is */
+    ferry_status (*set_tensor_gather_async)(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                            const ferry_gather_copy * pieces, size_t n, ferry_gather_method method);
 };
 
 struct ferry_backend {
@@ -247,6 +261,48 @@ bool ferry_copy_used_bytes(const ferry_tensor * t, uint64_t * bytes);
  * gets the bytes moved, which are the bytes read, *predicted the copies' time by that model. */
 ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, bool compact,
                                uint64_t * read, double * predicted);
+
+/* ---------------------------------------------------------------- paged windows */
+
+/* A paged cache's block tables (paged-kv.c keeps them, copy-paged.c reads them as a window is
+ * copied): per sequence its block ids, how many, and the cells it holds; the gather method. */
+typedef struct {
+    int64_t n_seq;
+    int32_t ** blocks;
+    int64_t * n_blocks;
+    int64_t * n_cells;
+    ferry_gather_method gather;
+} ferry_paged_tables;
+
+/* What a paged window gathers from: one per layer's K or V pool (paged-kv.c). */
+struct ferry_paged_source {
+    const ferry_tensor * pool;
+    bool    v_trans;     /* one row per channel holding every pool cell */
+    int64_t block_size;
+    int64_t pool_cells;  /* n_blocks * block_size */
+    int64_t n_embd;      /* channels: rows of a transposed V */
+    size_t  cell_bytes;  /* a cell's bytes; a transposed V: one value's */
+    const ferry_paged_tables * tables;
+};
+
+/* Each stream's used cells of a window carrying lengths (ferry_tensor_set_used_cells), read now as
+ * the ragged policy reads them (copy-ragged.c): min(length, the window's cells); refused (with
+ * `what` and the window named) for lengths not in host memory or outside 0..the limit. */
+ferry_status ferry_read_used_cells(const ferry_tensor * t, const char * what, int64_t * used);
+
+/* The paged route (copy-paged.c): src's used cells gathered into dst (its layout) by the method
+ * its cache says, *read the bytes moved (the bytes read), *method the method taken, *predicted
+ * its time by the backend's cost model. */
+ferry_status ferry_copy_paged(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, uint64_t * read,
+                              ferry_gather_method * method, double * predicted);
+
+/* The gather methods backend offers in one call for src (backend.c): 0 without the entry. */
+unsigned ferry_backend_gather_methods(const ferry_backend * backend, const void * src, size_t span);
+/* The gather in one call (backend.c): each piece checked to lie in t, dispatched, counted as one
+ * 2-D set of all its bytes. */
+ferry_status ferry_backend_tensor_gather_async(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                               const ferry_gather_copy * pieces, size_t n,
+                                               ferry_gather_method method);
 
 /* Checks shared by buffer.c and backend.c: t allocated, the extent inside t (transfer.c). */
 ferry_status ferry_check_transfer(const ferry_tensor * t, const void * data, size_t offset, size_t size,

@@ -18,6 +18,7 @@ ferry_status ferry_host_buffer_from_ptr(void * base, size_t size, ferry_buffer *
 
 ferry_status ferry_tensor_memory(const ferry_tensor * t, ferry_memory_kind * kind, int * device, void ** data) {
     FERRY_CHECK_ARG(t && kind && device && data, "tensor_memory: NULL argument");
+    FERRY_TRY(ferry_tensor_check_not_paged(t, "tensor_memory"));
     FERRY_TRY(ferry_tensor_check_allocated(t));
     const ferry_buffer * buf = ferry_tensor_buffer(t);
     const char * name = ferry_buffer_type_name(ferry_buffer_get_type(buf));

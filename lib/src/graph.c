@@ -233,6 +233,7 @@ ferry_status ferry_tensor_set_output(ferry_tensor * t) {
 /* ---------------------------------------------------------------- compute */
 
 static ferry_status check_compute_tensor(ferry_backend * backend, const ferry_tensor * t) {
+    FERRY_TRY(ferry_tensor_check_not_paged(t, "graph_compute"));
     FERRY_TRY(ferry_tensor_check_allocated(t));
     ferry_buffer * buf = ferry_tensor_buffer(t);
     if (!ferry_backend_supports_buft(backend, buf->buft)) {
@@ -250,6 +251,9 @@ ferry_status ferry_backend_graph_compute(ferry_backend * backend, ferry_graph * 
     for (int i = 0; i < graph->n_nodes; i++) {
         const ferry_tensor * node = graph->nodes[i];
         FERRY_TRY(check_compute_tensor(backend, node));
+        for (int j = 0; j < FERRY_MAX_SRC && node->src[j]; j++) { /* a kernel would read it at its strides */
+            FERRY_TRY(ferry_tensor_check_not_paged(node->src[j], "graph_compute"));
+        }
         if (!ferry_op_is_view(node->op) && !ferry_backend_supports_op(backend, node)) {
             return ferry_fail(FERRY_ERR_UNSUPPORTED, "graph_compute: backend %s does not support %s of '%s'",
                               ferry_backend_name(backend), ferry_op_name(node->op), node->name);

@@ -254,12 +254,17 @@ static ferry_tensor * existing_copy(const ferry_sched * s, int split, const ferr
     return NULL;
 }
 
+/* Must a node on backend read src through a copy? When src lives where backend cannot read it, or
+ * is a paged window, whose cells are gathered into a dense copy wherever the split runs. */
+static bool copied_in(const ferry_sched * s, ferry_backend * backend, const ferry_tensor * src) {
+    ferry_buffer_type * buft = source_buft(s, src);
+    return buft && (src->paged || !ferry_backend_supports_buft(backend, buft));
+}
+
 /* Does node, on split's backend, read a source the split has no copy of yet? */
 static bool needs_new_input(const ferry_sched * s, int split, const ferry_tensor * node) {
     for (int j = 0; j < FERRY_MAX_SRC && node->src[j]; j++) {
-        ferry_buffer_type * buft = source_buft(s, node->src[j]);
-        if (buft && !ferry_backend_supports_buft(s->splits[split].backend, buft) &&
-            !existing_copy(s, split, node->src[j])) {
+        if (copied_in(s, s->splits[split].backend, node->src[j]) && !existing_copy(s, split, node->src[j])) {
             return true;
         }
     }
@@ -337,8 +342,7 @@ static ferry_status build_splits(ferry_sched * s) {
         FERRY_TRY(ferry_graph_add_node(s->parts[s->n_parts - 1].graph, node));
         s->splits[split].n_nodes++;
         for (int j = 0; j < FERRY_MAX_SRC && node->src[j]; j++) {
-            ferry_buffer_type * buft = source_buft(s, node->src[j]);
-            if (buft == NULL || ferry_backend_supports_buft(backend, buft)) {
+            if (!copied_in(s, backend, node->src[j])) {
                 continue;
             }
             ferry_tensor * copy;

@@ -167,9 +167,21 @@ void * ferry_tensor_data(const ferry_tensor * t) {
 
 ferry_buffer * ferry_tensor_buffer(const ferry_tensor * t) { return ferry_tensor_root(t)->buffer; }
 
+ferry_status ferry_tensor_check_not_paged(const ferry_tensor * t, const char * what) {
+    if (t && t->paged) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: '%s' is a paged window, whose cells lie in the blocks of "
+                          "its sequences' tables, not at its strides: copy it (the scheduler or ferry_copy_input "
+                          "gathers it) and use the copy", what, t->name);
+    }
+    return FERRY_OK;
+}
+
 /* A new view struct of src sharing its memory; the caller fills ne/nb. */
 static ferry_status new_view(ferry_context * ctx, ferry_tensor * src, ferry_op op, size_t offset,
                              ferry_tensor ** out) {
+    static const char * const what[] = {[FERRY_OP_VIEW] = "tensor_view", [FERRY_OP_PERMUTE] = "tensor_permute",
+                                        [FERRY_OP_RESHAPE] = "tensor_reshape"};
+    FERRY_TRY(ferry_tensor_check_not_paged(src, what[op]));
     ferry_tensor * v;
     FERRY_TRY(ferry_tensor_alloc_struct(ctx, src->type, &v));
     v->op = op;
@@ -177,6 +189,19 @@ static ferry_status new_view(ferry_context * ctx, ferry_tensor * src, ferry_op o
     v->view_src = (ferry_tensor *) ferry_tensor_root(src);
     v->view_offs = (src->view_src ? src->view_offs : 0) + offset;
     ferry_tensor_data(v);
+    *out = v;
+    return FERRY_OK;
+}
+
+ferry_status ferry_tensor_paged_window(ferry_context * ctx, ferry_tensor * pool, const int64_t * ne, const size_t * nb,
+                                       const ferry_paged_source * source, int64_t first_seq, ferry_tensor ** out) {
+    FERRY_TRY(ferry_check_element_count(ne, FERRY_MAX_DIMS, "paged window"));
+    ferry_tensor * v;
+    FERRY_TRY(new_view(ctx, pool, FERRY_OP_VIEW, 0, &v));
+    memcpy(v->ne, ne, sizeof(v->ne));
+    memcpy(v->nb, nb, sizeof(v->nb));
+    v->paged = source;
+    v->paged_first_seq = first_seq;
     *out = v;
     return FERRY_OK;
 }

@@ -6,6 +6,7 @@
 ferry_status ferry_check_transfer(const ferry_tensor * t, const void * data, size_t offset, size_t size,
                                   size_t n_copies, size_t stride_tensor, const char * what) {
     FERRY_CHECK_ARG(t, "%s: NULL tensor", what);
+    FERRY_TRY(ferry_tensor_check_not_paged(t, what));
     FERRY_TRY(ferry_tensor_check_allocated(t));
     if (size > (size_t) INT64_MAX || offset > (size_t) INT64_MAX) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: offset %zu or size %zu is not a valid size", what, offset, size);
@@ -124,6 +125,8 @@ ferry_status ferry_tensor_copy(const ferry_tensor * src, ferry_tensor * dst) {
                           (long long) dst->ne[0], (long long) dst->ne[1], (long long) dst->ne[2],
                           (long long) dst->ne[3]);
     }
+    FERRY_TRY(ferry_tensor_check_not_paged(src, "tensor_copy"));
+    FERRY_TRY(ferry_tensor_check_not_paged(dst, "tensor_copy"));
     FERRY_TRY(ferry_tensor_check_allocated(src));
     FERRY_TRY(ferry_tensor_check_allocated(dst));
     if (src == dst) {

@@ -5,14 +5,16 @@ layout alone (metadata only: nothing is allocated). Both return Copy2D rows with
 the first byte of the view's source, as ferry_copy_plan computes them
 (lib/src/copy-plan.c). CopyCostModel is ferry_copy_cost_model; plan_cost, flat_cost and
 plan_pays are the rule the plan copy policy uses to choose between the plan and flat.
-explain() says in words how the planner reduces a layout to its copies.
+explain() says in words how the planner reduces a layout to its copies. plan_paged says how a
+paged window's gather goes into a backend: its blocks, runs, calls, bytes and each method's
+predicted time.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _checks
 from ._binding import ffi, lib
@@ -20,6 +22,7 @@ from .backend import Backend
 from .copy2d import Copy2D, to_c
 from .errors import InvalidArgumentError, LayoutError, UnsupportedError, check
 from .link import LinkFit, LinkMeasurement
+from .policy import GatherMethod
 from .tensor import Tensor
 from .types import TypeLike, to_type
 
@@ -187,7 +190,9 @@ class CopyCostModel:
     """ferry_copy_cost_model: what a copy costs. Each call costs call_us; each row of a 2-D copy
     row_ns plus its bytes (rounded up to whole line_bytes, at most its stride) at gbps GB/s,
     times small_row_efficiency below small_row_bytes, plus wide_pitch_row_ns for rows at least
-    wide_pitch_bytes apart. A flat copy is one call and the span at gbps. CopyCostModel.cpu()
+    wide_pitch_bytes apart. A flat copy is one call and the span at gbps. A paged window's gather
+    in one call costs a call, piece_ns a row of its pieces and its bytes at gbps (batched copies),
+    or two calls and its bytes at kernel_gbps (the gather kernel; 0: gbps). CopyCostModel.cpu()
     and .gpu() are ferry's figures (copy-plan.c); of_backend(b) the one b's copies are costed by.
 
     Attributes
@@ -208,6 +213,10 @@ class CopyCostModel:
         Rows at least this far apart cost wide_pitch_row_ns more each (0: no such cost).
     wide_pitch_row_ns : float
         Nanoseconds more per row of a wide pitch.
+    piece_ns : float
+        Nanoseconds per row of a batched copy's pieces (a paged window's gather in one call).
+    kernel_gbps : float
+        The gather kernel's rate reading pinned host memory, GB/s; 0: gbps.
     """
 
     call_us: float
@@ -218,6 +227,8 @@ class CopyCostModel:
     small_row_efficiency: float
     wide_pitch_bytes: int
     wide_pitch_row_ns: float
+    piece_ns: float = 0.0
+    kernel_gbps: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -236,7 +247,8 @@ class CopyCostModel:
     def from_c(cls, m: Any) -> "CopyCostModel":
         """A CopyCostModel holding the values of the ferry_copy_cost_model cdata m."""
         return cls(float(m.call_us), float(m.row_ns), float(m.gbps), int(m.line_bytes), int(m.small_row_bytes),
-                   float(m.small_row_efficiency), int(m.wide_pitch_bytes), float(m.wide_pitch_row_ns))
+                   float(m.small_row_efficiency), int(m.wide_pitch_bytes), float(m.wide_pitch_row_ns),
+                   float(m.piece_ns), float(m.kernel_gbps))
 
     @classmethod
     def cpu(cls) -> "CopyCostModel":
@@ -252,7 +264,9 @@ class CopyCostModel:
     def from_link(cls, link: Union[LinkMeasurement, LinkFit]) -> "CopyCostModel":
         """The model of a measured link: a call its latency, a row its row cost, bytes at its
         bandwidth, exactly (no line rounding, no narrow-row or wide-pitch terms): what the link
-        was measured to charge.
+        was measured to charge. A batched copy's piece is charged a row (as the stand-in's link
+        charges it; on CUDA a measure of the batch's own pieces is gpu-check's), the gather
+        kernel the bandwidth.
 
         Parameters
         ----------
@@ -275,7 +289,8 @@ class CopyCostModel:
         # a bandwidth too fast to measure: the model's largest, so bytes cost (next to) nothing
         gbps = fit.gbps if math.isfinite(fit.gbps) else 1e12
         return cls(call_us=fit.latency_us, row_ns=fit.row_ns, gbps=gbps, line_bytes=0, small_row_bytes=0,
-                   small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0)
+                   small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0, piece_ns=fit.row_ns,
+                   kernel_gbps=0.0)
 
     def use_for(self, backend: Backend) -> None:
         """Cost the copies into backend, and into its copy queue, by this model in place of its own
@@ -473,6 +488,112 @@ def plan_ragged(tensor: Tensor, model: ModelLike = "cpu") -> List[Copy2D]:
     check(lib.ferry_copy_ragged_plan(t._p, m, copies, n[0], n))
     base = t.offset
     return [c._replace(offset=c.offset + base) for c in (Copy2D.from_c(x) for x in copies[0:n[0]])]
+
+
+# ---------------------------------------------------------------- a paged window's gather
+
+
+class GatherCopy(NamedTuple):
+    """One copy of a paged window's gather (ferry_gather_copy): count rows of size bytes from
+    src_offset of the pool (rows src_stride apart) to dst_offset of the dense window (rows
+    dst_stride apart).
+
+    Attributes
+    ----------
+    src_offset : int
+        Bytes from the pool tensor's first byte to the first row read.
+    dst_offset : int
+        Bytes from the dense window's first byte to where it lands.
+    size : int
+        Bytes per row.
+    count : int
+        Rows (1: a plain copy).
+    src_stride, dst_stride : int
+        Bytes from one row's start to the next, in the pool and in the window.
+    """
+
+    src_offset: int
+    dst_offset: int
+    size: int
+    count: int  # type: ignore[assignment]  # the field hides tuple.count, as ferry_gather_copy names it
+    src_stride: int
+    dst_stride: int
+
+
+@dataclass(frozen=True)
+class PagedPlan:
+    """How a paged window is gathered into a backend (ferry_copy_paged_plan): plan_paged's result.
+
+    Attributes
+    ----------
+    method : GatherMethod
+        The method taken: the cache's, or under auto the cheapest the backend offers.
+    blocks : int
+        Blocks read (a partly used last block included).
+    runs : int
+        Runs of blocks adjacent in the pool, in table order.
+    calls : int
+        Transfer calls, as the buffers count them (batched and kernel: 1).
+    bytes : int
+        Bytes moved: exactly the cells read.
+    seconds : float
+        The prediction of the backend's cost model.
+    method_seconds : dict of str to float
+        Each method's prediction by name (per_block, runs, batched, kernel; auto: the cheapest
+        offered); None where the backend does not offer it.
+    copies : tuple of GatherCopy
+        The method's copies: per block, per run (equal runs at even strides as one 2-D copy), or
+        the pieces its one call carries.
+    """
+
+    method: GatherMethod
+    blocks: int
+    runs: int
+    calls: int
+    bytes: int
+    seconds: float
+    method_seconds: Dict[str, Optional[float]]
+    copies: Tuple[GatherCopy, ...]
+
+
+def plan_paged(window: Tensor, backend: Backend) -> PagedPlan:
+    """The gather of a paged window (ferry.paged.PagedKVCache.window) into a backend, as the copy path
+    would make it now: its lengths and tables read now, the method its cache is set to.
+
+    Parameters
+    ----------
+    window : Tensor
+        A paged window.
+    backend : Backend
+        The split's backend: its cost model and the methods it offers for the pool's memory.
+
+    Returns
+    -------
+    PagedPlan
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a tensor that is not a paged window, anything but a Backend, or lengths not in host memory.
+    OutOfBoundsError
+        For a length outside 0..the window's limit, or a table shorter than its sequence's length
+        (naming the sequence and the block).
+    UnsupportedError
+        For a method the backend does not offer for the pool (the cache's gather forced).
+    """
+    t = _checks.instance(window, Tensor, "plan_paged: window")
+    b = _checks.instance(backend, Backend, "plan_paged: backend")
+    plan = ffi.new("ferry_paged_plan *")
+    n = ffi.new("size_t *")
+    check(lib.ferry_copy_paged_plan(t._p, b._p, plan, ffi.NULL, 0, n))
+    copies = ffi.new("ferry_gather_copy[]", max(n[0], 1))
+    check(lib.ferry_copy_paged_plan(t._p, b._p, plan, copies, n[0], n))
+    seconds = {str(m): (float(plan.method_seconds[m]) if plan.method_seconds[m] >= 0 else None)
+               for m in GatherMethod}
+    return PagedPlan(GatherMethod(plan.method), int(plan.blocks), int(plan.runs), int(plan.calls), int(plan.bytes),
+                     float(plan.seconds), seconds,
+                     tuple(GatherCopy(int(c.src_offset), int(c.dst_offset), int(c.size), int(c.count),
+                                      int(c.src_stride), int(c.dst_stride)) for c in copies[0:n[0]]))
 
 
 # ---------------------------------------------------------------- explanation

@@ -7,6 +7,12 @@ by its copy plan when the cost model says that beats flat; ragged copies a windo
 its streams' used lengths (Tensor.set_used_cells; KVCache.window(lengths=...); every window of
 attention_step) as each stream's used cells and nothing after them, and any other view by its
 copy plan whether or not that beats flat. The destination's gap bytes are never written.
+
+A paged window (ferry.paged) is gathered whatever the policy: its cells lie in the blocks of its
+sequences' tables, and how it is gathered is its cache's GatherMethod: auto (the cheapest the
+split's backend offers, by its cost model), per_block (a copy per block, the baseline serving
+systems use), runs (a copy per run of adjacent blocks), batched (every run in one call), kernel
+(a gather kernel reading pinned host memory, CUDA).
 """
 
 from __future__ import annotations
@@ -32,6 +38,51 @@ class CopyPolicy(enum.IntEnum):
 
 
 PolicyLike = Union[CopyPolicy, str]
+
+
+class GatherMethod(enum.IntEnum):
+    """A ferry_gather_method: how a paged window is gathered; str() gives its name ("runs")."""
+
+    AUTO = lib.FERRY_GATHER_AUTO
+    PER_BLOCK = lib.FERRY_GATHER_PER_BLOCK
+    RUNS = lib.FERRY_GATHER_RUNS
+    BATCHED = lib.FERRY_GATHER_BATCHED
+    KERNEL = lib.FERRY_GATHER_KERNEL
+
+    def __str__(self) -> str:
+        return ffi.string(lib.ferry_gather_method_name(self.value)).decode()
+
+
+GatherLike = Union[GatherMethod, str]
+
+
+def to_gather_method(value: object, what: str = "gather method") -> GatherMethod:
+    """The GatherMethod named by value (itself, or "auto", "per_block", "runs", "batched", "kernel").
+
+    Parameters
+    ----------
+    value : GatherMethod or str
+    what : str, optional
+        What the caller calls the argument, for the message.
+
+    Returns
+    -------
+    GatherMethod
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything else, naming what.
+    """
+    if isinstance(value, GatherMethod):
+        return value
+    if isinstance(value, str):
+        try:
+            return _checks.from_c_name(GatherMethod, "ferry_gather_method", lib.ferry_gather_method_from_name, value)
+        except InvalidArgumentError as e:
+            raise InvalidArgumentError(f"{what}: {e.message}") from None
+    raise InvalidArgumentError(f"{what}: expected a name (auto, per_block, runs, batched, kernel) or a "
+                               f"GatherMethod, got {value!r}")
 
 
 def to_policy(value: object) -> CopyPolicy:

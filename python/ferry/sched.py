@@ -28,7 +28,8 @@ from .tensor import Tensor
 
 @dataclass(frozen=True)
 class Input:
-    """A split input (Scheduler.inputs): a source the split's backend cannot read where it is.
+    """A split input (Scheduler.inputs): a source the split's backend cannot read where it is, or a paged
+    window (ferry.paged), which is always gathered into a dense copy.
 
     Attributes
     ----------

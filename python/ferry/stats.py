@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Dict, NamedTuple, Optional, Tuple
 
 from ._binding import ffi, lib
 from .errors import check
-from .policy import CopyPolicy
+from .policy import CopyPolicy, GatherMethod
 
 #: The transfer kinds, in ferry_xfer order: set, get, set_2d, get_2d, copy, memset.
 KINDS: Tuple[str, ...] = tuple(ffi.string(lib.ferry_xfer_name(k)).decode() for k in range(lib.FERRY_XFER_COUNT))
@@ -135,14 +135,19 @@ class CopyStats(_CopyFigures):
     predicted_seconds : float
         What the copies made take by the copy cost model of the backend that made them
         (CopyCostModel.of_backend): the model's prediction beside copy_seconds.
+    gather : GatherMethod or None
+        How a paged window was gathered (its path is then the policy asked for: every policy
+        gathers it); None for any other input.
     """
 
     path: CopyPolicy
+    gather: Optional[GatherMethod] = None
 
     @classmethod
     def from_c(cls, s: Any) -> "CopyStats":
         """A CopyStats holding the values of the ferry_copy_stats cdata s."""
-        return cls(path=CopyPolicy(s.path), **cls._figures(s))
+        gather = GatherMethod(s.gather) if s.gather != lib.FERRY_GATHER_AUTO else None
+        return cls(path=CopyPolicy(s.path), gather=gather, **cls._figures(s))
 
 
 @dataclass(frozen=True)

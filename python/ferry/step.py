@@ -32,6 +32,7 @@ from .errors import InvalidArgumentError, check
 from .graph import Graph
 from .kv import KVCache, KVWindows
 from .ops import attn_decode, window_v_trans
+from .paged import PagedKVCache, PagedWindows
 from .sched import Scheduler
 from .tensor import Tensor, _new_context
 
@@ -103,7 +104,9 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
 
     Given KVCache.windows(n_kv), the whole step (windows, nodes, assignments and its Graph) is made by
     one C call (ferry_kv_attention_step) and only the outputs get Python objects: the fast way,
-    for a step built often. Given any other sequence of pairs, it is built layer by layer.
+    for a step built often; given PagedKVCache.windows(n_kv), the same over a paged cache
+    (ferry_paged_attention_step_on: each split gathers its windows' used cells). Given any other
+    sequence of pairs, it is built layer by layer.
 
     Parameters
     ----------
@@ -112,8 +115,9 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
     backend : Backend, or sequence of Backend
         The scheduler's: where attention runs, for every layer or per layer (layer_split makes
         llama.cpp's map of contiguous ranges).
-    windows : KVWindows, or sequence of (Tensor, Tensor)
-        Per layer, its K and V windows (KVCache.windows, or KVCache.window per layer).
+    windows : KVWindows, PagedWindows, or sequence of (Tensor, Tensor)
+        Per layer, its K and V windows (KVCache.windows or PagedKVCache.windows, or their window per
+        layer).
     q : sequence of Tensor
         Per layer, its query (f32 [head_dim, n_head, 1, ns]).
     kv_len : Tensor
@@ -149,7 +153,7 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
     backends = _per_layer(backend, len(q))
     if v_trans is not None and not isinstance(v_trans, bool):
         raise InvalidArgumentError(f"attention_step: v_trans must be a bool or None, got {v_trans!r}")
-    if isinstance(windows, KVWindows):  # C checks every layer's backend before it assigns any
+    if isinstance(windows, (KVWindows, PagedWindows)):  # C checks every layer's backend before it assigns any
         return _attention_step_c(sched, backends, windows, q, kv_len, v_trans)
     # the same here: a refused backend assigns nothing
     own = {b._p for b in _checks.instance(sched, Scheduler, "assign").backends}
@@ -183,7 +187,7 @@ class _Step:
 
     __slots__ = ("handle", "cache", "q", "kv_len", "__weakref__")
 
-    def __init__(self, handle: Handle, cache: KVCache, q: List[Tensor], kv_len: Tensor) -> None:
+    def __init__(self, handle: Handle, cache: Union[KVCache, PagedKVCache], q: List[Tensor], kv_len: Tensor) -> None:
         self.handle, self.cache, self.q, self.kv_len = handle, cache, q, kv_len
 
     def _known_tensors(self) -> List[Tensor]:
@@ -224,9 +228,10 @@ class StepOutputs(List[Tensor]):
         return Graph(*self)
 
 
-def _attention_step_c(sched: Scheduler, backends: List[Backend], windows: KVWindows, q: Sequence[Tensor],
-                      kv_len: Tensor, v_trans: Optional[bool]) -> StepOutputs:
-    """attention_step of KVWindows, by ferry_kv_attention_step_on: one C call, an object per output."""
+def _attention_step_c(sched: Scheduler, backends: List[Backend], windows: Union[KVWindows, PagedWindows],
+                      q: Sequence[Tensor], kv_len: Tensor, v_trans: Optional[bool]) -> StepOutputs:
+    """attention_step of KVWindows (ferry_kv_attention_step_on) or PagedWindows
+    (ferry_paged_attention_step_on): one C call, an object per output."""
     sched_p = _checks.instance(sched, Scheduler, "assign")._p
     backends_p = ffi.new("ferry_backend *[]", [b._p for b in backends])
     cache_trans = windows.cache.params.v_trans
@@ -252,8 +257,9 @@ def _attention_step_c(sched: Scheduler, backends: List[Backend], windows: KVWind
     graph_handle = Handle(g[0], lib.ferry_graph_free)
     outs_p = ffi.new("ferry_tensor *[]", n)
     n_assigned = lib.ferry_sched_n_assigned(sched_p)
-    st = lib.ferry_kv_attention_step_on(kv_p, ctx.ptr, n, windows.n_kv, windows.s0, windows.s1, q_p, len_p,
-                                        cache_trans, sched_p, backends_p, graph_handle.ptr, outs_p)
+    step_on = lib.ferry_paged_attention_step_on if isinstance(windows, PagedWindows) else lib.ferry_kv_attention_step_on
+    st = step_on(kv_p, ctx.ptr, n, windows.n_kv, windows.s0, windows.s1, q_p, len_p, cache_trans, sched_p, backends_p,
+                 graph_handle.ptr, outs_p)
     if st != lib.FERRY_OK:
         graph_handle.release()
         # out of memory among the assignments: C keeps those made by address, so their tensors

@@ -3,7 +3,8 @@
  * -Dfake_cudart=true, whose fake_cudart_inject makes the nth call of the API fail). For
  * each of three errors a device gives, out of memory, an invalid value and a sticky
  * launch failure, a scenario of the CUDA backend (a device buffer's round trip; a
- * scheduler with a CUDA split over a pinned KV cache) runs with call 1, 2, 3, ...
+ * scheduler with a CUDA split over a pinned KV cache; a paged window gathered from a pinned
+ * pool by the kernel and by batched copies) runs with call 1, 2, 3, ...
  * failing until a run makes fewer calls. A call that fails must return the status of
  * the error (FERRY_ERR_OUT_OF_MEMORY or FERRY_ERR_BACKEND) with CUDA's name for it in the
  * message. After an error that is not sticky the same call retried succeeds, and the
@@ -11,7 +12,7 @@
  * a message that says so. Everything is freed either way: the fake counts its live
  * allocations, and the sanitized build's leak check sees the host memory an error path forgot.
  */
-#include "check.h"
+#include "paged-fixture.h"
 #include "window-check.h"
 
 #include <cuda_runtime_api.h>
@@ -76,6 +77,8 @@ typedef struct {
     ferry_context * ctx;
     ferry_graph * graph;
     ferry_sched * sched;
+    ferry_paged_cache * paged;
+    ferry_buffer * paged_buf;
     bool lost;
 } state;
 
@@ -117,9 +120,36 @@ static void run(state * s) {
     CSTEP(ferry_sched_set_tensor_backend(s->sched, dup, s->cuda));
     CSTEP(ferry_sched_graph_compute(s->sched, s->graph));
     CHECK(scaled_copy_of(scaled, window, 0.5f));
+    /* a paged window of a pinned pool, gathered by the kernel, then by batched copies */
+    const ferry_paged_params pp = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
+                                   .block_size = 4, .n_blocks = 16, .n_seq = 2, .n_layer = 1};
+    CSTEP(ferry_paged_cache_new(&pp, pinned, NULL, &s->paged));
+    paged_fill(s->paged);
+    CSTEP(ferry_paged_cache_set_table(s->paged, 0, (const int32_t[]) {3, 4, 9}, 3, 10));
+    CSTEP(ferry_paged_cache_set_table(s->paged, 1, (const int32_t[]) {0, 7}, 2, 5));
+    ferry_tensor *pk, *copy;
+    CSTEP(ferry_paged_cache_window(s->paged, s->ctx, 0, 12, 0, 1, &pk, NULL));
+    CSTEP(ferry_tensor_dup_layout(s->ctx, pk, &copy));
+    CSTEP(ferry_backend_alloc_buffer(s->cuda, ferry_tensor_nbytes(pk), &s->paged_buf));
+    CSTEP(ferry_buffer_place_tensor(s->paged_buf, copy, 0));
+    const ferry_gather_method methods[2] = {FERRY_GATHER_KERNEL, FERRY_GATHER_BATCHED};
+    for (int m = 0; m < 2; m++) {
+        CSTEP(ferry_tensor_memset(copy, SENTINEL, 0, ferry_tensor_nbytes(copy)));
+        CSTEP(ferry_paged_cache_set_gather(s->paged, methods[m]));
+        ferry_copy_stats stats;
+        CSTEP(ferry_copy_input(s->cuda, FERRY_COPY_RANGES, pk, copy, &stats));
+        CHECK(stats.gather == methods[m]);
+        uint8_t got[2 * 12 * 8 * 2 * 4];
+        CHECK_EQ_U(sizeof(got), ferry_tensor_nbytes(copy));
+        CSTEP(ferry_tensor_get(copy, got, 0, sizeof(got)));
+        CHECK_EQ_U(paged_check_bytes(s->paged, false, 0, 0, 2, 12, (const int64_t[]) {10, 5}, got, sizeof(got),
+                                     stats.bytes_copied), 0);
+    }
 }
 
 static void fini(state * s) {
+    ferry_buffer_free(s->paged_buf);
+    ferry_paged_cache_free(s->paged);
     ferry_sched_free(s->sched);
     ferry_graph_free(s->graph);
     ferry_buffer_free(s->dev_buf);

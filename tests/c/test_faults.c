@@ -9,7 +9,7 @@
  * under ASan's leak check (tools/test runs this test in the sanitized build), and a
  * dangling pointer left by an error path shows when the retry or the checks touch it.
  */
-#include "kv-fixture.h"
+#include "paged-fixture.h"
 #include "alloc-hook.h"
 #include "window-check.h"
 
@@ -223,6 +223,140 @@ static void ragged_fini(void * p) {
 static void test_ragged_windows_fail_cleanly_at_each_allocation(void) {
     ragged_state s;
     CHECK(sweep("ragged windows", ragged_run, ragged_fini, &s, sizeof(s)) > 0);
+}
+
+/* ------------------------------------------------ a paged cache: tables, windows gathered, a step */
+
+typedef struct {
+    ferry_backend * split;
+    ferry_backend * cpu;
+    ferry_backend * dev;
+    ferry_paged_cache * c;
+    ferry_paged_cache * dev_c;
+    ferry_context * ctx;
+    ferry_buffer * buf;
+    ferry_buffer * in_buf;
+    ferry_graph * graph;
+    ferry_sched * sched;
+} paged_state;
+
+/* The step as a caller retries it after a failure (as step_fresh). */
+static ferry_status paged_step_fresh(paged_state * s, ferry_tensor * const * q, ferry_tensor * len,
+                                     ferry_tensor ** outs) {
+    ferry_sched_clear_assignments(s->sched);
+    ferry_graph_clear(s->graph);
+    ferry_backend * on[2] = {s->split, s->split};
+    return ferry_paged_attention_step_on(s->c, s->ctx, 2, 12, 1, 2, q, len, true, s->sched, on, s->graph, outs);
+}
+
+/* Tables from the free list and the caller's (each table grown past its first room); both windows
+ * of a host pool gathered into the stand-in per block, per run and batched, and on its copy queue;
+ * a device pool's staged; the plan; a step through the scheduler. */
+static void paged_run(void * p) {
+    paged_state * s = p;
+    ferry_paged_params params = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
+                                 .block_size = 2, .n_blocks = 40, .n_seq = 3, .n_layer = 2, .v_trans = true};
+    ferry_dummy_params dp = ferry_dummy_default_params();
+    dp.real_memory = true;
+    STEP(ferry_standin_backend_new(&s->split));
+    STEP(ferry_cpu_backend_new(&s->cpu));
+    STEP(ferry_dummy_backend_new(&dp, &s->dev));
+    STEP(ferry_paged_cache_new(&params, ferry_cpu_buffer_type(), NULL, &s->c));
+    STEP(ferry_paged_cache_allocate(s->c, 1, 3));
+    STEP(ferry_paged_cache_append(s->c, 1, 9));
+    STEP(ferry_paged_cache_set_table(s->c, 2, (const int32_t[]) {30, 31, 20, 22, 24, 26, 28, 33, 34, 35, 36, 37,
+                                                                 38, 39, 19, 18, 17}, 17, 33));
+    STEP(ferry_paged_cache_free_seq(s->c, 1));
+    STEP(ferry_paged_cache_allocate(s->c, 1, 12));
+    fill_floats(ferry_paged_cache_layer_buffer(s->c, 0)); /* finite values: the step's outputs are checked */
+    STEP(ferry_context_new(&s->ctx));
+    const int64_t ns = 2;
+    ferry_tensor * len;
+    STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_I32, 1, &ns, &len));
+    STEP(ferry_backend_alloc_buffer(s->cpu, 4096, &s->in_buf));
+    STEP(ferry_buffer_place_tensor(s->in_buf, len, 0));
+    const int32_t lens[2] = {11, 12};
+    const int64_t used[2] = {11, 12};
+    STEP(ferry_tensor_set(len, lens, 0, sizeof(lens)));
+    ferry_backend * queue;
+    STEP(ferry_backend_get_copy_queue(s->split, &queue));
+    const ferry_gather_method methods[3] = {FERRY_GATHER_PER_BLOCK, FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED};
+    for (int m = 0; m < 3; m++) {
+        for (int v = 0; v < 2; v++) {
+            ferry_tensor *k, *vw, *copy;
+            STEP(ferry_paged_cache_window(s->c, s->ctx, 1, 12, 1, 2, &k, &vw));
+            ferry_tensor * w = v ? vw : k;
+            STEP(ferry_tensor_set_used_cells(w, len, v ? 0 : 1, 3, 12));
+            ferry_buffer_free(s->buf);
+            s->buf = NULL;
+            STEP(paged_split_copy(s->split, s->ctx, w, &s->buf, &copy));
+            STEP(ferry_paged_cache_set_gather(s->c, methods[m]));
+            ferry_paged_plan plan;
+            ferry_gather_copy copies[64];
+            size_t n;
+            STEP(ferry_copy_paged_plan(w, s->split, &plan, copies, 64, &n));
+            ferry_copy_stats stats;
+            STEP(m == 2 ? ferry_copy_input_async(queue, FERRY_COPY_FLAT, w, copy, &stats)
+                        : ferry_copy_input(s->split, FERRY_COPY_RAGGED, w, copy, &stats));
+            STEP(ferry_backend_synchronize(queue));
+            CHECK(stats.gather == methods[m]);
+            CHECK_EQ_U(paged_check_copy(s->c, v, 1, 1, 2, 12, used, copy, stats.bytes_copied), 0);
+        }
+    }
+    /* pools in a device's memory, staged through the host */
+    ferry_buffer_type * dev_buft = ferry_backend_default_buffer_type(s->dev);
+    ferry_buffer_type * on_dev[2] = {dev_buft, dev_buft};
+    params.v_trans = false;
+    STEP(ferry_paged_cache_new(&params, NULL, on_dev, &s->dev_c));
+    paged_fill(s->dev_c);
+    STEP(ferry_paged_cache_set_table(s->dev_c, 0, (const int32_t[]) {3, 4, 8, 1}, 4, 7));
+    ferry_tensor *k, *copy;
+    STEP(ferry_paged_cache_window(s->dev_c, s->ctx, 0, 8, 0, 0, &k, NULL));
+    ferry_buffer_free(s->buf);
+    s->buf = NULL;
+    STEP(paged_split_copy(s->split, s->ctx, k, &s->buf, &copy));
+    ferry_copy_stats stats;
+    STEP(ferry_copy_input(s->split, FERRY_COPY_PLAN, k, copy, &stats));
+    CHECK_EQ_U(paged_check_copy(s->dev_c, false, 0, 0, 1, 8, (const int64_t[]) {7}, copy, stats.bytes_copied), 0);
+    /* a step over both layers, gathered by auto */
+    STEP(ferry_paged_cache_set_gather(s->c, FERRY_GATHER_AUTO));
+    const int64_t ne_q[4] = {8, 4, 1, 2};
+    ferry_tensor * q[2];
+    for (int l = 0; l < 2; l++) {
+        STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_F32, 4, ne_q, &q[l]));
+        STEP(ferry_buffer_place_tensor(s->in_buf, q[l], 1024 + (size_t) l * 1024));
+        STEP(ferry_tensor_memset(q[l], 0, 0, ferry_tensor_nbytes(q[l])));
+    }
+    ferry_backend * backends[2] = {s->split, s->cpu};
+    STEP(ferry_sched_new(backends, 2, &s->sched));
+    STEP(ferry_graph_new(&s->graph));
+    ferry_tensor * outs[2] = {NULL, NULL};
+    STEP(paged_step_fresh(s, q, len, outs));
+    STEP(ferry_sched_graph_compute(s->sched, s->graph));
+    float row[8 * 4 * 2];
+    CHECK_OK(ferry_tensor_get(outs[1], row, 0, sizeof(row)));
+    for (size_t i = 0; i < sizeof(row) / sizeof(row[0]); i++) {
+        CHECK(isfinite(row[i]));
+    }
+}
+
+static void paged_fini(void * p) {
+    paged_state * s = p;
+    ferry_sched_free(s->sched);
+    ferry_graph_free(s->graph);
+    ferry_buffer_free(s->buf);
+    ferry_buffer_free(s->in_buf);
+    ferry_context_free(s->ctx);
+    ferry_paged_cache_free(s->c);
+    ferry_paged_cache_free(s->dev_c);
+    ferry_backend_free(s->dev);
+    ferry_backend_free(s->cpu);
+    ferry_backend_free(s->split);
+}
+
+static void test_paged_cache_fails_cleanly_at_each_allocation(void) {
+    paged_state s;
+    CHECK(sweep("paged cache", paged_run, paged_fini, &s, sizeof(s)) > 0);
 }
 
 /* ------------------------------------------------ a KV cache of placed layers of different sizes */
@@ -733,6 +867,7 @@ static void test_cuda_backend_fails_cleanly_at_each_allocation(void) {
 static const check_test tests[] = {
     {"kv_cache_windows_fail_cleanly_at_each_allocation", test_kv_cache_windows_fail_cleanly_at_each_allocation},
     {"ragged_windows_fail_cleanly_at_each_allocation", test_ragged_windows_fail_cleanly_at_each_allocation},
+    {"paged_cache_fails_cleanly_at_each_allocation", test_paged_cache_fails_cleanly_at_each_allocation},
     {"kv_cache_layers_fail_cleanly_at_each_allocation", test_kv_cache_layers_fail_cleanly_at_each_allocation},
     {"kv_attention_step_fails_cleanly_at_each_allocation", test_kv_attention_step_fails_cleanly_at_each_allocation},
     {"sched_policies_fail_cleanly_at_each_allocation", test_sched_policies_fail_cleanly_at_each_allocation},

@@ -14,7 +14,7 @@
  *   outside the runtime's own copies is a segfault, not a silent success.
  * - Every device range a copy or memset touches must lie inside one allocation.
  * - ferry's kernels run as host code that follows the device code index for index from
- *   the launch's grid and block (gather_rows_kernel; dup_kernel, with ferry's own f16
+ *   the launch's grid and block (gather_rows_kernel; gather_pieces_kernel; dup_kernel, with ferry's own f16
  *   conversions; attn_decode_kernel, its warps, lanes and butterfly sums in the device's
  *   order, with the host's expf, so its floats agree to rounding, not to the bit;
  *   hold_kernel, a sleep); their launches queue like copies. A read of memory the
@@ -147,7 +147,7 @@ static size_t n_allocs, cap_allocs;
 typedef struct fake_event fake_event;
 typedef struct fake_stream fake_stream;
 
-enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_HOLD, OP_DUP, OP_ATTN, OP_FAULT };
+enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_PIECES, OP_HOLD, OP_DUP, OP_ATTN, OP_FAULT };
 
 /* dup_kernel's view of a tensor (lib/src/cuda/ops-cuda.cu: struct tview) */
 typedef struct {
@@ -168,7 +168,8 @@ typedef struct {
     fake_stream * waited; /* OP_WAIT: run this stream ... */
     size_t waited_pos;    /* ... up to here */
     /* OP_GATHER: gather_rows_kernel's arguments (pitches and w in 16-byte units) and
-     * launch; OP_HOLD: the nanoseconds */
+     * launch; OP_PIECES: gather_pieces_kernel's descriptors (src) and their count (total), its
+     * launch (grid, grid_y, block); OP_HOLD: the nanoseconds */
     uint64_t total, n_chunks, ns;
     unsigned grid, block, loads;
     /* OP_DUP: dup_kernel's arguments */
@@ -544,6 +545,62 @@ static void run_gather(const op * o) {
     device_access(o->src, sspan, false);
 }
 
+/* ferry_cuda_piece (lib/src/cuda/cuda-ops.h): one piece of gather_pieces_kernel. */
+typedef struct {
+    uint64_t src, dst, size, count, src_stride, dst_stride;
+} fake_piece;
+
+/* gather_pieces_kernel (lib/src/cuda/copy-gather.cu) as the device runs it: block (x, y) takes
+ * pieces x, x + grid, ...; of each, thread t moves words y * block + t, then a grid_y * block
+ * further on; a piece's word is 16 bytes where its addresses, size and strides allow, else 4,
+ * else 1. Every piece's rows must be memory the device reads (source) and its own (destination). */
+static void run_pieces(const op * o) {
+    const size_t bytes = o->total * sizeof(fake_piece);
+    if (o->total && !find_alloc(o->src, bytes, true)) {
+        sticky_error = cudaErrorIllegalAddress;
+        return;
+    }
+    fake_piece * p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        sticky_error = cudaErrorLaunchFailure;
+        return;
+    }
+    device_access(o->src, bytes, true);
+    memcpy(p, o->src, bytes);
+    device_access(o->src, bytes, false);
+    for (uint64_t i = 0; i < o->total && !sticky_error; i++) {
+        const size_t span_s = p[i].count ? (p[i].count - 1) * p[i].src_stride + p[i].size : 0;
+        const size_t span_d = p[i].count ? (p[i].count - 1) * p[i].dst_stride + p[i].size : 0;
+        if (span_s && (!device_reads((const void *) (uintptr_t) p[i].src, span_s) ||
+                       !find_alloc((const void *) (uintptr_t) p[i].dst, span_d, true))) {
+            sticky_error = cudaErrorIllegalAddress;
+        }
+    }
+    for (uint64_t x = 0; x < o->grid && !sticky_error; x++) {
+        for (uint64_t i = x; i < o->total; i += o->grid) {
+            const fake_piece g = p[i];
+            const uint64_t all = g.src | g.dst | g.size | g.src_stride | g.dst_stride;
+            const uint64_t unit = all % 16 == 0 ? 16 : all % 4 == 0 ? 4 : 1, w = g.size / unit, total = w * g.count;
+            const size_t span_d = g.count ? (g.count - 1) * g.dst_stride + g.size : 0;
+            const size_t span_s = g.count ? (g.count - 1) * g.src_stride + g.size : 0;
+            device_access((void *) (uintptr_t) g.dst, span_d, true);
+            device_access((void *) (uintptr_t) g.src, span_s, true);
+            for (uint64_t y = 0; y < o->grid_y; y++) {
+                for (uint64_t t = 0; t < o->block; t++) {
+                    for (uint64_t e = y * o->block + t; e < total; e += o->grid_y * o->block) {
+                        const uint64_t r = e / w, c = e - r * w;
+                        memcpy((char *) (uintptr_t) (g.dst + r * g.dst_stride) + c * unit,
+                               (const char *) (uintptr_t) (g.src + r * g.src_stride) + c * unit, unit);
+                    }
+                }
+            }
+            device_access((void *) (uintptr_t) g.dst, span_d, false);
+            device_access((void *) (uintptr_t) g.src, span_s, false);
+        }
+    }
+    free(p);
+}
+
 static void run_op(op * o) {
     switch (o->kind) {
     case OP_COPY: {
@@ -573,6 +630,9 @@ static void run_op(op * o) {
         break;
     case OP_GATHER:
         run_gather(o);
+        break;
+    case OP_PIECES:
+        run_pieces(o);
         break;
     case OP_DUP:
         run_dup(o);
@@ -716,6 +776,32 @@ cudaError_t cudaMemcpy3DAsync(const struct cudaMemcpy3DParms * p, cudaStream_t s
         const size_t d_o = ((p->dstPos.z + z) * dp.ysize + p->dstPos.y) * dp.pitch + p->dstPos.x;
         err = queue_copy((char *) dp.ptr + d_o, dp.pitch, (const char *) sp.ptr + so, sp.pitch, e.width, e.height,
                          stream, false);
+    }
+    pthread_mutex_unlock(&lock_);
+    return err;
+}
+
+/* Each copy queued as cudaMemcpyAsync queues one, in the batch's order (CUDA promises none within
+ * a batch; the copies of a paged gather never overlap). The attributes are checked as CUDA checks
+ * them: one or more, the first from copy 0, in order, each with a source access order. */
+cudaError_t cudaMemcpyBatchAsync(void * const * dsts, const void * const * srcs, const size_t * sizes, size_t count,
+                                 struct cudaMemcpyAttributes * attrs, size_t * attrs_idxs, size_t num_attrs,
+                                 cudaStream_t stream) {
+    INJECT();
+    if (!dsts || !srcs || !sizes || count == 0 || !attrs || !attrs_idxs || num_attrs == 0 || num_attrs > count ||
+        attrs_idxs[0] != 0 || stream == NULL || stream == cudaStreamLegacy) {
+        return fail(cudaErrorInvalidValue);
+    }
+    for (size_t i = 0; i < num_attrs; i++) {
+        if (attrs[i].srcAccessOrder == cudaMemcpySrcAccessOrderInvalid || attrs_idxs[i] >= count ||
+            (i > 0 && attrs_idxs[i] <= attrs_idxs[i - 1])) {
+            return fail(cudaErrorInvalidValue);
+        }
+    }
+    pthread_mutex_lock(&lock_);
+    cudaError_t err = cudaSuccess;
+    for (size_t i = 0; i < count && err == cudaSuccess; i++) {
+        err = queue_copy(dsts[i], sizes[i], srcs[i], sizes[i], sizes[i], 1, stream, false);
     }
     pthread_mutex_unlock(&lock_);
     return err;
@@ -1228,6 +1314,10 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void 
                 .total = *(uint64_t *) args[5], .n_chunks = *(uint64_t *) args[6], .grid = grid.x,
                 .block = block.x, .loads = template_int(name)};
         err = push_kernel(s, o, (const void *[]) {o.dst, o.src}, 2);
+    } else if (strstr(name, "gather_pieces_kernel")) {
+        op o = {.kind = OP_PIECES, .src = *(const char **) args[0], .total = *(uint64_t *) args[1], .grid = grid.x,
+                .grid_y = grid.y, .block = block.x};
+        err = push_kernel(s, o, (const void *[]) {o.src}, 1);
     } else if (strstr(name, "dup_kernel")) {
         op o = {.kind = OP_DUP, .dsrc = *(tview *) args[0], .ddst = *(tview *) args[1], .mode = *(int *) args[2],
                 .n0 = *(int64_t *) args[3], .n = *(int64_t *) args[4], .unit = *(int64_t *) args[5],

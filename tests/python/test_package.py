@@ -104,7 +104,8 @@ def test_no_second_spellings() -> None:
 
 
 #: The modules of the face whose names are public too (ferry.__all__'s modules).
-MODULES: List[ModuleType] = [ferry, ferry.plan, ferry.residency, ferry.stats, ferry.sched, ferry.kv, ferry.alloc]
+MODULES: List[ModuleType] = [ferry, ferry.plan, ferry.residency, ferry.stats, ferry.sched, ferry.kv, ferry.paged,
+                             ferry.alloc]
 
 
 def _result_types() -> List[type]:
@@ -128,7 +129,7 @@ def _fields(cls: type) -> List[str]:
 def test_the_public_face_has_result_types() -> None:
     names = {c.__name__ for c in _result_types()}
     assert {"Stats", "CopyStats", "SchedStats", "Copy2D", "KVParams", "Split", "Input", "Explanation",
-            "Slot", "ResidencyPlan", "DeviceSpec"} <= names
+            "Slot", "ResidencyPlan", "DeviceSpec", "PagedParams", "PagedPlan", "GatherCopy"} <= names
 
 
 @pytest.mark.parametrize("cls", _result_types(), ids=lambda c: c.__name__)

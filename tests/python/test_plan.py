@@ -158,8 +158,9 @@ def test_scheduler_plan_path_moves_the_plan() -> None:
 
 def test_the_cost_models_are_frozen_presets_that_give_design_mds_copy_times() -> None:
     cpu, gpu = ferry.plan.CopyCostModel.cpu(), ferry.plan.CopyCostModel.gpu()
-    assert cpu == ferry.plan.CopyCostModel(0.2, 30.0, 11.8, 64, 8192, 0.6, 0, 0.0)
-    assert gpu == ferry.plan.CopyCostModel(4.0, 0.0, 54.9, 64, 256, 0.73, 65536, 42.0)
+    assert cpu == ferry.plan.CopyCostModel(0.2, 30.0, 11.8, 64, 8192, 0.6, 0, 0.0, piece_ns=30.0)
+    assert gpu == ferry.plan.CopyCostModel(4.0, 0.0, 54.9, 64, 256, 0.73, 65536, 42.0, piece_ns=1200.0,
+                                           kernel_gbps=47.7)
     assert ferry.plan.CopyCostModel.of_backend(ferry.CPUBackend()) == cpu == ferry.plan.cost_model("cpu")
     assert ferry.plan.cost_model(ferry.DummyBackend()) == cpu and ferry.plan.cost_model(gpu) is gpu
     with pytest.raises(dataclasses.FrozenInstanceError):

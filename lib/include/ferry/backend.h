@@ -202,7 +202,7 @@ typedef struct {
     uint64_t transfers;
     uint64_t bytes;
     double   modelled_seconds; /* latency + rows * row cost + bytes / bandwidth, summed */
-    uint64_t rows;             /* rows charged: those of 2-D transfers of more than one row */
+    uint64_t rows;             /* rows charged: those of 2-D transfers of more than one row, and a gather's every row */
     double   copy_seconds;
     uint64_t late;
     double   late_seconds;

@@ -111,7 +111,8 @@ FERRY_API ferry_status ferry_copy_plan_explain(ferry_type type, int n_dims, cons
  * (0: exact), but no more than its stride, at gbps (1e9 B/s) times
  * small_row_efficiency for rows narrower than small_row_bytes. Rows at least
  * wide_pitch_bytes apart cost wide_pitch_row_ns more each (0: no such cost). The flat
- * copy is one call and nbytes at gbps. The figures and how they were found are in
+ * copy is one call and nbytes at gbps. piece_ns and kernel_gbps cost a paged window's
+ * batched copies and gather kernel (below). The figures and how they were found are in
  * copy-plan.c and tools/results.
  */
 typedef struct {
@@ -123,6 +124,11 @@ typedef struct {
     double small_row_efficiency;
     size_t wide_pitch_bytes;
     double wide_pitch_row_ns;
+    /* A paged window's gather (copy-paged.c): each row of a batched copy (one call carrying
+     * many pieces) costs piece_ns beyond its bytes; the gather kernel reads pinned host memory
+     * at kernel_gbps (0: at gbps), after two calls (its pieces' upload and its launch). */
+    double piece_ns;
+    double kernel_gbps;
 } ferry_copy_cost_model;
 
 FERRY_API ferry_copy_cost_model ferry_copy_cost_model_cpu(void); /* measured on a 2-core AMD EPYC (KVM) */
@@ -159,6 +165,70 @@ FERRY_API ferry_status ferry_copy_cost_model_check(const ferry_copy_cost_model *
 FERRY_API ferry_status ferry_copy_ragged_plan(const ferry_tensor * t, const ferry_copy_cost_model * model,
                                               ferry_copy_2d * copies, size_t max_copies, size_t * n_copies);
 
+/* ---------------------------------------------------------------- paged windows (copy-paged.c) */
+
+/*
+ * A paged window (ferry_paged_cache_window, ferry/paged.h) has the dense layout of a window
+ * over a cell-per-stream cache's compact copy, [head_dim, n_kv, n_head_kv, ns] (V transposed:
+ * [n_kv, head_dim, n_head_kv, ns]), but no bytes of its own: stream s's cells lie in the blocks
+ * of its sequence's table in the layer's pool. Every copy policy copies it the one way that
+ * moves exactly what attention reads: each stream's used cells (its lengths, as a ragged
+ * window's, else its sequence's cells), gathered block by block into the dense copy. How is
+ * the gather method:
+ */
+typedef enum {
+    FERRY_GATHER_AUTO = 0,      /* a cache's setting: the cheapest the split backend offers, by its cost model */
+    FERRY_GATHER_PER_BLOCK = 1, /* one copy per block read (vLLM's swap_blocks): the baseline */
+    FERRY_GATHER_RUNS = 2,      /* one copy per run of adjacent blocks; equal runs at even strides as one 2-D copy */
+    FERRY_GATHER_BATCHED = 3,   /* every run in one call (cudaMemcpyBatchAsync; the stand-in's gather) */
+    FERRY_GATHER_KERNEL = 4,    /* a kernel reading the runs from pinned host memory (CUDA) */
+    FERRY_GATHER_COUNT = 5
+} ferry_gather_method;
+
+FERRY_API const char * ferry_gather_method_name(ferry_gather_method method);
+FERRY_API ferry_status ferry_gather_method_from_name(const char * name, ferry_gather_method * out);
+
+/* count rows of size bytes from src_offset of the pool (rows src_stride apart) to dst_offset
+ * of the dense window (rows dst_stride apart); count 1: one plain copy. */
+typedef struct {
+    size_t src_offset;
+    size_t dst_offset;
+    size_t size;
+    size_t count;
+    size_t src_stride;
+    size_t dst_stride;
+} ferry_gather_copy;
+
+/* A paged window's gather as the copy path makes it into a backend. */
+typedef struct {
+    ferry_gather_method method; /* the method taken (never AUTO) */
+    uint64_t blocks;            /* blocks read, a partly used last block included */
+    uint64_t runs;              /* runs of blocks adjacent in the pool, in table order */
+    uint64_t copies;            /* the method's copies: per block, per run (equal runs at even strides
+                                 * as one 2-D copy), or the pieces its one call carries */
+    uint64_t calls;             /* transfer calls, as the buffers count them (batched, kernel: 1) */
+    uint64_t bytes;             /* bytes moved: exactly the cells read */
+    double   seconds;           /* predicted by the backend's cost model */
+    double   method_seconds[FERRY_GATHER_COUNT]; /* each method's prediction; -1 where the backend does
+                                                  * not offer it; [AUTO]: the cheapest offered */
+} ferry_paged_plan;
+
+/*
+ * The gather of a paged window into backend (the split's), as ferry_copy_input would make it
+ * now: the lengths and tables read now, the method the window's cache is set to (AUTO: the
+ * cheapest of runs, batched and kernel that the backend offers for the pool's memory, by its
+ * cost model, a tie to runs), the copies in copies (offsets from the pool tensor's first byte
+ * and the dense window's) when copies is not NULL. With copies too small it fails with
+ * FERRY_ERR_OUT_OF_BOUNDS and *n_copies gets the number needed. Refused: a window that is not
+ * paged; its lengths, as the ragged policy refuses them (not in host memory, outside 0..the
+ * limit); a sequence whose table is shorter than its length (OUT_OF_BOUNDS, naming the sequence
+ * and the block it lacks); a forced method the backend does not offer for the pool's memory
+ * (UNSUPPORTED).
+ */
+FERRY_API ferry_status ferry_copy_paged_plan(const ferry_tensor * window, ferry_backend * backend,
+                                             ferry_paged_plan * plan, ferry_gather_copy * copies, size_t max_copies,
+                                             size_t * n_copies);
+
 /* ---------------------------------------------------------------- compact staging (copy-compact.c) */
 
 /*
@@ -184,6 +254,8 @@ typedef struct {
     double   copy_seconds;   /* wall time of the copy, synchronize included; a prefetched
                               * input's: the time its copy queue spent on it (its events) */
     double   predicted_seconds; /* what the backend's copy cost model says the copies made take */
+    ferry_gather_method gather; /* a paged window's gather method (path: the policy asked for, which
+                                 * every policy gathers it by); AUTO for any other input */
 } ferry_copy_stats;
 
 /*
@@ -192,6 +264,7 @@ typedef struct {
  * src's compact layout receives the bytes read, gathered, whatever the policy (path PLAN);
  * under ragged, a src carrying used cells (ferry_tensor_set_used_cells) sends only those, to
  * their own offsets in either layout (path RAGGED; the lengths read now, from host memory).
+ * A paged window (ferry/paged.h) is gathered under every policy (ferry_copy_paged_plan).
  */
 FERRY_API ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
                               ferry_tensor * dst, ferry_copy_stats * stats);

@@ -3,6 +3,7 @@
 #define FERRY_STEP_H
 
 #include "kv.h"
+#include "paged.h"
 #include "sched.h"
 
 #ifdef __cplusplus
@@ -56,6 +57,19 @@ FERRY_API ferry_status ferry_kv_attention_step_on(const ferry_kv_cache * kv, fer
                                                   ferry_tensor * kv_len, bool v_trans, ferry_sched * sched,
                                                   ferry_backend * const * backends, ferry_graph * graph,
                                                   ferry_tensor ** outs);
+
+/*
+ * ferry_kv_attention_step_on over a paged cache: layer l's windows are its paged windows of
+ * n_kv cells of sequences s0..s1 (ferry_paged_cache_window), carrying kv_len as their used cells
+ * (limit n_kv), so that a split gathers each sequence's first kv_len cells into dense windows and
+ * attention reads them unchanged. Refused as ferry_kv_attention_step_on, n_kv not in 1..a pool's
+ * cells (n_blocks * block_size).
+ */
+FERRY_API ferry_status ferry_paged_attention_step_on(const ferry_paged_cache * cache, ferry_context * ctx,
+                                                     int32_t n_layer, int64_t n_kv, int64_t s0, int64_t s1,
+                                                     ferry_tensor * const * q, ferry_tensor * kv_len, bool v_trans,
+                                                     ferry_sched * sched, ferry_backend * const * backends,
+                                                     ferry_graph * graph, ferry_tensor ** outs);
 
 #ifdef __cplusplus
 }

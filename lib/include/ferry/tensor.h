@@ -57,6 +57,9 @@ enum {
     FERRY_TENSOR_FLAG_OUTPUT = 2
 };
 
+/* What a paged window gathers from (ferry/paged.h): opaque, the library's own. */
+typedef struct ferry_paged_source ferry_paged_source;
+
 /*
  * A tensor: type, shape, byte strides, and where its bytes live. The struct is
  * public so that readers (and the binding) see ne/nb directly; change it only
@@ -89,6 +92,11 @@ typedef struct ferry_tensor {
     int32_t used_cell_dim;
     int32_t used_stream_dim;
     int64_t used_limit;
+
+    /* A paged window (ferry_paged_cache_window): its stream s is gathered from a paged cache's
+     * pool through the block table of sequence paged_first_seq + s. NULL: an ordinary tensor. */
+    const ferry_paged_source * paged;
+    int64_t paged_first_seq;
 } ferry_tensor;
 
 /* A context owns tensor structs (not their data); freeing it frees them all. */

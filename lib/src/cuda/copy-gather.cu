@@ -5,6 +5,10 @@
  * transposed V window at a 64 KiB pitch takes 1.5x the contiguous floor as one 2-D
  * copy). Every thread keeps L 16-byte loads in flight before it stores any, so the
  * bus sees many outstanding reads; a warp's loads are consecutive bytes of one row.
+ *
+ * The paged gather: a paged window's runs of blocks in one launch, each piece's rows read in
+ * the widest words its addresses, sizes and strides allow (16, 4 or 1 bytes), a block per piece
+ * and index of grid.y, its threads on consecutive words.
  */
 #include "cuda-ops.h"
 
@@ -67,4 +71,45 @@ cudaError_t ferry_cuda_gather_rows(void * dst, size_t dpitch, const void * src, 
     case 16: return launch<16>(d, dp, s, sp, w, total, stream);
     default: return cudaErrorInvalidValue;
     }
+}
+
+#define PIECE_THREADS 256
+#define PIECE_MAX_GRID_Y 64
+
+/* The word a piece moves in: 16 bytes where every address, size and stride allows, else 4, else 1. */
+__device__ static uint64_t piece_unit(const ferry_cuda_piece & g) {
+    const uint64_t all = g.src | g.dst | g.size | g.src_stride | g.dst_stride;
+    return all % 16 == 0 ? 16 : all % 4 == 0 ? 4 : 1;
+}
+
+__global__ void gather_pieces_kernel(const ferry_cuda_piece * __restrict__ pieces, uint64_t n) {
+    for (uint64_t p = blockIdx.x; p < n; p += gridDim.x) {
+        const ferry_cuda_piece g = pieces[p];
+        const uint64_t unit = piece_unit(g), w = g.size / unit, total = w * g.count;
+        const uint64_t step = (uint64_t) gridDim.y * blockDim.x;
+        for (uint64_t e = (uint64_t) blockIdx.y * blockDim.x + threadIdx.x; e < total; e += step) {
+            const uint64_t r = e / w, c = e - r * w;
+            const char * from = (const char *) (g.src + r * g.src_stride) + c * unit;
+            char * to = (char *) (g.dst + r * g.dst_stride) + c * unit;
+            if (unit == 16) {
+                *(uint4 *) to = *(const uint4 *) from;
+            } else if (unit == 4) {
+                *(uint32_t *) to = *(const uint32_t *) from;
+            } else {
+                *to = *from;
+            }
+        }
+    }
+}
+
+cudaError_t ferry_cuda_gather_pieces(const ferry_cuda_piece * pieces, uint64_t n, uint64_t units,
+                                     cudaStream_t stream) {
+    if (n == 0) {
+        return cudaSuccess;
+    }
+    const uint64_t per_piece = (units + PIECE_THREADS - 1) / PIECE_THREADS;
+    const dim3 grid((unsigned) (n < (1u << 20) ? n : (1u << 20)),
+                    (unsigned) (per_piece < 1 ? 1 : per_piece > PIECE_MAX_GRID_Y ? PIECE_MAX_GRID_Y : per_piece));
+    gather_pieces_kernel<<<grid, PIECE_THREADS, 0, stream>>>(pieces, n);
+    return cudaGetLastError();
 }

@@ -23,6 +23,8 @@ struct backend_ctx {
     uint64_t gather_copies;          /* 2-D sets the kernel carried out */
     size_t fold_above;               /* the folded copy option (ferry/cuda.h): 0 off */
     uint64_t fold_copies;            /* 2-D copies issued as folded 3-D ones */
+    void * pieces_dev;               /* a paged gather kernel's descriptors, in this device's memory */
+    size_t pieces_cap;               /* their bytes */
 };
 
 static backend_ctx * ctx_of(ferry_backend * backend) { return (backend_ctx *) backend->context; }
@@ -36,6 +38,7 @@ static void backend_free(ferry_backend * backend) {
     backend_ctx * ctx = ctx_of(backend);
     cudaSetDevice(ctx->device);
     cudaStreamSynchronize(ctx->stream); /* nothing may still read memory the caller frees next */
+    cudaFree(ctx->pieces_dev);
     cudaEventDestroy(ctx->copy_event);
     cudaStreamDestroy(ctx->stream);
     cudaGetLastError();
@@ -189,6 +192,125 @@ static ferry_status backend_get_2d_async(ferry_backend * backend, const ferry_te
     CUDA_TRY(ferry_cuda_copy_2d(data, stride_data, tensor_at(t, offset), stride_tensor, size, n_copies, ctx->stream),
              "tensor_get_2d_async: cudaMemcpy2DAsync");
     return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------- a paged window's gather in one call */
+
+/* Batched copies where the runtime has them (cudaMemcpyBatchAsync: CUDA 12.8 on); the kernel for
+ * a source inside one pinned range the device maps. */
+static unsigned backend_gather_methods(const ferry_backend * backend, const void * src, size_t span) {
+    (void) backend;
+    unsigned bits = ferry_cuda_pinned_mapped(src, span) ? 1u << FERRY_GATHER_KERNEL : 0;
+#if CUDART_VERSION >= 12080
+    bits |= 1u << FERRY_GATHER_BATCHED;
+#endif
+    return bits;
+}
+
+/* Every row of every piece as one copy of a batch, read in stream order. */
+static ferry_status gather_batched(backend_ctx * ctx, char * dst, const char * src, const ferry_gather_copy * pieces,
+                                   size_t n) {
+#if CUDART_VERSION >= 12080
+    size_t rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        rows += pieces[i].count;
+    }
+    auto ** dsts = (void **) ferry_malloc(rows * sizeof(void *));
+    auto ** srcs = (const void **) ferry_malloc(rows * sizeof(void *));
+    auto * sizes = (size_t *) ferry_malloc(rows * sizeof(size_t));
+    if (!dsts || !srcs || !sizes) {
+        free(dsts);
+        free(srcs);
+        free(sizes);
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor_gather_async: out of memory for a batch of %zu copies",
+                          rows);
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t r = 0; r < pieces[i].count; r++, k++) {
+            dsts[k] = dst + pieces[i].dst_offset + r * pieces[i].dst_stride;
+            srcs[k] = src + pieces[i].src_offset + r * pieces[i].src_stride;
+            sizes[k] = pieces[i].size;
+        }
+    }
+    cudaMemcpyAttributes attr = {};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t first = 0;
+#if CUDART_VERSION >= 13000
+    const cudaError_t err = cudaMemcpyBatchAsync(dsts, srcs, sizes, rows, &attr, &first, 1, ctx->stream);
+#else
+    size_t failed = 0;
+    const cudaError_t err =
+        cudaMemcpyBatchAsync(dsts, (void **) srcs, sizes, rows, &attr, &first, 1, &failed, ctx->stream);
+#endif
+    free(dsts);
+    free(srcs);
+    free(sizes);
+    CUDA_TRY(err, "tensor_gather_async: cudaMemcpyBatchAsync");
+    return FERRY_OK;
+#else
+    (void) ctx, (void) dst, (void) src, (void) pieces, (void) n;
+    return ferry_fail(FERRY_ERR_UNSUPPORTED, "tensor_gather_async: this CUDA runtime (before 12.8) has no batched "
+                      "copies");
+#endif
+}
+
+/* The pieces' descriptors uploaded to the device (its scratch grown as needed: the stream's
+ * earlier kernels are done with the old one once cudaFree returns), then one launch. */
+static ferry_status gather_kernel(backend_ctx * ctx, char * dst, const char * src, const ferry_gather_copy * pieces,
+                                  size_t n) {
+    const size_t bytes = n * sizeof(ferry_cuda_piece);
+    auto * host = (ferry_cuda_piece *) ferry_malloc(bytes);
+    if (!host) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "tensor_gather_async: out of memory for %zu pieces", n);
+    }
+    uint64_t units = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_gather_copy * c = &pieces[i];
+        host[i] = {(uint64_t) (uintptr_t) (src + c->src_offset), (uint64_t) (uintptr_t) (dst + c->dst_offset),
+                   c->size, c->count, c->src_stride, c->dst_stride};
+        const uint64_t words = c->size * c->count; /* the most a piece may take: 1-byte words */
+        units = words > units ? words : units;
+    }
+    cudaError_t err = cudaSuccess;
+    if (bytes > ctx->pieces_cap) {
+        cudaFree(ctx->pieces_dev);
+        ctx->pieces_dev = nullptr;
+        ctx->pieces_cap = 0;
+        err = cudaMalloc(&ctx->pieces_dev, bytes);
+        ctx->pieces_cap = err == cudaSuccess ? bytes : 0;
+    }
+    if (err == cudaSuccess) { /* from pageable memory: taken before the call returns */
+        err = cudaMemcpyAsync(ctx->pieces_dev, host, bytes, cudaMemcpyHostToDevice, ctx->stream);
+    }
+    free(host);
+    CUDA_TRY(err, "tensor_gather_async: the gather kernel's pieces");
+    CUDA_TRY(ferry_cuda_gather_pieces((const ferry_cuda_piece *) ctx->pieces_dev, n, units, ctx->stream),
+             "tensor_gather_async: gather kernel launch");
+    return FERRY_OK;
+}
+
+static ferry_status backend_gather(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                   const ferry_gather_copy * pieces, size_t n, ferry_gather_method method) {
+    backend_ctx * ctx = ctx_of(backend);
+    FERRY_TRY(ferry_cuda_check_context("tensor_gather_async"));
+    const ferry_buffer * buf = ferry_tensor_buffer(t);
+    size_t span = 0;
+    for (size_t i = 0; i < n; i++) {
+        const size_t end = pieces[i].src_offset + (pieces[i].count - 1) * pieces[i].src_stride + pieces[i].size;
+        span = end > span ? end : span;
+    }
+    if (!(backend_gather_methods(backend, src, span) & (1u << method)) || !ferry_cuda_is_device_buffer(buf) ||
+        ((device_buffer_ctx *) buf->context)->device != ctx->device) {
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "tensor_gather_async: %s does not gather by %s into '%s' from %p "
+                          "(batched copies need CUDA 12.8; the kernel, pinned memory it maps; either, its own "
+                          "device memory)", ctx->name, method == FERRY_GATHER_KERNEL ? "kernel" : "batched copies",
+                          t->name, (const void *) src);
+    }
+    CUDA_TRY(cudaSetDevice(ctx->device), "tensor_gather_async: cudaSetDevice");
+    char * dst = (char *) ferry_tensor_data(t);
+    return method == FERRY_GATHER_KERNEL ? gather_kernel(ctx, dst, src, pieces, n)
+                                         : gather_batched(ctx, dst, src, pieces, n);
 }
 
 static bool is_cuda_backend(const ferry_backend * backend) {
@@ -372,6 +494,8 @@ static ferry_backend_i transfer_iface(void) {
     i.event_new = backend_event_new;
     i.copy_cost_model = backend_copy_cost_model;
     i.get_memory = backend_get_memory;
+    i.gather_methods = backend_gather_methods;
+    i.set_tensor_gather_async = backend_gather;
     return i;
 }
 

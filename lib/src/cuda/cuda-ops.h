@@ -1,5 +1,5 @@
 /* The CUDA kernels the backend (cuda-backend.cu) runs (ops-cuda.cu: decode attention and dup;
- * copy-gather.cu: the gather copy; hold.cu: a stream held busy). C++ only, shared by the CUDA
+ * copy-gather.cu: the gather copy and a paged window's gather; hold.cu: a stream held busy). C++ only, shared by the CUDA
  * sources of this folder; the host sources' own shared helpers are in cuda-common.h. */
 #ifndef FERRY_CUDA_OPS_H
 #define FERRY_CUDA_OPS_H
@@ -21,6 +21,17 @@ ferry_status ferry_cuda_compute_node(ferry_tensor * node, cudaStream_t stream);
 bool ferry_cuda_gather_loads_ok(int loads);
 cudaError_t ferry_cuda_gather_rows(void * dst, size_t dpitch, const void * src, size_t spitch, size_t width,
                                    size_t height, int loads, cudaStream_t stream);
+
+/* A paged window's gather in one launch (copy-gather.cu): piece i moves count rows of size bytes
+ * from src (pinned host memory as the device maps it, or device memory; rows src_stride apart) to
+ * dst (device memory; rows dst_stride apart). Addresses absolute. */
+struct ferry_cuda_piece {
+    uint64_t src, dst, size, count, src_stride, dst_stride;
+};
+/* n pieces, their descriptors in device memory; units: the most 16-, 4- or 1-byte words a piece
+ * moves (it sizes the grid). */
+cudaError_t ferry_cuda_gather_pieces(const ferry_cuda_piece * pieces, uint64_t n, uint64_t units,
+                                     cudaStream_t stream);
 
 /* Queue on stream a one-thread kernel that waits microseconds on the device's clock
  * (hold.cu). */

@@ -17,15 +17,18 @@
 
 typedef struct queue_event queue_event;
 
-typedef enum { JOB_COPY, JOB_EVENT } job_kind;
+typedef enum { JOB_COPY, JOB_GATHER, JOB_EVENT } job_kind;
 
-/* One queued step: rows of a copy (height 1 for a plain one), or an event reached. */
+/* One queued step: rows of a copy (height 1 for a plain one), a gather's pieces (its own copy of
+ * them, freed when done), or an event reached. */
 typedef struct {
     job_kind kind;
     char * dst;
     const char * src;
     size_t width, height, dpitch, spitch;
     link_dir dir;
+    ferry_gather_copy * pieces;
+    size_t n_pieces;
     queue_event * event;
     uint64_t seq; /* which record of the event */
 } job;
@@ -71,11 +74,31 @@ void ferry_fault_copy_queue_pause(bool pause) { atomic_store(&paused, pause); }
 #define QUEUE_PAUSED() false
 #endif
 
+void ferry_standin_gather_rows(char * dst, const char * src, const ferry_gather_copy * pieces, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const ferry_gather_copy * c = &pieces[i];
+        for (size_t r = 0; r < c->count; r++) {
+            memcpy(dst + c->dst_offset + r * c->dst_stride, src + c->src_offset + r * c->src_stride, c->size);
+        }
+    }
+}
+
 /* A copy is done when the link would have carried it: an event behind it is reached no
  * sooner, so copies overlap compute as a link's would. */
 static void run_job(ferry_link * link, const job * j) {
     if (j->kind == JOB_EVENT) {
         return; /* its effect is the bookkeeping under the lock */
+    }
+    if (j->kind == JOB_GATHER) { /* as the stand-in's own gather: one transfer, a row cost a row */
+        size_t bytes = 0, rows = 0;
+        for (size_t i = 0; i < j->n_pieces; i++) {
+            bytes += j->pieces[i].size * j->pieces[i].count;
+            rows += j->pieces[i].count;
+        }
+        const link_slot slot = ferry_link_begin_pieces(link, j->dir, bytes, rows);
+        ferry_standin_gather_rows(j->dst, j->src, j->pieces, j->n_pieces);
+        ferry_link_end(link, &slot, bytes);
+        return;
     }
     const link_slot slot = ferry_link_begin(link, j->dir, j->width * j->height, j->height);
     for (size_t r = 0; r < j->height; r++) {
@@ -112,6 +135,7 @@ static void * worker_main(void * arg) {
         const job j = q->jobs[q->head];
         pthread_mutex_unlock(&q->lock);
         run_job(q->link, &j); /* the copy runs unlocked: queuing more goes on meanwhile */
+        free(j.pieces);
         pthread_mutex_lock(&q->lock);
         if (j.kind == JOB_EVENT) {
             j.event->seconds = ferry_now_seconds();
@@ -217,6 +241,31 @@ static ferry_status queue_get_2d(ferry_backend * backend, const ferry_tensor * t
 static ferry_status queue_get(ferry_backend * backend, const ferry_tensor * t, void * data, size_t offset,
                               size_t size) {
     return queue_get_2d(backend, t, data, offset, size, 1, size, size);
+}
+
+/* The parent's gather methods, queued: the pieces are copied now, the rows when the worker gets there. */
+static unsigned queue_gather_methods(const ferry_backend * backend, const void * src, size_t span) {
+    return ferry_backend_gather_methods(ctx_of(backend)->parent, src, span);
+}
+
+static ferry_status queue_gather(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                 const ferry_gather_copy * pieces, size_t n, ferry_gather_method method) {
+    if (method != FERRY_GATHER_BATCHED) {
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "tensor_gather_async: %s gathers by batched copies alone",
+                          ctx_of(backend)->name);
+    }
+    ferry_gather_copy * own = ferry_malloc(n * sizeof(*own));
+    if (!own) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "copy queue: out of memory for a gather of %zu pieces", n);
+    }
+    memcpy(own, pieces, n * sizeof(*own));
+    const job j = {.kind = JOB_GATHER, .dst = ferry_tensor_data(t), .src = src, .dir = LINK_TO_DEVICE,
+                   .pieces = own, .n_pieces = n};
+    const ferry_status st = push(ctx_of(backend), &j);
+    if (st != FERRY_OK) {
+        free(own);
+    }
+    return st;
 }
 
 static ferry_copy_cost_model queue_cost_model(const ferry_backend * backend) {
@@ -353,6 +402,8 @@ ferry_status ferry_worker_copy_queue_new(ferry_backend * parent, ferry_link * li
         .event_new = queue_event_new,
         .copy_cost_model = queue_cost_model,
         .get_memory = queue_get_memory,
+        .gather_methods = queue_gather_methods,
+        .set_tensor_gather_async = queue_gather,
     };
     ferry_status st = ferry_backend_init(iface, q, out);
     if (st == FERRY_OK && pthread_create(&q->worker, NULL, worker_main, q) != 0) {

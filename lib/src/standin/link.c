@@ -49,13 +49,13 @@ void ferry_link_init(ferry_link * link, double gbps, double latency_us, double r
 
 void ferry_link_destroy(ferry_link * link) { pthread_mutex_destroy(&link->lock); }
 
-link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t rows) {
+/* Take the link for bytes in `charged` rows, each at the row cost. */
+static link_slot begin(ferry_link * link, link_dir dir, size_t bytes, size_t charged) {
     link_slot slot = {0, 0};
     if (!link || !link->modelled) {
         return slot;
     }
     const double now = ferry_now_seconds();
-    const size_t charged = rows > 1 ? rows : 0;
     const double carry = link->latency + (double) charged * link->row_seconds +
                          (link->bytes_per_second > 0 ? (double) bytes / link->bytes_per_second : 0);
     pthread_mutex_lock(&link->lock);
@@ -67,6 +67,14 @@ link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t
     pthread_mutex_unlock(&link->lock);
     slot.copy_start = ferry_now_seconds();
     return slot;
+}
+
+link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t rows) {
+    return begin(link, dir, bytes, rows > 1 ? rows : 0);
+}
+
+link_slot ferry_link_begin_pieces(ferry_link * link, link_dir dir, size_t bytes, size_t pieces) {
+    return begin(link, dir, bytes, pieces);
 }
 
 void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes) {

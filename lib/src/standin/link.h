@@ -30,6 +30,8 @@ void ferry_link_destroy(ferry_link * link);
 /* Take the link for bytes in rows (1 for a plain transfer) before copying them; ferry_link_end
  * after the copy counts it and waits for the modelled end. Without a model both do nothing. */
 link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t rows);
+/* A gather's pieces (rows of them, counted) in one transfer: a row cost for each, one piece too. */
+link_slot ferry_link_begin_pieces(ferry_link * link, link_dir dir, size_t bytes, size_t pieces);
 void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes);
 /* Hold the calling thread until time t (ferry_now_seconds), as a transfer's hold does. */
 void ferry_link_wait_until(double t);

@@ -188,8 +188,8 @@ static ferry_status standin_graph_compute(ferry_backend * backend, ferry_graph *
 }
 
 /* With a modelled link, copies into it cost what the link charges (the copy path weighs its routes
- * by it): a call's latency, a row's cost beyond a single row, bytes at its bandwidth (unlimited: the
- * CPU's). Without one, the CPU's model: memcpy carries the copies. */
+ * by it): a call's latency, a row's cost beyond a single row (a gather's every piece), bytes at its
+ * bandwidth (unlimited: the CPU's). Without one, the CPU's model: memcpy carries the copies. */
 static ferry_copy_cost_model standin_copy_cost_model(const ferry_backend * backend) {
     const standin_ctx * s = ctx_of(backend);
     ferry_copy_cost_model m = ferry_copy_cost_model_cpu();
@@ -198,7 +198,32 @@ static ferry_copy_cost_model standin_copy_cost_model(const ferry_backend * backe
     }
     const double gbps = s->params.link_gbps > 0 ? s->params.link_gbps : m.gbps;
     return (ferry_copy_cost_model) {.call_us = s->params.latency_us, .row_ns = s->params.row_ns, .gbps = gbps,
-                                    .small_row_efficiency = 1.0};
+                                    .small_row_efficiency = 1.0, .piece_ns = s->params.row_ns};
+}
+
+/* A paged window's gather in one call, as a batched copy: one transfer over the link, a row cost
+ * for each row of each piece (the model's piece_ns is the link's row cost). */
+static unsigned standin_gather_methods(const ferry_backend * backend, const void * src, size_t span) {
+    (void) backend, (void) src, (void) span;
+    return 1u << FERRY_GATHER_BATCHED;
+}
+
+static ferry_status standin_gather(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                   const ferry_gather_copy * pieces, size_t n, ferry_gather_method method) {
+    if (method != FERRY_GATHER_BATCHED) {
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "tensor_gather_async: %s gathers by batched copies alone",
+                          ctx_of(backend)->name);
+    }
+    standin_ctx * s = ctx_of(backend);
+    size_t bytes = 0, rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        bytes += pieces[i].size * pieces[i].count;
+        rows += pieces[i].count;
+    }
+    const link_slot slot = ferry_link_begin_pieces(&s->link, LINK_TO_DEVICE, bytes, rows);
+    ferry_standin_gather_rows((char *) ferry_tensor_data(t), src, pieces, n);
+    ferry_link_end(&s->link, &slot, bytes);
+    return FERRY_OK;
 }
 
 static ferry_status standin_copy_queue_new(ferry_backend * backend, ferry_backend ** out) {
@@ -279,6 +304,8 @@ ferry_status ferry_standin_backend_new_params(const ferry_standin_params * param
         .copy_queue_new = standin_copy_queue_new,
         .copy_cost_model = standin_copy_cost_model,
         .get_memory = standin_get_memory,
+        .gather_methods = standin_gather_methods,
+        .set_tensor_gather_async = standin_gather,
     };
     st = ferry_backend_init(iface, s, out);
     if (st != FERRY_OK) {

@@ -1,0 +1,368 @@
+/*
+ * Paged windows: a window over a paged cache (paged-kv.c) copied as each stream's used cells,
+ * gathered from the blocks of its sequence's table into the dense copy attention reads.
+ *
+ * A stream's blocks are read in table order. Blocks that follow each other in the pool, table
+ * order and window alike (block b then b + 1) are one run: one copy of their cells (K, V) or one
+ * 2-D copy of their channel rows (a transposed V). The gather then goes by one of four methods:
+ * a copy per block (the baseline serving systems use), a copy per run (with runs of equal length
+ * at even strides on both sides as one 2-D copy, where the cost model says that is cheaper), or,
+ * where the split's backend offers them for the pool's memory, every run in one call: batched
+ * copies, or a kernel reading pinned host memory. Each costs what the backend's model says (a
+ * call, a row, a byte; a piece of a batched call; the kernel's rate), and the cache's setting
+ * either forces one or lets the model choose. Every method moves exactly the used cells.
+ */
+#include "ferry-impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char * const method_names[FERRY_GATHER_COUNT] = {"auto", "per_block", "runs", "batched", "kernel"};
+
+const char * ferry_gather_method_name(ferry_gather_method method) {
+    if ((int) method < 0 || method >= FERRY_GATHER_COUNT) {
+        ferry_fail(FERRY_ERR_INVALID_ARG, "unknown gather method %d", (int) method);
+        return NULL;
+    }
+    return method_names[method];
+}
+
+ferry_status ferry_gather_method_from_name(const char * name, ferry_gather_method * out) {
+    FERRY_CHECK_ARG(name && out, "gather_method_from_name: NULL argument");
+    for (int i = 0; i < FERRY_GATHER_COUNT; i++) {
+        if (strcmp(name, method_names[i]) == 0) {
+            *out = (ferry_gather_method) i;
+            return FERRY_OK;
+        }
+    }
+    return ferry_fail(FERRY_ERR_INVALID_ARG, "unknown gather method '%s' (known: auto, per_block, runs, batched, "
+                      "kernel)", name);
+}
+
+/* ---------------------------------------------------------------- the pieces */
+
+typedef struct {
+    ferry_gather_copy * c;
+    size_t n, cap;
+} piece_list;
+
+static ferry_status push(piece_list * l, const ferry_gather_copy * c, const ferry_tensor * t) {
+    ferry_gather_copy * grown = ferry_grow(l->c, &l->cap, l->n + 1, sizeof(*l->c));
+    if (!grown) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged copy of '%s': out of memory for %zu copies", t->name,
+                          l->n + 1);
+    }
+    l->c = grown;
+    l->c[l->n++] = *c;
+    return FERRY_OK;
+}
+
+/* The window's cells per stream: dimension 0 of a transposed V, 1 otherwise. */
+static int cell_dim(const ferry_tensor * t) { return t->paged->v_trans ? 0 : 1; }
+
+/* Each stream's used cells: the lengths the window carries (read as a ragged window's), else its
+ * sequence's cells; then each table checked to hold them. */
+static ferry_status used_cells(const ferry_tensor * t, int64_t * used) {
+    const ferry_paged_source * src = t->paged;
+    const ferry_paged_tables * tables = src->tables;
+    const int64_t ns = t->ne[3], n_kv = t->ne[cell_dim(t)], bs = src->block_size;
+    if (t->used_lengths && (t->used_cell_dim != cell_dim(t) || t->used_stream_dim != 3)) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "paged copy of '%s': its used cells are on dimension %d and streams on "
+                          "%d, but its cells are on %d and streams on 3", t->name, (int) t->used_cell_dim,
+                          (int) t->used_stream_dim, cell_dim(t));
+    }
+    if (t->used_lengths) {
+        FERRY_TRY(ferry_read_used_cells(t, "paged copy", used));
+    }
+    for (int64_t s = 0; s < ns; s++) {
+        const int64_t seq = t->paged_first_seq + s, held = tables->n_blocks[seq];
+        if (!t->used_lengths) {
+            used[s] = tables->n_cells[seq] < n_kv ? tables->n_cells[seq] : n_kv;
+        }
+        if (used[s] > held * bs) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged copy of '%s': sequence %lld's length %lld needs block "
+                              "%lld of its table, which holds %lld blocks (%lld cells)", t->name, (long long) seq,
+                              (long long) used[s], (long long) held, (long long) held, (long long) (held * bs));
+        }
+    }
+    return FERRY_OK;
+}
+
+/* The copy of `cells` cells from pool cell `from` to cell `to` of stream s's part of the window. */
+static ferry_gather_copy piece_of(const ferry_tensor * t, int64_t s, int64_t from, int64_t to, int64_t cells) {
+    const ferry_paged_source * src = t->paged;
+    const size_t b = src->cell_bytes, n_kv = (size_t) t->ne[cell_dim(t)];
+    if (src->v_trans) { /* a row per channel, in the pool and in the window */
+        return (ferry_gather_copy) {.src_offset = (size_t) from * b,
+                                    .dst_offset = ((size_t) s * (size_t) src->n_embd * n_kv + (size_t) to) * b,
+                                    .size = (size_t) cells * b, .count = (size_t) src->n_embd,
+                                    .src_stride = (size_t) src->pool_cells * b, .dst_stride = n_kv * b};
+    }
+    const size_t size = (size_t) cells * b;
+    return (ferry_gather_copy) {.src_offset = (size_t) from * b, .dst_offset = ((size_t) s * n_kv + (size_t) to) * b,
+                                .size = size, .count = 1, .src_stride = size, .dst_stride = size};
+}
+
+/* The gather's pieces: per block (per_block) or per run of adjacent blocks; the blocks and runs
+ * read, and the bytes. */
+typedef struct {
+    piece_list pieces;
+    uint64_t blocks, runs, bytes;
+} gather;
+
+static ferry_status pieces_of(const ferry_tensor * t, const int64_t * used, bool per_block, gather * out) {
+    const ferry_paged_source * src = t->paged;
+    const int64_t bs = src->block_size;
+    for (int64_t s = 0; s < t->ne[3]; s++) {
+        const int32_t * table = src->tables->blocks[t->paged_first_seq + s];
+        int64_t run_from = 0, run_to = 0, run_cells = 0; /* the run being read, in cells */
+        for (int64_t j = 0; j * bs < used[s]; j++) {
+            const int64_t from = (int64_t) table[j] * bs, cells = used[s] - j * bs < bs ? used[s] - j * bs : bs;
+            out->blocks++;
+            const bool adjacent = run_cells > 0 && run_from + run_cells == from;
+            out->runs += !adjacent;
+            if (run_cells > 0 && (per_block || !adjacent)) {
+                const ferry_gather_copy c = piece_of(t, s, run_from, run_to, run_cells);
+                FERRY_TRY(push(&out->pieces, &c, t));
+                run_cells = 0;
+            }
+            if (run_cells == 0) {
+                run_from = from;
+                run_to = j * bs;
+            }
+            run_cells += cells;
+            out->bytes += (uint64_t) cells * src->cell_bytes * (uint64_t) (src->v_trans ? src->n_embd : 1);
+        }
+        if (run_cells > 0) {
+            const ferry_gather_copy c = piece_of(t, s, run_from, run_to, run_cells);
+            FERRY_TRY(push(&out->pieces, &c, t));
+        }
+    }
+    return FERRY_OK;
+}
+
+/* What one copy costs by model: a plain or 2-D copy of its source rows. */
+static double copy_cost(const ferry_copy_cost_model * m, const ferry_gather_copy * c) {
+    const ferry_copy_2d d = {.offset = c->src_offset, .size = c->size, .count = c->count,
+                             .stride = c->count > 1 ? c->src_stride : c->size};
+    return ferry_copy_plan_cost(m, &d, 1);
+}
+
+/* Runs of one row, of equal size at even strides on both sides, as one 2-D copy where the model
+ * says it is cheaper than a copy each. */
+static ferry_status group_runs(const ferry_copy_cost_model * m, const ferry_tensor * t, const piece_list * in,
+                               piece_list * out) {
+    for (size_t i = 0; i < in->n;) {
+        const ferry_gather_copy * a = &in->c[i];
+        size_t j = i + 1;
+        size_t src_stride = 0, dst_stride = 0;
+        if (a->count == 1 && j < in->n && in->c[j].count == 1 && in->c[j].size == a->size &&
+            in->c[j].src_offset >= a->src_offset + a->size && in->c[j].dst_offset >= a->dst_offset + a->size) {
+            src_stride = in->c[j].src_offset - a->src_offset;
+            dst_stride = in->c[j].dst_offset - a->dst_offset;
+            for (j++; j < in->n && in->c[j].count == 1 && in->c[j].size == a->size &&
+                      in->c[j].src_offset == in->c[j - 1].src_offset + src_stride &&
+                      in->c[j].dst_offset == in->c[j - 1].dst_offset + dst_stride;
+                 j++) {
+            }
+        }
+        const ferry_gather_copy group = {.src_offset = a->src_offset, .dst_offset = a->dst_offset, .size = a->size,
+                                         .count = j - i, .src_stride = src_stride, .dst_stride = dst_stride};
+        if (j - i > 1 && copy_cost(m, &group) < (double) (j - i) * copy_cost(m, a)) {
+            FERRY_TRY(push(out, &group, t));
+        } else {
+            for (size_t k = i; k < j; k++) {
+                FERRY_TRY(push(out, &in->c[k], t));
+            }
+        }
+        i = j;
+    }
+    return FERRY_OK;
+}
+
+/* The predicted seconds of a method's pieces. */
+static double method_cost(const ferry_copy_cost_model * m, ferry_gather_method method, const piece_list * l,
+                          uint64_t bytes) {
+    double s = 0;
+    uint64_t rows = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        s += method == FERRY_GATHER_PER_BLOCK || method == FERRY_GATHER_RUNS ? copy_cost(m, &l->c[i]) : 0;
+        rows += l->c[i].count;
+    }
+    if (method == FERRY_GATHER_BATCHED) {
+        s = m->call_us * 1e-6 + (double) rows * m->piece_ns * 1e-9 + (double) bytes / (m->gbps * 1e9);
+    } else if (method == FERRY_GATHER_KERNEL) {
+        s = 2 * m->call_us * 1e-6 + (double) bytes / ((m->kernel_gbps > 0 ? m->kernel_gbps : m->gbps) * 1e9);
+    }
+    return s;
+}
+
+/* The one-call methods backend offers for the pool, as bits; none unless the pool is host memory
+ * the destination reads by pointer (dst NULL: any of the backend's). */
+static unsigned one_call_methods(ferry_backend * backend, const ferry_tensor * pool, const ferry_buffer * dst) {
+    const ferry_buffer * buf = ferry_tensor_buffer(pool);
+    if (!ferry_buffer_is_host(buf) || ferry_buffer_is_synthetic(buf) || (dst && !ferry_buffer_ptr_readable(buf, dst))) {
+        return 0;
+    }
+    const unsigned bits = (1u << FERRY_GATHER_BATCHED) | (1u << FERRY_GATHER_KERNEL);
+    return ferry_backend_gather_methods(backend, ferry_tensor_data(pool), ferry_tensor_nbytes(pool)) & bits;
+}
+
+/*
+ * The gather of t into backend (dst: the destination buffer, NULL when only planning): its
+ * pieces by the method the cache says (AUTO: the cheapest offered), in *chosen, and the plan.
+ */
+static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend, const ferry_buffer * dst,
+                                ferry_paged_plan * plan, piece_list * chosen) {
+    const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
+    const int64_t ns = t->ne[3];
+    int64_t * used = ferry_malloc((size_t) (ns > 0 ? ns : 1) * sizeof(*used));
+    if (!used) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged copy of '%s': out of memory for %lld lengths", t->name,
+                          (long long) ns);
+    }
+    gather per_block = {0}, runs = {0};
+    piece_list grouped = {0};
+    ferry_status st = used_cells(t, used);
+    if (st == FERRY_OK) {
+        st = pieces_of(t, used, true, &per_block);
+    }
+    if (st == FERRY_OK) {
+        st = pieces_of(t, used, false, &runs);
+    }
+    if (st == FERRY_OK) {
+        st = group_runs(&model, t, &runs.pieces, &grouped);
+    }
+    free(used);
+    const unsigned offered = (1u << FERRY_GATHER_PER_BLOCK) | (1u << FERRY_GATHER_RUNS) |
+                             (st == FERRY_OK ? one_call_methods(backend, t->paged->pool, dst) : 0);
+    const piece_list * lists[FERRY_GATHER_COUNT] = {NULL, &per_block.pieces, &grouped, &runs.pieces, &runs.pieces};
+    ferry_gather_method best = FERRY_GATHER_RUNS;
+    *plan = (ferry_paged_plan) {.blocks = runs.blocks, .runs = runs.runs, .bytes = runs.bytes};
+    for (int m = FERRY_GATHER_PER_BLOCK; st == FERRY_OK && m < FERRY_GATHER_COUNT; m++) {
+        const double cost = method_cost(&model, (ferry_gather_method) m, lists[m], runs.bytes);
+        plan->method_seconds[m] = offered & (1u << m) ? cost : -1;
+        if (m != FERRY_GATHER_PER_BLOCK && plan->method_seconds[m] >= 0 &&
+            plan->method_seconds[m] < plan->method_seconds[best]) {
+            best = (ferry_gather_method) m; /* a tie stays with the runs */
+        }
+    }
+    const ferry_gather_method method = t->paged->tables->gather == FERRY_GATHER_AUTO ? best : t->paged->tables->gather;
+    if (st == FERRY_OK && !(offered & (1u << method))) {
+        st = ferry_fail(FERRY_ERR_UNSUPPORTED, "paged copy of '%s': %s does not offer the %s gather for its pool in "
+                        "%s memory (set the cache's gather to auto, runs or per_block)", t->name,
+                        ferry_backend_name(backend), method_names[method],
+                        ferry_buffer_type_name(ferry_buffer_get_type(ferry_tensor_buffer(t->paged->pool))));
+    }
+    if (st == FERRY_OK) {
+        plan->method = method;
+        plan->method_seconds[FERRY_GATHER_AUTO] = plan->method_seconds[best];
+        plan->seconds = plan->method_seconds[method];
+        const bool one_call = method == FERRY_GATHER_BATCHED || method == FERRY_GATHER_KERNEL;
+        *chosen = *lists[method];
+        plan->copies = chosen->n;
+        plan->calls = one_call ? (runs.bytes > 0 ? 1 : 0) : chosen->n;
+        /* the list handed out is not freed below */
+        if (lists[method] == &per_block.pieces) {
+            per_block.pieces = (piece_list) {0};
+        } else if (lists[method] == &grouped) {
+            grouped = (piece_list) {0};
+        } else {
+            runs.pieces = (piece_list) {0};
+        }
+    }
+    free(per_block.pieces.c);
+    free(runs.pieces.c);
+    free(grouped.c);
+    return st;
+}
+
+static ferry_status check_window(const ferry_tensor * t, ferry_backend * backend, const char * what) {
+    FERRY_CHECK_ARG(t && backend, "%s: NULL argument", what);
+    if (!t->paged) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: '%s' is not a paged window (ferry_paged_cache_window)", what,
+                          t->name);
+    }
+    return ferry_tensor_check_allocated(t);
+}
+
+ferry_status ferry_copy_paged_plan(const ferry_tensor * window, ferry_backend * backend, ferry_paged_plan * plan,
+                                   ferry_gather_copy * copies, size_t max_copies, size_t * n_copies) {
+    FERRY_TRY(check_window(window, backend, "copy_paged_plan"));
+    FERRY_CHECK_ARG(plan && n_copies, "copy_paged_plan: NULL output");
+    piece_list chosen = {0};
+    ferry_status st = plan_gather(window, backend, NULL, plan, &chosen);
+    *n_copies = chosen.n;
+    if (st == FERRY_OK && copies && chosen.n > max_copies) {
+        st = ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_paged_plan: '%s' needs %zu copies, room for %zu", window->name,
+                        chosen.n, max_copies);
+    } else if (st == FERRY_OK && copies && chosen.n > 0) {
+        memcpy(copies, chosen.c, chosen.n * sizeof(*copies));
+    }
+    free(chosen.c);
+    return st;
+}
+
+/* ---------------------------------------------------------------- moving the pieces */
+
+/* One piece from the pool into dst: by pointer from host memory dst's backend reads, by get into
+ * dst's host memory, else staged through `staging`. */
+static ferry_status move_piece(ferry_backend * backend, const ferry_tensor * pool, ferry_tensor * dst,
+                               const ferry_gather_copy * c, char * staging) {
+    const ferry_buffer * src_buf = ferry_tensor_buffer(pool);
+    const ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
+    if (ferry_buffer_ptr_readable(src_buf, dst_buf)) {
+        const char * from = (const char *) ferry_tensor_data(pool) + c->src_offset;
+        return c->count > 1 ? ferry_backend_tensor_set_2d_async(backend, dst, from, c->dst_offset, c->size, c->count,
+                                                                c->dst_stride, c->src_stride)
+                            : ferry_backend_tensor_set_async(backend, dst, from, c->dst_offset, c->size);
+    }
+    if (ferry_buffer_ptr_writable(dst_buf, src_buf)) {
+        char * to = (char *) ferry_tensor_data(dst) + c->dst_offset;
+        return c->count > 1 ? ferry_tensor_get_2d(pool, to, c->src_offset, c->size, c->count, c->src_stride,
+                                                  c->dst_stride)
+                            : ferry_tensor_get(pool, to, c->src_offset, c->size);
+    }
+    FERRY_TRY(ferry_tensor_get_2d(pool, staging, c->src_offset, c->size, c->count, c->src_stride, c->size));
+    FERRY_TRY(c->count > 1 ? ferry_backend_tensor_set_2d_async(backend, dst, staging, c->dst_offset, c->size,
+                                                               c->count, c->dst_stride, c->size)
+                           : ferry_backend_tensor_set_async(backend, dst, staging, c->dst_offset, c->size));
+    return ferry_backend_synchronize(backend); /* the staging rows are reused, then freed */
+}
+
+ferry_status ferry_copy_paged(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, uint64_t * read,
+                              ferry_gather_method * method, double * predicted) {
+    *read = 0;
+    *predicted = 0;
+    const ferry_tensor * pool = src->paged->pool;
+    ferry_paged_plan plan;
+    piece_list l = {0};
+    ferry_status st = plan_gather(src, backend, ferry_tensor_buffer(dst), &plan, &l);
+    if (st == FERRY_OK && (plan.method == FERRY_GATHER_BATCHED || plan.method == FERRY_GATHER_KERNEL)) {
+        st = ferry_backend_tensor_gather_async(backend, dst, ferry_tensor_data(pool), l.c, l.n, plan.method);
+    } else if (st == FERRY_OK) {
+        size_t largest = 0;
+        for (size_t i = 0; i < l.n; i++) {
+            largest = l.c[i].size * l.c[i].count > largest ? l.c[i].size * l.c[i].count : largest;
+        }
+        const ferry_buffer * src_buf = ferry_tensor_buffer(pool);
+        const ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
+        const bool staged =
+            !ferry_buffer_ptr_readable(src_buf, dst_buf) && !ferry_buffer_ptr_writable(dst_buf, src_buf);
+        char * staging = NULL;
+        if (staged && largest > 0 && !(staging = ferry_calloc(largest, 1))) { /* zeroed: a synthetic pool writes none */
+            st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged copy of '%s': cannot stage %zu bytes", src->name, largest);
+        }
+        for (size_t i = 0; st == FERRY_OK && i < l.n; i++) {
+            st = move_piece(backend, pool, dst, &l.c[i], staging);
+        }
+        free(staging);
+    }
+    if (st == FERRY_OK) {
+        *read = plan.bytes;
+        *method = plan.method;
+        *predicted = plan.seconds;
+    }
+    free(l.c);
+    return st;
+}

@@ -1,0 +1,590 @@
+/*
+ * A paged KV cache, as serving systems keep theirs (vLLM, SGLang, LMCache): per layer a K and a
+ * V pool of fixed-size blocks, per sequence a table of block ids, and a free list of blocks. Its
+ * windows are paged windows (tensor.c), gathered into dense copies by the copy path
+ * (copy-paged.c), which reads the tables this file keeps as it copies.
+ */
+#include "ferry-impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ferry_paged_cache {
+    ferry_paged_params params;
+    int64_t pool_cells;              /* n_blocks * block_size */
+    ferry_context * ctx;
+    ferry_tensor ** k;               /* per layer: the pools */
+    ferry_tensor ** v;
+    ferry_buffer_type ** layer_buft; /* per layer: where its pools live */
+    ferry_buffer ** layer_buf;
+    ferry_buffer ** buffers;         /* owned: one per distinct buffer type */
+    int n_buffers;
+    ferry_paged_source * sources;    /* per layer: K at 2l, V at 2l + 1 */
+    ferry_paged_tables tables;
+    int64_t * capacity;              /* per sequence: room in its blocks array */
+    int32_t * refs;                  /* per block: the tables holding it */
+    int32_t * free_ids;              /* the free list, a stack: the next block taken is last */
+    int64_t n_free;
+    int64_t * free_at;               /* per block: its place in free_ids, -1 when taken */
+    uint64_t * mark;                 /* per block: set_table's marks (this call's stamp) */
+    uint64_t stamp;
+};
+
+static ferry_status check_params(const ferry_paged_params * p) {
+    FERRY_CHECK_ARG(p, "paged_cache: NULL params");
+    if (!ferry_type_valid(p->type_k) || !ferry_type_valid(p->type_v)) {
+        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "paged_cache: %s %d is not a type", ferry_type_valid(p->type_k) ?
+                          "type_v" : "type_k", (int) (ferry_type_valid(p->type_k) ? p->type_v : p->type_k));
+    }
+    if (p->head_dim <= 0 || p->n_head_kv <= 0 || p->block_size <= 0 || p->n_blocks <= 0 || p->n_seq <= 0 ||
+        p->n_layer <= 0) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache: head_dim, n_head_kv, block_size, n_blocks, n_seq and "
+                          "n_layer must be positive");
+    }
+    if (p->n_seq > FERRY_PAGED_MAX_SEQ) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache: n_seq %lld is past the %d sequences' tables a cache "
+                          "keeps", (long long) p->n_seq, FERRY_PAGED_MAX_SEQ);
+    }
+    if (p->n_blocks > INT32_MAX) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache: n_blocks %lld is past the %d block ids a table "
+                          "holds (int32)", (long long) p->n_blocks, INT32_MAX);
+    }
+    if (p->head_dim > INT64_MAX / p->n_head_kv || p->block_size > INT64_MAX / p->n_blocks) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache: head_dim x n_head_kv or block_size x n_blocks "
+                          "overflows");
+    }
+    size_t r;
+    if (ferry_row_size(p->type_k, p->head_dim, &r) != FERRY_OK) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "paged_cache: head_dim %lld is not whole %s blocks of %lld values "
+                          "(type_k)", (long long) p->head_dim, ferry_type_name(p->type_k),
+                          (long long) ferry_blck_size(p->type_k));
+    }
+    if (p->v_trans && ferry_blck_size(p->type_v) != 1) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "paged_cache: a transposed V (v_trans) cannot be %s (type_v): cells "
+                          "would split its blocks of values", ferry_type_name(p->type_v));
+    }
+    if (!p->v_trans && ferry_row_size(p->type_v, p->head_dim, &r) != FERRY_OK) {
+        return ferry_fail(FERRY_ERR_LAYOUT, "paged_cache: head_dim %lld is not whole %s blocks of %lld values "
+                          "(type_v)", (long long) p->head_dim, ferry_type_name(p->type_v),
+                          (long long) ferry_blck_size(p->type_v));
+    }
+    return FERRY_OK;
+}
+
+void ferry_paged_cache_free(ferry_paged_cache * cache) {
+    if (!cache) {
+        return;
+    }
+    for (int i = 0; cache->buffers && i < cache->n_buffers; i++) {
+        ferry_buffer_free(cache->buffers[i]);
+    }
+    for (int64_t s = 0; cache->tables.blocks && s < cache->tables.n_seq; s++) {
+        free(cache->tables.blocks[s]);
+    }
+    ferry_context_free(cache->ctx);
+    free(cache->k);
+    free(cache->v);
+    free(cache->layer_buft);
+    free(cache->layer_buf);
+    free(cache->buffers);
+    free(cache->sources);
+    free(cache->tables.blocks);
+    free(cache->tables.n_blocks);
+    free(cache->tables.n_cells);
+    free(cache->capacity);
+    free(cache->refs);
+    free(cache->free_ids);
+    free(cache->free_at);
+    free(cache->mark);
+    free(cache);
+}
+
+/* The pools, nothing placed; the tables come when the pools have memory (keep_tables). */
+static ferry_status lay_out(const ferry_paged_params * params, ferry_paged_cache ** out) {
+    FERRY_TRY(check_params(params));
+    ferry_paged_cache * c = ferry_calloc(1, sizeof(*c));
+    if (!c) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged_cache_new: out of memory");
+    }
+    const size_t n = (size_t) params->n_layer;
+    c->params = *params;
+    c->pool_cells = params->n_blocks * params->block_size;
+    c->tables.n_seq = params->n_seq;
+    c->k = ferry_calloc(n, sizeof(*c->k));
+    c->v = ferry_calloc(n, sizeof(*c->v));
+    c->layer_buft = ferry_calloc(n, sizeof(*c->layer_buft));
+    c->layer_buf = ferry_calloc(n, sizeof(*c->layer_buf));
+    c->buffers = ferry_calloc(n, sizeof(*c->buffers));
+    c->sources = ferry_calloc(2 * n, sizeof(*c->sources));
+    ferry_status st = c->k && c->v && c->layer_buft && c->layer_buf && c->buffers && c->sources
+                          ? ferry_context_new(&c->ctx)
+                          : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged_cache_new: out of memory");
+    const int64_t n_embd = params->head_dim * params->n_head_kv;
+    for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
+        const int64_t ne[2] = {n_embd, c->pool_cells};
+        const int64_t ne_vt[2] = {c->pool_cells, n_embd};
+        st = ferry_tensor_new(c->ctx, params->type_k, 2, ne, &c->k[l]);
+        if (st == FERRY_OK) {
+            st = ferry_tensor_new(c->ctx, params->type_v, 2, params->v_trans ? ne_vt : ne, &c->v[l]);
+        }
+        if (st == FERRY_OK) {
+            char name[FERRY_MAX_NAME];
+            snprintf(name, sizeof(name), "paged_k_l%d", l);
+            ferry_tensor_set_name(c->k[l], name);
+            snprintf(name, sizeof(name), "paged_v_l%d", l);
+            ferry_tensor_set_name(c->v[l], name);
+            for (int which = 0; which < 2; which++) {
+                const bool trans = which == 1 && params->v_trans;
+                ferry_tensor * pool = which ? c->v[l] : c->k[l];
+                c->sources[2 * l + which] = (ferry_paged_source) {
+                    .pool = pool, .v_trans = trans, .block_size = params->block_size, .pool_cells = c->pool_cells,
+                    .n_embd = n_embd, .cell_bytes = trans ? ferry_type_size(params->type_v) : pool->nb[1],
+                    .tables = &c->tables};
+            }
+        }
+    }
+    if (st != FERRY_OK) {
+        ferry_paged_cache_free(c);
+        return st;
+    }
+    *out = c;
+    return FERRY_OK;
+}
+
+/* Every table empty, every block on the free list, block 0 on top: a fresh cache hands out 0, 1, ... */
+static ferry_status keep_tables(ferry_paged_cache * c) {
+    const size_t seqs = (size_t) c->params.n_seq, blocks = (size_t) c->params.n_blocks;
+    c->tables.blocks = ferry_calloc(seqs, sizeof(*c->tables.blocks));
+    c->tables.n_blocks = ferry_calloc(seqs, sizeof(*c->tables.n_blocks));
+    c->tables.n_cells = ferry_calloc(seqs, sizeof(*c->tables.n_cells));
+    c->capacity = ferry_calloc(seqs, sizeof(*c->capacity));
+    c->refs = ferry_calloc(blocks, sizeof(*c->refs));
+    c->free_ids = ferry_calloc(blocks, sizeof(*c->free_ids));
+    c->free_at = ferry_calloc(blocks, sizeof(*c->free_at));
+    c->mark = ferry_calloc(blocks, sizeof(*c->mark));
+    if (!c->tables.blocks || !c->tables.n_blocks || !c->tables.n_cells || !c->capacity || !c->refs || !c->free_ids ||
+        !c->free_at || !c->mark) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged_cache_new: out of memory for the tables of %lld sequences "
+                          "and the lists of %lld blocks", (long long) c->params.n_seq,
+                          (long long) c->params.n_blocks);
+    }
+    c->n_free = c->params.n_blocks;
+    for (int64_t b = 0; b < c->params.n_blocks; b++) {
+        c->free_ids[c->params.n_blocks - 1 - b] = (int32_t) b;
+        c->free_at[b] = c->params.n_blocks - 1 - b;
+    }
+    return FERRY_OK;
+}
+
+/* Every layer of buft's pools back to back in one new buffer, cleared to zeros. */
+static ferry_status allocate(ferry_paged_cache * c, ferry_buffer_type * buft) {
+    const size_t align = ferry_buffer_type_alignment(buft) ? ferry_buffer_type_alignment(buft) : 1;
+    size_t total = 0;
+    for (int32_t l = 0; l < c->params.n_layer; l++) {
+        ferry_tensor * pair[2] = {c->k[l], c->v[l]};
+        for (int i = 0; i < 2 && c->layer_buft[l] == buft; i++) {
+            size_t rounded;
+            if (!ferry_add_ok(ferry_buffer_type_alloc_size(buft, pair[i]), align - 1, &rounded) ||
+                !ferry_add_ok(total, rounded / align * align, &total)) {
+                return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache: %d layers of pools overflow a buffer's size",
+                                  c->params.n_layer);
+            }
+        }
+    }
+    ferry_buffer * buf;
+    FERRY_TRY(ferry_buffer_type_alloc_buffer(buft, total, &buf));
+    c->buffers[c->n_buffers++] = buf;
+    FERRY_TRY(ferry_buffer_clear(buf, 0)); /* a new cache reads zeros, as ferry_kv_cache_new's does */
+    size_t offset = 0;
+    for (int32_t l = 0; l < c->params.n_layer; l++) {
+        ferry_tensor * pair[2] = {c->k[l], c->v[l]};
+        for (int i = 0; i < 2 && c->layer_buft[l] == buft; i++) {
+            FERRY_TRY(ferry_buffer_place_tensor(buf, pair[i], offset));
+            offset += (ferry_buffer_type_alloc_size(buft, pair[i]) + align - 1) / align * align;
+            c->layer_buf[l] = buf;
+        }
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_paged_cache_new(const ferry_paged_params * params, ferry_buffer_type * host_buft,
+                                   ferry_buffer_type * const * layer_bufts, ferry_paged_cache ** out) {
+    FERRY_CHECK_ARG(out, "paged_cache_new: NULL output");
+    ferry_paged_cache * c;
+    FERRY_TRY(lay_out(params, &c));
+    ferry_status st = FERRY_OK;
+    for (int32_t l = 0; l < params->n_layer; l++) {
+        c->layer_buft[l] = layer_bufts && layer_bufts[l] ? layer_bufts[l] : host_buft;
+        if (!c->layer_buft[l]) {
+            st = ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_new: layer %d has no buffer type (host_buft is NULL)",
+                            l);
+        }
+    }
+    for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
+        bool seen = false;
+        for (int32_t e = 0; !seen && e < l; e++) {
+            seen = c->layer_buft[e] == c->layer_buft[l];
+        }
+        if (!seen) {
+            st = allocate(c, c->layer_buft[l]);
+        }
+    }
+    if (st == FERRY_OK) {
+        st = keep_tables(c);
+    }
+    if (st != FERRY_OK) {
+        ferry_paged_cache_free(c);
+        return st;
+    }
+    *out = c;
+    return FERRY_OK;
+}
+
+ferry_status ferry_paged_cache_new_over(const ferry_paged_params * params, ferry_buffer * const * k_bufs,
+                                        const size_t * k_offsets, ferry_buffer * const * v_bufs,
+                                        const size_t * v_offsets, ferry_paged_cache ** out) {
+    FERRY_CHECK_ARG(out && k_bufs && k_offsets && v_bufs && v_offsets, "paged_cache_new_over: NULL argument");
+    ferry_paged_cache * c;
+    FERRY_TRY(lay_out(params, &c));
+    ferry_status st = FERRY_OK;
+    for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
+        if (!k_bufs[l] || !v_bufs[l]) {
+            st = ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_new_over: layer %d has no %s pool buffer", l,
+                            k_bufs[l] ? "V" : "K");
+        } else if (ferry_buffer_get_type(k_bufs[l]) != ferry_buffer_get_type(v_bufs[l])) {
+            st = ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_new_over: layer %d's K and V pools are in buffers "
+                            "of different types; a layer lives in one memory", l);
+        } else if (ferry_buffer_place_tensor(k_bufs[l], c->k[l], k_offsets[l]) != FERRY_OK ||
+                   ferry_buffer_place_tensor(v_bufs[l], c->v[l], v_offsets[l]) != FERRY_OK) {
+            char why[256];
+            snprintf(why, sizeof(why), "%s", ferry_last_error());
+            st = ferry_fail(ferry_last_status(), "paged_cache_new_over: layer %d: %s", l, why);
+        } else {
+            c->layer_buft[l] = ferry_buffer_get_type(k_bufs[l]);
+            c->layer_buf[l] = k_bufs[l];
+        }
+    }
+    if (st == FERRY_OK) {
+        st = keep_tables(c);
+    }
+    if (st != FERRY_OK) {
+        ferry_paged_cache_free(c);
+        return st;
+    }
+    *out = c;
+    return FERRY_OK;
+}
+
+ferry_status ferry_paged_cache_params(const ferry_paged_cache * cache, ferry_paged_params * out) {
+    FERRY_CHECK_ARG(cache && out, "paged_cache_params: NULL argument");
+    *out = cache->params;
+    return FERRY_OK;
+}
+
+static ferry_status check_layer(const ferry_paged_cache * c, int32_t layer, const void * out, const char * what) {
+    FERRY_CHECK_ARG(c && out, "%s: NULL argument", what);
+    if (layer < 0 || layer >= c->params.n_layer) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: layer %d is not in 0..%d", what, layer, c->params.n_layer - 1);
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_paged_cache_k(const ferry_paged_cache * cache, int32_t layer, ferry_tensor ** out) {
+    FERRY_TRY(check_layer(cache, layer, out, "paged_cache_k"));
+    *out = cache->k[layer];
+    return FERRY_OK;
+}
+
+ferry_status ferry_paged_cache_v(const ferry_paged_cache * cache, int32_t layer, ferry_tensor ** out) {
+    FERRY_TRY(check_layer(cache, layer, out, "paged_cache_v"));
+    *out = cache->v[layer];
+    return FERRY_OK;
+}
+
+ferry_buffer_type * ferry_paged_cache_layer_buffer_type(const ferry_paged_cache * cache, int32_t layer) {
+    return cache && layer >= 0 && layer < cache->params.n_layer ? cache->layer_buft[layer] : NULL;
+}
+
+ferry_buffer * ferry_paged_cache_layer_buffer(const ferry_paged_cache * cache, int32_t layer) {
+    return cache && layer >= 0 && layer < cache->params.n_layer ? cache->layer_buf[layer] : NULL;
+}
+
+/* ---------------------------------------------------------------- block tables */
+
+static ferry_status check_seq(const ferry_paged_cache * c, int64_t seq, const char * what) {
+    FERRY_CHECK_ARG(c, "%s: NULL cache", what);
+    if (seq < 0 || seq >= c->params.n_seq) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: sequence %lld is not in 0..%lld", what, (long long) seq,
+                          (long long) c->params.n_seq - 1);
+    }
+    return FERRY_OK;
+}
+
+/* Room for n blocks in seq's table; on failure it is as it was. */
+static ferry_status reserve(ferry_paged_cache * c, int64_t seq, int64_t n, const char * what) {
+    if (n <= c->capacity[seq]) {
+        return FERRY_OK;
+    }
+    size_t cap = (size_t) c->capacity[seq];
+    int32_t * grown = ferry_grow(c->tables.blocks[seq], &cap, (size_t) n, sizeof(int32_t));
+    if (!grown) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: out of memory for sequence %lld's table of %lld blocks",
+                          what, (long long) seq, (long long) n);
+    }
+    c->tables.blocks[seq] = grown;
+    c->capacity[seq] = (int64_t) cap;
+    return FERRY_OK;
+}
+
+/* A block onto the free list, on top / off it, from wherever it is: the rest keep their order, so
+ * that the blocks taken next are still the lowest (or the last let go). */
+static void release(ferry_paged_cache * c, int32_t b) {
+    if (--c->refs[b] == 0) {
+        c->free_at[b] = c->n_free;
+        c->free_ids[c->n_free++] = b;
+    }
+}
+
+static void hold(ferry_paged_cache * c, int32_t b) {
+    if (c->refs[b]++ == 0) {
+        const int64_t at = c->free_at[b];
+        memmove(c->free_ids + at, c->free_ids + at + 1, (size_t) (c->n_free - 1 - at) * sizeof(*c->free_ids));
+        c->n_free--;
+        for (int64_t i = at; i < c->n_free; i++) {
+            c->free_at[c->free_ids[i]] = i;
+        }
+        c->free_at[b] = -1;
+    }
+}
+
+/* seq grows to n_cells, its new blocks from the top of the free list. */
+static ferry_status grow_to(ferry_paged_cache * c, int64_t seq, int64_t n_cells, const char * what) {
+    const int64_t bs = c->params.block_size, have = c->tables.n_blocks[seq];
+    const int64_t need = (n_cells + bs - 1) / bs - have;
+    if (need > c->n_free) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: sequence %lld needs %lld more blocks for %lld cells, and %lld "
+                          "of the pool's %lld are free", what, (long long) seq, (long long) need,
+                          (long long) n_cells, (long long) c->n_free, (long long) c->params.n_blocks);
+    }
+    FERRY_TRY(reserve(c, seq, have + need, what));
+    for (int64_t i = 0; i < need; i++) {
+        const int32_t b = c->free_ids[c->n_free - 1];
+        hold(c, b);
+        c->tables.blocks[seq][have + i] = b;
+    }
+    c->tables.n_blocks[seq] = have + need;
+    c->tables.n_cells[seq] = n_cells;
+    return FERRY_OK;
+}
+
+ferry_status ferry_paged_cache_allocate(ferry_paged_cache * cache, int64_t seq, int64_t n_cells) {
+    FERRY_TRY(check_seq(cache, seq, "paged_cache_allocate"));
+    if (cache->tables.n_blocks[seq] > 0 || cache->tables.n_cells[seq] > 0) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_allocate: sequence %lld already holds %lld cells in "
+                          "%lld blocks: append to it, or free it first", (long long) seq,
+                          (long long) cache->tables.n_cells[seq], (long long) cache->tables.n_blocks[seq]);
+    }
+    if (n_cells < 0 || n_cells > cache->pool_cells) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_allocate: %lld cells for sequence %lld are not in "
+                          "0..%lld (the pool's)", (long long) n_cells, (long long) seq, (long long) cache->pool_cells);
+    }
+    return grow_to(cache, seq, n_cells, "paged_cache_allocate");
+}
+
+ferry_status ferry_paged_cache_append(ferry_paged_cache * cache, int64_t seq, int64_t n_cells) {
+    FERRY_TRY(check_seq(cache, seq, "paged_cache_append"));
+    const int64_t have = cache->tables.n_cells[seq];
+    if (n_cells < 0 || n_cells > cache->pool_cells - have) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_append: %lld more cells for sequence %lld, which holds "
+                          "%lld, are not in 0..%lld (the pool's)", (long long) n_cells, (long long) seq,
+                          (long long) have, (long long) (cache->pool_cells - have));
+    }
+    return grow_to(cache, seq, have + n_cells, "paged_cache_append");
+}
+
+ferry_status ferry_paged_cache_free_seq(ferry_paged_cache * cache, int64_t seq) {
+    FERRY_TRY(check_seq(cache, seq, "paged_cache_free_seq"));
+    /* last block first, so that the next blocks taken are this table's in its order */
+    for (int64_t i = cache->tables.n_blocks[seq] - 1; i >= 0; i--) {
+        release(cache, cache->tables.blocks[seq][i]);
+    }
+    cache->tables.n_blocks[seq] = 0;
+    cache->tables.n_cells[seq] = 0;
+    return FERRY_OK;
+}
+
+/* Another sequence than seq whose table holds block b (for a message); -1 if none. */
+static int64_t holder_of(const ferry_paged_cache * c, int32_t b, int64_t seq) {
+    for (int64_t s = 0; s < c->params.n_seq; s++) {
+        for (int64_t i = 0; s != seq && i < c->tables.n_blocks[s]; i++) {
+            if (c->tables.blocks[s][i] == b) {
+                return s;
+            }
+        }
+    }
+    return -1;
+}
+
+/* The caller's table checked against the cache: ids in range, none twice, none held elsewhere. */
+static ferry_status check_table(ferry_paged_cache * c, int64_t seq, const int32_t * blocks, int64_t n) {
+    const char * what = "paged_cache_set_table";
+    const uint64_t old = ++c->stamp, now = ++c->stamp;
+    for (int64_t i = 0; i < c->tables.n_blocks[seq]; i++) {
+        c->mark[c->tables.blocks[seq][i]] = old;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t b = blocks[i];
+        if (b < 0 || b >= c->params.n_blocks) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: sequence %lld's block %lld is id %d, not in 0..%lld (the "
+                              "pool's blocks)", what, (long long) seq, (long long) i, (int) b,
+                              (long long) c->params.n_blocks - 1);
+        }
+        if (c->mark[b] == now) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: sequence %lld's block %lld is id %d, which its table "
+                              "already holds: a block holds one run of cells", what, (long long) seq, (long long) i,
+                              (int) b);
+        }
+        const int32_t others = c->refs[b] - (c->mark[b] == old ? 1 : 0);
+        if (others > 0 && !c->params.share_blocks) {
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: sequence %lld's block %lld is id %d, which sequence %lld's "
+                              "table holds; blocks are shared only in a cache made with share_blocks", what,
+                              (long long) seq, (long long) i, (int) b, (long long) holder_of(c, b, seq));
+        }
+        c->mark[b] = now;
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_paged_cache_set_table(ferry_paged_cache * cache, int64_t seq, const int32_t * blocks,
+                                         int64_t n_blocks, int64_t n_cells) {
+    FERRY_TRY(check_seq(cache, seq, "paged_cache_set_table"));
+    FERRY_CHECK_ARG(blocks || n_blocks == 0, "paged_cache_set_table: NULL blocks for sequence %lld", (long long) seq);
+    if (n_blocks < 0 || n_blocks > cache->params.n_blocks) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_set_table: sequence %lld's table of %lld blocks is not "
+                          "in 0..%lld (the pool's)", (long long) seq, (long long) n_blocks,
+                          (long long) cache->params.n_blocks);
+    }
+    if (n_cells < 0 || n_cells > n_blocks * cache->params.block_size) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_set_table: sequence %lld's %lld cells are not in 0..%lld "
+                          "(its %lld blocks of %lld)", (long long) seq, (long long) n_cells,
+                          (long long) (n_blocks * cache->params.block_size), (long long) n_blocks,
+                          (long long) cache->params.block_size);
+    }
+    FERRY_TRY(check_table(cache, seq, blocks, n_blocks));
+    FERRY_TRY(reserve(cache, seq, n_blocks, "paged_cache_set_table"));
+    /* the new blocks held before the old are let go: a block in both stays off the free list */
+    for (int64_t i = 0; i < n_blocks; i++) {
+        hold(cache, blocks[i]);
+    }
+    for (int64_t i = cache->tables.n_blocks[seq] - 1; i >= 0; i--) {
+        release(cache, cache->tables.blocks[seq][i]);
+    }
+    if (n_blocks > 0) {
+        memcpy(cache->tables.blocks[seq], blocks, (size_t) n_blocks * sizeof(*blocks));
+    }
+    cache->tables.n_blocks[seq] = n_blocks;
+    cache->tables.n_cells[seq] = n_cells;
+    return FERRY_OK;
+}
+
+ferry_status ferry_paged_cache_table(const ferry_paged_cache * cache, int64_t seq, int32_t * blocks,
+                                     int64_t max_blocks, int64_t * n_blocks, int64_t * n_cells) {
+    FERRY_TRY(check_seq(cache, seq, "paged_cache_table"));
+    FERRY_CHECK_ARG(n_blocks && n_cells, "paged_cache_table: NULL output");
+    const int64_t n = cache->tables.n_blocks[seq];
+    *n_blocks = n;
+    *n_cells = cache->tables.n_cells[seq];
+    if (blocks && n > max_blocks) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache_table: sequence %lld's table holds %lld blocks, room "
+                          "for %lld", (long long) seq, (long long) n, (long long) max_blocks);
+    }
+    if (blocks && n > 0) {
+        memcpy(blocks, cache->tables.blocks[seq], (size_t) n * sizeof(*blocks));
+    }
+    return FERRY_OK;
+}
+
+int64_t ferry_paged_cache_free_blocks(const ferry_paged_cache * cache) { return cache ? cache->n_free : -1; }
+
+ferry_status ferry_paged_cache_cell_offset(const ferry_paged_cache * cache, bool v, int64_t seq, int64_t cell,
+                                           size_t * out) {
+    FERRY_TRY(check_seq(cache, seq, "paged_cache_cell_offset"));
+    FERRY_CHECK_ARG(out, "paged_cache_cell_offset: NULL output");
+    if (cell < 0 || cell >= cache->tables.n_cells[seq]) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache_cell_offset: cell %lld of sequence %lld is not in "
+                          "0..%lld (the cells its table holds)", (long long) cell, (long long) seq,
+                          (long long) cache->tables.n_cells[seq] - 1);
+    }
+    const ferry_paged_source * src = &cache->sources[v ? 1 : 0];
+    const int64_t bs = cache->params.block_size;
+    const int64_t pool_cell = (int64_t) cache->tables.blocks[seq][cell / bs] * bs + cell % bs;
+    *out = (size_t) pool_cell * src->cell_bytes;
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------- windows */
+
+ferry_status ferry_paged_cache_set_gather(ferry_paged_cache * cache, ferry_gather_method method) {
+    FERRY_CHECK_ARG(cache, "paged_cache_set_gather: NULL cache");
+    if ((int) method < 0 || method >= FERRY_GATHER_COUNT) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_set_gather: unknown gather method %d", (int) method);
+    }
+    cache->tables.gather = method;
+    return FERRY_OK;
+}
+
+ferry_gather_method ferry_paged_cache_get_gather(const ferry_paged_cache * cache) {
+    return cache ? cache->tables.gather : FERRY_GATHER_AUTO;
+}
+
+/* A layer's K (v false) or V window: the dense layout of a cell-per-stream window's compact copy. */
+static ferry_status window(const ferry_paged_cache * c, ferry_context * ctx, bool v, int32_t layer, int64_t n_kv,
+                           int64_t s0, int64_t s1, ferry_tensor ** out) {
+    const ferry_paged_params * p = &c->params;
+    const ferry_paged_source * src = &c->sources[2 * layer + (v ? 1 : 0)];
+    const ferry_type type = v ? p->type_v : p->type_k;
+    const size_t elem = ferry_type_size(type), cells = (size_t) n_kv;
+    int64_t ne[FERRY_MAX_DIMS];
+    size_t nb[FERRY_MAX_DIMS];
+    ne[2] = p->n_head_kv;
+    ne[3] = s1 - s0 + 1;
+    nb[0] = elem;
+    if (src->v_trans) { /* per stream, a row of n_kv cells per channel */
+        ne[0] = n_kv;
+        ne[1] = p->head_dim;
+        nb[1] = elem * cells;
+        nb[2] = nb[1] * (size_t) p->head_dim;
+    } else {            /* per stream, n_kv cells of every head */
+        ne[0] = p->head_dim;
+        ne[1] = n_kv;
+        nb[1] = src->cell_bytes;
+        ferry_row_size(type, p->head_dim, &nb[2]);
+    }
+    nb[3] = src->cell_bytes * cells * (size_t) (src->v_trans ? src->n_embd : 1);
+    FERRY_TRY(ferry_tensor_paged_window(ctx, v ? c->v[layer] : c->k[layer], ne, nb, src, s0, out));
+    char name[FERRY_MAX_NAME];
+    snprintf(name, sizeof(name), "paged_window_%s_l%d", v ? "v" : "k", layer);
+    return ferry_tensor_set_name(*out, name);
+}
+
+ferry_status ferry_paged_cache_window(const ferry_paged_cache * cache, ferry_context * ctx, int32_t layer,
+                                      int64_t n_kv, int64_t s0, int64_t s1, ferry_tensor ** k_out,
+                                      ferry_tensor ** v_out) {
+    FERRY_TRY(check_layer(cache, layer, ctx, "paged_cache_window"));
+    if (n_kv <= 0 || n_kv > cache->pool_cells) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache_window: n_kv %lld is not in 1..%lld (a pool's cells)",
+                          (long long) n_kv, (long long) cache->pool_cells);
+    }
+    if (s0 < 0 || s1 < s0 || s1 >= cache->params.n_seq) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache_window: sequences %lld..%lld are not within 0..%lld",
+                          (long long) s0, (long long) s1, (long long) cache->params.n_seq - 1);
+    }
+    if (k_out) {
+        FERRY_TRY(window(cache, ctx, false, layer, n_kv, s0, s1, k_out));
+    }
+    if (v_out) {
+        FERRY_TRY(window(cache, ctx, true, layer, n_kv, s0, s1, v_out));
+    }
+    return FERRY_OK;
+}

@@ -1,0 +1,677 @@
+"""A paged KV cache, as serving systems keep theirs (vLLM, SGLang, LMCache), and its windows.
+
+Per layer a K and a V pool of n_blocks blocks of block_size cells, laid out as vLLM lays them
+out: [num_blocks, block_size, n_kv_heads, head_dim] in C order (ferry's [n_embd_gqa, n_blocks *
+block_size]); a transposed V (v_trans) is [n_embd_gqa, n_blocks * block_size] in C order, a row
+per channel holding every pool cell. Each of n_seq sequences has a block table: the ids of its
+blocks in the order of its cells, and how many cells it holds. allocate, append and free keep
+tables from the cache's free list (lowest ids first: a fresh cache's sequences get adjacent
+blocks); set_table takes the caller's own.
+
+A window over sequences s0..s1 (one stream each) has the dense layout attention reads, and no
+bytes of its own: the scheduler (or ferry.copy_path.copy_input) gathers each sequence's used
+cells from its blocks into a dense copy on the split's backend, the CPU's too, under any copy
+policy, so that attention runs unchanged and the bytes copied are the cells read. How it is
+gathered is the cache's gather (a GatherMethod: auto by default); ferry.plan.plan_paged says
+what a gather does and costs. The cache's tensors and windows keep it alive; close() frees it
+at once.
+"""
+
+from __future__ import annotations
+
+import builtins
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, overload
+
+from . import _checks
+from ._binding import ffi, lib
+from ._handle import Closeable, Handle
+from .backend import Backend
+from .buffer import BorrowedBuffer, BufferType, cpu_buffer_type
+from .errors import FerryError, InvalidArgumentError, LayoutError, OutOfBoundsError, check
+from .kv import ATTENTION_TYPES, _placement_bufts, _type_arg, _which
+from .ops import mark_v_window
+from .policy import GatherLike, GatherMethod, to_gather_method
+from .tensor import Tensor
+from .types import Type, TypeLike, row_size
+
+
+@dataclass(frozen=True)
+class PagedParams:
+    """The layout of a paged KV cache (ferry_paged_params), as C keeps it: PagedKVCache.params.
+
+    Attributes
+    ----------
+    type_k, type_v : Type
+        The element types of K and V.
+    head_dim : int
+        Values per head.
+    n_head_kv : int
+        KV heads per cell.
+    block_size : int
+        Cells per block.
+    n_blocks : int
+        Blocks in each layer's K and V pools.
+    n_seq : int
+        Sequences, a block table each.
+    n_layer : int
+        Layers, each with its K and V pools.
+    v_trans : bool
+        Whether V is stored transposed: a row per channel of every pool cell.
+    share_blocks : bool
+        Whether two tables may hold one block (a common prefix).
+    """
+
+    type_k: Type
+    type_v: Type
+    head_dim: int
+    n_head_kv: int
+    block_size: int
+    n_blocks: int
+    n_seq: int
+    n_layer: int
+    v_trans: bool
+    share_blocks: bool
+
+    @property
+    def n_embd_gqa(self) -> int:
+        """Values per cell: head_dim * n_head_kv."""
+        return self.head_dim * self.n_head_kv
+
+    @property
+    def pool_cells(self) -> int:
+        """Cells in a pool: n_blocks * block_size."""
+        return self.n_blocks * self.block_size
+
+
+def _params_of(type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, block_size: int, n_blocks: int,
+               n_seq: int, n_layer: int, v_trans: bool, share_blocks: bool) -> Any:
+    """A ferry_paged_params of the values, each checked to reach C."""
+    p = ffi.new("ferry_paged_params *")
+    p.type_k = _type_arg(type_k, "PagedKVCache: type_k").value
+    p.type_v = _type_arg(type_v, "PagedKVCache: type_v").value
+    p.head_dim = _checks.as_int64(head_dim, "PagedKVCache: head_dim")
+    p.n_head_kv = _checks.as_int64(n_head_kv, "PagedKVCache: n_head_kv")
+    p.block_size = _checks.as_int64(block_size, "PagedKVCache: block_size")
+    p.n_blocks = _checks.as_int64(n_blocks, "PagedKVCache: n_blocks")
+    p.n_seq = _checks.as_int64(n_seq, "PagedKVCache: n_seq")
+    p.n_layer = _checks.as_c_int(n_layer, "PagedKVCache: n_layer")
+    p.v_trans = _checks.as_bool(v_trans, "PagedKVCache: v_trans")
+    p.share_blocks = _checks.as_bool(share_blocks, "PagedKVCache: share_blocks")
+    return p
+
+
+class PagedKVCache(Closeable):
+    """Per layer a K and a V pool of blocks, a block table per sequence, and their windows.
+
+    The memory is the backend's default buffer type, or buffer_type, or with pinned=True CUDA's
+    pinned host memory (the gather kernel reads it); the CPU's host memory when none is given. A
+    new cache reads zeros, every table empty, every block free.
+
+    Parameters
+    ----------
+    type_k, type_v : Type, str or int
+        The K and V types (q8_0 rows whole; a transposed V of an unblocked type).
+    head_dim : int
+        Values per head.
+    n_head_kv : int
+        KV heads; a cell holds head_dim * n_head_kv values of K and of V.
+    block_size : int
+        Cells per block.
+    n_blocks : int
+        Blocks in each layer's pools.
+    n_seq : int
+        Sequences: one block table each.
+    n_layer : int, optional
+        Layers.
+    v_trans : bool, optional
+        V stored transposed, a row per channel holding every pool cell.
+    share_blocks : bool, optional
+        Let two tables hold one block (refused otherwise, naming both sequences).
+    backend, buffer_type, pinned, placement : optional
+        Where the pools live, as KVCache takes them (at most one of the first three; placement:
+        per layer None or a Backend whose memory holds that layer).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For values that cannot reach C or C refuses (naming them), more than one of backend,
+        buffer_type and pinned, a placement of another length than n_layer.
+    LayoutError
+        For rows that are not whole blocks of the type, or a transposed V of a blocked type.
+    OutOfMemoryError
+        When the pools cannot be allocated.
+    """
+
+    _memory_stays = True
+
+    def __init__(self, type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, block_size: int,
+                 n_blocks: int, n_seq: int, n_layer: int = 1, v_trans: bool = False, share_blocks: bool = False,
+                 backend: Optional[Backend] = None, buffer_type: Optional[BufferType] = None, pinned: bool = False,
+                 placement: Optional[Sequence[Optional[Backend]]] = None) -> None:
+        pinned = _checks.as_bool(pinned, "PagedKVCache: pinned")
+        if sum(x is not None and x is not False for x in (backend, buffer_type, pinned)) > 1:
+            raise InvalidArgumentError("PagedKVCache: give at most one of backend, buffer_type and pinned")
+        if backend is not None:
+            buft = _checks.instance(backend, Backend, "PagedKVCache: backend").buffer_type
+        elif buffer_type is not None:
+            buft = _checks.instance(buffer_type, BufferType, "PagedKVCache: buffer_type")
+        elif pinned:
+            from .cuda import cuda_host_buffer_type
+
+            buft = cuda_host_buffer_type()
+        else:
+            buft = cpu_buffer_type()
+        p = _params_of(type_k, type_v, head_dim, n_head_kv, block_size, n_blocks, n_seq, n_layer, v_trans,
+                       share_blocks)
+        try:
+            layer_bufts = _placement_bufts(placement, int(p.n_layer))
+        except InvalidArgumentError as e:
+            raise InvalidArgumentError(e.message.replace("KVCache:", "PagedKVCache:", 1)) from None
+        out = ffi.new("ferry_paged_cache **")
+        c_bufts = ffi.NULL if layer_bufts is None else ffi.new(
+            "ferry_buffer_type *[]", [ffi.NULL if b is None else b._ptr for b in layer_bufts])
+        check(lib.ferry_paged_cache_new(p, buft._ptr, c_bufts, out))
+        owners = [buft] + [b for b in (layer_bufts or []) if b is not None]
+        parents = [b._backend._handle for b in owners if b._backend is not None]
+        n = int(p.n_layer)
+        self._buffer_type = buft
+        self._setup(Handle(out[0], lib.ferry_paged_cache_free, parents),
+                    [buft if b is None else b for b in (layer_bufts or [None] * n)],
+                    tuple(None if b is None else b._backend for b in (layer_bufts or [None] * n)), {})
+
+    def _setup(self, handle: Handle, layer_bufts: List[BufferType],
+               placement: Tuple[Union[Backend, BufferType, None], ...], foreign: "dict[Tuple[str, int], Any]") -> None:
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, self._handle.release)
+        self._layer_bufts = layer_bufts
+        self._placement = placement
+        self._foreign = foreign  # (which, layer) -> the ForeignBuffer of a caller's array (from_arrays)
+        c = ffi.new("ferry_paged_params *")
+        check(lib.ferry_paged_cache_params(self._handle.ptr, c))
+        self._params = PagedParams(Type(c.type_k), Type(c.type_v), int(c.head_dim), int(c.n_head_kv),
+                                   int(c.block_size), int(c.n_blocks), int(c.n_seq), int(c.n_layer), bool(c.v_trans),
+                                   bool(c.share_blocks))
+        # the wrappers keep the cache alive, so the cache holds them weakly (as KVCache does)
+        self._wrappers: "weakref.WeakValueDictionary[Tuple[str, int], Any]" = weakref.WeakValueDictionary()
+
+    @classmethod
+    def from_arrays(cls, k_layers: Sequence[Any], v_layers: Sequence[Any], n_seq: int, v_trans: bool = False,
+                    type_k: Optional[TypeLike] = None, type_v: Optional[TypeLike] = None,
+                    n_head_kv: Optional[int] = None, share_blocks: bool = False) -> "PagedKVCache":
+        """A paged cache over pools the caller owns, one K and one V per layer, without a copy.
+
+        Each array is what ferry.from_array takes (numpy, PyTorch or CuPy; host or CUDA device),
+        dense, in vLLM's layout: [num_blocks, block_size, n_kv_heads, head_dim]; or [num_blocks,
+        block_size, n_embd_gqa] with n_head_kv given (q8_0 as uint8 bytes, [..., row bytes], with
+        type_k / type_v); a transposed V (v_trans) [n_embd_gqa, num_blocks * block_size], its blocks
+        of K's size. Every
+        layer's K is of one type and every layer's V of one, a type attention reads (f32, f16,
+        q8_0). A layer lives where its arrays are. The tables start empty: the caller's come by
+        set_table. Writes through either side are seen by the other; the cache holds the arrays.
+
+        Parameters
+        ----------
+        k_layers, v_layers : sequence of array
+            Per layer, its K and V pools.
+        n_seq : int
+            Sequences: one block table each.
+        v_trans : bool, optional
+            V is transposed.
+        type_k, type_v : Type, str or int, optional
+            The types the arrays hold (default: their dtype's).
+        n_head_kv : int, optional
+            KV heads, for arrays of 3 dimensions (default 1); a 4-D array says it itself.
+        share_blocks : bool, optional
+            Let two tables hold one block.
+
+        Returns
+        -------
+        PagedKVCache
+
+        Raises
+        ------
+        InvalidArgumentError
+            For lists of different lengths or empty, an array of another shape, memory or type than
+            its layer's (or the first layer's), of a type attention cannot read, or one from_array
+            refuses; each naming the array (k_layers[i], v_layers[i]).
+        LayoutError
+            For arrays that are not dense (naming the stride that is not) or of another number of
+            dimensions.
+        """
+        from .interop import ForeignBuffer, from_array
+
+        what = "PagedKVCache.from_arrays"
+        for arg, layers in (("k_layers", k_layers), ("v_layers", v_layers)):
+            if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+                raise InvalidArgumentError(f"{what}: {arg} is a sequence of arrays, one per layer, not "
+                                           f"{type(layers).__name__}")
+        if len(k_layers) != len(v_layers) or not k_layers:
+            raise InvalidArgumentError(f"{what}: {len(k_layers)} K layers and {len(v_layers)} V layers; "
+                                       "give one K and one V pool per layer")
+        vt = _checks.as_bool(v_trans, f"{what}: v_trans")
+        heads = None if n_head_kv is None else _checks.as_int64(n_head_kv, f"{what}: n_head_kv")
+        if heads is not None and heads <= 0:
+            raise InvalidArgumentError(f"{what}: n_head_kv must be positive, got {heads}")
+        ks = [_pool_array(a, "k", i, type_k, heads, False, from_array) for i, a in enumerate(k_layers)]
+        vs = [_pool_array(a, "v", i, type_v, heads, vt, from_array) for i, a in enumerate(v_layers)]
+        for arg, pools in (("k_layers", ks), ("v_layers", vs)):
+            for i, (t, _) in enumerate(pools):
+                if t.type != pools[0][0].type:
+                    raise InvalidArgumentError(f"{what}: {arg}[{i}] is {t.type}, {arg}[0] {pools[0][0].type}: every "
+                                               f"layer of a cache has one {arg[0].upper()} type")
+        k0, (n_embd, bs, nblk, k_heads) = ks[0][0], ks[0][1]
+        for i, (_, (e, b, m, h)) in enumerate(ks):
+            if (e, b, m, h) != (n_embd, bs, nblk, k_heads):
+                raise InvalidArgumentError(f"{what}: k_layers[{i}] holds {m} blocks of {b} cells of {e} values in "
+                                           f"{h} heads, k_layers[0] {nblk} of {bs} of {n_embd} in {k_heads}: every "
+                                           "layer's pools have one shape")
+        for i, (_, (e, b, m, h)) in enumerate(vs):
+            want = (n_embd, bs * nblk) if vt else (n_embd, bs, nblk, k_heads)
+            got = (e, b * m) if vt else (e, b, m, h)
+            if got != want:
+                shape = (f"[{n_embd}, {bs * nblk}]" if vt else
+                         f"[{nblk}, {bs}, {k_heads}, {n_embd // k_heads}] (or [{nblk}, {bs}, {n_embd}])")
+                raise InvalidArgumentError(f"{what}: v_layers[{i}] is not {shape} values as k_layers[{i}]'s pool"
+                                           f"{' transposed (v_trans)' if vt else ''}")
+        p = _params_of(k0.type, vs[0][0].type, n_embd // k_heads, k_heads, bs, nblk, n_seq, len(ks), vt,
+                       share_blocks)
+        kbufs = [_buffer_of(t) for t, _ in ks]
+        vbufs = [_buffer_of(t) for t, _ in vs]
+        for i, (kb, vb) in enumerate(zip(kbufs, vbufs)):
+            if kb.type != vb.type:
+                raise InvalidArgumentError(f"{what}: k_layers[{i}] and v_layers[{i}] are in memories of two kinds "
+                                           f"({kb.type.name}, {vb.type.name}); a layer lives in one memory")
+        out = ffi.new("ferry_paged_cache **")
+        check(lib.ferry_paged_cache_new_over(
+            p, ffi.new("ferry_buffer *[]", [b._p for b in kbufs]), ffi.new("size_t[]", [t.offset for t, _ in ks]),
+            ffi.new("ferry_buffer *[]", [b._p for b in vbufs]), ffi.new("size_t[]", [t.offset for t, _ in vs]), out))
+        self = cls.__new__(cls)
+        bufs: List[ForeignBuffer] = [b for b in kbufs + vbufs if isinstance(b, ForeignBuffer)]
+        self._buffer_type = kbufs[0].type
+        foreign = {**{("k", i): b for i, b in enumerate(kbufs)}, **{("v", i): b for i, b in enumerate(vbufs)}}
+        self._setup(Handle(out[0], lib.ferry_paged_cache_free, [b._handle for b in bufs]), [b.type for b in kbufs],
+                    tuple(None if b.type.is_host else b.type._backend or b.type for b in kbufs), foreign)
+        return self
+
+    # ------------------------------------------------------------ layout and memory
+
+    @property
+    def params(self) -> PagedParams:
+        """The cache's layout."""
+        return self._params
+
+    @property
+    def placement(self) -> Tuple[Union[Backend, BufferType, None], ...]:
+        """Per layer, the backend whose memory holds its pools, or None for host memory (for pools
+        over device arrays, the memory's BufferType where no Backend object stands for it)."""
+        return self._placement
+
+    @property
+    def buffer_type(self) -> BufferType:
+        """The buffer type of the cache's memory."""
+        return self._buffer_type
+
+    def _layer(self, layer: int, what: str) -> int:
+        i = _checks.as_c_int(layer, f"{what}: layer")
+        if not 0 <= i < self._params.n_layer:
+            raise OutOfBoundsError(f"{what}: layer {i} is not in 0..{self._params.n_layer - 1}")
+        return i
+
+    def layer_buffer(self, layer: int) -> Any:
+        """The buffer holding a layer's pools (the caller's K buffer for a cache over arrays).
+
+        Raises
+        ------
+        OutOfBoundsError
+            For a layer the cache does not have.
+        """
+        i = self._layer(layer, "PagedKVCache.layer_buffer")
+        if ("k", i) in self._foreign:
+            return self._foreign["k", i]
+        ptr = lib.ferry_paged_cache_layer_buffer(self._p, i)
+        buf = self._wrappers.get(("buffer", i))
+        if buf is None:
+            buf = BorrowedBuffer(ptr, self._layer_bufts[i], self, self._handle)
+            for j in range(self._params.n_layer):  # one wrapper per C buffer
+                if lib.ferry_paged_cache_layer_buffer(self._p, j) == ptr:
+                    self._wrappers["buffer", j] = buf
+        return buf
+
+    def _pool(self, which: str, layer: int) -> Tensor:
+        t = self._wrappers.get((which, layer))
+        if t is None:
+            out = ffi.new("ferry_tensor **")
+            check((lib.ferry_paged_cache_k if which == "k" else lib.ferry_paged_cache_v)(self._p, layer, out))
+            buf = self._foreign.get((which, layer)) or self.layer_buffer(layer)
+            t = Tensor._borrow(out[0], self._handle, keep=self, buffer=buf)
+            self._wrappers[which, layer] = t
+        return t
+
+    def k(self, layer: int = 0) -> Tensor:
+        """A layer's K pool, [n_embd_gqa, n_blocks * block_size].
+
+        Raises
+        ------
+        OutOfBoundsError
+            For a layer the cache does not have.
+        """
+        return self._pool("k", self._layer(layer, "PagedKVCache.k"))
+
+    def v(self, layer: int = 0) -> Tensor:
+        """A layer's V pool, [n_embd_gqa, n_blocks * block_size], or transposed [n_blocks * block_size,
+        n_embd_gqa]; raises as k does."""
+        return self._pool("v", self._layer(layer, "PagedKVCache.v"))
+
+    def _after_close(self) -> None:
+        self._wrappers.clear()
+
+    # ------------------------------------------------------------ block tables
+
+    def _seq(self, seq: int, what: str) -> int:
+        return _checks.as_int64(seq, f"{what}: seq")
+
+    def allocate(self, seq: int, n_cells: int) -> None:
+        """Give an empty sequence n_cells cells, in blocks from the free list.
+
+        Parameters
+        ----------
+        seq : int
+        n_cells : int
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a sequence that holds cells already, or n_cells negative or past a pool's cells.
+        OutOfBoundsError
+            For a sequence the cache does not have.
+        OutOfMemoryError
+            When too few blocks are free, naming the sequence and what it needs; nothing changes.
+        """
+        check(lib.ferry_paged_cache_allocate(self._p, self._seq(seq, "paged_cache_allocate"),
+                                             _checks.as_int64(n_cells, "paged_cache_allocate: n_cells")))
+
+    def append(self, seq: int, n_cells: int) -> None:
+        """Grow a sequence by n_cells cells, taking blocks from the free list as its last one fills;
+        raises as allocate does (but for a sequence that holds cells), changing nothing when it does."""
+        check(lib.ferry_paged_cache_append(self._p, self._seq(seq, "paged_cache_append"),
+                                           _checks.as_int64(n_cells, "paged_cache_append: n_cells")))
+
+    def free(self, seq: int) -> None:
+        """Let a sequence's blocks go back to the free list (a shared block when no table holds it).
+
+        Raises
+        ------
+        OutOfBoundsError
+            For a sequence the cache does not have.
+        """
+        check(lib.ferry_paged_cache_free_seq(self._p, self._seq(seq, "paged_cache_free_seq")))
+
+    def set_table(self, seq: int, blocks: Sequence[int], n_cells: Optional[int] = None) -> None:
+        """Make a sequence's table the caller's: its block ids in the order of its cells.
+
+        Parameters
+        ----------
+        seq : int
+        blocks : sequence of int
+            Block ids, each in 0..n_blocks - 1, none twice.
+        n_cells : int, optional
+            The cells the sequence holds, 0..len(blocks) * block_size (default: all of them).
+
+        Raises
+        ------
+        OutOfBoundsError
+            For a sequence the cache does not have, or an id out of range (naming the sequence and
+            the block).
+        InvalidArgumentError
+            For an id twice in the table or in another sequence's table (unless share_blocks), or
+            n_cells past the table's cells, each naming the sequence and the block; blocks that are
+            not a sequence of int. Nothing changes when refused.
+        """
+        what = "paged_cache_set_table"
+        s = self._seq(seq, what)
+        if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__"):
+            raise InvalidArgumentError(f"{what}: blocks is a sequence of block ids, not {type(blocks).__name__}")
+        ids = [_checks.as_int64(b, f"{what}: blocks[{i}]") for i, b in enumerate(blocks)]
+        for i, b in enumerate(ids):
+            if not -(2**31) <= b < 2**31:
+                raise OutOfBoundsError(f"{what}: sequence {s}'s block {i} is id {b}, not in 0.."
+                                       f"{self._params.n_blocks - 1} (the pool's blocks)")
+        cells = len(ids) * self._params.block_size if n_cells is None else _checks.as_int64(n_cells,
+                                                                                          f"{what}: n_cells")
+        check(lib.ferry_paged_cache_set_table(self._p, s, ffi.new("int32_t[]", ids) if ids else ffi.NULL, len(ids),
+                                              cells))
+
+    def table(self, seq: int) -> Tuple[List[int], int]:
+        """A sequence's table: its block ids and the cells it holds.
+
+        Raises
+        ------
+        OutOfBoundsError
+            For a sequence the cache does not have.
+        """
+        what = "paged_cache_table"
+        s = self._seq(seq, what)
+        n, cells = ffi.new("int64_t *"), ffi.new("int64_t *")
+        check(lib.ferry_paged_cache_table(self._p, s, ffi.NULL, 0, n, cells))
+        ids = ffi.new("int32_t[]", max(int(n[0]), 1))
+        check(lib.ferry_paged_cache_table(self._p, s, ids, n[0], n, cells))
+        return [int(b) for b in ids[0:n[0]]], int(cells[0])
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks on the free list."""
+        return int(lib.ferry_paged_cache_free_blocks(self._p))
+
+    def cell_offset(self, which: str, seq: int, cell: int) -> int:
+        """Where a cell of a sequence lies, through its table, in each layer's K (which "k") or V pool
+        (ferry_paged_cache_cell_offset).
+
+        Returns
+        -------
+        int
+            Bytes from the pool's first byte to the cell's first value, or for a transposed V to its
+            value of channel 0 (channel c lies c * n_blocks * block_size values on).
+
+        Raises
+        ------
+        InvalidArgumentError, OutOfBoundsError
+            For which not "k" or "v", a sequence the cache does not have, or a cell past those its
+            table holds.
+        """
+        v = _which(which, "paged_cache_cell_offset")
+        out = ffi.new("size_t *")
+        check(lib.ferry_paged_cache_cell_offset(self._p, v, self._seq(seq, "paged_cache_cell_offset"),
+                                                _checks.as_int64(cell, "paged_cache_cell_offset: cell"), out))
+        return int(out[0])
+
+    # ------------------------------------------------------------ windows
+
+    @property
+    def gather(self) -> GatherMethod:
+        """How the cache's windows are gathered: AUTO (the cheapest the split's backend offers, by its
+        cost model), or the method forced (a copy into a backend that does not offer it is refused).
+        Set with a GatherMethod or its name; InvalidArgumentError for anything else."""
+        return GatherMethod(lib.ferry_paged_cache_get_gather(self._p))
+
+    @gather.setter
+    def gather(self, method: GatherLike) -> None:
+        check(lib.ferry_paged_cache_set_gather(self._p, to_gather_method(method, "PagedKVCache.gather").value))
+
+    def window(self, layer: int, n_kv: int, s0: int = 0, s1: Optional[int] = None,
+               lengths: Optional[Tensor] = None, limit: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+        """The K and V windows of sequences s0..s1, a stream each: what attention reads, gathered when
+        copied.
+
+        Parameters
+        ----------
+        layer : int
+        n_kv : int
+            Cells a stream, 1..a pool's cells.
+        s0 : int, optional
+            The first sequence.
+        s1 : int, optional
+            The last (default: the cache's last).
+        lengths : Tensor, optional
+            The kv_len attention reads (i32 [ns], in host memory): stream s gathers its sequence's
+            first min(lengths[s], n_kv) cells. Without it, the cells its table holds.
+        limit : int, optional
+            Lengths above it are refused when gathered (default n_kv).
+
+        Returns
+        -------
+        (Tensor, Tensor)
+            K [head_dim, n_kv, n_head_kv, ns]; V likewise, or transposed [n_kv, head_dim, n_head_kv,
+            ns]: the dense layout of a KVCache window's compact copy. Refused for any read in place
+            (to_numpy, a view, an export, a kernel): copy them, or let a Scheduler do it.
+
+        Raises
+        ------
+        InvalidArgumentError, OutOfBoundsError
+            For a layer, n_kv or sequences the cache does not have, lengths that are not a Tensor or
+            a limit below n_kv.
+        LayoutError
+            For lengths that are not i32 [ns].
+        """
+        what = "paged_cache_window"
+        if lengths is not None:
+            _checks.instance(lengths, Tensor, f"{what}: lengths")
+        li = _checks.as_c_int(layer, f"{what}: layer")
+        nk = _checks.as_int64(n_kv, f"{what}: n_kv")
+        a = _checks.as_int64(s0, f"{what}: s0")
+        b = self._params.n_seq - 1 if s1 is None else _checks.as_int64(s1, f"{what}: s1")
+        cache = self._p
+        k_pool, v_pool = self._pool("k", self._layer(li, what)), self._pool("v", li)
+        v_out = ffi.new("ferry_tensor **")
+        k = Tensor(lambda ctx, out: lib.ferry_paged_cache_window(cache, ctx, li, nk, a, b, out, v_out), source=k_pool)
+        v = Tensor._borrow(v_out[0], k._handle, keep=k, source=v_pool)
+        mark_v_window(v, self._params.v_trans)
+        if lengths is not None and lengths.ne[0] != k.ne[3]:
+            raise LayoutError(f"{what}: lengths '{lengths.name}' holds {lengths.ne[0]} values, but s0..s1 ({a}..{b}) "
+                              f"are {k.ne[3]} sequences: give one length per sequence")
+        if lengths is not None:
+            k.set_used_cells(lengths, 1, 3, limit)
+            v.set_used_cells(lengths, 0 if self._params.v_trans else 1, 3, limit)
+        return k, v
+
+    def windows(self, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> "PagedWindows":
+        """Every layer's K and V windows of a step, as ferry.attention_step reads them in one C call
+        (ferry_paged_attention_step_on), each window carrying the step's kv_len.
+
+        Parameters
+        ----------
+        n_kv, s0, s1 : int
+            As window() takes them.
+
+        Returns
+        -------
+        PagedWindows
+
+        Raises
+        ------
+        InvalidArgumentError
+            For values that cannot reach C.
+        """
+        return PagedWindows(self, n_kv, s0, s1)
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<PagedKVCache closed>"
+        p = self._params
+        return (f"<PagedKVCache K {p.type_k} V {p.type_v}{' (transposed)' if p.v_trans else ''} head_dim={p.head_dim} "
+                f"n_head_kv={p.n_head_kv} {p.n_blocks} blocks of {p.block_size} cells, {p.n_seq} sequences, "
+                f"{p.n_layer} layers, {self.free_blocks} blocks free in {self._buffer_type.name}>")
+
+
+class PagedWindows(Sequence[Tuple[Tensor, Tensor]]):
+    """Every layer's K and V windows over sequences s0..s1 (PagedKVCache.windows): indexing makes a
+    layer's pair with PagedKVCache.window; ferry.attention_step makes them all in one C call.
+
+    Parameters
+    ----------
+    cache : PagedKVCache
+    n_kv : int
+    s0 : int, optional
+    s1 : int, optional
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a cache that is not a PagedKVCache, or values that cannot reach C.
+    """
+
+    def __init__(self, cache: PagedKVCache, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> None:
+        self.cache = _checks.instance(cache, PagedKVCache, "paged windows: cache")
+        self.n_kv = _checks.as_int64(n_kv, "paged_cache_window: n_kv")
+        self.s0 = _checks.as_int64(s0, "paged_cache_window: s0")
+        self.s1 = cache.params.n_seq - 1 if s1 is None else _checks.as_int64(s1, "paged_cache_window: s1")
+
+    def __len__(self) -> int:
+        return self.cache.params.n_layer
+
+    @overload
+    def __getitem__(self, i: int) -> Tuple[Tensor, Tensor]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> List[Tuple[Tensor, Tensor]]: ...
+
+    def __getitem__(self, i: Union[int, slice]) -> Union[Tuple[Tensor, Tensor], List[Tuple[Tensor, Tensor]]]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        layer = _checks.as_c_int(i, "paged windows: layer")
+        n = len(self)
+        if not -n <= layer < n:
+            raise IndexError(f"paged windows: layer {layer} is not in 0..{n - 1}")
+        return self.cache.window(layer % n, self.n_kv, self.s0, self.s1)
+
+    def __repr__(self) -> str:
+        return f"<PagedWindows n_kv={self.n_kv} sequences {self.s0}..{self.s1} of {self.cache!r}>"
+
+
+def _pool_array(a: Any, which: str, layer: int, type: Optional[TypeLike], heads: Optional[int], trans: bool,
+                from_array: Callable[..., Tensor]) -> Tuple[Tensor, Tuple[int, int, int, int]]:
+    """The tensor from_array makes of a layer's K (which "k") or V pool, checked dense and of a type
+    attention reads, and its shape: (n_embd_gqa, block_size, n_blocks, n_head_kv); a transposed V's
+    (n_embd_gqa, pool cells, 1, 1). Each FerryError names the array ("k_layers[1]")."""
+    what = f"PagedKVCache.from_arrays: {which}_layers[{layer}]"
+    shape = getattr(a, "shape", None)
+    want = (2,) if trans else (3, 4)
+    if shape is not None and len(shape) not in want:
+        raise LayoutError(f"{what} has {len(shape)} dimensions (shape {tuple(shape)}); a pool is " +
+                          ("[n_embd_gqa, num_blocks * block_size] (v_trans)" if trans else
+                           "[num_blocks, block_size, n_kv_heads, head_dim] or [num_blocks, block_size, n_embd_gqa]"))
+    try:
+        t = from_array(a, type=type, name=f"paged_{which}_l{layer}")
+    except FerryError as e:
+        given = "" if type is None else f" (type_{which}={type!r})"
+        raise builtins.type(e)(f"{what}{given}: {e.message}") from None
+    if t.type not in ATTENTION_TYPES:
+        raise InvalidArgumentError(f"{what} is {t.type}: attention reads {', '.join(map(str, ATTENTION_TYPES))} "
+                                   f"(q8_0 as uint8 bytes with type_{which}='q8_0')")
+    ne, nb = list(t.ne), list(t.nb)
+    four = shape is not None and len(shape) == 4
+    if four and heads is not None and heads != ne[1]:
+        raise InvalidArgumentError(f"{what} holds {ne[1]} heads (axis 2), not n_head_kv={heads}")
+    dims = 4 if four else (2 if trans else 3)
+    n_embd = ne[0] * ne[1] if four else (ne[1] if trans else ne[0])
+    h = ne[1] if four else (heads or 1)
+    row = row_size(t.type, ne[0])
+    expect = row
+    for axis in range(1, dims):  # each axis one dense step from the last
+        if ne[axis] > 1 and nb[axis] != expect:
+            raise LayoutError(f"{what}: its axis {dims - 1 - axis} steps {nb[axis]} bytes, a dense array {expect}: "
+                              "pass a contiguous array (np.ascontiguousarray)")
+        expect *= ne[axis]
+    if n_embd % h:
+        raise InvalidArgumentError(f"{what}: its {n_embd} values a cell are not n_head_kv={h} heads")
+    if trans:
+        return t, (ne[1], ne[0], 1, h)
+    return t, (n_embd, ne[2] if four else ne[1], ne[3] if four else ne[2], h)
+
+
+def _buffer_of(t: Tensor) -> Any:
+    """The buffer from_array placed t in."""
+    if t._buffer is None:
+        raise InvalidArgumentError("PagedKVCache.from_arrays: an array gave a tensor in no buffer")
+    return t._buffer

@@ -1,0 +1,180 @@
+/*
+ * A paged window's gather on CUDA: a copy per block, per run, batched copies
+ * (cudaMemcpyBatchAsync) and the gather kernel reading pinned memory, each checked under the
+ * sentinel from random tables (fixed seeds, 0 to 100% of blocks adjacent); the kernel refused
+ * for a pool the device does not map; attention on CUDA byte for byte the cell-per-stream
+ * cache's. Each test exits 77 (SKIP) without a device (against tests/fake-cudart, always one).
+ */
+#include "paged-fixture.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static void need_device(void) {
+    if (!ferry_cuda_available()) {
+        printf("SKIP: no CUDA device\n");
+        fflush(stdout);
+        exit(77);
+    }
+}
+
+static const double adjacencies[] = {0.0, 0.5, 0.9, 1.0};
+
+/* Both windows of layer 1 over sequences 1..4 gathered by each method into the CUDA split. */
+static void gather_all(ferry_buffer_type * buft, ferry_type tk, ferry_type tv, bool v_trans, double adjacency,
+                       uint64_t seed, const ferry_gather_method * methods, int n_methods) {
+    ferry_backend *cuda, *cpu;
+    CHECK_OK(ferry_cuda_backend_new(0, &cuda));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    const ferry_paged_params p = params_of(tk, tv, v_trans);
+    ferry_paged_cache * c;
+    CHECK_OK(ferry_paged_cache_new(&p, buft, NULL, &c));
+    paged_fill(c);
+    int64_t cells[N_SEQ];
+    int32_t lens[NS];
+    draw_lengths(seed, cells, lens, NS);
+    paged_seed(seed * 31 + (uint64_t) (adjacency * 10));
+    CHECK_OK(paged_random_tables(c, cells, N_SEQ, adjacency, seed % 2 == 0));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor * len;
+    const int64_t ns = NS;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, &ns, &len));
+    ferry_buffer * len_buf;
+    CHECK_OK(ferry_backend_alloc_buffer(cpu, sizeof(lens), &len_buf));
+    CHECK_OK(ferry_buffer_place_tensor(len_buf, len, 0));
+    CHECK_OK(ferry_tensor_set(len, lens, 0, sizeof(lens)));
+    int64_t used[NS];
+    for (int s = 0; s < NS; s++) used[s] = lens[s];
+    for (int m = 0; m < n_methods; m++) {
+        for (int v = 0; v < 2; v++) {
+            ferry_tensor *k, *vw, *copy;
+            CHECK_OK(ferry_paged_cache_window(c, ctx, 1, N_KV, 1, NS, &k, &vw));
+            ferry_tensor * w = v ? vw : k;
+            CHECK_OK(ferry_tensor_set_used_cells(w, len, v && v_trans ? 0 : 1, 3, N_KV));
+            ferry_buffer * buf;
+            CHECK_OK(paged_split_copy(cuda, ctx, w, &buf, &copy));
+            ferry_buffer_reset_stats(buf);
+            CHECK_OK(ferry_paged_cache_set_gather(c, methods[m]));
+            ferry_paged_plan plan;
+            size_t n;
+            CHECK_OK(ferry_copy_paged_plan(w, cuda, &plan, NULL, 0, &n));
+            ferry_copy_stats stats;
+            CHECK_OK(ferry_copy_input(cuda, (ferry_copy_policy) ((m + v) % FERRY_COPY_POLICY_COUNT), w, copy, &stats));
+            const int fail = paged_check_copy(c, v, 1, 1, NS, N_KV, used, copy, stats.bytes_copied);
+            if (fail) {
+                fprintf(stderr, "adjacency %g seed %llu %s method %s: check %d\n", adjacency, (unsigned long long) seed,
+                        v ? "V" : "K", ferry_gather_method_name(methods[m]), fail);
+            }
+            CHECK_EQ_U(fail, 0);
+            uint64_t blocks, runs;
+            paged_count(c, 1, NS, used, &blocks, &runs);
+            CHECK(stats.gather == plan.method && (methods[m] == FERRY_GATHER_AUTO || plan.method == methods[m]));
+            CHECK(plan.blocks == blocks && plan.runs == runs && plan.bytes == stats.bytes_copied);
+            CHECK_EQ_U(stats.copy_calls, plan.calls);
+            if (plan.method == FERRY_GATHER_PER_BLOCK) {
+                CHECK_EQ_U(plan.calls, blocks);
+            } else if (plan.method == FERRY_GATHER_RUNS) {
+                CHECK(plan.calls <= runs);
+            } else {
+                CHECK_EQ_U(plan.calls, stats.bytes_copied > 0 ? 1u : 0u);
+            }
+            ferry_buffer_free(buf);
+        }
+    }
+    ferry_buffer_free(len_buf);
+    ferry_context_free(ctx);
+    ferry_paged_cache_free(c);
+    ferry_backend_free(cpu);
+    ferry_backend_free(cuda);
+}
+
+static void test_cuda_gathers_move_the_used_cells_by_every_method(void) {
+    need_device();
+    ferry_buffer_type * pinned;
+    CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
+    const ferry_gather_method methods[] = {FERRY_GATHER_PER_BLOCK, FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED,
+                                           FERRY_GATHER_KERNEL, FERRY_GATHER_AUTO};
+    for (size_t a = 0; a < sizeof(adjacencies) / sizeof(adjacencies[0]); a++) {
+        for (uint64_t seed = 1; seed <= 2; seed++) {
+            SUB(gather_all(pinned, FERRY_TYPE_F16, FERRY_TYPE_F16, false, adjacencies[a], seed, methods, 5));
+            SUB(gather_all(pinned, FERRY_TYPE_Q8_0, FERRY_TYPE_F32, true, adjacencies[a], seed, methods, 5));
+        }
+    }
+}
+
+/* From pageable memory the device does not map: no kernel, refused when forced; the rest gather. */
+static void test_cuda_kernel_refused_for_a_pageable_pool(void) {
+    need_device();
+    const ferry_gather_method methods[] = {FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED, FERRY_GATHER_AUTO};
+    SUB(gather_all(ferry_cpu_buffer_type(), FERRY_TYPE_F16, FERRY_TYPE_F16, true, 0.5, 3, methods, 3));
+    ferry_backend * cuda;
+    CHECK_OK(ferry_cuda_backend_new(0, &cuda));
+    const ferry_paged_params p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
+    ferry_paged_cache * c;
+    CHECK_OK(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c));
+    CHECK_OK(ferry_paged_cache_allocate(c, 0, 10));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *k, *copy;
+    CHECK_OK(ferry_paged_cache_window(c, ctx, 0, N_KV, 0, 0, &k, NULL));
+    ferry_paged_plan plan;
+    size_t n;
+    CHECK_OK(ferry_copy_paged_plan(k, cuda, &plan, NULL, 0, &n));
+    CHECK(plan.method_seconds[FERRY_GATHER_KERNEL] < 0 && plan.method_seconds[FERRY_GATHER_BATCHED] >= 0);
+    ferry_buffer * buf;
+    CHECK_OK(paged_split_copy(cuda, ctx, k, &buf, &copy));
+    CHECK_OK(ferry_paged_cache_set_gather(c, FERRY_GATHER_KERNEL));
+    ferry_copy_stats stats;
+    CHECK_FAILS(ferry_copy_input(cuda, FERRY_COPY_RANGES, k, copy, &stats), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_last_error(), "does not offer the kernel gather") != NULL);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_paged_cache_free(c);
+    ferry_backend_free(cuda);
+}
+
+/* Attention on CUDA over gathered windows, by each method, prefetched or not: the cell-per-stream
+ * cache's outputs, byte for byte, and exactly the cells read copied. */
+static void test_cuda_attention_same_as_cell_cache(void) {
+    need_device();
+    ferry_buffer_type * pinned;
+    CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
+    ferry_backend *cuda, *cpu;
+    CHECK_OK(ferry_cuda_backend_new(0, &cuda));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    const ferry_gather_method methods[] = {FERRY_GATHER_PER_BLOCK, FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED,
+                                           FERRY_GATHER_KERNEL, FERRY_GATHER_AUTO};
+    const bool trans[2] = {false, true};
+    for (int t = 0; t < 2; t++) {
+        twin tw;
+        CHECK_OK(twin_init(&tw, pinned, FERRY_TYPE_F16, trans[t] ? FERRY_TYPE_F32 : FERRY_TYPE_Q8_0, trans[t], 0.5,
+                           40 + (uint64_t) t));
+        static float want[N_LAYER * OUT_FLOATS], got[N_LAYER * OUT_FLOATS];
+        uint64_t bytes;
+        CHECK_OK(run_step(&tw, false, trans[t], cuda, cpu, FERRY_COPY_RAGGED, false, 0, want, &bytes));
+        bool finite = true;
+        for (int i = 0; i < N_LAYER * OUT_FLOATS; i++) finite = finite && isfinite(want[i]);
+        CHECK(finite);
+        for (int m = 0; m < 5; m++) {
+            for (int prefetch = 0; prefetch < 2; prefetch++) {
+                CHECK_OK(ferry_paged_cache_set_gather(tw.paged, methods[m]));
+                memset(got, 0, sizeof(got));
+                CHECK_OK(run_step(&tw, true, trans[t], cuda, cpu, FERRY_COPY_PLAN, m % 2 == 0, prefetch, got, &bytes));
+                CHECK(memcmp(got, want, sizeof(got)) == 0);
+                CHECK_EQ_U(bytes, read_bytes(&tw, FERRY_TYPE_F16, trans[t] ? FERRY_TYPE_F32 : FERRY_TYPE_Q8_0));
+            }
+        }
+        twin_free(&tw);
+    }
+    ferry_backend_free(cpu);
+    ferry_backend_free(cuda);
+}
+
+static const check_test tests[] = {
+    {"cuda_gathers_move_the_used_cells_by_every_method", test_cuda_gathers_move_the_used_cells_by_every_method},
+    {"cuda_kernel_refused_for_a_pageable_pool", test_cuda_kernel_refused_for_a_pageable_pool},
+    {"cuda_attention_same_as_cell_cache", test_cuda_attention_same_as_cell_cache},
+};
+
+CHECK_MAIN(tests)

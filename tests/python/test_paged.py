@@ -1,0 +1,418 @@
+"""The paged KV cache (ferry.paged): block tables from the free list and the caller's, refused naming
+the sequence and block; pools over a serving system's arrays in vLLM's layout without a copy; windows
+gathered into a sentinel, exactly the cells read; attention through the scheduler byte for byte a
+KVCache's holding the same sequences, under every policy and gather method; plan_paged's runs,
+calls and predictions; windows refused where they would be read in place."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+import pytest
+
+import ferry
+from conftest import SENTINEL
+from ferry.paged import PagedKVCache, PagedParams, PagedWindows
+from ferry.plan import CopyCostModel, GatherCopy, plan_paged
+from ferry.policy import GatherMethod, to_gather_method
+
+BS, N_BLOCKS, N_SEQ, HEAD_DIM, N_HEAD_KV, N_HEAD, N_KV = 4, 48, 5, 32, 2, 4, 24
+N_EMBD = HEAD_DIM * N_HEAD_KV
+ADJACENCY = (0.0, 0.5, 0.9, 1.0)
+
+
+def random_tables(rng: np.random.Generator, cells: List[int], adjacency: float,
+                  n_blocks: int = N_BLOCKS) -> List[List[int]]:
+    """Tables for cells[s] cells each, drawn without repeats: a block follows its predecessor with
+    probability adjacency where that block is free."""
+    free = set(range(n_blocks))
+    tables = []
+    for n in cells:
+        table: List[int] = []
+        for _ in range(-(-n // BS)):
+            nxt = table[-1] + 1 if table else -1
+            if nxt in free and rng.random() < adjacency:
+                b = nxt
+            else:
+                choices = sorted(free - {nxt}) or sorted(free)
+                b = int(rng.choice(choices))
+            free.discard(b)
+            table.append(b)
+        tables.append(table)
+    return tables
+
+
+def runs_of(table: List[int], used: int) -> int:
+    """Runs of adjacent blocks among the first used cells' blocks."""
+    blocks = table[:-(-used // BS)]
+    return sum(1 for j, b in enumerate(blocks) if j == 0 or b != blocks[j - 1] + 1)
+
+
+# ------------------------------------------------------------ tables
+
+
+def test_tables_from_the_free_list_and_the_callers() -> None:
+    c = PagedKVCache("f16", "f16", 16, 2, block_size=4, n_blocks=8, n_seq=3)
+    assert c.params == PagedParams(ferry.Type.F16, ferry.Type.F16, 16, 2, 4, 8, 3, 1, False, False)
+    assert (c.params.n_embd_gqa, c.params.pool_cells, c.free_blocks) == (32, 32, 8)
+    c.allocate(0, 6)
+    c.append(0, 3)
+    assert c.table(0) == ([0, 1, 2], 9)
+    c.set_table(1, [7, 5])
+    assert c.table(1) == ([7, 5], 8)
+    assert c.free_blocks == 3
+    before = (c.table(0), c.table(1), c.table(2), c.free_blocks)
+    with pytest.raises(ferry.OutOfMemoryError, match="sequence 2 needs 4 more blocks"):
+        c.allocate(2, 13)
+    with pytest.raises(ferry.OutOfBoundsError, match="sequence 2's block 1 is id 8, not in 0..7"):
+        c.set_table(2, [3, 8])
+    with pytest.raises(ferry.OutOfBoundsError, match="sequence 2's block 0 is id -1"):
+        c.set_table(2, [-1])
+    with pytest.raises(ferry.OutOfBoundsError, match="sequence 2's block 0 is id 4294967296"):
+        c.set_table(2, [2**32])
+    with pytest.raises(ferry.InvalidArgumentError, match="sequence 2's block 1 is id 3, which its table already"):
+        c.set_table(2, [3, 3])
+    with pytest.raises(ferry.InvalidArgumentError, match="sequence 2's block 1 is id 5, which sequence 1's table"):
+        c.set_table(2, [3, 5])
+    with pytest.raises(ferry.InvalidArgumentError, match="sequence 2's 9 cells"):
+        c.set_table(2, [3, 4], 9)
+    with pytest.raises(ferry.InvalidArgumentError, match=r"blocks\[1\]"):
+        c.set_table(2, [3, "4"])  # type: ignore[list-item]
+    with pytest.raises(ferry.InvalidArgumentError, match="blocks is a sequence"):
+        c.set_table(2, 3)  # type: ignore[arg-type]
+    with pytest.raises(ferry.OutOfBoundsError, match="sequence 3 is not in 0..2"):
+        c.append(3, 1)
+    with pytest.raises(ferry.InvalidArgumentError, match="seq"):
+        c.free("0")  # type: ignore[arg-type]
+    assert (c.table(0), c.table(1), c.table(2), c.free_blocks) == before, "a refused call changed the tables"
+    c.free(0)
+    assert c.table(0) == ([], 0) and c.free_blocks == 6
+    c.allocate(2, 12)  # the blocks let go come back in their table's order
+    assert c.table(2) == ([0, 1, 2], 12)
+    with pytest.raises(ferry.OutOfBoundsError, match="cell 12 of sequence 2"):
+        c.cell_offset("k", 2, 12)
+    assert c.cell_offset("k", 2, 5) == (1 * 4 + 1) * 32 * 2
+    shared = PagedKVCache("f32", "f32", 16, 1, 4, 8, 2, share_blocks=True)
+    shared.set_table(0, [0, 1])
+    shared.set_table(1, [0, 2])
+    assert shared.free_blocks == 5
+
+
+# ------------------------------------------------------------ pools over the caller's arrays
+
+
+def test_from_arrays_in_vllms_layout_without_a_copy() -> None:
+    """K and V pools [num_blocks, block_size, n_kv_heads, head_dim], used where they lie: a write to
+    the array after the cache was made is what the gather copies."""
+    rng = np.random.default_rng(5)
+    ks = [rng.standard_normal((N_BLOCKS, BS, N_HEAD_KV, HEAD_DIM)).astype(np.float16) for _ in range(2)]
+    vs = [rng.standard_normal((N_EMBD, N_BLOCKS * BS)).astype(np.float32) for _ in range(2)]
+    c = PagedKVCache.from_arrays(ks, vs, n_seq=2, v_trans=True)
+    p = c.params
+    assert (p.head_dim, p.n_head_kv, p.block_size, p.n_blocks, p.v_trans, p.type_v) == (
+        HEAD_DIM, N_HEAD_KV, BS, N_BLOCKS, True, ferry.Type.F32)
+    assert c.free_blocks == N_BLOCKS and c.table(0) == ([], 0)
+    c.set_table(0, [7, 3], 6)
+    k, v = c.window(1, 8, 0, 0)
+    split = ferry.DummyBackend(real_memory=True)
+    dst = k.dup_layout()
+    split.alloc_buffer_for(dst)
+    ks[1][3, 1] = 7.0  # cell 5 of sequence 0: block 3, cell 1; written after the cache was made
+    st = ferry.copy_path.copy_input(split, "flat", k, dst)
+    got = np.frombuffer(dst.get(), np.float16).reshape(8, N_HEAD_KV, HEAD_DIM)  # dense: cells, heads, values
+    np.testing.assert_array_equal(got[:4], ks[1][7])
+    np.testing.assert_array_equal(got[4:6], ks[1][3, :2])
+    assert (got[5] == 7.0).all()
+    assert st.bytes_copied == st.bytes_read == 6 * N_EMBD * 2 and st.gather is not None
+    vdst = v.dup_layout()
+    split.alloc_buffer_for(vdst)
+    ferry.copy_path.copy_input(split, "ranges", v, vdst)
+    vgot = np.frombuffer(vdst.get(), np.float32).reshape(N_EMBD, 8)  # a row of cells per channel
+    np.testing.assert_array_equal(vgot[:, :4], vs[1][:, 28:32])
+    np.testing.assert_array_equal(vgot[:, 4:6], vs[1][:, 12:14])
+    # q8_0 as bytes [num_blocks, block_size, row bytes], with n_head_kv given
+    q8 = [np.zeros((N_BLOCKS, BS, 68), np.uint8)]
+    c8 = PagedKVCache.from_arrays(q8, [np.zeros((N_BLOCKS, BS, N_EMBD), np.float16)], 1, type_k="q8_0",
+                                  n_head_kv=2)
+    assert (c8.params.type_k, c8.params.head_dim, c8.params.n_head_kv) == (ferry.Type.Q8_0, 32, 2)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(k_layers=[np.zeros((8, 4, 2, 32), np.float16)[:, ::2]]), ferry.LayoutError, r"k_layers\[0\].*contiguous"),
+    (dict(k_layers=[np.zeros((8, 4, 64), np.float16)]), ferry.InvalidArgumentError, r"v_layers\[0\] is not"),
+    (dict(v_layers=[np.zeros((8, 2, 2, 32), np.float32)]), ferry.InvalidArgumentError, r"v_layers\[0\] is not"),
+    (dict(k_layers=[np.zeros((8, 4, 2, 32), np.float16)] * 2, v_layers=[np.zeros((8, 4, 2, 32), np.float16),
+                                                                     np.zeros((8, 4, 2, 32), np.float32)]),
+     ferry.InvalidArgumentError, r"v_layers\[1\] is f32, v_layers\[0\] f16"),
+    (dict(k_layers=[np.zeros((8, 4, 2, 32), np.float64)]), ferry.UnsupportedError, r"k_layers\[0\]: from_array"),
+    (dict(k_layers=[np.zeros((8, 4, 2, 2, 16), np.float16)]), ferry.LayoutError, r"k_layers\[0\] has 5 dimensions"),
+    (dict(v_trans=True), ferry.LayoutError, r"v_layers\[0\] has 4 dimensions"),
+    (dict(k_layers=[], v_layers=[]), ferry.InvalidArgumentError, "0 K layers"),
+    (dict(k_layers="k"), ferry.InvalidArgumentError, "k_layers is a sequence"),
+    (dict(n_head_kv=4), ferry.InvalidArgumentError, r"k_layers\[0\] holds 2 heads"),
+    (dict(n_seq=0), ferry.InvalidArgumentError, "n_seq"),
+])
+def test_from_arrays_refusals(change: Dict[str, Any], error: type, match: str) -> None:
+    args: Dict[str, Any] = dict(k_layers=[np.zeros((8, 4, 2, 32), np.float16)],
+                                v_layers=[np.zeros((8, 4, 2, 32), np.float16)], n_seq=2)
+    args.update(change)
+    with pytest.raises(error, match=match):
+        PagedKVCache.from_arrays(**args)
+
+
+# ------------------------------------------------------------ the same sequences, two caches
+
+
+class Twin:
+    """A KVCache (a stream per sequence) and a PagedKVCache over random tables, holding the same values
+    in each sequence's cells; every other value NaN, so that a cell read by mistake shows."""
+
+    def __init__(self, type_kv: str, v_trans: bool, adjacency: float, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.cells = [int(x) for x in rng.integers(0, N_KV + 1, N_SEQ)]
+        self.cells[1] = N_KV
+        self.lens = [int(rng.integers(0, n + 1)) for n in self.cells[1:]]
+        self.lens[0], self.lens[-1] = N_KV, 0
+        self.tables = random_tables(rng, self.cells, adjacency)
+        dtype = np.float32 if type_kv == "f32" else np.float16
+        nan = np.full((N_SEQ, N_KV, N_EMBD), np.nan, dtype)
+        ks, vs = nan.copy(), nan.copy()
+        for s, n in enumerate(self.cells):
+            ks[s, :n] = rng.uniform(-1, 1, (n, N_EMBD))
+            vs[s, :n] = rng.uniform(-1, 1, (n, N_EMBD))
+        self.kv = ferry.KVCache.from_arrays([ks], [vs.transpose(0, 2, 1).copy() if v_trans else vs], n_stream=N_SEQ,
+                                            v_trans=v_trans, n_head_kv=N_HEAD_KV)
+        kp = np.full((N_BLOCKS, BS, N_EMBD), np.nan, dtype)
+        vp = np.full((N_BLOCKS, BS, N_EMBD), np.nan, dtype)
+        for s, table in enumerate(self.tables):
+            for x in range(self.cells[s]):
+                kp[table[x // BS], x % BS] = ks[s, x]
+                vp[table[x // BS], x % BS] = vs[s, x]
+        self.pools = (kp.reshape(N_BLOCKS, BS, N_HEAD_KV, HEAD_DIM),
+                      vp.reshape(N_BLOCKS * BS, N_EMBD).T.copy() if v_trans else vp.reshape(N_BLOCKS, BS, N_HEAD_KV,
+                                                                                           HEAD_DIM))
+        self.paged = PagedKVCache.from_arrays([self.pools[0]], [self.pools[1]], n_seq=N_SEQ, v_trans=v_trans)
+        for s, table in enumerate(self.tables):
+            self.paged.set_table(s, table, self.cells[s])
+        self.v_trans = v_trans
+        self.row = ferry.row_size(type_kv, N_EMBD)
+
+
+def step(cache: Any, twin: Twin, split: ferry.Backend, policy: str, compact: bool = False,
+         one_call: bool = True) -> Tuple[bytes, List[ferry.sched.Input], ferry.Scheduler]:
+    """Attention over sequences 1..4 on split under policy: its output's bytes, its window inputs."""
+    cpu = ferry.CPUBackend()
+    rng = np.random.default_rng(1)
+    q = [ferry.Tensor.from_numpy(cpu, rng.uniform(-1, 1, (N_SEQ - 1, 1, N_HEAD, HEAD_DIM)).astype(np.float32))]
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array(twin.lens, np.int32), name="kv_len")
+    sched = ferry.Scheduler([split, cpu] if split is not cpu else [cpu], policy=policy, compact=compact)
+    if one_call:
+        windows: Any = cache.windows(N_KV, 1, N_SEQ - 1)
+    else:
+        windows = [cache.window(0, N_KV, 1, N_SEQ - 1, lengths=kv_len)]
+    out = ferry.attention_step(sched, split, windows, q, kv_len)
+    sched.compute(out.graph)
+    inputs = [i for i in sched.inputs if i.src.name.startswith(("paged_window", "window"))]
+    return out[0].get(), inputs, sched
+
+
+@pytest.mark.parametrize("type_kv, v_trans", [("f16", False), ("f32", True)])
+@pytest.mark.parametrize("adjacency", ADJACENCY)
+def test_attention_same_as_a_kv_cache(type_kv: str, v_trans: bool, adjacency: float) -> None:
+    """Under every policy and gather method, one C call or layer by layer, compact or not: the KVCache's
+    outputs byte for byte, the bytes copied exactly the cells read, each window gathered by its method."""
+    twin = Twin(type_kv, v_trans, adjacency, seed=int(adjacency * 10) + 3)
+    split = ferry.StandinBackend()
+    want, _, _ = step(twin.kv, twin, split, "ragged")
+    assert np.isfinite(np.frombuffer(want, np.float32)).all()
+    for method in ("auto", "per_block", "runs", "batched"):
+        twin.paged.gather = method
+        for i, policy in enumerate(("flat", "ranges", "plan", "ragged")):
+            got, inputs, _ = step(twin.paged, twin, split, policy, compact=i % 2 == 1, one_call=i < 2)
+            assert got == want, (method, policy)
+            assert len(inputs) == 2
+            for inp in inputs:
+                assert inp.stats.bytes_copied == inp.stats.bytes_read == sum(twin.lens) * twin.row
+                assert inp.stats.path == ferry.policy.to_policy(policy)
+                assert inp.stats.gather == (to_gather_method(method) if method != "auto" else inp.stats.gather)
+                assert inp.stats.gather is not None and inp.stats.gather != GatherMethod.AUTO
+    # on the CPU, where the pools lie, the windows are gathered all the same
+    cpu = ferry.CPUBackend()
+    twin.paged.gather = "auto"
+    got, inputs, _ = step(twin.paged, twin, cpu, "flat")
+    assert got == step(twin.kv, twin, cpu, "flat")[0]
+    assert [i.stats.gather for i in inputs] == [GatherMethod.RUNS] * 2
+
+
+def test_a_gathered_window_under_the_sentinel() -> None:
+    """Each used cell from its own block, every other byte of the copy the sentinel, calls a block each per
+    block and at most a run each per run."""
+    twin = Twin("f16", False, 0.5, seed=9)
+    split = ferry.StandinBackend()
+    cpu = ferry.CPUBackend()
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array(twin.lens, np.int32))
+    k, _ = twin.paged.window(0, N_KV, 1, N_SEQ - 1, lengths=kv_len)
+    blocks = sum(-(-n // BS) for n in twin.lens)
+    runs = sum(runs_of(twin.tables[s + 1], n) for s, n in enumerate(twin.lens))
+    for method in ("per_block", "runs", "batched"):
+        twin.paged.gather = method
+        dst = k.dup_layout()
+        split.alloc_buffer_for(dst)
+        dst.memset(SENTINEL)
+        plan = plan_paged(k, split)
+        st = ferry.copy_path.copy_input(split, "plan", k, dst)
+        got = np.frombuffer(dst.get(), np.uint8).reshape(N_SEQ - 1, N_KV, twin.row)
+        pool = np.frombuffer(twin.pools[0].tobytes(), np.uint8).reshape(N_BLOCKS * BS, twin.row)
+        for s, n in enumerate(twin.lens):
+            table = twin.tables[s + 1]
+            for x in range(n):
+                np.testing.assert_array_equal(got[s, x], pool[table[x // BS] * BS + x % BS])
+            assert (got[s, n:] == SENTINEL).all(), "a cell past the stream's length was written"
+        assert (plan.blocks, plan.runs, plan.bytes) == (blocks, runs, st.bytes_copied)
+        assert st.copy_calls == plan.calls == {"per_block": blocks, "runs": len(plan.copies), "batched": 1}[method]
+        assert plan.calls <= runs or method == "per_block"
+
+
+# ------------------------------------------------------------ the plan
+
+
+def test_plan_paged_on_a_modelled_link() -> None:
+    """Four single blocks at an even stride and a run of four: per block eight calls, runs two (the equal
+    ones one 2-D copy), batched one; each prediction the link's charge, which the link then measures."""
+    c = PagedKVCache("f32", "f32", 32, 2, block_size=4, n_blocks=16, n_seq=1)
+    c.set_table(0, [0, 2, 4, 6, 8, 9, 10, 11])
+    k, _ = c.window(0, 32)
+    split = ferry.StandinBackend(link_gbps=8, latency_us=2, row_ns=100)
+    model = CopyCostModel.of_backend(split)
+    assert model.piece_ns == model.row_ns == 100 and model.kernel_gbps == 0
+    block, nbytes = 4 * 64 * 4, 8 * 4 * 64 * 4
+    want = {"per_block": 8 * 2e-6, "runs": 2 * 2e-6 + 4 * 100e-9, "batched": 2e-6 + 5 * 100e-9}
+    for method, calls in (("per_block", 8), ("runs", 2), ("batched", 1)):
+        c.gather = method
+        plan = plan_paged(k, split)
+        assert (plan.method, plan.calls, plan.blocks, plan.runs, plan.bytes) == (
+            GatherMethod[method.upper()], calls, 8, 5, nbytes)
+        assert plan.seconds == pytest.approx(want[method] + nbytes / 8e9, rel=1e-12)
+        assert plan.method_seconds["kernel"] is None
+        dst = k.dup_layout()
+        split.alloc_buffer_for(dst)
+        split.reset_link_stats()
+        ferry.copy_path.copy_input(split, "flat", k, dst)
+        assert split.link_stats.modelled_seconds == pytest.approx(plan.seconds, rel=1e-9)
+    c.gather = "runs"
+    assert plan_paged(k, split).copies[0] == GatherCopy(0, 0, block, 4, 2 * block, block)
+    c.gather = "auto"
+    plan = plan_paged(k, split)
+    assert plan.method == GatherMethod.BATCHED
+    assert plan.method_seconds["auto"] == plan.seconds == min(v for v in plan.method_seconds.values() if v)
+    with pytest.raises(ferry.InvalidArgumentError, match="not a paged window"):
+        plan_paged(split.alloc_tensor("f32", [4]), split)
+    with pytest.raises(ferry.InvalidArgumentError, match="backend"):
+        plan_paged(k, "split")  # type: ignore[arg-type]
+
+
+def test_cost_model_of_a_link_costs_a_piece_a_row() -> None:
+    fit = ferry.link.LinkFit(3.0, 250.0, 10.0, ())
+    m = CopyCostModel.from_link(fit)
+    assert (m.piece_ns, m.kernel_gbps) == (250.0, 0.0)
+    assert CopyCostModel.gpu().piece_ns > 0 and CopyCostModel.gpu().kernel_gbps > 0
+    with pytest.raises(ferry.InvalidArgumentError, match="piece_ns"):
+        CopyCostModel(1.0, 1.0, 1.0, 0, 0, 1.0, 0, 0.0, piece_ns=-1.0)
+
+
+# ------------------------------------------------------------ refusals
+
+
+def test_windows_are_not_read_in_place() -> None:
+    c = PagedKVCache("f32", "f32", 32, 2, block_size=4, n_blocks=16, n_seq=2)
+    c.allocate(0, 7)
+    k, v = c.window(0, 8)
+    for call in (k.to_numpy, k.get, lambda: k.permute([0, 2, 1, 3]), lambda: k.view([4]),
+                 lambda: np.asarray(k)):
+        with pytest.raises(ferry.InvalidArgumentError, match="is a paged window"):
+            call()
+    cpu = ferry.CPUBackend()
+    q = ferry.Tensor.from_numpy(cpu, np.zeros((2, 1, 4, 32), np.float32))
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array([7, 0], np.int32))
+    out = ferry.ops.attn_decode(q, k, v, kv_len)
+    with pytest.raises(ferry.InvalidArgumentError, match="graph_compute: 'paged_window_k_l0' is a paged window"):
+        ferry.Graph(out).compute(cpu)
+    with pytest.raises(ferry.OutOfBoundsError, match="n_kv 65 is not in 1..64"):
+        c.window(0, 65)
+    with pytest.raises(ferry.OutOfBoundsError, match="sequences 1..2"):
+        c.window(0, 8, 1, 2)
+    with pytest.raises(ferry.InvalidArgumentError, match="lengths"):
+        c.window(0, 8, lengths=[7, 0])  # type: ignore[arg-type]
+    # a table shorter than its length, at copy time: nothing written
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array([9, 0], np.int32))
+    k, _ = c.window(0, 12, lengths=kv_len)
+    split = ferry.DummyBackend(real_memory=True)
+    dst = k.dup_layout()
+    split.alloc_buffer_for(dst)
+    dst.memset(SENTINEL)
+    with pytest.raises(ferry.OutOfBoundsError, match="sequence 0's length 9 needs block 2 of its table, which holds 2"):
+        ferry.copy_path.copy_input(split, "flat", k, dst)
+    assert set(dst.get()) == {SENTINEL}
+    with pytest.raises(ferry.InvalidArgumentError, match="PagedKVCache.gather: unknown gather method 'fast'"):
+        c.gather = "fast"
+    with pytest.raises(ferry.InvalidArgumentError, match="PagedKVCache.gather"):
+        c.gather = 3  # type: ignore[assignment]
+    kv_len.set(np.array([7, 0], np.int32))
+    c.gather = GatherMethod.KERNEL
+    with pytest.raises(ferry.UnsupportedError, match="does not offer the kernel gather"):
+        plan_paged(k, split)
+    assert [str(m) for m in GatherMethod] == ["auto", "per_block", "runs", "batched", "kernel"]
+
+
+def test_a_closed_cache() -> None:
+    c = PagedKVCache("f16", "f16", 32, 1, block_size=4, n_blocks=8, n_seq=1)
+    c.allocate(0, 5)
+    windows = c.windows(8)
+    assert isinstance(windows, PagedWindows) and len(windows) == 1
+    k, _ = windows[0]
+    assert "8 blocks of 4 cells" in repr(c) and "PagedWindows n_kv=8" in repr(windows)
+    c.close()
+    assert c.closed and repr(c) == "<PagedKVCache closed>"
+    with pytest.raises(ferry.FreedBufferError):
+        c.allocate(0, 1)
+    split = ferry.DummyBackend(real_memory=True)  # a window taken before keeps the pools alive
+    dst = k.dup_layout()
+    split.alloc_buffer_for(dst)
+    assert ferry.copy_path.copy_input(split, "flat", k, dst).bytes_copied == 5 * 64
+    with pytest.raises(ferry.InvalidArgumentError, match="at most one of backend"):
+        PagedKVCache("f16", "f16", 32, 1, 4, 8, 1, backend=split, pinned=True)
+    with pytest.raises(ferry.InvalidArgumentError, match="PagedKVCache: placement has 2 entries"):
+        PagedKVCache("f16", "f16", 32, 1, 4, 8, 1, placement=[None, None])
+    with pytest.raises(ferry.LayoutError, match="transposed V"):
+        PagedKVCache("f16", "q8_0", 32, 1, 4, 8, 1, v_trans=True)
+
+
+@pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
+def test_cuda_gathers_by_batched_copies_and_the_kernel() -> None:
+    """On CUDA from pinned pools: a copy per block, per run, batched copies and the gather kernel each
+    give attention the KVCache's outputs byte for byte, exactly the cells read copied; auto takes one of
+    the one-call methods where runs are short. From pageable pools the kernel is not offered."""
+    twin = Twin("f16", True, 0.5, seed=12)
+    pinned = PagedKVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, BS, N_BLOCKS, N_SEQ, v_trans=True, pinned=True)
+    for s, table in enumerate(twin.tables):
+        pinned.set_table(s, table, twin.cells[s])
+    for layer_pool, src in ((pinned.k(0), twin.pools[0]), (pinned.v(0), twin.pools[1])):
+        layer_pool.set(np.ascontiguousarray(src).tobytes())
+    cuda = ferry.CUDABackend()
+    want, _, _ = step(twin.kv, twin, cuda, "ragged")
+    for method in ("per_block", "runs", "batched", "kernel", "auto"):
+        pinned.gather = method
+        got, inputs, _ = step(pinned, twin, cuda, "plan", compact=method == "runs")
+        assert got == want, method
+        for inp in inputs:
+            assert inp.stats.bytes_copied == sum(twin.lens) * twin.row
+            assert method == "auto" or inp.stats.gather == to_gather_method(method)
+    assert {i.stats.gather for i in step(pinned, twin, cuda, "plan")[1]} <= {GatherMethod.BATCHED, GatherMethod.KERNEL,
+                                                                              GatherMethod.RUNS}
+    twin.paged.gather = "kernel"  # the twin's pools are numpy's: pageable memory the device does not map
+    k, _ = twin.paged.window(0, N_KV, 1, N_SEQ - 1)
+    with pytest.raises(ferry.UnsupportedError, match="does not offer the kernel gather"):
+        plan_paged(k, cuda)
+    twin.paged.gather = "auto"
+    assert plan_paged(k, cuda).method_seconds["kernel"] is None
