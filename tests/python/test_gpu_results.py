@@ -1,7 +1,9 @@
 """tools/gpu-results: the report of a gpu-check run puts each bar next to the figures it came from.
 
 The cuda-bench JSON here is written by hand in the keys cuda_window_bench.c documents; the
-`ferry bench` JSON is real output of this machine's CPU stand-in run.
+`ferry bench` JSON is real output of this machine's CPU stand-in run, run here or (the overlap
+acceptance runs and the ragged sweep) recorded from such runs and trimmed to the keys the report
+reads; link-fit.json is gpu-check's step's output against the fake CUDA runtime, trimmed.
 """
 
 from __future__ import annotations
@@ -117,18 +119,131 @@ def test_report_reads_the_sweep_json_and_computes_gains(files_at: Path) -> None:
 def test_report_puts_overlapped_decode_beside_its_bound(files_at: Path) -> None:
     sweep = subprocess.run([sys.executable, "-m", "ferry.cli", "bench", "-c", "4096", "-npl", "2", "-npp", "256",
                             "-ntg", "2", "--layers", "2", "--device", "cpu", "--policy", "flat", "--no-unified",
-                            "--overlap", "--repeat", "1", "--json"], capture_output=True,
+                            "--overlap", "--prefetch", "1,2", "--repeat", "1", "--json"], capture_output=True,
                            text=True, check=True)
-    cmd = "ferry bench -c 4096 -npl 2 -npp 256 -ntg 2 --layers 2 --policy flat --overlap --json"
+    cmd = "ferry bench -c 4096 -npl 2 -npp 256 -ntg 2 --layers 2 --policy flat --overlap --prefetch 1,2 --json"
     with open(files_at / "bench.txt", "a") as f:
         f.write(f"\n## {cmd}\n{sweep.stdout}")
     text = load_tool().report(files_at, "bash tools/gpu-check")
-    o = next(r for r in json.loads(sweep.stdout) if r["overlap"])
-    line = next(ln for ln in text.splitlines() if ln.startswith("| 2 | split | flat |"))
-    assert f"| {o['serial_decode_s'] * 1e3:.2f} | {o['bound_s'] * 1e3:.2f} | {o['decode_s'] * 1e3:.2f} |" in line
-    assert f"| {o['decode_s'] / o['serial_decode_s']:.2f}x |" in line
+    overlapped = [r for r in json.loads(sweep.stdout) if r["overlap"]]
+    assert [o["prefetch"] for o in overlapped] == [1, 2]
+    for o in overlapped:  # a line per depth, each with its own floor and exposed share
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"| 2 | split | flat | {o['prefetch']} |"))
+        assert f"| {o['serial_decode_s'] * 1e3:.2f} | {o['bound_s'] * 1e3:.2f} | {o['decode_s'] * 1e3:.2f} |" in line
+        assert (f"| {o['over_serial']:.2f}x | {o['over_bound']:.2f}x | {o['over_floor']:.2f}x | "
+                f"{o['exposed_share']:.0%} |") in line
     # the first sweep's table takes serial rows only
     assert "## Copies under compute" in text
+
+
+# Three runs of `ferry bench -c 4096 -npl 2,4 -npp 256 -ntg 2 --layers 2 --policy flat --overlap --prefetch 1,2
+# --repeat 1 --device cpu --json` in a row, trimmed to the split cache's rows and the keys the report reads:
+# (npl, prefetch) -> (over_bound, exposed_share)
+ACCEPTANCE_RUNS = [
+    {(2, 1): (1.4902776, 0.5516218), (2, 2): (1.4857784, 0.5465597), (4, 1): (1.4768532, 0.6439954),
+     (4, 2): (1.4535785, 0.6125627)},
+    {(2, 1): (1.4984181, 0.5511557), (2, 2): (1.5022637, 0.5554083), (4, 1): (1.4625652, 0.6154751),
+     (4, 2): (1.4119136, 0.5480797)},
+    {(2, 1): (1.546372, 0.5962192), (2, 2): (1.713379, 0.7784628), (4, 1): (1.479066, 0.6263178),
+     (4, 2): (1.4730403, 0.6184399)},
+]
+
+
+def acceptance_rows(run: dict) -> list:
+    serial = [{"npl": npl, "policy": "flat", "unified": False, "overlap": False, "prefetch": 0} for npl in (2, 4)]
+    return serial + [{"npl": npl, "policy": "flat", "unified": False, "overlap": True, "prefetch": depth,
+                      "over_bound": bound, "exposed_share": share} for (npl, depth), (bound, share) in run.items()]
+
+
+def write_acceptance(folder: Path, runs: list) -> None:
+    """bench.txt's sections as gpu-check writes them: a header per run, the bench's JSON below."""
+    with open(folder / "bench.txt", "a") as f:
+        for i, run in enumerate(runs, 1):
+            trace = " --trace $OUT/overlap-trace.json" if i == 1 else ""
+            f.write(f"\n## overlap acceptance, run {i} of 3: ferry bench -c 4096 -npl 2,4 --policy flat --overlap "
+                    f"--prefetch 1,2 --device cuda --json{trace}\n")
+            f.write("ferry bench: split backend CUDA0\n" + (json.dumps(acceptance_rows(run)) if run else "Killed")
+                    + "\n")
+
+
+def test_report_gives_the_acceptance_runs_side_by_side(files_at: Path) -> None:
+    write_acceptance(files_at, ACCEPTANCE_RUNS)
+    (files_at / "overlap-trace.json").write_text('{"traceEvents": []}')
+    text = load_tool().report(files_at, "bash tools/gpu-check")
+    section = text.split("## Overlap acceptance")[1].split("\n## ")[0]
+    # the command once, without run 1's --trace
+    assert "`ferry bench -c 4096 -npl 2,4 --policy flat --overlap --prefetch 1,2 --device cuda --json`, 3 runs" \
+        in section
+    for key in ACCEPTANCE_RUNS[0]:
+        bounds = [run[key][0] for run in ACCEPTANCE_RUNS]
+        line = next(ln for ln in section.splitlines() if ln.startswith(f"| {key[0]} | split | flat | {key[1]} |"))
+        assert " | ".join(f"{b:.2f}x" for b in bounds) in line
+        assert f"| {min(bounds):.2f}-{max(bounds):.2f}x |" in line
+        assert " / ".join(f"{run[key][1]:.0%}" for run in ACCEPTANCE_RUNS) in line
+    # serial rows have no line of their own
+    assert "| 2 | split | flat | 0 |" not in section
+    assert "`overlap-trace.json`" in section and "Perfetto" in section
+
+
+def test_acceptance_section_says_which_run_is_missing_and_that_no_trace_was_written(files_at: Path) -> None:
+    write_acceptance(files_at, [ACCEPTANCE_RUNS[0], ACCEPTANCE_RUNS[1], {}])
+    text = load_tool().report(files_at, "bash tools/gpu-check")
+    section = text.split("## Overlap acceptance")[1].split("\n## ")[0]
+    b1, b2 = ACCEPTANCE_RUNS[0][(4, 2)][0], ACCEPTANCE_RUNS[1][(4, 2)][0]
+    line = next(ln for ln in section.splitlines() if ln.startswith("| 4 | split | flat | 2 |"))
+    assert f"| {b1:.2f}x | {b2:.2f}x | n/a | {min(b1, b2):.2f}-{max(b1, b2):.2f}x |" in line and "/ n/a |" in line
+    assert "Run(s) 3 printed no JSON" in section
+    assert "No overlap-trace.json: run 1 wrote no timeline." in section
+
+
+# `ferry bench -c 4096 -npl 2,4 -npp 256 -ntg 2 --layers 1 --policy flat,ranges,ragged --lengths L --device cpu
+# --no-unified --repeat 1 --json`, trimmed: (lengths, npl, policy, copy_s_per_step, predicted_copy_s_per_step,
+# bytes_copied_per_step)
+RAGGED_ROWS = [
+    ("equal", 2, "flat", 0.00016568, 0.000163841, 1310720.0),
+    ("equal", 2, "ranges", 6.8007e-05, 6.5537e-05, 524288.0),
+    ("equal", 2, "ragged", 3.6294e-05, 3.2961e-05, 263680.0),
+    ("equal", 4, "flat", 0.000231364, 0.000229378, 1835008.0),
+    ("equal", 4, "ranges", 0.00013383, 0.000131074, 1048576.0),
+    ("equal", 4, "ragged", 7.0087e-05, 6.5922e-05, 527360.0),
+    ("uniform", 2, "flat", 0.000149766, 0.000147457, 1179648.0),
+    ("uniform", 2, "ranges", 3.5167e-05, 3.2769e-05, 262144.0),
+    ("uniform", 2, "ragged", 1.9042e-05, 1.1009e-05, 88064.0),
+    ("uniform", 4, "flat", 0.000215238, 0.000212994, 1703936.0),
+    ("uniform", 4, "ranges", 6.8804e-05, 6.5538e-05, 524288.0),
+    ("uniform", 4, "ragged", 3.7996e-05, 2.5922e-05, 207360.0),
+]
+# link-fit.json as gpu-check's step writes it (from a fake-runtime run), its points trimmed to two
+LINK_FIT = {"device": "CUDA0", "pinned": True, "nbytes": 1048576, "gbps": 3.3033714940650443,
+            "seconds": 0.00031742600003781263,
+            "fit": {"latency_us": 47.28838743974588, "row_ns": 1.7039433430557023, "gbps": 3.8041213165227017,
+                    "points": [[1048576, 1, 0.00031742600003781263], [65536, 2048, 6.791700070607476e-05]]},
+            "builtin_model": {"call_us": 4.0, "row_ns": 0.0, "gbps": 54.9, "line_bytes": 64}}
+
+
+def test_report_puts_ragged_copies_beside_their_prediction_and_the_fitted_link(files_at: Path) -> None:
+    with open(files_at / "bench.txt", "a") as f:
+        for lengths in ("equal", "uniform"):
+            rows = [{"npl": npl, "policy": policy, "unified": False, "overlap": False, "compact": False, "prefetch": 0,
+                     "copy_s_per_step": copy, "predicted_copy_s_per_step": predicted, "bytes_copied_per_step": nbytes,
+                     "config": {"lengths": mode}} for mode, npl, policy, copy, predicted, nbytes in RAGGED_ROWS
+                    if mode == lengths]
+            f.write(f"\n## ragged windows, lengths {lengths}: ferry bench --policy flat,ranges,ragged "
+                    f"--lengths {lengths} --json\n{json.dumps(rows)}\n")
+    (files_at / "link-fit.json").write_text(json.dumps(LINK_FIT))
+    text = load_tool().report(files_at, "bash tools/gpu-check")
+    section = text.split("## Ragged windows on CUDA")[1].split("\n## ")[0]
+    ranges = {(m, npl): nbytes for m, npl, policy, _, _, nbytes in RAGGED_ROWS if policy == "ranges"}
+    for mode, npl, policy, copy, predicted, nbytes in RAGGED_ROWS:
+        line = next(ln for ln in section.splitlines() if ln.startswith(f"| {mode} | {npl} | {policy} |"))
+        assert (f"| {nbytes / 2**20:.2f} | {copy * 1e3:.3f} | {predicted * 1e3:.3f} | {copy / predicted:.2f} | "
+                f"{nbytes / ranges[(mode, npl)]:.3f} |") in line
+    fit = LINK_FIT["fit"]
+    assert f"| fitted link | {fit['latency_us']:.2f} | {fit['row_ns']:.2f} | {fit['gbps']:.2f} |" in section
+    model = LINK_FIT["builtin_model"]
+    assert (f"| built-in (the predictions above) | {model['call_us']:.2f} | {model['row_ns']:.2f} | "
+            f"{model['gbps']:.2f} |") in section
+    assert "to 2 copies (the largest, 1048576 B, at 3.30 GB/s)" in section
 
 
 def test_missing_files_are_said_not_invented(tmp_path: Path) -> None:
@@ -136,6 +251,8 @@ def test_missing_files_are_said_not_invented(tmp_path: Path) -> None:
     assert "No bench.json: cuda-bench did not finish." in text
     assert "The sweep did not run or printed no JSON." in text
     assert "The overlapped sweep did not run or printed no JSON." in text
+    assert "The overlap acceptance runs did not run or printed no JSON." in text
+    assert "The ragged sweep did not run or printed no JSON." in text and "No link-fit.json" in text
     assert "unknown (no nvidia-smi row in build.log)" in text
 
 
