@@ -34,14 +34,16 @@
  *
  * JSON (keys stable): tool, backend, type, cell_bytes, block_cells, block_bytes, total_bytes,
  * pool_bytes, runs, statistic, hold_us, ways (the names, in order), batched_available,
- * wrong_bytes, error (what stopped the run, or null; the cases measured before it are kept), cases[]: {run_bytes, n_runs, blocks, auto_method, fastest (the fastest timed
+ * wrong_bytes, way_errors (some way failed with an error, the device still usable: the others
+ * measured), error (what stopped the run, or null; the run lengths measured before it are kept),
+ * cases[]: {run_bytes, n_runs, blocks, auto_method, fastest (the fastest timed
  * way but contiguous, or null), fastest_over_contiguous, ways: {<name>: {us, gbps,
  * over_contiguous, submit_us, calls, copies, predicted_us, check, not_run}}} (us, gbps,
  * over_contiguous and submit_us null when not timed; calls and copies what the check's copy
- * made; check "ok", "not run" or what failed; not_run null or why).
+ * made; check "ok", "not run", "wrong bytes: ..." or "error: ..."; not_run null or why).
  *
- * Exit: 0 measured, 1 a failure (a way moved wrong bytes included), 2 no CUDA device (or CUDA
- * not built).
+ * Exit: 0 measured, 1 a failure (a way that moved wrong bytes or failed included), 2 no CUDA
+ * device (or CUDA not built). A method the backend does not offer (UNSUPPORTED) is not a failure.
  */
 #include "ferry.h"
 
@@ -174,7 +176,7 @@ static ferry_status enqueue(bench * b, int w, ferry_copy_stats * stats) {
 }
 
 /* Way w once under the sentinel, its bytes checked. 0: checked or not offered (r says which);
- * 1: an error or wrong bytes (r->check says what). */
+ * 1: an error or wrong bytes (r->check says which). */
 static int check_way(bench * b, size_t run_bytes, int w, way_result * r) {
     snprintf(r->check, sizeof(r->check), "not run");
     r->not_run[0] = '\0';
@@ -191,7 +193,8 @@ static int check_way(bench * b, size_t run_bytes, int w, way_result * r) {
     if (st != FERRY_OK) {
         snprintf(r->check, sizeof(r->check), "error: %.140s", ferry_last_error());
         snprintf(r->not_run, sizeof(r->not_run), "%s", r->check);
-        return fail(way_names[w]);
+        fprintf(stderr, "paged-copy-bench: %s, runs of %zu B: %s\n", way_names[w], run_bytes, r->check);
+        return 1;
     }
     const uint8_t * want = w == CONTIG ? (const uint8_t *) b->pool->data : b->expect;
     r->calls = w == CONTIG ? 1 : stats.copy_calls;
@@ -216,7 +219,7 @@ static int check_way(bench * b, size_t run_bytes, int w, way_result * r) {
 
 /* One run length: the table, the model's plan per method, every way checked, then timed. */
 static int measure_case(bench * b, size_t run_bytes, int runs, int32_t * table, double * samples, double * submits,
-                        case_result * c, int * wrong) {
+                        case_result * c, int * wrong, int * way_errors) {
     memset(c, 0, sizeof(*c));
     c->run_bytes = run_bytes;
     c->blocks = b->total / BLOCK_BYTES;
@@ -241,11 +244,12 @@ static int measure_case(bench * b, size_t run_bytes, int runs, int32_t * table, 
         } else if (w == CONTIG) {
             r->copies = 1;
         }
-        if (check_way(b, run_bytes, w, r)) {
-            if (strncmp(r->check, "error", 5) == 0) {
-                return 1; /* the device or the library failed: nothing more to measure */
-            }
+        if (check_way(b, run_bytes, w, r) && strncmp(r->check, "error", 5) != 0) {
             *wrong = 1;
+        } else if (strncmp(r->check, "error", 5) == 0) {
+            /* the way failed (a driver older than the runtime, say): the others go on if the device does */
+            *way_errors = 1;
+            TRY(ferry_backend_synchronize(b->cuda));
         }
     }
     for (int it = 0; it < WARMUP + runs; it++) {
@@ -339,7 +343,8 @@ static void json_num(FILE * f, const char * key, int have, double x, const char 
     have ? fprintf(f, spec, x) : fprintf(f, "null");
 }
 
-static void print_json(FILE * f, const case_result * cs, int n, const bench * b, int runs, int batched, int wrong) {
+static void print_json(FILE * f, const case_result * cs, int n, const bench * b, int runs, int batched, int wrong,
+                       int way_errors) {
     fprintf(f, "{\n  \"tool\": \"paged-copy-bench\",\n  \"backend\": ");
     json_str(f, ferry_backend_name(b->cuda));
     fprintf(f, ",\n  \"type\": \"f16\",\n  \"cell_bytes\": %d,\n  \"block_cells\": %d,\n  \"block_bytes\": %d,\n",
@@ -350,8 +355,8 @@ static void print_json(FILE * f, const case_result * cs, int n, const bench * b,
     for (int w = 0; w < N_WAYS; w++) {
         fprintf(f, "%s\"%s\"", w ? ", " : "", way_names[w]);
     }
-    fprintf(f, "],\n  \"batched_available\": %s,\n  \"wrong_bytes\": %s,\n  \"error\": ",
-            batched ? "true" : "false", wrong ? "true" : "false");
+    fprintf(f, "],\n  \"batched_available\": %s,\n  \"wrong_bytes\": %s,\n  \"way_errors\": %s,\n  \"error\": ",
+            batched ? "true" : "false", wrong ? "true" : "false", way_errors ? "true" : "false");
     failure[0] ? json_str(f, failure) : (void) fprintf(f, "null");
     fprintf(f, ",\n  \"cases\": [\n");
     for (int i = 0; i < n; i++) {
@@ -466,9 +471,9 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "paged-copy-bench: out of memory\n");
         return 1;
     }
-    int wrong = 0, rc = 0, n = 0; /* n: the run lengths measured */
+    int wrong = 0, way_errors = 0, rc = 0, n = 0; /* n: the run lengths measured */
     while (n < N_LENGTHS && rc == 0) {
-        rc = measure_case(&b, run_lengths[n], runs, table, samples, submits, &cs[n], &wrong);
+        rc = measure_case(&b, run_lengths[n], runs, table, samples, submits, &cs[n], &wrong, &way_errors);
         n += rc == 0;
     }
     int batched = 0;
@@ -479,6 +484,9 @@ int main(int argc, char ** argv) {
     if (wrong) {
         printf("paged-copy-bench: some way moved the wrong bytes (marked above as not run: check failed)\n");
     }
+    if (way_errors) {
+        printf("paged-copy-bench: some way failed (marked above as not run: error)\n");
+    }
     if (rc) {
         printf("paged-copy-bench: stopped at runs of %zu B: %s\n", run_lengths[n], failure);
     }
@@ -488,7 +496,7 @@ int main(int argc, char ** argv) {
             perror(json_path);
             return 1;
         }
-        print_json(f, cs, n, &b, runs, batched, wrong);
+        print_json(f, cs, n, &b, runs, batched, wrong, way_errors);
         fclose(f);
     }
     free(b.expect);
@@ -502,5 +510,5 @@ int main(int argc, char ** argv) {
     ferry_context_free(ctx);
     ferry_paged_cache_free(b.cache);
     ferry_backend_free(b.cuda);
-    return rc || wrong ? 1 : 0;
+    return rc || wrong || way_errors ? 1 : 0;
 }

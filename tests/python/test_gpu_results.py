@@ -285,7 +285,7 @@ def paged_json(**over: object) -> dict:
     d = {"tool": "paged-copy-bench", "backend": "CUDA0", "type": "f16", "cell_bytes": 16, "block_cells": 16,
          "block_bytes": 256, "total_bytes": PAGED_TOTAL, "pool_bytes": 2 * PAGED_TOTAL, "runs": 11,
          "statistic": "median", "hold_us": 200, "ways": ["per_block", "runs", "batched", "kernel", "contiguous"],
-         "batched_available": False, "wrong_bytes": False, "error": None, "cases": PAGED_CASES}
+         "batched_available": False, "wrong_bytes": False, "way_errors": False, "error": None, "cases": PAGED_CASES}
     d.update(over)
     return d
 
@@ -311,7 +311,7 @@ def test_report_gives_each_paged_way_against_the_contiguous_peak(tmp_path: Path)
             assert (f"| {w['calls']} | {w['us']:.1f} | {w['gbps']:.2f} | {w['over_contiguous']:.3f} | "
                     f"{w['submit_us']:.1f} | {w['predicted_us']:.1f} | ok |") in line
     assert "| 256 | kernel | 2.951 | kernel |" in section and "| 2097152 | runs | 1.023 | kernel |" in section
-    assert "moved wrong bytes" not in section and "stopped" not in section
+    assert "moved wrong bytes" not in section and "failed with an error" not in section and "stopped" not in section
     text = load_tool().report(tmp_path, "x")
     assert "## Output: paged-copy-bench" in text and "run 2097152 B: fastest gather runs" in text
 
@@ -321,12 +321,17 @@ def test_paged_section_says_wrong_bytes_and_where_the_run_stopped(tmp_path: Path
     bad[0]["ways"]["runs"].update(us=None, gbps=None, over_contiguous=None, submit_us=None,
                                   check="wrong bytes: first at byte 4096 (block 16)",
                                   not_run="check failed: wrong bytes: first at byte 4096 (block 16)")
-    section = paged_text(tmp_path, paged_json(cases=bad, wrong_bytes=True,
-                                              error="kernel: tensor_gather_async: an illegal memory access"))
-    assert "**A way moved wrong bytes**" in section
-    assert "**paged-copy-bench stopped**: kernel: tensor_gather_async: an illegal memory access" in section
+    bad[0]["ways"]["kernel"].update(us=None, gbps=None, over_contiguous=None, submit_us=None,
+                                    check="error: tensor_gather_async: launch failed",
+                                    not_run="error: tensor_gather_async: launch failed")
+    section = paged_text(tmp_path, paged_json(cases=bad, wrong_bytes=True, way_errors=True,
+                                              error="after a failed way: an illegal memory access"))
+    assert "**A way moved wrong bytes**" in section and "**A way failed with an error**" in section
+    assert "**paged-copy-bench stopped**: after a failed way: an illegal memory access" in section
     line = next(ln for ln in section.splitlines() if ln.startswith("| 256 | 65536 | runs |"))
     assert line.endswith("| n/a | n/a | 131372.0 | wrong bytes: first at byte 4096 (block 16) |")
+    line = next(ln for ln in section.splitlines() if ln.startswith("| 256 | 65536 | kernel |"))
+    assert line.endswith("| n/a | 302.0 | error: tensor_gather_async: launch failed |")
     assert "| 2097152 |" not in section
 
 
