@@ -1,6 +1,7 @@
 """tools/gpu-results: the report of a gpu-check run puts each bar next to the figures it came from.
 
-The cuda-bench JSON here is written by hand in the keys cuda_window_bench.c documents; the
+The cuda-bench and paged-copy-bench JSON here is written by hand in the keys
+cuda_window_bench.c and paged_copy_bench.c document; the
 `ferry bench` JSON is real output of this machine's CPU stand-in run, run here or (the overlap
 acceptance runs and the ragged sweep) recorded from such runs and trimmed to the keys the report
 reads; link-fit.json is gpu-check's step's output against the fake CUDA runtime, trimmed.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -246,9 +248,112 @@ def test_report_puts_ragged_copies_beside_their_prediction_and_the_fitted_link(f
     assert "to 2 copies (the largest, 1048576 B, at 3.30 GB/s)" in section
 
 
+PAGED_TOTAL = 16 << 20
+BATCHED_REASON = "tensor_gather_async: this CUDA runtime (before 12.8) has no batched copies"
+
+
+def paged_way(us: float | None, contig_us: float, calls: int, copies: int, predicted: float | None,
+              check: str = "ok", not_run: str | None = None) -> dict:
+    return {"us": us, "gbps": None if us is None else PAGED_TOTAL / (us * 1e3),
+            "over_contiguous": None if us is None else us / contig_us, "submit_us": None if us is None else us / 3,
+            "calls": calls, "copies": copies, "predicted_us": predicted, "check": check, "not_run": not_run}
+
+
+def paged_case(run_bytes: int, us: dict, auto: str) -> dict:
+    """A run length's case as paged_copy_bench.c writes it; us: per way (None: not run)."""
+    n_runs, blocks, contig = PAGED_TOTAL // run_bytes, PAGED_TOTAL // 256, us["contiguous"]
+    calls = {"per_block": blocks, "runs": n_runs, "batched": 1, "kernel": 1, "contiguous": 1}
+    copies = {"per_block": blocks, "runs": n_runs, "batched": n_runs, "kernel": n_runs, "contiguous": 1}
+    ways = {name: paged_way(t, contig, calls[name] if t is not None else 0, copies[name],
+                            None if name == "batched" else 2.0 * calls[name] + 300.0, "ok" if t else "not run",
+                            None if t else BATCHED_REASON) for name, t in us.items()}
+    timed = {name: t for name, t in us.items() if t is not None and name != "contiguous"}
+    fastest = min(timed, key=timed.__getitem__)
+    return {"run_bytes": run_bytes, "n_runs": n_runs, "blocks": blocks, "auto_method": auto, "fastest": fastest,
+            "fastest_over_contiguous": timed[fastest] / contig, "ways": ways}
+
+
+# Two run lengths on a runtime without batched copies: below the crossover the kernel wins, above it runs
+# do, where the cost model would still take the kernel
+PAGED_CASES = [paged_case(256, {"per_block": 150000.0, "runs": 149000.0, "batched": None, "kernel": 900.0,
+                                "contiguous": 305.0}, "kernel"),
+               paged_case(2097152, {"per_block": 151000.0, "runs": 312.0, "batched": None, "kernel": 780.0,
+                                    "contiguous": 305.0}, "kernel")]
+
+
+def paged_json(**over: object) -> dict:
+    d = {"tool": "paged-copy-bench", "backend": "CUDA0", "type": "f16", "cell_bytes": 16, "block_cells": 16,
+         "block_bytes": 256, "total_bytes": PAGED_TOTAL, "pool_bytes": 2 * PAGED_TOTAL, "runs": 11,
+         "statistic": "median", "hold_us": 200, "ways": ["per_block", "runs", "batched", "kernel", "contiguous"],
+         "batched_available": False, "wrong_bytes": False, "way_errors": False, "error": None, "cases": PAGED_CASES}
+    d.update(over)
+    return d
+
+
+def paged_text(folder: Path, doc: dict) -> str:
+    (folder / "paged-copy.json").write_text(json.dumps(doc, indent=1))
+    (folder / "paged-copy.txt").write_text("paged KV window, f16 cells of 16 B ...\nrun 2097152 B: fastest gather runs\n")
+    text = load_tool().report(folder, "bash tools/gpu-check")
+    return text.split("## A paged window's gather")[1].split("\n## ")[0]
+
+
+def test_report_gives_each_paged_way_against_the_contiguous_peak(tmp_path: Path) -> None:
+    section = paged_text(tmp_path, paged_json())
+    assert "16,777,216 B read per run length from a 33,554,432 B pinned pool" in section
+    assert "median of 11 runs, stream held 200 us" in section and "(cudaMemcpyBatchAsync): not offered" in section
+    lines = section.splitlines()
+    for case in PAGED_CASES:
+        for name, w in case["ways"].items():
+            line = next(ln for ln in lines if ln.startswith(f"| {case['run_bytes']} | {case['n_runs']} | {name} |"))
+            if w["us"] is None:  # not run, with the runtime's reason
+                assert f"| {w['calls']} | n/a | n/a | n/a | n/a | n/a | not run: {BATCHED_REASON} |" in line
+                continue
+            assert (f"| {w['calls']} | {w['us']:.1f} | {w['gbps']:.2f} | {w['over_contiguous']:.3f} | "
+                    f"{w['submit_us']:.1f} | {w['predicted_us']:.1f} | ok |") in line
+    assert "| 256 | kernel | 2.951 | kernel |" in section and "| 2097152 | runs | 1.023 | kernel |" in section
+    assert "moved wrong bytes" not in section and "failed with an error" not in section and "stopped" not in section
+    text = load_tool().report(tmp_path, "x")
+    assert "## Output: paged-copy-bench" in text and "run 2097152 B: fastest gather runs" in text
+
+
+def test_paged_section_says_wrong_bytes_and_where_the_run_stopped(tmp_path: Path) -> None:
+    bad = json.loads(json.dumps(PAGED_CASES[:1]))
+    bad[0]["ways"]["runs"].update(us=None, gbps=None, over_contiguous=None, submit_us=None,
+                                  check="wrong bytes: first at byte 4096 (block 16)",
+                                  not_run="check failed: wrong bytes: first at byte 4096 (block 16)")
+    bad[0]["ways"]["kernel"].update(us=None, gbps=None, over_contiguous=None, submit_us=None,
+                                    check="error: tensor_gather_async: launch failed",
+                                    not_run="error: tensor_gather_async: launch failed")
+    section = paged_text(tmp_path, paged_json(cases=bad, wrong_bytes=True, way_errors=True,
+                                              error="after a failed way: an illegal memory access"))
+    assert "**A way moved wrong bytes**" in section and "**A way failed with an error**" in section
+    assert "**paged-copy-bench stopped**: after a failed way: an illegal memory access" in section
+    line = next(ln for ln in section.splitlines() if ln.startswith("| 256 | 65536 | runs |"))
+    assert line.endswith("| n/a | n/a | 131372.0 | wrong bytes: first at byte 4096 (block 16) |")
+    line = next(ln for ln in section.splitlines() if ln.startswith("| 256 | 65536 | kernel |"))
+    assert line.endswith("| n/a | 302.0 | error: tensor_gather_async: launch failed |")
+    assert "| 2097152 |" not in section
+
+
+@pytest.mark.parametrize("garbled", ["{\"tool\": \"paged-copy-bench\", \"cases\": [", "{\"tool\": \"x\"}", "[1, 2]"])
+def test_paged_section_says_an_unreadable_file_and_still_reports(tmp_path: Path, garbled: str) -> None:
+    (tmp_path / "paged-copy.json").write_text(garbled)
+    text = load_tool().report(tmp_path, "x")
+    assert "paged-copy.json cannot be read" in text and "## The K window" in text
+
+
+def test_paged_fixture_keys_are_those_the_tool_documents() -> None:
+    """The JSON above is written by hand: each of its keys is one paged_copy_bench.c's header names."""
+    header = (TOOL.parent / "paged_copy_bench.c").read_text().split("*/")[0]
+    keys = set(paged_json()) | set(PAGED_CASES[0]) | set(PAGED_CASES[0]["ways"]["runs"])
+    missing = sorted(k for k in keys if not re.search(rf"\b{k}\b", header))
+    assert not missing, missing
+
+
 def test_missing_files_are_said_not_invented(tmp_path: Path) -> None:
     text = load_tool().report(tmp_path, "x")
     assert "No bench.json: cuda-bench did not finish." in text
+    assert "No paged-copy.json: paged-copy-bench did not finish." in text
     assert "The sweep did not run or printed no JSON." in text
     assert "The overlapped sweep did not run or printed no JSON." in text
     assert "The overlap acceptance runs did not run or printed no JSON." in text
