@@ -26,7 +26,8 @@ KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "b
         "compute_s", "ahead_bytes", "devices", "ntg", "output_sha256", "decode_s_per_step", "copy_s_per_step",
         "compute_s_per_step", "host_s_per_step", "bytes_copied_per_step", "bytes_read_per_step", "gain_low",
         "gain_high", "gain_within_noise", "gain_claimed", "over_unified", "over_unified_low", "over_unified_high",
-        "config", "replicas", "tokens_per_s_replicas", "predicted_copy_s", "predicted_copy_s_per_step"}
+        "config", "replicas", "tokens_per_s_replicas", "predicted_copy_s", "predicted_copy_s_per_step",
+        "copy_calls", "copy_calls_per_step", "label", "gather", "gather_used"}
 #: A quick run: 3 replicas of 2 timed rounds.
 QUICK = ["--repeat", "3", "--rounds", "2"]
 

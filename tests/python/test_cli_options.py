@@ -92,7 +92,7 @@ PROBES: Dict[str, Any] = {
     "--devices": "2", "--link-gbps": "2.45", "--latency-us": "2", "--device-memory": "64MiB",
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
     "--residency": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
-    "--plot": "chart.png", "--trace": "trace.json",
+    "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--block-size": "8", "--adjacency": "0.9",
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.
@@ -108,6 +108,9 @@ CONTEXT: Dict[ot.Cond, Tuple[List[str], List[str]]] = {
     ot.TABLE_OUT.conds[0]: ([], ["--json"]),
     ot.SWA_PAIR.conds[0]: (["--swa-window", "8", "--swa-layers", "fs"], []),
     ot.UNIFIED_RUNS.conds[0]: ([], ["--devices", "2"]),
+    ot.PAGED.conds[0]: (["--paged"], []),
+    ot.NO_PAGED.conds[0]: ([], ["--paged"]),
+    ot.RESIDENCY_OR_PAGED.conds[0]: (["--paged"], []),
 }
 
 WALK = [(verb, o) for verb in WITH_OPTIONS for o in ot.options_of(verb)]
@@ -197,6 +200,25 @@ def test_every_condition_and_option_has_its_context_and_probe() -> None:
     (["bench", "--compact", "--policy", "flat"], "--compact acts only with a non-flat --policy"),
     (["plan", "--v-trans"], "--v-trans acts only with --which v or --residency"),
     (["bench", "--json", "--wide"], "--wide acts only without --json"),
+    (["bench", "--block-size", "8"], "--block-size acts only with --paged: give --paged"),  # issue 36
+    (["validate", "--adjacency", "0.9"], "--adjacency acts only with --paged"),
+    (["plan", "--row-ns", "100"], "--row-ns acts only with --paged"),
+    (["plan", "--paged", "--pad", "4"], "--pad acts only without --paged"),
+    (["plan", "--paged", "--cost-model", "cpu"], "--cost-model acts only without --paged: leave out --paged"),
+    (["plan", "--paged", "--residency"], "--paged acts only without --residency"),
+    (["bench", "--paged", "--overlap"], "--overlap acts only without --paged"),
+    (["bench", "--paged", "--compact"], "--compact acts only without --paged"),
+    (["bench", "--paged", "--no-unified"], "--unified acts only without --paged"),
+    (["bench", "--paged", "--wide"], "--wide acts only without --paged"),
+    (["bench", "--paged", "--block-size", "0"], "argument --block-size: 0 is out of range"),
+    (["bench", "--paged", "--adjacency", "1.5"], "argument --adjacency: --adjacency: 1.5 is out of range: 0..1"),
+    (["validate", "--paged", "--adjacency", "x"], "argument --adjacency"),
+    (["bench", "--paged", "--policy", "flat,ragged"], "--paged compares the paged gathers with the cells cache's "
+                                                      "ragged copy (the same bytes, contiguous), not --policy "
+                                                      "flat,ragged: give --policy ragged or leave out --policy"),
+    (["bench", "--paged", "--devices", "2"], "--paged runs on one device with every layer's KV in host memory"),
+    (["plan", "--paged", "-c", "256", "-npl", "4", "-npp", "100", "-ntg", "1"],
+     "-npl 4 sequences of 101 cells take 28 blocks of 16 cells; -c 256 holds 16: give a larger -c"),
 ])
 def test_an_option_that_would_do_nothing_is_refused(argv: List[str], message: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:

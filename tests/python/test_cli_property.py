@@ -78,6 +78,8 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--compute-us": st.sampled_from(["0", "10", "100", "-1", "nan", "x"]),
     "--plot": st.sampled_from(["PLOT", "/nonexistent/chart.png"]),
     "--trace": st.sampled_from(["TRACE", "/nonexistent/trace.json"]),
+    "--block-size": st.sampled_from(["1", "3", "4", "16", "0", "-1", "x"]),
+    "--adjacency": st.sampled_from(["0", "0.5", "0.9", "1", "1.5", "-0.1", "nan", "x", ""]),
 }
 
 
@@ -98,9 +100,9 @@ def option_argv(verb: str) -> st.SearchStrategy[List[str]]:
 
 
 #: Per verb, the modes a command line starts in (the options others act only beside), drawn alike.
-MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"]],
-         "plan": [[], ["--residency"], ["--residency", "--overlap"]],
-         "bench": [[], ["--overlap"], ["--residency"], ["--devices", "2"]]}
+MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"], ["--paged"]],
+         "plan": [[], ["--residency"], ["--residency", "--overlap"], ["--paged"]],
+         "bench": [[], ["--overlap"], ["--residency"], ["--devices", "2"], ["--paged"]]}
 
 
 def command_lines(verb: str) -> st.SearchStrategy[List[str]]:
@@ -172,6 +174,9 @@ def run_whole(verb: str) -> Callable[[Any], int]:
 @example(argv=["plan", "--residency", "--devices", "3", "--link-gbps", "1,2", "--compute-us", "100"])  # item 6
 @example(argv=["bench", *TINY["bench"], "--devices", "2", "--device-memory", "1KiB"])  # item 11
 @example(argv=["bench", *TINY["bench"], "--compact"])  # ragged's compact copy of a window as long as its streams
+@example(argv=["bench", *TINY["bench"], "--paged", "--block-size", "3", "--adjacency", "0"])  # issue 36
+@example(argv=["validate", *TINY["validate"], "--paged", "--block-size", "1", "--v-trans"])
+@example(argv=["plan", *TINY["plan"], "--paged", "--which", "v", "--v-trans", "--adjacency", "1"])
 @settings(max_examples=40 * SCALE, **SETTINGS)
 @given(argv=st.sampled_from(VERBS).flatmap(command_lines))
 def test_what_is_taken_runs_whole(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,8 @@ from .reference import Verb, add_verb_parser
 from .text_table import fmt_layers, fmt_link, fmt_mib, fmt_seconds, fmt_tps_digits, format_table
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Job", "add_parser", "check_plot_available", "config_from_args",
-           "fmt_bytes", "fmt_interval", "format_devices", "format_overlap", "format_result", "format_wide", "job",
+           "fmt_bytes", "fmt_interval", "format_devices", "format_overlap", "format_paged", "format_result",
+           "format_wide", "job",
            "main", "plot_result", "run", "run_bench"]
 
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
@@ -71,6 +72,8 @@ def _footer(res: BenchResult) -> List[str]:
     cfg = res.config
     runs = ("policies and both caches" if cfg.runs_unified else "policies") + (", serial and overlapped"
                                                                                if cfg.overlap else "")
+    if cfg.paged:
+        runs = "the paged gathers and the cells cache"
     lines = []
     for npl in cfg.npl:
         policy, compact = res.variants()[0]
@@ -111,6 +114,8 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
     if wide:
         return format_wide(res)
     cfg = res.config
+    if cfg.paged:
+        return format_paged(res)
     head = ["npl", "policy", "tok/s", "over flat", "over unified" if cfg.runs_unified else "", "copy/step",
             "copied/step", "read/step"]
     body = []
@@ -128,6 +133,26 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
                          fmt_seconds(u.per_step(u.copy_s)), fmt_bytes(u.per_step(u.bytes_copied)),
                          fmt_bytes(u.per_step(u.bytes_read))])
     lines = _head(res) + [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
+    return "\n".join(lines + _tail(res))
+
+
+def format_paged(res: BenchResult) -> str:
+    """The report of a --paged run: per npl the paged cache's per-block and merged gathers (the method
+    taken named) and the cells cache's ragged copy, each with tokens/s, and per step its copy calls, its
+    copy time against the copies' predicted time, and the bytes copied and read."""
+    cfg = res.config
+    head = ["npl", "cache", "tok/s", "calls/step", "copy/step", "predicted", "copied/step", "read/step"]
+    body = []
+    for npl in cfg.npl:
+        for gather in (*bench_workload.PAGED_GATHERS, ""):
+            r = res.row(npl, "ragged", gather=gather)
+            name = r.label + (f" ({r.gather_used})" if gather == "auto" else "") if gather else "cells ragged"
+            body.append([str(npl), name, fmt_tps_digits(r.tokens_per_s), f"{r.per_step(r.copy_calls):,.0f}",
+                         fmt_seconds(r.per_step(r.copy_s)), fmt_seconds(r.per_step(r.predicted_copy_s)),
+                         fmt_bytes(r.per_step(r.bytes_copied)), fmt_bytes(r.per_step(r.bytes_read))])
+    lines = _head(res) + [f"paged cache: {cfg.block_size}-cell blocks, adjacency {cfg.adjacency:g}; per step, the "
+                          "K and V windows' copies"]
+    lines += [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
     return "\n".join(lines + _tail(res))
 
 
@@ -174,7 +199,7 @@ def format_devices(res: BenchResult) -> List[str]:
              "or the device holding it)",
              "per device: layers run and resident, bytes its splits received over a repetition's steps (of them KV "
              "windows), their copy time, memory held (the scheduler's buffer at its most plus resident KV)"]
-    if cfg.unified and not cfg.runs_unified:
+    if cfg.unified and not cfg.runs_unified and not cfg.paged:
         lines.append("unified cache: not run (one device with every layer on the host only)")
     head = ["npl", "policy", "device", "runs", "holds KV of", "copied", "KV copied", "copy", "memory", "link"]
     body = []
@@ -289,12 +314,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The BenchConfig the parsed options args describe (not yet checked)."""
     return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
                        type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
-                       policies=tuple(args.policy), unified=args.unified, device=args.device, pad=args.pad,
+                       policies=tuple(args.policy) if "policy" in getattr(args, "given", ()) or not args.paged
+                       else ("ragged",), unified=args.unified, device=args.device, pad=args.pad,
                        lengths=args.lengths,
                        repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
                        v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
                        overlap=args.overlap, prefetch=tuple(args.prefetch), devices=devices_from_args(args),
-                       trace=args.trace is not None)
+                       trace=args.trace is not None, paged=args.paged, block_size=args.block_size,
+                       adjacency=args.adjacency)
 
 
 @dataclass(frozen=True)

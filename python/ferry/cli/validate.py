@@ -37,6 +37,9 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
         f"{cfg.n_head_kv} KV heads",
         "sha256 of every attention output:",
     ]
+    if cfg.paged:
+        lines.insert(2, f"paged cache: {cfg.block_size}-cell blocks, adjacency {cfg.adjacency:g}; served under ragged "
+                        "once per gather method (paged/<method>)")
     if res.placements:
         lines[2:2] = [f"{cfg.devices.n_devices} device(s), layers run on "
                       f"{','.join(map(str, cfg.devices.runs_on(cfg.n_layer)))}; placements (per layer: h host memory, "
@@ -46,7 +49,8 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
     lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B, "
               f"graph built at {res.builds.get(p, 0)} of {waves * cfg.n_step} steps)" for p, h in res.hashes.items()]
     lines.append(f"  {'control'.ljust(width)}  {res.control}  (ranges, each sequence reading its neighbour's stream)")
-    what = "placements and policies" if res.placements else "policies"
+    what = ("placements and policies" if res.placements else "policies") + (
+        " and paged gathers" if cfg.paged else "")
     lines.append(f"{what}: {'identical' if res.identical else 'DIFFERENT'}; "
                  f"control: {'detected' if res.control_detected else 'NOT DETECTED'}; "
                  f"gate: {'pass' if res.passed else 'FAIL'}")
@@ -92,8 +96,8 @@ def job(args: argparse.Namespace) -> Job:
                              head_dim=args.head_dim, n_head_kv=args.kv_heads, policies=tuple(args.policy),
                              device=args.device, seed=args.seed, compact=args.compact, pad=args.pad, reuse=args.reuse,
                              overlap=args.overlap, prefetch=tuple(args.prefetch), v_trans=args.v_trans,
-                             lengths=args.lengths,
-                             devices=devices_from_args(args))
+                             lengths=args.lengths, devices=devices_from_args(args), paged=args.paged,
+                             block_size=args.block_size, adjacency=args.adjacency)
         cfg.check()
         out.append(cfg)
     return Job(tuple(out), args.json)

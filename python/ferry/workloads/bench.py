@@ -46,6 +46,13 @@ ahead on the split's copy queue, taking turns with the serial runs; its copy tim
 queue's, its bound max(copy, compute) of the serial run, and ahead the bytes prefetching held on
 the split beyond the layer computing.
 
+Paged (--paged): beside the cells cache's ragged run, the same sequences in a paged cache
+(ferry.paged.PagedKVCache) of --block-size cells a block, each sequence's table drawn with
+--adjacency of its blocks right after their predecessor (paged_tables.adjacent_tables), the pool
+twice the blocks used (the free ones among the runs, as in a cache in use). Its windows are
+gathered per block (one copy a block: vLLM's swap_blocks, the baseline) and by the gather ferry
+chooses (auto); every row counts its copy calls and the copies' predicted seconds.
+
 Devices (cfg.devices): with --devices N the layers run on N devices, each layer's query on its
 device and the lengths in host memory; a layer's KV lives in host memory or a device's memory. Each
 row carries per device the layers it runs and holds, the bytes its splits received over a
@@ -60,7 +67,7 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -69,7 +76,7 @@ from ..errors import InvalidArgumentError
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
-from ..types import row_size, to_type
+from ..types import Type, row_size, to_type
 from .common import (
     Lengths,
     check_positive,
@@ -86,10 +93,24 @@ from .common import (
 from .common import variants as workload_variants
 from .devices import DeviceConfig, naming_device_memory
 from .estimate import Interval, StepFloor, balanced_orders, gain_interval
+from .paged_tables import (
+    ADJACENCY,
+    BLOCK_SIZE,
+    adjacent_tables,
+    blocks_for,
+    check_paged,
+    new_paged_cache,
+    write_paged_cells,
+)
 from .trace import TracedStep
 
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
 OnStep = Callable[[str], None]
+
+#: The paged cache's gathers (--paged), by the cache's gather setting: the baseline, then ferry's choice.
+PAGED_GATHERS: Tuple[str, ...] = ("per_block", "auto")
+#: What --paged calls them in its rows.
+PAGED_NAMES = {"per_block": "paged per-block", "auto": "paged merged"}
 
 #: Replicas of each npl (--repeat's default): their range is a 96.9% interval for a median.
 REPLICAS = 6
@@ -131,6 +152,9 @@ class BenchConfig:
     prefetch: Tuple[int, ...] = (1,)  # parts (layers) ahead an overlapped run queues: a run per depth
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
     trace: bool = False  # keep each variant's timeline of its last timed repetition (BenchResult.traces)
+    paged: bool = False  # the cells cache's ragged run beside a paged cache's per-block and merged gathers
+    block_size: int = BLOCK_SIZE  # cells per block of the paged cache
+    adjacency: float = ADJACENCY  # share of a sequence's blocks right after their predecessor in the pool
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -142,6 +166,8 @@ class BenchConfig:
         self.devices.check(self.n_layer, self.device)
         if self.v_trans and self.type_kv == "q8_0":
             raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
+        if self.paged:
+            self._check_paged()
         if not self.npl:
             raise InvalidArgumentError("-npl: give at least one number of sequences")
         for npl in self.npl:
@@ -153,6 +179,27 @@ class BenchConfig:
                 raise InvalidArgumentError(f"-npl {npl}: a stream holds {self.n_ctx // npl} cells, fewer than "
                                            f"-npp + -ntg = {self.npp + self.ntg}")
 
+    def _check_paged(self) -> None:
+        """Raise InvalidArgumentError for options a --paged run cannot take."""
+        check_paged(self.block_size, self.adjacency)
+        if tuple(self.policies) != ("ragged",):
+            raise InvalidArgumentError(f"--paged compares the paged gathers with the cells cache's ragged copy (the "
+                                       f"same bytes, contiguous), not --policy {','.join(self.policies)}: give "
+                                       "--policy ragged or leave out --policy")
+        d = self.devices
+        if d.n_devices != 1 or d.placed or d.layer_devices is not None:
+            raise InvalidArgumentError("--paged runs on one device with every layer's KV in host memory: leave out "
+                                       "--devices, --kv-device-layers, --placement and --layer-devices")
+        if self.compact or self.overlap:
+            raise InvalidArgumentError("--paged runs serial, without compact staging (its windows land dense "
+                                       "anyway): leave out --compact and --overlap")
+
+    def paged_blocks(self, npl: int) -> int:
+        """The paged cache's pool at npl sequences, in blocks: twice the blocks the sequences use, at
+        least the largest window's cells."""
+        used = npl * blocks_for(self.cells, self.block_size)
+        return max(2 * used, blocks_for(max(self.n_kv(npl, t) for t in range(self.ntg)), self.block_size))
+
     @property
     def n_embd(self) -> int:
         """Values per cell of K (or V): head_dim * n_head_kv."""
@@ -160,8 +207,9 @@ class BenchConfig:
 
     @property
     def runs_unified(self) -> bool:
-        """Whether the unified layout runs: asked for, on one device with every layer's KV on the host."""
-        return self.unified and self.devices.default
+        """Whether the unified layout runs: asked for, on one device with every layer's KV on the host,
+        without --paged."""
+        return self.unified and self.devices.default and not self.paged
 
     @property
     def layouts(self) -> Tuple[bool, ...]:
@@ -190,8 +238,9 @@ class BenchConfig:
     @property
     def n_steps(self) -> int:
         """Decode steps of the whole run (the progress bar's length)."""
-        return (len(self.npl) * self.repeat * (WARMUP + self.rounds) * len(variants(self)) * len(self.layouts)
-                * len(self.prefetch_depths) * self.ntg)
+        runs = len(variants(self)) * len(self.layouts) * len(self.prefetch_depths) + (
+            len(PAGED_GATHERS) if self.paged else 0)
+        return len(self.npl) * self.repeat * (WARMUP + self.rounds) * runs * self.ntg
 
 
 @dataclass(frozen=True)
@@ -261,6 +310,9 @@ class BenchRow:
     ntg: int = 0  # steps of a repetition
     replicas_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)  # each replica's floor
     predicted_copy_s: float = 0.0  # a repetition's copies by the split backends' copy cost models
+    copy_calls: int = 0  # a repetition's transfer calls of the K and V windows
+    gather: str = ""  # a paged cache's gather setting (PAGED_GATHERS); "" for the cells cache
+    gather_used: str = ""  # the methods its windows were gathered by, "+"-joined ("batched"); "" for cells
 
     @property
     def overlap(self) -> bool:
@@ -289,8 +341,9 @@ class BenchRow:
 
     @property
     def label(self) -> str:
-        """The policy, with "+compact" for compact staging and "+overlap" for an overlapped run."""
-        return run_name(self.policy, self.compact, self.prefetch)
+        """The policy, with "+compact" for compact staging and "+overlap" for an overlapped run; a paged
+        cache's row: "paged per-block" or "paged merged"."""
+        return PAGED_NAMES[self.gather] if self.gather else run_name(self.policy, self.compact, self.prefetch)
 
     @property
     def copy_bandwidth(self) -> float:
@@ -307,6 +360,7 @@ class BenchRow:
                  devices=[x.as_dict() for x in self.devices],
                  **{f"{w}_s_per_step": self.per_step(getattr(self, f"{w}_s"))
                     for w in ("decode", "copy", "compute", "host", "predicted_copy")},
+                 copy_calls_per_step=self.per_step(self.copy_calls), label=self.label,
                  bytes_copied_per_step=self.per_step(self.bytes_copied),
                  bytes_read_per_step=self.per_step(self.bytes_read))
         return d
@@ -327,11 +381,12 @@ class BenchResult:
     traces: Dict[str, List[TracedStep]] = field(default_factory=dict)  # with cfg.trace: per variant's label, the
     # steps of its last timed repetition in the first replica
 
-    def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False, prefetch: int = 0) -> BenchRow:
-        """The row of one run, serial or prefetching that many parts ahead (StopIteration for a run the
-        configuration did not make)."""
-        return next(r for r in self.rows
-                    if (r.npl, r.policy, r.unified, r.compact, r.prefetch) == (npl, policy, unified, compact, prefetch))
+    def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False, prefetch: int = 0,
+            gather: str = "") -> BenchRow:
+        """The row of one run, serial or prefetching that many parts ahead, of the cells cache or (gather
+        one of PAGED_GATHERS) the paged cache (StopIteration for a run the configuration did not make)."""
+        return next(r for r in self.rows if (r.npl, r.policy, r.unified, r.compact, r.prefetch, r.gather)
+                    == (npl, policy, unified, compact, prefetch, gather))
 
     def serial_of(self, r: BenchRow) -> BenchRow:
         """The serial run of an overlapped row's variant (the row itself when it is serial)."""
@@ -455,15 +510,7 @@ class _Cache:
         self.places = cfg.devices.places(cfg.n_layer)
         self.layer_backends = [devices[d] for d in self.runs_on]
         ty = to_type(cfg.type_kv)
-        self.kv = new_cache(ty, cfg.head_dim, cfg.n_head_kv, cfg.n_ctx, 1 if unified else npl, cfg.n_layer,
-                            cfg.v_trans, pinned, [None if d is None else devices[d] for d in self.places])
-        L = cfg.cells
-        for layer in range(cfg.n_layer):
-            for which in ("k", "v"):
-                for i in range(npl):  # sequence i: the same values in either layout
-                    data = random_rows(ty, L, cfg.n_embd, (cfg.seed, layer, i, which == "v"))
-                    stream, cell0 = (0, i * L) if unified else (i, 0)
-                    write_cells(self.kv, which, layer, stream, cell0, data)
+        self._fill(ty, pinned)
         rng = np.random.default_rng([cfg.seed, 1 << 20])
         self.q = [Tensor.from_numpy(self.layer_backends[layer],
                                     rng.uniform(-1, 1, (npl, 1, cfg.n_head, cfg.head_dim)).astype(np.float32),
@@ -474,10 +521,28 @@ class _Cache:
         self.prompts = np.array(cfg.prompts(npl), np.int32)  # each sequence's length before the first step
         self.n_kv = [cfg.n_kv(npl, t) for t in range(cfg.ntg)]  # the window of each step
         # each cache layer's tensor, by address: an input viewing one is that layer's window
-        self.layer_of = {t._p: layer for layer in range(cfg.n_layer) for t in (self.kv.k(layer), self.kv.v(layer))}
-        self.resident_bytes = [sum(self.kv.k(layer).nbytes + self.kv.v(layer).nbytes
-                                   for layer in range(cfg.n_layer) if self.places[layer] == d)
+        pools = self.pools()
+        self.layer_of = {t._p: layer for layer, pair in enumerate(pools) for t in pair}
+        self.resident_bytes = [sum(k.nbytes + v.nbytes for layer, (k, v) in enumerate(pools) if self.places[layer] == d)
                                for d in range(len(devices))]
+
+    def _fill(self, ty: Type, pinned: bool) -> None:
+        """Make the cache (kv) and write each sequence's cells: sequence i in stream i (unified: cells
+        i*L..)."""
+        cfg, npl, unified = self.cfg, self.npl, self.unified
+        self.kv = kv = new_cache(ty, cfg.head_dim, cfg.n_head_kv, cfg.n_ctx, 1 if unified else npl, cfg.n_layer,
+                       cfg.v_trans, pinned, [None if d is None else self.devices[d] for d in self.places])
+        L = cfg.cells
+        for layer in range(cfg.n_layer):
+            for which in ("k", "v"):
+                for i in range(npl):  # sequence i: the same values in either layout
+                    data = random_rows(ty, L, cfg.n_embd, (cfg.seed, layer, i, which == "v"))
+                    stream, cell0 = (0, i * L) if unified else (i, 0)
+                    write_cells(kv, which, layer, stream, cell0, data)
+
+    def pools(self) -> List[Tuple[Tensor, Tensor]]:
+        """Each layer's K and V tensors."""
+        return [(self.kv.k(layer), self.kv.v(layer)) for layer in range(self.cfg.n_layer)]
 
     def is_window(self, src: Tensor) -> bool:
         """Whether the input source src views a layer's K or V (not a query or the lengths)."""
@@ -508,12 +573,50 @@ class _Cache:
         self.kv.close()
 
 
+class _PagedCache(_Cache):
+    """The same sequences in a paged cache (--paged): sequence i's table drawn by adjacency, its cells
+    the cells cache's stream i's."""
+
+    def __init__(self, cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, pinned: bool) -> None:
+        super().__init__(cfg, devices, cpu, npl, False, pinned)
+
+    def _fill(self, ty: Type, pinned: bool) -> None:
+        cfg, npl = self.cfg, self.npl
+        n_blocks = cfg.paged_blocks(npl)
+        self.paged = new_paged_cache(ty, cfg.head_dim, cfg.n_head_kv, cfg.block_size, n_blocks, npl, cfg.n_layer,
+                                     cfg.v_trans, pinned)
+        L = cfg.cells
+        tables = adjacent_tables([blocks_for(L, cfg.block_size)] * npl, n_blocks, cfg.adjacency, cfg.seed)
+        for i, table in enumerate(tables):
+            self.paged.set_table(i, table, L)
+        for layer in range(cfg.n_layer):
+            for which in ("k", "v"):
+                for i in range(npl):
+                    data = random_rows(ty, L, cfg.n_embd, (cfg.seed, layer, i, which == "v"))
+                    write_paged_cells(self.paged, which, layer, i, 0, data)
+
+    def pools(self) -> List[Tuple[Tensor, Tensor]]:
+        return [(self.paged.k(layer), self.paged.v(layer)) for layer in range(self.cfg.n_layer)]
+
+    def is_window(self, src: Tensor) -> bool:
+        """Whether the input source src is a paged window (by the name the library gives one)."""
+        return src.name.startswith("paged_window")
+
+    def windows(self, n_kv: int) -> Sequence[Tuple[Tensor, Tensor]]:
+        """Every layer's paged K and V windows of n_kv cells (PagedWindows: one C call)."""
+        return self.paged.windows(n_kv)
+
+    def close(self) -> None:
+        self.paged.close()
+
+
 class _Variant:
     """One copy policy (with or without compact staging, serial or prefetching) over a cache: its
     scheduler, and each step's fastest times over its timed repetitions."""
 
-    def __init__(self, cache: _Cache, cpu: Backend, policy: str, compact: bool, prefetch: int) -> None:
-        self.cache, self.policy, self.compact, self.prefetch = cache, policy, compact, prefetch
+    def __init__(self, cache: _Cache, cpu: Backend, policy: str, compact: bool, prefetch: int,
+                 gather: str = "") -> None:
+        self.cache, self.policy, self.compact, self.prefetch, self.gather = cache, policy, compact, prefetch, gather
         self.sched = Scheduler([*cache.devices, cpu], policy=policy, compact=compact, prefetch=prefetch)
         self.graphs = StepGraph(self.sched, self._build)
         ntg, n_dev = cache.cfg.ntg, len(cache.devices)
@@ -525,7 +628,9 @@ class _Variant:
         self.traced: List[TracedStep] = []  # with cfg.trace: the last timed repetition's steps
         self.counts = (0, 0, 0, 0, [0] * n_dev, [0] * n_dev)  # a repetition's copied, read, rebuilds, ahead, per device
         self.predicted = 0.0  # a repetition's copy time by the cost models
-        self.label = f"npl {cache.npl} {run_name(policy, compact, prefetch)}{' unified' if cache.unified else ''}"
+        self.calls, self.gathers_used = 0, ""  # a repetition's window copy calls, the gathers they took
+        name = PAGED_NAMES[gather] if gather else run_name(policy, compact, prefetch)
+        self.label = f"npl {cache.npl} {name}{' unified' if cache.unified else ''}"
 
     def _build(self, n_kv: object) -> List[Tensor]:
         c = self.cache
@@ -539,9 +644,13 @@ class _Variant:
         c = self.cache
         cfg = c.cfg
         n_dev = len(c.devices)
-        copied = read = ahead = 0
+        copied = read = ahead = calls = 0
         predicted = 0.0
         dev_bytes, dev_kv = [0] * n_dev, [0] * n_dev
+        used: Set[str] = set()
+        if self.gather:  # the paged cache's setting, read when its windows are copied
+            assert isinstance(c, _PagedCache)
+            c.paged.gather = self.gather
         builds = self.graphs.builds
         digest = hashlib.sha256()
         traced: List[TracedStep] = []
@@ -557,8 +666,9 @@ class _Variant:
             self.sched.compute(graph)
             decode = time.perf_counter() - t1
             st = self.sched.stats
-            device_copy, window_copied, window_read = self._step_inputs(dev_bytes, dev_kv)
+            device_copy, window_copied, window_read, window_calls = self._step_inputs(dev_bytes, dev_kv, used)
             copied, read, ahead = copied + window_copied, read + window_read, max(ahead, st.ahead_bytes)
+            calls += window_calls
             predicted += st.predicted_seconds
             self.split_memory = max(self.split_memory, self.sched.buffer_size(c.split))
             self.device_memory = [max(m, self.sched.buffer_size(d)) for m, d in zip(self.device_memory, c.devices)]
@@ -578,16 +688,18 @@ class _Variant:
         if timed:
             self.counts = (copied, read, self.graphs.builds - builds, ahead, dev_bytes, dev_kv)
             self.predicted = predicted
+            self.calls, self.gathers_used = calls, "+".join(sorted(used))
             self.digests.append(digest.hexdigest())
             self.traced = traced
 
-    def _step_inputs(self, copied: List[int], kv: List[int]) -> Tuple[List[float], int, int]:
+    def _step_inputs(self, copied: List[int], kv: List[int], gathers: Set[str]) -> Tuple[List[float], int, int, int]:
         """Add the last step's inputs to each device's bytes and KV windows' bytes (an input counts for the
-        device of the split reading it). Returns each device's copy time in the step, and the bytes the
-        K and V windows copied and read (a row's bytes: the lengths' copy is not the claim's)."""
+        device of the split reading it), and the methods paged windows were gathered by to gathers. Returns
+        each device's copy time in the step, and the bytes the K and V windows copied and read and their
+        copy calls (a row's figures: the lengths' copy is not the claim's)."""
         c = self.cache
         copy = [0.0] * len(c.devices)
-        window_copied = window_read = 0
+        window_copied = window_read = window_calls = 0
         index = {d._p: i for i, d in enumerate(c.devices)}
         for split in self.sched.splits:
             d = index.get(split.backend._p)
@@ -600,7 +712,10 @@ class _Variant:
                     kv[d] += inp.stats.bytes_copied
                     window_copied += inp.stats.bytes_copied
                     window_read += inp.stats.bytes_read
-        return copy, window_copied, window_read
+                    window_calls += inp.stats.copy_calls
+                    if inp.stats.gather is not None:
+                        gathers.add(str(inp.stats.gather))
+        return copy, window_copied, window_read, window_calls
 
     def row(self) -> BenchRow:
         """The variant's row in this replica.
@@ -624,7 +739,7 @@ class _Variant:
         return BenchRow(c.npl, self.policy, c.unified, tps, decode, self.floors["copy"].total,
                         self.floors["compute"].total, copied, read, self.digests[0], self.compact, self.split_memory,
                         self.floors["host"].total, rebuilds, self.prefetch, ahead, devices, c.cfg.ntg, (tps,),
-                        self.predicted)
+                        self.predicted, self.calls, self.gather, self.gathers_used)
 
 
 class _Replica:
@@ -640,6 +755,10 @@ class _Replica:
                 self.caches.append(_Cache(cfg, devices, cpu, npl, unified, pinned))
                 self.variants += [_Variant(self.caches[-1], cpu, policy, compact, depth)
                                   for policy, compact in variants(cfg) for depth in cfg.prefetch_depths]
+            if cfg.paged:
+                self.caches.append(_PagedCache(cfg, devices, cpu, npl, pinned))
+                self.variants += [_Variant(self.caches[-1], cpu, "ragged", False, 0, gather)
+                                  for gather in PAGED_GATHERS]
         except BaseException:
             self.close()
             raise
@@ -669,7 +788,7 @@ def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
     """
     first = rows[0]
     label = f"npl {first.npl} {first.label}{' unified' if first.unified else ''}"
-    if len({(r.bytes_copied, r.bytes_read) for r in rows}) != 1:
+    if len({(r.bytes_copied, r.bytes_read, r.copy_calls) for r in rows}) != 1:
         raise AssertionError(f"{label}: replicas moved different bytes")
     if len({r.output_sha256 for r in rows}) != 1:
         raise AssertionError(f"{label}: replicas gave different attention outputs")
@@ -687,7 +806,8 @@ def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
 
 def replica_bytes(cfg: BenchConfig) -> int:
     """The cache memory of one replica of one npl: every layout's K and V of every layer."""
-    return len(cfg.layouts) * cfg.n_layer * 2 * cfg.n_ctx * row_size(cfg.type_kv, cfg.n_embd)
+    paged = cfg.paged_blocks(max(cfg.npl)) * cfg.block_size if cfg.paged else 0
+    return (len(cfg.layouts) * cfg.n_ctx + paged) * cfg.n_layer * 2 * row_size(cfg.type_kv, cfg.n_embd)
 
 
 def _link_totals(devices: Sequence[Backend]) -> List[Tuple[float, float]]:

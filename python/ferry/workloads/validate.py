@@ -17,6 +17,12 @@ policy also runs overlapped (its scheduler prefetching each layer's windows on t
 copy queue while earlier layers compute; hashes keyed "<policy>+overlap"), which changes
 when bytes move, never which: its hash must be the same too.
 
+With --paged the same sequences are also served through a paged cache (ferry.paged.PagedKVCache:
+each stream a table of --block-size cell blocks drawn with --adjacency of them right after their
+predecessor) under the ragged policy, once per gather method the split offers and once as the
+library chooses (hashes keyed "paged/<method>"): a gather changes how the blocks are copied,
+never what attention reads, so each hash must be the cells cache's.
+
 The negative control shows the gate can fail: the cache has one stream more than a wave
 uses, kept as a copy of stream 0 (so stream S is stream 0's neighbour after S-1), and the
 control runs the `ranges` policy with each wave's window shifted one stream up, so that every
@@ -31,8 +37,10 @@ from typing import Dict, Hashable, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
-from ..backend import Backend, CPUBackend
+from ..backend import Backend, CPUBackend, StandinBackend
 from ..errors import InvalidArgumentError
+from ..kv import KVCache
+from ..paged import PagedKVCache
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
@@ -52,6 +60,16 @@ from .common import (
     write_cells,
 )
 from .devices import DeviceConfig, Place, naming_device_memory, placement_name, standard_placements
+from .paged_tables import (
+    ADJACENCY,
+    BLOCK_SIZE,
+    adjacent_tables,
+    blocks_for,
+    check_paged,
+    new_paged_cache,
+    offered_gathers,
+    write_paged_cells,
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,9 @@ class ValidateConfig:
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
     npp: Optional[int] = None  # the longest prompt; None: kv_size - n_step
     lengths: Lengths = "uniform"  # the prompts' lengths: common.prompt_lengths
+    paged: bool = False  # also serve through a paged cache, once per gather method (hashes "paged/<method>")
+    block_size: int = BLOCK_SIZE  # cells per block of the paged cache
+    adjacency: float = ADJACENCY  # share of a stream's blocks right after their predecessor in the pool
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -101,6 +122,8 @@ class ValidateConfig:
             raise InvalidArgumentError(f"-npl {self.n_stream}: a stream holds {self.kv_size} cells (-c / -npl), fewer "
                                        f"than -npp + -ntg = {self.longest_prompt + self.n_step}")
         check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
+        if self.paged:
+            check_paged(self.block_size, self.adjacency)
         if self.v_trans and self.type_kv == "q8_0":
             raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
         self.devices.check(self.n_layer, self.device)
@@ -193,12 +216,24 @@ class _Served:
     """The cache and each sequence's content: prompt cells written at the start of a wave, one more
     cell per decode step, stream S kept a copy of stream 0."""
 
-    def __init__(self, cfg: ValidateConfig, placement: Optional[Sequence[Optional[Backend]]] = None) -> None:
+    def __init__(self, cfg: ValidateConfig, placement: Optional[Sequence[Optional[Backend]]] = None,
+                 paged: Optional[Tuple[str, bool]] = None) -> None:
         self.cfg = cfg
         ty = to_type(cfg.type_kv)
         S = cfg.n_stream
-        self.kv = new_cache(ty, cfg.head_dim, cfg.n_head_kv, (S + 1) * cfg.kv_size, S + 1, cfg.n_layer, cfg.v_trans,
-                            False, placement)
+        self.kv: Union[KVCache, PagedKVCache]
+        if paged is None:
+            self.kv = new_cache(ty, cfg.head_dim, cfg.n_head_kv, (S + 1) * cfg.kv_size, S + 1, cfg.n_layer,
+                                cfg.v_trans, False, placement)
+        else:  # a stream's table holds kv_size cells; the pool twice the blocks, the free among the runs
+            gather, pinned = paged
+            per_stream = blocks_for(cfg.kv_size, cfg.block_size)
+            n_blocks = 2 * (S + 1) * per_stream
+            self.kv = new_paged_cache(ty, cfg.head_dim, cfg.n_head_kv, cfg.block_size, n_blocks, S + 1, cfg.n_layer,
+                                      cfg.v_trans, pinned)
+            for s, table in enumerate(adjacent_tables([per_stream] * (S + 1), n_blocks, cfg.adjacency, cfg.seed)):
+                self.kv.set_table(s, table, cfg.kv_size)
+            self.kv.gather = gather
         self.row = row_size(ty, cfg.n_embd)
         self.prompt = cfg.prompts()
         self.content = {(i, layer, which): random_rows(ty, self.prompt[i] + cfg.n_step, cfg.n_embd,
@@ -210,7 +245,10 @@ class _Served:
             for which in ("k", "v"):
                 data = self.content[seq, layer, which][cell0 * self.row:(cell0 + n) * self.row]
                 for s in (stream, self.cfg.n_stream) if stream == 0 else (stream,):
-                    write_cells(self.kv, which, layer, s, cell0, data)
+                    if isinstance(self.kv, PagedKVCache):
+                        write_paged_cells(self.kv, which, layer, s, cell0, data)
+                    else:
+                        write_cells(self.kv, which, layer, s, cell0, data)
 
     def start_wave(self, seqs: List[int]) -> None:
         for s, i in enumerate(seqs):
@@ -227,7 +265,8 @@ def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
 
 
 def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
-          compact: bool = False, prefetch: int = 0, layout: Optional[Layout] = None) -> Tuple[str, int, int]:
+          compact: bool = False, prefetch: int = 0, layout: Optional[Layout] = None,
+          gather: Optional[str] = None) -> Tuple[str, int, int]:
     """Serve every sequence under a policy and hash every attention output.
 
     Each step writes its queries and lengths into tensors kept per wave size, and runs the graph of
@@ -248,6 +287,9 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     layout : Layout, optional
         The devices, which runs each layer and where each layer's KV lives; None: every layer on
         split, its KV on the host.
+    gather : str, optional
+        Serve through a paged cache (in host memory, pinned for CUDA) gathered by this method (a
+        GatherMethod's name); None: the cells cache.
 
     Returns
     -------
@@ -257,7 +299,9 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     """
     cpu = CPUBackend()
     lay = layout or Layout.one(split, cfg.n_layer)
-    served = _Served(cfg, [None if d is None else lay.devices[d] for d in lay.places])
+    pinned = not isinstance(split, StandinBackend)
+    served = _Served(cfg, [None if d is None else lay.devices[d] for d in lay.places],
+                     None if gather is None else (gather, pinned))
     sched = Scheduler([*lay.devices, cpu], policy=policy, compact=compact, prefetch=prefetch)
     on: Union[Backend, List[Backend]] = split if layout is None else [lay.devices[d] for d in lay.runs_on]
     inputs: Dict[int, Tuple[List[Tensor], Tensor]] = {}  # per wave size: each layer's query, the lengths
@@ -371,5 +415,10 @@ def _run_validate(cfg: ValidateConfig) -> ValidateResult:
                 else:
                     got = serve(cfg, split, policy, compact=compact, prefetch=prefetch, layout=layout)
                 hashes[name], memory[name], builds[name] = got
+    if cfg.paged:
+        pinned = not isinstance(split, StandinBackend)
+        for method in (*offered_gathers(to_type(cfg.type_kv), cfg.v_trans, pinned, split), "auto"):
+            name = f"paged/{method}"
+            hashes[name], memory[name], builds[name] = serve(cfg, split, "ragged", gather=method)
     control, _, _ = serve(cfg, split, "ranges", shift=1)
     return ValidateResult(split.name, hashes, control, memory, builds, names)

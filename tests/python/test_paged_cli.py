@@ -1,0 +1,181 @@
+"""The paged workloads (issue 36): block tables drawn by adjacency; `ferry bench --paged`'s rows
+(per-block, ferry's merged gather, the cells' ragged copy) with their copy calls, bytes and
+predictions; `ferry validate --paged` hashing every gather method against the cells cache, and
+failing when one differs; `ferry plan --paged`'s prediction equal to what the stand-in's link
+charges when the plan it prints is run."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, List
+
+import numpy as np
+import pytest
+
+import ferry
+from ferry.cli import main
+from ferry.workloads import validate as validate_workload
+from ferry.workloads.bench import BenchConfig, run_bench
+from ferry.workloads.devices import DeviceConfig
+from ferry.workloads.paged_plan import paged_cache, standin
+from ferry.workloads.paged_tables import adjacent_tables, blocks_for, runs_of
+from ferry.workloads.validate import ValidateConfig, run_validate
+
+
+@pytest.mark.parametrize("blocks, n_blocks", [([7, 3, 1, 0, 5], 16), ([4], 4), ([6, 6], 12), ([9, 2, 4], 40)])
+@pytest.mark.parametrize("adjacency", [0.0, 0.3, 0.5, 0.9, 1.0])
+def test_tables_have_the_adjacency_asked_for(blocks: List[int], n_blocks: int, adjacency: float) -> None:
+    """Each table exactly round(F * (m - 1)) blocks right after their predecessor, no block in two
+    tables, every id in the pool; the same seed the same tables."""
+    for seed in range(3):
+        tables = adjacent_tables(blocks, n_blocks, adjacency, seed)
+        assert [len(t) for t in tables] == blocks
+        ids = [b for t in tables for b in t]
+        assert len(set(ids)) == len(ids) and all(0 <= b < n_blocks for b in ids)
+        for t in tables:  # round half up: 0.5 * (4 - 1) = 1.5 -> 2
+            assert len(t) - runs_of(t) == math.floor(adjacency * max(len(t) - 1, 0) + 0.5), (t, adjacency)
+        assert tables == adjacent_tables(blocks, n_blocks, adjacency, seed)
+    with pytest.raises(ferry.InvalidArgumentError, match="--adjacency must be a number from 0 to 1"):
+        adjacent_tables(blocks, n_blocks, 1.5, 0)
+    with pytest.raises(ferry.InvalidArgumentError, match="blocks asked of a pool of"):
+        adjacent_tables(blocks, sum(blocks) - 1, adjacency, 0)
+
+
+# ------------------------------------------------------------ bench --paged
+
+LATENCY_US = 2.0
+
+
+def test_bench_paged_rows_count_calls_bytes_and_predictions() -> None:
+    """Per step: per-block a call per block of each K and V window, merged (batched on the stand-in)
+    one per window, the cells' ragged copy alike; the same bytes in each, all read; the same outputs;
+    with no row cost, predictions apart by the calls' latency alone."""
+    cfg = BenchConfig(n_ctx=1536, npl=(3,), npp=90, ntg=3, n_layer=2, head_dim=32, n_head_kv=2, n_head=4,
+                      policies=("ragged",), device="cpu", repeat=1, rounds=1, paged=True, block_size=8,
+                      adjacency=0.5, devices=DeviceConfig(latency_us=(LATENCY_US,)))
+    res = run_bench(cfg)
+    per_block, merged, cells = (res.row(3, "ragged", gather="per_block"), res.row(3, "ragged", gather="auto"),
+                                res.row(3, "ragged"))
+    assert (per_block.label, merged.label, cells.label) == ("paged per-block", "paged merged", "ragged")
+    windows = cfg.n_layer * 2
+    assert per_block.copy_calls == windows * sum(3 * blocks_for(cfg.npp + t + 1, 8) for t in range(cfg.ntg))
+    assert merged.copy_calls == cells.copy_calls == windows * cfg.ntg
+    assert merged.gather_used == "batched" and per_block.gather_used == "per_block" and cells.gather_used == ""
+    row = 32 * 2 * 2
+    want = windows * row * sum(3 * (cfg.npp + t + 1) for t in range(cfg.ntg))
+    for r in (per_block, merged, cells):
+        assert r.bytes_copied == r.bytes_read == want
+    assert res.outputs_identical(3)
+    gap = (per_block.copy_calls - cells.copy_calls) * LATENCY_US * 1e-6
+    assert per_block.predicted_copy_s - cells.predicted_copy_s == pytest.approx(gap, rel=1e-6)
+    assert merged.predicted_copy_s == pytest.approx(cells.predicted_copy_s, rel=1e-6)
+
+
+def test_bench_paged_prints_and_writes_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--paged", "-c", "512", "-npl", "2", "-npp", "40", "-ntg", "2", "--head-dim", "32",
+            "--kv-heads", "1", "--heads", "2", "--layers", "1", "--repeat", "1", "--rounds", "1", "--device", "cpu"]
+    assert main(argv + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["label"], r["gather"]) for r in rows] == [("ragged", ""), ("paged per-block", "per_block"),
+                                                         ("paged merged", "auto")]
+    # where a window is one run a call each, auto keeps the runs (a tie); elsewhere batched copies
+    assert rows[1]["gather_used"] == "per_block" and set(rows[2]["gather_used"].split("+")) <= {"batched", "runs"}
+    for r in rows:
+        assert r["copy_calls_per_step"] == r["copy_calls"] / 2 > 0
+        assert r["predicted_copy_s_per_step"] > 0 and r["bytes_copied_per_step"] == rows[0]["bytes_copied_per_step"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    for name in ("paged per-block", f"paged merged ({rows[2]['gather_used']})", "cells ragged", "calls/step",
+                 "predicted"):
+        assert name in text
+    assert "outputs identical across the paged gathers and the cells cache" in text
+
+
+# ------------------------------------------------------------ validate --paged
+
+
+def tiny_validate(**kw: Any) -> ValidateConfig:
+    return ValidateConfig(n_seq=4, n_stream=2, n_layer=1, n_step=2, kv_size=48, head_dim=32, n_head_kv=1, n_head=2,
+                          policies=("ragged",), overlap=False, device="cpu", paged=True, block_size=4, **kw)
+
+
+def test_validate_paged_hashes_every_gather_method_as_the_cells_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hash per method the stand-in offers and for auto, each served by that method, all the cells'."""
+    used: List[str] = []
+
+    class Recording(ferry.Scheduler):
+        def compute(self, graph: Any) -> None:
+            super().compute(graph)
+            used.extend(str(i.stats.gather) for i in self.inputs if i.stats.gather is not None)
+
+    monkeypatch.setattr(validate_workload, "Scheduler", Recording)
+    res = run_validate(tiny_validate(adjacency=0.5, v_trans=True))
+    assert list(res.hashes) == ["ragged", "paged/per_block", "paged/runs", "paged/batched", "paged/auto"]
+    assert res.passed
+    assert {"per_block", "runs", "batched"} <= set(used)
+
+
+def test_validate_paged_fails_when_a_paged_cache_reads_other_cells(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The gate can fail on a paged cache: its cells written one cell late, every paged hash differs from
+    the cells cache's, and the command exits 1."""
+    write = validate_workload.write_paged_cells
+
+    def one_late(cache: Any, which: str, layer: int, seq: int, cell0: int, data: bytes) -> None:
+        write(cache, which, layer, seq, cell0 + 1, data)
+
+    monkeypatch.setattr(validate_workload, "write_paged_cells", one_late)
+    res = run_validate(tiny_validate())
+    assert not res.identical and res.hashes["paged/auto"] != res.hashes["ragged"]
+    assert len({h for k, h in res.hashes.items() if k.startswith("paged/")}) == 1
+    assert main(["validate", "--paged", "-c", "96", "-npl", "2", "-npp", "20", "-ntg", "2", "--head-dim", "32",
+                 "--kv-heads", "1", "--heads", "2", "--layers", "1", "--policy", "ragged", "--no-overlap",
+                 "--device", "cpu"]) == 1
+    out = capsys.readouterr()
+    assert "policies and paged gathers: DIFFERENT" in out.out and "the gate failed" in out.err
+
+
+# ------------------------------------------------------------ plan --paged
+
+PLAN = ["-c", "2048", "-npl", "3", "-npp", "100", "-ntg", "4", "--head-dim", "32", "--kv-heads", "2",
+        "--block-size", "8", "--latency-us", "2", "--row-ns", "50", "--link-gbps", "4"]
+
+
+@pytest.mark.parametrize("which, adjacency, v_trans", [("k", 0.5, False), ("v", 0.0, True), ("v", 1.0, False)])
+def test_plan_paged_predicts_what_its_plan_costs_when_run(which: str, adjacency: float, v_trans: bool,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """What `ferry plan --paged` prints, run: the same cache and window copied into the same stand-in by
+    each method, the link charging each method's printed prediction, the chosen one's calls and bytes."""
+    argv = ["plan", "--paged", *PLAN, "--which", which, "--adjacency", str(adjacency)] + ["--v-trans"] * v_trans
+    assert main(argv + ["--json"]) == 0
+    (p,) = json.loads(capsys.readouterr().out)
+    cache = paged_cache(2048, 3, 104, "f16", 32, 2, v_trans, 8, adjacency)
+    split = standin((4.0,), (2.0,), (50.0,))
+    k, v = cache.window(0, 104)
+    window = k if which == "k" else v
+    assert p["bytes"] == 3 * 104 * 32 * 2 * 2 and p["blocks"] == 3 * 13
+    assert p["method"] == min((s, m) for m, s in p["method_seconds"].items() if s is not None and m != "auto")[1]
+    for method, predicted in p["method_seconds"].items():
+        if predicted is None:
+            continue
+        cache.gather = method
+        dst = window.dup_layout()
+        split.alloc_buffer_for(dst)
+        split.reset_link_stats()
+        st = ferry.copy_path.copy_input(split, "flat", window, dst)
+        assert split.link_stats.modelled_seconds == pytest.approx(predicted, rel=1e-9), method
+        assert st.bytes_copied == p["bytes"]
+        if method in ("auto", p["method"]):
+            assert split.link_stats.modelled_seconds == pytest.approx(p["seconds"], rel=1e-9)
+            assert st.copy_calls == p["calls"]
+        if method == "per_block":
+            assert st.copy_calls == p["blocks"]
+    assert p["runs"] == sum(runs_of(cache.table(s)[0]) for s in range(3))
+    cache.close()
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"{p['blocks']} blocks in {p['runs']} runs; {p['method']}: {p['calls']} call" in text
+    chosen = [ln for ln in text.splitlines() if "<- chosen" in ln]
+    assert len(chosen) == 1 and chosen[0].split()[0] == p["method"]
+    assert np.isclose(p["seconds"], p["method_seconds"][p["method"]])
