@@ -700,7 +700,37 @@ def _layer_cells(cells: Optional[Sequence[Optional[int]]], n_layer: int) -> Opti
     return [0 if c is None else _checks.as_int64(c, f"KVCache: layer_cells[{i}]") for i, c in enumerate(cells)]
 
 
-class KVWindows(Sequence[Tuple[Tensor, Tensor]]):
+class LayerWindows(Sequence[Tuple[Tensor, Tensor]]):
+    """Every layer's K and V windows of a cache, each pair made when it is indexed (KVWindows,
+    ferry.paged.PagedWindows); a slice gives a list of pairs, an index out of range IndexError."""
+
+    _what = "windows"  # the name messages give
+    cache: Any  # the cache, whose params give n_layer
+
+    def __len__(self) -> int:
+        return int(self.cache.params.n_layer)
+
+    @overload
+    def __getitem__(self, i: int) -> Tuple[Tensor, Tensor]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> List[Tuple[Tensor, Tensor]]: ...
+
+    def __getitem__(self, i: Union[int, slice]) -> Union[Tuple[Tensor, Tensor], List[Tuple[Tensor, Tensor]]]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        layer = _checks.as_c_int(i, f"{self._what}: layer")
+        n = len(self)
+        if not -n <= layer < n:
+            raise IndexError(f"{self._what}: layer {layer} is not in 0..{n - 1}")
+        return self._window(layer % n)
+
+    def _window(self, layer: int) -> Tuple[Tensor, Tensor]:
+        """Layer layer's (0..n_layer - 1) K and V windows."""
+        raise NotImplementedError
+
+
+class KVWindows(LayerWindows):
     """Every layer's K and V windows of the first n_kv cells of streams s0..s1 (KVCache.windows).
 
     Indexing makes a layer's pair with KVCache.window, of min(n_kv, the layer's cells) cells: a
@@ -724,29 +754,15 @@ class KVWindows(Sequence[Tuple[Tensor, Tensor]]):
         For a cache that is not a KVCache, or values that cannot reach C.
     """
 
+    _what = "kv windows"
+
     def __init__(self, cache: KVCache, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> None:
         self.cache = _checks.instance(cache, KVCache, "kv windows: cache")
         self.n_kv = _checks.as_int64(n_kv, "kv_window: n_kv")
         self.s0 = _checks.as_int64(s0, "kv_window: s0")
         self.s1 = cache.params.n_stream - 1 if s1 is None else _checks.as_int64(s1, "kv_window: s1")
 
-    def __len__(self) -> int:
-        return self.cache.params.n_layer
-
-    @overload
-    def __getitem__(self, i: int) -> Tuple[Tensor, Tensor]: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> List[Tuple[Tensor, Tensor]]: ...
-
-    def __getitem__(self, i: Union[int, slice]) -> Union[Tuple[Tensor, Tensor], List[Tuple[Tensor, Tensor]]]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        layer = _checks.as_c_int(i, "kv windows: layer")
-        n = len(self)
-        if not -n <= layer < n:
-            raise IndexError(f"kv windows: layer {layer} is not in 0..{n - 1}")
-        layer %= n
+    def _window(self, layer: int) -> Tuple[Tensor, Tensor]:
         cache = self.cache
         # beyond a full layer's cells: unclamped, so that window refuses it as the one-call path does
         n_kv = self.n_kv if self.n_kv > cache.kv_size else min(self.n_kv, cache.layer_kv_size(layer))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import builtins
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from . import _checks
 from ._binding import ffi, lib
@@ -30,7 +30,7 @@ from ._handle import Closeable, Handle
 from .backend import Backend
 from .buffer import BorrowedBuffer, BufferType, cpu_buffer_type
 from .errors import FerryError, InvalidArgumentError, LayoutError, OutOfBoundsError, check
-from .kv import ATTENTION_TYPES, _placement_bufts, _type_arg, _which
+from .kv import ATTENTION_TYPES, LayerWindows, _placement_bufts, _type_arg, _which
 from .ops import mark_v_window
 from .policy import GatherLike, GatherMethod, to_gather_method
 from .tensor import Tensor
@@ -584,7 +584,7 @@ class PagedKVCache(Closeable):
                 f"{p.n_layer} layers, {self.free_blocks} blocks free in {self._buffer_type.name}>")
 
 
-class PagedWindows(Sequence[Tuple[Tensor, Tensor]]):
+class PagedWindows(LayerWindows):
     """Every layer's K and V windows over sequences s0..s1 (PagedKVCache.windows): indexing makes a
     layer's pair with PagedKVCache.window; ferry.attention_step makes them all in one C call.
 
@@ -601,29 +601,16 @@ class PagedWindows(Sequence[Tuple[Tensor, Tensor]]):
         For a cache that is not a PagedKVCache, or values that cannot reach C.
     """
 
+    _what = "paged windows"
+
     def __init__(self, cache: PagedKVCache, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> None:
         self.cache = _checks.instance(cache, PagedKVCache, "paged windows: cache")
         self.n_kv = _checks.as_int64(n_kv, "paged_cache_window: n_kv")
         self.s0 = _checks.as_int64(s0, "paged_cache_window: s0")
         self.s1 = cache.params.n_seq - 1 if s1 is None else _checks.as_int64(s1, "paged_cache_window: s1")
 
-    def __len__(self) -> int:
-        return self.cache.params.n_layer
-
-    @overload
-    def __getitem__(self, i: int) -> Tuple[Tensor, Tensor]: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> List[Tuple[Tensor, Tensor]]: ...
-
-    def __getitem__(self, i: Union[int, slice]) -> Union[Tuple[Tensor, Tensor], List[Tuple[Tensor, Tensor]]]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        layer = _checks.as_c_int(i, "paged windows: layer")
-        n = len(self)
-        if not -n <= layer < n:
-            raise IndexError(f"paged windows: layer {layer} is not in 0..{n - 1}")
-        return self.cache.window(layer % n, self.n_kv, self.s0, self.s1)
+    def _window(self, layer: int) -> Tuple[Tensor, Tensor]:
+        return self.cache.window(layer, self.n_kv, self.s0, self.s1)
 
     def __repr__(self) -> str:
         return f"<PagedWindows n_kv={self.n_kv} sequences {self.s0}..{self.s1} of {self.cache!r}>"
