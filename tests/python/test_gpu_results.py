@@ -133,7 +133,7 @@ def test_report_puts_overlapped_decode_beside_its_bound(files_at: Path) -> None:
         line = next(ln for ln in text.splitlines() if ln.startswith(f"| 2 | split | flat | {o['prefetch']} |"))
         assert f"| {o['serial_decode_s'] * 1e3:.2f} | {o['bound_s'] * 1e3:.2f} | {o['decode_s'] * 1e3:.2f} |" in line
         assert (f"| {o['over_serial']:.2f}x | {o['over_bound']:.2f}x | {o['over_floor']:.2f}x | "
-                f"{o['exposed_share']:.0%} |") in line
+                f"{o['exposed_share']:.0%} | {o['compute_over_serial']:.2f}x | {o['over_own_floor']:.2f}x |") in line
     # the first sweep's table takes serial rows only
     assert "## Copies under compute" in text
 

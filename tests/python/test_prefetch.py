@@ -177,10 +177,14 @@ def test_bench_overlap_runs_each_prefetch_depth_and_says_how_much_stays_exposed(
         floor = s.copy_s / 3 + 2 * bound / 3 + s.compute_s / 3
         assert d["floor_s"] == pytest.approx(floor) and d["over_floor"] == pytest.approx(r.decode_s / floor)
         assert bound <= floor <= s.copy_s + s.compute_s
+        # the same from the overlapped run's own copy and compute, which running side by side may slow
+        own = r.copy_s / 3 + 2 * max(r.copy_s, r.compute_s) / 3 + r.compute_s / 3
+        assert d["own_floor_s"] == pytest.approx(own) and d["over_own_floor"] == pytest.approx(r.decode_s / own)
+        assert d["compute_over_serial"] == pytest.approx(r.compute_s / s.compute_s)
     assert all("exposed_share" not in d for r, d in zip(res.rows, res.as_dicts()) if not r.overlap)
     text = bench_cli.format_result(res)
     assert "prefetching 1, 2 layer(s) ahead" in text and "ranges+overlap2" in text and "exposed" in text
-    assert "/ floor" in text
+    assert "/ floor" in text and "compute x" in text
 
 
 def test_the_floor_is_left_out_where_layers_are_not_alike() -> None:
@@ -188,7 +192,8 @@ def test_the_floor_is_left_out_where_layers_are_not_alike() -> None:
                       devices=DeviceConfig(kv_device_layers=1))
     res = run_bench(cfg)
     over = [d for d in res.as_dicts() if d["overlap"]]
-    assert over and all(d["floor_s"] is None and d["over_floor"] is None for d in over)
+    assert over and all(d["floor_s"] is None and d["over_floor"] is None and d["own_floor_s"] is None
+                        and d["over_own_floor"] is None for d in over)
     assert res.floor(next(r for r in res.rows if r.overlap)) is None
 
 

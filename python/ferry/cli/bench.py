@@ -218,16 +218,18 @@ def format_overlap(res: BenchResult) -> List[str]:
     """The lines of the overlap table (--overlap): per npl, layout, variant and prefetch depth, the serial
     run's decode, copy and compute times, the overlapped run's decode time, over the bound max(copy,
     compute), over the pipeline's floor (BenchResult.floor) and over the serial run, the exposed share of
-    what prefetching could hide, and what prefetching held on the split ahead of the layer computing."""
+    what prefetching could hide, the overlapped run's compute over the serial run's, and what prefetching
+    held on the split ahead of the layer computing."""
     cfg = res.config
     depths = ", ".join(map(str, cfg.prefetch))
     lines = [f"overlap: each variant also ran prefetching {depths} layer(s) ahead on the split's copy queue, taking "
              "turns with the serial run;",
              "bound = max(copy, compute) of the serial run; floor = the bound plus what no layer hides (the first "
              "layer's copy or the last's compute);",
-             "exposed = (overlapped - bound) / min(copy, compute): 0 hides all"]
+             "exposed = (overlapped - bound) / min(copy, compute): 0 hides all; compute x = the overlapped run's "
+             "compute over the serial run's (the copies beside it slowing it)"]
     head = ["npl", "cache", "policy", "serial", "copy", "compute", "overlapped", "/ bound", "/ floor", "/ serial",
-            "exposed", "ahead"]
+            "exposed", "compute x", "ahead"]
     body = []
     for npl in cfg.npl:
         for unified in cfg.layouts:
@@ -240,7 +242,9 @@ def format_overlap(res: BenchResult) -> List[str]:
                                  fmt_seconds(s.copy_s), fmt_seconds(s.compute_s), fmt_seconds(o.decode_s),
                                  f"{o.decode_s / bound:.2f}x" if bound > 0 else "-",
                                  f"{o.decode_s / floor:.2f}x" if floor else "-",
-                                 f"{o.decode_s / s.decode_s:.2f}x", f"{res.exposed(o):.0%}", fmt_mib(o.ahead_bytes)])
+                                 f"{o.decode_s / s.decode_s:.2f}x", f"{res.exposed(o):.0%}",
+                                 f"{o.compute_s / s.compute_s:.2f}x" if s.compute_s > 0 else "-",
+                                 fmt_mib(o.ahead_bytes)])
     return lines + format_table([head, *body], left=(1, 2))
 
 

@@ -397,17 +397,18 @@ class BenchResult:
         serial = self.serial_of(r)
         return max(serial.copy_s, serial.compute_s)
 
-    def floor(self, r: BenchRow) -> Optional[float]:
-        """The least decode time prefetching can reach for the row's variant, from its serial run: the
-        first layer's copy (nothing computes before it), then each layer's compute under the next
-        layer's copy, then the last layer's compute; with L equal layers, copy / L + (L - 1) / L *
-        max(copy, compute) + compute / L. It exceeds the bound by the first layer's copy or the last
-        layer's compute, a large share of a step of few layers. None where the layers are not alike
-        (some KV on a device, or several devices)."""
+    def floor(self, r: BenchRow, own: bool = False) -> Optional[float]:
+        """The least decode time prefetching can reach for the row's variant, from its serial run's copy
+        and compute (with own, from the overlapped row's own, which the copies and computes running
+        side by side may have slowed): the first layer's copy (nothing computes before it), then each
+        layer's compute under the next layer's copy, then the last layer's compute; with L equal layers,
+        copy / L + (L - 1) / L * max(copy, compute) + compute / L. It exceeds the bound by the first
+        layer's copy or the last layer's compute, a large share of a step of few layers. None where the
+        layers are not alike (some KV on a device, or several devices)."""
         cfg = self.config
         if cfg.devices.n_devices != 1 or cfg.devices.placed:
             return None
-        s, n = self.serial_of(r), cfg.n_layer
+        s, n = r if own else self.serial_of(r), cfg.n_layer
         return (s.copy_s + (n - 1) * max(s.copy_s, s.compute_s) + s.compute_s) / n
 
     def exposed(self, r: BenchRow) -> float:
@@ -461,18 +462,22 @@ class BenchResult:
         the unified cache); a split row's gain over the unified cache ("over_unified", "over_unified_low",
         "over_unified_high"); an overlapped row's serial decode time and bound ("serial_decode_s",
         "bound_s"), its decode time over each ("over_bound", "over_serial"), its exposed share
-        ("exposed_share", see exposed) and the pipeline's floor ("floor_s", "over_floor"; None where
-        floor has none); "config": the whole configuration."""
+        ("exposed_share", see exposed), the pipeline's floor ("floor_s", "over_floor"; None where
+        floor has none), the same from its own copy and compute ("own_floor_s", "over_own_floor"), and
+        its compute over the serial run's ("compute_over_serial": what running beside the copies cost
+        the compute); "config": the whole configuration."""
         config = asdict(self.config)
         out = []
         for r in self.rows:
             d = r.as_dict()
             if r.overlap:
                 serial, bound = self.serial_of(r), self.bound(r)
-                floor = self.floor(r)
+                floor, own = self.floor(r), self.floor(r, own=True)
                 d.update(serial_decode_s=serial.decode_s, bound_s=bound, over_bound=r.decode_s / bound,
                          over_serial=r.decode_s / serial.decode_s, exposed_share=self.exposed(r), floor_s=floor,
-                         over_floor=None if floor is None else r.decode_s / floor)
+                         over_floor=None if floor is None else r.decode_s / floor, own_floor_s=own,
+                         over_own_floor=None if not own else r.decode_s / own,
+                         compute_over_serial=r.compute_s / serial.compute_s if serial.compute_s > 0 else None)
             g, u = self.gain_interval(r), self.unified_gain(r)
             d.update(gain=None if g is None else g.estimate, gain_low=None if g is None else g.low,
                      gain_high=None if g is None else g.high,
