@@ -229,13 +229,7 @@ class KVCache(Closeable):
         from .interop import ForeignBuffer, from_array
 
         what = "KVCache.from_arrays"
-        for arg, layers in (("k_layers", k_layers), ("v_layers", v_layers)):
-            if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
-                raise InvalidArgumentError(f"{what}: {arg} is a sequence of arrays, one per layer, not "
-                                           f"{type(layers).__name__}")
-        if len(k_layers) != len(v_layers) or not k_layers:
-            raise InvalidArgumentError(f"{what}: {len(k_layers)} K layers and {len(v_layers)} V layers; "
-                                       "give one K and one V per layer")
+        _check_layer_lists(what, k_layers, v_layers, "give one K and one V per layer")
         ns = _checks.as_int64(n_stream, f"{what}: n_stream")
         if ns <= 0:
             raise InvalidArgumentError(f"{what}: n_stream must be positive, got {ns}")
@@ -245,11 +239,7 @@ class KVCache(Closeable):
             raise InvalidArgumentError(f"{what}: n_head_kv must be positive, got {heads}")
         ks = [_layer_array(a, "k", i, type_k, ns, False, from_array) for i, a in enumerate(k_layers)]
         vs = [_layer_array(a, "v", i, type_v, ns, vt, from_array) for i, a in enumerate(v_layers)]
-        for arg, ts in (("k_layers", ks), ("v_layers", vs)):
-            for i, t in enumerate(ts):
-                if t.type != ts[0].type:
-                    raise InvalidArgumentError(f"{what}: {arg}[{i}] is {t.type}, {arg}[0] {ts[0].type}: every layer "
-                                               f"of a cache has one {arg[0].upper()} type")
+        _check_one_type(what, [t.type for t in ks], [t.type for t in vs])
         n_embd = ks[0].ne[0]
         cells = [t.ne[1] for t in ks]
         for i, (k, v) in enumerate(zip(ks, vs)):
@@ -277,24 +267,10 @@ class KVCache(Closeable):
             p, ffi.new("int64_t[]", [0 if c == p.n_ctx // ns else c for c in cells]),
             ffi.new("ferry_buffer *[]", [b._p for b in kbufs]), ffi.new("size_t[]", [0] * n),
             ffi.new("ferry_buffer *[]", [b._p for b in vbufs]), ffi.new("size_t[]", [0] * n), out))
-        self = cls.__new__(cls)
-        bufs: List[ForeignBuffer] = [b for b in kbufs + vbufs if isinstance(b, ForeignBuffer)]
-        self._buffer_type = kbufs[0].type
-        foreign = {**{("k", i): b for i, b in enumerate(kbufs)}, **{("v", i): b for i, b in enumerate(vbufs)}}
-        self._setup(Handle(out[0], lib.ferry_kv_cache_free, [b._handle for b in bufs]), [b.type for b in kbufs],
-                    tuple(None if b.type.is_host else b.type._backend or b.type for b in kbufs), foreign)
-        return self
+        return _over_buffers(cls, out[0], lib.ferry_kv_cache_free, kbufs, vbufs, ForeignBuffer)
 
     def _layer_tensor(self, which: str, layer: int) -> Tensor:
-        t = self._wrappers.get((which, layer))
-        if t is None:
-            out = ffi.new("ferry_tensor **")
-            get = lib.ferry_kv_cache_k if which == "k" else lib.ferry_kv_cache_v
-            check(get(self._p, layer, out))
-            buf = self._foreign.get((which, layer)) or self.layer_buffer(layer)
-            t = Tensor._borrow(out[0], self._handle, keep=self, buffer=buf)
-            self._wrappers[which, layer] = t
-        return t
+        return _layer_tensor(self, which, layer, lib.ferry_kv_cache_k if which == "k" else lib.ferry_kv_cache_v)
 
     def _after_close(self) -> None:
         self._wrappers.clear()
@@ -358,16 +334,9 @@ class KVCache(Closeable):
         i = self._layer(layer)
         if ("k", i) in self._foreign:
             return self._foreign["k", i]
-        ptr = lib.ferry_kv_cache_layer_buffer(self._p, i)
-        if ptr == lib.ferry_kv_cache_buffer(self._p):
+        if lib.ferry_kv_cache_layer_buffer(self._p, i) == lib.ferry_kv_cache_buffer(self._p):
             return self.buffer
-        buf = self._wrappers.get(("buffer", i))
-        if buf is None:
-            buf = BorrowedBuffer(ptr, self._layer_bufts[i], self, self._handle)
-            for j in range(self._params.n_layer):  # one wrapper per C buffer
-                if lib.ferry_kv_cache_layer_buffer(self._p, j) == ptr:
-                    self._wrappers["buffer", j] = buf
-        return buf
+        return _layer_buffer(self, i, lib.ferry_kv_cache_layer_buffer)
 
     @property
     def buffer_type(self) -> BufferType:
@@ -630,6 +599,65 @@ def _layer_array(a: Any, which: str, layer: int, type: Optional[TypeLike], ns: i
         raise LayoutError(f"{what}: its streams (axis 0) are {nb[2]} bytes apart, {ne[1]} dense rows are "
                           f"{row * ne[1]}: pass a contiguous array (np.ascontiguousarray)")
     return t
+
+
+def _check_layer_lists(what: str, k_layers: Any, v_layers: Any, one_each: str) -> None:
+    """Raise InvalidArgumentError unless k_layers and v_layers are sequences of one array per layer,
+    as many of each and at least one (one_each: what the count's message asks for)."""
+    for arg, layers in (("k_layers", k_layers), ("v_layers", v_layers)):
+        if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+            raise InvalidArgumentError(f"{what}: {arg} is a sequence of arrays, one per layer, not "
+                                       f"{type(layers).__name__}")
+    if len(k_layers) != len(v_layers) or not k_layers:
+        raise InvalidArgumentError(f"{what}: {len(k_layers)} K layers and {len(v_layers)} V layers; {one_each}")
+
+
+def _check_one_type(what: str, types_k: List[Type], types_v: List[Type]) -> None:
+    """Raise InvalidArgumentError, naming the layer, where a layer's K (or V) type is not layer 0's."""
+    for arg, types in (("k_layers", types_k), ("v_layers", types_v)):
+        for i, t in enumerate(types):
+            if t != types[0]:
+                raise InvalidArgumentError(f"{what}: {arg}[{i}] is {t}, {arg}[0] {types[0]}: every "
+                                           f"layer of a cache has one {arg[0].upper()} type")
+
+
+def _over_buffers(cls: Any, ptr: Any, free: Any, kbufs: List[Any], vbufs: List[Any], foreign_type: Any) -> Any:
+    """A cache object of class cls (KVCache, PagedKVCache) over the C cache ptr (freed by free) that
+    from_arrays made over the caller's buffers: it keeps the foreign ones alive, and its placement
+    and memory are theirs."""
+    self = cls.__new__(cls)
+    bufs = [b for b in kbufs + vbufs if isinstance(b, foreign_type)]
+    self._buffer_type = kbufs[0].type
+    foreign = {**{("k", i): b for i, b in enumerate(kbufs)}, **{("v", i): b for i, b in enumerate(vbufs)}}
+    self._setup(Handle(ptr, free, [b._handle for b in bufs]), [b.type for b in kbufs],
+                tuple(None if b.type.is_host else b.type._backend or b.type for b in kbufs), foreign)
+    return self
+
+
+def _layer_tensor(cache: Any, which: str, layer: int, get: Callable[..., Any]) -> Tensor:
+    """A cache's (KVCache, PagedKVCache) tensor of a layer's K or V from the C getter get, made once
+    and kept while anyone holds it, borrowing the buffer it lies in."""
+    t = cache._wrappers.get((which, layer))
+    if t is None:
+        out = ffi.new("ferry_tensor **")
+        check(get(cache._p, layer, out))
+        buf = cache._foreign.get((which, layer)) or cache.layer_buffer(layer)
+        t = Tensor._borrow(out[0], cache._handle, keep=cache, buffer=buf)
+        cache._wrappers[which, layer] = t
+    return t
+
+
+def _layer_buffer(cache: Any, layer: int, layer_buffer: Callable[..., Any]) -> BorrowedBuffer:
+    """The buffer of a cache's layer as the C getter layer_buffer gives it: one wrapper per C buffer,
+    shared by the layers that lie in it."""
+    ptr = layer_buffer(cache._p, layer)
+    buf = cache._wrappers.get(("buffer", layer))
+    if buf is None:
+        buf = BorrowedBuffer(ptr, cache._layer_bufts[layer], cache, cache._handle)
+        for j in range(cache._params.n_layer):
+            if layer_buffer(cache._p, j) == ptr:
+                cache._wrappers["buffer", j] = buf
+    return buf
 
 
 def _buffer_of(t: Tensor) -> Any:

@@ -28,9 +28,20 @@ from . import _checks
 from ._binding import ffi, lib
 from ._handle import Closeable, Handle
 from .backend import Backend
-from .buffer import BorrowedBuffer, BufferType, cpu_buffer_type
+from .buffer import BufferType, cpu_buffer_type
 from .errors import FerryError, InvalidArgumentError, LayoutError, OutOfBoundsError, check
-from .kv import ATTENTION_TYPES, LayerWindows, _placement_bufts, _type_arg, _which
+from .kv import (
+    ATTENTION_TYPES,
+    LayerWindows,
+    _check_layer_lists,
+    _check_one_type,
+    _layer_buffer,
+    _layer_tensor,
+    _over_buffers,
+    _placement_bufts,
+    _type_arg,
+    _which,
+)
 from .ops import mark_v_window
 from .policy import GatherLike, GatherMethod, to_gather_method
 from .tensor import Tensor
@@ -243,24 +254,14 @@ class PagedKVCache(Closeable):
         from .interop import ForeignBuffer, from_array
 
         what = "PagedKVCache.from_arrays"
-        for arg, layers in (("k_layers", k_layers), ("v_layers", v_layers)):
-            if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
-                raise InvalidArgumentError(f"{what}: {arg} is a sequence of arrays, one per layer, not "
-                                           f"{type(layers).__name__}")
-        if len(k_layers) != len(v_layers) or not k_layers:
-            raise InvalidArgumentError(f"{what}: {len(k_layers)} K layers and {len(v_layers)} V layers; "
-                                       "give one K and one V pool per layer")
+        _check_layer_lists(what, k_layers, v_layers, "give one K and one V pool per layer")
         vt = _checks.as_bool(v_trans, f"{what}: v_trans")
         heads = None if n_head_kv is None else _checks.as_int64(n_head_kv, f"{what}: n_head_kv")
         if heads is not None and heads <= 0:
             raise InvalidArgumentError(f"{what}: n_head_kv must be positive, got {heads}")
         ks = [_pool_array(a, "k", i, type_k, heads, False, from_array) for i, a in enumerate(k_layers)]
         vs = [_pool_array(a, "v", i, type_v, heads, vt, from_array) for i, a in enumerate(v_layers)]
-        for arg, pools in (("k_layers", ks), ("v_layers", vs)):
-            for i, (t, _) in enumerate(pools):
-                if t.type != pools[0][0].type:
-                    raise InvalidArgumentError(f"{what}: {arg}[{i}] is {t.type}, {arg}[0] {pools[0][0].type}: every "
-                                               f"layer of a cache has one {arg[0].upper()} type")
+        _check_one_type(what, [t.type for t, _ in ks], [t.type for t, _ in vs])
         k0, (n_embd, bs, nblk, k_heads) = ks[0][0], ks[0][1]
         for i, (_, (e, b, m, h)) in enumerate(ks):
             if (e, b, m, h) != (n_embd, bs, nblk, k_heads):
@@ -287,13 +288,7 @@ class PagedKVCache(Closeable):
         check(lib.ferry_paged_cache_new_over(
             p, ffi.new("ferry_buffer *[]", [b._p for b in kbufs]), ffi.new("size_t[]", [t.offset for t, _ in ks]),
             ffi.new("ferry_buffer *[]", [b._p for b in vbufs]), ffi.new("size_t[]", [t.offset for t, _ in vs]), out))
-        self = cls.__new__(cls)
-        bufs: List[ForeignBuffer] = [b for b in kbufs + vbufs if isinstance(b, ForeignBuffer)]
-        self._buffer_type = kbufs[0].type
-        foreign = {**{("k", i): b for i, b in enumerate(kbufs)}, **{("v", i): b for i, b in enumerate(vbufs)}}
-        self._setup(Handle(out[0], lib.ferry_paged_cache_free, [b._handle for b in bufs]), [b.type for b in kbufs],
-                    tuple(None if b.type.is_host else b.type._backend or b.type for b in kbufs), foreign)
-        return self
+        return _over_buffers(cls, out[0], lib.ferry_paged_cache_free, kbufs, vbufs, ForeignBuffer)
 
     # ------------------------------------------------------------ layout and memory
 
@@ -330,24 +325,10 @@ class PagedKVCache(Closeable):
         i = self._layer(layer, "PagedKVCache.layer_buffer")
         if ("k", i) in self._foreign:
             return self._foreign["k", i]
-        ptr = lib.ferry_paged_cache_layer_buffer(self._p, i)
-        buf = self._wrappers.get(("buffer", i))
-        if buf is None:
-            buf = BorrowedBuffer(ptr, self._layer_bufts[i], self, self._handle)
-            for j in range(self._params.n_layer):  # one wrapper per C buffer
-                if lib.ferry_paged_cache_layer_buffer(self._p, j) == ptr:
-                    self._wrappers["buffer", j] = buf
-        return buf
+        return _layer_buffer(self, i, lib.ferry_paged_cache_layer_buffer)
 
     def _pool(self, which: str, layer: int) -> Tensor:
-        t = self._wrappers.get((which, layer))
-        if t is None:
-            out = ffi.new("ferry_tensor **")
-            check((lib.ferry_paged_cache_k if which == "k" else lib.ferry_paged_cache_v)(self._p, layer, out))
-            buf = self._foreign.get((which, layer)) or self.layer_buffer(layer)
-            t = Tensor._borrow(out[0], self._handle, keep=self, buffer=buf)
-            self._wrappers[which, layer] = t
-        return t
+        return _layer_tensor(self, which, layer, lib.ferry_paged_cache_k if which == "k" else lib.ferry_paged_cache_v)
 
     def k(self, layer: int = 0) -> Tensor:
         """A layer's K pool, [n_embd_gqa, n_blocks * block_size].
