@@ -211,9 +211,11 @@ static unsigned one_call_methods(ferry_backend * backend, const ferry_tensor * p
 /*
  * The gather of t into backend (dst: the destination buffer, NULL when only planning): its
  * pieces by the method the cache says (AUTO: the cheapest offered), in *chosen, and the plan.
+ * The per-block pieces, never auto's choice, are made only for a plan (every_method) or when
+ * the cache asks for them: a copy has no use for their price.
  */
 static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend, const ferry_buffer * dst,
-                                ferry_paged_plan * plan, piece_list * chosen) {
+                                bool every_method, ferry_paged_plan * plan, piece_list * chosen) {
     const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
     const int64_t ns = t->ne[3];
     int64_t * used = ferry_malloc((size_t) (ns > 0 ? ns : 1) * sizeof(*used));
@@ -223,8 +225,9 @@ static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend,
     }
     gather per_block = {0}, runs = {0};
     piece_list grouped = {0};
+    const bool want_per_block = every_method || t->paged->tables->gather == FERRY_GATHER_PER_BLOCK;
     ferry_status st = used_cells(t, used);
-    if (st == FERRY_OK) {
+    if (st == FERRY_OK && want_per_block) {
         st = pieces_of(t, used, true, &per_block);
     }
     if (st == FERRY_OK) {
@@ -234,7 +237,7 @@ static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend,
         st = group_runs(&model, t, &runs.pieces, &grouped);
     }
     free(used);
-    const unsigned offered = (1u << FERRY_GATHER_PER_BLOCK) | (1u << FERRY_GATHER_RUNS) |
+    const unsigned offered = (want_per_block ? 1u << FERRY_GATHER_PER_BLOCK : 0) | (1u << FERRY_GATHER_RUNS) |
                              (st == FERRY_OK ? one_call_methods(backend, t->paged->pool, dst) : 0);
     const piece_list * lists[FERRY_GATHER_COUNT] = {NULL, &per_block.pieces, &grouped, &runs.pieces, &runs.pieces};
     ferry_gather_method best = FERRY_GATHER_RUNS;
@@ -291,7 +294,7 @@ ferry_status ferry_copy_paged_plan(const ferry_tensor * window, ferry_backend * 
     FERRY_TRY(check_window(window, backend, "copy_paged_plan"));
     FERRY_CHECK_ARG(plan && n_copies, "copy_paged_plan: NULL output");
     piece_list chosen = {0};
-    ferry_status st = plan_gather(window, backend, NULL, plan, &chosen);
+    ferry_status st = plan_gather(window, backend, NULL, true, plan, &chosen);
     *n_copies = chosen.n;
     if (st == FERRY_OK && copies && chosen.n > max_copies) {
         st = ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_paged_plan: '%s' needs %zu copies, room for %zu", window->name,
@@ -305,19 +308,20 @@ ferry_status ferry_copy_paged_plan(const ferry_tensor * window, ferry_backend * 
 
 /* ---------------------------------------------------------------- moving the pieces */
 
-/* One piece from the pool into dst: by pointer from host memory dst's backend reads, by get into
- * dst's host memory, else staged through `staging`. */
+/* How the pieces reach dst: by pointer from host memory dst's backend reads, by get into dst's
+ * host memory, else staged. Decided once a copy, not once a piece. */
+typedef enum { PIECE_BY_POINTER, PIECE_BY_GET, PIECE_STAGED } piece_route;
+
+/* One piece from the pool into dst by its route (staged: through `staging`). */
 static ferry_status move_piece(ferry_backend * backend, const ferry_tensor * pool, ferry_tensor * dst,
-                               const ferry_gather_copy * c, char * staging) {
-    const ferry_buffer * src_buf = ferry_tensor_buffer(pool);
-    const ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
-    if (ferry_buffer_ptr_readable(src_buf, dst_buf)) {
+                               const ferry_gather_copy * c, piece_route route, char * staging) {
+    if (route == PIECE_BY_POINTER) {
         const char * from = (const char *) ferry_tensor_data(pool) + c->src_offset;
         return c->count > 1 ? ferry_backend_tensor_set_2d_async(backend, dst, from, c->dst_offset, c->size, c->count,
                                                                 c->dst_stride, c->src_stride)
                             : ferry_backend_tensor_set_async(backend, dst, from, c->dst_offset, c->size);
     }
-    if (ferry_buffer_ptr_writable(dst_buf, src_buf)) {
+    if (route == PIECE_BY_GET) {
         char * to = (char *) ferry_tensor_data(dst) + c->dst_offset;
         return c->count > 1 ? ferry_tensor_get_2d(pool, to, c->src_offset, c->size, c->count, c->src_stride,
                                                   c->dst_stride)
@@ -337,7 +341,7 @@ ferry_status ferry_copy_paged(ferry_backend * backend, const ferry_tensor * src,
     const ferry_tensor * pool = src->paged->pool;
     ferry_paged_plan plan;
     piece_list l = {0};
-    ferry_status st = plan_gather(src, backend, ferry_tensor_buffer(dst), &plan, &l);
+    ferry_status st = plan_gather(src, backend, ferry_tensor_buffer(dst), false, &plan, &l);
     if (st == FERRY_OK && (plan.method == FERRY_GATHER_BATCHED || plan.method == FERRY_GATHER_KERNEL)) {
         st = ferry_backend_tensor_gather_async(backend, dst, ferry_tensor_data(pool), l.c, l.n, plan.method);
     } else if (st == FERRY_OK) {
@@ -347,14 +351,16 @@ ferry_status ferry_copy_paged(ferry_backend * backend, const ferry_tensor * src,
         }
         const ferry_buffer * src_buf = ferry_tensor_buffer(pool);
         const ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
-        const bool staged =
-            !ferry_buffer_ptr_readable(src_buf, dst_buf) && !ferry_buffer_ptr_writable(dst_buf, src_buf);
+        const piece_route route = ferry_buffer_ptr_readable(src_buf, dst_buf)   ? PIECE_BY_POINTER
+                                  : ferry_buffer_ptr_writable(dst_buf, src_buf) ? PIECE_BY_GET
+                                                                                : PIECE_STAGED;
         char * staging = NULL;
-        if (staged && largest > 0 && !(staging = ferry_calloc(largest, 1))) { /* zeroed: a synthetic pool writes none */
+        /* zeroed: a synthetic pool writes none */
+        if (route == PIECE_STAGED && largest > 0 && !(staging = ferry_calloc(largest, 1))) {
             st = ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged copy of '%s': cannot stage %zu bytes", src->name, largest);
         }
         for (size_t i = 0; st == FERRY_OK && i < l.n; i++) {
-            st = move_piece(backend, pool, dst, &l.c[i], staging);
+            st = move_piece(backend, pool, dst, &l.c[i], route, staging);
         }
         free(staging);
     }
