@@ -479,6 +479,61 @@ static void test_a_slowdown_of_f_holds_computes_to_f_times_host(void) {
     CHECK(one.transfers == 0 && three.transfers == 0); /* no modelled link: computes counted alone */
 }
 
+/* The backend's own async sets are a stream's: each returns with its bytes moved and its place
+ * on the link taken, before the link has carried it (a hold of HOLD_S each, far longer than the
+ * call); synchronize returns only once the link has carried them all, back to back, and a
+ * compute on the backend starts only after the copies queued before it. Blocking sets still
+ * hold until their own end. */
+#define HOLD_S 0.25
+static void test_async_sets_queue_on_the_link_as_on_a_stream(void) {
+    ferry_backend * device = NULL;
+    CHECK_OK(standin(0, HOLD_S * 1e6, 0, &device));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *a, *b, *sum;
+    ferry_buffer *ba, *bb, *bs;
+    CHECK_OK(byte_tensor(device, ctx, 4096, &a, &ba));
+    CHECK_OK(byte_tensor(device, ctx, 4096, &b, &bb));
+    CHECK_OK(ferry_add(ctx, a, b, &sum));
+    CHECK_OK(ferry_backend_alloc_buffer(device, 4096, &bs));
+    CHECK_OK(ferry_buffer_place_tensor(bs, sum, 0));
+    float ones[1024], twos[1024], out[1024];
+    for (int i = 0; i < 1024; i++) {
+        ones[i] = 1.0f;
+        twos[i] = 2.0f;
+    }
+    const double t0 = now();
+    CHECK_OK(ferry_backend_tensor_set_async(device, a, ones, 0, sizeof(ones)));
+    CHECK_OK(ferry_backend_tensor_set_2d_async(device, b, twos, 0, 2048, 2, 2048, 2048));
+    const double queued = now() - t0;
+    ferry_link_stats st;
+    CHECK_OK(ferry_standin_get_link(device, NULL, &st));
+    CHECK_EQ_U(st.transfers, 2); /* both on the link */
+    CHECK(queued < HOLD_S);      /* and neither waited for it */
+    ferry_graph * graph;
+    CHECK_OK(ferry_graph_new(&graph));
+    CHECK_OK(ferry_graph_build(graph, sum));
+    CHECK_OK(ferry_backend_graph_compute(device, graph));
+    const double computed = now() - t0;
+    CHECK_OK(ferry_backend_synchronize(device));
+    const double synced = now() - t0;
+    printf("two queued sets of a %.0f ms hold: queued in %.3f ms, computed at %.1f ms, synchronized at %.1f ms\n",
+           1e3 * HOLD_S, 1e3 * queued, 1e3 * computed, 1e3 * synced);
+    CHECK(computed >= 2 * HOLD_S); /* the compute waited for both */
+    CHECK(synced >= 2 * HOLD_S);
+    CHECK_OK(ferry_tensor_get(sum, out, 0, sizeof(out)));
+    CHECK(out[0] == 3.0f && out[1023] == 3.0f);
+    const double t1 = now();
+    CHECK_OK(ferry_tensor_set(a, ones, 0, sizeof(ones))); /* blocking: its own hold */
+    CHECK(now() - t1 >= HOLD_S);
+    ferry_graph_free(graph);
+    ferry_buffer_free(bs);
+    ferry_buffer_free(bb);
+    ferry_buffer_free(ba);
+    ferry_context_free(ctx);
+    ferry_backend_free(device);
+}
+
 #ifdef FERRY_HAVE_CUDA_TESTS
 /* CUDA's answer is cudaMemGetInfo's; the fake runtime's device has 1 TiB, and its device
  * allocations take from it exactly what they ask. */
@@ -520,6 +575,7 @@ static const check_test tests[] = {
     {"standin_params_out_of_range_are_refused", test_standin_params_out_of_range_are_refused},
     {"link_charges_per_row", test_link_charges_per_row},
     {"a_slowdown_of_f_holds_computes_to_f_times_host", test_a_slowdown_of_f_holds_computes_to_f_times_host},
+    {"async_sets_queue_on_the_link_as_on_a_stream", test_async_sets_queue_on_the_link_as_on_a_stream},
 #ifdef FERRY_HAVE_CUDA_TESTS
     {"cuda_memory_falls_by_what_allocations_take", test_cuda_memory_falls_by_what_allocations_take},
 #endif

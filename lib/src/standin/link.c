@@ -80,7 +80,7 @@ link_slot ferry_link_begin_pieces(ferry_link * link, link_dir dir, size_t bytes,
     return begin(link, dir, bytes, pieces);
 }
 
-void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes) {
+void ferry_link_count(ferry_link * link, const link_slot * slot, size_t bytes) {
     if (!link || !link->modelled) {
         return;
     }
@@ -94,7 +94,13 @@ void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes) {
         link->stats.late_seconds += copied - slot->end;
     }
     pthread_mutex_unlock(&link->lock);
-    ferry_link_wait_until(slot->end);
+}
+
+void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes) {
+    ferry_link_count(link, slot, bytes);
+    if (link && link->modelled) {
+        ferry_link_wait_until(slot->end);
+    }
 }
 
 ferry_link_stats ferry_link_get_stats(ferry_link * link) {

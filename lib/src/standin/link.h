@@ -33,6 +33,8 @@ link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t
 /* A gather's pieces (rows of them, counted) in one transfer: a row cost for each, one piece too. */
 link_slot ferry_link_begin_pieces(ferry_link * link, link_dir dir, size_t bytes, size_t pieces);
 void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes);
+/* ferry_link_end without the wait: a queued transfer, whose end a later synchronize waits for. */
+void ferry_link_count(ferry_link * link, const link_slot * slot, size_t bytes);
 /* Hold the calling thread until time t (ferry_now_seconds), as a transfer's hold does. */
 void ferry_link_wait_until(double t);
 ferry_link_stats ferry_link_get_stats(ferry_link * link);

@@ -34,6 +34,7 @@ typedef struct {
     uint64_t computes;               /* graph computes, and the host's own time for them */
     double compute_host_seconds;
     long refs;                       /* the backend and each live buffer */
+    double queued_until;             /* when the link ends the transfers queued on the backend (under lock) */
     ferry_link link;
 } standin_ctx;
 
@@ -92,6 +93,56 @@ static ferry_status standin_get_2d(ferry_buffer * buf, const ferry_tensor * t, v
     const ferry_status st = s->host.get_tensor_2d(buf, t, data, offset, size, n_copies, stride_tensor, stride_data);
     ferry_link_end(&s->link, &slot, size * n_copies);
     return st;
+}
+
+/* ---------------------------------------------------------------- the backend's own queue: a stream */
+
+/*
+ * The backend's async transfers behave as a CUDA stream's: the bytes move at once (the source
+ * may be reused on return), the transfer takes its place on the link, and the call returns
+ * without waiting for the link to carry it; synchronize, and a compute on the backend, wait for
+ * the link's end of everything queued. The host's own work between two calls (the copy path's,
+ * about 0.2 us a call on the dev VM) then overlaps the link, as a host enqueueing copies
+ * overlaps a copy engine, instead of adding to every call.
+ */
+static void queued_until(standin_ctx * s, const link_slot * slot) {
+    pthread_mutex_lock(&s->lock);
+    s->queued_until = slot->end > s->queued_until ? slot->end : s->queued_until;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void wait_queued(standin_ctx * s) {
+    pthread_mutex_lock(&s->lock);
+    const double until = s->queued_until;
+    pthread_mutex_unlock(&s->lock);
+    ferry_link_wait_until(until);
+}
+
+static ferry_status standin_set_async(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
+                                      size_t size) {
+    standin_ctx * s = backend->context;
+    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size, 1);
+    const ferry_status st = s->host.set_tensor(ferry_tensor_buffer(t), t, data, offset, size);
+    ferry_link_count(&s->link, &slot, size);
+    queued_until(s, &slot);
+    return st;
+}
+
+static ferry_status standin_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data,
+                                         size_t offset, size_t size, size_t n_copies, size_t stride_tensor,
+                                         size_t stride_data) {
+    standin_ctx * s = backend->context;
+    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size * n_copies, n_copies);
+    const ferry_status st = s->host.set_tensor_2d(ferry_tensor_buffer(t), t, data, offset, size, n_copies,
+                                                  stride_tensor, stride_data);
+    ferry_link_count(&s->link, &slot, size * n_copies);
+    queued_until(s, &slot);
+    return st;
+}
+
+static ferry_status standin_synchronize(ferry_backend * backend) {
+    wait_queued(backend->context);
+    return FERRY_OK;
 }
 
 static const char * standin_buft_name(const ferry_buffer_type * buft) {
@@ -173,6 +224,7 @@ static bool standin_supports_op(ferry_backend * backend, const ferry_tensor * op
  * began: a slower device's compute, of which copies queued meanwhile see the whole length. */
 static ferry_status standin_graph_compute(ferry_backend * backend, ferry_graph * graph) {
     standin_ctx * s = ctx_of(backend);
+    wait_queued(s); /* a compute follows the copies queued before it */
     const double slowdown = s->params.compute_slowdown;
     const double t0 = ferry_now_seconds();
     const ferry_status st = s->inner->iface.graph_compute(s->inner, graph);
@@ -222,7 +274,8 @@ static ferry_status standin_gather(ferry_backend * backend, ferry_tensor * t, co
     }
     const link_slot slot = ferry_link_begin_pieces(&s->link, LINK_TO_DEVICE, bytes, rows);
     ferry_standin_gather_rows((char *) ferry_tensor_data(t), src, pieces, n);
-    ferry_link_end(&s->link, &slot, bytes);
+    ferry_link_count(&s->link, &slot, bytes);
+    queued_until(s, &slot);
     return FERRY_OK;
 }
 
@@ -299,8 +352,10 @@ ferry_status ferry_standin_backend_new_params(const ferry_standin_params * param
         .supports_buft = standin_supports_buft,
         .supports_op = standin_supports_op,
         .graph_compute = standin_graph_compute,
-        .set_tensor_2d_async = ferry_cpu_set_tensor_2d, /* the buffer's own, over the link */
-        .get_tensor_2d_async = ferry_cpu_get_tensor_2d,
+        .set_tensor_async = standin_set_async, /* queued on the link, as on a stream */
+        .set_tensor_2d_async = standin_set_2d_async,
+        .get_tensor_2d_async = ferry_cpu_get_tensor_2d, /* gets are the buffer's own: done, and held, on return */
+        .synchronize = standin_synchronize,
         .copy_queue_new = standin_copy_queue_new,
         .copy_cost_model = standin_copy_cost_model,
         .get_memory = standin_get_memory,
