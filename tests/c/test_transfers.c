@@ -102,6 +102,81 @@ static void test_round_trip_2d_fallback(void) {
     ferry_backend_free(dummy);
 }
 
+/* The stand-in writes its memory past the host's cache for bulk transfers and by inline moves
+ * for short rows (standin/device-copy.c): every way a set reaches it (blocking, the backend's
+ * queue, the copy queue's worker) lands each row whatever its size and alignment, the bytes
+ * around it untouched. Each case is mirrored by memmove into a host copy and compared whole. */
+typedef enum { VIA_BLOCKING, VIA_BACKEND, VIA_COPY_QUEUE } set_via;
+
+static void standin_rows_case(ferry_backend * dev, ferry_tensor * t, uint8_t * mirror, uint8_t * back,
+                              const uint8_t * src, size_t offset, size_t size, size_t rows, size_t stride_t,
+                              size_t stride_d, set_via via) {
+    const size_t nbytes = ferry_tensor_nbytes(t);
+    memset(mirror, 0xA5, nbytes);
+    CHECK_OK(ferry_tensor_set(t, mirror, 0, nbytes));
+    for (size_t r = 0; r < rows; r++) {
+        memmove(mirror + offset + r * stride_t, src + r * stride_d, size);
+    }
+    ferry_backend * queue = dev;
+    if (via == VIA_COPY_QUEUE) {
+        CHECK_OK(ferry_backend_get_copy_queue(dev, &queue));
+    }
+    if (via == VIA_BLOCKING) {
+        CHECK_OK(rows == 1 ? ferry_tensor_set(t, src, offset, size)
+                           : ferry_tensor_set_2d(t, src, offset, size, rows, stride_t, stride_d));
+    } else {
+        CHECK_OK(rows == 1 ? ferry_backend_tensor_set_async(queue, t, src, offset, size)
+                           : ferry_backend_tensor_set_2d_async(queue, t, src, offset, size, rows, stride_t, stride_d));
+        CHECK_OK(ferry_backend_synchronize(queue));
+    }
+    CHECK_OK(ferry_tensor_get(t, back, 0, nbytes));
+    size_t first_bad = nbytes;
+    for (size_t b = 0; b < nbytes && first_bad == nbytes; b++) {
+        first_bad = back[b] != mirror[b] ? b : nbytes;
+    }
+    if (first_bad != nbytes) {
+        printf("via %d: rows of %zu bytes x %zu at offset %zu: byte %zu is %u, not %u\n", (int) via, size, rows,
+               offset, first_bad, back[first_bad], mirror[first_bad]);
+    }
+    CHECK_EQ_U(first_bad, nbytes);
+}
+
+static void test_standin_rows_land_whatever_their_size(void) {
+    ferry_backend * dev;
+    CHECK_OK(ferry_standin_backend_new(&dev));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[1] = {(int64_t) (10 << 20) / 4};
+    ferry_tensor * t;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne, &t)); /* 10 MiB */
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(dev, ferry_tensor_nbytes(t), &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    const size_t nbytes = ferry_tensor_nbytes(t);
+    uint8_t * src = malloc(nbytes), * mirror = malloc(nbytes), * back = malloc(nbytes);
+    for (size_t i = 0; i < nbytes; i++) {
+        src[i] = pattern(i);
+    }
+    static const size_t short_sizes[] = {1, 15, 16, 17, 31, 32, 33, 127, 128, 129};
+    for (int via = VIA_BLOCKING; via <= VIA_COPY_QUEUE; via++) {
+        /* bulk: one plain transfer past 4 MiB, its head and tail unaligned */
+        standin_rows_case(dev, t, mirror, back, src + 5, 3, (4 << 20) + 37, 1, 0, 0, (set_via) via);
+        /* bulk: rows of 16 KiB and a few bytes, 260 of them (over 4 MiB), odd strides both sides */
+        standin_rows_case(dev, t, mirror, back, src + 1, 7, (16 << 10) + 5, 260, (16 << 10) + 77, (16 << 10) + 9,
+                          (set_via) via);
+        for (size_t i = 0; i < sizeof(short_sizes) / sizeof(short_sizes[0]); i++) {
+            standin_rows_case(dev, t, mirror, back, src + 3, 11, short_sizes[i], 9, 4099, short_sizes[i] + 13,
+                              (set_via) via);
+        }
+    }
+    free(src);
+    free(mirror);
+    free(back);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_backend_free(dev);
+}
+
 /* Blocking 2-D transfers through the buffer, and plain set/get counters. */
 static void test_buffer_2d_transfers_land_and_are_counted(void) {
     ferry_context * ctx;
@@ -314,6 +389,7 @@ static const check_test tests[] = {
     {"round_trip_2d_dummy_real", test_round_trip_2d_dummy_real},
     {"round_trip_2d_fallback", test_round_trip_2d_fallback},
     {"buffer_2d_transfers_land_and_are_counted", test_buffer_2d_transfers_land_and_are_counted},
+    {"standin_rows_land_whatever_their_size", test_standin_rows_land_whatever_their_size},
     {"copies_land_between_backends_same_layout_only", test_copies_land_between_backends_same_layout_only},
     {"bad_transfers_are_refused_with_their_status", test_bad_transfers_are_refused_with_their_status},
     {"check_transfer_refuses_as_the_transfers_do", test_check_transfer_refuses_as_the_transfers_do},

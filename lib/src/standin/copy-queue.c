@@ -6,6 +6,7 @@
  * recorded on it are reached in that order and waited for on the host. It computes nothing.
  */
 #include "copy-queue.h"
+#include "device-copy.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -77,9 +78,8 @@ void ferry_fault_copy_queue_pause(bool pause) { atomic_store(&paused, pause); }
 void ferry_standin_gather_rows(char * dst, const char * src, const ferry_gather_copy * pieces, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const ferry_gather_copy * c = &pieces[i];
-        for (size_t r = 0; r < c->count; r++) {
-            memcpy(dst + c->dst_offset + r * c->dst_stride, src + c->src_offset + r * c->src_stride, c->size);
-        }
+        ferry_standin_copy_rows(dst + c->dst_offset, c->dst_stride, src + c->src_offset, c->src_stride, c->size,
+                                c->count);
     }
 }
 
@@ -101,9 +101,7 @@ static void run_job(ferry_link * link, const job * j) {
         return;
     }
     const link_slot slot = ferry_link_begin(link, j->dir, j->width * j->height, j->height);
-    for (size_t r = 0; r < j->height; r++) {
-        memcpy(j->dst + r * j->dpitch, j->src + r * j->spitch, j->width);
-    }
+    ferry_standin_copy_rows(j->dst, j->dpitch, j->src, j->spitch, j->width, j->height);
     ferry_link_end(link, &slot, j->width * j->height);
 }
 
