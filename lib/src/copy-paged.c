@@ -149,9 +149,11 @@ static double copy_cost(const ferry_copy_cost_model * m, const ferry_gather_copy
 }
 
 /* Runs of one row, of equal size at even strides on both sides, as one 2-D copy where the model
- * says it is cheaper than a copy each. */
+ * says it is cheaper than a copy each: their price in *cost, and with out the pieces, so that a
+ * gather that takes another method prices the runs without building their list. */
 static ferry_status group_runs(const ferry_copy_cost_model * m, const ferry_tensor * t, const piece_list * in,
-                               piece_list * out) {
+                               piece_list * out, double * cost) {
+    *cost = 0;
     for (size_t i = 0; i < in->n;) {
         const ferry_gather_copy * a = &in->c[i];
         size_t j = i + 1;
@@ -168,11 +170,18 @@ static ferry_status group_runs(const ferry_copy_cost_model * m, const ferry_tens
         }
         const ferry_gather_copy group = {.src_offset = a->src_offset, .dst_offset = a->dst_offset, .size = a->size,
                                          .count = j - i, .src_stride = src_stride, .dst_stride = dst_stride};
-        if (j - i > 1 && copy_cost(m, &group) < (double) (j - i) * copy_cost(m, a)) {
-            FERRY_TRY(push(out, &group, t));
+        const double one = copy_cost(m, a), grouped = j - i > 1 ? copy_cost(m, &group) : one;
+        if (j - i > 1 && grouped < (double) (j - i) * one) {
+            *cost += grouped;
+            if (out) {
+                FERRY_TRY(push(out, &group, t));
+            }
         } else {
             for (size_t k = i; k < j; k++) {
-                FERRY_TRY(push(out, &in->c[k], t));
+                *cost += k == i ? one : copy_cost(m, &in->c[k]);
+                if (out) {
+                    FERRY_TRY(push(out, &in->c[k], t));
+                }
             }
         }
         i = j;
@@ -233,8 +242,9 @@ static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend,
     if (st == FERRY_OK) {
         st = pieces_of(t, used, false, &runs);
     }
+    double runs_cost = 0; /* the runs' list is built below only if a copy takes them */
     if (st == FERRY_OK) {
-        st = group_runs(&model, t, &runs.pieces, &grouped);
+        st = group_runs(&model, t, &runs.pieces, every_method ? &grouped : NULL, &runs_cost);
     }
     free(used);
     const unsigned offered = (want_per_block ? 1u << FERRY_GATHER_PER_BLOCK : 0) | (1u << FERRY_GATHER_RUNS) |
@@ -243,7 +253,8 @@ static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend,
     ferry_gather_method best = FERRY_GATHER_RUNS;
     *plan = (ferry_paged_plan) {.blocks = runs.blocks, .runs = runs.runs, .bytes = runs.bytes};
     for (int m = FERRY_GATHER_PER_BLOCK; st == FERRY_OK && m < FERRY_GATHER_COUNT; m++) {
-        const double cost = method_cost(&model, (ferry_gather_method) m, lists[m], runs.bytes);
+        const double cost = m == FERRY_GATHER_RUNS ? runs_cost
+                                                   : method_cost(&model, (ferry_gather_method) m, lists[m], runs.bytes);
         plan->method_seconds[m] = offered & (1u << m) ? cost : -1;
         if (m != FERRY_GATHER_PER_BLOCK && plan->method_seconds[m] >= 0 &&
             plan->method_seconds[m] < plan->method_seconds[best]) {
@@ -256,6 +267,9 @@ static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend,
                         "%s memory (set the cache's gather to auto, runs or per_block)", t->name,
                         ferry_backend_name(backend), method_names[method],
                         ferry_buffer_type_name(ferry_buffer_get_type(ferry_tensor_buffer(t->paged->pool))));
+    }
+    if (st == FERRY_OK && method == FERRY_GATHER_RUNS && !every_method) {
+        st = group_runs(&model, t, &runs.pieces, &grouped, &runs_cost);
     }
     if (st == FERRY_OK) {
         plan->method = method;
