@@ -382,8 +382,10 @@ class StandinBackend(Backend):
     It can stand in for a device on a given link with a given memory. Every transfer between
     host memory and it (blocking or on its copy queue, 1-D or 2-D, set or get) then completes
     no sooner than latency + rows * row_ns + bytes / bandwidth after the link was free for it
-    (rows: those of a 2-D transfer of more than one row), each direction one link; the copy
-    path weighs its routes by those figures (CopyCostModel.of_backend); and an allocation past
+    (rows: those of a 2-D transfer of more than one row), each direction one link. Its own
+    set_async calls are a stream's: each returns once its bytes have moved and its place on the
+    link is taken, and synchronize() waits for the link. The copy path weighs its routes by those
+    figures (CopyCostModel.of_backend); and an allocation past
     its memory raises OutOfMemoryError naming the device, the
     bytes asked and the bytes free. A link faster than the host can copy is not reached:
     link_stats counts such transfers late. A compute slowdown F stands in for a device that
