@@ -421,37 +421,50 @@ static void test_link_charges_per_row(void) {
     ferry_backend_free(device);
 }
 
+/* a + b on a device, n bytes each, in buffers of the device, and its graph. */
+typedef struct {
+    ferry_context * ctx;
+    ferry_tensor *a, *b, *sum;
+    ferry_buffer *ba, *bb, *bs;
+    ferry_graph * graph;
+} add_graph;
+
+static void add_graph_new(ferry_backend * device, size_t n, add_graph * g) {
+    CHECK_OK(ferry_context_new(&g->ctx));
+    CHECK_OK(byte_tensor(device, g->ctx, n, &g->a, &g->ba));
+    CHECK_OK(byte_tensor(device, g->ctx, n, &g->b, &g->bb));
+    CHECK_OK(ferry_add(g->ctx, g->a, g->b, &g->sum));
+    CHECK_OK(ferry_backend_alloc_buffer(device, n, &g->bs));
+    CHECK_OK(ferry_buffer_place_tensor(g->bs, g->sum, 0));
+    CHECK_OK(ferry_graph_new(&g->graph));
+    CHECK_OK(ferry_graph_build(g->graph, g->sum));
+}
+
+static void add_graph_free(add_graph * g) {
+    ferry_graph_free(g->graph);
+    ferry_buffer_free(g->bs);
+    ferry_buffer_free(g->bb);
+    ferry_buffer_free(g->ba);
+    ferry_context_free(g->ctx);
+}
+
 /* Computes of a + b (16 MiB each) on a stand-in with a compute slowdown: the wall time of the
  * computes, timed here, and the stand-in's own count of the host's time for them. */
 static void timed_adds(double slowdown, int runs, double * wall, ferry_link_stats * stats) {
     const ferry_standin_params p = {.compute_slowdown = slowdown};
     ferry_backend * device = NULL;
     CHECK_OK(ferry_standin_backend_new_params(&p, &device));
-    ferry_context * ctx;
-    CHECK_OK(ferry_context_new(&ctx));
-    ferry_tensor *a, *b, *sum;
-    ferry_buffer *ba, *bb, *bs;
-    CHECK_OK(byte_tensor(device, ctx, 16 * MIB, &a, &ba));
-    CHECK_OK(byte_tensor(device, ctx, 16 * MIB, &b, &bb));
-    CHECK_OK(ferry_add(ctx, a, b, &sum));
-    CHECK_OK(ferry_backend_alloc_buffer(device, 16 * MIB, &bs));
-    CHECK_OK(ferry_buffer_place_tensor(bs, sum, 0));
-    ferry_graph * graph;
-    CHECK_OK(ferry_graph_new(&graph));
-    CHECK_OK(ferry_graph_build(graph, sum));
+    add_graph g = {0};
+    add_graph_new(device, 16 * MIB, &g);
     CHECK_OK(ferry_standin_reset_link_stats(device));
     const double t0 = now();
     for (int i = 0; i < runs; i++) {
-        CHECK_OK(ferry_backend_graph_compute(device, graph));
+        CHECK_OK(ferry_backend_graph_compute(device, g.graph));
     }
     CHECK_OK(ferry_backend_synchronize(device));
     *wall = now() - t0;
     CHECK_OK(ferry_standin_get_link(device, NULL, stats));
-    ferry_graph_free(graph);
-    ferry_buffer_free(bs);
-    ferry_buffer_free(bb);
-    ferry_buffer_free(ba);
-    ferry_context_free(ctx);
+    add_graph_free(&g);
     ferry_backend_free(device);
 }
 
@@ -488,32 +501,22 @@ static void test_a_slowdown_of_f_holds_computes_to_f_times_host(void) {
 static void test_async_sets_queue_on_the_link_as_on_a_stream(void) {
     ferry_backend * device = NULL;
     CHECK_OK(standin(0, HOLD_S * 1e6, 0, &device));
-    ferry_context * ctx;
-    CHECK_OK(ferry_context_new(&ctx));
-    ferry_tensor *a, *b, *sum;
-    ferry_buffer *ba, *bb, *bs;
-    CHECK_OK(byte_tensor(device, ctx, 4096, &a, &ba));
-    CHECK_OK(byte_tensor(device, ctx, 4096, &b, &bb));
-    CHECK_OK(ferry_add(ctx, a, b, &sum));
-    CHECK_OK(ferry_backend_alloc_buffer(device, 4096, &bs));
-    CHECK_OK(ferry_buffer_place_tensor(bs, sum, 0));
+    add_graph g = {0};
+    add_graph_new(device, 4096, &g);
     float ones[1024], twos[1024], out[1024];
     for (int i = 0; i < 1024; i++) {
         ones[i] = 1.0f;
         twos[i] = 2.0f;
     }
     const double t0 = now();
-    CHECK_OK(ferry_backend_tensor_set_async(device, a, ones, 0, sizeof(ones)));
-    CHECK_OK(ferry_backend_tensor_set_2d_async(device, b, twos, 0, 2048, 2, 2048, 2048));
+    CHECK_OK(ferry_backend_tensor_set_async(device, g.a, ones, 0, sizeof(ones)));
+    CHECK_OK(ferry_backend_tensor_set_2d_async(device, g.b, twos, 0, 2048, 2, 2048, 2048));
     const double queued = now() - t0;
     ferry_link_stats st;
     CHECK_OK(ferry_standin_get_link(device, NULL, &st));
     CHECK_EQ_U(st.transfers, 2); /* both on the link */
     CHECK(queued < HOLD_S);      /* and neither waited for it */
-    ferry_graph * graph;
-    CHECK_OK(ferry_graph_new(&graph));
-    CHECK_OK(ferry_graph_build(graph, sum));
-    CHECK_OK(ferry_backend_graph_compute(device, graph));
+    CHECK_OK(ferry_backend_graph_compute(device, g.graph));
     const double computed = now() - t0;
     CHECK_OK(ferry_backend_synchronize(device));
     const double synced = now() - t0;
@@ -521,16 +524,12 @@ static void test_async_sets_queue_on_the_link_as_on_a_stream(void) {
            1e3 * HOLD_S, 1e3 * queued, 1e3 * computed, 1e3 * synced);
     CHECK(computed >= 2 * HOLD_S); /* the compute waited for both */
     CHECK(synced >= 2 * HOLD_S);
-    CHECK_OK(ferry_tensor_get(sum, out, 0, sizeof(out)));
+    CHECK_OK(ferry_tensor_get(g.sum, out, 0, sizeof(out)));
     CHECK(out[0] == 3.0f && out[1023] == 3.0f);
     const double t1 = now();
-    CHECK_OK(ferry_tensor_set(a, ones, 0, sizeof(ones))); /* blocking: its own hold */
+    CHECK_OK(ferry_tensor_set(g.a, ones, 0, sizeof(ones))); /* blocking: its own hold */
     CHECK(now() - t1 >= HOLD_S);
-    ferry_graph_free(graph);
-    ferry_buffer_free(bs);
-    ferry_buffer_free(bb);
-    ferry_buffer_free(ba);
-    ferry_context_free(ctx);
+    add_graph_free(&g);
     ferry_backend_free(device);
 }
 

@@ -7,16 +7,21 @@
 /* A byte pattern with a long period, so a row from the wrong place is seen. */
 static uint8_t pattern(size_t i) { return (uint8_t) ((i * 2654435761u) >> 13); }
 
+/* An i32 tensor of n values in a buffer of its own on backend. */
+static void i32_tensor_on(ferry_backend * backend, ferry_context * ctx, int64_t n, ferry_tensor ** t,
+                          ferry_buffer ** buf) {
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, &n, t));
+    CHECK_OK(ferry_backend_alloc_buffer(backend, ferry_tensor_nbytes(*t), buf));
+    CHECK_OK(ferry_buffer_place_tensor(*buf, *t, 0));
+}
+
 /* 2-D set then get on a backend: rows land at offset + i*stride_tensor; nothing else changes. */
 static void round_trip_2d(ferry_backend * backend, bool expect_native_2d) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
-    ferry_tensor * t;
-    const int64_t ne[1] = {4096};
-    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne, &t)); /* 16384 bytes */
-    ferry_buffer * buf;
-    CHECK_OK(ferry_backend_alloc_buffer(backend, ferry_tensor_nbytes(t), &buf));
-    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    ferry_tensor * t = NULL;
+    ferry_buffer * buf = NULL;
+    i32_tensor_on(backend, ctx, 4096, &t, &buf); /* 16384 bytes */
     const size_t nbytes = ferry_tensor_nbytes(t);
     uint8_t * sentinel = malloc(nbytes), * src = malloc(nbytes), * back = malloc(nbytes);
     memset(sentinel, 0xA5, nbytes);
@@ -146,12 +151,9 @@ static void test_standin_rows_land_whatever_their_size(void) {
     CHECK_OK(ferry_standin_backend_new(&dev));
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
-    const int64_t ne[1] = {(int64_t) (10 << 20) / 4};
-    ferry_tensor * t;
-    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne, &t)); /* 10 MiB */
-    ferry_buffer * buf;
-    CHECK_OK(ferry_backend_alloc_buffer(dev, ferry_tensor_nbytes(t), &buf));
-    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    ferry_tensor * t = NULL;
+    ferry_buffer * buf = NULL;
+    i32_tensor_on(dev, ctx, (10 << 20) / 4, &t, &buf); /* 10 MiB */
     const size_t nbytes = ferry_tensor_nbytes(t);
     uint8_t * src = malloc(nbytes), * mirror = malloc(nbytes), * back = malloc(nbytes);
     for (size_t i = 0; i < nbytes; i++) {
