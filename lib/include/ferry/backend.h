@@ -177,8 +177,8 @@ FERRY_API ferry_status ferry_standin_backend_new(ferry_backend ** out);
  * no sooner than a link of that speed would let it; each direction is one link, taken by one
  * transfer at a time, as a copy engine is. The backend's own async sets (and gathers) are a
  * stream's: they return once their bytes have moved and their place on the link is taken, and
- * synchronize, or a compute on the backend, waits for the link to carry them. Allocations past memory fail with
- * FERRY_ERR_OUT_OF_MEMORY naming the device, the bytes asked and the bytes free; freeing a
+ * synchronize, or a compute on the backend, waits for the link to carry them. Allocations past
+ * memory fail with FERRY_ERR_OUT_OF_MEMORY naming the device, the bytes asked and the bytes free; freeing a
  * buffer returns its bytes. A compute slowdown F stands in for a device that computes more
  * slowly than this host: each graph compute completes no sooner than F times the host's own
  * time for it. All zeros (ferry_standin_default_params) is ferry_standin_backend_new: copies at

@@ -75,14 +75,6 @@ void ferry_fault_copy_queue_pause(bool pause) { atomic_store(&paused, pause); }
 #define QUEUE_PAUSED() false
 #endif
 
-void ferry_standin_gather_rows(char * dst, const char * src, const ferry_gather_copy * pieces, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        const ferry_gather_copy * c = &pieces[i];
-        ferry_standin_copy_rows(dst + c->dst_offset, c->dst_stride, src + c->src_offset, c->src_stride, c->size,
-                                c->count);
-    }
-}
-
 /* A copy is done when the link would have carried it: an event behind it is reached no
  * sooner, so copies overlap compute as a link's would. */
 static void run_job(ferry_link * link, const job * j) {

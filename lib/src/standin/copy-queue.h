@@ -11,9 +11,6 @@
  * parent frees it with itself, before the link). */
 ferry_status ferry_worker_copy_queue_new(ferry_backend * parent, ferry_link * link, ferry_backend ** out);
 
-/* A gather's rows, host memory to host memory: piece i's rows from src to dst at its offsets. */
-void ferry_standin_gather_rows(char * dst, const char * src, const ferry_gather_copy * pieces, size_t n);
-
 #ifdef FERRY_FAULT_INJECTION
 /* Test builds: while paused, no worker thread starts its next job (tests/c/test_prefetch.c
  * holds copies back to show what a missing wait reads). */

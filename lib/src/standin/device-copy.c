@@ -71,7 +71,7 @@ static bool overlap(const char * a, const char * b, size_t n) {
 
 void ferry_standin_copy_rows(char * dst, size_t dst_stride, const char * src, size_t src_stride, size_t size,
                              size_t rows) {
-    const bool bulk = size >= STREAM_MIN_ROW && rows > 0 && size * rows >= STREAM_MIN_BYTES;
+    const bool bulk = size >= STREAM_MIN_ROW && size * rows >= STREAM_MIN_BYTES;
     bool streamed = false;
     for (size_t r = 0; r < rows; r++) {
         char * d = dst + r * dst_stride;
@@ -96,4 +96,12 @@ void ferry_standin_copy_rows(char * dst, size_t dst_stride, const char * src, si
 #else
     (void) streamed, (void) bulk;
 #endif
+}
+
+void ferry_standin_gather_rows(char * dst, const char * src, const ferry_gather_copy * pieces, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const ferry_gather_copy * c = &pieces[i];
+        ferry_standin_copy_rows(dst + c->dst_offset, c->dst_stride, src + c->src_offset, c->src_stride, c->size,
+                                c->count);
+    }
 }

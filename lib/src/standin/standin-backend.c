@@ -61,18 +61,21 @@ static void standin_buffer_free(ferry_buffer * buf) {
     unref(s, buf->size);
 }
 
-/* A set's rows into t's memory, as the link writes them (device-copy.c). */
-static void write_rows(ferry_tensor * t, const void * data, size_t offset, size_t size, size_t rows,
-                       size_t stride_tensor, size_t stride_data) {
+/* The end of a transfer into the device: held until the link has carried it, or (queued on the
+ * backend's own stream, below) counted and left for synchronize to wait for. */
+static void link_done(standin_ctx * s, const link_slot * slot, size_t bytes, bool queued);
+
+/* A set of rows into t's memory over the link, as the link writes them (device-copy.c): one
+ * transfer, one latency, as one cudaMemcpy2D, and a row cost a row beyond the first. */
+static void link_set(standin_ctx * s, ferry_tensor * t, const void * data, size_t offset, size_t size, size_t rows,
+                     size_t stride_tensor, size_t stride_data, bool queued) {
+    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size * rows, rows);
     ferry_standin_copy_rows((char *) ferry_tensor_data(t) + offset, stride_tensor, data, stride_data, size, rows);
+    link_done(s, &slot, size * rows, queued);
 }
 
 static ferry_status standin_set(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset, size_t size) {
-    standin_ctx * s = buf_ctx(buf);
-    (void) buf;
-    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size, 1);
-    write_rows(t, data, offset, size, 1, 0, 0);
-    ferry_link_end(&s->link, &slot, size);
+    link_set(buf_ctx(buf), t, data, offset, size, 1, 0, 0, false);
     return FERRY_OK;
 }
 
@@ -84,14 +87,9 @@ static ferry_status standin_get(ferry_buffer * buf, const ferry_tensor * t, void
     return st;
 }
 
-/* A 2-D transfer is one transfer of its rows: one latency, as one cudaMemcpy2D, and a row cost a row. */
 static ferry_status standin_set_2d(ferry_buffer * buf, ferry_tensor * t, const void * data, size_t offset,
                                    size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data) {
-    standin_ctx * s = buf_ctx(buf);
-    (void) buf;
-    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size * n_copies, n_copies);
-    write_rows(t, data, offset, size, n_copies, stride_tensor, stride_data);
-    ferry_link_end(&s->link, &slot, size * n_copies);
+    link_set(buf_ctx(buf), t, data, offset, size, n_copies, stride_tensor, stride_data, false);
     return FERRY_OK;
 }
 
@@ -114,7 +112,12 @@ static ferry_status standin_get_2d(ferry_buffer * buf, const ferry_tensor * t, v
  * about 0.2 us a call on the dev VM) then overlaps the link, as a host enqueueing copies
  * overlaps a copy engine, instead of adding to every call.
  */
-static void queued_until(standin_ctx * s, const link_slot * slot) {
+static void link_done(standin_ctx * s, const link_slot * slot, size_t bytes, bool queued) {
+    if (!queued) {
+        ferry_link_end(&s->link, slot, bytes);
+        return;
+    }
+    ferry_link_count(&s->link, slot, bytes);
     pthread_mutex_lock(&s->lock);
     s->queued_until = slot->end > s->queued_until ? slot->end : s->queued_until;
     pthread_mutex_unlock(&s->lock);
@@ -129,22 +132,14 @@ static void wait_queued(standin_ctx * s) {
 
 static ferry_status standin_set_async(ferry_backend * backend, ferry_tensor * t, const void * data, size_t offset,
                                       size_t size) {
-    standin_ctx * s = backend->context;
-    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size, 1);
-    write_rows(t, data, offset, size, 1, 0, 0);
-    ferry_link_count(&s->link, &slot, size);
-    queued_until(s, &slot);
+    link_set(backend->context, t, data, offset, size, 1, 0, 0, true);
     return FERRY_OK;
 }
 
 static ferry_status standin_set_2d_async(ferry_backend * backend, ferry_tensor * t, const void * data,
                                          size_t offset, size_t size, size_t n_copies, size_t stride_tensor,
                                          size_t stride_data) {
-    standin_ctx * s = backend->context;
-    const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size * n_copies, n_copies);
-    write_rows(t, data, offset, size, n_copies, stride_tensor, stride_data);
-    ferry_link_count(&s->link, &slot, size * n_copies);
-    queued_until(s, &slot);
+    link_set(backend->context, t, data, offset, size, n_copies, stride_tensor, stride_data, true);
     return FERRY_OK;
 }
 
@@ -282,8 +277,7 @@ static ferry_status standin_gather(ferry_backend * backend, ferry_tensor * t, co
     }
     const link_slot slot = ferry_link_begin_pieces(&s->link, LINK_TO_DEVICE, bytes, rows);
     ferry_standin_gather_rows((char *) ferry_tensor_data(t), src, pieces, n);
-    ferry_link_count(&s->link, &slot, bytes);
-    queued_until(s, &slot);
+    link_done(s, &slot, bytes, true);
     return FERRY_OK;
 }
 
