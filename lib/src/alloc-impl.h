@@ -10,6 +10,7 @@ typedef struct {
     const ferry_tensor * copy; /* a leaf of the graph */
     const ferry_tensor * src;  /* what it is copied from: kept alive until then (NULL: nothing to keep) */
     int node;                  /* the node it is written before, 0..n_nodes-1 */
+    bool kept;                 /* its memory is its own to the run's end and after (written for the next run) */
 } ferry_gallocr_copy;
 
 /* ferry_gallocr_reserve, with copies: each copy's memory is placed as its node begins

@@ -246,6 +246,7 @@ static ferry_status prepare_copies(const call * c, tensor_plan * base) {
                               cp->copy->name, cp->node, c->n_nodes);
         }
         base[s].node = cp->node;
+        base[s].kept = base[s].kept || cp->kept;
         const int src = cp->src ? ferry_graph_slot(c->graph, ferry_tensor_root(cp->src)) : -1;
         if (src >= 0) {
             base[src].uses++; /* read at the copy's node */

@@ -243,13 +243,15 @@ static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * s
  * ragged policy copies a window's used cells when it carries lengths, and otherwise the plan's
  * rows whether or not they pay; a compact dst is gathered; the plan policy takes the plan when it
  * pays; the ranges policy copies its ranges wherever the rule applies; everything else is the
- * flat copy. *path gets the route taken (a paged window's: the policy), *read the bytes read when
+ * flat copy. from (a window's cells a run adds to its copy ahead): the ragged route from them,
+ * whatever the policy. *path gets the route taken (a paged window's: the policy), *read the bytes read when
  * the route knows them (*known true; else false), *predicted the copies' time by the backend's
  * cost model. queued: backend is a copy queue, and the flat copy goes there too.
  */
 static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy policy, bool compact, bool queued,
-                                  const ferry_tensor * src, ferry_tensor * dst, ferry_copy_policy * path,
-                                  uint64_t * read, bool * known, ferry_gather_method * gather, double * predicted) {
+                                  const ferry_tensor * src, ferry_tensor * dst, const int64_t * from,
+                                  ferry_copy_policy * path, uint64_t * read, bool * known, ferry_gather_method * gather,
+                                  double * predicted) {
     *path = FERRY_COPY_FLAT;
     *read = 0;
     *known = false;
@@ -262,10 +264,10 @@ static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy pol
         *known = true;
         return ferry_copy_paged(backend, src, dst, read, gather, predicted);
     }
-    if (policy == FERRY_COPY_RAGGED && src->used_lengths) {
+    if ((policy == FERRY_COPY_RAGGED || from) && src->used_lengths) {
         *path = FERRY_COPY_RAGGED;
         *known = true;
-        return ferry_copy_ragged(backend, src, dst, compact, read, predicted);
+        return ferry_copy_ragged(backend, src, dst, compact, from, read, predicted);
     }
     if (compact) {
         *path = FERRY_COPY_PLAN;
@@ -353,9 +355,11 @@ static void measure_copy(const copy_snapshot * before, const ferry_tensor * src,
 }
 
 /* One input copy: the checks, the counters before it, the route and what moved. queued:
- * leave it on backend (a copy queue) instead of waiting for the backend before and after. */
+ * leave it on backend (a copy queue) instead of waiting for the backend before and after.
+ * from: only each stream's cells from from[s] on (ferry_copy_input_since). */
 static ferry_status copy_input(const char * what, ferry_backend * backend, ferry_copy_policy policy,
-                               const ferry_tensor * src, ferry_tensor * dst, ferry_copy_stats * stats, bool queued) {
+                               const ferry_tensor * src, ferry_tensor * dst, const int64_t * from,
+                               ferry_copy_stats * stats, bool queued) {
     FERRY_CHECK_ARG(backend && src && dst, "%s: NULL argument", what);
     if ((int) policy < 0 || policy >= FERRY_COPY_POLICY_COUNT) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: unknown copy policy %d", what, (int) policy);
@@ -385,7 +389,8 @@ static ferry_status copy_input(const char * what, ferry_backend * backend, ferry
     if (!queued) {
         FERRY_TRY(ferry_backend_synchronize(backend));
     }
-    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, &path, &read, &known, &gather, &predicted));
+    FERRY_TRY(copy_by_route(backend, policy, compact, queued, src, dst, from, &path, &read, &known, &gather,
+                            &predicted));
     if (!queued) {
         FERRY_TRY(ferry_backend_synchronize(backend));
     }
@@ -401,10 +406,20 @@ static ferry_status copy_input(const char * what, ferry_backend * backend, ferry
 
 ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
                               ferry_tensor * dst, ferry_copy_stats * stats) {
-    return copy_input("copy_input", split_backend, policy, src, dst, stats, false);
+    return copy_input("copy_input", split_backend, policy, src, dst, NULL, stats, false);
 }
 
 ferry_status ferry_copy_input_async(ferry_backend * queue, ferry_copy_policy policy, const ferry_tensor * src,
                                     ferry_tensor * dst, ferry_copy_stats * stats) {
-    return copy_input("copy_input_async", queue, policy, src, dst, stats, true);
+    return copy_input("copy_input_async", queue, policy, src, dst, NULL, stats, true);
+}
+
+ferry_status ferry_copy_input_since(ferry_backend * queue, const ferry_tensor * src, ferry_tensor * dst,
+                                    const int64_t * from, ferry_copy_stats * stats) {
+    FERRY_CHECK_ARG(src && from, "copy_input_since: NULL argument");
+    if (!src->used_lengths || src->paged) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "copy_input_since: '%s' is %s", src->name,
+                          src->paged ? "a paged window" : "a window without its streams' lengths");
+    }
+    return copy_input("copy_input_since", queue, FERRY_COPY_RAGGED, src, dst, from, stats, true);
 }

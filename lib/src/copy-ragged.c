@@ -116,9 +116,27 @@ bool ferry_copy_used_bytes(const ferry_tensor * t, uint64_t * bytes) {
     return ok;
 }
 
+/* Each stream's cells from from[s] to its used length (nothing where it is shorter): one plan over
+ * every stream where they all start and end alike, else a plan per stream. */
+static ferry_status choose_since(const ferry_tensor * t, const int64_t * used, const int64_t * from, copy_list * out) {
+    const int64_t ns = t->ne[t->used_stream_dim];
+    bool alike = true;
+    for (int64_t s = 1; s < ns; s++) {
+        alike = alike && used[s] == used[0] && from[s] == from[0];
+    }
+    if (alike && ns > 0) {
+        return plan_cells(t, -1, from[0], used[0] - from[0], out);
+    }
+    for (int64_t s = 0; s < ns; s++) {
+        FERRY_TRY(plan_cells(t, s, from[s], used[s] - from[s], out));
+    }
+    return FERRY_OK;
+}
+
 /* The copies of t's used cells, the cheaper of the two exact routes by model (equal lengths:
- * the one plan over every stream). */
-static ferry_status choose(const ferry_tensor * t, const ferry_copy_cost_model * model, copy_list * out) {
+ * the one plan over every stream); with from, only the cells from from[s] on (choose_since). */
+static ferry_status choose(const ferry_tensor * t, const int64_t * from, const ferry_copy_cost_model * model,
+                           copy_list * out) {
     const int64_t ns = t->ne[t->used_stream_dim];
     int64_t * used = ferry_malloc((size_t) (ns > 0 ? ns : 1) * sizeof(*used));
     if (!used) {
@@ -127,6 +145,11 @@ static ferry_status choose(const ferry_tensor * t, const ferry_copy_cost_model *
     }
     copy_list per_stream = {0};
     ferry_status st = read_used(t, used);
+    if (from) {
+        st = st == FERRY_OK ? choose_since(t, used, from, out) : st;
+        free(used);
+        return st;
+    }
     int64_t shortest = ns > 0 ? used[0] : 0;
     bool equal = true;
     for (int64_t s = 1; st == FERRY_OK && s < ns; s++) {
@@ -169,7 +192,7 @@ ferry_status ferry_copy_ragged_plan(const ferry_tensor * t, const ferry_copy_cos
     }
     *n_copies = 0;
     copy_list list = {0};
-    ferry_status st = choose(t, model, &list);
+    ferry_status st = choose(t, NULL, model, &list);
     if (st == FERRY_OK) {
         *n_copies = list.n;
         if (copies && list.n > max_copies) {
@@ -229,7 +252,7 @@ static ferry_status move_copy(ferry_backend * backend, const ferry_tensor * src,
 }
 
 ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, bool compact,
-                               uint64_t * read, double * predicted) {
+                               const int64_t * from, uint64_t * read, double * predicted) {
     *read = 0;
     *predicted = 0;
     dst_map map = {.compact = compact};
@@ -244,7 +267,7 @@ ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src
     }
     const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
     copy_list list = {0};
-    ferry_status st = choose(src, &model, &list);
+    ferry_status st = choose(src, from, &model, &list);
     if (st == FERRY_OK) {
         *predicted = ferry_copy_plan_cost(&model, list.c, list.n);
     }

@@ -258,9 +258,15 @@ bool ferry_copy_used_bytes(const ferry_tensor * t, uint64_t * bytes);
 
 /* The ragged route (copy-ragged.c): src's used cells into dst (src's layout, or its compact
  * layout when compact), by ferry_copy_ragged_plan's copies and the backend's cost model; *read
- * gets the bytes moved, which are the bytes read, *predicted the copies' time by that model. */
+ * gets the bytes moved, which are the bytes read, *predicted the copies' time by that model.
+ * from (NULL: from cell 0): per stream, the cells dst already holds; only those after them. */
 ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src, ferry_tensor * dst, bool compact,
-                               uint64_t * read, double * predicted);
+                               const int64_t * from, uint64_t * read, double * predicted);
+
+/* ferry_copy_input_async of only each stream's cells from from[s] to its used length (src carries
+ * lengths; not a paged window): what a run adds to a window copied ahead (sched-prefetch.c). */
+ferry_status ferry_copy_input_since(ferry_backend * queue, const ferry_tensor * src, ferry_tensor * dst,
+                                    const int64_t * from, ferry_copy_stats * stats);
 
 /* ---------------------------------------------------------------- paged windows */
 

@@ -39,12 +39,27 @@ typedef struct {
     int last_prefetched;     /* its last input queued ahead (its compute waits for that one's event); -1 none */
 } part;
 
+/* A first-part input copied ahead for the next run (ferry_sched_set_prefetch_next). Its events
+ * come in two pairs, a run's and the next's: the copy for the next run is queued before the
+ * run's end reads the times of the one it used. */
+typedef struct {
+    bool carried;             /* goes ahead: a window with lengths, in the first part, on a queue */
+    bool queued;              /* a copy is ahead, for the next run of this allocation */
+    int pair;                 /* the events of the copy ahead */
+    int served;               /* the pair of the copy this run used; -1 none */
+    int64_t * cells;          /* per stream: its used cells when copied ahead */
+    ferry_copy_stats stats;   /* the copy ahead's */
+    double queued_at[2];      /* by pair: when it was queued (host clock) */
+    ferry_event * events[2][2]; /* by pair: before and after it on its queue */
+} ahead_copy;
+
 struct ferry_sched {
     ferry_backend * backends[FERRY_SCHED_MAX_BACKENDS];
     int n_backends;
     ferry_copy_policy policy;
     bool compact; /* input copies hold only the bytes read */
     int prefetch; /* parts ahead whose inputs are queued on copy queues; 0: off */
+    bool prefetch_next; /* the first part's windows are queued for the next run under the last part */
     ferry_gallocr * galloc;
 
     assignment * assignments;
@@ -73,6 +88,8 @@ struct ferry_sched {
     ferry_event ** events; /* [2k] before, [2k + 1] after input k's copy */
     uint64_t ahead_inputs, ahead_bytes;
     double * queued_at; /* by input: when its prefetched copy was queued in the run (host clock) */
+    ahead_copy * ahead; /* by input, with prefetch_next */
+    int ahead_part;     /* the part at which the next run's copies are queued; -1 never */
     ferry_sched_stats stats;
     /* The last run's timeline (ferry_sched_trace): room for every part's compute and wait and
      * every input's copy, made at alloc. */
@@ -113,9 +130,14 @@ ferry_status ferry_sched_prefetch_prepare(ferry_sched * s);
 void ferry_sched_prefetch_reset(ferry_sched * s);
 /* In the run: queue the prefetched inputs of parts *next..last. */
 ferry_status ferry_sched_prefetch_queue(ferry_sched * s, int last, int * next);
+/* Wait for the copies queued ahead for the next run, and forget them. */
+ferry_status ferry_sched_prefetch_drop_ahead(ferry_sched * s);
 /* In the run: part p's compute waits for its prefetched inputs. */
 ferry_status ferry_sched_prefetch_wait(ferry_sched * s, int p);
-/* After the run: every queue done, and each prefetched copy's time from its events. */
-ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts);
+/* In the run, at ahead_part: queue the first part's windows for the next run. */
+ferry_status ferry_sched_prefetch_queue_ahead(ferry_sched * s);
+/* After the run: this run's copies done (ok false, a failed run: every queue, and nothing left
+ * ahead), and each prefetched copy's time from its events. */
+ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts, bool ok);
 
 #endif

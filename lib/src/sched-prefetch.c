@@ -1,8 +1,10 @@
 /*
  * Prefetching (ferry_sched_set_prefetch): which split inputs are copied ahead on their
  * backend's copy queue, when they are queued in a run, what each part's compute waits
- * for, and what is left to wait for and time after the run. The copies themselves are
- * ferry_copy_input_async (copy-path.c).
+ * for, and what is left to wait for and time after the run; and across runs
+ * (ferry_sched_set_prefetch_next), the first part's windows queued for the next run and
+ * the cells a run adds to them. The copies themselves are ferry_copy_input_async and
+ * ferry_copy_input_since (copy-path.c).
  */
 #include "sched-impl.h"
 
@@ -26,6 +28,7 @@ void ferry_fault_sched_drop_waits(bool drop) { drop_waits = drop; }
  * queue copies the rest, so that the step's first wait is about half as long.
  */
 ferry_status ferry_sched_prefetch_choose(ferry_sched * s) {
+    s->ahead_part = -1;
     if (s->prefetch == 0 || s->n_inputs == 0) {
         return FERRY_OK;
     }
@@ -33,22 +36,39 @@ ferry_status ferry_sched_prefetch_choose(ferry_sched * s) {
     if (!s->queue_of) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     }
+    /* Across runs: the next run's first part is queued at the part whose depth reaches past the
+     * last, once the first has computed (a graph of one part has no such part). */
+    if (s->prefetch_next && s->n_parts > 1) {
+        s->ahead_part = s->n_parts - s->prefetch > 1 ? s->n_parts - s->prefetch : 1;
+        s->ahead = ferry_calloc((size_t) s->n_inputs, sizeof(*s->ahead));
+        if (!s->ahead) {
+            return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+        }
+    }
     for (int p = 0; p < s->n_parts; p++) {
         part * pt = &s->parts[p];
         for (int k = pt->first_input; k < pt->first_input + pt->n_inputs; k++) {
-            const ferry_tensor * root = ferry_tensor_root(s->inputs[k].src);
+            const ferry_tensor * src = s->inputs[k].src;
+            const ferry_tensor * root = ferry_tensor_root(src);
             if (root->op != FERRY_OP_NONE || !ferry_gallocr_has_foreign_memory(s->galloc, root)) {
                 continue;
             }
-            if (p == 0 && (k - pt->first_input) % 2 == 0) {
+            const bool carry = s->ahead && p == 0 && src->used_lengths && !src->paged;
+            if (p == 0 && !carry && (k - pt->first_input) % 2 == 0) {
                 continue; /* the calling thread's share of the first part */
             }
             FERRY_TRY(ferry_backend_get_copy_queue(s->splits[pt->split].backend, &s->queue_of[k]));
             pt->last_prefetched = s->queue_of[k] ? k : pt->last_prefetched;
+            if (carry && s->queue_of[k]) {
+                s->ahead[k] = (ahead_copy) {.carried = true, .served = -1};
+            }
         }
     }
     return FERRY_OK;
 }
+
+/* Is input k copied ahead for the next run? */
+static bool carried(const ferry_sched * s, int k) { return s->ahead && s->ahead[k].carried; }
 
 /* After the allocation: the prefetched copies' events, and what they hold ahead of the part
  * computing at most (the copies of the `prefetch` parts after it). */
@@ -61,14 +81,28 @@ ferry_status ferry_sched_prefetch_prepare(ferry_sched * s) {
     if (!s->events || !s->queued_at) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     }
+    uint64_t carried_inputs = 0, carried_bytes = 0; /* held through the run, for the next */
     for (int k = 0; k < s->n_inputs; k++) {
         if (s->queue_of[k]) {
             FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &s->events[2 * k]));
             FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &s->events[2 * k + 1]));
         }
+        if (carried(s, k)) {
+            ahead_copy * a = &s->ahead[k];
+            for (int e = 0; e < 4; e++) {
+                FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &a->events[e / 2][e % 2]));
+            }
+            const ferry_tensor * src = s->inputs[k].src;
+            a->cells = ferry_calloc((size_t) src->ne[src->used_stream_dim] + 1, sizeof(*a->cells));
+            if (!a->cells) {
+                return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+            }
+            carried_inputs++;
+            carried_bytes += ferry_tensor_nbytes(s->inputs[k].copy);
+        }
     }
     for (int q = 0; q < s->n_parts; q++) {
-        uint64_t inputs = 0, bytes = 0;
+        uint64_t inputs = q > 0 ? carried_inputs : 0, bytes = q > 0 ? carried_bytes : 0;
         for (int p = q + 1; p < s->n_parts && p - q <= s->prefetch; p++) {
             for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
                 if (s->queue_of[k]) {
@@ -87,6 +121,15 @@ void ferry_sched_prefetch_reset(ferry_sched * s) {
     for (int k = 0; s->events && k < 2 * s->n_inputs; k++) {
         ferry_event_free(s->events[k]); /* waits, on the queue's side, until it was reached */
     }
+    for (int k = 0; s->ahead && k < s->n_inputs; k++) {
+        for (int e = 0; e < 4; e++) {
+            ferry_event_free(s->ahead[k].events[e / 2][e % 2]); /* a copy ahead still running too */
+        }
+        free(s->ahead[k].cells);
+    }
+    free(s->ahead);
+    s->ahead = NULL;
+    s->ahead_part = -1;
     free(s->events);
     free(s->queue_of);
     free(s->queued_at);
@@ -96,8 +139,38 @@ void ferry_sched_prefetch_reset(ferry_sched * s) {
     s->ahead_inputs = s->ahead_bytes = 0;
 }
 
+/* A window copied ahead by the last run: only the cells added since, from each stream's length
+ * then (from 0 where it fell), behind that copy on its queue; the input's figures are both. */
+static ferry_status copy_since_ahead(ferry_sched * s, int k) {
+    ahead_copy * a = &s->ahead[k];
+    ferry_sched_input_info * in = &s->inputs[k];
+    const int64_t ns = in->src->ne[in->src->used_stream_dim];
+    int64_t * now = ferry_malloc((size_t) ns * sizeof(*now) + 1);
+    if (!now) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    }
+    ferry_status st = ferry_read_used_cells(in->src, "the copy after a copy ahead", now);
+    for (int64_t i = 0; st == FERRY_OK && i < ns; i++) {
+        now[i] = now[i] >= a->cells[i] ? a->cells[i] : 0; /* now: where the cells to copy begin */
+    }
+    if (st == FERRY_OK) {
+        st = ferry_copy_input_since(s->queue_of[k], in->src, in->copy, now, &in->stats);
+    }
+    free(now);
+    FERRY_TRY(st);
+    in->stats.path = a->stats.path;
+    in->stats.gather = a->stats.gather;
+    in->stats.bytes_copied += a->stats.bytes_copied;
+    in->stats.copy_calls += a->stats.copy_calls;
+    in->stats.impl_calls += a->stats.impl_calls;
+    in->stats.predicted_seconds += a->stats.predicted_seconds;
+    a->served = a->pair;
+    a->queued = false;
+    return FERRY_OK;
+}
+
 /* Queue the prefetched inputs of parts up to `last` not yet queued (*next onwards), each
- * between two events on its copy queue. */
+ * between two events on its copy queue (a window copied ahead by the last run: its new cells). */
 ferry_status ferry_sched_prefetch_queue(ferry_sched * s, int last, int * next) {
     for (; *next <= last && *next < s->n_parts; (*next)++) {
         const part * pt = &s->parts[*next];
@@ -109,7 +182,11 @@ ferry_status ferry_sched_prefetch_queue(ferry_sched * s, int last, int * next) {
             ferry_sched_input_info * in = &s->inputs[k];
             s->queued_at[k] = ferry_now_seconds();
             FERRY_TRY(ferry_event_record(s->events[2 * k], queue));
-            FERRY_TRY(ferry_copy_input_async(queue, s->policy, in->src, in->copy, &in->stats));
+            if (carried(s, k) && s->ahead[k].queued) {
+                FERRY_TRY(copy_since_ahead(s, k));
+            } else {
+                FERRY_TRY(ferry_copy_input_async(queue, s->policy, in->src, in->copy, &in->stats));
+            }
             FERRY_TRY(ferry_event_record(s->events[2 * k + 1], queue));
             ferry_sched_add_input_stats(&s->stats, &in->stats);
             s->stats.prefetched++;
@@ -118,19 +195,88 @@ ferry_status ferry_sched_prefetch_queue(ferry_sched * s, int last, int * next) {
     return FERRY_OK;
 }
 
+/* Queue the first part's windows for the next run, with each stream's length now. Where the
+ * host cannot read the lengths now, that window is not copied ahead: the next run copies it. */
+ferry_status ferry_sched_prefetch_queue_ahead(ferry_sched * s) {
+    for (int k = 0; s->ahead && k < s->n_inputs; k++) {
+        ahead_copy * a = &s->ahead[k];
+        if (!a->carried) {
+            continue;
+        }
+        a->queued = false;
+        const ferry_sched_input_info * in = &s->inputs[k];
+        if (ferry_read_used_cells(in->src, "copy ahead", a->cells) != FERRY_OK) {
+            ferry_clear_error();
+            continue;
+        }
+        const int pair = a->pair ^ 1; /* this run's end still reads the other's times */
+        a->queued_at[pair] = ferry_now_seconds();
+        FERRY_TRY(ferry_event_record(a->events[pair][0], s->queue_of[k]));
+        FERRY_TRY(ferry_copy_input_async(s->queue_of[k], s->policy, in->src, in->copy, &a->stats));
+        FERRY_TRY(ferry_event_record(a->events[pair][1], s->queue_of[k]));
+        a->pair = pair;
+        a->queued = true;
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_sched_prefetch_drop_ahead(ferry_sched * s) {
+    ferry_status st = FERRY_OK;
+    for (int k = 0; s->ahead && k < s->n_inputs; k++) {
+        ahead_copy * a = &s->ahead[k];
+        if (a->queued) {
+            const ferry_status w = ferry_event_synchronize(a->events[a->pair][1]);
+            st = st == FERRY_OK ? w : st;
+        }
+        a->queued = false;
+        a->served = -1;
+    }
+    return st;
+}
+
+/* The copy ahead that input k's window of part p used, timed and placed (before the run's start
+ * where it ran under the last run): its time joins the input's. */
+static ferry_status time_ahead(ferry_sched * s, int p, int k) {
+    ahead_copy * a = &s->ahead[k];
+    ferry_event * const * ev = a->events[a->served];
+    float ms = 0;
+    FERRY_TRY(ferry_event_elapsed_ms(ev[0], ev[1], &ms));
+    s->inputs[k].stats.copy_seconds += 1e-3 * ms;
+    s->stats.copy_seconds += 1e-3 * ms;
+    double t0, t1;
+    if (ferry_event_reached_seconds(ev[0], &t0) != FERRY_OK || ferry_event_reached_seconds(ev[1], &t1) != FERRY_OK) {
+        t0 = a->queued_at[a->served]; /* a device stream: from when it was queued, as the last part began */
+        t1 = t0 + 1e-3 * ms;
+    }
+    ferry_sched_add_span(s, FERRY_SPAN_QUEUED_COPY, p, k, t0, t1);
+    a->served = -1;
+    return FERRY_OK;
+}
+
 /* After a run with prefetching: every queue done (nothing may still write a copy), and each
  * prefetched copy's time on its queue, from its events. */
-ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts) {
+ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts, bool ok) {
     if (DROP_WAITS()) {
         return FERRY_OK; /* the test that dropped them waits for its queues itself */
     }
     ferry_status st = FERRY_OK;
-    const ferry_backend * done = NULL; /* inputs come queue by queue: each waited for once */
-    for (int k = 0; k < s->n_inputs; k++) {
-        if (s->queue_of[k] && s->queue_of[k] != done) {
-            const ferry_status q = ferry_backend_synchronize(s->queue_of[k]);
+    if (!ok) { /* a run that failed: every queue done, nothing left ahead */
+        const ferry_backend * done = NULL; /* inputs come queue by queue: each waited for once */
+        for (int k = 0; k < s->n_inputs; k++) {
+            if (s->queue_of[k] && s->queue_of[k] != done) {
+                const ferry_status q = ferry_backend_synchronize(s->queue_of[k]);
+                st = st == FERRY_OK ? q : st;
+                done = s->queue_of[k];
+            }
+        }
+        const ferry_status d = ferry_sched_prefetch_drop_ahead(s);
+        return st == FERRY_OK ? d : st;
+    }
+    /* This run's copies done; those queued ahead for the next run may still be running. */
+    for (int p = 0; p < queued_parts; p++) {
+        for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
+            const ferry_status q = s->queue_of[k] ? ferry_event_synchronize(s->events[2 * k + 1]) : FERRY_OK;
             st = st == FERRY_OK ? q : st;
-            done = s->queue_of[k];
         }
     }
     /* Each queued copy's span: from its events' host times where the queue knows them (a host
@@ -147,6 +293,9 @@ ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts) {
             }
             s->inputs[k].stats.copy_seconds = 1e-3 * ms;
             s->stats.copy_seconds += 1e-3 * ms;
+            if (carried(s, k) && s->ahead[k].served >= 0 && (st = time_ahead(s, p, k)) != FERRY_OK) {
+                continue;
+            }
             double t0, t1;
             if (ferry_event_reached_seconds(s->events[2 * k], &t0) == FERRY_OK &&
                 ferry_event_reached_seconds(s->events[2 * k + 1], &t1) == FERRY_OK) {

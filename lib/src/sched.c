@@ -112,12 +112,34 @@ bool ferry_sched_get_compact(const ferry_sched * s) { return s && s->compact; }
 ferry_status ferry_sched_set_prefetch(ferry_sched * s, int n_parts) {
     FERRY_CHECK_ARG(s, "sched_set_prefetch: NULL scheduler");
     FERRY_CHECK_ARG(n_parts >= 0, "sched_set_prefetch: %d parts ahead (0 or more)", n_parts);
+    FERRY_CHECK_ARG(n_parts > 0 || !s->prefetch_next,
+                    "sched_set_prefetch: 0 with prefetch across runs on: turn that off first "
+                    "(ferry_sched_set_prefetch_next)");
     s->prefetch = n_parts;
     s->graph = NULL; /* the copies' places change: allocate again at the next compute */
     return FERRY_OK;
 }
 
 int ferry_sched_get_prefetch(const ferry_sched * s) { return s ? s->prefetch : 0; }
+
+ferry_status ferry_sched_set_prefetch_next(ferry_sched * s, bool on) {
+    FERRY_CHECK_ARG(s, "sched_set_prefetch_next: NULL scheduler");
+    FERRY_CHECK_ARG(!on || s->prefetch > 0,
+                    "sched_set_prefetch_next: prefetch is 0, and only a prefetching run queues the next run's "
+                    "copies: set a prefetch of 1 or more first (ferry_sched_set_prefetch)");
+    if (on != s->prefetch_next) {
+        s->prefetch_next = on;
+        s->graph = NULL; /* the first part's copies keep their memory: allocate again at the next compute */
+    }
+    return FERRY_OK;
+}
+
+bool ferry_sched_get_prefetch_next(const ferry_sched * s) { return s && s->prefetch_next; }
+
+ferry_status ferry_sched_drop_ahead(ferry_sched * s) {
+    FERRY_CHECK_ARG(s, "sched_drop_ahead: NULL scheduler");
+    return ferry_sched_prefetch_drop_ahead(s);
+}
 
 ferry_status ferry_sched_set_keep_inputs(ferry_sched * s, bool keep) {
     FERRY_CHECK_ARG(s, "sched_set_keep_inputs: NULL scheduler");
@@ -421,14 +443,17 @@ static ferry_status allocate(ferry_sched * s) {
     }
     free(leaf_of);
     /* Each copy is written as its part begins, from its source, which lives until then; a
-     * prefetched one as the part `prefetch` before begins, and its memory is its own from then. */
+     * prefetched one as the part `prefetch` before begins, and its memory is its own from then;
+     * one copied ahead for the next run, for the whole run and after. */
     ferry_gallocr_copy * copies = ferry_calloc((size_t) s->n_inputs + 1, sizeof(*copies));
     ferry_status st = copies ? FERRY_OK : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     for (int p = 0; p < s->n_parts && st == FERRY_OK; p++) {
         for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
             const int issued = s->queue_of && s->queue_of[k] ? (p > s->prefetch ? p - s->prefetch : 0) : p;
-            copies[k] = (ferry_gallocr_copy) {
-                .copy = s->inputs[k].copy, .src = s->inputs[k].src, .node = part_first_node(s, issued, n_nodes)};
+            copies[k] = (ferry_gallocr_copy) {.copy = s->inputs[k].copy,
+                                              .src = s->inputs[k].src,
+                                              .node = part_first_node(s, issued, n_nodes),
+                                              .kept = s->ahead && s->ahead[k].carried};
         }
     }
     if (st == FERRY_OK) {
@@ -475,8 +500,8 @@ ferry_status ferry_sched_alloc_graph(ferry_sched * s, ferry_graph * graph) {
     if (st == FERRY_OK) {
         st = ferry_sched_prefetch_prepare(s);
     }
-    if (st == FERRY_OK) { /* the timeline's room: each part's compute and wait, each input's copy */
-        s->spans = ferry_calloc(2 * (size_t) s->n_parts + (size_t) s->n_inputs + 1, sizeof(*s->spans));
+    if (st == FERRY_OK) { /* the timeline's room: each part's compute and wait, each input's copy and copy ahead */
+        s->spans = ferry_calloc(2 * (size_t) s->n_parts + 2 * (size_t) s->n_inputs + 1, sizeof(*s->spans));
         st = s->spans ? FERRY_OK : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     }
     if (st != FERRY_OK) {
@@ -531,6 +556,9 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
         if (st == FERRY_OK && s->queue_of) {
             st = ferry_sched_prefetch_queue(s, p + s->prefetch, &queued);
         }
+        if (st == FERRY_OK && p == s->ahead_part) {
+            st = ferry_sched_prefetch_queue_ahead(s); /* the next run's first part, under the parts left */
+        }
         if (st == FERRY_OK) {
             st = ferry_sched_prefetch_wait(s, p);
         }
@@ -547,7 +575,7 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
         }
     }
     if (s->queue_of) {
-        const ferry_status fin = ferry_sched_prefetch_finish(s, queued);
+        const ferry_status fin = ferry_sched_prefetch_finish(s, queued, st == FERRY_OK);
         st = st == FERRY_OK ? fin : st;
     }
     set_redirects(s, false);

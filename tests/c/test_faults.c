@@ -495,6 +495,7 @@ typedef struct {
     ferry_context * ctx;
     ferry_graph * graph;
     ferry_sched * sched;
+    ferry_buffer * lengths; /* the windows' used cells, where a scenario sets them */
 } sched_state;
 
 static ferry_copy_policy sched_policy;
@@ -546,6 +547,7 @@ static void sched_run(void * p) {
 static void sched_fini(void * p) {
     sched_state * s = p;
     ferry_sched_free(s->sched);
+    ferry_buffer_free(s->lengths);
     ferry_graph_free(s->graph);
     ferry_context_free(s->ctx);
     ferry_kv_cache_free(s->kv);
@@ -603,6 +605,46 @@ static void sched_prefetch_run(void * p) {
     }
 }
 
+/* Across runs (ferry_sched_set_prefetch_next): K and V windows carrying their lengths, read
+ * by separate nodes, the graph run three times: the first part's windows go ahead under the
+ * second, and each later run copies the cells since (none: the lengths stay). */
+static void sched_prefetch_next_run(void * p) {
+    sched_state * s = p;
+    SUB(sched_open(s, true));
+    STEP(ferry_sched_set_prefetch(s->sched, 1));
+    STEP(ferry_sched_set_prefetch_next(s->sched, true));
+    const int64_t n_kv = 7, len_ne[1] = {4};
+    ferry_tensor *len, *k, *v, *dup_k, *dup_v, *out_k, *out_v;
+    STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_I32, 1, len_ne, &len));
+    STEP(ferry_backend_alloc_buffer(s->cpu, ferry_tensor_nbytes(len), &s->lengths));
+    STEP(ferry_buffer_place_tensor(s->lengths, len, 0));
+    const int32_t lens[4] = {7, 7, 7, 7};
+    STEP(ferry_tensor_set(len, lens, 0, sizeof(lens)));
+    STEP(ferry_kv_cache_window(s->kv, s->ctx, 0, n_kv, 0, 3, &k, &v));
+    STEP(ferry_tensor_set_used_cells(k, len, 1, 3, 0));
+    STEP(ferry_tensor_set_used_cells(v, len, 1, 3, 0));
+    STEP(ferry_dup(s->ctx, k, &dup_k));
+    STEP(ferry_scale(s->ctx, dup_k, 0.5f, &out_k));
+    STEP(ferry_dup(s->ctx, v, &dup_v));
+    STEP(ferry_scale(s->ctx, dup_v, 0.5f, &out_v));
+    STEP(ferry_tensor_set_output(out_k));
+    STEP(ferry_tensor_set_output(out_v));
+    STEP(ferry_graph_new(&s->graph));
+    STEP(ferry_graph_build(s->graph, out_k));
+    STEP(ferry_graph_build(s->graph, out_v));
+    STEP(ferry_sched_set_tensor_backend(s->sched, dup_k, s->split));
+    STEP(ferry_sched_set_tensor_backend(s->sched, dup_v, s->split));
+    for (int run = 0; run < 3; run++) {
+        STEP(ferry_sched_graph_compute(s->sched, s->graph));
+        ferry_sched_stats st;
+        STEP(ferry_sched_get_stats(s->sched, &st));
+        CHECK_EQ_U(st.prefetched, 2);
+        CHECK(scaled_copy_of(out_k, k, 0.5f));
+        CHECK(scaled_copy_of(out_v, v, 0.5f));
+    }
+    STEP(ferry_sched_drop_ahead(s->sched));
+}
+
 static void test_sched_prefetch_fails_cleanly_at_each_allocation(void) {
     for (int policy = FERRY_COPY_FLAT; policy < FERRY_COPY_POLICY_COUNT; policy++) {
         char name[80];
@@ -610,6 +652,9 @@ static void test_sched_prefetch_fails_cleanly_at_each_allocation(void) {
         sched_policy = (ferry_copy_policy) policy;
         sched_state s;
         CHECK(sweep(name, sched_prefetch_run, sched_fini, &s, sizeof(s)) > 0);
+        snprintf(name, sizeof(name), "scheduler prefetching across runs, %s",
+                 ferry_copy_policy_name((ferry_copy_policy) policy));
+        CHECK(sweep(name, sched_prefetch_next_run, sched_fini, &s, sizeof(s)) > 0);
     }
 }
 
