@@ -533,6 +533,41 @@ static void test_async_sets_queue_on_the_link_as_on_a_stream(void) {
     ferry_backend_free(device);
 }
 
+/* A bulk copy on the copy queue is written at the link's pace, as a copy engine writes: a quarter
+ * of the way through the link's time (20 ms of 80), its first piece has landed and its last has
+ * not (written in a burst, it would all have landed in a few ms, then waited). */
+static void test_queued_bulk_copies_land_at_the_links_pace(void) {
+    const size_t bytes = 8 * MIB;
+    ferry_backend *device = NULL, *queue = NULL;
+    CHECK_OK(standin(bytes / 0.08 * 1e-9, 0, 0, &device)); /* 80 ms for the copy */
+    CHECK_OK(ferry_backend_get_copy_queue(device, &queue));
+    ferry_context * ctx = NULL;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor * t = NULL;
+    ferry_buffer * buf = NULL;
+    CHECK_OK(byte_tensor(device, ctx, bytes, &t, &buf));
+    char * host = malloc(bytes);
+    CHECK(host != NULL);
+    memset(host, 7, bytes);
+    volatile const char * dst = (const char *) t->data;
+    memset(t->data, 0, bytes);
+    const double t0 = now();
+    CHECK_OK(ferry_backend_tensor_set_async(queue, t, host, 0, bytes));
+    while (now() - t0 < 0.02) {
+    }
+    const bool first = dst[0] == 7, last = dst[bytes - 1] == 7;
+    CHECK_OK(ferry_backend_synchronize(queue));
+    const double took = now() - t0;
+    printf("8 MiB over an 80 ms link: at 20 ms first byte %s, last byte %s; done at %.1f ms\n",
+           first ? "landed" : "not yet", last ? "landed" : "not yet", 1e3 * took);
+    CHECK(first && !last);
+    CHECK(dst[bytes - 1] == 7 && took >= 0.08);
+    free(host);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_backend_free(device);
+}
+
 #ifdef FERRY_HAVE_CUDA_TESTS
 /* CUDA's answer is cudaMemGetInfo's; the fake runtime's device has 1 TiB, and its device
  * allocations take from it exactly what they ask. */
@@ -571,6 +606,7 @@ static const check_test tests[] = {
     {"no_link_no_model", test_no_link_no_model},
     {"standin_memory_refuses_past_free_and_frees_back", test_standin_memory_refuses_past_free_and_frees_back},
     {"every_backend_tells_its_free_and_total_memory", test_every_backend_tells_its_free_and_total_memory},
+    {"queued_bulk_copies_land_at_the_links_pace", test_queued_bulk_copies_land_at_the_links_pace},
     {"standin_params_out_of_range_are_refused", test_standin_params_out_of_range_are_refused},
     {"link_charges_per_row", test_link_charges_per_row},
     {"a_slowdown_of_f_holds_computes_to_f_times_host", test_a_slowdown_of_f_holds_computes_to_f_times_host},

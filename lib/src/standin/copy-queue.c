@@ -93,7 +93,7 @@ static void run_job(ferry_link * link, const job * j) {
         return;
     }
     const link_slot slot = ferry_link_begin(link, j->dir, j->width * j->height, j->height);
-    ferry_standin_copy_rows(j->dst, j->dpitch, j->src, j->spitch, j->width, j->height);
+    ferry_standin_copy_rows(j->dst, j->dpitch, j->src, j->spitch, j->width, j->height, &slot);
     ferry_link_end(link, &slot, j->width * j->height);
 }
 

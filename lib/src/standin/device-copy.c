@@ -69,16 +69,27 @@ static bool overlap(const char * a, const char * b, size_t n) {
     return x < y + n && y < x + n;
 }
 
+/* The piece of a paced bulk transfer written before waiting for the link to carry it. */
+#define PACE_BYTES ((size_t) 256 << 10)
+
 void ferry_standin_copy_rows(char * dst, size_t dst_stride, const char * src, size_t src_stride, size_t size,
-                             size_t rows) {
+                             size_t rows, const link_slot * pace) {
     const bool bulk = size >= STREAM_MIN_ROW && size * rows >= STREAM_MIN_BYTES;
     bool streamed = false;
+    size_t done = 0;
     for (size_t r = 0; r < rows; r++) {
         char * d = dst + r * dst_stride;
         const char * s = src + r * src_stride;
 #if HAVE_STREAM
         if (bulk && !overlap(d, s, size)) {
-            stream_row(d, s, size);
+            for (size_t at = 0; at < size; at += PACE_BYTES) {
+                const size_t n = size - at < PACE_BYTES ? size - at : PACE_BYTES;
+                stream_row(d + at, s + at, n);
+                done += n;
+                if (pace) {
+                    ferry_link_pace(pace, done);
+                }
+            }
             streamed = true;
             continue;
         }
@@ -102,6 +113,6 @@ void ferry_standin_gather_rows(char * dst, const char * src, const ferry_gather_
     for (size_t i = 0; i < n; i++) {
         const ferry_gather_copy * c = &pieces[i];
         ferry_standin_copy_rows(dst + c->dst_offset, c->dst_stride, src + c->src_offset, c->src_stride, c->size,
-                                c->count);
+                                c->count, NULL);
     }
 }

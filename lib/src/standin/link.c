@@ -54,7 +54,7 @@ void ferry_link_destroy(ferry_link * link) { pthread_mutex_destroy(&link->lock);
 
 /* Take the link for bytes in `charged` rows, each at the row cost. */
 static link_slot begin(ferry_link * link, link_dir dir, size_t bytes, size_t charged) {
-    link_slot slot = {0, 0};
+    link_slot slot = {0};
     if (!link || !link->modelled) {
         return slot;
     }
@@ -64,6 +64,8 @@ static link_slot begin(ferry_link * link, link_dir dir, size_t bytes, size_t cha
     pthread_mutex_lock(&link->lock);
     const double start = link->free_at[dir] > now ? link->free_at[dir] : now;
     slot.end = start + carry;
+    slot.bytes_from = start + link->latency;
+    slot.seconds_per_byte = link->bytes_per_second > 0 ? 1.0 / link->bytes_per_second : 0;
     link->free_at[dir] = slot.end;
     link->stats.modelled_seconds += carry;
     link->stats.rows += charged;
@@ -94,6 +96,12 @@ void ferry_link_count(ferry_link * link, const link_slot * slot, size_t bytes) {
         link->stats.late_seconds += copied - slot->end;
     }
     pthread_mutex_unlock(&link->lock);
+}
+
+void ferry_link_pace(const link_slot * slot, size_t done) {
+    if (slot->seconds_per_byte > 0) {
+        ferry_link_wait_until(slot->bytes_from + (double) done * slot->seconds_per_byte);
+    }
 }
 
 void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes) {

@@ -20,9 +20,11 @@ typedef struct {
     ferry_link_stats stats;
 } ferry_link;
 
-/* A transfer's place on the link: its modelled end, and when its copy began. */
+/* A transfer's place on the link: its modelled end, when its copy began, and when its bytes
+ * start moving and how long each takes (0: a link without bandwidth). */
 typedef struct {
     double copy_start, end;
+    double bytes_from, seconds_per_byte;
 } link_slot;
 
 void ferry_link_init(ferry_link * link, double gbps, double latency_us, double row_ns);
@@ -35,6 +37,9 @@ link_slot ferry_link_begin_pieces(ferry_link * link, link_dir dir, size_t bytes,
 void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes);
 /* ferry_link_end without the wait: a queued transfer, whose end a later synchronize waits for. */
 void ferry_link_count(ferry_link * link, const link_slot * slot, size_t bytes);
+/* Hold the calling thread until the link would have carried the slot's first `done` bytes: a
+ * bulk copy written at the link's pace, as a copy engine writes, not in a burst and a wait. */
+void ferry_link_pace(const link_slot * slot, size_t done);
 /* Hold the calling thread until time t (ferry_now_seconds), as a transfer's hold does. */
 void ferry_link_wait_until(double t);
 ferry_link_stats ferry_link_get_stats(ferry_link * link);

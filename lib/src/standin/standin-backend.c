@@ -70,7 +70,8 @@ static void link_done(standin_ctx * s, const link_slot * slot, size_t bytes, boo
 static void link_set(standin_ctx * s, ferry_tensor * t, const void * data, size_t offset, size_t size, size_t rows,
                      size_t stride_tensor, size_t stride_data, bool queued) {
     const link_slot slot = ferry_link_begin(&s->link, LINK_TO_DEVICE, size * rows, rows);
-    ferry_standin_copy_rows((char *) ferry_tensor_data(t) + offset, stride_tensor, data, stride_data, size, rows);
+    ferry_standin_copy_rows((char *) ferry_tensor_data(t) + offset, stride_tensor, data, stride_data, size, rows,
+                            NULL);
     link_done(s, &slot, size * rows, queued);
 }
 
