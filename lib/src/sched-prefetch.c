@@ -150,7 +150,9 @@ static ferry_status copy_since_ahead(ferry_sched * s, int k) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     }
     ferry_status st = ferry_read_used_cells(in->src, "the copy after a copy ahead", now);
+    bool kept = true;
     for (int64_t i = 0; st == FERRY_OK && i < ns; i++) {
+        kept = kept && now[i] >= a->cells[i];
         now[i] = now[i] >= a->cells[i] ? a->cells[i] : 0; /* now: where the cells to copy begin */
     }
     if (st == FERRY_OK) {
@@ -166,6 +168,7 @@ static ferry_status copy_since_ahead(ferry_sched * s, int k) {
     in->stats.predicted_seconds += a->stats.predicted_seconds;
     a->served = a->pair;
     a->queued = false;
+    s->stats.kept_ahead += kept;
     return FERRY_OK;
 }
 

@@ -133,6 +133,14 @@ class Scheduler(Closeable):
         only onto backends with a copy queue (a CUDA backend's second stream, the stand-in
         device's worker thread); each part's compute waits for its own inputs. 0 (the default):
         off, every figure and byte as without it.
+    prefetch_next : bool, optional
+        Prefetch across runs, for a decode loop running one graph step after step: while a run's
+        last part computes, the first part's windows are copied for the next run, which then
+        copies only the cells each stream gained since (a stream whose length fell: from cell 0
+        again). Only windows carrying their streams' lengths (Tensor.set_used_cells, lengths in
+        host memory), not paged ones, go ahead, and their copies keep their memory for the whole
+        run. The caller's side: cells below a stream's length are not rewritten between two runs,
+        or drop_ahead() is called first. Needs a prefetch of 1 or more; off by default.
 
     close() (or a `with` block's end) frees the scheduler's copies and compute memory now; its
     Input.copy tensors and the outputs it placed raise FreedBufferError after.
@@ -140,12 +148,13 @@ class Scheduler(Closeable):
     Raises
     ------
     InvalidArgumentError
-        For an empty list, anything but Backends, an unknown policy, a keep_inputs that is not a
-        bool, or a prefetch that is not an int of 0 or more.
+        For an empty list, anything but Backends, an unknown policy, a keep_inputs or
+        prefetch_next that is not a bool, a prefetch that is not an int of 0 or more, or
+        prefetch_next with a prefetch of 0.
     """
 
     def __init__(self, backends: Sequence[Backend], policy: PolicyLike = "flat", compact: bool = False,
-                 keep_inputs: bool = False, prefetch: int = 0) -> None:
+                 keep_inputs: bool = False, prefetch: int = 0, prefetch_next: bool = False) -> None:
         if isinstance(backends, Backend):
             backends = [backends]
         if isinstance(backends, (str, bytes)) or not hasattr(backends, "__len__") or len(backends) == 0:
@@ -173,6 +182,7 @@ class Scheduler(Closeable):
             raise InvalidArgumentError(f"keep_inputs: expected a bool, got {type(keep_inputs).__name__}")
         check(lib.ferry_sched_set_keep_inputs(self._p, keep_inputs))
         self.prefetch = prefetch
+        self.prefetch_next = prefetch_next
 
     @property
     def _p(self) -> Any:
@@ -214,6 +224,26 @@ class Scheduler(Closeable):
         if isinstance(n_parts, bool):
             raise InvalidArgumentError("prefetch: expected an int of 0 or more, got bool")
         check(lib.ferry_sched_set_prefetch(self._p, _checks.as_c_int(n_parts, "prefetch")))
+
+    @property
+    def prefetch_next(self) -> bool:
+        """Whether the first part's windows are copied for the next run under this run's last part
+        (the constructor's prefetch_next); setting it takes effect at the next alloc. Turning it on
+        with a prefetch of 0, or the prefetch to 0 while it is on, raises InvalidArgumentError."""
+        return bool(lib.ferry_sched_get_prefetch_next(self._p))
+
+    @prefetch_next.setter
+    def prefetch_next(self, on: bool) -> None:
+        if not isinstance(on, bool):
+            raise InvalidArgumentError(f"prefetch_next: expected a bool, got {type(on).__name__}")
+        check(lib.ferry_sched_set_prefetch_next(self._p, on))
+
+    def drop_ahead(self) -> None:
+        """Wait for the copies made ahead for the next run and forget them: the next run copies its
+        first part whole. Call it before rewriting cells below a stream's length that the last run
+        read (a stream given a new sequence, or cut back and written again); without
+        prefetch_next there is nothing to drop."""
+        check(lib.ferry_sched_drop_ahead(self._p))
 
     def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
         return next((b for b in self._backends if b._handle.ptr == ptr), None)

@@ -118,6 +118,7 @@ static void decode_loop_reads_what_the_host_wrote(ferry_backend * device) {
                         const uint64_t extra = r == 0 || policy == FERRY_COPY_RAGGED ? 0 : 2 * appended * CELL_BYTES;
                         CHECK_EQ_U(ahead.stats.bytes_copied, serial.stats.bytes_copied + extra);
                         CHECK_EQ_U(ahead.stats.prefetched, 2 * N_LAYER); /* both of the first layer's too */
+                        CHECK_EQ_U(ahead.stats.kept_ahead, r == 0 ? 0 : 2); /* the first layer's K and V */
                     }
                     ferry_sched_free(plain);
                     ferry_sched_free(next);
@@ -157,7 +158,8 @@ static void second_run(change_fn change, bool v_trans, outputs * serial, outputs
     ferry_backend_free(standin);
 }
 
-/* Stream 1 cut back to 9 cells and given new ones: it is copied again from cell 0. */
+/* Stream 1 cut back to 9 cells and given new ones: it is copied again from cell 0 (so neither
+ * window counts as kept: the second run's kept_ahead stays 0, checked by the caller). */
 static void cut_and_rewrite(step * s, ferry_sched * next) {
     (void) next;
     int32_t lens[N_STREAM], zero[N_STREAM] = {0};
@@ -198,9 +200,12 @@ static void test_a_length_that_falls_or_a_drop_copies_again(void) {
     for (int vt = 0; vt < 2; vt++) {
         SUB(second_run(cut_and_rewrite, vt == 1, &serial, &r));
         CHECK(memcmp(serial.out, r.out, sizeof(serial.out)) == 0);
+        CHECK_EQ_U(r.stats.kept_ahead, 0);
         SUB(second_run(rewrite_announced, vt == 1, &serial, &r));
         CHECK(memcmp(serial.out, r.out, sizeof(serial.out)) == 0);
+        CHECK_EQ_U(r.stats.kept_ahead, 0); /* dropped */
         SUB(second_run(rewrite_silently, vt == 1, &serial, &r));
+        CHECK_EQ_U(r.stats.kept_ahead, 2);
         CHECK(memcmp(serial.out[0], r.out[0], sizeof(serial.out[0])) != 0);
         CHECK(memcmp(serial.out[1], r.out[1], sizeof(serial.out) - sizeof(serial.out[0])) == 0);
     }

@@ -1,7 +1,8 @@
 """The entry points added with placement and since, under random arguments (hypothesis, the repeatable
 profile): KVCache(placement=, layer_cells=), KVCache.from_arrays and set_stream, attention_step,
 ferry.residency's plan and predict functions with their DeviceSpec and LayerCost, StandinBackend,
-measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace.
+measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace, Scheduler's
+prefetch_next and drop_ahead.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -698,6 +699,63 @@ def test_the_trace_of_any_run_computes_each_layer_once_in_order_after_its_copies
     assert all(0 <= sp.start <= sp.end for sp in spans)
     with pytest.raises(ferry.FerryError, match="closed"):
         sched.trace()
+
+
+# ---------------------------------------------------------------- Scheduler(prefetch_next=)
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(st.one_of(st.integers(1, 4), st.integers(0, 4), junk()), st.one_of(st.just(True), st.booleans(), junk()),
+       st.integers(1, 4),
+       st.sampled_from(["flat", "ranges", "plan", "ragged"]), st.lists(st.integers(-3, 2), min_size=2, max_size=2))
+def test_prefetch_next_of_any_argument_reads_what_each_step_appended_or_is_refused_naming_it(
+        prefetch: Any, prefetch_next: Any, n_layer: int, policy: str, grow: List[int]) -> None:
+    """Scheduler(prefetch=, prefetch_next=) of any value: refused naming the argument (prefetch_next
+    with a prefetch of 0 too), or a decode loop of four steps, each appending to or cutting back each
+    stream (new cells written before the step), whose outputs are a serial scheduler's at every step;
+    drop_ahead() any time, and refused once closed. A refused setter leaves the value as it was."""
+    split, cpu = ferry.StandinBackend(link_gbps=0.0), ferry.CPUBackend()
+    kv = ferry.KVCache("f16", "f16", 16, 2, 2 * 32, 2, n_layer)
+    rng = np.random.default_rng(7)
+    cells = {(w, layer, s): rng.uniform(-1, 1, (32, 32)).astype(np.float16)
+             for w in "kv" for layer in range(n_layer) for s in range(2)}
+    for (w, layer, s), a in cells.items():
+        kv.set_stream(w, layer, s, a)
+    q = [ferry.Tensor.from_numpy(split, rng.uniform(-1, 1, (2, 1, 4, 16)).astype(np.float32)) for _ in range(n_layer)]
+    lens = np.array([20, 7], np.int32)
+    kv_len = ferry.Tensor.from_numpy(cpu, lens)
+    sched, err = outcome(lambda: ferry.Scheduler([split, cpu], policy=policy, prefetch=prefetch,
+                                                 prefetch_next=prefetch_next), ["prefetch", "prefetch_next"])
+    valid = (isinstance(prefetch, int) and not isinstance(prefetch, bool) and 0 <= prefetch < 2**31
+             and isinstance(prefetch_next, bool) and not (prefetch_next and prefetch == 0))
+    assert (err is None) == valid, (prefetch, prefetch_next, err)
+    event(f"runs: {valid}, across runs: {prefetch_next is True}")
+    if err is not None:
+        return
+    with sched, ferry.Scheduler([split, cpu], policy=policy) as serial:
+        assert sched.prefetch_next == prefetch_next
+        _, e = outcome(lambda: setattr(sched, "prefetch_next", "yes"), ["prefetch_next"])
+        assert e is not None and sched.prefetch_next == prefetch_next
+        outs = ferry.attention_step(sched, split, kv.windows(24), q, kv_len)
+        ref = ferry.attention_step(serial, split, kv.windows(24), q, kv_len)
+        for step in range(4):
+            if step:
+                for s in range(2):
+                    new = int(min(max(lens[s] + grow[s], 0), 24))
+                    for w in "kv":
+                        for layer in range(n_layer):
+                            a = cells[(w, layer, s)]
+                            a[lens[s]:new] = rng.uniform(-1, 1, (max(new - lens[s], 0), 32)).astype(np.float16)
+                            kv.set_stream(w, layer, s, a)
+                    lens[s] = new
+                kv_len.set(lens)
+            sched.compute(outs.graph)
+            serial.compute(ref.graph)
+            assert [o.get() for o in outs] == [o.get() for o in ref], (step, lens)
+            if step == 2:
+                sched.drop_ahead()
+    with pytest.raises(ferry.FerryError, match="closed"):
+        sched.drop_ahead()
 
 
 # ---------------------------------------------------------------- the backends' documentation

@@ -27,7 +27,7 @@ KEYS = {"npl", "policy", "unified", "tokens_per_s", "copy_s", "bytes_copied", "b
         "compute_s_per_step", "host_s_per_step", "bytes_copied_per_step", "bytes_read_per_step", "gain_low",
         "gain_high", "gain_within_noise", "gain_claimed", "over_unified", "over_unified_low", "over_unified_high",
         "config", "replicas", "tokens_per_s_replicas", "predicted_copy_s", "predicted_copy_s_per_step",
-        "copy_calls", "copy_calls_per_step", "label", "gather", "gather_used"}
+        "copy_calls", "copy_calls_per_step", "label", "gather", "gather_used", "prefetch_next", "steps_ahead"}
 #: A quick run: 3 replicas of 2 timed rounds.
 QUICK = ["--repeat", "3", "--rounds", "2"]
 

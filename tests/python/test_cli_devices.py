@@ -220,7 +220,7 @@ def test_validate_hashes_every_placement_and_policy_alike(devices: str, layers: 
     assert list(got["placements"]) == names
     assert got["placements"]["host"] == ",".join(["h"] * n)
     assert got["placements"]["device"] == ",".join(str(i * int(devices) // n) for i in range(n))
-    keys = [f"{p}/{policy}{o}" for p in names for policy in POLICIES for o in ("", "+overlap")]
+    keys = [f"{p}/{policy}{o}" for p in names for policy in POLICIES for o in ("", "+overlap", "+overlap-within")]
     assert list(got["hashes"]) == keys
     assert len(set(got["hashes"].values())) == 1
 
@@ -247,17 +247,17 @@ def test_validate_fails_when_one_placement_reads_a_shifted_window(monkeypatch: p
 
     def shifted(cfg: validate_workload.ValidateConfig, split: ferry.Backend, policy: str, shift: int = 0,
                 compact: bool = False, prefetch: int = 0,
-                layout: Optional[validate_workload.Layout] = None) -> Tuple[str, int, int]:
+                layout: Optional[validate_workload.Layout] = None, **kw: Any) -> Tuple[str, int, int]:
         if layout is not None and layout.places == [None, 0, None, 1]:  # alternate on 2 devices
             shift = 1
-        return real(cfg, split, policy, shift, compact, prefetch, layout)
+        return real(cfg, split, policy, shift, compact, prefetch, layout, **kw)
 
     monkeypatch.setattr(validate_workload, "serve", shifted)
     assert main(["validate", *VALIDATE, "--json", "--devices", "2", "--layers", "4", "--policy", "ranges"]) == 1
     [got] = json.loads(capsys.readouterr().out)
     assert got["identical"] is False
     assert {k for k, h in got["hashes"].items() if h != got["hashes"]["one-device/ranges"]} == {
-        "alternate/ranges", "alternate/ranges+overlap"}
+        "alternate/ranges", "alternate/ranges+overlap", "alternate/ranges+overlap-within"}
 
 
 def test_validate_fails_when_device_memory_misses_a_write(monkeypatch: pytest.MonkeyPatch,

@@ -87,7 +87,7 @@ PROBES: Dict[str, Any] = {
     "--head-dim": "64", "--kv-heads": "2", "--heads": "4", "--layers": "3", "--model": "MODEL",
     "--swa-window": "4", "--swa-layers": "ss", "--v-trans": None, "--which": "v", "--stream": "1-1",
     "--cost-model": "cpu", "--policy": "flat,ranges", "--compact": None, "--unified": "--no-unified",
-    "--no-reuse": None, "--overlap": None, "--no-overlap": None, "--prefetch": "2", "--seed": "7",
+    "--no-reuse": None, "--overlap": None, "--no-overlap": None, "--prefetch": "2", "--prefetch-next": "off", "--seed": "7",
     "--repeat": "3", "--rounds": "2", "--device": "cpu",
     "--devices": "2", "--link-gbps": "2.45", "--latency-us": "2", "--device-memory": "64MiB",
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
@@ -195,7 +195,7 @@ def test_every_condition_and_option_has_its_context_and_probe() -> None:
     (["bench", "--reserve", "1MiB"], "--reserve acts only with --residency"),
     (["bench", "--compute-us", "100"], "--compute-us acts only with --residency"),
     (["bench", "--residency", "--wide"], "--wide acts only without --residency"),
-    (["bench", "--pref=2"], "--prefetch acts only with --overlap"),  # an abbreviation is the option too
+    (["bench", "--prefetch-n=on"], "--prefetch-next acts only with --overlap"),  # an abbreviation is the option too
     (["validate", "--no-overlap", "--prefetch", "2"], "--prefetch acts only without --no-overlap"),
     (["bench", "--compact", "--policy", "flat"], "--compact acts only with a non-flat --policy"),
     (["plan", "--v-trans"], "--v-trans acts only with --which v or --residency"),

@@ -63,7 +63,7 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--which": st.sampled_from(["k", "v", "q"]), "--stream": st.sampled_from(["0", "0-1", "1-0", "0-9", "x", "-"]),
     "--cost-model": st.sampled_from(["cpu", "gpu", "tpu"]),
     "--policy": names(["flat", "ranges", "plan"]),
-    "--prefetch": NUMBERS, "--seed": NUMBERS, "--repeat": st.sampled_from(["1", "2", "0", "x"]),
+    "--prefetch": NUMBERS, "--prefetch-next": st.sampled_from(["on", "off", "both", "x", ""]), "--seed": NUMBERS, "--repeat": st.sampled_from(["1", "2", "0", "x"]),
     "--rounds": st.sampled_from(["1", "2", "0", "x"]),
     "--lengths": st.sampled_from(["equal", "uniform", "LENGTHS", "/nonexistent", "x"]),
     "--row-ns": NUMBER_LISTS,

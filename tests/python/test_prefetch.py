@@ -135,21 +135,33 @@ def test_cpu_split_has_nothing_to_prefetch() -> None:
 
 
 SMALL = dict(n_ctx=512, npl=(2,), npp=32, ntg=3, n_layer=3, repeat=2, policies=("flat", "ranges"))
+SMALL_CFG = BenchConfig(**SMALL)  # type: ignore[arg-type]
 
 
-def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_bytes_and_outputs() -> None:
-    res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=(1,)))  # type: ignore[arg-type]
-    assert len(res.rows) == 2 * 2 * 2  # policies x layouts x (serial, overlapped)
+def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_outputs_and_its_bytes() -> None:
+    """Within each step an overlapped run copies the serial run's bytes; across steps (the default) it also
+    copies, per repetition, the first layer's K and V cells again at its first step (its lengths fell from
+    the last step's: copied from cell 0) and each later step's new cell of every sequence (the copy ahead
+    took the whole window, before that cell was written)."""
+    res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=(1,),  # type: ignore[arg-type]
+                                prefetch_next=(True, False)))
+    assert len(res.rows) == 2 * 2 * 3  # policies x layouts x (serial, across, within)
+    cell = 2 * SMALL_CFG.n_embd * 2  # a cell of K and one of V, f16
+    first = sum(p + 1 for p in SMALL_CFG.prompts(2))
     for r in res.rows:
         serial = res.serial_of(r)
         assert not serial.overlap and serial.prefetch == 0
-        assert (r.bytes_copied, r.bytes_read, r.output_sha256) == (serial.bytes_copied, serial.bytes_read,
+        # the unified cache's window, one dense range, carries no lengths: nothing of it goes ahead
+        ahead = r.prefetch_next and not r.unified
+        assert r.steps_ahead == (SMALL_CFG.ntg - 1 if ahead else 0)
+        extra = (first + (SMALL_CFG.ntg - 1) * 2) * cell if ahead else 0
+        assert (r.bytes_copied, r.bytes_read, r.output_sha256) == (serial.bytes_copied + extra, serial.bytes_read,
                                                                    serial.output_sha256)
         if r.overlap:
             assert r.prefetch == 1 and r.ahead_bytes > 0
             assert res.bound(r) == max(serial.copy_s, serial.compute_s)
         else:
-            assert r.ahead_bytes == 0
+            assert r.ahead_bytes == 0 and not r.prefetch_next
     assert res.outputs_identical(2)
     rows = res.as_dicts()
     assert {d["overlap"] for d in rows} == {False, True}
@@ -157,28 +169,35 @@ def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_bytes_and_outp
         assert {"overlap", "decode_s", "compute_s", "prefetch", "ahead_bytes"} <= d.keys()
         assert ("bound_s" in d) == d["overlap"] and ("serial_decode_s" in d) == d["overlap"]
     text = bench_cli.format_result(res)
-    assert "overlap: each variant also ran prefetching 1 layer(s) ahead" in text
+    assert "overlap: each variant also ran prefetching 1 layer(s) ahead" in text and "-within" in text
     assert "serial and overlapped" in text
 
 
 def test_bench_overlap_runs_each_prefetch_depth_and_says_how_much_stays_exposed() -> None:
-    res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=(1, 2)))  # type: ignore[arg-type]
-    assert len(res.rows) == 2 * 2 * 3  # policies x layouts x (serial, depth 1, depth 2)
-    assert {r.label for r in res.rows if r.prefetch == 2 and not r.unified} == {"flat+overlap2", "ranges+overlap2"}
+    res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=(1, 2),  # type: ignore[arg-type]
+                                prefetch_next=(True, False)))
+    assert len(res.rows) == 2 * 2 * 5  # policies x layouts x (serial, depth 1 and 2 across and within steps)
+    assert {r.label for r in res.rows if r.prefetch == 2 and not r.unified} == {
+        "flat+overlap2", "ranges+overlap2", "flat+overlap2-within", "ranges+overlap2-within"}
     overlapped = [(r, d) for r, d in zip(res.rows, res.as_dicts()) if r.overlap]
-    assert len(overlapped) == 2 * 2 * 2
+    assert len(overlapped) == 2 * 2 * 4
     for r, d in overlapped:
         s = res.serial_of(r)
         bound, hideable = max(s.copy_s, s.compute_s), min(s.copy_s, s.compute_s)
         assert d["over_bound"] == pytest.approx(r.decode_s / bound)
         assert d["over_serial"] == pytest.approx(r.decode_s / s.decode_s)
         assert d["exposed_share"] == pytest.approx((r.decode_s - bound) / hideable)
-        # the first layer's copy and the last one's compute, and each layer's max between
+        # within a step: the first layer's copy and the last one's compute, and each layer's max between;
+        # across steps, that at a repetition's first step alone (of 3), the bound at the others
         floor = s.copy_s / 3 + 2 * bound / 3 + s.compute_s / 3
+        k = r.steps_ahead
+        assert k == (2 if r.prefetch_next and not r.unified else 0)  # all but each repetition's first of 3
+        floor = ((3 - k) * floor + k * bound) / 3
         assert d["floor_s"] == pytest.approx(floor) and d["over_floor"] == pytest.approx(r.decode_s / floor)
         assert bound <= floor <= s.copy_s + s.compute_s
         # the same from the overlapped run's own copy and compute, which running side by side may slow
         own = r.copy_s / 3 + 2 * max(r.copy_s, r.compute_s) / 3 + r.compute_s / 3
+        own = ((3 - k) * own + k * max(r.copy_s, r.compute_s)) / 3
         assert d["own_floor_s"] == pytest.approx(own) and d["over_own_floor"] == pytest.approx(r.decode_s / own)
         assert d["compute_over_serial"] == pytest.approx(r.compute_s / s.compute_s)
     assert all("exposed_share" not in d for r, d in zip(res.rows, res.as_dicts()) if not r.overlap)
@@ -244,18 +263,36 @@ def test_bench_overlap_on_the_command_line_adds_prefetched_json_rows(capsys: pyt
 def test_validate_hashes_overlapped_runs() -> None:
     res = run_validate(ValidateConfig(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("flat", "ranges"),
                                       compact=True))
-    assert set(res.hashes) == {"flat", "flat+overlap", "ranges", "ranges+overlap", "ranges+compact",
-                               "ranges+compact+overlap"}
+    assert set(res.hashes) == {"flat", "flat+overlap", "flat+overlap-within", "ranges", "ranges+overlap",
+                               "ranges+overlap-within", "ranges+compact", "ranges+compact+overlap",
+                               "ranges+compact+overlap-within"}
     assert res.passed
     off = run_validate(ValidateConfig(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("flat",),
                                       overlap=False))
     assert set(off.hashes) == {"flat"} and off.hashes["flat"] == res.hashes["flat"]
 
 
+def test_validate_fails_a_copy_ahead_kept_over_a_new_wave(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Across steps, a wave's start writes new sequences over the streams, and serve drops what was copied
+    ahead (Scheduler.drop_ahead). Without the drop, a stream whose new sequence is no shorter than the
+    last one was reads that one's first-layer cells, and the gate fails: which shows that its runs copy
+    ahead (pad 16: one graph for every step, as llama.cpp's padding gives) and that it would see a
+    copy ahead misused. Within each step nothing is copied ahead, and that hash stays right."""
+    cfg = ValidateConfig(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("ranges",), pad=16,
+                         device="cpu")
+    assert cfg.prompts() == [9, 4, 6, 9]  # stream 1: 4 + 2 cells, then 9 + 1, no shorter
+    assert run_validate(cfg).passed
+    # no drop: the copy ahead is left to land (0.2 s, for a few KiB on an idle queue) before the new wave
+    monkeypatch.setattr(ferry.Scheduler, "drop_ahead", lambda self: time.sleep(0.2))
+    res = run_validate(cfg)
+    assert not res.passed and res.hashes["ranges+overlap"] != res.hashes["ranges"]
+    assert res.hashes["ranges+overlap-within"] == res.hashes["ranges"]
+
+
 def test_validate_hashes_overlapped_runs_unless_no_overlap_and_refuses_prefetch_0(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out = run_cli(["validate", "--sequences", "4", "-npl", "2", "-ntg", "2", "-c", "32", "-npp", "14",
                                      "--policy", "ranges", "--json"], capsys)
-    assert rc == 0 and set(json.loads(out)[0]["hashes"]) == {"ranges", "ranges+overlap"}
+    assert rc == 0 and set(json.loads(out)[0]["hashes"]) == {"ranges", "ranges+overlap", "ranges+overlap-within"}
     rc, out = run_cli(["validate", "--sequences", "4", "-npl", "2", "-ntg", "2", "-c", "32", "-npp", "14",
                                      "--policy", "ranges", "--no-overlap", "--json"], capsys)
     assert rc == 0 and set(json.loads(out)[0]["hashes"]) == {"ranges"}

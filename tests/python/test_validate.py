@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import List, Tuple
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -28,15 +28,15 @@ def test_text_output_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[1] == ("16 sequences through 8 streams of 64 cells (2 waves), 2 layers, 4 decode steps, K/V f16, "
                         "8 heads x 64, 2 KV heads")
     assert lines[2] == "sha256 of every attention output:"
-    hashes = [re.fullmatch(r"  ((?:flat|ranges|plan|ragged)(?:\+overlap)?|control) +([0-9a-f]{64})(  \(.*\))?", ln)
-              for ln in lines[3:12]]
+    hashes = [re.fullmatch(r"  ((?:flat|ranges|plan|ragged)(?:\+overlap(?:-within)?)?|control) +([0-9a-f]{64})"
+                           r"(  \(.*\))?", ln) for ln in lines[3:16]]
     assert all(hashes) and [m.group(1) for m in hashes] == [  # type: ignore[union-attr]
-        "flat", "flat+overlap", "ranges", "ranges+overlap", "plan", "plan+overlap", "ragged", "ragged+overlap",
+        *(f"{p}{o}" for p in ("flat", "ranges", "plan", "ragged") for o in ("", "+overlap", "+overlap-within")),
         "control"]
-    policy_hashes = {m.group(2) for m in hashes[:8]}  # type: ignore[union-attr]
-    assert len(policy_hashes) == 1 and hashes[8].group(2) not in policy_hashes  # type: ignore[union-attr]
-    assert lines[12] == "policies: identical; control: detected; gate: pass"
-    assert len(lines) == 13
+    policy_hashes = {m.group(2) for m in hashes[:12]}  # type: ignore[union-attr]
+    assert len(policy_hashes) == 1 and hashes[12].group(2) not in policy_hashes  # type: ignore[union-attr]
+    assert lines[16] == "policies: identical; control: detected; gate: pass"
+    assert len(lines) == 17
 
 
 def test_validate_json_has_one_identical_hash_per_policy_and_overlap(capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,8 +44,8 @@ def test_validate_json_has_one_identical_hash_per_policy_and_overlap(capsys: pyt
     [got] = json.loads(capsys.readouterr().out)
     assert set(got) == {"npl", "hashes", "identical", "control_detected", "split_memory_bytes", "graph_builds"}
     assert got["npl"] == 2
-    assert list(got["hashes"]) == ["flat", "flat+overlap", "ranges", "ranges+overlap", "plan",
-                                   "plan+overlap", "ragged", "ragged+overlap"] == list(got["split_memory_bytes"])
+    assert list(got["hashes"]) == [f"{p}{o}" for p in ("flat", "ranges", "plan", "ragged")
+                                   for o in ("", "+overlap", "+overlap-within")] == list(got["split_memory_bytes"])
     assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in got["hashes"].values())
     assert len(set(got["hashes"].values())) == 1
     assert got["identical"] is True and got["control_detected"] is True
@@ -66,8 +66,9 @@ def test_the_gate_fails_when_a_policy_reads_the_wrong_stream(monkeypatch: pytest
     real = validate.serve
 
     def broken(cfg: validate.ValidateConfig, split: ferry.Backend, policy: str, shift: int = 0,
-               compact: bool = False, prefetch: int = 0) -> Tuple[str, int, int]:
-        return real(cfg, split, policy, shift=1 if policy == "plan" else shift, compact=compact, prefetch=prefetch)
+               compact: bool = False, prefetch: int = 0, **kw: Any) -> Tuple[str, int, int]:
+        return real(cfg, split, policy, shift=1 if policy == "plan" else shift, compact=compact, prefetch=prefetch,
+                    **kw)
 
     monkeypatch.setattr(validate, "serve", broken)
     assert main(["validate", *SMALL, *EIGHT, "--json"]) == 1
@@ -120,9 +121,9 @@ def test_compact_staging_keeps_the_hashes() -> None:
     memory held on the split backend than with the source's layout."""
     cfg = validate.ValidateConfig(n_seq=6, n_stream=3, kv_size=48, n_step=2, compact=True, device="cpu")
     res = validate.run_validate(cfg)
-    assert list(res.hashes) == ["flat", "flat+overlap", "ranges", "ranges+overlap", "plan", "plan+overlap",
-                                "ragged", "ragged+overlap", "ranges+compact", "ranges+compact+overlap",
-                                "plan+compact", "plan+compact+overlap", "ragged+compact", "ragged+compact+overlap"]
+    assert list(res.hashes) == [f"{p}{o}" for p in ("flat", "ranges", "plan", "ragged", "ranges+compact",
+                                                    "plan+compact", "ragged+compact")
+                                for o in ("", "+overlap", "+overlap-within")]
     assert res.identical and res.control_detected
     assert res.split_memory["ranges+compact"] < res.split_memory["ranges"]
     assert res.split_memory["plan+compact"] == res.split_memory["ranges+compact"]

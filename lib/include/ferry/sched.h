@@ -62,6 +62,10 @@ typedef struct {
     uint64_t ahead_inputs;
     uint64_t ahead_bytes;
     double   wait_seconds;
+    /* Across runs (ferry_sched_set_prefetch_next): inputs the last run copied ahead for this one and
+     * this one kept, copying only the cells each stream gained since (one with a stream whose length
+     * fell is copied again, and not counted). */
+    uint64_t kept_ahead;
 } ferry_sched_stats;
 
 FERRY_API ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, ferry_sched ** out);

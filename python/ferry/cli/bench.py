@@ -7,12 +7,12 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, List, Optional, TextIO, Union
+from typing import Any, Dict, List, Optional, TextIO, Tuple, Union
 
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..workloads import bench as bench_workload
 from ..workloads.bench import BenchConfig, BenchResult, BenchRow
-from ..workloads.common import run_name
+from ..workloads.common import PREFETCH_NEXT, run_name
 from ..workloads.estimate import Interval
 from ..workloads.trace import chrome_trace
 from . import residency
@@ -215,17 +215,20 @@ def format_devices(res: BenchResult) -> List[str]:
 
 
 def format_overlap(res: BenchResult) -> List[str]:
-    """The lines of the overlap table (--overlap): per npl, layout, variant and prefetch depth, the serial
+    """The lines of the overlap table (--overlap): per npl, layout, variant, prefetch depth and scope, the serial
     run's decode, copy and compute times, the overlapped run's decode time, over the bound max(copy,
     compute), over the pipeline's floor (BenchResult.floor) and over the serial run, the exposed share of
     what prefetching could hide, the overlapped run's compute over the serial run's, and what prefetching
     held on the split ahead of the layer computing."""
     cfg = res.config
     depths = ", ".join(map(str, cfg.prefetch))
-    lines = [f"overlap: each variant also ran prefetching {depths} layer(s) ahead on the split's copy queue, taking "
-             "turns with the serial run;",
+    scopes: Dict[Tuple[bool, ...], str] = {(True,): "across steps (each step's first layer copied under the step "
+                                                    "before)", (False,): "within each step (-within)"}
+    scope = scopes.get(tuple(cfg.prefetch_next), "across steps, and within each step (-within)")
+    lines = [f"overlap: each variant also ran prefetching {depths} layer(s) ahead on the split's copy queue, {scope}, "
+             "taking turns with the serial run;",
              "bound = max(copy, compute) of the serial run; floor = the bound plus what no layer hides (the first "
-             "layer's copy or the last's compute);",
+             "layer's copy and the last's compute: of every step within steps, of a repetition's first across them);",
              "exposed = (overlapped - bound) / min(copy, compute): 0 hides all; compute x = the overlapped run's "
              "compute over the serial run's (the copies beside it slowing it)"]
     head = ["npl", "cache", "policy", "serial", "copy", "compute", "overlapped", "/ bound", "/ floor", "/ serial",
@@ -235,8 +238,8 @@ def format_overlap(res: BenchResult) -> List[str]:
         for unified in cfg.layouts:
             for policy, compact in res.variants():
                 s = res.row(npl, policy, unified, compact)
-                for depth in cfg.prefetch:
-                    o = res.row(npl, policy, unified, compact, depth)
+                for depth, nxt in cfg.prefetch_runs[1:]:
+                    o = res.row(npl, policy, unified, compact, depth, within=not nxt)
                     bound, floor = res.bound(o), res.floor(o)
                     body.append([str(npl), "unified" if unified else "split", o.label, fmt_seconds(s.decode_s),
                                  fmt_seconds(s.copy_s), fmt_seconds(s.compute_s), fmt_seconds(o.decode_s),
@@ -323,7 +326,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        lengths=args.lengths,
                        repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
                        v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
-                       overlap=args.overlap, prefetch=tuple(args.prefetch), devices=devices_from_args(args),
+                       overlap=args.overlap, prefetch=tuple(args.prefetch),
+                       prefetch_next=PREFETCH_NEXT[args.prefetch_next or "on"], devices=devices_from_args(args),
                        trace=args.trace is not None, paged=args.paged, block_size=args.block_size,
                        adjacency=args.adjacency)
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from ..errors import InvalidArgumentError
 from ..residency import STRATEGIES
-from ..workloads.common import DEVICES, KV_TYPES, POLICIES
+from ..workloads.common import DEVICES, KV_TYPES, POLICIES, PREFETCH_NEXT
 from ..workloads.devices import STANDIN_LINK_GBPS, parse_floats, parse_indices, parse_links, parse_sizes
 from .options import (
     ANY_TYPE,
@@ -267,6 +267,9 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--prefetch"], "layers queued ahead; a run per depth",
          {"plan": RESIDENCY & OVERLAP, "bench": OVERLAP, "validate": GATE_OVERLAP}, RUN, type=int_list,
          default=list(d.prefetch), metavar="N,N,..."),
+    _opt(["--prefetch-next"], "copy each step's first layer under the step before",
+         {"bench": OVERLAP & NO_RESIDENCY, "validate": GATE_OVERLAP}, RUN, choices=list(PREFETCH_NEXT), metavar="HOW",
+         default_text="on, validate both"),
     _opt(["--seed"], "the sequences' content", {"validate": ALWAYS}, RUN, type=count(0), default=0),
     _opt(["--repeat"], "replicas of each npl, or of each placement", {"bench": ALWAYS}, RUN,
          type=POSITIVE, metavar="N",
@@ -308,7 +311,7 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--compute-slowdown"], "each stand-in computes at least F times as long as the host",
          {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
          type=argument_type(lambda t: parse_floats(t, "--compute-slowdown", 1.0, 1e6), "1 to 1e6 per device, "
-                            "comma-separated"), metavar="F,F,...", default_text="1"),
+                            "comma-separated"), metavar="F,...", default_text="1"),
     _opt(["--kv-device-layers"], "first N layers' KV on their device (--residency: up to N)",
          {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS},
          DEVICES_GROUP, type=count(0), metavar="N", default_text="0"),

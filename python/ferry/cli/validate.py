@@ -15,7 +15,7 @@ from typing import Any, Tuple
 
 from ..errors import InvalidArgumentError
 from ..workloads import validate as validate_workload
-from ..workloads.common import check_streams
+from ..workloads.common import PREFETCH_NEXT, check_streams
 from ..workloads.validate import ValidateConfig, ValidateResult
 from .options import apply_model, check_one_head_dim, devices_from_args, run_fields
 from .reference import Verb, add_verb_parser
@@ -95,7 +95,8 @@ def job(args: argparse.Namespace) -> Job:
                              kv_size=args.c // npl, npp=args.npp, type_kv=args.type, n_head=args.heads,
                              head_dim=args.head_dim, n_head_kv=args.kv_heads, policies=tuple(args.policy),
                              device=args.device, seed=args.seed, compact=args.compact, pad=args.pad, reuse=args.reuse,
-                             overlap=args.overlap, prefetch=tuple(args.prefetch), v_trans=args.v_trans,
+                             overlap=args.overlap, prefetch=tuple(args.prefetch),
+                             prefetch_next=PREFETCH_NEXT[args.prefetch_next or "both"], v_trans=args.v_trans,
                              lengths=args.lengths, devices=devices_from_args(args), paged=args.paged,
                              block_size=args.block_size, adjacency=args.adjacency)
         cfg.check()

@@ -80,11 +80,12 @@ from ..types import Type, row_size, to_type
 from .common import (
     Lengths,
     check_positive,
+    check_prefetch_next,
     check_run_options,
     check_streams,
     n_kv_for,
     new_cache,
-    prefetch_depths,
+    prefetch_runs,
     prompt_lengths,
     random_rows,
     run_name,
@@ -150,6 +151,7 @@ class BenchConfig:
     reuse: bool = True  # a step whose padded n_kv is the last step's runs the last graph (StepGraph)
     overlap: bool = False  # also run each variant prefetching its inputs on the copy queue
     prefetch: Tuple[int, ...] = (1,)  # parts (layers) ahead an overlapped run queues: a run per depth
+    prefetch_next: Tuple[bool, ...] = (True,)  # per depth, a run across steps (True) and/or within each (False)
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
     trace: bool = False  # keep each variant's timeline of its last timed repetition (BenchResult.traces)
     paged: bool = False  # the cells cache's ragged run beside a paged cache's per-block and merged gathers
@@ -163,6 +165,7 @@ class BenchConfig:
                         ("--pad", self.pad), *(("--prefetch", d) for d in self.prefetch), ("--repeat", self.repeat),
                         ("--rounds", self.rounds)))
         check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
+        check_prefetch_next(self.prefetch_next)
         self.devices.check(self.n_layer, self.device)
         if self.v_trans and self.type_kv == "q8_0":
             raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
@@ -231,14 +234,15 @@ class BenchConfig:
         return n_kv_for(max(self.prompts(npl)), step + 1, self.pad, self.n_ctx // npl)
 
     @property
-    def prefetch_depths(self) -> Tuple[int, ...]:
-        """The Scheduler.prefetch of each variant's runs: 0 (serial), and with overlap each depth."""
-        return prefetch_depths(self.overlap, self.prefetch)
+    def prefetch_runs(self) -> Tuple[Tuple[int, bool], ...]:
+        """The (Scheduler.prefetch, Scheduler.prefetch_next) of each variant's runs: serial, and with
+        overlap each depth in each scope."""
+        return prefetch_runs(self.overlap, self.prefetch, self.prefetch_next)
 
     @property
     def n_steps(self) -> int:
         """Decode steps of the whole run (the progress bar's length)."""
-        runs = len(variants(self)) * len(self.layouts) * len(self.prefetch_depths) + (
+        runs = len(variants(self)) * len(self.layouts) * len(self.prefetch_runs) + (
             len(PAGED_GATHERS) if self.paged else 0)
         return len(self.npl) * self.repeat * (WARMUP + self.rounds) * runs * self.ntg
 
@@ -313,6 +317,8 @@ class BenchRow:
     copy_calls: int = 0  # a repetition's transfer calls of the K and V windows
     gather: str = ""  # a paged cache's gather setting (PAGED_GATHERS); "" for the cells cache
     gather_used: str = ""  # the methods its windows were gathered by, "+"-joined ("batched"); "" for cells
+    prefetch_next: bool = False  # overlapped across steps: each step's first layer copied under the step before
+    steps_ahead: int = 0  # steps of a repetition that kept a first layer copied under the step before
 
     @property
     def overlap(self) -> bool:
@@ -343,7 +349,8 @@ class BenchRow:
     def label(self) -> str:
         """The policy, with "+compact" for compact staging and "+overlap" for an overlapped run; a paged
         cache's row: "paged per-block" or "paged merged"."""
-        return PAGED_NAMES[self.gather] if self.gather else run_name(self.policy, self.compact, self.prefetch)
+        return (PAGED_NAMES[self.gather] if self.gather
+                else run_name(self.policy, self.compact, self.prefetch, self.prefetch_next))
 
     @property
     def copy_bandwidth(self) -> float:
@@ -382,11 +389,13 @@ class BenchResult:
     # steps of its last timed repetition in the first replica
 
     def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False, prefetch: int = 0,
-            gather: str = "") -> BenchRow:
-        """The row of one run, serial or prefetching that many parts ahead, of the cells cache or (gather
-        one of PAGED_GATHERS) the paged cache (StopIteration for a run the configuration did not make)."""
-        return next(r for r in self.rows if (r.npl, r.policy, r.unified, r.compact, r.prefetch, r.gather)
-                    == (npl, policy, unified, compact, prefetch, gather))
+            gather: str = "", within: bool = False) -> BenchRow:
+        """The row of one run, serial or prefetching that many parts ahead (across steps, or within each
+        with within), of the cells cache or (gather one of PAGED_GATHERS) the paged cache (StopIteration
+        for a run the configuration did not make)."""
+        key = (npl, policy, unified, compact, prefetch, prefetch > 0 and not within, gather)
+        return next(r for r in self.rows
+                    if (r.npl, r.policy, r.unified, r.compact, r.prefetch, r.prefetch_next, r.gather) == key)
 
     def serial_of(self, r: BenchRow) -> BenchRow:
         """The serial run of an overlapped row's variant (the row itself when it is serial)."""
@@ -400,16 +409,22 @@ class BenchResult:
     def floor(self, r: BenchRow, own: bool = False) -> Optional[float]:
         """The least decode time prefetching can reach for the row's variant, from its serial run's copy
         and compute (with own, from the overlapped row's own, which the copies and computes running
-        side by side may have slowed): the first layer's copy (nothing computes before it), then each
-        layer's compute under the next layer's copy, then the last layer's compute; with L equal layers,
-        copy / L + (L - 1) / L * max(copy, compute) + compute / L. It exceeds the bound by the first
-        layer's copy or the last layer's compute, a large share of a step of few layers. None where the
-        layers are not alike (some KV on a device, or several devices)."""
+        side by side may have slowed). Within a step: the first layer's copy (nothing computes before
+        it), then each layer's compute under the next layer's copy, then the last layer's compute; with
+        L equal layers, copy / L + (L - 1) / L * max(copy, compute) + compute / L, past the bound by the
+        first layer's copy or the last layer's compute, a large share of a step of few layers. Across
+        steps (prefetch_next), a step that kept its first layer's windows copied under the step before
+        (BenchRow.steps_ahead of the ntg: all but a repetition's first, whose lengths fell, so that it
+        copies them again; none on the unified cache, whose windows carry no lengths) can reach the
+        bound, max(copy, compute): ((ntg - k) * that floor + k * bound) / ntg. None where the layers
+        are not alike (some KV on a device, or several devices)."""
         cfg = self.config
         if cfg.devices.n_devices != 1 or cfg.devices.placed:
             return None
-        s, n = r if own else self.serial_of(r), cfg.n_layer
-        return (s.copy_s + (n - 1) * max(s.copy_s, s.compute_s) + s.compute_s) / n
+        s, n, k = r if own else self.serial_of(r), cfg.n_layer, r.steps_ahead
+        bound = max(s.copy_s, s.compute_s)
+        within = (s.copy_s + (n - 1) * bound + s.compute_s) / n
+        return ((cfg.ntg - k) * within + k * bound) / cfg.ntg
 
     def exposed(self, r: BenchRow) -> float:
         """An overlapped row's exposed share: of what prefetching could hide (min(copy, compute) of the serial
@@ -427,7 +442,7 @@ class BenchResult:
         """flat's row of the same npl and layout (overlapped for an overlapped row); None without flat."""
         if "flat" not in self.config.policies:
             return None
-        return self.row(r.npl, "flat", r.unified, prefetch=r.prefetch)
+        return self.row(r.npl, "flat", r.unified, prefetch=r.prefetch, within=not r.prefetch_next)
 
     def gain_interval(self, r: BenchRow) -> Optional[Interval]:
         """A row's gain over flat (same npl and layout, serial or overlapped alike) with its interval
@@ -445,7 +460,7 @@ class BenchResult:
         or when the unified cache did not run."""
         if r.unified or not self.config.runs_unified:
             return None
-        u = self.row(r.npl, r.policy, True, r.compact, r.prefetch)
+        u = self.row(r.npl, r.policy, True, r.compact, r.prefetch, within=not r.prefetch_next)
         return gain_interval(r.replica_rates, u.replica_rates)
 
     def warnings(self) -> List[str]:
@@ -620,9 +635,11 @@ class _Variant:
     scheduler, and each step's fastest times over its timed repetitions."""
 
     def __init__(self, cache: _Cache, cpu: Backend, policy: str, compact: bool, prefetch: int,
-                 gather: str = "") -> None:
+                 gather: str = "", prefetch_next: bool = False) -> None:
         self.cache, self.policy, self.compact, self.prefetch, self.gather = cache, policy, compact, prefetch, gather
-        self.sched = Scheduler([*cache.devices, cpu], policy=policy, compact=compact, prefetch=prefetch)
+        self.prefetch_next = prefetch_next
+        self.sched = Scheduler([*cache.devices, cpu], policy=policy, compact=compact, prefetch=prefetch,
+                               prefetch_next=prefetch_next)
         self.graphs = StepGraph(self.sched, self._build)
         ntg, n_dev = cache.cfg.ntg, len(cache.devices)
         self.floors = {w: StepFloor(ntg) for w in ("decode", "copy", "compute", "host")}
@@ -634,7 +651,8 @@ class _Variant:
         self.counts = (0, 0, 0, 0, [0] * n_dev, [0] * n_dev)  # a repetition's copied, read, rebuilds, ahead, per device
         self.predicted = 0.0  # a repetition's copy time by the cost models
         self.calls, self.gathers_used = 0, ""  # a repetition's window copy calls, the gathers they took
-        name = PAGED_NAMES[gather] if gather else run_name(policy, compact, prefetch)
+        self.steps_ahead = 0  # a repetition's steps that kept a copy made under the step before
+        name = PAGED_NAMES[gather] if gather else run_name(policy, compact, prefetch, prefetch_next)
         self.label = f"npl {cache.npl} {name}{' unified' if cache.unified else ''}"
 
     def _build(self, n_kv: object) -> List[Tensor]:
@@ -649,7 +667,7 @@ class _Variant:
         c = self.cache
         cfg = c.cfg
         n_dev = len(c.devices)
-        copied = read = ahead = calls = 0
+        copied = read = ahead = calls = steps_ahead = 0
         predicted = 0.0
         dev_bytes, dev_kv = [0] * n_dev, [0] * n_dev
         used: Set[str] = set()
@@ -674,6 +692,7 @@ class _Variant:
             device_copy, window_copied, window_read, window_calls = self._step_inputs(dev_bytes, dev_kv, used)
             copied, read, ahead = copied + window_copied, read + window_read, max(ahead, st.ahead_bytes)
             calls += window_calls
+            steps_ahead += st.kept_ahead > 0
             predicted += st.predicted_seconds
             self.split_memory = max(self.split_memory, self.sched.buffer_size(c.split))
             self.device_memory = [max(m, self.sched.buffer_size(d)) for m, d in zip(self.device_memory, c.devices)]
@@ -694,6 +713,7 @@ class _Variant:
             self.counts = (copied, read, self.graphs.builds - builds, ahead, dev_bytes, dev_kv)
             self.predicted = predicted
             self.calls, self.gathers_used = calls, "+".join(sorted(used))
+            self.steps_ahead = steps_ahead
             self.digests.append(digest.hexdigest())
             self.traced = traced
 
@@ -744,7 +764,8 @@ class _Variant:
         return BenchRow(c.npl, self.policy, c.unified, tps, decode, self.floors["copy"].total,
                         self.floors["compute"].total, copied, read, self.digests[0], self.compact, self.split_memory,
                         self.floors["host"].total, rebuilds, self.prefetch, ahead, devices, c.cfg.ntg, (tps,),
-                        self.predicted, self.calls, self.gather, self.gathers_used)
+                        self.predicted, self.calls, self.gather, self.gathers_used, self.prefetch_next,
+                        self.steps_ahead)
 
 
 class _Replica:
@@ -758,8 +779,8 @@ class _Replica:
         try:
             for unified in cfg.layouts:
                 self.caches.append(_Cache(cfg, devices, cpu, npl, unified, pinned))
-                self.variants += [_Variant(self.caches[-1], cpu, policy, compact, depth)
-                                  for policy, compact in variants(cfg) for depth in cfg.prefetch_depths]
+                self.variants += [_Variant(self.caches[-1], cpu, policy, compact, depth, prefetch_next=nxt)
+                                  for policy, compact in variants(cfg) for depth, nxt in cfg.prefetch_runs]
             if cfg.paged:
                 self.caches.append(_PagedCache(cfg, devices, cpu, npl, pinned))
                 self.variants += [_Variant(self.caches[-1], cpu, "ragged", False, 0, gather)

@@ -131,7 +131,7 @@ def variants(policies: Sequence[str], compact: bool) -> List[Tuple[str, bool]]:
 
 
 def prefetch_depths(overlap: bool, prefetch: Sequence[int]) -> Tuple[int, ...]:
-    """The Scheduler.prefetch of each variant's runs.
+    """The Scheduler.prefetch of each run (the residency bench's: one scope).
 
     Parameters
     ----------
@@ -148,9 +148,49 @@ def prefetch_depths(overlap: bool, prefetch: Sequence[int]) -> Tuple[int, ...]:
     return (0, *prefetch) if overlap else (0,)
 
 
-def run_name(policy: str, compact: bool, prefetch: int = 0) -> str:
+#: --prefetch-next's values: the scopes an overlapped run prefetches over (Scheduler.prefetch_next).
+PREFETCH_NEXT = {"on": (True,), "off": (False,), "both": (True, False)}
+
+
+def prefetch_runs(overlap: bool, prefetch: Sequence[int],
+                  prefetch_next: Sequence[bool]) -> Tuple[Tuple[int, bool], ...]:
+    """The (Scheduler.prefetch, Scheduler.prefetch_next) of each variant's runs.
+
+    Parameters
+    ----------
+    overlap : bool
+        Whether each variant also runs overlapped.
+    prefetch : sequence of int
+        Parts (layers) an overlapped run queues ahead: overlapped runs per depth.
+    prefetch_next : sequence of bool
+        Per depth, a run prefetching across steps (True) and one within each step (False), as given.
+
+    Returns
+    -------
+    tuple of (int, bool)
+        ((0, False),) for the serial run alone; with overlap, each depth with each scope after it.
+    """
+    runs = [(d, n) for d in prefetch for n in prefetch_next] if overlap else []
+    return ((0, False), *runs)
+
+
+def check_prefetch_next(prefetch_next: Sequence[bool]) -> None:
+    """Raise InvalidArgumentError unless prefetch_next is one or two different bools (--prefetch-next).
+
+    Parameters
+    ----------
+    prefetch_next : sequence of bool
+        The scopes overlapped runs take: True across steps, False within each.
+    """
+    if (not prefetch_next or len(set(prefetch_next)) != len(prefetch_next)
+            or not all(isinstance(n, bool) for n in prefetch_next)):
+        raise InvalidArgumentError(f"--prefetch-next: expected on, off or both, got {prefetch_next!r}")
+
+
+def run_name(policy: str, compact: bool, prefetch: int = 0, prefetch_next: bool = True) -> str:
     """A run's name in reports and hashes: the policy, "+compact" for compact staging, "+overlap" when its
-    inputs were prefetched one part ahead, "+overlapN" N parts ahead (e.g. "ranges+compact+overlap2").
+    inputs were prefetched one part ahead, "+overlapN" N parts ahead, with "-within" when each step's
+    first layer was copied in that step, not under the step before (e.g. "ranges+compact+overlap2-within").
 
     Parameters
     ----------
@@ -158,12 +198,15 @@ def run_name(policy: str, compact: bool, prefetch: int = 0) -> str:
     compact : bool
     prefetch : int, optional
         The scheduler's prefetch depth (0: serial).
+    prefetch_next : bool, optional
+        Whether it prefetched across steps (Scheduler.prefetch_next); only an overlapped run's name says.
 
     Returns
     -------
     str
     """
-    overlap = "" if prefetch <= 0 else "+overlap" + (str(prefetch) if prefetch > 1 else "")
+    overlap = "" if prefetch <= 0 else ("+overlap" + (str(prefetch) if prefetch > 1 else "")
+                                        + ("" if prefetch_next else "-within"))
     return policy + ("+compact" if compact else "") + overlap
 
 

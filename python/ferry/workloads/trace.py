@@ -3,7 +3,9 @@
 Each traced run is a process of the trace, named by its label ("npl 2 ranges+overlap"), with two
 threads: the calling thread (its blocking copies, its waits for prefetched copies and each
 layer's compute) and the copy queue (the copies prefetched on it). Its decode steps follow one
-another, each at its own length (Scheduler.trace gives a step's spans from its start).
+another, each at its own length (Scheduler.trace gives a step's spans from its start), so that a
+copy made ahead for a step (Scheduler.prefetch_next) shows before the step's start, under the end
+of the step before it.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def chrome_trace(runs: Mapping[str, Sequence[TracedStep]]) -> Dict[str, object]:
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": label}})
         for tid, thread in enumerate(("host thread", "copy queue"), start=1):
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": thread}})
-        t0 = 0.0
+        t0 = max([0.0, *(-sp.start for sp in steps[0].spans)]) if steps else 0.0  # the first step's copy ahead
         for n, step in enumerate(steps):
             for sp in step.spans:
                 what = sp.kind if sp.input < 0 else f"{sp.kind} {step.inputs[sp.input]}"

@@ -15,7 +15,10 @@ sha256 of every attention output, in order, is one hash per copy policy: they mu
 identical, since a copy policy changes what is moved, never what the graph reads. Each
 policy also runs overlapped (its scheduler prefetching each layer's windows on the split's
 copy queue while earlier layers compute; hashes keyed "<policy>+overlap"), which changes
-when bytes move, never which: its hash must be the same too.
+when bytes move, never which: its hash must be the same too. By default it runs both ways of
+prefetching: across steps (each step's first layer copied under the last layer of the step
+before, then the cell that step wrote; "+overlap") and within each step ("+overlap-within"); a
+wave's start, which writes new sequences over the streams, drops what was copied ahead.
 
 With --paged the same sequences are also served through a paged cache (ferry.paged.PagedKVCache:
 each stream a table of --block-size cell blocks drawn with --adjacency of them right after their
@@ -49,10 +52,11 @@ from .common import (
     POLICIES,
     Lengths,
     check_positive,
+    check_prefetch_next,
     check_run_options,
     n_kv_for,
     new_cache,
-    prefetch_depths,
+    prefetch_runs,
     prompt_lengths,
     random_rows,
     run_name,
@@ -96,6 +100,7 @@ class ValidateConfig:
     reuse: bool = True  # a step whose padded n_kv is the last one's runs the last graph (StepGraph)
     overlap: bool = True  # also hash each run prefetching on the copy queue (keys "+overlap")
     prefetch: Tuple[int, ...] = (1,)  # parts (layers) ahead an overlapped run queues: one run per depth
+    prefetch_next: Tuple[bool, ...] = (True, False)  # per depth, runs across steps and within each ("-within")
     v_trans: bool = False  # V stored transposed (flash attention off)
     devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
     npp: Optional[int] = None  # the longest prompt; None: kv_size - n_step
@@ -110,6 +115,7 @@ class ValidateConfig:
                         ("-ntg", self.n_step), ("-c / -npl", self.kv_size), ("--heads", self.n_head),
                         ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv), ("--pad", self.pad),
                         *(("--prefetch", d) for d in self.prefetch)))
+        check_prefetch_next(self.prefetch_next)
         if self.npp is not None:
             check_positive((("-npp", self.npp),))
         if self.n_stream < 2:
@@ -266,7 +272,7 @@ def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
 
 def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
           compact: bool = False, prefetch: int = 0, layout: Optional[Layout] = None,
-          gather: Optional[str] = None) -> Tuple[str, int, int]:
+          gather: Optional[str] = None, prefetch_next: bool = False) -> Tuple[str, int, int]:
     """Serve every sequence under a policy and hash every attention output.
 
     Each step writes its queries and lengths into tensors kept per wave size, and runs the graph of
@@ -290,6 +296,9 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     gather : str, optional
         Serve through a paged cache (in host memory, pinned for CUDA) gathered by this method (a
         GatherMethod's name); None: the cells cache.
+    prefetch_next : bool, optional
+        Prefetch across steps (Scheduler.prefetch_next, with a prefetch of 1 or more): each wave's start
+        drops what was copied ahead (Scheduler.drop_ahead), since it rewrites the streams' cells.
 
     Returns
     -------
@@ -302,7 +311,8 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     pinned = not isinstance(split, StandinBackend)
     served = _Served(cfg, [None if d is None else lay.devices[d] for d in lay.places],
                      None if gather is None else (gather, pinned))
-    sched = Scheduler([*lay.devices, cpu], policy=policy, compact=compact, prefetch=prefetch)
+    sched = Scheduler([*lay.devices, cpu], policy=policy, compact=compact, prefetch=prefetch,
+                      prefetch_next=prefetch_next)
     on: Union[Backend, List[Backend]] = split if layout is None else [lay.devices[d] for d in lay.runs_on]
     inputs: Dict[int, Tuple[List[Tensor], Tensor]] = {}  # per wave size: each layer's query, the lengths
 
@@ -318,6 +328,7 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     S = cfg.n_stream
     for w in range(0, cfg.n_seq, S):
         seqs = list(range(w, min(w + S, cfg.n_seq)))
+        sched.drop_ahead()  # new sequences over the last wave's cells
         served.start_wave(seqs)
         n = len(seqs)
         if n not in inputs:
@@ -408,12 +419,9 @@ def _run_validate(cfg: ValidateConfig) -> ValidateResult:
     hashes, memory, builds = {}, {}, {}
     for prefix, layout in runs:
         for policy, compact in variants(cfg.policies, cfg.compact):
-            for prefetch in prefetch_depths(cfg.overlap, cfg.prefetch):
-                name = prefix + run_name(policy, compact, prefetch)
-                if layout is None:
-                    got = serve(cfg, split, policy, compact=compact, prefetch=prefetch)
-                else:
-                    got = serve(cfg, split, policy, compact=compact, prefetch=prefetch, layout=layout)
+            for prefetch, nxt in prefetch_runs(cfg.overlap, cfg.prefetch, cfg.prefetch_next):
+                name = prefix + run_name(policy, compact, prefetch, nxt)
+                got = serve(cfg, split, policy, compact=compact, prefetch=prefetch, layout=layout, prefetch_next=nxt)
                 hashes[name], memory[name], builds[name] = got
     if cfg.paged:
         pinned = not isinstance(split, StandinBackend)
