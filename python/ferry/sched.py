@@ -94,7 +94,8 @@ class Span:
     input : int
         The input copied (an index into Scheduler.inputs), or -1.
     start, end : float
-        Seconds from the run's start, on the host's clock.
+        Seconds from the run's start, on the host's clock; before it (negative) for a copy made for
+        this run under the last one (Scheduler.prefetch_next).
     """
 
     kind: str
