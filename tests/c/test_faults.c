@@ -569,6 +569,27 @@ static void test_sched_policies_fail_cleanly_at_each_allocation(void) {
     }
 }
 
+/* K and V windows each read by its own node on the split (a copy scaled by 0.5, an output):
+ * two parts, in a new s->graph, the scheduler's assignments made anew. */
+static void two_parts(sched_state * s, ferry_tensor * k, ferry_tensor * v, ferry_tensor ** out_k,
+                      ferry_tensor ** out_v) {
+    ferry_tensor *dup_k, *dup_v;
+    STEP(ferry_dup(s->ctx, k, &dup_k));
+    STEP(ferry_scale(s->ctx, dup_k, 0.5f, out_k));
+    STEP(ferry_dup(s->ctx, v, &dup_v));
+    STEP(ferry_scale(s->ctx, dup_v, 0.5f, out_v));
+    STEP(ferry_tensor_set_output(*out_k));
+    STEP(ferry_tensor_set_output(*out_v));
+    ferry_graph_free(s->graph);
+    s->graph = NULL;
+    STEP(ferry_graph_new(&s->graph));
+    STEP(ferry_graph_build(s->graph, *out_k));
+    STEP(ferry_graph_build(s->graph, *out_v));
+    ferry_sched_clear_assignments(s->sched);
+    STEP(ferry_sched_set_tensor_backend(s->sched, dup_k, s->split));
+    STEP(ferry_sched_set_tensor_backend(s->sched, dup_v, s->split));
+}
+
 /* The same with prefetching on the stand-in's copy queue: a K and a V window read by
  * separate nodes (two parts), so that V's copy goes ahead on the queue and K's is the
  * calling thread's; the queue, its worker and its events are allocations too. */
@@ -578,22 +599,9 @@ static void sched_prefetch_run(void * p) {
     STEP(ferry_sched_set_prefetch(s->sched, 2));
     const int64_t n_kv[2] = {5, 11};
     for (int step = 0; step < 2; step++) {
-        ferry_tensor *k, *v, *dup_k, *dup_v, *out_k, *out_v;
+        ferry_tensor *k, *v, *out_k, *out_v;
         STEP(ferry_kv_cache_window(s->kv, s->ctx, 0, n_kv[step], step, 3, &k, &v));
-        STEP(ferry_dup(s->ctx, k, &dup_k));
-        STEP(ferry_scale(s->ctx, dup_k, 0.5f, &out_k));
-        STEP(ferry_dup(s->ctx, v, &dup_v));
-        STEP(ferry_scale(s->ctx, dup_v, 0.5f, &out_v));
-        STEP(ferry_tensor_set_output(out_k));
-        STEP(ferry_tensor_set_output(out_v));
-        ferry_graph_free(s->graph);
-        s->graph = NULL;
-        STEP(ferry_graph_new(&s->graph));
-        STEP(ferry_graph_build(s->graph, out_k));
-        STEP(ferry_graph_build(s->graph, out_v));
-        ferry_sched_clear_assignments(s->sched);
-        STEP(ferry_sched_set_tensor_backend(s->sched, dup_k, s->split));
-        STEP(ferry_sched_set_tensor_backend(s->sched, dup_v, s->split));
+        SUB(two_parts(s, k, v, &out_k, &out_v));
         STEP(ferry_sched_alloc_graph(s->sched, s->graph));
         STEP(ferry_sched_graph_compute(s->sched, s->graph));
         CHECK_EQ_U(ferry_sched_n_inputs(s->sched), 2);
@@ -614,7 +622,7 @@ static void sched_prefetch_next_run(void * p) {
     STEP(ferry_sched_set_prefetch(s->sched, 1));
     STEP(ferry_sched_set_prefetch_next(s->sched, true));
     const int64_t n_kv = 7, len_ne[1] = {4};
-    ferry_tensor *len, *k, *v, *dup_k, *dup_v, *out_k, *out_v;
+    ferry_tensor *len, *k, *v, *out_k, *out_v;
     STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_I32, 1, len_ne, &len));
     STEP(ferry_backend_alloc_buffer(s->cpu, ferry_tensor_nbytes(len), &s->lengths));
     STEP(ferry_buffer_place_tensor(s->lengths, len, 0));
@@ -623,17 +631,7 @@ static void sched_prefetch_next_run(void * p) {
     STEP(ferry_kv_cache_window(s->kv, s->ctx, 0, n_kv, 0, 3, &k, &v));
     STEP(ferry_tensor_set_used_cells(k, len, 1, 3, 0));
     STEP(ferry_tensor_set_used_cells(v, len, 1, 3, 0));
-    STEP(ferry_dup(s->ctx, k, &dup_k));
-    STEP(ferry_scale(s->ctx, dup_k, 0.5f, &out_k));
-    STEP(ferry_dup(s->ctx, v, &dup_v));
-    STEP(ferry_scale(s->ctx, dup_v, 0.5f, &out_v));
-    STEP(ferry_tensor_set_output(out_k));
-    STEP(ferry_tensor_set_output(out_v));
-    STEP(ferry_graph_new(&s->graph));
-    STEP(ferry_graph_build(s->graph, out_k));
-    STEP(ferry_graph_build(s->graph, out_v));
-    STEP(ferry_sched_set_tensor_backend(s->sched, dup_k, s->split));
-    STEP(ferry_sched_set_tensor_backend(s->sched, dup_v, s->split));
+    SUB(two_parts(s, k, v, &out_k, &out_v));
     for (int run = 0; run < 3; run++) {
         STEP(ferry_sched_graph_compute(s->sched, s->graph));
         ferry_sched_stats st;
