@@ -275,12 +275,18 @@ ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts, bool
         const ferry_status d = ferry_sched_prefetch_drop_ahead(s);
         return st == FERRY_OK ? d : st;
     }
-    /* This run's copies done; those queued ahead for the next run may still be running. */
+    /* This run's copies done, and those queued for the next run: nothing reads the caller's memory
+     * between runs, so that it may write cells, or free the cache, once the run returns. */
     for (int p = 0; p < queued_parts; p++) {
         for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs; k++) {
             const ferry_status q = s->queue_of[k] ? ferry_event_synchronize(s->events[2 * k + 1]) : FERRY_OK;
             st = st == FERRY_OK ? q : st;
         }
+    }
+    for (int k = 0; s->ahead && k < s->n_inputs; k++) {
+        const ferry_status q = s->ahead[k].queued ? ferry_event_synchronize(s->ahead[k].events[s->ahead[k].pair][1])
+                                                  : FERRY_OK;
+        st = st == FERRY_OK ? q : st;
     }
     /* Each queued copy's span: from its events' host times where the queue knows them (a host
      * thread's queue), else timed from the run's first queued copy on its queue, placed when it

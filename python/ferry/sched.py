@@ -141,7 +141,9 @@ class Scheduler(Closeable):
         again). Only windows carrying their streams' lengths (Tensor.set_used_cells, lengths in
         host memory), not paged ones, go ahead, and their copies keep their memory for the whole
         run. The caller's side: cells below a stream's length are not rewritten between two runs,
-        or drop_ahead() is called first. Needs a prefetch of 1 or more; off by default.
+        or drop_ahead() is called first. A run returns once its copies for the next have landed:
+        nothing reads the caller's memory between runs. Needs a prefetch of 1 or more; off by
+        default.
 
     close() (or a `with` block's end) frees the scheduler's copies and compute memory now; its
     Input.copy tensors and the outputs it placed raise FreedBufferError after.
@@ -240,8 +242,7 @@ class Scheduler(Closeable):
         check(lib.ferry_sched_set_prefetch_next(self._p, on))
 
     def drop_ahead(self) -> None:
-        """Wait for the copies made ahead for the next run and forget them: the next run copies its
-        first part whole. Call it before rewriting cells below a stream's length that the last run
+        """Forget the copies made ahead for the next run: the next run copies its first part whole. Call it before rewriting cells below a stream's length that the last run
         read (a stream given a new sequence, or cut back and written again); without
         prefetch_next there is nothing to drop."""
         check(lib.ferry_sched_drop_ahead(self._p))

@@ -146,22 +146,24 @@ FERRY_API ferry_status ferry_sched_set_prefetch(ferry_sched * sched, int n_parts
 FERRY_API int          ferry_sched_get_prefetch(const ferry_sched * sched);
 /*
  * Prefetch across runs, for a decode loop that runs one graph step after step: while a run's
- * last part computes, the first part's prefetched windows are queued again for the next run, so
- * that no copy waits alone at a run's start nor any compute at its end. Only windows carrying
- * their streams' lengths (ferry_tensor_set_used_cells, lengths in host memory) go ahead, and not
- * paged ones; their copies keep their memory for the whole run. The next run of the same graph
- * copies, behind them on the same queue, each stream's cells from its length at the copy ahead
- * (the last run's) to its length now: the cells a step appended. A stream whose length fell is
- * copied again from cell 0. The caller's side: a cell below a stream's length in one run is not
- * rewritten before the next, as in a cache that only appends; when it is (a stream given a new
- * sequence, or cut back and written again), call ferry_sched_drop_ahead first. Acts with a
- * prefetch of 1 or more: on while prefetch is 0 is refused, as is prefetch 0 while it is on.
- * Takes effect at the next alloc; off by default.
+ * last parts compute, the first part's prefetched windows are copied for the next run, so that
+ * the first layer's copy does not wait alone at the next run's start, nor the last layer's
+ * compute run with nothing under it. Only windows carrying their streams' lengths
+ * (ferry_tensor_set_used_cells, lengths in host memory) go ahead, and not paged ones; their copies
+ * keep their memory for the whole run and after. The run returns once those copies have landed,
+ * so that nothing reads the caller's memory between runs. The next run of the same graph copies,
+ * behind them on the same queue, each stream's cells from its length at the copy ahead (the last
+ * run's) to its length now: the cells a step appended. A stream whose length fell is copied again
+ * from cell 0. The caller's side: a cell below a stream's length in one run is not rewritten before
+ * the next, as in a cache that only appends; when it is (a stream given a new sequence, or cut
+ * back and written again), call ferry_sched_drop_ahead first. A graph of one part has nothing to
+ * copy them under. Acts with a prefetch of 1 or more: on while prefetch is 0 is refused, as is
+ * prefetch 0 while it is on. Takes effect at the next alloc; off by default.
  */
 FERRY_API ferry_status ferry_sched_set_prefetch_next(ferry_sched * sched, bool on);
 FERRY_API bool         ferry_sched_get_prefetch_next(const ferry_sched * sched);
-/* Wait for the copies queued ahead for the next run and forget them: it copies its first part
- * whole. What a caller does before rewriting cells the last run read. */
+/* Forget the copies made ahead for the next run: it copies its first part whole. What a caller
+ * does before rewriting cells the last run read. */
 FERRY_API ferry_status ferry_sched_drop_ahead(ferry_sched * sched);
 /* Bytes of compute memory (copies and outputs) the scheduler holds on a backend. The
  * allocator's buffers grow and never shrink: compare options on fresh schedulers. */
