@@ -242,9 +242,10 @@ class Scheduler(Closeable):
         check(lib.ferry_sched_set_prefetch_next(self._p, on))
 
     def drop_ahead(self) -> None:
-        """Forget the copies made ahead for the next run: the next run copies its first part whole. Call it before rewriting cells below a stream's length that the last run
-        read (a stream given a new sequence, or cut back and written again); without
-        prefetch_next there is nothing to drop."""
+        """Forget the copies made ahead for the next run: the next run copies its first part whole.
+        Call it before rewriting cells below a stream's length that the last run read (a stream
+        given a new sequence, or cut back and written again); without prefetch_next there is
+        nothing to drop."""
         check(lib.ferry_sched_drop_ahead(self._p))
 
     def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
