@@ -145,20 +145,21 @@ static ferry_status copy_since_ahead(ferry_sched * s, int k) {
     ahead_copy * a = &s->ahead[k];
     ferry_sched_input_info * in = &s->inputs[k];
     const int64_t ns = in->src->ne[in->src->used_stream_dim];
-    int64_t * now = ferry_malloc((size_t) ns * sizeof(*now) + 1);
-    if (!now) {
+    /* each stream's length now, then where its cells to copy begin */
+    int64_t * from = ferry_malloc((size_t) ns * sizeof(*from) + 1);
+    if (!from) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     }
-    ferry_status st = ferry_read_used_cells(in->src, "the copy after a copy ahead", now);
+    ferry_status st = ferry_read_used_cells(in->src, "the copy after a copy ahead", from);
     bool kept = true;
     for (int64_t i = 0; st == FERRY_OK && i < ns; i++) {
-        kept = kept && now[i] >= a->cells[i];
-        now[i] = now[i] >= a->cells[i] ? a->cells[i] : 0; /* now: where the cells to copy begin */
+        kept = kept && from[i] >= a->cells[i];
+        from[i] = from[i] >= a->cells[i] ? a->cells[i] : 0;
     }
     if (st == FERRY_OK) {
-        st = ferry_copy_input_since(s->queue_of[k], in->src, in->copy, now, &in->stats);
+        st = ferry_copy_input_since(s->queue_of[k], in->src, in->copy, from, &in->stats);
     }
-    free(now);
+    free(from);
     FERRY_TRY(st);
     in->stats.path = a->stats.path;
     in->stats.gather = a->stats.gather;

@@ -178,7 +178,9 @@ def test_report_gives_the_acceptance_runs_side_by_side(files_at: Path) -> None:
         in section
     for key in ACCEPTANCE_RUNS[0]:
         bounds = [run[key][0] for run in ACCEPTANCE_RUNS]
-        line = next(ln for ln in section.splitlines() if ln.startswith(f"| {key[0]} | split | flat | {key[1]} |"))
+        # recorded before prefetch across steps: their rows carry no prefetch_next, and were within each step
+        line = next(ln for ln in section.splitlines()
+                    if ln.startswith(f"| {key[0]} | split | flat | {key[1]} within |"))
         assert " | ".join(f"{b:.2f}x" for b in bounds) in line
         assert f"| {min(bounds):.2f}-{max(bounds):.2f}x |" in line
         assert " / ".join(f"{run[key][1]:.0%}" for run in ACCEPTANCE_RUNS) in line
@@ -192,7 +194,7 @@ def test_acceptance_section_says_which_run_is_missing_and_that_no_trace_was_writ
     text = load_tool().report(files_at, "bash tools/gpu-check")
     section = text.split("## Overlap acceptance")[1].split("\n## ")[0]
     b1, b2 = ACCEPTANCE_RUNS[0][(4, 2)][0], ACCEPTANCE_RUNS[1][(4, 2)][0]
-    line = next(ln for ln in section.splitlines() if ln.startswith("| 4 | split | flat | 2 |"))
+    line = next(ln for ln in section.splitlines() if ln.startswith("| 4 | split | flat | 2 within |"))
     assert f"| {b1:.2f}x | {b2:.2f}x | n/a | {min(b1, b2):.2f}-{max(b1, b2):.2f}x |" in line and "/ n/a |" in line
     assert "Run(s) 3 printed no JSON" in section
     assert "No overlap-trace.json: run 1 wrote no timeline." in section
