@@ -39,18 +39,18 @@ typedef struct {
     int last_prefetched;     /* its last input queued ahead (its compute waits for that one's event); -1 none */
 } part;
 
-/* A first-part input copied ahead for the next run (ferry_sched_set_prefetch_next). Its events
- * come in two pairs, a run's and the next's: the copy for the next run is queued before the
- * run's end reads the times of the one it used. */
+/* A first-part input copied ahead for the next run (ferry_sched_set_prefetch_next). A run
+ * returns once its copies ahead have landed, so the next run finds each done and times it as it
+ * begins. */
 typedef struct {
     bool carried;             /* goes ahead: a window with lengths, in the first part, on a queue */
     bool queued;              /* a copy is ahead, for the next run of this allocation */
-    int pair;                 /* the events of the copy ahead */
-    int served;               /* the pair of the copy this run used; -1 none */
-    int64_t * cells;          /* per stream: its used cells when copied ahead */
+    int64_t * cells;          /* per stream: its used cells when copied ahead; then as many of
+                               * scratch, where the run's copy of each stream's new cells begins */
     ferry_copy_stats stats;   /* the copy ahead's */
-    double queued_at[2];      /* by pair: when it was queued (host clock) */
-    ferry_event * events[2][2]; /* by pair: before and after it on its queue */
+    double queued_at;         /* when it was queued (host clock) */
+    double seconds;           /* the time on its queue of the copy this run used; 0: none */
+    ferry_event * events[2];  /* before and after it on its queue */
 } ahead_copy;
 
 struct ferry_sched {

@@ -60,7 +60,7 @@ ferry_status ferry_sched_prefetch_choose(ferry_sched * s) {
             FERRY_TRY(ferry_backend_get_copy_queue(s->splits[pt->split].backend, &s->queue_of[k]));
             pt->last_prefetched = s->queue_of[k] ? k : pt->last_prefetched;
             if (carry && s->queue_of[k]) {
-                s->ahead[k] = (ahead_copy) {.carried = true, .served = -1};
+                s->ahead[k] = (ahead_copy) {.carried = true};
             }
         }
     }
@@ -89,11 +89,10 @@ ferry_status ferry_sched_prefetch_prepare(ferry_sched * s) {
         }
         if (carried(s, k)) {
             ahead_copy * a = &s->ahead[k];
-            for (int e = 0; e < 4; e++) {
-                FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &a->events[e / 2][e % 2]));
-            }
+            FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &a->events[0]));
+            FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &a->events[1]));
             const ferry_tensor * src = s->inputs[k].src;
-            a->cells = ferry_calloc((size_t) src->ne[src->used_stream_dim] + 1, sizeof(*a->cells));
+            a->cells = ferry_calloc(2 * (size_t) src->ne[src->used_stream_dim] + 1, sizeof(*a->cells));
             if (!a->cells) {
                 return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
             }
@@ -122,9 +121,8 @@ void ferry_sched_prefetch_reset(ferry_sched * s) {
         ferry_event_free(s->events[k]); /* waits, on the queue's side, until it was reached */
     }
     for (int k = 0; s->ahead && k < s->n_inputs; k++) {
-        for (int e = 0; e < 4; e++) {
-            ferry_event_free(s->ahead[k].events[e / 2][e % 2]); /* a copy ahead still running too */
-        }
+        ferry_event_free(s->ahead[k].events[0]);
+        ferry_event_free(s->ahead[k].events[1]);
         free(s->ahead[k].cells);
     }
     free(s->ahead);
@@ -139,35 +137,37 @@ void ferry_sched_prefetch_reset(ferry_sched * s) {
     s->ahead_inputs = s->ahead_bytes = 0;
 }
 
-/* A window copied ahead by the last run: only the cells added since, from each stream's length
- * then (from 0 where it fell), behind that copy on its queue; the input's figures are both. */
-static ferry_status copy_since_ahead(ferry_sched * s, int k) {
+/* A window copied ahead by the last run (landed before it returned): that copy timed and placed
+ * on the trace (before this run's start), then only the cells added since, from each stream's
+ * length then (from 0 where it fell), behind it on its queue; the input's figures are both. */
+static ferry_status copy_since_ahead(ferry_sched * s, int p, int k) {
     ahead_copy * a = &s->ahead[k];
     ferry_sched_input_info * in = &s->inputs[k];
-    const int64_t ns = in->src->ne[in->src->used_stream_dim];
-    /* each stream's length now, then where its cells to copy begin */
-    int64_t * from = ferry_malloc((size_t) ns * sizeof(*from) + 1);
-    if (!from) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    float ms = 0;
+    FERRY_TRY(ferry_event_elapsed_ms(a->events[0], a->events[1], &ms));
+    double t0, t1;
+    if (ferry_event_reached_seconds(a->events[0], &t0) != FERRY_OK ||
+        ferry_event_reached_seconds(a->events[1], &t1) != FERRY_OK) {
+        t0 = a->queued_at; /* a device stream: from when it was queued, as the last part began */
+        t1 = t0 + 1e-3 * ms;
     }
-    ferry_status st = ferry_read_used_cells(in->src, "the copy after a copy ahead", from);
+    ferry_sched_add_span(s, FERRY_SPAN_QUEUED_COPY, p, k, t0, t1);
+    a->seconds = 1e-3 * ms;
+    const int64_t ns = in->src->ne[in->src->used_stream_dim];
+    int64_t * from = a->cells + ns; /* each stream's length now, then where its cells to copy begin */
+    FERRY_TRY(ferry_read_used_cells(in->src, "the copy after a copy ahead", from));
     bool kept = true;
-    for (int64_t i = 0; st == FERRY_OK && i < ns; i++) {
+    for (int64_t i = 0; i < ns; i++) {
         kept = kept && from[i] >= a->cells[i];
         from[i] = from[i] >= a->cells[i] ? a->cells[i] : 0;
     }
-    if (st == FERRY_OK) {
-        st = ferry_copy_input_since(s->queue_of[k], in->src, in->copy, from, &in->stats);
-    }
-    free(from);
-    FERRY_TRY(st);
+    FERRY_TRY(ferry_copy_input_since(s->queue_of[k], in->src, in->copy, from, &in->stats));
     in->stats.path = a->stats.path;
     in->stats.gather = a->stats.gather;
     in->stats.bytes_copied += a->stats.bytes_copied;
     in->stats.copy_calls += a->stats.copy_calls;
     in->stats.impl_calls += a->stats.impl_calls;
     in->stats.predicted_seconds += a->stats.predicted_seconds;
-    a->served = a->pair;
     a->queued = false;
     s->stats.kept_ahead += kept;
     return FERRY_OK;
@@ -187,7 +187,7 @@ ferry_status ferry_sched_prefetch_queue(ferry_sched * s, int last, int * next) {
             s->queued_at[k] = ferry_now_seconds();
             FERRY_TRY(ferry_event_record(s->events[2 * k], queue));
             if (carried(s, k) && s->ahead[k].queued) {
-                FERRY_TRY(copy_since_ahead(s, k));
+                FERRY_TRY(copy_since_ahead(s, *next, k));
             } else {
                 FERRY_TRY(ferry_copy_input_async(queue, s->policy, in->src, in->copy, &in->stats));
             }
@@ -213,12 +213,10 @@ ferry_status ferry_sched_prefetch_queue_ahead(ferry_sched * s) {
             ferry_clear_error();
             continue;
         }
-        const int pair = a->pair ^ 1; /* this run's end still reads the other's times */
-        a->queued_at[pair] = ferry_now_seconds();
-        FERRY_TRY(ferry_event_record(a->events[pair][0], s->queue_of[k]));
+        a->queued_at = ferry_now_seconds();
+        FERRY_TRY(ferry_event_record(a->events[0], s->queue_of[k]));
         FERRY_TRY(ferry_copy_input_async(s->queue_of[k], s->policy, in->src, in->copy, &a->stats));
-        FERRY_TRY(ferry_event_record(a->events[pair][1], s->queue_of[k]));
-        a->pair = pair;
+        FERRY_TRY(ferry_event_record(a->events[1], s->queue_of[k]));
         a->queued = true;
     }
     return FERRY_OK;
@@ -229,32 +227,13 @@ ferry_status ferry_sched_prefetch_drop_ahead(ferry_sched * s) {
     for (int k = 0; s->ahead && k < s->n_inputs; k++) {
         ahead_copy * a = &s->ahead[k];
         if (a->queued) {
-            const ferry_status w = ferry_event_synchronize(a->events[a->pair][1]);
+            const ferry_status w = ferry_event_synchronize(a->events[1]);
             st = st == FERRY_OK ? w : st;
         }
         a->queued = false;
-        a->served = -1;
+        a->seconds = 0;
     }
     return st;
-}
-
-/* The copy ahead that input k's window of part p used, timed and placed (before the run's start
- * where it ran under the last run): its time joins the input's. */
-static ferry_status time_ahead(ferry_sched * s, int p, int k) {
-    ahead_copy * a = &s->ahead[k];
-    ferry_event * const * ev = a->events[a->served];
-    float ms = 0;
-    FERRY_TRY(ferry_event_elapsed_ms(ev[0], ev[1], &ms));
-    s->inputs[k].stats.copy_seconds += 1e-3 * ms;
-    s->stats.copy_seconds += 1e-3 * ms;
-    double t0, t1;
-    if (ferry_event_reached_seconds(ev[0], &t0) != FERRY_OK || ferry_event_reached_seconds(ev[1], &t1) != FERRY_OK) {
-        t0 = a->queued_at[a->served]; /* a device stream: from when it was queued, as the last part began */
-        t1 = t0 + 1e-3 * ms;
-    }
-    ferry_sched_add_span(s, FERRY_SPAN_QUEUED_COPY, p, k, t0, t1);
-    a->served = -1;
-    return FERRY_OK;
 }
 
 /* After a run with prefetching: every queue done (nothing may still write a copy), and each
@@ -285,8 +264,7 @@ ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts, bool
         }
     }
     for (int k = 0; s->ahead && k < s->n_inputs; k++) {
-        const ferry_status q = s->ahead[k].queued ? ferry_event_synchronize(s->ahead[k].events[s->ahead[k].pair][1])
-                                                  : FERRY_OK;
+        const ferry_status q = s->ahead[k].queued ? ferry_event_synchronize(s->ahead[k].events[1]) : FERRY_OK;
         st = st == FERRY_OK ? q : st;
     }
     /* Each queued copy's span: from its events' host times where the queue knows them (a host
@@ -301,10 +279,11 @@ ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts, bool
             if (!s->queue_of[k] || (st = ferry_event_elapsed_ms(s->events[2 * k], s->events[2 * k + 1], &ms)) != FERRY_OK) {
                 continue;
             }
-            s->inputs[k].stats.copy_seconds = 1e-3 * ms;
-            s->stats.copy_seconds += 1e-3 * ms;
-            if (carried(s, k) && s->ahead[k].served >= 0 && (st = time_ahead(s, p, k)) != FERRY_OK) {
-                continue;
+            const double ahead = carried(s, k) ? s->ahead[k].seconds : 0; /* the copy ahead it used */
+            s->inputs[k].stats.copy_seconds = 1e-3 * ms + ahead;
+            s->stats.copy_seconds += 1e-3 * ms + ahead;
+            if (carried(s, k)) {
+                s->ahead[k].seconds = 0;
             }
             double t0, t1;
             if (ferry_event_reached_seconds(s->events[2 * k], &t0) == FERRY_OK &&
