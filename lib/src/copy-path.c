@@ -243,10 +243,10 @@ static ferry_status copy_compact(ferry_backend * backend, const ferry_tensor * s
  * ragged policy copies a window's used cells when it carries lengths, and otherwise the plan's
  * rows whether or not they pay; a compact dst is gathered; the plan policy takes the plan when it
  * pays; the ranges policy copies its ranges wherever the rule applies; everything else is the
- * flat copy. from (a window's cells a run adds to its copy ahead): the ragged route from them,
- * whatever the policy. *path gets the route taken (a paged window's: the policy), *read the bytes read when
- * the route knows them (*known true; else false), *predicted the copies' time by the backend's
- * cost model. queued: backend is a copy queue, and the flat copy goes there too.
+ * flat copy. from (ferry_copy_input_since, under ragged): only each stream's cells from from[s] on.
+ * *path gets the route taken (a paged window's: the policy), *read the bytes read when the route
+ * knows them (*known true; else false), *predicted the copies' time by the backend's cost model.
+ * queued: backend is a copy queue, and the flat copy goes there too.
  */
 static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy policy, bool compact, bool queued,
                                   const ferry_tensor * src, ferry_tensor * dst, const int64_t * from,
@@ -264,7 +264,7 @@ static ferry_status copy_by_route(ferry_backend * backend, ferry_copy_policy pol
         *known = true;
         return ferry_copy_paged(backend, src, dst, read, gather, predicted);
     }
-    if ((policy == FERRY_COPY_RAGGED || from) && src->used_lengths) {
+    if (policy == FERRY_COPY_RAGGED && src->used_lengths) {
         *path = FERRY_COPY_RAGGED;
         *known = true;
         return ferry_copy_ragged(backend, src, dst, compact, from, read, predicted);
