@@ -106,8 +106,9 @@ FERRY_API ferry_status ferry_sched_get_stats(const ferry_sched * sched, ferry_sc
  * clock. A queued copy's times come from its events: on the host's clock where its queue knows
  * when it reached them (the stand-in's worker thread), else (a CUDA stream) by their elapsed
  * time from the run's first queued copy on that queue, placed when it was queued (the stream
- * is idle as a run begins). A copy made for this run under the last one (ferry_sched_set_prefetch_next)
-is its part's queued copy too, and starts, usually ends, before the run's start: negative times.
+ * is idle as a run begins). A copy made for this run under the last one
+ * (ferry_sched_set_prefetch_next) is its part's queued copy too, and starts, usually ends, before
+ * the run's start: negative times.
  */
 typedef enum {
     FERRY_SPAN_COPY = 0,        /* an input copied by the calling thread, at its part */
