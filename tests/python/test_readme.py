@@ -1,5 +1,5 @@
 """Every Python block of README.md runs, in order, in one namespace: the README's example
-cannot drift from the API it shows."""
+cannot drift from the API it shows; its first table is what the command it cites prints."""
 
 from __future__ import annotations
 
@@ -65,3 +65,19 @@ def test_the_readme_sample_output_has_the_bench_table_s_columns(capsys: pytest.C
     assert sample[0].split(";")[0] == out[0].split(";")[0] and sample[1] == out[1]
     assert sample[2].split() == out[2].split()
     assert [ln.split()[:2] for ln in sample[3:]] == [ln.split()[:2] for ln in out[3:11]]
+
+
+def test_the_readme_table_is_what_its_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41: the first table's header and cells are those `ferry table` prints for the command the
+    README cites just above it, option for option (it gave another --pad's numbers)."""
+    from ferry.cli import main
+
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    cited = re.search(r"`(ferry table [^`]*)` prints:\n\n((?:\|.*\n)+)", text)
+    assert cited is not None, "README.md cites no `ferry table ...` command above a table"
+    lines = cited.group(2).splitlines()
+    table = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[:1] + lines[2:]]
+    assert main(cited.group(1).split()[1:]) == 0
+    printed = [re.split(r"\s{2,}", line.strip()) for line in capsys.readouterr().out.splitlines()[1:]]
+    assert table == printed

@@ -19,11 +19,13 @@ SPEC_ARGS = ["table", "-c", "32768", "-npl", "2,4,8", "-npp", "2048", "-ntg", "1
 def test_table_prints_spec_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(SPEC_ARGS) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split("  ") == ["sequences", "cells read", "copied flat", "copied ranges", "copied ragged",
+                                    "flat/ranges", "flat/ragged"]
     rows = [line.split() for line in lines[2:]]
     assert rows == [
-        ["2", "4,352", "18,560", "4,352", "4,352", "4.26x"],
-        ["4", "8,704", "26,752", "8,704", "8,704", "3.07x"],
-        ["8", "17,408", "30,848", "17,408", "17,408", "1.77x"],
+        ["2", "4,352", "18,560", "4,352", "4,352", "4.26x", "4.26x"],
+        ["4", "8,704", "26,752", "8,704", "8,704", "3.07x", "3.07x"],
+        ["8", "17,408", "30,848", "17,408", "17,408", "1.77x", "1.77x"],
     ]
 
 
@@ -31,11 +33,32 @@ def test_table_json_gives_design_mds_cells_per_npl(capsys: pytest.CaptureFixture
     assert main(SPEC_ARGS + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [sorted(r) for r in rows] == [sorted(["npl", "cells_read", "cells_copied_flat", "cells_copied_ranges",
-                                                 "cells_copied_ragged", "ratio"])] * 3
+                                                 "cells_copied_ragged", "ratio", "flat_over_ranges",
+                                                 "flat_over_ragged"])] * 3
     assert [(r["npl"], r["cells_read"], r["cells_copied_flat"], r["cells_copied_ranges"], r["cells_copied_ragged"])
             for r in rows] == [(2, 4352, 18560, 4352, 4352), (4, 8704, 26752, 8704, 8704),
                                (8, 17408, 30848, 17408, 17408)]
     assert [round(r["ratio"], 2) for r in rows] == [4.26, 3.07, 1.77]
+
+
+def test_each_ratio_is_named_for_what_it_divides(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41: at the default pad the ranges copy its padded window and ragged the cells read, so the two
+    ratios differ; the text's columns and the JSON's keys say which is which, and `ratio` keeps its
+    first meaning, flat / ranges."""
+    args = ["table", "-c", "32768", "-npl", "2,4,8", "-npp", "2048", "-ntg", "128"]
+    assert main(args + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    for r in rows:
+        assert r["flat_over_ranges"] == r["ratio"] == r["cells_copied_flat"] / r["cells_copied_ranges"]
+        assert r["flat_over_ragged"] == r["cells_copied_flat"] / r["cells_copied_ragged"]
+        assert r["flat_over_ranges"] < r["flat_over_ragged"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = lines[1].split("  ")
+    for line, r in zip(lines[2:], rows):
+        cells = dict(zip(head, line.split()))
+        assert cells["flat/ranges"] == f"{r['flat_over_ranges']:.2f}x"
+        assert cells["flat/ragged"] == f"{r['flat_over_ragged']:.2f}x"
 
 
 def test_table_pads_n_kv_and_caps_it_at_the_stream() -> None:

@@ -61,9 +61,9 @@ def job(args: argparse.Namespace) -> Job:
 
 def format_rows(rows: Sequence[TableRow]) -> List[str]:
     """The TableRows rows as aligned text lines with thousands separators, under a header."""
-    head = ("sequences", "cells read", "copied flat", "copied ranges", "copied ragged", "flat/ragged")
+    head = ("sequences", "cells read", "copied flat", "copied ranges", "copied ragged", "flat/ranges", "flat/ragged")
     body = [(str(r.npl), f"{r.cells_read:,}", f"{r.cells_copied_flat:,}", f"{r.cells_copied_ranges:,}",
-             f"{r.cells_copied_ragged:,}", f"{r.cells_copied_flat / r.cells_copied_ragged:.2f}x") for r in rows]
+             f"{r.cells_copied_ragged:,}", f"{r.flat_over_ranges:.2f}x", f"{r.flat_over_ragged:.2f}x") for r in rows]
     return format_table([head, *body])
 
 

@@ -63,11 +63,13 @@ class LayerKindRow(JsonRecord):
 
 @dataclass(frozen=True)
 class TableRow(JsonRecord):
-    """One number of sequences: cells attention reads, cells each policy copied, and flat / ranges.
+    """One number of sequences: cells attention reads, cells each policy copied, and their ratios.
 
-    Without layers of different sizes the cells are one layer's K window. With them, the cells
-    count every layer at its own size, bytes_* give the same in bytes and layers each kind's share;
-    those three are left out of as_dict() otherwise."""
+    flat_over_ranges is cells_copied_flat / cells_copied_ranges, flat_over_ragged
+    cells_copied_flat / cells_copied_ragged; ratio is flat_over_ranges under its first name, kept
+    for the scripts that read `ferry table --json`. Without layers of different sizes the cells are
+    one layer's K window. With them, the cells count every layer at its own size, bytes_* give the
+    same in bytes and layers each kind's share; those three are left out of as_dict() otherwise."""
 
     npl: int
     cells_read: int
@@ -75,6 +77,8 @@ class TableRow(JsonRecord):
     cells_copied_ranges: int
     cells_copied_ragged: int
     ratio: float
+    flat_over_ranges: float
+    flat_over_ragged: float
     bytes_read: Optional[int] = None
     bytes_copied_flat: Optional[int] = None
     bytes_copied_ranges: Optional[int] = None
@@ -199,7 +203,7 @@ def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 
         n_kv = n_kv_for(max(prompts), ntg, pad, kv_size)
         if not mixed:
             read, flat, ranges, ragged = cells(n_ctx, npl, n_kv, prompts)
-            rows.append(TableRow(npl, read, flat, ranges, ragged, flat / ranges))
+            rows.append(TableRow(npl, read, flat, ranges, ragged, flat / ranges, flat / ranges, flat / ragged))
             continue
         kinds = []
         for window, n_layer in _kinds(layer_windows or ()):
@@ -212,6 +216,6 @@ def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 
                                       ragged * row))
         read, flat, ranges, ragged = (sum(getattr(k, f) for k in kinds) for f in (
             "cells_read", "cells_copied_flat", "cells_copied_ranges", "cells_copied_ragged"))
-        rows.append(TableRow(npl, read, flat, ranges, ragged, flat / ranges, read * row, flat * row, ranges * row,
-                             ragged * row, kinds))
+        rows.append(TableRow(npl, read, flat, ranges, ragged, flat / ranges, flat / ranges, flat / ragged, read * row,
+                             flat * row, ranges * row, ragged * row, kinds))
     return rows
