@@ -118,7 +118,10 @@ class CopyStats(_CopyFigures):
     path : CopyPolicy
         The path taken: the policy asked for, or FLAT when its rule did not apply.
     bytes_read : int
-        Bytes the graph reads through the input (its distinct elements).
+        Bytes the graph reads through the input, the same under every policy (flat, ranges, plan
+        and ragged alike): for a window carrying its streams' lengths in host memory, the cells
+        those lengths cover, one stream after another; for any other input, the distinct bytes of
+        its elements (copy_path.bytes_read).
     bytes_span : int
         The input's nbytes: what a flat copy moves, gaps included.
     bytes_copied : int
@@ -161,7 +164,8 @@ class SchedStats(_CopyFigures):
         Split inputs of the graph: sources a split's backend cannot read where they are, each
         copied to it.
     bytes_read : int
-        Bytes the graph reads through them (CopyStats.bytes_read, summed).
+        Bytes the graph reads through them (CopyStats.bytes_read, summed): the same under every
+        policy, a window with lengths counting the cells they cover, not its whole layout.
     bytes_span : int
         Their spans (nbytes, gaps included): what flat copies of all of them would move.
     bytes_copied : int

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
+from ferry import row_size
 from ferry.cli import main
-from ferry.workloads.table import build_table, n_kv_for
+from ferry.workloads.table import build_table, n_kv_for, window_stats
 
 SPEC_ARGS = ["table", "-c", "32768", "-npl", "2,4,8", "-npp", "2048", "-ntg", "128", "--pad", "1"]
 
@@ -118,3 +119,14 @@ def test_installed_command_runs() -> None:
     bad = subprocess.run(cmd + ["table", "-c", "100", "-npl", "3", "-npp", "1", "-ntg", "1"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "equal streams" in bad.stderr
+
+
+def test_bytes_read_is_the_cells_the_lengths_cover_under_every_policy() -> None:
+    """Issue 41: bytes_read has one definition, whatever the policy: a window carrying its streams'
+    lengths reads the cells they cover (100 + 250 here), not the window's layout (2 x 300) nor its
+    span; what each policy copies beyond it is bytes_copied's to say."""
+    row = row_size("f16", 64 * 2)
+    st = window_stats(4096, 2, 300, "f16", 64, 2, used=[100, 250])
+    assert {p: s.bytes_read for p, s in st.items()} == {"flat": 350 * row, "ranges": 350 * row, "ragged": 350 * row}
+    assert (st["flat"].bytes_copied, st["ranges"].bytes_copied, st["ragged"].bytes_copied) == (
+        st["flat"].bytes_span, 600 * row, 350 * row)

@@ -246,7 +246,9 @@ FERRY_API bool         ferry_tensor_is_compact_of(const ferry_tensor * dst, cons
 /* What one input copy did. */
 typedef struct {
     ferry_copy_policy path;  /* what was taken: FLAT when the policy's rule did not apply */
-    uint64_t bytes_read;     /* what the graph reads through the input: a window carrying host lengths, their cells */
+    uint64_t bytes_read;     /* what the graph reads through the input, the same under every policy: a window
+                              * carrying lengths in host memory, the cells they cover in each stream; any
+                              * other input, the distinct bytes of its elements (ferry_tensor_bytes_read) */
     uint64_t bytes_span;     /* nbytes(): what a flat copy moves */
     uint64_t bytes_copied;   /* what arrived in the destination buffer */
     uint64_t copy_calls;     /* transfer requests made */

@@ -46,7 +46,8 @@ typedef struct {
 /* Totals of the last run, over all inputs and splits. */
 typedef struct {
     uint64_t n_inputs;
-    uint64_t bytes_read;
+    uint64_t bytes_read;  /* what the graph reads through the inputs (ferry_copy_stats.bytes_read, summed):
+                           * the same under every policy, a window with lengths counting their cells */
     uint64_t bytes_span;
     uint64_t bytes_copied;
     uint64_t copy_calls;
