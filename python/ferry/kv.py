@@ -120,6 +120,18 @@ class KVCache(Closeable):
         For a layout C refuses (n_ctx not split evenly, rows not whole blocks, ...).
     OutOfMemoryError
         When the buffer cannot be allocated.
+
+    Examples
+    --------
+    Two streams of 8 cells, one KV head of 4 f16 values (8 bytes a cell), and layer 0's K window
+    of 3 cells a stream: [head_dim, n_kv, n_head_kv, stream], stream 1 eight cells (64 bytes)
+    after stream 0. Its span, what a flat copy moves, is stream 0's 8 cells and stream 1's 3:
+
+    >>> import ferry
+    >>> kv = ferry.KVCache("f16", "f16", head_dim=4, n_head_kv=1, n_ctx=16, n_stream=2)
+    >>> k, v = kv.window(0, 3)
+    >>> k.ne, k.nb, k.nbytes
+    ((4, 3, 1, 2), (2, 8, 8, 64), 88)
     """
 
     #: Its memory stays where it is for the cache's life: views of it may be exported (ferry.export).

@@ -153,6 +153,19 @@ class PagedKVCache(Closeable):
         For rows that are not whole blocks of the type, or a transposed V of a blocked type.
     OutOfMemoryError
         When the pools cannot be allocated.
+
+    Examples
+    --------
+    Eight blocks of 4 cells: sequence 0 takes 6 cells (two blocks from the free list), sequence 1
+    three, then two more, which fill its block and take the next:
+
+    >>> from ferry.paged import PagedKVCache
+    >>> c = PagedKVCache("f16", "f16", head_dim=4, n_head_kv=1, block_size=4, n_blocks=8, n_seq=2)
+    >>> c.allocate(0, 6)
+    >>> c.allocate(1, 3)
+    >>> c.append(1, 2)
+    >>> c.table(0), c.table(1), c.free_blocks
+    (([0, 1], 6), ([2, 3], 5), 4)
     """
 
     _memory_stays = True

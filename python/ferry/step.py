@@ -145,6 +145,26 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
         For windows the cache does not have (KVWindows: checked here, for every layer).
     FreedBufferError
         For a closed scheduler, backend or KV cache.
+
+    Examples
+    --------
+    One layer over the caller's arrays (2 streams of 8 cells, one KV head of 4 f16 values, V all
+    ones), two query heads, the sequences 3 and 1 cells long; under ragged the step copies those
+    cells of K and V (8 bytes each) and the lengths, and every head's output is V's ones:
+
+    >>> import numpy as np, ferry
+    >>> k, v = np.zeros((2, 8, 4), np.float16), np.ones((2, 8, 4), np.float16)
+    >>> kv = ferry.KVCache.from_arrays([k], [v], n_stream=2, n_head_kv=1)
+    >>> gpu, cpu = ferry.StandinBackend(link_gbps=8), ferry.CPUBackend()
+    >>> sched = ferry.Scheduler([gpu, cpu], policy="ragged")
+    >>> q = [ferry.Tensor.from_numpy(gpu, np.ones((2, 1, 2, 4), np.float32))]
+    >>> kv_len = ferry.Tensor.from_numpy(cpu, np.array([3, 1], np.int32), name="kv_len")
+    >>> outs = ferry.attention_step(sched, gpu, kv.windows(3), q, kv_len)
+    >>> sched.compute(outs.graph)
+    >>> [(i.src.name, i.stats.bytes_copied) for i in sched.inputs]
+    [('window_k_l0', 32), ('window_v_l0', 32), ('kv_len', 8)]
+    >>> outs[0].to_numpy().tolist() == np.ones((2, 1, 2, 4)).tolist()
+    True
     """
     if any(isinstance(x, (str, bytes)) or not hasattr(x, "__len__") for x in (windows, q)):
         raise InvalidArgumentError("attention_step: windows and q are sequences with an item per layer")
