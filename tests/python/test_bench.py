@@ -96,6 +96,22 @@ def test_ragged_copies_exactly_the_cells_attention_reads_and_no_padded_row(lengt
         assert res.outputs_identical(npl)
 
 
+def test_the_unified_row_says_it_copies_whole_slots_when_the_lengths_differ() -> None:
+    """Issue 41: the unified cache holds every sequence in a slot of npp + ntg cells and copies the slots
+    whole; under unequal lengths that is more than the sequences hold, and the report says so beside
+    the table. Under equal lengths (or equal given ones, or no unified run) it says nothing."""
+    assert tiny().unified_note is None and tiny(lengths=(9, 9, 9, 9)).unified_note is None
+    assert tiny(lengths="uniform", unified=False).unified_note is None
+    cfg = tiny(lengths="uniform", policies=("flat", "ragged"), repeat=1, rounds=1)
+    note = cfg.unified_note
+    assert note is not None and f"a slot of {cfg.cells} cells" in note[0] and "over unified" in note[1]
+    res = bench.run_bench(cfg)
+    lines = bench.format_result(res).splitlines()
+    assert all(line in lines and len(line) < 100 for line in note)
+    for npl in cfg.npl:  # what it says: the unified row copies more than the sequences hold, which ragged copies
+        assert res.row(npl, "flat", True).bytes_copied > res.row(npl, "ragged").bytes_copied
+
+
 def test_outputs_differ_when_content_differs() -> None:
     """The output hash is a real check: another seed (other cache bytes and queries) changes it."""
     a = bench.run_bench(tiny(npl=(2,), policies=("ranges",), unified=False))

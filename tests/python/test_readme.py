@@ -81,3 +81,14 @@ def test_the_readme_table_is_what_its_command_prints(capsys: pytest.CaptureFixtu
     assert main(cited.group(1).split()[1:]) == 0
     printed = [re.split(r"\s{2,}", line.strip()) for line in capsys.readouterr().out.splitlines()[1:]]
     assert table == printed
+
+
+def test_how_to_read_it_explains_every_column_of_the_sample() -> None:
+    """Issue 41: each column of the bench table the README shows is named in bold under "How to read it"
+    (over unified and copy/step were not)."""
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    sample = text.split("<!-- main-command -->", 1)[1].split("```\n", 3)[3].split("```", 1)[0].splitlines()
+    columns = re.split(r"\s{2,}", sample[2].strip())
+    explained = set(re.findall(r"\*\*([^*]+)\*\*", text.split("How to read it:", 1)[1].split("\n\n", 2)[1]))
+    assert len(columns) == 8 and [c for c in columns if c not in explained] == []

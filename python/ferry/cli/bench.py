@@ -98,7 +98,7 @@ def _head(res: BenchResult) -> List[str]:
 
 
 def _tail(res: BenchResult) -> List[str]:
-    lines: List[str] = []
+    lines: List[str] = list(res.config.unified_note or ())
     if not res.config.devices.default:
         lines += [""] + format_devices(res)
     if res.config.overlap:

@@ -13,10 +13,13 @@ Layouts, per number of sequences npl, with L = npp + ntg cells per sequence:
   cells of every stream (n_kv = the longest length rounded up to --pad, 256 as llama.cpp pads,
   at most kv_size): flat, ranges and plan copy n_kv cells a stream, ragged each stream's own
   length.
-- unified: one stream of n_ctx cells; sequence i holds cells [i*L, (i+1)*L). The split's
-  input is the first npl*L cells, one dense range, read through a view with npl streams of L
-  cells and the same lengths: the same cells as the split cache, copied alike under every
-  policy. It runs only on one device with every layer's KV on the host.
+- unified: one stream of n_ctx cells; sequence i holds cells [i*L, (i+1)*L), a slot of L
+  cells whatever its own length. The split's input is the first npl*L cells, one dense range,
+  read through a view with npl streams of L cells (attention reads each stream's kv_len of
+  them): every slot is copied whole, alike under every policy. With equal lengths that is the
+  split cache's cells; with unequal ones (--lengths) more than the sequences hold, since a view
+  of equal streams cannot pack sequences of different lengths: the report says so beside it
+  (BenchConfig.unified_note). It runs only on one device with every layer's KV on the host.
 
 Both layouts hold the same bytes per sequence and run the same queries, so their attention
 outputs are compared (sha256 over every output of every step and layer).
@@ -213,6 +216,16 @@ class BenchConfig:
         """Whether the unified layout runs: asked for, on one device with every layer's KV on the host,
         without --paged."""
         return self.unified and self.devices.default and not self.paged
+
+    @property
+    def unified_note(self) -> Optional[Tuple[str, str]]:
+        """What the unified row copies, in two lines to print beside it, when the sequences' lengths
+        differ at some npl (it then copies more cells than they hold); None otherwise."""
+        if not self.runs_unified or all(len(set(self.prompts(npl))) == 1 for npl in self.npl):
+            return None
+        return (f"unified: the same sequences in one stream, each in a slot of {self.cells} cells (-npp + -ntg) "
+                "copied whole;",
+                "their lengths differ, so it copies more cells than they hold: over unified favours the streams")
 
     @property
     def layouts(self) -> Tuple[bool, ...]:
@@ -574,7 +587,8 @@ class _Cache:
     def windows(self, n_kv: int) -> Sequence[Tuple[Tensor, Tensor]]:
         """Every layer's K and V window of n_kv cells (KVWindows: attention_step makes the step in one C
         call, and the windows carry the lengths the ragged policy copies); unified: the first npl * L
-        cells of its one stream seen as npl streams of L cells, one dense range under every policy."""
+        cells of its one stream seen as npl streams of L cells (no lengths carried: every slot whole),
+        one dense range under every policy."""
         if not self.unified:
             return self.kv.windows(n_kv)
         out = []
