@@ -37,7 +37,9 @@ def copy_ranges_of(tensor: Tensor) -> Optional[Copy2D]:
 
 
 def bytes_read(tensor: Tensor) -> int:
-    """Bytes a graph reads through the Tensor tensor: the distinct bytes of its elements (blocks whole)."""
+    """Bytes a graph reads through the Tensor tensor: the distinct bytes of its elements (blocks whole),
+    by its layout alone; a copy's CopyStats.bytes_read counts a window's lengths instead, where it
+    carries them."""
     return int(lib.ferry_tensor_bytes_read(_checks.instance(tensor, Tensor, "bytes_read")._p))
 
 

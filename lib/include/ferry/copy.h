@@ -37,7 +37,8 @@ typedef struct {
  */
 FERRY_API bool ferry_copy_ranges_of(const ferry_tensor * t, ferry_copy_2d * out);
 /* Bytes the graph reads through t: the distinct bytes its elements cover (blocks whole),
- * from its copy plan; views too tangled to plan count their element bytes. */
+ * from its copy plan, by its layout alone (ferry_copy_stats.bytes_read counts a window's lengths
+ * where it carries them); views too tangled to plan count their element bytes. */
 FERRY_API uint64_t ferry_tensor_bytes_read(const ferry_tensor * t);
 
 /* ---------------------------------------------------------------- the copy planner (copy-plan.c) */
