@@ -358,10 +358,12 @@ static void hold(ferry_paged_cache * c, int32_t b) {
     }
 }
 
-/* seq grows to n_cells, its new blocks from the top of the free list. */
+/* seq grows to n_cells: into the blocks its table holds first (set_table may give it more than its
+ * cells fill; they stay its own), then new ones from the top of the free list. */
 static ferry_status grow_to(ferry_paged_cache * c, int64_t seq, int64_t n_cells, const char * what) {
     const int64_t bs = c->params.block_size, have = c->tables.n_blocks[seq];
-    const int64_t need = (n_cells + bs - 1) / bs - have;
+    const int64_t fill = n_cells / bs + (n_cells % bs != 0);
+    const int64_t need = fill > have ? fill - have : 0;
     if (need > c->n_free) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: sequence %lld needs %lld more blocks for %lld cells, and %lld "
                           "of the pool's %lld are free", what, (long long) seq, (long long) need,

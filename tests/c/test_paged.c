@@ -119,6 +119,37 @@ static void test_bad_tables_refused_naming_the_sequence_and_block(void) {
     ferry_paged_cache_free(c);
 }
 
+/* A table set with more blocks than its cells fill keeps them: append fills them before it takes
+ * more, and every block is in a table or free, whatever the calls. */
+static void test_a_table_keeps_the_blocks_it_was_given(void) {
+    ferry_paged_params p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
+    p.n_blocks = 8;
+    p.n_seq = 2;
+    ferry_paged_cache * c;
+    CHECK_OK(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c));
+    CHECK_OK(ferry_paged_cache_set_table(c, 0, (const int32_t[]) {5, 6, 7}, 3, 1));
+    CHECK_OK(ferry_paged_cache_append(c, 0, 4)); /* 5 cells: into block 6, block 7 still its own */
+    CHECK(table_is(c, 0, (const int32_t[]) {5, 6, 7}, 3, 5));
+    CHECK_EQ_U(ferry_paged_cache_free_blocks(c), 5);
+    CHECK_OK(ferry_paged_cache_append(c, 0, 7)); /* 12: block 7 filled, none taken */
+    CHECK(table_is(c, 0, (const int32_t[]) {5, 6, 7}, 3, 12));
+    CHECK_EQ_U(ferry_paged_cache_free_blocks(c), 5);
+    CHECK_OK(ferry_paged_cache_append(c, 0, 1)); /* 13: the next from the free list */
+    CHECK(table_is(c, 0, (const int32_t[]) {5, 6, 7, 0}, 4, 13));
+    CHECK_EQ_U(ferry_paged_cache_free_blocks(c), 4);
+    CHECK_FAILS(ferry_paged_cache_set_table(c, 1, (const int32_t[]) {7}, 1, 1), FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "id 7, which sequence 0's table holds") != NULL);
+    /* blocks and no cells: an append fills them too */
+    CHECK_OK(ferry_paged_cache_set_table(c, 1, (const int32_t[]) {3, 2}, 2, 0));
+    CHECK_OK(ferry_paged_cache_append(c, 1, 5));
+    CHECK(table_is(c, 1, (const int32_t[]) {3, 2}, 2, 5));
+    CHECK_EQ_U(ferry_paged_cache_free_blocks(c), 2);
+    CHECK_OK(ferry_paged_cache_free_seq(c, 0));
+    CHECK_OK(ferry_paged_cache_free_seq(c, 1));
+    CHECK_EQ_U(ferry_paged_cache_free_blocks(c), 8);
+    ferry_paged_cache_free(c);
+}
+
 static void test_bad_params_refused(void) {
     ferry_paged_cache * c = NULL;
     ferry_paged_params p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
@@ -883,6 +914,7 @@ static void test_paged_step_refusals_assign_nothing(void) {
 static const check_test tests[] = {
     {"tables_come_from_the_free_list_in_order", test_tables_come_from_the_free_list_in_order},
     {"bad_tables_refused_naming_the_sequence_and_block", test_bad_tables_refused_naming_the_sequence_and_block},
+    {"a_table_keeps_the_blocks_it_was_given", test_a_table_keeps_the_blocks_it_was_given},
     {"bad_params_refused", test_bad_params_refused},
     {"arguments_refused", test_arguments_refused},
     {"new_cache_reads_zeros_one_over_arrays_keeps_them", test_new_cache_reads_zeros_one_over_arrays_keeps_them},

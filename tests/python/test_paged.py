@@ -99,6 +99,25 @@ def test_tables_from_the_free_list_and_the_callers() -> None:
     assert shared.free_blocks == 5
 
 
+def test_a_table_keeps_the_blocks_it_was_given() -> None:
+    """A table set with more blocks than its cells fill keeps them (a later append fills them), and
+    every block is in a table or free (issue 41's reproducer)."""
+    k = np.zeros((10, 2, 1, 8), np.float16)
+    c = PagedKVCache.from_arrays([k], [k.copy()], n_seq=2)
+    c.set_table(0, [5, 6, 7], 1)
+    c.append(0, 2)
+    assert (c.table(0), c.free_blocks) == (([5, 6, 7], 3), 7)
+    c.append(0, 3)  # block 7 filled, none taken
+    assert (c.table(0), c.free_blocks) == (([5, 6, 7], 6), 7)
+    c.append(0, 1)  # the next from the free list
+    assert (c.table(0), c.free_blocks) == (([5, 6, 7, 0], 7), 6)
+    with pytest.raises(ferry.InvalidArgumentError, match="id 7, which sequence 0's table holds"):
+        c.set_table(1, [7], 1)
+    c.free(0)
+    c.free(1)
+    assert c.free_blocks == 10
+
+
 # ------------------------------------------------------------ pools over the caller's arrays
 
 

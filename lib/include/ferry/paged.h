@@ -77,18 +77,19 @@ FERRY_API ferry_buffer * ferry_paged_cache_layer_buffer(const ferry_paged_cache 
  * blocks it needs and the blocks free).
  */
 FERRY_API ferry_status ferry_paged_cache_allocate(ferry_paged_cache * cache, int64_t seq, int64_t n_cells);
-/* Sequence seq grows by n_cells cells, taking blocks from the free list as its last one fills;
- * refused as allocate is, changing nothing. */
+/* Sequence seq grows by n_cells cells: into the blocks its table holds first (a table set with
+ * more blocks than its cells fill keeps them), then taking blocks from the free list as its last
+ * one fills; refused as allocate is, changing nothing. */
 FERRY_API ferry_status ferry_paged_cache_append(ferry_paged_cache * cache, int64_t seq, int64_t n_cells);
 /* Sequence seq's blocks go back to the free list (a shared block when its last table lets it go);
  * it holds no cells after. */
 FERRY_API ferry_status ferry_paged_cache_free_seq(ferry_paged_cache * cache, int64_t seq);
 /*
  * Sequence seq's table becomes the caller's: n_blocks block ids holding n_cells cells (in
- * 0..n_blocks * block_size). Its old blocks are let go first. Refused, changing nothing, with a
- * message naming the sequence and the block: an id outside 0..the pool's blocks - 1, an id twice
- * in the table, a block another sequence's table holds (unless share_blocks), n_cells past the
- * table's cells.
+ * 0..n_blocks * block_size); blocks past its cells stay its own, for append to fill. Its old
+ * blocks are let go first. Refused, changing nothing, with a message naming the sequence and the
+ * block: an id outside 0..the pool's blocks - 1, an id twice in the table, a block another
+ * sequence's table holds (unless share_blocks), n_cells past the table's cells.
  */
 FERRY_API ferry_status ferry_paged_cache_set_table(ferry_paged_cache * cache, int64_t seq, const int32_t * blocks,
                                                    int64_t n_blocks, int64_t n_cells);
