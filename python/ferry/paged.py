@@ -21,8 +21,12 @@ from __future__ import annotations
 
 import builtins
 import weakref
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from . import _checks
 from ._binding import ffi, lib
@@ -387,7 +391,8 @@ class PagedKVCache(Closeable):
                                              _checks.as_int64(n_cells, "paged_cache_allocate: n_cells")))
 
     def append(self, seq: int, n_cells: int) -> None:
-        """Grow a sequence by n_cells cells, taking blocks from the free list as its last one fills;
+        """Grow a sequence by n_cells cells: into the blocks its table holds first (set_table may give
+        it more than its cells fill), then taking blocks from the free list as its last one fills;
         raises as allocate does (but for a sequence that holds cells), changing nothing when it does."""
         check(lib.ferry_paged_cache_append(self._p, self._seq(seq, "paged_cache_append"),
                                            _checks.as_int64(n_cells, "paged_cache_append: n_cells")))
@@ -409,9 +414,11 @@ class PagedKVCache(Closeable):
         ----------
         seq : int
         blocks : sequence of int
-            Block ids, each in 0..n_blocks - 1, none twice.
+            Block ids, each in 0..n_blocks - 1, none twice: a list, tuple or range, or an array of
+            one dimension (of an integer dtype).
         n_cells : int, optional
-            The cells the sequence holds, 0..len(blocks) * block_size (default: all of them).
+            The cells the sequence holds, 0..len(blocks) * block_size (default: all of them). Blocks
+            past them stay the sequence's: append fills them before it takes more.
 
         Raises
         ------
@@ -421,13 +428,12 @@ class PagedKVCache(Closeable):
         InvalidArgumentError
             For an id twice in the table or in another sequence's table (unless share_blocks), or
             n_cells past the table's cells, each naming the sequence and the block; blocks that are
-            not a sequence of int. Nothing changes when refused.
+            not a sequence of int (a 0-d array, a set, an array of floats), naming blocks. Nothing
+            changes when refused.
         """
         what = "paged_cache_set_table"
         s = self._seq(seq, what)
-        if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__len__"):
-            raise InvalidArgumentError(f"{what}: blocks is a sequence of block ids, not {type(blocks).__name__}")
-        ids = [_checks.as_int64(b, f"{what}: blocks[{i}]") for i, b in enumerate(blocks)]
+        ids = _block_ids(blocks, what)
         for i, b in enumerate(ids):
             if not -(2**31) <= b < 2**31:
                 raise OutOfBoundsError(f"{what}: sequence {s}'s block {i} is id {b}, not in 0.."
@@ -649,6 +655,22 @@ def _pool_array(a: Any, which: str, layer: int, type: Optional[TypeLike], heads:
     if trans:
         return t, (ne[1], ne[0], 1, h)
     return t, (n_embd, ne[2] if four else ne[1], ne[3] if four else ne[2], h)
+
+
+def _block_ids(blocks: object, what: str) -> List[int]:
+    """A table's block ids as Python ints: blocks is a list, tuple or range of integers, or an array
+    of one dimension (numpy's of an integer dtype); anything else is an InvalidArgumentError naming
+    blocks (or the id: blocks[i]). A 0-d array, a dict or a set has a length but no order of ids."""
+    ndim = getattr(blocks, "ndim", 1)
+    if (isinstance(blocks, (str, bytes, bytearray, Mapping, AbstractSet)) or not hasattr(blocks, "__len__")
+            or not hasattr(blocks, "__iter__") or ndim != 1):
+        kind = f"a {ndim}-d {type(blocks).__name__}" if ndim != 1 else type(blocks).__name__
+        raise InvalidArgumentError(f"{what}: blocks is a sequence of block ids (a list, or an array of one "
+                                   f"dimension), not {kind}")
+    if isinstance(blocks, np.ndarray) and blocks.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{what}: blocks is an array of {blocks.dtype}: give block ids of an integer "
+                                   "dtype")
+    return [_checks.as_int64(b, f"{what}: blocks[{i}]") for i, b in enumerate(blocks)]
 
 
 def _buffer_of(t: Tensor) -> Any:

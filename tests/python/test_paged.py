@@ -118,6 +118,40 @@ def test_a_table_keeps_the_blocks_it_was_given() -> None:
     assert c.free_blocks == 10
 
 
+#: Values each integer argument of a table entry point refuses, of another kind or out of range.
+REFUSED_INTS = [np.array([[1, 2]]), np.array([1]), np.array([1.0]), np.float64(1.0), np.bool_(True), 1.5, True, -1,
+                2**31, 2**63, 2**64, "1", None, {0: 1}]
+#: Tables set_table refuses: not a sequence of ids of one dimension (a 0-d array among them), ids
+#: of another kind, ids out of range.
+REFUSED_BLOCKS = [np.array(3), np.array([[3, 4]]), np.array([3.0, 4.0]), np.array([True, False]), 3, 1.5, True,
+                  None, "34", b"\x03\x04", {3: 4}, {3, 4}, [np.float64(3.0)], [np.bool_(True)], [2**64], [-1], [8]]
+
+
+@pytest.mark.parametrize("call, arg, value", [
+    *[(call, arg, v) for call, arg in [("allocate", "seq"), ("allocate", "n_cells"), ("append", "seq"),
+                                        ("append", "n_cells"), ("free", "seq"), ("set_table", "seq"),
+                                        ("set_table", "n_cells"), ("table", "seq"), ("cell_offset", "seq"),
+                                        ("cell_offset", "cell")]
+      for v in REFUSED_INTS if not (call == "set_table" and arg == "n_cells" and v is None)],  # None: all cells
+    *[("set_table", "blocks", v) for v in REFUSED_BLOCKS]], ids=repr)
+def test_table_arguments_refused_naming_them(call: str, arg: str, value: Any) -> None:
+    """Every value of another kind or range than a table entry point takes is a FerryError naming the
+    argument (a sequence C refuses by its number, cells by their count), and changes no table."""
+    c = PagedKVCache("f32", "f32", 8, 1, block_size=4, n_blocks=8, n_seq=3)
+    c.allocate(0, 5)
+    c.set_table(1, [6, 7], 5)
+    base: Dict[str, Any] = {"allocate": dict(seq=2, n_cells=3), "append": dict(seq=1, n_cells=2),
+                            "free": dict(seq=0), "set_table": dict(seq=2, blocks=[3, 4], n_cells=6),
+                            "table": dict(seq=1), "cell_offset": dict(which="k", seq=1, cell=2)}[call]
+    before = ([c.table(s) for s in range(3)], c.free_blocks)
+    names = {"seq": ("seq", "sequence"), "n_cells": ("n_cells", "cells"), "blocks": ("blocks", "block"),
+             "cell": ("cell",)}[arg]
+    with pytest.raises(ferry.FerryError) as e:
+        getattr(c, call)(**dict(base, **{arg: value}))
+    assert any(n in e.value.message for n in names), e.value.message
+    assert ([c.table(s) for s in range(3)], c.free_blocks) == before, "a refused call changed the tables"
+
+
 # ------------------------------------------------------------ pools over the caller's arrays
 
 

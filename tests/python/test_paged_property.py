@@ -145,6 +145,12 @@ def test_paged_from_arrays(change: Tuple[str, Any]) -> None:
 
 # ---------------------------------------------------------------- the block tables
 
+#: Values the integer arguments of the table entry points refuse, of another kind or out of range.
+INT_JUNK = [np.array([1, 2]), np.float64(2.0), np.bool_(True), 1.5, True, "1", 2**64, -(2**63) - 1]
+#: Tables set_table refuses: no sequence of ids of one dimension, or ids of another kind.
+BLOCKS_JUNK = [np.array(3), np.array([[1, 2]]), np.array([1.0, 2.0]), np.array([True]), {1: 2}, {1, 2}, "12", 3,
+               [np.float64(1.0)], [2**64]]
+
 TABLE_CALLS = {"allocate": ["seq", "n_cells"], "append": ["seq", "n_cells"], "free": ["seq"],
                "set_table": ["seq", "blocks", "n_cells"]}
 TABLE_NAMES = {"seq": ("seq", "sequence"), "n_cells": ("n_cells", "cells"), "blocks": ("blocks", "block")}
@@ -155,11 +161,12 @@ def table_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
     call = draw(st.sampled_from(sorted(TABLE_CALLS)))
     arg = draw(st.sampled_from(TABLE_CALLS[call]))
     if arg == "blocks":
-        value = draw(st.one_of(st.lists(st.one_of(ints(-2, 20), junk()), max_size=8), junk()))
+        value = draw(st.one_of(st.lists(st.one_of(ints(-2, 20), junk()), max_size=8), junk(),
+                               st.sampled_from(BLOCKS_JUNK)))
     elif arg == "n_cells" and call == "set_table":
-        value = draw(st.one_of(st.none(), ints(-2, 40), junk()))
+        value = draw(st.one_of(st.none(), ints(-2, 40), junk(), st.sampled_from(INT_JUNK)))
     else:
-        value = draw(st.one_of(ints(-2, 40), junk()))
+        value = draw(st.one_of(ints(-2, 40), junk(), st.sampled_from(INT_JUNK)))
     return call, arg, value
 
 
@@ -172,6 +179,7 @@ def tables_of(c: PagedKVCache) -> Tuple[List[Tuple[List[int], int]], int]:
 @example(("set_table", "blocks", [4, 5, 0]))  # sequence 0's block: refused naming the sequence holding it
 @example(("set_table", "blocks", [4, 5, 4]))  # a block twice
 @example(("set_table", "blocks", [4, 2**31]))  # past an int32 id
+@example(("set_table", "blocks", np.array(3)))  # a 0-d array: refused naming blocks, not a TypeError
 @example(("allocate", "n_cells", 60))  # more blocks than are free: an OutOfMemoryError naming the sequence
 def test_paged_tables(change: Tuple[str, str, Any]) -> None:
     """A table changed, or the change refused naming the argument with every table and the free list as
