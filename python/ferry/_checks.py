@@ -70,9 +70,15 @@ def as_c_int(value: object, what: str) -> int:
     return n
 
 
+def _is_sequence(x: object) -> bool:
+    """A sequence of numbers: not a string, and an array only when 1-D (len() of a 0-d array
+    raises, and a 2-D array's len() counts rows)."""
+    return not isinstance(x, (str, bytes)) and hasattr(x, "__len__") and getattr(x, "ndim", 1) == 1
+
+
 def as_shape(ne: Sequence[object], what: str) -> List[int]:
     """A shape of 1 to 4 int64 values (ggml order: ne[0] fastest)."""
-    if isinstance(ne, (str, bytes)) or not hasattr(ne, "__len__"):
+    if not _is_sequence(ne):
         raise InvalidArgumentError(f"{what}: a shape is a sequence of 1 to 4 integers, got {ne!r}")
     if not 1 <= len(ne) <= 4:
         raise InvalidArgumentError(f"{what}: a shape has 1 to 4 dimensions, got {len(ne)}")
@@ -81,7 +87,7 @@ def as_shape(ne: Sequence[object], what: str) -> List[int]:
 
 def as_strides(nb: Sequence[object], n: int, what: str) -> List[int]:
     """n byte strides, each a size_t: a view's nb for a shape of n dimensions."""
-    if isinstance(nb, (str, bytes)) or not hasattr(nb, "__len__") or len(nb) != n:
+    if not _is_sequence(nb) or len(nb) != n:
         raise InvalidArgumentError(f"{what}: {n} dimensions need {n} strides, got {nb!r}")
     return [as_size(v, f"{what}: nb[{i}]") for i, v in enumerate(nb)]
 

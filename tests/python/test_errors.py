@@ -233,6 +233,16 @@ def test_an_impossible_view_reshape_or_permute_says_why(t: ferry.Tensor) -> None
         ferry.Tensor.new("f32", [1, 1, 1, 1, 1])
 
 
+def test_a_shape_or_strides_that_is_no_sequence_names_the_argument(t: ferry.Tensor) -> None:
+    # a 0-d or 2-D array has a len() that raises or means something else: refused like any non-sequence
+    for ne in (np.array(3), np.array([[4, 3]])):
+        with pytest.raises(ferry.InvalidArgumentError, match="tensor_new: a shape is a sequence"):
+            ferry.Tensor.new("f32", ne)
+    with pytest.raises(ferry.InvalidArgumentError, match="view: 1 dimensions need 1 strides"):
+        t.view([4], np.array(4))
+    assert t.view(np.array([4]), np.array([4])).ne[0] == 4  # a 1-D array is a sequence
+
+
 def test_an_unknown_type_name_or_number_is_an_unknown_type_error() -> None:
     with pytest.raises(ferry.UnknownTypeError, match=r"unknown type name 'f64' \(known: f32, f16"):
         ferry.Tensor.new("f64", [4])
