@@ -61,27 +61,34 @@ static ferry_status push(piece_list * l, const ferry_gather_copy * c, const ferr
 static int cell_dim(const ferry_tensor * t) { return t->paged->v_trans ? 0 : 1; }
 
 /* Each stream's used cells: the lengths the window carries (read as a ragged window's), else its
- * sequence's cells; then each table checked to hold them. */
-static ferry_status used_cells(const ferry_tensor * t, int64_t * used) {
+ * sequence's cells; a length past the cells its sequence holds is refused (those cells hold nothing
+ * yet, though its last block may have room for them). */
+ferry_status ferry_paged_used_cells(const ferry_tensor * t, const char * what, int64_t * used) {
     const ferry_paged_source * src = t->paged;
     const ferry_paged_tables * tables = src->tables;
     const int64_t ns = t->ne[3], n_kv = t->ne[cell_dim(t)], bs = src->block_size;
     if (t->used_lengths && (t->used_cell_dim != cell_dim(t) || t->used_stream_dim != 3)) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "paged copy of '%s': its used cells are on dimension %d and streams on "
-                          "%d, but its cells are on %d and streams on 3", t->name, (int) t->used_cell_dim,
+        return ferry_fail(FERRY_ERR_LAYOUT, "%s of '%s': its used cells are on dimension %d and streams on "
+                          "%d, but its cells are on %d and streams on 3", what, t->name, (int) t->used_cell_dim,
                           (int) t->used_stream_dim, cell_dim(t));
     }
     if (t->used_lengths) {
-        FERRY_TRY(ferry_read_used_cells(t, "paged copy", used));
+        FERRY_TRY(ferry_read_used_cells(t, what, used));
     }
     for (int64_t s = 0; s < ns; s++) {
-        const int64_t seq = t->paged_first_seq + s, held = tables->n_blocks[seq];
+        const int64_t seq = t->paged_first_seq + s, held = tables->n_blocks[seq], cells = tables->n_cells[seq];
         if (!t->used_lengths) {
-            used[s] = tables->n_cells[seq] < n_kv ? tables->n_cells[seq] : n_kv;
+            used[s] = cells < n_kv ? cells : n_kv;
         }
-        if (used[s] > held * bs) {
-            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged copy of '%s': sequence %lld's length %lld needs block "
-                              "%lld of its table, which holds %lld blocks (%lld cells)", t->name, (long long) seq,
+        if (used[s] > cells) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s of '%s': stream %lld's length %lld (of '%s') is "
+                              "past the %lld cells sequence %lld holds: give a length of at most %lld, or append "
+                              "the cells first", what, t->name, (long long) s, (long long) used[s],
+                              t->used_lengths->name, (long long) cells, (long long) seq, (long long) cells);
+        }
+        if (used[s] > held * bs) { /* cells past the table's blocks: paged-kv.c never leaves a table so */
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s of '%s': sequence %lld's length %lld needs block "
+                              "%lld of its table, which holds %lld blocks (%lld cells)", what, t->name, (long long) seq,
                               (long long) used[s], (long long) held, (long long) held, (long long) (held * bs));
         }
     }
@@ -235,7 +242,7 @@ static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend,
     gather per_block = {0}, runs = {0};
     piece_list grouped = {0};
     const bool want_per_block = every_method || t->paged->tables->gather == FERRY_GATHER_PER_BLOCK;
-    ferry_status st = used_cells(t, used);
+    ferry_status st = ferry_paged_used_cells(t, "paged copy", used);
     if (st == FERRY_OK && want_per_block) {
         st = pieces_of(t, used, true, &per_block);
     }

@@ -296,6 +296,11 @@ struct ferry_paged_source {
  * `what` and the window named) for lengths not in host memory or outside 0..the limit. */
 ferry_status ferry_read_used_cells(const ferry_tensor * t, const char * what, int64_t * used);
 
+/* Each stream's used cells of a paged window (copy-paged.c): its lengths read as
+ * ferry_read_used_cells reads them, else its sequence's cells up to the window's; refused (with
+ * `what` and the window named) for a length past the cells its sequence holds. */
+ferry_status ferry_paged_used_cells(const ferry_tensor * t, const char * what, int64_t * used);
+
 /* The paged route (copy-paged.c): src's used cells gathered into dst (its layout) by the method
  * its cache says, *read the bytes moved (the bytes read), *method the method taken, *predicted
  * its time by the backend's cost model. */

@@ -377,6 +377,35 @@ def test_cost_model_of_a_link_costs_a_piece_a_row() -> None:
 # ------------------------------------------------------------ refusals
 
 
+@pytest.mark.parametrize("policy", ["flat", "ragged"])
+def test_a_length_past_the_cells_a_table_holds_is_refused_before_a_byte_moves(policy: str) -> None:
+    """A table of two blocks of 4 holding 6 cells, and a length of 7: cell 6 lies in its blocks but holds
+    nothing yet (cell_offset refuses it), so the window is refused, naming the stream, the length, the
+    sequence and its cells, before a byte moves (7 cells were gathered in silence)."""
+    cpu, split = ferry.CPUBackend(), ferry.StandinBackend()
+    c = PagedKVCache("f16", "f16", 32, 2, block_size=4, n_blocks=8, n_seq=2)
+    c.set_table(0, [3, 5], 6)
+    c.allocate(1, 2)
+    with pytest.raises(ferry.OutOfBoundsError, match="cell 6"):
+        c.cell_offset("k", 0, 6)
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array([7, 2], np.int32), name="kv_len")
+    q = ferry.Tensor.from_numpy(split, np.zeros((2, 1, 4, 32), np.float32))
+    sched = ferry.Scheduler([split, cpu], policy=policy)
+    outs = ferry.attention_step(sched, split, c.windows(8), [q], kv_len)
+    sched.alloc(outs.graph)
+    for i in sched.inputs:
+        i.copy.memset(SENTINEL)
+    before = [split.stats.total_bytes, cpu.stats.total_bytes]
+    with pytest.raises(ferry.OutOfBoundsError,
+                       match="stream 0's length 7 \\(of 'kv_len'\\) is past the 6 cells sequence 0 holds"):
+        sched.compute(outs.graph)
+    assert [split.stats.total_bytes, cpu.stats.total_bytes] == before
+    assert all(set(i.copy.get()) == {SENTINEL} for i in sched.inputs)
+    kv_len.set(np.array([6, 2], np.int32))  # its cells: gathered
+    sched.compute(outs.graph)
+    assert [i.stats.bytes_copied for i in sched.inputs if i.src.name.startswith("paged_window")] == [(6 + 2) * 2 * 32 * 2] * 2
+
+
 def test_windows_are_not_read_in_place() -> None:
     c = PagedKVCache("f32", "f32", 32, 2, block_size=4, n_blocks=16, n_seq=2)
     c.allocate(0, 7)
@@ -397,14 +426,14 @@ def test_windows_are_not_read_in_place() -> None:
         c.window(0, 8, 1, 2)
     with pytest.raises(ferry.InvalidArgumentError, match="lengths"):
         c.window(0, 8, lengths=[7, 0])  # type: ignore[arg-type]
-    # a table shorter than its length, at copy time: nothing written
+    # a length past the cells its table holds (7, in blocks of 8), at copy time: nothing written
     kv_len = ferry.Tensor.from_numpy(cpu, np.array([9, 0], np.int32))
     k, _ = c.window(0, 12, lengths=kv_len)
     split = ferry.DummyBackend(real_memory=True)
     dst = k.dup_layout()
     split.alloc_buffer_for(dst)
     dst.memset(SENTINEL)
-    with pytest.raises(ferry.OutOfBoundsError, match="sequence 0's length 9 needs block 2 of its table, which holds 2"):
+    with pytest.raises(ferry.OutOfBoundsError, match="stream 0's length 9 .* past the 7 cells sequence 0 holds"):
         ferry.copy_path.copy_input(split, "flat", k, dst)
     assert set(dst.get()) == {SENTINEL}
     with pytest.raises(ferry.InvalidArgumentError, match="PagedKVCache.gather: unknown gather method 'fast'"):
