@@ -354,6 +354,21 @@ static void measure_copy(const copy_snapshot * before, const ferry_tensor * src,
     };
 }
 
+ferry_status ferry_check_used_lengths(const ferry_tensor * t, bool must_read, const char * what) {
+    if (!t->paged && !(t->used_lengths && (must_read || ferry_used_lengths_readable(t)))) {
+        return FERRY_OK;
+    }
+    const int64_t ns = t->paged ? t->ne[3] : t->ne[t->used_stream_dim];
+    int64_t * used = ferry_malloc((size_t) (ns > 0 ? ns : 1) * sizeof(*used));
+    if (!used) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s of '%s': out of memory for %lld lengths", what, t->name,
+                          (long long) ns);
+    }
+    const ferry_status st = t->paged ? ferry_paged_used_cells(t, what, used) : ferry_read_used_cells(t, what, used);
+    free(used);
+    return st;
+}
+
 /* One input copy: the checks, the counters before it, the route and what moved. queued:
  * leave it on backend (a copy queue) instead of waiting for the backend before and after.
  * from: only each stream's cells from from[s] on (ferry_copy_input_since). */
@@ -371,6 +386,7 @@ static ferry_status copy_input(const char * what, ferry_backend * backend, ferry
     }
     FERRY_TRY(ferry_tensor_check_allocated(src));
     FERRY_TRY(ferry_tensor_check_allocated(dst));
+    FERRY_TRY(ferry_check_used_lengths(src, policy == FERRY_COPY_RAGGED, what));
     const ferry_buffer * src_buf = ferry_tensor_buffer(src);
     const ferry_buffer * dst_buf = ferry_tensor_buffer(dst);
     /* flat and planned copies read src into dst's host memory when src cannot be read by pointer */

@@ -87,14 +87,18 @@ static ferry_status read_used(const ferry_tensor * t, int64_t * used) {
     return ferry_read_used_cells(t, "ragged copy", used);
 }
 
-bool ferry_copy_used_bytes(const ferry_tensor * t, uint64_t * bytes) {
-    *bytes = 0;
+bool ferry_used_lengths_readable(const ferry_tensor * t) {
     if (!t->used_lengths || ferry_tensor_check_allocated(t->used_lengths) != FERRY_OK) {
         ferry_clear_error();
         return false;
     }
     const ferry_buffer * buf = ferry_tensor_buffer(t->used_lengths);
-    if (!ferry_buffer_is_host(buf) || ferry_buffer_is_synthetic(buf)) {
+    return ferry_buffer_is_host(buf) && !ferry_buffer_is_synthetic(buf);
+}
+
+bool ferry_copy_used_bytes(const ferry_tensor * t, uint64_t * bytes) {
+    *bytes = 0;
+    if (!ferry_used_lengths_readable(t)) {
         return false; /* lengths the host cannot read: the window's own bytes stand */
     }
     const int64_t ns = t->ne[t->used_stream_dim];

@@ -252,6 +252,18 @@ struct ferry_event {
  * no such plan. Compact staging packs exactly these views (copy-compact.c). */
 bool ferry_single_copy_of(const ferry_tensor * t, ferry_copy_2d * out);
 
+/* Does t carry lengths (ferry_tensor_set_used_cells) in memory the host can read now? (copy-ragged.c) */
+bool ferry_used_lengths_readable(const ferry_tensor * t);
+
+/*
+ * The one check of the lengths a window carries, made before a byte of it moves (copy-path.c): each
+ * in 0..its limit, and a paged window's within the cells its sequence holds; refused naming the
+ * window, the stream, the length and the bound, prefixed by `what`. Lengths the host cannot read are
+ * refused only where they must be read (must_read: the ragged policy; a paged window always), and
+ * otherwise left to the copy, which never reads them. A tensor carrying no lengths passes.
+ */
+ferry_status ferry_check_used_lengths(const ferry_tensor * t, bool must_read, const char * what);
+
 /* The bytes of t's used cells (ferry_tensor_set_used_cells), what attention reads of it: true and
  * *bytes when t carries lengths the host can read, else false (a length out of range too). */
 bool ferry_copy_used_bytes(const ferry_tensor * t, uint64_t * bytes);

@@ -514,11 +514,23 @@ bool ferry_sched_needs_alloc(const ferry_sched * s, const ferry_graph * graph) {
     return s && graph && (s->graph != graph || s->graph_nodes != ferry_graph_n_nodes(graph));
 }
 
+/* Every input's lengths, before the run moves a byte of any (ferry_check_used_lengths): a length
+ * refused at the second window's copy would leave the first's moved. A copy held ahead is
+ * completed by the ragged route, which reads the lengths whatever the policy. */
+static ferry_status check_lengths(const ferry_sched * s) {
+    for (int k = 0; k < s->n_inputs; k++) {
+        const bool must_read = s->policy == FERRY_COPY_RAGGED || (s->ahead && s->ahead[k].queued);
+        FERRY_TRY(ferry_check_used_lengths(s->inputs[k].src, must_read, "sched_graph_compute: the copy"));
+    }
+    return FERRY_OK;
+}
+
 ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
     FERRY_CHECK_ARG(s && graph, "sched_graph_compute: NULL argument");
     if (ferry_sched_needs_alloc(s, graph)) {
         FERRY_TRY(ferry_sched_alloc_graph(s, graph));
     }
+    FERRY_TRY(check_lengths(s));
     memset(&s->stats, 0, sizeof(s->stats));
     s->n_spans = 0;
     s->run_start = ferry_now_seconds();

@@ -195,7 +195,8 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
     v : Tensor
         The same as k, or transposed [n_kv, head_dim, n_head_kv, ns] (not q8_0).
     kv_len : Tensor
-        i32 [ns]: cells of each stream read (clamped to 0..n_kv; 0 gives a zero row).
+        i32 [ns]: cells of each stream read (clamped to 0..n_kv; 0 gives a zero row). A k carrying
+        its lengths (Tensor.set_used_cells) refuses one outside 0..its limit instead.
     scale : float, optional
         Default 1/sqrt(head_dim).
     v_trans : bool, optional

@@ -375,9 +375,9 @@ class Tensor:
                        limit: Optional[int] = None) -> "Tensor":
         """Say that this window reads, of stream s (index s of dimension stream_dim), only the first
         min(lengths[s], ne[cell_dim]) cells of dimension cell_dim: attention's own clamp of kv_len.
-        The ragged copy policy then copies those cells and nothing after them; the other policies
-        never read lengths. KVCache.window(lengths=...) and attention_step set it on the windows
-        they make.
+        The ragged copy policy then copies those cells and nothing after them; every policy refuses
+        a length outside 0..limit it can read, before a byte moves. KVCache.window(lengths=...) and
+        attention_step set it on the windows they make.
 
         Parameters
         ----------

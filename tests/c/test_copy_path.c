@@ -707,8 +707,9 @@ static void test_ragged_device_source(void) {
  */
 enum { RA_HEADS = 4, RA_N_KV = 21, RA_LAYERS = 2 };
 
-static void ragged_attention_run(ferry_type type, bool v_trans, ferry_copy_policy policy, float * out,
-                                 uint64_t * window_bytes) {
+/* One run over lens (kv_len): its status (*st), and the bytes the device's backend moved in it (*moved). */
+static void ragged_attention_run(ferry_type type, bool v_trans, ferry_copy_policy policy, const int32_t * lens,
+                                 float * out, uint64_t * window_bytes, uint64_t * moved, ferry_status * st) {
     const ferry_kv_params p = {type, type, 32, 2, 2 * 24, 2, RA_LAYERS, v_trans};
     const int64_t cells[RA_LAYERS] = {0, 8};
     ferry_backend *dev, *cpu;
@@ -728,8 +729,7 @@ static void ragged_attention_run(ferry_type type, bool v_trans, ferry_copy_polic
     CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne_len, &len));
     CHECK_OK(ferry_backend_alloc_buffer(cpu, 8, &len_buf));
     CHECK_OK(ferry_buffer_place_tensor(len_buf, len, 0));
-    const int32_t lens[2] = {17, 5};
-    CHECK_OK(ferry_tensor_set(len, lens, 0, sizeof(lens)));
+    CHECK_OK(ferry_tensor_set(len, lens, 0, 2 * sizeof(*lens)));
     ferry_backend * backends[2] = {dev, cpu};
     ferry_sched * sched;
     CHECK_OK(ferry_sched_new(backends, 2, &sched));
@@ -747,13 +747,20 @@ static void ragged_attention_run(ferry_type type, bool v_trans, ferry_copy_polic
             CHECK_OK(ferry_tensor_memset(in.copy, 0xff, 0, ferry_tensor_nbytes(in.copy)));
         }
     }
-    CHECK_OK(ferry_sched_graph_compute(sched, graph));
+    ferry_stats before, after;
+    CHECK_OK(ferry_backend_get_stats(dev, &before));
+    *st = ferry_sched_graph_compute(sched, graph);
+    CHECK_OK(ferry_backend_get_stats(dev, &after));
+    *moved = 0;
+    for (int x = 0; x < FERRY_XFER_COUNT; x++) {
+        *moved += after.bytes[x] - before.bytes[x];
+    }
     for (int i = 0; i < ferry_sched_n_inputs(sched); i++) {
         ferry_sched_input_info in;
         CHECK_OK(ferry_sched_input(sched, i, &in));
         *window_bytes += in.src->used_lengths ? in.stats.bytes_copied : 0;
     }
-    for (int l = 0; l < RA_LAYERS; l++) {
+    for (int l = 0; *st == FERRY_OK && l < RA_LAYERS; l++) {
         CHECK_OK(ferry_tensor_get(outs[l], out + (size_t) l * 32 * RA_HEADS * 2, 0, q_bytes));
     }
     ferry_sched_free(sched);
@@ -774,12 +781,17 @@ static void test_ragged_attention_same_as_flat_and_ranges(void) {
     } kinds[3] = {{FERRY_TYPE_F16, false}, {FERRY_TYPE_F16, true}, {FERRY_TYPE_Q8_0, false}};
     for (int i = 0; i < 3; i++) {
         static float want[N], got[N];
-        uint64_t flat_bytes, bytes;
-        SUB(ragged_attention_run(kinds[i].type, kinds[i].v_trans, FERRY_COPY_FLAT, want, &flat_bytes));
+        uint64_t flat_bytes, bytes, moved;
+        const int32_t lens[2] = {17, 5};
+        ferry_status st;
+        SUB(ragged_attention_run(kinds[i].type, kinds[i].v_trans, FERRY_COPY_FLAT, lens, want, &flat_bytes, &moved,
+                                 &st));
+        CHECK_OK(st);
         for (size_t j = 0; j < N; j++) CHECK(want[j] == want[j]); /* flat wrote every cell: no NaN read */
         const ferry_copy_policy others[2] = {FERRY_COPY_RANGES, FERRY_COPY_RAGGED};
         for (int o = 0; o < 2; o++) {
-            SUB(ragged_attention_run(kinds[i].type, kinds[i].v_trans, others[o], got, &bytes));
+            SUB(ragged_attention_run(kinds[i].type, kinds[i].v_trans, others[o], lens, got, &bytes, &moved, &st));
+            CHECK_OK(st);
             if (memcmp(got, want, sizeof(want)) != 0) {
                 fprintf(stderr, "%s%s under %s: outputs differ from flat's\n", ferry_type_name(kinds[i].type),
                         kinds[i].v_trans ? " (V transposed)" : "", ferry_copy_policy_name(others[o]));
@@ -790,6 +802,56 @@ static void test_ragged_attention_same_as_flat_and_ranges(void) {
         CHECK_EQ_U(bytes, ((17 + 5) + (8 + 5)) * 2 * row_of(kinds[i].type, 64));
         CHECK(bytes < flat_bytes);
     }
+}
+
+/*
+ * A length outside 0..the limit (the step's n_kv, 21; the sliding layer's 8 cells below it) gets one
+ * answer from every policy: ferry_copy_input refuses it, and a scheduler's run before its first copy,
+ * naming the stream, the length and the bound, with no byte moved. (flat, ranges and plan copied the
+ * window and attention clamped the length; ragged refused it.)
+ */
+static void test_lengths_outside_the_limit_refused_by_every_policy(void) {
+    const int32_t bad[4] = {-3, RA_N_KV + 1, INT32_MAX, INT32_MIN};
+    char want[64];
+    for (int b = 0; b < 4; b++) {
+        for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
+            static float out[RA_LAYERS * 32 * RA_HEADS * 2];
+            const int32_t lens[2] = {5, bad[b]};
+            uint64_t bytes, moved;
+            ferry_status st;
+            ferry_clear_error();
+            SUB(ragged_attention_run(FERRY_TYPE_F16, false, (ferry_copy_policy) policy, lens, out, &bytes, &moved, &st));
+            CHECK(st == FERRY_ERR_OUT_OF_BOUNDS);
+            snprintf(want, sizeof want, "stream 1's length %d (of '') is not in 0..%d", (int) bad[b], RA_N_KV);
+            CHECK(strstr(ferry_last_error(), want) != NULL);
+            CHECK_EQ_U(moved, 0);
+        }
+    }
+    /* the copy path alone: a window carrying lengths, under every policy, nothing written */
+    const ferry_kv_params p = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_F16, .head_dim = 32, .n_head_kv = 2,
+                               .n_ctx = 96, .n_stream = 4, .n_layer = 1};
+    kv_fixture f;
+    CHECK_OK(kv_fixture_init(&f, &p));
+    ferry_tensor *k, *len, *copy;
+    ferry_buffer * len_buf;
+    const int32_t lens[4] = {3, 12, -1, 7};
+    CHECK_OK(ferry_kv_cache_window(f.kv, f.ctx, 0, 12, 0, 3, &k, NULL));
+    CHECK_OK(host_lengths(&f, lens, 4, &len, &len_buf));
+    CHECK_OK(ferry_tensor_set_used_cells(k, len, 1, 3, 0));
+    CHECK_OK(kv_split_copy(&f, k, &copy));
+    for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
+        CHECK_FAILS(ferry_copy_input(f.split, (ferry_copy_policy) policy, k, copy, NULL), FERRY_ERR_OUT_OF_BOUNDS);
+        CHECK(strstr(ferry_last_error(), "stream 2's length -1") != NULL);
+        CHECK_FAILS(ferry_copy_input_async(f.split, (ferry_copy_policy) policy, k, copy, NULL),
+                    FERRY_ERR_OUT_OF_BOUNDS);
+    }
+    ferry_stats s;
+    CHECK_OK(ferry_buffer_get_stats(f.split_buf, &s));
+    for (int x = 0; x < FERRY_XFER_COUNT; x++) CHECK_EQ_U(s.bytes[x], 0);
+    const int64_t none[4] = {0, 0, 0, 0};
+    CHECK_EQ_U(kv_check_used_copy(&f, k, copy, none, 0), 0);
+    ferry_buffer_free(len_buf);
+    kv_fixture_free(&f);
 }
 
 static const check_test tests[] = {
@@ -813,6 +875,7 @@ static const check_test tests[] = {
     {"ragged_refusals", test_ragged_refusals},
     {"ragged_device_source", test_ragged_device_source},
     {"ragged_attention_same_as_flat_and_ranges", test_ragged_attention_same_as_flat_and_ranges},
+    {"lengths_outside_the_limit_refused_by_every_policy", test_lengths_outside_the_limit_refused_by_every_policy},
 };
 
 CHECK_MAIN(tests)

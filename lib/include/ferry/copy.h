@@ -268,6 +268,9 @@ typedef struct {
  * under ragged, a src carrying used cells (ferry_tensor_set_used_cells) sends only those, to
  * their own offsets in either layout (path RAGGED; the lengths read now, from host memory).
  * A paged window (ferry/paged.h) is gathered under every policy (ferry_copy_paged_plan).
+ * Under every policy, before a byte moves, a src whose lengths the host can read (the ragged
+ * policy and a paged window: must read) is refused (OUT_OF_BOUNDS, naming the stream, the length
+ * and the bound) for a length outside 0..its limit, or a paged window's past its sequence's cells.
  */
 FERRY_API ferry_status ferry_copy_input(ferry_backend * split_backend, ferry_copy_policy policy, const ferry_tensor * src,
                               ferry_tensor * dst, ferry_copy_stats * stats);

@@ -47,7 +47,9 @@ FERRY_API ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_t
  *   v      [head_dim, n_kv, n_head_kv, ns], or with v_trans [n_kv, head_dim, n_head_kv, ns]
  *          (the transposed V window). v_trans says which; the shape must agree with it.
  *   kv_len i32 [ns]: cells of each stream that count; cells at or past it are masked out
- *          (never read). A length is clamped to 0..n_kv; 0 gives a zero output row.
+ *          (never read). A length is clamped to 0..n_kv; 0 gives a zero output row. A k
+ *          carrying its lengths (ferry_tensor_set_used_cells) refuses one outside 0..its limit
+ *          instead (OUT_OF_BOUNDS, naming the stream), as every copy of it does.
  * K and V are f32, f16 or q8_0 (q8_0 V not transposed), read only through their ne/nb.
  * Query head h reads kv head h / (n_head / n_head_kv); n_head must be a multiple of
  * n_head_kv. out: f32 [head_dim, n_head, 1, ns], contiguous, softmax(scale * q.k) . v.

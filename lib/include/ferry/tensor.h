@@ -152,7 +152,8 @@ FERRY_API bool    ferry_tensor_is_view(const ferry_tensor * t);
  * writes before each step. Lengths above limit are refused when read (limit 0: t->ne[cell_dim];
  * a sliding-window layer's window has fewer cells than the step's n_kv, its limit). The ragged
  * copy policy reads lengths when it copies t, or queues its copy, so lengths must then be in
- * host memory and hold 0..limit; the other policies never read them. t keeps a pointer to
+ * host memory; every policy (and attention reading t where it lies) refuses a length outside
+ * 0..limit it can read, before a byte moves (ferry_copy_input). t keeps a pointer to
  * lengths, which must outlive t's copies. lengths NULL clears. Refused (INVALID_ARG, LAYOUT):
  * dimensions outside 0..3 or equal, lengths not i32 or not one per stream, a limit below
  * t->ne[cell_dim], cells on dimension 0 of a block type (a length would split blocks).

@@ -125,6 +125,9 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
     /* V: step between cells and between channels, whichever way it is stored */
     const size_t v_cell = v_trans ? v->nb[0] : v->nb[1];
     const size_t v_chan = v_trans ? v->nb[1] : v->nb[0];
+    /* A window carrying its lengths bounds them by its limit: one outside it is refused, not clamped
+     * (a scheduler's run refused it before its copies; this is a window read where it lies). */
+    FERRY_TRY(ferry_check_used_lengths(k, false, "attn_decode"));
 
     /* scratch: the group's queries, one K/V row, scores then probabilities, sums, a V channel */
     const size_t n_floats = (size_t) (group * d) * 2 + (size_t) d + (size_t) (group * n_kv) +
