@@ -94,8 +94,12 @@ ferry_status ferry_sched_set_policy(ferry_sched * s, ferry_copy_policy policy) {
     if (ferry_copy_policy_name(policy) == NULL) {
         return ferry_last_status();
     }
+    if (policy == s->policy) {
+        return FERRY_OK;
+    }
     s->policy = policy;
-    return FERRY_OK;
+    /* a copy ahead went by the old policy's route: the next run copies by the new one */
+    return ferry_sched_prefetch_drop_ahead(s);
 }
 
 ferry_copy_policy ferry_sched_get_policy(const ferry_sched * s) { return s ? s->policy : FERRY_COPY_FLAT; }

@@ -219,7 +219,8 @@ class Scheduler(Closeable):
 
     @property
     def policy(self) -> CopyPolicy:
-        """The copy policy of split inputs (set with a CopyPolicy or a name)."""
+        """The copy policy of split inputs (set with a CopyPolicy or a name). A change drops the copies
+        made ahead for the next run (prefetch_next), which the next run makes by the new policy."""
         return CopyPolicy(lib.ferry_sched_get_policy(self._p))
 
     @policy.setter

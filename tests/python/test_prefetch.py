@@ -75,6 +75,42 @@ def test_cuda_outputs_and_bytes_as_serial() -> None:
     same_as_serial(Step(ferry.CUDABackend(0)))
 
 
+def test_a_policy_change_drops_the_copies_ahead() -> None:
+    """Across runs (prefetch_next) the first layer's windows are copied ahead by the policy of the run
+    that queued them: setting another policy drops them, so the next run copies those windows by the
+    policy asked, and reports its path and bytes (it reported ragged's and moved them by ragged's
+    route). The outputs stay a serial run's; a compact change reallocates and keeps nothing ahead."""
+    step = Step(ferry.StandinBackend())
+    kv_len = ferry.Tensor.from_numpy(step.cpu, np.array([N_KV, 7, 0], np.int32), name="kv_len")
+    serial = ferry.Scheduler([step.split, step.cpu], policy="flat")
+    serial_outs = ferry.attention_step(serial, step.split, step.kv.windows(N_KV), step.q, kv_len)
+    serial.compute(serial_outs.graph)
+    sched = ferry.Scheduler([step.split, step.cpu], policy="ragged", prefetch=1, prefetch_next=True)
+    outs = ferry.attention_step(sched, step.split, step.kv.windows(N_KV), step.q, kv_len)
+    sched.compute(outs.graph)
+    sched.compute(outs.graph)
+    assert sched.stats.kept_ahead == 2  # layer 0's K and V, copied ahead under ragged
+
+    def first_layer() -> List[ferry.sched.Input]:
+        return [i for i in sched.inputs if i.src.name in ("window_k_l0", "window_v_l0")]
+
+    assert [i.stats.path for i in first_layer()] == [ferry.CopyPolicy.RAGGED] * 2
+    sched.policy = "flat"
+    for _ in range(2):  # the run after the change, then one whose copies ahead were flat's
+        sched.compute(outs.graph)
+        assert [i.stats.path for i in first_layer()] == [ferry.CopyPolicy.FLAT] * 2
+        assert [i.stats.bytes_copied for i in first_layer()] == [i.src.nbytes for i in first_layer()]
+        assert [o.get() for o in outs] == [o.get() for o in serial_outs]
+    assert sched.stats.kept_ahead == 2
+    sched.policy = "flat"  # the same policy: its copies ahead stay
+    sched.compute(outs.graph)
+    assert sched.stats.kept_ahead == 2
+    sched.compact = True
+    sched.compute(outs.graph)
+    assert sched.stats.kept_ahead == 0
+    assert [o.get() for o in outs] == [o.get() for o in serial_outs]
+
+
 def test_the_trace_shows_each_layers_copies_under_the_compute_before_it() -> None:
     """Scheduler.trace: a compute per layer in order; the first layer's windows copied by the calling
     thread and its queue before its compute; every later layer's windows queued after the first layer's

@@ -71,6 +71,8 @@ typedef struct {
 
 FERRY_API ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, ferry_sched ** out);
 FERRY_API void         ferry_sched_free(ferry_sched * sched);
+/* A change of policy drops the copies made ahead for the next run (ferry_sched_drop_ahead, which it
+ * may fail as): the next run copies its first part by the policy asked, and counts it so. */
 FERRY_API ferry_status ferry_sched_set_policy(ferry_sched * sched, ferry_copy_policy policy);
 FERRY_API ferry_copy_policy ferry_sched_get_policy(const ferry_sched * sched);
 /* keep_inputs: input copies and the leafs the scheduler places live to the end of the
