@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import ferry
+from ferry.kv import KVWindows
 from ferry.residency import (
     DeviceSpec,
     LayerCost,
@@ -338,6 +339,14 @@ def test_attention_step_of_any_argument_runs_or_is_refused_naming_it_assigning_n
     if err is not None:
         assert on.n_assigned == 0 and sched.n_assigned == 0, "a refused step assigned outputs"
         return
+    if isinstance(args["windows"], KVWindows):  # its windows carry kv_len, limit n_kv: one outside is refused
+        lens = np.frombuffer(args["kv_len"].get(), np.int32)
+        bad = [s for s, n in enumerate(lens) if not 0 <= n <= args["windows"].n_kv]
+        if bad:
+            with pytest.raises(ferry.OutOfBoundsError, match=f"stream {bad[0]}'s length {lens[bad[0]]} .* is not "
+                                                             f"in 0..{args['windows'].n_kv}"):
+                run_step(on, outs)
+            return
     got = run_step(on, outs)
     if arg == "v_trans":
         assert got == want  # the layout is the cache's whatever v_trans says, or the step is refused
