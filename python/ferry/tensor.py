@@ -191,6 +191,9 @@ class Tensor:
     #: False for a struct that lives only until its owner's next step (a scheduler's input copy):
     #: nothing may keep a pointer to it, so no views or ops are built on it.
     _retainable = True
+    #: The lengths set_used_cells gave: the Python object keeps their memory (its buffer) alive, which
+    #: the C struct the window points at does not.
+    _used_lengths: Optional["Tensor"] = None
 
     def _check_retainable(self) -> None:
         if not self._retainable:
@@ -410,6 +413,7 @@ class Tensor:
         """
         if lengths is None:
             check(lib.ferry_tensor_set_used_cells(self._p, ffi.NULL, 0, 0, 0))
+            self._used_lengths = None
             return self
         lens = _checks.instance(lengths, Tensor, "set_used_cells: lengths")
         cd = _checks.as_c_int(cell_dim, "set_used_cells: cell_dim")
@@ -419,6 +423,7 @@ class Tensor:
             raise InvalidArgumentError(f"set_used_cells: limit {limit} is not positive")
         check(lib.ferry_tensor_set_used_cells(self._p, lens._p, cd, sd, lim))
         self._handle.add_parent(lens._handle)  # this struct points at the lengths' struct now
+        self._used_lengths = lens  # ... and reads their memory
         return self
 
     @property

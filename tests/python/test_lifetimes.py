@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 import weakref
+from typing import Union
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import pytest
 import ferry
 from conftest import pattern
 from ferry._handle import Handle
+from ferry.paged import PagedKVCache
 
 
 def test_view_keeps_its_source_alive(cpu: ferry.CPUBackend) -> None:
@@ -229,3 +231,42 @@ print("alive")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "alive"
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["kv", "paged"])
+def test_a_window_keeps_its_lengths_alive(paged: bool) -> None:
+    """window(lengths=t) keeps t (and so its memory) alive: with every other reference to t dropped
+    and collected, a copy and a scheduler's step read the lengths from the window alone (the copy
+    used to fail with "its lengths ... have no memory", t's buffer freed under the window)."""
+    cpu, split = ferry.CPUBackend(), ferry.StandinBackend()
+    if paged:
+        paged_cache = PagedKVCache("f16", "f16", 32, 2, block_size=4, n_blocks=16, n_seq=2)
+        paged_cache.allocate(0, 5)
+        paged_cache.allocate(1, 9)
+        cache: Union[ferry.KVCache, PagedKVCache] = paged_cache
+        policy, lens = "flat", [5, 9]  # a paged window's gather reads the lengths under every policy
+    else:
+        cache = ferry.KVCache("f16", "f16", 32, 2, 96, 4)
+        policy, lens = "ragged", [5, 9, 5, 9]
+    lengths = ferry.Tensor.from_numpy(cpu, np.array(lens, np.int32), name="lens")
+    alive = weakref.ref(lengths)
+    k, v = cache.window(0, 12, lengths=lengths)
+    del lengths
+    gc.collect()
+    used = sum(lens) * 32 * 2 * 2  # bytes of the cells the lengths say are used
+    dst = k.dup_layout(name="dst")
+    split.alloc_buffer_for(dst)
+    assert ferry.copy_path.copy_input(split, policy, k, dst).bytes_copied == used
+    # a step: attention reads its own kv_len, so only the windows hold the lengths
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array(lens, np.int32), name="kv_len")
+    q = ferry.Tensor.from_numpy(split, np.zeros((len(lens), 1, 2, 32), np.float32))
+    graph = ferry.Graph([ferry.ops.attn_decode(q, k, v, kv_len)])
+    del k, v, dst
+    gc.collect()
+    assert alive() is not None  # the graph holds the windows, and they the lengths
+    sched = ferry.Scheduler([split, cpu], policy=policy)
+    sched.compute(graph)
+    assert [i.stats.bytes_copied for i in sched.inputs if i.src.used_cells is not None] == [used] * 2
+    del graph, sched
+    gc.collect()
+    assert alive() is None
