@@ -15,13 +15,18 @@ object is freed then, or, when objects made from it still hold it (a backend's b
 events, a cache's window views), as soon as the last of those is freed. The closed object
 refuses every use with FreedBufferError naming it; what was made from it before keeps
 working until it is closed or dropped in turn.
+
+A call into C that may run while another thread closes the object (a scheduler's run, a
+transfer) holds its handles for the call (Hold, holding): a close() meanwhile is done at
+once for Python, and frees the C object when the call returns, never under it.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
-from typing import Any, Callable, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
 
 from .errors import FreedBufferError
 
@@ -83,6 +88,46 @@ class Handle:
         for parent in parents:
             parent._children -= 1
             parent._maybe_free()
+
+
+class Hold:
+    """Handles kept from being freed while this thread is inside C with them: a release() meanwhile
+    (a close() on another thread) frees each only at the hold's end. Take it before the liveness
+    check (Closeable._live) that gives C the pointer, and use it as a `with` block around the call.
+    A handle already freed is not held: that check then refuses the object.
+    """
+
+    __slots__ = ("_handles",)
+
+    def __init__(self, handles: Iterable[Optional[Handle]]) -> None:
+        with _lock:
+            held = tuple(h for h in dict.fromkeys(handles) if h is not None and h.ptr is not None)
+            for h in held:
+                h._children += 1  # counted as a child is: the C object waits for it
+        self._handles = held
+
+    def __enter__(self) -> "Hold":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _lock:
+            held, self._handles = self._handles, ()
+            for h in held:
+                h._children -= 1
+                h._maybe_free()
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def holding(method: _F) -> _F:
+    """A Closeable's method that calls into C, run holding the object's handle (Hold): closed from
+    another thread meanwhile, the C object is freed once the method returns, not under it."""
+    @functools.wraps(method)
+    def held(self: "Closeable", *args: Any, **kwargs: Any) -> Any:
+        with Hold((self._handle,)):
+            return method(self, *args, **kwargs)
+    return held  # type: ignore[return-value]
 
 
 _C = TypeVar("_C", bound="Closeable")

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Closeable, Handle
+from ._handle import Closeable, Handle, holding
 from ._placements import adopt_placements
 from .backend import Backend
 from .buffer import BorrowedBuffer
@@ -149,7 +149,8 @@ class Scheduler(Closeable):
         default.
 
     close() (or a `with` block's end) frees the scheduler's copies and compute memory now; its
-    Input.copy tensors and the outputs it placed raise FreedBufferError after.
+    Input.copy tensors and the outputs it placed raise FreedBufferError after. Closed from another
+    thread while a run (or any call) is inside C, it is closed at once and freed when that returns.
 
     Raises
     ------
@@ -228,29 +229,34 @@ class Scheduler(Closeable):
         check(lib.ferry_sched_set_policy(self._p, to_policy(policy).value))
 
     @property
+    @holding
     def compact(self) -> bool:
         """Whether input copies take the compact layout (only the bytes read)."""
         return bool(lib.ferry_sched_get_compact(self._p))
 
     @compact.setter
+    @holding
     def compact(self, compact: bool) -> None:
         if not isinstance(compact, bool):
             raise InvalidArgumentError(f"compact: expected a bool, got {type(compact).__name__}")
         check(lib.ferry_sched_set_compact(self._p, compact))
 
     @property
+    @holding
     def prefetch(self) -> int:
         """Parts ahead whose inputs are copied on copy queues (0: off); setting it takes effect at
         the next alloc."""
         return int(lib.ferry_sched_get_prefetch(self._p))
 
     @prefetch.setter
+    @holding
     def prefetch(self, n_parts: int) -> None:
         if isinstance(n_parts, bool):
             raise InvalidArgumentError("prefetch: expected an int of 0 or more, got bool")
         check(lib.ferry_sched_set_prefetch(self._p, _checks.as_c_int(n_parts, "prefetch")))
 
     @property
+    @holding
     def prefetch_next(self) -> bool:
         """Whether the first part's windows are copied for the next run under this run's last part
         (the constructor's prefetch_next); setting it takes effect at the next alloc. Turning it on
@@ -258,11 +264,13 @@ class Scheduler(Closeable):
         return bool(lib.ferry_sched_get_prefetch_next(self._p))
 
     @prefetch_next.setter
+    @holding
     def prefetch_next(self, on: bool) -> None:
         if not isinstance(on, bool):
             raise InvalidArgumentError(f"prefetch_next: expected a bool, got {type(on).__name__}")
         check(lib.ferry_sched_set_prefetch_next(self._p, on))
 
+    @holding
     def drop_ahead(self) -> None:
         """Forget the copies made ahead for the next run: the next run copies its first part whole.
         Call it before rewriting cells below a stream's length that the last run read (a stream
@@ -273,6 +281,7 @@ class Scheduler(Closeable):
     def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
         return next((b for b in self._backends if b._handle.ptr == ptr), None)
 
+    @holding
     def assign(self, tensor: Tensor, backend: Backend) -> None:
         """Run a node on a backend; takes effect at the next alloc.
 
@@ -293,6 +302,7 @@ class Scheduler(Closeable):
         check(lib.ferry_sched_set_tensor_backend(self._p, t._p, b._p))
         self._assigned[t._p] = t
 
+    @holding
     def clear_assignments(self) -> None:
         """Forget every assignment (C keeps them by address): for a new graph each step, whose old
         tensors may go. Takes effect at the next alloc."""
@@ -300,10 +310,12 @@ class Scheduler(Closeable):
         self._assigned.clear()
 
     @property
+    @holding
     def n_assigned(self) -> int:
         """Nodes assigned to a backend."""
         return int(lib.ferry_sched_n_assigned(self._p))
 
+    @holding
     def alloc(self, graph: Graph) -> None:
         """Assign backends, find splits and inputs, allocate the input copies and the outputs.
 
@@ -339,6 +351,7 @@ class Scheduler(Closeable):
         self._copies.clear()
         self._graph = None
 
+    @holding
     def compute(self, graph: Graph) -> None:
         """Run the Graph graph: allocate if it is not the one last allocated (or it grew), copy the inputs
         by the policy, run every split. A graph run again is neither rebuilt nor reallocated, but its
@@ -364,6 +377,7 @@ class Scheduler(Closeable):
         return t
 
     @property
+    @holding
     def inputs(self) -> List[Input]:
         """Every split input of the last allocated graph, in split order."""
         p = self._p
@@ -377,6 +391,7 @@ class Scheduler(Closeable):
         return out
 
     @property
+    @holding
     def splits(self) -> List[Split]:
         """The splits of the last allocated graph, in run order."""
         p = self._p
@@ -392,12 +407,14 @@ class Scheduler(Closeable):
         return out
 
     @property
+    @holding
     def stats(self) -> SchedStats:
         """Totals of the last run."""
         s = ffi.new("ferry_sched_stats *")
         check(lib.ferry_sched_get_stats(self._p, s))
         return SchedStats.from_c(s)
 
+    @holding
     def trace(self) -> List[Span]:
         """The last run's timeline: what the calling thread and each copy queue did, and when.
 
@@ -422,12 +439,14 @@ class Scheduler(Closeable):
         return sorted((Span(SPAN_KINDS[int(x.kind)], int(x.part), int(x.input), float(x.start), float(x.end))
                        for x in spans[0:n[0]]), key=lambda sp: (sp.start, sp.end))
 
+    @holding
     def buffer_size(self, backend: Backend) -> int:
         """Bytes of compute memory (copies and outputs) the scheduler holds on the Backend backend; 0 for
         one not its own.
         """
         return int(lib.ferry_sched_buffer_size(self._p, _checks.instance(backend, Backend, "buffer_size")._p))
 
+    @holding
     def backend_of(self, tensor: Tensor) -> Optional[Backend]:
         """The Backend the Tensor tensor of the last allocated graph was given, or None."""
         t = _checks.instance(tensor, Tensor, "backend_of")

@@ -12,7 +12,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import List, Tuple
+from typing import Callable, List, Tuple
+
+import numpy as np
+import pytest
 
 import ferry
 
@@ -60,3 +63,48 @@ def test_two_threads_copies_overlap() -> None:
             f"in {TRIES} tries no copy of one thread ran while the other's did: is the GIL held?")
     finally:
         sys.setswitchinterval(switch)
+
+
+def run_in_thread(call: Callable[[], None], out: List[str]) -> threading.Thread:
+    """A started thread running call, which appends "ok" to out, or the FerryError it raised."""
+    def run() -> None:
+        try:
+            call()
+            out.append("ok")
+        except ferry.FerryError as e:
+            out.append(repr(e))
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def wait_for_the_link(link: ferry.StandinBackend, thread: threading.Thread) -> None:
+    """Return once a transfer on the stand-in's link has begun (the thread is inside C, in the call
+    that transfers), or the thread ended. An ordering, not a time: the loop only polls."""
+    while thread.is_alive() and link.link_stats.modelled_seconds == 0:
+        time.sleep(0.001)
+
+
+def test_closing_a_scheduler_while_another_thread_runs_it_frees_it_after_the_run() -> None:
+    """Scheduler.close() from one thread while another's compute() is inside C: the run completes, the
+    scheduler is closed at once for Python and freed when the run returns (it was freed under the
+    run: a segfault, use after free in ferry_sched_free)."""
+    cpu = ferry.CPUBackend()
+    split = ferry.StandinBackend(latency_us=200_000)  # each transfer holds the run inside C
+    kv = ferry.KVCache("f16", "f16", 32, 2, 96, 4)
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array([5, 9, 5, 9], np.int32))
+    q = ferry.Tensor.from_numpy(split, np.zeros((4, 1, 2, 32), np.float32))
+    k, v = kv.window(0, 12)
+    graph = ferry.Graph([ferry.ops.attn_decode(q, k, v, kv_len)])
+    sched = ferry.Scheduler([split, cpu])
+    split.reset_link_stats()
+    out: List[str] = []
+    thread = run_in_thread(lambda: sched.compute(graph), out)
+    wait_for_the_link(split, thread)
+    sched.close()
+    assert sched.closed
+    thread.join()
+    assert out == ["ok"]
+    assert sched._handle.ptr is None  # freed, once the run returned
+    with pytest.raises(ferry.FreedBufferError, match="Scheduler was closed"):
+        sched.compute(graph)
