@@ -106,7 +106,7 @@ def _tensor_over(what: str, address: int, dtype: np.dtype, shape: Sequence[int],
     buf = _foreign_buffer(address, span, device, owner, release, what)
     dense = ffi.new("size_t[]", len(ne))
     check(lib.ferry_contiguous_strides(ty.value, len(ne), ffi.new("int64_t[]", ne), dense))
-    if nb[1:] == list(dense)[1:]:
+    if all(n == 1 or s == d for n, s, d in zip(ne[1:], nb[1:], list(dense)[1:])):  # a unit axis is never stepped
         return buf.place(Tensor.new(ty, ne, name=name))  # dense: the tensor itself, not a view
     root = buf.place(Tensor.new(ty, [span // ty.size * ty.blck_size], name=f"{name or 'array'} memory"))
     return root.view(ne, nb, 0, name=name)

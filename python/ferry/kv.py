@@ -271,8 +271,8 @@ class KVCache(Closeable):
             raise InvalidArgumentError(f"{what}: n_ctx {ctx} is not n_stream {ns} streams of at least {full} cells, "
                                        "the most a layer's arrays hold")
         p = _params_of(ks[0].type, vs[0].type, n_embd // heads, heads, ctx, ns, len(ks), vt)
-        kbufs = [_buffer_of(t) for t in ks]
-        vbufs = [_buffer_of(t) for t in vs]
+        kbufs = [_buffer_of(t, f"{what}: k_layers[{i}]") for i, t in enumerate(ks)]
+        vbufs = [_buffer_of(t, f"{what}: v_layers[{i}]") for i, t in enumerate(vs)]
         out = ffi.new("ferry_kv_cache **")
         n = len(ks)
         check(lib.ferry_kv_cache_new_over(
@@ -672,10 +672,13 @@ def _layer_buffer(cache: Any, layer: int, layer_buffer: Callable[..., Any]) -> B
     return buf
 
 
-def _buffer_of(t: Tensor) -> Any:
-    """The buffer from_array placed t in."""
+def _buffer_of(t: Tensor, what: str) -> Any:
+    """The buffer from_array placed t in, the tensor of the array what names ("KVCache.from_arrays:
+    k_layers[1]"); LayoutError, naming its strides, for an array that is not dense (a view in its
+    memory), which the layer checks let through."""
     if t._buffer is None:
-        raise InvalidArgumentError("KVCache.from_arrays: an array gave a tensor in no buffer")
+        raise LayoutError(f"{what}: its byte strides {list(t.nb)} over ne {list(t.ne)} (innermost first) are not "
+                          "a dense layout: pass a contiguous array (np.ascontiguousarray)")
     return t._buffer
 
 

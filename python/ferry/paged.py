@@ -37,6 +37,7 @@ from .errors import FerryError, InvalidArgumentError, LayoutError, OutOfBoundsEr
 from .kv import (
     ATTENTION_TYPES,
     LayerWindows,
+    _buffer_of,
     _check_layer_lists,
     _check_one_type,
     _layer_buffer,
@@ -295,8 +296,8 @@ class PagedKVCache(Closeable):
                                            f"{' transposed (v_trans)' if vt else ''}")
         p = _params_of(k0.type, vs[0][0].type, n_embd // k_heads, k_heads, bs, nblk, n_seq, len(ks), vt,
                        share_blocks)
-        kbufs = [_buffer_of(t) for t, _ in ks]
-        vbufs = [_buffer_of(t) for t, _ in vs]
+        kbufs = [_buffer_of(t, f"{what}: k_layers[{i}]") for i, (t, _) in enumerate(ks)]
+        vbufs = [_buffer_of(t, f"{what}: v_layers[{i}]") for i, (t, _) in enumerate(vs)]
         for i, (kb, vb) in enumerate(zip(kbufs, vbufs)):
             if kb.type != vb.type:
                 raise InvalidArgumentError(f"{what}: k_layers[{i}] and v_layers[{i}] are in memories of two kinds "
@@ -672,9 +673,3 @@ def _block_ids(blocks: object, what: str) -> List[int]:
                                    "dtype")
     return [_checks.as_int64(b, f"{what}: blocks[{i}]") for i, b in enumerate(blocks)]
 
-
-def _buffer_of(t: Tensor) -> Any:
-    """The buffer from_array placed t in."""
-    if t._buffer is None:
-        raise InvalidArgumentError("PagedKVCache.from_arrays: an array gave a tensor in no buffer")
-    return t._buffer

@@ -269,6 +269,31 @@ def test_from_arrays_names_the_layout_it_refuses(make: Any, message: str) -> Non
     assert (a == 1).all()
 
 
+def dense_with_a_unit_axis(x: np.ndarray) -> List[np.ndarray]:
+    """Arrays of x's values with a leading axis of extent 1 whose stride is not the dense one: a
+    view of x ([None], stride 0) and every other of two copies ([::2], a stride of two)."""
+    return [x[None], np.stack([x, x])[::2]]
+
+
+def test_from_arrays_takes_a_dense_array_whose_unit_axis_has_any_stride() -> None:
+    """A dimension of extent 1 is never stepped, so its stride says nothing of the layout: such an
+    array is dense, and the cache lies over it without a copy (it was refused with "an array gave a
+    tensor in no buffer"). A truly strided one is refused naming the array, axis and stride."""
+    x = np.arange(8 * 16, dtype=np.float16).reshape(8, 16)
+    for k in dense_with_a_unit_axis(x):
+        v = k.copy()
+        kv = ferry.KVCache.from_arrays([k], [v])
+        assert kv.get_stream("k", 0, 0) == k.tobytes()
+        k[0, 3] = -1.0  # the cache reads the caller's memory
+        assert np.frombuffer(kv.get_stream("k", 0, 0), np.float16)[3 * 16:4 * 16].tolist() == [-1.0] * 16
+        kv.set_stream("v", 0, 0, np.ones((8, 16), np.float16))
+        assert (v == 1).all()
+    wide = np.zeros((1, 8, 32), np.float16)[:, :, :16]
+    with pytest.raises(ferry.LayoutError, match=r"v_layers\[0\]: its cells \(axis 1\) are 64 bytes apart, a dense "
+                                                r"row is 32"):
+        ferry.KVCache.from_arrays([x[None].copy()], [wide])
+
+
 def test_from_arrays_names_a_transposed_v_layout() -> None:
     v = np.zeros((2, 64, 32), np.float32)  # [n_stream, n_embd_gqa, 16 cells] in rows of 32
     with pytest.raises(ferry.LayoutError, match=r"v_layers\[0\]: its channels \(axis 1\) are 128 bytes apart, a "

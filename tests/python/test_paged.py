@@ -191,6 +191,29 @@ def test_from_arrays_in_vllms_layout_without_a_copy() -> None:
     assert (c8.params.type_k, c8.params.head_dim, c8.params.n_head_kv) == (ferry.Type.Q8_0, 32, 2)
 
 
+def test_from_arrays_takes_a_dense_pool_whose_unit_axis_has_any_stride() -> None:
+    """A pool of one block whose block axis (extent 1) has a stride that is not the dense one is
+    dense: the cache lies over it (it was refused with "an array gave a tensor in no buffer"). A
+    truly strided pool is refused naming the array, axis and stride."""
+    x = np.arange(BS * N_EMBD, dtype=np.float16).reshape(BS, N_HEAD_KV, HEAD_DIM)
+    for k in (x[None], np.stack([x, x])[::2]):
+        c = PagedKVCache.from_arrays([k], [k.copy()], n_seq=1)
+        assert c.params.n_blocks == 1
+        c.set_table(0, [0], 3)
+        k[0, 2] = -1.0  # cell 2, written after the cache was made: the gather reads the caller's memory
+        win, _ = c.window(0, 4)
+        dst = win.dup_layout()
+        split = ferry.DummyBackend(real_memory=True)
+        split.alloc_buffer_for(dst)
+        ferry.copy_path.copy_input(split, "flat", win, dst)
+        got = np.frombuffer(dst.get(), np.float16).reshape(4, N_HEAD_KV, HEAD_DIM)
+        np.testing.assert_array_equal(got[:3], k[0, :3])
+        assert (got[2] == -1.0).all()
+    wide = np.zeros((1, BS, N_HEAD_KV, 2 * HEAD_DIM), np.float16)[..., :HEAD_DIM]
+    with pytest.raises(ferry.LayoutError, match=r"k_layers\[0\]: its axis 2 steps 128 bytes, a dense array 64"):
+        PagedKVCache.from_arrays([wide], [x[None].copy()], n_seq=1)
+
+
 @pytest.mark.parametrize("change, error, match", [
     (dict(k_layers=[np.zeros((8, 4, 2, 32), np.float16)[:, ::2]]), ferry.LayoutError, r"k_layers\[0\].*contiguous"),
     (dict(k_layers=[np.zeros((8, 4, 64), np.float16)]), ferry.InvalidArgumentError, r"v_layers\[0\] is not"),
