@@ -9,6 +9,7 @@ ferry never frees the memory itself.
 from __future__ import annotations
 
 import builtins
+import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -42,7 +43,9 @@ class ForeignBuffer(Buffer):
     def __init__(self, ptr: Any, buffer_type: BufferType, owner: object,
                  release: Optional[Callable[[], None]] = None) -> None:
         """Internal: take a ferry_buffer* from ferry_*_buffer_from_ptr; use from_array."""
-        def free(p: Any, owner: object = owner) -> None:  # holds the owner until the C buffer goes
+        guards = _resize_guards(owner)
+
+        def free(p: Any, owner: object = owner, guards: object = guards) -> None:  # both held until the C buffer goes
             _buffer_free(p)
             if release is not None:
                 release()
@@ -54,6 +57,17 @@ class ForeignBuffer(Buffer):
     def owner(self) -> object:
         """The object whose memory this is."""
         return self._owner
+
+
+def _resize_guards(owner: object) -> List["weakref.ref[np.ndarray]"]:
+    """A weak reference to owner and to each numpy array its memory is a view of (its bases): numpy
+    refuses to resize an array that has one, refcheck=False or not, so none of them is reallocated
+    while ferry's buffer points into it."""
+    guards = []
+    while isinstance(owner, np.ndarray):
+        guards.append(weakref.ref(owner))
+        owner = owner.base
+    return guards
 
 
 def _foreign_buffer(address: int, size: int, device: Optional[int], owner: object,
@@ -213,8 +227,9 @@ def from_array(obj: Any, type: Optional[TypeLike] = None, name: Optional[str] = 
     copying), a PyTorch or CuPy tensor on the host or a CUDA device (__cuda_array_interface__ or
     DLPack). ne is obj's shape reversed and nb its byte strides reversed; the last axis must be
     dense. type: for uint8 bytes, the type their rows hold (q8_0 blocks); otherwise it must be
-    obj's own. The tensor's buffer (a ForeignBuffer) holds obj until it is freed; writes through
-    either side are seen by the other. Device arrays must be ready: synchronize their stream
+    obj's own. The tensor's buffer (a ForeignBuffer) holds obj until it is freed, and numpy
+    meanwhile refuses to resize obj or an array it is a view of; writes through either side are
+    seen by the other. Device arrays must be ready: synchronize their stream
     first (torch.cuda.synchronize())."""
     if isinstance(obj, (Tensor, TensorBytes)):
         raise InvalidArgumentError("from_array: this is ferry's own tensor; use it, or a view of it")

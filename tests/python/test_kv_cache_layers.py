@@ -5,6 +5,7 @@ all-host run's attention outputs byte for byte; device-resident layers copy noth
 from __future__ import annotations
 
 import ctypes
+import gc
 import platform
 import random
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import ferry
+from ferry.paged import PagedKVCache
 
 N_LAYER, N_STREAM, KV_SIZE, HEAD_DIM, N_HEAD_KV, N_HEAD, N_KV = 4, 2, 40, 32, 2, 4, 33
 LENS = [N_KV, 9]
@@ -292,6 +294,28 @@ def test_from_arrays_takes_a_dense_array_whose_unit_axis_has_any_stride() -> Non
     with pytest.raises(ferry.LayoutError, match=r"v_layers\[0\]: its cells \(axis 1\) are 64 bytes apart, a dense "
                                                 r"row is 32"):
         ferry.KVCache.from_arrays([x[None].copy()], [wide])
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["kv", "paged"])
+def test_an_array_a_cache_lies_over_cannot_be_resized_under_it(paged: bool) -> None:
+    """numpy refuses resize(refcheck=False) of an array something holds a weak reference to: the
+    cache holds one to each array it lies over, and to the arrays whose memory a view is, so that
+    none of them is reallocated under it (it was: a use after free). Once the cache is gone, the
+    arrays are the caller's alone again."""
+    x = np.arange(4 * 64, dtype=np.float16).reshape(4, 64)
+    k, base = (x.reshape(1, 4, 2, 32), x) if paged else (x[None], x)  # views of x: x must stay too
+    v = np.ones_like(k)
+    cache: Any = (PagedKVCache.from_arrays([k], [v], n_seq=1) if paged else
+                  ferry.KVCache.from_arrays([k], [v]))
+    for a in (base, v):
+        with pytest.raises(ValueError, match="cannot resize"):
+            a.resize((64, 64) if a.ndim == 2 else (64,) + a.shape[1:], refcheck=False)
+    assert cache.k(0).get() == x.tobytes() and cache.v(0).get() == v.tobytes()
+    cache.close()
+    del cache
+    gc.collect()
+    v.resize((8,) + v.shape[1:], refcheck=False)  # the caller's again
+    assert v.shape[0] == 8
 
 
 def test_from_arrays_names_a_transposed_v_layout() -> None:
