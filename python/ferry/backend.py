@@ -7,12 +7,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import _checks, _pybuffer
 from ._binding import ffi, lib, query
-from ._handle import Closeable, Handle
+from ._handle import Closeable, Handle, holding
 from .buffer import Buffer, BufferType
 from .errors import InvalidArgumentError, check
 from .event import Event
 from .stats import Counted, LinkStats, MemoryInfo
-from .tensor import Tensor, writable_data
+from .tensor import Tensor, hold_memory, writable_data
 from .types import TypeLike
 
 
@@ -24,8 +24,9 @@ class Backend(Closeable, Counted):
 
     close() (or the end of a `with` block) waits for queued transfers and frees the backend
     now, or, while buffers, events, caches or schedulers made on it are alive, when the last
-    of them goes; they keep working. The closed backend, and its buffer_type, raise
-    FreedBufferError on every use. A backend nobody holds is freed at once: nothing of it
+    of them goes; they keep working, and so does a call another thread is making with it (a
+    transfer, a compute, a synchronize), after which it is freed. The closed backend, and its
+    buffer_type, raise FreedBufferError on every use. A backend nobody holds is freed at once: nothing of it
     forms a reference cycle (its BufferType holds the backend, not the other way round).
     """
 
@@ -147,7 +148,7 @@ class Backend(Closeable, Counted):
         t = _checks.instance(tensor, Tensor, "set_async")
         off = _checks.as_size(offset, "set_async: offset")
         d = writable_data(t, data, "set_async", off)
-        self._queue(d, lambda: lib.ferry_backend_tensor_set_async(self._p, t._p, d.ptr, off, d.nbytes))
+        self._queue(d, t, lambda: lib.ferry_backend_tensor_set_async(self._p, t._p, d.ptr, off, d.nbytes))
 
     def get_async(self, tensor: Tensor, out: Any, offset: int = 0) -> None:
         """Start filling the writable, contiguous buffer out from tensor at a byte offset; out holds the
@@ -155,7 +156,7 @@ class Backend(Closeable, Counted):
         """
         t = _checks.instance(tensor, Tensor, "get_async")
         d = _pybuffer.writable(out, "get_async")
-        self._queue(d, lambda: lib.ferry_backend_tensor_get_async(
+        self._queue(d, t, lambda: lib.ferry_backend_tensor_get_async(
             self._p, t._p, d.ptr, _checks.as_size(offset, "get_async: offset"), d.nbytes))
 
     def set_2d_async(self, tensor: Tensor, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int,
@@ -243,7 +244,8 @@ class Backend(Closeable, Counted):
         if src_backend is not None and not isinstance(src_backend, Backend):
             raise InvalidArgumentError(f"copy_async: src_backend is not a Backend but {type(src_backend).__name__}")
         sb = src_backend if src_backend is not None else self
-        check(lib.ferry_backend_tensor_copy_async(sb._p, self._p, s._p, d._p))
+        with hold_memory(s, d, also=(sb._handle, self._handle)):
+            check(lib.ferry_backend_tensor_copy_async(sb._p, self._p, s._p, d._p))
         self._pending.append((s, d, sb))
 
     def _queue_2d(self, what: str, transfer: Callable[..., int], t: Tensor, d: _pybuffer.CData,
@@ -254,18 +256,25 @@ class Backend(Closeable, Counted):
             d.need(_pybuffer.extent_2d(args[1], args[2], args[4]), what)
             return int(transfer(self._p, t._p, d.ptr, *args))
 
-        self._queue(d, start)
+        self._queue(d, t, start)
 
-    def _queue(self, d: _pybuffer.CData, start: Callable[[], int]) -> None:
-        """Start an async transfer of d's memory; d is kept until synchronize(), or given back at once
-        if the transfer does not start."""
+    def _queue(self, d: _pybuffer.CData, t: Tensor, start: Callable[[], int]) -> None:
+        """Start an async transfer of d's memory to or from t's; d is kept until synchronize(), or given
+        back at once if the transfer does not start. The start holds t's memory and this backend
+        (hold_memory): a stand-in's returns once the bytes have moved."""
         try:
-            check(start())
+            with hold_memory(t, also=(self._handle,)):
+                check(start())
+                if not self._handle.alive:  # closed by another thread meanwhile: none will synchronize
+                    _synchronize(self._handle.ptr)  # still held, so not freed yet
+                    d.release()
+                    return
         except BaseException:
             d.release()
             raise
         self._pending.append(d)
 
+    @holding
     def synchronize(self) -> None:
         """Wait for every transfer started here; then their data objects are let go."""
         check(lib.ferry_backend_synchronize(self._p))

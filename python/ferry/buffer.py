@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from . import _checks
 from ._binding import ffi, lib, query
-from ._handle import Closeable, Handle
+from ._handle import Closeable, Handle, holding
 from .errors import FreedBufferError, InvalidArgumentError, UnsupportedError, check
 from .stats import Counted
 from .tensor import Tensor
@@ -121,8 +121,9 @@ class Buffer(Closeable, Counted):
 
     close() frees the memory now, pinned memory included, and a second
     call does nothing; the buffer is also freed when no longer referenced. After it, the buffer
-    and the tensors placed in it raise FreedBufferError on every use. Used in a `with` block,
-    it is closed at the block's end.
+    and the tensors placed in it raise FreedBufferError on every use. Closed while another thread's
+    call (a transfer, a run) is inside C with it, it is freed when that call returns. Used in a
+    `with` block, it is closed at the block's end.
     """
 
     _finalizer: Optional[weakref.finalize]
@@ -201,6 +202,7 @@ class Buffer(Closeable, Counted):
             raise InvalidArgumentError(f"buffer usage {usage!r} is not one of {', '.join(_USAGES)}")
         check(lib.ferry_buffer_set_usage(self._p, _USAGES[usage]))
 
+    @holding
     def clear(self, value: int = 0) -> None:
         """Set every byte of the buffer to one value.
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Closeable, Handle
+from ._handle import Closeable, Handle, Hold, holding
 from .errors import InvalidArgumentError, check
 
 if TYPE_CHECKING:
@@ -76,14 +76,17 @@ class Event(Closeable):
         """
         b = _checks.c_object(self._backend if backend is None else backend, "ferry_backend *", "a Backend",
                              "event record")
-        check(lib.ferry_event_record(self._p, b._p))
+        with Hold((self._handle, b._handle)):
+            check(lib.ferry_event_record(self._p, b._p))
         return self
 
     def wait(self, backend: "Backend") -> None:
         """Make the Backend backend's later work wait for this event (on the device where it can)."""
         _checks.c_object(backend, "ferry_backend *", "a Backend", "event wait")
-        check(lib.ferry_event_wait(backend._p, self._p))
+        with Hold((self._handle, backend._handle)):
+            check(lib.ferry_event_wait(backend._p, self._p))
 
+    @holding
     def synchronize(self) -> None:
         """Block until the work before the event is done."""
         check(lib.ferry_event_synchronize(self._p))

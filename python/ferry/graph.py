@@ -8,11 +8,11 @@ NONE); nodes are the rest, views included.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Iterator, List, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _checks
 from ._binding import ffi, lib, query
-from ._handle import Handle
+from ._handle import Handle, Hold
 from .backend import Backend
 from .errors import FreedBufferError, InvalidArgumentError, check
 from .tensor import Tensor
@@ -51,6 +51,7 @@ class Graph:
         # The handles of borrowed tensors (a KV cache's layers), each with its owner: checked before a reuse.
         self._owners: Dict[int, Tuple[Handle, object]] = {}
         self._unindexed = False  # True while _tensors holds only the outputs (_built)
+        self._memory: Optional[Tuple[Handle, ...]] = None  # _memory_handles, found once per build
         self.build(*outputs)
 
     @classmethod
@@ -66,6 +67,7 @@ class Graph:
         g._tensors = {t._ptr: t for t in outputs}
         g._owners = {id(h): (h, owner) for h, owner in owners}
         g._unindexed = True
+        g._memory = None
         return g
 
     def _complete(self) -> None:
@@ -110,6 +112,7 @@ class Graph:
         for t in flat:
             t._check_retainable()
         self._complete()
+        self._memory = None
         for t in flat:
             check(lib.ferry_graph_build(self._p, t._p))
             self._outputs.append(t)
@@ -162,6 +165,29 @@ class Graph:
         for t in found:
             if t._finalizer is None and not isinstance(t._deps[0], Tensor):  # borrowed from a cache, ...
                 self._owners.setdefault(id(t._handle), (t._handle, t._deps[0]))
+
+    def _memory_handles(self) -> Tuple[Handle, ...]:
+        """The handles of the memory a run reads and writes: each tensor's buffer (its own, or the
+        owner's for a cache's or scheduler's), found once per build; for a step C built, from the
+        tensors its owner knows (queries, kv_len, the cache's layers) without indexing the rest."""
+        if self._memory is None:
+            tensors = list(self._tensors.values())
+            for t in self._outputs:
+                owner = t._deps[0] if t._finalizer is None and t._deps else None
+                if hasattr(owner, "_known_tensors"):
+                    tensors.extend(owner._known_tensors())  # type: ignore[union-attr]
+            found = {}
+            for t in tensors:
+                buf = t.root._buffer
+                if buf is not None:
+                    found[id(buf._handle)] = buf._handle
+            self._memory = tuple(found.values())
+        return self._memory
+
+    def _hold(self, also: Sequence[Handle] = ()) -> Hold:
+        """A Hold of the graph's memory (_memory_handles) and of also (the backend or scheduler that
+        runs it), for the run: a buffer closed from another thread meanwhile is freed once it returns."""
+        return Hold(self._memory_handles() + tuple(also))
 
     def _check_live(self) -> None:
         """Raise FreedBufferError when an object that owns one of the graph's tensors was closed
@@ -232,8 +258,9 @@ class Graph:
         """
         _checks.instance(backend, Backend, "graph compute")
         self._check_live()
-        check(lib.ferry_backend_graph_compute(backend._p, self._p))
-        backend.synchronize()
+        with self._hold((backend._handle,)):
+            check(lib.ferry_backend_graph_compute(backend._p, self._p))
+            backend.synchronize()
 
     def __repr__(self) -> str:
         return f"<Graph {self.n_leafs} leafs {self.n_nodes} nodes>"

@@ -363,7 +363,8 @@ class Scheduler(Closeable):
         graph._check_live()
         if lib.ferry_sched_needs_alloc(self._p, graph._p):
             self.alloc(graph)
-        check(lib.ferry_sched_graph_compute(self._p, graph._p))
+        with graph._hold():
+            check(lib.ferry_sched_graph_compute(self._p, graph._p))
 
     # ------------------------------------------------------------ what the last alloc and run did
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _checks, _pybuffer, export
 from ._binding import ffi, lib, query
-from ._handle import Handle, release_when_collected
+from ._handle import Handle, Hold, release_when_collected
 from .errors import (
     FreedBufferError,
     InvalidArgumentError,
@@ -497,7 +497,7 @@ class Tensor:
 
     def _write(self, data: Any, offset: int, what: str, region: Optional[Sequence[int]] = None) -> None:
         """set's write, through the one check (writable_data): region, the numpy shape data must fill."""
-        with writable_data(self, data, what, offset, region) as d:
+        with writable_data(self, data, what, offset, region) as d, hold_memory(self):
             check(lib.ferry_tensor_set(self._p, d.ptr, offset, d.nbytes))
 
     def get(self, offset: int = 0, size: Optional[int] = None) -> bytes:
@@ -553,7 +553,7 @@ class Tensor:
         OutOfBoundsError, NotAllocatedError, FreedBufferError
             As for get.
         """
-        with _pybuffer.writable(out, "tensor_get") as d:
+        with _pybuffer.writable(out, "tensor_get") as d, hold_memory(self):
             check(lib.ferry_tensor_get(self._p, d.ptr, _checks.as_size(offset, "tensor_get: offset"), d.nbytes))
 
     def memset(self, value: int, offset: int = 0, size: Optional[int] = None) -> None:
@@ -578,7 +578,8 @@ class Tensor:
         v = _checks.as_byte(value, "tensor_memset: value")
         off = _checks.as_size(offset, "tensor_memset: offset")
         n = max(self.nbytes - off, 0) if size is None else _checks.as_size(size, "tensor_memset: size")
-        check(lib.ferry_tensor_memset(self._p, v, off, n))
+        with hold_memory(self):
+            check(lib.ferry_tensor_memset(self._p, v, off, n))
 
     def set_2d(self, data: _pybuffer.BytesLike, offset: int, size: int, n_copies: int, stride_tensor: int,
                stride_data: Optional[int] = None) -> None:
@@ -610,7 +611,7 @@ class Tensor:
             For strides smaller than a row, or data of another shape.
         """
         args = _checks.transfer_2d("tensor_set_2d", offset, size, n_copies, stride_tensor, stride_data)
-        with writable_data(self, data, "tensor_set_2d", rows=args) as d:
+        with writable_data(self, data, "tensor_set_2d", rows=args) as d, hold_memory(self):
             check(lib.ferry_tensor_set_2d(self._p, d.ptr, *args))
 
     def get_2d(self, offset: int, size: int, n_copies: int, stride_tensor: int,
@@ -641,14 +642,16 @@ class Tensor:
         if out is None:
             self._check_transfer("tensor_get_2d", *args)
         target = _pybuffer.new_bytes(need, "tensor_get_2d") if out is None else out
-        with _pybuffer.writable(target, "tensor_get_2d") as d:
+        with _pybuffer.writable(target, "tensor_get_2d") as d, hold_memory(self):
             d.need(need, "tensor_get_2d")
             check(lib.ferry_tensor_get_2d(self._p, d.ptr, *args))
         return bytes(target) if out is None else None
 
     def copy_to(self, dst: "Tensor") -> None:
         """Copy the tensor's nbytes span into the Tensor dst, of the same type, ne and nb (else LayoutError)."""
-        check(lib.ferry_tensor_copy(self._p, _checks.instance(dst, Tensor, "copy_to")._p))
+        d = _checks.instance(dst, Tensor, "copy_to")
+        with hold_memory(self, d):
+            check(lib.ferry_tensor_copy(self._p, d._p))
 
     # ------------------------------------------------------------ numpy
 
@@ -839,6 +842,21 @@ def _fits(data: Tuple[int, ...], region: Tuple[int, ...], whole: bool) -> bool:
     region when whole, else of its last len(data) axes. How many rows is the size check's."""
     k = len(data)
     return (k == len(region) or (not whole and k < len(region))) and data[1:] == region[len(region) - k + 1:]
+
+
+def hold_memory(*tensors: Tensor, also: Sequence[Optional[Handle]] = ()) -> Hold:
+    """A Hold, for a call into C that reads or writes the tensors, of each one's struct and memory
+    (its root's buffer: its own handle, or for a borrowed buffer its owner's, a cache or scheduler)
+    and of the handles also names (the backend that transfers): closed from another thread
+    meanwhile, a buffer or owner is freed once the call returns. What was freed before is not held:
+    C refuses it (a buffer by its id, a tensor by Tensor._p)."""
+    handles = list(also)
+    for t in tensors:
+        buf = t.root._buffer
+        handles.append(t._handle)
+        if buf is not None:
+            handles.append(buf._handle)
+    return Hold(handles)
 
 
 def writable_data(tensor: Tensor, data: Any, what: str, offset: int = 0, region: Optional[Sequence[int]] = None,

@@ -12,12 +12,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, List, Tuple
+from typing import Any, Callable, List, Sequence, Tuple
 
 import numpy as np
 import pytest
 
 import ferry
+from ferry._handle import Handle
 
 MIB = 1 << 20
 COPY_BYTES = 32 * MIB  # tens of milliseconds a copy: long beside a thread switch
@@ -65,6 +66,9 @@ def test_two_threads_copies_overlap() -> None:
         sys.setswitchinterval(switch)
 
 
+LATENCY_US = 300_000  # each transfer on the stand-in's link holds the thread inside C this long
+
+
 def run_in_thread(call: Callable[[], None], out: List[str]) -> threading.Thread:
     """A started thread running call, which appends "ok" to out, or the FerryError it raised."""
     def run() -> None:
@@ -78,33 +82,63 @@ def run_in_thread(call: Callable[[], None], out: List[str]) -> threading.Thread:
     return thread
 
 
-def wait_for_the_link(link: ferry.StandinBackend, thread: threading.Thread) -> None:
-    """Return once a transfer on the stand-in's link has begun (the thread is inside C, in the call
-    that transfers), or the thread ended. An ordering, not a time: the loop only polls."""
+def close_while_inside_c(link: ferry.StandinBackend, call: Callable[[], None], closes: Sequence[Any],
+                         handles: Sequence[Handle]) -> None:
+    """Run call in a thread; once a transfer on the stand-in's link has begun (the thread is inside
+    C, in the call), close each of closes from this thread. The call completes, the C objects
+    (handles) outlive the close until it returns, and are freed then. An ordering, not a time: the
+    loop only polls, and a transfer holds the thread inside C for LATENCY_US, far beyond a close."""
+    link.reset_link_stats()
+    out: List[str] = []
+    thread = run_in_thread(call, out)
     while thread.is_alive() and link.link_stats.modelled_seconds == 0:
         time.sleep(0.001)
+    for c in closes:
+        c.close()
+    held = [h.ptr is not None for h in handles]  # were they freed under the call, it would crash on
+    thread.join()
+    assert out == ["ok"]
+    assert all(c.closed for c in closes)
+    assert held == [True] * len(handles), "closed while the call was inside C with it, and freed at once"
+    assert all(h.ptr is None for h in handles)  # freed, once the call returned
 
 
 def test_closing_a_scheduler_while_another_thread_runs_it_frees_it_after_the_run() -> None:
     """Scheduler.close() from one thread while another's compute() is inside C: the run completes, the
     scheduler is closed at once for Python and freed when the run returns (it was freed under the
     run: a segfault, use after free in ferry_sched_free)."""
-    cpu = ferry.CPUBackend()
-    split = ferry.StandinBackend(latency_us=200_000)  # each transfer holds the run inside C
+    cpu, split = ferry.CPUBackend(), ferry.StandinBackend(latency_us=LATENCY_US)
     kv = ferry.KVCache("f16", "f16", 32, 2, 96, 4)
     kv_len = ferry.Tensor.from_numpy(cpu, np.array([5, 9, 5, 9], np.int32))
     q = ferry.Tensor.from_numpy(split, np.zeros((4, 1, 2, 32), np.float32))
     k, v = kv.window(0, 12)
     graph = ferry.Graph([ferry.ops.attn_decode(q, k, v, kv_len)])
     sched = ferry.Scheduler([split, cpu])
-    split.reset_link_stats()
-    out: List[str] = []
-    thread = run_in_thread(lambda: sched.compute(graph), out)
-    wait_for_the_link(split, thread)
-    sched.close()
-    assert sched.closed
-    thread.join()
-    assert out == ["ok"]
-    assert sched._handle.ptr is None  # freed, once the run returned
+    close_while_inside_c(split, lambda: sched.compute(graph), [sched], [sched._handle])
     with pytest.raises(ferry.FreedBufferError, match="Scheduler was closed"):
         sched.compute(graph)
+
+
+@pytest.mark.parametrize("owner", ["KVCache", "Buffer", "Backend"])
+def test_closing_the_memory_a_transfer_runs_on_frees_it_after_the_transfer(owner: str) -> None:
+    """A KV cache, a buffer, or a backend and its buffer, closed from one thread while another
+    thread's transfer to or from their memory is inside C: the transfer completes, and the memory (and
+    backend) is freed when it returns, not under the transfer (a use after free, or a segfault)."""
+    split = ferry.StandinBackend(latency_us=LATENCY_US)
+    data = np.ones(1 << 16, np.float32)
+    if owner == "KVCache":
+        kv = ferry.KVCache("f32", "f32", 256, 1, 256, 1, backend=split)
+        close_while_inside_c(split, lambda: kv.set_stream("k", 0, 0, data.reshape(256, 256)), [kv], [kv._handle])
+        with pytest.raises(ferry.FreedBufferError, match="KVCache was closed"):
+            kv.k(0)
+        return
+    t = split.alloc_tensor("f32", [data.size])
+    buf = t.buffer
+    assert buf is not None
+    if owner == "Buffer":
+        close_while_inside_c(split, lambda: t.set(data), [buf], [buf._handle])
+    else:
+        out = bytearray(data.nbytes)  # a read: the stand-in's get_async returns once the link carried it
+        close_while_inside_c(split, lambda: split.get_async(t, out), [split, buf], [split._handle, buf._handle])
+    with pytest.raises(ferry.FreedBufferError, match="lies in a buffer that was freed"):
+        t.get()
