@@ -12,7 +12,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Closeable, Handle
+from ._handle import Closeable, Handle, holding
 from ._placements import adopt_placements
 from .backend import Backend
 from .buffer import BorrowedBuffer, BufferType
@@ -105,6 +105,7 @@ class GraphAllocator(Closeable):
                                            f"(0..{len(self._types) - 1})")
         return ffi.new("int[]", vals)
 
+    @holding
     def reserve(self, graph: Graph, node_types: Optional[Sequence[int]] = None,
                 leaf_types: Optional[Sequence[int]] = None) -> None:
         """Measure a graph and make the buffers big enough for it.
@@ -126,6 +127,7 @@ class GraphAllocator(Closeable):
         check(lib.ferry_gallocr_reserve(self._p, g._p, nodes, leafs))
         self._graph = g
 
+    @holding
     def alloc(self, graph: Graph) -> None:
         """Place every tensor of the Graph graph that has no memory yet, growing the buffers if needed
         (OutOfMemoryError when one cannot grow).
@@ -140,14 +142,17 @@ class GraphAllocator(Closeable):
         """The buffer types, in the order reserve()'s indices count them."""
         return list(self._types)
 
+    @holding
     def buffer_size(self, buffer_type: int = 0) -> int:
         """Bytes over all chunks of the buffer type at index buffer_type."""
         return int(lib.ferry_gallocr_buffer_size(self._p, self._index(buffer_type)))
 
+    @holding
     def n_chunks(self, buffer_type: int = 0) -> int:
         """Chunks (buffers) of the buffer type at index buffer_type."""
         return int(lib.ferry_gallocr_n_chunks(self._p, self._index(buffer_type)))
 
+    @holding
     def chunks(self, buffer_type: int = 0) -> List[BorrowedBuffer]:
         """The BorrowedBuffers of the buffer type at index buffer_type, each usable while this allocator
         keeps it.
@@ -164,6 +169,7 @@ class GraphAllocator(Closeable):
             out.append(self._chunks[bid])
         return out
 
+    @holding
     def slot(self, tensor: Tensor) -> Optional[Slot]:
         """Where the last measured graph put a tensor.
 

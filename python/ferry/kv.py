@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, overlo
 
 from . import _checks, _pybuffer
 from ._binding import ffi, lib
-from ._handle import Closeable, Handle
+from ._handle import Closeable, Handle, holding
 from .backend import Backend
 from .buffer import BorrowedBuffer, BufferType, buffer_type_of, cpu_buffer_type
 from .errors import FerryError, InvalidArgumentError, LayoutError, OutOfBoundsError, check
@@ -293,10 +293,12 @@ class KVCache(Closeable):
         return self._params
 
     @property
+    @holding
     def kv_size(self) -> int:
         """Cells per stream of a full-size layer."""
         return int(lib.ferry_kv_cache_kv_size(self._p))
 
+    @holding
     def layer_kv_size(self, layer: int) -> int:
         """A layer's cells per stream: kv_size, or fewer for a sliding-window layer.
 
@@ -315,6 +317,7 @@ class KVCache(Closeable):
         return self._placement
 
     @property
+    @holding
     def buffer(self) -> BorrowedBuffer:
         """The buffer holding every layer in the cache's own host memory (with placement, the layers
         placed None).
@@ -335,6 +338,7 @@ class KVCache(Closeable):
             self._wrappers["buffer", -1] = buf
         return buf
 
+    @holding
     def layer_buffer(self, layer: int) -> Any:
         """The buffer holding a layer's K and V (the caller's K buffer for a cache over arrays).
 
@@ -361,6 +365,7 @@ class KVCache(Closeable):
             raise OutOfBoundsError(f"kv_cache: layer {i} is not in 0..{self._params.n_layer - 1}")
         return i
 
+    @holding
     def k(self, layer: int = 0) -> Tensor:
         """A layer's K tensor, [n_embd_gqa, kv_size, n_stream].
 
@@ -379,12 +384,14 @@ class KVCache(Closeable):
         """
         return self._layer_tensor("k", self._layer(layer))
 
+    @holding
     def v(self, layer: int = 0) -> Tensor:
         """A layer's V tensor, [n_embd_gqa, kv_size, n_stream], or [kv_size, n_embd_gqa, n_stream] when
         v_trans; raises as k does.
         """
         return self._layer_tensor("v", self._layer(layer))
 
+    @holding
     def window(self, layer: int, n_kv: int, s0: int = 0, s1: Optional[int] = None,
                lengths: Optional[Tensor] = None, limit: Optional[int] = None) -> Tuple[Tensor, Tensor]:
         """The K and V windows attention reads, permuted (0, 2, 1, 3) as attention hands them on.
@@ -502,6 +509,7 @@ class KVCache(Closeable):
         t, offset, size = self._stream_of(which, layer, stream)
         return t.get(offset, size)
 
+    @holding
     def window_layout(self, which: str, n_kv: int, s0: int = 0,
                       s1: Optional[int] = None) -> Tuple[List[int], List[int], int]:
         """The view window() takes of each layer's K (which "k") or V ("v"), before its permute
@@ -533,6 +541,7 @@ class KVCache(Closeable):
         check(lib.ferry_kv_cache_window_layout(self._p, v, nk, a, b, ne, nb, offset))
         return [int(n) for n in ne], [int(n) for n in nb], int(offset[0])
 
+    @holding
     def cell_offset(self, which: str, stream: int, cell: int) -> int:
         """Where a cell of a stream lies in each layer's K (which "k") or V ("v")
         (ferry_kv_cache_cell_offset).

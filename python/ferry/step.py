@@ -26,7 +26,7 @@ from typing import Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Handle, release_when_collected
+from ._handle import Handle, Hold, release_when_collected
 from .backend import Backend
 from .errors import InvalidArgumentError, check
 from .graph import Graph
@@ -174,7 +174,10 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
     if v_trans is not None and not isinstance(v_trans, bool):
         raise InvalidArgumentError(f"attention_step: v_trans must be a bool or None, got {v_trans!r}")
     if isinstance(windows, (KVWindows, PagedWindows)):  # C checks every layer's backend before it assigns any
-        return _attention_step_c(sched, backends, windows, q, kv_len, v_trans)
+        # held while C builds the step: closed by another thread meanwhile, they are freed after it
+        owners = [getattr(x, "_handle", None) for x in [sched, windows.cache] + backends]
+        with Hold(owners):
+            return _attention_step_c(sched, backends, windows, q, kv_len, v_trans)
     # the same here: a refused backend assigns nothing
     own = {b._p for b in _checks.instance(sched, Scheduler, "assign").backends}
     for layer, b in enumerate(backends):

@@ -6,14 +6,14 @@ import gc
 import subprocess
 import sys
 import weakref
-from typing import Union
+from typing import List, Union
 
 import numpy as np
 import pytest
 
 import ferry
 from conftest import pattern
-from ferry._handle import Handle
+from ferry._handle import Handle, Hold
 from ferry.paged import PagedKVCache
 
 
@@ -231,6 +231,23 @@ print("alive")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "alive"
+
+
+def test_a_hold_defers_the_free_of_what_is_released_meanwhile() -> None:
+    """A call into C holds its handles (Hold): a release() meanwhile (a close() on another thread)
+    frees the C object, and then its parents, when the hold ends; each handle is held once; a
+    handle freed already is not held (the liveness check refuses the object instead)."""
+    freed: List[str] = []
+    parent = Handle("parent", freed.append)
+    child = Handle("child", freed.append, parent)
+    with Hold([child, None, child, parent]):
+        child.release()
+        parent.release()
+        assert freed == [] and not child.alive and child.ptr == "child"
+    assert freed == ["child", "parent"]
+    with Hold([child]):  # freed: nothing to hold, and nothing freed twice
+        assert child.ptr is None
+    assert freed == ["child", "parent"]
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["kv", "paged"])
