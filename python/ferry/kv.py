@@ -407,8 +407,8 @@ class KVCache(Closeable):
             The last stream read (default: the cache's last).
         lengths : Tensor, optional
             The kv_len attention reads (i32 [ns]): both windows carry it as their used cells
-            (Tensor.set_used_cells), and the ragged policy copies stream s's first min(lengths[s],
-            n_kv) cells alone. It must then be in host memory.
+            (Tensor.set_used_cells), and keep it and its memory alive; the ragged policy copies
+            stream s's first min(lengths[s], n_kv) cells alone. It must then be in host memory.
         limit : int, optional
             Lengths above it are refused when copied (default n_kv); a sliding layer's window of
             its own cells takes the step's n_kv here.
