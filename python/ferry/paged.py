@@ -30,7 +30,7 @@ import numpy as np
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Closeable, Handle
+from ._handle import Closeable, Handle, holding
 from .backend import Backend
 from .buffer import BufferType, cpu_buffer_type
 from .errors import FerryError, InvalidArgumentError, LayoutError, OutOfBoundsError, check
@@ -332,6 +332,7 @@ class PagedKVCache(Closeable):
             raise OutOfBoundsError(f"{what}: layer {i} is not in 0..{self._params.n_layer - 1}")
         return i
 
+    @holding
     def layer_buffer(self, layer: int) -> Any:
         """The buffer holding a layer's pools (the caller's K buffer for a cache over arrays).
 
@@ -348,6 +349,7 @@ class PagedKVCache(Closeable):
     def _pool(self, which: str, layer: int) -> Tensor:
         return _layer_tensor(self, which, layer, lib.ferry_paged_cache_k if which == "k" else lib.ferry_paged_cache_v)
 
+    @holding
     def k(self, layer: int = 0) -> Tensor:
         """A layer's K pool, [n_embd_gqa, n_blocks * block_size].
 
@@ -358,6 +360,7 @@ class PagedKVCache(Closeable):
         """
         return self._pool("k", self._layer(layer, "PagedKVCache.k"))
 
+    @holding
     def v(self, layer: int = 0) -> Tensor:
         """A layer's V pool, [n_embd_gqa, n_blocks * block_size], or transposed [n_blocks * block_size,
         n_embd_gqa]; raises as k does."""
@@ -371,6 +374,7 @@ class PagedKVCache(Closeable):
     def _seq(self, seq: int, what: str) -> int:
         return _checks.as_int64(seq, f"{what}: seq")
 
+    @holding
     def allocate(self, seq: int, n_cells: int) -> None:
         """Give an empty sequence n_cells cells, in blocks from the free list.
 
@@ -391,6 +395,7 @@ class PagedKVCache(Closeable):
         check(lib.ferry_paged_cache_allocate(self._p, self._seq(seq, "paged_cache_allocate"),
                                              _checks.as_int64(n_cells, "paged_cache_allocate: n_cells")))
 
+    @holding
     def append(self, seq: int, n_cells: int) -> None:
         """Grow a sequence by n_cells cells: into the blocks its table holds first (set_table may give
         it more than its cells fill), then taking blocks from the free list as its last one fills;
@@ -398,6 +403,7 @@ class PagedKVCache(Closeable):
         check(lib.ferry_paged_cache_append(self._p, self._seq(seq, "paged_cache_append"),
                                            _checks.as_int64(n_cells, "paged_cache_append: n_cells")))
 
+    @holding
     def free(self, seq: int) -> None:
         """Let a sequence's blocks go back to the free list (a shared block when no table holds it).
 
@@ -408,6 +414,7 @@ class PagedKVCache(Closeable):
         """
         check(lib.ferry_paged_cache_free_seq(self._p, self._seq(seq, "paged_cache_free_seq")))
 
+    @holding
     def set_table(self, seq: int, blocks: Sequence[int], n_cells: Optional[int] = None) -> None:
         """Make a sequence's table the caller's: its block ids in the order of its cells.
 
@@ -444,6 +451,7 @@ class PagedKVCache(Closeable):
         check(lib.ferry_paged_cache_set_table(self._p, s, ffi.new("int32_t[]", ids) if ids else ffi.NULL, len(ids),
                                               cells))
 
+    @holding
     def table(self, seq: int) -> Tuple[List[int], int]:
         """A sequence's table: its block ids and the cells it holds.
 
@@ -461,10 +469,12 @@ class PagedKVCache(Closeable):
         return [int(b) for b in ids[0:n[0]]], int(cells[0])
 
     @property
+    @holding
     def free_blocks(self) -> int:
         """Blocks on the free list."""
         return int(lib.ferry_paged_cache_free_blocks(self._p))
 
+    @holding
     def cell_offset(self, which: str, seq: int, cell: int) -> int:
         """Where a cell of a sequence lies, through its table, in each layer's K (which "k") or V pool
         (ferry_paged_cache_cell_offset).
@@ -490,6 +500,7 @@ class PagedKVCache(Closeable):
     # ------------------------------------------------------------ windows
 
     @property
+    @holding
     def gather(self) -> GatherMethod:
         """How the cache's windows are gathered: AUTO (the cheapest the split's backend offers, by its
         cost model), or the method forced (a copy into a backend that does not offer it is refused).
@@ -497,9 +508,11 @@ class PagedKVCache(Closeable):
         return GatherMethod(lib.ferry_paged_cache_get_gather(self._p))
 
     @gather.setter
+    @holding
     def gather(self, method: GatherLike) -> None:
         check(lib.ferry_paged_cache_set_gather(self._p, to_gather_method(method, "PagedKVCache.gather").value))
 
+    @holding
     def window(self, layer: int, n_kv: int, s0: int = 0, s1: Optional[int] = None,
                lengths: Optional[Tensor] = None, limit: Optional[int] = None) -> Tuple[Tensor, Tensor]:
         """The K and V windows of sequences s0..s1, a stream each: what attention reads, gathered when
