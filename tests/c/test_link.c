@@ -533,10 +533,10 @@ static void test_async_sets_queue_on_the_link_as_on_a_stream(void) {
     ferry_backend_free(device);
 }
 
-/* A bulk copy on the copy queue is written at the link's pace, as a copy engine writes: half way
- * through the link's time (40 ms of 80), or when its first piece is seen to land if later (a busy
- * machine may start the worker late; not after 70 ms), its last piece has not (written in a
- * burst, it would all have landed a few ms after the first, then waited). */
+/* A bulk copy on the copy queue is written at the link's pace, as a copy engine writes: its last
+ * piece lands no sooner than half the link's time (40 ms of 80) after the copy was queued; written
+ * in a burst, it would land a few ms after. A lower bound, which a busy host only makes easier to
+ * meet: the worker's pieces wait for the link's clock, never the other way round. */
 static void test_queued_bulk_copies_land_at_the_links_pace(void) {
     const size_t bytes = 8 * MIB;
     ferry_backend *device = NULL, *queue = NULL;
@@ -554,19 +554,14 @@ static void test_queued_bulk_copies_land_at_the_links_pace(void) {
     memset(t->data, 0, bytes);
     const double t0 = now();
     CHECK_OK(ferry_backend_tensor_set_async(queue, t, host, 0, bytes));
-    while (now() - t0 < 0.07 && dst[0] != 7) {
+    while (dst[bytes - 1] != 7) { /* the queue's worker writes it; a copy that never lands is the test's timeout */
     }
-    const bool first = dst[0] == 7;
-    while (now() - t0 < 0.04) {
-    }
-    const double seen = now() - t0;
-    const bool last = dst[bytes - 1] == 7;
+    const double landed = now() - t0;
     CHECK_OK(ferry_backend_synchronize(queue));
     const double took = now() - t0;
-    printf("8 MiB over an 80 ms link: at %.1f ms first byte %s, last byte %s; done at %.1f ms\n", 1e3 * seen,
-           first ? "landed" : "not yet", last ? "landed" : "not yet", 1e3 * took);
-    CHECK(first && !last);
-    CHECK(dst[bytes - 1] == 7 && took >= 0.08);
+    printf("8 MiB over an 80 ms link: last byte landed at %.1f ms; done at %.1f ms\n", 1e3 * landed, 1e3 * took);
+    CHECK(landed >= 0.04);
+    CHECK(dst[0] == 7 && took >= 0.08);
     free(host);
     ferry_buffer_free(buf);
     ferry_context_free(ctx);

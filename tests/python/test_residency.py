@@ -483,4 +483,4 @@ def test_device_from_backend_takes_the_standins_memory_latency_and_measured_link
     dev = ferry.StandinBackend(link_gbps=1.0, latency_us=20, memory=64 * MIB)
     spec = ferry.residency.device_from_backend(dev, compute_s=1e-3, reserve=MIB)
     assert spec.memory == 64 * MIB and spec.latency_us == 20 and spec.reserve == MIB
-    assert 0.5 < spec.link_gbps <= 1.0
+    assert 0 < spec.link_gbps <= 1.0  # measured: never above the link's rate, and as far below as the host is busy
