@@ -13,6 +13,8 @@ holds it, which crashes the interpreter.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Union
 
 import numpy as np
@@ -88,9 +90,65 @@ def writable(out: Any, what: str) -> CData:
     return CData(mv, ffi.from_buffer(mv, require_writable=True), mv.nbytes)
 
 
-def new_bytes(n: int, what: str) -> bytearray:
-    """n zeroed bytes for C to read into; OutOfMemoryError (not MemoryError or OverflowError) when
-    Python cannot hold them."""
+# Results up to this size are not checked against the memory there is (reading /proc costs
+# more than making them).
+_UNCHECKED_RESULT_BYTES = 64 << 20
+
+
+def memory_available() -> int:
+    """Bytes of memory this process could still take: the system's available memory and swap
+    (/proc/meminfo's MemAvailable and SwapFree; where there is none, the physical memory), within
+    what the process's address-space limit (RLIMIT_AS) leaves, when it has one."""
+    avail = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        avail = (int(fields["MemAvailable"].split()[0]) + int(fields.get("SwapFree", "0 kB").split()[0])) * 1024
+    except (OSError, KeyError, ValueError):
+        try:
+            avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            avail = sys.maxsize  # nothing to go by: the allocation's own MemoryError
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/statm", encoding="ascii") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            avail = min(avail, max(soft - used, 0))
+    except (ImportError, OSError, ValueError):
+        pass
+    return avail
+
+
+def new_bytes(n: int, what: str, copies: int = 1, remedy: str = "ask for fewer bytes") -> bytearray:
+    """n zeroed bytes for C to read into.
+
+    Parameters
+    ----------
+    n : int
+        Bytes.
+    what : str
+        The request, as a refusal names it (its function and what made n so large).
+    copies : int, optional
+        How many copies of n bytes the caller holds at once (2 where it returns bytes made from them).
+    remedy : str, optional
+        What the caller can change, ending the refusal.
+
+    Raises
+    ------
+    OutOfMemoryError
+        (not MemoryError or OverflowError, nor the kernel's OOM killer after zero-filling them)
+        when the copies are more than the memory available (memory_available), or Python cannot
+        allocate them.
+    """
+    if n * copies > _UNCHECKED_RESULT_BYTES:
+        avail = memory_available()
+        if n * copies > avail:
+            held = f", held {copies} times while it is made ({n * copies} bytes)," if copies > 1 else ""
+            raise OutOfMemoryError(f"{what}: a result of {n} bytes{held} is more than the {avail} bytes of memory "
+                                   f"available; {remedy}")
     try:
         return bytearray(n)
     except (MemoryError, OverflowError):

@@ -217,7 +217,9 @@ class Backend(Closeable, Counted):
         t = _checks.instance(tensor, Tensor, "get_2d")
         args = _checks.transfer_2d("get_2d", offset, size, n_copies, stride_tensor, stride_data)
         t._check_transfer("tensor_get_2d_async", *args)
-        out = _pybuffer.new_bytes(_pybuffer.extent_2d(args[1], args[2], args[4]), "get_2d")
+        out = _pybuffer.new_bytes(_pybuffer.extent_2d(args[1], args[2], args[4]),
+                                  f"get_2d: {args[2]} rows of {args[1]} bytes at a stride_data of {args[4]}", copies=2,
+                                  remedy="give a smaller stride_data, or read into memory of yours with get_2d_async")
         self.get_2d_async(tensor, out, *args)
         self.synchronize()
         return bytes(out)

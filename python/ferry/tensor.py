@@ -636,12 +636,17 @@ class Tensor:
         ------
         OutOfBoundsError, LayoutError, NotAllocatedError, FreedBufferError
             As for set_2d and get.
+        OutOfMemoryError
+            Without out, when the new bytes (twice: the bytes returned are a copy) are more than
+            the memory available, naming the rows and stride_data.
         """
         args = _checks.transfer_2d("tensor_get_2d", offset, size, n_copies, stride_tensor, stride_data)
         need = _pybuffer.extent_2d(args[1], args[2], args[4])
         if out is None:
             self._check_transfer("tensor_get_2d", *args)
-        target = _pybuffer.new_bytes(need, "tensor_get_2d") if out is None else out
+        request = f"tensor_get_2d: {args[2]} rows of {args[1]} bytes at a stride_data of {args[4]}"
+        target = out if out is not None else _pybuffer.new_bytes(
+            need, request, copies=2, remedy="give a smaller stride_data, or an out to read into")
         with _pybuffer.writable(target, "tensor_get_2d") as d, hold_memory(self):
             d.need(need, "tensor_get_2d")
             check(lib.ferry_tensor_get_2d(self._p, d.ptr, *args))

@@ -3,6 +3,10 @@ the interpreter goes on."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -66,14 +70,51 @@ def test_huge_reads_refused_before_python_allocates(t: ferry.Tensor, cpu: ferry.
         t.get_2d(0, 4, 2**32, 0, 16)
     with pytest.raises(ferry.OutOfBoundsError, match="reach past"):
         cpu.get_2d(t, 2**32, 8, 2**32, 39)
-    with pytest.raises(ferry.OutOfMemoryError, match="cannot allocate"):
+    with pytest.raises(ferry.OutOfMemoryError, match=r"2 rows of 4 bytes at a stride_data of 4611686018427387904: a "
+                       r"result of 4611686018427387908 bytes, .* is more than the \d+ bytes of memory available"):
         t.get_2d(0, 4, 2, 4, 2**62)  # the rows fit the tensor; the packed output cannot exist
     with pytest.raises(ferry.NotAllocatedError):
         ferry.Tensor.new("f32", [4]).get(0, 2**40)
     huge = ferry.DummyBackend().alloc_tensor("f32", [2**60])  # synthetic: 2^62 bytes of nothing
-    with pytest.raises(ferry.OutOfMemoryError, match="cannot allocate"):
+    with pytest.raises(ferry.OutOfMemoryError, match=r"to_numpy: a result of 4611686018427387904 bytes is more than"):
         huge.to_numpy()
     assert unchanged(t) and t.get(0, 4) == bytes([SENTINEL]) * 4
+
+
+# In a process of its own whose address space may grow by 4 GiB: a read whose rows fit a 384-byte
+# tensor but whose output, at a stride of 2^32, is 21.5 GB. Zero-filled, then copied into the
+# bytes returned, it had the kernel kill the process (tools/fuzz); with the limit, the old code's
+# bytearray failed at once, with a refusal that named neither the rows nor the stride.
+HUGE_STRIDE_READS = """
+import resource, ferry
+with open("/proc/self/statm") as f:
+    used = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + (4 << 30), resource.getrlimit(resource.RLIMIT_AS)[1]))
+cpu = ferry.CPUBackend()
+t = cpu.alloc_tensor("f32", [96])
+for read in (lambda: t.get_2d(0, 4, 6, 64, 2**32), lambda: cpu.get_2d(t, 0, 4, 6, 64, 2**32)):
+    try:
+        read()
+        print("read")
+    except ferry.FerryError as e:
+        print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="the address-space limit is set from /proc")
+def test_a_2d_read_whose_output_memory_cannot_hold_is_refused_naming_its_rows_and_stride() -> None:
+    out = subprocess.run([sys.executable, "-c", HUGE_STRIDE_READS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, out.stdout
+    for line, call in zip(lines, ("tensor_get_2d", "get_2d")):
+        assert line.startswith(f"OutOfMemoryError {call}: 6 rows of 4 bytes at a stride_data of 4294967296: a result "
+                               "of 21474836484 bytes, held 2 times while it is made (42949672968 bytes), is more than "
+                               "the "), line
+        assert line.endswith(("give a smaller stride_data, or an out to read into",
+                              "give a smaller stride_data, or read into memory of yours with get_2d_async")), line
+    avail = ferry._pybuffer.memory_available()  # here, without a limit: the system's memory
+    assert 0 < avail < 2**60
 
 
 def test_2d_rows_past_the_end_are_out_of_bounds(t: ferry.Tensor, cpu: ferry.CPUBackend) -> None:
