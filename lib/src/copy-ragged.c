@@ -13,6 +13,7 @@
  */
 #include "ferry-impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,23 +59,29 @@ static ferry_status plan_cells(const ferry_tensor * t, int64_t s, int64_t from, 
 ferry_status ferry_read_used_cells(const ferry_tensor * t, const char * what, int64_t * used) {
     const ferry_tensor * len = t->used_lengths;
     const int64_t ns = t->ne[t->used_stream_dim], cells = t->ne[t->used_cell_dim];
+    char lengths[FERRY_MAX_NAME + 32]; /* as the messages name them: by name, or as unnamed */
+    snprintf(lengths, sizeof(lengths), len->name[0] ? "lengths '%s'" : "lengths (an unnamed tensor)%s", len->name);
     if (ferry_tensor_check_allocated(len) != FERRY_OK) {
-        return ferry_fail(ferry_last_status(), "%s of '%s': its lengths '%s' have no memory: allocate them in "
-                          "host memory and write each stream's length", what, t->name, len->name);
+        if (ferry_last_status() == FERRY_ERR_FREED) {
+            return ferry_fail(FERRY_ERR_FREED, "%s of '%s': its %s lie in a buffer that was freed (closed): keep "
+                              "their buffer open while the window is copied", what, t->name, lengths);
+        }
+        return ferry_fail(ferry_last_status(), "%s of '%s': its %s have no memory: allocate them in host memory and "
+                          "write each stream's length", what, t->name, lengths);
     }
     const ferry_buffer * buf = ferry_tensor_buffer(len);
     if (!ferry_buffer_is_host(buf) || ferry_buffer_is_synthetic(buf)) {
-        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s of '%s': its lengths '%s' are in %s memory, which the "
-                          "host cannot read as it copies: place them in host memory (a CPU buffer)", what, t->name,
-                          len->name, ferry_buffer_type_name(ferry_buffer_get_type(buf)));
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s of '%s': its %s are in %s memory, which the host cannot read "
+                          "as it copies: place them in host memory (a CPU buffer)", what, t->name, lengths,
+                          ferry_buffer_type_name(ferry_buffer_get_type(buf)));
     }
     const char * data = ferry_tensor_data(len);
     for (int64_t s = 0; s < ns; s++) {
         int32_t v;
         memcpy(&v, data + (size_t) s * len->nb[0], sizeof(v));
         if (v < 0 || v > t->used_limit) {
-            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s of '%s': stream %lld's length %d (of '%s') is not "
-                              "in 0..%lld", what, t->name, (long long) s, (int) v, len->name,
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s of '%s': stream %lld's length %d (of its %s) is not "
+                              "in 0..%lld", what, t->name, (long long) s, (int) v, lengths,
                               (long long) t->used_limit);
         }
         used[s] = v < cells ? v : cells;

@@ -357,6 +357,31 @@ def test_ragged_window_by_hand_and_its_refusals() -> None:
         ferry.plan.plan_ragged(k)
 
 
+def test_the_lengths_are_named_and_a_closed_buffer_is_said_closed() -> None:
+    """Issue 41, item 10: unnamed lengths are not named '', and lengths whose buffer was closed are not
+    told to be allocated in host memory."""
+    cpu, split = ferry.CPUBackend(), ferry.DummyBackend(real_memory=True)
+    kv = ferry.KVCache("f16", "f16", 32, 2, 96, 4)
+    lens = ferry.Tensor.from_numpy(cpu, np.array([5, 13, 5, 9], np.int32))  # no name
+    k, _ = kv.window(0, 12, lengths=lens)
+    dst = k.dup_layout(name="dst")
+    split.alloc_buffer_for(dst)
+    with pytest.raises(ferry.OutOfBoundsError) as e:
+        ferry.copy_path.copy_input(split, "ragged", k, dst)
+    assert "stream 1's length 13 (of its lengths (an unnamed tensor)) is not in 0..12" in str(e.value)
+    assert "''" not in str(e.value)
+    lens.buffer.close()
+    with pytest.raises(ferry.FreedBufferError) as e:
+        ferry.copy_path.copy_input(split, "ragged", k, dst)
+    assert "its lengths (an unnamed tensor) lie in a buffer that was freed (closed)" in str(e.value)
+    assert "allocate" not in str(e.value)
+    named = ferry.Tensor.from_numpy(cpu, np.array([5, 9, 5, 9], np.int32), name="kv_len")
+    k.set_used_cells(named)
+    named.buffer.close()
+    with pytest.raises(ferry.FreedBufferError, match="its lengths 'kv_len' lie in a buffer that was freed"):
+        ferry.copy_path.copy_input(split, "ragged", k, dst)
+
+
 def test_ragged_step_refuses_lengths_on_the_device() -> None:
     """The ragged policy reads kv_len on the host as it copies: a kv_len in a device's memory is refused,
     naming it, and the other policies go on as before."""
