@@ -102,7 +102,9 @@ def test_the_default_prompts_are_16_mostly_different_lengths_of_5_to_60() -> Non
 @pytest.mark.parametrize("args,message", [
     (["-npl", "1"], "-npl 1: a gate for cross-stream reads needs at least 2 streams"),
     (["-c", "16", "-npl", "2", "-npp", "10"], "-npl 2: a stream holds 8 cells (-c / -npl), fewer than -npp + -ntg = 18"),
-    (["-npp", "9"], "-npp 9: prompts of different lengths, from -ntg + 1 = 9 cells, need -npp at least -ntg + 2 = 10"),
+    (["-npp", "9"], "-npp 9: --lengths uniform draws prompts of different lengths, from -ntg + 1 = 9 cells: give -npp "
+                    "at least -ntg + 2 = 10, or --lengths equal"),
+    (["-npp", "8", "--lengths", "equal"], "-npp 8: a prompt has at least -ntg + 1 = 9 cells; give -npp at least that"),
     (["-c", "4095"], "-npl 2: the context of 4095 cells does not split into 2 equal streams"),
     (["--sequences", "0"], "argument --sequences: 0 is out of range"),
     (["--policy", "ranges,nope"], "--policy 'nope': known policies are flat, ranges, plan, ragged"),

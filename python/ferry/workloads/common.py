@@ -18,6 +18,7 @@ from ..kv import KVCache
 from ..policy import CopyPolicy
 from ..quant import pack_blocks
 from ..types import Type, array_dtype
+from .devices import is_decimal, read_option_file
 
 #: The copy policies a decode run compares: every CopyPolicy, by its name.
 POLICIES: Tuple[str, ...] = tuple(str(p) for p in CopyPolicy)
@@ -218,26 +219,25 @@ Lengths = Union[str, Tuple[int, ...]]
 
 
 def read_lengths(path: str, option: str = "--lengths") -> Tuple[int, ...]:
-    """The prompt lengths a file holds: integers separated by commas, spaces or newlines.
+    """The prompt lengths a file holds: integers of plain ASCII digits separated by commas, spaces or
+    newlines, read up to devices.MAX_OPTION_FILE bytes.
 
     Raises
     ------
     InvalidArgumentError
-        For a file that cannot be read, holds no integer, or holds a word that is not one, naming
-        option and the file.
+        For a file that cannot be read or is larger, holds no integer, or holds a word that is not
+        one ("1_0", "+5", "٣"), naming option, the file, and the word's line.
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            words = f.read().replace(",", " ").split()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidArgumentError(f"{option} {path}: cannot be read ({e})") from None
-    try:
-        values = tuple(int(w) for w in words)
-    except ValueError:
-        raise InvalidArgumentError(f"{option} {path}: expected integers (prompt lengths in cells)") from None
+    values = []
+    for number, line in enumerate(read_option_file(path, option).splitlines(), 1):
+        for word in line.replace(",", " ").split():
+            if not is_decimal(word):
+                raise InvalidArgumentError(f"{option} {path}: line {number}: {word!r} is not a length (a prompt "
+                                           "length in cells, digits 0-9)")
+            values.append(int(word))
     if not values:
         raise InvalidArgumentError(f"{option} {path}: holds no length")
-    return values
+    return tuple(values)
 
 
 def prompt_lengths(lengths: Lengths, n: int, npp: int, seed: int, low: int = 1) -> List[int]:

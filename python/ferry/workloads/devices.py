@@ -37,8 +37,42 @@ T = TypeVar("T")
 #: A layer's placement: None for host memory, else the index of the device that holds it.
 Place = Optional[int]
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE | re.ASCII)
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+#: The most bytes a file an option names (--lengths, --placement) is read for: a list of lengths or
+#: places is far smaller; more is refused, not read (a device such as /dev/zero never ends).
+MAX_OPTION_FILE = 2**20
+
+
+def read_option_file(path: str, option: str) -> str:
+    """The text of the file that option names, read up to MAX_OPTION_FILE bytes.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a file that cannot be read, is not UTF-8, or holds more than MAX_OPTION_FILE bytes,
+        naming option and the file.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_OPTION_FILE + 1)
+    except OSError as e:
+        raise InvalidArgumentError(f"{option} {path}: cannot be read ({e.strerror})") from None
+    if len(data) > MAX_OPTION_FILE:
+        raise InvalidArgumentError(f"{option} {path}: holds more than {MAX_OPTION_FILE // 2**20} MiB, more than "
+                                   "any list it could mean; name a file of the list alone")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgumentError(f"{option} {path}: is not UTF-8 text") from None
+
+
+def is_decimal(word: str) -> bool:
+    """Whether word is plain ASCII decimal digits ("10"; not "1_0", "+5", "٣" or "²", which int() or
+    str.isdigit() would take)."""
+    return word.isascii() and word.isdigit()
 
 
 def split_items(text: str, option: str) -> List[str]:
@@ -87,10 +121,10 @@ def parse_links(text: str, option: str = "--link-gbps") -> Tuple[float, ...]:
     InvalidArgumentError
         For an empty item, a word that is not a number, or a number out of range.
     """
-    out = parse_floats(text, option, 0.0, 1e6)
+    out = parse_floats(text, option, 0.0, STANDIN_MAX)
     for v in out:
         if 0 < v < 1e-3:
-            raise InvalidArgumentError(f"{option}: {v:g} is out of range: 0 (unmodelled) or 0.001..1e+06")
+            raise InvalidArgumentError(f"{option}: {v:g} is out of range: 0 (unmodelled) or 0.001..{STANDIN_MAX:g}")
     return out
 
 
@@ -103,6 +137,8 @@ def parse_size(text: str, option: str) -> int:
     InvalidArgumentError
         For anything else, or a size below 1 byte.
     """
+    if text.strip().startswith("-"):
+        raise InvalidArgumentError(f"{option}: {text!r} is negative: give a size of at least 1 byte")
     m = _SIZE.match(text)
     if not m or (m.group(3) and not m.group(2)):
         raise InvalidArgumentError(f"{option}: {text!r} is not a size (e.g. 64MiB, 1GiB, 500MB, 1048576)")
@@ -129,7 +165,7 @@ def parse_indices(text: str, option: str) -> Tuple[int, ...]:
     """
     out = []
     for x in split_items(text, option):
-        if not x.isdigit():
+        if not is_decimal(x):
             raise InvalidArgumentError(f"{option}: {x!r} is not a device index (0, 1, ...)")
         out.append(int(x))
     return tuple(out)
@@ -147,7 +183,7 @@ def parse_placement(text: str, option: str = "--placement") -> Tuple[Place, ...]
     for x in split_items(text, option):
         if x.lower() == "h":
             out.append(None)
-        elif x.isdigit():
+        elif is_decimal(x):
             out.append(int(x))
         else:
             raise InvalidArgumentError(f"{option}: {x!r} is neither h (host) nor a device index")
@@ -160,13 +196,10 @@ def read_placement(path: str, option: str = "--placement") -> Tuple[Place, ...]:
     Raises
     ------
     InvalidArgumentError
-        For a file that cannot be read, or what parse_placement refuses.
+        For a file that cannot be read or is larger than MAX_OPTION_FILE, or what parse_placement
+        refuses.
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidArgumentError(f"{option} {path}: cannot read it: {e}") from None
+    text = read_option_file(path, option)
     lines = [ln.strip().rstrip(",") for ln in text.splitlines() if ln.strip()]
     return parse_placement(",".join(lines), f"{option} {path}")
 
@@ -181,6 +214,10 @@ def placement_name(placement: Sequence[Place]) -> str:
 #: (12 to 20 GB/s), so that a copy's time follows its bytes rather than the host's memory,
 #: whose speed drifts from one minute to the next on a shared machine (docs/design.md).
 STANDIN_LINK_GBPS = 8.0
+
+#: The most a stand-in takes of its link (GB/s), latency (µs), row cost (ns) and compute slowdown, as
+#: the C library bounds them (StandinBackend refuses more): every option that sets one reads it here.
+STANDIN_MAX = 1e6
 
 
 @dataclass(frozen=True)
@@ -433,8 +470,11 @@ def standard_placements(n_layer: int, n_devices: int, runs_on: Sequence[int],
 
 
 __all__ = [
+    "MAX_OPTION_FILE",
     "STANDIN_LINK_GBPS",
+    "STANDIN_MAX",
     "DeviceConfig",
+    "is_decimal",
     "Place",
     "parse_floats",
     "parse_indices",
@@ -443,6 +483,7 @@ __all__ = [
     "parse_size",
     "parse_sizes",
     "placement_name",
+    "read_option_file",
     "read_placement",
     "split_items",
     "naming_device_memory",

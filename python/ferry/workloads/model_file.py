@@ -213,6 +213,11 @@ def read_model_geometry(path: "str | os.PathLike[str]") -> ModelGeometry:
         Without the gguf package.
     """
     name = os.fspath(path)
+    try:  # a file that is not there is that, with or without the gguf package
+        with open(name, "rb"):
+            pass
+    except OSError as e:
+        raise InvalidArgumentError(f"{name}: cannot be read ({e.strerror})") from None
     gguf = _import_gguf()
     try:
         reader = gguf.GGUFReader(name, "r")

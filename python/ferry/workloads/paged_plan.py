@@ -22,7 +22,7 @@ from ..plan import plan_paged
 from ..types import to_type
 from .common import JsonRecord, check_positive
 from .devices import DeviceConfig
-from .paged_tables import adjacent_tables, blocks_for, check_paged
+from .paged_tables import adjacent_tables, blocks_for, check_paged, check_pool
 
 __all__ = ["PagedWindowPlan", "paged_cache", "paged_window_plan", "standin"]
 
@@ -103,11 +103,8 @@ def paged_cache(n_ctx: int, npl: int, cells: int, type: str = "f16", head_dim: i
     check_positive((("-c", n_ctx), ("-npl", npl), ("-npp + -ntg", cells), ("--head-dim", head_dim),
                     ("--kv-heads", n_head_kv)))
     check_paged(block_size, adjacency)
-    n_blocks = blocks_for(n_ctx, block_size)
+    n_blocks = check_pool(n_ctx, npl, cells, block_size)
     per_seq = blocks_for(cells, block_size)
-    if npl * per_seq > n_blocks:
-        raise InvalidArgumentError(f"-npl {npl} sequences of {cells} cells take {npl * per_seq} blocks of "
-                                   f"{block_size} cells; -c {n_ctx} holds {n_blocks}: give a larger -c")
     ty = to_type(type)
     cache = PagedKVCache(ty, ty, head_dim, n_head_kv, block_size, n_blocks, npl, v_trans=v_trans, backend=backend)
     try:

@@ -57,6 +57,24 @@ def blocks_for(cells: int, block_size: int) -> int:
     return -(-cells // block_size)
 
 
+def check_pool(n_ctx: int, npl: int, cells: int, block_size: int) -> int:
+    """The blocks of a pool of n_ctx cells (-c, rounded up to whole blocks), after checking that they
+    hold npl sequences of cells cells each in whole blocks: the rule of --block-size under every verb.
+
+    Raises
+    ------
+    InvalidArgumentError
+        When they do not, naming -npl, -c and --block-size.
+    """
+    n_blocks = blocks_for(n_ctx, block_size)
+    per_seq = blocks_for(cells, block_size)
+    if npl * per_seq > n_blocks:
+        raise InvalidArgumentError(f"-npl {npl} sequences of {cells} cells take {npl * per_seq} blocks of "
+                                   f"{block_size} cells; -c {n_ctx} holds {n_blocks}: give a larger -c or a smaller "
+                                   "--block-size")
+    return n_blocks
+
+
 def adjacent_count(blocks: int, adjacency: float) -> int:
     """Of a table of blocks blocks, how many follow their predecessor: adjacency * (blocks - 1),
     rounded half up (0 for an empty table)."""

@@ -120,9 +120,13 @@ class ValidateConfig:
             check_positive((("-npp", self.npp),))
         if self.n_stream < 2:
             raise InvalidArgumentError(f"-npl {self.n_stream}: a gate for cross-stream reads needs at least 2 streams")
-        if self.longest_prompt < self.n_step + 2:
-            raise InvalidArgumentError(f"-npp {self.longest_prompt}: prompts of different lengths, from -ntg + 1 = "
-                                       f"{self.n_step + 1} cells, need -npp at least -ntg + 2 = {self.n_step + 2}")
+        if self.longest_prompt < self.n_step + 1:
+            raise InvalidArgumentError(f"-npp {self.longest_prompt}: a prompt has at least -ntg + 1 = "
+                                       f"{self.n_step + 1} cells; give -npp at least that")
+        if self.lengths == "uniform" and self.longest_prompt < self.n_step + 2:
+            raise InvalidArgumentError(f"-npp {self.longest_prompt}: --lengths uniform draws prompts of different "
+                                       f"lengths, from -ntg + 1 = {self.n_step + 1} cells: give -npp at least -ntg + 2 "
+                                       f"= {self.n_step + 2}, or --lengths equal")
         self.prompts()
         if self.longest_prompt + self.n_step > self.kv_size:
             raise InvalidArgumentError(f"-npl {self.n_stream}: a stream holds {self.kv_size} cells (-c / -npl), fewer "
