@@ -47,8 +47,9 @@ def test_the_device_type_and_geometry_options_are_shared_across_verbs() -> None:
 
 
 #: Options whose default differs by verb, and why: the hash gate checks every policy, over streams of
-#: different lengths; the bench compares the policies that copy differently, over equal lengths.
-VERB_DEFAULTS = {"--policy": {"validate"}, "--lengths": {"validate"}}
+#: different lengths, prefetching in both scopes; the bench compares the policies that copy
+#: differently, over equal lengths, prefetching across steps as a serving loop would.
+VERB_DEFAULTS = {"--policy": {"validate"}, "--lengths": {"validate"}, "--prefetch-next": {"validate"}}
 
 
 @pytest.mark.parametrize("option,actions", shared_options(), ids=[o for o, _ in shared_options()])
@@ -139,3 +140,4 @@ def test_demo_prints_the_bytes_read_against_the_span(capsys) -> None:
 def test_demo_exits_0_and_prints_its_ratio(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     assert "ratio 4.26x" in capsys.readouterr().out
+

@@ -168,7 +168,8 @@ def test_each_option_changes_what_runs_where_it_acts_and_is_refused_elsewhere(
         argv = [verb, *shape, *others, *CONTEXT[c][1], *probe(o, model, verb)]
         err = refused(argv, capsys)
         # the option is refused, or first an option of its context that needs the same condition
-        named = [a for a in [o.name, *others] if a.startswith("--") and f"{a} acts only {c.text}" in err]
+        named = [a for a in [o.name, *probe(o, model, verb)[:1], *others]  # as given: --no-unified
+                 if a.startswith("--") and f"{a} acts only {c.text}" in err]
         assert named, (argv, err)
     # and in every other mode of the command line it is taken in, it changes what runs
     for mode in MODES:
@@ -208,7 +209,9 @@ def test_every_condition_and_option_has_its_context_and_probe() -> None:
     (["plan", "--paged", "--residency"], "--paged acts only without --residency"),
     (["bench", "--paged", "--overlap"], "--overlap acts only without --paged"),
     (["bench", "--paged", "--compact"], "--compact acts only without --paged"),
-    (["bench", "--paged", "--no-unified"], "--unified acts only without --paged"),
+    (["bench", "--paged", "--no-unified"], "--no-unified acts only without --paged: leave out --paged, or leave "
+                                           "out --no-unified"),  # issue 41, item 10: as the command line spells it
+    (["bench", "--paged", "--no-uni"], "--no-unified acts only without --paged"),
     (["bench", "--paged", "--wide"], "--wide acts only without --paged"),
     (["bench", "--paged", "--block-size", "0"], "argument --block-size: 0 is out of range"),
     (["bench", "--paged", "--adjacency", "1.5"], "argument --adjacency: --adjacency: 1.5 is out of range: 0..1"),
@@ -219,6 +222,10 @@ def test_every_condition_and_option_has_its_context_and_probe() -> None:
     (["bench", "--paged", "--devices", "2"], "--paged runs on one device with every layer's KV in host memory"),
     (["plan", "--paged", "-c", "256", "-npl", "4", "-npp", "100", "-ntg", "1"],
      "-npl 4 sequences of 101 cells take 28 blocks of 16 cells; -c 256 holds 16: give a larger -c"),
+    # issue 41, item 14: one rule of --block-size, every verb that takes it
+    *[([verb, "--paged", "--block-size", "5000", "-c", "4096"], "-npl 2 sequences of 264 cells take 2 blocks of "
+       "5000 cells; -c 4096 holds 1: give a larger -c or a smaller --block-size") for verb in ("plan", "bench",
+                                                                                             "validate")],
 ])
 def test_an_option_that_would_do_nothing_is_refused(argv: List[str], message: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
@@ -314,3 +321,137 @@ def test_a_placement_that_is_no_file_says_so(tmp_path: Path, capsys: pytest.Capt
     path.write_text("0\nh\n")
     assert job(["validate", "--placement", str(path)], capsys).configs[0].devices.placement == (0, None)
     assert os.path.exists(path)
+
+
+# ------------------------------------------------------------ issue 41: messages and --help
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench", "--device-memory", "-1GiB"], "argument --device-memory: --device-memory: '-1GiB' is negative"),
+    (["bench", "--devices", "2", "--reserve", "-1MiB", "--residency"], "argument --reserve: --reserve: '-1MiB' is "
+                                                                       "negative"),
+    (["bench", "--row-ns", "-1,2"], "argument --row-ns: --row-ns: -1 is out of range: 0..1e+06"),
+    (["bench", "--latency-us", "-.5"], "argument --latency-us: --latency-us: -.5 is out of range"),
+    (["plan", "--compute-us", "-1e3", "--residency"], "argument --compute-us: --compute-us: -1e3 is out of range"),
+    (["bench", "-c", "-5"], "argument -c: -5 is out of range"),
+    (["bench", "--polcy", "flat"], "unrecognized arguments: --polcy flat; --polcy: did you mean --policy?"),
+    (["validate", "--sequnces=4"], "--sequnces: did you mean --sequences?"),
+    (["plan", "--head-dim", "1000000000", "-c", "2000000000", "--kv-heads", "1000000"],
+     "-c 2000000000, --layers 2, --head-dim 1000000000, --kv-heads 1000000, --type f16: the cache these sizes give is "
+     "too large to lay out (tensor_new: the shape's byte size overflows); give a smaller -c or --layers or "
+     "--head-dim or --kv-heads"),
+    (["table", "--head-dim", "2000000000", "-c", "2000000000", "--kv-heads", "2000000000", "-npl", "1"],
+     "-c 2000000000, --head-dim 2000000000, --kv-heads 2000000000, --type f16: the cache these sizes give"),
+    (["bench", "--heads", "1", "--head-dim", "2000000000", "-c", "2000000000", "--kv-heads", "1", "-npl", "1"],
+     "-c 2000000000, --layers 2, --head-dim 2000000000, --kv-heads 1, --type f16: the cache these sizes give is "
+     "too large to lay out (kv_cache: 2 layers of K and V overflow a buffer's size)"),
+    (["validate", "--heads", "1", "--head-dim", "2000000000", "-c", "2000000000", "--kv-heads", "1"],
+     "-c 2000000000, --layers 2, --head-dim 2000000000"),
+    (["bench", "--residency", "--heads", "2000000000", "--head-dim", "2000000000", "-c", "2000000000",
+      "--kv-heads", "2000000000", "-npl", "1"], "the cache these sizes give is too large to lay out"),
+])
+def test_each_refusal_names_the_option_as_given(argv: List[str], message: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41, item 10: a negative-looking value is the option's value, refused by its own check; an
+    unknown option gets the closest one; a size that overflows names the options that size the cache."""
+    assert message in refused(argv, capsys)
+
+
+def test_a_missing_model_file_is_missing_with_or_without_gguf(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41, item 10: not "needs the gguf package" for a file that is not there."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf fails
+    err = refused(["plan", "--model", "/nonexistent.gguf"], capsys)
+    assert "--model /nonexistent.gguf: cannot be read (No such file or directory)" in err and "gguf package" not in err
+
+
+def test_validate_lengths_equal_takes_prompts_of_one_length(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41, item 10: --lengths equal draws no prompts of different lengths, so -npp -ntg + 1 runs;
+    uniform still needs room for two lengths, and says so."""
+    argv = ["validate", *BASE["validate"], "-npp", "3", "--no-overlap", "--policy", "flat,ragged"]
+    assert main([*argv, "--lengths", "equal"]) == 0
+    assert "gate: pass" in capsys.readouterr().out
+    assert "-npp 3: --lengths uniform draws prompts of different lengths" in refused(argv, capsys)
+    assert "-npp 2: a prompt has at least -ntg + 1 = 3 cells" in refused([*argv[:-5], "-npp", "2", "--lengths",
+                                                                         "equal"], capsys)
+
+
+@pytest.mark.parametrize("text,line,word", [("3\n1_0\n", 2, "1_0"), ("+5", 1, "+5"), ("2, 4\n\n\u0663", 3, "\u0663"),
+                                            ("2 \u00b2", 1, "\u00b2"), ("4 -1", 1, "-1"), ("4 1.5", 1, "1.5")])
+def test_a_lengths_file_takes_plain_digits_only(text: str, line: int, word: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41, item 10: int() takes "1_0", "+5" and other scripts' digits; a lengths file does not."""
+    path = tmp_path / "lengths.txt"
+    path.write_text(text, encoding="utf-8")
+    err = refused(["table", "-npl", "2", "--lengths", str(path)], capsys)
+    assert f"--lengths {path}: line {line}: {word!r} is not a length" in err
+
+
+@pytest.mark.parametrize("option,extra", [("--lengths", ["table"]), ("--lengths", ["bench"]),
+                                          ("--placement", ["validate"]), ("--placement", ["bench", "--devices", "2"])])
+def test_an_option_file_is_read_up_to_a_bound(option: str, extra: List[str], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41, item 12: /dev/zero never ends, a file of a MiB and a byte is larger than any list."""
+    from ferry.workloads.devices import MAX_OPTION_FILE
+
+    big = tmp_path / "big.txt"
+    big.write_text("1\n" * (MAX_OPTION_FILE // 2) + "1")
+    for path in ("/dev/zero", str(big)):
+        err = refused([*extra, option, path], capsys)
+        assert f"{option} {path}: holds more than 1 MiB" in err
+    (tmp_path / "ok.txt").write_text("1\n" * (MAX_OPTION_FILE // 2 - 8))  # under the bound: read
+    assert "holds more than" not in " ".join(refused_or_none([*extra, option, str(tmp_path / "ok.txt")], capsys))
+
+
+def refused_or_none(argv: List[str], capsys: pytest.CaptureFixture[str]) -> List[str]:
+    """What parsing argv into its job wrote on stderr when refused (exit 2), else nothing."""
+    try:
+        prepare(argv)
+    except SystemExit as e:
+        assert e.code == 2
+        return [capsys.readouterr().err]
+    return []
+
+
+@pytest.mark.parametrize("verb", ["table", "plan", "bench", "validate"])
+def test_help_lists_the_words_an_option_takes(verb: str) -> None:
+    """Issue 41, item 23: --type's values and --lengths' and --policy's words, from where the code keeps them."""
+    from ferry.workloads.common import KV_TYPES, LENGTHS, POLICIES
+
+    flat = " ".join(verb_parsers()[verb].format_help().split())
+    assert "--type TYPE" in flat
+    types = KV_TYPES if verb in ("bench", "validate") else ot.ANY_TYPE
+    assert ", ".join(types) in flat
+    if verb != "plan":
+        assert f"{' or '.join(LENGTHS)} (-npp cells; seeded draws up to -npp), or a file of at most 1 MiB" in flat
+    if verb in ("bench", "validate"):
+        assert f"{', '.join(POLICIES)}, comma-separated" in flat
+        assert "(auto, cpu, cuda; default auto)" in flat
+
+
+def test_prefetch_next_shows_each_verbs_own_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41, item 23: not "(default on, validate both)" under both verbs."""
+    for verb, default in (("bench", "on"), ("validate", "both")):
+        flat = " ".join(verb_parsers()[verb].format_help().split())
+        assert f"(on, off, both; default {default})" in flat and "validate both" not in flat
+    assert job(["bench", "--overlap"], capsys).config.prefetch_next == (True,)
+    assert job(["validate"], capsys).configs[0].prefetch_next == (True, False)
+
+
+def test_the_standin_options_take_the_range_the_library_takes() -> None:
+    """Issue 41, item 23: one bound, STANDIN_MAX, in the options' texts and parsers and in StandinBackend."""
+    import math
+
+    import ferry
+    from ferry.workloads.devices import STANDIN_MAX
+
+    for field in ("latency_us", "row_ns", "compute_slowdown", "link_gbps"):
+        ferry.StandinBackend(**{field: STANDIN_MAX}).close()
+        with pytest.raises(ferry.InvalidArgumentError, match=field):
+            ferry.StandinBackend(**{field: math.nextafter(STANDIN_MAX, math.inf)})
+        o = next(o for o in ot.options_of("bench") if o.dest == field)
+        assert o.takes.split(" per device")[0].endswith("to 1e6")
+        assert not refuses(["bench", o.name, str(STANDIN_MAX)])
+        assert refuses(["bench", o.name, str(math.nextafter(STANDIN_MAX, math.inf))])

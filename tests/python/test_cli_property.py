@@ -40,7 +40,7 @@ TINY = {
 NUMBERS = st.sampled_from(["0", "1", "2", "3", "4", "8", "16", "32", "64", "-1", "1.5", "x", "", "1e9", "nan"])
 NUMBER_LISTS = st.lists(st.sampled_from(["0", "1", "2", "3", "4", "8", "2.45", "0.33", "-1", "nan", "x", ""]),
                         min_size=1, max_size=4).map(",".join)
-SIZES = st.lists(st.sampled_from(["1KiB", "64KiB", "1MiB", "64MiB", "0", "1", "500MB", "x", "1.5GiB", ""]),
+SIZES = st.lists(st.sampled_from(["1KiB", "64KiB", "1MiB", "64MiB", "0", "1", "500MB", "x", "1.5GiB", "", "-1GiB"]),
                  min_size=1, max_size=3).map(",".join)
 PLACES = st.lists(st.sampled_from(["h", "0", "1", "2", "x", ""]), min_size=1, max_size=4).map(",".join)
 
@@ -65,20 +65,20 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--policy": names(["flat", "ranges", "plan"]),
     "--prefetch": NUMBERS, "--prefetch-next": st.sampled_from(["on", "off", "both", "x", ""]), "--seed": NUMBERS, "--repeat": st.sampled_from(["1", "2", "0", "x"]),
     "--rounds": st.sampled_from(["1", "2", "0", "x"]),
-    "--lengths": st.sampled_from(["equal", "uniform", "LENGTHS", "/nonexistent", "x"]),
+    "--lengths": st.sampled_from(["equal", "uniform", "LENGTHS", "/nonexistent", "x", "/dev/zero", "BAD_LENGTHS"]),
     "--row-ns": NUMBER_LISTS,
     "--device": st.sampled_from(["auto", "cpu", "cuda", "gpu"]),
     "--devices": st.sampled_from(["1", "2", "3", "0", "x"]),
     "--link-gbps": NUMBER_LISTS, "--latency-us": NUMBER_LISTS, "--compute-slowdown": NUMBER_LISTS,
     "--device-memory": SIZES, "--reserve": SIZES,
     "--kv-device-layers": st.sampled_from(["0", "1", "2", "3", "-1"]),
-    "--placement": st.one_of(PLACES, st.just("/nonexistent/placement")),
+    "--placement": st.one_of(PLACES, st.sampled_from(["/nonexistent/placement", "/dev/zero"])),
     "--layer-devices": PLACES,
     "--residency": names(["auto", "first", "round-robin", "slowest-link"]),
     "--compute-us": st.sampled_from(["0", "10", "100", "-1", "nan", "x"]),
     "--plot": st.sampled_from(["PLOT", "/nonexistent/chart.png"]),
     "--trace": st.sampled_from(["TRACE", "/nonexistent/trace.json"]),
-    "--block-size": st.sampled_from(["1", "3", "4", "16", "0", "-1", "x"]),
+    "--block-size": st.sampled_from(["1", "3", "4", "16", "0", "-1", "x", "5000"]),
     "--adjacency": st.sampled_from(["0", "0.5", "0.9", "1", "1.5", "-0.1", "nan", "x", ""]),
 }
 
@@ -119,7 +119,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
     model = write_gguf(d / "tiny.gguf", "llama", blocks=2, ctx=64, embd=64, heads=2, heads_kv=1)
     lengths = d / "lengths.txt"
     lengths.write_text("3\n1\n2\n4\n")
-    return {"MODEL": str(model), "PLOT": str(d / "chart.png"), "TRACE": str(d / "trace.json"), "LENGTHS": str(lengths)}
+    bad = d / "bad-lengths.txt"
+    bad.write_text("3\n1_0\n+2\n")
+    return {"MODEL": str(model), "PLOT": str(d / "chart.png"), "TRACE": str(d / "trace.json"), "LENGTHS": str(lengths),
+            "BAD_LENGTHS": str(bad)}
 
 
 def outcome(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixture[str],

@@ -15,8 +15,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from .. import __version__
 from ..errors import FerryError
 from . import bench, demo, plan, table, validate
-from .option_table import refuse_idle
-from .options import given_options
+from .option_table import check_rules, refuse_idle
+from .options import given_options, naming_sizes
 from .reference import VerbParser
 
 #: The verbs in the order `ferry --help` lists them; each module has VERB (what --help and
@@ -54,16 +54,25 @@ def prepare(argv: Sequence[str]) -> Tuple[ModuleType, argparse.ArgumentParser, A
     ------
     SystemExit
         With status 2 and a usage message for bad arguments: argparse's, an option that would do
-        nothing beside the others (ferry.cli.option_table), or a FerryError of the verb's
-        ARGUMENT_ERRORS from making the job.
+        nothing beside the others or breaks an option's rule (ferry.cli.option_table), or a
+        FerryError of the verb's ARGUMENT_ERRORS from making the job.
     """
+    verb, verb_parser, _, job = _prepare(argv)
+    return verb, verb_parser, job
+
+
+def _prepare(argv: Sequence[str]) -> Tuple[ModuleType, argparse.ArgumentParser, argparse.Namespace, Any]:
+    """prepare's verb, parser and job, with the parsed options between (main names sizes from them)."""
     argv = list(argv)
     parser, parsers = build_parser()
     args = parser.parse_args(argv)
     verb, verb_parser = parsers[args.verb]
     try:
         refuse_idle(args.verb, args, given_options(verb_parser, argv[argv.index(args.verb) + 1:]))
-        return verb, verb_parser, verb.job(args)
+        with naming_sizes(args):
+            job = verb.job(args)
+        check_rules(args.verb, args)  # after the job: --model has filled what the command line left out
+        return verb, verb_parser, args, job
     except verb.ARGUMENT_ERRORS as e:
         verb_parser.error(str(e))
     except FerryError as e:  # not an argument error of this verb: the run could not start
@@ -87,12 +96,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ------
     SystemExit
         With status 2 and a usage message for bad arguments (see prepare, and a FerryError of the
-        verb's ARGUMENT_ERRORS during the run); with "ferry: <message>" for any other FerryError.
+        verb's ARGUMENT_ERRORS during the run, sizes too large to lay out among them: naming_sizes);
+        with "ferry: <message>" for any other FerryError.
     """
-    verb, verb_parser, job = prepare(sys.argv[1:] if argv is None else argv)
+    verb, verb_parser, args, job = _prepare(sys.argv[1:] if argv is None else argv)
     try:
         try:
-            return int(verb.run(job))
+            with naming_sizes(args):
+                return int(verb.run(job))
         except verb.ARGUMENT_ERRORS as e:
             verb_parser.error(str(e))
     except FerryError as e:

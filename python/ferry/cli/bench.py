@@ -327,7 +327,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
                        v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
                        overlap=args.overlap, prefetch=tuple(args.prefetch),
-                       prefetch_next=PREFETCH_NEXT[args.prefetch_next or "on"], devices=devices_from_args(args),
+                       prefetch_next=PREFETCH_NEXT[args.prefetch_next], devices=devices_from_args(args),
                        trace=args.trace is not None, paged=args.paged, block_size=args.block_size,
                        adjacency=args.adjacency)
 

@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import InvalidArgumentError
 from ..residency import STRATEGIES
-from ..workloads.common import DEVICES, KV_TYPES, POLICIES, PREFETCH_NEXT
-from ..workloads.devices import STANDIN_LINK_GBPS, parse_floats, parse_indices, parse_links, parse_sizes
+from ..workloads.common import DEVICES, KV_TYPES, LENGTHS, POLICIES, PREFETCH_NEXT
+from ..workloads.devices import (
+    MAX_OPTION_FILE,
+    STANDIN_LINK_GBPS,
+    STANDIN_MAX,
+    parse_floats,
+    parse_indices,
+    parse_links,
+    parse_sizes,
+)
+from ..workloads.paged_tables import check_pool
 from .options import (
     ANY_TYPE,
     DEFAULTS,
@@ -128,6 +137,9 @@ class Option:
         What argparse.add_argument takes besides the flags and help (type, default, metavar, ...).
     accepts : str
         What it takes, in words (derived from argparse's type, choices or action unless given).
+    rule : callable, optional
+        A check of the parsed options (after --model) wherever the option acts, raising
+        InvalidArgumentError: one rule that every verb taking the option applies (check_rules).
     """
 
     flags: Tuple[str, ...]
@@ -136,6 +148,7 @@ class Option:
     group: str
     argparse: Mapping[str, Any] = field(default_factory=dict)
     accepts: str = ""
+    rule: Optional[Callable[[Args], None]] = None
 
     @property
     def name(self) -> str:
@@ -165,6 +178,14 @@ class Option:
         return str(getattr(self.argparse.get("type"), "accepts", "") or self.argparse.get("metavar", "value"))
 
     @property
+    def lists_words(self) -> bool:
+        """Whether it takes words its metavar does not show (choices behind a metavar, or a type marked
+        so: --type, --lengths, --policy): `--help` then lists them."""
+        if "choices" in self.argparse:
+            return "metavar" in self.argparse
+        return bool(getattr(self.argparse.get("type"), "words", False))
+
+    @property
     def default(self) -> str:
         """Its default as `--help` and docs/cli.md write it."""
         if "default_text" in self.argparse:
@@ -181,8 +202,27 @@ class Option:
 
 
 def _opt(flags: Sequence[str], help: str, verbs: Mapping[str, When], group: str, accepts: str = "",
-         **kwargs: Any) -> Option:
-    return Option(tuple(flags), help, dict(verbs), group, kwargs, accepts)
+         rule: Optional[Callable[[Args], None]] = None, **kwargs: Any) -> Option:
+    return Option(tuple(flags), help, dict(verbs), group, kwargs, accepts, rule)
+
+
+def _number(x: float) -> str:
+    """x as the options' texts write a bound: 0.001, 1e6."""
+    return f"{x:g}".replace("e+0", "e").replace("e+", "e")
+
+
+def standin_figures(option: str, low: float) -> Callable[[str], Any]:
+    """The argparse type of a stand-in figure per device (--latency-us, --row-ns, ...): low to
+    STANDIN_MAX, the bound the library takes."""
+    return argument_type(lambda t: parse_floats(t, option, low, STANDIN_MAX),
+                         f"{_number(low)} to {_number(STANDIN_MAX)} per device, comma-separated")
+
+
+def pool_holds_sequences(args: Args) -> None:
+    """--block-size's rule, under every verb that takes --paged: at each -npl, -c cells in whole blocks
+    hold every sequence's -npp + -ntg cells in whole blocks (paged_tables.check_pool)."""
+    for npl in args.npl:
+        check_pool(args.c, npl, args.npp + args.ntg, args.block_size)
 
 
 def _all(verbs: Sequence[str], w: When = ALWAYS) -> Dict[str, When]:
@@ -190,6 +230,8 @@ def _all(verbs: Sequence[str], w: When = ALWAYS) -> Dict[str, When]:
 
 
 d = DEFAULTS
+LENGTHS_HELP = (f"each prompt: {' or '.join(LENGTHS)} (-npp cells; seeded draws up to -npp), or a file of at most "
+                f"{MAX_OPTION_FILE // 2**20} MiB")
 SIZES = "sizes (64MiB, 1GiB, 500MB, bytes), comma-separated"
 SHAPE, KV, RUN, DEVICES_GROUP, RESIDENCY_GROUP, OUTPUT = (
     "the window", "the KV geometry", "the run", "devices and where the KV lives",
@@ -215,11 +257,10 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--pad"], "round n_kv up to this (llama.cpp: 256); one graph per n_kv",
          {"table": ALWAYS, "plan": NO_PAGED, "bench": ALWAYS, "validate": ALWAYS}, SHAPE, type=POSITIVE,
          default=d.pad),
-    _opt(["--lengths"], "each sequence's prompt: -npp cells each, drawn uniformly up to -npp (seeded), or a file",
-         {"table": ALWAYS, "bench": NO_RESIDENCY}, SHAPE, type=argument_type(lengths_arg), default="equal",
+    _opt(["--lengths"], LENGTHS_HELP, {"table": ALWAYS, "bench": NO_RESIDENCY}, SHAPE, type=argument_type(lengths_arg),
+         default="equal", metavar="HOW"),
+    _opt(["--lengths"], LENGTHS_HELP, {"validate": ALWAYS}, SHAPE, type=argument_type(lengths_arg), default="uniform",
          metavar="HOW"),
-    _opt(["--lengths"], "each sequence's prompt: -npp cells each, drawn uniformly up to -npp (seeded), or a file",
-         {"validate": ALWAYS}, SHAPE, type=argument_type(lengths_arg), default="uniform", metavar="HOW"),
     _opt(["--sequences"], "sequences served, in waves of -npl, each its own content",
          {"validate": ALWAYS}, SHAPE, type=POSITIVE, metavar="N", default_text="2 x npl"),
     # the KV geometry
@@ -267,9 +308,10 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--prefetch"], "layers queued ahead; a run per depth",
          {"plan": RESIDENCY & OVERLAP, "bench": OVERLAP, "validate": GATE_OVERLAP}, RUN, type=int_list,
          default=list(d.prefetch), metavar="N,N,..."),
-    _opt(["--prefetch-next"], "copy each step's first layer under the step before",
-         {"bench": OVERLAP & NO_RESIDENCY, "validate": GATE_OVERLAP}, RUN, choices=list(PREFETCH_NEXT), metavar="HOW",
-         default_text="on, validate both"),
+    _opt(["--prefetch-next"], "copy each step's first layer under the step before", {"bench": OVERLAP & NO_RESIDENCY},
+         RUN, choices=list(PREFETCH_NEXT), metavar="HOW", default="on"),
+    _opt(["--prefetch-next"], "copy each step's first layer under the step before", {"validate": GATE_OVERLAP}, RUN,
+         choices=list(PREFETCH_NEXT), metavar="HOW", default="both"),
     _opt(["--seed"], "the sequences' content", {"validate": ALWAYS}, RUN, type=count(0), default=0),
     _opt(["--repeat"], "replicas of each npl, or of each placement", {"bench": ALWAYS}, RUN,
          type=POSITIVE, metavar="N",
@@ -280,13 +322,14 @@ OPTIONS: Tuple[Option, ...] = (
          RUN, action="store_true"),
     _opt(["--paged"], "also serve through a paged cache, per gather method", {"validate": ALWAYS}, RUN,
          action="store_true"),
-    _opt(["--block-size"], "cells per block of the paged cache", _all(("plan", "bench", "validate"), PAGED),
-         RUN, type=POSITIVE, default=d.block_size, metavar="N"),
+    _opt(["--block-size"], "cells per block of the paged cache",
+         _all(("plan", "bench", "validate"), PAGED), RUN, type=POSITIVE, default=d.block_size, metavar="N",
+         rule=pool_holds_sequences),
     _opt(["--adjacency"], "share of blocks after their predecessor", _all(("plan", "bench", "validate"), PAGED), RUN,
          type=argument_type(one_float("--adjacency", 0.0, 1.0), "number from 0 to 1"), metavar="F",
          default=d.adjacency),
     # devices
-    _opt(["--device"], "where the split runs: cuda, cpu (the stand-in), auto (cuda if usable)",
+    _opt(["--device"], "where the split runs: cpu is the stand-in, auto cuda if usable",
          {"bench": NO_RESIDENCY, "validate": ALWAYS}, DEVICES_GROUP, choices=DEVICES, default=d.device,
          metavar="DEVICE"),
     _opt(["--devices"], "devices; layers go to them in contiguous ranges",
@@ -294,24 +337,22 @@ OPTIONS: Tuple[Option, ...] = (
          metavar="N"),
     _opt(["--link-gbps"], "each stand-in's link in GB/s each way (0: the host's memcpy)",
          {"plan": RESIDENCY_OR_PAGED, "bench": STANDIN, "validate": STANDIN},
-         DEVICES_GROUP, type=argument_type(parse_links, "0 or 0.001 to 1e6 per device, comma-separated"),
+         DEVICES_GROUP, type=argument_type(parse_links, f"0 or 0.001 to {_number(STANDIN_MAX)} per device, "
+                                           "comma-separated"),
          metavar="G,G,...", default_text=f"{STANDIN_LINK_GBPS:g}"),
     _opt(["--latency-us"], "microseconds each stand-in transfer adds",
          {"plan": RESIDENCY_OR_PAGED, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
-         type=argument_type(lambda t: parse_floats(t, "--latency-us", 0.0, 1e6), "0 to 1e6 per device, "
-                            "comma-separated"), metavar="U,U,...", default_text="0"),
+         type=standin_figures("--latency-us", 0.0), metavar="U,U,...", default_text="0"),
     _opt(["--row-ns"], "nanoseconds each row of a stand-in's 2-D transfer adds",
          {"plan": PAGED, "bench": STANDIN & NO_RESIDENCY, "validate": STANDIN}, DEVICES_GROUP,
-         type=argument_type(lambda t: parse_floats(t, "--row-ns", 0.0, 1e9), "0 to 1e9 per device, "
-                            "comma-separated"), metavar="N,N,...", default_text="0"),
+         type=standin_figures("--row-ns", 0.0), metavar="N,N,...", default_text="0"),
     _opt(["--device-memory"], "each stand-in's memory",
          {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
          type=argument_type(lambda t: parse_sizes(t, "--device-memory"), SIZES), metavar="SIZE,...",
          default_text="unlimited"),
     _opt(["--compute-slowdown"], "each stand-in computes at least F times as long as the host",
          {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
-         type=argument_type(lambda t: parse_floats(t, "--compute-slowdown", 1.0, 1e6), "1 to 1e6 per device, "
-                            "comma-separated"), metavar="F,...", default_text="1"),
+         type=standin_figures("--compute-slowdown", 1.0), metavar="F,...", default_text="1"),
     _opt(["--kv-device-layers"], "first N layers' KV on their device (--residency: up to N)",
          {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS},
          DEVICES_GROUP, type=count(0), metavar="N", default_text="0"),
@@ -368,7 +409,20 @@ def add_options(parser: argparse.ArgumentParser, verb: str) -> None:
             g.add_argument(*o.flags, help=o.help, **kwargs)
 
 
-def refuse_idle(verb: str, args: Args, given: Set[str]) -> None:
+def check_rules(verb: str, args: Args) -> None:
+    """Apply the rule of each of the verb's options that has one, where it acts.
+
+    Raises
+    ------
+    InvalidArgumentError
+        From the first rule the parsed options args break.
+    """
+    for o in options_of(verb):
+        if o.rule is not None and o.verbs[verb].unmet(args) is None:
+            o.rule(args)
+
+
+def refuse_idle(verb: str, args: Args, given: Mapping[str, str]) -> None:
     """Refuse an option given where it would do nothing.
 
     Parameters
@@ -377,17 +431,19 @@ def refuse_idle(verb: str, args: Args, given: Set[str]) -> None:
         The verb's name.
     args : argparse.Namespace
         Its parsed options.
-    given : set of str
-        The dests of the options the command line gave (options.given_options).
+    given : mapping of str to str
+        The dests of the options the command line gave, each to the spelling it gave
+        (options.given_options): "--no-unified" for --unified's.
 
     Raises
     ------
     InvalidArgumentError
-        Naming the first such option, where it acts and what to change.
+        Naming the first such option as the command line spelled it, where it acts and what to change.
     """
     for o in options_of(verb):
         if o.dest not in given:
             continue
         unmet = o.verbs[verb].unmet(args)
         if unmet is not None:
-            raise InvalidArgumentError(f"{o.name} acts only {unmet.text}: {unmet.fix}, or leave out {o.name}")
+            name = given[o.dest]
+            raise InvalidArgumentError(f"{name} acts only {unmet.text}: {unmet.fix}, or leave out {name}")

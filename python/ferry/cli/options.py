@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, OutOfBoundsError
 from ..residency import STRATEGIES
 from ..types import Type
 from ..workloads.bench import BenchConfig
@@ -46,12 +47,13 @@ class Given(argparse.Action):
 ParseFn = TypeVar("ParseFn", bound=Callable[[str], Any])
 
 
-def accepting(accepts: str) -> Callable[[ParseFn], ParseFn]:
-    """A decorator marking an argparse type with what it accepts, in words: each option's help says it
-    (OptionsHelpFormatter) and the README's tables of options repeat it."""
+def accepting(accepts: str, words: bool = False) -> Callable[[ParseFn], ParseFn]:
+    """A decorator marking an argparse type with what it accepts, in words: docs/cli.md says it, and
+    `--help` too where words is true (it takes names its metavar does not show: --type's, --lengths')."""
 
     def mark(parse: ParseFn) -> ParseFn:
         setattr(parse, "accepts", accepts)  # noqa: B010 (an attribute a Callable's type does not declare)
+        setattr(parse, "words", words)  # noqa: B010
         return parse
 
     return mark
@@ -106,7 +108,7 @@ def int_list(text: str) -> List[int]:
     return values
 
 
-@accepting(f"{', '.join(POLICIES)}, comma-separated")
+@accepting(f"{', '.join(POLICIES)}, comma-separated", words=True)
 def policy_list(text: str) -> List[str]:
     """An argparse type: the text "flat,ranges" as ["flat", "ranges"] (names are checked when the run
     is, with the other options); ArgumentTypeError for an empty item, a policy given twice, or none.
@@ -133,7 +135,7 @@ def type_name(names: Tuple[str, ...]) -> Callable[[str], str]:
     """An argparse type: a type's name, marked as accepting names (the run checks it, with the other
     options, so that its message names the options that clash)."""
 
-    @accepting(", ".join(names))
+    @accepting(", ".join(names), words=True)
     def parse(text: str) -> str:
         return text
 
@@ -165,7 +167,7 @@ def argument_type(parse: Callable[[str], Any], accepts: Optional[str] = None) ->
     """An argparse type calling parse, its InvalidArgumentError made ArgumentTypeError (argparse then
     names the option); it accepts what accepts says (default: what parse is marked to accept)."""
 
-    @accepting(accepts or str(getattr(parse, "accepts", "")))
+    @accepting(accepts or str(getattr(parse, "accepts", "")), bool(getattr(parse, "words", False)))
     def run(text: str) -> Any:
         try:
             return parse(text)
@@ -196,7 +198,7 @@ def placement_arg(text: str) -> Tuple[Place, ...]:
                                    "either") from None
 
 
-@accepting("equal, uniform, or a file of lengths")
+@accepting(f"{', '.join(LENGTHS)}, or a file of lengths")  # --help's text of --lengths names the words
 def lengths_arg(text: str) -> Union[str, Tuple[int, ...]]:
     """--lengths' value: equal or uniform, else a file holding the lengths (common.read_lengths)."""
     if text in LENGTHS:
@@ -206,9 +208,10 @@ def lengths_arg(text: str) -> Union[str, Tuple[int, ...]]:
     return read_lengths(text)
 
 
-def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Set[str]:
+def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[str, str]:
     """The dests of the options the verb arguments argv give, read as the verb's parser reads them
-    (abbreviations and --option=value included), whatever their values.
+    (abbreviations and --option=value included), whatever their values, each with the spelling given
+    (in full where abbreviated): a message names an option as the command line wrote it.
 
     Parameters
     ----------
@@ -219,16 +222,23 @@ def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Set[s
 
     Returns
     -------
-    set of str
+    dict of str to str
+        dest -> spelling ("unified" -> "--no-unified").
     """
     saved = [(a, a.default) for a in parser._actions]
     try:
         for a, _ in saved:
             a.default = argparse.SUPPRESS
-        return set(vars(parser.parse_args(list(argv)))) - {"given"}
+        dests = set(vars(parser.parse_args(list(argv)))) - {"given"}
     finally:
         for a, default in saved:
             a.default = default
+    spelled: Dict[str, str] = {}
+    for word in argv:  # read as the parser did: a value is not taken for an option (its _parse_optional)
+        found = parser._parse_optional(word)
+        if found is not None and found[0] is not None:
+            spelled[found[0].dest] = found[1]
+    return {dest: spelled.get(dest, dest) for dest in dests}
 
 
 def devices_from_args(args: argparse.Namespace) -> DeviceConfig:
@@ -317,4 +327,37 @@ def check_one_head_dim(g: Optional[ModelGeometry], args: argparse.Namespace) -> 
     if g is not None and g.head_dim_k != g.head_dim_v and "head_dim" not in getattr(args, "given", set()):
         raise InvalidArgumentError(f"--model {g.path}: K heads of {g.head_dim_k} and V heads of {g.head_dim_v} "
                                    "values; ferry's decode runs give K and V one head dim: pass --head-dim")
+
+
+
+#: The options that size a cache, as a message about a size too large names them.
+SIZE_OPTIONS = (("-c", "c"), ("--layers", "layers"), ("--head-dim", "head_dim"), ("--kv-heads", "kv_heads"),
+                ("--type", "type"))
+
+
+@contextmanager
+def naming_sizes(args: argparse.Namespace) -> Iterator[None]:
+    """Within it, a size the library finds overflowing (an OutOfBoundsError saying so: the cache's bytes
+    or a tensor's) raises InvalidArgumentError naming the options that size the cache, with their
+    values, rather than the C function's message alone.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The verb's parsed options.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For such an OutOfBoundsError.
+    """
+    try:
+        yield
+    except OutOfBoundsError as e:
+        if "overflow" not in str(e):
+            raise
+        sizes = [(flag, getattr(args, dest)) for flag, dest in SIZE_OPTIONS if getattr(args, dest, None) is not None]
+        smaller = " or ".join(flag for flag, _ in sizes if flag != "--type")
+        raise InvalidArgumentError(f"{', '.join(f'{flag} {value}' for flag, value in sizes)}: the cache these sizes "
+                                   f"give is too large to lay out ({e}); give a smaller {smaller}") from None
 

@@ -7,6 +7,8 @@ gives.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import textwrap
 from dataclasses import dataclass
 from typing import Any, List, Optional
@@ -57,10 +59,12 @@ def _flags(o: Option) -> str:
 
 
 def _text(o: Option, verb: str) -> str:
-    """An option's line of --help after its flags: what it does, its default, when it acts."""
-    text = o.help
+    """An option's line of --help after its flags: what it does, the words it takes (where its metavar
+    hides them), its default, when it acts."""
+    notes = [o.takes] if o.lists_words else []
     if not o.is_flag and o.default != "none":
-        text += f" (default {o.default})"
+        notes.append(f"default {o.default}")
+    text = o.help + (f" ({'; '.join(notes)})" if notes else "")
     acts = o.verbs[verb]
     return text + ("" if not acts.conds else f"; {acts.text}")
 
@@ -96,12 +100,38 @@ def verb_help(v: Verb, epilog: str = "every option's values, default and when it
 
 
 class VerbParser(argparse.ArgumentParser):
-    """A verb's parser whose --help is verb_help's (see add_verb_parser)."""
+    """A verb's parser whose --help is verb_help's (see add_verb_parser). It takes a value that starts
+    with a minus then a digit or a point ("-1GiB", "-1,2", "-.5") as an option's value, so that the
+    option's own check refuses it by name, and refuses an unknown option suggesting the closest one."""
 
     verb: Optional[Verb] = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse's own pattern takes "-1" and "-1.5" alone: "-1GiB" would be an unknown option.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def format_help(self) -> str:
         return super().format_help() if self.verb is None else verb_help(self.verb)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(unrecognized(self, extras))
+        return parsed, extras
+
+
+def unrecognized(parser: argparse.ArgumentParser, extras: List[str]) -> str:
+    """The message for arguments the verb's parser does not know: each unknown option (its name
+    before any "=") with the closest of the parser's options, where one is close."""
+    spellings = [s for a in parser._actions for s in a.option_strings]
+    hints = []
+    for word in extras:
+        name = word.split("=", 1)[0]
+        close = difflib.get_close_matches(name, spellings, n=1) if name.startswith("-") else []
+        if close:
+            hints.append(f"{name}: did you mean {close[0]}?")
+    return f"unrecognized arguments: {' '.join(extras)}" + ("; " + "; ".join(hints) if hints else "")
 
 
 def add_verb_parser(sub: "argparse._SubParsersAction[Any]", v: Verb) -> argparse.ArgumentParser:

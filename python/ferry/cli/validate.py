@@ -96,7 +96,7 @@ def job(args: argparse.Namespace) -> Job:
                              head_dim=args.head_dim, n_head_kv=args.kv_heads, policies=tuple(args.policy),
                              device=args.device, seed=args.seed, compact=args.compact, pad=args.pad, reuse=args.reuse,
                              overlap=args.overlap, prefetch=tuple(args.prefetch),
-                             prefetch_next=PREFETCH_NEXT[args.prefetch_next or "both"], v_trans=args.v_trans,
+                             prefetch_next=PREFETCH_NEXT[args.prefetch_next], v_trans=args.v_trans,
                              lengths=args.lengths, devices=devices_from_args(args), paged=args.paged,
                              block_size=args.block_size, adjacency=args.adjacency)
         cfg.check()
