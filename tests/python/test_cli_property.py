@@ -76,8 +76,8 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--layer-devices": PLACES,
     "--residency": names(["auto", "first", "round-robin", "slowest-link"]),
     "--compute-us": st.sampled_from(["0", "10", "100", "-1", "nan", "x"]),
-    "--plot": st.sampled_from(["PLOT", "/nonexistent/chart.png"]),
-    "--trace": st.sampled_from(["TRACE", "/nonexistent/trace.json"]),
+    "--plot": st.sampled_from(["PLOT", "/nonexistent/chart.png", "", "/dev/full"]),
+    "--trace": st.sampled_from(["TRACE", "/nonexistent/trace.json", "", "/tmp", "/proc/trace.json"]),
     "--block-size": st.sampled_from(["1", "3", "4", "16", "0", "-1", "x", "5000"]),
     "--adjacency": st.sampled_from(["0", "0.5", "0.9", "1", "1.5", "-0.1", "nan", "x", ""]),
 }
@@ -185,6 +185,64 @@ def run_whole(verb: str) -> Callable[[Any], int]:
 def test_what_is_taken_runs_whole(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     """A sample of command lines, each run whole on its tiny sizes."""
     outcome(argv, files, capsys, run_whole(argv[0]))
+
+
+#: Paths no run can write (issue 41, item 11), by kind: TMP/ names a place under the test's folder.
+BAD_OUTPUTS = ["", "TMP/", "TMP/missing/out.json", "TMP/a-file/out.json", "/dev/full", "/proc/self/status",
+               "/proc/out.json", "/sys/out.json"] + (["TMP/read-only/out.json"] if os.geteuid() != 0 else [])
+#: What the other output option and the rest of the command line may be beside the bad path.
+OUTPUT_MODES = [[], ["--overlap"], ["--json"], ["--wide"], ["--compact"], ["--devices", "2"], ["--lengths", "uniform"]]
+
+
+def snapshot(folder: str) -> Dict[str, Any]:
+    """Every file under folder with its size and modification time."""
+    out = {}
+    for root, dirs, names in os.walk(folder):
+        for name in dirs + names:
+            path = os.path.join(root, name)
+            st = os.stat(path)
+            out[path] = (st.st_size, st.st_mtime_ns, st.st_mode)
+    return out
+
+
+@example(option="--trace", bad="/dev/full", other=False, mode=[])  # issue 41, item 11: each as reported
+@example(option="--trace", bad="TMP/", other=False, mode=[])
+@example(option="--trace", bad="/proc/out.json", other=False, mode=[])
+@example(option="--trace", bad="", other=False, mode=[])
+@example(option="--plot", bad="", other=False, mode=[])
+@settings(max_examples=60 * SCALE, **SETTINGS)
+@given(option=st.sampled_from(["--trace", "--plot"]), bad=st.sampled_from(BAD_OUTPUTS), other=st.booleans(),
+       mode=st.sampled_from(OUTPUT_MODES))
+def test_an_output_path_is_checked_before_the_run(option: str, bad: str, other: bool, mode: List[str],
+                                                  tmp_path_factory: pytest.TempPathFactory,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Any file a verb writes (bench's --trace and --plot; the other verbs write stdout alone), given a path
+    no run could write, is refused before anything runs: exit 2, one message naming the option, no
+    traceback, nothing written, and no decode step taken (the workload fails the test if called)."""
+    from ferry.workloads import bench as bench_workload
+
+    tmp = str(tmp_path_factory.mktemp("out"))
+    with open(os.path.join(tmp, "a-file"), "w") as f:
+        f.write("x")
+    os.mkdir(os.path.join(tmp, "read-only"), 0o500)
+    path = bad.replace("TMP/", tmp + "/", 1) if bad != "TMP/" else tmp
+    argv = ["bench", *TINY["bench"], *mode, option, path]
+    if other:  # the other option names a file that could be written: it is not written either
+        argv += ["--plot" if option == "--trace" else "--trace", os.path.join(tmp, "fine.out")]
+
+    def ran(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"{argv}: the run started")
+
+    monkeypatch.setattr(bench_workload, "run_bench", ran)
+    before = snapshot(tmp)
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, (argv, err)
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"ferry bench: error: {option} "), (argv, err)
+    assert snapshot(tmp) == before, argv
 
 
 def test_a_run_that_fails_for_no_option_is_not_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

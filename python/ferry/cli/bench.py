@@ -16,7 +16,7 @@ from ..workloads.common import PREFETCH_NEXT, run_name
 from ..workloads.estimate import Interval
 from ..workloads.trace import chrome_trace
 from . import residency
-from .options import apply_model, check_one_head_dim, devices_from_args, run_fields
+from .options import apply_model, check_one_head_dim, check_output_path, devices_from_args, run_fields, write_output
 from .progress import Progress, progress_stream
 from .reference import Verb, add_verb_parser
 from .text_table import fmt_layers, fmt_link, fmt_mib, fmt_seconds, fmt_tps_digits, format_table
@@ -361,17 +361,19 @@ def job(args: argparse.Namespace) -> Union[Job, residency.BenchJob]:
         return residency.bench_job(args, g)
     cfg = config_from_args(args)
     cfg.check()
-    if args.plot:
-        check_plot_available()
     for flag, path in (("--plot", args.plot), ("--trace", args.trace)):
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise InvalidArgumentError(f"{flag} {path}: its folder does not exist; name a file in an existing folder")
+        check_output_path(flag, path)
+    if args.plot is not None and args.trace is not None and os.path.realpath(args.plot) == os.path.realpath(args.trace):
+        raise InvalidArgumentError(f"--plot and --trace name one file, {args.trace}: name two")
+    if args.plot is not None:
+        check_plot_available()
     return Job(cfg, args.json, args.wide, args.plot, args.trace)
 
 
 def run(j: Union[Job, residency.BenchJob]) -> int:
-    """Run the job: the table (or JSON) on stdout, the bar and warnings on stderr, the chart to its file.
-    Returns the exit status 0; a FerryError when a run fails."""
+    """Run the job: the table (or JSON) on stdout, the bar and warnings on stderr, the chart and the trace
+    to their files (each written whole, then put in place: options.write_output). Returns the exit
+    status 0; a FerryError when a run fails."""
     if isinstance(j, residency.BenchJob):
         return residency.run_bench(j)
     res = run_bench(j.config, progress_stream())
@@ -382,15 +384,16 @@ def run(j: Union[Job, residency.BenchJob]) -> int:
         print(format_result(res, j.wide))
     for warning in res.warnings():
         print(f"ferry bench: warning: {warning}", file=sys.stderr)
-    if j.plot:
-        plot_result(res, j.plot)
+    if j.plot is not None:
+        write_output("--plot", j.plot, lambda name: plot_result(res, name))
         print(f"ferry bench: wrote {j.plot}", file=sys.stderr)
-    if j.trace:
-        try:
-            with open(j.trace, "w", encoding="utf-8") as f:
+    if j.trace is not None:
+
+        def write_trace(name: str) -> None:
+            with open(name, "w", encoding="utf-8") as f:
                 json.dump(chrome_trace(res.traces), f)
-        except OSError as e:
-            raise InvalidArgumentError(f"--trace {j.trace}: cannot be written ({e.strerror})") from None
+
+        write_output("--trace", j.trace, write_trace)
         print(f"ferry bench: wrote {j.trace} (open it in https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
     return 0
 

@@ -361,3 +361,91 @@ def naming_sizes(args: argparse.Namespace) -> Iterator[None]:
         raise InvalidArgumentError(f"{', '.join(f'{flag} {value}' for flag, value in sizes)}: the cache these sizes "
                                    f"give is too large to lay out ({e}); give a smaller {smaller}") from None
 
+
+def _output_target(path: str) -> str:
+    """The file a write to path lands in: path with its links followed."""
+    return os.path.realpath(path)
+
+
+def _scratch(target: str) -> str:
+    """A name beside target for writing it whole before it replaces target."""
+    folder, name = os.path.split(target)
+    return os.path.join(folder, f".{name}.{os.getpid()}.ferry-part")
+
+
+def _create(path: str) -> None:
+    """Create the file path new, closed and empty, with the permissions a new file gets (umask)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
+def check_output_path(option: str, path: Optional[str]) -> None:
+    """Refuse, before anything runs, a file option names that the run could not write when it ends:
+    the run writes it whole beside it, then puts it in its place (write_output). Nothing is left
+    behind: a trial file is created beside it and removed.
+
+    Parameters
+    ----------
+    option : str
+        The option ("--trace").
+    path : str or None
+        Its value (None: not given, nothing to check).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming option and path: for an empty path, a folder, something that is not a regular file
+        (/dev/full, a pipe), a file in a folder that does not exist or where no file can be created
+        (/proc, a read-only file system), or an existing file that cannot be written.
+    """
+    if path is None:
+        return
+    if not path:
+        raise InvalidArgumentError(f"{option} '': give a file name")
+    target = _output_target(path)
+    if os.path.isdir(target):
+        raise InvalidArgumentError(f"{option} {path}: is a folder; name a file in it")
+    if os.path.exists(target) and not os.path.isfile(target):
+        raise InvalidArgumentError(f"{option} {path}: is not a regular file (a device, a pipe, ...); name a file")
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise InvalidArgumentError(f"{option} {path}: its folder does not exist; name a file in an existing folder")
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+        raise InvalidArgumentError(f"{option} {path}: cannot be written (permission denied)")
+    trial = _scratch(target)
+    try:
+        _create(trial)
+    except OSError as e:
+        raise InvalidArgumentError(f"{option} {path}: no file can be written in its folder ({e.strerror}); name a "
+                                   "file in a folder you can write") from None
+    os.remove(trial)
+
+
+def write_output(option: str, path: str, write: Callable[[str], None]) -> None:
+    """Write the file path by write(name), which writes a new file: into a file beside it, which then
+    replaces it, so that a failed write leaves path as it was and no partial file.
+
+    Parameters
+    ----------
+    option : str
+        The option that named path, for the message.
+    path : str
+        The file.
+    write : callable
+        Writes the whole content into the file name it is given.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming option and path, when it cannot be written.
+    """
+    target = _output_target(path)
+    part = _scratch(target)
+    try:
+        _create(part)
+        write(part)
+        os.replace(part, target)
+    except OSError as e:
+        raise InvalidArgumentError(f"{option} {path}: cannot be written ({e.strerror})") from None
+    finally:
+        if os.path.lexists(part):
+            os.remove(part)
