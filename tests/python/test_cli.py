@@ -141,3 +141,19 @@ def test_demo_exits_0_and_prints_its_ratio(capsys: pytest.CaptureFixture[str]) -
     assert main(["demo"]) == 0
     assert "ratio 4.26x" in capsys.readouterr().out
 
+
+def test_the_overlap_report_fits_100_columns_without_wide(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41, item 23: the --overlap table was 202 columns wide; its longest rows (compact, two depths,
+    both scopes) fit 100 without --wide, and --wide still gives every figure."""
+    from ferry.cli import bench as bench_cli
+
+    cfg = bench_cli.config_from_args(build_parser()[0].parse_args(
+        ["bench", "-c", "64", "-npl", "2", "-npp", "4", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
+         "--heads", "1", "--layers", "2", "--repeat", "1", "--rounds", "1", "--device", "cpu", "--overlap",
+         "--compact", "--prefetch", "1,16", "--prefetch-next", "both"]))
+    res = bench_cli.run_bench(cfg)
+    text = bench_cli.format_result(res)
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+    assert "ranges+compact  16 within" in text and "compute x" in text and "/ floor" in text
+    wide = bench_cli.format_result(res, wide=True)
+    assert "ranges+compact+overlap16-within" in wide and "/ serial" in wide and "ahead" in wide

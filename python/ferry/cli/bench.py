@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, TextIO, Tuple, Union
 
@@ -18,7 +19,7 @@ from ..workloads.trace import chrome_trace
 from . import residency
 from .options import apply_model, check_one_head_dim, check_output_path, devices_from_args, run_fields, write_output
 from .progress import Progress, progress_stream
-from .reference import Verb, add_verb_parser
+from .reference import WIDTH, Verb, add_verb_parser
 from .text_table import fmt_layers, fmt_link, fmt_mib, fmt_seconds, fmt_tps_digits, format_table
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Job", "add_parser", "check_plot_available", "config_from_args",
@@ -97,13 +98,18 @@ def _head(res: BenchResult) -> List[str]:
             + (", V transposed" if cfg.v_trans else "")]
 
 
-def _tail(res: BenchResult) -> List[str]:
+def _tail(res: BenchResult, wide: bool = False) -> List[str]:
     lines: List[str] = list(res.config.unified_note or ())
     if not res.config.devices.default:
         lines += [""] + format_devices(res)
     if res.config.overlap:
-        lines += [""] + format_overlap(res)
-    return lines + [""] + _footer(res)
+        lines += [""] + format_overlap(res, wide)
+    return lines + [""] + [w for line in _footer(res) for w in _prose(line, wide)]
+
+
+def _prose(line: str, wide: bool = False) -> List[str]:
+    """A line of prose in lines of at most WIDTH columns (as it is with wide)."""
+    return [line] if wide else textwrap.wrap(line, WIDTH, break_on_hyphens=False, subsequent_indent="  ")
 
 
 def format_result(res: BenchResult, wide: bool = False) -> str:
@@ -185,7 +191,7 @@ def format_wide(res: BenchResult) -> str:
                           fmt_interval(res.unified_gain(r), exact=True)]
             body.append(cells)
     lines = _head(res) + ["times over a repetition (ntg steps): floors, the median over replicas"]
-    return "\n".join(lines + format_table([head, *body], left=(1, 4)) + _tail(res))
+    return "\n".join(lines + format_table([head, *body], left=(1, 4)) + _tail(res, wide=True))
 
 
 def format_devices(res: BenchResult) -> List[str]:
@@ -214,25 +220,32 @@ def format_devices(res: BenchResult) -> List[str]:
     return lines + format_table([head, *body], left=(1, 2))
 
 
-def format_overlap(res: BenchResult) -> List[str]:
+def format_overlap(res: BenchResult, wide: bool = False) -> List[str]:
     """The lines of the overlap table (--overlap): per npl, layout, variant, prefetch depth and scope, the serial
-    run's decode, copy and compute times, the overlapped run's decode time, over the bound max(copy,
-    compute), over the pipeline's floor (BenchResult.floor) and over the serial run, the exposed share of
-    what prefetching could hide, the overlapped run's compute over the serial run's, and what prefetching
-    held on the split ahead of the layer computing."""
+    run's decode time, the overlapped run's decode time, over the bound max(copy, compute) and over the
+    pipeline's floor (BenchResult.floor), the exposed share of what prefetching could hide and the
+    overlapped run's compute over the serial run's: within WIDTH columns. With wide, also the serial run's
+    copy and compute times, the overlapped run over the serial run, and what prefetching held on the split
+    ahead of the layer computing, each row named by its run's label."""
     cfg = res.config
     depths = ", ".join(map(str, cfg.prefetch))
     scopes: Dict[Tuple[bool, ...], str] = {(True,): "across steps (each step's first layer copied under the step "
                                                     "before)", (False,): "within each step (-within)"}
     scope = scopes.get(tuple(cfg.prefetch_next), "across steps, and within each step (-within)")
-    lines = [f"overlap: each variant also ran prefetching {depths} layer(s) ahead on the split's copy queue, {scope}, "
+    prose = [f"overlap: each variant also ran prefetching {depths} layer(s) ahead on the split's copy queue, {scope}, "
              "taking turns with the serial run;",
              "bound = max(copy, compute) of the serial run; floor = the bound plus what no layer hides (the first "
              "layer's copy and the last's compute: of every step within steps, of a repetition's first across them);",
              "exposed = (overlapped - bound) / min(copy, compute): 0 hides all; compute x = the overlapped run's "
-             "compute over the serial run's (the copies beside it slowing it)"]
-    head = ["npl", "cache", "policy", "serial", "copy", "compute", "overlapped", "/ bound", "/ floor", "/ serial",
-            "exposed", "compute x", "ahead"]
+             "compute over the serial run's (the copies beside it slowing it)"
+             + ("" if wide else "; --wide adds the serial run's copy and compute, / serial and what was held ahead")]
+    lines = [w for line in prose for w in _prose(line, wide)]
+    if wide:
+        head = ["npl", "cache", "policy", "serial", "copy", "compute", "overlapped", "/ bound", "/ floor", "/ serial",
+                "exposed", "compute x", "ahead"]
+    else:  # the policy without "+overlap", the depth and scope beside it: the rows fit WIDTH
+        head = ["npl", "cache", "policy", "prefetch", "serial", "overlapped", "/ bound", "/ floor", "exposed",
+                "compute x"]
     body = []
     for npl in cfg.npl:
         for unified in cfg.layouts:
@@ -241,14 +254,21 @@ def format_overlap(res: BenchResult) -> List[str]:
                 for depth, nxt in cfg.prefetch_runs[1:]:
                     o = res.row(npl, policy, unified, compact, depth, within=not nxt)
                     bound, floor = res.bound(o), res.floor(o)
-                    body.append([str(npl), "unified" if unified else "split", o.label, fmt_seconds(s.decode_s),
-                                 fmt_seconds(s.copy_s), fmt_seconds(s.compute_s), fmt_seconds(o.decode_s),
-                                 f"{o.decode_s / bound:.2f}x" if bound > 0 else "-",
-                                 f"{o.decode_s / floor:.2f}x" if floor else "-",
-                                 f"{o.decode_s / s.decode_s:.2f}x", f"{res.exposed(o):.0%}",
-                                 f"{o.compute_s / s.compute_s:.2f}x" if s.compute_s > 0 else "-",
-                                 fmt_mib(o.ahead_bytes)])
-    return lines + format_table([head, *body], left=(1, 2))
+                    over_bound = f"{o.decode_s / bound:.2f}x" if bound > 0 else "-"
+                    over_floor = f"{o.decode_s / floor:.2f}x" if floor else "-"
+                    compute_x = f"{o.compute_s / s.compute_s:.2f}x" if s.compute_s > 0 else "-"
+                    cache = "unified" if unified else "split"
+                    if wide:
+                        body.append([str(npl), cache, o.label, fmt_seconds(s.decode_s), fmt_seconds(s.copy_s),
+                                     fmt_seconds(s.compute_s), fmt_seconds(o.decode_s), over_bound, over_floor,
+                                     f"{o.decode_s / s.decode_s:.2f}x", f"{res.exposed(o):.0%}", compute_x,
+                                     fmt_mib(o.ahead_bytes)])
+                    else:
+                        prefetch = f"{depth} {'across' if nxt else 'within'}"
+                        body.append([str(npl), cache, run_name(policy, compact), prefetch, fmt_seconds(s.decode_s),
+                                     fmt_seconds(o.decode_s), over_bound, over_floor, f"{res.exposed(o):.0%}",
+                                     compute_x])
+    return lines + format_table([head, *body], left=(1, 2, 3) if not wide else (1, 2))
 
 
 def check_plot_available() -> None:
