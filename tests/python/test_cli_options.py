@@ -364,7 +364,8 @@ def test_a_missing_model_file_is_missing_with_or_without_gguf(monkeypatch: pytes
 
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf fails
     err = refused(["plan", "--model", "/nonexistent.gguf"], capsys)
-    assert "--model /nonexistent.gguf: cannot be read (No such file or directory)" in err and "gguf package" not in err
+    assert "--model /nonexistent.gguf: not a readable GGUF file (No such file or directory)" in err
+    assert "gguf package" not in err
 
 
 def test_validate_lengths_equal_takes_prompts_of_one_length(capsys: pytest.CaptureFixture[str]) -> None:

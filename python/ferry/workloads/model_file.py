@@ -217,7 +217,7 @@ def read_model_geometry(path: "str | os.PathLike[str]") -> ModelGeometry:
         with open(name, "rb"):
             pass
     except OSError as e:
-        raise InvalidArgumentError(f"{name}: cannot be read ({e.strerror})") from None
+        raise InvalidArgumentError(f"{name}: not a readable GGUF file ({e.strerror})") from None
     gguf = _import_gguf()
     try:
         reader = gguf.GGUFReader(name, "r")
