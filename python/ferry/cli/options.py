@@ -236,6 +236,8 @@ def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[
     spelled: Dict[str, str] = {}
     for word in argv:  # read as the parser did: a value is not taken for an option (its _parse_optional)
         found = parser._parse_optional(word)
+        if isinstance(found, list):  # newer Pythons give every reading, (action, spelling, ...) each
+            found = found[0] if found else None
         if found is not None and found[0] is not None:
             spelled[found[0].dest] = found[1]
     return {dest: spelled.get(dest, dest) for dest in dests}
