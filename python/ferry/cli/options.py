@@ -20,7 +20,7 @@ from ..residency import STRATEGIES
 from ..types import Type
 from ..workloads.bench import BenchConfig
 from ..workloads.common import LENGTHS, POLICIES, read_lengths
-from ..workloads.devices import DeviceConfig, Place, parse_floats, parse_placement, read_placement
+from ..workloads.devices import MAX_OPTION_FILE, DeviceConfig, Place, parse_floats, parse_placement, read_placement
 from ..workloads.model_file import ModelGeometry, read_model_geometry
 
 #: The largest count any option takes (a C int): larger numbers are refused with a message.
@@ -177,7 +177,8 @@ def argument_type(parse: Callable[[str], Any], accepts: Optional[str] = None) ->
     return run
 
 
-@accepting("h or a device index per layer, comma-separated; or a file of them")
+@accepting(f"h or a device index per layer, comma-separated; or a file of them (at most {MAX_OPTION_FILE // 2**20} "
+           "MiB)")
 def placement_arg(text: str) -> Tuple[Place, ...]:
     """--placement's value: a file holding the list when text names one, else the list itself.
 
@@ -198,7 +199,7 @@ def placement_arg(text: str) -> Tuple[Place, ...]:
                                    "either") from None
 
 
-@accepting(f"{', '.join(LENGTHS)}, or a file of lengths")  # --help's text of --lengths names the words
+@accepting(f"{', '.join(LENGTHS)}, or a file of lengths (at most {MAX_OPTION_FILE // 2**20} MiB)")  # --help names them
 def lengths_arg(text: str) -> Union[str, Tuple[int, ...]]:
     """--lengths' value: equal or uniform, else a file holding the lengths (common.read_lengths)."""
     if text in LENGTHS:
