@@ -81,10 +81,12 @@ ferry_status ferry_paged_used_cells(const ferry_tensor * t, const char * what, i
             used[s] = cells < n_kv ? cells : n_kv;
         }
         if (used[s] > cells) {
-            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s of '%s': stream %lld's length %lld (of '%s') is "
+            char lengths[FERRY_MAX_NAME + 32];
+            ferry_lengths_label(t->used_lengths, lengths, sizeof(lengths));
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s of '%s': stream %lld's length %lld (of its %s) is "
                               "past the %lld cells sequence %lld holds: give a length of at most %lld, or append "
                               "the cells first", what, t->name, (long long) s, (long long) used[s],
-                              t->used_lengths->name, (long long) cells, (long long) seq, (long long) cells);
+                              lengths, (long long) cells, (long long) seq, (long long) cells);
         }
         if (used[s] > held * bs) { /* cells past the table's blocks: paged-kv.c never leaves a table so */
             return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s of '%s': sequence %lld's length %lld needs block "

@@ -56,11 +56,15 @@ static ferry_status plan_cells(const ferry_tensor * t, int64_t s, int64_t from, 
     return FERRY_OK;
 }
 
+void ferry_lengths_label(const ferry_tensor * lengths, char * out, size_t size) {
+    snprintf(out, size, lengths->name[0] ? "lengths '%s'" : "unnamed lengths%s", lengths->name);
+}
+
 ferry_status ferry_read_used_cells(const ferry_tensor * t, const char * what, int64_t * used) {
     const ferry_tensor * len = t->used_lengths;
     const int64_t ns = t->ne[t->used_stream_dim], cells = t->ne[t->used_cell_dim];
-    char lengths[FERRY_MAX_NAME + 32]; /* as the messages name them: by name, or as unnamed */
-    snprintf(lengths, sizeof(lengths), len->name[0] ? "lengths '%s'" : "lengths (an unnamed tensor)%s", len->name);
+    char lengths[FERRY_MAX_NAME + 32];
+    ferry_lengths_label(len, lengths, sizeof(lengths));
     if (ferry_tensor_check_allocated(len) != FERRY_OK) {
         if (ferry_last_status() == FERRY_ERR_FREED) {
             return ferry_fail(FERRY_ERR_FREED, "%s of '%s': its %s lie in a buffer that was freed (closed): keep "

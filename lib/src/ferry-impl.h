@@ -308,6 +308,9 @@ struct ferry_paged_source {
  * `what` and the window named) for lengths not in host memory or outside 0..the limit. */
 ferry_status ferry_read_used_cells(const ferry_tensor * t, const char * what, int64_t * used);
 
+/* How messages name a window's lengths: "lengths 'NAME'", or "unnamed lengths". */
+void ferry_lengths_label(const ferry_tensor * lengths, char * out, size_t size);
+
 /* Each stream's used cells of a paged window (copy-paged.c): its lengths read as
  * ferry_read_used_cells reads them, else its sequence's cells up to the window's; refused (with
  * `what` and the window named) for a length past the cells its sequence holds. */

@@ -822,7 +822,7 @@ static void test_lengths_outside_the_limit_refused_by_every_policy(void) {
             ferry_clear_error();
             SUB(ragged_attention_run(FERRY_TYPE_F16, false, (ferry_copy_policy) policy, lens, out, &bytes, &moved, &st));
             CHECK(st == FERRY_ERR_OUT_OF_BOUNDS);
-            snprintf(want, sizeof want, "stream 1's length %d (of '') is not in 0..%d", (int) bad[b], RA_N_KV);
+            snprintf(want, sizeof want, "stream 1's length %d (of its unnamed lengths) is not in 0..%d", (int) bad[b], RA_N_KV);
             CHECK(strstr(ferry_last_error(), want) != NULL);
             CHECK_EQ_U(moved, 0);
         }

@@ -756,7 +756,7 @@ static void test_short_tables_refused_before_a_byte_moves(void) {
             CHECK_OK(ferry_tensor_set(len, lens, 0, sizeof(lens)));
             CHECK_FAILS(ferry_copy_input(standin, (ferry_copy_policy) policy, v, copy, &stats), FERRY_ERR_OUT_OF_BOUNDS);
             char want[96];
-            snprintf(want, sizeof want, "stream 0's length %d (of '') is past the 7 cells sequence 2 holds",
+            snprintf(want, sizeof want, "stream 0's length %d (of its unnamed lengths) is past the 7 cells sequence 2 holds",
                      (int) lens[0]);
             CHECK(strstr(ferry_last_error(), want) != NULL);
         }

@@ -93,7 +93,7 @@ def test_a_length_runs_or_is_refused_before_a_byte_moves(policy: str, prefetch: 
         serial.compute(serial_outs.graph)
         assert [o.get() for o in outs] == [o.get() for o in serial_outs]
         return
-    with pytest.raises(ferry.FerryError, match=rf"stream {stream}'s length {length} \(of 'kv_len'\) is not in "
+    with pytest.raises(ferry.FerryError, match=rf"stream {stream}'s length {length} \(of its lengths 'kv_len'\) is not in "
                                                rf"0\.\.{N_KV}"):
         sched.compute(outs.graph)
     assert _counters(split, cpu, sched) == before, "a byte moved before the refusal"
@@ -114,7 +114,7 @@ def test_attention_reading_a_window_where_it_lies_refuses_it_too(length: int) ->
     graph = ferry.Graph(out)
     ferry.GraphAllocator(cpu).alloc(graph)
     out.set(bytes([SENTINEL]) * out.nbytes)
-    with pytest.raises(ferry.OutOfBoundsError, match=rf"stream 1's length {length} \(of 'kv_len'\) is not in "
+    with pytest.raises(ferry.OutOfBoundsError, match=rf"stream 1's length {length} \(of its lengths 'kv_len'\) is not in "
                                                      rf"0\.\.{N_KV}"):
         graph.compute(cpu)
     assert set(out.get()) == {SENTINEL}

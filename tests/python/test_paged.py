@@ -420,7 +420,7 @@ def test_a_length_past_the_cells_a_table_holds_is_refused_before_a_byte_moves(po
         i.copy.memset(SENTINEL)
     before = [split.stats.total_bytes, cpu.stats.total_bytes]
     with pytest.raises(ferry.OutOfBoundsError,
-                       match="stream 0's length 7 \\(of 'kv_len'\\) is past the 6 cells sequence 0 holds"):
+                       match="stream 0's length 7 \\(of its lengths 'kv_len'\\) is past the 6 cells sequence 0 holds"):
         sched.compute(outs.graph)
     assert [split.stats.total_bytes, cpu.stats.total_bytes] == before
     assert all(set(i.copy.get()) == {SENTINEL} for i in sched.inputs)
