@@ -7,6 +7,8 @@
  */
 #include "paged-fixture.h"
 
+#include "ferry-impl.h" /* ferry_backend_tensor_gather_async: a gather's pieces as given */
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -134,6 +136,87 @@ static void test_cuda_kernel_refused_for_a_pageable_pool(void) {
     ferry_backend_free(cuda);
 }
 
+#ifdef FERRY_FAKE_CUDART
+/* Batched copies need the driver's CUDA as well as the runtime's: under a 12.4 driver (the fake
+ * runtime's FERRY_FAKE_CUDA_DRIVER_VERSION, read at ferry's one question) none is offered, a forced
+ * batched gather is refused, and the other methods gather as before. */
+static void test_cuda_batched_not_offered_under_an_older_driver(void) {
+    CHECK(setenv("FERRY_FAKE_CUDA_DRIVER_VERSION", "12040", 1) == 0);
+    need_device();
+    ferry_buffer_type * pinned;
+    CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
+    const ferry_gather_method methods[] = {FERRY_GATHER_RUNS, FERRY_GATHER_KERNEL, FERRY_GATHER_AUTO};
+    SUB(gather_all(pinned, FERRY_TYPE_F16, FERRY_TYPE_F16, false, 0.5, 3, methods, 3));
+    ferry_backend * cuda;
+    CHECK_OK(ferry_cuda_backend_new(0, &cuda));
+    const ferry_paged_params p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
+    ferry_paged_cache * c;
+    CHECK_OK(ferry_paged_cache_new(&p, pinned, NULL, &c));
+    CHECK_OK(ferry_paged_cache_allocate(c, 0, 10));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *k, *copy;
+    CHECK_OK(ferry_paged_cache_window(c, ctx, 0, N_KV, 0, 0, &k, NULL));
+    ferry_paged_plan plan;
+    size_t n;
+    CHECK_OK(ferry_copy_paged_plan(k, cuda, &plan, NULL, 0, &n));
+    CHECK(plan.method_seconds[FERRY_GATHER_BATCHED] < 0 && plan.method_seconds[FERRY_GATHER_KERNEL] >= 0);
+    ferry_buffer * buf;
+    CHECK_OK(paged_split_copy(cuda, ctx, k, &buf, &copy));
+    CHECK_OK(ferry_paged_cache_set_gather(c, FERRY_GATHER_BATCHED));
+    ferry_copy_stats stats;
+    CHECK_FAILS(ferry_copy_input(cuda, FERRY_COPY_RANGES, k, copy, &stats), FERRY_ERR_UNSUPPORTED);
+    CHECK(strstr(ferry_last_error(), "does not offer the batched") != NULL);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_paged_cache_free(c);
+    ferry_backend_free(cuda);
+}
+#endif
+
+/* A gather whose pieces include one of no rows: it reads nothing (its (count - 1) rows do not
+ * wrap to a span the device maps no part of), and the others land, by the kernel and batched. */
+static void test_cuda_gather_takes_a_piece_of_no_rows(void) {
+    need_device();
+    ferry_backend * cuda;
+    CHECK_OK(ferry_cuda_backend_new(0, &cuda));
+    ferry_buffer_type * pinned;
+    CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
+    ferry_buffer * pool;
+    CHECK_OK(ferry_buffer_type_alloc_buffer(pinned, 4096, &pool));
+    unsigned char * src = ferry_buffer_base(pool);
+    for (int i = 0; i < 4096; i++) src[i] = (unsigned char) (i * 7 + 1);
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne = 64; /* 256 bytes */
+    ferry_tensor * t;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, &ne, &t));
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(cuda, 256, &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    const ferry_gather_copy pieces[] = {
+        {.src_offset = 0, .dst_offset = 0, .size = 16, .count = 0, .src_stride = 256, .dst_stride = 16},
+        {.src_offset = 1024, .dst_offset = 0, .size = 16, .count = 4, .src_stride = 256, .dst_stride = 16},
+    };
+    const ferry_gather_method methods[] = {FERRY_GATHER_KERNEL, FERRY_GATHER_BATCHED};
+    for (int m = 0; m < 2; m++) {
+        if (!(ferry_backend_gather_methods(cuda, src, 4096) & (1u << methods[m]))) {
+            continue; /* batched copies need CUDA 12.8 */
+        }
+        CHECK_OK(ferry_tensor_memset(t, SENTINEL, 0, 256));
+        CHECK_OK(ferry_backend_tensor_gather_async(cuda, t, (const char *) src, pieces, 2, methods[m]));
+        CHECK_OK(ferry_backend_synchronize(cuda));
+        unsigned char got[256];
+        CHECK_OK(ferry_tensor_get(t, got, 0, 256));
+        for (int r = 0; r < 4; r++) CHECK(memcmp(got + r * 16, src + 1024 + r * 256, 16) == 0);
+        for (int i = 64; i < 256; i++) CHECK_EQ_U(got[i], SENTINEL);
+    }
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_buffer_free(pool);
+    ferry_backend_free(cuda);
+}
+
 /* Attention on CUDA over gathered windows, by each method, prefetched or not: the cell-per-stream
  * cache's outputs, byte for byte, and exactly the cells read copied. */
 static void test_cuda_attention_same_as_cell_cache(void) {
@@ -175,6 +258,10 @@ static const check_test tests[] = {
     {"cuda_gathers_move_the_used_cells_by_every_method", test_cuda_gathers_move_the_used_cells_by_every_method},
     {"cuda_kernel_refused_for_a_pageable_pool", test_cuda_kernel_refused_for_a_pageable_pool},
     {"cuda_attention_same_as_cell_cache", test_cuda_attention_same_as_cell_cache},
+    {"cuda_gather_takes_a_piece_of_no_rows", test_cuda_gather_takes_a_piece_of_no_rows},
+#ifdef FERRY_FAKE_CUDART
+    {"cuda_batched_not_offered_under_an_older_driver", test_cuda_batched_not_offered_under_an_older_driver},
+#endif
 };
 
 CHECK_MAIN(tests)

@@ -17,7 +17,7 @@
  *   the launch's grid and block (gather_rows_kernel; gather_pieces_kernel; dup_kernel, with ferry's own f16
  *   conversions; attn_decode_kernel, its warps, lanes and butterfly sums in the device's
  *   order, with the host's expf, so its floats agree to rounding, not to the bit;
- *   hold_kernel, a sleep); their launches queue like copies. A read of memory the
+ *   hold_kernel, a sleep of its cycles at FAKE_CLOCK_KHZ); their launches queue like copies. A read of memory the
  *   device cannot map is an illegal address, a load at an address its word does not
  *   divide a misaligned one, both sticky as on a device. Any other launch fails with
  *   cudaErrorNoKernelImageForDevice, which ferry reports as a status.
@@ -26,6 +26,8 @@
  *   (a launch failure, an illegal address) fails every later call, as a lost context does.
  * Timings from its events are wall-clock times of the late execution: meaningless.
  *
+ * - The driver: FERRY_FAKE_CUDA_DRIVER_VERSION=V (default the runtime's) is what
+ *   cudaDriverGetVersion answers, an older driver than the runtime for a test.
  * - Devices: FERRY_FAKE_CUDA_DEVICES=N (1 to 8, default 1) presents N devices, each with its
  *   own memory, streams and events. The current device is per thread (cudaSetDevice). A
  *   kernel that touches another device's memory faults (an illegal address); a plain copy
@@ -51,6 +53,9 @@
 /* The device's memory (cudaMemGetInfo): device allocations take from it, as asked */
 #define FAKE_DEVICE_MEMORY FAKE_MAX_ALLOC
 #define FAKE_MAX_PITCH 2147483647
+/* The SM's peak clock (cudaDevAttrClockRate), in kHz: hold_kernel's cycles are 2 a nanosecond,
+ * so a hold that passed nanoseconds for cycles would wait half the time asked. */
+#define FAKE_CLOCK_KHZ 2000000
 
 /* ---------------------------------------------------------------- state */
 
@@ -1038,7 +1043,19 @@ cudaError_t cudaDeviceGetAttribute(int * value, enum cudaDeviceAttr attr, int de
     if (!value || !known) {
         return fail(!known ? cudaErrorInvalidDevice : cudaErrorInvalidValue);
     }
-    *value = attr == cudaDevAttrMaxPitch ? FAKE_MAX_PITCH : 0;
+    *value = attr == cudaDevAttrMaxPitch ? FAKE_MAX_PITCH : attr == cudaDevAttrClockRate ? FAKE_CLOCK_KHZ : 0;
+    return cudaSuccess;
+}
+
+/* The driver's CUDA version: the runtime's (CUDART_VERSION) unless FERRY_FAKE_CUDA_DRIVER_VERSION
+ * names another (12040: a 12.4 driver), so that a test sees a driver older than the runtime
+ * built in. Never fails, and is not counted for fake_cudart_inject: ferry asks it once a process. */
+cudaError_t cudaDriverGetVersion(int * version) {
+    if (!version) {
+        return fail(cudaErrorInvalidValue);
+    }
+    const char * env = getenv("FERRY_FAKE_CUDA_DRIVER_VERSION");
+    *version = env && *env ? atoi(env) : CUDART_VERSION;
     return cudaSuccess;
 }
 
@@ -1330,8 +1347,9 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void 
                 .v_trans = *(int *) args[9], .group = *(int64_t *) args[10], .tk = (int) template_int_at(name, 0),
                 .tv = (int) template_int_at(name, 1), .grid = grid.x, .grid_y = grid.y, .block = block.x};
         err = push_kernel(s, o, (const void *[]) {o.q.data, o.k.data, o.v.data, o.len.data, o.dst}, 5);
-    } else if (strstr(name, "hold_kernel")) {
-        err = push(s, (op) {.kind = OP_HOLD, .ns = *(unsigned long long *) args[0]}, NULL);
+    } else if (strstr(name, "hold_kernel")) { /* its cycles at the fake's clock */
+        const unsigned long long cycles = *(unsigned long long *) args[0];
+        err = push(s, (op) {.kind = OP_HOLD, .ns = cycles / (FAKE_CLOCK_KHZ / 1000000)}, NULL);
     } else {
         err = fail(cudaErrorNoKernelImageForDevice);
     }

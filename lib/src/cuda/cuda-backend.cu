@@ -25,6 +25,7 @@ struct backend_ctx {
     uint64_t fold_copies;            /* 2-D copies issued as folded 3-D ones */
     void * pieces_dev;               /* a paged gather kernel's descriptors, in this device's memory */
     size_t pieces_cap;               /* their bytes */
+    int clock_khz;                   /* the device's peak SM clock, asked at the first hold; 0 before */
 };
 
 static backend_ctx * ctx_of(ferry_backend * backend) { return (backend_ctx *) backend->context; }
@@ -196,13 +197,28 @@ static ferry_status backend_get_2d_async(ferry_backend * backend, const ferry_te
 
 /* ---------------------------------------------------------------- a paged window's gather in one call */
 
-/* Batched copies where the runtime has them (cudaMemcpyBatchAsync: CUDA 12.8 on); the kernel for
- * a source inside one pinned range the device maps. */
+#if CUDART_VERSION >= 12080
+/* The driver's CUDA version, asked once (C++ makes the first call's initialisation the only one,
+ * on any thread); 0 when it cannot say. A runtime linked in from 12.8 still calls into the
+ * driver, and an older driver has no batched copies. */
+static int driver_version() {
+    static const int version = [] {
+        int v = 0;
+        return cudaDriverGetVersion(&v) == cudaSuccess ? v : 0;
+    }();
+    return version;
+}
+#endif
+
+/* Batched copies where the runtime and the driver have them (cudaMemcpyBatchAsync: CUDA 12.8 on);
+ * the kernel for a source inside one pinned range the device maps. */
 static unsigned backend_gather_methods(const ferry_backend * backend, const void * src, size_t span) {
     (void) backend;
     unsigned bits = ferry_cuda_pinned_mapped(src, span) ? 1u << FERRY_GATHER_KERNEL : 0;
 #if CUDART_VERSION >= 12080
-    bits |= 1u << FERRY_GATHER_BATCHED;
+    if (driver_version() >= 12080) {
+        bits |= 1u << FERRY_GATHER_BATCHED;
+    }
 #endif
     return bits;
 }
@@ -297,14 +313,17 @@ static ferry_status backend_gather(ferry_backend * backend, ferry_tensor * t, co
     const ferry_buffer * buf = ferry_tensor_buffer(t);
     size_t span = 0;
     for (size_t i = 0; i < n; i++) {
+        if (pieces[i].count == 0) { /* reads nothing: (count - 1) would wrap */
+            continue;
+        }
         const size_t end = pieces[i].src_offset + (pieces[i].count - 1) * pieces[i].src_stride + pieces[i].size;
         span = end > span ? end : span;
     }
     if (!(backend_gather_methods(backend, src, span) & (1u << method)) || !ferry_cuda_is_device_buffer(buf) ||
         ((device_buffer_ctx *) buf->context)->device != ctx->device) {
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "tensor_gather_async: %s does not gather by %s into '%s' from %p "
-                          "(batched copies need CUDA 12.8; the kernel, pinned memory it maps; either, its own "
-                          "device memory)", ctx->name, method == FERRY_GATHER_KERNEL ? "kernel" : "batched copies",
+                          "(batched copies need CUDA 12.8, its runtime and its driver; the kernel, pinned memory "
+                          "it maps; either, its own device memory)", ctx->name, method == FERRY_GATHER_KERNEL ? "kernel" : "batched copies",
                           t->name, (const void *) src);
     }
     CUDA_TRY(cudaSetDevice(ctx->device), "tensor_gather_async: cudaSetDevice");
@@ -625,6 +644,15 @@ extern "C" ferry_status ferry_cuda_backend_hold(ferry_backend * backend, double 
         return ferry_fail(FERRY_ERR_INVALID_ARG, "cuda_backend_hold: %g us is not in 0..1e6", microseconds);
     }
     CUDA_TRY(cudaSetDevice(ctx->device), "cuda_backend_hold: cudaSetDevice");
-    CUDA_TRY(ferry_cuda_hold(microseconds, ctx->stream), "cuda_backend_hold: kernel launch");
+    if (ctx->clock_khz <= 0) { /* once: the hold counts the SM's cycles at this rate */
+        CUDA_TRY(cudaDeviceGetAttribute(&ctx->clock_khz, cudaDevAttrClockRate, ctx->device),
+                 "cuda_backend_hold: cudaDeviceGetAttribute (clock rate)");
+        if (ctx->clock_khz <= 0) {
+            ctx->clock_khz = 0;
+            return ferry_fail(FERRY_ERR_BACKEND, "cuda_backend_hold: %s gives no clock rate to count a hold by",
+                              ctx->name);
+        }
+    }
+    CUDA_TRY(ferry_cuda_hold(microseconds, ctx->clock_khz, ctx->stream), "cuda_backend_hold: kernel launch");
     return FERRY_OK;
 }

@@ -33,8 +33,8 @@ struct ferry_cuda_piece {
 cudaError_t ferry_cuda_gather_pieces(const ferry_cuda_piece * pieces, uint64_t n, uint64_t units,
                                      cudaStream_t stream);
 
-/* Queue on stream a one-thread kernel that waits microseconds on the device's clock
- * (hold.cu). */
-cudaError_t ferry_cuda_hold(double microseconds, cudaStream_t stream);
+/* Queue on stream a one-thread kernel that waits microseconds on its SM's cycle counter,
+ * clock_khz its device's peak clock (cudaDevAttrClockRate) (hold.cu). */
+cudaError_t ferry_cuda_hold(double microseconds, int clock_khz, cudaStream_t stream);
 
 #endif
