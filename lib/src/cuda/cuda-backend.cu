@@ -198,15 +198,19 @@ static ferry_status backend_get_2d_async(ferry_backend * backend, const ferry_te
 /* ---------------------------------------------------------------- a paged window's gather in one call */
 
 #if CUDART_VERSION >= 12080
-/* The driver's CUDA version, asked once (C++ makes the first call's initialisation the only one,
- * on any thread); 0 when it cannot say. A runtime linked in from 12.8 still calls into the
- * driver, and an older driver has no batched copies. */
+/* The driver's CUDA version, asked once a process; 0 when it cannot say. A runtime linked in
+ * from 12.8 still calls into the driver, and an older driver has no batched copies. No guarded
+ * static (built with -fno-threadsafe-statics): threads asking at once store the same answer. */
 static int driver_version() {
-    static const int version = [] {
-        int v = 0;
-        return cudaDriverGetVersion(&v) == cudaSuccess ? v : 0;
-    }();
-    return version;
+    static int version = -1; /* not asked yet */
+    int v = __atomic_load_n(&version, __ATOMIC_RELAXED);
+    if (v < 0) {
+        if (cudaDriverGetVersion(&v) != cudaSuccess || v < 0) {
+            v = 0;
+        }
+        __atomic_store_n(&version, v, __ATOMIC_RELAXED);
+    }
+    return v;
 }
 #endif
 
