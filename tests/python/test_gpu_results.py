@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from types import ModuleType
 
@@ -366,3 +367,51 @@ def test_missing_files_are_said_not_invented(tmp_path: Path) -> None:
 def test_cli_refuses_a_missing_folder(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "nope")], capture_output=True, text=True)
     assert r.returncode == 2 and "is not a folder" in r.stderr
+
+
+def pack(folder: Path, names: list, truncate: bool = False) -> None:
+    """Move names into gpu-check.tar.gz as tools/gpu-check writes it (tar -C WORK -czf ... .)."""
+    archive = folder / "gpu-check.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name in names:
+            tar.add(folder / name, arcname=f"./{name}")
+    for name in names:
+        (folder / name).unlink()
+    if truncate:  # a run stopped while writing it
+        archive.write_bytes(archive.read_bytes()[:200])
+
+
+def test_report_reads_what_gpu_check_brings_back_from_its_archive(files_at: Path) -> None:
+    write_acceptance(files_at, ACCEPTANCE_RUNS)
+    (files_at / "overlap-trace.json").write_text('{"traceEvents": []}')
+    (files_at / "link-fit.json").write_text(json.dumps(LINK_FIT))
+    paged_text(files_at, paged_json())
+    loose = load_tool().report(files_at, "x")
+    pack(files_at, ["bench.json", "bench.txt", "build.log", "paged-copy.json", "paged-copy.txt", "link-fit.json",
+                    "overlap-trace.json"])
+    assert sorted(p.name for p in files_at.iterdir()) == ["gpu-check.tar.gz", "summary.md", "sweep.json"]
+    assert load_tool().report(files_at, "x") == loose
+    assert "NVIDIA H200, 580.159.04" in loose and "Perfetto" in loose and "| 2097152 | runs | 1.023 |" in loose
+
+
+def test_a_cut_archive_is_said_missing_not_a_traceback(files_at: Path) -> None:
+    pack(files_at, ["bench.json", "bench.txt"], truncate=True)
+    text = load_tool().report(files_at, "x")
+    assert "No bench.json: cuda-bench did not finish." in text and "The sweep did not run" in text
+
+
+def test_steps_are_the_summarys_table_and_its_budget_not_the_bench_output_it_quotes(tmp_path: Path) -> None:
+    (tmp_path / "summary.md").write_text(
+        "# ferry gpu-check, 2026-12-01T10:00Z, 300 s\n\ncommit abc1234\n\nbudget 450 s on a GPU, the steps' limits "
+        "add to 443 s\n\n| step | result | note | limit s | took s |\n| --- | --- | --- | ---: | ---: |\n"
+        "| build | pass | x | 70 | 41 |\n| pytest | not run | the budget had 20 s left | 50 | 0 |\n\n```\n"
+        "| npl | flat |\n| 2 | 3.0 |\n```\n")
+    text = load_tool().report(tmp_path, "x")
+    steps = text.split("## Steps")[1].split("\n## ")[0]
+    assert "| pytest | not run | the budget had 20 s left | 50 | 0 |" in steps and "| npl | flat |" not in steps
+    assert "budget 450 s on a GPU, the steps' limits add to 443 s." in steps
+
+
+def test_the_archive_is_the_one_gpu_check_writes() -> None:
+    script = (TOOL.parent / "gpu-check").read_text()
+    assert re.search(rf"^ARCHIVE={re.escape(load_tool().ARCHIVE)}$", script, flags=re.M)
