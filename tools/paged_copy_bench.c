@@ -13,7 +13,7 @@
  *   per_block   one cudaMemcpyAsync per 256 B block (vLLM's swap_blocks, the baseline)
  *   runs        one cudaMemcpyAsync per run (the merged plan)
  *   batched     every run in one cudaMemcpyBatchAsync (not run, with the reason, where the
- *               runtime lacks it: before CUDA 12.8)
+ *               runtime or the driver lacks it: before CUDA 12.8)
  *   kernel      ferry's gather kernel reading the runs from pinned, mapped host memory
  *   contiguous  one ferry_backend_tensor_set_async of the same bytes from the pool (the peak)
  * Each way is first done once with the destination under a sentinel and checked byte for byte
