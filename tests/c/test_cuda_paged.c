@@ -105,16 +105,15 @@ static void test_cuda_gathers_move_the_used_cells_by_every_method(void) {
     }
 }
 
-/* From pageable memory the device does not map: no kernel, refused when forced; the rest gather. */
-static void test_cuda_kernel_refused_for_a_pageable_pool(void) {
-    need_device();
-    const ferry_gather_method methods[] = {FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED, FERRY_GATHER_AUTO};
-    SUB(gather_all(ferry_cpu_buffer_type(), FERRY_TYPE_F16, FERRY_TYPE_F16, true, 0.5, 3, methods, 3));
+/* A method the device does not offer for a pool in pool_buft: the plan prices it at -1 (and `offered`
+ * at a time), and a window forced to it is refused with `want` in the message. */
+static void forced_method_refused(ferry_buffer_type * pool_buft, ferry_gather_method missing,
+                                  ferry_gather_method offered, const char * want) {
     ferry_backend * cuda;
     CHECK_OK(ferry_cuda_backend_new(0, &cuda));
     const ferry_paged_params p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
     ferry_paged_cache * c;
-    CHECK_OK(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c));
+    CHECK_OK(ferry_paged_cache_new(&p, pool_buft, NULL, &c));
     CHECK_OK(ferry_paged_cache_allocate(c, 0, 10));
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
@@ -123,17 +122,26 @@ static void test_cuda_kernel_refused_for_a_pageable_pool(void) {
     ferry_paged_plan plan;
     size_t n;
     CHECK_OK(ferry_copy_paged_plan(k, cuda, &plan, NULL, 0, &n));
-    CHECK(plan.method_seconds[FERRY_GATHER_KERNEL] < 0 && plan.method_seconds[FERRY_GATHER_BATCHED] >= 0);
+    CHECK(plan.method_seconds[missing] < 0 && plan.method_seconds[offered] >= 0);
     ferry_buffer * buf;
     CHECK_OK(paged_split_copy(cuda, ctx, k, &buf, &copy));
-    CHECK_OK(ferry_paged_cache_set_gather(c, FERRY_GATHER_KERNEL));
+    CHECK_OK(ferry_paged_cache_set_gather(c, missing));
     ferry_copy_stats stats;
     CHECK_FAILS(ferry_copy_input(cuda, FERRY_COPY_RANGES, k, copy, &stats), FERRY_ERR_UNSUPPORTED);
-    CHECK(strstr(ferry_last_error(), "does not offer the kernel gather") != NULL);
+    CHECK(strstr(ferry_last_error(), want) != NULL);
     ferry_buffer_free(buf);
     ferry_context_free(ctx);
     ferry_paged_cache_free(c);
     ferry_backend_free(cuda);
+}
+
+/* From pageable memory the device does not map: no kernel, refused when forced; the rest gather. */
+static void test_cuda_kernel_refused_for_a_pageable_pool(void) {
+    need_device();
+    const ferry_gather_method methods[] = {FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED, FERRY_GATHER_AUTO};
+    SUB(gather_all(ferry_cpu_buffer_type(), FERRY_TYPE_F16, FERRY_TYPE_F16, true, 0.5, 3, methods, 3));
+    SUB(forced_method_refused(ferry_cpu_buffer_type(), FERRY_GATHER_KERNEL, FERRY_GATHER_BATCHED,
+                              "does not offer the kernel gather"));
 }
 
 #ifdef FERRY_FAKE_CUDART
@@ -147,30 +155,7 @@ static void test_cuda_batched_not_offered_under_an_older_driver(void) {
     CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
     const ferry_gather_method methods[] = {FERRY_GATHER_RUNS, FERRY_GATHER_KERNEL, FERRY_GATHER_AUTO};
     SUB(gather_all(pinned, FERRY_TYPE_F16, FERRY_TYPE_F16, false, 0.5, 3, methods, 3));
-    ferry_backend * cuda;
-    CHECK_OK(ferry_cuda_backend_new(0, &cuda));
-    const ferry_paged_params p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
-    ferry_paged_cache * c;
-    CHECK_OK(ferry_paged_cache_new(&p, pinned, NULL, &c));
-    CHECK_OK(ferry_paged_cache_allocate(c, 0, 10));
-    ferry_context * ctx;
-    CHECK_OK(ferry_context_new(&ctx));
-    ferry_tensor *k, *copy;
-    CHECK_OK(ferry_paged_cache_window(c, ctx, 0, N_KV, 0, 0, &k, NULL));
-    ferry_paged_plan plan;
-    size_t n;
-    CHECK_OK(ferry_copy_paged_plan(k, cuda, &plan, NULL, 0, &n));
-    CHECK(plan.method_seconds[FERRY_GATHER_BATCHED] < 0 && plan.method_seconds[FERRY_GATHER_KERNEL] >= 0);
-    ferry_buffer * buf;
-    CHECK_OK(paged_split_copy(cuda, ctx, k, &buf, &copy));
-    CHECK_OK(ferry_paged_cache_set_gather(c, FERRY_GATHER_BATCHED));
-    ferry_copy_stats stats;
-    CHECK_FAILS(ferry_copy_input(cuda, FERRY_COPY_RANGES, k, copy, &stats), FERRY_ERR_UNSUPPORTED);
-    CHECK(strstr(ferry_last_error(), "does not offer the batched") != NULL);
-    ferry_buffer_free(buf);
-    ferry_context_free(ctx);
-    ferry_paged_cache_free(c);
-    ferry_backend_free(cuda);
+    SUB(forced_method_refused(pinned, FERRY_GATHER_BATCHED, FERRY_GATHER_KERNEL, "does not offer the batched"));
 }
 #endif
 
