@@ -1,5 +1,6 @@
 /* A KV cache laid out as llama.cpp lays it out, and the windows attention reads from it. */
 #include "ferry-impl.h"
+#include "kv-layers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,22 +9,14 @@ struct ferry_kv_cache {
     ferry_kv_params params;
     int64_t kv_size;                  /* cells per stream of a full layer */
     int64_t * layer_kv;               /* cells per stream, per layer */
-    ferry_buffer_type ** layer_buft;  /* per layer: where its K and V live (NULL: not allocated) */
-    ferry_buffer ** layer_buf;        /* per layer: the buffer holding its K and V */
-    ferry_context * ctx;
-    ferry_tensor ** k;
-    ferry_tensor ** v;
-    ferry_buffer ** buffers;          /* owned: one per distinct buffer type */
-    int n_buffers;
+    ferry_kv_layers layers;           /* every layer's K and V, where they live, the owned buffers */
     ferry_buffer_type * host_buft;    /* the buffer type of layers placed nowhere else */
 };
 
 static ferry_status check_params(const ferry_kv_params * p) {
     FERRY_CHECK_ARG(p, "kv_cache: NULL params");
-    if (!ferry_type_valid(p->type_k) || !ferry_type_valid(p->type_v)) {
-        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "kv_cache: %s %d is not a type", ferry_type_valid(p->type_k) ?
-                          "type_v" : "type_k", (int) (ferry_type_valid(p->type_k) ? p->type_v : p->type_k));
-    }
+    const ferry_kv_heads heads = FERRY_KV_HEADS_OF(p);
+    FERRY_TRY(ferry_kv_check_types("kv_cache", &heads));
     if (p->head_dim <= 0 || p->n_head_kv <= 0 || p->n_ctx <= 0 || p->n_stream <= 0 || p->n_layer <= 0) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_cache: head_dim, n_head_kv, n_ctx, n_stream, n_layer must be positive");
     }
@@ -35,72 +28,42 @@ static ferry_status check_params(const ferry_kv_params * p) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "kv_cache: n_ctx %lld does not split into %lld equal streams",
                           (long long) p->n_ctx, (long long) p->n_stream);
     }
-    size_t r;
-    if (ferry_row_size(p->type_k, p->head_dim, &r) != FERRY_OK) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: head_dim %lld is not whole %s blocks of %lld values (type_k)",
-                          (long long) p->head_dim, ferry_type_name(p->type_k), (long long) ferry_blck_size(p->type_k));
-    }
-    if (p->v_trans && ferry_blck_size(p->type_v) != 1) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: a transposed V (v_trans) cannot be %s (type_v): cells would "
-                          "split blocks", ferry_type_name(p->type_v));
-    }
-    if (!p->v_trans && ferry_row_size(p->type_v, p->head_dim, &r) != FERRY_OK) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "kv_cache: head_dim %lld is not whole %s blocks of %lld values (type_v)",
-                          (long long) p->head_dim, ferry_type_name(p->type_v), (long long) ferry_blck_size(p->type_v));
-    }
-    return FERRY_OK;
+    return ferry_kv_check_rows("kv_cache", &heads);
 }
 
 void ferry_kv_cache_free(ferry_kv_cache * kv) {
     if (!kv) {
         return;
     }
-    for (int i = 0; kv->buffers && i < kv->n_buffers; i++) {
-        ferry_buffer_free(kv->buffers[i]);
-    }
-    ferry_context_free(kv->ctx);
-    free(kv->buffers);
+    ferry_kv_layers_free(&kv->layers);
     free(kv->layer_kv);
-    free(kv->layer_buft);
-    free(kv->layer_buf);
-    free(kv->k);
-    free(kv->v);
     free(kv);
 }
 
-/* Place the K and V of every layer of buft back to back in one new buffer, each at the
- * buffer type's alignment: one buffer per buffer type, not one per layer. */
-static ferry_status allocate(ferry_kv_cache * kv, ferry_buffer_type * buft) {
-    const size_t align = ferry_buffer_type_alignment(buft) ? ferry_buffer_type_alignment(buft) : 1;
-    size_t total = 0;
-    for (int32_t l = 0; l < kv->params.n_layer; l++) {
-        ferry_tensor * pair[2] = {kv->k[l], kv->v[l]};
-        for (int i = 0; i < 2 && kv->layer_buft[l] == buft; i++) {
-            const size_t size = ferry_buffer_type_alloc_size(buft, pair[i]);
-            size_t rounded;
-            if (!ferry_add_ok(size, align - 1, &rounded) || !ferry_add_ok(total, rounded / align * align, &total)) {
-                return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache: %d layers of K and V overflow a buffer's size",
-                                  kv->params.n_layer);
-            }
-        }
+/* kv, the cache made, when st is OK; else kv freed and st. */
+static ferry_status kept(ferry_kv_cache * kv, ferry_status st, ferry_kv_cache ** out) {
+    if (st != FERRY_OK) {
+        ferry_kv_cache_free(kv);
+        return st;
     }
-    ferry_buffer * buf;
-    FERRY_TRY(ferry_buffer_type_alloc_buffer(buft, total, &buf));
-    kv->buffers[kv->n_buffers++] = buf;
-    /* A new cache reads zeros, not what its memory held before (llama.cpp clears its KV buffers
-     * too); the buffer's own clear, so device memory is cleared where it lies. */
-    FERRY_TRY(ferry_buffer_clear(buf, 0));
-    size_t offset = 0;
-    for (int32_t l = 0; l < kv->params.n_layer; l++) {
-        ferry_tensor * pair[2] = {kv->k[l], kv->v[l]};
-        for (int i = 0; i < 2 && kv->layer_buft[l] == buft; i++) {
-            FERRY_TRY(ferry_buffer_place_tensor(buf, pair[i], offset));
-            offset += (ferry_buffer_type_alloc_size(buft, pair[i]) + align - 1) / align * align;
-            kv->layer_buf[l] = buf;
-        }
-    }
+    *out = kv;
     return FERRY_OK;
 }
+
+/* A layer's K: a row of n_embd values per cell, its cells per stream, then the streams. */
+static void k_shape(const void * cache, int32_t layer, int64_t ne[FERRY_MAX_DIMS]) {
+    const ferry_kv_cache * kv = cache;
+    ne[0] = kv->params.head_dim * kv->params.n_head_kv;
+    ne[1] = kv->layer_kv[layer];
+    ne[2] = kv->params.n_stream;
+}
+
+/* What the spine needs of this cache: its name, and a layer's K shaped by its cells per stream. */
+static const ferry_kv_layout cell_layout = {
+    .what = "kv_cache", .tensors = "cache", .one = "", .pair = "K and V", .n_dims = 3,
+    .may_leave_unplaced = true, /* host_buft NULL: a layout only, for its sizes */
+    .k_shape = k_shape,
+};
 
 /* The cache's layout: per-layer sizes checked, every layer's K and V made, nothing placed. */
 static ferry_status lay_out(const ferry_kv_params * params, const int64_t * layer_cells, ferry_kv_cache ** out) {
@@ -116,42 +79,17 @@ static ferry_status lay_out(const ferry_kv_params * params, const int64_t * laye
     if (!kv) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "kv_cache_new: out of memory");
     }
-    const size_t n = (size_t) params->n_layer;
     kv->params = *params;
     kv->kv_size = full;
-    kv->k = ferry_calloc(n, sizeof(*kv->k));
-    kv->v = ferry_calloc(n, sizeof(*kv->v));
-    kv->layer_kv = ferry_calloc(n, sizeof(*kv->layer_kv));
-    kv->layer_buft = ferry_calloc(n, sizeof(*kv->layer_buft));
-    kv->layer_buf = ferry_calloc(n, sizeof(*kv->layer_buf));
-    kv->buffers = ferry_calloc(n, sizeof(*kv->buffers));
-    ferry_status st = kv->k && kv->v && kv->layer_kv && kv->layer_buft && kv->layer_buf && kv->buffers
-                          ? ferry_context_new(&kv->ctx)
-                          : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "kv_cache_new: out of memory");
-    const int64_t n_embd = params->head_dim * params->n_head_kv;
-    for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
-        const int64_t cells = layer_cells && layer_cells[l] ? layer_cells[l] : full;
-        kv->layer_kv[l] = cells;
-        const int64_t ne_k[3] = {n_embd, cells, params->n_stream};
-        const int64_t ne_vt[3] = {cells, n_embd, params->n_stream};
-        st = ferry_tensor_new(kv->ctx, params->type_k, 3, ne_k, &kv->k[l]);
-        if (st == FERRY_OK) {
-            st = ferry_tensor_new(kv->ctx, params->type_v, 3, params->v_trans ? ne_vt : ne_k, &kv->v[l]);
-        }
-        if (st == FERRY_OK) {
-            char name[FERRY_MAX_NAME];
-            snprintf(name, sizeof(name), "cache_k_l%d", l);
-            ferry_tensor_set_name(kv->k[l], name);
-            snprintf(name, sizeof(name), "cache_v_l%d", l);
-            ferry_tensor_set_name(kv->v[l], name);
-        }
+    kv->layer_kv = ferry_calloc((size_t) params->n_layer, sizeof(*kv->layer_kv));
+    if (!kv->layer_kv) {
+        return kept(kv, ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "kv_cache_new: out of memory"), out);
     }
-    if (st != FERRY_OK) {
-        ferry_kv_cache_free(kv);
-        return st;
+    for (int32_t l = 0; l < params->n_layer; l++) {
+        kv->layer_kv[l] = layer_cells && layer_cells[l] ? layer_cells[l] : full;
     }
-    *out = kv;
-    return FERRY_OK;
+    const ferry_kv_heads heads = FERRY_KV_HEADS_OF(params);
+    return kept(kv, ferry_kv_layers_make(&kv->layers, &cell_layout, &heads, params->n_layer, kv), out);
 }
 
 ferry_status ferry_kv_cache_new_layers(const ferry_kv_params * params, ferry_buffer_type * host_buft,
@@ -161,25 +99,7 @@ ferry_status ferry_kv_cache_new_layers(const ferry_kv_params * params, ferry_buf
     ferry_kv_cache * kv;
     FERRY_TRY(lay_out(params, layer_cells, &kv));
     kv->host_buft = host_buft;
-    for (int32_t l = 0; l < params->n_layer; l++) {
-        kv->layer_buft[l] = layer_bufts && layer_bufts[l] ? layer_bufts[l] : host_buft;
-    }
-    ferry_status st = FERRY_OK;
-    for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
-        bool seen = kv->layer_buft[l] == NULL;
-        for (int32_t e = 0; !seen && e < l; e++) {
-            seen = kv->layer_buft[e] == kv->layer_buft[l];
-        }
-        if (!seen) {
-            st = allocate(kv, kv->layer_buft[l]);
-        }
-    }
-    if (st != FERRY_OK) {
-        ferry_kv_cache_free(kv);
-        return st;
-    }
-    *out = kv;
-    return FERRY_OK;
+    return kept(kv, ferry_kv_layers_place(&kv->layers, host_buft, layer_bufts), out);
 }
 
 ferry_status ferry_kv_cache_new(const ferry_kv_params * params, ferry_buffer_type * buft, ferry_kv_cache ** out) {
@@ -192,32 +112,7 @@ ferry_status ferry_kv_cache_new_over(const ferry_kv_params * params, const int64
     FERRY_CHECK_ARG(out && k_bufs && k_offsets && v_bufs && v_offsets, "kv_cache_new_over: NULL argument");
     ferry_kv_cache * kv;
     FERRY_TRY(lay_out(params, layer_cells, &kv));
-    ferry_status st = FERRY_OK;
-    for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
-        if (!k_bufs[l] || !v_bufs[l]) {
-            st = ferry_fail(FERRY_ERR_INVALID_ARG, "kv_cache_new_over: layer %d has no %s buffer", l,
-                            k_bufs[l] ? "V" : "K");
-        } else if (ferry_buffer_get_type(k_bufs[l]) != ferry_buffer_get_type(v_bufs[l])) {
-            st = ferry_fail(FERRY_ERR_INVALID_ARG, "kv_cache_new_over: layer %d's K and V are in buffers of "
-                            "different types; a layer lives in one memory", l);
-        }
-        if (st == FERRY_OK && (ferry_buffer_place_tensor(k_bufs[l], kv->k[l], k_offsets[l]) != FERRY_OK ||
-                               ferry_buffer_place_tensor(v_bufs[l], kv->v[l], v_offsets[l]) != FERRY_OK)) {
-            char why[256];
-            snprintf(why, sizeof(why), "%s", ferry_last_error());
-            st = ferry_fail(ferry_last_status(), "kv_cache_new_over: layer %d: %s", l, why);
-        }
-        if (st == FERRY_OK) {
-            kv->layer_buft[l] = ferry_buffer_get_type(k_bufs[l]);
-            kv->layer_buf[l] = k_bufs[l];
-        }
-    }
-    if (st != FERRY_OK) {
-        ferry_kv_cache_free(kv);
-        return st;
-    }
-    *out = kv;
-    return FERRY_OK;
+    return kept(kv, ferry_kv_layers_place_over(&kv->layers, k_bufs, k_offsets, v_bufs, v_offsets), out);
 }
 
 ferry_status ferry_kv_cache_params(const ferry_kv_cache * kv, ferry_kv_params * out) {
@@ -229,9 +124,9 @@ ferry_status ferry_kv_cache_params(const ferry_kv_cache * kv, ferry_kv_params * 
 int64_t ferry_kv_cache_kv_size(const ferry_kv_cache * kv) { return kv ? kv->kv_size : 0; }
 
 ferry_buffer * ferry_kv_cache_buffer(const ferry_kv_cache * kv) {
-    for (int i = 0; kv && i < kv->n_buffers; i++) {
-        if (ferry_buffer_get_type(kv->buffers[i]) == kv->host_buft) {
-            return kv->buffers[i];
+    for (int i = 0; kv && i < kv->layers.n_buffers; i++) {
+        if (ferry_buffer_get_type(kv->layers.buffers[i]) == kv->host_buft) {
+            return kv->layers.buffers[i];
         }
     }
     return NULL;
@@ -239,21 +134,18 @@ ferry_buffer * ferry_kv_cache_buffer(const ferry_kv_cache * kv) {
 
 static ferry_status check_layer(const ferry_kv_cache * kv, int32_t layer, const void * out) {
     FERRY_CHECK_ARG(kv && out, "kv_cache: NULL argument");
-    if (layer < 0 || layer >= kv->params.n_layer) {
-        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "kv_cache: layer %d is not in 0..%d", layer, kv->params.n_layer - 1);
-    }
-    return FERRY_OK;
+    return ferry_kv_layers_check(&kv->layers, layer, "kv_cache");
 }
 
 ferry_status ferry_kv_cache_k(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out) {
     FERRY_TRY(check_layer(kv, layer, out));
-    *out = kv->k[layer];
+    *out = kv->layers.k[layer];
     return FERRY_OK;
 }
 
 ferry_status ferry_kv_cache_v(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out) {
     FERRY_TRY(check_layer(kv, layer, out));
-    *out = kv->v[layer];
+    *out = kv->layers.v[layer];
     return FERRY_OK;
 }
 
@@ -345,7 +237,7 @@ static ferry_status window(const ferry_kv_cache * kv, ferry_context * ctx, bool 
     size_t nb[FERRY_MAX_DIMS], offset;
     window_layout(kv, kv->layer_kv[layer], v, n_kv, s0, s1, ne, nb, &offset);
     ferry_tensor * view;
-    FERRY_TRY(ferry_tensor_view(ctx, v ? kv->v[layer] : kv->k[layer], FERRY_MAX_DIMS, ne, nb, offset, &view));
+    FERRY_TRY(ferry_tensor_view(ctx, v ? kv->layers.v[layer] : kv->layers.k[layer], FERRY_MAX_DIMS, ne, nb, offset, &view));
     FERRY_TRY(ferry_tensor_permute(ctx, view, 0, 2, 1, 3, out));
     char name[FERRY_MAX_NAME];
     snprintf(name, sizeof(name), "window_%s_l%d", v ? "v" : "k", layer);
@@ -370,11 +262,11 @@ int64_t ferry_kv_cache_layer_kv_size(const ferry_kv_cache * kv, int32_t layer) {
 }
 
 ferry_buffer_type * ferry_kv_cache_layer_buffer_type(const ferry_kv_cache * kv, int32_t layer) {
-    return kv && layer >= 0 && layer < kv->params.n_layer ? kv->layer_buft[layer] : NULL;
+    return kv ? ferry_kv_layers_buffer_type(&kv->layers, layer) : NULL;
 }
 
 ferry_buffer * ferry_kv_cache_layer_buffer(const ferry_kv_cache * kv, int32_t layer) {
-    return kv && layer >= 0 && layer < kv->params.n_layer ? kv->layer_buf[layer] : NULL;
+    return kv ? ferry_kv_layers_buffer(&kv->layers, layer) : NULL;
 }
 
 ferry_status ferry_kv_cache_layer_n_kv(const ferry_kv_cache * kv, int32_t layer, int64_t n_kv, int64_t * out) {

@@ -5,6 +5,7 @@
  * (copy-paged.c), which reads the tables this file keeps as it copies.
  */
 #include "ferry-impl.h"
+#include "kv-layers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,13 +14,7 @@
 struct ferry_paged_cache {
     ferry_paged_params params;
     int64_t pool_cells;              /* n_blocks * block_size */
-    ferry_context * ctx;
-    ferry_tensor ** k;               /* per layer: the pools */
-    ferry_tensor ** v;
-    ferry_buffer_type ** layer_buft; /* per layer: where its pools live */
-    ferry_buffer ** layer_buf;
-    ferry_buffer ** buffers;         /* owned: one per distinct buffer type */
-    int n_buffers;
+    ferry_kv_layers layers;          /* per layer: the pools, where they live, the owned buffers */
     ferry_paged_source * sources;    /* per layer: K at 2l, V at 2l + 1 */
     ferry_paged_tables tables;
     int64_t * capacity;              /* per sequence: room in its blocks array */
@@ -33,10 +28,8 @@ struct ferry_paged_cache {
 
 static ferry_status check_params(const ferry_paged_params * p) {
     FERRY_CHECK_ARG(p, "paged_cache: NULL params");
-    if (!ferry_type_valid(p->type_k) || !ferry_type_valid(p->type_v)) {
-        return ferry_fail(FERRY_ERR_UNKNOWN_TYPE, "paged_cache: %s %d is not a type", ferry_type_valid(p->type_k) ?
-                          "type_v" : "type_k", (int) (ferry_type_valid(p->type_k) ? p->type_v : p->type_k));
-    }
+    const ferry_kv_heads heads = FERRY_KV_HEADS_OF(p);
+    FERRY_TRY(ferry_kv_check_types("paged_cache", &heads));
     if (p->head_dim <= 0 || p->n_head_kv <= 0 || p->block_size <= 0 || p->n_blocks <= 0 || p->n_seq <= 0 ||
         p->n_layer <= 0) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache: head_dim, n_head_kv, block_size, n_blocks, n_seq and "
@@ -54,40 +47,17 @@ static ferry_status check_params(const ferry_paged_params * p) {
         return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache: head_dim x n_head_kv or block_size x n_blocks "
                           "overflows");
     }
-    size_t r;
-    if (ferry_row_size(p->type_k, p->head_dim, &r) != FERRY_OK) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "paged_cache: head_dim %lld is not whole %s blocks of %lld values "
-                          "(type_k)", (long long) p->head_dim, ferry_type_name(p->type_k),
-                          (long long) ferry_blck_size(p->type_k));
-    }
-    if (p->v_trans && ferry_blck_size(p->type_v) != 1) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "paged_cache: a transposed V (v_trans) cannot be %s (type_v): cells "
-                          "would split its blocks of values", ferry_type_name(p->type_v));
-    }
-    if (!p->v_trans && ferry_row_size(p->type_v, p->head_dim, &r) != FERRY_OK) {
-        return ferry_fail(FERRY_ERR_LAYOUT, "paged_cache: head_dim %lld is not whole %s blocks of %lld values "
-                          "(type_v)", (long long) p->head_dim, ferry_type_name(p->type_v),
-                          (long long) ferry_blck_size(p->type_v));
-    }
-    return FERRY_OK;
+    return ferry_kv_check_rows("paged_cache", &heads);
 }
 
 void ferry_paged_cache_free(ferry_paged_cache * cache) {
     if (!cache) {
         return;
     }
-    for (int i = 0; cache->buffers && i < cache->n_buffers; i++) {
-        ferry_buffer_free(cache->buffers[i]);
-    }
+    ferry_kv_layers_free(&cache->layers);
     for (int64_t s = 0; cache->tables.blocks && s < cache->tables.n_seq; s++) {
         free(cache->tables.blocks[s]);
     }
-    ferry_context_free(cache->ctx);
-    free(cache->k);
-    free(cache->v);
-    free(cache->layer_buft);
-    free(cache->layer_buf);
-    free(cache->buffers);
     free(cache->sources);
     free(cache->tables.blocks);
     free(cache->tables.n_blocks);
@@ -100,6 +70,45 @@ void ferry_paged_cache_free(ferry_paged_cache * cache) {
     free(cache);
 }
 
+/* c, the cache made, when st is OK; else c freed and st. */
+static ferry_status kept(ferry_paged_cache * c, ferry_status st, ferry_paged_cache ** out) {
+    if (st != FERRY_OK) {
+        ferry_paged_cache_free(c);
+        return st;
+    }
+    *out = c;
+    return FERRY_OK;
+}
+
+/* A layer's pool: a row of n_embd values per cell, every cell of the pool's blocks. */
+static void k_shape(const void * cache, int32_t layer, int64_t ne[FERRY_MAX_DIMS]) {
+    (void) layer;
+    const ferry_paged_cache * c = cache;
+    ne[0] = c->params.head_dim * c->params.n_head_kv;
+    ne[1] = c->pool_cells;
+}
+
+/* What the spine needs of this cache: its name, and a layer's pools, every cell of its blocks. */
+static const ferry_kv_layout pool_layout = {
+    .what = "paged_cache", .tensors = "paged", .one = " pool", .pair = "K and V pools", .n_dims = 2,
+    .may_leave_unplaced = false, .k_shape = k_shape,
+};
+
+/* What a paged window of each layer's K and V pool gathers from. */
+static void keep_sources(ferry_paged_cache * c) {
+    const ferry_paged_params * p = &c->params;
+    for (int32_t l = 0; l < p->n_layer; l++) {
+        for (int which = 0; which < 2; which++) {
+            const bool trans = which == 1 && p->v_trans;
+            ferry_tensor * pool = which ? c->layers.v[l] : c->layers.k[l];
+            c->sources[2 * l + which] = (ferry_paged_source) {
+                .pool = pool, .v_trans = trans, .block_size = p->block_size, .pool_cells = c->pool_cells,
+                .n_embd = p->head_dim * p->n_head_kv, .cell_bytes = trans ? ferry_type_size(p->type_v) : pool->nb[1],
+                .tables = &c->tables};
+        }
+    }
+}
+
 /* The pools, nothing placed; the tables come when the pools have memory (keep_tables). */
 static ferry_status lay_out(const ferry_paged_params * params, ferry_paged_cache ** out) {
     FERRY_TRY(check_params(params));
@@ -107,49 +116,19 @@ static ferry_status lay_out(const ferry_paged_params * params, ferry_paged_cache
     if (!c) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged_cache_new: out of memory");
     }
-    const size_t n = (size_t) params->n_layer;
     c->params = *params;
     c->pool_cells = params->n_blocks * params->block_size;
     c->tables.n_seq = params->n_seq;
-    c->k = ferry_calloc(n, sizeof(*c->k));
-    c->v = ferry_calloc(n, sizeof(*c->v));
-    c->layer_buft = ferry_calloc(n, sizeof(*c->layer_buft));
-    c->layer_buf = ferry_calloc(n, sizeof(*c->layer_buf));
-    c->buffers = ferry_calloc(n, sizeof(*c->buffers));
-    c->sources = ferry_calloc(2 * n, sizeof(*c->sources));
-    ferry_status st = c->k && c->v && c->layer_buft && c->layer_buf && c->buffers && c->sources
-                          ? ferry_context_new(&c->ctx)
-                          : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged_cache_new: out of memory");
-    const int64_t n_embd = params->head_dim * params->n_head_kv;
-    for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
-        const int64_t ne[2] = {n_embd, c->pool_cells};
-        const int64_t ne_vt[2] = {c->pool_cells, n_embd};
-        st = ferry_tensor_new(c->ctx, params->type_k, 2, ne, &c->k[l]);
-        if (st == FERRY_OK) {
-            st = ferry_tensor_new(c->ctx, params->type_v, 2, params->v_trans ? ne_vt : ne, &c->v[l]);
-        }
-        if (st == FERRY_OK) {
-            char name[FERRY_MAX_NAME];
-            snprintf(name, sizeof(name), "paged_k_l%d", l);
-            ferry_tensor_set_name(c->k[l], name);
-            snprintf(name, sizeof(name), "paged_v_l%d", l);
-            ferry_tensor_set_name(c->v[l], name);
-            for (int which = 0; which < 2; which++) {
-                const bool trans = which == 1 && params->v_trans;
-                ferry_tensor * pool = which ? c->v[l] : c->k[l];
-                c->sources[2 * l + which] = (ferry_paged_source) {
-                    .pool = pool, .v_trans = trans, .block_size = params->block_size, .pool_cells = c->pool_cells,
-                    .n_embd = n_embd, .cell_bytes = trans ? ferry_type_size(params->type_v) : pool->nb[1],
-                    .tables = &c->tables};
-            }
-        }
+    c->sources = ferry_calloc(2 * (size_t) params->n_layer, sizeof(*c->sources));
+    if (!c->sources) {
+        return kept(c, ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "paged_cache_new: out of memory"), out);
     }
-    if (st != FERRY_OK) {
-        ferry_paged_cache_free(c);
-        return st;
+    const ferry_kv_heads heads = FERRY_KV_HEADS_OF(params);
+    const ferry_status st = ferry_kv_layers_make(&c->layers, &pool_layout, &heads, params->n_layer, c);
+    if (st == FERRY_OK) {
+        keep_sources(c);
     }
-    *out = c;
-    return FERRY_OK;
+    return kept(c, st, out);
 }
 
 /* Every table empty, every block on the free list, block 0 on top: a fresh cache hands out 0, 1, ... */
@@ -177,68 +156,13 @@ static ferry_status keep_tables(ferry_paged_cache * c) {
     return FERRY_OK;
 }
 
-/* Every layer of buft's pools back to back in one new buffer, cleared to zeros. */
-static ferry_status allocate(ferry_paged_cache * c, ferry_buffer_type * buft) {
-    const size_t align = ferry_buffer_type_alignment(buft) ? ferry_buffer_type_alignment(buft) : 1;
-    size_t total = 0;
-    for (int32_t l = 0; l < c->params.n_layer; l++) {
-        ferry_tensor * pair[2] = {c->k[l], c->v[l]};
-        for (int i = 0; i < 2 && c->layer_buft[l] == buft; i++) {
-            size_t rounded;
-            if (!ferry_add_ok(ferry_buffer_type_alloc_size(buft, pair[i]), align - 1, &rounded) ||
-                !ferry_add_ok(total, rounded / align * align, &total)) {
-                return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "paged_cache: %d layers of pools overflow a buffer's size",
-                                  c->params.n_layer);
-            }
-        }
-    }
-    ferry_buffer * buf;
-    FERRY_TRY(ferry_buffer_type_alloc_buffer(buft, total, &buf));
-    c->buffers[c->n_buffers++] = buf;
-    FERRY_TRY(ferry_buffer_clear(buf, 0)); /* a new cache reads zeros, as ferry_kv_cache_new's does */
-    size_t offset = 0;
-    for (int32_t l = 0; l < c->params.n_layer; l++) {
-        ferry_tensor * pair[2] = {c->k[l], c->v[l]};
-        for (int i = 0; i < 2 && c->layer_buft[l] == buft; i++) {
-            FERRY_TRY(ferry_buffer_place_tensor(buf, pair[i], offset));
-            offset += (ferry_buffer_type_alloc_size(buft, pair[i]) + align - 1) / align * align;
-            c->layer_buf[l] = buf;
-        }
-    }
-    return FERRY_OK;
-}
-
 ferry_status ferry_paged_cache_new(const ferry_paged_params * params, ferry_buffer_type * host_buft,
                                    ferry_buffer_type * const * layer_bufts, ferry_paged_cache ** out) {
     FERRY_CHECK_ARG(out, "paged_cache_new: NULL output");
     ferry_paged_cache * c;
     FERRY_TRY(lay_out(params, &c));
-    ferry_status st = FERRY_OK;
-    for (int32_t l = 0; l < params->n_layer; l++) {
-        c->layer_buft[l] = layer_bufts && layer_bufts[l] ? layer_bufts[l] : host_buft;
-        if (!c->layer_buft[l]) {
-            st = ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_new: layer %d has no buffer type (host_buft is NULL)",
-                            l);
-        }
-    }
-    for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
-        bool seen = false;
-        for (int32_t e = 0; !seen && e < l; e++) {
-            seen = c->layer_buft[e] == c->layer_buft[l];
-        }
-        if (!seen) {
-            st = allocate(c, c->layer_buft[l]);
-        }
-    }
-    if (st == FERRY_OK) {
-        st = keep_tables(c);
-    }
-    if (st != FERRY_OK) {
-        ferry_paged_cache_free(c);
-        return st;
-    }
-    *out = c;
-    return FERRY_OK;
+    ferry_status st = ferry_kv_layers_place(&c->layers, host_buft, layer_bufts);
+    return kept(c, st == FERRY_OK ? keep_tables(c) : st, out);
 }
 
 ferry_status ferry_paged_cache_new_over(const ferry_paged_params * params, ferry_buffer * const * k_bufs,
@@ -247,33 +171,8 @@ ferry_status ferry_paged_cache_new_over(const ferry_paged_params * params, ferry
     FERRY_CHECK_ARG(out && k_bufs && k_offsets && v_bufs && v_offsets, "paged_cache_new_over: NULL argument");
     ferry_paged_cache * c;
     FERRY_TRY(lay_out(params, &c));
-    ferry_status st = FERRY_OK;
-    for (int32_t l = 0; st == FERRY_OK && l < params->n_layer; l++) {
-        if (!k_bufs[l] || !v_bufs[l]) {
-            st = ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_new_over: layer %d has no %s pool buffer", l,
-                            k_bufs[l] ? "V" : "K");
-        } else if (ferry_buffer_get_type(k_bufs[l]) != ferry_buffer_get_type(v_bufs[l])) {
-            st = ferry_fail(FERRY_ERR_INVALID_ARG, "paged_cache_new_over: layer %d's K and V pools are in buffers "
-                            "of different types; a layer lives in one memory", l);
-        } else if (ferry_buffer_place_tensor(k_bufs[l], c->k[l], k_offsets[l]) != FERRY_OK ||
-                   ferry_buffer_place_tensor(v_bufs[l], c->v[l], v_offsets[l]) != FERRY_OK) {
-            char why[256];
-            snprintf(why, sizeof(why), "%s", ferry_last_error());
-            st = ferry_fail(ferry_last_status(), "paged_cache_new_over: layer %d: %s", l, why);
-        } else {
-            c->layer_buft[l] = ferry_buffer_get_type(k_bufs[l]);
-            c->layer_buf[l] = k_bufs[l];
-        }
-    }
-    if (st == FERRY_OK) {
-        st = keep_tables(c);
-    }
-    if (st != FERRY_OK) {
-        ferry_paged_cache_free(c);
-        return st;
-    }
-    *out = c;
-    return FERRY_OK;
+    ferry_status st = ferry_kv_layers_place_over(&c->layers, k_bufs, k_offsets, v_bufs, v_offsets);
+    return kept(c, st == FERRY_OK ? keep_tables(c) : st, out);
 }
 
 ferry_status ferry_paged_cache_params(const ferry_paged_cache * cache, ferry_paged_params * out) {
@@ -284,30 +183,27 @@ ferry_status ferry_paged_cache_params(const ferry_paged_cache * cache, ferry_pag
 
 static ferry_status check_layer(const ferry_paged_cache * c, int32_t layer, const void * out, const char * what) {
     FERRY_CHECK_ARG(c && out, "%s: NULL argument", what);
-    if (layer < 0 || layer >= c->params.n_layer) {
-        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: layer %d is not in 0..%d", what, layer, c->params.n_layer - 1);
-    }
-    return FERRY_OK;
+    return ferry_kv_layers_check(&c->layers, layer, what);
 }
 
 ferry_status ferry_paged_cache_k(const ferry_paged_cache * cache, int32_t layer, ferry_tensor ** out) {
     FERRY_TRY(check_layer(cache, layer, out, "paged_cache_k"));
-    *out = cache->k[layer];
+    *out = cache->layers.k[layer];
     return FERRY_OK;
 }
 
 ferry_status ferry_paged_cache_v(const ferry_paged_cache * cache, int32_t layer, ferry_tensor ** out) {
     FERRY_TRY(check_layer(cache, layer, out, "paged_cache_v"));
-    *out = cache->v[layer];
+    *out = cache->layers.v[layer];
     return FERRY_OK;
 }
 
 ferry_buffer_type * ferry_paged_cache_layer_buffer_type(const ferry_paged_cache * cache, int32_t layer) {
-    return cache && layer >= 0 && layer < cache->params.n_layer ? cache->layer_buft[layer] : NULL;
+    return cache ? ferry_kv_layers_buffer_type(&cache->layers, layer) : NULL;
 }
 
 ferry_buffer * ferry_paged_cache_layer_buffer(const ferry_paged_cache * cache, int32_t layer) {
-    return cache && layer >= 0 && layer < cache->params.n_layer ? cache->layer_buf[layer] : NULL;
+    return cache ? ferry_kv_layers_buffer(&cache->layers, layer) : NULL;
 }
 
 /* ---------------------------------------------------------------- block tables */
@@ -564,7 +460,7 @@ static ferry_status window(const ferry_paged_cache * c, ferry_context * ctx, boo
         ferry_row_size(type, p->head_dim, &nb[2]);
     }
     nb[3] = src->cell_bytes * cells * (size_t) (src->v_trans ? src->n_embd : 1);
-    FERRY_TRY(ferry_tensor_paged_window(ctx, v ? c->v[layer] : c->k[layer], ne, nb, src, s0, out));
+    FERRY_TRY(ferry_tensor_paged_window(ctx, v ? c->layers.v[layer] : c->layers.k[layer], ne, nb, src, s0, out));
     char name[FERRY_MAX_NAME];
     snprintf(name, sizeof(name), "paged_window_%s_l%d", v ? "v" : "k", layer);
     return ferry_tensor_set_name(*out, name);
