@@ -183,6 +183,38 @@ static void test_bad_params_refused(void) {
     CHECK(c == NULL);
 }
 
+/* The refusals both caches get from their shared spine (kv-layers.c) name the cache they come from. */
+static void test_spine_refusals_name_their_cache(void) {
+    ferry_paged_cache * c = NULL;
+    ferry_kv_cache * kv = NULL;
+    ferry_paged_params p = params_of(FERRY_TYPE_F16, FERRY_TYPE_Q8_0, true);
+    CHECK_FAILS(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c), FERRY_ERR_LAYOUT);
+    CHECK(strcmp(ferry_last_error(), "paged_cache: a transposed V (v_trans) cannot be q8_0 (type_v): cells would "
+                 "split blocks") == 0);
+    const ferry_kv_params kp = {.type_k = FERRY_TYPE_F16, .type_v = FERRY_TYPE_Q8_0, .head_dim = HEAD_DIM,
+                                .n_head_kv = N_HEAD_KV, .n_ctx = 8, .n_stream = 2, .n_layer = N_LAYER, .v_trans = true};
+    CHECK_FAILS(ferry_kv_cache_new(&kp, ferry_cpu_buffer_type(), &kv), FERRY_ERR_LAYOUT);
+    CHECK(strcmp(ferry_last_error(), "kv_cache: a transposed V (v_trans) cannot be q8_0 (type_v): cells would "
+                 "split blocks") == 0);
+    p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
+    CHECK_FAILS(ferry_paged_cache_new(&p, NULL, NULL, &c), FERRY_ERR_INVALID_ARG); /* the first such layer named */
+    CHECK(strcmp(ferry_last_error(), "paged_cache_new: layer 0 has no buffer type (host_buft is NULL)") == 0);
+    p.head_dim = 2000000000; /* each pool 8e18 bytes: two layers' pools overflow a size_t */
+    p.n_head_kv = 1;
+    p.n_blocks = 500000000;
+    CHECK_FAILS(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strcmp(ferry_last_error(), "paged_cache: 2 layers of K and V pools overflow a buffer's size") == 0);
+    p = params_of(FERRY_TYPE_F16, FERRY_TYPE_F16, false);
+    CHECK_OK(ferry_paged_cache_new(&p, ferry_cpu_buffer_type(), NULL, &c));
+    ferry_tensor * t;
+    CHECK_FAILS(ferry_paged_cache_k(c, N_LAYER, &t), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strcmp(ferry_last_error(), "paged_cache_k: layer 2 is not in 0..1") == 0);
+    CHECK_OK(ferry_paged_cache_v(c, 1, &t));
+    CHECK(strcmp(t->name, "paged_v_l1") == 0);
+    ferry_paged_cache_free(c);
+    CHECK(kv == NULL);
+}
+
 /* Every argument of the cache's functions refused where it is out of range or NULL. */
 static void test_arguments_refused(void) {
     ferry_paged_cache * c = NULL;
@@ -926,6 +958,7 @@ static const check_test tests[] = {
     {"a_table_keeps_the_blocks_it_was_given", test_a_table_keeps_the_blocks_it_was_given},
     {"bad_params_refused", test_bad_params_refused},
     {"arguments_refused", test_arguments_refused},
+    {"spine_refusals_name_their_cache", test_spine_refusals_name_their_cache},
     {"new_cache_reads_zeros_one_over_arrays_keeps_them", test_new_cache_reads_zeros_one_over_arrays_keeps_them},
     {"window_layout_is_the_compact_one", test_window_layout_is_the_compact_one},
     {"windows_are_not_read_in_place", test_windows_are_not_read_in_place},
