@@ -19,52 +19,33 @@ at once.
 
 from __future__ import annotations
 
-import builtins
-import weakref
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Closeable, Handle, holding
+from ._handle import holding
 from .backend import Backend
-from .buffer import BufferType, cpu_buffer_type
-from .errors import FerryError, InvalidArgumentError, LayoutError, OutOfBoundsError, check
-from .kv import (
-    ATTENTION_TYPES,
-    LayerWindows,
-    _buffer_of,
-    _check_layer_lists,
-    _check_one_type,
-    _layer_buffer,
-    _layer_tensor,
-    _over_buffers,
-    _placement_bufts,
-    _type_arg,
-    _which,
-)
-from .ops import mark_v_window
+from .buffer import BufferType
+from .errors import InvalidArgumentError, LayoutError, OutOfBoundsError, check
+from .kv_layers import CacheLayout, LayerCache, LayerParams, LayerWindows
 from .policy import GatherLike, GatherMethod, to_gather_method
 from .tensor import Tensor
-from .types import Type, TypeLike, row_size
+from .types import TypeLike, row_size
 
 
 @dataclass(frozen=True)
-class PagedParams:
+class PagedParams(LayerParams):
     """The layout of a paged KV cache (ferry_paged_params), as C keeps it: PagedKVCache.params.
 
     Attributes
     ----------
-    type_k, type_v : Type
-        The element types of K and V.
-    head_dim : int
-        Values per head.
-    n_head_kv : int
-        KV heads per cell.
+    type_k, type_v, head_dim, n_head_kv : Type, Type, int, int
+        A cell's K and V types, values per head and KV heads (ferry.kv_layers.LayerParams).
     block_size : int
         Cells per block.
     n_blocks : int
@@ -79,10 +60,6 @@ class PagedParams:
         Whether two tables may hold one block (a common prefix).
     """
 
-    type_k: Type
-    type_v: Type
-    head_dim: int
-    n_head_kv: int
     block_size: int
     n_blocks: int
     n_seq: int
@@ -91,34 +68,12 @@ class PagedParams:
     share_blocks: bool
 
     @property
-    def n_embd_gqa(self) -> int:
-        """Values per cell: head_dim * n_head_kv."""
-        return self.head_dim * self.n_head_kv
-
-    @property
     def pool_cells(self) -> int:
         """Cells in a pool: n_blocks * block_size."""
         return self.n_blocks * self.block_size
 
 
-def _params_of(type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, block_size: int, n_blocks: int,
-               n_seq: int, n_layer: int, v_trans: bool, share_blocks: bool) -> Any:
-    """A ferry_paged_params of the values, each checked to reach C."""
-    p = ffi.new("ferry_paged_params *")
-    p.type_k = _type_arg(type_k, "PagedKVCache: type_k").value
-    p.type_v = _type_arg(type_v, "PagedKVCache: type_v").value
-    p.head_dim = _checks.as_int64(head_dim, "PagedKVCache: head_dim")
-    p.n_head_kv = _checks.as_int64(n_head_kv, "PagedKVCache: n_head_kv")
-    p.block_size = _checks.as_int64(block_size, "PagedKVCache: block_size")
-    p.n_blocks = _checks.as_int64(n_blocks, "PagedKVCache: n_blocks")
-    p.n_seq = _checks.as_int64(n_seq, "PagedKVCache: n_seq")
-    p.n_layer = _checks.as_c_int(n_layer, "PagedKVCache: n_layer")
-    p.v_trans = _checks.as_bool(v_trans, "PagedKVCache: v_trans")
-    p.share_blocks = _checks.as_bool(share_blocks, "PagedKVCache: share_blocks")
-    return p
-
-
-class PagedKVCache(Closeable):
+class PagedKVCache(LayerCache):
     """Per layer a K and a V pool of blocks, a block table per sequence, and their windows.
 
     The memory is the backend's default buffer type, or buffer_type, or with pinned=True CUDA's
@@ -173,57 +128,22 @@ class PagedKVCache(Closeable):
     (([0, 1], 6), ([2, 3], 5), 4)
     """
 
-    _memory_stays = True
+    _layout = CacheLayout("PagedKVCache", "ferry_paged_params", PagedParams, lib.ferry_paged_cache_free,
+                          lib.ferry_paged_cache_params, lib.ferry_paged_cache_k, lib.ferry_paged_cache_v,
+                          lib.ferry_paged_cache_layer_buffer)
 
     def __init__(self, type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, block_size: int,
                  n_blocks: int, n_seq: int, n_layer: int = 1, v_trans: bool = False, share_blocks: bool = False,
                  backend: Optional[Backend] = None, buffer_type: Optional[BufferType] = None, pinned: bool = False,
                  placement: Optional[Sequence[Optional[Backend]]] = None) -> None:
-        pinned = _checks.as_bool(pinned, "PagedKVCache: pinned")
-        if sum(x is not None and x is not False for x in (backend, buffer_type, pinned)) > 1:
-            raise InvalidArgumentError("PagedKVCache: give at most one of backend, buffer_type and pinned")
-        if backend is not None:
-            buft = _checks.instance(backend, Backend, "PagedKVCache: backend").buffer_type
-        elif buffer_type is not None:
-            buft = _checks.instance(buffer_type, BufferType, "PagedKVCache: buffer_type")
-        elif pinned:
-            from .cuda import cuda_host_buffer_type
-
-            buft = cuda_host_buffer_type()
-        else:
-            buft = cpu_buffer_type()
-        p = _params_of(type_k, type_v, head_dim, n_head_kv, block_size, n_blocks, n_seq, n_layer, v_trans,
-                       share_blocks)
-        try:
-            layer_bufts = _placement_bufts(placement, int(p.n_layer))
-        except InvalidArgumentError as e:
-            raise InvalidArgumentError(e.message.replace("KVCache:", "PagedKVCache:", 1)) from None
+        buft = self._memory(backend, buffer_type, pinned)
+        p = self._c_params(type_k=type_k, type_v=type_v, head_dim=head_dim, n_head_kv=n_head_kv,
+                           block_size=block_size, n_blocks=n_blocks, n_seq=n_seq, n_layer=n_layer, v_trans=v_trans,
+                           share_blocks=share_blocks)
+        layer_bufts = self._placement_bufts(placement, int(p.n_layer))
         out = ffi.new("ferry_paged_cache **")
-        c_bufts = ffi.NULL if layer_bufts is None else ffi.new(
-            "ferry_buffer_type *[]", [ffi.NULL if b is None else b._ptr for b in layer_bufts])
-        check(lib.ferry_paged_cache_new(p, buft._ptr, c_bufts, out))
-        owners = [buft] + [b for b in (layer_bufts or []) if b is not None]
-        parents = [b._backend._handle for b in owners if b._backend is not None]
-        n = int(p.n_layer)
-        self._buffer_type = buft
-        self._setup(Handle(out[0], lib.ferry_paged_cache_free, parents),
-                    [buft if b is None else b for b in (layer_bufts or [None] * n)],
-                    tuple(None if b is None else b._backend for b in (layer_bufts or [None] * n)), {})
-
-    def _setup(self, handle: Handle, layer_bufts: List[BufferType],
-               placement: Tuple[Union[Backend, BufferType, None], ...], foreign: "dict[Tuple[str, int], Any]") -> None:
-        self._handle = handle
-        self._finalizer = weakref.finalize(self, self._handle.release)
-        self._layer_bufts = layer_bufts
-        self._placement = placement
-        self._foreign = foreign  # (which, layer) -> the ForeignBuffer of a caller's array (from_arrays)
-        c = ffi.new("ferry_paged_params *")
-        check(lib.ferry_paged_cache_params(self._handle.ptr, c))
-        self._params = PagedParams(Type(c.type_k), Type(c.type_v), int(c.head_dim), int(c.n_head_kv),
-                                   int(c.block_size), int(c.n_blocks), int(c.n_seq), int(c.n_layer), bool(c.v_trans),
-                                   bool(c.share_blocks))
-        # the wrappers keep the cache alive, so the cache holds them weakly (as KVCache does)
-        self._wrappers: "weakref.WeakValueDictionary[Tuple[str, int], Any]" = weakref.WeakValueDictionary()
+        check(lib.ferry_paged_cache_new(p, buft._ptr, self._c_layer_bufts(layer_bufts), out))
+        self._own(out[0], buft, layer_bufts, int(p.n_layer))
 
     @classmethod
     def from_arrays(cls, k_layers: Sequence[Any], v_layers: Sequence[Any], n_seq: int, v_trans: bool = False,
@@ -269,17 +189,15 @@ class PagedKVCache(Closeable):
             For arrays that are not dense (naming the stride that is not) or of another number of
             dimensions.
         """
-        from .interop import ForeignBuffer, from_array
-
         what = "PagedKVCache.from_arrays"
-        _check_layer_lists(what, k_layers, v_layers, "give one K and one V pool per layer")
+        cls._check_layer_lists(k_layers, v_layers, "give one K and one V pool per layer")
         vt = _checks.as_bool(v_trans, f"{what}: v_trans")
         heads = None if n_head_kv is None else _checks.as_int64(n_head_kv, f"{what}: n_head_kv")
         if heads is not None and heads <= 0:
             raise InvalidArgumentError(f"{what}: n_head_kv must be positive, got {heads}")
-        ks = [_pool_array(a, "k", i, type_k, heads, False, from_array) for i, a in enumerate(k_layers)]
-        vs = [_pool_array(a, "v", i, type_v, heads, vt, from_array) for i, a in enumerate(v_layers)]
-        _check_one_type(what, [t.type for t, _ in ks], [t.type for t, _ in vs])
+        ks = [cls._pool_array(a, "k", i, type_k, heads, False) for i, a in enumerate(k_layers)]
+        vs = [cls._pool_array(a, "v", i, type_v, heads, vt) for i, a in enumerate(v_layers)]
+        cls._check_one_type([t.type for t, _ in ks], [t.type for t, _ in vs])
         k0, (n_embd, bs, nblk, k_heads) = ks[0][0], ks[0][1]
         for i, (_, (e, b, m, h)) in enumerate(ks):
             if (e, b, m, h) != (n_embd, bs, nblk, k_heads):
@@ -294,10 +212,10 @@ class PagedKVCache(Closeable):
                          f"[{nblk}, {bs}, {k_heads}, {n_embd // k_heads}] (or [{nblk}, {bs}, {n_embd}])")
                 raise InvalidArgumentError(f"{what}: v_layers[{i}] is not {shape} values as k_layers[{i}]'s pool"
                                            f"{' transposed (v_trans)' if vt else ''}")
-        p = _params_of(k0.type, vs[0][0].type, n_embd // k_heads, k_heads, bs, nblk, n_seq, len(ks), vt,
-                       share_blocks)
-        kbufs = [_buffer_of(t, f"{what}: k_layers[{i}]") for i, (t, _) in enumerate(ks)]
-        vbufs = [_buffer_of(t, f"{what}: v_layers[{i}]") for i, (t, _) in enumerate(vs)]
+        p = cls._c_params(type_k=k0.type, type_v=vs[0][0].type, head_dim=n_embd // k_heads, n_head_kv=k_heads,
+                          block_size=bs, n_blocks=nblk, n_seq=n_seq, n_layer=len(ks), v_trans=vt,
+                          share_blocks=share_blocks)
+        kbufs, vbufs = cls._buffers_of("k", [t for t, _ in ks]), cls._buffers_of("v", [t for t, _ in vs])
         for i, (kb, vb) in enumerate(zip(kbufs, vbufs)):
             if kb.type != vb.type:
                 raise InvalidArgumentError(f"{what}: k_layers[{i}] and v_layers[{i}] are in memories of two kinds "
@@ -306,68 +224,49 @@ class PagedKVCache(Closeable):
         check(lib.ferry_paged_cache_new_over(
             p, ffi.new("ferry_buffer *[]", [b._p for b in kbufs]), ffi.new("size_t[]", [t.offset for t, _ in ks]),
             ffi.new("ferry_buffer *[]", [b._p for b in vbufs]), ffi.new("size_t[]", [t.offset for t, _ in vs]), out))
-        return _over_buffers(cls, out[0], lib.ferry_paged_cache_free, kbufs, vbufs, ForeignBuffer)
+        return cls._over(out[0], kbufs, vbufs)
 
-    # ------------------------------------------------------------ layout and memory
+    @classmethod
+    def _pool_array(cls, a: Any, which: str, layer: int, type: Optional[TypeLike], heads: Optional[int],
+                    trans: bool) -> Tuple[Tensor, Tuple[int, int, int, int]]:
+        """The tensor of a layer's K (which "k") or V pool (LayerCache._layer_array), checked dense, and its
+        shape: (n_embd_gqa, block_size, n_blocks, n_head_kv); a transposed V's (n_embd_gqa, pool cells, 1,
+        1). Each FerryError names the array ("k_layers[1]")."""
+        what = cls._array_what(which, layer)
+        shape = getattr(a, "shape", None)
+        want = (2,) if trans else (3, 4)
+        if shape is not None and len(shape) not in want:
+            raise LayoutError(f"{what} has {len(shape)} dimensions (shape {tuple(shape)}); a pool is " +
+                              ("[n_embd_gqa, num_blocks * block_size] (v_trans)" if trans else
+                               "[num_blocks, block_size, n_kv_heads, head_dim] or [num_blocks, block_size, "
+                               "n_embd_gqa]"))
+        t = cls._layer_array(a, which, layer, type, f"paged_{which}_l{layer}")
+        ne, nb = list(t.ne), list(t.nb)
+        four = shape is not None and len(shape) == 4
+        if four and heads is not None and heads != ne[1]:
+            raise InvalidArgumentError(f"{what} holds {ne[1]} heads (axis 2), not n_head_kv={heads}")
+        dims = 4 if four else (2 if trans else 3)
+        n_embd = ne[0] * ne[1] if four else (ne[1] if trans else ne[0])
+        h = ne[1] if four else (heads or 1)
+        expect = row_size(t.type, ne[0])
+        for axis in range(1, dims):  # each axis one dense step from the last
+            if ne[axis] > 1 and nb[axis] != expect:
+                raise LayoutError(f"{what}: its axis {dims - 1 - axis} steps {nb[axis]} bytes, a dense array "
+                                  f"{expect}: pass a contiguous array (np.ascontiguousarray)")
+            expect *= ne[axis]
+        if n_embd % h:
+            raise InvalidArgumentError(f"{what}: its {n_embd} values a cell are not n_head_kv={h} heads")
+        if trans:
+            return t, (ne[1], ne[0], 1, h)
+        return t, (n_embd, ne[2] if four else ne[1], ne[3] if four else ne[2], h)
 
     @property
     def params(self) -> PagedParams:
         """The cache's layout."""
         return self._params
 
-    @property
-    def placement(self) -> Tuple[Union[Backend, BufferType, None], ...]:
-        """Per layer, the backend whose memory holds its pools, or None for host memory (for pools
-        over device arrays, the memory's BufferType where no Backend object stands for it)."""
-        return self._placement
-
-    @property
-    def buffer_type(self) -> BufferType:
-        """The buffer type of the cache's memory."""
-        return self._buffer_type
-
-    def _layer(self, layer: int, what: str) -> int:
-        i = _checks.as_c_int(layer, f"{what}: layer")
-        if not 0 <= i < self._params.n_layer:
-            raise OutOfBoundsError(f"{what}: layer {i} is not in 0..{self._params.n_layer - 1}")
-        return i
-
-    @holding
-    def layer_buffer(self, layer: int) -> Any:
-        """The buffer holding a layer's pools (the caller's K buffer for a cache over arrays).
-
-        Raises
-        ------
-        OutOfBoundsError
-            For a layer the cache does not have.
-        """
-        i = self._layer(layer, "PagedKVCache.layer_buffer")
-        if ("k", i) in self._foreign:
-            return self._foreign["k", i]
-        return _layer_buffer(self, i, lib.ferry_paged_cache_layer_buffer)
-
-    def _pool(self, which: str, layer: int) -> Tensor:
-        return _layer_tensor(self, which, layer, lib.ferry_paged_cache_k if which == "k" else lib.ferry_paged_cache_v)
-
-    @holding
-    def k(self, layer: int = 0) -> Tensor:
-        """A layer's K pool, [n_embd_gqa, n_blocks * block_size].
-
-        Raises
-        ------
-        OutOfBoundsError
-            For a layer the cache does not have.
-        """
-        return self._pool("k", self._layer(layer, "PagedKVCache.k"))
-
-    @holding
-    def v(self, layer: int = 0) -> Tensor:
-        """A layer's V pool, [n_embd_gqa, n_blocks * block_size], or transposed [n_blocks * block_size,
-        n_embd_gqa]; raises as k does."""
-        return self._pool("v", self._layer(layer, "PagedKVCache.v"))
-
-    def _after_close(self) -> None:
-        self._wrappers.clear()
+    def _last_stream(self) -> int:
+        return self._params.n_seq - 1
 
     # ------------------------------------------------------------ block tables
 
@@ -491,7 +390,7 @@ class PagedKVCache(Closeable):
             For which not "k" or "v", a sequence the cache does not have, or a cell past those its
             table holds.
         """
-        v = _which(which, "paged_cache_cell_offset")
+        v = self._which_is_v(which, "paged_cache_cell_offset")
         out = ffi.new("size_t *")
         check(lib.ferry_paged_cache_cell_offset(self._p, v, self._seq(seq, "paged_cache_cell_offset"),
                                                 _checks.as_int64(cell, "paged_cache_cell_offset: cell"), out))
@@ -554,20 +453,17 @@ class PagedKVCache(Closeable):
         li = _checks.as_c_int(layer, f"{what}: layer")
         nk = _checks.as_int64(n_kv, f"{what}: n_kv")
         a = _checks.as_int64(s0, f"{what}: s0")
-        b = self._params.n_seq - 1 if s1 is None else _checks.as_int64(s1, f"{what}: s1")
+        b = self._last_stream() if s1 is None else _checks.as_int64(s1, f"{what}: s1")
         cache = self._p
-        k_pool, v_pool = self._pool("k", self._layer(li, what)), self._pool("v", li)
-        v_out = ffi.new("ferry_tensor **")
-        k = Tensor(lambda ctx, out: lib.ferry_paged_cache_window(cache, ctx, li, nk, a, b, out, v_out), source=k_pool)
-        v = Tensor._borrow(v_out[0], k._handle, keep=k, source=v_pool)
-        mark_v_window(v, self._params.v_trans)
-        if lengths is not None and lengths.ne[0] != k.ne[3]:
-            raise LayoutError(f"{what}: lengths '{lengths.name}' holds {lengths.ne[0]} values, but s0..s1 ({a}..{b}) "
-                              f"are {k.ne[3]} sequences: give one length per sequence")
-        if lengths is not None:
-            k.set_used_cells(lengths, 1, 3, limit)
-            v.set_used_cells(lengths, 0 if self._params.v_trans else 1, 3, limit)
-        return k, v
+
+        def one_length_each(k: Tensor) -> None:
+            if lengths is not None and lengths.ne[0] != k.ne[3]:
+                raise LayoutError(f"{what}: lengths '{lengths.name}' holds {lengths.ne[0]} values, but s0..s1 "
+                                  f"({a}..{b}) are {k.ne[3]} sequences: give one length per sequence")
+
+        return self._window_pair(self._layer(li, what),
+                                 lambda ctx, k, v: lib.ferry_paged_cache_window(cache, ctx, li, nk, a, b, k, v),
+                                 lengths, limit, one_length_each)
 
     def windows(self, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> "PagedWindows":
         """Every layer's K and V windows of a step, as ferry.attention_step reads them in one C call
@@ -589,86 +485,30 @@ class PagedKVCache(Closeable):
         """
         return PagedWindows(self, n_kv, s0, s1)
 
-    def __repr__(self) -> str:
-        if self.closed:
-            return "<PagedKVCache closed>"
+    def _repr_layout(self) -> str:
         p = self._params
-        return (f"<PagedKVCache K {p.type_k} V {p.type_v}{' (transposed)' if p.v_trans else ''} head_dim={p.head_dim} "
-                f"n_head_kv={p.n_head_kv} {p.n_blocks} blocks of {p.block_size} cells, {p.n_seq} sequences, "
-                f"{p.n_layer} layers, {self.free_blocks} blocks free in {self._buffer_type.name}>")
+        return (f"{p.n_blocks} blocks of {p.block_size} cells, {p.n_seq} sequences, {p.n_layer} layers, "
+                f"{self.free_blocks} blocks free in {self._buffer_type.name}")
 
 
 class PagedWindows(LayerWindows):
     """Every layer's K and V windows over sequences s0..s1 (PagedKVCache.windows): indexing makes a
     layer's pair with PagedKVCache.window; ferry.attention_step makes them all in one C call.
 
-    Parameters
-    ----------
-    cache : PagedKVCache
-    n_kv : int
-    s0 : int, optional
-    s1 : int, optional
-
-    Raises
-    ------
-    InvalidArgumentError
-        For a cache that is not a PagedKVCache, or values that cannot reach C.
+    Made of a PagedKVCache, n_kv, s0 and s1 as LayerWindows says; InvalidArgumentError for another
+    cache.
     """
 
     _what = "paged windows"
-
-    def __init__(self, cache: PagedKVCache, n_kv: int, s0: int = 0, s1: Optional[int] = None) -> None:
-        self.cache = _checks.instance(cache, PagedKVCache, "paged windows: cache")
-        self.n_kv = _checks.as_int64(n_kv, "paged_cache_window: n_kv")
-        self.s0 = _checks.as_int64(s0, "paged_cache_window: s0")
-        self.s1 = cache.params.n_seq - 1 if s1 is None else _checks.as_int64(s1, "paged_cache_window: s1")
+    _cache_class = PagedKVCache
+    _window_what = "paged_cache_window"
+    cache: PagedKVCache
 
     def _window(self, layer: int) -> Tuple[Tensor, Tensor]:
         return self.cache.window(layer, self.n_kv, self.s0, self.s1)
 
     def __repr__(self) -> str:
         return f"<PagedWindows n_kv={self.n_kv} sequences {self.s0}..{self.s1} of {self.cache!r}>"
-
-
-def _pool_array(a: Any, which: str, layer: int, type: Optional[TypeLike], heads: Optional[int], trans: bool,
-                from_array: Callable[..., Tensor]) -> Tuple[Tensor, Tuple[int, int, int, int]]:
-    """The tensor from_array makes of a layer's K (which "k") or V pool, checked dense and of a type
-    attention reads, and its shape: (n_embd_gqa, block_size, n_blocks, n_head_kv); a transposed V's
-    (n_embd_gqa, pool cells, 1, 1). Each FerryError names the array ("k_layers[1]")."""
-    what = f"PagedKVCache.from_arrays: {which}_layers[{layer}]"
-    shape = getattr(a, "shape", None)
-    want = (2,) if trans else (3, 4)
-    if shape is not None and len(shape) not in want:
-        raise LayoutError(f"{what} has {len(shape)} dimensions (shape {tuple(shape)}); a pool is " +
-                          ("[n_embd_gqa, num_blocks * block_size] (v_trans)" if trans else
-                           "[num_blocks, block_size, n_kv_heads, head_dim] or [num_blocks, block_size, n_embd_gqa]"))
-    try:
-        t = from_array(a, type=type, name=f"paged_{which}_l{layer}")
-    except FerryError as e:
-        given = "" if type is None else f" (type_{which}={type!r})"
-        raise builtins.type(e)(f"{what}{given}: {e.message}") from None
-    if t.type not in ATTENTION_TYPES:
-        raise InvalidArgumentError(f"{what} is {t.type}: attention reads {', '.join(map(str, ATTENTION_TYPES))} "
-                                   f"(q8_0 as uint8 bytes with type_{which}='q8_0')")
-    ne, nb = list(t.ne), list(t.nb)
-    four = shape is not None and len(shape) == 4
-    if four and heads is not None and heads != ne[1]:
-        raise InvalidArgumentError(f"{what} holds {ne[1]} heads (axis 2), not n_head_kv={heads}")
-    dims = 4 if four else (2 if trans else 3)
-    n_embd = ne[0] * ne[1] if four else (ne[1] if trans else ne[0])
-    h = ne[1] if four else (heads or 1)
-    row = row_size(t.type, ne[0])
-    expect = row
-    for axis in range(1, dims):  # each axis one dense step from the last
-        if ne[axis] > 1 and nb[axis] != expect:
-            raise LayoutError(f"{what}: its axis {dims - 1 - axis} steps {nb[axis]} bytes, a dense array {expect}: "
-                              "pass a contiguous array (np.ascontiguousarray)")
-        expect *= ne[axis]
-    if n_embd % h:
-        raise InvalidArgumentError(f"{what}: its {n_embd} values a cell are not n_head_kv={h} heads")
-    if trans:
-        return t, (ne[1], ne[0], 1, h)
-    return t, (n_embd, ne[2] if four else ne[1], ne[3] if four else ne[2], h)
 
 
 def _block_ids(blocks: object, what: str) -> List[int]:

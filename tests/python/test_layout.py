@@ -26,6 +26,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.buffer", "ferry.event", "ferry.backend", "ferry.cuda", "ferry.interop", "ferry.link"),
     ("ferry.ops", "ferry.graph", "ferry._placements", "ferry.alloc"),
     ("ferry.plan", "ferry.copy_path"),
+    ("ferry.kv_layers",),
     ("ferry.sched", "ferry.kv", "ferry.paged", "ferry.step"),
     ("ferry.residency.model",),
     ("ferry.residency.rules", "ferry.residency.measure"),
