@@ -117,8 +117,9 @@ class KVCache(LayerCache):
     ((4, 3, 1, 2), (2, 8, 8, 64), 88)
     """
 
-    _layout = CacheLayout("KVCache", "ferry_kv_params", KVParams, lib.ferry_kv_cache_free, lib.ferry_kv_cache_params,
-                          lib.ferry_kv_cache_k, lib.ferry_kv_cache_v, lib.ferry_kv_cache_layer_buffer)
+    _layout = CacheLayout(name="KVCache", c_type="ferry_kv_cache", params_type="ferry_kv_params", params_class=KVParams,
+                          free=lib.ferry_kv_cache_free, params=lib.ferry_kv_cache_params, k=lib.ferry_kv_cache_k,
+                          v=lib.ferry_kv_cache_v, layer_buffer=lib.ferry_kv_cache_layer_buffer)
 
     def __init__(self, type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, n_ctx: int,
                  n_stream: int, n_layer: int = 1, v_trans: bool = False, backend: Optional[Backend] = None,
@@ -183,7 +184,7 @@ class KVCache(LayerCache):
         LayoutError
             For arrays that are not dense (naming the stride that is not) or not 3-D.
         """
-        what = "KVCache.from_arrays"
+        what = f"{cls._layout.name}.from_arrays"
         cls._check_layer_lists(k_layers, v_layers, "give one K and one V per layer")
         ns = _checks.as_int64(n_stream, f"{what}: n_stream")
         if ns <= 0:
@@ -215,14 +216,8 @@ class KVCache(LayerCache):
                                        "the most a layer's arrays hold")
         p = cls._c_params(type_k=ks[0].type, type_v=vs[0].type, head_dim=n_embd // heads, n_head_kv=heads,
                           n_ctx=ctx, n_stream=ns, n_layer=len(ks), v_trans=vt)
-        kbufs, vbufs = cls._buffers_of("k", ks), cls._buffers_of("v", vs)
-        out = ffi.new("ferry_kv_cache **")
-        n = len(ks)
-        check(lib.ferry_kv_cache_new_over(
-            p, ffi.new("int64_t[]", [0 if c == p.n_ctx // ns else c for c in cells]),
-            ffi.new("ferry_buffer *[]", [b._p for b in kbufs]), ffi.new("size_t[]", [0] * n),
-            ffi.new("ferry_buffer *[]", [b._p for b in vbufs]), ffi.new("size_t[]", [0] * n), out))
-        return cls._over(out[0], kbufs, vbufs)
+        c_cells = ffi.new("int64_t[]", [0 if c == p.n_ctx // ns else c for c in cells])
+        return cls._over_arrays(ks, vs, lambda *over: lib.ferry_kv_cache_new_over(p, c_cells, *over))
 
     @classmethod
     def _stream_array(cls, a: Any, which: str, layer: int, type: Optional[TypeLike], ns: int, trans: bool) -> Tensor:

@@ -64,6 +64,8 @@ class CacheLayout:
     ----------
     name : str
         How its messages name the cache ("KVCache").
+    c_type : str
+        The C cache's type ("ferry_kv_cache").
     params_type : str
         Its C parameters' struct ("ferry_kv_params"); the params class has a field of each name.
     params_class : type
@@ -79,6 +81,7 @@ class CacheLayout:
     """
 
     name: str
+    c_type: str
     params_type: str
     params_class: type
     free: Callable[[Any], None]
@@ -276,6 +279,25 @@ class LayerCache(Closeable):
                 if t != types[0]:
                     raise InvalidArgumentError(f"{cls._layout.name}.from_arrays: {arg}[{i}] is {t}, {arg}[0] "
                                                f"{types[0]}: every layer of a cache has one {arg[0].upper()} type")
+
+    @classmethod
+    def _over_arrays(cls, ks: List[Tensor], vs: List[Tensor],
+                     new_over: Callable[[Any, Any, Any, Any, Any], int]) -> Any:
+        """A cache over the caller's K and V tensors of each layer (_layer_array's, the layout's checks
+        passed), which C makes by the layout's new_over(K buffers, K offsets, V buffers, V offsets, out):
+        each array dense, each layer's K and V in one memory; the cache keeps the caller's buffers
+        alive. A refusal names the array."""
+        kbufs, vbufs = cls._buffers_of("k", ks), cls._buffers_of("v", vs)
+        for i, (kb, vb) in enumerate(zip(kbufs, vbufs)):
+            if kb.type != vb.type:
+                raise InvalidArgumentError(f"{cls._layout.name}.from_arrays: k_layers[{i}] and v_layers[{i}] are "
+                                           f"in memories of two kinds ({kb.type.name}, {vb.type.name}); a layer "
+                                           "lives in one memory")
+        out = ffi.new(f"{cls._layout.c_type} **")
+        check(new_over(ffi.new("ferry_buffer *[]", [b._p for b in kbufs]), ffi.new("size_t[]", [t.offset for t in ks]),
+                       ffi.new("ferry_buffer *[]", [b._p for b in vbufs]), ffi.new("size_t[]", [t.offset for t in vs]),
+                       out))
+        return cls._over(out[0], kbufs, vbufs)
 
     @classmethod
     def _buffers_of(cls, which: str, tensors: List[Tensor]) -> List[Any]:

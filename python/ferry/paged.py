@@ -128,9 +128,10 @@ class PagedKVCache(LayerCache):
     (([0, 1], 6), ([2, 3], 5), 4)
     """
 
-    _layout = CacheLayout("PagedKVCache", "ferry_paged_params", PagedParams, lib.ferry_paged_cache_free,
-                          lib.ferry_paged_cache_params, lib.ferry_paged_cache_k, lib.ferry_paged_cache_v,
-                          lib.ferry_paged_cache_layer_buffer)
+    _layout = CacheLayout(name="PagedKVCache", c_type="ferry_paged_cache", params_type="ferry_paged_params",
+                          params_class=PagedParams, free=lib.ferry_paged_cache_free,
+                          params=lib.ferry_paged_cache_params, k=lib.ferry_paged_cache_k, v=lib.ferry_paged_cache_v,
+                          layer_buffer=lib.ferry_paged_cache_layer_buffer)
 
     def __init__(self, type_k: TypeLike, type_v: TypeLike, head_dim: int, n_head_kv: int, block_size: int,
                  n_blocks: int, n_seq: int, n_layer: int = 1, v_trans: bool = False, share_blocks: bool = False,
@@ -189,7 +190,7 @@ class PagedKVCache(LayerCache):
             For arrays that are not dense (naming the stride that is not) or of another number of
             dimensions.
         """
-        what = "PagedKVCache.from_arrays"
+        what = f"{cls._layout.name}.from_arrays"
         cls._check_layer_lists(k_layers, v_layers, "give one K and one V pool per layer")
         vt = _checks.as_bool(v_trans, f"{what}: v_trans")
         heads = None if n_head_kv is None else _checks.as_int64(n_head_kv, f"{what}: n_head_kv")
@@ -215,16 +216,8 @@ class PagedKVCache(LayerCache):
         p = cls._c_params(type_k=k0.type, type_v=vs[0][0].type, head_dim=n_embd // k_heads, n_head_kv=k_heads,
                           block_size=bs, n_blocks=nblk, n_seq=n_seq, n_layer=len(ks), v_trans=vt,
                           share_blocks=share_blocks)
-        kbufs, vbufs = cls._buffers_of("k", [t for t, _ in ks]), cls._buffers_of("v", [t for t, _ in vs])
-        for i, (kb, vb) in enumerate(zip(kbufs, vbufs)):
-            if kb.type != vb.type:
-                raise InvalidArgumentError(f"{what}: k_layers[{i}] and v_layers[{i}] are in memories of two kinds "
-                                           f"({kb.type.name}, {vb.type.name}); a layer lives in one memory")
-        out = ffi.new("ferry_paged_cache **")
-        check(lib.ferry_paged_cache_new_over(
-            p, ffi.new("ferry_buffer *[]", [b._p for b in kbufs]), ffi.new("size_t[]", [t.offset for t, _ in ks]),
-            ffi.new("ferry_buffer *[]", [b._p for b in vbufs]), ffi.new("size_t[]", [t.offset for t, _ in vs]), out))
-        return cls._over(out[0], kbufs, vbufs)
+        return cls._over_arrays([t for t, _ in ks], [t for t, _ in vs],
+                                lambda *over: lib.ferry_paged_cache_new_over(p, *over))
 
     @classmethod
     def _pool_array(cls, a: Any, which: str, layer: int, type: Optional[TypeLike], heads: Optional[int],

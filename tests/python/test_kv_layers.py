@@ -97,6 +97,12 @@ def test_a_third_layout_is_a_subclass_whose_messages_name_it() -> None:
         make_kv(SlidingKVCache, placement=[None, None])
     with pytest.raises(ferry.InvalidArgumentError, match="^SlidingKVCache: n_layer"):
         make_kv(SlidingKVCache, n_layer="two")
+    k = np.zeros((1, 8, 4), np.float16)
+    with pytest.raises(ferry.InvalidArgumentError, match=r"^SlidingKVCache\.from_arrays: 1 K layers and 2 V layers"):
+        SlidingKVCache.from_arrays([k], [k, k])
+    with pytest.raises(ferry.InvalidArgumentError, match=r"^SlidingKVCache\.from_arrays: n_head_kv must be positive"):
+        SlidingKVCache.from_arrays([k], [k], n_head_kv=0)
+    assert type(SlidingKVCache.from_arrays([k], [k])) is SlidingKVCache
     with make_kv(SlidingKVCache) as cache:
         assert isinstance(cache.params, ferry.kv.KVParams) and cache.params.n_embd_gqa == 4
         assert repr(cache).startswith("<SlidingKVCache K f16 V f16 head_dim=4 n_head_kv=1 1 x 8 cells")
