@@ -264,7 +264,7 @@ class KVCache(LayerCache):
         OutOfBoundsError
             For a layer the cache does not have.
         """
-        return int(lib.ferry_kv_cache_layer_kv_size(self._p, self._layer(layer, "KVCache.layer_kv_size")))
+        return int(lib.ferry_kv_cache_layer_kv_size(self._p, self._layer(layer, f"{self._layout.name}.layer_kv_size")))
 
     @property
     @holding
@@ -282,7 +282,7 @@ class KVCache(LayerCache):
         if buf is None:
             ptr = lib.ferry_kv_cache_buffer(self._p)
             if ptr == ffi.NULL:
-                raise InvalidArgumentError("KVCache.buffer: no layer is in the cache's own host memory; "
+                raise InvalidArgumentError(f"{self._layout.name}.buffer: no layer is in the cache's own host memory; "
                                            "layer_buffer(layer) gives each layer's")
             buf = BorrowedBuffer(ptr, buffer_type_of(ptr, [self._buffer_type]), self, self._handle)
             self._wrappers["buffer", -1] = buf
