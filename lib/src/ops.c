@@ -164,7 +164,10 @@ ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** o
 
 /* ---------------------------------------------------------------- decode attention */
 
-static bool attn_kv_type(ferry_type t) { return t == FERRY_TYPE_F32 || t == FERRY_TYPE_F16 || t == FERRY_TYPE_Q8_0; }
+/* The one list of the types K and V may have: the backends' kernels and the binding ask it. */
+bool ferry_attn_reads_type(ferry_type type) {
+    return type == FERRY_TYPE_F32 || type == FERRY_TYPE_F16 || type == FERRY_TYPE_Q8_0;
+}
 
 /* What a KV window operand looks like: KVCache.window's view, permuted (0, 2, 1, 3). */
 #define ATTN_WINDOW "a KV window permuted (0, 2, 1, 3): ne = [head_dim, n_kv, n_head_kv, ns]"
@@ -199,7 +202,7 @@ static ferry_status attn_check_q_k(const ferry_tensor * q, const ferry_tensor * 
     if (q->type != FERRY_TYPE_F32 || q->ne[2] != 1 || d <= 0 || n_head <= 0 || ns <= 0) {
         return attn_shape_error("q", q, "f32 [head_dim, n_head, 1, ns], one query token per stream, none of them 0");
     }
-    if (!attn_kv_type(k->type)) {
+    if (!ferry_attn_reads_type(k->type)) {
         return attn_shape_error("k", k, "f32, f16 or q8_0, " ATTN_WINDOW);
     }
     if (k->ne[0] != d) {
@@ -242,7 +245,7 @@ ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tens
     FERRY_TRY(attn_check_q_k(q, k, v, v_trans));
     const int64_t d = q->ne[0], n_head = q->ne[1], ns = q->ne[3], n_kv = k->ne[1], n_head_kv = k->ne[2];
     const int64_t v_d = v_trans ? v->ne[1] : v->ne[0], v_kv = v_trans ? v->ne[0] : v->ne[1];
-    if (!attn_kv_type(v->type) || v_d != d || v_kv != n_kv || v->ne[2] != n_head_kv || v->ne[3] != ns) {
+    if (!ferry_attn_reads_type(v->type) || v_d != d || v_kv != n_kv || v->ne[2] != n_head_kv || v->ne[3] != ns) {
         return attn_shape_error("v", v,
                                 v_trans ? "f32 or f16 [n_kv, head_dim, n_head_kv, ns] (v_trans) matching k, "
                                           "[%lld, %lld, %lld, %lld]"

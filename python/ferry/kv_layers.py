@@ -28,7 +28,7 @@ from .types import Type, TypeLike, to_type
 
 #: The K and V types attention reads (ferry.ops.attn_decode): what a cache over arrays may hold. A KVCache
 #: of its own memory may hold any type, for layouts and copies without attention (a dry run's plan).
-ATTENTION_TYPES: Tuple[Type, ...] = (Type.F32, Type.F16, Type.Q8_0)
+ATTENTION_TYPES: Tuple[Type, ...] = Type.attention_types()  # asked of C (ferry_attn_reads_type)
 
 
 @dataclass(frozen=True)

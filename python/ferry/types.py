@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 
@@ -61,6 +61,22 @@ class Type(enum.IntEnum):
         if dt is None:
             raise UnsupportedError(f"type {self} has no numpy dtype (only f32, f16, bf16 and i32 have)")
         return dt
+
+    @property
+    def read_by_attention(self) -> bool:
+        """Whether decode attention reads K and V of this type, as ferry_attn_reads_type says."""
+        return bool(lib.ferry_attn_reads_type(self.value))
+
+    @classmethod
+    def attention_types(cls) -> Tuple["Type", ...]:
+        """The types decode attention reads K and V of, in ferry_type order, asked of C.
+
+        Returns
+        -------
+        tuple of Type
+            Every type whose read_by_attention is true (f32, f16, q8_0).
+        """
+        return tuple(t for t in cls if t.read_by_attention)
 
     def __str__(self) -> str:
         return self.type_name

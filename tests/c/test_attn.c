@@ -242,6 +242,30 @@ static void test_each_layout_error_names_the_operand_at_fault(void) {
     ferry_context_free(ctx);
 }
 
+/* ferry_attn_reads_type is the list of K and V types attention takes: for every type, attn_decode
+ * makes its node from a K and V window of that type iff the list has it, and refuses it naming k. */
+static void test_attn_reads_exactly_the_types_it_lists(void) {
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *q = attn_operand(ctx, FERRY_TYPE_F32, 64, 4, 1, 3), *len = attn_operand(ctx, FERRY_TYPE_I32, 3, 1, 1, 1);
+    int listed = 0;
+    for (int t = 0; t < FERRY_TYPE_COUNT; t++) {
+        ferry_tensor *cells = attn_operand(ctx, (ferry_type) t, 64, 2, 13, 3), *k = NULL, *out = NULL;
+        CHECK(cells != NULL);
+        CHECK_OK(ferry_tensor_permute(ctx, cells, 0, 2, 1, 3, &k)); /* a K window, [64, 13, 2, 3] */
+        const bool reads = ferry_attn_reads_type((ferry_type) t);
+        listed += reads;
+        if (reads) {
+            CHECK_OK(ferry_attn_decode(ctx, q, k, k, len, 1.0f, false, &out));
+        } else {
+            ATTN_REFUSED(ctx, ferry_attn_decode(ctx, q, k, k, len, 1.0f, false, &out), "k");
+        }
+    }
+    CHECK_EQ_U(listed, 3); /* f32, f16, q8_0 */
+    CHECK(!ferry_attn_reads_type(FERRY_TYPE_COUNT));
+    ferry_context_free(ctx);
+}
+
 static void test_shape_mismatches_are_layout_errors_making_nothing(void) {
     attn_params p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F16, false, 2);
     attn_case c;
@@ -376,6 +400,7 @@ static const check_test tests[] = {
     {"attn_deterministic", test_attn_deterministic},
     {"shape_mismatches_are_layout_errors_making_nothing", test_shape_mismatches_are_layout_errors_making_nothing},
     {"each_layout_error_names_the_operand_at_fault", test_each_layout_error_names_the_operand_at_fault},
+    {"attn_reads_exactly_the_types_it_lists", test_attn_reads_exactly_the_types_it_lists},
     {"standin_has_its_own_memory_and_only_cpu_ops", test_standin_has_its_own_memory_and_only_cpu_ops},
     {"scheduled_standin_gives_cpu_bytes_flat_or_ranges", test_scheduled_standin_gives_cpu_bytes_flat_or_ranges},
 };

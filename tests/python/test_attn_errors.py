@@ -88,3 +88,20 @@ def test_query_heads_that_do_not_group_blame_q(window: Tuple[ferry.KVCache, ferr
     with pytest.raises(ferry.LayoutError, match=r"^attn_decode: q's 6 query heads do not group over 4 kv heads "
                                                r"\(k's ne\[2\]\); q's n_head \(ne\[1\]\) must be a multiple"):
         ferry.ops.attn_decode(_q(n_head=6), k, v, _lens())
+
+
+@pytest.mark.parametrize("t", list(ferry.Type), ids=str)
+def test_attention_takes_a_type_iff_the_lists_have_it(t: ferry.Type) -> None:
+    """kv.ATTENTION_TYPES and the command line's KV_TYPES are C's list (ferry_attn_reads_type):
+    attn_decode takes K and V windows of a type iff both list it, and refuses it naming k."""
+    from ferry.kv import ATTENTION_TYPES
+    from ferry.workloads.common import KV_TYPES
+
+    assert (t in ATTENTION_TYPES) == (str(t) in KV_TYPES) == t.read_by_attention
+    k, v = ferry.KVCache(t, t, 32, N_HEAD_KV, 100 * NS, NS).window(0, 100)
+    q = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.zeros((NS, 1, N_HEAD, 32), np.float32), name="q")
+    if t in ATTENTION_TYPES:
+        ferry.ops.attn_decode(q, k, v, _lens())
+    else:
+        with pytest.raises(ferry.LayoutError, match=rf"^attn_decode: k is {t} "):
+            ferry.ops.attn_decode(q, k, v, _lens())

@@ -57,6 +57,8 @@ FERRY_API ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_t
  */
 FERRY_API ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k, ferry_tensor * v,
                                ferry_tensor * kv_len, float scale, bool v_trans, ferry_tensor ** out);
+/* Whether ferry_attn_decode reads K and V of this type (f32, f16, q8_0): the one list of them. */
+FERRY_API bool ferry_attn_reads_type(ferry_type type);
 
 /* A graph references tensors, it does not own them. build adds t and everything it
  * depends on, in topological order: leafs (op NONE) and nodes (the rest, views too).

@@ -23,7 +23,7 @@ from .devices import is_decimal, read_option_file
 #: The copy policies a decode run compares: every CopyPolicy, by its name.
 POLICIES: Tuple[str, ...] = tuple(str(p) for p in CopyPolicy)
 #: The K/V types decode attention reads.
-KV_TYPES: Tuple[str, ...] = ("f32", "f16", "q8_0")
+KV_TYPES: Tuple[str, ...] = tuple(map(str, Type.attention_types()))
 #: The devices a split may run on: auto picks cuda when a device is usable, else cpu (the stand-in).
 DEVICES: Tuple[str, ...] = ("auto", "cpu", "cuda")
 
