@@ -3,7 +3,7 @@
  * whose plan is one 2-D copy reading no byte twice (the K window, the transposed V
  * window) packs into its own dimensions, in its stride order, with the gaps closed.
  */
-#include "ferry-impl.h"
+#include "copy-impl.h"
 
 bool ferry_single_copy_of(const ferry_tensor * t, ferry_copy_2d * out) {
     size_t n = 0, row = 0;

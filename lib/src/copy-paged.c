@@ -12,7 +12,7 @@
  * call, a row, a byte; a piece of a batched call; the kernel's rate), and the cache's setting
  * either forces one or lets the model choose. Every method moves exactly the used cells.
  */
-#include "ferry-impl.h"
+#include "copy-impl.h"
 
 #include <stdlib.h>
 #include <string.h>

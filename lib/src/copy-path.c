@@ -5,7 +5,7 @@
  * through ferry_copy_input_async, which takes the same route on a copy queue and leaves
  * the copy queued.
  */
-#include "ferry-impl.h"
+#include "copy-impl.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -11,7 +11,7 @@
  * copy per stream against one copy of the shortest length over every stream plus each longer
  * stream's tail; both move exactly the used cells, and nothing else is written.
  */
-#include "ferry-impl.h"
+#include "copy-impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

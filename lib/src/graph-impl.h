@@ -3,7 +3,7 @@
 #ifndef FERRY_GRAPH_IMPL_H
 #define FERRY_GRAPH_IMPL_H
 
-#include "ferry-impl.h"
+#include "backend-impl.h"
 
 /* Views compute nothing: their memory is their source's. */
 bool ferry_op_is_view(ferry_op op);

@@ -1,5 +1,6 @@
 /* Graphs: the tensors an output depends on, in topological order, and their dispatch
  * to a backend. A graph references tensors; it never owns or changes them. */
+#include "ferry-impl.h"
 #include "graph-impl.h"
 
 #include <stdint.h>

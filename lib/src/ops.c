@@ -1,5 +1,6 @@
 /* Op constructors: check the sources' shapes, infer the result's, record the op.
  * Results are new contiguous tensors; the views live in tensor.c. */
+#include "ferry-impl.h"
 #include "graph-impl.h"
 
 #include <stdarg.h>

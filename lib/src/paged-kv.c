@@ -4,7 +4,7 @@
  * windows are paged windows (tensor.c), gathered into dense copies by the copy path
  * (copy-paged.c), which reads the tables this file keeps as it copies.
  */
-#include "ferry-impl.h"
+#include "copy-impl.h"
 #include "kv-layers.h"
 
 #include <stdio.h>

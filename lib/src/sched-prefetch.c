@@ -6,6 +6,7 @@
  * the cells a run adds to them. The copies themselves are ferry_copy_input_async and
  * ferry_copy_input_since (copy-path.c).
  */
+#include "copy-impl.h"
 #include "sched-impl.h"
 
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
  * A device that has failed, for tests of the errors a caller gets back: entries for a
- * buffer's or a backend's interface (ferry-impl.h) that each return FERRY_ERR_BACKEND with
+ * buffer's or a backend's interface (backend-impl.h) that each return FERRY_ERR_BACKEND with
  * "device: lost", as CUDA's would after a device error. A test puts them in place of a
  * dummy's own entries, on one buffer or backend, and checks with LOST that the error
  * reaches the caller and with nothing_counted that no counter counted the failed transfer.
@@ -9,7 +9,7 @@
 #define FERRY_LOST_DEVICE_H
 
 #include "check.h"
-#include "ferry-impl.h"
+#include "backend-impl.h"
 
 static inline ferry_status lost(void) { return ferry_fail(FERRY_ERR_BACKEND, "device: lost"); }
 

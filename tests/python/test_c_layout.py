@@ -7,7 +7,10 @@ lib/src (cpu, dummy, standin, cuda) holds what it defines; a file may include th
 name the functions, types, variables and macros of its own folder, of the generic layer (the
 files directly in lib/src), and of the backend folders its row of MAY_INCLUDE lists: none for
 the generic layer, which asks the buffer type or the backend through their interfaces
-(lib/src/ferry-impl.h) instead. Public functions count too: the generic layer must not call
+(lib/src/backend-impl.h) instead. Of the generic layer's own headers a backend includes only
+those of BACKEND_HEADERS and names nothing the others declare: the copy path's internals
+(copy-impl.h) and the rest of the generic layer's (ferry-impl.h, the allocator's, the
+scheduler's) are the generic layer's alone. Public functions count too: the generic layer must not call
 ferry_cpu_backend_new any more than a backend's private helpers. Within the generic layer a
 file calls functions of its own layer and lower ones (GENERIC_LAYERS), never upward.
 """
@@ -44,6 +47,11 @@ MAY_INCLUDE: Dict[str, Tuple[str, ...]] = {
     "standin": ("cpu", "dummy"),
     "cuda": (),
 }
+
+#: The headers directly in lib/src that a backend may include: the interfaces it implements and
+#: what it may call (backend-impl.h), the graphs it computes (graph-impl.h), the allocation hook.
+#: Every other header there is the generic layer's own. docs/architecture.md says which is whose.
+BACKEND_HEADERS: Tuple[str, ...] = ("backend-impl.h", "graph-impl.h", "alloc-hook.h")
 
 #: The generic layer's layers, lowest first, and their .c files: a file calls functions of its
 #: own layer's files and of lower ones, never of a higher one. docs/architecture.md's table
@@ -226,9 +234,16 @@ def _resolve_include(name: str, including: Path) -> Optional[Path]:
     return None
 
 
+def generic_own_header(path: Path) -> bool:
+    """Whether path is a header directly in lib/src that no backend may include (not one of
+    ``BACKEND_HEADERS``)."""
+    return path.parent == SRC.resolve() and path.suffix == ".h" and path.name not in BACKEND_HEADERS
+
+
 def include_violations(files: List[Path], folder: Optional[str] = None) -> List[str]:
     """Where a file includes a header of a backend's folder that its row of
-    ``MAY_INCLUDE`` leaves out.
+    ``MAY_INCLUDE`` leaves out, or, in a backend's folder, a header of the generic layer's own
+    (one not in ``BACKEND_HEADERS``).
 
     Parameters
     ----------
@@ -257,14 +272,14 @@ def include_violations(files: List[Path], folder: Optional[str] = None) -> List[
                 owner = folder_of(target)
             else:
                 owner = header_owner.get(Path(m.group(1)).name, "")
-            if owner not in allowed:
+            if owner not in allowed or (own != "" and target is not None and generic_own_header(target)):
                 found.append(f"{_shown(f)}:{n}: includes {m.group(1)}")
     return found
 
 
 def name_violations(files: List[Path], folder: Optional[str] = None) -> List[str]:
     """Where a file names what a backend's folder defines that its row of ``MAY_INCLUDE``
-    leaves out.
+    leaves out, or, in a backend's folder, what a header of the generic layer's own declares.
 
     Parameters
     ----------
@@ -276,13 +291,19 @@ def name_violations(files: List[Path], folder: Optional[str] = None) -> List[str
     Returns
     -------
     list of str
-        ``file:line: name (backend)`` for each whole-word use outside comments and strings.
+        ``file:line: name (backend/)`` or ``file:line: name (header)`` for each whole-word use
+        outside comments and strings.
     """
-    owner: Dict[str, str] = {}
+    owner: Dict[str, str] = {}  # a backend's folder, or the generic layer's own header
     for backend, paths in backend_files().items():
         for p in paths:
             for name in defined_names(p):
                 owner.setdefault(name, backend)
+    for p in generic_files():  # their names in ferry's namespace: a short one (part) is a word too
+        if generic_own_header(p.resolve()):
+            for name in defined_names(p):
+                if name.lower().startswith("ferry_"):
+                    owner.setdefault(name, p.name)
     if not owner:
         return []
     word = re.compile(r"\b(" + "|".join(sorted(map(re.escape, owner), key=len, reverse=True)) + r")\b")
@@ -292,8 +313,11 @@ def name_violations(files: List[Path], folder: Optional[str] = None) -> List[str
         allowed = {"", own, *MAY_INCLUDE[own]}  # the generic layer is open to every folder
         for n, line in enumerate(strip_c(f.read_text()).splitlines(), 1):
             for m in word.finditer(line):
-                if owner[m.group(1)] not in allowed:
-                    found.append(f"{_shown(f)}:{n}: {m.group(1)} ({owner[m.group(1)]}/)")
+                by = owner[m.group(1)]
+                if by in BACKENDS and by not in allowed:
+                    found.append(f"{_shown(f)}:{n}: {m.group(1)} ({by}/)")
+                elif by not in BACKENDS and own != "":
+                    found.append(f"{_shown(f)}:{n}: {m.group(1)} ({by})")
     return found
 
 
@@ -385,6 +409,21 @@ def test_layout_checks_can_fail(tmp_path: Path) -> None:
                       'int g(void) { return ferry_dummy_backend_new_cpu_ops(0, 0, 0); }\n')
     assert include_violations([upward], "cpu") == [f"{upward}:1: includes dummy/dummy-impl.h"]
     assert name_violations([upward], "cpu") == [f"{upward}:2: ferry_dummy_backend_new_cpu_ops (dummy/)"]
+    # a backend reaching into the copy path, by its header or by a name it declares, is caught;
+    # the generic layer may
+    into_copy = tmp_path / "into_copy.c"
+    into_copy.write_text('#include "backend-impl.h"\n#include "copy-impl.h"\n'
+                         'int h(void) { return ferry_copy_ragged(0, 0, 0, 0, 0, 0, 0); }\n')
+    for backend in BACKENDS:
+        assert include_violations([into_copy], backend) == [f"{into_copy}:2: includes copy-impl.h"]
+        assert name_violations([into_copy], backend) == [f"{into_copy}:3: ferry_copy_ragged (copy-impl.h)"]
+    assert include_violations([into_copy], "") == [] and name_violations([into_copy], "") == []
+
+
+def test_backend_headers_reach_no_generic_own_header() -> None:
+    # what a backend may include includes, in turn, only what a backend may include
+    assert all((SRC / h).is_file() for h in BACKEND_HEADERS)
+    assert include_violations([SRC / h for h in BACKEND_HEADERS], "cpu") == []
 
 
 # ---------------------------------------------------------------- the generic layer calls downward

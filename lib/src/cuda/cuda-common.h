@@ -7,7 +7,7 @@
 #ifndef FERRY_CUDA_COMMON_H
 #define FERRY_CUDA_COMMON_H
 
-#include "ferry-impl.h"
+#include "backend-impl.h"
 
 #include <cuda_runtime.h>
 

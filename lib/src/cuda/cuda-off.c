@@ -1,6 +1,6 @@
 /* The CUDA entry points of a build without CUDA: declared in ferry/cuda.h in every build so
  * the binding's cdef is one file; each says plainly that CUDA is not compiled in. */
-#include "ferry-impl.h"
+#include "backend-impl.h"
 
 #define NO_CUDA(what) ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: ferry was built without CUDA (meson -Dcuda=disabled " \
                                  "or no nvcc found)", what)

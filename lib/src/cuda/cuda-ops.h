@@ -4,7 +4,7 @@
 #ifndef FERRY_CUDA_OPS_H
 #define FERRY_CUDA_OPS_H
 
-#include "ferry-impl.h"
+#include "backend-impl.h"
 
 #include <cuda_runtime.h>
 

@@ -2,7 +2,7 @@
 #ifndef FERRY_DUMMY_IMPL_H
 #define FERRY_DUMMY_IMPL_H
 
-#include "ferry-impl.h"
+#include "backend-impl.h"
 
 /* A dummy backend under its own name that claims only the ops the CPU kernels do, so a
  * scheduler never gives it one it cannot run: the stand-in device (standin/). */

@@ -2,7 +2,7 @@
 #ifndef FERRY_DEVICE_COPY_H
 #define FERRY_DEVICE_COPY_H
 
-#include "ferry-impl.h"
+#include "backend-impl.h"
 #include "link.h"
 
 /* rows rows of size bytes, row r from src + r * src_stride to dst + r * dst_stride, visible to

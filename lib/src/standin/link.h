@@ -2,7 +2,7 @@
 #ifndef FERRY_LINK_H
 #define FERRY_LINK_H
 
-#include "ferry-impl.h"
+#include "backend-impl.h"
 
 #include <pthread.h>
 
