@@ -165,9 +165,25 @@ ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** o
 
 /* ---------------------------------------------------------------- decode attention */
 
-/* The one list of the types K and V may have: the backends' kernels and the binding ask it. */
+/* The one list of the types K and V may have: attn_decode's checks, its messages and the binding
+ * ask it. */
 bool ferry_attn_reads_type(ferry_type type) {
     return type == FERRY_TYPE_F32 || type == FERRY_TYPE_F16 || type == FERRY_TYPE_Q8_0;
+}
+
+/* The names of the types attention reads, as a message gives them: "f32, f16 or q8_0". */
+static const char * attn_type_names(char * out, size_t size) {
+    int n_listed = 0, n = 0;
+    for (int t = 0; t < FERRY_TYPE_COUNT; t++) n_listed += ferry_attn_reads_type((ferry_type) t);
+    out[0] = '\0';
+    for (int t = 0, i = 0; t < FERRY_TYPE_COUNT && n >= 0 && (size_t) n < size; t++) {
+        if (ferry_attn_reads_type((ferry_type) t)) {
+            const char * sep = i == 0 ? "" : i == n_listed - 1 ? " or " : ", ";
+            n += snprintf(out + n, size - (size_t) n, "%s%s", sep, ferry_type_name((ferry_type) t));
+            i++;
+        }
+    }
+    return out;
 }
 
 /* What a KV window operand looks like: KVCache.window's view, permuted (0, 2, 1, 3). */
@@ -204,7 +220,8 @@ static ferry_status attn_check_q_k(const ferry_tensor * q, const ferry_tensor * 
         return attn_shape_error("q", q, "f32 [head_dim, n_head, 1, ns], one query token per stream, none of them 0");
     }
     if (!ferry_attn_reads_type(k->type)) {
-        return attn_shape_error("k", k, "f32, f16 or q8_0, " ATTN_WINDOW);
+        char types[64];
+        return attn_shape_error("k", k, "%s, " ATTN_WINDOW, attn_type_names(types, sizeof types));
     }
     if (k->ne[0] != d) {
         const int64_t v_d = v_trans ? v->ne[1] : v->ne[0];
@@ -247,10 +264,12 @@ ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tens
     const int64_t d = q->ne[0], n_head = q->ne[1], ns = q->ne[3], n_kv = k->ne[1], n_head_kv = k->ne[2];
     const int64_t v_d = v_trans ? v->ne[1] : v->ne[0], v_kv = v_trans ? v->ne[0] : v->ne[1];
     if (!ferry_attn_reads_type(v->type) || v_d != d || v_kv != n_kv || v->ne[2] != n_head_kv || v->ne[3] != ns) {
+        char types[64];
         return attn_shape_error("v", v,
-                                v_trans ? "f32 or f16 [n_kv, head_dim, n_head_kv, ns] (v_trans) matching k, "
+                                v_trans ? "%sf32 or f16 [n_kv, head_dim, n_head_kv, ns] (v_trans) matching k, "
                                           "[%lld, %lld, %lld, %lld]"
-                                        : "f32, f16 or q8_0 " ATTN_WINDOW " matching k, [%lld, %lld, %lld, %lld]",
+                                        : "%s " ATTN_WINDOW " matching k, [%lld, %lld, %lld, %lld]",
+                                v_trans ? "" : attn_type_names(types, sizeof types),
                                 (long long) (v_trans ? n_kv : d), (long long) (v_trans ? d : n_kv),
                                 (long long) n_head_kv, (long long) ns);
     }

@@ -247,7 +247,8 @@ static void test_each_layout_error_names_the_operand_at_fault(void) {
 static void test_attn_reads_exactly_the_types_it_lists(void) {
     ferry_context * ctx;
     CHECK_OK(ferry_context_new(&ctx));
-    ferry_tensor *q = attn_operand(ctx, FERRY_TYPE_F32, 64, 4, 1, 3), *len = attn_operand(ctx, FERRY_TYPE_I32, 3, 1, 1, 1);
+    ferry_tensor * q = attn_operand(ctx, FERRY_TYPE_F32, 64, 4, 1, 3);
+    ferry_tensor * len = attn_operand(ctx, FERRY_TYPE_I32, 3, 1, 1, 1);
     int listed = 0;
     for (int t = 0; t < FERRY_TYPE_COUNT; t++) {
         ferry_tensor *cells = attn_operand(ctx, (ferry_type) t, 64, 2, 13, 3), *k = NULL, *out = NULL;
@@ -259,6 +260,11 @@ static void test_attn_reads_exactly_the_types_it_lists(void) {
             CHECK_OK(ferry_attn_decode(ctx, q, k, k, len, 1.0f, false, &out));
         } else {
             ATTN_REFUSED(ctx, ferry_attn_decode(ctx, q, k, k, len, 1.0f, false, &out), "k");
+            const char * want = strstr(ferry_last_error(), "must be "); /* names every type listed */
+            CHECK(want != NULL);
+            for (int u = 0; want && u < FERRY_TYPE_COUNT; u++) {
+                if (ferry_attn_reads_type((ferry_type) u)) CHECK(strstr(want, ferry_type_name((ferry_type) u)) != NULL);
+            }
         }
     }
     CHECK_EQ_U(listed, 3); /* f32, f16, q8_0 */

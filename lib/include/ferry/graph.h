@@ -50,7 +50,8 @@ FERRY_API ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_t
  *          (never read). A length is clamped to 0..n_kv; 0 gives a zero output row. A k
  *          carrying its lengths (ferry_tensor_set_used_cells) refuses one outside 0..its limit
  *          instead (OUT_OF_BOUNDS, naming the stream), as every copy of it does.
- * K and V are f32, f16 or q8_0 (q8_0 V not transposed), read only through their ne/nb.
+ * K and V are of a type ferry_attn_reads_type takes, f32, f16 or q8_0 (q8_0 V not transposed),
+ * read only through their ne/nb.
  * Query head h reads kv head h / (n_head / n_head_kv); n_head must be a multiple of
  * n_head_kv. out: f32 [head_dim, n_head, 1, ns], contiguous, softmax(scale * q.k) . v.
  * Deterministic: the same bytes in give the same bytes out on a backend, run to run.
