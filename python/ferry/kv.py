@@ -10,7 +10,7 @@ as nothing points into it, or at once by close().
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import _checks, _pybuffer
 from ._binding import ffi, lib
@@ -185,39 +185,49 @@ class KVCache(LayerCache):
             For arrays that are not dense (naming the stride that is not) or not 3-D.
         """
         what = f"{cls._layout.name}.from_arrays"
-        cls._check_layer_lists(k_layers, v_layers, "give one K and one V per layer")
-        ns = _checks.as_int64(n_stream, f"{what}: n_stream")
-        if ns <= 0:
-            raise InvalidArgumentError(f"{what}: n_stream must be positive, got {ns}")
-        vt = _checks.as_bool(v_trans, f"{what}: v_trans")
-        heads = _checks.as_int64(n_head_kv, f"{what}: n_head_kv")
-        if heads <= 0:
-            raise InvalidArgumentError(f"{what}: n_head_kv must be positive, got {heads}")
-        ks = [cls._stream_array(a, "k", i, type_k, ns, False) for i, a in enumerate(k_layers)]
-        vs = [cls._stream_array(a, "v", i, type_v, ns, vt) for i, a in enumerate(v_layers)]
-        cls._check_one_type([t.type for t in ks], [t.type for t in vs])
-        n_embd = ks[0].ne[0]
-        cells = [t.ne[1] for t in ks]
-        for i, (k, v) in enumerate(zip(ks, vs)):
-            if k.ne[0] != n_embd:
-                raise InvalidArgumentError(f"{what}: k_layers[{i}] has rows of {k.ne[0]} values (axis 2), k_layers[0] "
-                                           f"of {n_embd}: every layer has one n_embd_gqa")
-            want_v = [cells[i], n_embd, ns] if vt else [n_embd, cells[i], ns]
-            if list(v.ne[:3]) != want_v:
-                shape = f"[{ns}, {n_embd}, {cells[i]}]" if vt else f"[{ns}, {cells[i]}, {n_embd}]"
-                raise InvalidArgumentError(f"{what}: v_layers[{i}] is [{v.ne[2]}, {v.ne[1]}, {v.ne[0]}] values, not "
-                                           f"{shape} as k_layers[{i}]'s cells{' transposed (v_trans)' if vt else ''}")
-        full = max(cells)
-        if n_embd % heads:
-            raise InvalidArgumentError(f"{what}: n_embd_gqa {n_embd} is not n_head_kv {heads} heads of whole values")
-        ctx = ns * full if n_ctx is None else _checks.as_int64(n_ctx, f"{what}: n_ctx")
-        if n_ctx is not None and (ctx <= 0 or ctx % ns or ctx // ns < full):
-            raise InvalidArgumentError(f"{what}: n_ctx {ctx} is not n_stream {ns} streams of at least {full} cells, "
-                                       "the most a layer's arrays hold")
-        p = cls._c_params(type_k=ks[0].type, type_v=vs[0].type, head_dim=n_embd // heads, n_head_kv=heads,
-                          n_ctx=ctx, n_stream=ns, n_layer=len(ks), v_trans=vt)
-        c_cells = ffi.new("int64_t[]", [0 if c == p.n_ctx // ns else c for c in cells])
-        return cls._over_arrays(ks, vs, lambda *over: lib.ferry_kv_cache_new_over(p, c_cells, *over))
+
+        def parse() -> Tuple[int, bool, int]:  # n_stream, v_trans, n_head_kv
+            ns = _checks.as_int64(n_stream, f"{what}: n_stream")
+            if ns <= 0:
+                raise InvalidArgumentError(f"{what}: n_stream must be positive, got {ns}")
+            vt = _checks.as_bool(v_trans, f"{what}: v_trans")
+            heads = _checks.as_int64(n_head_kv, f"{what}: n_head_kv")
+            if heads <= 0:
+                raise InvalidArgumentError(f"{what}: n_head_kv must be positive, got {heads}")
+            return ns, vt, heads
+
+        def array(a: Any, which: str, layer: int, args: Tuple[int, bool, int]) -> Tensor:
+            ns, vt, _ = args
+            return cls._stream_array(a, which, layer, type_k if which == "k" else type_v, ns, vt and which == "v")
+
+        def over(ks: List[Tensor], vs: List[Tensor], args: Tuple[int, bool, int]) -> Callable[..., int]:
+            ns, vt, heads = args
+            n_embd = ks[0].ne[0]
+            cells = [t.ne[1] for t in ks]
+            for i, (k, v) in enumerate(zip(ks, vs)):
+                if k.ne[0] != n_embd:
+                    raise InvalidArgumentError(f"{what}: k_layers[{i}] has rows of {k.ne[0]} values (axis 2), "
+                                               f"k_layers[0] of {n_embd}: every layer has one n_embd_gqa")
+                want_v = [cells[i], n_embd, ns] if vt else [n_embd, cells[i], ns]
+                if list(v.ne[:3]) != want_v:
+                    shape = f"[{ns}, {n_embd}, {cells[i]}]" if vt else f"[{ns}, {cells[i]}, {n_embd}]"
+                    raise InvalidArgumentError(f"{what}: v_layers[{i}] is [{v.ne[2]}, {v.ne[1]}, {v.ne[0]}] values, "
+                                               f"not {shape} as k_layers[{i}]'s cells"
+                                               f"{' transposed (v_trans)' if vt else ''}")
+            full = max(cells)
+            if n_embd % heads:
+                raise InvalidArgumentError(f"{what}: n_embd_gqa {n_embd} is not n_head_kv {heads} heads of whole "
+                                           "values")
+            ctx = ns * full if n_ctx is None else _checks.as_int64(n_ctx, f"{what}: n_ctx")
+            if n_ctx is not None and (ctx <= 0 or ctx % ns or ctx // ns < full):
+                raise InvalidArgumentError(f"{what}: n_ctx {ctx} is not n_stream {ns} streams of at least {full} "
+                                           "cells, the most a layer's arrays hold")
+            p = cls._c_params(type_k=ks[0].type, type_v=vs[0].type, head_dim=n_embd // heads, n_head_kv=heads,
+                              n_ctx=ctx, n_stream=ns, n_layer=len(ks), v_trans=vt)
+            c_cells = ffi.new("int64_t[]", [0 if c == p.n_ctx // ns else c for c in cells])
+            return lambda *bufs: lib.ferry_kv_cache_new_over(p, c_cells, *bufs)
+
+        return cls._from_arrays(k_layers, v_layers, "give one K and one V per layer", parse, array, over)
 
     @classmethod
     def _stream_array(cls, a: Any, which: str, layer: int, type: Optional[TypeLike], ns: int, trans: bool) -> Tensor:

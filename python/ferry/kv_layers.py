@@ -238,6 +238,25 @@ class LayerCache(Closeable):
     # ------------------------------------------------------------ the caller's arrays
 
     @classmethod
+    def _from_arrays(cls, k_layers: Any, v_layers: Any, one_each: str, parse: Callable[[], Any],
+                     array: Callable[[Any, str, int, Any], Tensor],
+                     over: Callable[[List[Tensor], List[Tensor], Any], Callable[..., int]]) -> Any:
+        """The one routine every layout's from_arrays calls: a cache over the caller's K and V arrays.
+
+        In order: the lists checked (one_each: what their count's message asks for); the layout's
+        arguments parsed (parse() returns them); each array made a tensor by the layout's
+        array(a, which, layer, args), which checks its shape (calling _layer_array); one K and one V
+        type per cache; then over(ks, vs, args), the layout's checks across layers, returns its C
+        constructor over the arrays (new_over(K buffers, K offsets, V buffers, V offsets, out)).
+        Each refusal names the cache and the array."""
+        cls._check_layer_lists(k_layers, v_layers, one_each)
+        args = parse()
+        ks = [array(a, "k", i, args) for i, a in enumerate(k_layers)]
+        vs = [array(a, "v", i, args) for i, a in enumerate(v_layers)]
+        cls._check_one_type([t.type for t in ks], [t.type for t in vs])
+        return cls._over_arrays(ks, vs, over(ks, vs, args))
+
+    @classmethod
     def _check_layer_lists(cls, k_layers: Any, v_layers: Any, one_each: str) -> None:
         """Raise InvalidArgumentError unless k_layers and v_layers are sequences of one array per layer,
         as many of each and at least one (one_each: what the count's message asks for)."""

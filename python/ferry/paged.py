@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -191,33 +191,45 @@ class PagedKVCache(LayerCache):
             dimensions.
         """
         what = f"{cls._layout.name}.from_arrays"
-        cls._check_layer_lists(k_layers, v_layers, "give one K and one V pool per layer")
-        vt = _checks.as_bool(v_trans, f"{what}: v_trans")
-        heads = None if n_head_kv is None else _checks.as_int64(n_head_kv, f"{what}: n_head_kv")
-        if heads is not None and heads <= 0:
-            raise InvalidArgumentError(f"{what}: n_head_kv must be positive, got {heads}")
-        ks = [cls._pool_array(a, "k", i, type_k, heads, False) for i, a in enumerate(k_layers)]
-        vs = [cls._pool_array(a, "v", i, type_v, heads, vt) for i, a in enumerate(v_layers)]
-        cls._check_one_type([t.type for t, _ in ks], [t.type for t, _ in vs])
-        k0, (n_embd, bs, nblk, k_heads) = ks[0][0], ks[0][1]
-        for i, (_, (e, b, m, h)) in enumerate(ks):
-            if (e, b, m, h) != (n_embd, bs, nblk, k_heads):
-                raise InvalidArgumentError(f"{what}: k_layers[{i}] holds {m} blocks of {b} cells of {e} values in "
-                                           f"{h} heads, k_layers[0] {nblk} of {bs} of {n_embd} in {k_heads}: every "
-                                           "layer's pools have one shape")
-        for i, (_, (e, b, m, h)) in enumerate(vs):
-            want = (n_embd, bs * nblk) if vt else (n_embd, bs, nblk, k_heads)
-            got = (e, b * m) if vt else (e, b, m, h)
-            if got != want:
-                shape = (f"[{n_embd}, {bs * nblk}]" if vt else
-                         f"[{nblk}, {bs}, {k_heads}, {n_embd // k_heads}] (or [{nblk}, {bs}, {n_embd}])")
-                raise InvalidArgumentError(f"{what}: v_layers[{i}] is not {shape} values as k_layers[{i}]'s pool"
-                                           f"{' transposed (v_trans)' if vt else ''}")
-        p = cls._c_params(type_k=k0.type, type_v=vs[0][0].type, head_dim=n_embd // k_heads, n_head_kv=k_heads,
-                          block_size=bs, n_blocks=nblk, n_seq=n_seq, n_layer=len(ks), v_trans=vt,
-                          share_blocks=share_blocks)
-        return cls._over_arrays([t for t, _ in ks], [t for t, _ in vs],
-                                lambda *over: lib.ferry_paged_cache_new_over(p, *over))
+        shapes: Dict[Tuple[str, int], Tuple[int, int, int, int]] = {}  # each array's, as _pool_array reads it
+
+        def parse() -> Tuple[bool, Optional[int]]:  # v_trans, n_head_kv
+            vt = _checks.as_bool(v_trans, f"{what}: v_trans")
+            heads = None if n_head_kv is None else _checks.as_int64(n_head_kv, f"{what}: n_head_kv")
+            if heads is not None and heads <= 0:
+                raise InvalidArgumentError(f"{what}: n_head_kv must be positive, got {heads}")
+            return vt, heads
+
+        def array(a: Any, which: str, layer: int, args: Tuple[bool, Optional[int]]) -> Tensor:
+            vt, heads = args
+            t, shapes[which, layer] = cls._pool_array(a, which, layer, type_k if which == "k" else type_v, heads,
+                                                      vt and which == "v")
+            return t
+
+        def over(ks: List[Tensor], vs: List[Tensor], args: Tuple[bool, Optional[int]]) -> Callable[..., int]:
+            vt, _ = args
+            n_embd, bs, nblk, k_heads = shapes["k", 0]
+            for i in range(len(ks)):
+                e, b, m, h = shapes["k", i]
+                if (e, b, m, h) != (n_embd, bs, nblk, k_heads):
+                    raise InvalidArgumentError(f"{what}: k_layers[{i}] holds {m} blocks of {b} cells of {e} values "
+                                               f"in {h} heads, k_layers[0] {nblk} of {bs} of {n_embd} in {k_heads}: "
+                                               "every layer's pools have one shape")
+            for i in range(len(vs)):
+                e, b, m, h = shapes["v", i]
+                want = (n_embd, bs * nblk) if vt else (n_embd, bs, nblk, k_heads)
+                got = (e, b * m) if vt else (e, b, m, h)
+                if got != want:
+                    shape = (f"[{n_embd}, {bs * nblk}]" if vt else
+                             f"[{nblk}, {bs}, {k_heads}, {n_embd // k_heads}] (or [{nblk}, {bs}, {n_embd}])")
+                    raise InvalidArgumentError(f"{what}: v_layers[{i}] is not {shape} values as k_layers[{i}]'s "
+                                               f"pool{' transposed (v_trans)' if vt else ''}")
+            p = cls._c_params(type_k=ks[0].type, type_v=vs[0].type, head_dim=n_embd // k_heads, n_head_kv=k_heads,
+                              block_size=bs, n_blocks=nblk, n_seq=n_seq, n_layer=len(ks), v_trans=vt,
+                              share_blocks=share_blocks)
+            return lambda *bufs: lib.ferry_paged_cache_new_over(p, *bufs)
+
+        return cls._from_arrays(k_layers, v_layers, "give one K and one V pool per layer", parse, array, over)
 
     @classmethod
     def _pool_array(cls, a: Any, which: str, layer: int, type: Optional[TypeLike], heads: Optional[int],
