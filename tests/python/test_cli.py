@@ -14,7 +14,7 @@ import ferry
 from ferry import cli
 from ferry.cli import VERBS, build_parser, main
 
-VERB_NAMES = [v.__name__.rsplit(".", 1)[1] for v in VERBS]
+VERB_NAMES = [v.VERB.name for v in VERBS]
 
 
 def verb_parsers() -> Dict[str, argparse.ArgumentParser]:
@@ -78,17 +78,28 @@ def test_help_says_what_for_and_gives_an_example(verb: str) -> None:
 
 
 def test_every_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """Each verb's example runs (bench's takes 20 s on 2 cores: its options are only parsed)."""
+    """Each verb's example runs (the benches' take 20 s on 2 cores: their options are only parsed)."""
     parser = build_parser()[0]
     for verb in VERB_NAMES:
         text = verb_parsers()[verb].format_help()
         example = text.split("example:\n", 1)[1].strip().splitlines()[0].split()
         assert parser.parse_args(example[1:]).verb == verb
-    for verb in ("demo", "table", "plan", "validate"):
+    for verb in ("demo", "table", "plan", "validate", "residency-plan", "paged-plan"):
         text = verb_parsers()[verb].format_help()
         example = text.split("example:\n", 1)[1].strip().splitlines()[0].split()
         assert main(example[1:]) == 0, example
     capsys.readouterr()
+
+
+def test_help_lists_every_verb_with_what_it_is_for(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42: `ferry --help` lists every program, the residency planner's and the paged cache's too."""
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    assert {"residency-plan", "residency-bench", "paged-plan", "paged-bench"} <= set(VERB_NAMES)
+    for verb in VERBS:
+        assert f"{verb.VERB.name} {' '.join(verb.VERB.summary.split())}" in flat, verb.VERB.name
 
 
 def test_version_prints_the_installed_packages_version(capsys: pytest.CaptureFixture[str]) -> None:

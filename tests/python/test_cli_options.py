@@ -21,7 +21,7 @@ from ferry.cli.reference import markdown
 from test_model_file import write_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
-VERB_NAMES = [v.__name__.rsplit(".", 1)[1] for v in VERBS]
+VERB_NAMES = [v.VERB.name for v in VERBS]
 WITH_OPTIONS = [v for v in VERB_NAMES if ot.options_of(v)]
 
 
@@ -76,6 +76,13 @@ BASE = {
               "--heads", "2", "--layers", "2"],
     "validate": ["-c", "128", "-npl", "2", "-npp", "8", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
                  "--heads", "2", "--layers", "2"],
+    "residency-plan": ["-c", "128", "-npl", "2", "-npp", "8", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
+                       "--heads", "2", "--layers", "2", "--compute-us", "10"],
+    "residency-bench": ["-c", "128", "-npl", "2", "-npp", "8", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
+                        "--heads", "2", "--layers", "2", "--compute-us", "10"],
+    "paged-plan": ["-c", "128", "-npl", "2", "-npp", "8", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1"],
+    "paged-bench": ["-c", "128", "-npl", "2", "-npp", "8", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
+                    "--heads", "2", "--layers", "2"],
 }
 
 #: Per option, a value that is not its default and that acts on BASE (None: a flag). --model's is a
@@ -91,26 +98,21 @@ PROBES: Dict[str, Any] = {
     "--repeat": "3", "--rounds": "2", "--device": "cpu",
     "--devices": "2", "--link-gbps": "2.45", "--latency-us": "2", "--device-memory": "64MiB",
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
-    "--residency": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
+    "--strategy": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
     "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--block-size": "8", "--adjacency": "0.9",
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.
 CONTEXT: Dict[ot.Cond, Tuple[List[str], List[str]]] = {
-    ot.RESIDENCY.conds[0]: (["--residency"], []),
-    ot.NO_RESIDENCY.conds[0]: ([], ["--residency"]),
     ot.OVERLAP.conds[0]: (["--overlap"], []),
     ot.GATE_OVERLAP.conds[0]: ([], ["--no-overlap"]),
     ot.STANDIN.conds[0]: ([], ["--device", "cuda"]),
     ot.NON_FLAT.conds[0]: ([], ["--policy", "flat"]),
-    ot.NON_FLAT_OR_RESIDENCY.conds[0]: ([], ["--policy", "flat"]),
     ot.WHICH_V.conds[0]: (["--which", "v"], []),
     ot.TABLE_OUT.conds[0]: ([], ["--json"]),
     ot.SWA_PAIR.conds[0]: (["--swa-window", "8", "--swa-layers", "fs"], []),
     ot.UNIFIED_RUNS.conds[0]: ([], ["--devices", "2"]),
     ot.PAGED.conds[0]: (["--paged"], []),
-    ot.NO_PAGED.conds[0]: ([], ["--paged"]),
-    ot.RESIDENCY_OR_PAGED.conds[0]: (["--paged"], []),
 }
 
 WALK = [(verb, o) for verb in WITH_OPTIONS for o in ot.options_of(verb)]
@@ -180,6 +182,17 @@ def test_each_option_changes_what_runs_where_it_acts_and_is_refused_elsewhere(
             assert without != with_it, f"{o.name} changes nothing with {' '.join(mode)}"
 
 
+def test_a_verb_runs_one_program_and_few_rows_hang_on_a_mode() -> None:
+    """Issue 42: no option swaps another program in behind a verb, so no condition names one (--residency,
+    --paged of plan or bench), and at most 5 rows act only in a mode: validate's --paged, which adds the
+    paged gathers to the gate's rows, with its block size and adjacency."""
+    assert not [c.text for o in ot.OPTIONS for w in o.verbs.values() for c in w.conds if "--residency" in c.text]
+    moded = [o.name for o in ot.OPTIONS if any("--paged" in c.text for w in o.verbs.values() for c in w.conds)]
+    assert len(moded) <= 5, moded
+    assert not [(v, o.name) for o in ot.OPTIONS for v in ("plan", "bench") if o.name in ("--residency", "--paged")
+                and v in o.verbs]
+
+
 def test_every_condition_and_option_has_its_context_and_probe() -> None:
     assert {c for o in ot.OPTIONS for w in o.verbs.values() for c in w.conds} <= set(CONTEXT)
     assert {o.name for o in ot.OPTIONS} <= set(PROBES)
@@ -187,23 +200,29 @@ def test_every_condition_and_option_has_its_context_and_probe() -> None:
 
 @pytest.mark.parametrize("argv,message", [
     (["bench", "--residency", "--policy", "flat"], "--policy acts only without --residency"),  # issue 32, item 8
-    (["plan", "--overlap"], "--overlap acts only with --residency"),  # item 9
-    (["plan", "--reserve", "1MiB"], "--reserve acts only with --residency"),
-    (["plan", "--compute-us", "100"], "--compute-us acts only with --residency"),
-    (["plan", "--kv-device-layers", "1"], "--kv-device-layers acts only with --residency"),
-    (["plan", "--devices", "2", "--link-gbps", "1,2"], "--devices acts only with --residency"),
+    # item 9 and the like: an option of the residency planner, given to a verb that has none of it (it was
+    # a mode of plan and bench: "acts only with --residency"), names the verbs that take it (issue 42)
+    (["plan", "--overlap"], "--overlap is an option of ferry bench, ferry residency-plan, ferry residency-bench"),
+    (["plan", "--reserve", "1MiB"], "--reserve is an option of ferry residency-plan, ferry residency-bench"),
+    (["plan", "--compute-us", "100"], "--compute-us is an option of ferry residency-plan, ferry residency-bench"),
+    (["plan", "--kv-device-layers", "1"], "--kv-device-layers is an option of ferry bench, ferry validate, "
+                                          "ferry residency-plan, ferry residency-bench"),
+    (["plan", "--devices", "2", "--link-gbps", "1,2"], "--devices is an option of ferry residency-plan, ferry bench"),
     (["plan", "--residency", "--prefetch", "2"], "--prefetch acts only with --overlap"),
-    (["bench", "--reserve", "1MiB"], "--reserve acts only with --residency"),
-    (["bench", "--compute-us", "100"], "--compute-us acts only with --residency"),
+    (["residency-plan", "--prefetch", "2"], "--prefetch acts only with --overlap"),
+    (["bench", "--reserve", "1MiB"], "--reserve is an option of ferry residency-plan, ferry residency-bench"),
+    (["bench", "--compute-us", "100"], "--compute-us is an option of ferry residency-plan, ferry residency-bench"),
     (["bench", "--residency", "--wide"], "--wide acts only without --residency"),
     (["bench", "--prefetch-n=on"], "--prefetch-next acts only with --overlap"),  # an abbreviation is the option too
     (["validate", "--no-overlap", "--prefetch", "2"], "--prefetch acts only without --no-overlap"),
     (["bench", "--compact", "--policy", "flat"], "--compact acts only with a non-flat --policy"),
-    (["plan", "--v-trans"], "--v-trans acts only with --which v or --residency"),
+    (["plan", "--v-trans"], "--v-trans acts only with --which v: give --which v, or leave out --v-trans"),
+    (["paged-plan", "--v-trans"], "--v-trans acts only with --which v"),
     (["bench", "--json", "--wide"], "--wide acts only without --json"),
-    (["bench", "--block-size", "8"], "--block-size acts only with --paged: give --paged"),  # issue 36
+    (["bench", "--block-size", "8"], "--block-size is an option of ferry paged-plan, ferry paged-bench, "
+                                     "ferry validate"),  # issue 36
     (["validate", "--adjacency", "0.9"], "--adjacency acts only with --paged"),
-    (["plan", "--row-ns", "100"], "--row-ns acts only with --paged"),
+    (["plan", "--row-ns", "100"], "--row-ns is an option of ferry paged-plan, ferry bench"),
     (["plan", "--paged", "--pad", "4"], "--pad acts only without --paged"),
     (["plan", "--paged", "--cost-model", "cpu"], "--cost-model acts only without --paged: leave out --paged"),
     (["plan", "--paged", "--residency"], "--paged acts only without --residency"),
@@ -214,18 +233,21 @@ def test_every_condition_and_option_has_its_context_and_probe() -> None:
     (["bench", "--paged", "--no-uni"], "--no-unified acts only without --paged"),
     (["bench", "--paged", "--wide"], "--wide acts only without --paged"),
     (["bench", "--paged", "--block-size", "0"], "argument --block-size: 0 is out of range"),
+    (["paged-bench", "--block-size", "0"], "argument --block-size: 0 is out of range"),
     (["bench", "--paged", "--adjacency", "1.5"], "argument --adjacency: --adjacency: 1.5 is out of range: 0..1"),
     (["validate", "--paged", "--adjacency", "x"], "argument --adjacency"),
-    (["bench", "--paged", "--policy", "flat,ragged"], "--paged compares the paged gathers with the cells cache's "
-                                                      "ragged copy (the same bytes, contiguous), not --policy "
-                                                      "flat,ragged: give --policy ragged or leave out --policy"),
-    (["bench", "--paged", "--devices", "2"], "--paged runs on one device with every layer's KV in host memory"),
+    # the paged run's one policy and one device: --policy and --devices were refused by the run's config
+    # (BenchConfig._check_paged, still tested in test_paged_cli.py); paged-bench has neither option
+    (["bench", "--paged", "--policy", "flat,ragged"], "--policy acts only without --paged"),
+    (["bench", "--paged", "--devices", "2"], "--devices acts only without --paged"),
+    (["paged-bench", "--devices", "2"], "--devices is an option of"),
     (["plan", "--paged", "-c", "256", "-npl", "4", "-npp", "100", "-ntg", "1"],
      "-npl 4 sequences of 101 cells take 28 blocks of 16 cells; -c 256 holds 16: give a larger -c"),
     # issue 41, item 14: one rule of --block-size, every verb that takes it
-    *[([verb, "--paged", "--block-size", "5000", "-c", "4096"], "-npl 2 sequences of 264 cells take 2 blocks of "
-       "5000 cells; -c 4096 holds 1: give a larger -c or a smaller --block-size") for verb in ("plan", "bench",
-                                                                                             "validate")],
+    *[([*verb, "--block-size", "5000", "-c", "4096"], "-npl 2 sequences of 264 cells take 2 blocks of "
+       "5000 cells; -c 4096 holds 1: give a larger -c or a smaller --block-size")
+      for verb in (["plan", "--paged"], ["bench", "--paged"], ["validate", "--paged"], ["paged-plan"],
+                   ["paged-bench"])],
 ])
 def test_an_option_that_would_do_nothing_is_refused(argv: List[str], message: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
@@ -328,18 +350,25 @@ def test_a_placement_that_is_no_file_says_so(tmp_path: Path, capsys: pytest.Capt
 
 @pytest.mark.parametrize("argv,message", [
     (["bench", "--device-memory", "-1GiB"], "argument --device-memory: --device-memory: '-1GiB' is negative"),
+    (["residency-bench", "--devices", "2", "--reserve", "-1MiB"], "argument --reserve: --reserve: '-1MiB' is "
+                                                                   "negative"),
     (["bench", "--devices", "2", "--reserve", "-1MiB", "--residency"], "argument --reserve: --reserve: '-1MiB' is "
                                                                        "negative"),
     (["bench", "--row-ns", "-1,2"], "argument --row-ns: --row-ns: -1 is out of range: 0..1e+06"),
     (["bench", "--latency-us", "-.5"], "argument --latency-us: --latency-us: -.5 is out of range"),
+    (["residency-plan", "--compute-us", "-1e3"], "argument --compute-us: --compute-us: -1e3 is out of range"),
     (["plan", "--compute-us", "-1e3", "--residency"], "argument --compute-us: --compute-us: -1e3 is out of range"),
     (["bench", "-c", "-5"], "argument -c: -5 is out of range"),
     (["bench", "--polcy", "flat"], "unrecognized arguments: --polcy flat; --polcy: did you mean --policy?"),
     (["validate", "--sequnces=4"], "--sequnces: did you mean --sequences?"),
+    # plan names no --layers (issue 42: it took --layers only for --residency, whose verb is its own now)
     (["plan", "--head-dim", "1000000000", "-c", "2000000000", "--kv-heads", "1000000"],
-     "-c 2000000000, --layers 2, --head-dim 1000000000, --kv-heads 1000000, --type f16: the cache these sizes give is "
-     "too large to lay out (tensor_new: the shape's byte size overflows); give a smaller -c or --layers or "
+     "-c 2000000000, --head-dim 1000000000, --kv-heads 1000000, --type f16: the cache these sizes give is "
+     "too large to lay out (tensor_new: the shape's byte size overflows); give a smaller -c or "
      "--head-dim or --kv-heads"),
+    (["residency-plan", "--head-dim", "1000000000", "-c", "2000000000", "--kv-heads", "1000000", "--compute-us", "1"],
+     "-c 2000000000, --layers 2, --head-dim 1000000000, --kv-heads 1000000, --type f16: the cache these sizes give is "
+     "too large to lay out"),
     (["table", "--head-dim", "2000000000", "-c", "2000000000", "--kv-heads", "2000000000", "-npl", "1"],
      "-c 2000000000, --head-dim 2000000000, --kv-heads 2000000000, --type f16: the cache these sizes give"),
     (["bench", "--heads", "1", "--head-dim", "2000000000", "-c", "2000000000", "--kv-heads", "1", "-npl", "1"],

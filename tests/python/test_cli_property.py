@@ -24,7 +24,7 @@ from ferry.errors import FerryError
 SCALE = max(int(os.environ.get("FERRY_FUZZ_SCALE", "1")), 1)
 SETTINGS: Dict[str, Any] = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                        HealthCheck.function_scoped_fixture])
-VERBS = ["table", "plan", "bench", "validate"]
+VERBS = ["table", "plan", "bench", "validate", "residency-plan", "residency-bench", "paged-plan", "paged-bench"]
 
 #: Tiny sizes every command line starts from (an option drawn later replaces its value): whatever
 #: runs, runs in a moment.
@@ -36,6 +36,10 @@ TINY = {
     "validate": ["-c", "64", "-npl", "2", "-npp", "4", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
                  "--heads", "1", "--layers", "2"],
 }
+TINY["residency-plan"] = TINY["validate"]
+TINY["residency-bench"] = TINY["validate"] + ["--repeat", "1"]
+TINY["paged-plan"] = TINY["plan"]
+TINY["paged-bench"] = TINY["bench"]
 
 NUMBERS = st.sampled_from(["0", "1", "2", "3", "4", "8", "16", "32", "64", "-1", "1.5", "x", "", "1e9", "nan"])
 NUMBER_LISTS = st.lists(st.sampled_from(["0", "1", "2", "3", "4", "8", "2.45", "0.33", "-1", "nan", "x", ""]),
@@ -74,7 +78,7 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--kv-device-layers": st.sampled_from(["0", "1", "2", "3", "-1"]),
     "--placement": st.one_of(PLACES, st.sampled_from(["/nonexistent/placement", "/dev/zero"])),
     "--layer-devices": PLACES,
-    "--residency": names(["auto", "first", "round-robin", "slowest-link"]),
+    "--strategy": names(["auto", "first", "round-robin", "slowest-link"]),
     "--compute-us": st.sampled_from(["0", "10", "100", "-1", "nan", "x"]),
     "--plot": st.sampled_from(["PLOT", "/nonexistent/chart.png", "", "/dev/full"]),
     "--trace": st.sampled_from(["TRACE", "/nonexistent/trace.json", "", "/tmp", "/proc/trace.json"]),
@@ -101,8 +105,9 @@ def option_argv(verb: str) -> st.SearchStrategy[List[str]]:
 
 #: Per verb, the modes a command line starts in (the options others act only beside), drawn alike.
 MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"], ["--paged"]],
-         "plan": [[], ["--residency"], ["--residency", "--overlap"], ["--paged"]],
-         "bench": [[], ["--overlap"], ["--residency"], ["--devices", "2"], ["--paged"]]}
+         "plan": [[]], "bench": [[], ["--overlap"], ["--devices", "2"]],
+         "residency-plan": [[], ["--overlap"], ["--devices", "2"]],
+         "residency-bench": [[], ["--overlap"], ["--devices", "2"]], "paged-plan": [[]], "paged-bench": [[]]}
 
 
 def command_lines(verb: str) -> st.SearchStrategy[List[str]]:
@@ -130,7 +135,7 @@ def outcome(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixtur
     """Run `ferry` on argv (its verb's run replaced by run), and check how it ended: 0, or 2 with a
     message naming an option; nothing else. Returns the exit status."""
     argv = [files.get(a, a) for a in argv]
-    verb = cli.VERBS[[v.__name__.rsplit(".", 1)[1] for v in cli.VERBS].index(argv[0])]
+    verb = cli.VERBS[[v.VERB.name for v in cli.VERBS].index(argv[0])]
     real = verb.run
     verb.run = run  # type: ignore[attr-defined]
     try:
@@ -169,17 +174,17 @@ def test_every_command_line_is_taken_or_refused_naming_an_option(verb: str, file
 
 def run_whole(verb: str) -> Callable[[Any], int]:
     """The verb's own run, its exit status 0 or 1 (a gate that failed) kept apart from a FerryError."""
-    real = {v.__name__.rsplit(".", 1)[1]: v for v in cli.VERBS}[verb].run
+    real = {v.VERB.name: v for v in cli.VERBS}[verb].run
     return lambda job: int(real(job))
 
 
-@example(argv=["bench", *TINY["validate"], "--residency", "auto"])  # issue 32, item 5: --repeat left out
-@example(argv=["plan", "--residency", "--devices", "3", "--link-gbps", "1,2", "--compute-us", "100"])  # item 6
+@example(argv=["residency-bench", *TINY["validate"], "--strategy", "auto"])  # issue 32, item 5: --repeat left out
+@example(argv=["residency-plan", "--devices", "3", "--link-gbps", "1,2", "--compute-us", "100"])  # item 6
 @example(argv=["bench", *TINY["bench"], "--devices", "2", "--device-memory", "1KiB"])  # item 11
 @example(argv=["bench", *TINY["bench"], "--compact"])  # ragged's compact copy of a window as long as its streams
-@example(argv=["bench", *TINY["bench"], "--paged", "--block-size", "3", "--adjacency", "0"])  # issue 36
+@example(argv=["paged-bench", *TINY["bench"], "--block-size", "3", "--adjacency", "0"])  # issue 36
 @example(argv=["validate", *TINY["validate"], "--paged", "--block-size", "1", "--v-trans"])
-@example(argv=["plan", *TINY["plan"], "--paged", "--which", "v", "--v-trans", "--adjacency", "1"])
+@example(argv=["paged-plan", *TINY["plan"], "--which", "v", "--v-trans", "--adjacency", "1"])
 @settings(max_examples=40 * SCALE, **SETTINGS)
 @given(argv=st.sampled_from(VERBS).flatmap(command_lines))
 def test_what_is_taken_runs_whole(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

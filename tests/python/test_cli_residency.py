@@ -1,4 +1,5 @@
-"""`ferry plan --residency` and `ferry bench --residency`: each strategy's placement as text and JSON
+"""`ferry residency-plan` and `ferry residency-bench` (once `ferry plan --residency` and `ferry bench
+--residency`, which still run, saying so): each strategy's placement as text and JSON
 (the library's plans, the planner never slower than a rule), sliding-window layers from --swa
 options and from --model, refusals (a plan that cannot fit names what and by how much; options
 that conflict), and bench running every strategy with its prediction beside what it measured (no
@@ -39,11 +40,11 @@ def table_row(out: str, strategy: str) -> str:
     return next(line for line in out.splitlines() if line.split() and line.split()[0] == strategy)
 
 
-# ------------------------------------------------------------ plan --residency
+# ------------------------------------------------------------ residency-plan
 
 
 def test_plan_residency_text_names_each_strategy_placement_and_memory(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run(["plan", "--residency", *GEOMETRY, *TWO, "--kv-device-layers", "2"], capsys)
+    out = run(["residency-plan", *GEOMETRY, *TWO, "--kv-device-layers", "2"], capsys)
     assert "serial (prefetch 0)" in out and "device 1: link 0.33 GB/s" in out
     assert "at most 2 layers resident" in out and "given (--compute-us)" in out
     for s in STRATEGIES:
@@ -56,7 +57,7 @@ def test_plan_residency_text_names_each_strategy_placement_and_memory(capsys: py
 
 
 def test_plan_residency_json_is_the_library_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    plans = run_json(["plan", "--residency", *GEOMETRY, *TWO, "--kv-device-layers", "2", "--overlap",
+    plans = run_json(["residency-plan", *GEOMETRY, *TWO, "--kv-device-layers", "2", "--overlap",
                       "--prefetch", "2"], capsys)
     assert [(p["strategy"], p["prefetch"]) for p in plans] == [(s, d) for d in (0, 2) for s in STRATEGIES]
     # the library's plan of the same model: its memory measured by a dry run of the step over the
@@ -80,12 +81,12 @@ def test_plan_residency_json_is_the_library_plan(capsys: pytest.CaptureFixture[s
 
 
 def test_plan_residency_plans_each_strategy_listed_in_order(capsys: pytest.CaptureFixture[str]) -> None:
-    plans = run_json(["plan", "--residency", "first,auto", *GEOMETRY, *TWO], capsys)
+    plans = run_json(["residency-plan", "--strategy", "first,auto", *GEOMETRY, *TWO], capsys)
     assert [p["strategy"] for p in plans] == ["first", "auto"]
 
 
 def test_plan_residency_sizes_swa_sliding_layers_smaller_and_keeps_the_full_one_first(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["plan", "--residency", "auto", *GEOMETRY, "--compute-us", "20", "--link-gbps", "1",
+    args = ["residency-plan", "--strategy", "auto", *GEOMETRY, "--compute-us", "20", "--link-gbps", "1",
             "--swa-window", "16", "--swa-layers", "ssfs"]
     out = run(args, capsys)
     assert "4 layers (3 sliding, window 16; 1 full)" in out
@@ -108,7 +109,7 @@ def test_plan_residency_sizes_a_models_sliding_layers_at_their_window(tmp_path: 
 
     path = write_gguf(tmp_path / "g2.gguf", "gemma2", blocks=4, ctx=1024, embd=256, heads=4, heads_kv=2,
                       sliding_window=32)
-    (plan,) = run_json(["plan", "--residency", "auto", "--model", str(path), "-npl", "1", "-npp", "120", "-ntg", "8",
+    (plan,) = run_json(["residency-plan", "--strategy", "auto", "--model", str(path), "-npl", "1", "-npp", "120", "-ntg", "8",
                         "--compute-us", "20", "--link-gbps", "1"], capsys)
     sizes = {layers_from_geometry("f16", "f16", 64, 2, 1024, 1, 128, [w])[0].resident_bytes for w in (None, 32)}
     assert len(sizes) == 2
@@ -116,18 +117,18 @@ def test_plan_residency_sizes_a_models_sliding_layers_at_their_window(tmp_path: 
 
 
 def test_plan_residency_refuses_what_cannot_fit(capsys: pytest.CaptureFixture[str]) -> None:
-    err = refused(["plan", "--residency", *GEOMETRY, *TWO, "--device-memory", "1KiB"], capsys)
+    err = refused(["residency-plan", *GEOMETRY, *TWO, "--device-memory", "1KiB"], capsys)
     assert "device 0 needs" in err and "short by" in err and "bytes" in err
     # the windows fit, no layer beside them: names the device and by how much it is over
-    err = refused(["plan", "--residency", *GEOMETRY, *TWO, "--device-memory", "40KiB"], capsys)
+    err = refused(["residency-plan", *GEOMETRY, *TWO, "--device-memory", "40KiB"], capsys)
     assert "no layer fits" in err and "bytes over its 40960 bytes" in err
-    err = refused(["plan", "--residency", *GEOMETRY, *TWO, "--device-memory", "1MiB", "--reserve", "1MiB"], capsys)
+    err = refused(["residency-plan", *GEOMETRY, *TWO, "--device-memory", "1MiB", "--reserve", "1MiB"], capsys)
     assert "1048576 reserved" in err
-    assert "--kv-device-layers 9" in refused(["plan", "--residency", *GEOMETRY, *TWO, "--kv-device-layers", "9"],
+    assert "--kv-device-layers 9" in refused(["residency-plan", *GEOMETRY, *TWO, "--kv-device-layers", "9"],
                                              capsys)
-    assert "unknown strategy 'best'" in refused(["plan", "--residency", "best", *GEOMETRY], capsys)
-    assert "3 values for 2 devices" in refused(["plan", "--residency", *GEOMETRY, *TWO, "--reserve", "1,2,3"], capsys)
-    assert "--compute-us" in refused(["plan", "--residency", *GEOMETRY, "--compute-us", "1,2"], capsys)
+    assert "unknown strategy 'best'" in refused(["residency-plan", "--strategy", "best", *GEOMETRY], capsys)
+    assert "3 values for 2 devices" in refused(["residency-plan", *GEOMETRY, *TWO, "--reserve", "1,2,3"], capsys)
+    assert "--compute-us" in refused(["residency-plan", *GEOMETRY, "--compute-us", "1,2"], capsys)
 
 
 def test_the_links_default_to_the_standins_and_0_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,14 +159,14 @@ def test_plan_without_residency_is_the_window_plan(capsys: pytest.CaptureFixture
     assert "window" in out and "strategy" not in out
 
 
-# ------------------------------------------------------------ bench --residency
+# ------------------------------------------------------------ residency-bench
 
 
-BENCH = ["bench", *GEOMETRY, "--repeat", "2", "--devices", "2", "--link-gbps", "2.45,0.33", "--kv-device-layers", "2"]
+BENCH = ["residency-bench", *GEOMETRY, "--repeat", "2", "--devices", "2", "--link-gbps", "2.45,0.33", "--kv-device-layers", "2"]
 
 
 def test_bench_residency_runs_every_strategy_beside_its_prediction(capsys: pytest.CaptureFixture[str]) -> None:
-    rows: List[Dict[str, Any]] = run_json(BENCH + ["--residency", "--overlap"], capsys)
+    rows: List[Dict[str, Any]] = run_json(BENCH + ["--overlap"], capsys)
     assert [(r["strategy"], r["prefetch"]) for r in rows] == [(s, d) for d in (0, 1) for s in STRATEGIES]
     for r in rows:
         assert r["predicted_step_s"] > 0 and r["measured_step_s"] > 0 and r["repeats"] == 2
@@ -188,8 +189,8 @@ ISSUE = ["--devices", "2", "--link-gbps", "2.45,0.33", "--device-memory", "6MiB,
 def test_bench_runs_the_plan_in_the_memory_it_printed(capsys: pytest.CaptureFixture[str]) -> None:
     """Each strategy's plan as `plan` prints it is the plan `bench` runs with the same options, and
     its run holds on each device exactly the memory the plan printed (the reserve is 0)."""
-    plans = run_json(["plan", "--residency", *ISSUE], capsys)
-    rows = run_json(["bench", "--residency", *ISSUE, "--repeat", "1"], capsys)
+    plans = run_json(["residency-plan", *ISSUE], capsys)
+    rows = run_json(["residency-bench", *ISSUE, "--repeat", "1"], capsys)
     assert [(r["strategy"], r["prefetch"]) for r in rows] == [(p["strategy"], p["prefetch"]) for p in plans]
     assert any(p["prefetch"] == 1 and any(d["resident_layers"] for d in p["devices"]) for p in plans)
     for plan, row in zip(plans, rows):
@@ -199,7 +200,7 @@ def test_bench_runs_the_plan_in_the_memory_it_printed(capsys: pytest.CaptureFixt
 
 
 def test_bench_residency_prints_a_row_per_strategy_asked_and_the_outputs_verdict(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run(BENCH + ["--residency", "auto,first"], capsys)
+    out = run(BENCH + ["--strategy", "auto,first"], capsys)
     assert "measured / predicted" in out and "attention outputs identical across the placements" in out
     assert table_row(out, "auto") and table_row(out, "first")
     assert not any(line.startswith("round-robin") for line in out.splitlines())
@@ -211,18 +212,24 @@ def test_bench_residency_measures_and_predicts_a_sliding_model(tmp_path: Path, c
 
     path = write_gguf(tmp_path / "g2.gguf", "gemma2", blocks=4, ctx=1024, embd=256, heads=4, heads_kv=2,
                       sliding_window=32)
-    rows = run_json(["bench", "--model", str(path), "-c", "256", "-npl", "1", "-npp", "120", "-ntg", "2",
-                     "--repeat", "1", "--residency", "auto", "--link-gbps", "1"], capsys)
+    rows = run_json(["residency-bench", "--model", str(path), "-c", "256", "-npl", "1", "-npp", "120", "-ntg", "2",
+                     "--repeat", "1", "--strategy", "auto", "--link-gbps", "1"], capsys)
     assert rows[0]["predicted_step_s"] > 0 and rows[0]["measured_step_s"] > 0
 
 
 def test_bench_residency_refuses_a_placement_beside_it(capsys: pytest.CaptureFixture[str]) -> None:
-    err = refused(BENCH[:-2] + ["--residency", "--placement", "h,h,0,1"], capsys)
+    """The old spelling refuses bench's options beside --residency as it did; the verb has none of them."""
+    old = ["bench", *BENCH[1:]]
+    err = refused(old[:-2] + ["--residency", "--placement", "h,h,0,1"], capsys)
     assert "--residency" in err and "--placement" in err
-    assert "--device acts only without --residency" in refused(BENCH + ["--residency", "--device", "cuda"], capsys)
-    assert "--plot" in refused(BENCH + ["--residency", "--plot", "x.png"], capsys)
-    err = refused(BENCH + ["--residency", "--device-memory", "1KiB"], capsys)
+    assert "--device acts only without --residency" in refused(old + ["--residency", "--device", "cuda"], capsys)
+    assert "--plot" in refused(old + ["--residency", "--plot", "x.png"], capsys)
+    err = refused(old + ["--residency", "--device-memory", "1KiB"], capsys)
     assert "short by" in err
+    for option in (["--placement", "h,h,0,1"], ["--plot", "x.png"]):
+        assert f"{option[0]} is an option of ferry bench" in refused(BENCH + option, capsys)
+    assert "--device could match --devices, --device-memory" in refused(BENCH + ["--device", "cuda"], capsys)
+    assert "short by" in refused(BENCH + ["--device-memory", "1KiB"], capsys)
 
 
 def test_compute_slowdown_reaches_the_stand_ins(capsys: pytest.CaptureFixture[str]) -> None:
@@ -253,18 +260,46 @@ def test_bench_residency_without_repeat_takes_its_default_and_runs(capsys: pytes
     from ferry.cli import prepare
     from ferry.cli.residency import REPEAT
 
-    argv = ["bench", "--residency", "auto", "--layers", "2", "-c", "64", "-npl", "2", "-npp", "8", "-ntg", "2",
+    argv = ["residency-bench", "--strategy", "auto", "--layers", "2", "-c", "64", "-npl", "2", "-npp", "8", "-ntg", "2",
             "--head-dim", "32", "--kv-heads", "1", "--heads", "2", "--compute-us", "100"]
     assert prepare(argv)[2].repeat == REPEAT
     rows = run_json(argv + ["--json"], capsys)
     assert {r["strategy"] for r in rows} == {"auto"} and all(r["measured_step_s"] > 0 for r in rows)
 
 
-@pytest.mark.parametrize("verb", ["plan", "bench"])
+@pytest.mark.parametrize("verb", ["residency-plan", "residency-bench"])
 def test_residency_refuses_a_list_of_links_for_other_devices(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Item 6: two links for three devices is a usage error naming the option, in both verbs."""
-    err = refused([verb, "--residency", "--devices", "3", "--layers", "3", "--link-gbps", "1,2", "--compute-us",
+    err = refused([verb, "--devices", "3", "--layers", "3", "--link-gbps", "1,2", "--compute-us",
                    "100"], capsys)
     assert "--link-gbps: 2 values for 3 devices" in err
-    err = refused([verb, "--residency", "--devices", "2", "--layer-devices", "0,2", "--compute-us", "100"], capsys)
+    err = refused([verb, "--devices", "2", "--layer-devices", "0,2", "--compute-us", "100"], capsys)
     assert "--layer-devices: layer 1 names device 2" in err
+
+
+# ------------------------------------------------------------ issue 42: the old spellings, for one release
+
+
+@pytest.mark.parametrize("old,new", [
+    (["plan", "--residency"], ["residency-plan"]),
+    (["plan", "--residency", "auto,first"], ["residency-plan", "--strategy", "auto,first"]),
+    (["plan", "--residency=first"], ["residency-plan", "--strategy", "first"]),
+    (["bench", "--residency"], ["residency-bench"]),
+    (["bench", "--residency", "auto"], ["residency-bench", "--strategy", "auto"]),
+])
+def test_the_old_spelling_makes_the_verbs_job_and_names_the_verb(old: List[str], new: List[str],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`ferry plan --residency` and `ferry bench --residency` make the job the verb makes, and say on
+    stderr which verb that is now; the verb says nothing of the kind."""
+    from ferry.cli import prepare
+
+    old_job = prepare([*old, *GEOMETRY, *TWO])[2]
+    err = capsys.readouterr().err
+    assert f"`ferry {old[0]} --residency` is `ferry {new[0]}` now" in err and "next release" in err
+    assert old_job == prepare([*new, *GEOMETRY, *TWO])[2]
+    assert capsys.readouterr().err == ""
+
+
+def test_the_old_spelling_prints_what_the_verb_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(["plan", "--residency", "auto", *GEOMETRY, *TWO], capsys)
+    assert out == run(["residency-plan", "--strategy", "auto", *GEOMETRY, *TWO], capsys) and "auto" in out

@@ -40,9 +40,11 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry",),
     ("ferry.cli.options", "ferry.cli.text_table", "ferry.cli.progress"),
     ("ferry.cli.option_table",),
+    ("ferry.cli.old_spellings",),
     ("ferry.cli.reference",),
     ("ferry.cli.residency",),
-    ("ferry.cli.bench", "ferry.cli.validate", "ferry.cli.table", "ferry.cli.plan", "ferry.cli.demo"),
+    ("ferry.cli.bench", "ferry.cli.validate", "ferry.cli.table", "ferry.cli.plan", "ferry.cli.demo",
+     "ferry.cli.residency_plan", "ferry.cli.residency_bench", "ferry.cli.paged_plan", "ferry.cli.paged_bench"),
     ("ferry.cli", "ferry.cli.__main__"),
 ]
 

@@ -1,13 +1,15 @@
-"""The paged workloads (issue 36): block tables drawn by adjacency; `ferry bench --paged`'s rows
+"""The paged workloads (issue 36): block tables drawn by adjacency; `ferry paged-bench`'s rows
 (per-block, ferry's merged gather, the cells' ragged copy) with their copy calls, bytes and
 predictions; `ferry validate --paged` hashing every gather method against the cells cache, and
-failing when one differs; `ferry plan --paged`'s prediction equal to what the stand-in's link
-charges when the plan it prints is run."""
+failing when one differs; `ferry paged-plan`'s prediction equal to what the stand-in's link
+charges when the plan it prints is run; the old spellings (`ferry bench --paged`, `ferry plan
+--paged`) making the verbs' jobs, saying so."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, List
 
 import numpy as np
@@ -42,7 +44,7 @@ def test_tables_have_the_adjacency_asked_for(blocks: List[int], n_blocks: int, a
         adjacent_tables(blocks, sum(blocks) - 1, adjacency, 0)
 
 
-# ------------------------------------------------------------ bench --paged
+# ------------------------------------------------------------ paged-bench
 
 LATENCY_US = 2.0
 
@@ -73,7 +75,7 @@ def test_bench_paged_rows_count_calls_bytes_and_predictions() -> None:
 
 
 def test_bench_paged_prints_and_writes_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["bench", "--paged", "-c", "512", "-npl", "2", "-npp", "40", "-ntg", "2", "--head-dim", "32",
+    argv = ["paged-bench", "-c", "512", "-npl", "2", "-npp", "40", "-ntg", "2", "--head-dim", "32",
             "--kv-heads", "1", "--heads", "2", "--layers", "1", "--repeat", "1", "--rounds", "1", "--device", "cpu"]
     assert main(argv + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -136,7 +138,7 @@ def test_validate_paged_fails_when_a_paged_cache_reads_other_cells(monkeypatch: 
     assert "policies and paged gathers: DIFFERENT" in out.out and "the gate failed" in out.err
 
 
-# ------------------------------------------------------------ plan --paged
+# ------------------------------------------------------------ paged-plan
 
 PLAN = ["-c", "2048", "-npl", "3", "-npp", "100", "-ntg", "4", "--head-dim", "32", "--kv-heads", "2",
         "--block-size", "8", "--latency-us", "2", "--row-ns", "50", "--link-gbps", "4"]
@@ -147,7 +149,7 @@ def test_plan_paged_predicts_what_its_plan_costs_when_run(which: str, adjacency:
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """What `ferry plan --paged` prints, run: the same cache and window copied into the same stand-in by
     each method, the link charging each method's printed prediction, the chosen one's calls and bytes."""
-    argv = ["plan", "--paged", *PLAN, "--which", which, "--adjacency", str(adjacency)] + ["--v-trans"] * v_trans
+    argv = ["paged-plan", *PLAN, "--which", which, "--adjacency", str(adjacency)] + ["--v-trans"] * v_trans
     assert main(argv + ["--json"]) == 0
     (p,) = json.loads(capsys.readouterr().out)
     cache = paged_cache(2048, 3, 104, "f16", 32, 2, v_trans, 8, adjacency)
@@ -179,3 +181,46 @@ def test_plan_paged_predicts_what_its_plan_costs_when_run(which: str, adjacency:
     chosen = [ln for ln in text.splitlines() if "<- chosen" in ln]
     assert len(chosen) == 1 and chosen[0].split()[0] == p["method"]
     assert np.isclose(p["seconds"], p["method_seconds"][p["method"]])
+
+
+def test_a_paged_bench_config_takes_the_ragged_policy_on_one_device_only() -> None:
+    """What `ferry bench --paged --policy flat,ragged` and `--devices 2` were refused by (before the verb
+    took neither option): the run's config, for a caller of ferry.workloads.bench."""
+    with pytest.raises(ferry.InvalidArgumentError, match=re.escape(
+            "--paged compares the paged gathers with the cells cache's ragged copy (the same bytes, contiguous), "
+            "not --policy flat,ragged: give --policy ragged or leave out --policy")):
+        BenchConfig(paged=True, policies=("flat", "ragged")).check()
+    with pytest.raises(ferry.InvalidArgumentError, match="--paged runs on one device with every layer's KV in host "
+                                                         "memory"):
+        BenchConfig(paged=True, policies=("ragged",), devices=DeviceConfig(n_devices=2)).check()
+
+
+# ------------------------------------------------------------ issue 42: the old spellings, for one release
+
+OLD_ARGS = ["-c", "512", "-npl", "2", "-npp", "40", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1"]
+
+
+@pytest.mark.parametrize("old,new", [
+    (["plan", "--paged", "--which", "v"], ["paged-plan", "--which", "v"]),
+    (["bench", "--paged", "--layers", "1"], ["paged-bench", "--layers", "1"]),
+    (["bench", "--paged", "--policy", "ragged"], ["paged-bench"]),  # the paged run's one policy, as it was
+    (["bench", "--pag", "--rounds=2"], ["paged-bench", "--rounds=2"]),  # an abbreviation, as argparse took it
+])
+def test_the_old_spelling_makes_the_verbs_job_and_names_the_verb(old: List[str], new: List[str],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`ferry plan --paged` and `ferry bench --paged` make the job the verb makes, and say on stderr which
+    verb that is now; the verb says nothing of the kind."""
+    from ferry.cli import prepare
+
+    old_job = prepare([*old, *OLD_ARGS])[2]
+    err = capsys.readouterr().err
+    assert f"`ferry {old[0]} --paged` is `ferry {new[0]}` now" in err and "next release" in err
+    assert old_job == prepare([*new, *OLD_ARGS])[2]
+    assert capsys.readouterr().err == ""
+
+
+def test_the_old_plan_spelling_prints_what_the_verb_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--paged", *PLAN]) == 0
+    old = capsys.readouterr().out
+    assert main(["paged-plan", *PLAN]) == 0
+    assert capsys.readouterr().out == old and "<- chosen" in old

@@ -14,7 +14,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .. import __version__
 from ..errors import FerryError
-from . import bench, demo, plan, table, validate
+from . import bench, demo, paged_bench, paged_plan, plan, residency_bench, residency_plan, table, validate
+from .old_spellings import OldSpellingError, translate
 from .option_table import check_rules, refuse_idle
 from .options import given_options, naming_sizes
 from .reference import VerbParser
@@ -22,8 +23,9 @@ from .reference import VerbParser
 #: The verbs in the order `ferry --help` lists them; each module has VERB (what --help and
 #: docs/cli.md say of it), add_parser, job (the parsed options as what will run, every check that
 #: needs no run made), run (runs a job, returns the exit status), main (run(job(args))) and
-#: ARGUMENT_ERRORS (the FerryErrors reported as usage errors, exit 2).
-VERBS = (demo, table, plan, bench, validate)
+#: ARGUMENT_ERRORS (the FerryErrors reported as usage errors, exit 2). One program a verb: the
+#: residency planner's and the paged cache's plan and bench are verbs of their own.
+VERBS = (demo, table, plan, bench, validate, residency_plan, residency_bench, paged_plan, paged_bench)
 
 
 @functools.lru_cache(maxsize=1)
@@ -34,7 +36,7 @@ def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, Tuple[ModuleType,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"ferry {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=VerbParser)
-    return parser, {verb.__name__.rsplit(".", 1)[1]: (verb, verb.add_parser(sub)) for verb in VERBS}
+    return parser, {verb.VERB.name: (verb, verb.add_parser(sub)) for verb in VERBS}
 
 
 def prepare(argv: Sequence[str]) -> Tuple[ModuleType, argparse.ArgumentParser, Any]:
@@ -63,8 +65,13 @@ def prepare(argv: Sequence[str]) -> Tuple[ModuleType, argparse.ArgumentParser, A
 
 def _prepare(argv: Sequence[str]) -> Tuple[ModuleType, argparse.ArgumentParser, argparse.Namespace, Any]:
     """prepare's verb, parser and job, with the parsed options between (main names sizes from them)."""
-    argv = list(argv)
     parser, parsers = build_parser()
+    try:
+        argv, note = translate(argv)  # an old spelling (`ferry plan --residency`): the new verb's
+    except OldSpellingError as e:
+        parsers[e.verb][1].error(str(e))
+    if note is not None:
+        print(note, file=sys.stderr)
     args = parser.parse_args(argv)
     verb, verb_parser = parsers[args.verb]
     try:

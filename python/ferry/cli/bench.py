@@ -8,7 +8,7 @@ import os
 import sys
 import textwrap
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, TextIO, Tuple, Union
+from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..workloads import bench as bench_workload
@@ -16,7 +16,6 @@ from ..workloads.bench import BenchConfig, BenchResult, BenchRow
 from ..workloads.common import PREFETCH_NEXT, run_name
 from ..workloads.estimate import Interval
 from ..workloads.trace import chrome_trace
-from . import residency
 from .options import apply_model, check_one_head_dim, check_output_path, devices_from_args, run_fields, write_output
 from .progress import Progress, progress_stream
 from .reference import WIDTH, Verb, add_verb_parser
@@ -333,8 +332,11 @@ VERB = Verb("bench", "decode steps over a host KV cache: tokens/s, copy time and
 
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
-    """Add the `bench` verb to the `ferry` command's subparsers sub; returns the verb's parser."""
-    return add_verb_parser(sub, VERB)
+    """Add the `bench` verb to the `ferry` command's subparsers sub; returns the verb's parser. Its cache
+    is the cells cache (`ferry paged-bench` runs the paged one through this verb's job)."""
+    p = add_verb_parser(sub, VERB)
+    p.set_defaults(paged=False, block_size=BenchConfig.block_size, adjacency=BenchConfig.adjacency)
+    return p
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -364,9 +366,8 @@ class Job:
     trace: Optional[str] = None
 
 
-def job(args: argparse.Namespace) -> Union[Job, residency.BenchJob]:
-    """The Job (with --residency, the residency.BenchJob) the parsed options args describe, --model read
-    and the config checked.
+def job(args: argparse.Namespace) -> Job:
+    """The Job the parsed options args describe, --model read and the config checked.
 
     Raises
     ------
@@ -377,8 +378,6 @@ def job(args: argparse.Namespace) -> Union[Job, residency.BenchJob]:
     """
     g = apply_model(args, run_fields())
     check_one_head_dim(g, args)
-    if args.residency is not None:
-        return residency.bench_job(args, g)
     cfg = config_from_args(args)
     cfg.check()
     for flag, path in (("--plot", args.plot), ("--trace", args.trace)):
@@ -390,12 +389,10 @@ def job(args: argparse.Namespace) -> Union[Job, residency.BenchJob]:
     return Job(cfg, args.json, args.wide, args.plot, args.trace)
 
 
-def run(j: Union[Job, residency.BenchJob]) -> int:
+def run(j: Job) -> int:
     """Run the job: the table (or JSON) on stdout, the bar and warnings on stderr, the chart and the trace
     to their files (each written whole, then put in place: options.write_output). Returns the exit
     status 0; a FerryError when a run fails."""
-    if isinstance(j, residency.BenchJob):
-        return residency.run_bench(j)
     res = run_bench(j.config, progress_stream())
     if j.json:
         print(f"ferry bench: split backend {res.split_name}, KV cache in {res.cache_memory}", file=sys.stderr)

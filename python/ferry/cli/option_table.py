@@ -1,9 +1,10 @@
 """The one table of `ferry`'s options.
 
 Each row is an option of one or more verbs: its flags, what it takes and its default, what it
-does, and per verb when it acts (always; with --residency; with --overlap; on stand-in devices;
-...). Everything else reads it: the verbs' parsers are built from it (add_options), an option
-given where it would do nothing is refused from it (refuse_idle), and `ferry VERB --help` and
+does, and per verb when it acts (always; with --overlap; on stand-in devices; ...): each verb runs
+one program, so a condition says when an option qualifies another, never which program runs.
+Everything else reads it: the verbs' parsers are built from it (add_options), an option given
+where it would do nothing is refused from it (refuse_idle), and `ferry VERB --help` and
 docs/cli.md print it (ferry.cli.reference).
 """
 
@@ -54,11 +55,11 @@ class Cond:
     Attributes
     ----------
     text : str
-        The condition in words, after "acts only": "with --residency".
+        The condition in words, after "acts only": "with --overlap".
     holds : callable
         Whether it holds for the parsed options.
     fix : str
-        What to change when it does not: "give --residency".
+        What to change when it does not: "give --overlap".
     """
 
     text: str
@@ -91,32 +92,32 @@ def when(text: str, holds: Callable[[Args], bool], fix: str) -> When:
 
 
 ALWAYS = When()
-RESIDENCY = when("with --residency", lambda a: a.residency is not None, "give --residency")
-NO_RESIDENCY = when("without --residency", lambda a: a.residency is None, "leave out --residency")
 OVERLAP = when("with --overlap", lambda a: a.overlap, "give --overlap")
 GATE_OVERLAP = when("without --no-overlap", lambda a: a.overlap, "leave out --no-overlap")
 STANDIN = when("on stand-ins", lambda a: a.device != "cuda",
                "use --device cpu (or auto)")
 NON_FLAT = when("with a non-flat --policy", lambda a: bool(set(a.policy) - {"flat"}),
                 "add ranges or plan to --policy")
-NON_FLAT_OR_RESIDENCY = when("with a non-flat --policy or --residency",
-                             lambda a: bool(set(a.policy) - {"flat"}) or a.residency is not None,
-                             "add ranges or plan to --policy")
-WHICH_V = when("with --which v or --residency", lambda a: a.which == "v" or a.residency is not None,
-               "give --which v")
+WHICH_V = when("with --which v", lambda a: a.which == "v", "give --which v")
 TABLE_OUT = when("without --json", lambda a: not a.json, "leave out --json")
 SWA_PAIR = when("with both --swa-window and --swa-layers",
                 lambda a: a.swa_window is not None and a.swa_layers is not None, "give both")
 PAGED = when("with --paged", lambda a: a.paged, "give --paged")
-NO_PAGED = when("without --paged", lambda a: not a.paged, "leave out --paged")
-RESIDENCY_OR_PAGED = when("with --residency or --paged", lambda a: a.residency is not None or a.paged,
-                          "give --residency or --paged")
 UNIFIED_RUNS = when("on one device with all KV on the host",
                     lambda a: a.devices == 1 and a.kv_device_layers is None and a.placement is None,
                     "leave out --devices, --kv-device-layers and --placement")
 
-DRY, RUNS = ("table", "plan"), ("bench", "validate")
+#: The verbs by what they do: dry runs that plan, runs that measure; the residency planner's and the
+#: paged cache's (each a plan and a bench of its own), the verbs that plan a window, and those that
+#: run decode steps on a split cache.
+RESIDENCY_VERBS = ("residency-plan", "residency-bench")
+PAGED_VERBS = ("paged-plan", "paged-bench")
+DRY = ("table", "plan", "residency-plan", "paged-plan")
+RUNS = ("bench", "validate", "residency-bench", "paged-bench")
 ALL = DRY + RUNS
+WINDOWS = ("table", "plan", "bench", *RESIDENCY_VERBS, *PAGED_VERBS)  # -npl, -npp: sequences of -npp prompts
+LAYERED = ("residency-plan", *RUNS)  # the query heads and layers: a decode step, or a plan of every layer
+PLACED = ("residency-plan", "bench", "validate", "residency-bench")  # layers over --devices, KV placed on them
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ def standin_figures(option: str, low: float) -> Callable[[str], Any]:
 
 
 def pool_holds_sequences(args: Args) -> None:
-    """--block-size's rule, under every verb that takes --paged: at each -npl, -c cells in whole blocks
+    """--block-size's rule, under every verb with a paged cache: at each -npl, -c cells in whole blocks
     hold every sequence's -npp + -ntg cells in whole blocks (paged_tables.check_pool)."""
     for npl in args.npl:
         check_pool(args.c, npl, args.npp + args.ntg, args.block_size)
@@ -237,16 +238,17 @@ SHAPE, KV, RUN, DEVICES_GROUP, RESIDENCY_GROUP, OUTPUT = (
     "the window", "the KV geometry", "the run", "devices and where the KV lives",
     "where each layer's KV should live (the residency planner)", "output")
 
-#: Every option of every verb, grouped as `--help` lists them.
+#: Every option of every verb, grouped as `--help` lists them; the verbs' shared groups by the helpers
+#: above (_all of DRY, RUNS, WINDOWS, ...), a verb's own options named with it.
 OPTIONS: Tuple[Option, ...] = (
     # the window
     _opt(["-c"], "cells in all streams together, -c / -npl each", _all(ALL), SHAPE,
          type=POSITIVE, default=d.n_ctx, action=Given, metavar="N_CTX"),
-    _opt(["-npl"], "numbers of sequences, one stream each", _all(("table", "plan", "bench")), SHAPE,
+    _opt(["-npl"], "numbers of sequences, one stream each", _all(WINDOWS), SHAPE,
          type=int_list, default=list(d.npl), metavar="N,N,..."),
     _opt(["-npl"], "streams a wave serves, one sequence each: one gate per number", {"validate": ALWAYS}, SHAPE,
          type=int_list, default=list(d.npl), metavar="N,N,..."),
-    _opt(["-npp"], "prompt cells per sequence", _all(("table", "plan", "bench")), SHAPE, type=POSITIVE,
+    _opt(["-npp"], "prompt cells per sequence", _all(WINDOWS), SHAPE, type=POSITIVE,
          default=d.npp),
     _opt(["-npp"], "the longest prompt, in cells: prompts are -ntg + 1 to -npp cells", {"validate": ALWAYS}, SHAPE,
          type=POSITIVE, default=d.npp),
@@ -255,9 +257,8 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["-ntg"], "tokens generated per sequence, one decode step each", _all(RUNS), SHAPE,
          type=POSITIVE, default=d.ntg),
     _opt(["--pad"], "round n_kv up to this (llama.cpp: 256); one graph per n_kv",
-         {"table": ALWAYS, "plan": NO_PAGED, "bench": ALWAYS, "validate": ALWAYS}, SHAPE, type=POSITIVE,
-         default=d.pad),
-    _opt(["--lengths"], LENGTHS_HELP, {"table": ALWAYS, "bench": NO_RESIDENCY}, SHAPE, type=argument_type(lengths_arg),
+         _all(("table", "plan", "residency-plan", *RUNS)), SHAPE, type=POSITIVE, default=d.pad),
+    _opt(["--lengths"], LENGTHS_HELP, _all(("table", "bench", "paged-bench")), SHAPE, type=argument_type(lengths_arg),
          default="equal", metavar="HOW"),
     _opt(["--lengths"], LENGTHS_HELP, {"validate": ALWAYS}, SHAPE, type=argument_type(lengths_arg), default="uniform",
          metavar="HOW"),
@@ -270,120 +271,115 @@ OPTIONS: Tuple[Option, ...] = (
          default=d.type_kv, metavar="TYPE"),
     _opt(["--head-dim"], "values per head", _all(ALL), KV, type=POSITIVE, default=d.head_dim, action=Given),
     _opt(["--kv-heads"], "KV heads", _all(ALL), KV, type=POSITIVE, default=d.n_head_kv, action=Given),
-    _opt(["--heads"], "query heads", {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, KV,
-         type=POSITIVE, default=d.n_head, action=Given),
-    _opt(["--layers"], "layers", {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, KV,
-         type=POSITIVE, default=d.n_layer, action=Given),
+    _opt(["--heads"], "query heads", _all(LAYERED), KV, type=POSITIVE, default=d.n_head, action=Given),
+    _opt(["--layers"], "layers", _all(LAYERED), KV, type=POSITIVE, default=d.n_layer, action=Given),
     _opt(["--model"], "the KV geometry from a GGUF model (options given beside it win)", _all(ALL), KV,
          metavar="FILE.gguf"),
     _opt(["--swa-window"], "sliding window, in cells, of the layers --swa-layers marks s",
-         {"table": SWA_PAIR, "plan": SWA_PAIR & NO_PAGED}, KV,
+         _all(("table", "plan", "residency-plan"), SWA_PAIR), KV,
          type=POSITIVE, metavar="W", default_text="--model's, else none"),
     _opt(["--swa-layers"], "one letter per layer: s sliding, f full (e.g. sssssf)",
-         {"table": SWA_PAIR, "plan": SWA_PAIR & NO_PAGED}, KV,
+         _all(("table", "plan", "residency-plan"), SWA_PAIR), KV,
          type=swa_pattern, metavar="PATTERN", default_text="--model's, else none"),
     _opt(["--v-trans"], "V stored transposed (flash attention off)",
-         {"plan": WHICH_V, "bench": ALWAYS, "validate": ALWAYS}, KV, action="store_true"),
+         {"plan": WHICH_V, "paged-plan": WHICH_V, "residency-plan": ALWAYS, **_all(RUNS)}, KV, action="store_true"),
     # what runs
-    _opt(["--which"], "the K or the V window", {"plan": NO_RESIDENCY}, RUN, choices=("k", "v"), default="k"),
-    _opt(["--stream"], "streams read", {"plan": NO_RESIDENCY}, RUN, type=stream_range, metavar="S0-S1",
+    _opt(["--which"], "the K or the V window", _all(("plan", "paged-plan")), RUN, choices=("k", "v"), default="k"),
+    _opt(["--stream"], "streams read", _all(("plan", "paged-plan")), RUN, type=stream_range, metavar="S0-S1",
          default_text="all"),
-    _opt(["--cost-model"], "whose cost model decides plan or flat", {"plan": NO_RESIDENCY & NO_PAGED},
+    _opt(["--cost-model"], "whose cost model decides plan or flat", {"plan": ALWAYS},
          RUN, choices=("cpu", "gpu"), default="gpu"),
-    _opt(["--policy"], "copy policies to compare (--paged: ragged)", {"bench": NO_RESIDENCY}, RUN, type=policy_list,
+    _opt(["--policy"], "copy policies to compare", {"bench": ALWAYS}, RUN, type=policy_list,
          default=list(d.policies), action=Given, metavar="P,P,..."),
     _opt(["--policy"], "copy policies to compare", {"validate": ALWAYS}, RUN, type=policy_list,
          default=list(POLICIES), metavar="P,P,..."),
     _opt(["--compact"], "also run each non-flat policy with compact staging",
-         {"bench": NON_FLAT_OR_RESIDENCY & NO_PAGED, "validate": NON_FLAT}, RUN, action="store_true"),
+         {"bench": NON_FLAT, "validate": NON_FLAT}, RUN, action="store_true"),
+    _opt(["--compact"], "the placements' windows staged compact", {"residency-bench": ALWAYS}, RUN,
+         action="store_true"),
     _opt(["--unified"], "also run a unified cache of the same sequences",
-         {"bench": NO_RESIDENCY & UNIFIED_RUNS & NO_PAGED}, RUN, action=argparse.BooleanOptionalAction,
-         default=d.unified),
+         {"bench": UNIFIED_RUNS}, RUN, action=argparse.BooleanOptionalAction, default=d.unified),
     _opt(["--no-reuse"], "build and allocate every step's graph",
-         {"bench": NO_RESIDENCY, "validate": ALWAYS}, RUN, action="store_false", dest="reuse"),
-    _opt(["--overlap"], "also run each variant prefetching its windows",
-         {"plan": RESIDENCY, "bench": NO_PAGED}, RUN, action="store_true"),
+         _all(("bench", "validate", "paged-bench")), RUN, action="store_false", dest="reuse"),
+    _opt(["--overlap"], "also run each variant prefetching its windows", {"bench": ALWAYS}, RUN, action="store_true"),
+    _opt(["--overlap"], "also place each strategy prefetching its windows", _all(RESIDENCY_VERBS), RUN,
+         action="store_true"),
     _opt(["--no-overlap"], "leave out the overlapped runs (each policy prefetching)",
          {"validate": ALWAYS}, RUN, action="store_false", dest="overlap"),
     _opt(["--prefetch"], "layers queued ahead; a run per depth",
-         {"plan": RESIDENCY & OVERLAP, "bench": OVERLAP, "validate": GATE_OVERLAP}, RUN, type=int_list,
+         {**_all(("bench", *RESIDENCY_VERBS), OVERLAP), "validate": GATE_OVERLAP}, RUN, type=int_list,
          default=list(d.prefetch), metavar="N,N,..."),
-    _opt(["--prefetch-next"], "copy each step's first layer under the step before", {"bench": OVERLAP & NO_RESIDENCY},
+    _opt(["--prefetch-next"], "copy each step's first layer under the step before", {"bench": OVERLAP},
          RUN, choices=list(PREFETCH_NEXT), metavar="HOW", default="on"),
     _opt(["--prefetch-next"], "copy each step's first layer under the step before", {"validate": GATE_OVERLAP}, RUN,
          choices=list(PREFETCH_NEXT), metavar="HOW", default="both"),
     _opt(["--seed"], "the sequences' content", {"validate": ALWAYS}, RUN, type=count(0), default=0),
-    _opt(["--repeat"], "replicas of each npl, or of each placement", {"bench": ALWAYS}, RUN,
-         type=POSITIVE, metavar="N",
-         default_text="6, --residency 5"),
+    _opt(["--repeat"], "replicas of each npl", _all(("bench", "paged-bench")), RUN, type=POSITIVE, metavar="N",
+         default_text="6"),
+    _opt(["--repeat"], "repetitions of each placement", {"residency-bench": ALWAYS}, RUN, type=POSITIVE, metavar="N",
+         default_text="5"),
     _opt(["--rounds"], "timed repetitions of each variant",
-         {"bench": NO_RESIDENCY}, RUN, type=POSITIVE, default=d.rounds, metavar="N"),
-    _opt(["--paged"], "a paged cache too: per-block vs merged gathers", {"plan": NO_RESIDENCY, "bench": NO_RESIDENCY},
-         RUN, action="store_true"),
+         _all(("bench", "paged-bench")), RUN, type=POSITIVE, default=d.rounds, metavar="N"),
     _opt(["--paged"], "also serve through a paged cache, per gather method", {"validate": ALWAYS}, RUN,
          action="store_true"),
     _opt(["--block-size"], "cells per block of the paged cache",
-         _all(("plan", "bench", "validate"), PAGED), RUN, type=POSITIVE, default=d.block_size, metavar="N",
+         {**_all(PAGED_VERBS), "validate": PAGED}, RUN, type=POSITIVE, default=d.block_size, metavar="N",
          rule=pool_holds_sequences),
-    _opt(["--adjacency"], "share of blocks after their predecessor", _all(("plan", "bench", "validate"), PAGED), RUN,
+    _opt(["--adjacency"], "share of blocks after their predecessor", {**_all(PAGED_VERBS), "validate": PAGED}, RUN,
          type=argument_type(one_float("--adjacency", 0.0, 1.0), "number from 0 to 1"), metavar="F",
          default=d.adjacency),
     # devices
     _opt(["--device"], "where the split runs: cpu is the stand-in, auto cuda if usable",
-         {"bench": NO_RESIDENCY, "validate": ALWAYS}, DEVICES_GROUP, choices=DEVICES, default=d.device,
+         _all(("bench", "validate", "paged-bench")), DEVICES_GROUP, choices=DEVICES, default=d.device,
          metavar="DEVICE"),
     _opt(["--devices"], "devices; layers go to them in contiguous ranges",
-         {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, DEVICES_GROUP, type=POSITIVE, default=1,
-         metavar="N"),
+         _all(PLACED), DEVICES_GROUP, type=POSITIVE, default=1, metavar="N"),
     _opt(["--link-gbps"], "each stand-in's link in GB/s each way (0: the host's memcpy)",
-         {"plan": RESIDENCY_OR_PAGED, "bench": STANDIN, "validate": STANDIN},
+         {**_all((*RESIDENCY_VERBS, "paged-plan")), **_all(("bench", "validate", "paged-bench"), STANDIN)},
          DEVICES_GROUP, type=argument_type(parse_links, f"0 or 0.001 to {_number(STANDIN_MAX)} per device, "
                                            "comma-separated"),
          metavar="G,G,...", default_text=f"{STANDIN_LINK_GBPS:g}"),
     _opt(["--latency-us"], "microseconds each stand-in transfer adds",
-         {"plan": RESIDENCY_OR_PAGED, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
-         type=standin_figures("--latency-us", 0.0), metavar="U,U,...", default_text="0"),
+         {**_all((*RESIDENCY_VERBS, "paged-plan")), **_all(("bench", "validate", "paged-bench"), STANDIN)},
+         DEVICES_GROUP, type=standin_figures("--latency-us", 0.0), metavar="U,U,...", default_text="0"),
     _opt(["--row-ns"], "nanoseconds each row of a stand-in's 2-D transfer adds",
-         {"plan": PAGED, "bench": STANDIN & NO_RESIDENCY, "validate": STANDIN}, DEVICES_GROUP,
+         {"paged-plan": ALWAYS, **_all(("bench", "validate", "paged-bench"), STANDIN)}, DEVICES_GROUP,
          type=standin_figures("--row-ns", 0.0), metavar="N,N,...", default_text="0"),
     _opt(["--device-memory"], "each stand-in's memory",
-         {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
+         {**_all(RESIDENCY_VERBS), **_all(("bench", "validate", "paged-bench"), STANDIN)}, DEVICES_GROUP,
          type=argument_type(lambda t: parse_sizes(t, "--device-memory"), SIZES), metavar="SIZE,...",
          default_text="unlimited"),
     _opt(["--compute-slowdown"], "each stand-in computes at least F times as long as the host",
-         {"plan": RESIDENCY, "bench": STANDIN, "validate": STANDIN}, DEVICES_GROUP,
+         {**_all(RESIDENCY_VERBS), **_all(("bench", "validate", "paged-bench"), STANDIN)}, DEVICES_GROUP,
          type=standin_figures("--compute-slowdown", 1.0), metavar="F,...", default_text="1"),
-    _opt(["--kv-device-layers"], "first N layers' KV on their device (--residency: up to N)",
-         {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS},
+    _opt(["--kv-device-layers"], "first N layers' KV on their device", _all(("bench", "validate")),
          DEVICES_GROUP, type=count(0), metavar="N", default_text="0"),
+    _opt(["--kv-device-layers"], "at most N layers' KV on the devices", _all(RESIDENCY_VERBS),
+         DEVICES_GROUP, type=count(0), metavar="N", default_text="no limit"),
     _opt(["--placement"], "per layer h (host) or the device holding its KV, e.g. h,0,1,h",
-         {"bench": NO_RESIDENCY, "validate": ALWAYS}, DEVICES_GROUP,
+         _all(("bench", "validate")), DEVICES_GROUP,
          type=argument_type(placement_arg), metavar="LIST|FILE", default_text="from --kv-device-layers"),
-    _opt(["--layer-devices"], "the device that runs each layer",
-         {"plan": RESIDENCY, "bench": ALWAYS, "validate": ALWAYS}, DEVICES_GROUP,
+    _opt(["--layer-devices"], "the device that runs each layer", _all(PLACED), DEVICES_GROUP,
          type=argument_type(lambda t: parse_indices(t, "--layer-devices"), "device indices, comma-separated"),
          metavar="D,D,...", default_text="ranges"),
     # the residency planner
-    _opt(["--residency"], f"each strategy's KV placement, planned (plan) or run (bench): {', '.join(STRATEGIES)}",
-         {"plan": ALWAYS, "bench": ALWAYS},
-         RESIDENCY_GROUP, type=strategy_list, nargs="?", const=STRATEGIES, metavar="S,S,...",
-         default_text="not run"),
+    _opt(["--strategy"], "the strategies that place each layer's KV", _all(RESIDENCY_VERBS),
+         RESIDENCY_GROUP, type=strategy_list, default=STRATEGIES, metavar="S,S,..."),
     _opt(["--reserve"], "device memory set aside for what else it holds",
-         _all(("plan", "bench"), RESIDENCY), RESIDENCY_GROUP,
+         _all(RESIDENCY_VERBS), RESIDENCY_GROUP,
          type=argument_type(lambda t: parse_sizes(t, "--reserve"), SIZES), metavar="SIZE,...", default_text="0"),
     _opt(["--compute-us"], "microseconds one layer's attention takes on the host",
-         _all(("plan", "bench"), RESIDENCY), RESIDENCY_GROUP,
+         _all(RESIDENCY_VERBS), RESIDENCY_GROUP,
          type=argument_type(one_float("--compute-us", 0.0, 1e9), "number from 0 to 1e9"), metavar="U",
          default_text="measured"),
     # output
     _opt(["--json"], "a JSON list of objects instead of text", _all(ALL), OUTPUT, action="store_true"),
     _opt(["--wide"], "every figure (times, bandwidth, memory), wider than 100 columns",
-         {"bench": NO_RESIDENCY & TABLE_OUT & NO_PAGED}, OUTPUT, action="store_true"),
-    _opt(["--plot"], "also write a PNG chart of tokens/s (needs matplotlib)", {"bench": NO_RESIDENCY & NO_PAGED},
-         OUTPUT,
+         {"bench": TABLE_OUT}, OUTPUT, action="store_true"),
+    _opt(["--plot"], "also write a PNG chart of tokens/s (needs matplotlib)", {"bench": ALWAYS}, OUTPUT,
          metavar="FILE.png"),
     _opt(["--trace"], "also write each variant's timeline (Chrome trace, for Perfetto)",
-         {"bench": NO_RESIDENCY}, OUTPUT, metavar="FILE.json"),
+         _all(("bench", "paged-bench")), OUTPUT, metavar="FILE.json"),
 )
 
 

@@ -3,29 +3,21 @@
 One plan per number of sequences (-npl 1: a unified cache). --model reads -c (the model's
 context length), --head-dim (K's, or V's with --which v) and --kv-heads from a GGUF file, and
 which layers slide and their window: with sliding layers, one plan per layer kind, each over a
-cache of that kind's size, with the bytes of all its layers.
-
---paged plans a paged cache's window gathered into a stand-in (--link-gbps, --latency-us,
---row-ns): blocks, runs, calls, bytes, each method's predicted time (ferry.workloads.paged_plan).
-
---residency instead plans where each layer's KV should live over the devices (--devices,
---link-gbps, --device-memory, --reserve, ...): each strategy's placement, its predicted step time
-and tokens/s, and memory per device (ferry.workloads.residency_plan)."""
+cache of that kind's size, with the bytes of all its layers. (A paged cache's window:
+`ferry paged-plan`; where each layer's KV should live: `ferry residency-plan`.)"""
 
 from __future__ import annotations
 
 import argparse
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import FerryError
-from ..workloads.paged_plan import PagedWindowPlan, paged_window_plan
 from ..workloads.plan import WindowPlan, window_plan
-from . import residency
-from .options import apply_model, check_one_head_dim, layer_windows
+from .options import apply_model, layer_windows
 from .reference import Verb, add_verb_parser
-from .text_table import fmt_link, fmt_seconds, format_table
+from .text_table import format_table
 
 #: Every failure of this verb comes from its arguments: reported as a usage error (exit 2).
 ARGUMENT_ERRORS = FerryError
@@ -78,23 +70,6 @@ def format_plan(p: WindowPlan) -> str:
     return "\n".join(lines)
 
 
-def format_paged(p: PagedWindowPlan) -> str:
-    """The PagedWindowPlan p as text: the window and its cache, the stand-in's link, the gather's blocks,
-    runs, calls and bytes, and each method's predicted time, the one chosen marked."""
-    name = "V (transposed)" if p.which == "v" and p.v_trans else p.which.upper()
-    link = fmt_link(p.link_gbps) if p.link_gbps else "unmodelled"
-    lines = [f"{name} paged window {p.type}, head_dim {p.head_dim}, {p.n_head_kv} KV heads, sequences "
-             f"{p.streams[0]}-{p.streams[1]} of {p.n_seq}, {p.cells:,} cells each",
-             f"  pool of {p.n_blocks:,} blocks of {p.block_size} cells (-c {p.n_ctx:,}), adjacency {p.adjacency:g}",
-             f"  stand-in link {link}, {p.latency_us:g} µs a call, {p.row_ns:g} ns a row",
-             f"  gather: {p.blocks:,} blocks in {p.runs:,} runs; {p.method}: {p.calls:,} "
-             f"call{'' if p.calls == 1 else 's'} moving {p.bytes:,} B, predicted {fmt_seconds(p.seconds)}"]
-    body = [[m, "not offered" if s is None else fmt_seconds(s), "<- chosen" if m == p.method else ""]
-            for m, s in p.method_seconds.items() if m != "auto"]
-    lines += [ln.rstrip() for ln in format_table([["method", "predicted", ""], *body], left=(0,), indent="    ")]
-    return "\n".join(lines)
-
-
 def layer_kinds(windows: Optional[List[Optional[int]]]) -> List[Dict[str, Optional[int]]]:
     """window_plan's window and n_layer per kind of layer: full first, then each window in increasing
     order; one entry of neither without layers of different sizes."""
@@ -113,32 +88,18 @@ class Job:
 
     plans: Tuple[Tuple[Tuple[str, Any], ...], ...]
     json: bool
-    paged: bool = False  # plans are paged_window_plan's arguments
 
 
-def job(args: argparse.Namespace) -> Union[Job, residency.PlanJob]:
-    """The Job (with --residency, the residency.PlanJob) the parsed options args describe, --model read.
+def job(args: argparse.Namespace) -> Job:
+    """The Job the parsed options args describe, --model read.
 
     Raises
     ------
     FerryError
-        For a --model file that cannot be read, or options the planner refuses.
+        For a --model file that cannot be read.
     """
-    if args.residency is not None:
-        g = apply_model(args, {"c": lambda g: g.n_ctx, "kv_heads": lambda g: g.n_head_kv,
-                               "head_dim": lambda g: g.head_dim_k, "heads": lambda g: g.n_head,
-                               "layers": lambda g: g.n_layer})
-        check_one_head_dim(g, args)
-        return residency.plan_job(args, g)
     g = apply_model(args, {"c": lambda g: g.n_ctx, "kv_heads": lambda g: g.n_head_kv,
                            "head_dim": lambda g: g.head_dim_v if args.which == "v" else g.head_dim_k})
-    if args.paged:
-        return Job(tuple(tuple({"n_ctx": args.c, "npl": npl, "npp": args.npp, "ntg": args.ntg, "type": args.type,
-                                "head_dim": args.head_dim, "n_head_kv": args.kv_heads, "v_trans": args.v_trans,
-                                "which": args.which, "streams": args.stream, "block_size": args.block_size,
-                                "adjacency": args.adjacency, "link_gbps": args.link_gbps or (),
-                                "latency_us": args.latency_us or (), "row_ns": args.row_ns or ()}.items())
-                           for npl in args.npl), args.json, paged=True)
     kinds = layer_kinds(layer_windows(args, g))
     plans = tuple(tuple({"n_ctx": args.c, "npl": npl, "npp": args.npp, "ntg": args.ntg, "pad": args.pad,
                          "type": args.type, "head_dim": args.head_dim, "n_head_kv": args.kv_heads,
@@ -149,17 +110,9 @@ def job(args: argparse.Namespace) -> Union[Job, residency.PlanJob]:
     return Job(plans, args.json)
 
 
-def run(j: Union[Job, residency.PlanJob]) -> int:
-    """Print the plan (or a JSON list of plans) of each window of the job, one per -npl (with
-    --residency, the residency plans instead). Returns the exit status 0; a FerryError for values
-    the dry run refuses or a plan that cannot fit (a usage error)."""
-    if isinstance(j, residency.PlanJob):
-        return residency.run_plan(j)
-    if j.paged:
-        paged = [paged_window_plan(**dict(kwargs)) for kwargs in j.plans]
-        print(json.dumps([p.as_dict() for p in paged], indent=2) if j.json
-              else "\n\n".join(format_paged(p) for p in paged))
-        return 0
+def run(j: Job) -> int:
+    """Print the plan (or a JSON list of plans) of each window of the job, one per -npl. Returns the exit
+    status 0; a FerryError for values the dry run refuses (a usage error)."""
     plans = [window_plan(**dict(kwargs)) for kwargs in j.plans]
     print(json.dumps([p.as_dict() for p in plans], indent=2) if j.json
           else "\n\n".join(format_plan(p) for p in plans))

@@ -13,7 +13,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from .option_table import Option, add_options, groups_of, options_of
+from .option_table import OPTIONS, Option, add_options, groups_of, options_of
 
 #: --help's width, and the column its option texts start at.
 WIDTH, TEXT_COLUMN = 100, 28
@@ -123,13 +123,18 @@ class VerbParser(argparse.ArgumentParser):
 
 def unrecognized(parser: argparse.ArgumentParser, extras: List[str]) -> str:
     """The message for arguments the verb's parser does not know: each unknown option (its name
-    before any "=") with the closest of the parser's options, where one is close."""
+    before any "=") with the verbs that take it, where it is another verb's option, else the closest
+    of the parser's options, where one is close."""
     spellings = [s for a in parser._actions for s in a.option_strings]
+    own = parser.verb.name if isinstance(parser, VerbParser) and parser.verb is not None else ""
     hints = []
     for word in extras:
         name = word.split("=", 1)[0]
+        elsewhere = [verb for o in OPTIONS if name in o.flags for verb in o.verbs if verb != own]
         close = difflib.get_close_matches(name, spellings, n=1) if name.startswith("-") else []
-        if close:
+        if elsewhere:
+            hints.append(f"{name} is an option of " + ", ".join(f"ferry {v}" for v in dict.fromkeys(elsewhere)))
+        elif close:
             hints.append(f"{name}: did you mean {close[0]}?")
     return f"unrecognized arguments: {' '.join(extras)}" + ("; " + "; ".join(hints) if hints else "")
 

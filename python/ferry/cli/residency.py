@@ -1,5 +1,5 @@
-"""`ferry plan --residency` and `ferry bench --residency`: which layers' KV to keep on the devices,
-by each strategy, predicted (plan) and measured beside the prediction (bench)."""
+"""What `ferry residency-plan` and `ferry residency-bench` share: which layers' KV to keep on the
+devices, by each strategy, predicted (the plan) and measured beside the prediction (the bench)."""
 
 from __future__ import annotations
 
@@ -23,14 +23,8 @@ from .text_table import fmt_layers, fmt_link, fmt_mib, fmt_seconds, fmt_tps_digi
 __all__ = ["BenchJob", "PlanJob", "bench_job", "format_bench", "format_plans", "model_from_args", "plan_job",
            "run_bench", "run_plan"]
 
-#: Repetitions of each placement `ferry bench --residency` measures without --repeat.
+#: Repetitions of each placement `ferry residency-bench` measures without --repeat.
 REPEAT = 5
-
-
-
-
-
-
 
 
 def model_from_args(args: argparse.Namespace, g: Optional[ModelGeometry]) -> ResidencyModel:
@@ -113,7 +107,7 @@ def format_plans(plans: Sequence[ResidencyPlan], npl: int) -> List[str]:
 
 @dataclass(frozen=True)
 class PlanJob:
-    """What `ferry plan --residency` runs and prints."""
+    """What `ferry residency-plan` runs and prints."""
 
     model: ResidencyModel
     strategies: Tuple[str, ...]
@@ -145,12 +139,12 @@ def plan_job(args: argparse.Namespace, g: Optional[ModelGeometry]) -> PlanJob:
     InvalidArgumentError
         For options the planner refuses.
     """
-    return PlanJob(_checked_model(args, g), tuple(args.residency), tuple(args.npl), args.npp, args.ntg, args.pad,
+    return PlanJob(_checked_model(args, g), tuple(args.strategy), tuple(args.npl), args.npp, args.ntg, args.pad,
                    prefetch_depths(args.overlap, args.prefetch), args.json)
 
 
 def run_plan(j: PlanJob) -> int:
-    """`ferry plan --residency`: per -npl and prefetch depth, each strategy's plan, as text or JSON.
+    """`ferry residency-plan`: per -npl and prefetch depth, each strategy's plan, as text or JSON.
 
     Raises
     ------
@@ -190,7 +184,7 @@ def _spread(r: Tuple[float, float, float]) -> str:
 
 
 def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int], repeat: int) -> str:
-    """`ferry bench --residency`'s report: per -npl and prefetch depth, each strategy's placement,
+    """`ferry residency-bench`'s report: per -npl and prefetch depth, each strategy's placement,
     its predicted and measured step time and their ratio."""
     lines = [f"residency: {_describe_model(model)}; -c {model.n_ctx}; stand-in devices, copy policy ranges, "
              "split cache (one stream per sequence)",
@@ -220,7 +214,7 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
 
 @dataclass(frozen=True)
 class BenchJob:
-    """What `ferry bench --residency` runs and prints."""
+    """What `ferry residency-bench` runs and prints."""
 
     model: ResidencyModel
     strategies: Tuple[str, ...]
@@ -240,20 +234,20 @@ def bench_job(args: argparse.Namespace, g: Optional[ModelGeometry]) -> BenchJob:
     ------
     InvalidArgumentError
         For options that cannot run. (It runs on stand-in devices, whose links and memory the model
-        takes: the option table refuses --device beside --residency.)
+        takes: the verb has no --device.)
     """
     model = _checked_model(args, g)
     for npl in args.npl:
         if args.npp + args.ntg > args.c // npl:
             raise InvalidArgumentError(f"-npl {npl}: a stream holds {args.c // npl} cells, fewer than -npp + -ntg = "
                                        f"{args.npp + args.ntg}")
-    return BenchJob(model, tuple(args.residency), tuple(args.npl), args.npp, args.ntg, args.pad,
+    return BenchJob(model, tuple(args.strategy), tuple(args.npl), args.npp, args.ntg, args.pad,
                     REPEAT if args.repeat is None else args.repeat, prefetch_depths(args.overlap, args.prefetch),
                     args.json)
 
 
 def run_bench(j: BenchJob) -> int:
-    """`ferry bench --residency`: plan each strategy's placement and run it beside the prediction.
+    """`ferry residency-bench`: plan each strategy's placement and run it beside the prediction.
 
     Raises
     ------
@@ -263,7 +257,7 @@ def run_bench(j: BenchJob) -> int:
     with naming_device_memory(DeviceConfig(n_devices=j.model.n_devices, memory=j.model.memory)):
         res = run_residency(j.model, j.strategies, j.npl, j.npp, j.ntg, j.pad, j.repeat, j.depths)
     if j.json:
-        print(f"ferry bench --residency: links {', '.join(fmt_link(x) for x in res.links)}", file=sys.stderr)
+        print(f"ferry residency-bench: links {', '.join(fmt_link(x) for x in res.links)}", file=sys.stderr)
         print(json.dumps(res.as_dicts(), indent=2))
     else:
         print(format_bench(res, j.model, j.npl, j.repeat))
