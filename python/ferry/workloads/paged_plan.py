@@ -1,4 +1,4 @@
-"""The dry run `ferry plan --paged` runs: how a paged KV cache's window is gathered into a stand-in
+"""The dry run `ferry paged-plan` runs: how a paged KV cache's window is gathered into a stand-in
 device, and what each gather method would cost there.
 
 npl sequences of npp + ntg cells each lie in a paged cache whose pools hold -c cells in blocks of

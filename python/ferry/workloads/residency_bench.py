@@ -1,4 +1,4 @@
-"""The run `ferry bench --residency` makes: each strategy's placement measured beside its prediction.
+"""The run `ferry residency-bench` makes: each strategy's placement measured beside its prediction.
 
 For one number of sequences (one stream each), each strategy (ferry.residency's planner "auto"
 and the named rules) plans a placement with the model (ferry.workloads.residency_plan: links
@@ -355,7 +355,7 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
 
 @dataclass(frozen=True)
 class ResidencyRow:
-    """One strategy's placement, measured beside its prediction (a row of `ferry bench --residency`)."""
+    """One strategy's placement, measured beside its prediction (a row of `ferry residency-bench`)."""
 
     npl: int
     plan: ResidencyPlan
@@ -367,7 +367,7 @@ class ResidencyRow:
         return self.plan.strategy
 
     def as_dict(self) -> Dict[str, object]:
-        """The row as `ferry bench --residency --json` writes it: the plan (ResidencyPlan.as_dict, its
+        """The row as `ferry residency-bench --json` writes it: the plan (ResidencyPlan.as_dict, its
         step time the model's for the last step's window), the prediction and measurement per step
         (the mean over the steps), their ratio and the spread over repetitions."""
         median, least, most = self.run.spread

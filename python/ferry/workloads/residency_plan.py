@@ -1,4 +1,4 @@
-"""The dry run `ferry plan --residency` runs: each strategy's placement of the KV over the devices.
+"""The dry run `ferry residency-plan` runs: each strategy's placement of the KV over the devices.
 
 A model's geometry (each layer at its own size, sliding-window layers holding their window)
 gives each layer's window bytes and resident bytes (ferry.residency.layers_from_geometry, a
@@ -64,7 +64,7 @@ def check_strategies(strategies: Sequence[str]) -> Tuple[str, ...]:
     unknown one); empty: all of them."""
     for s in strategies:
         if s not in STRATEGIES:
-            raise InvalidArgumentError(f"--residency: unknown strategy {s!r}; one of {', '.join(STRATEGIES)}")
+            raise InvalidArgumentError(f"--strategy: unknown strategy {s!r}; one of {', '.join(STRATEGIES)}")
     return tuple(strategies) or STRATEGIES
 
 
