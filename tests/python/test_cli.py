@@ -112,7 +112,7 @@ def test_version_prints_the_installed_packages_version(capsys: pytest.CaptureFix
 
 OUT_OF_RANGE = [
     (verb, option, value)
-    for verb in ("table", "plan", "bench", "validate")
+    for verb in VERB_NAMES  # issue 42: the residency and paged verbs too (plan took --heads, --layers for them)
     for option, values in {
         "-c": ("0", "-1", str(2**31)), "-npl": ("0", "2,-4"), "-npp": ("0",), "-ntg": ("-1", "99999999999"),
         "--pad": ("0",), "--head-dim": ("0", "-128"), "--kv-heads": ("0",), "--heads": ("0",), "--layers": ("-2",),
