@@ -58,22 +58,22 @@ def test_bytes_per_policy_and_layout_are_exact(type_kv: str, pad: int) -> None:
     cfg = tiny(type_kv=type_kv, pad=pad)
     res = bench.run_bench(cfg)
     assert res.split_name == "CPU (stand-in device)" and res.cache_memory == "pageable host memory"
-    assert [(r.npl, r.unified, r.policy) for r in res.rows] == [
+    assert [(r.key.npl, r.key.unified, r.key.policy) for r in res.rows] == [
         (npl, u, p) for npl in (2, 4) for u in (False, True) for p in ("flat", "ranges", "plan")]
     for npl in (2, 4):
         want = expected_bytes(cfg, npl)
         flat, ranges, plan = (res.row(npl, p) for p in ("flat", "ranges", "plan"))
-        assert flat.bytes_read == ranges.bytes_read == plan.bytes_read == want["read"]
-        assert flat.bytes_copied == want["span"] > want["window"] >= want["read"]
-        assert ranges.bytes_copied == plan.bytes_copied == want["window"]
+        assert flat.counts.bytes_read == ranges.counts.bytes_read == plan.counts.bytes_read == want["read"]
+        assert flat.counts.bytes_copied == want["span"] > want["window"] >= want["read"]
+        assert ranges.counts.bytes_copied == plan.counts.bytes_copied == want["window"]
         assert (want["window"] > want["read"]) == (pad > 1)  # padding copies cells nobody reads
         for p in ("flat", "ranges", "plan"):  # one dense range: the same under every policy
             u = res.row(npl, p, True)
-            assert u.bytes_copied == u.bytes_read == want["unified"]
+            assert u.counts.bytes_copied == u.counts.bytes_read == want["unified"]
         assert res.outputs_identical(npl)
         for r in res.rows:
-            assert r.tokens_per_s == pytest.approx(r.npl * cfg.ntg / r.decode_s, rel=1e-12)
-            assert 0 < r.copy_s < r.decode_s and 0 < r.compute_s < r.decode_s
+            assert r.tokens_per_s == pytest.approx(r.key.npl * cfg.ntg / r.times.decode_s, rel=1e-12)
+            assert 0 < r.times.copy_s < r.times.decode_s and 0 < r.times.compute_s < r.times.decode_s
     assert res.gain(res.row(2, "flat")) == 0.0
     r = res.row(4, "ranges", True)
     flat = res.row(4, "flat", True)
@@ -90,9 +90,9 @@ def test_ragged_copies_exactly_the_cells_attention_reads_and_no_padded_row(lengt
     for npl in cfg.npl:
         want = expected_bytes(cfg, npl)
         ragged, ranges, flat = (res.row(npl, p) for p in ("ragged", "ranges", "flat"))
-        assert ragged.bytes_copied == ragged.bytes_read == ranges.bytes_read == want["read"]
-        assert ranges.bytes_copied == want["window"] and flat.bytes_copied == want["span"]
-        assert (ranges.bytes_copied > ragged.bytes_copied) == (pad > 1 or lengths != "equal")
+        assert ragged.counts.bytes_copied == ragged.counts.bytes_read == ranges.counts.bytes_read == want["read"]
+        assert ranges.counts.bytes_copied == want["window"] and flat.counts.bytes_copied == want["span"]
+        assert (ranges.counts.bytes_copied > ragged.counts.bytes_copied) == (pad > 1 or lengths != "equal")
         assert res.outputs_identical(npl)
 
 
@@ -109,7 +109,7 @@ def test_the_unified_row_says_it_copies_whole_slots_when_the_lengths_differ() ->
     lines = bench.format_result(res).splitlines()
     assert all(line in lines and len(line) < 100 for line in note)
     for npl in cfg.npl:  # what it says: the unified row copies more than the sequences hold, which ragged copies
-        assert res.row(npl, "flat", True).bytes_copied > res.row(npl, "ragged").bytes_copied
+        assert res.row(npl, "flat", True).counts.bytes_copied > res.row(npl, "ragged").counts.bytes_copied
 
 
 def test_outputs_differ_when_content_differs() -> None:
@@ -169,10 +169,10 @@ def test_figures_are_the_median_of_the_replicas_floors() -> None:
     flat, ranges = res.row(2, "flat"), res.row(2, "ranges")
     for r in (flat, ranges):
         assert r.replicas == 5 and len(r.replicas_tokens_per_s) == 5
-        decodes = sorted(r.npl * cfg.ntg / t for t in r.replicas_tokens_per_s)
-        assert r.decode_s == pytest.approx(decodes[2], rel=1e-12)
-        assert r.tokens_per_s == pytest.approx(r.npl * cfg.ntg / r.decode_s, rel=1e-12)
-        assert 0 < r.copy_s and 0 < r.compute_s and r.copy_s + r.compute_s <= r.decode_s * (1 + 1e-9)
+        decodes = sorted(r.key.npl * cfg.ntg / t for t in r.replicas_tokens_per_s)
+        assert r.times.decode_s == pytest.approx(decodes[2], rel=1e-12)
+        assert r.tokens_per_s == pytest.approx(r.key.npl * cfg.ntg / r.times.decode_s, rel=1e-12)
+        assert 0 < r.times.copy_s and 0 < r.times.compute_s and r.times.copy_s + r.times.compute_s <= r.times.decode_s * (1 + 1e-9)
     paired = sorted(v / f - 1.0 for f, v in zip(flat.replicas_tokens_per_s, ranges.replicas_tokens_per_s))
     g = res.gain_interval(ranges)
     assert g is not None and g.estimate == paired[2] and g.low is not None and g.high is not None
@@ -394,12 +394,12 @@ def test_v_trans_plan_moves_the_bytes_read() -> None:
         read_v = sum(npl * cfg.n_kv(npl, t) for t in range(cfg.ntg)) * cfg.n_embd * elem * cfg.n_layer
         span_v = sum((npl * cfg.n_embd - 1) * kv_size + cfg.n_kv(npl, t) for t in range(cfg.ntg)) * elem * cfg.n_layer
         flat, ranges, plan = (res.row(npl, p) for p in ("flat", "ranges", "plan"))
-        k_read = flat.bytes_read - read_v
-        assert plan.bytes_copied == plan.bytes_read == flat.bytes_read
-        assert ranges.bytes_copied == k_read + span_v  # K by the ranges rule, V flat: the rule cannot see it
-        assert flat.bytes_copied - plan.bytes_copied >= span_v - read_v
+        k_read = flat.counts.bytes_read - read_v
+        assert plan.counts.bytes_copied == plan.counts.bytes_read == flat.counts.bytes_read
+        assert ranges.counts.bytes_copied == k_read + span_v  # K by the ranges rule, V flat: the rule cannot see it
+        assert flat.counts.bytes_copied - plan.counts.bytes_copied >= span_v - read_v
         assert res.outputs_identical(npl)
-    assert res.row(1, "flat").bytes_copied > 10 * res.row(1, "plan").bytes_copied
+    assert res.row(1, "flat").counts.bytes_copied > 10 * res.row(1, "plan").counts.bytes_copied
 
 
 def test_compact_split_memory_is_the_bytes_read() -> None:
@@ -409,16 +409,16 @@ def test_compact_split_memory_is_the_bytes_read() -> None:
     every layer's output."""
     cfg = tiny(compact=True, npl=(2,), policies=("flat", "ranges"), unified=False)
     res = bench.run_bench(cfg)
-    assert [(r.policy, r.compact) for r in res.rows] == [("flat", False), ("ranges", False), ("ranges", True)]
+    assert [(r.key.policy, r.key.compact) for r in res.rows] == [("flat", False), ("ranges", False), ("ranges", True)]
     row = ferry.row_size(cfg.type_kv, cfg.n_embd)
     n_kv, kv_size, windows = cfg.n_kv(2, cfg.ntg - 1), cfg.n_ctx // 2, 2
     span, read = ((2 - 1) * kv_size + n_kv) * row * windows, 2 * n_kv * row * windows
     outputs = cfg.n_layer * 2 * cfg.n_head * cfg.head_dim * 4
     slack = 64 * (2 * cfg.n_layer + cfg.n_layer)  # the allocator's alignment, per tensor
     plain, compact = res.row(2, "ranges"), res.row(2, "ranges", compact=True)
-    assert abs(plain.split_memory - (span + outputs)) <= slack
-    assert abs(compact.split_memory - (read + outputs)) <= slack
-    assert compact.bytes_copied == compact.bytes_read == plain.bytes_copied
+    assert abs(plain.counts.split_memory - (span + outputs)) <= slack
+    assert abs(compact.counts.split_memory - (read + outputs)) <= slack
+    assert compact.counts.bytes_copied == compact.counts.bytes_read == plain.counts.bytes_copied
     assert res.outputs_identical(2)
     assert "ranges+compact" in bench.format_result(res)
 
@@ -434,12 +434,12 @@ def test_cuda_split_bytes_are_exact_and_outputs_agree(type_kv: str) -> None:
     for npl in (2, 4):
         want = expected_bytes(cfg, npl)
         flat, ranges, plan = (res.row(npl, p) for p in ("flat", "ranges", "plan"))
-        assert flat.bytes_read == ranges.bytes_read == plan.bytes_read == want["read"]
-        assert flat.bytes_copied == want["span"] > ranges.bytes_copied == plan.bytes_copied == want["read"]
-        assert all(res.row(npl, p, True).bytes_copied == want["unified"] for p in ("flat", "ranges", "plan"))
+        assert flat.counts.bytes_read == ranges.counts.bytes_read == plan.counts.bytes_read == want["read"]
+        assert flat.counts.bytes_copied == want["span"] > ranges.counts.bytes_copied == plan.counts.bytes_copied == want["read"]
+        assert all(res.row(npl, p, True).counts.bytes_copied == want["unified"] for p in ("flat", "ranges", "plan"))
         assert res.outputs_identical(npl)
     cpu = bench.run_bench(tiny(type_kv=type_kv, npl=(2,), policies=("ranges",), unified=False))
-    assert cpu.rows[0].bytes_copied == res.row(2, "ranges").bytes_copied
+    assert cpu.rows[0].counts.bytes_copied == res.row(2, "ranges").counts.bytes_copied
 
 
 def crossings(npp: int, ntg: int, pad: int) -> int:
@@ -454,16 +454,16 @@ def test_with_a_pad_the_graph_is_rebuilt_only_where_n_kv_crosses_a_multiple(pad:
     assert crossings(npp, ntg, pad) == crossed  # 257; 129 and 193
     cfg = tiny(n_ctx=2048, npl=(2,), npp=npp, ntg=ntg, n_layer=1, pad=pad, policies=("ranges",), repeat=1)
     res = bench.run_bench(cfg)
-    assert [(r.unified, r.rebuilds) for r in res.rows] == [(False, crossed), (True, crossed)]
-    assert all(r.host_s > 0 and r.tokens_per_s_end_to_end < r.tokens_per_s for r in res.rows)
+    assert [(r.key.unified, r.counts.rebuilds) for r in res.rows] == [(False, crossed), (True, crossed)]
+    assert all(r.times.host_s > 0 and r.tokens_per_s_end_to_end < r.tokens_per_s for r in res.rows)
     exact = bench.run_bench(dataclasses.replace(cfg, pad=1))
-    assert all(r.rebuilds == ntg - 1 for r in exact.rows)
+    assert all(r.counts.rebuilds == ntg - 1 for r in exact.rows)
 
 
 def test_reused_graphs_give_the_outputs_of_graphs_built_every_step() -> None:
     cfg = tiny(n_ctx=2048, npl=(2,), npp=250, ntg=12, pad=256, repeat=1)
     reused, rebuilt = bench.run_bench(cfg), bench.run_bench(dataclasses.replace(cfg, reuse=False))
-    assert [r.rebuilds for r in rebuilt.rows] == [cfg.ntg - 1] * len(rebuilt.rows)
+    assert [r.counts.rebuilds for r in rebuilt.rows] == [cfg.ntg - 1] * len(rebuilt.rows)
     assert [r.output_sha256 for r in reused.rows] == [r.output_sha256 for r in rebuilt.rows]
     assert reused.outputs_identical(2)
 

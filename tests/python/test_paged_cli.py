@@ -59,19 +59,19 @@ def test_bench_paged_rows_count_calls_bytes_and_predictions() -> None:
     res = run_bench(cfg)
     per_block, merged, cells = (res.row(3, "ragged", gather="per_block"), res.row(3, "ragged", gather="auto"),
                                 res.row(3, "ragged"))
-    assert (per_block.label, merged.label, cells.label) == ("paged per-block", "paged merged", "ragged")
+    assert (per_block.key.label, merged.key.label, cells.key.label) == ("paged per-block", "paged merged", "ragged")
     windows = cfg.n_layer * 2
-    assert per_block.copy_calls == windows * sum(3 * blocks_for(cfg.npp + t + 1, 8) for t in range(cfg.ntg))
-    assert merged.copy_calls == cells.copy_calls == windows * cfg.ntg
-    assert merged.gather_used == "batched" and per_block.gather_used == "per_block" and cells.gather_used == ""
+    assert per_block.counts.copy_calls == windows * sum(3 * blocks_for(cfg.npp + t + 1, 8) for t in range(cfg.ntg))
+    assert merged.counts.copy_calls == cells.counts.copy_calls == windows * cfg.ntg
+    assert merged.counts.gather_used == "batched" and per_block.counts.gather_used == "per_block" and cells.counts.gather_used == ""
     row = 32 * 2 * 2
     want = windows * row * sum(3 * (cfg.npp + t + 1) for t in range(cfg.ntg))
     for r in (per_block, merged, cells):
-        assert r.bytes_copied == r.bytes_read == want
+        assert r.counts.bytes_copied == r.counts.bytes_read == want
     assert res.outputs_identical(3)
-    gap = (per_block.copy_calls - cells.copy_calls) * LATENCY_US * 1e-6
-    assert per_block.predicted_copy_s - cells.predicted_copy_s == pytest.approx(gap, rel=1e-6)
-    assert merged.predicted_copy_s == pytest.approx(cells.predicted_copy_s, rel=1e-6)
+    gap = (per_block.counts.copy_calls - cells.counts.copy_calls) * LATENCY_US * 1e-6
+    assert per_block.times.predicted_copy_s - cells.times.predicted_copy_s == pytest.approx(gap, rel=1e-6)
+    assert merged.times.predicted_copy_s == pytest.approx(cells.times.predicted_copy_s, rel=1e-6)
 
 
 def test_bench_paged_prints_and_writes_its_rows(capsys: pytest.CaptureFixture[str]) -> None:

@@ -186,18 +186,18 @@ def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_outputs_and_it
     first = sum(p + 1 for p in SMALL_CFG.prompts(2))
     for r in res.rows:
         serial = res.serial_of(r)
-        assert not serial.overlap and serial.prefetch == 0
+        assert not serial.key.overlap and serial.key.prefetch == 0
         # the unified cache's window, one dense range, carries no lengths: nothing of it goes ahead
-        ahead = r.prefetch_next and not r.unified
-        assert r.steps_ahead == (SMALL_CFG.ntg - 1 if ahead else 0)
+        ahead = r.key.prefetch_next and not r.key.unified
+        assert r.counts.steps_ahead == (SMALL_CFG.ntg - 1 if ahead else 0)
         extra = (first + (SMALL_CFG.ntg - 1) * 2) * cell if ahead else 0
-        assert (r.bytes_copied, r.bytes_read, r.output_sha256) == (serial.bytes_copied + extra, serial.bytes_read,
+        assert (r.counts.bytes_copied, r.counts.bytes_read, r.output_sha256) == (serial.counts.bytes_copied + extra, serial.counts.bytes_read,
                                                                    serial.output_sha256)
-        if r.overlap:
-            assert r.prefetch == 1 and r.ahead_bytes > 0
-            assert res.bound(r) == max(serial.copy_s, serial.compute_s)
+        if r.key.overlap:
+            assert r.key.prefetch == 1 and r.counts.ahead_bytes > 0
+            assert res.bound(r) == max(serial.times.copy_s, serial.times.compute_s)
         else:
-            assert r.ahead_bytes == 0 and not r.prefetch_next
+            assert r.counts.ahead_bytes == 0 and not r.key.prefetch_next
     assert res.outputs_identical(2)
     rows = res.as_dicts()
     assert {d["overlap"] for d in rows} == {False, True}
@@ -213,30 +213,30 @@ def test_bench_overlap_runs_each_prefetch_depth_and_says_how_much_stays_exposed(
     res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=(1, 2),  # type: ignore[arg-type]
                                 prefetch_next=(True, False)))
     assert len(res.rows) == 2 * 2 * 5  # policies x layouts x (serial, depth 1 and 2 across and within steps)
-    assert {r.label for r in res.rows if r.prefetch == 2 and not r.unified} == {
+    assert {r.key.label for r in res.rows if r.key.prefetch == 2 and not r.key.unified} == {
         "flat+overlap2", "ranges+overlap2", "flat+overlap2-within", "ranges+overlap2-within"}
-    overlapped = [(r, d) for r, d in zip(res.rows, res.as_dicts()) if r.overlap]
+    overlapped = [(r, d) for r, d in zip(res.rows, res.as_dicts()) if r.key.overlap]
     assert len(overlapped) == 2 * 2 * 4
     for r, d in overlapped:
         s = res.serial_of(r)
-        bound, hideable = max(s.copy_s, s.compute_s), min(s.copy_s, s.compute_s)
-        assert d["over_bound"] == pytest.approx(r.decode_s / bound)
-        assert d["over_serial"] == pytest.approx(r.decode_s / s.decode_s)
-        assert d["exposed_share"] == pytest.approx((r.decode_s - bound) / hideable)
+        bound, hideable = max(s.times.copy_s, s.times.compute_s), min(s.times.copy_s, s.times.compute_s)
+        assert d["over_bound"] == pytest.approx(r.times.decode_s / bound)
+        assert d["over_serial"] == pytest.approx(r.times.decode_s / s.times.decode_s)
+        assert d["exposed_share"] == pytest.approx((r.times.decode_s - bound) / hideable)
         # within a step: the first layer's copy and the last one's compute, and each layer's max between;
         # across steps, that at a repetition's first step alone (of 3), the bound at the others
-        floor = s.copy_s / 3 + 2 * bound / 3 + s.compute_s / 3
-        k = r.steps_ahead
-        assert k == (2 if r.prefetch_next and not r.unified else 0)  # all but each repetition's first of 3
+        floor = s.times.copy_s / 3 + 2 * bound / 3 + s.times.compute_s / 3
+        k = r.counts.steps_ahead
+        assert k == (2 if r.key.prefetch_next and not r.key.unified else 0)  # all but each repetition's first of 3
         floor = ((3 - k) * floor + k * bound) / 3
-        assert d["floor_s"] == pytest.approx(floor) and d["over_floor"] == pytest.approx(r.decode_s / floor)
-        assert bound <= floor <= s.copy_s + s.compute_s
+        assert d["floor_s"] == pytest.approx(floor) and d["over_floor"] == pytest.approx(r.times.decode_s / floor)
+        assert bound <= floor <= s.times.copy_s + s.times.compute_s
         # the same from the overlapped run's own copy and compute, which running side by side may slow
-        own = r.copy_s / 3 + 2 * max(r.copy_s, r.compute_s) / 3 + r.compute_s / 3
-        own = ((3 - k) * own + k * max(r.copy_s, r.compute_s)) / 3
-        assert d["own_floor_s"] == pytest.approx(own) and d["over_own_floor"] == pytest.approx(r.decode_s / own)
-        assert d["compute_over_serial"] == pytest.approx(r.compute_s / s.compute_s)
-    assert all("exposed_share" not in d for r, d in zip(res.rows, res.as_dicts()) if not r.overlap)
+        own = r.times.copy_s / 3 + 2 * max(r.times.copy_s, r.times.compute_s) / 3 + r.times.compute_s / 3
+        own = ((3 - k) * own + k * max(r.times.copy_s, r.times.compute_s)) / 3
+        assert d["own_floor_s"] == pytest.approx(own) and d["over_own_floor"] == pytest.approx(r.times.decode_s / own)
+        assert d["compute_over_serial"] == pytest.approx(r.times.compute_s / s.times.compute_s)
+    assert all("exposed_share" not in d for r, d in zip(res.rows, res.as_dicts()) if not r.key.overlap)
     text = bench_cli.format_result(res)
     assert "prefetching 1, 2 layer(s) ahead" in text and "ranges+overlap2" in bench_cli.format_result(res, True)
     assert "exposed" in text
@@ -250,7 +250,7 @@ def test_the_floor_is_left_out_where_layers_are_not_alike() -> None:
     over = [d for d in res.as_dicts() if d["overlap"]]
     assert over and all(d["floor_s"] is None and d["over_floor"] is None and d["own_floor_s"] is None
                         and d["over_own_floor"] is None for d in over)
-    assert res.floor(next(r for r in res.rows if r.overlap)) is None
+    assert res.floor(next(r for r in res.rows if r.key.overlap)) is None
 
 
 def test_bench_trace_writes_each_variants_timeline_as_a_chrome_trace(tmp_path: Path,
@@ -277,7 +277,7 @@ def test_bench_trace_writes_each_variants_timeline_as_a_chrome_trace(tmp_path: P
 
 def test_bench_without_overlap_is_as_before() -> None:
     res = run_bench(BenchConfig(**SMALL))  # type: ignore[arg-type]
-    assert len(res.rows) == 2 * 2 and not any(r.overlap for r in res.rows)
+    assert len(res.rows) == 2 * 2 and not any(r.key.overlap for r in res.rows)
     assert all(d["overlap"] is False and "bound_s" not in d for d in res.as_dicts())
     assert "overlap:" not in bench_cli.format_result(res)
 

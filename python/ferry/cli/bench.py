@@ -79,7 +79,7 @@ def _footer(res: BenchResult) -> List[str]:
         policy, compact = res.variants()[0]
         r = res.row(npl, policy, False, compact)
         lines.append(f"npl {npl}: outputs {'identical' if res.outputs_identical(npl) else 'DIFFERENT'} "
-                     f"across {runs}; graph rebuilt at {r.rebuilds} of {cfg.ntg - 1} later steps")
+                     f"across {runs}; graph rebuilt at {r.counts.rebuilds} of {cfg.ntg - 1} later steps")
     return lines
 
 
@@ -127,16 +127,16 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
     for npl in cfg.npl:
         for policy, compact in res.variants():
             r = res.row(npl, policy, False, compact)
-            body.append([str(npl), r.label, fmt_tps_digits(r.tokens_per_s),
+            body.append([str(npl), r.key.label, fmt_tps_digits(r.tokens_per_s),
                          fmt_interval(res.gain_interval(r)) if policy != "flat" else "-",
                          fmt_interval(res.unified_gain(r)) if cfg.runs_unified else "",
-                         fmt_seconds(r.per_step(r.copy_s)), fmt_bytes(r.per_step(r.bytes_copied)),
-                         fmt_bytes(r.per_step(r.bytes_read))])
+                         fmt_seconds(r.per_step(r.times.copy_s)), fmt_bytes(r.per_step(r.counts.bytes_copied)),
+                         fmt_bytes(r.per_step(r.counts.bytes_read))])
         if cfg.runs_unified:
             u = res.row(npl, res.variants()[0][0], True)
             body.append([str(npl), "unified", fmt_tps_digits(u.tokens_per_s), "-", "-",
-                         fmt_seconds(u.per_step(u.copy_s)), fmt_bytes(u.per_step(u.bytes_copied)),
-                         fmt_bytes(u.per_step(u.bytes_read))])
+                         fmt_seconds(u.per_step(u.times.copy_s)), fmt_bytes(u.per_step(u.counts.bytes_copied)),
+                         fmt_bytes(u.per_step(u.counts.bytes_read))])
     lines = _head(res) + [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
     return "\n".join(lines + _tail(res))
 
@@ -151,10 +151,11 @@ def format_paged(res: BenchResult) -> str:
     for npl in cfg.npl:
         for gather in (*bench_workload.PAGED_GATHERS, ""):
             r = res.row(npl, "ragged", gather=gather)
-            name = r.label + (f" ({r.gather_used})" if gather == "auto" else "") if gather else "cells ragged"
-            body.append([str(npl), name, fmt_tps_digits(r.tokens_per_s), f"{r.per_step(r.copy_calls):,.0f}",
-                         fmt_seconds(r.per_step(r.copy_s)), fmt_seconds(r.per_step(r.predicted_copy_s)),
-                         fmt_bytes(r.per_step(r.bytes_copied)), fmt_bytes(r.per_step(r.bytes_read))])
+            t, n = r.times, r.counts
+            name = r.key.label + (f" ({n.gather_used})" if gather == "auto" else "") if gather else "cells ragged"
+            body.append([str(npl), name, fmt_tps_digits(r.tokens_per_s), f"{r.per_step(n.copy_calls):,.0f}",
+                         fmt_seconds(r.per_step(t.copy_s)), fmt_seconds(r.per_step(t.predicted_copy_s)),
+                         fmt_bytes(r.per_step(n.bytes_copied)), fmt_bytes(r.per_step(n.bytes_read))])
     lines = _head(res) + [f"paged cache: {cfg.block_size}-cell blocks, adjacency {cfg.adjacency:g}; per step, the "
                           "K and V windows' copies"]
     lines += [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
@@ -178,15 +179,16 @@ def format_wide(res: BenchResult) -> str:
             flat = res.flat_of(r)
             gains = "-" if flat is None or policy == "flat" else ",".join(
                 f"{(a / b - 1) * 100:+.1f}" for a, b in zip(r.replica_rates, flat.replica_rates))
-            cells = [str(npl), r.label, fmt_tps_digits(r.tokens_per_s),
+            t, n = r.times, r.counts
+            cells = [str(npl), r.key.label, fmt_tps_digits(r.tokens_per_s),
                      "-" if policy == "flat" else fmt_interval(res.gain_interval(r), exact=True), gains,
-                     fmt_seconds(r.decode_s), fmt_seconds(r.host_s), fmt_tps_digits(r.tokens_per_s_end_to_end),
-                     fmt_seconds(r.copy_s), fmt_seconds(r.predicted_copy_s), fmt_seconds(r.compute_s),
-                     fmt_mib(r.bytes_copied), fmt_mib(r.bytes_read),
-                     f"{r.copy_bandwidth / 1e9:.2f} GB/s", fmt_mib(r.split_memory)]
+                     fmt_seconds(t.decode_s), fmt_seconds(t.host_s), fmt_tps_digits(r.tokens_per_s_end_to_end),
+                     fmt_seconds(t.copy_s), fmt_seconds(t.predicted_copy_s), fmt_seconds(t.compute_s),
+                     fmt_mib(n.bytes_copied), fmt_mib(n.bytes_read),
+                     f"{r.copy_bandwidth / 1e9:.2f} GB/s", fmt_mib(n.split_memory)]
             if cfg.runs_unified:
                 u = res.row(npl, policy, True, compact)
-                cells += [fmt_tps_digits(u.tokens_per_s), fmt_seconds(u.copy_s), fmt_mib(u.bytes_copied),
+                cells += [fmt_tps_digits(u.tokens_per_s), fmt_seconds(u.times.copy_s), fmt_mib(u.counts.bytes_copied),
                           fmt_interval(res.unified_gain(r), exact=True)]
             body.append(cells)
     lines = _head(res) + ["times over a repetition (ntg steps): floors, the median over replicas"]
@@ -209,10 +211,10 @@ def format_devices(res: BenchResult) -> List[str]:
     head = ["npl", "policy", "device", "runs", "holds KV of", "copied", "KV copied", "copy", "memory", "link"]
     body = []
     for r in res.rows:
-        if r.unified:
+        if r.key.unified:
             continue
         for d in r.devices:
-            body.append([str(r.npl), r.label, f"{d.index}: {d.name}", fmt_layers(d.layers),
+            body.append([str(r.key.npl), r.key.label, f"{d.index}: {d.name}", fmt_layers(d.layers),
                          fmt_layers(d.resident_layers), fmt_mib(d.bytes_copied), fmt_mib(d.kv_bytes_copied),
                          fmt_seconds(d.copy_s), fmt_mib(d.memory_bytes),
                          "-" if d.link_gbps is None else fmt_link(d.link_gbps)])
@@ -252,20 +254,21 @@ def format_overlap(res: BenchResult, wide: bool = False) -> List[str]:
                 s = res.row(npl, policy, unified, compact)
                 for depth, nxt in cfg.prefetch_runs[1:]:
                     o = res.row(npl, policy, unified, compact, depth, within=not nxt)
+                    st, ot = s.times, o.times
                     bound, floor = res.bound(o), res.floor(o)
-                    over_bound = f"{o.decode_s / bound:.2f}x" if bound > 0 else "-"
-                    over_floor = f"{o.decode_s / floor:.2f}x" if floor else "-"
-                    compute_x = f"{o.compute_s / s.compute_s:.2f}x" if s.compute_s > 0 else "-"
+                    over_bound = f"{ot.decode_s / bound:.2f}x" if bound > 0 else "-"
+                    over_floor = f"{ot.decode_s / floor:.2f}x" if floor else "-"
+                    compute_x = f"{ot.compute_s / st.compute_s:.2f}x" if st.compute_s > 0 else "-"
                     cache = "unified" if unified else "split"
                     if wide:
-                        body.append([str(npl), cache, o.label, fmt_seconds(s.decode_s), fmt_seconds(s.copy_s),
-                                     fmt_seconds(s.compute_s), fmt_seconds(o.decode_s), over_bound, over_floor,
-                                     f"{o.decode_s / s.decode_s:.2f}x", f"{res.exposed(o):.0%}", compute_x,
-                                     fmt_mib(o.ahead_bytes)])
+                        body.append([str(npl), cache, o.key.label, fmt_seconds(st.decode_s), fmt_seconds(st.copy_s),
+                                     fmt_seconds(st.compute_s), fmt_seconds(ot.decode_s), over_bound, over_floor,
+                                     f"{ot.decode_s / st.decode_s:.2f}x", f"{res.exposed(o):.0%}", compute_x,
+                                     fmt_mib(o.counts.ahead_bytes)])
                     else:
                         prefetch = f"{depth} {'across' if nxt else 'within'}"
-                        body.append([str(npl), cache, run_name(policy, compact), prefetch, fmt_seconds(s.decode_s),
-                                     fmt_seconds(o.decode_s), over_bound, over_floor, f"{res.exposed(o):.0%}",
+                        body.append([str(npl), cache, run_name(policy, compact), prefetch, fmt_seconds(st.decode_s),
+                                     fmt_seconds(ot.decode_s), over_bound, over_floor, f"{res.exposed(o):.0%}",
                                      compute_x])
     return lines + format_table([head, *body], left=(1, 2, 3) if not wide else (1, 2))
 

@@ -298,40 +298,34 @@ class DeviceFigures:
 
 
 @dataclass(frozen=True)
-class BenchRow:
-    """One variant of a number of sequences and a cache layout, over its replicas.
+class RunKey:
+    """Which run a row is: its number of sequences and its variant.
 
-    decode_s, copy_s, compute_s and host_s are a repetition's (ntg steps) floor, the median over
-    the replicas; tokens_per_s is npl * ntg over decode_s, and replicas_tokens_per_s each
-    replica's own, in the order they were made. bytes_copied, bytes_read and predicted_copy_s (the
-    copies' time by the split backends' copy cost models, beside copy_s) are a repetition's.
+    Attributes
+    ----------
+    npl : int
+        Sequences.
+    policy : str
+        The scheduler's copy policy.
+    unified : bool
+        The unified cache (one stream), else the cache split into streams.
+    compact : bool
+        Compact staging.
+    prefetch : int
+        The scheduler's prefetch depth: 0 serial, else overlapped.
+    prefetch_next : bool
+        Overlapped across steps: each step's first layer copied under the step before.
+    gather : str
+        A paged cache's gather setting (PAGED_GATHERS); "" for the cells cache.
     """
 
     npl: int
     policy: str
-    unified: bool
-    tokens_per_s: float
-    decode_s: float
-    copy_s: float
-    compute_s: float
-    bytes_copied: int
-    bytes_read: int
-    output_sha256: str = field(repr=False)
+    unified: bool = False
     compact: bool = False
-    split_memory: int = 0  # bytes the scheduler held on the split backend (copies and outputs)
-    host_s: float = 0.0  # building (when n_kv changed) or reusing each step's graph, and writing its lengths
-    rebuilds: int = 0  # graphs built after a repetition's first step: where the padded n_kv changed
-    prefetch: int = 0  # the scheduler's prefetch depth: 0 serial, else overlapped
-    ahead_bytes: int = 0  # the most bytes prefetching held on the split beyond the layer computing
-    devices: Tuple[DeviceFigures, ...] = field(default=(), repr=False)  # per device, in index order
-    ntg: int = 0  # steps of a repetition
-    replicas_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)  # each replica's floor
-    predicted_copy_s: float = 0.0  # a repetition's copies by the split backends' copy cost models
-    copy_calls: int = 0  # a repetition's transfer calls of the K and V windows
-    gather: str = ""  # a paged cache's gather setting (PAGED_GATHERS); "" for the cells cache
-    gather_used: str = ""  # the methods its windows were gathered by, "+"-joined ("batched"); "" for cells
-    prefetch_next: bool = False  # overlapped across steps: each step's first layer copied under the step before
-    steps_ahead: int = 0  # steps of a repetition that kept a first layer copied under the step before
+    prefetch: int = 0
+    prefetch_next: bool = False
+    gather: str = ""
 
     @property
     def overlap(self) -> bool:
@@ -339,10 +333,118 @@ class BenchRow:
         return self.prefetch > 0
 
     @property
+    def label(self) -> str:
+        """The policy, with "+compact" for compact staging and "+overlap" for an overlapped run; a paged
+        cache's row: "paged per-block" or "paged merged"."""
+        return (PAGED_NAMES[self.gather] if self.gather
+                else run_name(self.policy, self.compact, self.prefetch, self.prefetch_next))
+
+
+@dataclass(frozen=True)
+class RunTimes:
+    """A repetition's (ntg steps) times, each its floor (estimate.StepFloor), in a row the median over replicas.
+
+    Attributes
+    ----------
+    decode_s, copy_s, compute_s : float
+        Scheduler.compute's wall time, and its copies' and computes' time.
+    host_s : float
+        Building (when n_kv changed) or reusing each step's graph, and writing its lengths.
+    predicted_copy_s : float
+        The copies by the split backends' copy cost models (beside copy_s); not a floor, a repetition's sum.
+    """
+
+    decode_s: float
+    copy_s: float
+    compute_s: float
+    host_s: float = 0.0
+    predicted_copy_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """What a repetition (ntg steps) moved and built, alike in every timed repetition.
+
+    Attributes
+    ----------
+    bytes_copied, bytes_read : int
+        Bytes the K and V windows' copies moved, and the bytes attention reads of them.
+    copy_calls : int
+        The K and V windows' transfer calls.
+    ahead_bytes : int
+        The most bytes prefetching held on the split beyond the layer computing.
+    split_memory : int
+        Bytes the scheduler held on the split backend (copies and outputs); in a row the most of any replica.
+    rebuilds : int
+        Graphs built after the first step: where the padded n_kv changed.
+    steps_ahead : int
+        Steps that kept a first layer copied under the step before.
+    gather_used : str
+        The methods a paged cache's windows were gathered by, "+"-joined ("batched"); "" for cells.
+    """
+
+    bytes_copied: int
+    bytes_read: int
+    copy_calls: int = 0
+    ahead_bytes: int = 0
+    split_memory: int = 0
+    rebuilds: int = 0
+    steps_ahead: int = 0
+    gather_used: str = ""
+
+
+#: `ferry bench --json`'s keys of a row, in the order it writes them (keys a row gains later follow them).
+ROW_JSON_KEYS: Tuple[str, ...] = (
+    "npl", "policy", "unified", "tokens_per_s", "decode_s", "copy_s", "compute_s", "bytes_copied", "bytes_read",
+    "output_sha256", "compact", "split_memory", "host_s", "rebuilds", "prefetch", "ahead_bytes", "ntg",
+    "predicted_copy_s", "copy_calls", "gather", "gather_used", "prefetch_next", "steps_ahead", "overlap",
+    "tokens_per_s_end_to_end", "replicas", "tokens_per_s_replicas", "devices", "decode_s_per_step",
+    "copy_s_per_step", "compute_s_per_step", "host_s_per_step", "predicted_copy_s_per_step", "copy_calls_per_step",
+    "label", "bytes_copied_per_step", "bytes_read_per_step")
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One variant of a number of sequences and a cache layout, over its replicas (pyperf's Run: values
+    and what they are of).
+
+    Attributes
+    ----------
+    key : RunKey
+        Which run.
+    ntg : int
+        Steps of a repetition.
+    times : RunTimes
+        A repetition's floors, the median over the replicas.
+    counts : RunCounts
+        A repetition's bytes, calls and rebuilds.
+    output_sha256 : str
+        The digest of every attention output of a repetition.
+    devices : tuple of DeviceFigures
+        Per device, in index order.
+    replicas_tokens_per_s : tuple of float
+        Each replica's own tokens/s, in the order they were made.
+    """
+
+    key: RunKey
+    ntg: int
+    times: RunTimes
+    counts: RunCounts
+    output_sha256: str = field(repr=False)
+    devices: Tuple[DeviceFigures, ...] = field(default=(), repr=False)
+    replicas_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """npl * ntg tokens over the decode time."""
+        return self.key.npl * self.ntg / self.times.decode_s if self.times.decode_s > 0 else math.inf
+
+    @property
     def tokens_per_s_end_to_end(self) -> float:
         """Tokens per second of decode and host time together: what a loop driving ferry pays."""
-        total = self.decode_s + self.host_s
-        return self.tokens_per_s * self.decode_s / total if total > 0 and self.decode_s > 0 else math.inf
+        t = self.times
+        total = t.decode_s + t.host_s
+        return self.tokens_per_s * t.decode_s / total if total > 0 and t.decode_s > 0 else math.inf
 
     @property
     def replicas(self) -> int:
@@ -359,31 +461,32 @@ class BenchRow:
         return total / self.ntg if self.ntg else total
 
     @property
-    def label(self) -> str:
-        """The policy, with "+compact" for compact staging and "+overlap" for an overlapped run; a paged
-        cache's row: "paged per-block" or "paged merged"."""
-        return (PAGED_NAMES[self.gather] if self.gather
-                else run_name(self.policy, self.compact, self.prefetch, self.prefetch_next))
-
-    @property
     def copy_bandwidth(self) -> float:
         """Bytes copied per second of copy time (0 when nothing was copied)."""
-        return self.bytes_copied / self.copy_s if self.copy_s > 0 else 0.0
+        return self.counts.bytes_copied / self.times.copy_s if self.times.copy_s > 0 else 0.0
 
     def as_dict(self) -> Dict[str, object]:
-        """The row as `ferry bench --json` writes it: the run, its floors and bytes (a repetition's, and per
-        step), its replicas' tokens/s ("tokens_per_s_replicas", so a gain can be found again) and each
-        device's figures ("devices")."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("devices", "replicas_tokens_per_s")}
-        d.update(overlap=self.overlap, tokens_per_s_end_to_end=self.tokens_per_s_end_to_end,
+        """The row as `ferry bench --json` writes it, its records flattened (ROW_JSON_KEYS): the run, its floors
+        and bytes (a repetition's, and per step), its replicas' tokens/s ("tokens_per_s_replicas", so a gain
+        can be found again) and each device's figures ("devices")."""
+        t, n = self.times, self.counts
+        d: Dict[str, object] = {**asdict(self.key), **asdict(t), **asdict(n)}
+        d.update(tokens_per_s=self.tokens_per_s, output_sha256=self.output_sha256, ntg=self.ntg,
+                 overlap=self.key.overlap, tokens_per_s_end_to_end=self.tokens_per_s_end_to_end,
                  replicas=self.replicas, tokens_per_s_replicas=list(self.replica_rates),
                  devices=[x.as_dict() for x in self.devices],
-                 **{f"{w}_s_per_step": self.per_step(getattr(self, f"{w}_s"))
+                 **{f"{w}_s_per_step": self.per_step(getattr(t, f"{w}_s"))
                     for w in ("decode", "copy", "compute", "host", "predicted_copy")},
-                 copy_calls_per_step=self.per_step(self.copy_calls), label=self.label,
-                 bytes_copied_per_step=self.per_step(self.bytes_copied),
-                 bytes_read_per_step=self.per_step(self.bytes_read))
-        return d
+                 copy_calls_per_step=self.per_step(n.copy_calls), label=self.key.label,
+                 bytes_copied_per_step=self.per_step(n.bytes_copied),
+                 bytes_read_per_step=self.per_step(n.bytes_read))
+        return in_order(d, ROW_JSON_KEYS)
+
+
+def in_order(d: Dict[str, object], keys: Sequence[str]) -> Dict[str, object]:
+    """d with the keys it shares with keys first, in that order, then the rest in d's order: a writer's
+    order kept while the records it flattens change shape."""
+    return {**{k: d[k] for k in keys if k in d}, **d}
 
 
 @dataclass
@@ -406,17 +509,18 @@ class BenchResult:
         """The row of one run, serial or prefetching that many parts ahead (across steps, or within each
         with within), of the cells cache or (gather one of PAGED_GATHERS) the paged cache (StopIteration
         for a run the configuration did not make)."""
-        key = (npl, policy, unified, compact, prefetch, prefetch > 0 and not within, gather)
-        return next(r for r in self.rows
-                    if (r.npl, r.policy, r.unified, r.compact, r.prefetch, r.prefetch_next, r.gather) == key)
+        key = RunKey(npl=npl, policy=policy, unified=unified, compact=compact, prefetch=prefetch,
+                     prefetch_next=prefetch > 0 and not within, gather=gather)
+        return next(r for r in self.rows if r.key == key)
 
     def serial_of(self, r: BenchRow) -> BenchRow:
         """The serial run of an overlapped row's variant (the row itself when it is serial)."""
-        return self.row(r.npl, r.policy, r.unified, r.compact)
+        k = r.key
+        return self.row(k.npl, k.policy, k.unified, k.compact)
 
     def bound(self, r: BenchRow) -> float:
         """max(copy, compute) of the row's serial run: a step's decode time when one hides the other."""
-        serial = self.serial_of(r)
+        serial = self.serial_of(r).times
         return max(serial.copy_s, serial.compute_s)
 
     def floor(self, r: BenchRow, own: bool = False) -> Optional[float]:
@@ -434,7 +538,7 @@ class BenchResult:
         cfg = self.config
         if cfg.devices.n_devices != 1 or cfg.devices.placed:
             return None
-        s, n, k = r if own else self.serial_of(r), cfg.n_layer, r.steps_ahead
+        s, n, k = (r if own else self.serial_of(r)).times, cfg.n_layer, r.counts.steps_ahead
         bound = max(s.copy_s, s.compute_s)
         within = (s.copy_s + (n - 1) * bound + s.compute_s) / n
         return ((cfg.ntg - k) * within + k * bound) / cfg.ntg
@@ -443,9 +547,9 @@ class BenchResult:
         """An overlapped row's exposed share: of what prefetching could hide (min(copy, compute) of the serial
         run), the share its decode still pays: (decode - max(copy, compute)) / min(copy, compute); 0 when it
         hides it all, 1 when it hides nothing."""
-        serial = self.serial_of(r)
+        serial = self.serial_of(r).times
         hideable = min(serial.copy_s, serial.compute_s)
-        return (r.decode_s - self.bound(r)) / hideable if hideable > 0 else 0.0
+        return (r.times.decode_s - self.bound(r)) / hideable if hideable > 0 else 0.0
 
     def variants(self) -> List[Tuple[str, bool]]:
         """(policy, compact) in table order: every policy, then the non-flat ones with compact staging."""
@@ -455,7 +559,8 @@ class BenchResult:
         """flat's row of the same npl and layout (overlapped for an overlapped row); None without flat."""
         if "flat" not in self.config.policies:
             return None
-        return self.row(r.npl, "flat", r.unified, prefetch=r.prefetch, within=not r.prefetch_next)
+        k = r.key
+        return self.row(k.npl, "flat", k.unified, prefetch=k.prefetch, within=not k.prefetch_next)
 
     def gain_interval(self, r: BenchRow) -> Optional[Interval]:
         """A row's gain over flat (same npl and layout, serial or overlapped alike) with its interval
@@ -471,9 +576,10 @@ class BenchResult:
     def unified_gain(self, r: BenchRow) -> Optional[Interval]:
         """A split-cache row's gain over the unified cache under the same policy; None for a unified row
         or when the unified cache did not run."""
-        if r.unified or not self.config.runs_unified:
+        k = r.key
+        if k.unified or not self.config.runs_unified:
             return None
-        u = self.row(r.npl, r.policy, True, r.compact, r.prefetch, within=not r.prefetch_next)
+        u = self.row(k.npl, k.policy, True, k.compact, k.prefetch, within=not k.prefetch_next)
         return gain_interval(r.replica_rates, u.replica_rates)
 
     def warnings(self) -> List[str]:
@@ -498,19 +604,20 @@ class BenchResult:
         out = []
         for r in self.rows:
             d = r.as_dict()
-            if r.overlap:
-                serial, bound = self.serial_of(r), self.bound(r)
+            k, decode = r.key, r.times.decode_s
+            if k.overlap:
+                serial, bound = self.serial_of(r).times, self.bound(r)
                 floor, own = self.floor(r), self.floor(r, own=True)
-                d.update(serial_decode_s=serial.decode_s, bound_s=bound, over_bound=r.decode_s / bound,
-                         over_serial=r.decode_s / serial.decode_s, exposed_share=self.exposed(r), floor_s=floor,
-                         over_floor=None if floor is None else r.decode_s / floor, own_floor_s=own,
-                         over_own_floor=None if not own else r.decode_s / own,
-                         compute_over_serial=r.compute_s / serial.compute_s if serial.compute_s > 0 else None)
+                d.update(serial_decode_s=serial.decode_s, bound_s=bound, over_bound=decode / bound,
+                         over_serial=decode / serial.decode_s, exposed_share=self.exposed(r), floor_s=floor,
+                         over_floor=None if floor is None else decode / floor, own_floor_s=own,
+                         over_own_floor=None if not own else decode / own,
+                         compute_over_serial=r.times.compute_s / serial.compute_s if serial.compute_s > 0 else None)
             g, u = self.gain_interval(r), self.unified_gain(r)
             d.update(gain=None if g is None else g.estimate, gain_low=None if g is None else g.low,
                      gain_high=None if g is None else g.high,
-                     gain_within_noise=None if g is None or r.policy == "flat" else g.within_noise,
-                     gain_claimed=not r.unified and r.policy != "flat" and g is not None,
+                     gain_within_noise=None if g is None or k.policy == "flat" else g.within_noise,
+                     gain_claimed=not k.unified and k.policy != "flat" and g is not None,
                      over_unified=None if u is None else u.estimate, over_unified_low=None if u is None else u.low,
                      over_unified_high=None if u is None else u.high, config=config)
             out.append(d)
@@ -519,7 +626,7 @@ class BenchResult:
     def outputs_identical(self, npl: int) -> bool:
         """Whether every run of npl (each policy, both layouts, serial and overlapped) gave the same
         attention outputs."""
-        return len({r.output_sha256 for r in self.rows if r.npl == npl}) == 1
+        return len({r.output_sha256 for r in self.rows if r.key.npl == npl}) == 1
 
 
 def variants(cfg: BenchConfig) -> List[Tuple[str, bool]]:
@@ -644,6 +751,15 @@ class _PagedCache(_Cache):
         self.paged.close()
 
 
+@dataclass(frozen=True)
+class DeviceBytes:
+    """Per device (in index order), the bytes its splits received over a repetition, and of those the K and
+    V windows' (added to step by step)."""
+
+    copied: List[int]
+    kv: List[int]
+
+
 class _Variant:
     """One copy policy (with or without compact staging, serial or prefetching) over a cache: its
     scheduler, and each step's fastest times over its timed repetitions."""
@@ -662,10 +778,9 @@ class _Variant:
         self.device_memory = [0] * n_dev  # per device: the scheduler's buffer there at its most
         self.digests: List[str] = []
         self.traced: List[TracedStep] = []  # with cfg.trace: the last timed repetition's steps
-        self.counts = (0, 0, 0, 0, [0] * n_dev, [0] * n_dev)  # a repetition's copied, read, rebuilds, ahead, per device
+        self.counts = RunCounts(bytes_copied=0, bytes_read=0)  # the last timed repetition's
+        self.device_bytes = DeviceBytes(copied=[0] * n_dev, kv=[0] * n_dev)  # the last timed repetition's, per device
         self.predicted = 0.0  # a repetition's copy time by the cost models
-        self.calls, self.gathers_used = 0, ""  # a repetition's window copy calls, the gathers they took
-        self.steps_ahead = 0  # a repetition's steps that kept a copy made under the step before
         name = PAGED_NAMES[gather] if gather else run_name(policy, compact, prefetch, prefetch_next)
         self.label = f"npl {cache.npl} {name}{' unified' if cache.unified else ''}"
 
@@ -683,7 +798,7 @@ class _Variant:
         n_dev = len(c.devices)
         copied = read = ahead = calls = steps_ahead = 0
         predicted = 0.0
-        dev_bytes, dev_kv = [0] * n_dev, [0] * n_dev
+        dev = DeviceBytes(copied=[0] * n_dev, kv=[0] * n_dev)
         used: Set[str] = set()
         if self.gather:  # the paged cache's setting, read when its windows are copied
             assert isinstance(c, _PagedCache)
@@ -703,7 +818,7 @@ class _Variant:
             self.sched.compute(graph)
             decode = time.perf_counter() - t1
             st = self.sched.stats
-            device_copy, window_copied, window_read, window_calls = self._step_inputs(dev_bytes, dev_kv, used)
+            device_copy, window_copied, window_read, window_calls = self._step_inputs(dev, used)
             copied, read, ahead = copied + window_copied, read + window_read, max(ahead, st.ahead_bytes)
             calls += window_calls
             steps_ahead += st.kept_ahead > 0
@@ -724,14 +839,15 @@ class _Variant:
             if on_step is not None:
                 on_step(self.label)
         if timed:
-            self.counts = (copied, read, self.graphs.builds - builds, ahead, dev_bytes, dev_kv)
+            self.counts = RunCounts(bytes_copied=copied, bytes_read=read, copy_calls=calls, ahead_bytes=ahead,
+                                    rebuilds=self.graphs.builds - builds, steps_ahead=steps_ahead,
+                                    gather_used="+".join(sorted(used)))
+            self.device_bytes = dev
             self.predicted = predicted
-            self.calls, self.gathers_used = calls, "+".join(sorted(used))
-            self.steps_ahead = steps_ahead
             self.digests.append(digest.hexdigest())
             self.traced = traced
 
-    def _step_inputs(self, copied: List[int], kv: List[int], gathers: Set[str]) -> Tuple[List[float], int, int, int]:
+    def _step_inputs(self, dev: DeviceBytes, gathers: Set[str]) -> Tuple[List[float], int, int, int]:
         """Add the last step's inputs to each device's bytes and KV windows' bytes (an input counts for the
         device of the split reading it), and the methods paged windows were gathered by to gathers. Returns
         each device's copy time in the step, and the bytes the K and V windows copied and read and their
@@ -746,9 +862,9 @@ class _Variant:
                 continue
             for inp in split.inputs:
                 copy[d] += inp.stats.copy_seconds
-                copied[d] += inp.stats.bytes_copied
+                dev.copied[d] += inp.stats.bytes_copied
                 if c.is_window(inp.src):
-                    kv[d] += inp.stats.bytes_copied
+                    dev.kv[d] += inp.stats.bytes_copied
                     window_copied += inp.stats.bytes_copied
                     window_read += inp.stats.bytes_read
                     window_calls += inp.stats.copy_calls
@@ -767,19 +883,21 @@ class _Variant:
         c = self.cache
         if len(set(self.digests)) != 1:
             raise AssertionError(f"{self.label}: repeated runs gave different attention outputs")
-        copied, read, rebuilds, ahead, dev_bytes, dev_kv = self.counts
-        devices = tuple(DeviceFigures(d, dev.name, [i for i, r in enumerate(c.runs_on) if r == d],
-                                      [i for i, p in enumerate(c.places) if p == d], dev_bytes[d], dev_kv[d],
-                                      self.device_copy[d].total, self.device_memory[d] + c.resident_bytes[d],
-                                      dev.link_gbps if isinstance(dev, StandinBackend) else None)
+        devices = tuple(DeviceFigures(index=d, name=dev.name, layers=[i for i, r in enumerate(c.runs_on) if r == d],
+                                      resident_layers=[i for i, p in enumerate(c.places) if p == d],
+                                      bytes_copied=self.device_bytes.copied[d], kv_bytes_copied=self.device_bytes.kv[d],
+                                      copy_s=self.device_copy[d].total,
+                                      memory_bytes=self.device_memory[d] + c.resident_bytes[d],
+                                      link_gbps=dev.link_gbps if isinstance(dev, StandinBackend) else None)
                         for d, dev in enumerate(c.devices))
-        decode = self.floors["decode"].total
-        tps = c.npl * c.cfg.ntg / decode
-        return BenchRow(c.npl, self.policy, c.unified, tps, decode, self.floors["copy"].total,
-                        self.floors["compute"].total, copied, read, self.digests[0], self.compact, self.split_memory,
-                        self.floors["host"].total, rebuilds, self.prefetch, ahead, devices, c.cfg.ntg, (tps,),
-                        self.predicted, self.calls, self.gather, self.gathers_used, self.prefetch_next,
-                        self.steps_ahead)
+        key = RunKey(npl=c.npl, policy=self.policy, unified=c.unified, compact=self.compact, prefetch=self.prefetch,
+                     prefetch_next=self.prefetch_next, gather=self.gather)
+        times = RunTimes(decode_s=self.floors["decode"].total, copy_s=self.floors["copy"].total,
+                         compute_s=self.floors["compute"].total, host_s=self.floors["host"].total,
+                         predicted_copy_s=self.predicted)
+        row = BenchRow(key=key, ntg=c.cfg.ntg, times=times, counts=replace(self.counts, split_memory=self.split_memory),
+                       output_sha256=self.digests[0], devices=devices)
+        return replace(row, replicas_tokens_per_s=(row.tokens_per_s,))
 
 
 class _Replica:
@@ -827,20 +945,19 @@ def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
         When the replicas moved different bytes or gave different attention outputs.
     """
     first = rows[0]
-    label = f"npl {first.npl} {first.label}{' unified' if first.unified else ''}"
-    if len({(r.bytes_copied, r.bytes_read, r.copy_calls) for r in rows}) != 1:
+    label = f"npl {first.key.npl} {first.key.label}{' unified' if first.key.unified else ''}"
+    if len({(r.counts.bytes_copied, r.counts.bytes_read, r.counts.copy_calls) for r in rows}) != 1:
         raise AssertionError(f"{label}: replicas moved different bytes")
     if len({r.output_sha256 for r in rows}) != 1:
         raise AssertionError(f"{label}: replicas gave different attention outputs")
-    decode = statistics.median(r.decode_s for r in rows)
     devices = tuple(replace(d, copy_s=statistics.median(r.devices[i].copy_s for r in rows),
                             memory_bytes=max(r.devices[i].memory_bytes for r in rows))
                     for i, d in enumerate(first.devices))
-    return replace(first, tokens_per_s=first.npl * first.ntg / decode, decode_s=decode,
-                   copy_s=statistics.median(r.copy_s for r in rows),
-                   compute_s=statistics.median(r.compute_s for r in rows),
-                   host_s=statistics.median(r.host_s for r in rows), split_memory=max(r.split_memory for r in rows),
-                   ahead_bytes=max(r.ahead_bytes for r in rows), devices=devices,
+    times = replace(first.times, **{w: statistics.median(getattr(r.times, w) for r in rows)
+                                    for w in ("decode_s", "copy_s", "compute_s", "host_s")})
+    counts = replace(first.counts, **{n: max(getattr(r.counts, n) for r in rows)
+                                      for n in ("split_memory", "ahead_bytes")})
+    return replace(first, times=times, counts=counts, devices=devices,
                    replicas_tokens_per_s=tuple(r.tokens_per_s for r in rows))
 
 
