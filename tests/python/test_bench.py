@@ -36,20 +36,20 @@ def tiny(**kw: object) -> bench.BenchConfig:
     base = dict(n_ctx=256, npl=(2, 4), npp=16, ntg=3, n_layer=2, n_head=4, head_dim=32, n_head_kv=2,
                 policies=("flat", "ranges", "plan"), device="cpu", repeat=3, rounds=2, pad=1)
     base.update(kw)
-    return bench.BenchConfig(**base)  # type: ignore[arg-type]
+    return bench.BenchConfig.of(**base)
 
 
 def expected_bytes(cfg: bench.BenchConfig, npl: int) -> dict:
     """What attention reads of the split cache (each sequence's own cells: what ragged copies), its
     padded windows (what ranges and plan copy), what flat moves (the span), and what the unified
     cache moves, summed over steps, layers, K and V: from the layout, not from the library."""
-    row = ferry.row_size(cfg.type_kv, cfg.n_embd)
-    kv_size = cfg.n_ctx // npl
-    windows = 2 * cfg.n_layer
-    read = sum(p + t + 1 for p in cfg.prompts(npl) for t in range(cfg.ntg)) * row * windows
-    window = sum(npl * cfg.n_kv(npl, t) for t in range(cfg.ntg)) * row * windows
-    span = sum((npl - 1) * kv_size + cfg.n_kv(npl, t) for t in range(cfg.ntg)) * row * windows
-    unified = cfg.ntg * npl * cfg.cells * row * windows
+    row = ferry.row_size(cfg.kv.type_kv, cfg.n_embd)
+    kv_size = cfg.sequences.n_ctx // npl
+    windows = 2 * cfg.kv.n_layer
+    read = sum(p + t + 1 for p in cfg.prompts(npl) for t in range(cfg.sequences.ntg)) * row * windows
+    window = sum(npl * cfg.n_kv(npl, t) for t in range(cfg.sequences.ntg)) * row * windows
+    span = sum((npl - 1) * kv_size + cfg.n_kv(npl, t) for t in range(cfg.sequences.ntg)) * row * windows
+    unified = cfg.sequences.ntg * npl * cfg.cells * row * windows
     return {"read": read, "window": window, "span": span, "unified": unified}
 
 
@@ -72,7 +72,7 @@ def test_bytes_per_policy_and_layout_are_exact(type_kv: str, pad: int) -> None:
             assert u.counts.bytes_copied == u.counts.bytes_read == want["unified"]
         assert res.outputs_identical(npl)
         for r in res.rows:
-            assert r.tokens_per_s == pytest.approx(r.key.npl * cfg.ntg / r.times.decode_s, rel=1e-12)
+            assert r.tokens_per_s == pytest.approx(r.key.npl * cfg.sequences.ntg / r.times.decode_s, rel=1e-12)
             assert 0 < r.times.copy_s < r.times.decode_s and 0 < r.times.compute_s < r.times.decode_s
     assert res.gain(res.row(2, "flat")) == 0.0
     r = res.row(4, "ranges", True)
@@ -87,7 +87,7 @@ def test_ragged_copies_exactly_the_cells_attention_reads_and_no_padded_row(lengt
     the pad; ranges copies the padded window, flat the span; the outputs agree."""
     cfg = tiny(policies=("flat", "ranges", "ragged"), lengths=lengths, pad=pad, type_kv="f16")
     res = bench.run_bench(cfg)
-    for npl in cfg.npl:
+    for npl in cfg.sequences.npl:
         want = expected_bytes(cfg, npl)
         ragged, ranges, flat = (res.row(npl, p) for p in ("ragged", "ranges", "flat"))
         assert ragged.counts.bytes_copied == ragged.counts.bytes_read == ranges.counts.bytes_read == want["read"]
@@ -108,7 +108,7 @@ def test_the_unified_row_says_it_copies_whole_slots_when_the_lengths_differ() ->
     res = bench.run_bench(cfg)
     lines = bench.format_result(res).splitlines()
     assert all(line in lines and len(line) < 100 for line in note)
-    for npl in cfg.npl:  # what it says: the unified row copies more than the sequences hold, which ragged copies
+    for npl in cfg.sequences.npl:  # what it says: the unified row copies more than the sequences hold, which ragged copies
         assert res.row(npl, "flat", True).counts.bytes_copied > res.row(npl, "ragged").counts.bytes_copied
 
 
@@ -133,7 +133,7 @@ def _turn_order(monkeypatch: pytest.MonkeyPatch) -> Tuple[List[str], List[str], 
     def rounds(npl: int, r: int) -> List[str]:
         return [f"npl {npl} {names[i]}" for i in orders[r % len(orders)]]
 
-    return labels[::cfg.ntg], labels, rounds
+    return labels[::cfg.sequences.ntg], labels, rounds
 
 
 def test_variants_take_turns_repetition_by_repetition(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,9 +169,9 @@ def test_figures_are_the_median_of_the_replicas_floors() -> None:
     flat, ranges = res.row(2, "flat"), res.row(2, "ranges")
     for r in (flat, ranges):
         assert r.replicas == 5 and len(r.replicas_tokens_per_s) == 5
-        decodes = sorted(r.key.npl * cfg.ntg / t for t in r.replicas_tokens_per_s)
+        decodes = sorted(r.key.npl * cfg.sequences.ntg / t for t in r.replicas_tokens_per_s)
         assert r.times.decode_s == pytest.approx(decodes[2], rel=1e-12)
-        assert r.tokens_per_s == pytest.approx(r.key.npl * cfg.ntg / r.times.decode_s, rel=1e-12)
+        assert r.tokens_per_s == pytest.approx(r.key.npl * cfg.sequences.ntg / r.times.decode_s, rel=1e-12)
         assert 0 < r.times.copy_s and 0 < r.times.compute_s and r.times.copy_s + r.times.compute_s <= r.times.decode_s * (1 + 1e-9)
     paired = sorted(v / f - 1.0 for f, v in zip(flat.replicas_tokens_per_s, ranges.replicas_tokens_per_s))
     g = res.gain_interval(ranges)
@@ -210,7 +210,7 @@ def test_the_table_heads_the_run_and_gives_each_npl_and_policy_a_row_of_exact_by
     assert rows[0][3] == "-" and rows[2][3:5] == ["-", "-"]
     assert re.fullmatch(r"~?[+-]\d+(\.\d)?%", rows[1][3]) and re.fullmatch(r"±\d+(\.\d)?", rows[1][4])  # whole points past 100
     cfg = tiny(policies=("flat", "ranges"))
-    per_step = expected_bytes(cfg, 2)["read"] / cfg.ntg
+    per_step = expected_bytes(cfg, 2)["read"] / cfg.sequences.ntg
     assert lines[4].split()[-4:] == bench.fmt_bytes(per_step).split() * 2
     assert lines[-2:] == [f"npl {n}: outputs identical across policies and both caches; graph rebuilt at "
                           "2 of 2 later steps" for n in (2, 4)]
@@ -259,8 +259,8 @@ def test_json_rows_have_every_key_exact_bytes_and_gains_their_replicas_give_agai
         assert r["bytes_read"] == (want["unified"] if r["unified"] else want["read"])
         if not r["unified"]:
             assert r["bytes_copied"] == (want["span"] if r["policy"] == "flat" else want["read"])
-        assert r["bytes_read_per_step"] == r["bytes_read"] / cfg.ntg
-        assert r["copy_s_per_step"] == pytest.approx(r["copy_s"] / cfg.ntg)
+        assert r["bytes_read_per_step"] == r["bytes_read"] / cfg.sequences.ntg
+        assert r["copy_s_per_step"] == pytest.approx(r["copy_s"] / cfg.sequences.ntg)
         assert r["tokens_per_s"] > 0 and r["copy_s"] > 0 and r["replicas"] == 3
         assert min(r["tokens_per_s_replicas"]) <= r["tokens_per_s"] <= max(r["tokens_per_s_replicas"])
         assert (r["gain"] == 0.0) == (r["policy"] == "flat")
@@ -390,9 +390,9 @@ def test_v_trans_plan_moves_the_bytes_read() -> None:
     res = bench.run_bench(cfg)
     elem = 2  # f16
     for npl in (1, 2):
-        kv_size = cfg.n_ctx // npl
-        read_v = sum(npl * cfg.n_kv(npl, t) for t in range(cfg.ntg)) * cfg.n_embd * elem * cfg.n_layer
-        span_v = sum((npl * cfg.n_embd - 1) * kv_size + cfg.n_kv(npl, t) for t in range(cfg.ntg)) * elem * cfg.n_layer
+        kv_size = cfg.sequences.n_ctx // npl
+        read_v = sum(npl * cfg.n_kv(npl, t) for t in range(cfg.sequences.ntg)) * cfg.n_embd * elem * cfg.kv.n_layer
+        span_v = sum((npl * cfg.n_embd - 1) * kv_size + cfg.n_kv(npl, t) for t in range(cfg.sequences.ntg)) * elem * cfg.kv.n_layer
         flat, ranges, plan = (res.row(npl, p) for p in ("flat", "ranges", "plan"))
         k_read = flat.counts.bytes_read - read_v
         assert plan.counts.bytes_copied == plan.counts.bytes_read == flat.counts.bytes_read
@@ -410,11 +410,11 @@ def test_compact_split_memory_is_the_bytes_read() -> None:
     cfg = tiny(compact=True, npl=(2,), policies=("flat", "ranges"), unified=False)
     res = bench.run_bench(cfg)
     assert [(r.key.policy, r.key.compact) for r in res.rows] == [("flat", False), ("ranges", False), ("ranges", True)]
-    row = ferry.row_size(cfg.type_kv, cfg.n_embd)
-    n_kv, kv_size, windows = cfg.n_kv(2, cfg.ntg - 1), cfg.n_ctx // 2, 2
+    row = ferry.row_size(cfg.kv.type_kv, cfg.n_embd)
+    n_kv, kv_size, windows = cfg.n_kv(2, cfg.sequences.ntg - 1), cfg.sequences.n_ctx // 2, 2
     span, read = ((2 - 1) * kv_size + n_kv) * row * windows, 2 * n_kv * row * windows
-    outputs = cfg.n_layer * 2 * cfg.n_head * cfg.head_dim * 4
-    slack = 64 * (2 * cfg.n_layer + cfg.n_layer)  # the allocator's alignment, per tensor
+    outputs = cfg.kv.n_layer * 2 * cfg.kv.n_head * cfg.kv.head_dim * 4
+    slack = 64 * (2 * cfg.kv.n_layer + cfg.kv.n_layer)  # the allocator's alignment, per tensor
     plain, compact = res.row(2, "ranges"), res.row(2, "ranges", compact=True)
     assert abs(plain.counts.split_memory - (span + outputs)) <= slack
     assert abs(compact.counts.split_memory - (read + outputs)) <= slack
@@ -456,14 +456,14 @@ def test_with_a_pad_the_graph_is_rebuilt_only_where_n_kv_crosses_a_multiple(pad:
     res = bench.run_bench(cfg)
     assert [(r.key.unified, r.counts.rebuilds) for r in res.rows] == [(False, crossed), (True, crossed)]
     assert all(r.times.host_s > 0 and r.tokens_per_s_end_to_end < r.tokens_per_s for r in res.rows)
-    exact = bench.run_bench(dataclasses.replace(cfg, pad=1))
+    exact = bench.run_bench(dataclasses.replace(cfg, sequences=dataclasses.replace(cfg.sequences, pad=1)))
     assert all(r.counts.rebuilds == ntg - 1 for r in exact.rows)
 
 
 def test_reused_graphs_give_the_outputs_of_graphs_built_every_step() -> None:
     cfg = tiny(n_ctx=2048, npl=(2,), npp=250, ntg=12, pad=256, repeat=1)
-    reused, rebuilt = bench.run_bench(cfg), bench.run_bench(dataclasses.replace(cfg, reuse=False))
-    assert [r.counts.rebuilds for r in rebuilt.rows] == [cfg.ntg - 1] * len(rebuilt.rows)
+    reused, rebuilt = bench.run_bench(cfg), bench.run_bench(dataclasses.replace(cfg, variants=dataclasses.replace(cfg.variants, reuse=False)))
+    assert [r.counts.rebuilds for r in rebuilt.rows] == [cfg.sequences.ntg - 1] * len(rebuilt.rows)
     assert [r.output_sha256 for r in reused.rows] == [r.output_sha256 for r in rebuilt.rows]
     assert reused.outputs_identical(2)
 
@@ -476,3 +476,49 @@ def test_no_reuse_rebuilds_every_steps_graph_and_reuse_none(capsys: pytest.Captu
                             "--json"], capsys)
     assert code == 0 and [r["rebuilds"] for r in json.loads(out)] == [0, 0]
     assert all(r["host_s"] > 0 and r["tokens_per_s_end_to_end"] < r["tokens_per_s"] for r in json.loads(out))
+
+
+#: `ferry bench --json`'s keys of a row, of an overlapped row's figures (after the row's own), and of
+#: "config", in the order it wrote them before the rows and the configuration were grouped into records
+#: (issue 42, item 3): a reader of the JSON sees no change.
+ROW_KEYS = ["npl", "policy", "unified", "tokens_per_s", "decode_s", "copy_s", "compute_s", "bytes_copied",
+            "bytes_read", "output_sha256", "compact", "split_memory", "host_s", "rebuilds", "prefetch", "ahead_bytes",
+            "ntg", "predicted_copy_s", "copy_calls", "gather", "gather_used", "prefetch_next", "steps_ahead",
+            "overlap", "tokens_per_s_end_to_end", "replicas", "tokens_per_s_replicas", "devices", "decode_s_per_step",
+            "copy_s_per_step", "compute_s_per_step", "host_s_per_step", "predicted_copy_s_per_step",
+            "copy_calls_per_step", "label", "bytes_copied_per_step", "bytes_read_per_step"]
+OVERLAP_KEYS = ["serial_decode_s", "bound_s", "over_bound", "over_serial", "exposed_share", "floor_s", "over_floor",
+                "own_floor_s", "over_own_floor", "compute_over_serial"]
+GAIN_KEYS = ["gain", "gain_low", "gain_high", "gain_within_noise", "gain_claimed", "over_unified", "over_unified_low",
+             "over_unified_high", "config"]
+CONFIG_KEYS = ["n_ctx", "npl", "npp", "ntg", "n_layer", "type_kv", "n_head", "head_dim", "n_head_kv", "policies",
+               "unified", "device", "pad", "lengths", "repeat", "rounds", "seed", "v_trans", "compact", "reuse",
+               "overlap", "prefetch", "prefetch_next", "devices", "trace", "paged", "block_size", "adjacency"]
+DEVICE_KEYS = ["index", "name", "layers", "resident_layers", "bytes_copied", "kv_bytes_copied", "copy_s",
+               "memory_bytes", "link_gbps"]
+
+
+@pytest.mark.parametrize("extra", [["--overlap", "--compact"], ["--paged"]], ids=["overlap", "paged"])
+def test_json_keys_keep_their_names_and_order(capsys: pytest.CaptureFixture[str], extra: List[str]) -> None:
+    code, out, _ = run_cli(["bench", *TINY, "-npl", "2", "--repeat", "1", "--rounds", "1", "--json", *extra], capsys)
+    assert code == 0
+    rows = json.loads(out)
+    for r in rows:
+        assert list(r) == ROW_KEYS + (OVERLAP_KEYS if r["overlap"] else []) + GAIN_KEYS
+        assert list(r["config"]) == CONFIG_KEYS and [list(d) for d in r["devices"]] == [DEVICE_KEYS]
+    assert any(r["overlap"] for r in rows) == ("--overlap" in extra)
+    c = rows[0]["config"]
+    assert (c["npl"], c["overlap"], c["compact"], c["paged"], c["policies"], c["trace"]) == (
+        [2], "--overlap" in extra, "--compact" in extra, "--paged" in extra,
+        ["ragged"] if "--paged" in extra else ["flat", "ranges", "ragged"], False)
+
+
+def test_a_config_is_its_groups_and_reads_back_from_its_json_names() -> None:
+    cfg = tiny(npl=(2,), overlap=True, block_size=8, seed=3)
+    assert (cfg.sequences.npl, cfg.variants.overlap, cfg.paged_cache.block_size, cfg.sampling.seed) == ((2,), True, 8, 3)
+    flat = cfg.as_dict()
+    assert list(flat) == CONFIG_KEYS
+    again = bench.BenchConfig.of(**{k: v for k, v in flat.items() if k != "devices"}, devices=cfg.devices)
+    assert again == cfg
+    with pytest.raises(TypeError):
+        bench.BenchConfig.of(n_ctxx=4)

@@ -106,7 +106,7 @@ def test_balanced_orders_spread_what_runs_before_each_variant(n: int) -> None:
 def test_a_warning_when_the_standin_cannot_keep_to_its_link() -> None:
     """A link no host reaches (1e6 GB/s): every timed copy ends past its modelled end, and the run says
     so; a result within LINK_OVERRUN does not."""
-    cfg = BenchConfig(n_ctx=256, npl=(2,), npp=16, ntg=2, n_layer=1, n_head=4, head_dim=32,
+    cfg = BenchConfig.of(n_ctx=256, npl=(2,), npp=16, ntg=2, n_layer=1, n_head=4, head_dim=32,
                       policies=("flat", "ranges"), unified=False, device="cpu", repeat=2,
                       devices=DeviceConfig(link_gbps=(1e6,)))
     res = bench_workload.run_bench(cfg)

@@ -466,7 +466,7 @@ def test_prefetch_next_shows_each_verbs_own_default(capsys: pytest.CaptureFixtur
     for verb, default in (("bench", "on"), ("validate", "both")):
         flat = " ".join(verb_parsers()[verb].format_help().split())
         assert f"(on, off, both; default {default})" in flat and "validate both" not in flat
-    assert job(["bench", "--overlap"], capsys).config.prefetch_next == (True,)
+    assert job(["bench", "--overlap"], capsys).config.variants.prefetch_next == (True,)
     assert job(["validate"], capsys).configs[0].prefetch_next == (True, False)
 
 

@@ -53,19 +53,19 @@ def test_bench_paged_rows_count_calls_bytes_and_predictions() -> None:
     """Per step: per-block a call per block of each K and V window, merged (batched on the stand-in)
     one per window, the cells' ragged copy alike; the same bytes in each, all read; the same outputs;
     with no row cost, predictions apart by the calls' latency alone."""
-    cfg = BenchConfig(n_ctx=1536, npl=(3,), npp=90, ntg=3, n_layer=2, head_dim=32, n_head_kv=2, n_head=4,
+    cfg = BenchConfig.of(n_ctx=1536, npl=(3,), npp=90, ntg=3, n_layer=2, head_dim=32, n_head_kv=2, n_head=4,
                       policies=("ragged",), device="cpu", repeat=1, rounds=1, paged=True, block_size=8,
                       adjacency=0.5, devices=DeviceConfig(latency_us=(LATENCY_US,)))
     res = run_bench(cfg)
     per_block, merged, cells = (res.row(3, "ragged", gather="per_block"), res.row(3, "ragged", gather="auto"),
                                 res.row(3, "ragged"))
     assert (per_block.key.label, merged.key.label, cells.key.label) == ("paged per-block", "paged merged", "ragged")
-    windows = cfg.n_layer * 2
-    assert per_block.counts.copy_calls == windows * sum(3 * blocks_for(cfg.npp + t + 1, 8) for t in range(cfg.ntg))
-    assert merged.counts.copy_calls == cells.counts.copy_calls == windows * cfg.ntg
+    windows = cfg.kv.n_layer * 2
+    assert per_block.counts.copy_calls == windows * sum(3 * blocks_for(cfg.sequences.npp + t + 1, 8) for t in range(cfg.sequences.ntg))
+    assert merged.counts.copy_calls == cells.counts.copy_calls == windows * cfg.sequences.ntg
     assert merged.counts.gather_used == "batched" and per_block.counts.gather_used == "per_block" and cells.counts.gather_used == ""
     row = 32 * 2 * 2
-    want = windows * row * sum(3 * (cfg.npp + t + 1) for t in range(cfg.ntg))
+    want = windows * row * sum(3 * (cfg.sequences.npp + t + 1) for t in range(cfg.sequences.ntg))
     for r in (per_block, merged, cells):
         assert r.counts.bytes_copied == r.counts.bytes_read == want
     assert res.outputs_identical(3)

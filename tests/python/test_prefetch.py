@@ -171,7 +171,7 @@ def test_cpu_split_has_nothing_to_prefetch() -> None:
 
 
 SMALL = dict(n_ctx=512, npl=(2,), npp=32, ntg=3, n_layer=3, repeat=2, policies=("flat", "ranges"))
-SMALL_CFG = BenchConfig(**SMALL)  # type: ignore[arg-type]
+SMALL_CFG = BenchConfig.of(**SMALL)
 
 
 def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_outputs_and_its_bytes() -> None:
@@ -179,7 +179,7 @@ def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_outputs_and_it
     copies, per repetition, the first layer's K and V cells again at its first step (its lengths fell from
     the last step's: copied from cell 0) and each later step's new cell of every sequence (the copy ahead
     took the whole window, before that cell was written)."""
-    res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=(1,),  # type: ignore[arg-type]
+    res = run_bench(BenchConfig.of(**SMALL, overlap=True, prefetch=(1,),
                                 prefetch_next=(True, False)))
     assert len(res.rows) == 2 * 2 * 3  # policies x layouts x (serial, across, within)
     cell = 2 * SMALL_CFG.n_embd * 2  # a cell of K and one of V, f16
@@ -189,8 +189,8 @@ def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_outputs_and_it
         assert not serial.key.overlap and serial.key.prefetch == 0
         # the unified cache's window, one dense range, carries no lengths: nothing of it goes ahead
         ahead = r.key.prefetch_next and not r.key.unified
-        assert r.counts.steps_ahead == (SMALL_CFG.ntg - 1 if ahead else 0)
-        extra = (first + (SMALL_CFG.ntg - 1) * 2) * cell if ahead else 0
+        assert r.counts.steps_ahead == (SMALL_CFG.sequences.ntg - 1 if ahead else 0)
+        extra = (first + (SMALL_CFG.sequences.ntg - 1) * 2) * cell if ahead else 0
         assert (r.counts.bytes_copied, r.counts.bytes_read, r.output_sha256) == (serial.counts.bytes_copied + extra, serial.counts.bytes_read,
                                                                    serial.output_sha256)
         if r.key.overlap:
@@ -210,7 +210,7 @@ def test_bench_overlap_adds_a_prefetched_row_with_the_serial_rows_outputs_and_it
 
 
 def test_bench_overlap_runs_each_prefetch_depth_and_says_how_much_stays_exposed() -> None:
-    res = run_bench(BenchConfig(**SMALL, overlap=True, prefetch=(1, 2),  # type: ignore[arg-type]
+    res = run_bench(BenchConfig.of(**SMALL, overlap=True, prefetch=(1, 2),
                                 prefetch_next=(True, False)))
     assert len(res.rows) == 2 * 2 * 5  # policies x layouts x (serial, depth 1 and 2 across and within steps)
     assert {r.key.label for r in res.rows if r.key.prefetch == 2 and not r.key.unified} == {
@@ -244,7 +244,7 @@ def test_bench_overlap_runs_each_prefetch_depth_and_says_how_much_stays_exposed(
 
 
 def test_the_floor_is_left_out_where_layers_are_not_alike() -> None:
-    cfg = BenchConfig(**{**SMALL, "policies": ("flat",)}, overlap=True,  # type: ignore[arg-type]
+    cfg = BenchConfig.of(**{**SMALL, "policies": ("flat",)}, overlap=True,
                       devices=DeviceConfig(kv_device_layers=1))
     res = run_bench(cfg)
     over = [d for d in res.as_dicts() if d["overlap"]]
@@ -276,7 +276,7 @@ def test_bench_trace_writes_each_variants_timeline_as_a_chrome_trace(tmp_path: P
 
 
 def test_bench_without_overlap_is_as_before() -> None:
-    res = run_bench(BenchConfig(**SMALL))  # type: ignore[arg-type]
+    res = run_bench(BenchConfig.of(**SMALL))
     assert len(res.rows) == 2 * 2 and not any(r.key.overlap for r in res.rows)
     assert all(d["overlap"] is False and "bound_s" not in d for d in res.as_dicts())
     assert "overlap:" not in bench_cli.format_result(res)

@@ -12,7 +12,16 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..workloads import bench as bench_workload
-from ..workloads.bench import BenchConfig, BenchResult, BenchRow
+from ..workloads.bench import (
+    BenchConfig,
+    BenchResult,
+    BenchRow,
+    KVGeometry,
+    PagedOptions,
+    Sampling,
+    Sequences,
+    VariantOptions,
+)
 from ..workloads.common import PREFETCH_NEXT, run_name
 from ..workloads.estimate import Interval
 from ..workloads.trace import chrome_trace
@@ -71,37 +80,37 @@ def _footer(res: BenchResult) -> List[str]:
     """Per npl, whether the outputs agreed and how often the step's graph was rebuilt."""
     cfg = res.config
     runs = ("policies and both caches" if cfg.runs_unified else "policies") + (", serial and overlapped"
-                                                                               if cfg.overlap else "")
-    if cfg.paged:
+                                                                               if cfg.variants.overlap else "")
+    if cfg.paged_cache.paged:
         runs = "the paged gathers and the cells cache"
     lines = []
-    for npl in cfg.npl:
+    for npl in cfg.sequences.npl:
         policy, compact = res.variants()[0]
         r = res.row(npl, policy, False, compact)
         lines.append(f"npl {npl}: outputs {'identical' if res.outputs_identical(npl) else 'DIFFERENT'} "
-                     f"across {runs}; graph rebuilt at {r.counts.rebuilds} of {cfg.ntg - 1} later steps")
+                     f"across {runs}; graph rebuilt at {r.counts.rebuilds} of {cfg.sequences.ntg - 1} later steps")
     return lines
 
 
 def _head(res: BenchResult) -> List[str]:
     cfg = res.config
-    dc = cfg.devices
+    dc, q = cfg.devices, cfg.sequences
     where = f"split on {res.split_name}"
     if res.standin_link_gbps is not None:
         links = [dc.standin_link(d) for d in range(dc.n_devices)]
         where += ", link " + ", ".join(fmt_link(x) if x else "unmodelled" for x in links)
-    replicas = f"{cfg.repeat} replica{'s' if cfg.repeat != 1 else ''}"
+    replicas = f"{cfg.sampling.repeat} replica{'s' if cfg.sampling.repeat != 1 else ''}"
     return [f"{where}; KV cache in {res.cache_memory}; {replicas}, {res.seconds:.1f} s",
-            f"-c {cfg.n_ctx} -npp {cfg.npp} -ntg {cfg.ntg}, {cfg.n_layer} layers, K/V {cfg.type_kv}, "
-            f"{cfg.n_head} heads x {cfg.head_dim}, {cfg.n_head_kv} KV heads, pad {cfg.pad}"
-            + (", V transposed" if cfg.v_trans else "")]
+            f"-c {q.n_ctx} -npp {q.npp} -ntg {q.ntg}, {cfg.kv.n_layer} layers, K/V {cfg.kv.type_kv}, "
+            f"{cfg.kv.n_head} heads x {cfg.kv.head_dim}, {cfg.kv.n_head_kv} KV heads, pad {q.pad}"
+            + (", V transposed" if cfg.kv.v_trans else "")]
 
 
 def _tail(res: BenchResult, wide: bool = False) -> List[str]:
     lines: List[str] = list(res.config.unified_note or ())
     if not res.config.devices.default:
         lines += [""] + format_devices(res)
-    if res.config.overlap:
+    if res.config.variants.overlap:
         lines += [""] + format_overlap(res, wide)
     return lines + [""] + [w for line in _footer(res) for w in _prose(line, wide)]
 
@@ -119,24 +128,21 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
     if wide:
         return format_wide(res)
     cfg = res.config
-    if cfg.paged:
+    if cfg.paged_cache.paged:
         return format_paged(res)
     head = ["npl", "policy", "tok/s", "over flat", "over unified" if cfg.runs_unified else "", "copy/step",
             "copied/step", "read/step"]
     body = []
-    for npl in cfg.npl:
-        for policy, compact in res.variants():
-            r = res.row(npl, policy, False, compact)
-            body.append([str(npl), r.key.label, fmt_tps_digits(r.tokens_per_s),
-                         fmt_interval(res.gain_interval(r)) if policy != "flat" else "-",
-                         fmt_interval(res.unified_gain(r)) if cfg.runs_unified else "",
-                         fmt_seconds(r.per_step(r.times.copy_s)), fmt_bytes(r.per_step(r.counts.bytes_copied)),
-                         fmt_bytes(r.per_step(r.counts.bytes_read))])
-        if cfg.runs_unified:
-            u = res.row(npl, res.variants()[0][0], True)
-            body.append([str(npl), "unified", fmt_tps_digits(u.tokens_per_s), "-", "-",
-                         fmt_seconds(u.per_step(u.times.copy_s)), fmt_bytes(u.per_step(u.counts.bytes_copied)),
-                         fmt_bytes(u.per_step(u.counts.bytes_read))])
+    first = res.variants()[0]
+    for f in res.report():
+        r, k = f.row, f.row.key
+        if not f.is_serial_cells or (k.unified and (k.policy, k.compact) != first):
+            continue
+        gains = ["-", "-"] if k.unified else ["-" if k.policy == "flat" else fmt_interval(f.gain),
+                                               fmt_interval(f.over_unified) if cfg.runs_unified else ""]
+        body.append([str(k.npl), "unified" if k.unified else k.label, fmt_tps_digits(r.tokens_per_s), *gains,
+                     fmt_seconds(r.per_step(r.times.copy_s)), fmt_bytes(r.per_step(r.counts.bytes_copied)),
+                     fmt_bytes(r.per_step(r.counts.bytes_read))])
     lines = _head(res) + [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
     return "\n".join(lines + _tail(res))
 
@@ -148,7 +154,7 @@ def format_paged(res: BenchResult) -> str:
     cfg = res.config
     head = ["npl", "cache", "tok/s", "calls/step", "copy/step", "predicted", "copied/step", "read/step"]
     body = []
-    for npl in cfg.npl:
+    for npl in cfg.sequences.npl:  # the paged rows follow the cells cache's in res.rows
         for gather in (*bench_workload.PAGED_GATHERS, ""):
             r = res.row(npl, "ragged", gather=gather)
             t, n = r.times, r.counts
@@ -156,7 +162,8 @@ def format_paged(res: BenchResult) -> str:
             body.append([str(npl), name, fmt_tps_digits(r.tokens_per_s), f"{r.per_step(n.copy_calls):,.0f}",
                          fmt_seconds(r.per_step(t.copy_s)), fmt_seconds(r.per_step(t.predicted_copy_s)),
                          fmt_bytes(r.per_step(n.bytes_copied)), fmt_bytes(r.per_step(n.bytes_read))])
-    lines = _head(res) + [f"paged cache: {cfg.block_size}-cell blocks, adjacency {cfg.adjacency:g}; per step, the "
+    paged = cfg.paged_cache
+    lines = _head(res) + [f"paged cache: {paged.block_size}-cell blocks, adjacency {paged.adjacency:g}; per step, the "
                           "K and V windows' copies"]
     lines += [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
     return "\n".join(lines + _tail(res))
@@ -173,24 +180,22 @@ def format_wide(res: BenchResult) -> str:
     if cfg.runs_unified:
         head += ["unified tok/s", "copy", "copied", "over unified"]
     body = []
-    for npl in cfg.npl:
-        for policy, compact in res.variants():
-            r = res.row(npl, policy, False, compact)
-            flat = res.flat_of(r)
-            gains = "-" if flat is None or policy == "flat" else ",".join(
-                f"{(a / b - 1) * 100:+.1f}" for a, b in zip(r.replica_rates, flat.replica_rates))
-            t, n = r.times, r.counts
-            cells = [str(npl), r.key.label, fmt_tps_digits(r.tokens_per_s),
-                     "-" if policy == "flat" else fmt_interval(res.gain_interval(r), exact=True), gains,
-                     fmt_seconds(t.decode_s), fmt_seconds(t.host_s), fmt_tps_digits(r.tokens_per_s_end_to_end),
-                     fmt_seconds(t.copy_s), fmt_seconds(t.predicted_copy_s), fmt_seconds(t.compute_s),
-                     fmt_mib(n.bytes_copied), fmt_mib(n.bytes_read),
-                     f"{r.copy_bandwidth / 1e9:.2f} GB/s", fmt_mib(n.split_memory)]
-            if cfg.runs_unified:
-                u = res.row(npl, policy, True, compact)
-                cells += [fmt_tps_digits(u.tokens_per_s), fmt_seconds(u.times.copy_s), fmt_mib(u.counts.bytes_copied),
-                          fmt_interval(res.unified_gain(r), exact=True)]
-            body.append(cells)
+    for f in res.report():
+        r, k, t, n = f.row, f.row.key, f.row.times, f.row.counts
+        if not f.is_serial_cells or k.unified:
+            continue
+        cells = [str(k.npl), k.label, fmt_tps_digits(r.tokens_per_s),
+                 "-" if k.policy == "flat" else fmt_interval(f.gain, exact=True),
+                 ",".join(f"{g * 100:+.1f}" for g in f.replica_gains) or "-",
+                 fmt_seconds(t.decode_s), fmt_seconds(t.host_s), fmt_tps_digits(r.tokens_per_s_end_to_end),
+                 fmt_seconds(t.copy_s), fmt_seconds(t.predicted_copy_s), fmt_seconds(t.compute_s),
+                 fmt_mib(n.bytes_copied), fmt_mib(n.bytes_read), f"{r.copy_bandwidth / 1e9:.2f} GB/s",
+                 fmt_mib(n.split_memory)]
+        if f.unified is not None:
+            u = f.unified
+            cells += [fmt_tps_digits(u.tokens_per_s), fmt_seconds(u.times.copy_s), fmt_mib(u.counts.bytes_copied),
+                      fmt_interval(f.over_unified, exact=True)]
+        body.append(cells)
     lines = _head(res) + ["times over a repetition (ntg steps): floors, the median over replicas"]
     return "\n".join(lines + format_table([head, *body], left=(1, 4)) + _tail(res, wide=True))
 
@@ -201,12 +206,12 @@ def format_devices(res: BenchResult) -> List[str]:
     repetition (of them, KV windows'), their copy time, and the memory it held."""
     cfg = res.config
     dc = cfg.devices
-    lines = [f"devices: {dc.n_devices}; KV placement {dc.describe(cfg.n_layer)} "
-             f"({', '.join('h' if p is None else str(p) for p in dc.places(cfg.n_layer))}: per layer, h host memory "
+    lines = [f"devices: {dc.n_devices}; KV placement {dc.describe(cfg.kv.n_layer)} "
+             f"({', '.join('h' if p is None else str(p) for p in dc.places(cfg.kv.n_layer))}: per layer, h host memory "
              "or the device holding it)",
              "per device: layers run and resident, bytes its splits received over a repetition's steps (of them KV "
              "windows), their copy time, memory held (the scheduler's buffer at its most plus resident KV)"]
-    if cfg.unified and not cfg.runs_unified and not cfg.paged:
+    if cfg.variants.unified and not cfg.runs_unified and not cfg.paged_cache.paged:
         lines.append("unified cache: not run (one device with every layer on the host only)")
     head = ["npl", "policy", "device", "runs", "holds KV of", "copied", "KV copied", "copy", "memory", "link"]
     body = []
@@ -229,10 +234,10 @@ def format_overlap(res: BenchResult, wide: bool = False) -> List[str]:
     copy and compute times, the overlapped run over the serial run, and what prefetching held on the split
     ahead of the layer computing, each row named by its run's label."""
     cfg = res.config
-    depths = ", ".join(map(str, cfg.prefetch))
+    depths = ", ".join(map(str, cfg.variants.prefetch))
     scopes: Dict[Tuple[bool, ...], str] = {(True,): "across steps (each step's first layer copied under the step "
                                                     "before)", (False,): "within each step (-within)"}
-    scope = scopes.get(tuple(cfg.prefetch_next), "across steps, and within each step (-within)")
+    scope = scopes.get(tuple(cfg.variants.prefetch_next), "across steps, and within each step (-within)")
     prose = [f"overlap: each variant also ran prefetching {depths} layer(s) ahead on the split's copy queue, {scope}, "
              "taking turns with the serial run;",
              "bound = max(copy, compute) of the serial run; floor = the bound plus what no layer hides (the first "
@@ -248,28 +253,24 @@ def format_overlap(res: BenchResult, wide: bool = False) -> List[str]:
         head = ["npl", "cache", "policy", "prefetch", "serial", "overlapped", "/ bound", "/ floor", "exposed",
                 "compute x"]
     body = []
-    for npl in cfg.npl:
-        for unified in cfg.layouts:
-            for policy, compact in res.variants():
-                s = res.row(npl, policy, unified, compact)
-                for depth, nxt in cfg.prefetch_runs[1:]:
-                    o = res.row(npl, policy, unified, compact, depth, within=not nxt)
-                    st, ot = s.times, o.times
-                    bound, floor = res.bound(o), res.floor(o)
-                    over_bound = f"{ot.decode_s / bound:.2f}x" if bound > 0 else "-"
-                    over_floor = f"{ot.decode_s / floor:.2f}x" if floor else "-"
-                    compute_x = f"{ot.compute_s / st.compute_s:.2f}x" if st.compute_s > 0 else "-"
-                    cache = "unified" if unified else "split"
-                    if wide:
-                        body.append([str(npl), cache, o.key.label, fmt_seconds(st.decode_s), fmt_seconds(st.copy_s),
-                                     fmt_seconds(st.compute_s), fmt_seconds(ot.decode_s), over_bound, over_floor,
-                                     f"{ot.decode_s / st.decode_s:.2f}x", f"{res.exposed(o):.0%}", compute_x,
-                                     fmt_mib(o.counts.ahead_bytes)])
-                    else:
-                        prefetch = f"{depth} {'across' if nxt else 'within'}"
-                        body.append([str(npl), cache, run_name(policy, compact), prefetch, fmt_seconds(st.decode_s),
-                                     fmt_seconds(ot.decode_s), over_bound, over_floor, f"{res.exposed(o):.0%}",
-                                     compute_x])
+    for f in res.report():
+        if f.overlap is None:
+            continue
+        o, k, s, figures = f.row.times, f.row.key, f.overlap.serial, f.overlap
+        bound, floor = figures.bound_s, figures.floor_s
+        over_bound = f"{o.decode_s / bound:.2f}x" if bound > 0 else "-"
+        over_floor = f"{o.decode_s / floor:.2f}x" if floor else "-"
+        compute_x = f"{o.compute_s / s.compute_s:.2f}x" if s.compute_s > 0 else "-"
+        cache = "unified" if k.unified else "split"
+        if wide:
+            body.append([str(k.npl), cache, k.label, fmt_seconds(s.decode_s), fmt_seconds(s.copy_s),
+                         fmt_seconds(s.compute_s), fmt_seconds(o.decode_s), over_bound, over_floor,
+                         f"{o.decode_s / s.decode_s:.2f}x", f"{figures.exposed_share:.0%}", compute_x,
+                         fmt_mib(f.row.counts.ahead_bytes)])
+        else:
+            prefetch = f"{k.prefetch} {'across' if k.prefetch_next else 'within'}"
+            body.append([str(k.npl), cache, run_name(k.policy, k.compact), prefetch, fmt_seconds(s.decode_s),
+                         fmt_seconds(o.decode_s), over_bound, over_floor, f"{figures.exposed_share:.0%}", compute_x])
     return lines + format_table([head, *body], left=(1, 2, 3) if not wide else (1, 2))
 
 
@@ -307,16 +308,17 @@ def plot_result(res: BenchResult, path: str) -> None:
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for i, (policy, compact, unified) in enumerate(series):
-        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(cfg.npl))]
-        ys = [res.row(npl, policy, unified, compact).tokens_per_s for npl in cfg.npl]
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(cfg.sequences.npl))]
+        ys = [res.row(npl, policy, unified, compact).tokens_per_s for npl in cfg.sequences.npl]
         name = run_name(policy, compact) + (" (unified)" if unified else "")
         ax.bar(xs, ys, width, label=name, hatch="//" if unified else None)
-    ax.set_xticks(range(len(cfg.npl)))
-    ax.set_xticklabels([str(n) for n in cfg.npl])
+    ax.set_xticks(range(len(cfg.sequences.npl)))
+    ax.set_xticklabels([str(n) for n in cfg.sequences.npl])
     ax.set_xlabel("sequences (npl)")
     ax.set_ylabel("generated tokens / s")
-    ax.set_title(f"ferry bench on {res.split_name}: -c {cfg.n_ctx} -npp {cfg.npp} -ntg {cfg.ntg}, "
-                 f"{cfg.n_layer} layers, {cfg.type_kv}", fontsize=9)
+    q = cfg.sequences
+    ax.set_title(f"ferry bench on {res.split_name}: -c {q.n_ctx} -npp {q.npp} -ntg {q.ntg}, "
+                 f"{cfg.kv.n_layer} layers, {cfg.kv.type_kv}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png")
@@ -344,17 +346,19 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The BenchConfig the parsed options args describe (not yet checked)."""
-    return BenchConfig(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, n_layer=args.layers,
-                       type_kv=args.type, n_head=args.heads, head_dim=args.head_dim, n_head_kv=args.kv_heads,
-                       policies=tuple(args.policy) if "policy" in getattr(args, "given", ()) or not args.paged
-                       else ("ragged",), unified=args.unified, device=args.device, pad=args.pad,
-                       lengths=args.lengths,
-                       repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
-                       v_trans=args.v_trans, compact=args.compact, reuse=args.reuse,
-                       overlap=args.overlap, prefetch=tuple(args.prefetch),
-                       prefetch_next=PREFETCH_NEXT[args.prefetch_next], devices=devices_from_args(args),
-                       trace=args.trace is not None, paged=args.paged, block_size=args.block_size,
-                       adjacency=args.adjacency)
+    policies = tuple(args.policy) if "policy" in getattr(args, "given", ()) or not args.paged else ("ragged",)
+    return BenchConfig(
+        sequences=Sequences(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, pad=args.pad,
+                            lengths=args.lengths),
+        kv=KVGeometry(n_layer=args.layers, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
+                      n_head_kv=args.kv_heads, v_trans=args.v_trans),
+        variants=VariantOptions(policies=policies, unified=args.unified, compact=args.compact, reuse=args.reuse,
+                                overlap=args.overlap, prefetch=tuple(args.prefetch),
+                                prefetch_next=PREFETCH_NEXT[args.prefetch_next]),
+        sampling=Sampling(repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
+                          trace=args.trace is not None),
+        paged_cache=PagedOptions(paged=args.paged, block_size=args.block_size, adjacency=args.adjacency),
+        device=args.device, devices=devices_from_args(args))
 
 
 @dataclass(frozen=True)

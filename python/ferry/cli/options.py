@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 from ..errors import InvalidArgumentError, OutOfBoundsError
@@ -29,8 +30,8 @@ MAX_COUNT = 2**31 - 1
 #: The types a dry run lays a cache out in: every ferry type.
 ANY_TYPE = tuple(t.name.lower() for t in Type)
 
-#: The defaults every verb shares.
-DEFAULTS = BenchConfig()
+#: The defaults every verb shares, by the option names --json's "config" gives them (BenchConfig.as_dict).
+DEFAULTS = SimpleNamespace(**BenchConfig().as_dict())
 
 
 class Given(argparse.Action):

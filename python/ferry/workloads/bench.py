@@ -69,8 +69,8 @@ import hashlib
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -129,99 +129,251 @@ LINK_OVERRUN = 0.10
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    """What `ferry bench` runs: its options, with the defaults of a run that takes seconds on a CPU."""
+class Sequences:
+    """The sequences a run decodes and the window it reads: `ferry bench`'s "the window" options.
+
+    Attributes
+    ----------
+    n_ctx : int
+        Cells in all streams together (-c).
+    npl : tuple of int
+        Numbers of sequences, each a run.
+    npp, ntg : int
+        Prompt cells per sequence, and tokens generated (one decode step each).
+    pad : int
+        n_kv is rounded up to this (llama.cpp's 256): steps of one padded n_kv reuse one graph; ragged
+        copies no padded cell.
+    lengths : Lengths
+        Each sequence's prompt: -npp cells, seeded uniform draws, or given.
+    """
 
     n_ctx: int = 4096
     npl: Tuple[int, ...] = (2, 4)
     npp: int = 256
     ntg: int = 8
+    pad: int = 256
+    lengths: Lengths = "equal"
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """The KV cache's geometry: `ferry bench`'s "the KV geometry" options.
+
+    Attributes
+    ----------
+    n_layer : int
+        Layers.
+    type_kv : str
+        K and V's type (f32, f16, q8_0).
+    n_head, head_dim, n_head_kv : int
+        Query heads, values per head, and K/V heads.
+    v_trans : bool
+        V stored transposed (flash attention off): a gap after every channel row.
+    """
+
     n_layer: int = 2
     type_kv: str = "f16"
     n_head: int = 8
     head_dim: int = 64
     n_head_kv: int = 2
-    policies: Tuple[str, ...] = ("flat", "ranges", "ragged")  # plan: as ranges for these windows
+    v_trans: bool = False
+
+
+@dataclass(frozen=True)
+class VariantOptions:
+    """Which variants run.
+
+    Attributes
+    ----------
+    policies : tuple of str
+        Copy policies (plan: as ranges for these windows).
+    unified : bool
+        Also the unified cache (where it can run: BenchConfig.runs_unified).
+    compact : bool
+        Also each non-flat policy with compact staging.
+    reuse : bool
+        A step whose padded n_kv is the last step's runs the last graph (StepGraph).
+    overlap : bool
+        Also each variant prefetching its inputs on the copy queue.
+    prefetch : tuple of int
+        Parts (layers) ahead an overlapped run queues: a run per depth.
+    prefetch_next : tuple of bool
+        Per depth, a run across steps (True) and/or within each (False).
+    """
+
+    policies: Tuple[str, ...] = ("flat", "ranges", "ragged")
     unified: bool = True
-    device: str = "auto"
-    pad: int = 256  # llama.cpp's: steps of one padded n_kv reuse one graph; ragged copies no padded cell
-    lengths: Lengths = "equal"  # each sequence's prompt: -npp cells, seeded uniform draws, or given
-    repeat: int = REPLICAS  # replicas of each npl
-    rounds: int = ROUNDS  # timed repetitions of each variant in each replica
+    compact: bool = False
+    reuse: bool = True
+    overlap: bool = False
+    prefetch: Tuple[int, ...] = (1,)
+    prefetch_next: Tuple[bool, ...] = (True,)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the variants are measured.
+
+    Attributes
+    ----------
+    repeat : int
+        Replicas of each npl.
+    rounds : int
+        Timed repetitions of each variant in each replica.
+    seed : int
+        Seeds the cells, the queries and drawn lengths.
+    trace : bool
+        Keep each variant's timeline of its last timed repetition (BenchResult.traces).
+    """
+
+    repeat: int = REPLICAS
+    rounds: int = ROUNDS
     seed: int = 0
-    v_trans: bool = False  # V stored transposed (flash attention off): a gap after every channel row
-    compact: bool = False  # also run each non-flat policy with compact staging
-    reuse: bool = True  # a step whose padded n_kv is the last step's runs the last graph (StepGraph)
-    overlap: bool = False  # also run each variant prefetching its inputs on the copy queue
-    prefetch: Tuple[int, ...] = (1,)  # parts (layers) ahead an overlapped run queues: a run per depth
-    prefetch_next: Tuple[bool, ...] = (True,)  # per depth, a run across steps (True) and/or within each (False)
-    devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
-    trace: bool = False  # keep each variant's timeline of its last timed repetition (BenchResult.traces)
-    paged: bool = False  # the cells cache's ragged run beside a paged cache's per-block and merged gathers
-    block_size: int = BLOCK_SIZE  # cells per block of the paged cache
-    adjacency: float = ADJACENCY  # share of a sequence's blocks right after their predecessor in the pool
+    trace: bool = False
+
+
+@dataclass(frozen=True)
+class PagedOptions:
+    """--paged: the cells cache's ragged run beside a paged cache's per-block and merged gathers.
+
+    Attributes
+    ----------
+    paged : bool
+        Whether the paged cache runs.
+    block_size : int
+        Cells per block.
+    adjacency : float
+        Share of a sequence's blocks right after their predecessor in the pool.
+    """
+
+    paged: bool = False
+    block_size: int = BLOCK_SIZE
+    adjacency: float = ADJACENCY
+
+
+#: `ferry bench --json`'s keys of "config", in the order it writes them (BenchConfig.as_dict).
+CONFIG_JSON_KEYS: Tuple[str, ...] = (
+    "n_ctx", "npl", "npp", "ntg", "n_layer", "type_kv", "n_head", "head_dim", "n_head_kv", "policies", "unified",
+    "device", "pad", "lengths", "repeat", "rounds", "seed", "v_trans", "compact", "reuse", "overlap", "prefetch",
+    "prefetch_next", "devices", "trace", "paged", "block_size", "adjacency")
+
+#: BenchConfig's groups, by field name.
+_GROUPS = {"sequences": Sequences, "kv": KVGeometry, "variants": VariantOptions, "sampling": Sampling,
+           "paged_cache": PagedOptions}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What `ferry bench` runs, by concern: its options, with the defaults of a run that takes seconds on a CPU.
+
+    Attributes
+    ----------
+    sequences : Sequences
+        The sequences and the window.
+    kv : KVGeometry
+        The cache's geometry.
+    variants : VariantOptions
+        Which variants run.
+    sampling : Sampling
+        Replicas, rounds, the seed and the trace.
+    paged_cache : PagedOptions
+        The paged cache (--paged).
+    device : str
+        The split's device: auto, cpu or cuda.
+    devices : DeviceConfig
+        The devices, and where each layer's KV lives.
+    """
+
+    sequences: Sequences = field(default_factory=Sequences)
+    kv: KVGeometry = field(default_factory=KVGeometry)
+    variants: VariantOptions = field(default_factory=VariantOptions)
+    sampling: Sampling = field(default_factory=Sampling)
+    paged_cache: PagedOptions = field(default_factory=PagedOptions)
+    device: str = "auto"
+    devices: DeviceConfig = field(default_factory=DeviceConfig)
+
+    @classmethod
+    def of(cls, **options: Any) -> "BenchConfig":
+        """A configuration from options by the names --json's "config" gives them (CONFIG_JSON_KEYS), each
+        put in its group; the others default.
+
+        Raises
+        ------
+        TypeError
+            For a name no group has.
+        """
+        groups = {name: group(**{f.name: options.pop(f.name) for f in fields(group) if f.name in options})
+                  for name, group in _GROUPS.items()}
+        return cls(**groups, **options)
+
+    def as_dict(self) -> Dict[str, object]:
+        """The options by name, the groups flattened, as --json writes "config" (CONFIG_JSON_KEYS)."""
+        flat: Dict[str, object] = {k: v for name in _GROUPS for k, v in asdict(getattr(self, name)).items()}
+        return in_order({**flat, "device": self.device, "devices": asdict(self.devices)}, CONFIG_JSON_KEYS)
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
-        check_positive((("-c", self.n_ctx), ("-npp", self.npp), ("-ntg", self.ntg), ("--layers", self.n_layer),
-                        ("--heads", self.n_head), ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv),
-                        ("--pad", self.pad), *(("--prefetch", d) for d in self.prefetch), ("--repeat", self.repeat),
-                        ("--rounds", self.rounds)))
-        check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
-        check_prefetch_next(self.prefetch_next)
-        self.devices.check(self.n_layer, self.device)
-        if self.v_trans and self.type_kv == "q8_0":
+        q, kv = self.sequences, self.kv
+        check_positive((("-c", q.n_ctx), ("-npp", q.npp), ("-ntg", q.ntg), ("--layers", kv.n_layer),
+                        ("--heads", kv.n_head), ("--head-dim", kv.head_dim), ("--kv-heads", kv.n_head_kv),
+                        ("--pad", q.pad), *(("--prefetch", d) for d in self.variants.prefetch),
+                        ("--repeat", self.sampling.repeat), ("--rounds", self.sampling.rounds)))
+        check_run_options(kv.type_kv, kv.head_dim, kv.n_head, kv.n_head_kv, self.variants.policies, self.device)
+        check_prefetch_next(self.variants.prefetch_next)
+        self.devices.check(self.kv.n_layer, self.device)
+        if self.kv.v_trans and self.kv.type_kv == "q8_0":
             raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
-        if self.paged:
+        if self.paged_cache.paged:
             self._check_paged()
-        if not self.npl:
+        if not q.npl:
             raise InvalidArgumentError("-npl: give at least one number of sequences")
-        for npl in self.npl:
+        for npl in q.npl:
             if isinstance(npl, bool) or not isinstance(npl, int) or npl <= 0:
                 raise InvalidArgumentError(f"-npl {npl!r} is not a positive integer")
-            check_streams(self.n_ctx, npl)
+            check_streams(q.n_ctx, npl)
             self.prompts(npl)
-            if self.npp + self.ntg > self.n_ctx // npl:
-                raise InvalidArgumentError(f"-npl {npl}: a stream holds {self.n_ctx // npl} cells, fewer than "
-                                           f"-npp + -ntg = {self.npp + self.ntg}")
+            if q.npp + q.ntg > q.n_ctx // npl:
+                raise InvalidArgumentError(f"-npl {npl}: a stream holds {q.n_ctx // npl} cells, fewer than "
+                                           f"-npp + -ntg = {q.npp + q.ntg}")
 
     def _check_paged(self) -> None:
         """Raise InvalidArgumentError for options a --paged run cannot take."""
-        check_paged(self.block_size, self.adjacency)
-        if tuple(self.policies) != ("ragged",):
+        check_paged(self.paged_cache.block_size, self.paged_cache.adjacency)
+        if tuple(self.variants.policies) != ("ragged",):
             raise InvalidArgumentError(f"--paged compares the paged gathers with the cells cache's ragged copy (the "
-                                       f"same bytes, contiguous), not --policy {','.join(self.policies)}: give "
-                                       "--policy ragged or leave out --policy")
+                                       f"same bytes, contiguous), not --policy {','.join(self.variants.policies)}: "
+                                       "give --policy ragged or leave out --policy")
         d = self.devices
         if d.n_devices != 1 or d.placed or d.layer_devices is not None:
             raise InvalidArgumentError("--paged runs on one device with every layer's KV in host memory: leave out "
                                        "--devices, --kv-device-layers, --placement and --layer-devices")
-        if self.compact or self.overlap:
+        if self.variants.compact or self.variants.overlap:
             raise InvalidArgumentError("--paged runs serial, without compact staging (its windows land dense "
                                        "anyway): leave out --compact and --overlap")
 
     def paged_blocks(self, npl: int) -> int:
         """The paged cache's pool at npl sequences, in blocks: twice the blocks the sequences use, at
         least the largest window's cells."""
-        used = npl * blocks_for(self.cells, self.block_size)
-        return max(2 * used, blocks_for(max(self.n_kv(npl, t) for t in range(self.ntg)), self.block_size))
+        block = self.paged_cache.block_size
+        used = npl * blocks_for(self.cells, block)
+        return max(2 * used, blocks_for(max(self.n_kv(npl, t) for t in range(self.sequences.ntg)), block))
 
     @property
     def n_embd(self) -> int:
         """Values per cell of K (or V): head_dim * n_head_kv."""
-        return self.head_dim * self.n_head_kv
+        return self.kv.head_dim * self.kv.n_head_kv
 
     @property
     def runs_unified(self) -> bool:
         """Whether the unified layout runs: asked for, on one device with every layer's KV on the host,
         without --paged."""
-        return self.unified and self.devices.default and not self.paged
+        return self.variants.unified and self.devices.default and not self.paged_cache.paged
 
     @property
     def unified_note(self) -> Optional[Tuple[str, str]]:
         """What the unified row copies, in two lines to print beside it, when the sequences' lengths
         differ at some npl (it then copies more cells than they hold); None otherwise."""
-        if not self.runs_unified or all(len(set(self.prompts(npl))) == 1 for npl in self.npl):
+        if not self.runs_unified or all(len(set(self.prompts(npl))) == 1 for npl in self.sequences.npl):
             return None
         return (f"unified: the same sequences in one stream, each in a slot of {self.cells} cells (-npp + -ntg) "
                 "copied whole;",
@@ -235,29 +387,30 @@ class BenchConfig:
     @property
     def cells(self) -> int:
         """L: cells each sequence reaches (npp + ntg)."""
-        return self.npp + self.ntg
+        return self.sequences.npp + self.sequences.ntg
 
     def prompts(self, npl: int) -> List[int]:
         """Each of npl sequences' prompt length (common.prompt_lengths of lengths, seeded by seed)."""
-        return prompt_lengths(self.lengths, npl, self.npp, self.seed)
+        return prompt_lengths(self.sequences.lengths, npl, self.sequences.npp, self.sampling.seed)
 
     def n_kv(self, npl: int, step: int) -> int:
         """The split cache's window at step (0..ntg-1) with npl sequences: the longest one's length
         rounded up to pad, at most kv_size."""
-        return n_kv_for(max(self.prompts(npl)), step + 1, self.pad, self.n_ctx // npl)
+        return n_kv_for(max(self.prompts(npl)), step + 1, self.sequences.pad, self.sequences.n_ctx // npl)
 
     @property
     def prefetch_runs(self) -> Tuple[Tuple[int, bool], ...]:
         """The (Scheduler.prefetch, Scheduler.prefetch_next) of each variant's runs: serial, and with
         overlap each depth in each scope."""
-        return prefetch_runs(self.overlap, self.prefetch, self.prefetch_next)
+        return prefetch_runs(self.variants.overlap, self.variants.prefetch, self.variants.prefetch_next)
 
     @property
     def n_steps(self) -> int:
         """Decode steps of the whole run (the progress bar's length)."""
         runs = len(variants(self)) * len(self.layouts) * len(self.prefetch_runs) + (
-            len(PAGED_GATHERS) if self.paged else 0)
-        return len(self.npl) * self.repeat * (WARMUP + self.rounds) * runs * self.ntg
+            len(PAGED_GATHERS) if self.paged_cache.paged else 0)
+        q, m = self.sequences, self.sampling
+        return len(q.npl) * m.repeat * (WARMUP + m.rounds) * runs * q.ntg
 
 
 @dataclass(frozen=True)
@@ -489,6 +642,87 @@ def in_order(d: Dict[str, object], keys: Sequence[str]) -> Dict[str, object]:
     return {**{k: d[k] for k in keys if k in d}, **d}
 
 
+@dataclass(frozen=True)
+class OverlapFigures:
+    """An overlapped row beside its variant's serial run (BenchResult's bound, floor and exposed).
+
+    Attributes
+    ----------
+    serial : RunTimes
+        The serial run's times.
+    bound_s : float
+        max(copy, compute) of the serial run: a repetition's decode time when one hides the other.
+    floor_s, own_floor_s : float or None
+        The least decode time prefetching can reach, from the serial run's copy and compute, and from the
+        overlapped run's own (None where the layers are not alike).
+    exposed_share : float
+        Of what prefetching could hide, the share its decode still pays.
+    """
+
+    serial: RunTimes
+    bound_s: float
+    floor_s: Optional[float]
+    own_floor_s: Optional[float]
+    exposed_share: float
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """A row with what the report says of it, finished for the command line to print: its gains and
+    intervals, its variant's unified row, and an overlapped row's figures beside its serial run.
+
+    Attributes
+    ----------
+    row : BenchRow
+        The run.
+    gain : Interval or None
+        Its gain over flat (same npl and layout, serial or overlapped alike); None without a flat run.
+    replica_gains : tuple of float
+        Each replica's gain over flat's replica of the same rank; () for flat or without a flat run.
+    over_unified : Interval or None
+        A split-cache row's gain over the unified cache under the same variant; None for a unified row or
+        when the unified cache did not run.
+    unified : BenchRow or None
+        The same variant's row on the unified cache, beside a split-cache row; None otherwise.
+    overlap : OverlapFigures or None
+        An overlapped row's figures; None for a serial row.
+    """
+
+    row: BenchRow
+    gain: Optional[Interval] = None
+    replica_gains: Tuple[float, ...] = ()
+    over_unified: Optional[Interval] = None
+    unified: Optional[BenchRow] = None
+    overlap: Optional[OverlapFigures] = None
+
+    @property
+    def is_serial_cells(self) -> bool:
+        """Whether the row is a serial run of the cells cache (the main table's rows)."""
+        return not self.row.key.overlap and not self.row.key.gather
+
+    def as_dict(self) -> Dict[str, object]:
+        """The row as `ferry bench --json` writes it (without "config"): BenchRow.as_dict, an overlapped row's
+        figures, then its gains (see BenchResult.as_dicts)."""
+        r, g, u, o = self.row, self.gain, self.over_unified, self.overlap
+        d = r.as_dict()
+        decode = r.times.decode_s
+        if o is not None:
+            s = o.serial
+            d.update(serial_decode_s=s.decode_s, bound_s=o.bound_s, over_bound=decode / o.bound_s,
+                     over_serial=decode / s.decode_s, exposed_share=o.exposed_share, floor_s=o.floor_s,
+                     over_floor=None if o.floor_s is None else decode / o.floor_s, own_floor_s=o.own_floor_s,
+                     over_own_floor=None if not o.own_floor_s else decode / o.own_floor_s,
+                     compute_over_serial=r.times.compute_s / s.compute_s if s.compute_s > 0 else None)
+        k = r.key
+        d.update(gain=None if g is None else g.estimate, gain_low=None if g is None else g.low,
+                 gain_high=None if g is None else g.high,
+                 gain_within_noise=None if g is None or k.policy == "flat" else g.within_noise,
+                 gain_claimed=not k.unified and k.policy != "flat" and g is not None,
+                 over_unified=None if u is None else u.estimate, over_unified_low=None if u is None else u.low,
+                 over_unified_high=None if u is None else u.high)
+        return d
+
+
 @dataclass
 class BenchResult:
     """Every run of a configuration, and which backends ran it."""
@@ -501,8 +735,8 @@ class BenchResult:
     standin_link_gbps: Optional[float] = None  # the stand-in split's modelled link (None: unmodelled, or CUDA)
     link_overrun: float = 0.0  # over the timed rounds, the most a stand-in's copies ran past its link, a share
     seconds: float = 0.0  # the run's wall time
-    traces: Dict[str, List[TracedStep]] = field(default_factory=dict)  # with cfg.trace: per variant's label, the
-    # steps of its last timed repetition in the first replica
+    traces: Dict[str, List[TracedStep]] = field(default_factory=dict)  # with cfg.sampling.trace: per variant's label,
+    # the steps of its last timed repetition in the first replica
 
     def row(self, npl: int, policy: str, unified: bool = False, compact: bool = False, prefetch: int = 0,
             gather: str = "", within: bool = False) -> BenchRow:
@@ -538,10 +772,10 @@ class BenchResult:
         cfg = self.config
         if cfg.devices.n_devices != 1 or cfg.devices.placed:
             return None
-        s, n, k = (r if own else self.serial_of(r)).times, cfg.n_layer, r.counts.steps_ahead
+        s, n, k = (r if own else self.serial_of(r)).times, cfg.kv.n_layer, r.counts.steps_ahead
         bound = max(s.copy_s, s.compute_s)
         within = (s.copy_s + (n - 1) * bound + s.compute_s) / n
-        return ((cfg.ntg - k) * within + k * bound) / cfg.ntg
+        return ((cfg.sequences.ntg - k) * within + k * bound) / cfg.sequences.ntg
 
     def exposed(self, r: BenchRow) -> float:
         """An overlapped row's exposed share: of what prefetching could hide (min(copy, compute) of the serial
@@ -557,7 +791,7 @@ class BenchResult:
 
     def flat_of(self, r: BenchRow) -> Optional[BenchRow]:
         """flat's row of the same npl and layout (overlapped for an overlapped row); None without flat."""
-        if "flat" not in self.config.policies:
+        if "flat" not in self.config.variants.policies:
             return None
         k = r.key
         return self.row(k.npl, "flat", k.unified, prefetch=k.prefetch, within=not k.prefetch_next)
@@ -590,38 +824,37 @@ class BenchResult:
                 "keep to the link (copies slower than it, or a busy machine), so copy times partly follow the host; "
                 "a lower --link-gbps leaves it room"]
 
-    def as_dicts(self) -> List[Dict[str, object]]:
-        """The rows as `ferry bench --json` writes them: each row's as_dict; its gain over flat and its
-        interval ("gain", "gain_low", "gain_high", "gain_within_noise"; "gain_claimed": False for flat and
-        the unified cache); a split row's gain over the unified cache ("over_unified", "over_unified_low",
-        "over_unified_high"); an overlapped row's serial decode time and bound ("serial_decode_s",
-        "bound_s"), its decode time over each ("over_bound", "over_serial"), its exposed share
-        ("exposed_share", see exposed), the pipeline's floor ("floor_s", "over_floor"; None where
-        floor has none), the same from its own copy and compute ("own_floor_s", "over_own_floor"), and
-        its compute over the serial run's ("compute_over_serial": what running beside the copies cost
-        the compute); "config": the whole configuration."""
-        config = asdict(self.config)
+    def report(self) -> List[ReportRow]:
+        """Every row, in the rows' order, finished with what the report says of it (ReportRow)."""
         out = []
         for r in self.rows:
-            d = r.as_dict()
-            k, decode = r.key, r.times.decode_s
+            k = r.key
+            flat = self.flat_of(r)
+            gains = () if flat is None or k.policy == "flat" else tuple(
+                a / b - 1 for a, b in zip(r.replica_rates, flat.replica_rates))
+            unified = None
+            if not k.unified and not k.gather and self.config.runs_unified:
+                unified = self.row(k.npl, k.policy, True, k.compact, k.prefetch, within=not k.prefetch_next)
+            overlap = None
             if k.overlap:
-                serial, bound = self.serial_of(r).times, self.bound(r)
-                floor, own = self.floor(r), self.floor(r, own=True)
-                d.update(serial_decode_s=serial.decode_s, bound_s=bound, over_bound=decode / bound,
-                         over_serial=decode / serial.decode_s, exposed_share=self.exposed(r), floor_s=floor,
-                         over_floor=None if floor is None else decode / floor, own_floor_s=own,
-                         over_own_floor=None if not own else decode / own,
-                         compute_over_serial=r.times.compute_s / serial.compute_s if serial.compute_s > 0 else None)
-            g, u = self.gain_interval(r), self.unified_gain(r)
-            d.update(gain=None if g is None else g.estimate, gain_low=None if g is None else g.low,
-                     gain_high=None if g is None else g.high,
-                     gain_within_noise=None if g is None or k.policy == "flat" else g.within_noise,
-                     gain_claimed=not k.unified and k.policy != "flat" and g is not None,
-                     over_unified=None if u is None else u.estimate, over_unified_low=None if u is None else u.low,
-                     over_unified_high=None if u is None else u.high, config=config)
-            out.append(d)
+                overlap = OverlapFigures(serial=self.serial_of(r).times, bound_s=self.bound(r), floor_s=self.floor(r),
+                                         own_floor_s=self.floor(r, own=True), exposed_share=self.exposed(r))
+            out.append(ReportRow(row=r, gain=self.gain_interval(r), replica_gains=gains,
+                                 over_unified=self.unified_gain(r), unified=unified, overlap=overlap))
         return out
+
+    def as_dicts(self) -> List[Dict[str, object]]:
+        """The rows as `ferry bench --json` writes them: each ReportRow's as_dict: the row's (BenchRow.as_dict);
+        an overlapped row's serial decode time and bound ("serial_decode_s", "bound_s"), its decode time over
+        each ("over_bound", "over_serial"), its exposed share ("exposed_share", see exposed), the pipeline's
+        floor ("floor_s", "over_floor"; None where floor has none), the same from its own copy and compute
+        ("own_floor_s", "over_own_floor"), and its compute over the serial run's ("compute_over_serial": what
+        running beside the copies cost the compute); its gain over flat and its interval ("gain", "gain_low",
+        "gain_high", "gain_within_noise"; "gain_claimed": False for flat and the unified cache); a split row's
+        gain over the unified cache ("over_unified", "over_unified_low", "over_unified_high"); "config": the
+        whole configuration (BenchConfig.as_dict)."""
+        config = self.config.as_dict()
+        return [{**f.as_dict(), "config": config} for f in self.report()]
 
     def outputs_identical(self, npl: int) -> bool:
         """Whether every run of npl (each policy, both layouts, serial and overlapped) gave the same
@@ -631,7 +864,7 @@ class BenchResult:
 
 def variants(cfg: BenchConfig) -> List[Tuple[str, bool]]:
     """The (policy, compact) runs of a configuration (see common.variants)."""
-    return workload_variants(cfg.policies, cfg.compact)
+    return workload_variants(cfg.variants.policies, cfg.variants.compact)
 
 
 class _Cache:
@@ -646,20 +879,20 @@ class _Cache:
                  pinned: bool) -> None:
         self.cfg, self.devices, self.npl, self.unified = cfg, devices, npl, unified
         self.split = devices[0]
-        self.runs_on = cfg.devices.runs_on(cfg.n_layer)
-        self.places = cfg.devices.places(cfg.n_layer)
+        self.runs_on = cfg.devices.runs_on(cfg.kv.n_layer)
+        self.places = cfg.devices.places(cfg.kv.n_layer)
         self.layer_backends = [devices[d] for d in self.runs_on]
-        ty = to_type(cfg.type_kv)
+        ty = to_type(cfg.kv.type_kv)
         self._fill(ty, pinned)
-        rng = np.random.default_rng([cfg.seed, 1 << 20])
+        rng = np.random.default_rng([cfg.sampling.seed, 1 << 20])
         self.q = [Tensor.from_numpy(self.layer_backends[layer],
-                                    rng.uniform(-1, 1, (npl, 1, cfg.n_head, cfg.head_dim)).astype(np.float32),
-                                    name=f"q{layer}") for layer in range(cfg.n_layer)]
+                                    rng.uniform(-1, 1, (npl, 1, cfg.kv.n_head, cfg.kv.head_dim)).astype(np.float32),
+                                    name=f"q{layer}") for layer in range(cfg.kv.n_layer)]
         # the lengths in host memory, written every step and copied where attention runs (llama.cpp's
         # mask): the ragged policy reads them when it copies the windows
         self.kv_len = Tensor.from_numpy(cpu, np.zeros(npl, np.int32), name="kv_len")
         self.prompts = np.array(cfg.prompts(npl), np.int32)  # each sequence's length before the first step
-        self.n_kv = [cfg.n_kv(npl, t) for t in range(cfg.ntg)]  # the window of each step
+        self.n_kv = [cfg.n_kv(npl, t) for t in range(cfg.sequences.ntg)]  # the window of each step
         # each cache layer's tensor, by address: an input viewing one is that layer's window
         pools = self.pools()
         self.layer_of = {t._p: layer for layer, pair in enumerate(pools) for t in pair}
@@ -669,20 +902,20 @@ class _Cache:
     def _fill(self, ty: Type, pinned: bool) -> None:
         """Make the cache (kv) and write each sequence's cells: sequence i in stream i (unified: cells
         i*L..)."""
-        cfg, npl, unified = self.cfg, self.npl, self.unified
-        self.kv = kv = new_cache(ty, cfg.head_dim, cfg.n_head_kv, cfg.n_ctx, 1 if unified else npl, cfg.n_layer,
-                       cfg.v_trans, pinned, [None if d is None else self.devices[d] for d in self.places])
+        cfg, npl, unified, g = self.cfg, self.npl, self.unified, self.cfg.kv
+        self.kv = kv = new_cache(ty, g.head_dim, g.n_head_kv, cfg.sequences.n_ctx, 1 if unified else npl, g.n_layer,
+                                 g.v_trans, pinned, [None if d is None else self.devices[d] for d in self.places])
         L = cfg.cells
-        for layer in range(cfg.n_layer):
+        for layer in range(cfg.kv.n_layer):
             for which in ("k", "v"):
                 for i in range(npl):  # sequence i: the same values in either layout
-                    data = random_rows(ty, L, cfg.n_embd, (cfg.seed, layer, i, which == "v"))
+                    data = random_rows(ty, L, cfg.n_embd, (cfg.sampling.seed, layer, i, which == "v"))
                     stream, cell0 = (0, i * L) if unified else (i, 0)
                     write_cells(kv, which, layer, stream, cell0, data)
 
     def pools(self) -> List[Tuple[Tensor, Tensor]]:
         """Each layer's K and V tensors."""
-        return [(self.kv.k(layer), self.kv.v(layer)) for layer in range(self.cfg.n_layer)]
+        return [(self.kv.k(layer), self.kv.v(layer)) for layer in range(self.cfg.kv.n_layer)]
 
     def is_window(self, src: Tensor) -> bool:
         """Whether the input source src views a layer's K or V (not a query or the lengths)."""
@@ -699,7 +932,7 @@ class _Cache:
         if not self.unified:
             return self.kv.windows(n_kv)
         out = []
-        for layer in range(self.cfg.n_layer):
+        for layer in range(self.cfg.kv.n_layer):
             pair = []
             for which in ("k", "v"):
                 ne, nb, _ = self.kv.window_layout(which, self.cfg.cells, 0, 0)
@@ -722,22 +955,22 @@ class _PagedCache(_Cache):
         super().__init__(cfg, devices, cpu, npl, False, pinned)
 
     def _fill(self, ty: Type, pinned: bool) -> None:
-        cfg, npl = self.cfg, self.npl
+        cfg, npl, g, paged = self.cfg, self.npl, self.cfg.kv, self.cfg.paged_cache
         n_blocks = cfg.paged_blocks(npl)
-        self.paged = new_paged_cache(ty, cfg.head_dim, cfg.n_head_kv, cfg.block_size, n_blocks, npl, cfg.n_layer,
-                                     cfg.v_trans, pinned)
+        self.paged = new_paged_cache(ty, g.head_dim, g.n_head_kv, paged.block_size, n_blocks, npl, g.n_layer,
+                                     g.v_trans, pinned)
         L = cfg.cells
-        tables = adjacent_tables([blocks_for(L, cfg.block_size)] * npl, n_blocks, cfg.adjacency, cfg.seed)
+        tables = adjacent_tables([blocks_for(L, paged.block_size)] * npl, n_blocks, paged.adjacency, cfg.sampling.seed)
         for i, table in enumerate(tables):
             self.paged.set_table(i, table, L)
-        for layer in range(cfg.n_layer):
+        for layer in range(cfg.kv.n_layer):
             for which in ("k", "v"):
                 for i in range(npl):
-                    data = random_rows(ty, L, cfg.n_embd, (cfg.seed, layer, i, which == "v"))
+                    data = random_rows(ty, L, cfg.n_embd, (cfg.sampling.seed, layer, i, which == "v"))
                     write_paged_cells(self.paged, which, layer, i, 0, data)
 
     def pools(self) -> List[Tuple[Tensor, Tensor]]:
-        return [(self.paged.k(layer), self.paged.v(layer)) for layer in range(self.cfg.n_layer)]
+        return [(self.paged.k(layer), self.paged.v(layer)) for layer in range(self.cfg.kv.n_layer)]
 
     def is_window(self, src: Tensor) -> bool:
         """Whether the input source src is a paged window (by the name the library gives one)."""
@@ -771,13 +1004,13 @@ class _Variant:
         self.sched = Scheduler([*cache.devices, cpu], policy=policy, compact=compact, prefetch=prefetch,
                                prefetch_next=prefetch_next)
         self.graphs = StepGraph(self.sched, self._build)
-        ntg, n_dev = cache.cfg.ntg, len(cache.devices)
+        ntg, n_dev = cache.cfg.sequences.ntg, len(cache.devices)
         self.floors = {w: StepFloor(ntg) for w in ("decode", "copy", "compute", "host")}
         self.device_copy = [StepFloor(ntg) for _ in range(n_dev)]
         self.split_memory = 0
         self.device_memory = [0] * n_dev  # per device: the scheduler's buffer there at its most
         self.digests: List[str] = []
-        self.traced: List[TracedStep] = []  # with cfg.trace: the last timed repetition's steps
+        self.traced: List[TracedStep] = []  # with cfg.sampling.trace: the last timed repetition's steps
         self.counts = RunCounts(bytes_copied=0, bytes_read=0)  # the last timed repetition's
         self.device_bytes = DeviceBytes(copied=[0] * n_dev, kv=[0] * n_dev)  # the last timed repetition's, per device
         self.predicted = 0.0  # a repetition's copy time by the cost models
@@ -788,7 +1021,7 @@ class _Variant:
         c = self.cache
         assert isinstance(n_kv, int)
         on = c.split if len(c.devices) == 1 else c.layer_backends
-        return attention_step(self.sched, on, c.windows(n_kv), c.q, c.kv_len, c.cfg.v_trans)
+        return attention_step(self.sched, on, c.windows(n_kv), c.q, c.kv_len, c.cfg.kv.v_trans)
 
     def repetition(self, timed: bool, on_step: Optional[OnStep]) -> None:
         """Run the ntg steps once; when timed, count each step toward the floors and keep the repetition's
@@ -806,9 +1039,9 @@ class _Variant:
         builds = self.graphs.builds
         digest = hashlib.sha256()
         traced: List[TracedStep] = []
-        for t in range(cfg.ntg):
+        for t in range(cfg.sequences.ntg):
             t0 = time.perf_counter()
-            if not cfg.reuse:
+            if not cfg.variants.reuse:
                 self.graphs.clear()
             graph = self.graphs.get(c.n_kv[t])
             if t == 0:
@@ -829,9 +1062,9 @@ class _Variant:
                 for w, s in (("decode", decode), ("copy", st.copy_seconds), ("compute", st.compute_seconds),
                              ("host", t1 - t0)):
                     self.floors[w].add(t, s)
-                if cfg.trace:
-                    traced.append(TracedStep(tuple(self.sched.trace()), decode,
-                                             tuple(i.src.name for i in self.sched.inputs)))
+                if cfg.sampling.trace:
+                    traced.append(TracedStep(spans=tuple(self.sched.trace()), seconds=decode,
+                                             inputs=tuple(i.src.name for i in self.sched.inputs)))
                 for f, s in zip(self.device_copy, device_copy):
                     f.add(t, s)
             for out in graph.outputs:
@@ -895,8 +1128,9 @@ class _Variant:
         times = RunTimes(decode_s=self.floors["decode"].total, copy_s=self.floors["copy"].total,
                          compute_s=self.floors["compute"].total, host_s=self.floors["host"].total,
                          predicted_copy_s=self.predicted)
-        row = BenchRow(key=key, ntg=c.cfg.ntg, times=times, counts=replace(self.counts, split_memory=self.split_memory),
-                       output_sha256=self.digests[0], devices=devices)
+        row = BenchRow(key=key, ntg=c.cfg.sequences.ntg, times=times,
+                       counts=replace(self.counts, split_memory=self.split_memory), output_sha256=self.digests[0],
+                       devices=devices)
         return replace(row, replicas_tokens_per_s=(row.tokens_per_s,))
 
 
@@ -913,7 +1147,7 @@ class _Replica:
                 self.caches.append(_Cache(cfg, devices, cpu, npl, unified, pinned))
                 self.variants += [_Variant(self.caches[-1], cpu, policy, compact, depth, prefetch_next=nxt)
                                   for policy, compact in variants(cfg) for depth, nxt in cfg.prefetch_runs]
-            if cfg.paged:
+            if cfg.paged_cache.paged:
                 self.caches.append(_PagedCache(cfg, devices, cpu, npl, pinned))
                 self.variants += [_Variant(self.caches[-1], cpu, "ragged", False, 0, gather)
                                   for gather in PAGED_GATHERS]
@@ -963,8 +1197,8 @@ def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
 
 def replica_bytes(cfg: BenchConfig) -> int:
     """The cache memory of one replica of one npl: every layout's K and V of every layer."""
-    paged = cfg.paged_blocks(max(cfg.npl)) * cfg.block_size if cfg.paged else 0
-    return (len(cfg.layouts) * cfg.n_ctx + paged) * cfg.n_layer * 2 * row_size(cfg.type_kv, cfg.n_embd)
+    paged = cfg.paged_blocks(max(cfg.sequences.npl)) * cfg.paged_cache.block_size if cfg.paged_cache.paged else 0
+    return (len(cfg.layouts) * cfg.sequences.n_ctx + paged) * cfg.kv.n_layer * 2 * row_size(cfg.kv.type_kv, cfg.n_embd)
 
 
 def _link_totals(devices: Sequence[Backend]) -> List[Tuple[float, float]]:
@@ -976,9 +1210,9 @@ def _link_totals(devices: Sequence[Backend]) -> List[Tuple[float, float]]:
 def _measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, pinned: bool, count: int,
              on_step: Optional[OnStep]) -> Tuple[List[List[BenchRow]], List[Tuple[float, float]],
                                                  Dict[str, List[TracedStep]]]:
-    """count replicas of npl made together: a warm-up round each, then cfg.rounds timed rounds, the replicas
+    """count replicas of npl made together: a warm-up round each, then cfg.sampling.rounds timed rounds, the replicas
     taking turns round by round. Returns each replica's rows, the links' (late, modelled) seconds over
-    the timed rounds, and (cfg.trace) the first replica's variants' traced steps by label."""
+    the timed rounds, and (cfg.sampling.trace) the first replica's variants' traced steps by label."""
     made: List[_Replica] = []
     collecting = gc.isenabled()
     try:
@@ -989,7 +1223,7 @@ def _measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, p
         gc.collect()
         gc.disable()  # as timeit does: no collection lands in one variant's steps
         before = _link_totals(devices)
-        for _ in range(cfg.rounds):
+        for _ in range(cfg.sampling.rounds):
             for replica in made:
                 replica.round(True, on_step)
         link = [(l1 - l0, m1 - m0) for (l0, m0), (l1, m1) in zip(before, _link_totals(devices))]
@@ -1003,7 +1237,7 @@ def _measure(cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, p
 
 
 def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult:
-    """Run every (npl, layout, variant) of a configuration in cfg.repeat replicas (see the module).
+    """Run every (npl, layout, variant) of a configuration in cfg.sampling.repeat replicas (see the module).
 
     Parameters
     ----------
@@ -1033,19 +1267,21 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
         cpu = CPUBackend()
         split = devices[0]
         pinned = not isinstance(split, StandinBackend)
-        together = max(1, min(cfg.repeat, TOGETHER_BYTES // max(1, replica_bytes(cfg))))
+        together = max(1, min(cfg.sampling.repeat, TOGETHER_BYTES // max(1, replica_bytes(cfg))))
         rows: List[BenchRow] = []
         overrun = 0.0
         traces: Dict[str, List[TracedStep]] = {}
-        for npl in cfg.npl:
+        for npl in cfg.sequences.npl:
             replicas: List[List[BenchRow]] = []
-            while len(replicas) < cfg.repeat:
+            while len(replicas) < cfg.sampling.repeat:
                 made, link, traced = _measure(cfg, devices, cpu, npl, pinned,
-                                              min(together, cfg.repeat - len(replicas)), on_step)
+                                              min(together, cfg.sampling.repeat - len(replicas)), on_step)
                 traces = {**traced, **traces}
                 replicas += made
                 overrun = max([overrun, *(late / modelled for late, modelled in link if modelled > 0)])
             rows += [merge_replicas(per_variant) for per_variant in zip(*replicas)]
-    return BenchResult(cfg, split.name, "pageable host memory" if not pinned else "pinned host memory", rows,
-                       [d.name for d in devices], split.link_gbps if isinstance(split, StandinBackend) else None,
-                       overrun, time.perf_counter() - start, traces)
+    return BenchResult(config=cfg, split_name=split.name,
+                       cache_memory="pageable host memory" if not pinned else "pinned host memory", rows=rows,
+                       device_names=[d.name for d in devices],
+                       standin_link_gbps=split.link_gbps if isinstance(split, StandinBackend) else None,
+                       link_overrun=overrun, seconds=time.perf_counter() - start, traces=traces)
