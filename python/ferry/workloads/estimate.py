@@ -110,10 +110,10 @@ def gain_interval(rates: Sequence[float], reference: Sequence[float], between_ru
     gains = [a / b - 1.0 for a, b in zip(rates, reference)]
     mid = statistics.median(gains)
     if len(gains) < 2:
-        return Interval(mid, None, None, len(gains))
+        return Interval(estimate=mid, low=None, high=None, n=len(gains))
     runs = Z95 * between_runs * (1.0 + mid)
-    return Interval(mid, mid - math.hypot(mid - min(gains), runs), mid + math.hypot(max(gains) - mid, runs),
-                    len(gains))
+    return Interval(estimate=mid, low=mid - math.hypot(mid - min(gains), runs),
+                    high=mid + math.hypot(max(gains) - mid, runs), n=len(gains))
 
 
 def balanced_orders(n: int) -> List[List[int]]:

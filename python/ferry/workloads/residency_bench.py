@@ -247,8 +247,8 @@ def calibrate_compute(model: ResidencyModel, compute: Sequence[float], npp: int,
     """
     free = model.at(memory=(), prefetch=0)
     devices = free.devices(compute, [model.standin_link(d) or 1.0 for d in range(model.n_devices)])
-    run = measure_placements(free, [Placement("every layer resident", (True,) * model.n_layer)], devices, npp, ntg,
-                             pad, repeat, seed)[0]
+    every = Placement(name="every layer resident", resident=(True,) * model.n_layer)
+    run = measure_placements(free, [every], devices, npp, ntg, pad, repeat, seed)[0]
     scale = run.measured_step_s / run.predicted_step_s if run.predicted_step_s > 0 else 1.0
     return tuple(c * scale for c in compute)
 
@@ -311,7 +311,7 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
             unique.append(p)
     cpu = CPUBackend()
     runs: List[_Run] = []
-    reference = Placement("every layer resident (calibration)", (True,) * model.n_layer)
+    reference = Placement(name="every layer resident (calibration)", resident=(True,) * model.n_layer)
     collecting = gc.isenabled()
     held: List[Tuple[Optional[int], ...]] = []
     try:
@@ -349,7 +349,8 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
     out = []
     for p in placements:
         per_rep, fastest, predicted, digest, bytes_held = measured[keys[(p.resident, p.prefetch)]]
-        out.append(PlacementRun(p, per_rep, fastest, predicted, digest, bytes_held))
+        out.append(PlacementRun(placement=p, step_s=per_rep, fastest_step_s=fastest, predicted_step_s=predicted,
+                                output_sha256=digest, held_bytes=bytes_held))
     return out
 
 
@@ -453,9 +454,9 @@ def run_residency(model: ResidencyModel, strategies: Sequence[str], npl: Sequenc
         devices = m.devices(compute[n], links)
         layers = m.layers()
         plans = [plan for depth in prefetch_depths for plan in m.at(prefetch=depth).plans(strategies, devices, layers)]
-        placements = [Placement(f"{p.strategy}{'+prefetch' + str(p.prefetch) if p.prefetch else ''}", p.resident,
-                                p.prefetch) for p in plans]
+        placements = [Placement(name=f"{p.strategy}{'+prefetch' + str(p.prefetch) if p.prefetch else ''}",
+                                resident=p.resident, prefetch=p.prefetch) for p in plans]
         runs = measure_placements(m, placements, devices, npp, ntg, pad, repeat, seed, on_step,
                                   calibrate=calibrate and m.compute_us is None)
-        rows += [ResidencyRow(n, p, r) for p, r in zip(plans, runs)]
-    return ResidencyResult(rows, compute, links)
+        rows += [ResidencyRow(npl=n, plan=p, run=r) for p, r in zip(plans, runs)]
+    return ResidencyResult(rows=rows, compute_s=compute, links=links)

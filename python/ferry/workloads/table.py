@@ -203,7 +203,9 @@ def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 
         n_kv = n_kv_for(max(prompts), ntg, pad, kv_size)
         if not mixed:
             read, flat, ranges, ragged = cells(n_ctx, npl, n_kv, prompts)
-            rows.append(TableRow(npl, read, flat, ranges, ragged, flat / ranges, flat / ranges, flat / ragged))
+            rows.append(TableRow(npl=npl, cells_read=read, cells_copied_flat=flat, cells_copied_ranges=ranges,
+                                 cells_copied_ragged=ragged, ratio=flat / ranges, flat_over_ranges=flat / ranges,
+                                 flat_over_ragged=flat / ragged))
             continue
         kinds = []
         for window, n_layer in _kinds(layer_windows or ()):
@@ -211,11 +213,15 @@ def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 
             held = kv_size if window is None else min(window + DECODE_NEW_CELLS, kv_size)
             (n_kv_l,) = layer_sizes([window], n_kv, kv_size, DECODE_NEW_CELLS)
             read, flat, ranges, ragged = (n_layer * c for c in cells(npl * held, npl, n_kv_l, prompts))
-            kinds.append(LayerKindRow("full" if window is None else "sliding", window, n_layer, held, n_kv_l,
-                                      read, flat, ranges, ragged, read * row, flat * row, ranges * row,
-                                      ragged * row))
+            kinds.append(LayerKindRow(kind="full" if window is None else "sliding", window=window, n_layer=n_layer,
+                                      kv_size=held, n_kv=n_kv_l, cells_read=read, cells_copied_flat=flat,
+                                      cells_copied_ranges=ranges, cells_copied_ragged=ragged, bytes_read=read * row,
+                                      bytes_copied_flat=flat * row, bytes_copied_ranges=ranges * row,
+                                      bytes_copied_ragged=ragged * row))
         read, flat, ranges, ragged = (sum(getattr(k, f) for k in kinds) for f in (
             "cells_read", "cells_copied_flat", "cells_copied_ranges", "cells_copied_ragged"))
-        rows.append(TableRow(npl, read, flat, ranges, ragged, flat / ranges, flat / ranges, flat / ragged, read * row,
-                             flat * row, ranges * row, ragged * row, kinds))
+        rows.append(TableRow(npl=npl, cells_read=read, cells_copied_flat=flat, cells_copied_ranges=ranges,
+                             cells_copied_ragged=ragged, ratio=flat / ranges, flat_over_ranges=flat / ranges,
+                             flat_over_ragged=flat / ragged, bytes_read=read * row, bytes_copied_flat=flat * row,
+                             bytes_copied_ranges=ranges * row, bytes_copied_ragged=ragged * row, layers=kinds))
     return rows

@@ -416,7 +416,7 @@ def _run_validate(cfg: ValidateConfig) -> ValidateResult:
         runs = [("one-device/", None)] if len(devices) > 1 else []
         runs_on = cfg.devices.runs_on(cfg.n_layer)
         for name, places in placements(cfg, len(devices)):
-            runs.append((name + "/", Layout(devices, runs_on, places)))
+            runs.append((name + "/", Layout(devices=devices, runs_on=runs_on, places=places)))
             names[name] = placement_name(places)
         if len(devices) > 1:
             names = {"one-device": placement_name([None] * cfg.n_layer), **names}
@@ -433,4 +433,5 @@ def _run_validate(cfg: ValidateConfig) -> ValidateResult:
             name = f"paged/{method}"
             hashes[name], memory[name], builds[name] = serve(cfg, split, "ragged", gather=method)
     control, _, _ = serve(cfg, split, "ranges", shift=1)
-    return ValidateResult(split.name, hashes, control, memory, builds, names)
+    return ValidateResult(split_name=split.name, hashes=hashes, control=control, split_memory=memory, builds=builds,
+                          placements=names)
