@@ -325,10 +325,10 @@ def test_empty_list_items_are_refused_everywhere(verb: str, option: str, value: 
 def test_validate_takes_the_window_options_with_their_meaning(capsys: pytest.CaptureFixture[str]) -> None:
     """-npl streams, -c / -npl cells each, -ntg steps a wave, --sequences in waves (default two)."""
     cfgs = job(["validate", "-c", "512", "-npl", "2,8", "-ntg", "4", "-npp", "60"], capsys).configs
-    assert [(c.n_stream, c.kv_size, c.n_step, c.n_seq, c.npp) for c in cfgs] == [(2, 256, 4, 4, 60),
+    assert [(c.waves.n_stream, c.waves.kv_size, c.waves.n_step, c.waves.n_seq, c.waves.npp) for c in cfgs] == [(2, 256, 4, 4, 60),
                                                                                  (8, 64, 4, 16, 60)]
     (cfg,) = job(["validate", "-npl", "4", "--sequences", "5"], capsys).configs
-    assert (cfg.n_seq, cfg.n_stream, cfg.kv_size, cfg.n_step, cfg.npp) == (5, 4, 1024, 8, 256)
+    assert (cfg.waves.n_seq, cfg.waves.n_stream, cfg.waves.kv_size, cfg.waves.n_step, cfg.waves.npp) == (5, 4, 1024, 8, 256)
     assert max(cfg.prompts()) <= 256 and min(cfg.prompts()) >= 9
 
 
@@ -467,7 +467,7 @@ def test_prefetch_next_shows_each_verbs_own_default(capsys: pytest.CaptureFixtur
         flat = " ".join(verb_parsers()[verb].format_help().split())
         assert f"(on, off, both; default {default})" in flat and "validate both" not in flat
     assert job(["bench", "--overlap"], capsys).config.variants.prefetch_next == (True,)
-    assert job(["validate"], capsys).configs[0].prefetch_next == (True, False)
+    assert job(["validate"], capsys).configs[0].variants.prefetch_next == (True, False)
 
 
 def test_the_standin_options_take_the_range_the_library_takes() -> None:

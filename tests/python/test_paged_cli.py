@@ -98,7 +98,7 @@ def test_bench_paged_prints_and_writes_its_rows(capsys: pytest.CaptureFixture[st
 
 
 def tiny_validate(**kw: Any) -> ValidateConfig:
-    return ValidateConfig(n_seq=4, n_stream=2, n_layer=1, n_step=2, kv_size=48, head_dim=32, n_head_kv=1, n_head=2,
+    return ValidateConfig.of(n_seq=4, n_stream=2, n_layer=1, n_step=2, kv_size=48, head_dim=32, n_head_kv=1, n_head=2,
                           policies=("ragged",), overlap=False, device="cpu", paged=True, block_size=4, **kw)
 
 

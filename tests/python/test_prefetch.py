@@ -298,13 +298,13 @@ def test_bench_overlap_on_the_command_line_adds_prefetched_json_rows(capsys: pyt
 
 
 def test_validate_hashes_overlapped_runs() -> None:
-    res = run_validate(ValidateConfig(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("flat", "ranges"),
+    res = run_validate(ValidateConfig.of(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("flat", "ranges"),
                                       compact=True))
     assert set(res.hashes) == {"flat", "flat+overlap", "flat+overlap-within", "ranges", "ranges+overlap",
                                "ranges+overlap-within", "ranges+compact", "ranges+compact+overlap",
                                "ranges+compact+overlap-within"}
     assert res.passed
-    off = run_validate(ValidateConfig(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("flat",),
+    off = run_validate(ValidateConfig.of(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("flat",),
                                       overlap=False))
     assert set(off.hashes) == {"flat"} and off.hashes["flat"] == res.hashes["flat"]
 
@@ -315,7 +315,7 @@ def test_validate_fails_a_copy_ahead_kept_over_a_new_wave(monkeypatch: pytest.Mo
     last one was reads that one's first-layer cells, and the gate fails: which shows that its runs copy
     ahead (pad 16: one graph for every step, as llama.cpp's padding gives) and that it would see a
     copy ahead misused. Within each step nothing is copied ahead, and that hash stays right."""
-    cfg = ValidateConfig(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("ranges",), pad=16,
+    cfg = ValidateConfig.of(n_seq=4, n_stream=2, n_layer=2, n_step=2, kv_size=16, policies=("ranges",), pad=16,
                          device="cpu")
     assert cfg.prompts() == [9, 4, 6, 9]  # stream 1: 4 + 2 cells, then 9 + 1, no shorter
     assert run_validate(cfg).passed

@@ -52,11 +52,11 @@ def test_validate_json_has_one_identical_hash_per_policy_and_overlap(capsys: pyt
 
 
 def test_hash_is_deterministic_and_follows_the_content() -> None:
-    cfg = validate.ValidateConfig(device="cpu", policies=("ranges",), n_seq=4, n_stream=2)
+    cfg = validate.ValidateConfig.of(device="cpu", policies=("ranges",), n_seq=4, n_stream=2)
     split = ferry.StandinBackend()
     a = validate.serve(cfg, split, "ranges")
     assert validate.serve(cfg, split, "ranges") == a
-    assert validate.serve(validate.ValidateConfig(device="cpu", n_seq=4, n_stream=2, seed=1), split, "ranges") != a
+    assert validate.serve(validate.ValidateConfig.of(device="cpu", n_seq=4, n_stream=2, seed=1), split, "ranges") != a
 
 
 def test_the_gate_fails_when_a_policy_reads_the_wrong_stream(monkeypatch: pytest.MonkeyPatch,
@@ -87,15 +87,15 @@ def test_same_content_in_every_stream_hides_a_cross_stream_read(monkeypatch: pyt
     real_content = validate.random_rows
     monkeypatch.setattr(validate, "random_rows", lambda ty, cells, n_embd, seed: real_content(
         ty, cells, n_embd, (seed[0], 0, seed[2], seed[3])))
-    monkeypatch.setattr(validate.ValidateConfig, "prompts", lambda self: [20] * self.n_seq)
+    monkeypatch.setattr(validate.ValidateConfig, "prompts", lambda self: [20] * self.waves.n_seq)
     monkeypatch.setattr(validate, "_query", lambda cfg, seq, layer, t: validate.np.full(
-        (cfg.n_head, cfg.head_dim), 0.25 * (layer + t + 1), validate.np.float32))
-    res = validate.run_validate(validate.ValidateConfig(device="cpu"))
+        (cfg.kv.n_head, cfg.kv.head_dim), 0.25 * (layer + t + 1), validate.np.float32))
+    res = validate.run_validate(validate.ValidateConfig.of(device="cpu"))
     assert res.identical and not res.control_detected and not res.passed
 
 
 def test_the_default_prompts_are_16_mostly_different_lengths_of_5_to_60() -> None:
-    p = validate.ValidateConfig().prompts()
+    p = validate.ValidateConfig.of().prompts()
     assert len(p) == 16 and len(set(p)) > 8 and min(p) >= 5 and max(p) <= 60
 
 
@@ -121,7 +121,7 @@ def test_bad_options_are_refused(args: List[str], message: str, capsys: pytest.C
 def test_compact_staging_keeps_the_hashes() -> None:
     """--compact hashes each non-flat policy again with compact staging: identical hashes, and less
     memory held on the split backend than with the source's layout."""
-    cfg = validate.ValidateConfig(n_seq=6, n_stream=3, kv_size=48, n_step=2, compact=True, device="cpu")
+    cfg = validate.ValidateConfig.of(n_seq=6, n_stream=3, kv_size=48, n_step=2, compact=True, device="cpu")
     res = validate.run_validate(cfg)
     assert list(res.hashes) == [f"{p}{o}" for p in ("flat", "ranges", "plan", "ragged", "ranges+compact",
                                                     "plan+compact", "ragged+compact")
@@ -141,11 +141,14 @@ def test_cuda_split_passes_the_gate(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_padded_steps_reuse_one_graph_and_hash_as_graphs_built_every_step() -> None:
-    base = validate.ValidateConfig(device="cpu", policies=("ranges",), n_seq=4, n_stream=2, n_step=6)
+    base = validate.ValidateConfig.of(device="cpu", policies=("ranges",), n_seq=4, n_stream=2, n_step=6)
     split = ferry.StandinBackend()
     exact = validate.serve(base, split, "ranges")
     assert exact[2] == 2 * 6  # pad 1: every step's n_kv is new
-    padded = validate.serve(dataclasses.replace(base, pad=base.kv_size), split, "ranges")
-    rebuilt = validate.serve(dataclasses.replace(base, pad=base.kv_size, reuse=False), split, "ranges")
+    padded_waves = dataclasses.replace(base.waves, pad=base.waves.kv_size)
+    padded = validate.serve(dataclasses.replace(base, waves=padded_waves), split, "ranges")
+    rebuilt = validate.serve(dataclasses.replace(base, waves=padded_waves,
+                                                 variants=dataclasses.replace(base.variants, reuse=False)),
+                             split, "ranges")
     assert padded[2] == 1 and rebuilt[2] == 2 * 6  # one n_kv (the whole stream) for both waves
     assert padded[0] == rebuilt[0] == exact[0]

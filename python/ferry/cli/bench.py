@@ -211,7 +211,7 @@ def format_devices(res: BenchResult) -> List[str]:
              "or the device holding it)",
              "per device: layers run and resident, bytes its splits received over a repetition's steps (of them KV "
              "windows), their copy time, memory held (the scheduler's buffer at its most plus resident KV)"]
-    if cfg.variants.unified and not cfg.runs_unified and not cfg.paged_cache.paged:
+    if cfg.unified and not cfg.runs_unified and not cfg.paged_cache.paged:
         lines.append("unified cache: not run (one device with every layer on the host only)")
     head = ["npl", "policy", "device", "runs", "holds KV of", "copied", "KV copied", "copy", "memory", "link"]
     body = []
@@ -352,9 +352,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                             lengths=args.lengths),
         kv=KVGeometry(n_layer=args.layers, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
                       n_head_kv=args.kv_heads, v_trans=args.v_trans),
-        variants=VariantOptions(policies=policies, unified=args.unified, compact=args.compact, reuse=args.reuse,
-                                overlap=args.overlap, prefetch=tuple(args.prefetch),
-                                prefetch_next=PREFETCH_NEXT[args.prefetch_next]),
+        variants=VariantOptions(policies=policies, compact=args.compact, reuse=args.reuse, overlap=args.overlap,
+                                prefetch=tuple(args.prefetch), prefetch_next=PREFETCH_NEXT[args.prefetch_next]),
+        unified=args.unified,
         sampling=Sampling(repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
                           trace=args.trace is not None),
         paged_cache=PagedOptions(paged=args.paged, block_size=args.block_size, adjacency=args.adjacency),

@@ -15,8 +15,9 @@ from typing import Any, Tuple
 
 from ..errors import InvalidArgumentError
 from ..workloads import validate as validate_workload
-from ..workloads.common import PREFETCH_NEXT, check_streams
-from ..workloads.validate import ValidateConfig, ValidateResult
+from ..workloads.common import PREFETCH_NEXT, KVGeometry, VariantOptions, check_streams
+from ..workloads.paged_tables import PagedOptions
+from ..workloads.validate import ValidateConfig, ValidateResult, Waves
 from .options import apply_model, check_one_head_dim, devices_from_args, run_fields
 from .reference import Verb, add_verb_parser
 
@@ -29,28 +30,29 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
     placement and policy when placements were compared, each placement's map listed) and the
     control's, the verdicts.
     """
-    waves = -(-cfg.n_seq // cfg.n_stream)
+    w, g, paged = cfg.waves, cfg.kv, cfg.paged_cache
+    waves = -(-w.n_seq // w.n_stream)
     lines = [
         f"split backend: {res.split_name}",
-        f"{cfg.n_seq} sequences through {cfg.n_stream} streams of {cfg.kv_size} cells ({waves} waves), "
-        f"{cfg.n_layer} layers, {cfg.n_step} decode steps, K/V {cfg.type_kv}, {cfg.n_head} heads x {cfg.head_dim}, "
-        f"{cfg.n_head_kv} KV heads",
+        f"{w.n_seq} sequences through {w.n_stream} streams of {w.kv_size} cells ({waves} waves), "
+        f"{g.n_layer} layers, {w.n_step} decode steps, K/V {g.type_kv}, {g.n_head} heads x {g.head_dim}, "
+        f"{g.n_head_kv} KV heads",
         "sha256 of every attention output:",
     ]
-    if cfg.paged:
-        lines.insert(2, f"paged cache: {cfg.block_size}-cell blocks, adjacency {cfg.adjacency:g}; served under ragged "
-                        "once per gather method (paged/<method>)")
+    if paged.paged:
+        lines.insert(2, f"paged cache: {paged.block_size}-cell blocks, adjacency {paged.adjacency:g}; served under "
+                        "ragged once per gather method (paged/<method>)")
     if res.placements:
         lines[2:2] = [f"{cfg.devices.n_devices} device(s), layers run on "
-                      f"{','.join(map(str, cfg.devices.runs_on(cfg.n_layer)))}; placements (per layer: h host memory, "
+                      f"{','.join(map(str, cfg.devices.runs_on(g.n_layer)))}; placements (per layer: h host memory, "
                       "or the device holding it; one-device: every layer on device 0):"] + [
             f"  {name}: {text}" for name, text in res.placements.items()]
     width = max(len(p) for p in [*res.hashes, "control"])
     lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B, "
-              f"graph built at {res.builds.get(p, 0)} of {waves * cfg.n_step} steps)" for p, h in res.hashes.items()]
+              f"graph built at {res.builds.get(p, 0)} of {waves * w.n_step} steps)" for p, h in res.hashes.items()]
     lines.append(f"  {'control'.ljust(width)}  {res.control}  (ranges, each sequence reading its neighbour's stream)")
     what = ("placements and policies" if res.placements else "policies") + (
-        " and paged gathers" if cfg.paged else "")
+        " and paged gathers" if paged.paged else "")
     lines.append(f"{what}: {'identical' if res.identical else 'DIFFERENT'}; "
                  f"control: {'detected' if res.control_detected else 'NOT DETECTED'}; "
                  f"gate: {'pass' if res.passed else 'FAIL'}")
@@ -91,14 +93,16 @@ def job(args: argparse.Namespace) -> Job:
     out = []
     for npl in args.npl:
         check_streams(args.c, npl)
-        cfg = ValidateConfig(n_seq=args.sequences or 2 * npl, n_stream=npl, n_layer=args.layers, n_step=args.ntg,
-                             kv_size=args.c // npl, npp=args.npp, type_kv=args.type, n_head=args.heads,
-                             head_dim=args.head_dim, n_head_kv=args.kv_heads, policies=tuple(args.policy),
-                             device=args.device, seed=args.seed, compact=args.compact, pad=args.pad, reuse=args.reuse,
-                             overlap=args.overlap, prefetch=tuple(args.prefetch),
-                             prefetch_next=PREFETCH_NEXT[args.prefetch_next], v_trans=args.v_trans,
-                             lengths=args.lengths, devices=devices_from_args(args), paged=args.paged,
-                             block_size=args.block_size, adjacency=args.adjacency)
+        cfg = ValidateConfig(
+            waves=Waves(n_seq=args.sequences or 2 * npl, n_stream=npl, n_step=args.ntg, kv_size=args.c // npl,
+                        npp=args.npp, lengths=args.lengths, pad=args.pad, seed=args.seed),
+            kv=KVGeometry(n_layer=args.layers, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
+                          n_head_kv=args.kv_heads, v_trans=args.v_trans),
+            variants=VariantOptions(policies=tuple(args.policy), compact=args.compact, reuse=args.reuse,
+                                    overlap=args.overlap, prefetch=tuple(args.prefetch),
+                                    prefetch_next=PREFETCH_NEXT[args.prefetch_next]),
+            paged_cache=PagedOptions(paged=args.paged, block_size=args.block_size, adjacency=args.adjacency),
+            device=args.device, devices=devices_from_args(args))
         cfg.check()
         out.append(cfg)
     return Job(tuple(out), args.json)
@@ -110,13 +114,13 @@ def run(j: Job) -> int:
     and the control was detected, else 1; a FerryError when serving fails.
     """
     runs = [(cfg, validate_workload.run_validate(cfg)) for cfg in j.configs]
-    failed = [cfg.n_stream for cfg, res in runs if not res.passed]
+    failed = [cfg.waves.n_stream for cfg, res in runs if not res.passed]
     if j.json:
-        print(json.dumps([{"npl": cfg.n_stream, **res.as_dict()} for cfg, res in runs], indent=2))
+        print(json.dumps([{"npl": cfg.waves.n_stream, **res.as_dict()} for cfg, res in runs], indent=2))
     else:
         print("\n\n".join(format_result(cfg, res) for cfg, res in runs))
         if len(runs) > 1:
-            print(f"\ngate at npl {', '.join(str(c.n_stream) for c in j.configs)}: "
+            print(f"\ngate at npl {', '.join(str(c.waves.n_stream) for c in j.configs)}: "
                   + (f"FAIL at npl {', '.join(map(str, failed))}" if failed else "pass"))
     if failed:
         print("ferry validate: the gate failed", file=sys.stderr)

@@ -69,7 +69,7 @@ import hashlib
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -81,11 +81,14 @@ from ..step import StepGraph, attention_step
 from ..tensor import Tensor
 from ..types import Type, row_size, to_type
 from .common import (
+    KVGeometry,
     Lengths,
+    VariantOptions,
     check_positive,
     check_prefetch_next,
     check_run_options,
     check_streams,
+    grouped,
     n_kv_for,
     new_cache,
     prefetch_runs,
@@ -98,8 +101,7 @@ from .common import variants as workload_variants
 from .devices import DeviceConfig, naming_device_memory
 from .estimate import Interval, StepFloor, balanced_orders, gain_interval
 from .paged_tables import (
-    ADJACENCY,
-    BLOCK_SIZE,
+    PagedOptions,
     adjacent_tables,
     blocks_for,
     check_paged,
@@ -156,61 +158,6 @@ class Sequences:
 
 
 @dataclass(frozen=True)
-class KVGeometry:
-    """The KV cache's geometry: `ferry bench`'s "the KV geometry" options.
-
-    Attributes
-    ----------
-    n_layer : int
-        Layers.
-    type_kv : str
-        K and V's type (f32, f16, q8_0).
-    n_head, head_dim, n_head_kv : int
-        Query heads, values per head, and K/V heads.
-    v_trans : bool
-        V stored transposed (flash attention off): a gap after every channel row.
-    """
-
-    n_layer: int = 2
-    type_kv: str = "f16"
-    n_head: int = 8
-    head_dim: int = 64
-    n_head_kv: int = 2
-    v_trans: bool = False
-
-
-@dataclass(frozen=True)
-class VariantOptions:
-    """Which variants run.
-
-    Attributes
-    ----------
-    policies : tuple of str
-        Copy policies (plan: as ranges for these windows).
-    unified : bool
-        Also the unified cache (where it can run: BenchConfig.runs_unified).
-    compact : bool
-        Also each non-flat policy with compact staging.
-    reuse : bool
-        A step whose padded n_kv is the last step's runs the last graph (StepGraph).
-    overlap : bool
-        Also each variant prefetching its inputs on the copy queue.
-    prefetch : tuple of int
-        Parts (layers) ahead an overlapped run queues: a run per depth.
-    prefetch_next : tuple of bool
-        Per depth, a run across steps (True) and/or within each (False).
-    """
-
-    policies: Tuple[str, ...] = ("flat", "ranges", "ragged")
-    unified: bool = True
-    compact: bool = False
-    reuse: bool = True
-    overlap: bool = False
-    prefetch: Tuple[int, ...] = (1,)
-    prefetch_next: Tuple[bool, ...] = (True,)
-
-
-@dataclass(frozen=True)
 class Sampling:
     """How the variants are measured.
 
@@ -232,34 +179,14 @@ class Sampling:
     trace: bool = False
 
 
-@dataclass(frozen=True)
-class PagedOptions:
-    """--paged: the cells cache's ragged run beside a paged cache's per-block and merged gathers.
-
-    Attributes
-    ----------
-    paged : bool
-        Whether the paged cache runs.
-    block_size : int
-        Cells per block.
-    adjacency : float
-        Share of a sequence's blocks right after their predecessor in the pool.
-    """
-
-    paged: bool = False
-    block_size: int = BLOCK_SIZE
-    adjacency: float = ADJACENCY
-
-
 #: `ferry bench --json`'s keys of "config", in the order it writes them (BenchConfig.as_dict).
 CONFIG_JSON_KEYS: Tuple[str, ...] = (
     "n_ctx", "npl", "npp", "ntg", "n_layer", "type_kv", "n_head", "head_dim", "n_head_kv", "policies", "unified",
     "device", "pad", "lengths", "repeat", "rounds", "seed", "v_trans", "compact", "reuse", "overlap", "prefetch",
     "prefetch_next", "devices", "trace", "paged", "block_size", "adjacency")
 
-#: BenchConfig's groups, by field name.
-_GROUPS = {"sequences": Sequences, "kv": KVGeometry, "variants": VariantOptions, "sampling": Sampling,
-           "paged_cache": PagedOptions}
+#: BenchConfig's groups of options, by field name.
+_GROUPS = ("sequences", "kv", "variants", "sampling", "paged_cache")
 
 
 @dataclass(frozen=True)
@@ -273,7 +200,9 @@ class BenchConfig:
     kv : KVGeometry
         The cache's geometry.
     variants : VariantOptions
-        Which variants run.
+        Which variants of the copy run.
+    unified : bool
+        Also the unified cache (where it can run: runs_unified).
     sampling : Sampling
         Replicas, rounds, the seed and the trace.
     paged_cache : PagedOptions
@@ -287,6 +216,7 @@ class BenchConfig:
     sequences: Sequences = field(default_factory=Sequences)
     kv: KVGeometry = field(default_factory=KVGeometry)
     variants: VariantOptions = field(default_factory=VariantOptions)
+    unified: bool = True
     sampling: Sampling = field(default_factory=Sampling)
     paged_cache: PagedOptions = field(default_factory=PagedOptions)
     device: str = "auto"
@@ -302,14 +232,14 @@ class BenchConfig:
         TypeError
             For a name no group has.
         """
-        groups = {name: group(**{f.name: options.pop(f.name) for f in fields(group) if f.name in options})
-                  for name, group in _GROUPS.items()}
-        return cls(**groups, **options)
+        made: BenchConfig = grouped(cls, _GROUPS, options)
+        return made
 
     def as_dict(self) -> Dict[str, object]:
         """The options by name, the groups flattened, as --json writes "config" (CONFIG_JSON_KEYS)."""
         flat: Dict[str, object] = {k: v for name in _GROUPS for k, v in asdict(getattr(self, name)).items()}
-        return in_order({**flat, "device": self.device, "devices": asdict(self.devices)}, CONFIG_JSON_KEYS)
+        return in_order({**flat, "unified": self.unified, "device": self.device, "devices": asdict(self.devices)},
+                        CONFIG_JSON_KEYS)
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -367,7 +297,7 @@ class BenchConfig:
     def runs_unified(self) -> bool:
         """Whether the unified layout runs: asked for, on one device with every layer's KV on the host,
         without --paged."""
-        return self.variants.unified and self.devices.default and not self.paged_cache.paged
+        return self.unified and self.devices.default and not self.paged_cache.paged
 
     @property
     def unified_note(self) -> Optional[Tuple[str, str]]:

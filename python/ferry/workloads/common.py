@@ -6,7 +6,7 @@ a split runs on, each sequence's K or V content, and the rounding of a window's 
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
@@ -299,6 +299,76 @@ def n_kv_for(npp: int, ntg: int, pad: int, kv_size: int) -> int:
     """
     need = npp + ntg
     return min((need + pad - 1) // pad * pad, kv_size)
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """The KV cache's geometry: the "the KV geometry" options, shared by the verbs that run steps.
+
+    Attributes
+    ----------
+    n_layer : int
+        Layers.
+    type_kv : str
+        K and V's type (f32, f16, q8_0).
+    n_head, head_dim, n_head_kv : int
+        Query heads, values per head, and K/V heads.
+    v_trans : bool
+        V stored transposed (flash attention off): a gap after every channel row.
+    """
+
+    n_layer: int = 2
+    type_kv: str = "f16"
+    n_head: int = 8
+    head_dim: int = 64
+    n_head_kv: int = 2
+    v_trans: bool = False
+
+
+@dataclass(frozen=True)
+class VariantOptions:
+    """Which variants of the copy run (each verb its own defaults).
+
+    Attributes
+    ----------
+    policies : tuple of str
+        Copy policies (plan: as ranges for these windows).
+    compact : bool
+        Also each non-flat policy with compact staging.
+    reuse : bool
+        A step whose padded n_kv is the last step's runs the last graph (StepGraph).
+    overlap : bool
+        Also each variant prefetching its inputs on the copy queue.
+    prefetch : tuple of int
+        Parts (layers) ahead an overlapped run queues: a run per depth.
+    prefetch_next : tuple of bool
+        Per depth, a run across steps (True) and/or within each (False).
+    """
+
+    policies: Tuple[str, ...] = ("flat", "ranges", "ragged")
+    compact: bool = False
+    reuse: bool = True
+    overlap: bool = False
+    prefetch: Tuple[int, ...] = (1,)
+    prefetch_next: Tuple[bool, ...] = (True,)
+
+
+def grouped(cls: Any, groups: Sequence[str], options: Dict[str, Any]) -> Any:
+    """A configuration of class cls from options given by flat name: each of its group fields (groups, each a
+    dataclass) takes the names of its own fields, over its default; the other names go to cls itself.
+
+    Raises
+    ------
+    TypeError
+        For a name neither a group nor cls has.
+    """
+    defaults = cls()
+    options = dict(options)
+    made = {}
+    for name in groups:
+        default = getattr(defaults, name)
+        made[name] = replace(default, **{f.name: options.pop(f.name) for f in fields(default) if f.name in options})
+    return cls(**made, **options)
 
 
 class JsonRecord:

@@ -12,6 +12,7 @@ the free blocks among them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -26,6 +27,26 @@ from ..types import Type
 BLOCK_SIZE = 16
 #: The share of a sequence's blocks that follow their predecessor (--adjacency's default).
 ADJACENCY = 0.5
+
+
+@dataclass(frozen=True)
+class PagedOptions:
+    """--paged: a paged cache beside the cells cache, in the verbs that run one.
+
+    Attributes
+    ----------
+    paged : bool
+        Whether the paged cache runs.
+    block_size : int
+        Cells per block.
+    adjacency : float
+        Share of a sequence's blocks right after their predecessor in the pool.
+    """
+
+    paged: bool = False
+    block_size: int = BLOCK_SIZE
+    adjacency: float = ADJACENCY
+
 #: The gathers a paged window can be forced to, the baseline first (GatherMethod's names but auto).
 GATHERS: Tuple[str, ...] = ("per_block", "runs", "batched", "kernel")
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -50,10 +50,13 @@ from ..tensor import Tensor
 from ..types import row_size, to_type
 from .common import (
     POLICIES,
+    KVGeometry,
     Lengths,
+    VariantOptions,
     check_positive,
     check_prefetch_next,
     check_run_options,
+    grouped,
     n_kv_for,
     new_cache,
     prefetch_runs,
@@ -65,8 +68,7 @@ from .common import (
 )
 from .devices import DeviceConfig, Place, naming_device_memory, placement_name, standard_placements
 from .paged_tables import (
-    ADJACENCY,
-    BLOCK_SIZE,
+    PagedOptions,
     adjacent_tables,
     blocks_for,
     check_paged,
@@ -77,66 +79,115 @@ from .paged_tables import (
 
 
 @dataclass(frozen=True)
-class ValidateConfig:
-    """What `ferry validate` runs at one npl: n_seq sequences (--sequences) through n_stream streams
-    (-npl) of kv_size cells (-c / -npl), n_step decode steps a wave (-ntg), prompts of n_step + 1
-    to npp cells (-npp; None: kv_size - n_step) as lengths says: drawn uniformly (by default, so that
-    every stream's range differs), all npp, or given."""
+class Waves:
+    """The sequences `ferry validate` serves at one npl, in waves: n_seq sequences (--sequences) through
+    n_stream streams (-npl) of kv_size cells (-c / -npl), n_step decode steps a wave (-ntg), prompts of
+    n_step + 1 to npp cells (-npp; None: kv_size - n_step) as lengths says: drawn uniformly (by default,
+    so that every stream's range differs), all npp, or given.
+
+    Attributes
+    ----------
+    n_seq, n_stream, n_step, kv_size : int
+        Sequences, streams, decode steps a wave, and cells a stream.
+    npp : int or None
+        The longest prompt; None: kv_size - n_step.
+    lengths : Lengths
+        The prompts' lengths: common.prompt_lengths.
+    pad : int
+        A wave's n_kv is its longest sequence rounded up to this (at most kv_size).
+    seed : int
+        Seeds the cells, the queries and drawn lengths.
+    """
 
     n_seq: int = 16
     n_stream: int = 8
-    n_layer: int = 2
     n_step: int = 4
     kv_size: int = 64
-    type_kv: str = "f16"
-    n_head: int = 8  # the geometry is `ferry bench`'s (BenchConfig), so the two verbs share defaults
-    head_dim: int = 64
-    n_head_kv: int = 2
-    policies: Tuple[str, ...] = POLICIES
-    device: str = "auto"
+    npp: Optional[int] = None
+    lengths: Lengths = "uniform"
+    pad: int = 1
     seed: int = 0
-    compact: bool = False  # also hash each non-flat policy with compact staging
-    pad: int = 1  # a wave's n_kv is its longest sequence rounded up to this (at most kv_size)
-    reuse: bool = True  # a step whose padded n_kv is the last one's runs the last graph (StepGraph)
-    overlap: bool = True  # also hash each run prefetching on the copy queue (keys "+overlap")
-    prefetch: Tuple[int, ...] = (1,)  # parts (layers) ahead an overlapped run queues: one run per depth
-    prefetch_next: Tuple[bool, ...] = (True, False)  # per depth, runs across steps and within each ("-within")
-    v_trans: bool = False  # V stored transposed (flash attention off)
-    devices: DeviceConfig = field(default_factory=DeviceConfig)  # the devices, and where each layer's KV lives
-    npp: Optional[int] = None  # the longest prompt; None: kv_size - n_step
-    lengths: Lengths = "uniform"  # the prompts' lengths: common.prompt_lengths
-    paged: bool = False  # also serve through a paged cache, once per gather method (hashes "paged/<method>")
-    block_size: int = BLOCK_SIZE  # cells per block of the paged cache
-    adjacency: float = ADJACENCY  # share of a stream's blocks right after their predecessor in the pool
+
+
+def _validate_variants() -> VariantOptions:
+    """validate's variants by default: every policy, serial and overlapped across steps and within each."""
+    return VariantOptions(policies=POLICIES, overlap=True, prefetch_next=(True, False))
+
+
+#: ValidateConfig's groups of options, by field name.
+_GROUPS = ("waves", "kv", "variants", "paged_cache")
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """What `ferry validate` runs at one npl, by concern. The KV geometry, the variants and the paged
+    cache are `ferry bench`'s records, so the two verbs share them and their defaults (but validate's
+    variants: every policy, overlapped too, across steps and within each).
+
+    Attributes
+    ----------
+    waves : Waves
+        The sequences, streams and steps.
+    kv : KVGeometry
+        The cache's geometry.
+    variants : VariantOptions
+        Which variants of the copy are hashed (with overlap, each also prefetching: keys "+overlap").
+    paged_cache : PagedOptions
+        Also serve through a paged cache, once per gather method (hashes "paged/<method>").
+    device : str
+        The split's device: auto, cpu or cuda.
+    devices : DeviceConfig
+        The devices, and where each layer's KV lives.
+    """
+
+    waves: Waves = field(default_factory=Waves)
+    kv: KVGeometry = field(default_factory=KVGeometry)
+    variants: VariantOptions = field(default_factory=_validate_variants)
+    paged_cache: PagedOptions = field(default_factory=PagedOptions)
+    device: str = "auto"
+    devices: DeviceConfig = field(default_factory=DeviceConfig)
+
+    @classmethod
+    def of(cls, **options: Any) -> "ValidateConfig":
+        """A configuration from options by their fields' names, each put in its group; the others default.
+
+        Raises
+        ------
+        TypeError
+            For a name no group has.
+        """
+        made: ValidateConfig = grouped(cls, _GROUPS, options)
+        return made
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
-        check_positive((("--sequences", self.n_seq), ("-npl", self.n_stream), ("--layers", self.n_layer),
-                        ("-ntg", self.n_step), ("-c / -npl", self.kv_size), ("--heads", self.n_head),
-                        ("--head-dim", self.head_dim), ("--kv-heads", self.n_head_kv), ("--pad", self.pad),
-                        *(("--prefetch", d) for d in self.prefetch)))
-        check_prefetch_next(self.prefetch_next)
-        if self.npp is not None:
-            check_positive((("-npp", self.npp),))
-        if self.n_stream < 2:
-            raise InvalidArgumentError(f"-npl {self.n_stream}: a gate for cross-stream reads needs at least 2 streams")
-        if self.longest_prompt < self.n_step + 1:
+        w, kv = self.waves, self.kv
+        check_positive((("--sequences", w.n_seq), ("-npl", w.n_stream), ("--layers", kv.n_layer),
+                        ("-ntg", w.n_step), ("-c / -npl", w.kv_size), ("--heads", kv.n_head),
+                        ("--head-dim", kv.head_dim), ("--kv-heads", kv.n_head_kv), ("--pad", w.pad),
+                        *(("--prefetch", d) for d in self.variants.prefetch)))
+        check_prefetch_next(self.variants.prefetch_next)
+        if w.npp is not None:
+            check_positive((("-npp", w.npp),))
+        if w.n_stream < 2:
+            raise InvalidArgumentError(f"-npl {w.n_stream}: a gate for cross-stream reads needs at least 2 streams")
+        if self.longest_prompt < w.n_step + 1:
             raise InvalidArgumentError(f"-npp {self.longest_prompt}: a prompt has at least -ntg + 1 = "
-                                       f"{self.n_step + 1} cells; give -npp at least that")
-        if self.lengths == "uniform" and self.longest_prompt < self.n_step + 2:
+                                       f"{w.n_step + 1} cells; give -npp at least that")
+        if w.lengths == "uniform" and self.longest_prompt < w.n_step + 2:
             raise InvalidArgumentError(f"-npp {self.longest_prompt}: --lengths uniform draws prompts of different "
-                                       f"lengths, from -ntg + 1 = {self.n_step + 1} cells: give -npp at least -ntg + 2 "
-                                       f"= {self.n_step + 2}, or --lengths equal")
+                                       f"lengths, from -ntg + 1 = {w.n_step + 1} cells: give -npp at least -ntg + 2 "
+                                       f"= {w.n_step + 2}, or --lengths equal")
         self.prompts()
-        if self.longest_prompt + self.n_step > self.kv_size:
-            raise InvalidArgumentError(f"-npl {self.n_stream}: a stream holds {self.kv_size} cells (-c / -npl), fewer "
-                                       f"than -npp + -ntg = {self.longest_prompt + self.n_step}")
-        check_run_options(self.type_kv, self.head_dim, self.n_head, self.n_head_kv, self.policies, self.device)
-        if self.paged:
-            check_paged(self.block_size, self.adjacency)
-        if self.v_trans and self.type_kv == "q8_0":
+        if self.longest_prompt + w.n_step > w.kv_size:
+            raise InvalidArgumentError(f"-npl {w.n_stream}: a stream holds {w.kv_size} cells (-c / -npl), fewer "
+                                       f"than -npp + -ntg = {self.longest_prompt + w.n_step}")
+        check_run_options(kv.type_kv, kv.head_dim, kv.n_head, kv.n_head_kv, self.variants.policies, self.device)
+        if self.paged_cache.paged:
+            check_paged(self.paged_cache.block_size, self.paged_cache.adjacency)
+        if kv.v_trans and kv.type_kv == "q8_0":
             raise InvalidArgumentError("--v-trans needs --type f32 or f16: a transposed V cannot hold q8_0 blocks")
-        self.devices.check(self.n_layer, self.device)
+        self.devices.check(kv.n_layer, self.device)
 
     @property
     def placements_run(self) -> bool:
@@ -148,17 +199,18 @@ class ValidateConfig:
     @property
     def n_embd(self) -> int:
         """Values per cell of K (or V): head_dim * n_head_kv."""
-        return self.head_dim * self.n_head_kv
+        return self.kv.head_dim * self.kv.n_head_kv
 
     @property
     def longest_prompt(self) -> int:
         """The longest prompt a sequence may have: npp, or kv_size - n_step without it."""
-        return self.kv_size - self.n_step if self.npp is None else self.npp
+        return self.waves.kv_size - self.waves.n_step if self.waves.npp is None else self.waves.npp
 
     def prompts(self) -> List[int]:
         """Each sequence's prompt length, n_step + 1 to longest_prompt cells (common.prompt_lengths of
         lengths, seeded by seed)."""
-        return prompt_lengths(self.lengths, self.n_seq, self.longest_prompt, self.seed, low=self.n_step + 1)
+        w = self.waves
+        return prompt_lengths(w.lengths, w.n_seq, self.longest_prompt, w.seed, low=w.n_step + 1)
 
 
 @dataclass
@@ -229,32 +281,32 @@ class _Served:
     def __init__(self, cfg: ValidateConfig, placement: Optional[Sequence[Optional[Backend]]] = None,
                  paged: Optional[Tuple[str, bool]] = None) -> None:
         self.cfg = cfg
-        ty = to_type(cfg.type_kv)
-        S = cfg.n_stream
+        ty = to_type(cfg.kv.type_kv)
+        S, g, block = cfg.waves.n_stream, cfg.kv, cfg.paged_cache.block_size
         self.kv: Union[KVCache, PagedKVCache]
         if paged is None:
-            self.kv = new_cache(ty, cfg.head_dim, cfg.n_head_kv, (S + 1) * cfg.kv_size, S + 1, cfg.n_layer,
-                                cfg.v_trans, False, placement)
+            self.kv = new_cache(ty, g.head_dim, g.n_head_kv, (S + 1) * cfg.waves.kv_size, S + 1, g.n_layer, g.v_trans,
+                                False, placement)
         else:  # a stream's table holds kv_size cells; the pool twice the blocks, the free among the runs
             gather, pinned = paged
-            per_stream = blocks_for(cfg.kv_size, cfg.block_size)
+            per_stream = blocks_for(cfg.waves.kv_size, block)
             n_blocks = 2 * (S + 1) * per_stream
-            self.kv = new_paged_cache(ty, cfg.head_dim, cfg.n_head_kv, cfg.block_size, n_blocks, S + 1, cfg.n_layer,
-                                      cfg.v_trans, pinned)
-            for s, table in enumerate(adjacent_tables([per_stream] * (S + 1), n_blocks, cfg.adjacency, cfg.seed)):
-                self.kv.set_table(s, table, cfg.kv_size)
+            self.kv = new_paged_cache(ty, g.head_dim, g.n_head_kv, block, n_blocks, S + 1, g.n_layer, g.v_trans, pinned)
+            tables = adjacent_tables([per_stream] * (S + 1), n_blocks, cfg.paged_cache.adjacency, cfg.waves.seed)
+            for s, table in enumerate(tables):
+                self.kv.set_table(s, table, cfg.waves.kv_size)
             self.kv.gather = gather
         self.row = row_size(ty, cfg.n_embd)
         self.prompt = cfg.prompts()
-        self.content = {(i, layer, which): random_rows(ty, self.prompt[i] + cfg.n_step, cfg.n_embd,
-                                                     (cfg.seed, i, layer, which == "v"))
-                        for i in range(cfg.n_seq) for layer in range(cfg.n_layer) for which in ("k", "v")}
+        self.content = {(i, layer, which): random_rows(ty, self.prompt[i] + cfg.waves.n_step, cfg.n_embd,
+                                                     (cfg.waves.seed, i, layer, which == "v"))
+                        for i in range(cfg.waves.n_seq) for layer in range(cfg.kv.n_layer) for which in ("k", "v")}
 
     def _write(self, stream: int, seq: int, cell0: int, n: int) -> None:
-        for layer in range(self.cfg.n_layer):
+        for layer in range(self.cfg.kv.n_layer):
             for which in ("k", "v"):
                 data = self.content[seq, layer, which][cell0 * self.row:(cell0 + n) * self.row]
-                for s in (stream, self.cfg.n_stream) if stream == 0 else (stream,):
+                for s in (stream, self.cfg.waves.n_stream) if stream == 0 else (stream,):
                     if isinstance(self.kv, PagedKVCache):
                         write_paged_cells(self.kv, which, layer, s, cell0, data)
                     else:
@@ -270,8 +322,8 @@ class _Served:
 
 
 def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
-    rng = np.random.default_rng([cfg.seed, seq, layer, t, 1 << 20])
-    return rng.uniform(-1.0, 1.0, (cfg.n_head, cfg.head_dim)).astype(np.float32)
+    rng = np.random.default_rng([cfg.waves.seed, seq, layer, t, 1 << 20])
+    return rng.uniform(-1.0, 1.0, (cfg.kv.n_head, cfg.kv.head_dim)).astype(np.float32)
 
 
 def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
@@ -280,7 +332,7 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     """Serve every sequence under a policy and hash every attention output.
 
     Each step writes its queries and lengths into tensors kept per wave size, and runs the graph of
-    its padded n_kv: built when that changes (or every step without cfg.reuse), else the last one.
+    its padded n_kv: built when that changes (or every step without cfg.variants.reuse), else the last one.
 
     Parameters
     ----------
@@ -311,7 +363,7 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
         the devices, and the graphs built.
     """
     cpu = CPUBackend()
-    lay = layout or Layout.one(split, cfg.n_layer)
+    lay = layout or Layout.one(split, cfg.kv.n_layer)
     pinned = not isinstance(split, StandinBackend)
     served = _Served(cfg, [None if d is None else lay.devices[d] for d in lay.places],
                      None if gather is None else (gather, pinned))
@@ -324,31 +376,31 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
         n, n_kv = cast(Tuple[int, int], key)
         q, kv_len = inputs[n]
         windows = served.kv.windows(n_kv, shift, shift + n - 1)
-        return attention_step(sched, on, windows, q, kv_len, cfg.v_trans)
+        return attention_step(sched, on, windows, q, kv_len, cfg.kv.v_trans)
 
     graphs = StepGraph(sched, build)
     memory = 0
     digest = hashlib.sha256()
-    S = cfg.n_stream
-    for w in range(0, cfg.n_seq, S):
-        seqs = list(range(w, min(w + S, cfg.n_seq)))
+    S = cfg.waves.n_stream
+    for w in range(0, cfg.waves.n_seq, S):
+        seqs = list(range(w, min(w + S, cfg.waves.n_seq)))
         sched.drop_ahead()  # new sequences over the last wave's cells
         served.start_wave(seqs)
         n = len(seqs)
         if n not in inputs:
-            inputs[n] = ([Tensor.from_numpy(cpu, np.zeros((n, 1, cfg.n_head, cfg.head_dim), np.float32),
-                                            name=f"q{layer}") for layer in range(cfg.n_layer)],
+            inputs[n] = ([Tensor.from_numpy(cpu, np.zeros((n, 1, cfg.kv.n_head, cfg.kv.head_dim), np.float32),
+                                            name=f"q{layer}") for layer in range(cfg.kv.n_layer)],
                          Tensor.from_numpy(cpu, np.zeros(n, np.int32), name="kv_len"))
         q, kv_len = inputs[n]
-        for t in range(cfg.n_step):
+        for t in range(cfg.waves.n_step):
             served.step(seqs, t)
             lens = np.array([served.prompt[i] + t + 1 for i in seqs], np.int32)
             kv_len.set(lens)
-            for layer in range(cfg.n_layer):
+            for layer in range(cfg.kv.n_layer):
                 q[layer].set(np.stack([_query(cfg, i, layer, t) for i in seqs]))
-            if not cfg.reuse:
+            if not cfg.variants.reuse:
                 graphs.clear()
-            graph = graphs.get((n, n_kv_for(int(lens.max()), 0, cfg.pad, cfg.kv_size)))
+            graph = graphs.get((n, n_kv_for(int(lens.max()), 0, cfg.waves.pad, cfg.waves.kv_size)))
             sched.compute(graph)
             memory = max(memory, sum(sched.buffer_size(d) for d in lay.devices))
             for out in graph.outputs:
@@ -373,12 +425,12 @@ def placements(cfg: ValidateConfig, n_devices: int) -> List[Tuple[str, List[Plac
     list of (str, list of int or None)
     """
     d = cfg.devices
-    runs_on = d.runs_on(cfg.n_layer)
-    out = standard_placements(cfg.n_layer, n_devices, runs_on, cfg.seed)
+    runs_on = d.runs_on(cfg.kv.n_layer)
+    out = standard_placements(cfg.kv.n_layer, n_devices, runs_on, cfg.waves.seed)
     if d.placed:
-        mine = d.places(cfg.n_layer)
-        if all(mine != m and d.describe(cfg.n_layer) != name for name, m in out):
-            out.append((d.describe(cfg.n_layer), mine))
+        mine = d.places(cfg.kv.n_layer)
+        if all(mine != m and d.describe(cfg.kv.n_layer) != name for name, m in out):
+            out.append((d.describe(cfg.kv.n_layer), mine))
     return out
 
 
@@ -414,22 +466,22 @@ def _run_validate(cfg: ValidateConfig) -> ValidateResult:
     names: Dict[str, str] = {}
     if cfg.placements_run:
         runs = [("one-device/", None)] if len(devices) > 1 else []
-        runs_on = cfg.devices.runs_on(cfg.n_layer)
+        runs_on = cfg.devices.runs_on(cfg.kv.n_layer)
         for name, places in placements(cfg, len(devices)):
             runs.append((name + "/", Layout(devices=devices, runs_on=runs_on, places=places)))
             names[name] = placement_name(places)
         if len(devices) > 1:
-            names = {"one-device": placement_name([None] * cfg.n_layer), **names}
+            names = {"one-device": placement_name([None] * cfg.kv.n_layer), **names}
     hashes, memory, builds = {}, {}, {}
     for prefix, layout in runs:
-        for policy, compact in variants(cfg.policies, cfg.compact):
-            for prefetch, nxt in prefetch_runs(cfg.overlap, cfg.prefetch, cfg.prefetch_next):
+        for policy, compact in variants(cfg.variants.policies, cfg.variants.compact):
+            for prefetch, nxt in prefetch_runs(cfg.variants.overlap, cfg.variants.prefetch, cfg.variants.prefetch_next):
                 name = prefix + run_name(policy, compact, prefetch, nxt)
                 got = serve(cfg, split, policy, compact=compact, prefetch=prefetch, layout=layout, prefetch_next=nxt)
                 hashes[name], memory[name], builds[name] = got
-    if cfg.paged:
+    if cfg.paged_cache.paged:
         pinned = not isinstance(split, StandinBackend)
-        for method in (*offered_gathers(to_type(cfg.type_kv), cfg.v_trans, pinned, split), "auto"):
+        for method in (*offered_gathers(to_type(cfg.kv.type_kv), cfg.kv.v_trans, pinned, split), "auto"):
             name = f"paged/{method}"
             hashes[name], memory[name], builds[name] = serve(cfg, split, "ragged", gather=method)
     control, _, _ = serve(cfg, split, "ranges", shift=1)
