@@ -67,10 +67,10 @@ def test_table_pads_n_kv_and_caps_it_at_the_stream() -> None:
     assert n_kv_for(2048, 128, 1, 16384) == 2176
     assert n_kv_for(2048, 128, 256, 2048) == 2048
     (row,) = build_table(32768, [2], 2048, 128, pad=256)  # attention reads 2,176 cells a stream of 2,304
-    assert (row.cells_read, row.cells_copied_flat, row.cells_copied_ranges, row.cells_copied_ragged) == (
+    assert (row.cells.read, row.cells.flat, row.cells.ranges, row.cells.ragged) == (
         4352, 16384 + 2304, 4608, 4352)
     (full,) = build_table(4096, [2], 2048, 128, pad=256)  # n_kv capped at kv_size: no gap, nothing to gain
-    assert (full.cells_read, full.cells_copied_flat, full.cells_copied_ranges) == (4096, 4096, 4096)
+    assert (full.cells.read, full.cells.flat, full.cells.ranges) == (4096, 4096, 4096)
 
 
 def test_table_counts_uneven_lengths_and_ragged_copies_only_them() -> None:
@@ -80,16 +80,16 @@ def test_table_counts_uneven_lengths_and_ragged_copies_only_them() -> None:
     rows = build_table(32768, [2, 4, 8], 2048, 128, pad=256, type_k="f16", head_dim=64, n_head_kv=2,
                        lengths="uniform")
     for r in rows:
-        assert r.cells_copied_ragged == r.cells_read < r.cells_copied_ranges < r.cells_copied_flat
-    assert rows[2].cells_copied_ragged <= 0.6 * rows[2].cells_copied_ranges
+        assert r.cells.ragged == r.cells.read < r.cells.ranges < r.cells.flat
+    assert rows[2].cells.ragged <= 0.6 * rows[2].cells.ranges
     again = build_table(32768, [8], 2048, 128, pad=256, type_k="f16", head_dim=64, n_head_kv=2, lengths="uniform")
     assert again == rows[2:]  # seeded: the same draws every run
     (given,) = build_table(32768, [2], 2048, 128, pad=256, type_k="f16", head_dim=64, n_head_kv=2,
                            lengths=(100, 2000))
-    assert given.cells_read == given.cells_copied_ragged == 100 + 128 + 2000 + 128
-    assert given.cells_copied_ranges == 2 * 2304
+    assert given.cells.read == given.cells.ragged == 100 + 128 + 2000 + 128
+    assert given.cells.ranges == 2 * 2304
     (f16,) = build_table(8192, [4], 100, 28, type_k="f16", head_dim=64, n_head_kv=2)
-    assert (f16.cells_read, f16.cells_copied_flat) == (4 * 128, 3 * 2048 + 128)
+    assert (f16.cells.read, f16.cells.flat) == (4 * 128, 3 * 2048 + 128)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from ..errors import FerryError
-from ..workloads.table import TableRow, build_table
+from ..workloads.table import CopyCounts, TableRow, build_table
 from .options import apply_model, layer_windows
 from .reference import Verb, add_verb_parser
 from .text_table import format_table
@@ -59,11 +59,16 @@ def job(args: argparse.Namespace) -> Job:
                None if windows is None else tuple(windows), args.lengths, args.json)
 
 
+def _counts(c: CopyCounts) -> Tuple[str, ...]:
+    """Read, then copied under flat, ranges and ragged, with thousands separators."""
+    return tuple(f"{n:,}" for n in (c.read, c.flat, c.ranges, c.ragged))
+
+
 def format_rows(rows: Sequence[TableRow]) -> List[str]:
     """The TableRows rows as aligned text lines with thousands separators, under a header."""
     head = ("sequences", "cells read", "copied flat", "copied ranges", "copied ragged", "flat/ranges", "flat/ragged")
-    body = [(str(r.npl), f"{r.cells_read:,}", f"{r.cells_copied_flat:,}", f"{r.cells_copied_ranges:,}",
-             f"{r.cells_copied_ragged:,}", f"{r.flat_over_ranges:.2f}x", f"{r.flat_over_ragged:.2f}x") for r in rows]
+    body = [(str(r.npl), *_counts(r.cells), f"{r.flat_over_ranges:.2f}x", f"{r.flat_over_ragged:.2f}x")
+            for r in rows]
     return format_table([head, *body])
 
 
@@ -74,17 +79,14 @@ def format_layer_rows(rows: Sequence[TableRow]) -> List[str]:
             "bytes read", "bytes copied flat", "bytes copied ranges", "bytes copied ragged")
     body = []
     for r in rows:
-        for k in r.layers or []:
+        kinds = r.layers or []
+        for k in kinds:
             name = f"{k.n_layer} full" if k.window is None else f"{k.n_layer} sliding {k.window}"
-            body.append((str(r.npl), name, f"{k.cells_read:,}", f"{k.cells_copied_flat:,}",
-                         f"{k.cells_copied_ranges:,}", f"{k.cells_copied_ragged:,}",
-                         f"{k.cells_copied_flat / k.cells_copied_ragged:.2f}x", f"{k.bytes_read:,}",
-                         f"{k.bytes_copied_flat:,}", f"{k.bytes_copied_ranges:,}", f"{k.bytes_copied_ragged:,}"))
-        n_layer = sum(k.n_layer for k in r.layers or [])
-        body.append((str(r.npl), f"{n_layer} all", f"{r.cells_read:,}", f"{r.cells_copied_flat:,}",
-                     f"{r.cells_copied_ranges:,}", f"{r.cells_copied_ragged:,}",
-                     f"{r.cells_copied_flat / r.cells_copied_ragged:.2f}x", f"{r.bytes_read:,}",
-                     f"{r.bytes_copied_flat:,}", f"{r.bytes_copied_ranges:,}", f"{r.bytes_copied_ragged:,}"))
+            body.append((str(r.npl), name, *_counts(k.cells), f"{k.cells.flat / k.cells.ragged:.2f}x",
+                         *_counts(k.bytes)))
+        assert r.bytes is not None  # a row with layers counts bytes too
+        body.append((str(r.npl), f"{sum(k.n_layer for k in kinds)} all", *_counts(r.cells),
+                     f"{r.cells.flat / r.cells.ragged:.2f}x", *_counts(r.bytes)))
     return format_table([head, *body])
 
 

@@ -32,18 +32,55 @@ from ..types import TypeLike, row_size, to_type
 from .common import JsonRecord, Lengths, check_positive, check_streams, n_kv_for, prompt_lengths
 from .model_file import layer_sizes
 
-__all__ = ["LayerKindRow", "TableRow", "build_table", "n_kv_for", "window_stats"]
+__all__ = ["CopyCounts", "LayerKindRow", "TableRow", "build_table", "n_kv_for", "window_stats"]
 
 #: Cells a decode step adds to each sequence's stream: what a sliding layer holds beyond its window.
 DECODE_NEW_CELLS = 1
 
 
 @dataclass(frozen=True)
+class CopyCounts:
+    """What attention reads of a window and what each policy copies of it, in one unit (cells or bytes).
+
+    Attributes
+    ----------
+    read : int
+        What attention reads: each stream's own cells.
+    flat, ranges, ragged : int
+        What each policy copies.
+    """
+
+    read: int
+    flat: int
+    ranges: int
+    ragged: int
+
+    def times(self, k: int) -> "CopyCounts":
+        """Each count times k (k layers alike, or k bytes a cell)."""
+        return CopyCounts(read=self.read * k, flat=self.flat * k, ranges=self.ranges * k, ragged=self.ragged * k)
+
+    def named(self, unit: str) -> Dict[str, int]:
+        """The counts by the names `ferry table --json` gives them: "<unit>_read", "<unit>_copied_<policy>"."""
+        return {f"{unit}_read": self.read, f"{unit}_copied_flat": self.flat, f"{unit}_copied_ranges": self.ranges,
+                f"{unit}_copied_ragged": self.ragged}
+
+
+@dataclass(frozen=True)
 class LayerKindRow(JsonRecord):
     """The layers of one kind at one number of sequences: cells and bytes over all of them.
 
-    kind is "full" or "sliding" (window its window); kv_size the cells per stream a layer holds,
-    n_kv the cells per stream it reads; cells and bytes count every layer of the kind.
+    Attributes
+    ----------
+    kind : str
+        "full" or "sliding".
+    window : int or None
+        A sliding layer's window; None for a full one.
+    n_layer : int
+        The layers of the kind.
+    kv_size, n_kv : int
+        The cells per stream a layer holds, and those it reads.
+    cells, bytes : CopyCounts
+        What every layer of the kind reads and each policy copies, in cells and in bytes.
     """
 
     kind: str
@@ -51,43 +88,58 @@ class LayerKindRow(JsonRecord):
     n_layer: int
     kv_size: int
     n_kv: int
-    cells_read: int
-    cells_copied_flat: int
-    cells_copied_ranges: int
-    cells_copied_ragged: int
-    bytes_read: int
-    bytes_copied_flat: int
-    bytes_copied_ranges: int
-    bytes_copied_ragged: int
+    cells: CopyCounts
+    bytes: CopyCounts
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields by name, the counts flattened (CopyCounts.named)."""
+        return {"kind": self.kind, "window": self.window, "n_layer": self.n_layer, "kv_size": self.kv_size,
+                "n_kv": self.n_kv, **self.cells.named("cells"), **self.bytes.named("bytes")}
 
 
 @dataclass(frozen=True)
 class TableRow(JsonRecord):
     """One number of sequences: cells attention reads, cells each policy copied, and their ratios.
 
-    flat_over_ranges is cells_copied_flat / cells_copied_ranges, flat_over_ragged
-    cells_copied_flat / cells_copied_ragged; ratio is flat_over_ranges under its first name, kept
-    for the scripts that read `ferry table --json`. Without layers of different sizes the cells are
-    one layer's K window. With them, the cells count every layer at its own size, bytes_* give the
-    same in bytes and layers each kind's share; those three are left out of as_dict() otherwise."""
+    Without layers of different sizes the cells are one layer's K window. With them, the cells count every
+    layer at its own size, bytes gives the same in bytes and layers each kind's share; those two are left
+    out of as_dict() otherwise.
+
+    Attributes
+    ----------
+    npl : int
+        Sequences, one stream each.
+    cells : CopyCounts
+        Cells attention reads and each policy copies.
+    bytes : CopyCounts or None
+        The same in bytes, with layers of different sizes; None otherwise.
+    layers : list of LayerKindRow or None
+        Each kind's share, with layers of different sizes; None otherwise.
+    """
 
     npl: int
-    cells_read: int
-    cells_copied_flat: int
-    cells_copied_ranges: int
-    cells_copied_ragged: int
-    ratio: float
-    flat_over_ranges: float
-    flat_over_ragged: float
-    bytes_read: Optional[int] = None
-    bytes_copied_flat: Optional[int] = None
-    bytes_copied_ranges: Optional[int] = None
-    bytes_copied_ragged: Optional[int] = None
+    cells: CopyCounts
+    bytes: Optional[CopyCounts] = None
     layers: Optional[List[LayerKindRow]] = None
 
+    @property
+    def flat_over_ranges(self) -> float:
+        """Cells flat copies over cells ranges copies."""
+        return self.cells.flat / self.cells.ranges
+
+    @property
+    def flat_over_ragged(self) -> float:
+        """Cells flat copies over cells ragged copies."""
+        return self.cells.flat / self.cells.ragged
+
     def as_dict(self) -> Dict[str, Any]:
-        """The fields by name; the per-layer ones only for layers of different sizes."""
-        d = {k: v for k, v in super().as_dict().items() if v is not None}
+        """The fields by name, the counts flattened (CopyCounts.named), with "ratio" (flat_over_ranges under its
+        first name, kept for the scripts that read `ferry table --json`); bytes and layers only for layers of
+        different sizes."""
+        d: Dict[str, Any] = {"npl": self.npl, **self.cells.named("cells"), "ratio": self.flat_over_ranges,
+                             "flat_over_ranges": self.flat_over_ranges, "flat_over_ragged": self.flat_over_ragged}
+        if self.bytes is not None:
+            d.update(self.bytes.named("bytes"))
         if self.layers is not None:
             d["layers"] = [k.as_dict() for k in self.layers]
         return d
@@ -187,13 +239,13 @@ def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 
     mixed = layer_windows is not None and any(w is not None for w in layer_windows)
     row = row_size(to_type(type_k), head_dim * n_head_kv)
 
-    def cells(n_ctx_l: int, npl: int, n_kv: int, prompts: Sequence[int]) -> Tuple[int, int, int, int]:
+    def cells(n_ctx_l: int, npl: int, n_kv: int, prompts: Sequence[int]) -> CopyCounts:
         used = [min(p + ntg, n_kv) for p in prompts]
         st = window_stats(n_ctx_l, npl, n_kv, type_k, head_dim, n_head_kv, used)
         if st["flat"].bytes_read != st["ranges"].bytes_read:
             raise AssertionError("the two runs read different windows")
-        return (st["ragged"].bytes_read // row, st["flat"].bytes_copied // row, st["ranges"].bytes_copied // row,
-                st["ragged"].bytes_copied // row)
+        return CopyCounts(read=st["ragged"].bytes_read // row, flat=st["flat"].bytes_copied // row,
+                          ranges=st["ranges"].bytes_copied // row, ragged=st["ragged"].bytes_copied // row)
 
     rows = []
     for npl in npls:
@@ -202,26 +254,16 @@ def build_table(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int = 
         prompts = prompt_lengths(lengths, npl, npp, seed)
         n_kv = n_kv_for(max(prompts), ntg, pad, kv_size)
         if not mixed:
-            read, flat, ranges, ragged = cells(n_ctx, npl, n_kv, prompts)
-            rows.append(TableRow(npl=npl, cells_read=read, cells_copied_flat=flat, cells_copied_ranges=ranges,
-                                 cells_copied_ragged=ragged, ratio=flat / ranges, flat_over_ranges=flat / ranges,
-                                 flat_over_ragged=flat / ragged))
+            rows.append(TableRow(npl=npl, cells=cells(n_ctx, npl, n_kv, prompts)))
             continue
         kinds = []
         for window, n_layer in _kinds(layer_windows or ()):
             # a sliding layer holds its window and the step's new cells, never more than a stream
             held = kv_size if window is None else min(window + DECODE_NEW_CELLS, kv_size)
             (n_kv_l,) = layer_sizes([window], n_kv, kv_size, DECODE_NEW_CELLS)
-            read, flat, ranges, ragged = (n_layer * c for c in cells(npl * held, npl, n_kv_l, prompts))
+            kind = cells(npl * held, npl, n_kv_l, prompts).times(n_layer)
             kinds.append(LayerKindRow(kind="full" if window is None else "sliding", window=window, n_layer=n_layer,
-                                      kv_size=held, n_kv=n_kv_l, cells_read=read, cells_copied_flat=flat,
-                                      cells_copied_ranges=ranges, cells_copied_ragged=ragged, bytes_read=read * row,
-                                      bytes_copied_flat=flat * row, bytes_copied_ranges=ranges * row,
-                                      bytes_copied_ragged=ragged * row))
-        read, flat, ranges, ragged = (sum(getattr(k, f) for k in kinds) for f in (
-            "cells_read", "cells_copied_flat", "cells_copied_ranges", "cells_copied_ragged"))
-        rows.append(TableRow(npl=npl, cells_read=read, cells_copied_flat=flat, cells_copied_ranges=ranges,
-                             cells_copied_ragged=ragged, ratio=flat / ranges, flat_over_ranges=flat / ranges,
-                             flat_over_ragged=flat / ragged, bytes_read=read * row, bytes_copied_flat=flat * row,
-                             bytes_copied_ranges=ranges * row, bytes_copied_ragged=ragged * row, layers=kinds))
+                                      kv_size=held, n_kv=n_kv_l, cells=kind, bytes=kind.times(row)))
+        total = CopyCounts(**{f: sum(getattr(k.cells, f) for k in kinds) for f in ("read", "flat", "ranges", "ragged")})
+        rows.append(TableRow(npl=npl, cells=total, bytes=total.times(row), layers=kinds))
     return rows
