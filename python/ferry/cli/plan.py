@@ -38,34 +38,35 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
 
 def format_plan(p: WindowPlan) -> str:
     """The WindowPlan p as text: the window, the span against what is read, the copies, the costs, the why."""
-    name = "V (transposed)" if p.which == "v" and p.v_trans else p.which.upper()
-    cache = "unified, 1 stream" if p.n_stream == 1 else f"{p.n_stream} streams"
+    w, span, plan = p.window, p.span, p.plan
+    name = "V (transposed)" if w.which == "v" and w.v_trans else w.which.upper()
+    cache = "unified, 1 stream" if w.n_stream == 1 else f"{w.n_stream} streams"
     lines = [
-        f"{name} window {p.type}, head_dim {p.head_dim}, {p.n_head_kv} KV heads, -c {p.n_ctx} "
-        f"({cache} of {p.kv_size:,} cells), streams {p.streams[0]}-{p.streams[1]}, n_kv {p.n_kv:,}",
-        f"  ne {p.ne}  nb {p.nb}  offset {p.offset:,}",
-        f"  span (nbytes) {p.nbytes:,} B  read {p.bytes_read:,} B  span/read {p.span_read_ratio:.2f}x",
+        f"{name} window {w.type}, head_dim {w.head_dim}, {w.n_head_kv} KV heads, -c {w.n_ctx} "
+        f"({cache} of {w.kv_size:,} cells), streams {w.streams[0]}-{w.streams[1]}, n_kv {w.n_kv:,}",
+        f"  ne {span.ne}  nb {span.nb}  offset {span.offset:,}",
+        f"  span (nbytes) {span.nbytes:,} B  read {span.bytes_read:,} B  span/read {span.span_read_ratio:.2f}x",
     ]
-    if not p.plannable:
+    if not plan.plannable:
         lines.append("  plan: none (rows tangle over more than 2^20 rows): the copy path copies the span")
     else:
-        lines.append(f"  plan: {p.n_copies:,} cop{'y' if p.n_copies == 1 else 'ies'} "
-                     f"moving {p.bytes_moved_plan:,} B (flat moves {p.nbytes:,} B)")
+        lines.append(f"  plan: {plan.n_copies:,} cop{'y' if plan.n_copies == 1 else 'ies'} "
+                     f"moving {plan.bytes_moved_plan:,} B (flat moves {span.nbytes:,} B)")
         head = ("offset", "size", "count", "stride")
-        body = [tuple(f"{c[k]:,}" for k in head) for c in p.copies[:SHOWN_COPIES]]
+        body = [tuple(f"{c[k]:,}" for k in head) for c in plan.copies[:SHOWN_COPIES]]
         lines += format_table([head, *body], indent="    ")
-        if p.n_copies > SHOWN_COPIES:
-            lines.append(f"    ... {p.n_copies - SHOWN_COPIES:,} more")
-        lines.append(f"  cost ({p.cost_model} model): plan {p.cost_plan_us:,.1f} µs, flat {p.cost_flat_us:,.1f} µs "
-                     f"-> {p.choice}")
-    lines.append(f"  why: {p.explanation}")
+        if plan.n_copies > SHOWN_COPIES:
+            lines.append(f"    ... {plan.n_copies - SHOWN_COPIES:,} more")
+        lines.append(f"  cost ({plan.cost_model} model): plan {plan.cost_plan_us:,.1f} µs, "
+                     f"flat {plan.cost_flat_us:,.1f} µs -> {plan.choice}")
+    lines.append(f"  why: {plan.explanation}")
     if p.n_layer is not None:
         plural = "" if p.n_layer == 1 else "s"
         kind = f"full layer{plural}" if p.sliding_window is None else \
             f"sliding layer{plural} (window {p.sliding_window:,})"
-        moved = p.bytes_moved_plan if p.choice == "plan" else p.nbytes
+        moved = plan.bytes_moved_plan if plan.choice == "plan" else span.nbytes
         lines.insert(0, f"{p.n_layer} {kind}:")
-        lines.append(f"  over its {p.n_layer} layer{plural}: read {p.n_layer * p.bytes_read:,} B, "
+        lines.append(f"  over its {p.n_layer} layer{plural}: read {p.n_layer * span.bytes_read:,} B, "
                      f"the plan policy moves {p.n_layer * moved:,} B")
     return "\n".join(lines)
 

@@ -12,7 +12,7 @@ most that many.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..backend import DummyBackend
@@ -25,16 +25,28 @@ from ..types import to_type
 from .common import JsonRecord, check_positive, check_streams, n_kv_for
 from .model_file import layer_sizes
 
-__all__ = ["WindowPlan", "window_plan"]
+__all__ = ["PlanChoice", "PlannedWindow", "WindowPlan", "WindowSpan", "window_plan"]
 
 
 @dataclass(frozen=True)
-class WindowPlan(JsonRecord):
-    """The plan of one KV-cache window (the JSON output, key for key). Offsets are bytes from
-    the first byte of the layer's K or V tensor; costs are microseconds by the cost model named;
-    choice is what the plan copy policy takes there ("plan" or "flat"). For a model with layers of
-    different sizes, sliding_window is the layer's window (None: full attention) and n_layer the
-    layers of that kind; both are left out of as_dict() otherwise."""
+class PlannedWindow:
+    """Which window is planned.
+
+    Attributes
+    ----------
+    which : str
+        "k" or "v".
+    type : str
+        The cache's type.
+    v_trans : bool
+        V stored transposed.
+    n_ctx, n_stream, kv_size, n_kv : int
+        Cells in all streams, streams, cells a stream, and cells of each stream the window holds.
+    streams : list of int
+        The first and last stream read.
+    head_dim, n_head_kv : int
+        Values per head, and K/V heads.
+    """
 
     which: str
     type: str
@@ -46,12 +58,56 @@ class WindowPlan(JsonRecord):
     streams: List[int]
     head_dim: int
     n_head_kv: int
+
+
+@dataclass(frozen=True)
+class WindowSpan:
+    """The window as a tensor view: its shape, where it lies and what attention reads of it.
+
+    Attributes
+    ----------
+    ne, nb : list of int
+        Its extents and byte strides.
+    offset : int
+        Bytes from the first byte of the layer's K or V tensor.
+    nbytes, bytes_read : int
+        Its span, and the bytes attention reads.
+    span_read_ratio : float
+        nbytes over bytes_read.
+    """
+
     ne: List[int]
     nb: List[int]
     offset: int
     nbytes: int
     bytes_read: int
     span_read_ratio: float
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """The window's copy plan, its cost beside flat's, and what the plan copy policy takes.
+
+    Attributes
+    ----------
+    plannable : bool
+        Whether a plan exists.
+    n_copies : int
+        Its 2-D copies.
+    copies : list of dict
+        Each copy's fields (Copy2D), offsets in bytes from the tensor's first byte.
+    bytes_moved_plan : int
+        The bytes the plan moves.
+    cost_model : str
+        The cost model named ("cpu" or "gpu").
+    cost_plan_us, cost_flat_us : float
+        The plan's and flat's cost by that model, in microseconds.
+    choice : str
+        What the plan copy policy takes there: "plan" or "flat".
+    explanation : str
+        Why (ferry.plan.explain).
+    """
+
     plannable: bool
     n_copies: int
     copies: List[Dict[str, int]]
@@ -61,14 +117,40 @@ class WindowPlan(JsonRecord):
     cost_flat_us: float
     choice: str
     explanation: str
+
+
+@dataclass(frozen=True)
+class WindowPlan(JsonRecord):
+    """The plan of one KV-cache window: the window, its span, the plan. For a model with layers of
+    different sizes, sliding_window is the layer's window (None: full attention) and n_layer the layers
+    of that kind; both are left out of as_dict() otherwise.
+
+    Attributes
+    ----------
+    window : PlannedWindow
+        Which window.
+    span : WindowSpan
+        Where it lies and what is read of it.
+    plan : PlanChoice
+        Its plan, costs and the policy's choice.
+    sliding_window : int or None
+        The layer's window (None: full attention).
+    n_layer : int or None
+        The layers of this kind (None: the model's layers are alike).
+    """
+
+    window: PlannedWindow
+    span: WindowSpan
+    plan: PlanChoice
     sliding_window: Optional[int] = None
     n_layer: Optional[int] = None
 
     def as_dict(self) -> Dict[str, Any]:
-        """The fields by name; sliding_window and n_layer only for layers of different sizes."""
-        d = super().as_dict()
-        if self.n_layer is None:
-            del d["sliding_window"], d["n_layer"]
+        """The JSON output, key for key: the records' fields flattened, in order; sliding_window and n_layer
+        only for layers of different sizes."""
+        d = {**asdict(self.window), **asdict(self.span), **asdict(self.plan)}
+        if self.n_layer is not None:
+            d.update(sliding_window=self.sliding_window, n_layer=self.n_layer)
         return d
 
 
@@ -147,10 +229,13 @@ def window_plan(n_ctx: int, npl: int, npp: int, ntg: int, pad: int = 1, type: st
     read, span = bytes_read(t), t.nbytes
     pays = plannable and plan_pays(t, model)
     return WindowPlan(
-        which=which, type=str(ty), v_trans=v_trans, n_ctx=n_ctx, n_stream=npl, kv_size=kv_size, n_kv=n_kv,
-        streams=[s0, s1], head_dim=head_dim, n_head_kv=n_head_kv, ne=list(t.ne), nb=list(t.nb), offset=t.offset,
-        nbytes=span, bytes_read=read, span_read_ratio=span / read if read else 1.0, plannable=plannable,
-        n_copies=len(copies), copies=[c._asdict() for c in copies], bytes_moved_plan=sum(c.nbytes for c in copies),
-        cost_model=cost_model, cost_plan_us=plan_cost(copies, model) * 1e6 if plannable else float("nan"),
-        cost_flat_us=flat_cost(span, model) * 1e6, choice="plan" if pays else "flat",
-        explanation=explain(t).text, sliding_window=window, n_layer=n_layer)
+        window=PlannedWindow(which=which, type=str(ty), v_trans=v_trans, n_ctx=n_ctx, n_stream=npl, kv_size=kv_size,
+                             n_kv=n_kv, streams=[s0, s1], head_dim=head_dim, n_head_kv=n_head_kv),
+        span=WindowSpan(ne=list(t.ne), nb=list(t.nb), offset=t.offset, nbytes=span, bytes_read=read,
+                        span_read_ratio=span / read if read else 1.0),
+        plan=PlanChoice(plannable=plannable, n_copies=len(copies), copies=[c._asdict() for c in copies],
+                        bytes_moved_plan=sum(c.nbytes for c in copies), cost_model=cost_model,
+                        cost_plan_us=plan_cost(copies, model) * 1e6 if plannable else float("nan"),
+                        cost_flat_us=flat_cost(span, model) * 1e6, choice="plan" if pays else "flat",
+                        explanation=explain(t).text),
+        sliding_window=window, n_layer=n_layer)
