@@ -35,16 +35,17 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
 def format_paged(p: PagedWindowPlan) -> str:
     """The PagedWindowPlan p as text: the window and its cache, the stand-in's link, the gather's blocks,
     runs, calls and bytes, and each method's predicted time, the one chosen marked."""
-    name = "V (transposed)" if p.which == "v" and p.v_trans else p.which.upper()
-    link = fmt_link(p.link_gbps) if p.link_gbps else "unmodelled"
-    lines = [f"{name} paged window {p.type}, head_dim {p.head_dim}, {p.n_head_kv} KV heads, sequences "
-             f"{p.streams[0]}-{p.streams[1]} of {p.n_seq}, {p.cells:,} cells each",
-             f"  pool of {p.n_blocks:,} blocks of {p.block_size} cells (-c {p.n_ctx:,}), adjacency {p.adjacency:g}",
-             f"  stand-in link {link}, {p.latency_us:g} µs a call, {p.row_ns:g} ns a row",
-             f"  gather: {p.blocks:,} blocks in {p.runs:,} runs; {p.method}: {p.calls:,} "
-             f"call{'' if p.calls == 1 else 's'} moving {p.bytes:,} B, predicted {fmt_seconds(p.seconds)}"]
-    body = [[m, "not offered" if s is None else fmt_seconds(s), "<- chosen" if m == p.method else ""]
-            for m, s in p.method_seconds.items() if m != "auto"]
+    w, stand_in, g = p.window, p.link, p.gather
+    name = "V (transposed)" if w.which == "v" and w.v_trans else w.which.upper()
+    link = fmt_link(stand_in.link_gbps) if stand_in.link_gbps else "unmodelled"
+    lines = [f"{name} paged window {w.type}, head_dim {w.head_dim}, {w.n_head_kv} KV heads, sequences "
+             f"{w.streams[0]}-{w.streams[1]} of {w.n_seq}, {w.cells:,} cells each",
+             f"  pool of {w.n_blocks:,} blocks of {w.block_size} cells (-c {w.n_ctx:,}), adjacency {w.adjacency:g}",
+             f"  stand-in link {link}, {stand_in.latency_us:g} µs a call, {stand_in.row_ns:g} ns a row",
+             f"  gather: {g.blocks:,} blocks in {g.runs:,} runs; {g.method}: {g.calls:,} "
+             f"call{'' if g.calls == 1 else 's'} moving {g.bytes:,} B, predicted {fmt_seconds(g.seconds)}"]
+    body = [[m, "not offered" if s is None else fmt_seconds(s), "<- chosen" if m == g.method else ""]
+            for m, s in g.method_seconds.items() if m != "auto"]
     lines += [ln.rstrip() for ln in format_table([["method", "predicted", ""], *body], left=(0,), indent="    ")]
     return "\n".join(lines)
 

@@ -12,8 +12,8 @@ it predicts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..backend import Backend, StandinBackend
 from ..errors import InvalidArgumentError
@@ -24,14 +24,33 @@ from .common import JsonRecord, check_positive
 from .devices import DeviceConfig
 from .paged_tables import adjacent_tables, blocks_for, check_paged, check_pool
 
-__all__ = ["PagedWindowPlan", "paged_cache", "paged_window_plan", "standin"]
+__all__ = ["GatherChoice", "PagedWindow", "PagedWindowPlan", "StandinLink", "paged_cache", "paged_window_plan",
+           "standin"]
 
 
 @dataclass(frozen=True)
-class PagedWindowPlan(JsonRecord):
-    """The gather plan of one paged window (the JSON output, key for key). method is the one taken
-    (auto: the cheapest the stand-in offers); seconds its prediction; method_seconds each method's
-    (None where the stand-in does not offer it)."""
+class PagedWindow:
+    """Which paged window is planned, and the cache it lies in.
+
+    Attributes
+    ----------
+    which : str
+        "k" or "v".
+    type : str
+        The cache's type.
+    v_trans : bool
+        V stored transposed.
+    head_dim, n_head_kv : int
+        Values per head, and K/V heads.
+    n_ctx, n_seq, cells : int
+        Cells of the pool asked for, sequences, and cells each sequence's window holds.
+    block_size, n_blocks : int
+        Cells a block, and blocks in the pool.
+    adjacency : float
+        Share of a sequence's blocks right after their predecessor in the pool.
+    streams : list of int
+        The first and last sequence read.
+    """
 
     which: str
     type: str
@@ -45,9 +64,43 @@ class PagedWindowPlan(JsonRecord):
     n_blocks: int
     adjacency: float
     streams: List[int]
-    link_gbps: float  # 0: unmodelled (the host's memcpy)
+
+
+@dataclass(frozen=True)
+class StandinLink:
+    """The stand-in device's link the gather is predicted on.
+
+    Attributes
+    ----------
+    link_gbps : float
+        Its bandwidth (0: unmodelled, the host's memcpy).
+    latency_us, row_ns : float
+        A call's latency, and a row's cost.
+    """
+
+    link_gbps: float
     latency_us: float
     row_ns: float
+
+
+@dataclass(frozen=True)
+class GatherChoice:
+    """The window's gather: what it copies and the method taken.
+
+    Attributes
+    ----------
+    blocks, runs : int
+        The blocks the window reads, and the runs of adjacent ones.
+    calls, bytes : int
+        The method's copy calls and the bytes they move.
+    method : str
+        The method taken (auto: the cheapest the stand-in offers).
+    seconds : float
+        Its predicted time.
+    method_seconds : dict of str to float or None
+        Each method's predicted time (None where the stand-in does not offer it).
+    """
+
     blocks: int
     runs: int
     calls: int
@@ -55,6 +108,29 @@ class PagedWindowPlan(JsonRecord):
     method: str
     seconds: float
     method_seconds: Dict[str, Optional[float]]
+
+
+@dataclass(frozen=True)
+class PagedWindowPlan(JsonRecord):
+    """The gather plan of one paged window: the window, the link, the gather.
+
+    Attributes
+    ----------
+    window : PagedWindow
+        Which window, in which cache.
+    link : StandinLink
+        The stand-in's link.
+    gather : GatherChoice
+        The gather taken and each method's prediction.
+    """
+
+    window: PagedWindow
+    link: StandinLink
+    gather: GatherChoice
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The JSON output, key for key: the records' fields flattened, in order."""
+        return {**asdict(self.window), **asdict(self.link), **asdict(self.gather)}
 
 
 def standin(link_gbps: Tuple[float, ...] = (), latency_us: Tuple[float, ...] = (),
@@ -162,11 +238,11 @@ def paged_window_plan(n_ctx: int, npl: int, npp: int, ntg: int, type: str = "f16
         p = plan_paged(k if which == "k" else v, split)
         params = cache.params
         return PagedWindowPlan(
-            which=which, type=str(params.type_k), v_trans=v_trans, head_dim=head_dim, n_head_kv=n_head_kv,
-            n_ctx=n_ctx, n_seq=npl, cells=cells, block_size=block_size, n_blocks=params.n_blocks,
-            adjacency=adjacency, streams=[s0, s1], link_gbps=split.link_gbps or 0.0,
-            latency_us=split.latency_us, row_ns=split.row_ns,
-            blocks=p.blocks, runs=p.runs, calls=p.calls, bytes=p.bytes, method=str(p.method), seconds=p.seconds,
-            method_seconds=dict(p.method_seconds))
+            window=PagedWindow(which=which, type=str(params.type_k), v_trans=v_trans, head_dim=head_dim,
+                               n_head_kv=n_head_kv, n_ctx=n_ctx, n_seq=npl, cells=cells, block_size=block_size,
+                               n_blocks=params.n_blocks, adjacency=adjacency, streams=[s0, s1]),
+            link=StandinLink(link_gbps=split.link_gbps or 0.0, latency_us=split.latency_us, row_ns=split.row_ns),
+            gather=GatherChoice(blocks=p.blocks, runs=p.runs, calls=p.calls, bytes=p.bytes, method=str(p.method),
+                                seconds=p.seconds, method_seconds=dict(p.method_seconds)))
     finally:
         cache.close()
