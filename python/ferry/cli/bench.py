@@ -340,7 +340,7 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     """Add the `bench` verb to the `ferry` command's subparsers sub; returns the verb's parser. Its cache
     is the cells cache (`ferry paged-bench` runs the paged one through this verb's job)."""
     p = add_verb_parser(sub, VERB)
-    p.set_defaults(paged=False, block_size=BenchConfig.block_size, adjacency=BenchConfig.adjacency)
+    p.set_defaults(paged=False, block_size=PagedOptions.block_size, adjacency=PagedOptions.adjacency)
     return p
 
 
