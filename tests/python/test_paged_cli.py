@@ -189,10 +189,10 @@ def test_a_paged_bench_config_takes_the_ragged_policy_on_one_device_only() -> No
     with pytest.raises(ferry.InvalidArgumentError, match=re.escape(
             "--paged compares the paged gathers with the cells cache's ragged copy (the same bytes, contiguous), "
             "not --policy flat,ragged: give --policy ragged or leave out --policy")):
-        BenchConfig(paged=True, policies=("flat", "ragged")).check()
+        BenchConfig.of(paged=True, policies=("flat", "ragged")).check()
     with pytest.raises(ferry.InvalidArgumentError, match="--paged runs on one device with every layer's KV in host "
                                                          "memory"):
-        BenchConfig(paged=True, policies=("ragged",), devices=DeviceConfig(n_devices=2)).check()
+        BenchConfig.of(paged=True, policies=("ragged",), devices=DeviceConfig(n_devices=2)).check()
 
 
 # ------------------------------------------------------------ issue 42: the old spellings, for one release
