@@ -14,6 +14,7 @@ from ..errors import InvalidArgumentError, UnsupportedError
 from ..workloads import bench as bench_workload
 from ..workloads.bench import (
     BenchConfig,
+    BenchReport,
     BenchResult,
     BenchRow,
     KVGeometry,
@@ -76,20 +77,15 @@ def fmt_interval(g: Optional[Interval], exact: bool = False) -> str:
     return f"{mark}{points(g.estimate)}% ±{points(g.half_width, '')}"
 
 
-def _footer(res: BenchResult) -> List[str]:
+def _footer(res: BenchResult, rep: BenchReport) -> List[str]:
     """Per npl, whether the outputs agreed and how often the step's graph was rebuilt."""
     cfg = res.config
     runs = ("policies and both caches" if cfg.runs_unified else "policies") + (", serial and overlapped"
                                                                                if cfg.variants.overlap else "")
     if cfg.paged_cache.paged:
         runs = "the paged gathers and the cells cache"
-    lines = []
-    for npl in cfg.sequences.npl:
-        policy, compact = res.variants()[0]
-        r = res.row(npl, policy, False, compact)
-        lines.append(f"npl {npl}: outputs {'identical' if res.outputs_identical(npl) else 'DIFFERENT'} "
-                     f"across {runs}; graph rebuilt at {r.counts.rebuilds} of {cfg.sequences.ntg - 1} later steps")
-    return lines
+    return [f"npl {s.npl}: outputs {'identical' if s.outputs_identical else 'DIFFERENT'} across {runs}; graph "
+            f"rebuilt at {s.rebuilds} of {cfg.sequences.ntg - 1} later steps" for s in rep.per_npl]
 
 
 def _head(res: BenchResult) -> List[str]:
@@ -106,13 +102,13 @@ def _head(res: BenchResult) -> List[str]:
             + (", V transposed" if cfg.kv.v_trans else "")]
 
 
-def _tail(res: BenchResult, wide: bool = False) -> List[str]:
+def _tail(res: BenchResult, rep: BenchReport, wide: bool = False) -> List[str]:
     lines: List[str] = list(res.config.unified_note or ())
     if not res.config.devices.default:
         lines += [""] + format_devices(res)
     if res.config.variants.overlap:
-        lines += [""] + format_overlap(res, wide)
-    return lines + [""] + [w for line in _footer(res) for w in _prose(line, wide)]
+        lines += [""] + format_overlap(res, rep, wide)
+    return lines + [""] + [w for line in _footer(res, rep) for w in _prose(line, wide)]
 
 
 def _prose(line: str, wide: bool = False) -> List[str]:
@@ -125,18 +121,18 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
     variant (tokens/s, its gain over flat and over the unified cache with their intervals, copy time
     and bytes copied and read per step) and one for the unified cache, then whether the outputs
     agreed. With wide, format_wide's report instead."""
+    rep = res.finished()  # everything the formatters read of the result, once
     if wide:
-        return format_wide(res)
+        return format_wide(res, rep)
     cfg = res.config
     if cfg.paged_cache.paged:
-        return format_paged(res)
+        return format_paged(res, rep)
     head = ["npl", "policy", "tok/s", "over flat", "over unified" if cfg.runs_unified else "", "copy/step",
             "copied/step", "read/step"]
     body = []
-    first = res.variants()[0]
-    for f in res.report():
+    for f in rep.rows:
         r, k = f.row, f.row.key
-        if not f.is_serial_cells or (k.unified and (k.policy, k.compact) != first):
+        if not f.is_serial_cells or (k.unified and (k.policy, k.compact) != rep.variants[0]):
             continue
         gains = ["-", "-"] if k.unified else ["-" if k.policy == "flat" else fmt_interval(f.gain),
                                                fmt_interval(f.over_unified) if cfg.runs_unified else ""]
@@ -144,19 +140,21 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
                      fmt_seconds(r.per_step(r.times.copy_s)), fmt_bytes(r.per_step(r.counts.bytes_copied)),
                      fmt_bytes(r.per_step(r.counts.bytes_read))])
     lines = _head(res) + [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
-    return "\n".join(lines + _tail(res))
+    return "\n".join(lines + _tail(res, rep))
 
 
-def format_paged(res: BenchResult) -> str:
+def format_paged(res: BenchResult, rep: BenchReport) -> str:
     """The report of a --paged run: per npl the paged cache's per-block and merged gathers (the method
     taken named) and the cells cache's ragged copy, each with tokens/s, and per step its copy calls, its
     copy time against the copies' predicted time, and the bytes copied and read."""
     cfg = res.config
     head = ["npl", "cache", "tok/s", "calls/step", "copy/step", "predicted", "copied/step", "read/step"]
+    serial = {(f.row.key.npl, f.row.key.gather): f.row for f in rep.rows  # the serial ragged runs
+              if f.row.key.policy == "ragged" and not (f.row.key.unified or f.row.key.compact or f.row.key.prefetch)}
     body = []
-    for npl in cfg.sequences.npl:  # the paged rows follow the cells cache's in res.rows
+    for npl in cfg.sequences.npl:  # each npl's paged gathers, then the cells cache's ragged copy
         for gather in (*bench_workload.PAGED_GATHERS, ""):
-            r = res.row(npl, "ragged", gather=gather)
+            r = serial[npl, gather]
             t, n = r.times, r.counts
             name = r.key.label + (f" ({n.gather_used})" if gather == "auto" else "") if gather else "cells ragged"
             body.append([str(npl), name, fmt_tps_digits(r.tokens_per_s), f"{r.per_step(n.copy_calls):,.0f}",
@@ -166,10 +164,10 @@ def format_paged(res: BenchResult) -> str:
     lines = _head(res) + [f"paged cache: {paged.block_size}-cell blocks, adjacency {paged.adjacency:g}; per step, the "
                           "K and V windows' copies"]
     lines += [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
-    return "\n".join(lines + _tail(res))
+    return "\n".join(lines + _tail(res, rep))
 
 
-def format_wide(res: BenchResult) -> str:
+def format_wide(res: BenchResult, rep: BenchReport) -> str:
     """The report with every figure: per npl and variant its tokens/s, gain over flat with its interval's
     ends, each replica's gain, decode, host, end-to-end, copy and compute time, bytes copied and read
     over a repetition, copy bandwidth and the split's memory; the unified cache's beside it. model is the
@@ -180,7 +178,7 @@ def format_wide(res: BenchResult) -> str:
     if cfg.runs_unified:
         head += ["unified tok/s", "copy", "copied", "over unified"]
     body = []
-    for f in res.report():
+    for f in rep.rows:
         r, k, t, n = f.row, f.row.key, f.row.times, f.row.counts
         if not f.is_serial_cells or k.unified:
             continue
@@ -197,7 +195,7 @@ def format_wide(res: BenchResult) -> str:
                       fmt_interval(f.over_unified, exact=True)]
         body.append(cells)
     lines = _head(res) + ["times over a repetition (ntg steps): floors, the median over replicas"]
-    return "\n".join(lines + format_table([head, *body], left=(1, 4)) + _tail(res, wide=True))
+    return "\n".join(lines + format_table([head, *body], left=(1, 4)) + _tail(res, rep, wide=True))
 
 
 def format_devices(res: BenchResult) -> List[str]:
@@ -226,7 +224,7 @@ def format_devices(res: BenchResult) -> List[str]:
     return lines + format_table([head, *body], left=(1, 2))
 
 
-def format_overlap(res: BenchResult, wide: bool = False) -> List[str]:
+def format_overlap(res: BenchResult, rep: BenchReport, wide: bool = False) -> List[str]:
     """The lines of the overlap table (--overlap): per npl, layout, variant, prefetch depth and scope, the serial
     run's decode time, the overlapped run's decode time, over the bound max(copy, compute) and over the
     pipeline's floor (BenchResult.floor), the exposed share of what prefetching could hide and the
@@ -253,7 +251,7 @@ def format_overlap(res: BenchResult, wide: bool = False) -> List[str]:
         head = ["npl", "cache", "policy", "prefetch", "serial", "overlapped", "/ bound", "/ floor", "exposed",
                 "compute x"]
     body = []
-    for f in res.report():
+    for f in rep.rows:
         if f.overlap is None:
             continue
         o, k, s, figures = f.row.times, f.row.key, f.overlap.serial, f.overlap
@@ -302,14 +300,16 @@ def plot_result(res: BenchResult, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cfg = res.config
-    series = [(p, c, False) for p, c in res.variants()] + (
-        [(p, c, True) for p, c in res.variants()] if cfg.runs_unified else [])
+    cfg, rep = res.config, res.finished()
+    tps = {(k.npl, k.policy, k.unified, k.compact): f.row.tokens_per_s
+           for f in rep.rows for k in (f.row.key,) if f.is_serial_cells}
+    series = [(p, c, False) for p, c in rep.variants] + (
+        [(p, c, True) for p, c in rep.variants] if cfg.runs_unified else [])
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for i, (policy, compact, unified) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(cfg.sequences.npl))]
-        ys = [res.row(npl, policy, unified, compact).tokens_per_s for npl in cfg.sequences.npl]
+        ys = [tps[npl, policy, unified, compact] for npl in cfg.sequences.npl]
         name = run_name(policy, compact) + (" (unified)" if unified else "")
         ax.bar(xs, ys, width, label=name, hatch="//" if unified else None)
     ax.set_xticks(range(len(cfg.sequences.npl)))

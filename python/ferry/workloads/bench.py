@@ -653,6 +653,45 @@ class ReportRow:
         return d
 
 
+@dataclass(frozen=True)
+class NplSummary:
+    """What the report says of one npl beneath its table.
+
+    Attributes
+    ----------
+    npl : int
+        Sequences.
+    outputs_identical : bool
+        Whether every run of npl (each policy, both layouts, serial and overlapped) gave the same outputs.
+    rebuilds : int
+        How many later steps rebuilt the step's graph, in the first variant's serial run of the cells cache.
+    """
+
+    npl: int
+    outputs_identical: bool
+    rebuilds: int
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """A run's report, finished for the command line to print: it formats from this alone.
+
+    Attributes
+    ----------
+    rows : tuple of ReportRow
+        Every row, in the rows' order (BenchResult.report).
+    per_npl : tuple of NplSummary
+        Per npl, in the configuration's order.
+    variants : tuple of (str, bool)
+        The (policy, compact) runs in table order (BenchResult.variants); the main table shows the unified
+        cache's row of the first.
+    """
+
+    rows: Tuple[ReportRow, ...]
+    per_npl: Tuple[NplSummary, ...]
+    variants: Tuple[Tuple[str, bool], ...]
+
+
 @dataclass
 class BenchResult:
     """Every run of a configuration, and which backends ran it."""
@@ -772,6 +811,15 @@ class BenchResult:
             out.append(ReportRow(row=r, gain=self.gain_interval(r), replica_gains=gains,
                                  over_unified=self.unified_gain(r), unified=unified, overlap=overlap))
         return out
+
+    def finished(self) -> BenchReport:
+        """The whole report, finished: every row (report), each npl's summary and the variants."""
+        runs = tuple(self.variants())
+        policy, compact = runs[0]
+        per_npl = tuple(NplSummary(npl=npl, outputs_identical=self.outputs_identical(npl),
+                                   rebuilds=self.row(npl, policy, False, compact).counts.rebuilds)
+                        for npl in self.config.sequences.npl)
+        return BenchReport(rows=tuple(self.report()), per_npl=per_npl, variants=runs)
 
     def as_dicts(self) -> List[Dict[str, object]]:
         """The rows as `ferry bench --json` writes them: each ReportRow's as_dict: the row's (BenchRow.as_dict);
