@@ -186,3 +186,32 @@ def test_only_the_command_line_parses_plots_or_prints(name: str) -> None:
               and isinstance(node.value, ast.Name) and node.value.id == "sys"):
             found.append(f"line {node.lineno}: writes to sys.{node.attr}")
     assert found == []
+
+
+#: What `ferry bench`'s formatters may call on the result they print: its finished report, once.
+#: Every other figure they print is in that report (BenchReport) or read as a plain attribute.
+FORMATTERS_CALL_ON_THE_RESULT = {"finished"}
+
+
+def result_calls_of_the_formatters(source: str) -> List[str]:
+    """Each call a formatter of cli/bench.py (format_*, _head, _tail, _footer, plot_result) makes on its
+    result `res` other than FORMATTERS_CALL_ON_THE_RESULT: "function: res.method (line)"."""
+    found = []
+    for fn in ast.parse(source).body:
+        if not isinstance(fn, ast.FunctionDef) or not (fn.name.startswith("format_") or fn.name in (
+                "_head", "_tail", "_footer", "plot_result")):
+            continue
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "res"
+                    and node.func.attr not in FORMATTERS_CALL_ON_THE_RESULT):
+                found.append(f"{fn.name}: res.{node.func.attr} (line {node.lineno})")
+    return found
+
+
+def test_bench_formats_from_its_finished_report_alone() -> None:
+    # A formatter calling back into the result row by row is what records built by name replace: a new
+    # column is one field of the report and one formatter line.
+    assert result_calls_of_the_formatters((SOURCES / "cli" / "bench.py").read_text(encoding="utf-8")) == []
+    planted = "def format_x(res):\n    return res.row(2, 'flat')\n\ndef helper(res):\n    return res.row(1, 'x')\n"
+    assert result_calls_of_the_formatters(planted) == ["format_x: res.row (line 2)"]
