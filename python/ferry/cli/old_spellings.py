@@ -114,5 +114,5 @@ def translate(argv: Sequence[str]) -> Tuple[List[str], Optional[str]]:
     strategies = ["--strategy", value] if option == "--residency" and value is not None else []
     note = (f"ferry: `ferry {verb} {option}` is `ferry {new}` now"
             + (f" (and {option} {value} is --strategy {value})" if strategies else "")
-            + f"; `ferry {verb} {option}` goes in the next release")
+            + f"; `ferry {verb} {option}` is removed in the next release")
     return [*argv[:at], new, *strategies, *out], note
