@@ -353,22 +353,23 @@ class VariantOptions:
     prefetch_next: Tuple[bool, ...] = (True,)
 
 
-def grouped(cls: Any, groups: Sequence[str], options: Dict[str, Any]) -> Any:
+def grouped(cls: Any, groups: Sequence[str], options: Dict[str, Any], base: Any = None) -> Any:
     """A configuration of class cls from options given by flat name: each of its group fields (groups, each a
-    dataclass) takes the names of its own fields, over its default; the other names go to cls itself.
+    dataclass) takes the names of its own fields, over its value in base (default: cls()); the other names go
+    to cls itself.
 
     Raises
     ------
     TypeError
         For a name neither a group nor cls has.
     """
-    defaults = cls()
+    defaults = cls() if base is None else base
     options = dict(options)
     made = {}
     for name in groups:
         default = getattr(defaults, name)
         made[name] = replace(default, **{f.name: options.pop(f.name) for f in fields(default) if f.name in options})
-    return cls(**made, **options)
+    return replace(defaults, **made, **options)
 
 
 class JsonRecord:
