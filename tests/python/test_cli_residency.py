@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -62,8 +63,8 @@ def test_plan_residency_json_is_the_library_plan(capsys: pytest.CaptureFixture[s
     assert [(p["strategy"], p["prefetch"]) for p in plans] == [(s, d) for d in (0, 2) for s in STRATEGIES]
     # the library's plan of the same model: its memory measured by a dry run of the step over the
     # run's windows (-npp 120 -ntg 8: 121 to 128)
-    model = ResidencyModel(head_dim=32, n_head_kv=2, n_head=2, n_ctx=256, n_stream=1, n_kv=128,
-                           layer_windows=(None,) * 4, n_devices=2, step_windows=tuple(range(121, 129)))
+    model = ResidencyModel.of(head_dim=32, n_head_kv=2, n_head=2, n_ctx=256, n_stream=1, n_kv=128,
+                              layer_windows=(None,) * 4, n_devices=2, step_windows=tuple(range(121, 129)))
     layers = model.layers()
     devices = [DeviceSpec(2.45, 0.0, (20e-6,) * 4, None, 0, "device 0"), DeviceSpec(0.33, 0.0, (20e-6,) * 4, None, 0,
                                                                                      "device 1")]
@@ -144,12 +145,35 @@ def test_the_links_default_to_the_standins_and_0_is_measured(monkeypatch: pytest
         return type("M", (), {"gbps": 5.5})()
 
     monkeypatch.setattr(residency_plan, "measure_link", fake_measure)
-    model = residency_plan.ResidencyModel(n_devices=2)
+    model = residency_plan.ResidencyModel.of(n_devices=2)
     assert model.links() == (STANDIN_LINK_GBPS,) * 2 and calls == []
     assert [model.standin_link(d) for d in range(2)] == [STANDIN_LINK_GBPS] * 2
-    mixed = residency_plan.ResidencyModel(n_devices=2, link_gbps=(0.0, 2.45))
+    mixed = residency_plan.ResidencyModel.of(n_devices=2, link_gbps=(0.0, 2.45))
     assert mixed.links() == (5.5, 2.45) and calls == [None]  # measured on an unmodelled stand-in
     assert [mixed.standin_link(d) for d in range(2)] == [0.0, 2.45]
+
+
+def test_a_model_is_its_groups_built_by_its_flat_names() -> None:
+    """ResidencyModel.of puts each old flat name in its group; layer_windows sets the layers; at() changes
+    one figure and keeps the rest; a name no group has is a TypeError; check() refuses windows for another
+    number of layers, and the placement options the planner does not take."""
+    m = ResidencyModel.of(type_kv="q8_0", n_ctx=512, layer_windows=(None, 100, None), n_devices=2, reserve=(64,),
+                          prefetch=1, max_layers=2)
+    assert (m.kv.type_kv, m.kv.n_layer, m.n_layer, m.windows.n_ctx, m.windows.layer_windows, m.devices.n_devices,
+            m.planner.reserve, m.planner.prefetch, m.planner.max_layers) == (
+        "q8_0", 3, 3, 512, (None, 100, None), 2, (64,), 1, 2)
+    at = m.at(n_kv=128, memory=(1 << 20,))
+    assert (at.windows.n_kv, at.devices.memory) == (128, (1 << 20,))
+    assert (at.kv, at.planner, at.windows.layer_windows) == (m.kv, m.planner, m.windows.layer_windows)
+    assert ResidencyModel.of(n_layer=3).windows.layer_windows == (None,) * 3
+    assert ResidencyModel() == ResidencyModel.of()
+    m.check()
+    with pytest.raises(TypeError):
+        ResidencyModel.of(n_ctxx=4)
+    with pytest.raises(ferry_errors.InvalidArgumentError, match="3 layer windows for 2 layers"):
+        replace(m, kv=replace(m.kv, n_layer=2)).check()
+    with pytest.raises(ferry_errors.InvalidArgumentError, match="devices.placement"):
+        m.at(placement=(None, 0, None)).check()
 
 
 def test_plan_without_residency_is_the_window_plan(capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,12 +45,12 @@ def configurations(draw: st.DrawFn) -> Tuple[ResidencyModel, int, int, int]:
                    for _ in range(n_devices))
     reserve = tuple(draw(st.sampled_from((0, 0, 64, 4 * KIB))) for _ in range(n_devices))
     type_kv = draw(st.sampled_from(("f16", "f16", "q8_0")))
-    model = ResidencyModel(type_kv=type_kv, head_dim=head_dim, n_head_kv=n_head_kv, n_head=2 * n_head_kv,
-                           n_ctx=n_ctx, layer_windows=windows, v_trans=type_kv == "f16" and draw(st.booleans()),
-                           compact=draw(st.booleans()), n_devices=n_devices,
-                           link_gbps=links, latency_us=(draw(st.sampled_from((0.0, 20.0))),), memory=memory,
-                           reserve=reserve, compute_us=draw(st.sampled_from((2.0, 50.0, 400.0))),
-                           layer_devices=layer_devices)
+    model = ResidencyModel.of(type_kv=type_kv, head_dim=head_dim, n_head_kv=n_head_kv, n_head=2 * n_head_kv,
+                              n_ctx=n_ctx, layer_windows=windows, v_trans=type_kv == "f16" and draw(st.booleans()),
+                              compact=draw(st.booleans()), n_devices=n_devices,
+                              link_gbps=links, latency_us=(draw(st.sampled_from((0.0, 20.0))),), memory=memory,
+                              reserve=reserve, compute_us=draw(st.sampled_from((2.0, 50.0, 400.0))),
+                              layer_devices=layer_devices)
     return model, npl, npp, ntg
 
 
@@ -65,8 +65,9 @@ def _run(model: ResidencyModel, strategy: str, npl: int, npp: int, ntg: int, pre
     (row,) = result.rows
     assert row.plan.prediction.measured
     for d, held in enumerate(row.run.held_bytes):
-        budget = model.memory[0 if len(model.memory) == 1 else d]
-        reserve = model.reserve[0 if len(model.reserve) == 1 else d] if model.reserve else 0
+        memory, reserves = model.devices.memory, model.planner.reserve
+        budget = memory[0 if len(memory) == 1 else d]
+        reserve = reserves[0 if len(reserves) == 1 else d] if reserves else 0
         assert held == (row.plan.memory[d] - reserve if budget else None), (d, row.plan, row.run)  # 0: unlimited
     return row
 
@@ -75,15 +76,15 @@ def _least_is_below_measured(model: ResidencyModel, npl: int, npp: int, ntg: int
                              plan: ResidencyPlan) -> None:
     """The model's least (no measurement) never exceeds the measured memory, device by device, for
     the plan's placement and for every layer in host memory."""
-    kv_size = model.n_ctx // npl
+    kv_size = model.windows.n_ctx // npl
     m = model.at(n_stream=npl, n_kv=run_windows(npp, ntg, 1, kv_size)[-1],
                  step_windows=run_windows(npp, ntg, 1, kv_size), prefetch=prefetch)
     layers = m.layers()
-    devices = m.devices((1e-6,) * m.n_layer, (1.0,) * m.n_devices)
+    devices = m.device_specs((1e-6,) * m.n_layer, (1.0,) * m.devices.n_devices)
     with m.step_memory() as measure:
         for resident in (plan.resident, (False,) * m.n_layer):
-            least = predict_step(layers, devices, resident, m.layer_devices, prefetch)
-            measured = predict_step(layers, devices, resident, m.layer_devices, prefetch, measure)
+            least = predict_step(layers, devices, resident, m.devices.layer_devices, prefetch)
+            measured = predict_step(layers, devices, resident, m.devices.layer_devices, prefetch, measure)
             assert not least.measured and measured.measured
             assert all(a <= b for a, b in zip(least.memory, measured.memory)), (least, measured)
             assert least.resident_bytes == measured.resident_bytes
@@ -91,8 +92,8 @@ def _least_is_below_measured(model: ResidencyModel, npl: int, npp: int, ntg: int
 
 #: The issue's example (`ferry plan --residency` printed auto keeping layers 0,2 and 4,6 in 41.0 of 48.0 MiB,
 #: whose run then ran out of memory), at an eighth of its size: two devices of 6 MiB, eight layers.
-ISSUE = (ResidencyModel(head_dim=64, n_head_kv=2, n_head=8, n_ctx=4096, layer_windows=(None,) * 8, n_devices=2,
-                        link_gbps=(2.45, 0.33), memory=(6 << 20, 6 << 20), compute_us=3000.0), 2, 256, 4)
+ISSUE = (ResidencyModel.of(head_dim=64, n_head_kv=2, n_head=8, n_ctx=4096, layer_windows=(None,) * 8, n_devices=2,
+                           link_gbps=(2.45, 0.33), memory=(6 << 20, 6 << 20), compute_us=3000.0), 2, 256, 4)
 
 
 @pytest.mark.parametrize("prefetch", [0, 1, 2])

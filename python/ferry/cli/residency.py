@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..errors import InvalidArgumentError
 from ..residency import ResidencyPlan
 from ..workloads.common import n_kv_for, prefetch_depths
-from ..workloads.devices import DeviceConfig, naming_device_memory
+from ..workloads.devices import naming_device_memory
 from ..workloads.model_file import ModelGeometry
 from ..workloads.residency_bench import ResidencyResult, run_residency
 from ..workloads.residency_plan import ResidencyModel, run_windows
@@ -41,30 +41,32 @@ def model_from_args(args: argparse.Namespace, g: Optional[ModelGeometry]) -> Res
     elif getattr(args, "swa_layers", None) is not None and "layers" in getattr(args, "given", set()) and \
             len(windows) != args.layers:
         raise InvalidArgumentError(f"--swa-layers names {len(windows)} layers, --layers {args.layers}")
-    return ResidencyModel(type_kv=args.type, head_dim=args.head_dim, n_head_kv=args.kv_heads, n_head=args.heads,
-                          n_ctx=args.c, layer_windows=tuple(windows), v_trans=bool(getattr(args, "v_trans", False)),
-                          compact=bool(getattr(args, "compact", False)), n_devices=args.devices,
-                          link_gbps=args.link_gbps or (), latency_us=args.latency_us or (),
-                          memory=args.device_memory or (), reserve=args.reserve or (),
-                          compute_slowdown=args.compute_slowdown or (), compute_us=args.compute_us,
-                          layer_devices=args.layer_devices, max_layers=args.kv_device_layers)
+    return ResidencyModel.of(type_kv=args.type, head_dim=args.head_dim, n_head_kv=args.kv_heads, n_head=args.heads,
+                             n_ctx=args.c, layer_windows=tuple(windows), v_trans=bool(getattr(args, "v_trans", False)),
+                             compact=bool(getattr(args, "compact", False)), n_devices=args.devices,
+                             link_gbps=args.link_gbps or (), latency_us=args.latency_us or (),
+                             memory=args.device_memory or (), reserve=args.reserve or (),
+                             compute_slowdown=args.compute_slowdown or (), compute_us=args.compute_us,
+                             layer_devices=args.layer_devices, max_layers=args.kv_device_layers)
 
 
 def _describe_model(m: ResidencyModel) -> str:
-    sliding = [w for w in m.layer_windows if w is not None]
+    g = m.kv
+    sliding = [w for w in m.windows.layer_windows if w is not None]
     kinds = f"{m.n_layer} layers"
     if sliding:
         ws = ", ".join(f"{w:,}" for w in sorted(set(sliding)))
         kinds += f" ({len(sliding)} sliding, window {ws}; {m.n_layer - len(sliding)} full)"
-    return (f"{kinds}, K/V {m.type_kv}, {m.n_head} heads x {m.head_dim}, {m.n_head_kv} KV heads"
-            + (", V transposed" if m.v_trans else ""))
+    return (f"{kinds}, K/V {g.type_kv}, {g.n_head} heads x {g.head_dim}, {g.n_head_kv} KV heads"
+            + (", V transposed" if g.v_trans else ""))
 
 
 def _describe_devices(m: ResidencyModel, links: Sequence[float]) -> List[str]:
-    specs = m.devices([0.0] * m.n_layer, links)
+    specs = m.device_specs([0.0] * m.n_layer, links)
+    slowdown = m.devices.compute_slowdown
     out = []
     for d, s in enumerate(specs):
-        slow = m.compute_slowdown[0 if len(m.compute_slowdown) == 1 else d] if m.compute_slowdown else 1.0
+        slow = slowdown[0 if len(slowdown) == 1 else d] if slowdown else 1.0
         memory = "unlimited" if s.memory is None else fmt_mib(s.memory)
         out.append(f"  device {d}: link {fmt_link(s.link_gbps)}, latency {s.latency_us:g} µs, memory {memory}, "
                    f"reserve {fmt_mib(s.reserve)}, compute x{slow:g}")
@@ -156,22 +158,23 @@ def run_plan(j: PlanJob) -> int:
     out: List[Dict[str, object]] = []
     text: List[str] = []
     for npl in j.npl:
-        n_kv = n_kv_for(j.npp, j.ntg, j.pad, model.n_ctx // npl)
-        m = model.at(n_stream=npl, n_kv=n_kv, step_windows=run_windows(j.npp, j.ntg, j.pad, model.n_ctx // npl))
+        kv_size = model.windows.n_ctx // npl
+        n_kv = n_kv_for(j.npp, j.ntg, j.pad, kv_size)
+        m = model.at(n_stream=npl, n_kv=n_kv, step_windows=run_windows(j.npp, j.ntg, j.pad, kv_size))
         m.check()
         compute = m.compute_seconds()
-        devices = m.devices(compute, links)
+        devices = m.device_specs(compute, links)
         layers = m.layers()
-        how = "given (--compute-us)" if m.compute_us is not None else "measured on the stand-in"
+        how = "given (--compute-us)" if m.planner.compute_us is not None else "measured on the stand-in"
         per = ", ".join(fmt_seconds(c) for c in sorted(set(compute)))
-        text += [f"residency: {_describe_model(m)}; -c {m.n_ctx}, -npl {npl} (one stream each), n_kv {n_kv:,}",
+        text += [f"residency: {_describe_model(m)}; -c {m.windows.n_ctx}, -npl {npl} (one stream each), n_kv {n_kv:,}",
                  f"  attention per layer on the host: {per} ({how}); a device's compute slowdown multiplies it",
                  *_describe_devices(m, links)]
-        if m.max_layers is not None:
-            text.append(f"  at most {m.max_layers} layers resident (--kv-device-layers)")
+        if m.planner.max_layers is not None:
+            text.append(f"  at most {m.planner.max_layers} layers resident (--kv-device-layers)")
         for depth in j.depths:
             plans = m.at(prefetch=depth).plans(j.strategies, devices, layers)
-            out += [{**p.as_dict(npl), "n_kv": n_kv, "n_ctx": m.n_ctx} for p in plans]
+            out += [{**p.as_dict(npl), "n_kv": n_kv, "n_ctx": m.windows.n_ctx} for p in plans]
             text += ["", "serial (prefetch 0):" if depth == 0 else f"prefetching {depth} layer(s) ahead:",
                      *format_plans(plans, npl)]
         text.append("")
@@ -186,7 +189,7 @@ def _spread(r: Tuple[float, float, float]) -> str:
 def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int], repeat: int) -> str:
     """`ferry residency-bench`'s report: per -npl and prefetch depth, each strategy's placement,
     its predicted and measured step time and their ratio."""
-    lines = [f"residency: {_describe_model(model)}; -c {model.n_ctx}; stand-in devices, copy policy ranges, "
+    lines = [f"residency: {_describe_model(model)}; -c {model.windows.n_ctx}; stand-in devices, copy policy ranges, "
              "split cache (one stream per sequence)",
              *_describe_devices(model, res.links),
              f"measured: a step's time, the median of {repeat} repetitions (least..greatest), each the mean of "
@@ -254,7 +257,7 @@ def run_bench(j: BenchJob) -> int:
     PlanDoesNotFitError
         When a plan cannot fit.
     """
-    with naming_device_memory(DeviceConfig(n_devices=j.model.n_devices, memory=j.model.memory)):
+    with naming_device_memory(j.model.devices):
         res = run_residency(j.model, j.strategies, j.npl, j.npp, j.ntg, j.pad, j.repeat, j.depths)
     if j.json:
         print(f"ferry residency-bench: links {', '.join(fmt_link(x) for x in res.links)}", file=sys.stderr)

@@ -126,34 +126,32 @@ class _Run:
     def __init__(self, model: ResidencyModel, placement: Placement, cpu: Backend, npp: int, ntg: int, pad: int,
                  seed: int) -> None:
         self.model, self.placement, self.npp, self.ntg, self.pad = model, placement, npp, ntg, pad
-        m = model
+        m, g, cfg, n_stream = model, model.kv, model.devices, model.windows.n_stream
         self.devices: List[StandinBackend] = []
         self.kv: Optional[KVCache] = None
         self.sched: Optional[Scheduler] = None
         try:
-            for d in range(m.n_devices):
+            for d in range(cfg.n_devices):
                 self.devices.append(StandinBackend(
-                    link_gbps=m.standin_link(d), latency_us=_pick(m.latency_us, d, 0.0),
-                    memory=int(_pick(m.memory, d, 0)) or None,
-                    compute_slowdown=_pick(m.compute_slowdown, d, 1.0)))
-            runs_on = list(m.layer_devices) if m.layer_devices is not None else \
-                [i * m.n_devices // m.n_layer for i in range(m.n_layer)]
-            on = [self.devices[d] for d in runs_on]
+                    link_gbps=m.standin_link(d), latency_us=_pick(cfg.latency_us, d, 0.0),
+                    memory=int(_pick(cfg.memory, d, 0)) or None,
+                    compute_slowdown=_pick(cfg.compute_slowdown, d, 1.0)))
+            on = [self.devices[d] for d in cfg.runs_on(m.n_layer)]
             places = [on[i] if r else None for i, r in enumerate(placement.resident)]
             cells = [m.layer_cells(i) for i in range(m.n_layer)]
-            self.kv = KVCache(m.type_kv, m.type_kv, m.head_dim, m.n_head_kv, m.n_ctx, m.n_stream, n_layer=m.n_layer,
-                              v_trans=m.v_trans, backend=cpu, placement=places,
+            self.kv = KVCache(g.type_kv, g.type_kv, g.head_dim, g.n_head_kv, m.windows.n_ctx, n_stream,
+                              n_layer=m.n_layer, v_trans=g.v_trans, backend=cpu, placement=places,
                               layer_cells=cells if any(c is not None for c in cells) else None)
-            n_embd = m.head_dim * m.n_head_kv
+            n_embd = g.head_dim * g.n_head_kv
             for layer in range(m.n_layer):
                 for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
-                    t.set(_values(t, m.type_kv, n_embd, (seed, layer, which == "v")))
+                    t.set(_values(t, g.type_kv, n_embd, (seed, layer, which == "v")))
             rng = np.random.default_rng([seed, 1 << 20])
-            self.q = [Tensor.from_numpy(on[i], rng.uniform(-1, 1, (m.n_stream, 1, m.n_head, m.head_dim))
+            self.q = [Tensor.from_numpy(on[i], rng.uniform(-1, 1, (n_stream, 1, g.n_head, g.head_dim))
                                         .astype(np.float32), name=f"q{i}") for i in range(m.n_layer)]
-            self.kv_len = Tensor.from_numpy(self.devices[0], np.zeros(m.n_stream, np.int32), name="kv_len")
-            self.on = on if m.n_devices > 1 else self.devices[0]
-            self.sched = Scheduler([*self.devices, cpu], policy="ranges", compact=m.compact,
+            self.kv_len = Tensor.from_numpy(self.devices[0], np.zeros(n_stream, np.int32), name="kv_len")
+            self.on = on if cfg.n_devices > 1 else self.devices[0]
+            self.sched = Scheduler([*self.devices, cpu], policy="ranges", compact=m.planner.compact,
                                    prefetch=placement.prefetch)
             self.graphs = StepGraph(self.sched, self._build)
         except BaseException:
@@ -165,7 +163,7 @@ class _Run:
 
     def _build(self, n_kv: object) -> List[Tensor]:
         assert isinstance(n_kv, int) and self.kv is not None and self.sched is not None
-        return attention_step(self.sched, self.on, self.kv.windows(n_kv), self.q, self.kv_len, self.model.v_trans)
+        return attention_step(self.sched, self.on, self.kv.windows(n_kv), self.q, self.kv_len, self.model.kv.v_trans)
 
     def n_kv(self, step: int) -> int:
         """The full layers' window at a step (0..ntg-1)."""
@@ -177,7 +175,7 @@ class _Run:
         digest = hashlib.sha256()
         for t in range(self.ntg):
             graph = self.graphs.get(self.n_kv(t))
-            self.kv_len.set(np.full(self.model.n_stream, self.npp + t + 1, np.int32))
+            self.kv_len.set(np.full(self.model.windows.n_stream, self.npp + t + 1, np.int32))
             t0 = time.perf_counter()
             self.sched.compute(graph)
             times.append(time.perf_counter() - t0)
@@ -217,7 +215,7 @@ def _predicted(model: ResidencyModel, devices: Sequence[DeviceSpec], placement: 
         if n_kv not in layers_at:
             layers_at[n_kv] = model.at(n_kv=n_kv).layers()
         total += predict_step(layers_at[n_kv], devices, placement.resident,  # type: ignore[arg-type]
-                              model.layer_devices, placement.prefetch).step_seconds
+                              model.devices.layer_devices, placement.prefetch).step_seconds
     return total / ntg
 
 
@@ -246,7 +244,7 @@ def calibrate_compute(model: ResidencyModel, compute: Sequence[float], npp: int,
         Per layer, the scaled figure.
     """
     free = model.at(memory=(), prefetch=0)
-    devices = free.devices(compute, [model.standin_link(d) or 1.0 for d in range(model.n_devices)])
+    devices = free.device_specs(compute, [model.standin_link(d) or 1.0 for d in range(model.devices.n_devices)])
     every = Placement(name="every layer resident", resident=(True,) * model.n_layer)
     run = measure_placements(free, [every], devices, npp, ntg, pad, repeat, seed)[0]
     scale = run.measured_step_s / run.predicted_step_s if run.predicted_step_s > 0 else 1.0
@@ -443,20 +441,21 @@ def run_residency(model: ResidencyModel, strategies: Sequence[str], npl: Sequenc
     rows: List[ResidencyRow] = []
     compute: Dict[int, Tuple[float, ...]] = {}
     for n in npl:
-        if model.n_ctx % n:
-            raise InvalidArgumentError(f"-npl {n}: -c {model.n_ctx} is not a multiple of it")
-        m = model.at(n_stream=n, n_kv=n_kv_for(npp, ntg, pad, model.n_ctx // n),
-                     step_windows=run_windows(npp, ntg, pad, model.n_ctx // n))
+        n_ctx = model.windows.n_ctx
+        if n_ctx % n:
+            raise InvalidArgumentError(f"-npl {n}: -c {n_ctx} is not a multiple of it")
+        m = model.at(n_stream=n, n_kv=n_kv_for(npp, ntg, pad, n_ctx // n),
+                     step_windows=run_windows(npp, ntg, pad, n_ctx // n))
         m.check()
         compute[n] = m.compute_seconds()
-        if calibrate and m.compute_us is None:
+        if calibrate and m.planner.compute_us is None:
             compute[n] = calibrate_compute(m, compute[n], npp, ntg, pad, max(3, repeat // 2), seed)
-        devices = m.devices(compute[n], links)
+        devices = m.device_specs(compute[n], links)
         layers = m.layers()
         plans = [plan for depth in prefetch_depths for plan in m.at(prefetch=depth).plans(strategies, devices, layers)]
         placements = [Placement(name=f"{p.strategy}{'+prefetch' + str(p.prefetch) if p.prefetch else ''}",
                                 resident=p.resident, prefetch=p.prefetch) for p in plans]
         runs = measure_placements(m, placements, devices, npp, ntg, pad, repeat, seed, on_step,
-                                  calibrate=calibrate and m.compute_us is None)
+                                  calibrate=calibrate and m.planner.compute_us is None)
         rows += [ResidencyRow(npl=n, plan=p, run=r) for p, r in zip(plans, runs)]
     return ResidencyResult(rows=rows, compute_s=compute, links=links)

@@ -18,8 +18,8 @@ step time, tokens/s and memory per device. What the model leaves out is in docs/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..backend import StandinBackend
 from ..errors import InvalidArgumentError
@@ -35,10 +35,10 @@ from ..residency import (
     measure_compute,
     predict_step,
 )
-from .common import n_kv_for
-from .devices import standin_link
+from .common import KVGeometry, grouped, n_kv_for
+from .devices import DeviceConfig, standin_link
 
-__all__ = ["ResidencyModel", "check_strategies", "per_device", "run_windows"]
+__all__ = ["PlannerOptions", "ResidencyModel", "Windows", "check_strategies", "per_device", "run_windows"]
 
 
 def run_windows(npp: int, ntg: int, pad: int, kv_size: int) -> Tuple[int, ...]:
@@ -75,112 +75,170 @@ def _pick(values: Sequence[float], d: int, default: float) -> float:
 
 
 @dataclass(frozen=True)
-class ResidencyModel:
-    """A model's KV geometry and the devices it runs on, as the residency planner sees them.
+class Windows:
+    """The cache's cells and the windows its steps read, as the residency planner sees them.
 
     Attributes
     ----------
-    type_kv : str
-        K and V type.
-    head_dim, n_head_kv, n_head : int
-        The geometry (n_head only for measuring compute).
     n_ctx, n_stream : int
         Cells in all streams, and streams (one per sequence).
     n_kv : int
         Cells a full layer's window reads per stream.
     layer_windows : tuple of (int or None)
-        Per layer, its sliding window (None: full attention); its length is the number of layers.
-    v_trans, compact : bool
-        V stored transposed; window copies holding only the bytes read.
-    n_devices : int
-    link_gbps, latency_us : tuple of float
-        One value for every device or one per device. No link: the stand-ins' default
-        (ferry.workloads.devices.STANDIN_LINK_GBPS); 0: unmodelled, the host's speed.
-    memory, reserve : tuple of int
-        Per device (one for all, or one each): its memory (none: unlimited) and the bytes set aside.
-    compute_slowdown : tuple of float
-        Per device (one for all, or one each): its compute takes this times the host's (default 1).
-    compute_us : float or None
-        Microseconds one layer's attention takes on the host; None: measured on the stand-in.
-    layer_devices : tuple of int or None
-        Per layer, the device that runs it; None: contiguous ranges (ferry.layer_split).
-    prefetch : int
-        Parts the scheduler copies ahead (0: serial).
-    max_layers : int or None
-        At most this many layers resident, all devices together.
+        Per layer, its sliding window (None: full attention); one per layer of the model's KVGeometry.
     step_windows : tuple of int
         The full layers' window at each step of a run (run_windows), which the dry run measuring
         the plans' memory allocates in turn; empty: n_kv alone.
     """
 
-    type_kv: str = "f16"
-    head_dim: int = 64
-    n_head_kv: int = 2
-    n_head: int = 8
     n_ctx: int = 4096
     n_stream: int = 1
     n_kv: int = 264
     layer_windows: Tuple[Optional[int], ...] = (None, None)
-    v_trans: bool = False
-    compact: bool = False
-    n_devices: int = 1
-    link_gbps: Tuple[float, ...] = ()
-    latency_us: Tuple[float, ...] = ()
-    memory: Tuple[int, ...] = ()
-    reserve: Tuple[int, ...] = ()
-    compute_slowdown: Tuple[float, ...] = ()
-    compute_us: Optional[float] = None
-    layer_devices: Optional[Tuple[int, ...]] = None
-    prefetch: int = 0
-    max_layers: Optional[int] = None
     step_windows: Tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    """How the placements run, and what the planner takes beside the model and the devices (the option
+    table's "residency planner" options, and the run's copies).
+
+    Attributes
+    ----------
+    reserve : tuple of int
+        Per device (one for all, or one each): the bytes set aside for what else it holds.
+    compact : bool
+        Window copies holding only the bytes read.
+    prefetch : int
+        Parts the scheduler copies ahead (0: serial).
+    compute_us : float or None
+        Microseconds one layer's attention takes on the host; None: measured on the stand-in.
+    max_layers : int or None
+        At most this many layers resident, all devices together (--kv-device-layers).
+    """
+
+    reserve: Tuple[int, ...] = ()
+    compact: bool = False
+    prefetch: int = 0
+    compute_us: Optional[float] = None
+    max_layers: Optional[int] = None
+
+
+#: ResidencyModel's groups of options, by field name.
+_GROUPS = ("kv", "windows", "devices", "planner")
+
+
+@dataclass(frozen=True)
+class ResidencyModel:
+    """A model's KV geometry and the devices it runs on, as the residency planner sees them, by concern.
+
+    Attributes
+    ----------
+    kv : KVGeometry
+        K and V's type and the heads (n_head only for measuring compute); its n_layer is the number of
+        layer_windows.
+    windows : Windows
+        The cells, the streams and the windows the steps read.
+    devices : DeviceConfig
+        The devices (n_devices), and per device (one value for all, or one each) its link (none: the
+        stand-ins' default, ferry.workloads.devices.STANDIN_LINK_GBPS; 0: unmodelled, the host's speed),
+        latency, memory (none: unlimited) and compute slowdown (default 1); layer_devices: the device
+        that runs each layer (None: contiguous ranges, ferry.layer_split). The planner places the KV:
+        its placement, kv_device_layers and row_ns stay unset.
+    planner : PlannerOptions
+        Each device's reserve, the run's compact copies and prefetch depth, the compute time, and
+        at most how many layers are resident.
+    """
+
+    kv: KVGeometry = field(default_factory=KVGeometry)
+    windows: Windows = field(default_factory=Windows)
+    devices: DeviceConfig = field(default_factory=DeviceConfig)
+    planner: PlannerOptions = field(default_factory=PlannerOptions)
+
+    @classmethod
+    def of(cls, **options: Any) -> "ResidencyModel":
+        """A model from options by their flat names (type_kv, n_ctx, n_devices, reserve, ...), each put in its
+        group, the others default (as at() changes them).
+
+        Raises
+        ------
+        TypeError
+            For a name no group has.
+        """
+        return cls().at(**options)
+
+    def at(self, **changes: Any) -> "ResidencyModel":
+        """This model with options changed by their flat names (n_kv=..., prefetch=...), each in its group.
+        layer_windows given without n_layer sets the layers to its length; n_layer without layer_windows,
+        that many full layers.
+
+        Raises
+        ------
+        TypeError
+            For a name no group has.
+        """
+        if "layer_windows" in changes and "n_layer" not in changes:
+            changes["n_layer"] = len(changes["layer_windows"])
+        elif "n_layer" in changes and "layer_windows" not in changes:
+            changes["layer_windows"] = (None,) * changes["n_layer"]
+        made: ResidencyModel = grouped(type(self), _GROUPS, changes, base=self)
+        return made
 
     @property
     def n_layer(self) -> int:
-        """Layers."""
-        return len(self.layer_windows)
+        """Layers (kv.n_layer)."""
+        return self.kv.n_layer
 
     def check(self) -> None:
         """Raise InvalidArgumentError for figures the planner cannot take."""
+        d, p = self.devices, self.planner
         if self.n_layer < 1:
             raise InvalidArgumentError("residency: the model has no layer")
-        if self.n_devices < 1:
-            raise InvalidArgumentError(f"--devices must be a positive integer, got {self.n_devices!r}")
-        for option, values in (("--link-gbps", self.link_gbps), ("--latency-us", self.latency_us),
-                               ("--device-memory", self.memory), ("--reserve", self.reserve),
-                               ("--compute-slowdown", self.compute_slowdown)):
-            per_device(values, self.n_devices, option)
-        if self.max_layers is not None and not 0 <= self.max_layers <= self.n_layer:
-            raise InvalidArgumentError(f"--kv-device-layers {self.max_layers}: the model has {self.n_layer} layers")
-        if self.compute_us is not None and not self.compute_us >= 0:
-            raise InvalidArgumentError(f"--compute-us must be >= 0, got {self.compute_us}")
-        if self.layer_devices is not None and len(self.layer_devices) != self.n_layer:
-            raise InvalidArgumentError(f"--layer-devices: {len(self.layer_devices)} items for {self.n_layer} layers: "
+        if len(self.windows.layer_windows) != self.n_layer:
+            raise InvalidArgumentError(f"residency: {len(self.windows.layer_windows)} layer windows for "
+                                       f"{self.n_layer} layers: give one per layer")
+        if d.n_devices < 1:
+            raise InvalidArgumentError(f"--devices must be a positive integer, got {d.n_devices!r}")
+        if d.placement is not None or d.kv_device_layers is not None or d.row_ns:
+            raise InvalidArgumentError("residency: the planner places the KV on stand-ins without a row cost: leave "
+                                       "devices.placement, devices.kv_device_layers and devices.row_ns unset "
+                                       "(planner.max_layers caps the layers it keeps)")
+        for option, values in (("--link-gbps", d.link_gbps), ("--latency-us", d.latency_us),
+                               ("--device-memory", d.memory), ("--reserve", p.reserve),
+                               ("--compute-slowdown", d.compute_slowdown)):
+            per_device(values, d.n_devices, option)
+        if p.max_layers is not None and not 0 <= p.max_layers <= self.n_layer:
+            raise InvalidArgumentError(f"--kv-device-layers {p.max_layers}: the model has {self.n_layer} layers")
+        if p.compute_us is not None and not p.compute_us >= 0:
+            raise InvalidArgumentError(f"--compute-us must be >= 0, got {p.compute_us}")
+        if d.layer_devices is not None and len(d.layer_devices) != self.n_layer:
+            raise InvalidArgumentError(f"--layer-devices: {len(d.layer_devices)} items for {self.n_layer} layers: "
                                        "give one per layer")
 
     @property
     def kv_size(self) -> int:
         """Cells per stream of a full layer."""
-        return self.n_ctx // self.n_stream
+        return self.windows.n_ctx // self.windows.n_stream
 
     def layer_cells(self, layer: int) -> Optional[int]:
         """Cells per stream a layer holds: min(W + 1, kv_size) for a sliding layer, None for a full one."""
-        w = self.layer_windows[layer]
+        w = self.windows.layer_windows[layer]
         return None if w is None else min(w + 1, self.kv_size)
 
     def layer_n_kv(self, layer: int) -> int:
         """Cells per stream the layer's window reads: n_kv, at most what it holds."""
         cells = self.layer_cells(layer)
-        return self.n_kv if cells is None else min(self.n_kv, cells)
+        return self.windows.n_kv if cells is None else min(self.windows.n_kv, cells)
 
     def layers(self) -> List[LayerCost]:
         """Each layer's byte figures, from C (ferry.residency.layers_from_geometry), as a stand-in
         device's buffer type places them, with each layer's query and output."""
+        kv, w = self.kv, self.windows
         dev = StandinBackend()
         try:
-            return layers_from_geometry(self.type_kv, self.type_kv, self.head_dim, self.n_head_kv, self.n_ctx,
-                                        self.n_stream, self.n_kv, list(self.layer_windows), self.v_trans,
-                                        self.compact, n_head=self.n_head, buffer_type=dev.buffer_type)
+            return layers_from_geometry(kv.type_kv, kv.type_kv, kv.head_dim, kv.n_head_kv, w.n_ctx, w.n_stream, w.n_kv,
+                                        list(w.layer_windows), kv.v_trans, self.planner.compact, n_head=kv.n_head,
+                                        buffer_type=dev.buffer_type)
         finally:
             dev.close()
 
@@ -188,16 +246,18 @@ class ResidencyModel:
         """The dry run that measures what a run's step allocates on each device under a placement
         (ferry.residency.StepMemory): this geometry, devices and prefetch depth, the windows of
         step_windows (or n_kv), the `ranges` copy policy. Close it after use."""
-        return StepMemory(self.type_kv, self.type_kv, self.head_dim, self.n_head_kv, self.n_head, self.n_ctx,
-                          self.n_stream, [self.layer_cells(i) for i in range(self.n_layer)],
-                          self.step_windows or (self.n_kv,), self.n_devices, self.layer_devices, self.v_trans,
-                          self.compact, self.prefetch)
+        kv, w = self.kv, self.windows
+        return StepMemory(kv.type_kv, kv.type_kv, kv.head_dim, kv.n_head_kv, kv.n_head, w.n_ctx, w.n_stream,
+                          [self.layer_cells(i) for i in range(self.n_layer)], w.step_windows or (w.n_kv,),
+                          self.devices.n_devices, self.devices.layer_devices, kv.v_trans, self.planner.compact,
+                          self.planner.prefetch)
 
     def compute_seconds(self) -> Tuple[float, ...]:
         """Per layer, its attention's seconds on the host: compute_us, or measured once on an
         unmodelled stand-in for each size of layer (the fastest of 3 runs)."""
-        if self.compute_us is not None:
-            return (self.compute_us * 1e-6,) * self.n_layer
+        if self.planner.compute_us is not None:
+            return (self.planner.compute_us * 1e-6,) * self.n_layer
+        kv, n_stream = self.kv, self.windows.n_stream
         measured: Dict[int, float] = {}
         out = []
         for layer in range(self.n_layer):
@@ -206,9 +266,8 @@ class ResidencyModel:
                 dev = StandinBackend()
                 try:
                     # a cache of just the window's cells: attention's time depends on what it reads
-                    measured[n_kv] = measure_compute(dev, self.type_kv, self.type_kv, self.head_dim, self.n_head_kv,
-                                                     self.n_head, n_kv * self.n_stream, self.n_stream, n_kv,
-                                                     n_layer=2, runs=3)
+                    measured[n_kv] = measure_compute(dev, kv.type_kv, kv.type_kv, kv.head_dim, kv.n_head_kv, kv.n_head,
+                                                     n_kv * n_stream, n_stream, n_kv, n_layer=2, runs=3)
                 finally:
                     dev.close()
             out.append(measured[n_kv])
@@ -216,12 +275,12 @@ class ResidencyModel:
 
     def standin_link(self, d: int) -> float:
         """Device d's stand-in link in GB/s as the runs model it (ferry.workloads.devices.standin_link)."""
-        return standin_link(self.link_gbps, d)
+        return standin_link(self.devices.link_gbps, d)
 
     def links(self) -> Tuple[float, ...]:
         """Each device's link in GB/s as the planner sees it: its stand-in link, or for 0 (unmodelled)
         the host's copy speed, measured once on an unmodelled stand-in."""
-        links = [self.standin_link(d) for d in range(self.n_devices)]
+        links = [self.standin_link(d) for d in range(self.devices.n_devices)]
         if 0.0 in links:
             dev = StandinBackend()
             try:
@@ -231,16 +290,17 @@ class ResidencyModel:
             links = [x or gbps for x in links]
         return tuple(links)
 
-    def devices(self, compute: Sequence[float], links: Optional[Sequence[float]] = None) -> List[DeviceSpec]:
+    def device_specs(self, compute: Sequence[float], links: Optional[Sequence[float]] = None) -> List[DeviceSpec]:
         """The devices as the model sees them: compute (per layer, the host's seconds) times each
         device's slowdown, its link (links, else self.links()), latency, memory and reserve."""
         links = self.links() if links is None else links
+        cfg = self.devices
         out = []
-        for d in range(self.n_devices):
-            slow = max(1.0, _pick(self.compute_slowdown, d, 1.0))
-            memory = int(_pick(self.memory, d, 0)) or None
-            out.append(DeviceSpec(links[d], _pick(self.latency_us, d, 0.0), tuple(c * slow for c in compute), memory,
-                                  int(_pick(self.reserve, d, 0)), f"device {d}"))
+        for d in range(cfg.n_devices):
+            slow = max(1.0, _pick(cfg.compute_slowdown, d, 1.0))
+            memory = int(_pick(cfg.memory, d, 0)) or None
+            out.append(DeviceSpec(links[d], _pick(cfg.latency_us, d, 0.0), tuple(c * slow for c in compute), memory,
+                                  int(_pick(self.planner.reserve, d, 0)), f"device {d}"))
         return out
 
     def plans(self, strategies: Sequence[str], devices: Sequence[DeviceSpec],
@@ -252,7 +312,7 @@ class ResidencyModel:
         strategies : sequence of str
             Of ferry.residency.STRATEGIES.
         devices : sequence of DeviceSpec
-            As devices() gives them.
+            As device_specs() gives them.
         layers : sequence of LayerCost, optional
             Default: layers().
 
@@ -272,13 +332,10 @@ class ResidencyModel:
         layers = self.layers() if layers is None else layers
         strategies = check_strategies(strategies)
         with self.step_memory() as measure:
-            return [choose_residency(s, layers, devices, self.layer_devices, self.prefetch, self.max_layers, measure)
-                    for s in strategies]
+            return [choose_residency(s, layers, devices, self.devices.layer_devices, self.planner.prefetch,
+                                     self.planner.max_layers, measure) for s in strategies]
 
     def predict(self, resident: Sequence[bool], devices: Sequence[DeviceSpec]) -> float:
         """The model's step time for a placement (per layer, resident or not) on the devices."""
-        return predict_step(self.layers(), devices, resident, self.layer_devices, self.prefetch).step_seconds
-
-    def at(self, **changes: object) -> "ResidencyModel":
-        """This model with some fields changed (dataclasses.replace)."""
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return predict_step(self.layers(), devices, resident, self.devices.layer_devices,
+                            self.planner.prefetch).step_seconds
