@@ -45,8 +45,10 @@ typedef struct {
 typedef struct {
     bool carried;             /* goes ahead: a window with lengths, in the first part, on a queue */
     bool queued;              /* a copy is ahead, for the next run of this allocation */
-    int64_t * cells;          /* per stream: its used cells when copied ahead; then as many of
-                               * scratch, where the run's copy of each stream's new cells begins */
+    int64_t * cells;          /* per stream: its used cells when copied ahead (lowered by
+                               * ferry_sched_truncate); then as many of scratch, where the run's
+                               * copy of each stream's new cells begins; then its length (the
+                               * lengths' value) when copied ahead, which a truncate may not pass */
     ferry_copy_stats stats;   /* the copy ahead's */
     double queued_at;         /* when it was queued (host clock) */
     double seconds;           /* the time on its queue of the copy this run used; 0: none */
@@ -132,6 +134,8 @@ void ferry_sched_prefetch_reset(ferry_sched * s);
 ferry_status ferry_sched_prefetch_queue(ferry_sched * s, int last, int * next);
 /* Wait for the copies queued ahead for the next run, and forget them. */
 ferry_status ferry_sched_prefetch_drop_ahead(ferry_sched * s);
+/* Between runs: stream's cells below length are unchanged in every window copied ahead. */
+ferry_status ferry_sched_prefetch_truncate(ferry_sched * s, int64_t stream, int64_t length);
 /* In the run: part p's compute waits for its prefetched inputs. */
 ferry_status ferry_sched_prefetch_wait(ferry_sched * s, int p);
 /* In the run, at ahead_part: queue the first part's windows for the next run. */

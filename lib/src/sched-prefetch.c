@@ -10,6 +10,7 @@
 #include "sched-impl.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef FERRY_FAULT_INJECTION
 /* Test builds: compute without waiting for prefetched copies, to show what that reads. */
@@ -93,7 +94,7 @@ ferry_status ferry_sched_prefetch_prepare(ferry_sched * s) {
             FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &a->events[0]));
             FERRY_TRY(ferry_event_new(s->queue_of[k], FERRY_EVENT_TIMING, &a->events[1]));
             const ferry_tensor * src = s->inputs[k].src;
-            a->cells = ferry_calloc(2 * (size_t) src->ne[src->used_stream_dim] + 1, sizeof(*a->cells));
+            a->cells = ferry_calloc(3 * (size_t) src->ne[src->used_stream_dim] + 1, sizeof(*a->cells));
             if (!a->cells) {
                 return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
             }
@@ -140,7 +141,8 @@ void ferry_sched_prefetch_reset(ferry_sched * s) {
 
 /* A window copied ahead by the last run (landed before it returned): that copy timed and placed
  * on the trace (before this run's start), then only the cells added since, from each stream's
- * length then (from 0 where it fell), behind it on its queue; the input's figures are both. */
+ * length then or the length a truncate kept (from 0 where it fell below that), behind it on its
+ * queue; the input's figures are both. */
 static ferry_status copy_since_ahead(ferry_sched * s, int p, int k) {
     ahead_copy * a = &s->ahead[k];
     ferry_sched_input_info * in = &s->inputs[k];
@@ -214,11 +216,56 @@ ferry_status ferry_sched_prefetch_queue_ahead(ferry_sched * s) {
             ferry_clear_error();
             continue;
         }
+        const ferry_tensor * len = in->src->used_lengths; /* read and checked just now */
+        const int64_t ns = in->src->ne[in->src->used_stream_dim];
+        for (int64_t i = 0; i < ns; i++) {
+            int32_t v;
+            memcpy(&v, (const char *) ferry_tensor_data(len) + (size_t) i * len->nb[0], sizeof(v));
+            a->cells[2 * ns + i] = v;
+        }
         a->queued_at = ferry_now_seconds();
         FERRY_TRY(ferry_event_record(a->events[0], s->queue_of[k]));
         FERRY_TRY(ferry_copy_input_async(s->queue_of[k], s->policy, in->src, in->copy, &a->stats));
         FERRY_TRY(ferry_event_record(a->events[1], s->queue_of[k]));
         a->queued = true;
+    }
+    return FERRY_OK;
+}
+
+/* A truncate lowers each copy ahead's cells for the stream to length (its cells at or above are
+ * what the rejected tokens wrote): the next run copies the stream from there, as from a length the
+ * last run had. Refused whole before anything is lowered. */
+ferry_status ferry_sched_prefetch_truncate(ferry_sched * s, int64_t stream, int64_t length) {
+    if (length < 0) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "sched_truncate: stream %lld's length %lld is negative: give "
+                          "the cells it keeps (0 or more)", (long long) stream, (long long) length);
+    }
+    if (stream < 0) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "sched_truncate: stream %lld (length %lld) is negative: give "
+                          "an index into the windows' lengths", (long long) stream, (long long) length);
+    }
+    for (int k = 0; s->ahead && k < s->n_inputs; k++) {
+        const ferry_tensor * src = s->inputs[k].src;
+        const int64_t ns = src->ne[src->used_stream_dim];
+        const ahead_copy * a = &s->ahead[k];
+        if (a->carried && stream >= ns) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "sched_truncate: stream %lld (length %lld) is not one of "
+                              "the %lld streams of '%s', copied ahead: give 0..%lld", (long long) stream,
+                              (long long) length, (long long) ns, src->name, (long long) ns - 1);
+        }
+        if (a->queued && length > a->cells[2 * ns + stream]) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "sched_truncate: stream %lld's length %lld is above its "
+                              "length %lld when '%s' was copied ahead: a truncate keeps cells the last run read, "
+                              "give 0..%lld", (long long) stream, (long long) length,
+                              (long long) a->cells[2 * ns + stream], src->name,
+                              (long long) a->cells[2 * ns + stream]);
+        }
+    }
+    for (int k = 0; s->ahead && k < s->n_inputs; k++) {
+        ahead_copy * a = &s->ahead[k];
+        if (a->queued && length < a->cells[stream]) {
+            a->cells[stream] = length;
+        }
     }
     return FERRY_OK;
 }

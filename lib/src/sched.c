@@ -140,6 +140,11 @@ ferry_status ferry_sched_set_prefetch_next(ferry_sched * s, bool on) {
 
 bool ferry_sched_get_prefetch_next(const ferry_sched * s) { return s && s->prefetch_next; }
 
+ferry_status ferry_sched_truncate(ferry_sched * s, int64_t stream, int64_t length) {
+    FERRY_CHECK_ARG(s, "sched_truncate: NULL scheduler");
+    return ferry_sched_prefetch_truncate(s, stream, length);
+}
+
 ferry_status ferry_sched_drop_ahead(ferry_sched * s) {
     FERRY_CHECK_ARG(s, "sched_drop_ahead: NULL scheduler");
     return ferry_sched_prefetch_drop_ahead(s);

@@ -2,8 +2,9 @@
  * Prefetch across runs (ferry_sched_set_prefetch_next): in a decode loop that appends a cell to
  * each stream between runs, the first layer's windows copied ahead under the last run's last
  * layer, plus the cells appended since, must give every run the outputs of a serial scheduler,
- * in memory nothing else uses; a length that falls is copied again; cells rewritten below a
- * length are the caller's to announce (ferry_sched_drop_ahead), and read stale when not.
+ * in memory nothing else uses; a length that falls is copied again, unless a rollback announced
+ * it (ferry_sched_truncate): then only the cells since; cells rewritten below a length are the
+ * caller's to announce (ferry_sched_drop_ahead), and read stale when not.
  */
 #include "step-fixture.h"
 
@@ -133,6 +134,98 @@ static void test_standin_decode_loop_reads_what_the_host_wrote(void) {
     ferry_backend * standin;
     CHECK_OK(ferry_standin_backend_new(&standin));
     SUB(decode_loop_reads_what_the_host_wrote(standin));
+    ferry_backend_free(standin);
+}
+
+/*
+ * A verify loop (speculative decoding): each step appends up to 3 cells to every stream, then keeps
+ * some and rolls the rest back (ferry_sched_truncate to the kept length); the next step writes its
+ * cells from there, over the rejected ones. Under every policy the outputs are a serial
+ * scheduler's byte for byte at every step; under ragged the first layer's K and V each copy, at the
+ * run, exactly the cells since each stream's kept length (its bytes beyond the copy ahead's, which
+ * took the last run's used cells: that run's bytes_read).
+ */
+static void test_a_rollback_copies_only_the_cells_since_it(void) {
+    static outputs serial, ahead;
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
+        step s;
+        CHECK_OK(step_init(&s, standin, policy % 2 == 1));
+        ferry_sched *plain, *next;
+        CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, false, 0, false, &plain));
+        CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, false, 1, true, &next));
+        int32_t kept[N_STREAM];
+        memcpy(kept, START, sizeof(kept));
+        uint64_t read_before[2] = {0, 0}; /* the first layer's K and V, the last run's bytes_read */
+        for (int r = 0; r < 8; r++) {
+            int32_t grown[N_STREAM];
+            uint64_t since = 0;
+            for (int i = 0; i < N_STREAM; i++) {
+                grown[i] = kept[i] + 3 <= N_KV ? kept[i] + 3 : N_KV;
+                since += (uint64_t) (grown[i] - kept[i]);
+            }
+            write_cells(&s, kept, grown);
+            CHECK_OK(set_lengths(&s, grown));
+            CHECK_OK(run(&s, plain, &serial));
+            CHECK_OK(run(&s, next, &ahead));
+            const bool same = memcmp(serial.out, ahead.out, sizeof(serial.out)) == 0;
+            if (!same) {
+                fprintf(stderr, "policy %d run %d: outputs differ\n", policy, r);
+            }
+            CHECK(same);
+            CHECK_EQ_U(ahead.stats.kept_ahead, r == 0 ? 0 : 2);
+            for (int w = 0; w < 2 && policy == FERRY_COPY_RAGGED; w++) {
+                ferry_sched_input_info in;
+                CHECK_OK(ferry_sched_input(next, w, &in));
+                CHECK(in.src == s.win[0][w]);
+                CHECK_EQ_U(in.stats.bytes_copied - read_before[w], r == 0 ? in.stats.bytes_read : since * CELL_BYTES);
+                read_before[w] = in.stats.bytes_read;
+            }
+            for (int i = 0; i < N_STREAM; i++) { /* accept 0..3 of the new cells; stream 0 full, cut back */
+                const int32_t rejected = (int32_t) ((r + i) % 4);
+                kept[i] = grown[i] - (rejected < grown[i] ? rejected : grown[i]);
+                CHECK_OK(ferry_sched_truncate(next, i, kept[i]));
+            }
+        }
+        ferry_sched_free(plain);
+        ferry_sched_free(next);
+        step_free(&s);
+    }
+    ferry_backend_free(standin);
+}
+
+/* A truncate refuses a length below 0 or above the stream's at the copy ahead, and a stream outside
+ * the windows', naming both and changing nothing (the next run copies what it would have); with
+ * nothing copied ahead it does nothing. */
+static void test_truncate_refuses_what_was_not_copied_ahead(void) {
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    step s;
+    CHECK_OK(step_init(&s, standin, false));
+    ferry_sched * next;
+    CHECK_OK(new_sched(&s, FERRY_COPY_RAGGED, false, 1, true, &next));
+    CHECK_OK(ferry_sched_truncate(next, 1, 5)); /* not yet allocated: nothing ahead */
+    static outputs r;
+    CHECK_OK(run(&s, next, &r));
+    const struct { int64_t stream, length; const char * says; } bad[] = {
+        {1, -1, "stream 1's length -1"},      {1, 18, "stream 1's length 18 is above its length 17"},
+        {N_STREAM, 0, "stream 4 (length 0)"}, {-1, 0, "stream -1 (length 0)"},
+    };
+    for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+        CHECK_EQ_U(ferry_sched_truncate(next, bad[b].stream, bad[b].length), FERRY_ERR_OUT_OF_BOUNDS);
+        CHECK(strstr(ferry_last_error(), bad[b].says) != NULL);
+    }
+    CHECK_EQ_U(ferry_sched_truncate(NULL, 0, 0), FERRY_ERR_INVALID_ARG);
+    CHECK_OK(ferry_sched_truncate(next, 1, 17)); /* its length: nothing to copy again */
+    CHECK_OK(run(&s, next, &r));
+    ferry_sched_input_info in;
+    CHECK_OK(ferry_sched_input(next, 0, &in));
+    CHECK_EQ_U(in.stats.bytes_copied, in.stats.bytes_read); /* the copy ahead alone: nothing since */
+    CHECK_OK(ferry_sched_drop_ahead(next));
+    CHECK_OK(ferry_sched_truncate(next, 1, 40)); /* dropped: nothing ahead to refuse it by */
+    ferry_sched_free(next);
+    step_free(&s);
     ferry_backend_free(standin);
 }
 
@@ -353,6 +446,8 @@ static void test_cuda_decode_loop_reads_what_the_host_wrote(void) {
 static const check_test tests[] = {
     {"standin_decode_loop_reads_what_the_host_wrote", test_standin_decode_loop_reads_what_the_host_wrote},
     {"a_length_that_falls_or_a_drop_copies_again", test_a_length_that_falls_or_a_drop_copies_again},
+    {"a_rollback_copies_only_the_cells_since_it", test_a_rollback_copies_only_the_cells_since_it},
+    {"truncate_refuses_what_was_not_copied_ahead", test_truncate_refuses_what_was_not_copied_ahead},
     {"copies_ahead_keep_their_memory", test_copies_ahead_keep_their_memory},
     {"trace_shows_the_copy_ahead_before_the_run", test_trace_shows_the_copy_ahead_before_the_run},
     {"one_part_copies_nothing_ahead", test_one_part_copies_nothing_ahead},

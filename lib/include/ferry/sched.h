@@ -65,7 +65,7 @@ typedef struct {
     double   wait_seconds;
     /* Across runs (ferry_sched_set_prefetch_next): inputs the last run copied ahead for this one and
      * this one kept, copying only the cells each stream gained since (one with a stream whose length
-     * fell is copied again, and not counted). */
+     * fell below what it had, or what ferry_sched_truncate kept, is copied again, and not counted). */
     uint64_t kept_ahead;
 } ferry_sched_stats;
 
@@ -159,7 +159,7 @@ FERRY_API int          ferry_sched_get_prefetch(const ferry_sched * sched);
  * so that nothing reads the caller's memory between runs. The next run of the same graph copies,
  * behind them on the same queue, each stream's cells from its length at the copy ahead (the last
  * run's) to its length now: the cells a step appended. A stream whose length fell is copied again
- * from cell 0. The caller's side: a cell below a stream's length in one run is not rewritten before
+ * from cell 0, unless a rollback announced it (ferry_sched_truncate). The caller's side: a cell below a stream's length in one run is not rewritten before
  * the next, as in a cache that only appends; when it is (a stream given a new sequence, or cut
  * back and written again), call ferry_sched_drop_ahead first. A graph of one part has nothing to
  * copy them under. Acts with a prefetch of 1 or more: on while prefetch is 0 is refused, as is
@@ -170,6 +170,19 @@ FERRY_API bool         ferry_sched_get_prefetch_next(const ferry_sched * sched);
 /* Forget the copies made ahead for the next run: it copies its first part whole. What a caller
  * does before rewriting cells the last run read. */
 FERRY_API ferry_status ferry_sched_drop_ahead(ferry_sched * sched);
+/*
+ * Rollback without copying again (speculative verification): stream's cells below length are
+ * unchanged since the last run, and those at or above it may be rewritten (the rejected tokens'
+ * cells, written again by the next step's). stream indexes the lengths the windows carry
+ * (ferry_tensor_set_used_cells); every window copied ahead takes it. The next run copies the
+ * stream's cells from min(length, its cells at the copy ahead) to its length then, as from a length
+ * the last run had: a length then below that is copied again from cell 0. Truncates add up (the
+ * lowest stands) until the next run. Cells rewritten below length still take
+ * ferry_sched_drop_ahead. With nothing copied ahead (prefetch_next off, the first run, after a drop)
+ * it does nothing. Refused, with nothing changed: length negative or above the stream's length
+ * when copied ahead, a stream outside a window copied ahead's streams.
+ */
+FERRY_API ferry_status ferry_sched_truncate(ferry_sched * sched, int64_t stream, int64_t length);
 /* Bytes of compute memory (copies and outputs) the scheduler holds on a backend. The
  * allocator's buffers grow and never shrink: compare options on fresh schedulers. */
 FERRY_API size_t       ferry_sched_buffer_size(const ferry_sched * sched, const ferry_backend * backend);
