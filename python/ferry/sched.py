@@ -141,12 +141,14 @@ class Scheduler(Closeable):
         Prefetch across runs, for a decode loop running one graph step after step: while a run's
         last part computes, the first part's windows are copied for the next run, which then
         copies only the cells each stream gained since (a stream whose length fell: from cell 0
-        again). Only windows carrying their streams' lengths (Tensor.set_used_cells, lengths in
-        host memory), not paged ones, go ahead, and their copies keep their memory for the whole
-        run. The caller's side: cells below a stream's length are not rewritten between two runs,
-        or drop_ahead() is called first. A run returns once its copies for the next have landed:
-        nothing reads the caller's memory between runs. Needs a prefetch of 1 or more; off by
-        default.
+        again, unless truncate() said which cells it kept). Only windows carrying their streams'
+        lengths (Tensor.set_used_cells, lengths in host memory), not paged ones, go ahead, and
+        their copies keep their memory for the whole run. The caller's side: cells below a
+        stream's length are not rewritten between two runs, or drop_ahead() is called first; a
+        stream rolled back (speculative verification) says so with truncate(), and the next run
+        copies it from the kept length, not from cell 0. A run returns once its copies for the
+        next have landed: nothing reads the caller's memory between runs. Needs a prefetch of 1
+        or more; off by default.
 
     close() (or a `with` block's end) frees the scheduler's copies and compute memory now; its
     Input.copy tensors and the outputs it placed raise FreedBufferError after. Closed from another
@@ -277,6 +279,43 @@ class Scheduler(Closeable):
         given a new sequence, or cut back and written again); without prefetch_next there is
         nothing to drop."""
         check(lib.ferry_sched_drop_ahead(self._p))
+
+    @holding
+    def truncate(self, stream: int, length: int) -> None:
+        """Roll a stream back without copying it again: its cells below length are unchanged since
+        the last run, those at or above may be written again (after speculative verification, the
+        rejected tokens' cells, which the next step's tokens rewrite).
+
+        Every window copied ahead for the next run (prefetch_next) takes it: that run copies the
+        stream's cells from length (or from its cells at the copy ahead, where fewer) to its length
+        then, as from a length the last run had; a length then below that is copied again from cell
+        0. Truncates before a run add up, the lowest standing. A cell rewritten below length still
+        takes drop_ahead(). With nothing copied ahead (prefetch_next off, before the first run,
+        after drop_ahead) it does nothing.
+
+        Parameters
+        ----------
+        stream : int
+            The stream, an index into the lengths the windows carry (Tensor.set_used_cells).
+        length : int
+            The cells it keeps: 0 up to its length when the last run copied it ahead.
+
+        Returns
+        -------
+        None
+
+        Raises
+        ------
+        OutOfBoundsError
+            For a length below 0 or above the stream's length at the copy ahead, or a stream that is
+            not one of a window's copied ahead; nothing changes.
+        InvalidArgumentError
+            For a stream or length that is not an int of 64 bits.
+        FreedBufferError
+            When the scheduler is closed.
+        """
+        check(lib.ferry_sched_truncate(self._p, _checks.as_int64(stream, "truncate: stream"),
+                                       _checks.as_int64(length, "truncate: length")))
 
     def _wrap_backend(self, ptr: Any) -> Optional[Backend]:
         return next((b for b in self._backends if b._handle.ptr == ptr), None)

@@ -2,7 +2,7 @@
 profile): KVCache(placement=, layer_cells=), KVCache.from_arrays and set_stream, attention_step,
 ferry.residency's plan and predict functions with their DeviceSpec and LayerCost, StandinBackend,
 measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace, Scheduler's
-prefetch_next and drop_ahead.
+prefetch_next, drop_ahead and truncate.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -765,6 +765,60 @@ def test_prefetch_next_of_any_argument_reads_what_each_step_appended_or_is_refus
                 sched.drop_ahead()
     with pytest.raises(ferry.FerryError, match="closed"):
         sched.drop_ahead()
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(st.one_of(ints(-2, 3), junk()), st.one_of(ints(-2, 24), junk()), st.booleans())
+@example(1, 8, True)
+@example(0, 21, True)
+@example(2, 0, True)
+def test_truncate_of_any_argument_keeps_the_cells_below_it_or_is_refused_naming_it(
+        stream: Any, length: Any, ahead: bool) -> None:
+    """Scheduler.truncate(stream, length) of any value, after a run that copied ahead (ahead) or with
+    nothing ahead: refused naming the stream or the length, the next step then copying what it would
+    have; or accepted, the next step (a cell appended to every stream, the truncated one's written
+    from length on) giving the serial outputs, and its first layer copying, beyond the copy ahead, the
+    new cells since each stream's kept length. Refused once closed."""
+    split, cpu = ferry.StandinBackend(link_gbps=0.0), ferry.CPUBackend()
+    kv = ferry.KVCache("f16", "f16", 16, 2, 2 * 32, 2, 2)
+    rng = np.random.default_rng(3)
+    cells = {(w, layer, s): rng.uniform(-1, 1, (32, 32)).astype(np.float16)
+             for w in "kv" for layer in range(2) for s in range(2)}
+    for (w, layer, s), a in cells.items():
+        kv.set_stream(w, layer, s, a)
+    q = [ferry.Tensor.from_numpy(split, rng.uniform(-1, 1, (2, 1, 4, 16)).astype(np.float32)) for _ in range(2)]
+    lens = np.array([20, 7], np.int32)
+    kv_len = ferry.Tensor.from_numpy(cpu, lens)
+    with ferry.Scheduler([split, cpu], policy="ragged", prefetch=1, prefetch_next=True) as sched, \
+            ferry.Scheduler([split, cpu], policy="ragged") as serial:
+        outs = ferry.attention_step(sched, split, kv.windows(24), q, kv_len)
+        ref = ferry.attention_step(serial, split, kv.windows(24), q, kv_len)
+        if ahead:
+            sched.compute(outs.graph)
+        _, err = outcome(lambda: sched.truncate(stream, length), ["stream", "length"])
+        valid = (all(isinstance(x, int) and not isinstance(x, bool) for x in (stream, length))
+                 and (not ahead or (0 <= stream < 2 and 0 <= length <= lens[stream]))
+                 and length >= 0 and stream >= 0 and stream < 2**63 and length < 2**63)
+        assert (err is None) == valid, (stream, length, ahead, err)
+        kept = [int(n) for n in lens]
+        if err is None and ahead:
+            kept[stream] = length
+        for s in range(2):  # a cell appended to each stream, from its kept length
+            for w in "kv":
+                for layer in range(2):
+                    cells[(w, layer, s)][kept[s]:kept[s] + 1] = rng.uniform(-1, 1, (1, 32)).astype(np.float16)
+                    kv.set_stream(w, layer, s, cells[(w, layer, s)])
+            lens[s] = kept[s] + 1
+        kv_len.set(lens)
+        read_before = [i.stats.bytes_read for i in sched.inputs[:2]]
+        sched.compute(outs.graph)
+        serial.compute(ref.graph)
+        assert [o.get() for o in outs] == [o.get() for o in ref]
+        if ahead:  # beyond the copy ahead, the cells since each kept length (16 x 2 f16 values a cell)
+            since = [i.stats.bytes_copied - b for i, b in zip(sched.inputs[:2], read_before)]
+            assert since == [64 * sum(int(lens[s]) - kept[s] for s in range(2))] * 2, (stream, length, since)
+    with pytest.raises(ferry.FerryError, match="closed"):
+        sched.truncate(0, 0)
 
 
 # ---------------------------------------------------------------- the backends' documentation
