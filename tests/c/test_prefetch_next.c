@@ -145,16 +145,15 @@ static void test_standin_decode_loop_reads_what_the_host_wrote(void) {
  * run, exactly the cells since each stream's kept length (its bytes beyond the copy ahead's, which
  * took the last run's used cells: that run's bytes_read).
  */
-static void test_a_rollback_copies_only_the_cells_since_it(void) {
+static void rollback_copies_only_the_cells_since_it(ferry_backend * device) {
     static outputs serial, ahead;
-    ferry_backend * standin;
-    CHECK_OK(ferry_standin_backend_new(&standin));
-    for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
+    for (int variant = 0; variant < 2 * FERRY_COPY_POLICY_COUNT; variant++) {
+        const int policy = variant / 2, compact = variant % 2;
         step s;
-        CHECK_OK(step_init(&s, standin, policy % 2 == 1));
+        CHECK_OK(step_init(&s, device, policy % 2 == 1));
         ferry_sched *plain, *next;
-        CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, false, 0, false, &plain));
-        CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, false, 1, true, &next));
+        CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, compact, 0, false, &plain));
+        CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, compact, 1, true, &next));
         int32_t kept[N_STREAM];
         memcpy(kept, START, sizeof(kept));
         uint64_t read_before[2] = {0, 0}; /* the first layer's K and V, the last run's bytes_read */
@@ -171,7 +170,7 @@ static void test_a_rollback_copies_only_the_cells_since_it(void) {
             CHECK_OK(run(&s, next, &ahead));
             const bool same = memcmp(serial.out, ahead.out, sizeof(serial.out)) == 0;
             if (!same) {
-                fprintf(stderr, "policy %d run %d: outputs differ\n", policy, r);
+                fprintf(stderr, "policy %d compact %d run %d: outputs differ\n", policy, compact, r);
             }
             CHECK(same);
             CHECK_EQ_U(ahead.stats.kept_ahead, r == 0 ? 0 : 2);
@@ -192,8 +191,15 @@ static void test_a_rollback_copies_only_the_cells_since_it(void) {
         ferry_sched_free(next);
         step_free(&s);
     }
+}
+
+static void test_a_rollback_copies_only_the_cells_since_it(void) {
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    SUB(rollback_copies_only_the_cells_since_it(standin));
     ferry_backend_free(standin);
 }
+
 
 /* A truncate refuses a length below 0 or above the stream's at the copy ahead, and a stream outside
  * the windows', naming both and changing nothing (the next run copies what it would have); with
@@ -441,6 +447,14 @@ static void test_cuda_decode_loop_reads_what_the_host_wrote(void) {
     SUB(decode_loop_reads_what_the_host_wrote(cuda));
     ferry_backend_free(cuda);
 }
+
+/* The rollback loop on CUDA: a truncate lowers where the run's copy of the new cells begins,
+ * behind the copy ahead on the second stream. */
+static void test_cuda_a_rollback_copies_only_the_cells_since_it(void) {
+    ferry_backend * cuda = cuda_or_skip();
+    SUB(rollback_copies_only_the_cells_since_it(cuda));
+    ferry_backend_free(cuda);
+}
 #endif
 
 static const check_test tests[] = {
@@ -454,6 +468,7 @@ static const check_test tests[] = {
     {"prefetch_next_refuses_what_would_do_nothing", test_prefetch_next_refuses_what_would_do_nothing},
 #ifdef FERRY_HAVE_CUDA_TESTS
     {"cuda_decode_loop_reads_what_the_host_wrote", test_cuda_decode_loop_reads_what_the_host_wrote},
+    {"cuda_a_rollback_copies_only_the_cells_since_it", test_cuda_a_rollback_copies_only_the_cells_since_it},
 #endif
 };
 
