@@ -215,9 +215,10 @@ static bool attn_unpermuted(const ferry_tensor * k) { return k->ne[1] > 1 && k->
 
 static ferry_status attn_check_q_k(const ferry_tensor * q, const ferry_tensor * k, const ferry_tensor * v,
                                    bool v_trans) {
-    const int64_t d = q->ne[0], n_head = q->ne[1], ns = q->ne[3];
-    if (q->type != FERRY_TYPE_F32 || q->ne[2] != 1 || d <= 0 || n_head <= 0 || ns <= 0) {
-        return attn_shape_error("q", q, "f32 [head_dim, n_head, 1, ns], one query token per stream, none of them 0");
+    const int64_t d = q->ne[0], n_head = q->ne[1], n_tok = q->ne[2], ns = q->ne[3];
+    if (q->type != FERRY_TYPE_F32 || d <= 0 || n_head <= 0 || n_tok <= 0 || ns <= 0) {
+        return attn_shape_error("q", q, "f32 [head_dim, n_head, n_tok, ns], n_tok query tokens per stream, none of "
+                                "them 0");
     }
     if (!ferry_attn_reads_type(k->type)) {
         char types[64];
@@ -226,7 +227,7 @@ static ferry_status attn_check_q_k(const ferry_tensor * q, const ferry_tensor * 
     if (k->ne[0] != d) {
         const int64_t v_d = v_trans ? v->ne[1] : v->ne[0];
         if (v_d == k->ne[0] && !attn_unpermuted(k)) { /* k and v agree: the query is the odd one out */
-            return attn_shape_error("q", q, "f32 [head_dim, n_head, 1, ns] with the head_dim %lld of k and v",
+            return attn_shape_error("q", q, "f32 [head_dim, n_head, n_tok, ns] with the head_dim %lld of k and v",
                                     (long long) k->ne[0]);
         }
         return attn_shape_error("k", k, ATTN_WINDOW ", with q's head_dim %lld", (long long) d);
@@ -236,6 +237,11 @@ static ferry_status attn_check_q_k(const ferry_tensor * q, const ferry_tensor * 
     }
     if (k->ne[2] <= 0) {
         return attn_shape_error("k", k, ATTN_WINDOW ", n_head_kv at least 1");
+    }
+    if (n_tok > k->ne[1] && !attn_unpermuted(k)) { /* each token reads its own cell, written before the step */
+        return attn_shape_error("q", q, "f32 [head_dim, n_head, n_tok, ns] with n_tok at most the window's %lld "
+                                "cells (k's n_kv): each query token reads its own cell",
+                                (long long) k->ne[1]);
     }
     if (k->type == FERRY_TYPE_Q8_0 && d % ferry_blck_size(k->type) != 0) {
         return attn_shape_error("k", k, "q8_0 rows of whole blocks (head_dim a multiple of 32)");
@@ -254,6 +260,9 @@ static ferry_status attn_check_q_k(const ferry_tensor * q, const ferry_tensor * 
 }
 
 /*
+ * Several query tokens per stream are q's ne[2], not another op: their causal mask follows from
+ * kv_len and n_tok (token t reads cells [0, len - n_tok + t]), so no mask operand is needed, one
+ * token is the op as it was, and every caller (steps, the scheduler) takes them unchanged.
  * op_params: [0] scale (bits), [1] v_trans. V's orientation is an argument, not read off
  * the shape: [head_dim, n_kv] and [n_kv, head_dim] cannot be told apart when n_kv == head_dim.
  */
@@ -282,7 +291,7 @@ ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tens
         return attn_shape_error("kv_len", kv_len, "i32 [ns] with q's ns %lld: the cells each stream reads",
                                 (long long) ns);
     }
-    const int64_t ne[FERRY_MAX_DIMS] = {d, n_head, 1, ns};
+    const int64_t ne[FERRY_MAX_DIMS] = {d, n_head, q->ne[2], ns};
     FERRY_TRY(new_result(ctx, FERRY_TYPE_F32, ne, FERRY_OP_ATTN_DECODE, q, k, out));
     (*out)->src[2] = v;
     (*out)->src[3] = kv_len;

@@ -55,7 +55,8 @@ typedef struct {
     int64_t n_ctx, n_stream;            /* the cache */
     int64_t n_kv, s0, s1;               /* the window */
     int32_t lens[8];                    /* per window stream (may lie outside 0..n_kv: clamped) */
-    bool q_permuted;                    /* q a permuted view instead of a contiguous tensor */
+    bool q_permuted;                    /* q a permuted view instead of a contiguous tensor (one token) */
+    int64_t n_tok;                      /* query tokens per stream; 0 is 1 */
     float scale;
 } attn_params;
 
@@ -71,6 +72,7 @@ typedef struct {
 
 static inline int64_t n_embd(const attn_params * p) { return p->head_dim * p->n_head_kv; }
 static inline int64_t n_win(const attn_params * p) { return p->s1 - p->s0 + 1; }
+static inline int64_t n_tok_of(const attn_params * p) { return p->n_tok > 0 ? p->n_tok : 1; }
 static inline int64_t clamp_len(const attn_params * p, int64_t si) {
     return p->lens[si] < 0 ? 0 : (p->lens[si] > p->n_kv ? p->n_kv : p->lens[si]);
 }
@@ -133,14 +135,14 @@ static inline void fill_cache(attn_case * c, const ferry_tensor * t, bool trans,
 static inline ferry_status case_init(attn_case * c, const attn_params * p) {
     memset(c, 0, sizeof(*c));
     c->p = *p;
-    const int64_t ns = n_win(p), n_head = p->n_head_kv * p->group, d = p->head_dim;
+    const int64_t ns = n_win(p), n_head = p->n_head_kv * p->group, d = p->head_dim, nt = n_tok_of(p);
     const ferry_kv_params kp = {.type_k = p->type_k, .type_v = p->type_v, .head_dim = d, .n_head_kv = p->n_head_kv,
                                 .n_ctx = p->n_ctx, .n_stream = p->n_stream, .n_layer = 2, .v_trans = p->v_trans};
     TRY(ferry_cpu_backend_new(&c->cpu));
     TRY(ferry_kv_cache_new(&kp, ferry_cpu_buffer_type(), &c->kv));
     TRY(ferry_context_new(&c->ctx));
     const size_t n_ref = (size_t) (ns * p->n_kv * n_embd(p));
-    c->q_ref = calloc((size_t) (ns * n_head * d), sizeof(double));
+    c->q_ref = calloc((size_t) (ns * nt * n_head * d), sizeof(double));
     c->k_ref = calloc(n_ref, sizeof(double));
     c->v_ref = calloc(n_ref, sizeof(double));
     if (!c->q_ref || !c->k_ref || !c->v_ref) {
@@ -160,7 +162,7 @@ static inline ferry_status case_init(attn_case * c, const attn_params * p) {
         TRY(ferry_tensor_new(c->ctx, FERRY_TYPE_F32, 3, ne, &qs));
         TRY(ferry_tensor_permute(c->ctx, qs, 0, 3, 1, 2, &c->q));
     } else {
-        const int64_t ne[4] = {d, n_head, 1, ns};
+        const int64_t ne[4] = {d, n_head, nt, ns};
         TRY(ferry_tensor_new(c->ctx, FERRY_TYPE_F32, 4, ne, &c->q));
     }
     const int64_t ne_len[1] = {ns};
@@ -175,11 +177,14 @@ static inline ferry_status case_init(attn_case * c, const attn_params * p) {
     TRY(ferry_tensor_set(c->len, p->lens, 0, (size_t) ns * sizeof(int32_t)));
     /* q's strides index its root's memory (the permute has no offset) */
     for (int64_t s = 0; s < ns; s++) {
-        for (int64_t h = 0; h < n_head; h++) {
-            for (int64_t i = 0; i < d; i++) {
-                const float f = (float) uniform();
-                memcpy((char *) q_root->data + i * c->q->nb[0] + h * c->q->nb[1] + s * c->q->nb[3], &f, 4);
-                c->q_ref[(s * n_head + h) * d + i] = f;
+        for (int64_t t = 0; t < nt; t++) {
+            for (int64_t h = 0; h < n_head; h++) {
+                for (int64_t i = 0; i < d; i++) {
+                    const float f = (float) uniform();
+                    memcpy((char *) q_root->data + i * c->q->nb[0] + h * c->q->nb[1] + t * c->q->nb[2] +
+                               s * c->q->nb[3], &f, 4);
+                    c->q_ref[((s * nt + t) * n_head + h) * d + i] = f;
+                }
             }
         }
     }
@@ -196,17 +201,19 @@ static inline void case_free(attn_case * c) {
     ferry_backend_free(c->cpu);
 }
 
-/* out[s][h][i] in float64, from the decoded values. */
+/* out[s][t][h][i] in float64, from the decoded values: token t of nt reads the stream's first
+ * len - nt + t + 1 cells (none for an empty stream). */
 static inline double * reference(const attn_case * c) {
     const attn_params * p = &c->p;
-    const int64_t ns = n_win(p), n_head = p->n_head_kv * p->group, d = p->head_dim, n_kv = p->n_kv;
-    double * out = calloc((size_t) (ns * n_head * d), sizeof(double));
+    const int64_t ns = n_win(p), n_head = p->n_head_kv * p->group, d = p->head_dim, n_kv = p->n_kv, nt = n_tok_of(p);
+    double * out = calloc((size_t) (ns * nt * n_head * d), sizeof(double));
     double * sc = calloc((size_t) n_kv + 1, sizeof(double));
-    for (int64_t s = 0; s < ns; s++) {
-        const int64_t len = clamp_len(p, s);
+    for (int64_t st = 0; st < ns * nt; st++) {
+        const int64_t s = st / nt, t = st % nt;
+        const int64_t len = clamp_len(p, s) == 0 ? 0 : clamp_len(p, s) - nt + t + 1;
         for (int64_t h = 0; h < n_head; h++) {
             const int64_t hk = h / p->group;
-            const double * q = c->q_ref + (s * n_head + h) * d;
+            const double * q = c->q_ref + (st * n_head + h) * d;
             double m = -INFINITY, sum = 0.0;
             for (int64_t j = 0; j < len; j++) {
                 const double * k = c->k_ref + (s * n_kv + j) * n_embd(p) + hk * d;
@@ -219,7 +226,7 @@ static inline double * reference(const attn_case * c) {
                 sc[j] = exp(sc[j] - m);
                 sum += sc[j];
             }
-            double * o = out + (s * n_head + h) * d;
+            double * o = out + (st * n_head + h) * d;
             for (int64_t j = 0; j < len; j++) {
                 const double * v = c->v_ref + (s * n_kv + j) * n_embd(p) + hk * d;
                 for (int64_t i = 0; i < d; i++) o[i] += sc[j] / sum * v[i];

@@ -283,12 +283,13 @@ static void test_shape_mismatches_are_layout_errors_making_nothing(void) {
     CHECK_FAILS(ferry_attn_decode(ctx, c.q, c.k, c.v, c.len, 1.0f, true, &out), FERRY_ERR_LAYOUT);
     CHECK_EQ_U(ferry_context_n_tensors(ctx), before); /* nothing made */
     CHECK(strstr(ferry_last_error(), "v_trans") != NULL);
-    /* q of another type, with ne[2] != 1, of another head_dim */
-    const int64_t ne_q16[4] = {64, 4, 1, 3}, ne_q2[4] = {64, 4, 2, 3}, ne_qd[4] = {32, 4, 1, 3};
+    /* q of another type, of more tokens than the window's 13 cells, of another head_dim */
+    const int64_t ne_q16[4] = {64, 4, 1, 3}, ne_q2[4] = {64, 4, 14, 3}, ne_qd[4] = {32, 4, 1, 3};
     CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F16, 4, ne_q16, &t));
     CHECK_FAILS(ferry_attn_decode(ctx, t, c.k, c.v, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
     CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, ne_q2, &t));
     CHECK_FAILS(ferry_attn_decode(ctx, t, c.k, c.v, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
+    CHECK(strstr(ferry_last_error(), "n_tok at most the window's 13 cells") != NULL);
     CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, ne_qd, &t));
     CHECK_FAILS(ferry_attn_decode(ctx, t, c.k, c.v, c.len, 1.0f, false, &out), FERRY_ERR_LAYOUT);
     /* query heads that do not group over the kv heads: 3 over 2 */
@@ -394,6 +395,49 @@ static void test_scheduled_standin_gives_cpu_bytes_flat_or_ranges(void) {
     case_free(&c);
 }
 
+/* ---------------------------------------------------------------- several query tokens per stream */
+
+/* n_tok tokens per stream, token t over the stream's first len - n_tok + t + 1 cells: every type,
+ * V transposed or not, ragged lengths (the empty stream stays zeros), against the reference. */
+static void test_several_tokens_match_the_reference(void) {
+    const ferry_type types[3][2] = {{FERRY_TYPE_F32, FERRY_TYPE_F32}, {FERRY_TYPE_F16, FERRY_TYPE_F16},
+                                    {FERRY_TYPE_Q8_0, FERRY_TYPE_Q8_0}};
+    for (int ty = 0; ty < 3; ty++) {
+        for (int trans = 0; trans < 2; trans++) {
+            if (trans && types[ty][1] == FERRY_TYPE_Q8_0) continue;
+            for (int64_t n_tok = 1; n_tok <= 7; n_tok += 3) {
+                attn_params p = base_params(types[ty][0], types[ty][1], trans, 2);
+                p.n_tok = n_tok;
+                CHECK_EQ_U(check_case(&p), 0);
+            }
+        }
+    }
+    attn_params p = base_params(FERRY_TYPE_Q8_0, FERRY_TYPE_F16, true, 4); /* mixed, n_tok = n_kv */
+    p.n_tok = 13, p.lens[1] = 13, p.lens[2] = 1000;
+    CHECK_EQ_U(check_case(&p), 0);
+}
+
+/* A stream shorter than the step's tokens is refused at compute, naming it, writing no output. */
+static void test_a_length_below_n_tok_is_refused_naming_the_stream(void) {
+    attn_params p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F16, false, 2);
+    p.n_tok = 8; /* lengths 13, 0 (taking no part) and 7 */
+    attn_case c;
+    CHECK_OK(case_init(&c, &p));
+    const size_t n = (size_t) ferry_tensor_nelements(c.out);
+    float * got = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) got[i] = 42.0f;
+    CHECK_OK(ferry_tensor_set(c.out, got, 0, n * sizeof(float)));
+    CHECK_FAILS(run_on(&c, c.cpu, got, n), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "stream 2 has length 7") != NULL);
+    CHECK(strstr(ferry_last_error(), "8 query tokens") != NULL);
+    CHECK_OK(ferry_tensor_get(c.out, got, 0, n * sizeof(float)));
+    size_t n_kept = 0;
+    for (size_t i = 0; i < n; i++) n_kept += got[i] == 42.0f;
+    CHECK_EQ_U(n_kept, n); /* nothing written */
+    free(got);
+    case_free(&c);
+}
+
 static const check_test tests[] = {
     {"f32_attention_matches_the_reference", test_f32_attention_matches_the_reference},
     {"f16_attention_matches_the_reference", test_f16_attention_matches_the_reference},
@@ -409,6 +453,8 @@ static const check_test tests[] = {
     {"attn_reads_exactly_the_types_it_lists", test_attn_reads_exactly_the_types_it_lists},
     {"standin_has_its_own_memory_and_only_cpu_ops", test_standin_has_its_own_memory_and_only_cpu_ops},
     {"scheduled_standin_gives_cpu_bytes_flat_or_ranges", test_scheduled_standin_gives_cpu_bytes_flat_or_ranges},
+    {"several_tokens_match_the_reference", test_several_tokens_match_the_reference},
+    {"a_length_below_n_tok_is_refused_naming_the_stream", test_a_length_below_n_tok_is_refused_naming_the_stream},
 };
 
 CHECK_MAIN(tests)

@@ -41,20 +41,26 @@ FERRY_API ferry_status ferry_pad(ferry_context * ctx, ferry_tensor * a, int p0, 
 /* The mean over dimension 0: ne[0] becomes 1. */
 FERRY_API ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_tensor ** out);
 /*
- * Decode attention, one query token per stream, one sequence per stream.
- *   q      f32 [head_dim, n_head, 1, ns]
+ * Decode attention, n_tok query tokens per stream, one sequence per stream.
+ *   q      f32 [head_dim, n_head, n_tok, ns], n_tok >= 1 and at most n_kv: the step's new tokens
+ *          (a draft to verify, a prefill chunk), whose cells were written to the cache before it
  *   k      [head_dim, n_kv, n_head_kv, ns]: the permuted K window of ferry_kv_cache_window
  *   v      [head_dim, n_kv, n_head_kv, ns], or with v_trans [n_kv, head_dim, n_head_kv, ns]
  *          (the transposed V window). v_trans says which; the shape must agree with it.
  *   kv_len i32 [ns]: cells of each stream that count; cells at or past it are masked out
  *          (never read). A length is clamped to 0..n_kv; 0 gives a zero output row. A k
  *          carrying its lengths (ferry_tensor_set_used_cells) refuses one outside 0..its limit
- *          instead (OUT_OF_BOUNDS, naming the stream), as every copy of it does.
+ *          instead (OUT_OF_BOUNDS, naming the stream), as every copy of it does. The length
+ *          counts the new cells: token t reads cells [0, len - n_tok + t] (its own and those
+ *          before: causal within the new tokens). A length of 1..n_tok-1 is refused
+ *          (OUT_OF_BOUNDS, naming the stream); n_tok = 1 is one-token decode.
  * K and V are of a type ferry_attn_reads_type takes, f32, f16 or q8_0 (q8_0 V not transposed),
  * read only through their ne/nb.
  * Query head h reads kv head h / (n_head / n_head_kv); n_head must be a multiple of
- * n_head_kv. out: f32 [head_dim, n_head, 1, ns], contiguous, softmax(scale * q.k) . v.
- * Deterministic: the same bytes in give the same bytes out on a backend, run to run.
+ * n_head_kv. out: f32 [head_dim, n_head, n_tok, ns], contiguous, softmax(scale * q.k) . v.
+ * Deterministic: the same bytes in give the same bytes out on a backend, run to run; on the CPU
+ * token t's row is byte for byte a one-token step's at length len - n_tok + t + 1. The CUDA
+ * backend takes n_tok = 1 only (its supports_op refuses more: the scheduler runs it elsewhere).
  */
 FERRY_API ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k, ferry_tensor * v,
                                ferry_tensor * kv_len, float scale, bool v_trans, ferry_tensor ** out);

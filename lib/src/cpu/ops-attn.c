@@ -2,7 +2,8 @@
  * The CPU kernel of decode attention (ferry_attn_decode in ops.c builds the node).
  *
  * Work goes by (stream, kv head): each K or V row of that pair is converted to f32 once
- * and used by every query head of the group. Only cells below the stream's length are
+ * and used by every query head of the group, of every query token of the step (token t
+ * of n_tok reads the stream's cells [0, len - n_tok + t]: causal within the new tokens). Only cells below the stream's length are
  * read, and only through K's and V's ne/nb, so whatever lies in the gaps of a window or
  * past a stream's length (NaN in the tests) cannot reach the output.
  *
@@ -10,7 +11,8 @@
  * dot products over head_dim (scores) and over cells (transposed V) sum 8 lanes
  * i, i+8, ... each in order and then add the lanes in one fixed tree; the softmax
  * subtracts the row's maximum and sums its exponentials cell by cell; the output of
- * untransposed V adds p_j * v_j cell by cell. f32 is enough: the tests hold it to
+ * untransposed V adds p_j * v_j cell by cell. Each query token's arithmetic is that of
+ * a one-token step at its own length, in the same order: the same bytes. f32 is enough: the tests hold it to
  * a float64 reference within 2e-6, relative to 1 + |value|.
  */
 #include "cpu-impl.h"
@@ -112,6 +114,13 @@ static const char * at(const ferry_tensor * t, int64_t i0, int64_t i1, int64_t i
            (size_t) i3 * t->nb[3];
 }
 
+/* The length of stream s as the kernel reads it: clamped to 0..n_kv. */
+static int64_t stream_length(const ferry_tensor * kv_len, int64_t s, int64_t n_kv) {
+    int32_t len32;
+    memcpy(&len32, at(kv_len, s, 0, 0, 0), sizeof(len32));
+    return len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+}
+
 ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
     const ferry_tensor * q = dst->src[0];
     const ferry_tensor * k = dst->src[1];
@@ -120,70 +129,88 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
     float scale;
     memcpy(&scale, &dst->op_params[0], sizeof(scale));
     const bool v_trans = dst->op_params[1] != 0;
-    const int64_t d = q->ne[0], n_head = q->ne[1], ns = q->ne[3];
+    const int64_t d = q->ne[0], n_head = q->ne[1], n_tok = q->ne[2], ns = q->ne[3];
     const int64_t n_kv = k->ne[1], n_head_kv = k->ne[2], group = n_head / n_head_kv;
+    /* the queries of one (stream, kv head): every token's query heads of the group, token-major */
+    const int64_t n_q = n_tok * group;
     /* V: step between cells and between channels, whichever way it is stored */
     const size_t v_cell = v_trans ? v->nb[0] : v->nb[1];
     const size_t v_chan = v_trans ? v->nb[1] : v->nb[0];
     /* A window carrying its lengths bounds them by its limit: one outside it is refused, not clamped
      * (a scheduler's run refused it before its copies; this is a window read where it lies). */
     FERRY_TRY(ferry_check_used_lengths(k, false, "attn_decode"));
+    /* Token t reads cells [0, len - n_tok + t]: a stream needs a cell per token. Checked for every
+     * stream before any output is written; 0 is a stream taking no part (zero rows), as with one token. */
+    for (int64_t s = 0; s < ns; s++) {
+        const int64_t len = stream_length(kv_len, s, n_kv);
+        if (len > 0 && len < n_tok) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
+                              "attn_decode: stream %lld has length %lld (kv_len, clamped to 0..%lld), below q's %lld "
+                              "query tokens: its length must count the step's new cells, at least one per token "
+                              "(or be 0, a stream taking no part)",
+                              (long long) s, (long long) len, (long long) n_kv, (long long) n_tok);
+        }
+    }
 
-    /* scratch: the group's queries, one K/V row, scores then probabilities, sums, a V channel */
-    const size_t n_floats = (size_t) (group * d) * 2 + (size_t) d + (size_t) (group * n_kv) +
-                            (size_t) (n_kv > d ? n_kv : d) + (size_t) group;
+    /* scratch: the queries, their sums, one K/V row, scores then probabilities, a V channel, 1/sums */
+    const size_t n_floats = (size_t) (n_q * d) * 2 + (size_t) d + (size_t) (n_q * n_kv) +
+                            (size_t) (n_kv > d ? n_kv : d) + (size_t) n_q;
     float * scratch = ferry_malloc(n_floats * sizeof(float));
     if (!scratch) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "attn_decode: out of memory for %zu floats of scratch", n_floats);
     }
     float * qf = scratch;
-    float * acc = qf + group * d;
-    float * row = acc + group * d;
+    float * acc = qf + n_q * d;
+    float * row = acc + n_q * d;
     float * p = row + d;
-    float * chan = p + group * n_kv;
+    float * chan = p + n_q * n_kv;
     float * inv_sum = chan + (n_kv > d ? n_kv : d);
 
     for (int64_t s = 0; s < ns; s++) {
-        int32_t len32;
-        memcpy(&len32, at(kv_len, s, 0, 0, 0), sizeof(len32));
-        const int64_t len = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+        const int64_t len = stream_length(kv_len, s, n_kv);
+        /* token t reads len_t = first + t + 1 cells, and cell j is read by tokens j - first and after */
+        const int64_t first = len - n_tok;
         for (int64_t hk = 0; hk < n_head_kv; hk++) {
-            for (int64_t g = 0; g < group; g++) {
-                load_row(FERRY_TYPE_F32, at(q, 0, hk * group + g, 0, s), q->nb[0], d, qf + g * d);
+            for (int64_t t = 0; t < n_tok; t++) {
+                for (int64_t g = 0; g < group; g++) {
+                    load_row(FERRY_TYPE_F32, at(q, 0, hk * group + g, t, s), q->nb[0], d, qf + (t * group + g) * d);
+                }
             }
-            memset(acc, 0, (size_t) (group * d) * sizeof(float));
+            memset(acc, 0, (size_t) (n_q * d) * sizeof(float));
             if (len > 0) {
-                /* scores: one K row at a time, for every query head of the group */
+                /* scores: one K row at a time, for every query that reads its cell. Each query's
+                 * arithmetic is that of one token over its own length: the same bytes out. */
                 for (int64_t j = 0; j < len; j++) {
                     load_row(k->type, at(k, 0, j, hk, s), k->nb[0], d, row);
-                    for (int64_t g = 0; g < group; g++) {
-                        p[g * len + j] = scale * dot(qf + g * d, row, d);
+                    for (int64_t qi = (j > first ? j - first : 0) * group; qi < n_q; qi++) {
+                        p[qi * len + j] = scale * dot(qf + qi * d, row, d);
                     }
                 }
                 /* softmax with the maximum subtracted; 1/sum applied at the end */
-                for (int64_t g = 0; g < group; g++) {
-                    float * pg = p + g * len;
-                    float m = pg[0];
-                    for (int64_t j = 1; j < len; j++) {
-                        m = pg[j] > m ? pg[j] : m;
+                for (int64_t qi = 0; qi < n_q; qi++) {
+                    const int64_t len_q = first + qi / group + 1;
+                    float * pq = p + qi * len;
+                    float m = pq[0];
+                    for (int64_t j = 1; j < len_q; j++) {
+                        m = pq[j] > m ? pq[j] : m;
                     }
                     float sum = 0.0f;
-                    for (int64_t j = 0; j < len; j++) {
-                        pg[j] = expf(pg[j] - m);
-                        sum += pg[j];
+                    for (int64_t j = 0; j < len_q; j++) {
+                        pq[j] = expf(pq[j] - m);
+                        sum += pq[j];
                     }
-                    inv_sum[g] = 1.0f / sum;
+                    inv_sum[qi] = 1.0f / sum;
                 }
                 if (!v_trans) {
                     for (int64_t j = 0; j < len; j++) {
                         load_row(v->type, (const char *) v->data + (size_t) j * v_cell + (size_t) hk * v->nb[2] +
                                               (size_t) s * v->nb[3],
                                  v_chan, d, row);
-                        for (int64_t g = 0; g < group; g++) {
-                            const float pj = p[g * len + j];
-                            float * ag = acc + g * d;
+                        for (int64_t qi = (j > first ? j - first : 0) * group; qi < n_q; qi++) {
+                            const float pj = p[qi * len + j];
+                            float * aq = acc + qi * d;
                             for (int64_t i = 0; i < d; i++) {
-                                ag[i] += pj * row[i];
+                                aq[i] += pj * row[i];
                             }
                         }
                     }
@@ -193,21 +220,24 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
                         load_row(v->type, (const char *) v->data + (size_t) i * v_chan + (size_t) hk * v->nb[2] +
                                               (size_t) s * v->nb[3],
                                  v_cell, len, chan);
-                        for (int64_t g = 0; g < group; g++) {
-                            acc[g * d + i] = dot(p + g * len, chan, len);
+                        for (int64_t qi = 0; qi < n_q; qi++) {
+                            acc[qi * d + i] = dot(p + qi * len, chan, first + qi / group + 1);
                         }
                     }
                 }
-                for (int64_t g = 0; g < group; g++) {
+                for (int64_t qi = 0; qi < n_q; qi++) {
                     for (int64_t i = 0; i < d; i++) {
-                        acc[g * d + i] *= inv_sum[g];
+                        acc[qi * d + i] *= inv_sum[qi];
                     }
                 }
             }
-            for (int64_t g = 0; g < group; g++) {
-                char * out = (char *) at(dst, 0, hk * group + g, 0, s);
-                for (int64_t i = 0; i < d; i++) {
-                    memcpy(out + (size_t) i * dst->nb[0], &acc[g * d + i], sizeof(float));
+            for (int64_t t = 0; t < n_tok; t++) {
+                for (int64_t g = 0; g < group; g++) {
+                    char * out = (char *) at(dst, 0, hk * group + g, t, s);
+                    const float * aq = acc + (t * group + g) * d;
+                    for (int64_t i = 0; i < d; i++) {
+                        memcpy(out + (size_t) i * dst->nb[0], &aq[i], sizeof(float));
+                    }
                 }
             }
         }

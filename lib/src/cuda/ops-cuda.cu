@@ -164,6 +164,8 @@ static __global__ void attn_decode_kernel(tview q, tview k, tview v, tview len, 
 
 static bool attn_kv_type(ferry_type t) { return t == FERRY_TYPE_F32 || t == FERRY_TYPE_F16 || t == FERRY_TYPE_Q8_0; }
 
+/* One query token per stream only: q of several tokens (q->ne[2] > 1) has no kernel here yet, so the
+ * scheduler runs it on a backend that has one (the CPU) or refuses it. */
 static bool attn_supported(const ferry_tensor * node) {
     const ferry_tensor * q = node->src[0];
     const ferry_tensor * k = node->src[1];
@@ -172,7 +174,7 @@ static bool attn_supported(const ferry_tensor * node) {
     return node->type == FERRY_TYPE_F32 && q && k && v && len && q->type == FERRY_TYPE_F32 && attn_kv_type(k->type) &&
            attn_kv_type(v->type) && !(node->op_params[1] && v->type == FERRY_TYPE_Q8_0) &&
            len->type == FERRY_TYPE_I32 && q->ne[0] <= ATTN_MAX_HEAD_DIM && q->ne[1] <= INT32_MAX &&
-           q->ne[3] <= 65535;
+           q->ne[2] == 1 && q->ne[3] <= 65535;
 }
 
 template <int TK>
