@@ -227,8 +227,8 @@ static ferry_status attn_check_q_k(const ferry_tensor * q, const ferry_tensor * 
     if (k->ne[0] != d) {
         const int64_t v_d = v_trans ? v->ne[1] : v->ne[0];
         if (v_d == k->ne[0] && !attn_unpermuted(k)) { /* k and v agree: the query is the odd one out */
-            return attn_shape_error("q", q, "f32 [head_dim, n_head, n_tok, ns] with the head_dim %lld of k and v",
-                                    (long long) k->ne[0]);
+            return attn_shape_error("q", q, "f32 [head_dim, n_head, %lld, ns] with the head_dim %lld of k and v",
+                                    (long long) n_tok, (long long) k->ne[0]);
         }
         return attn_shape_error("k", k, ATTN_WINDOW ", with q's head_dim %lld", (long long) d);
     }

@@ -182,21 +182,27 @@ def v_layout(v: Tensor, v_trans: Optional[bool], what: str) -> bool:
 
 def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional[float] = None,
                 v_trans: Optional[bool] = None, name: Optional[str] = None) -> Tensor:
-    """Decode attention, one query token per stream: softmax(scale * q.k) . v per query head, over
-    the first kv_len[s] cells of stream s. Query head h reads KV head h // (n_head // n_head_kv).
-    Deterministic: the same bytes in give the same bytes out on a backend.
+    """Decode attention, n_tok query tokens per stream: softmax(scale * q.k) . v per query head and
+    token, token t of stream s over the stream's first kv_len[s] - n_tok + t + 1 cells (its own cell
+    and those before it: causal within the step's new tokens, whose cells were written to the cache
+    before the step). Query head h reads KV head h // (n_head // n_head_kv). Deterministic: the same
+    bytes in give the same bytes out on a backend; on the CPU token t's output is byte for byte a
+    one-token step's at length kv_len[s] - n_tok + t + 1. CUDA takes one token only (the scheduler
+    runs more on the CPU).
 
     Parameters
     ----------
     q : Tensor
-        f32 [head_dim, n_head, 1, ns].
+        f32 [head_dim, n_head, n_tok, ns], n_tok from 1 to the window's n_kv.
     k : Tensor
         A permuted K window [head_dim, n_kv, n_head_kv, ns] (KVCache.window): f32, f16 or q8_0.
     v : Tensor
         The same as k, or transposed [n_kv, head_dim, n_head_kv, ns] (not q8_0).
     kv_len : Tensor
-        i32 [ns]: cells of each stream read (clamped to 0..n_kv; 0 gives a zero row). A k carrying
-        its lengths (Tensor.set_used_cells) refuses one outside 0..its limit instead.
+        i32 [ns]: cells of each stream, the step's new ones counted (clamped to 0..n_kv; 0 gives zero
+        rows). A k carrying its lengths (Tensor.set_used_cells) refuses one outside 0..its limit
+        instead. A length of 1..n_tok - 1 is refused when computed (OutOfBoundsError, naming the
+        stream).
     scale : float, optional
         Default 1/sqrt(head_dim).
     v_trans : bool, optional
@@ -208,7 +214,7 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
     Returns
     -------
     Tensor
-        f32 [head_dim, n_head, 1, ns], unallocated.
+        f32 [head_dim, n_head, n_tok, ns], unallocated.
 
     Raises
     ------
@@ -216,7 +222,8 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
         For operands that are not Tensors, a scale that is not a finite f32, v_trans neither a bool
         nor None, or a v_trans other than v's cache's.
     LayoutError
-        For shapes or types that do not fit.
+        For shapes or types that do not fit (q of no token or of more tokens than k's n_kv cells
+        among them).
     """
     pq, pk = _checks.instance(q, Tensor, "attn_decode: q")._p, _checks.instance(k, Tensor, "attn_decode: k")._p
     pv = _checks.instance(v, Tensor, "attn_decode: v")._p

@@ -119,7 +119,9 @@ def attention_step(sched: Scheduler, backend: Backends, windows: Sequence[Tuple[
         Per layer, its K and V windows (KVCache.windows or PagedKVCache.windows, or their window per
         layer).
     q : sequence of Tensor
-        Per layer, its query (f32 [head_dim, n_head, 1, ns]).
+        Per layer, its query (f32 [head_dim, n_head, n_tok, ns]): n_tok tokens per stream, a draft
+        to verify or a prefill chunk, each window copied once for all of them (attn_decode says
+        which cells each token reads).
     kv_len : Tensor
         i32 [ns]: each stream's length, shared by every layer. From KVWindows every window carries
         it as its used cells (Tensor.set_used_cells, limit n_kv), which the ragged policy copies
@@ -236,7 +238,7 @@ class _Step:
 
 class StepOutputs(List[Tensor]):
     """attention_step's outputs: a list of Tensor, one attention output per layer (f32 [head_dim,
-    n_head, 1, ns], unallocated until the scheduler runs them), and their Graph (graph)."""
+    n_head, n_tok, ns], unallocated until the scheduler runs them), and their Graph (graph)."""
 
     _graph: Optional[Graph] = None  # the Graph C built with the step (from KVWindows)
 
