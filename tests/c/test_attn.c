@@ -438,6 +438,34 @@ static void test_a_length_below_n_tok_is_refused_naming_the_stream(void) {
     case_free(&c);
 }
 
+/* Through the scheduler on the stand-in device, several tokens per stream: flat, ranges and the
+ * CPU backend's own run give the same bytes, within 2e-6 of the reference. */
+static void test_several_tokens_scheduled_give_cpu_bytes(void) {
+    attn_params p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F32, true, 3);
+    p.n_tok = 6, p.lens[0] = 6, p.lens[2] = 11;
+    attn_case c;
+    CHECK_OK(case_init(&c, &p));
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    const size_t n = (size_t) ferry_tensor_nelements(c.out);
+    float * flat = malloc(n * sizeof(float));
+    float * ranges = malloc(n * sizeof(float));
+    float * direct = malloc(n * sizeof(float));
+    CHECK_OK(run_sched(&c, standin, FERRY_COPY_FLAT, flat, n, NULL));
+    CHECK_OK(run_sched(&c, standin, FERRY_COPY_RANGES, ranges, n, NULL));
+    CHECK_OK(run_on(&c, c.cpu, direct, n));
+    double * want = reference(&c);
+    CHECK(max_error(direct, want, n) <= 2e-6);
+    CHECK(memcmp(flat, direct, n * sizeof(float)) == 0);
+    CHECK(memcmp(ranges, direct, n * sizeof(float)) == 0);
+    free(want);
+    free(flat);
+    free(ranges);
+    free(direct);
+    ferry_backend_free(standin);
+    case_free(&c);
+}
+
 static const check_test tests[] = {
     {"f32_attention_matches_the_reference", test_f32_attention_matches_the_reference},
     {"f16_attention_matches_the_reference", test_f16_attention_matches_the_reference},
@@ -455,6 +483,7 @@ static const check_test tests[] = {
     {"scheduled_standin_gives_cpu_bytes_flat_or_ranges", test_scheduled_standin_gives_cpu_bytes_flat_or_ranges},
     {"several_tokens_match_the_reference", test_several_tokens_match_the_reference},
     {"a_length_below_n_tok_is_refused_naming_the_stream", test_a_length_below_n_tok_is_refused_naming_the_stream},
+    {"several_tokens_scheduled_give_cpu_bytes", test_several_tokens_scheduled_give_cpu_bytes},
 };
 
 CHECK_MAIN(tests)
