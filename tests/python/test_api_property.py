@@ -289,7 +289,7 @@ def step_change(draw: st.DrawFn) -> Tuple[bool, bool, str, Any]:
         value = draw(st.one_of(st.tuples(st.just("windows"), ints(-1, 20), ints(-1, 2), st.none() | ints(-1, 2)),
                                st.tuples(st.just("pairs"), st.integers(0, 4)), junk()))
     elif arg in ("backend", "sched", "q", "kv_len"):
-        value = draw(st.one_of(st.tuples(st.just(arg), st.integers(0, 4)), junk()))
+        value = draw(st.one_of(st.tuples(st.just(arg), st.integers(0, 6 if arg == "q" else 4)), junk()))
     else:
         value = draw(st.one_of(st.none(), st.booleans(), junk()))
     return v_trans, fast, arg, value
@@ -300,6 +300,8 @@ def step_change(draw: st.DrawFn) -> Tuple[bool, bool, str, Any]:
 @example((True, False, "v_trans", False))  # a transposed cache's windows read as not transposed
 @example((True, True, "v_trans", False))
 @example((False, False, "windows", ("pairs", 3)))  # a str of two letters for a (K, V) pair
+@example((False, True, "q", ("q", 5)))  # three tokens per stream
+@example((False, False, "q", ("q", 6)))  # more tokens than cells
 def test_attention_step_of_any_argument_runs_or_is_refused_naming_it_assigning_nothing(case: Tuple[bool, bool, str, Any]) -> None:
     """A step of two layers: built (and run, to the base step's bytes when only v_trans changed), or
     refused naming the argument with nothing assigned on the scheduler."""
@@ -318,6 +320,7 @@ def test_attention_step_of_any_argument_runs_or_is_refused_naming_it_assigning_n
     base: Dict[str, Any] = dict(sched=sched, backend=cpu, windows=windows, q=q, kv_len=kv_len, v_trans=None)
     want = run_step(sched, ferry.attention_step(**base))
     sched.clear_assignments()
+    several_tokens = arg == "q" and value == ("q", 5)  # three tokens per stream: it must run
     if isinstance(value, tuple) and value[:1] == ("windows",):
         value, _ = outcome(lambda: kv.windows(*value[1:]), ("n_kv", "s0", "s1"))
         if value is None:
@@ -328,13 +331,17 @@ def test_attention_step_of_any_argument_runs_or_is_refused_naming_it_assigning_n
     elif isinstance(value, tuple) and value[:1] == (arg,):
         value = {"backend": lambda i: [cpu, ferry.CPUBackend(), [cpu, cpu], [cpu], [cpu, "cpu"]][i],
                  "sched": lambda i: [sched, ferry.Scheduler([ferry.CPUBackend()]), "sched", cpu, None][i],
-                 "q": lambda i: [q, q[:1], q + q, [q[0], kv_len], [q[0], ferry.Tensor.from_numpy(
-                     cpu, np.zeros((2, 1, 4, 16), np.float16))]][i],
+                 "q": lambda i: ([q, q[:1], q + q, [q[0], kv_len], [q[0], ferry.Tensor.from_numpy(
+                     cpu, np.zeros((2, 1, 4, 16), np.float16))]] + [
+                     # several tokens per stream: 3 run, 17 are more than the 16 cells
+                     [ferry.Tensor.from_numpy(cpu, rng.uniform(-1, 1, (2, n, 4, 16)).astype(np.float32))
+                      for _ in range(2)] for n in (3, 17)])[i],
                  "kv_len": lambda i: [kv_len, q[0], ferry.Tensor.from_numpy(cpu, np.array([1], np.int32)),
                                       ferry.Tensor.from_numpy(cpu, np.array([1.0, 2.0], np.float32)),
                                       ferry.Tensor.from_numpy(cpu, np.array([99, -3], np.int32))][i]}[arg](value[1])
     args = changed(base, arg, value)
     outs, err = outcome(lambda: ferry.attention_step(**args), STEP_NAMES[arg])
+    assert err is None or not several_tokens, err
     on = args["sched"] if isinstance(args["sched"], ferry.Scheduler) else sched
     if err is not None:
         assert on.n_assigned == 0 and sched.n_assigned == 0, "a refused step assigned outputs"
