@@ -190,6 +190,12 @@ static void test_cuda_claims_only_the_ops_it_has_kernels_for(void) {
     CHECK_OK(ferry_dup_as(c.ctx, c.q, FERRY_TYPE_BF16, &conv));
     CHECK(!ferry_backend_supports_op(cuda, conv));
     case_free(&c);
+    /* no kernel for several query tokens per stream yet: the scheduler runs them on the CPU */
+    attn_params several = p;
+    several.n_tok = 3;
+    CHECK_OK(case_init(&c, &several));
+    CHECK(!ferry_backend_supports_op(cuda, c.out));
+    case_free(&c);
     ferry_backend_free(cuda);
 }
 

@@ -48,7 +48,7 @@ FERRY_API ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_t
  *   v      [head_dim, n_kv, n_head_kv, ns], or with v_trans [n_kv, head_dim, n_head_kv, ns]
  *          (the transposed V window). v_trans says which; the shape must agree with it.
  *   kv_len i32 [ns]: cells of each stream that count; cells at or past it are masked out
- *          (never read). A length is clamped to 0..n_kv; 0 gives a zero output row. A k
+ *          (never read). A length is clamped to 0..n_kv; 0 gives zero output rows. A k
  *          carrying its lengths (ferry_tensor_set_used_cells) refuses one outside 0..its limit
  *          instead (OUT_OF_BOUNDS, naming the stream), as every copy of it does. The length
  *          counts the new cells: token t reads cells [0, len - n_tok + t] (its own and those
