@@ -360,6 +360,19 @@ static void test_standin_has_its_own_memory_and_only_cpu_ops(void) {
     ferry_backend_free(standin);
 }
 
+/* A case's outputs three ways: scheduled on the stand-in under FLAT and under RANGES (their stats in
+ * st_flat and st_ranges when not NULL), and on the CPU backend where its windows lie; each array
+ * malloc'd, n floats, for the caller to free. */
+static void run_three_ways(attn_case * c, ferry_backend * standin, size_t n, float ** flat, float ** ranges,
+                           float ** direct, ferry_sched_stats * st_flat, ferry_sched_stats * st_ranges) {
+    *flat = malloc(n * sizeof(float));
+    *ranges = malloc(n * sizeof(float));
+    *direct = malloc(n * sizeof(float));
+    CHECK_OK(run_sched(c, standin, FERRY_COPY_FLAT, *flat, n, st_flat));
+    CHECK_OK(run_sched(c, standin, FERRY_COPY_RANGES, *ranges, n, st_ranges));
+    CHECK_OK(run_on(c, c->cpu, *direct, n));
+}
+
 /*
  * Through the scheduler: the cache, q and kv_len in CPU memory, the attention node on
  * the stand-in device, so the windows arrive by the copy path. Under FLAT the NaN of the
@@ -374,13 +387,9 @@ static void test_scheduled_standin_gives_cpu_bytes_flat_or_ranges(void) {
     ferry_backend * standin;
     CHECK_OK(ferry_standin_backend_new(&standin));
     const size_t n = (size_t) ferry_tensor_nelements(c.out);
-    float * flat = malloc(n * sizeof(float));
-    float * ranges = malloc(n * sizeof(float));
-    float * direct = malloc(n * sizeof(float));
+    float *flat, *ranges, *direct;
     ferry_sched_stats st_flat, st_ranges;
-    CHECK_OK(run_sched(&c, standin, FERRY_COPY_FLAT, flat, n, &st_flat));
-    CHECK_OK(run_sched(&c, standin, FERRY_COPY_RANGES, ranges, n, &st_ranges));
-    CHECK_OK(run_on(&c, c.cpu, direct, n));
+    SUB(run_three_ways(&c, standin, n, &flat, &ranges, &direct, &st_flat, &st_ranges));
     double * want = reference(&c);
     const double err = max_error(direct, want, n);
     CHECK(st_ranges.bytes_copied < st_flat.bytes_copied); /* the gaps stayed behind */
@@ -448,12 +457,8 @@ static void test_several_tokens_scheduled_give_cpu_bytes(void) {
     ferry_backend * standin;
     CHECK_OK(ferry_standin_backend_new(&standin));
     const size_t n = (size_t) ferry_tensor_nelements(c.out);
-    float * flat = malloc(n * sizeof(float));
-    float * ranges = malloc(n * sizeof(float));
-    float * direct = malloc(n * sizeof(float));
-    CHECK_OK(run_sched(&c, standin, FERRY_COPY_FLAT, flat, n, NULL));
-    CHECK_OK(run_sched(&c, standin, FERRY_COPY_RANGES, ranges, n, NULL));
-    CHECK_OK(run_on(&c, c.cpu, direct, n));
+    float *flat, *ranges, *direct;
+    SUB(run_three_ways(&c, standin, n, &flat, &ranges, &direct, NULL, NULL));
     double * want = reference(&c);
     CHECK(max_error(direct, want, n) <= 2e-6);
     CHECK(memcmp(flat, direct, n * sizeof(float)) == 0);
