@@ -83,6 +83,35 @@ static void test_cuda_attn_matches_cpu(void) {
     ferry_backend_free(cuda);
 }
 
+/* Several query tokens per stream (token t over the stream's first len - n_tok + t + 1 cells):
+ * every type, V transposed or not, ragged lengths (an empty stream, one of exactly n_tok cells,
+ * one past the window), n_tok 1 to 16, against the reference and the CPU, and run to run the
+ * same bytes under FLAT and RANGES. */
+static void test_cuda_several_tokens_match_cpu(void) {
+    need_device();
+    ferry_backend * cuda;
+    CHECK_OK(ferry_cuda_backend_new(0, &cuda));
+    const ferry_type types[3] = {FERRY_TYPE_F32, FERRY_TYPE_F16, FERRY_TYPE_Q8_0};
+    const int64_t n_toks[3] = {2, 7, 13};
+    for (int t = 0; t < 3; t++) {
+        for (int trans = 0; trans < 2; trans++) {
+            if (trans && types[t] == FERRY_TYPE_Q8_0) {
+                continue;
+            }
+            for (int i = 0; i < 3; i++) {
+                attn_params p = base_params(types[t], types[t], trans, 1 + 3 * (i % 2));
+                p.n_tok = n_toks[i], p.lens[2] = (int32_t) n_toks[i];
+                CHECK_EQ_U(cuda_case(cuda, &p), 0);
+            }
+        }
+    }
+    attn_params p = base_params(FERRY_TYPE_Q8_0, FERRY_TYPE_F16, true, 2); /* mixed, 16 tokens, 8 streams */
+    p.head_dim = 128, p.n_stream = 8, p.n_ctx = 8 * 300, p.n_kv = 290, p.s0 = 0, p.s1 = 7, p.n_tok = 16;
+    memcpy(p.lens, (int32_t[8]) {290, 0, 16, 17, 289, 150, -3, 1000}, sizeof(p.lens));
+    CHECK_EQ_U(cuda_case(cuda, &p), 0);
+    ferry_backend_free(cuda);
+}
+
 /* dup on the device, against dup on the CPU, bit for bit: a q8_0 window (blocks moved
  * whole through its strides), a strided f32 window to f16 and an f16 one to f32. */
 static void test_cuda_dup_matches_cpu(void) {
@@ -190,17 +219,17 @@ static void test_cuda_claims_only_the_ops_it_has_kernels_for(void) {
     CHECK_OK(ferry_dup_as(c.ctx, c.q, FERRY_TYPE_BF16, &conv));
     CHECK(!ferry_backend_supports_op(cuda, conv));
     case_free(&c);
-    /* no kernel for several query tokens per stream yet: the scheduler runs them on the CPU */
-    attn_params several = p;
+    attn_params several = p; /* several query tokens per stream: the same kernel */
     several.n_tok = 3;
     CHECK_OK(case_init(&c, &several));
-    CHECK(!ferry_backend_supports_op(cuda, c.out));
+    CHECK(ferry_backend_supports_op(cuda, c.out));
     case_free(&c);
     ferry_backend_free(cuda);
 }
 
 static const check_test tests[] = {
     {"cuda_attn_matches_cpu", test_cuda_attn_matches_cpu},
+    {"cuda_several_tokens_match_cpu", test_cuda_several_tokens_match_cpu},
     {"cuda_dup_matches_cpu", test_cuda_dup_matches_cpu},
     {"cuda_claims_only_the_ops_it_has_kernels_for", test_cuda_claims_only_the_ops_it_has_kernels_for},
     {"unaligned_dup_copies_or_refuses_without_a_fault", test_unaligned_dup_copies_or_refuses_without_a_fault},

@@ -183,10 +183,10 @@ typedef struct {
     int64_t n0, n, unit, word;
     /* OP_ATTN: attn_decode_kernel<tk, tv>'s arguments */
     tview q, k, v, len;
-    int64_t out_nb0, out_nb1, out_nb3, group;
+    int64_t out_nb0, out_nb1, out_nb2, out_nb3, group;
     float scale;
     int v_trans, tk, tv;
-    unsigned grid_y;
+    unsigned grid_y, grid_z;
 } op;
 
 struct fake_stream {
@@ -435,10 +435,11 @@ static float load_elem(int type, const char * row, int64_t i, int64_t stride) {
 
 #define FAKE_ATTN_MAX_D 2048 /* ATTN_MAX_HEAD_DIM of ops-cuda.cu */
 
-/* attn_decode_kernel<tk, tv> (ops-cuda.cu) as the device runs it: block (h, s); warp w of
- * block / 32 takes cells w, w + warps, ... in order with an online softmax, lane l adds
- * head elements l, l + 32, ... and a butterfly sums the lanes; then the warps combine in
- * warp order. */
+/* attn_decode_kernel<tk, tv> (ops-cuda.cu) as the device runs it: block (h, s, t), token t of
+ * n_tok over the stream's first len - n_tok + t + 1 cells (NaN rows for a stream shorter than
+ * n_tok, not 0); warp w of block / 32 takes cells w, w + warps, ... in order with an online
+ * softmax, lane l adds head elements l, l + 32, ... and a butterfly sums the lanes; then the
+ * warps combine in warp order. */
 static void run_attn(const op * o) {
     const tview *q = &o->q, *k = &o->k, *v = &o->v;
     const void * reads[5] = {q->data, k->data, v->data, o->len.data, o->dst};
@@ -446,20 +447,23 @@ static void run_attn(const op * o) {
     for (int i = 0; i < 5; i++) {
         ok = ok && open_alloc_of(reads[i], true);
     }
-    const int64_t d = q->ne[0], n_kv = k->ne[1], warps = o->block / 32;
+    const int64_t d = q->ne[0], n_kv = k->ne[1], n_tok = q->ne[2], warps = o->block / 32;
     if (!ok || d > FAKE_ATTN_MAX_D || warps < 1 || warps > 32) {
         sticky_error = cudaErrorIllegalAddress;
     }
     static float acc[32][FAKE_ATTN_MAX_D], qs[FAKE_ATTN_MAX_D];
-    for (uint64_t s = 0; s < o->grid_y && !sticky_error; s++) {
+    for (uint64_t blk = 0; blk < (uint64_t) o->grid_y * o->grid_z && !sticky_error; blk++) {
+        const uint64_t s = blk % o->grid_y, t = blk / o->grid_y;
         for (uint64_t h = 0; h < o->grid; h++) {
             const int64_t hk = (int64_t) h / o->group;
             for (int64_t i = 0; i < d; i++) {
-                qs[i] = load_elem(0, q->data + h * q->nb[1] + s * q->nb[3], i, q->nb[0]);
+                qs[i] = load_elem(0, q->data + h * q->nb[1] + t * q->nb[2] + s * q->nb[3], i, q->nb[0]);
             }
             int32_t len32;
             memcpy(&len32, o->len.data + s * o->len.nb[0], 4);
-            const int64_t n = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+            const int64_t clamped = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+            const bool too_short = clamped > 0 && clamped < n_tok;
+            const int64_t n = clamped > 0 && !too_short ? clamped - n_tok + (int64_t) t + 1 : 0;
             const char * kbase = k->data + hk * k->nb[2] + s * k->nb[3];
             const char * vbase = v->data + hk * v->nb[2] + s * v->nb[3];
             const int64_t v_cell = o->v_trans ? v->nb[0] : v->nb[1], v_chan = o->v_trans ? v->nb[1] : v->nb[0];
@@ -508,8 +512,8 @@ static void run_attn(const op * o) {
                 for (int64_t w = 0; w < warps; w++) {
                     out += wl[w] > 0.0f ? acc[w][i] * expf(wm[w] - big) : 0.0f;
                 }
-                out = n > 0 ? out / sum : 0.0f;
-                memcpy(o->dst + i * o->out_nb0 + h * o->out_nb1 + s * o->out_nb3, &out, 4);
+                out = too_short ? NAN : n > 0 ? out / sum : 0.0f;
+                memcpy(o->dst + i * o->out_nb0 + h * o->out_nb1 + t * o->out_nb2 + s * o->out_nb3, &out, 4);
             }
         }
     }
@@ -1343,9 +1347,10 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void 
     } else if (strstr(name, "attn_decode_kernel")) {
         op o = {.kind = OP_ATTN, .q = *(tview *) args[0], .k = *(tview *) args[1], .v = *(tview *) args[2],
                 .len = *(tview *) args[3], .dst = *(char **) args[4], .out_nb0 = *(int64_t *) args[5],
-                .out_nb1 = *(int64_t *) args[6], .out_nb3 = *(int64_t *) args[7], .scale = *(float *) args[8],
-                .v_trans = *(int *) args[9], .group = *(int64_t *) args[10], .tk = (int) template_int_at(name, 0),
-                .tv = (int) template_int_at(name, 1), .grid = grid.x, .grid_y = grid.y, .block = block.x};
+                .out_nb1 = *(int64_t *) args[6], .out_nb2 = *(int64_t *) args[7], .out_nb3 = *(int64_t *) args[8],
+                .scale = *(float *) args[9], .v_trans = *(int *) args[10], .group = *(int64_t *) args[11],
+                .tk = (int) template_int_at(name, 0), .tv = (int) template_int_at(name, 1), .grid = grid.x,
+                .grid_y = grid.y, .grid_z = grid.z, .block = block.x};
         err = push_kernel(s, o, (const void *[]) {o.q.data, o.k.data, o.v.data, o.len.data, o.dst}, 5);
     } else if (strstr(name, "hold_kernel")) { /* its cycles at the fake's clock */
         const unsigned long long cycles = *(unsigned long long *) args[0];

@@ -53,14 +53,15 @@ FERRY_API ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_t
  *          instead (OUT_OF_BOUNDS, naming the stream), as every copy of it does. The length
  *          counts the new cells: token t reads cells [0, len - n_tok + t] (its own and those
  *          before: causal within the new tokens). A length of 1..n_tok-1 is refused
- *          (OUT_OF_BOUNDS, naming the stream); n_tok = 1 is one-token decode.
+ *          (OUT_OF_BOUNDS, naming the stream) by the CPU kernel; the CUDA kernel, which cannot
+ *          refuse from the device, gives that stream NaN rows. n_tok = 1 is one-token decode.
  * K and V are of a type ferry_attn_reads_type takes, f32, f16 or q8_0 (q8_0 V not transposed),
  * read only through their ne/nb.
  * Query head h reads kv head h / (n_head / n_head_kv); n_head must be a multiple of
  * n_head_kv. out: f32 [head_dim, n_head, n_tok, ns], contiguous, softmax(scale * q.k) . v.
- * Deterministic: the same bytes in give the same bytes out on a backend, run to run; on the CPU
- * token t's row is byte for byte a one-token step's at length len - n_tok + t + 1. The CUDA
- * backend takes n_tok = 1 only (its supports_op refuses more: the scheduler runs it elsewhere).
+ * Deterministic: the same bytes in give the same bytes out on a backend, run to run, and token
+ * t's row is byte for byte a one-token step's at length len - n_tok + t + 1 on that backend (CPU
+ * or CUDA; the two agree to rounding, not to the bit). CUDA takes up to 65535 tokens per stream.
  */
 FERRY_API ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k, ferry_tensor * v,
                                ferry_tensor * kv_len, float scale, bool v_trans, ferry_tensor ** out);

@@ -91,17 +91,22 @@ static __device__ __forceinline__ float warp_sum(float v) {
 #define ATTN_MAX_HEAD_DIM 2048 /* shared memory: (ATTN_WARPS + 1) * head_dim floats */
 
 /*
- * One block per (query head, stream). Warp w takes cells w, w + ATTN_WARPS, ... below the
- * stream's length, in order, keeping a running max m, sum l and output acc (online
- * softmax); lanes split head_dim. The warps' partial results are then combined in warp
- * order. Cells at or past the length are never read.
+ * One block per (query head, stream, query token). Token t of n_tok reads the stream's first
+ * len - n_tok + t + 1 cells (causal within the step's new tokens): the work of a one-token
+ * step at that length, in the same order, so its bytes are that step's. Warp w takes cells
+ * w, w + ATTN_WARPS, ... below that count, in order, keeping a running max m, sum l and
+ * output acc (online softmax); lanes split head_dim. The warps' partial results are then
+ * combined in warp order. Cells past the token's count are never read. A stream shorter
+ * than n_tok (but not 0) has no such count: the host refuses it before a run (the scheduler's
+ * check); a device cannot refuse, so its rows are NaN rather than a plausible answer.
  */
 template <int TK, int TV>
 static __global__ void attn_decode_kernel(tview q, tview k, tview v, tview len, char * out, int64_t out_nb0,
-                                          int64_t out_nb1, int64_t out_nb3, float scale, int v_trans, int64_t group) {
+                                          int64_t out_nb1, int64_t out_nb2, int64_t out_nb3, float scale,
+                                          int v_trans, int64_t group) {
     extern __shared__ float sh[];
-    const int64_t d = q.ne[0], n_kv = k.ne[1];
-    const int64_t h = blockIdx.x, s = blockIdx.y, hk = h / group;
+    const int64_t d = q.ne[0], n_kv = k.ne[1], n_tok = q.ne[2];
+    const int64_t h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, hk = h / group;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float * qs = sh;
     float * acc = qs + d; /* [ATTN_WARPS][d] */
@@ -109,13 +114,15 @@ static __global__ void attn_decode_kernel(tview q, tview k, tview v, tview len, 
     float * wl = wm + ATTN_WARPS;
 
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-        qs[i] = *(const float *) (q.data + i * q.nb[0] + h * q.nb[1] + s * q.nb[3]);
+        qs[i] = *(const float *) (q.data + i * q.nb[0] + h * q.nb[1] + t * q.nb[2] + s * q.nb[3]);
     }
     for (int64_t i = lane; i < d; i += 32) {
         acc[warp * d + i] = 0.0f;
     }
     const int32_t len32 = *(const int32_t *) (len.data + s * len.nb[0]);
-    const int64_t n = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+    const int64_t clamped = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+    const bool too_short = clamped > 0 && clamped < n_tok;
+    const int64_t n = clamped > 0 && !too_short ? clamped - n_tok + t + 1 : 0;
     __syncthreads();
 
     const char * kbase = k.data + hk * k.nb[2] + s * k.nb[3];
@@ -158,14 +165,14 @@ static __global__ void attn_decode_kernel(tview q, tview k, tview v, tview len, 
         for (int w = 0; w < ATTN_WARPS; w++) {
             o += wl[w] > 0.0f ? acc[w * d + i] * expf(wm[w] - big) : 0.0f;
         }
-        *(float *) (out + i * out_nb0 + h * out_nb1 + s * out_nb3) = n > 0 ? o / sum : 0.0f;
+        *(float *) (out + i * out_nb0 + h * out_nb1 + t * out_nb2 + s * out_nb3) =
+            too_short ? NAN : n > 0 ? o / sum : 0.0f;
     }
 }
 
 static bool attn_kv_type(ferry_type t) { return t == FERRY_TYPE_F32 || t == FERRY_TYPE_F16 || t == FERRY_TYPE_Q8_0; }
 
-/* One query token per stream only: q of several tokens (q->ne[2] > 1) has no kernel here yet, so the
- * scheduler runs it on a backend that has one (the CPU) or refuses it. */
+/* Query tokens are the grid's third dimension: at most 65535 of them, as streams. */
 static bool attn_supported(const ferry_tensor * node) {
     const ferry_tensor * q = node->src[0];
     const ferry_tensor * k = node->src[1];
@@ -174,7 +181,7 @@ static bool attn_supported(const ferry_tensor * node) {
     return node->type == FERRY_TYPE_F32 && q && k && v && len && q->type == FERRY_TYPE_F32 && attn_kv_type(k->type) &&
            attn_kv_type(v->type) && !(node->op_params[1] && v->type == FERRY_TYPE_Q8_0) &&
            len->type == FERRY_TYPE_I32 && q->ne[0] <= ATTN_MAX_HEAD_DIM && q->ne[1] <= INT32_MAX &&
-           q->ne[2] == 1 && q->ne[3] <= 65535;
+           q->ne[2] <= 65535 && q->ne[3] <= 65535;
 }
 
 template <int TK>
@@ -185,15 +192,15 @@ static void attn_launch_v(ferry_type tv, dim3 grid, size_t shmem, cudaStream_t s
     switch (tv) {
         case FERRY_TYPE_F32:
             attn_decode_kernel<TK, FERRY_TYPE_F32><<<grid, block, shmem, stream>>>(
-                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[3], scale, v_trans, group);
+                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[2], dst->nb[3], scale, v_trans, group);
             break;
         case FERRY_TYPE_F16:
             attn_decode_kernel<TK, FERRY_TYPE_F16><<<grid, block, shmem, stream>>>(
-                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[3], scale, v_trans, group);
+                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[2], dst->nb[3], scale, v_trans, group);
             break;
         default:
             attn_decode_kernel<TK, FERRY_TYPE_Q8_0><<<grid, block, shmem, stream>>>(
-                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[3], scale, v_trans, group);
+                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[2], dst->nb[3], scale, v_trans, group);
             break;
     }
 }
@@ -209,7 +216,7 @@ static ferry_status attn_decode(ferry_tensor * dst, cudaStream_t stream) {
     memcpy(&scale, &dst->op_params[0], sizeof(scale));
     const int v_trans = dst->op_params[1] != 0;
     const int64_t group = q.ne[1] / k.ne[2];
-    const dim3 grid((unsigned) q.ne[1], (unsigned) q.ne[3]);
+    const dim3 grid((unsigned) q.ne[1], (unsigned) q.ne[3], (unsigned) q.ne[2]);
     const size_t shmem = (size_t) ((ATTN_WARPS + 1) * q.ne[0] + 2 * ATTN_WARPS) * sizeof(float);
     char * out = (char *) ferry_tensor_data(dst);
     switch (dst->src[1]->type) {
