@@ -17,4 +17,10 @@ int ferry_graph_slot(const ferry_graph * graph, const ferry_tensor * t);
 /* Append t as a node, its sources not added (a split's nodes). */
 ferry_status ferry_graph_add_node(ferry_graph * graph, ferry_tensor * t);
 
+/* The one check of an attention node's lengths against its query tokens (ops.c): each stream's
+ * length, clamped to 0..n_kv, 0 or at least n_tok; refused naming `what`, the node, the stream,
+ * its length and n_tok. kv_len must lie in memory the host reads by pointer. The CPU kernel makes
+ * it as it runs, the scheduler before a run moves a byte. */
+ferry_status ferry_attn_check_lengths(const ferry_tensor * node, const char * what);
+
 #endif

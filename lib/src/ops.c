@@ -259,6 +259,29 @@ static ferry_status attn_check_q_k(const ferry_tensor * q, const ferry_tensor * 
     return FERRY_OK;
 }
 
+/* Token t of n_tok reads cells [0, len - n_tok + t]: a stream taking part needs a cell per token.
+ * Each length is clamped to 0..n_kv as the kernels clamp it; 0 is a stream taking no part. */
+ferry_status ferry_attn_check_lengths(const ferry_tensor * node, const char * what) {
+    const ferry_tensor * len = node->src[3];
+    const int64_t n_tok = node->src[0]->ne[2], n_kv = node->src[1]->ne[1], ns = len->ne[0];
+    const char * data = ferry_tensor_data(len);
+    for (int64_t s = 0; s < ns && n_tok > 1; s++) {
+        int32_t len32;
+        memcpy(&len32, data + (size_t) s * len->nb[0], sizeof(len32));
+        const int64_t clamped = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+        if (clamped > 0 && clamped < n_tok) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
+                              "%s%s%s%s: stream %lld's length %lld (of its kv_len%s%s%s, clamped to 0..%lld) is "
+                              "below q's %lld query tokens: its length must count the step's new cells, at least one "
+                              "per token (or be 0, a stream taking no part)",
+                              what, node->name[0] ? " of '" : "", node->name, node->name[0] ? "'" : "", (long long) s,
+                              (long long) clamped, len->name[0] ? " '" : "", len->name, len->name[0] ? "'" : "",
+                              (long long) n_kv, (long long) n_tok);
+        }
+    }
+    return FERRY_OK;
+}
+
 /*
  * Several query tokens per stream are q's ne[2], not another op: their causal mask follows from
  * kv_len and n_tok (token t reads cells [0, len - n_tok + t]), so no mask operand is needed, one

@@ -523,13 +523,36 @@ bool ferry_sched_needs_alloc(const ferry_sched * s, const ferry_graph * graph) {
     return s && graph && (s->graph != graph || s->graph_nodes != ferry_graph_n_nodes(graph));
 }
 
+/* Does the host hold t's values now, before the run: written by the caller (a leaf, or a view of
+ * one), in memory it reads by pointer? A node's value exists only once the run made it. */
+static bool known_before_run(const ferry_tensor * t) {
+    const ferry_tensor * root = t->view_src ? t->view_src : t;
+    if (root->op != FERRY_OP_NONE) {
+        return false;
+    }
+    if (ferry_tensor_check_allocated(t) != FERRY_OK) {
+        ferry_clear_error();
+        return false;
+    }
+    const ferry_buffer * buf = ferry_tensor_buffer(t);
+    return ferry_buffer_is_host(buf) && !ferry_buffer_is_synthetic(buf);
+}
+
 /* Every input's lengths, before the run moves a byte of any (ferry_check_used_lengths): a length
  * refused at the second window's copy would leave the first's moved. A copy held ahead is
- * completed by the ragged route, which reads the lengths whatever the policy. */
+ * completed by the ragged route, which reads the lengths whatever the policy. So too each
+ * attention's lengths against its query tokens (ferry_attn_check_lengths), where the host holds
+ * them now: its kernel would refuse them only after the copies (the CUDA one cannot at all). */
 static ferry_status check_lengths(const ferry_sched * s) {
     for (int k = 0; k < s->n_inputs; k++) {
         const bool must_read = s->policy == FERRY_COPY_RAGGED || (s->ahead && s->ahead[k].queued);
         FERRY_TRY(ferry_check_used_lengths(s->inputs[k].src, must_read, "sched_graph_compute: the copy"));
+    }
+    for (int i = 0; i < s->graph_nodes; i++) {
+        const ferry_tensor * node = ferry_graph_node(s->graph, i);
+        if (node->op == FERRY_OP_ATTN_DECODE && known_before_run(node->src[3])) {
+            FERRY_TRY(ferry_attn_check_lengths(node, "sched_graph_compute: attention"));
+        }
     }
     return FERRY_OK;
 }

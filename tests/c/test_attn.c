@@ -437,13 +437,71 @@ static void test_a_length_below_n_tok_is_refused_naming_the_stream(void) {
     for (size_t i = 0; i < n; i++) got[i] = 42.0f;
     CHECK_OK(ferry_tensor_set(c.out, got, 0, n * sizeof(float)));
     CHECK_FAILS(run_on(&c, c.cpu, got, n), FERRY_ERR_OUT_OF_BOUNDS);
-    CHECK(strstr(ferry_last_error(), "stream 2 has length 7") != NULL);
+    CHECK(strstr(ferry_last_error(), "stream 2's length 7") != NULL);
     CHECK(strstr(ferry_last_error(), "8 query tokens") != NULL);
     CHECK_OK(ferry_tensor_get(c.out, got, 0, n * sizeof(float)));
     size_t n_kept = 0;
     for (size_t i = 0; i < n; i++) n_kept += got[i] == 42.0f;
     CHECK_EQ_U(n_kept, n); /* nothing written */
     free(got);
+    case_free(&c);
+}
+
+/* Bytes moved into the memory of the scheduler's input copies, every kind of transfer. */
+static uint64_t bytes_into_inputs(const ferry_sched * s) {
+    uint64_t bytes = 0;
+    for (int i = 0; i < ferry_sched_n_inputs(s); i++) {
+        ferry_sched_input_info in;
+        ferry_stats st;
+        if (ferry_sched_input(s, i, &in) == FERRY_OK && ferry_buffer_get_stats(in.copy->buffer, &st) == FERRY_OK) {
+            for (int k = 0; k < FERRY_XFER_COUNT; k++) bytes += st.bytes[k];
+        }
+    }
+    return bytes;
+}
+
+/* In a scheduled run a stream shorter than the step's tokens is refused before the first byte
+ * moves: the device's counters and the scheduler's stats stay the previous run's, and the next
+ * run with good lengths goes on. */
+static void test_a_scheduled_length_below_n_tok_moves_no_byte(void) {
+    attn_params p = base_params(FERRY_TYPE_F16, FERRY_TYPE_F16, false, 2);
+    p.n_tok = 5; /* lengths 13, 0 and 7 */
+    attn_case c;
+    CHECK_OK(case_init(&c, &p));
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    ferry_tensor * out;
+    CHECK_OK(ferry_attn_decode(c.ctx, c.q, c.k, c.v, c.len, p.scale, p.v_trans, &out));
+    CHECK_OK(ferry_tensor_set_output(out));
+    ferry_tensor_set_name(out, "attn");
+    ferry_graph * g;
+    ferry_sched * s;
+    ferry_backend * backends[2] = {standin, c.cpu};
+    CHECK_OK(ferry_graph_new(&g));
+    CHECK_OK(ferry_graph_build(g, out));
+    CHECK_OK(ferry_sched_new(backends, 2, &s));
+    CHECK_OK(ferry_sched_set_tensor_backend(s, out, standin));
+    CHECK_OK(ferry_sched_graph_compute(s, g));
+    ferry_sched_stats before, after;
+    CHECK_OK(ferry_sched_get_stats(s, &before));
+    const uint64_t moved = bytes_into_inputs(s);
+    CHECK(before.bytes_copied > 0 && moved >= before.bytes_copied);
+    const int32_t short_lens[3] = {13, 0, 3};
+    CHECK_OK(ferry_tensor_set(c.len, short_lens, 0, sizeof(short_lens)));
+    CHECK_FAILS(ferry_sched_graph_compute(s, g), FERRY_ERR_OUT_OF_BOUNDS);
+    char why[512];
+    snprintf(why, sizeof(why), "%s", ferry_last_error());
+    CHECK_OK(ferry_sched_get_stats(s, &after));
+    CHECK_EQ_U(bytes_into_inputs(s), moved);
+    CHECK(memcmp(&before, &after, sizeof(before)) == 0);
+    CHECK(strstr(why, "sched_graph_compute: attention of 'attn'") != NULL);
+    CHECK(strstr(why, "stream 2's length 3") != NULL);
+    CHECK(strstr(why, "below q's 5 query tokens") != NULL);
+    CHECK_OK(ferry_tensor_set(c.len, p.lens, 0, 3 * sizeof(int32_t)));
+    CHECK_OK(ferry_sched_graph_compute(s, g));
+    ferry_sched_free(s);
+    ferry_graph_free(g);
+    ferry_backend_free(standin);
     case_free(&c);
 }
 
@@ -488,6 +546,7 @@ static const check_test tests[] = {
     {"scheduled_standin_gives_cpu_bytes_flat_or_ranges", test_scheduled_standin_gives_cpu_bytes_flat_or_ranges},
     {"several_tokens_match_the_reference", test_several_tokens_match_the_reference},
     {"a_length_below_n_tok_is_refused_naming_the_stream", test_a_length_below_n_tok_is_refused_naming_the_stream},
+    {"a_scheduled_length_below_n_tok_moves_no_byte", test_a_scheduled_length_below_n_tok_moves_no_byte},
     {"several_tokens_scheduled_give_cpu_bytes", test_several_tokens_scheduled_give_cpu_bytes},
 };
 

@@ -17,6 +17,7 @@ policy and layout, and within CUDA_TOL of the CPU's (its exp and its order of su
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
@@ -323,9 +324,47 @@ def test_a_length_below_n_tok_is_refused_naming_the_stream_writing_nothing() -> 
     cpu = ferry.CPUBackend()
     ferry.GraphAllocator(cpu).alloc(graph)
     out.set(np.full(out.ne[::-1], 42.0, np.float32))
-    with pytest.raises(ferry.OutOfBoundsError, match=r"stream 2 has length 3 .* below q's 5 query tokens"):
+    with pytest.raises(ferry.OutOfBoundsError, match=r"stream 2's length 3 .* below q's 5 query tokens"):
         graph.compute(cpu)
     assert (out.to_numpy() == 42.0).all()
+
+
+def _bytes_into_copies(sched: ferry.Scheduler) -> int:
+    """Bytes moved into the memory of the scheduler's input copies, every kind of transfer."""
+    total = 0
+    for i in sched.inputs:
+        buf = i.copy.buffer
+        assert buf is not None
+        total += sum(buf.stats.bytes.values())
+    return total
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_scheduled_length_below_n_tok_is_refused_before_a_byte_moves(device: str) -> None:
+    """In a scheduled run a stream shorter than the step's tokens is refused before the first copy
+    (the CUDA kernel could not refuse it at all): nothing moves into the device's copies, the
+    scheduler's stats stay the last run's, and the next run with good lengths goes on."""
+    c = Case("f16", "f16", False, 1, 2, 8, 5, (8, 0, 6), 0)
+    b = build(c)
+    split = ferry.CUDABackend() if device == "cuda" else ferry.StandinBackend()
+    cpu = ferry.CPUBackend()
+    q = ferry.Tensor.from_numpy(split, b.q, name="q")
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array(c.lens, np.int32), name="kv_len")
+    with ferry.Scheduler([split, cpu], policy="ranges") as sched:
+        outs = ferry.attention_step(sched, split, b.dense.windows(c.n_kv), [q], kv_len)
+        sched.compute(outs.graph)
+        stats, moved = sched.stats, _bytes_into_copies(sched)
+        assert moved > 0
+        kv_len.set(np.array([8, 0, 3], np.int32))
+        with pytest.raises(ferry.OutOfBoundsError) as refused:
+            sched.compute(outs.graph)
+        assert _bytes_into_copies(sched) == moved
+        assert sched.stats == stats
+        assert re.search(r"sched_graph_compute: attention .*stream 2's length 3 \(of its kv_len 'kv_len'.* below "
+                         r"q's 5 query tokens", str(refused.value))
+        kv_len.set(np.array(c.lens, np.int32))
+        sched.compute(outs.graph)
+        assert outs[0].to_numpy().reshape(b.q.shape).tobytes() == run_on(device, b, b.q, np.array(c.lens)).tobytes()
 
 
 def test_more_tokens_than_the_windows_cells_is_refused_naming_n_tok() -> None:

@@ -53,8 +53,10 @@ FERRY_API ferry_status ferry_mean(ferry_context * ctx, ferry_tensor * a, ferry_t
  *          instead (OUT_OF_BOUNDS, naming the stream), as every copy of it does. The length
  *          counts the new cells: token t reads cells [0, len - n_tok + t] (its own and those
  *          before: causal within the new tokens). A length of 1..n_tok-1 is refused
- *          (OUT_OF_BOUNDS, naming the stream) by the CPU kernel; the CUDA kernel, which cannot
- *          refuse from the device, gives that stream NaN rows. n_tok = 1 is one-token decode.
+ *          (OUT_OF_BOUNDS, naming the stream): by a scheduler's run before it copies a byte
+ *          (where kv_len is the caller's, in host memory), by the CPU kernel as it runs; the
+ *          CUDA kernel, which cannot refuse from the device, gives that stream NaN rows.
+ *          n_tok = 1 is one-token decode.
  * K and V are of a type ferry_attn_reads_type takes, f32, f16 or q8_0 (q8_0 V not transposed),
  * read only through their ne/nb.
  * Query head h reads kv head h / (n_head / n_head_kv); n_head must be a multiple of

@@ -93,7 +93,9 @@ FERRY_API ferry_status ferry_sched_alloc_graph(ferry_sched * sched, ferry_graph 
  * at the next alloc was set since. False for NULL. */
 FERRY_API bool         ferry_sched_needs_alloc(const ferry_sched * sched, const ferry_graph * graph);
 /* Allocate if ferry_sched_needs_alloc says so, then copy inputs and compute. Every input's lengths
- * are checked as ferry_copy_input checks them before the first copy: a refused one moves no byte. */
+ * are checked as ferry_copy_input checks them before the first copy, and every attention's kv_len
+ * against its query tokens (where the caller wrote it in host memory): a refused run moves no byte
+ * and keeps the previous run's stats. */
 FERRY_API ferry_status ferry_sched_graph_compute(ferry_sched * sched, ferry_graph * graph);
 /* The backend a tensor of the last allocated graph was given (NULL if none). */
 FERRY_API ferry_backend * ferry_sched_get_tensor_backend(const ferry_sched * sched, const ferry_tensor * t);

@@ -139,18 +139,9 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
     /* A window carrying its lengths bounds them by its limit: one outside it is refused, not clamped
      * (a scheduler's run refused it before its copies; this is a window read where it lies). */
     FERRY_TRY(ferry_check_used_lengths(k, false, "attn_decode"));
-    /* Token t reads cells [0, len - n_tok + t]: a stream needs a cell per token. Checked for every
-     * stream before any output is written; 0 is a stream taking no part (zero rows), as with one token. */
-    for (int64_t s = 0; s < ns; s++) {
-        const int64_t len = stream_length(kv_len, s, n_kv);
-        if (len > 0 && len < n_tok) {
-            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
-                              "attn_decode: stream %lld has length %lld (kv_len, clamped to 0..%lld), below q's %lld "
-                              "query tokens: its length must count the step's new cells, at least one per token "
-                              "(or be 0, a stream taking no part)",
-                              (long long) s, (long long) len, (long long) n_kv, (long long) n_tok);
-        }
-    }
+    /* A stream needs a cell per query token: checked for every stream before any output is written
+     * (a scheduler's run refused it before its copies). */
+    FERRY_TRY(ferry_attn_check_lengths(dst, "attn_decode"));
 
     /* scratch: the queries, their sums, one K/V row, scores then probabilities, a V channel, 1/sums */
     const size_t n_floats = (size_t) (n_q * d) * 2 + (size_t) d + (size_t) (n_q * n_kv) +
