@@ -367,6 +367,25 @@ def test_a_scheduled_length_below_n_tok_is_refused_before_a_byte_moves(device: s
         assert outs[0].to_numpy().reshape(b.q.shape).tobytes() == run_on(device, b, b.q, np.array(c.lens)).tobytes()
 
 
+@pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
+def test_cuda_gives_a_short_stream_nan_rows_where_the_host_cannot_read_its_length() -> None:
+    """kv_len in device memory: no check before the run can read it, and the device cannot refuse,
+    so a stream shorter than the step's tokens gets NaN rows, never a plausible answer; the other
+    streams get their bytes."""
+    c = Case("f16", "f16", False, 1, 2, 8, 5, (8, 0, 6), 0)
+    b = build(c)
+    want = run_on("cuda", b, b.q, np.array(c.lens))
+    split, cpu = ferry.CUDABackend(), ferry.CPUBackend()
+    q = ferry.Tensor.from_numpy(split, b.q, name="q")
+    kv_len = ferry.Tensor.from_numpy(split, np.array([8, 0, 3], np.int32), name="kv_len")
+    with ferry.Scheduler([split, cpu], policy="ranges") as sched:
+        outs = ferry.attention_step(sched, split, b.dense.windows(c.n_kv), [q], kv_len)
+        sched.compute(outs.graph)
+        got = outs[0].to_numpy().reshape(b.q.shape)
+    assert np.isnan(got[2]).all()
+    assert got[:2].tobytes() == want[:2].tobytes()
+
+
 def test_more_tokens_than_the_windows_cells_is_refused_naming_n_tok() -> None:
     q, k, v, kv_len = _parts(9, (8, 0, 8))
     with pytest.raises(ferry.LayoutError, match=r"q is f32 .*n_tok at most the window's 8 cells"):
