@@ -413,3 +413,36 @@ ferry_status ferry_attn_paged(ferry_context * ctx, ferry_tensor * q, ferry_tenso
     (*out)->op_params[2] = (int32_t) block_size;
     return FERRY_OK;
 }
+
+ferry_status ferry_attn_paged_check(const ferry_tensor * node, const void * kv_len, const void * table) {
+    const ferry_tensor * len_t = node->src[3];
+    const ferry_tensor * table_t = node->src[4];
+    const int64_t block_size = node->op_params[2], n_tok = node->src[0]->ne[2];
+    const int64_t n_kv = table_t->ne[0] * block_size, n_slots = node->src[1]->ne[1] / block_size;
+    for (int64_t s = 0; s < len_t->ne[0]; s++) {
+        int32_t len32;
+        memcpy(&len32, (const char *) kv_len + (size_t) s * len_t->nb[0], sizeof(len32));
+        const int64_t len = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+        if (len > 0 && len < n_tok) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
+                              "attn_paged: stream %lld has length %lld (kv_len, clamped to 0..%lld), below q's %lld "
+                              "query tokens: its length must count the step's new cells, at least one per token "
+                              "(or be 0, a stream taking no part)",
+                              (long long) s, (long long) len, (long long) n_kv, (long long) n_tok);
+        }
+        for (int64_t i = 0; i * block_size < len; i++) {
+            int32_t slot;
+            memcpy(&slot, (const char *) table + (size_t) i * table_t->nb[0] + (size_t) s * table_t->nb[1],
+                   sizeof(slot));
+            if (slot < 0 || slot >= n_slots) {
+                return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
+                                  "attn_paged: stream %lld's table entry %lld (its cells %lld..%lld, below its length "
+                                  "%lld) is slot %d, outside the pools' slots 0..%lld",
+                                  (long long) s, (long long) i, (long long) (i * block_size),
+                                  (long long) ((i + 1) * block_size - 1), (long long) len, (int) slot,
+                                  (long long) (n_slots - 1));
+            }
+        }
+    }
+    return FERRY_OK;
+}

@@ -27,6 +27,8 @@ from test_attn_tokens import Case, _values, cases
 
 HEAD_DIM = 32
 BLOCK = 4  # cells per block (slot)
+TOL = 2e-6  # CUDA against the CPU, relative to 1 + |value|: what test_attn.py holds attn_decode's kernels to
+needs_cuda = pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device (or fake runtime)")
 
 
 @dataclass
@@ -127,6 +129,61 @@ def test_byte_identical_to_attn_decode_over_the_gathered_window(c: Case) -> None
     cpu = ferry.CPUBackend()
     exact = p.paged.table_tensor(cpu, max_blocks=p.max_blocks).to_numpy().reshape(c.ns, p.max_blocks)
     assert paged(p, exact).tobytes() == want.tobytes()
+
+
+def on_cuda(p: Pools, table: np.ndarray) -> np.ndarray:
+    """attn_paged on the CUDA backend, every operand copied to the device as it is."""
+    c, cuda = p.case, ferry.CUDABackend()
+
+    def device(t: ferry.Tensor) -> ferry.Tensor:
+        d = t.dup_layout(name=t.name)
+        cuda.alloc_buffer_for(d)
+        d.set(t.get())
+        return d
+
+    q = ferry.Tensor.from_numpy(cuda, p.q, name="q")
+    kv_len = ferry.Tensor.from_numpy(cuda, np.array(c.lens, np.int32), name="kv_len")
+    t = ferry.Tensor.from_numpy(cuda, table.astype(np.int32), name="table")
+    k, v = device(p.paged.k(0)), device(p.paged.v(0))
+    return compute(ferry.ops.attn_paged(q, k, v, t, kv_len, BLOCK, v_trans=c.v_trans), cuda)
+
+
+@needs_cuda
+@settings(max_examples=12 * SCALE, **SETTINGS)
+@example(Case("q8_0", "q8_0", False, 2, 3, 24, 16, (24, 0, 16, 19), 1))
+@example(Case("f16", "f32", True, 1, 1, 16, 16, (16,), 2))
+@example(Case("f32", "f16", True, 2, 2, 7, 1, (7, 1, 0), 3))
+@given(cases())
+def test_cuda_within_float_tolerance_of_the_cpu(c: Case) -> None:
+    """The CUDA kernel (the fake runtime's twin where there is no GPU) over the same pools and tables,
+    junk past the lengths: within TOL of the CPU's output, relative to 1 + |value|, and finite."""
+    p = build(c)
+    table = junk_past_lengths(p, np.random.default_rng(c.seed))
+    want = paged(p, table).astype(np.float64)
+    got = on_cuda(p, table)
+    assert np.isfinite(got).all()
+    assert (np.abs(got - want) / (1.0 + np.abs(want))).max() <= TOL
+
+
+@needs_cuda
+def test_cuda_refuses_a_read_entry_that_is_not_a_slot_writing_nothing() -> None:
+    """As on the CPU: refused at compute naming the stream and the entry, before the kernel runs."""
+    q, k, v, table, kv_len = _operands()
+    cuda = ferry.CUDABackend()
+    ops = []
+    for t in (q, k, v, table, kv_len):
+        d = t.dup_layout(name=t.name)
+        cuda.alloc_buffer_for(d)
+        d.set(t.get())
+        ops.append(d)
+    ops[3].set(np.array([[0, 1, 2], [3, -1, 5]], np.int32))
+    out = ferry.ops.attn_paged(*ops, BLOCK).set_output()
+    graph = ferry.Graph(out)
+    ferry.GraphAllocator(cuda).alloc(graph)
+    out.set(np.full(out.ne[::-1], 42.0, np.float32))
+    with pytest.raises(ferry.OutOfBoundsError, match=r"attn_paged: stream 1's table entry 1 .* is slot -1"):
+        graph.compute(cuda)
+    assert (out.to_numpy() == 42.0).all()
 
 
 def test_table_tensor_is_the_caches_tables() -> None:

@@ -203,27 +203,6 @@ static void load_v_channel(const kv_cells * c, int64_t i, int64_t hk, int64_t s,
     }
 }
 
-/* Every table entry a stream's length reaches names a slot of the pools: checked before any output
- * is written, so that no entry leads a read out of them. */
-static ferry_status check_table(const kv_cells * c, const ferry_tensor * kv_len, int64_t ns) {
-    const int64_t n_slots = c->k->ne[1] / c->block_size;
-    for (int64_t s = 0; s < ns; s++) {
-        const int64_t len = stream_length(kv_len, s, c->n_kv);
-        for (int64_t i = 0; i * c->block_size < len; i++) {
-            const int32_t slot = slot_of(c, i, s);
-            if (slot < 0 || slot >= n_slots) {
-                return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
-                                  "attn_paged: stream %lld's table entry %lld (its cells %lld..%lld, below its length "
-                                  "%lld) is slot %d, outside the pools' slots 0..%lld",
-                                  (long long) s, (long long) i, (long long) (i * c->block_size),
-                                  (long long) ((i + 1) * c->block_size - 1), (long long) len, (int) slot,
-                                  (long long) (n_slots - 1));
-            }
-        }
-    }
-    return FERRY_OK;
-}
-
 ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
     const ferry_tensor * q = dst->src[0];
     const ferry_tensor * kv_len = dst->src[3];
@@ -239,8 +218,8 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
     const int64_t n_q = n_tok * group;
     const ferry_tensor * k = c->k;
     const ferry_tensor * v = c->v;
-    if (c->table) {
-        FERRY_TRY(check_table(c, kv_len, ns));
+    if (c->table) { /* every entry a length reaches a slot, before any output is written */
+        FERRY_TRY(ferry_attn_paged_check(dst, kv_len->data, c->table->data));
     } else {
         /* A window carrying its lengths bounds them by its limit: one outside it is refused, not clamped
          * (a scheduler's run refused it before its copies; this is a window read where it lies). */
