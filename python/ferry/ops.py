@@ -244,7 +244,8 @@ def attn_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, table: Tensor, kv_len:
     """Paged attention: attn_decode's attention (n_tok query tokens per stream, causal within them,
     GQA, the same types), reading each stream's K and V cells through its block table in a paged
     cache's pools (PagedKVCache.k, .v), so that no dense window is built. On the CPU the output is
-    byte for byte attn_decode's over the window the paged cache's gather builds.
+    byte for byte attn_decode's over the window the paged cache's gather builds; on CUDA within float
+    tolerance of it (kv_len and the table are read back and checked before the kernel runs).
 
     Parameters
     ----------

@@ -5,7 +5,7 @@
  * transposed or not. Pool cells no stream reads hold NaN, and table entries no length reaches hold
  * junk (-1, a slot past the pools, a slot of NaN), so a read the op must not make shows. Then a
  * read entry that is not a slot: refused at compute, naming the stream and the entry, writing
- * nothing.
+ * nothing. With CUDA: the kernel within float tolerance of the CPU's (SKIP without a device).
  */
 #include "paged-fixture.h"
 
@@ -255,10 +255,97 @@ static void test_shapes_that_do_not_fit_name_the_operand(void) {
     case_free(&c);
 }
 
+#ifdef FERRY_HAVE_CUDA_TESTS
+/* t's bytes in a new tensor of its layout in a buffer of backend's. */
+static void on_device(paged_case * c, ferry_backend * backend, const ferry_tensor * t, ferry_buffer ** buf,
+                      ferry_tensor ** out) {
+    const size_t n = ferry_tensor_nbytes(t);
+    void * bytes = malloc(n);
+    CHECK(bytes != NULL);
+    CHECK_OK(ferry_tensor_dup_layout(c->ctx, t, out));
+    CHECK_OK(ferry_backend_alloc_buffer(backend, n, buf));
+    CHECK_OK(ferry_buffer_place_tensor(*buf, *out, 0));
+    CHECK_OK(ferry_tensor_get(t, bytes, 0, n));
+    CHECK_OK(ferry_tensor_set(*out, bytes, 0, n));
+    free(bytes);
+}
+
+/* The CUDA kernel over the same pools and tables (junk past the lengths, NaN where no stream reads):
+ * within 2e-6 of the CPU's output relative to 1 + |value|, finite; a read entry that is not a slot
+ * refused before the launch, naming it. Exits 77 (SKIP) without a device. */
+static void test_cuda_paged_within_tolerance_of_the_cpu(void) {
+    if (!ferry_cuda_available()) {
+        printf("SKIP: no CUDA device\n");
+        fflush(stdout);
+        exit(77);
+    }
+    ferry_backend * cuda;
+    CHECK_OK(ferry_cuda_backend_new(0, &cuda));
+    static const struct { ferry_type tk, tv; bool v_trans; int64_t n_tok; } cases[] = {
+        {FERRY_TYPE_F32, FERRY_TYPE_F16, true, 1}, {FERRY_TYPE_Q8_0, FERRY_TYPE_Q8_0, false, 5},
+        {FERRY_TYPE_F16, FERRY_TYPE_F32, false, 16},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        paged_case c;
+        case_new(&c, cases[i].tk, cases[i].tv, cases[i].v_trans, cases[i].n_tok, 40 + i);
+        float *want = NULL, *got = NULL;
+        ferry_status st = FERRY_ERR_INVALID_ARG;
+        paged(&c, cases[i].v_trans, &st, &want);
+        CHECK(st == FERRY_OK && want);
+        ferry_tensor *k, *v, *dev[5], *out;
+        ferry_buffer * bufs[5];
+        CHECK_OK(ferry_paged_cache_k(c.cache, 0, &k));
+        CHECK_OK(ferry_paged_cache_v(c.cache, 0, &v));
+        const ferry_tensor * host[5] = {c.q, k, v, c.table, c.kv_len};
+        for (int j = 0; j < 5; j++) {
+            on_device(&c, cuda, host[j], &bufs[j], &dev[j]);
+        }
+        CHECK_OK(ferry_attn_paged(c.ctx, dev[0], dev[1], dev[2], dev[3], dev[4], BS, 0.125f, cases[i].v_trans, &out));
+        ferry_graph * g;
+        ferry_gallocr * ga;
+        ferry_buffer_type * bt = ferry_backend_default_buffer_type(cuda);
+        CHECK_OK(ferry_tensor_set_output(out));
+        CHECK_OK(ferry_graph_new(&g));
+        CHECK_OK(ferry_graph_build(g, out));
+        CHECK_OK(ferry_gallocr_new_n(&bt, 1, &ga));
+        CHECK_OK(ferry_gallocr_alloc_graph(ga, g));
+        CHECK_OK(ferry_backend_graph_compute(cuda, g));
+        CHECK_OK(ferry_backend_synchronize(cuda));
+        const size_t n = (size_t) ferry_tensor_nelements(out);
+        got = malloc(n * sizeof(float));
+        CHECK_OK(ferry_tensor_get(out, got, 0, n * sizeof(float)));
+        double err = 0.0;
+        for (size_t j = 0; j < n; j++) {
+            const double e = fabs((double) got[j] - want[j]) / (1.0 + fabs((double) want[j]));
+            err = isfinite(got[j]) && e <= err ? err : isfinite(got[j]) ? e : INFINITY;
+        }
+        fprintf(stderr, "  %s K, %s V%s, %lld tokens: %g vs CPU\n", ferry_type_name(cases[i].tk),
+                ferry_type_name(cases[i].tv), cases[i].v_trans ? " (transposed)" : "", (long long) cases[i].n_tok, err);
+        CHECK(err <= 2e-6);
+        const int32_t bad = -1; /* stream 0 reads all its entries */
+        CHECK_OK(ferry_tensor_set(dev[3], &bad, 2 * sizeof(int32_t), sizeof bad));
+        CHECK_FAILS(ferry_backend_graph_compute(cuda, g), FERRY_ERR_OUT_OF_BOUNDS);
+        CHECK(strstr(ferry_last_error(), "stream 0's table entry 2 (its cells 8..11") != NULL);
+        ferry_gallocr_free(ga);
+        ferry_graph_free(g);
+        for (int j = 0; j < 5; j++) {
+            ferry_buffer_free(bufs[j]);
+        }
+        free(want);
+        free(got);
+        case_free(&c);
+    }
+    ferry_backend_free(cuda);
+}
+#endif
+
 static const check_test tests[] = {
     {"paged_gives_the_dense_gathers_bytes", test_paged_gives_the_dense_gathers_bytes},
     {"a_read_entry_not_a_slot_is_refused", test_a_read_entry_not_a_slot_is_refused},
     {"shapes_that_do_not_fit_name_the_operand", test_shapes_that_do_not_fit_name_the_operand},
+#ifdef FERRY_HAVE_CUDA_TESTS
+    {"cuda_paged_within_tolerance_of_the_cpu", test_cuda_paged_within_tolerance_of_the_cpu},
+#endif
 };
 
 CHECK_MAIN(tests)

@@ -82,7 +82,9 @@ FERRY_API bool ferry_attn_reads_type(ferry_type type);
  *          output is written.
  *   kv_len i32 [ns]: as ferry_attn_decode's, n_kv being max_blocks * block_size.
  * On the CPU the output is byte for byte ferry_attn_decode's over the dense window a paged
- * cache's gather builds from the same pools and table.
+ * cache's gather builds from the same pools and table; on CUDA (several tokens too) within float
+ * tolerance of it, kv_len and the table read back to be checked before the launch (a wait on the
+ * backend's stream).
  */
 FERRY_API ferry_status ferry_attn_paged(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k_pool,
                                         ferry_tensor * v_pool, ferry_tensor * table, ferry_tensor * kv_len,
