@@ -541,8 +541,9 @@ static bool known_before_run(const ferry_tensor * t) {
 /* Every input's lengths, before the run moves a byte of any (ferry_check_used_lengths): a length
  * refused at the second window's copy would leave the first's moved. A copy held ahead is
  * completed by the ragged route, which reads the lengths whatever the policy. So too each
- * attention's lengths against its query tokens (ferry_attn_check_lengths), where the host holds
- * them now: its kernel would refuse them only after the copies (the CUDA one cannot at all). */
+ * attention's lengths against its query tokens (ferry_attn_check_lengths), and a paged one's table
+ * entries (ferry_attn_paged_check), where the host holds them now: its kernel would refuse them
+ * only after the copies (the CUDA one cannot at all). */
 static ferry_status check_lengths(const ferry_sched * s) {
     for (int k = 0; k < s->n_inputs; k++) {
         const bool must_read = s->policy == FERRY_COPY_RAGGED || (s->ahead && s->ahead[k].queued);
@@ -550,7 +551,13 @@ static ferry_status check_lengths(const ferry_sched * s) {
     }
     for (int i = 0; i < s->graph_nodes; i++) {
         const ferry_tensor * node = ferry_graph_node(s->graph, i);
-        if (node->op == FERRY_OP_ATTN_DECODE && known_before_run(node->src[3])) {
+        const bool attn = node->op == FERRY_OP_ATTN_DECODE || node->op == FERRY_OP_ATTN_PAGED;
+        if (!attn || !known_before_run(node->src[3])) {
+            continue;
+        }
+        if (node->op == FERRY_OP_ATTN_PAGED && known_before_run(node->src[4])) { /* its table's entries too */
+            FERRY_TRY(ferry_attn_paged_check(node, ferry_tensor_data(node->src[3]), ferry_tensor_data(node->src[4])));
+        } else {
             FERRY_TRY(ferry_attn_check_lengths(node, "sched_graph_compute: attention"));
         }
     }

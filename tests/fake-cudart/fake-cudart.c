@@ -16,7 +16,8 @@
  * - ferry's kernels run as host code that follows the device code index for index from
  *   the launch's grid and block (gather_rows_kernel; gather_pieces_kernel; dup_kernel, with ferry's own f16
  *   conversions; attn_decode_kernel, its warps, lanes and butterfly sums in the device's
- *   order, with the host's expf, so its floats agree to rounding, not to the bit;
+ *   order, with the host's expf, so its floats agree to rounding, not to the bit; attn_paged_kernel
+ *   the same through its table;
  *   hold_kernel, a sleep of its cycles at FAKE_CLOCK_KHZ); their launches queue like copies. A read of memory the
  *   device cannot map is an illegal address, a load at an address its word does not
  *   divide a misaligned one, both sticky as on a device. Any other launch fails with
@@ -152,7 +153,8 @@ static size_t n_allocs, cap_allocs;
 typedef struct fake_event fake_event;
 typedef struct fake_stream fake_stream;
 
-enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_PIECES, OP_HOLD, OP_DUP, OP_ATTN, OP_FAULT };
+enum op_kind { OP_COPY, OP_MEMSET, OP_EVENT, OP_WAIT, OP_GATHER, OP_PIECES, OP_HOLD, OP_DUP, OP_ATTN, OP_FAULT,
+               OP_ATTN_PAGED };
 
 /* dup_kernel's view of a tensor (lib/src/cuda/ops-cuda.cu: struct tview) */
 typedef struct {
@@ -187,6 +189,9 @@ typedef struct {
     float scale;
     int v_trans, tk, tv;
     unsigned grid_y, grid_z;
+    /* OP_ATTN_PAGED: attn_paged_kernel<tk, tv>'s arguments beyond OP_ATTN's (its table, the block size) */
+    tview table;
+    int64_t block_size;
 } op;
 
 struct fake_stream {
@@ -522,6 +527,100 @@ static void run_attn(const op * o) {
     }
 }
 
+/* attn_paged_kernel<tk, tv> (ops-cuda.cu) as the device runs it: block (h, s, t); token t of
+ * n_tok reads cells [0, len - n_tok + t], cell j through the table (slot table[j / block_size, s],
+ * pool cell slot * block_size + j % block_size); warps, lanes and sums as in run_attn. */
+static void run_attn_paged(const op * o) {
+    const tview *q = &o->q, *k = &o->k, *v = &o->v, *tb = &o->table;
+    const void * reads[6] = {q->data, k->data, v->data, o->len.data, tb->data, o->dst};
+    bool ok = true;
+    for (int i = 0; i < 6; i++) {
+        ok = ok && open_alloc_of(reads[i], true);
+    }
+    const int64_t d = q->ne[0], n_tok = q->ne[2], bs = o->block_size, n_kv = tb->ne[0] * bs, warps = o->block / 32;
+    if (!ok || d > FAKE_ATTN_MAX_D || warps < 1 || warps > 32) {
+        sticky_error = cudaErrorIllegalAddress;
+    }
+    /* kv head hk's first value in a pool cell; a transposed V: cells along nb[0], channels along nb[1] */
+    const int64_t k_per = o->tk == 4 ? 32 : 1, v_per = o->tv == 4 ? 32 : 1;
+    const int64_t v_cell = o->v_trans ? v->nb[0] : v->nb[1], v_chan = o->v_trans ? v->nb[1] : v->nb[0];
+    static float acc[32][FAKE_ATTN_MAX_D], qs[FAKE_ATTN_MAX_D];
+    for (uint64_t t = 0; t < o->grid_z && !sticky_error; t++) {
+        for (uint64_t s = 0; s < o->grid_y && !sticky_error; s++) {
+            for (uint64_t h = 0; h < o->grid && !sticky_error; h++) {
+                const int64_t hk = (int64_t) h / o->group;
+                for (int64_t i = 0; i < d; i++) {
+                    qs[i] = load_elem(0, q->data + h * q->nb[1] + t * q->nb[2] + s * q->nb[3], i, q->nb[0]);
+                }
+                int32_t len32;
+                memcpy(&len32, o->len.data + s * o->len.nb[0], 4);
+                const int64_t n_all = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+                const int64_t n = n_all > 0 ? n_all - n_tok + (int64_t) t + 1 : 0;
+                const int64_t k_head = hk * d / k_per * k->nb[0];
+                const int64_t v_head = o->v_trans ? hk * d * v->nb[1] : hk * d / v_per * v->nb[0];
+                float wm[32], wl[32];
+                for (int64_t w = 0; w < warps; w++) {
+                    float m = -INFINITY, l = 0.0f;
+                    memset(acc[w], 0, (size_t) d * sizeof(float));
+                    for (int64_t j = w; j < n; j += warps) {
+                        int32_t slot;
+                        memcpy(&slot, tb->data + (j / bs) * tb->nb[0] + s * tb->nb[1], 4);
+                        if (slot < 0 || (slot + 1) * bs > k->ne[1]) { /* out of the pool: the device would fault */
+                            sticky_error = cudaErrorIllegalAddress;
+                            break;
+                        }
+                        const int64_t cell = (int64_t) slot * bs + j % bs;
+                        const char * krow = k->data + cell * k->nb[1] + k_head;
+                        float part[32];
+                        for (int lane = 0; lane < 32; lane++) {
+                            part[lane] = 0.0f;
+                            for (int64_t i = lane; i < d; i += 32) {
+                                part[lane] += qs[i] * load_elem(o->tk, krow, i, k->nb[0]);
+                            }
+                        }
+                        for (int off = 16; off > 0; off >>= 1) { /* __shfl_xor_sync: every lane adds its partner */
+                            float next[32];
+                            for (int lane = 0; lane < 32; lane++) {
+                                next[lane] = part[lane] + part[lane ^ off];
+                            }
+                            memcpy(part, next, sizeof(part));
+                        }
+                        const float sc = o->scale * part[0];
+                        const float m_new = fmaxf(m, sc);
+                        const float c = expf(m - m_new), p = expf(sc - m_new);
+                        l = l * c + p;
+                        const char * vrow = v->data + cell * v_cell + v_head;
+                        for (int64_t i = 0; i < d; i++) {
+                            acc[w][i] = acc[w][i] * c + p * load_elem(o->tv, vrow, i, v_chan);
+                        }
+                        m = m_new;
+                    }
+                    wm[w] = m;
+                    wl[w] = l;
+                }
+                float big = -INFINITY, sum = 0.0f;
+                for (int64_t w = 0; w < warps; w++) {
+                    big = wl[w] > 0.0f ? fmaxf(big, wm[w]) : big;
+                }
+                for (int64_t w = 0; w < warps; w++) {
+                    sum += wl[w] > 0.0f ? wl[w] * expf(wm[w] - big) : 0.0f;
+                }
+                for (int64_t i = 0; i < d && !sticky_error; i++) {
+                    float out = 0.0f;
+                    for (int64_t w = 0; w < warps; w++) {
+                        out += wl[w] > 0.0f ? acc[w][i] * expf(wm[w] - big) : 0.0f;
+                    }
+                    out = n > 0 ? out / sum : 0.0f;
+                    memcpy(o->dst + i * o->out_nb0 + h * o->out_nb1 + t * o->out_nb2 + s * o->out_nb3, &out, 4);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < 6; i++) {
+        open_alloc_of(reads[i], false);
+    }
+}
+
 /* gather_rows_kernel<L> (lib/src/cuda/copy-gather.cu) as the device runs it: block b takes
  * chunks b, b + grid, ...; thread t of a chunk moves 16-byte elements first + j * block,
  * j < L; element e is row e / w, column e % w. */
@@ -648,6 +747,9 @@ static void run_op(op * o) {
         break;
     case OP_ATTN:
         run_attn(o);
+        break;
+    case OP_ATTN_PAGED:
+        run_attn_paged(o);
         break;
     case OP_FAULT:
         sticky_error = cudaErrorIllegalAddress; /* a kernel read another device's memory */
@@ -1352,6 +1454,15 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void 
                 .tk = (int) template_int_at(name, 0), .tv = (int) template_int_at(name, 1), .grid = grid.x,
                 .grid_y = grid.y, .grid_z = grid.z, .block = block.x};
         err = push_kernel(s, o, (const void *[]) {o.q.data, o.k.data, o.v.data, o.len.data, o.dst}, 5);
+    } else if (strstr(name, "attn_paged_kernel")) {
+        op o = {.kind = OP_ATTN_PAGED, .q = *(tview *) args[0], .k = *(tview *) args[1], .v = *(tview *) args[2],
+                .len = *(tview *) args[3], .table = *(tview *) args[4], .dst = *(char **) args[5],
+                .out_nb0 = *(int64_t *) args[6], .out_nb1 = *(int64_t *) args[7], .out_nb2 = *(int64_t *) args[8],
+                .out_nb3 = *(int64_t *) args[9], .scale = *(float *) args[10], .v_trans = *(int *) args[11],
+                .group = *(int64_t *) args[12], .block_size = *(int64_t *) args[13],
+                .tk = (int) template_int_at(name, 0), .tv = (int) template_int_at(name, 1), .grid = grid.x,
+                .grid_y = grid.y, .grid_z = grid.z, .block = block.x};
+        err = push_kernel(s, o, (const void *[]) {o.q.data, o.k.data, o.v.data, o.len.data, o.table.data, o.dst}, 6);
     } else if (strstr(name, "hold_kernel")) { /* its cycles at the fake's clock */
         const unsigned long long cycles = *(unsigned long long *) args[0];
         err = push(s, (op) {.kind = OP_HOLD, .ns = cycles / (FAKE_CLOCK_KHZ / 1000000)}, NULL);

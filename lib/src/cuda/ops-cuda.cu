@@ -1,15 +1,17 @@
 /*
- * CUDA kernels for the ops a split needs on the device: decode attention and dup.
+ * CUDA kernels for the ops a split needs on the device: decode attention (dense and paged) and dup.
  * Sources are read strictly through their ne/nb, as the CPU kernels read them, and
  * every kernel is deterministic: each value is summed by one thread or one warp in a
  * fixed order, warps combine in a fixed order, nothing uses atomics.
  */
 #include "cuda-common.h" /* ferry_cuda_fail */
 #include "cuda-ops.h"
+#include "graph-impl.h" /* ferry_attn_paged_check */
 
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 /* ---------------------------------------------------------------- tensors as kernels see them */
@@ -304,6 +306,185 @@ static ferry_status dup(ferry_tensor * dst, cudaStream_t stream) {
     return launch_status("dup: kernel launch");
 }
 
+/* ---------------------------------------------------------------- paged attention */
+
+/*
+ * attn_decode_kernel's arithmetic (online softmax per warp, warps combined in order), reading
+ * cell j of stream s through its table: slot table[j / block_size, s], pool cell slot *
+ * block_size + j % block_size. One block per (query head, stream, query token): token t reads
+ * cells [0, len - n_tok + t]. kv head hk's values start hk * head_dim values into a pool cell
+ * (a transposed V: channel hk * head_dim + i is row hk * head_dim + i). The host checked every
+ * entry a length reaches (ferry_attn_paged_check) before the launch.
+ */
+template <int TK, int TV>
+static __global__ void attn_paged_kernel(tview q, tview k, tview v, tview len, tview table, char * out,
+                                         int64_t out_nb0, int64_t out_nb1, int64_t out_nb2, int64_t out_nb3,
+                                         float scale, int v_trans, int64_t group, int64_t block_size) {
+    extern __shared__ float sh[];
+    const int64_t d = q.ne[0], n_tok = q.ne[2], n_kv = table.ne[0] * block_size;
+    const int64_t h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, hk = h / group;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float * qs = sh;
+    float * acc = qs + d; /* [ATTN_WARPS][d] */
+    float * wm = acc + ATTN_WARPS * d;
+    float * wl = wm + ATTN_WARPS;
+
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        qs[i] = *(const float *) (q.data + i * q.nb[0] + h * q.nb[1] + t * q.nb[2] + s * q.nb[3]);
+    }
+    for (int64_t i = lane; i < d; i += 32) {
+        acc[warp * d + i] = 0.0f;
+    }
+    const int32_t len32 = *(const int32_t *) (len.data + s * len.nb[0]);
+    const int64_t n_all = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+    const int64_t n = n_all > 0 ? n_all - n_tok + t + 1 : 0;
+    __syncthreads();
+
+    /* kv head hk's first value in a cell; a transposed V steps cells along nb[0], channels along nb[1] */
+    const int64_t k_head = hk * d / (TK == FERRY_TYPE_Q8_0 ? 32 : 1) * k.nb[0];
+    const int64_t v_head = v_trans ? hk * d * v.nb[1] : hk * d / (TV == FERRY_TYPE_Q8_0 ? 32 : 1) * v.nb[0];
+    const int64_t v_cell = v_trans ? v.nb[0] : v.nb[1];
+    const int64_t v_chan = v_trans ? v.nb[1] : v.nb[0];
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t j = warp; j < n; j += ATTN_WARPS) {
+        const int32_t slot = *(const int32_t *) (table.data + (j / block_size) * table.nb[0] + s * table.nb[1]);
+        const int64_t cell = (int64_t) slot * block_size + j % block_size;
+        const char * krow = k.data + cell * k.nb[1] + k_head;
+        float part = 0.0f;
+        for (int64_t i = lane; i < d; i += 32) {
+            part += qs[i] * load_elem<TK>(krow, i, k.nb[0]);
+        }
+        const float sc = scale * warp_sum(part);
+        const float m_new = fmaxf(m, sc);
+        const float c = expf(m - m_new); /* 0 on the first cell: m is -inf */
+        const float p = expf(sc - m_new);
+        l = l * c + p;
+        const char * vrow = v.data + cell * v_cell + v_head;
+        for (int64_t i = lane; i < d; i += 32) {
+            acc[warp * d + i] = acc[warp * d + i] * c + p * load_elem<TV>(vrow, i, v_chan);
+        }
+        m = m_new;
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l; /* 0 for a warp that had no cell */
+    }
+    __syncthreads();
+
+    float big = -INFINITY, sum = 0.0f;
+    for (int w = 0; w < ATTN_WARPS; w++) {
+        big = wl[w] > 0.0f ? fmaxf(big, wm[w]) : big;
+    }
+    for (int w = 0; w < ATTN_WARPS; w++) {
+        sum += wl[w] > 0.0f ? wl[w] * expf(wm[w] - big) : 0.0f;
+    }
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            o += wl[w] > 0.0f ? acc[w * d + i] * expf(wm[w] - big) : 0.0f;
+        }
+        *(float *) (out + i * out_nb0 + h * out_nb1 + t * out_nb2 + s * out_nb3) = n > 0 ? o / sum : 0.0f;
+    }
+}
+
+/* Several query tokens too (grid z); streams and tokens up to a grid dimension's 65535. */
+static bool attn_paged_supported(const ferry_tensor * node) {
+    const ferry_tensor * q = node->src[0];
+    const ferry_tensor * k = node->src[1];
+    const ferry_tensor * v = node->src[2];
+    const ferry_tensor * len = node->src[3];
+    const ferry_tensor * table = node->src[4];
+    return node->type == FERRY_TYPE_F32 && q && k && v && len && table && q->type == FERRY_TYPE_F32 &&
+           attn_kv_type(k->type) && attn_kv_type(v->type) && !(node->op_params[1] && v->type == FERRY_TYPE_Q8_0) &&
+           len->type == FERRY_TYPE_I32 && table->type == FERRY_TYPE_I32 && q->ne[0] <= ATTN_MAX_HEAD_DIM &&
+           q->ne[1] <= INT32_MAX && q->ne[2] <= 65535 && q->ne[3] <= 65535;
+}
+
+/* The bytes of t from its first to its last element, read to the host (t lies where the device
+ * reads it) after what the stream queued before. */
+static ferry_status read_to_host(const ferry_tensor * t, cudaStream_t stream, void ** out) {
+    size_t span = ferry_type_size(t->type);
+    for (int i = 0; i < FERRY_MAX_DIMS; i++) {
+        span += (size_t) (t->ne[i] - 1) * t->nb[i];
+    }
+    *out = ferry_malloc(span);
+    if (!*out) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "attn_paged: out of memory for %zu bytes of '%s'", span, t->name);
+    }
+    cudaError_t err = cudaMemcpyAsync(*out, ferry_tensor_data(t), span, cudaMemcpyDefault, stream);
+    if (err == cudaSuccess) {
+        err = cudaStreamSynchronize(stream);
+    }
+    if (err != cudaSuccess) {
+        free(*out);
+        *out = NULL;
+        return ferry_cuda_fail(err, "attn_paged: reading kv_len and the table");
+    }
+    return FERRY_OK;
+}
+
+template <int TK, int TV>
+static void attn_paged_launch(dim3 grid, size_t shmem, cudaStream_t stream, const ferry_tensor * dst, float scale,
+                              int v_trans, int64_t group, int64_t block_size) {
+    attn_paged_kernel<TK, TV><<<grid, dim3(32 * ATTN_WARPS), shmem, stream>>>(
+        view_of(dst->src[0]), view_of(dst->src[1]), view_of(dst->src[2]), view_of(dst->src[3]),
+        view_of(dst->src[4]), (char *) ferry_tensor_data(dst), (int64_t) dst->nb[0], (int64_t) dst->nb[1],
+        (int64_t) dst->nb[2], (int64_t) dst->nb[3], scale, v_trans, group, block_size);
+}
+
+template <int TK>
+static void attn_paged_launch_v(ferry_type tv, dim3 grid, size_t shmem, cudaStream_t stream, const ferry_tensor * dst,
+                                float scale, int v_trans, int64_t group, int64_t block_size) {
+    switch (tv) {
+        case FERRY_TYPE_F32:
+            attn_paged_launch<TK, FERRY_TYPE_F32>(grid, shmem, stream, dst, scale, v_trans, group, block_size);
+            break;
+        case FERRY_TYPE_F16:
+            attn_paged_launch<TK, FERRY_TYPE_F16>(grid, shmem, stream, dst, scale, v_trans, group, block_size);
+            break;
+        default:
+            attn_paged_launch<TK, FERRY_TYPE_Q8_0>(grid, shmem, stream, dst, scale, v_trans, group, block_size);
+            break;
+    }
+}
+
+/* kv_len and the table are read to the host and checked first (a sync on the stream), so that
+ * no entry leads the kernel out of the pools and a refusal writes nothing, as on the CPU. */
+static ferry_status attn_paged(ferry_tensor * dst, cudaStream_t stream) {
+    FERRY_TRY(check_aligned(dst, "attn_paged"));
+    for (int i = 0; i < 5; i++) {
+        FERRY_TRY(check_aligned(dst->src[i], "attn_paged"));
+    }
+    void *lens = NULL, *table = NULL;
+    ferry_status st = read_to_host(dst->src[3], stream, &lens);
+    if (st == FERRY_OK) st = read_to_host(dst->src[4], stream, &table);
+    if (st == FERRY_OK) st = ferry_attn_paged_check(dst, lens, table);
+    free(lens);
+    free(table);
+    FERRY_TRY(st);
+    const ferry_tensor * q = dst->src[0];
+    float scale;
+    memcpy(&scale, &dst->op_params[0], sizeof(scale));
+    const int v_trans = dst->op_params[1] != 0;
+    const int64_t block_size = dst->op_params[2];
+    const int64_t group = q->ne[1] / (dst->src[1]->ne[0] / q->ne[0]);
+    const dim3 grid((unsigned) q->ne[1], (unsigned) q->ne[3], (unsigned) q->ne[2]);
+    const size_t shmem = (size_t) ((ATTN_WARPS + 1) * q->ne[0] + 2 * ATTN_WARPS) * sizeof(float);
+    const ferry_type tv = dst->src[2]->type;
+    switch (dst->src[1]->type) {
+        case FERRY_TYPE_F32:
+            attn_paged_launch_v<FERRY_TYPE_F32>(tv, grid, shmem, stream, dst, scale, v_trans, group, block_size);
+            break;
+        case FERRY_TYPE_F16:
+            attn_paged_launch_v<FERRY_TYPE_F16>(tv, grid, shmem, stream, dst, scale, v_trans, group, block_size);
+            break;
+        default:
+            attn_paged_launch_v<FERRY_TYPE_Q8_0>(tv, grid, shmem, stream, dst, scale, v_trans, group, block_size);
+            break;
+    }
+    return launch_status("attn_paged: kernel launch");
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 static bool computes_nothing(ferry_op op) {
@@ -318,6 +499,7 @@ bool ferry_cuda_op_supported(const ferry_tensor * node) {
     switch (node->op) {
         case FERRY_OP_ATTN_DECODE: return attn_supported(node);
         case FERRY_OP_DUP: return dup_supported(node);
+        case FERRY_OP_ATTN_PAGED: return attn_paged_supported(node);
         default: return false;
     }
 }
@@ -334,6 +516,7 @@ ferry_status ferry_cuda_compute_node(ferry_tensor * node, cudaStream_t stream) {
     switch (node->op) {
         case FERRY_OP_ATTN_DECODE: return attn_decode(node, stream);
         case FERRY_OP_DUP: return dup(node, stream);
+        case FERRY_OP_ATTN_PAGED: return attn_paged(node, stream);
         default: return FERRY_OK;
     }
 }
