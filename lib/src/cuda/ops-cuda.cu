@@ -93,21 +93,54 @@ static __device__ __forceinline__ float warp_sum(float v) {
 #define ATTN_MAX_HEAD_DIM 2048 /* shared memory: (ATTN_WARPS + 1) * head_dim floats */
 
 /*
- * One block per (query head, stream, query token). Token t of n_tok reads the stream's first
- * len - n_tok + t + 1 cells (causal within the step's new tokens): the work of a one-token
- * step at that length, in the same order, so its bytes are that step's. Warp w takes cells
- * w, w + ATTN_WARPS, ... below that count, in order, keeping a running max m, sum l and
+ * Where cell j of stream s, kv head hk lies in K and in V, for attn_body: a cell index along K's
+ * nb[1] (V's cell stride) from the (stream, kv head)'s first value, `first`. A dense window holds
+ * stream s's cell j at j, the kv head at nb[2] and the stream at nb[3]; a paged cache's pools
+ * hold it in pool cell slot * block_size + j % block_size (slot: table[j / block_size, s]), the
+ * kv head hk * head_dim values into the cell (a transposed V: rows hk * head_dim + i).
+ */
+struct dense_cells {
+    int64_t n_kv; /* K's ne[1]: the cells a stream has */
+    template <int T>
+    __device__ const char * first(const tview & x, int64_t /* chan_stride */, int64_t s, int64_t hk,
+                                  int64_t /* d */) const {
+        return x.data + hk * x.nb[2] + s * x.nb[3];
+    }
+    __device__ int64_t cell(int64_t /* s */, int64_t j) const { return j; }
+};
+
+struct paged_cells {
+    tview table;
+    int64_t block_size, n_kv; /* n_kv: the cells the table reaches */
+    template <int T>
+    __device__ const char * first(const tview & x, int64_t chan_stride, int64_t /* s */, int64_t hk,
+                                  int64_t d) const {
+        return x.data + hk * d / (T == FERRY_TYPE_Q8_0 ? 32 : 1) * chan_stride;
+    }
+    __device__ int64_t cell(int64_t s, int64_t j) const {
+        const int32_t slot = *(const int32_t *) (table.data + (j / block_size) * table.nb[0] + s * table.nb[1]);
+        return (int64_t) slot * block_size + j % block_size;
+    }
+};
+
+/*
+ * One block per (query head, stream, query token), cells where Cells says. Token t of n_tok reads
+ * the stream's first len - n_tok + t + 1 cells (causal within the step's new tokens): the work of a
+ * one-token step at that length, in the same order, so its bytes are that step's. Warp w takes
+ * cells w, w + ATTN_WARPS, ... below that count, in order, keeping a running max m, sum l and
  * output acc (online softmax); lanes split head_dim. The warps' partial results are then
  * combined in warp order. Cells past the token's count are never read. A stream shorter
  * than n_tok (but not 0) has no such count: the host refuses it before a run (the scheduler's
- * check); a device cannot refuse, so its rows are NaN rather than a plausible answer.
+ * check, ferry_attn_paged_check); a device cannot refuse, so its rows are NaN rather than a
+ * plausible answer.
  */
-template <int TK, int TV>
-static __global__ void attn_decode_kernel(tview q, tview k, tview v, tview len, char * out, int64_t out_nb0,
-                                          int64_t out_nb1, int64_t out_nb2, int64_t out_nb3, float scale,
-                                          int v_trans, int64_t group) {
+template <int TK, int TV, class Cells>
+static __device__ __forceinline__ void attn_body(const tview & q, const tview & k, const tview & v, const tview & len,
+                                                 char * out, int64_t out_nb0, int64_t out_nb1, int64_t out_nb2,
+                                                 int64_t out_nb3, float scale, int v_trans, int64_t group,
+                                                 const Cells & cells) {
     extern __shared__ float sh[];
-    const int64_t d = q.ne[0], n_kv = k.ne[1], n_tok = q.ne[2];
+    const int64_t d = q.ne[0], n_kv = cells.n_kv, n_tok = q.ne[2];
     const int64_t h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, hk = h / group;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float * qs = sh;
@@ -127,13 +160,15 @@ static __global__ void attn_decode_kernel(tview q, tview k, tview v, tview len, 
     const int64_t n = clamped > 0 && !too_short ? clamped - n_tok + t + 1 : 0;
     __syncthreads();
 
-    const char * kbase = k.data + hk * k.nb[2] + s * k.nb[3];
-    const char * vbase = v.data + hk * v.nb[2] + s * v.nb[3];
+    /* a transposed V steps cells along nb[0], channels along nb[1] */
     const int64_t v_cell = v_trans ? v.nb[0] : v.nb[1];
     const int64_t v_chan = v_trans ? v.nb[1] : v.nb[0];
+    const char * kbase = cells.template first<TK>(k, k.nb[0], s, hk, d);
+    const char * vbase = cells.template first<TV>(v, v_chan, s, hk, d);
     float m = -INFINITY, l = 0.0f;
     for (int64_t j = warp; j < n; j += ATTN_WARPS) {
-        const char * krow = kbase + j * k.nb[1];
+        const int64_t cell = cells.cell(s, j);
+        const char * krow = kbase + cell * k.nb[1];
         float part = 0.0f;
         for (int64_t i = lane; i < d; i += 32) {
             part += qs[i] * load_elem<TK>(krow, i, k.nb[0]);
@@ -143,7 +178,7 @@ static __global__ void attn_decode_kernel(tview q, tview k, tview v, tview len, 
         const float c = expf(m - m_new); /* 0 on the first cell: m is -inf */
         const float p = expf(sc - m_new);
         l = l * c + p;
-        const char * vrow = vbase + j * v_cell;
+        const char * vrow = vbase + cell * v_cell;
         for (int64_t i = lane; i < d; i += 32) {
             acc[warp * d + i] = acc[warp * d + i] * c + p * load_elem<TV>(vrow, i, v_chan);
         }
@@ -170,6 +205,15 @@ static __global__ void attn_decode_kernel(tview q, tview k, tview v, tview len, 
         *(float *) (out + i * out_nb0 + h * out_nb1 + t * out_nb2 + s * out_nb3) =
             too_short ? NAN : n > 0 ? o / sum : 0.0f;
     }
+}
+
+/* attn_body over a dense window (the fake runtime reads these arguments by position) */
+template <int TK, int TV>
+static __global__ void attn_decode_kernel(tview q, tview k, tview v, tview len, char * out, int64_t out_nb0,
+                                          int64_t out_nb1, int64_t out_nb2, int64_t out_nb3, float scale,
+                                          int v_trans, int64_t group) {
+    attn_body<TK, TV>(q, k, v, len, out, out_nb0, out_nb1, out_nb2, out_nb3, scale, v_trans, group,
+                      dense_cells{k.ne[1]});
 }
 
 static bool attn_kv_type(ferry_type t) { return t == FERRY_TYPE_F32 || t == FERRY_TYPE_F16 || t == FERRY_TYPE_Q8_0; }
@@ -308,83 +352,15 @@ static ferry_status dup(ferry_tensor * dst, cudaStream_t stream) {
 
 /* ---------------------------------------------------------------- paged attention */
 
-/*
- * attn_decode_kernel's arithmetic (online softmax per warp, warps combined in order), reading
- * cell j of stream s through its table: slot table[j / block_size, s], pool cell slot *
- * block_size + j % block_size. One block per (query head, stream, query token): token t reads
- * cells [0, len - n_tok + t]. kv head hk's values start hk * head_dim values into a pool cell
- * (a transposed V: channel hk * head_dim + i is row hk * head_dim + i). The host checked every
- * entry a length reaches (ferry_attn_paged_check) before the launch.
- */
+/* attn_body through a block table into the pools (the fake runtime reads these arguments by
+ * position). The host checked every entry a length reaches (ferry_attn_paged_check) before the
+ * launch, and that no length is below n_tok. */
 template <int TK, int TV>
 static __global__ void attn_paged_kernel(tview q, tview k, tview v, tview len, tview table, char * out,
                                          int64_t out_nb0, int64_t out_nb1, int64_t out_nb2, int64_t out_nb3,
                                          float scale, int v_trans, int64_t group, int64_t block_size) {
-    extern __shared__ float sh[];
-    const int64_t d = q.ne[0], n_tok = q.ne[2], n_kv = table.ne[0] * block_size;
-    const int64_t h = blockIdx.x, s = blockIdx.y, t = blockIdx.z, hk = h / group;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float * qs = sh;
-    float * acc = qs + d; /* [ATTN_WARPS][d] */
-    float * wm = acc + ATTN_WARPS * d;
-    float * wl = wm + ATTN_WARPS;
-
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-        qs[i] = *(const float *) (q.data + i * q.nb[0] + h * q.nb[1] + t * q.nb[2] + s * q.nb[3]);
-    }
-    for (int64_t i = lane; i < d; i += 32) {
-        acc[warp * d + i] = 0.0f;
-    }
-    const int32_t len32 = *(const int32_t *) (len.data + s * len.nb[0]);
-    const int64_t n_all = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
-    const int64_t n = n_all > 0 ? n_all - n_tok + t + 1 : 0;
-    __syncthreads();
-
-    /* kv head hk's first value in a cell; a transposed V steps cells along nb[0], channels along nb[1] */
-    const int64_t k_head = hk * d / (TK == FERRY_TYPE_Q8_0 ? 32 : 1) * k.nb[0];
-    const int64_t v_head = v_trans ? hk * d * v.nb[1] : hk * d / (TV == FERRY_TYPE_Q8_0 ? 32 : 1) * v.nb[0];
-    const int64_t v_cell = v_trans ? v.nb[0] : v.nb[1];
-    const int64_t v_chan = v_trans ? v.nb[1] : v.nb[0];
-    float m = -INFINITY, l = 0.0f;
-    for (int64_t j = warp; j < n; j += ATTN_WARPS) {
-        const int32_t slot = *(const int32_t *) (table.data + (j / block_size) * table.nb[0] + s * table.nb[1]);
-        const int64_t cell = (int64_t) slot * block_size + j % block_size;
-        const char * krow = k.data + cell * k.nb[1] + k_head;
-        float part = 0.0f;
-        for (int64_t i = lane; i < d; i += 32) {
-            part += qs[i] * load_elem<TK>(krow, i, k.nb[0]);
-        }
-        const float sc = scale * warp_sum(part);
-        const float m_new = fmaxf(m, sc);
-        const float c = expf(m - m_new); /* 0 on the first cell: m is -inf */
-        const float p = expf(sc - m_new);
-        l = l * c + p;
-        const char * vrow = v.data + cell * v_cell + v_head;
-        for (int64_t i = lane; i < d; i += 32) {
-            acc[warp * d + i] = acc[warp * d + i] * c + p * load_elem<TV>(vrow, i, v_chan);
-        }
-        m = m_new;
-    }
-    if (lane == 0) {
-        wm[warp] = m;
-        wl[warp] = l; /* 0 for a warp that had no cell */
-    }
-    __syncthreads();
-
-    float big = -INFINITY, sum = 0.0f;
-    for (int w = 0; w < ATTN_WARPS; w++) {
-        big = wl[w] > 0.0f ? fmaxf(big, wm[w]) : big;
-    }
-    for (int w = 0; w < ATTN_WARPS; w++) {
-        sum += wl[w] > 0.0f ? wl[w] * expf(wm[w] - big) : 0.0f;
-    }
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-        float o = 0.0f;
-        for (int w = 0; w < ATTN_WARPS; w++) {
-            o += wl[w] > 0.0f ? acc[w * d + i] * expf(wm[w] - big) : 0.0f;
-        }
-        *(float *) (out + i * out_nb0 + h * out_nb1 + t * out_nb2 + s * out_nb3) = n > 0 ? o / sum : 0.0f;
-    }
+    attn_body<TK, TV>(q, k, v, len, out, out_nb0, out_nb1, out_nb2, out_nb3, scale, v_trans, group,
+                      paged_cells{table, block_size, table.ne[0] * block_size});
 }
 
 /* Several query tokens too (grid z); streams and tokens up to a grid dimension's 65535. */
