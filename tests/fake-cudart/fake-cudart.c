@@ -440,109 +440,50 @@ static float load_elem(int type, const char * row, int64_t i, int64_t stride) {
 
 #define FAKE_ATTN_MAX_D 2048 /* ATTN_MAX_HEAD_DIM of ops-cuda.cu */
 
-/* attn_decode_kernel<tk, tv> (ops-cuda.cu) as the device runs it: block (h, s, t), token t of
- * n_tok over the stream's first len - n_tok + t + 1 cells (NaN rows for a stream shorter than
- * n_tok, not 0); warp w of block / 32 takes cells w, w + warps, ... in order with an online
- * softmax, lane l adds head elements l, l + 32, ... and a butterfly sums the lanes; then the
- * warps combine in warp order. */
-static void run_attn(const op * o) {
-    const tview *q = &o->q, *k = &o->k, *v = &o->v;
-    const void * reads[5] = {q->data, k->data, v->data, o->len.data, o->dst};
-    bool ok = true;
-    for (int i = 0; i < 5; i++) {
-        ok = ok && open_alloc_of(reads[i], true);
+/* attn_body's Cells of ops-cuda.cu: where cell j of stream s, kv head hk lies, a cell index along
+ * K's nb[1] (V's cell stride) from the (stream, kv head)'s first value. Dense (OP_ATTN): j, the kv
+ * head at nb[2], the stream at nb[3]. Paged (OP_ATTN_PAGED): pool cell slot * block_size +
+ * j % block_size (slot: table[j / block_size, s]), the kv head hk * head_dim values into the cell. */
+static bool attn_paged_op(const op * o) { return o->kind == OP_ATTN_PAGED; }
+
+static int64_t attn_n_kv(const op * o) { return attn_paged_op(o) ? o->table.ne[0] * o->block_size : o->k.ne[1]; }
+
+static const char * attn_first(const op * o, const tview * x, int type, int64_t chan_stride, int64_t s, int64_t hk) {
+    if (attn_paged_op(o)) {
+        return x->data + hk * o->q.ne[0] / (type == 4 ? 32 : 1) * chan_stride;
     }
-    const int64_t d = q->ne[0], n_kv = k->ne[1], n_tok = q->ne[2], warps = o->block / 32;
-    if (!ok || d > FAKE_ATTN_MAX_D || warps < 1 || warps > 32) {
-        sticky_error = cudaErrorIllegalAddress;
-    }
-    static float acc[32][FAKE_ATTN_MAX_D], qs[FAKE_ATTN_MAX_D];
-    for (uint64_t blk = 0; blk < (uint64_t) o->grid_y * o->grid_z && !sticky_error; blk++) {
-        const uint64_t s = blk % o->grid_y, t = blk / o->grid_y;
-        for (uint64_t h = 0; h < o->grid; h++) {
-            const int64_t hk = (int64_t) h / o->group;
-            for (int64_t i = 0; i < d; i++) {
-                qs[i] = load_elem(0, q->data + h * q->nb[1] + t * q->nb[2] + s * q->nb[3], i, q->nb[0]);
-            }
-            int32_t len32;
-            memcpy(&len32, o->len.data + s * o->len.nb[0], 4);
-            const int64_t clamped = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
-            const bool too_short = clamped > 0 && clamped < n_tok;
-            const int64_t n = clamped > 0 && !too_short ? clamped - n_tok + (int64_t) t + 1 : 0;
-            const char * kbase = k->data + hk * k->nb[2] + s * k->nb[3];
-            const char * vbase = v->data + hk * v->nb[2] + s * v->nb[3];
-            const int64_t v_cell = o->v_trans ? v->nb[0] : v->nb[1], v_chan = o->v_trans ? v->nb[1] : v->nb[0];
-            float wm[32], wl[32];
-            for (int64_t w = 0; w < warps; w++) {
-                float m = -INFINITY, l = 0.0f;
-                memset(acc[w], 0, (size_t) d * sizeof(float));
-                for (int64_t j = w; j < n; j += warps) {
-                    const char * krow = kbase + j * k->nb[1];
-                    float part[32];
-                    for (int lane = 0; lane < 32; lane++) {
-                        part[lane] = 0.0f;
-                        for (int64_t i = lane; i < d; i += 32) {
-                            part[lane] += qs[i] * load_elem(o->tk, krow, i, k->nb[0]);
-                        }
-                    }
-                    for (int off = 16; off > 0; off >>= 1) { /* __shfl_xor_sync: every lane adds its partner */
-                        float next[32];
-                        for (int lane = 0; lane < 32; lane++) {
-                            next[lane] = part[lane] + part[lane ^ off];
-                        }
-                        memcpy(part, next, sizeof(part));
-                    }
-                    const float sc = o->scale * part[0];
-                    const float m_new = fmaxf(m, sc);
-                    const float c = expf(m - m_new), p = expf(sc - m_new);
-                    l = l * c + p;
-                    const char * vrow = vbase + j * v_cell;
-                    for (int64_t i = 0; i < d; i++) {
-                        acc[w][i] = acc[w][i] * c + p * load_elem(o->tv, vrow, i, v_chan);
-                    }
-                    m = m_new;
-                }
-                wm[w] = m;
-                wl[w] = l;
-            }
-            float big = -INFINITY, sum = 0.0f;
-            for (int64_t w = 0; w < warps; w++) {
-                big = wl[w] > 0.0f ? fmaxf(big, wm[w]) : big;
-            }
-            for (int64_t w = 0; w < warps; w++) {
-                sum += wl[w] > 0.0f ? wl[w] * expf(wm[w] - big) : 0.0f;
-            }
-            for (int64_t i = 0; i < d; i++) {
-                float out = 0.0f;
-                for (int64_t w = 0; w < warps; w++) {
-                    out += wl[w] > 0.0f ? acc[w][i] * expf(wm[w] - big) : 0.0f;
-                }
-                out = too_short ? NAN : n > 0 ? out / sum : 0.0f;
-                memcpy(o->dst + i * o->out_nb0 + h * o->out_nb1 + t * o->out_nb2 + s * o->out_nb3, &out, 4);
-            }
-        }
-    }
-    for (int i = 0; i < 5; i++) {
-        open_alloc_of(reads[i], false);
-    }
+    return x->data + hk * x->nb[2] + s * x->nb[3];
 }
 
-/* attn_paged_kernel<tk, tv> (ops-cuda.cu) as the device runs it: block (h, s, t); token t of
- * n_tok reads cells [0, len - n_tok + t], cell j through the table (slot table[j / block_size, s],
- * pool cell slot * block_size + j % block_size); warps, lanes and sums as in run_attn. */
-static void run_attn_paged(const op * o) {
-    const tview *q = &o->q, *k = &o->k, *v = &o->v, *tb = &o->table;
-    const void * reads[6] = {q->data, k->data, v->data, o->len.data, tb->data, o->dst};
+/* -1 where the table leads out of the pools: the device would fault */
+static int64_t attn_cell(const op * o, int64_t s, int64_t j) {
+    if (!attn_paged_op(o)) {
+        return j;
+    }
+    const int64_t bs = o->block_size;
+    int32_t slot;
+    memcpy(&slot, o->table.data + (j / bs) * o->table.nb[0] + s * o->table.nb[1], 4);
+    return slot < 0 || (slot + 1) * bs > o->k.ne[1] ? -1 : (int64_t) slot * bs + j % bs;
+}
+
+/* attn_decode_kernel and attn_paged_kernel<tk, tv> (ops-cuda.cu's attn_body) as the device runs
+ * them: block (h, s, t), token t of n_tok over the stream's first len - n_tok + t + 1 cells (NaN
+ * rows for a stream shorter than n_tok, not 0), cell j where attn_cell says; warp w of block / 32
+ * takes cells w, w + warps, ... in order with an online softmax, lane l adds head elements l,
+ * l + 32, ... and a butterfly sums the lanes; then the warps combine in warp order. */
+static void run_attn(const op * o) {
+    const tview *q = &o->q, *k = &o->k, *v = &o->v;
+    const void * reads[6] = {q->data, k->data, v->data, o->len.data, o->dst, o->table.data};
+    const int n_reads = attn_paged_op(o) ? 6 : 5;
     bool ok = true;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < n_reads; i++) {
         ok = ok && open_alloc_of(reads[i], true);
     }
-    const int64_t d = q->ne[0], n_tok = q->ne[2], bs = o->block_size, n_kv = tb->ne[0] * bs, warps = o->block / 32;
+    const int64_t d = q->ne[0], n_kv = attn_n_kv(o), n_tok = q->ne[2], warps = o->block / 32;
     if (!ok || d > FAKE_ATTN_MAX_D || warps < 1 || warps > 32) {
         sticky_error = cudaErrorIllegalAddress;
     }
-    /* kv head hk's first value in a pool cell; a transposed V: cells along nb[0], channels along nb[1] */
-    const int64_t k_per = o->tk == 4 ? 32 : 1, v_per = o->tv == 4 ? 32 : 1;
+    /* a transposed V: cells along nb[0], channels along nb[1] */
     const int64_t v_cell = o->v_trans ? v->nb[0] : v->nb[1], v_chan = o->v_trans ? v->nb[1] : v->nb[0];
     static float acc[32][FAKE_ATTN_MAX_D], qs[FAKE_ATTN_MAX_D];
     for (uint64_t t = 0; t < o->grid_z && !sticky_error; t++) {
@@ -554,23 +495,22 @@ static void run_attn_paged(const op * o) {
                 }
                 int32_t len32;
                 memcpy(&len32, o->len.data + s * o->len.nb[0], 4);
-                const int64_t n_all = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
-                const int64_t n = n_all > 0 ? n_all - n_tok + (int64_t) t + 1 : 0;
-                const int64_t k_head = hk * d / k_per * k->nb[0];
-                const int64_t v_head = o->v_trans ? hk * d * v->nb[1] : hk * d / v_per * v->nb[0];
+                const int64_t clamped = len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
+                const bool too_short = clamped > 0 && clamped < n_tok;
+                const int64_t n = clamped > 0 && !too_short ? clamped - n_tok + (int64_t) t + 1 : 0;
+                const char * kbase = attn_first(o, k, o->tk, k->nb[0], (int64_t) s, hk);
+                const char * vbase = attn_first(o, v, o->tv, v_chan, (int64_t) s, hk);
                 float wm[32], wl[32];
                 for (int64_t w = 0; w < warps; w++) {
                     float m = -INFINITY, l = 0.0f;
                     memset(acc[w], 0, (size_t) d * sizeof(float));
                     for (int64_t j = w; j < n; j += warps) {
-                        int32_t slot;
-                        memcpy(&slot, tb->data + (j / bs) * tb->nb[0] + s * tb->nb[1], 4);
-                        if (slot < 0 || (slot + 1) * bs > k->ne[1]) { /* out of the pool: the device would fault */
+                        const int64_t cell = attn_cell(o, (int64_t) s, j);
+                        if (cell < 0) {
                             sticky_error = cudaErrorIllegalAddress;
                             break;
                         }
-                        const int64_t cell = (int64_t) slot * bs + j % bs;
-                        const char * krow = k->data + cell * k->nb[1] + k_head;
+                        const char * krow = kbase + cell * k->nb[1];
                         float part[32];
                         for (int lane = 0; lane < 32; lane++) {
                             part[lane] = 0.0f;
@@ -589,7 +529,7 @@ static void run_attn_paged(const op * o) {
                         const float m_new = fmaxf(m, sc);
                         const float c = expf(m - m_new), p = expf(sc - m_new);
                         l = l * c + p;
-                        const char * vrow = v->data + cell * v_cell + v_head;
+                        const char * vrow = vbase + cell * v_cell;
                         for (int64_t i = 0; i < d; i++) {
                             acc[w][i] = acc[w][i] * c + p * load_elem(o->tv, vrow, i, v_chan);
                         }
@@ -610,13 +550,13 @@ static void run_attn_paged(const op * o) {
                     for (int64_t w = 0; w < warps; w++) {
                         out += wl[w] > 0.0f ? acc[w][i] * expf(wm[w] - big) : 0.0f;
                     }
-                    out = n > 0 ? out / sum : 0.0f;
+                    out = too_short ? NAN : n > 0 ? out / sum : 0.0f;
                     memcpy(o->dst + i * o->out_nb0 + h * o->out_nb1 + t * o->out_nb2 + s * o->out_nb3, &out, 4);
                 }
             }
         }
     }
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < n_reads; i++) {
         open_alloc_of(reads[i], false);
     }
 }
@@ -746,10 +686,8 @@ static void run_op(op * o) {
         run_dup(o);
         break;
     case OP_ATTN:
-        run_attn(o);
-        break;
     case OP_ATTN_PAGED:
-        run_attn_paged(o);
+        run_attn(o); /* the dense window or the paged pools: attn_cell tells them apart */
         break;
     case OP_FAULT:
         sticky_error = cudaErrorIllegalAddress; /* a kernel read another device's memory */
