@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 /* ---------------------------------------------------------------- tensors as kernels see them */
 
@@ -230,25 +231,18 @@ static bool attn_supported(const ferry_tensor * node) {
            q->ne[2] <= 65535 && q->ne[3] <= 65535;
 }
 
-template <int TK>
-static void attn_launch_v(ferry_type tv, dim3 grid, size_t shmem, cudaStream_t stream, const tview & q,
-                          const tview & k, const tview & v, const tview & len, char * out, const ferry_tensor * dst,
-                          float scale, int v_trans, int64_t group) {
-    const dim3 block(32 * ATTN_WARPS);
-    switch (tv) {
-        case FERRY_TYPE_F32:
-            attn_decode_kernel<TK, FERRY_TYPE_F32><<<grid, block, shmem, stream>>>(
-                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[2], dst->nb[3], scale, v_trans, group);
-            break;
-        case FERRY_TYPE_F16:
-            attn_decode_kernel<TK, FERRY_TYPE_F16><<<grid, block, shmem, stream>>>(
-                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[2], dst->nb[3], scale, v_trans, group);
-            break;
-        default:
-            attn_decode_kernel<TK, FERRY_TYPE_Q8_0><<<grid, block, shmem, stream>>>(
-                q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[2], dst->nb[3], scale, v_trans, group);
-            break;
+/* f with a kv type as a compile-time constant (std::integral_constant): f32, f16 or q8_0. */
+template <class F> static void with_kv_type(ferry_type t, F && f) {
+    switch (t) {
+        case FERRY_TYPE_F32: f(std::integral_constant<int, FERRY_TYPE_F32>{}); break;
+        case FERRY_TYPE_F16: f(std::integral_constant<int, FERRY_TYPE_F16>{}); break;
+        default: f(std::integral_constant<int, FERRY_TYPE_Q8_0>{}); break;
     }
+}
+
+/* f(tk, tv) with K's and V's types as constants: a kernel's launch for each pair attention reads. */
+template <class F> static void with_kv_types(ferry_type tk, ferry_type tv, F && f) {
+    with_kv_type(tk, [&](auto k) { with_kv_type(tv, [&](auto v) { f(k, v); }); });
 }
 
 static ferry_status attn_decode(ferry_tensor * dst, cudaStream_t stream) {
@@ -265,20 +259,10 @@ static ferry_status attn_decode(ferry_tensor * dst, cudaStream_t stream) {
     const dim3 grid((unsigned) q.ne[1], (unsigned) q.ne[3], (unsigned) q.ne[2]);
     const size_t shmem = (size_t) ((ATTN_WARPS + 1) * q.ne[0] + 2 * ATTN_WARPS) * sizeof(float);
     char * out = (char *) ferry_tensor_data(dst);
-    switch (dst->src[1]->type) {
-        case FERRY_TYPE_F32:
-            attn_launch_v<FERRY_TYPE_F32>(dst->src[2]->type, grid, shmem, stream, q, k, v, len, out, dst, scale,
-                                          v_trans, group);
-            break;
-        case FERRY_TYPE_F16:
-            attn_launch_v<FERRY_TYPE_F16>(dst->src[2]->type, grid, shmem, stream, q, k, v, len, out, dst, scale,
-                                          v_trans, group);
-            break;
-        default:
-            attn_launch_v<FERRY_TYPE_Q8_0>(dst->src[2]->type, grid, shmem, stream, q, k, v, len, out, dst, scale,
-                                           v_trans, group);
-            break;
-    }
+    with_kv_types(dst->src[1]->type, dst->src[2]->type, [&](auto tk, auto tv) {
+        attn_decode_kernel<decltype(tk)::value, decltype(tv)::value><<<grid, dim3(32 * ATTN_WARPS), shmem, stream>>>(
+            q, k, v, len, out, dst->nb[0], dst->nb[1], dst->nb[2], dst->nb[3], scale, v_trans, group);
+    });
     return launch_status("attn_decode: kernel launch");
 }
 
@@ -399,31 +383,6 @@ static ferry_status read_to_host(const ferry_tensor * t, cudaStream_t stream, vo
     return FERRY_OK;
 }
 
-template <int TK, int TV>
-static void attn_paged_launch(dim3 grid, size_t shmem, cudaStream_t stream, const ferry_tensor * dst, float scale,
-                              int v_trans, int64_t group, int64_t block_size) {
-    attn_paged_kernel<TK, TV><<<grid, dim3(32 * ATTN_WARPS), shmem, stream>>>(
-        view_of(dst->src[0]), view_of(dst->src[1]), view_of(dst->src[2]), view_of(dst->src[3]),
-        view_of(dst->src[4]), (char *) ferry_tensor_data(dst), (int64_t) dst->nb[0], (int64_t) dst->nb[1],
-        (int64_t) dst->nb[2], (int64_t) dst->nb[3], scale, v_trans, group, block_size);
-}
-
-template <int TK>
-static void attn_paged_launch_v(ferry_type tv, dim3 grid, size_t shmem, cudaStream_t stream, const ferry_tensor * dst,
-                                float scale, int v_trans, int64_t group, int64_t block_size) {
-    switch (tv) {
-        case FERRY_TYPE_F32:
-            attn_paged_launch<TK, FERRY_TYPE_F32>(grid, shmem, stream, dst, scale, v_trans, group, block_size);
-            break;
-        case FERRY_TYPE_F16:
-            attn_paged_launch<TK, FERRY_TYPE_F16>(grid, shmem, stream, dst, scale, v_trans, group, block_size);
-            break;
-        default:
-            attn_paged_launch<TK, FERRY_TYPE_Q8_0>(grid, shmem, stream, dst, scale, v_trans, group, block_size);
-            break;
-    }
-}
-
 /* kv_len and the table are read to the host and checked first (a sync on the stream), so that
  * no entry leads the kernel out of the pools and a refusal writes nothing, as on the CPU. */
 static ferry_status attn_paged(ferry_tensor * dst, cudaStream_t stream) {
@@ -446,18 +405,12 @@ static ferry_status attn_paged(ferry_tensor * dst, cudaStream_t stream) {
     const int64_t group = q->ne[1] / (dst->src[1]->ne[0] / q->ne[0]);
     const dim3 grid((unsigned) q->ne[1], (unsigned) q->ne[3], (unsigned) q->ne[2]);
     const size_t shmem = (size_t) ((ATTN_WARPS + 1) * q->ne[0] + 2 * ATTN_WARPS) * sizeof(float);
-    const ferry_type tv = dst->src[2]->type;
-    switch (dst->src[1]->type) {
-        case FERRY_TYPE_F32:
-            attn_paged_launch_v<FERRY_TYPE_F32>(tv, grid, shmem, stream, dst, scale, v_trans, group, block_size);
-            break;
-        case FERRY_TYPE_F16:
-            attn_paged_launch_v<FERRY_TYPE_F16>(tv, grid, shmem, stream, dst, scale, v_trans, group, block_size);
-            break;
-        default:
-            attn_paged_launch_v<FERRY_TYPE_Q8_0>(tv, grid, shmem, stream, dst, scale, v_trans, group, block_size);
-            break;
-    }
+    with_kv_types(dst->src[1]->type, dst->src[2]->type, [&](auto tk, auto tv) {
+        attn_paged_kernel<decltype(tk)::value, decltype(tv)::value><<<grid, dim3(32 * ATTN_WARPS), shmem, stream>>>(
+            view_of(dst->src[0]), view_of(dst->src[1]), view_of(dst->src[2]), view_of(dst->src[3]),
+            view_of(dst->src[4]), (char *) ferry_tensor_data(dst), (int64_t) dst->nb[0], (int64_t) dst->nb[1],
+            (int64_t) dst->nb[2], (int64_t) dst->nb[3], scale, v_trans, group, block_size);
+    });
     return launch_status("attn_paged: kernel launch");
 }
 
