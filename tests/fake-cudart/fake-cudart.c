@@ -463,7 +463,7 @@ static int64_t attn_cell(const op * o, int64_t s, int64_t j) {
     const int64_t bs = o->block_size;
     int32_t slot;
     memcpy(&slot, o->table.data + (j / bs) * o->table.nb[0] + s * o->table.nb[1], 4);
-    return slot < 0 || (slot + 1) * bs > o->k.ne[1] ? -1 : (int64_t) slot * bs + j % bs;
+    return slot < 0 || ((int64_t) slot + 1) * bs > o->k.ne[1] ? -1 : (int64_t) slot * bs + j % bs;
 }
 
 /* attn_decode_kernel and attn_paged_kernel<tk, tv> (ops-cuda.cu's attn_body) as the device runs
