@@ -35,6 +35,7 @@ from ferry.residency import (
     choose_residency,
     choose_round_robin,
     choose_slowest_link,
+    expected_accepted_tokens,
     predict_step,
 )
 
@@ -373,7 +374,7 @@ PLANS: Dict[str, Callable[..., Any]] = {
     "predict_step": predict_step, "choose_residency": choose_residency, "choose_auto": choose_auto,
     "choose_first": choose_first, "choose_round_robin": choose_round_robin, "choose_slowest_link": choose_slowest_link}
 PLAN_NAMES = {"layers": ("layer",), "devices": ("device",), "layer_device": ("on device",), "strategy": (),
-              "resident": (), "prefetch": (), "max_layers": ()}
+              "resident": (), "prefetch": (), "max_layers": (), "tokens_per_step": ()}
 
 
 def plan_base(fn: str) -> Dict[str, Any]:
@@ -382,6 +383,7 @@ def plan_base(fn: str) -> Dict[str, Any]:
     base: Dict[str, Any] = dict(layers=layers, devices=devices, layer_device=[0, 0, 1], prefetch=1)
     if fn == "predict_step":
         base["resident"] = [True, False, True]
+        base["tokens_per_step"] = 2.77
     else:
         base["max_layers"] = None
     if fn == "choose_residency":
@@ -401,6 +403,8 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
         value = draw(st.one_of(st.lists(items[arg], max_size=4), junk()))
     elif arg == "strategy":
         value = draw(st.one_of(st.sampled_from(["auto", "first", "round-robin", "slowest-link", "AUTO"]), junk()))
+    elif arg == "tokens_per_step":
+        value = draw(st.one_of(numbers(), junk()))
     else:
         value = draw(st.one_of(st.none(), ints(-2, 4), junk()))
     return fn, arg, value
@@ -412,6 +416,7 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
 @example(("choose_auto", "layers", None))
 @example(("predict_step", "layer_device", 3))
 @example(("choose_residency", "strategy", []))
+@example(("predict_step", "tokens_per_step", 0.5))
 def test_each_plan_and_prediction_of_any_argument_is_finite_or_refused_naming_it(case: Tuple[str, str, Any]) -> None:
     """Each plan and prediction of three layers on two devices, one argument changed: a plan or a
     prediction, or a refusal naming the argument (a plan that does not fit names the device)."""
@@ -423,6 +428,20 @@ def test_each_plan_and_prediction_of_any_argument_is_finite_or_refused_naming_it
     pred = result if fn == "predict_step" else result.prediction
     assert math.isfinite(pred.step_seconds) and pred.step_seconds >= 0
     assert len(pred.memory) == len(args["devices"])
+
+
+@settings(max_examples=300 * SCALE, **SETTINGS)
+@given(st.one_of(ints(-2, 12), numbers(), junk()), st.one_of(numbers(), junk()))
+@example(4, 0.7)
+@example(True, 0.5)
+@example(3, np.float64("nan"))
+def test_expected_accepted_tokens_of_any_draft_and_acceptance_is_in_range_or_refused_naming_it(draft: Any,
+                                                                                             accept: Any) -> None:
+    """Expected tokens per verification of any draft and acceptance: between 1 and draft + 1, or a
+    refusal naming draft or accept."""
+    got, _ = outcome(lambda: expected_accepted_tokens(draft, accept), ("draft", "accept"))
+    if got is not None:
+        assert isinstance(got, float) and 1.0 - 1e-12 <= got <= int(draft) + 1 + 1e-12
 
 
 SPEC_FIELDS = ["link_gbps", "latency_us", "compute_s", "memory", "reserve", "name"]

@@ -24,6 +24,7 @@ from ferry.residency import (
     choose_residency,
     choose_round_robin,
     choose_slowest_link,
+    expected_accepted_tokens,
     link_groups,
     predict_step,
 )
@@ -179,6 +180,64 @@ def test_prefetched_steps_take_the_times_worked_out_by_hand() -> None:
     # latency: one per transfer, 2 per layer
     lat = DeviceSpec(4.0, 1e6, 0.0)
     assert predict_step(layers3, [lat], [False] * 3, None, 0).step_seconds == pytest.approx(3 * 2 * 1.25)
+
+
+def test_a_copy_serves_every_token_of_a_step_and_attention_grows_with_them() -> None:
+    """A step of 3 query tokens per stream: each window is copied once (copy seconds as for one
+    token), each layer's attention takes 3 times its one-token figure. Three layers, copies 2 s a
+    layer, compute 2 s a token: serially 6 + 18 s. Prefetch 1: layer 0 arrives at 2 and computes
+    2-8; layer 1 (queued at 0) arrives at 4, computes 8-14; layer 2, queued at 8, arrives at 10,
+    computes 14-20: 20 s, the copies but the first hidden behind attention."""
+    layers3 = [LayerCost((10**9, 10**9), 1)] * 3
+    dev = DeviceSpec(1.0, 0.0, 2.0)
+    one = predict_step(layers3, [dev], [False] * 3, None, 0)
+    three = predict_step(layers3, [dev], [False] * 3, None, 0, tokens_per_step=3)
+    assert three.step_seconds == pytest.approx(24.0) and three.copy_seconds == one.copy_seconds == (6.0,)
+    assert three.compute_seconds == pytest.approx(3 * one.compute_seconds) and three.tokens_per_step == 3.0
+    assert one.tokens_per_step == 1.0 and one == predict_step(layers3, [dev], [False] * 3, None, 0, tokens_per_step=1)
+    assert predict_step(layers3, [dev], [False] * 3, None, 1, tokens_per_step=3).step_seconds == pytest.approx(20.0)
+    # a mean over steps of several sizes: linear in it
+    assert predict_step(layers3, [dev], [False] * 3, None, 0, tokens_per_step=2.5).step_seconds == pytest.approx(21.0)
+    # per layer figures too, on two devices: each layer's own figure times the tokens
+    two = [DeviceSpec(1.0, 0.0, (1.0, 2.0, 3.0)), DeviceSpec(1.0, 0.0, (1.0, 2.0, 3.0))]
+    assert predict_step(layers3, two, [True] * 3, None, 0, tokens_per_step=4).step_seconds == pytest.approx(24.0)
+
+
+@pytest.mark.parametrize("tokens, message", [
+    (0.5, "got 0.5"), (0, "got 0"), (float("nan"), "got nan"), (float("inf"), "got inf"), (True, "got True"),
+    ("2", "got '2'"), (None, "got None"),
+])
+def test_tokens_per_step_is_refused_naming_it(tokens: object, message: str) -> None:
+    with pytest.raises(ferry.InvalidArgumentError, match=r"residency: tokens_per_step is a finite number >= 1 "
+                                                         r"\(query tokens per stream per step\), " + message):
+        predict_step([FULL], [DeviceSpec(1.0)], [False], tokens_per_step=tokens)  # type: ignore[arg-type]
+
+
+def test_expected_accepted_tokens_is_the_geometric_prefix_and_the_targets_token() -> None:
+    """A draft of N tokens each accepted with probability P until the first rejection yields
+    1 + P + ... + P^N tokens a step: the sum, by the closed form, is what the function gives."""
+    assert expected_accepted_tokens(4, 0.7) == pytest.approx(2.77310, abs=1e-5)
+    for n in range(9):
+        assert expected_accepted_tokens(n, 0.0) == 1.0 and expected_accepted_tokens(n, 1.0) == n + 1
+        for p in (0.1, 0.5, 0.7, 0.9, 0.99):
+            assert expected_accepted_tokens(n, p) == pytest.approx(sum(p ** k for k in range(n + 1)), rel=1e-12)
+    assert expected_accepted_tokens(0, 0.5) == 1.0
+    import numpy as np
+    assert expected_accepted_tokens(np.int64(2), np.float32(0.5)) == pytest.approx(1.75)  # numpy's numbers too
+
+
+@pytest.mark.parametrize("draft, accept, message", [
+    (-1, 0.5, r"draft is a count of tokens \(an integer >= 0\), got -1"),
+    (2.0, 0.5, r"draft is a count of tokens \(an integer >= 0\), got 2.0"),
+    (True, 0.5, r"draft is a count of tokens \(an integer >= 0\), got True"),
+    (2, 1.5, r"accept is a probability \(a number from 0 to 1\), got 1.5"),
+    (2, -0.1, r"accept is a probability \(a number from 0 to 1\), got -0.1"),
+    (2, float("nan"), r"accept is a probability \(a number from 0 to 1\), got nan"),
+    (2, "0.7", r"accept is a probability \(a number from 0 to 1\), got '0.7'"),
+])
+def test_expected_accepted_tokens_refuses_naming_the_argument(draft: object, accept: object, message: str) -> None:
+    with pytest.raises(ferry.InvalidArgumentError, match="expected_accepted_tokens: " + message):
+        expected_accepted_tokens(draft, accept)  # type: ignore[arg-type]
 
 
 def test_memory_counts_windows_ahead_and_reserve() -> None:
@@ -453,6 +512,17 @@ def test_layers_from_geometry_gives_a_sliding_layer_its_own_sizes() -> None:
     assert layers[1].resident_bytes == 2 * 2 * 1025 * row
     flat = ferry.residency.layers_from_geometry("q8_0", "q8_0", 128, 8, 8192, 2, 2048, [None], compact=False)
     assert flat[0].staging > flat[0].window_bytes  # the spans, gaps included
+
+
+def test_layers_from_geometry_gives_a_step_of_several_tokens_their_query_and_output() -> None:
+    """A step of n_new tokens per stream: its query and attention output are n_new tokens' (f32
+    [head_dim, n_head, n_new, n_stream]); its windows are as for one token."""
+    one = ferry.residency.layers_from_geometry("f16", "f16", 128, 8, 8192, 2, 2048, [None, 1024], n_head=32)
+    five = ferry.residency.layers_from_geometry("f16", "f16", 128, 8, 8192, 2, 2048, [None, 1024], n_new=5,
+                                                n_head=32)
+    assert one[0].query_bytes == one[0].output_bytes == 4 * 128 * 32 * 2
+    assert five[0].query_bytes == five[0].output_bytes == 5 * one[0].query_bytes
+    assert five[0].transfers == one[0].transfers
 
 
 def test_a_slowed_standin_computes_at_least_that_many_times_slower() -> None:

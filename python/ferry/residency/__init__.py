@@ -27,6 +27,7 @@ from .model import (
     PlanDoesNotFitError,
     ResidencyPlan,
     StepPrediction,
+    expected_accepted_tokens,
     predict_step,
 )
 from .planner import choose_auto
@@ -36,6 +37,7 @@ __all__ = [
     "LayerCost", "DeviceSpec", "StepPrediction", "ResidencyPlan", "PlanDoesNotFitError", "STRATEGIES",
     "predict_step", "choose_residency", "choose_auto", "choose_first", "choose_round_robin", "choose_slowest_link",
     "link_groups", "layers_from_geometry", "device_from_backend", "measure_compute", "MeasureMemory", "StepMemory",
+    "expected_accepted_tokens",
 ]
 
 #: The strategies choose_residency knows, the planner first.

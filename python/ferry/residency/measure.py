@@ -41,7 +41,8 @@ def layers_from_geometry(type_k: str, type_v: str, head_dim: int, n_head_kv: int
     with each layer at its own size, its windows' bytes read (what ``ranges`` copies, 2-D per
     window) and its K and V tensors' bytes; with a device's buffer type, each as that buffer type
     places it (its alloc size, rounded up to its alignment), and with n_head its query's and
-    attention output's bytes (f32 [head_dim, n_head, 1, n_stream] each).
+    attention output's bytes (f32 [head_dim, n_head, n_new, n_stream] each: a step's n_new tokens
+    per stream, a draft's verification or a prefill chunk, are its query's).
 
     Parameters
     ----------
@@ -58,7 +59,7 @@ def layers_from_geometry(type_k: str, type_v: str, head_dim: int, n_head_kv: int
     compact : bool, optional
         Window copies hold the bytes read (Scheduler(compact=True)); else the windows' spans.
     n_new : int, optional
-        Cells a decode step adds per stream.
+        Cells a step adds per stream: its query tokens per stream (1: a decode step).
     n_head : int, optional
         Query heads; 0: no query or output figures.
     buffer_type : BufferType, optional
@@ -75,7 +76,7 @@ def layers_from_geometry(type_k: str, type_v: str, head_dim: int, n_head_kv: int
                  backend=host, layer_cells=cells)
     align = 1 if buffer_type is None else buffer_type.alignment
     size: Callable[[Tensor], int] = (lambda t: t.nbytes) if buffer_type is None else buffer_type.alloc_size
-    step = Tensor.new("f32", [head_dim, n_head, 1, n_stream]) if n_head > 0 else None
+    step = Tensor.new("f32", [head_dim, n_head, n_new, n_stream]) if n_head > 0 else None
     query = 0 if step is None else size(step)
     output = 0 if step is None else _placed(query, align)
     try:
@@ -109,8 +110,9 @@ class StepMemory:
     runs' have) and lets the scheduler allocate its graph for each window a run takes, in turn (its
     buffers grow to the largest any of them needs, and a smaller window may need more: the graph
     allocator's layout changes with the sizes). Layers in host memory live in a cache with nothing
-    behind it; a resident layer is made one cell long, since what it holds does not change what the
-    scheduler allocates (its windows are read where they are), and its K and V are counted from
+    behind it; a resident layer is made n_tok cells long (the cells a step's tokens read of their
+    own), since what it holds does not change what the scheduler allocates (its windows are read
+    where they are), and its K and V are counted from
     their sizes (LayerCost.resident_bytes).
 
     Called with per layer whether it is resident, it returns per device (bytes of the scheduler's
@@ -138,6 +140,8 @@ class StepMemory:
         Parts the scheduler queues ahead (0: serial).
     policy : str, optional
         The scheduler's copy policy.
+    n_tok : int, optional
+        Query tokens per stream each step brings (a draft's verification, a prefill chunk); 1: decode.
 
     Raises
     ------
@@ -148,11 +152,11 @@ class StepMemory:
     def __init__(self, type_k: str, type_v: str, head_dim: int, n_head_kv: int, n_head: int, n_ctx: int,
                  n_stream: int, layer_cells: Sequence[Optional[int]], windows: Sequence[int], n_devices: int = 1,
                  layer_device: Optional[Sequence[int]] = None, v_trans: bool = False, compact: bool = False,
-                 prefetch: int = 0, policy: str = "ranges") -> None:
+                 prefetch: int = 0, policy: str = "ranges", n_tok: int = 1) -> None:
         n_layer = len(layer_cells)
-        if n_layer < 1 or n_devices < 1 or not windows:
-            raise InvalidArgumentError(f"StepMemory: {n_layer} layers, {n_devices} devices and {len(windows)} "
-                                       "windows: each must be 1 or more")
+        if n_layer < 1 or n_devices < 1 or not windows or n_tok < 1:
+            raise InvalidArgumentError(f"StepMemory: {n_layer} layers, {n_devices} devices, {len(windows)} "
+                                       f"windows and {n_tok} query tokens per stream: each must be 1 or more")
         dev = [i * n_devices // n_layer for i in range(n_layer)] if layer_device is None else list(layer_device)
         if len(dev) != n_layer or any(not 0 <= d < n_devices for d in dev):
             raise InvalidArgumentError(f"StepMemory: layer_device {dev} is not one of 0..{n_devices - 1} per layer")
@@ -160,6 +164,7 @@ class StepMemory:
         self._cells = list(layer_cells)
         self._windows = list(windows)
         self._v_trans, self._compact, self._prefetch, self._policy = v_trans, compact, prefetch, policy
+        self._n_tok = n_tok
         self._cache: Dict[Tuple[Tuple[bool, ...], bool], Tuple[Tuple[int, int], ...]] = {}  # by (resident, least)
         self._devices: List[StandinBackend] = []
         self._cpu: Optional[CPUBackend] = None
@@ -173,8 +178,8 @@ class StepMemory:
             self._on = [self._devices[d] for d in dev]
             # the step's own tensors, as the run makes them: a query per layer on its device, the
             # lengths on the first; what they take is what each device has used before any cache
-            self._q = [Tensor.from_numpy(b, np.zeros((n_stream, 1, n_head, head_dim), np.float32), name=f"q{i}")
-                       for i, b in enumerate(self._on)]
+            self._q = [Tensor.from_numpy(b, np.zeros((n_stream, n_tok, n_head, head_dim), np.float32),
+                                         name=f"q{i}") for i, b in enumerate(self._on)]
             self._kv_len = Tensor.from_numpy(self._devices[0], np.zeros(n_stream, np.int32), name="kv_len")
             self._inputs = [_COUNTED - d.memory().free for d in self._devices]
         except BaseException:
@@ -208,7 +213,7 @@ class StepMemory:
             raise InvalidArgumentError("StepMemory: used after close()")
         type_k, type_v, head_dim, n_head_kv, n_ctx, n_stream = self._geometry
         places = [self._on[i] if r else None for i, r in enumerate(resident)]
-        cells = [1 if r else c for r, c in zip(resident, self._cells)]
+        cells = [self._n_tok if r else c for r, c in zip(resident, self._cells)]  # each token reads its own cell
         kv = KVCache(type_k, type_v, head_dim, n_head_kv, n_ctx, n_stream, n_layer=len(cells), v_trans=self._v_trans,
                      backend=self._host, placement=places, layer_cells=cells)
         sched = Scheduler([*self._devices, self._cpu], policy=self._policy, compact=self._compact,

@@ -44,6 +44,41 @@ def _sequence(value: object, what: str, item: str) -> List[Any]:
     return list(value)
 
 
+def expected_accepted_tokens(draft: int, accept: float) -> float:
+    """Tokens a verification step yields per stream, on average, for a draft of `draft` tokens each
+    accepted with probability `accept` (independently, until the first rejected one): the accepted
+    prefix is geometric, and the target's own token after it always counts, so
+    1 + P + P^2 + ... + P^N = (1 - P^(N + 1)) / (1 - P), and N + 1 at P = 1 (2.77 at N 4, P 0.7).
+    One copy of each window serves them all: bytes per token are a step's bytes over this.
+
+    Parameters
+    ----------
+    draft : int
+        Draft tokens per step (N >= 0; 0: a decode step, one token).
+    accept : float
+        Per-token acceptance probability P, 0 <= P <= 1.
+
+    Returns
+    -------
+    float
+        Between 1 and N + 1.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a draft not an integer >= 0 or an accept outside [0, 1], naming it.
+    """
+    if isinstance(draft, bool) or not isinstance(draft, numbers.Integral) or draft < 0:
+        raise InvalidArgumentError(f"expected_accepted_tokens: draft is a count of tokens (an integer >= 0), "
+                                   f"got {draft!r}")
+    p = _number(accept, "expected_accepted_tokens: accept", "a probability (a number from 0 to 1)",
+                lambda x: 0 <= x <= 1)
+    n = int(draft)
+    if p == 1.0:
+        return float(n + 1)
+    return (1.0 - p ** (n + 1)) / (1.0 - p)
+
+
 @dataclass(frozen=True)
 class LayerCost:
     """One layer's KV, in the figures the model needs.
@@ -188,6 +223,9 @@ class StepPrediction:
     measured : bool
         Whether the memory is a measurement of what the step allocates (a dry run of it) rather
         than the model's least.
+    tokens_per_step : float
+        Query tokens each stream brings to the step (predict_step's): one copy of each window
+        serves them all, and compute_seconds is for all of them.
     """
 
     step_seconds: float
@@ -198,6 +236,7 @@ class StepPrediction:
     compute_seconds: float
     input_bytes: Tuple[int, ...] = ()
     measured: bool = False
+    tokens_per_step: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -372,13 +411,15 @@ class _Problem:
     compute: List[float] = field(default_factory=list)      # per layer, on its device
     budget: List[Optional[int]] = field(default_factory=list)  # per device: memory - reserve
     measure: Optional[_Cached] = None
+    tokens_per_step: float = 1.0  # query tokens per stream per step: each layer's compute is this many times its figure
 
     def name(self, d: int) -> str:
         return self.devices[d].name or f"device {d}"
 
 
 def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_device: Optional[Sequence[int]],
-             prefetch: int, max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> _Problem:
+             prefetch: int, max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None,
+             tokens_per_step: float = 1.0) -> _Problem:
     layers = _sequence(layers, "layers", "LayerCost")
     devices = _sequence(devices, "devices", "DeviceSpec")
     if not layers:
@@ -407,8 +448,10 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
         raise InvalidArgumentError(f"residency: max_layers must be None or an integer >= 0, got {max_layers!r}")
     if measure is not None and not callable(measure):
         raise InvalidArgumentError(f"residency: measure must be callable, got {type(measure).__name__}")
+    tokens = _number(tokens_per_step, "residency: tokens_per_step",
+                     "a finite number >= 1 (query tokens per stream per step)", lambda x: x >= 1)
     cached = measure if measure is None or isinstance(measure, _Cached) else _Cached(measure)
-    p = _Problem(layers, devices, dev, prefetch, max_layers, measure=cached)
+    p = _Problem(layers, devices, dev, prefetch, max_layers, measure=cached, tokens_per_step=tokens)
     for d, spec in enumerate(devices):
         if not isinstance(spec, DeviceSpec):
             raise InvalidArgumentError(f"residency: device {d} is not a DeviceSpec but {type(spec).__name__}")
@@ -430,7 +473,9 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
         if not (c >= 0 and math.isfinite(c)):
             raise InvalidArgumentError(f"residency: layer {i}'s compute time on {p.name(dev[i])} must be >= 0, "
                                        f"got {c}")
-        p.compute.append(float(c))
+        # attention's figure is a one-token step's; each query token reads its whole window (token t
+        # of n reads len - n + t + 1 cells, within n of the window), so n tokens take n times as long
+        p.compute.append(float(c) * tokens)
     return p
 
 
@@ -562,12 +607,13 @@ def _prediction(p: _Problem, host: Sequence[bool]) -> StepPrediction:
         step_seconds=_step_time(p, host),
         memory=tuple(r + w + i + s.reserve for r, w, i, s in zip(resident, buffers, inputs, p.devices)),
         resident_bytes=tuple(resident), window_bytes=tuple(buffers), copy_seconds=tuple(copy),
-        compute_seconds=sum(p.compute), input_bytes=tuple(inputs), measured=p.measure is not None)
+        compute_seconds=sum(p.compute), input_bytes=tuple(inputs), measured=p.measure is not None,
+        tokens_per_step=p.tokens_per_step)
 
 
 def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], resident: Sequence[bool],
                  layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
-                 measure: Optional[MeasureMemory] = None) -> StepPrediction:
+                 measure: Optional[MeasureMemory] = None, tokens_per_step: float = 1.0) -> StepPrediction:
     """The model's decode step under a placement: its time and the memory each device holds.
 
     Serial (prefetch 0), a step is the sum over layers of the layer's copies (when it lives in host
@@ -579,6 +625,14 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     are shared between the calling thread (the first, third, ...) and the queue; each part's
     compute starts when its copies have arrived and the part before has computed, one chain across
     all devices.
+
+    Several query tokens per stream (tokens_per_step: a verification of a draft of N tokens brings
+    N + 1, a prefill chunk its length): the step copies each window once for all of them, so the
+    copies are as for one token, and each layer's attention takes tokens_per_step times its
+    compute figure (the figure is a one-token step's, measure_compute's; each token reads its
+    whole window but for the few cells the causal rule keeps from it, so the time is linear in
+    the tokens). The memory figures are the layers' own: their query and output bytes as
+    layers_from_geometry gives them for that many tokens.
 
     Memory per device: its resident layers' K and V (each rounded up to the device's alignment, as the
     cache places them), the scheduler's buffer, the step's own tensors on it (queries, lengths) and
@@ -602,6 +656,9 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
         Parts copied ahead (Scheduler(prefetch=N)); 0: serial.
     measure : callable, optional
         What the step allocates under a placement (MeasureMemory); None: the model's least.
+    tokens_per_step : float, optional
+        Query tokens each stream brings to the step (>= 1; a mean over steps of several sizes is
+        fine, the time being linear in it); 1: a decode step.
 
     Returns
     -------
@@ -610,9 +667,9 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     Raises
     ------
     InvalidArgumentError
-        For inconsistent lengths, indices or figures.
+        For inconsistent lengths, indices or figures, or tokens_per_step below 1.
     """
-    p = _problem(layers, devices, layer_device, prefetch, measure=measure)
+    p = _problem(layers, devices, layer_device, prefetch, measure=measure, tokens_per_step=tokens_per_step)
     resident = _sequence(resident, "resident", "bool")
     if len(resident) != len(p.layers):
         raise InvalidArgumentError(f"predict_step: {len(resident)} entries in resident for {len(p.layers)} layers")
