@@ -100,6 +100,7 @@ PROBES: Dict[str, Any] = {
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
     "--strategy": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
     "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--block-size": "8", "--adjacency": "0.9",
+    "--draft": "2", "--accept": "0.5",
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.
@@ -113,6 +114,7 @@ CONTEXT: Dict[ot.Cond, Tuple[List[str], List[str]]] = {
     ot.SWA_PAIR.conds[0]: (["--swa-window", "8", "--swa-layers", "fs"], []),
     ot.UNIFIED_RUNS.conds[0]: ([], ["--devices", "2"]),
     ot.PAGED.conds[0]: (["--paged"], []),
+    ot.DRAFTED.conds[0]: (["--draft", "2"], []),
 }
 
 WALK = [(verb, o) for verb in WITH_OPTIONS for o in ot.options_of(verb)]
@@ -366,7 +368,8 @@ def test_a_placement_that_is_no_file_says_so(tmp_path: Path, capsys: pytest.Capt
      "-c 2000000000, --head-dim 1000000000, --kv-heads 1000000, --type f16: the cache these sizes give is "
      "too large to lay out (tensor_new: the shape's byte size overflows); give a smaller -c or "
      "--head-dim or --kv-heads"),
-    (["residency-plan", "--head-dim", "1000000000", "-c", "2000000000", "--kv-heads", "1000000", "--compute-us", "1"],
+    (["residency-plan", "--head-dim", "1000000000", "-c", "2000000000", "--kv-heads", "1000000", "--heads", "1000000",
+      "--compute-us", "1"],
      "-c 2000000000, --layers 2, --head-dim 1000000000, --kv-heads 1000000, --type f16: the cache these sizes give is "
      "too large to lay out"),
     (["table", "--head-dim", "2000000000", "-c", "2000000000", "--kv-heads", "2000000000", "-npl", "1"],

@@ -84,6 +84,8 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--trace": st.sampled_from(["TRACE", "/nonexistent/trace.json", "", "/tmp", "/proc/trace.json"]),
     "--block-size": st.sampled_from(["1", "3", "4", "16", "0", "-1", "x", "5000"]),
     "--adjacency": st.sampled_from(["0", "0.5", "0.9", "1", "1.5", "-0.1", "nan", "x", ""]),
+    "--draft": st.sampled_from(["0", "1", "4", "16", "64", "-1", "x", ""]),
+    "--accept": st.sampled_from(["0", "0.5", "0.7", "1", "1.5", "-0.1", "nan", "x", ""]),
 }
 
 
@@ -106,8 +108,9 @@ def option_argv(verb: str) -> st.SearchStrategy[List[str]]:
 #: Per verb, the modes a command line starts in (the options others act only beside), drawn alike.
 MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"], ["--paged"]],
          "plan": [[]], "bench": [[], ["--overlap"], ["--devices", "2"]],
-         "residency-plan": [[], ["--overlap"], ["--devices", "2"]],
-         "residency-bench": [[], ["--overlap"], ["--devices", "2"]], "paged-plan": [[]], "paged-bench": [[]]}
+         "residency-plan": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"]],
+         "residency-bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"]], "paged-plan": [[]],
+         "paged-bench": [[]]}
 
 
 def command_lines(verb: str) -> st.SearchStrategy[List[str]]:
@@ -185,6 +188,9 @@ def run_whole(verb: str) -> Callable[[Any], int]:
 @example(argv=["paged-bench", *TINY["bench"], "--block-size", "3", "--adjacency", "0"])  # issue 36
 @example(argv=["validate", *TINY["validate"], "--paged", "--block-size", "1", "--v-trans"])
 @example(argv=["paged-plan", *TINY["plan"], "--which", "v", "--v-trans", "--adjacency", "1"])
+@example(argv=["residency-bench", *TINY["residency-bench"], "--draft", "4", "--accept", "0.7", "--overlap"])  # issue 43
+@example(argv=["residency-plan", *TINY["residency-plan"], "--draft", "64"])  # more tokens than the stream holds
+@example(argv=["residency-plan", *TINY["residency-plan"], "--kv-heads", "2"])  # 1 query head over 2: seen at 7f9574e
 @settings(max_examples=40 * SCALE, **SETTINGS)
 @given(argv=st.sampled_from(VERBS).flatmap(command_lines))
 def test_what_is_taken_runs_whole(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

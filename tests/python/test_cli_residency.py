@@ -15,10 +15,12 @@ from typing import Any, Dict, List
 
 import pytest
 
+import ferry
 import ferry.errors as ferry_errors
 from conftest import refused
 from ferry.cli import main
-from ferry.residency import DeviceSpec, choose_residency, layers_from_geometry
+from ferry.residency import DeviceSpec, choose_residency, expected_accepted_tokens, layers_from_geometry, predict_step
+from ferry.workloads.common import n_kv_for
 from ferry.workloads.residency_plan import ResidencyModel
 
 # 4 layers of f16, 2 KV heads of 32, n_kv 128 (-npp 120 -ntg 8): each layer's K and V 16 KiB per window
@@ -221,6 +223,103 @@ def test_bench_runs_the_plan_in_the_memory_it_printed(capsys: pytest.CaptureFixt
         assert [d["resident_layers"] for d in row["plan"]["devices"]] == [d["resident_layers"] for d in plan["devices"]]
         assert row["held_bytes"] == [d["memory"] for d in plan["devices"]], (plan, row)
         assert all(d["memory"] <= 6 << 20 for d in plan["devices"])
+
+
+# ------------------------------------------------------------ issue 43: a draft verified a step
+
+DRAFT = ["--draft", "4", "--accept", "0.7"]
+
+
+def test_plan_residency_with_a_draft_prints_its_plan_beside_one_tokens_and_what_changed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The draft's plan (5 query tokens a step, 2.77 kept) beside one token's, and per strategy what
+    changed: prefetching, attention five times as long hides more of the copies, and the planner
+    moves a kept layer to device 0, whose first copy nothing hides."""
+    out = run(["residency-plan", *GEOMETRY, *TWO, "--kv-device-layers", "2", "--overlap", *DRAFT], capsys)
+    assert "a draft of 4 verified a step: 5 query tokens per stream, one copy of each window; 2.77 tokens kept" in out
+    for how in ("serial (prefetch 0)", "prefetching 1 layer(s) ahead"):
+        assert f"{how}, one token a step:" in out and f"{how}, a draft of 4 verified a step (tok/s: tokens kept):" in out
+        assert f"{how}, the draft's plan over one token's:" in out
+    changes = out.split("prefetching 1 layer(s) ahead, the draft's plan over one token's:")[1]
+    assert re.search(r"^auto\s+0: none -> layer 0; 1: layers 2-3 -> layer 2\s", changes, re.M), changes
+    # one copy serves 2.77 tokens kept: 0.37x the bytes per token (the window 4 cells longer, 132 / 128 / 2.77)
+    assert re.search(r"^first\s+the same\s.*\s0\.37x \(64\.0 -> 23\.8 KiB\)$", changes, re.M), changes
+
+
+def test_plan_residency_json_with_a_draft_is_one_tokens_plan_and_the_librarys_draft_plan(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--draft's JSON: the plans without it (draft 0), then the library's plans for 5 query tokens per
+    stream (their queries, outputs and memory for 5 tokens, attention 5 times a token's), tokens/s
+    counting expected_accepted_tokens(4, 0.7) a step."""
+    base = ["residency-plan", *GEOMETRY, *TWO, "--kv-device-layers", "2"]
+    single = run_json(base, capsys)
+    both = run_json(base + DRAFT, capsys)
+    assert [p["draft"] for p in both] == [0] * 4 + [4] * 4
+    assert [{k: v for k, v in p.items() if k != "draft"} for p in both[:4]] == single
+    kept = expected_accepted_tokens(4, 0.7)
+    model = ResidencyModel.of(head_dim=32, n_head_kv=2, n_head=2, n_ctx=256, n_stream=1, n_kv=132,
+                              layer_windows=(None,) * 4, n_devices=2, step_windows=tuple(range(125, 133)), draft=4)
+    layers = model.layers()
+    assert layers == layers_from_geometry("f16", "f16", 32, 2, 256, 1, 132, [None] * 4, n_new=5, n_head=2,
+                                          buffer_type=ferry.StandinBackend().buffer_type)
+    us = 20 * 1e-6  # --compute-us 20 as the model takes it
+    devices = [DeviceSpec(2.45, 0.0, (us,) * 4, None, 0, "device 0"), DeviceSpec(0.33, 0.0, (us,) * 4, None, 0,
+                                                                                 "device 1")]
+    with model.step_memory() as measure:
+        for p in both[4:]:
+            lib = choose_residency(p["strategy"], layers, devices, max_layers=2, measure=measure,
+                                   tokens_per_step=5).as_dict(1, kept)
+            assert {k: v for k, v in p.items() if k not in ("n_kv", "n_ctx", "draft")} == lib
+            assert p["tokens_per_step"] == 5.0 and p["accepted_per_step"] == pytest.approx(2.7731, abs=1e-4)
+            assert p["tokens_per_second"] == pytest.approx(kept / p["step_seconds"]) and p["n_kv"] == 132
+    # the queries and outputs of five tokens take more of each device than one token's
+    assert all(d5["memory"] > d1["memory"] for p1, p5 in zip(both[:4], both[4:])
+               for d1, d5 in zip(p1["devices"], p5["devices"]) if d1["resident_layers"] == d5["resident_layers"])
+
+
+def test_bench_residency_runs_the_drafts_plan_beside_its_prediction(capsys: pytest.CaptureFixture[str]) -> None:
+    """The plans `residency-plan --draft` prints are those `residency-bench --draft` runs: each placement
+    run with 5 query tokens per stream holds the memory its plan printed, and its prediction (given
+    --compute-us: not calibrated) is the mean over the steps of predict_step for 5 tokens at each
+    step's window; tokens/s count the tokens kept."""
+    argv = [*ISSUE, "--strategy", "auto,first", "--draft", "3", "--accept", "0.5"]
+    plans = [p for p in run_json(["residency-plan", *argv], capsys) if p["draft"] == 3]
+    rows = run_json(["residency-bench", *argv, "--repeat", "1"], capsys)
+    assert [(r["strategy"], r["prefetch"]) for r in rows] == [(p["strategy"], p["prefetch"]) for p in plans]
+    kept = expected_accepted_tokens(3, 0.5)
+    from ferry.cli import prepare
+
+    job = prepare(["residency-bench", *argv])[2]
+    model = job.model.at(n_stream=2)  # the geometry the options give
+    assert model.n_tok == 4
+    devices = model.device_specs(model.compute_seconds(), model.links())  # --compute-us 3000: not measured
+    for plan, row in zip(plans, rows):
+        assert [d["resident_layers"] for d in row["plan"]["devices"]] == [d["resident_layers"] for d in plan["devices"]]
+        assert row["held_bytes"] == [d["memory"] for d in plan["devices"]], (plan, row)
+        resident = [any(i in d["resident_layers"] for d in plan["devices"]) for i in range(8)]
+        # step t's stream holds -npp + t + 4 cells, its window rounded up to --pad
+        steps = [predict_step(model.at(n_kv=n_kv_for(256, t + 4, job.pad, 2048)).layers(), devices, resident, None,
+                              plan["prefetch"], tokens_per_step=4).step_seconds for t in range(4)]
+        assert row["predicted_step_s"] == pytest.approx(sum(steps) / 4, rel=1e-12)
+        assert row["measured_tokens_per_s"] == pytest.approx(2 * kept / row["measured_step_s"])
+        assert row["plan"]["accepted_per_step"] == pytest.approx(kept) and row["plan"]["tokens_per_step"] == 4.0
+    assert len({r["output_sha256"] for r in rows}) == 1
+
+
+def test_accept_acts_only_with_a_draft_and_a_draft_must_fit_the_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    for verb in ("residency-plan", "residency-bench"):
+        err = refused([verb, *GEOMETRY, "--compute-us", "20", "--accept", "0.5"], capsys)
+        assert "--accept acts only with a --draft of 1 or more: give --draft N, or leave out --accept" in err
+        err = refused([verb, *GEOMETRY, "--compute-us", "20", "--draft", "129"], capsys)
+        assert "-npl 1: a stream holds 256 cells, fewer than -npp + -ntg + --draft = 257" in err
+        assert "--accept" in refused([verb, *GEOMETRY, "--draft", "2", "--accept", "1.5"], capsys)
+
+
+@pytest.mark.parametrize("verb", ["residency-plan", "residency-bench"])
+def test_query_heads_that_do_not_group_over_the_kv_heads_are_refused_naming_both(
+        verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by the CLI property test at 7f9574e: the dry run's attention refused them, naming no option."""
+    assert "--heads 3 is not a multiple of --kv-heads 2" in refused([verb, *GEOMETRY, "--heads", "3"], capsys)
 
 
 def test_bench_residency_prints_a_row_per_strategy_asked_and_the_outputs_verdict(capsys: pytest.CaptureFixture[str]) -> None:

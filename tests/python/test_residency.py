@@ -40,10 +40,12 @@ def _fits(plan: ferry.residency.ResidencyPlan, devices: Sequence[DeviceSpec]) ->
 
 
 def _enumerate(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], dev: Sequence[int],
-               prefetch: int, max_layers: Optional[int] = None) -> Tuple[Optional[float], List[Tuple[bool, ...]]]:
+               prefetch: int, max_layers: Optional[int] = None,
+               tokens_per_step: float = 1.0) -> Tuple[Optional[float], List[Tuple[bool, ...]]]:
     """The least step time of every placement that fits, and the placements that fit."""
     best, fitting = None, []
-    problem = residency._problem(layers, devices, dev, prefetch)  # predict_step's own, checked once
+    # predict_step's own, checked once
+    problem = residency._problem(layers, devices, dev, prefetch, tokens_per_step=tokens_per_step)
     for resident in itertools.product((False, True), repeat=len(layers)):
         if max_layers is not None and sum(resident) > max_layers:
             continue
@@ -109,6 +111,52 @@ def test_planner_is_the_least_of_every_placement(case: int) -> None:
             continue
         assert _fits(rule, devices), strategy
         assert rule.step_seconds >= plan.step_seconds * (1 - 1e-12), strategy
+
+
+@pytest.mark.parametrize("case", range(0, len(GRID), 2))
+def test_planner_is_the_least_of_every_placement_for_a_drafts_verification(case: int) -> None:
+    """A draft of 4 verified a step (5 query tokens per stream): the planner is still the least of
+    every placement that fits, its prediction is for 5 tokens, and no rule beats it."""
+    layers, devices, dev, prefetch = GRID[case]
+    best, fitting = _enumerate(layers, devices, dev, prefetch, tokens_per_step=5)
+    try:
+        plan = choose_auto(layers, devices, dev, prefetch, tokens_per_step=5)
+    except PlanDoesNotFitError:
+        assert all(not any(r) for r in fitting), (case, fitting[:3])
+        return
+    assert best is not None and plan.prediction.tokens_per_step == 5.0
+    assert plan.step_seconds <= best * (1 + 1e-12), (case, plan.step_seconds, best)
+    assert plan.step_seconds == predict_step(layers, devices, plan.resident, dev, prefetch,
+                                             tokens_per_step=5).step_seconds
+    for strategy in ("first", "round-robin", "slowest-link"):
+        try:
+            rule = choose_residency(strategy, layers, devices, dev, prefetch, tokens_per_step=5)
+        except PlanDoesNotFitError:
+            continue
+        assert rule.prediction.tokens_per_step == 5.0, strategy
+        assert rule.step_seconds >= plan.step_seconds * (1 - 1e-12), strategy
+
+
+def test_a_draft_moves_the_planners_choice_to_the_copy_attention_cannot_hide() -> None:
+    """One device, prefetch 1, one layer kept (max_layers): layer 0's copies take 1 s, layer 1's 3 s.
+    One token (attention 0.5 s a layer): keeping layer 1, layer 0 arrives at 1 and the step ends at
+    2 s; keeping layer 0, layer 1 arrives at 3 and ends at 3.5 s: keep layer 1. Ten tokens (5 s a
+    layer): keeping layer 1 ends at 1 + 10 = 11 s; keeping layer 0, layer 1 arrives at 3 while layer
+    0 computes 0-5, and the step ends at 10 s: keep layer 0, whose copy nothing hides."""
+    layers = [LayerCost((5 * 10**8, 5 * 10**8), MIB), LayerCost((15 * 10**8, 15 * 10**8), MIB)]
+    dev = [DeviceSpec(1.0, 0.0, 0.5)]
+    one = choose_auto(layers, dev, prefetch=1, max_layers=1)
+    ten = choose_auto(layers, dev, prefetch=1, max_layers=1, tokens_per_step=10)
+    assert one.resident == (False, True) and one.step_seconds == pytest.approx(2.0)
+    assert ten.resident == (True, False) and ten.step_seconds == pytest.approx(10.0)
+    assert predict_step(layers, dev, one.resident, prefetch=1, tokens_per_step=10).step_seconds == pytest.approx(11.0)
+    # the plan's tokens/s count the tokens kept, not the step's query tokens
+    assert ten.tokens_per_second(2, accepted=2.5) == pytest.approx(2 * 2.5 / 10.0)
+    data = ten.as_dict(2, 2.5)
+    assert data["tokens_per_step"] == 10.0 and data["accepted_per_step"] == 2.5
+    assert data["tokens_per_second"] == pytest.approx(0.5)
+    with pytest.raises(ferry.InvalidArgumentError, match="tokens_per_second: accepted is a finite number of tokens > 0"):
+        ten.tokens_per_second(1, accepted=0)
 
 
 def test_grid_has_what_it_claims() -> None:

@@ -2,6 +2,8 @@
 devices of exactly the memory it was given (no out-of-memory error), at any prefetch depth, for every
 strategy; the memory the plan states is what the run's devices hold, to the byte (beside the
 reserve, which nothing allocates); and the model's least (no measurement) is never more than that.
+Steps of one token, and verifications of a draft (4 query tokens per stream: their queries, outputs
+and own cells in the plan's memory) alike.
 
 The runs go through the bench's own code (ferry.workloads.residency_bench.run_residency) with a small
 cache and one or two steps, so that they are quick."""
@@ -30,7 +32,8 @@ def configurations(draw: st.DrawFn) -> Tuple[ResidencyModel, int, int, int]:
     n_ctx = draw(st.sampled_from((256, 512, 1024)))
     kv_size = n_ctx // npl
     ntg = draw(st.integers(1, 2))
-    npp = draw(st.integers(1, kv_size - ntg))
+    draft = draw(st.sampled_from((0, 0, 3)))  # a draft of 3 verified a step: 4 query tokens per stream
+    npp = draw(st.integers(1, kv_size - ntg - draft))
     windows = tuple(draw(st.sampled_from((None, None, 16, 100))) for _ in range(n_layer))
     layer_devices = None
     if n_devices > 1 and draw(st.booleans()):
@@ -50,7 +53,7 @@ def configurations(draw: st.DrawFn) -> Tuple[ResidencyModel, int, int, int]:
                               compact=draw(st.booleans()), n_devices=n_devices,
                               link_gbps=links, latency_us=(draw(st.sampled_from((0.0, 20.0))),), memory=memory,
                               reserve=reserve, compute_us=draw(st.sampled_from((2.0, 50.0, 400.0))),
-                              layer_devices=layer_devices)
+                              layer_devices=layer_devices, draft=draft)
     return model, npl, npp, ntg
 
 
@@ -77,14 +80,15 @@ def _least_is_below_measured(model: ResidencyModel, npl: int, npp: int, ntg: int
     """The model's least (no measurement) never exceeds the measured memory, device by device, for
     the plan's placement and for every layer in host memory."""
     kv_size = model.windows.n_ctx // npl
-    m = model.at(n_stream=npl, n_kv=run_windows(npp, ntg, 1, kv_size)[-1],
-                 step_windows=run_windows(npp, ntg, 1, kv_size), prefetch=prefetch)
+    windows = run_windows(npp, ntg, 1, kv_size, model.n_tok)
+    m = model.at(n_stream=npl, n_kv=windows[-1], step_windows=windows, prefetch=prefetch)
     layers = m.layers()
     devices = m.device_specs((1e-6,) * m.n_layer, (1.0,) * m.devices.n_devices)
     with m.step_memory() as measure:
         for resident in (plan.resident, (False,) * m.n_layer):
-            least = predict_step(layers, devices, resident, m.devices.layer_devices, prefetch)
-            measured = predict_step(layers, devices, resident, m.devices.layer_devices, prefetch, measure)
+            least = predict_step(layers, devices, resident, m.devices.layer_devices, prefetch, tokens_per_step=m.n_tok)
+            measured = predict_step(layers, devices, resident, m.devices.layer_devices, prefetch, measure,
+                                    tokens_per_step=m.n_tok)
             assert not least.measured and measured.measured
             assert all(a <= b for a, b in zip(least.memory, measured.memory)), (least, measured)
             assert least.resident_bytes == measured.resident_bytes
@@ -100,6 +104,7 @@ ISSUE = (ResidencyModel.of(head_dim=64, n_head_kv=2, n_head=8, n_ctx=4096, layer
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=configurations())
 @example(config=ISSUE)
+@example(config=(ISSUE[0].at(draft=3), *ISSUE[1:]))  # issue 43: a draft of 3 verified a step
 def test_a_plan_runs_in_the_memory_it_was_given(config: Tuple[ResidencyModel, int, int, int], prefetch: int) -> None:
     """Each strategy's plan runs on stand-ins of the budgets it was planned for; then on budgets of
     exactly the memory that plan states (as tight as the plan claims to be), the plan made there runs

@@ -103,6 +103,7 @@ TABLE_OUT = when("without --json", lambda a: not a.json, "leave out --json")
 SWA_PAIR = when("with both --swa-window and --swa-layers",
                 lambda a: a.swa_window is not None and a.swa_layers is not None, "give both")
 PAGED = when("with --paged", lambda a: a.paged, "give --paged")
+DRAFTED = when("with a --draft of 1 or more", lambda a: a.draft > 0, "give --draft N")
 UNIFIED_RUNS = when("on one device with all KV on the host",
                     lambda a: a.devices == 1 and a.kv_device_layers is None and a.placement is None,
                     "leave out --devices, --kv-device-layers and --placement")
@@ -372,6 +373,11 @@ OPTIONS: Tuple[Option, ...] = (
          _all(RESIDENCY_VERBS), RESIDENCY_GROUP,
          type=argument_type(one_float("--compute-us", 0.0, 1e9), "number from 0 to 1e9"), metavar="U",
          default_text="measured"),
+    _opt(["--draft"], "each step verifies a draft of N tokens: N + 1 per stream, one copy",
+         _all(RESIDENCY_VERBS), RESIDENCY_GROUP, type=count(0), default=0, metavar="N"),
+    _opt(["--accept"], "each draft token's acceptance; tokens/s count those kept",
+         _all(RESIDENCY_VERBS, DRAFTED), RESIDENCY_GROUP,
+         type=argument_type(one_float("--accept", 0.0, 1.0), "number from 0 to 1"), metavar="P", default=0.7),
     # output
     _opt(["--json"], "a JSON list of objects instead of text", _all(ALL), OUTPUT, action="store_true"),
     _opt(["--wide"], "every figure (times, bandwidth, memory), wider than 100 columns",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import InvalidArgumentError
-from ..residency import ResidencyPlan
+from ..residency import LayerCost, ResidencyPlan
 from ..workloads.common import n_kv_for, prefetch_depths
 from ..workloads.devices import naming_device_memory
 from ..workloads.model_file import ModelGeometry
@@ -47,7 +47,8 @@ def model_from_args(args: argparse.Namespace, g: Optional[ModelGeometry]) -> Res
                              link_gbps=args.link_gbps or (), latency_us=args.latency_us or (),
                              memory=args.device_memory or (), reserve=args.reserve or (),
                              compute_slowdown=args.compute_slowdown or (), compute_us=args.compute_us,
-                             layer_devices=args.layer_devices, max_layers=args.kv_device_layers)
+                             layer_devices=args.layer_devices, max_layers=args.kv_device_layers,
+                             draft=args.draft, accept=args.accept)
 
 
 def _describe_model(m: ResidencyModel) -> str:
@@ -78,10 +79,10 @@ def _memory(p: ResidencyPlan, d: int) -> str:
     return fmt_mib(p.memory[d]) + ("" if budget is None else f" / {fmt_mib(budget)}")
 
 
-def format_plans(plans: Sequence[ResidencyPlan], npl: int) -> List[str]:
-    """The lines of one table of plans (one prefetch depth): per strategy its step time, tokens/s,
-    step over the planner's, and per device its resident layers and memory (of its budget), with a
-    line saying what the memory counts."""
+def format_plans(plans: Sequence[ResidencyPlan], npl: int, accepted: float = 1.0) -> List[str]:
+    """The lines of one table of plans (one prefetch depth): per strategy its step time, tokens/s
+    (npl sequences keeping `accepted` tokens a step), step over the planner's, and per device its
+    resident layers and memory (of its budget), with a line saying what the memory counts."""
     auto = next((p for p in plans if p.strategy == "auto"), None)
     n_dev = len(plans[0].budgets)
     head = ["strategy", "step", "tok/s", "/ auto"]
@@ -89,7 +90,7 @@ def format_plans(plans: Sequence[ResidencyPlan], npl: int) -> List[str]:
         head += [f"dev {d} resident", f"dev {d} memory"]
     body = []
     for p in plans:
-        row = [p.strategy, fmt_seconds(p.step_seconds), fmt_tps_digits(p.tokens_per_second(npl)),
+        row = [p.strategy, fmt_seconds(p.step_seconds), fmt_tps_digits(p.tokens_per_second(npl, accepted)),
                f"{p.step_seconds / auto.step_seconds:.2f}x" if auto and auto.step_seconds > 0 else "-"]
         for d in range(n_dev):
             row += [fmt_layers(p.resident_layers(d)), _memory(p, d)]
@@ -105,6 +106,39 @@ def format_plans(plans: Sequence[ResidencyPlan], npl: int) -> List[str]:
                                  "(docs/design.md)" if not math.isinf(auto.bound) else
                                  "the search stopped at its limit"))
     return lines
+
+
+def copied_per_token(plan: ResidencyPlan, layers: Sequence[LayerCost], npl: int, accepted: float) -> float:
+    """Bytes the plan's step copies (its host layers' windows) per token kept: over npl sequences
+    keeping `accepted` tokens each."""
+    copied = sum(layer.window_bytes for layer, r in zip(layers, plan.resident) if not r)
+    return copied / (npl * accepted)
+
+
+def format_draft_changes(one: Sequence[ResidencyPlan], drafted: Sequence[ResidencyPlan],
+                         one_layers: Sequence[LayerCost], draft_layers: Sequence[LayerCost], npl: int,
+                         accepted: float) -> List[str]:
+    """The lines saying, per strategy, how its plan for a draft's verification differs from its plan for
+    one token a step: the layers it keeps, the step, tokens/s (tokens kept) and the bytes copied per
+    token kept, each the draft's over one token's."""
+    head = ["strategy", "layers kept", "step", "tok/s", "copied per token"]
+    body = []
+    for a, b in zip(one, drafted):
+        same = a.resident == b.resident
+        kept = "the same" if same else "; ".join(f"{d}: {fmt_layers(a.resident_layers(d))} -> "
+                                               f"{fmt_layers(b.resident_layers(d))}" for d in range(len(a.budgets))
+                                               if a.resident_layers(d) != b.resident_layers(d))
+        bytes_a = copied_per_token(a, one_layers, npl, 1.0)
+        bytes_b = copied_per_token(b, draft_layers, npl, accepted)
+        ratio = f"{bytes_b / bytes_a:.2f}x" if bytes_a > 0 else "-"
+        body.append([a.strategy, kept, _ratio(b.step_seconds, a.step_seconds),
+                     _ratio(b.tokens_per_second(npl, accepted), a.tokens_per_second(npl)),
+                     f"{ratio} ({bytes_a / 1024:,.1f} -> {bytes_b / 1024:,.1f} KiB)"])
+    return format_table([head, *body], left=(0, 1))
+
+
+def _ratio(x: float, y: float) -> str:
+    return f"{x / y:.2f}x" if y > 0 and math.isfinite(x) and math.isfinite(y) else "-"
 
 
 @dataclass(frozen=True)
@@ -130,6 +164,9 @@ def _checked_model(args: argparse.Namespace, g: Optional[ModelGeometry]) -> Resi
     for npl in args.npl:
         if args.c % npl:
             raise InvalidArgumentError(f"-npl {npl}: -c {args.c} is not a multiple of it")
+        if args.draft and args.npp + args.ntg + args.draft > args.c // npl:
+            raise InvalidArgumentError(f"-npl {npl}: a stream holds {args.c // npl} cells, fewer than -npp + -ntg + "
+                                       f"--draft = {args.npp + args.ntg + args.draft}: lower --draft or raise -c")
     return model
 
 
@@ -157,10 +194,11 @@ def run_plan(j: PlanJob) -> int:
     links = model.links()
     out: List[Dict[str, object]] = []
     text: List[str] = []
+    draft = model.planner.draft
     for npl in j.npl:
         kv_size = model.windows.n_ctx // npl
-        n_kv = n_kv_for(j.npp, j.ntg, j.pad, kv_size)
-        m = model.at(n_stream=npl, n_kv=n_kv, step_windows=run_windows(j.npp, j.ntg, j.pad, kv_size))
+        n_kv = n_kv_for(j.npp, j.ntg + draft, j.pad, kv_size)
+        m = model.at(n_stream=npl, n_kv=n_kv, step_windows=run_windows(j.npp, j.ntg, j.pad, kv_size, model.n_tok))
         m.check()
         compute = m.compute_seconds()
         devices = m.device_specs(compute, links)
@@ -172,11 +210,29 @@ def run_plan(j: PlanJob) -> int:
                  *_describe_devices(m, links)]
         if m.planner.max_layers is not None:
             text.append(f"  at most {m.planner.max_layers} layers resident (--kv-device-layers)")
+        if draft:
+            text.append(f"  a draft of {draft} verified a step: {m.n_tok} query tokens per stream, one copy of each "
+                        f"window; {m.accepted_per_step:.2f} tokens kept a step, expected (--accept "
+                        f"{m.planner.accept:g}); attention {m.n_tok}x a token's")
+            one_n_kv = n_kv_for(j.npp, j.ntg, j.pad, kv_size)
+            one = m.at(draft=0, n_kv=one_n_kv, step_windows=run_windows(j.npp, j.ntg, j.pad, kv_size))
+            one_layers = one.layers()
         for depth in j.depths:
+            how = "serial (prefetch 0)" if depth == 0 else f"prefetching {depth} layer(s) ahead"
             plans = m.at(prefetch=depth).plans(j.strategies, devices, layers)
-            out += [{**p.as_dict(npl), "n_kv": n_kv, "n_ctx": m.windows.n_ctx} for p in plans]
-            text += ["", "serial (prefetch 0):" if depth == 0 else f"prefetching {depth} layer(s) ahead:",
-                     *format_plans(plans, npl)]
+            if draft:
+                singles = one.at(prefetch=depth).plans(j.strategies, devices, one_layers)
+                out += [{**p.as_dict(npl), "n_kv": one_n_kv, "n_ctx": m.windows.n_ctx, "draft": 0} for p in singles]
+                out += [{**p.as_dict(npl, m.accepted_per_step), "n_kv": n_kv, "n_ctx": m.windows.n_ctx,
+                         "draft": draft} for p in plans]
+                text += ["", f"{how}, one token a step:", *format_plans(singles, npl),
+                         "", f"{how}, a draft of {draft} verified a step (tok/s: tokens kept):",
+                         *format_plans(plans, npl, m.accepted_per_step),
+                         "", f"{how}, the draft's plan over one token's:",
+                         *format_draft_changes(singles, plans, one_layers, layers, npl, m.accepted_per_step)]
+            else:
+                out += [{**p.as_dict(npl), "n_kv": n_kv, "n_ctx": m.windows.n_ctx} for p in plans]
+                text += ["", f"{how}:", *format_plans(plans, npl)]
         text.append("")
     print(json.dumps(out, indent=2) if j.json else "\n".join(text).rstrip())
     return 0
@@ -197,6 +253,10 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
              "turns",
              "predicted: the model's step (ferry.residency.predict_step), the mean over the steps; its compute "
              "figure measured on the stand-in and scaled by an every-layer-resident run taking turns with these"]
+    if model.planner.draft:
+        lines.append(f"each step verifies a draft of {model.planner.draft}: {model.n_tok} query tokens per stream, one "
+                     f"copy of each window; tok/s count {model.accepted_per_step:.2f} tokens kept a step, expected "
+                     f"(--accept {model.planner.accept:g})")
     for n in npl:
         rows = [r for r in res.rows if r.npl == n]
         per = ", ".join(fmt_seconds(c) for c in sorted(set(res.compute_s[n])))
@@ -208,7 +268,7 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
             resident = "; ".join(f"{d}: {fmt_layers(r.plan.resident_layers(d))}" for d in range(len(r.plan.budgets)))
             body.append([r.strategy, str(r.plan.prefetch), resident, fmt_seconds(r.run.predicted_step_s),
                          _spread(r.run.spread), fmt_seconds(r.run.fastest_step_s), f"{r.run.ratio:.2f}x",
-                         fmt_tps_digits(n / r.run.measured_step_s)])
+                         fmt_tps_digits(n * r.accepted / r.run.measured_step_s)])
         lines += format_table([head, *body], left=(0, 2))
         same = "identical" if res.outputs_identical(n) else "DIFFERENT"
         lines.append(f"attention outputs {same} across the placements")
@@ -241,7 +301,7 @@ def bench_job(args: argparse.Namespace, g: Optional[ModelGeometry]) -> BenchJob:
     """
     model = _checked_model(args, g)
     for npl in args.npl:
-        if args.npp + args.ntg > args.c // npl:
+        if args.npp + args.ntg > args.c // npl:  # with a --draft, _checked_model refused it
             raise InvalidArgumentError(f"-npl {npl}: a stream holds {args.c // npl} cells, fewer than -npp + -ntg = "
                                        f"{args.npp + args.ntg}")
     return BenchJob(model, tuple(args.strategy), tuple(args.npl), args.npp, args.ntg, args.pad,

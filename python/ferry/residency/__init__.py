@@ -50,7 +50,8 @@ _RULES: Dict[str, Callable[..., ResidencyPlan]] = {
 
 def choose_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                    layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
-                   max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
+                   max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None,
+                   tokens_per_step: float = 1.0) -> ResidencyPlan:
     """The placement a strategy chooses, with its prediction.
 
     Parameters
@@ -66,6 +67,9 @@ def choose_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequen
         What the step allocates on each device under a placement (MeasureMemory; StepMemory
         measures it): a placement fits when that fits, and the plan's memory is it. None: the
         model's least (predict_step), which the allocator may exceed.
+    tokens_per_step : float, optional
+        Query tokens per stream per step (a draft's verification: draft + 1), as predict_step
+        takes it.
 
     Returns
     -------
@@ -80,4 +84,5 @@ def choose_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequen
     """
     if not isinstance(strategy, str) or strategy not in _RULES:
         raise InvalidArgumentError(f"choose_residency: unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
-    return _RULES[strategy](layers, devices, layer_device, prefetch, max_layers, measure=measure)
+    return _RULES[strategy](layers, devices, layer_device, prefetch, max_layers, measure=measure,
+                            tokens_per_step=tokens_per_step)

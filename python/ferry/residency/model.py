@@ -284,21 +284,31 @@ class ResidencyPlan:
         with a measurement (prediction.measured), what a run of the plan holds beside its reserve."""
         return self.prediction.memory
 
-    def tokens_per_second(self, npl: int = 1) -> float:
-        """Tokens a second the prediction gives: npl sequences, one token each per step.
+    def tokens_per_second(self, npl: int = 1, accepted: float = 1.0) -> float:
+        """Tokens a second the prediction gives: npl sequences, each keeping `accepted` tokens a step.
 
         Parameters
         ----------
         npl : int, optional
             Sequences decoded together.
+        accepted : float, optional
+            Tokens each sequence keeps per step: 1 for decode; for a draft's verification the
+            expected accepted prefix and the target's token (expected_accepted_tokens), fewer than
+            the step's query tokens (prediction.tokens_per_step).
 
         Returns
         -------
         float
+
+        Raises
+        ------
+        InvalidArgumentError
+            For an npl not a positive integer, or accepted not a finite number > 0.
         """
         if not isinstance(npl, int) or isinstance(npl, bool) or npl < 1:
             raise InvalidArgumentError(f"tokens_per_second: npl must be a positive integer, got {npl!r}")
-        return npl / self.step_seconds if self.step_seconds > 0 else math.inf
+        kept = _number(accepted, "tokens_per_second: accepted", "a finite number of tokens > 0", lambda x: x > 0)
+        return npl * kept / self.step_seconds if self.step_seconds > 0 else math.inf
 
     def resident_layers(self, device: Optional[int] = None) -> List[int]:
         """The resident layers, of one device or of all.
@@ -315,14 +325,17 @@ class ResidencyPlan:
         return [i for i, r in enumerate(self.resident)
                 if r and (device is None or self.layer_device[i] == device)]
 
-    def as_dict(self, npl: int = 1) -> Dict[str, object]:
+    def as_dict(self, npl: int = 1, accepted: float = 1.0) -> Dict[str, object]:
         """The plan as data (what a --json output prints): per device its resident layers and
-        predicted memory, beside the step time and tokens/s for npl sequences.
+        predicted memory, beside the step time, the step's query tokens per stream, the tokens kept
+        per step and tokens/s for npl sequences.
 
         Parameters
         ----------
         npl : int, optional
             Sequences decoded together, for tokens_per_second.
+        accepted : float, optional
+            Tokens each sequence keeps per step, for tokens_per_second.
 
         Returns
         -------
@@ -331,7 +344,8 @@ class ResidencyPlan:
         pred = self.prediction
         return {
             "strategy": self.strategy, "prefetch": self.prefetch, "step_seconds": pred.step_seconds,
-            "tokens_per_second": self.tokens_per_second(npl), "npl": npl, "exact": self.exact,
+            "tokens_per_step": pred.tokens_per_step, "accepted_per_step": accepted,
+            "tokens_per_second": self.tokens_per_second(npl, accepted), "npl": npl, "exact": self.exact,
             "bound": None if math.isinf(self.bound) else self.bound, "memory_measured": pred.measured,
             "devices": [{"resident_layers": self.resident_layers(d), "memory": pred.memory[d],
                          "resident_bytes": pred.resident_bytes[d], "window_bytes": pred.window_bytes[d],

@@ -201,7 +201,7 @@ def _branch_and_bound(p: _Problem, incumbent: List[bool], limit: int) -> Tuple[L
 def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
               layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
               max_layers: Optional[int] = None, search_limit: int = DEFAULT_SEARCH_LIMIT,
-              measure: Optional[MeasureMemory] = None) -> ResidencyPlan:
+              measure: Optional[MeasureMemory] = None, tokens_per_step: float = 1.0) -> ResidencyPlan:
     """``auto``: the placement with the least predicted step time within every device's budget.
 
     Serial (prefetch 0) it is exact at any size where the enumeration's optimum fits: each device's
@@ -224,6 +224,9 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     measure : callable, optional
         What the step allocates under a placement (MeasureMemory, e.g. StepMemory); a plan fits
         when that fits. None: the model's least.
+    tokens_per_step : float, optional
+        Query tokens per stream per step, as predict_step takes it: the copies stay, attention
+        grows with them, so prefetching hides more of the copies behind it.
 
     Returns
     -------
@@ -234,7 +237,7 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     PlanDoesNotFitError
         When a device cannot hold its split's window copies, or no layer fits.
     """
-    p = _problem(layers, devices, layer_device, prefetch, max_layers, measure)
+    p = _problem(layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step)
     _check_windows_fit(p)
     if p.prefetch == 0:
         host = _serial_best(p, 1, KIND_LIMIT, p.max_layers)
@@ -248,7 +251,7 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     for rule in (choose_first, choose_round_robin, choose_slowest_link):
         try:
             seeds.append([not r for r in rule(layers, devices, layer_device, prefetch, max_layers,
-                                               measure=p.measure).resident])
+                                               measure=p.measure, tokens_per_step=tokens_per_step).resident])
         except PlanDoesNotFitError:
             pass
     feasible = [s for s in seeds if _fits(p, s)]

@@ -25,6 +25,12 @@ greatest, the mean over the steps of each step's fastest repetition, and the pre
 mean over the steps of the model's step time for that step's window. Outputs of every
 placement are hashed (sha256 over every output of every step of the warm-up): a placement
 changes where bytes live, never what attention computes.
+
+A draft (ResidencyModel's planner.draft N): each step verifies N + 1 query tokens per stream
+over windows copied once, its stream holding npp + step + N + 1 cells (the kept prefix grows a
+cell a step, as a decode run's does: a step's time depends on its tokens and its window, not on
+which of them are accepted), and both are predicted with predict_step(tokens_per_step=N + 1).
+Tokens/s count the tokens a step keeps, expected (ferry.residency.expected_accepted_tokens).
 """
 
 from __future__ import annotations
@@ -147,7 +153,7 @@ class _Run:
                 for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
                     t.set(_values(t, g.type_kv, n_embd, (seed, layer, which == "v")))
             rng = np.random.default_rng([seed, 1 << 20])
-            self.q = [Tensor.from_numpy(on[i], rng.uniform(-1, 1, (n_stream, 1, g.n_head, g.head_dim))
+            self.q = [Tensor.from_numpy(on[i], rng.uniform(-1, 1, (n_stream, m.n_tok, g.n_head, g.head_dim))
                                         .astype(np.float32), name=f"q{i}") for i in range(m.n_layer)]
             self.kv_len = Tensor.from_numpy(self.devices[0], np.zeros(n_stream, np.int32), name="kv_len")
             self.on = on if cfg.n_devices > 1 else self.devices[0]
@@ -166,8 +172,8 @@ class _Run:
         return attention_step(self.sched, self.on, self.kv.windows(n_kv), self.q, self.kv_len, self.model.kv.v_trans)
 
     def n_kv(self, step: int) -> int:
-        """The full layers' window at a step (0..ntg-1)."""
-        return n_kv_for(self.npp, step + 1, self.pad, self.model.kv_size)
+        """The full layers' window at a step (0..ntg-1): its stream's npp + step + n_tok cells."""
+        return n_kv_for(self.npp, step + self.model.n_tok, self.pad, self.model.kv_size)
 
     def repetition(self, timed: bool, on_step: Optional[OnStep]) -> None:
         assert self.sched is not None
@@ -175,7 +181,7 @@ class _Run:
         digest = hashlib.sha256()
         for t in range(self.ntg):
             graph = self.graphs.get(self.n_kv(t))
-            self.kv_len.set(np.full(self.model.windows.n_stream, self.npp + t + 1, np.int32))
+            self.kv_len.set(np.full(self.model.windows.n_stream, self.npp + t + self.model.n_tok, np.int32))
             t0 = time.perf_counter()
             self.sched.compute(graph)
             times.append(time.perf_counter() - t0)
@@ -208,14 +214,16 @@ class _Run:
 
 def _predicted(model: ResidencyModel, devices: Sequence[DeviceSpec], placement: Placement, npp: int, ntg: int,
                pad: int, layers_at: Dict[int, object]) -> float:
-    """The mean over the steps of the model's step time for each step's window."""
+    """The mean over the steps of the model's step time for each step's window (n_tok query tokens per
+    stream)."""
     total = 0.0
     for t in range(ntg):
-        n_kv = n_kv_for(npp, t + 1, pad, model.kv_size)
+        n_kv = n_kv_for(npp, t + model.n_tok, pad, model.kv_size)
         if n_kv not in layers_at:
             layers_at[n_kv] = model.at(n_kv=n_kv).layers()
         total += predict_step(layers_at[n_kv], devices, placement.resident,  # type: ignore[arg-type]
-                              model.devices.layer_devices, placement.prefetch).step_seconds
+                              model.devices.layer_devices, placement.prefetch,
+                              tokens_per_step=model.n_tok).step_seconds
     return total / ntg
 
 
@@ -294,9 +302,9 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
     if repeat < 1 or ntg < 1 or npp < 1:
         raise InvalidArgumentError(f"residency run: repeat, -ntg and -npp must be positive, got {repeat}, {ntg}, "
                                    f"{npp}")
-    if npp + ntg > model.kv_size:
-        raise InvalidArgumentError(f"residency run: a stream holds {model.kv_size} cells, fewer than -npp + -ntg = "
-                                   f"{npp + ntg}")
+    if npp + ntg + model.planner.draft > model.kv_size:
+        raise InvalidArgumentError(f"residency run: a stream holds {model.kv_size} cells, fewer than -npp + -ntg"
+                                   f"{' + --draft' if model.planner.draft else ''} = {npp + ntg + model.planner.draft}")
     for p in placements:
         if len(p.resident) != model.n_layer:
             raise InvalidArgumentError(f"residency run: placement {p.name} has {len(p.resident)} entries for "
@@ -359,6 +367,7 @@ class ResidencyRow:
     npl: int
     plan: ResidencyPlan
     run: PlacementRun
+    accepted: float = 1.0  # tokens each sequence keeps per step (ResidencyModel.accepted_per_step)
 
     @property
     def strategy(self) -> str:
@@ -368,18 +377,19 @@ class ResidencyRow:
     def as_dict(self) -> Dict[str, object]:
         """The row as `ferry residency-bench --json` writes it: the plan (ResidencyPlan.as_dict, its
         step time the model's for the last step's window), the prediction and measurement per step
-        (the mean over the steps), their ratio and the spread over repetitions."""
+        (the mean over the steps), their ratio and the spread over repetitions; tokens/s count the
+        tokens kept (`accepted` a step per sequence)."""
         median, least, most = self.run.spread
         return {"npl": self.npl, "strategy": self.strategy, "prefetch": self.plan.prefetch,
                 "predicted_step_s": self.run.predicted_step_s, "measured_step_s": median,
                 "measured_step_s_min": least, "measured_step_s_max": most,
                 "fastest_step_s": self.run.fastest_step_s, "ratio": self.run.ratio,
-                "measured_tokens_per_s": self.npl / median if median > 0 else None,
-                "predicted_tokens_per_s": self.npl / self.run.predicted_step_s
+                "measured_tokens_per_s": self.npl * self.accepted / median if median > 0 else None,
+                "predicted_tokens_per_s": self.npl * self.accepted / self.run.predicted_step_s
                 if self.run.predicted_step_s > 0 else None,
                 "repeats": len(self.run.step_s), "output_sha256": self.run.output_sha256,
                 "held_bytes": list(self.run.held_bytes),
-                "plan": self.plan.as_dict(self.npl)}
+                "plan": self.plan.as_dict(self.npl, self.accepted)}
 
 
 @dataclass
@@ -444,8 +454,8 @@ def run_residency(model: ResidencyModel, strategies: Sequence[str], npl: Sequenc
         n_ctx = model.windows.n_ctx
         if n_ctx % n:
             raise InvalidArgumentError(f"-npl {n}: -c {n_ctx} is not a multiple of it")
-        m = model.at(n_stream=n, n_kv=n_kv_for(npp, ntg, pad, n_ctx // n),
-                     step_windows=run_windows(npp, ntg, pad, n_ctx // n))
+        m = model.at(n_stream=n, n_kv=n_kv_for(npp, ntg + model.planner.draft, pad, n_ctx // n),
+                     step_windows=run_windows(npp, ntg, pad, n_ctx // n, model.n_tok))
         m.check()
         compute[n] = m.compute_seconds()
         if calibrate and m.planner.compute_us is None:
@@ -457,5 +467,5 @@ def run_residency(model: ResidencyModel, strategies: Sequence[str], npl: Sequenc
                                 resident=p.resident, prefetch=p.prefetch) for p in plans]
         runs = measure_placements(m, placements, devices, npp, ntg, pad, repeat, seed, on_step,
                                   calibrate=calibrate and m.planner.compute_us is None)
-        rows += [ResidencyRow(npl=n, plan=p, run=r) for p, r in zip(plans, runs)]
+        rows += [ResidencyRow(npl=n, plan=p, run=r, accepted=m.accepted_per_step) for p, r in zip(plans, runs)]
     return ResidencyResult(rows=rows, compute_s=compute, links=links)

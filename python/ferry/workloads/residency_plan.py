@@ -14,6 +14,12 @@ computes F times as long. Each strategy (ferry.residency's planner "auto" and th
 "first", "round-robin", "slowest-link") then chooses its placement, and the model predicts its
 step time, tokens/s and memory per device. What the model leaves out is in docs/design.md
 ("Which layers to keep").
+
+With a draft of N tokens verified per step (planner.draft, planner.accept), a step brings N + 1
+query tokens per stream: their queries, outputs and new cells are the layers' figures, each
+window is copied once for all of them and attention takes N + 1 times its one-token figure
+(ferry.residency.predict_step's tokens_per_step), and tokens/s count the tokens a step keeps,
+expected_accepted_tokens(N, P) of them (docs/design.md, "Several tokens per copy").
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from ..residency import (
     ResidencyPlan,
     StepMemory,
     choose_residency,
+    expected_accepted_tokens,
     layers_from_geometry,
     measure_compute,
     predict_step,
@@ -41,12 +48,14 @@ from .devices import DeviceConfig, standin_link
 __all__ = ["PlannerOptions", "ResidencyModel", "Windows", "check_strategies", "per_device", "run_windows"]
 
 
-def run_windows(npp: int, ntg: int, pad: int, kv_size: int) -> Tuple[int, ...]:
+def run_windows(npp: int, ntg: int, pad: int, kv_size: int, n_tok: int = 1) -> Tuple[int, ...]:
     """The full layers' window (n_kv) of each step of a run of -ntg steps after an -npp prompt, in order,
-    each once (a run's steps reuse a graph while their padded window holds)."""
+    each once (a run's steps reuse a graph while their padded window holds). A step of n_tok query
+    tokens per stream (a draft's verification) reads its n_tok new cells: step t's stream holds
+    npp + t + n_tok cells (the kept prefix grows a cell a step, as a decode run's does)."""
     out: List[int] = []
     for t in range(ntg):
-        n_kv = n_kv_for(npp, t + 1, pad, kv_size)
+        n_kv = n_kv_for(npp, t + n_tok, pad, kv_size)
         if not out or out[-1] != n_kv:
             out.append(n_kv)
     return tuple(out)
@@ -115,6 +124,12 @@ class PlannerOptions:
         Microseconds one layer's attention takes on the host; None: measured on the stand-in.
     max_layers : int or None
         At most this many layers resident, all devices together (--kv-device-layers).
+    draft : int
+        Draft tokens each step verifies (--draft): a step brings draft + 1 query tokens per stream,
+        one copy of each window for all of them; 0: decode, one token.
+    accept : float
+        Each draft token's acceptance probability (--accept): the tokens a step keeps are
+        expected_accepted_tokens(draft, accept).
     """
 
     reserve: Tuple[int, ...] = ()
@@ -122,6 +137,8 @@ class PlannerOptions:
     prefetch: int = 0
     compute_us: Optional[float] = None
     max_layers: Optional[int] = None
+    draft: int = 0
+    accept: float = 1.0
 
 
 #: ResidencyModel's groups of options, by field name.
@@ -199,6 +216,8 @@ class ResidencyModel:
                                        f"{self.n_layer} layers: give one per layer")
         if d.n_devices < 1:
             raise InvalidArgumentError(f"--devices must be a positive integer, got {d.n_devices!r}")
+        if self.kv.n_head_kv < 1 or self.kv.n_head % self.kv.n_head_kv:  # refused here, not by the dry run's step
+            raise InvalidArgumentError(f"--heads {self.kv.n_head} is not a multiple of --kv-heads {self.kv.n_head_kv}")
         if d.placement is not None or d.kv_device_layers is not None or d.row_ns:
             raise InvalidArgumentError("residency: the planner places the KV on stand-ins without a row cost: leave "
                                        "devices.placement, devices.kv_device_layers and devices.row_ns unset "
@@ -211,9 +230,23 @@ class ResidencyModel:
             raise InvalidArgumentError(f"--kv-device-layers {p.max_layers}: the model has {self.n_layer} layers")
         if p.compute_us is not None and not p.compute_us >= 0:
             raise InvalidArgumentError(f"--compute-us must be >= 0, got {p.compute_us}")
+        if isinstance(p.draft, bool) or not isinstance(p.draft, int) or p.draft < 0:
+            raise InvalidArgumentError(f"--draft must be an integer >= 0, got {p.draft!r}")
+        if not 0 <= p.accept <= 1:
+            raise InvalidArgumentError(f"--accept must be from 0 to 1, got {p.accept!r}")
         if d.layer_devices is not None and len(d.layer_devices) != self.n_layer:
             raise InvalidArgumentError(f"--layer-devices: {len(d.layer_devices)} items for {self.n_layer} layers: "
                                        "give one per layer")
+
+    @property
+    def n_tok(self) -> int:
+        """Query tokens per stream each step brings: the draft and the target's own token."""
+        return self.planner.draft + 1
+
+    @property
+    def accepted_per_step(self) -> float:
+        """Tokens each stream keeps per step, expected (ferry.residency.expected_accepted_tokens)."""
+        return expected_accepted_tokens(self.planner.draft, self.planner.accept)
 
     @property
     def kv_size(self) -> int:
@@ -221,9 +254,10 @@ class ResidencyModel:
         return self.windows.n_ctx // self.windows.n_stream
 
     def layer_cells(self, layer: int) -> Optional[int]:
-        """Cells per stream a layer holds: min(W + 1, kv_size) for a sliding layer, None for a full one."""
+        """Cells per stream a layer holds: min(W + n_tok, kv_size) for a sliding layer (its window and the
+        step's new cells), None for a full one."""
         w = self.windows.layer_windows[layer]
-        return None if w is None else min(w + 1, self.kv_size)
+        return None if w is None else min(w + self.n_tok, self.kv_size)
 
     def layer_n_kv(self, layer: int) -> int:
         """Cells per stream the layer's window reads: n_kv, at most what it holds."""
@@ -232,25 +266,25 @@ class ResidencyModel:
 
     def layers(self) -> List[LayerCost]:
         """Each layer's byte figures, from C (ferry.residency.layers_from_geometry), as a stand-in
-        device's buffer type places them, with each layer's query and output."""
+        device's buffer type places them, with each layer's query and output (n_tok tokens per stream)."""
         kv, w = self.kv, self.windows
         dev = StandinBackend()
         try:
             return layers_from_geometry(kv.type_kv, kv.type_kv, kv.head_dim, kv.n_head_kv, w.n_ctx, w.n_stream, w.n_kv,
-                                        list(w.layer_windows), kv.v_trans, self.planner.compact, n_head=kv.n_head,
-                                        buffer_type=dev.buffer_type)
+                                        list(w.layer_windows), kv.v_trans, self.planner.compact, n_new=self.n_tok,
+                                        n_head=kv.n_head, buffer_type=dev.buffer_type)
         finally:
             dev.close()
 
     def step_memory(self) -> StepMemory:
         """The dry run that measures what a run's step allocates on each device under a placement
         (ferry.residency.StepMemory): this geometry, devices and prefetch depth, the windows of
-        step_windows (or n_kv), the `ranges` copy policy. Close it after use."""
+        step_windows (or n_kv), the `ranges` copy policy, n_tok query tokens per stream. Close it after use."""
         kv, w = self.kv, self.windows
         return StepMemory(kv.type_kv, kv.type_kv, kv.head_dim, kv.n_head_kv, kv.n_head, w.n_ctx, w.n_stream,
                           [self.layer_cells(i) for i in range(self.n_layer)], w.step_windows or (w.n_kv,),
                           self.devices.n_devices, self.devices.layer_devices, kv.v_trans, self.planner.compact,
-                          self.planner.prefetch)
+                          self.planner.prefetch, n_tok=self.n_tok)
 
     def compute_seconds(self) -> Tuple[float, ...]:
         """Per layer, its attention's seconds on the host: compute_us, or measured once on an
@@ -333,9 +367,11 @@ class ResidencyModel:
         strategies = check_strategies(strategies)
         with self.step_memory() as measure:
             return [choose_residency(s, layers, devices, self.devices.layer_devices, self.planner.prefetch,
-                                     self.planner.max_layers, measure) for s in strategies]
+                                     self.planner.max_layers, measure, tokens_per_step=self.n_tok)
+                    for s in strategies]
 
     def predict(self, resident: Sequence[bool], devices: Sequence[DeviceSpec]) -> float:
-        """The model's step time for a placement (per layer, resident or not) on the devices."""
+        """The model's step time for a placement (per layer, resident or not) on the devices, n_tok query
+        tokens per stream."""
         return predict_step(self.layers(), devices, resident, self.devices.layer_devices,
-                            self.planner.prefetch).step_seconds
+                            self.planner.prefetch, tokens_per_step=self.n_tok).step_seconds
