@@ -380,10 +380,10 @@ PLAN_NAMES = {"layers": ("layer",), "devices": ("device",), "layer_device": ("on
 def plan_base(fn: str) -> Dict[str, Any]:
     layers = [LayerCost((4096, 4096), 16384), LayerCost((1024, 1024), 4096), LayerCost((4096, 4096), 16384)]
     devices = [DeviceSpec(2.0, 5.0, 1e-3, memory=1 << 20, name="fast"), DeviceSpec(0.5, 0.0, (1e-3,) * 3)]
-    base: Dict[str, Any] = dict(layers=layers, devices=devices, layer_device=[0, 0, 1], prefetch=1)
+    base: Dict[str, Any] = dict(layers=layers, devices=devices, layer_device=[0, 0, 1], prefetch=1,
+                                tokens_per_step=2.77)
     if fn == "predict_step":
         base["resident"] = [True, False, True]
-        base["tokens_per_step"] = 2.77
     else:
         base["max_layers"] = None
     if fn == "choose_residency":
@@ -417,6 +417,7 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
 @example(("predict_step", "layer_device", 3))
 @example(("choose_residency", "strategy", []))
 @example(("predict_step", "tokens_per_step", 0.5))
+@example(("choose_auto", "tokens_per_step", float("inf")))
 def test_each_plan_and_prediction_of_any_argument_is_finite_or_refused_naming_it(case: Tuple[str, str, Any]) -> None:
     """Each plan and prediction of three layers on two devices, one argument changed: a plan or a
     prediction, or a refusal naming the argument (a plan that does not fit names the device)."""
@@ -427,6 +428,7 @@ def test_each_plan_and_prediction_of_any_argument_is_finite_or_refused_naming_it
         return
     pred = result if fn == "predict_step" else result.prediction
     assert math.isfinite(pred.step_seconds) and pred.step_seconds >= 0
+    assert pred.tokens_per_step == float(args["tokens_per_step"])
     assert len(pred.memory) == len(args["devices"])
 
 
