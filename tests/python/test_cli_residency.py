@@ -244,6 +244,9 @@ def test_plan_residency_with_a_draft_prints_its_plan_beside_one_tokens_and_what_
     assert re.search(r"^auto\s+0: none -> layer 0; 1: layers 2-3 -> layer 2\s", changes, re.M), changes
     # one copy serves 2.77 tokens kept: 0.37x the bytes per token (the window 4 cells longer, 132 / 128 / 2.77)
     assert re.search(r"^first\s+the same\s.*\s0\.37x \(64\.0 -> 23\.8 KiB\)$", changes, re.M), changes
+    # every layer kept (memory unlimited, no --kv-device-layers): no bytes per token to compare
+    out = run(["residency-plan", *GEOMETRY, *TWO, "--strategy", "auto", *DRAFT], capsys)
+    assert re.search(r"^auto\s+the same\s.*\snothing copied$", out, re.M), out
 
 
 def test_plan_residency_json_with_a_draft_is_one_tokens_plan_and_the_librarys_draft_plan(

@@ -130,10 +130,10 @@ def format_draft_changes(one: Sequence[ResidencyPlan], drafted: Sequence[Residen
                                                if a.resident_layers(d) != b.resident_layers(d))
         bytes_a = copied_per_token(a, one_layers, npl, 1.0)
         bytes_b = copied_per_token(b, draft_layers, npl, accepted)
-        ratio = f"{bytes_b / bytes_a:.2f}x" if bytes_a > 0 else "-"
+        copied = (f"{bytes_b / bytes_a:.2f}x ({bytes_a / 1024:,.1f} -> {bytes_b / 1024:,.1f} KiB)" if bytes_a > 0
+                  else "nothing copied" if bytes_b == 0 else f"0 -> {bytes_b / 1024:,.1f} KiB")
         body.append([a.strategy, kept, _ratio(b.step_seconds, a.step_seconds),
-                     _ratio(b.tokens_per_second(npl, accepted), a.tokens_per_second(npl)),
-                     f"{ratio} ({bytes_a / 1024:,.1f} -> {bytes_b / 1024:,.1f} KiB)"])
+                     _ratio(b.tokens_per_second(npl, accepted), a.tokens_per_second(npl)), copied])
     return format_table([head, *body], left=(0, 1))
 
 
