@@ -285,7 +285,7 @@ def test_bench_residency_runs_the_drafts_plan_beside_its_prediction(capsys: pyte
     run with 5 query tokens per stream holds the memory its plan printed, and its prediction (given
     --compute-us: not calibrated) is the mean over the steps of predict_step for 5 tokens at each
     step's window; tokens/s count the tokens kept."""
-    argv = [*ISSUE, "--strategy", "auto,first", "--draft", "3", "--accept", "0.5"]
+    argv = [*ISSUE, "--strategy", "auto", "--draft", "3", "--accept", "0.5"]
     plans = [p for p in run_json(["residency-plan", *argv], capsys) if p["draft"] == 3]
     rows = run_json(["residency-bench", *argv, "--repeat", "1"], capsys)
     assert [(r["strategy"], r["prefetch"]) for r in rows] == [(p["strategy"], p["prefetch"]) for p in plans]

@@ -104,7 +104,6 @@ ISSUE = (ResidencyModel.of(head_dim=64, n_head_kv=2, n_head=8, n_ctx=4096, layer
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=configurations())
 @example(config=ISSUE)
-@example(config=(ISSUE[0].at(draft=3), *ISSUE[1:]))  # issue 43: a draft of 3 verified a step
 def test_a_plan_runs_in_the_memory_it_was_given(config: Tuple[ResidencyModel, int, int, int], prefetch: int) -> None:
     """Each strategy's plan runs on stand-ins of the budgets it was planned for; then on budgets of
     exactly the memory that plan states (as tight as the plan claims to be), the plan made there runs
