@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import ferry
 from ferry.paged import PagedKVCache
+from ferry.stats import SchedStats
 from test_api_property import SCALE, SETTINGS
 
 Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", 32)])  # one q8_0 block: 34 bytes
@@ -181,15 +182,22 @@ def run_cpu(b: Built, q: np.ndarray, lens: np.ndarray) -> np.ndarray:
 def run_step(b: Built, paged: bool, policy: str, prefetch: int) -> np.ndarray:
     """ferry.attention_step over the dense or paged windows, on the stand-in device, its windows
     copied by policy."""
+    return run_counted(b, b.q, paged, policy, prefetch)[0]
+
+
+def run_counted(b: Built, q_values: np.ndarray, paged: bool, policy: str,
+                prefetch: int = 0) -> Tuple[np.ndarray, SchedStats]:
+    """run_step of the queries q_values [ns, n_tok, n_head, head_dim] at the case's lengths: the
+    outputs and the scheduler's counters of the step."""
     c = b.case
     split, cpu = ferry.StandinBackend(), ferry.CPUBackend()
-    q = ferry.Tensor.from_numpy(split, b.q, name="q")
+    q = ferry.Tensor.from_numpy(split, q_values, name="q")
     kv_len = ferry.Tensor.from_numpy(cpu, np.array(c.lens, np.int32), name="kv_len")
     cache = b.paged if paged else b.dense
     with ferry.Scheduler([split, cpu], policy=policy, prefetch=prefetch) as sched:
         outs = ferry.attention_step(sched, split, cache.windows(c.n_kv), [q], kv_len)
         sched.compute(outs.graph)
-        return outs[0].to_numpy().reshape(b.q.shape)
+        return outs[0].to_numpy().reshape(q_values.shape), sched.stats
 
 
 EXAMPLES = [
@@ -309,3 +317,21 @@ def test_no_tokens_is_refused_naming_n_tok() -> None:
     with pytest.raises(ferry.LayoutError, match=r"q is f32 ne \[32, 2, 0, 3\].*n_tok query tokens per stream, none of "
                                                 r"them 0"):
         ferry.ops.attn_decode(q, k, v, kv_len)
+
+
+@settings(max_examples=25 * SCALE, **SETTINGS)
+@with_examples
+@given(cases())
+def test_a_step_of_n_tok_tokens_copies_each_window_once(c: Case) -> None:
+    """One copy per verification: a step of n_tok tokens per stream moves the bytes, in the calls, of
+    a one-token step at the same lengths (each stream's window once), under every policy, dense and
+    paged."""
+    b = build(c)
+    one_token = np.ascontiguousarray(b.q[:, -1:])  # the last token reads every cell the step reads
+    for paged in (False, True):
+        for policy in POLICIES:
+            _, many = run_counted(b, b.q, paged, policy)
+            _, one = run_counted(b, one_token, paged, policy)
+            assert (many.bytes_copied, many.copy_calls, many.bytes_read) == \
+                (one.bytes_copied, one.copy_calls, one.bytes_read), (paged, policy)
+            assert many.bytes_copied > 0 or not any(c.lens), (paged, policy)
