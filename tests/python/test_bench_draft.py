@@ -118,3 +118,21 @@ def test_bad_draft_options_are_refused(args: List[str], message: str, capsys: py
 def test_config_refuses_a_draft_over_the_paged_cache() -> None:
     with pytest.raises(ferry.InvalidArgumentError, match="--draft .*leave out --paged"):
         tiny(paged=True, policies=("ragged",)).check()
+
+
+def test_a_chunk_row_copies_each_window_once_per_chunk_and_keeps_every_token() -> None:
+    """--chunk N: steps of N tokens, every one kept: each step's ragged bytes are each stream's cells at its
+    length after the chunk, once; N tokens per step and sequence; no draft."""
+    cfg = tiny(draft=0, chunk=4, npl=(2,), policies=("ragged",))
+    res = bench.run_bench(cfg)
+    row = ferry.row_size(cfg.kv.type_kv, cfg.n_embd)
+    r = next(r for r in res.rows if r.key == bench_workload.RunKey(npl=2, policy="ragged", chunk=4))
+    lengths = [p + 4 * (t + 1) for p in cfg.prompts(2) for t in range(cfg.sequences.ntg)]
+    assert r.counts.bytes_copied == sum(lengths) * row * 2 * cfg.kv.n_layer
+    assert r.tokens == 2 * cfg.sequences.ntg * 4 and r.counts.draft_bytes_copied == 0
+    assert r.key.label == "ragged chunk 4"
+
+
+def test_draft_and_chunk_together_are_refused_naming_both() -> None:
+    with pytest.raises(ferry.InvalidArgumentError, match="--draft and --chunk .*give one"):
+        tiny(chunk=2).check()

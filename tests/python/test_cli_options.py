@@ -100,7 +100,7 @@ PROBES: Dict[str, Any] = {
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
     "--strategy": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
     "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--block-size": "8", "--adjacency": "0.9",
-    "--draft": "2", "--accept": "0.5",
+    "--draft": "2", "--accept": "0.5", "--chunk": "3",
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.

@@ -321,6 +321,8 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--accept"], "the chance a draft token is accepted, those before it accepted", {"bench": DRAFT}, RUN,
          type=argument_type(one_float("--accept", 0.0, 1.0), "number from 0 to 1"), metavar="P",
          default=Sequences.accept),
+    _opt(["--chunk"], "also prefill in chunks of N tokens: a chunk row beside each row", {"bench": ALWAYS}, RUN,
+         type=count(0), default=Sequences.chunk, metavar="N"),
     _opt(["--repeat"], "replicas of each npl", _all(("bench", "paged-bench")), RUN, type=POSITIVE, metavar="N",
          default_text="6"),
     _opt(["--repeat"], "repetitions of each placement", {"residency-bench": ALWAYS}, RUN, type=POSITIVE, metavar="N",

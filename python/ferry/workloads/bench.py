@@ -76,6 +76,7 @@ import numpy as np
 
 from ..backend import Backend, CPUBackend, StandinBackend
 from ..errors import InvalidArgumentError
+from ..kv import KVCache
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
@@ -153,6 +154,9 @@ class Sequences:
     accept : float
         The chance that a draft token is accepted, its predecessors accepted (--accept): a draft's accepted
         prefix is geometric, drawn per step and sequence from the seed.
+    chunk : int
+        Tokens of a prefill chunk (--chunk N): beside each single-token row, its chunk row: steps of N tokens
+        over the host windows, every one kept (no draft, no rollback); 0: none.
     """
 
     n_ctx: int = 4096
@@ -163,6 +167,7 @@ class Sequences:
     lengths: Lengths = "equal"
     draft: int = 0
     accept: float = 0.7
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
@@ -191,9 +196,9 @@ class Sampling:
 CONFIG_JSON_KEYS: Tuple[str, ...] = (
     "n_ctx", "npl", "npp", "ntg", "n_layer", "type_kv", "n_head", "head_dim", "n_head_kv", "policies", "unified",
     "device", "pad", "lengths", "repeat", "rounds", "seed", "v_trans", "compact", "reuse", "overlap", "prefetch",
-    "prefetch_next", "devices", "trace", "paged", "block_size", "adjacency", "draft", "accept")
+    "prefetch_next", "devices", "trace", "paged", "block_size", "adjacency", "draft", "accept", "chunk")
 #: The keys of "config" only a draft run (--draft N) writes: a run without a draft writes what it always did.
-DRAFT_CONFIG_KEYS: Tuple[str, ...] = ("draft", "accept")
+DRAFT_CONFIG_KEYS: Tuple[str, ...] = ("draft", "accept", "chunk")
 #: Layers of the draft model (an MTP head or an EAGLE layer), their KV on the split device.
 DRAFT_LAYERS = 1
 
@@ -250,7 +255,7 @@ class BenchConfig:
     def as_dict(self) -> Dict[str, object]:
         """The options by name, the groups flattened, as --json writes "config" (CONFIG_JSON_KEYS)."""
         flat: Dict[str, object] = {k: v for name in _GROUPS for k, v in asdict(getattr(self, name)).items()
-                                   if self.sequences.draft or k not in DRAFT_CONFIG_KEYS}
+                                   if self.tokens_per_step > 1 or k not in DRAFT_CONFIG_KEYS}
         return in_order({**flat, "unified": self.unified, "device": self.device, "devices": asdict(self.devices)},
                         CONFIG_JSON_KEYS)
 
@@ -277,7 +282,7 @@ class BenchConfig:
             check_streams(q.n_ctx, npl)
             self.prompts(npl)
             if self.cells > q.n_ctx // npl:
-                grows = " * (--draft + 1)" if q.draft else ""
+                grows = " * (--draft + 1)" if q.draft else " * --chunk" if q.chunk else ""
                 raise InvalidArgumentError(f"-npl {npl}: a stream holds {q.n_ctx // npl} cells, fewer than "
                                            f"-npp + -ntg{grows} = {self.cells}")
 
@@ -288,8 +293,20 @@ class BenchConfig:
             raise InvalidArgumentError(f"--draft {q.draft!r} is not a count of draft tokens (0 or more)")
         if isinstance(q.accept, bool) or not isinstance(q.accept, (int, float)) or not 0.0 <= q.accept <= 1.0:
             raise InvalidArgumentError(f"--accept {q.accept!r} is not a chance from 0 to 1")
-        if q.draft and self.paged_cache.paged:
-            raise InvalidArgumentError("--draft verifies over the cells cache's windows: leave out --paged")
+        if isinstance(q.chunk, bool) or not isinstance(q.chunk, int) or q.chunk < 0:
+            raise InvalidArgumentError(f"--chunk {q.chunk!r} is not a count of tokens (0 or more)")
+        if q.draft and q.chunk:
+            raise InvalidArgumentError("--draft and --chunk each add rows of several tokens a step: give one")
+        for option, n in (("--draft", q.draft), ("--chunk", q.chunk)):
+            if n and self.paged_cache.paged:
+                raise InvalidArgumentError(f"{option} steps over the cells cache's windows: leave out --paged")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens a step of the several-token rows brings per sequence: --draft + 1, or --chunk; 1 without
+        them (the single-token rows alone)."""
+        q = self.sequences
+        return q.draft + 1 if q.draft else q.chunk or 1
 
     def _check_paged(self) -> None:
         """Raise InvalidArgumentError for options a --paged run cannot take."""
@@ -341,9 +358,9 @@ class BenchConfig:
 
     @property
     def cells(self) -> int:
-        """L: cells each sequence may reach: npp + ntg, and with a draft npp + ntg * (draft + 1), every
-        verification's draft accepted."""
-        return self.sequences.npp + self.sequences.ntg * (self.sequences.draft + 1)
+        """L: cells each sequence may reach: npp + ntg, and with several tokens a step npp + ntg *
+        tokens_per_step, every verification's draft accepted."""
+        return self.sequences.npp + self.sequences.ntg * self.tokens_per_step
 
     def prompts(self, npl: int) -> List[int]:
         """Each of npl sequences' prompt length (common.prompt_lengths of lengths, seeded by seed)."""
@@ -363,7 +380,7 @@ class BenchConfig:
     @property
     def n_steps(self) -> int:
         """Decode steps of the whole run (the progress bar's length): a draft row's verification is one."""
-        runs = len(variants(self)) * (len(self.layouts) + bool(self.sequences.draft)) * len(self.prefetch_runs) + (
+        runs = len(variants(self)) * (len(self.layouts) + (self.tokens_per_step > 1)) * len(self.prefetch_runs) + (
             len(PAGED_GATHERS) if self.paged_cache.paged else 0)
         q, m = self.sequences, self.sampling
         return len(q.npl) * m.repeat * (WARMUP + m.rounds) * runs * q.ntg
@@ -428,6 +445,8 @@ class RunKey:
         A paged cache's gather setting (PAGED_GATHERS); "" for the cells cache.
     draft : int
         Draft tokens each verification checks (a draft row); 0 for a single-token row.
+    chunk : int
+        Tokens of each prefill chunk (a chunk row); 0 for a single-token row.
     """
 
     npl: int
@@ -438,7 +457,12 @@ class RunKey:
     prefetch_next: bool = False
     gather: str = ""
     draft: int = 0
+    chunk: int = 0
 
+    @property
+    def tokens_per_step(self) -> bool:
+        """Whether the row's steps bring several tokens a sequence: a draft row or a chunk row."""
+        return bool(self.draft or self.chunk)
     @property
     def overlap(self) -> bool:
         """Whether the run prefetched its inputs on the copy queue."""
@@ -450,7 +474,7 @@ class RunKey:
         cache's row: "paged per-block" or "paged merged"."""
         name = (PAGED_NAMES[self.gather] if self.gather
                 else run_name(self.policy, self.compact, self.prefetch, self.prefetch_next))
-        return f"{name} draft {self.draft}" if self.draft else name
+        return f"{name} draft {self.draft}" if self.draft else f"{name} chunk {self.chunk}" if self.chunk else name
 
 
 @dataclass(frozen=True)
@@ -523,9 +547,9 @@ ROW_JSON_KEYS: Tuple[str, ...] = (
     "tokens_per_s_end_to_end", "replicas", "tokens_per_s_replicas", "devices", "decode_s_per_step",
     "copy_s_per_step", "compute_s_per_step", "host_s_per_step", "predicted_copy_s_per_step", "copy_calls_per_step",
     "label", "bytes_copied_per_step", "bytes_read_per_step", "draft", "tokens", "draft_bytes_copied",
-    "bytes_copied_per_token")
+    "bytes_copied_per_token", "chunk")
 #: The keys of a row only a draft run (--draft N) writes, in every row of it.
-DRAFT_ROW_KEYS: Tuple[str, ...] = ("draft", "tokens", "draft_bytes_copied", "bytes_copied_per_token")
+DRAFT_ROW_KEYS: Tuple[str, ...] = ("draft", "chunk", "tokens", "draft_bytes_copied", "bytes_copied_per_token")
 
 
 @dataclass(frozen=True)
@@ -698,7 +722,7 @@ class ReportRow:
     @property
     def is_serial_cells(self) -> bool:
         """Whether the row is a serial single-token run of the cells cache (the main table's rows)."""
-        return not self.row.key.overlap and not self.row.key.gather and not self.row.key.draft
+        return not self.row.key.overlap and not self.row.key.gather and not self.row.key.tokens_per_step
 
     def as_dict(self) -> Dict[str, object]:
         """The row as `ferry bench --json` writes it (without "config"): BenchRow.as_dict, an overlapped row's
@@ -791,7 +815,7 @@ class BenchResult:
 
     def single_of(self, r: BenchRow) -> BenchRow:
         """The single-token row of a draft row's variant (the row itself for a single-token row)."""
-        return next(x for x in self.rows if x.key == replace(r.key, draft=0))
+        return next(x for x in self.rows if x.key == replace(r.key, draft=0, chunk=0))
 
     def serial_of(self, r: BenchRow) -> BenchRow:
         """The serial run of an overlapped row's variant (the row itself when it is serial)."""
@@ -875,7 +899,7 @@ class BenchResult:
         out = []
         for r in self.rows:
             k = r.key
-            if k.draft:
+            if k.tokens_per_step:
                 out.append(ReportRow(row=r, single=self.single_of(r)))
                 continue
             flat = self.flat_of(r)
@@ -912,14 +936,14 @@ class BenchResult:
         gain over the unified cache ("over_unified", "over_unified_low", "over_unified_high"); "config": the
         whole configuration (BenchConfig.as_dict)."""
         config = self.config.as_dict()
-        drafted = bool(self.config.sequences.draft)
+        drafted = self.config.tokens_per_step > 1
         return [{**{k: v for k, v in f.as_dict().items() if drafted or k not in DRAFT_ROW_KEYS}, "config": config}
                 for f in self.report()]
 
     def outputs_identical(self, npl: int) -> bool:
         """Whether every run of npl (each policy, both layouts, serial and overlapped) gave the same
         attention outputs, and every draft row the same as the other draft rows."""
-        return all(len({r.output_sha256 for r in self.rows if r.key.npl == npl and bool(r.key.draft) == d}) <= 1
+        return all(len({r.output_sha256 for r in self.rows if r.key.npl == npl and r.key.tokens_per_step == d}) <= 1
                    for d in (False, True))
 
 
@@ -1066,40 +1090,48 @@ def draft_device(split: Backend) -> Optional[Backend]:
 
 
 class _Draft:
-    """The draft of a split cache's sequences (--draft N): the draft model's cache of DRAFT_LAYERS layers
-    placed on the split device (a placement of the same KV cache, not another mechanism), its query there,
-    and the verification's: N + 1 tokens per sequence and layer over the target's windows, each step's
-    accepted drafts (accepted_drafts) and so each step's lengths and windows."""
+    """Several tokens a step over a split cache's sequences. A draft (--draft N): the draft model's cache of
+    DRAFT_LAYERS layers placed on the split device (a placement of the same KV cache, not another
+    mechanism), its query there, and the verification's: N + 1 tokens per sequence and layer over the
+    target's windows, each step's accepted drafts (accepted_drafts) and so each step's lengths and windows.
+    A prefill chunk (--chunk N, chunk=True): no draft, N tokens a step, every one kept."""
 
-    def __init__(self, cache: _Cache, cpu: Backend, pinned: bool) -> None:
+    def __init__(self, cache: _Cache, cpu: Backend, pinned: bool, chunk: bool = False) -> None:
         cfg, g, npl, split = cache.cfg, cache.cfg.kv, cache.npl, cache.split
-        q, n = cfg.sequences, cfg.sequences.draft
+        q = cfg.sequences
         kv_size = q.n_ctx // npl
         ty = to_type(g.type_kv)
-        self.n = n
+        self.chunk = q.chunk if chunk else 0
+        self.n = 0 if chunk else q.draft  # draft steps before each verification
+        n_tok = self.n_tok = q.chunk if chunk else q.draft + 1  # tokens each step brings per sequence
+        self.kv: Optional[KVCache] = None
+        self.layer_of: Set[Any] = set()
+        rng = np.random.default_rng([cfg.sampling.seed, 1 << 21])
+        self.q = [Tensor.from_numpy(split, rng.uniform(-1, 1, (npl, 1, g.n_head, g.head_dim)).astype(np.float32),
+                                    name=f"draft_q{layer}") for layer in range(DRAFT_LAYERS)]
+        self.verify_q = [Tensor.from_numpy(cache.layer_backends[layer],
+                                           rng.uniform(-1, 1, (npl, n_tok, g.n_head, g.head_dim)).astype(np.float32),
+                                           name=f"verify_q{layer}") for layer in range(g.n_layer)]
+        self.kv_len = Tensor.from_numpy(cpu, np.zeros(npl, np.int32), name="draft_kv_len")
+        self.accepted = (np.full((q.ntg, npl), n_tok - 1) if chunk
+                         else accepted_drafts(cfg.sampling.seed, npl, q.ntg, self.n, q.accept))
+        kept = cache.prompts + np.concatenate([np.zeros((1, npl), np.int64), np.cumsum(self.accepted + 1, axis=0)])
+        self.lengths = kept.astype(np.int32)  # [ntg + 1, npl]: each step's lengths before it, then the last kept
+        self.n_kv = [n_kv_for(int(self.lengths[t].max()), n_tok, q.pad, kv_size) for t in range(q.ntg)]
+        self.draft_n_kv = [[n_kv_for(int(self.lengths[t].max()), i + 1, q.pad, kv_size) for i in range(self.n)]
+                           for t in range(q.ntg)]
+        self.tokens = int((self.accepted + 1).sum())
+        if chunk:
+            return
         self.kv = new_cache(ty, g.head_dim, g.n_head_kv, q.n_ctx, npl, DRAFT_LAYERS, g.v_trans, pinned,
                             [draft_device(split)] * DRAFT_LAYERS)
+        self.layer_of = {t._p for layer in range(DRAFT_LAYERS) for t in (self.kv.k(layer), self.kv.v(layer))}
         for layer in range(DRAFT_LAYERS):
             for which in ("k", "v"):
                 for i in range(npl):  # the draft's layers seeded as layers past the target's
                     seed = (cfg.sampling.seed, g.n_layer + layer, i, which == "v")
                     data = random_rows(ty, cfg.cells, cfg.n_embd, seed)
                     write_cells(self.kv, which, layer, i, 0, data)
-        rng = np.random.default_rng([cfg.sampling.seed, 1 << 21])
-        self.q = [Tensor.from_numpy(split, rng.uniform(-1, 1, (npl, 1, g.n_head, g.head_dim)).astype(np.float32),
-                                    name=f"draft_q{layer}") for layer in range(DRAFT_LAYERS)]
-        self.verify_q = [Tensor.from_numpy(cache.layer_backends[layer],
-                                           rng.uniform(-1, 1, (npl, n + 1, g.n_head, g.head_dim)).astype(np.float32),
-                                           name=f"verify_q{layer}") for layer in range(g.n_layer)]
-        self.kv_len = Tensor.from_numpy(cpu, np.zeros(npl, np.int32), name="draft_kv_len")
-        self.accepted = accepted_drafts(cfg.sampling.seed, npl, q.ntg, n, q.accept)
-        kept = cache.prompts + np.concatenate([np.zeros((1, npl), np.int64), np.cumsum(self.accepted + 1, axis=0)])
-        self.lengths = kept.astype(np.int32)  # [ntg + 1, npl]: each step's lengths before it, then the last kept
-        self.n_kv = [n_kv_for(int(self.lengths[t].max()), n + 1, q.pad, kv_size) for t in range(q.ntg)]
-        self.draft_n_kv = [[n_kv_for(int(self.lengths[t].max()), i + 1, q.pad, kv_size) for i in range(n)]
-                           for t in range(q.ntg)]
-        self.tokens = int((self.accepted + 1).sum())
-        self.layer_of = {t._p for layer in range(DRAFT_LAYERS) for t in (self.kv.k(layer), self.kv.v(layer))}
 
     def is_window(self, src: Tensor) -> bool:
         """Whether the input source src views a draft layer's K or V."""
@@ -1109,7 +1141,8 @@ class _Draft:
         return p in self.layer_of
 
     def close(self) -> None:
-        self.kv.close()
+        if self.kv is not None:
+            self.kv.close()
 
 
 @dataclass(frozen=True)
@@ -1133,7 +1166,7 @@ class _Variant:
                                prefetch_next=prefetch_next)
         self.graphs = StepGraph(self.sched, self._build)
         # a draft row's draft steps: their own scheduler over the draft's cache on the split device
-        self.draft_sched = None if draft is None else Scheduler([*cache.devices, cpu], policy=policy)
+        self.draft_sched = None if draft is None or not draft.n else Scheduler([*cache.devices, cpu], policy=policy)
         self.draft_graphs = None if self.draft_sched is None else StepGraph(self.draft_sched, self._build_draft)
         ntg, n_dev = cache.cfg.sequences.ntg, len(cache.devices)
         self.floors = {w: StepFloor(ntg) for w in ("decode", "copy", "compute", "host")}
@@ -1146,7 +1179,8 @@ class _Variant:
         self.device_bytes = DeviceBytes(copied=[0] * n_dev, kv=[0] * n_dev)  # the last timed repetition's, per device
         self.predicted = 0.0  # a repetition's copy time by the cost models
         self.key = RunKey(npl=cache.npl, policy=policy, unified=cache.unified, compact=compact, prefetch=prefetch,
-                          prefetch_next=prefetch_next, gather=gather, draft=0 if draft is None else draft.n)
+                          prefetch_next=prefetch_next, gather=gather, draft=0 if draft is None else draft.n,
+                          chunk=0 if draft is None else draft.chunk)
         self.label = f"npl {cache.npl} {self.key.label}{' unified' if cache.unified else ''}"
 
     def _build(self, n_kv: object) -> List[Tensor]:
@@ -1159,6 +1193,7 @@ class _Variant:
     def _build_draft(self, n_kv: object) -> List[Tensor]:
         assert isinstance(n_kv, int) and self.draft is not None and self.draft_sched is not None
         d = self.draft
+        assert d.kv is not None
         return attention_step(self.draft_sched, self.cache.split, d.kv.windows(n_kv), d.q, d.kv_len,
                               self.cache.cfg.kv.v_trans)
 
@@ -1167,9 +1202,11 @@ class _Variant:
         draft's cache there. Returns their wall time, copy and compute time, and the bytes the draft's K and
         V windows copied (0 while its cache is on the device)."""
         d, sched, graphs = self.draft, self.draft_sched, self.draft_graphs
-        assert d is not None and sched is not None and graphs is not None
+        assert d is not None
         wall = copy = compute = 0.0
         copied = 0
+        if sched is None or graphs is None:  # a prefill chunk: no draft
+            return wall, copy, compute, copied
         for i in range(d.n):
             graph = graphs.get(d.draft_n_kv[t][i])
             d.kv_len.set(d.lengths[t] + (i + 1))
@@ -1208,7 +1245,7 @@ class _Variant:
             if t == 0:
                 builds = self.graphs.builds
             # a verification writes its N + 1 tokens' cells first; a single-token step its one
-            c.kv_len.set(c.prompts + (t + 1) if d is None else d.lengths[t] + (d.n + 1))
+            c.kv_len.set(c.prompts + (t + 1) if d is None else d.lengths[t] + d.n_tok)
             t1 = time.perf_counter()
             self.sched.compute(graph)
             decode = time.perf_counter() - t1 + drafting[0]
@@ -1315,8 +1352,9 @@ class _Replica:
                 self.caches.append(_Cache(cfg, devices, cpu, npl, unified, pinned))
                 self.variants += [_Variant(self.caches[-1], cpu, policy, compact, depth, prefetch_next=nxt)
                                   for policy, compact in variants(cfg) for depth, nxt in cfg.prefetch_runs]
-            if cfg.sequences.draft:  # beside the split cache's rows, their draft rows over the same cache
-                self.drafts.append(_Draft(self.caches[0], cpu, pinned))
+            if cfg.sequences.draft or cfg.sequences.chunk:  # beside the split cache's rows, their draft or chunk
+                # rows over the same cache
+                self.drafts.append(_Draft(self.caches[0], cpu, pinned, chunk=bool(cfg.sequences.chunk)))
                 self.variants += [_Variant(self.caches[0], cpu, policy, compact, depth, prefetch_next=nxt,
                                            draft=self.drafts[0])
                                   for policy, compact in variants(cfg) for depth, nxt in cfg.prefetch_runs]
