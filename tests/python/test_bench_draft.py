@@ -16,6 +16,7 @@ import pytest
 import ferry
 from ferry.cli import bench, main
 from ferry.workloads import bench as bench_workload
+from ferry.workloads.common import accepted_drafts
 
 TINY = ["-c", "256", "-npl", "2", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "2",
         "--head-dim", "32", "--kv-heads", "1", "--device", "cpu", "--pad", "1", "--repeat", "1", "--rounds", "1"]
@@ -32,11 +33,11 @@ def tiny(**kw: object) -> bench.BenchConfig:
 def test_accepted_drafts_are_a_seeded_geometric_prefix() -> None:
     """Each in 0..N, the same for the same seed, all N at accept 1 and none at 0, and near the geometric
     mean over many draws (sum of accept**k for k in 1..N)."""
-    a = bench_workload.accepted_drafts(0, 4, 2000, 4, 0.7)
+    a = accepted_drafts(0, 4, 2000, 4, 0.7)
     assert a.shape == (2000, 4) and a.min() == 0 and a.max() == 4
-    assert (a == bench_workload.accepted_drafts(0, 4, 2000, 4, 0.7)).all()
-    assert (bench_workload.accepted_drafts(0, 2, 5, 3, 1.0) == 3).all()
-    assert (bench_workload.accepted_drafts(0, 2, 5, 3, 0.0) == 0).all()
+    assert (a == accepted_drafts(0, 4, 2000, 4, 0.7)).all()
+    assert (accepted_drafts(0, 2, 5, 3, 1.0) == 3).all()
+    assert (accepted_drafts(0, 2, 5, 3, 0.0) == 0).all()
     assert abs(a.mean() - sum(0.7 ** k for k in range(1, 5))) < 0.05
 
 
@@ -49,7 +50,7 @@ def test_a_verification_copies_each_window_once_at_its_lengths() -> None:
     row = ferry.row_size(cfg.kv.type_kv, cfg.n_embd)
     n = cfg.sequences.draft
     for npl in cfg.sequences.npl:
-        acc = bench_workload.accepted_drafts(cfg.sampling.seed, npl, cfg.sequences.ntg, n, cfg.sequences.accept)
+        acc = accepted_drafts(cfg.sampling.seed, npl, cfg.sequences.ntg, n, cfg.sequences.accept)
         lengths = np.array(cfg.prompts(npl)) + np.concatenate([np.zeros((1, npl), int), np.cumsum(acc + 1, 0)])[:-1]
         draft = next(r for r in res.rows if r.key == bench_workload.RunKey(npl=npl, policy="ragged", draft=n))
         single = next(r for r in res.rows if r.key == bench_workload.RunKey(npl=npl, policy="ragged"))

@@ -107,7 +107,7 @@ def option_argv(verb: str) -> st.SearchStrategy[List[str]]:
 
 
 #: Per verb, the modes a command line starts in (the options others act only beside), drawn alike.
-MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"], ["--paged"]],
+MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"], ["--paged"], ["--draft", "1"]],
          "plan": [[]], "bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], ["--chunk", "2"]],
          "residency-plan": [[], ["--overlap"], ["--devices", "2"]],
          "residency-bench": [[], ["--overlap"], ["--devices", "2"]], "paged-plan": [[]], "paged-bench": [[]]}

@@ -85,6 +85,7 @@ from .common import (
     KVGeometry,
     Lengths,
     VariantOptions,
+    accepted_drafts,
     check_positive,
     check_prefetch_next,
     check_run_options,
@@ -1067,20 +1068,6 @@ class _PagedCache(_Cache):
 
     def close(self) -> None:
         self.paged.close()
-
-
-def accepted_drafts(seed: int, npl: int, steps: int, draft: int, accept: float) -> np.ndarray:
-    """Per step and sequence, the draft tokens verification accepts: the first rejected of draft tokens,
-    each accepted with chance accept (a geometric prefix, at most draft), seeded by (seed, npl).
-
-    Returns
-    -------
-    numpy.ndarray
-        int64 [steps, npl], each 0..draft.
-    """
-    rng = np.random.default_rng([seed, npl, 43])
-    accepted = rng.random((steps, npl, draft)) < accept
-    return np.cumprod(accepted, axis=2).sum(axis=2)
 
 
 def draft_device(split: Backend) -> Optional[Backend]:
