@@ -137,3 +137,22 @@ def test_a_chunk_row_copies_each_window_once_per_chunk_and_keeps_every_token() -
 def test_draft_and_chunk_together_are_refused_naming_both() -> None:
     with pytest.raises(ferry.InvalidArgumentError, match="--draft and --chunk .*give one"):
         tiny(chunk=2).check()
+
+
+def test_a_draft_rows_draft_steps_count_in_its_decode_time_not_its_host_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each draft step's compute is decode time: on a clock that moves one second a Scheduler.compute and
+    never else, a draft row's step takes N + 1 seconds of decode (N draft steps, one verification) and none of
+    host time."""
+    cfg = tiny(npl=(2,), policies=("ragged",), ntg=2, draft=2)
+    clock = [0.0]
+    real = ferry.Scheduler.compute
+
+    def counted(self: ferry.Scheduler, graph: object) -> None:
+        real(self, graph)
+        clock[0] += 1.0
+
+    monkeypatch.setattr(ferry.Scheduler, "compute", counted)
+    monkeypatch.setattr(bench_workload.time, "perf_counter", lambda: clock[0])
+    res = bench.run_bench(cfg)
+    r = next(r for r in res.rows if r.key.draft)
+    assert (r.times.decode_s, r.times.host_s) == (cfg.sequences.ntg * (cfg.sequences.draft + 1), 0.0)
