@@ -156,3 +156,26 @@ def test_a_draft_rows_draft_steps_count_in_its_decode_time_not_its_host_time(mon
     res = bench.run_bench(cfg)
     r = next(r for r in res.rows if r.key.draft)
     assert (r.times.decode_s, r.times.host_s) == (cfg.sequences.ntg * (cfg.sequences.draft + 1), 0.0)
+
+
+def test_a_draft_rows_predicted_copy_time_is_its_schedulers_predictions_summed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside its measured copy time, a draft row's prediction is every compute's (the draft steps' and the
+    verification's): each scheduler's predicted_seconds, summed, as its copy time sums theirs."""
+    seen: List[float] = []
+    real = ferry.Scheduler.compute
+
+    def recorded(self: ferry.Scheduler, graph: object) -> None:
+        real(self, graph)
+        seen.append(self.stats.predicted_seconds)
+
+    monkeypatch.setattr(ferry.Scheduler, "compute", recorded)
+    monkeypatch.setattr(bench_workload, "balanced_orders", lambda n: [list(range(n))])  # the draft row last
+    cfg = tiny(npl=(2,), policies=("ragged",), ntg=2, draft=2, unified=False)
+    res = bench.run_bench(cfg)
+    steps = cfg.sequences.ntg * (cfg.sequences.draft + 1)  # computes a repetition of the draft row makes
+    # every round runs the single row, then the draft row: the last timed repetition is the last `steps`
+    r = next(r for r in res.rows if r.key.draft)
+    draft_steps = [p for i, p in enumerate(seen[-steps:]) if i % (cfg.sequences.draft + 1) != cfg.sequences.draft]
+    assert any(p > 0 for p in draft_steps)  # the draft steps copy their lengths
+    assert r.times.predicted_copy_s == pytest.approx(sum(seen[-steps:]))

@@ -1184,27 +1184,29 @@ class _Variant:
         return attention_step(self.draft_sched, self.cache.split, d.kv.windows(n_kv), d.q, d.kv_len,
                               self.cache.cfg.kv.v_trans)
 
-    def _draft_steps(self, t: int, digest: Any) -> Tuple[float, float, float, int]:
+    def _draft_steps(self, t: int, digest: Any) -> Tuple[float, float, float, int, float]:
         """A draft row's draft steps before verification t, on the split device: one token each, over the
-        draft's cache there. Returns their wall time, copy and compute time, and the bytes the draft's K and
-        V windows copied (0 while its cache is on the device)."""
+        draft's cache there. Returns their wall time, copy and compute time, the bytes the draft's K and V
+        windows copied (0 while its cache is on the device), and their copies' predicted time."""
         d, sched, graphs = self.draft, self.draft_sched, self.draft_graphs
         assert d is not None
-        wall = copy = compute = 0.0
+        wall = copy = compute = predicted = 0.0
         copied = 0
         if sched is None or graphs is None:  # a prefill chunk: no draft
-            return wall, copy, compute, copied
+            return wall, copy, compute, copied, predicted
         for i in range(d.n):
             graph = graphs.get(d.draft_n_kv[t][i])
             d.kv_len.set(d.lengths[t] + (i + 1))
             t0 = time.perf_counter()
             sched.compute(graph)
             wall += time.perf_counter() - t0
-            copy, compute = copy + sched.stats.copy_seconds, compute + sched.stats.compute_seconds
+            st = sched.stats
+            copy, compute = copy + st.copy_seconds, compute + st.compute_seconds
+            predicted += st.predicted_seconds
             copied += sum(inp.stats.bytes_copied for inp in sched.inputs if d.is_window(inp.src))
             for out in graph.outputs:
                 digest.update(out.get())
-        return wall, copy, compute, copied
+        return wall, copy, compute, copied, predicted
 
     def repetition(self, timed: bool, on_step: Optional[OnStep]) -> None:
         """Run the ntg steps once; when timed, count each step toward the floors and keep the repetition's
@@ -1227,7 +1229,7 @@ class _Variant:
             t0 = time.perf_counter()
             if not cfg.variants.reuse:
                 self.graphs.clear()
-            drafting = (0.0, 0.0, 0.0, 0) if d is None else self._draft_steps(t, digest)
+            drafting = (0.0, 0.0, 0.0, 0, 0.0) if d is None else self._draft_steps(t, digest)
             graph = self.graphs.get(c.n_kv[t] if d is None else d.n_kv[t])
             if t == 0:
                 builds = self.graphs.builds
@@ -1245,7 +1247,7 @@ class _Variant:
             copied, read, ahead = copied + window_copied, read + window_read, max(ahead, st.ahead_bytes)
             calls += window_calls
             steps_ahead += st.kept_ahead > 0
-            predicted += st.predicted_seconds
+            predicted += st.predicted_seconds + drafting[4]
             self.split_memory = max(self.split_memory, self.sched.buffer_size(c.split))
             self.device_memory = [max(m, self.sched.buffer_size(d)) for m, d in zip(self.device_memory, c.devices)]
             if timed:
