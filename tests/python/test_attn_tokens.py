@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 import ferry
 from ferry.paged import PagedKVCache
+from ferry.stats import SchedStats
 from test_api_property import SCALE, SETTINGS
 
 Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", 32)])  # one q8_0 block: 34 bytes
@@ -190,10 +191,11 @@ def run_cpu(b: Built, q: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return out.to_numpy().reshape(c.ns, q.shape[1], c.n_head, HEAD_DIM)
 
 
-def run_step(b: Built, paged: bool, policy: str, prefetch: int, device: str = "cpu",
-             q: Optional[np.ndarray] = None, lens: Optional[np.ndarray] = None) -> np.ndarray:
+def run_counted(b: Built, paged: bool, policy: str, prefetch: int = 0, device: str = "cpu",
+                q: Optional[np.ndarray] = None, lens: Optional[np.ndarray] = None) -> Tuple[np.ndarray, SchedStats]:
     """ferry.attention_step over the dense or paged windows, on the stand-in device ("cpu") or on
-    CUDA ("cuda"), its windows copied by policy; q and lens default to the case's."""
+    CUDA ("cuda"), its windows copied by policy; q [ns, n_tok, n_head, head_dim] and lens default
+    to the case's. The outputs, and the scheduler's counters of the step."""
     c = b.case
     q_np = b.q if q is None else q
     split = ferry.CUDABackend() if device == "cuda" else ferry.StandinBackend()
@@ -205,7 +207,13 @@ def run_step(b: Built, paged: bool, policy: str, prefetch: int, device: str = "c
         outs = ferry.attention_step(sched, split, cache.windows(c.n_kv), [qt], kv_len)
         sched.compute(outs.graph)
         assert sched.backend_of(outs[0]) is split  # not run elsewhere: the device's own kernel
-        return outs[0].to_numpy().reshape(q_np.shape)
+        return outs[0].to_numpy().reshape(q_np.shape), sched.stats
+
+
+def run_step(b: Built, paged: bool, policy: str, prefetch: int, device: str = "cpu",
+             q: Optional[np.ndarray] = None, lens: Optional[np.ndarray] = None) -> np.ndarray:
+    """run_counted's outputs alone."""
+    return run_counted(b, paged, policy, prefetch, device, q, lens)[0]
 
 
 def run_on(device: str, b: Built, q: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -397,3 +405,21 @@ def test_no_tokens_is_refused_naming_n_tok() -> None:
     with pytest.raises(ferry.LayoutError, match=r"q is f32 ne \[32, 2, 0, 3\].*n_tok query tokens per stream, none of "
                                                 r"them 0"):
         ferry.ops.attn_decode(q, k, v, kv_len)
+
+
+@settings(max_examples=25 * SCALE, **SETTINGS)
+@with_examples
+@given(cases())
+def test_a_step_of_n_tok_tokens_copies_each_window_once(c: Case) -> None:
+    """One copy per verification: a step of n_tok tokens per stream moves the bytes, in the calls, of
+    a one-token step at the same lengths (each stream's window once), under every policy, dense and
+    paged."""
+    b = build(c)
+    one_token = np.ascontiguousarray(b.q[:, -1:])  # the last token reads every cell the step reads
+    for paged in (False, True):
+        for policy in POLICIES:
+            _, many = run_counted(b, paged, policy)
+            _, one = run_counted(b, paged, policy, q=one_token)
+            assert (many.bytes_copied, many.copy_calls, many.bytes_read) == \
+                (one.bytes_copied, one.copy_calls, one.bytes_read), (paged, policy)
+            assert many.bytes_copied > 0 or not any(c.lens), (paged, policy)

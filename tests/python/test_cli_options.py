@@ -100,7 +100,7 @@ PROBES: Dict[str, Any] = {
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
     "--strategy": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
     "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--block-size": "8", "--adjacency": "0.9",
-    "--draft": "2", "--accept": "0.5",
+    "--draft": "2", "--accept": "0.5", "--chunk": "3",
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.
@@ -114,7 +114,7 @@ CONTEXT: Dict[ot.Cond, Tuple[List[str], List[str]]] = {
     ot.SWA_PAIR.conds[0]: (["--swa-window", "8", "--swa-layers", "fs"], []),
     ot.UNIFIED_RUNS.conds[0]: ([], ["--devices", "2"]),
     ot.PAGED.conds[0]: (["--paged"], []),
-    ot.DRAFTED.conds[0]: (["--draft", "2"], []),
+    ot.DRAFT.conds[0]: (["--draft", "2"], []),
 }
 
 WALK = [(verb, o) for verb in WITH_OPTIONS for o in ot.options_of(verb)]

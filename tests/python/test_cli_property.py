@@ -84,8 +84,9 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--trace": st.sampled_from(["TRACE", "/nonexistent/trace.json", "", "/tmp", "/proc/trace.json"]),
     "--block-size": st.sampled_from(["1", "3", "4", "16", "0", "-1", "x", "5000"]),
     "--adjacency": st.sampled_from(["0", "0.5", "0.9", "1", "1.5", "-0.1", "nan", "x", ""]),
-    "--draft": st.sampled_from(["0", "1", "4", "16", "64", "-1", "x", ""]),
+    "--draft": st.sampled_from(["0", "1", "2", "4", "16", "64", "-1", "1.5", "x", ""]),
     "--accept": st.sampled_from(["0", "0.5", "0.7", "1", "1.5", "-0.1", "nan", "x", ""]),
+    "--chunk": st.sampled_from(["0", "1", "2", "4", "64", "-1", "1.5", "x"]),
 }
 
 
@@ -106,8 +107,8 @@ def option_argv(verb: str) -> st.SearchStrategy[List[str]]:
 
 
 #: Per verb, the modes a command line starts in (the options others act only beside), drawn alike.
-MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"], ["--paged"]],
-         "plan": [[]], "bench": [[], ["--overlap"], ["--devices", "2"]],
+MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"], ["--paged"], ["--draft", "1"]],
+         "plan": [[]], "bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], ["--chunk", "2"]],
          "residency-plan": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"]],
          "residency-bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"]], "paged-plan": [[]],
          "paged-bench": [[]]}

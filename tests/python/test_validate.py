@@ -152,3 +152,50 @@ def test_padded_steps_reuse_one_graph_and_hash_as_graphs_built_every_step() -> N
                              split, "ranges")
     assert padded[2] == 1 and rebuilt[2] == 2 * 6  # one n_kv (the whole stream) for both waves
     assert padded[0] == rebuilt[0] == exact[0]
+
+
+def _draft_config(**kw: Any) -> validate.ValidateConfig:
+    base = dict(n_seq=4, n_stream=2, n_step=3, kv_size=64, npp=20, head_dim=32, n_head_kv=1, n_head=2, n_layer=2,
+                draft=3, accept=0.6, device="cpu", paged=True, pad=64)  # one n_kv: windows kept across steps
+    base.update(kw)
+    return validate.ValidateConfig.of(**base)
+
+
+def test_the_draft_loop_is_byte_identical_across_policies_prefetching_and_gathers() -> None:
+    """validate --draft: verifications of N + 1 tokens with their rejected cells rolled back give one hash
+    under every policy, serial and prefetching across steps and within them, and every paged gather; each
+    verification's tokens are its one-token steps' within DRAFT_TOLERANCE."""
+    res = validate.run_validate(_draft_config())
+    assert {k.split("/", 1)[1] for k in res.draft_hashes} >= {"ragged", "ragged+overlap", "flat+overlap-within",
+                                                                "paged/auto"}
+    assert res.draft_identical and res.draft_error is not None and res.draft_error <= validate.DRAFT_TOLERANCE
+    assert res.passed
+    assert set(res.draft_hashes.values()).isdisjoint(res.hashes.values())  # a draft serves other queries
+
+
+def test_the_draft_gate_fails_when_the_rejected_cells_are_not_rolled_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Scheduler.truncate a run prefetching across steps keeps the rejected drafts' values it copied
+    ahead: its hash differs and the gate fails, so the gate can see a rollback go wrong."""
+    monkeypatch.setattr(ferry.Scheduler, "truncate", lambda self, stream, length: None)
+    res = validate.run_validate(_draft_config(paged=False, policies=("ragged",)))
+    assert not res.draft_identical and not res.passed
+    assert res.draft_hashes["draft/ragged"] != res.draft_hashes["draft/ragged+overlap"]
+
+
+def test_validate_draft_prints_and_writes_the_draft_hashes(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["validate", "-c", "128", "-npl", "2", "-npp", "12", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
+            "--heads", "2", "--layers", "1", "--device", "cpu", "--policy", "flat,ragged", "--draft", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "served by drafts of 2 tokens" in out and "drafts: identical; against one-token steps: 0 at most" in out
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)[0]
+    assert got["draft_identical"] is True and got["draft_max_error"] == 0.0 and "draft/ragged+overlap" in \
+        got["draft_hashes"]
+
+
+def test_validate_refuses_a_draft_longer_than_a_stream_holds(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["validate", "-c", "64", "-npl", "2", "-npp", "20", "-ntg", "4", "--draft", "3", "--device", "cpu"])
+    assert e.value.code == 2
+    assert re.search(r"-npp \+ -ntg \* \(--draft \+ 1\) = 36", capsys.readouterr().err)

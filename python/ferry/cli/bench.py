@@ -32,7 +32,8 @@ from .reference import WIDTH, Verb, add_verb_parser
 from .text_table import fmt_layers, fmt_link, fmt_mib, fmt_seconds, fmt_tps_digits, format_table
 
 __all__ = ["BenchConfig", "BenchResult", "BenchRow", "Job", "add_parser", "check_plot_available", "config_from_args",
-           "fmt_bytes", "fmt_interval", "format_devices", "format_overlap", "format_paged", "format_result",
+           "fmt_bytes", "fmt_interval", "format_devices", "format_draft", "format_overlap", "format_paged",
+           "format_result",
            "format_wide", "job",
            "main", "plot_result", "run", "run_bench"]
 
@@ -108,6 +109,8 @@ def _tail(res: BenchResult, rep: BenchReport, wide: bool = False) -> List[str]:
         lines += [""] + format_devices(res)
     if res.config.variants.overlap:
         lines += [""] + format_overlap(res, rep, wide)
+    if res.config.tokens_per_step > 1:
+        lines += [""] + format_draft(res, rep, wide)
     return lines + [""] + [w for line in _footer(res, rep) for w in _prose(line, wide)]
 
 
@@ -272,6 +275,39 @@ def format_overlap(res: BenchResult, rep: BenchReport, wide: bool = False) -> Li
     return lines + format_table([head, *body], left=(1, 2, 3) if not wide else (1, 2))
 
 
+def format_draft(res: BenchResult, rep: BenchReport, wide: bool = False) -> List[str]:
+    """The lines of the draft table (--draft N; --chunk N's alike): per npl and variant, the draft (chunk) row
+    beside its single-token row: tokens/s counted on accepted tokens and over the single row's, the tokens
+    accepted per step and sequence, the K and V windows' bytes copied per step and per token (per accepted
+    token) from the scheduler's counters and over the single row's, and the draft's own windows' bytes over
+    a repetition."""
+    q = res.config.sequences
+    if q.draft:
+        prose = [f"draft: each verification checks {q.draft} draft tokens drawn on the split device, each accepted "
+                 f"with chance {q.accept:g} (its predecessors accepted), in one step of {q.draft + 1} tokens over "
+                 "the host windows; the rejected cells rolled back (Scheduler.truncate). tok/s and bytes/token "
+                 "count accepted tokens; draft KV = the draft's windows' bytes copied (its KV on the device: 0)"]
+    else:
+        prose = [f"chunk: prefill in steps of {q.chunk} tokens a sequence over the host windows, each window "
+                 "copied once a step for all of them; tok/s and bytes/token count every token"]
+    lines = [w for line in prose for w in _prose(line, wide)]
+    head = ["npl", "policy", "tok/s", "single", "x", "tok/step", "copied/step", "per token", "single", "x",
+            "draft KV"]
+    body = []
+    for f in rep.rows:
+        s = f.single
+        if s is None:
+            continue
+        r, k = f.row, f.row.key
+        body.append([str(k.npl), run_name(k.policy, k.compact, k.prefetch, k.prefetch_next),
+                     fmt_tps_digits(r.tokens_per_s), fmt_tps_digits(s.tokens_per_s), f"{f.speedup_over_single:.2f}",
+                     f"{r.tokens / r.ntg / k.npl:.2f}", fmt_bytes(r.per_step(r.counts.bytes_copied)),
+                     fmt_bytes(r.bytes_per_token), fmt_bytes(s.bytes_per_token),
+                     "-" if f.bytes_over_single is None else f"{f.bytes_over_single:.2f}",
+                     fmt_bytes(r.counts.draft_bytes_copied)])
+    return lines + format_table([head, *body], left=(1,))
+
+
 def check_plot_available() -> None:
     """Raise UnsupportedError, saying how to install it, when matplotlib cannot be imported."""
     try:
@@ -349,7 +385,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     policies = tuple(args.policy) if "policy" in getattr(args, "given", ()) or not args.paged else ("ragged",)
     return BenchConfig(
         sequences=Sequences(n_ctx=args.c, npl=tuple(args.npl), npp=args.npp, ntg=args.ntg, pad=args.pad,
-                            lengths=args.lengths),
+                            lengths=args.lengths, draft=args.draft, accept=args.accept,
+                            chunk=args.chunk),
         kv=KVGeometry(n_layer=args.layers, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
                       n_head_kv=args.kv_heads, v_trans=args.v_trans),
         variants=VariantOptions(policies=policies, compact=args.compact, reuse=args.reuse, overlap=args.overlap,

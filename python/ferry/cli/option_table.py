@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from ..errors import InvalidArgumentError
 from ..residency import STRATEGIES
+from ..workloads.bench import Sequences
 from ..workloads.common import DEVICES, KV_TYPES, LENGTHS, POLICIES, PREFETCH_NEXT
 from ..workloads.devices import (
     MAX_OPTION_FILE,
@@ -103,7 +104,7 @@ TABLE_OUT = when("without --json", lambda a: not a.json, "leave out --json")
 SWA_PAIR = when("with both --swa-window and --swa-layers",
                 lambda a: a.swa_window is not None and a.swa_layers is not None, "give both")
 PAGED = when("with --paged", lambda a: a.paged, "give --paged")
-DRAFTED = when("with a --draft of 1 or more", lambda a: a.draft > 0, "give --draft N")
+DRAFT = when("with --draft N above 0", lambda a: a.draft > 0, "give --draft N")
 UNIFIED_RUNS = when("on one device with all KV on the host",
                     lambda a: a.devices == 1 and a.kv_device_layers is None and a.placement is None,
                     "leave out --devices, --kv-device-layers and --placement")
@@ -315,6 +316,16 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--prefetch-next"], "copy each step's first layer under the step before", {"validate": GATE_OVERLAP}, RUN,
          choices=list(PREFETCH_NEXT), metavar="HOW", default="both"),
     _opt(["--seed"], "the sequences' content", {"validate": ALWAYS}, RUN, type=count(0), default=0),
+    _opt(["--draft"], "also verify drafts of N tokens: a draft row beside each row", {"bench": ALWAYS}, RUN,
+         type=count(0), default=Sequences.draft, metavar="N"),
+    _opt(["--draft"], "also serve by drafts of N tokens, the rejected cells rolled back", {"validate": ALWAYS}, RUN,
+         type=count(0), default=Sequences.draft, metavar="N"),
+    _opt(["--accept"], "the chance a draft token is accepted, those before it accepted",
+         _all(("bench", "validate"), DRAFT), RUN,
+         type=argument_type(one_float("--accept", 0.0, 1.0), "number from 0 to 1"), metavar="P",
+         default=Sequences.accept),
+    _opt(["--chunk"], "also prefill in chunks of N tokens: a chunk row beside each row", {"bench": ALWAYS}, RUN,
+         type=count(0), default=Sequences.chunk, metavar="N"),
     _opt(["--repeat"], "replicas of each npl", _all(("bench", "paged-bench")), RUN, type=POSITIVE, metavar="N",
          default_text="6"),
     _opt(["--repeat"], "repetitions of each placement", {"residency-bench": ALWAYS}, RUN, type=POSITIVE, metavar="N",
@@ -376,7 +387,7 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--draft"], "each step verifies a draft of N tokens: N + 1 per stream, one copy",
          _all(RESIDENCY_VERBS), RESIDENCY_GROUP, type=count(0), default=0, metavar="N"),
     _opt(["--accept"], "each draft token's acceptance; tokens/s count those kept",
-         _all(RESIDENCY_VERBS, DRAFTED), RESIDENCY_GROUP,
+         _all(RESIDENCY_VERBS, DRAFT), RESIDENCY_GROUP,
          type=argument_type(one_float("--accept", 0.0, 1.0), "number from 0 to 1"), metavar="P", default=0.7),
     # output
     _opt(["--json"], "a JSON list of objects instead of text", _all(ALL), OUTPUT, action="store_true"),

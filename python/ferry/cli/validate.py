@@ -47,10 +47,17 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
                       f"{','.join(map(str, cfg.devices.runs_on(g.n_layer)))}; placements (per layer: h host memory, "
                       "or the device holding it; one-device: every layer on device 0):"] + [
             f"  {name}: {text}" for name, text in res.placements.items()]
-    width = max(len(p) for p in [*res.hashes, "control"])
+    width = max(len(p) for p in [*res.hashes, *res.draft_hashes, "control"])
     lines += [f"  {p.ljust(width)}  {h}  (split memory {res.split_memory.get(p, 0):,} B, "
               f"graph built at {res.builds.get(p, 0)} of {waves * w.n_step} steps)" for p, h in res.hashes.items()]
     lines.append(f"  {'control'.ljust(width)}  {res.control}  (ranges, each sequence reading its neighbour's stream)")
+    if res.draft_hashes:
+        lines.append(f"served by drafts of {w.draft} tokens (each accepted with chance {w.accept:g}, its "
+                     f"predecessors accepted), one verification of {w.draft + 1} tokens a step, the rejected cells "
+                     "rolled back:")
+        lines += [f"  {p.ljust(width)}  {h}" for p, h in res.draft_hashes.items()]
+        lines.append(f"drafts: {'identical' if res.draft_identical else 'DIFFERENT'}; against one-token steps: "
+                     f"{res.draft_error:.3g} at most (tolerance {validate_workload.DRAFT_TOLERANCE:g})")
     what = ("placements and policies" if res.placements else "policies") + (
         " and paged gathers" if paged.paged else "")
     lines.append(f"{what}: {'identical' if res.identical else 'DIFFERENT'}; "
@@ -95,7 +102,8 @@ def job(args: argparse.Namespace) -> Job:
         check_streams(args.c, npl)
         cfg = ValidateConfig(
             waves=Waves(n_seq=args.sequences or 2 * npl, n_stream=npl, n_step=args.ntg, kv_size=args.c // npl,
-                        npp=args.npp, lengths=args.lengths, pad=args.pad, seed=args.seed),
+                        npp=args.npp, lengths=args.lengths, pad=args.pad, seed=args.seed, draft=args.draft,
+                        accept=args.accept),
             kv=KVGeometry(n_layer=args.layers, type_kv=args.type, n_head=args.heads, head_dim=args.head_dim,
                           n_head_kv=args.kv_heads, v_trans=args.v_trans),
             variants=VariantOptions(policies=tuple(args.policy), compact=args.compact, reuse=args.reuse,

@@ -76,6 +76,7 @@ import numpy as np
 
 from ..backend import Backend, CPUBackend, StandinBackend
 from ..errors import InvalidArgumentError
+from ..kv import KVCache
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
@@ -84,6 +85,7 @@ from .common import (
     KVGeometry,
     Lengths,
     VariantOptions,
+    accepted_drafts,
     check_positive,
     check_prefetch_next,
     check_run_options,
@@ -147,6 +149,15 @@ class Sequences:
         copies no padded cell.
     lengths : Lengths
         Each sequence's prompt: -npp cells, seeded uniform draws, or given.
+    draft : int
+        Draft tokens a verification checks (--draft N): beside each single-token row, its draft row: N
+        draft steps on the device, then one step of N + 1 tokens over the host windows; 0: none.
+    accept : float
+        The chance that a draft token is accepted, its predecessors accepted (--accept): a draft's accepted
+        prefix is geometric, drawn per step and sequence from the seed.
+    chunk : int
+        Tokens of a prefill chunk (--chunk N): beside each single-token row, its chunk row: steps of N tokens
+        over the host windows, every one kept (no draft, no rollback); 0: none.
     """
 
     n_ctx: int = 4096
@@ -155,6 +166,9 @@ class Sequences:
     ntg: int = 8
     pad: int = 256
     lengths: Lengths = "equal"
+    draft: int = 0
+    accept: float = 0.7
+    chunk: int = 0
 
 
 @dataclass(frozen=True)
@@ -183,7 +197,11 @@ class Sampling:
 CONFIG_JSON_KEYS: Tuple[str, ...] = (
     "n_ctx", "npl", "npp", "ntg", "n_layer", "type_kv", "n_head", "head_dim", "n_head_kv", "policies", "unified",
     "device", "pad", "lengths", "repeat", "rounds", "seed", "v_trans", "compact", "reuse", "overlap", "prefetch",
-    "prefetch_next", "devices", "trace", "paged", "block_size", "adjacency")
+    "prefetch_next", "devices", "trace", "paged", "block_size", "adjacency", "draft", "accept", "chunk")
+#: The keys of "config" only a draft run (--draft N) writes: a run without a draft writes what it always did.
+DRAFT_CONFIG_KEYS: Tuple[str, ...] = ("draft", "accept", "chunk")
+#: Layers of the draft model (an MTP head or an EAGLE layer), their KV on the split device.
+DRAFT_LAYERS = 1
 
 #: BenchConfig's groups of options, by field name.
 _GROUPS = ("sequences", "kv", "variants", "sampling", "paged_cache")
@@ -237,7 +255,8 @@ class BenchConfig:
 
     def as_dict(self) -> Dict[str, object]:
         """The options by name, the groups flattened, as --json writes "config" (CONFIG_JSON_KEYS)."""
-        flat: Dict[str, object] = {k: v for name in _GROUPS for k, v in asdict(getattr(self, name)).items()}
+        flat: Dict[str, object] = {k: v for name in _GROUPS for k, v in asdict(getattr(self, name)).items()
+                                   if self.tokens_per_step > 1 or k not in DRAFT_CONFIG_KEYS}
         return in_order({**flat, "unified": self.unified, "device": self.device, "devices": asdict(self.devices)},
                         CONFIG_JSON_KEYS)
 
@@ -248,6 +267,7 @@ class BenchConfig:
                         ("--heads", kv.n_head), ("--head-dim", kv.head_dim), ("--kv-heads", kv.n_head_kv),
                         ("--pad", q.pad), *(("--prefetch", d) for d in self.variants.prefetch),
                         ("--repeat", self.sampling.repeat), ("--rounds", self.sampling.rounds)))
+        self._check_draft()
         check_run_options(kv.type_kv, kv.head_dim, kv.n_head, kv.n_head_kv, self.variants.policies, self.device)
         check_prefetch_next(self.variants.prefetch_next)
         self.devices.check(self.kv.n_layer, self.device)
@@ -262,9 +282,32 @@ class BenchConfig:
                 raise InvalidArgumentError(f"-npl {npl!r} is not a positive integer")
             check_streams(q.n_ctx, npl)
             self.prompts(npl)
-            if q.npp + q.ntg > q.n_ctx // npl:
+            if self.cells > q.n_ctx // npl:
+                grows = " * (--draft + 1)" if q.draft else " * --chunk" if q.chunk else ""
                 raise InvalidArgumentError(f"-npl {npl}: a stream holds {q.n_ctx // npl} cells, fewer than "
-                                           f"-npp + -ntg = {q.npp + q.ntg}")
+                                           f"-npp + -ntg{grows} = {self.cells}")
+
+    def _check_draft(self) -> None:
+        """Raise InvalidArgumentError for a --draft or --accept that cannot run."""
+        q = self.sequences
+        if isinstance(q.draft, bool) or not isinstance(q.draft, int) or q.draft < 0:
+            raise InvalidArgumentError(f"--draft {q.draft!r} is not a count of draft tokens (0 or more)")
+        if isinstance(q.accept, bool) or not isinstance(q.accept, (int, float)) or not 0.0 <= q.accept <= 1.0:
+            raise InvalidArgumentError(f"--accept {q.accept!r} is not a chance from 0 to 1")
+        if isinstance(q.chunk, bool) or not isinstance(q.chunk, int) or q.chunk < 0:
+            raise InvalidArgumentError(f"--chunk {q.chunk!r} is not a count of tokens (0 or more)")
+        if q.draft and q.chunk:
+            raise InvalidArgumentError("--draft and --chunk each add rows of several tokens a step: give one")
+        for option, n in (("--draft", q.draft), ("--chunk", q.chunk)):
+            if n and self.paged_cache.paged:
+                raise InvalidArgumentError(f"{option} steps over the cells cache's windows: leave out --paged")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens a step of the several-token rows brings per sequence: --draft + 1, or --chunk; 1 without
+        them (the single-token rows alone)."""
+        q = self.sequences
+        return q.draft + 1 if q.draft else q.chunk or 1
 
     def _check_paged(self) -> None:
         """Raise InvalidArgumentError for options a --paged run cannot take."""
@@ -316,8 +359,9 @@ class BenchConfig:
 
     @property
     def cells(self) -> int:
-        """L: cells each sequence reaches (npp + ntg)."""
-        return self.sequences.npp + self.sequences.ntg
+        """L: cells each sequence may reach: npp + ntg, and with several tokens a step npp + ntg *
+        tokens_per_step, every verification's draft accepted."""
+        return self.sequences.npp + self.sequences.ntg * self.tokens_per_step
 
     def prompts(self, npl: int) -> List[int]:
         """Each of npl sequences' prompt length (common.prompt_lengths of lengths, seeded by seed)."""
@@ -336,8 +380,8 @@ class BenchConfig:
 
     @property
     def n_steps(self) -> int:
-        """Decode steps of the whole run (the progress bar's length)."""
-        runs = len(variants(self)) * len(self.layouts) * len(self.prefetch_runs) + (
+        """Decode steps of the whole run (the progress bar's length): a draft row's verification is one."""
+        runs = len(variants(self)) * (len(self.layouts) + (self.tokens_per_step > 1)) * len(self.prefetch_runs) + (
             len(PAGED_GATHERS) if self.paged_cache.paged else 0)
         q, m = self.sequences, self.sampling
         return len(q.npl) * m.repeat * (WARMUP + m.rounds) * runs * q.ntg
@@ -400,6 +444,10 @@ class RunKey:
         Overlapped across steps: each step's first layer copied under the step before.
     gather : str
         A paged cache's gather setting (PAGED_GATHERS); "" for the cells cache.
+    draft : int
+        Draft tokens each verification checks (a draft row); 0 for a single-token row.
+    chunk : int
+        Tokens of each prefill chunk (a chunk row); 0 for a single-token row.
     """
 
     npl: int
@@ -409,7 +457,13 @@ class RunKey:
     prefetch: int = 0
     prefetch_next: bool = False
     gather: str = ""
+    draft: int = 0
+    chunk: int = 0
 
+    @property
+    def tokens_per_step(self) -> bool:
+        """Whether the row's steps bring several tokens a sequence: a draft row or a chunk row."""
+        return bool(self.draft or self.chunk)
     @property
     def overlap(self) -> bool:
         """Whether the run prefetched its inputs on the copy queue."""
@@ -419,8 +473,9 @@ class RunKey:
     def label(self) -> str:
         """The policy, with "+compact" for compact staging and "+overlap" for an overlapped run; a paged
         cache's row: "paged per-block" or "paged merged"."""
-        return (PAGED_NAMES[self.gather] if self.gather
+        name = (PAGED_NAMES[self.gather] if self.gather
                 else run_name(self.policy, self.compact, self.prefetch, self.prefetch_next))
+        return f"{name} draft {self.draft}" if self.draft else f"{name} chunk {self.chunk}" if self.chunk else name
 
 
 @dataclass(frozen=True)
@@ -464,6 +519,13 @@ class RunCounts:
         Steps that kept a first layer copied under the step before.
     gather_used : str
         The methods a paged cache's windows were gathered by, "+"-joined ("batched"); "" for cells.
+    tokens : int
+        Tokens the repetition served: npl * ntg, and in a draft row the tokens its verifications accepted
+        (each step's accepted draft tokens and the token verification adds); 0 in a row made before
+        they were counted, read as npl * ntg (BenchRow.tokens).
+    draft_bytes_copied : int
+        A draft row's bytes the draft's K and V windows copied over its draft steps (0: its KV stays on
+        the device).
     """
 
     bytes_copied: int
@@ -474,6 +536,8 @@ class RunCounts:
     rebuilds: int = 0
     steps_ahead: int = 0
     gather_used: str = ""
+    tokens: int = 0
+    draft_bytes_copied: int = 0
 
 
 #: `ferry bench --json`'s keys of a row, in the order it writes them (keys a row gains later follow them).
@@ -483,7 +547,10 @@ ROW_JSON_KEYS: Tuple[str, ...] = (
     "predicted_copy_s", "copy_calls", "gather", "gather_used", "prefetch_next", "steps_ahead", "overlap",
     "tokens_per_s_end_to_end", "replicas", "tokens_per_s_replicas", "devices", "decode_s_per_step",
     "copy_s_per_step", "compute_s_per_step", "host_s_per_step", "predicted_copy_s_per_step", "copy_calls_per_step",
-    "label", "bytes_copied_per_step", "bytes_read_per_step")
+    "label", "bytes_copied_per_step", "bytes_read_per_step", "draft", "tokens", "draft_bytes_copied",
+    "bytes_copied_per_token", "chunk")
+#: The keys of a row only a draft run (--draft N) writes, in every row of it.
+DRAFT_ROW_KEYS: Tuple[str, ...] = ("draft", "chunk", "tokens", "draft_bytes_copied", "bytes_copied_per_token")
 
 
 @dataclass(frozen=True)
@@ -518,9 +585,20 @@ class BenchRow:
     replicas_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)
 
     @property
+    def tokens(self) -> int:
+        """Tokens a repetition served: npl * ntg, or a draft row's accepted tokens (RunCounts.tokens)."""
+        return self.counts.tokens or self.key.npl * self.ntg
+
+    @property
     def tokens_per_s(self) -> float:
-        """npl * ntg tokens over the decode time."""
-        return self.key.npl * self.ntg / self.times.decode_s if self.times.decode_s > 0 else math.inf
+        """The tokens served (tokens: a draft row's accepted ones) over the decode time."""
+        return self.tokens / self.times.decode_s if self.times.decode_s > 0 else math.inf
+
+    @property
+    def bytes_per_token(self) -> float:
+        """The K and V windows' bytes copied (the scheduler's counters) per token served (a draft row:
+        per accepted token)."""
+        return self.counts.bytes_copied / self.tokens
 
     @property
     def tokens_per_s_end_to_end(self) -> float:
@@ -562,7 +640,8 @@ class BenchRow:
                     for w in ("decode", "copy", "compute", "host", "predicted_copy")},
                  copy_calls_per_step=self.per_step(n.copy_calls), label=self.key.label,
                  bytes_copied_per_step=self.per_step(n.bytes_copied),
-                 bytes_read_per_step=self.per_step(n.bytes_read))
+                 bytes_read_per_step=self.per_step(n.bytes_read), tokens=self.tokens,
+                 bytes_copied_per_token=self.bytes_per_token)
         return in_order(d, ROW_JSON_KEYS)
 
 
@@ -616,6 +695,8 @@ class ReportRow:
         The same variant's row on the unified cache, beside a split-cache row; None otherwise.
     overlap : OverlapFigures or None
         An overlapped row's figures; None for a serial row.
+    single : BenchRow or None
+        Beside a draft row, the single-token row of its variant (--draft 0's); None otherwise.
     """
 
     row: BenchRow
@@ -624,11 +705,25 @@ class ReportRow:
     over_unified: Optional[Interval] = None
     unified: Optional[BenchRow] = None
     overlap: Optional[OverlapFigures] = None
+    single: Optional[BenchRow] = None
+
+    @property
+    def bytes_over_single(self) -> Optional[float]:
+        """A draft row's bytes copied per accepted token over its single-token row's per token; None for
+        other rows."""
+        s = self.single
+        return None if s is None else self.row.bytes_per_token / s.bytes_per_token if s.bytes_per_token else None
+
+    @property
+    def speedup_over_single(self) -> Optional[float]:
+        """A draft row's tokens/s (accepted tokens) over its single-token row's; None for other rows."""
+        s = self.single
+        return None if s is None else self.row.tokens_per_s / s.tokens_per_s
 
     @property
     def is_serial_cells(self) -> bool:
-        """Whether the row is a serial run of the cells cache (the main table's rows)."""
-        return not self.row.key.overlap and not self.row.key.gather
+        """Whether the row is a serial single-token run of the cells cache (the main table's rows)."""
+        return not self.row.key.overlap and not self.row.key.gather and not self.row.key.tokens_per_step
 
     def as_dict(self) -> Dict[str, object]:
         """The row as `ferry bench --json` writes it (without "config"): BenchRow.as_dict, an overlapped row's
@@ -650,6 +745,9 @@ class ReportRow:
                  gain_claimed=not k.unified and k.policy != "flat" and g is not None,
                  over_unified=None if u is None else u.estimate, over_unified_low=None if u is None else u.low,
                  over_unified_high=None if u is None else u.high)
+        if self.single is not None:
+            d.update(bytes_per_token_over_single=self.bytes_over_single,
+                     tokens_per_s_over_single=self.speedup_over_single)
         return d
 
 
@@ -715,6 +813,10 @@ class BenchResult:
         key = RunKey(npl=npl, policy=policy, unified=unified, compact=compact, prefetch=prefetch,
                      prefetch_next=prefetch > 0 and not within, gather=gather)
         return next(r for r in self.rows if r.key == key)
+
+    def single_of(self, r: BenchRow) -> BenchRow:
+        """The single-token row of a draft row's variant (the row itself for a single-token row)."""
+        return next(x for x in self.rows if x.key == replace(r.key, draft=0, chunk=0))
 
     def serial_of(self, r: BenchRow) -> BenchRow:
         """The serial run of an overlapped row's variant (the row itself when it is serial)."""
@@ -798,6 +900,9 @@ class BenchResult:
         out = []
         for r in self.rows:
             k = r.key
+            if k.tokens_per_step:
+                out.append(ReportRow(row=r, single=self.single_of(r)))
+                continue
             flat = self.flat_of(r)
             gains = () if flat is None or k.policy == "flat" else tuple(
                 a / b - 1 for a, b in zip(r.replica_rates, flat.replica_rates))
@@ -832,12 +937,15 @@ class BenchResult:
         gain over the unified cache ("over_unified", "over_unified_low", "over_unified_high"); "config": the
         whole configuration (BenchConfig.as_dict)."""
         config = self.config.as_dict()
-        return [{**f.as_dict(), "config": config} for f in self.report()]
+        drafted = self.config.tokens_per_step > 1
+        return [{**{k: v for k, v in f.as_dict().items() if drafted or k not in DRAFT_ROW_KEYS}, "config": config}
+                for f in self.report()]
 
     def outputs_identical(self, npl: int) -> bool:
         """Whether every run of npl (each policy, both layouts, serial and overlapped) gave the same
-        attention outputs."""
-        return len({r.output_sha256 for r in self.rows if r.key.npl == npl}) == 1
+        attention outputs, and every draft row the same as the other draft rows."""
+        return all(len({r.output_sha256 for r in self.rows if r.key.npl == npl and r.key.tokens_per_step == d}) <= 1
+                   for d in (False, True))
 
 
 def variants(cfg: BenchConfig) -> List[Tuple[str, bool]]:
@@ -962,6 +1070,68 @@ class _PagedCache(_Cache):
         self.paged.close()
 
 
+def draft_device(split: Backend) -> Optional[Backend]:
+    """Where the draft's layers' KV lives: the split device that runs its steps (None would be host memory,
+    the placement a draft's KV has where the target's lives there)."""
+    return split
+
+
+class _Draft:
+    """Several tokens a step over a split cache's sequences. A draft (--draft N): the draft model's cache of
+    DRAFT_LAYERS layers placed on the split device (a placement of the same KV cache, not another
+    mechanism), its query there, and the verification's: N + 1 tokens per sequence and layer over the
+    target's windows, each step's accepted drafts (accepted_drafts) and so each step's lengths and windows.
+    A prefill chunk (--chunk N, chunk=True): no draft, N tokens a step, every one kept."""
+
+    def __init__(self, cache: _Cache, cpu: Backend, pinned: bool, chunk: bool = False) -> None:
+        cfg, g, npl, split = cache.cfg, cache.cfg.kv, cache.npl, cache.split
+        q = cfg.sequences
+        kv_size = q.n_ctx // npl
+        ty = to_type(g.type_kv)
+        self.chunk = q.chunk if chunk else 0
+        self.n = 0 if chunk else q.draft  # draft steps before each verification
+        n_tok = self.n_tok = q.chunk if chunk else q.draft + 1  # tokens each step brings per sequence
+        self.kv: Optional[KVCache] = None
+        self.layer_of: Set[Any] = set()
+        rng = np.random.default_rng([cfg.sampling.seed, 1 << 21])
+        self.q = [Tensor.from_numpy(split, rng.uniform(-1, 1, (npl, 1, g.n_head, g.head_dim)).astype(np.float32),
+                                    name=f"draft_q{layer}") for layer in range(DRAFT_LAYERS)]
+        self.verify_q = [Tensor.from_numpy(cache.layer_backends[layer],
+                                           rng.uniform(-1, 1, (npl, n_tok, g.n_head, g.head_dim)).astype(np.float32),
+                                           name=f"verify_q{layer}") for layer in range(g.n_layer)]
+        self.kv_len = Tensor.from_numpy(cpu, np.zeros(npl, np.int32), name="draft_kv_len")
+        self.accepted = (np.full((q.ntg, npl), n_tok - 1) if chunk
+                         else accepted_drafts(cfg.sampling.seed, npl, q.ntg, self.n, q.accept))
+        kept = cache.prompts + np.concatenate([np.zeros((1, npl), np.int64), np.cumsum(self.accepted + 1, axis=0)])
+        self.lengths = kept.astype(np.int32)  # [ntg + 1, npl]: each step's lengths before it, then the last kept
+        self.n_kv = [n_kv_for(int(self.lengths[t].max()), n_tok, q.pad, kv_size) for t in range(q.ntg)]
+        self.draft_n_kv = [[n_kv_for(int(self.lengths[t].max()), i + 1, q.pad, kv_size) for i in range(self.n)]
+                           for t in range(q.ntg)]
+        self.tokens = int((self.accepted + 1).sum())
+        if chunk:
+            return
+        self.kv = new_cache(ty, g.head_dim, g.n_head_kv, q.n_ctx, npl, DRAFT_LAYERS, g.v_trans, pinned,
+                            [draft_device(split)] * DRAFT_LAYERS)
+        self.layer_of = {t._p for layer in range(DRAFT_LAYERS) for t in (self.kv.k(layer), self.kv.v(layer))}
+        for layer in range(DRAFT_LAYERS):
+            for which in ("k", "v"):
+                for i in range(npl):  # the draft's layers seeded as layers past the target's
+                    seed = (cfg.sampling.seed, g.n_layer + layer, i, which == "v")
+                    data = random_rows(ty, cfg.cells, cfg.n_embd, seed)
+                    write_cells(self.kv, which, layer, i, 0, data)
+
+    def is_window(self, src: Tensor) -> bool:
+        """Whether the input source src views a draft layer's K or V."""
+        p = src._p
+        while p.view_src:
+            p = p.view_src
+        return p in self.layer_of
+
+    def close(self) -> None:
+        if self.kv is not None:
+            self.kv.close()
+
+
 @dataclass(frozen=True)
 class DeviceBytes:
     """Per device (in index order), the bytes its splits received over a repetition, and of those the K and
@@ -976,12 +1146,15 @@ class _Variant:
     scheduler, and each step's fastest times over its timed repetitions."""
 
     def __init__(self, cache: _Cache, cpu: Backend, policy: str, compact: bool, prefetch: int,
-                 gather: str = "", prefetch_next: bool = False) -> None:
+                 gather: str = "", prefetch_next: bool = False, draft: Optional[_Draft] = None) -> None:
         self.cache, self.policy, self.compact, self.prefetch, self.gather = cache, policy, compact, prefetch, gather
-        self.prefetch_next = prefetch_next
+        self.prefetch_next, self.draft = prefetch_next, draft
         self.sched = Scheduler([*cache.devices, cpu], policy=policy, compact=compact, prefetch=prefetch,
                                prefetch_next=prefetch_next)
         self.graphs = StepGraph(self.sched, self._build)
+        # a draft row's draft steps: their own scheduler over the draft's cache on the split device
+        self.draft_sched = None if draft is None or not draft.n else Scheduler([*cache.devices, cpu], policy=policy)
+        self.draft_graphs = None if self.draft_sched is None else StepGraph(self.draft_sched, self._build_draft)
         ntg, n_dev = cache.cfg.sequences.ntg, len(cache.devices)
         self.floors = {w: StepFloor(ntg) for w in ("decode", "copy", "compute", "host")}
         self.device_copy = [StepFloor(ntg) for _ in range(n_dev)]
@@ -992,14 +1165,48 @@ class _Variant:
         self.counts = RunCounts(bytes_copied=0, bytes_read=0)  # the last timed repetition's
         self.device_bytes = DeviceBytes(copied=[0] * n_dev, kv=[0] * n_dev)  # the last timed repetition's, per device
         self.predicted = 0.0  # a repetition's copy time by the cost models
-        name = PAGED_NAMES[gather] if gather else run_name(policy, compact, prefetch, prefetch_next)
-        self.label = f"npl {cache.npl} {name}{' unified' if cache.unified else ''}"
+        self.key = RunKey(npl=cache.npl, policy=policy, unified=cache.unified, compact=compact, prefetch=prefetch,
+                          prefetch_next=prefetch_next, gather=gather, draft=0 if draft is None else draft.n,
+                          chunk=0 if draft is None else draft.chunk)
+        self.label = f"npl {cache.npl} {self.key.label}{' unified' if cache.unified else ''}"
 
     def _build(self, n_kv: object) -> List[Tensor]:
         c = self.cache
         assert isinstance(n_kv, int)
         on = c.split if len(c.devices) == 1 else c.layer_backends
-        return attention_step(self.sched, on, c.windows(n_kv), c.q, c.kv_len, c.cfg.kv.v_trans)
+        q = c.q if self.draft is None else self.draft.verify_q
+        return attention_step(self.sched, on, c.windows(n_kv), q, c.kv_len, c.cfg.kv.v_trans)
+
+    def _build_draft(self, n_kv: object) -> List[Tensor]:
+        assert isinstance(n_kv, int) and self.draft is not None and self.draft_sched is not None
+        d = self.draft
+        assert d.kv is not None
+        return attention_step(self.draft_sched, self.cache.split, d.kv.windows(n_kv), d.q, d.kv_len,
+                              self.cache.cfg.kv.v_trans)
+
+    def _draft_steps(self, t: int, digest: Any) -> Tuple[float, float, float, int, float]:
+        """A draft row's draft steps before verification t, on the split device: one token each, over the
+        draft's cache there. Returns their wall time, copy and compute time, the bytes the draft's K and V
+        windows copied (0 while its cache is on the device), and their copies' predicted time."""
+        d, sched, graphs = self.draft, self.draft_sched, self.draft_graphs
+        assert d is not None
+        wall = copy = compute = predicted = 0.0
+        copied = 0
+        if sched is None or graphs is None:  # a prefill chunk: no draft
+            return wall, copy, compute, copied, predicted
+        for i in range(d.n):
+            graph = graphs.get(d.draft_n_kv[t][i])
+            d.kv_len.set(d.lengths[t] + (i + 1))
+            t0 = time.perf_counter()
+            sched.compute(graph)
+            wall += time.perf_counter() - t0
+            st = sched.stats
+            copy, compute = copy + st.copy_seconds, compute + st.compute_seconds
+            predicted += st.predicted_seconds
+            copied += sum(inp.stats.bytes_copied for inp in sched.inputs if d.is_window(inp.src))
+            for out in graph.outputs:
+                digest.update(out.get())
+        return wall, copy, compute, copied, predicted
 
     def repetition(self, timed: bool, on_step: Optional[OnStep]) -> None:
         """Run the ntg steps once; when timed, count each step toward the floors and keep the repetition's
@@ -1007,8 +1214,9 @@ class _Variant:
         c = self.cache
         cfg = c.cfg
         n_dev = len(c.devices)
-        copied = read = ahead = calls = steps_ahead = 0
+        copied = read = ahead = calls = steps_ahead = draft_copied = 0
         predicted = 0.0
+        d = self.draft
         dev = DeviceBytes(copied=[0] * n_dev, kv=[0] * n_dev)
         used: Set[str] = set()
         if self.gather:  # the paged cache's setting, read when its windows are copied
@@ -1021,24 +1229,31 @@ class _Variant:
             t0 = time.perf_counter()
             if not cfg.variants.reuse:
                 self.graphs.clear()
-            graph = self.graphs.get(c.n_kv[t])
+            drafting = (0.0, 0.0, 0.0, 0, 0.0) if d is None else self._draft_steps(t, digest)
+            graph = self.graphs.get(c.n_kv[t] if d is None else d.n_kv[t])
             if t == 0:
                 builds = self.graphs.builds
-            c.kv_len.set(c.prompts + (t + 1))
+            # a verification writes its N + 1 tokens' cells first; a single-token step its one
+            c.kv_len.set(c.prompts + (t + 1) if d is None else d.lengths[t] + d.n_tok)
             t1 = time.perf_counter()
             self.sched.compute(graph)
-            decode = time.perf_counter() - t1
+            decode = time.perf_counter() - t1 + drafting[0]
             st = self.sched.stats
+            draft_copied += drafting[3]
+            if d is not None and self.prefetch_next:
+                for i, kept in enumerate(d.lengths[t + 1]):  # the rejected drafts' cells: a rollback, no recopy
+                    self.sched.truncate(i, int(kept))
             device_copy, window_copied, window_read, window_calls = self._step_inputs(dev, used)
             copied, read, ahead = copied + window_copied, read + window_read, max(ahead, st.ahead_bytes)
             calls += window_calls
             steps_ahead += st.kept_ahead > 0
-            predicted += st.predicted_seconds
+            predicted += st.predicted_seconds + drafting[4]
             self.split_memory = max(self.split_memory, self.sched.buffer_size(c.split))
             self.device_memory = [max(m, self.sched.buffer_size(d)) for m, d in zip(self.device_memory, c.devices)]
             if timed:
-                for w, s in (("decode", decode), ("copy", st.copy_seconds), ("compute", st.compute_seconds),
-                             ("host", t1 - t0)):
+                for w, s in (("decode", decode), ("copy", st.copy_seconds + drafting[1]),
+                             ("compute", st.compute_seconds + drafting[2]),
+                             ("host", t1 - t0 - drafting[0])):  # the draft steps' computes are decode time
                     self.floors[w].add(t, s)
                 if cfg.sampling.trace:
                     traced.append(TracedStep(spans=tuple(self.sched.trace()), seconds=decode,
@@ -1052,7 +1267,9 @@ class _Variant:
         if timed:
             self.counts = RunCounts(bytes_copied=copied, bytes_read=read, copy_calls=calls, ahead_bytes=ahead,
                                     rebuilds=self.graphs.builds - builds, steps_ahead=steps_ahead,
-                                    gather_used="+".join(sorted(used)))
+                                    gather_used="+".join(sorted(used)),
+                                    tokens=c.npl * cfg.sequences.ntg if d is None else d.tokens,
+                                    draft_bytes_copied=draft_copied)
             self.device_bytes = dev
             self.predicted = predicted
             self.digests.append(digest.hexdigest())
@@ -1101,8 +1318,7 @@ class _Variant:
                                       memory_bytes=self.device_memory[d] + c.resident_bytes[d],
                                       link_gbps=dev.link_gbps if isinstance(dev, StandinBackend) else None)
                         for d, dev in enumerate(c.devices))
-        key = RunKey(npl=c.npl, policy=self.policy, unified=c.unified, compact=self.compact, prefetch=self.prefetch,
-                     prefetch_next=self.prefetch_next, gather=self.gather)
+        key = self.key
         times = RunTimes(decode_s=self.floors["decode"].total, copy_s=self.floors["copy"].total,
                          compute_s=self.floors["compute"].total, host_s=self.floors["host"].total,
                          predicted_copy_s=self.predicted)
@@ -1119,11 +1335,18 @@ class _Replica:
     def __init__(self, cfg: BenchConfig, devices: List[Backend], cpu: Backend, npl: int, pinned: bool) -> None:
         self.caches: List[_Cache] = []
         self.variants: List[_Variant] = []
+        self.drafts: List[_Draft] = []
         self.rounds = 0
         try:
             for unified in cfg.layouts:
                 self.caches.append(_Cache(cfg, devices, cpu, npl, unified, pinned))
                 self.variants += [_Variant(self.caches[-1], cpu, policy, compact, depth, prefetch_next=nxt)
+                                  for policy, compact in variants(cfg) for depth, nxt in cfg.prefetch_runs]
+            if cfg.sequences.draft or cfg.sequences.chunk:  # beside the split cache's rows, their draft or chunk
+                # rows over the same cache
+                self.drafts.append(_Draft(self.caches[0], cpu, pinned, chunk=bool(cfg.sequences.chunk)))
+                self.variants += [_Variant(self.caches[0], cpu, policy, compact, depth, prefetch_next=nxt,
+                                           draft=self.drafts[0])
                                   for policy, compact in variants(cfg) for depth, nxt in cfg.prefetch_runs]
             if cfg.paged_cache.paged:
                 self.caches.append(_PagedCache(cfg, devices, cpu, npl, pinned))
@@ -1143,6 +1366,10 @@ class _Replica:
     def close(self) -> None:
         for v in self.variants:
             v.sched.close()
+            if v.draft_sched is not None:
+                v.draft_sched.close()
+        for draft in self.drafts:
+            draft.close()
         for cache in self.caches:
             cache.close()
 
@@ -1158,7 +1385,8 @@ def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
     """
     first = rows[0]
     label = f"npl {first.key.npl} {first.key.label}{' unified' if first.key.unified else ''}"
-    if len({(r.counts.bytes_copied, r.counts.bytes_read, r.counts.copy_calls) for r in rows}) != 1:
+    if len({(r.counts.bytes_copied, r.counts.bytes_read, r.counts.copy_calls, r.counts.draft_bytes_copied)
+            for r in rows}) != 1:
         raise AssertionError(f"{label}: replicas moved different bytes")
     if len({r.output_sha256 for r in rows}) != 1:
         raise AssertionError(f"{label}: replicas gave different attention outputs")

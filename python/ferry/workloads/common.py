@@ -522,3 +522,28 @@ def write_cells(kv: KVCache, which: str, layer: int, stream: int, cell0: int, da
     channel = kv.window_layout("v", 1, stream, stream)[1][2]
     runs = np.ascontiguousarray(np.frombuffer(data, np.uint8).reshape(cells, n_embd, elem).transpose(1, 0, 2))
     t.set_2d(runs.tobytes(), kv.cell_offset("v", stream, cell0), cells * elem, n_embd, channel, cells * elem)
+
+
+def accepted_drafts(seed: int, npl: int, steps: int, draft: int, accept: float) -> np.ndarray:
+    """Per step and sequence, the draft tokens verification accepts: the first rejected of draft tokens,
+    each accepted with chance accept (a geometric prefix, at most draft), seeded by (seed, npl).
+
+    Parameters
+    ----------
+    seed, npl : int
+        Seed the draws (a run's seed and its number of sequences).
+    steps : int
+        Verifications.
+    draft : int
+        Draft tokens each checks.
+    accept : float
+        Each token's chance, its predecessors accepted.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 [steps, npl], each 0..draft.
+    """
+    rng = np.random.default_rng([seed, npl, 43])
+    accepted = rng.random((steps, npl, draft)) < accept
+    return np.cumprod(accepted, axis=2).sum(axis=2)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -53,6 +53,7 @@ from .common import (
     KVGeometry,
     Lengths,
     VariantOptions,
+    accepted_drafts,
     check_positive,
     check_prefetch_next,
     check_run_options,
@@ -97,6 +98,11 @@ class Waves:
         A wave's n_kv is its longest sequence rounded up to this (at most kv_size).
     seed : int
         Seeds the cells, the queries and drawn lengths.
+    draft : int
+        Also serve the sequences by drafts of this many tokens (--draft N; 0: not): each step a
+        verification of N + 1 tokens, the rejected ones' cells written with other values and rolled back.
+    accept : float
+        A draft token's chance to be accepted, its predecessors accepted (--accept).
     """
 
     n_seq: int = 16
@@ -107,6 +113,8 @@ class Waves:
     lengths: Lengths = "uniform"
     pad: int = 1
     seed: int = 0
+    draft: int = 0
+    accept: float = 0.7
 
 
 def _validate_variants() -> VariantOptions:
@@ -167,6 +175,10 @@ class ValidateConfig:
                         ("--head-dim", kv.head_dim), ("--kv-heads", kv.n_head_kv), ("--pad", w.pad),
                         *(("--prefetch", d) for d in self.variants.prefetch)))
         check_prefetch_next(self.variants.prefetch_next)
+        if isinstance(w.draft, bool) or not isinstance(w.draft, int) or w.draft < 0:
+            raise InvalidArgumentError(f"--draft {w.draft!r} is not a count of draft tokens (0 or more)")
+        if isinstance(w.accept, bool) or not isinstance(w.accept, (int, float)) or not 0.0 <= w.accept <= 1.0:
+            raise InvalidArgumentError(f"--accept {w.accept!r} is not a chance from 0 to 1")
         if w.npp is not None:
             check_positive((("-npp", w.npp),))
         if w.n_stream < 2:
@@ -179,9 +191,10 @@ class ValidateConfig:
                                        f"lengths, from -ntg + 1 = {w.n_step + 1} cells: give -npp at least -ntg + 2 "
                                        f"= {w.n_step + 2}, or --lengths equal")
         self.prompts()
-        if self.longest_prompt + w.n_step > w.kv_size:
+        if self.longest_prompt + w.n_step * (w.draft + 1) > w.kv_size:
+            grows = " * (--draft + 1)" if w.draft else ""
             raise InvalidArgumentError(f"-npl {w.n_stream}: a stream holds {w.kv_size} cells (-c / -npl), fewer "
-                                       f"than -npp + -ntg = {self.longest_prompt + w.n_step}")
+                                       f"than -npp + -ntg{grows} = {self.longest_prompt + w.n_step * (w.draft + 1)}")
         check_run_options(kv.type_kv, kv.head_dim, kv.n_head, kv.n_head_kv, self.variants.policies, self.device)
         if self.paged_cache.paged:
             check_paged(self.paged_cache.block_size, self.paged_cache.adjacency)
@@ -203,8 +216,10 @@ class ValidateConfig:
 
     @property
     def longest_prompt(self) -> int:
-        """The longest prompt a sequence may have: npp, or kv_size - n_step without it."""
-        return self.waves.kv_size - self.waves.n_step if self.waves.npp is None else self.waves.npp
+        """The longest prompt a sequence may have: npp, or kv_size - n_step (with a draft, kv_size - n_step *
+        (draft + 1)) without it."""
+        w = self.waves
+        return w.kv_size - w.n_step * (w.draft + 1) if w.npp is None else w.npp
 
     def prompts(self) -> List[int]:
         """Each sequence's prompt length, n_step + 1 to longest_prompt cells (common.prompt_lengths of
@@ -223,6 +238,19 @@ class ValidateResult:
     split_memory: Dict[str, int] = field(default_factory=dict)  # per run: most bytes held on the split
     builds: Dict[str, int] = field(default_factory=dict)  # per run: graphs built (the other steps reused one)
     placements: Dict[str, str] = field(default_factory=dict)  # per placement name, its map ("h,0,1,h"); {} for one
+    draft_hashes: Dict[str, str] = field(default_factory=dict)  # with --draft: per run, its draft loop's hash
+    draft_error: Optional[float] = None  # with --draft: the most a verification's output is off its one-token steps'
+
+    @property
+    def draft_identical(self) -> bool:
+        """Whether every run of the draft loop gave the same hash (True without --draft)."""
+        return len(set(self.draft_hashes.values())) <= 1
+
+    @property
+    def draft_within(self) -> bool:
+        """Whether every verification's outputs are within DRAFT_TOLERANCE of one-token steps' (True without
+        --draft)."""
+        return self.draft_error is None or self.draft_error <= DRAFT_TOLERANCE
 
     @property
     def identical(self) -> bool:
@@ -236,8 +264,9 @@ class ValidateResult:
 
     @property
     def passed(self) -> bool:
-        """The gate: identical hashes and a detected control."""
-        return self.identical and self.control_detected
+        """The gate: identical hashes and a detected control; with --draft, the draft loop's hashes identical
+        too, and within DRAFT_TOLERANCE of one-token steps."""
+        return self.identical and self.control_detected and self.draft_identical and self.draft_within
 
     def as_dict(self) -> Dict[str, object]:
         """The result as `ferry validate --json` writes it; "placements" (each placement's map by name)
@@ -247,6 +276,9 @@ class ValidateResult:
                                   "split_memory_bytes": dict(self.split_memory), "graph_builds": dict(self.builds)}
         if self.placements:
             out["placements"] = dict(self.placements)
+        if self.draft_hashes:
+            out.update(draft_hashes=dict(self.draft_hashes), draft_identical=self.draft_identical,
+                       draft_max_error=self.draft_error)
         return out
 
 
@@ -297,8 +329,10 @@ class _Served:
                 self.kv.set_table(s, table, cfg.waves.kv_size)
             self.kv.gather = gather
         self.row = row_size(ty, cfg.n_embd)
+        self.type = ty
         self.prompt = cfg.prompts()
-        self.content = {(i, layer, which): random_rows(ty, self.prompt[i] + cfg.waves.n_step, cfg.n_embd,
+        cells = cfg.waves.n_step * (cfg.waves.draft + 1)  # generated: with a draft, every draft token accepted
+        self.content = {(i, layer, which): random_rows(ty, self.prompt[i] + cells, cfg.n_embd,
                                                      (cfg.waves.seed, i, layer, which == "v"))
                         for i in range(cfg.waves.n_seq) for layer in range(cfg.kv.n_layer) for which in ("k", "v")}
 
@@ -320,15 +354,46 @@ class _Served:
         for s, i in enumerate(seqs):
             self._write(s, i, self.prompt[i] + t, 1)
 
+    def verification(self, seqs: List[int], t: int, kept: np.ndarray, accepted: np.ndarray) -> None:
+        """Write verification t's cells: sequence i's N + 1 cells from its kept length, the accepted drafts'
+        and the target's token's its content, the rejected drafts' other values (a draft's guesses, which
+        the next verification writes again: rolled back)."""
+        n_tok = self.cfg.waves.draft + 1
+        for s, i in enumerate(seqs):
+            good = int(accepted[s]) + 1
+            self._write(s, i, int(kept[s]), good)
+            for layer in range(self.cfg.kv.n_layer):
+                for which in ("k", "v"):
+                    if good == n_tok:
+                        continue
+                    data = random_rows(self.type, n_tok - good, self.cfg.n_embd,
+                                       (self.cfg.waves.seed, i, layer, which == "v", (1 << 16) + t))
+                    for st in (s, self.cfg.waves.n_stream) if s == 0 else (s,):
+                        if isinstance(self.kv, PagedKVCache):
+                            write_paged_cells(self.kv, which, layer, st, int(kept[s]) + good, data)
+                        else:
+                            write_cells(self.kv, which, layer, st, int(kept[s]) + good, data)
+
 
 def _query(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
     rng = np.random.default_rng([cfg.waves.seed, seq, layer, t, 1 << 20])
     return rng.uniform(-1.0, 1.0, (cfg.kv.n_head, cfg.kv.head_dim)).astype(np.float32)
 
 
+def _draft_queries(cfg: ValidateConfig, seq: int, layer: int, t: int) -> np.ndarray:
+    """Verification t's queries of one sequence and layer: [draft + 1, n_head, head_dim]."""
+    rng = np.random.default_rng([cfg.waves.seed, seq, layer, t, 1 << 21])
+    return rng.uniform(-1.0, 1.0, (cfg.waves.draft + 1, cfg.kv.n_head, cfg.kv.head_dim)).astype(np.float32)
+
+
+#: How far a verification's output may be from the one-token step's at its length (relative to 1 + |value|).
+DRAFT_TOLERANCE = 1e-6
+
+
 def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
           compact: bool = False, prefetch: int = 0, layout: Optional[Layout] = None,
-          gather: Optional[str] = None, prefetch_next: bool = False) -> Tuple[str, int, int]:
+          gather: Optional[str] = None, prefetch_next: bool = False, draft: bool = False, one_token: bool = False,
+          outputs: Optional[List[np.ndarray]] = None) -> Tuple[str, int, int]:
     """Serve every sequence under a policy and hash every attention output.
 
     Each step writes its queries and lengths into tensors kept per wave size, and runs the graph of
@@ -355,6 +420,15 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     prefetch_next : bool, optional
         Prefetch across steps (Scheduler.prefetch_next, with a prefetch of 1 or more): each wave's start
         drops what was copied ahead (Scheduler.drop_ahead), since it rewrites the streams' cells.
+    draft : bool, optional
+        Serve by drafts of cfg.waves.draft tokens: each step one verification of N + 1 tokens per sequence
+        (Waves.draft), its accepted count drawn (common.accepted_drafts), its rejected cells rolled back
+        (Scheduler.truncate) and written again by the next.
+    one_token : bool, optional
+        With draft, run each verification as N + 1 one-token steps at its tokens' lengths instead (the
+        reference the verification is held to).
+    outputs : list, optional
+        Appended every attention output (float32 arrays) in order.
 
     Returns
     -------
@@ -372,9 +446,20 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     on: Union[Backend, List[Backend]] = split if layout is None else [lay.devices[d] for d in lay.runs_on]
     inputs: Dict[int, Tuple[List[Tensor], Tensor]] = {}  # per wave size: each layer's query, the lengths
 
+    verify_inputs: Dict[Tuple[int, int], Tuple[List[Tensor], Tensor]] = {}  # per wave size and tokens a step
+
+    def verify_tensors(n: int, n_tok: int) -> Tuple[List[Tensor], Tensor]:
+        """A verification's queries (each layer's, n_tok tokens) and lengths for a wave of n, made once."""
+        if (n, n_tok) not in verify_inputs:
+            verify_inputs[n, n_tok] = (
+                [Tensor.from_numpy(cpu, np.zeros((n, n_tok, cfg.kv.n_head, cfg.kv.head_dim), np.float32),
+                                   name=f"q{layer}") for layer in range(cfg.kv.n_layer)],
+                Tensor.from_numpy(cpu, np.zeros(n, np.int32), name="kv_len"))
+        return verify_inputs[n, n_tok]
+
     def build(key: Hashable) -> List[Tensor]:
-        n, n_kv = cast(Tuple[int, int], key)
-        q, kv_len = inputs[n]
+        n, n_kv, n_tok = cast(Tuple[int, int, int], key)
+        q, kv_len = inputs[n] if n_tok == 0 else verify_tensors(n, n_tok)
         windows = served.kv.windows(n_kv, shift, shift + n - 1)
         return attention_step(sched, on, windows, q, kv_len, cfg.kv.v_trans)
 
@@ -392,6 +477,10 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
                                             name=f"q{layer}") for layer in range(cfg.kv.n_layer)],
                          Tensor.from_numpy(cpu, np.zeros(n, np.int32), name="kv_len"))
         q, kv_len = inputs[n]
+        if draft:
+            _verify_wave(cfg, served, sched, graphs, verify_tensors, seqs, one_token, digest, outputs)
+            memory = max(memory, sum(sched.buffer_size(d) for d in lay.devices))
+            continue
         for t in range(cfg.waves.n_step):
             served.step(seqs, t)
             lens = np.array([served.prompt[i] + t + 1 for i in seqs], np.int32)
@@ -400,7 +489,7 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
                 q[layer].set(np.stack([_query(cfg, i, layer, t) for i in seqs]))
             if not cfg.variants.reuse:
                 graphs.clear()
-            graph = graphs.get((n, n_kv_for(int(lens.max()), 0, cfg.waves.pad, cfg.waves.kv_size)))
+            graph = graphs.get((n, n_kv_for(int(lens.max()), 0, cfg.waves.pad, cfg.waves.kv_size), 0))
             sched.compute(graph)
             memory = max(memory, sum(sched.buffer_size(d) for d in lay.devices))
             for out in graph.outputs:
@@ -409,6 +498,39 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     sched.close()
     served.kv.close()
     return digest.hexdigest(), memory, graphs.builds
+
+
+def _verify_wave(cfg: ValidateConfig, served: _Served, sched: Scheduler, graphs: StepGraph,
+                 tensors: Callable[[int, int], Tuple[List[Tensor], Tensor]], seqs: List[int], one_token: bool,
+                 digest: Any, outputs: Optional[List[np.ndarray]]) -> None:
+    """A wave served by drafts (serve's draft): per step, the verification's cells written (served.verification),
+    its N + 1 tokens attended in one step (or, one_token, in N + 1 one-token steps at their lengths), every
+    output hashed into digest (and appended to outputs), then each sequence kept at its accepted length:
+    Scheduler.truncate, the rejected cells written again by the next step. tensors(n, tokens) gives the
+    queries and lengths the step's graph reads."""
+    n, n_tok = len(seqs), cfg.waves.draft + 1
+    # drawn per wave: its first sequence beside the seed
+    accepted = accepted_drafts(cfg.waves.seed + seqs[0], n, cfg.waves.n_step, cfg.waves.draft, cfg.waves.accept)
+    kept = np.array([served.prompt[i] for i in seqs], np.int32)
+    for t in range(cfg.waves.n_step):
+        served.verification(seqs, t, kept, accepted[t])
+        queries = [np.stack([_draft_queries(cfg, i, layer, t) for i in seqs]) for layer in range(cfg.kv.n_layer)]
+        runs = [(j, 1) for j in range(n_tok)] if one_token else [(0, n_tok)]
+        for first, tokens in runs:
+            lens = kept + first + tokens
+            graph = graphs.get((n, n_kv_for(int(lens.max()), 0, cfg.waves.pad, cfg.waves.kv_size), tokens))
+            q, kv_len = tensors(n, tokens)
+            kv_len.set(lens.astype(np.int32))
+            for layer in range(cfg.kv.n_layer):
+                q[layer].set(np.ascontiguousarray(queries[layer][:, first:first + tokens]))
+            sched.compute(graph)
+            for out in graph.outputs:
+                digest.update(out.get())
+                if outputs is not None:
+                    outputs.append(out.to_numpy().copy())
+        kept = kept + accepted[t].astype(np.int32) + 1
+        for s, length in enumerate(kept):  # the rejected cells: the next step writes them again
+            sched.truncate(s, int(length))
 
 
 def placements(cfg: ValidateConfig, n_devices: int) -> List[Tuple[str, List[Place]]]:
@@ -485,5 +607,37 @@ def _run_validate(cfg: ValidateConfig) -> ValidateResult:
             name = f"paged/{method}"
             hashes[name], memory[name], builds[name] = serve(cfg, split, "ragged", gather=method)
     control, _, _ = serve(cfg, split, "ranges", shift=1)
-    return ValidateResult(split_name=split.name, hashes=hashes, control=control, split_memory=memory, builds=builds,
-                          placements=names)
+    result = ValidateResult(split_name=split.name, hashes=hashes, control=control, split_memory=memory, builds=builds,
+                            placements=names)
+    if cfg.waves.draft:
+        _check_drafts(cfg, split, result)
+    return result
+
+
+def _check_drafts(cfg: ValidateConfig, split: Backend, result: ValidateResult) -> None:
+    """With --draft: the draft loop's hash per policy, serial and prefetching (keys "draft/<run>"), with
+    --paged per gather ("draft/paged/<method>"), and how
+    far its first policy's serial outputs are from one-token steps' (ValidateResult.draft_error)."""
+    first: List[np.ndarray] = []
+    for policy, compact in variants(cfg.variants.policies, cfg.variants.compact):
+        for prefetch, nxt in prefetch_runs(cfg.variants.overlap, cfg.variants.prefetch, cfg.variants.prefetch_next):
+            got = serve(cfg, split, policy, compact=compact, prefetch=prefetch, prefetch_next=nxt, draft=True,
+                        outputs=None if first else first)
+            result.draft_hashes[f"draft/{run_name(policy, compact, prefetch, nxt)}"] = got[0]
+    if cfg.paged_cache.paged:
+        pinned = not isinstance(split, StandinBackend)
+        for method in (*offered_gathers(to_type(cfg.kv.type_kv), cfg.kv.v_trans, pinned, split), "auto"):
+            result.draft_hashes[f"draft/paged/{method}"] = serve(cfg, split, "ragged", gather=method, draft=True)[0]
+    one: List[np.ndarray] = []
+    serve(cfg, split, cfg.variants.policies[0], draft=True, one_token=True, outputs=one)
+    n_layer, n_tok = cfg.kv.n_layer, cfg.waves.draft + 1
+    error = 0.0
+    # each verification gave n_layer outputs of n_tok tokens; its one-token steps n_tok x n_layer of one
+    for v in range(len(first) // n_layer):
+        for layer in range(n_layer):
+            verified = first[v * n_layer + layer]
+            for j in range(n_tok):
+                want = one[(v * n_tok + j) * n_layer + layer].astype(np.float64)[:, 0]  # [ns, n_tok, n_head, dim]
+                err = np.abs(verified[:, j].astype(np.float64) - want) / (1.0 + np.abs(want))
+                error = max(error, float(err.max()))
+    result.draft_error = error
