@@ -517,3 +517,104 @@ void ferry_block_pool_reset_stats(ferry_block_pool * pool) {
     ferry_buffer_reset_stats(pool->layers.buffers[0]);
     ferry_buffer_reset_stats(pool->table_buf);
 }
+
+/* The slots a group of sequences may stream through: the most blocks of one sequence that no other
+ * synced sequence reads (its own), or, when the pool cannot also keep every shared block, the most
+ * blocks one sequence reads. Marks as mark_reads leaves them. */
+static int64_t streaming_slots(ferry_block_pool * p, int64_t s0, int64_t s1, const int32_t * lengths,
+                               int64_t n_distinct) {
+    int64_t own = 0, all = 0, shared = 0;
+    for (int64_t i = 0; i < n_distinct; i++) {
+        shared += p->readers[p->order[i]] > 1;
+    }
+    for (int64_t s = s0; s < s1; s++) {
+        int64_t len, n_read, mine = 0;
+        if (read_table(p, s, lengths, s0, &len, &n_read, "block_pool_plan") != FERRY_OK) {
+            continue; /* mark_reads read it already */
+        }
+        for (int64_t j = 0; j < n_read; j++) {
+            mine += p->readers[p->ids[j]] == 1;
+        }
+        own = mine > own ? mine : own;
+        all = n_read > all ? n_read : all;
+    }
+    return p->n_slots - own >= shared ? own : all;
+}
+
+/* Distinct blocks sequences g0..s - 1 and s read that the resident set does not keep, with the
+ * resident ones they do not read: what check_fits weighs, kept up to date as s joins the group. */
+static ferry_status join_group(ferry_block_pool * p, int64_t s, const int32_t * lengths, int64_t s0,
+                               int64_t * streamed) {
+    int64_t len, n_read;
+    FERRY_TRY(read_table(p, s, lengths, s0, &len, &n_read, "block_pool_plan"));
+    for (int64_t j = 0; j < n_read; j++) {
+        const int32_t b = p->ids[j];
+        if (p->mark[b] != p->stamp) {
+            p->mark[b] = p->stamp;
+            *streamed += !p->resident[b];
+        }
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_block_pool_plan(ferry_block_pool * pool, int64_t s0, int64_t s1, const int32_t * lengths,
+                                   int64_t * group_ends, int64_t max_groups, int64_t * n_groups) {
+    FERRY_CHECK_ARG(pool && n_groups && (group_ends || max_groups == 0), "block_pool_plan: NULL argument");
+    FERRY_TRY(check_seqs(pool, s0, s1, "block_pool_plan"));
+    if (max_groups < 0) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "block_pool_plan: max_groups %lld is negative",
+                          (long long) max_groups);
+    }
+    int64_t n_distinct;
+    FERRY_TRY(mark_reads(pool, s0, s1, lengths, &n_distinct, "block_pool_plan"));
+    const int64_t stream = n_distinct <= pool->n_slots ? 0 : streaming_slots(pool, s0, s1, lengths, n_distinct);
+    if (stream > pool->n_slots) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "block_pool_plan: a sequence of %lld..%lld reads %lld blocks, "
+                          "but the pool has %lld slots: make the pool larger", (long long) s0, (long long) s1,
+                          (long long) stream, (long long) pool->n_slots);
+    }
+    int32_t * chosen = ferry_malloc((size_t) pool->n_slots * sizeof(*chosen));
+    if (!chosen) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "block_pool_plan: out of memory");
+    }
+    int64_t n_chosen;
+    ferry_status st = ferry_block_pool_choose_resident(pool, s0, s1, lengths, pool->n_slots - stream, chosen,
+                                                       pool->n_slots, &n_chosen);
+    if (st == FERRY_OK) {
+        st = ferry_block_pool_set_resident(pool, chosen, n_chosen);
+    }
+    free(chosen);
+    FERRY_TRY(st);
+    /* Greedy groups: a sequence joins the group while its streamed blocks fit the slots the
+     * resident blocks leave (a group whose resident blocks are all read leaves stream slots). */
+    const int64_t free_slots = pool->n_slots - pool->n_resident;
+    int64_t groups = 0, streamed = 0;
+    ++pool->stamp;
+    for (int64_t s = s0; s < s1; s++) {
+        int64_t with = streamed;
+        const uint64_t before = pool->stamp;
+        FERRY_TRY(join_group(pool, s, lengths, s0, &with));
+        if (with > free_slots && s > s0) {
+            /* s starts a new group: the last one ends before it */
+            if (groups < max_groups) {
+                group_ends[groups] = s;
+            }
+            groups++;
+            pool->stamp = before + 1;
+            streamed = 0;
+            FERRY_TRY(join_group(pool, s, lengths, s0, &streamed));
+        } else {
+            streamed = with;
+        }
+        if (streamed > free_slots) {
+            return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "block_pool_plan: sequence %lld streams %lld blocks, but "
+                              "the resident set leaves %lld slots: make the pool larger", (long long) s,
+                              (long long) streamed, (long long) free_slots);
+        }
+    }
+    if (groups < max_groups) {
+        group_ends[groups] = s1;
+    }
+    *n_groups = groups + 1;
+    return FERRY_OK;
+}

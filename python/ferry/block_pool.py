@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -303,6 +303,41 @@ class BlockPool(Closeable):
                                                                           "BlockPool.choose_resident"),
                                                    n, out, cap, n_out))
         return [int(out[i]) for i in range(int(n_out[0]))]
+
+    @holding
+    def plan(self, s0: int = 0, s1: Optional[int] = None,
+             lengths: Optional[Sequence[int]] = None) -> List[Tuple[int, int]]:
+        """Keep a resident set and stream the rest, for a pool smaller than the blocks read
+        (ferry_block_pool_plan): sets the resident set (shared blocks first, then the blocks of more
+        cells read) and splits the sequences into groups whose streamed blocks fit the slots left.
+        Sync and compute one group at a time.
+
+        Parameters
+        ----------
+        s0, s1, lengths : optional
+            The sequences read, and how far, as sync takes them.
+
+        Returns
+        -------
+        list of (int, int)
+            Each group's sequences, g0..g1 - 1, in order; one group when every block fits.
+
+        Raises
+        ------
+        OutOfBoundsError
+            As sync.
+        OutOfMemoryError
+            When one sequence's blocks do not fit the streaming slots.
+        """
+        a = _checks.as_int64(s0, "BlockPool.plan: s0")
+        b = self._cache.params.n_seq if s1 is None else _checks.as_int64(s1, "BlockPool.plan: s1")
+        room = max(min(b - a, self._cache.params.n_seq), 1)  # C refuses more sequences than the cache has
+        ends = ffi.new("int64_t[]", room)
+        n = ffi.new("int64_t *")
+        check(lib.ferry_block_pool_plan(self._p, a, b, _lengths(lengths, max(b - a, 0), "BlockPool.plan"), ends,
+                                        room, n))
+        bounds = [a] + [int(ends[i]) for i in range(int(n[0]))]
+        return list(zip(bounds, bounds[1:]))
 
     @property
     @holding

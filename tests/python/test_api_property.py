@@ -2,8 +2,8 @@
 profile): KVCache(placement=, layer_cells=), KVCache.from_arrays and set_stream, attention_step,
 ferry.residency's plan and predict functions with their DeviceSpec and LayerCost, StandinBackend,
 measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace, Scheduler's
-prefetch_next, drop_ahead and truncate; BlockPool's constructor, sync, truncate, set_resident and
-choose_resident.
+prefetch_next, drop_ahead and truncate; BlockPool's constructor, sync, truncate, set_resident,
+choose_resident and plan.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -872,7 +872,7 @@ def pool_change(draw: st.DrawFn) -> Tuple[str, Any]:
 @example(("resident", [1, 1]))
 def test_a_block_pool_of_any_argument_reads_the_caches_cells_or_is_refused_naming_it_sending_nothing(
         change: Tuple[str, Any]) -> None:
-    """BlockPool(n_slots), sync(s0, s1, lengths), truncate, set_resident and choose_resident of any
+    """BlockPool(n_slots), sync(s0, s1, lengths), truncate, set_resident, choose_resident and plan of any
     value: refused naming the argument with nothing sent (the pool's counters and table as they were),
     or every cell synced reads the cache's through the device table."""
     arg, value = change
@@ -894,6 +894,7 @@ def test_a_block_pool_of_any_argument_reads_the_caches_cells_or_is_refused_namin
                  (("resident",), lambda: pool.set_resident(args["resident"])),
                  (("n_resident", "s0", "s1", "lengths"),
                   lambda: pool.choose_resident(args["n_resident"], args["s0"], args["s1"], args["lengths"])),
+                 (("s0", "s1", "lengths"), lambda: pool.plan(args["s0"], args["s1"], args["lengths"])),
                  (("s0", "s1", "lengths", "resident"), lambda: pool.sync(args["s0"], args["s1"], args["lengths"]))]
         for used, call in calls:
             before = pool.stats

@@ -184,6 +184,9 @@ def test_the_resident_choice_is_shared_blocks_first_then_the_most_cells_read() -
         assert p.choose_resident(3) == [0, 1, 3]
         assert p.choose_resident(2, 2, 3) == [9]
         assert p.choose_resident(3, 0, 2, [4, 8]) == [0, 1]
+        c.set_table(0, [6, 0], 8)
+        c.set_table(1, [6, 1], 5)
+        assert p.choose_resident(3, 0, 2) == [6, 0, 1]  # the shared block first, though of a higher id
 
 
 def test_refusals_name_what_to_change_and_change_nothing() -> None:
@@ -262,3 +265,56 @@ def test_any_loop_of_appends_and_rollbacks_reads_the_caches_cells(loop: List[Op]
                 p.sync()
         p.sync()
         check_reads(c, p, [0, 1, 2], [c.table(s)[1] for s in range(3)])
+
+
+def prefix_cache(n_seq: int = 4, own_blocks: int = 4) -> PagedKVCache:
+    """n_seq sequences sharing blocks 0, 1 (8 cells), then own_blocks full blocks each."""
+    c = PagedKVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, block_size=BS, n_blocks=N_BLOCKS, n_seq=n_seq, n_layer=1,
+                     share_blocks=True)
+    c.k(0).set(np.arange(c.k(0).nbytes // 2, dtype=np.uint16).tobytes())
+    for s in range(n_seq):
+        own = list(range(2 + s * own_blocks, 2 + (s + 1) * own_blocks))
+        c.set_table(s, [0, 1, *own], (2 + own_blocks) * BS)
+    return c
+
+
+def test_a_pool_smaller_than_the_blocks_read_keeps_shared_blocks_and_streams_the_rest_in_groups() -> None:
+    c = prefix_cache()  # 2 shared + 16 own blocks read
+    with BlockPool(c, ferry.CPUBackend(), 9) as p:
+        # 4 streaming slots (a sequence's own blocks), 5 resident: the shared two, then the blocks of
+        # more cells read, lower ids first: sequence 0's first three
+        groups = p.plan()
+        assert p.choose_resident(5) == [0, 1, 2, 3, 4]
+        # sequence 0 streams one block, each other four: none joins another's group
+        assert groups == [(0, 1), (1, 2), (2, 3), (3, 4)]
+        step = []
+        for _ in range(3):
+            p.reset_stats()
+            for g0, g1 in groups:
+                p.sync(g0, g1)
+                check_reads(c, p, range(g0, g1), [24] * (g1 - g0))
+            step.append((p.stats.blocks_sent, p.stats.evictions))
+        # after the first step only the streamed blocks cross, 1 + 4 + 4 + 4, never the resident five
+        assert step == [(18, 9), (13, 13), (13, 13)]
+        dense = 4 * 6  # blocks a dense gather copies a step
+        assert p.stats.cell_bytes == 13 * BS * cell_bytes(c) and 13 / dense <= 0.55
+    with BlockPool(c, ferry.CPUBackend(), 18) as p:
+        assert p.plan() == [(0, 4)]  # every block fits: all resident
+        p.sync()
+        p.reset_stats()
+        p.sync()
+        assert p.stats.bytes == 0
+    with BlockPool(c, ferry.CPUBackend(), 5) as p, pytest.raises(ferry.OutOfMemoryError, match="make the pool"):
+        p.plan()  # 4 streaming slots leave 1 for 2 shared blocks: a sequence's 6 do not fit in 5
+
+
+def test_least_recently_read_thrashes_where_the_plan_does_not() -> None:
+    """The same pool synced a sequence at a time with no resident set: each step reads the 16 own blocks
+    in the same order through 7 slots, so each is gone when read again; the plan sends 13."""
+    c = prefix_cache()
+    with BlockPool(c, ferry.CPUBackend(), 9) as p:
+        for _ in range(2):
+            p.reset_stats()
+            for s in range(4):
+                p.sync(s, s + 1)
+        assert (p.stats.blocks_sent, p.stats.blocks_kept) == (16, 8)

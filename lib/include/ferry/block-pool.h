@@ -102,6 +102,21 @@ FERRY_API ferry_status ferry_block_pool_choose_resident(const ferry_block_pool *
                                                         const int32_t * lengths, int64_t n_resident, int32_t * out,
                                                         int64_t max_out, int64_t * n_out);
 
+/*
+ * A pool that holds fewer slots than the blocks sequences s0..s1 - 1 read to lengths (NULL: their
+ * cells): decode reads every block every step in the same order, where least recently read goes
+ * thrashes. So: keep a resident set (ferry_block_pool_choose_resident of the slots left when the
+ * streaming slots are set aside: the most blocks one sequence reads alone, or, where the pool
+ * cannot keep every shared block besides, the most it reads) and stream the rest through the
+ * streaming slots, the sequences in groups whose streamed blocks fit them. Sets the resident set
+ * and writes the groups' ends (each group s..end - 1 after the last's end; the last ends at s1)
+ * into group_ends, up to max_groups of them; *n_groups is their count. All blocks fitting: every
+ * block resident, one group. Sync and compute one group at a time. Refused: as sync is, a
+ * sequence whose blocks do not fit the streaming slots (OUT_OF_MEMORY: make the pool larger).
+ */
+FERRY_API ferry_status ferry_block_pool_plan(ferry_block_pool * pool, int64_t s0, int64_t s1, const int32_t * lengths,
+                                             int64_t * group_ends, int64_t max_groups, int64_t * n_groups);
+
 FERRY_API ferry_status ferry_block_pool_get_stats(const ferry_block_pool * pool, ferry_block_pool_stats * out);
 FERRY_API void         ferry_block_pool_reset_stats(ferry_block_pool * pool);
 
