@@ -11,7 +11,7 @@
 const char * ferry_op_name(ferry_op op) {
     static const char * const names[FERRY_OP_COUNT] = {
         "none", "view", "reshape", "permute", "transpose", "add", "mul",
-        "scale", "dup", "concat", "pad", "mean", "attn_decode",
+        "scale", "dup", "concat", "pad", "mean", "attn_decode", "attn_paged",
     };
     if ((int) op < 0 || op >= FERRY_OP_COUNT) {
         ferry_fail(FERRY_ERR_INVALID_ARG, "unknown op %d", (int) op);
@@ -197,16 +197,22 @@ static ferry_status attn_shape_error(const char * what, const ferry_tensor * t, 
 #endif
     ;
 
-static ferry_status attn_shape_error(const char * what, const ferry_tensor * t, const char * want, ...) {
+static ferry_status operand_error_v(ferry_op op, const char * what, const ferry_tensor * t, const char * want,
+                                    va_list ap) {
     char expected[256];
+    vsnprintf(expected, sizeof expected, want, ap);
+    return ferry_fail(FERRY_ERR_LAYOUT, "%s: %s is %s ne [%lld, %lld, %lld, %lld] nb [%zu, %zu, %zu, %zu]; %s must be %s",
+                      ferry_op_name(op), what, ferry_type_name(t->type), (long long) t->ne[0], (long long) t->ne[1],
+                      (long long) t->ne[2], (long long) t->ne[3], t->nb[0], t->nb[1], t->nb[2], t->nb[3], what,
+                      expected);
+}
+
+static ferry_status attn_shape_error(const char * what, const ferry_tensor * t, const char * want, ...) {
     va_list ap;
     va_start(ap, want);
-    vsnprintf(expected, sizeof expected, want, ap);
+    const ferry_status st = operand_error_v(FERRY_OP_ATTN_DECODE, what, t, want, ap);
     va_end(ap);
-    return ferry_fail(FERRY_ERR_LAYOUT,
-                      "attn_decode: %s is %s ne [%lld, %lld, %lld, %lld] nb [%zu, %zu, %zu, %zu]; %s must be %s", what,
-                      ferry_type_name(t->type), (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2],
-                      (long long) t->ne[3], t->nb[0], t->nb[1], t->nb[2], t->nb[3], what, expected);
+    return st;
 }
 
 /* Whether k looks like a window not yet permuted, [head_dim, n_head_kv, n_kv, ns]: heads closer
@@ -297,5 +303,113 @@ ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, ferry_tens
     (*out)->src[3] = kv_len;
     memcpy(&(*out)->op_params[0], &scale, sizeof(scale));
     (*out)->op_params[1] = v_trans ? 1 : 0;
+    return FERRY_OK;
+}
+
+/* ---------------------------------------------------------------- paged attention */
+
+/* What a pool operand looks like: ferry_paged_cache_k's tensor. */
+#define ATTN_POOL "[head_dim * n_head_kv, n_slots * block_size, 1, 1], a paged cache's pool (ferry_paged_cache_k)"
+
+static ferry_status paged_shape_error(const char * what, const ferry_tensor * t, const char * want, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static ferry_status paged_shape_error(const char * what, const ferry_tensor * t, const char * want, ...) {
+    va_list ap;
+    va_start(ap, want);
+    const ferry_status st = operand_error_v(FERRY_OP_ATTN_PAGED, what, t, want, ap);
+    va_end(ap);
+    return st;
+}
+
+/* The pools' checks: K's rows are head_dim * n_head_kv values of q's head_dim, its cells whole blocks;
+ * V the same cells and channels, either way round. */
+static ferry_status paged_check_pools(const ferry_tensor * q, const ferry_tensor * k, const ferry_tensor * v,
+                                      int64_t block_size, bool v_trans) {
+    const int64_t d = q->ne[0], n_head = q->ne[1];
+    char types[64];
+    if (!ferry_attn_reads_type(k->type) || k->ne[0] <= 0 || k->ne[0] % d != 0 || k->ne[1] <= 0 ||
+        k->ne[1] % block_size != 0 || k->ne[2] != 1 || k->ne[3] != 1) {
+        return paged_shape_error("k_pool", k, "%s " ATTN_POOL ", with q's head_dim %lld and block_size %lld",
+                                 attn_type_names(types, sizeof types), (long long) d, (long long) block_size);
+    }
+    const int64_t n_head_kv = k->ne[0] / d;
+    if (n_head % n_head_kv != 0) {
+        return ferry_fail(FERRY_ERR_LAYOUT,
+                          "attn_paged: q's %lld query heads do not group over the %lld kv heads of k_pool's rows "
+                          "(%lld values of head_dim %lld); q's n_head (ne[1]) must be a multiple of n_head_kv",
+                          (long long) n_head, (long long) n_head_kv, (long long) k->ne[0], (long long) d);
+    }
+    if (k->type == FERRY_TYPE_Q8_0 && d % ferry_blck_size(k->type) != 0) {
+        return paged_shape_error("k_pool", k, "q8_0 heads of whole blocks (head_dim a multiple of 32)");
+    }
+    const int64_t v_chan = v_trans ? v->ne[1] : v->ne[0], v_cells = v_trans ? v->ne[0] : v->ne[1];
+    if (!ferry_attn_reads_type(v->type) || v_chan != k->ne[0] || v_cells != k->ne[1] || v->ne[2] != 1 ||
+        v->ne[3] != 1) {
+        return paged_shape_error("v_pool", v,
+                                 v_trans ? "f32 or f16 [n_slots * block_size, head_dim * n_head_kv, 1, 1] (v_trans: "
+                                           "one row per channel) matching k_pool, [%lld, %lld, 1, 1]"
+                                         : "of a type attention reads, " ATTN_POOL " matching k_pool, "
+                                           "[%lld, %lld, 1, 1]",
+                                 (long long) (v_trans ? k->ne[1] : k->ne[0]),
+                                 (long long) (v_trans ? k->ne[0] : k->ne[1]));
+    }
+    if (v->type == FERRY_TYPE_Q8_0 && (v_trans || d % ferry_blck_size(v->type) != 0)) {
+        return paged_shape_error("v_pool", v, v_trans ? "an unblocked type when transposed (cells would split blocks)"
+                                                      : "q8_0 heads of whole blocks (head_dim a multiple of 32)");
+    }
+    return FERRY_OK;
+}
+
+/*
+ * The table is an operand, not op_params: it changes every step (a sequence grows into a new
+ * block) while the graph stays, and a backend reads it where it lies, like kv_len. Its slots are
+ * checked when computed, for the entries each stream's length reaches, as kv_len's values are.
+ * src: [0] q, [1] k_pool, [2] v_pool, [3] kv_len (where attn_decode has it), [4] table.
+ * op_params: [0] scale (bits), [1] v_trans, [2] block_size.
+ */
+ferry_status ferry_attn_paged(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k_pool, ferry_tensor * v_pool,
+                              ferry_tensor * table, ferry_tensor * kv_len, int64_t block_size, float scale,
+                              bool v_trans, ferry_tensor ** out) {
+    FERRY_CHECK_ARG(ctx && q && k_pool && v_pool && table && kv_len && out, "attn_paged: NULL argument");
+    const int64_t d = q->ne[0], n_head = q->ne[1], n_tok = q->ne[2], ns = q->ne[3];
+    if (q->type != FERRY_TYPE_F32 || d <= 0 || n_head <= 0 || n_tok <= 0 || ns <= 0) {
+        return paged_shape_error("q", q, "f32 [head_dim, n_head, n_tok, ns], n_tok query tokens per stream, none of "
+                                 "them 0");
+    }
+    FERRY_CHECK_ARG(block_size > 0 && block_size <= INT32_MAX, "attn_paged: block_size %lld is not in 1..%d",
+                    (long long) block_size, INT32_MAX);
+    FERRY_TRY(paged_check_pools(q, k_pool, v_pool, block_size, v_trans));
+    if (table->type != FERRY_TYPE_I32 || table->ne[0] <= 0 || table->ne[1] != ns || table->ne[2] != 1 ||
+        table->ne[3] != 1) {
+        return paged_shape_error("table", table, "i32 [max_blocks, ns] with q's ns %lld: each stream's slots, "
+                                 "block by block", (long long) ns);
+    }
+    if (table->ne[0] > INT64_MAX / block_size) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "attn_paged: table's %lld blocks of %lld cells overflow",
+                          (long long) table->ne[0], (long long) block_size);
+    }
+    const int64_t n_kv = table->ne[0] * block_size;
+    if (n_tok > n_kv) { /* each token reads its own cell, written before the step */
+        return paged_shape_error("q", q, "f32 [head_dim, n_head, n_tok, ns] with n_tok at most the %lld cells the "
+                                 "table's %lld blocks reach: each query token reads its own cell",
+                                 (long long) n_kv, (long long) table->ne[0]);
+    }
+    if (kv_len->type != FERRY_TYPE_I32 || kv_len->ne[0] != ns || kv_len->ne[1] != 1 || kv_len->ne[2] != 1 ||
+        kv_len->ne[3] != 1) {
+        return paged_shape_error("kv_len", kv_len, "i32 [ns] with q's ns %lld: the cells each stream reads",
+                                 (long long) ns);
+    }
+    const int64_t ne[FERRY_MAX_DIMS] = {d, n_head, n_tok, ns};
+    FERRY_TRY(new_result(ctx, FERRY_TYPE_F32, ne, FERRY_OP_ATTN_PAGED, q, k_pool, out));
+    (*out)->src[2] = v_pool;
+    (*out)->src[3] = kv_len;
+    (*out)->src[4] = table;
+    memcpy(&(*out)->op_params[0], &scale, sizeof(scale));
+    (*out)->op_params[1] = v_trans ? 1 : 0;
+    (*out)->op_params[2] = (int32_t) block_size;
     return FERRY_OK;
 }

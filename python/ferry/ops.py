@@ -239,6 +239,71 @@ def attn_decode(q: Tensor, k: Tensor, v: Tensor, kv_len: Tensor, scale: Optional
     return q._op(lambda ctx, out: lib.ferry_attn_decode(ctx, pq, pk, pv, pl, f, vt, out), (q, k, v, kv_len), name)
 
 
+def attn_paged(q: Tensor, k_pool: Tensor, v_pool: Tensor, table: Tensor, kv_len: Tensor, block_size: int,
+               scale: Optional[float] = None, v_trans: bool = False, name: Optional[str] = None) -> Tensor:
+    """Paged attention: attn_decode's attention (n_tok query tokens per stream, causal within them,
+    GQA, the same types), reading each stream's K and V cells through its block table in a paged
+    cache's pools (PagedKVCache.k, .v), so that no dense window is built. On the CPU the output is
+    byte for byte attn_decode's over the window the paged cache's gather builds.
+
+    Parameters
+    ----------
+    q : Tensor
+        f32 [head_dim, n_head, n_tok, ns], n_tok from 1 to the cells the table's blocks reach.
+    k_pool : Tensor
+        [head_dim * n_head_kv, n_slots * block_size]: a paged cache's K pool (PagedKVCache.k), f32,
+        f16 or q8_0; cell c of slot b is pool cell b * block_size + c.
+    v_pool : Tensor
+        The same, or with v_trans [n_slots * block_size, head_dim * n_head_kv] (not q8_0).
+    table : Tensor
+        i32 [max_blocks, ns] (PagedKVCache.table_tensor): stream s's i-th block's slot. Entries past
+        what a stream's length reaches are never read (-1 is fine there).
+    kv_len : Tensor
+        i32 [ns]: cells of each stream, the step's new ones counted (clamped to 0..max_blocks *
+        block_size). A length of 1..n_tok - 1 is refused when computed (OutOfBoundsError, naming the
+        stream).
+    block_size : int
+        Cells per block (slot), 1 to 2**31 - 1.
+    scale : float, optional
+        Default 1/sqrt(head_dim).
+    v_trans : bool, optional
+        v_pool is transposed (one row per channel). Default False.
+    name : str, optional
+
+    Returns
+    -------
+    Tensor
+        f32 [head_dim, n_head, n_tok, ns], unallocated.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For operands that are not Tensors, a block_size not in 1..2**31 - 1, a scale that is not a
+        finite f32, or v_trans not a bool.
+    LayoutError
+        For shapes or types that do not fit (each names the operand). A table entry that a stream's
+        length reaches and that is not a slot of the pools is refused when computed
+        (OutOfBoundsError, naming the stream and the entry), before any output is written.
+    """
+    what = "attn_paged"
+    pq = _checks.instance(q, Tensor, f"{what}: q")._p
+    pk = _checks.instance(k_pool, Tensor, f"{what}: k_pool")._p
+    pv = _checks.instance(v_pool, Tensor, f"{what}: v_pool")._p
+    pt = _checks.instance(table, Tensor, f"{what}: table")._p
+    pl = _checks.instance(kv_len, Tensor, f"{what}: kv_len")._p
+    bs = _checks.as_int64(block_size, f"{what}: block_size")
+    vt = _checks.as_bool(v_trans, f"{what}: v_trans")
+    if scale is None:
+        head_dim = int(pq.ne[0])
+        if head_dim <= 0:
+            raise InvalidArgumentError(f"{what}: q has head_dim {head_dim}: give scale")
+        f = 1.0 / math.sqrt(head_dim)
+    else:
+        f = _checks.as_f32(scale, f"{what}: scale")
+    return q._op(lambda ctx, out: lib.ferry_attn_paged(ctx, pq, pk, pv, pt, pl, bs, f, vt, out),
+                 (q, k_pool, v_pool, table, kv_len), name)
+
+
 def op_name(op: int) -> str:
     """ferry's name for an op.
 
@@ -263,4 +328,4 @@ def op_name(op: int) -> str:
     return ffi.string(p).decode()
 
 
-__all__ = ["add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "op_name"]
+__all__ = ["add", "mul", "scale", "dup", "concat", "pad", "mean", "attn_decode", "attn_paged", "op_name"]

@@ -372,6 +372,54 @@ class PagedKVCache(LayerCache):
         check(lib.ferry_paged_cache_table(self._p, s, ids, n[0], n, cells))
         return [int(b) for b in ids[0:n[0]]], int(cells[0])
 
+    def table_tensor(self, backend: Backend, s0: int = 0, s1: Optional[int] = None,
+                     max_blocks: Optional[int] = None, name: str = "table") -> Tensor:
+        """The tables of sequences s0..s1 as ferry.ops.attn_paged reads them: an i32 tensor
+        [max_blocks, ns] on backend, row s sequence s0 + s's block ids (table) and -1 past them. Read
+        when made: a table that changes after needs a new one (or Tensor.set).
+
+        Parameters
+        ----------
+        backend : Backend
+            Where the tensor's memory is allocated (the host's, for the CPU's kernel).
+        s0 : int, optional
+            The first sequence.
+        s1 : int, optional
+            The last (default: the cache's last).
+        max_blocks : int, optional
+            Entries per sequence, from the longest table's blocks to the pool's blocks (default: the
+            longest table's blocks, at least 1).
+        name : str, optional
+
+        Returns
+        -------
+        Tensor
+
+        Raises
+        ------
+        OutOfBoundsError
+            For sequences the cache does not have, or a max_blocks below a table's blocks or past the
+            pool's.
+        """
+        what = "PagedKVCache.table_tensor"
+        a = _checks.as_int64(s0, f"{what}: s0")
+        b = self._last_stream() if s1 is None else _checks.as_int64(s1, f"{what}: s1")
+        if not 0 <= a <= b <= self._last_stream():
+            raise OutOfBoundsError(f"{what}: sequences {a}..{b} are not in the cache's 0..{self._last_stream()}")
+        tables = [self.table(s)[0] for s in range(a, b + 1)]
+        longest = max(max(len(t) for t in tables), 1)
+        n = longest if max_blocks is None else _checks.as_int64(max_blocks, f"{what}: max_blocks")
+        if n < longest:
+            raise OutOfBoundsError(f"{what}: max_blocks {n} is below the {longest} blocks of a table among "
+                                   f"sequences {a}..{b}: give at least {longest}")
+        if n > self._params.n_blocks:  # a table holds each block once
+            raise OutOfBoundsError(f"{what}: max_blocks {n} is past the pool's {self._params.n_blocks} blocks, "
+                                   "the most a table holds")
+        ids = np.full((len(tables), n), -1, np.int32)
+        for s, t in enumerate(tables):
+            ids[s, :len(t)] = t
+        return Tensor.from_numpy(_checks.instance(backend, Backend, f"{what}: backend"), ids, name=name)
+
     @property
     @holding
     def free_blocks(self) -> int:

@@ -2,8 +2,8 @@
 profile): KVCache(placement=, layer_cells=), KVCache.from_arrays and set_stream, attention_step,
 ferry.residency's plan and predict functions with their DeviceSpec and LayerCost, StandinBackend,
 measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace, Scheduler's
-prefetch_next, drop_ahead and truncate; BlockPool's constructor, sync, truncate, set_resident,
-choose_resident and plan.
+prefetch_next, drop_ahead and truncate, ops.attn_paged and PagedKVCache.table_tensor; BlockPool's
+constructor, sync, truncate, set_resident, choose_resident and plan.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -829,6 +829,96 @@ def test_truncate_of_any_argument_keeps_the_cells_below_it_or_is_refused_naming_
             assert since == [64 * sum(int(lens[s]) - kept[s] for s in range(2))] * 2, (stream, length, since)
     with pytest.raises(ferry.FerryError, match="closed"):
         sched.truncate(0, 0)
+
+
+# ---------------------------------------------------------------- ops.attn_paged, PagedKVCache.table_tensor
+
+PAGED_ARGS = ["q", "k_pool", "v_pool", "table", "kv_len", "block_size", "scale", "v_trans"]
+
+
+def paged_operands(cpu: ferry.Backend) -> Tuple[Any, Dict[str, Any]]:
+    """A paged cache (f16, 2 kv heads of 16, 6 slots of 4 cells) and attn_paged's arguments over it:
+    2 streams of lengths 9 and 4, 4 query heads."""
+    cache = PagedKVCache("f16", "f16", 16, 2, block_size=4, n_blocks=6, n_seq=2)
+    rng = np.random.default_rng(5)
+    for w in (cache.k(0), cache.v(0)):
+        w.set(rng.uniform(-1, 1, (24, 32)).astype(np.float16))
+    cache.set_table(0, [4, 0, 2], 9)
+    cache.set_table(1, [5], 4)
+    return cache, {"q": ferry.Tensor.from_numpy(cpu, rng.uniform(-1, 1, (2, 1, 4, 16)).astype(np.float32)),
+                   "k_pool": cache.k(0), "v_pool": cache.v(0), "table": cache.table_tensor(cpu),
+                   "kv_len": ferry.Tensor.from_numpy(cpu, np.array([9, 4], np.int32)), "block_size": 4,
+                   "scale": 0.25, "v_trans": False}
+
+
+@st.composite
+def paged_change(draw: st.DrawFn) -> Tuple[str, Any]:
+    arg = draw(st.sampled_from(PAGED_ARGS))
+    if arg in ("block_size",):
+        return arg, draw(st.one_of(ints(-2, 9), junk()))
+    if arg == "scale":
+        return arg, draw(st.one_of(numbers(), junk()))
+    if arg == "v_trans":
+        return arg, draw(st.one_of(st.booleans(), junk()))
+    if arg == "table":  # entries in and out of the pools' slots, or of another shape or type
+        shape = draw(st.sampled_from([(2, 3), (2, 1), (3, 3), (2, 4)]))
+        dtype = draw(st.sampled_from([np.int32, np.int32, np.float32]))
+        return arg, ("array", np.array(draw(st.lists(st.integers(-2, 7), min_size=shape[0] * shape[1],
+                                                     max_size=shape[0] * shape[1])), dtype).reshape(shape))
+    if arg == "kv_len":
+        return arg, ("array", np.array(draw(st.lists(st.integers(-2, 14), min_size=1, max_size=3)), np.int32))
+    return arg, draw(st.one_of(junk(), st.sampled_from([("array", np.zeros((2, 1, 4, 16), np.float32)),
+                                                       ("array", np.zeros((24, 32), np.float32)),
+                                                       ("array", np.zeros((24, 16), np.float16)),
+                                                       ("array", np.zeros((32, 24), np.float16))])))
+
+
+@settings(max_examples=60 * SCALE, **SETTINGS)
+@given(paged_change())
+@example(("table", ("array", np.array([[4, 0, 7], [5, -1, -1]], np.int32))))  # a read entry past the slots
+@example(("table", ("array", np.array([[4, 0, 2], [5, 7, -2]], np.int32))))  # entries no length reaches
+@example(("kv_len", ("array", np.array([14, -2], np.int32))))  # clamped to the table's 12 cells, and to 0
+@example(("block_size", 3))  # 24 cells in 8 slots of 3: another reading of the same pools
+def test_attn_paged_of_any_argument_computes_or_is_refused_naming_it_writing_nothing(change: Tuple[str, Any]) -> None:
+    """ops.attn_paged with one argument drawn: refused naming it (when built, or when computed, the
+    output then as it was), or computed to finite values."""
+    cpu = ferry.CPUBackend()
+    _, args = paged_operands(cpu)
+    arg, value = change
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "array":
+        value = ferry.Tensor.from_numpy(cpu, value[1])
+    args = changed(args, arg, value)
+    names = [arg] + (["slot", "table"] if arg in ("table", "kv_len", "block_size") else []) + \
+        (["length", "stream", "kv_len"] if arg in ("kv_len", "q") else [])
+    out, err = outcome(lambda: ferry.ops.attn_paged(**args), names)
+    if err is not None:
+        return
+    out.set_output()
+    graph = ferry.Graph(out)
+    ferry.GraphAllocator(cpu).alloc(graph)
+    out.set(np.full(out.ne[::-1], 42.0, np.float32))
+    _, err = outcome(lambda: graph.compute(cpu), names)
+    values = out.to_numpy()
+    assert (values == 42.0).all() if err is not None else np.isfinite(values).all()
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(st.sampled_from(["s0", "s1", "max_blocks", "backend", "name"]),
+       st.one_of(ints(-2, 5), junk(), st.just("table")))
+def test_table_tensor_of_any_argument_is_the_tables_or_refused_naming_it(arg: str, value: Any) -> None:
+    """PagedKVCache.table_tensor with one argument drawn: refused naming it, or each row the table of
+    its sequence (table), -1 after."""
+    cpu = ferry.CPUBackend()
+    cache, _ = paged_operands(cpu)
+    kwargs: Dict[str, Any] = {"backend": cpu}
+    kwargs[arg] = value
+    t, err = outcome(lambda: cache.table_tensor(**kwargs), [arg, "sequences"])
+    if err is None:
+        s0 = kwargs.get("s0", 0)
+        rows = t.to_numpy().reshape(t.ne[1], t.ne[0]).tolist()
+        assert [r[:len(cache.table(s0 + i)[0])] for i, r in enumerate(rows)] == \
+            [cache.table(s0 + i)[0] for i in range(len(rows))]
+        assert all(x == -1 for i, r in enumerate(rows) for x in r[len(cache.table(s0 + i)[0]):])
 
 
 # ---------------------------------------------------------------- the backends' documentation

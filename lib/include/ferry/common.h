@@ -23,7 +23,7 @@ extern "C" {
 /* Limits as enum constants, not macros, so the binding's cdef keeps their names. */
 enum {
     FERRY_MAX_DIMS = 4,
-    FERRY_MAX_SRC = 4,
+    FERRY_MAX_SRC = 5,  /* paged attention reads five: q, two pools, the table, kv_len */
     FERRY_MAX_OP_PARAMS = 8,
     FERRY_MAX_NAME = 64
 };

@@ -66,6 +66,27 @@ FERRY_API ferry_status ferry_attn_decode(ferry_context * ctx, ferry_tensor * q, 
                                ferry_tensor * kv_len, float scale, bool v_trans, ferry_tensor ** out);
 /* Whether ferry_attn_decode reads K and V of this type (f32, f16, q8_0): the one list of them. */
 FERRY_API bool ferry_attn_reads_type(ferry_type type);
+/*
+ * Paged attention: ferry_attn_decode's attention (q, kv_len, scale, types, GQA, n_tok causal,
+ * output [head_dim, n_head, n_tok, ns]), reading K and V where a paged cache keeps them, through
+ * a block table, so that no dense window is built.
+ *   k_pool [n_embd_gqa, n_slots * block_size], n_embd_gqa = head_dim * n_head_kv: a pool in the
+ *          layout of ferry_paged_cache_k (ferry/paged.h); cell c of slot b is pool cell
+ *          b * block_size + c
+ *   v_pool the same (any type attention reads), or with v_trans [n_slots * block_size, n_embd_gqa]
+ *          (one row per channel, as ferry_paged_cache_v lays a transposed V out; not q8_0)
+ *   table  i32 [max_blocks, ns]: stream s's i-th block's slot, holding its cells
+ *          i * block_size .. (i + 1) * block_size - 1. Entries past what a stream's length reaches
+ *          are never read (-1 is fine there); an entry that is read and is outside 0..n_slots - 1
+ *          is refused at compute (OUT_OF_BOUNDS, naming the stream and the entry), before any
+ *          output is written.
+ *   kv_len i32 [ns]: as ferry_attn_decode's, n_kv being max_blocks * block_size.
+ * On the CPU the output is byte for byte ferry_attn_decode's over the dense window a paged
+ * cache's gather builds from the same pools and table.
+ */
+FERRY_API ferry_status ferry_attn_paged(ferry_context * ctx, ferry_tensor * q, ferry_tensor * k_pool,
+                                        ferry_tensor * v_pool, ferry_tensor * table, ferry_tensor * kv_len,
+                                        int64_t block_size, float scale, bool v_trans, ferry_tensor ** out);
 
 /* A graph references tensors, it does not own them. build adds t and everything it
  * depends on, in topological order: leafs (op NONE) and nodes (the rest, views too).

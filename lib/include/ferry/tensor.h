@@ -49,7 +49,8 @@ typedef enum {
     FERRY_OP_PAD = 10,
     FERRY_OP_MEAN = 11,
     FERRY_OP_ATTN_DECODE = 12,
-    FERRY_OP_COUNT = 13
+    FERRY_OP_ATTN_PAGED = 13,
+    FERRY_OP_COUNT = 14
 } ferry_op;
 
 enum {

@@ -8,7 +8,7 @@
 /* The CPU kernels (ops-cpu.c): compute one node whose tensors are in host memory. */
 bool ferry_cpu_op_supported(const ferry_tensor * node);
 ferry_status ferry_cpu_compute_node(ferry_tensor * node);
-/* Decode attention on the CPU (ops-attn.c): the types it reads, and the kernel. */
+/* Decode attention on the CPU (ops-attn.c), dense or paged: the types it reads, and the kernel. */
 bool ferry_cpu_attn_supported(const ferry_tensor * node);
 ferry_status ferry_cpu_attn_decode(ferry_tensor * node);
 /* The nodes of a graph in order, on the CPU kernels. */

@@ -1,5 +1,6 @@
 /*
- * The CPU kernel of decode attention (ferry_attn_decode in ops.c builds the node).
+ * The CPU kernel of decode attention (ferry_attn_decode in ops.c builds the node), and of paged
+ * attention (ferry_attn_paged), the same kernel reading K and V through a block table (kv_cells).
  *
  * Work goes by (stream, kv head): each K or V row of that pair is converted to f32 once
  * and used by every query head of the group, of every query token of the step (token t
@@ -105,8 +106,10 @@ bool ferry_cpu_attn_supported(const ferry_tensor * node) {
     const ferry_tensor * k = node->src[1];
     const ferry_tensor * v = node->src[2];
     const ferry_tensor * len = node->src[3];
+    const bool table_ok = node->op != FERRY_OP_ATTN_PAGED || (node->src[4] && node->src[4]->type == FERRY_TYPE_I32);
     return node->type == FERRY_TYPE_F32 && q && k && v && len && q->type == FERRY_TYPE_F32 && kv_type_ok(k->type) &&
-           kv_type_ok(v->type) && !(node->op_params[1] && v->type == FERRY_TYPE_Q8_0) && len->type == FERRY_TYPE_I32;
+           kv_type_ok(v->type) && !(node->op_params[1] && v->type == FERRY_TYPE_Q8_0) && len->type == FERRY_TYPE_I32 &&
+           table_ok;
 }
 
 static const char * at(const ferry_tensor * t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
@@ -121,34 +124,138 @@ static int64_t stream_length(const ferry_tensor * kv_len, int64_t s, int64_t n_k
     return len32 < 0 ? 0 : (len32 > n_kv ? n_kv : len32);
 }
 
+/*
+ * Where the kernel finds cell j of a stream's K and V: in a dense window at its strides
+ * (attn_decode), or through the stream's block table in a paged cache's pools (attn_paged). The
+ * arithmetic is the same code for both; only these addresses differ, so the paged op's output
+ * is the dense one's, byte for byte, over the window the paged cache's gather would build.
+ */
+typedef struct {
+    const ferry_tensor * k, * v;
+    const ferry_tensor * table; /* NULL: a dense window */
+    int64_t block_size;
+    int64_t d;       /* head_dim */
+    int64_t n_kv;    /* the cells a stream may have: the window's, or the table's blocks' */
+    int64_t n_head_kv;
+    bool v_trans;
+} kv_cells;
+
+static kv_cells kv_cells_of(const ferry_tensor * dst) {
+    const ferry_tensor * k = dst->src[1];
+    kv_cells c = {.k = k, .v = dst->src[2], .d = dst->src[0]->ne[0], .v_trans = dst->op_params[1] != 0};
+    if (dst->op == FERRY_OP_ATTN_PAGED) {
+        c.table = dst->src[4];
+        c.block_size = dst->op_params[2];
+        c.n_kv = c.table->ne[0] * c.block_size;
+        c.n_head_kv = k->ne[0] / c.d;
+    } else {
+        c.n_kv = k->ne[1];
+        c.n_head_kv = k->ne[2];
+    }
+    return c;
+}
+
+/* Stream s's i-th block's slot (paged only). */
+static int32_t slot_of(const kv_cells * c, int64_t i, int64_t s) {
+    int32_t slot;
+    memcpy(&slot, at(c->table, i, s, 0, 0), sizeof(slot));
+    return slot;
+}
+
+/* The pool cell holding cell j of stream s: its block's slot's. */
+static int64_t pool_cell(const kv_cells * c, int64_t j, int64_t s) {
+    return (int64_t) slot_of(c, j / c->block_size, s) * c->block_size + j % c->block_size;
+}
+
+/* The byte offset of kv head hk's first value within a pool cell: hk * head_dim values on. */
+static size_t head_offset(const ferry_tensor * pool, const kv_cells * c, int64_t hk, size_t nb_value) {
+    return (size_t) (hk * c->d / ferry_blck_size(pool->type)) * nb_value;
+}
+
+/* K's row of cell j, kv head hk, stream s. */
+static const char * k_row(const kv_cells * c, int64_t j, int64_t hk, int64_t s) {
+    if (!c->table) {
+        return at(c->k, 0, j, hk, s);
+    }
+    return (const char *) c->k->data + (size_t) pool_cell(c, j, s) * c->k->nb[1] + head_offset(c->k, c, hk, c->k->nb[0]);
+}
+
+/* V's row of cell j (V not transposed). */
+static const char * v_row(const kv_cells * c, int64_t j, int64_t hk, int64_t s) {
+    if (!c->table) {
+        return at(c->v, 0, j, hk, s);
+    }
+    return (const char *) c->v->data + (size_t) pool_cell(c, j, s) * c->v->nb[1] + head_offset(c->v, c, hk, c->v->nb[0]);
+}
+
+/* Channel i of kv head hk over a transposed V's first len cells, as f32 into dst: one row in a
+ * window, a piece per block in a pool (each block's cells are adjacent in the channel's row). */
+static void load_v_channel(const kv_cells * c, int64_t i, int64_t hk, int64_t s, int64_t len, float * dst) {
+    const ferry_tensor * v = c->v;
+    if (!c->table) {
+        load_row(v->type, at(v, 0, i, hk, s), v->nb[0], len, dst);
+        return;
+    }
+    const char * channel = (const char *) v->data + (size_t) (hk * c->d + i) * v->nb[1];
+    for (int64_t j = 0; j < len; j += c->block_size) {
+        const int64_t n = len - j < c->block_size ? len - j : c->block_size;
+        load_row(v->type, channel + (size_t) pool_cell(c, j, s) * v->nb[0], v->nb[0], n, dst + j);
+    }
+}
+
+/* Every table entry a stream's length reaches names a slot of the pools: checked before any output
+ * is written, so that no entry leads a read out of them. */
+static ferry_status check_table(const kv_cells * c, const ferry_tensor * kv_len, int64_t ns) {
+    const int64_t n_slots = c->k->ne[1] / c->block_size;
+    for (int64_t s = 0; s < ns; s++) {
+        const int64_t len = stream_length(kv_len, s, c->n_kv);
+        for (int64_t i = 0; i * c->block_size < len; i++) {
+            const int32_t slot = slot_of(c, i, s);
+            if (slot < 0 || slot >= n_slots) {
+                return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
+                                  "attn_paged: stream %lld's table entry %lld (its cells %lld..%lld, below its length "
+                                  "%lld) is slot %d, outside the pools' slots 0..%lld",
+                                  (long long) s, (long long) i, (long long) (i * c->block_size),
+                                  (long long) ((i + 1) * c->block_size - 1), (long long) len, (int) slot,
+                                  (long long) (n_slots - 1));
+            }
+        }
+    }
+    return FERRY_OK;
+}
+
 ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
     const ferry_tensor * q = dst->src[0];
-    const ferry_tensor * k = dst->src[1];
-    const ferry_tensor * v = dst->src[2];
     const ferry_tensor * kv_len = dst->src[3];
+    const kv_cells cells = kv_cells_of(dst);
+    const kv_cells * c = &cells;
+    const char * what = dst->op == FERRY_OP_ATTN_PAGED ? "attn_paged" : "attn_decode";
     float scale;
     memcpy(&scale, &dst->op_params[0], sizeof(scale));
-    const bool v_trans = dst->op_params[1] != 0;
+    const bool v_trans = c->v_trans;
     const int64_t d = q->ne[0], n_head = q->ne[1], n_tok = q->ne[2], ns = q->ne[3];
-    const int64_t n_kv = k->ne[1], n_head_kv = k->ne[2], group = n_head / n_head_kv;
+    const int64_t n_kv = c->n_kv, n_head_kv = c->n_head_kv, group = n_head / n_head_kv;
     /* the queries of one (stream, kv head): every token's query heads of the group, token-major */
     const int64_t n_q = n_tok * group;
-    /* V: step between cells and between channels, whichever way it is stored */
-    const size_t v_cell = v_trans ? v->nb[0] : v->nb[1];
-    const size_t v_chan = v_trans ? v->nb[1] : v->nb[0];
-    /* A window carrying its lengths bounds them by its limit: one outside it is refused, not clamped
-     * (a scheduler's run refused it before its copies; this is a window read where it lies). */
-    FERRY_TRY(ferry_check_used_lengths(k, false, "attn_decode"));
+    const ferry_tensor * k = c->k;
+    const ferry_tensor * v = c->v;
+    if (c->table) {
+        FERRY_TRY(check_table(c, kv_len, ns));
+    } else {
+        /* A window carrying its lengths bounds them by its limit: one outside it is refused, not clamped
+         * (a scheduler's run refused it before its copies; this is a window read where it lies). */
+        FERRY_TRY(ferry_check_used_lengths(k, false, "attn_decode"));
+    }
     /* Token t reads cells [0, len - n_tok + t]: a stream needs a cell per token. Checked for every
      * stream before any output is written; 0 is a stream taking no part (zero rows), as with one token. */
     for (int64_t s = 0; s < ns; s++) {
         const int64_t len = stream_length(kv_len, s, n_kv);
         if (len > 0 && len < n_tok) {
             return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
-                              "attn_decode: stream %lld has length %lld (kv_len, clamped to 0..%lld), below q's %lld "
+                              "%s: stream %lld has length %lld (kv_len, clamped to 0..%lld), below q's %lld "
                               "query tokens: its length must count the step's new cells, at least one per token "
                               "(or be 0, a stream taking no part)",
-                              (long long) s, (long long) len, (long long) n_kv, (long long) n_tok);
+                              what, (long long) s, (long long) len, (long long) n_kv, (long long) n_tok);
         }
     }
 
@@ -157,7 +264,7 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
                             (size_t) (n_kv > d ? n_kv : d) + (size_t) n_q;
     float * scratch = ferry_malloc(n_floats * sizeof(float));
     if (!scratch) {
-        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "attn_decode: out of memory for %zu floats of scratch", n_floats);
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu floats of scratch", what, n_floats);
     }
     float * qf = scratch;
     float * acc = qf + n_q * d;
@@ -181,7 +288,7 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
                 /* scores: one K row at a time, for every query that reads its cell. Each query's
                  * arithmetic is that of one token over its own length: the same bytes out. */
                 for (int64_t j = 0; j < len; j++) {
-                    load_row(k->type, at(k, 0, j, hk, s), k->nb[0], d, row);
+                    load_row(k->type, k_row(c, j, hk, s), k->nb[0], d, row);
                     for (int64_t qi = (j > first ? j - first : 0) * group; qi < n_q; qi++) {
                         p[qi * len + j] = scale * dot(qf + qi * d, row, d);
                     }
@@ -203,9 +310,7 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
                 }
                 if (!v_trans) {
                     for (int64_t j = 0; j < len; j++) {
-                        load_row(v->type, (const char *) v->data + (size_t) j * v_cell + (size_t) hk * v->nb[2] +
-                                              (size_t) s * v->nb[3],
-                                 v_chan, d, row);
+                        load_row(v->type, v_row(c, j, hk, s), v->nb[0], d, row);
                         for (int64_t qi = (j > first ? j - first : 0) * group; qi < n_q; qi++) {
                             const float pj = p[qi * len + j];
                             float * aq = acc + qi * d;
@@ -217,9 +322,7 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
                 } else {
                     /* transposed: a channel's cells lie along dimension 0, so read it as a row of len */
                     for (int64_t i = 0; i < d; i++) {
-                        load_row(v->type, (const char *) v->data + (size_t) i * v_chan + (size_t) hk * v->nb[2] +
-                                              (size_t) s * v->nb[3],
-                                 v_cell, len, chan);
+                        load_v_channel(c, i, hk, s, len, chan);
                         for (int64_t qi = 0; qi < n_q; qi++) {
                             acc[qi * d + i] = dot(p + qi * len, chan, first + qi / group + 1);
                         }

@@ -163,6 +163,7 @@ bool ferry_cpu_op_supported(const ferry_tensor * node) {
         case FERRY_OP_PAD:
             return plain && a && a->type == node->type;
         case FERRY_OP_ATTN_DECODE:
+        case FERRY_OP_ATTN_PAGED:
             return ferry_cpu_attn_supported(node);
         default:
             return false;
@@ -198,7 +199,8 @@ ferry_status ferry_cpu_compute_node(ferry_tensor * node) {
         case FERRY_OP_CONCAT: concat(node); break;
         case FERRY_OP_PAD: pad(node); break;
         case FERRY_OP_MEAN: mean(node); break;
-        case FERRY_OP_ATTN_DECODE: return ferry_cpu_attn_decode(node);
+        case FERRY_OP_ATTN_DECODE:
+        case FERRY_OP_ATTN_PAGED: return ferry_cpu_attn_decode(node);
         default: break; /* leafs and views: nothing to compute */
     }
     return FERRY_OK;
