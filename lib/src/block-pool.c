@@ -5,7 +5,10 @@
  */
 #include "ferry-impl.h"
 #include "kv-layers.h"
+#include "sched-impl.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -617,4 +620,63 @@ ferry_status ferry_block_pool_plan(ferry_block_pool * pool, int64_t s0, int64_t 
     }
     *n_groups = groups + 1;
     return FERRY_OK;
+}
+
+/* Layer l's node: attention of q over the layer's device pools through the table's rows. */
+static ferry_status pool_layer(const ferry_block_pool * p, ferry_context * ctx, int32_t l, ferry_tensor * table,
+                               ferry_tensor * q, ferry_tensor * kv_len, ferry_tensor ** out) {
+    if (!q) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "block_pool_attention_step: layer %d's q is NULL", l);
+    }
+    if (q->ne[0] <= 0) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "block_pool_attention_step: layer %d's q has head_dim %lld", l,
+                          (long long) q->ne[0]);
+    }
+    /* The scale Python's attn_decode passes: 1/sqrt in double, rounded to f32. */
+    const float scale = (float) (1.0 / sqrt((double) q->ne[0]));
+    FERRY_TRY(ferry_attn_paged(ctx, q, p->layers.k[l], p->layers.v[l], table, kv_len, p->params.block_size, scale,
+                               p->params.v_trans, out));
+    char name[FERRY_MAX_NAME];
+    snprintf(name, sizeof(name), "attn%d", l);
+    FERRY_TRY(ferry_tensor_set_name(*out, name));
+    return ferry_tensor_set_output(*out);
+}
+
+ferry_status ferry_block_pool_attention_step(const ferry_block_pool * pool, ferry_context * ctx, int32_t n_layer,
+                                             int64_t s0, int64_t s1, ferry_tensor * const * q, ferry_tensor * kv_len,
+                                             ferry_sched * sched, ferry_graph * graph, ferry_tensor ** outs) {
+    FERRY_CHECK_ARG(pool && ctx && q && kv_len && sched && graph && outs,
+                    "block_pool_attention_step: NULL argument");
+    FERRY_TRY(check_seqs(pool, s0, s1, "block_pool_attention_step"));
+    if (n_layer <= 0 || n_layer > pool->params.n_layer) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "block_pool_attention_step: %d layers, but the cache has 1..%d",
+                          n_layer, pool->params.n_layer);
+    }
+    if (!ferry_sched_has_backend(sched, pool->backend)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "block_pool_attention_step: the pool's backend %s is not one of "
+                          "the scheduler's", ferry_backend_name(pool->backend));
+    }
+    ferry_tensor * rows;
+    const int64_t ne[2] = {pool->max_blocks, s1 - s0};
+    const size_t nb[2] = {pool->table->nb[0], pool->table->nb[1]};
+    FERRY_TRY(ferry_tensor_view(ctx, pool->table, 2, ne, nb, (size_t) s0 * pool->table->nb[1], &rows));
+    ferry_tensor ** made = ferry_malloc((size_t) n_layer * sizeof(*made));
+    if (!made) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "block_pool_attention_step: out of memory");
+    }
+    ferry_status st = FERRY_OK;
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        st = pool_layer(pool, ctx, l, rows, q[l], kv_len, &made[l]);
+    }
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        st = ferry_sched_set_tensor_backend(sched, made[l], pool->backend);
+    }
+    for (int32_t l = 0; st == FERRY_OK && l < n_layer; l++) {
+        st = ferry_graph_build(graph, made[l]);
+    }
+    if (st == FERRY_OK) {
+        memcpy(outs, made, (size_t) n_layer * sizeof(*made));
+    }
+    free(made);
+    return st;
 }

@@ -20,12 +20,15 @@ import numpy as np
 
 from . import _checks
 from ._binding import ffi, lib
-from ._handle import Closeable, Handle, holding
+from ._handle import Closeable, Handle, Hold, holding, release_when_collected
 from .backend import Backend
 from .errors import InvalidArgumentError, check
+from .graph import Graph
 from .paged import PagedKVCache
+from .sched import Scheduler
 from .stats import Stats
-from .tensor import Tensor
+from .step import StepOutputs, _Step
+from .tensor import Tensor, _new_context
 
 
 @dataclass(frozen=True)
@@ -338,6 +341,72 @@ class BlockPool(Closeable):
                                         room, n))
         bounds = [a] + [int(ends[i]) for i in range(int(n[0]))]
         return list(zip(bounds, bounds[1:]))
+
+    def attention_step(self, sched: Scheduler, q: Sequence[Tensor], kv_len: Tensor, s0: int = 0,
+                       s1: Optional[int] = None) -> StepOutputs:
+        """A decode step's attention over the pool (ferry_block_pool_attention_step): per layer a paged
+        attention node (ferry.ops.attn_paged) of q[layer] over the layer's device pools through the
+        device table's rows s0..s1 - 1, assigned to the pool's backend, named attn<layer>. Call sync
+        with the same sequences and lengths before each compute: the nodes read the pools and table
+        as they are then, and only kv_len crosses when the graph computes.
+
+        Parameters
+        ----------
+        sched : Scheduler
+            Holds the pool's backend; the outputs are assigned there.
+        q : sequence of Tensor
+            Per layer (as many as the cache's or fewer), f32 [head_dim, n_head, n_tok, s1 - s0].
+        kv_len : Tensor
+            i32 [s1 - s0]: each sequence's length, in host memory (copied as any input is).
+        s0, s1 : int, optional
+            The sequences (default: all of the cache's).
+
+        Returns
+        -------
+        StepOutputs
+            One output per layer, and their Graph.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a scheduler without the pool's backend, a q that is not a Tensor.
+        LayoutError
+            For shapes attention cannot read.
+        OutOfBoundsError
+            For sequences or layers the cache does not have.
+        """
+        sched_p = _checks.instance(sched, Scheduler, "BlockPool.attention_step: sched")._p
+        if isinstance(q, (str, bytes)) or not hasattr(q, "__len__"):
+            raise InvalidArgumentError("BlockPool.attention_step: q is a sequence with a Tensor per layer")
+        qs = list(q)
+        for i, t in enumerate(qs):
+            _checks.instance(t, Tensor, f"BlockPool.attention_step: q[{i}]")._check_retainable()
+        _checks.instance(kv_len, Tensor, "BlockPool.attention_step: kv_len")._check_retainable()
+        a = _checks.as_int64(s0, "BlockPool.attention_step: s0")
+        b = self._cache.params.n_seq if s1 is None else _checks.as_int64(s1, "BlockPool.attention_step: s1")
+        with Hold((self._handle, sched._handle)):
+            n = len(qs)
+            q_p = ffi.new("ferry_tensor *[]", [t._p for t in qs] or [ffi.NULL])
+            ctx = _new_context([self._handle, kv_len._handle] + [t._handle for t in qs])
+            owner = _Step(ctx, self, qs, kv_len)
+            release_when_collected(owner, ctx)
+            g = ffi.new("ferry_graph **")
+            check(lib.ferry_graph_new(g))
+            graph_handle = Handle(g[0], lib.ferry_graph_free)
+            outs_p = ffi.new("ferry_tensor *[]", max(n, 1))
+            n_assigned = lib.ferry_sched_n_assigned(sched_p)
+            st = lib.ferry_block_pool_attention_step(self._p, ctx.ptr, n, a, b, q_p, kv_len._p, sched_p,
+                                                     graph_handle.ptr, outs_p)
+            if st != lib.FERRY_OK:
+                graph_handle.release()
+                if lib.ferry_sched_n_assigned(sched_p) != n_assigned:  # kept by address until cleared
+                    sched._assigned[ctx.ptr] = owner  # type: ignore[assignment]
+                check(st)
+            outs = StepOutputs(Tensor._borrow(outs_p[i], ctx, keep=owner) for i in range(n))
+            for t in outs:
+                sched._assigned[t._ptr] = t
+            outs._graph = Graph._built(graph_handle, list(outs), [(self._handle, self)])
+            return outs
 
     @property
     @holding

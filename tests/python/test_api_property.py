@@ -1003,3 +1003,37 @@ def test_a_block_pool_of_any_argument_reads_the_caches_cells_or_is_refused_namin
             blocks = c.table(s)[0]
             for cell in range(int(n)):
                 assert (dev[table[s, cell // 4] * 4 + cell % 4] == host[blocks[cell // 4] * 4 + cell % 4]).all()
+
+
+POOL_STEP_NAMES = {"sched": ("sched", "Scheduler", "scheduler"), "q": ("q", "layers", "Tensor"),
+                   "kv_len": ("kv_len",), "s0": ("s0", "sequences", "q"), "s1": ("s1", "sequences", "q")}
+
+
+@settings(max_examples=120 * SCALE, **SETTINGS)
+@given(st.sampled_from(sorted(POOL_STEP_NAMES)), st.one_of(ints(-2, 4), junk()))
+@example("s0", 1)  # q of 2 sequences for 1
+def test_a_block_pool_step_of_any_argument_is_the_dense_gathers_or_refused_naming_it_assigning_nothing(
+        arg: str, value: Any) -> None:
+    """BlockPool.attention_step of any value: refused naming the argument, the scheduler's assignments
+    as they were; or, once synced, the dense gather's outputs byte for byte."""
+    c = PagedKVCache("f16", "f16", 16, 1, block_size=4, n_blocks=8, n_seq=2, share_blocks=True)
+    rng = np.random.default_rng(2)
+    for t in (c.k(0), c.v(0)):
+        t.set(rng.uniform(-1, 1, t.nbytes // 2).astype(np.float16).tobytes())
+    c.set_table(0, [0, 1], 6)
+    c.set_table(1, [0, 2], 7)
+    dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    q = [ferry.Tensor.from_numpy(dev, rng.uniform(-1, 1, (2, 1, 2, 16)).astype(np.float32))]
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array([6, 7], np.int32))
+    with BlockPool(c, dev, 4) as pool, ferry.Scheduler([dev, cpu]) as sched, \
+            ferry.Scheduler([dev, cpu], policy="ragged") as dense:
+        args = changed(dict(sched=sched, q=q, kv_len=kv_len, s0=0, s1=2), arg, value)
+        outs, err = outcome(lambda: pool.attention_step(**args), POOL_STEP_NAMES[arg])
+        if err is not None:
+            assert not sched._assigned, "a refused step assigned"
+            return
+        ref = ferry.attention_step(dense, dev, c.windows(8), q, kv_len)
+        dense.compute(ref.graph)
+        pool.sync(lengths=[6, 7])
+        sched.compute(outs.graph)
+        assert [o.get() for o in outs] == [r.get() for r in ref]

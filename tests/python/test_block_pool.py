@@ -318,3 +318,83 @@ def test_least_recently_read_thrashes_where_the_plan_does_not() -> None:
             for s in range(4):
                 p.sync(s, s + 1)
         assert (p.stats.blocks_sent, p.stats.blocks_kept) == (16, 8)
+
+
+def random_cache(type_: str, v_trans: bool) -> PagedKVCache:
+    """Values attention reads: f16 (or q8_0) of uniform floats, two KV heads."""
+    c = PagedKVCache(type_, type_, HEAD_DIM, 2, block_size=BS, n_blocks=N_BLOCKS, n_seq=3, n_layer=2,
+                     v_trans=v_trans, share_blocks=True)
+    rng = np.random.default_rng(3)
+    for layer in range(2):
+        for t in (c.k(layer), c.v(layer)):
+            n = t.ne[0] * t.ne[1]
+            t.set(ferry.Tensor.from_numpy(ferry.CPUBackend(), rng.uniform(-1, 1, n).astype(np.float32).reshape(
+                t.ne[1], t.ne[0]), type=type_).get())
+    shared(c)
+    return c
+
+
+@pytest.mark.parametrize("type_,v_trans", [("f16", False), ("f16", True), ("q8_0", False)])
+def test_attention_through_the_device_table_is_the_dense_gathers_byte_for_byte_step_after_step(
+        type_: str, v_trans: bool) -> None:
+    c = random_cache(type_, v_trans)
+    dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    rng = np.random.default_rng(5)
+    q = [ferry.Tensor.from_numpy(dev, rng.uniform(-1, 1, (3, 1, 4, HEAD_DIM)).astype(np.float32)) for _ in range(2)]
+    kv_len = ferry.Tensor.from_numpy(cpu, np.zeros(3, np.int32), name="kv_len")
+    with ferry.Scheduler([dev, cpu], policy="ragged") as dense, ferry.Scheduler([dev, cpu]) as sched, \
+            BlockPool(c, dev, 12) as pool:
+        outs = pool.attention_step(sched, q, kv_len)
+        for step in range(3):
+            if step:
+                for s in range(3):
+                    c.append(s, 1)
+            lengths = np.array([c.table(s)[1] for s in range(3)], np.int32)
+            kv_len.set(lengths.tobytes())
+            ref = ferry.attention_step(dense, dev, c.windows(16), q, kv_len)
+            dense.compute(ref.graph)
+            pool.sync(lengths=lengths)
+            sched.compute(outs.graph)
+            assert [o.get() for o in outs] == [r.get() for r in ref], step
+            assert [i.src.name for i in sched.inputs] == ["kv_len"]  # K and V never cross in the step
+            dense.clear_assignments()
+
+
+def test_attention_through_a_pool_smaller_than_the_blocks_read_a_group_at_a_time() -> None:
+    """--device-blocks below 1: each group synced, then its own step; the rows are the dense gather's."""
+    c = random_cache("f16", True)
+    dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    rng = np.random.default_rng(5)
+    q = [ferry.Tensor.from_numpy(dev, rng.uniform(-1, 1, (3, 1, 4, HEAD_DIM)).astype(np.float32)) for _ in range(2)]
+    lengths = np.array([10, 11, 3], np.int32)
+    kv_len = ferry.Tensor.from_numpy(cpu, lengths, name="kv_len")
+    with ferry.Scheduler([dev, cpu], policy="ragged") as dense, BlockPool(c, dev, 4) as pool:
+        ref = ferry.attention_step(dense, dev, c.windows(12), q, kv_len)
+        dense.compute(ref.graph)
+        groups = pool.plan(lengths=lengths)
+        assert groups == [(0, 2), (2, 3)]  # blocks 0, 1, 3 resident; 2, then 9 streamed through one slot
+        for g0, g1 in groups:
+            with ferry.Scheduler([dev, cpu]) as sched:
+                qg = [t.view([HEAD_DIM, 4, 1, g1 - g0], [4, 4 * HEAD_DIM, 16 * HEAD_DIM, 16 * HEAD_DIM],
+                             offset=g0 * 16 * HEAD_DIM) for t in q]
+                lg = ferry.Tensor.from_numpy(cpu, lengths[g0:g1], name="kv_len")
+                outs = pool.attention_step(sched, qg, lg, g0, g1)
+                pool.sync(g0, g1, lengths[g0:g1])
+                sched.compute(outs.graph)
+                for o, r in zip(outs, ref):
+                    row = 16 * HEAD_DIM
+                    assert o.get() == r.get()[g0 * row:g1 * row]
+
+
+def test_the_step_is_refused_naming_what_to_change() -> None:
+    c = random_cache("f16", False)
+    dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    q = [ferry.Tensor.from_numpy(dev, np.zeros((3, 1, 4, HEAD_DIM), np.float32)) for _ in range(2)]
+    kv_len = ferry.Tensor.from_numpy(cpu, np.zeros(3, np.int32))
+    with BlockPool(c, dev, 8) as pool, ferry.Scheduler([cpu]) as other, ferry.Scheduler([dev, cpu]) as sched:
+        with pytest.raises(ferry.InvalidArgumentError, match="the pool's backend .* not one of the scheduler's"):
+            pool.attention_step(other, q, kv_len)
+        with pytest.raises(ferry.OutOfBoundsError, match="3 layers, but the cache has 1..2"):
+            pool.attention_step(sched, [*q, q[0]], kv_len)
+        with pytest.raises(ferry.OutOfBoundsError, match="sequences 1..4"):
+            pool.attention_step(sched, q, kv_len, 1, 4)

@@ -120,6 +120,23 @@ FERRY_API ferry_status ferry_block_pool_plan(ferry_block_pool * pool, int64_t s0
 FERRY_API ferry_status ferry_block_pool_get_stats(const ferry_block_pool * pool, ferry_block_pool_stats * out);
 FERRY_API void         ferry_block_pool_reset_stats(ferry_block_pool * pool);
 
+/*
+ * A decode step's attention over the pool: per layer l of 0..n_layer - 1 a paged attention node
+ * (ferry_attn_paged) of q[l] over layer l's device pools through the device table's rows
+ * s0..s1 - 1 and kv_len (i32 [s1 - s0]), scale 1/sqrt(head_dim), named "attn<l>", marked output,
+ * assigned to the pool's backend (which must be the scheduler's) and built into graph in layer
+ * order; outs[l] its output, written only on success. Nothing crosses for K and V when the graph
+ * computes: sync the same sequences and lengths before each compute (the table's rows are read
+ * then, the kv_len copied as any input is). Refused as ferry_kv_attention_step is (NULL arguments,
+ * n_layer out of range, shapes attention cannot read, a backend not the scheduler's), and for
+ * sequences the cache does not have; what was made before a refusal stays in ctx.
+ */
+FERRY_API ferry_status ferry_block_pool_attention_step(const ferry_block_pool * pool, ferry_context * ctx,
+                                                       int32_t n_layer, int64_t s0, int64_t s1,
+                                                       ferry_tensor * const * q, ferry_tensor * kv_len,
+                                                       ferry_sched * sched, ferry_graph * graph,
+                                                       ferry_tensor ** outs);
+
 #ifdef __cplusplus
 }
 #endif
