@@ -144,7 +144,8 @@ def test_validate_paged_hashes_every_gather_method_as_the_cells_cache(monkeypatc
 
     monkeypatch.setattr(validate_workload, "Scheduler", Recording)
     res = run_validate(tiny_validate(adjacency=0.5, v_trans=True))
-    assert list(res.hashes) == ["ragged", "paged/per_block", "paged/runs", "paged/batched", "paged/auto"]
+    assert list(res.hashes) == ["ragged", "paged/per_block", "paged/runs", "paged/batched", "paged/auto",
+                                "paged/device_table"]
     assert res.passed
     assert {"per_block", "runs", "batched"} <= set(used)
 
@@ -167,6 +168,17 @@ def test_validate_paged_fails_when_a_paged_cache_reads_other_cells(monkeypatch: 
                  "--device", "cpu"]) == 1
     out = capsys.readouterr()
     assert "policies and paged gathers: DIFFERENT" in out.out and "the gate failed" in out.err
+
+
+def test_validate_paged_fails_when_the_device_pool_keeps_a_waves_old_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device table's hash is checked too: a pool not told that a new wave wrote over the streams
+    (drop_ahead left out) reads the last wave's cells, and only its hash differs."""
+    from ferry.block_pool import BlockPool
+
+    monkeypatch.setattr(BlockPool, "drop_ahead", lambda self: None)
+    res = run_validate(tiny_validate())
+    assert not res.passed
+    assert [k for k, h in res.hashes.items() if h != res.hashes["ragged"]] == ["paged/device_table"]
 
 
 # ------------------------------------------------------------ paged-plan

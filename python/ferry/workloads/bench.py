@@ -102,6 +102,7 @@ from .common import variants as workload_variants
 from .devices import DeviceConfig, naming_device_memory
 from .estimate import Interval, StepFloor, balanced_orders, gain_interval
 from .paged_tables import (
+    DEVICE_TABLE,
     PagedOptions,
     adjacent_tables,
     blocks_for,
@@ -120,8 +121,6 @@ OnStep = Callable[[str], None]
 PAGED_GATHERS: Tuple[str, ...] = ("per_block", "auto")
 #: What --paged calls them in its rows.
 PAGED_NAMES = {"per_block": "paged per-block", "auto": "paged merged", "device_table": "paged device table"}
-#: The paged cache's row whose blocks stay in a device pool, read through a device table (BlockPool).
-DEVICE_TABLE = "device_table"
 
 #: Replicas of each npl (--repeat's default): their range is a 96.9% interval for a median.
 REPLICAS = 6

@@ -55,6 +55,10 @@ class PagedOptions:
     shared_prefix: int = 0
     device_blocks: float = 1.0
 
+#: The paged cache's blocks kept in a device pool and read through its device table (ferry.block_pool),
+#: beside the gathers in the workloads' rows and hashes.
+DEVICE_TABLE = "device_table"
+
 #: The gathers a paged window can be forced to, the baseline first (GatherMethod's names but auto).
 GATHERS: Tuple[str, ...] = ("per_block", "runs", "batched", "kernel")
 
