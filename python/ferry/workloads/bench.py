@@ -1191,7 +1191,6 @@ class _PoolVariant(_Variant):
             lengths = c.prompts + (t + 1)
             for (g0, g1), kv_len in zip(self.groups, self.kv_lens):
                 kv_len.set(lengths[g0:g1].astype(np.int32).tobytes())
-            c.kv_len.set(lengths.astype(np.int32).tobytes())
             before = pool.stats
             per_group = [lengths[g0:g1].tolist() for g0, g1 in self.groups]
             t1 = time.perf_counter()
