@@ -41,6 +41,7 @@
 #include "ferry/kv.h"
 #include "ferry/copy.h"
 #include "ferry/paged.h"
+#include "ferry/block-pool.h"
 #include "ferry/sched.h"
 #include "ferry/step.h"
 #include "ferry/cuda.h"

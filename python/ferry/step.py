@@ -22,7 +22,7 @@ FreedBufferError instead of reading freed memory.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
 from . import _checks
 from ._binding import ffi, lib
@@ -35,6 +35,9 @@ from .ops import attn_decode, window_v_trans
 from .paged import PagedKVCache, PagedWindows
 from .sched import Scheduler
 from .tensor import Tensor, _new_context
+
+if TYPE_CHECKING:
+    from .block_pool import BlockPool
 
 #: Builds a step's graph for a key: assigns its nodes on the scheduler and returns the outputs (or a Graph).
 Build = Callable[[Hashable], Union[Graph, Sequence[Tensor]]]
@@ -212,11 +215,12 @@ class _Step:
 
     __slots__ = ("handle", "cache", "q", "kv_len", "__weakref__")
 
-    def __init__(self, handle: Handle, cache: Union[KVCache, PagedKVCache], q: List[Tensor], kv_len: Tensor) -> None:
+    def __init__(self, handle: Handle, cache: Union[KVCache, PagedKVCache, "BlockPool"], q: List[Tensor],
+                 kv_len: Tensor) -> None:
         self.handle, self.cache, self.q, self.kv_len = handle, cache, q, kv_len
 
     def _known_tensors(self) -> List[Tensor]:
-        """The queries, kv_len, and the cache layers the windows are views of."""
+        """The queries, kv_len, and the cache layers the windows are views of (a BlockPool's: its pools)."""
         cache = self.cache
         layers = [t for layer in range(len(self.q)) for t in (cache.k(layer), cache.v(layer))]
         return self.q + [self.kv_len] + layers

@@ -359,6 +359,84 @@ static void test_paged_cache_fails_cleanly_at_each_allocation(void) {
     CHECK(sweep("paged cache", paged_run, paged_fini, &s, sizeof(s)) > 0);
 }
 
+/* ------------------------------------------------ a device block pool: sync, plan, a step through its table */
+
+typedef struct {
+    ferry_backend * split;
+    ferry_backend * cpu;
+    ferry_paged_cache * c;
+    ferry_block_pool * pool;
+    ferry_context * ctx;
+    ferry_buffer * in_buf;
+    ferry_graph * graph;
+    ferry_sched * sched;
+} pool_state;
+
+/* A pool of a shared-prefix cache: synced whole, then a smaller plan's resident set and groups, then
+ * a step through the device table, scheduled on the stand-in. */
+static void pool_run(void * p) {
+    pool_state * s = p;
+    const ferry_paged_params params = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8,
+                                       .n_head_kv = 2, .block_size = 2, .n_blocks = 16, .n_seq = 2, .n_layer = 2,
+                                       .v_trans = true, .share_blocks = true};
+    STEP(ferry_standin_backend_new(&s->split));
+    STEP(ferry_cpu_backend_new(&s->cpu));
+    STEP(ferry_paged_cache_new(&params, ferry_cpu_buffer_type(), NULL, &s->c));
+    STEP(ferry_paged_cache_set_table(s->c, 0, (const int32_t[]) {0, 1, 2}, 3, 6));
+    STEP(ferry_paged_cache_set_table(s->c, 1, (const int32_t[]) {0, 1, 3}, 3, 5));
+    fill_floats(ferry_paged_cache_layer_buffer(s->c, 0));
+    STEP(ferry_block_pool_new(s->c, s->split, 3, &s->pool));
+    int64_t ends[2], n_groups;
+    STEP(ferry_block_pool_plan(s->pool, 0, 2, NULL, ends, 2, &n_groups));
+    CHECK_EQ_U(n_groups, 2);
+    STEP(ferry_block_pool_sync(s->pool, 0, 1, NULL));
+    STEP(ferry_block_pool_set_resident(s->pool, NULL, 0));
+    STEP(ferry_context_new(&s->ctx));
+    const int64_t ns = 2, ne_q[4] = {8, 4, 1, 2};
+    ferry_tensor *len, *q[2];
+    STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_I32, 1, &ns, &len));
+    STEP(ferry_backend_alloc_buffer(s->cpu, 4096, &s->in_buf));
+    STEP(ferry_buffer_place_tensor(s->in_buf, len, 0));
+    STEP(ferry_tensor_set(len, (const int32_t[]) {6, 5}, 0, 8));
+    for (int l = 0; l < 2; l++) {
+        STEP(ferry_tensor_new(s->ctx, FERRY_TYPE_F32, 4, ne_q, &q[l]));
+        STEP(ferry_buffer_place_tensor(s->in_buf, q[l], 1024 + (size_t) l * 1024));
+        STEP(ferry_tensor_memset(q[l], 0, 0, ferry_tensor_nbytes(q[l])));
+    }
+    ferry_block_pool_free(s->pool);
+    s->pool = NULL;
+    STEP(ferry_block_pool_new(s->c, s->split, 4, &s->pool));
+    ferry_backend * backends[2] = {s->split, s->cpu};
+    STEP(ferry_sched_new(backends, 2, &s->sched));
+    STEP(ferry_graph_new(&s->graph));
+    ferry_tensor * outs[2];
+    STEP(ferry_block_pool_attention_step(s->pool, s->ctx, 2, 0, 2, q, len, s->sched, s->graph, outs));
+    STEP(ferry_block_pool_sync(s->pool, 0, 2, (const int32_t[]) {6, 5}));
+    STEP(ferry_sched_graph_compute(s->sched, s->graph));
+    float row[8 * 4 * 2];
+    CHECK_OK(ferry_tensor_get(outs[1], row, 0, sizeof(row)));
+    for (size_t i = 0; i < sizeof(row) / sizeof(row[0]); i++) {
+        CHECK(isfinite(row[i]));
+    }
+}
+
+static void pool_fini(void * p) {
+    pool_state * s = p;
+    ferry_sched_free(s->sched);
+    ferry_graph_free(s->graph);
+    ferry_buffer_free(s->in_buf);
+    ferry_context_free(s->ctx);
+    ferry_block_pool_free(s->pool);
+    ferry_paged_cache_free(s->c);
+    ferry_backend_free(s->cpu);
+    ferry_backend_free(s->split);
+}
+
+static void test_block_pool_fails_cleanly_at_each_allocation(void) {
+    pool_state s;
+    CHECK(sweep("block pool", pool_run, pool_fini, &s, sizeof(s)) > 0);
+}
+
 /* ------------------------------------------------ a KV cache of placed layers of different sizes */
 
 typedef struct {
@@ -911,6 +989,7 @@ static const check_test tests[] = {
     {"kv_cache_windows_fail_cleanly_at_each_allocation", test_kv_cache_windows_fail_cleanly_at_each_allocation},
     {"ragged_windows_fail_cleanly_at_each_allocation", test_ragged_windows_fail_cleanly_at_each_allocation},
     {"paged_cache_fails_cleanly_at_each_allocation", test_paged_cache_fails_cleanly_at_each_allocation},
+    {"block_pool_fails_cleanly_at_each_allocation", test_block_pool_fails_cleanly_at_each_allocation},
     {"kv_cache_layers_fail_cleanly_at_each_allocation", test_kv_cache_layers_fail_cleanly_at_each_allocation},
     {"kv_attention_step_fails_cleanly_at_each_allocation", test_kv_attention_step_fails_cleanly_at_each_allocation},
     {"sched_policies_fail_cleanly_at_each_allocation", test_sched_policies_fail_cleanly_at_each_allocation},

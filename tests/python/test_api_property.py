@@ -2,7 +2,8 @@
 profile): KVCache(placement=, layer_cells=), KVCache.from_arrays and set_stream, attention_step,
 ferry.residency's plan and predict functions with their DeviceSpec and LayerCost, StandinBackend,
 measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace, Scheduler's
-prefetch_next, drop_ahead and truncate, ops.attn_paged and PagedKVCache.table_tensor.
+prefetch_next, drop_ahead and truncate, ops.attn_paged and PagedKVCache.table_tensor; BlockPool's
+constructor, sync, truncate, set_resident, choose_resident and plan.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -25,6 +26,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import ferry
+from ferry.block_pool import BlockPool
 from ferry.kv import KVWindows
 from ferry.paged import PagedKVCache
 from ferry.residency import (
@@ -955,3 +957,104 @@ def test_a_backend_constructor_documents_its_parameters(cls: type) -> None:
     for p in params:
         assert f"{p} :" in doc, (cls.__name__, p)
     assert "Raises\n------" in doc
+
+
+# ---------------------------------------------------------------- BlockPool
+
+POOL_ARGS = ["n_slots", "s0", "s1", "lengths", "truncate_seq", "truncate_length", "resident", "n_resident"]
+POOL_NAMES = {"n_slots": ("n_slots",), "s0": ("s0", "sequences"), "s1": ("s1", "sequences"),
+              "lengths": ("lengths", "length"), "truncate_seq": ("seq", "sequences"),
+              "truncate_length": ("length",), "resident": ("block",), "n_resident": ("n_resident",)}
+
+
+@st.composite
+def pool_change(draw: st.DrawFn) -> Tuple[str, Any]:
+    arg = draw(st.sampled_from(POOL_ARGS))
+    if arg in ("lengths", "resident"):
+        value = draw(st.one_of(st.lists(st.one_of(ints(-2, 12), junk()), max_size=4), junk()))
+    else:
+        value = draw(st.one_of(ints(-2, 12), junk()))
+    return arg, value
+
+
+@settings(max_examples=300 * SCALE, **SETTINGS)
+@given(pool_change())
+@example(("lengths", [3, 12]))  # sequence 1 holds 11 cells
+@example(("resident", [1, 1]))
+def test_a_block_pool_of_any_argument_reads_the_caches_cells_or_is_refused_naming_it_sending_nothing(
+        change: Tuple[str, Any]) -> None:
+    """BlockPool(n_slots), sync(s0, s1, lengths), truncate, set_resident, choose_resident and plan of any
+    value: refused naming the argument with nothing sent (the pool's counters and table as they were),
+    or every cell synced reads the cache's through the device table."""
+    arg, value = change
+    c = PagedKVCache("f16", "f16", 16, 1, block_size=4, n_blocks=8, n_seq=2, share_blocks=True)
+    c.k(0).set(np.arange(c.k(0).nbytes // 2, dtype=np.uint16).tobytes())
+    c.set_table(0, [0, 1], 6)
+    c.set_table(1, [0, 1, 2], 11)
+    args = changed(dict(n_slots=4, s0=0, s1=2, lengths=None, truncate_seq=1, truncate_length=5, resident=[0],
+                        n_resident=2), arg, value)
+    pool, err = outcome(lambda: BlockPool(c, ferry.StandinBackend(), args["n_slots"]), POOL_NAMES["n_slots"])
+    if err is not None:
+        return
+    with pool:
+        if arg == "n_slots":
+            assert pool.n_slots == value
+            return
+        calls = [(("truncate_seq", "truncate_length"), lambda: pool.truncate(args["truncate_seq"],
+                                                                          args["truncate_length"])),
+                 (("resident",), lambda: pool.set_resident(args["resident"])),
+                 (("n_resident", "s0", "s1", "lengths"),
+                  lambda: pool.choose_resident(args["n_resident"], args["s0"], args["s1"], args["lengths"])),
+                 (("s0", "s1", "lengths"), lambda: pool.plan(args["s0"], args["s1"], args["lengths"])),
+                 (("s0", "s1", "lengths", "resident"), lambda: pool.sync(args["s0"], args["s1"], args["lengths"]))]
+        for used, call in calls:
+            before = pool.stats
+            names = tuple(n for u in used for n in POOL_NAMES[u]) if arg in used else ("\0never",)
+            _, err = outcome(call, names)
+            if err is not None:
+                assert pool.stats == before, "a refused call sent"
+                assert (pool.table.to_numpy() == 0).all()
+                return
+        s0, s1 = args["s0"], 2 if args["s1"] is None else args["s1"]  # None: every sequence
+        lengths = args["lengths"] if args["lengths"] is not None else [c.table(s)[1] for s in range(s0, s1)]
+        table = pool.table.to_numpy()
+        host = np.frombuffer(c.k(0).get(), np.uint16).reshape(-1, 16)
+        dev = np.frombuffer(pool.k(0).get(), np.uint16).reshape(-1, 16)
+        for s, n in zip(range(s0, s1), lengths):
+            blocks = c.table(s)[0]
+            for cell in range(int(n)):
+                assert (dev[table[s, cell // 4] * 4 + cell % 4] == host[blocks[cell // 4] * 4 + cell % 4]).all()
+
+
+POOL_STEP_NAMES = {"sched": ("sched", "Scheduler", "scheduler"), "q": ("q", "layers", "Tensor"),
+                   "kv_len": ("kv_len",), "s0": ("s0", "sequences", "q"), "s1": ("s1", "sequences", "q")}
+
+
+@settings(max_examples=120 * SCALE, **SETTINGS)
+@given(st.sampled_from(sorted(POOL_STEP_NAMES)), st.one_of(ints(-2, 4), junk()))
+@example("s0", 1)  # q of 2 sequences for 1
+def test_a_block_pool_step_of_any_argument_is_the_dense_gathers_or_refused_naming_it_assigning_nothing(
+        arg: str, value: Any) -> None:
+    """BlockPool.attention_step of any value: refused naming the argument, the scheduler's assignments
+    as they were; or, once synced, the dense gather's outputs byte for byte."""
+    c = PagedKVCache("f16", "f16", 16, 1, block_size=4, n_blocks=8, n_seq=2, share_blocks=True)
+    rng = np.random.default_rng(2)
+    for t in (c.k(0), c.v(0)):
+        t.set(rng.uniform(-1, 1, t.nbytes // 2).astype(np.float16).tobytes())
+    c.set_table(0, [0, 1], 6)
+    c.set_table(1, [0, 2], 7)
+    dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    q = [ferry.Tensor.from_numpy(dev, rng.uniform(-1, 1, (2, 1, 2, 16)).astype(np.float32))]
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array([6, 7], np.int32))
+    with BlockPool(c, dev, 4) as pool, ferry.Scheduler([dev, cpu]) as sched, \
+            ferry.Scheduler([dev, cpu], policy="ragged") as dense:
+        args = changed(dict(sched=sched, q=q, kv_len=kv_len, s0=0, s1=2), arg, value)
+        outs, err = outcome(lambda: pool.attention_step(**args), POOL_STEP_NAMES[arg])
+        if err is not None:
+            assert not sched._assigned, "a refused step assigned"
+            return
+        ref = ferry.attention_step(dense, dev, c.windows(8), q, kv_len)
+        dense.compute(ref.graph)
+        pool.sync(lengths=[6, 7])
+        sched.compute(outs.graph)
+        assert [o.get() for o in outs] == [r.get() for r in ref]

@@ -82,7 +82,7 @@ BASE = {
                         "--heads", "2", "--layers", "2", "--compute-us", "10"],
     "paged-plan": ["-c", "128", "-npl", "2", "-npp", "8", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1"],
     "paged-bench": ["-c", "128", "-npl", "2", "-npp", "8", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
-                    "--heads", "2", "--layers", "2"],
+                    "--heads", "2", "--layers", "2", "--block-size", "4"],  # room for a shared prefix
 }
 
 #: Per option, a value that is not its default and that acts on BASE (None: a flag). --model's is a
@@ -100,7 +100,7 @@ PROBES: Dict[str, Any] = {
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
     "--strategy": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
     "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--block-size": "8", "--adjacency": "0.9",
-    "--draft": "2", "--accept": "0.5", "--chunk": "3",
+    "--draft": "2", "--accept": "0.5", "--chunk": "3", "--shared-prefix": "4", "--device-blocks": "0.5",
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.
@@ -238,6 +238,12 @@ def test_every_condition_and_option_has_its_context_and_probe() -> None:
     (["paged-bench", "--block-size", "0"], "argument --block-size: 0 is out of range"),
     (["bench", "--paged", "--adjacency", "1.5"], "argument --adjacency: --adjacency: 1.5 is out of range: 0..1"),
     (["validate", "--paged", "--adjacency", "x"], "argument --adjacency"),
+    (["bench", "--shared-prefix", "16"], "--shared-prefix is an option of ferry paged-bench"),
+    (["validate", "--paged", "--device-blocks", "0.5"], "--device-blocks is an option of ferry paged-bench"),
+    (["paged-bench", "--shared-prefix", "8"], "--shared-prefix must be whole --block-size 16 blocks of cells"),
+    (["paged-bench", "--shared-prefix", "512"], "--shared-prefix 512 is longer than the shortest prompt"),
+    (["paged-bench", "--device-blocks", "0"], "--device-blocks must be a share above 0 and at most 1"),
+    (["paged-bench", "--device-blocks", "1.5"], "argument --device-blocks"),
     # the paged run's one policy and one device: --policy and --devices were refused by the run's config
     # (BenchConfig._check_paged, still tested in test_paged_cli.py); paged-bench has neither option
     (["bench", "--paged", "--policy", "flat,ragged"], "--policy acts only without --paged"),

@@ -87,6 +87,8 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--draft": st.sampled_from(["0", "1", "2", "4", "16", "64", "-1", "1.5", "x", ""]),
     "--accept": st.sampled_from(["0", "0.5", "0.7", "1", "1.5", "-0.1", "nan", "x", ""]),
     "--chunk": st.sampled_from(["0", "1", "2", "4", "64", "-1", "1.5", "x"]),
+    "--shared-prefix": st.sampled_from(["0", "4", "16", "3", "-1", "x", "1024"]),
+    "--device-blocks": st.sampled_from(["1", "0.5", "0.25", "0", "1.5", "nan", "x"]),
 }
 
 
@@ -187,6 +189,7 @@ def run_whole(verb: str) -> Callable[[Any], int]:
 @example(argv=["bench", *TINY["bench"], "--devices", "2", "--device-memory", "1KiB"])  # item 11
 @example(argv=["bench", *TINY["bench"], "--compact"])  # ragged's compact copy of a window as long as its streams
 @example(argv=["paged-bench", *TINY["bench"], "--block-size", "3", "--adjacency", "0"])  # issue 36
+@example(argv=["paged-bench", *TINY["bench"], "--block-size", "2", "--shared-prefix", "4", "--device-blocks", "0.5"])
 @example(argv=["validate", *TINY["validate"], "--paged", "--block-size", "1", "--v-trans"])
 @example(argv=["paged-plan", *TINY["plan"], "--which", "v", "--v-trans", "--adjacency", "1"])
 @example(argv=["residency-bench", *TINY["residency-bench"], "--draft", "4", "--accept", "0.7", "--overlap"])  # issue 43

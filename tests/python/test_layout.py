@@ -27,7 +27,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.ops", "ferry.graph", "ferry._placements", "ferry.alloc"),
     ("ferry.plan", "ferry.copy_path"),
     ("ferry.kv_layers",),
-    ("ferry.sched", "ferry.kv", "ferry.paged", "ferry.step"),
+    ("ferry.sched", "ferry.kv", "ferry.paged", "ferry.step", "ferry.block_pool"),
     ("ferry.residency.model",),
     ("ferry.residency.rules", "ferry.residency.measure"),
     ("ferry.residency.planner",),

@@ -80,18 +80,49 @@ def test_bench_paged_prints_and_writes_its_rows(capsys: pytest.CaptureFixture[st
     assert main(argv + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["label"], r["gather"]) for r in rows] == [("ragged", ""), ("paged per-block", "per_block"),
-                                                         ("paged merged", "auto")]
+                                                         ("paged merged", "auto"),
+                                                         ("paged device table", "device_table")]
     # where a window is one run a call each, auto keeps the runs (a tie); elsewhere batched copies
     assert rows[1]["gather_used"] == "per_block" and set(rows[2]["gather_used"].split("+")) <= {"batched", "runs"}
-    for r in rows:
+    # the device table: the prompts' 41 cells each, then a cell each; its entries, sent in the warm-up
+    # repetition, are the same in the timed one (a repetition drops the cells, not the table)
+    cell = 32 * 2 * 2
+    assert (rows[3]["first_step_bytes"], rows[3]["bytes_copied"]) == (82 * cell, 84 * cell)
+    for r in rows[:3]:
         assert r["copy_calls_per_step"] == r["copy_calls"] / 2 > 0
         assert r["predicted_copy_s_per_step"] > 0 and r["bytes_copied_per_step"] == rows[0]["bytes_copied_per_step"]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    for name in ("paged per-block", f"paged merged ({rows[2]['gather_used']})", "cells ragged", "calls/step",
-                 "predicted"):
+    for name in ("paged per-block", f"paged merged ({rows[2]['gather_used']})", "paged device table (1 group)",
+                 "cells ragged", "calls/step", "predicted", "npl 2 device table: first step 10.2 KiB, then 0.2 KiB a step"):
         assert name in text
     assert "outputs identical across the paged gathers and the cells cache" in text
+
+
+@pytest.mark.parametrize("device_blocks", [1.0, 0.5])
+def test_the_device_table_sends_a_shared_prefix_once_and_then_the_new_cells(device_blocks: float) -> None:
+    """--shared-prefix: one set of blocks every table holds, the same values in the cells cache; the device
+    table's first step sends it once (the dense gather once per sequence), each step after the new cells
+    alone, or with --device-blocks 0.5 the streamed blocks again; every row's outputs the same."""
+    cfg = BenchConfig.of(n_ctx=1024, npl=(4,), npp=60, ntg=4, n_layer=1, head_dim=32, n_head_kv=1, n_head=2,
+                         policies=("ragged",), device="cpu", repeat=1, rounds=1, paged=True, block_size=4,
+                         adjacency=0.5, shared_prefix=32, device_blocks=device_blocks)
+    res = run_bench(cfg)
+    table, dense = res.row(4, "ragged", gather="device_table"), res.row(4, "ragged", gather="per_block")
+    assert res.outputs_identical(4)
+    cell = 32 * 2 * 2
+    assert dense.counts.bytes_copied == cell * sum(4 * (60 + t + 1) for t in range(4))
+    first, later = table.counts.first_step_bytes, table.counts.bytes_copied - table.counts.first_step_bytes
+    if device_blocks == 1.0:
+        assert table.counts.gather_used == "1 group"
+        assert first - (32 + 4 * 29) * cell < 4 * 16 * 4  # the prompts' cells once, and table entries
+        assert later == 3 * 4 * cell  # a new cell a sequence a step: no block filled, no entry changed
+    else:
+        assert table.counts.gather_used != "1 group"
+        # 20 slots: 8 stream a sequence's own blocks, 12 keep the prefix's 8 and 4 own; least recently
+        # read, a sequence at a time, would send every own block each step (0.52x)
+        assert later / 3 <= 0.45 * cell * 4 * 62
+    assert table.counts.bytes_copied <= 0.6 * dense.counts.bytes_copied
 
 
 # ------------------------------------------------------------ validate --paged
@@ -113,7 +144,8 @@ def test_validate_paged_hashes_every_gather_method_as_the_cells_cache(monkeypatc
 
     monkeypatch.setattr(validate_workload, "Scheduler", Recording)
     res = run_validate(tiny_validate(adjacency=0.5, v_trans=True))
-    assert list(res.hashes) == ["ragged", "paged/per_block", "paged/runs", "paged/batched", "paged/auto"]
+    assert list(res.hashes) == ["ragged", "paged/per_block", "paged/runs", "paged/batched", "paged/auto",
+                                "paged/device_table"]
     assert res.passed
     assert {"per_block", "runs", "batched"} <= set(used)
 
@@ -136,6 +168,17 @@ def test_validate_paged_fails_when_a_paged_cache_reads_other_cells(monkeypatch: 
                  "--device", "cpu"]) == 1
     out = capsys.readouterr()
     assert "policies and paged gathers: DIFFERENT" in out.out and "the gate failed" in out.err
+
+
+def test_validate_paged_fails_when_the_device_pool_keeps_a_waves_old_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device table's hash is checked too: a pool not told that a new wave wrote over the streams
+    (drop_ahead left out) reads the last wave's cells, and only its hash differs."""
+    from ferry.block_pool import BlockPool
+
+    monkeypatch.setattr(BlockPool, "drop_ahead", lambda self: None)
+    res = run_validate(tiny_validate())
+    assert not res.passed
+    assert [k for k, h in res.hashes.items() if h != res.hashes["ragged"]] == ["paged/device_table"]
 
 
 # ------------------------------------------------------------ paged-plan

@@ -156,17 +156,27 @@ def format_paged(res: BenchResult, rep: BenchReport) -> str:
               if f.row.key.policy == "ragged" and not (f.row.key.unified or f.row.key.compact or f.row.key.prefetch)}
     body = []
     for npl in cfg.sequences.npl:  # each npl's paged gathers, then the cells cache's ragged copy
-        for gather in (*bench_workload.PAGED_GATHERS, ""):
+        for gather in (*bench_workload.PAGED_GATHERS, bench_workload.DEVICE_TABLE, ""):
             r = serial[npl, gather]
             t, n = r.times, r.counts
-            name = r.key.label + (f" ({n.gather_used})" if gather == "auto" else "") if gather else "cells ragged"
+            named = gather in ("auto", bench_workload.DEVICE_TABLE)
+            name = r.key.label + (f" ({n.gather_used})" if named else "") if gather else "cells ragged"
             body.append([str(npl), name, fmt_tps_digits(r.tokens_per_s), f"{r.per_step(n.copy_calls):,.0f}",
                          fmt_seconds(r.per_step(t.copy_s)), fmt_seconds(r.per_step(t.predicted_copy_s)),
                          fmt_bytes(r.per_step(n.bytes_copied)), fmt_bytes(r.per_step(n.bytes_read))])
     paged = cfg.paged_cache
-    lines = _head(res) + [f"paged cache: {paged.block_size}-cell blocks, adjacency {paged.adjacency:g}; per step, the "
-                          "K and V windows' copies"]
+    shared = f", a {paged.shared_prefix}-cell prefix shared" if paged.shared_prefix else ""
+    lines = _head(res) + [f"paged cache: {paged.block_size}-cell blocks, adjacency {paged.adjacency:g}{shared}; "
+                          f"device table's pool {paged.device_blocks:g} of the working set; per step, the K and V "
+                          "windows' copies (the device table's: what its pool was sent)"]
     lines += [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
+    for npl in cfg.sequences.npl:  # a decode loop's first step sends the prompts; each after, what is new
+        r, dense = serial[npl, bench_workload.DEVICE_TABLE], serial[npl, "per_block"]
+        n, steps = r.counts, max(r.ntg - 1, 1)
+        later = (n.bytes_copied - n.first_step_bytes) / steps
+        lines.append(f"npl {npl} device table: first step {fmt_bytes(n.first_step_bytes)}, then "
+                     f"{fmt_bytes(later)} a step; {r.counts.bytes_copied / max(dense.counts.bytes_copied, 1):.3f}x "
+                     "the dense gather's bytes")
     return "\n".join(lines + _tail(res, rep))
 
 
@@ -376,7 +386,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     """Add the `bench` verb to the `ferry` command's subparsers sub; returns the verb's parser. Its cache
     is the cells cache (`ferry paged-bench` runs the paged one through this verb's job)."""
     p = add_verb_parser(sub, VERB)
-    p.set_defaults(paged=False, block_size=PagedOptions.block_size, adjacency=PagedOptions.adjacency)
+    p.set_defaults(paged=False, block_size=PagedOptions.block_size, adjacency=PagedOptions.adjacency,
+                   shared_prefix=PagedOptions.shared_prefix, device_blocks=PagedOptions.device_blocks)
     return p
 
 
@@ -394,7 +405,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         unified=args.unified,
         sampling=Sampling(repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
                           trace=args.trace is not None),
-        paged_cache=PagedOptions(paged=args.paged, block_size=args.block_size, adjacency=args.adjacency),
+        paged_cache=PagedOptions(paged=args.paged, block_size=args.block_size, adjacency=args.adjacency,
+                                 shared_prefix=args.shared_prefix, device_blocks=args.device_blocks),
         device=args.device, devices=devices_from_args(args))
 
 

@@ -340,6 +340,12 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--adjacency"], "share of blocks after their predecessor", {**_all(PAGED_VERBS), "validate": PAGED}, RUN,
          type=argument_type(one_float("--adjacency", 0.0, 1.0), "number from 0 to 1"), metavar="F",
          default=d.adjacency),
+    _opt(["--shared-prefix"], "cells every sequence starts with: one set of blocks every table holds",
+         _all(("paged-bench",)), RUN, type=count(0), default=d.shared_prefix, metavar="N"),
+    _opt(["--device-blocks"], "share of the working set's blocks the device table's pool holds",
+         _all(("paged-bench",)), RUN,
+         type=argument_type(one_float("--device-blocks", 0.0, 1.0), "number above 0, at most 1"),
+         default=d.device_blocks, metavar="F"),
     # devices
     _opt(["--device"], "where the split runs: cpu is the stand-in, auto cuda if usable",
          _all(("bench", "validate", "paged-bench")), DEVICES_GROUP, choices=DEVICES, default=d.device,

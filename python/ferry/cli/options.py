@@ -31,7 +31,7 @@ MAX_COUNT = 2**31 - 1
 ANY_TYPE = tuple(t.name.lower() for t in Type)
 
 #: The defaults every verb shares, by the option names --json's "config" gives them (BenchConfig.as_dict).
-DEFAULTS = SimpleNamespace(**BenchConfig().as_dict())
+DEFAULTS = SimpleNamespace(**BenchConfig().options())
 
 
 class Given(argparse.Action):

@@ -41,7 +41,8 @@ def format_result(cfg: ValidateConfig, res: ValidateResult) -> str:
     ]
     if paged.paged:
         lines.insert(2, f"paged cache: {paged.block_size}-cell blocks, adjacency {paged.adjacency:g}; served under "
-                        "ragged once per gather method (paged/<method>)")
+                        "ragged once per gather method (paged/<method>), and through a device pool's table "
+                        "(paged/device_table)")
     if res.placements:
         lines[2:2] = [f"{cfg.devices.n_devices} device(s), layers run on "
                       f"{','.join(map(str, cfg.devices.runs_on(g.n_layer)))}; placements (per layer: h host memory, "

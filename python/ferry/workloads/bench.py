@@ -75,7 +75,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 
 from ..backend import Backend, CPUBackend, StandinBackend
-from ..errors import InvalidArgumentError
+from ..block_pool import BlockPool
+from ..errors import InvalidArgumentError, OutOfMemoryError
 from ..kv import KVCache
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
@@ -103,11 +104,14 @@ from .common import variants as workload_variants
 from .devices import DeviceConfig, naming_device_memory
 from .estimate import Interval, StepFloor, balanced_orders, gain_interval
 from .paged_tables import (
+    DEVICE_TABLE,
     PagedOptions,
     adjacent_tables,
     blocks_for,
     check_paged,
+    check_shared,
     new_paged_cache,
+    prefix_tables,
     write_paged_cells,
 )
 from .trace import TracedStep
@@ -118,7 +122,7 @@ OnStep = Callable[[str], None]
 #: The paged cache's gathers (--paged), by the cache's gather setting: the baseline, then ferry's choice.
 PAGED_GATHERS: Tuple[str, ...] = ("per_block", "auto")
 #: What --paged calls them in its rows.
-PAGED_NAMES = {"per_block": "paged per-block", "auto": "paged merged"}
+PAGED_NAMES = {"per_block": "paged per-block", "auto": "paged merged", "device_table": "paged device table"}
 
 #: Replicas of each npl (--repeat's default): their range is a 96.9% interval for a median.
 REPLICAS = 6
@@ -197,9 +201,12 @@ class Sampling:
 CONFIG_JSON_KEYS: Tuple[str, ...] = (
     "n_ctx", "npl", "npp", "ntg", "n_layer", "type_kv", "n_head", "head_dim", "n_head_kv", "policies", "unified",
     "device", "pad", "lengths", "repeat", "rounds", "seed", "v_trans", "compact", "reuse", "overlap", "prefetch",
-    "prefetch_next", "devices", "trace", "paged", "block_size", "adjacency", "draft", "accept", "chunk")
+    "prefetch_next", "devices", "trace", "paged", "block_size", "adjacency", "shared_prefix", "device_blocks", "draft",
+    "accept", "chunk")
 #: The keys of "config" only a draft run (--draft N) writes: a run without a draft writes what it always did.
 DRAFT_CONFIG_KEYS: Tuple[str, ...] = ("draft", "accept", "chunk")
+#: The keys of "config" only a paged run (--paged) writes.
+PAGED_CONFIG_KEYS: Tuple[str, ...] = ("shared_prefix", "device_blocks")
 #: Layers of the draft model (an MTP head or an EAGLE layer), their KV on the split device.
 DRAFT_LAYERS = 1
 
@@ -253,12 +260,18 @@ class BenchConfig:
         made: BenchConfig = grouped(cls, _GROUPS, options)
         return made
 
-    def as_dict(self) -> Dict[str, object]:
-        """The options by name, the groups flattened, as --json writes "config" (CONFIG_JSON_KEYS)."""
-        flat: Dict[str, object] = {k: v for name in _GROUPS for k, v in asdict(getattr(self, name)).items()
-                                   if self.tokens_per_step > 1 or k not in DRAFT_CONFIG_KEYS}
+    def options(self) -> Dict[str, object]:
+        """Every option by name, the groups flattened (BenchConfig.of takes them back)."""
+        flat: Dict[str, object] = {k: v for name in _GROUPS for k, v in asdict(getattr(self, name)).items()}
         return in_order({**flat, "unified": self.unified, "device": self.device, "devices": asdict(self.devices)},
                         CONFIG_JSON_KEYS)
+
+    def as_dict(self) -> Dict[str, object]:
+        """The options by name, as --json writes "config" (CONFIG_JSON_KEYS): a draft's only in a draft run,
+        a paged cache's device pool's only in a paged run, so that a run without them writes what it did."""
+        return {k: v for k, v in self.options().items()
+                if (self.tokens_per_step > 1 or k not in DRAFT_CONFIG_KEYS)
+                and (self.paged_cache.paged or k not in PAGED_CONFIG_KEYS)}
 
     def check(self) -> None:
         """Raise InvalidArgumentError for any option that cannot run."""
@@ -311,7 +324,10 @@ class BenchConfig:
 
     def _check_paged(self) -> None:
         """Raise InvalidArgumentError for options a --paged run cannot take."""
-        check_paged(self.paged_cache.block_size, self.paged_cache.adjacency)
+        p = self.paged_cache
+        check_paged(p.block_size, p.adjacency)
+        check_shared(p.block_size, p.shared_prefix, p.device_blocks,
+                     min(min(self.prompts(npl)) for npl in self.sequences.npl) if self.sequences.npl else 0)
         if tuple(self.variants.policies) != ("ragged",):
             raise InvalidArgumentError(f"--paged compares the paged gathers with the cells cache's ragged copy (the "
                                        f"same bytes, contiguous), not --policy {','.join(self.variants.policies)}: "
@@ -382,7 +398,7 @@ class BenchConfig:
     def n_steps(self) -> int:
         """Decode steps of the whole run (the progress bar's length): a draft row's verification is one."""
         runs = len(variants(self)) * (len(self.layouts) + (self.tokens_per_step > 1)) * len(self.prefetch_runs) + (
-            len(PAGED_GATHERS) if self.paged_cache.paged else 0)
+            len(PAGED_GATHERS) + 1 if self.paged_cache.paged else 0)
         q, m = self.sequences, self.sampling
         return len(q.npl) * m.repeat * (WARMUP + m.rounds) * runs * q.ntg
 
@@ -518,7 +534,8 @@ class RunCounts:
     steps_ahead : int
         Steps that kept a first layer copied under the step before.
     gather_used : str
-        The methods a paged cache's windows were gathered by, "+"-joined ("batched"); "" for cells.
+        The methods a paged cache's windows were gathered by, "+"-joined ("batched"); "" for cells; the
+        device table's groups of sequences ("1 group").
     tokens : int
         Tokens the repetition served: npl * ntg, and in a draft row the tokens its verifications accepted
         (each step's accepted draft tokens and the token verification adds); 0 in a row made before
@@ -526,6 +543,9 @@ class RunCounts:
     draft_bytes_copied : int
         A draft row's bytes the draft's K and V windows copied over its draft steps (0: its KV stays on
         the device).
+    first_step_bytes : int
+        The device table's bytes in its first step (the prompts' blocks); 0 for the other rows, whose
+        JSON leaves it out.
     """
 
     bytes_copied: int
@@ -538,6 +558,7 @@ class RunCounts:
     gather_used: str = ""
     tokens: int = 0
     draft_bytes_copied: int = 0
+    first_step_bytes: int = 0
 
 
 #: `ferry bench --json`'s keys of a row, in the order it writes them (keys a row gains later follow them).
@@ -547,8 +568,8 @@ ROW_JSON_KEYS: Tuple[str, ...] = (
     "predicted_copy_s", "copy_calls", "gather", "gather_used", "prefetch_next", "steps_ahead", "overlap",
     "tokens_per_s_end_to_end", "replicas", "tokens_per_s_replicas", "devices", "decode_s_per_step",
     "copy_s_per_step", "compute_s_per_step", "host_s_per_step", "predicted_copy_s_per_step", "copy_calls_per_step",
-    "label", "bytes_copied_per_step", "bytes_read_per_step", "draft", "tokens", "draft_bytes_copied",
-    "bytes_copied_per_token", "chunk")
+    "label", "bytes_copied_per_step", "bytes_read_per_step", "first_step_bytes", "draft", "tokens",
+    "draft_bytes_copied", "bytes_copied_per_token", "chunk")
 #: The keys of a row only a draft run (--draft N) writes, in every row of it.
 DRAFT_ROW_KEYS: Tuple[str, ...] = ("draft", "chunk", "tokens", "draft_bytes_copied", "bytes_copied_per_token")
 
@@ -642,6 +663,8 @@ class BenchRow:
                  bytes_copied_per_step=self.per_step(n.bytes_copied),
                  bytes_read_per_step=self.per_step(n.bytes_read), tokens=self.tokens,
                  bytes_copied_per_token=self.bytes_per_token)
+        if not n.first_step_bytes:  # a device table's row alone has a first step of its own
+            del d["first_step_bytes"]
         return in_order(d, ROW_JSON_KEYS)
 
 
@@ -985,6 +1008,17 @@ class _Cache:
         self.resident_bytes = [sum(k.nbytes + v.nbytes for layer, (k, v) in enumerate(pools) if self.places[layer] == d)
                                for d in range(len(devices))]
 
+    def rows(self, ty: Type, layer: int, i: int, which: str) -> bytes:
+        """Sequence i's cells of a layer's K ("k") or V: random rows seeded by the sequence, its first
+        --shared-prefix cells sequence 0's (the same values in every sequence)."""
+        cfg = self.cfg
+        data = random_rows(ty, cfg.cells, cfg.n_embd, (cfg.sampling.seed, layer, i, which == "v"))
+        shared = cfg.paged_cache.shared_prefix * row_size(ty, cfg.n_embd)
+        if shared and i:
+            data = random_rows(ty, cfg.cells, cfg.n_embd, (cfg.sampling.seed, layer, 0, which == "v"))[:shared] + \
+                data[shared:]
+        return data
+
     def _fill(self, ty: Type, pinned: bool) -> None:
         """Make the cache (kv) and write each sequence's cells: sequence i in stream i (unified: cells
         i*L..)."""
@@ -995,7 +1029,7 @@ class _Cache:
         for layer in range(cfg.kv.n_layer):
             for which in ("k", "v"):
                 for i in range(npl):  # sequence i: the same values in either layout
-                    data = random_rows(ty, L, cfg.n_embd, (cfg.sampling.seed, layer, i, which == "v"))
+                    data = self.rows(ty, layer, i, which)
                     stream, cell0 = (0, i * L) if unified else (i, 0)
                     write_cells(kv, which, layer, stream, cell0, data)
 
@@ -1043,17 +1077,19 @@ class _PagedCache(_Cache):
     def _fill(self, ty: Type, pinned: bool) -> None:
         cfg, npl, g, paged = self.cfg, self.npl, self.cfg.kv, self.cfg.paged_cache
         n_blocks = cfg.paged_blocks(npl)
+        shared = paged.shared_prefix // paged.block_size
         self.paged = new_paged_cache(ty, g.head_dim, g.n_head_kv, paged.block_size, n_blocks, npl, g.n_layer,
-                                     g.v_trans, pinned)
+                                     g.v_trans, pinned, share_blocks=shared > 0)
         L = cfg.cells
-        tables = adjacent_tables([blocks_for(L, paged.block_size)] * npl, n_blocks, paged.adjacency, cfg.sampling.seed)
+        per_seq = blocks_for(L, paged.block_size)
+        tables = (prefix_tables([per_seq - shared] * npl, shared, n_blocks, paged.adjacency, cfg.sampling.seed)
+                  if shared else adjacent_tables([per_seq] * npl, n_blocks, paged.adjacency, cfg.sampling.seed))
         for i, table in enumerate(tables):
             self.paged.set_table(i, table, L)
         for layer in range(cfg.kv.n_layer):
             for which in ("k", "v"):
                 for i in range(npl):
-                    data = random_rows(ty, L, cfg.n_embd, (cfg.sampling.seed, layer, i, which == "v"))
-                    write_paged_cells(self.paged, which, layer, i, 0, data)
+                    write_paged_cells(self.paged, which, layer, i, 0, self.rows(ty, layer, i, which))
 
     def pools(self) -> List[Tuple[Tensor, Tensor]]:
         return [(self.paged.k(layer), self.paged.v(layer)) for layer in range(self.cfg.kv.n_layer)]
@@ -1328,6 +1364,101 @@ class _Variant:
         return replace(row, replicas_tokens_per_s=(row.tokens_per_s,))
 
 
+class _PoolVariant(_Variant):
+    """The paged cache's blocks in a device pool (BlockPool) of --device-blocks of the working set's blocks,
+    attention through its device table (ferry.ops.attn_paged): each step syncs what must cross, a group
+    of sequences at a time when the pool holds fewer blocks than they read (BlockPool.plan), then computes
+    that group's step. A repetition is a fresh decode loop: the pool is dropped at its start, so its first
+    step sends the prompts' blocks and each after it the new cells."""
+
+    def __init__(self, cache: _Cache, cpu: Backend) -> None:
+        super().__init__(cache, cpu, "ragged", False, 0, DEVICE_TABLE)
+        assert isinstance(cache, _PagedCache)
+        c, npl = cache, cache.npl
+        final = c.prompts + c.cfg.sequences.ntg  # each sequence's length at the last step
+        working = len({b for s in range(npl) for b in c.paged.table(s)[0][:blocks_for(int(final[s]),
+                                                                                   c.cfg.paged_cache.block_size)]})
+        share = c.cfg.paged_cache.device_blocks
+        self.pool = BlockPool(c.paged, c.split, self.pool_slots(working, share))
+        try:
+            self.groups = self.pool.plan(lengths=final.tolist())
+        except OutOfMemoryError as e:
+            self.pool.close()
+            raise InvalidArgumentError(f"--device-blocks {share:g}: {self.pool_slots(working, share)} slots of a "
+                                       f"working set of {working} blocks cannot stream one sequence's blocks "
+                                       f"({e.message}): give a larger --device-blocks") from None
+        self.kv_lens = [Tensor.from_numpy(cpu, np.zeros(g1 - g0, np.int32), name="kv_len") for g0, g1 in self.groups]
+        self.step_graphs = []
+        for (g0, g1), kv_len in zip(self.groups, self.kv_lens):
+            qs = [q.view(list(q.ne[:3]) + [g1 - g0], list(q.nb), offset=g0 * q.nb[3]) for q in c.q]
+            self.step_graphs.append(self.pool.attention_step(self.sched, qs, kv_len, g0, g1).graph)
+        self.first_step_bytes = 0
+
+    @staticmethod
+    def pool_slots(working: int, share: float) -> int:
+        """The slots of a pool holding share of a working set of working blocks: at least 1."""
+        return max(1, min(working, round(share * working)))
+
+    def _build(self, n_kv: object) -> List[Tensor]:
+        raise AssertionError("the device table's steps are built once, per group")
+
+    def _modelled(self) -> float:
+        """The seconds the stand-in's link model has charged so far (0 on another device)."""
+        split = self.cache.split
+        return split.link_stats.modelled_seconds if isinstance(split, StandinBackend) else 0.0
+
+    def repetition(self, timed: bool, on_step: Optional[OnStep]) -> None:
+        c, cfg, pool = self.cache, self.cache.cfg, self.pool
+        split = c.split
+        copied = calls = 0
+        predicted = 0.0
+        digest = hashlib.sha256()
+        pool.drop_ahead()
+        for t in range(cfg.sequences.ntg):
+            t0 = time.perf_counter()
+            lengths = c.prompts + (t + 1)
+            for (g0, g1), kv_len in zip(self.groups, self.kv_lens):
+                kv_len.set(lengths[g0:g1].astype(np.int32).tobytes())
+            before = pool.stats
+            per_group = [lengths[g0:g1].tolist() for g0, g1 in self.groups]
+            t1 = time.perf_counter()
+            copy = compute = 0.0
+            outs: List[List[bytes]] = []
+            for (g0, g1), graph, group_lengths in zip(self.groups, self.step_graphs, per_group):
+                link0 = self._modelled()
+                a = time.perf_counter()
+                pool.sync(g0, g1, group_lengths)
+                split.synchronize()  # the link has carried them: the copy's time
+                b = time.perf_counter()
+                predicted += self._modelled() - link0  # the pool's sends alone, not the lengths' copy
+                self.sched.compute(graph)
+                compute += time.perf_counter() - b
+                copy += b - a
+                outs.append([o.get() for o in graph.outputs])
+            decode = time.perf_counter() - t1
+            after = pool.stats
+            step_bytes = after.bytes - before.bytes
+            if t == 0:
+                self.first_step_bytes = step_bytes
+            copied += step_bytes
+            calls += after.transfers - before.transfers
+            if timed:
+                for w, sec in (("decode", decode), ("copy", copy), ("compute", compute), ("host", t1 - t0)):
+                    self.floors[w].add(t, sec)
+                self.device_copy[0].add(t, copy)
+            for layer in range(cfg.kv.n_layer):  # each layer's rows in sequence order: the dense step's bytes
+                digest.update(b"".join(o[layer] for o in outs))
+            if on_step is not None:
+                on_step(self.label)
+        if timed:
+            self.counts = RunCounts(bytes_copied=copied, bytes_read=copied, copy_calls=calls,
+                                    first_step_bytes=self.first_step_bytes,
+                                    gather_used=f"{len(self.groups)} group{'s' if len(self.groups) > 1 else ''}")
+            self.device_bytes = DeviceBytes(copied=[copied], kv=[copied])
+            self.predicted = predicted
+            self.digests.append(digest.hexdigest())
+
+
 class _Replica:
     """One replica of every variant of one number of sequences, on every layout: its caches, its
     variants' schedulers, and the balanced orders in which they take turns."""
@@ -1352,6 +1483,7 @@ class _Replica:
                 self.caches.append(_PagedCache(cfg, devices, cpu, npl, pinned))
                 self.variants += [_Variant(self.caches[-1], cpu, "ragged", False, 0, gather)
                                   for gather in PAGED_GATHERS]
+                self.variants.append(_PoolVariant(self.caches[-1], cpu))
         except BaseException:
             self.close()
             raise
@@ -1370,6 +1502,8 @@ class _Replica:
                 v.draft_sched.close()
         for draft in self.drafts:
             draft.close()
+            if isinstance(v, _PoolVariant):
+                v.pool.close()
         for cache in self.caches:
             cache.close()
 

@@ -41,11 +41,23 @@ class PagedOptions:
         Cells per block.
     adjacency : float
         Share of a sequence's blocks right after their predecessor in the pool.
+    shared_prefix : int
+        Cells every sequence starts with, the same values in one set of blocks every table holds
+        (--shared-prefix, whole blocks; 0: none).
+    device_blocks : float
+        The share of the working set's blocks the device table's pool holds (--device-blocks, 0..1;
+        1: all of them).
     """
 
     paged: bool = False
     block_size: int = BLOCK_SIZE
     adjacency: float = ADJACENCY
+    shared_prefix: int = 0
+    device_blocks: float = 1.0
+
+#: The paged cache's blocks kept in a device pool and read through its device table (ferry.block_pool),
+#: beside the gathers in the workloads' rows and hashes.
+DEVICE_TABLE = "device_table"
 
 #: The gathers a paged window can be forced to, the baseline first (GatherMethod's names but auto).
 GATHERS: Tuple[str, ...] = ("per_block", "runs", "batched", "kernel")
@@ -176,7 +188,7 @@ def adjacent_tables(blocks: Sequence[int], n_blocks: int, adjacency: float, seed
 
 
 def new_paged_cache(type_: Type, head_dim: int, n_head_kv: int, block_size: int, n_blocks: int, n_seq: int,
-                    n_layer: int, v_trans: bool, pinned: bool) -> PagedKVCache:
+                    n_layer: int, v_trans: bool, pinned: bool, share_blocks: bool = False) -> PagedKVCache:
     """A paged KV cache in host memory (pinned for CUDA, whose gather kernel reads it), every byte 0,
     every table empty.
 
@@ -187,6 +199,8 @@ def new_paged_cache(type_: Type, head_dim: int, n_head_kv: int, block_size: int,
     head_dim, n_head_kv, block_size, n_blocks, n_seq, n_layer : int
     v_trans : bool
     pinned : bool
+    share_blocks : bool, optional
+        Let tables hold one block (a shared prefix).
 
     Returns
     -------
@@ -198,7 +212,61 @@ def new_paged_cache(type_: Type, head_dim: int, n_head_kv: int, block_size: int,
         As PagedKVCache raises.
     """
     return PagedKVCache(type_, type_, head_dim, n_head_kv, block_size, n_blocks, n_seq, n_layer, v_trans=v_trans,
-                        pinned=pinned)
+                        pinned=pinned, share_blocks=share_blocks)
+
+
+def check_shared(block_size: int, shared_prefix: int, device_blocks: float, shortest: int) -> None:
+    """Raise InvalidArgumentError, naming the option, for a --shared-prefix that is not whole blocks of
+    at most the shortest prompt, or a --device-blocks outside 0 (excluded) to 1.
+
+    Parameters
+    ----------
+    block_size : int
+        --block-size.
+    shared_prefix : int
+        --shared-prefix: cells.
+    device_blocks : float
+        --device-blocks: the share of the working set's blocks the pool holds.
+    shortest : int
+        The shortest prompt's cells.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For the first value out of range.
+    """
+    if isinstance(shared_prefix, bool) or not isinstance(shared_prefix, int) or shared_prefix < 0 or \
+            shared_prefix % block_size:
+        raise InvalidArgumentError(f"--shared-prefix must be whole --block-size {block_size} blocks of cells, got "
+                                   f"{shared_prefix!r}")
+    if shared_prefix > shortest:
+        raise InvalidArgumentError(f"--shared-prefix {shared_prefix} is longer than the shortest prompt "
+                                   f"({shortest} cells): give at most -npp's cells")
+    if isinstance(device_blocks, bool) or not isinstance(device_blocks, (int, float)) or \
+            not 0 < device_blocks <= 1:
+        raise InvalidArgumentError(f"--device-blocks must be a share above 0 and at most 1, got {device_blocks!r}")
+
+
+def prefix_tables(own: Sequence[int], shared: int, n_blocks: int, adjacency: float, seed: int) -> List[List[int]]:
+    """Tables of sequences that start with the same shared blocks: those drawn once, then each
+    sequence's own own[i] blocks, all by adjacency (adjacent_tables) from one pool.
+
+    Parameters
+    ----------
+    own : sequence of int
+        Each sequence's blocks past the shared ones.
+    shared : int
+        The blocks every table starts with.
+    n_blocks, adjacency, seed
+        As adjacent_tables takes them.
+
+    Returns
+    -------
+    list of list of int
+        Per sequence its block ids.
+    """
+    drawn = adjacent_tables([shared, *own], n_blocks, adjacency, seed)
+    return [drawn[0] + t for t in drawn[1:]]
 
 
 def write_paged_cells(cache: PagedKVCache, which: str, layer: int, seq: int, cell0: int, data: bytes) -> None:

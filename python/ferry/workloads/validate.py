@@ -24,7 +24,9 @@ With --paged the same sequences are also served through a paged cache (ferry.pag
 each stream a table of --block-size cell blocks drawn with --adjacency of them right after their
 predecessor) under the ragged policy, once per gather method the split offers and once as the
 library chooses (hashes keyed "paged/<method>"): a gather changes how the blocks are copied,
-never what attention reads, so each hash must be the cells cache's.
+never what attention reads, so each hash must be the cells cache's. So must "paged/device_table":
+the blocks kept in a device pool (ferry.block_pool.BlockPool), synced each step, attention
+reading them through its device table (ferry.ops.attn_paged), no window gathered.
 
 The negative control shows the gate can fail: the cache has one stream more than a wave
 uses, kept as a copy of stream 0 (so stream S is stream 0's neighbour after S-1), and the
@@ -41,6 +43,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 import numpy as np
 
 from ..backend import Backend, CPUBackend, StandinBackend
+from ..block_pool import BlockPool
 from ..errors import InvalidArgumentError
 from ..kv import KVCache
 from ..paged import PagedKVCache
@@ -69,6 +72,7 @@ from .common import (
 )
 from .devices import DeviceConfig, Place, naming_device_memory, placement_name, standard_placements
 from .paged_tables import (
+    DEVICE_TABLE,
     PagedOptions,
     adjacent_tables,
     blocks_for,
@@ -416,7 +420,8 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
         split, its KV on the host.
     gather : str, optional
         Serve through a paged cache (in host memory, pinned for CUDA) gathered by this method (a
-        GatherMethod's name); None: the cells cache.
+        GatherMethod's name), or through a device pool of its blocks and its table (DEVICE_TABLE);
+        None: the cells cache.
     prefetch_next : bool, optional
         Prefetch across steps (Scheduler.prefetch_next, with a prefetch of 1 or more): each wave's start
         drops what was copied ahead (Scheduler.drop_ahead), since it rewrites the streams' cells.
@@ -439,8 +444,11 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     cpu = CPUBackend()
     lay = layout or Layout.one(split, cfg.kv.n_layer)
     pinned = not isinstance(split, StandinBackend)
+    table = gather == DEVICE_TABLE
     served = _Served(cfg, [None if d is None else lay.devices[d] for d in lay.places],
-                     None if gather is None else (gather, pinned))
+                     None if gather is None else ("auto" if table else gather, pinned))
+    pool = BlockPool(cast(PagedKVCache, served.kv), split, cast(PagedKVCache, served.kv).params.n_blocks) \
+        if table else None
     sched = Scheduler([*lay.devices, cpu], policy=policy, compact=compact, prefetch=prefetch,
                       prefetch_next=prefetch_next)
     on: Union[Backend, List[Backend]] = split if layout is None else [lay.devices[d] for d in lay.runs_on]
@@ -460,6 +468,8 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     def build(key: Hashable) -> List[Tensor]:
         n, n_kv, n_tok = cast(Tuple[int, int, int], key)
         q, kv_len = inputs[n] if n_tok == 0 else verify_tensors(n, n_tok)
+        if pool is not None:  # the pool's step reads no window: the same graph for every n_kv
+            return pool.attention_step(sched, q, kv_len, shift, shift + n)
         windows = served.kv.windows(n_kv, shift, shift + n - 1)
         return attention_step(sched, on, windows, q, kv_len, cfg.kv.v_trans)
 
@@ -470,6 +480,8 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
     for w in range(0, cfg.waves.n_seq, S):
         seqs = list(range(w, min(w + S, cfg.waves.n_seq)))
         sched.drop_ahead()  # new sequences over the last wave's cells
+        if pool is not None:
+            pool.drop_ahead()
         served.start_wave(seqs)
         n = len(seqs)
         if n not in inputs:
@@ -490,12 +502,16 @@ def serve(cfg: ValidateConfig, split: Backend, policy: str, shift: int = 0,
             if not cfg.variants.reuse:
                 graphs.clear()
             graph = graphs.get((n, n_kv_for(int(lens.max()), 0, cfg.waves.pad, cfg.waves.kv_size), 0))
+            if pool is not None:
+                pool.sync(shift, shift + n, lens.tolist())
             sched.compute(graph)
             memory = max(memory, sum(sched.buffer_size(d) for d in lay.devices))
             for out in graph.outputs:
                 digest.update(out.get())
     graphs.clear()
     sched.close()
+    if pool is not None:
+        pool.close()
     served.kv.close()
     return digest.hexdigest(), memory, graphs.builds
 
@@ -603,7 +619,8 @@ def _run_validate(cfg: ValidateConfig) -> ValidateResult:
                 hashes[name], memory[name], builds[name] = got
     if cfg.paged_cache.paged:
         pinned = not isinstance(split, StandinBackend)
-        for method in (*offered_gathers(to_type(cfg.kv.type_kv), cfg.kv.v_trans, pinned, split), "auto"):
+        for method in (*offered_gathers(to_type(cfg.kv.type_kv), cfg.kv.v_trans, pinned, split), "auto",
+                       DEVICE_TABLE):
             name = f"paged/{method}"
             hashes[name], memory[name], builds[name] = serve(cfg, split, "ragged", gather=method)
     control, _, _ = serve(cfg, split, "ranges", shift=1)
