@@ -467,7 +467,7 @@ def test_windows_are_not_read_in_place() -> None:
     c.gather = GatherMethod.KERNEL
     with pytest.raises(ferry.UnsupportedError, match="does not offer the kernel gather"):
         plan_paged(k, split)
-    assert [str(m) for m in GatherMethod] == ["auto", "per_block", "runs", "batched", "kernel"]
+    assert [str(m) for m in GatherMethod] == ["auto", "per_block", "runs", "batched", "kernel", "merged"]
 
 
 def test_a_closed_cache() -> None:
