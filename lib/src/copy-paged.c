@@ -213,52 +213,85 @@ static double method_cost(const ferry_copy_cost_model * m, ferry_gather_method m
              : method == FERRY_GATHER_BATCHED || method == FERRY_GATHER_MERGED ? batched_piece_cost(m, &l->c[i])
                                                                                 : 0;
     }
-    if (method == FERRY_GATHER_BATCHED || method == FERRY_GATHER_MERGED) {
+    if (method == FERRY_GATHER_BATCHED) {
         s += m->call_us * 1e-6;
+    } else if (method == FERRY_GATHER_MERGED) { /* the spans' call, and the device's gather of the runs */
+        s += 2 * m->call_us * 1e-6;
     } else if (method == FERRY_GATHER_KERNEL) {
         s = 2 * m->call_us * 1e-6 + (double) bytes / ((m->kernel_gbps > 0 ? m->kernel_gbps : m->gbps) * 1e9);
     }
     return s;
 }
 
-/* Runs a span may take in, looking ahead from its first: the span pays only once it is past the size
- * curve's knee, so a run is weighed with those after it, not alone; the look stops at the first run
- * that starts before the span's end. */
+/* Pieces of the pool a span may take in, looking ahead from its first: a span pays only once it is past
+ * the size curve's knee, so a piece is weighed with those after it, not alone. */
 #define MERGE_LOOKAHEAD 64
+
+static int cmp_piece_start(const void * a, const void * b) {
+    const size_t x = ((const ferry_gather_copy *) a)->src_offset, y = ((const ferry_gather_copy *) b)->src_offset;
+    return (x > y) - (x < y);
+}
+
+/* The span of the pool from a's first byte through b's last (b starting at or past a's end), rows as a's. */
+static ferry_gather_copy span_through(const ferry_gather_copy * a, const ferry_gather_copy * b, size_t pool_row,
+                                      bool v_trans) {
+    ferry_gather_copy s = *a;
+    const size_t end = b->src_offset + b->size;
+    s.size = end > a->src_offset + a->size ? end - a->src_offset : a->size;
+    s.dst_stride = s.size;
+    s.src_stride = v_trans ? pool_row : s.size;
+    return s;
+}
 
 /*
  * The spans a merged gather carries, on a link whose pieces are priced by size (a piece curve: where
- * DMA engines' measurements show gaps are worth crossing): from each run, the span of the pool
- * through the later run (at most MERGE_LOOKAHEAD on, each starting at or past the span's end) that
- * saves the most by the model, one piece of the span against a piece per run (a piece's cost: its
- * rows' bytes at their size's rate, piece_ns a row), else the run alone; the next span starts after
- * it. The gaps' cells cross the link unread. The spans land one after another in a staging area
- * (dst_offset), rows packed; *crossed sums their bytes.
+ * DMA engines' measurements show gaps are worth crossing). The runs' extents in the pool, in pool
+ * order whatever the tables' order (the device gathers the runs from the spans, in any order), those
+ * that touch or overlap as one (a block several streams read crosses once), then from each extent the
+ * span through the later one (at most MERGE_LOOKAHEAD on) that saves the most by the model, one piece
+ * of the span against a piece per extent (a piece's cost: its rows' bytes at their size's rate,
+ * piece_ns a row), else the extent alone; the next span starts after it. The gaps' cells cross the
+ * link unread. Without a piece curve a span is its run, in table order: the batched gather. The spans
+ * land one after another in a staging area (dst_offset), rows packed; *crossed sums their bytes.
  */
 static ferry_status spans_of(const ferry_copy_cost_model * m, const ferry_tensor * t, const piece_list * runs,
                              piece_list * out, uint64_t * crossed) {
     const ferry_paged_source * src = t->paged;
     const size_t pool_row = (size_t) src->pool_cells * src->cell_bytes;
-    /* without a piece curve a span is its run: a merged gather is then the batched one, priced the same */
-    const size_t lookahead = m->piece_floor_gbps > 0 && m->piece_floor_gbps < m->gbps ? MERGE_LOOKAHEAD : 0;
+    const bool curve = m->piece_floor_gbps > 0 && m->piece_floor_gbps < m->gbps;
     *crossed = 0;
-    size_t staged = 0;
-    for (size_t i = 0; i < runs->n;) {
-        const ferry_gather_copy * first = &runs->c[i];
-        ferry_gather_copy span = {.src_offset = first->src_offset, .size = first->size, .count = first->count,
-                                  .src_stride = src->v_trans ? pool_row : first->size, .dst_stride = first->size};
-        ferry_gather_copy grown = span;
-        double apart = batched_piece_cost(m, first), saved = 0;
-        size_t last = i;
-        for (size_t j = i + 1; j < runs->n && j <= i + lookahead; j++) {
-            const ferry_gather_copy * r = &runs->c[j];
-            if (r->src_offset < grown.src_offset + grown.size) {
-                break;
+    piece_list extents = {0};
+    for (size_t i = 0; i < runs->n; i++) {
+        const ferry_gather_copy * r = &runs->c[i];
+        const ferry_gather_copy e = {.src_offset = r->src_offset, .size = r->size, .count = r->count,
+                                     .src_stride = src->v_trans ? pool_row : r->size, .dst_stride = r->size};
+        ferry_status st = push(&extents, &e, t);
+        if (st != FERRY_OK) {
+            free(extents.c);
+            return st;
+        }
+    }
+    if (curve && extents.n > 1) { /* pool order, touching and overlapping extents as one */
+        qsort(extents.c, extents.n, sizeof(*extents.c), cmp_piece_start);
+        size_t k = 0;
+        for (size_t i = 1; i < extents.n; i++) {
+            if (extents.c[i].src_offset <= extents.c[k].src_offset + extents.c[k].size) {
+                extents.c[k] = span_through(&extents.c[k], &extents.c[i], pool_row, src->v_trans);
+            } else {
+                extents.c[++k] = extents.c[i];
             }
-            grown.size = r->src_offset + r->size - grown.src_offset;
-            grown.dst_stride = grown.size;
-            grown.src_stride = src->v_trans ? pool_row : grown.size;
-            apart += batched_piece_cost(m, r);
+        }
+        extents.n = k + 1;
+    }
+    size_t staged = 0;
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; i < extents.n && st == FERRY_OK;) {
+        ferry_gather_copy span = extents.c[i];
+        double apart = batched_piece_cost(m, &span), saved = 0;
+        size_t last = i;
+        for (size_t j = i + 1; curve && j < extents.n && j <= i + MERGE_LOOKAHEAD; j++) {
+            const ferry_gather_copy grown = span_through(&extents.c[i], &extents.c[j], pool_row, src->v_trans);
+            apart += batched_piece_cost(m, &extents.c[j]);
             const double saving = apart - batched_piece_cost(m, &grown);
             if (saving > saved) {
                 saved = saving;
@@ -267,12 +300,13 @@ static ferry_status spans_of(const ferry_copy_cost_model * m, const ferry_tensor
             }
         }
         span.dst_offset = staged;
-        FERRY_TRY(push(out, &span, t));
+        st = push(out, &span, t);
         staged += span.size * span.count;
         *crossed += (uint64_t) span.size * span.count;
         i = last + 1;
     }
-    return FERRY_OK;
+    free(extents.c);
+    return st;
 }
 
 /* The one-call methods backend offers for the pool, as bits; none unless the pool is host memory

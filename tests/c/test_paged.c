@@ -695,15 +695,21 @@ static void test_device_pools_are_gathered_through_the_host(void) {
 /* Sequence 0 of 8 full blocks: [0, 2, 4, 6, 8, 9, 10, 11]: four runs of one block at an even
  * stride, then one run of four. */
 /*
- * Merged spans on the H100 PCIe 5 link (slowed to 5 GB/s, its ratios kept): 16 blocks of 1 KiB with
- * gaps of one and two blocks in turn (no even stride: no 2-D copy takes them) are one span of 38 KiB,
- * past the curve's knee, gaps and all, and auto takes it over a piece per block batched; the link
- * charges the prediction exactly and counts the gaps' bytes as crossed; the window gets the used
- * cells alone. Contiguous blocks, and two blocks far apart, are gathered as before.
+ * Merged spans on a link whose small pieces are slow (1 KiB pieces at 0.05 GB/s, 5 GB/s past 16 KiB):
+ * 16 blocks of 1 KiB with gaps of one and two blocks in turn (no even stride: no 2-D copy takes them)
+ * are one span of 38 KiB, gaps and all, and auto takes it, more than twice as fast as a piece per
+ * block batched by its prediction; the link charges the prediction exactly (the spans' call and the
+ * device's gather after it), blocking or queued, and counts the gaps' bytes as crossed; the window
+ * gets the used cells alone. Contiguous blocks, and two blocks far apart (one 2-D copy), go as before.
+ * (The fixture's blocks are too small for the H100 profile's knee: test_paged.py holds it there.)
  */
-static void test_merged_spans_cross_gaps_on_the_h100_link(void) {
-    ferry_standin_params sp;
-    CHECK_OK(ferry_standin_link_profile("h100-pcie5", 5, &sp));
+static void test_merged_spans_cross_gaps_where_small_pieces_are_slow(void) {
+    ferry_standin_params sp = ferry_standin_default_params();
+    sp.link_gbps = 5;
+    sp.latency_us = 2;
+    sp.piece_floor_gbps = 0.05;
+    sp.piece_knee_bytes = 16384;
+    sp.piece_steepness = 8;
     ferry_backend *standin, *cpu;
     CHECK_OK(ferry_standin_backend_new_params(&sp, &standin));
     CHECK_OK(ferry_cpu_backend_new(&cpu));
@@ -757,16 +763,19 @@ static void test_merged_spans_cross_gaps_on_the_h100_link(void) {
         CHECK(link.transfers == 1 && link.bytes == 38 * block && stats.bytes_copied == 38 * block);
         CHECK_EQ_U(paged_check_copy(c, v, 0, 0, 1, 16 * BS, used, copy, plan.bytes), 0);
         ferry_buffer_free(buf);
-        /* one run: merged is batched, and the tie stays with today's choice */
+        /* one run: merged is batched and a device gather after it (a call more): today's choice stays */
+        const double gather_call = sp.latency_us * 1e-6;
         CHECK_OK(ferry_paged_cache_window(c, ctx, 0, 8 * BS, 1, 1, &k, &vw));
         CHECK_OK(ferry_copy_paged_plan(v ? vw : k, standin, &plan, NULL, 0, &n));
         CHECK(plan.method != FERRY_GATHER_MERGED && plan.crossed_bytes == plan.bytes && plan.spans == 0);
-        CHECK(plan.method_seconds[FERRY_GATHER_MERGED] == plan.method_seconds[FERRY_GATHER_BATCHED]);
-        /* 24 blocks apart: the gap costs more than the piece it saves */
+        CHECK(fabs(plan.method_seconds[FERRY_GATHER_MERGED] - plan.method_seconds[FERRY_GATHER_BATCHED] -
+                   gather_call) < 1e-12);
+        /* 24 blocks apart: one span of 26 KiB, past the knee, beats two pieces of 1 KiB at the floor, but
+         * two equal runs are one 2-D copy, whose rows move at the peak: the runs take it */
         CHECK_OK(ferry_paged_cache_window(c, ctx, 0, 2 * BS, 2, 2, &k, &vw));
         CHECK_OK(ferry_copy_paged_plan(v ? vw : k, standin, &plan, NULL, 0, &n));
-        CHECK(plan.method != FERRY_GATHER_MERGED && plan.crossed_bytes == plan.bytes);
-        CHECK(plan.method_seconds[FERRY_GATHER_MERGED] == plan.method_seconds[FERRY_GATHER_BATCHED]);
+        CHECK(plan.method == FERRY_GATHER_RUNS && plan.calls == 1);
+        CHECK(plan.method_seconds[FERRY_GATHER_MERGED] < plan.method_seconds[FERRY_GATHER_BATCHED]);
         ferry_context_free(ctx);
     }
     ferry_paged_cache_free(c);
@@ -1058,7 +1067,7 @@ static const check_test tests[] = {
     {"gathers_move_the_used_cells_alone_on_a_queue", test_gathers_move_the_used_cells_alone_on_a_queue},
     {"device_pools_are_gathered_through_the_host", test_device_pools_are_gathered_through_the_host},
     {"plan_predicts_what_the_link_charges", test_plan_predicts_what_the_link_charges},
-    {"merged_spans_cross_gaps_on_the_h100_link", test_merged_spans_cross_gaps_on_the_h100_link},
+    {"merged_spans_cross_gaps_where_small_pieces_are_slow", test_merged_spans_cross_gaps_where_small_pieces_are_slow},
     {"short_tables_refused_before_a_byte_moves", test_short_tables_refused_before_a_byte_moves},
     {"attention_same_as_cell_cache", test_attention_same_as_cell_cache},
     {"attention_on_the_cpu_reads_gathered_windows_too", test_attention_on_the_cpu_reads_gathered_windows_too},

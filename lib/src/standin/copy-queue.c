@@ -88,7 +88,7 @@ static void run_job(ferry_link * link, const job * j) {
         for (size_t i = 0; i < charged; i++) {
             bytes += j->pieces[i].size * j->pieces[i].count;
         }
-        const link_slot slot = ferry_link_begin_gather(link, j->dir, j->pieces, charged);
+        const link_slot slot = ferry_link_begin_gather(link, j->dir, j->pieces, charged, j->n_spans > 0);
         ferry_standin_gather_rows(j->dst, j->src, j->pieces + j->n_spans, j->n_pieces - j->n_spans);
         ferry_link_end(link, &slot, bytes);
         return;

@@ -97,9 +97,10 @@ link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t
     return begin(link, dir, bytes, rows > 1 ? rows : 0, rows > 1 || !link ? 0.0 : piece_extra(link, bytes));
 }
 
-link_slot ferry_link_begin_gather(ferry_link * link, link_dir dir, const ferry_gather_copy * pieces, size_t n) {
+link_slot ferry_link_begin_gather(ferry_link * link, link_dir dir, const ferry_gather_copy * pieces, size_t n,
+                                  bool then_gather) {
     size_t bytes = 0, rows = 0;
-    double extra = 0;
+    double extra = then_gather && link ? link->latency : 0;
     for (size_t i = 0; i < n; i++) {
         bytes += pieces[i].size * pieces[i].count;
         rows += pieces[i].count;

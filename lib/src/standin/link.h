@@ -39,8 +39,10 @@ link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t
 /* Piece sizes priced by a curve from floor_gbps up to the link's bandwidth (after ferry_link_init). */
 void ferry_link_set_piece_curve(ferry_link * link, double floor_gbps, double knee_bytes, double steepness);
 /* A gather's pieces in one transfer: every row of every piece a row cost and a piece by its size,
- * one piece too. */
-link_slot ferry_link_begin_gather(ferry_link * link, link_dir dir, const ferry_gather_copy * pieces, size_t n);
+ * one piece too; with then_gather, a second call's latency: the device's gather from the pieces
+ * (merged spans). */
+link_slot ferry_link_begin_gather(ferry_link * link, link_dir dir, const ferry_gather_copy * pieces, size_t n,
+                                  bool then_gather);
 void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes);
 /* ferry_link_end without the wait: a queued transfer, whose end a later synchronize waits for. */
 void ferry_link_count(ferry_link * link, const link_slot * slot, size_t bytes);

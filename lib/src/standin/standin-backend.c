@@ -270,8 +270,9 @@ static unsigned standin_gather_methods(const ferry_backend * backend, const void
 
 /* Merged spans: the link carries the spans, gaps and all, as one transfer; the runs within them are
  * then placed in t. A device would land the spans in a staging area and gather the runs from there
- * on the device; the stand-in's memory is the host's, so it places the runs from the same source
- * bytes, and the same bytes land. The gaps' bytes are charged and counted, never read. */
+ * on the device, a second call (charged as one more latency); the stand-in's memory is the host's, so
+ * it places the runs from the same source bytes, and the same bytes land. The gaps' bytes are charged
+ * and counted, never read. */
 static ferry_status standin_gather_merged(ferry_backend * backend, ferry_tensor * t, const char * src,
                                           const ferry_gather_copy * spans, size_t n_spans,
                                           const ferry_gather_copy * pieces, size_t n) {
@@ -280,7 +281,7 @@ static ferry_status standin_gather_merged(ferry_backend * backend, ferry_tensor 
     for (size_t i = 0; i < n_spans; i++) {
         bytes += spans[i].size * spans[i].count;
     }
-    const link_slot slot = ferry_link_begin_gather(&s->link, LINK_TO_DEVICE, spans, n_spans);
+    const link_slot slot = ferry_link_begin_gather(&s->link, LINK_TO_DEVICE, spans, n_spans, true);
     ferry_standin_gather_rows((char *) ferry_tensor_data(t), src, pieces, n);
     link_done(s, &slot, bytes, true);
     return FERRY_OK;
@@ -297,7 +298,7 @@ static ferry_status standin_gather(ferry_backend * backend, ferry_tensor * t, co
     for (size_t i = 0; i < n; i++) {
         bytes += pieces[i].size * pieces[i].count;
     }
-    const link_slot slot = ferry_link_begin_gather(&s->link, LINK_TO_DEVICE, pieces, n);
+    const link_slot slot = ferry_link_begin_gather(&s->link, LINK_TO_DEVICE, pieces, n, false);
     ferry_standin_gather_rows((char *) ferry_tensor_data(t), src, pieces, n);
     link_done(s, &slot, bytes, true);
     return FERRY_OK;
