@@ -199,24 +199,36 @@ static ferry_status group_runs(const ferry_copy_cost_model * m, const ferry_tens
     return FERRY_OK;
 }
 
-/* What a piece's rows cost in a batched call: piece_ns a row, and each row's bytes at its size's rate. */
-static double batched_piece_cost(const ferry_copy_cost_model * m, const ferry_gather_copy * c) {
-    return (double) c->count * (m->piece_ns * 1e-9 + ferry_copy_piece_seconds(m, c->size));
+/* What a piece of size bytes costs beyond its bytes at gbps by the model's piece curve: exactly 0
+ * without one, so that a gather priced without a curve is priced as it always was. */
+static double curve_extra(const ferry_copy_cost_model * m, size_t size) {
+    if (!(m->piece_floor_gbps > 0 && m->piece_floor_gbps < m->gbps)) {
+        return 0.0;
+    }
+    return ferry_copy_piece_seconds(m, size) - (double) size / (m->gbps * 1e9);
 }
 
-/* The predicted seconds of a method's pieces (merged: its spans). */
+/* What a piece's rows cost in a batched call: piece_ns a row, and each row's bytes at its size's rate. */
+static double batched_piece_cost(const ferry_copy_cost_model * m, const ferry_gather_copy * c) {
+    return (double) c->count * (m->piece_ns * 1e-9 + (double) c->size / (m->gbps * 1e9) + curve_extra(m, c->size));
+}
+
+/* The predicted seconds of a method's pieces (merged: its spans, bytes theirs). A batched call costs a
+ * call, piece_ns a row, its bytes at gbps and what the piece curve adds to each row. */
 static double method_cost(const ferry_copy_cost_model * m, ferry_gather_method method, const piece_list * l,
                           uint64_t bytes) {
-    double s = 0;
+    double s = 0, extra = 0;
+    uint64_t rows = 0, carried = 0;
     for (size_t i = 0; i < l->n; i++) {
-        s += method == FERRY_GATHER_PER_BLOCK || method == FERRY_GATHER_RUNS ? copy_cost(m, &l->c[i])
-             : method == FERRY_GATHER_BATCHED || method == FERRY_GATHER_MERGED ? batched_piece_cost(m, &l->c[i])
-                                                                                : 0;
+        s += method == FERRY_GATHER_PER_BLOCK || method == FERRY_GATHER_RUNS ? copy_cost(m, &l->c[i]) : 0;
+        rows += l->c[i].count;
+        carried += (uint64_t) l->c[i].size * l->c[i].count;
+        extra += (double) l->c[i].count * curve_extra(m, l->c[i].size);
     }
-    if (method == FERRY_GATHER_BATCHED) {
-        s += m->call_us * 1e-6;
-    } else if (method == FERRY_GATHER_MERGED) { /* the spans' call, and the device's gather of the runs */
-        s += 2 * m->call_us * 1e-6;
+    if (method == FERRY_GATHER_BATCHED || method == FERRY_GATHER_MERGED) {
+        /* merged: the spans' call, and the device's gather of the runs from them */
+        s = (method == FERRY_GATHER_MERGED ? 2 : 1) * m->call_us * 1e-6 + (double) rows * m->piece_ns * 1e-9 +
+            (double) (method == FERRY_GATHER_MERGED ? carried : bytes) / (m->gbps * 1e9) + extra;
     } else if (method == FERRY_GATHER_KERNEL) {
         s = 2 * m->call_us * 1e-6 + (double) bytes / ((m->kernel_gbps > 0 ? m->kernel_gbps : m->gbps) * 1e9);
     }

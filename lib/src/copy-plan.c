@@ -408,27 +408,17 @@ ferry_copy_cost_model ferry_copy_cost_model_gpu(void) {
     };
 }
 
-/* Seconds a byte of a piece of size bytes takes on a link of gbps whose small pieces run at floor_gbps. */
-static double piece_seconds_per_byte(double gbps, double floor_gbps, double knee_bytes, double steepness,
-                                     size_t size) {
-    if (!(gbps > 0)) {
-        return 0.0;
-    }
-    const double peak = 1.0 / (gbps * 1e9);
-    if (!(floor_gbps > 0) || floor_gbps >= gbps || !(knee_bytes > 0)) {
-        return peak;
-    }
-    /* the share of the floor's extra cost a piece of this size still pays: 1 when small, 0 when large */
-    const double small = 1.0 / (1.0 + pow((double) size / knee_bytes, steepness));
-    return peak + (1.0 / (floor_gbps * 1e9) - peak) * small;
-}
-
 double ferry_copy_piece_seconds(const ferry_copy_cost_model * m, size_t size) {
     if (!m || !(m->gbps > 0)) {
         return 0.0;
     }
-    return (double) size * piece_seconds_per_byte(m->gbps, m->piece_floor_gbps, m->piece_knee_bytes,
-                                                  m->piece_steepness, size);
+    const double bps = m->gbps * 1e9, at_peak = (double) size / bps; /* as ever without a curve, bit for bit */
+    if (!(m->piece_floor_gbps > 0) || m->piece_floor_gbps >= m->gbps || !(m->piece_knee_bytes > 0)) {
+        return at_peak;
+    }
+    /* the share of the floor's extra cost a piece of this size still pays: 1 when small, 0 when large */
+    const double small = 1.0 / (1.0 + pow((double) size / m->piece_knee_bytes, m->piece_steepness));
+    return at_peak + (double) size * (1.0 / (m->piece_floor_gbps * 1e9) - 1.0 / bps) * small;
 }
 
 /* Seconds for one copy: a plain copy (one piece) when it is one row, else count gapped rows. */
