@@ -392,7 +392,7 @@ def link_profiles() -> List[str]:
     -------
     list of str
     """
-    names = []
+    names: List[str] = []
     while (name := lib.ferry_standin_link_profile_name(len(names))) != ffi.NULL:
         names.append(ffi.string(name).decode())
     return names
@@ -464,8 +464,8 @@ class StandinBackend(Backend):
         params.latency_us = _checks.as_double(latency_us, "StandinBackend: latency_us")
         if link_profile is not None:
             if not isinstance(link_profile, str) or "\0" in link_profile:
-                raise InvalidArgumentError(f"StandinBackend: link_profile must be a name ({', '.join(link_profiles())}), "
-                                           f"got {link_profile!r}")
+                raise InvalidArgumentError("StandinBackend: link_profile must be a name "
+                                           f"({', '.join(link_profiles())}), got {link_profile!r}")
             if params.latency_us != 0 or _checks.as_double(row_ns, "StandinBackend: row_ns") != 0:
                 raise InvalidArgumentError("StandinBackend: latency_us and row_ns are the link_profile's: leave them "
                                            "0 beside it")
@@ -473,7 +473,8 @@ class StandinBackend(Backend):
         params.memory = 0 if memory is None else _checks.as_size(memory, "StandinBackend: memory")
         params.compute_slowdown = 0.0 if compute_slowdown is None else _checks.as_double(
             compute_slowdown, "StandinBackend: compute_slowdown")
-        params.row_ns = params.row_ns if link_profile is not None else _checks.as_double(row_ns, "StandinBackend: row_ns")
+        if link_profile is None:  # else the profile's
+            params.row_ns = _checks.as_double(row_ns, "StandinBackend: row_ns")
         out = ffi.new("ferry_backend **")
         check(lib.ferry_standin_backend_new_params(params, out))
         super().__init__(out[0])

@@ -80,16 +80,17 @@ def test_bench_paged_prints_and_writes_its_rows(capsys: pytest.CaptureFixture[st
     assert main(argv + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["label"], r["gather"]) for r in rows] == [("ragged", ""), ("paged per-block", "per_block"),
-                                                         ("paged merged", "auto")]
+                                                         ("paged batched", "batched"), ("paged merged", "auto")]
     # where a window is one run a call each, auto keeps the runs (a tie); elsewhere batched copies
-    assert rows[1]["gather_used"] == "per_block" and set(rows[2]["gather_used"].split("+")) <= {"batched", "runs"}
+    assert rows[1]["gather_used"] == "per_block" and rows[2]["gather_used"] == "batched"
+    assert set(rows[3]["gather_used"].split("+")) <= {"batched", "runs"}
     for r in rows:
         assert r["copy_calls_per_step"] == r["copy_calls"] / 2 > 0
         assert r["predicted_copy_s_per_step"] > 0 and r["bytes_copied_per_step"] == rows[0]["bytes_copied_per_step"]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    for name in ("paged per-block", f"paged merged ({rows[2]['gather_used']})", "cells ragged", "calls/step",
-                 "predicted"):
+    for name in ("paged per-block", "paged batched", f"paged merged ({rows[3]['gather_used']})", "cells ragged",
+                 "calls/step", "predicted"):
         assert name in text
     assert "outputs identical across the paged gathers and the cells cache" in text
 

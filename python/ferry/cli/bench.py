@@ -144,8 +144,8 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
 
 
 def format_paged(res: BenchResult, rep: BenchReport) -> str:
-    """The report of a --paged run: per npl the paged cache's per-block and merged gathers (the method
-    taken named) and the cells cache's ragged copy, each with tokens/s, and per step its copy calls, its
+    """The report of a --paged run: per npl the paged cache's per-block, batched and merged gathers (the
+    method taken named) and the cells cache's ragged copy, each with tokens/s, and per step its copy calls, its
     copy time against the copies' predicted time, and the bytes copied and read."""
     cfg = res.config
     head = ["npl", "cache", "tok/s", "calls/step", "copy/step", "predicted", "copied/step", "read/step"]
@@ -154,6 +154,8 @@ def format_paged(res: BenchResult, rep: BenchReport) -> str:
     body = []
     for npl in cfg.sequences.npl:  # each npl's paged gathers, then the cells cache's ragged copy
         for gather in (*bench_workload.PAGED_GATHERS, ""):
+            if (npl, gather) not in serial:  # batched, on a device that does not offer it
+                continue
             r = serial[npl, gather]
             t, n = r.times, r.counts
             name = r.key.label + (f" ({n.gather_used})" if gather == "auto" else "") if gather else "cells ragged"
