@@ -19,6 +19,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, T
 import numpy as np
 
 from . import _checks
+from ._binding import ffi, lib
 from .backend import Backend, StandinBackend
 from .cuda import CUDABackend, cuda_host_buffer_type
 from .errors import FerryError, FreedBufferError, InvalidArgumentError, OutOfMemoryError, UnsupportedError
@@ -143,15 +144,30 @@ class PieceCurve(NamedTuple):
     points: Tuple[Tuple[int, float], ...]
 
     def seconds(self, size: int) -> float:
-        """The curve's time for a copy of one piece of size bytes, latency included (as C computes
-        a piece's bytes: ferry_copy_piece_seconds)."""
-        from .plan import CopyCostModel  # plan imports this module
+        """The curve's time for a copy of one piece, latency included (its bytes as C computes them:
+        ferry_copy_piece_seconds).
 
-        model = CopyCostModel(call_us=self.latency_us, row_ns=0.0, gbps=min(self.gbps, 1e12), line_bytes=0,
-                              small_row_bytes=0, small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0,
-                              piece_floor_gbps=self.floor_gbps if self.floor_gbps < self.gbps else 0.0,
-                              piece_knee_bytes=self.knee_bytes, piece_steepness=self.steepness)
-        return self.latency_us * 1e-6 + model.piece_seconds(size)
+        Parameters
+        ----------
+        size : int
+            The piece's bytes.
+
+        Returns
+        -------
+        float
+            Seconds.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a size that is not a size.
+        """
+        m = ffi.new("ferry_copy_cost_model *")
+        m.gbps = min(self.gbps, 1e12)
+        m.piece_floor_gbps = self.floor_gbps if self.floor_gbps < self.gbps else 0.0
+        m.piece_knee_bytes, m.piece_steepness = self.knee_bytes, self.steepness
+        piece = lib.ferry_copy_piece_seconds(m, _checks.as_size(size, "PieceCurve.seconds"))
+        return self.latency_us * 1e-6 + float(piece)
 
 
 #: fit_piece_curve's search: log2 of the knee from 256 B to 64 MiB and of the steepness from 1 to 128,
