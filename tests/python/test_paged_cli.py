@@ -95,6 +95,25 @@ def test_bench_paged_prints_and_writes_its_rows(capsys: pytest.CaptureFixture[st
     assert "outputs identical across the paged gathers and the cells cache" in text
 
 
+def test_bench_paged_on_a_named_link_says_it_and_its_peak(capsys: pytest.CaptureFixture[str]) -> None:
+    """--link-profile names the stand-in's link in the head line, at its own peak or --link-gbps's; the
+    plan's stand-in takes it too, and --latency-us beside it is refused naming both."""
+    argv = ["paged-bench", "-c", "512", "-npl", "2", "-npp", "40", "-ntg", "2", "--head-dim", "32",
+            "--kv-heads", "1", "--heads", "2", "--layers", "1", "--repeat", "1", "--rounds", "1", "--device", "cpu",
+            "--link-profile", "pcie4"]
+    assert main(argv) == 0
+    assert "split on CPU (stand-in device), link pcie4 at 24.5 GB/s;" in capsys.readouterr().out
+    assert main(argv + ["--link-gbps", "2"]) == 0
+    assert "link pcie4 at 2 GB/s;" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--latency-us", "3"])
+    assert e.value.code == 2
+    assert "--link-profile pcie4 gives the stand-in's latency and row cost: leave out --latency-us" in \
+        capsys.readouterr().err
+    assert main(["paged-plan", "--link-profile", "h100-pcie5", "--link-gbps", "5"]) == 0
+    assert "stand-in link h100-pcie5 at 5 GB/s, pieces from 0.6 GB/s small, 40 µs a call" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------ validate --paged
 
 

@@ -92,7 +92,10 @@ def _head(res: BenchResult) -> List[str]:
     cfg = res.config
     dc, q = cfg.devices, cfg.sequences
     where = f"split on {res.split_name}"
-    if res.standin_link_gbps is not None:
+    if res.standin_link_gbps is not None and dc.link_profile is not None:  # the named link, at its peak or G
+        peak = res.standin_link_gbps  # the split's own: the named link's peak where --link-gbps gives none
+        where += f", link {dc.link_profile} at " + ", ".join(fmt_link(x or peak) for x in (dc.link_gbps or (0.0,)))
+    elif res.standin_link_gbps is not None:
         links = [dc.standin_link(d) for d in range(dc.n_devices)]
         where += ", link " + ", ".join(fmt_link(x) if x else "unmodelled" for x in links)
     replicas = f"{cfg.sampling.repeat} replica{'s' if cfg.sampling.repeat != 1 else ''}"
