@@ -133,9 +133,10 @@ def test_validate_paged_hashes_every_gather_method_as_the_cells_cache(monkeypatc
 
     monkeypatch.setattr(validate_workload, "Scheduler", Recording)
     res = run_validate(tiny_validate(adjacency=0.5, v_trans=True))
-    assert list(res.hashes) == ["ragged", "paged/per_block", "paged/runs", "paged/batched", "paged/auto"]
+    assert list(res.hashes) == ["ragged", "paged/per_block", "paged/runs", "paged/batched", "paged/merged",
+                                "paged/auto"]
     assert res.passed
-    assert {"per_block", "runs", "batched"} <= set(used)
+    assert {"per_block", "runs", "batched", "merged"} <= set(used)
 
 
 def test_validate_paged_fails_when_a_paged_cache_reads_other_cells(monkeypatch: pytest.MonkeyPatch,
