@@ -185,6 +185,11 @@ def plan_copy(view: Union[Tensor, TypeLike], ne: Optional[Sequence[int]] = None,
 # ---------------------------------------------------------------- cost
 
 
+#: CopyCostModel.from_link takes a measured piece curve where small pieces ran below this share of the
+#: fitted bandwidth: above it the curve is within a measurement's noise, and pieces are priced flat.
+PIECE_CURVE_SLOWER = 0.8
+
+
 @dataclass(frozen=True)
 class CopyCostModel:
     """ferry_copy_cost_model: what a copy costs. Each call costs call_us; each row of a 2-D copy
@@ -297,7 +302,8 @@ class CopyCostModel:
         bandwidth, exactly (no line rounding, no narrow-row or wide-pitch terms): what the link
         was measured to charge. A batched copy's piece is charged a row (as the stand-in's link
         charges it; on CUDA a measure of the batch's own pieces is gpu-check's), the gather
-        kernel the bandwidth.
+        kernel the bandwidth. A measurement's piece curve (its pieces) prices pieces by size,
+        rising to the fitted bandwidth, where small pieces ran below PIECE_CURVE_SLOWER of it.
 
         Parameters
         ----------
@@ -319,9 +325,15 @@ class CopyCostModel:
                                        f"got {'a measurement made without fit' if fit is None else repr(link)}")
         # a bandwidth too fast to measure: the model's largest, so bytes cost (next to) nothing
         gbps = fit.gbps if math.isfinite(fit.gbps) else 1e12
+        # the measured piece curve, rising to the fitted bandwidth, where small pieces ran measurably slower
+        curve = link.pieces if isinstance(link, LinkMeasurement) else None
+        slower = curve is not None and curve.floor_gbps < PIECE_CURVE_SLOWER * gbps
+        floor = min(curve.floor_gbps, gbps) if curve is not None and slower else 0.0
         return cls(call_us=fit.latency_us, row_ns=fit.row_ns, gbps=gbps, line_bytes=0, small_row_bytes=0,
                    small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0, piece_ns=fit.row_ns,
-                   kernel_gbps=0.0)
+                   kernel_gbps=0.0, piece_floor_gbps=floor,
+                   piece_knee_bytes=curve.knee_bytes if floor > 0 and curve is not None else 0.0,
+                   piece_steepness=curve.steepness if floor > 0 and curve is not None else 0.0)
 
     def use_for(self, backend: Backend) -> None:
         """Cost the copies into backend, and into its copy queue, by this model in place of its own

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import time
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -320,7 +321,8 @@ def test_measure_link_fits_a_row_cost() -> None:
                                                     (MIB // 16, 256), (MIB // 16, 2048)]
     assert m.fit.points[0][2] == m.seconds and all(s > 0 for _, _, s in m.fit.points)
     assert m.fit == ferry.link.fit_link(m.fit.points)
-    assert ferry.plan.CopyCostModel.from_link(m) == ferry.plan.CopyCostModel.from_link(m.fit)
+    no_curve = dict(piece_floor_gbps=0.0, piece_knee_bytes=0.0, piece_steepness=0.0)  # what m.pieces adds
+    assert replace(ferry.plan.CopyCostModel.from_link(m), **no_curve) == ferry.plan.CopyCostModel.from_link(m.fit)
     assert ferry.measure_link(dev, nbytes=MIB, repeats=1).fit is None
     with pytest.raises(ferry.InvalidArgumentError, match="without fit"):
         ferry.plan.CopyCostModel.from_link(ferry.measure_link(dev, nbytes=MIB, repeats=1))
@@ -450,3 +452,24 @@ def test_named_links_are_listed_told_back_and_refused_naming_what_to_change() ->
         ferry.StandinBackend(link_profile="pcie4", link_gbps=-1.0)
     with pytest.raises(ferry.InvalidArgumentError, match="piece curve"):
         curve_model(0.0, 8.0, 9.0, 4096.0, 4.0)
+
+
+def test_a_measured_piece_curve_prices_the_copy_models_pieces() -> None:
+    """CopyCostModel.from_link of a measurement whose small pieces ran slower (given points, no clock):
+    the model's pieces rise from the measured floor to the fitted bandwidth past the measured knee; a
+    curve within PIECE_CURVE_SLOWER of the bandwidth, or none, leaves pieces flat."""
+    latency, gbps = 10.0, 8.0
+    m = curve_model(latency, gbps, 1.0, 16384.0, 4.0)
+    pieces = ferry.link.fit_piece_curve([(b, latency * 1e-6 + m.piece_seconds(b)) for b in PIECE_SIZES])
+    sizes = [1 << 20, 4 << 20, (1 << 20) // 16]
+    pts = [(b, 1, latency * 1e-6 + b / (gbps * 1e9)) for b in sizes] + \
+          [((1 << 20) // 16, r, latency * 1e-6 + (1 << 20) // 16 / (gbps * 1e9)) for r in (16, 256)]
+    fit = ferry.link.fit_link(pts)
+    measured = ferry.link.LinkMeasurement(gbps=gbps, seconds=pts[0][2], nbytes=1 << 20, pinned=False, device="x",
+                                          times=(pts[0][2],), fit=fit, pieces=pieces)
+    model = ferry.plan.CopyCostModel.from_link(measured)
+    assert model.piece_floor_gbps == pytest.approx(1.0, rel=1e-6) and model.gbps == pytest.approx(gbps, rel=1e-6)
+    assert (model.piece_knee_bytes, model.piece_steepness) == pytest.approx((16384.0, 4.0), rel=1e-6)
+    assert model.piece_seconds(4096) == pytest.approx(m.piece_seconds(4096), rel=1e-5)
+    flat = ferry.plan.CopyCostModel.from_link(measured._replace(pieces=pieces._replace(floor_gbps=0.9 * gbps)))
+    assert flat.piece_floor_gbps == 0.0 and ferry.plan.CopyCostModel.from_link(fit).piece_floor_gbps == 0.0
