@@ -171,6 +171,11 @@ struct ferry_backend_i {
      * host memory from src into t (offsets from src and from t's data), queued as a set is */
     ferry_status (*set_tensor_gather_async)(ferry_backend * backend, ferry_tensor * t, const char * src,
                                             const ferry_gather_copy * pieces, size_t n, ferry_gather_method method);
+    /* optional, with FERRY_GATHER_MERGED among gather_methods: the spans cross the link in one
+     * call, and the pieces (runs within them) are placed in t (ferry_backend_tensor_gather_merged_async). */
+    ferry_status (*set_tensor_gather_merged_async)(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                                   const ferry_gather_copy * spans, size_t n_spans,
+                                                   const ferry_gather_copy * pieces, size_t n);
 };
 
 struct ferry_backend {

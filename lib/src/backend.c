@@ -241,3 +241,31 @@ ferry_status ferry_backend_tensor_gather_async(ferry_backend * backend, ferry_te
     ferry_stats_add(&backend->stats, FERRY_XFER_SET_2D, bytes, 1);
     return FERRY_OK;
 }
+
+ferry_status ferry_backend_tensor_gather_merged_async(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                                      const ferry_gather_copy * spans, size_t n_spans,
+                                                      const ferry_gather_copy * pieces, size_t n) {
+    const char * what = "tensor_gather_merged_async";
+    FERRY_TRY(check_backend_tensor(backend, t, what));
+    FERRY_CHECK_ARG(src && (spans || n_spans == 0) && (pieces || n == 0), "%s: NULL source, spans or pieces", what);
+    if (!backend->iface.set_tensor_gather_merged_async) {
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: %s does not gather merged spans", what,
+                          ferry_backend_name(backend));
+    }
+    uint64_t crossed = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_gather_copy * c = &pieces[i];
+        FERRY_TRY(ferry_check_transfer_2d(t, src, c->dst_offset, c->size, c->count, c->dst_stride, c->src_stride,
+                                          what));
+    }
+    for (size_t i = 0; i < n_spans; i++) {
+        crossed += (uint64_t) spans[i].size * spans[i].count;
+    }
+    if (crossed == 0) {
+        return FERRY_OK;
+    }
+    FERRY_TRY(backend->iface.set_tensor_gather_merged_async(backend, t, src, spans, n_spans, pieces, n));
+    ferry_stats_add(&ferry_tensor_buffer(t)->stats, FERRY_XFER_SET_2D, crossed, 1);
+    ferry_stats_add(&backend->stats, FERRY_XFER_SET_2D, crossed, 1);
+    return FERRY_OK;
+}

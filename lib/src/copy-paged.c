@@ -17,7 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char * const method_names[FERRY_GATHER_COUNT] = {"auto", "per_block", "runs", "batched", "kernel"};
+static const char * const method_names[FERRY_GATHER_COUNT] = {"auto",    "per_block", "runs",
+                                                                "batched", "kernel",    "merged"};
 
 const char * ferry_gather_method_name(ferry_gather_method method) {
     if ((int) method < 0 || method >= FERRY_GATHER_COUNT) {
@@ -36,7 +37,7 @@ ferry_status ferry_gather_method_from_name(const char * name, ferry_gather_metho
         }
     }
     return ferry_fail(FERRY_ERR_INVALID_ARG, "unknown gather method '%s' (known: auto, per_block, runs, batched, "
-                      "kernel)", name);
+                      "kernel, merged)", name);
 }
 
 /* ---------------------------------------------------------------- the pieces */
@@ -198,21 +199,126 @@ static ferry_status group_runs(const ferry_copy_cost_model * m, const ferry_tens
     return FERRY_OK;
 }
 
-/* The predicted seconds of a method's pieces. */
+/* What a piece of size bytes costs beyond its bytes at gbps by the model's piece curve: exactly 0
+ * without one, so that a gather priced without a curve is priced as it always was. */
+static double curve_extra(const ferry_copy_cost_model * m, size_t size) {
+    if (!(m->piece_floor_gbps > 0 && m->piece_floor_gbps < m->gbps)) {
+        return 0.0;
+    }
+    return ferry_copy_piece_seconds(m, size) - (double) size / (m->gbps * 1e9);
+}
+
+/* What a piece's rows cost in a batched call: piece_ns a row, and each row's bytes at its size's rate. */
+static double batched_piece_cost(const ferry_copy_cost_model * m, const ferry_gather_copy * c) {
+    return (double) c->count * (m->piece_ns * 1e-9 + (double) c->size / (m->gbps * 1e9) + curve_extra(m, c->size));
+}
+
+/* The predicted seconds of a method's pieces (merged: its spans, bytes theirs). A batched call costs a
+ * call, piece_ns a row, its bytes at gbps and what the piece curve adds to each row. */
 static double method_cost(const ferry_copy_cost_model * m, ferry_gather_method method, const piece_list * l,
                           uint64_t bytes) {
-    double s = 0;
-    uint64_t rows = 0;
+    double s = 0, extra = 0;
+    uint64_t rows = 0, carried = 0;
     for (size_t i = 0; i < l->n; i++) {
         s += method == FERRY_GATHER_PER_BLOCK || method == FERRY_GATHER_RUNS ? copy_cost(m, &l->c[i]) : 0;
         rows += l->c[i].count;
+        carried += (uint64_t) l->c[i].size * l->c[i].count;
+        extra += (double) l->c[i].count * curve_extra(m, l->c[i].size);
     }
-    if (method == FERRY_GATHER_BATCHED) {
-        s = m->call_us * 1e-6 + (double) rows * m->piece_ns * 1e-9 + (double) bytes / (m->gbps * 1e9);
+    if (method == FERRY_GATHER_BATCHED || method == FERRY_GATHER_MERGED) {
+        /* merged: the spans' call, and the device's gather of the runs from them */
+        s = (method == FERRY_GATHER_MERGED ? 2 : 1) * m->call_us * 1e-6 + (double) rows * m->piece_ns * 1e-9 +
+            (double) (method == FERRY_GATHER_MERGED ? carried : bytes) / (m->gbps * 1e9) + extra;
     } else if (method == FERRY_GATHER_KERNEL) {
         s = 2 * m->call_us * 1e-6 + (double) bytes / ((m->kernel_gbps > 0 ? m->kernel_gbps : m->gbps) * 1e9);
     }
     return s;
+}
+
+/* Pieces of the pool a span may take in, looking ahead from its first: a span pays only once it is past
+ * the size curve's knee, so a piece is weighed with those after it, not alone. */
+#define MERGE_LOOKAHEAD 64
+
+static int cmp_piece_start(const void * a, const void * b) {
+    const size_t x = ((const ferry_gather_copy *) a)->src_offset, y = ((const ferry_gather_copy *) b)->src_offset;
+    return (x > y) - (x < y);
+}
+
+/* The span of the pool from a's first byte through b's last (b starting at or past a's end), rows as a's. */
+static ferry_gather_copy span_through(const ferry_gather_copy * a, const ferry_gather_copy * b, size_t pool_row,
+                                      bool v_trans) {
+    ferry_gather_copy s = *a;
+    const size_t end = b->src_offset + b->size;
+    s.size = end > a->src_offset + a->size ? end - a->src_offset : a->size;
+    s.dst_stride = s.size;
+    s.src_stride = v_trans ? pool_row : s.size;
+    return s;
+}
+
+/*
+ * The spans a merged gather carries, on a link whose pieces are priced by size (a piece curve: where
+ * DMA engines' measurements show gaps are worth crossing). The runs' extents in the pool, in pool
+ * order whatever the tables' order (the device gathers the runs from the spans, in any order), those
+ * that touch or overlap as one (a block several streams read crosses once), then from each extent the
+ * span through the later one (at most MERGE_LOOKAHEAD on) that saves the most by the model, one piece
+ * of the span against a piece per extent (a piece's cost: its rows' bytes at their size's rate,
+ * piece_ns a row), else the extent alone; the next span starts after it. The gaps' cells cross the
+ * link unread. Without a piece curve a span is its run, in table order: the batched gather. The spans
+ * land one after another in a staging area (dst_offset), rows packed; *crossed sums their bytes.
+ */
+static ferry_status spans_of(const ferry_copy_cost_model * m, const ferry_tensor * t, const piece_list * runs,
+                             piece_list * out, uint64_t * crossed) {
+    const ferry_paged_source * src = t->paged;
+    const size_t pool_row = (size_t) src->pool_cells * src->cell_bytes;
+    const bool curve = m->piece_floor_gbps > 0 && m->piece_floor_gbps < m->gbps;
+    *crossed = 0;
+    piece_list extents = {0};
+    for (size_t i = 0; i < runs->n; i++) {
+        const ferry_gather_copy * r = &runs->c[i];
+        const ferry_gather_copy e = {.src_offset = r->src_offset, .size = r->size, .count = r->count,
+                                     .src_stride = src->v_trans ? pool_row : r->size, .dst_stride = r->size};
+        ferry_status st = push(&extents, &e, t);
+        if (st != FERRY_OK) {
+            free(extents.c);
+            return st;
+        }
+    }
+    if (curve && extents.n > 1) { /* pool order, touching and overlapping extents as one */
+        qsort(extents.c, extents.n, sizeof(*extents.c), cmp_piece_start);
+        size_t k = 0;
+        for (size_t i = 1; i < extents.n; i++) {
+            if (extents.c[i].src_offset <= extents.c[k].src_offset + extents.c[k].size) {
+                extents.c[k] = span_through(&extents.c[k], &extents.c[i], pool_row, src->v_trans);
+            } else {
+                extents.c[++k] = extents.c[i];
+            }
+        }
+        extents.n = k + 1;
+    }
+    size_t staged = 0;
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; i < extents.n && st == FERRY_OK;) {
+        ferry_gather_copy span = extents.c[i];
+        double apart = batched_piece_cost(m, &span), saved = 0;
+        size_t last = i;
+        for (size_t j = i + 1; curve && j < extents.n && j <= i + MERGE_LOOKAHEAD; j++) {
+            const ferry_gather_copy grown = span_through(&extents.c[i], &extents.c[j], pool_row, src->v_trans);
+            apart += batched_piece_cost(m, &extents.c[j]);
+            const double saving = apart - batched_piece_cost(m, &grown);
+            if (saving > saved) {
+                saved = saving;
+                last = j;
+                span = grown;
+            }
+        }
+        span.dst_offset = staged;
+        st = push(out, &span, t);
+        staged += span.size * span.count;
+        *crossed += (uint64_t) span.size * span.count;
+        i = last + 1;
+    }
+    free(extents.c);
+    return st;
 }
 
 /* The one-call methods backend offers for the pool, as bits; none unless the pool is host memory
@@ -222,7 +328,7 @@ static unsigned one_call_methods(ferry_backend * backend, const ferry_tensor * p
     if (!ferry_buffer_is_host(buf) || ferry_buffer_is_synthetic(buf) || (dst && !ferry_buffer_ptr_readable(buf, dst))) {
         return 0;
     }
-    const unsigned bits = (1u << FERRY_GATHER_BATCHED) | (1u << FERRY_GATHER_KERNEL);
+    const unsigned bits = (1u << FERRY_GATHER_BATCHED) | (1u << FERRY_GATHER_KERNEL) | (1u << FERRY_GATHER_MERGED);
     return ferry_backend_gather_methods(backend, ferry_tensor_data(pool), ferry_tensor_nbytes(pool)) & bits;
 }
 
@@ -233,7 +339,8 @@ static unsigned one_call_methods(ferry_backend * backend, const ferry_tensor * p
  * the cache asks for them: a copy has no use for their price.
  */
 static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend, const ferry_buffer * dst,
-                                bool every_method, ferry_paged_plan * plan, piece_list * chosen) {
+                                bool every_method, ferry_paged_plan * plan, piece_list * chosen,
+                                piece_list * spans) {
     const ferry_copy_cost_model model = ferry_backend_copy_cost_model(backend);
     const int64_t ns = t->ne[3];
     int64_t * used = ferry_malloc((size_t) (ns > 0 ? ns : 1) * sizeof(*used));
@@ -258,7 +365,12 @@ static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend,
     free(used);
     const unsigned offered = (want_per_block ? 1u << FERRY_GATHER_PER_BLOCK : 0) | (1u << FERRY_GATHER_RUNS) |
                              (st == FERRY_OK ? one_call_methods(backend, t->paged->pool, dst) : 0);
-    const piece_list * lists[FERRY_GATHER_COUNT] = {NULL, &per_block.pieces, &grouped, &runs.pieces, &runs.pieces};
+    uint64_t crossed = 0; /* the merged spans' bytes, gaps included */
+    if (st == FERRY_OK && (offered & (1u << FERRY_GATHER_MERGED))) {
+        st = spans_of(&model, t, &runs.pieces, spans, &crossed);
+    }
+    const piece_list * lists[FERRY_GATHER_COUNT] = {NULL, &per_block.pieces, &grouped, &runs.pieces, &runs.pieces,
+                                                    spans};
     ferry_gather_method best = FERRY_GATHER_RUNS;
     *plan = (ferry_paged_plan) {.blocks = runs.blocks, .runs = runs.runs, .bytes = runs.bytes};
     for (int m = FERRY_GATHER_PER_BLOCK; st == FERRY_OK && m < FERRY_GATHER_COUNT; m++) {
@@ -284,12 +396,18 @@ static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend,
         plan->method = method;
         plan->method_seconds[FERRY_GATHER_AUTO] = plan->method_seconds[best];
         plan->seconds = plan->method_seconds[method];
-        const bool one_call = method == FERRY_GATHER_BATCHED || method == FERRY_GATHER_KERNEL;
-        *chosen = *lists[method];
-        plan->copies = chosen->n;
+        const bool one_call = method == FERRY_GATHER_BATCHED || method == FERRY_GATHER_KERNEL ||
+                              method == FERRY_GATHER_MERGED;
+        plan->crossed_bytes = method == FERRY_GATHER_MERGED ? crossed : runs.bytes;
+        plan->spans = method == FERRY_GATHER_MERGED ? spans->n : 0;
+        /* a merged gather places the runs from its spans: the runs are its pieces, the spans its copies */
+        *chosen = method == FERRY_GATHER_MERGED ? runs.pieces : *lists[method];
+        plan->copies = lists[method]->n;
         plan->calls = one_call ? (runs.bytes > 0 ? 1 : 0) : chosen->n;
         /* the list handed out is not freed below */
-        if (lists[method] == &per_block.pieces) {
+        if (method == FERRY_GATHER_MERGED) {
+            runs.pieces = (piece_list) {0};
+        } else if (lists[method] == &per_block.pieces) {
             per_block.pieces = (piece_list) {0};
         } else if (lists[method] == &grouped) {
             grouped = (piece_list) {0};
@@ -316,16 +434,18 @@ ferry_status ferry_copy_paged_plan(const ferry_tensor * window, ferry_backend * 
                                    ferry_gather_copy * copies, size_t max_copies, size_t * n_copies) {
     FERRY_TRY(check_window(window, backend, "copy_paged_plan"));
     FERRY_CHECK_ARG(plan && n_copies, "copy_paged_plan: NULL output");
-    piece_list chosen = {0};
-    ferry_status st = plan_gather(window, backend, NULL, true, plan, &chosen);
-    *n_copies = chosen.n;
-    if (st == FERRY_OK && copies && chosen.n > max_copies) {
+    piece_list chosen = {0}, spans = {0};
+    ferry_status st = plan_gather(window, backend, NULL, true, plan, &chosen, &spans);
+    const piece_list * out = st == FERRY_OK && plan->method == FERRY_GATHER_MERGED ? &spans : &chosen;
+    *n_copies = out->n;
+    if (st == FERRY_OK && copies && out->n > max_copies) {
         st = ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_paged_plan: '%s' needs %zu copies, room for %zu", window->name,
-                        chosen.n, max_copies);
-    } else if (st == FERRY_OK && copies && chosen.n > 0) {
-        memcpy(copies, chosen.c, chosen.n * sizeof(*copies));
+                        out->n, max_copies);
+    } else if (st == FERRY_OK && copies && out->n > 0) {
+        memcpy(copies, out->c, out->n * sizeof(*copies));
     }
     free(chosen.c);
+    free(spans.c);
     return st;
 }
 
@@ -363,9 +483,12 @@ ferry_status ferry_copy_paged(ferry_backend * backend, const ferry_tensor * src,
     *predicted = 0;
     const ferry_tensor * pool = src->paged->pool;
     ferry_paged_plan plan;
-    piece_list l = {0};
-    ferry_status st = plan_gather(src, backend, ferry_tensor_buffer(dst), false, &plan, &l);
-    if (st == FERRY_OK && (plan.method == FERRY_GATHER_BATCHED || plan.method == FERRY_GATHER_KERNEL)) {
+    piece_list l = {0}, spans = {0};
+    ferry_status st = plan_gather(src, backend, ferry_tensor_buffer(dst), false, &plan, &l, &spans);
+    if (st == FERRY_OK && plan.method == FERRY_GATHER_MERGED) {
+        st = ferry_backend_tensor_gather_merged_async(backend, dst, ferry_tensor_data(pool), spans.c, spans.n, l.c,
+                                                      l.n);
+    } else if (st == FERRY_OK && (plan.method == FERRY_GATHER_BATCHED || plan.method == FERRY_GATHER_KERNEL)) {
         st = ferry_backend_tensor_gather_async(backend, dst, ferry_tensor_data(pool), l.c, l.n, plan.method);
     } else if (st == FERRY_OK) {
         size_t largest = 0;
@@ -393,5 +516,6 @@ ferry_status ferry_copy_paged(ferry_backend * backend, const ferry_tensor * src,
         *predicted = plan.seconds;
     }
     free(l.c);
+    free(spans.c);
     return st;
 }

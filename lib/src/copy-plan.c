@@ -22,6 +22,7 @@
  */
 #include "ferry-impl.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -407,11 +408,24 @@ ferry_copy_cost_model ferry_copy_cost_model_gpu(void) {
     };
 }
 
-/* Seconds for one copy: a plain copy when it is one row, else count gapped rows. */
+double ferry_copy_piece_seconds(const ferry_copy_cost_model * m, size_t size) {
+    if (!m || !(m->gbps > 0)) {
+        return 0.0;
+    }
+    const double bps = m->gbps * 1e9, at_peak = (double) size / bps; /* as ever without a curve, bit for bit */
+    if (!(m->piece_floor_gbps > 0) || m->piece_floor_gbps >= m->gbps || !(m->piece_knee_bytes > 0)) {
+        return at_peak;
+    }
+    /* the share of the floor's extra cost a piece of this size still pays: 1 when small, 0 when large */
+    const double small = 1.0 / (1.0 + pow((double) size / m->piece_knee_bytes, m->piece_steepness));
+    return at_peak + (double) size * (1.0 / (m->piece_floor_gbps * 1e9) - 1.0 / bps) * small;
+}
+
+/* Seconds for one copy: a plain copy (one piece) when it is one row, else count gapped rows. */
 static double copy_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * c) {
     const double bps = m->gbps * 1e9;
     if (c->count <= 1) {
-        return m->call_us * 1e-6 + (double) c->size / bps;
+        return m->call_us * 1e-6 + ferry_copy_piece_seconds(m, c->size);
     }
     double charged = (double) c->size;
     if (m->line_bytes > 0) {
@@ -441,7 +455,7 @@ double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span) {
     if (!m || m->gbps <= 0 || span == 0) {
         return 0.0;
     }
-    return m->call_us * 1e-6 + (double) span / (m->gbps * 1e9);
+    return m->call_us * 1e-6 + ferry_copy_piece_seconds(m, span);
 }
 
 bool ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
@@ -467,11 +481,14 @@ ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backen
 
 ferry_status ferry_copy_cost_model_check(const ferry_copy_cost_model * m, const char * what) {
     FERRY_CHECK_ARG(m, "%s: NULL cost model", what);
-    const double figures[7] = {m->call_us,           m->row_ns,   m->gbps,       m->small_row_efficiency,
-                               m->wide_pitch_row_ns, m->piece_ns, m->kernel_gbps};
-    static const char * const names[7] = {"call_us",           "row_ns",   "gbps",       "small_row_efficiency",
-                                          "wide_pitch_row_ns", "piece_ns", "kernel_gbps"};
-    for (int i = 0; i < 7; i++) {
+    const double figures[10] = {m->call_us,           m->row_ns,   m->gbps,        m->small_row_efficiency,
+                                m->wide_pitch_row_ns, m->piece_ns, m->kernel_gbps, m->piece_floor_gbps,
+                                m->piece_knee_bytes,  m->piece_steepness};
+    static const char * const names[10] = {"call_us",           "row_ns",           "gbps",
+                                           "small_row_efficiency", "wide_pitch_row_ns", "piece_ns",
+                                           "kernel_gbps",       "piece_floor_gbps", "piece_knee_bytes",
+                                           "piece_steepness"};
+    for (int i = 0; i < 10; i++) {
         if (!(figures[i] >= 0 && figures[i] <= 1e12)) {
             return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: the cost model's %s %g is not a number from 0 to 1e12", what,
                               names[i], figures[i]);
@@ -479,6 +496,12 @@ ferry_status ferry_copy_cost_model_check(const ferry_copy_cost_model * m, const 
     }
     if (!(m->gbps > 0)) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: the cost model's gbps %g is not positive", what, m->gbps);
+    }
+    if (m->piece_floor_gbps > 0 && !(m->piece_floor_gbps <= m->gbps && m->piece_knee_bytes > 0 &&
+                                     m->piece_steepness > 0 && m->piece_steepness <= 256)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: the cost model's piece curve (floor %g GB/s, knee %g B, "
+                          "steepness %g) needs a floor at most gbps %g, a positive knee and a steepness in (0, 256]",
+                          what, m->piece_floor_gbps, m->piece_knee_bytes, m->piece_steepness, m->gbps);
     }
     if (m->small_row_bytes > 0 && !(m->small_row_efficiency > 0 && m->small_row_efficiency <= 1)) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: the cost model's small_row_efficiency %g is not in (0, 1] while "

@@ -78,6 +78,12 @@ bool ferry_buffer_memory(const ferry_buffer * buf, ferry_memory_kind * kind, int
 ferry_status ferry_backend_tensor_gather_async(ferry_backend * backend, ferry_tensor * t, const char * src,
                                                const ferry_gather_copy * pieces, size_t n,
                                                ferry_gather_method method);
+/* A merged gather in one call (backend.c): the spans of src (offsets into a staging area of the
+ * device, one after another) cross the link, and the pieces (the runs read, as a batched gather's)
+ * land in t from them; counted as one 2-D set of the spans' bytes, the gaps' included. */
+ferry_status ferry_backend_tensor_gather_merged_async(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                                      const ferry_gather_copy * spans, size_t n_spans,
+                                                      const ferry_gather_copy * pieces, size_t n);
 
 /* Checks shared by buffer.c and backend.c: t allocated, the extent inside t (transfer.c). */
 ferry_status ferry_check_transfer(const ferry_tensor * t, const void * data, size_t offset, size_t size,

@@ -384,6 +384,20 @@ class CPUBackend(Backend):
         super().__init__(out[0])
 
 
+def link_profiles() -> List[str]:
+    """The names of the stand-in's named links (StandinBackend's link_profile), from published
+    measurements: "h100-pcie5", "pcie4", "gh200-c2c" (docs/design.md, "Named links").
+
+    Returns
+    -------
+    list of str
+    """
+    names: List[str] = []
+    while (name := lib.ferry_standin_link_profile_name(len(names))) != ffi.NULL:
+        names.append(ffi.string(name).decode())
+    return names
+
+
 class StandinBackend(Backend):
     """The stand-in device, for machines without a GPU: a CPU backend ("CPU (stand-in device)")
     whose buffers no other backend may use, and which uses no memory but its own. A split on it
@@ -410,7 +424,7 @@ class StandinBackend(Backend):
 
     def __init__(self, link_gbps: Optional[float] = None, latency_us: float = 0.0,
                  memory: Optional[int] = None, compute_slowdown: Optional[float] = None,
-                 row_ns: float = 0.0) -> None:
+                 row_ns: float = 0.0, link_profile: Optional[str] = None) -> None:
         """A new stand-in device, on a link and with a memory of the given figures (default: none).
 
         Parameters
@@ -427,12 +441,20 @@ class StandinBackend(Backend):
         row_ns : float, optional
             Nanoseconds added for each row of a 2-D transfer of more than one row, 0 to 1e6 (a
             plain transfer, or a 2-D one of one row, pays none), as a real link charges per row.
+        link_profile : str, optional
+            A named link from published measurements (link_profiles(): "h100-pcie5", "pcie4",
+            "gh200-c2c"; docs/design.md, "Named links"): its bandwidth, latency and piece curve (a
+            piece's rate rising with its size, as DMA engines move pieces). link_gbps then gives its
+            peak, every rate scaled with it and every fixed cost against it, so that each transfer
+            takes the same multiple of its time on the named link (None: the named link's own);
+            latency_us and row_ns are the profile's and must be left 0.
 
         Raises
         ------
         InvalidArgumentError
             For a value that is not a number (link_gbps, latency_us, compute_slowdown, row_ns) or a
-            size (memory), or out of its range, naming it.
+            size (memory), or out of its range, naming it; an unknown link_profile (naming the
+            known ones), or latency_us or row_ns beside one.
         OutOfMemoryError
             When the backend cannot be allocated.
         """
@@ -440,10 +462,19 @@ class StandinBackend(Backend):
         params[0] = lib.ferry_standin_default_params()
         params.link_gbps = 0.0 if link_gbps is None else _checks.as_double(link_gbps, "StandinBackend: link_gbps")
         params.latency_us = _checks.as_double(latency_us, "StandinBackend: latency_us")
+        if link_profile is not None:
+            if not isinstance(link_profile, str) or "\0" in link_profile:
+                raise InvalidArgumentError("StandinBackend: link_profile must be a name "
+                                           f"({', '.join(link_profiles())}), got {link_profile!r}")
+            if params.latency_us != 0 or _checks.as_double(row_ns, "StandinBackend: row_ns") != 0:
+                raise InvalidArgumentError("StandinBackend: latency_us and row_ns are the link_profile's: leave them "
+                                           "0 beside it")
+            check(lib.ferry_standin_link_profile(link_profile.encode(), params.link_gbps, params))
         params.memory = 0 if memory is None else _checks.as_size(memory, "StandinBackend: memory")
         params.compute_slowdown = 0.0 if compute_slowdown is None else _checks.as_double(
             compute_slowdown, "StandinBackend: compute_slowdown")
-        params.row_ns = _checks.as_double(row_ns, "StandinBackend: row_ns")
+        if link_profile is None:  # else the profile's
+            params.row_ns = _checks.as_double(row_ns, "StandinBackend: row_ns")
         out = ffi.new("ferry_backend **")
         check(lib.ferry_standin_backend_new_params(params, out))
         super().__init__(out[0])
@@ -468,6 +499,14 @@ class StandinBackend(Backend):
     def row_ns(self) -> float:
         """Nanoseconds the link adds for each row of a 2-D transfer of more than one row."""
         return float(self._params().row_ns)
+
+    @property
+    def piece_curve(self) -> Optional[Tuple[float, float, float]]:
+        """The link's piece curve, (floor_gbps, knee_bytes, steepness): a piece's rate rising from
+        floor_gbps to link_gbps past knee_bytes; None when every piece runs at link_gbps."""
+        p = self._params()
+        floor = float(p.piece_floor_gbps)
+        return (floor, float(p.piece_knee_bytes), float(p.piece_steepness)) if floor > 0 else None
 
     @property
     def compute_slowdown(self) -> float:

@@ -1,6 +1,7 @@
 """How fast host memory reaches a device: one large host-to-device copy, timed (measure_link), and
 with fit=True what a call, a row of a 2-D copy and a byte cost, from copies of several sizes and
-row counts (LinkFit, fit_link; CopyCostModel.from_link makes the copy path's model of it).
+row counts (LinkFit, fit_link; CopyCostModel.from_link makes the copy path's model of it), and how a
+piece's rate rises with its size (PieceCurve, fit_piece_curve).
 
 A runtime that keeps KV in host memory measures each device's link once at start, from the
 storage its cache is delivered from (pageable, or pinned on CUDA); this is that measurement.
@@ -18,6 +19,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, T
 import numpy as np
 
 from . import _checks
+from ._binding import ffi, lib
 from .backend import Backend, StandinBackend
 from .cuda import CUDABackend, cuda_host_buffer_type
 from .errors import FerryError, FreedBufferError, InvalidArgumentError, OutOfMemoryError, UnsupportedError
@@ -112,6 +114,160 @@ def fit_link(points: Sequence[Tuple[int, int, float]]) -> LinkFit:
                    gbps=1.0 / per_byte / 1e9 if per_byte > 0 else math.inf, points=tuple(pts))
 
 
+class PieceCurve(NamedTuple):
+    """A link's piece curve fitted to timed copies of several sizes (fit_piece_curve): a copy of one
+    piece of b bytes takes latency_us + b * (1 / gbps + (1 / floor_gbps - 1 / gbps) /
+    (1 + (b / knee_bytes) ** steepness)), its rate rising from floor_gbps for small pieces to gbps,
+    as a DMA engine's does (ferry_copy_piece_seconds; the stand-in's piece curve).
+
+    Attributes
+    ----------
+    latency_us : float
+        Microseconds a copy (a call), at least 0.
+    gbps : float
+        The rate large pieces reach, GB/s; inf when their bytes cost nothing measurable.
+    floor_gbps : float
+        The rate small pieces run at, GB/s; gbps when size does not change the rate.
+    knee_bytes : float
+        The size the rate rises around.
+    steepness : float
+        How sharply it rises there (1: gently; 40: a step).
+    points : tuple of (int, float)
+        The copies fitted: (bytes, seconds).
+    """
+
+    latency_us: float
+    gbps: float
+    floor_gbps: float
+    knee_bytes: float
+    steepness: float
+    points: Tuple[Tuple[int, float], ...]
+
+    def seconds(self, size: int) -> float:
+        """The curve's time for a copy of one piece, latency included (its bytes as C computes them:
+        ferry_copy_piece_seconds).
+
+        Parameters
+        ----------
+        size : int
+            The piece's bytes.
+
+        Returns
+        -------
+        float
+            Seconds.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a size that is not a size.
+        """
+        m = ffi.new("ferry_copy_cost_model *")
+        m.gbps = min(self.gbps, 1e12)
+        m.piece_floor_gbps = self.floor_gbps if self.floor_gbps < self.gbps else 0.0
+        m.piece_knee_bytes, m.piece_steepness = self.knee_bytes, self.steepness
+        piece = lib.ferry_copy_piece_seconds(m, _checks.as_size(size, "PieceCurve.seconds"))
+        return self.latency_us * 1e-6 + float(piece)
+
+
+#: fit_piece_curve's search: log2 of the knee from 256 B to 64 MiB and of the steepness from 1 to 128,
+#: a grid of quarter steps, then twice a grid four times finer around the best point (a fixed search:
+#: the same points give the same curve, call after call).
+_KNEE_LOG2 = (8.0, 26.0)
+_STEEP_LOG2 = (0.0, 7.0)
+_GRID_STEP = 0.25
+_REFINE = (1, 4)  # each round: steps either side, and how many times finer
+
+
+def _curve_fit(sizes: np.ndarray, t: np.ndarray, knee: float, steep: float) -> Tuple[float, np.ndarray]:
+    """The latency, 1/peak and (1/floor - 1/peak) that best give times t for this knee and steepness
+    (relative least squares, figures below 0 taken as 0 and the rest fitted again), and the residual."""
+    with np.errstate(over="ignore"):  # a piece far past the knee: its share of the floor is 0
+        small = 1.0 / (1.0 + np.power(sizes / knee, steep))
+    a = np.stack([np.ones_like(sizes), sizes, sizes * small], axis=1)
+    w = 1.0 / t
+    free = [0, 1, 2]
+    coef = np.zeros(3)
+    while free:
+        m = a[:, free] * w[:, None]
+        scale = np.linalg.norm(m, axis=0)
+        scale[scale == 0] = 1.0
+        sol = np.linalg.lstsq(m / scale, t * w, rcond=None)[0] / scale
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[free] = sol
+            break
+        free.pop(int(np.argmin(sol)))
+    resid = float(np.sum(((a @ coef) - t) ** 2 * w ** 2))
+    return resid, coef
+
+
+def fit_piece_curve(points: Sequence[Tuple[int, float]]) -> PieceCurve:
+    """The latency and piece curve that best give some plain copies' times.
+
+    For each knee and steepness of a fixed search (a log grid, refined twice around its best), the
+    latency, peak and floor are a least-squares fit on each copy's relative error, as fit_link's;
+    the best of all is taken, the first on a tie. The same points give the same curve every call.
+
+    Parameters
+    ----------
+    points : sequence of (int, float)
+        (bytes, seconds) of each copy: plain copies (one piece each) of at least 4 sizes, seconds
+        positive.
+
+    Returns
+    -------
+    PieceCurve
+
+    Raises
+    ------
+    InvalidArgumentError
+        For fewer than 4 sizes, or a point that is not (bytes, seconds) of a positive size and time.
+    """
+    pts: List[Tuple[int, float]] = []
+    for i, p in enumerate(points):
+        if isinstance(p, (str, bytes)) or not hasattr(p, "__len__") or len(p) != 2:
+            raise InvalidArgumentError(f"fit_piece_curve: point {i} is not (bytes, seconds): {p!r}")
+        b = _checks.as_size(p[0], f"fit_piece_curve: point {i}'s bytes")
+        sec = _checks.as_double(p[1], f"fit_piece_curve: point {i}'s seconds")
+        if not (sec > 0 and math.isfinite(sec)) or b < 1:
+            raise InvalidArgumentError(f"fit_piece_curve: point {i} has {b} bytes and {sec!r} seconds; both must be "
+                                       "positive")
+        pts.append((b, sec))
+    if len({b for b, _ in pts}) < 4:
+        raise InvalidArgumentError(f"fit_piece_curve: {len({b for b, _ in pts})} sizes of copies: at least 4 are "
+                                   "needed to tell a call, a floor, a peak and where the rate rises apart")
+    sizes = np.array([float(b) for b, _ in pts])
+    t = np.array([s for _, s in pts])
+    best: Optional[Tuple[float, float, float, np.ndarray]] = None
+
+    def search(knees: np.ndarray, steeps: np.ndarray) -> None:
+        nonlocal best
+        for lk in knees:
+            for ls in steeps:
+                resid, coef = _curve_fit(sizes, t, 2.0 ** lk, 2.0 ** ls)
+                if best is None or resid < best[0]:
+                    best = (resid, float(lk), float(ls), coef)
+
+    step = _GRID_STEP
+    search(np.arange(_KNEE_LOG2[0], _KNEE_LOG2[1] + step / 2, step),
+           np.arange(_STEEP_LOG2[0], _STEEP_LOG2[1] + step / 2, step))
+    for _ in range(2):
+        assert best is not None
+        around, finer = _REFINE
+        fine = step / finer
+        offsets = np.arange(-around * finer, around * finer + 1) * fine
+        search(np.clip(best[1] + offsets, *_KNEE_LOG2), np.clip(best[2] + offsets, *_STEEP_LOG2))
+        step = fine
+    assert best is not None
+    _, lk, ls, coef = best
+    per_byte, extra = float(coef[1]), float(coef[2])
+    gbps = 1.0 / per_byte / 1e9 if per_byte > 0 else math.inf
+    floor = 1.0 / (per_byte + extra) / 1e9 if per_byte + extra > 0 else math.inf
+    return PieceCurve(latency_us=float(coef[0]) * 1e6, gbps=gbps, floor_gbps=floor, knee_bytes=2.0 ** lk,
+                      steepness=2.0 ** ls, points=tuple(pts))
+
+
 class LinkMeasurement(NamedTuple):
     """What measure_link found.
 
@@ -138,6 +294,9 @@ class LinkMeasurement(NamedTuple):
     fit : LinkFit or None
         With measure_link's fit: the latency, row cost and bandwidth fitted to copies of several
         sizes and row counts (CopyCostModel.from_link takes them); None without.
+    pieces : PieceCurve or None
+        With measure_link's fit: the piece curve fitted to plain copies of PIECE_SIZES (those up
+        to nbytes, at least 4 of them); None without, or with nbytes below the fourth.
     """
 
     gbps: float
@@ -149,6 +308,7 @@ class LinkMeasurement(NamedTuple):
     modelled_gbps: Optional[float] = None
     reached: Optional[bool] = None
     fit: Optional[LinkFit] = None
+    pieces: Optional[PieceCurve] = None
 
 
 def _allocated(alloc: Callable[[], T], n: int, where: str) -> T:
@@ -183,6 +343,19 @@ FIT_PLAIN_PARTS = (256, 16)
 FIT_ROWS = (16, 256, 2048)
 
 
+#: The plain copies fit=True times for the piece curve: the sizes where DMA engines' rates rise (4 to
+#: 32 KiB on an H100) and a few past them, those up to nbytes.
+PIECE_SIZES = (1 << 10, 4 << 10, 8 << 10, 16 << 10, 24 << 10, 28 << 10, 32 << 10, 64 << 10, 256 << 10, 1 << 20,
+               4 << 20)
+
+
+def _piece_points(dev: Backend, dst: Any, src: Any, n: int, reps: int) -> List[Tuple[int, float]]:
+    """(bytes, fastest seconds) of plain copies of each of PIECE_SIZES up to n."""
+    src = src.view(np.uint8)
+    return [(size, _fastest(dev, functools.partial(dev.set_async, dst, src[:size]), reps))
+            for size in PIECE_SIZES if size <= n]
+
+
 def _fit_points(dev: Backend, dst: Any, src: Any, n: int, reps: int, largest: float) -> List[Tuple[int, int, float]]:
     """(bytes, rows, fastest seconds) of fit=True's copies, and the large copy's (largest)."""
     src = src.view(np.uint8)  # sliced by bytes, pinned or not
@@ -208,7 +381,9 @@ def measure_link(device: Backend, pinned: bool = False, nbytes: int = DEFAULT_NB
     (cudaMallocHost), which only a CUDA device has. With fit, the same is timed (a warm-up, then
     the fastest of `repeats`) for plain copies of nbytes / 256 and nbytes / 16 bytes and for
     Backend.set_2d_async of nbytes / 16 bytes in 16, 256 and 2048 rows (each row followed by a gap
-    in the device's buffer), and fit_link fits latency, row cost and bandwidth to them all.
+    in the device's buffer), and fit_link fits latency, row cost and bandwidth to them all; and
+    plain copies of each of PIECE_SIZES up to nbytes, to which fit_piece_curve fits the piece curve
+    (a piece's rate by its size, as a DMA engine's: the pieces of measure_link's result).
 
     Parameters
     ----------
@@ -284,6 +459,7 @@ def measure_link(device: Backend, pinned: bool = False, nbytes: int = DEFAULT_NB
             if standin is not None:
                 on_model.append(standin.link_stats.reached)
         points = _fit_points(dev, dst, src, n, reps, min(times)) if want_fit else None
+        pieces = _piece_points(dev, dst, src, n, reps) if want_fit else []
     finally:
         dst_buf.close()
         if src_buf is not None:
@@ -293,4 +469,5 @@ def measure_link(device: Backend, pinned: bool = False, nbytes: int = DEFAULT_NB
         gbps=n / times[best] / 1e9 if times[best] > 0 else math.inf, seconds=times[best], nbytes=n,
         pinned=want_pinned, device=dev.name,
         times=tuple(times), modelled_gbps=modelled, reached=on_model[best] if watched else None,
-        fit=fit_link(points) if points is not None else None)
+        fit=fit_link(points) if points is not None else None,
+        pieces=fit_piece_curve(pieces) if len(pieces) >= 4 else None)

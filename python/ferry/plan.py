@@ -185,6 +185,11 @@ def plan_copy(view: Union[Tensor, TypeLike], ne: Optional[Sequence[int]] = None,
 # ---------------------------------------------------------------- cost
 
 
+#: CopyCostModel.from_link takes a measured piece curve where small pieces ran below this share of the
+#: fitted bandwidth: above it the curve is within a measurement's noise, and pieces are priced flat.
+PIECE_CURVE_SLOWER = 0.8
+
+
 @dataclass(frozen=True)
 class CopyCostModel:
     """ferry_copy_cost_model: what a copy costs. Each call costs call_us; each row of a 2-D copy
@@ -217,6 +222,11 @@ class CopyCostModel:
         Nanoseconds per row of a batched copy's pieces (a paged window's gather in one call).
     kernel_gbps : float
         The gather kernel's rate reading pinned host memory, GB/s; 0: gbps.
+    piece_floor_gbps, piece_knee_bytes, piece_steepness : float
+        A piece's rate by its size, as DMA engines move pieces (piece_seconds): a plain copy, a
+        batched copy's every row and a merged span run at piece_floor_gbps when small, rising to
+        gbps past piece_knee_bytes, as sharply as piece_steepness says; piece_floor_gbps 0: every
+        piece at gbps.
     """
 
     call_us: float
@@ -229,6 +239,9 @@ class CopyCostModel:
     wide_pitch_row_ns: float
     piece_ns: float = 0.0
     kernel_gbps: float = 0.0
+    piece_floor_gbps: float = 0.0
+    piece_knee_bytes: float = 0.0
+    piece_steepness: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -242,13 +255,36 @@ class CopyCostModel:
         if not 0 < self.small_row_efficiency <= 1:
             raise InvalidArgumentError("CopyCostModel: small_row_efficiency must be in (0, 1], got "
                                        f"{self.small_row_efficiency!r}")
+        if self.piece_floor_gbps > 0:  # the curve's bounds are C's (ferry_copy_cost_model_check)
+            check(lib.ferry_copy_cost_model_check(self._c(), b"CopyCostModel"))
 
     @classmethod
     def from_c(cls, m: Any) -> "CopyCostModel":
         """A CopyCostModel holding the values of the ferry_copy_cost_model cdata m."""
         return cls(float(m.call_us), float(m.row_ns), float(m.gbps), int(m.line_bytes), int(m.small_row_bytes),
                    float(m.small_row_efficiency), int(m.wide_pitch_bytes), float(m.wide_pitch_row_ns),
-                   float(m.piece_ns), float(m.kernel_gbps))
+                   float(m.piece_ns), float(m.kernel_gbps), float(m.piece_floor_gbps), float(m.piece_knee_bytes),
+                   float(m.piece_steepness))
+
+    def piece_seconds(self, size: int) -> float:
+        """Seconds the bytes of one piece of size bytes take by the model's size curve
+        (ferry_copy_piece_seconds): size / gbps without a floor.
+
+        Parameters
+        ----------
+        size : int
+            The piece's bytes.
+
+        Returns
+        -------
+        float
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a size that is not a size.
+        """
+        return float(lib.ferry_copy_piece_seconds(self._c(), _checks.as_size(size, "CopyCostModel.piece_seconds")))
 
     @classmethod
     def cpu(cls) -> "CopyCostModel":
@@ -266,7 +302,8 @@ class CopyCostModel:
         bandwidth, exactly (no line rounding, no narrow-row or wide-pitch terms): what the link
         was measured to charge. A batched copy's piece is charged a row (as the stand-in's link
         charges it; on CUDA a measure of the batch's own pieces is gpu-check's), the gather
-        kernel the bandwidth.
+        kernel the bandwidth. A measurement's piece curve (its pieces) prices pieces by size,
+        rising to the fitted bandwidth, where small pieces ran below PIECE_CURVE_SLOWER of it.
 
         Parameters
         ----------
@@ -288,9 +325,15 @@ class CopyCostModel:
                                        f"got {'a measurement made without fit' if fit is None else repr(link)}")
         # a bandwidth too fast to measure: the model's largest, so bytes cost (next to) nothing
         gbps = fit.gbps if math.isfinite(fit.gbps) else 1e12
+        # the measured piece curve, rising to the fitted bandwidth, where small pieces ran measurably slower
+        curve = link.pieces if isinstance(link, LinkMeasurement) else None
+        slower = curve is not None and curve.floor_gbps < PIECE_CURVE_SLOWER * gbps
+        floor = min(curve.floor_gbps, gbps) if curve is not None and slower else 0.0
         return cls(call_us=fit.latency_us, row_ns=fit.row_ns, gbps=gbps, line_bytes=0, small_row_bytes=0,
                    small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0, piece_ns=fit.row_ns,
-                   kernel_gbps=0.0)
+                   kernel_gbps=0.0, piece_floor_gbps=floor,
+                   piece_knee_bytes=curve.knee_bytes if floor > 0 and curve is not None else 0.0,
+                   piece_steepness=curve.steepness if floor > 0 and curve is not None else 0.0)
 
     def use_for(self, backend: Backend) -> None:
         """Cost the copies into backend, and into its copy queue, by this model in place of its own
@@ -535,15 +578,20 @@ class PagedPlan:
     calls : int
         Transfer calls, as the buffers count them (batched and kernel: 1).
     bytes : int
-        Bytes moved: exactly the cells read.
+        Bytes moved into the window: exactly the cells read.
     seconds : float
         The prediction of the backend's cost model.
     method_seconds : dict of str to float
-        Each method's prediction by name (per_block, runs, batched, kernel; auto: the cheapest
-        offered); None where the backend does not offer it.
+        Each method's prediction by name (per_block, runs, batched, kernel, merged; auto: the
+        cheapest offered); None where the backend does not offer it.
     copies : tuple of GatherCopy
-        The method's copies: per block, per run (equal runs at even strides as one 2-D copy), or
-        the pieces its one call carries.
+        The method's copies: per block, per run (equal runs at even strides as one 2-D copy), the
+        pieces its one call carries, or merged's spans (dst_offset into the staging area they land
+        in, one after another).
+    crossed_bytes : int
+        Bytes that cross the link: bytes, and a merged gather's gaps too (crossed, never read).
+    spans : int
+        A merged gather's spans of the pool; 0 for the other methods.
     """
 
     method: GatherMethod
@@ -554,6 +602,8 @@ class PagedPlan:
     seconds: float
     method_seconds: Dict[str, Optional[float]]
     copies: Tuple[GatherCopy, ...]
+    crossed_bytes: int = 0
+    spans: int = 0
 
 
 def plan_paged(window: Tensor, backend: Backend) -> PagedPlan:
@@ -593,7 +643,8 @@ def plan_paged(window: Tensor, backend: Backend) -> PagedPlan:
     return PagedPlan(GatherMethod(plan.method), int(plan.blocks), int(plan.runs), int(plan.calls), int(plan.bytes),
                      float(plan.seconds), seconds,
                      tuple(GatherCopy(int(c.src_offset), int(c.dst_offset), int(c.size), int(c.count),
-                                      int(c.src_stride), int(c.dst_stride)) for c in copies[0:n[0]]))
+                                      int(c.src_stride), int(c.dst_stride)) for c in copies[0:n[0]]),
+                     int(plan.crossed_bytes), int(plan.spans))
 
 
 # ---------------------------------------------------------------- explanation

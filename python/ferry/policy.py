@@ -48,6 +48,7 @@ class GatherMethod(enum.IntEnum):
     RUNS = lib.FERRY_GATHER_RUNS
     BATCHED = lib.FERRY_GATHER_BATCHED
     KERNEL = lib.FERRY_GATHER_KERNEL
+    MERGED = lib.FERRY_GATHER_MERGED
 
     def __str__(self) -> str:
         return ffi.string(lib.ferry_gather_method_name(self.value)).decode()
@@ -57,7 +58,8 @@ GatherLike = Union[GatherMethod, str]
 
 
 def to_gather_method(value: object, what: str = "gather method") -> GatherMethod:
-    """The GatherMethod named by value (itself, or "auto", "per_block", "runs", "batched", "kernel").
+    """The GatherMethod named by value (itself, or "auto", "per_block", "runs", "batched", "kernel",
+    "merged").
 
     Parameters
     ----------
@@ -81,7 +83,7 @@ def to_gather_method(value: object, what: str = "gather method") -> GatherMethod
             return _checks.from_c_name(GatherMethod, "ferry_gather_method", lib.ferry_gather_method_from_name, value)
         except InvalidArgumentError as e:
             raise InvalidArgumentError(f"{what}: {e.message}") from None
-    raise InvalidArgumentError(f"{what}: expected a name (auto, per_block, runs, batched, kernel) or a "
+    raise InvalidArgumentError(f"{what}: expected a name (auto, per_block, runs, batched, kernel, merged) or a "
                                f"GatherMethod, got {value!r}")
 
 

@@ -269,7 +269,7 @@ static inline void twin_free(twin * t) {
 enum { N_HEAD = 4, NS = N_SEQ - 1, OUT_FLOATS = HEAD_DIM * N_HEAD * NS };
 
 /* The step over sequences 1..NS of either cache (paged or not) on split under policy: its outputs,
- * and the bytes its windows copied (the sum over the window inputs). */
+ * and the bytes its windows copied (the sum over the window inputs; a merged gather's cells read). */
 static inline ferry_status run_step(twin * t, bool paged, bool v_trans, ferry_backend * split, ferry_backend * cpu,
                              ferry_copy_policy policy, bool compact, int prefetch, float * out,
                              uint64_t * window_bytes) {
@@ -315,7 +315,12 @@ static inline ferry_status run_step(twin * t, bool paged, bool v_trans, ferry_ba
         ferry_sched_input_info in;
         st = ferry_sched_input(sched, i, &in);
         if (st == FERRY_OK && (in.src->paged || in.src->used_lengths)) {
-            *window_bytes += in.stats.bytes_copied;
+            /* merged spans carry their gaps across too (at least the cells): the cells read are the count */
+            const bool merged = in.src->paged && in.stats.gather == FERRY_GATHER_MERGED;
+            if (merged && in.stats.bytes_copied < in.stats.bytes_read) {
+                st = FERRY_ERR_INVALID_ARG;
+            }
+            *window_bytes += merged ? in.stats.bytes_read : in.stats.bytes_copied;
         }
     }
     ferry_sched_free(sched);

@@ -471,6 +471,134 @@ static void timed_adds(double slowdown, int runs, double * wall, ferry_link_stat
 /* A compute slowdown F holds each compute to at least F times the host's own time for it: the
  * wall time of the computes is at least F times the host time the stand-in counted for them, a
  * bound that holds however busy the host is. Unslowed, the count is the compute itself. */
+/*
+ * A named link prices pieces by size: the H100 PCIe 5 profile's curve gives the published rates
+ * (5 to 7 GB/s for 4 to 24 KiB, 40 to 52 from 28 KiB up) and rises with size; the link charges a
+ * plain transfer as one piece at its size's rate, blocking, queued or a get, and a 2-D transfer's
+ * rows at the peak (rows are the engine's pitch, not pieces), as its copy cost model prices them.
+ * Slowed to a peak of 5 GB/s, every price is ten times the named link's.
+ */
+static void test_a_named_link_charges_pieces_by_size(void) {
+    ferry_standin_params named, slowed;
+    CHECK_OK(ferry_standin_link_profile("h100-pcie5", 0, &named));
+    CHECK(named.link_gbps == 50 && named.piece_floor_gbps > 0 && named.memory == 0);
+    ferry_backend * device;
+    CHECK_OK(ferry_standin_backend_new_params(&named, &device));
+    const ferry_copy_cost_model m = ferry_backend_copy_cost_model(device);
+    ferry_backend_free(device);
+    CHECK(m.piece_floor_gbps == named.piece_floor_gbps && m.piece_knee_bytes == named.piece_knee_bytes &&
+          m.piece_steepness == named.piece_steepness);
+    const size_t small[] = {4096, 8192, 16384, 24576}, large[] = {28672, 32768, 65536, 1 << 20, 64 << 20};
+    for (size_t i = 0; i < 4; i++) {
+        const double rate = (double) small[i] / ferry_copy_piece_seconds(&m, small[i]) / 1e9;
+        CHECK(rate >= 5 && rate <= 7);
+    }
+    for (size_t i = 0; i < 5; i++) {
+        const double rate = (double) large[i] / ferry_copy_piece_seconds(&m, large[i]) / 1e9;
+        CHECK(rate >= 40 && rate <= 52);
+    }
+    double last = 0;
+    for (size_t size = 64; size <= (64u << 20); size += size / 8) {
+        const double rate = (double) size / ferry_copy_piece_seconds(&m, size);
+        CHECK(rate >= last * (1 - 1e-12)); /* it rises with the size, to the peak */
+        last = rate;
+    }
+    CHECK(fabs(last / 50e9 - 1) < 1e-6);
+    const ferry_copy_cost_model flat = {.gbps = 50};
+    CHECK(ferry_copy_piece_seconds(&flat, 4096) == 4096 / 50e9); /* no curve: every piece at the peak */
+    CHECK(ferry_copy_piece_seconds(NULL, 4096) == 0);
+
+    CHECK_OK(ferry_standin_link_profile("h100-pcie5", 5, &slowed));
+    CHECK(fabs(slowed.link_gbps - 5) < 1e-12 && fabs(slowed.latency_us - 10 * named.latency_us) < 1e-12 &&
+          fabs(slowed.piece_floor_gbps - named.piece_floor_gbps / 10) < 1e-12);
+    CHECK_OK(ferry_standin_backend_new_params(&slowed, &device));
+    const ferry_copy_cost_model ms = ferry_backend_copy_cost_model(device);
+    CHECK(fabs(ferry_copy_flat_cost(&ms, 8192) / ferry_copy_flat_cost(&m, 8192) - 10) < 1e-9);
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor * t;
+    ferry_buffer * buf;
+    const size_t most = 1 << 20;
+    CHECK_OK(byte_tensor(device, ctx, 2 * most, &t, &buf));
+    char * host = calloc(1, most);
+    CHECK(host);
+    const size_t sizes[] = {4096, 24576, 28672, most};
+    const xfer kinds[3] = {XFER_SET, XFER_QUEUE_SET, XFER_GET};
+    for (size_t i = 0; i < 4; i++) {
+        for (int k = 0; k < 3; k++) {
+            CHECK_OK(ferry_standin_reset_link_stats(device));
+            double took = 0;
+            CHECK_OK(transfer(device, t, host, sizes[i], kinds[k], &took));
+            ferry_link_stats st;
+            CHECK_OK(ferry_standin_get_link(device, NULL, &st));
+            const double want = ferry_copy_flat_cost(&ms, sizes[i]);
+            CHECK(fabs(want - (slowed.latency_us * 1e-6 + ferry_copy_piece_seconds(&ms, sizes[i]))) < 1e-15);
+            if (fabs(st.modelled_seconds - want) > 1e-9 * want || took < want) {
+                fprintf(stderr, "%s of %zu B: modelled %.6f ms, took %.6f ms, want %.6f ms\n", xfer_names[kinds[k]],
+                        sizes[i], 1e3 * st.modelled_seconds, 1e3 * took, 1e3 * want);
+                CHECK(false);
+            }
+        }
+    }
+    /* 256 rows of 4 KiB as one 2-D transfer: the bytes at the peak, not 256 small pieces */
+    CHECK_OK(ferry_standin_reset_link_stats(device));
+    CHECK_OK(ferry_tensor_set_2d(t, host, 0, 4096, 256, 8192, 4096));
+    ferry_link_stats st;
+    CHECK_OK(ferry_standin_get_link(device, NULL, &st));
+    const double rows_want = slowed.latency_us * 1e-6 + 256 * 4096 / 5e9;
+    CHECK(fabs(st.modelled_seconds - rows_want) < 1e-9 * rows_want);
+    free(host);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_backend_free(device);
+}
+
+/* Named links and piece curves out of range are refused, naming what to change. */
+static void test_named_links_and_curves_out_of_range_are_refused(void) {
+    ferry_standin_params p;
+    CHECK_FAILS(ferry_standin_link_profile("h100", 0, &p), FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "h100-pcie5, pcie4, gh200-c2c") != NULL);
+    const double bad_peak[] = {-1, 1e-4, 2e6, NAN};
+    for (size_t i = 0; i < sizeof(bad_peak) / sizeof(bad_peak[0]); i++) {
+        CHECK_FAILS(ferry_standin_link_profile("pcie4", bad_peak[i], &p), FERRY_ERR_INVALID_ARG);
+        CHECK(strstr(ferry_last_error(), "peak_gbps") != NULL);
+    }
+    CHECK_FAILS(ferry_standin_link_profile(NULL, 0, &p), FERRY_ERR_INVALID_ARG);
+    int n = 0;
+    for (const char * name; (name = ferry_standin_link_profile_name(n)) != NULL; n++) {
+        CHECK_OK(ferry_standin_link_profile(name, 0, &p));
+        ferry_backend * device;
+        CHECK_OK(ferry_standin_backend_new_params(&p, &device));
+        ferry_backend_free(device);
+    }
+    CHECK(n == 3 && ferry_standin_link_profile_name(-1) == NULL);
+    ferry_backend * device = NULL;
+    const ferry_standin_params bad[] = {
+        {.piece_floor_gbps = 1, .piece_knee_bytes = 4096, .piece_steepness = 4}, /* no link to rise to */
+        {.link_gbps = 8, .piece_floor_gbps = 9, .piece_knee_bytes = 4096, .piece_steepness = 4},
+        {.link_gbps = 8, .piece_floor_gbps = 1e-4, .piece_knee_bytes = 4096, .piece_steepness = 4},
+        {.link_gbps = 8, .piece_floor_gbps = 1, .piece_knee_bytes = 0, .piece_steepness = 4},
+        {.link_gbps = 8, .piece_floor_gbps = 1, .piece_knee_bytes = 4096, .piece_steepness = 0},
+        {.link_gbps = 8, .piece_floor_gbps = 1, .piece_knee_bytes = 4096, .piece_steepness = 300},
+        {.link_gbps = 8, .piece_floor_gbps = NAN, .piece_knee_bytes = 4096, .piece_steepness = 4},
+        {.link_gbps = 8, .piece_floor_gbps = 1, .piece_knee_bytes = NAN, .piece_steepness = 4},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        CHECK_FAILS(ferry_standin_backend_new_params(&bad[i], &device), FERRY_ERR_INVALID_ARG);
+        CHECK(strstr(ferry_last_error(), "piece_") != NULL);
+    }
+    CHECK(device == NULL);
+    /* the cost model's curve is checked as the stand-in's is */
+    ferry_copy_cost_model m = {.gbps = 8, .small_row_efficiency = 1, .piece_floor_gbps = 9, .piece_knee_bytes = 1,
+                               .piece_steepness = 1};
+    CHECK_FAILS(ferry_copy_cost_model_check(&m, "here"), FERRY_ERR_INVALID_ARG);
+    CHECK(strstr(ferry_last_error(), "piece curve") != NULL);
+    m.piece_floor_gbps = 1;
+    CHECK_OK(ferry_copy_cost_model_check(&m, "here"));
+    m.piece_knee_bytes = -1;
+    CHECK_FAILS(ferry_copy_cost_model_check(&m, "here"), FERRY_ERR_INVALID_ARG);
+}
+
 static void test_a_slowdown_of_f_holds_computes_to_f_times_host(void) {
     ferry_standin_params p;
     ferry_backend * device = NULL;
@@ -611,6 +739,8 @@ static const check_test tests[] = {
     {"queued_bulk_copies_land_at_the_links_pace", test_queued_bulk_copies_land_at_the_links_pace},
     {"standin_params_out_of_range_are_refused", test_standin_params_out_of_range_are_refused},
     {"link_charges_per_row", test_link_charges_per_row},
+    {"a_named_link_charges_pieces_by_size", test_a_named_link_charges_pieces_by_size},
+    {"named_links_and_curves_out_of_range_are_refused", test_named_links_and_curves_out_of_range_are_refused},
     {"a_slowdown_of_f_holds_computes_to_f_times_host", test_a_slowdown_of_f_holds_computes_to_f_times_host},
     {"async_sets_queue_on_the_link_as_on_a_stream", test_async_sets_queue_on_the_link_as_on_a_stream},
 #ifdef FERRY_HAVE_CUDA_TESTS

@@ -705,6 +705,69 @@ def test_fit_link_gives_back_the_link_its_exact_times_came_from_or_refuses_namin
         assert got.gbps == pytest.approx(gbps, rel=1e-4)
 
 
+# ---------------------------------------------------------------- named links and the piece curve
+
+
+@settings(max_examples=150 * SCALE, **SETTINGS)
+@given(st.one_of(st.sampled_from(ferry.backend.link_profiles() + ["h100", "", "pcie4\0"]), junk()),
+       st.one_of(st.none(), numbers()))
+@example("pcie4", 1e-4)  # a peak below the library's bound: refused naming it
+def test_a_named_link_is_made_at_its_peak_or_refused_naming_it(name: Any, peak: Any) -> None:
+    """StandinBackend(link_profile=, link_gbps=): made at the peak asked (the named link's own without
+    one) with a piece curve rising to it, or refused naming the link, its peak or link_gbps."""
+    dev, _ = outcome(lambda: ferry.StandinBackend(link_profile=name, link_gbps=peak),
+                     ("link_profile", "link", "peak_gbps", "link_gbps"))
+    if dev is None:
+        return
+    if name is None:  # no named link: a stand-in of link_gbps alone
+        assert dev.piece_curve is None
+        return
+    assert name in ferry.backend.link_profiles()
+    curve = dev.piece_curve
+    assert dev.link_gbps is not None and curve is not None and 0 < curve[0] < dev.link_gbps
+    if peak:
+        assert dev.link_gbps == pytest.approx(peak, rel=1e-12)
+
+
+@st.composite
+def piece_points(draw: st.DrawFn) -> Tuple[bool, List[Any]]:
+    """The exact times of plain copies over a curve on fit_piece_curve's grid, one perhaps changed to a
+    drawn value (then the flag is False)."""
+    latency, gbps = draw(st.floats(0, 50)), draw(st.floats(0.5, 500))
+    floor = gbps * draw(st.floats(0.02, 0.9))
+    knee, steep = 2.0 ** (draw(st.integers(40, 80)) / 4), 2.0 ** (draw(st.integers(0, 12)) / 4)
+    model = ferry.plan.CopyCostModel(call_us=latency, row_ns=0.0, gbps=gbps, line_bytes=0, small_row_bytes=0,
+                                     small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0,
+                                     piece_floor_gbps=floor, piece_knee_bytes=knee, piece_steepness=steep)
+    sizes = sorted(draw(st.sets(st.integers(1 << 8, 1 << 26), min_size=4, max_size=12)) |
+                   {int(knee) // 8 + 1, int(knee) * 8})
+    pts: List[Any] = [(b, latency * 1e-6 + model.piece_seconds(b)) for b in sizes]
+    exact = not draw(st.booleans())
+    if not exact:
+        i = draw(st.integers(0, len(pts) - 1))
+        field = draw(st.integers(0, 2))
+        bad = draw(st.one_of(junk(), numbers(), ints()))
+        pts[i] = bad if field == 2 else tuple(bad if f == field else x for f, x in enumerate(pts[i]))
+    return exact, pts
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(piece_points())
+def test_fit_piece_curve_gives_back_the_times_it_came_from_or_refuses_naming_the_point(
+        case: Tuple[bool, List[Any]]) -> None:
+    """Exact times of a curve's copies fit back to times within 2% of them, the same curve on a second
+    call; a point changed is refused naming it, or fits to figures not below 0."""
+    exact, pts = case
+    got, err = outcome(lambda: ferry.link.fit_piece_curve(pts), ("point", "sizes"))
+    if err is not None:
+        assert not exact
+        return
+    assert got.latency_us >= 0 and 0 < got.floor_gbps <= got.gbps and got.knee_bytes > 0 and got.steepness > 0
+    assert ferry.link.fit_piece_curve(pts) == got
+    if exact:
+        assert [got.seconds(b) for b, _ in pts] == pytest.approx([s for _, s in pts], rel=0.02)
+
+
 # ---------------------------------------------------------------- Scheduler.trace
 
 

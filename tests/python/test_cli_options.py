@@ -96,7 +96,7 @@ PROBES: Dict[str, Any] = {
     "--cost-model": "cpu", "--policy": "flat,ranges", "--compact": None, "--unified": "--no-unified",
     "--no-reuse": None, "--overlap": None, "--no-overlap": None, "--prefetch": "2", "--prefetch-next": "off", "--seed": "7",
     "--repeat": "3", "--rounds": "2", "--device": "cpu",
-    "--devices": "2", "--link-gbps": "2.45", "--latency-us": "2", "--device-memory": "64MiB",
+    "--devices": "2", "--link-gbps": "2.45", "--link-profile": "pcie4", "--latency-us": "2", "--device-memory": "64MiB",
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
     "--strategy": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
     "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--block-size": "8", "--adjacency": "0.9",

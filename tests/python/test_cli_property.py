@@ -73,7 +73,8 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--row-ns": NUMBER_LISTS,
     "--device": st.sampled_from(["auto", "cpu", "cuda", "gpu"]),
     "--devices": st.sampled_from(["1", "2", "3", "0", "x"]),
-    "--link-gbps": NUMBER_LISTS, "--latency-us": NUMBER_LISTS, "--compute-slowdown": NUMBER_LISTS,
+    "--link-gbps": NUMBER_LISTS, "--latency-us": NUMBER_LISTS,
+    "--link-profile": st.sampled_from(["h100-pcie5", "pcie4", "gh200-c2c", "h100", ""]), "--compute-slowdown": NUMBER_LISTS,
     "--device-memory": SIZES, "--reserve": SIZES,
     "--kv-device-layers": st.sampled_from(["0", "1", "2", "3", "-1"]),
     "--placement": st.one_of(PLACES, st.sampled_from(["/nonexistent/placement", "/dev/zero"])),
@@ -186,6 +187,7 @@ def run_whole(verb: str) -> Callable[[Any], int]:
 
 @example(argv=["residency-bench", *TINY["validate"], "--strategy", "auto"])  # issue 32, item 5: --repeat left out
 @example(argv=["residency-plan", "--devices", "3", "--link-gbps", "1,2", "--compute-us", "100"])  # item 6
+@example(argv=["residency-plan", "--type", "q4_0"])  # it times attention: refused naming --type, not by attn_decode
 @example(argv=["bench", *TINY["bench"], "--devices", "2", "--device-memory", "1KiB"])  # item 11
 @example(argv=["bench", *TINY["bench"], "--compact"])  # ragged's compact copy of a window as long as its streams
 @example(argv=["paged-bench", *TINY["bench"], "--block-size", "3", "--adjacency", "0"])  # issue 36

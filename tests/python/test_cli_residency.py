@@ -312,7 +312,7 @@ def test_bench_residency_runs_the_drafts_plan_beside_its_prediction(capsys: pyte
 def test_accept_acts_only_with_a_draft_and_a_draft_must_fit_the_stream(capsys: pytest.CaptureFixture[str]) -> None:
     for verb in ("residency-plan", "residency-bench"):
         err = refused([verb, *GEOMETRY, "--compute-us", "20", "--accept", "0.5"], capsys)
-        assert "--accept acts only with a --draft of 1 or more: give --draft N, or leave out --accept" in err
+        assert "--accept acts only with --draft N above 0: give --draft N, or leave out --accept" in err
         err = refused([verb, *GEOMETRY, "--compute-us", "20", "--draft", "129"], capsys)
         assert "-npl 1: a stream holds 256 cells, fewer than -npp + -ntg + --draft = 257" in err
         assert "--accept" in refused([verb, *GEOMETRY, "--draft", "2", "--accept", "1.5"], capsys)

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import time
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -320,7 +321,8 @@ def test_measure_link_fits_a_row_cost() -> None:
                                                     (MIB // 16, 256), (MIB // 16, 2048)]
     assert m.fit.points[0][2] == m.seconds and all(s > 0 for _, _, s in m.fit.points)
     assert m.fit == ferry.link.fit_link(m.fit.points)
-    assert ferry.plan.CopyCostModel.from_link(m) == ferry.plan.CopyCostModel.from_link(m.fit)
+    no_curve = dict(piece_floor_gbps=0.0, piece_knee_bytes=0.0, piece_steepness=0.0)  # what m.pieces adds
+    assert replace(ferry.plan.CopyCostModel.from_link(m), **no_curve) == ferry.plan.CopyCostModel.from_link(m.fit)
     assert ferry.measure_link(dev, nbytes=MIB, repeats=1).fit is None
     with pytest.raises(ferry.InvalidArgumentError, match="without fit"):
         ferry.plan.CopyCostModel.from_link(ferry.measure_link(dev, nbytes=MIB, repeats=1))
@@ -353,3 +355,121 @@ def test_each_input_copy_predicts_its_time_by_the_links_model_and_takes_no_less(
     assert st.copy_seconds >= st.predicted_seconds * (1 - 1e-9)
     if policy == "ragged":
         assert st.bytes_copied == (40 + 200 + 0 + 130) * 256
+
+
+# ---------------------------------------------------------------- pieces priced by size, named links
+
+
+def curve_model(latency_us: float, gbps: float, floor: float, knee: float, steep: float) -> ferry.plan.CopyCostModel:
+    """A copy cost model of nothing but a latency and a piece curve."""
+    return ferry.plan.CopyCostModel(call_us=latency_us, row_ns=0.0, gbps=gbps, line_bytes=0, small_row_bytes=0,
+                                    small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0,
+                                    piece_floor_gbps=floor, piece_knee_bytes=knee, piece_steepness=steep)
+
+
+PIECE_SIZES = ferry.link.PIECE_SIZES + (2 << 10, 12 << 10)
+
+
+@pytest.mark.parametrize("curve", [(10.0, 8.0, 1.0, 16384.0, 4.0), (2.0, 24.5, 3.0, 8192.0, 2.0),
+                                   (0.5, 50.0, 6.0, 2048.0, 1.0)])
+def test_fit_piece_curve_recovers_a_known_curve_the_same_every_call(curve: tuple) -> None:
+    """Exact times of plain copies over a known curve (its knee and steepness on the search's grid) fit
+    back to it, and the same points give the same curve, call after call."""
+    m = curve_model(*curve)
+    pts = [(b, curve[0] * 1e-6 + m.piece_seconds(b)) for b in PIECE_SIZES]
+    got = ferry.link.fit_piece_curve(pts)
+    assert (got.latency_us, got.gbps, got.floor_gbps, got.knee_bytes, got.steepness) == pytest.approx(curve, rel=1e-6)
+    assert all(ferry.link.fit_piece_curve(pts) == got for _ in range(3))
+    assert [got.seconds(b) for b, _ in pts] == pytest.approx([s for _, s in pts], rel=1e-6)
+
+
+def test_fit_piece_curve_gives_the_h100_step_within_its_published_rates() -> None:
+    """The H100 PCIe 5 profile's step (between 24 and 28 KiB, no point between): the fit gives every
+    copy's time within 3%, and the published rates: 5 to 7 GB/s small, 40 to 52 large."""
+    dev = ferry.StandinBackend(link_profile="h100-pcie5")
+    m = ferry.plan.CopyCostModel.of_backend(dev)
+    pts = [(b, m.call_us * 1e-6 + m.piece_seconds(b)) for b in PIECE_SIZES]
+    got = ferry.link.fit_piece_curve(pts)
+    assert [got.seconds(b) for b, _ in pts] == pytest.approx([s for _, s in pts], rel=0.03)
+    assert 5 <= got.floor_gbps <= 7 and 40 <= got.gbps <= 52 and 24 << 10 <= got.knee_bytes <= 28 << 10
+
+
+def test_a_named_link_is_recovered_from_what_its_link_charges() -> None:
+    """Plain copies of each size over the H100 profile slowed to 5 GB/s: what the link charges (its
+    modelled seconds, no clock) fits back to the profile's latency, peak and floor, ten times slower."""
+    dev = ferry.StandinBackend(link_profile="h100-pcie5", link_gbps=5.0)
+    assert dev.link_gbps == 5.0 and dev.latency_us == pytest.approx(40.0)
+    buf = dev.alloc_buffer(8 * MIB)
+    dst = buf.new_tensor("f32", [2 * MIB])
+    src = np.ones(8 * MIB, np.uint8)
+    pts = []
+    for b in PIECE_SIZES:
+        dev.reset_link_stats()
+        dev.set_async(dst, src[:b])
+        dev.synchronize()
+        pts.append((b, dev.link_stats.modelled_seconds))
+    buf.close()
+    got = ferry.link.fit_piece_curve(pts)
+    assert got.latency_us == pytest.approx(40.0, rel=0.03)
+    assert got.gbps == pytest.approx(5.0, rel=0.03) and got.floor_gbps == pytest.approx(0.6, rel=0.1)
+
+
+def test_measure_link_fits_the_piece_curve() -> None:
+    """measure_link(fit=True) also times plain copies of PIECE_SIZES up to nbytes and fits their curve
+    (none with fewer than 4 sizes); what the times are is the host's, so only the fit is checked."""
+    dev = ferry.StandinBackend(link_profile="h100-pcie5", link_gbps=2.0)
+    m = ferry.measure_link(dev, nbytes=4 * MIB, repeats=1, fit=True)
+    assert m.pieces is not None and [b for b, _ in m.pieces.points] == list(ferry.link.PIECE_SIZES)
+    assert m.pieces == ferry.link.fit_piece_curve(m.pieces.points)
+    assert ferry.measure_link(dev, nbytes=8192, repeats=1, fit=True).pieces is None  # 1, 4 and 8 KiB alone
+    assert ferry.measure_link(dev, nbytes=8192, repeats=1).pieces is None
+
+
+def test_fit_piece_curve_refuses_what_cannot_tell_the_curve_apart() -> None:
+    with pytest.raises(ferry.InvalidArgumentError, match="3 sizes of copies: at least 4"):
+        ferry.link.fit_piece_curve([(1024, 1e-6), (2048, 2e-6), (4096, 3e-6), (4096, 3e-6)])
+    for bad, match in [((1024, -1.0), "point 1 has 1024 bytes"), ((0, 1e-6), "point 1 has 0 bytes"),
+                       ((1024,), "point 1 is not"), ("ab", "point 1 is not"), ((1024, "x"), "point 1's seconds")]:
+        with pytest.raises(ferry.InvalidArgumentError, match=match):
+            ferry.link.fit_piece_curve([(512, 1e-6), bad, (4096, 3e-6), (8192, 4e-6), (16384, 5e-6)])
+
+
+def test_named_links_are_listed_told_back_and_refused_naming_what_to_change() -> None:
+    assert ferry.backend.link_profiles() == ["h100-pcie5", "pcie4", "gh200-c2c"]
+    dev = ferry.StandinBackend(link_profile="pcie4", memory=MIB)
+    assert dev.link_gbps == 24.5 and dev.piece_curve == (3.0, 26112.0, 40.0) and dev.memory_size == MIB
+    assert ferry.StandinBackend(link_gbps=8).piece_curve is None
+    with pytest.raises(ferry.InvalidArgumentError, match="unknown link 'h100' .known: h100-pcie5, pcie4, gh200-c2c"):
+        ferry.StandinBackend(link_profile="h100")
+    for bad in (5, "pcie4\0x", b"pcie4"):
+        with pytest.raises(ferry.InvalidArgumentError, match="link_profile must be a name"):
+            ferry.StandinBackend(link_profile=bad)  # type: ignore[arg-type]
+    with pytest.raises(ferry.InvalidArgumentError, match="latency_us and row_ns are the link_profile's"):
+        ferry.StandinBackend(link_profile="pcie4", latency_us=3.0)
+    with pytest.raises(ferry.InvalidArgumentError, match="latency_us and row_ns are the link_profile's"):
+        ferry.StandinBackend(link_profile="pcie4", row_ns=3.0)
+    with pytest.raises(ferry.InvalidArgumentError, match="peak_gbps"):
+        ferry.StandinBackend(link_profile="pcie4", link_gbps=-1.0)
+    with pytest.raises(ferry.InvalidArgumentError, match="piece curve"):
+        curve_model(0.0, 8.0, 9.0, 4096.0, 4.0)
+
+
+def test_a_measured_piece_curve_prices_the_copy_models_pieces() -> None:
+    """CopyCostModel.from_link of a measurement whose small pieces ran slower (given points, no clock):
+    the model's pieces rise from the measured floor to the fitted bandwidth past the measured knee; a
+    curve within PIECE_CURVE_SLOWER of the bandwidth, or none, leaves pieces flat."""
+    latency, gbps = 10.0, 8.0
+    m = curve_model(latency, gbps, 1.0, 16384.0, 4.0)
+    pieces = ferry.link.fit_piece_curve([(b, latency * 1e-6 + m.piece_seconds(b)) for b in PIECE_SIZES])
+    sizes = [1 << 20, 4 << 20, (1 << 20) // 16]
+    pts = [(b, 1, latency * 1e-6 + b / (gbps * 1e9)) for b in sizes] + \
+          [((1 << 20) // 16, r, latency * 1e-6 + (1 << 20) // 16 / (gbps * 1e9)) for r in (16, 256)]
+    fit = ferry.link.fit_link(pts)
+    measured = ferry.link.LinkMeasurement(gbps=gbps, seconds=pts[0][2], nbytes=1 << 20, pinned=False, device="x",
+                                          times=(pts[0][2],), fit=fit, pieces=pieces)
+    model = ferry.plan.CopyCostModel.from_link(measured)
+    assert model.piece_floor_gbps == pytest.approx(1.0, rel=1e-6) and model.gbps == pytest.approx(gbps, rel=1e-6)
+    assert (model.piece_knee_bytes, model.piece_steepness) == pytest.approx((16384.0, 4.0), rel=1e-6)
+    assert model.piece_seconds(4096) == pytest.approx(m.piece_seconds(4096), rel=1e-5)
+    flat = ferry.plan.CopyCostModel.from_link(measured._replace(pieces=pieces._replace(floor_gbps=0.9 * gbps)))
+    assert flat.piece_floor_gbps == 0.0 and ferry.plan.CopyCostModel.from_link(fit).piece_floor_gbps == 0.0

@@ -321,6 +321,48 @@ def test_attention_same_as_a_kv_cache(type_kv: str, v_trans: bool, adjacency: fl
     assert [i.stats.gather for i in inputs] == [GatherMethod.RUNS] * 2
 
 
+@pytest.mark.parametrize("type_kv, v_trans", [("f32", False), ("f32", True)])
+def test_merged_spans_give_the_kv_caches_outputs_and_count_the_gaps_as_crossed(type_kv: str, v_trans: bool) -> None:
+    """Merged spans on the H100 profile (slowed to 2 GB/s), forced and chosen, under every policy: the
+    KVCache's outputs byte for byte, the cells read counted as read and the gaps' bytes as crossed too
+    (K's 1 KiB blocks merge into spans past the knee; a transposed V's rows are too short to reach it)."""
+    twin = Twin(type_kv, v_trans, 0.0, seed=5)
+    split = ferry.StandinBackend(link_profile="h100-pcie5", link_gbps=2.0)
+    want, _, _ = step(twin.kv, twin, split, "ragged")
+    crossed_gaps = False
+    for method in ("merged", "auto"):
+        twin.paged.gather = method
+        for i, policy in enumerate(("flat", "ranges", "plan", "ragged")):
+            got, inputs, _ = step(twin.paged, twin, split, policy, compact=i % 2 == 1, one_call=i < 2)
+            assert got == want, (method, policy)
+            for inp in inputs:
+                assert inp.stats.bytes_read == sum(twin.lens) * twin.row
+                if inp.stats.gather == GatherMethod.MERGED:
+                    assert inp.stats.bytes_copied >= inp.stats.bytes_read
+                    crossed_gaps |= inp.stats.bytes_copied > inp.stats.bytes_read
+                else:
+                    assert inp.stats.bytes_copied == inp.stats.bytes_read
+    assert crossed_gaps
+
+
+def test_merged_spans_on_the_h100_link_pay_at_adjacency_0_and_leave_long_runs_as_they_were() -> None:
+    """The H100 PCIe 5 profile, a pool twice the blocks used (4 sequences of 2,056 cells, 16-cell blocks):
+    with 8 KiB blocks at adjacency 0 the plan merges across gaps, predicted at least twice as fast as a
+    piece per block batched, the gaps' bytes said as crossed; with 32 KiB blocks (past the curve's
+    knee) at adjacency 0.9 it takes what it took before merged spans were a method."""
+    from ferry.workloads.paged_plan import paged_window_plan
+
+    g = paged_window_plan(16448, 4, 2048, 8, head_dim=128, n_head_kv=2, adjacency=0.0,
+                          link_profile="h100-pcie5").gather
+    assert g.method == "merged" and g.runs == g.blocks and g.spans < g.runs and g.crossed_bytes > g.bytes
+    merged, batched = g.method_seconds["merged"], g.method_seconds["batched"]
+    assert merged is not None and batched is not None and merged * 2 <= batched
+    g = paged_window_plan(16448, 4, 2048, 8, head_dim=128, n_head_kv=8, adjacency=0.9,
+                          link_profile="h100-pcie5").gather
+    before = {m: s for m, s in g.method_seconds.items() if m in ("runs", "batched", "kernel") and s is not None}
+    assert g.method == min(before, key=lambda m: before[m]) and g.crossed_bytes == g.bytes
+
+
 def test_a_gathered_window_under_the_sentinel() -> None:
     """Each used cell from its own block, every other byte of the copy the sentinel, calls a block each per
     block and at most a run each per run."""
@@ -467,7 +509,7 @@ def test_windows_are_not_read_in_place() -> None:
     c.gather = GatherMethod.KERNEL
     with pytest.raises(ferry.UnsupportedError, match="does not offer the kernel gather"):
         plan_paged(k, split)
-    assert [str(m) for m in GatherMethod] == ["auto", "per_block", "runs", "batched", "kernel"]
+    assert [str(m) for m in GatherMethod] == ["auto", "per_block", "runs", "batched", "kernel", "merged"]
 
 
 def test_a_closed_cache() -> None:

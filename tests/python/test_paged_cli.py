@@ -80,21 +80,23 @@ def test_bench_paged_prints_and_writes_its_rows(capsys: pytest.CaptureFixture[st
     assert main(argv + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["label"], r["gather"]) for r in rows] == [("ragged", ""), ("paged per-block", "per_block"),
-                                                         ("paged merged", "auto"),
+                                                         ("paged batched", "batched"), ("paged merged", "auto"),
                                                          ("paged device table", "device_table")]
     # where a window is one run a call each, auto keeps the runs (a tie); elsewhere batched copies
-    assert rows[1]["gather_used"] == "per_block" and set(rows[2]["gather_used"].split("+")) <= {"batched", "runs"}
+    assert rows[1]["gather_used"] == "per_block" and rows[2]["gather_used"] == "batched"
+    assert set(rows[3]["gather_used"].split("+")) <= {"batched", "runs"}
     # the device table: the prompts' 41 cells each, then a cell each; its entries, sent in the warm-up
     # repetition, are the same in the timed one (a repetition drops the cells, not the table)
     cell = 32 * 2 * 2
-    assert (rows[3]["first_step_bytes"], rows[3]["bytes_copied"]) == (82 * cell, 84 * cell)
-    for r in rows[:3]:
+    assert (rows[4]["first_step_bytes"], rows[4]["bytes_copied"]) == (82 * cell, 84 * cell)
+    for r in rows[:4]:
         assert r["copy_calls_per_step"] == r["copy_calls"] / 2 > 0
         assert r["predicted_copy_s_per_step"] > 0 and r["bytes_copied_per_step"] == rows[0]["bytes_copied_per_step"]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    for name in ("paged per-block", f"paged merged ({rows[2]['gather_used']})", "paged device table (1 group)",
-                 "cells ragged", "calls/step", "predicted", "npl 2 device table: first step 10.2 KiB, then 0.2 KiB a step"):
+    for name in ("paged per-block", "paged batched", f"paged merged ({rows[3]['gather_used']})",
+                 "paged device table (1 group)", "cells ragged", "calls/step", "predicted",
+                 "npl 2 device table: first step 10.2 KiB, then 0.2 KiB a step"):
         assert name in text
     assert "outputs identical across the paged gathers and the cells cache" in text
 
@@ -125,6 +127,25 @@ def test_the_device_table_sends_a_shared_prefix_once_and_then_the_new_cells(devi
     assert table.counts.bytes_copied <= 0.6 * dense.counts.bytes_copied
 
 
+def test_bench_paged_on_a_named_link_says_it_and_its_peak(capsys: pytest.CaptureFixture[str]) -> None:
+    """--link-profile names the stand-in's link in the head line, at its own peak or --link-gbps's; the
+    plan's stand-in takes it too, and --latency-us beside it is refused naming both."""
+    argv = ["paged-bench", "-c", "512", "-npl", "2", "-npp", "40", "-ntg", "2", "--head-dim", "32",
+            "--kv-heads", "1", "--heads", "2", "--layers", "1", "--repeat", "1", "--rounds", "1", "--device", "cpu",
+            "--link-profile", "pcie4"]
+    assert main(argv) == 0
+    assert "split on CPU (stand-in device), link pcie4 at 24.5 GB/s;" in capsys.readouterr().out
+    assert main(argv + ["--link-gbps", "2"]) == 0
+    assert "link pcie4 at 2 GB/s;" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--latency-us", "3"])
+    assert e.value.code == 2
+    assert "--link-profile pcie4 gives the stand-in's latency and row cost: leave out --latency-us" in \
+        capsys.readouterr().err
+    assert main(["paged-plan", "--link-profile", "h100-pcie5", "--link-gbps", "5"]) == 0
+    assert "stand-in link h100-pcie5 at 5 GB/s, pieces from 0.6 GB/s small, 40 µs a call" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------ validate --paged
 
 
@@ -144,10 +165,10 @@ def test_validate_paged_hashes_every_gather_method_as_the_cells_cache(monkeypatc
 
     monkeypatch.setattr(validate_workload, "Scheduler", Recording)
     res = run_validate(tiny_validate(adjacency=0.5, v_trans=True))
-    assert list(res.hashes) == ["ragged", "paged/per_block", "paged/runs", "paged/batched", "paged/auto",
-                                "paged/device_table"]
+    assert list(res.hashes) == ["ragged", "paged/per_block", "paged/runs", "paged/batched", "paged/merged",
+                                "paged/auto", "paged/device_table"]
     assert res.passed
-    assert {"per_block", "runs", "batched"} <= set(used)
+    assert {"per_block", "runs", "batched", "merged"} <= set(used)
 
 
 def test_validate_paged_fails_when_a_paged_cache_reads_other_cells(monkeypatch: pytest.MonkeyPatch,

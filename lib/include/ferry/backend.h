@@ -173,7 +173,8 @@ FERRY_API ferry_status ferry_standin_backend_new(ferry_backend ** out);
  * A stand-in device with a link and a memory size. Every transfer between host memory and
  * its memory (blocking or on its copy queue, 1-D or 2-D, set or get) is done, then held
  * until latency + rows * row_ns + bytes / bandwidth after the link was free for it (rows:
- * those of a 2-D transfer of more than one row; a plain transfer has none), so it completes
+ * those of a 2-D transfer of more than one row; a plain transfer has none; with a piece curve,
+ * each piece's bytes at the rate its size reaches), so it completes
  * no sooner than a link of that speed would let it; each direction is one link, taken by one
  * transfer at a time, as a copy engine is. The backend's own async sets (and gathers) are a
  * stream's: they return once their bytes have moved and their place on the link is taken, and
@@ -190,6 +191,13 @@ typedef struct {
     size_t memory;     /* bytes the device has, counted as asked by each buffer; 0: unlimited */
     double compute_slowdown; /* compute takes at least this times the host's time; 0 or 1: as the host. 1 to 1e6 */
     double row_ns;     /* added for each row of a 2-D transfer of more than one row; 0 to 1e6 */
+    /* Pieces priced by size, as DMA engines move them (ferry_copy_piece_seconds's curve): a plain
+     * transfer and each row of a gather's pieces run at piece_floor_gbps when small, rising to
+     * link_gbps past piece_knee_bytes, as sharply as piece_steepness says. 0: every piece at link_gbps.
+     * Else 1e-3 up to link_gbps (which must be set), with a knee of 1 B to 1 GiB and a steepness in (0, 256]. */
+    double piece_floor_gbps;
+    double piece_knee_bytes;
+    double piece_steepness;
 } ferry_standin_params;
 
 /*
@@ -213,6 +221,17 @@ typedef struct {
 } ferry_link_stats;
 
 FERRY_API ferry_standin_params ferry_standin_default_params(void);
+/*
+ * A named link from published measurements (docs/design.md, "Named links"): "h100-pcie5",
+ * "pcie4", "gh200-c2c". *out gets the default params with the link's bandwidth, latency, row cost
+ * and piece curve. With peak_gbps > 0 the link is slowed (or sped) to that peak: every rate times
+ * peak_gbps / its peak and every fixed cost divided by it, so every transfer takes the same multiple
+ * of its time on the named link and the ratios between copies hold on a host slower than the link.
+ * INVALID_ARG for an unknown name (naming the known ones) or a peak outside 1e-3 to 1e6.
+ */
+FERRY_API ferry_status ferry_standin_link_profile(const char * name, double peak_gbps, ferry_standin_params * out);
+/* The i-th named link's name, from 0; NULL past the last. */
+FERRY_API const char * ferry_standin_link_profile_name(int i);
 /* INVALID_ARG for a bandwidth, latency, row cost or compute slowdown out of range (or not a number). */
 FERRY_API ferry_status ferry_standin_backend_new_params(const ferry_standin_params * params, ferry_backend ** out);
 /* The stand-in's parameters and its link's counters (either output may be NULL);

@@ -130,6 +130,13 @@ typedef struct {
      * at kernel_gbps (0: at gbps), after two calls (its pieces' upload and its launch). */
     double piece_ns;
     double kernel_gbps;
+    /* A piece's rate by its size, as DMA engines move them (ferry_copy_piece_seconds): a plain
+     * copy, a batched copy's every row and a merged span run at piece_floor_gbps when small, rising
+     * to gbps past piece_knee_bytes, the steeper the rise the larger piece_steepness. Rows of a
+     * 2-D copy are not pieces (the engine walks the pitch). piece_floor_gbps 0: every piece at gbps. */
+    double piece_floor_gbps;
+    double piece_knee_bytes;
+    double piece_steepness;
 } ferry_copy_cost_model;
 
 FERRY_API ferry_copy_cost_model ferry_copy_cost_model_cpu(void); /* measured on a 2-core AMD EPYC (KVM) */
@@ -137,6 +144,10 @@ FERRY_API ferry_copy_cost_model ferry_copy_cost_model_gpu(void); /* host to devi
 /* Estimated seconds of n planned copies, and of one flat copy of span bytes. */
 FERRY_API double ferry_copy_plan_cost(const ferry_copy_cost_model * m, const ferry_copy_2d * copies, size_t n);
 FERRY_API double ferry_copy_flat_cost(const ferry_copy_cost_model * m, size_t span);
+/* Seconds the bytes of one piece of size bytes take by the model's size curve: size times
+ * 1/gbps + (1/piece_floor_gbps - 1/gbps) / (1 + (size / piece_knee_bytes)^piece_steepness),
+ * its rate rising from piece_floor_gbps to gbps; size / gbps without a floor. 0 for bad input. */
+FERRY_API double ferry_copy_piece_seconds(const ferry_copy_cost_model * m, size_t size);
 /* Is the plan (of t) cheaper than the flat copy of nbytes(t)? False on a tie or bad input. */
 FERRY_API bool   ferry_copy_plan_pays(const ferry_copy_cost_model * m, const ferry_tensor * t, const ferry_copy_2d * copies,
                             size_t n);
@@ -183,7 +194,10 @@ typedef enum {
     FERRY_GATHER_RUNS = 2,      /* one copy per run of adjacent blocks; equal runs at even strides as one 2-D copy */
     FERRY_GATHER_BATCHED = 3,   /* every run in one call (cudaMemcpyBatchAsync; the stand-in's gather) */
     FERRY_GATHER_KERNEL = 4,    /* a kernel reading the runs from pinned host memory (CUDA) */
-    FERRY_GATHER_COUNT = 5
+    FERRY_GATHER_MERGED = 5,    /* spans of the pool, unused blocks between runs and all, in one batched call
+                                 * into the device, the runs then placed there (the stand-in's); the gaps'
+                                 * bytes cross the link but are never read */
+    FERRY_GATHER_COUNT = 6
 } ferry_gather_method;
 
 FERRY_API const char * ferry_gather_method_name(ferry_gather_method method);
@@ -206,9 +220,11 @@ typedef struct {
     uint64_t blocks;            /* blocks read, a partly used last block included */
     uint64_t runs;              /* runs of blocks adjacent in the pool, in table order */
     uint64_t copies;            /* the method's copies: per block, per run (equal runs at even strides
-                                 * as one 2-D copy), or the pieces its one call carries */
+                                 * as one 2-D copy), the pieces its one call carries, or merged's spans */
     uint64_t calls;             /* transfer calls, as the buffers count them (batched, kernel: 1) */
     uint64_t bytes;             /* bytes moved: exactly the cells read */
+    uint64_t crossed_bytes;     /* bytes that cross the link: bytes, plus the gaps' a merged gather carries */
+    uint64_t spans;             /* a merged gather's spans of the pool (0 for the other methods) */
     double   seconds;           /* predicted by the backend's cost model */
     double   method_seconds[FERRY_GATHER_COUNT]; /* each method's prediction; -1 where the backend does
                                                   * not offer it; [AUTO]: the cheapest offered */
@@ -217,9 +233,10 @@ typedef struct {
 /*
  * The gather of a paged window into backend (the split's), as ferry_copy_input would make it
  * now: the lengths and tables read now, the method the window's cache is set to (AUTO: the
- * cheapest of runs, batched and kernel that the backend offers for the pool's memory, by its
+ * cheapest of runs, batched, kernel and merged that the backend offers for the pool's memory, by its
  * cost model, a tie to runs), the copies in copies (offsets from the pool tensor's first byte
- * and the dense window's) when copies is not NULL. With copies too small it fails with
+ * and the dense window's; merged: its spans, dst_offset into the staging area they land in one after
+ * another) when copies is not NULL. With copies too small it fails with
  * FERRY_ERR_OUT_OF_BOUNDS and *n_copies gets the number needed. Refused: a window that is not
  * paged; its lengths, as the ragged policy refuses them (not in host memory, outside 0..the
  * limit); a sequence whose table is shorter than its length (OUT_OF_BOUNDS, naming the sequence

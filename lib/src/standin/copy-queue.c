@@ -30,6 +30,7 @@ typedef struct {
     link_dir dir;
     ferry_gather_copy * pieces;
     size_t n_pieces;
+    size_t n_spans; /* a merged gather: pieces[0..n_spans) cross the link, the rest are placed */
     queue_event * event;
     uint64_t seq; /* which record of the event */
 } job;
@@ -82,13 +83,13 @@ static void run_job(ferry_link * link, const job * j) {
         return; /* its effect is the bookkeeping under the lock */
     }
     if (j->kind == JOB_GATHER) { /* as the stand-in's own gather: one transfer, a row cost a row */
-        size_t bytes = 0, rows = 0;
-        for (size_t i = 0; i < j->n_pieces; i++) {
+        const size_t charged = j->n_spans > 0 ? j->n_spans : j->n_pieces;
+        size_t bytes = 0;
+        for (size_t i = 0; i < charged; i++) {
             bytes += j->pieces[i].size * j->pieces[i].count;
-            rows += j->pieces[i].count;
         }
-        const link_slot slot = ferry_link_begin_pieces(link, j->dir, bytes, rows);
-        ferry_standin_gather_rows(j->dst, j->src, j->pieces, j->n_pieces);
+        const link_slot slot = ferry_link_begin_gather(link, j->dir, j->pieces, charged, j->n_spans > 0);
+        ferry_standin_gather_rows(j->dst, j->src, j->pieces + j->n_spans, j->n_pieces - j->n_spans);
         ferry_link_end(link, &slot, bytes);
         return;
     }
@@ -258,6 +259,26 @@ static ferry_status queue_gather(ferry_backend * backend, ferry_tensor * t, cons
     return st;
 }
 
+/* A merged gather, queued as the parent's: the spans and the runs copied now, one list. */
+static ferry_status queue_gather_merged(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                        const ferry_gather_copy * spans, size_t n_spans,
+                                        const ferry_gather_copy * pieces, size_t n) {
+    ferry_gather_copy * own = ferry_malloc((n_spans + n) * sizeof(*own));
+    if (!own) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "copy queue: out of memory for a gather of %zu spans",
+                          n_spans + n);
+    }
+    memcpy(own, spans, n_spans * sizeof(*own));
+    memcpy(own + n_spans, pieces, n * sizeof(*own));
+    const job j = {.kind = JOB_GATHER, .dst = ferry_tensor_data(t), .src = src, .dir = LINK_TO_DEVICE,
+                   .pieces = own, .n_pieces = n_spans + n, .n_spans = n_spans};
+    const ferry_status st = push(ctx_of(backend), &j);
+    if (st != FERRY_OK) {
+        free(own);
+    }
+    return st;
+}
+
 static ferry_copy_cost_model queue_cost_model(const ferry_backend * backend) {
     return ferry_backend_copy_cost_model(ctx_of(backend)->parent);
 }
@@ -394,6 +415,7 @@ ferry_status ferry_worker_copy_queue_new(ferry_backend * parent, ferry_link * li
         .get_memory = queue_get_memory,
         .gather_methods = queue_gather_methods,
         .set_tensor_gather_async = queue_gather,
+        .set_tensor_gather_merged_async = queue_gather_merged,
     };
     ferry_status st = ferry_backend_init(iface, q, out);
     if (st == FERRY_OK && pthread_create(&q->worker, NULL, worker_main, q) != 0) {

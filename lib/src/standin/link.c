@@ -1,6 +1,8 @@
 /*
  * The stand-in device's link: a transfer does its copy at once, then is held until the
- * link would have carried it, latency + bytes / bandwidth after the link was free for it,
+ * link would have carried it, latency + bytes / bandwidth after the link was free for it
+ * (with a piece curve, each piece's bytes at the rate of its size, as DMA engines move small
+ * pieces slowly: a plain transfer is one piece, a gather's every row one),
  * plus a cost per row for a 2-D transfer of more than one row (a plain transfer, or a 2-D
  * one of one row, pays none: as ferry_copy_cost_model costs a copy).
  * Each direction is one link, taken in turn, as a GPU's copy engine is: a copy queued on
@@ -52,14 +54,30 @@ void ferry_link_init(ferry_link * link, double gbps, double latency_us, double r
 
 void ferry_link_destroy(ferry_link * link) { pthread_mutex_destroy(&link->lock); }
 
-/* Take the link for bytes in `charged` rows, each at the row cost. */
-static link_slot begin(ferry_link * link, link_dir dir, size_t bytes, size_t charged) {
+void ferry_link_set_piece_curve(ferry_link * link, double floor_gbps, double knee_bytes, double steepness) {
+    link->floor_gbps = floor_gbps;
+    link->knee_bytes = knee_bytes;
+    link->steepness = steepness;
+}
+
+/* Seconds a piece of size bytes takes beyond its bytes at the bandwidth: what the curve adds. */
+static double piece_extra(const ferry_link * link, size_t size) {
+    if (!(link->floor_gbps > 0) || !(link->bytes_per_second > 0)) {
+        return 0.0;
+    }
+    const ferry_copy_cost_model curve = {.gbps = link->bytes_per_second * 1e-9, .piece_floor_gbps = link->floor_gbps,
+                                         .piece_knee_bytes = link->knee_bytes, .piece_steepness = link->steepness};
+    return ferry_copy_piece_seconds(&curve, size) - (double) size / link->bytes_per_second;
+}
+
+/* Take the link for bytes in `charged` rows, each at the row cost, and `extra` seconds of small pieces. */
+static link_slot begin(ferry_link * link, link_dir dir, size_t bytes, size_t charged, double extra) {
     link_slot slot = {0};
     if (!link || !link->modelled) {
         return slot;
     }
     const double now = ferry_now_seconds();
-    const double carry = link->latency + (double) charged * link->row_seconds +
+    const double carry = link->latency + (double) charged * link->row_seconds + extra +
                          (link->bytes_per_second > 0 ? (double) bytes / link->bytes_per_second : 0);
     pthread_mutex_lock(&link->lock);
     const double start = link->free_at[dir] > now ? link->free_at[dir] : now;
@@ -75,11 +93,22 @@ static link_slot begin(ferry_link * link, link_dir dir, size_t bytes, size_t cha
 }
 
 link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t rows) {
-    return begin(link, dir, bytes, rows > 1 ? rows : 0);
+    /* a plain transfer is one piece; the rows of a 2-D one are the engine's pitch, not pieces */
+    return begin(link, dir, bytes, rows > 1 ? rows : 0, rows > 1 || !link ? 0.0 : piece_extra(link, bytes));
 }
 
-link_slot ferry_link_begin_pieces(ferry_link * link, link_dir dir, size_t bytes, size_t pieces) {
-    return begin(link, dir, bytes, pieces);
+link_slot ferry_link_begin_gather(ferry_link * link, link_dir dir, const ferry_gather_copy * pieces, size_t n,
+                                  bool then_gather) {
+    size_t bytes = 0, rows = 0;
+    double extra = then_gather && link ? link->latency : 0;
+    for (size_t i = 0; i < n; i++) {
+        bytes += pieces[i].size * pieces[i].count;
+        rows += pieces[i].count;
+        if (link) {
+            extra += (double) pieces[i].count * piece_extra(link, pieces[i].size);
+        }
+    }
+    return begin(link, dir, bytes, rows, extra);
 }
 
 void ferry_link_count(ferry_link * link, const link_slot * slot, size_t bytes) {

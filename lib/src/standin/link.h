@@ -1,4 +1,5 @@
-/* The stand-in device's link (link.c): transfers held to latency + rows * row cost + bytes / bandwidth. */
+/* The stand-in device's link (link.c): transfers held to latency + rows * row cost + each piece's bytes
+ * at the rate of its size (bytes / bandwidth without a piece curve). */
 #ifndef FERRY_LINK_H
 #define FERRY_LINK_H
 
@@ -15,6 +16,9 @@ typedef struct {
     double latency;          /* seconds a transfer */
     double row_seconds;      /* seconds a row of a 2-D transfer of more than one row */
     bool modelled;           /* a bandwidth, a latency or a row cost: otherwise transfers are left alone */
+    /* the piece curve (ferry_piece_seconds_per_byte): a plain transfer and a gather's every row run
+     * at floor_gbps when small, rising to the bandwidth past knee_bytes; floor_gbps 0: none */
+    double floor_gbps, knee_bytes, steepness;
     pthread_mutex_t lock;
     double free_at[2];
     ferry_link_stats stats;
@@ -32,8 +36,13 @@ void ferry_link_destroy(ferry_link * link);
 /* Take the link for bytes in rows (1 for a plain transfer) before copying them; ferry_link_end
  * after the copy counts it and waits for the modelled end. Without a model both do nothing. */
 link_slot ferry_link_begin(ferry_link * link, link_dir dir, size_t bytes, size_t rows);
-/* A gather's pieces (rows of them, counted) in one transfer: a row cost for each, one piece too. */
-link_slot ferry_link_begin_pieces(ferry_link * link, link_dir dir, size_t bytes, size_t pieces);
+/* Piece sizes priced by a curve from floor_gbps up to the link's bandwidth (after ferry_link_init). */
+void ferry_link_set_piece_curve(ferry_link * link, double floor_gbps, double knee_bytes, double steepness);
+/* A gather's pieces in one transfer: every row of every piece a row cost and a piece by its size,
+ * one piece too; with then_gather, a second call's latency: the device's gather from the pieces
+ * (merged spans). */
+link_slot ferry_link_begin_gather(ferry_link * link, link_dir dir, const ferry_gather_copy * pieces, size_t n,
+                                  bool then_gather);
 void ferry_link_end(ferry_link * link, const link_slot * slot, size_t bytes);
 /* ferry_link_end without the wait: a queued transfer, whose end a later synchronize waits for. */
 void ferry_link_count(ferry_link * link, const link_slot * slot, size_t bytes);

@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     ferry_backend * inner;           /* the dummy backend with the CPU kernels */
@@ -254,14 +255,36 @@ static ferry_copy_cost_model standin_copy_cost_model(const ferry_backend * backe
     }
     const double gbps = s->params.link_gbps > 0 ? s->params.link_gbps : m.gbps;
     return (ferry_copy_cost_model) {.call_us = s->params.latency_us, .row_ns = s->params.row_ns, .gbps = gbps,
-                                    .small_row_efficiency = 1.0, .piece_ns = s->params.row_ns};
+                                    .small_row_efficiency = 1.0, .piece_ns = s->params.row_ns,
+                                    .piece_floor_gbps = s->params.piece_floor_gbps,
+                                    .piece_knee_bytes = s->params.piece_knee_bytes,
+                                    .piece_steepness = s->params.piece_steepness};
 }
 
 /* A paged window's gather in one call, as a batched copy: one transfer over the link, a row cost
- * for each row of each piece (the model's piece_ns is the link's row cost). */
+ * for each row of each piece (the model's piece_ns is the link's row cost); or merged spans. */
 static unsigned standin_gather_methods(const ferry_backend * backend, const void * src, size_t span) {
     (void) backend, (void) src, (void) span;
-    return 1u << FERRY_GATHER_BATCHED;
+    return (1u << FERRY_GATHER_BATCHED) | (1u << FERRY_GATHER_MERGED);
+}
+
+/* Merged spans: the link carries the spans, gaps and all, as one transfer; the runs within them are
+ * then placed in t. A device would land the spans in a staging area and gather the runs from there
+ * on the device, a second call (charged as one more latency); the stand-in's memory is the host's, so
+ * it places the runs from the same source bytes, and the same bytes land. The gaps' bytes are charged
+ * and counted, never read. */
+static ferry_status standin_gather_merged(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                          const ferry_gather_copy * spans, size_t n_spans,
+                                          const ferry_gather_copy * pieces, size_t n) {
+    standin_ctx * s = ctx_of(backend);
+    size_t bytes = 0;
+    for (size_t i = 0; i < n_spans; i++) {
+        bytes += spans[i].size * spans[i].count;
+    }
+    const link_slot slot = ferry_link_begin_gather(&s->link, LINK_TO_DEVICE, spans, n_spans, true);
+    ferry_standin_gather_rows((char *) ferry_tensor_data(t), src, pieces, n);
+    link_done(s, &slot, bytes, true);
+    return FERRY_OK;
 }
 
 static ferry_status standin_gather(ferry_backend * backend, ferry_tensor * t, const char * src,
@@ -271,12 +294,11 @@ static ferry_status standin_gather(ferry_backend * backend, ferry_tensor * t, co
                           ctx_of(backend)->name);
     }
     standin_ctx * s = ctx_of(backend);
-    size_t bytes = 0, rows = 0;
+    size_t bytes = 0;
     for (size_t i = 0; i < n; i++) {
         bytes += pieces[i].size * pieces[i].count;
-        rows += pieces[i].count;
     }
-    const link_slot slot = ferry_link_begin_pieces(&s->link, LINK_TO_DEVICE, bytes, rows);
+    const link_slot slot = ferry_link_begin_gather(&s->link, LINK_TO_DEVICE, pieces, n, false);
     ferry_standin_gather_rows((char *) ferry_tensor_data(t), src, pieces, n);
     link_done(s, &slot, bytes, true);
     return FERRY_OK;
@@ -301,7 +323,56 @@ static ferry_status standin_get_memory(ferry_backend * backend, size_t * free_by
 }
 
 ferry_standin_params ferry_standin_default_params(void) {
-    return (ferry_standin_params) {.link_gbps = 0, .latency_us = 0, .memory = 0, .compute_slowdown = 0, .row_ns = 0};
+    return (ferry_standin_params) {.link_gbps = 0, .latency_us = 0, .memory = 0, .compute_slowdown = 0, .row_ns = 0,
+                                   .piece_floor_gbps = 0, .piece_knee_bytes = 0, .piece_steepness = 0};
+}
+
+/*
+ * Named links, from published measurements (docs/design.md, "Named links", gives each source and
+ * which figures are estimates). Pieces of 4 to 24 KiB crossed an H100's PCIe 5 link at 5 to 7 GB/s
+ * and pieces of 28 KiB and more at 40 to 52 (vLLM issues #42212 and #48434): a floor of 6 GB/s,
+ * a peak of 50, and a step between 24 and 28 KiB (a knee of 25.5 KiB, steepness 40, gives 6.5 GB/s
+ * at 24 KiB and 42.7 at 28). The call latency is ferry's H200 PCIe 5 anchor's (copy-plan.c); the
+ * PCIe 4 card's and the GH200's small-piece figures are estimates, scaled from the H100's.
+ */
+typedef struct {
+    const char * name;
+    double gbps, latency_us, floor_gbps, knee_bytes, steepness;
+} link_profile;
+
+static const link_profile link_profiles[] = {
+    {"h100-pcie5", 50.0, 4.0, 6.0, 26112.0, 40.0},
+    {"pcie4", 24.5, 5.0, 3.0, 26112.0, 40.0},
+    {"gh200-c2c", 360.0, 2.0, 43.0, 26112.0, 40.0},
+};
+#define N_LINK_PROFILES ((int) (sizeof(link_profiles) / sizeof(link_profiles[0])))
+
+const char * ferry_standin_link_profile_name(int i) {
+    return i >= 0 && i < N_LINK_PROFILES ? link_profiles[i].name : NULL;
+}
+
+ferry_status ferry_standin_link_profile(const char * name, double peak_gbps, ferry_standin_params * out) {
+    FERRY_CHECK_ARG(name && out, "standin_link_profile: NULL argument");
+    if (!(peak_gbps == 0 || (peak_gbps >= 1e-3 && peak_gbps <= 1e6))) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_link_profile: peak_gbps %g is not 0 (the link's own) or "
+                          "between 1e-3 and 1e6 GB/s", peak_gbps);
+    }
+    for (int i = 0; i < N_LINK_PROFILES; i++) {
+        const link_profile * l = &link_profiles[i];
+        if (strcmp(name, l->name) != 0) {
+            continue;
+        }
+        const double scale = peak_gbps > 0 ? peak_gbps / l->gbps : 1.0; /* rates times it, fixed costs over it */
+        *out = ferry_standin_default_params();
+        out->link_gbps = l->gbps * scale;
+        out->latency_us = l->latency_us / scale;
+        out->piece_floor_gbps = l->floor_gbps * scale;
+        out->piece_knee_bytes = l->knee_bytes;
+        out->piece_steepness = l->steepness;
+        return FERRY_OK;
+    }
+    return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_link_profile: unknown link '%s' (known: h100-pcie5, pcie4, "
+                      "gh200-c2c)", name);
 }
 
 ferry_status ferry_standin_backend_new_params(const ferry_standin_params * params, ferry_backend ** out) {
@@ -318,6 +389,18 @@ ferry_status ferry_standin_backend_new_params(const ferry_standin_params * param
     }
     if (!(p.row_ns >= 0 && p.row_ns <= 1e6)) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: row_ns %g is not between 0 and 1e6", p.row_ns);
+    }
+    if (!(p.piece_floor_gbps == 0 || (p.piece_floor_gbps >= 1e-3 && p.link_gbps > 0 &&
+                                      p.piece_floor_gbps <= p.link_gbps))) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: piece_floor_gbps %g is not 0 (no piece "
+                          "curve) or between 1e-3 and link_gbps %g (which must be set for a curve)",
+                          p.piece_floor_gbps, p.link_gbps);
+    }
+    if (p.piece_floor_gbps > 0 && !(p.piece_knee_bytes >= 1 && p.piece_knee_bytes <= 1073741824.0 &&
+                                    p.piece_steepness > 0 && p.piece_steepness <= 256)) {
+        return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: a piece curve needs piece_knee_bytes from 1 "
+                          "to 1 GiB and piece_steepness in (0, 256], not %g and %g", p.piece_knee_bytes,
+                          p.piece_steepness);
     }
     if (!(p.compute_slowdown == 0 || (p.compute_slowdown >= 1 && p.compute_slowdown <= 1e6))) {
         return ferry_fail(FERRY_ERR_INVALID_ARG, "standin_backend_new: compute_slowdown %g is not 0 (the host's "
@@ -364,6 +447,7 @@ ferry_status ferry_standin_backend_new_params(const ferry_standin_params * param
         .get_memory = standin_get_memory,
         .gather_methods = standin_gather_methods,
         .set_tensor_gather_async = standin_gather,
+        .set_tensor_gather_merged_async = standin_gather_merged,
     };
     st = ferry_backend_init(iface, s, out);
     if (st != FERRY_OK) {
@@ -373,6 +457,7 @@ ferry_status ferry_standin_backend_new_params(const ferry_standin_params * param
     }
     pthread_mutex_init(&s->lock, NULL);
     ferry_link_init(&s->link, p.link_gbps, p.latency_us, p.row_ns);
+    ferry_link_set_piece_curve(&s->link, p.piece_floor_gbps, p.piece_knee_bytes, p.piece_steepness);
     return FERRY_OK;
 }
 

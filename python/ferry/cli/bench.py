@@ -93,7 +93,10 @@ def _head(res: BenchResult) -> List[str]:
     cfg = res.config
     dc, q = cfg.devices, cfg.sequences
     where = f"split on {res.split_name}"
-    if res.standin_link_gbps is not None:
+    if res.standin_link_gbps is not None and dc.link_profile is not None:  # the named link, at its peak or G
+        peak = res.standin_link_gbps  # the split's own: the named link's peak where --link-gbps gives none
+        where += f", link {dc.link_profile} at " + ", ".join(fmt_link(x or peak) for x in (dc.link_gbps or (0.0,)))
+    elif res.standin_link_gbps is not None:
         links = [dc.standin_link(d) for d in range(dc.n_devices)]
         where += ", link " + ", ".join(fmt_link(x) if x else "unmodelled" for x in links)
     replicas = f"{cfg.sampling.repeat} replica{'s' if cfg.sampling.repeat != 1 else ''}"
@@ -147,8 +150,8 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
 
 
 def format_paged(res: BenchResult, rep: BenchReport) -> str:
-    """The report of a --paged run: per npl the paged cache's per-block and merged gathers (the method
-    taken named) and the cells cache's ragged copy, each with tokens/s, and per step its copy calls, its
+    """The report of a --paged run: per npl the paged cache's per-block, batched and merged gathers (the
+    method taken named) and the cells cache's ragged copy, each with tokens/s, and per step its copy calls, its
     copy time against the copies' predicted time, and the bytes copied and read."""
     cfg = res.config
     head = ["npl", "cache", "tok/s", "calls/step", "copy/step", "predicted", "copied/step", "read/step"]
@@ -157,6 +160,8 @@ def format_paged(res: BenchResult, rep: BenchReport) -> str:
     body = []
     for npl in cfg.sequences.npl:  # each npl's paged gathers, then the cells cache's ragged copy
         for gather in (*bench_workload.PAGED_GATHERS, bench_workload.DEVICE_TABLE, ""):
+            if (npl, gather) not in serial:  # batched, on a device that does not offer it
+                continue
             r = serial[npl, gather]
             t, n = r.times, r.counts
             named = gather in ("auto", bench_workload.DEVICE_TABLE)

@@ -14,6 +14,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from ..backend import link_profiles
 from ..errors import InvalidArgumentError
 from ..residency import STRATEGIES
 from ..workloads.bench import Sequences
@@ -357,6 +358,10 @@ OPTIONS: Tuple[Option, ...] = (
          DEVICES_GROUP, type=argument_type(parse_links, f"0 or 0.001 to {_number(STANDIN_MAX)} per device, "
                                            "comma-separated"),
          metavar="G,G,...", default_text=f"{STANDIN_LINK_GBPS:g}"),
+    _opt(["--link-profile"], "each stand-in's link a named one from published measurements, its small pieces "
+         "slower (docs/design.md); --link-gbps then gives its peak, its ratios kept",
+         {"paged-plan": ALWAYS, **_all(("bench", "validate", "paged-bench"), STANDIN)}, DEVICES_GROUP,
+         choices=link_profiles(), metavar="NAME", default_text="none"),
     _opt(["--latency-us"], "microseconds each stand-in transfer adds",
          {**_all((*RESIDENCY_VERBS, "paged-plan")), **_all(("bench", "validate", "paged-bench"), STANDIN)},
          DEVICES_GROUP, type=standin_figures("--latency-us", 0.0), metavar="U,U,...", default_text="0"),

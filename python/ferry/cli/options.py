@@ -251,7 +251,8 @@ def devices_from_args(args: argparse.Namespace) -> DeviceConfig:
                         row_ns=getattr(args, "row_ns", None) or (),
                         memory=args.device_memory or (), kv_device_layers=args.kv_device_layers,
                         placement=getattr(args, "placement", None), layer_devices=args.layer_devices,
-                        compute_slowdown=args.compute_slowdown or ())
+                        compute_slowdown=args.compute_slowdown or (),
+                        link_profile=getattr(args, "link_profile", None))
 
 
 def one_float(option: str, low: float, high: float) -> Callable[[str], float]:

@@ -2,7 +2,8 @@
 
 Beside the cells cache's ragged run, the same sequences in a paged cache of --block-size cells a
 block, each sequence's table drawn with --adjacency of its blocks right after their predecessor:
-its windows gathered per block (one copy a block, the baseline) and by the gather ferry chooses.
+its windows gathered per block (one copy a block, the baseline), every run in one batched call (on a
+stand-in) and by the gather ferry chooses.
 Each row: tokens/s, copy calls, copy time against the copies' predicted time, bytes copied and
 read per step. It is `ferry bench`'s run on a paged cache (ferry.workloads.bench, paged), serial,
 on one device with every layer's KV in host memory: bench's options for policies, overlap,
@@ -20,7 +21,7 @@ from .reference import Verb, add_verb_parser
 #: Failures that come from the options: reported as usage errors (exit 2); others end the run.
 ARGUMENT_ERRORS = bench.ARGUMENT_ERRORS
 
-VERB = Verb("paged-bench", "decode steps over a paged cache: per-block and merged gathers beside the cells "
+VERB = Verb("paged-bench", "decode steps over a paged cache: per-block, batched and merged gathers beside the cells "
             "cache's ragged copy",
             " ".join((__doc__ or "").split("\n\n", 1)[-1].split()),
             "ferry paged-bench -c 16384 -npl 4,8 -npp 1024 --block-size 16 --adjacency 0.5 --latency-us 5")

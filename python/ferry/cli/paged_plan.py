@@ -2,8 +2,10 @@
 
 One plan per number of sequences: a pool of --block-size blocks, each sequence's table drawn with
 --adjacency of its blocks right after their predecessor, and the window gathered into a stand-in
-(--link-gbps, --latency-us, --row-ns): its blocks, runs, calls and bytes, and each gather method's
-predicted time, the one ferry chooses marked (ferry.workloads.paged_plan)."""
+(--link-gbps, --latency-us, --row-ns, or a named link: --link-profile): its blocks, runs, calls and
+bytes, and each gather method's predicted time, the one ferry chooses marked (ferry.workloads.paged_plan).
+A merged gather's spans carry the unused blocks between runs across too: their bytes are said as
+crossed, never read."""
 
 from __future__ import annotations
 
@@ -38,12 +40,17 @@ def format_paged(p: PagedWindowPlan) -> str:
     w, stand_in, g = p.window, p.link, p.gather
     name = "V (transposed)" if w.which == "v" and w.v_trans else w.which.upper()
     link = fmt_link(stand_in.link_gbps) if stand_in.link_gbps else "unmodelled"
+    if stand_in.link_profile:
+        link = (f"{stand_in.link_profile} at {link}, pieces from {fmt_link(stand_in.piece_floor_gbps)} small"
+                if stand_in.piece_floor_gbps else f"{stand_in.link_profile} at {link}")
+    spans = (f" in {g.spans:,} span{'' if g.spans == 1 else 's'} crossing {g.crossed_bytes:,} B "
+             f"({g.crossed_bytes - g.bytes:,} B of gaps, never read)" if g.method == "merged" else "")
     lines = [f"{name} paged window {w.type}, head_dim {w.head_dim}, {w.n_head_kv} KV heads, sequences "
              f"{w.streams[0]}-{w.streams[1]} of {w.n_seq}, {w.cells:,} cells each",
              f"  pool of {w.n_blocks:,} blocks of {w.block_size} cells (-c {w.n_ctx:,}), adjacency {w.adjacency:g}",
              f"  stand-in link {link}, {stand_in.latency_us:g} µs a call, {stand_in.row_ns:g} ns a row",
              f"  gather: {g.blocks:,} blocks in {g.runs:,} runs; {g.method}: {g.calls:,} "
-             f"call{'' if g.calls == 1 else 's'} moving {g.bytes:,} B, predicted {fmt_seconds(g.seconds)}"]
+             f"call{'' if g.calls == 1 else 's'} moving {g.bytes:,} B{spans}, predicted {fmt_seconds(g.seconds)}"]
     body = [[m, "not offered" if s is None else fmt_seconds(s), "<- chosen" if m == g.method else ""]
             for m, s in g.method_seconds.items() if m != "auto"]
     lines += [ln.rstrip() for ln in format_table([["method", "predicted", ""], *body], left=(0,), indent="    ")]
@@ -73,7 +80,8 @@ def job(args: argparse.Namespace) -> Job:
                             "head_dim": args.head_dim, "n_head_kv": args.kv_heads, "v_trans": args.v_trans,
                             "which": args.which, "streams": args.stream, "block_size": args.block_size,
                             "adjacency": args.adjacency, "link_gbps": args.link_gbps or (),
-                            "latency_us": args.latency_us or (), "row_ns": args.row_ns or ()}.items())
+                            "latency_us": args.latency_us or (), "row_ns": args.row_ns or (),
+                            "link_profile": args.link_profile}.items())
                        for npl in args.npl), args.json)
 
 

@@ -119,10 +119,19 @@ from .trace import TracedStep
 #: Called after each decode step with the run's label ("npl 2 ranges unified").
 OnStep = Callable[[str], None]
 
-#: The paged cache's gathers (--paged), by the cache's gather setting: the baseline, then ferry's choice.
-PAGED_GATHERS: Tuple[str, ...] = ("per_block", "auto")
+#: The paged cache's gathers (--paged), by the cache's gather setting: the baseline, every run in one
+#: batched call (a piece a run; a piece a block at adjacency 0: the stand-in's alone, where it is always
+#: offered), then ferry's choice.
+PAGED_GATHERS: Tuple[str, ...] = ("per_block", "batched", "auto")
 #: What --paged calls them in its rows.
-PAGED_NAMES = {"per_block": "paged per-block", "auto": "paged merged", "device_table": "paged device table"}
+PAGED_NAMES = {"per_block": "paged per-block", "batched": "paged batched", "auto": "paged merged",
+               "device_table": "paged device table"}
+
+
+def paged_gathers(split: Backend) -> Tuple[str, ...]:
+    """The PAGED_GATHERS a --paged run takes on split: batched on a stand-in alone (a CUDA device offers
+    it only with CUDA 12.8, runtime and driver)."""
+    return tuple(g for g in PAGED_GATHERS if g != "batched" or isinstance(split, StandinBackend))
 
 #: Replicas of each npl (--repeat's default): their range is a 96.9% interval for a median.
 REPLICAS = 6
@@ -1482,7 +1491,7 @@ class _Replica:
             if cfg.paged_cache.paged:
                 self.caches.append(_PagedCache(cfg, devices, cpu, npl, pinned))
                 self.variants += [_Variant(self.caches[-1], cpu, "ragged", False, 0, gather)
-                                  for gather in PAGED_GATHERS]
+                                  for gather in paged_gathers(devices[0])]
                 self.variants.append(_PoolVariant(self.caches[-1], cpu))
         except BaseException:
             self.close()

@@ -250,6 +250,10 @@ class DeviceConfig:
         Per layer, the device that runs it; None: contiguous ranges (ferry.layer_split).
     placement_source : str
         What the placement came from, for messages ("--placement h,0" or "--placement FILE").
+    link_profile : str or None
+        Every stand-in's link a named one from published measurements (StandinBackend's
+        link_profile: its latency and piece curve), link_gbps then its peak (empty: the named
+        link's own); None: link_gbps, latency_us and row_ns alone.
     """
 
     n_devices: int = 1
@@ -261,12 +265,14 @@ class DeviceConfig:
     layer_devices: Optional[Tuple[int, ...]] = None
     compute_slowdown: Tuple[float, ...] = ()
     row_ns: Tuple[float, ...] = ()
+    link_profile: Optional[str] = None
 
     @property
     def modelled(self) -> bool:
-        """Whether a link, a latency, a row cost, a memory size or a compute slowdown is asked for
-        (stand-in options: the default link is not counted)."""
-        return bool(self.link_gbps or self.latency_us or self.row_ns or self.memory or self.compute_slowdown)
+        """Whether a link, a named link, a latency, a row cost, a memory size or a compute slowdown is
+        asked for (stand-in options: the default link is not counted)."""
+        return bool(self.link_gbps or self.latency_us or self.row_ns or self.memory or self.compute_slowdown or
+                    self.link_profile)
 
     @property
     def placed(self) -> bool:
@@ -287,9 +293,12 @@ class DeviceConfig:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise InvalidArgumentError(f"--devices must be a positive integer, got {n!r}")
         if kind == "cuda" and self.modelled:
-            raise InvalidArgumentError("--link-gbps, --latency-us, --row-ns, --device-memory and --compute-slowdown "
-                                       "model a stand-in device (--device cpu); a CUDA device has its own link, "
-                                       "memory and speed")
+            raise InvalidArgumentError("--link-gbps, --link-profile, --latency-us, --row-ns, --device-memory and "
+                                       "--compute-slowdown model a stand-in device (--device cpu); a CUDA device has "
+                                       "its own link, memory and speed")
+        if self.link_profile is not None and (self.latency_us or self.row_ns):
+            raise InvalidArgumentError(f"--link-profile {self.link_profile} gives the stand-in's latency and row cost: "
+                                       "leave out --latency-us and --row-ns (--link-gbps gives its peak)")
         for option, values in (("--link-gbps", self.link_gbps), ("--latency-us", self.latency_us),
                                ("--row-ns", self.row_ns),
                                ("--device-memory", self.memory), ("--compute-slowdown", self.compute_slowdown)):
@@ -388,6 +397,11 @@ class DeviceConfig:
             raise InvalidArgumentError(f"--device {kind!r}: auto, cpu or cuda")
         out: List[Backend] = []
         for d in range(self.n_devices):
+            if self.link_profile is not None:  # the named link, at its own peak unless --link-gbps gives one
+                out.append(StandinBackend(link_gbps=self.per_device(self.link_gbps, d), link_profile=self.link_profile,
+                                          memory=self.per_device(self.memory, d),
+                                          compute_slowdown=self.per_device(self.compute_slowdown, d)))
+                continue
             out.append(StandinBackend(link_gbps=self.standin_link(d),
                                       latency_us=self.per_device(self.latency_us, d) or 0.0,
                                       row_ns=self.per_device(self.row_ns, d) or 0.0,

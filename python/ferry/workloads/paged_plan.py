@@ -76,11 +76,17 @@ class StandinLink:
         Its bandwidth (0: unmodelled, the host's memcpy).
     latency_us, row_ns : float
         A call's latency, and a row's cost.
+    link_profile : str or None
+        The named link it is (--link-profile), at link_gbps; None: the figures alone.
+    piece_floor_gbps : float
+        The rate its small pieces run at (its piece curve's floor); 0: every piece at link_gbps.
     """
 
     link_gbps: float
     latency_us: float
     row_ns: float
+    link_profile: Optional[str] = None
+    piece_floor_gbps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,11 @@ class GatherChoice:
     blocks, runs : int
         The blocks the window reads, and the runs of adjacent ones.
     calls, bytes : int
-        The method's copy calls and the bytes they move.
+        The method's copy calls and the bytes they move into the window (the cells read).
+    crossed_bytes : int
+        The bytes that cross the link: bytes, and a merged gather's gaps (crossed, never read).
+    spans : int
+        A merged gather's spans of the pool (0 for the other methods).
     method : str
         The method taken (auto: the cheapest the stand-in offers).
     seconds : float
@@ -105,6 +115,8 @@ class GatherChoice:
     runs: int
     calls: int
     bytes: int
+    crossed_bytes: int
+    spans: int
     method: str
     seconds: float
     method_seconds: Dict[str, Optional[float]]
@@ -134,16 +146,18 @@ class PagedWindowPlan(JsonRecord):
 
 
 def standin(link_gbps: Tuple[float, ...] = (), latency_us: Tuple[float, ...] = (),
-            row_ns: Tuple[float, ...] = ()) -> StandinBackend:
+            row_ns: Tuple[float, ...] = (), link_profile: Optional[str] = None) -> StandinBackend:
     """The stand-in device the plan is for: --link-gbps (default 8), --latency-us and --row-ns, one
-    value each (as `ferry bench` makes it).
+    value each, or the named link --link-profile at its own peak or --link-gbps (as `ferry bench`
+    makes it).
 
     Raises
     ------
     InvalidArgumentError
-        For more than one value of an option.
+        For more than one value of an option, an unknown link_profile, or --latency-us or --row-ns
+        beside one.
     """
-    cfg = DeviceConfig(link_gbps=link_gbps, latency_us=latency_us, row_ns=row_ns)
+    cfg = DeviceConfig(link_gbps=link_gbps, latency_us=latency_us, row_ns=row_ns, link_profile=link_profile)
     cfg.check(1, "cpu")
     split = cfg.make("cpu")[0]
     assert isinstance(split, StandinBackend)
@@ -196,7 +210,8 @@ def paged_window_plan(n_ctx: int, npl: int, npp: int, ntg: int, type: str = "f16
                       n_head_kv: int = 8, v_trans: bool = False, which: str = "k",
                       streams: Optional[Tuple[int, int]] = None, block_size: int = 16, adjacency: float = 0.5,
                       link_gbps: Tuple[float, ...] = (), latency_us: Tuple[float, ...] = (),
-                      row_ns: Tuple[float, ...] = (), seed: int = 0) -> PagedWindowPlan:
+                      row_ns: Tuple[float, ...] = (), seed: int = 0,
+                      link_profile: Optional[str] = None) -> PagedWindowPlan:
     """The gather plan of a paged window of layer 0 over sequences streams (default all), each of npp +
     ntg cells, into a stand-in of the link given (a dry run).
 
@@ -212,6 +227,8 @@ def paged_window_plan(n_ctx: int, npl: int, npp: int, ntg: int, type: str = "f16
         The first and last sequence read.
     link_gbps, latency_us, row_ns : tuple of float, optional
         The stand-in's link (standin).
+    link_profile : str, optional
+        The stand-in's named link (standin).
 
     Returns
     -------
@@ -230,7 +247,7 @@ def paged_window_plan(n_ctx: int, npl: int, npp: int, ntg: int, type: str = "f16
     s0, s1 = streams if streams is not None else (0, npl - 1)
     if not 0 <= s0 <= s1 < npl:
         raise InvalidArgumentError(f"--stream {s0}-{s1}: sequences are 0..{npl - 1} and s0 <= s1")
-    split = standin(link_gbps, latency_us, row_ns)
+    split = standin(link_gbps, latency_us, row_ns, link_profile)
     cells = npp + ntg
     cache = paged_cache(n_ctx, npl, cells, type, head_dim, n_head_kv, v_trans, block_size, adjacency, seed)
     try:
@@ -241,8 +258,11 @@ def paged_window_plan(n_ctx: int, npl: int, npp: int, ntg: int, type: str = "f16
             window=PagedWindow(which=which, type=str(params.type_k), v_trans=v_trans, head_dim=head_dim,
                                n_head_kv=n_head_kv, n_ctx=n_ctx, n_seq=npl, cells=cells, block_size=block_size,
                                n_blocks=params.n_blocks, adjacency=adjacency, streams=[s0, s1]),
-            link=StandinLink(link_gbps=split.link_gbps or 0.0, latency_us=split.latency_us, row_ns=split.row_ns),
-            gather=GatherChoice(blocks=p.blocks, runs=p.runs, calls=p.calls, bytes=p.bytes, method=str(p.method),
+            link=StandinLink(link_gbps=split.link_gbps or 0.0, latency_us=split.latency_us, row_ns=split.row_ns,
+                             link_profile=link_profile,
+                             piece_floor_gbps=split.piece_curve[0] if split.piece_curve else 0.0),
+            gather=GatherChoice(blocks=p.blocks, runs=p.runs, calls=p.calls, bytes=p.bytes,
+                                crossed_bytes=p.crossed_bytes, spans=p.spans, method=str(p.method),
                                 seconds=p.seconds, method_seconds=dict(p.method_seconds)))
     finally:
         cache.close()

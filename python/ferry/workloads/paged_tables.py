@@ -60,7 +60,7 @@ class PagedOptions:
 DEVICE_TABLE = "device_table"
 
 #: The gathers a paged window can be forced to, the baseline first (GatherMethod's names but auto).
-GATHERS: Tuple[str, ...] = ("per_block", "runs", "batched", "kernel")
+GATHERS: Tuple[str, ...] = ("per_block", "runs", "batched", "kernel", "merged")
 
 
 def check_paged(block_size: int, adjacency: float) -> None:
@@ -305,7 +305,7 @@ def write_paged_cells(cache: PagedKVCache, which: str, layer: int, seq: int, cel
 
 def offered_gathers(type_: Type, v_trans: bool, pinned: bool, split: Backend) -> Tuple[str, ...]:
     """The gathers split offers for a paged cache's pools in host memory (pinned or not), by name, the
-    baseline first: per_block and runs always, batched and kernel where split has them for that
+    baseline first: per_block and runs always, batched, kernel and merged where split has them for that
     memory (found by planning a one-block window's gather).
 
     Raises

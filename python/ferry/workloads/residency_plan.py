@@ -42,7 +42,7 @@ from ..residency import (
     measure_compute,
     predict_step,
 )
-from .common import KVGeometry, grouped, n_kv_for
+from .common import KV_TYPES, KVGeometry, grouped, n_kv_for
 from .devices import DeviceConfig, standin_link
 
 __all__ = ["PlannerOptions", "ResidencyModel", "Windows", "check_strategies", "per_device", "run_windows"]
@@ -292,6 +292,9 @@ class ResidencyModel:
         if self.planner.compute_us is not None:
             return (self.planner.compute_us * 1e-6,) * self.n_layer
         kv, n_stream = self.kv, self.windows.n_stream
+        if kv.type_kv not in KV_TYPES:  # timed by attention, which reads these alone
+            raise InvalidArgumentError(f"--type {kv.type_kv}: attention is timed for the plan and reads "
+                                       f"{', '.join(KV_TYPES)}; give one, or --compute-us for a plan of any type")
         measured: Dict[int, float] = {}
         out = []
         for layer in range(self.n_layer):
