@@ -32,6 +32,18 @@ CELL = HEAD_DIM * N_HEAD_KV * 2  # f16 K row of one cell
 needs_engine = pytest.mark.skipif(engine_missing() is not None, reason=f"no transfer engine: {engine_missing()}")
 
 
+def test_the_engine_is_here_where_ci_requires_it_and_a_missing_library_is_named() -> None:
+    """.ci/run sets FERRY_REQUIRE_REMOTE: there the tier's tests must run, not skip. A missing system
+    library is named with the command that installs it."""
+    if os.environ.get("FERRY_REQUIRE_REMOTE"):
+        assert engine_missing() is None
+    from ferry.remote.engine import _why_missing
+
+    why = _why_missing(ImportError("libibverbs.so.1: cannot open shared object file: No such file or directory"))
+    assert "libibverbs.so.1" in why and "apt-get install -y libibverbs1" in why
+    assert "pip install 'ferry[remote]'" in _why_missing(ImportError("No module named 'mooncake'"))
+
+
 # ------------------------------------------------------------ pieces (C, no engine)
 
 
