@@ -12,6 +12,7 @@ peer and the layer and writes nothing, and the pull after reconnect() is right a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -169,7 +170,7 @@ def random_paged(seed: int, adjacency: float) -> Tuple[PagedKVCache, List[List[i
 @needs_engine
 def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
     """A paged window's pull is its gather's runs, K and V (per block under per_block), the dense
-    window byte for byte the local gather's, the bytes the cells read."""
+    window byte for byte the local gather's, the bytes the cells read; merged, no more pieces."""
     from ferry.remote import RemoteTier
 
     ref, tables = random_paged(4, 0.5)
@@ -180,7 +181,7 @@ def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
         for method in ("runs", "per_block"):
             mirror.gather = method
             ref.gather = method
-            merge = method == "runs"  # per block: the baseline, a piece per block even where blocks touch
+            merge = False  # a piece per row of the gather: per run, or per block (the baseline)
             k, v, _ = tier.pull(0, 24, merge=merge)
             for t in (k, v):  # the tier keeps its dense windows: the next pull writes only the cells read
                 t.set(bytes([SENTINEL]) * t.nbytes)
@@ -193,6 +194,11 @@ def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
             assert st.pieces == st.plan_pieces == 2 * expect, method
             assert st.bytes == 2 * (20 + 9 + 16) * CELL == 2 * plan.bytes
             assert len(gather_pieces(plan.copies)) == expect
+        # merged: the runs that touch in the pool join (they land in staging, so only the pool's gaps count)
+        mirror.gather = "runs"
+        k, _, st = tier.pull(0, 24)
+        assert st.pieces <= st.plan_pieces and st.bytes == st.bytes_read
+        assert bytes(k.get()) == delivered(ref.window(0, 24)[0], "flat")
 
 
 @needs_engine
@@ -300,3 +306,25 @@ def test_a_stopped_server_times_out_and_a_second_tier_over_the_same_memory_is_re
         tier.reconnect()
         k, _, _ = tier.pull(1, 24, "ragged", lengths=lens)
         assert delivered(k, "ragged") == delivered(ref.window(1, 24, lengths=lens)[0], "ragged")
+
+
+# ------------------------------------------------------------ the command line
+
+
+@needs_engine
+def test_bench_and_validate_remote_pull_every_policy_and_find_the_local_bytes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`ferry bench --remote` adds a row per npl and policy, each pulled window identical to the local
+    cache's; ragged moves fewer bytes than flat; `ferry validate --remote` passes its gate with them."""
+    from ferry.cli import main
+
+    tiny = ["-c", "128", "-npl", "2", "-npp", "16", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
+            "--heads", "2", "--layers", "2"]
+    assert main(["bench", *tiny, "--rounds", "1", "--repeat", "1", "--policy", "flat,ragged", "--lengths",
+                 "uniform", "--remote", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)[-1]["remote"]["rows"]
+    assert [(r["npl"], r["policy"], r["identical"]) for r in rows] == [(2, "flat", True), (2, "ragged", True)]
+    assert rows[1]["bytes_per_step"] < rows[0]["bytes_per_step"]
+    assert main(["validate", *tiny, "--no-overlap", "--policy", "flat,ranges,ragged", "--remote"]) == 0
+    out = capsys.readouterr().out
+    assert "remote tier" in out and "DIFFERENT" not in out and out.count("identical") >= 3

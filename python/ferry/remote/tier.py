@@ -376,7 +376,6 @@ class RemoteTier:
         jobs: List[Tuple[List[Piece], int, int]] = []  # (pieces, remote base, local base)
         plan_pieces = 0
         bytes_read = 0
-        pieces_all: List[Tuple[Piece, int, int]] = []
         if isinstance(cache, PagedKVCache):
             outs = []
             for which, w in (("k", k), ("v", v)):
@@ -398,16 +397,17 @@ class RemoteTier:
                 jobs.append((copy_pieces(self._copies(w, pol)), base, root))
             kout, vout = k, v
             name = str(pol)
+        reads: List[Tuple[int, int]] = []  # (remote address, bytes): the batch's pieces
+        scatter: List[Tuple[int, int, int]] = []  # (offset in staging, local address, bytes)
         for raw, remote_base, local_base in jobs:
             plan_pieces += len(raw)
             bytes_read += sum(p.size for p in raw)
-            merged = merge_pieces(raw, self._model)[0] if joined else raw
-            pieces_all += [(p, remote_base, local_base) for p in merged]
-        total = sum(p.size for p, _, _ in pieces_all)
-        seconds = self._read(li, pieces_all, total)
+            self._plan_reads(raw, remote_base, local_base, joined, reads, scatter)
+        total = sum(n for _, n in reads)
+        seconds = self._read(li, reads, scatter, total)
         m = self._model
-        predicted = m.call_us * 1e-6 + len(pieces_all) * m.piece_ns * 1e-9 + total / (m.gbps * 1e9)
-        return kout, vout, PullStats(layer=li, policy=name, pieces=len(pieces_all), plan_pieces=plan_pieces,
+        predicted = m.call_us * 1e-6 + len(reads) * m.piece_ns * 1e-9 + total / (m.gbps * 1e9)
+        return kout, vout, PullStats(layer=li, policy=name, pieces=len(reads), plan_pieces=plan_pieces,
                                      bytes=total, bytes_read=bytes_read, gap_bytes=total - bytes_read,
                                      seconds=seconds, predicted_seconds=predicted)
 
@@ -465,25 +465,49 @@ class RemoteTier:
             self._staging = staging
         return self._staging
 
-    def _read(self, layer: int, pieces: Sequence[Tuple[Piece, int, int]], total: int) -> float:
-        """One batch read of the pieces into staging, then each into its destination; seconds of the read."""
-        if not pieces:
+    def _plan_reads(self, raw: List[Piece], remote_base: int, local_base: int, joined: bool,
+                    reads: List[Tuple[int, int]], scatter: List[Tuple[int, int, int]]) -> None:
+        """The reads of one window's pieces, appended to reads, and where each piece goes from the
+        staging buffer, appended to scatter. The pieces land in staging, so only their source gaps
+        matter: merged, the pieces in source order are joined where the model prices the gap below a
+        piece (merge_pieces of the source ranges alone); unmerged, a read per piece."""
+        at = sum(n for _, n in reads)
+        if not joined:
+            for p in raw:
+                reads.append((remote_base + p.src_offset, p.size))
+                scatter.append((at, local_base + p.dst_offset, p.size))
+                at += p.size
+            return
+        order = sorted(raw, key=lambda p: p.src_offset)
+        ranges, _ = merge_pieces([(p.src_offset, p.src_offset, p.size) for p in order], self._model)
+        j = 0
+        for r in ranges:
+            reads.append((remote_base + r.src_offset, r.size))
+            while j < len(order) and order[j].src_offset < r.src_offset + r.size:
+                p = order[j]
+                scatter.append((at + p.src_offset - r.src_offset, local_base + p.dst_offset, p.size))
+                j += 1
+            at += r.size
+
+    def _read(self, layer: int, reads: Sequence[Tuple[int, int]], scatter: Sequence[Tuple[int, int, int]],
+              total: int) -> float:
+        """One batch transfer of the reads into staging, then each piece from staging to its destination;
+        seconds of the transfer."""
+        if not reads:
             return 0.0
         staging = self._staging_of(total)
         local, remote, lengths = [], [], []
         at = staging.ctypes.data
-        for p, remote_base, _ in pieces:
+        for addr, n in reads:
             local.append(at)
-            remote.append(remote_base + p.src_offset)
-            lengths.append(p.size)
-            at += p.size
+            remote.append(addr)
+            lengths.append(n)
+            at += n
         t0 = time.perf_counter()
         self._batch(f"layer {layer}", lambda e: e.batch_transfer_sync_read(self._peer, local, remote, lengths))
         seconds = time.perf_counter() - t0
-        at = 0
-        for p, _, local_base in pieces:  # the whole batch arrived: only now does the destination change
-            _memory(local_base + p.dst_offset, p.size)[:] = staging[at:at + p.size]
-            at += p.size
+        for off, addr, n in scatter:  # the whole batch arrived: only now does the destination change
+            _memory(addr, n)[:] = staging[off:off + n]
         return seconds
 
     def _batch(self, what: str, call: Any) -> None:
