@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from ..policy import CopyPolicy, GatherMethod, PolicyLike, to_policy
 from ..tensor import Tensor
 from .engine import local_engine
 from .errors import PeerGoneError, RegistrationError, RemoteError, RemoteTimeoutError
+
+#: The peers (host:port) this process has read from: a new server must take another port.
+_PEERS_USED: Set[str] = set()
 
 #: Seconds a server has to start and say where it is.
 START_TIMEOUT_S = 60.0
@@ -189,7 +192,19 @@ class RemoteTier:
         self._registered.append(addr)
 
     def _start(self) -> None:
-        """Start a server holding a zeroed region per layer's K and V."""
+        """Start a server holding a zeroed region per layer's K and V, at an address this process has
+        not used before: the engine keeps what it learnt of a peer by its host:port, and a new
+        server on a dead one's port would be read through the dead one's descriptor."""
+        for _ in range(8):
+            self._start_once()
+            if self._peer not in _PEERS_USED:
+                break
+            self._stop()
+        else:
+            raise PeerGoneError(f"remote tier: peer on {self._host}: 8 servers in a row took ports used before")
+        _PEERS_USED.add(self._peer)
+
+    def _start_once(self) -> None:
         read_fd, write_fd = os.pipe()
         sizes = ",".join(str(n) for _, _, _, n in self._regions)
         cmd = [sys.executable, "-m", "ferry.remote.server", "--sizes", sizes, "--reply-fd", str(write_fd),
