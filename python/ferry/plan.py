@@ -616,12 +616,20 @@ class Piece(NamedTuple):
     size: int
 
 
+#: The most pieces copy_pieces and gather_pieces list (24 bytes each in C, a tuple each here): a batch
+#: transfer of more is no plan a link pays for.
+MAX_PIECES = 1 << 22
+
+
 def _pieces_of(fill: Any, what: str) -> List[Piece]:
     """fill(pieces, max, n) counted, then filled: C's pieces as Piece rows."""
     n = ffi.new("size_t *")
     check(fill(ffi.NULL, 0, n))
     if n[0] == 0:
         return []
+    if n[0] > MAX_PIECES:
+        raise UnsupportedError(f"{what}: the copies are {n[0]} pieces, more than {MAX_PIECES} (ferry.plan.MAX_PIECES): "
+                               "copy the span instead")
     out = ffi.new("ferry_copy_piece[]", n[0])
     check(fill(out, n[0], n))
     return [Piece(int(p.src_offset), int(p.dst_offset), int(p.size)) for p in out[0:n[0]]]
@@ -646,6 +654,8 @@ def copy_pieces(copies: Iterable[Sequence[int]]) -> List[Piece]:
         For rows that are not 4 sizes.
     OutOfBoundsError
         For a row whose end overflows.
+    UnsupportedError
+        For more than MAX_PIECES pieces.
     """
     arr, n = to_c(copies, "copy_pieces")
     return _pieces_of(lambda out, mx, cnt: lib.ferry_copy_pieces(arr, n, out, mx, cnt), "copy_pieces")
@@ -670,6 +680,8 @@ def gather_pieces(copies: Iterable[GatherCopy]) -> List[Piece]:
         For rows that are not 6 sizes.
     OutOfBoundsError
         For a row whose end overflows.
+    UnsupportedError
+        For more than MAX_PIECES pieces.
     """
     rows = [[_checks.as_size(v, f"gather_pieces: copy {i}") for v in _six(c, i)] for i, c in enumerate(copies)]
     arr = ffi.new("ferry_gather_copy[]", max(len(rows), 1))
