@@ -519,3 +519,89 @@ ferry_status ferry_backend_set_copy_cost_model(ferry_backend * backend, const fe
     backend->has_cost_model = model != NULL;
     return FERRY_OK;
 }
+
+/* ---------------------------------------------------------------- a plan's pieces */
+
+/* Appends count rows of size bytes (src and dst each stepping by its stride) to the pieces. */
+static ferry_status add_rows(size_t src, size_t dst, size_t size, size_t count, size_t src_stride, size_t dst_stride,
+                             ferry_copy_piece * pieces, size_t max, size_t * n) {
+    for (size_t i = 0; i < count && size > 0; i++) {
+        size_t s = 0, d = 0, s_end = 0, d_end = 0;
+        if (!ferry_mul_ok(i, src_stride, &s) || !ferry_add_ok(s, src, &s) || !ferry_mul_ok(i, dst_stride, &d) ||
+            !ferry_add_ok(d, dst, &d) || !ferry_add_ok(s, size, &s_end) || !ferry_add_ok(d, size, &d_end)) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_pieces: row %zu of %zu bytes at %zu overflows", i, size,
+                              src);
+        }
+        if (pieces && *n < max) {
+            pieces[*n] = (ferry_copy_piece) {.src_offset = s, .dst_offset = d, .size = size};
+        }
+        (*n)++;
+    }
+    return FERRY_OK;
+}
+
+static ferry_status pieces_room(const char * what, size_t needed, ferry_copy_piece * pieces, size_t max) {
+    if (pieces && needed > max) {
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "%s: %zu pieces needed, room for %zu", what, needed, max);
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_copy_pieces(const ferry_copy_2d * copies, size_t n, ferry_copy_piece * pieces, size_t max_pieces,
+                               size_t * n_pieces) {
+    FERRY_CHECK_ARG(n_pieces && (copies || n == 0), "copy_pieces: NULL argument");
+    *n_pieces = 0;
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_copy_2d * c = &copies[i];
+        FERRY_TRY(add_rows(c->offset, c->offset, c->size, c->count, c->stride, c->stride, pieces, max_pieces, &count));
+    }
+    *n_pieces = count;
+    return pieces_room("copy_pieces", count, pieces, max_pieces);
+}
+
+ferry_status ferry_gather_pieces(const ferry_gather_copy * copies, size_t n, ferry_copy_piece * pieces,
+                                 size_t max_pieces, size_t * n_pieces) {
+    FERRY_CHECK_ARG(n_pieces && (copies || n == 0), "gather_pieces: NULL argument");
+    *n_pieces = 0;
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_gather_copy * c = &copies[i];
+        FERRY_TRY(add_rows(c->src_offset, c->dst_offset, c->size, c->count, c->src_stride, c->dst_stride, pieces,
+                           max_pieces, &count));
+    }
+    *n_pieces = count;
+    return pieces_room("gather_pieces", count, pieces, max_pieces);
+}
+
+ferry_status ferry_copy_pieces_merge(const ferry_copy_cost_model * model, ferry_copy_piece * pieces, size_t * n_pieces,
+                                     uint64_t * gap_bytes) {
+    FERRY_CHECK_ARG(n_pieces && (pieces || *n_pieces == 0), "copy_pieces_merge: NULL argument");
+    FERRY_TRY(ferry_copy_cost_model_check(model, "copy_pieces_merge"));
+    const double piece_s = model->piece_ns * 1e-9, bps = model->gbps * 1e9;
+    uint64_t gaps = 0;
+    size_t kept = 0;
+    for (size_t i = 0; i < *n_pieces; i++) {
+        ferry_copy_piece * last = kept ? &pieces[kept - 1] : NULL;
+        const ferry_copy_piece p = pieces[i];
+        size_t end = 0;
+        if (!ferry_add_ok(p.src_offset, p.size, &end) || !ferry_add_ok(p.dst_offset, p.size, &end)) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_pieces_merge: piece %zu's end overflows", i);
+        }
+        if (last && p.src_offset >= last->src_offset + last->size && p.dst_offset >= last->dst_offset + last->size) {
+            const size_t gap = p.src_offset - (last->src_offset + last->size);
+            const bool same_gap = p.dst_offset - (last->dst_offset + last->size) == gap;
+            if (same_gap && (gap == 0 || (double) gap / bps < piece_s)) {
+                last->size += gap + p.size;
+                gaps += gap;
+                continue;
+            }
+        }
+        pieces[kept++] = p;
+    }
+    *n_pieces = kept;
+    if (gap_bytes) {
+        *gap_bytes = gaps;
+    }
+    return FERRY_OK;
+}

@@ -647,6 +647,146 @@ def plan_paged(window: Tensor, backend: Backend) -> PagedPlan:
                      int(plan.crossed_bytes), int(plan.spans))
 
 
+# ---------------------------------------------------------------- a plan's pieces
+
+
+class Piece(NamedTuple):
+    """One piece of a batch transfer (ferry_copy_piece): size contiguous bytes from src_offset of
+    the source to dst_offset of the destination.
+
+    Attributes
+    ----------
+    src_offset, dst_offset : int
+        Bytes from the source's and the destination's first byte.
+    size : int
+        Bytes.
+    """
+
+    src_offset: int
+    dst_offset: int
+    size: int
+
+
+#: The most pieces copy_pieces and gather_pieces list (24 bytes each in C, a tuple each here): a batch
+#: transfer of more is no plan a link pays for.
+MAX_PIECES = 1 << 22
+
+
+def _pieces_of(fill: Any, what: str) -> List[Piece]:
+    """fill(pieces, max, n) counted, then filled: C's pieces as Piece rows."""
+    n = ffi.new("size_t *")
+    check(fill(ffi.NULL, 0, n))
+    if n[0] == 0:
+        return []
+    if n[0] > MAX_PIECES:
+        raise UnsupportedError(f"{what}: the copies are {n[0]} pieces, more than {MAX_PIECES} (ferry.plan.MAX_PIECES): "
+                               "copy the span instead")
+    out = ffi.new("ferry_copy_piece[]", n[0])
+    check(fill(out, n[0], n))
+    return [Piece(int(p.src_offset), int(p.dst_offset), int(p.size)) for p in out[0:n[0]]]
+
+
+def copy_pieces(copies: Iterable[Sequence[int]]) -> List[Piece]:
+    """The pieces of 2-D copies (ferry_copy_pieces): a piece per row, each to the offset it is read
+    from (a destination of the source's layout), in the copies' order.
+
+    Parameters
+    ----------
+    copies : iterable of Copy2D or of (offset, size, count, stride)
+        plan_copy's, plan_ragged's or copy_ranges_of's copies, say.
+
+    Returns
+    -------
+    list of Piece
+
+    Raises
+    ------
+    InvalidArgumentError
+        For rows that are not 4 sizes.
+    OutOfBoundsError
+        For a row whose end overflows.
+    UnsupportedError
+        For more than MAX_PIECES pieces.
+    """
+    arr, n = to_c(copies, "copy_pieces")
+    return _pieces_of(lambda out, mx, cnt: lib.ferry_copy_pieces(arr, n, out, mx, cnt), "copy_pieces")
+
+
+def gather_pieces(copies: Iterable[GatherCopy]) -> List[Piece]:
+    """The pieces of a paged window's gather copies (ferry_gather_pieces, PagedPlan.copies): from the
+    pool to the dense window, a piece per row.
+
+    Parameters
+    ----------
+    copies : iterable of GatherCopy
+        plan_paged(...).copies.
+
+    Returns
+    -------
+    list of Piece
+
+    Raises
+    ------
+    InvalidArgumentError
+        For rows that are not 6 sizes.
+    OutOfBoundsError
+        For a row whose end overflows.
+    UnsupportedError
+        For more than MAX_PIECES pieces.
+    """
+    rows = [[_checks.as_size(v, f"gather_pieces: copy {i}") for v in _six(c, i)] for i, c in enumerate(copies)]
+    arr = ffi.new("ferry_gather_copy[]", max(len(rows), 1))
+    for a, (so, do, size, count, ss, ds) in zip(arr, rows):
+        a.src_offset, a.dst_offset, a.size, a.count, a.src_stride, a.dst_stride = so, do, size, count, ss, ds
+    return _pieces_of(lambda out, mx, cnt: lib.ferry_gather_pieces(arr, len(rows), out, mx, cnt), "gather_pieces")
+
+
+def _six(c: Any, i: int) -> Sequence[Any]:
+    if isinstance(c, (str, bytes)) or not hasattr(c, "__len__") or len(c) != 6:
+        raise InvalidArgumentError(f"gather_pieces: copy {i} is not a GatherCopy "
+                                   f"(src_offset, dst_offset, size, count, src_stride, dst_stride): {c!r}")
+    return list(c)
+
+
+def merge_pieces(pieces: Iterable[Sequence[int]], model: ModelLike = "cpu") -> Tuple[List[Piece], int]:
+    """Pieces merged across the gaps that cost less than a piece (ferry_copy_pieces_merge): a piece
+    joins the one before it where the gap between them is the same in the source and the
+    destination and its bytes at the model's gbps take less than its piece_ns; pieces that touch
+    always join.
+
+    Parameters
+    ----------
+    pieces : iterable of Piece or of (src_offset, dst_offset, size)
+    model : CopyCostModel, str or Backend, optional
+        The link's model (CopyCostModel.from_link of the remote tier's measure, say).
+
+    Returns
+    -------
+    (list of Piece, int)
+        The pieces left, and the gap bytes they carry beyond the plan's.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For rows that are not 3 sizes, or a model C refuses.
+    OutOfBoundsError
+        For a piece whose end overflows.
+    """
+    m = cost_model(model)._c()
+    rows = []
+    for i, p in enumerate(pieces):
+        if isinstance(p, (str, bytes)) or not hasattr(p, "__len__") or len(p) != 3:
+            raise InvalidArgumentError(f"merge_pieces: piece {i} is not (src_offset, dst_offset, size): {p!r}")
+        rows.append([_checks.as_size(v, f"merge_pieces: piece {i}") for v in p])
+    arr = ffi.new("ferry_copy_piece[]", max(len(rows), 1))
+    for a, (so, do, size) in zip(arr, rows):
+        a.src_offset, a.dst_offset, a.size = so, do, size
+    n = ffi.new("size_t *", len(rows))
+    gaps = ffi.new("uint64_t *")
+    check(lib.ferry_copy_pieces_merge(m, arr, n, gaps))
+    return [Piece(int(p.src_offset), int(p.dst_offset), int(p.size)) for p in arr[0:n[0]]], int(gaps[0])
+
+
 # ---------------------------------------------------------------- explanation
 
 

@@ -654,6 +654,40 @@ static void test_explain_refuses_bad_input_with_its_status(void) {
     CHECK_FAILS(ferry_copy_plan_explain(FERRY_TYPE_F32, 2, big, huge, &ex), FERRY_ERR_OUT_OF_BOUNDS);
 }
 
+/* A plan's pieces: a piece per row at its own offsets (a gather's: pool to window); merged where the
+ * gap is the same on both sides and cheaper than a piece; refusals leave the pieces as they were. */
+static void test_pieces_of_a_plan_and_their_merge(void) {
+    const ferry_copy_2d copies[2] = {{.offset = 10, .size = 4, .count = 3, .stride = 100},
+                                     {.offset = 400, .size = 8, .count = 1, .stride = 8}};
+    ferry_copy_piece p[8];
+    size_t n = 0;
+    CHECK_OK(ferry_copy_pieces(copies, 2, NULL, 0, &n));
+    CHECK_EQ_U(n, 4);
+    CHECK_FAILS(ferry_copy_pieces(copies, 2, p, 3, &n), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_EQ_U(n, 4);
+    CHECK_OK(ferry_copy_pieces(copies, 2, p, 8, &n));
+    CHECK(p[1].src_offset == 110 && p[1].dst_offset == 110 && p[1].size == 4 && p[3].src_offset == 400);
+    const ferry_gather_copy g = {.src_offset = 500, .dst_offset = 0, .size = 8, .count = 2, .src_stride = 64,
+                                 .dst_stride = 8};
+    CHECK_OK(ferry_gather_pieces(&g, 1, p, 8, &n));
+    CHECK(n == 2 && p[1].src_offset == 564 && p[1].dst_offset == 8);
+    const ferry_copy_2d wrap = {.offset = SIZE_MAX - 8, .size = 4, .count = 2, .stride = 8};
+    CHECK_FAILS(ferry_copy_pieces(&wrap, 1, NULL, 0, &n), FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_copy_pieces(NULL, 1, NULL, 0, &n), FERRY_ERR_INVALID_ARG);
+    /* a piece costs 1 us, a byte 1 ns: gaps under 1000 bytes merge, the others do not */
+    ferry_copy_cost_model m = {.call_us = 0, .row_ns = 0, .gbps = 1.0, .small_row_efficiency = 1.0,
+                               .piece_ns = 1000.0};
+    ferry_copy_piece q[4] = {{0, 0, 10}, {10, 10, 10}, {500, 500, 10}, {5000, 7000, 10}};
+    uint64_t gaps = 0;
+    n = 4;
+    CHECK_OK(ferry_copy_pieces_merge(&m, q, &n, &gaps));
+    CHECK(n == 2 && q[0].size == 510 && gaps == 480 && q[1].dst_offset == 7000);
+    m.gbps = 0;
+    n = 2;
+    CHECK_FAILS(ferry_copy_pieces_merge(&m, q, &n, NULL), FERRY_ERR_INVALID_ARG);
+    CHECK(n == 2 && q[0].size == 510);
+}
+
 static const check_test tests[] = {
     {"k_window_is_the_ranges", test_k_window_is_the_ranges},
     {"full_window_is_one_row", test_full_window_is_one_row},
@@ -671,6 +705,7 @@ static const check_test tests[] = {
     {"explain_names_each_step_of_a_plan", test_explain_names_each_step_of_a_plan},
     {"explain_agrees_with_plan", test_explain_agrees_with_plan},
     {"explain_refuses_bad_input_with_its_status", test_explain_refuses_bad_input_with_its_status},
+    {"pieces_of_a_plan_and_their_merge", test_pieces_of_a_plan_and_their_merge},
 };
 
 CHECK_MAIN(tests)

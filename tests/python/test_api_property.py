@@ -3,7 +3,8 @@ profile): KVCache(placement=, layer_cells=), KVCache.from_arrays and set_stream,
 ferry.residency's plan and predict functions with their DeviceSpec and LayerCost, StandinBackend,
 measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace, Scheduler's
 prefetch_next, drop_ahead and truncate, ops.attn_paged and PagedKVCache.table_tensor; BlockPool's
-constructor, sync, truncate, set_resident, choose_resident and plan.
+constructor, sync, truncate, set_resident, choose_resident and plan; ferry.plan's copy_pieces,
+gather_pieces and merge_pieces.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -1121,3 +1122,55 @@ def test_a_block_pool_step_of_any_argument_is_the_dense_gathers_or_refused_namin
         pool.sync(lengths=[6, 7])
         sched.compute(outs.graph)
         assert [o.get() for o in outs] == [r.get() for r in ref]
+
+
+# ---------------------------------------------------------------- a plan's pieces: copy_pieces, gather_pieces, merge_pieces
+
+
+@st.composite
+def pieces_change(draw: st.DrawFn) -> Tuple[str, List[Any], Any]:
+    """Which of the three, its rows (sorted, disjoint pieces; one row or one field perhaps a drawn value),
+    and the model."""
+    which = draw(st.sampled_from(["copy_pieces", "gather_pieces", "merge_pieces"]))
+    width = {"copy_pieces": 4, "gather_pieces": 6, "merge_pieces": 3}[which]
+    rows: List[Any] = []
+    at = 0
+    for _ in range(draw(st.integers(0, 5))):
+        at += draw(st.integers(0, 5000))
+        size, count = draw(st.integers(1, 64)), draw(st.integers(1, 4))
+        rows.append({"copy_pieces": (at, size, count, size + 7), "gather_pieces": (at, at // 2, size, count, size + 9,
+                                                                                   size),
+                     "merge_pieces": (at, at, size)}[which])
+        at += (size + 9) * count
+    if rows and draw(st.booleans()):
+        i, f = draw(st.integers(0, len(rows) - 1)), draw(st.integers(0, width))
+        bad = draw(st.one_of(junk(), ints()))
+        rows[i] = bad if f == width else tuple(bad if j == f else x for j, x in enumerate(rows[i]))
+    model = draw(st.one_of(st.just("cpu"), st.sampled_from(["gpu", "tpu"]), junk()))
+    return which, rows, model
+
+
+@settings(max_examples=100 * SCALE, **SETTINGS)
+@given(pieces_change())
+@example(("copy_pieces", [(2**64 - 8, 4, 2, 4)], "cpu"))
+@example(("copy_pieces", [(0, 46, 2**31, 53)], "cpu"))  # found: 2^31 pieces were listed, and memory ran out
+def test_pieces_of_any_rows_are_their_bytes_or_refused_naming_the_row(change: Tuple[str, List[Any], Any]) -> None:
+    """copy_pieces, gather_pieces and merge_pieces with a row, a field or the model drawn: the pieces
+    (a piece per row, the same bytes; merged, every byte of the rows still covered and the gap bytes
+    counted), or a refusal naming the row, the piece or the model."""
+    which, rows, model = change
+    call: Callable[[], Any] = {"copy_pieces": lambda: ferry.plan.copy_pieces(rows),
+                               "gather_pieces": lambda: ferry.plan.gather_pieces(rows),
+                               "merge_pieces": lambda: ferry.plan.merge_pieces(rows, model)}[which]
+    got, err = outcome(call, (which, "copy", "piece", "model", "cost model"))
+    if err is not None:
+        return
+    if which == "merge_pieces":
+        pieces, gaps = got
+        assert sum(p.size for p in pieces) == sum(r[2] for r in rows) + gaps
+        for src, _, size in rows:
+            assert any(p.src_offset <= src and src + size <= p.src_offset + p.size for p in pieces)
+    else:
+        counts = [r[2] if which == "copy_pieces" else r[3] for r in rows]  # (offset, size, count, stride)
+        sizes = [r[1] if which == "copy_pieces" else r[2] for r in rows]
+        assert len(got) == sum(counts) and sum(p.size for p in got) == sum(c * s for c, s in zip(counts, sizes))

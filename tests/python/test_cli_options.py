@@ -18,6 +18,7 @@ from conftest import refused
 from ferry.cli import VERBS, build_parser, main, prepare
 from ferry.cli import option_table as ot
 from ferry.cli.reference import markdown
+from ferry.remote import engine_missing
 from test_model_file import write_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,8 +100,9 @@ PROBES: Dict[str, Any] = {
     "--devices": "2", "--link-gbps": "2.45", "--link-profile": "pcie4", "--latency-us": "2", "--device-memory": "64MiB",
     "--compute-slowdown": "2", "--kv-device-layers": "1", "--placement": "0,h", "--layer-devices": "0,0",
     "--strategy": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
-    "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--block-size": "8", "--adjacency": "0.9",
-    "--draft": "2", "--accept": "0.5", "--chunk": "3", "--shared-prefix": "4", "--device-blocks": "0.5",
+    "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--remote": None, "--block-size": "8",
+    "--adjacency": "0.9", "--draft": "2", "--accept": "0.5", "--chunk": "3", "--shared-prefix": "4",
+    "--device-blocks": "0.5",
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.
@@ -161,6 +163,8 @@ MODES = sorted({tuple(argv) for pair in CONTEXT.values() for argv in pair if arg
 @pytest.mark.parametrize("verb,o", WALK, ids=[f"{v} {o.name}" for v, o in WALK])
 def test_each_option_changes_what_runs_where_it_acts_and_is_refused_elsewhere(
         verb: str, o: ot.Option, model: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if o.name == "--remote" and engine_missing() is not None:
+        pytest.skip(f"--remote is refused without the transfer engine: {engine_missing()}")
     conds = o.verbs[verb].conds
     context = [a for c in conds for a in CONTEXT[c][0]]
     # --model gives what the command line does not: the geometry is left to it

@@ -38,7 +38,8 @@ def test_the_readme_is_a_first_page() -> None:
         text = f.read()
     assert len(text.splitlines()) <= 150
     assert "<!-- main-command -->\n```\npython3 -m pip install . && ferry bench\n```" in text
-    assert "<!-- test-command -->\n```\npython3 -m pip install \".[test]\" && tools/test\n```" in text
+    assert ("<!-- test-command -->\n```\ntools/system-deps && python3 -m pip install \".[test,remote]\" && tools/test\n```"
+            in text)
     assert all(len(b.splitlines()) <= 25 for b in python_blocks(text))
 
 

@@ -247,6 +247,39 @@ FERRY_API ferry_status ferry_copy_paged_plan(const ferry_tensor * window, ferry_
                                              ferry_paged_plan * plan, ferry_gather_copy * copies, size_t max_copies,
                                              size_t * n_copies);
 
+/* ---------------------------------------------------------------- a plan's pieces (copy-plan.c) */
+
+/*
+ * A plan as the pieces of one batch transfer (a transfer engine's list of reads, each a
+ * contiguous range): size bytes from src_offset of the source to dst_offset of the destination.
+ */
+typedef struct {
+    size_t src_offset;
+    size_t dst_offset;
+    size_t size;
+} ferry_copy_piece;
+
+/*
+ * The pieces of n 2-D copies (a plan, the ranges rule, a ragged plan) into a destination of
+ * the source's layout: a piece per row, to the offset it is read from, in the copies' order.
+ * With pieces NULL it only counts; too small a pieces fails with FERRY_ERR_OUT_OF_BOUNDS and
+ * *n_pieces gets the number needed. Refused (OUT_OF_BOUNDS): a row whose end overflows.
+ */
+FERRY_API ferry_status ferry_copy_pieces(const ferry_copy_2d * copies, size_t n, ferry_copy_piece * pieces,
+                                         size_t max_pieces, size_t * n_pieces);
+/* The same of a paged window's gather copies (ferry_copy_paged_plan): from the pool to the dense window. */
+FERRY_API ferry_status ferry_gather_pieces(const ferry_gather_copy * copies, size_t n, ferry_copy_piece * pieces,
+                                           size_t max_pieces, size_t * n_pieces);
+/*
+ * Merges, in place, each piece into the one before it where the gap between them is the same
+ * in the source and the destination and its bytes cost less at model's gbps than a piece
+ * does (piece_ns): the gap's bytes then travel with them. Pieces that touch always merge.
+ * *n_pieces: in, the pieces; out, those left. *gap_bytes (may be NULL): the gap bytes the merged
+ * pieces carry beyond the plan's. Refused: a model ferry_copy_cost_model_check refuses.
+ */
+FERRY_API ferry_status ferry_copy_pieces_merge(const ferry_copy_cost_model * model, ferry_copy_piece * pieces,
+                                               size_t * n_pieces, uint64_t * gap_bytes);
+
 /* ---------------------------------------------------------------- compact staging (copy-compact.c) */
 
 /*

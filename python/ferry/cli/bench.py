@@ -26,6 +26,7 @@ from ..workloads.bench import (
 from ..workloads.common import PREFETCH_NEXT, run_name
 from ..workloads.estimate import Interval
 from ..workloads.trace import chrome_trace
+from . import remote_hook
 from .options import apply_model, check_one_head_dim, check_output_path, devices_from_args, run_fields, write_output
 from .progress import Progress, progress_stream
 from .reference import WIDTH, Verb, add_verb_parser
@@ -425,6 +426,7 @@ class Job:
     wide: bool
     plot: Optional[str]
     trace: Optional[str] = None
+    remote: bool = False
 
 
 def job(args: argparse.Namespace) -> Job:
@@ -447,7 +449,7 @@ def job(args: argparse.Namespace) -> Job:
         raise InvalidArgumentError(f"--plot and --trace name one file, {args.trace}: name two")
     if args.plot is not None:
         check_plot_available()
-    return Job(cfg, args.json, args.wide, args.plot, args.trace)
+    return Job(cfg, args.json, args.wide, args.plot, args.trace, remote_hook.check(args))
 
 
 def run(j: Job) -> int:
@@ -455,11 +457,14 @@ def run(j: Job) -> int:
     to their files (each written whole, then put in place: options.write_output). Returns the exit
     status 0; a FerryError when a run fails."""
     res = run_bench(j.config, progress_stream())
+    q = j.config.sequences
+    remote = (remote_hook.run(q.n_ctx, q.npl, q.npp, q.ntg, q.pad, q.lengths, j.config.kv, j.config.variants.policies,
+                              0) if j.remote else None)
     if j.json:
         print(f"ferry bench: split backend {res.split_name}, KV cache in {res.cache_memory}", file=sys.stderr)
-        print(json.dumps(res.as_dicts(), indent=2))
+        print(json.dumps(res.as_dicts() + ([remote_hook.as_json(remote)] if remote else []), indent=2))
     else:
-        print(format_result(res, j.wide))
+        print(format_result(res, j.wide) + (f"\n\n{remote_hook.text(remote)}" if remote else ""))
     for warning in res.warnings():
         print(f"ferry bench: warning: {warning}", file=sys.stderr)
     if j.plot is not None:

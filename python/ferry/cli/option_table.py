@@ -335,6 +335,11 @@ OPTIONS: Tuple[Option, ...] = (
          _all(("bench", "paged-bench")), RUN, type=POSITIVE, default=d.rounds, metavar="N"),
     _opt(["--paged"], "also serve through a paged cache, per gather method", {"validate": ALWAYS}, RUN,
          action="store_true"),
+    _opt(["--remote"], "also pull each policy's windows from a server process on the loopback (the remote tier, "
+         "`pip install ferry[remote]`): pieces, bytes and time a step", {"bench": ALWAYS}, RUN, action="store_true"),
+    _opt(["--remote"], "also pull each policy's windows from a server process on the loopback (the remote tier, "
+         "`pip install ferry[remote]`), byte for byte against the local cache", {"validate": ALWAYS}, RUN,
+         action="store_true"),
     _opt(["--block-size"], "cells per block of the paged cache",
          {**_all(PAGED_VERBS), "validate": PAGED}, RUN, type=POSITIVE, default=d.block_size, metavar="N",
          rule=pool_holds_sequences),

@@ -18,6 +18,7 @@ from ..workloads import validate as validate_workload
 from ..workloads.common import PREFETCH_NEXT, KVGeometry, VariantOptions, check_streams
 from ..workloads.paged_tables import PagedOptions
 from ..workloads.validate import ValidateConfig, ValidateResult, Waves
+from . import remote_hook
 from .options import apply_model, check_one_head_dim, devices_from_args, run_fields
 from .reference import Verb, add_verb_parser
 
@@ -86,6 +87,7 @@ class Job:
 
     configs: Tuple[ValidateConfig, ...]
     json: bool
+    remote: bool = False
 
 
 def job(args: argparse.Namespace) -> Job:
@@ -114,7 +116,7 @@ def job(args: argparse.Namespace) -> Job:
             device=args.device, devices=devices_from_args(args))
         cfg.check()
         out.append(cfg)
-    return Job(tuple(out), args.json)
+    return Job(tuple(out), args.json, remote_hook.check(args))
 
 
 def run(j: Job) -> int:
@@ -124,10 +126,19 @@ def run(j: Job) -> int:
     """
     runs = [(cfg, validate_workload.run_validate(cfg)) for cfg in j.configs]
     failed = [cfg.waves.n_stream for cfg, res in runs if not res.passed]
+    remote = None
+    if j.remote:  # the remote tier's pulls, byte for byte against the local cache; a difference fails the gate
+        w, c0 = j.configs[0].waves, j.configs[0]
+        npp = w.npp if w.npp is not None else w.kv_size - w.n_step  # as the gate's waves take it
+        remote = remote_hook.run(w.kv_size * w.n_stream, [c.waves.n_stream for c in j.configs], npp, w.n_step,
+                                 w.pad, w.lengths, c0.kv, c0.variants.policies, w.seed)
+        failed += sorted({r.npl for r in remote.rows if not r.identical} - set(failed))
     if j.json:
-        print(json.dumps([{"npl": cfg.waves.n_stream, **res.as_dict()} for cfg, res in runs], indent=2))
+        print(json.dumps([{"npl": cfg.waves.n_stream, **res.as_dict()} for cfg, res in runs]
+                         + ([remote_hook.as_json(remote)] if remote else []), indent=2))
     else:
-        print("\n\n".join(format_result(cfg, res) for cfg, res in runs))
+        print("\n\n".join([format_result(cfg, res) for cfg, res in runs] + ([remote_hook.text(remote)] if remote
+                                                                             else [])))
         if len(runs) > 1:
             print(f"\ngate at npl {', '.join(str(c.waves.n_stream) for c in j.configs)}: "
                   + (f"FAIL at npl {', '.join(map(str, failed))}" if failed else "pass"))

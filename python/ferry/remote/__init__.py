@@ -1,0 +1,19 @@
+"""The remote tier: a KV cache's layers in another process's memory, pulled through a transfer
+engine (Mooncake's) by ferry's own plans. `pip install ferry[remote]` installs the engine; ferry
+imports it only when a tier is made, and says what to install where it is missing.
+
+RemoteTier (ferry.remote.tier) holds the cache remotely and pulls a step's windows; PullStats says
+what a pull moved; measure_remote_link (ferry.remote.link) fits the link's per-piece cost and rate
+for the copy cost model; engine_missing says why the engine cannot be imported (None when it can).
+The errors are FerryError subclasses naming the peer and the layer (ferry.remote.errors).
+"""
+
+from __future__ import annotations
+
+from .engine import engine_missing
+from .errors import EngineUnavailableError, PeerGoneError, RegistrationError, RemoteError, RemoteTimeoutError
+from .link import measure_remote_link
+from .tier import PullStats, RemoteTier
+
+__all__ = ["RemoteTier", "PullStats", "measure_remote_link", "engine_missing", "RemoteError", "EngineUnavailableError",
+           "PeerGoneError", "RegistrationError", "RemoteTimeoutError"]

@@ -1,0 +1,564 @@
+"""A remote KV tier: a cache's layers held in another process's memory, registered with a transfer
+engine, and the window a step reads pulled into local memory by ferry's own plan.
+
+RemoteTier(cache) starts a server process (ferry.remote.server) on the loopback holding one region
+per layer's K and per layer's V, each the size of the local cache's, and registers the local
+cache's memory with this process's engine. upload() writes a cache's bytes (the local one, or
+another of the same layout) into the regions. pull() reads one step's window of a layer: the
+copy policy's copies of the K and V windows (flat: the span; ranges: one range per stream;
+plan; ragged: each stream's used cells; a paged window: its gather's runs), as C makes them,
+cut into pieces (ferry.plan.copy_pieces, gather_pieces), merged where the link's model says a
+gap costs less than a piece (merge_pieces), and read in ONE batch transfer. The pieces land in a
+registered staging buffer first and reach the destination only when the whole batch succeeded:
+a refused or broken pull writes nothing there.
+
+A cell-per-stream window lands at its own offsets in the local cache (the windows pull returns
+are the cache's own); a paged window is gathered into a dense tensor of the window's layout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+from .. import _checks
+from ..backend import CPUBackend
+from ..copy2d import Copy2D
+from ..copy_path import copy_ranges_of
+from ..errors import InvalidArgumentError, OutOfBoundsError
+from ..kv import KVCache
+from ..kv_layers import LayerCache
+from ..paged import PagedKVCache
+from ..plan import CopyCostModel, Piece, copy_pieces, gather_pieces, merge_pieces, plan_copy, plan_paged, plan_ragged
+from ..policy import CopyPolicy, GatherMethod, PolicyLike, to_policy
+from ..tensor import Tensor
+from .engine import local_engine
+from .errors import PeerGoneError, RegistrationError, RemoteError, RemoteTimeoutError
+
+#: The peers (host:port) this process has read from: a new server must take another port.
+_PEERS_USED: Set[str] = set()
+
+#: Seconds a server has to start and say where it is.
+START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class PullStats:
+    """What one pull did.
+
+    Attributes
+    ----------
+    layer : int
+    policy : str
+        The copy policy whose copies were pulled ("paged" for a paged window: its gather's).
+    pieces : int
+        Pieces of the one batch transfer, after merging.
+    plan_pieces : int
+        Pieces of the plan before merging: a piece per row of its copies.
+    bytes : int
+        Bytes the transfer moved, merged gaps included.
+    bytes_read : int
+        Bytes of the plan's pieces: the cells the window reads under ragged and paged.
+    gap_bytes : int
+        Bytes of gaps the merged pieces carried (bytes - bytes_read).
+    seconds : float
+        Wall time of the batch transfer.
+    predicted_seconds : float
+        The tier's model: a call, piece_ns a piece and the bytes at gbps.
+    """
+
+    layer: int
+    policy: str
+    pieces: int
+    plan_pieces: int
+    bytes: int
+    bytes_read: int
+    gap_bytes: int
+    seconds: float
+    predicted_seconds: float
+
+
+def _memory(address: int, nbytes: int) -> np.ndarray:
+    """A writable uint8 array over nbytes of memory at address (memory someone else keeps alive)."""
+    return np.frombuffer(memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B"), dtype=np.uint8)
+
+
+def _cache_arg(cache: object, what: str) -> LayerCache:
+    if not isinstance(cache, (KVCache, PagedKVCache)):
+        raise InvalidArgumentError(f"{what}: expected a KVCache or PagedKVCache, got {type(cache).__name__}")
+    return cache
+
+
+class RemoteTier:
+    """A cache's layers held by a server process and read through a transfer engine.
+
+    Parameters
+    ----------
+    cache : KVCache or PagedKVCache
+        The local cache: its layout is the remote copy's, and its memory (host or pinned host)
+        receives the windows of a cell-per-stream cache.
+    model : CopyCostModel, optional
+        The link's model, by which pieces merge and pulls are predicted (measure_remote_link's
+        fit through CopyCostModel.from_link, say); default: no merge across gaps (a model whose
+        piece costs nothing), pieces that touch still join.
+    timeout_s : float, optional
+        Seconds a pull may take before it is refused (RemoteTimeoutError).
+    host : str, optional
+        The address the server and this process's engine listen on.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a cache that is not a KVCache or PagedKVCache, or a timeout that is not positive.
+    EngineUnavailableError
+        When the engine cannot be imported (naming the package or system library to install).
+    RegistrationError
+        When the engine refuses the cache's memory (already registered by another tier, say).
+    PeerGoneError
+        When the server does not start.
+    """
+
+    def __init__(self, cache: LayerCache, model: Optional[CopyCostModel] = None, timeout_s: float = 10.0,
+                 host: str = "127.0.0.1") -> None:
+        self._cache: LayerCache = _cache_arg(cache, "RemoteTier: cache")
+        if model is not None:
+            _checks.instance(model, CopyCostModel, "RemoteTier: model")
+        self._model = model if model is not None else CopyCostModel(
+            call_us=0.0, row_ns=0.0, gbps=1e12, line_bytes=0, small_row_bytes=0, small_row_efficiency=1.0,
+            wide_pitch_bytes=0, wide_pitch_row_ns=0.0)
+        self._timeout = _checks.as_double(timeout_s, "RemoteTier: timeout_s")
+        if not self._timeout > 0:
+            raise InvalidArgumentError(f"RemoteTier: timeout_s must be positive, got {timeout_s!r}")
+        self._host = host
+        self._engine = local_engine(host)
+        n_layer = cache.params.n_layer
+        #: (layer, which, address, nbytes) of each region, K and V of each layer
+        self._regions: List[Tuple[int, str, int, int]] = []
+        for layer in range(n_layer):
+            for which, t in (("k", cache.k(layer)), ("v", cache.v(layer))):
+                addr = t.address
+                if addr is None:
+                    raise InvalidArgumentError(f"RemoteTier: layer {layer}'s {which.upper()} has no memory")
+                self._regions.append((layer, which, addr, t.nbytes))
+        self._registered: List[int] = []
+        self._dense: Dict[Tuple[str, Tuple[int, ...], Tuple[int, ...], str], Tensor] = {}
+        self._staging: Optional[np.ndarray] = None
+        self._abandoned: List[np.ndarray] = []
+        self._cpu = CPUBackend()
+        self._server: Optional[subprocess.Popen[bytes]] = None
+        self._peer = "(not started)"
+        self._remote: List[int] = []
+        self._broken: Optional[str] = None
+        self._source: Optional[LayerCache] = None
+        for layer, which, addr, n in self._regions:
+            self._register(addr, n, f"layer {layer}'s {which.upper()}")
+        self._start()
+
+    # ------------------------------------------------------------ the peer
+
+    @property
+    def peer(self) -> str:
+        """The server's address, host:port."""
+        return self._peer
+
+    @property
+    def model(self) -> CopyCostModel:
+        """The link's model pulls merge and predict by."""
+        return self._model
+
+    @model.setter
+    def model(self, model: CopyCostModel) -> None:
+        self._model = _checks.instance(model, CopyCostModel, "RemoteTier.model")
+
+    @property
+    def server_pid(self) -> Optional[int]:
+        """The server process's id (None when none runs)."""
+        return self._server.pid if self._server is not None else None
+
+    def _register(self, addr: int, n: int, what: str) -> None:
+        rc = self._engine.register_memory(addr, n)
+        if rc != 0:
+            raise RegistrationError(f"remote tier: peer {self._peer}: the engine refused to register {what} "
+                                    f"({n} bytes at {addr:#x}, status {rc}); is it registered by another tier?")
+        self._registered.append(addr)
+
+    def _start(self) -> None:
+        """Start a server holding a zeroed region per layer's K and V, at an address this process has
+        not used before: the engine keeps what it learnt of a peer by its host:port, and a new
+        server on a dead one's port would be read through the dead one's descriptor."""
+        for _ in range(8):
+            self._start_once()
+            if self._peer not in _PEERS_USED:
+                break
+            self._stop()
+        else:
+            raise PeerGoneError(f"remote tier: peer on {self._host}: 8 servers in a row took ports used before")
+        _PEERS_USED.add(self._peer)
+
+    def _start_once(self) -> None:
+        read_fd, write_fd = os.pipe()
+        sizes = ",".join(str(n) for _, _, _, n in self._regions)
+        cmd = [sys.executable, "-m", "ferry.remote.server", "--sizes", sizes, "--reply-fd", str(write_fd),
+               "--host", self._host]
+        env = dict(os.environ)
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in [env.get("PYTHONPATH")] if p])
+        try:
+            self._server = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, pass_fds=(write_fd,), env=env)
+        finally:
+            os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as reply:
+            line = reply.readline()
+        try:
+            answer = json.loads(line) if line else {"error": "the server exited before it answered"}
+        except ValueError:
+            answer = {"error": f"the server answered {line!r}"}
+        if "error" in answer:
+            self._stop()
+            cls = RegistrationError if "registration" in str(answer["error"]) else PeerGoneError
+            raise cls(f"remote tier: peer on {self._host}: {answer['error']}")
+        self._peer = str(answer["peer"])
+        self._remote = [int(a) for a in answer["addresses"]]
+        self._broken = None
+
+    def _stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if server.stdin is not None:
+            try:
+                server.stdin.close()
+            except OSError:
+                pass
+        try:
+            server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+    def reconnect(self) -> None:
+        """Start the peer again (its process ended, or a pull broke or timed out) and write into it
+        what upload() last wrote, so the next pull gives the same bytes as before the fault.
+
+        Raises
+        ------
+        PeerGoneError, RegistrationError
+            When the new server does not start.
+        """
+        self._stop()
+        self._start()
+        if self._source is not None:
+            self.upload(self._source)
+
+    def close(self) -> None:
+        """Stop the server and unregister the local memory."""
+        self._stop()
+        for addr in self._registered:
+            self._engine.unregister_memory(addr)
+        self._registered = []
+        self._dense = {}
+        self._staging = None
+        self._abandoned = []
+
+    def __enter__(self) -> "RemoteTier":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ writing the remote copy
+
+    def upload(self, source: Optional[LayerCache] = None) -> None:
+        """Write a cache's bytes, every layer's K and V, into the remote copy (reconnect() writes
+        them again after a fault).
+
+        Parameters
+        ----------
+        source : KVCache or PagedKVCache, optional
+            A cache of the tier's layout (the same layers and bytes per layer); default the
+            tier's own.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a source of another layout.
+        PeerGoneError, RemoteTimeoutError, RegistrationError
+        """
+        src = self._cache if source is None else _cache_arg(source, "RemoteTier.upload: source")
+        mine = [(layer, which, n) for layer, which, _, n in self._regions]
+        theirs: List[Tuple[int, str, int]] = []
+        addrs: List[int] = []
+        for layer in range(src.params.n_layer):
+            for which, t in (("k", src.k(layer)), ("v", src.v(layer))):
+                theirs.append((layer, which, t.nbytes))
+                addrs.append(int(t.address or 0))
+        if theirs != mine or type(src) is not type(self._cache):
+            raise InvalidArgumentError("RemoteTier.upload: source's layers differ from the tier's cache: "
+                                       f"{theirs} against {mine}")
+        if src is not self._cache:
+            for a, (layer, which, n) in zip(addrs, theirs):
+                self._register(a, n, f"upload source's layer {layer} {which.upper()}")
+        try:
+            lengths = [n for _, _, n in mine]
+            self._batch("upload", lambda e: e.batch_transfer_sync_write(self._peer, addrs, self._remote, lengths))
+        finally:
+            if src is not self._cache:
+                for a in addrs:
+                    self._engine.unregister_memory(a)
+                    self._registered.remove(a)
+        self._source = src
+
+    # ------------------------------------------------------------ pulling a window
+
+    def _region(self, layer: int, which: str) -> int:
+        return next(i for i, r in enumerate(self._regions) if r[0] == layer and r[1] == which)
+
+    def _copies(self, t: Tensor, policy: CopyPolicy) -> List[Copy2D]:
+        """The policy's copies of a cell-per-stream window, offsets from its root's first byte."""
+        if policy == CopyPolicy.RANGES:
+            r = copy_ranges_of(t)
+            if r is not None:
+                return [r._replace(offset=r.offset + t.offset)]
+        if policy == CopyPolicy.PLAN:
+            return plan_copy(t)
+        if policy == CopyPolicy.RAGGED:
+            return plan_ragged(t, self._model)
+        return [Copy2D(t.offset, t.nbytes, 1, t.nbytes)]  # flat, and ranges where the rule does not apply
+
+    def _dense_of(self, window: Tensor, which: str) -> Tensor:
+        """A registered tensor of window's layout, kept for the next pull of the same layout."""
+        key = (which, window.ne, window.nb, str(window.type))
+        if key not in self._dense:
+            dst = window.dup_layout(name=f"remote_{which}_window")
+            self._cpu.alloc_buffer_for(dst)
+            self._register(int(dst.address or 0), dst.nbytes, f"the dense {which.upper()} window")
+            self._dense[key] = dst
+        return self._dense[key]
+
+    def pull(self, layer: int, n_kv: int, policy: PolicyLike = "ragged", lengths: Optional[Tensor] = None,
+             s0: int = 0, s1: Optional[int] = None, merge: bool = True) -> Tuple[Tensor, Tensor, PullStats]:
+        """Read a step's K and V windows of a layer from the peer in one batch transfer.
+
+        Parameters
+        ----------
+        layer : int
+        n_kv : int
+            Cells of each stream the step reads.
+        policy : CopyPolicy or str, optional
+            Whose copies become pieces (flat, ranges, plan, ragged); a paged cache gathers its
+            window's runs under every policy (its gather method: the cache's, runs when AUTO).
+        lengths : Tensor, optional
+            The step's kv_len (i32 [ns], host memory): the ragged policy and a paged window read
+            each stream's first lengths[s] cells.
+        s0, s1 : int, optional
+            The streams read (default all).
+        merge : bool, optional
+            Merge pieces that touch, and across gaps the model prices below a piece; False: a piece
+            per row of the plan (the per-block baseline of a paged window, say).
+
+        Returns
+        -------
+        (Tensor, Tensor, PullStats)
+            The K and V windows, now holding the remote bytes of every cell they read (a
+            cell-per-stream cache's own windows; a paged cache's as dense tensors), and what the
+            pull did.
+
+        Raises
+        ------
+        InvalidArgumentError, OutOfBoundsError, LayoutError
+            For a window the cache refuses (naming the argument).
+        PeerGoneError
+            The peer ended or broke mid-step (naming it and the layer); nothing was written.
+        RemoteTimeoutError
+            The pull took longer than timeout_s; nothing was written; reconnect() before the next.
+        """
+        pol = to_policy(policy)
+        joined = _checks.as_bool(merge, "RemoteTier.pull: merge")
+        li = _checks.as_c_int(layer, "RemoteTier.pull: layer")
+        cache = self._cache
+        assert isinstance(cache, (KVCache, PagedKVCache))  # as the constructor checked
+        k, v = cache.window(li, n_kv, s0, s1, lengths=lengths)
+        jobs: List[Tuple[List[Piece], int, int]] = []  # (pieces, remote base, local base)
+        plan_pieces = 0
+        bytes_read = 0
+        if isinstance(cache, PagedKVCache):
+            outs = []
+            for which, w in (("k", k), ("v", v)):
+                if cache.gather == GatherMethod.AUTO:
+                    cache.gather = GatherMethod.RUNS
+                plan = plan_paged(w, self._cpu)
+                raw = gather_pieces(plan.copies)
+                dst = self._dense_of(w, which)
+                r = self._region(li, which)
+                jobs.append((raw, self._remote[r], int(dst.address or 0)))
+                outs.append(dst)
+            kout, vout = outs[0], outs[1]
+            name = "paged"
+        else:
+            for which, w in (("k", k), ("v", v)):
+                r = self._region(li, which)
+                root = int(w.root.address or 0)
+                base = self._remote[r] + (root - self._regions[r][2])
+                jobs.append((copy_pieces(self._copies(w, pol)), base, root))
+            kout, vout = k, v
+            name = str(pol)
+        reads: List[Tuple[int, int]] = []  # (remote address, bytes): the batch's pieces
+        scatter: List[Tuple[int, int, int]] = []  # (offset in staging, local address, bytes)
+        for raw, remote_base, local_base in jobs:
+            plan_pieces += len(raw)
+            bytes_read += sum(p.size for p in raw)
+            self._plan_reads(raw, remote_base, local_base, joined, reads, scatter)
+        total = sum(n for _, n in reads)
+        seconds = self._read(li, reads, scatter, total)
+        m = self._model
+        predicted = m.call_us * 1e-6 + len(reads) * m.piece_ns * 1e-9 + total / (m.gbps * 1e9)
+        return kout, vout, PullStats(layer=li, policy=name, pieces=len(reads), plan_pieces=plan_pieces,
+                                     bytes=total, bytes_read=bytes_read, gap_bytes=total - bytes_read,
+                                     seconds=seconds, predicted_seconds=predicted)
+
+    def region_bytes(self) -> int:
+        """Bytes of the smallest region (a layer's K or V): the most a timed read may span."""
+        return min(n for _, _, _, n in self._regions)
+
+    def timed_read(self, pieces: Sequence[Tuple[int, int]]) -> float:
+        """Seconds of one batch read of pieces of layer 0's K region into the staging buffer (the
+        destination is not touched): what measure_remote_link times.
+
+        Parameters
+        ----------
+        pieces : sequence of (int, int)
+            (offset in the region, bytes) of each piece.
+
+        Returns
+        -------
+        float
+
+        Raises
+        ------
+        OutOfBoundsError
+            For a piece past the region.
+        PeerGoneError, RemoteTimeoutError
+        """
+        limit = self.region_bytes()
+        rows = []
+        for i, p in enumerate(pieces):
+            off, n = _checks.as_size(p[0], f"timed_read: piece {i}"), _checks.as_size(p[1], f"timed_read: piece {i}")
+            if off + n > limit:
+                raise OutOfBoundsError(f"timed_read: piece {i} ({n} bytes at {off}) ends past the region's {limit}")
+            rows.append((off, n))
+        total = sum(n for _, n in rows)
+        staging = self._staging_of(total)
+        local, at = [], staging.ctypes.data
+        for _, n in rows:
+            local.append(at)
+            at += n
+        remote = [self._remote[0] + off for off, _ in rows]
+        lengths = [n for _, n in rows]
+        t0 = time.perf_counter()
+        self._batch("a timed read", lambda e: e.batch_transfer_sync_read(self._peer, local, remote, lengths))
+        return time.perf_counter() - t0
+
+    def _staging_of(self, nbytes: int) -> np.ndarray:
+        """The registered staging buffer, grown to hold nbytes."""
+        if self._staging is None or self._staging.nbytes < nbytes:
+            if self._staging is not None and self._staging.ctypes.data in self._registered:
+                self._engine.unregister_memory(self._staging.ctypes.data)
+                self._registered.remove(self._staging.ctypes.data)
+            staging = np.zeros(max(nbytes, 1 << 16, 2 * (self._staging.nbytes if self._staging is not None else 0)),
+                               dtype=np.uint8)
+            self._register(staging.ctypes.data, staging.nbytes, "the staging buffer")
+            self._staging = staging
+        return self._staging
+
+    def _plan_reads(self, raw: List[Piece], remote_base: int, local_base: int, joined: bool,
+                    reads: List[Tuple[int, int]], scatter: List[Tuple[int, int, int]]) -> None:
+        """The reads of one window's pieces, appended to reads, and where each piece goes from the
+        staging buffer, appended to scatter. The pieces land in staging, so only their source gaps
+        matter: merged, the pieces in source order are joined where the model prices the gap below a
+        piece (merge_pieces of the source ranges alone); unmerged, a read per piece."""
+        at = sum(n for _, n in reads)
+        if not joined:
+            for p in raw:
+                reads.append((remote_base + p.src_offset, p.size))
+                scatter.append((at, local_base + p.dst_offset, p.size))
+                at += p.size
+            return
+        order = sorted(raw, key=lambda p: p.src_offset)
+        ranges, _ = merge_pieces([(p.src_offset, p.src_offset, p.size) for p in order], self._model)
+        j = 0
+        for r in ranges:
+            reads.append((remote_base + r.src_offset, r.size))
+            while j < len(order) and order[j].src_offset < r.src_offset + r.size:
+                p = order[j]
+                scatter.append((at + p.src_offset - r.src_offset, local_base + p.dst_offset, p.size))
+                j += 1
+            at += r.size
+
+    def _read(self, layer: int, reads: Sequence[Tuple[int, int]], scatter: Sequence[Tuple[int, int, int]],
+              total: int) -> float:
+        """One batch transfer of the reads into staging, then each piece from staging to its destination;
+        seconds of the transfer."""
+        if not reads:
+            return 0.0
+        staging = self._staging_of(total)
+        local, remote, lengths = [], [], []
+        at = staging.ctypes.data
+        for addr, n in reads:
+            local.append(at)
+            remote.append(addr)
+            lengths.append(n)
+            at += n
+        t0 = time.perf_counter()
+        self._batch(f"layer {layer}", lambda e: e.batch_transfer_sync_read(self._peer, local, remote, lengths))
+        seconds = time.perf_counter() - t0
+        for off, addr, n in scatter:  # the whole batch arrived: only now does the destination change
+            _memory(addr, n)[:] = staging[off:off + n]
+        return seconds
+
+    def _batch(self, what: str, call: Any) -> None:
+        """Run one batch transfer under the timeout; refuse it on a broken tier or a dead peer."""
+        if self._broken is not None:
+            raise PeerGoneError(f"remote tier: peer {self._peer}: {what} refused: {self._broken}; "
+                                "reconnect() first")
+        if self._server is None or self._server.poll() is not None:
+            self._broken = "its process ended"
+            raise PeerGoneError(f"remote tier: peer {self._peer}: {what}: the peer's process ended; nothing was "
+                                "written; reconnect() starts it again")
+        result: List[int] = []
+        engine = self._engine
+        worker = threading.Thread(target=lambda: result.append(call(engine)), daemon=True)
+        worker.start()
+        worker.join(self._timeout)
+        if worker.is_alive():
+            self._broken = f"a transfer took more than {self._timeout:g} s"
+            if self._staging is not None:  # the late transfer may still write there: kept, registered, until close
+                self._abandoned.append(self._staging)
+                self._staging = None
+            raise RemoteTimeoutError(f"remote tier: peer {self._peer}: {what}: no answer within {self._timeout:g} s; "
+                                     "nothing was written; reconnect() before the next pull")
+        if not result or result[0] != 0:
+            gone = self._server is None
+            if self._server is not None:
+                try:  # a peer killed mid-transfer: its end may lag the broken connection a little
+                    self._server.wait(timeout=0.5)
+                    gone = True
+                except subprocess.TimeoutExpired:
+                    pass
+            self._broken = "its process ended" if gone else f"a transfer failed (status {result[:1]})"
+            cls = PeerGoneError if gone else RemoteError
+            raise cls(f"remote tier: peer {self._peer}: {what}: the transfer failed "
+                      f"({'the peer is gone' if gone else f'status {result[:1]}'}); nothing was written; "
+                      "reconnect() starts it again")
+
+    def __repr__(self) -> str:
+        return f"RemoteTier(peer={self._peer}, regions={len(self._regions)}, broken={self._broken is not None})"

@@ -1,0 +1,330 @@
+"""The remote tier (ferry.remote): a cache's layers in a server process, read through Mooncake's
+transfer engine over TCP on the loopback, each window as the pieces of ferry's own plan.
+
+The pieces (ferry.plan.copy_pieces, gather_pieces, merge_pieces) need no engine; the tier's tests
+skip, saying why, where the engine cannot be imported (CI installs it: README's test command).
+Each pull is checked against the same cache held locally: the bytes the copy path delivers from
+the local window under the same policy, byte for byte, the pieces the plan's rows (or, paged, its
+runs) and the bytes the cells read. Faults: a server killed at random points of a run of steps
+(fixed seeds), a stopped server (the timeout), a registration refused: each refused pull names the
+peer and the layer and writes nothing, and the pull after reconnect() is right again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from typing import Any, List, Tuple
+
+import numpy as np
+import pytest
+
+import ferry
+from ferry.paged import PagedKVCache
+from ferry.plan import CopyCostModel, Piece, copy_pieces, gather_pieces, merge_pieces, plan_copy, plan_paged
+from ferry.remote import engine_missing
+
+SENTINEL = 0xA5
+HEAD_DIM, N_HEAD_KV, N_STREAM, CELLS, N_LAYER = 16, 2, 4, 64, 2
+CELL = HEAD_DIM * N_HEAD_KV * 2  # f16 K row of one cell
+
+needs_engine = pytest.mark.skipif(engine_missing() is not None, reason=f"no transfer engine: {engine_missing()}")
+
+
+def test_the_engine_is_here_where_ci_requires_it_and_a_missing_library_is_named() -> None:
+    """.ci/run sets FERRY_REQUIRE_REMOTE: there the tier's tests must run, not skip. A missing system
+    library is named with the command that installs it."""
+    if os.environ.get("FERRY_REQUIRE_REMOTE"):
+        assert engine_missing() is None
+    from ferry.remote.engine import _why_missing
+
+    why = _why_missing(ImportError("libibverbs.so.1: cannot open shared object file: No such file or directory"))
+    assert "libibverbs.so.1" in why and "apt-get install -y libibverbs1" in why
+    assert "pip install 'ferry[remote]'" in _why_missing(ImportError("No module named 'mooncake'"))
+
+
+# ------------------------------------------------------------ pieces (C, no engine)
+
+
+def test_pieces_are_the_rows_of_the_copies_and_merge_by_the_model() -> None:
+    """A piece per row, at its own offsets; merging joins touching pieces always, a gap only when
+    the same in source and destination and cheaper than a piece, and counts the gap bytes."""
+    assert copy_pieces([(10, 4, 3, 100)]) == [Piece(10, 10, 4), Piece(110, 110, 4), Piece(210, 210, 4)]
+    assert gather_pieces([(500, 0, 8, 2, 64, 8)]) == [Piece(500, 0, 8), Piece(564, 8, 8)]
+    assert copy_pieces([]) == []
+    # a piece costs 1 us; a byte 1 ns (1 GB/s): gaps under 1000 bytes merge
+    m = CopyCostModel(0.0, 0.0, 1.0, 0, 0, 1.0, 0, 0.0, piece_ns=1000.0)
+    pieces = [Piece(0, 0, 10), Piece(10, 10, 10), Piece(500, 500, 10), Piece(5000, 5000, 10), Piece(5100, 7000, 10)]
+    got, gaps = merge_pieces(pieces, m)
+    assert got == [Piece(0, 0, 510), Piece(5000, 5000, 10), Piece(5100, 7000, 10)] and gaps == 480
+    free = CopyCostModel(0.0, 0.0, 1.0, 0, 0, 1.0, 0, 0.0, piece_ns=0.0)
+    assert merge_pieces(pieces, free) == ([Piece(0, 0, 20)] + pieces[2:], 0)
+    with pytest.raises(ferry.InvalidArgumentError, match="piece 0 is not"):
+        merge_pieces([(1, 2)], m)
+    with pytest.raises(ferry.OutOfBoundsError, match="overflows"):
+        copy_pieces([(2**64 - 8, 4, 2, 4)])
+
+
+# ------------------------------------------------------------ caches
+
+
+def random_kv(seed: int, v_trans: bool = False) -> ferry.KVCache:
+    kv = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, CELLS * N_STREAM, N_STREAM, N_LAYER, v_trans=v_trans)
+    rng = np.random.default_rng(seed)
+    for layer in range(N_LAYER):
+        for t in (kv.k(layer), kv.v(layer)):
+            t.set(rng.integers(0, 250, t.nbytes, dtype=np.uint8).tobytes())
+    return kv
+
+
+def delivered(window: ferry.Tensor, policy: str) -> bytes:
+    """What the copy path delivers from a window under policy, into a destination of sentinels."""
+    cpu = ferry.CPUBackend()
+    dst = window.dup_layout()
+    cpu.alloc_buffer_for(dst)
+    dst.set(bytes([SENTINEL]) * dst.nbytes)
+    ferry.copy_path.copy_input(cpu, policy, window, dst)
+    return bytes(dst.get())
+
+
+def sentinel_fill(kv: Any) -> None:
+    for layer in range(N_LAYER):
+        for t in (kv.k(layer), kv.v(layer)):
+            t.set(bytes([SENTINEL]) * t.nbytes)
+
+
+@pytest.fixture(scope="module")
+def lens() -> ferry.Tensor:
+    return ferry.Tensor.from_numpy(ferry.CPUBackend(), np.array([5, 17, 1, 24], np.int32), name="lens")
+
+
+@needs_engine
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_every_policy_pulls_the_local_windows_bytes_in_the_plans_pieces(v_trans: bool, lens: ferry.Tensor) -> None:
+    """Under flat, ranges, plan and ragged, the pulled windows deliver what the local cache's do,
+    byte for byte; the pieces are the rows of the policy's copies (no gap is merged with no
+    model), the bytes the copies' bytes: under ragged, exactly the cells the lengths read."""
+    from ferry.remote import RemoteTier
+
+    ref, mirror = random_kv(1, v_trans), random_kv(2, v_trans)
+    sentinel_fill(mirror)
+    with RemoteTier(mirror) as tier:
+        tier.upload(ref)
+        for policy in ("flat", "ranges", "plan", "ragged"):
+            k, v, st = tier.pull(1, 24, policy, lengths=lens)
+            rk, rv = ref.window(1, 24, lengths=lens)
+            assert delivered(k, policy) == delivered(rk, policy), policy
+            assert delivered(v, policy) == delivered(rv, policy), policy
+            assert st.gap_bytes == 0 and st.bytes == st.bytes_read
+            if policy == "ragged":
+                assert st.bytes == 2 * (5 + 17 + 1 + 24) * CELL
+            if policy == "plan":
+                rows = sum(c.count for w in (rk, rv) for c in plan_copy(w))
+                assert st.pieces == st.plan_pieces == rows
+                assert st.bytes == sum(c.nbytes for w in (rk, rv) for c in plan_copy(w))
+            if policy == "ranges" and not v_trans:
+                assert st.pieces == 2 * N_STREAM  # one range per stream, K and V
+
+
+@needs_engine
+def test_ragged_at_npl_8_uniform_pulls_at_most_0_6_of_ranges() -> None:
+    """npl 8 streams, uniform lengths over a window of 64: ragged pulls each stream's cells, ranges
+    the window's; the bytes are counted, never timed."""
+    from ferry.remote import RemoteTier
+
+    kv = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, 64 * 8, 8, 1)
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 65, 8).astype(np.int32)
+    lens8 = ferry.Tensor.from_numpy(ferry.CPUBackend(), lengths)
+    with RemoteTier(kv) as tier:
+        tier.upload()
+        _, _, ragged = tier.pull(0, 64, "ragged", lengths=lens8)
+        _, _, ranges = tier.pull(0, 64, "ranges", lengths=lens8)
+    assert ragged.bytes == 2 * int(lengths.sum()) * CELL and ranges.bytes == 2 * 8 * 64 * CELL
+    assert ragged.bytes <= 0.6 * ranges.bytes
+
+
+def random_paged(seed: int, adjacency: float) -> Tuple[PagedKVCache, List[List[int]]]:
+    """A paged cache of 64 blocks of 4 cells, 3 sequences of 20, 9 and 16 cells, tables drawn with
+    the given adjacency (a block follows its predecessor with that probability where free)."""
+    rng = np.random.default_rng(seed)
+    ks = [rng.standard_normal((64, 4, N_HEAD_KV, HEAD_DIM)).astype(np.float16) for _ in range(N_LAYER)]
+    vs = [rng.standard_normal((64, 4, N_HEAD_KV, HEAD_DIM)).astype(np.float16) for _ in range(N_LAYER)]
+    c = PagedKVCache.from_arrays(ks, vs, n_seq=3)
+    free = set(range(64))
+    tables = []
+    for s, n in enumerate((20, 9, 16)):
+        table: List[int] = []
+        for _ in range(-(-n // 4)):
+            nxt = table[-1] + 1 if table else -1
+            b = nxt if nxt in free and rng.random() < adjacency else int(rng.choice(sorted(free - {nxt})))
+            free.discard(b)
+            table.append(b)
+        c.set_table(s, table, n)
+        tables.append(table)
+    return c, tables
+
+
+@needs_engine
+def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
+    """A paged window's pull is its gather's runs, K and V (per block under per_block), the dense
+    window byte for byte the local gather's, the bytes the cells read; merged, no more pieces."""
+    from ferry.remote import RemoteTier
+
+    ref, tables = random_paged(4, 0.5)
+    mirror, _ = random_paged(4, 0.5)
+    sentinel_fill(mirror)
+    with RemoteTier(mirror) as tier:
+        tier.upload(ref)
+        for method in ("runs", "per_block"):
+            mirror.gather = method
+            ref.gather = method
+            merge = False  # a piece per row of the gather: per run, or per block (the baseline)
+            k, v, _ = tier.pull(0, 24, merge=merge)
+            for t in (k, v):  # the tier keeps its dense windows: the next pull writes only the cells read
+                t.set(bytes([SENTINEL]) * t.nbytes)
+            k, v, st = tier.pull(0, 24, merge=merge)
+            rk, rv = ref.window(0, 24)
+            assert bytes(k.get()) == delivered(rk, "flat")
+            assert bytes(v.get()) == delivered(rv, "flat")
+            plan = plan_paged(rk, ferry.CPUBackend())
+            expect = plan.runs if method == "runs" else plan.blocks
+            assert st.pieces == st.plan_pieces == 2 * expect, method
+            assert st.bytes == 2 * (20 + 9 + 16) * CELL == 2 * plan.bytes
+            assert len(gather_pieces(plan.copies)) == expect
+        # merged: the runs that touch in the pool join (they land in staging, so only the pool's gaps count)
+        mirror.gather = "runs"
+        k, _, st = tier.pull(0, 24)
+        assert st.pieces <= st.plan_pieces and st.bytes == st.bytes_read
+        assert bytes(k.get()) == delivered(ref.window(0, 24)[0], "flat")
+
+
+@needs_engine
+def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> None:
+    """measure_remote_link fits a batch's cost, a piece's and a rate; the model made of it merges the
+    ranges of a short window (gaps of a few cells cost less than a piece on TCP) and the merged pull
+    still delivers the local bytes."""
+    from ferry.remote import RemoteTier, measure_remote_link
+
+    kv = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, 1024 * N_STREAM, N_STREAM, 1)
+    kv.k(0).set(np.arange(kv.k(0).nbytes, dtype=np.uint8).tobytes())
+    with RemoteTier(kv) as tier:
+        tier.upload()
+        link = measure_remote_link(tier, nbytes=32768, repeats=1)
+        assert link.fit is not None and link.fit.gbps > 0 and len(link.fit.points) == 6
+        model = CopyCostModel.from_link(link)
+        assert model.piece_ns == link.fit.row_ns
+        # a model whose piece costs 100 us at 1 GB/s merges gaps under 100 kB: the 4 ranges become 1
+        tier.model = CopyCostModel(1.0, 0.0, 1.0, 0, 0, 1.0, 0, 0.0, piece_ns=100_000.0)
+        k, _, st = tier.pull(0, 3, "ranges")
+        assert st.pieces == 2 and st.plan_pieces == 2 * N_STREAM and st.gap_bytes > 0
+        assert st.bytes == st.bytes_read + st.gap_bytes
+        assert delivered(k, "ranges") == delivered(kv.window(0, 3)[0], "ranges")
+
+
+# ------------------------------------------------------------ faults
+
+
+@needs_engine
+def test_a_server_killed_at_random_points_refuses_or_gives_the_right_bytes(lens: ferry.Tensor) -> None:
+    """Steps of random layers and policies while the server is killed at a random moment (fixed
+    seeds): each pull is right, or refused naming the peer and the layer with the destination as it
+    was; after reconnect() the next pull is right."""
+    from ferry.remote import PeerGoneError, RemoteError, RemoteTier
+
+    ref, mirror = random_kv(5), random_kv(6)
+    rng = np.random.default_rng(7)
+    right = refused = 0
+    with RemoteTier(mirror, timeout_s=20.0) as tier:
+        tier.upload(ref)
+        for _ in range(3):
+            pid = tier.server_pid
+            assert pid is not None
+            killer = threading.Timer(float(rng.uniform(0.0, 0.05)), os.kill, (pid, signal.SIGKILL))
+            killer.start()
+            for _ in range(12):
+                layer = int(rng.integers(N_LAYER))
+                policy = str(rng.choice(["flat", "ranges", "plan", "ragged"]))
+                sentinel_fill(mirror)
+                try:
+                    k, v, _ = tier.pull(layer, 24, policy, lengths=lens)
+                except RemoteError as e:
+                    assert isinstance(e, PeerGoneError) and tier.peer in e.message and f"layer {layer}" in e.message
+                    assert all(bytes(t.get()) == bytes([SENTINEL]) * t.nbytes
+                               for t in (mirror.k(layer), mirror.v(layer)))
+                    refused += 1
+                    continue
+                rk, rv = ref.window(layer, 24, lengths=lens)
+                assert delivered(k, policy) == delivered(rk, policy)
+                assert delivered(v, policy) == delivered(rv, policy)
+                right += 1
+            killer.join()
+            tier.reconnect()
+            k, _, _ = tier.pull(0, 24, "ragged", lengths=lens)
+            assert delivered(k, "ragged") == delivered(ref.window(0, 24, lengths=lens)[0], "ragged")
+    assert refused >= 3 and right + refused == 36
+
+
+def stopped(pid: int) -> None:
+    """Wait until every thread of process pid has stopped (a signal reaches a busy thread late)."""
+    for _ in range(500):
+        states = [open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                  for t in os.listdir(f"/proc/{pid}/task")]
+        if all(st in "tT" for st in states):
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"process {pid} did not stop")
+
+
+@needs_engine
+def test_a_stopped_server_times_out_and_a_second_tier_over_the_same_memory_is_refused(lens: ferry.Tensor) -> None:
+    """A server that stops answering: the pull is refused after timeout_s (naming the peer and the
+    layer), nothing written, and refused again until reconnect(); a second tier over memory the
+    first registered is refused (RegistrationError)."""
+    from ferry.remote import PeerGoneError, RegistrationError, RemoteTier, RemoteTimeoutError
+
+    ref, mirror = random_kv(8), random_kv(9)
+    with RemoteTier(mirror, timeout_s=0.5) as tier:
+        with pytest.raises(RegistrationError, match="refused to register layer 0's K"):
+            RemoteTier(mirror)
+        tier.upload(ref)
+        sentinel_fill(mirror)
+        pid = tier.server_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        stopped(pid)
+        try:
+            with pytest.raises(RemoteTimeoutError, match=rf"peer {tier.peer}: layer 1: no answer within 0.5 s"):
+                tier.pull(1, 24, "ragged", lengths=lens)
+            with pytest.raises(PeerGoneError, match="reconnect"):
+                tier.pull(0, 24, "ragged", lengths=lens)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        assert bytes(mirror.k(1).get()) == bytes([SENTINEL]) * mirror.k(1).nbytes
+        tier.reconnect()
+        k, _, _ = tier.pull(1, 24, "ragged", lengths=lens)
+        assert delivered(k, "ragged") == delivered(ref.window(1, 24, lengths=lens)[0], "ragged")
+
+
+# ------------------------------------------------------------ the command line
+
+
+@needs_engine
+def test_bench_and_validate_remote_pull_every_policy_and_find_the_local_bytes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`ferry bench --remote` adds a row per npl and policy, each pulled window identical to the local
+    cache's; ragged moves fewer bytes than flat; `ferry validate --remote` passes its gate with them."""
+    from ferry.cli import main
+
+    tiny = ["-c", "128", "-npl", "2", "-npp", "16", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
+            "--heads", "2", "--layers", "2"]
+    assert main(["bench", *tiny, "--rounds", "1", "--repeat", "1", "--policy", "flat,ragged", "--lengths",
+                 "uniform", "--remote", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)[-1]["remote"]["rows"]
+    assert [(r["npl"], r["policy"], r["identical"]) for r in rows] == [(2, "flat", True), (2, "ragged", True)]
+    assert rows[1]["bytes_per_step"] < rows[0]["bytes_per_step"]
+    assert main(["validate", *tiny, "--no-overlap", "--policy", "flat,ranges,ragged", "--remote"]) == 0
+    out = capsys.readouterr().out
+    assert "remote tier" in out and "DIFFERENT" not in out and out.count("identical") >= 3
