@@ -38,6 +38,32 @@ ferry_status ferry_copy_ragged(ferry_backend * backend, const ferry_tensor * src
 ferry_status ferry_copy_input_since(ferry_backend * queue, const ferry_tensor * src, ferry_tensor * dst,
                                     const int64_t * from, ferry_copy_stats * stats);
 
+/* ---------------------------------------------------------------- merging across gaps (copy-plan.c) */
+
+/* Pieces a merged span may take in, looking ahead from its first: a span pays only once it is past
+ * the size curve's knee, so a piece is weighed with those after it, not alone. */
+#define FERRY_MERGE_LOOKAHEAD 64
+
+/* The piece-priced cost of rows pieces of size bytes in one batched transfer: piece_ns a piece and
+ * its bytes at its size's rate (ferry_copy_piece_seconds). The one price merging goes by. */
+double ferry_batched_piece_seconds(const ferry_copy_cost_model * m, size_t size, size_t rows);
+
+/* Extents in an array of any struct with a size_t source offset and size: the first item's two
+ * fields, and the bytes from one item to the next (no copy of the array is made). */
+typedef struct {
+    const size_t * offset;
+    const size_t * size;
+    size_t stride;
+} ferry_merge_extents;
+
+/* The one merge rule (ferry_copy_pieces_merge; a paged gather's merged spans): of the extents
+ * i..n-1, in source order, each starting past the end of the one before and rows rows of each, the
+ * last j (at most FERRY_MERGE_LOOKAHEAD on) for which one piece from extent i's start through
+ * extent j's end saves the most against a piece each, by ferry_batched_piece_seconds; i when none
+ * saves. */
+size_t ferry_merge_reach(const ferry_copy_cost_model * m, const ferry_merge_extents * ext, size_t i, size_t n,
+                         size_t rows);
+
 /* ---------------------------------------------------------------- paged windows */
 
 /* A paged cache's block tables (paged-kv.c keeps them, copy-paged.c reads them as a window is

@@ -208,11 +208,6 @@ static double curve_extra(const ferry_copy_cost_model * m, size_t size) {
     return ferry_copy_piece_seconds(m, size) - (double) size / (m->gbps * 1e9);
 }
 
-/* What a piece's rows cost in a batched call: piece_ns a row, and each row's bytes at its size's rate. */
-static double batched_piece_cost(const ferry_copy_cost_model * m, const ferry_gather_copy * c) {
-    return (double) c->count * (m->piece_ns * 1e-9 + (double) c->size / (m->gbps * 1e9) + curve_extra(m, c->size));
-}
-
 /* The predicted seconds of a method's pieces (merged: its spans, bytes theirs). A batched call costs a
  * call, piece_ns a row, its bytes at gbps and what the piece curve adds to each row. */
 static double method_cost(const ferry_copy_cost_model * m, ferry_gather_method method, const piece_list * l,
@@ -235,10 +230,6 @@ static double method_cost(const ferry_copy_cost_model * m, ferry_gather_method m
     return s;
 }
 
-/* Pieces of the pool a span may take in, looking ahead from its first: a span pays only once it is past
- * the size curve's knee, so a piece is weighed with those after it, not alone. */
-#define MERGE_LOOKAHEAD 64
-
 static int cmp_piece_start(const void * a, const void * b) {
     const size_t x = ((const ferry_gather_copy *) a)->src_offset, y = ((const ferry_gather_copy *) b)->src_offset;
     return (x > y) - (x < y);
@@ -260,9 +251,9 @@ static ferry_gather_copy span_through(const ferry_gather_copy * a, const ferry_g
  * DMA engines' measurements show gaps are worth crossing). The runs' extents in the pool, in pool
  * order whatever the tables' order (the device gathers the runs from the spans, in any order), those
  * that touch or overlap as one (a block several streams read crosses once), then from each extent the
- * span through the later one (at most MERGE_LOOKAHEAD on) that saves the most by the model, one piece
- * of the span against a piece per extent (a piece's cost: its rows' bytes at their size's rate,
- * piece_ns a row), else the extent alone; the next span starts after it. The gaps' cells cross the
+ * span through the later one that saves the most by the one merge rule (ferry_merge_reach, as
+ * ferry_copy_pieces_merge: one piece of the span against a piece per extent, a piece's cost its
+ * rows' bytes at their size's rate and piece_ns a row), else the extent alone; the next span starts after it. The gaps' cells cross the
  * link unread. Without a piece curve a span is its run, in table order: the batched gather. The spans
  * land one after another in a staging area (dst_offset), rows packed; *crossed sums their bytes.
  */
@@ -295,22 +286,13 @@ static ferry_status spans_of(const ferry_copy_cost_model * m, const ferry_tensor
         }
         extents.n = k + 1;
     }
+    const ferry_merge_extents ext = {extents.n ? &extents.c[0].src_offset : NULL, extents.n ? &extents.c[0].size : NULL,
+                                     sizeof(*extents.c)};
     size_t staged = 0;
     ferry_status st = FERRY_OK;
     for (size_t i = 0; i < extents.n && st == FERRY_OK;) {
-        ferry_gather_copy span = extents.c[i];
-        double apart = batched_piece_cost(m, &span), saved = 0;
-        size_t last = i;
-        for (size_t j = i + 1; curve && j < extents.n && j <= i + MERGE_LOOKAHEAD; j++) {
-            const ferry_gather_copy grown = span_through(&extents.c[i], &extents.c[j], pool_row, src->v_trans);
-            apart += batched_piece_cost(m, &extents.c[j]);
-            const double saving = apart - batched_piece_cost(m, &grown);
-            if (saving > saved) {
-                saved = saving;
-                last = j;
-                span = grown;
-            }
-        }
+        const size_t last = curve ? ferry_merge_reach(m, &ext, i, extents.n, extents.c[i].count) : i;
+        ferry_gather_copy span = span_through(&extents.c[i], &extents.c[last], pool_row, src->v_trans);
         span.dst_offset = staged;
         st = push(out, &span, t);
         staged += span.size * span.count;

@@ -20,6 +20,7 @@
  * Either way every byte the view reads is moved exactly once and no other byte is.
  * ferry_copy_plan_explain runs the same simplification and says what each step did.
  */
+#include "copy-impl.h"
 #include "ferry-impl.h"
 
 #include <math.h>
@@ -574,32 +575,76 @@ ferry_status ferry_gather_pieces(const ferry_gather_copy * copies, size_t n, fer
     return pieces_room("gather_pieces", count, pieces, max_pieces);
 }
 
+double ferry_batched_piece_seconds(const ferry_copy_cost_model * m, size_t size, size_t rows) {
+    return (double) rows * (m->piece_ns * 1e-9 + ferry_copy_piece_seconds(m, size));
+}
+
+/* The k-th of the extents' fields: each at its own offset inside items stride bytes apart. */
+static size_t field_of(const size_t * first, size_t stride, size_t k) {
+    return *(const size_t *) (const void *) ((const char *) first + k * stride);
+}
+
+size_t ferry_merge_reach(const ferry_copy_cost_model * m, const ferry_merge_extents * ext, size_t i, size_t n,
+                         size_t rows) {
+    const size_t start = field_of(ext->offset, ext->stride, i);
+    double apart = ferry_batched_piece_seconds(m, field_of(ext->size, ext->stride, i), rows), saved = 0;
+    size_t last = i;
+    for (size_t j = i + 1; j < n && j <= i + FERRY_MERGE_LOOKAHEAD; j++) {
+        const size_t size = field_of(ext->size, ext->stride, j), end = field_of(ext->offset, ext->stride, j) + size;
+        apart += ferry_batched_piece_seconds(m, size, rows);
+        const double saving = apart - ferry_batched_piece_seconds(m, end - start, rows);
+        if (saving > saved) {
+            saved = saving;
+            last = j;
+        }
+    }
+    return last;
+}
+
+/* Does b follow a with the same gap (none included) in the source and the destination? */
+static bool same_gap_after(const ferry_copy_piece * a, const ferry_copy_piece * b) {
+    return b->src_offset >= a->src_offset + a->size && b->dst_offset >= a->dst_offset + a->size &&
+           b->src_offset - (a->src_offset + a->size) == b->dst_offset - (a->dst_offset + a->size);
+}
+
 ferry_status ferry_copy_pieces_merge(const ferry_copy_cost_model * model, ferry_copy_piece * pieces, size_t * n_pieces,
                                      uint64_t * gap_bytes) {
     FERRY_CHECK_ARG(n_pieces && (pieces || *n_pieces == 0), "copy_pieces_merge: NULL argument");
     FERRY_TRY(ferry_copy_cost_model_check(model, "copy_pieces_merge"));
-    const double piece_s = model->piece_ns * 1e-9, bps = model->gbps * 1e9;
-    uint64_t gaps = 0;
-    size_t kept = 0;
-    for (size_t i = 0; i < *n_pieces; i++) {
-        ferry_copy_piece * last = kept ? &pieces[kept - 1] : NULL;
+    size_t kept = 0, end = 0;
+    for (size_t i = 0; i < *n_pieces; i++) { /* touching pieces always as one, as a merged gather's extents */
         const ferry_copy_piece p = pieces[i];
-        size_t end = 0;
         if (!ferry_add_ok(p.src_offset, p.size, &end) || !ferry_add_ok(p.dst_offset, p.size, &end)) {
             return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "copy_pieces_merge: piece %zu's end overflows", i);
         }
-        if (last && p.src_offset >= last->src_offset + last->size && p.dst_offset >= last->dst_offset + last->size) {
-            const size_t gap = p.src_offset - (last->src_offset + last->size);
-            const bool same_gap = p.dst_offset - (last->dst_offset + last->size) == gap;
-            if (same_gap && (gap == 0 || (double) gap / bps < piece_s)) {
-                last->size += gap + p.size;
-                gaps += gap;
-                continue;
-            }
+        ferry_copy_piece * last = kept ? &pieces[kept - 1] : NULL;
+        if (last && p.src_offset == last->src_offset + last->size && p.dst_offset == last->dst_offset + last->size) {
+            last->size += p.size;
+        } else {
+            pieces[kept++] = p;
         }
-        pieces[kept++] = p;
     }
-    *n_pieces = kept;
+    /* then across gaps by the one rule (ferry_merge_reach), within each run of pieces whose gaps are
+     * the same in source and destination (a gap's bytes land where the destination has them) */
+    uint64_t gaps = 0;
+    size_t out = 0;
+    for (size_t i = 0; i < kept;) {
+        size_t chain = i + 1;
+        while (chain < kept && same_gap_after(&pieces[chain - 1], &pieces[chain])) {
+            chain++;
+        }
+        const ferry_merge_extents ext = {&pieces[0].src_offset, &pieces[0].size, sizeof(*pieces)};
+        const size_t last = ferry_merge_reach(model, &ext, i, chain, 1);
+        ferry_copy_piece span = pieces[i];
+        span.size = pieces[last].src_offset + pieces[last].size - span.src_offset;
+        for (size_t j = i; j <= last; j++) {
+            gaps -= pieces[j].size;
+        }
+        gaps += span.size;
+        pieces[out++] = span;
+        i = last + 1;
+    }
+    *n_pieces = out;
     if (gap_bytes) {
         *gap_bytes = gaps;
     }

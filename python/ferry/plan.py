@@ -749,10 +749,11 @@ def _six(c: Any, i: int) -> Sequence[Any]:
 
 
 def merge_pieces(pieces: Iterable[Sequence[int]], model: ModelLike = "cpu") -> Tuple[List[Piece], int]:
-    """Pieces merged across the gaps that cost less than a piece (ferry_copy_pieces_merge): a piece
-    joins the one before it where the gap between them is the same in the source and the
-    destination and its bytes at the model's gbps take less than its piece_ns; pieces that touch
-    always join.
+    """Pieces merged across gaps by the one rule a paged gather's merged spans follow too
+    (ferry_copy_pieces_merge): pieces that touch join; then, among pieces whose gaps are the same in
+    the source and the destination, a piece joins those after it (at most 64 on) where one piece
+    through them costs less than a piece each, a piece priced piece_ns and its bytes at its size's
+    rate (the model's piece curve, or gbps).
 
     Parameters
     ----------

@@ -738,6 +738,18 @@ static void test_merged_spans_cross_gaps_where_small_pieces_are_slow(void) {
         CHECK(plan.blocks == 16 && plan.runs == 16 && plan.bytes == 16 * block && plan.crossed_bytes == 38 * block);
         CHECK(spans[0].src_offset == 0 && spans[0].size == 38 * block && spans[0].count == 1);
         CHECK(plan.method_seconds[FERRY_GATHER_MERGED] < plan.method_seconds[FERRY_GATHER_BATCHED]);
+        if (!v) { /* one merge rule: the remote tier's (ferry_copy_pieces_merge) makes the same span of the blocks */
+            const ferry_copy_cost_model model = ferry_backend_copy_cost_model(standin);
+            ferry_copy_piece blocks[16];
+            for (int i = 0; i < 16; i++) {
+                blocks[i] = (ferry_copy_piece) {(size_t) gapped[i] * block, (size_t) gapped[i] * block, block};
+            }
+            size_t left = 16;
+            uint64_t gaps = 0;
+            CHECK_OK(ferry_copy_pieces_merge(&model, blocks, &left, &gaps));
+            CHECK(left == 1 && blocks[0].src_offset == spans[0].src_offset && blocks[0].size == spans[0].size);
+            CHECK(gaps == plan.crossed_bytes - plan.bytes);
+        }
         ferry_buffer * buf;
         CHECK_OK(paged_split_copy(standin, ctx, w, &buf, &copy));
         CHECK_OK(ferry_standin_reset_link_stats(standin));

@@ -61,6 +61,12 @@ def test_pieces_are_the_rows_of_the_copies_and_merge_by_the_model() -> None:
     assert got == [Piece(0, 0, 510), Piece(5000, 5000, 10), Piece(5100, 7000, 10)] and gaps == 480
     free = CopyCostModel(0.0, 0.0, 1.0, 0, 0, 1.0, 0, 0.0, piece_ns=0.0)
     assert merge_pieces(pieces, free) == ([Piece(0, 0, 20)] + pieces[2:], 0)
+    # small pieces slow (a piece curve): 16 pieces of 4 KiB with gaps of 1 KiB are one span past the
+    # knee, by the rule a paged gather's merged spans follow, though no gap alone costs less than a piece
+    curved = CopyCostModel(0.0, 0.0, 1.0, 0, 0, 1.0, 0, 0.0, piece_ns=0.0, piece_floor_gbps=0.1,
+                           piece_knee_bytes=16384.0, piece_steepness=4.0)
+    small = [Piece(5120 * i, 5120 * i, 4096) for i in range(16)]
+    assert merge_pieces(small, curved) == ([Piece(0, 0, 5120 * 15 + 4096)], 15 * 1024)
     with pytest.raises(ferry.InvalidArgumentError, match="piece 0 is not"):
         merge_pieces([(1, 2)], m)
     with pytest.raises(ferry.OutOfBoundsError, match="overflows"):

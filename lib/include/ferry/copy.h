@@ -271,11 +271,14 @@ FERRY_API ferry_status ferry_copy_pieces(const ferry_copy_2d * copies, size_t n,
 FERRY_API ferry_status ferry_gather_pieces(const ferry_gather_copy * copies, size_t n, ferry_copy_piece * pieces,
                                            size_t max_pieces, size_t * n_pieces);
 /*
- * Merges, in place, each piece into the one before it where the gap between them is the same
- * in the source and the destination and its bytes cost less at model's gbps than a piece
- * does (piece_ns): the gap's bytes then travel with them. Pieces that touch always merge.
- * *n_pieces: in, the pieces; out, those left. *gap_bytes (may be NULL): the gap bytes the merged
- * pieces carry beyond the plan's. Refused: a model ferry_copy_cost_model_check refuses.
+ * Merges pieces in place, by the one rule a paged gather's merged spans follow too: pieces that
+ * touch as one; then, among pieces whose gap to the one before is the same in the source and the
+ * destination, a piece through the later one (at most 64 on) that saves the most against a piece
+ * each, a piece priced piece_ns and its bytes at its size's rate (ferry_copy_piece_seconds: the
+ * model's piece curve, or gbps): the gap's bytes then travel with them. Without a curve a gap
+ * merges where its bytes cost less than the piece they save. *n_pieces: in, the pieces; out,
+ * those left. *gap_bytes (may be NULL): the gap bytes the merged pieces carry beyond the plan's.
+ * Refused: a model ferry_copy_cost_model_check refuses.
  */
 FERRY_API ferry_status ferry_copy_pieces_merge(const ferry_copy_cost_model * model, ferry_copy_piece * pieces,
                                                size_t * n_pieces, uint64_t * gap_bytes);
