@@ -209,9 +209,9 @@ def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
 
 @needs_engine
 def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> None:
-    """measure_remote_link fits a batch's cost, a piece's and a rate; the model made of it merges the
-    ranges of a short window (gaps of a few cells cost less than a piece on TCP) and the merged pull
-    still delivers the local bytes."""
+    """measure_remote_link fits a batch's cost, a piece's, a rate and a piece curve; the model made of
+    it merges the ranges of a short window (gaps of a few cells cost less than a piece on TCP) and
+    the merged pull still delivers the local bytes."""
     from ferry.remote import RemoteTier, measure_remote_link
 
     kv = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, 1024 * N_STREAM, N_STREAM, 1)
@@ -220,6 +220,8 @@ def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> 
         tier.upload()
         link = measure_remote_link(tier, nbytes=32768, repeats=1)
         assert link.fit is not None and link.fit.gbps > 0 and len(link.fit.points) == 6
+        # the piece curve, fitted to plain reads of 4 sizes: what the one merge rule prices pieces by
+        assert link.pieces is not None and [b for b, _ in link.pieces.points] == [32768, 2048, 128, 8]
         model = CopyCostModel.from_link(link)
         assert model.piece_ns == link.fit.row_ns
         # a model whose piece costs 100 us at 1 GB/s merges gaps under 100 kB: the 4 ranges become 1

@@ -1,6 +1,6 @@
-"""The remote tier's link, measured: batch reads of several sizes and piece counts, timed, and the
-per-piece cost and rate fitted by ferry.link's fit_link (CopyCostModel.from_link makes the model
-pulls merge and predict by)."""
+"""The remote tier's link, measured: batch reads of several sizes and piece counts, timed, the
+per-piece cost and rate fitted by ferry.link's fit_link and the piece curve (a piece's rate by its
+size) by fit_piece_curve (CopyCostModel.from_link makes the model pulls merge and predict by)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import List, Tuple
 
 from .. import _checks
 from ..errors import InvalidArgumentError
-from ..link import LinkMeasurement, fit_link
+from ..link import LinkMeasurement, fit_link, fit_piece_curve
 from .tier import RemoteTier
 
-#: Plain reads of the measured size divided by these, and batches of this many pieces.
-PLAIN_PARTS = (1, 16, 256)
+#: Plain reads of the measured size divided by these (the piece curve's sizes; fit_link takes the
+#: first three), and batches of this many pieces.
+PLAIN_PARTS = (1, 16, 256, 4096)
 PIECES = (16, 256, 1024)
 
 
@@ -21,10 +22,12 @@ def measure_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 3,
                         piece_bytes: int = 4096) -> LinkMeasurement:
     """Time batch reads from the tier's peer and fit what a batch, a piece and a byte cost.
 
-    Plain reads (one piece) of nbytes, nbytes / 16 and nbytes / 256, and batches of 16, 256 and 1024
-    pieces of piece_bytes (fewer bytes where the region cannot hold 1024 of them with a gap as large
-    after each) are each timed: a warm-up, then the fastest of `repeats`. fit_link fits latency (a
-    batch), row_ns (a piece) and gbps.
+    Plain reads (one piece) of nbytes, nbytes / 16, nbytes / 256 and nbytes / 4096, and batches of
+    16, 256 and 1024 pieces of piece_bytes (fewer bytes where the region cannot hold 1024 of them
+    with a gap as large after each) are each timed: a warm-up, then the fastest of `repeats`.
+    fit_link fits latency (a batch), row_ns (a piece) and gbps to the first three plain reads and
+    the batches; fit_piece_curve the piece curve to the four plain reads (the engine's rate by a
+    piece's size: the one merge rule prices pieces by it).
 
     Parameters
     ----------
@@ -40,7 +43,8 @@ def measure_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 3,
     Returns
     -------
     LinkMeasurement
-        gbps and seconds of the largest read; fit: the LinkFit (its row_ns is the piece cost).
+        gbps and seconds of the largest read; fit: the LinkFit (its row_ns is the piece cost);
+        pieces: the PieceCurve.
 
     Raises
     ------
@@ -68,15 +72,15 @@ def measure_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 3,
         return min(t.timed_read(pieces) for _ in range(reps))
 
     points: List[Tuple[int, int, float]] = []
-    times: List[float] = []
+    plain: List[Tuple[int, float]] = []
     for part in PLAIN_PARTS:
         size = n // part
-        sec = fastest([(0, size)])
-        points.append((size, 1, sec))
-        if part == 1:
-            times.append(sec)
+        plain.append((size, fastest([(0, size)])))
+    points += [(size, 1, sec) for size, sec in plain[:3]]
+    times = [plain[0][1]]
     width = max(1, min(piece, region // (2 * max(PIECES))))
     for count in PIECES:
         points.append((width * count, count, fastest([(2 * width * i, width) for i in range(count)])))
     return LinkMeasurement(gbps=n / times[0] / 1e9 if times[0] > 0 else math.inf, seconds=times[0], nbytes=n,
-                           pinned=False, device=f"remote {t.peer}", times=tuple(times), fit=fit_link(points))
+                           pinned=False, device=f"remote {t.peer}", times=tuple(times), fit=fit_link(points),
+                           pieces=fit_piece_curve(plain))
