@@ -16,6 +16,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from . import _checks
 from ._binding import ffi, lib
 from .backend import Backend
@@ -672,18 +674,47 @@ class Piece(NamedTuple):
 MAX_PIECES = 1 << 22
 
 
-def _pieces_of(fill: Any, what: str) -> List[Piece]:
-    """fill(pieces, max, n) counted, then filled: C's pieces as Piece rows."""
+def _piece_array(fill: Any, what: str) -> np.ndarray:
+    """fill(pieces, max, n) counted, then filled: C's pieces as rows (src_offset, dst_offset, size) of
+    a size_t (uintp) array, in bulk (a pull of thousands of pieces pays no Python object a piece)."""
     n = ffi.new("size_t *")
     check(fill(ffi.NULL, 0, n))
-    if n[0] == 0:
-        return []
     if n[0] > MAX_PIECES:
         raise UnsupportedError(f"{what}: the copies are {n[0]} pieces, more than {MAX_PIECES} (ferry.plan.MAX_PIECES): "
                                "copy the span instead")
-    out = ffi.new("ferry_copy_piece[]", n[0])
-    check(fill(out, n[0], n))
-    return [Piece(int(p.src_offset), int(p.dst_offset), int(p.size)) for p in out[0:n[0]]]
+    out = np.zeros((n[0], 3), dtype=np.uintp)
+    if n[0]:
+        check(fill(ffi.cast("ferry_copy_piece *", out.ctypes.data), n[0], n))
+    return out
+
+
+def _pieces_of(fill: Any, what: str) -> List[Piece]:
+    """fill(pieces, max, n) counted, then filled: C's pieces as Piece rows."""
+    return [Piece(*row) for row in _piece_array(fill, what).tolist()]
+
+
+def _gather_piece_array(copies: Sequence[GatherCopy]) -> np.ndarray:
+    """gather_pieces of a plan's own copies (plan_paged(...).copies, already checked), as _piece_array's rows."""
+    arr = np.ascontiguousarray(np.array([tuple(c) for c in copies], dtype=np.uintp).reshape(-1, 6))
+    c = ffi.cast("ferry_gather_copy *", arr.ctypes.data)
+    return _piece_array(lambda out, mx, cnt: lib.ferry_gather_pieces(c, len(arr), out, mx, cnt), "gather_pieces")
+
+
+def _copy_piece_array(copies: Iterable[Sequence[int]]) -> np.ndarray:
+    """copy_pieces of 2-D copies, as _piece_array's rows."""
+    arr, n = to_c(copies, "copy_pieces")
+    return _piece_array(lambda out, mx, cnt: lib.ferry_copy_pieces(arr, n, out, mx, cnt), "copy_pieces")
+
+
+def _merge_piece_array(pieces: np.ndarray, model: ModelLike) -> Tuple[np.ndarray, int]:
+    """merge_pieces of _piece_array's rows: the rows left (a new array) and the gap bytes."""
+    m = cost_model(model)._c()
+    arr = np.array(pieces, dtype=np.uintp, order="C").reshape(-1, 3)
+    n = ffi.new("size_t *", len(arr))
+    gaps = ffi.new("uint64_t *")
+    check(lib.ferry_copy_pieces_merge(m, ffi.cast("ferry_copy_piece *", arr.ctypes.data) if len(arr) else ffi.NULL,
+                                      n, gaps))
+    return arr[:n[0]].copy(), int(gaps[0])
 
 
 def copy_pieces(copies: Iterable[Sequence[int]]) -> List[Piece]:

@@ -204,6 +204,7 @@ def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
         mirror.gather = "runs"
         k, _, st = tier.pull(0, 24)
         assert st.pieces <= st.plan_pieces and st.bytes == st.bytes_read
+        assert st.pull_seconds >= st.seconds > 0  # the whole pull holds its transfer
         assert bytes(k.get()) == delivered(ref.window(0, 24)[0], "flat")
 
 

@@ -38,7 +38,15 @@ from ..errors import InvalidArgumentError, OutOfBoundsError
 from ..kv import KVCache
 from ..kv_layers import LayerCache
 from ..paged import PagedKVCache
-from ..plan import CopyCostModel, Piece, copy_pieces, gather_pieces, merge_pieces, plan_copy, plan_paged, plan_ragged
+from ..plan import (
+    CopyCostModel,
+    _copy_piece_array,
+    _gather_piece_array,
+    _merge_piece_array,
+    plan_copy,
+    plan_paged,
+    plan_ragged,
+)
 from ..policy import CopyPolicy, GatherMethod, PolicyLike, to_policy
 from ..tensor import Tensor
 from .engine import local_engine
@@ -73,7 +81,11 @@ class PullStats:
     seconds : float
         Wall time of the batch transfer.
     predicted_seconds : float
-        The tier's model: a call, piece_ns a piece and the bytes at gbps.
+        The tier's model: a call, piece_ns a piece and each piece's bytes at its size's rate (the
+        piece curve: CopyCostModel.piece_seconds; gbps without one).
+    pull_seconds : float
+        Wall time of the whole pull: the plan, its pieces, the transfer and the copy out of staging
+        (what ferry adds to the transfer is pull_seconds - seconds).
     """
 
     layer: int
@@ -85,11 +97,14 @@ class PullStats:
     gap_bytes: int
     seconds: float
     predicted_seconds: float
+    pull_seconds: float = 0.0
 
 
-def _memory(address: int, nbytes: int) -> np.ndarray:
-    """A writable uint8 array over nbytes of memory at address (memory someone else keeps alive)."""
-    return np.frombuffer(memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B"), dtype=np.uint8)
+def _starts(sizes: np.ndarray, at: int = 0) -> np.ndarray:
+    """Where each of sizes' pieces starts when they are laid one after another from at (uintp)."""
+    out = np.zeros(len(sizes), dtype=np.uintp)
+    np.cumsum(sizes[:-1], out=out[1:])
+    return out + np.uintp(at)
 
 
 def _cache_arg(cache: object, what: str) -> LayerCache:
@@ -382,13 +397,14 @@ class RemoteTier:
         RemoteTimeoutError
             The pull took longer than timeout_s; nothing was written; reconnect() before the next.
         """
+        start = time.perf_counter()
         pol = to_policy(policy)
         joined = _checks.as_bool(merge, "RemoteTier.pull: merge")
         li = _checks.as_c_int(layer, "RemoteTier.pull: layer")
         cache = self._cache
         assert isinstance(cache, (KVCache, PagedKVCache))  # as the constructor checked
         k, v = cache.window(li, n_kv, s0, s1, lengths=lengths)
-        jobs: List[Tuple[List[Piece], int, int]] = []  # (pieces, remote base, local base)
+        jobs: List[Tuple[np.ndarray, int, int]] = []  # (pieces as rows, remote base, local base)
         plan_pieces = 0
         bytes_read = 0
         if isinstance(cache, PagedKVCache):
@@ -397,7 +413,7 @@ class RemoteTier:
                 if cache.gather == GatherMethod.AUTO:
                     cache.gather = GatherMethod.RUNS
                 plan = plan_paged(w, self._cpu)
-                raw = gather_pieces(plan.copies)
+                raw = _gather_piece_array(plan.copies)
                 dst = self._dense_of(w, which)
                 r = self._region(li, which)
                 jobs.append((raw, self._remote[r], int(dst.address or 0)))
@@ -409,22 +425,30 @@ class RemoteTier:
                 r = self._region(li, which)
                 root = int(w.root.address or 0)
                 base = self._remote[r] + (root - self._regions[r][2])
-                jobs.append((copy_pieces(self._copies(w, pol)), base, root))
+                jobs.append((_copy_piece_array(self._copies(w, pol)), base, root))
             kout, vout = k, v
             name = str(pol)
-        reads: List[Tuple[int, int]] = []  # (remote address, bytes): the batch's pieces
-        scatter: List[Tuple[int, int, int]] = []  # (offset in staging, local address, bytes)
+        reads: List[np.ndarray] = []  # per job, rows (remote address, bytes): the batch's pieces
+        scatter: List[np.ndarray] = []  # per job, rows (offset in staging, local address, bytes)
+        total = 0
         for raw, remote_base, local_base in jobs:
             plan_pieces += len(raw)
-            bytes_read += sum(p.size for p in raw)
-            self._plan_reads(raw, remote_base, local_base, joined, reads, scatter)
-        total = sum(n for _, n in reads)
-        seconds = self._read(li, reads, scatter, total)
+            bytes_read += int(raw[:, 2].sum())
+            got, sc = self._plan_reads(raw, remote_base, local_base, joined, total)
+            reads.append(got)
+            scatter.append(sc)
+            total += int(got[:, 1].sum())
+        batch = np.concatenate(reads) if reads else np.zeros((0, 2), dtype=np.uintp)
+        seconds = self._read(li, batch, np.concatenate(scatter) if scatter else np.zeros((0, 3), dtype=np.uintp),
+                             total)
         m = self._model
-        predicted = m.call_us * 1e-6 + len(reads) * m.piece_ns * 1e-9 + total / (m.gbps * 1e9)
-        return kout, vout, PullStats(layer=li, policy=name, pieces=len(reads), plan_pieces=plan_pieces,
+        sizes, counts = np.unique(batch[:, 1], return_counts=True)  # a piece's bytes at its size's rate
+        predicted = m.call_us * 1e-6 + sum(int(c) * (m.piece_ns * 1e-9 + m.piece_seconds(int(b)))
+                                           for b, c in zip(sizes, counts))
+        return kout, vout, PullStats(layer=li, policy=name, pieces=len(batch), plan_pieces=plan_pieces,
                                      bytes=total, bytes_read=bytes_read, gap_bytes=total - bytes_read,
-                                     seconds=seconds, predicted_seconds=predicted)
+                                     seconds=seconds, predicted_seconds=predicted,
+                                     pull_seconds=time.perf_counter() - start)
 
     def region_bytes(self) -> int:
         """Bytes of the smallest region (a layer's K or V): the most a timed read may span."""
@@ -480,49 +504,45 @@ class RemoteTier:
             self._staging = staging
         return self._staging
 
-    def _plan_reads(self, raw: List[Piece], remote_base: int, local_base: int, joined: bool,
-                    reads: List[Tuple[int, int]], scatter: List[Tuple[int, int, int]]) -> None:
-        """The reads of one window's pieces, appended to reads, and where each piece goes from the
-        staging buffer, appended to scatter. The pieces land in staging, so only their source gaps
-        matter: merged, the pieces in source order are joined where the model prices the gap below a
-        piece (merge_pieces of the source ranges alone); unmerged, a read per piece."""
-        at = sum(n for _, n in reads)
+    def _plan_reads(self, raw: np.ndarray, remote_base: int, local_base: int, joined: bool,
+                    at: int) -> Tuple[np.ndarray, np.ndarray]:
+        """The reads of one window's pieces (rows src_offset, dst_offset, size), landing in the
+        staging buffer from offset at, and where each piece goes from there: rows (remote address,
+        bytes) and rows (offset in staging, local address, bytes), in bulk. The pieces land in
+        staging, so only their source gaps matter: merged, the pieces in source order join by the
+        one merge rule (merge_pieces of the source ranges alone); unmerged, a read per piece."""
+        if len(raw) == 0:
+            return np.zeros((0, 2), dtype=np.uintp), np.zeros((0, 3), dtype=np.uintp)
+        src, dst, size = raw[:, 0], raw[:, 1], raw[:, 2]
         if not joined:
-            for p in raw:
-                reads.append((remote_base + p.src_offset, p.size))
-                scatter.append((at, local_base + p.dst_offset, p.size))
-                at += p.size
-            return
-        order = sorted(raw, key=lambda p: p.src_offset)
-        ranges, _ = merge_pieces([(p.src_offset, p.src_offset, p.size) for p in order], self._model)
-        j = 0
-        for r in ranges:
-            reads.append((remote_base + r.src_offset, r.size))
-            while j < len(order) and order[j].src_offset < r.src_offset + r.size:
-                p = order[j]
-                scatter.append((at + p.src_offset - r.src_offset, local_base + p.dst_offset, p.size))
-                j += 1
-            at += r.size
+            staged = _starts(size, at)
+            return (np.stack([src + np.uintp(remote_base), size], axis=1),
+                    np.stack([staged, dst + np.uintp(local_base), size], axis=1))
+        order = np.argsort(src, kind="stable")
+        ranges, _ = _merge_piece_array(np.stack([src[order], src[order], size[order]], axis=1), self._model)
+        starts, lengths = ranges[:, 0], ranges[:, 2]
+        range_at = _starts(lengths, at)
+        within = np.searchsorted(starts, src, side="right") - 1  # the range holding each piece
+        staged = range_at[within] + (src - starts[within])
+        return (np.stack([starts + np.uintp(remote_base), lengths], axis=1),
+                np.stack([staged, dst + np.uintp(local_base), size], axis=1))
 
-    def _read(self, layer: int, reads: Sequence[Tuple[int, int]], scatter: Sequence[Tuple[int, int, int]],
-              total: int) -> float:
-        """One batch transfer of the reads into staging, then each piece from staging to its destination;
-        seconds of the transfer."""
-        if not reads:
+    def _read(self, layer: int, reads: np.ndarray, scatter: np.ndarray, total: int) -> float:
+        """One batch transfer of the reads (rows remote address, bytes) into staging, then each piece
+        (rows offset in staging, local address, bytes) from staging to its destination; seconds of
+        the transfer."""
+        if len(reads) == 0:
             return 0.0
         staging = self._staging_of(total)
-        local, remote, lengths = [], [], []
-        at = staging.ctypes.data
-        for addr, n in reads:
-            local.append(at)
-            remote.append(addr)
-            lengths.append(n)
-            at += n
+        lengths = reads[:, 1].tolist()
+        local = _starts(reads[:, 1], staging.ctypes.data).tolist()
+        remote = reads[:, 0].tolist()
         t0 = time.perf_counter()
         self._batch(f"layer {layer}", lambda e: e.batch_transfer_sync_read(self._peer, local, remote, lengths))
         seconds = time.perf_counter() - t0
-        for off, addr, n in scatter:  # the whole batch arrived: only now does the destination change
-            _memory(addr, n)[:] = staging[off:off + n]
+        base = staging.ctypes.data
+        for off, addr, n in scatter.tolist():  # the whole batch arrived: only now does the destination change
+            ctypes.memmove(addr, base + off, n)
         return seconds
 
     def _batch(self, what: str, call: Any) -> None:
