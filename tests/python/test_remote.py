@@ -221,8 +221,8 @@ def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> 
         tier.upload()
         link = measure_remote_link(tier, nbytes=32768, repeats=1)
         assert link.fit is not None and link.fit.gbps > 0 and len(link.fit.points) == 6
-        # the piece curve, fitted to plain reads of 4 sizes: what the one merge rule prices pieces by
-        assert link.pieces is not None and [b for b, _ in link.pieces.points] == [32768, 2048, 128, 8]
+        # the piece curve, fitted to pieces of 4 sizes inside batches: what the one merge rule prices pieces by
+        assert link.pieces is not None and [b for b, _ in link.pieces.points] == [256, 64, 16, 4]
         model = CopyCostModel.from_link(link)
         assert model.piece_ns == link.fit.row_ns
         # a model whose piece costs 100 us at 1 GB/s merges gaps under 100 kB: the 4 ranges become 1

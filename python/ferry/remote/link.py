@@ -12,9 +12,11 @@ from ..errors import InvalidArgumentError
 from ..link import LinkMeasurement, fit_link, fit_piece_curve
 from .tier import RemoteTier
 
-#: Plain reads of the measured size divided by these (the piece curve's sizes; fit_link takes the
-#: first three), and batches of this many pieces.
-PLAIN_PARTS = (1, 16, 256, 4096)
+#: Plain reads of the measured size divided by these, and batches of this many pieces.
+PLAIN_PARTS = (1, 16, 256)
+#: The piece curve's batches: CURVE_PIECES pieces of the measured size divided by each of these.
+CURVE_PARTS = (128, 512, 2048, 8192)
+CURVE_PIECES = 64
 PIECES = (16, 256, 1024)
 
 
@@ -22,12 +24,14 @@ def measure_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 3,
                         piece_bytes: int = 4096) -> LinkMeasurement:
     """Time batch reads from the tier's peer and fit what a batch, a piece and a byte cost.
 
-    Plain reads (one piece) of nbytes, nbytes / 16, nbytes / 256 and nbytes / 4096, and batches of
-    16, 256 and 1024 pieces of piece_bytes (fewer bytes where the region cannot hold 1024 of them
-    with a gap as large after each) are each timed: a warm-up, then the fastest of `repeats`.
-    fit_link fits latency (a batch), row_ns (a piece) and gbps to the first three plain reads and
-    the batches; fit_piece_curve the piece curve to the four plain reads (the engine's rate by a
-    piece's size: the one merge rule prices pieces by it).
+    Plain reads (one piece) of nbytes, nbytes / 16 and nbytes / 256, batches of 16, 256 and 1024
+    pieces of piece_bytes (fewer bytes where the region cannot hold 1024 of them with a gap as large
+    after each), and batches of 64 pieces of nbytes / 128, / 512, / 2048 and / 8192 are each timed:
+    a warm-up, then the fastest of `repeats`. fit_link fits latency (a batch), row_ns (a piece) and
+    gbps to the plain reads and the first batches; fit_piece_curve the piece curve to what a piece
+    of each size costs inside a batch (a batch's time / 64): the engine's rate by a piece's size,
+    which the one merge rule prices pieces by. Plain reads are not the curve's: a read alone pays
+    the batch's own cost, which no piece of a batch pays again.
 
     Parameters
     ----------
@@ -72,15 +76,19 @@ def measure_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 3,
         return min(t.timed_read(pieces) for _ in range(reps))
 
     points: List[Tuple[int, int, float]] = []
-    plain: List[Tuple[int, float]] = []
+    times: List[float] = []
     for part in PLAIN_PARTS:
         size = n // part
-        plain.append((size, fastest([(0, size)])))
-    points += [(size, 1, sec) for size, sec in plain[:3]]
-    times = [plain[0][1]]
+        sec = fastest([(0, size)])
+        points.append((size, 1, sec))
+        if part == 1:
+            times.append(sec)
     width = max(1, min(piece, region // (2 * max(PIECES))))
     for count in PIECES:
         points.append((width * count, count, fastest([(2 * width * i, width) for i in range(count)])))
+    in_batch = [(max(1, n // part), fastest([(2 * max(1, n // part) * i, max(1, n // part))
+                                              for i in range(CURVE_PIECES)]) / CURVE_PIECES)
+                for part in CURVE_PARTS]
     return LinkMeasurement(gbps=n / times[0] / 1e9 if times[0] > 0 else math.inf, seconds=times[0], nbytes=n,
                            pinned=False, device=f"remote {t.peer}", times=tuple(times), fit=fit_link(points),
-                           pieces=fit_piece_curve(plain))
+                           pieces=fit_piece_curve(in_batch))
