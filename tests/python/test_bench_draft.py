@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import List
+from dataclasses import replace
+from typing import Dict, Hashable, List, Tuple
 
 import numpy as np
 import pytest
 
 import ferry
 from ferry.cli import bench, main
+from ferry.cli.text_table import fmt_tps_digits
 from ferry.workloads import bench as bench_workload
 from ferry.workloads.common import accepted_drafts
 
@@ -179,3 +181,52 @@ def test_a_draft_rows_predicted_copy_time_is_its_schedulers_predictions_summed(
     draft_steps = [p for i, p in enumerate(seen[-steps:]) if i % (cfg.sequences.draft + 1) != cfg.sequences.draft]
     assert any(p > 0 for p in draft_steps)  # the draft steps copy their lengths
     assert r.times.predicted_copy_s == pytest.approx(sum(seen[-steps:]))
+
+
+@pytest.mark.parametrize("several", [dict(draft=2, accept=0.5), dict(draft=0, chunk=3)])
+def test_a_several_token_rows_printed_prediction_is_predict_steps_at_the_windows_it_ran(
+        monkeypatch: pytest.MonkeyPatch, several: Dict[str, float]) -> None:
+    """The prediction a draft (chunk) row prints, in its table and in --json, is predict_step's
+    (tokens_per_step N + 1, or the chunk) at the windows its verifications ran, every target layer in host
+    memory, plus predict_step's for its draft steps' windows (the draft's layer resident), over the expected
+    accepted tokens (a chunk: its tokens); its compute figure the single row's compute a step and layer, its
+    link the stand-in's. The windows are those the row's graphs were asked for (StepGraph.get)."""
+    ran: List[Tuple[bool, int]] = []
+    real_get = ferry.StepGraph.get
+
+    def get(self: ferry.StepGraph, key: Hashable) -> object:
+        variant = getattr(self._build, "__self__", None)
+        if isinstance(variant, bench_workload._Variant) and variant.draft is not None:
+            ran.append((self._build.__name__ == "_build_draft", int(key)))  # type: ignore[call-overload]
+        return real_get(self, key)
+
+    monkeypatch.setattr(ferry.StepGraph, "get", get)
+    cfg = replace(tiny(npl=(2,), policies=("ragged",), **several),
+                  devices=bench_workload.DeviceConfig(link_gbps=(8.0,)))
+    res = bench.run_bench(cfg)
+    [d] = [r for r in res.as_dicts() if r["draft"] or r["chunk"]]
+    [single] = [r for r in res.as_dicts() if not (r["draft"] or r["chunk"])]
+    q, g = cfg.sequences, cfg.kv
+    n_tok = cfg.tokens_per_step
+    steps = ran[-q.ntg * (q.draft + 1):]  # the last repetition's graphs: per step its draft steps, then the step
+    assert [drafting for drafting, _ in steps] == ([True] * q.draft + [False]) * q.ntg
+    assert d["predicted_compute_s"] == single["compute_s_per_step"] / g.n_layer and d["predicted_link_gbps"] == 8.0
+    device = [ferry.residency.DeviceSpec(8.0, 0.0, d["predicted_compute_s"])]
+
+    def predicted(n_kv: int, n_layer: int, tokens: int, resident: bool) -> float:
+        layers = ferry.residency.layers_from_geometry(g.type_kv, g.type_kv, g.head_dim, g.n_head_kv, q.n_ctx, 2, n_kv,
+                                                      [None] * n_layer, n_new=tokens, n_head=g.n_head)
+        return ferry.residency.predict_step(layers, device, [resident] * n_layer,
+                                            tokens_per_step=tokens).step_seconds
+
+    step_s = sum(predicted(n_kv, bench_workload.DRAFT_LAYERS, 1, True) if drafting else
+                 predicted(n_kv, g.n_layer, n_tok, False) for drafting, n_kv in steps) / q.ntg
+    accepted = ferry.residency.expected_accepted_tokens(q.draft, q.accept) if q.draft else q.chunk
+    assert d["predicted_step_s"] == pytest.approx(step_s, rel=1e-12)
+    assert d["predicted_accepted_per_step"] == pytest.approx(accepted, rel=1e-12)
+    assert d["predicted_tokens_per_s"] == pytest.approx(2 * accepted / step_s, rel=1e-12)
+    assert d["accepted_per_step"] == d["tokens"] / q.ntg / 2  # the measured rate's: the draws' own
+    text = bench.format_result(res).splitlines()
+    head = next(i for i, ln in enumerate(text) if ln.split()[:6] == ["npl", "policy", "tok/s", "single", "x",
+                                                                       "predicted"])
+    assert text[head + 1].split()[5] == fmt_tps_digits(d["predicted_tokens_per_s"])

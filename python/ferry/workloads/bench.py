@@ -78,6 +78,7 @@ from ..backend import Backend, CPUBackend, StandinBackend
 from ..block_pool import BlockPool
 from ..errors import InvalidArgumentError, OutOfMemoryError
 from ..kv import KVCache
+from ..residency import DeviceSpec, expected_accepted_tokens, layers_from_geometry, predict_step
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
@@ -584,6 +585,116 @@ DRAFT_ROW_KEYS: Tuple[str, ...] = ("draft", "chunk", "tokens", "draft_bytes_copi
 
 
 @dataclass(frozen=True)
+class SeveralGeometry:
+    """A draft or chunk row's steps as it ran them: what its prediction (predict_several) is made for.
+
+    Attributes
+    ----------
+    tokens_per_step : int
+        Query tokens each step brings per sequence: a verification's N + 1, or the chunk.
+    draft : int
+        Draft steps before each verification (0 for a chunk).
+    windows : tuple of int
+        Each step's window over the target's layers (cells per stream).
+    draft_windows : tuple of tuple of int
+        Each step's draft steps' windows over the draft's layers (() each for a chunk).
+    """
+
+    tokens_per_step: int
+    draft: int
+    windows: Tuple[int, ...]
+    draft_windows: Tuple[Tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class SeveralPrediction:
+    """The cost model's figures for a draft or chunk row (predict_several), beside the measured ones.
+
+    Attributes
+    ----------
+    step_s : float
+        The mean over the row's steps of predict_step's step (tokens_per_step query tokens over the
+        host windows, copied once) and its draft steps'.
+    draft_s : float
+        Of step_s, the draft steps' (each predict_step of the draft's layers, resident: one token, no copy).
+    accepted_per_step : float
+        Tokens a step is predicted to keep per sequence: expected_accepted_tokens(N, P) for a draft (the
+        measured rate counts the seeded draws' realised tokens instead), the chunk for a chunk.
+    tokens_per_s : float
+        npl * accepted_per_step / step_s.
+    compute_s : float
+        The one-token compute figure of a layer the prediction took: the single-token row's compute per
+        step over its layers (predict_step scales it by the tokens a step brings).
+    link_gbps : float
+        The link the prediction took: the stand-in's modelled one, else the single-token row's measured
+        copy bandwidth.
+    """
+
+    step_s: float
+    draft_s: float
+    accepted_per_step: float
+    tokens_per_s: float
+    compute_s: float
+    link_gbps: float
+
+
+def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps: Optional[float] = None,
+                    latency_us: float = 0.0) -> Optional[SeveralPrediction]:
+    """The cost model's step time and tokens/s for a draft or chunk row, as it ran (row.several): each
+    step's predict_step(layers_from_geometry at that step's window, every target layer in host memory,
+    tokens_per_step=N + 1 or the chunk), plus N draft steps' predict_step over the draft's layers
+    (resident on the split device, one token each), over expected_accepted_tokens(N, P) kept tokens a
+    sequence (a chunk keeps all its tokens).
+
+    Parameters
+    ----------
+    cfg : BenchConfig
+        The run's configuration (the cache's geometry).
+    row : BenchRow
+        The draft or chunk row.
+    single : BenchRow
+        Its variant's single-token row: its compute per step over the layers is a layer's one-token figure.
+    link_gbps : float, optional
+        The split's modelled link (the stand-in's); None: the single row's measured copy bandwidth.
+    latency_us : float, optional
+        The split's modelled latency per transfer.
+
+    Returns
+    -------
+    SeveralPrediction or None
+        None for a row without several tokens a step, or one split over several devices (the bench's
+        rows give no per-device compute figure).
+    """
+    geo = row.several
+    if geo is None or len(row.devices) > 1 or not geo.windows:
+        return None
+    g, q, npl = cfg.kv, cfg.sequences, row.key.npl
+    per_layer = single.per_step(single.times.compute_s) / g.n_layer
+    link = link_gbps or single.copy_bandwidth / 1e9 or 1.0
+    device = [DeviceSpec(link, latency_us, per_layer)]
+    figures: Dict[Tuple[int, int, int], List[Any]] = {}
+
+    def layers(n_kv: int, n_layer: int, n_new: int) -> List[Any]:
+        if (n_kv, n_layer, n_new) not in figures:
+            figures[n_kv, n_layer, n_new] = layers_from_geometry(
+                g.type_kv, g.type_kv, g.head_dim, g.n_head_kv, q.n_ctx, npl, n_kv, [None] * n_layer, g.v_trans,
+                n_new=n_new, n_head=g.n_head)
+        return figures[n_kv, n_layer, n_new]
+
+    n_tok = geo.tokens_per_step
+    verify = [predict_step(layers(n_kv, g.n_layer, n_tok), device, [False] * g.n_layer, prefetch=row.key.prefetch,
+                           tokens_per_step=n_tok).step_seconds for n_kv in geo.windows]
+    drafts = [sum(predict_step(layers(n_kv, DRAFT_LAYERS, 1), device, [True] * DRAFT_LAYERS).step_seconds
+                  for n_kv in step) for step in geo.draft_windows]
+    draft_s = sum(drafts) / len(geo.windows)
+    step_s = sum(verify) / len(geo.windows) + draft_s
+    accepted = expected_accepted_tokens(geo.draft, q.accept) if geo.draft else float(n_tok)
+    return SeveralPrediction(step_s=step_s, draft_s=draft_s, accepted_per_step=accepted,
+                             tokens_per_s=npl * accepted / step_s if step_s > 0 else math.inf, compute_s=per_layer,
+                             link_gbps=link)
+
+
+@dataclass(frozen=True)
 class BenchRow:
     """One variant of a number of sequences and a cache layout, over its replicas (pyperf's Run: values
     and what they are of).
@@ -604,6 +715,8 @@ class BenchRow:
         Per device, in index order.
     replicas_tokens_per_s : tuple of float
         Each replica's own tokens/s, in the order they were made.
+    several : SeveralGeometry or None
+        A draft or chunk row's steps as it ran them (what its prediction is made for); None otherwise.
     """
 
     key: RunKey
@@ -613,6 +726,7 @@ class BenchRow:
     output_sha256: str = field(repr=False)
     devices: Tuple[DeviceFigures, ...] = field(default=(), repr=False)
     replicas_tokens_per_s: Tuple[float, ...] = field(default=(), repr=False)
+    several: Optional["SeveralGeometry"] = field(default=None, repr=False)
 
     @property
     def tokens(self) -> int:
@@ -729,6 +843,8 @@ class ReportRow:
         An overlapped row's figures; None for a serial row.
     single : BenchRow or None
         Beside a draft row, the single-token row of its variant (--draft 0's); None otherwise.
+    predicted : SeveralPrediction or None
+        A draft or chunk row's step and tokens/s by the cost model (predict_several); None otherwise.
     """
 
     row: BenchRow
@@ -738,6 +854,7 @@ class ReportRow:
     unified: Optional[BenchRow] = None
     overlap: Optional[OverlapFigures] = None
     single: Optional[BenchRow] = None
+    predicted: Optional[SeveralPrediction] = None
 
     @property
     def bytes_over_single(self) -> Optional[float]:
@@ -780,6 +897,12 @@ class ReportRow:
         if self.single is not None:
             d.update(bytes_per_token_over_single=self.bytes_over_single,
                      tokens_per_s_over_single=self.speedup_over_single)
+        p = self.predicted
+        if p is not None:  # measured: the seeded draws' accepted tokens; predicted: the expected ones
+            d.update(accepted_per_step=r.tokens / r.ntg / k.npl, predicted_accepted_per_step=p.accepted_per_step,
+                     predicted_step_s=p.step_s, predicted_draft_s=p.draft_s, predicted_tokens_per_s=p.tokens_per_s,
+                     tokens_per_s_over_predicted=r.tokens_per_s / p.tokens_per_s if p.tokens_per_s > 0 else None,
+                     predicted_compute_s=p.compute_s, predicted_link_gbps=p.link_gbps)
         return d
 
 
@@ -832,6 +955,7 @@ class BenchResult:
     rows: List[BenchRow]
     device_names: List[str] = field(default_factory=list)  # every device, in index order (split_name: device 0)
     standin_link_gbps: Optional[float] = None  # the stand-in split's modelled link (None: unmodelled, or CUDA)
+    standin_latency_us: float = 0.0  # the stand-in split's modelled latency per transfer
     link_overrun: float = 0.0  # over the timed rounds, the most a stand-in's copies ran past its link, a share
     seconds: float = 0.0  # the run's wall time
     traces: Dict[str, List[TracedStep]] = field(default_factory=dict)  # with cfg.sampling.trace: per variant's label,
@@ -933,7 +1057,9 @@ class BenchResult:
         for r in self.rows:
             k = r.key
             if k.tokens_per_step:
-                out.append(ReportRow(row=r, single=self.single_of(r)))
+                single = self.single_of(r)
+                out.append(ReportRow(row=r, single=single, predicted=predict_several(
+                    self.config, r, single, self.standin_link_gbps, self.standin_latency_us)))
                 continue
             flat = self.flat_of(r)
             gains = () if flat is None or k.policy == "flat" else tuple(
@@ -1367,9 +1493,13 @@ class _Variant:
         times = RunTimes(decode_s=self.floors["decode"].total, copy_s=self.floors["copy"].total,
                          compute_s=self.floors["compute"].total, host_s=self.floors["host"].total,
                          predicted_copy_s=self.predicted)
+        d = self.draft
+        several = None if d is None else SeveralGeometry(
+            tokens_per_step=d.n_tok, draft=d.n, windows=tuple(d.n_kv),
+            draft_windows=tuple(tuple(w) for w in d.draft_n_kv))
         row = BenchRow(key=key, ntg=c.cfg.sequences.ntg, times=times,
                        counts=replace(self.counts, split_memory=self.split_memory), output_sha256=self.digests[0],
-                       devices=devices)
+                       devices=devices, several=several)
         return replace(row, replicas_tokens_per_s=(row.tokens_per_s,))
 
 
@@ -1633,4 +1763,5 @@ def run_bench(cfg: BenchConfig, on_step: Optional[OnStep] = None) -> BenchResult
                        cache_memory="pageable host memory" if not pinned else "pinned host memory", rows=rows,
                        device_names=[d.name for d in devices],
                        standin_link_gbps=split.link_gbps if isinstance(split, StandinBackend) else None,
+                       standin_latency_us=split.latency_us if isinstance(split, StandinBackend) else 0.0,
                        link_overrun=overrun, seconds=time.perf_counter() - start, traces=traces)
