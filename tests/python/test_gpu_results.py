@@ -415,3 +415,35 @@ def test_steps_are_the_summarys_table_and_its_budget_not_the_bench_output_it_quo
 def test_the_archive_is_the_one_gpu_check_writes() -> None:
     script = (TOOL.parent / "gpu-check").read_text()
     assert re.search(rf"^ARCHIVE={re.escape(load_tool().ARCHIVE)}$", script, flags=re.M)
+
+
+def test_report_puts_draft_and_chunk_rows_beside_their_single_rows_and_prediction(files_at: Path) -> None:
+    """Each draft (chunk) row of gpu-check's draft step: tok/s beside its single row's, and bench's own
+    ratios (tok/s and bytes per token over the single row's, measured over predicted) copied, the accepted
+    tokens measured and predicted; the single rows are not rows of the table."""
+    tiny = ["bench", "-c", "256", "-npl", "2", "-npp", "16", "-ntg", "2", "--layers", "1", "--device", "cpu",
+            "--policy", "ragged", "--no-unified", "--repeat", "1", "--rounds", "1", "--json"]
+    runs = {"drafts verified": ["--draft", "2", "--accept", "0.5"], "prefill chunks": ["--chunk", "3"]}
+    with open(files_at / "bench.txt", "a") as f:
+        for what, opts in runs.items():
+            out = subprocess.run([sys.executable, "-m", "ferry.cli", *tiny, *opts], capture_output=True, text=True,
+                                 check=True).stdout
+            f.write(f"\n## {what} over host windows: ferry {' '.join(tiny + opts)}\n{out}\n")
+            runs[what] = json.loads(out)
+    text = load_tool().report(files_at, "bash tools/gpu-check")
+    section = text.split("## Several tokens a copy: drafts and chunks on CUDA")[1].split("\n## ")[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith(("| draft ", "| chunk "))]
+    assert len(lines) == 2
+    for rows, line in zip(runs.values(), lines):
+        single, r = rows  # type: ignore[misc]
+        assert not single["draft"] and not single["chunk"] and (r["draft"] or r["chunk"])
+        assert line == (f"| {'draft 2' if r['draft'] else 'chunk 3'} | 2 | ragged | {r['tokens_per_s']:.1f} | "
+                        f"{single['tokens_per_s']:.1f} | {r['tokens_per_s_over_single']:.2f} | "
+                        f"{r['bytes_per_token_over_single']:.3f} | {r['accepted_per_step']:.2f} "
+                        f"({r['predicted_accepted_per_step']:.2f}) | {r['predicted_tokens_per_s']:.1f} | "
+                        f"{r['tokens_per_s_over_predicted']:.2f} |")
+
+
+def test_the_several_section_says_when_no_draft_step_ran(files_at: Path) -> None:
+    text = load_tool().report(files_at, "bash tools/gpu-check")
+    assert "The draft and chunk rows did not run or printed no JSON." in text
