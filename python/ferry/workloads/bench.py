@@ -644,7 +644,9 @@ def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps
     step's predict_step(layers_from_geometry at that step's window, every target layer in host memory,
     tokens_per_step=N + 1 or the chunk), plus N draft steps' predict_step over the draft's layers
     (resident on the split device, one token each), over expected_accepted_tokens(N, P) kept tokens a
-    sequence (a chunk keeps all its tokens).
+    sequence (a chunk keeps all its tokens). The copies are layers_from_geometry's: each stream's whole
+    window of n_kv cells, as ranges copies it; under ragged, which copies each stream's own cells, that
+    is an upper bound (by the padding, and by each stream's cells short of the longest's).
 
     Parameters
     ----------
