@@ -7,7 +7,8 @@ it lives in (Buffer, BufferType); backends (CPUBackend, StandinBackend: a GPU's 
 link and with a memory you give it, DummyBackend, CUDABackend), events and measure_link; Graph
 and GraphAllocator; copy policies and 2-D copies; the Scheduler, the KVCache and a decode step
 (attention_step, StepGraph, layer_split); the paged KV cache (ferry.paged.PagedKVCache) for a
-serving system's block tables; from_array for numpy, PyTorch and CuPy arrays without copies.
+serving system's block tables, and its blocks kept on a device (ferry.block_pool); from_array for
+numpy, PyTorch and CuPy arrays without copies.
 
 Deeper, by module: the ops (ferry.ops), the copy path (ferry.copy_path), copy plans and their
 cost model (ferry.plan), where each layer's KV should live (ferry.residency), the counters
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from . import _binding, copy_path, ops, paged, plan, residency
+from . import _binding, block_pool, copy_path, ops, paged, plan, residency
 from .alloc import GraphAllocator
 from .backend import Backend, CPUBackend, DummyBackend, StandinBackend
 from .buffer import Buffer, BufferType, cpu_buffer_type
@@ -88,7 +89,7 @@ __all__ = [
     # ferry.plan)
     "CopyPolicy", "Copy2D", "copy_path", "plan",
     # the scheduler, the KV caches (the paged one: ferry.paged) and a decode step
-    "Scheduler", "KVCache", "paged", "attention_step", "layer_split", "StepGraph",
+    "Scheduler", "KVCache", "paged", "block_pool", "attention_step", "layer_split", "StepGraph",
     # where each layer's KV should live: the step's cost model, the planner and the rules (ferry.residency)
     "residency",
     # numpy, PyTorch and CuPy without copies
