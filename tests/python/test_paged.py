@@ -348,8 +348,10 @@ def test_merged_spans_give_the_kv_caches_outputs_and_count_the_gaps_as_crossed(t
 def test_merged_spans_on_the_h100_link_pay_at_adjacency_0_and_leave_long_runs_as_they_were() -> None:
     """The H100 PCIe 5 profile, a pool twice the blocks used (4 sequences of 2,056 cells, 16-cell blocks):
     with 8 KiB blocks at adjacency 0 the plan merges across gaps, predicted at least twice as fast as a
-    piece per block batched, the gaps' bytes said as crossed; with 32 KiB blocks (past the curve's
-    knee) at adjacency 0.9 it takes what it took before merged spans were a method."""
+    piece per block batched, the gaps' bytes said as crossed; at adjacency 0.9 it takes what it took
+    before merged spans were a method: with 32 KiB blocks (past the curve's knee) merged does not pay,
+    and with 8 KiB blocks (tools/results/2026-12-07-merged-spans.md's geometry) merged is predicted
+    9% faster, inside the 10% the model is held to, so auto leaves it (its prediction still shown)."""
     from ferry.workloads.paged_plan import paged_window_plan
 
     g = paged_window_plan(16448, 4, 2048, 8, head_dim=128, n_head_kv=2, adjacency=0.0,
@@ -357,10 +359,15 @@ def test_merged_spans_on_the_h100_link_pay_at_adjacency_0_and_leave_long_runs_as
     assert g.method == "merged" and g.runs == g.blocks and g.spans < g.runs and g.crossed_bytes > g.bytes
     merged, batched = g.method_seconds["merged"], g.method_seconds["batched"]
     assert merged is not None and batched is not None and merged * 2 <= batched
-    g = paged_window_plan(16448, 4, 2048, 8, head_dim=128, n_head_kv=8, adjacency=0.9,
-                          link_profile="h100-pcie5").gather
-    before = {m: s for m, s in g.method_seconds.items() if m in ("runs", "batched", "kernel") and s is not None}
-    assert g.method == min(before, key=lambda m: before[m]) and g.crossed_bytes == g.bytes
+    for n_ctx, npp, n_head_kv in ((16448, 2048, 8), (4112, 512, 2)):  # the second: the record's geometry
+        g = paged_window_plan(n_ctx, 4, npp, 8, head_dim=128, n_head_kv=n_head_kv, adjacency=0.9,
+                              link_profile="h100-pcie5").gather
+        before = {m: s for m, s in g.method_seconds.items() if m in ("runs", "batched", "kernel") and s is not None}
+        assert g.method == min(before, key=lambda m: before[m]) and g.crossed_bytes == g.bytes, n_head_kv
+        merged = g.method_seconds["merged"]
+        assert merged is not None and g.method_seconds["auto"] == before[g.method]
+        if n_head_kv == 2:  # the case the margin decides: merged cheaper, by less than 10%
+            assert before[g.method] / 1.1 <= merged < before[g.method]
 
 
 def test_a_gathered_window_under_the_sentinel() -> None:

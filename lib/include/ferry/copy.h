@@ -189,13 +189,15 @@ FERRY_API ferry_status ferry_copy_ragged_plan(const ferry_tensor * t, const ferr
  * the gather method:
  */
 typedef enum {
-    FERRY_GATHER_AUTO = 0,      /* a cache's setting: the cheapest the split backend offers, by its cost model */
+    FERRY_GATHER_AUTO = 0,      /* a cache's setting: the cheapest the split backend offers, by its cost model
+                                 * (merged only when 10% cheaper than the rest: see ferry_copy_paged_plan) */
     FERRY_GATHER_PER_BLOCK = 1, /* one copy per block read (vLLM's swap_blocks): the baseline */
     FERRY_GATHER_RUNS = 2,      /* one copy per run of adjacent blocks; equal runs at even strides as one 2-D copy */
     FERRY_GATHER_BATCHED = 3,   /* every run in one call (cudaMemcpyBatchAsync; the stand-in's gather) */
     FERRY_GATHER_KERNEL = 4,    /* a kernel reading the runs from pinned host memory (CUDA) */
     FERRY_GATHER_MERGED = 5,    /* spans of the pool, unused blocks between runs and all, in one batched call
-                                 * into the device, the runs then placed there (the stand-in's); the gaps'
+                                 * into a staging area on the device, the runs then placed from there (the
+                                 * stand-in's; CUDA's with batched copies, by its gather kernel); the gaps'
                                  * bytes cross the link but are never read */
     FERRY_GATHER_COUNT = 6
 } ferry_gather_method;
@@ -227,14 +229,15 @@ typedef struct {
     uint64_t spans;             /* a merged gather's spans of the pool (0 for the other methods) */
     double   seconds;           /* predicted by the backend's cost model */
     double   method_seconds[FERRY_GATHER_COUNT]; /* each method's prediction; -1 where the backend does
-                                                  * not offer it; [AUTO]: the cheapest offered */
+                                                  * not offer it; [AUTO]: the one auto takes */
 } ferry_paged_plan;
 
 /*
  * The gather of a paged window into backend (the split's), as ferry_copy_input would make it
  * now: the lengths and tables read now, the method the window's cache is set to (AUTO: the
  * cheapest of runs, batched, kernel and merged that the backend offers for the pool's memory, by its
- * cost model, a tie to runs), the copies in copies (offsets from the pool tensor's first byte
+ * cost model, a tie to runs; merged only when predicted more than 10% faster than the cheapest of
+ * the others, a gain inside the model's own error left to them), the copies in copies (offsets from the pool tensor's first byte
  * and the dense window's; merged: its spans, dst_offset into the staging area they land in one after
  * another) when copies is not NULL. With copies too small it fails with
  * FERRY_ERR_OUT_OF_BOUNDS and *n_copies gets the number needed. Refused: a window that is not
