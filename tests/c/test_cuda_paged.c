@@ -1,7 +1,9 @@
 /*
  * A paged window's gather on CUDA: a copy per block, per run, batched copies
- * (cudaMemcpyBatchAsync) and the gather kernel reading pinned memory, each checked under the
- * sentinel from random tables (fixed seeds, 0 to 100% of blocks adjacent); the kernel refused
+ * (cudaMemcpyBatchAsync), the gather kernel reading pinned memory and merged spans (batched into a
+ * staging area, the runs placed from it by the kernel: across gaps under a model with a piece
+ * curve), each checked under the sentinel from random tables (fixed seeds, 0 to 100% of blocks
+ * adjacent); the kernel refused
  * for a pool the device does not map; attention on CUDA byte for byte the cell-per-stream
  * cache's. Each test exits 77 (SKIP) without a device (against tests/fake-cudart, always one).
  */
@@ -22,11 +24,29 @@ static void need_device(void) {
 
 static const double adjacencies[] = {0.0, 0.5, 0.9, 1.0};
 
-/* Both windows of layer 1 over sequences 1..4 gathered by each method into the CUDA split. */
+/* The GPU model with a piece curve whose knee is past the fixture's blocks, so that merged spans take
+ * the gaps between runs in (the default model has none: a span is its run). */
+static ferry_copy_cost_model curved_model(void) {
+    ferry_copy_cost_model m = ferry_copy_cost_model_gpu();
+    m.piece_floor_gbps = m.gbps / 50;
+    m.piece_knee_bytes = 1 << 20;
+    m.piece_steepness = 4;
+    return m;
+}
+
+/* Spans that crossed gaps in some window gathered by gather_all (its gaps' bytes said as crossed). */
+static uint64_t gaps_crossed;
+
+/* Both windows of layer 1 over sequences 1..4 gathered by each method into the CUDA split, its copies
+ * costed by model (NULL: the backend's own). */
 static void gather_all(ferry_buffer_type * buft, ferry_type tk, ferry_type tv, bool v_trans, double adjacency,
-                       uint64_t seed, const ferry_gather_method * methods, int n_methods) {
+                       uint64_t seed, const ferry_gather_method * methods, int n_methods,
+                       const ferry_copy_cost_model * model) {
     ferry_backend *cuda, *cpu;
     CHECK_OK(ferry_cuda_backend_new(0, &cuda));
+    if (model) {
+        CHECK_OK(ferry_backend_set_copy_cost_model(cuda, model));
+    }
     CHECK_OK(ferry_cpu_backend_new(&cpu));
     const ferry_paged_params p = params_of(tk, tv, v_trans);
     ferry_paged_cache * c;
@@ -63,7 +83,9 @@ static void gather_all(ferry_buffer_type * buft, ferry_type tk, ferry_type tv, b
             CHECK_OK(ferry_copy_paged_plan(w, cuda, &plan, NULL, 0, &n));
             ferry_copy_stats stats;
             CHECK_OK(ferry_copy_input(cuda, (ferry_copy_policy) ((m + v) % FERRY_COPY_POLICY_COUNT), w, copy, &stats));
-            const int fail = paged_check_copy(c, v, 1, 1, NS, N_KV, used, copy, stats.bytes_copied);
+            /* merged spans carry their gaps across too: counted as crossed, never written to the copy */
+            const int fail = paged_check_copy(c, v, 1, 1, NS, N_KV, used, copy,
+                                              stats.bytes_copied - (plan.crossed_bytes - plan.bytes));
             if (fail) {
                 fprintf(stderr, "adjacency %g seed %llu %s method %s: check %d\n", adjacency, (unsigned long long) seed,
                         v ? "V" : "K", ferry_gather_method_name(methods[m]), fail);
@@ -72,7 +94,11 @@ static void gather_all(ferry_buffer_type * buft, ferry_type tk, ferry_type tv, b
             uint64_t blocks, runs;
             paged_count(c, 1, NS, used, &blocks, &runs);
             CHECK(stats.gather == plan.method && (methods[m] == FERRY_GATHER_AUTO || plan.method == methods[m]));
-            CHECK(plan.blocks == blocks && plan.runs == runs && plan.bytes == stats.bytes_copied);
+            CHECK(plan.blocks == blocks && plan.runs == runs && plan.bytes == stats.bytes_read);
+            CHECK(plan.crossed_bytes == stats.bytes_copied &&
+                  (plan.method == FERRY_GATHER_MERGED ? plan.crossed_bytes >= plan.bytes
+                                                      : plan.crossed_bytes == plan.bytes));
+            gaps_crossed += plan.crossed_bytes - plan.bytes;
             CHECK_EQ_U(stats.copy_calls, plan.calls);
             if (plan.method == FERRY_GATHER_PER_BLOCK) {
                 CHECK_EQ_U(plan.calls, blocks);
@@ -95,14 +121,21 @@ static void test_cuda_gathers_move_the_used_cells_by_every_method(void) {
     need_device();
     ferry_buffer_type * pinned;
     CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
-    const ferry_gather_method methods[] = {FERRY_GATHER_PER_BLOCK, FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED,
-                                           FERRY_GATHER_KERNEL, FERRY_GATHER_AUTO};
+    const ferry_gather_method methods[] = {FERRY_GATHER_PER_BLOCK, FERRY_GATHER_RUNS,   FERRY_GATHER_BATCHED,
+                                           FERRY_GATHER_KERNEL,    FERRY_GATHER_MERGED, FERRY_GATHER_AUTO};
+    const ferry_copy_cost_model curved = curved_model();
     for (size_t a = 0; a < sizeof(adjacencies) / sizeof(adjacencies[0]); a++) {
         for (uint64_t seed = 1; seed <= 2; seed++) {
-            SUB(gather_all(pinned, FERRY_TYPE_F16, FERRY_TYPE_F16, false, adjacencies[a], seed, methods, 5));
-            SUB(gather_all(pinned, FERRY_TYPE_Q8_0, FERRY_TYPE_F32, true, adjacencies[a], seed, methods, 5));
+            SUB(gather_all(pinned, FERRY_TYPE_F16, FERRY_TYPE_F16, false, adjacencies[a], seed, methods, 6, NULL));
+            SUB(gather_all(pinned, FERRY_TYPE_Q8_0, FERRY_TYPE_F32, true, adjacencies[a], seed, methods, 6, NULL));
         }
     }
+    CHECK_EQ_U(gaps_crossed, 0); /* without a piece curve a span is its run */
+    for (size_t a = 0; a < sizeof(adjacencies) / sizeof(adjacencies[0]); a++) {
+        SUB(gather_all(pinned, FERRY_TYPE_F16, FERRY_TYPE_F16, false, adjacencies[a], 5, methods, 6, &curved));
+        SUB(gather_all(pinned, FERRY_TYPE_Q8_0, FERRY_TYPE_F32, true, adjacencies[a], 6, methods, 6, &curved));
+    }
+    CHECK(gaps_crossed > 0);
 }
 
 /* A method the device does not offer for a pool in pool_buft: the plan prices it at -1 (and `offered`
@@ -138,24 +171,29 @@ static void forced_method_refused(ferry_buffer_type * pool_buft, ferry_gather_me
 /* From pageable memory the device does not map: no kernel, refused when forced; the rest gather. */
 static void test_cuda_kernel_refused_for_a_pageable_pool(void) {
     need_device();
-    const ferry_gather_method methods[] = {FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED, FERRY_GATHER_AUTO};
-    SUB(gather_all(ferry_cpu_buffer_type(), FERRY_TYPE_F16, FERRY_TYPE_F16, true, 0.5, 3, methods, 3));
+    const ferry_gather_method methods[] = {FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED, FERRY_GATHER_MERGED,
+                                           FERRY_GATHER_AUTO};
+    const ferry_copy_cost_model curved = curved_model();
+    SUB(gather_all(ferry_cpu_buffer_type(), FERRY_TYPE_F16, FERRY_TYPE_F16, true, 0.5, 3, methods, 4, &curved));
     SUB(forced_method_refused(ferry_cpu_buffer_type(), FERRY_GATHER_KERNEL, FERRY_GATHER_BATCHED,
                               "does not offer the kernel gather"));
 }
 
 #ifdef FERRY_FAKE_CUDART
 /* Batched copies need the driver's CUDA as well as the runtime's: under a 12.4 driver (the fake
- * runtime's FERRY_FAKE_CUDA_DRIVER_VERSION, read at ferry's one question) none is offered, a forced
- * batched gather is refused, and the other methods gather as before. */
+ * runtime's FERRY_FAKE_CUDA_DRIVER_VERSION, read at ferry's one question) none is offered, nor merged
+ * spans (batched there), a forced batched or merged gather is refused, and the other methods gather
+ * as before. */
 static void test_cuda_batched_not_offered_under_an_older_driver(void) {
     CHECK(setenv("FERRY_FAKE_CUDA_DRIVER_VERSION", "12040", 1) == 0);
     need_device();
     ferry_buffer_type * pinned;
     CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
     const ferry_gather_method methods[] = {FERRY_GATHER_RUNS, FERRY_GATHER_KERNEL, FERRY_GATHER_AUTO};
-    SUB(gather_all(pinned, FERRY_TYPE_F16, FERRY_TYPE_F16, false, 0.5, 3, methods, 3));
+    const ferry_copy_cost_model curved = curved_model();
+    SUB(gather_all(pinned, FERRY_TYPE_F16, FERRY_TYPE_F16, false, 0.5, 3, methods, 3, &curved));
     SUB(forced_method_refused(pinned, FERRY_GATHER_BATCHED, FERRY_GATHER_KERNEL, "does not offer the batched"));
+    SUB(forced_method_refused(pinned, FERRY_GATHER_MERGED, FERRY_GATHER_KERNEL, "does not offer the merged"));
 }
 #endif
 
@@ -211,9 +249,11 @@ static void test_cuda_attention_same_as_cell_cache(void) {
     ferry_backend *cuda, *cpu;
     CHECK_OK(ferry_cuda_backend_new(0, &cuda));
     CHECK_OK(ferry_cpu_backend_new(&cpu));
-    const ferry_gather_method methods[] = {FERRY_GATHER_PER_BLOCK, FERRY_GATHER_RUNS, FERRY_GATHER_BATCHED,
-                                           FERRY_GATHER_KERNEL, FERRY_GATHER_AUTO};
+    const ferry_gather_method methods[] = {FERRY_GATHER_PER_BLOCK, FERRY_GATHER_RUNS,   FERRY_GATHER_BATCHED,
+                                           FERRY_GATHER_KERNEL,    FERRY_GATHER_MERGED, FERRY_GATHER_AUTO};
     const bool trans[2] = {false, true};
+    const ferry_copy_cost_model curved = curved_model(); /* merged across gaps */
+    CHECK_OK(ferry_backend_set_copy_cost_model(cuda, &curved));
     for (int t = 0; t < 2; t++) {
         twin tw;
         CHECK_OK(twin_init(&tw, pinned, FERRY_TYPE_F16, trans[t] ? FERRY_TYPE_F32 : FERRY_TYPE_Q8_0, trans[t], 0.5,
@@ -224,7 +264,7 @@ static void test_cuda_attention_same_as_cell_cache(void) {
         bool finite = true;
         for (int i = 0; i < N_LAYER * OUT_FLOATS; i++) finite = finite && isfinite(want[i]);
         CHECK(finite);
-        for (int m = 0; m < 5; m++) {
+        for (int m = 0; m < 6; m++) {
             for (int prefetch = 0; prefetch < 2; prefetch++) {
                 CHECK_OK(ferry_paged_cache_set_gather(tw.paged, methods[m]));
                 memset(got, 0, sizeof(got));

@@ -6,6 +6,7 @@ calls and predictions; windows refused where they would be read in place."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
@@ -544,9 +545,11 @@ def test_a_closed_cache() -> None:
 
 @pytest.mark.skipif(not ferry.cuda_available(), reason="no CUDA device")
 def test_cuda_gathers_by_batched_copies_and_the_kernel() -> None:
-    """On CUDA from pinned pools: a copy per block, per run, batched copies and the gather kernel each
-    give attention the KVCache's outputs byte for byte, exactly the cells read copied; auto takes one of
-    the one-call methods where runs are short. From pageable pools the kernel is not offered."""
+    """On CUDA from pinned pools: a copy per block, per run, batched copies, the gather kernel and merged
+    spans each give attention the KVCache's outputs byte for byte, exactly the cells read copied; auto
+    takes one of the one-call methods where runs are short. Under a model whose small pieces are slow,
+    merged spans take the gaps in (their bytes counted as crossed, the outputs the same). From pageable
+    pools the kernel is not offered."""
     twin = Twin("f16", True, 0.5, seed=12)
     pinned = PagedKVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, BS, N_BLOCKS, N_SEQ, v_trans=True, pinned=True)
     for s, table in enumerate(twin.tables):
@@ -555,13 +558,22 @@ def test_cuda_gathers_by_batched_copies_and_the_kernel() -> None:
         layer_pool.set(np.ascontiguousarray(src).tobytes())
     cuda = ferry.CUDABackend()
     want, _, _ = step(twin.kv, twin, cuda, "ragged")
-    for method in ("per_block", "runs", "batched", "kernel", "auto"):
+    for method in ("per_block", "runs", "batched", "kernel", "merged", "auto"):
         pinned.gather = method
         got, inputs, _ = step(pinned, twin, cuda, "plan", compact=method == "runs")
         assert got == want, method
         for inp in inputs:
-            assert inp.stats.bytes_copied == sum(twin.lens) * twin.row
+            assert inp.stats.bytes_copied == inp.stats.bytes_read == sum(twin.lens) * twin.row
             assert method == "auto" or inp.stats.gather == to_gather_method(method)
+    gpu = CopyCostModel.gpu()  # its small pieces at a fiftieth of the peak, past the twin's blocks
+    replace(gpu, piece_floor_gbps=gpu.gbps / 50, piece_knee_bytes=1 << 20, piece_steepness=4).use_for(cuda)
+    pinned.gather = "merged"
+    got, inputs, _ = step(pinned, twin, cuda, "plan")
+    assert got == want
+    assert all(i.stats.bytes_read == sum(twin.lens) * twin.row for i in inputs)
+    assert any(i.stats.bytes_copied > i.stats.bytes_read for i in inputs)
+    CopyCostModel.restore(cuda)
+    pinned.gather = "auto"
     assert {i.stats.gather for i in step(pinned, twin, cuda, "plan")[1]} <= {GatherMethod.BATCHED, GatherMethod.KERNEL,
                                                                               GatherMethod.RUNS}
     twin.paged.gather = "kernel"  # the twin's pools are numpy's: pageable memory the device does not map

@@ -25,6 +25,8 @@ struct backend_ctx {
     uint64_t fold_copies;            /* 2-D copies issued as folded 3-D ones */
     void * pieces_dev;               /* a paged gather kernel's descriptors, in this device's memory */
     size_t pieces_cap;               /* their bytes */
+    void * staging_dev;              /* a merged gather's spans, landed on this device */
+    size_t staging_cap;              /* their bytes */
     int clock_khz;                   /* the device's peak SM clock, asked at the first hold; 0 before */
 };
 
@@ -40,6 +42,7 @@ static void backend_free(ferry_backend * backend) {
     cudaSetDevice(ctx->device);
     cudaStreamSynchronize(ctx->stream); /* nothing may still read memory the caller frees next */
     cudaFree(ctx->pieces_dev);
+    cudaFree(ctx->staging_dev);
     cudaEventDestroy(ctx->copy_event);
     cudaStreamDestroy(ctx->stream);
     cudaGetLastError();
@@ -214,14 +217,16 @@ static int driver_version() {
 }
 #endif
 
-/* Batched copies where the runtime and the driver have them (cudaMemcpyBatchAsync: CUDA 12.8 on);
- * the kernel for a source inside one pinned range the device maps. */
+/* Batched copies where the runtime and the driver have them (cudaMemcpyBatchAsync: CUDA 12.8 on),
+ * and with them merged spans (the spans batched into a staging area, the runs placed from it by the
+ * gather kernel, which reads device memory alone there); the kernel for a source inside one pinned
+ * range the device maps. */
 static unsigned backend_gather_methods(const ferry_backend * backend, const void * src, size_t span) {
     (void) backend;
     unsigned bits = ferry_cuda_pinned_mapped(src, span) ? 1u << FERRY_GATHER_KERNEL : 0;
 #if CUDART_VERSION >= 12080
     if (driver_version() >= 12080) {
-        bits |= 1u << FERRY_GATHER_BATCHED;
+        bits |= 1u << FERRY_GATHER_BATCHED | 1u << FERRY_GATHER_MERGED;
     }
 #endif
     return bits;
@@ -310,30 +315,113 @@ static ferry_status gather_kernel(backend_ctx * ctx, char * dst, const char * sr
     return FERRY_OK;
 }
 
-static ferry_status backend_gather(ferry_backend * backend, ferry_tensor * t, const char * src,
-                                   const ferry_gather_copy * pieces, size_t n, ferry_gather_method method) {
-    backend_ctx * ctx = ctx_of(backend);
-    FERRY_TRY(ferry_cuda_check_context("tensor_gather_async"));
-    const ferry_buffer * buf = ferry_tensor_buffer(t);
-    size_t span = 0;
+/* The bytes past src that n pieces' rows reach (a piece of no rows reaches none: (count - 1) would wrap). */
+static size_t pieces_reach(const ferry_gather_copy * pieces, size_t n, bool source) {
+    size_t reach = 0;
     for (size_t i = 0; i < n; i++) {
-        if (pieces[i].count == 0) { /* reads nothing: (count - 1) would wrap */
+        const ferry_gather_copy * c = &pieces[i];
+        if (c->count == 0) {
             continue;
         }
-        const size_t end = pieces[i].src_offset + (pieces[i].count - 1) * pieces[i].src_stride + pieces[i].size;
-        span = end > span ? end : span;
+        const size_t end = (source ? c->src_offset + (c->count - 1) * c->src_stride
+                                   : c->dst_offset + (c->count - 1) * c->dst_stride) + c->size;
+        reach = end > reach ? end : reach;
     }
+    return reach;
+}
+
+/* The gather by method into t from src (span bytes of it read) offered, t this device's memory: else
+ * UNSUPPORTED, after what. */
+static ferry_status check_gather(ferry_backend * backend, ferry_tensor * t, const char * src, size_t span,
+                                 ferry_gather_method method, const char * what) {
+    backend_ctx * ctx = ctx_of(backend);
+    FERRY_TRY(ferry_cuda_check_context(what));
+    const ferry_buffer * buf = ferry_tensor_buffer(t);
     if (!(backend_gather_methods(backend, src, span) & (1u << method)) || !ferry_cuda_is_device_buffer(buf) ||
         ((device_buffer_ctx *) buf->context)->device != ctx->device) {
-        return ferry_fail(FERRY_ERR_UNSUPPORTED, "tensor_gather_async: %s does not gather by %s into '%s' from %p "
-                          "(batched copies need CUDA 12.8, its runtime and its driver; the kernel, pinned memory "
-                          "it maps; either, its own device memory)", ctx->name, method == FERRY_GATHER_KERNEL ? "kernel" : "batched copies",
+        return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: %s does not gather by %s into '%s' from %p (batched copies "
+                          "and merged spans need CUDA 12.8, its runtime and its driver; the kernel, pinned memory "
+                          "it maps; each, its own device memory)", what, ctx->name,
+                          method == FERRY_GATHER_KERNEL   ? "kernel"
+                          : method == FERRY_GATHER_MERGED ? "merged spans"
+                                                          : "batched copies",
                           t->name, (const void *) src);
     }
-    CUDA_TRY(cudaSetDevice(ctx->device), "tensor_gather_async: cudaSetDevice");
+    const cudaError_t err = cudaSetDevice(ctx->device);
+    return err == cudaSuccess ? FERRY_OK : ferry_cuda_fail(err, what);
+}
+
+static ferry_status backend_gather(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                   const ferry_gather_copy * pieces, size_t n, ferry_gather_method method) {
+    FERRY_TRY(check_gather(backend, t, src, pieces_reach(pieces, n, true), method, "tensor_gather_async"));
+    backend_ctx * ctx = ctx_of(backend);
     char * dst = (char *) ferry_tensor_data(t);
     return method == FERRY_GATHER_KERNEL ? gather_kernel(ctx, dst, src, pieces, n)
                                          : gather_batched(ctx, dst, src, pieces, n);
+}
+
+/* The span of spans[0..n) that holds piece c's every row, or NULL: its rows within the span's, at the
+ * span's row stride. A merged plan's spans hold its runs (copy-paged.c, spans_of). */
+static const ferry_gather_copy * span_holding(const ferry_gather_copy * spans, size_t n, const ferry_gather_copy * c,
+                                              size_t * hint) {
+    for (size_t k = 0; k < n; k++) {
+        const ferry_gather_copy * s = &spans[(*hint + k) % n]; /* the runs mostly follow the spans */
+        if (c->src_offset >= s->src_offset && c->src_offset + c->size <= s->src_offset + s->size &&
+            c->count <= s->count && (c->count <= 1 || c->src_stride == s->src_stride)) {
+            *hint = (*hint + k) % n;
+            return s;
+        }
+    }
+    return NULL;
+}
+
+/* Merged spans: the spans (gaps and all) batched from src into the staging area on this device, each
+ * at its dst_offset, rows dst_stride apart, then the gather kernel places each piece (a run) from the
+ * staged span that holds it, device memory to device memory, on the same stream. The staging area is
+ * grown as the pieces' scratch is (the stream's earlier kernels are done with it once cudaFree returns). */
+static ferry_status backend_gather_merged(ferry_backend * backend, ferry_tensor * t, const char * src,
+                                          const ferry_gather_copy * spans, size_t n_spans,
+                                          const ferry_gather_copy * pieces, size_t n) {
+    const char * what = "tensor_gather_merged_async";
+    FERRY_TRY(check_gather(backend, t, src, pieces_reach(spans, n_spans, true), FERRY_GATHER_MERGED, what));
+    backend_ctx * ctx = ctx_of(backend);
+    auto * placed = (ferry_gather_copy *) ferry_malloc((n ? n : 1) * sizeof(ferry_gather_copy));
+    if (!placed) {
+        return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu pieces", what, n);
+    }
+    size_t hint = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ferry_gather_copy * s = pieces[i].count ? span_holding(spans, n_spans, &pieces[i], &hint) : spans;
+        if (!s) {
+            free(placed);
+            return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: piece %zu (%zu bytes at %zu of the pool) lies in none of "
+                              "the %zu spans: give the spans and runs of one merged plan", what, i, pieces[i].size,
+                              pieces[i].src_offset, n_spans);
+        }
+        placed[i] = pieces[i];
+        placed[i].src_offset = s->dst_offset + (pieces[i].src_offset - s->src_offset);
+        placed[i].src_stride = s->dst_stride;
+    }
+    const size_t staged = pieces_reach(spans, n_spans, false);
+    cudaError_t err = cudaSuccess;
+    if (staged > ctx->staging_cap) {
+        cudaFree(ctx->staging_dev);
+        ctx->staging_dev = nullptr;
+        ctx->staging_cap = 0;
+        err = cudaMalloc(&ctx->staging_dev, staged);
+        ctx->staging_cap = err == cudaSuccess ? staged : 0;
+    }
+    if (err != cudaSuccess) {
+        free(placed);
+        return ferry_cuda_fail(err, "tensor_gather_merged_async: the spans' staging area");
+    }
+    char * staging = (char *) ctx->staging_dev;
+    ferry_status st = gather_batched(ctx, staging, src, spans, n_spans);
+    if (st == FERRY_OK) {
+        st = gather_kernel(ctx, (char *) ferry_tensor_data(t), staging, placed, n);
+    }
+    free(placed);
+    return st;
 }
 
 static bool is_cuda_backend(const ferry_backend * backend) {
@@ -519,6 +607,7 @@ static ferry_backend_i transfer_iface(void) {
     i.get_memory = backend_get_memory;
     i.gather_methods = backend_gather_methods;
     i.set_tensor_gather_async = backend_gather;
+    i.set_tensor_gather_merged_async = backend_gather_merged;
     return i;
 }
 
