@@ -196,6 +196,8 @@ def run_whole(verb: str) -> Callable[[Any], int]:
 @example(argv=["paged-plan", *TINY["plan"], "--which", "v", "--v-trans", "--adjacency", "1"])
 @example(argv=["residency-bench", *TINY["residency-bench"], "--draft", "4", "--accept", "0.7", "--overlap"])  # issue 43
 @example(argv=["residency-plan", *TINY["residency-plan"], "--draft", "64"])  # more tokens than the stream holds
+@example(argv=["residency-bench", *TINY["residency-bench"], "--link-profile", "h100-pcie5", "--link-gbps", "2"])
+@example(argv=["residency-plan", *TINY["residency-plan"], "--link-profile", "pcie4", "--latency-us", "2"])  # refused
 @example(argv=["residency-plan", *TINY["residency-plan"], "--kv-heads", "2"])  # 1 query head over 2: seen at 7f9574e
 @settings(max_examples=40 * SCALE, **SETTINGS)
 @given(argv=st.sampled_from(VERBS).flatmap(command_lines))

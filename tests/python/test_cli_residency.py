@@ -155,6 +155,38 @@ def test_the_links_default_to_the_standins_and_0_is_measured(monkeypatch: pytest
     assert [mixed.standin_link(d) for d in range(2)] == [0.0, 2.45]
 
 
+def test_a_named_link_is_the_plans_link_and_the_bench_standins_link(capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """--link-profile on the residency verbs: the planner sees each device at the named link's peak
+    (--link-gbps's where given) and its latency, the plan names it, and residency-bench's stand-ins are
+    that named link, its piece curve too; --latency-us beside it is refused naming both."""
+    from ferry.workloads import residency_bench
+
+    named = ferry.StandinBackend(link_gbps=2.0, link_profile="pcie4")
+    want = (named.link_gbps, named.latency_us, named.piece_curve)
+    named.close()
+    assert want[2] is not None
+    model = ResidencyModel.of(n_devices=2, link_gbps=(2.0,), link_profile="pcie4")
+    assert model.links() == (want[0], want[0])
+    assert [s.latency_us for s in model.device_specs([0.0] * model.n_layer)] == [want[1]] * 2
+    args = [*GEOMETRY, "--devices", "2", "--link-profile", "pcie4", "--link-gbps", "2", "--compute-us", "20"]
+    out = run(["residency-plan", *args], capsys)
+    assert out.count(f"link pcie4 at 2 GB/s, latency {want[1]:g} µs") == 2
+    made = []
+    real = residency_bench.StandinBackend
+
+    def standin(**kw: Any) -> ferry.StandinBackend:
+        dev = real(**kw)
+        made.append((dev.link_gbps, dev.latency_us, dev.piece_curve))
+        return dev
+
+    monkeypatch.setattr(residency_bench, "StandinBackend", standin)
+    run(["residency-bench", *args, "--strategy", "auto", "--repeat", "1"], capsys)
+    assert made and set(made) == {want}
+    err = refused(["residency-plan", *args, "--latency-us", "3"], capsys)
+    assert "--link-profile" in err and "--latency-us" in err
+
+
 def test_a_model_is_its_groups_built_by_its_flat_names() -> None:
     """ResidencyModel.of puts each old flat name in its group; layer_windows sets the layers; at() changes
     one figure and keeps the rest; a name no group has is a TypeError; check() refuses windows for another

@@ -365,8 +365,8 @@ OPTIONS: Tuple[Option, ...] = (
          metavar="G,G,...", default_text=f"{STANDIN_LINK_GBPS:g}"),
     _opt(["--link-profile"], "each stand-in's link a named one from published measurements, its small pieces "
          "slower (docs/design.md); --link-gbps then gives its peak, its ratios kept",
-         {"paged-plan": ALWAYS, **_all(("bench", "validate", "paged-bench"), STANDIN)}, DEVICES_GROUP,
-         choices=link_profiles(), metavar="NAME", default_text="none"),
+         {**_all((*RESIDENCY_VERBS, "paged-plan")), **_all(("bench", "validate", "paged-bench"), STANDIN)},
+         DEVICES_GROUP, choices=link_profiles(), metavar="NAME", default_text="none"),
     _opt(["--latency-us"], "microseconds each stand-in transfer adds",
          {**_all((*RESIDENCY_VERBS, "paged-plan")), **_all(("bench", "validate", "paged-bench"), STANDIN)},
          DEVICES_GROUP, type=standin_figures("--latency-us", 0.0), metavar="U,U,...", default_text="0"),

@@ -45,6 +45,7 @@ def model_from_args(args: argparse.Namespace, g: Optional[ModelGeometry]) -> Res
                              n_ctx=args.c, layer_windows=tuple(windows), v_trans=bool(getattr(args, "v_trans", False)),
                              compact=bool(getattr(args, "compact", False)), n_devices=args.devices,
                              link_gbps=args.link_gbps or (), latency_us=args.latency_us or (),
+                             link_profile=getattr(args, "link_profile", None),
                              memory=args.device_memory or (), reserve=args.reserve or (),
                              compute_slowdown=args.compute_slowdown or (), compute_us=args.compute_us,
                              layer_devices=args.layer_devices, max_layers=args.kv_device_layers,
@@ -69,7 +70,8 @@ def _describe_devices(m: ResidencyModel, links: Sequence[float]) -> List[str]:
     for d, s in enumerate(specs):
         slow = slowdown[0 if len(slowdown) == 1 else d] if slowdown else 1.0
         memory = "unlimited" if s.memory is None else fmt_mib(s.memory)
-        out.append(f"  device {d}: link {fmt_link(s.link_gbps)}, latency {s.latency_us:g} µs, memory {memory}, "
+        named = f"{m.devices.link_profile} at " if m.devices.link_profile else ""  # its small pieces slower too
+        out.append(f"  device {d}: link {named}{fmt_link(s.link_gbps)}, latency {s.latency_us:g} µs, memory {memory}, "
                    f"reserve {fmt_mib(s.reserve)}, compute x{slow:g}")
     return out
 

@@ -138,10 +138,11 @@ class _Run:
         self.sched: Optional[Scheduler] = None
         try:
             for d in range(cfg.n_devices):
+                named = {"link_profile": cfg.link_profile} if cfg.link_profile is not None else \
+                    {"latency_us": m.latency_us(d)}  # a named link's latency and piece curve are its own
                 self.devices.append(StandinBackend(
-                    link_gbps=m.standin_link(d), latency_us=_pick(cfg.latency_us, d, 0.0),
-                    memory=int(_pick(cfg.memory, d, 0)) or None,
-                    compute_slowdown=_pick(cfg.compute_slowdown, d, 1.0)))
+                    link_gbps=m.standin_link(d), memory=int(_pick(cfg.memory, d, 0)) or None,
+                    compute_slowdown=_pick(cfg.compute_slowdown, d, 1.0), **named))
             on = [self.devices[d] for d in cfg.runs_on(m.n_layer)]
             places = [on[i] if r else None for i, r in enumerate(placement.resident)]
             cells = [m.layer_cells(i) for i in range(m.n_layer)]

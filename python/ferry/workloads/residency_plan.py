@@ -160,8 +160,10 @@ class ResidencyModel:
         The devices (n_devices), and per device (one value for all, or one each) its link (none: the
         stand-ins' default, ferry.workloads.devices.STANDIN_LINK_GBPS; 0: unmodelled, the host's speed),
         latency, memory (none: unlimited) and compute slowdown (default 1); layer_devices: the device
-        that runs each layer (None: contiguous ranges, ferry.layer_split). The planner places the KV:
-        its placement, kv_device_layers and row_ns stay unset.
+        that runs each layer (None: contiguous ranges, ferry.layer_split); link_profile: every
+        device's link a named one (its latency; link_gbps then its peak), which the planner sees as
+        its peak and its latency, and residency-bench's stand-ins charge with its piece curve too.
+        The planner places the KV: its placement, kv_device_layers and row_ns stay unset.
     planner : PlannerOptions
         Each device's reserve, the run's compact copies and prefetch depth, the compute time, and
         at most how many layers are resident.
@@ -222,6 +224,9 @@ class ResidencyModel:
             raise InvalidArgumentError("residency: the planner places the KV on stand-ins without a row cost: leave "
                                        "devices.placement, devices.kv_device_layers and devices.row_ns unset "
                                        "(planner.max_layers caps the layers it keeps)")
+        if d.link_profile is not None and d.latency_us:
+            raise InvalidArgumentError(f"--link-profile {d.link_profile} gives each device's latency: leave out "
+                                       "--latency-us (--link-gbps gives its peak)")
         for option, values in (("--link-gbps", d.link_gbps), ("--latency-us", d.latency_us),
                                ("--device-memory", d.memory), ("--reserve", p.reserve),
                                ("--compute-slowdown", d.compute_slowdown)):
@@ -311,8 +316,35 @@ class ResidencyModel:
         return tuple(out)
 
     def standin_link(self, d: int) -> float:
-        """Device d's stand-in link in GB/s as the runs model it (ferry.workloads.devices.standin_link)."""
+        """Device d's stand-in link in GB/s as the runs model it (ferry.workloads.devices.standin_link), or
+        with a link_profile its peak (link_gbps's, else the named link's own)."""
+        if self.devices.link_profile is not None:
+            return self.named_link(d)[0]
         return standin_link(self.devices.link_gbps, d)
+
+    def named_link(self, d: int) -> Tuple[float, float]:
+        """Device d's named link (devices.link_profile) as (peak GB/s, latency µs), as the stand-in makes
+        it (StandinBackend's link_profile, at link_gbps's peak where given).
+
+        Raises
+        ------
+        InvalidArgumentError
+            Without a link_profile, or for a name the stand-in does not know (naming it).
+        """
+        cfg = self.devices
+        if cfg.link_profile is None:
+            raise InvalidArgumentError("ResidencyModel.named_link: the devices have no link_profile")
+        dev = StandinBackend(link_gbps=_pick(cfg.link_gbps, d, 0.0) or None, link_profile=cfg.link_profile)
+        try:
+            return dev.link_gbps or 0.0, dev.latency_us
+        finally:
+            dev.close()
+
+    def latency_us(self, d: int) -> float:
+        """Device d's latency in µs: its named link's, else latency_us's (default 0)."""
+        if self.devices.link_profile is not None:
+            return self.named_link(d)[1]
+        return _pick(self.devices.latency_us, d, 0.0)
 
     def links(self) -> Tuple[float, ...]:
         """Each device's link in GB/s as the planner sees it: its stand-in link, or for 0 (unmodelled)
@@ -336,7 +368,7 @@ class ResidencyModel:
         for d in range(cfg.n_devices):
             slow = max(1.0, _pick(cfg.compute_slowdown, d, 1.0))
             memory = int(_pick(cfg.memory, d, 0)) or None
-            out.append(DeviceSpec(links[d], _pick(cfg.latency_us, d, 0.0), tuple(c * slow for c in compute), memory,
+            out.append(DeviceSpec(links[d], self.latency_us(d), tuple(c * slow for c in compute), memory,
                                   int(_pick(self.planner.reserve, d, 0)), f"device {d}"))
         return out
 
