@@ -146,6 +146,22 @@ def test_bench_paged_on_a_named_link_says_it_and_its_peak(capsys: pytest.Capture
     assert "stand-in link h100-pcie5 at 5 GB/s, pieces from 0.6 GB/s small, 40 µs a call" in capsys.readouterr().out
 
 
+def test_paged_plan_says_why_a_cheaper_merged_is_not_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    """On the H100 profile at adjacency 0.9 with 8 KiB blocks (tools/results/2026-12-07-merged-spans.md)
+    merged is predicted cheaper than batched by less than auto asks of it: the plan takes batched and
+    says so on merged's line; at adjacency 0 merged is taken and no line says it."""
+    argv = ["paged-plan", "-c", "4112", "-npl", "4", "-npp", "512", "-ntg", "8", "--kv-heads", "2", "--head-dim", "128",
+            "--link-profile", "h100-pcie5", "--link-gbps", "0.25"]
+    assert main(argv + ["--adjacency", "0.9"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("    ")}
+    assert rows["batched"].endswith("<- chosen")
+    assert rows["merged"].endswith("cheaper, but by less than auto asks of merged (docs/design.md)")
+    assert main(argv + ["--adjacency", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "auto asks" not in out and any(line.split()[0] == "merged" and line.endswith("<- chosen")
+                                          for line in out.splitlines() if line.startswith("    "))
+
+
 # ------------------------------------------------------------ validate --paged
 
 

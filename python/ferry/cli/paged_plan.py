@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 from ..errors import FerryError
 from ..workloads.paged_plan import PagedWindowPlan, paged_window_plan
@@ -51,7 +51,14 @@ def format_paged(p: PagedWindowPlan) -> str:
              f"  stand-in link {link}, {stand_in.latency_us:g} µs a call, {stand_in.row_ns:g} ns a row",
              f"  gather: {g.blocks:,} blocks in {g.runs:,} runs; {g.method}: {g.calls:,} "
              f"call{'' if g.calls == 1 else 's'} moving {g.bytes:,} B{spans}, predicted {fmt_seconds(g.seconds)}"]
-    body = [[m, "not offered" if s is None else fmt_seconds(s), "<- chosen" if m == g.method else ""]
+    def note(m: str, s: Optional[float]) -> str:
+        if m == g.method:
+            return "<- chosen"
+        if m == "merged" and s is not None and s < g.seconds:  # auto asks merged for more than the model's error
+            return "cheaper, but by less than auto asks of merged (docs/design.md)"
+        return ""
+
+    body = [[m, "not offered" if s is None else fmt_seconds(s), note(m, s)]
             for m, s in g.method_seconds.items() if m != "auto"]
     lines += [ln.rstrip() for ln in format_table([["method", "predicted", ""], *body], left=(0,), indent="    ")]
     return "\n".join(lines)
