@@ -4,7 +4,7 @@
  * each of three errors a device gives, out of memory, an invalid value and a sticky
  * launch failure, a scenario of the CUDA backend (a device buffer's round trip; a
  * scheduler with a CUDA split over a pinned KV cache; a paged window gathered from a pinned
- * pool by the kernel and by batched copies) runs with call 1, 2, 3, ...
+ * pool by the kernel, by batched copies and by merged spans across its gaps) runs with call 1, 2, 3, ...
  * failing until a run makes fewer calls. A call that fails must return the status of
  * the error (FERRY_ERR_OUT_OF_MEMORY or FERRY_ERR_BACKEND) with CUDA's name for it in the
  * message. After an error that is not sticky the same call retried succeeds, and the
@@ -120,7 +120,8 @@ static void run(state * s) {
     CSTEP(ferry_sched_set_tensor_backend(s->sched, dup, s->cuda));
     CSTEP(ferry_sched_graph_compute(s->sched, s->graph));
     CHECK(scaled_copy_of(scaled, window, 0.5f));
-    /* a paged window of a pinned pool, gathered by the kernel, then by batched copies */
+    /* a paged window of a pinned pool, gathered by the kernel, then by batched copies, then by merged
+     * spans (its small pieces slow by the model: the gaps cross, into a staging area) */
     const ferry_paged_params pp = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8, .n_head_kv = 2,
                                    .block_size = 4, .n_blocks = 16, .n_seq = 2, .n_layer = 1};
     CSTEP(ferry_paged_cache_new(&pp, pinned, NULL, &s->paged));
@@ -132,8 +133,15 @@ static void run(state * s) {
     CSTEP(ferry_tensor_dup_layout(s->ctx, pk, &copy));
     CSTEP(ferry_backend_alloc_buffer(s->cuda, ferry_tensor_nbytes(pk), &s->paged_buf));
     CSTEP(ferry_buffer_place_tensor(s->paged_buf, copy, 0));
-    const ferry_gather_method methods[2] = {FERRY_GATHER_KERNEL, FERRY_GATHER_BATCHED};
-    for (int m = 0; m < 2; m++) {
+    const ferry_gather_method methods[3] = {FERRY_GATHER_KERNEL, FERRY_GATHER_BATCHED, FERRY_GATHER_MERGED};
+    ferry_copy_cost_model curved = ferry_copy_cost_model_gpu();
+    curved.piece_floor_gbps = curved.gbps / 50;
+    curved.piece_knee_bytes = 1 << 20;
+    curved.piece_steepness = 4;
+    for (int m = 0; m < 3; m++) {
+        if (methods[m] == FERRY_GATHER_MERGED) {
+            CSTEP(ferry_backend_set_copy_cost_model(s->cuda, &curved));
+        }
         CSTEP(ferry_tensor_memset(copy, SENTINEL, 0, ferry_tensor_nbytes(copy)));
         CSTEP(ferry_paged_cache_set_gather(s->paged, methods[m]));
         ferry_copy_stats stats;
@@ -143,7 +151,9 @@ static void run(state * s) {
         CHECK_EQ_U(sizeof(got), ferry_tensor_nbytes(copy));
         CSTEP(ferry_tensor_get(copy, got, 0, sizeof(got)));
         CHECK_EQ_U(paged_check_bytes(s->paged, false, 0, 0, 2, 12, (const int64_t[]) {10, 5}, got, sizeof(got),
-                                     stats.bytes_copied), 0);
+                                     stats.bytes_read), 0);
+        CHECK(methods[m] == FERRY_GATHER_MERGED ? stats.bytes_copied > stats.bytes_read
+                                                : stats.bytes_copied == stats.bytes_read);
     }
 }
 
