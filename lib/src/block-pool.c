@@ -35,6 +35,13 @@ struct ferry_block_pool {
     int32_t * readers;        /* per cache block: the sequences reading it (choose_resident) */
     int32_t * order;          /* scratch: the distinct blocks read, in order of first read */
     uint64_t stamp;
+    /* Prefetch (ferry_block_pool_set_prefetch): sends on the copy queue, an event after each sync's,
+     * and the slots the last sync read kept from the next (their compute may still read them). */
+    bool ahead;
+    ferry_backend * queue;    /* where sends go: the backend, or its copy queue when ahead */
+    ferry_event * sent;       /* recorded on the queue after an ahead sync's sends */
+    bool waiting;             /* an ahead sync's sends not yet waited for */
+    uint64_t last_sync;       /* the stamp of the last sync */
     ferry_block_pool_stats stats;
 };
 
@@ -55,6 +62,7 @@ void ferry_block_pool_free(ferry_block_pool * pool) {
     if (!pool) {
         return;
     }
+    ferry_event_free(pool->sent); /* waits for the sends it stands for */
     ferry_kv_layers_free(&pool->layers);
     ferry_buffer_free(pool->table_buf);
     ferry_context_free(pool->table_ctx);
@@ -139,6 +147,7 @@ ferry_status ferry_block_pool_new(const ferry_paged_cache * cache, ferry_backend
     p->cache = cache;
     p->params = params;
     p->backend = backend;
+    p->queue = backend;
     p->n_slots = n_slots;
     const ferry_kv_heads heads = FERRY_KV_HEADS_OF(&params);
     ferry_status st = ferry_kv_layers_make(&p->layers, &slot_layout, &heads, params.n_layer, p);
@@ -231,6 +240,11 @@ static ferry_status mark_reads(ferry_block_pool * p, int64_t s0, int64_t s1, con
     return FERRY_OK;
 }
 
+/* Under prefetch, slot s holds a block the last sync read: a compute may still read it. */
+static bool kept_for_last(const ferry_block_pool * p, int64_t s) {
+    return p->ahead && p->last_sync != 0 && p->last_read[s] == p->last_sync;
+}
+
 /* A slot for block b: a free one, else the least recently read of those whose block this sync does
  * not read and the resident set does not keep (mark_reads and the capacity check guarantee one). */
 static int32_t take_slot(ferry_block_pool * p, int32_t b) {
@@ -241,7 +255,7 @@ static int32_t take_slot(ferry_block_pool * p, int32_t b) {
             best = (int32_t) s;
             break;
         }
-        if (p->mark[held] == p->stamp || p->resident[held]) {
+        if (p->mark[held] == p->stamp || p->resident[held] || kept_for_last(p, s)) {
             continue;
         }
         if (best < 0 || p->last_read[s] < p->last_read[best]) {
@@ -273,13 +287,13 @@ static ferry_status send_run(ferry_block_pool * p, const cell_run * r) {
             const char * src = host[i]->data;
             if (i == 1 && p->params.v_trans) {
                 const size_t ts = host[i]->nb[0];
-                FERRY_TRY(ferry_backend_tensor_set_2d_async(p->backend, dev[i], src + (size_t) r->from * ts,
+                FERRY_TRY(ferry_backend_tensor_set_2d_async(p->queue, dev[i], src + (size_t) r->from * ts,
                                                             (size_t) r->to * ts, (size_t) r->n * ts,
                                                             (size_t) dev[i]->ne[1], dev[i]->nb[1], host[i]->nb[1]));
                 p->stats.cell_bytes += (uint64_t) r->n * ts * (uint64_t) dev[i]->ne[1];
             } else {
                 const size_t row = host[i]->nb[1];
-                FERRY_TRY(ferry_backend_tensor_set_async(p->backend, dev[i], src + (size_t) r->from * row,
+                FERRY_TRY(ferry_backend_tensor_set_async(p->queue, dev[i], src + (size_t) r->from * row,
                                                          (size_t) r->to * row, (size_t) r->n * row));
                 p->stats.cell_bytes += (uint64_t) r->n * row;
             }
@@ -341,7 +355,7 @@ static ferry_status sync_row(ferry_block_pool * p, int64_t s, const int32_t * le
         sent[j] = p->slot_of[p->ids[j]];
     }
     const size_t size = (size_t) (last - first + 1) * sizeof(int32_t);
-    FERRY_TRY(ferry_backend_tensor_set_async(p->backend, p->table, sent + first,
+    FERRY_TRY(ferry_backend_tensor_set_async(p->queue, p->table, sent + first,
                                              (size_t) (s * p->max_blocks + first) * sizeof(int32_t), size));
     p->stats.table_bytes += size;
     p->stats.transfers++;
@@ -354,6 +368,11 @@ static int64_t kept_for_others(const ferry_block_pool * p) {
     for (int64_t b = 0; p->n_resident > 0 && b < p->params.n_blocks; b++) {
         n += p->resident[b] && p->mark[b] != p->stamp;
     }
+    /* under prefetch, the last sync's other blocks too (a compute may still read them) */
+    for (int64_t s = 0; p->ahead && s < p->n_slots; s++) {
+        const int32_t held = p->block_of[s];
+        n += held >= 0 && kept_for_last(p, s) && p->mark[held] != p->stamp && !p->resident[held];
+    }
     return n;
 }
 
@@ -362,7 +381,7 @@ static ferry_status check_fits(const ferry_block_pool * p, int64_t n_distinct, i
     const int64_t kept = kept_for_others(p);
     if (n_distinct > p->n_slots - kept) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "%s: sequences %lld..%lld read %lld blocks, but the pool has %lld "
-                          "slots (%lld kept for resident blocks they do not read): sync fewer sequences at a time, "
+                          "slots (%lld kept for resident blocks, or under prefetch the last sync's, they do not read): sync fewer sequences at a time, "
                           "or make the pool larger", what, (long long) s0, (long long) s1, (long long) n_distinct,
                           (long long) p->n_slots, (long long) kept);
     }
@@ -375,6 +394,7 @@ ferry_status ferry_block_pool_sync(ferry_block_pool * pool, int64_t s0, int64_t 
     int64_t n_distinct;
     FERRY_TRY(mark_reads(pool, s0, s1, lengths, &n_distinct, "block_pool_sync"));
     FERRY_TRY(check_fits(pool, n_distinct, s0, s1, "block_pool_sync"));
+    const uint64_t bytes0 = pool->stats.cell_bytes + pool->stats.table_bytes;
     cell_run run = {0, 0, 0};
     for (int64_t i = 0; i < n_distinct; i++) {
         FERRY_TRY(sync_block(pool, pool->order[i], &run));
@@ -386,6 +406,52 @@ ferry_status ferry_block_pool_sync(ferry_block_pool * pool, int64_t s0, int64_t 
         FERRY_TRY(sync_row(pool, s, lengths, s0));
     }
     pool->stats.syncs++;
+    pool->last_sync = pool->stamp;
+    if (pool->ahead) {
+        FERRY_TRY(ferry_event_record(pool->sent, pool->queue));
+        pool->waiting = true;
+        pool->stats.syncs_ahead++;
+        pool->stats.bytes_ahead += pool->stats.cell_bytes + pool->stats.table_bytes - bytes0;
+    }
+    return FERRY_OK;
+}
+
+ferry_status ferry_block_pool_set_prefetch(ferry_block_pool * pool, bool ahead) {
+    FERRY_CHECK_ARG(pool, "block_pool_set_prefetch: NULL pool");
+    if (ahead == pool->ahead) {
+        return FERRY_OK;
+    }
+    if (!ahead) {
+        FERRY_TRY(ferry_block_pool_wait(pool)); /* what is in flight lands before sends go the other way */
+        FERRY_TRY(ferry_backend_synchronize(pool->queue));
+        pool->queue = pool->backend;
+        pool->ahead = false;
+        return FERRY_OK;
+    }
+    ferry_backend * queue;
+    FERRY_TRY(ferry_backend_get_copy_queue(pool->backend, &queue));
+    queue = queue ? queue : pool->backend;
+    if (!pool->sent || queue != pool->queue) {
+        ferry_event * ev;
+        FERRY_TRY(ferry_event_new(queue, 0, &ev));
+        ferry_event_free(pool->sent);
+        pool->sent = ev;
+    }
+    FERRY_TRY(ferry_backend_synchronize(pool->backend)); /* earlier sends land before the queue's */
+    pool->queue = queue;
+    pool->ahead = true;
+    return FERRY_OK;
+}
+
+bool ferry_block_pool_prefetch(const ferry_block_pool * pool) { return pool && pool->ahead; }
+
+ferry_status ferry_block_pool_wait(ferry_block_pool * pool) {
+    FERRY_CHECK_ARG(pool, "block_pool_wait: NULL pool");
+    if (!pool->waiting) {
+        return FERRY_OK;
+    }
+    FERRY_TRY(ferry_event_wait(pool->backend, pool->sent));
+    pool->waiting = false;
     return FERRY_OK;
 }
 
@@ -570,11 +636,15 @@ ferry_status ferry_block_pool_plan(ferry_block_pool * pool, int64_t s0, int64_t 
     }
     int64_t n_distinct;
     FERRY_TRY(mark_reads(pool, s0, s1, lengths, &n_distinct, "block_pool_plan"));
-    const int64_t stream = n_distinct <= pool->n_slots ? 0 : streaming_slots(pool, s0, s1, lengths, n_distinct);
+    /* under prefetch two groups' streamed blocks are held at once: twice the streaming slots */
+    const int64_t halves = pool->ahead ? 2 : 1;
+    const int64_t stream =
+        n_distinct <= pool->n_slots ? 0 : halves * streaming_slots(pool, s0, s1, lengths, n_distinct);
     if (stream > pool->n_slots) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "block_pool_plan: a sequence of %lld..%lld reads %lld blocks, "
-                          "but the pool has %lld slots: make the pool larger", (long long) s0, (long long) s1,
-                          (long long) stream, (long long) pool->n_slots);
+                          "but the pool has %lld slots%s: make the pool larger", (long long) s0, (long long) s1,
+                          (long long) (stream / halves), (long long) pool->n_slots,
+                          pool->ahead ? " (under prefetch twice the blocks are held: or turn prefetch off)" : "");
     }
     int32_t * chosen = ferry_malloc((size_t) pool->n_slots * sizeof(*chosen));
     if (!chosen) {
@@ -590,7 +660,7 @@ ferry_status ferry_block_pool_plan(ferry_block_pool * pool, int64_t s0, int64_t 
     FERRY_TRY(st);
     /* Greedy groups: a sequence joins the group while its streamed blocks fit the slots the
      * resident blocks leave (a group whose resident blocks are all read leaves stream slots). */
-    const int64_t free_slots = pool->n_slots - pool->n_resident;
+    const int64_t free_slots = (pool->n_slots - pool->n_resident) / halves;
     int64_t groups = 0, streamed = 0;
     ++pool->stamp;
     for (int64_t s = s0; s < s1; s++) {
@@ -611,8 +681,9 @@ ferry_status ferry_block_pool_plan(ferry_block_pool * pool, int64_t s0, int64_t 
         }
         if (streamed > free_slots) {
             return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "block_pool_plan: sequence %lld streams %lld blocks, but "
-                              "the resident set leaves %lld slots: make the pool larger", (long long) s,
-                              (long long) streamed, (long long) free_slots);
+                              "the resident set leaves %lld slots%s: make the pool larger", (long long) s,
+                              (long long) streamed, (long long) free_slots,
+                              pool->ahead ? " (a group's half of them, under prefetch: or turn prefetch off)" : "");
         }
     }
     if (groups < max_groups) {

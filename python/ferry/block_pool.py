@@ -49,6 +49,9 @@ class BlockPoolStats:
         Blocks read that were sent from cell 0; that sent their new cells only; that did not cross.
     evictions : int
         Slots taken from a block the sync did not read.
+    syncs_ahead, bytes_ahead : int
+        Syncs made under prefetch (BlockPool.prefetch), and their bytes: sent on the copy queue ahead of
+        the compute that reads them.
     buffers : Stats
         The pool's buffers' transfer counters: every byte that crossed.
     """
@@ -61,6 +64,8 @@ class BlockPoolStats:
     blocks_grown: int
     blocks_kept: int
     evictions: int
+    syncs_ahead: int
+    bytes_ahead: int
     buffers: Stats
 
     @classmethod
@@ -68,7 +73,8 @@ class BlockPoolStats:
         """A BlockPoolStats holding the values of the ferry_block_pool_stats cdata s."""
         return cls(syncs=int(s.syncs), cell_bytes=int(s.cell_bytes), table_bytes=int(s.table_bytes),
                    transfers=int(s.transfers), blocks_sent=int(s.blocks_sent), blocks_grown=int(s.blocks_grown),
-                   blocks_kept=int(s.blocks_kept), evictions=int(s.evictions), buffers=Stats.from_c(s.buffers))
+                   blocks_kept=int(s.blocks_kept), evictions=int(s.evictions), syncs_ahead=int(s.syncs_ahead),
+                   bytes_ahead=int(s.bytes_ahead), buffers=Stats.from_c(s.buffers))
 
     @property
     def bytes(self) -> int:
@@ -230,6 +236,40 @@ class BlockPool(Closeable):
         a = _checks.as_int64(s0, "BlockPool.sync: s0")
         b = self._cache.params.n_seq if s1 is None else _checks.as_int64(s1, "BlockPool.sync: s1")
         check(lib.ferry_block_pool_sync(self._p, a, b, _lengths(lengths, max(b - a, 0), "BlockPool.sync")))
+
+    @property
+    @holding
+    def prefetch(self) -> bool:
+        """Whether syncs send on the backend's copy queue, ahead of the compute (ferry_block_pool_set_prefetch)."""
+        return bool(lib.ferry_block_pool_prefetch(self._p))
+
+    @holding
+    def set_prefetch(self, ahead: bool) -> None:
+        """Send each sync's blocks on the backend's copy queue, an event after them, so that the next group's
+        blocks (or the next step's first group's) cross while the current group computes; call wait() before
+        the compute that reads them. The sync keeps the slots the sync before it read, and plan() gives groups
+        whose streamed blocks fit half the streaming slots. The bytes and outputs are those of serial syncs.
+
+        Parameters
+        ----------
+        ahead : bool
+            On, or off (off waits for the sends in flight).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For ahead not a bool.
+        UnsupportedError
+            For a backend whose queue cannot make events.
+        """
+        if not isinstance(ahead, bool):
+            raise InvalidArgumentError(f"BlockPool.set_prefetch: ahead must be a bool, not {ahead!r}")
+        check(lib.ferry_block_pool_set_prefetch(self._p, ahead))
+
+    @holding
+    def wait(self) -> None:
+        """Make the backend's later work wait for the last sync's sends (at once when nothing is in flight)."""
+        check(lib.ferry_block_pool_wait(self._p))
 
     @holding
     def drop_ahead(self) -> None:

@@ -373,7 +373,7 @@ typedef struct {
 } pool_state;
 
 /* A pool of a shared-prefix cache: synced whole, then a smaller plan's resident set and groups, then
- * a step through the device table, scheduled on the stand-in. */
+ * a step through the device table, its sync made under prefetch, scheduled on the stand-in. */
 static void pool_run(void * p) {
     pool_state * s = p;
     const ferry_paged_params params = {.type_k = FERRY_TYPE_F32, .type_v = FERRY_TYPE_F32, .head_dim = 8,
@@ -411,7 +411,9 @@ static void pool_run(void * p) {
     STEP(ferry_graph_new(&s->graph));
     ferry_tensor * outs[2];
     STEP(ferry_block_pool_attention_step(s->pool, s->ctx, 2, 0, 2, q, len, s->sched, s->graph, outs));
+    STEP(ferry_block_pool_set_prefetch(s->pool, true)); /* the sends on the copy queue, an event after */
     STEP(ferry_block_pool_sync(s->pool, 0, 2, (const int32_t[]) {6, 5}));
+    STEP(ferry_block_pool_wait(s->pool));
     STEP(ferry_sched_graph_compute(s->sched, s->graph));
     float row[8 * 4 * 2];
     CHECK_OK(ferry_tensor_get(outs[1], row, 0, sizeof(row)));

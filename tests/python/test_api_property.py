@@ -3,7 +3,7 @@ profile): KVCache(placement=, layer_cells=), KVCache.from_arrays and set_stream,
 ferry.residency's plan and predict functions with their DeviceSpec and LayerCost, StandinBackend,
 measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace, Scheduler's
 prefetch_next, drop_ahead and truncate, ops.attn_paged and PagedKVCache.table_tensor; BlockPool's
-constructor, sync, truncate, set_resident, choose_resident and plan; ferry.plan's copy_pieces,
+constructor, set_prefetch, sync, truncate, set_resident, choose_resident and plan; ferry.plan's copy_pieces,
 gather_pieces and merge_pieces.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
@@ -1025,10 +1025,11 @@ def test_a_backend_constructor_documents_its_parameters(cls: type) -> None:
 
 # ---------------------------------------------------------------- BlockPool
 
-POOL_ARGS = ["n_slots", "s0", "s1", "lengths", "truncate_seq", "truncate_length", "resident", "n_resident"]
+POOL_ARGS = ["n_slots", "s0", "s1", "lengths", "truncate_seq", "truncate_length", "resident", "n_resident", "ahead"]
 POOL_NAMES = {"n_slots": ("n_slots",), "s0": ("s0", "sequences"), "s1": ("s1", "sequences"),
               "lengths": ("lengths", "length"), "truncate_seq": ("seq", "sequences"),
-              "truncate_length": ("length",), "resident": ("block",), "n_resident": ("n_resident",)}
+              "truncate_length": ("length",), "resident": ("block",), "n_resident": ("n_resident",),
+              "ahead": ("ahead",)}
 
 
 @st.composite
@@ -1036,6 +1037,8 @@ def pool_change(draw: st.DrawFn) -> Tuple[str, Any]:
     arg = draw(st.sampled_from(POOL_ARGS))
     if arg in ("lengths", "resident"):
         value = draw(st.one_of(st.lists(st.one_of(ints(-2, 12), junk()), max_size=4), junk()))
+    elif arg == "ahead":
+        value = draw(st.one_of(st.booleans(), ints(-2, 2), junk()))
     else:
         value = draw(st.one_of(ints(-2, 12), junk()))
     return arg, value
@@ -1045,10 +1048,11 @@ def pool_change(draw: st.DrawFn) -> Tuple[str, Any]:
 @given(pool_change())
 @example(("lengths", [3, 12]))  # sequence 1 holds 11 cells
 @example(("resident", [1, 1]))
+@example(("ahead", True))
 def test_a_block_pool_of_any_argument_reads_the_caches_cells_or_is_refused_naming_it_sending_nothing(
         change: Tuple[str, Any]) -> None:
-    """BlockPool(n_slots), sync(s0, s1, lengths), truncate, set_resident, choose_resident and plan of any
-    value: refused naming the argument with nothing sent (the pool's counters and table as they were),
+    """BlockPool(n_slots), set_prefetch(ahead) (then wait), sync(s0, s1, lengths), truncate, set_resident,
+    choose_resident and plan of any value: refused naming the argument with nothing sent (the pool's counters and table as they were),
     or every cell synced reads the cache's through the device table."""
     arg, value = change
     c = PagedKVCache("f16", "f16", 16, 1, block_size=4, n_blocks=8, n_seq=2, share_blocks=True)
@@ -1056,7 +1060,7 @@ def test_a_block_pool_of_any_argument_reads_the_caches_cells_or_is_refused_namin
     c.set_table(0, [0, 1], 6)
     c.set_table(1, [0, 1, 2], 11)
     args = changed(dict(n_slots=4, s0=0, s1=2, lengths=None, truncate_seq=1, truncate_length=5, resident=[0],
-                        n_resident=2), arg, value)
+                        n_resident=2, ahead=False), arg, value)
     pool, err = outcome(lambda: BlockPool(c, ferry.StandinBackend(), args["n_slots"]), POOL_NAMES["n_slots"])
     if err is not None:
         return
@@ -1064,7 +1068,8 @@ def test_a_block_pool_of_any_argument_reads_the_caches_cells_or_is_refused_namin
         if arg == "n_slots":
             assert pool.n_slots == value
             return
-        calls = [(("truncate_seq", "truncate_length"), lambda: pool.truncate(args["truncate_seq"],
+        calls = [(("ahead",), lambda: pool.set_prefetch(args["ahead"])),
+                 (("truncate_seq", "truncate_length"), lambda: pool.truncate(args["truncate_seq"],
                                                                           args["truncate_length"])),
                  (("resident",), lambda: pool.set_resident(args["resident"])),
                  (("n_resident", "s0", "s1", "lengths"),
@@ -1079,6 +1084,7 @@ def test_a_block_pool_of_any_argument_reads_the_caches_cells_or_is_refused_namin
                 assert pool.stats == before, "a refused call sent"
                 assert (pool.table.to_numpy() == 0).all()
                 return
+        pool.wait()
         s0, s1 = args["s0"], 2 if args["s1"] is None else args["s1"]  # None: every sequence
         lengths = args["lengths"] if args["lengths"] is not None else [c.table(s)[1] for s in range(s0, s1)]
         table = pool.table.to_numpy()

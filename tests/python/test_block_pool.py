@@ -41,7 +41,7 @@ def cells_of(t: ferry.Tensor, trans: bool, n_cells: int) -> np.ndarray:
     """A pool's bytes as one row per cell."""
     raw = np.frombuffer(t.get(), np.uint8)
     if trans:
-        return raw.reshape(N_EMBD, n_cells, -1).transpose(1, 0, 2).reshape(n_cells, -1)
+        return raw.reshape(t.ne[1], n_cells, -1).transpose(1, 0, 2).reshape(n_cells, -1)  # ne[1]: the embedding
     return raw.reshape(n_cells, -1)
 
 
@@ -398,3 +398,78 @@ def test_the_step_is_refused_naming_what_to_change() -> None:
             pool.attention_step(sched, [*q, q[0]], kv_len)
         with pytest.raises(ferry.OutOfBoundsError, match="sequences 1..4"):
             pool.attention_step(sched, q, kv_len, 1, 4)
+
+
+def pipelined_steps(c: PagedKVCache, pool: BlockPool, groups: List[Tuple[int, int]], steps: int, ahead: bool,
+                    dev: ferry.Backend, cpu: ferry.Backend) -> List[List[bytes]]:
+    """steps decode steps a group at a time (each sequence one cell longer a step), the outputs of each
+    group's step. ahead: the next group's sync (the next step's first group's after the last) is made
+    before this group computes, as prefetch does, and the group checks that its cells read through the
+    table are still the cache's after it; else each group syncs, then computes."""
+    rng = np.random.default_rng(5)
+    q = [ferry.Tensor.from_numpy(dev, rng.uniform(-1, 1, (3, 1, 4, HEAD_DIM)).astype(np.float32)) for _ in range(2)]
+    base = [c.table(s)[1] - steps for s in range(3)]
+    order = [(t, g0, g1) for t in range(steps) for g0, g1 in groups]
+    lengths = [[base[s] + t + 1 for s in range(g0, g1)] for t, g0, g1 in order]
+    outs: List[List[bytes]] = []
+    if ahead:
+        pool.sync(order[0][1], order[0][2], lengths[0])
+    for i, (t, g0, g1) in enumerate(order):
+        if not ahead:
+            pool.sync(g0, g1, lengths[i])
+        elif i + 1 < len(order):
+            pool.sync(order[i + 1][1], order[i + 1][2], lengths[i + 1])  # the next group's, ahead
+        with ferry.Scheduler([dev, cpu]) as sched:
+            qg = [x.view([HEAD_DIM, 4, 1, g1 - g0], [4, 4 * HEAD_DIM, 16 * HEAD_DIM, 16 * HEAD_DIM],
+                         offset=g0 * 16 * HEAD_DIM) for x in q]
+            kv_len = ferry.Tensor.from_numpy(cpu, np.array(lengths[i], np.int32), name="kv_len")
+            step = pool.attention_step(sched, qg, kv_len, g0, g1)
+            pool.wait()
+            sched.compute(step.graph)
+            outs.append([o.get() for o in step])
+        if ahead:
+            dev.synchronize()
+            check_reads(c, pool, range(g0, g1), lengths[i])  # the sync ahead took no slot this group reads
+    return outs
+
+
+def test_prefetch_sends_the_next_groups_blocks_ahead_the_same_bytes_and_outputs() -> None:
+    """Under prefetch a group's sync is made before the group before it computes: the plan halves the
+    streaming slots (3 groups, not 2), the sync ahead keeps the slots the last one read, and the bytes,
+    transfers and outputs are those of the same groups synced serially; the syncs count as made ahead."""
+    c = random_cache("f16", True)
+    dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    with BlockPool(c, dev, 4) as ahead, BlockPool(c, dev, 4) as serial:
+        assert ahead.plan() == [(0, 2), (2, 3)]
+        ahead.set_prefetch(True)
+        assert ahead.prefetch and not serial.prefetch
+        groups = ahead.plan()
+        assert groups == [(0, 1), (1, 2), (2, 3)] and ahead.choose_resident(2) == [0, 1]
+        serial.set_resident([0, 1])
+        ahead.reset_stats()
+        got = pipelined_steps(c, ahead, groups, 3, True, dev, cpu)
+        want = pipelined_steps(c, serial, groups, 3, False, dev, cpu)
+        assert got == want
+        a, s = ahead.stats, serial.stats
+        sent = ("set", "set_2d")  # (the ahead run's checks read the pools back: gets)
+        assert (a.cell_bytes, a.table_bytes, a.transfers, [a.buffers.bytes[k] for k in sent]) == \
+            (s.cell_bytes, s.table_bytes, s.transfers, [s.buffers.bytes[k] for k in sent])
+        assert sum(a.buffers.bytes[k] for k in sent) == a.bytes
+        assert (a.syncs_ahead, a.bytes_ahead) == (9, a.bytes) and (s.syncs_ahead, s.bytes_ahead) == (0, 0)
+        ahead.set_prefetch(False)
+        assert not ahead.prefetch
+        with pytest.raises(ferry.InvalidArgumentError, match="ahead must be a bool"):
+            ahead.set_prefetch(1)  # type: ignore[arg-type]
+    with BlockPool(c, dev, 4) as serial_plan:
+        groups = serial_plan.plan()  # one streaming slot: the groups' streamed blocks take it in turn
+        serial_plan.set_prefetch(True)
+        serial_plan.sync(0, 2)
+        with pytest.raises(ferry.OutOfMemoryError, match="under prefetch the last sync's"):
+            serial_plan.sync(2, 3)  # ahead, it would take the slot of block 2, which group 0 reads
+        assert serial_plan.stats.syncs == 1
+        serial_plan.wait()
+        check_reads(c, serial_plan, [0, 1], [10, 11])
+    with BlockPool(c, dev, 3) as small:
+        small.set_prefetch(True)
+        with pytest.raises(ferry.OutOfMemoryError, match="turn prefetch off"):
+            small.plan()  # two groups' streamed blocks and the shared two do not fit 3 slots

@@ -47,6 +47,8 @@ typedef struct {
     uint64_t blocks_grown;  /* blocks in a slot that sent their new cells only */
     uint64_t blocks_kept;   /* blocks read that did not cross */
     uint64_t evictions;     /* slots taken from a block not read by the sync */
+    uint64_t syncs_ahead;   /* syncs made under prefetch (ferry_block_pool_set_prefetch) */
+    uint64_t bytes_ahead;   /* their cell and table bytes, sent on the copy queue ahead of the compute */
     ferry_stats buffers;    /* the pool's buffers' transfer counters: every byte that crossed */
 } ferry_block_pool_stats;
 
@@ -116,6 +118,23 @@ FERRY_API ferry_status ferry_block_pool_choose_resident(const ferry_block_pool *
  */
 FERRY_API ferry_status ferry_block_pool_plan(ferry_block_pool * pool, int64_t s0, int64_t s1, const int32_t * lengths,
                                              int64_t * group_ends, int64_t max_groups, int64_t * n_groups);
+
+/*
+ * Prefetch: a sync's sends go on the backend's copy queue (the backend itself where it has none),
+ * an event recorded after them, so that the next group's blocks (or the next step's first group's)
+ * cross while the current group computes; ferry_block_pool_wait before the compute that reads
+ * them. A sync under prefetch keeps the slots the sync before it read (their compute may still
+ * run), and ferry_block_pool_plan halves the streaming slots so that two groups' streamed blocks
+ * fit together. The compute of the sync before the last must be done when a sync is made
+ * (ferry_sched_compute returns when it is). The bytes and the outputs are those of serial syncs;
+ * the stats count the syncs made ahead and their bytes. Turning it off waits for what is in
+ * flight. Refused: a backend whose queue cannot make events (UNSUPPORTED).
+ */
+FERRY_API ferry_status ferry_block_pool_set_prefetch(ferry_block_pool * pool, bool ahead);
+FERRY_API bool         ferry_block_pool_prefetch(const ferry_block_pool * pool);
+/* The backend's later work waits for the last sync's sends (on the device where it can, else here);
+ * a pool not prefetching, or with nothing in flight, returns at once. */
+FERRY_API ferry_status ferry_block_pool_wait(ferry_block_pool * pool);
 
 FERRY_API ferry_status ferry_block_pool_get_stats(const ferry_block_pool * pool, ferry_block_pool_stats * out);
 FERRY_API void         ferry_block_pool_reset_stats(ferry_block_pool * pool);
