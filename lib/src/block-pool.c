@@ -607,7 +607,8 @@ static int64_t streaming_slots(ferry_block_pool * p, int64_t s0, int64_t s1, con
         own = mine > own ? mine : own;
         all = n_read > all ? n_read : all;
     }
-    return p->n_slots - own >= shared ? own : all;
+    const int64_t halves = p->ahead ? 2 : 1; /* under prefetch two groups' streamed blocks are held */
+    return p->n_slots - halves * own >= shared ? own : all;
 }
 
 /* Distinct blocks sequences g0..s - 1 and s read that the resident set does not keep, with the

@@ -102,7 +102,7 @@ PROBES: Dict[str, Any] = {
     "--strategy": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
     "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--remote": None, "--block-size": "8",
     "--adjacency": "0.9", "--draft": "2", "--accept": "0.5", "--chunk": "3", "--shared-prefix": "4",
-    "--device-blocks": "0.5",
+    "--device-blocks": "0.5", "--pool-prefetch": None,
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.

@@ -127,6 +127,37 @@ def test_the_device_table_sends_a_shared_prefix_once_and_then_the_new_cells(devi
     assert table.counts.bytes_copied <= 0.6 * dense.counts.bytes_copied
 
 
+@pytest.mark.parametrize("device_blocks", [1.0, 0.75])
+def test_the_device_table_prefetching_gives_the_same_outputs_and_counts_its_sends_in_their_steps(
+        device_blocks: float, capsys: pytest.CaptureFixture[str]) -> None:
+    """--pool-prefetch: the device table's row again with its pool prefetching, each group's sends made
+    under the group before's compute; the outputs are every row's, and with one group (the pool holding
+    the working set) the bytes a step are the serial row's; with fewer slots the plan keeps two groups'
+    streamed blocks (fewer resident), still under 0.6x the dense gather's."""
+    cfg = BenchConfig.of(n_ctx=1024, npl=(4,), npp=60, ntg=4, n_layer=1, head_dim=32, n_head_kv=1, n_head=2,
+                         policies=("ragged",), device="cpu", repeat=1, rounds=1, paged=True, block_size=4,
+                         adjacency=0.5, shared_prefix=32, device_blocks=device_blocks, pool_prefetch=True)
+    res = run_bench(cfg)
+    table, ahead = res.row(4, "ragged", gather="device_table"), res.row(4, "ragged", gather="device_table_prefetch")
+    dense = res.row(4, "ragged", gather="per_block")
+    assert res.outputs_identical(4) and ahead.output_sha256 == table.output_sha256
+    assert ahead.key.label == "paged device table+prefetch"
+    if device_blocks == 1.0:
+        assert ahead.counts == table.counts
+    else:
+        assert ahead.counts.gather_used != "1 group"
+        # the prompts' blocks once: the same cells, table entries apart (more groups, other slots)
+        assert abs(ahead.counts.first_step_bytes - table.counts.first_step_bytes) < 4 * 16 * 4
+        assert ahead.counts.bytes_copied <= 0.6 * dense.counts.bytes_copied
+    argv = ["paged-bench", "-c", "512", "-npl", "2", "-npp", "40", "-ntg", "2", "--head-dim", "32", "--kv-heads",
+            "1", "--heads", "2", "--layers", "1", "--repeat", "1", "--rounds", "1", "--device", "cpu",
+            "--block-size", "4", "--shared-prefix", "8", "--pool-prefetch"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "paged device table+prefetch (1 group)" in text
+    assert "npl 2 device table+prefetch: 1.000x the device table's bytes; waited " in text
+
+
 def test_bench_paged_on_a_named_link_says_it_and_its_peak(capsys: pytest.CaptureFixture[str]) -> None:
     """--link-profile names the stand-in's link in the head line, at its own peak or --link-gbps's; the
     plan's stand-in takes it too, and --latency-us beside it is refused naming both."""

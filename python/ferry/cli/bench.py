@@ -151,6 +151,11 @@ def format_result(res: BenchResult, wide: bool = False) -> str:
     return "\n".join(lines + _tail(res, rep))
 
 
+def _against(measured: float, predicted: float) -> str:
+    """A measured time as a multiple of its prediction ("1.04x"), "-" with no prediction."""
+    return f"{measured / predicted:.2f}x" if predicted > 0 else "-"
+
+
 def format_paged(res: BenchResult, rep: BenchReport) -> str:
     """The report of a --paged run: per npl the paged cache's per-block, batched and merged gathers (the
     method taken named) and the cells cache's ragged copy, each with tokens/s, and per step its copy calls, its
@@ -161,12 +166,13 @@ def format_paged(res: BenchResult, rep: BenchReport) -> str:
               if f.row.key.policy == "ragged" and not (f.row.key.unified or f.row.key.compact or f.row.key.prefetch)}
     body = []
     for npl in cfg.sequences.npl:  # each npl's paged gathers, then the cells cache's ragged copy
-        for gather in (*bench_workload.PAGED_GATHERS, bench_workload.DEVICE_TABLE, ""):
+        for gather in (*bench_workload.PAGED_GATHERS, bench_workload.DEVICE_TABLE, bench_workload.DEVICE_TABLE_PREFETCH,
+                       ""):
             if (npl, gather) not in serial:  # batched, on a device that does not offer it
                 continue
             r = serial[npl, gather]
             t, n = r.times, r.counts
-            named = gather in ("auto", bench_workload.DEVICE_TABLE)
+            named = gather in ("auto", bench_workload.DEVICE_TABLE, bench_workload.DEVICE_TABLE_PREFETCH)
             name = r.key.label + (f" ({n.gather_used})" if named else "") if gather else "cells ragged"
             body.append([str(npl), name, fmt_tps_digits(r.tokens_per_s), f"{r.per_step(n.copy_calls):,.0f}",
                          fmt_seconds(r.per_step(t.copy_s)), fmt_seconds(r.per_step(t.predicted_copy_s)),
@@ -183,7 +189,13 @@ def format_paged(res: BenchResult, rep: BenchReport) -> str:
         later = (n.bytes_copied - n.first_step_bytes) / steps
         lines.append(f"npl {npl} device table: first step {fmt_bytes(n.first_step_bytes)}, then "
                      f"{fmt_bytes(later)} a step; {r.counts.bytes_copied / max(dense.counts.bytes_copied, 1):.3f}x "
-                     "the dense gather's bytes")
+                     f"the dense gather's bytes; copy {_against(r.times.copy_s, r.times.predicted_copy_s)} its "
+                     "prediction")
+        ahead = serial.get((npl, bench_workload.DEVICE_TABLE_PREFETCH))
+        if ahead is not None:  # the same sends, made under the group before's compute: what is left exposed
+            lines.append(f"npl {npl} device table+prefetch: {ahead.counts.bytes_copied / max(n.bytes_copied, 1):.3f}x "
+                         f"the device table's bytes; waited {_against(ahead.times.copy_s, ahead.times.predicted_copy_s)}"
+                         " its sends' prediction")
     return "\n".join(lines + _tail(res, rep))
 
 
@@ -400,7 +412,8 @@ def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParse
     is the cells cache (`ferry paged-bench` runs the paged one through this verb's job)."""
     p = add_verb_parser(sub, VERB)
     p.set_defaults(paged=False, block_size=PagedOptions.block_size, adjacency=PagedOptions.adjacency,
-                   shared_prefix=PagedOptions.shared_prefix, device_blocks=PagedOptions.device_blocks)
+                   shared_prefix=PagedOptions.shared_prefix, device_blocks=PagedOptions.device_blocks,
+                   pool_prefetch=PagedOptions.pool_prefetch)
     return p
 
 
@@ -419,7 +432,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         sampling=Sampling(repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
                           trace=args.trace is not None),
         paged_cache=PagedOptions(paged=args.paged, block_size=args.block_size, adjacency=args.adjacency,
-                                 shared_prefix=args.shared_prefix, device_blocks=args.device_blocks),
+                                 shared_prefix=args.shared_prefix, device_blocks=args.device_blocks,
+                                 pool_prefetch=args.pool_prefetch),
         device=args.device, devices=devices_from_args(args))
 
 

@@ -352,6 +352,8 @@ OPTIONS: Tuple[Option, ...] = (
          _all(("paged-bench",)), RUN,
          type=argument_type(one_float("--device-blocks", 0.0, 1.0), "number above 0, at most 1"),
          default=d.device_blocks, metavar="F"),
+    _opt(["--pool-prefetch"], "also run the device table prefetching each group's blocks under the one before",
+         _all(("paged-bench",)), RUN, action="store_true"),
     # devices
     _opt(["--device"], "where the split runs: cpu is the stand-in, auto cuda if usable",
          _all(("bench", "validate", "paged-bench")), DEVICES_GROUP, choices=DEVICES, default=d.device,

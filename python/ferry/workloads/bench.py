@@ -106,6 +106,7 @@ from .devices import DeviceConfig, naming_device_memory
 from .estimate import Interval, StepFloor, balanced_orders, gain_interval
 from .paged_tables import (
     DEVICE_TABLE,
+    DEVICE_TABLE_PREFETCH,
     PagedOptions,
     adjacent_tables,
     blocks_for,
@@ -126,7 +127,7 @@ OnStep = Callable[[str], None]
 PAGED_GATHERS: Tuple[str, ...] = ("per_block", "batched", "auto")
 #: What --paged calls them in its rows.
 PAGED_NAMES = {"per_block": "paged per-block", "batched": "paged batched", "auto": "paged merged",
-               "device_table": "paged device table"}
+               DEVICE_TABLE: "paged device table", DEVICE_TABLE_PREFETCH: "paged device table+prefetch"}
 
 
 def paged_gathers(split: Backend) -> Tuple[str, ...]:
@@ -212,11 +213,11 @@ CONFIG_JSON_KEYS: Tuple[str, ...] = (
     "n_ctx", "npl", "npp", "ntg", "n_layer", "type_kv", "n_head", "head_dim", "n_head_kv", "policies", "unified",
     "device", "pad", "lengths", "repeat", "rounds", "seed", "v_trans", "compact", "reuse", "overlap", "prefetch",
     "prefetch_next", "devices", "trace", "paged", "block_size", "adjacency", "shared_prefix", "device_blocks", "draft",
-    "accept", "chunk")
+    "accept", "chunk", "pool_prefetch")
 #: The keys of "config" only a draft run (--draft N) writes: a run without a draft writes what it always did.
 DRAFT_CONFIG_KEYS: Tuple[str, ...] = ("draft", "accept", "chunk")
 #: The keys of "config" only a paged run (--paged) writes.
-PAGED_CONFIG_KEYS: Tuple[str, ...] = ("shared_prefix", "device_blocks")
+PAGED_CONFIG_KEYS: Tuple[str, ...] = ("shared_prefix", "device_blocks", "pool_prefetch")
 #: Layers of the draft model (an MTP head or an EAGLE layer), their KV on the split device.
 DRAFT_LAYERS = 1
 
@@ -408,7 +409,7 @@ class BenchConfig:
     def n_steps(self) -> int:
         """Decode steps of the whole run (the progress bar's length): a draft row's verification is one."""
         runs = len(variants(self)) * (len(self.layouts) + (self.tokens_per_step > 1)) * len(self.prefetch_runs) + (
-            len(PAGED_GATHERS) + 1 if self.paged_cache.paged else 0)
+            len(PAGED_GATHERS) + 1 + self.paged_cache.pool_prefetch if self.paged_cache.paged else 0)
         q, m = self.sequences, self.sampling
         return len(q.npl) * m.repeat * (WARMUP + m.rounds) * runs * q.ntg
 
@@ -1510,24 +1511,32 @@ class _PoolVariant(_Variant):
     attention through its device table (ferry.ops.attn_paged): each step syncs what must cross, a group
     of sequences at a time when the pool holds fewer blocks than they read (BlockPool.plan), then computes
     that group's step. A repetition is a fresh decode loop: the pool is dropped at its start, so its first
-    step sends the prompts' blocks and each after it the new cells."""
+    step sends the prompts' blocks and each after it the new cells. ahead (--pool-prefetch): the pool
+    prefetches, each group's sync made before the group before it computes (the next step's first group's
+    under this step's last), the copy time the waits for them."""
 
-    def __init__(self, cache: _Cache, cpu: Backend) -> None:
-        super().__init__(cache, cpu, "ragged", False, 0, DEVICE_TABLE)
+    def __init__(self, cache: _Cache, cpu: Backend, ahead: bool = False) -> None:
+        super().__init__(cache, cpu, "ragged", False, 0, DEVICE_TABLE_PREFETCH if ahead else DEVICE_TABLE)
         assert isinstance(cache, _PagedCache)
         c, npl = cache, cache.npl
+        self.ahead = ahead
         final = c.prompts + c.cfg.sequences.ntg  # each sequence's length at the last step
         working = len({b for s in range(npl) for b in c.paged.table(s)[0][:blocks_for(int(final[s]),
                                                                                    c.cfg.paged_cache.block_size)]})
         share = c.cfg.paged_cache.device_blocks
         self.pool = BlockPool(c.paged, c.split, self.pool_slots(working, share))
         try:
+            self.pool.set_prefetch(ahead)
             self.groups = self.pool.plan(lengths=final.tolist())
         except OutOfMemoryError as e:
             self.pool.close()
             raise InvalidArgumentError(f"--device-blocks {share:g}: {self.pool_slots(working, share)} slots of a "
                                        f"working set of {working} blocks cannot stream one sequence's blocks "
-                                       f"({e.message}): give a larger --device-blocks") from None
+                                       f"({e.message}): give a larger --device-blocks"
+                                       f"{' or leave out --pool-prefetch' if ahead else ''}") from None
+        except BaseException:
+            self.pool.close()
+            raise
         self.kv_lens = [Tensor.from_numpy(cpu, np.zeros(g1 - g0, np.int32), name="kv_len") for g0, g1 in self.groups]
         self.step_graphs = []
         for (g0, g1), kv_len in zip(self.groups, self.kv_lens):
@@ -1549,6 +1558,9 @@ class _PoolVariant(_Variant):
         return split.link_stats.modelled_seconds if isinstance(split, StandinBackend) else 0.0
 
     def repetition(self, timed: bool, on_step: Optional[OnStep]) -> None:
+        if self.ahead:
+            self._repetition_ahead(timed, on_step)
+            return
         c, cfg, pool = self.cache, self.cache.cfg, self.pool
         split = c.split
         copied = calls = 0
@@ -1599,6 +1611,71 @@ class _PoolVariant(_Variant):
             self.predicted = predicted
             self.digests.append(digest.hexdigest())
 
+    def _repetition_ahead(self, timed: bool, on_step: Optional[OnStep]) -> None:
+        """repetition() with the pool prefetching: the first group's sync before the loop, then before each
+        group computes, the wait for its sends (its copy time) and the sync of the group after it (the next
+        step's first after the last), whose bytes count in the step they are for."""
+        c, cfg, pool = self.cache, self.cache.cfg, self.pool
+        ntg = cfg.sequences.ntg
+        order = [(t, g) for t in range(ntg) for g in self.groups]
+        sent, calls = [0] * ntg, [0] * ntg
+        digest = hashlib.sha256()
+        pool.drop_ahead()
+        link0 = self._modelled()
+
+        def sync(k: int) -> None:
+            t, (g0, g1) = order[k]
+            before = pool.stats
+            pool.sync(g0, g1, (c.prompts[g0:g1] + (t + 1)).tolist())
+            after = pool.stats
+            sent[t] += after.bytes - before.bytes
+            calls[t] += after.transfers - before.transfers
+
+        sync(0)
+        k, lengths_copy = 0, 0.0
+        for t in range(ntg):
+            t0 = time.perf_counter()
+            lengths = c.prompts + (t + 1)
+            for (g0, g1), kv_len in zip(self.groups, self.kv_lens):
+                kv_len.set(lengths[g0:g1].astype(np.int32).tobytes())
+            t1 = time.perf_counter()
+            copy = compute = 0.0
+            outs: List[List[bytes]] = []
+            for graph in self.step_graphs:
+                a = time.perf_counter()
+                pool.wait()  # this group's sends have landed
+                if k + 1 < len(order):
+                    sync(k + 1)  # the next group's, on the copy queue under this group's compute
+                last = k + 1 == len(order)
+                m0 = self._modelled()
+                b = time.perf_counter()
+                self.sched.compute(graph)
+                compute += time.perf_counter() - b
+                if last:  # nothing else in flight: the link's time for one group's lengths
+                    lengths_copy = self._modelled() - m0
+                copy += b - a
+                outs.append([o.get() for o in graph.outputs])
+                k += 1
+            decode = time.perf_counter() - t1
+            if timed:
+                for w, sec in (("decode", decode), ("copy", copy), ("compute", compute), ("host", t1 - t0)):
+                    self.floors[w].add(t, sec)
+                self.device_copy[0].add(t, copy)
+            for layer in range(cfg.kv.n_layer):  # each layer's rows in sequence order: the dense step's bytes
+                digest.update(b"".join(o[layer] for o in outs))
+            if on_step is not None:
+                on_step(self.label)
+        self.first_step_bytes = sent[0]
+        if timed:
+            copied = sum(sent)
+            self.counts = RunCounts(bytes_copied=copied, bytes_read=copied, copy_calls=sum(calls),
+                                    first_step_bytes=sent[0],
+                                    gather_used=f"{len(self.groups)} group{'s' if len(self.groups) > 1 else ''}")
+            self.device_bytes = DeviceBytes(copied=[copied], kv=[copied])
+            # every sync's sends by the link's model: the loop's, less each group's copy of its lengths
+            self.predicted = self._modelled() - link0 - len(order) * lengths_copy
+            self.digests.append(digest.hexdigest())
+
 
 class _Replica:
     """One replica of every variant of one number of sequences, on every layout: its caches, its
@@ -1625,6 +1702,8 @@ class _Replica:
                 self.variants += [_Variant(self.caches[-1], cpu, "ragged", False, 0, gather)
                                   for gather in paged_gathers(devices[0])]
                 self.variants.append(_PoolVariant(self.caches[-1], cpu))
+                if cfg.paged_cache.pool_prefetch:
+                    self.variants.append(_PoolVariant(self.caches[-1], cpu, ahead=True))
         except BaseException:
             self.close()
             raise

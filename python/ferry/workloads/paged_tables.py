@@ -47,6 +47,9 @@ class PagedOptions:
     device_blocks : float
         The share of the working set's blocks the device table's pool holds (--device-blocks, 0..1;
         1: all of them).
+    pool_prefetch : bool
+        Whether the device table's row also runs with its pool prefetching (--pool-prefetch): each group's
+        blocks sent under the group before it (BlockPool.set_prefetch).
     """
 
     paged: bool = False
@@ -54,10 +57,13 @@ class PagedOptions:
     adjacency: float = ADJACENCY
     shared_prefix: int = 0
     device_blocks: float = 1.0
+    pool_prefetch: bool = False
 
 #: The paged cache's blocks kept in a device pool and read through its device table (ferry.block_pool),
 #: beside the gathers in the workloads' rows and hashes.
 DEVICE_TABLE = "device_table"
+#: The device table's row with its pool prefetching (--pool-prefetch).
+DEVICE_TABLE_PREFETCH = "device_table_prefetch"
 
 #: The gathers a paged window can be forced to, the baseline first (GatherMethod's names but auto).
 GATHERS: Tuple[str, ...] = ("per_block", "runs", "batched", "kernel", "merged")
