@@ -33,6 +33,7 @@ struct ferry_block_pool {
     int64_t * need;           /* per cache block: the cells this sync reads */
     uint64_t * mark;          /* per cache block: the stamp of the sync (or choice) that read it */
     int32_t * readers;        /* per cache block: the sequences reading it (choose_resident) */
+    uint8_t * runs_on;        /* per cache block: its table neighbours read that follow it in the host pool */
     int32_t * order;          /* scratch: the distinct blocks read, in order of first read */
     uint64_t stamp;
     /* Prefetch (ferry_block_pool_set_prefetch): sends on the copy queue, an event after each sync's,
@@ -76,6 +77,7 @@ void ferry_block_pool_free(ferry_block_pool * pool) {
     free(pool->need);
     free(pool->mark);
     free(pool->readers);
+    free(pool->runs_on);
     free(pool->order);
     free(pool);
 }
@@ -114,9 +116,10 @@ static ferry_status make_table(ferry_block_pool * p) {
     p->need = ferry_calloc(blocks, sizeof(*p->need));
     p->mark = ferry_calloc(blocks, sizeof(*p->mark));
     p->readers = ferry_calloc(blocks, sizeof(*p->readers));
+    p->runs_on = ferry_calloc(blocks, sizeof(*p->runs_on));
     p->order = ferry_calloc(blocks, sizeof(*p->order));
     if (!p->table_sent || !p->ids || !p->slot_of || !p->block_of || !p->valid || !p->last_read || !p->resident ||
-        !p->need || !p->mark || !p->readers || !p->order) {
+        !p->need || !p->mark || !p->readers || !p->runs_on || !p->order) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "block_pool_new: out of memory for the lists of %lld blocks and "
                           "%lld slots", (long long) blocks, (long long) slots);
     }
@@ -230,6 +233,8 @@ static ferry_status mark_reads(ferry_block_pool * p, int64_t s0, int64_t s1, con
                 p->mark[b] = stamp;
                 p->need[b] = cells;
                 p->readers[b] = 0;
+                p->runs_on[b] = (uint8_t) ((j > 0 && p->ids[j - 1] == b - 1) +
+                                           (j + 1 < n_read && p->ids[j + 1] == b + 1));
                 p->order[n++] = b;
             }
             p->readers[b]++;
@@ -508,9 +513,11 @@ ferry_status ferry_block_pool_set_resident(ferry_block_pool * pool, const int32_
     return FERRY_OK;
 }
 
-/* Best first: more readers, then more cells read, then the lower id. */
+/* Best first: more readers, then a higher cost to send again each step, then more cells read, then
+ * the lower id. */
 typedef struct {
     int32_t readers;
+    double seconds;
     int64_t cells;
     int32_t block;
 } ranked_block;
@@ -520,10 +527,45 @@ static int rank_order(const void * a, const void * b) {
     if (x->readers != y->readers) {
         return x->readers > y->readers ? -1 : 1;
     }
+    if (x->seconds != y->seconds) {
+        return x->seconds > y->seconds ? -1 : 1;
+    }
     if (x->cells != y->cells) {
         return x->cells > y->cells ? -1 : 1;
     }
     return x->block < y->block ? -1 : x->block > y->block;
+}
+
+/*
+ * What streaming block b costs each step, by the backend's copy cost model (the stand-in's link and
+ * piece curve, a CUDA device's measured one): per layer its K and V as a sync sends them. A block
+ * whose table neighbours do not follow it in the host pool goes alone, a call and a piece priced by
+ * its size (a small piece below the curve's knee costs more per byte); one at the end of a run of
+ * host-adjacent blocks adds its bytes to the run's piece at the link's peak; one in the middle of a
+ * run too, less a call (kept resident, it would split the run in two).
+ */
+static double resend_seconds(const ferry_block_pool * p, const ferry_copy_cost_model * m, int32_t b) {
+    if (!(m->gbps > 0)) {
+        return 0.0;
+    }
+    const double call = m->call_us * 1e-6, bps = m->gbps * 1e9;
+    const int64_t cells = p->need[b];
+    const bool trans = p->params.v_trans;
+    double s = 0.0;
+    for (int32_t l = 0; l < p->params.n_layer; l++) {
+        const ferry_tensor *k = p->layers.k[l], *v = p->layers.v[l];
+        const size_t k_bytes = (size_t) cells * k->nb[1];
+        /* a transposed V crosses as one 2-D set: a row of cells per embedding value */
+        const ferry_copy_2d v_rows = {.offset = 0, .size = (size_t) cells * (trans ? v->nb[0] : v->nb[1]),
+                                      .count = trans ? (size_t) v->ne[1] : 1, .stride = trans ? v->nb[1] : 0};
+        const size_t v_bytes = v_rows.size * v_rows.count;
+        if (p->runs_on[b] == 0) {
+            s += call + ferry_copy_piece_seconds(m, k_bytes) + ferry_copy_plan_cost(m, &v_rows, 1);
+        } else {
+            s += (double) (k_bytes + v_bytes) / bps - (p->runs_on[b] == 2 ? 2.0 * call : 0.0);
+        }
+    }
+    return s;
 }
 
 ferry_status ferry_block_pool_choose_resident(const ferry_block_pool * pool, int64_t s0, int64_t s1,
@@ -547,9 +589,11 @@ ferry_status ferry_block_pool_choose_resident(const ferry_block_pool * pool, int
     if (!ranked) {
         return ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "block_pool_choose_resident: out of memory");
     }
+    const ferry_copy_cost_model model = ferry_backend_copy_cost_model(p->backend);
     for (int64_t i = 0; i < n_distinct; i++) {
         const int32_t b = p->order[i];
-        ranked[i] = (ranked_block) {.readers = p->readers[b], .cells = p->need[b], .block = b};
+        ranked[i] = (ranked_block) {.readers = p->readers[b], .seconds = resend_seconds(p, &model, b),
+                                    .cells = p->need[b], .block = b};
     }
     qsort(ranked, (size_t) n_distinct, sizeof(*ranked), rank_order);
     const int64_t n = n_resident < n_distinct ? n_resident : n_distinct;

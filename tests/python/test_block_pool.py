@@ -189,6 +189,19 @@ def test_the_resident_choice_is_shared_blocks_first_then_the_most_cells_read() -
         assert p.choose_resident(3, 0, 2) == [6, 0, 1]  # the shared block first, though of a higher id
 
 
+def test_the_resident_choice_is_the_links_cost_where_cells_and_cost_disagree() -> None:
+    """On the H100 profile's link, a block of 3 cells alone in the host pool costs a call and its small
+    pieces (below the curve's knee); each of two blocks of 4 cells that follow each other in the host
+    pool adds only its bytes to their one piece, at the link's peak. The cost model keeps the small
+    block first; cells alone would keep the larger ones."""
+    c = cache(n_seq=2)
+    c.set_table(0, [5, 6], 8)  # 6 follows 5 in the host pool: one piece of both
+    c.set_table(1, [10], 3)    # alone, 3 cells
+    with BlockPool(c, ferry.StandinBackend(link_profile="h100-pcie5"), 6) as p:
+        assert p.choose_resident(3) == [10, 5, 6]
+        assert p.choose_resident(1) == [10]  # by cells (more cells first): [5]
+
+
 def test_refusals_name_what_to_change_and_change_nothing() -> None:
     c = cache()
     shared(c)
@@ -281,10 +294,12 @@ def prefix_cache(n_seq: int = 4, own_blocks: int = 4) -> PagedKVCache:
 def test_a_pool_smaller_than_the_blocks_read_keeps_shared_blocks_and_streams_the_rest_in_groups() -> None:
     c = prefix_cache()  # 2 shared + 16 own blocks read
     with BlockPool(c, ferry.CPUBackend(), 9) as p:
-        # 4 streaming slots (a sequence's own blocks), 5 resident: the shared two, then the blocks of
-        # more cells read, lower ids first: sequence 0's first three
+        # 4 streaming slots (a sequence's own blocks), 5 resident: the shared two, then the blocks that
+        # cost most to send again: each sequence's own blocks follow each other in the host pool (0..5
+        # one run), so the ends of runs (5, 6, 9: their bytes), not their middles (which would split a
+        # run in two), lower ids first
         groups = p.plan()
-        assert p.choose_resident(5) == [0, 1, 2, 3, 4]
+        assert p.choose_resident(5) == [0, 1, 5, 6, 9]
         # sequence 0 streams one block, each other four: none joins another's group
         assert groups == [(0, 1), (1, 2), (2, 3), (3, 4)]
         step = []

@@ -96,8 +96,12 @@ FERRY_API ferry_status ferry_block_pool_set_resident(ferry_block_pool * pool, co
                                                      int64_t n_blocks);
 /*
  * The resident set a pool of n_resident slots should keep for sequences s0..s1 - 1 read to
- * lengths (NULL: their cells), best first: blocks read by more sequences first, then blocks of
- * more cells read (a block that crosses whole each step it is streamed), then lower ids. *n_out
+ * lengths (NULL: their cells), best first: blocks read by more sequences first, then by what a
+ * block costs to send again each step it is streamed, by the backend's copy cost model
+ * (ferry_backend_copy_cost_model: the stand-in's link and piece curve): per layer its K and V pieces,
+ * a block alone in the host pool a call and pieces priced by their size, one whose table neighbour
+ * follows it in the host pool its bytes at the link's peak (it joins their piece), less a call when
+ * both neighbours do (kept, it would split their run); then more cells read, then lower ids. *n_out
  * is min(n_resident, the distinct blocks read); up to max_out ids into out. Refused as sync is.
  */
 FERRY_API ferry_status ferry_block_pool_choose_resident(const ferry_block_pool * pool, int64_t s0, int64_t s1,
