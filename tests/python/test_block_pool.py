@@ -429,7 +429,7 @@ def pipelined_steps(c: PagedKVCache, pool: BlockPool, groups: List[Tuple[int, in
     outs: List[List[bytes]] = []
     if ahead:
         pool.sync(order[0][1], order[0][2], lengths[0])
-    for i, (t, g0, g1) in enumerate(order):
+    for i, (_, g0, g1) in enumerate(order):
         if not ahead:
             pool.sync(g0, g1, lengths[i])
         elif i + 1 < len(order):

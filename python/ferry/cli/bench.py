@@ -192,10 +192,10 @@ def format_paged(res: BenchResult, rep: BenchReport) -> str:
                      f"the dense gather's bytes; copy {_against(r.times.copy_s, r.times.predicted_copy_s)} its "
                      "prediction")
         ahead = serial.get((npl, bench_workload.DEVICE_TABLE_PREFETCH))
-        if ahead is not None:  # the same sends, made under the group before's compute: what is left exposed
+        if ahead is not None:  # its sends made under the group before's compute: what is left exposed
+            waited = _against(ahead.times.copy_s, ahead.times.predicted_copy_s)
             lines.append(f"npl {npl} device table+prefetch: {ahead.counts.bytes_copied / max(n.bytes_copied, 1):.3f}x "
-                         f"the device table's bytes; waited {_against(ahead.times.copy_s, ahead.times.predicted_copy_s)}"
-                         " its sends' prediction")
+                         f"the device table's bytes; waited {waited} its sends' prediction")
     return "\n".join(lines + _tail(res, rep))
 
 
