@@ -1632,7 +1632,7 @@ class _PoolVariant(_Variant):
             calls[t] += after.transfers - before.transfers
 
         sync(0)
-        k, lengths_copy = 0, 0.0
+        k, others = 0, 0.0
         for t in range(ntg):
             t0 = time.perf_counter()
             lengths = c.prompts + (t + 1)
@@ -1651,10 +1651,10 @@ class _PoolVariant(_Variant):
                 b = time.perf_counter()
                 self.sched.compute(graph)
                 compute += time.perf_counter() - b
-                if last:  # nothing else in flight: the link's time for one group's lengths
-                    lengths_copy = self._modelled() - m0
                 copy += b - a
                 outs.append([o.get() for o in graph.outputs])
+                if last:  # nothing else in flight: the link's time for a group's lengths in, outputs out
+                    others = self._modelled() - m0
                 k += 1
             decode = time.perf_counter() - t1
             if timed:
@@ -1672,8 +1672,9 @@ class _PoolVariant(_Variant):
                                     first_step_bytes=sent[0],
                                     gather_used=f"{len(self.groups)} group{'s' if len(self.groups) > 1 else ''}")
             self.device_bytes = DeviceBytes(copied=[copied], kv=[copied])
-            # every sync's sends by the link's model: the loop's, less each group's copy of its lengths
-            self.predicted = self._modelled() - link0 - len(order) * lengths_copy
+            # every sync's sends by the link's model: the loop's, less each group's lengths and outputs (the
+            # last group's, a latency each: their bytes, a few KiB, differ by group)
+            self.predicted = self._modelled() - link0 - len(order) * others
             self.digests.append(digest.hexdigest())
 
 
