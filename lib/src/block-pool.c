@@ -224,7 +224,7 @@ static ferry_status mark_reads(ferry_block_pool * p, int64_t s0, int64_t s1, con
     const uint64_t stamp = ++p->stamp;
     int64_t n = 0;
     for (int64_t s = s0; s < s1; s++) {
-        int64_t len, n_read;
+        int64_t len = 0, n_read = 0;
         FERRY_TRY(read_table(p, s, lengths, s0, &len, &n_read, what));
         for (int64_t j = 0; j < n_read; j++) {
             const int32_t b = p->ids[j];
@@ -343,7 +343,7 @@ static ferry_status sync_block(ferry_block_pool * p, int32_t b, cell_run * run) 
 /* Sequence s's row of the device table: the slots of its blocks read; what differs from what
  * the device holds goes in one set. */
 static ferry_status sync_row(ferry_block_pool * p, int64_t s, const int32_t * lengths, int64_t s0) {
-    int64_t len, n_read;
+    int64_t len = 0, n_read = 0;
     FERRY_TRY(read_table(p, s, lengths, s0, &len, &n_read, "block_pool_sync"));
     int32_t * sent = p->table_sent + s * p->max_blocks;
     int64_t first = -1, last = -1;
@@ -641,7 +641,7 @@ static int64_t streaming_slots(ferry_block_pool * p, int64_t s0, int64_t s1, con
         shared += p->readers[p->order[i]] > 1;
     }
     for (int64_t s = s0; s < s1; s++) {
-        int64_t len, n_read, mine = 0;
+        int64_t len = 0, n_read = 0, mine = 0;
         if (read_table(p, s, lengths, s0, &len, &n_read, "block_pool_plan") != FERRY_OK) {
             continue; /* mark_reads read it already */
         }
@@ -659,7 +659,7 @@ static int64_t streaming_slots(ferry_block_pool * p, int64_t s0, int64_t s1, con
  * resident ones they do not read: what check_fits weighs, kept up to date as s joins the group. */
 static ferry_status join_group(ferry_block_pool * p, int64_t s, const int32_t * lengths, int64_t s0,
                                int64_t * streamed) {
-    int64_t len, n_read;
+    int64_t len = 0, n_read = 0;
     FERRY_TRY(read_table(p, s, lengths, s0, &len, &n_read, "block_pool_plan"));
     for (int64_t j = 0; j < n_read; j++) {
         const int32_t b = p->ids[j];
