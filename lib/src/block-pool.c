@@ -468,7 +468,10 @@ ferry_status ferry_block_pool_drop_ahead(ferry_block_pool * pool) {
 
 ferry_status ferry_block_pool_truncate(ferry_block_pool * pool, int64_t seq, int64_t length) {
     FERRY_CHECK_ARG(pool, "block_pool_truncate: NULL pool");
-    FERRY_TRY(check_seqs(pool, seq, seq + 1, "block_pool_truncate"));
+    if (seq < 0 || seq >= pool->params.n_seq) { /* not check_seqs(seq, seq + 1): seq + 1 may overflow */
+        return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "block_pool_truncate: sequence %lld is not one of the cache's "
+                          "0..%lld", (long long) seq, (long long) (pool->params.n_seq - 1));
+    }
     if (length < 0) {
         return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS, "block_pool_truncate: sequence %lld's length %lld is negative",
                           (long long) seq, (long long) length);

@@ -1049,6 +1049,7 @@ def pool_change(draw: st.DrawFn) -> Tuple[str, Any]:
 @example(("lengths", [3, 12]))  # sequence 1 holds 11 cells
 @example(("resident", [1, 1]))
 @example(("ahead", True))
+@example(("truncate_seq", 2**63 - 1))  # found under UBSan: seq + 1 overflowed in the range check
 def test_a_block_pool_of_any_argument_reads_the_caches_cells_or_is_refused_naming_it_sending_nothing(
         change: Tuple[str, Any]) -> None:
     """BlockPool(n_slots), set_prefetch(ahead) (then wait), sync(s0, s1, lengths), truncate, set_resident,
