@@ -168,9 +168,100 @@ static void test_the_step_through_the_table_is_the_dense_gathers(void) {
     ferry_paged_cache_free(c);
 }
 
+/* expr fails with a message, whatever the status */
+#define REFUSED(expr)                                                                               \
+    do {                                                                                            \
+        ferry_clear_error();                                                                        \
+        if ((expr) == FERRY_OK || ferry_last_error()[0] == '\0') {                                  \
+            fprintf(stderr, "%s:%d: %s was not refused with a message\n", __FILE__, __LINE__, #expr); \
+            check_failures++;                                                                       \
+        }                                                                                           \
+    } while (0)
+
+/* Every entry point given a NULL object or output, or a value out of its range, refuses with a
+ * message and sends nothing; the answers without a status say -1, false or nothing. */
+static void test_every_entry_point_refuses_nulls_and_out_of_range_values(void) {
+    ferry_paged_cache * c = shared_cache(false);
+    CHECK(c != NULL);
+    ferry_backend * dev;
+    CHECK_OK(ferry_standin_backend_new(&dev));
+    ferry_block_pool * pool = NULL;
+    REFUSED(ferry_block_pool_new(NULL, dev, 8, &pool));
+    REFUSED(ferry_block_pool_new(c, NULL, 8, &pool));
+    REFUSED(ferry_block_pool_new(c, dev, 8, NULL));
+    REFUSED(ferry_block_pool_new(c, dev, -1, &pool));
+    REFUSED(ferry_block_pool_new(c, dev, INT64_MAX, &pool));
+    CHECK(pool == NULL);
+    CHECK_OK(ferry_block_pool_new(c, dev, 8, &pool));
+    ferry_tensor * t = NULL;
+    ferry_block_pool_stats stats;
+    int32_t blocks[8] = {0};
+    int64_t n = 0, ends[4] = {0};
+    const int32_t too_long[3] = {10, 11, 99}, negative[3] = {-1, 0, 0};
+    CHECK(ferry_block_pool_n_slots(NULL) == -1 && ferry_block_pool_n_slots(pool) == 8);
+    CHECK(!ferry_block_pool_prefetch(NULL) && !ferry_block_pool_prefetch(pool));
+    REFUSED(ferry_block_pool_k(NULL, 0, &t));
+    REFUSED(ferry_block_pool_k(pool, 0, NULL));
+    REFUSED(ferry_block_pool_k(pool, N_LAYER, &t));
+    REFUSED(ferry_block_pool_v(pool, -1, &t));
+    REFUSED(ferry_block_pool_table(NULL, &t));
+    REFUSED(ferry_block_pool_table(pool, NULL));
+    REFUSED(ferry_block_pool_sync(NULL, 0, 3, NULL));
+    REFUSED(ferry_block_pool_sync(pool, 2, 1, NULL));
+    REFUSED(ferry_block_pool_sync(pool, 0, N_SEQ + 1, NULL));
+    REFUSED(ferry_block_pool_sync(pool, 0, 3, too_long));
+    REFUSED(ferry_block_pool_sync(pool, 0, 3, negative));
+    REFUSED(ferry_block_pool_drop_ahead(NULL));
+    REFUSED(ferry_block_pool_truncate(NULL, 0, 0));
+    REFUSED(ferry_block_pool_truncate(pool, -1, 0));
+    REFUSED(ferry_block_pool_truncate(pool, INT64_MAX, 0));
+    REFUSED(ferry_block_pool_truncate(pool, 0, -1));
+    REFUSED(ferry_block_pool_set_resident(NULL, blocks, 1));
+    REFUSED(ferry_block_pool_set_resident(pool, NULL, 1));
+    REFUSED(ferry_block_pool_set_resident(pool, blocks, -1));
+    REFUSED(ferry_block_pool_set_resident(pool, blocks, 9));
+    REFUSED(ferry_block_pool_choose_resident(NULL, 0, 3, NULL, 2, blocks, 8, &n));
+    REFUSED(ferry_block_pool_choose_resident(pool, 0, 3, NULL, 2, NULL, 8, &n));
+    REFUSED(ferry_block_pool_choose_resident(pool, 0, 3, NULL, 2, blocks, 8, NULL));
+    REFUSED(ferry_block_pool_choose_resident(pool, 0, 3, NULL, -1, blocks, 8, &n));
+    REFUSED(ferry_block_pool_choose_resident(pool, 3, 0, NULL, 2, blocks, 8, &n));
+    REFUSED(ferry_block_pool_plan(NULL, 0, 3, NULL, ends, 4, &n));
+    REFUSED(ferry_block_pool_plan(pool, 0, 3, NULL, NULL, 4, &n));
+    REFUSED(ferry_block_pool_plan(pool, 0, 3, NULL, ends, 4, NULL));
+    REFUSED(ferry_block_pool_plan(pool, -1, 3, NULL, ends, 4, &n));
+    REFUSED(ferry_block_pool_plan(pool, 0, 3, too_long, ends, 4, &n));
+    REFUSED(ferry_block_pool_set_prefetch(NULL, true));
+    REFUSED(ferry_block_pool_wait(NULL));
+    REFUSED(ferry_block_pool_get_stats(NULL, &stats));
+    REFUSED(ferry_block_pool_get_stats(pool, NULL));
+    REFUSED(ferry_block_pool_attention_step(NULL, NULL, N_LAYER, 0, 3, NULL, NULL, NULL, NULL, NULL));
+    REFUSED(ferry_block_pool_attention_step(pool, NULL, N_LAYER, 0, 3, NULL, NULL, NULL, NULL, NULL));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    REFUSED(ferry_block_pool_attention_step(pool, ctx, N_LAYER + 1, 0, 3, NULL, NULL, NULL, NULL, NULL));
+    REFUSED(ferry_block_pool_attention_step(pool, ctx, N_LAYER, 0, N_SEQ + 1, NULL, NULL, NULL, NULL, NULL));
+    ferry_context_free(ctx);
+    ferry_backend * cpu;
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    ferry_block_pool * on_cpu;
+    CHECK_OK(ferry_block_pool_new(c, cpu, 8, &on_cpu));
+    CHECK_FAILS(ferry_block_pool_set_prefetch(on_cpu, true), FERRY_ERR_UNSUPPORTED); /* no events to wait on */
+    CHECK_OK(ferry_block_pool_wait(on_cpu)); /* nothing in flight */
+    ferry_block_pool_free(on_cpu);
+    ferry_backend_free(cpu);
+    ferry_block_pool_reset_stats(NULL);
+    ferry_block_pool_free(NULL);
+    CHECK_OK(ferry_block_pool_get_stats(pool, &stats));
+    CHECK_EQ_U(stats.buffers.calls[FERRY_XFER_SET] + stats.buffers.calls[FERRY_XFER_SET_2D] + stats.syncs, 0);
+    ferry_block_pool_free(pool);
+    ferry_backend_free(dev);
+    ferry_paged_cache_free(c);
+}
+
 static const check_test tests[] = {
     {"a_shared_block_crosses_once", test_a_shared_block_crosses_once_and_a_grown_one_its_new_cells},
     {"the_step_through_the_table_is_the_dense_gathers", test_the_step_through_the_table_is_the_dense_gathers},
+    {"every_entry_point_refuses_bad_arguments", test_every_entry_point_refuses_nulls_and_out_of_range_values},
 };
 
 CHECK_MAIN(tests)

@@ -524,8 +524,68 @@ static void test_missing_optional_entries_mean_no_ops_no_memory(void) {
     ferry_backend_free(dev);
 }
 
+/* A plan's pieces and the paged attention op: a NULL, an overflowing row, a tensor of the wrong
+ * type or shape, each refused with a message naming it. */
+static void test_pieces_and_paged_attention_refuse_bad_arguments(void) {
+    ferry_copy_piece pieces[4];
+    size_t n = 0;
+    const ferry_copy_2d row = {.offset = 0, .size = 8, .count = 2, .stride = 16};
+    const ferry_copy_2d huge = {.offset = SIZE_MAX - 4, .size = 8, .count = 2, .stride = 16};
+    const ferry_gather_copy gather = {.src_offset = 0, .dst_offset = 0, .size = 8, .count = 2, .src_stride = 16,
+                                      .dst_stride = 8};
+    REFUSED(ferry_copy_pieces(&row, 1, pieces, 4, NULL));
+    REFUSED(ferry_copy_pieces(NULL, 1, pieces, 4, &n));
+    REFUSED(ferry_copy_pieces(&row, 1, pieces, 1, &n));
+    REFUSED(ferry_copy_pieces(&huge, 1, pieces, 4, &n));
+    REFUSED(ferry_gather_pieces(NULL, 1, pieces, 4, &n));
+    REFUSED(ferry_gather_pieces(&gather, 1, pieces, 4, NULL));
+    REFUSED(ferry_gather_pieces(&gather, 1, pieces, 1, &n));
+    const ferry_copy_cost_model model = ferry_copy_cost_model_gpu();
+    n = 1;
+    REFUSED(ferry_copy_pieces_merge(&model, NULL, &n, NULL));
+    REFUSED(ferry_copy_pieces_merge(&model, pieces, NULL, NULL));
+    REFUSED(ferry_copy_pieces_merge(NULL, pieces, &n, NULL));
+    pieces[0] = (ferry_copy_piece) {.src_offset = SIZE_MAX - 2, .dst_offset = 0, .size = 8};
+    REFUSED(ferry_copy_pieces_merge(&model, pieces, &n, NULL));
+
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    ferry_tensor *q, *pool, *table, *len, *bad, *out = NULL;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 4, (const int64_t[]) {8, 2, 1, 1}, &q));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F16, 2, (const int64_t[]) {8, 16}, &pool));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 2, (const int64_t[]) {2, 1}, &table));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, (const int64_t[]) {1}, &len));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 2, (const int64_t[]) {3, 5}, &bad));
+    CHECK_OK(ferry_attn_paged(ctx, q, pool, pool, table, len, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(NULL, q, pool, pool, table, len, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, pool, table, len, 4, 1.0f, false, NULL));
+    REFUSED(ferry_attn_paged(ctx, bad, pool, pool, table, len, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, bad, pool, table, len, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, bad, table, len, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, pool, bad, len, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, pool, table, bad, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, pool, table, len, 0, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, pool, table, len, 3, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, pool, table, len, INT64_MAX, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, pool, table, len, 4, 1.0f, true, &out));
+    REFUSED(ferry_attn_paged(ctx, pool, pool, pool, table, len, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, pool, pool, len, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, pool, table, table, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, table, pool, table, len, 4, 1.0f, false, &out));
+    REFUSED(ferry_attn_paged(ctx, q, pool, table, table, len, 4, 1.0f, false, &out));
+    /* the cost model's answers without a model, or of one with no rate: none (0, or false) */
+    ferry_copy_cost_model still = model;
+    still.gbps = 0;
+    CHECK(ferry_copy_piece_seconds(NULL, 8) == 0 && ferry_copy_piece_seconds(&still, 8) == 0);
+    CHECK(ferry_copy_plan_cost(NULL, &row, 1) == 0 && ferry_copy_plan_cost(&model, NULL, 1) == 0);
+    CHECK(ferry_copy_flat_cost(NULL, 8) == 0 && ferry_copy_flat_cost(&model, 0) == 0);
+    CHECK(!ferry_copy_plan_pays(NULL, q, &row, 1) && !ferry_copy_plan_pays(&model, NULL, &row, 1));
+    ferry_context_free(ctx);
+}
+
 static const check_test tests[] = {
     {"null_objects_are_refused_with_a_message", test_null_objects_are_refused_with_a_message},
+    {"pieces_and_paged_attention_refuse_bad_arguments", test_pieces_and_paged_attention_refuse_bad_arguments},
     {"generic_paths_give_the_direct_ones_bytes", test_generic_paths_give_the_direct_ones_bytes},
     {"device_errors_reach_the_caller", test_device_errors_reach_the_caller},
     {"async_copy_entries_land_or_count_nothing", test_async_copy_entries_land_or_count_nothing},
