@@ -171,21 +171,14 @@ ferry_status ferry_block_pool_new(const ferry_paged_cache * cache, ferry_backend
 
 int64_t ferry_block_pool_n_slots(const ferry_block_pool * pool) { return pool ? pool->n_slots : -1; }
 
-static ferry_status check_layer(const ferry_block_pool * pool, int32_t layer, const void * out, const char * what) {
-    FERRY_CHECK_ARG(pool && out, "%s: NULL argument", what);
-    return ferry_kv_layers_check(&pool->layers, layer, what);
-}
-
 ferry_status ferry_block_pool_k(const ferry_block_pool * pool, int32_t layer, ferry_tensor ** out) {
-    FERRY_TRY(check_layer(pool, layer, out, "block_pool_k"));
-    *out = pool->layers.k[layer];
-    return FERRY_OK;
+    FERRY_CHECK_ARG(pool, "block_pool_k: NULL argument");
+    return ferry_kv_layers_tensor(&pool->layers, layer, false, out, "block_pool_k");
 }
 
 ferry_status ferry_block_pool_v(const ferry_block_pool * pool, int32_t layer, ferry_tensor ** out) {
-    FERRY_TRY(check_layer(pool, layer, out, "block_pool_v"));
-    *out = pool->layers.v[layer];
-    return FERRY_OK;
+    FERRY_CHECK_ARG(pool, "block_pool_v: NULL argument");
+    return ferry_kv_layers_tensor(&pool->layers, layer, true, out, "block_pool_v");
 }
 
 ferry_status ferry_block_pool_table(const ferry_block_pool * pool, ferry_tensor ** out) {

@@ -138,15 +138,13 @@ static ferry_status check_layer(const ferry_kv_cache * kv, int32_t layer, const 
 }
 
 ferry_status ferry_kv_cache_k(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out) {
-    FERRY_TRY(check_layer(kv, layer, out));
-    *out = kv->layers.k[layer];
-    return FERRY_OK;
+    FERRY_CHECK_ARG(kv, "kv_cache: NULL argument");
+    return ferry_kv_layers_tensor(&kv->layers, layer, false, out, "kv_cache");
 }
 
 ferry_status ferry_kv_cache_v(const ferry_kv_cache * kv, int32_t layer, ferry_tensor ** out) {
-    FERRY_TRY(check_layer(kv, layer, out));
-    *out = kv->layers.v[layer];
-    return FERRY_OK;
+    FERRY_CHECK_ARG(kv, "kv_cache: NULL argument");
+    return ferry_kv_layers_tensor(&kv->layers, layer, true, out, "kv_cache");
 }
 
 /* layer -1: a full-size layer. */

@@ -173,6 +173,14 @@ ferry_status ferry_kv_layers_check(const ferry_kv_layers * layers, int32_t layer
     return FERRY_OK;
 }
 
+ferry_status ferry_kv_layers_tensor(const ferry_kv_layers * layers, int32_t layer, bool v, ferry_tensor ** out,
+                                    const char * what) {
+    FERRY_CHECK_ARG(out, "%s: NULL argument", what);
+    FERRY_TRY(ferry_kv_layers_check(layers, layer, what));
+    *out = v ? layers->v[layer] : layers->k[layer];
+    return FERRY_OK;
+}
+
 ferry_buffer_type * ferry_kv_layers_buffer_type(const ferry_kv_layers * layers, int32_t layer) {
     return layer >= 0 && layer < layers->n_layer ? layers->buft[layer] : NULL;
 }

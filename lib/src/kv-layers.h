@@ -81,6 +81,11 @@ void ferry_kv_layers_free(ferry_kv_layers * layers);
 /* OUT_OF_BOUNDS, message starting with what, unless layer is in 0..n_layer - 1. */
 ferry_status ferry_kv_layers_check(const ferry_kv_layers * layers, int32_t layer, const char * what);
 
+/* Layer layer's K (v false) or V tensor into *out: the one accessor behind every cache's k and v.
+ * INVALID_ARG for a NULL out, OUT_OF_BOUNDS for a layer out of range, each message starting with what. */
+ferry_status ferry_kv_layers_tensor(const ferry_kv_layers * layers, int32_t layer, bool v, ferry_tensor ** out,
+                                    const char * what);
+
 /* A layer's buffer type and buffer; NULL for a layer out of range or placed nowhere. */
 ferry_buffer_type * ferry_kv_layers_buffer_type(const ferry_kv_layers * layers, int32_t layer);
 ferry_buffer * ferry_kv_layers_buffer(const ferry_kv_layers * layers, int32_t layer);

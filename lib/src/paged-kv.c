@@ -187,15 +187,13 @@ static ferry_status check_layer(const ferry_paged_cache * c, int32_t layer, cons
 }
 
 ferry_status ferry_paged_cache_k(const ferry_paged_cache * cache, int32_t layer, ferry_tensor ** out) {
-    FERRY_TRY(check_layer(cache, layer, out, "paged_cache_k"));
-    *out = cache->layers.k[layer];
-    return FERRY_OK;
+    FERRY_CHECK_ARG(cache, "paged_cache_k: NULL argument");
+    return ferry_kv_layers_tensor(&cache->layers, layer, false, out, "paged_cache_k");
 }
 
 ferry_status ferry_paged_cache_v(const ferry_paged_cache * cache, int32_t layer, ferry_tensor ** out) {
-    FERRY_TRY(check_layer(cache, layer, out, "paged_cache_v"));
-    *out = cache->layers.v[layer];
-    return FERRY_OK;
+    FERRY_CHECK_ARG(cache, "paged_cache_v: NULL argument");
+    return ferry_kv_layers_tensor(&cache->layers, layer, true, out, "paged_cache_v");
 }
 
 ferry_buffer_type * ferry_paged_cache_layer_buffer_type(const ferry_paged_cache * cache, int32_t layer) {
