@@ -210,7 +210,7 @@ def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
 
 @needs_engine
 def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> None:
-    """measure_remote_link fits a batch's cost, a piece's, a rate and a piece curve; the model made of
+    """measure_remote_link fits a batch's cost, a piece's and a rate; the model made of
     it merges the ranges of a short window (gaps of a few cells cost less than a piece on TCP) and
     the merged pull still delivers the local bytes."""
     from ferry.remote import RemoteTier, measure_remote_link
@@ -220,9 +220,9 @@ def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> 
     with RemoteTier(kv) as tier:
         tier.upload()
         link = measure_remote_link(tier, nbytes=32768, repeats=1)
-        assert link.fit is not None and link.fit.gbps > 0 and len(link.fit.points) == 6
-        # the piece curve, fitted to pieces of 4 sizes inside batches: what the one merge rule prices pieces by
-        assert link.pieces is not None and [b for b, _ in link.pieces.points] == [256, 64, 16, 4]
+        # (bytes, pieces) of each of remote_link_shapes, its median fitted: no piece curve (the rate does not rise)
+        assert link.fit is not None and link.fit.gbps > 0 and link.pieces is None
+        assert [(b, k) for b, k, _ in link.fit.points] == [(512, 16), (8192, 256), (32768, 1024), (32768, 2), (32768, 1)]
         model = CopyCostModel.from_link(link)
         assert model.piece_ns == link.fit.row_ns
         # a model whose piece costs 100 us at 1 GB/s merges gaps under 100 kB: the 4 ranges become 1
@@ -231,6 +231,85 @@ def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> 
         assert st.pieces == 2 and st.plan_pieces == 2 * N_STREAM and st.gap_bytes > 0
         assert st.bytes == st.bytes_read + st.gap_bytes
         assert delivered(k, "ranges") == delivered(kv.window(0, 3)[0], "ranges")
+
+
+# ------------------------------------------------------------ the link's fit (synthetic timings, no engine)
+
+#: A loopback's link as the lead measured it on a quiet host: a batch, a piece, a byte.
+BATCH_S, PIECE_S, RATE = 80e-6, 13e-6, 1.75e9
+
+
+def engine_seconds(pieces: int, nbytes: int) -> float:
+    return BATCH_S + pieces * PIECE_S + nbytes / RATE
+
+
+def predicted(model: CopyCostModel, shape: List[Tuple[int, int]]) -> float:
+    """The tier's prediction of a batch of (pieces, bytes each) groups (RemoteTier.pull's sum)."""
+    return model.call_us * 1e-6 + sum(k * (model.piece_ns * 1e-9 + model.piece_seconds(b)) for k, b in shape)
+
+
+class SyntheticTier:
+    """Stands in for a RemoteTier's timed reads: the link above, 3% of noise, and a burst of load
+    that makes six reads in a row three times slower (from the 21st read on)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.rng = np.random.default_rng(45)
+        self.peer = "synthetic:0"
+
+    def region_bytes(self) -> int:
+        return 4 << 20
+
+    def timed_read(self, pieces: List[Tuple[int, int]]) -> float:
+        self.reads += 1
+        busy = 3.0 if 21 <= self.reads <= 26 else 1.0
+        noise = 1.0 + float(self.rng.uniform(-0.03, 0.03))
+        return engine_seconds(len(pieces), sum(n for _, n in pieces)) * noise * busy
+
+
+def test_the_remote_link_fit_predicts_pulls_through_a_burst_of_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """measure_remote_link's fit, on timed reads of a known link with a burst of load among them,
+    gives the link back and predicts a merged pull (2 pieces of 4 MiB), a piece per block (2,048 of
+    4 KiB) and a pull of mid-sized spans within 10%. (Fitted as it was, to the fastest of 3 reads of
+    one shape after another, the burst took all of one shape's reads and the fit followed it.)"""
+    import ferry.remote.link as remote_link
+
+    synthetic = SyntheticTier()
+    monkeypatch.setattr(remote_link, "RemoteTier", SyntheticTier)  # the instance check takes the stand-in
+    link = remote_link.measure_remote_link(synthetic)  # type: ignore[arg-type]
+    assert link.fit is not None
+    assert link.fit.latency_us * 1e-6 == pytest.approx(BATCH_S, rel=0.15)
+    assert link.fit.row_ns * 1e-9 == pytest.approx(PIECE_S, rel=0.1)
+    assert link.fit.gbps * 1e9 == pytest.approx(RATE, rel=0.1)
+    model = CopyCostModel.from_link(link)
+    for shape in ([(2, 4 << 20)], [(2048, 4096)], [(420, 33_000)]):
+        truth = engine_seconds(sum(k for k, _ in shape), sum(k * b for k, b in shape))
+        assert predicted(model, shape) == pytest.approx(truth, rel=0.1), shape
+
+
+def test_fit_remote_link_leaves_out_one_shape_the_others_disagree_with() -> None:
+    """Every shape's reads exact but one shape's all three times slower (read while the host was busy):
+    the fit leaves that one out, names it, and gives the link back; its residuals say how far off each
+    shape is. Too few shapes are refused, naming what is needed."""
+    from ferry.remote.link import BatchTiming, fit_remote_link, remote_link_shapes
+
+    shapes = remote_link_shapes(4 << 20, 4096)
+    assert (4096, 1024) in shapes and shapes[-1] == (4 << 20, 1)  # a block's pieces up to the largest read
+    slow = shapes.index((256 << 10, 8))
+    timings = [BatchTiming(b, k, tuple(engine_seconds(k, k * b) * (3.0 if i == slow else 1.0) * f
+                                       for f in (0.98, 1.0, 1.5)))  # a read's spike: the median does not see it
+               for i, (b, k) in enumerate(shapes)]
+    got = fit_remote_link(timings)
+    assert got.left_out == (slow,)
+    assert got.fit.latency_us * 1e-6 == pytest.approx(BATCH_S, rel=0.02)
+    assert got.fit.row_ns * 1e-9 == pytest.approx(PIECE_S, rel=0.02)
+    assert got.fit.gbps * 1e9 == pytest.approx(RATE, rel=0.02)
+    assert got.residuals[slow] == pytest.approx(1 / 3 - 1, abs=0.02)
+    assert max(abs(r) for i, r in enumerate(got.residuals) if i != slow) < 0.02
+    with pytest.raises(ferry.FerryError, match="at least 4"):
+        fit_remote_link(timings[:3])
+    with pytest.raises(ferry.FerryError, match="timing 1"):
+        fit_remote_link([timings[0], BatchTiming(4096, 16, ()), *timings[2:]])
 
 
 # ------------------------------------------------------------ faults
