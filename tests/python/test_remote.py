@@ -23,7 +23,16 @@ import pytest
 
 import ferry
 from ferry.paged import PagedKVCache
-from ferry.plan import CopyCostModel, Piece, copy_pieces, gather_pieces, merge_pieces, plan_copy, plan_paged
+from ferry.plan import (
+    CopyCostModel,
+    Piece,
+    _paged_piece_array,
+    copy_pieces,
+    gather_pieces,
+    merge_pieces,
+    plan_copy,
+    plan_paged,
+)
 from ferry.remote import engine_missing
 
 SENTINEL = 0xA5
@@ -200,6 +209,8 @@ def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
             assert st.pieces == st.plan_pieces == 2 * expect, method
             assert st.bytes == 2 * (20 + 9 + 16) * CELL == 2 * plan.bytes
             assert len(gather_pieces(plan.copies)) == expect
+            # the tier's pieces, kept in C's arrays (no object a run), are the plan's
+            assert _paged_piece_array(rk, ferry.CPUBackend()).tolist() == [list(p) for p in gather_pieces(plan.copies)]
         # merged: the runs that touch in the pool join (they land in staging, so only the pool's gaps count)
         mirror.gather = "runs"
         k, _, st = tier.pull(0, 24)

@@ -18,7 +18,6 @@ are the cache's own); a paged window is gathered into a dense tensor of the wind
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -41,10 +40,10 @@ from ..paged import PagedKVCache
 from ..plan import (
     CopyCostModel,
     _copy_piece_array,
-    _gather_piece_array,
     _merge_piece_array,
+    _paged_piece_array,
+    _place_pieces,
     plan_copy,
-    plan_paged,
     plan_ragged,
 )
 from ..policy import CopyPolicy, GatherMethod, PolicyLike, to_policy
@@ -404,7 +403,7 @@ class RemoteTier:
         cache = self._cache
         assert isinstance(cache, (KVCache, PagedKVCache))  # as the constructor checked
         k, v = cache.window(li, n_kv, s0, s1, lengths=lengths)
-        jobs: List[Tuple[np.ndarray, int, int]] = []  # (pieces as rows, remote base, local base)
+        jobs: List[Tuple[np.ndarray, int, int, int]] = []  # (pieces as rows, remote base, local base, local bytes)
         plan_pieces = 0
         bytes_read = 0
         if isinstance(cache, PagedKVCache):
@@ -412,11 +411,10 @@ class RemoteTier:
             for which, w in (("k", k), ("v", v)):
                 if cache.gather == GatherMethod.AUTO:
                     cache.gather = GatherMethod.RUNS
-                plan = plan_paged(w, self._cpu)
-                raw = _gather_piece_array(plan.copies)
+                raw = _paged_piece_array(w, self._cpu)  # the gather's pieces, from C to an array
                 dst = self._dense_of(w, which)
                 r = self._region(li, which)
-                jobs.append((raw, self._remote[r], int(dst.address or 0)))
+                jobs.append((raw, self._remote[r], int(dst.address or 0), dst.nbytes))
                 outs.append(dst)
             kout, vout = outs[0], outs[1]
             name = "paged"
@@ -425,22 +423,21 @@ class RemoteTier:
                 r = self._region(li, which)
                 root = int(w.root.address or 0)
                 base = self._remote[r] + (root - self._regions[r][2])
-                jobs.append((_copy_piece_array(self._copies(w, pol)), base, root))
+                jobs.append((_copy_piece_array(self._copies(w, pol)), base, root, w.root.nbytes))
             kout, vout = k, v
             name = str(pol)
         reads: List[np.ndarray] = []  # per job, rows (remote address, bytes): the batch's pieces
-        scatter: List[np.ndarray] = []  # per job, rows (offset in staging, local address, bytes)
+        places: List[Tuple[int, int, np.ndarray]] = []  # per job, (local base, bytes, pieces staging -> local)
         total = 0
-        for raw, remote_base, local_base in jobs:
+        for raw, remote_base, local_base, local_bytes in jobs:
             plan_pieces += len(raw)
             bytes_read += int(raw[:, 2].sum())
-            got, sc = self._plan_reads(raw, remote_base, local_base, joined, total)
+            got, placed = self._plan_reads(raw, remote_base, joined, total)
             reads.append(got)
-            scatter.append(sc)
+            places.append((local_base, local_bytes, placed))
             total += int(got[:, 1].sum())
         batch = np.concatenate(reads) if reads else np.zeros((0, 2), dtype=np.uintp)
-        seconds = self._read(li, batch, np.concatenate(scatter) if scatter else np.zeros((0, 3), dtype=np.uintp),
-                             total)
+        seconds = self._read(li, batch, places, total)
         m = self._model
         sizes, counts = np.unique(batch[:, 1], return_counts=True)  # a piece's bytes at its size's rate
         predicted = m.call_us * 1e-6 + sum(int(c) * (m.piece_ns * 1e-9 + m.piece_seconds(int(b)))
@@ -504,33 +501,30 @@ class RemoteTier:
             self._staging = staging
         return self._staging
 
-    def _plan_reads(self, raw: np.ndarray, remote_base: int, local_base: int, joined: bool,
-                    at: int) -> Tuple[np.ndarray, np.ndarray]:
+    def _plan_reads(self, raw: np.ndarray, remote_base: int, joined: bool, at: int) -> Tuple[np.ndarray, np.ndarray]:
         """The reads of one window's pieces (rows src_offset, dst_offset, size), landing in the
         staging buffer from offset at, and where each piece goes from there: rows (remote address,
-        bytes) and rows (offset in staging, local address, bytes), in bulk. The pieces land in
-        staging, so only their source gaps matter: merged, the pieces in source order join by the
-        one merge rule (merge_pieces of the source ranges alone); unmerged, a read per piece."""
+        bytes) and pieces (offset in staging, offset in the destination, bytes), in bulk. The pieces
+        land in staging, so only their source gaps matter: merged, the pieces in source order join
+        by the one merge rule (merge_pieces of the source ranges alone); unmerged, a read per piece."""
         if len(raw) == 0:
             return np.zeros((0, 2), dtype=np.uintp), np.zeros((0, 3), dtype=np.uintp)
         src, dst, size = raw[:, 0], raw[:, 1], raw[:, 2]
         if not joined:
             staged = _starts(size, at)
-            return (np.stack([src + np.uintp(remote_base), size], axis=1),
-                    np.stack([staged, dst + np.uintp(local_base), size], axis=1))
+            return np.stack([src + np.uintp(remote_base), size], axis=1), np.stack([staged, dst, size], axis=1)
         order = np.argsort(src, kind="stable")
         ranges, _ = _merge_piece_array(np.stack([src[order], src[order], size[order]], axis=1), self._model)
         starts, lengths = ranges[:, 0], ranges[:, 2]
         range_at = _starts(lengths, at)
         within = np.searchsorted(starts, src, side="right") - 1  # the range holding each piece
         staged = range_at[within] + (src - starts[within])
-        return (np.stack([starts + np.uintp(remote_base), lengths], axis=1),
-                np.stack([staged, dst + np.uintp(local_base), size], axis=1))
+        return np.stack([starts + np.uintp(remote_base), lengths], axis=1), np.stack([staged, dst, size], axis=1)
 
-    def _read(self, layer: int, reads: np.ndarray, scatter: np.ndarray, total: int) -> float:
-        """One batch transfer of the reads (rows remote address, bytes) into staging, then each piece
-        (rows offset in staging, local address, bytes) from staging to its destination; seconds of
-        the transfer."""
+    def _read(self, layer: int, reads: np.ndarray, places: List[Tuple[int, int, np.ndarray]], total: int) -> float:
+        """One batch transfer of the reads (rows remote address, bytes) into staging, then each
+        destination's pieces (local base, its bytes, pieces from staging to it) placed by C in one
+        call each; seconds of the transfer."""
         if len(reads) == 0:
             return 0.0
         staging = self._staging_of(total)
@@ -540,9 +534,8 @@ class RemoteTier:
         t0 = time.perf_counter()
         self._batch(f"layer {layer}", lambda e: e.batch_transfer_sync_read(self._peer, local, remote, lengths))
         seconds = time.perf_counter() - t0
-        base = staging.ctypes.data
-        for off, addr, n in scatter.tolist():  # the whole batch arrived: only now does the destination change
-            ctypes.memmove(addr, base + off, n)
+        for local_base, local_bytes, placed in places:  # the whole batch arrived: only now does the destination change
+            _place_pieces(local_base, local_bytes, staging.ctypes.data, staging.nbytes, placed)
         return seconds
 
     def _batch(self, what: str, call: Any) -> None:
