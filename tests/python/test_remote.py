@@ -144,6 +144,36 @@ def test_every_policy_pulls_the_local_windows_bytes_in_the_plans_pieces(v_trans:
 
 
 @needs_engine
+@pytest.mark.parametrize("memory", ["standin", "pinned"])
+def test_a_pull_into_pinned_or_a_devices_host_memory_delivers_the_local_bytes(memory: str,
+                                                                             lens: ferry.Tensor) -> None:
+    """The cache a pull lands in may be of another host buffer type than the CPU's: CUDA's pinned
+    host memory (cudaMallocHost; where CUDA is built, the fake runtime's too) or the stand-in
+    device's (host memory no other backend uses). Under every policy the windows land in that
+    memory and deliver the local cache's bytes; a layer not pulled keeps its bytes."""
+    from ferry.remote import RemoteTier
+
+    if memory == "pinned" and not ferry.cuda_available():
+        pytest.skip("no CUDA: no pinned host buffer type")
+    kw: Any = {"pinned": True} if memory == "pinned" else {"backend": ferry.StandinBackend()}
+    ref = random_kv(3)
+    mirror = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, CELLS * N_STREAM, N_STREAM, N_LAYER, **kw)
+    expect_type = "CUDA_Host" if memory == "pinned" else "stand-in"
+    assert expect_type in str(mirror.k(1).buffer), mirror.k(1).buffer
+    with RemoteTier(mirror) as tier:
+        tier.upload(ref)
+        for policy in ("flat", "ranges", "plan", "ragged"):
+            sentinel_fill(mirror)
+            k, v, st = tier.pull(1, 24, policy, lengths=lens)
+            assert k.buffer is mirror.k(1).buffer or str(k.buffer) == str(mirror.k(1).buffer)  # the cache's memory
+            rk, rv = ref.window(1, 24, lengths=lens)
+            assert delivered(k, policy) == delivered(rk, policy), policy
+            assert delivered(v, policy) == delivered(rv, policy), policy
+            assert st.bytes == st.bytes_read
+            assert bytes(mirror.k(0).get()) == bytes([SENTINEL]) * mirror.k(0).nbytes
+
+
+@needs_engine
 def test_ragged_at_npl_8_uniform_pulls_at_most_0_6_of_ranges() -> None:
     """npl 8 streams, uniform lengths over a window of 64: ragged pulls each stream's cells, ranges
     the window's; the bytes are counted, never timed."""
