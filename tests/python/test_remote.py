@@ -437,6 +437,86 @@ def test_a_stopped_server_times_out_and_a_second_tier_over_the_same_memory_is_re
         assert delivered(k, "ragged") == delivered(ref.window(1, 24, lengths=lens)[0], "ragged")
 
 
+# ------------------------------------------------------------ the async batch, prefetched under compute
+
+
+@needs_engine
+def test_the_next_layers_async_pull_travels_while_this_one_computes_and_lands_as_the_sync_pulls(
+        lens: ferry.Tensor) -> None:
+    """Each layer's pull issued as the engine's async batch while the layer before it is used (the
+    prefetch of a decode step's next layer), waited before use: every window, cell-per-stream
+    under every policy and paged, the same bytes and the same counts as the sync pull's; a window
+    is untouched until its wait."""
+    from ferry.remote import RemoteTier
+
+    ref, mirror = random_kv(10), random_kv(11)
+    with RemoteTier(mirror) as tier:
+        tier.upload(ref)
+        for policy in ("flat", "ranges", "plan", "ragged"):
+            sync = [tier.pull(layer, 24, policy, lengths=lens) for layer in range(N_LAYER)]
+            want = [(delivered(k, policy), delivered(v, policy), st) for k, v, st in sync]
+            sentinel_fill(mirror)
+            pending = tier.pull_async(0, 24, policy, lengths=lens)
+            for layer in range(N_LAYER):
+                nxt = tier.pull_async(layer + 1, 24, policy, lengths=lens) if layer + 1 < N_LAYER else None
+                if nxt is not None:  # in flight while this layer computes: its window not written yet
+                    assert bytes(mirror.k(layer + 1).get()) == bytes([SENTINEL]) * mirror.k(layer + 1).nbytes
+                k, v, st = pending.wait()
+                wk, wv, wst = want[layer]
+                assert (delivered(k, policy), delivered(v, policy)) == (wk, wv), (policy, layer)
+                assert (st.layer, st.pieces, st.bytes, st.bytes_read) == (layer, wst.pieces, wst.bytes, wst.bytes_read)
+                assert pending.wait()[2] is st  # waiting again gives the same
+                if nxt is not None:
+                    pending = nxt
+    ref_p, _ = random_paged(12, 0.5)
+    mirror_p, _ = random_paged(12, 0.5)
+    sentinel_fill(mirror_p)
+    with RemoteTier(mirror_p) as tier:
+        tier.upload(ref_p)
+        for t in tier.pull(0, 24)[:2]:  # the tier's dense windows (one K and one V for every layer): cells unread stay
+            t.set(bytes([SENTINEL]) * t.nbytes)
+        first = tier.pull_async(0, 24)
+        second = tier.pull_async(1, 24)
+        for layer, pending in ((0, first), (1, second)):
+            k, v, st = pending.wait()
+            rk, rv = ref_p.window(layer, 24)
+            assert bytes(k.get()) == delivered(rk, "flat") and bytes(v.get()) == delivered(rv, "flat")
+            assert st.bytes == st.bytes_read == 2 * (20 + 9 + 16) * CELL
+
+
+@needs_engine
+def test_a_peer_killed_under_an_async_batch_refuses_its_wait_naming_the_layer_and_writes_nothing(
+        lens: ferry.Tensor) -> None:
+    """The server stopped, a layer's async batch issued to it, the server killed: the wait is
+    refused naming the peer and the layer, the window untouched; after reconnect() the next async
+    pull is right."""
+    from ferry.remote import PeerGoneError, RemoteError, RemoteTier
+
+    ref, mirror = random_kv(14), random_kv(15)
+    with RemoteTier(mirror, timeout_s=5.0) as tier:
+        tier.upload(ref)
+        sentinel_fill(mirror)
+        pid = tier.server_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        stopped(pid)
+        try:
+            pending = tier.pull_async(1, 24, "ragged", lengths=lens)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(RemoteError, match=rf"peer {tier.peer}: layer 1 \(async\)") as err:
+            pending.wait()
+        assert isinstance(err.value, PeerGoneError) and "nothing was written" in err.value.message
+        with pytest.raises(PeerGoneError, match="layer 1"):
+            pending.wait()  # the same refusal again, still nothing written
+        assert bytes(mirror.k(1).get()) == bytes([SENTINEL]) * mirror.k(1).nbytes
+        assert bytes(mirror.v(1).get()) == bytes([SENTINEL]) * mirror.v(1).nbytes
+        tier.reconnect()
+        k, v, _ = tier.pull_async(1, 24, "ragged", lengths=lens).wait()
+        rk, rv = ref.window(1, 24, lengths=lens)
+        assert delivered(k, "ragged") == delivered(rk, "ragged") and delivered(v, "ragged") == delivered(rv, "ragged")
+
+
 # ------------------------------------------------------------ the command line
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from .engine import engine_missing
 from .errors import EngineUnavailableError, PeerGoneError, RegistrationError, RemoteError, RemoteTimeoutError
 from .link import BatchTiming, RemoteLinkFit, fit_remote_link, measure_remote_link, time_remote_link
-from .tier import PullStats, RemoteTier
+from .tier import PendingPull, PullStats, RemoteTier
 
-__all__ = ["RemoteTier", "PullStats", "measure_remote_link", "time_remote_link", "fit_remote_link", "BatchTiming",
-           "RemoteLinkFit", "engine_missing", "RemoteError", "EngineUnavailableError",
-           "PeerGoneError", "RegistrationError", "RemoteTimeoutError"]
+__all__ = ["RemoteTier", "PullStats", "PendingPull", "measure_remote_link", "time_remote_link", "fit_remote_link",
+           "BatchTiming", "RemoteLinkFit", "engine_missing", "RemoteError", "EngineUnavailableError", "PeerGoneError",
+           "RegistrationError", "RemoteTimeoutError"]

@@ -99,6 +99,77 @@ class PullStats:
     pull_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class _PullPlan:
+    """A pull planned: its windows, the batch's reads (rows remote address, bytes), where each piece
+    goes from staging (per destination: local base, its bytes, pieces), and what it counts."""
+
+    layer: int
+    policy: str
+    kout: Tensor
+    vout: Tensor
+    batch: np.ndarray
+    places: List[Tuple[int, int, np.ndarray]]
+    total: int
+    plan_pieces: int
+    bytes_read: int
+    predicted: float
+
+    def stats(self, seconds: float, pull_seconds: float) -> PullStats:
+        return PullStats(layer=self.layer, policy=self.policy, pieces=len(self.batch), plan_pieces=self.plan_pieces,
+                         bytes=self.total, bytes_read=self.bytes_read, gap_bytes=self.total - self.bytes_read,
+                         seconds=seconds, predicted_seconds=self.predicted, pull_seconds=pull_seconds)
+
+
+class PendingPull:
+    """A pull in flight (RemoteTier.pull_async): its batch travelling into a staging area of its own.
+
+    wait() waits for it and places its pieces, then returns what pull returns; until then the
+    windows are untouched. Waiting twice returns the same result again (or raises the same error).
+    """
+
+    def __init__(self, tier: "RemoteTier", plan: _PullPlan, staging: np.ndarray, batch_id: int, start: float) -> None:
+        self._tier = tier
+        self._plan = plan
+        self._staging = staging
+        self._batch_id = batch_id
+        self._start = start
+        self._result: Optional[Tuple[Tensor, Tensor, PullStats]] = None
+        self._error: Optional[BaseException] = None
+
+    @property
+    def layer(self) -> int:
+        """The layer being pulled."""
+        return self._plan.layer
+
+    def wait(self) -> Tuple[Tensor, Tensor, PullStats]:
+        """Wait for the batch, then place its pieces in the windows.
+
+        Returns
+        -------
+        (Tensor, Tensor, PullStats)
+            As RemoteTier.pull: the K and V windows and what the pull did (seconds: the wait;
+            pull_seconds: from issue to placement).
+
+        Raises
+        ------
+        PeerGoneError
+            The peer ended or broke while the batch was in flight (naming it and the layer);
+            nothing was written.
+        RemoteTimeoutError
+            The batch took longer than the tier's timeout; nothing was written.
+        """
+        if self._result is None and self._error is None:
+            try:
+                self._result = self._tier._finish(self)
+            except RemoteError as e:
+                self._error = e
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
 def _starts(sizes: np.ndarray, at: int = 0) -> np.ndarray:
     """Where each of sizes' pieces starts when they are laid one after another from at (uintp)."""
     out = np.zeros(len(sizes), dtype=np.uintp)
@@ -166,6 +237,7 @@ class RemoteTier:
         self._registered: List[int] = []
         self._dense: Dict[Tuple[str, Tuple[int, ...], Tuple[int, ...], str], Tensor] = {}
         self._staging: Optional[np.ndarray] = None
+        self._async_free: List[np.ndarray] = []  # registered staging areas no async batch uses
         self._abandoned: List[np.ndarray] = []
         self._cpu = CPUBackend()
         self._server: Optional[subprocess.Popen[bytes]] = None
@@ -282,6 +354,7 @@ class RemoteTier:
         self._registered = []
         self._dense = {}
         self._staging = None
+        self._async_free = []
         self._abandoned = []
 
     def __enter__(self) -> "RemoteTier":
@@ -397,9 +470,83 @@ class RemoteTier:
             The pull took longer than timeout_s; nothing was written; reconnect() before the next.
         """
         start = time.perf_counter()
+        plan = self._prepare("RemoteTier.pull", layer, n_kv, policy, lengths, s0, s1, merge)
+        seconds = self._read(plan.layer, plan.batch, plan.places, plan.total)
+        return plan.kout, plan.vout, plan.stats(seconds, time.perf_counter() - start)
+
+    def pull_async(self, layer: int, n_kv: int, policy: PolicyLike = "ragged", lengths: Optional[Tensor] = None,
+                   s0: int = 0, s1: Optional[int] = None, merge: bool = True) -> "PendingPull":
+        """Issue the pull of a layer's windows as the engine's async batch read and return at once:
+        the next layer's (or step's) windows travel while the current one computes; wait() on the
+        result before using them. The batch lands in a staging area of its own, and the windows
+        (the same, byte for byte, as pull's) change only in wait(), once the whole batch arrived.
+
+        Parameters
+        ----------
+        layer, n_kv, policy, lengths, s0, s1, merge
+            As pull's. The window is planned now: lengths are read now.
+
+        Returns
+        -------
+        PendingPull
+
+        Raises
+        ------
+        InvalidArgumentError, OutOfBoundsError, LayoutError
+            For a window the cache refuses (naming the argument).
+        PeerGoneError, RemoteTimeoutError
+            When the peer is gone, or the batch cannot be issued (naming the peer and the layer);
+            nothing was written.
+        """
+        start = time.perf_counter()
+        plan = self._prepare("RemoteTier.pull_async", layer, n_kv, policy, lengths, s0, s1, merge)
+        staging = self._async_staging_of(plan.total)
+        batch_id = 0
+        if len(plan.batch):
+            lengths_ = plan.batch[:, 1].tolist()
+            local = _starts(plan.batch[:, 1], staging.ctypes.data).tolist()
+            remote = plan.batch[:, 0].tolist()
+            try:
+                batch_id = self._batch(f"layer {plan.layer} (async)", lambda e: e.batch_transfer_async_read(
+                    self._peer, local, remote, lengths_), ok=lambda got: got > 0)
+            except BaseException:
+                self._abandoned.append(staging)  # a late submission may still write there: kept until close
+                raise
+        return PendingPull(self, plan, staging, batch_id, start)
+
+    def _finish(self, pending: "PendingPull") -> Tuple[Tensor, Tensor, PullStats]:
+        """PendingPull.wait's work: the batch waited for under the timeout, then placed."""
+        plan, staging = pending._plan, pending._staging
+        t0 = time.perf_counter()
+        try:
+            if pending._batch_id:
+                self._batch(f"layer {plan.layer} (async)",
+                            lambda e: e.get_batch_transfer_status([pending._batch_id]))
+        except BaseException:
+            self._abandoned.append(staging)  # a late batch may still write there: kept, registered, until close
+            raise
+        for local_base, local_bytes, placed in plan.places:  # all arrived: only now does the destination change
+            _place_pieces(local_base, local_bytes, staging.ctypes.data, staging.nbytes, placed)
+        self._async_free.append(staging)
+        end = time.perf_counter()
+        return plan.kout, plan.vout, plan.stats(end - t0, end - pending._start)
+
+    def _async_staging_of(self, nbytes: int) -> np.ndarray:
+        """A registered staging area of at least nbytes that no batch in flight uses (taken from the
+        free ones, or made and registered)."""
+        for i, buf in enumerate(self._async_free):
+            if buf.nbytes >= nbytes:
+                return self._async_free.pop(i)
+        buf = np.zeros(max(nbytes, 1 << 16), dtype=np.uint8)
+        self._register(buf.ctypes.data, buf.nbytes, "an async staging area")
+        return buf
+
+    def _prepare(self, what: str, layer: int, n_kv: int, policy: PolicyLike, lengths: Optional[Tensor], s0: int,
+                 s1: Optional[int], merge: bool) -> "_PullPlan":
+        """A pull's plan: its windows, the batch's reads, where each piece goes and what is counted."""
         pol = to_policy(policy)
-        joined = _checks.as_bool(merge, "RemoteTier.pull: merge")
-        li = _checks.as_c_int(layer, "RemoteTier.pull: layer")
+        joined = _checks.as_bool(merge, f"{what}: merge")
+        li = _checks.as_c_int(layer, f"{what}: layer")
         cache = self._cache
         assert isinstance(cache, (KVCache, PagedKVCache))  # as the constructor checked
         k, v = cache.window(li, n_kv, s0, s1, lengths=lengths)
@@ -437,15 +584,11 @@ class RemoteTier:
             places.append((local_base, local_bytes, placed))
             total += int(got[:, 1].sum())
         batch = np.concatenate(reads) if reads else np.zeros((0, 2), dtype=np.uintp)
-        seconds = self._read(li, batch, places, total)
         m = self._model
         sizes, counts = np.unique(batch[:, 1], return_counts=True)  # a piece's bytes at its size's rate
         predicted = m.call_us * 1e-6 + sum(int(c) * (m.piece_ns * 1e-9 + m.piece_seconds(int(b)))
                                            for b, c in zip(sizes, counts))
-        return kout, vout, PullStats(layer=li, policy=name, pieces=len(batch), plan_pieces=plan_pieces,
-                                     bytes=total, bytes_read=bytes_read, gap_bytes=total - bytes_read,
-                                     seconds=seconds, predicted_seconds=predicted,
-                                     pull_seconds=time.perf_counter() - start)
+        return _PullPlan(li, name, kout, vout, batch, places, total, plan_pieces, bytes_read, predicted)
 
     def region_bytes(self) -> int:
         """Bytes of the smallest region (a layer's K or V): the most a timed read may span."""
@@ -538,8 +681,10 @@ class RemoteTier:
             _place_pieces(local_base, local_bytes, staging.ctypes.data, staging.nbytes, placed)
         return seconds
 
-    def _batch(self, what: str, call: Any) -> None:
-        """Run one batch transfer under the timeout; refuse it on a broken tier or a dead peer."""
+    def _batch(self, what: str, call: Any, ok: Any = lambda got: got == 0) -> int:
+        """Run one call of the engine (a batch transfer, its submission or its wait) under the
+        timeout; refuse it on a broken tier or a dead peer; ok(result) says it succeeded. Returns
+        the result."""
         if self._broken is not None:
             raise PeerGoneError(f"remote tier: peer {self._peer}: {what} refused: {self._broken}; "
                                 "reconnect() first")
@@ -559,7 +704,7 @@ class RemoteTier:
                 self._staging = None
             raise RemoteTimeoutError(f"remote tier: peer {self._peer}: {what}: no answer within {self._timeout:g} s; "
                                      "nothing was written; reconnect() before the next pull")
-        if not result or result[0] != 0:
+        if not result or not ok(result[0]):
             gone = self._server is None
             if self._server is not None:
                 try:  # a peer killed mid-transfer: its end may lag the broken connection a little
@@ -572,6 +717,7 @@ class RemoteTier:
             raise cls(f"remote tier: peer {self._peer}: {what}: the transfer failed "
                       f"({'the peer is gone' if gone else f'status {result[:1]}'}); nothing was written; "
                       "reconnect() starts it again")
+        return result[0]
 
     def __repr__(self) -> str:
         return f"RemoteTier(peer={self._peer}, regions={len(self._regions)}, broken={self._broken is not None})"
