@@ -134,6 +134,9 @@ def fit_remote_link(timings: Sequence[BatchTiming]) -> RemoteLinkFit:
             raise InvalidArgumentError(f"fit_remote_link: timing {i} is not a BatchTiming: {t!r}")
         b = _checks.as_size(t.piece_bytes, f"fit_remote_link: timing {i}'s piece_bytes")
         k = _checks.as_size(t.pieces, f"fit_remote_link: timing {i}'s pieces")
+        if isinstance(t.seconds, (str, bytes)) or not hasattr(t.seconds, "__iter__"):
+            raise InvalidArgumentError(f"fit_remote_link: timing {i}'s seconds is not a sequence of times: "
+                                       f"{t.seconds!r}")
         secs = [_checks.as_double(s, f"fit_remote_link: timing {i}'s seconds") for s in t.seconds]
         if b < 1 or k < 1 or not secs or not all(s > 0 and math.isfinite(s) for s in secs):
             raise InvalidArgumentError(f"fit_remote_link: timing {i} has {k} pieces of {b} bytes and seconds "
