@@ -9,8 +9,10 @@ copy policy's copies of the K and V windows (flat: the span; ranges: one range p
 plan; ragged: each stream's used cells; a paged window: its gather's runs), as C makes them,
 cut into pieces (ferry.plan.copy_pieces, gather_pieces), merged where the link's model says a
 gap costs less than a piece (merge_pieces), and read in ONE batch transfer. The pieces land in a
-registered staging buffer first and reach the destination only when the whole batch succeeded:
-a refused or broken pull writes nothing there.
+registered staging buffer first and reach the destination only when the whole batch succeeded
+(placed by C in one call per window): a refused or broken pull writes nothing there. pull_async
+issues the same batch as the engine's async read (the next layer's window travelling while this
+one computes); its PendingPull.wait() places it.
 
 A cell-per-stream window lands at its own offsets in the local cache (the windows pull returns
 are the cache's own); a paged window is gathered into a dense tensor of the window's layout.
