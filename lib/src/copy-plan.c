@@ -575,6 +575,26 @@ ferry_status ferry_gather_pieces(const ferry_gather_copy * copies, size_t n, fer
     return pieces_room("gather_pieces", count, pieces, max_pieces);
 }
 
+ferry_status ferry_copy_pieces_place(void * dst, size_t dst_bytes, const void * src, size_t src_bytes,
+                                     const ferry_copy_piece * pieces, size_t n) {
+    FERRY_CHECK_ARG(n == 0 || (dst && src && pieces), "copy_pieces_place: NULL argument");
+    for (size_t i = 0; i < n; i++) { /* all checked first: a refused placement writes nothing */
+        const ferry_copy_piece * p = &pieces[i];
+        size_t s_end = 0, d_end = 0;
+        if (!ferry_add_ok(p->src_offset, p->size, &s_end) || !ferry_add_ok(p->dst_offset, p->size, &d_end) ||
+            s_end > src_bytes || d_end > dst_bytes) {
+            return ferry_fail(FERRY_ERR_OUT_OF_BOUNDS,
+                              "copy_pieces_place: piece %zu (%zu bytes from %zu to %zu) ends past the source's %zu "
+                              "or the destination's %zu bytes",
+                              i, p->size, p->src_offset, p->dst_offset, src_bytes, dst_bytes);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        memcpy((char *) dst + pieces[i].dst_offset, (const char *) src + pieces[i].src_offset, pieces[i].size);
+    }
+    return FERRY_OK;
+}
+
 double ferry_batched_piece_seconds(const ferry_copy_cost_model * m, size_t size, size_t rows) {
     return (double) rows * (m->piece_ns * 1e-9 + ferry_copy_piece_seconds(m, size));
 }

@@ -54,6 +54,26 @@ class LinkFit(NamedTuple):
     points: Tuple[Tuple[int, int, float], ...]
 
 
+def _relative_nonneg_lstsq(a: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The coefficients x >= 0 that best give t = a @ x, least squares on the relative error (each
+    row's residual over its t); a figure the rows put below 0 is taken as 0 and the others fitted
+    again without it (fit_link's, fit_piece_curve's and the remote tier's fits)."""
+    weights = 1.0 / t
+    free = list(range(a.shape[1]))
+    coef = np.zeros(a.shape[1])
+    while free:
+        m = a[:, free] * weights[:, None]
+        scale = np.linalg.norm(m, axis=0)  # columns of like size: a huge row count or size stays exact
+        scale[scale == 0] = 1.0
+        sol = np.linalg.lstsq(m / scale, t * weights, rcond=None)[0] / scale
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[free] = sol
+            break
+        free.pop(int(np.argmin(sol)))  # the most negative figure is 0: fit the others again
+    return coef
+
+
 def fit_link(points: Sequence[Tuple[int, int, float]]) -> LinkFit:
     """The latency, row cost and bandwidth that best give some copies' times.
 
@@ -95,20 +115,7 @@ def fit_link(points: Sequence[Tuple[int, int, float]]) -> LinkFit:
                                    "counts of 2-D copies: at least 2 of each are needed to tell a call, a row and a "
                                    "byte apart")
     a = np.array([[1.0, float(r) if r > 1 else 0.0, float(b)] for b, r, _ in pts])
-    t = np.array([s for _, _, s in pts])
-    weights = 1.0 / t
-    free = [0, 1, 2]
-    coef = np.zeros(3)
-    while free:
-        m = a[:, free] * weights[:, None]
-        scale = np.linalg.norm(m, axis=0)  # columns of like size: a huge row count or size stays exact
-        scale[scale == 0] = 1.0
-        sol = np.linalg.lstsq(m / scale, t * weights, rcond=None)[0] / scale
-        if (sol >= 0).all():
-            coef[:] = 0
-            coef[free] = sol
-            break
-        free.pop(int(np.argmin(sol)))  # the most negative figure is 0: fit the others again
+    coef = _relative_nonneg_lstsq(a, np.array([s for _, _, s in pts]))
     per_byte = float(coef[2])
     return LinkFit(latency_us=float(coef[0]) * 1e6, row_ns=float(coef[1]) * 1e9,
                    gbps=1.0 / per_byte / 1e9 if per_byte > 0 else math.inf, points=tuple(pts))
@@ -185,19 +192,8 @@ def _curve_fit(sizes: np.ndarray, t: np.ndarray, knee: float, steep: float) -> T
     with np.errstate(over="ignore"):  # a piece far past the knee: its share of the floor is 0
         small = 1.0 / (1.0 + np.power(sizes / knee, steep))
     a = np.stack([np.ones_like(sizes), sizes, sizes * small], axis=1)
+    coef = _relative_nonneg_lstsq(a, t)
     w = 1.0 / t
-    free = [0, 1, 2]
-    coef = np.zeros(3)
-    while free:
-        m = a[:, free] * w[:, None]
-        scale = np.linalg.norm(m, axis=0)
-        scale[scale == 0] = 1.0
-        sol = np.linalg.lstsq(m / scale, t * w, rcond=None)[0] / scale
-        if (sol >= 0).all():
-            coef[:] = 0
-            coef[free] = sol
-            break
-        free.pop(int(np.argmin(sol)))
     resid = float(np.sum(((a @ coef) - t) ** 2 * w ** 2))
     return resid, coef
 

@@ -700,6 +700,24 @@ def _gather_piece_array(copies: Sequence[GatherCopy]) -> np.ndarray:
     return _piece_array(lambda out, mx, cnt: lib.ferry_gather_pieces(c, len(arr), out, mx, cnt), "gather_pieces")
 
 
+def _paged_piece_array(window: Tensor, backend: Backend) -> np.ndarray:
+    """gather_pieces of plan_paged(window, backend)'s copies, as _piece_array's rows, the copies kept
+    in a C array (a pull's thousands of runs pay no Python object each)."""
+    n = ffi.new("size_t *")
+    check(lib.ferry_copy_paged_plan(window._p, backend._p, ffi.new("ferry_paged_plan *"), ffi.NULL, 0, n))
+    copies = ffi.new("ferry_gather_copy[]", max(n[0], 1))
+    check(lib.ferry_copy_paged_plan(window._p, backend._p, ffi.new("ferry_paged_plan *"), copies, n[0], n))
+    return _piece_array(lambda out, mx, cnt: lib.ferry_gather_pieces(copies, n[0], out, mx, cnt), "gather_pieces")
+
+
+def _place_pieces(dst: int, dst_bytes: int, src: int, src_bytes: int, pieces: np.ndarray) -> None:
+    """Each of pieces' rows (src_offset, dst_offset, size: a uintp array) copied from src + src_offset
+    to dst + dst_offset, host addresses, in one call (ferry_copy_pieces_place: all checked first)."""
+    arr = np.ascontiguousarray(pieces, dtype=np.uintp).reshape(-1, 3)
+    check(lib.ferry_copy_pieces_place(ffi.cast("void *", dst), dst_bytes, ffi.cast("const void *", src), src_bytes,
+                                      ffi.cast("const ferry_copy_piece *", arr.ctypes.data), len(arr)))
+
+
 def _copy_piece_array(copies: Iterable[Sequence[int]]) -> np.ndarray:
     """copy_pieces of 2-D copies, as _piece_array's rows."""
     arr, n = to_c(copies, "copy_pieces")

@@ -688,8 +688,42 @@ static void test_pieces_of_a_plan_and_their_merge(void) {
     CHECK(n == 2 && q[0].size == 510);
 }
 
+/* Pieces placed from a staging area in one call: each where it goes; a piece past either end (or
+ * whose end overflows) refuses the whole placement before a byte moves. */
+static void test_pieces_placed_from_staging(void) {
+    unsigned char staging[16], dst[12];
+    for (int i = 0; i < 16; i++) {
+        staging[i] = (unsigned char) (i + 1);
+    }
+    memset(dst, 0, sizeof dst);
+    const ferry_copy_piece p[2] = {{.src_offset = 0, .dst_offset = 8, .size = 4},
+                                   {.src_offset = 12, .dst_offset = 0, .size = 4}};
+    CHECK_OK(ferry_copy_pieces_place(dst, sizeof dst, staging, sizeof staging, p, 2));
+    CHECK(dst[0] == 13 && dst[3] == 16 && dst[4] == 0 && dst[8] == 1 && dst[11] == 4);
+    CHECK_OK(ferry_copy_pieces_place(NULL, 0, NULL, 0, NULL, 0));
+    memset(dst, 0, sizeof dst);
+    const ferry_copy_piece past_src[2] = {p[0], {.src_offset = 14, .dst_offset = 0, .size = 4}};
+    CHECK_FAILS(ferry_copy_pieces_place(dst, sizeof dst, staging, sizeof staging, past_src, 2),
+                FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK(strstr(ferry_last_error(), "piece 1") != NULL && dst[8] == 0);  /* piece 0 not placed either */
+    const ferry_copy_piece past_dst = {.src_offset = 0, .dst_offset = 10, .size = 4};
+    CHECK_FAILS(ferry_copy_pieces_place(dst, sizeof dst, staging, sizeof staging, &past_dst, 1),
+                FERRY_ERR_OUT_OF_BOUNDS);
+    const ferry_copy_piece wrap_src = {.src_offset = SIZE_MAX - 1, .dst_offset = 0, .size = 4};
+    const ferry_copy_piece wrap_dst = {.src_offset = 0, .dst_offset = SIZE_MAX - 1, .size = 4};
+    CHECK_FAILS(ferry_copy_pieces_place(dst, sizeof dst, staging, sizeof staging, &wrap_src, 1),
+                FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_copy_pieces_place(dst, sizeof dst, staging, sizeof staging, &wrap_dst, 1),
+                FERRY_ERR_OUT_OF_BOUNDS);
+    CHECK_FAILS(ferry_copy_pieces_place(NULL, 12, staging, 16, p, 1), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_copy_pieces_place(dst, 12, NULL, 16, p, 1), FERRY_ERR_INVALID_ARG);
+    CHECK_FAILS(ferry_copy_pieces_place(dst, 12, staging, 16, NULL, 1), FERRY_ERR_INVALID_ARG);
+    CHECK(dst[0] == 0 && dst[11] == 0);
+}
+
 static const check_test tests[] = {
     {"k_window_is_the_ranges", test_k_window_is_the_ranges},
+    {"pieces_placed_from_staging", test_pieces_placed_from_staging},
     {"full_window_is_one_row", test_full_window_is_one_row},
     {"v_trans_window_is_one_copy", test_v_trans_window_is_one_copy},
     {"contiguous_is_one_copy", test_contiguous_is_one_copy},

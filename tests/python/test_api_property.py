@@ -30,6 +30,7 @@ import ferry
 from ferry.block_pool import BlockPool
 from ferry.kv import KVWindows
 from ferry.paged import PagedKVCache
+from ferry.remote.link import BatchTiming, fit_remote_link, remote_link_shapes
 from ferry.residency import (
     DeviceSpec,
     LayerCost,
@@ -767,6 +768,49 @@ def test_fit_piece_curve_gives_back_the_times_it_came_from_or_refuses_naming_the
     assert ferry.link.fit_piece_curve(pts) == got
     if exact:
         assert [got.seconds(b) for b, _ in pts] == pytest.approx([s for _, s in pts], rel=0.02)
+
+
+@st.composite
+def batch_timings(draw: st.DrawFn) -> Tuple[bool, Any, Any, List[Any]]:
+    """measure_remote_link's shapes for a drawn largest read and piece (perhaps junk: then the flag is
+    False) and the exact times of a drawn link's batches of them, one timing perhaps changed."""
+    nbytes = draw(st.one_of(st.integers(32768, 1 << 26), junk(), ints()))
+    piece = draw(st.one_of(st.integers(1, 1 << 16), junk(), ints()))
+    batch, per_piece, rate = draw(st.floats(0, 500e-6)), draw(st.floats(0.1e-6, 100e-6)), draw(st.floats(0.1e9, 100e9))
+    shapes, err = outcome(lambda: remote_link_shapes(nbytes, piece), ("nbytes", "piece_bytes"))
+    if err is not None:
+        return False, nbytes, piece, []
+    timings: List[Any] = [BatchTiming(b, k, (batch + k * per_piece + k * b / rate,) * 3) for b, k in shapes]
+    exact = not draw(st.booleans())
+    if not exact:
+        i = draw(st.integers(0, len(timings) - 1))
+        field = draw(st.integers(0, 3))
+        bad = draw(st.one_of(junk(), numbers(), ints(), st.just(())))
+        timings[i] = bad if field == 3 else timings[i]._replace(**{BatchTiming._fields[field]: bad})
+    return exact, nbytes, piece, timings
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(batch_timings())
+@example((False, 32768, 1, [BatchTiming(1, 16, None), *[BatchTiming(b, k, (1e-3,) * 3) for b, k in
+                                                         ((1, 256), (1, 1024), (16384, 2), (32768, 1))]]))
+def test_fit_remote_link_gives_back_the_times_it_came_from_or_refuses_naming_the_timing(
+        case: Tuple[bool, Any, Any, List[Any]]) -> None:
+    """remote_link_shapes refuses a largest read or piece it cannot shape, naming it; exact times of
+    a link's batches of its shapes fit back to the same times (residuals near 0, none left out); a
+    timing changed is refused naming it, or fits to figures not below 0."""
+    exact, _, _, timings = case
+    if not timings:
+        return
+    got, err = outcome(lambda: fit_remote_link(timings), ("timing",))
+    if err is not None:
+        assert not exact
+        return
+    f = got.fit
+    assert f.latency_us >= 0 and f.row_ns >= 0 and f.gbps > 0 and len(got.residuals) == len(timings)
+    if exact:
+        assert got.left_out == () and max(abs(r) for r in got.residuals) < 1e-6
+        assert fit_remote_link(timings) == got
 
 
 # ---------------------------------------------------------------- Scheduler.trace

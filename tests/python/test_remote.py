@@ -23,7 +23,16 @@ import pytest
 
 import ferry
 from ferry.paged import PagedKVCache
-from ferry.plan import CopyCostModel, Piece, copy_pieces, gather_pieces, merge_pieces, plan_copy, plan_paged
+from ferry.plan import (
+    CopyCostModel,
+    Piece,
+    _paged_piece_array,
+    copy_pieces,
+    gather_pieces,
+    merge_pieces,
+    plan_copy,
+    plan_paged,
+)
 from ferry.remote import engine_missing
 
 SENTINEL = 0xA5
@@ -135,6 +144,36 @@ def test_every_policy_pulls_the_local_windows_bytes_in_the_plans_pieces(v_trans:
 
 
 @needs_engine
+@pytest.mark.parametrize("memory", ["standin", "pinned"])
+def test_a_pull_into_pinned_or_a_devices_host_memory_delivers_the_local_bytes(memory: str,
+                                                                             lens: ferry.Tensor) -> None:
+    """The cache a pull lands in may be of another host buffer type than the CPU's: CUDA's pinned
+    host memory (cudaMallocHost; where CUDA is built, the fake runtime's too) or the stand-in
+    device's (host memory no other backend uses). Under every policy the windows land in that
+    memory and deliver the local cache's bytes; a layer not pulled keeps its bytes."""
+    from ferry.remote import RemoteTier
+
+    if memory == "pinned" and not ferry.cuda_available():
+        pytest.skip("no CUDA: no pinned host buffer type")
+    kw: Any = {"pinned": True} if memory == "pinned" else {"backend": ferry.StandinBackend()}
+    ref = random_kv(3)
+    mirror = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, CELLS * N_STREAM, N_STREAM, N_LAYER, **kw)
+    expect_type = "CUDA_Host" if memory == "pinned" else "stand-in"
+    assert expect_type in str(mirror.k(1).buffer), mirror.k(1).buffer
+    with RemoteTier(mirror) as tier:
+        tier.upload(ref)
+        for policy in ("flat", "ranges", "plan", "ragged"):
+            sentinel_fill(mirror)
+            k, v, st = tier.pull(1, 24, policy, lengths=lens)
+            assert k.buffer is mirror.k(1).buffer or str(k.buffer) == str(mirror.k(1).buffer)  # the cache's memory
+            rk, rv = ref.window(1, 24, lengths=lens)
+            assert delivered(k, policy) == delivered(rk, policy), policy
+            assert delivered(v, policy) == delivered(rv, policy), policy
+            assert st.bytes == st.bytes_read
+            assert bytes(mirror.k(0).get()) == bytes([SENTINEL]) * mirror.k(0).nbytes
+
+
+@needs_engine
 def test_ragged_at_npl_8_uniform_pulls_at_most_0_6_of_ranges() -> None:
     """npl 8 streams, uniform lengths over a window of 64: ragged pulls each stream's cells, ranges
     the window's; the bytes are counted, never timed."""
@@ -200,6 +239,8 @@ def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
             assert st.pieces == st.plan_pieces == 2 * expect, method
             assert st.bytes == 2 * (20 + 9 + 16) * CELL == 2 * plan.bytes
             assert len(gather_pieces(plan.copies)) == expect
+            # the tier's pieces, kept in C's arrays (no object a run), are the plan's
+            assert _paged_piece_array(rk, ferry.CPUBackend()).tolist() == [list(p) for p in gather_pieces(plan.copies)]
         # merged: the runs that touch in the pool join (they land in staging, so only the pool's gaps count)
         mirror.gather = "runs"
         k, _, st = tier.pull(0, 24)
@@ -210,7 +251,7 @@ def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
 
 @needs_engine
 def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> None:
-    """measure_remote_link fits a batch's cost, a piece's, a rate and a piece curve; the model made of
+    """measure_remote_link fits a batch's cost, a piece's and a rate; the model made of
     it merges the ranges of a short window (gaps of a few cells cost less than a piece on TCP) and
     the merged pull still delivers the local bytes."""
     from ferry.remote import RemoteTier, measure_remote_link
@@ -220,9 +261,9 @@ def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> 
     with RemoteTier(kv) as tier:
         tier.upload()
         link = measure_remote_link(tier, nbytes=32768, repeats=1)
-        assert link.fit is not None and link.fit.gbps > 0 and len(link.fit.points) == 6
-        # the piece curve, fitted to pieces of 4 sizes inside batches: what the one merge rule prices pieces by
-        assert link.pieces is not None and [b for b, _ in link.pieces.points] == [256, 64, 16, 4]
+        # (bytes, pieces) of each of remote_link_shapes, its median fitted: no piece curve (the rate does not rise)
+        assert link.fit is not None and link.fit.gbps > 0 and link.pieces is None
+        assert [(b, k) for b, k, _ in link.fit.points] == [(512, 16), (8192, 256), (32768, 1024), (32768, 2), (32768, 1)]
         model = CopyCostModel.from_link(link)
         assert model.piece_ns == link.fit.row_ns
         # a model whose piece costs 100 us at 1 GB/s merges gaps under 100 kB: the 4 ranges become 1
@@ -231,6 +272,85 @@ def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> 
         assert st.pieces == 2 and st.plan_pieces == 2 * N_STREAM and st.gap_bytes > 0
         assert st.bytes == st.bytes_read + st.gap_bytes
         assert delivered(k, "ranges") == delivered(kv.window(0, 3)[0], "ranges")
+
+
+# ------------------------------------------------------------ the link's fit (synthetic timings, no engine)
+
+#: A loopback's link as the lead measured it on a quiet host: a batch, a piece, a byte.
+BATCH_S, PIECE_S, RATE = 80e-6, 13e-6, 1.75e9
+
+
+def engine_seconds(pieces: int, nbytes: int) -> float:
+    return BATCH_S + pieces * PIECE_S + nbytes / RATE
+
+
+def predicted(model: CopyCostModel, shape: List[Tuple[int, int]]) -> float:
+    """The tier's prediction of a batch of (pieces, bytes each) groups (RemoteTier.pull's sum)."""
+    return model.call_us * 1e-6 + sum(k * (model.piece_ns * 1e-9 + model.piece_seconds(b)) for k, b in shape)
+
+
+class SyntheticTier:
+    """Stands in for a RemoteTier's timed reads: the link above, 3% of noise, and a burst of load
+    that makes six reads in a row three times slower (from the 21st read on)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.rng = np.random.default_rng(45)
+        self.peer = "synthetic:0"
+
+    def region_bytes(self) -> int:
+        return 4 << 20
+
+    def timed_read(self, pieces: List[Tuple[int, int]]) -> float:
+        self.reads += 1
+        busy = 3.0 if 21 <= self.reads <= 26 else 1.0
+        noise = 1.0 + float(self.rng.uniform(-0.03, 0.03))
+        return engine_seconds(len(pieces), sum(n for _, n in pieces)) * noise * busy
+
+
+def test_the_remote_link_fit_predicts_pulls_through_a_burst_of_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """measure_remote_link's fit, on timed reads of a known link with a burst of load among them,
+    gives the link back and predicts a merged pull (2 pieces of 4 MiB), a piece per block (2,048 of
+    4 KiB) and a pull of mid-sized spans within 10%. (Fitted as it was, to the fastest of 3 reads of
+    one shape after another, the burst took all of one shape's reads and the fit followed it.)"""
+    import ferry.remote.link as remote_link
+
+    synthetic = SyntheticTier()
+    monkeypatch.setattr(remote_link, "RemoteTier", SyntheticTier)  # the instance check takes the stand-in
+    link = remote_link.measure_remote_link(synthetic)  # type: ignore[arg-type]
+    assert link.fit is not None
+    assert link.fit.latency_us * 1e-6 == pytest.approx(BATCH_S, rel=0.15)
+    assert link.fit.row_ns * 1e-9 == pytest.approx(PIECE_S, rel=0.1)
+    assert link.fit.gbps * 1e9 == pytest.approx(RATE, rel=0.1)
+    model = CopyCostModel.from_link(link)
+    for shape in ([(2, 4 << 20)], [(2048, 4096)], [(420, 33_000)]):
+        truth = engine_seconds(sum(k for k, _ in shape), sum(k * b for k, b in shape))
+        assert predicted(model, shape) == pytest.approx(truth, rel=0.1), shape
+
+
+def test_fit_remote_link_leaves_out_one_shape_the_others_disagree_with() -> None:
+    """Every shape's reads exact but one shape's all three times slower (read while the host was busy):
+    the fit leaves that one out, names it, and gives the link back; its residuals say how far off each
+    shape is. Too few shapes are refused, naming what is needed."""
+    from ferry.remote.link import BatchTiming, fit_remote_link, remote_link_shapes
+
+    shapes = remote_link_shapes(4 << 20, 4096)
+    assert (4096, 1024) in shapes and shapes[-1] == (4 << 20, 1)  # a block's pieces up to the largest read
+    slow = shapes.index((256 << 10, 8))
+    timings = [BatchTiming(b, k, tuple(engine_seconds(k, k * b) * (3.0 if i == slow else 1.0) * f
+                                       for f in (0.98, 1.0, 1.5)))  # a read's spike: the median does not see it
+               for i, (b, k) in enumerate(shapes)]
+    got = fit_remote_link(timings)
+    assert got.left_out == (slow,)
+    assert got.fit.latency_us * 1e-6 == pytest.approx(BATCH_S, rel=0.02)
+    assert got.fit.row_ns * 1e-9 == pytest.approx(PIECE_S, rel=0.02)
+    assert got.fit.gbps * 1e9 == pytest.approx(RATE, rel=0.02)
+    assert got.residuals[slow] == pytest.approx(1 / 3 - 1, abs=0.02)
+    assert max(abs(r) for i, r in enumerate(got.residuals) if i != slow) < 0.02
+    with pytest.raises(ferry.FerryError, match="at least 4"):
+        fit_remote_link(timings[:3])
+    with pytest.raises(ferry.FerryError, match="timing 1"):
+        fit_remote_link([timings[0], BatchTiming(4096, 16, ()), *timings[2:]])
 
 
 # ------------------------------------------------------------ faults
@@ -315,6 +435,86 @@ def test_a_stopped_server_times_out_and_a_second_tier_over_the_same_memory_is_re
         tier.reconnect()
         k, _, _ = tier.pull(1, 24, "ragged", lengths=lens)
         assert delivered(k, "ragged") == delivered(ref.window(1, 24, lengths=lens)[0], "ragged")
+
+
+# ------------------------------------------------------------ the async batch, prefetched under compute
+
+
+@needs_engine
+def test_the_next_layers_async_pull_travels_while_this_one_computes_and_lands_as_the_sync_pulls(
+        lens: ferry.Tensor) -> None:
+    """Each layer's pull issued as the engine's async batch while the layer before it is used (the
+    prefetch of a decode step's next layer), waited before use: every window, cell-per-stream
+    under every policy and paged, the same bytes and the same counts as the sync pull's; a window
+    is untouched until its wait."""
+    from ferry.remote import RemoteTier
+
+    ref, mirror = random_kv(10), random_kv(11)
+    with RemoteTier(mirror) as tier:
+        tier.upload(ref)
+        for policy in ("flat", "ranges", "plan", "ragged"):
+            sync = [tier.pull(layer, 24, policy, lengths=lens) for layer in range(N_LAYER)]
+            want = [(delivered(k, policy), delivered(v, policy), st) for k, v, st in sync]
+            sentinel_fill(mirror)
+            pending = tier.pull_async(0, 24, policy, lengths=lens)
+            for layer in range(N_LAYER):
+                nxt = tier.pull_async(layer + 1, 24, policy, lengths=lens) if layer + 1 < N_LAYER else None
+                if nxt is not None:  # in flight while this layer computes: its window not written yet
+                    assert bytes(mirror.k(layer + 1).get()) == bytes([SENTINEL]) * mirror.k(layer + 1).nbytes
+                k, v, st = pending.wait()
+                wk, wv, wst = want[layer]
+                assert (delivered(k, policy), delivered(v, policy)) == (wk, wv), (policy, layer)
+                assert (st.layer, st.pieces, st.bytes, st.bytes_read) == (layer, wst.pieces, wst.bytes, wst.bytes_read)
+                assert pending.wait()[2] is st  # waiting again gives the same
+                if nxt is not None:
+                    pending = nxt
+    ref_p, _ = random_paged(12, 0.5)
+    mirror_p, _ = random_paged(12, 0.5)
+    sentinel_fill(mirror_p)
+    with RemoteTier(mirror_p) as tier:
+        tier.upload(ref_p)
+        for t in tier.pull(0, 24)[:2]:  # the tier's dense windows (one K and one V for every layer): cells unread stay
+            t.set(bytes([SENTINEL]) * t.nbytes)
+        first = tier.pull_async(0, 24)
+        second = tier.pull_async(1, 24)
+        for layer, pending in ((0, first), (1, second)):
+            k, v, st = pending.wait()
+            rk, rv = ref_p.window(layer, 24)
+            assert bytes(k.get()) == delivered(rk, "flat") and bytes(v.get()) == delivered(rv, "flat")
+            assert st.bytes == st.bytes_read == 2 * (20 + 9 + 16) * CELL
+
+
+@needs_engine
+def test_a_peer_killed_under_an_async_batch_refuses_its_wait_naming_the_layer_and_writes_nothing(
+        lens: ferry.Tensor) -> None:
+    """The server stopped, a layer's async batch issued to it, the server killed: the wait is
+    refused naming the peer and the layer, the window untouched; after reconnect() the next async
+    pull is right."""
+    from ferry.remote import PeerGoneError, RemoteError, RemoteTier
+
+    ref, mirror = random_kv(14), random_kv(15)
+    with RemoteTier(mirror, timeout_s=5.0) as tier:
+        tier.upload(ref)
+        sentinel_fill(mirror)
+        pid = tier.server_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        stopped(pid)
+        try:
+            pending = tier.pull_async(1, 24, "ragged", lengths=lens)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(RemoteError, match=rf"peer {tier.peer}: layer 1 \(async\)") as err:
+            pending.wait()
+        assert isinstance(err.value, PeerGoneError) and "nothing was written" in err.value.message
+        with pytest.raises(PeerGoneError, match="layer 1"):
+            pending.wait()  # the same refusal again, still nothing written
+        assert bytes(mirror.k(1).get()) == bytes([SENTINEL]) * mirror.k(1).nbytes
+        assert bytes(mirror.v(1).get()) == bytes([SENTINEL]) * mirror.v(1).nbytes
+        tier.reconnect()
+        k, v, _ = tier.pull_async(1, 24, "ragged", lengths=lens).wait()
+        rk, rv = ref.window(1, 24, lengths=lens)
+        assert delivered(k, "ragged") == delivered(rk, "ragged") and delivered(v, "ragged") == delivered(rv, "ragged")
 
 
 # ------------------------------------------------------------ the command line

@@ -286,6 +286,16 @@ FERRY_API ferry_status ferry_gather_pieces(const ferry_gather_copy * copies, siz
 FERRY_API ferry_status ferry_copy_pieces_merge(const ferry_copy_cost_model * model, ferry_copy_piece * pieces,
                                                size_t * n_pieces, uint64_t * gap_bytes);
 
+/*
+ * Places pieces in host memory: each piece's size bytes from src + src_offset to dst + dst_offset
+ * (a batch transfer's pieces, from the staging area they landed in to their destination), all in
+ * one call. Every piece is checked before any byte moves: refused (OUT_OF_BOUNDS), nothing
+ * written, for a piece that ends past src_bytes or dst_bytes; src, dst and pieces may be NULL
+ * only when n is 0. src and dst must not overlap.
+ */
+FERRY_API ferry_status ferry_copy_pieces_place(void * dst, size_t dst_bytes, const void * src, size_t src_bytes,
+                                               const ferry_copy_piece * pieces, size_t n);
+
 /* ---------------------------------------------------------------- compact staging (copy-compact.c) */
 
 /*

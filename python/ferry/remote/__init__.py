@@ -4,7 +4,8 @@ imports it only when a tier is made, and says what to install where it is missin
 
 RemoteTier (ferry.remote.tier) holds the cache remotely and pulls a step's windows; PullStats says
 what a pull moved; measure_remote_link (ferry.remote.link) fits the link's per-piece cost and rate
-for the copy cost model; engine_missing says why the engine cannot be imported (None when it can).
+for the copy cost model (time_remote_link times the reads, fit_remote_link fits their medians);
+engine_missing says why the engine cannot be imported (None when it can).
 The errors are FerryError subclasses naming the peer and the layer (ferry.remote.errors).
 """
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 from .engine import engine_missing
 from .errors import EngineUnavailableError, PeerGoneError, RegistrationError, RemoteError, RemoteTimeoutError
-from .link import measure_remote_link
-from .tier import PullStats, RemoteTier
+from .link import BatchTiming, RemoteLinkFit, fit_remote_link, measure_remote_link, time_remote_link
+from .tier import PendingPull, PullStats, RemoteTier
 
-__all__ = ["RemoteTier", "PullStats", "measure_remote_link", "engine_missing", "RemoteError", "EngineUnavailableError",
-           "PeerGoneError", "RegistrationError", "RemoteTimeoutError"]
+__all__ = ["RemoteTier", "PullStats", "PendingPull", "measure_remote_link", "time_remote_link", "fit_remote_link",
+           "BatchTiming", "RemoteLinkFit", "engine_missing", "RemoteError", "EngineUnavailableError", "PeerGoneError",
+           "RegistrationError", "RemoteTimeoutError"]

@@ -1,37 +1,175 @@
-"""The remote tier's link, measured: batch reads of several sizes and piece counts, timed, the
-per-piece cost and rate fitted by ferry.link's fit_link and the piece curve (a piece's rate by its
-size) by fit_piece_curve (CopyCostModel.from_link makes the model pulls merge and predict by)."""
+"""The remote tier's link, measured: batch reads of the shapes the tier's pulls take (many pieces of
+a paged block, fewer of larger sizes, up to one read of the largest span), timed several times in
+turn, and a batch's cost, a piece's and a rate fitted to the medians (fit_remote_link), leaving out a
+timing the others disagree with. CopyCostModel.from_link makes the model pulls merge and predict by.
+
+Why medians, turn by turn, and a fit that leaves one out: the bar a pull is held to is its median
+time, and a model predicts that only when fitted to medians too (the fastest of a few reads is the
+lucky tail, which moves from run to run as the host's load does); taking turns spreads a burst of
+load over every shape instead of all of one shape's reads; and one shape read while the host was
+busy would otherwise pull every figure toward it, since a least-squares fit follows its worst point.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
+import statistics
+from typing import List, NamedTuple, Sequence, Tuple
+
+import numpy as np
 
 from .. import _checks
 from ..errors import InvalidArgumentError
-from ..link import LinkMeasurement, fit_link, fit_piece_curve
+from ..link import LinkFit, LinkMeasurement, _relative_nonneg_lstsq
 from .tier import RemoteTier
 
-#: Plain reads of the measured size divided by these, and batches of this many pieces.
-PLAIN_PARTS = (1, 16, 256)
-#: The piece curve's batches: CURVE_PIECES pieces of the measured size divided by each of these.
-CURVE_PARTS = (128, 512, 2048, 8192)
-CURVE_PIECES = 64
+#: Batches of this many pieces of the tier's piece size (a paged block, a row): what a piece costs.
 PIECES = (16, 256, 1024)
+#: Larger pieces, each size in a batch of up to SIZED_PIECES of them (as many as the region holds
+#: with a gap as large after each): the merged spans' sizes, up to half the largest read.
+SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
+SIZED_PIECES = 64
+#: A timing is left out when its relative error is this many times the median one and above
+#: OUTLIER_FLOOR; at most a quarter of the timings are.
+OUTLIER_FACTOR = 4.0
+OUTLIER_FLOOR = 0.1
 
 
-def measure_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 3,
-                        piece_bytes: int = 4096) -> LinkMeasurement:
-    """Time batch reads from the tier's peer and fit what a batch, a piece and a byte cost.
+class BatchTiming(NamedTuple):
+    """One batch read's shape and its timed reads.
 
-    Plain reads (one piece) of nbytes, nbytes / 16 and nbytes / 256, batches of 16, 256 and 1024
-    pieces of piece_bytes (fewer bytes where the region cannot hold 1024 of them with a gap as large
-    after each), and batches of 64 pieces of nbytes / 128, / 512, / 2048 and / 8192 are each timed:
-    a warm-up, then the fastest of `repeats`. fit_link fits latency (a batch), row_ns (a piece) and
-    gbps to the plain reads and the first batches; fit_piece_curve the piece curve to what a piece
-    of each size costs inside a batch (a batch's time / 64): the engine's rate by a piece's size,
-    which the one merge rule prices pieces by. Plain reads are not the curve's: a read alone pays
-    the batch's own cost, which no piece of a batch pays again.
+    Attributes
+    ----------
+    piece_bytes : int
+        Bytes of each piece.
+    pieces : int
+        Pieces in the batch.
+    seconds : tuple of float
+        Each timed read's wall time.
+    """
+
+    piece_bytes: int
+    pieces: int
+    seconds: Tuple[float, ...]
+
+
+class RemoteLinkFit(NamedTuple):
+    """What fit_remote_link found.
+
+    Attributes
+    ----------
+    fit : LinkFit
+        latency_us: a batch; row_ns: a piece of it (every piece, the first too); gbps: its bytes.
+        points: (bytes, pieces, median seconds) of every timing.
+    residuals : tuple of float
+        Each timing's relative error under the fit: predicted / median - 1.
+    left_out : tuple of int
+        The timings the fit left out (their residuals are still given).
+    """
+
+    fit: LinkFit
+    residuals: Tuple[float, ...]
+    left_out: Tuple[int, ...]
+
+
+def remote_link_shapes(nbytes: int, piece_bytes: int) -> List[Tuple[int, int]]:
+    """The (piece bytes, pieces) of the batches measure_remote_link times for a largest read of
+    nbytes (a region of nbytes holds each; time_remote_link leaves a gap as large as a piece after each
+    where the region holds it).
+
+    Parameters
+    ----------
+    nbytes : int
+        The largest read, at least 32768.
+    piece_bytes : int
+        Bytes of the small pieces (a paged block, a row), at least 1.
+
+    Returns
+    -------
+    list of (int, int)
+
+    Raises
+    ------
+    InvalidArgumentError
+        For nbytes under 32768 or piece_bytes under 1.
+    """
+    n = _checks.as_size(nbytes, "remote_link_shapes: nbytes")
+    piece = _checks.as_size(piece_bytes, "remote_link_shapes: piece_bytes")
+    if n < 32 * max(PIECES) or piece < 1:
+        raise InvalidArgumentError(f"remote_link_shapes: nbytes {n} must be at least {32 * max(PIECES)} and "
+                                   f"piece_bytes {piece} at least 1")
+    width = max(1, min(piece, n // max(PIECES)))
+    shapes = [(width, count) for count in PIECES]
+    shapes += [(size, min(SIZED_PIECES, n // (2 * size))) for size in SIZES if 2 * size <= n // 2]
+    return shapes + [(n // 2, 2), (n, 1)]
+
+
+def fit_remote_link(timings: Sequence[BatchTiming]) -> RemoteLinkFit:
+    """The batch cost, piece cost and rate that best give batch reads' median times.
+
+    A batch of k pieces of b bytes is modelled as latency + k * piece + k * b / rate (the sum the
+    tier predicts a pull by). Each timing's median is fitted, least squares on the relative error
+    (a batch of 16 small pieces counts as much as one of 8 MiB), no figure below 0; then the timing
+    furthest off is left out and the rest fitted again while it is off by more than OUTLIER_FACTOR
+    times the median timing's error and by more than OUTLIER_FLOOR, at most a quarter of them.
+
+    Parameters
+    ----------
+    timings : sequence of BatchTiming
+        At least 4, of at least 2 piece counts and 2 piece sizes, each with at least one timed read.
+
+    Returns
+    -------
+    RemoteLinkFit
+
+    Raises
+    ------
+    InvalidArgumentError
+        For fewer timings or shapes than that, or a timing that is not a BatchTiming of positive
+        sizes and times.
+    """
+    rows: List[Tuple[int, int, float]] = []
+    for i, t in enumerate(timings):
+        if not isinstance(t, BatchTiming):
+            raise InvalidArgumentError(f"fit_remote_link: timing {i} is not a BatchTiming: {t!r}")
+        b = _checks.as_size(t.piece_bytes, f"fit_remote_link: timing {i}'s piece_bytes")
+        k = _checks.as_size(t.pieces, f"fit_remote_link: timing {i}'s pieces")
+        if isinstance(t.seconds, (str, bytes)) or not hasattr(t.seconds, "__iter__"):
+            raise InvalidArgumentError(f"fit_remote_link: timing {i}'s seconds is not a sequence of times: "
+                                       f"{t.seconds!r}")
+        secs = [_checks.as_double(s, f"fit_remote_link: timing {i}'s seconds") for s in t.seconds]
+        if b < 1 or k < 1 or not secs or not all(s > 0 and math.isfinite(s) for s in secs):
+            raise InvalidArgumentError(f"fit_remote_link: timing {i} has {k} pieces of {b} bytes and seconds "
+                                       f"{t.seconds!r}; each must be positive, and one time at least")
+        rows.append((b, k, statistics.median(secs)))
+    counts, sizes = len({k for _, k, _ in rows}), len({b for b, _, _ in rows})
+    if len(rows) < 4 or counts < 2 or sizes < 2:
+        raise InvalidArgumentError(f"fit_remote_link: {len(rows)} timings of {counts} piece counts and {sizes} sizes: "
+                                   "at least 4, 2 and 2 are needed to tell a batch, a piece and a byte apart")
+    a = np.array([[1.0, float(k), float(k * b)] for b, k, _ in rows])
+    med = np.array([s for _, _, s in rows])
+    keep = list(range(len(rows)))
+    while True:
+        coef = _relative_nonneg_lstsq(a[keep], med[keep])
+        err = np.abs(a @ coef / med - 1.0)
+        worst = max(keep, key=lambda i: err[i])
+        typical = float(np.median(err[keep]))
+        if (len(rows) - len(keep) < len(rows) // 4 and len(keep) > 4
+                and err[worst] > max(OUTLIER_FACTOR * typical, OUTLIER_FLOOR)):
+            keep.remove(worst)
+            continue
+        break
+    per_byte = float(coef[2])
+    fit = LinkFit(latency_us=float(coef[0]) * 1e6, row_ns=float(coef[1]) * 1e9,
+                  gbps=1.0 / per_byte / 1e9 if per_byte > 0 else math.inf,
+                  points=tuple((k * b, k, s) for b, k, s in rows))
+    return RemoteLinkFit(fit=fit, residuals=tuple(float(x) for x in a @ coef / med - 1.0),
+                         left_out=tuple(i for i in range(len(rows)) if i not in keep))
+
+
+def time_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 5, piece_bytes: int = 4096) -> List[BatchTiming]:
+    """Batch reads of remote_link_shapes from the tier's peer, timed: a warm-up round, then
+    `repeats` rounds, each reading every shape once in turn.
 
     Parameters
     ----------
@@ -40,15 +178,14 @@ def measure_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 3,
         The largest read; 0: the tier's smallest region, at most 4 MiB. At least 32768, at most the
         smallest region.
     repeats : int, optional
-        Timed reads of each after the warm-up, at least 1.
+        Timed rounds after the warm-up, at least 1.
     piece_bytes : int, optional
-        Bytes of a batch's piece, at least 1: the size the tier's pulls read (a paged block, a row).
+        Bytes of the small pieces, at least 1: the size the tier's pulls read (a paged block, a row).
 
     Returns
     -------
-    LinkMeasurement
-        gbps and seconds of the largest read; fit: the LinkFit (its row_ns is the piece cost);
-        pieces: the PieceCurve.
+    list of BatchTiming
+        In remote_link_shapes' order.
 
     Raises
     ------
@@ -57,10 +194,10 @@ def measure_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 3,
     PeerGoneError, RemoteTimeoutError
         When the peer fails while being measured.
     """
-    t = _checks.instance(tier, RemoteTier, "measure_remote_link: tier")
+    tr = _checks.instance(tier, RemoteTier, "measure_remote_link: tier")
     reps = _checks.as_int(repeats, "measure_remote_link: repeats")
     piece = _checks.as_size(piece_bytes, "measure_remote_link: piece_bytes")
-    region = t.region_bytes()
+    region = tr.region_bytes()
     n = _checks.as_size(nbytes, "measure_remote_link: nbytes") or min(region, 4 << 20)
     least = 32 * max(PIECES)
     if reps < 1:
@@ -70,25 +207,49 @@ def measure_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 3,
     if not least <= n <= region:
         raise InvalidArgumentError(f"measure_remote_link: nbytes {n} must be from {least} to the tier's smallest "
                                    f"region, {region} bytes")
+    shapes = remote_link_shapes(n, piece)
+    reads = [[(2 * b * i if 2 * b * k <= n else b * i, b) for i in range(k)] for b, k in shapes]  # gaps where they fit
+    times: List[List[float]] = [[] for _ in shapes]
+    for round_ in range(reps + 1):
+        for i, pieces in enumerate(reads):
+            sec = tr.timed_read(pieces)
+            if round_ > 0:  # the first round warms the engine's connections and the staging buffer
+                times[i].append(sec)
+    return [BatchTiming(b, k, tuple(ts)) for (b, k), ts in zip(shapes, times)]
 
-    def fastest(pieces: List[Tuple[int, int]]) -> float:
-        t.timed_read(pieces)
-        return min(t.timed_read(pieces) for _ in range(reps))
 
-    points: List[Tuple[int, int, float]] = []
-    times: List[float] = []
-    for part in PLAIN_PARTS:
-        size = n // part
-        sec = fastest([(0, size)])
-        points.append((size, 1, sec))
-        if part == 1:
-            times.append(sec)
-    width = max(1, min(piece, region // (2 * max(PIECES))))
-    for count in PIECES:
-        points.append((width * count, count, fastest([(2 * width * i, width) for i in range(count)])))
-    in_batch = [(max(1, n // part), fastest([(2 * max(1, n // part) * i, max(1, n // part))
-                                              for i in range(CURVE_PIECES)]) / CURVE_PIECES)
-                for part in CURVE_PARTS]
-    return LinkMeasurement(gbps=n / times[0] / 1e9 if times[0] > 0 else math.inf, seconds=times[0], nbytes=n,
-                           pinned=False, device=f"remote {t.peer}", times=tuple(times), fit=fit_link(points),
-                           pieces=fit_piece_curve(in_batch))
+def measure_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 5,
+                        piece_bytes: int = 4096) -> LinkMeasurement:
+    """Time batch reads of the shapes the tier's pulls take and fit what a batch, a piece and a
+    byte cost (time_remote_link, then fit_remote_link).
+
+    Parameters
+    ----------
+    tier : RemoteTier
+    nbytes : int, optional
+        The largest read; 0: the tier's smallest region, at most 4 MiB. At least 32768, at most the
+        smallest region.
+    repeats : int, optional
+        Timed rounds after the warm-up, at least 1 (5: a median that one busy moment does not move).
+    piece_bytes : int, optional
+        Bytes of the small pieces, at least 1: the size the tier's pulls read (a paged block, a row).
+
+    Returns
+    -------
+    LinkMeasurement
+        gbps and seconds: the median read of nbytes in one piece; times: its reads; fit: the
+        LinkFit (latency_us a batch, row_ns a piece, gbps); pieces: None (the engine's rate does
+        not rise with a piece's size past what a piece costs: no piece curve is fitted).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a tier that is not a RemoteTier, or nbytes, repeats or piece_bytes out of range.
+    PeerGoneError, RemoteTimeoutError
+        When the peer fails while being measured.
+    """
+    timings = time_remote_link(tier, nbytes, repeats, piece_bytes)
+    whole = timings[-1]
+    sec = statistics.median(whole.seconds)
+    return LinkMeasurement(gbps=whole.piece_bytes / sec / 1e9, seconds=sec, nbytes=whole.piece_bytes, pinned=False,
+                           device=f"remote {tier.peer}", times=whole.seconds, fit=fit_remote_link(timings).fit)

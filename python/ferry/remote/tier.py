@@ -9,8 +9,10 @@ copy policy's copies of the K and V windows (flat: the span; ranges: one range p
 plan; ragged: each stream's used cells; a paged window: its gather's runs), as C makes them,
 cut into pieces (ferry.plan.copy_pieces, gather_pieces), merged where the link's model says a
 gap costs less than a piece (merge_pieces), and read in ONE batch transfer. The pieces land in a
-registered staging buffer first and reach the destination only when the whole batch succeeded:
-a refused or broken pull writes nothing there.
+registered staging buffer first and reach the destination only when the whole batch succeeded
+(placed by C in one call per window): a refused or broken pull writes nothing there. pull_async
+issues the same batch as the engine's async read (the next layer's window travelling while this
+one computes); its PendingPull.wait() places it.
 
 A cell-per-stream window lands at its own offsets in the local cache (the windows pull returns
 are the cache's own); a paged window is gathered into a dense tensor of the window's layout.
@@ -18,7 +20,6 @@ are the cache's own); a paged window is gathered into a dense tensor of the wind
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -41,10 +42,10 @@ from ..paged import PagedKVCache
 from ..plan import (
     CopyCostModel,
     _copy_piece_array,
-    _gather_piece_array,
     _merge_piece_array,
+    _paged_piece_array,
+    _place_pieces,
     plan_copy,
-    plan_paged,
     plan_ragged,
 )
 from ..policy import CopyPolicy, GatherMethod, PolicyLike, to_policy
@@ -98,6 +99,77 @@ class PullStats:
     seconds: float
     predicted_seconds: float
     pull_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class _PullPlan:
+    """A pull planned: its windows, the batch's reads (rows remote address, bytes), where each piece
+    goes from staging (per destination: local base, its bytes, pieces), and what it counts."""
+
+    layer: int
+    policy: str
+    kout: Tensor
+    vout: Tensor
+    batch: np.ndarray
+    places: List[Tuple[int, int, np.ndarray]]
+    total: int
+    plan_pieces: int
+    bytes_read: int
+    predicted: float
+
+    def stats(self, seconds: float, pull_seconds: float) -> PullStats:
+        return PullStats(layer=self.layer, policy=self.policy, pieces=len(self.batch), plan_pieces=self.plan_pieces,
+                         bytes=self.total, bytes_read=self.bytes_read, gap_bytes=self.total - self.bytes_read,
+                         seconds=seconds, predicted_seconds=self.predicted, pull_seconds=pull_seconds)
+
+
+class PendingPull:
+    """A pull in flight (RemoteTier.pull_async): its batch travelling into a staging area of its own.
+
+    wait() waits for it and places its pieces, then returns what pull returns; until then the
+    windows are untouched. Waiting twice returns the same result again (or raises the same error).
+    """
+
+    def __init__(self, tier: "RemoteTier", plan: _PullPlan, staging: np.ndarray, batch_id: int, start: float) -> None:
+        self._tier = tier
+        self._plan = plan
+        self._staging = staging
+        self._batch_id = batch_id
+        self._start = start
+        self._result: Optional[Tuple[Tensor, Tensor, PullStats]] = None
+        self._error: Optional[BaseException] = None
+
+    @property
+    def layer(self) -> int:
+        """The layer being pulled."""
+        return self._plan.layer
+
+    def wait(self) -> Tuple[Tensor, Tensor, PullStats]:
+        """Wait for the batch, then place its pieces in the windows.
+
+        Returns
+        -------
+        (Tensor, Tensor, PullStats)
+            As RemoteTier.pull: the K and V windows and what the pull did (seconds: the wait;
+            pull_seconds: from issue to placement).
+
+        Raises
+        ------
+        PeerGoneError
+            The peer ended or broke while the batch was in flight (naming it and the layer);
+            nothing was written.
+        RemoteTimeoutError
+            The batch took longer than the tier's timeout; nothing was written.
+        """
+        if self._result is None and self._error is None:
+            try:
+                self._result = self._tier._finish(self)
+            except RemoteError as e:
+                self._error = e
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
 
 
 def _starts(sizes: np.ndarray, at: int = 0) -> np.ndarray:
@@ -167,6 +239,7 @@ class RemoteTier:
         self._registered: List[int] = []
         self._dense: Dict[Tuple[str, Tuple[int, ...], Tuple[int, ...], str], Tensor] = {}
         self._staging: Optional[np.ndarray] = None
+        self._async_free: List[np.ndarray] = []  # registered staging areas no async batch uses
         self._abandoned: List[np.ndarray] = []
         self._cpu = CPUBackend()
         self._server: Optional[subprocess.Popen[bytes]] = None
@@ -283,6 +356,7 @@ class RemoteTier:
         self._registered = []
         self._dense = {}
         self._staging = None
+        self._async_free = []
         self._abandoned = []
 
     def __enter__(self) -> "RemoteTier":
@@ -398,13 +472,87 @@ class RemoteTier:
             The pull took longer than timeout_s; nothing was written; reconnect() before the next.
         """
         start = time.perf_counter()
+        plan = self._prepare("RemoteTier.pull", layer, n_kv, policy, lengths, s0, s1, merge)
+        seconds = self._read(plan.layer, plan.batch, plan.places, plan.total)
+        return plan.kout, plan.vout, plan.stats(seconds, time.perf_counter() - start)
+
+    def pull_async(self, layer: int, n_kv: int, policy: PolicyLike = "ragged", lengths: Optional[Tensor] = None,
+                   s0: int = 0, s1: Optional[int] = None, merge: bool = True) -> "PendingPull":
+        """Issue the pull of a layer's windows as the engine's async batch read and return at once:
+        the next layer's (or step's) windows travel while the current one computes; wait() on the
+        result before using them. The batch lands in a staging area of its own, and the windows
+        (the same, byte for byte, as pull's) change only in wait(), once the whole batch arrived.
+
+        Parameters
+        ----------
+        layer, n_kv, policy, lengths, s0, s1, merge
+            As pull's. The window is planned now: lengths are read now.
+
+        Returns
+        -------
+        PendingPull
+
+        Raises
+        ------
+        InvalidArgumentError, OutOfBoundsError, LayoutError
+            For a window the cache refuses (naming the argument).
+        PeerGoneError, RemoteTimeoutError
+            When the peer is gone, or the batch cannot be issued (naming the peer and the layer);
+            nothing was written.
+        """
+        start = time.perf_counter()
+        plan = self._prepare("RemoteTier.pull_async", layer, n_kv, policy, lengths, s0, s1, merge)
+        staging = self._async_staging_of(plan.total)
+        batch_id = 0
+        if len(plan.batch):
+            lengths_ = plan.batch[:, 1].tolist()
+            local = _starts(plan.batch[:, 1], staging.ctypes.data).tolist()
+            remote = plan.batch[:, 0].tolist()
+            try:
+                batch_id = self._batch(f"layer {plan.layer} (async)", lambda e: e.batch_transfer_async_read(
+                    self._peer, local, remote, lengths_), ok=lambda got: got > 0)
+            except BaseException:
+                self._abandoned.append(staging)  # a late submission may still write there: kept until close
+                raise
+        return PendingPull(self, plan, staging, batch_id, start)
+
+    def _finish(self, pending: "PendingPull") -> Tuple[Tensor, Tensor, PullStats]:
+        """PendingPull.wait's work: the batch waited for under the timeout, then placed."""
+        plan, staging = pending._plan, pending._staging
+        t0 = time.perf_counter()
+        try:
+            if pending._batch_id:
+                self._batch(f"layer {plan.layer} (async)",
+                            lambda e: e.get_batch_transfer_status([pending._batch_id]))
+        except BaseException:
+            self._abandoned.append(staging)  # a late batch may still write there: kept, registered, until close
+            raise
+        for local_base, local_bytes, placed in plan.places:  # all arrived: only now does the destination change
+            _place_pieces(local_base, local_bytes, staging.ctypes.data, staging.nbytes, placed)
+        self._async_free.append(staging)
+        end = time.perf_counter()
+        return plan.kout, plan.vout, plan.stats(end - t0, end - pending._start)
+
+    def _async_staging_of(self, nbytes: int) -> np.ndarray:
+        """A registered staging area of at least nbytes that no batch in flight uses (taken from the
+        free ones, or made and registered)."""
+        for i, buf in enumerate(self._async_free):
+            if buf.nbytes >= nbytes:
+                return self._async_free.pop(i)
+        buf = np.zeros(max(nbytes, 1 << 16), dtype=np.uint8)
+        self._register(buf.ctypes.data, buf.nbytes, "an async staging area")
+        return buf
+
+    def _prepare(self, what: str, layer: int, n_kv: int, policy: PolicyLike, lengths: Optional[Tensor], s0: int,
+                 s1: Optional[int], merge: bool) -> "_PullPlan":
+        """A pull's plan: its windows, the batch's reads, where each piece goes and what is counted."""
         pol = to_policy(policy)
-        joined = _checks.as_bool(merge, "RemoteTier.pull: merge")
-        li = _checks.as_c_int(layer, "RemoteTier.pull: layer")
+        joined = _checks.as_bool(merge, f"{what}: merge")
+        li = _checks.as_c_int(layer, f"{what}: layer")
         cache = self._cache
         assert isinstance(cache, (KVCache, PagedKVCache))  # as the constructor checked
         k, v = cache.window(li, n_kv, s0, s1, lengths=lengths)
-        jobs: List[Tuple[np.ndarray, int, int]] = []  # (pieces as rows, remote base, local base)
+        jobs: List[Tuple[np.ndarray, int, int, int]] = []  # (pieces as rows, remote base, local base, local bytes)
         plan_pieces = 0
         bytes_read = 0
         if isinstance(cache, PagedKVCache):
@@ -412,11 +560,10 @@ class RemoteTier:
             for which, w in (("k", k), ("v", v)):
                 if cache.gather == GatherMethod.AUTO:
                     cache.gather = GatherMethod.RUNS
-                plan = plan_paged(w, self._cpu)
-                raw = _gather_piece_array(plan.copies)
+                raw = _paged_piece_array(w, self._cpu)  # the gather's pieces, from C to an array
                 dst = self._dense_of(w, which)
                 r = self._region(li, which)
-                jobs.append((raw, self._remote[r], int(dst.address or 0)))
+                jobs.append((raw, self._remote[r], int(dst.address or 0), dst.nbytes))
                 outs.append(dst)
             kout, vout = outs[0], outs[1]
             name = "paged"
@@ -425,30 +572,25 @@ class RemoteTier:
                 r = self._region(li, which)
                 root = int(w.root.address or 0)
                 base = self._remote[r] + (root - self._regions[r][2])
-                jobs.append((_copy_piece_array(self._copies(w, pol)), base, root))
+                jobs.append((_copy_piece_array(self._copies(w, pol)), base, root, w.root.nbytes))
             kout, vout = k, v
             name = str(pol)
         reads: List[np.ndarray] = []  # per job, rows (remote address, bytes): the batch's pieces
-        scatter: List[np.ndarray] = []  # per job, rows (offset in staging, local address, bytes)
+        places: List[Tuple[int, int, np.ndarray]] = []  # per job, (local base, bytes, pieces staging -> local)
         total = 0
-        for raw, remote_base, local_base in jobs:
+        for raw, remote_base, local_base, local_bytes in jobs:
             plan_pieces += len(raw)
             bytes_read += int(raw[:, 2].sum())
-            got, sc = self._plan_reads(raw, remote_base, local_base, joined, total)
+            got, placed = self._plan_reads(raw, remote_base, joined, total)
             reads.append(got)
-            scatter.append(sc)
+            places.append((local_base, local_bytes, placed))
             total += int(got[:, 1].sum())
         batch = np.concatenate(reads) if reads else np.zeros((0, 2), dtype=np.uintp)
-        seconds = self._read(li, batch, np.concatenate(scatter) if scatter else np.zeros((0, 3), dtype=np.uintp),
-                             total)
         m = self._model
         sizes, counts = np.unique(batch[:, 1], return_counts=True)  # a piece's bytes at its size's rate
         predicted = m.call_us * 1e-6 + sum(int(c) * (m.piece_ns * 1e-9 + m.piece_seconds(int(b)))
                                            for b, c in zip(sizes, counts))
-        return kout, vout, PullStats(layer=li, policy=name, pieces=len(batch), plan_pieces=plan_pieces,
-                                     bytes=total, bytes_read=bytes_read, gap_bytes=total - bytes_read,
-                                     seconds=seconds, predicted_seconds=predicted,
-                                     pull_seconds=time.perf_counter() - start)
+        return _PullPlan(li, name, kout, vout, batch, places, total, plan_pieces, bytes_read, predicted)
 
     def region_bytes(self) -> int:
         """Bytes of the smallest region (a layer's K or V): the most a timed read may span."""
@@ -504,33 +646,30 @@ class RemoteTier:
             self._staging = staging
         return self._staging
 
-    def _plan_reads(self, raw: np.ndarray, remote_base: int, local_base: int, joined: bool,
-                    at: int) -> Tuple[np.ndarray, np.ndarray]:
+    def _plan_reads(self, raw: np.ndarray, remote_base: int, joined: bool, at: int) -> Tuple[np.ndarray, np.ndarray]:
         """The reads of one window's pieces (rows src_offset, dst_offset, size), landing in the
         staging buffer from offset at, and where each piece goes from there: rows (remote address,
-        bytes) and rows (offset in staging, local address, bytes), in bulk. The pieces land in
-        staging, so only their source gaps matter: merged, the pieces in source order join by the
-        one merge rule (merge_pieces of the source ranges alone); unmerged, a read per piece."""
+        bytes) and pieces (offset in staging, offset in the destination, bytes), in bulk. The pieces
+        land in staging, so only their source gaps matter: merged, the pieces in source order join
+        by the one merge rule (merge_pieces of the source ranges alone); unmerged, a read per piece."""
         if len(raw) == 0:
             return np.zeros((0, 2), dtype=np.uintp), np.zeros((0, 3), dtype=np.uintp)
         src, dst, size = raw[:, 0], raw[:, 1], raw[:, 2]
         if not joined:
             staged = _starts(size, at)
-            return (np.stack([src + np.uintp(remote_base), size], axis=1),
-                    np.stack([staged, dst + np.uintp(local_base), size], axis=1))
+            return np.stack([src + np.uintp(remote_base), size], axis=1), np.stack([staged, dst, size], axis=1)
         order = np.argsort(src, kind="stable")
         ranges, _ = _merge_piece_array(np.stack([src[order], src[order], size[order]], axis=1), self._model)
         starts, lengths = ranges[:, 0], ranges[:, 2]
         range_at = _starts(lengths, at)
         within = np.searchsorted(starts, src, side="right") - 1  # the range holding each piece
         staged = range_at[within] + (src - starts[within])
-        return (np.stack([starts + np.uintp(remote_base), lengths], axis=1),
-                np.stack([staged, dst + np.uintp(local_base), size], axis=1))
+        return np.stack([starts + np.uintp(remote_base), lengths], axis=1), np.stack([staged, dst, size], axis=1)
 
-    def _read(self, layer: int, reads: np.ndarray, scatter: np.ndarray, total: int) -> float:
-        """One batch transfer of the reads (rows remote address, bytes) into staging, then each piece
-        (rows offset in staging, local address, bytes) from staging to its destination; seconds of
-        the transfer."""
+    def _read(self, layer: int, reads: np.ndarray, places: List[Tuple[int, int, np.ndarray]], total: int) -> float:
+        """One batch transfer of the reads (rows remote address, bytes) into staging, then each
+        destination's pieces (local base, its bytes, pieces from staging to it) placed by C in one
+        call each; seconds of the transfer."""
         if len(reads) == 0:
             return 0.0
         staging = self._staging_of(total)
@@ -540,13 +679,14 @@ class RemoteTier:
         t0 = time.perf_counter()
         self._batch(f"layer {layer}", lambda e: e.batch_transfer_sync_read(self._peer, local, remote, lengths))
         seconds = time.perf_counter() - t0
-        base = staging.ctypes.data
-        for off, addr, n in scatter.tolist():  # the whole batch arrived: only now does the destination change
-            ctypes.memmove(addr, base + off, n)
+        for local_base, local_bytes, placed in places:  # the whole batch arrived: only now does the destination change
+            _place_pieces(local_base, local_bytes, staging.ctypes.data, staging.nbytes, placed)
         return seconds
 
-    def _batch(self, what: str, call: Any) -> None:
-        """Run one batch transfer under the timeout; refuse it on a broken tier or a dead peer."""
+    def _batch(self, what: str, call: Any, ok: Any = lambda got: got == 0) -> int:
+        """Run one call of the engine (a batch transfer, its submission or its wait) under the
+        timeout; refuse it on a broken tier or a dead peer; ok(result) says it succeeded. Returns
+        the result."""
         if self._broken is not None:
             raise PeerGoneError(f"remote tier: peer {self._peer}: {what} refused: {self._broken}; "
                                 "reconnect() first")
@@ -566,7 +706,7 @@ class RemoteTier:
                 self._staging = None
             raise RemoteTimeoutError(f"remote tier: peer {self._peer}: {what}: no answer within {self._timeout:g} s; "
                                      "nothing was written; reconnect() before the next pull")
-        if not result or result[0] != 0:
+        if not result or not ok(result[0]):
             gone = self._server is None
             if self._server is not None:
                 try:  # a peer killed mid-transfer: its end may lag the broken connection a little
@@ -579,6 +719,7 @@ class RemoteTier:
             raise cls(f"remote tier: peer {self._peer}: {what}: the transfer failed "
                       f"({'the peer is gone' if gone else f'status {result[:1]}'}); nothing was written; "
                       "reconnect() starts it again")
+        return result[0]
 
     def __repr__(self) -> str:
         return f"RemoteTier(peer={self._peer}, regions={len(self._regions)}, broken={self._broken is not None})"
