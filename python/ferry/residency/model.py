@@ -664,12 +664,20 @@ def _pull_cost(layer: LayerCost, link: CopyCostModel) -> Tuple[float, int, int]:
 def _step_time(p: _Problem, host: Sequence[bool]) -> float:
     """The step's time with host[l] telling which layers live in host memory (see predict_step)."""
     n = len(host)
-    remote = p.remote
+    # the remote layers' pulls come first, one after another on the calling thread, before the
+    # scheduler's step (which copies their windows as a host layer's)
+    pulls = sum(p.pull[i] for i in range(n) if p.remote[i])
+    return pulls + _scheduled_time(p, host)
+
+
+def _scheduled_time(p: _Problem, host: Sequence[bool]) -> float:
+    """The scheduler's step with host[l] telling which layers live in host memory (see predict_step)."""
+    n = len(host)
     if p.prefetch == 0:
         t = 0.0
         for i in range(n):
             if host[i]:
-                t += sum(p.carry[i]) + (p.pull[i] if remote[i] else 0.0)
+                t += sum(p.carry[i])
             t += p.compute[i]
         return t
     free = [0.0] * len(p.devices)  # when each device's link is free
@@ -683,9 +691,6 @@ def _step_time(p: _Problem, host: Sequence[bool]) -> float:
             queued += 1
             if not host[q]:
                 continue
-            if remote[q]:  # the calling thread pulls it (one batch, synchronous) before queuing its copies
-                t += p.pull[q]
-                issue = t
             d, end = p.dev[q], 0.0
             for k, c in enumerate(p.carry[q]):
                 if q == 0 and k % 2 == 0:
@@ -895,9 +900,10 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     layers_from_geometry gives them for that many tokens.
 
     A layer in a remote tier (remote, with remote_tier's link) pays two links a step: its pull
-    (remote -> host, RemoteSpec's arithmetic: one batch, its merged pieces, their bytes), made by
-    the calling thread, synchronously, as its part's copies are queued, and then the host -> device
-    copies a host layer's windows take.
+    (remote -> host, RemoteSpec's arithmetic: one batch, its merged pieces, their bytes), and then
+    the host -> device copies a host layer's windows take. The pulls come first, one after another
+    on the calling thread (RemoteTier.pull is synchronous, and the scheduler does not pull), then
+    the scheduler's step as above: prefetching hides none of a pull.
 
     Memory per device: its resident layers' K and V (each rounded up to the device's alignment, as the
     cache places them), the scheduler's buffer, the step's own tensors on it (queries, lengths) and

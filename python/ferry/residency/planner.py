@@ -231,8 +231,9 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
         grows with them, so prefetching hides more of the copies behind it.
     remote_tier : RemoteSpec, optional
         A remote tier and the host memory: the layers not resident are split between host memory
-        and the tier for the least pull time that fits the host (the split's argument is in
-        docs/design.md, "Three tiers"); the placement on the devices is chosen as without it.
+        and the tier for the least pull time that fits the host (the pulls add to the step, so the
+        least sum is the optimum split; docs/design.md, "Three tiers"); the placement on the
+        devices is chosen as without it.
 
     Returns
     -------
