@@ -70,9 +70,9 @@ def describe_remote(m: ResidencyModel, link: Optional[CopyCostModel]) -> List[st
     if link is None:
         return []
     how = "measured on the loopback" if m.planner.remote_link == MEASURE else "given"
-    host = m.planner.host_memory
+    host = "this host's, " if m.planner.host_memory is None else ""
     return [f"  remote tier ({how}): {link.call_us:.1f} µs a batch, {link.piece_ns / 1e3:.1f} µs a piece, "
-            f"{fmt_link(link.gbps)}; host memory {'unlimited' if host is None else fmt_mib(host)}"]
+            f"{fmt_link(link.gbps)}; host memory {host}{fmt_mib(m.host_memory())}"]
 
 
 def _describe_devices(m: ResidencyModel, links: Sequence[float]) -> List[str]:
@@ -276,7 +276,7 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
     its predicted and measured step time and their ratio."""
     lines = [f"residency: {_describe_model(model)}; -c {model.windows.n_ctx}; stand-in devices, copy policy ranges, "
              "split cache (one stream per sequence)",
-             *_describe_devices(model, res.links),
+             *_describe_devices(model, res.links), *describe_remote(model, res.remote_link),
              f"measured: a step's time, the median of {repeat} repetitions (least..greatest), each the mean of "
              "its steps; fastest: the mean over the steps of each step's fastest repetition; the placements take "
              "turns",
@@ -295,6 +295,8 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
         body = []
         for r in rows:
             resident = "; ".join(f"{d}: {fmt_layers(r.plan.resident_layers(d))}" for d in range(len(r.plan.budgets)))
+            if r.plan.remote_layers():
+                resident += f"; remote: {fmt_layers(r.plan.remote_layers())}"
             body.append([r.strategy, str(r.plan.prefetch), resident, fmt_seconds(r.run.predicted_step_s),
                          _spread(r.run.spread), fmt_seconds(r.run.fastest_step_s), f"{r.run.ratio:.2f}x",
                          fmt_tps_digits(n * r.accepted / r.run.measured_step_s)])
@@ -329,6 +331,12 @@ def bench_job(args: argparse.Namespace, g: Optional[ModelGeometry]) -> BenchJob:
         takes: the verb has no --device.)
     """
     model = _checked_model(args, g)
+    if model.planner.remote_link is not None:
+        from ..remote import engine_missing  # the engine is an extra
+        why = engine_missing()
+        if why is not None:
+            raise InvalidArgumentError(f"--remote-link: residency-bench pulls the remote layers through the transfer "
+                                       f"engine, which is missing ({why}); install it, or leave out --remote-link")
     for npl in args.npl:
         if args.npp + args.ntg > args.c // npl:  # with a --draft, _checked_model refused it
             raise InvalidArgumentError(f"-npl {npl}: a stream holds {args.c // npl} cells, fewer than -npp + -ntg = "

@@ -382,7 +382,7 @@ class ResidencyPlan:
         against (1.0 when exact; docs/design.md says which); math.inf for the named rules.
     remote : tuple of bool
         Per layer, whether its KV lives in the remote tier (pulled to host memory, then copied to
-        its device each step); all False without one.
+        its device each step); empty without a remote tier.
     host_memory : int or None
         The host memory the plan had to fit (RemoteSpec.host_memory).
     """
@@ -461,7 +461,8 @@ class ResidencyPlan:
     def as_dict(self, npl: int = 1, accepted: float = 1.0) -> Dict[str, object]:
         """The plan as data (what a --json output prints): per device its resident layers and
         predicted memory, beside the step time, the step's query tokens per stream, the tokens kept
-        per step and tokens/s for npl sequences.
+        per step and tokens/s for npl sequences; with a remote tier, the host's and the remote
+        layers, the host memory held and given, and the pulls' time, pieces and bytes.
 
         Parameters
         ----------
@@ -485,9 +486,10 @@ class ResidencyPlan:
                          "input_bytes": pred.input_bytes[d] if pred.input_bytes else 0,
                          "copy_seconds": pred.copy_seconds[d], "budget": self.budgets[d]}
                         for d in range(len(self.budgets))],
-            "host_layers": self.host_layers(), "remote_layers": self.remote_layers(),
-            "host_bytes": pred.host_bytes, "host_memory": self.host_memory, "pull_seconds": pred.pull_seconds,
-            "remote_pieces": pred.remote_pieces, "pulled_bytes": pred.pulled_bytes,
+            **({} if not self.remote else {
+                "host_layers": self.host_layers(), "remote_layers": self.remote_layers(),
+                "host_bytes": pred.host_bytes, "host_memory": self.host_memory, "pull_seconds": pred.pull_seconds,
+                "remote_pieces": pred.remote_pieces, "pulled_bytes": pred.pulled_bytes}),
         }
 
     def placement(self, backends: Sequence[object]) -> List[Optional[object]]:
@@ -1023,7 +1025,8 @@ def _plan(p: _Problem, strategy: str, host: List[bool], exact: bool = False, bou
     p.remote = _split_remote(p, host)
     try:
         return ResidencyPlan(strategy, tuple(not h for h in host), tuple(p.dev), p.prefetch, _prediction(p, host),
-                             tuple(s.memory for s in p.devices), exact, bound, tuple(p.remote),
+                             tuple(s.memory for s in p.devices), exact, bound,
+                             () if p.remote_tier is None else tuple(p.remote),
                              None if p.remote_tier is None else p.remote_tier.host_memory)
     finally:
         p.remote = [False] * len(host)

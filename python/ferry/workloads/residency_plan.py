@@ -24,6 +24,7 @@ expected_accepted_tokens(N, P) of them (docs/design.md, "Several tokens per copy
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -46,6 +47,7 @@ from ..residency import (
     predict_step,
     remote_link_model,
 )
+from ..types import row_size, to_type
 from .common import KV_TYPES, KVGeometry, grouped, n_kv_for
 from .devices import DeviceConfig, split_items, standin_link
 
@@ -141,7 +143,7 @@ class PlannerOptions:
         holding a layer of this geometry); None: no remote tier.
     host_memory : int or None
         Bytes of host memory for the layers kept local and a pull's staging (--host-memory);
-        what does not fit goes remote.
+        what does not fit goes remote. None: this machine's memory (with a remote_link).
     """
 
     reserve: Tuple[int, ...] = ()
@@ -312,11 +314,9 @@ class ResidencyModel:
             raise InvalidArgumentError(f"--draft must be an integer >= 0, got {p.draft!r}")
         if not 0 <= p.accept <= 1:
             raise InvalidArgumentError(f"--accept must be from 0 to 1, got {p.accept!r}")
-        if (p.remote_link is None) != (p.host_memory is None):
-            given, missing = ("--remote-link", "--host-memory") if p.host_memory is None else \
-                ("--host-memory", "--remote-link")
-            raise InvalidArgumentError(f"{given} acts only with {missing}: a layer goes remote where the host memory "
-                                       f"cannot hold it; give {missing}, or leave out {given}")
+        if p.host_memory is not None and p.remote_link is None:
+            raise InvalidArgumentError("--host-memory acts only with --remote-link: a layer goes remote where the host "
+                                       "memory cannot hold it; give --remote-link, or leave out --host-memory")
         if p.remote_link is not None and p.remote_link != MEASURE:
             if not isinstance(p.remote_link, tuple) or len(p.remote_link) != 3:
                 raise InvalidArgumentError(f"--remote-link: {MEASURE!r} or three figures, got {p.remote_link!r}")
@@ -456,21 +456,29 @@ class ResidencyModel:
 
     def remote_link(self) -> Optional[CopyCostModel]:
         """The remote link's model (planner.remote_link): from its figures, or measured on the loopback
-        (measure_loopback_link, pieces the size of a full layer's window per stream); None without one."""
+        (measure_loopback_link, pieces the size of a full layer's window of K per stream); None without
+        one."""
         link = self.planner.remote_link
         if link is None:
             return None
-        if link == MEASURE:
-            row = self.layers()[0].pieces
-            piece = max((n for window in row for _, n in window), default=4096)
-            return measure_loopback_link(self.kv, self.windows.n_ctx, self.windows.n_stream, piece)
+        if link == MEASURE:  # pieces of a full layer's window of K in one stream, as its pulls read them
+            kv = self.kv
+            piece = row_size(to_type(kv.type_kv), kv.head_dim * kv.n_head_kv) * min(self.windows.n_kv, self.kv_size)
+            return measure_loopback_link(kv, self.windows.n_ctx, self.windows.n_stream, piece)
         assert isinstance(link, tuple)
         return remote_link_model(*link)
 
     def remote_spec(self, link: Optional[CopyCostModel]) -> Optional[RemoteSpec]:
-        """The remote tier the plans take: link (remote_link()'s) and planner.host_memory; None without
-        a link."""
-        return None if link is None else RemoteSpec(link, self.planner.host_memory)
+        """The remote tier the plans take: link (remote_link()'s) and planner.host_memory, by default
+        this machine's memory (host_memory()); None without a link."""
+        return None if link is None else RemoteSpec(link, self.host_memory())
+
+    def host_memory(self) -> int:
+        """Bytes of host memory the plans may hold: planner.host_memory, or this machine's physical
+        memory (os.sysconf)."""
+        if self.planner.host_memory is not None:
+            return self.planner.host_memory
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
 
     def plans(self, strategies: Sequence[str], devices: Sequence[DeviceSpec],
               layers: Optional[Sequence[LayerCost]] = None,
