@@ -170,6 +170,23 @@ def test_bad_remote_inputs_are_refused_naming_them() -> None:
         choose_residency("first", layers, dev, max_layers=1, remote_tier=RemoteSpec(link, host_memory=10))
 
 
+def test_the_design_pages_figures_are_the_models() -> None:
+    """docs/design.md's table ("Three tiers"): 2 KiB cells, 2,048 a stream, the rounded loopback fit
+    beside a 25 GB/s link: the pull and the host -> device copies of one layer, in us."""
+    tier = RemoteSpec(remote_link_model(BATCH_US, PIECE_US, GBPS))
+    rows = {(8, 1024): (16, 17119, 1342), (8, 64): (16, 1391, 84), (1, 64): (2, 305, 10)}
+    for (npl, n_kv), (pieces, pull_us, copy_us) in rows.items():
+        layers = layers_from_geometry("f16", "f16", 128, 8, npl * 2048, npl, n_kv, [None] * 2)
+        got = predict_step(layers, [DeviceSpec(25.0)], [True, False], remote=[False, True], remote_tier=tier)
+        host = predict_step(layers, [DeviceSpec(25.0)], [True, False])
+        assert (got.remote_pieces, round(got.pull_seconds * 1e6), round(host.step_seconds * 1e6)) == \
+            (pieces, pull_us, copy_us)
+    # n_kv 2,040: gaps of 16 KiB, dearer to skip than to read, so one span per window
+    layers = layers_from_geometry("f16", "f16", 128, 8, 8 * 2048, 8, 2040, [None] * 2)
+    got = predict_step(layers, [DeviceSpec(25.0)], [True, False], remote=[False, True], remote_tier=tier)
+    assert got.remote_pieces == 2 and got.pulled_bytes - layers[1].window_bytes == 224 << 10
+
+
 @needs_engine
 def test_the_prediction_is_the_tiers_own_pull() -> None:
     """A remote layer's pieces, bytes and predicted pull are what RemoteTier.pull reads and predicts
