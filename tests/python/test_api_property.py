@@ -494,7 +494,7 @@ def spec_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
     if field in ("compute_s", "transfers"):
         value = draw(st.one_of(numbers(), st.lists(st.one_of(numbers(), ints(), junk()), max_size=4), junk()))
     elif field == "pieces":
-        pair = st.one_of(st.tuples(ints(-1, 8192), ints(-1, 8192)), junk())
+        pair = st.one_of(st.tuples(ints(-1, 8192), ints(-1, 8192)), junk())  # ints: 2^64 and 2^63 - 1 too
         value = draw(st.one_of(st.lists(st.one_of(st.lists(pair, max_size=3), junk()), max_size=2), junk()))
     elif field in ("memory", "reserve", "resident_bytes", "staging_bytes"):
         value = draw(st.one_of(ints(-2, 2**20), numbers(), junk()))
@@ -510,6 +510,7 @@ def spec_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
 @example(("DeviceSpec", "link_gbps", "fast"))  # refused where it is given, not by a TypeError inside the model
 @example(("DeviceSpec", "compute_s", ()))  # no compute time for any layer
 @example(("DeviceSpec", "link_gbps", 5e-324))  # a step of forever: inf, not an error
+@example(("LayerCost", "pieces", [[(2**64 - 1, 1)]]))  # past what C's sizes hold
 def test_a_device_spec_or_layer_cost_is_one_predict_step_takes_or_refused_naming_the_field(case: Tuple[str, str, Any]) -> None:
     """A DeviceSpec or LayerCost of any field: one predict_step takes, or refused where it is made,
     naming the field."""

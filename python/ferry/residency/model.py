@@ -1,5 +1,6 @@
 """The cost model of one decode step under a placement: each layer resident on the device that runs
-it or copied from host memory every step (predict_step), and the plan object every strategy returns."""
+it, copied from host memory every step, or pulled from a remote tier and then copied (predict_step),
+and the plan object every strategy returns."""
 
 from __future__ import annotations
 
@@ -149,10 +150,15 @@ class LayerCost:
         if pieces and len(pieces) != len(self.transfers):
             raise InvalidArgumentError(f"LayerCost: pieces has {len(pieces)} entries for {len(self.transfers)} "
                                        "transfers: give one per transfer, or none")
-        _set(self, "pieces", tuple(tuple((_byte_count(o, f"LayerCost: pieces[{t}][{k}]'s offset"),
-                                          _byte_count(n, f"LayerCost: pieces[{t}][{k}]'s bytes"))
-                                         for k, (o, n) in enumerate(_pairs(w, f"LayerCost: pieces[{t}]")))
-                                   for t, w in enumerate(pieces)))
+        checked = tuple(tuple((_byte_count(o, f"LayerCost: pieces[{t}][{k}]'s offset"),
+                               _byte_count(n, f"LayerCost: pieces[{t}][{k}]'s bytes"))
+                              for k, (o, n) in enumerate(_pairs(w, f"LayerCost: pieces[{t}]")))
+                        for t, w in enumerate(pieces))
+        for t, window in enumerate(checked):
+            for k, (o, n) in enumerate(window):
+                if o + n >= 1 << 64:  # C's sizes
+                    raise InvalidArgumentError(f"LayerCost: pieces[{t}][{k}] ends past 2^64 bytes ({o} + {n})")
+        _set(self, "pieces", checked)
 
     @property
     def window_bytes(self) -> int:
