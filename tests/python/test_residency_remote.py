@@ -144,6 +144,21 @@ def test_every_strategy_sends_what_the_host_cannot_hold_remote() -> None:
         assert d["remote_pieces"] == 3 * 2 * N_STREAM
 
 
+def test_auto_claims_the_optimum_with_layers_remote_only_where_the_layers_are_of_one_kind() -> None:
+    """The devices' placement is chosen without the pulls: with every layer alike, any placement of
+    as many layers is the same, and the plan is the optimum; with a sliding layer beside the full
+    ones, that is not proven, and the plan says so (exact False, no bound)."""
+    link = remote_link_model(BATCH_US, PIECE_US, GBPS)
+    alike = geometry(4)
+    tier = RemoteSpec(link, host_memory=alike[0].resident_bytes + 2 * N_STREAM * N_KV * ROW)
+    plan = choose_residency("auto", alike, [DeviceSpec(2.0)], max_layers=1, remote_tier=tier)
+    assert plan.remote_layers() and plan.exact and plan.bound == 1.0
+    mixed = layers_from_geometry("f16", "f16", HEAD_DIM, N_HEAD_KV, N_CTX, N_STREAM, N_KV, [None, 64, None, None])
+    plan = choose_residency("auto", mixed, [DeviceSpec(2.0)], max_layers=1, remote_tier=tier)
+    assert plan.remote_layers() and not plan.exact and math.isinf(plan.bound)
+    assert choose_residency("auto", mixed, [DeviceSpec(2.0)], max_layers=1).exact  # without the tier, as before
+
+
 def test_bad_remote_inputs_are_refused_naming_them() -> None:
     layers = geometry(2)
     dev = [DeviceSpec(2.0)]

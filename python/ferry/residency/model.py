@@ -1027,8 +1027,14 @@ def _refuse_empty(p: _Problem, host: Sequence[bool]) -> None:
 def _plan(p: _Problem, strategy: str, host: List[bool], exact: bool = False, bound: float = math.inf
           ) -> ResidencyPlan:
     """The plan of a placement: its host layers split between host memory and the remote tier
-    (_split_remote, where the problem has one), and its prediction."""
+    (_split_remote, where the problem has one), and its prediction. The devices' placement was
+    chosen without the pulls: with layers remote, it and the split are the joint optimum only where
+    every layer is of one kind (any placement of as many layers is then the same), so exact and
+    bound are dropped elsewhere."""
     p.remote = _split_remote(p, host)
+    kinds = {(layer.transfers, layer.resident_bytes, layer.staging, pull) for layer, pull in zip(p.layers, p.pull)}
+    if any(p.remote) and len(kinds) > 1:
+        exact, bound = False, math.inf
     try:
         return ResidencyPlan(strategy, tuple(not h for h in host), tuple(p.dev), p.prefetch, _prediction(p, host),
                              tuple(s.memory for s in p.devices), exact, bound,
