@@ -98,3 +98,5 @@ def test_the_bench_pulls_the_remote_layers_and_gives_the_local_outputs(capsys: p
 def test_measure_fits_the_loopbacks_link(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["residency-plan", *GEOMETRY, "--remote-link", "measure", "--host-memory", "100KiB"]) == 0
     assert "remote tier (measured on the loopback):" in capsys.readouterr().out
+    err = refused(["residency-plan", *GEOMETRY, "-c", "128", "--remote-link", "measure"], capsys)
+    assert "a layer's K holds 16384 bytes, fewer than the 32768 the measurement reads: raise -c" in err

@@ -46,7 +46,7 @@ import hashlib
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -61,6 +61,9 @@ from ..tensor import Tensor
 from ..types import row_size, to_type
 from .common import n_kv_for, random_rows
 from .residency_plan import ResidencyModel, _pick, check_strategies, run_windows
+
+if TYPE_CHECKING:
+    from ..remote import RemoteTier
 
 __all__ = ["Placement", "PlacementRun", "ResidencyResult", "ResidencyRow", "calibrate_compute", "measure_placements",
            "run_residency"]
@@ -155,7 +158,7 @@ class _Run:
         self.devices: List[StandinBackend] = []
         self.kv: Optional[KVCache] = None
         self.sched: Optional[Scheduler] = None
-        self.tier: Optional[Any] = None
+        self.tier: Optional["RemoteTier"] = None
         self.remote = [i for i, r in enumerate(placement.remote) if r]
         if self.remote and remote_tier is None:
             raise InvalidArgumentError(f"residency run: placement {placement.name} has remote layers and no remote "

@@ -204,9 +204,10 @@ def measure_loopback_link(kv: KVGeometry, n_ctx: int, n_stream: int, piece_bytes
         raise InvalidArgumentError(f"--remote-link {MEASURE}: no transfer engine ({why}); give the link's figures "
                                    "BATCH_US,PIECE_US,GBPS instead")
     from ..remote import RemoteTier, measure_remote_link
+    from ..remote.link import PIECES
     cache = KVCache(kv.type_kv, kv.type_kv, kv.head_dim, kv.n_head_kv, n_ctx, n_stream, n_layer=1)
     try:
-        least = 32 * 1024  # measure_remote_link's least read
+        least = 32 * max(PIECES)  # measure_remote_link's least read
         if cache.k(0).nbytes < least:
             raise InvalidArgumentError(f"--remote-link {MEASURE}: a layer's K holds {cache.k(0).nbytes} bytes, fewer "
                                        f"than the {least} the measurement reads: raise -c, or give the link's figures")
