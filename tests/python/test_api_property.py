@@ -34,6 +34,7 @@ from ferry.remote.link import BatchTiming, fit_remote_link, remote_link_shapes
 from ferry.residency import (
     DeviceSpec,
     LayerCost,
+    RemoteSpec,
     choose_auto,
     choose_first,
     choose_residency,
@@ -41,6 +42,7 @@ from ferry.residency import (
     choose_slowest_link,
     expected_accepted_tokens,
     predict_step,
+    remote_link_model,
 )
 
 SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -378,16 +380,20 @@ PLANS: Dict[str, Callable[..., Any]] = {
     "predict_step": predict_step, "choose_residency": choose_residency, "choose_auto": choose_auto,
     "choose_first": choose_first, "choose_round_robin": choose_round_robin, "choose_slowest_link": choose_slowest_link}
 PLAN_NAMES = {"layers": ("layer",), "devices": ("device",), "layer_device": ("on device",), "strategy": (),
-              "resident": (), "prefetch": (), "max_layers": (), "tokens_per_step": ()}
+              "resident": (), "prefetch": (), "max_layers": (), "tokens_per_step": (), "remote": (),
+              "remote_tier": ("host memory",)}
 
 
 def plan_base(fn: str) -> Dict[str, Any]:
     layers = [LayerCost((4096, 4096), 16384), LayerCost((1024, 1024), 4096), LayerCost((4096, 4096), 16384)]
     devices = [DeviceSpec(2.0, 5.0, 1e-3, memory=1 << 20, name="fast"), DeviceSpec(0.5, 0.0, (1e-3,) * 3)]
+    # host memory for one host layer and one remote pull's staging
+    tier = RemoteSpec(remote_link_model(150.0, 12.0, 2.0), host_memory=16384 + 8192)
     base: Dict[str, Any] = dict(layers=layers, devices=devices, layer_device=[0, 0, 1], prefetch=1,
-                                tokens_per_step=2.77)
+                                tokens_per_step=2.77, remote_tier=tier)
     if fn == "predict_step":
         base["resident"] = [True, False, True]
+        base["remote"] = [False, True, False]
     else:
         base["max_layers"] = None
     if fn == "choose_residency":
@@ -402,13 +408,17 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
     items = {"layers": st.sampled_from([LayerCost((1,), 0), "layer", None, DeviceSpec(1.0)]),
              "devices": st.sampled_from([DeviceSpec(1e-3, memory=0), DeviceSpec(1.0, compute_s=(1.0,)), "dev", None,
                                          LayerCost((1,), 1)]),
-             "layer_device": st.one_of(ints(-1, 3), junk()), "resident": st.one_of(st.booleans(), junk())}
+             "layer_device": st.one_of(ints(-1, 3), junk()), "resident": st.one_of(st.booleans(), junk()),
+             "remote": st.one_of(st.booleans(), junk())}
     if arg in items:
         value = draw(st.one_of(st.lists(items[arg], max_size=4), junk()))
     elif arg == "strategy":
         value = draw(st.one_of(st.sampled_from(["auto", "first", "round-robin", "slowest-link", "AUTO"]), junk()))
     elif arg == "tokens_per_step":
         value = draw(st.one_of(numbers(), junk()))
+    elif arg == "remote_tier":
+        value = draw(st.one_of(st.builds(lambda m: RemoteSpec(remote_link_model(150.0, 12.0, 2.0), host_memory=m),
+                                         st.one_of(st.none(), st.integers(0, 1 << 16))), junk()))
     else:
         value = draw(st.one_of(st.none(), ints(-2, 4), junk()))
     return fn, arg, value
@@ -422,6 +432,8 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
 @example(("choose_residency", "strategy", []))
 @example(("predict_step", "tokens_per_step", 0.5))
 @example(("choose_auto", "tokens_per_step", float("inf")))
+@example(("predict_step", "remote", [True, False, False]))  # both resident and remote
+@example(("choose_first", "remote_tier", None))
 def test_each_plan_and_prediction_of_any_argument_is_finite_or_refused_naming_it(case: Tuple[str, str, Any]) -> None:
     """Each plan and prediction of three layers on two devices, one argument changed: a plan or a
     prediction, or a refusal naming the argument (a plan that does not fit names the device)."""
@@ -450,8 +462,30 @@ def test_expected_accepted_tokens_of_any_draft_and_acceptance_is_in_range_or_ref
         assert isinstance(got, float) and 1.0 - 1e-12 <= got <= int(draft) + 1 + 1e-12
 
 
+REMOTE_FIELDS = ["link", "host_memory", "name"]
+
+
+@settings(max_examples=200 * SCALE, **SETTINGS)
+@given(st.sampled_from(REMOTE_FIELDS + ["batch_us", "piece_us", "gbps"]), st.one_of(numbers(), ints(-2, 2**20), junk()))
+@example("gbps", 0.0)
+@example("host_memory", -1)
+def test_a_remote_spec_or_link_of_any_figure_prices_a_pull_or_is_refused_naming_it(field: str, value: Any) -> None:
+    """A RemoteSpec, or remote_link_model's link, with one figure changed: one predict_step prices a
+    remote layer's pull by (finite, >= 0), or refused where it is made, naming the figure."""
+    link = dict(batch_us=150.0, piece_us=12.0, gbps=2.0)
+    if field in link:
+        made, _ = outcome(lambda: RemoteSpec(remote_link_model(**changed(link, field, value))), (field,))
+    else:
+        made, _ = outcome(lambda: RemoteSpec(**changed(dict(link=remote_link_model(**link)), field, value)), (field,))
+    if made is None:
+        return
+    pred = predict_step([LayerCost((4096,), 8192)] * 2, [DeviceSpec(1.0)], [True, False], remote=[False, True],
+                        remote_tier=made)
+    assert math.isfinite(pred.pull_seconds) and pred.pull_seconds > 0 and pred.remote_pieces == 1
+
+
 SPEC_FIELDS = ["link_gbps", "latency_us", "compute_s", "memory", "reserve", "name"]
-COST_FIELDS = ["transfers", "resident_bytes", "staging_bytes"]
+COST_FIELDS = ["transfers", "resident_bytes", "staging_bytes", "pieces"]
 
 
 @st.composite
@@ -460,6 +494,9 @@ def spec_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
     field = draw(st.sampled_from(SPEC_FIELDS if cls == "DeviceSpec" else COST_FIELDS))
     if field in ("compute_s", "transfers"):
         value = draw(st.one_of(numbers(), st.lists(st.one_of(numbers(), ints(), junk()), max_size=4), junk()))
+    elif field == "pieces":
+        pair = st.one_of(st.tuples(ints(-1, 8192), ints(-1, 8192)), junk())  # ints: 2^64 and 2^63 - 1 too
+        value = draw(st.one_of(st.lists(st.one_of(st.lists(pair, max_size=3), junk()), max_size=2), junk()))
     elif field in ("memory", "reserve", "resident_bytes", "staging_bytes"):
         value = draw(st.one_of(ints(-2, 2**20), numbers(), junk()))
     elif field == "name":
@@ -474,6 +511,7 @@ def spec_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
 @example(("DeviceSpec", "link_gbps", "fast"))  # refused where it is given, not by a TypeError inside the model
 @example(("DeviceSpec", "compute_s", ()))  # no compute time for any layer
 @example(("DeviceSpec", "link_gbps", 5e-324))  # a step of forever: inf, not an error
+@example(("LayerCost", "pieces", [[(2**64 - 1, 1)]]))  # past what C's sizes hold
 def test_a_device_spec_or_layer_cost_is_one_predict_step_takes_or_refused_naming_the_field(case: Tuple[str, str, Any]) -> None:
     """A DeviceSpec or LayerCost of any field: one predict_step takes, or refused where it is made,
     naming the field."""

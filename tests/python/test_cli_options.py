@@ -102,7 +102,7 @@ PROBES: Dict[str, Any] = {
     "--strategy": "auto,first", "--reserve": "1MiB", "--compute-us": "100", "--json": None, "--wide": None,
     "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--remote": None, "--block-size": "8",
     "--adjacency": "0.9", "--draft": "2", "--accept": "0.5", "--chunk": "3", "--shared-prefix": "4",
-    "--device-blocks": "0.5", "--pool-prefetch": None,
+    "--device-blocks": "0.5", "--pool-prefetch": None, "--remote-link": "150,12,2", "--host-memory": "16KiB",
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.
@@ -117,6 +117,7 @@ CONTEXT: Dict[ot.Cond, Tuple[List[str], List[str]]] = {
     ot.UNIFIED_RUNS.conds[0]: ([], ["--devices", "2"]),
     ot.PAGED.conds[0]: (["--paged"], []),
     ot.DRAFT.conds[0]: (["--draft", "2"], []),
+    ot.REMOTE_LINK.conds[0]: (["--remote-link", "150,12,2"], []),
 }
 
 WALK = [(verb, o) for verb in WITH_OPTIONS for o in ot.options_of(verb)]
@@ -165,6 +166,8 @@ def test_each_option_changes_what_runs_where_it_acts_and_is_refused_elsewhere(
         verb: str, o: ot.Option, model: str, capsys: pytest.CaptureFixture[str]) -> None:
     if o.name == "--remote" and engine_missing() is not None:
         pytest.skip(f"--remote is refused without the transfer engine: {engine_missing()}")
+    if o.name in ("--remote-link", "--host-memory") and verb == "residency-bench" and engine_missing() is not None:
+        pytest.skip(f"residency-bench refuses --remote-link without the transfer engine: {engine_missing()}")
     conds = o.verbs[verb].conds
     context = [a for c in conds for a in CONTEXT[c][0]]
     # --model gives what the command line does not: the geometry is left to it

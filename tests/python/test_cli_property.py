@@ -90,6 +90,8 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--chunk": st.sampled_from(["0", "1", "2", "4", "64", "-1", "1.5", "x"]),
     "--shared-prefix": st.sampled_from(["0", "4", "16", "3", "-1", "x", "1024"]),
     "--device-blocks": st.sampled_from(["1", "0.5", "0.25", "0", "1.5", "nan", "x"]),
+    "--remote-link": st.sampled_from(["150,12,2", "0,0,1", "measure", "1,2", "1,2,0", "nan,1,1", "-1,1,1", "x", ""]),
+    "--host-memory": st.sampled_from(["1KiB", "64KiB", "1MiB", "0", "x", "-1MiB", ""]),
 }
 
 
@@ -109,11 +111,14 @@ def option_argv(verb: str) -> st.SearchStrategy[List[str]]:
     return st.one_of(strategies)
 
 
+#: A remote tier behind the host, with room for a pull but not for a layer beside one (8 KiB each in TINY).
+REMOTE_MODE = ["--remote-link", "150,12,2", "--host-memory", "12KiB"]
+
 #: Per verb, the modes a command line starts in (the options others act only beside), drawn alike.
 MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"], ["--paged"], ["--draft", "1"]],
          "plan": [[]], "bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], ["--chunk", "2"]],
-         "residency-plan": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"]],
-         "residency-bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"]], "paged-plan": [[]],
+         "residency-plan": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], REMOTE_MODE],
+         "residency-bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], REMOTE_MODE], "paged-plan": [[]],
          "paged-bench": [[]]}
 
 
@@ -199,6 +204,7 @@ def run_whole(verb: str) -> Callable[[Any], int]:
 @example(argv=["residency-bench", *TINY["residency-bench"], "--link-profile", "h100-pcie5", "--link-gbps", "2"])
 @example(argv=["residency-plan", *TINY["residency-plan"], "--link-profile", "pcie4", "--latency-us", "2"])  # refused
 @example(argv=["residency-plan", *TINY["residency-plan"], "--kv-heads", "2"])  # 1 query head over 2: seen at 7f9574e
+@example(argv=["residency-plan", *TINY["residency-plan"], *REMOTE_MODE, "--kv-device-layers", "0"])  # issue 45
 @settings(max_examples=40 * SCALE, **SETTINGS)
 @given(argv=st.sampled_from(VERBS).flatmap(command_lines))
 def test_what_is_taken_runs_whole(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

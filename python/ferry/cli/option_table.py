@@ -26,9 +26,11 @@ from ..workloads.devices import (
     parse_floats,
     parse_indices,
     parse_links,
+    parse_size,
     parse_sizes,
 )
 from ..workloads.paged_tables import check_pool
+from ..workloads.residency_plan import parse_remote_link
 from .options import (
     ANY_TYPE,
     DEFAULTS,
@@ -106,6 +108,7 @@ SWA_PAIR = when("with both --swa-window and --swa-layers",
                 lambda a: a.swa_window is not None and a.swa_layers is not None, "give both")
 PAGED = when("with --paged", lambda a: a.paged, "give --paged")
 DRAFT = when("with --draft N above 0", lambda a: a.draft > 0, "give --draft N")
+REMOTE_LINK = when("with --remote-link", lambda a: a.remote_link is not None, "give --remote-link")
 UNIFIED_RUNS = when("on one device with all KV on the host",
                     lambda a: a.devices == 1 and a.kv_device_layers is None and a.placement is None,
                     "leave out --devices, --kv-device-layers and --placement")
@@ -407,6 +410,15 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--accept"], "each draft token's acceptance; tokens/s count those kept",
          _all(RESIDENCY_VERBS, DRAFT), RESIDENCY_GROUP,
          type=argument_type(one_float("--accept", 0.0, 1.0), "number from 0 to 1"), metavar="P", default=0.7),
+    _opt(["--remote-link"], "a remote tier behind the host: its link measured on the loopback (`measure`, needs "
+         "ferry[remote]) or its figures; layers the host cannot hold go there",
+         _all(RESIDENCY_VERBS), RESIDENCY_GROUP,
+         type=argument_type(parse_remote_link, "measure, or BATCH_US,PIECE_US,GBPS"),
+         metavar="measure|B,P,G", default_text="none"),
+    _opt(["--host-memory"], "host memory for the KV kept local and a remote pull's staging; the rest goes remote",
+         _all(RESIDENCY_VERBS, REMOTE_LINK), RESIDENCY_GROUP,
+         type=argument_type(lambda t: parse_size(t, "--host-memory"), "a size (64MiB, 1GiB, 500MB, bytes)"),
+         metavar="SIZE", default_text="this host's memory"),
     # output
     _opt(["--json"], "a JSON list of objects instead of text", _all(ALL), OUTPUT, action="store_true"),
     _opt(["--wide"], "every figure (times, bandwidth, memory), wider than 100 columns",

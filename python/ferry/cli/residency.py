@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import InvalidArgumentError
+from ..plan import CopyCostModel
 from ..residency import LayerCost, ResidencyPlan
 from ..workloads.common import n_kv_for, prefetch_depths
 from ..workloads.devices import naming_device_memory
 from ..workloads.model_file import ModelGeometry
 from ..workloads.residency_bench import ResidencyResult, run_residency
-from ..workloads.residency_plan import ResidencyModel, run_windows
+from ..workloads.residency_plan import MEASURE, ResidencyModel, run_windows
 from .options import devices_from_args, layer_windows
 from .text_table import fmt_layers, fmt_link, fmt_mib, fmt_seconds, fmt_tps_digits, format_table
 
@@ -49,7 +50,8 @@ def model_from_args(args: argparse.Namespace, g: Optional[ModelGeometry]) -> Res
                              memory=args.device_memory or (), reserve=args.reserve or (),
                              compute_slowdown=args.compute_slowdown or (), compute_us=args.compute_us,
                              layer_devices=args.layer_devices, max_layers=args.kv_device_layers,
-                             draft=args.draft, accept=args.accept)
+                             draft=args.draft, accept=args.accept, remote_link=args.remote_link,
+                             host_memory=args.host_memory)
 
 
 def _describe_model(m: ResidencyModel) -> str:
@@ -61,6 +63,16 @@ def _describe_model(m: ResidencyModel) -> str:
         kinds += f" ({len(sliding)} sliding, window {ws}; {m.n_layer - len(sliding)} full)"
     return (f"{kinds}, K/V {g.type_kv}, {g.n_head} heads x {g.head_dim}, {g.n_head_kv} KV heads"
             + (", V transposed" if g.v_trans else ""))
+
+
+def describe_remote(m: ResidencyModel, link: Optional[CopyCostModel]) -> List[str]:
+    """The line saying the remote tier's link and the host memory (none without a remote tier)."""
+    if link is None:
+        return []
+    how = "measured on the loopback" if m.planner.remote_link == MEASURE else "given"
+    host = "this host's, " if m.planner.host_memory is None else ""
+    return [f"  remote tier ({how}): {link.call_us:.1f} µs a batch, {link.piece_ns / 1e3:.1f} µs a piece, "
+            f"{fmt_link(link.gbps)}; host memory {host}{fmt_mib(m.host_memory())}"]
 
 
 def _describe_devices(m: ResidencyModel, links: Sequence[float]) -> List[str]:
@@ -88,22 +100,38 @@ def format_plans(plans: Sequence[ResidencyPlan], npl: int, accepted: float = 1.0
     auto = next((p for p in plans if p.strategy == "auto"), None)
     n_dev = len(plans[0].budgets)
     head = ["strategy", "step", "tok/s", "/ auto"]
+    tiered = plans[0].host_memory is not None  # a remote tier behind the host
     for d in range(n_dev):
         head += [f"dev {d} resident", f"dev {d} memory"]
+    if tiered:
+        head += ["host", "host memory", "remote", "pull"]
     body = []
     for p in plans:
         row = [p.strategy, fmt_seconds(p.step_seconds), fmt_tps_digits(p.tokens_per_second(npl, accepted)),
                f"{p.step_seconds / auto.step_seconds:.2f}x" if auto and auto.step_seconds > 0 else "-"]
         for d in range(n_dev):
             row += [fmt_layers(p.resident_layers(d)), _memory(p, d)]
+        if tiered:
+            pred = p.prediction
+            row += [fmt_layers(p.host_layers()), f"{fmt_mib(pred.host_bytes)} / {fmt_mib(p.host_memory or 0)}",
+                    fmt_layers(p.remote_layers()),
+                    f"{fmt_seconds(pred.pull_seconds)}, {pred.remote_pieces} pieces" if pred.remote_pieces else "-"]
         body.append(row)
-    lines = format_table([head, *body], left=(0,) + tuple(4 + 2 * d for d in range(n_dev)))
+    left = (0,) + tuple(4 + 2 * d for d in range(n_dev)) + ((4 + 2 * n_dev, 6 + 2 * n_dev) if tiered else ())
+    lines = format_table([head, *body], left=left)
     held = ("what a run of the plan holds on the device, measured by a dry run of its step (resident K/V, the "
             "scheduler's buffer, queries, lengths)" if plans[0].prediction.measured else
             "the model's least (resident K/V, window copies and outputs, queries)")
     lines.append(f"memory: {held}, plus the reserve; / the device's memory")
+    if tiered:
+        lines.append("host memory: the local layers' K/V and the largest pull's staging; / --host-memory. pull: the "
+                     "remote layers' batches (remote -> host), before the step, which then copies their windows "
+                     "host -> device")
     if auto is not None:
         lines.append("auto: " + ("the model's optimum" if auto.exact else
+                                 "the devices' placement chosen without the pulls, the host/remote split the least "
+                                 "pull for it (layers of several sizes: not proven the joint optimum)"
+                                 if any(auto.remote) else
                                  f"the search stopped at its limit: within {auto.bound:g}x of the optimum "
                                  "(docs/design.md)" if not math.isinf(auto.bound) else
                                  "the search stopped at its limit"))
@@ -194,6 +222,8 @@ def run_plan(j: PlanJob) -> int:
     """
     model = j.model
     links = model.links()
+    remote_link = model.remote_link()
+    tier = model.remote_spec(remote_link)
     out: List[Dict[str, object]] = []
     text: List[str] = []
     draft = model.planner.draft
@@ -209,7 +239,7 @@ def run_plan(j: PlanJob) -> int:
         per = ", ".join(fmt_seconds(c) for c in sorted(set(compute)))
         text += [f"residency: {_describe_model(m)}; -c {m.windows.n_ctx}, -npl {npl} (one stream each), n_kv {n_kv:,}",
                  f"  attention per layer on the host: {per} ({how}); a device's compute slowdown multiplies it",
-                 *_describe_devices(m, links)]
+                 *_describe_devices(m, links), *describe_remote(m, remote_link)]
         if m.planner.max_layers is not None:
             text.append(f"  at most {m.planner.max_layers} layers resident (--kv-device-layers)")
         if draft:
@@ -221,9 +251,9 @@ def run_plan(j: PlanJob) -> int:
             one_layers = one.layers()
         for depth in j.depths:
             how = "serial (prefetch 0)" if depth == 0 else f"prefetching {depth} layer(s) ahead"
-            plans = m.at(prefetch=depth).plans(j.strategies, devices, layers)
+            plans = m.at(prefetch=depth).plans(j.strategies, devices, layers, tier)
             if draft:
-                singles = one.at(prefetch=depth).plans(j.strategies, devices, one_layers)
+                singles = one.at(prefetch=depth).plans(j.strategies, devices, one_layers, tier)
                 out += [{**p.as_dict(npl), "n_kv": one_n_kv, "n_ctx": m.windows.n_ctx, "draft": 0} for p in singles]
                 out += [{**p.as_dict(npl, m.accepted_per_step), "n_kv": n_kv, "n_ctx": m.windows.n_ctx,
                          "draft": draft} for p in plans]
@@ -249,7 +279,7 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
     its predicted and measured step time and their ratio."""
     lines = [f"residency: {_describe_model(model)}; -c {model.windows.n_ctx}; stand-in devices, copy policy ranges, "
              "split cache (one stream per sequence)",
-             *_describe_devices(model, res.links),
+             *_describe_devices(model, res.links), *describe_remote(model, res.remote_link),
              f"measured: a step's time, the median of {repeat} repetitions (least..greatest), each the mean of "
              "its steps; fastest: the mean over the steps of each step's fastest repetition; the placements take "
              "turns",
@@ -268,6 +298,8 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
         body = []
         for r in rows:
             resident = "; ".join(f"{d}: {fmt_layers(r.plan.resident_layers(d))}" for d in range(len(r.plan.budgets)))
+            if r.plan.remote_layers():
+                resident += f"; remote: {fmt_layers(r.plan.remote_layers())}"
             body.append([r.strategy, str(r.plan.prefetch), resident, fmt_seconds(r.run.predicted_step_s),
                          _spread(r.run.spread), fmt_seconds(r.run.fastest_step_s), f"{r.run.ratio:.2f}x",
                          fmt_tps_digits(n * r.accepted / r.run.measured_step_s)])
@@ -302,6 +334,12 @@ def bench_job(args: argparse.Namespace, g: Optional[ModelGeometry]) -> BenchJob:
         takes: the verb has no --device.)
     """
     model = _checked_model(args, g)
+    if model.planner.remote_link is not None:
+        from ..remote import engine_missing  # the engine is an extra
+        why = engine_missing()
+        if why is not None:
+            raise InvalidArgumentError(f"--remote-link: residency-bench pulls the remote layers through the transfer "
+                                       f"engine, which is missing ({why}); install it, or leave out --remote-link")
     for npl in args.npl:
         if args.npp + args.ntg > args.c // npl:  # with a --draft, _checked_model refused it
             raise InvalidArgumentError(f"-npl {npl}: a stream holds {args.c // npl} cells, fewer than -npp + -ntg = "

@@ -1,7 +1,9 @@
 """Where each layer's KV should live: a cost model of one decode step, a planner, and named rules.
 
 A layer's K and V are either resident on the device that runs its attention (no copy, its bytes
-held there) or in host memory (its windows copied to that device every step, over its link).
+held there), in host memory (its windows copied to that device every step, over its link), or,
+given a remote tier (RemoteSpec), in another machine's memory (its windows pulled to the host,
+then copied to the device: two links).
 predict_step models one decode step under such a placement the way the scheduler runs it
 (lib/src/sched.c, lib/src/sched-prefetch.c); choose_residency picks the placement, by the
 planner ("auto") or by one of the rules in use ("first", "round-robin", "slowest-link"). What the
@@ -25,10 +27,12 @@ from .model import (
     LayerCost,
     MeasureMemory,
     PlanDoesNotFitError,
+    RemoteSpec,
     ResidencyPlan,
     StepPrediction,
     expected_accepted_tokens,
     predict_step,
+    remote_link_model,
 )
 from .planner import choose_auto
 from .rules import choose_first, choose_round_robin, choose_slowest_link, link_groups
@@ -37,7 +41,7 @@ __all__ = [
     "LayerCost", "DeviceSpec", "StepPrediction", "ResidencyPlan", "PlanDoesNotFitError", "STRATEGIES",
     "predict_step", "choose_residency", "choose_auto", "choose_first", "choose_round_robin", "choose_slowest_link",
     "link_groups", "layers_from_geometry", "device_from_backend", "measure_compute", "MeasureMemory", "StepMemory",
-    "expected_accepted_tokens",
+    "expected_accepted_tokens", "RemoteSpec", "remote_link_model",
 ]
 
 #: The strategies choose_residency knows, the planner first.
@@ -51,7 +55,8 @@ _RULES: Dict[str, Callable[..., ResidencyPlan]] = {
 def choose_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                    layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
                    max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None,
-                   tokens_per_step: float = 1.0) -> ResidencyPlan:
+                   tokens_per_step: float = 1.0,
+                 remote_tier: Optional[RemoteSpec] = None) -> ResidencyPlan:
     """The placement a strategy chooses, with its prediction.
 
     Parameters
@@ -70,6 +75,10 @@ def choose_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequen
     tokens_per_step : float, optional
         Query tokens per stream per step (a draft's verification: draft + 1), as predict_step
         takes it.
+    remote_tier : RemoteSpec, optional
+        A remote tier behind the host and the host memory: the layers the strategy leaves off the
+        devices are split between host memory and the tier (the least pull time that fits the
+        host); ResidencyPlan.remote says which are remote.
 
     Returns
     -------
@@ -80,9 +89,10 @@ def choose_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequen
     InvalidArgumentError
         For an unknown strategy or inconsistent inputs.
     PlanDoesNotFitError
-        When a device cannot hold its split's window copies, or no layer fits.
+        When a device cannot hold its split's window copies, no layer fits, or the host memory
+        cannot hold a remote pull's staging.
     """
     if not isinstance(strategy, str) or strategy not in _RULES:
         raise InvalidArgumentError(f"choose_residency: unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     return _RULES[strategy](layers, devices, layer_device, prefetch, max_layers, measure=measure,
-                            tokens_per_step=tokens_per_step)
+                            tokens_per_step=tokens_per_step, remote_tier=remote_tier)

@@ -11,10 +11,11 @@ import numpy as np
 
 from ..backend import Backend, CPUBackend, DummyBackend, StandinBackend
 from ..buffer import BufferType
-from ..copy_path import bytes_read
+from ..copy_path import bytes_read, copy_ranges_of
 from ..errors import InvalidArgumentError
 from ..kv import KVCache
 from ..link import measure_link
+from ..plan import copy_pieces
 from ..quant import quantize
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
@@ -33,13 +34,24 @@ def _placed(size: int, alignment: int) -> int:
     return max(_rounded(size, alignment), alignment)
 
 
+def _pieces(window: Tensor) -> Tuple[Tuple[int, int], ...]:
+    """The pieces a remote tier pulls a window in under ``ranges`` (RemoteTier.pull's): C's pieces
+    (ferry_copy_pieces) of its one range per stream, (offset in its K or V, bytes); the span where
+    the ranges rule does not apply."""
+    r = copy_ranges_of(window)
+    if r is None:
+        return ((window.offset, window.nbytes),)
+    return tuple((p.src_offset, p.size) for p in copy_pieces([r._replace(offset=r.offset + window.offset)]))
+
+
 def layers_from_geometry(type_k: str, type_v: str, head_dim: int, n_head_kv: int, n_ctx: int, n_stream: int,
                          n_kv: int, layer_windows: Sequence[Optional[int]], v_trans: bool = False,
                          compact: bool = True, n_new: int = 1, n_head: int = 0,
                          buffer_type: Optional[BufferType] = None) -> List[LayerCost]:
     """Each layer's figures for a model's geometry, from C: a dry-run cache (synthetic memory)
     with each layer at its own size, its windows' bytes read (what ``ranges`` copies, 2-D per
-    window) and its K and V tensors' bytes; with a device's buffer type, each as that buffer type
+    window), the pieces a remote tier pulls them in (C's, of those copies) and its K and V
+    tensors' bytes; with a device's buffer type, each as that buffer type
     places it (its alloc size, rounded up to its alignment), and with n_head its query's and
     attention output's bytes (f32 [head_dim, n_head, n_new, n_stream] each: a step's n_new tokens
     per stream, a draft's verification or a prefill chunk, are its query's).
@@ -88,7 +100,7 @@ def layers_from_geometry(type_k: str, type_v: str, head_dim: int, n_head_kv: int
             copies = read if compact else (k.nbytes, v.nbytes)
             staging = sum(c if buffer_type is None else _placed(c, align) for c in copies)
             resident = sum(_rounded(size(t), align) for t in (kv.k(i), kv.v(i)))
-            out.append(LayerCost(read, resident, staging, output, query))
+            out.append(LayerCost(read, resident, staging, output, query, (_pieces(k), _pieces(v))))
         return out
     finally:
         kv.close()

@@ -1,14 +1,21 @@
 """The cost model of one decode step under a placement: each layer resident on the device that runs
-it or copied from host memory every step (predict_step), and the plan object every strategy returns."""
+it, copied from host memory every step, or pulled from a remote tier and then copied (predict_step),
+and the plan object every strategy returns."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..errors import InvalidArgumentError
+import numpy as np
+
+from .._binding import lib
+from ..errors import InvalidArgumentError, check
+from ..plan import CopyCostModel, _merge_piece_array
 
 
 class PlanDoesNotFitError(InvalidArgumentError):
@@ -42,6 +49,15 @@ def _sequence(value: object, what: str, item: str) -> List[Any]:
         raise InvalidArgumentError(f"residency: {what} is a sequence of {item}, one per layer or device, not "
                                    f"{type(value).__name__}")
     return list(value)
+
+
+def _pairs(value: object, what: str) -> List[Tuple[object, object]]:
+    """value as a list of pairs: InvalidArgumentError naming the argument for anything else."""
+    items = _sequence(value, what, "(offset, bytes) pairs")
+    for k, item in enumerate(items):
+        if isinstance(item, (str, bytes)) or not isinstance(item, Sequence) or len(item) != 2:
+            raise InvalidArgumentError(f"{what}[{k}] is an (offset, bytes) pair, got {item!r}")
+    return [(a, b) for a, b in items]
 
 
 def expected_accepted_tokens(draft: int, accept: float) -> float:
@@ -99,6 +115,10 @@ class LayerCost:
         step's end (rounded up to the alignment).
     query_bytes : int
         Device bytes of its query, which lives on its device beside the scheduler's buffer.
+    pieces : tuple of tuple of (int, int)
+        Per transfer (K's window, V's), the pieces a remote tier pulls it in before merging:
+        (offset in the layer's K or V, bytes), as C cuts its copies (ferry_copy_pieces; what
+        layers_from_geometry gives). Empty: each transfer one piece of its bytes.
 
     Raises
     ------
@@ -112,6 +132,7 @@ class LayerCost:
     staging_bytes: Optional[int] = None
     output_bytes: int = 0
     query_bytes: int = 0
+    pieces: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
 
     def __post_init__(self) -> None:
         """Check each figure where it is given: InvalidArgumentError naming the field and what it takes."""
@@ -125,6 +146,19 @@ class LayerCost:
             _set(self, "staging_bytes", _byte_count(self.staging_bytes, "LayerCost: staging_bytes", "None or "))
         _set(self, "output_bytes", _byte_count(self.output_bytes, "LayerCost: output_bytes"))
         _set(self, "query_bytes", _byte_count(self.query_bytes, "LayerCost: query_bytes"))
+        pieces = _sequence(self.pieces, "LayerCost: pieces", "per transfer (offset, bytes) pairs")
+        if pieces and len(pieces) != len(self.transfers):
+            raise InvalidArgumentError(f"LayerCost: pieces has {len(pieces)} entries for {len(self.transfers)} "
+                                       "transfers: give one per transfer, or none")
+        checked = tuple(tuple((_byte_count(o, f"LayerCost: pieces[{t}][{k}]'s offset"),
+                               _byte_count(n, f"LayerCost: pieces[{t}][{k}]'s bytes"))
+                              for k, (o, n) in enumerate(_pairs(w, f"LayerCost: pieces[{t}]")))
+                        for t, w in enumerate(pieces))
+        for t, window in enumerate(checked):
+            for k, (o, n) in enumerate(window):
+                if o + n >= 1 << 64:  # C's sizes
+                    raise InvalidArgumentError(f"LayerCost: pieces[{t}][{k}] ends past 2^64 bytes ({o} + {n})")
+        _set(self, "pieces", checked)
 
     @property
     def window_bytes(self) -> int:
@@ -196,6 +230,84 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True)
+class RemoteSpec:
+    """A remote tier behind the host (remote -> host -> device) and the host memory beside it.
+
+    A layer placed remote is pulled every step: its windows' pieces (LayerCost.pieces) merged by
+    the link's model as the tier merges them (ferry_copy_pieces_merge), in one batch that costs
+    link.call_us, each piece link.piece_ns and its bytes at its size's rate
+    (CopyCostModel.piece_seconds), what RemoteTier.pull predicts; then the same windows are copied
+    host -> device on the device's link, as a host layer's are. Host memory holds the K and V of
+    the layers kept local (their resident_bytes) and the largest remote pull's staging.
+
+    Attributes
+    ----------
+    link : CopyCostModel
+        The remote link's model: CopyCostModel.from_link(measure_remote_link(tier)), or one made
+        from figures (remote_link_model).
+    host_memory : int or None
+        Bytes of host memory for the local layers and the staging; None: unlimited (no layer
+        need go remote).
+    name : str
+        What messages call the tier.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a link that is not a CopyCostModel or a host_memory not a count of bytes, naming it.
+    """
+
+    link: CopyCostModel
+    host_memory: Optional[int] = None
+    name: str = "remote"
+
+    def __post_init__(self) -> None:
+        """Check each field: InvalidArgumentError naming it."""
+        if not isinstance(self.link, CopyCostModel):
+            raise InvalidArgumentError(f"RemoteSpec: link is a CopyCostModel (CopyCostModel.from_link of "
+                                       f"measure_remote_link), got {type(self.link).__name__}")
+        if self.host_memory is not None:
+            _set(self, "host_memory", _byte_count(self.host_memory, "RemoteSpec: host_memory", "None or "))
+        if not isinstance(self.name, str):
+            raise InvalidArgumentError(f"RemoteSpec: name is a str, got {type(self.name).__name__}")
+
+
+def remote_link_model(batch_us: float, piece_us: float, gbps: float) -> CopyCostModel:
+    """A remote link's CopyCostModel from its figures: a batch's microseconds, a piece's
+    microseconds, and the rate in GB/s (every piece at it: no size curve).
+
+    Parameters
+    ----------
+    batch_us, piece_us : float
+        Finite, >= 0.
+    gbps : float
+        Finite, > 0.
+
+    Returns
+    -------
+    CopyCostModel
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a figure out of its range, naming it.
+    """
+    call = _number(batch_us, "remote_link_model: batch_us", "a finite number of microseconds >= 0", lambda x: x >= 0)
+    piece = _number(piece_us, "remote_link_model: piece_us", "a finite number of microseconds >= 0",
+                    lambda x: x >= 0)
+    rate = _number(gbps, "remote_link_model: gbps", "a positive finite number of GB/s", lambda x: x > 0)
+    model = CopyCostModel(call_us=call, row_ns=piece * 1e3, gbps=rate, line_bytes=0, small_row_bytes=0,
+                          small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0, piece_ns=piece * 1e3)
+    try:  # C's own bounds on a model
+        check(lib.ferry_copy_cost_model_check(model._c(), b"remote_link_model"))
+    except InvalidArgumentError as e:
+        ours = {"call_us": "batch_us", "row_ns": "piece_us", "piece_ns": "piece_us", "gbps": "gbps"}
+        named = next((v for k, v in ours.items() if f"model's {k} " in e.message), "a figure")
+        raise InvalidArgumentError(f"remote_link_model: {named} is out of range: {e.message}") from None
+    return model
+
+
+@dataclass(frozen=True)
 class StepPrediction:
     """What the model predicts for one decode step under a placement.
 
@@ -226,6 +338,14 @@ class StepPrediction:
     tokens_per_step : float
         Query tokens each stream brings to the step (predict_step's): one copy of each window
         serves them all, and compute_seconds is for all of them.
+    pull_seconds : float
+        The remote layers' pulls (remote -> host), all together; 0 without a remote tier.
+    remote_pieces : int
+        Pieces the step's pulls read, merged as the tier merges them.
+    pulled_bytes : int
+        Bytes the step's pulls read, the merged gaps included.
+    host_bytes : int
+        Host memory the placement holds: the local layers' K and V and the largest pull's staging.
     """
 
     step_seconds: float
@@ -237,6 +357,10 @@ class StepPrediction:
     input_bytes: Tuple[int, ...] = ()
     measured: bool = False
     tokens_per_step: float = 1.0
+    pull_seconds: float = 0.0
+    remote_pieces: int = 0
+    pulled_bytes: int = 0
+    host_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -262,6 +386,11 @@ class ResidencyPlan:
     bound : float
         For "auto", a proven factor within which its step time lies of the optimum's it compares
         against (1.0 when exact; docs/design.md says which); math.inf for the named rules.
+    remote : tuple of bool
+        Per layer, whether its KV lives in the remote tier (pulled to host memory, then copied to
+        its device each step); empty without a remote tier.
+    host_memory : int or None
+        The host memory the plan had to fit (RemoteSpec.host_memory).
     """
 
     strategy: str
@@ -272,6 +401,8 @@ class ResidencyPlan:
     budgets: Tuple[Optional[int], ...]
     exact: bool = False
     bound: float = math.inf
+    remote: Tuple[bool, ...] = ()
+    host_memory: Optional[int] = None
 
     @property
     def step_seconds(self) -> float:
@@ -325,10 +456,19 @@ class ResidencyPlan:
         return [i for i, r in enumerate(self.resident)
                 if r and (device is None or self.layer_device[i] == device)]
 
+    def remote_layers(self) -> List[int]:
+        """The layers whose KV lives in the remote tier."""
+        return [i for i, r in enumerate(self.remote) if r]
+
+    def host_layers(self) -> List[int]:
+        """The layers whose KV lives in local host memory."""
+        return [i for i, r in enumerate(self.resident) if not r and not (self.remote and self.remote[i])]
+
     def as_dict(self, npl: int = 1, accepted: float = 1.0) -> Dict[str, object]:
         """The plan as data (what a --json output prints): per device its resident layers and
         predicted memory, beside the step time, the step's query tokens per stream, the tokens kept
-        per step and tokens/s for npl sequences.
+        per step and tokens/s for npl sequences; with a remote tier, the host's and the remote
+        layers, the host memory held and given, and the pulls' time, pieces and bytes.
 
         Parameters
         ----------
@@ -352,6 +492,10 @@ class ResidencyPlan:
                          "input_bytes": pred.input_bytes[d] if pred.input_bytes else 0,
                          "copy_seconds": pred.copy_seconds[d], "budget": self.budgets[d]}
                         for d in range(len(self.budgets))],
+            **({} if not self.remote else {
+                "host_layers": self.host_layers(), "remote_layers": self.remote_layers(),
+                "host_bytes": pred.host_bytes, "host_memory": self.host_memory, "pull_seconds": pred.pull_seconds,
+                "remote_pieces": pred.remote_pieces, "pulled_bytes": pred.pulled_bytes}),
         }
 
     def placement(self, backends: Sequence[object]) -> List[Optional[object]]:
@@ -426,6 +570,11 @@ class _Problem:
     budget: List[Optional[int]] = field(default_factory=list)  # per device: memory - reserve
     measure: Optional[_Cached] = None
     tokens_per_step: float = 1.0  # query tokens per stream per step: each layer's compute is this many times its figure
+    remote_tier: Optional[RemoteSpec] = None
+    pull: List[float] = field(default_factory=list)    # per layer, its pull's seconds (remote -> host)
+    pull_pieces: List[int] = field(default_factory=list)  # per layer, its pull's pieces, merged
+    pulled: List[int] = field(default_factory=list)    # per layer, its pull's bytes, gaps included
+    remote: List[bool] = field(default_factory=list)   # per layer, remote under the placement asked of it
 
     def name(self, d: int) -> str:
         return self.devices[d].name or f"device {d}"
@@ -433,7 +582,7 @@ class _Problem:
 
 def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_device: Optional[Sequence[int]],
              prefetch: int, max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None,
-             tokens_per_step: float = 1.0) -> _Problem:
+             tokens_per_step: float = 1.0, remote_tier: Optional[RemoteSpec] = None) -> _Problem:
     layers = _sequence(layers, "layers", "LayerCost")
     devices = _sequence(devices, "devices", "DeviceSpec")
     if not layers:
@@ -490,11 +639,47 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
         # attention's figure is a one-token step's; each query token reads its whole window (token t
         # of n reads len - n + t + 1 cells, within n of the window), so n tokens take n times as long
         p.compute.append(float(c) * tokens)
+    if remote_tier is not None:
+        if not isinstance(remote_tier, RemoteSpec):
+            raise InvalidArgumentError(f"residency: remote_tier is a RemoteSpec, got {type(remote_tier).__name__}")
+        p.remote_tier = remote_tier
+        for layer in layers:
+            seconds, pieces, nbytes = _pull_cost(layer, remote_tier.link)
+            p.pull.append(seconds)
+            p.pull_pieces.append(pieces)
+            p.pulled.append(nbytes)
+    p.remote = [False] * len(layers)
     return p
+
+
+def _pull_cost(layer: LayerCost, link: CopyCostModel) -> Tuple[float, int, int]:
+    """One pull of the layer's windows from a remote tier: (seconds, pieces, bytes), its pieces merged
+    by the link's model as RemoteTier.pull merges them (each window's pieces in source order, by
+    ferry_copy_pieces_merge) and priced as it predicts (a batch, then each piece piece_ns and its
+    bytes at its size's rate)."""
+    windows = layer.pieces or tuple(((0, b),) for b in layer.transfers)
+    sizes: List[int] = []
+    for window in windows:
+        rows = sorted((o, o, n) for o, n in window if n > 0)
+        if rows:
+            merged, _ = _merge_piece_array(np.array(rows, dtype=np.uintp), link)
+            sizes += [int(n) for n in merged[:, 2]]
+    counts = Counter(sizes)
+    seconds = link.call_us * 1e-6 + sum(c * (link.piece_ns * 1e-9 + link.piece_seconds(n)) for n, c in counts.items())
+    return seconds, len(sizes), sum(sizes)
 
 
 def _step_time(p: _Problem, host: Sequence[bool]) -> float:
     """The step's time with host[l] telling which layers live in host memory (see predict_step)."""
+    n = len(host)
+    # the remote layers' pulls come first, one after another on the calling thread, before the
+    # scheduler's step (which copies their windows as a host layer's)
+    pulls = sum(p.pull[i] for i in range(n) if p.remote[i])
+    return pulls + _scheduled_time(p, host)
+
+
+def _scheduled_time(p: _Problem, host: Sequence[bool]) -> float:
+    """The scheduler's step with host[l] telling which layers live in host memory (see predict_step)."""
     n = len(host)
     if p.prefetch == 0:
         t = 0.0
@@ -617,17 +802,91 @@ def _prediction(p: _Problem, host: Sequence[bool]) -> StepPrediction:
     for i, h in enumerate(host):
         if h:
             copy[p.dev[i]] += sum(p.carry[i])
+    remote = [i for i, r in enumerate(p.remote) if r]
     return StepPrediction(
         step_seconds=_step_time(p, host),
         memory=tuple(r + w + i + s.reserve for r, w, i, s in zip(resident, buffers, inputs, p.devices)),
         resident_bytes=tuple(resident), window_bytes=tuple(buffers), copy_seconds=tuple(copy),
         compute_seconds=sum(p.compute), input_bytes=tuple(inputs), measured=p.measure is not None,
-        tokens_per_step=p.tokens_per_step)
+        tokens_per_step=p.tokens_per_step, pull_seconds=sum(p.pull[i] for i in remote),
+        remote_pieces=sum(p.pull_pieces[i] for i in remote), pulled_bytes=sum(p.pulled[i] for i in remote),
+        host_bytes=_host_bytes(p, host, p.remote))
+
+
+def _host_bytes(p: _Problem, host: Sequence[bool], remote: Sequence[bool]) -> int:
+    """Host memory a placement holds: the local host layers' K and V, and the staging of the largest
+    remote pull (one pull at a time)."""
+    local = sum(p.layers[i].resident_bytes for i in range(len(host)) if host[i] and not remote[i])
+    return local + max((p.pulled[i] for i in range(len(host)) if remote[i]), default=0)
+
+
+#: The host/remote split enumerates at most this many count vectors (prod(n_kind + 1)); past it, greedy.
+SPLIT_LIMIT = 1_000_000
+
+
+def _split_remote(p: _Problem, host: Sequence[bool]) -> List[bool]:
+    """Which of the host layers go remote, for the least pull time within the host memory.
+
+    Layers of the same host bytes and pull (a kind) are interchangeable, so every count of each kind
+    kept local is enumerated (prod(n_kind + 1) vectors): the host holds the kept layers' K and V and
+    the largest remote pull's staging; the least total pull that fits wins, the fewest remote layers
+    on a tie. Past SPLIT_LIMIT vectors, layers are kept local greedily, the most pull time saved per
+    host byte first. Exact for the serial step (its time is the pulls' sum plus what the split does
+    not change); with prefetching the pulls sit on the calling thread's chain, and the least sum is
+    what is minimised."""
+    n = len(host)
+    tier = p.remote_tier
+    if tier is None or tier.host_memory is None:
+        return [False] * n
+    budget = tier.host_memory
+    kinds: Dict[Tuple[int, float, int], List[int]] = {}
+    for i in range(n):
+        if host[i]:
+            kinds.setdefault((p.layers[i].resident_bytes, p.pull[i], p.pulled[i]), []).append(i)
+    keys = list(kinds)
+    best: Optional[Tuple[float, int, List[int]]] = None  # (pull seconds, remote layers, counts kept)
+    if math.prod(len(kinds[k]) + 1 for k in keys) <= SPLIT_LIMIT:
+        for counts in itertools.product(*(range(len(kinds[k]) + 1) for k in keys)):
+            staged = max((k[2] for k, c in zip(keys, counts) if c < len(kinds[k])), default=0)
+            if sum(c * k[0] for k, c in zip(keys, counts)) + staged > budget:
+                continue
+            pulls = sum((len(kinds[k]) - c) * k[1] for k, c in zip(keys, counts))
+            gone = sum(len(kinds[k]) - c for k, c in zip(keys, counts))
+            if best is None or (pulls, gone) < (best[0], best[1]):
+                best = (pulls, gone, list(counts))
+        if best is None:
+            _refuse_host(p, host)
+        assert best is not None
+        remote = [False] * n
+        for k, c in zip(keys, best[2]):
+            for i in kinds[k][c:]:
+                remote[i] = True
+        return remote
+    remote = [bool(h) for h in host]
+    for i in sorted((i for i in range(n) if host[i]), key=lambda i: -p.pull[i] / max(1, p.layers[i].resident_bytes)):
+        remote[i] = False
+        if _host_bytes(p, host, remote) > budget:
+            remote[i] = True
+    if _host_bytes(p, host, remote) > budget:
+        _refuse_host(p, host)
+    return remote
+
+
+def _refuse_host(p: _Problem, host: Sequence[bool]) -> None:
+    """Refuse a placement whose host memory cannot hold even one remote pull's staging."""
+    tier = p.remote_tier
+    assert tier is not None and tier.host_memory is not None
+    need = max((p.pulled[i] for i in range(len(host)) if host[i]), default=0)
+    raise PlanDoesNotFitError(
+        f"host memory: {tier.host_memory} bytes cannot hold the staging of a pull from the {tier.name} tier "
+        f"({need} bytes, the largest layer's window): raise the host memory")
 
 
 def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], resident: Sequence[bool],
                  layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
-                 measure: Optional[MeasureMemory] = None, tokens_per_step: float = 1.0) -> StepPrediction:
+                 measure: Optional[MeasureMemory] = None, tokens_per_step: float = 1.0,
+                 remote: Optional[Sequence[bool]] = None, remote_tier: Optional[RemoteSpec] = None
+                 ) -> StepPrediction:
     """The model's decode step under a placement: its time and the memory each device holds.
 
     Serial (prefetch 0), a step is the sum over layers of the layer's copies (when it lives in host
@@ -647,6 +906,12 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     whole window but for the few cells the causal rule keeps from it, so the time is linear in
     the tokens). The memory figures are the layers' own: their query and output bytes as
     layers_from_geometry gives them for that many tokens.
+
+    A layer in a remote tier (remote, with remote_tier's link) pays two links a step: its pull
+    (remote -> host, RemoteSpec's arithmetic: one batch, its merged pieces, their bytes), and then
+    the host -> device copies a host layer's windows take. The pulls come first, one after another
+    on the calling thread (RemoteTier.pull is synchronous, and the scheduler does not pull), then
+    the scheduler's step as above: prefetching hides none of a pull.
 
     Memory per device: its resident layers' K and V (each rounded up to the device's alignment, as the
     cache places them), the scheduler's buffer, the step's own tensors on it (queries, lengths) and
@@ -673,6 +938,10 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     tokens_per_step : float, optional
         Query tokens each stream brings to the step (>= 1; a mean over steps of several sizes is
         fine, the time being linear in it); 1: a decode step.
+    remote : sequence of bool, optional
+        Per layer, whether its KV is in the remote tier (never a resident layer); None: none is.
+    remote_tier : RemoteSpec, optional
+        The remote tier's link and the host memory; needed where a layer is remote.
 
     Returns
     -------
@@ -681,12 +950,25 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     Raises
     ------
     InvalidArgumentError
-        For inconsistent lengths, indices or figures, or tokens_per_step below 1.
+        For inconsistent lengths, indices or figures, tokens_per_step below 1, a layer both
+        resident and remote, or a remote layer without a remote_tier.
     """
-    p = _problem(layers, devices, layer_device, prefetch, measure=measure, tokens_per_step=tokens_per_step)
+    p = _problem(layers, devices, layer_device, prefetch, measure=measure, tokens_per_step=tokens_per_step,
+                 remote_tier=remote_tier)
     resident = _sequence(resident, "resident", "bool")
     if len(resident) != len(p.layers):
         raise InvalidArgumentError(f"predict_step: {len(resident)} entries in resident for {len(p.layers)} layers")
+    if remote is not None:
+        remote = _sequence(remote, "remote", "bool")
+        if len(remote) != len(p.layers):
+            raise InvalidArgumentError(f"predict_step: {len(remote)} entries in remote for {len(p.layers)} layers")
+        both = [i for i in range(len(remote)) if remote[i] and resident[i]]
+        if both:
+            raise InvalidArgumentError(f"predict_step: layer {both[0]} is both resident and remote: give one")
+        if any(remote) and remote_tier is None:
+            raise InvalidArgumentError("predict_step: remote layers need a remote_tier (RemoteSpec): its link "
+                                       "prices their pulls")
+        p.remote = [bool(r) for r in remote]
     return _prediction(p, [not bool(r) for r in resident])
 
 
@@ -744,5 +1026,19 @@ def _refuse_empty(p: _Problem, host: Sequence[bool]) -> None:
 
 def _plan(p: _Problem, strategy: str, host: List[bool], exact: bool = False, bound: float = math.inf
           ) -> ResidencyPlan:
-    return ResidencyPlan(strategy, tuple(not h for h in host), tuple(p.dev), p.prefetch, _prediction(p, host),
-                         tuple(s.memory for s in p.devices), exact, bound)
+    """The plan of a placement: its host layers split between host memory and the remote tier
+    (_split_remote, where the problem has one), and its prediction. The devices' placement was
+    chosen without the pulls: with layers remote, it and the split are the joint optimum only where
+    every layer is of one kind (any placement of as many layers is then the same), so exact and
+    bound are dropped elsewhere."""
+    p.remote = _split_remote(p, host)
+    kinds = {(layer.transfers, layer.resident_bytes, layer.staging, pull) for layer, pull in zip(p.layers, p.pull)}
+    if any(p.remote) and len(kinds) > 1:
+        exact, bound = False, math.inf
+    try:
+        return ResidencyPlan(strategy, tuple(not h for h in host), tuple(p.dev), p.prefetch, _prediction(p, host),
+                             tuple(s.memory for s in p.devices), exact, bound,
+                             () if p.remote_tier is None else tuple(p.remote),
+                             None if p.remote_tier is None else p.remote_tier.host_memory)
+    finally:
+        p.remote = [False] * len(host)

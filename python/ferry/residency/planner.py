@@ -13,6 +13,7 @@ from .model import (
     LayerCost,
     MeasureMemory,
     PlanDoesNotFitError,
+    RemoteSpec,
     ResidencyPlan,
     _check_windows_fit,
     _fits,
@@ -201,7 +202,8 @@ def _branch_and_bound(p: _Problem, incumbent: List[bool], limit: int) -> Tuple[L
 def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
               layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
               max_layers: Optional[int] = None, search_limit: int = DEFAULT_SEARCH_LIMIT,
-              measure: Optional[MeasureMemory] = None, tokens_per_step: float = 1.0) -> ResidencyPlan:
+              measure: Optional[MeasureMemory] = None, tokens_per_step: float = 1.0,
+                 remote_tier: Optional[RemoteSpec] = None) -> ResidencyPlan:
     """``auto``: the placement with the least predicted step time within every device's budget.
 
     Serial (prefetch 0) it is exact at any size where the enumeration's optimum fits: each device's
@@ -227,6 +229,11 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     tokens_per_step : float, optional
         Query tokens per stream per step, as predict_step takes it: the copies stay, attention
         grows with them, so prefetching hides more of the copies behind it.
+    remote_tier : RemoteSpec, optional
+        A remote tier and the host memory: the layers not resident are split between host memory
+        and the tier for the least pull time that fits the host (the pulls add to the step, so the
+        least sum is the optimum split; docs/design.md, "Three tiers"); the placement on the
+        devices is chosen as without it.
 
     Returns
     -------
@@ -237,7 +244,7 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     PlanDoesNotFitError
         When a device cannot hold its split's window copies, or no layer fits.
     """
-    p = _problem(layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step)
+    p = _problem(layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step, remote_tier)
     _check_windows_fit(p)
     if p.prefetch == 0:
         host = _serial_best(p, 1, KIND_LIMIT, p.max_layers)

@@ -9,6 +9,7 @@ from .model import (
     DeviceSpec,
     LayerCost,
     MeasureMemory,
+    RemoteSpec,
     ResidencyPlan,
     _check_windows_fit,
     _fits,
@@ -23,10 +24,11 @@ LINK_GROUP_TOLERANCE = 0.15
 
 def _rule(name: str, choose: Callable[[_Problem], List[bool]], layers: Sequence[LayerCost],
           devices: Sequence[DeviceSpec], layer_device: Optional[Sequence[int]], prefetch: int,
-          max_layers: Optional[int], measure: Optional[MeasureMemory], tokens_per_step: float) -> ResidencyPlan:
+          max_layers: Optional[int], measure: Optional[MeasureMemory], tokens_per_step: float,
+          remote_tier: Optional[RemoteSpec] = None) -> ResidencyPlan:
     """A named rule's plan: the problem made and its window copies checked, choose(problem) gives
     each layer's host flag, and a placement with no layer resident is refused."""
-    p = _problem(layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step)
+    p = _problem(layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step, remote_tier)
     _check_windows_fit(p)
     host = choose(p)
     _refuse_empty(p, host)
@@ -54,7 +56,8 @@ def _take_in_turn(p: _Problem, host: List[bool], groups: Sequence[Sequence[int]]
 def choose_first(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
                max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None,
-               tokens_per_step: float = 1.0) -> ResidencyPlan:
+               tokens_per_step: float = 1.0,
+                 remote_tier: Optional[RemoteSpec] = None) -> ResidencyPlan:
     """``first``: the first N layers resident (llama.cpp's --kv-gpu-layers N), N as large as every
     device's budget allows.
 
@@ -69,20 +72,22 @@ def choose_first(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                 break
         return host
 
-    return _rule("first", choose, layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step)
+    return _rule("first", choose, layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step,
+                 remote_tier)
 
 
 def choose_round_robin(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                      layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
                      max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None,
-                     tokens_per_step: float = 1.0) -> ResidencyPlan:
+                     tokens_per_step: float = 1.0,
+                 remote_tier: Optional[RemoteSpec] = None) -> ResidencyPlan:
     """``round-robin``: one layer per device in turn (each device its own layers in order), a device
     stopping at its first layer that does not fit.
 
     Parameters, return value and errors as `choose_residency`'s.
     """
     return _rule("round-robin", lambda p: _take_in_turn(p, [True] * len(p.layers), [list(range(len(p.devices)))]),
-                 layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step)
+                 layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step, remote_tier)
 
 
 def link_groups(gbps: Sequence[float], tolerance: float = LINK_GROUP_TOLERANCE) -> List[List[int]]:
@@ -113,7 +118,8 @@ def link_groups(gbps: Sequence[float], tolerance: float = LINK_GROUP_TOLERANCE) 
 def choose_slowest_link(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
                       layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
                       max_layers: Optional[int] = None, measure: Optional[MeasureMemory] = None,
-                     tokens_per_step: float = 1.0) -> ResidencyPlan:
+                     tokens_per_step: float = 1.0,
+                 remote_tier: Optional[RemoteSpec] = None) -> ResidencyPlan:
     """``slowest-link``: the budget spent where the link is slowest. Devices whose links are within
     15% of each other form a group; the slowest group's devices take their layers (in order, one
     device after another in turn) while they fit, then the next group's.
@@ -123,4 +129,4 @@ def choose_slowest_link(layers: Sequence[LayerCost], devices: Sequence[DeviceSpe
     """
     return _rule("slowest-link",
                  lambda p: _take_in_turn(p, [True] * len(p.layers), link_groups([s.link_gbps for s in p.devices])),
-                 layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step)
+                 layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step, remote_tier)

@@ -16,6 +16,12 @@ size), every layer's values the same in every placement, the `ranges` copy polic
 model's transfers describe: one 2-D transfer per K and V window), serially or prefetching.
 Strategies that choose the same placement share one run.
 
+With a remote tier (ResidencyModel's planner.remote_link and host_memory), the plans' remote
+layers live in a server process on the loopback (ferry.remote.RemoteTier, the transfer engine of
+ferry[remote]): their local copies are overwritten, and each step pulls their windows (ranges, the
+pieces merged by the link's model) before the scheduler's step, inside the step's time, as the
+model has them (ferry.residency.predict_step's remote layers).
+
 Timing: a step's time is the wall time of Scheduler.compute on its allocated graph, as
 `ferry bench` times it. The runs take turns: one untimed warm-up repetition of each, then the
 timed ones, the order reversed every other repetition, with the collector off, so that a busy
@@ -40,20 +46,24 @@ import hashlib
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..backend import Backend, CPUBackend, StandinBackend
 from ..errors import InvalidArgumentError
 from ..kv import KVCache
-from ..residency import DeviceSpec, ResidencyPlan, predict_step
+from ..plan import CopyCostModel
+from ..residency import DeviceSpec, RemoteSpec, ResidencyPlan, predict_step
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
 from ..types import row_size, to_type
 from .common import n_kv_for, random_rows
 from .residency_plan import ResidencyModel, _pick, check_strategies, run_windows
+
+if TYPE_CHECKING:
+    from ..remote import RemoteTier
 
 __all__ = ["Placement", "PlacementRun", "ResidencyResult", "ResidencyRow", "calibrate_compute", "measure_placements",
            "run_residency"]
@@ -64,15 +74,24 @@ OnStep = Callable[[str], None]
 #: Untimed repetitions of each run before the timed ones.
 WARMUP = 1
 
+#: The byte a remote layer's local copy is filled with before its run: only its pulls bring its values.
+SENTINEL = 0xA5
+
 
 @dataclass(frozen=True)
 class Placement:
     """A placement to run: its name, per layer whether its KV is resident on the device that runs it,
-    and the scheduler's prefetch depth."""
+    the scheduler's prefetch depth, and per layer whether its KV is in the remote tier (empty: none)."""
 
     name: str
     resident: Tuple[bool, ...]
     prefetch: int = 0
+    remote: Tuple[bool, ...] = ()
+
+    @property
+    def key(self) -> Tuple[Tuple[bool, ...], int, Tuple[bool, ...]]:
+        """What makes two placements the same run."""
+        return self.resident, self.prefetch, tuple(self.remote) if any(self.remote) else ()
 
 
 @dataclass(frozen=True)
@@ -127,15 +146,23 @@ def _values(t: Tensor, type_name: str, n_embd: int, seed: Sequence[int]) -> byte
 
 
 class _Run:
-    """One placement: its own stand-in devices, cache, queries and scheduler."""
+    """One placement: its own stand-in devices, cache, queries and scheduler; with remote layers, a
+    remote tier (ferry.remote.RemoteTier: a server process on the loopback) holding the cache's
+    values, the local copies of the remote layers overwritten (SENTINEL), so that only the pulls
+    bring them back."""
 
     def __init__(self, model: ResidencyModel, placement: Placement, cpu: Backend, npp: int, ntg: int, pad: int,
-                 seed: int) -> None:
+                 seed: int, remote_tier: Optional[RemoteSpec] = None) -> None:
         self.model, self.placement, self.npp, self.ntg, self.pad = model, placement, npp, ntg, pad
         m, g, cfg, n_stream = model, model.kv, model.devices, model.windows.n_stream
         self.devices: List[StandinBackend] = []
         self.kv: Optional[KVCache] = None
         self.sched: Optional[Scheduler] = None
+        self.tier: Optional["RemoteTier"] = None
+        self.remote = [i for i, r in enumerate(placement.remote) if r]
+        if self.remote and remote_tier is None:
+            raise InvalidArgumentError(f"residency run: placement {placement.name} has remote layers and no remote "
+                                       "tier")
         try:
             for d in range(cfg.n_devices):
                 named = {"link_profile": cfg.link_profile} if cfg.link_profile is not None else \
@@ -153,6 +180,14 @@ class _Run:
             for layer in range(m.n_layer):
                 for which, t in (("k", self.kv.k(layer)), ("v", self.kv.v(layer))):
                     t.set(_values(t, g.type_kv, n_embd, (seed, layer, which == "v")))
+            if self.remote:
+                from ..remote import RemoteTier  # the engine is an extra: imported where a run pulls
+                assert remote_tier is not None
+                self.tier = RemoteTier(self.kv, model=remote_tier.link)
+                self.tier.upload()
+                for layer in self.remote:
+                    for t in (self.kv.k(layer), self.kv.v(layer)):
+                        t.set(bytes([SENTINEL]) * t.nbytes)
             rng = np.random.default_rng([seed, 1 << 20])
             self.q = [Tensor.from_numpy(on[i], rng.uniform(-1, 1, (n_stream, m.n_tok, g.n_head, g.head_dim))
                                         .astype(np.float32), name=f"q{i}") for i in range(m.n_layer)]
@@ -184,6 +219,9 @@ class _Run:
             graph = self.graphs.get(self.n_kv(t))
             self.kv_len.set(np.full(self.model.windows.n_stream, self.npp + t + self.model.n_tok, np.int32))
             t0 = time.perf_counter()
+            for layer in self.remote:  # the pulls first, then the step, as the model has them
+                assert self.tier is not None
+                self.tier.pull(layer, self.n_kv(t), "ranges")
             self.sched.compute(graph)
             times.append(time.perf_counter() - t0)
             if not timed:
@@ -205,6 +243,8 @@ class _Run:
         return tuple(out)
 
     def close(self) -> None:
+        if self.tier is not None:
+            self.tier.close()
         if self.sched is not None:
             self.sched.close()
         if self.kv is not None:
@@ -214,7 +254,7 @@ class _Run:
 
 
 def _predicted(model: ResidencyModel, devices: Sequence[DeviceSpec], placement: Placement, npp: int, ntg: int,
-               pad: int, layers_at: Dict[int, object]) -> float:
+               pad: int, layers_at: Dict[int, object], remote_tier: Optional[RemoteSpec] = None) -> float:
     """The mean over the steps of the model's step time for each step's window (n_tok query tokens per
     stream)."""
     total = 0.0
@@ -223,8 +263,9 @@ def _predicted(model: ResidencyModel, devices: Sequence[DeviceSpec], placement: 
         if n_kv not in layers_at:
             layers_at[n_kv] = model.at(n_kv=n_kv).layers()
         total += predict_step(layers_at[n_kv], devices, placement.resident,  # type: ignore[arg-type]
-                              model.devices.layer_devices, placement.prefetch,
-                              tokens_per_step=model.n_tok).step_seconds
+                              model.devices.layer_devices, placement.prefetch, tokens_per_step=model.n_tok,
+                              remote=placement.remote or None,
+                              remote_tier=remote_tier if any(placement.remote) else None).step_seconds
     return total / ntg
 
 
@@ -262,7 +303,8 @@ def calibrate_compute(model: ResidencyModel, compute: Sequence[float], npp: int,
 
 def measure_placements(model: ResidencyModel, placements: Sequence[Placement], devices: Sequence[DeviceSpec],
                        npp: int, ntg: int, pad: int = 1, repeat: int = 5, seed: int = 0,
-                       on_step: Optional[OnStep] = None, calibrate: bool = False) -> List[PlacementRun]:
+                       on_step: Optional[OnStep] = None, calibrate: bool = False,
+                       remote_tier: Optional[RemoteSpec] = None) -> List[PlacementRun]:
     """Run each placement on stand-ins of its own, taking turns, and predict each.
 
     Parameters
@@ -287,6 +329,10 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
         placements, and scale the devices' compute figures by its measured step over its
         predicted one before predicting the placements: the figures then hold what a step costs
         beside attention in this run's own conditions (see calibrate_compute).
+    remote_tier : RemoteSpec, optional
+        The remote tier of the placements' remote layers: each such run starts a RemoteTier (its
+        link's model merging the pieces), and each step pulls the remote layers' windows (ranges)
+        before the scheduler's step, inside the step's time.
 
     Returns
     -------
@@ -307,14 +353,14 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
         raise InvalidArgumentError(f"residency run: a stream holds {model.kv_size} cells, fewer than -npp + -ntg"
                                    f"{' + --draft' if model.planner.draft else ''} = {npp + ntg + model.planner.draft}")
     for p in placements:
-        if len(p.resident) != model.n_layer:
-            raise InvalidArgumentError(f"residency run: placement {p.name} has {len(p.resident)} entries for "
-                                       f"{model.n_layer} layers")
-    keys: Dict[Tuple[Tuple[bool, ...], int], int] = {}
+        if len(p.resident) != model.n_layer or len(p.remote) not in (0, model.n_layer):
+            raise InvalidArgumentError(f"residency run: placement {p.name} has {len(p.resident)} entries (remote: "
+                                       f"{len(p.remote)}) for {model.n_layer} layers")
+    keys: Dict[Tuple[Tuple[bool, ...], int, Tuple[bool, ...]], int] = {}
     unique: List[Placement] = []
     for p in placements:
-        if (p.resident, p.prefetch) not in keys:
-            keys[(p.resident, p.prefetch)] = len(unique)
+        if p.key not in keys:
+            keys[p.key] = len(unique)
             unique.append(p)
     cpu = CPUBackend()
     runs: List[_Run] = []
@@ -323,7 +369,7 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
     held: List[Tuple[Optional[int], ...]] = []
     try:
         for p in unique:
-            runs.append(_Run(model, p, cpu, npp, ntg, pad, seed))
+            runs.append(_Run(model, p, cpu, npp, ntg, pad, seed, remote_tier))
         if calibrate:
             runs.append(_Run(model.at(memory=()), reference, cpu, npp, ntg, pad, seed))
         for rep in range(WARMUP + repeat):
@@ -351,11 +397,12 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
     for run, bytes_held in zip(runs, held):
         per_rep = tuple(sum(s) / len(s) for s in run.steps)
         fastest = sum(min(step) for step in zip(*run.steps)) / ntg
-        measured.append((per_rep, fastest, _predicted(model, devices, run.placement, npp, ntg, pad, layers_at),
+        measured.append((per_rep, fastest,
+                         _predicted(model, devices, run.placement, npp, ntg, pad, layers_at, remote_tier),
                          run.digest, bytes_held))
     out = []
     for p in placements:
-        per_rep, fastest, predicted, digest, bytes_held = measured[keys[(p.resident, p.prefetch)]]
+        per_rep, fastest, predicted, digest, bytes_held = measured[keys[p.key]]
         out.append(PlacementRun(placement=p, step_s=per_rep, fastest_step_s=fastest, predicted_step_s=predicted,
                                 output_sha256=digest, held_bytes=bytes_held))
     return out
@@ -401,6 +448,7 @@ class ResidencyResult:
     rows: List[ResidencyRow]
     compute_s: Dict[int, Tuple[float, ...]]  # per npl, each layer's attention on the host
     links: Tuple[float, ...]
+    remote_link: Optional[CopyCostModel] = None  # the remote tier's link the plans took, if any
 
     def outputs_identical(self, npl: int) -> bool:
         """Whether every placement of npl gave the same attention outputs."""
@@ -436,6 +484,10 @@ def run_residency(model: ResidencyModel, strategies: Sequence[str], npl: Sequenc
         before predicting them (measure_placements(calibrate=True)); not when the model gives
         compute_us.
 
+    With a remote link in the model (planner.remote_link, host_memory), the plans split the layers
+    left off the devices between host memory and the remote tier, and their remote layers are
+    pulled through a RemoteTier each step (measure_placements' remote_tier).
+
     Returns
     -------
     ResidencyResult
@@ -449,6 +501,7 @@ def run_residency(model: ResidencyModel, strategies: Sequence[str], npl: Sequenc
     """
     strategies = check_strategies(strategies)
     links = model.links()
+    tier = model.remote_spec(model.remote_link())
     rows: List[ResidencyRow] = []
     compute: Dict[int, Tuple[float, ...]] = {}
     for n in npl:
@@ -463,10 +516,11 @@ def run_residency(model: ResidencyModel, strategies: Sequence[str], npl: Sequenc
             compute[n] = calibrate_compute(m, compute[n], npp, ntg, pad, max(3, repeat // 2), seed)
         devices = m.device_specs(compute[n], links)
         layers = m.layers()
-        plans = [plan for depth in prefetch_depths for plan in m.at(prefetch=depth).plans(strategies, devices, layers)]
+        plans = [plan for depth in prefetch_depths
+                 for plan in m.at(prefetch=depth).plans(strategies, devices, layers, tier)]
         placements = [Placement(name=f"{p.strategy}{'+prefetch' + str(p.prefetch) if p.prefetch else ''}",
-                                resident=p.resident, prefetch=p.prefetch) for p in plans]
+                                resident=p.resident, prefetch=p.prefetch, remote=p.remote) for p in plans]
         runs = measure_placements(m, placements, devices, npp, ntg, pad, repeat, seed, on_step,
-                                  calibrate=calibrate and m.planner.compute_us is None)
+                                  calibrate=calibrate and m.planner.compute_us is None, remote_tier=tier)
         rows += [ResidencyRow(npl=n, plan=p, run=r, accepted=m.accepted_per_step) for p, r in zip(plans, runs)]
-    return ResidencyResult(rows=rows, compute_s=compute, links=links)
+    return ResidencyResult(rows=rows, compute_s=compute, links=links, remote_link=None if tier is None else tier.link)

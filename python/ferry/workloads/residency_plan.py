@@ -24,16 +24,20 @@ expected_accepted_tokens(N, P) of them (docs/design.md, "Several tokens per copy
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..backend import StandinBackend
 from ..errors import InvalidArgumentError
+from ..kv import KVCache
 from ..link import measure_link
+from ..plan import CopyCostModel
 from ..residency import (
     STRATEGIES,
     DeviceSpec,
     LayerCost,
+    RemoteSpec,
     ResidencyPlan,
     StepMemory,
     choose_residency,
@@ -41,11 +45,14 @@ from ..residency import (
     layers_from_geometry,
     measure_compute,
     predict_step,
+    remote_link_model,
 )
+from ..types import row_size, to_type
 from .common import KV_TYPES, KVGeometry, grouped, n_kv_for
-from .devices import DeviceConfig, standin_link
+from .devices import DeviceConfig, split_items, standin_link
 
-__all__ = ["PlannerOptions", "ResidencyModel", "Windows", "check_strategies", "per_device", "run_windows"]
+__all__ = ["MEASURE", "PlannerOptions", "ResidencyModel", "Windows", "check_strategies", "measure_loopback_link",
+           "parse_remote_link", "per_device", "run_windows"]
 
 
 def run_windows(npp: int, ntg: int, pad: int, kv_size: int, n_tok: int = 1) -> Tuple[int, ...]:
@@ -130,6 +137,13 @@ class PlannerOptions:
     accept : float
         Each draft token's acceptance probability (--accept): the tokens a step keeps are
         expected_accepted_tokens(draft, accept).
+    remote_link : str or tuple of float or None
+        A remote tier behind the host (--remote-link): its figures (microseconds a batch,
+        microseconds a piece, GB/s), or "measure" (measured on the loopback, a server process
+        holding a layer of this geometry); None: no remote tier.
+    host_memory : int or None
+        Bytes of host memory for the layers kept local and a pull's staging (--host-memory);
+        what does not fit goes remote. None: this machine's memory (with a remote_link).
     """
 
     reserve: Tuple[int, ...] = ()
@@ -139,6 +153,68 @@ class PlannerOptions:
     max_layers: Optional[int] = None
     draft: int = 0
     accept: float = 1.0
+    remote_link: Optional[Union[str, Tuple[float, float, float]]] = None
+    host_memory: Optional[int] = None
+
+
+#: What --remote-link takes beside its figures: the link measured on the loopback.
+MEASURE = "measure"
+
+
+def parse_remote_link(text: str, option: str = "--remote-link") -> Union[str, Tuple[float, float, float]]:
+    """A remote link from its text: "measure", or "BATCH_US,PIECE_US,GBPS" (microseconds a batch,
+    microseconds a piece, GB/s).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything else, naming the option and what it takes.
+    """
+    if text.strip() == MEASURE:
+        return MEASURE
+    takes = f"{option}: {MEASURE!r}, or BATCH_US,PIECE_US,GBPS (microseconds a batch, microseconds a piece, GB/s)"
+    figures = split_items(text, option)
+    if len(figures) != 3:
+        raise InvalidArgumentError(f"{takes}; got {text!r}")
+    try:
+        batch, piece, gbps = (float(x) for x in figures)
+    except ValueError:
+        raise InvalidArgumentError(f"{takes}; got {text!r}") from None
+    try:
+        remote_link_model(batch, piece, gbps)
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"{option}: {e.message}") from None
+    return batch, piece, gbps
+
+
+def measure_loopback_link(kv: KVGeometry, n_ctx: int, n_stream: int, piece_bytes: int) -> CopyCostModel:
+    """The remote link measured on the loopback: a server process holding one layer of this geometry
+    (ferry.remote.RemoteTier), its batch, piece and rate fitted (measure_remote_link), as
+    CopyCostModel.from_link makes its model.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Where the transfer engine is missing (naming what to install), or the layer is too small
+        to measure (naming -c).
+    """
+    from ..remote import engine_missing  # the engine is an extra: imported where it is asked for
+    why = engine_missing()
+    if why is not None:
+        raise InvalidArgumentError(f"--remote-link {MEASURE}: no transfer engine ({why}); give the link's figures "
+                                   "BATCH_US,PIECE_US,GBPS instead")
+    from ..remote import RemoteTier, measure_remote_link
+    from ..remote.link import PIECES
+    cache = KVCache(kv.type_kv, kv.type_kv, kv.head_dim, kv.n_head_kv, n_ctx, n_stream, n_layer=1)
+    try:
+        least = 32 * max(PIECES)  # measure_remote_link's least read
+        if cache.k(0).nbytes < least:
+            raise InvalidArgumentError(f"--remote-link {MEASURE}: a layer's K holds {cache.k(0).nbytes} bytes, fewer "
+                                       f"than the {least} the measurement reads: raise -c, or give the link's figures")
+        with RemoteTier(cache) as tier:
+            return CopyCostModel.from_link(measure_remote_link(tier, piece_bytes=max(1, piece_bytes)))
+    finally:
+        cache.close()
 
 
 #: ResidencyModel's groups of options, by field name.
@@ -239,6 +315,13 @@ class ResidencyModel:
             raise InvalidArgumentError(f"--draft must be an integer >= 0, got {p.draft!r}")
         if not 0 <= p.accept <= 1:
             raise InvalidArgumentError(f"--accept must be from 0 to 1, got {p.accept!r}")
+        if p.host_memory is not None and p.remote_link is None:
+            raise InvalidArgumentError("--host-memory acts only with --remote-link: a layer goes remote where the host "
+                                       "memory cannot hold it; give --remote-link, or leave out --host-memory")
+        if p.remote_link is not None and p.remote_link != MEASURE:
+            if not isinstance(p.remote_link, tuple) or len(p.remote_link) != 3:
+                raise InvalidArgumentError(f"--remote-link: {MEASURE!r} or three figures, got {p.remote_link!r}")
+            remote_link_model(*p.remote_link)
         if d.layer_devices is not None and len(d.layer_devices) != self.n_layer:
             raise InvalidArgumentError(f"--layer-devices: {len(d.layer_devices)} items for {self.n_layer} layers: "
                                        "give one per layer")
@@ -372,8 +455,35 @@ class ResidencyModel:
                                   int(_pick(self.planner.reserve, d, 0)), f"device {d}"))
         return out
 
+    def remote_link(self) -> Optional[CopyCostModel]:
+        """The remote link's model (planner.remote_link): from its figures, or measured on the loopback
+        (measure_loopback_link, pieces the size of a full layer's window of K per stream); None without
+        one."""
+        link = self.planner.remote_link
+        if link is None:
+            return None
+        if link == MEASURE:  # pieces of a full layer's window of K in one stream, as its pulls read them
+            kv = self.kv
+            piece = row_size(to_type(kv.type_kv), kv.head_dim * kv.n_head_kv) * min(self.windows.n_kv, self.kv_size)
+            return measure_loopback_link(kv, self.windows.n_ctx, self.windows.n_stream, piece)
+        assert isinstance(link, tuple)
+        return remote_link_model(*link)
+
+    def remote_spec(self, link: Optional[CopyCostModel]) -> Optional[RemoteSpec]:
+        """The remote tier the plans take: link (remote_link()'s) and planner.host_memory, by default
+        this machine's memory (host_memory()); None without a link."""
+        return None if link is None else RemoteSpec(link, self.host_memory())
+
+    def host_memory(self) -> int:
+        """Bytes of host memory the plans may hold: planner.host_memory, or this machine's physical
+        memory (os.sysconf)."""
+        if self.planner.host_memory is not None:
+            return self.planner.host_memory
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+
     def plans(self, strategies: Sequence[str], devices: Sequence[DeviceSpec],
-              layers: Optional[Sequence[LayerCost]] = None) -> List[ResidencyPlan]:
+              layers: Optional[Sequence[LayerCost]] = None,
+              remote_tier: Optional[RemoteSpec] = None) -> List[ResidencyPlan]:
         """Each strategy's plan on the devices.
 
         Parameters
@@ -384,6 +494,9 @@ class ResidencyModel:
             As device_specs() gives them.
         layers : sequence of LayerCost, optional
             Default: layers().
+        remote_tier : RemoteSpec, optional
+            A remote tier and the host memory (remote_spec()): the layers not on the devices are
+            split between host memory and the tier.
 
         Returns
         -------
@@ -393,7 +506,8 @@ class ResidencyModel:
         ------
         PlanDoesNotFitError
             When a device cannot hold its split's window copies, or no layer fits (the message
-            names the device, what it needs and by how much it is short).
+            names the device, what it needs and by how much it is short), or the host memory cannot
+            hold a pull's staging.
 
         Each plan fits as the run's step allocates it (step_memory, a dry run), and its memory
         is what the run holds on each device beside the reserve.
@@ -402,11 +516,14 @@ class ResidencyModel:
         strategies = check_strategies(strategies)
         with self.step_memory() as measure:
             return [choose_residency(s, layers, devices, self.devices.layer_devices, self.planner.prefetch,
-                                     self.planner.max_layers, measure, tokens_per_step=self.n_tok)
+                                     self.planner.max_layers, measure, tokens_per_step=self.n_tok,
+                                     remote_tier=remote_tier)
                     for s in strategies]
 
-    def predict(self, resident: Sequence[bool], devices: Sequence[DeviceSpec]) -> float:
-        """The model's step time for a placement (per layer, resident or not) on the devices, n_tok query
-        tokens per stream."""
+    def predict(self, resident: Sequence[bool], devices: Sequence[DeviceSpec],
+                remote: Optional[Sequence[bool]] = None, remote_tier: Optional[RemoteSpec] = None) -> float:
+        """The model's step time for a placement (per layer, resident or not; remote or not, with a
+        remote tier) on the devices, n_tok query tokens per stream."""
         return predict_step(self.layers(), devices, resident, self.devices.layer_devices,
-                            self.planner.prefetch, tokens_per_step=self.n_tok).step_seconds
+                            self.planner.prefetch, tokens_per_step=self.n_tok, remote=remote,
+                            remote_tier=remote_tier).step_seconds
