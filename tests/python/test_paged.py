@@ -346,6 +346,22 @@ def test_merged_spans_give_the_kv_caches_outputs_and_count_the_gaps_as_crossed(t
     assert crossed_gaps
 
 
+def test_the_merged_gathers_staging_area_is_memory_the_scheduler_holds() -> None:
+    """A merged gather's spans land in a staging area on the device before its runs are placed: the
+    scheduler's memory on the split (buffer_size) holds it beside its buffer, the largest gather's spans
+    (their bytes, the gaps' too), where a batched gather of the same windows holds the buffer alone."""
+    twin = Twin("f32", False, 0.0, seed=5)
+    split = ferry.StandinBackend(link_profile="h100-pcie5", link_gbps=2.0)
+    held = {}
+    for method in ("batched", "merged"):
+        twin.paged.gather = method
+        _, inputs, sched = step(twin.paged, twin, split, "ragged")
+        assert {i.stats.gather for i in inputs} == {to_gather_method(method)}
+        held[method] = (sched.buffer_size(split), max(i.stats.bytes_copied for i in inputs))
+    assert held["merged"][1] > held["batched"][1]  # the gaps cross too
+    assert held["merged"][0] == held["batched"][0] + held["merged"][1]
+
+
 def test_merged_spans_on_the_h100_link_pay_at_adjacency_0_and_leave_long_runs_as_they_were() -> None:
     """The H100 PCIe 5 profile, a pool twice the blocks used (4 sequences of 2,056 cells, 16-cell blocks):
     with 8 KiB blocks at adjacency 0 the plan merges across gaps, predicted at least twice as fast as a
