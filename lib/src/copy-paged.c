@@ -231,7 +231,7 @@ static double method_cost(const ferry_copy_cost_model * m, ferry_gather_method m
 }
 
 /* How much faster than the cheapest other method merged spans must be predicted for auto to take
- * them: 10%, the tolerance the model's predictions are held to on the stand-in's named links (merged
+ * them, where the cost model does not say (its merge_margin, a fit's own error): 10%, the tolerance the model's predictions are held to on the stand-in's named links (merged
  * ran 1.08 to 1.14x its prediction on the H100 profile, batched 1.02 to 1.04x; the H100's small pieces
  * were measured at 5 to 7 GB/s, the profile's floor their middle). A gain inside it is one the model
  * cannot tell from its own error, and merged crosses the gaps' bytes and needs a staging area for it. */
@@ -362,12 +362,13 @@ static ferry_status plan_gather(const ferry_tensor * t, ferry_backend * backend,
                                                     spans};
     ferry_gather_method best = FERRY_GATHER_RUNS;
     *plan = (ferry_paged_plan) {.blocks = runs.blocks, .runs = runs.runs, .bytes = runs.bytes};
+    const double error = model.merge_margin > 0 ? model.merge_margin : FERRY_MERGED_MARGIN; /* the model's own */
     for (int m = FERRY_GATHER_PER_BLOCK; st == FERRY_OK && m < FERRY_GATHER_COUNT; m++) {
         const double cost = m == FERRY_GATHER_RUNS ? runs_cost
                                                    : method_cost(&model, (ferry_gather_method) m, lists[m], runs.bytes);
         plan->method_seconds[m] = offered & (1u << m) ? cost : -1;
         /* merged (the last) must beat the best of the others by more than the model's error */
-        const double margin = m == FERRY_GATHER_MERGED ? 1.0 + FERRY_MERGED_MARGIN : 1.0;
+        const double margin = m == FERRY_GATHER_MERGED ? 1.0 + error : 1.0;
         if (m != FERRY_GATHER_PER_BLOCK && plan->method_seconds[m] >= 0 &&
             plan->method_seconds[m] * margin < plan->method_seconds[best]) {
             best = (ferry_gather_method) m; /* a tie stays with the runs */

@@ -482,14 +482,14 @@ ferry_copy_cost_model ferry_backend_copy_cost_model(const ferry_backend * backen
 
 ferry_status ferry_copy_cost_model_check(const ferry_copy_cost_model * m, const char * what) {
     FERRY_CHECK_ARG(m, "%s: NULL cost model", what);
-    const double figures[10] = {m->call_us,           m->row_ns,   m->gbps,        m->small_row_efficiency,
+    const double figures[11] = {m->call_us,           m->row_ns,   m->gbps,        m->small_row_efficiency,
                                 m->wide_pitch_row_ns, m->piece_ns, m->kernel_gbps, m->piece_floor_gbps,
-                                m->piece_knee_bytes,  m->piece_steepness};
-    static const char * const names[10] = {"call_us",           "row_ns",           "gbps",
+                                m->piece_knee_bytes,  m->piece_steepness, m->merge_margin};
+    static const char * const names[11] = {"call_us",           "row_ns",           "gbps",
                                            "small_row_efficiency", "wide_pitch_row_ns", "piece_ns",
                                            "kernel_gbps",       "piece_floor_gbps", "piece_knee_bytes",
-                                           "piece_steepness"};
-    for (int i = 0; i < 10; i++) {
+                                           "piece_steepness",   "merge_margin"};
+    for (int i = 0; i < 11; i++) {
         if (!(figures[i] >= 0 && figures[i] <= 1e12)) {
             return ferry_fail(FERRY_ERR_INVALID_ARG, "%s: the cost model's %s %g is not a number from 0 to 1e12", what,
                               names[i], figures[i]);

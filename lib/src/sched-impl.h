@@ -93,6 +93,10 @@ struct ferry_sched {
     ahead_copy * ahead; /* by input, with prefetch_next */
     int ahead_part;     /* the part at which the next run's copies are queued; -1 never */
     ferry_sched_stats stats;
+    /* By backend: the largest merged gather's spans a run copied into it (bytes), which land in a
+     * staging area on the device before the runs are placed (the CUDA backend's; on the stand-in,
+     * the area a device would hold): memory held, as its buffer is (ferry_sched_buffer_size). */
+    size_t staging[FERRY_SCHED_MAX_BACKENDS];
     /* The last run's timeline (ferry_sched_trace): room for every part's compute and wait and
      * every input's copy, made at alloc. */
     ferry_sched_span * spans;
@@ -118,6 +122,10 @@ static inline void ferry_sched_add_input_stats(ferry_sched_stats * total, const 
     total->copy_seconds += in->copy_seconds;
     total->predicted_seconds += in->predicted_seconds;
 }
+
+/* An input's copy into backend (a split's, or its copy queue's parent): a merged gather's spans, its
+ * bytes copied, held in the staging area when larger than any before (sched.c). */
+void ferry_sched_note_staging(ferry_sched * s, const ferry_backend * backend, const ferry_copy_stats * in);
 
 /* ---------------------------------------------------------------- prefetching (sched-prefetch.c) */
 

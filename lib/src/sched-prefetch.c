@@ -196,6 +196,7 @@ ferry_status ferry_sched_prefetch_queue(ferry_sched * s, int last, int * next) {
             }
             FERRY_TRY(ferry_event_record(s->events[2 * k + 1], queue));
             ferry_sched_add_input_stats(&s->stats, &in->stats);
+            ferry_sched_note_staging(s, s->splits[pt->split].backend, &in->stats);
             s->stats.prefetched++;
         }
     }

@@ -601,6 +601,7 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
             st = ferry_copy_input(sp->backend, s->policy, in->src, in->copy, &in->stats);
             if (st == FERRY_OK) {
                 ferry_sched_add_input_stats(&s->stats, &in->stats);
+                ferry_sched_note_staging(s, sp->backend, &in->stats);
                 ferry_sched_add_span(s, FERRY_SPAN_COPY, p, k, t0, ferry_now_seconds());
             }
         }
@@ -682,5 +683,11 @@ ferry_status ferry_sched_get_stats(const ferry_sched * s, ferry_sched_stats * ou
 
 size_t ferry_sched_buffer_size(const ferry_sched * s, const ferry_backend * backend) {
     const int b = s && backend ? backend_index(s, backend) : -1;
-    return b >= 0 ? ferry_gallocr_buffer_size(s->galloc, b) : 0;
+    return b >= 0 ? ferry_gallocr_buffer_size(s->galloc, b) + s->staging[b] : 0;
+}
+
+void ferry_sched_note_staging(ferry_sched * s, const ferry_backend * backend, const ferry_copy_stats * in) {
+    const int b = backend_index(s, backend); /* a split's: one of the scheduler's */
+    const size_t staged = in->gather == FERRY_GATHER_MERGED ? (size_t) in->bytes_copied : 0;
+    s->staging[b] = staged > s->staging[b] ? staged : s->staging[b];
 }

@@ -23,7 +23,7 @@ from ._binding import ffi, lib
 from .backend import Backend
 from .copy2d import Copy2D, to_c
 from .errors import InvalidArgumentError, LayoutError, UnsupportedError, check
-from .link import LinkFit, LinkMeasurement
+from .link import LinkFit, LinkMeasurement, PieceCurve
 from .policy import GatherMethod
 from .tensor import Tensor
 from .types import TypeLike, to_type
@@ -192,6 +192,11 @@ def plan_copy(view: Union[Tensor, TypeLike], ne: Optional[Sequence[int]] = None,
 PIECE_CURVE_SLOWER = 0.8
 
 
+def _curve_error(curve: PieceCurve) -> float:
+    """A fitted piece curve's largest relative residual over its points: |C's time - measured| / measured."""
+    return max((abs(curve.seconds(size) - t) / t for size, t in curve.points if t > 0), default=0.0)
+
+
 @dataclass(frozen=True)
 class CopyCostModel:
     """ferry_copy_cost_model: what a copy costs. Each call costs call_us; each row of a 2-D copy
@@ -229,6 +234,10 @@ class CopyCostModel:
         batched copy's every row and a merged span run at piece_floor_gbps when small, rising to
         gbps past piece_knee_bytes, as sharply as piece_steepness says; piece_floor_gbps 0: every
         piece at gbps.
+    merge_margin : float
+        How much faster than every other method a paged window's merged spans must be predicted for
+        the auto gather to take them, as a share (0.05: 5%): the model's own error (from_link: its
+        piece curve's largest relative residual); 0: ferry's 10%.
     """
 
     call_us: float
@@ -244,6 +253,7 @@ class CopyCostModel:
     piece_floor_gbps: float = 0.0
     piece_knee_bytes: float = 0.0
     piece_steepness: float = 0.0
+    merge_margin: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -266,7 +276,7 @@ class CopyCostModel:
         return cls(float(m.call_us), float(m.row_ns), float(m.gbps), int(m.line_bytes), int(m.small_row_bytes),
                    float(m.small_row_efficiency), int(m.wide_pitch_bytes), float(m.wide_pitch_row_ns),
                    float(m.piece_ns), float(m.kernel_gbps), float(m.piece_floor_gbps), float(m.piece_knee_bytes),
-                   float(m.piece_steepness))
+                   float(m.piece_steepness), float(m.merge_margin))
 
     def piece_seconds(self, size: int) -> float:
         """Seconds the bytes of one piece of size bytes take by the model's size curve
@@ -305,7 +315,9 @@ class CopyCostModel:
         was measured to charge. A batched copy's piece is charged a row (as the stand-in's link
         charges it; on CUDA a measure of the batch's own pieces is gpu-check's), the gather
         kernel the bandwidth. A measurement's piece curve (its pieces) prices pieces by size,
-        rising to the fitted bandwidth, where small pieces ran below PIECE_CURVE_SLOWER of it.
+        rising to the fitted bandwidth, where small pieces ran below PIECE_CURVE_SLOWER of it; the
+        merge margin is then the curve's own error, its largest relative residual over the copies
+        it was fitted to (else 0: ferry's 10%).
 
         Parameters
         ----------
@@ -335,7 +347,8 @@ class CopyCostModel:
                    small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0, piece_ns=fit.row_ns,
                    kernel_gbps=0.0, piece_floor_gbps=floor,
                    piece_knee_bytes=curve.knee_bytes if floor > 0 and curve is not None else 0.0,
-                   piece_steepness=curve.steepness if floor > 0 and curve is not None else 0.0)
+                   piece_steepness=curve.steepness if floor > 0 and curve is not None else 0.0,
+                   merge_margin=_curve_error(curve) if floor > 0 and curve is not None else 0.0)
 
     def use_for(self, backend: Backend) -> None:
         """Cost the copies into backend, and into its copy queue, by this model in place of its own

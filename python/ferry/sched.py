@@ -481,8 +481,9 @@ class Scheduler(Closeable):
 
     @holding
     def buffer_size(self, backend: Backend) -> int:
-        """Bytes of compute memory (copies and outputs) the scheduler holds on the Backend backend; 0 for
-        one not its own.
+        """Bytes of compute memory (copies and outputs) the scheduler holds on the Backend backend, with the
+        staging area its merged gathers' spans land in there (the largest gather's spans; on the stand-in the
+        area a device would hold); 0 for one not its own.
         """
         return int(lib.ferry_sched_buffer_size(self._p, _checks.instance(backend, Backend, "buffer_size")._p))
 

@@ -268,6 +268,12 @@ static inline void twin_free(twin * t) {
 
 enum { N_HEAD = 4, NS = N_SEQ - 1, OUT_FLOATS = HEAD_DIM * N_HEAD * NS };
 
+/* What the last run_step's scheduler held on its split (ferry_sched_buffer_size) and the most bytes a
+ * window's merged gather copied there (its spans, the staging area's; 0 with no merged gather). */
+static struct {
+    size_t held, staged;
+} run_step_memory;
+
 /* The step over sequences 1..NS of either cache (paged or not) on split under policy: its outputs,
  * and the bytes its windows copied (the sum over the window inputs; a merged gather's cells read). */
 static inline ferry_status run_step(twin * t, bool paged, bool v_trans, ferry_backend * split, ferry_backend * cpu,
@@ -311,6 +317,8 @@ static inline ferry_status run_step(twin * t, bool paged, bool v_trans, ferry_ba
         st = ferry_tensor_get(outs[l], out + (size_t) l * OUT_FLOATS, 0, OUT_FLOATS * sizeof(float));
     }
     *window_bytes = 0;
+    run_step_memory.held = ferry_sched_buffer_size(sched, split);
+    run_step_memory.staged = 0;
     for (int i = 0; st == FERRY_OK && i < ferry_sched_n_inputs(sched); i++) {
         ferry_sched_input_info in;
         st = ferry_sched_input(sched, i, &in);
@@ -321,6 +329,9 @@ static inline ferry_status run_step(twin * t, bool paged, bool v_trans, ferry_ba
                 st = FERRY_ERR_INVALID_ARG;
             }
             *window_bytes += merged ? in.stats.bytes_read : in.stats.bytes_copied;
+            if (merged && in.stats.bytes_copied > run_step_memory.staged) {
+                run_step_memory.staged = in.stats.bytes_copied;
+            }
         }
     }
     ferry_sched_free(sched);

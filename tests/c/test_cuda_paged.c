@@ -279,11 +279,41 @@ static void test_cuda_attention_same_as_cell_cache(void) {
     ferry_backend_free(cuda);
 }
 
+/* A merged gather's spans land in the backend's staging area before the runs are placed: the
+ * scheduler's memory on the CUDA split holds it beside its buffer (the largest window's spans), where
+ * the same step gathered batched holds the buffer alone. */
+static void test_cuda_merged_staging_is_memory_the_scheduler_holds(void) {
+    need_device();
+    ferry_buffer_type * pinned;
+    CHECK_OK(ferry_cuda_host_buffer_type(&pinned));
+    ferry_backend *cuda, *cpu;
+    CHECK_OK(ferry_cuda_backend_new(0, &cuda));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    const ferry_copy_cost_model curved = curved_model(); /* merged across gaps */
+    CHECK_OK(ferry_backend_set_copy_cost_model(cuda, &curved));
+    twin tw;
+    CHECK_OK(twin_init(&tw, pinned, FERRY_TYPE_F16, FERRY_TYPE_F16, false, 0.0, 41));
+    static float out[N_LAYER * OUT_FLOATS];
+    uint64_t bytes;
+    CHECK_OK(ferry_paged_cache_set_gather(tw.paged, FERRY_GATHER_BATCHED));
+    CHECK_OK(run_step(&tw, true, false, cuda, cpu, FERRY_COPY_RAGGED, false, 0, out, &bytes));
+    const size_t batched = run_step_memory.held;
+    CHECK_EQ_U(run_step_memory.staged, 0);
+    CHECK_OK(ferry_paged_cache_set_gather(tw.paged, FERRY_GATHER_MERGED));
+    CHECK_OK(run_step(&tw, true, false, cuda, cpu, FERRY_COPY_RAGGED, false, 0, out, &bytes));
+    CHECK(run_step_memory.staged >= bytes / (2 * N_LAYER)); /* the largest window's spans: at least its cells */
+    CHECK_EQ_U(run_step_memory.held, batched + run_step_memory.staged);
+    twin_free(&tw);
+    ferry_backend_free(cpu);
+    ferry_backend_free(cuda);
+}
+
 static const check_test tests[] = {
     {"cuda_gathers_move_the_used_cells_by_every_method", test_cuda_gathers_move_the_used_cells_by_every_method},
     {"cuda_kernel_refused_for_a_pageable_pool", test_cuda_kernel_refused_for_a_pageable_pool},
     {"cuda_attention_same_as_cell_cache", test_cuda_attention_same_as_cell_cache},
     {"cuda_gather_takes_a_piece_of_no_rows", test_cuda_gather_takes_a_piece_of_no_rows},
+    {"cuda_merged_staging_is_memory_the_scheduler_holds", test_cuda_merged_staging_is_memory_the_scheduler_holds},
 #ifdef FERRY_FAKE_CUDART
     {"cuda_batched_not_offered_under_an_older_driver", test_cuda_batched_not_offered_under_an_older_driver},
 #endif

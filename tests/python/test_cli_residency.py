@@ -158,7 +158,7 @@ def test_the_links_default_to_the_standins_and_0_is_measured(monkeypatch: pytest
 def test_a_named_link_is_the_plans_link_and_the_bench_standins_link(capsys: pytest.CaptureFixture[str],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """--link-profile on the residency verbs: the planner sees each device at the named link's peak
-    (--link-gbps's where given) and its latency, the plan names it, and residency-bench's stand-ins are
+    (--link-gbps's where given), its latency and its piece curve, the plan names it, and residency-bench's stand-ins are
     that named link, its piece curve too; --latency-us beside it is refused naming both."""
     from ferry.workloads import residency_bench
 
@@ -168,7 +168,9 @@ def test_a_named_link_is_the_plans_link_and_the_bench_standins_link(capsys: pyte
     assert want[2] is not None
     model = ResidencyModel.of(n_devices=2, link_gbps=(2.0,), link_profile="pcie4")
     assert model.links() == (want[0], want[0])
-    assert [s.latency_us for s in model.device_specs([0.0] * model.n_layer)] == [want[1]] * 2
+    specs = model.device_specs([0.0] * model.n_layer)
+    assert [s.latency_us for s in specs] == [want[1]] * 2
+    assert [s.piece_curve for s in specs] == [want[2]] * 2  # the plan prices small pieces as the link does
     args = [*GEOMETRY, "--devices", "2", "--link-profile", "pcie4", "--link-gbps", "2", "--compute-us", "20"]
     out = run(["residency-plan", *args], capsys)
     assert out.count(f"link pcie4 at 2 GB/s, latency {want[1]:g} µs") == 2

@@ -321,7 +321,7 @@ def test_measure_link_fits_a_row_cost() -> None:
                                                     (MIB // 16, 256), (MIB // 16, 2048)]
     assert m.fit.points[0][2] == m.seconds and all(s > 0 for _, _, s in m.fit.points)
     assert m.fit == ferry.link.fit_link(m.fit.points)
-    no_curve = dict(piece_floor_gbps=0.0, piece_knee_bytes=0.0, piece_steepness=0.0)  # what m.pieces adds
+    no_curve = dict(piece_floor_gbps=0.0, piece_knee_bytes=0.0, piece_steepness=0.0, merge_margin=0.0)  # m.pieces
     assert replace(ferry.plan.CopyCostModel.from_link(m), **no_curve) == ferry.plan.CopyCostModel.from_link(m.fit)
     assert ferry.measure_link(dev, nbytes=MIB, repeats=1).fit is None
     with pytest.raises(ferry.InvalidArgumentError, match="without fit"):
@@ -473,3 +473,10 @@ def test_a_measured_piece_curve_prices_the_copy_models_pieces() -> None:
     assert model.piece_seconds(4096) == pytest.approx(m.piece_seconds(4096), rel=1e-5)
     flat = ferry.plan.CopyCostModel.from_link(measured._replace(pieces=pieces._replace(floor_gbps=0.9 * gbps)))
     assert flat.piece_floor_gbps == 0.0 and ferry.plan.CopyCostModel.from_link(fit).piece_floor_gbps == 0.0
+    # the merge margin is the curve's own error: its largest relative residual (a curve that misses a point
+    # by 7% asks merged spans to be predicted 7% faster); no curve, ferry's 10% (0)
+    assert model.merge_margin == max(abs(pieces.seconds(b) - t) / t for b, t in pieces.points) < 0.01
+    off = pieces._replace(points=tuple((b, t * (1.07 if b == PIECE_SIZES[0] else 1.0)) for b, t in pieces.points))
+    assert ferry.plan.CopyCostModel.from_link(measured._replace(pieces=off)).merge_margin == \
+        pytest.approx(0.07 / 1.07, rel=0.05)
+    assert flat.merge_margin == 0.0 == ferry.plan.CopyCostModel.from_link(fit).merge_margin

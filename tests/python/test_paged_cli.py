@@ -158,6 +158,34 @@ def test_the_device_table_prefetching_gives_the_same_outputs_and_counts_its_send
     assert "npl 2 device table+prefetch: 1.000x the device table's bytes; waited " in text
 
 
+def test_the_prefetching_rows_copy_time_is_its_waits_not_the_next_syncs_planning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the pool prefetching, a step's copy time is its wait for the sends it reads; the sync it makes for
+    the next group (planning what to send, queuing it) is the host's: on a clock that moves one second a
+    BlockPool.sync and never else, the prefetch row's copy time is 0 and its host time a second for each sync
+    made inside the timed steps (every one but the loop's first), where the serial row's syncs are copy."""
+    from ferry.block_pool import BlockPool
+    from ferry.workloads import bench as bench_workload
+
+    cfg = BenchConfig.of(n_ctx=1024, npl=(4,), npp=60, ntg=4, n_layer=1, head_dim=32, n_head_kv=1, n_head=2,
+                         policies=("ragged",), device="cpu", repeat=1, rounds=1, paged=True, block_size=4,
+                         adjacency=0.5, shared_prefix=32, device_blocks=1.0, pool_prefetch=True)
+    clock = [0.0]
+    real = BlockPool.sync
+
+    def counted(self: BlockPool, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        clock[0] += 1.0
+
+    monkeypatch.setattr(BlockPool, "sync", counted)
+    monkeypatch.setattr(bench_workload.time, "perf_counter", lambda: clock[0])
+    res = run_bench(cfg)
+    table, ahead = res.row(4, "ragged", gather="device_table"), res.row(4, "ragged", gather="device_table_prefetch")
+    assert ahead.counts.gather_used == "1 group"
+    assert (ahead.times.copy_s, ahead.times.host_s) == (0.0, cfg.sequences.ntg - 1)
+    assert (table.times.copy_s, table.times.host_s) == (cfg.sequences.ntg, 0.0)
+
+
 def test_bench_paged_on_a_named_link_says_it_and_its_peak(capsys: pytest.CaptureFixture[str]) -> None:
     """--link-profile names the stand-in's link in the head line, at its own peak or --link-gbps's; the
     plan's stand-in takes it too, and --latency-us beside it is refused naming both."""

@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 import pytest
 
 import ferry
+from ferry.plan import CopyCostModel
 from ferry.residency import (
     DeviceSpec,
     LayerCost,
@@ -602,3 +603,36 @@ def test_device_from_backend_takes_the_standins_memory_latency_and_measured_link
     spec = ferry.residency.device_from_backend(dev, compute_s=1e-3, reserve=MIB)
     assert spec.memory == 64 * MIB and spec.latency_us == 20 and spec.reserve == MIB
     assert 0 < spec.link_gbps <= 1.0  # measured: never above the link's rate, and as far below as the host is busy
+
+
+def test_a_links_piece_curve_prices_its_windows_by_their_pieces() -> None:
+    """A device whose link has a piece curve (the h100-pcie5 profile's) is charged each window copy as C's
+    curve prices its size: latency + CopyCostModel.piece_seconds(bytes), small pieces near the curve's floor,
+    large ones at the peak, and the plan's predicted copy time changes by that and nothing else."""
+    named = ferry.StandinBackend(link_profile="h100-pcie5")
+    gbps, latency, curve = named.link_gbps, named.latency_us, named.piece_curve
+    named.close()
+    assert gbps is not None and curve is not None
+    costs = CopyCostModel(0.0, 0.0, gbps, 0, 0, 1.0, 0, 0.0, piece_floor_gbps=curve[0],
+                                piece_knee_bytes=curve[1], piece_steepness=curve[2])
+    small, large = (8 << 10,) * 16, (64 * MIB,) * 2  # a paged window's blocks; two long streams
+    for transfers in (small, large):
+        layers = [LayerCost(transfers, MIB)] * 3
+        plain = predict_step(layers, [DeviceSpec(gbps, latency)], [False] * 3)
+        priced = predict_step(layers, [DeviceSpec(gbps, latency, piece_curve=curve)], [False] * 3)
+        want = 3 * sum(latency * 1e-6 + costs.piece_seconds(b) for b in transfers)
+        assert priced.copy_seconds[0] == pytest.approx(want, rel=1e-12)
+        assert plain.copy_seconds[0] == pytest.approx(3 * sum(latency * 1e-6 + b / (gbps * 1e9) for b in transfers),
+                                                      rel=1e-12)
+        assert priced.step_seconds - plain.step_seconds == pytest.approx(priced.copy_seconds[0] - plain.copy_seconds[0])
+    bytes_s = 16 * (8 << 10) / (gbps * 1e9)  # the small pieces' bytes at the peak: the curve charges them more
+    small_layers = [LayerCost(small, MIB)] * 3
+    slow = predict_step(small_layers, [DeviceSpec(gbps, latency, piece_curve=curve)], [False] * 3).copy_seconds[0]
+    assert slow - 3 * 16 * latency * 1e-6 > 2 * 3 * bytes_s  # 8 KiB pieces below half the peak (design.md)
+
+
+@pytest.mark.parametrize("curve", [(1.0, 2.0), (0.0, 4096.0, 2.0), (1.0, -1.0, 2.0), "abc", (1.0, math.inf, 2.0)])
+def test_a_piece_curve_out_of_range_is_refused(curve: object) -> None:
+    """DeviceSpec's piece_curve: three positive finite numbers, else InvalidArgumentError naming it."""
+    with pytest.raises(ferry.InvalidArgumentError, match="piece_curve"):
+        DeviceSpec(8.0, piece_curve=curve)  # type: ignore[arg-type]

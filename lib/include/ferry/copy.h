@@ -137,6 +137,11 @@ typedef struct {
     double piece_floor_gbps;
     double piece_knee_bytes;
     double piece_steepness;
+    /* How much faster than the cheapest other method a paged window's merged spans must be predicted
+     * for the auto gather to take them, as a share (0.05: 5%): the model's own error, as a fit of the
+     * link measures it (CopyCostModel.from_link: its piece curve's largest relative residual). 0:
+     * ferry's 10%, the tolerance the stand-in's named links are held to. */
+    double merge_margin;
 } ferry_copy_cost_model;
 
 FERRY_API ferry_copy_cost_model ferry_copy_cost_model_cpu(void); /* measured on a 2-core AMD EPYC (KVM) */

@@ -185,8 +185,10 @@ FERRY_API ferry_status ferry_sched_drop_ahead(ferry_sched * sched);
  * when copied ahead, a stream outside a window copied ahead's streams.
  */
 FERRY_API ferry_status ferry_sched_truncate(ferry_sched * sched, int64_t stream, int64_t length);
-/* Bytes of compute memory (copies and outputs) the scheduler holds on a backend. The
- * allocator's buffers grow and never shrink: compare options on fresh schedulers. */
+/* Bytes of compute memory (copies and outputs) the scheduler holds on a backend, and the staging
+ * area its merged gathers' spans land in there (the largest gather's spans: the CUDA backend holds
+ * one; the stand-in counts the one a device would). The allocator's buffers grow and never shrink,
+ * nor does the staging area: compare options on fresh schedulers. */
 FERRY_API size_t       ferry_sched_buffer_size(const ferry_sched * sched, const ferry_backend * backend);
 
 #ifdef __cplusplus

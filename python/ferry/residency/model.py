@@ -190,13 +190,18 @@ class DeviceSpec:
         Bytes set aside for what else the device must hold.
     name : str
         What messages call it (default "device <index>").
+    piece_curve : (float, float, float) or None
+        The link's piece curve, (floor_gbps, knee_bytes, steepness) as StandinBackend.piece_curve
+        gives a named link's: a transfer's bytes then cost what C's curve says
+        (CopyCostModel.piece_seconds), a small one at near floor_gbps, rising to link_gbps past
+        knee_bytes. None: every transfer's bytes at link_gbps.
 
     Raises
     ------
     InvalidArgumentError
         For a field of another kind or out of its range (a link_gbps not positive and finite, a
-        negative or non-finite time, a negative or fractional count of bytes, a name not a str),
-        naming it. Numbers are kept as float and counts as int.
+        negative or non-finite time, a negative or fractional count of bytes, a name not a str,
+        a piece curve C refuses), naming it. Numbers are kept as float and counts as int.
     """
 
     link_gbps: float
@@ -205,6 +210,7 @@ class DeviceSpec:
     memory: Optional[int] = None
     reserve: int = 0
     name: str = ""
+    piece_curve: Optional[Tuple[float, float, float]] = None
 
     def __post_init__(self) -> None:
         """Check each figure where it is given: InvalidArgumentError naming the field and what it takes."""
@@ -227,6 +233,25 @@ class DeviceSpec:
         _set(self, "reserve", _byte_count(self.reserve, "DeviceSpec: reserve"))
         if not isinstance(self.name, str):
             raise InvalidArgumentError(f"DeviceSpec: name is a str, got {type(self.name).__name__} {self.name!r}")
+        if self.piece_curve is not None:
+            if isinstance(self.piece_curve, (str, bytes)) or not isinstance(self.piece_curve, Sequence) or \
+                    len(self.piece_curve) != 3:
+                raise InvalidArgumentError("DeviceSpec: piece_curve is None or (floor_gbps, knee_bytes, steepness), "
+                                           f"got {self.piece_curve!r}")
+            _set(self, "piece_curve", tuple(_number(x, f"DeviceSpec: piece_curve[{i}]", "a positive finite number",
+                                                    lambda v: v > 0) for i, x in enumerate(self.piece_curve)))
+            _link_model(self)  # C's bounds on the curve (ferry_copy_cost_model_check)
+
+
+def _link_model(spec: DeviceSpec) -> CopyCostModel:
+    """The cost model of spec's link that prices a transfer's bytes: its bandwidth and its piece curve, if
+    any (a floor at or above the bandwidth is no curve)."""
+    floor, knee, steep = spec.piece_curve if spec.piece_curve is not None else (0.0, 0.0, 0.0)
+    if floor >= spec.link_gbps:
+        floor = knee = steep = 0.0
+    return CopyCostModel(call_us=0.0, row_ns=0.0, gbps=spec.link_gbps, line_bytes=0, small_row_bytes=0,
+                         small_row_efficiency=1.0, wide_pitch_bytes=0, wide_pitch_row_ns=0.0,
+                         piece_floor_gbps=floor, piece_knee_bytes=knee, piece_steepness=steep)
 
 
 @dataclass(frozen=True)
@@ -630,8 +655,8 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
         p.budget.append(None if spec.memory is None else spec.memory - spec.reserve)
     for i, layer in enumerate(layers):
         spec = devices[dev[i]]
-        bps = spec.link_gbps * 1e9
-        p.carry.append([spec.latency_us * 1e-6 + b / bps for b in layer.transfers])
+        link = _link_model(spec)  # each transfer's bytes as C prices them, by its piece curve where it has one
+        p.carry.append([spec.latency_us * 1e-6 + link.piece_seconds(b) for b in layer.transfers])
         c = spec.compute_s if isinstance(spec.compute_s, (int, float)) else spec.compute_s[i]
         if not (c >= 0 and math.isfinite(c)):
             raise InvalidArgumentError(f"residency: layer {i}'s compute time on {p.name(dev[i])} must be >= 0, "
@@ -890,7 +915,8 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     """The model's decode step under a placement: its time and the memory each device holds.
 
     Serial (prefetch 0), a step is the sum over layers of the layer's copies (when it lives in host
-    memory; each transfer latency + bytes / bandwidth on its device's link) and its compute. With
+    memory; each transfer latency + bytes / bandwidth on its device's link, or by its piece curve) and its
+    compute. With
     prefetching, the scheduler's run is simulated: one part per layer, in layer order; as part p
     begins, the copies of parts up to p + prefetch not yet queued are queued on their own device's
     copy queue (so a second device's first windows are queued while the first device computes); a

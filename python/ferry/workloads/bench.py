@@ -1513,7 +1513,8 @@ class _PoolVariant(_Variant):
     that group's step. A repetition is a fresh decode loop: the pool is dropped at its start, so its first
     step sends the prompts' blocks and each after it the new cells. ahead (--pool-prefetch): the pool
     prefetches, each group's sync made before the group before it computes (the next step's first group's
-    under this step's last), the copy time the waits for them."""
+    under this step's last), the copy time the waits for them (the syncs' own planning and queuing on the
+    host is host time, not copy)."""
 
     def __init__(self, cache: _Cache, cpu: Backend, ahead: bool = False) -> None:
         super().__init__(cache, cpu, "ragged", False, 0, DEVICE_TABLE_PREFETCH if ahead else DEVICE_TABLE)
@@ -1639,11 +1640,12 @@ class _PoolVariant(_Variant):
             for (g0, g1), kv_len in zip(self.groups, self.kv_lens):
                 kv_len.set(lengths[g0:g1].astype(np.int32).tobytes())
             t1 = time.perf_counter()
-            copy = compute = 0.0
+            copy = compute = issue = 0.0
             outs: List[List[bytes]] = []
             for graph in self.step_graphs:
                 a = time.perf_counter()
                 pool.wait()  # this group's sends have landed
+                waited = time.perf_counter()
                 if k + 1 < len(order):
                     sync(k + 1)  # the next group's, on the copy queue under this group's compute
                 last = k + 1 == len(order)
@@ -1651,14 +1653,15 @@ class _PoolVariant(_Variant):
                 b = time.perf_counter()
                 self.sched.compute(graph)
                 compute += time.perf_counter() - b
-                copy += b - a
+                copy += waited - a  # the wait alone: the next sync's planning and queuing is the host's
+                issue += b - waited
                 outs.append([o.get() for o in graph.outputs])
                 if last:  # nothing else in flight: the link's time for a group's lengths in, outputs out
                     others = self._modelled() - m0
                 k += 1
             decode = time.perf_counter() - t1
             if timed:
-                for w, sec in (("decode", decode), ("copy", copy), ("compute", compute), ("host", t1 - t0)):
+                for w, sec in (("decode", decode), ("copy", copy), ("compute", compute), ("host", t1 - t0 + issue)):
                     self.floors[w].add(t, sec)
                 self.device_copy[0].add(t, copy)
             for layer in range(cfg.kv.n_layer):  # each layer's rows in sequence order: the dense step's bytes

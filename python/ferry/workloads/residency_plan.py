@@ -405,9 +405,9 @@ class ResidencyModel:
             return self.named_link(d)[0]
         return standin_link(self.devices.link_gbps, d)
 
-    def named_link(self, d: int) -> Tuple[float, float]:
-        """Device d's named link (devices.link_profile) as (peak GB/s, latency µs), as the stand-in makes
-        it (StandinBackend's link_profile, at link_gbps's peak where given).
+    def named_link(self, d: int) -> Tuple[float, float, Optional[Tuple[float, float, float]]]:
+        """Device d's named link (devices.link_profile) as (peak GB/s, latency µs, piece curve), as the
+        stand-in makes it (StandinBackend's link_profile, at link_gbps's peak where given; its piece_curve).
 
         Raises
         ------
@@ -419,7 +419,7 @@ class ResidencyModel:
             raise InvalidArgumentError("ResidencyModel.named_link: the devices have no link_profile")
         dev = StandinBackend(link_gbps=_pick(cfg.link_gbps, d, 0.0) or None, link_profile=cfg.link_profile)
         try:
-            return dev.link_gbps or 0.0, dev.latency_us
+            return dev.link_gbps or 0.0, dev.latency_us, dev.piece_curve
         finally:
             dev.close()
 
@@ -444,15 +444,17 @@ class ResidencyModel:
 
     def device_specs(self, compute: Sequence[float], links: Optional[Sequence[float]] = None) -> List[DeviceSpec]:
         """The devices as the model sees them: compute (per layer, the host's seconds) times each
-        device's slowdown, its link (links, else self.links()), latency, memory and reserve."""
+        device's slowdown, its link (links, else self.links()), latency, memory and reserve, and a named
+        link's piece curve."""
         links = self.links() if links is None else links
         cfg = self.devices
         out = []
         for d in range(cfg.n_devices):
             slow = max(1.0, _pick(cfg.compute_slowdown, d, 1.0))
             memory = int(_pick(cfg.memory, d, 0)) or None
+            curve = self.named_link(d)[2] if cfg.link_profile is not None else None  # small pieces slower
             out.append(DeviceSpec(links[d], self.latency_us(d), tuple(c * slow for c in compute), memory,
-                                  int(_pick(self.planner.reserve, d, 0)), f"device {d}"))
+                                  int(_pick(self.planner.reserve, d, 0)), f"device {d}", curve))
         return out
 
     def remote_link(self) -> Optional[CopyCostModel]:
