@@ -504,7 +504,8 @@ def test_json_keys_keep_their_names_and_order(capsys: pytest.CaptureFixture[str]
     assert code == 0
     rows = json.loads(out)
     for r in rows:
-        own = ["first_step_bytes"] if r["label"] == "paged device table" else []  # its first step's bytes
+        # its first step's bytes, and its syncs' own host time
+        own = ["first_step_bytes", "sync_host_s"] if r["label"] == "paged device table" else []
         assert list(r) == ROW_KEYS + own + (OVERLAP_KEYS if r["overlap"] else []) + GAIN_KEYS
         paged_keys = ["shared_prefix", "device_blocks", "pool_prefetch"] if "--paged" in extra else []  # a paged run's own, after
         assert list(r["config"]) == CONFIG_KEYS + paged_keys and [list(d) for d in r["devices"]] == [DEVICE_KEYS]

@@ -99,6 +99,12 @@ def test_bench_paged_prints_and_writes_its_rows(capsys: pytest.CaptureFixture[st
                  "npl 2 device table: first step 10.2 KiB, then 0.2 KiB a step"):
         assert name in text
     assert "outputs identical across the paged gathers and the cells cache" in text
+    # the syncs' own host time, timed in the run and printed beside the link's prediction, is that row's
+    table = rows[4]
+    assert table["sync_host_s"] > 0 and all("sync_host_s" not in r for r in rows[:4])
+    line = next(ln for ln in text.splitlines() if ln.startswith("npl 2 device table:"))
+    assert re.search(r"copy \d+\.\d\dx its link's prediction, \d+\.\d\dx with its syncs' own host time "
+                     r"\([0-9.]+ .s a step, timed as a sync sending nothing\)", line), line
 
 
 @pytest.mark.parametrize("device_blocks", [1.0, 0.5])
@@ -163,7 +169,8 @@ def test_the_prefetching_rows_copy_time_is_its_waits_not_the_next_syncs_planning
     """With the pool prefetching, a step's copy time is its wait for the sends it reads; the sync it makes for
     the next group (planning what to send, queuing it) is the host's: on a clock that moves one second a
     BlockPool.sync and never else, the prefetch row's copy time is 0 and its host time a second for each sync
-    made inside the timed steps (every one but the loop's first), where the serial row's syncs are copy."""
+    made inside the timed steps (every one but the loop's first), where the serial row's syncs are copy (and
+    its syncs made again, sending nothing, its sync_host_s, apart from the step's time)."""
     from ferry.block_pool import BlockPool
     from ferry.workloads import bench as bench_workload
 
@@ -184,6 +191,8 @@ def test_the_prefetching_rows_copy_time_is_its_waits_not_the_next_syncs_planning
     assert ahead.counts.gather_used == "1 group"
     assert (ahead.times.copy_s, ahead.times.host_s) == (0.0, cfg.sequences.ntg - 1)
     assert (table.times.copy_s, table.times.host_s) == (cfg.sequences.ntg, 0.0)
+    # the serial row times each sync again (sending nothing) for its own host time, outside the step's time
+    assert (table.times.sync_host_s, table.times.decode_s) == (cfg.sequences.ntg, cfg.sequences.ntg)
 
 
 def test_bench_paged_on_a_named_link_says_it_and_its_peak(capsys: pytest.CaptureFixture[str]) -> None:

@@ -190,7 +190,10 @@ def format_paged(res: BenchResult, rep: BenchReport) -> str:
         lines.append(f"npl {npl} device table: first step {fmt_bytes(n.first_step_bytes)}, then "
                      f"{fmt_bytes(later)} a step; {r.counts.bytes_copied / max(dense.counts.bytes_copied, 1):.3f}x "
                      f"the dense gather's bytes; copy {_against(r.times.copy_s, r.times.predicted_copy_s)} its "
-                     "prediction")
+                     "link's prediction, "
+                     f"{_against(r.times.copy_s, r.times.predicted_copy_s + r.times.sync_host_s)} with its syncs' "
+                     f"own host time ({fmt_seconds(r.per_step(r.times.sync_host_s))} a step, timed as a sync "
+                     "sending nothing)")
         ahead = serial.get((npl, bench_workload.DEVICE_TABLE_PREFETCH))
         if ahead is not None:  # its sends made under the group before's compute: what is left exposed
             waited = _against(ahead.times.copy_s, ahead.times.predicted_copy_s)

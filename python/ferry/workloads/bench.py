@@ -517,6 +517,10 @@ class RunTimes:
         Building (when n_kv changed) or reusing each step's graph, and writing its lengths.
     predicted_copy_s : float
         The copies by the split backends' copy cost models (beside copy_s); not a floor, a repetition's sum.
+    sync_host_s : float
+        The device table's row: its pool's syncs' own host time over a repetition, each step's syncs
+        timed again where they send nothing (the walk of the tables and slots that precedes a sync's
+        sends, which the link's model does not price); 0 in the other rows, whose JSON leaves it out.
     """
 
     decode_s: float
@@ -524,6 +528,7 @@ class RunTimes:
     compute_s: float
     host_s: float = 0.0
     predicted_copy_s: float = 0.0
+    sync_host_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -579,7 +584,8 @@ ROW_JSON_KEYS: Tuple[str, ...] = (
     "predicted_copy_s", "copy_calls", "gather", "gather_used", "prefetch_next", "steps_ahead", "overlap",
     "tokens_per_s_end_to_end", "replicas", "tokens_per_s_replicas", "devices", "decode_s_per_step",
     "copy_s_per_step", "compute_s_per_step", "host_s_per_step", "predicted_copy_s_per_step", "copy_calls_per_step",
-    "label", "bytes_copied_per_step", "bytes_read_per_step", "first_step_bytes", "draft", "tokens",
+    "label", "bytes_copied_per_step", "bytes_read_per_step", "first_step_bytes", "sync_host_s", "draft",
+    "tokens",
     "draft_bytes_copied", "bytes_copied_per_token", "chunk")
 #: The keys of a row only a draft run (--draft N) writes, in every row of it.
 DRAFT_ROW_KEYS: Tuple[str, ...] = ("draft", "chunk", "tokens", "draft_bytes_copied", "bytes_copied_per_token")
@@ -791,6 +797,8 @@ class BenchRow:
                  bytes_copied_per_token=self.bytes_per_token)
         if not n.first_step_bytes:  # a device table's row alone has a first step of its own
             del d["first_step_bytes"]
+        if not t.sync_host_s:  # and syncs of its own
+            del d["sync_host_s"]
         return in_order(d, ROW_JSON_KEYS)
 
 
@@ -1339,6 +1347,7 @@ class _Variant:
         self.counts = RunCounts(bytes_copied=0, bytes_read=0)  # the last timed repetition's
         self.device_bytes = DeviceBytes(copied=[0] * n_dev, kv=[0] * n_dev)  # the last timed repetition's, per device
         self.predicted = 0.0  # a repetition's copy time by the cost models
+        self.sync_host_s = 0.0  # the device table's: its syncs' own host time over a repetition, the least
         self.key = RunKey(npl=cache.npl, policy=policy, unified=cache.unified, compact=compact, prefetch=prefetch,
                           prefetch_next=prefetch_next, gather=gather, draft=0 if draft is None else draft.n,
                           chunk=0 if draft is None else draft.chunk)
@@ -1495,7 +1504,7 @@ class _Variant:
         key = self.key
         times = RunTimes(decode_s=self.floors["decode"].total, copy_s=self.floors["copy"].total,
                          compute_s=self.floors["compute"].total, host_s=self.floors["host"].total,
-                         predicted_copy_s=self.predicted)
+                         predicted_copy_s=self.predicted, sync_host_s=self.sync_host_s)
         d = self.draft
         several = None if d is None else SeveralGeometry(
             tokens_per_step=d.n_tok, draft=d.n, windows=tuple(d.n_kv),
@@ -1568,6 +1577,7 @@ class _PoolVariant(_Variant):
         predicted = 0.0
         digest = hashlib.sha256()
         pool.drop_ahead()
+        sync_host = 0.0
         for t in range(cfg.sequences.ntg):
             t0 = time.perf_counter()
             lengths = c.prompts + (t + 1)
@@ -1576,7 +1586,7 @@ class _PoolVariant(_Variant):
             before = pool.stats
             per_group = [lengths[g0:g1].tolist() for g0, g1 in self.groups]
             t1 = time.perf_counter()
-            copy = compute = 0.0
+            copy = compute = aside = 0.0
             outs: List[List[bytes]] = []
             for (g0, g1), graph, group_lengths in zip(self.groups, self.step_graphs, per_group):
                 link0 = self._modelled()
@@ -1585,11 +1595,15 @@ class _PoolVariant(_Variant):
                 split.synchronize()  # the link has carried them: the copy's time
                 b = time.perf_counter()
                 predicted += self._modelled() - link0  # the pool's sends alone, not the lengths' copy
+                copy += b - a
+                if timed:  # the same sync again sends nothing: its time is the walk before any send (not the step's)
+                    pool.sync(g0, g1, group_lengths)
+                    again = time.perf_counter() - b
+                    sync_host, aside, b = sync_host + again, aside + again, b + again
                 self.sched.compute(graph)
                 compute += time.perf_counter() - b
-                copy += b - a
                 outs.append([o.get() for o in graph.outputs])
-            decode = time.perf_counter() - t1
+            decode = time.perf_counter() - t1 - aside
             after = pool.stats
             step_bytes = after.bytes - before.bytes
             if t == 0:
@@ -1610,6 +1624,7 @@ class _PoolVariant(_Variant):
                                     gather_used=f"{len(self.groups)} group{'s' if len(self.groups) > 1 else ''}")
             self.device_bytes = DeviceBytes(copied=[copied], kv=[copied])
             self.predicted = predicted
+            self.sync_host_s = min(self.sync_host_s, sync_host) if self.sync_host_s else sync_host
             self.digests.append(digest.hexdigest())
 
     def _repetition_ahead(self, timed: bool, on_step: Optional[OnStep]) -> None:
@@ -1752,7 +1767,7 @@ def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
                             memory_bytes=max(r.devices[i].memory_bytes for r in rows))
                     for i, d in enumerate(first.devices))
     times = replace(first.times, **{w: statistics.median(getattr(r.times, w) for r in rows)
-                                    for w in ("decode_s", "copy_s", "compute_s", "host_s")})
+                                    for w in ("decode_s", "copy_s", "compute_s", "host_s", "sync_host_s")})
     counts = replace(first.counts, **{n: max(getattr(r.counts, n) for r in rows)
                                       for n in ("split_memory", "ahead_bytes")})
     return replace(first, times=times, counts=counts, devices=devices,
