@@ -377,7 +377,7 @@ PLANS: Dict[str, Callable[..., Any]] = {
     "predict_step": predict_step, "choose_residency": choose_residency, "choose_auto": choose_auto,
     "choose_first": choose_first, "choose_round_robin": choose_round_robin, "choose_slowest_link": choose_slowest_link}
 PLAN_NAMES = {"layers": ("layer",), "devices": ("device",), "layer_device": ("on device",), "strategy": (),
-              "resident": (), "prefetch": (), "max_layers": (), "tokens_per_step": ()}
+              "resident": (), "prefetch": (), "max_layers": (), "tokens_per_step": (), "run_seconds": ()}
 
 
 def plan_base(fn: str) -> Dict[str, Any]:
@@ -387,6 +387,7 @@ def plan_base(fn: str) -> Dict[str, Any]:
                                 tokens_per_step=2.77)
     if fn == "predict_step":
         base["resident"] = [True, False, True]
+        base["run_seconds"] = 2e-5
     else:
         base["max_layers"] = None
     if fn == "choose_residency":
@@ -406,7 +407,7 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
         value = draw(st.one_of(st.lists(items[arg], max_size=4), junk()))
     elif arg == "strategy":
         value = draw(st.one_of(st.sampled_from(["auto", "first", "round-robin", "slowest-link", "AUTO"]), junk()))
-    elif arg == "tokens_per_step":
+    elif arg in ("tokens_per_step", "run_seconds"):
         value = draw(st.one_of(numbers(), junk()))
     else:
         value = draw(st.one_of(st.none(), ints(-2, 4), junk()))
@@ -421,6 +422,7 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
 @example(("choose_residency", "strategy", []))
 @example(("predict_step", "tokens_per_step", 0.5))
 @example(("choose_auto", "tokens_per_step", float("inf")))
+@example(("predict_step", "run_seconds", -1e-6))
 def test_each_plan_and_prediction_of_any_argument_is_finite_or_refused_naming_it(case: Tuple[str, str, Any]) -> None:
     """Each plan and prediction of three layers on two devices, one argument changed: a plan or a
     prediction, or a refusal naming the argument (a plan that does not fit names the device)."""
@@ -432,6 +434,7 @@ def test_each_plan_and_prediction_of_any_argument_is_finite_or_refused_naming_it
     pred = result if fn == "predict_step" else result.prediction
     assert math.isfinite(pred.step_seconds) and pred.step_seconds >= 0
     assert pred.tokens_per_step == float(args["tokens_per_step"])
+    assert pred.run_seconds == float(args.get("run_seconds", 0.0))
     assert len(pred.memory) == len(args["devices"])
 
 

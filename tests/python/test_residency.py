@@ -251,6 +251,30 @@ def test_a_copy_serves_every_token_of_a_step_and_attention_grows_with_them() -> 
     assert predict_step(layers3, two, [True] * 3, None, 0, tokens_per_step=4).step_seconds == pytest.approx(24.0)
 
 
+def test_a_steps_scheduler_run_pays_its_fixed_cost_once() -> None:
+    """run_seconds, the host's fixed cost of the step's one scheduler run, is added once to the step,
+    whatever its layers, tokens, prefetching or devices: three layers copying 2 s and computing 2 s a
+    token, 3 tokens: 24 s serially, 20 s prefetching (as above), each plus 0.5 s."""
+    layers3 = [LayerCost((10**9, 10**9), 1)] * 3
+    dev = DeviceSpec(1.0, 0.0, 2.0)
+    for prefetch, step in ((0, 24.0), (1, 20.0)):
+        pred = predict_step(layers3, [dev], [False] * 3, None, prefetch, tokens_per_step=3, run_seconds=0.5)
+        assert pred.step_seconds == pytest.approx(step + 0.5) and pred.run_seconds == 0.5
+        assert pred.copy_seconds == (6.0,) and pred.compute_seconds == pytest.approx(18.0)  # neither holds it
+    two = [DeviceSpec(1.0, 0.0, 1.0), DeviceSpec(1.0, 0.0, 1.0)]
+    assert predict_step(layers3, two, [True] * 3, run_seconds=0.25).step_seconds == pytest.approx(3.25)
+    assert predict_step(layers3, [dev], [True] * 3).run_seconds == 0.0  # left out unless given
+
+
+@pytest.mark.parametrize("run, message", [
+    (-1e-6, "got -1e-06"), (float("nan"), "got nan"), (float("inf"), "got inf"), (True, "got True"), ("0", "got '0'"),
+])
+def test_run_seconds_is_refused_naming_it(run: object, message: str) -> None:
+    with pytest.raises(ferry.InvalidArgumentError,
+                       match=r"predict_step: run_seconds is a finite number of seconds >= 0, " + message):
+        predict_step([FULL], [DeviceSpec(1.0)], [False], run_seconds=run)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("tokens, message", [
     (0.5, "got 0.5"), (0, "got 0"), (float("nan"), "got nan"), (float("inf"), "got inf"), (True, "got True"),
     ("2", "got '2'"), (None, "got None"),

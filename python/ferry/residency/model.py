@@ -226,6 +226,9 @@ class StepPrediction:
     tokens_per_step : float
         Query tokens each stream brings to the step (predict_step's): one copy of each window
         serves them all, and compute_seconds is for all of them.
+    run_seconds : float
+        The host's fixed cost of the step's scheduler run (predict_step's run_seconds), in
+        step_seconds.
     """
 
     step_seconds: float
@@ -237,6 +240,7 @@ class StepPrediction:
     input_bytes: Tuple[int, ...] = ()
     measured: bool = False
     tokens_per_step: float = 1.0
+    run_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -611,23 +615,24 @@ def _fits(p: _Problem, host: Sequence[bool]) -> bool:
     return all(b is None or r + w + i <= b for b, r, w, i in zip(p.budget, resident, buffers, inputs))
 
 
-def _prediction(p: _Problem, host: Sequence[bool]) -> StepPrediction:
+def _prediction(p: _Problem, host: Sequence[bool], run_seconds: float = 0.0) -> StepPrediction:
     resident, buffers, inputs = _memory(p, host)
     copy = [0.0] * len(p.devices)
     for i, h in enumerate(host):
         if h:
             copy[p.dev[i]] += sum(p.carry[i])
     return StepPrediction(
-        step_seconds=_step_time(p, host),
+        step_seconds=_step_time(p, host) + run_seconds,
         memory=tuple(r + w + i + s.reserve for r, w, i, s in zip(resident, buffers, inputs, p.devices)),
         resident_bytes=tuple(resident), window_bytes=tuple(buffers), copy_seconds=tuple(copy),
         compute_seconds=sum(p.compute), input_bytes=tuple(inputs), measured=p.measure is not None,
-        tokens_per_step=p.tokens_per_step)
+        tokens_per_step=p.tokens_per_step, run_seconds=run_seconds)
 
 
 def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], resident: Sequence[bool],
                  layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
-                 measure: Optional[MeasureMemory] = None, tokens_per_step: float = 1.0) -> StepPrediction:
+                 measure: Optional[MeasureMemory] = None, tokens_per_step: float = 1.0,
+                 run_seconds: float = 0.0) -> StepPrediction:
     """The model's decode step under a placement: its time and the memory each device holds.
 
     Serial (prefetch 0), a step is the sum over layers of the layer's copies (when it lives in host
@@ -647,6 +652,11 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     whole window but for the few cells the causal rule keeps from it, so the time is linear in
     the tokens). The memory figures are the layers' own: their query and output bytes as
     layers_from_geometry gives them for that many tokens.
+
+    Each step is one scheduler run, and the host pays a fixed cost for it beyond its copies and
+    compute (run_seconds: walking its splits, launching their computes, copying the lengths): small
+    beside a step of milliseconds, but a draft's verification and its N draft steps are N + 1 runs,
+    each paying it, at steps of a fraction of a millisecond.
 
     Memory per device: its resident layers' K and V (each rounded up to the device's alignment, as the
     cache places them), the scheduler's buffer, the step's own tensors on it (queries, lengths) and
@@ -673,6 +683,9 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     tokens_per_step : float, optional
         Query tokens each stream brings to the step (>= 1; a mean over steps of several sizes is
         fine, the time being linear in it); 1: a decode step.
+    run_seconds : float, optional
+        The host's fixed cost of the step's scheduler run, added once to the step (>= 0; e.g. a
+        one-token step's measured time beyond its copies and compute); 0: left out.
 
     Returns
     -------
@@ -681,13 +694,15 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     Raises
     ------
     InvalidArgumentError
-        For inconsistent lengths, indices or figures, or tokens_per_step below 1.
+        For inconsistent lengths, indices or figures, tokens_per_step below 1, or run_seconds not a
+        finite number >= 0.
     """
     p = _problem(layers, devices, layer_device, prefetch, measure=measure, tokens_per_step=tokens_per_step)
+    run = _number(run_seconds, "predict_step: run_seconds", "a finite number of seconds >= 0", lambda x: x >= 0)
     resident = _sequence(resident, "resident", "bool")
     if len(resident) != len(p.layers):
         raise InvalidArgumentError(f"predict_step: {len(resident)} entries in resident for {len(p.layers)} layers")
-    return _prediction(p, [not bool(r) for r in resident])
+    return _prediction(p, [not bool(r) for r in resident], run)
 
 
 # ---------------------------------------------------------------- refusals

@@ -619,10 +619,20 @@ class SeveralPrediction:
     draft_s : float
         Of step_s, the draft steps' (each predict_step of the draft's layers, resident: one token, no copy).
     accepted_per_step : float
-        Tokens a step is predicted to keep per sequence: expected_accepted_tokens(N, P) for a draft (the
-        measured rate counts the seeded draws' realised tokens instead), the chunk for a chunk.
+        Tokens the row's steps kept per sequence, as its seeded draws accepted them (the measured rate's
+        own: the prediction is of the same run; the chunk for a chunk).
     tokens_per_s : float
-        npl * accepted_per_step / step_s.
+        npl * accepted_per_step / step_s: the row's tok/s by the model, beside the measured.
+    expected_accepted_per_step : float
+        Tokens a step keeps per sequence in expectation: expected_accepted_tokens(N, P) for a draft (the
+        chunk for a chunk).
+    expected_tokens_per_s : float
+        npl * expected_accepted_per_step / step_s: what the model expects of a draft of N at P, whatever
+        the seed drew.
+    run_s : float
+        The host's fixed cost of a scheduler run the prediction took (predict_step's run_seconds): the
+        single-token row's decode time a step beyond its copies and compute; a step of a draft row pays it
+        N + 1 times (its verification and each draft step are a run each).
     compute_s : float
         The one-token compute figure of a layer the prediction took: the single-token row's compute per
         step over its layers (predict_step scales it by the tokens a step brings).
@@ -637,6 +647,9 @@ class SeveralPrediction:
     tokens_per_s: float
     compute_s: float
     link_gbps: float
+    expected_accepted_per_step: float = 0.0
+    expected_tokens_per_s: float = 0.0
+    run_s: float = 0.0
 
 
 def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps: Optional[float] = None,
@@ -644,8 +657,10 @@ def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps
     """The cost model's step time and tokens/s for a draft or chunk row, as it ran (row.several): each
     step's predict_step(layers_from_geometry at that step's window, every target layer in host memory,
     tokens_per_step=N + 1 or the chunk), plus N draft steps' predict_step over the draft's layers
-    (resident on the split device, one token each), over expected_accepted_tokens(N, P) kept tokens a
-    sequence (a chunk keeps all its tokens). The copies are layers_from_geometry's: each stream's whole
+    (resident on the split device, one token each), each of those runs paying the host's fixed cost of a
+    run (run_seconds: the single row's decode time a step beyond its copies and compute). Tokens/s are
+    over the tokens the row's own draws kept (the measured rate's), and beside them over
+    expected_accepted_tokens(N, P) (a chunk keeps all its tokens). The copies are layers_from_geometry's: each stream's whole
     window of n_kv cells, as ranges copies it; under ragged, which copies each stream's own cells, that
     is an upper bound (by the padding, and by each stream's cells short of the longest's).
 
@@ -656,7 +671,8 @@ def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps
     row : BenchRow
         The draft or chunk row.
     single : BenchRow
-        Its variant's single-token row: its compute per step over the layers is a layer's one-token figure.
+        Its variant's single-token row: its compute per step over the layers is a layer's one-token figure,
+        and its decode time a step beyond its copies and compute a run's fixed cost.
     link_gbps : float, optional
         The split's modelled link (the stand-in's); None: the single row's measured copy bandwidth.
     latency_us : float, optional
@@ -673,6 +689,8 @@ def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps
         return None
     g, q, npl = cfg.kv, cfg.sequences, row.key.npl
     per_layer = single.per_step(single.times.compute_s) / g.n_layer
+    t = single.times  # one run a step: what its wall time holds beyond its copies and compute (none if overlapped)
+    run_s = max(0.0, single.per_step(t.decode_s - t.copy_s - t.compute_s))
     link = link_gbps or single.copy_bandwidth / 1e9 or 1.0
     device = [DeviceSpec(link, latency_us, per_layer)]
     figures: Dict[Tuple[int, int, int], List[Any]] = {}
@@ -686,15 +704,21 @@ def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps
 
     n_tok = geo.tokens_per_step
     verify = [predict_step(layers(n_kv, g.n_layer, n_tok), device, [False] * g.n_layer, prefetch=row.key.prefetch,
-                           tokens_per_step=n_tok).step_seconds for n_kv in geo.windows]
-    drafts = [sum(predict_step(layers(n_kv, DRAFT_LAYERS, 1), device, [True] * DRAFT_LAYERS).step_seconds
+                           tokens_per_step=n_tok, run_seconds=run_s).step_seconds for n_kv in geo.windows]
+    drafts = [sum(predict_step(layers(n_kv, DRAFT_LAYERS, 1), device, [True] * DRAFT_LAYERS,
+                               run_seconds=run_s).step_seconds
                   for n_kv in step) for step in geo.draft_windows]
     draft_s = sum(drafts) / len(geo.windows)
     step_s = sum(verify) / len(geo.windows) + draft_s
-    accepted = expected_accepted_tokens(geo.draft, q.accept) if geo.draft else float(n_tok)
-    return SeveralPrediction(step_s=step_s, draft_s=draft_s, accepted_per_step=accepted,
-                             tokens_per_s=npl * accepted / step_s if step_s > 0 else math.inf, compute_s=per_layer,
-                             link_gbps=link)
+    kept = row.tokens / row.ntg / npl  # the seeded draws' own: the measured rate's tokens
+    expected = expected_accepted_tokens(geo.draft, q.accept) if geo.draft else float(n_tok)
+
+    def rate(tokens: float) -> float:
+        return npl * tokens / step_s if step_s > 0 else math.inf
+
+    return SeveralPrediction(step_s=step_s, draft_s=draft_s, accepted_per_step=kept, tokens_per_s=rate(kept),
+                             compute_s=per_layer, link_gbps=link, expected_accepted_per_step=expected,
+                             expected_tokens_per_s=rate(expected), run_s=run_s)
 
 
 @dataclass(frozen=True)
@@ -901,11 +925,12 @@ class ReportRow:
             d.update(bytes_per_token_over_single=self.bytes_over_single,
                      tokens_per_s_over_single=self.speedup_over_single)
         p = self.predicted
-        if p is not None:  # measured: the seeded draws' accepted tokens; predicted: the expected ones
-            d.update(accepted_per_step=r.tokens / r.ntg / k.npl, predicted_accepted_per_step=p.accepted_per_step,
+        if p is not None:  # predicted: at the seeded draws' accepted tokens, as measured; expected: at E(N, P)
+            d.update(accepted_per_step=r.tokens / r.ntg / k.npl, expected_accepted_per_step=p.expected_accepted_per_step,
                      predicted_step_s=p.step_s, predicted_draft_s=p.draft_s, predicted_tokens_per_s=p.tokens_per_s,
                      tokens_per_s_over_predicted=r.tokens_per_s / p.tokens_per_s if p.tokens_per_s > 0 else None,
-                     predicted_compute_s=p.compute_s, predicted_link_gbps=p.link_gbps)
+                     expected_tokens_per_s=p.expected_tokens_per_s, predicted_compute_s=p.compute_s,
+                     predicted_run_s=p.run_s, predicted_link_gbps=p.link_gbps)
         return d
 
 
