@@ -39,6 +39,7 @@ from ferry.residency import (
     choose_round_robin,
     choose_slowest_link,
     expected_accepted_tokens,
+    measure_token_share,
     predict_step,
 )
 
@@ -452,7 +453,7 @@ def test_expected_accepted_tokens_of_any_draft_and_acceptance_is_in_range_or_ref
         assert isinstance(got, float) and 1.0 - 1e-12 <= got <= int(draft) + 1 + 1e-12
 
 
-SPEC_FIELDS = ["link_gbps", "latency_us", "compute_s", "memory", "reserve", "name"]
+SPEC_FIELDS = ["link_gbps", "latency_us", "compute_s", "memory", "reserve", "name", "token_share"]
 COST_FIELDS = ["transfers", "resident_bytes", "staging_bytes"]
 
 
@@ -493,6 +494,20 @@ def test_a_device_spec_or_layer_cost_is_one_predict_step_takes_or_refused_naming
         return
     pred = predict_step(layers, [spec], [False] * len(layers))  # what was made, the model takes
     assert pred.step_seconds >= 0  # not NaN; a link of 5e-324 GB/s takes forever (inf), honestly
+
+
+@settings(max_examples=12 * SCALE, **SETTINGS)
+@given(st.one_of(ints(-2, 40), numbers(), junk()))
+@example(1)
+@example(3)
+@example(33)  # past the window's 32 cells
+def test_measure_token_share_of_any_token_count_is_a_share_or_refused_naming_it(n_tok: Any) -> None:
+    """A token share measured on the CPU at a small geometry for any n_tok: a finite number >= 0, or a
+    refusal naming n_tok."""
+    got, _ = outcome(lambda: measure_token_share(ferry.CPUBackend(), n_tok, head_dim=8, n_head_kv=1, n_head=2,
+                                                 n_ctx=32, n_layer=1, runs=1), ("n_tok",))
+    if got is not None:
+        assert isinstance(got, float) and math.isfinite(got) and got >= 0
 
 
 # ---------------------------------------------------------------- StandinBackend and measure_link

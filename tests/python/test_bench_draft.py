@@ -173,6 +173,7 @@ def test_a_draft_rows_predicted_copy_time_is_its_schedulers_predictions_summed(
 
     monkeypatch.setattr(ferry.Scheduler, "compute", recorded)
     monkeypatch.setattr(bench_workload, "balanced_orders", lambda n: [list(range(n))])  # the draft row last
+    monkeypatch.setattr(bench_workload, "measure_token_share", lambda *a, **kw: 1.0)  # its computes after the row's
     cfg = tiny(npl=(2,), policies=("ragged",), ntg=2, draft=2, unified=False)
     res = bench.run_bench(cfg)
     steps = cfg.sequences.ntg * (cfg.sequences.draft + 1)  # computes a repetition of the draft row makes
@@ -189,7 +190,8 @@ def test_a_several_token_rows_printed_prediction_is_predict_steps_at_the_windows
     """The prediction a draft (chunk) row prints, in its table and in --json, is predict_step's
     (tokens_per_step N + 1, or the chunk) at the windows its verifications ran, every target layer in host
     memory, plus predict_step's for its draft steps' windows (the draft's layer resident), each run with the
-    single row's fixed cost of a run (its decode a step beyond its copies and compute), over the tokens the
+    single row's fixed cost of a run (its decode a step beyond its copies and compute), each further token
+    of a verification adding the split's measured token_share of a one-token attention, over the tokens the
     row's own draws kept (the measured rate's: a chunk, its tokens), and beside it over the expected accepted
     tokens; its compute figure the single row's compute a step and layer, its link the stand-in's. The
     windows are those the row's graphs were asked for (StepGraph.get)."""
@@ -215,7 +217,9 @@ def test_a_several_token_rows_printed_prediction_is_predict_steps_at_the_windows
     assert d["predicted_compute_s"] == single["compute_s_per_step"] / g.n_layer and d["predicted_link_gbps"] == 8.0
     run_s = max(0.0, single["decode_s_per_step"] - single["copy_s_per_step"] - single["compute_s_per_step"])
     assert d["predicted_run_s"] == pytest.approx(run_s, rel=1e-9, abs=1e-15) and run_s > 0
-    device = [ferry.residency.DeviceSpec(8.0, 0.0, d["predicted_compute_s"])]
+    share = d["predicted_token_share"]  # measured on the split (measure_token_share): taken as given
+    assert share >= 0 and (q.draft + 1 if q.draft else q.chunk) > 1
+    device = [ferry.residency.DeviceSpec(8.0, 0.0, d["predicted_compute_s"], token_share=share)]
 
     def predicted(n_kv: int, n_layer: int, tokens: int, resident: bool) -> float:
         layers = ferry.residency.layers_from_geometry(g.type_kv, g.type_kv, g.head_dim, g.n_head_kv, q.n_ctx, 2, n_kv,

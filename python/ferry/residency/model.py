@@ -156,6 +156,12 @@ class DeviceSpec:
         Bytes set aside for what else the device must hold.
     name : str
         What messages call it (default "device <index>").
+    token_share : float
+        The part of a layer's one-token attention (compute_s) that each further query token of a
+        step adds: a step of T tokens takes compute_s * (1 + (T - 1) * token_share). 1: each token
+        costs a one-token step's whole (a kernel that reads the window again for each token); less
+        where the tokens share work (the CPU kernel converts each K and V row once for every query of
+        the step), as measure_token_share finds it.
 
     Raises
     ------
@@ -171,6 +177,7 @@ class DeviceSpec:
     memory: Optional[int] = None
     reserve: int = 0
     name: str = ""
+    token_share: float = 1.0
 
     def __post_init__(self) -> None:
         """Check each figure where it is given: InvalidArgumentError naming the field and what it takes."""
@@ -193,6 +200,8 @@ class DeviceSpec:
         _set(self, "reserve", _byte_count(self.reserve, "DeviceSpec: reserve"))
         if not isinstance(self.name, str):
             raise InvalidArgumentError(f"DeviceSpec: name is a str, got {type(self.name).__name__} {self.name!r}")
+        _set(self, "token_share", _number(self.token_share, "DeviceSpec: token_share",
+                                          "a finite number >= 0 (of a one-token step's attention)", lambda x: x >= 0))
 
 
 @dataclass(frozen=True)
@@ -491,9 +500,10 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
         if not (c >= 0 and math.isfinite(c)):
             raise InvalidArgumentError(f"residency: layer {i}'s compute time on {p.name(dev[i])} must be >= 0, "
                                        f"got {c}")
-        # attention's figure is a one-token step's; each query token reads its whole window (token t
-        # of n reads len - n + t + 1 cells, within n of the window), so n tokens take n times as long
-        p.compute.append(float(c) * tokens)
+        # attention's figure is a one-token step's; each further query token reads its whole window
+        # again (token t of n reads len - n + t + 1 cells, within n of the window) and adds the part
+        # of the figure the step's tokens do not share (token_share: 1, n tokens take n times as long)
+        p.compute.append(float(c) * (1.0 + (tokens - 1.0) * spec.token_share))
     return p
 
 
@@ -647,11 +657,12 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
 
     Several query tokens per stream (tokens_per_step: a verification of a draft of N tokens brings
     N + 1, a prefill chunk its length): the step copies each window once for all of them, so the
-    copies are as for one token, and each layer's attention takes tokens_per_step times its
-    compute figure (the figure is a one-token step's, measure_compute's; each token reads its
-    whole window but for the few cells the causal rule keeps from it, so the time is linear in
-    the tokens). The memory figures are the layers' own: their query and output bytes as
-    layers_from_geometry gives them for that many tokens.
+    copies are as for one token, and each layer's attention takes its compute figure (a one-token
+    step's, measure_compute's) and, for each further token, the device's token_share of it (each
+    token reads its whole window but for the few cells the causal rule keeps from it, so the time
+    is linear in the tokens; 1, the default, tokens_per_step times the figure). The memory
+    figures are the layers' own: their query and output bytes as layers_from_geometry gives them
+    for that many tokens.
 
     Each step is one scheduler run, and the host pays a fixed cost for it beyond its copies and
     compute (run_seconds: walking its splits, launching their computes, copying the lengths): small
