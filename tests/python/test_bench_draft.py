@@ -189,9 +189,11 @@ def test_a_several_token_rows_printed_prediction_is_predict_steps_at_the_windows
         monkeypatch: pytest.MonkeyPatch, several: Dict[str, float]) -> None:
     """The prediction a draft (chunk) row prints, in its table and in --json, is predict_step's
     (tokens_per_step N + 1, or the chunk) at the windows its verifications ran, every target layer in host
-    memory, plus predict_step's for its draft steps' windows (the draft's layer resident), each run with the
-    single row's fixed cost of a run (its decode a step beyond its copies and compute), each further token
-    of a verification adding the split's measured token_share of a one-token attention, over the tokens the
+    memory (serially: its computes, its copies the stand-in's model at the copies the row made, each stream's
+    own cells under ragged), plus predict_step's for its draft steps' windows (the draft's layer resident),
+    each run with the single row's fixed cost of a run (its decode a step beyond its copies and compute),
+    each further token of a verification adding the split's measured token_share of a one-token attention,
+    over the tokens the
     row's own draws kept (the measured rate's: a chunk, its tokens), and beside it over the expected accepted
     tokens; its compute figure the single row's compute a step and layer, its link the stand-in's. The
     windows are those the row's graphs were asked for (StepGraph.get)."""
@@ -227,8 +229,11 @@ def test_a_several_token_rows_printed_prediction_is_predict_steps_at_the_windows
         return ferry.residency.predict_step(layers, device, [resident] * n_layer, tokens_per_step=tokens,
                                             run_seconds=run_s).step_seconds
 
+    # serially: the computes by predict_step, the copies by the stand-in's model at the copies the row made
     step_s = sum(predicted(n_kv, bench_workload.DRAFT_LAYERS, 1, True) if drafting else
-                 predicted(n_kv, g.n_layer, n_tok, False) for drafting, n_kv in steps) / q.ntg
+                 predicted(n_kv, g.n_layer, n_tok, True) for drafting, n_kv in steps) / q.ntg
+    step_s += d["predicted_copy_s_per_step"]
+    assert d["predicted_copy_s_per_step"] > 0
     expected = ferry.residency.expected_accepted_tokens(q.draft, q.accept) if q.draft else q.chunk
     kept = d["tokens"] / q.ntg / 2  # the measured rate's: the draws' own
     assert d["accepted_per_step"] == kept and (q.chunk or kept != pytest.approx(expected))  # the draws are not E

@@ -669,9 +669,11 @@ def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps
     (resident on the split device, one token each), each of those runs paying the host's fixed cost of a
     run (run_seconds: the single row's decode time a step beyond its copies and compute). Tokens/s are
     over the tokens the row's own draws kept (the measured rate's), and beside them over
-    expected_accepted_tokens(N, P) (a chunk keeps all its tokens). The copies are layers_from_geometry's:
-    each stream's whole window of n_kv cells, as ranges copies it; under ragged, which copies each stream's
-    own cells, that is an upper bound (by the padding, and by each stream's cells short of the longest's).
+    expected_accepted_tokens(N, P) (a chunk keeps all its tokens). A serial row's copies are the split's
+    modelled link at the copies the row made (RunTimes.predicted_copy_s: under ragged each stream's own
+    cells), its computes predict_step's; a prefetching row's copies, or a row without a modelled link,
+    are layers_from_geometry's: each stream's whole window of n_kv cells, as ranges copies it (under
+    ragged an upper bound, by the padding and by each stream's cells short of the longest's).
 
     Parameters
     ----------
@@ -712,13 +714,18 @@ def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps
         return figures[n_kv, n_layer, n_new]
 
     n_tok = geo.tokens_per_step
-    verify = [predict_step(layers(n_kv, g.n_layer, n_tok), device, [False] * g.n_layer, prefetch=row.key.prefetch,
+    # Serially a step is its copies and then its computes: the copies are the split's cost model at the
+    # copies the row made (each stream's own cells under ragged, not the padded windows); prefetching, the
+    # copies overlap the computes and predict_step simulates both, at the padded windows.
+    serial = row.key.prefetch == 0 and link_gbps is not None
+    copies = row.per_step(row.times.predicted_copy_s) if serial else 0.0
+    verify = [predict_step(layers(n_kv, g.n_layer, n_tok), device, [serial] * g.n_layer, prefetch=row.key.prefetch,
                            tokens_per_step=n_tok, run_seconds=run_s).step_seconds for n_kv in geo.windows]
     drafts = [sum(predict_step(layers(n_kv, DRAFT_LAYERS, 1), device, [True] * DRAFT_LAYERS,
                                run_seconds=run_s).step_seconds
                   for n_kv in step) for step in geo.draft_windows]
     draft_s = sum(drafts) / len(geo.windows)
-    step_s = sum(verify) / len(geo.windows) + draft_s
+    step_s = sum(verify) / len(geo.windows) + draft_s + copies
     kept = row.tokens / row.ntg / npl  # the seeded draws' own: the measured rate's tokens
     expected = expected_accepted_tokens(geo.draft, q.accept) if geo.draft else float(n_tok)
 
