@@ -41,6 +41,7 @@ from ferry.residency import (
     choose_round_robin,
     choose_slowest_link,
     expected_accepted_tokens,
+    measure_token_share,
     predict_step,
     remote_link_model,
 )
@@ -380,7 +381,7 @@ PLANS: Dict[str, Callable[..., Any]] = {
     "predict_step": predict_step, "choose_residency": choose_residency, "choose_auto": choose_auto,
     "choose_first": choose_first, "choose_round_robin": choose_round_robin, "choose_slowest_link": choose_slowest_link}
 PLAN_NAMES = {"layers": ("layer",), "devices": ("device",), "layer_device": ("on device",), "strategy": (),
-              "resident": (), "prefetch": (), "max_layers": (), "tokens_per_step": (), "remote": (),
+              "resident": (), "prefetch": (), "max_layers": (), "tokens_per_step": (), "remote": (), "run_seconds": (),
               "remote_tier": ("host memory",)}
 
 
@@ -394,6 +395,7 @@ def plan_base(fn: str) -> Dict[str, Any]:
     if fn == "predict_step":
         base["resident"] = [True, False, True]
         base["remote"] = [False, True, False]
+        base["run_seconds"] = 2e-5
     else:
         base["max_layers"] = None
     if fn == "choose_residency":
@@ -414,7 +416,7 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
         value = draw(st.one_of(st.lists(items[arg], max_size=4), junk()))
     elif arg == "strategy":
         value = draw(st.one_of(st.sampled_from(["auto", "first", "round-robin", "slowest-link", "AUTO"]), junk()))
-    elif arg == "tokens_per_step":
+    elif arg in ("tokens_per_step", "run_seconds"):
         value = draw(st.one_of(numbers(), junk()))
     elif arg == "remote_tier":
         value = draw(st.one_of(st.builds(lambda m: RemoteSpec(remote_link_model(150.0, 12.0, 2.0), host_memory=m),
@@ -434,6 +436,7 @@ def plan_change(draw: st.DrawFn) -> Tuple[str, str, Any]:
 @example(("choose_auto", "tokens_per_step", float("inf")))
 @example(("predict_step", "remote", [True, False, False]))  # both resident and remote
 @example(("choose_first", "remote_tier", None))
+@example(("predict_step", "run_seconds", -1e-6))
 def test_each_plan_and_prediction_of_any_argument_is_finite_or_refused_naming_it(case: Tuple[str, str, Any]) -> None:
     """Each plan and prediction of three layers on two devices, one argument changed: a plan or a
     prediction, or a refusal naming the argument (a plan that does not fit names the device)."""
@@ -445,6 +448,7 @@ def test_each_plan_and_prediction_of_any_argument_is_finite_or_refused_naming_it
     pred = result if fn == "predict_step" else result.prediction
     assert math.isfinite(pred.step_seconds) and pred.step_seconds >= 0
     assert pred.tokens_per_step == float(args["tokens_per_step"])
+    assert pred.run_seconds == float(args.get("run_seconds", 0.0))
     assert len(pred.memory) == len(args["devices"])
 
 
@@ -484,7 +488,7 @@ def test_a_remote_spec_or_link_of_any_figure_prices_a_pull_or_is_refused_naming_
     assert math.isfinite(pred.pull_seconds) and pred.pull_seconds > 0 and pred.remote_pieces == 1
 
 
-SPEC_FIELDS = ["link_gbps", "latency_us", "compute_s", "memory", "reserve", "name"]
+SPEC_FIELDS = ["link_gbps", "latency_us", "compute_s", "memory", "reserve", "name", "token_share"]
 COST_FIELDS = ["transfers", "resident_bytes", "staging_bytes", "pieces"]
 
 
@@ -529,6 +533,20 @@ def test_a_device_spec_or_layer_cost_is_one_predict_step_takes_or_refused_naming
         return
     pred = predict_step(layers, [spec], [False] * len(layers))  # what was made, the model takes
     assert pred.step_seconds >= 0  # not NaN; a link of 5e-324 GB/s takes forever (inf), honestly
+
+
+@settings(max_examples=12 * SCALE, **SETTINGS)
+@given(st.one_of(ints(-2, 40), numbers(), junk()))
+@example(1)
+@example(3)
+@example(33)  # past the window's 32 cells
+def test_measure_token_share_of_any_token_count_is_a_share_or_refused_naming_it(n_tok: Any) -> None:
+    """A token share measured on the CPU at a small geometry for any n_tok: a finite number >= 0, or a
+    refusal naming n_tok."""
+    got, _ = outcome(lambda: measure_token_share(ferry.CPUBackend(), n_tok, head_dim=8, n_head_kv=1, n_head=2,
+                                                 n_ctx=32, n_layer=1, runs=1), ("n_tok",))
+    if got is not None:
+        assert isinstance(got, float) and math.isfinite(got) and got >= 0
 
 
 # ---------------------------------------------------------------- StandinBackend and measure_link

@@ -173,6 +173,7 @@ def test_a_draft_rows_predicted_copy_time_is_its_schedulers_predictions_summed(
 
     monkeypatch.setattr(ferry.Scheduler, "compute", recorded)
     monkeypatch.setattr(bench_workload, "balanced_orders", lambda n: [list(range(n))])  # the draft row last
+    monkeypatch.setattr(bench_workload, "measure_token_share", lambda *a, **kw: 1.0)  # its computes after the row's
     cfg = tiny(npl=(2,), policies=("ragged",), ntg=2, draft=2, unified=False)
     res = bench.run_bench(cfg)
     steps = cfg.sequences.ntg * (cfg.sequences.draft + 1)  # computes a repetition of the draft row makes
@@ -188,9 +189,14 @@ def test_a_several_token_rows_printed_prediction_is_predict_steps_at_the_windows
         monkeypatch: pytest.MonkeyPatch, several: Dict[str, float]) -> None:
     """The prediction a draft (chunk) row prints, in its table and in --json, is predict_step's
     (tokens_per_step N + 1, or the chunk) at the windows its verifications ran, every target layer in host
-    memory, plus predict_step's for its draft steps' windows (the draft's layer resident), over the expected
-    accepted tokens (a chunk: its tokens); its compute figure the single row's compute a step and layer, its
-    link the stand-in's. The windows are those the row's graphs were asked for (StepGraph.get)."""
+    memory (serially: its computes, its copies the stand-in's model at the copies the row made, each stream's
+    own cells under ragged), plus predict_step's for its draft steps' windows (the draft's layer resident),
+    each run with the single row's fixed cost of a run (its decode a step beyond its copies and compute),
+    each further token of a verification adding the split's measured token_share of a one-token attention,
+    over the tokens the
+    row's own draws kept (the measured rate's: a chunk, its tokens), and beside it over the expected accepted
+    tokens; its compute figure the single row's compute a step and layer, its link the stand-in's. The
+    windows are those the row's graphs were asked for (StepGraph.get)."""
     ran: List[Tuple[bool, int]] = []
     real_get = ferry.StepGraph.get
 
@@ -211,22 +217,34 @@ def test_a_several_token_rows_printed_prediction_is_predict_steps_at_the_windows
     steps = ran[-q.ntg * (q.draft + 1):]  # the last repetition's graphs: per step its draft steps, then the step
     assert [drafting for drafting, _ in steps] == ([True] * q.draft + [False]) * q.ntg
     assert d["predicted_compute_s"] == single["compute_s_per_step"] / g.n_layer and d["predicted_link_gbps"] == 8.0
-    device = [ferry.residency.DeviceSpec(8.0, 0.0, d["predicted_compute_s"])]
+    run_s = max(0.0, single["decode_s_per_step"] - single["copy_s_per_step"] - single["compute_s_per_step"])
+    assert d["predicted_run_s"] == pytest.approx(run_s, rel=1e-9, abs=1e-15) and run_s > 0
+    share = d["predicted_token_share"]  # measured on the split (measure_token_share): taken as given
+    assert share >= 0 and (q.draft + 1 if q.draft else q.chunk) > 1
+    device = [ferry.residency.DeviceSpec(8.0, 0.0, d["predicted_compute_s"], token_share=share)]
 
     def predicted(n_kv: int, n_layer: int, tokens: int, resident: bool) -> float:
         layers = ferry.residency.layers_from_geometry(g.type_kv, g.type_kv, g.head_dim, g.n_head_kv, q.n_ctx, 2, n_kv,
                                                       [None] * n_layer, n_new=tokens, n_head=g.n_head)
-        return ferry.residency.predict_step(layers, device, [resident] * n_layer,
-                                            tokens_per_step=tokens).step_seconds
+        return ferry.residency.predict_step(layers, device, [resident] * n_layer, tokens_per_step=tokens,
+                                            run_seconds=run_s).step_seconds
 
+    # serially: the computes by predict_step, the copies by the stand-in's model at the copies the row made
     step_s = sum(predicted(n_kv, bench_workload.DRAFT_LAYERS, 1, True) if drafting else
-                 predicted(n_kv, g.n_layer, n_tok, False) for drafting, n_kv in steps) / q.ntg
-    accepted = ferry.residency.expected_accepted_tokens(q.draft, q.accept) if q.draft else q.chunk
-    assert d["predicted_step_s"] == pytest.approx(step_s, rel=1e-12)
-    assert d["predicted_accepted_per_step"] == pytest.approx(accepted, rel=1e-12)
-    assert d["predicted_tokens_per_s"] == pytest.approx(2 * accepted / step_s, rel=1e-12)
-    assert d["accepted_per_step"] == d["tokens"] / q.ntg / 2  # the measured rate's: the draws' own
+                 predicted(n_kv, g.n_layer, n_tok, True) for drafting, n_kv in steps) / q.ntg
+    step_s += d["predicted_copy_s_per_step"]
+    assert d["predicted_copy_s_per_step"] > 0
+    expected = ferry.residency.expected_accepted_tokens(q.draft, q.accept) if q.draft else q.chunk
+    kept = d["tokens"] / q.ntg / 2  # the measured rate's: the draws' own
+    assert d["accepted_per_step"] == kept and (q.chunk or kept != pytest.approx(expected))  # the draws are not E
+    assert d["predicted_step_s"] == pytest.approx(step_s, rel=1e-9)
+    assert d["expected_accepted_per_step"] == pytest.approx(expected, rel=1e-12)
+    assert d["predicted_tokens_per_s"] == pytest.approx(2 * kept / step_s, rel=1e-9)
+    assert d["expected_tokens_per_s"] == pytest.approx(2 * expected / step_s, rel=1e-9)
+    assert d["tokens_per_s_over_predicted"] == pytest.approx(d["tokens_per_s"] / d["predicted_tokens_per_s"])
     text = bench.format_result(res).splitlines()
     head = next(i for i, ln in enumerate(text) if ln.split()[:6] == ["npl", "policy", "tok/s", "single", "x",
                                                                        "predicted"])
-    assert text[head + 1].split()[5] == fmt_tps_digits(d["predicted_tokens_per_s"])
+    cells = text[head + 1].split()
+    assert cells[5] == fmt_tps_digits(d["predicted_tokens_per_s"]) and text[head].split()[8] == "expected"
+    assert cells[7] == f"{kept:.2f}" and cells[8] == fmt_tps_digits(d["expected_tokens_per_s"])

@@ -11,12 +11,13 @@ import json
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
 import ferry
 import ferry.errors as ferry_errors
+import ferry.workloads.residency_plan as residency_plan_workload
 from conftest import refused
 from ferry.cli import main
 from ferry.residency import DeviceSpec, choose_residency, expected_accepted_tokens, layers_from_geometry, predict_step
@@ -312,6 +313,26 @@ def test_plan_residency_json_with_a_draft_is_one_tokens_plan_and_the_librarys_dr
     # the queries and outputs of five tokens take more of each device than one token's
     assert all(d5["memory"] > d1["memory"] for p1, p5 in zip(both[:4], both[4:])
                for d1, d5 in zip(p1["devices"], p5["devices"]) if d1["resident_layers"] == d5["resident_layers"])
+
+
+def test_a_drafts_plan_takes_the_hosts_measured_token_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """residency-plan --draft N's devices (ResidencyModel.device_specs) take the host's token_share,
+    measured (measure_token_share, N + 1 tokens, over the first layer's window on a stand-in) where the
+    compute is measured; 1 (the linear model, nothing measured) without a draft or with --compute-us."""
+    calls: List[Tuple[Any, ...]] = []
+
+    def share(backend: Any, n_tok: int, *geometry: Any) -> float:
+        calls.append((type(backend).__name__, n_tok, *geometry))
+        return 0.5
+
+    monkeypatch.setattr(residency_plan_workload, "measure_token_share", share)
+    geometry = dict(head_dim=32, n_head_kv=2, n_head=2, n_ctx=256, n_stream=2, n_kv=64, layer_windows=(None,) * 2)
+    model = ResidencyModel.of(**geometry, draft=4)
+    assert [d.token_share for d in model.device_specs([1e-4] * 2, [1.0])] == [0.5]
+    assert calls == [("StandinBackend", 5, "f16", "f16", 32, 2, 2, 128, 2, 64)]
+    for other in (ResidencyModel.of(**geometry), ResidencyModel.of(**geometry, draft=4, compute_us=20.0)):
+        assert [d.token_share for d in other.device_specs([1e-4] * 2, [1.0])] == [1.0]
+    assert len(calls) == 1
 
 
 def test_bench_residency_runs_the_drafts_plan_beside_its_prediction(capsys: pytest.CaptureFixture[str]) -> None:

@@ -440,7 +440,7 @@ def test_report_puts_draft_and_chunk_rows_beside_their_single_rows_and_predictio
         assert line == (f"| {'draft 2' if r['draft'] else 'chunk 3'} | 2 | ragged | {r['tokens_per_s']:.1f} | "
                         f"{single['tokens_per_s']:.1f} | {r['tokens_per_s_over_single']:.2f} | "
                         f"{r['bytes_per_token_over_single']:.3f} | {r['accepted_per_step']:.2f} "
-                        f"({r['predicted_accepted_per_step']:.2f}) | {r['predicted_tokens_per_s']:.1f} | "
+                        f"({r['expected_accepted_per_step']:.2f}) | {r['predicted_tokens_per_s']:.1f} | "
                         f"{r['tokens_per_s_over_predicted']:.2f} |")
 
 

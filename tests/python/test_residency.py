@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -250,6 +250,86 @@ def test_a_copy_serves_every_token_of_a_step_and_attention_grows_with_them() -> 
     # per layer figures too, on two devices: each layer's own figure times the tokens
     two = [DeviceSpec(1.0, 0.0, (1.0, 2.0, 3.0)), DeviceSpec(1.0, 0.0, (1.0, 2.0, 3.0))]
     assert predict_step(layers3, two, [True] * 3, None, 0, tokens_per_step=4).step_seconds == pytest.approx(24.0)
+
+
+def test_each_further_token_adds_the_devices_token_share_of_a_one_token_attention() -> None:
+    """A device whose tokens share work (token_share 0.5): a step of 3 tokens computes 2 s a layer
+    * (1 + 2 * 0.5) = 4 s, not 6; copies as for one token. Serially 3 layers: 6 + 12 s. Per-layer
+    figures and a mean token count alike; token_share 1 (the default) is the linear model, 0 a step
+    whatever its tokens."""
+    layers3 = [LayerCost((10**9, 10**9), 1)] * 3
+    half = DeviceSpec(1.0, 0.0, 2.0, token_share=0.5)
+    pred = predict_step(layers3, [half], [False] * 3, None, 0, tokens_per_step=3)
+    assert pred.step_seconds == pytest.approx(18.0) and pred.compute_seconds == pytest.approx(12.0)
+    assert pred.copy_seconds == (6.0,)
+    assert predict_step(layers3, [half], [False] * 3, tokens_per_step=1).compute_seconds == pytest.approx(6.0)
+    assert predict_step(layers3, [half], [True] * 3, tokens_per_step=2.5).compute_seconds == pytest.approx(10.5)
+    per_layer = DeviceSpec(1.0, 0.0, (1.0, 2.0, 3.0), token_share=0.25)
+    assert predict_step(layers3, [per_layer], [True] * 3, tokens_per_step=5).step_seconds == pytest.approx(12.0)
+    assert DeviceSpec(1.0, 0.0, 2.0).token_share == 1.0
+    assert predict_step(layers3, [DeviceSpec(1.0, 0.0, 2.0, token_share=0)], [True] * 3,
+                        tokens_per_step=9).step_seconds == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("share, message", [
+    (-0.1, "got -0.1"), (float("nan"), "got nan"), (float("inf"), "got inf"), (True, "got True"), ("1", "got '1'"),
+])
+def test_token_share_is_refused_naming_it(share: object, message: str) -> None:
+    with pytest.raises(ferry.InvalidArgumentError, match=r"DeviceSpec: token_share is a finite number >= 0 \(of a "
+                                                         r"one-token step's attention\), " + message):
+        DeviceSpec(1.0, token_share=share)  # type: ignore[arg-type]
+
+
+def test_measure_compute_times_several_tokens_and_the_share_is_their_growth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """measure_compute(n_tok=) times a step of n_tok query tokens a stream (the CPU's kernel, its
+    outputs of that shape); measure_token_share is (T_n / T_1 - 1) / (n_tok - 1) of the fastest of
+    each (here of stubbed times: 1 ms and 3.4 ms at 5 tokens give 0.6), at least 0."""
+    shapes: List[Tuple[int, ...]] = []
+    real = ferry.residency.measure.attention_step
+
+    def step(sched: Any, backend: Any, windows: Any, q: Any, kv_len: Any, *a: Any) -> Any:
+        shapes.append(tuple(q[0].ne))
+        return real(sched, backend, windows, q, kv_len, *a)
+
+    monkeypatch.setattr(ferry.residency.measure, "attention_step", step)
+    got = ferry.residency.measure_compute(ferry.CPUBackend(), head_dim=8, n_head_kv=1, n_head=2, n_ctx=64,
+                                          n_stream=2, n_layer=1, runs=1, n_tok=5)
+    assert got > 0 and shapes == [(8, 2, 5, 2)]
+    for bad in (0, 33, 1.5, True):
+        with pytest.raises(ferry.InvalidArgumentError, match="measure_compute: n_tok is the query tokens per stream"):
+            ferry.residency.measure_compute(ferry.CPUBackend(), n_ctx=32, n_tok=bad)  # type: ignore[arg-type]
+    times = {1: [1.2e-3, 1e-3], 5: [3.4e-3, 3.5e-3]}
+    monkeypatch.setattr(ferry.residency.measure, "measure_compute",
+                        lambda backend, *a, n_tok=1, **kw: times[n_tok].pop(0))
+    assert ferry.residency.measure_token_share(ferry.CPUBackend(), 5) == pytest.approx(0.6)
+    times = {1: [1e-3, 1e-3], 5: [0.9e-3, 0.9e-3]}  # faster with more tokens: no share, not a negative one
+    assert ferry.residency.measure_token_share(ferry.CPUBackend(), 5) == 0.0
+    with pytest.raises(ferry.InvalidArgumentError, match="measure_token_share: n_tok"):
+        ferry.residency.measure_token_share(ferry.CPUBackend(), 1)
+
+
+def test_a_steps_scheduler_run_pays_its_fixed_cost_once() -> None:
+    """run_seconds, the host's fixed cost of the step's one scheduler run, is added once to the step,
+    whatever its layers, tokens, prefetching or devices: three layers copying 2 s and computing 2 s a
+    token, 3 tokens: 24 s serially, 20 s prefetching (as above), each plus 0.5 s."""
+    layers3 = [LayerCost((10**9, 10**9), 1)] * 3
+    dev = DeviceSpec(1.0, 0.0, 2.0)
+    for prefetch, step in ((0, 24.0), (1, 20.0)):
+        pred = predict_step(layers3, [dev], [False] * 3, None, prefetch, tokens_per_step=3, run_seconds=0.5)
+        assert pred.step_seconds == pytest.approx(step + 0.5) and pred.run_seconds == 0.5
+        assert pred.copy_seconds == (6.0,) and pred.compute_seconds == pytest.approx(18.0)  # neither holds it
+    two = [DeviceSpec(1.0, 0.0, 1.0), DeviceSpec(1.0, 0.0, 1.0)]
+    assert predict_step(layers3, two, [True] * 3, run_seconds=0.25).step_seconds == pytest.approx(3.25)
+    assert predict_step(layers3, [dev], [True] * 3).run_seconds == 0.0  # left out unless given
+
+
+@pytest.mark.parametrize("run, message", [
+    (-1e-6, "got -1e-06"), (float("nan"), "got nan"), (float("inf"), "got inf"), (True, "got True"), ("0", "got '0'"),
+])
+def test_run_seconds_is_refused_naming_it(run: object, message: str) -> None:
+    with pytest.raises(ferry.InvalidArgumentError,
+                       match=r"predict_step: run_seconds is a finite number of seconds >= 0, " + message):
+        predict_step([FULL], [DeviceSpec(1.0)], [False], run_seconds=run)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("tokens, message", [

@@ -22,6 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* V rows a query's sums take in one pass (the kernel below spells out four) */
+#define V_BLOCK 4
+
 /* f16 bits to f32, inline because it runs once per K/V element: the exponent field
  * moves up by 13 bits and a multiply by 2^112 rebiases it (subnormals come out right
  * too); all-ones exponents (inf, NaN) get the f32 all-ones exponent. */
@@ -229,8 +232,8 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
         FERRY_TRY(ferry_attn_check_lengths(dst, "attn_decode"));
     }
 
-    /* scratch: the queries, their sums, one K/V row, scores then probabilities, a V channel, 1/sums */
-    const size_t n_floats = (size_t) (n_q * d) * 2 + (size_t) d + (size_t) (n_q * n_kv) +
+    /* scratch: the queries, their sums, V_BLOCK K/V rows, scores then probabilities, a V channel, 1/sums */
+    const size_t n_floats = (size_t) (n_q * d) * 2 + (size_t) (V_BLOCK * d) + (size_t) (n_q * n_kv) +
                             (size_t) (n_kv > d ? n_kv : d) + (size_t) n_q;
     float * scratch = ferry_malloc(n_floats * sizeof(float));
     if (!scratch) {
@@ -239,7 +242,7 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
     float * qf = scratch;
     float * acc = qf + n_q * d;
     float * row = acc + n_q * d;
-    float * p = row + d;
+    float * p = row + V_BLOCK * d;
     float * chan = p + n_q * n_kv;
     float * inv_sum = chan + (n_kv > d ? n_kv : d);
 
@@ -279,7 +282,28 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
                     inv_sum[qi] = 1.0f / sum;
                 }
                 if (!v_trans) {
-                    for (int64_t j = 0; j < len; j++) {
+                    /* The cells every query reads (0..first), V_BLOCK at a time: each query still adds
+                     * them cell by cell in order (the same bytes), reading and writing its sums once
+                     * per block rather than once per cell. */
+                    int64_t j = 0;
+                    for (; j + V_BLOCK <= first + 1; j += V_BLOCK) {
+                        for (int b = 0; b < V_BLOCK; b++) {
+                            load_row(v->type, v_row(c, j + b, hk, s), v->nb[0], d, row + b * d);
+                        }
+                        for (int64_t qi = 0; qi < n_q; qi++) {
+                            const float * pq = p + qi * len + j;
+                            const float p0 = pq[0], p1 = pq[1], p2 = pq[2], p3 = pq[3];
+                            const float * r0 = row;
+                            const float * r1 = row + d;
+                            const float * r2 = row + 2 * d;
+                            const float * r3 = row + 3 * d;
+                            float * aq = acc + qi * d;
+                            for (int64_t i = 0; i < d; i++) {
+                                aq[i] = (((aq[i] + p0 * r0[i]) + p1 * r1[i]) + p2 * r2[i]) + p3 * r3[i];
+                            }
+                        }
+                    }
+                    for (; j < len; j++) {
                         load_row(v->type, v_row(c, j, hk, s), v->nb[0], d, row);
                         for (int64_t qi = (j > first ? j - first : 0) * group; qi < n_q; qi++) {
                             const float pj = p[qi * len + j];

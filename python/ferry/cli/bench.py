@@ -319,16 +319,19 @@ def format_draft(res: BenchResult, rep: BenchReport, wide: bool = False) -> List
                  f"with chance {q.accept:g} (its predecessors accepted), in one step of {q.draft + 1} tokens over "
                  "the host windows; the rejected cells rolled back (Scheduler.truncate). tok/s and bytes/token "
                  "count accepted tokens; draft KV = the draft's windows' bytes copied (its KV on the device: 0); "
-                 f"predicted: the cost model's tok/s (predict_step, tokens_per_step {q.draft + 1}, the draft steps "
-                 "beside, the single row's compute a layer) over the expected accepted tokens, "
-                 f"{expected_accepted_tokens(q.draft, q.accept):.2f} a step (tok/step: the seeded draws' own)"]
+                 f"predicted: the cost model's tok/s of the same run (predict_step, tokens_per_step {q.draft + 1}: "
+                 "the single row's compute a layer, each further token adding the split's measured token share of "
+                 "it; the draft steps beside; each run paying the single row's fixed cost of a run) over the "
+                 "tokens its seeded draws kept (tok/step); expected: the same step over the expected accepted "
+                 f"tokens, {expected_accepted_tokens(q.draft, q.accept):.2f} a step"]
     else:
         prose = [f"chunk: prefill in steps of {q.chunk} tokens a sequence over the host windows, each window "
                  "copied once a step for all of them; tok/s and bytes/token count every token; predicted: the cost "
-                 f"model's tok/s (predict_step, tokens_per_step {q.chunk}, the single row's compute a layer)"]
+                 f"model's tok/s (predict_step, tokens_per_step {q.chunk}: the single row's compute a layer, each "
+                 "further token adding the split's measured token share of it, and its fixed cost of a run)"]
     lines = [w for line in prose for w in _prose(line, wide)]
-    head = ["npl", "policy", "tok/s", "single", "x", "predicted", "x", "tok/step", "copied/step", "per token",
-            "single", "x", "draft KV"]
+    head = ["npl", "policy", "tok/s", "single", "x", "predicted", "x", "tok/step", "expected", "copied/step",
+            "per token", "single", "x", "draft KV"]
     body = []
     for f in rep.rows:
         s = f.single
@@ -339,7 +342,8 @@ def format_draft(res: BenchResult, rep: BenchReport, wide: bool = False) -> List
                      fmt_tps_digits(r.tokens_per_s), fmt_tps_digits(s.tokens_per_s), f"{f.speedup_over_single:.2f}",
                      "-" if p is None else fmt_tps_digits(p.tokens_per_s),
                      "-" if p is None or not p.tokens_per_s else f"{r.tokens_per_s / p.tokens_per_s:.2f}",
-                     f"{r.tokens / r.ntg / k.npl:.2f}", fmt_bytes(r.per_step(r.counts.bytes_copied)),
+                     f"{r.tokens / r.ntg / k.npl:.2f}", "-" if p is None else fmt_tps_digits(p.expected_tokens_per_s),
+                     fmt_bytes(r.per_step(r.counts.bytes_copied)),
                      fmt_bytes(r.bytes_per_token), fmt_bytes(s.bytes_per_token),
                      "-" if f.bytes_over_single is None else f"{f.bytes_over_single:.2f}",
                      fmt_bytes(r.counts.draft_bytes_copied)])

@@ -76,7 +76,7 @@ def describe_remote(m: ResidencyModel, link: Optional[CopyCostModel]) -> List[st
 
 
 def _describe_devices(m: ResidencyModel, links: Sequence[float]) -> List[str]:
-    specs = m.device_specs([0.0] * m.n_layer, links)
+    specs = m.device_specs([0.0] * m.n_layer, links, token_share=1.0)  # described, not predicted: not measured
     slowdown = m.devices.compute_slowdown
     out = []
     for d, s in enumerate(specs):

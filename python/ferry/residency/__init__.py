@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional, Sequence
 
 from ..errors import InvalidArgumentError
-from .measure import StepMemory, device_from_backend, layers_from_geometry, measure_compute
+from .measure import StepMemory, device_from_backend, layers_from_geometry, measure_compute, measure_token_share
 from .model import (
     DeviceSpec,
     LayerCost,
@@ -40,7 +40,8 @@ from .rules import choose_first, choose_round_robin, choose_slowest_link, link_g
 __all__ = [
     "LayerCost", "DeviceSpec", "StepPrediction", "ResidencyPlan", "PlanDoesNotFitError", "STRATEGIES",
     "predict_step", "choose_residency", "choose_auto", "choose_first", "choose_round_robin", "choose_slowest_link",
-    "link_groups", "layers_from_geometry", "device_from_backend", "measure_compute", "MeasureMemory", "StepMemory",
+    "link_groups", "layers_from_geometry", "device_from_backend", "measure_compute", "measure_token_share",
+    "MeasureMemory", "StepMemory",
     "expected_accepted_tokens", "RemoteSpec", "remote_link_model",
 ]
 

@@ -265,7 +265,7 @@ class StepMemory:
 
 def measure_compute(backend: Backend, type_k: str = "f16", type_v: str = "f16", head_dim: int = 128,
                     n_head_kv: int = 8, n_head: int = 32, n_ctx: int = 8192, n_stream: int = 1,
-                    n_kv: Optional[int] = None, n_layer: int = 4, runs: int = 3) -> float:
+                    n_kv: Optional[int] = None, n_layer: int = 4, runs: int = 3, n_tok: int = 1) -> float:
     """Seconds one layer's decode attention takes on a backend, measured once: a step of n_layer
     device-resident layers holding random values, the fastest of runs, divided by n_layer.
 
@@ -276,14 +276,25 @@ def measure_compute(backend: Backend, type_k: str = "f16", type_v: str = "f16", 
     type_k, type_v, head_dim, n_head_kv, n_head, n_ctx, n_stream : optional
         The geometry; n_kv defaults to n_ctx // n_stream.
     n_layer, runs : int, optional
+    n_tok : int, optional
+        Query tokens per stream (1: a decode step; a draft's verification N + 1), the last n_tok of
+        each stream's n_kv cells theirs.
 
     Returns
     -------
     float
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a backend not a Backend, or an n_tok not an integer from 1 to n_kv.
     """
     if not isinstance(backend, Backend):
         raise InvalidArgumentError(f"measure_compute: backend is not a Backend but {type(backend).__name__}")
     n_kv = n_ctx // n_stream if n_kv is None else n_kv
+    if isinstance(n_tok, bool) or not isinstance(n_tok, int) or not 1 <= n_tok <= n_kv:
+        raise InvalidArgumentError(f"measure_compute: n_tok is the query tokens per stream, an integer from 1 to "
+                                   f"n_kv ({n_kv}), got {n_tok!r}")
     kv = KVCache(type_k, type_v, head_dim, n_head_kv, n_ctx, n_stream, n_layer=n_layer, backend=backend)
     # values written, not fresh memory: untouched pages all read as one zero page, from cache,
     # and attention over them runs about twice as fast as over a cache that holds data
@@ -291,7 +302,7 @@ def measure_compute(backend: Backend, type_k: str = "f16", type_v: str = "f16", 
     for layer in range(n_layer):
         for t, type_ in ((kv.k(layer), type_k), (kv.v(layer), type_v)):
             t.set(quantize(rng.uniform(-1, 1, int(np.prod(t.ne))).astype(np.float32), type_).tobytes())
-    q = [Tensor.from_numpy(backend, np.zeros((n_stream, 1, n_head, head_dim), np.float32), name=f"q{i}")
+    q = [Tensor.from_numpy(backend, np.zeros((n_stream, n_tok, n_head, head_dim), np.float32), name=f"q{i}")
          for i in range(n_layer)]
     kv_len = Tensor.from_numpy(backend, np.full(n_stream, n_kv, np.int32), name="kv_len")
     sched = Scheduler([backend])
@@ -305,6 +316,44 @@ def measure_compute(backend: Backend, type_k: str = "f16", type_v: str = "f16", 
     finally:
         sched.close()
         kv.close()
+
+
+def measure_token_share(backend: Backend, n_tok: int, type_k: str = "f16", type_v: str = "f16",
+                        head_dim: int = 128, n_head_kv: int = 8, n_head: int = 32, n_ctx: int = 8192,
+                        n_stream: int = 1, n_kv: Optional[int] = None, n_layer: int = 2, runs: int = 5) -> float:
+    """The part of a layer's one-token attention that each further query token of a step adds on a
+    backend (DeviceSpec.token_share): measure_compute at n_tok tokens and at 1, taking turns (each the
+    fastest of its runs, so a busy host's slow runs fall out of both), (T_n / T_1 - 1) / (n_tok - 1).
+
+    Parameters
+    ----------
+    backend : Backend
+    n_tok : int
+        Query tokens per stream of the steps to predict (>= 2: one gives no share to measure).
+    type_k, type_v, head_dim, n_head_kv, n_head, n_ctx, n_stream, n_kv, n_layer, runs : optional
+        As measure_compute's.
+
+    Returns
+    -------
+    float
+        At least 0.
+
+    Raises
+    ------
+    InvalidArgumentError
+        As measure_compute, or for an n_tok below 2.
+    """
+    if isinstance(n_tok, bool) or not isinstance(n_tok, int) or n_tok < 2:
+        raise InvalidArgumentError(f"measure_token_share: n_tok is the query tokens per stream of a step, an "
+                                   f"integer >= 2, got {n_tok!r}")
+    def timed(tokens: int) -> float:
+        return measure_compute(backend, type_k, type_v, head_dim, n_head_kv, n_head, n_ctx, n_stream, n_kv,
+                               n_layer, runs, n_tok=tokens)
+
+    one, several = math.inf, math.inf
+    for _ in range(2):
+        one, several = min(one, timed(1)), min(several, timed(n_tok))
+    return max(0.0, (several / one - 1.0) / (n_tok - 1)) if one > 0 else 1.0
 
 
 def device_from_backend(backend: Backend, compute_s: Union[float, Tuple[float, ...]] = 0.0, reserve: int = 0,

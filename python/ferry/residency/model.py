@@ -195,6 +195,12 @@ class DeviceSpec:
         gives a named link's: a transfer's bytes then cost what C's curve says
         (CopyCostModel.piece_seconds), a small one at near floor_gbps, rising to link_gbps past
         knee_bytes. None: every transfer's bytes at link_gbps.
+    token_share : float
+        The part of a layer's one-token attention (compute_s) that each further query token of a
+        step adds: a step of T tokens takes compute_s * (1 + (T - 1) * token_share). 1: each token
+        costs a one-token step's whole (a kernel that reads the window again for each token); less
+        where the tokens share work (the CPU kernel converts each K and V row once for every query of
+        the step), as measure_token_share finds it.
 
     Raises
     ------
@@ -211,6 +217,7 @@ class DeviceSpec:
     reserve: int = 0
     name: str = ""
     piece_curve: Optional[Tuple[float, float, float]] = None
+    token_share: float = 1.0
 
     def __post_init__(self) -> None:
         """Check each figure where it is given: InvalidArgumentError naming the field and what it takes."""
@@ -233,6 +240,8 @@ class DeviceSpec:
         _set(self, "reserve", _byte_count(self.reserve, "DeviceSpec: reserve"))
         if not isinstance(self.name, str):
             raise InvalidArgumentError(f"DeviceSpec: name is a str, got {type(self.name).__name__} {self.name!r}")
+        _set(self, "token_share", _number(self.token_share, "DeviceSpec: token_share",
+                                          "a finite number >= 0 (of a one-token step's attention)", lambda x: x >= 0))
         if self.piece_curve is not None:
             if isinstance(self.piece_curve, (str, bytes)) or not isinstance(self.piece_curve, Sequence) or \
                     len(self.piece_curve) != 3:
@@ -371,6 +380,9 @@ class StepPrediction:
         Bytes the step's pulls read, the merged gaps included.
     host_bytes : int
         Host memory the placement holds: the local layers' K and V and the largest pull's staging.
+    run_seconds : float
+        The host's fixed cost of the step's scheduler run (predict_step's run_seconds), in
+        step_seconds.
     """
 
     step_seconds: float
@@ -386,6 +398,7 @@ class StepPrediction:
     remote_pieces: int = 0
     pulled_bytes: int = 0
     host_bytes: int = 0
+    run_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -661,9 +674,10 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
         if not (c >= 0 and math.isfinite(c)):
             raise InvalidArgumentError(f"residency: layer {i}'s compute time on {p.name(dev[i])} must be >= 0, "
                                        f"got {c}")
-        # attention's figure is a one-token step's; each query token reads its whole window (token t
-        # of n reads len - n + t + 1 cells, within n of the window), so n tokens take n times as long
-        p.compute.append(float(c) * tokens)
+        # attention's figure is a one-token step's; each further query token reads its whole window
+        # again (token t of n reads len - n + t + 1 cells, within n of the window) and adds the part
+        # of the figure the step's tokens do not share (token_share: 1, n tokens take n times as long)
+        p.compute.append(float(c) * (1.0 + (tokens - 1.0) * spec.token_share))
     if remote_tier is not None:
         if not isinstance(remote_tier, RemoteSpec):
             raise InvalidArgumentError(f"residency: remote_tier is a RemoteSpec, got {type(remote_tier).__name__}")
@@ -821,7 +835,7 @@ def _fits(p: _Problem, host: Sequence[bool]) -> bool:
     return all(b is None or r + w + i <= b for b, r, w, i in zip(p.budget, resident, buffers, inputs))
 
 
-def _prediction(p: _Problem, host: Sequence[bool]) -> StepPrediction:
+def _prediction(p: _Problem, host: Sequence[bool], run_seconds: float = 0.0) -> StepPrediction:
     resident, buffers, inputs = _memory(p, host)
     copy = [0.0] * len(p.devices)
     for i, h in enumerate(host):
@@ -829,11 +843,11 @@ def _prediction(p: _Problem, host: Sequence[bool]) -> StepPrediction:
             copy[p.dev[i]] += sum(p.carry[i])
     remote = [i for i, r in enumerate(p.remote) if r]
     return StepPrediction(
-        step_seconds=_step_time(p, host),
+        step_seconds=_step_time(p, host) + run_seconds,
         memory=tuple(r + w + i + s.reserve for r, w, i, s in zip(resident, buffers, inputs, p.devices)),
         resident_bytes=tuple(resident), window_bytes=tuple(buffers), copy_seconds=tuple(copy),
         compute_seconds=sum(p.compute), input_bytes=tuple(inputs), measured=p.measure is not None,
-        tokens_per_step=p.tokens_per_step, pull_seconds=sum(p.pull[i] for i in remote),
+        tokens_per_step=p.tokens_per_step, run_seconds=run_seconds, pull_seconds=sum(p.pull[i] for i in remote),
         remote_pieces=sum(p.pull_pieces[i] for i in remote), pulled_bytes=sum(p.pulled[i] for i in remote),
         host_bytes=_host_bytes(p, host, p.remote))
 
@@ -910,7 +924,8 @@ def _refuse_host(p: _Problem, host: Sequence[bool]) -> None:
 def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], resident: Sequence[bool],
                  layer_device: Optional[Sequence[int]] = None, prefetch: int = 0,
                  measure: Optional[MeasureMemory] = None, tokens_per_step: float = 1.0,
-                 remote: Optional[Sequence[bool]] = None, remote_tier: Optional[RemoteSpec] = None
+                 remote: Optional[Sequence[bool]] = None, remote_tier: Optional[RemoteSpec] = None,
+                 run_seconds: float = 0.0
                  ) -> StepPrediction:
     """The model's decode step under a placement: its time and the memory each device holds.
 
@@ -927,11 +942,17 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
 
     Several query tokens per stream (tokens_per_step: a verification of a draft of N tokens brings
     N + 1, a prefill chunk its length): the step copies each window once for all of them, so the
-    copies are as for one token, and each layer's attention takes tokens_per_step times its
-    compute figure (the figure is a one-token step's, measure_compute's; each token reads its
-    whole window but for the few cells the causal rule keeps from it, so the time is linear in
-    the tokens). The memory figures are the layers' own: their query and output bytes as
-    layers_from_geometry gives them for that many tokens.
+    copies are as for one token, and each layer's attention takes its compute figure (a one-token
+    step's, measure_compute's) and, for each further token, the device's token_share of it (each
+    token reads its whole window but for the few cells the causal rule keeps from it, so the time
+    is linear in the tokens; 1, the default, tokens_per_step times the figure). The memory
+    figures are the layers' own: their query and output bytes as layers_from_geometry gives them
+    for that many tokens.
+
+    Each step is one scheduler run, and the host pays a fixed cost for it beyond its copies and
+    compute (run_seconds: walking its splits, launching their computes, copying the lengths): small
+    beside a step of milliseconds, but a draft's verification and its N draft steps are N + 1 runs,
+    each paying it, at steps of a fraction of a millisecond.
 
     A layer in a remote tier (remote, with remote_tier's link) pays two links a step: its pull
     (remote -> host, RemoteSpec's arithmetic: one batch, its merged pieces, their bytes), and then
@@ -968,6 +989,9 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
         Per layer, whether its KV is in the remote tier (never a resident layer); None: none is.
     remote_tier : RemoteSpec, optional
         The remote tier's link and the host memory; needed where a layer is remote.
+    run_seconds : float, optional
+        The host's fixed cost of the step's scheduler run, added once to the step (>= 0; e.g. a
+        one-token step's measured time beyond its copies and compute); 0: left out.
 
     Returns
     -------
@@ -977,10 +1001,12 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     ------
     InvalidArgumentError
         For inconsistent lengths, indices or figures, tokens_per_step below 1, a layer both
-        resident and remote, or a remote layer without a remote_tier.
+        resident and remote, a remote layer without a remote_tier, or run_seconds not a finite
+        number >= 0.
     """
     p = _problem(layers, devices, layer_device, prefetch, measure=measure, tokens_per_step=tokens_per_step,
                  remote_tier=remote_tier)
+    run = _number(run_seconds, "predict_step: run_seconds", "a finite number of seconds >= 0", lambda x: x >= 0)
     resident = _sequence(resident, "resident", "bool")
     if len(resident) != len(p.layers):
         raise InvalidArgumentError(f"predict_step: {len(resident)} entries in resident for {len(p.layers)} layers")
@@ -995,7 +1021,7 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
             raise InvalidArgumentError("predict_step: remote layers need a remote_tier (RemoteSpec): its link "
                                        "prices their pulls")
         p.remote = [bool(r) for r in remote]
-    return _prediction(p, [not bool(r) for r in resident])
+    return _prediction(p, [not bool(r) for r in resident], run)
 
 
 # ---------------------------------------------------------------- refusals

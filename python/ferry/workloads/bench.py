@@ -78,7 +78,7 @@ from ..backend import Backend, CPUBackend, StandinBackend
 from ..block_pool import BlockPool
 from ..errors import InvalidArgumentError, OutOfMemoryError
 from ..kv import KVCache
-from ..residency import DeviceSpec, expected_accepted_tokens, layers_from_geometry, predict_step
+from ..residency import DeviceSpec, expected_accepted_tokens, layers_from_geometry, measure_token_share, predict_step
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
@@ -605,12 +605,16 @@ class SeveralGeometry:
         Each step's window over the target's layers (cells per stream).
     draft_windows : tuple of tuple of int
         Each step's draft steps' windows over the draft's layers (() each for a chunk).
+    token_share : float
+        The split device's part of a one-token attention each further token adds (measure_token_share
+        over the first step's window): the prediction's DeviceSpec.token_share.
     """
 
     tokens_per_step: int
     draft: int
     windows: Tuple[int, ...]
     draft_windows: Tuple[Tuple[int, ...], ...]
+    token_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -625,10 +629,23 @@ class SeveralPrediction:
     draft_s : float
         Of step_s, the draft steps' (each predict_step of the draft's layers, resident: one token, no copy).
     accepted_per_step : float
-        Tokens a step is predicted to keep per sequence: expected_accepted_tokens(N, P) for a draft (the
-        measured rate counts the seeded draws' realised tokens instead), the chunk for a chunk.
+        Tokens the row's steps kept per sequence, as its seeded draws accepted them (the measured rate's
+        own: the prediction is of the same run; the chunk for a chunk).
     tokens_per_s : float
-        npl * accepted_per_step / step_s.
+        npl * accepted_per_step / step_s: the row's tok/s by the model, beside the measured.
+    expected_accepted_per_step : float
+        Tokens a step keeps per sequence in expectation: expected_accepted_tokens(N, P) for a draft (the
+        chunk for a chunk).
+    expected_tokens_per_s : float
+        npl * expected_accepted_per_step / step_s: what the model expects of a draft of N at P, whatever
+        the seed drew.
+    token_share : float
+        The part of compute_s each further token of a step adds, as the prediction took it (measured on the
+        split device: SeveralGeometry.token_share).
+    run_s : float
+        The host's fixed cost of a scheduler run the prediction took (predict_step's run_seconds): the
+        single-token row's decode time a step beyond its copies and compute; a step of a draft row pays it
+        N + 1 times (its verification and each draft step are a run each).
     compute_s : float
         The one-token compute figure of a layer the prediction took: the single-token row's compute per
         step over its layers (predict_step scales it by the tokens a step brings).
@@ -643,17 +660,26 @@ class SeveralPrediction:
     tokens_per_s: float
     compute_s: float
     link_gbps: float
+    expected_accepted_per_step: float = 0.0
+    expected_tokens_per_s: float = 0.0
+    run_s: float = 0.0
+    token_share: float = 1.0
 
 
 def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps: Optional[float] = None,
                     latency_us: float = 0.0) -> Optional[SeveralPrediction]:
     """The cost model's step time and tokens/s for a draft or chunk row, as it ran (row.several): each
     step's predict_step(layers_from_geometry at that step's window, every target layer in host memory,
-    tokens_per_step=N + 1 or the chunk), plus N draft steps' predict_step over the draft's layers
-    (resident on the split device, one token each), over expected_accepted_tokens(N, P) kept tokens a
-    sequence (a chunk keeps all its tokens). The copies are layers_from_geometry's: each stream's whole
-    window of n_kv cells, as ranges copies it; under ragged, which copies each stream's own cells, that
-    is an upper bound (by the padding, and by each stream's cells short of the longest's).
+    tokens_per_step=N + 1 or the chunk, each further token adding the split's measured token_share of a
+    one-token attention), plus N draft steps' predict_step over the draft's layers
+    (resident on the split device, one token each), each of those runs paying the host's fixed cost of a
+    run (run_seconds: the single row's decode time a step beyond its copies and compute). Tokens/s are
+    over the tokens the row's own draws kept (the measured rate's), and beside them over
+    expected_accepted_tokens(N, P) (a chunk keeps all its tokens). A serial row's copies are the split's
+    modelled link at the copies the row made (RunTimes.predicted_copy_s: under ragged each stream's own
+    cells), its computes predict_step's; a prefetching row's copies, or a row without a modelled link,
+    are layers_from_geometry's: each stream's whole window of n_kv cells, as ranges copies it (under
+    ragged an upper bound, by the padding and by each stream's cells short of the longest's).
 
     Parameters
     ----------
@@ -662,7 +688,8 @@ def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps
     row : BenchRow
         The draft or chunk row.
     single : BenchRow
-        Its variant's single-token row: its compute per step over the layers is a layer's one-token figure.
+        Its variant's single-token row: its compute per step over the layers is a layer's one-token figure,
+        and its decode time a step beyond its copies and compute a run's fixed cost.
     link_gbps : float, optional
         The split's modelled link (the stand-in's); None: the single row's measured copy bandwidth.
     latency_us : float, optional
@@ -679,8 +706,10 @@ def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps
         return None
     g, q, npl = cfg.kv, cfg.sequences, row.key.npl
     per_layer = single.per_step(single.times.compute_s) / g.n_layer
+    t = single.times  # one run a step: what its wall time holds beyond its copies and compute (none if overlapped)
+    run_s = max(0.0, single.per_step(t.decode_s - t.copy_s - t.compute_s))
     link = link_gbps or single.copy_bandwidth / 1e9 or 1.0
-    device = [DeviceSpec(link, latency_us, per_layer)]
+    device = [DeviceSpec(link, latency_us, per_layer, token_share=geo.token_share)]
     figures: Dict[Tuple[int, int, int], List[Any]] = {}
 
     def layers(n_kv: int, n_layer: int, n_new: int) -> List[Any]:
@@ -691,16 +720,27 @@ def predict_several(cfg: BenchConfig, row: BenchRow, single: BenchRow, link_gbps
         return figures[n_kv, n_layer, n_new]
 
     n_tok = geo.tokens_per_step
-    verify = [predict_step(layers(n_kv, g.n_layer, n_tok), device, [False] * g.n_layer, prefetch=row.key.prefetch,
-                           tokens_per_step=n_tok).step_seconds for n_kv in geo.windows]
-    drafts = [sum(predict_step(layers(n_kv, DRAFT_LAYERS, 1), device, [True] * DRAFT_LAYERS).step_seconds
+    # Serially a step is its copies and then its computes: the copies are the split's cost model at the
+    # copies the row made (each stream's own cells under ragged, not the padded windows); prefetching, the
+    # copies overlap the computes and predict_step simulates both, at the padded windows.
+    serial = row.key.prefetch == 0 and link_gbps is not None
+    copies = row.per_step(row.times.predicted_copy_s) if serial else 0.0
+    verify = [predict_step(layers(n_kv, g.n_layer, n_tok), device, [serial] * g.n_layer, prefetch=row.key.prefetch,
+                           tokens_per_step=n_tok, run_seconds=run_s).step_seconds for n_kv in geo.windows]
+    drafts = [sum(predict_step(layers(n_kv, DRAFT_LAYERS, 1), device, [True] * DRAFT_LAYERS,
+                               run_seconds=run_s).step_seconds
                   for n_kv in step) for step in geo.draft_windows]
     draft_s = sum(drafts) / len(geo.windows)
-    step_s = sum(verify) / len(geo.windows) + draft_s
-    accepted = expected_accepted_tokens(geo.draft, q.accept) if geo.draft else float(n_tok)
-    return SeveralPrediction(step_s=step_s, draft_s=draft_s, accepted_per_step=accepted,
-                             tokens_per_s=npl * accepted / step_s if step_s > 0 else math.inf, compute_s=per_layer,
-                             link_gbps=link)
+    step_s = sum(verify) / len(geo.windows) + draft_s + copies
+    kept = row.tokens / row.ntg / npl  # the seeded draws' own: the measured rate's tokens
+    expected = expected_accepted_tokens(geo.draft, q.accept) if geo.draft else float(n_tok)
+
+    def rate(tokens: float) -> float:
+        return npl * tokens / step_s if step_s > 0 else math.inf
+
+    return SeveralPrediction(step_s=step_s, draft_s=draft_s, accepted_per_step=kept, tokens_per_s=rate(kept),
+                             compute_s=per_layer, link_gbps=link, expected_accepted_per_step=expected,
+                             expected_tokens_per_s=rate(expected), run_s=run_s, token_share=geo.token_share)
 
 
 @dataclass(frozen=True)
@@ -909,11 +949,13 @@ class ReportRow:
             d.update(bytes_per_token_over_single=self.bytes_over_single,
                      tokens_per_s_over_single=self.speedup_over_single)
         p = self.predicted
-        if p is not None:  # measured: the seeded draws' accepted tokens; predicted: the expected ones
-            d.update(accepted_per_step=r.tokens / r.ntg / k.npl, predicted_accepted_per_step=p.accepted_per_step,
+        if p is not None:  # predicted: at the seeded draws' accepted tokens, as measured; expected: at E(N, P)
+            d.update(accepted_per_step=r.tokens / r.ntg / k.npl,
+                     expected_accepted_per_step=p.expected_accepted_per_step,
                      predicted_step_s=p.step_s, predicted_draft_s=p.draft_s, predicted_tokens_per_s=p.tokens_per_s,
                      tokens_per_s_over_predicted=r.tokens_per_s / p.tokens_per_s if p.tokens_per_s > 0 else None,
-                     predicted_compute_s=p.compute_s, predicted_link_gbps=p.link_gbps)
+                     expected_tokens_per_s=p.expected_tokens_per_s, predicted_compute_s=p.compute_s,
+                     predicted_run_s=p.run_s, predicted_token_share=p.token_share, predicted_link_gbps=p.link_gbps)
         return d
 
 
@@ -1275,6 +1317,7 @@ class _Draft:
         n_tok = self.n_tok = q.chunk if chunk else q.draft + 1  # tokens each step brings per sequence
         self.kv: Optional[KVCache] = None
         self.layer_of: Set[Any] = set()
+        self._token_share: Optional[float] = None
         rng = np.random.default_rng([cfg.sampling.seed, 1 << 21])
         self.q = [Tensor.from_numpy(split, rng.uniform(-1, 1, (npl, 1, g.n_head, g.head_dim)).astype(np.float32),
                                     name=f"draft_q{layer}") for layer in range(DRAFT_LAYERS)]
@@ -1301,6 +1344,16 @@ class _Draft:
                     seed = (cfg.sampling.seed, g.n_layer + layer, i, which == "v")
                     data = random_rows(ty, cfg.cells, cfg.n_embd, seed)
                     write_cells(self.kv, which, layer, i, 0, data)
+
+    def token_share(self, cache: _Cache) -> float:
+        """The split device's token_share at this geometry (measure_token_share over the first step's
+        window, resident there), measured once; 1.0 for steps of one token."""
+        if self._token_share is None:
+            g, n_kv = cache.cfg.kv, int(self.lengths[0].max()) + self.n_tok
+            self._token_share = 1.0 if self.n_tok < 2 else measure_token_share(
+                cache.split, self.n_tok, g.type_kv, g.type_kv, g.head_dim, g.n_head_kv, g.n_head,
+                n_ctx=cache.npl * n_kv, n_stream=cache.npl, n_kv=n_kv)
+        return self._token_share
 
     def is_window(self, src: Tensor) -> bool:
         """Whether the input source src views a draft layer's K or V."""
@@ -1508,7 +1561,8 @@ class _Variant:
         d = self.draft
         several = None if d is None else SeveralGeometry(
             tokens_per_step=d.n_tok, draft=d.n, windows=tuple(d.n_kv),
-            draft_windows=tuple(tuple(w) for w in d.draft_n_kv))
+            draft_windows=tuple(tuple(w) for w in d.draft_n_kv),
+            token_share=d.token_share(c) if len(c.devices) == 1 else 1.0)
         row = BenchRow(key=key, ntg=c.cfg.sequences.ntg, times=times,
                        counts=replace(self.counts, split_memory=self.split_memory), output_sha256=self.digests[0],
                        devices=devices, several=several)
@@ -1749,7 +1803,8 @@ class _Replica:
 
 def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
     """One variant's row over its replicas (a row each, in the order they were made): each time the
-    median of theirs, tokens/s from the decode time, each replica's tokens/s, the most memory any held.
+    median of theirs, tokens/s from the decode time, each replica's tokens/s, the most memory any held,
+    a draft or chunk row's measured token_share the median of theirs.
 
     Raises
     ------
@@ -1770,8 +1825,10 @@ def merge_replicas(rows: Sequence[BenchRow]) -> BenchRow:
                                     for w in ("decode_s", "copy_s", "compute_s", "host_s", "sync_host_s")})
     counts = replace(first.counts, **{n: max(getattr(r.counts, n) for r in rows)
                                       for n in ("split_memory", "ahead_bytes")})
+    several = first.several if first.several is None else replace(  # each replica measured its split's share
+        first.several, token_share=statistics.median(r.several.token_share for r in rows if r.several is not None))
     return replace(first, times=times, counts=counts, devices=devices,
-                   replicas_tokens_per_s=tuple(r.tokens_per_s for r in rows))
+                   replicas_tokens_per_s=tuple(r.tokens_per_s for r in rows), several=several)
 
 
 def replica_bytes(cfg: BenchConfig) -> int:

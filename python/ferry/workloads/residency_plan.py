@@ -44,6 +44,7 @@ from ..residency import (
     expected_accepted_tokens,
     layers_from_geometry,
     measure_compute,
+    measure_token_share,
     predict_step,
     remote_link_model,
 )
@@ -398,6 +399,20 @@ class ResidencyModel:
             out.append(measured[n_kv])
         return tuple(out)
 
+    def token_share(self) -> float:
+        """The part of a one-token attention each further query token of a step adds on the host
+        (DeviceSpec.token_share): 1 for steps of one token or with compute_us given (the linear model),
+        else measured once on an unmodelled stand-in over the first layer's window (measure_token_share)."""
+        if self.n_tok < 2 or self.planner.compute_us is not None:
+            return 1.0
+        kv, n_stream, n_kv = self.kv, self.windows.n_stream, self.layer_n_kv(0)
+        dev = StandinBackend()
+        try:
+            return measure_token_share(dev, self.n_tok, kv.type_kv, kv.type_kv, kv.head_dim, kv.n_head_kv, kv.n_head,
+                                       n_kv * n_stream, n_stream, n_kv)
+        finally:
+            dev.close()
+
     def standin_link(self, d: int) -> float:
         """Device d's stand-in link in GB/s as the runs model it (ferry.workloads.devices.standin_link), or
         with a link_profile its peak (link_gbps's, else the named link's own)."""
@@ -442,11 +457,13 @@ class ResidencyModel:
             links = [x or gbps for x in links]
         return tuple(links)
 
-    def device_specs(self, compute: Sequence[float], links: Optional[Sequence[float]] = None) -> List[DeviceSpec]:
+    def device_specs(self, compute: Sequence[float], links: Optional[Sequence[float]] = None,
+                     token_share: Optional[float] = None) -> List[DeviceSpec]:
         """The devices as the model sees them: compute (per layer, the host's seconds) times each
         device's slowdown, its link (links, else self.links()), latency, memory and reserve, and a named
-        link's piece curve."""
+        link's piece curve, and the host's token_share (given, else self.token_share())."""
         links = self.links() if links is None else links
+        share = self.token_share() if token_share is None else token_share
         cfg = self.devices
         out = []
         for d in range(cfg.n_devices):
@@ -454,7 +471,7 @@ class ResidencyModel:
             memory = int(_pick(cfg.memory, d, 0)) or None
             curve = self.named_link(d)[2] if cfg.link_profile is not None else None  # small pieces slower
             out.append(DeviceSpec(links[d], self.latency_us(d), tuple(c * slow for c in compute), memory,
-                                  int(_pick(self.planner.reserve, d, 0)), f"device {d}", curve))
+                                  int(_pick(self.planner.reserve, d, 0)), f"device {d}", curve, token_share=share))
         return out
 
     def remote_link(self) -> Optional[CopyCostModel]:
