@@ -1651,9 +1651,14 @@ class _PoolVariant(_Variant):
                 predicted += self._modelled() - link0  # the pool's sends alone, not the lengths' copy
                 copy += b - a
                 if timed:  # the same sync again sends nothing: its time is the walk before any send (not the step's)
+                    sent = pool.stats.transfers
+                    h = time.perf_counter()
                     pool.sync(g0, g1, group_lengths)
-                    again = time.perf_counter() - b
-                    sync_host, aside, b = sync_host + again, aside + again, b + again
+                    again = time.perf_counter() - h
+                    if pool.stats.transfers != sent:
+                        raise AssertionError(f"{self.label}: a sync made again sent {pool.stats.transfers - sent} "
+                                             "transfers")
+                    sync_host, aside, b = sync_host + again, aside + time.perf_counter() - b, time.perf_counter()
                 self.sched.compute(graph)
                 compute += time.perf_counter() - b
                 outs.append([o.get() for o in graph.outputs])
