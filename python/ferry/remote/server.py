@@ -54,7 +54,18 @@ def cache_layout(cache: Any) -> Dict[str, Any]:
     -------
     dict
         JSON-ready: {"cache": name, "params": {field: value}, "regions": [[layer, which, bytes], ...]}.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a cache that is not a KVCache or PagedKVCache.
     """
+    from ..errors import InvalidArgumentError
+    from ..kv import KVCache
+    from ..paged import PagedKVCache
+
+    if not isinstance(cache, (KVCache, PagedKVCache)):
+        raise InvalidArgumentError(f"cache_layout: cache must be a KVCache or PagedKVCache, got {type(cache).__name__}")
     p = cache.params
     regions = [[layer, which, int(t.nbytes)] for layer in range(p.n_layer)
                for which, t in (("k", cache.k(layer)), ("v", cache.v(layer)))]
@@ -64,27 +75,35 @@ def cache_layout(cache: Any) -> Dict[str, Any]:
 
 def layout_differences(peer: Dict[str, Any], mine: Dict[str, Any]) -> List[str]:
     """What differs between a peer's layout and a cache's (cache_layout), each as "what: X at the
-    peer, Y here"; empty when they agree.
+    peer, Y here"; empty when they agree. The peer's is what it published, read from the network:
+    any value, a part of it not a layout said as a difference.
 
     Parameters
     ----------
-    peer, mine : dict
-        The peer's published layout, and the local cache's.
+    peer : object
+        The peer's published layout (a dict, when it is one).
+    mine : dict
+        The local cache's (cache_layout).
 
     Returns
     -------
     list of str
     """
+    peer = peer if isinstance(peer, dict) else {}
     if peer.get("cache") != mine["cache"]:
-        return [f"the cache: {peer.get('cache')} at the peer, {mine['cache']} here"]
-    theirs = peer.get("params", {})
-    out = [f"{k}: {theirs.get(k)} at the peer, {v} here" for k, v in mine["params"].items() if theirs.get(k) != v]
-    if out:
+        return [f"the cache: {peer.get('cache')!r} at the peer, {mine['cache']} here"]
+    theirs = peer.get("params")
+    theirs = theirs if isinstance(theirs, dict) else {}
+    out = [f"{k}: {theirs.get(k)!r} at the peer, {v!r} here" for k, v in mine["params"].items()
+           if theirs.get(k) != v]
+    regions = peer.get("regions")
+    if out or regions == mine["regions"]:
         return out
-    for a, b in zip(peer.get("regions", []), mine["regions"]):
-        if a != b:
-            out.append(f"layer {b[0]}'s {str(b[1]).upper()}: {a[2]} bytes at the peer, {b[2]} here")
-    return out
+    if not isinstance(regions, list) or len(regions) != len(mine["regions"]):
+        n = len(regions) if isinstance(regions, list) else regions
+        return [f"the regions: {n!r} at the peer, {len(mine['regions'])} here"]
+    return [f"layer {b[0]}'s {str(b[1]).upper()}: {a!r} at the peer, {b} here"
+            for a, b in zip(regions, mine["regions"]) if a != b]
 
 
 def publish_layout(engine: Any, layout: Dict[str, Any], addresses: Sequence[int],

@@ -262,6 +262,8 @@ class RemoteTier:
         except (ValueError, KeyError, TypeError) as e:
             raise PeerLayoutError(f"remote tier: peer {peer}: its published layout cannot be read ({e})") from None
         differ = layout_differences(published, cache_layout(self._cache))
+        if not differ and len(addresses) != len(self._regions):
+            differ = [f"the addresses: {len(addresses)} at the peer for {len(self._regions)} regions"]
         if differ:
             raise PeerLayoutError(f"remote tier: peer {peer} holds another layout than the tier's cache: "
                                   + "; ".join(differ))
