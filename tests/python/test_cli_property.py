@@ -205,6 +205,7 @@ def run_whole(verb: str) -> Callable[[Any], int]:
 @example(argv=["residency-plan", *TINY["residency-plan"], "--draft", "64"])  # more tokens than the stream holds
 @example(argv=["residency-bench", *TINY["residency-bench"], "--link-profile", "h100-pcie5", "--link-gbps", "2"])
 @example(argv=["residency-plan", *TINY["residency-plan"], "--link-profile", "pcie4", "--latency-us", "2"])  # refused
+@example(argv=["residency-plan", *TINY["residency-plan"], "--device-memory", "1KiB"])  # refused naming no option
 @example(argv=["residency-plan", *TINY["residency-plan"], "--kv-heads", "2"])  # 1 query head over 2: seen at 7f9574e
 @settings(max_examples=40 * SCALE, **SETTINGS)
 @given(argv=st.sampled_from(RUN_WHOLE).flatmap(command_lines))
