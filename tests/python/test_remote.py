@@ -387,7 +387,7 @@ def test_a_peer_started_alone_serves_its_cache_and_refuses_another_layout(
     windows byte-identical to the same cache held locally, under every policy; a tier whose cache
     has another layout is refused, naming the peer and each field that differs; SIGTERM ends the
     server cleanly (status 0)."""
-    from ferry.remote import PeerLayoutError, RemoteTier
+    from ferry.remote import EngineUnavailableError, PeerLayoutError, RemoteTier
 
     proc, name = peer
     ref = served_cache()
@@ -408,6 +408,10 @@ def test_a_peer_started_alone_serves_its_cache_and_refuses_another_layout(
         RemoteTier(other, peer=name)
     with pytest.raises(ferry.InvalidArgumentError, match="peer must be HOST:PORT"):
         RemoteTier(other, peer="localhost")
+    with pytest.raises(ferry.InvalidArgumentError, match="protocol must be one of tcp, rdma, got 'udp'"):
+        RemoteTier(other, peer=name, protocol="udp")
+    with pytest.raises(EngineUnavailableError, match="engine runs over tcp; a tier over rdma needs a process"):
+        RemoteTier(other, peer=name, protocol="rdma")  # the transport is the process's: chosen when it starts
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
 

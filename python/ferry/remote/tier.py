@@ -55,7 +55,7 @@ from ..policy import CopyPolicy, GatherMethod, PolicyLike, to_policy
 from ..tensor import Tensor
 from .engine import local_engine
 from .errors import PeerGoneError, PeerLayoutError, RegistrationError, RemoteError, RemoteTimeoutError
-from .server import LAYOUT_HEADER, LAYOUT_MAGIC, cache_layout, layout_differences
+from .server import LAYOUT_HEADER, LAYOUT_MAGIC, PROTOCOLS, cache_layout, layout_differences
 
 #: The peers (host:port) this process has read from: a new server must take another port.
 _PEERS_USED: Set[str] = set()
@@ -146,17 +146,20 @@ class RemoteTier:
     peer : str, optional
         HOST:PORT of a peer started alone (`ferry remote-serve`, on this host or another): the tier
         reads its layers instead of starting a server. Default: start one on host.
+    protocol : str, optional
+        The engine's transport, the peer's: "tcp", or "rdma" where the machine has it (one a process).
 
     Raises
     ------
     InvalidArgumentError
-        For a cache that is not a KVCache or PagedKVCache, a timeout that is not positive, or a
-        peer that is not HOST:PORT.
+        For a cache that is not a KVCache or PagedKVCache, a timeout that is not positive, a peer
+        that is not HOST:PORT, or a protocol that is not tcp or rdma.
     PeerLayoutError
         When the peer holds a cache of another layout (naming the peer and each field that differs)
         or publishes none.
     EngineUnavailableError
-        When the engine cannot be imported (naming the package or system library to install).
+        When the engine cannot be imported (naming the package or system library to install), or
+        this process's engine runs over another protocol.
     RegistrationError
         When the engine refuses the cache's memory (already registered by another tier, say).
     PeerGoneError
@@ -164,7 +167,7 @@ class RemoteTier:
     """
 
     def __init__(self, cache: LayerCache, model: Optional[CopyCostModel] = None, timeout_s: float = 10.0,
-                 host: str = "127.0.0.1", peer: Optional[str] = None) -> None:
+                 host: str = "127.0.0.1", peer: Optional[str] = None, protocol: str = "tcp") -> None:
         self._cache: LayerCache = _cache_arg(cache, "RemoteTier: cache")
         if model is not None:
             _checks.instance(model, CopyCostModel, "RemoteTier: model")
@@ -178,7 +181,9 @@ class RemoteTier:
         #: a peer started alone: the tier reads it and never starts or stops it
         self._external = None if peer is None else _peer_arg(peer, "RemoteTier: peer")
         self._published: Optional[Dict[str, Any]] = None
-        self._engine = local_engine(host)
+        if protocol not in PROTOCOLS:
+            raise InvalidArgumentError(f"RemoteTier: protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        self._engine = local_engine(host, protocol)
         n_layer = cache.params.n_layer
         #: (layer, which, address, nbytes) of each region, K and V of each layer
         self._regions: List[Tuple[int, str, int, int]] = []
