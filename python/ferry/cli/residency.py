@@ -194,12 +194,14 @@ def naming_budget() -> Iterator[None]:
     Raises
     ------
     PlanDoesNotFitError
-        Its message led by --device-memory and --reserve.
+        Its message led by the option: --device-memory and --reserve, or the host's memory for a
+        remote tier's staging (a message that starts "host memory").
     """
     try:
         yield
     except PlanDoesNotFitError as e:
-        raise PlanDoesNotFitError(f"--device-memory (less --reserve) too small: {e.message}") from None
+        option = "--host-memory" if e.message.startswith("host memory") else "--device-memory (less --reserve)"
+        raise PlanDoesNotFitError(f"{option} too small: {e.message}") from None
 
 
 def run_plan(j: PlanJob) -> int:
