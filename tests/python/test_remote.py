@@ -350,17 +350,32 @@ def test_bench_and_validate_remote_pull_every_policy_and_find_the_local_bytes(
 SERVE = ["-c", "128", "-npl", "2", "--head-dim", "32", "--kv-heads", "1", "--layers", "2"]
 
 
-def serve(*extra: str) -> Tuple["subprocess.Popen[str]", str]:
+def serve(*extra: str, args: Tuple[str, ...] = (*SERVE, "--json")) -> Tuple["subprocess.Popen[str]", str]:
     """`ferry remote-serve` of a tiny cache (SERVE) as a separate process on the loopback, and the
-    segment name it prints."""
+    segment name it prints (its first line: JSON, or the text's)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(ferry.__file__).parent.parent), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    proc = subprocess.Popen([sys.executable, "-m", "ferry.cli", "remote-serve", *SERVE, "--json", *extra],
+    proc = subprocess.Popen([sys.executable, "-m", "ferry.cli", "remote-serve", *args, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line, f"remote-serve exited with {proc.wait()}"
-    return proc, str(json.loads(line)["peer"])
+    return proc, str(json.loads(line)["peer"]) if line.startswith("{") else line.split()[1]
+
+
+@needs_engine
+def test_remote_serve_runs_with_no_arguments_until_sigterm() -> None:
+    """Every verb runs with no arguments (test_cli.py runs the others in-process; this one serves until
+    killed): it says the segment name to give a client, and SIGTERM ends it with status 0."""
+    proc, name = serve(args=())
+    try:
+        assert name.startswith("127.0.0.1:")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture
