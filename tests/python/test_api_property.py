@@ -4,7 +4,7 @@ ferry.residency's plan and predict functions with their DeviceSpec and LayerCost
 measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace, Scheduler's
 prefetch_next, drop_ahead and truncate, ops.attn_paged and PagedKVCache.table_tensor; BlockPool's
 constructor, set_prefetch, sync, truncate, set_resident, choose_resident and plan; ferry.plan's copy_pieces,
-gather_pieces and merge_pieces.
+gather_pieces and merge_pieces; ferry.remote.server's cache_layout and layout_differences.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -17,6 +17,7 @@ results; this file asks of the newer ones that a refusal says what to change and
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -1281,3 +1282,33 @@ def test_pieces_of_any_rows_are_their_bytes_or_refused_naming_the_row(change: Tu
         counts = [r[2] if which == "copy_pieces" else r[3] for r in rows]  # (offset, size, count, stride)
         sizes = [r[1] if which == "copy_pieces" else r[2] for r in rows]
         assert len(got) == sum(counts) and sum(p.size for p in got) == sum(c * s for c, s in zip(counts, sizes))
+
+
+# ---------------------------------------------------------------- ferry.remote.server: a peer's published layout
+
+
+@settings(max_examples=200 * SCALE, **SETTINGS)
+@given(where=st.sampled_from(["whole", "cache", "params", "regions", "region 0", "n_stream", "type_k", "v_trans"]),
+       value=st.sampled_from(JUNK))
+def test_a_peers_layout_agrees_only_when_equal_and_any_other_is_said(where: str, value: Any) -> None:
+    """What a peer publishes is read from the network: any value where a layout's part should be is
+    said as a difference ("X at the peer, Y here"), never raised; only an equal layout agrees. A
+    cache_layout of anything but a cache is refused naming the cache."""
+    from ferry.remote.server import cache_layout, layout_differences
+
+    mine = cache_layout(ferry.KVCache("f16", "f16", 8, 1, 16, 2, 2))
+    assert layout_differences(copy.deepcopy(mine), mine) == []
+    peer: Any = copy.deepcopy(mine)
+    if where == "whole":
+        peer = value
+    elif where in ("cache", "params", "regions"):
+        peer[where] = value
+    elif where == "region 0":
+        peer["regions"][0] = value
+    else:
+        peer["params"][where] = value
+    got = layout_differences(peer, mine)
+    assert (got == []) == (peer == mine), got
+    assert all(" at the peer" in line and line.endswith(" here") for line in got), got
+    _, err = outcome(lambda: cache_layout(value), ("cache",))
+    assert err is not None

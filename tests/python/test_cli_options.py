@@ -84,12 +84,13 @@ BASE = {
     "paged-plan": ["-c", "128", "-npl", "2", "-npp", "8", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1"],
     "paged-bench": ["-c", "128", "-npl", "2", "-npp", "8", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
                     "--heads", "2", "--layers", "2", "--block-size", "4"],  # room for a shared prefix
+    "remote-serve": ["-c", "128", "-npl", "2", "--head-dim", "32", "--kv-heads", "1", "--layers", "2"],
 }
 
 #: Per option, a value that is not its default and that acts on BASE (None: a flag). --model's is a
 #: file written by the test.
 PROBES: Dict[str, Any] = {
-    "-c": "256", "-npl": "2,4", "-npp": "16", "-ntg": "3", "--pad": "4",
+    "-c": "256", "-npl": {"remote-serve": "4", "*": "2,4"}, "-npp": "16", "-ntg": "3", "--pad": "4",
     "--lengths": {"validate": "equal", "*": "uniform"},
     "--row-ns": "100", "--sequences": "6", "--type": "f32",
     "--head-dim": "64", "--kv-heads": "2", "--heads": "4", "--layers": "3", "--model": "MODEL",
@@ -103,6 +104,7 @@ PROBES: Dict[str, Any] = {
     "--plot": "chart.png", "--trace": "trace.json", "--paged": None, "--remote": None, "--block-size": "8",
     "--adjacency": "0.9", "--draft": "2", "--accept": "0.5", "--chunk": "3", "--shared-prefix": "4",
     "--device-blocks": "0.5", "--pool-prefetch": None, "--remote-link": "150,12,2", "--host-memory": "16KiB",
+    "--host": "10.0.0.5", "--protocol": "rdma",
 }
 
 #: Per condition of the table, the arguments that make it hold, and those that make it fail.

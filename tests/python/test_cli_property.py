@@ -24,7 +24,10 @@ from ferry.errors import FerryError
 SCALE = max(int(os.environ.get("FERRY_FUZZ_SCALE", "1")), 1)
 SETTINGS: Dict[str, Any] = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                        HealthCheck.function_scoped_fixture])
-VERBS = ["table", "plan", "bench", "validate", "residency-plan", "residency-bench", "paged-plan", "paged-bench"]
+VERBS = ["table", "plan", "bench", "validate", "residency-plan", "residency-bench", "paged-plan", "paged-bench",
+         "remote-serve"]
+#: The verbs run whole on drawn command lines: remote-serve serves until killed (test_remote.py runs it).
+RUN_WHOLE = [v for v in VERBS if v != "remote-serve"]
 
 #: Tiny sizes every command line starts from (an option drawn later replaces its value): whatever
 #: runs, runs in a moment.
@@ -40,6 +43,7 @@ TINY["residency-plan"] = TINY["validate"]
 TINY["residency-bench"] = TINY["validate"] + ["--repeat", "1"]
 TINY["paged-plan"] = TINY["plan"]
 TINY["paged-bench"] = TINY["bench"]
+TINY["remote-serve"] = ["-c", "64", "-npl", "2", "--head-dim", "32", "--kv-heads", "1", "--layers", "2"]
 
 NUMBERS = st.sampled_from(["0", "1", "2", "3", "4", "8", "16", "32", "64", "-1", "1.5", "x", "", "1e9", "nan"])
 NUMBER_LISTS = st.lists(st.sampled_from(["0", "1", "2", "3", "4", "8", "2.45", "0.33", "-1", "nan", "x", ""]),
@@ -92,6 +96,9 @@ VALUES: Dict[str, st.SearchStrategy[str]] = {
     "--device-blocks": st.sampled_from(["1", "0.5", "0.25", "0", "1.5", "nan", "x"]),
     "--remote-link": st.sampled_from(["150,12,2", "0,0,1", "measure", "1,2", "1,2,0", "nan,1,1", "-1,1,1", "x", ""]),
     "--host-memory": st.sampled_from(["1KiB", "64KiB", "1MiB", "0", "x", "-1MiB", ""]),
+    # a peer that is not HOST:PORT (refused before the run; a real one is test_remote.py's)
+    "--remote": st.sampled_from(["x", "host:", ":80", "h:99999", "h:0"]),
+    "--host": st.sampled_from(["127.0.0.1", "10.0.0.5", ""]), "--protocol": st.sampled_from(["tcp", "rdma", "udp"]),
 }
 
 
@@ -119,7 +126,7 @@ MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"], [
          "plan": [[]], "bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], ["--chunk", "2"]],
          "residency-plan": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], REMOTE_MODE],
          "residency-bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], REMOTE_MODE], "paged-plan": [[]],
-         "paged-bench": [[]]}
+         "paged-bench": [[]], "remote-serve": [[]]}
 
 
 def command_lines(verb: str) -> st.SearchStrategy[List[str]]:
@@ -203,10 +210,11 @@ def run_whole(verb: str) -> Callable[[Any], int]:
 @example(argv=["residency-plan", *TINY["residency-plan"], "--draft", "64"])  # more tokens than the stream holds
 @example(argv=["residency-bench", *TINY["residency-bench"], "--link-profile", "h100-pcie5", "--link-gbps", "2"])
 @example(argv=["residency-plan", *TINY["residency-plan"], "--link-profile", "pcie4", "--latency-us", "2"])  # refused
+@example(argv=["residency-plan", *TINY["residency-plan"], "--device-memory", "1KiB"])  # refused naming no option
 @example(argv=["residency-plan", *TINY["residency-plan"], "--kv-heads", "2"])  # 1 query head over 2: seen at 7f9574e
 @example(argv=["residency-plan", *TINY["residency-plan"], *REMOTE_MODE, "--kv-device-layers", "0"])  # issue 45
 @settings(max_examples=40 * SCALE, **SETTINGS)
-@given(argv=st.sampled_from(VERBS).flatmap(command_lines))
+@given(argv=st.sampled_from(RUN_WHOLE).flatmap(command_lines))
 def test_what_is_taken_runs_whole(argv: List[str], files: Dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     """A sample of command lines, each run whole on its tiny sizes."""
     outcome(argv, files, capsys, run_whole(argv[0]))

@@ -49,7 +49,8 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.cli.reference",),
     ("ferry.cli.residency", "ferry.cli.remote_hook"),
     ("ferry.cli.bench", "ferry.cli.validate", "ferry.cli.table", "ferry.cli.plan", "ferry.cli.demo",
-     "ferry.cli.residency_plan", "ferry.cli.residency_bench", "ferry.cli.paged_plan", "ferry.cli.paged_bench"),
+     "ferry.cli.residency_plan", "ferry.cli.residency_bench", "ferry.cli.paged_plan", "ferry.cli.paged_bench",
+     "ferry.cli.remote_serve"),
     ("ferry.cli", "ferry.cli.__main__"),
 ]
 

@@ -7,7 +7,9 @@ Each pull is checked against the same cache held locally: the bytes the copy pat
 the local window under the same policy, byte for byte, the pieces the plan's rows (or, paged, its
 runs) and the bytes the cells read. Faults: a server killed at random points of a run of steps
 (fixed seeds), a stopped server (the timeout), a registration refused: each refused pull names the
-peer and the layer and writes nothing, and the pull after reconnect() is right again.
+peer and the layer and writes nothing, and the pull after reconnect() is right again. A peer started
+alone (`ferry remote-serve`, a separate process): the tier reads its published layout, refuses
+another, names it when it is gone, and reconnects to it restarted.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
-from typing import Any, List, Tuple
+from pathlib import Path
+from typing import Any, Iterator, List, Tuple
 
 import numpy as np
 import pytest
@@ -537,3 +542,153 @@ def test_bench_and_validate_remote_pull_every_policy_and_find_the_local_bytes(
     assert main(["validate", *tiny, "--no-overlap", "--policy", "flat,ranges,ragged", "--remote"]) == 0
     out = capsys.readouterr().out
     assert "remote tier" in out and "DIFFERENT" not in out and out.count("identical") >= 3
+
+
+# ------------------------------------------------------------ a peer started alone
+
+
+SERVE = ["-c", "128", "-npl", "2", "--head-dim", "32", "--kv-heads", "1", "--layers", "2"]
+
+
+def serve(*extra: str, args: Tuple[str, ...] = (*SERVE, "--json")) -> Tuple["subprocess.Popen[str]", str]:
+    """`ferry remote-serve` of a tiny cache (SERVE) as a separate process on the loopback, and the
+    segment name it prints (its first line: JSON, or the text's)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(ferry.__file__).parent.parent), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    proc = subprocess.Popen([sys.executable, "-m", "ferry.cli", "remote-serve", *args, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"remote-serve exited with {proc.wait()}"
+    return proc, str(json.loads(line)["peer"]) if line.startswith("{") else line.split()[1]
+
+
+@needs_engine
+def test_remote_serve_runs_with_no_arguments_until_sigterm() -> None:
+    """Every verb runs with no arguments (test_cli.py runs the others in-process; this one serves until
+    killed): it says the segment name to give a client, and SIGTERM ends it with status 0."""
+    proc, name = serve(args=())
+    try:
+        assert name.startswith("127.0.0.1:")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def peer() -> Iterator[Tuple["subprocess.Popen[str]", str]]:
+    proc, name = serve()
+    yield proc, name
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def served_cache(seed: int = 0) -> ferry.KVCache:
+    """The cache `ferry remote-serve` of SERVE holds at seed: made here from the seed alone."""
+    from ferry.workloads.common import KVGeometry
+    from ferry.workloads.remote import random_cache
+
+    return random_cache(KVGeometry(n_layer=2, head_dim=32, n_head_kv=1), 128, 2, seed)
+
+
+@needs_engine
+def test_a_peer_started_alone_serves_its_cache_and_refuses_another_layout(
+        peer: Tuple["subprocess.Popen[str]", str], lens: ferry.Tensor) -> None:
+    """A tier pointed at `ferry remote-serve` (its own process) reads the published layout and pulls
+    windows byte-identical to the same cache held locally, under every policy; a tier whose cache
+    has another layout is refused, naming the peer and each field that differs; SIGTERM ends the
+    server cleanly (status 0)."""
+    from ferry.remote import EngineUnavailableError, PeerLayoutError, RemoteTier
+
+    proc, name = peer
+    ref = served_cache()
+    mirror = served_cache(1)
+    sentinel_fill(mirror)
+    lens2 = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.array([7, 30], np.int32))
+    with RemoteTier(mirror, peer=name) as tier:
+        assert tier.peer == name and tier.server_pid is None
+        assert tier.peer_layout is not None and tier.peer_layout["contents"] == {"seed": 0}
+        for policy in ("flat", "ranges", "plan", "ragged"):
+            k, v, st = tier.pull(1, 32, policy, lengths=lens2)
+            rk, rv = ref.window(1, 32, lengths=lens2)
+            assert delivered(k, policy) == delivered(rk, policy), policy
+            assert delivered(v, policy) == delivered(rv, policy), policy
+            assert st.bytes == st.bytes_read > 0
+    other = ferry.KVCache("f16", "f16", 32, 1, 128, 4, 2)  # 4 streams where the peer has 2
+    with pytest.raises(PeerLayoutError, match=rf"peer {name} holds another layout .*n_stream: 2 at the peer, 4 here"):
+        RemoteTier(other, peer=name)
+    with pytest.raises(ferry.InvalidArgumentError, match="peer must be HOST:PORT"):
+        RemoteTier(other, peer="localhost")
+    with pytest.raises(ferry.InvalidArgumentError, match="protocol must be one of tcp, rdma, got 'udp'"):
+        RemoteTier(other, peer=name, protocol="udp")
+    with pytest.raises(EngineUnavailableError, match="engine runs over tcp; a tier over rdma needs a process"):
+        RemoteTier(other, peer=name, protocol="rdma")  # the transport is the process's: chosen when it starts
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+
+
+@needs_engine
+def test_a_peer_started_alone_killed_is_named_and_reconnect_reads_it_restarted(
+        peer: Tuple["subprocess.Popen[str]", str], lens: ferry.Tensor) -> None:
+    """The peer killed: the pull is refused (PeerGoneError naming the peer and the layer), nothing
+    written; refused again until reconnect(); reconnect() to the restarted peer (the engine picks
+    its port) reads the right bytes again; reconnect() with no peer answering names the address."""
+    from ferry.remote import PeerGoneError, RemoteTier
+
+    proc, name = peer
+    ref, mirror = served_cache(), served_cache(1)
+    lens2 = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.array([7, 30], np.int32))
+    with RemoteTier(mirror, peer=name) as tier:
+        tier.pull(0, 32, "ragged", lengths=lens2)
+        proc.kill()
+        proc.wait()
+        sentinel_fill(mirror)
+        with pytest.raises(PeerGoneError, match=rf"peer {name}: layer 1: .*the peer is gone"):
+            tier.pull(1, 32, "ragged", lengths=lens2)
+        assert all(bytes(t.get()) == bytes([SENTINEL]) * t.nbytes for t in (mirror.k(1), mirror.v(1)))
+        with pytest.raises(PeerGoneError, match=rf"peer {name}: .*reconnect\(\) first"):
+            tier.pull(0, 32, "ragged", lengths=lens2)
+        with pytest.raises(PeerGoneError, match=rf"peer {name}: no peer answers there"):
+            tier.reconnect()
+        again, again_name = serve()
+        try:
+            tier.reconnect(again_name)
+            assert tier.peer == again_name
+            for layer in range(N_LAYER):
+                k, v, _ = tier.pull(layer, 32, "ragged", lengths=lens2)
+                rk, rv = ref.window(layer, 32, lengths=lens2)
+                assert delivered(k, "ragged") == delivered(rk, "ragged")
+                assert delivered(v, "ragged") == delivered(rv, "ragged")
+        finally:
+            again.kill()
+            again.wait()
+
+
+@needs_engine
+def test_bench_and_validate_remote_read_a_peer_started_alone_and_refuse_another_layout_or_seed(
+        peer: Tuple["subprocess.Popen[str]", str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`--remote HOST:PORT` reads the peer instead of starting one: every pulled window identical to
+    the local cache made from the same seed; another -npl or --seed than the peer's is refused,
+    naming the peer and what differs."""
+    from ferry.cli import main
+
+    _, name = peer
+    tiny = ["-c", "128", "-npl", "2", "-npp", "16", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
+            "--heads", "2", "--layers", "2"]
+    assert main(["bench", *tiny, "--rounds", "1", "--repeat", "1", "--policy", "flat,ragged", "--lengths",
+                 "uniform", "--remote", name, "--json"]) == 0
+    remote = json.loads(capsys.readouterr().out)[-1]["remote"]
+    assert remote["peer"] == name and [r["identical"] for r in remote["rows"]] == [True, True]
+    assert main(["validate", *tiny, "--no-overlap", "--policy", "flat,ragged", "--remote", name]) == 0
+    assert f"remote tier ({name}" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=rf"peer {name} holds another layout .*n_stream: 2 at the peer, 4 here"):
+        main(["validate", *tiny[:2], "-npl", "4", *tiny[4:], "--no-overlap", "--remote", name])
+    with pytest.raises(SystemExit, match=rf"peer {name} holds {{'seed': 0}}.*--seed 3"):
+        main(["validate", *tiny, "--no-overlap", "--seed", "3", "--remote", name])
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *tiny, "--remote", "nohost"])
+    assert e.value.code == 2 and "--remote takes HOST:PORT" in capsys.readouterr().err

@@ -14,7 +14,18 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .. import __version__
 from ..errors import FerryError
-from . import bench, demo, paged_bench, paged_plan, plan, residency_bench, residency_plan, table, validate
+from . import (
+    bench,
+    demo,
+    paged_bench,
+    paged_plan,
+    plan,
+    remote_serve,
+    residency_bench,
+    residency_plan,
+    table,
+    validate,
+)
 from .old_spellings import OldSpellingError, translate
 from .option_table import check_rules, refuse_idle
 from .options import given_options, naming_sizes
@@ -24,8 +35,9 @@ from .reference import VerbParser
 #: docs/cli.md say of it), add_parser, job (the parsed options as what will run, every check that
 #: needs no run made), run (runs a job, returns the exit status), main (run(job(args))) and
 #: ARGUMENT_ERRORS (the FerryErrors reported as usage errors, exit 2). One program a verb: the
-#: residency planner's and the paged cache's plan and bench are verbs of their own.
-VERBS = (demo, table, plan, bench, validate, residency_plan, residency_bench, paged_plan, paged_bench)
+#: residency planner's and the paged cache's plan and bench are verbs of their own, and so is the
+#: remote tier's server.
+VERBS = (demo, table, plan, bench, validate, residency_plan, residency_bench, paged_plan, paged_bench, remote_serve)
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from ..backend import link_profiles
 from ..errors import InvalidArgumentError
+from ..remote.server import PROTOCOLS
 from ..residency import STRATEGIES
 from ..workloads.bench import Sequences
 from ..workloads.common import DEVICES, KV_TYPES, LENGTHS, POLICIES, PREFETCH_NEXT
@@ -124,6 +125,7 @@ ALL = DRY + RUNS
 WINDOWS = ("table", "plan", "bench", *RESIDENCY_VERBS, *PAGED_VERBS)  # -npl, -npp: sequences of -npp prompts
 LAYERED = ("residency-plan", *RUNS)  # the query heads and layers: a decode step, or a plan of every layer
 PLACED = ("residency-plan", "bench", "validate", "residency-bench")  # layers over --devices, KV placed on them
+SERVE = ("remote-serve",)  # holds a cache for remote tiers: the KV geometry, no window
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,9 @@ def _all(verbs: Sequence[str], w: When = ALWAYS) -> Dict[str, When]:
 
 
 d = DEFAULTS
+#: --remote alone starts a server on the loopback (const ""); with HOST:PORT it reads that peer.
+REMOTE_ARG: Dict[str, Any] = {"nargs": "?", "const": "", "default": None, "metavar": "HOST:PORT"}
+REMOTE_ACCEPTS = "HOST:PORT, or nothing"
 LENGTHS_HELP = (f"each prompt: {' or '.join(LENGTHS)} (-npp cells; seeded draws up to -npp), or a file of at most "
                 f"{MAX_OPTION_FILE // 2**20} MiB")
 SIZES = "sizes (64MiB, 1GiB, 500MB, bytes), comma-separated"
@@ -248,12 +253,14 @@ SHAPE, KV, RUN, DEVICES_GROUP, RESIDENCY_GROUP, OUTPUT = (
 #: above (_all of DRY, RUNS, WINDOWS, ...), a verb's own options named with it.
 OPTIONS: Tuple[Option, ...] = (
     # the window
-    _opt(["-c"], "cells in all streams together, -c / -npl each", _all(ALL), SHAPE,
+    _opt(["-c"], "cells in all streams together, -c / -npl each", _all(ALL + SERVE), SHAPE,
          type=POSITIVE, default=d.n_ctx, action=Given, metavar="N_CTX"),
     _opt(["-npl"], "numbers of sequences, one stream each", _all(WINDOWS), SHAPE,
          type=int_list, default=list(d.npl), metavar="N,N,..."),
     _opt(["-npl"], "streams a wave serves, one sequence each: one gate per number", {"validate": ALWAYS}, SHAPE,
          type=int_list, default=list(d.npl), metavar="N,N,..."),
+    _opt(["-npl"], "streams of the cache served: one number, a client's -npl", {"remote-serve": ALWAYS}, SHAPE,
+         type=int_list, default=list(d.npl[:1]), metavar="N,N,..."),
     _opt(["-npp"], "prompt cells per sequence", _all(WINDOWS), SHAPE, type=POSITIVE,
          default=d.npp),
     _opt(["-npp"], "the longest prompt, in cells: prompts are -ntg + 1 to -npp cells", {"validate": ALWAYS}, SHAPE,
@@ -273,12 +280,12 @@ OPTIONS: Tuple[Option, ...] = (
     # the KV geometry
     _opt(["--type"], "K and V type (any ferry type: a dry run)", _all(DRY), KV, type=type_name(ANY_TYPE),
          default=d.type_kv, metavar="TYPE"),
-    _opt(["--type"], "K and V type, as attention reads them", _all(RUNS), KV, type=type_name(KV_TYPES),
+    _opt(["--type"], "K and V type, as attention reads them", _all(RUNS + SERVE), KV, type=type_name(KV_TYPES),
          default=d.type_kv, metavar="TYPE"),
-    _opt(["--head-dim"], "values per head", _all(ALL), KV, type=POSITIVE, default=d.head_dim, action=Given),
-    _opt(["--kv-heads"], "KV heads", _all(ALL), KV, type=POSITIVE, default=d.n_head_kv, action=Given),
+    _opt(["--head-dim"], "values per head", _all(ALL + SERVE), KV, type=POSITIVE, default=d.head_dim, action=Given),
+    _opt(["--kv-heads"], "KV heads", _all(ALL + SERVE), KV, type=POSITIVE, default=d.n_head_kv, action=Given),
     _opt(["--heads"], "query heads", _all(LAYERED), KV, type=POSITIVE, default=d.n_head, action=Given),
-    _opt(["--layers"], "layers", _all(LAYERED), KV, type=POSITIVE, default=d.n_layer, action=Given),
+    _opt(["--layers"], "layers", _all(LAYERED + SERVE), KV, type=POSITIVE, default=d.n_layer, action=Given),
     _opt(["--model"], "the KV geometry from a GGUF model (options given beside it win)", _all(ALL), KV,
          metavar="FILE.gguf"),
     _opt(["--swa-window"], "sliding window, in cells, of the layers --swa-layers marks s",
@@ -288,7 +295,8 @@ OPTIONS: Tuple[Option, ...] = (
          _all(("table", "plan", "residency-plan"), SWA_PAIR), KV,
          type=swa_pattern, metavar="PATTERN", default_text="--model's, else none"),
     _opt(["--v-trans"], "V stored transposed (flash attention off)",
-         {"plan": WHICH_V, "paged-plan": WHICH_V, "residency-plan": ALWAYS, **_all(RUNS)}, KV, action="store_true"),
+         {"plan": WHICH_V, "paged-plan": WHICH_V, "residency-plan": ALWAYS, **_all(RUNS + SERVE)}, KV,
+         action="store_true"),
     # what runs
     _opt(["--which"], "the K or the V window", _all(("plan", "paged-plan")), RUN, choices=("k", "v"), default="k"),
     _opt(["--stream"], "streams read", _all(("plan", "paged-plan")), RUN, type=stream_range, metavar="S0-S1",
@@ -320,6 +328,8 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--prefetch-next"], "copy each step's first layer under the step before", {"validate": GATE_OVERLAP}, RUN,
          choices=list(PREFETCH_NEXT), metavar="HOW", default="both"),
     _opt(["--seed"], "the sequences' content", {"validate": ALWAYS}, RUN, type=count(0), default=0),
+    _opt(["--seed"], "the cache's content, as `ferry bench --remote` (0) and `ferry validate --remote --seed` fill "
+         "theirs", {"remote-serve": ALWAYS}, RUN, type=count(0), default=0),
     _opt(["--draft"], "also verify drafts of N tokens: a draft row beside each row", {"bench": ALWAYS}, RUN,
          type=count(0), default=Sequences.draft, metavar="N"),
     _opt(["--draft"], "also serve by drafts of N tokens, the rejected cells rolled back", {"validate": ALWAYS}, RUN,
@@ -338,11 +348,17 @@ OPTIONS: Tuple[Option, ...] = (
          _all(("bench", "paged-bench")), RUN, type=POSITIVE, default=d.rounds, metavar="N"),
     _opt(["--paged"], "also serve through a paged cache, per gather method", {"validate": ALWAYS}, RUN,
          action="store_true"),
-    _opt(["--remote"], "also pull each policy's windows from a server process on the loopback (the remote tier, "
-         "`pip install ferry[remote]`): pieces, bytes and time a step", {"bench": ALWAYS}, RUN, action="store_true"),
-    _opt(["--remote"], "also pull each policy's windows from a server process on the loopback (the remote tier, "
-         "`pip install ferry[remote]`), byte for byte against the local cache", {"validate": ALWAYS}, RUN,
-         action="store_true"),
+    _opt(["--remote"], "also pull each policy's windows from a remote tier (`pip install ferry[remote]`): the peer "
+         "HOST:PORT (`ferry remote-serve`), or alone a server on the loopback; pieces, bytes and time a step",
+         {"bench": ALWAYS}, RUN, accepts=REMOTE_ACCEPTS, **REMOTE_ARG),
+    _opt(["--remote"], "also pull each policy's windows from a remote tier (`pip install ferry[remote]`): the peer "
+         "HOST:PORT (`ferry remote-serve`), or alone a server on the loopback; byte for byte against the local cache",
+         {"validate": ALWAYS}, RUN, accepts=REMOTE_ACCEPTS, **REMOTE_ARG),
+    # the remote tier's server
+    _opt(["--host"], "the address clients reach this host at (its segment name's host)", {"remote-serve": ALWAYS},
+         RUN, default="127.0.0.1", metavar="ADDRESS"),
+    _opt(["--protocol"], "the transfer engine's protocol: rdma where the machine has it", {"remote-serve": ALWAYS},
+         RUN, choices=PROTOCOLS, default="tcp"),
     _opt(["--block-size"], "cells per block of the paged cache",
          {**_all(PAGED_VERBS), "validate": PAGED}, RUN, type=POSITIVE, default=d.block_size, metavar="N",
          rule=pool_holds_sequences),
@@ -421,6 +437,8 @@ OPTIONS: Tuple[Option, ...] = (
          metavar="SIZE", default_text="this host's memory"),
     # output
     _opt(["--json"], "a JSON list of objects instead of text", _all(ALL), OUTPUT, action="store_true"),
+    _opt(["--json"], "the segment name and layout as one JSON object instead of text", {"remote-serve": ALWAYS},
+         OUTPUT, action="store_true"),
     _opt(["--wide"], "every figure (times, bandwidth, memory), wider than 100 columns",
          {"bench": TABLE_OUT}, OUTPUT, action="store_true"),
     _opt(["--plot"], "also write a PNG chart of tokens/s (needs matplotlib)", {"bench": ALWAYS}, OUTPUT,

@@ -4,15 +4,17 @@ devices, by each strategy, predicted (the plan) and measured beside the predicti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import InvalidArgumentError
 from ..plan import CopyCostModel
 from ..residency import LayerCost, ResidencyPlan
+from ..residency.model import PlanDoesNotFitError
 from ..workloads.common import n_kv_for, prefetch_depths
 from ..workloads.devices import naming_device_memory
 from ..workloads.model_file import ModelGeometry
@@ -210,6 +212,24 @@ def plan_job(args: argparse.Namespace, g: Optional[ModelGeometry]) -> PlanJob:
     """
     return PlanJob(_checked_model(args, g), tuple(args.strategy), tuple(args.npl), args.npp, args.ntg, args.pad,
                    prefetch_depths(args.overlap, args.prefetch), args.json)
+
+
+@contextlib.contextmanager
+def naming_budget() -> Iterator[None]:
+    """Within it, a plan that cannot fit a device's memory names the options that set the budget
+    before the planner's message (which device, what it needs, by how much it is short).
+
+    Raises
+    ------
+    PlanDoesNotFitError
+        Its message led by the option: --device-memory and --reserve, or the host's memory for a
+        remote tier's staging (a message that starts "host memory").
+    """
+    try:
+        yield
+    except PlanDoesNotFitError as e:
+        option = "--host-memory" if e.message.startswith("host memory") else "--device-memory (less --reserve)"
+        raise PlanDoesNotFitError(f"{option} too small: {e.message}") from None
 
 
 def run_plan(j: PlanJob) -> int:

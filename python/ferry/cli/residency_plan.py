@@ -47,7 +47,8 @@ def job(args: argparse.Namespace) -> residency.PlanJob:
 def run(j: residency.PlanJob) -> int:
     """Print each strategy's plan (residency.run_plan). Returns the exit status 0; PlanDoesNotFitError
     (a usage error) when a plan cannot fit."""
-    return residency.run_plan(j)
+    with residency.naming_budget():  # the planner's refusal names the option that set the budget
+        return residency.run_plan(j)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 from ..errors import InvalidArgumentError
 from ..workloads import validate as validate_workload
@@ -87,7 +87,7 @@ class Job:
 
     configs: Tuple[ValidateConfig, ...]
     json: bool
-    remote: bool = False
+    remote: Optional[str] = None  # --remote: "" a server on the loopback, or the peer's HOST:PORT
 
 
 def job(args: argparse.Namespace) -> Job:
@@ -127,11 +127,11 @@ def run(j: Job) -> int:
     runs = [(cfg, validate_workload.run_validate(cfg)) for cfg in j.configs]
     failed = [cfg.waves.n_stream for cfg, res in runs if not res.passed]
     remote = None
-    if j.remote:  # the remote tier's pulls, byte for byte against the local cache; a difference fails the gate
+    if j.remote is not None:  # the remote tier's pulls, byte for byte against the local cache; a difference fails
         w, c0 = j.configs[0].waves, j.configs[0]
         npp = w.npp if w.npp is not None else w.kv_size - w.n_step  # as the gate's waves take it
         remote = remote_hook.run(w.kv_size * w.n_stream, [c.waves.n_stream for c in j.configs], npp, w.n_step,
-                                 w.pad, w.lengths, c0.kv, c0.variants.policies, w.seed)
+                                 w.pad, w.lengths, c0.kv, c0.variants.policies, w.seed, j.remote)
         failed += sorted({r.npl for r in remote.rows if not r.identical} - set(failed))
     if j.json:
         print(json.dumps([{"npl": cfg.waves.n_stream, **res.as_dict()} for cfg, res in runs]

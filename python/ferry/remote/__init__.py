@@ -2,7 +2,8 @@
 engine (Mooncake's) by ferry's own plans. `pip install ferry[remote]` installs the engine; ferry
 imports it only when a tier is made, and says what to install where it is missing.
 
-RemoteTier (ferry.remote.tier) holds the cache remotely and pulls a step's windows; PullStats says
+RemoteTier (ferry.remote.tier) holds the cache remotely (a server it starts on the loopback, or a
+peer started alone on any host: `ferry remote-serve`, ferry.remote.server) and pulls a step's windows; PullStats says
 what a pull moved; measure_remote_link (ferry.remote.link) fits the link's per-piece cost and rate
 for the copy cost model (time_remote_link times the reads, fit_remote_link fits their medians);
 engine_missing says why the engine cannot be imported (None when it can).
@@ -12,10 +13,17 @@ The errors are FerryError subclasses naming the peer and the layer (ferry.remote
 from __future__ import annotations
 
 from .engine import engine_missing
-from .errors import EngineUnavailableError, PeerGoneError, RegistrationError, RemoteError, RemoteTimeoutError
+from .errors import (
+    EngineUnavailableError,
+    PeerGoneError,
+    PeerLayoutError,
+    RegistrationError,
+    RemoteError,
+    RemoteTimeoutError,
+)
 from .link import BatchTiming, RemoteLinkFit, fit_remote_link, measure_remote_link, time_remote_link
 from .tier import PendingPull, PullStats, RemoteTier
 
 __all__ = ["RemoteTier", "PullStats", "PendingPull", "measure_remote_link", "time_remote_link", "fit_remote_link",
            "BatchTiming", "RemoteLinkFit", "engine_missing", "RemoteError", "EngineUnavailableError", "PeerGoneError",
-           "RegistrationError", "RemoteTimeoutError"]
+           "PeerLayoutError", "RegistrationError", "RemoteTimeoutError"]

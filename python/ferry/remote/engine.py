@@ -67,16 +67,19 @@ def transfer_engine_class() -> Any:
 
 
 _engine: Any = None
+_engine_protocol = ""
 
 
-def local_engine(host: str = "127.0.0.1") -> Any:
-    """This process's one TransferEngine, started on first use (over TCP, peers found by handshake,
-    no metadata server): every remote tier of the process registers its memory with it.
+def local_engine(host: str = "127.0.0.1", protocol: str = "tcp") -> Any:
+    """This process's one TransferEngine, started on first use (peers found by handshake, no metadata
+    server): every remote tier of the process registers its memory with it.
 
     Parameters
     ----------
     host : str, optional
         The address this engine is reached at.
+    protocol : str, optional
+        "tcp", or "rdma" where the machine has it: the peers' (`ferry remote-serve --protocol`).
 
     Returns
     -------
@@ -85,13 +88,17 @@ def local_engine(host: str = "127.0.0.1") -> Any:
     Raises
     ------
     EngineUnavailableError
-        When the engine cannot be imported or started.
+        When the engine cannot be imported or started, or was started over another protocol.
     """
-    global _engine
+    global _engine, _engine_protocol
     if _engine is None:
         engine = transfer_engine_class()()
-        rc = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
+        rc = engine.initialize(host, "P2PHANDSHAKE", protocol, "")
         if rc != 0:
-            raise EngineUnavailableError(f"remote tier: the transfer engine did not start on {host} (status {rc})")
-        _engine = engine
+            raise EngineUnavailableError(f"remote tier: the transfer engine did not start on {host} over {protocol} "
+                                         f"(status {rc})")
+        _engine, _engine_protocol = engine, protocol
+    elif protocol != _engine_protocol:  # one engine a process: its transport is chosen when it starts
+        raise EngineUnavailableError(f"remote tier: this process's transfer engine runs over {_engine_protocol}; "
+                                     f"a tier over {protocol} needs a process of its own")
     return _engine

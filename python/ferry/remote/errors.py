@@ -17,7 +17,12 @@ class EngineUnavailableError(RemoteError):
 
 class PeerGoneError(RemoteError):
     """The peer stopped answering: its process ended, or its connection broke mid-transfer.
-    RemoteTier.reconnect() starts it again."""
+    RemoteTier.reconnect() starts it again (or, for a peer started alone, connects to it again)."""
+
+
+class PeerLayoutError(RemoteError):
+    """A peer started alone (`ferry remote-serve`) holds a cache of another layout than the tier's, or
+    publishes none; the message names the peer and each field that differs."""
 
 
 class RegistrationError(RemoteError):

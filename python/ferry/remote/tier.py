@@ -3,8 +3,11 @@ engine, and the window a step reads pulled into local memory by ferry's own plan
 
 RemoteTier(cache) starts a server process (ferry.remote.server) on the loopback holding one region
 per layer's K and per layer's V, each the size of the local cache's, and registers the local
-cache's memory with this process's engine. upload() writes a cache's bytes (the local one, or
-another of the same layout) into the regions. pull() reads one step's window of a layer: the
+cache's memory with this process's engine. RemoteTier(cache, peer="host:port") starts nothing: it
+reads the layout a peer started alone publishes (`ferry remote-serve`, server.serve_cache) through
+the engine, refuses one that differs from the cache's (PeerLayoutError), and reads its regions.
+upload() writes a cache's bytes (the local one, or another of the same layout) into the regions.
+pull() reads one step's window of a layer: the
 copy policy's copies of the K and V windows (flat: the span; ranges: one range per stream;
 plan; ragged: each stream's used cells; a paged window: its gather's runs), as C makes them,
 cut into pieces (ferry.plan.copy_pieces, gather_pieces), merged where the link's model says a
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -51,7 +55,8 @@ from ..plan import (
 from ..policy import CopyPolicy, GatherMethod, PolicyLike, to_policy
 from ..tensor import Tensor
 from .engine import local_engine
-from .errors import PeerGoneError, RegistrationError, RemoteError, RemoteTimeoutError
+from .errors import PeerGoneError, PeerLayoutError, RegistrationError, RemoteError, RemoteTimeoutError
+from .server import LAYOUT_HEADER, LAYOUT_MAGIC, PROTOCOLS, cache_layout, layout_differences
 
 #: The peers (host:port) this process has read from: a new server must take another port.
 _PEERS_USED: Set[str] = set()
@@ -179,6 +184,15 @@ def _starts(sizes: np.ndarray, at: int = 0) -> np.ndarray:
     return out + np.uintp(at)
 
 
+def _peer_arg(peer: object, what: str) -> str:
+    """A peer's segment name, HOST:PORT, checked."""
+    host, _, port = str(peer).rpartition(":") if isinstance(peer, str) else ("", "", "")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgumentError(f"{what} must be HOST:PORT, the segment name `ferry remote-serve` prints, "
+                                   f"got {peer!r}")
+    return str(peer)
+
+
 def _cache_arg(cache: object, what: str) -> LayerCache:
     if not isinstance(cache, (KVCache, PagedKVCache)):
         raise InvalidArgumentError(f"{what}: expected a KVCache or PagedKVCache, got {type(cache).__name__}")
@@ -201,21 +215,31 @@ class RemoteTier:
         Seconds a pull may take before it is refused (RemoteTimeoutError).
     host : str, optional
         The address the server and this process's engine listen on.
+    peer : str, optional
+        HOST:PORT of a peer started alone (`ferry remote-serve`, on this host or another): the tier
+        reads its layers instead of starting a server. Default: start one on host.
+    protocol : str, optional
+        The engine's transport, the peer's: "tcp", or "rdma" where the machine has it (one a process).
 
     Raises
     ------
     InvalidArgumentError
-        For a cache that is not a KVCache or PagedKVCache, or a timeout that is not positive.
+        For a cache that is not a KVCache or PagedKVCache, a timeout that is not positive, a peer
+        that is not HOST:PORT, or a protocol that is not tcp or rdma.
+    PeerLayoutError
+        When the peer holds a cache of another layout (naming the peer and each field that differs)
+        or publishes none.
     EngineUnavailableError
-        When the engine cannot be imported (naming the package or system library to install).
+        When the engine cannot be imported (naming the package or system library to install), or
+        this process's engine runs over another protocol.
     RegistrationError
         When the engine refuses the cache's memory (already registered by another tier, say).
     PeerGoneError
-        When the server does not start.
+        When the server does not start, or no peer answers at peer.
     """
 
     def __init__(self, cache: LayerCache, model: Optional[CopyCostModel] = None, timeout_s: float = 10.0,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", peer: Optional[str] = None, protocol: str = "tcp") -> None:
         self._cache: LayerCache = _cache_arg(cache, "RemoteTier: cache")
         if model is not None:
             _checks.instance(model, CopyCostModel, "RemoteTier: model")
@@ -226,7 +250,12 @@ class RemoteTier:
         if not self._timeout > 0:
             raise InvalidArgumentError(f"RemoteTier: timeout_s must be positive, got {timeout_s!r}")
         self._host = host
-        self._engine = local_engine(host)
+        #: a peer started alone: the tier reads it and never starts or stops it
+        self._external = None if peer is None else _peer_arg(peer, "RemoteTier: peer")
+        self._published: Optional[Dict[str, Any]] = None
+        if protocol not in PROTOCOLS:
+            raise InvalidArgumentError(f"RemoteTier: protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        self._engine = local_engine(host, protocol)
         n_layer = cache.params.n_layer
         #: (layer, which, address, nbytes) of each region, K and V of each layer
         self._regions: List[Tuple[int, str, int, int]] = []
@@ -243,13 +272,20 @@ class RemoteTier:
         self._abandoned: List[np.ndarray] = []
         self._cpu = CPUBackend()
         self._server: Optional[subprocess.Popen[bytes]] = None
-        self._peer = "(not started)"
+        self._peer = self._external or "(not started)"
         self._remote: List[int] = []
         self._broken: Optional[str] = None
         self._source: Optional[LayerCache] = None
-        for layer, which, addr, n in self._regions:
-            self._register(addr, n, f"layer {layer}'s {which.upper()}")
-        self._start()
+        try:
+            for layer, which, addr, n in self._regions:
+                self._register(addr, n, f"layer {layer}'s {which.upper()}")
+            if self._external is not None:
+                self._connect(self._external)
+            else:
+                self._start()
+        except BaseException:  # refused: the memory goes back unregistered, or a later cache there is refused
+            self.close()
+            raise
 
     # ------------------------------------------------------------ the peer
 
@@ -257,6 +293,12 @@ class RemoteTier:
     def peer(self) -> str:
         """The server's address, host:port."""
         return self._peer
+
+    @property
+    def peer_layout(self) -> Optional[Dict[str, Any]]:
+        """What a peer started alone published: its cache's layout, each region's address and its
+        contents ({"seed": N} from `ferry remote-serve`); None for a server the tier started."""
+        return self._published
 
     @property
     def model(self) -> CopyCostModel:
@@ -278,6 +320,54 @@ class RemoteTier:
             raise RegistrationError(f"remote tier: peer {self._peer}: the engine refused to register {what} "
                                     f"({n} bytes at {addr:#x}, status {rc}); is it registered by another tier?")
         self._registered.append(addr)
+
+    def _connect(self, peer: str) -> None:
+        """Read a peer's published layout (its segment's first buffer: server.publish_layout) through
+        the engine, refuse one that differs from the cache's, and take its regions' addresses."""
+        self._peer, self._broken = peer, None
+        # asked first: the engine answers for a peer it has read before from what it kept of it
+        first = int(self._engine.get_first_buffer_address(peer)) if self._peer_answers() else 0
+        if first == 0:
+            raise PeerGoneError(f"remote tier: peer {peer}: no peer answers there; start one (`ferry remote-serve`) "
+                                "and give the HOST:PORT it prints")
+        head = self._read_small(first, LAYOUT_HEADER)
+        if head[:len(LAYOUT_MAGIC)] != LAYOUT_MAGIC:
+            raise PeerLayoutError(f"remote tier: peer {peer} publishes no ferry layout in its first region: is it "
+                                  "`ferry remote-serve`?")
+        try:
+            published = json.loads(self._read_small(first + LAYOUT_HEADER, int.from_bytes(head[8:], "little")))
+            addresses = [int(a) for a in published["addresses"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise PeerLayoutError(f"remote tier: peer {peer}: its published layout cannot be read ({e})") from None
+        differ = layout_differences(published, cache_layout(self._cache))
+        if not differ and len(addresses) != len(self._regions):
+            differ = [f"the addresses: {len(addresses)} at the peer for {len(self._regions)} regions"]
+        if differ:
+            raise PeerLayoutError(f"remote tier: peer {peer} holds another layout than the tier's cache: "
+                                  + "; ".join(differ))
+        self._remote, self._published = addresses, published
+        _PEERS_USED.add(peer)  # a server this process starts must not take its port
+
+    def _read_small(self, address: int, nbytes: int) -> bytes:
+        """nbytes at the peer's address, read into a buffer registered for it alone."""
+        buf = np.zeros(max(nbytes, 1), dtype=np.uint8)
+        self._register(buf.ctypes.data, buf.nbytes, "a buffer for the peer's layout")
+        try:
+            self._batch("reading its layout", lambda e: e.transfer_sync_read(self._peer, buf.ctypes.data, address,
+                                                                             nbytes))
+        finally:
+            self._engine.unregister_memory(buf.ctypes.data)
+            self._registered.remove(buf.ctypes.data)
+        return bytes(buf[:nbytes])
+
+    def _peer_answers(self) -> bool:
+        """Whether something listens at the peer's address (a peer started alone: no process to ask)."""
+        host, _, port = self._peer.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return True
+        except OSError:
+            return False
 
     def _start(self) -> None:
         """Start a server holding a zeroed region per layer's K and V, at an address this process has
@@ -334,17 +424,35 @@ class RemoteTier:
             server.kill()
             server.wait()
 
-    def reconnect(self) -> None:
-        """Start the peer again (its process ended, or a pull broke or timed out) and write into it
-        what upload() last wrote, so the next pull gives the same bytes as before the fault.
+    def reconnect(self, peer: Optional[str] = None) -> None:
+        """Start the peer again (its process ended, or a pull broke or timed out), or for a peer started
+        alone connect to it again, its layout checked anew; then write into it what upload() last
+        wrote, so the next pull gives the same bytes as before the fault.
+
+        Parameters
+        ----------
+        peer : str, optional
+            For a tier made with a peer: HOST:PORT of the peer now (a restarted `ferry remote-serve`
+            prints a new port: the engine picks it); default the same.
 
         Raises
         ------
+        InvalidArgumentError
+            For a peer given to a tier that starts its own server, or one that is not HOST:PORT.
         PeerGoneError, RegistrationError
-            When the new server does not start.
+            When the new server does not start, or no peer answers.
+        PeerLayoutError
+            When the peer now holds another layout.
         """
-        self._stop()
-        self._start()
+        if self._external is not None:
+            self._external = self._external if peer is None else _peer_arg(peer, "RemoteTier.reconnect: peer")
+            self._connect(self._external)
+        elif peer is not None:
+            raise InvalidArgumentError("RemoteTier.reconnect: peer is for a tier made with one; this tier starts its "
+                                       "own server")
+        else:
+            self._stop()
+            self._start()
         if self._source is not None:
             self.upload(self._source)
 
@@ -690,7 +798,7 @@ class RemoteTier:
         if self._broken is not None:
             raise PeerGoneError(f"remote tier: peer {self._peer}: {what} refused: {self._broken}; "
                                 "reconnect() first")
-        if self._server is None or self._server.poll() is not None:
+        if self._external is None and (self._server is None or self._server.poll() is not None):
             self._broken = "its process ended"
             raise PeerGoneError(f"remote tier: peer {self._peer}: {what}: the peer's process ended; nothing was "
                                 "written; reconnect() starts it again")
@@ -707,7 +815,7 @@ class RemoteTier:
             raise RemoteTimeoutError(f"remote tier: peer {self._peer}: {what}: no answer within {self._timeout:g} s; "
                                      "nothing was written; reconnect() before the next pull")
         if not result or not ok(result[0]):
-            gone = self._server is None
+            gone = self._server is None if self._external is None else not self._peer_answers()
             if self._server is not None:
                 try:  # a peer killed mid-transfer: its end may lag the broken connection a little
                     self._server.wait(timeout=0.5)

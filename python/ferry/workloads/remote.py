@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -70,10 +70,13 @@ class RemoteResult:
     rows : tuple of RemoteRow
     links : tuple of (int, float, float, float)
         Per npl: (npl, a batch's microseconds, a piece's nanoseconds, GB/s) as fitted.
+    peer : str
+        The peer read (HOST:PORT), or "" for a server on the loopback.
     """
 
     rows: Tuple[RemoteRow, ...]
     links: Tuple[Tuple[int, float, float, float], ...]
+    peer: str = ""
 
     @property
     def identical(self) -> bool:
@@ -82,7 +85,7 @@ class RemoteResult:
 
     def as_dict(self) -> Dict[str, Any]:
         """The rows and links as JSON-ready values."""
-        return {"rows": [asdict(r) for r in self.rows],
+        return {"peer": self.peer, "rows": [asdict(r) for r in self.rows],
                 "links": [dict(zip(("npl", "batch_us", "piece_ns", "gbps"), link)) for link in self.links]}
 
 
@@ -94,7 +97,21 @@ def _delivered(cpu: CPUBackend, window: Tensor, policy: str) -> bytes:
     return bytes(dst.get())
 
 
-def _random_cache(geometry: KVGeometry, n_ctx: int, npl: int, seed: int) -> KVCache:
+def random_cache(geometry: KVGeometry, n_ctx: int, npl: int, seed: int) -> KVCache:
+    """A cache of the geometry, n_ctx cells over npl streams, filled from seed alone: a peer started alone
+    (`ferry remote-serve --seed N`) and a run's local cache hold the same bytes.
+
+    Parameters
+    ----------
+    geometry : KVGeometry
+    n_ctx, npl : int
+        Cells in all streams together, and streams.
+    seed : int
+
+    Returns
+    -------
+    KVCache
+    """
     kv = KVCache(geometry.type_kv, geometry.type_kv, geometry.head_dim, geometry.n_head_kv, n_ctx, npl,
                  geometry.n_layer, v_trans=geometry.v_trans)
     rng = np.random.default_rng([seed, 45])
@@ -110,7 +127,7 @@ def _random_cache(geometry: KVGeometry, n_ctx: int, npl: int, seed: int) -> KVCa
 
 
 def run_remote(geometry: KVGeometry, n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int,
-               lengths: Lengths, policies: Sequence[str], seed: int = 0) -> RemoteResult:
+               lengths: Lengths, policies: Sequence[str], seed: int = 0, peer: Optional[str] = None) -> RemoteResult:
     """Pull each policy's windows of every step from a remote tier and check them against the local cache.
 
     Parameters
@@ -128,6 +145,10 @@ def run_remote(geometry: KVGeometry, n_ctx: int, npls: Sequence[int], npp: int, 
         Copy policies.
     seed : int, optional
         The content's and the lengths' seed.
+    peer : str, optional
+        HOST:PORT of a peer started alone (`ferry remote-serve`) holding random_cache of the same
+        geometry, npl and seed: nothing is uploaded, the local cache is made from the seed alone.
+        Default: a server on the loopback, the local cache uploaded.
 
     Returns
     -------
@@ -137,7 +158,7 @@ def run_remote(geometry: KVGeometry, n_ctx: int, npls: Sequence[int], npp: int, 
     ------
     FerryError
         EngineUnavailableError where the engine is missing (naming what to install), the tier's errors
-        when the peer fails.
+        when the peer fails; PeerLayoutError when the peer holds another layout or another seed's bytes.
     """
     from ..remote import RemoteTier, measure_remote_link
 
@@ -146,11 +167,17 @@ def run_remote(geometry: KVGeometry, n_ctx: int, npls: Sequence[int], npp: int, 
     links = []
     for npl in npls:
         kv_size = n_ctx // npl
-        local = _random_cache(geometry, n_ctx, npl, seed)
-        mirror = _random_cache(geometry, n_ctx, npl, seed + 1)
+        local = random_cache(geometry, n_ctx, npl, seed)
+        mirror = random_cache(geometry, n_ctx, npl, seed + 1)
         prompts = prompt_lengths(lengths, npl, npp, seed)
-        with RemoteTier(mirror, timeout_s=60.0) as tier:
-            tier.upload(local)
+        with RemoteTier(mirror, timeout_s=60.0, peer=peer) as tier:
+            if peer is None:
+                tier.upload(local)
+            elif (tier.peer_layout or {}).get("contents") != {"seed": seed}:
+                from ..remote import PeerLayoutError
+
+                raise PeerLayoutError(f"remote tier: peer {peer} holds {(tier.peer_layout or {}).get('contents')}, "
+                                      f"this run's local cache seed {seed}: start it with --seed {seed}")
             region = tier.region_bytes()
             if region >= 32768:
                 fit = measure_remote_link(tier, nbytes=min(region, 4 << 20), repeats=3).fit
@@ -177,12 +204,12 @@ def run_remote(geometry: KVGeometry, n_ctx: int, npls: Sequence[int], npp: int, 
                 rows.append(RemoteRow(npl=npl, policy=policy, steps=ntg, pieces_per_step=pieces / ntg,
                                       bytes_per_step=moved / ntg, ms_per_step=statistics.median(times) * 1e3,
                                       predicted_ms_per_step=statistics.median(predicted) * 1e3, identical=same))
-    return RemoteResult(rows=tuple(rows), links=tuple(links))
+    return RemoteResult(rows=tuple(rows), links=tuple(links), peer=peer or "")
 
 
 def format_remote(res: RemoteResult) -> List[str]:
     """The rows as text lines (a table, then the links' fits)."""
-    lines = ["remote tier (a server process on the loopback, Mooncake's transfer engine over TCP):",
+    lines = [f"remote tier ({res.peer or 'a server process on the loopback'}, Mooncake's transfer engine):",
              f"{'npl':>4} {'policy':>7} {'pieces/step':>11} {'bytes/step':>12} {'ms/step':>8} {'model ms':>9}  bytes",
              ]
     for r in res.rows:
