@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -204,15 +205,20 @@ def serve_cache(cache: Any, host: str = "127.0.0.1", protocol: str = "tcp", cont
     FerryError
         As hold_cache raises.
     """
-    stop = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # before the engine's threads: they inherit the mask
+    # Python's own handlers, not a mask and sigwait: a process-directed signal goes to any thread that
+    # does not block it (numpy's BLAS threads start at import, before a mask could be set), and a
+    # Python handler runs in the main thread whichever thread took it.
+    stopped = threading.Event()
+    previous = {sig: signal.signal(sig, lambda signum, frame: stopped.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         _, peer, layout, release = hold_cache(cache, host, protocol, contents)
         announce(peer, layout)
-        signal.sigwait(stop)
+        while not stopped.wait(0.2):  # a timed wait: the main thread runs the handler between waits
+            pass
         release()
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 
