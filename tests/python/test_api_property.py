@@ -4,7 +4,8 @@ ferry.residency's plan and predict functions with their DeviceSpec and LayerCost
 measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trace, Scheduler's
 prefetch_next, drop_ahead and truncate, ops.attn_paged and PagedKVCache.table_tensor; BlockPool's
 constructor, set_prefetch, sync, truncate, set_resident, choose_resident and plan; ferry.plan's copy_pieces,
-gather_pieces and merge_pieces; ferry.remote.server's cache_layout and layout_differences.
+gather_pieces and merge_pieces; ferry.remote.server's cache_layout and layout_differences; RemoteTier's
+pull and pull_async.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -20,7 +21,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -1312,3 +1313,51 @@ def test_a_peers_layout_agrees_only_when_equal_and_any_other_is_said(where: str,
     assert all(" at the peer" in line and line.endswith(" here") for line in got), got
     _, err = outcome(lambda: cache_layout(value), ("cache",))
     assert err is not None
+
+
+# ---------------------------------------------------------------- ferry.remote: RemoteTier.pull and pull_async
+
+
+@pytest.fixture(scope="module")
+def pulled() -> Iterator[Tuple[Any, ferry.KVCache, ferry.Tensor]]:
+    """A tier (its server on the loopback) over a small cache, the cache it pulls into, and lengths."""
+    from ferry.remote import RemoteTier, engine_missing
+
+    if engine_missing() is not None:
+        pytest.skip(f"no transfer engine: {engine_missing()}")
+    local = ferry.KVCache("f16", "f16", 8, 1, 64, 2, 2)
+    for layer in range(2):
+        for t in (local.k(layer), local.v(layer)):
+            t.set(bytes(range(256)) * (t.nbytes // 256))
+    lens = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.array([5, 17], np.int32), name="lens")
+    with RemoteTier(local) as tier:
+        yield tier, local, lens
+
+
+@settings(max_examples=60 * SCALE, **SETTINGS)
+@given(arg=st.sampled_from(["layer", "n_kv", "policy", "lengths", "s0", "s1", "merge"]),
+       value=st.one_of(junk(), ints(-2, 40), st.sampled_from(["flat", "ranges", "plan", "ragged", "x"])),
+       issue=st.sampled_from(["pull", "pull_async"]))
+@example(arg="layer", value=2, issue="pull_async")  # a layer past the cache's
+def test_a_pull_or_an_async_pull_of_any_argument_runs_or_is_refused_naming_it_writing_nothing(
+        pulled: Tuple[Any, ferry.KVCache, ferry.Tensor], arg: str, value: Any, issue: str) -> None:
+    """RemoteTier.pull and pull_async from a call that succeeds, one argument drawn: the pull lands,
+    or is refused before any read naming that argument, the local cache's bytes as they were."""
+    tier, local, lens = pulled
+    base = dict(layer=1, n_kv=24, policy="ragged", lengths=lens, s0=0, s1=None, merge=True)
+    before = [bytes(t.get()) for layer in range(2) for t in (local.k(layer), local.v(layer))]
+
+    def call() -> Any:
+        if issue == "pull":
+            return tier.pull(**changed(base, arg, value))
+        return tier.pull_async(**changed(base, arg, value)).wait()
+
+    # an n_kv below the lengths is refused naming the length it does not hold
+    names = {"n_kv": ("n_kv", "length"), "lengths": ("lengths", "length"), "s0": ("s0", "sequences", "stream"),
+             "s1": ("s1", "sequences", "stream")}.get(arg, (arg,))
+    got, err = outcome(call, names)
+    if err is not None:
+        assert [bytes(t.get()) for layer in range(2) for t in (local.k(layer), local.v(layer))] == before
+    else:
+        k, v, st_ = got
+        assert st_.bytes == st_.bytes_read + st_.gap_bytes
