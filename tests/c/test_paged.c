@@ -716,7 +716,8 @@ static void test_one_call_gathers_refuse_a_bad_piece_naming_it(void) {
         if (merged) {
             CHECK_OK(ferry_backend_tensor_gather_merged_async(standin, t, (const char *) pool, &span, 1, &good, 1));
         } else {
-            CHECK_OK(ferry_backend_tensor_gather_async(standin, t, (const char *) pool, &good, 1, FERRY_GATHER_BATCHED));
+            CHECK_OK(
+                ferry_backend_tensor_gather_async(standin, t, (const char *) pool, &good, 1, FERRY_GATHER_BATCHED));
         }
         CHECK_OK(ferry_backend_synchronize(standin));
         CHECK_OK(ferry_tensor_get(t, got, 0, WINDOW));
@@ -1119,6 +1120,45 @@ static void test_attention_prefetched_as_serial(void) {
     ferry_backend_free(standin);
 }
 
+/* A merged gather's spans land in the stand-in's staging before the runs are placed: the scheduler's
+ * memory on the split holds it beside its buffer (the largest window's spans), where the same step
+ * gathered batched holds the buffer alone; serial or prefetched, the split first in the scheduler or
+ * after the CPU, with the outputs and the cells read of the batched step. */
+static void test_merged_staging_is_memory_the_scheduler_holds(void) {
+    ferry_backend *standin, *cpu;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    twin tw;
+    CHECK_OK(twin_init(&tw, ferry_cpu_buffer_type(), FERRY_TYPE_F16, FERRY_TYPE_F16, false, 0.5, 43));
+    static float want[N_LAYER * OUT_FLOATS], got[N_LAYER * OUT_FLOATS];
+    for (int run = 0; run < 4; run++) {
+        const int prefetch = run % 2;
+        run_step_cpu_first = run >= 2;
+        uint64_t batched_bytes, merged_bytes;
+        CHECK_OK(ferry_paged_cache_set_gather(tw.paged, FERRY_GATHER_BATCHED));
+        CHECK_OK(run_step(&tw, true, false, standin, cpu, FERRY_COPY_RAGGED, false, prefetch, want, &batched_bytes));
+        const size_t batched = run_step_memory.held;
+        CHECK(batched > 0 && run_step_memory.staged == 0);
+        CHECK_OK(ferry_paged_cache_set_gather(tw.paged, FERRY_GATHER_MERGED));
+        memset(got, 0, sizeof(got));
+        CHECK_OK(run_step(&tw, true, false, standin, cpu, FERRY_COPY_RAGGED, false, prefetch, got, &merged_bytes));
+        run_step_cpu_first = false;
+        if (run_step_memory.held != batched + run_step_memory.staged) {
+            fprintf(stderr, "prefetch %d, cpu first %d: held %zu, batched %zu, staged %zu\n", prefetch, run >= 2,
+                    run_step_memory.held, batched, run_step_memory.staged);
+        }
+        /* the largest window's spans: its cells at least */
+        CHECK(run_step_memory.staged >= merged_bytes / (2 * N_LAYER));
+        CHECK_EQ_U(run_step_memory.held, batched + run_step_memory.staged);
+        CHECK(memcmp(got, want, sizeof(got)) == 0);
+        CHECK_EQ_U(merged_bytes, batched_bytes);
+        CHECK_EQ_U(merged_bytes, read_bytes(&tw, FERRY_TYPE_F16, FERRY_TYPE_F16));
+    }
+    twin_free(&tw);
+    ferry_backend_free(cpu);
+    ferry_backend_free(standin);
+}
+
 static void test_paged_step_refusals_assign_nothing(void) {
     twin t;
     CHECK_OK(twin_init(&t, ferry_cpu_buffer_type(), FERRY_TYPE_F32, FERRY_TYPE_F32, false, 0.5, 3));
@@ -1175,6 +1215,7 @@ static const check_test tests[] = {
     {"attention_same_as_cell_cache", test_attention_same_as_cell_cache},
     {"attention_on_the_cpu_reads_gathered_windows_too", test_attention_on_the_cpu_reads_gathered_windows_too},
     {"attention_prefetched_as_serial", test_attention_prefetched_as_serial},
+    {"merged_staging_is_memory_the_scheduler_holds", test_merged_staging_is_memory_the_scheduler_holds},
     {"paged_step_refusals_assign_nothing", test_paged_step_refusals_assign_nothing},
 };
 
