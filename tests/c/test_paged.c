@@ -729,6 +729,86 @@ static void test_one_call_gathers_refuse_a_bad_piece_naming_it(void) {
     ferry_backend_free(standin);
 }
 
+/* The one-call gathers' own refusals, each naming what to change, nothing written: no backend or
+ * tensor, no source, pieces or spans where some are counted, a backend with no one-call gather (the
+ * CPU), and a method the stand-in (or its copy queue) does not gather by in one call (the kernel). */
+static void test_one_call_gathers_refuse_bad_arguments_naming_them(void) {
+    ferry_backend *standin, *queue, *cpu;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    CHECK_OK(ferry_backend_get_copy_queue(standin, &queue));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    enum { WINDOW = 64 };
+    const int64_t ne = WINDOW / 4;
+    ferry_tensor *t, *on_cpu;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, &ne, &t));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, &ne, &on_cpu));
+    ferry_buffer *buf, *cpu_buf;
+    CHECK_OK(ferry_backend_alloc_buffer(standin, WINDOW, &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    CHECK_OK(ferry_backend_alloc_buffer(cpu, WINDOW, &cpu_buf));
+    CHECK_OK(ferry_buffer_place_tensor(cpu_buf, on_cpu, 0));
+    unsigned char pool[WINDOW], sentinel[WINDOW], got[WINDOW];
+    for (size_t i = 0; i < sizeof(pool); i++) pool[i] = (unsigned char) (i + 1);
+    memset(sentinel, 0xA5, sizeof(sentinel));
+    CHECK_OK(ferry_tensor_set(t, sentinel, 0, WINDOW));
+    CHECK_OK(ferry_tensor_set(on_cpu, sentinel, 0, WINDOW));
+    const char * src = (const char *) pool;
+    const ferry_gather_copy piece = {.size = 16, .count = 1}, span = {.size = 16, .count = 1};
+    const ferry_gather_method batched = FERRY_GATHER_BATCHED;
+#define REFUSED(call, status, says)                                                                  \
+    do {                                                                                             \
+        CHECK_FAILS(call, status);                                                                   \
+        if (!strstr(ferry_last_error(), says)) {                                                     \
+            fprintf(stderr, "'%s' does not say '%s'\n", ferry_last_error(), says);                    \
+        }                                                                                            \
+        CHECK(strstr(ferry_last_error(), says) != NULL);                                             \
+    } while (0)
+    REFUSED(ferry_backend_tensor_gather_async(NULL, t, src, &piece, 1, batched), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_async: NULL backend");
+    REFUSED(ferry_backend_tensor_gather_async(standin, NULL, src, &piece, 1, batched), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_async: NULL tensor");
+    REFUSED(ferry_backend_tensor_gather_async(standin, t, NULL, &piece, 1, batched), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_async: NULL source or pieces");
+    REFUSED(ferry_backend_tensor_gather_async(standin, t, src, NULL, 1, batched), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_async: NULL source or pieces");
+    REFUSED(ferry_backend_tensor_gather_async(cpu, on_cpu, src, &piece, 1, batched), FERRY_ERR_UNSUPPORTED,
+            "tensor_gather_async: CPU gathers in no single call");
+    REFUSED(ferry_backend_tensor_gather_async(standin, t, src, &piece, 1, FERRY_GATHER_KERNEL), FERRY_ERR_UNSUPPORTED,
+            "tensor_gather_async: CPU (stand-in device) gathers by batched copies alone");
+    REFUSED(ferry_backend_tensor_gather_async(queue, t, src, &piece, 1, FERRY_GATHER_KERNEL), FERRY_ERR_UNSUPPORTED,
+            "gathers by batched copies alone");
+    REFUSED(ferry_backend_tensor_gather_merged_async(NULL, t, src, &span, 1, &piece, 1), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_merged_async: NULL backend");
+    REFUSED(ferry_backend_tensor_gather_merged_async(standin, t, NULL, &span, 1, &piece, 1), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_merged_async: NULL source, spans or pieces");
+    REFUSED(ferry_backend_tensor_gather_merged_async(standin, t, src, NULL, 1, &piece, 1), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_merged_async: NULL source, spans or pieces");
+    REFUSED(ferry_backend_tensor_gather_merged_async(standin, t, src, &span, 1, NULL, 1), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_merged_async: NULL source, spans or pieces");
+    REFUSED(ferry_backend_tensor_gather_merged_async(cpu, on_cpu, src, &span, 1, &piece, 1), FERRY_ERR_UNSUPPORTED,
+            "tensor_gather_merged_async: CPU does not gather merged spans");
+#undef REFUSED
+    /* none counted: NULL lists are no refusal where they hold nothing, and nothing moves */
+    CHECK_OK(ferry_backend_tensor_gather_async(standin, t, src, NULL, 0, batched));
+    CHECK_OK(ferry_backend_tensor_gather_merged_async(standin, t, src, NULL, 0, NULL, 0));
+    CHECK_OK(ferry_backend_synchronize(queue));
+    CHECK_OK(ferry_backend_synchronize(standin));
+    ferry_stats stats;
+    CHECK_OK(ferry_backend_get_stats(standin, &stats));
+    CHECK_EQ_U(stats.calls[FERRY_XFER_SET_2D] + stats.bytes[FERRY_XFER_SET_2D], 0);
+    CHECK_OK(ferry_tensor_get(t, got, 0, WINDOW));
+    CHECK(memcmp(got, sentinel, WINDOW) == 0);
+    CHECK_OK(ferry_tensor_get(on_cpu, got, 0, WINDOW));
+    CHECK(memcmp(got, sentinel, WINDOW) == 0);
+    ferry_buffer_free(cpu_buf);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_backend_free(cpu);
+    ferry_backend_free(standin);
+}
+
 /* Pools in another device's memory: gathered by get into host memory, or staged into a device. */
 static void test_device_pools_are_gathered_through_the_host(void) {
     ferry_backend *dev, *split, *cpu;
@@ -1208,6 +1288,7 @@ static const check_test tests[] = {
     {"gathers_move_the_used_cells_alone_on_the_standin", test_gathers_move_the_used_cells_alone_on_the_standin},
     {"gathers_move_the_used_cells_alone_on_a_queue", test_gathers_move_the_used_cells_alone_on_a_queue},
     {"one_call_gathers_refuse_a_bad_piece_naming_it", test_one_call_gathers_refuse_a_bad_piece_naming_it},
+    {"one_call_gathers_refuse_bad_arguments_naming_them", test_one_call_gathers_refuse_bad_arguments_naming_them},
     {"device_pools_are_gathered_through_the_host", test_device_pools_are_gathered_through_the_host},
     {"plan_predicts_what_the_link_charges", test_plan_predicts_what_the_link_charges},
     {"merged_spans_cross_gaps_where_small_pieces_are_slow", test_merged_spans_cross_gaps_where_small_pieces_are_slow},
