@@ -1,6 +1,7 @@
 /* Backends: public dispatch, and the generic paths for what a backend leaves out. */
 #include "ferry-impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -216,6 +217,24 @@ unsigned ferry_backend_gather_methods(const ferry_backend * backend, const void 
     return backend && backend->iface.gather_methods ? backend->iface.gather_methods(backend, src, span) : 0;
 }
 
+/* Every piece of a gather checked against t and src before any moves; *bytes: the bytes they place.
+ * A bad piece is refused naming its index (the message is made only then, off the copy path's way). */
+static ferry_status check_gather_pieces(const ferry_tensor * t, const char * src, const ferry_gather_copy * pieces,
+                                        size_t n, const char * what, uint64_t * bytes) {
+    for (size_t i = 0; i < n; i++) {
+        const ferry_gather_copy * c = &pieces[i];
+        if (ferry_check_transfer_2d(t, src, c->dst_offset, c->size, c->count, c->dst_stride, c->src_stride, what) !=
+            FERRY_OK) {
+            char named[96]; /* the array element, as the caller indexes it */
+            snprintf(named, sizeof(named), "%s: pieces[%zu]", what, i);
+            return ferry_check_transfer_2d(t, src, c->dst_offset, c->size, c->count, c->dst_stride, c->src_stride,
+                                           named);
+        }
+        *bytes += (uint64_t) c->size * c->count;
+    }
+    return FERRY_OK;
+}
+
 ferry_status ferry_backend_tensor_gather_async(ferry_backend * backend, ferry_tensor * t, const char * src,
                                                const ferry_gather_copy * pieces, size_t n,
                                                ferry_gather_method method) {
@@ -227,12 +246,7 @@ ferry_status ferry_backend_tensor_gather_async(ferry_backend * backend, ferry_te
                           ferry_backend_name(backend));
     }
     uint64_t bytes = 0;
-    for (size_t i = 0; i < n; i++) {
-        const ferry_gather_copy * c = &pieces[i];
-        FERRY_TRY(ferry_check_transfer_2d(t, src, c->dst_offset, c->size, c->count, c->dst_stride, c->src_stride,
-                                          what));
-        bytes += (uint64_t) c->size * c->count;
-    }
+    FERRY_TRY(check_gather_pieces(t, src, pieces, n, what, &bytes));
     if (bytes == 0) {
         return FERRY_OK;
     }
@@ -252,12 +266,8 @@ ferry_status ferry_backend_tensor_gather_merged_async(ferry_backend * backend, f
         return ferry_fail(FERRY_ERR_UNSUPPORTED, "%s: %s does not gather merged spans", what,
                           ferry_backend_name(backend));
     }
-    uint64_t crossed = 0;
-    for (size_t i = 0; i < n; i++) {
-        const ferry_gather_copy * c = &pieces[i];
-        FERRY_TRY(ferry_check_transfer_2d(t, src, c->dst_offset, c->size, c->count, c->dst_stride, c->src_stride,
-                                          what));
-    }
+    uint64_t placed = 0, crossed = 0; /* the pieces are placed on the device; the spans are what crosses */
+    FERRY_TRY(check_gather_pieces(t, src, pieces, n, what, &placed));
     for (size_t i = 0; i < n_spans; i++) {
         crossed += (uint64_t) spans[i].size * spans[i].count;
     }

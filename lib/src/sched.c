@@ -687,7 +687,10 @@ size_t ferry_sched_buffer_size(const ferry_sched * s, const ferry_backend * back
 }
 
 void ferry_sched_note_staging(ferry_sched * s, const ferry_backend * backend, const ferry_copy_stats * in) {
+    if (in->gather != FERRY_GATHER_MERGED) { /* the copy path's usual case: nothing staged, no lookup */
+        return;
+    }
     const int b = backend_index(s, backend); /* a split's: one of the scheduler's */
-    const size_t staged = in->gather == FERRY_GATHER_MERGED ? (size_t) in->bytes_copied : 0;
+    const size_t staged = (size_t) in->bytes_copied;
     s->staging[b] = staged > s->staging[b] ? staged : s->staging[b];
 }

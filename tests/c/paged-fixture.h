@@ -274,6 +274,10 @@ static struct {
     size_t held, staged;
 } run_step_memory;
 
+/* Set: run_step's scheduler lists the CPU first and the split after it (the caller's order to choose;
+ * the split's lookups in the scheduler then pass over the CPU). */
+static bool run_step_cpu_first;
+
 /* The step over sequences 1..NS of either cache (paged or not) on split under policy: its outputs,
  * and the bytes its windows copied (the sum over the window inputs; a merged gather's cells read). */
 static inline ferry_status run_step(twin * t, bool paged, bool v_trans, ferry_backend * split, ferry_backend * cpu,
@@ -299,7 +303,7 @@ static inline ferry_status run_step(twin * t, bool paged, bool v_trans, ferry_ba
     if (st == FERRY_OK) st = ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, ne_len, &len);
     if (st == FERRY_OK) st = ferry_buffer_place_tensor(buf, len, N_LAYER * q_bytes);
     if (st == FERRY_OK) st = ferry_tensor_set(len, t->lens, 0, NS * sizeof(int32_t));
-    ferry_backend * backends[2] = {split, cpu};
+    ferry_backend * backends[2] = {run_step_cpu_first ? cpu : split, run_step_cpu_first ? split : cpu};
     if (st == FERRY_OK) st = ferry_sched_new(backends, split == cpu ? 1 : 2, &sched);
     if (st == FERRY_OK) st = ferry_sched_set_policy(sched, policy);
     if (st == FERRY_OK) st = ferry_sched_set_compact(sched, compact);

@@ -8,6 +8,8 @@
  */
 #include "paged-fixture.h"
 
+#include "ferry-impl.h" /* the one-call gathers, given their pieces directly */
+
 #include <math.h>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -638,6 +640,175 @@ static void test_gathers_move_the_used_cells_alone_on_a_queue(void) {
     ferry_backend_free(standin);
 }
 
+/* A one-call gather (plain or merged) given a bad piece: past the window's end in one row or in
+ * several, a size no offset can hold, rows overlapping themselves in the window or in the pool.
+ * Refused with the status of the shared check, naming the gather and the piece's index, before any
+ * piece moves: the window keeps its sentinel and nothing is counted or charged to the link. */
+static void test_one_call_gathers_refuse_a_bad_piece_naming_it(void) {
+    ferry_backend * standin;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    enum { WINDOW = 256 };
+    const int64_t ne = WINDOW / 4;
+    ferry_tensor * t;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, &ne, &t));
+    CHECK_OK(ferry_tensor_set_name(t, "window"));
+    ferry_buffer * buf;
+    CHECK_OK(ferry_backend_alloc_buffer(standin, WINDOW, &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    unsigned char pool[1024], sentinel[WINDOW], got[WINDOW];
+    for (size_t i = 0; i < sizeof(pool); i++) pool[i] = (unsigned char) (i * 7 + 1);
+    memset(sentinel, 0xA5, sizeof(sentinel));
+    /* a good piece first, then the bad one: the good one must not land either */
+    const ferry_gather_copy good = {.src_offset = 0, .dst_offset = 0, .size = 16, .count = 2, .src_stride = 64,
+                                    .dst_stride = 16};
+    const struct {
+        ferry_gather_copy piece;
+        ferry_status status;
+        const char * says;
+    } bad[] = {
+        {{.src_offset = 0, .dst_offset = 250, .size = 8, .count = 1}, FERRY_ERR_OUT_OF_BOUNDS,
+         "pieces[1]: 8 bytes at offset 250 reach past the 256 bytes of 'window'"},
+        {{.src_offset = 0, .dst_offset = 128, .size = 8, .count = 4, .src_stride = 8, .dst_stride = 64},
+         FERRY_ERR_OUT_OF_BOUNDS, "pieces[1]: 4 rows of 8 bytes at offset 128, stride 64, reach past the 256 bytes"},
+        {{.src_offset = 0, .dst_offset = 0, .size = (size_t) INT64_MAX + 1, .count = 1}, FERRY_ERR_INVALID_ARG,
+         "pieces[1]: offset 0 or size"},
+        {{.src_offset = 0, .dst_offset = 64, .size = 16, .count = 2, .src_stride = 16, .dst_stride = 8},
+         FERRY_ERR_LAYOUT, "pieces[1]: strides (tensor 8, data 16) are smaller than the row of 16 bytes"},
+        {{.src_offset = 0, .dst_offset = 64, .size = 16, .count = 2, .src_stride = 8, .dst_stride = 16},
+         FERRY_ERR_LAYOUT, "pieces[1]: strides (tensor 16, data 8) are smaller than the row of 16 bytes"},
+    };
+    const ferry_gather_copy span = {.src_offset = 0, .dst_offset = 0, .size = 256, .count = 1};
+    for (int merged = 0; merged < 2; merged++) {
+        const char * gather = merged ? "tensor_gather_merged_async: " : "tensor_gather_async: ";
+        for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+            CHECK_OK(ferry_tensor_set(t, sentinel, 0, WINDOW));
+            ferry_backend_reset_stats(standin);
+            CHECK_OK(ferry_standin_reset_link_stats(standin));
+            const ferry_gather_copy pieces[2] = {good, bad[b].piece};
+            if (merged) {
+                CHECK_FAILS(ferry_backend_tensor_gather_merged_async(standin, t, (const char *) pool, &span, 1, pieces,
+                                                                     2),
+                            bad[b].status);
+            } else {
+                CHECK_FAILS(ferry_backend_tensor_gather_async(standin, t, (const char *) pool, pieces, 2,
+                                                              FERRY_GATHER_BATCHED),
+                            bad[b].status);
+            }
+            const char * msg = ferry_last_error();
+            if (strncmp(msg, gather, strlen(gather)) != 0 || !strstr(msg, bad[b].says)) {
+                fprintf(stderr, "bad piece %zu, %s: '%s'\n", b, merged ? "merged" : "plain", msg);
+            }
+            CHECK(strncmp(msg, gather, strlen(gather)) == 0 && strstr(msg, bad[b].says) != NULL);
+            CHECK_OK(ferry_backend_synchronize(standin));
+            CHECK_OK(ferry_tensor_get(t, got, 0, WINDOW));
+            CHECK(memcmp(got, sentinel, WINDOW) == 0);
+            ferry_stats stats;
+            CHECK_OK(ferry_backend_get_stats(standin, &stats));
+            CHECK_EQ_U(stats.calls[FERRY_XFER_SET_2D] + stats.bytes[FERRY_XFER_SET_2D], 0);
+            ferry_link_stats link;
+            CHECK_OK(ferry_standin_get_link(standin, NULL, &link));
+            CHECK_EQ_U(link.transfers + link.bytes, 0);
+        }
+        /* the same call with the good piece alone goes through: the refusals above were the bad piece's */
+        CHECK_OK(ferry_tensor_set(t, sentinel, 0, WINDOW));
+        if (merged) {
+            CHECK_OK(ferry_backend_tensor_gather_merged_async(standin, t, (const char *) pool, &span, 1, &good, 1));
+        } else {
+            CHECK_OK(
+                ferry_backend_tensor_gather_async(standin, t, (const char *) pool, &good, 1, FERRY_GATHER_BATCHED));
+        }
+        CHECK_OK(ferry_backend_synchronize(standin));
+        CHECK_OK(ferry_tensor_get(t, got, 0, WINDOW));
+        CHECK(memcmp(got, pool, 16) == 0 && memcmp(got + 16, pool + 64, 16) == 0 &&
+              memcmp(got + 32, sentinel + 32, WINDOW - 32) == 0);
+    }
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_backend_free(standin);
+}
+
+/* The one-call gathers' own refusals, each naming what to change, nothing written: no backend or
+ * tensor, no source, pieces or spans where some are counted, a backend with no one-call gather (the
+ * CPU), and a method the stand-in (or its copy queue) does not gather by in one call (the kernel). */
+static void test_one_call_gathers_refuse_bad_arguments_naming_them(void) {
+    ferry_backend *standin, *queue, *cpu;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    CHECK_OK(ferry_backend_get_copy_queue(standin, &queue));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    enum { WINDOW = 64 };
+    const int64_t ne = WINDOW / 4;
+    ferry_tensor *t, *on_cpu;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, &ne, &t));
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_I32, 1, &ne, &on_cpu));
+    ferry_buffer *buf, *cpu_buf;
+    CHECK_OK(ferry_backend_alloc_buffer(standin, WINDOW, &buf));
+    CHECK_OK(ferry_buffer_place_tensor(buf, t, 0));
+    CHECK_OK(ferry_backend_alloc_buffer(cpu, WINDOW, &cpu_buf));
+    CHECK_OK(ferry_buffer_place_tensor(cpu_buf, on_cpu, 0));
+    unsigned char pool[WINDOW], sentinel[WINDOW], got[WINDOW];
+    for (size_t i = 0; i < sizeof(pool); i++) pool[i] = (unsigned char) (i + 1);
+    memset(sentinel, 0xA5, sizeof(sentinel));
+    CHECK_OK(ferry_tensor_set(t, sentinel, 0, WINDOW));
+    CHECK_OK(ferry_tensor_set(on_cpu, sentinel, 0, WINDOW));
+    const char * src = (const char *) pool;
+    const ferry_gather_copy piece = {.size = 16, .count = 1}, span = {.size = 16, .count = 1};
+    const ferry_gather_method batched = FERRY_GATHER_BATCHED;
+#define REFUSED(call, status, says)                                                                  \
+    do {                                                                                             \
+        CHECK_FAILS(call, status);                                                                   \
+        if (!strstr(ferry_last_error(), says)) {                                                     \
+            fprintf(stderr, "'%s' does not say '%s'\n", ferry_last_error(), says);                    \
+        }                                                                                            \
+        CHECK(strstr(ferry_last_error(), says) != NULL);                                             \
+    } while (0)
+    REFUSED(ferry_backend_tensor_gather_async(NULL, t, src, &piece, 1, batched), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_async: NULL backend");
+    REFUSED(ferry_backend_tensor_gather_async(standin, NULL, src, &piece, 1, batched), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_async: NULL tensor");
+    REFUSED(ferry_backend_tensor_gather_async(standin, t, NULL, &piece, 1, batched), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_async: NULL source or pieces");
+    REFUSED(ferry_backend_tensor_gather_async(standin, t, src, NULL, 1, batched), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_async: NULL source or pieces");
+    REFUSED(ferry_backend_tensor_gather_async(cpu, on_cpu, src, &piece, 1, batched), FERRY_ERR_UNSUPPORTED,
+            "tensor_gather_async: CPU gathers in no single call");
+    REFUSED(ferry_backend_tensor_gather_async(standin, t, src, &piece, 1, FERRY_GATHER_KERNEL), FERRY_ERR_UNSUPPORTED,
+            "tensor_gather_async: CPU (stand-in device) gathers by batched copies alone");
+    REFUSED(ferry_backend_tensor_gather_async(queue, t, src, &piece, 1, FERRY_GATHER_KERNEL), FERRY_ERR_UNSUPPORTED,
+            "gathers by batched copies alone");
+    REFUSED(ferry_backend_tensor_gather_merged_async(NULL, t, src, &span, 1, &piece, 1), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_merged_async: NULL backend");
+    REFUSED(ferry_backend_tensor_gather_merged_async(standin, t, NULL, &span, 1, &piece, 1), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_merged_async: NULL source, spans or pieces");
+    REFUSED(ferry_backend_tensor_gather_merged_async(standin, t, src, NULL, 1, &piece, 1), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_merged_async: NULL source, spans or pieces");
+    REFUSED(ferry_backend_tensor_gather_merged_async(standin, t, src, &span, 1, NULL, 1), FERRY_ERR_INVALID_ARG,
+            "tensor_gather_merged_async: NULL source, spans or pieces");
+    REFUSED(ferry_backend_tensor_gather_merged_async(cpu, on_cpu, src, &span, 1, &piece, 1), FERRY_ERR_UNSUPPORTED,
+            "tensor_gather_merged_async: CPU does not gather merged spans");
+#undef REFUSED
+    /* none counted: NULL lists are no refusal where they hold nothing, and nothing moves */
+    CHECK_OK(ferry_backend_tensor_gather_async(standin, t, src, NULL, 0, batched));
+    CHECK_OK(ferry_backend_tensor_gather_merged_async(standin, t, src, NULL, 0, NULL, 0));
+    CHECK_OK(ferry_backend_synchronize(queue));
+    CHECK_OK(ferry_backend_synchronize(standin));
+    ferry_stats stats;
+    CHECK_OK(ferry_backend_get_stats(standin, &stats));
+    CHECK_EQ_U(stats.calls[FERRY_XFER_SET_2D] + stats.bytes[FERRY_XFER_SET_2D], 0);
+    CHECK_OK(ferry_tensor_get(t, got, 0, WINDOW));
+    CHECK(memcmp(got, sentinel, WINDOW) == 0);
+    CHECK_OK(ferry_tensor_get(on_cpu, got, 0, WINDOW));
+    CHECK(memcmp(got, sentinel, WINDOW) == 0);
+    ferry_buffer_free(cpu_buf);
+    ferry_buffer_free(buf);
+    ferry_context_free(ctx);
+    ferry_backend_free(cpu);
+    ferry_backend_free(standin);
+}
+
 /* Pools in another device's memory: gathered by get into host memory, or staged into a device. */
 static void test_device_pools_are_gathered_through_the_host(void) {
     ferry_backend *dev, *split, *cpu;
@@ -1029,6 +1200,45 @@ static void test_attention_prefetched_as_serial(void) {
     ferry_backend_free(standin);
 }
 
+/* A merged gather's spans land in the stand-in's staging before the runs are placed: the scheduler's
+ * memory on the split holds it beside its buffer (the largest window's spans), where the same step
+ * gathered batched holds the buffer alone; serial or prefetched, the split first in the scheduler or
+ * after the CPU, with the outputs and the cells read of the batched step. */
+static void test_merged_staging_is_memory_the_scheduler_holds(void) {
+    ferry_backend *standin, *cpu;
+    CHECK_OK(ferry_standin_backend_new(&standin));
+    CHECK_OK(ferry_cpu_backend_new(&cpu));
+    twin tw;
+    CHECK_OK(twin_init(&tw, ferry_cpu_buffer_type(), FERRY_TYPE_F16, FERRY_TYPE_F16, false, 0.5, 43));
+    static float want[N_LAYER * OUT_FLOATS], got[N_LAYER * OUT_FLOATS];
+    for (int run = 0; run < 4; run++) {
+        const int prefetch = run % 2;
+        run_step_cpu_first = run >= 2;
+        uint64_t batched_bytes, merged_bytes;
+        CHECK_OK(ferry_paged_cache_set_gather(tw.paged, FERRY_GATHER_BATCHED));
+        CHECK_OK(run_step(&tw, true, false, standin, cpu, FERRY_COPY_RAGGED, false, prefetch, want, &batched_bytes));
+        const size_t batched = run_step_memory.held;
+        CHECK(batched > 0 && run_step_memory.staged == 0);
+        CHECK_OK(ferry_paged_cache_set_gather(tw.paged, FERRY_GATHER_MERGED));
+        memset(got, 0, sizeof(got));
+        CHECK_OK(run_step(&tw, true, false, standin, cpu, FERRY_COPY_RAGGED, false, prefetch, got, &merged_bytes));
+        run_step_cpu_first = false;
+        if (run_step_memory.held != batched + run_step_memory.staged) {
+            fprintf(stderr, "prefetch %d, cpu first %d: held %zu, batched %zu, staged %zu\n", prefetch, run >= 2,
+                    run_step_memory.held, batched, run_step_memory.staged);
+        }
+        /* the largest window's spans: its cells at least */
+        CHECK(run_step_memory.staged >= merged_bytes / (2 * N_LAYER));
+        CHECK_EQ_U(run_step_memory.held, batched + run_step_memory.staged);
+        CHECK(memcmp(got, want, sizeof(got)) == 0);
+        CHECK_EQ_U(merged_bytes, batched_bytes);
+        CHECK_EQ_U(merged_bytes, read_bytes(&tw, FERRY_TYPE_F16, FERRY_TYPE_F16));
+    }
+    twin_free(&tw);
+    ferry_backend_free(cpu);
+    ferry_backend_free(standin);
+}
+
 static void test_paged_step_refusals_assign_nothing(void) {
     twin t;
     CHECK_OK(twin_init(&t, ferry_cpu_buffer_type(), FERRY_TYPE_F32, FERRY_TYPE_F32, false, 0.5, 3));
@@ -1077,6 +1287,8 @@ static const check_test tests[] = {
     {"windows_are_not_read_in_place", test_windows_are_not_read_in_place},
     {"gathers_move_the_used_cells_alone_on_the_standin", test_gathers_move_the_used_cells_alone_on_the_standin},
     {"gathers_move_the_used_cells_alone_on_a_queue", test_gathers_move_the_used_cells_alone_on_a_queue},
+    {"one_call_gathers_refuse_a_bad_piece_naming_it", test_one_call_gathers_refuse_a_bad_piece_naming_it},
+    {"one_call_gathers_refuse_bad_arguments_naming_them", test_one_call_gathers_refuse_bad_arguments_naming_them},
     {"device_pools_are_gathered_through_the_host", test_device_pools_are_gathered_through_the_host},
     {"plan_predicts_what_the_link_charges", test_plan_predicts_what_the_link_charges},
     {"merged_spans_cross_gaps_where_small_pieces_are_slow", test_merged_spans_cross_gaps_where_small_pieces_are_slow},
@@ -1084,6 +1296,7 @@ static const check_test tests[] = {
     {"attention_same_as_cell_cache", test_attention_same_as_cell_cache},
     {"attention_on_the_cpu_reads_gathered_windows_too", test_attention_on_the_cpu_reads_gathered_windows_too},
     {"attention_prefetched_as_serial", test_attention_prefetched_as_serial},
+    {"merged_staging_is_memory_the_scheduler_holds", test_merged_staging_is_memory_the_scheduler_holds},
     {"paged_step_refusals_assign_nothing", test_paged_step_refusals_assign_nothing},
 };
 

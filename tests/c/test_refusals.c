@@ -9,6 +9,10 @@
 #include "check.h"
 #include "lost-device.h"
 
+#include "copy-impl.h"  /* ferry_copy_input_since */
+#include "ferry-impl.h" /* ferry_event_reached_seconds */
+#include "graph-impl.h" /* ferry_graph_add_node */
+
 #include <stdint.h>
 
 /* expr fails (any status but OK) and leaves a message */
@@ -212,6 +216,84 @@ static void test_null_objects_are_refused_with_a_message(void) {
     ferry_graph_free(g);
     ferry_context_free(ctx);
 }
+
+/* expr fails with status st and its message holds says (the call and what to change) */
+#define REFUSED_SAYING(expr, st, says)                                                                 \
+    do {                                                                                              \
+        CHECK_FAILS(expr, st);                                                                        \
+        if (!strstr(ferry_last_error(), says)) {                                                      \
+            fprintf(stderr, "%s:%d: '%s' does not say '%s'\n", __FILE__, __LINE__, ferry_last_error(), says); \
+        }                                                                                             \
+        CHECK(strstr(ferry_last_error(), says) != NULL);                                              \
+    } while (0)
+
+/* The NULLs no binding passes (the Python one always hands C its outputs): a NULL output or context
+ * refused, naming the call, and nothing made; and the internal entries' own refusals. */
+static void test_null_outputs_are_refused_naming_the_call(void) {
+    ferry_context * ctx;
+    CHECK_OK(ferry_context_new(&ctx));
+    const int64_t ne[2] = {4, 4};
+    const size_t nb[2] = {4, 16};
+    ferry_tensor * t;
+    CHECK_OK(ferry_tensor_new(ctx, FERRY_TYPE_F32, 2, ne, &t));
+    const int64_t made = ferry_context_n_tensors(ctx);
+    size_t strides[4];
+    const ferry_status bad = FERRY_ERR_INVALID_ARG;
+    /* tensors */
+    REFUSED_SAYING(ferry_tensor_dup_layout(ctx, t, NULL), bad, "tensor_dup_layout: NULL argument");
+    REFUSED_SAYING(ferry_tensor_dup_layout(NULL, t, &t), bad, "tensor_dup_layout: NULL argument");
+    REFUSED_SAYING(ferry_view_strides(FERRY_TYPE_F32, 2, ne, nb, NULL), bad, "view_strides: NULL argument");
+    REFUSED_SAYING(ferry_view_strides(FERRY_TYPE_F32, 2, ne, NULL, strides), bad, "view_strides: NULL argument");
+    REFUSED_SAYING(ferry_tensor_view(ctx, t, 2, ne, nb, 0, NULL), bad, "view: NULL argument");
+    REFUSED_SAYING(ferry_tensor_view(NULL, t, 2, ne, nb, 0, &t), bad, "view: NULL argument");
+    REFUSED_SAYING(ferry_tensor_permute(ctx, t, 1, 0, 2, 3, NULL), bad, "permute: NULL argument");
+    REFUSED_SAYING(ferry_tensor_permute(NULL, t, 1, 0, 2, 3, &t), bad, "permute: NULL argument");
+    REFUSED_SAYING(ferry_tensor_transpose(ctx, t, NULL), bad, "transpose: NULL argument");
+    REFUSED_SAYING(ferry_tensor_transpose(NULL, t, &t), bad, "transpose: NULL argument");
+    REFUSED_SAYING(ferry_tensor_reshape(ctx, t, 2, ne, NULL), bad, "reshape: NULL argument");
+    REFUSED_SAYING(ferry_tensor_reshape(NULL, t, 2, ne, &t), bad, "reshape: NULL argument");
+    REFUSED_SAYING(ferry_tensor_compact_layout(ctx, t, NULL), bad, "compact_layout: NULL argument");
+    REFUSED_SAYING(ferry_tensor_compact_layout(NULL, t, &t), bad, "compact_layout: NULL argument");
+    /* ops */
+    REFUSED_SAYING(ferry_scale(ctx, t, 2.0f, NULL), bad, "scale: NULL argument");
+    REFUSED_SAYING(ferry_scale(NULL, t, 2.0f, &t), bad, "scale: NULL argument");
+    REFUSED_SAYING(ferry_dup(ctx, t, NULL), bad, "dup: NULL argument");
+    REFUSED_SAYING(ferry_dup(NULL, t, &t), bad, "dup: NULL argument");
+    REFUSED_SAYING(ferry_dup_as(ctx, t, FERRY_TYPE_F16, NULL), bad, "dup: NULL argument");
+    REFUSED_SAYING(ferry_dup_as(NULL, t, FERRY_TYPE_F16, &t), bad, "dup: NULL argument");
+    REFUSED_SAYING(ferry_concat(ctx, t, t, 0, NULL), bad, "concat: NULL argument");
+    REFUSED_SAYING(ferry_concat(NULL, t, t, 0, &t), bad, "concat: NULL argument");
+    REFUSED_SAYING(ferry_pad(ctx, t, 1, 0, 0, 0, NULL), bad, "pad: NULL argument");
+    REFUSED_SAYING(ferry_pad(NULL, t, 1, 0, 0, 0, &t), bad, "pad: NULL argument");
+    REFUSED_SAYING(ferry_mean(ctx, t, NULL), bad, "mean: NULL argument");
+    REFUSED_SAYING(ferry_mean(NULL, t, &t), bad, "mean: NULL argument");
+    CHECK_EQ_U(ferry_context_n_tensors(ctx), made); /* nothing made */
+    /* caches, pools, devices, interop */
+    REFUSED_SAYING(ferry_paged_cache_k(NULL, 0, &t), bad, "paged_cache_k: NULL argument");
+    REFUSED_SAYING(ferry_paged_cache_v(NULL, 0, &t), bad, "paged_cache_v: NULL argument");
+    REFUSED_SAYING(ferry_block_pool_v(NULL, 0, &t), bad, "block_pool_v: NULL argument");
+    REFUSED_SAYING(ferry_block_pool_drop_ahead(NULL), bad, "block_pool_drop_ahead: NULL pool");
+    ferry_link_stats link;
+    REFUSED_SAYING(ferry_standin_get_link(NULL, NULL, &link), bad, "NULL backend");
+    void * capsule = NULL;
+    REFUSED_SAYING(ferry_dlpack_new(2, false, NULL), bad, "dlpack_new: NULL output");
+    char host[64];
+    REFUSED_SAYING(ferry_host_buffer_from_ptr(host, sizeof(host), NULL), bad, "host_buffer_from_ptr: NULL output");
+    ferry_memory_kind kind;
+    int device;
+    REFUSED_SAYING(ferry_tensor_memory(t, NULL, &device, &capsule), bad, "tensor_memory: NULL argument");
+    REFUSED_SAYING(ferry_tensor_memory(t, &kind, &device, NULL), bad, "tensor_memory: NULL argument");
+    /* internal entries */
+    double reached;
+    REFUSED_SAYING(ferry_event_reached_seconds(NULL, &reached), bad, "event_reached_seconds: NULL argument");
+    REFUSED_SAYING(ferry_graph_add_node(NULL, t), bad, "graph_add_node: NULL graph or tensor");
+    const int64_t from[4] = {0};
+    REFUSED_SAYING(ferry_copy_input_since(NULL, NULL, t, from, NULL), bad, "copy_input_since: NULL argument");
+    REFUSED_SAYING(ferry_copy_input_since(NULL, t, t, from, NULL), bad,
+                   "copy_input_since: '' is a window without its streams' lengths");
+    ferry_context_free(ctx);
+}
+#undef REFUSED_SAYING
 
 /* A backend with none of the async, 2-D or event entries: the generic paths, byte for byte. */
 static void test_generic_paths_give_the_direct_ones_bytes(void) {
@@ -586,6 +668,7 @@ static void test_pieces_and_paged_attention_refuse_bad_arguments(void) {
 static const check_test tests[] = {
     {"null_objects_are_refused_with_a_message", test_null_objects_are_refused_with_a_message},
     {"pieces_and_paged_attention_refuse_bad_arguments", test_pieces_and_paged_attention_refuse_bad_arguments},
+    {"null_outputs_are_refused_naming_the_call", test_null_outputs_are_refused_naming_the_call},
     {"generic_paths_give_the_direct_ones_bytes", test_generic_paths_give_the_direct_ones_bytes},
     {"device_errors_reach_the_caller", test_device_errors_reach_the_caller},
     {"async_copy_entries_land_or_count_nothing", test_async_copy_entries_land_or_count_nothing},

@@ -38,6 +38,7 @@ from ferry.plan import (
     plan_copy,
     plan_paged,
 )
+from ferry.policy import GatherMethod
 from ferry.remote import engine_missing
 
 SENTINEL = 0xA5
@@ -252,6 +253,39 @@ def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
         assert st.pieces <= st.plan_pieces and st.bytes == st.bytes_read
         assert st.pull_seconds >= st.seconds > 0  # the whole pull holds its transfer
         assert bytes(k.get()) == delivered(ref.window(0, 24)[0], "flat")
+
+
+@needs_engine
+def test_a_paged_pull_under_auto_leaves_the_caches_gather_auto_and_pulls_the_runs() -> None:
+    """A pull plans its gather without setting the cache's method: under auto (a new cache's) the
+    cache says auto afterwards, and the pull is the runs' (auto's choice for the host), the same
+    pieces, bytes and dense windows as under runs, pull and pull_async alike."""
+    from ferry.remote import RemoteTier
+
+    ref, _ = random_paged(5, 0.5)
+    mirror, _ = random_paged(5, 0.5)
+    sentinel_fill(mirror)
+    assert mirror.gather == GatherMethod.AUTO
+    with RemoteTier(mirror) as tier:
+        tier.upload(ref)
+
+        def pulled(layer: int, sync: bool) -> Tuple[bytes, bytes, int, int, int]:
+            k, v, _ = tier.pull(layer, 24, merge=False)
+            for t in (k, v):  # the tier's dense windows, kept: the pull below writes only the cells read
+                t.set(bytes([SENTINEL]) * t.nbytes)
+            k, v, st = tier.pull(layer, 24, merge=False) if sync else tier.pull_async(layer, 24, merge=False).wait()
+            return bytes(k.get()), bytes(v.get()), st.pieces, st.plan_pieces, st.bytes
+
+        auto = [pulled(layer, sync) for layer, sync in ((0, True), (1, False))]
+        assert mirror.gather == GatherMethod.AUTO
+        for layer in (0, 1):
+            rk, rv = ref.window(layer, 24)
+            plan = plan_paged(rk, ferry.CPUBackend())
+            assert plan.method == GatherMethod.RUNS
+            assert auto[layer] == (delivered(rk, "flat"), delivered(rv, "flat"), 2 * plan.runs, 2 * plan.runs,
+                                   2 * plan.bytes)
+        mirror.gather = "runs"
+        assert [pulled(layer, sync) for layer, sync in ((0, True), (1, False))] == auto
 
 
 @needs_engine

@@ -52,7 +52,7 @@ from ..plan import (
     plan_copy,
     plan_ragged,
 )
-from ..policy import CopyPolicy, GatherMethod, PolicyLike, to_policy
+from ..policy import CopyPolicy, PolicyLike, to_policy
 from ..tensor import Tensor
 from .engine import local_engine
 from .errors import PeerGoneError, PeerLayoutError, RegistrationError, RemoteError, RemoteTimeoutError
@@ -666,8 +666,7 @@ class RemoteTier:
         if isinstance(cache, PagedKVCache):
             outs = []
             for which, w in (("k", k), ("v", v)):
-                if cache.gather == GatherMethod.AUTO:
-                    cache.gather = GatherMethod.RUNS
+                # planned for the host, which has no one-call gather: C takes AUTO as runs; the cache is left as set
                 raw = _paged_piece_array(w, self._cpu)  # the gather's pieces, from C to an array
                 dst = self._dense_of(w, which)
                 r = self._region(li, which)
