@@ -7,6 +7,7 @@ the tier is checked against every split of small problems (hypothesis, derandomi
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from typing import List
 
@@ -229,6 +230,49 @@ def test_auto_is_the_least_of_every_device_host_and_remote_assignment(problem: t
     assert all(s.memory is None or m <= s.memory for s, m in zip(devices, pred.memory))
     assert plan.exact and plan.bound == 1.0
     assert math.isclose(plan.step_seconds, best, rel_tol=1e-9, abs_tol=1e-15), (plan.step_seconds, best)
+
+
+def test_auto_says_where_the_joint_search_stopped_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the serial enumeration's limit the search over layers finds the same optimum (small
+    here); where that search stops at its limit, or a split is made greedily, the plan is not
+    claimed exact and no bound is claimed (the bound's proof leaves the pulls out); without a host
+    memory to fit, the prefetched bound stands as before."""
+    import ferry.residency.model as model
+    import ferry.residency.planner as planner
+
+    layers = [LayerCost((c * 100, c * 100), 4 * c * 100, pieces=(tuple((k * 50_000, c * 100) for k in range(p)),) * 2)
+              for c, p in ((40, 1), (8, 4), (20, 2), (1, 4), (30, 1), (8, 1))]
+    dev = [DeviceSpec(2.0, 2.0)]
+    tier = RemoteSpec(remote_link_model(BATCH_US, PIECE_US, GBPS), host_memory=10_000)
+    exact = choose_residency("auto", layers, dev, max_layers=2, remote_tier=tier)
+    assert exact.exact and exact.remote_layers()
+    monkeypatch.setattr(planner, "JOINT_LIMIT", 0)
+    searched = choose_residency("auto", layers, dev, max_layers=2, remote_tier=tier)
+    assert searched.exact and math.isclose(searched.step_seconds, exact.step_seconds, rel_tol=1e-12)
+    stopped = planner.choose_auto(layers, dev, prefetch=1, max_layers=2, search_limit=1, remote_tier=tier)
+    assert not stopped.exact and math.isinf(stopped.bound)
+    alone = planner.choose_auto(layers, dev, prefetch=1, max_layers=2, search_limit=1)
+    assert not alone.exact and alone.bound == 2.0
+    monkeypatch.setattr(model, "SPLIT_LIMIT", 0)
+    greedy = choose_residency("auto", layers, dev, max_layers=2, remote_tier=tier)
+    assert not greedy.exact and math.isinf(greedy.bound) and greedy.prediction.host_bytes <= 10_000
+
+
+def test_residency_plan_prints_the_joint_optimum_for_layers_of_two_kinds(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ferry residency-plan` with a sliding layer beside full ones and a remote tier: auto's plan is
+    the library's joint one, and the note says it is the optimum."""
+    from ferry.cli import main
+
+    args = ["residency-plan", "-c", "256", "-npl", "1", "-npp", "120", "-ntg", "8", "--pad", "1", "--layers", "4",
+            "--heads", "2", "--head-dim", "32", "--kv-heads", "2", "--type", "f16", "--compute-us", "20",
+            "--kv-device-layers", "1", "--swa-window", "16", "--swa-layers", "sfff", "--remote-link", "150,12,2",
+            "--host-memory", "100KiB", "--strategy", "auto"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "auto: the model's optimum" in out
+    assert main(args + ["--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)[0]
+    assert plan["exact"] and plan["bound"] == 1.0 and plan["remote_layers"]
 
 
 def test_bad_remote_inputs_are_refused_naming_them() -> None:

@@ -1,6 +1,8 @@
-"""The planner (auto): the placement with the least predicted step time within every device's budget;
-exact serially at any size, and with prefetching exact until its search limit, then within a stated
-bound (docs/design.md, "Which layers to keep")."""
+"""The planner (auto): the placement with the least predicted step time within every device's budget
+(and a remote tier's host memory, the devices' placement and the host/remote split searched
+together); exact serially at any size (with a remote tier, up to JOINT_LIMIT vectors), and with
+prefetching exact until its search limit, then within a stated bound (docs/design.md, "Which layers
+to keep", "Three tiers")."""
 
 from __future__ import annotations
 
