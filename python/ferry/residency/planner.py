@@ -1,6 +1,6 @@
 """The planner (auto): the placement with the least predicted step time within every device's budget
 (and a remote tier's host memory, the devices' placement and the host/remote split searched
-together); exact serially at any size (with a remote tier, up to JOINT_LIMIT vectors), and with
+together); exact serially at any size (with a remote tier, up to JOINT_LIMIT steps), and with
 prefetching exact until its search limit, then within a stated bound (docs/design.md, "Which layers
 to keep", "Three tiers")."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .model import (
@@ -20,7 +19,6 @@ from .model import (
     ResidencyPlan,
     _check_windows_fit,
     _fits,
-    _HostKind,
     _least_pull,
     _memory,
     _plan,
@@ -38,9 +36,9 @@ DEFAULT_SEARCH_LIMIT = 20_000
 #: The serial planner enumerates at most this many count vectors per device (prod(n_kind + 1)).
 KIND_LIMIT = 1_000_000
 
-#: With a host memory behind a remote tier, the serial planner enumerates at most this many
-#: (device, host, remote) count vectors, all kinds together (prod(n_kind + 1)(n_kind + 2) / 2).
-JOINT_LIMIT = 200_000
+#: With a host memory behind a remote tier, the serial planner's steps at most: each device's count
+#: vectors, their combinations with the devices before, and the host/remote splits of what is left.
+JOINT_LIMIT = 500_000
 
 
 def _joint_time(p: _Problem, host: Sequence[bool]) -> float:
@@ -128,16 +126,23 @@ def _serial_joint(p: _Problem, limit: int, max_layers: Optional[int] = None) -> 
     pulls. A layer kept on a device saves its copies and, where the host memory then holds a layer
     that would otherwise go remote, that layer's pull: so the devices' placement and the split are
     chosen together. Layers of a kind (the same transfers, bytes, staging and pull, on one device)
-    are interchangeable, so every count vector of each device's kinds kept within its budget (its
-    memory counted as _serial_best counts it, the least a placement needs) is combined with every
-    other device's, and the layers left are split for the least pull that fits the host
-    (_split_counts, once per multiset left): at most prod(n_kind + 1)(n_kind + 2) / 2 vectors. As
-    _serial_best's, the result is the optimum of a relaxation, the optimum where it fits. None past
-    limit, where a device fits nothing, or where no split fits the host."""
+    are interchangeable, so each device's count vectors of its kinds kept within its budget (its
+    memory counted as _serial_best counts it, the least a placement needs) are enumerated; the
+    devices are combined one after another, keeping for each count of every host kind left (which
+    also says how many are kept, for max_layers) the most copies saved; each multiset left is split for
+    the least pull that fits the host (_split_counts). As _serial_best's, the result is the
+    optimum of a relaxation, the optimum where it fits. None past limit steps (combinations and
+    split vectors together), where a device fits nothing, or where no split fits the host."""
     n = len(p.layers)
     Kind = Tuple[Tuple[int, ...], int, int, float, int]  # transfers, resident, staging, pull, pulled
-    devices: List[Tuple[List[Kind], Dict[Kind, List[int]], List[Tuple[float, int, Tuple[int, ...]]]]] = []
-    vectors = 1
+    host_kinds = sorted({(p.layers[i].resident_bytes, p.pull[i], p.pulled[i]) for i in range(n)})
+    column = {k: j for j, k in enumerate(host_kinds)}
+    cap = n if max_layers is None else max_layers
+    # layers left per host kind (of the devices so far) -> (most copies saved, each device's counts kept)
+    combined: Dict[Tuple[int, ...], Tuple[float, Tuple[Tuple[int, ...], ...]]] = {(0,) * len(host_kinds): (0.0, ())}
+    placed = 0  # layers of the devices so far
+    kinds_of: List[Tuple[List[Kind], Dict[Kind, List[int]]]] = []
+    steps = 0
     for d, budget in enumerate(p.budget):
         mine = [i for i in range(n) if p.dev[i] == d]
         kinds: Dict[Kind, List[int]] = {}
@@ -146,43 +151,53 @@ def _serial_joint(p: _Problem, limit: int, max_layers: Optional[int] = None) -> 
             kinds.setdefault((layer.transfers, layer.resident_bytes, layer.staging, p.pull[i], p.pulled[i]),
                              []).append(i)
         keys = list(kinds)
-        vectors *= math.prod((len(kinds[k]) + 1) * (len(kinds[k]) + 2) // 2 for k in keys)
-        if vectors > limit:
-            return None
+        kinds_of.append((keys, kinds))
+        placed += len(mine)
         saved = [sum(p.carry[kinds[k][0]]) for k in keys]
         outputs = sum(p.layers[i].output_bytes for i in mine)
         queries = sum(p.layers[i].query_bytes for i in mine)
-        table: List[Tuple[float, int, Tuple[int, ...]]] = []  # (copies saved, layers kept, counts kept)
+        table: List[Tuple[float, int, Tuple[int, ...], Tuple[int, ...]]] = []  # saved, kept, left per host kind, counts
+        steps += math.prod(len(kinds[k]) + 1 for k in keys)
+        if steps > limit:
+            return None
         for counts in itertools.product(*(range(len(kinds[k]) + 1) for k in keys)):
             staged = max((k[2] for k, c in zip(keys, counts) if c < len(kinds[k])), default=0)
             used = sum(c * k[1] for k, c in zip(keys, counts)) + max(staged, outputs) + queries
             if budget is None or used <= budget:
-                table.append((sum(c * g for c, g in zip(counts, saved)), sum(counts), counts))
+                rest = [0] * len(host_kinds)
+                for k, c in zip(keys, counts):
+                    rest[column[(k[1], k[3], k[4])]] += len(kinds[k]) - c
+                table.append((sum(c * g for c, g in zip(counts, saved)), sum(counts), tuple(rest), counts))
         if not table:
             return None
-        devices.append((keys, kinds, table))
-    cap = n if max_layers is None else max_layers
+        steps += len(combined) * len(table)
+        if steps > limit:
+            return None
+        nxt: Dict[Tuple[int, ...], Tuple[float, Tuple[Tuple[int, ...], ...]]] = {}
+        for left_so_far, (gain, chosen) in combined.items():
+            for g, _, left, counts in table:
+                state = tuple(a + b for a, b in zip(left_so_far, left))
+                if placed - sum(state) > cap:
+                    continue
+                if state not in nxt or gain + g > nxt[state][0]:
+                    nxt[state] = (gain + g, chosen + (counts,))
+        combined = nxt
+    steps += sum(math.prod(m + 1 for m in left) for left in combined)
+    if steps > limit:
+        return None
     copies = sum(sum(c) for c in p.carry)
-    best: Optional[Tuple[float, int, Tuple[Tuple[float, int, Tuple[int, ...]], ...]]] = None
-    for choice in itertools.product(*(table for _, _, table in devices)):
-        kept = sum(c[1] for c in choice)
-        if kept > cap:
-            continue
-        left: Counter[_HostKind] = Counter()
-        for (keys, kinds, _), (_, _, counts) in zip(devices, choice):
-            for k, c in zip(keys, counts):
-                if c < len(kinds[k]):
-                    left[(k[1], k[3], k[4])] += len(kinds[k]) - c
-        split = _split_counts(p, list(left.items()))
+    best: Optional[Tuple[float, int, Tuple[Tuple[int, ...], ...]]] = None  # (time, layers kept, counts)
+    for left, (gain, chosen) in combined.items():
+        split = _split_counts(p, [(k, m) for k, m in zip(host_kinds, left) if m])
         if split is None:
             continue
-        t = copies - sum(c[0] for c in choice) + split[0]
+        t, kept = copies - gain + split[0], n - sum(left)
         if best is None or (t, kept) < (best[0], best[1]):
-            best = (t, kept, choice)
+            best = (t, kept, chosen)
     if best is None:
         return None
     host = [True] * n
-    for (keys, kinds, _), (_, _, counts) in zip(devices, best[2]):
+    for (keys, kinds), counts in zip(kinds_of, best[2]):
         for k, c in zip(keys, counts):
             for i in kinds[k][:c]:
                 host[i] = False
@@ -333,7 +348,7 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
         least sum is the optimum split), and the devices' placement is chosen with it, a layer on a
         device saving its copies and the pull of any layer it leaves the host room for
         (docs/design.md, "Three tiers"): serially over counts of each kind of layer on each device,
-        in host memory and remote (exact up to JOINT_LIMIT vectors); with prefetching, by the search
+        in host memory and remote (exact up to JOINT_LIMIT steps); with prefetching, by the search
         above, its bound then adding the least pull of the layers already in host memory.
 
     Returns
