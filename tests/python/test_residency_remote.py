@@ -7,11 +7,12 @@ the tier is checked against every split of small problems (hypothesis, derandomi
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from typing import List
 
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import ferry
@@ -144,19 +145,134 @@ def test_every_strategy_sends_what_the_host_cannot_hold_remote() -> None:
         assert d["remote_pieces"] == 3 * 2 * N_STREAM
 
 
-def test_auto_claims_the_optimum_with_layers_remote_only_where_the_layers_are_of_one_kind() -> None:
-    """The devices' placement is chosen without the pulls: with every layer alike, any placement of
-    as many layers is the same, and the plan is the optimum; with a sliding layer beside the full
-    ones, that is not proven, and the plan says so (exact False, no bound)."""
-    link = remote_link_model(BATCH_US, PIECE_US, GBPS)
-    alike = geometry(4)
-    tier = RemoteSpec(link, host_memory=alike[0].resident_bytes + 2 * N_STREAM * N_KV * ROW)
-    plan = choose_residency("auto", alike, [DeviceSpec(2.0)], max_layers=1, remote_tier=tier)
-    assert plan.remote_layers() and plan.exact and plan.bound == 1.0
+def test_auto_places_the_devices_with_the_pulls_it_saves() -> None:
+    """One device slot and a host that holds a pull's staging but no layer beside it: the layer kept
+    on the device is the one whose copies and pull together cost most, not the one whose copies
+    alone do. X copies 200 KB in one piece a window, Y 160 KB in 40 pieces a window (gaps of 100 KB,
+    dearer than a piece: no merge). Kept for its copies, X leaves Y remote: 80 us of copies and a
+    1,190 us pull; kept for both, Y leaves X remote: 100 us and 274 us. The plan is the optimum
+    (exact) with its sizes of two kinds."""
+    x = LayerCost((100_000, 100_000), 1 << 20, pieces=(((0, 100_000),), ((0, 100_000),)))
+    rows = tuple((k * 102_000, 2_000) for k in range(40))
+    y = LayerCost((80_000, 80_000), 1 << 20, pieces=(rows, rows))
+    tier = RemoteSpec(remote_link_model(BATCH_US, PIECE_US, GBPS), host_memory=200_000)
+    for prefetch in (0, 1):
+        plan = choose_residency("auto", [x, y], [DeviceSpec(2.0)], prefetch=prefetch, max_layers=1, remote_tier=tier)
+        assert plan.resident == (False, True) and plan.remote_layers() == [0], prefetch
+        assert math.isclose(plan.step_seconds, 100e-6 + 274e-6, rel_tol=1e-9)
+        assert plan.exact and plan.bound == 1.0
+    # the same geometry of two kinds (a sliding layer beside full ones) is claimed exact too
     mixed = layers_from_geometry("f16", "f16", HEAD_DIM, N_HEAD_KV, N_CTX, N_STREAM, N_KV, [None, 64, None, None])
+    tier = RemoteSpec(tier.link, host_memory=mixed[0].resident_bytes + 2 * N_STREAM * N_KV * ROW)
     plan = choose_residency("auto", mixed, [DeviceSpec(2.0)], max_layers=1, remote_tier=tier)
-    assert plan.remote_layers() and not plan.exact and math.isinf(plan.bound)
-    assert choose_residency("auto", mixed, [DeviceSpec(2.0)], max_layers=1).exact  # without the tier, as before
+    assert plan.remote_layers() and plan.exact and plan.bound == 1.0
+
+
+@st.composite
+def tiered_problems(draw: st.DrawFn) -> tuple:
+    """A few layers of drawn sizes (a window's bytes and its pieces, each layer's K and V at least
+    its window's), one or two devices with drawn memory, a host memory, a count cap and a prefetch
+    depth."""
+    n = draw(st.integers(1, 5))
+    layers = []
+    for _ in range(n):
+        cells = draw(st.sampled_from([1, 8, 40]))
+        pieces = draw(st.sampled_from([1, 4]))
+        rows = tuple((k * 50_000, cells * 100) for k in range(pieces))
+        window = pieces * cells * 100
+        layers.append(LayerCost((window, window), draw(st.sampled_from([2, 3])) * 2 * window,
+                                output_bytes=draw(st.sampled_from([0, 64])), pieces=(rows, rows)))
+    n_dev = draw(st.integers(1, 2))
+    staging = max(layer.window_bytes for layer in layers)  # a pull's, or a device's copies of a window
+    total = sum(layer.resident_bytes for layer in layers)
+    devices = [DeviceSpec(draw(st.sampled_from([1.0, 4.0])), 2.0, draw(st.sampled_from([0.0, 3e-5])),
+                          draw(st.sampled_from([None, staging + 64 * n, staging + 64 * n + total // 3])))
+               for _ in range(n_dev)]
+    layer_device = draw(st.lists(st.integers(0, n_dev - 1), min_size=n, max_size=n))
+    host = staging + total * draw(st.sampled_from([0, 1, 2, 3])) // 4 - draw(st.sampled_from([0, 1]))
+    max_layers = draw(st.sampled_from([None, 0, 1, 2]))
+    return layers, devices, layer_device, host, max_layers, draw(st.integers(0, 1))
+
+
+@example(([LayerCost((800, 800), 3200, pieces=(((0, 800),),) * 2),
+           LayerCost((400, 400), 2400, pieces=(tuple((k * 50_000, 100) for k in range(4)),) * 2)],
+          [DeviceSpec(2.0, memory=5_000)], [0, 0], 1_600, 1, 0))  # the cheaper copies, the dearer pull, on the device
+@settings(max_examples=60, deadline=None)
+@given(tiered_problems())
+def test_auto_is_the_least_of_every_device_host_and_remote_assignment(problem: tuple) -> None:
+    """Every layer on its device, in host memory or remote (3^n assignments), priced by predict_step:
+    auto's plan fits (each device's memory, the host memory, max_layers) and its step is the least
+    of every assignment that does, serial and prefetched, and it says it is exact; where none fits,
+    it is refused naming what cannot hold it."""
+    layers, devices, layer_device, host_memory, max_layers, prefetch = problem
+    tier = RemoteSpec(remote_link_model(BATCH_US, PIECE_US, GBPS), host_memory=host_memory)
+    best, best_resident = None, None
+    for where in itertools.product("dhr", repeat=len(layers)):
+        resident = [w == "d" for w in where]
+        if max_layers is not None and sum(resident) > max_layers:
+            continue
+        got = predict_step(layers, devices, resident, layer_device, prefetch, remote=[w == "r" for w in where],
+                           remote_tier=tier)
+        if got.host_bytes > host_memory or any(s.memory is not None and m > s.memory
+                                               for s, m in zip(devices, got.memory)):
+            continue
+        if best is None or got.step_seconds < best:
+            best, best_resident = got.step_seconds, resident
+    try:
+        plan = choose_residency("auto", layers, devices, layer_device, prefetch, max_layers, remote_tier=tier)
+    except PlanDoesNotFitError as e:
+        # refused: nothing fits, or only placements keeping no layer where a device has a budget
+        assert best is None or ("no layer fits" in str(e) and not any(best_resident or ())), str(e)
+        return
+    assert best is not None
+    pred = plan.prediction
+    assert pred.host_bytes <= host_memory and (max_layers is None or len(plan.resident_layers()) <= max_layers)
+    assert all(s.memory is None or m <= s.memory for s, m in zip(devices, pred.memory))
+    assert plan.exact and plan.bound == 1.0
+    assert math.isclose(plan.step_seconds, best, rel_tol=1e-9, abs_tol=1e-15), (plan.step_seconds, best)
+
+
+def test_auto_says_where_the_joint_search_stopped_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the serial enumeration's limit the search over layers finds the same optimum (small
+    here); where that search stops at its limit, or a split is made greedily, the plan is not
+    claimed exact and no bound is claimed (the bound's proof leaves the pulls out); without a host
+    memory to fit, the prefetched bound stands as before."""
+    import ferry.residency.model as model
+    import ferry.residency.planner as planner
+
+    layers = [LayerCost((c * 100, c * 100), 4 * c * 100, pieces=(tuple((k * 50_000, c * 100) for k in range(p)),) * 2)
+              for c, p in ((40, 1), (8, 4), (20, 2), (1, 4), (30, 1), (8, 1))]
+    dev = [DeviceSpec(2.0, 2.0)]
+    tier = RemoteSpec(remote_link_model(BATCH_US, PIECE_US, GBPS), host_memory=10_000)
+    exact = choose_residency("auto", layers, dev, max_layers=2, remote_tier=tier)
+    assert exact.exact and exact.remote_layers()
+    monkeypatch.setattr(planner, "JOINT_LIMIT", 0)
+    searched = choose_residency("auto", layers, dev, max_layers=2, remote_tier=tier)
+    assert searched.exact and math.isclose(searched.step_seconds, exact.step_seconds, rel_tol=1e-12)
+    stopped = planner.choose_auto(layers, dev, prefetch=1, max_layers=2, search_limit=1, remote_tier=tier)
+    assert not stopped.exact and math.isinf(stopped.bound)
+    alone = planner.choose_auto(layers, dev, prefetch=1, max_layers=2, search_limit=1)
+    assert not alone.exact and alone.bound == 2.0
+    monkeypatch.setattr(model, "SPLIT_LIMIT", 0)
+    greedy = choose_residency("auto", layers, dev, max_layers=2, remote_tier=tier)
+    assert not greedy.exact and math.isinf(greedy.bound) and greedy.prediction.host_bytes <= 10_000
+
+
+def test_residency_plan_prints_the_joint_optimum_for_layers_of_two_kinds(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ferry residency-plan` with a sliding layer beside full ones and a remote tier: auto's plan is
+    the library's joint one, and the note says it is the optimum."""
+    from ferry.cli import main
+
+    args = ["residency-plan", "-c", "256", "-npl", "1", "-npp", "120", "-ntg", "8", "--pad", "1", "--layers", "4",
+            "--heads", "2", "--head-dim", "32", "--kv-heads", "2", "--type", "f16", "--compute-us", "20",
+            "--kv-device-layers", "1", "--swa-window", "16", "--swa-layers", "sfff", "--remote-link", "150,12,2",
+            "--host-memory", "100KiB", "--strategy", "auto"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "auto: the model's optimum" in out
+    assert main(args + ["--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)[0]
+    assert plan["exact"] and plan["bound"] == 1.0 and plan["remote_layers"]
 
 
 def test_bad_remote_inputs_are_refused_naming_them() -> None:

@@ -131,9 +131,6 @@ def format_plans(plans: Sequence[ResidencyPlan], npl: int, accepted: float = 1.0
                      "host -> device")
     if auto is not None:
         lines.append("auto: " + ("the model's optimum" if auto.exact else
-                                 "the devices' placement chosen without the pulls, the host/remote split the least "
-                                 "pull for it (layers of several sizes: not proven the joint optimum)"
-                                 if any(auto.remote) else
                                  f"the search stopped at its limit: within {auto.bound:g}x of the optimum "
                                  "(docs/design.md)" if not math.isinf(auto.bound) else
                                  "the search stopped at its limit"))

@@ -79,7 +79,8 @@ def choose_residency(strategy: str, layers: Sequence[LayerCost], devices: Sequen
     remote_tier : RemoteSpec, optional
         A remote tier behind the host and the host memory: the layers the strategy leaves off the
         devices are split between host memory and the tier (the least pull time that fits the
-        host); ResidencyPlan.remote says which are remote.
+        host; auto chooses the devices' placement with that split, the named rules without it);
+        ResidencyPlan.remote says which are remote.
 
     Returns
     -------

@@ -594,6 +594,12 @@ class _Cached:
         return got
 
 
+#: A kind of host layer for the host/remote split: (its K and V's bytes, its pull's seconds, its pull's bytes).
+_HostKind = Tuple[int, float, int]
+#: A split's least: (the pulls' seconds, how many layers of each kind stay local), or None where none fits.
+_Split = Optional[Tuple[float, Dict[_HostKind, int]]]
+
+
 @dataclass
 class _Problem:
     """The checked inputs, in the arrays the simulation reads."""
@@ -613,6 +619,9 @@ class _Problem:
     pull_pieces: List[int] = field(default_factory=list)  # per layer, its pull's pieces, merged
     pulled: List[int] = field(default_factory=list)    # per layer, its pull's bytes, gaps included
     remote: List[bool] = field(default_factory=list)   # per layer, remote under the placement asked of it
+    # the least split of each multiset of host kinds asked (_split_counts): (pull seconds, kept per kind) or None
+    splits: Dict[Tuple[Tuple[_HostKind, int], ...], _Split] = field(default_factory=dict)
+    split_inexact: bool = False  # a split was made greedily (past SPLIT_LIMIT)
 
     def name(self, d: int) -> str:
         return self.devices[d].name or f"device {d}"
@@ -863,51 +872,89 @@ def _host_bytes(p: _Problem, host: Sequence[bool], remote: Sequence[bool]) -> in
 SPLIT_LIMIT = 1_000_000
 
 
-def _split_remote(p: _Problem, host: Sequence[bool]) -> List[bool]:
-    """Which of the host layers go remote, for the least pull time within the host memory.
+def _split_counts(p: _Problem, kinds: Sequence[Tuple[_HostKind, int]]) -> _Split:
+    """The least pull time within the host memory for so many host layers of each kind: (the pulls'
+    seconds, how many of each kind stay local), or None where no split fits.
 
-    Layers of the same host bytes and pull (a kind) are interchangeable, so every count of each kind
-    kept local is enumerated (prod(n_kind + 1) vectors): the host holds the kept layers' K and V and
-    the largest remote pull's staging; the least total pull that fits wins, the fewest remote layers
-    on a tie. Past SPLIT_LIMIT vectors, layers are kept local greedily, the most pull time saved per
-    host byte first. Exact for the serial step (its time is the pulls' sum plus what the split does
-    not change); with prefetching the pulls sit on the calling thread's chain, and the least sum is
-    what is minimised."""
+    Layers of a kind are interchangeable, so every count of each kind kept local is enumerated
+    (prod(n_kind + 1) vectors): the host holds the kept layers' K and V and the largest remote
+    pull's staging; the least total pull that fits wins, the fewest remote layers on a tie. Past
+    SPLIT_LIMIT vectors, layers are kept local greedily, the most pull time saved per host byte
+    first, and p.split_inexact says so. Asked once per multiset of kinds (p.splits)."""
+    key = tuple(sorted(kinds))
+    if key in p.splits:
+        return p.splits[key]
+    tier = p.remote_tier
+    assert tier is not None and tier.host_memory is not None
+    budget = tier.host_memory
+    best: Optional[Tuple[float, int, List[int]]] = None  # (pull seconds, remote layers, counts kept)
+    if math.prod(m + 1 for _, m in key) <= SPLIT_LIMIT:
+        for counts in itertools.product(*(range(m + 1) for _, m in key)):
+            staged = max((k[2] for (k, m), c in zip(key, counts) if c < m), default=0)
+            if sum(c * k[0] for (k, _), c in zip(key, counts)) + staged > budget:
+                continue
+            pulls = sum((m - c) * k[1] for (k, m), c in zip(key, counts))
+            gone = sum(m - c for (_, m), c in zip(key, counts))
+            if best is None or (pulls, gone) < (best[0], best[1]):
+                best = (pulls, gone, list(counts))
+    else:
+        p.split_inexact = True
+        kept = [0] * len(key)
+
+        def held(kept: List[int]) -> int:
+            staged = max((k[2] for (k, m), c in zip(key, kept) if c < m), default=0)
+            return sum(c * k[0] for (k, _), c in zip(key, kept)) + staged
+
+        for j in sorted(range(len(key)), key=lambda j: -key[j][0][1] / max(1, key[j][0][0])):
+            for _ in range(key[j][1]):  # as the layers one at a time: kept where it fits
+                kept[j] += 1
+                if held(kept) > budget:
+                    kept[j] -= 1
+        if held(kept) <= budget:
+            best = (sum((m - c) * k[1] for (k, m), c in zip(key, kept)), 0, kept)
+    got = None if best is None else (best[0], dict(zip((k for k, _ in key), best[2])))
+    p.splits[key] = got
+    return got
+
+
+def _host_kinds(p: _Problem, host: Sequence[bool]) -> Dict[_HostKind, List[int]]:
+    """The host layers of a placement by kind (_HostKind), each kind's in layer order."""
+    kinds: Dict[_HostKind, List[int]] = {}
+    for i in range(len(host)):
+        if host[i]:
+            kinds.setdefault((p.layers[i].resident_bytes, p.pull[i], p.pulled[i]), []).append(i)
+    return kinds
+
+
+def _least_pull(p: _Problem, host: Sequence[bool]) -> float:
+    """The least pull time of any split of a placement's host layers that fits the host memory
+    (math.inf where none fits; 0 without a host memory to fit). It never falls when a layer is
+    added to the host layers: a split of more layers, those taken out, still fits and pulls no
+    more."""
+    tier = p.remote_tier
+    if tier is None or tier.host_memory is None:
+        return 0.0
+    got = _split_counts(p, [(k, len(v)) for k, v in _host_kinds(p, host).items()])
+    return math.inf if got is None else got[0]
+
+
+def _split_remote(p: _Problem, host: Sequence[bool]) -> List[bool]:
+    """Which of the host layers go remote, for the least pull time within the host memory
+    (_split_counts); refused naming the host memory where no split fits. Exact for the placement
+    (its step is the pulls' sum plus what the split does not change, at any prefetch depth)."""
     n = len(host)
     tier = p.remote_tier
     if tier is None or tier.host_memory is None:
         return [False] * n
-    budget = tier.host_memory
-    kinds: Dict[Tuple[int, float, int], List[int]] = {}
-    for i in range(n):
-        if host[i]:
-            kinds.setdefault((p.layers[i].resident_bytes, p.pull[i], p.pulled[i]), []).append(i)
-    keys = list(kinds)
-    best: Optional[Tuple[float, int, List[int]]] = None  # (pull seconds, remote layers, counts kept)
-    if math.prod(len(kinds[k]) + 1 for k in keys) <= SPLIT_LIMIT:
-        for counts in itertools.product(*(range(len(kinds[k]) + 1) for k in keys)):
-            staged = max((k[2] for k, c in zip(keys, counts) if c < len(kinds[k])), default=0)
-            if sum(c * k[0] for k, c in zip(keys, counts)) + staged > budget:
-                continue
-            pulls = sum((len(kinds[k]) - c) * k[1] for k, c in zip(keys, counts))
-            gone = sum(len(kinds[k]) - c for k, c in zip(keys, counts))
-            if best is None or (pulls, gone) < (best[0], best[1]):
-                best = (pulls, gone, list(counts))
-        if best is None:
-            _refuse_host(p, host)
-        assert best is not None
-        remote = [False] * n
-        for k, c in zip(keys, best[2]):
-            for i in kinds[k][c:]:
-                remote[i] = True
-        return remote
-    remote = [bool(h) for h in host]
-    for i in sorted((i for i in range(n) if host[i]), key=lambda i: -p.pull[i] / max(1, p.layers[i].resident_bytes)):
-        remote[i] = False
-        if _host_bytes(p, host, remote) > budget:
-            remote[i] = True
-    if _host_bytes(p, host, remote) > budget:
+    kinds = _host_kinds(p, host)
+    got = _split_counts(p, [(k, len(v)) for k, v in kinds.items()])
+    if got is None:
         _refuse_host(p, host)
+    assert got is not None
+    remote = [False] * n
+    for k, layers in kinds.items():
+        for i in layers[got[1][k]:]:
+            remote[i] = True
     return remote
 
 
@@ -1079,14 +1126,9 @@ def _refuse_empty(p: _Problem, host: Sequence[bool]) -> None:
 def _plan(p: _Problem, strategy: str, host: List[bool], exact: bool = False, bound: float = math.inf
           ) -> ResidencyPlan:
     """The plan of a placement: its host layers split between host memory and the remote tier
-    (_split_remote, where the problem has one), and its prediction. The devices' placement was
-    chosen without the pulls: with layers remote, it and the split are the joint optimum only where
-    every layer is of one kind (any placement of as many layers is then the same), so exact and
-    bound are dropped elsewhere."""
+    (_split_remote, where the problem has one), and its prediction; exact and bound as the strategy
+    claims them (the planner's, for the devices' placement and the split together)."""
     p.remote = _split_remote(p, host)
-    kinds = {(layer.transfers, layer.resident_bytes, layer.staging, pull) for layer, pull in zip(p.layers, p.pull)}
-    if any(p.remote) and len(kinds) > 1:
-        exact, bound = False, math.inf
     try:
         return ResidencyPlan(strategy, tuple(not h for h in host), tuple(p.dev), p.prefetch, _prediction(p, host),
                              tuple(s.memory for s in p.devices), exact, bound,

@@ -1,6 +1,8 @@
-"""The planner (auto): the placement with the least predicted step time within every device's budget;
-exact serially at any size, and with prefetching exact until its search limit, then within a stated
-bound (docs/design.md, "Which layers to keep")."""
+"""The planner (auto): the placement with the least predicted step time within every device's budget
+(and a remote tier's host memory, the devices' placement and the host/remote split searched
+together); exact serially at any size (with a remote tier, up to JOINT_LIMIT steps), and with
+prefetching exact until its search limit, then within a stated bound (docs/design.md, "Which layers
+to keep", "Three tiers")."""
 
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ from .model import (
     ResidencyPlan,
     _check_windows_fit,
     _fits,
+    _least_pull,
     _memory,
     _plan,
     _Problem,
     _problem,
     _refuse_empty,
+    _split_counts,
     _step_time,
 )
 from .rules import choose_first, choose_round_robin, choose_slowest_link
@@ -31,6 +35,27 @@ DEFAULT_SEARCH_LIMIT = 20_000
 
 #: The serial planner enumerates at most this many count vectors per device (prod(n_kind + 1)).
 KIND_LIMIT = 1_000_000
+
+#: With a host memory behind a remote tier, the serial planner's steps at most: each device's count
+#: vectors, their combinations with the devices before, and the host/remote splits of what is left.
+JOINT_LIMIT = 500_000
+
+
+def _joint_time(p: _Problem, host: Sequence[bool]) -> float:
+    """The step time of a placement on the devices, its other layers split between the host memory
+    and a remote tier for the least pull that fits the host (math.inf where none fits): the pulls
+    add to the step, so the least pull is the split's best at any prefetch depth."""
+    pull = _least_pull(p, host)
+    return math.inf if math.isinf(pull) else _step_time(p, host) + pull
+
+
+def _saving(before: float, after: float) -> float:
+    """What a move saves, from the step time before it to after it (either math.inf: no placement
+    fits the host memory): all where it makes a placement fit, nothing where neither fits."""
+    if math.isinf(after):
+        return 0.0 if math.isinf(before) else -math.inf
+    return before - after
+
 
 def _serial_best(p: _Problem, windows_factor: int, limit: int,
                  max_layers: Optional[int] = None) -> Optional[List[bool]]:
@@ -94,18 +119,103 @@ def _serial_best(p: _Problem, windows_factor: int, limit: int,
     return host
 
 
+def _serial_joint(p: _Problem, limit: int, max_layers: Optional[int] = None) -> Optional[List[bool]]:
+    """The serial model's optimum over the devices, the host memory and a remote tier together.
+
+    Serially a step is sum(compute) + the copies of every layer not resident + the remote layers'
+    pulls. A layer kept on a device saves its copies and, where the host memory then holds a layer
+    that would otherwise go remote, that layer's pull: so the devices' placement and the split are
+    chosen together. Layers of a kind (the same transfers, bytes, staging and pull, on one device)
+    are interchangeable, so each device's count vectors of its kinds kept within its budget (its
+    memory counted as _serial_best counts it, the least a placement needs) are enumerated; the
+    devices are combined one after another, keeping for each count of every host kind left (which
+    also says how many are kept, for max_layers) the most copies saved; each multiset left is split for
+    the least pull that fits the host (_split_counts). As _serial_best's, the result is the
+    optimum of a relaxation, the optimum where it fits. None past limit steps (combinations and
+    split vectors together), where a device fits nothing, or where no split fits the host."""
+    n = len(p.layers)
+    Kind = Tuple[Tuple[int, ...], int, int, float, int]  # transfers, resident, staging, pull, pulled
+    host_kinds = sorted({(p.layers[i].resident_bytes, p.pull[i], p.pulled[i]) for i in range(n)})
+    column = {k: j for j, k in enumerate(host_kinds)}
+    cap = n if max_layers is None else max_layers
+    # layers left per host kind (of the devices so far) -> (most copies saved, each device's counts kept)
+    combined: Dict[Tuple[int, ...], Tuple[float, Tuple[Tuple[int, ...], ...]]] = {(0,) * len(host_kinds): (0.0, ())}
+    placed = 0  # layers of the devices so far
+    kinds_of: List[Tuple[List[Kind], Dict[Kind, List[int]]]] = []
+    steps = 0
+    for d, budget in enumerate(p.budget):
+        mine = [i for i in range(n) if p.dev[i] == d]
+        kinds: Dict[Kind, List[int]] = {}
+        for i in mine:
+            layer = p.layers[i]
+            kinds.setdefault((layer.transfers, layer.resident_bytes, layer.staging, p.pull[i], p.pulled[i]),
+                             []).append(i)
+        keys = list(kinds)
+        kinds_of.append((keys, kinds))
+        placed += len(mine)
+        saved = [sum(p.carry[kinds[k][0]]) for k in keys]
+        outputs = sum(p.layers[i].output_bytes for i in mine)
+        queries = sum(p.layers[i].query_bytes for i in mine)
+        table: List[Tuple[float, int, Tuple[int, ...], Tuple[int, ...]]] = []  # saved, kept, left per host kind, counts
+        steps += math.prod(len(kinds[k]) + 1 for k in keys)
+        if steps > limit:
+            return None
+        for counts in itertools.product(*(range(len(kinds[k]) + 1) for k in keys)):
+            staged = max((k[2] for k, c in zip(keys, counts) if c < len(kinds[k])), default=0)
+            used = sum(c * k[1] for k, c in zip(keys, counts)) + max(staged, outputs) + queries
+            if budget is None or used <= budget:
+                rest = [0] * len(host_kinds)
+                for k, c in zip(keys, counts):
+                    rest[column[(k[1], k[3], k[4])]] += len(kinds[k]) - c
+                table.append((sum(c * g for c, g in zip(counts, saved)), sum(counts), tuple(rest), counts))
+        if not table:
+            return None
+        steps += len(combined) * len(table)
+        if steps > limit:
+            return None
+        nxt: Dict[Tuple[int, ...], Tuple[float, Tuple[Tuple[int, ...], ...]]] = {}
+        for left_so_far, (gain, chosen) in combined.items():
+            for g, _, left, counts in table:
+                state = tuple(a + b for a, b in zip(left_so_far, left))
+                if placed - sum(state) > cap:
+                    continue
+                if state not in nxt or gain + g > nxt[state][0]:
+                    nxt[state] = (gain + g, chosen + (counts,))
+        combined = nxt
+    steps += sum(math.prod(m + 1 for m in left) for left in combined)
+    if steps > limit:
+        return None
+    copies = sum(sum(c) for c in p.carry)
+    best: Optional[Tuple[float, int, Tuple[Tuple[int, ...], ...]]] = None  # (time, layers kept, counts)
+    for left, (gain, chosen) in combined.items():
+        split = _split_counts(p, [(k, m) for k, m in zip(host_kinds, left) if m])
+        if split is None:
+            continue
+        t, kept = copies - gain + split[0], n - sum(left)
+        if best is None or (t, kept) < (best[0], best[1]):
+            best = (t, kept, chosen)
+    if best is None:
+        return None
+    host = [True] * n
+    for (keys, kinds), counts in zip(kinds_of, best[2]):
+        for k, c in zip(keys, counts):
+            for i in kinds[k][:c]:
+                host[i] = False
+    return host
+
+
 def _greedy(p: _Problem) -> List[bool]:
     """From every layer in host memory, keep adding the layer that lowers the step time most per
     byte it adds while one fits (the candidates asked in that order, so that the first that fits
     is taken and the others' memory is not measured)."""
     host = [True] * len(p.layers)
-    t = _step_time(p, host)
+    t = _joint_time(p, host)
     while True:
         ranked: List[Tuple[float, int]] = []
         for i in range(len(host)):
             if host[i]:
                 host[i] = False
-                ranked.append((-(t - _step_time(p, host)) / max(1, p.layers[i].resident_bytes), i))
+                ranked.append((-_saving(t, _joint_time(p, host)) / max(1, p.layers[i].resident_bytes), i))
                 host[i] = True
         for _, i in sorted(ranked):
             host[i] = False
@@ -114,14 +224,14 @@ def _greedy(p: _Problem) -> List[bool]:
             host[i] = True
         else:
             return host
-        t = _step_time(p, host)
+        t = _joint_time(p, host)
 
 
 def _local_search(p: _Problem, host: List[bool], passes: int = 20) -> List[bool]:
     """Improve a fitting placement by single moves while one lowers the step time: a layer made
     resident, or a resident layer and a host layer of the same device exchanged."""
     host = list(host)
-    t = _step_time(p, host)
+    t = _joint_time(p, host)
     for _ in range(passes):
         improved = False
         moves: List[Tuple[int, Optional[int]]] = [(j, None) for j in range(len(host)) if host[j]]
@@ -133,7 +243,7 @@ def _local_search(p: _Problem, host: List[bool], passes: int = 20) -> List[bool]
             host[j] = False
             if i is not None:
                 host[i] = True
-            t_new = _step_time(p, host)
+            t_new = _joint_time(p, host)
             if t_new < t * (1 - 1e-12) and _fits(p, host):
                 t, improved = t_new, True
             else:
@@ -153,11 +263,13 @@ def _branch_and_bound(p: _Problem, incumbent: List[bool], limit: int) -> Tuple[L
     and its memory lower bound is the model's least for its decided layers alone (a layer decided
     later adds resident bytes or window copies; the decided layers' parts, and so when their
     copies live, do not depend on it); a complete placement must fit (_fits: measured where the
-    problem has a measure). Returns the best placement and whether the search ran to its end
-    within limit evaluations."""
+    problem has a measure). With a host memory behind a remote tier, a placement's time is
+    _joint_time's, and a partial one's bound adds the least pull of its decided host layers alone
+    (the least pull never falls as layers join the host's; math.inf: no completion fits the host).
+    Returns the best placement and whether the search ran to its end within limit evaluations."""
     n = len(p.layers)
     best = list(incumbent)
-    best_t = _step_time(p, best)
+    best_t = _joint_time(p, best)
     host = [False] * n
     evaluated = 0
     complete = True
@@ -182,7 +294,7 @@ def _branch_and_bound(p: _Problem, incumbent: List[bool], limit: int) -> Tuple[L
             return
         if not partial_fits(k):
             return
-        bound = _step_time(p, host)  # undecided layers (k onwards) resident
+        bound = _joint_time(p, host)  # undecided layers (k onwards) resident
         if bound >= best_t:
             return
         if k == n:
@@ -204,7 +316,8 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
               max_layers: Optional[int] = None, search_limit: int = DEFAULT_SEARCH_LIMIT,
               measure: Optional[MeasureMemory] = None, tokens_per_step: float = 1.0,
                  remote_tier: Optional[RemoteSpec] = None) -> ResidencyPlan:
-    """``auto``: the placement with the least predicted step time within every device's budget.
+    """``auto``: the placement with the least predicted step time within every device's budget (and,
+    given a remote tier, the host memory).
 
     Serial (prefetch 0) it is exact at any size where the enumeration's optimum fits: each device's
     best count of each kind of layer (layers of the same size are interchangeable serially),
@@ -232,8 +345,11 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     remote_tier : RemoteSpec, optional
         A remote tier and the host memory: the layers not resident are split between host memory
         and the tier for the least pull time that fits the host (the pulls add to the step, so the
-        least sum is the optimum split; docs/design.md, "Three tiers"); the placement on the
-        devices is chosen as without it.
+        least sum is the optimum split), and the devices' placement is chosen with it, a layer on a
+        device saving its copies and the pull of any layer it leaves the host room for
+        (docs/design.md, "Three tiers"): serially over counts of each kind of layer on each device,
+        in host memory and remote (exact up to JOINT_LIMIT steps); with prefetching, by the search
+        above, its bound then adding the least pull of the layers already in host memory.
 
     Returns
     -------
@@ -246,11 +362,14 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     """
     p = _problem(layers, devices, layer_device, prefetch, max_layers, measure, tokens_per_step, remote_tier)
     _check_windows_fit(p)
+    joint = p.remote_tier is not None and p.remote_tier.host_memory is not None  # the split is a choice
     if p.prefetch == 0:
-        host = _serial_best(p, 1, KIND_LIMIT, p.max_layers)
+        host = (_serial_joint(p, JOINT_LIMIT, p.max_layers) if joint else
+                _serial_best(p, 1, KIND_LIMIT, p.max_layers))
         if host is not None and _fits(p, host):  # the relaxation's optimum fits: it is the optimum
             _refuse_empty(p, host)
-            return _plan(p, "auto", host, True, 1.0)
+            exact = not p.split_inexact
+            return _plan(p, "auto", host, exact, 1.0 if exact else math.inf)
     seeds = [_greedy(p), [True] * len(p.layers)]
     conservative = _serial_best(p, p.prefetch + 1, KIND_LIMIT, p.max_layers)
     if conservative is not None:
@@ -262,10 +381,12 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
         except PlanDoesNotFitError:
             pass
     feasible = [s for s in seeds if _fits(p, s)]
-    incumbent = _local_search(p, min(feasible, key=lambda s: _step_time(p, s)))
+    incumbent = _local_search(p, min(feasible, key=lambda s: _joint_time(p, s)))
     host, exact = _branch_and_bound(p, incumbent, search_limit)
     _refuse_empty(p, host)
-    # the bound compares with the conservative plan, which must fit as the step allocates it
-    bound = 1.0 if exact else (1.0 + len(p.devices) if conservative is not None and _fits(p, conservative)
-                               else math.inf)
+    exact = exact and not p.split_inexact
+    # the bound compares with the conservative plan, which must fit as the step allocates it; its
+    # proof leaves the pulls out, so with the host/remote split a choice none is claimed
+    bound = 1.0 if exact else (1.0 + len(p.devices) if not joint and conservative is not None and
+                               _fits(p, conservative) else math.inf)
     return _plan(p, "auto", host, exact, bound)
