@@ -10,6 +10,7 @@ import itertools
 import math
 from typing import List
 
+import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -52,7 +53,7 @@ def test_a_layers_pieces_are_cs_one_range_per_stream() -> None:
 
 
 def test_a_remote_layer_pays_its_pull_before_the_step_then_its_copies() -> None:
-    """A remote layer adds one batch, a piece each of its (unmerged: the gaps are far dearer
+    """A remote layer adds a batch a window, a piece each of its (unmerged: the gaps are far dearer
     than a piece) pieces and their bytes to the host layer it would be; nothing else changes."""
     layers = geometry()
     link = remote_link_model(BATCH_US, PIECE_US, GBPS)
@@ -61,17 +62,35 @@ def test_a_remote_layer_pays_its_pull_before_the_step_then_its_copies() -> None:
     resident = [True, False, False, False]
     host = predict_step(layers, dev, resident, remote_tier=tier)
     two = predict_step(layers, dev, resident, remote=[False, False, True, True], remote_tier=tier)
-    pull = BATCH_US * 1e-6 + 2 * N_STREAM * (PIECE_US * 1e-6 + N_KV * ROW / (GBPS * 1e9))
+    pull = 2 * BATCH_US * 1e-6 + 2 * N_STREAM * (PIECE_US * 1e-6 + N_KV * ROW / (GBPS * 1e9))
     assert two.remote_pieces == 2 * 2 * N_STREAM and two.pulled_bytes == 2 * 2 * N_STREAM * N_KV * ROW
     assert math.isclose(two.pull_seconds, 2 * pull, rel_tol=1e-12)
     assert math.isclose(two.step_seconds, host.step_seconds + 2 * pull, rel_tol=1e-12)
     assert host.pull_seconds == 0 and host.remote_pieces == 0
     # host memory: the one local layer's K and V, and one remote pull's staging
     assert two.host_bytes == layers[1].resident_bytes + 2 * N_STREAM * N_KV * ROW
-    # prefetching hides none of a pull: the pulls come before the scheduler's step
-    ahead = predict_step(layers, dev, resident, prefetch=1, remote=[False, False, True, True], remote_tier=tier)
-    assert math.isclose(ahead.step_seconds, predict_step(layers, dev, resident, prefetch=1).step_seconds + 2 * pull,
-                        rel_tol=1e-12)
+
+
+def test_prefetching_the_pulls_travel_under_the_compute_of_the_layers_before() -> None:
+    """With a prefetch of 1 the scheduler issues a layer's pull two parts ahead and waits for it
+    only as it queues the layer's copies: where each layer's compute outlasts a pull, the remote
+    layers cost the step nothing more than host layers would, though their staging is held for the
+    pulls in flight (three: the first part begins those of parts 0..2); where the compute is short,
+    the pulls show, but never more than serially."""
+    layers = geometry()
+    tier = RemoteSpec(remote_link_model(BATCH_US, PIECE_US, GBPS))
+    resident, remote = [True, False, False, False], [False, False, True, True]
+    window = 2 * N_STREAM * N_KV * ROW
+    slow = [DeviceSpec(2.0, 10.0, 5e-3)]  # 5 ms a layer: a pull (~0.5 ms) hides under it
+    host = predict_step(layers, slow, resident, prefetch=1)
+    two = predict_step(layers, slow, resident, prefetch=1, remote=remote, remote_tier=tier)
+    assert math.isclose(two.step_seconds, host.step_seconds, rel_tol=1e-12)
+    assert two.host_bytes == layers[1].resident_bytes + 2 * window
+    fast = [DeviceSpec(2.0, 10.0, 1e-5)]
+    host = predict_step(layers, fast, resident, prefetch=1)
+    two = predict_step(layers, fast, resident, prefetch=1, remote=remote, remote_tier=tier)
+    serial = predict_step(layers, fast, resident, remote=remote, remote_tier=tier)
+    assert host.step_seconds < two.step_seconds <= serial.step_seconds
 
 
 def test_small_gaps_merge_by_the_links_model() -> None:
@@ -83,7 +102,7 @@ def test_small_gaps_merge_by_the_links_model() -> None:
     got = predict_step(layers, [DeviceSpec(2.0)], [True, False], remote=[False, True], remote_tier=tier)
     span = ((N_STREAM - 1) * kv_size + kv_size - 8) * ROW
     assert got.remote_pieces == 2 and got.pulled_bytes == 2 * span
-    assert math.isclose(got.pull_seconds, BATCH_US * 1e-6 + 2 * (PIECE_US * 1e-6 + span / (GBPS * 1e9)),
+    assert math.isclose(got.pull_seconds, 2 * BATCH_US * 1e-6 + 2 * (PIECE_US * 1e-6 + span / (GBPS * 1e9)),
                         rel_tol=1e-12)
 
 
@@ -111,7 +130,7 @@ def test_the_split_is_the_least_pull_that_fits_the_host(problem: tuple) -> None:
     n = len(layers)
 
     def pull(i: int) -> float:
-        return BATCH_US * 1e-6 + 2 * (PIECE_US * 1e-6 + cells[i] * 100 / (GBPS * 1e9))
+        return 2 * BATCH_US * 1e-6 + 2 * (PIECE_US * 1e-6 + cells[i] * 100 / (GBPS * 1e9))
 
     best = None
     for remote in itertools.product([False, True], repeat=n):
@@ -189,7 +208,7 @@ def test_the_design_pages_figures_are_the_models() -> None:
     """docs/design.md's table ("Three tiers"): 2 KiB cells, 2,048 a stream, the rounded loopback fit
     beside a 25 GB/s link: the pull and the host -> device copies of one layer, in us."""
     tier = RemoteSpec(remote_link_model(BATCH_US, PIECE_US, GBPS))
-    rows = {(8, 1024): (16, 17119, 1342), (8, 64): (16, 1391, 84), (1, 64): (2, 305, 10)}
+    rows = {(8, 1024): (16, 17269, 1342), (8, 64): (16, 1541, 84), (1, 64): (2, 455, 10)}
     for (npl, n_kv), (pieces, pull_us, copy_us) in rows.items():
         layers = layers_from_geometry("f16", "f16", 128, 8, npl * 2048, npl, n_kv, [None] * 2)
         got = predict_step(layers, [DeviceSpec(25.0)], [True, False], remote=[False, True], remote_tier=tier)
@@ -203,22 +222,32 @@ def test_the_design_pages_figures_are_the_models() -> None:
 
 
 @needs_engine
-def test_the_prediction_is_the_tiers_own_pull() -> None:
-    """A remote layer's pieces, bytes and predicted pull are what RemoteTier.pull reads and predicts
-    for the same window under ranges, merged by the same link: both windows of nearly the whole
-    stream (one span each) and of part of it (a piece per stream)."""
+def test_the_prediction_is_the_tiers_own_pulls_in_a_schedulers_step() -> None:
+    """A remote layer's pieces, bytes and predicted pulls are what the tier reads and predicts when a
+    scheduler pulls the same windows under ranges (fetch_layers), merged by the same link: windows
+    of nearly the whole stream (one span each) and of part of it (a piece per stream)."""
     from ferry.remote import RemoteTier
+    from ferry.step import attention_step
 
     link = remote_link_model(BATCH_US, PIECE_US, GBPS)
     kv = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, N_CTX, N_STREAM, 2)
+    dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
     try:
         with RemoteTier(kv, model=link) as tier:
             tier.upload()
+            tier.fetch_layers([1])
             for n_kv in (N_KV, N_CTX // N_STREAM - 8):
-                _, _, got = tier.pull(1, n_kv, "ranges")
+                sched = ferry.Scheduler([dev, cpu], policy="ranges")
+                q = [ferry.Tensor.from_numpy(cpu, np.zeros((N_STREAM, 1, 4, HEAD_DIM), np.float32))
+                     for _ in range(2)]
+                kv_len = ferry.Tensor.from_numpy(cpu, np.full(N_STREAM, n_kv, np.int32))
+                sched.compute(attention_step(sched, dev, kv.windows(n_kv), q, kv_len).graph)
+                got = tier.take_fetch_stats()
                 want = predict_step(geometry(2, n_kv), [DeviceSpec(2.0)], [True, False], remote=[False, True],
                                     remote_tier=RemoteSpec(link))
-                assert (got.pieces, got.bytes) == (want.remote_pieces, want.pulled_bytes), n_kv
-                assert math.isclose(got.predicted_seconds, want.pull_seconds, rel_tol=1e-12), n_kv
+                assert len(got) == 2 and {p.layer for p in got} == {1}
+                assert (sum(p.pieces for p in got), sum(p.bytes for p in got)) == \
+                    (want.remote_pieces, want.pulled_bytes), n_kv
+                assert math.isclose(sum(p.predicted_seconds for p in got), want.pull_seconds, rel_tol=1e-12), n_kv
     finally:
         kv.close()
