@@ -15,6 +15,17 @@
  * (sched-prefetch.c), and leaves them queued at the end of a run: the test that asks waits
  * for the queues. */
 void ferry_fault_sched_drop_waits(bool drop);
+/* ---------------------------------------------------------------- a remote tier's fetches (sched-fetch.c) */
+
+/* Does input k's window read a tensor with a fetch? */
+bool ferry_sched_fetched(const ferry_sched * s, int k);
+/* In the run: begin the fetches of parts fetch_next..last. */
+ferry_status ferry_sched_fetch_begin(ferry_sched * s, int last);
+/* In the run, at part p: wait for input k's fetch, if one was begun, before its copy. */
+ferry_status ferry_sched_fetch_wait(ferry_sched * s, int p, int k);
+/* A failed run: wait for every fetch begun (their statuses dropped; the run's error kept). */
+void ferry_sched_fetch_abandon(ferry_sched * s);
+
 #endif
 
 typedef struct {
@@ -55,6 +66,12 @@ typedef struct {
     ferry_event * events[2];  /* before and after it on its queue */
 } ahead_copy;
 
+/* An input's fetch (ferry_tensor_set_fetch) in the run: begun and not yet waited for, its ticket. */
+typedef struct {
+    bool begun;
+    uint64_t ticket;
+} input_fetch;
+
 struct ferry_sched {
     ferry_backend * backends[FERRY_SCHED_MAX_BACKENDS];
     int n_backends;
@@ -93,6 +110,8 @@ struct ferry_sched {
     ahead_copy * ahead; /* by input, with prefetch_next */
     int ahead_part;     /* the part at which the next run's copies are queued; -1 never */
     ferry_sched_stats stats;
+    input_fetch * fetches; /* by input, made at alloc */
+    int fetch_next;        /* the first part whose fetches are not begun in the run */
     /* By backend: the largest merged gather's spans a run copied into it (bytes), which land in a
      * staging area on the device before the runs are placed (the CUDA backend's; on the stand-in,
      * the area a device would hold): memory held, as its buffer is (ferry_sched_buffer_size). */
@@ -151,5 +170,16 @@ ferry_status ferry_sched_prefetch_queue_ahead(ferry_sched * s);
 /* After the run: this run's copies done (ok false, a failed run: every queue, and nothing left
  * ahead), and each prefetched copy's time from its events. */
 ferry_status ferry_sched_prefetch_finish(ferry_sched * s, int queued_parts, bool ok);
+
+/* ---------------------------------------------------------------- a remote tier's fetches (sched-fetch.c) */
+
+/* Does input k's window read a tensor with a fetch? */
+bool ferry_sched_fetched(const ferry_sched * s, int k);
+/* In the run: begin the fetches of parts fetch_next..last. */
+ferry_status ferry_sched_fetch_begin(ferry_sched * s, int last);
+/* In the run, at part p: wait for input k's fetch, if one was begun, before its copy. */
+ferry_status ferry_sched_fetch_wait(ferry_sched * s, int p, int k);
+/* A failed run: wait for every fetch begun (their statuses dropped; the run's error kept). */
+void ferry_sched_fetch_abandon(ferry_sched * s);
 
 #endif

@@ -187,6 +187,7 @@ ferry_status ferry_sched_prefetch_queue(ferry_sched * s, int last, int * next) {
                 continue;
             }
             ferry_sched_input_info * in = &s->inputs[k];
+            FERRY_TRY(ferry_sched_fetch_wait(s, *next, k));
             s->queued_at[k] = ferry_now_seconds();
             FERRY_TRY(ferry_event_record(s->events[2 * k], queue));
             if (carried(s, k) && s->ahead[k].queued) {
@@ -213,6 +214,9 @@ ferry_status ferry_sched_prefetch_queue_ahead(ferry_sched * s) {
         }
         a->queued = false;
         const ferry_sched_input_info * in = &s->inputs[k];
+        if (ferry_sched_fetched(s, k)) {
+            continue; /* its bytes arrive with the run that reads them */
+        }
         if (ferry_read_used_cells(in->src, "copy ahead", a->cells) != FERRY_OK) {
             ferry_clear_error();
             continue;

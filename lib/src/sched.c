@@ -31,7 +31,9 @@ static void set_redirects(ferry_sched * s, bool on) {
 static void reset(ferry_sched * s) {
     ferry_sched_prefetch_reset(s);
     free(s->spans);
+    free(s->fetches);
     s->spans = NULL;
+    s->fetches = NULL;
     s->n_spans = 0;
     for (int i = 0; i < s->n_parts; i++) {
         ferry_graph_free(s->parts[i].graph);
@@ -509,9 +511,11 @@ ferry_status ferry_sched_alloc_graph(ferry_sched * s, ferry_graph * graph) {
     if (st == FERRY_OK) {
         st = ferry_sched_prefetch_prepare(s);
     }
-    if (st == FERRY_OK) { /* the timeline's room: each part's compute and wait, each input's copy and copy ahead */
-        s->spans = ferry_calloc(2 * (size_t) s->n_parts + 2 * (size_t) s->n_inputs + 1, sizeof(*s->spans));
-        st = s->spans ? FERRY_OK : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
+    if (st == FERRY_OK) { /* the timeline's room: each part's compute and wait, each input's copy, copy ahead
+                           * and fetch's wait; and each input's fetch */
+        s->spans = ferry_calloc(2 * (size_t) s->n_parts + 3 * (size_t) s->n_inputs + 1, sizeof(*s->spans));
+        s->fetches = ferry_calloc((size_t) s->n_inputs + 1, sizeof(*s->fetches));
+        st = s->spans && s->fetches ? FERRY_OK : ferry_fail(FERRY_ERR_OUT_OF_MEMORY, "sched: out of memory");
     }
     if (st != FERRY_OK) {
         reset(s);
@@ -586,9 +590,13 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
      * parts ahead are queued after this part's own copies: queued first, they would take the
      * link (one per direction, as a copy engine is) before a copy this part needs now. */
     int queued = 0;
+    s->fetch_next = 0;
     for (int p = 0; p < s->n_parts && st == FERRY_OK; p++) {
         ferry_sched_split_info * sp = &s->splits[s->parts[p].split];
-        if (s->queue_of) {
+        /* A remote tier's fetches, a part ahead of the copies they feed (those of part p + prefetch
+         * are queued at this part): each travels under the compute of the part before. */
+        st = ferry_sched_fetch_begin(s, s->prefetch ? p + s->prefetch + 1 : p);
+        if (st == FERRY_OK && s->queue_of) {
             st = ferry_sched_prefetch_queue(s, p, &queued); /* the first part's share of its own */
         }
         for (int k = s->parts[p].first_input; k < s->parts[p].first_input + s->parts[p].n_inputs && st == FERRY_OK;
@@ -597,8 +605,9 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
             if (s->queue_of && s->queue_of[k]) {
                 continue;
             }
+            st = ferry_sched_fetch_wait(s, p, k);
             const double t0 = ferry_now_seconds();
-            st = ferry_copy_input(sp->backend, s->policy, in->src, in->copy, &in->stats);
+            st = st == FERRY_OK ? ferry_copy_input(sp->backend, s->policy, in->src, in->copy, &in->stats) : st;
             if (st == FERRY_OK) {
                 ferry_sched_add_input_stats(&s->stats, &in->stats);
                 ferry_sched_note_staging(s, sp->backend, &in->stats);
@@ -625,6 +634,9 @@ ferry_status ferry_sched_graph_compute(ferry_sched * s, ferry_graph * graph) {
             s->stats.compute_seconds += t1 - t0;
             ferry_sched_add_span(s, FERRY_SPAN_COMPUTE, p, -1, t0, t1);
         }
+    }
+    if (st != FERRY_OK) {
+        ferry_sched_fetch_abandon(s);
     }
     if (s->queue_of) {
         const ferry_status fin = ferry_sched_prefetch_finish(s, queued, st == FERRY_OK);

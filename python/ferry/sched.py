@@ -13,7 +13,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import _checks
+from . import _checks, fetch
 from ._binding import ffi, lib
 from ._handle import Closeable, Handle, holding
 from ._placements import adopt_placements
@@ -76,7 +76,7 @@ class Split:
 
 #: A span's kind (Span.kind), by ferry_span_kind.
 SPAN_KINDS = {lib.FERRY_SPAN_COPY: "copy", lib.FERRY_SPAN_QUEUED_COPY: "queued copy", lib.FERRY_SPAN_WAIT: "wait",
-              lib.FERRY_SPAN_COMPUTE: "compute"}
+              lib.FERRY_SPAN_COMPUTE: "compute", lib.FERRY_SPAN_FETCH_WAIT: "fetch wait"}
 
 
 @dataclass(frozen=True)
@@ -88,11 +88,12 @@ class Span:
     kind : str
         "copy" (an input copied by the calling thread, at its part), "queued copy" (an input copied
         ahead on its backend's copy queue), "wait" (the calling thread waiting for a part's queued
-        copies) or "compute" (a part's compute, synchronized).
+        copies), "compute" (a part's compute, synchronized) or "fetch wait" (the calling thread
+        waiting for a remote tier's fetch of an input's window: ferry.fetch).
     part : int
         The part it belongs to (a layer's attention, in a decode step).
     input : int
-        The input copied (an index into Scheduler.inputs), or -1.
+        The input copied or fetched (an index into Scheduler.inputs), or -1.
     start, end : float
         Seconds from the run's start, on the host's clock; before it (negative) for a copy made for
         this run under the last one (Scheduler.prefetch_next).
@@ -402,8 +403,13 @@ class Scheduler(Closeable):
         graph._check_live()
         if lib.ferry_sched_needs_alloc(self._p, graph._p):
             self.alloc(graph)
+        fetch.take_error()  # one left by a run that did not ask for it
         with graph._hold():
-            check(lib.ferry_sched_graph_compute(self._p, graph._p))
+            status = lib.ferry_sched_graph_compute(self._p, graph._p)
+        transport = fetch.take_error()
+        if status != lib.FERRY_OK and transport is not None:
+            raise transport  # the fetcher's own error (ferry.fetch): what it names, the peer and layer say
+        check(status)
 
     # ------------------------------------------------------------ what the last alloc and run did
 

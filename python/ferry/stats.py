@@ -198,6 +198,12 @@ class SchedStats(_CopyFigures):
         Across runs (Scheduler.prefetch_next): inputs the last run copied ahead for this one and
         this one kept, copying only the cells each stream gained since (one with a stream whose
         length fell is copied again, and not counted).
+    fetched : int
+        Inputs whose window a remote tier fetched into host memory before its copy
+        (ferry.fetch.set_fetch, RemoteTier.fetch_layers).
+    fetch_wait_seconds : float
+        Seconds the host waited for those fetches (a fetch begun ahead and landed under compute
+        waits little).
     """
 
     n_inputs: int
@@ -207,13 +213,16 @@ class SchedStats(_CopyFigures):
     ahead_bytes: int = 0
     wait_seconds: float = 0.0
     kept_ahead: int = 0
+    fetched: int = 0
+    fetch_wait_seconds: float = 0.0
 
     @classmethod
     def from_c(cls, s: Any) -> "SchedStats":
         """A SchedStats holding the values of the ferry_sched_stats cdata s."""
         return cls(n_inputs=int(s.n_inputs), compute_seconds=float(s.compute_seconds), prefetched=int(s.prefetched),
                    ahead_inputs=int(s.ahead_inputs), ahead_bytes=int(s.ahead_bytes),
-                   wait_seconds=float(s.wait_seconds), kept_ahead=int(s.kept_ahead), **cls._figures(s))
+                   wait_seconds=float(s.wait_seconds), kept_ahead=int(s.kept_ahead), fetched=int(s.fetched),
+                   fetch_wait_seconds=float(s.fetch_wait_seconds), **cls._figures(s))
 
 
 #: What a backend without a memory limit says (C's SIZE_MAX).

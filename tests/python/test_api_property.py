@@ -5,7 +5,7 @@ measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trac
 prefetch_next, drop_ahead and truncate, ops.attn_paged and PagedKVCache.table_tensor; BlockPool's
 constructor, set_prefetch, sync, truncate, set_resident, choose_resident and plan; ferry.plan's copy_pieces,
 gather_pieces and merge_pieces; ferry.remote.server's cache_layout and layout_differences; RemoteTier's
-pull and pull_async.
+pull, pull_async and fetch_layers; ferry.fetch.set_fetch.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -1361,3 +1361,62 @@ def test_a_pull_or_an_async_pull_of_any_argument_runs_or_is_refused_naming_it_wr
     else:
         k, v, st_ = got
         assert st_.bytes == st_.bytes_read + st_.gap_bytes
+
+
+# ---------------------------------------------------------------- ferry.fetch.set_fetch and RemoteTier.fetch_layers
+
+
+class _Landing:
+    """A fetcher that lands nothing (the property is about the arguments)."""
+
+    def begin(self, window: ferry.Tensor, policy: Any) -> int:
+        return 1
+
+    def wait(self, ticket: int) -> None:
+        return None
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(tensor=st.sampled_from(["layer", "window", "loose", "device", "junk"]),
+       fetcher=st.one_of(junk(), st.sampled_from(["landing", None])))
+@example(tensor="window", fetcher="landing")  # a view: set it on the tensor owning the memory
+def test_set_fetch_of_any_argument_is_set_or_refused_naming_it_setting_nothing(tensor: str, fetcher: Any) -> None:
+    """ferry.fetch.set_fetch from a call that succeeds (a layer's K, a fetcher), one argument drawn:
+    it is set (a run of the layer's window then calls the fetcher), or refused naming the tensor or
+    the fetcher with nothing set (C's struct keeps no fetch)."""
+    from ferry.fetch import set_fetch
+
+    kv = ferry.KVCache("f16", "f16", 8, 1, 64, 2, 1)
+    dev = ferry.StandinBackend()
+    on_device = ferry.Tensor.new("f32", [4])
+    dev.alloc_buffer_for(on_device)
+    t = {"layer": kv.k(0), "window": kv.window(0, 8)[0], "loose": ferry.Tensor.new("f32", [4]),
+         "device": on_device, "junk": 3}[tensor]
+    f = _Landing() if fetcher == "landing" else fetcher
+    _, err = outcome(lambda: set_fetch(t, f), ("tensor", "fetcher", "set_fetch"))
+    if isinstance(t, ferry.Tensor):
+        assert (t._p.fetch != ferry._binding.ffi.NULL) == (err is None and f is not None)
+        set_fetch(t, None) if err is None else None
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(arg=st.sampled_from(["layers", "merge"]),
+       value=st.one_of(junk(), ints(-2, 3), st.lists(ints(-2, 3), max_size=3)))
+@example(arg="layers", value=[0, 2])  # a layer past the cache's two
+@example(arg="layers", value=3)  # not a sequence (found: it raised TypeError)
+def test_fetch_layers_of_any_argument_hands_the_layers_to_the_scheduler_or_is_refused_naming_it(
+        pulled: Tuple[Any, ferry.KVCache, ferry.Tensor], arg: str, value: Any) -> None:
+    """RemoteTier.fetch_layers from a call that succeeds (every layer, merged), one argument drawn:
+    the layers given are the tier's fetching ones (each K and V with a fetch), or it is refused
+    naming that argument with the layers fetched before unchanged."""
+    tier, local, _ = pulled
+    tier.fetch_layers([1])
+    _, err = outcome(lambda: tier.fetch_layers(**changed(dict(layers=None, merge=True), arg, value)), (arg,))
+    if err is not None:
+        assert tier.fetching == (1,)
+    else:
+        layers = value if arg == "layers" and value is not None else [0, 1]
+        assert tier.fetching == tuple(sorted({int(x) for x in layers}))
+        assert all((local.k(i)._p.fetch != ferry._binding.ffi.NULL) == (i in tier.fetching) for i in range(2))
+    tier.stop_fetching()
+    assert tier.fetching == () and all(local.k(i)._p.fetch == ferry._binding.ffi.NULL for i in range(2))

@@ -63,7 +63,7 @@ GENERIC_LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("backends", ("backend.c", "event.c")),
     ("graphs, ops, allocator", ("graph.c", "ops.c", "alloc.c", "alloc-blocks.c")),
     ("copy path and plans", ("copy-path.c", "copy-plan.c", "copy-compact.c", "copy-ragged.c", "copy-paged.c")),
-    ("scheduler and prefetch", ("sched.c", "sched-prefetch.c")),
+    ("scheduler and prefetch", ("sched.c", "sched-prefetch.c", "sched-fetch.c")),
     ("KV cache and decode step", ("kv-layers.c", "kv-cache.c", "paged-kv.c", "block-pool.c", "step-graph.c")),
 )
 #: Each generic .c file's layer: its index in GENERIC_LAYERS.

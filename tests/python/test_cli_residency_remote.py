@@ -67,7 +67,7 @@ def test_a_host_memory_alone_a_bad_link_and_a_host_that_cannot_hold_a_pull_are_r
                                                 "--host-memory", "1MiB"], capsys)
     assert "gbps" in refused(["residency-plan", *GEOMETRY, "--remote-link", "1,2,0", "--host-memory", "1MiB"], capsys)
     err = refused(["residency-plan", *GEOMETRY, "--remote-link", "150,12,2", "--host-memory", "1KiB"], capsys)
-    assert "host memory: 1024 bytes cannot hold the staging of a pull" in err
+    assert "host memory: 1024 bytes cannot hold the staging of the pulls" in err
 
 
 def test_without_the_engine_measure_and_the_bench_are_refused_naming_it(monkeypatch: pytest.MonkeyPatch,

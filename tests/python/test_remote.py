@@ -435,6 +435,86 @@ def test_a_server_killed_at_random_points_refuses_or_gives_the_right_bytes(lens:
     assert refused >= 3 and right + refused == 36
 
 
+def scheduled_step(kv: Any, policy: str, prefetch: int, lengths: List[int], n_kv: int = 24) -> Tuple[List[bytes], Any]:
+    """A decode step over every layer of kv, attention on a stand-in device, by a Scheduler."""
+    from ferry.step import attention_step
+
+    dev, cpu = ferry.StandinBackend(), ferry.CPUBackend()
+    sched = ferry.Scheduler([dev, cpu], policy=policy, prefetch=prefetch)
+    rng = np.random.default_rng(1)
+    q = [ferry.Tensor.from_numpy(cpu, rng.standard_normal((len(lengths), 1, 4, HEAD_DIM)).astype(np.float32))
+         for _ in range(N_LAYER)]
+    kv_len = ferry.Tensor.from_numpy(cpu, np.array(lengths, np.int32))
+    outs = attention_step(sched, dev, kv.windows(n_kv), q, kv_len)
+    sched.compute(outs.graph)
+    return [bytes(o.get()) for o in outs], sched.stats
+
+
+@needs_engine
+@pytest.mark.parametrize("layout", ["cells", "paged"])
+def test_the_scheduler_pulls_the_remote_layers_itself_under_every_policy_and_prefetch(layout: str) -> None:
+    """fetch_layers: the scheduler issues each remote window's pull (a part ahead of its copy with
+    prefetch) and copies it on: the outputs of the cache held locally byte for byte, a pull per
+    window; the pieces are the plan's (a stream's cells under ragged, the gather's runs paged, merged
+    only where they touch), the bytes the cells the window reads."""
+    from ferry.remote import RemoteTier
+
+    if layout == "cells":
+        ref, mirror = random_kv(1), random_kv(2)
+        lengths = [5, 17, 1, 24]
+    else:
+        ref, _ = random_paged(4, 0.5)
+        mirror, _ = random_paged(4, 0.5)
+        lengths = [20, 9, 16]
+    runs = plan_paged(ref.window(0, 24)[0], ferry.CPUBackend()).runs if layout == "paged" else 0
+    with RemoteTier(mirror) as tier:
+        tier.upload(ref)
+        tier.fetch_layers([1])
+        assert tier.fetching == (1,)
+        tier.fetch_layers()  # every layer: replaces the one given before
+        assert tier.fetching == tuple(range(N_LAYER))
+        for policy in ("flat", "ranges", "ragged"):
+            want, local = scheduled_step(ref, policy, 0, lengths)
+            for prefetch in (0, 1):
+                sentinel_fill(mirror)
+                got, st = scheduled_step(mirror, policy, prefetch, lengths)
+                pulls = tier.take_fetch_stats()
+                assert got == want, (policy, prefetch)
+                assert st.fetched == len(pulls) == 2 * N_LAYER and st.bytes_copied == local.bytes_copied
+                assert all(p.gap_bytes == 0 and p.bytes == p.bytes_read for p in pulls)
+                if layout == "paged":
+                    assert all(p.policy == "paged" and p.plan_pieces == runs >= p.pieces for p in pulls)
+                    assert all(p.bytes == sum(lengths) * CELL for p in pulls)
+                elif policy == "ragged":
+                    assert all(p.pieces == len(lengths) and p.bytes == sum(lengths) * CELL for p in pulls)  # a run a stream
+        tier.stop_fetching()
+        sentinel_fill(mirror)
+        assert scheduled_step(mirror, "ragged", 1, lengths)[0] != want and tier.take_fetch_stats() == []
+
+
+@needs_engine
+def test_a_peer_killed_under_the_schedulers_pulls_fails_the_run_naming_it_and_the_layer() -> None:
+    """The server killed: the scheduler's run raises the tier's PeerGoneError (the peer and the
+    layer named); after reconnect() the next run gives the local outputs."""
+    from ferry.remote import PeerGoneError, RemoteTier
+
+    ref, mirror = random_kv(5), random_kv(6)
+    lengths = [5, 17, 1, 24]
+    want, _ = scheduled_step(ref, "ragged", 1, lengths)
+    with RemoteTier(mirror, timeout_s=20.0) as tier:
+        tier.upload(ref)
+        tier.fetch_layers()
+        pid = tier.server_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(PeerGoneError) as e:
+            scheduled_step(mirror, "ragged", 1, lengths)
+        assert tier.peer in e.value.message and "layer 0" in e.value.message
+        tier.reconnect()
+        sentinel_fill(mirror)
+        assert scheduled_step(mirror, "ragged", 1, lengths)[0] == want
+
+
 def stopped(pid: int) -> None:
     """Wait until every thread of process pid has stopped (a signal reaches a busy thread late)."""
     for _ in range(500):

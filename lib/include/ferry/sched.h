@@ -67,6 +67,10 @@ typedef struct {
      * this one kept, copying only the cells each stream gained since (one with a stream whose length
      * fell below what it had, or what ferry_sched_truncate kept, is copied again, and not counted). */
     uint64_t kept_ahead;
+    /* A remote tier (ferry_tensor_set_fetch): inputs whose window was fetched into host memory
+     * before its copy, and the calling thread's time in waits for those fetches. */
+    uint64_t fetched;
+    double   fetch_wait_seconds;
 } ferry_sched_stats;
 
 FERRY_API ferry_status ferry_sched_new(ferry_backend * const * backends, int n_backends, ferry_sched ** out);
@@ -121,6 +125,7 @@ typedef enum {
     FERRY_SPAN_QUEUED_COPY = 1, /* an input copied ahead on its backend's copy queue */
     FERRY_SPAN_WAIT = 2,        /* the calling thread waiting for a part's queued copies */
     FERRY_SPAN_COMPUTE = 3,     /* a part's compute, synchronized */
+    FERRY_SPAN_FETCH_WAIT = 4,  /* the calling thread waiting for an input's fetch (ferry_fetch) */
 } ferry_span_kind;
 
 typedef struct {
@@ -185,6 +190,43 @@ FERRY_API ferry_status ferry_sched_drop_ahead(ferry_sched * sched);
  * when copied ahead, a stream outside a window copied ahead's streams.
  */
 FERRY_API ferry_status ferry_sched_truncate(ferry_sched * sched, int64_t stream, int64_t length);
+/*
+ * A remote tier: a host tensor whose memory is a local copy of bytes held elsewhere (another
+ * machine's memory, read through a transfer engine), brought in by the caller's transport. Set on
+ * the tensor that owns the memory (ferry_tensor_set_fetch), it makes each scheduler input whose
+ * window reads that tensor go remote -> host -> the input's backend: begin() asks the transport for
+ * the bytes a copy of the window reads under the scheduler's policy (a cell-per-stream window's
+ * span, ranges, plan or used cells; a paged window's blocks), to land at their own offsets in the
+ * tensor's memory; wait() returns once they have; then the copy path copies the window as ever.
+ *
+ * When: without prefetch, an input's fetch is begun and waited for as its part begins, before its
+ * copy. With a prefetch of n parts, a part's fetches are begun as the part n + 1 before it begins,
+ * and each is waited for just before its copy is made or queued (n parts ahead): a pull travels
+ * under the compute of the part before the one its copy is queued at. The transport may take them
+ * in order, one at a time, or all at once. A fetched window is not copied ahead for the next run
+ * (prefetch_next): its bytes arrive with the run that reads them, and its copy is made in the run.
+ *
+ * A status other than FERRY_OK from begin or wait fails the run as a copy would (what it names is
+ * the transport's, left in ferry_last_error or kept by the caller): that part's copies and compute
+ * are not made, and every fetch begun is waited for before the run returns, so that no transport
+ * writes into the caller's memory after it. The scheduler never writes the tensor; the transport
+ * must not write the bytes of a window it was not asked for while a run reads them.
+ */
+typedef struct ferry_fetch {
+    /* Begin bringing into window's memory the bytes a copy of window under policy reads (window: a
+     * view of the tensor the fetch is set on, or a paged window over it); *ticket goes to wait. */
+    ferry_status (*begin)(void * ctx, const ferry_tensor * window, ferry_copy_policy policy, uint64_t * ticket);
+    /* Return once the fetch begun with ticket has landed (or failed: not FERRY_OK). */
+    ferry_status (*wait)(void * ctx, uint64_t ticket);
+    void * ctx;
+} ferry_fetch;
+
+/* Fetch t's windows through fetch before the scheduler copies them (NULL: t's bytes are here). t
+ * keeps the pointer: fetch must outlive every run that reads t. Refused (INVALID_ARG): t a view
+ * (set it on the tensor that owns the memory), a fetch without begin or wait, t not allocated in
+ * host memory (a fetch lands where a host copy reads). Takes effect at the next run. */
+FERRY_API ferry_status ferry_tensor_set_fetch(ferry_tensor * t, const ferry_fetch * fetch);
+
 /* Bytes of compute memory (copies and outputs) the scheduler holds on a backend, and the staging
  * area its merged gathers' spans land in there (the largest gather's spans: the CUDA backend holds
  * one; the stand-in counts the one a device would). The allocator's buffers grow and never shrink,

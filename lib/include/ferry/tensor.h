@@ -60,6 +60,8 @@ enum {
 
 /* What a paged window gathers from (ferry/paged.h): opaque, the library's own. */
 typedef struct ferry_paged_source ferry_paged_source;
+/* A transport that brings a host tensor's bytes from elsewhere (ferry/sched.h: ferry_fetch). */
+struct ferry_fetch;
 
 /*
  * A tensor: type, shape, byte strides, and where its bytes live. The struct is
@@ -98,6 +100,10 @@ typedef struct ferry_tensor {
      * pool through the block table of sequence paged_first_seq + s. NULL: an ordinary tensor. */
     const ferry_paged_source * paged;
     int64_t paged_first_seq;
+
+    /* A tensor whose memory is a local copy of bytes held elsewhere (ferry_tensor_set_fetch):
+     * the scheduler has them fetched before it copies a window of it. NULL: its bytes are here. */
+    const struct ferry_fetch * fetch;
 } ferry_tensor;
 
 /* A context owns tensor structs (not their data); freeing it frees them all. */

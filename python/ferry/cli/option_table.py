@@ -431,7 +431,7 @@ OPTIONS: Tuple[Option, ...] = (
          _all(RESIDENCY_VERBS), RESIDENCY_GROUP,
          type=argument_type(parse_remote_link, "measure, or BATCH_US,PIECE_US,GBPS"),
          metavar="measure|B,P,G", default_text="none"),
-    _opt(["--host-memory"], "host memory for the KV kept local and a remote pull's staging; the rest goes remote",
+    _opt(["--host-memory"], "host memory for the KV kept local and the remote pulls' staging; the rest goes remote",
          _all(RESIDENCY_VERBS, REMOTE_LINK), RESIDENCY_GROUP,
          type=argument_type(lambda t: parse_size(t, "--host-memory"), "a size (64MiB, 1GiB, 500MB, bytes)"),
          metavar="SIZE", default_text="this host's memory"),

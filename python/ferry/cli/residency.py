@@ -126,13 +126,15 @@ def format_plans(plans: Sequence[ResidencyPlan], npl: int, accepted: float = 1.0
             "the model's least (resident K/V, window copies and outputs, queries)")
     lines.append(f"memory: {held}, plus the reserve; / the device's memory")
     if tiered:
-        lines.append("host memory: the local layers' K/V and the largest pull's staging; / --host-memory. pull: the "
-                     "remote layers' batches (remote -> host), before the step, which then copies their windows "
-                     "host -> device")
+        lines.append("host memory: the local layers' K/V and the staging of the pulls in flight; / --host-memory. "
+                     "pull: the remote layers' batches (remote -> host), the scheduler's, each layer's before its "
+                     "copies host -> device (prefetched as they are)")
     if auto is not None:
         lines.append("auto: " + ("the model's optimum" if auto.exact else
                                  f"the search stopped at its limit: within {auto.bound:g}x of the optimum "
                                  "(docs/design.md)" if not math.isinf(auto.bound) else
+                                 "the optimum with the pulls priced whole; prefetching hides part of them, "
+                                 "so the prediction is at most that" if auto.prefetch and auto.remote_layers() else
                                  "the search stopped at its limit"))
     return lines
 

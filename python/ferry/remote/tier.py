@@ -23,6 +23,7 @@ are the cache's own); a paged window is gathered into a dense tensor of the wind
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import socket
@@ -30,8 +31,9 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -40,6 +42,7 @@ from ..backend import CPUBackend
 from ..copy2d import Copy2D
 from ..copy_path import copy_ranges_of
 from ..errors import InvalidArgumentError, OutOfBoundsError
+from ..fetch import set_fetch
 from ..kv import KVCache
 from ..kv_layers import LayerCache
 from ..paged import PagedKVCache
@@ -60,6 +63,9 @@ from .server import LAYOUT_HEADER, LAYOUT_MAGIC, PROTOCOLS, cache_layout, layout
 
 #: The peers (host:port) this process has read from: a new server must take another port.
 _PEERS_USED: Set[str] = set()
+
+#: The scheduler's pulls whose PullStats a tier keeps for take_fetch_stats (the last ones).
+FETCH_STATS_KEPT = 1 << 16
 
 #: Seconds a server has to start and say where it is.
 START_TIMEOUT_S = 60.0
@@ -113,8 +119,8 @@ class _PullPlan:
 
     layer: int
     policy: str
-    kout: Tensor
-    vout: Tensor
+    kout: Optional[Tensor]
+    vout: Optional[Tensor]
     batch: np.ndarray
     places: List[Tuple[int, int, np.ndarray]]
     total: int
@@ -141,7 +147,7 @@ class PendingPull:
         self._staging = staging
         self._batch_id = batch_id
         self._start = start
-        self._result: Optional[Tuple[Tensor, Tensor, PullStats]] = None
+        self._result: Optional[PullStats] = None
         self._error: Optional[BaseException] = None
 
     @property
@@ -166,6 +172,12 @@ class PendingPull:
         RemoteTimeoutError
             The batch took longer than the tier's timeout; nothing was written.
         """
+        stats = self._land()
+        assert self._plan.kout is not None and self._plan.vout is not None  # a pull's: it has windows
+        return self._plan.kout, self._plan.vout, stats
+
+    def _land(self) -> PullStats:
+        """wait()'s work: the batch waited for and placed, once; what it did."""
         if self._result is None and self._error is None:
             try:
                 self._result = self._tier._finish(self)
@@ -175,6 +187,25 @@ class PendingPull:
             raise self._error
         assert self._result is not None
         return self._result
+
+
+class _SchedulerPulls:
+    """The tier as ferry.fetch's Fetcher: its begin and wait, without keeping the tier alive."""
+
+    def __init__(self, tier: "RemoteTier") -> None:
+        self._tier = weakref.ref(tier)
+
+    def _live(self) -> "RemoteTier":
+        tier = self._tier()
+        if tier is None:
+            raise PeerGoneError("remote tier: the tier whose layers this window reads was closed")
+        return tier
+
+    def begin(self, window: Tensor, policy: CopyPolicy) -> int:
+        return self._live()._fetch_begin(window, policy)
+
+    def wait(self, ticket: int) -> None:
+        self._live()._fetch_wait(ticket)
 
 
 def _starts(sizes: np.ndarray, at: int = 0) -> np.ndarray:
@@ -276,6 +307,12 @@ class RemoteTier:
         self._remote: List[int] = []
         self._broken: Optional[str] = None
         self._source: Optional[LayerCache] = None
+        self._fetching: List[int] = []  # the layers a Scheduler pulls (fetch_layers)
+        self._fetch_merge = True
+        self._tickets: Dict[int, PendingPull] = {}
+        self._next_ticket = 0
+        self._fetch_stats: Deque[PullStats] = collections.deque(maxlen=FETCH_STATS_KEPT)
+        self._fetcher = _SchedulerPulls(self)
         try:
             for layer, which, addr, n in self._regions:
                 self._register(addr, n, f"layer {layer}'s {which.upper()}")
@@ -457,7 +494,9 @@ class RemoteTier:
             self.upload(self._source)
 
     def close(self) -> None:
-        """Stop the server and unregister the local memory."""
+        """Stop the server, end the scheduler's pulls (fetch_layers) and unregister the local memory."""
+        if self._fetching:
+            self.stop_fetching()
         self._stop()
         for addr in self._registered:
             self._engine.unregister_memory(addr)
@@ -582,6 +621,7 @@ class RemoteTier:
         start = time.perf_counter()
         plan = self._prepare("RemoteTier.pull", layer, n_kv, policy, lengths, s0, s1, merge)
         seconds = self._read(plan.layer, plan.batch, plan.places, plan.total)
+        assert plan.kout is not None and plan.vout is not None  # a pull's plan has its windows
         return plan.kout, plan.vout, plan.stats(seconds, time.perf_counter() - start)
 
     def pull_async(self, layer: int, n_kv: int, policy: PolicyLike = "ragged", lengths: Optional[Tensor] = None,
@@ -609,7 +649,10 @@ class RemoteTier:
             nothing was written.
         """
         start = time.perf_counter()
-        plan = self._prepare("RemoteTier.pull_async", layer, n_kv, policy, lengths, s0, s1, merge)
+        return self._issue(self._prepare("RemoteTier.pull_async", layer, n_kv, policy, lengths, s0, s1, merge), start)
+
+    def _issue(self, plan: "_PullPlan", start: float) -> "PendingPull":
+        """A planned pull's batch issued as the engine's async read into a staging area of its own."""
         staging = self._async_staging_of(plan.total)
         batch_id = 0
         if len(plan.batch):
@@ -624,7 +667,7 @@ class RemoteTier:
                 raise
         return PendingPull(self, plan, staging, batch_id, start)
 
-    def _finish(self, pending: "PendingPull") -> Tuple[Tensor, Tensor, PullStats]:
+    def _finish(self, pending: "PendingPull") -> PullStats:
         """PendingPull.wait's work: the batch waited for under the timeout, then placed."""
         plan, staging = pending._plan, pending._staging
         t0 = time.perf_counter()
@@ -639,7 +682,7 @@ class RemoteTier:
             _place_pieces(local_base, local_bytes, staging.ctypes.data, staging.nbytes, placed)
         self._async_free.append(staging)
         end = time.perf_counter()
-        return plan.kout, plan.vout, plan.stats(end - t0, end - pending._start)
+        return plan.stats(end - t0, end - pending._start)
 
     def _async_staging_of(self, nbytes: int) -> np.ndarray:
         """A registered staging area of at least nbytes that no batch in flight uses (taken from the
@@ -666,8 +709,7 @@ class RemoteTier:
         if isinstance(cache, PagedKVCache):
             outs = []
             for which, w in (("k", k), ("v", v)):
-                # planned for the host, which has no one-call gather: C takes AUTO as runs; the cache is left as set
-                raw = _paged_piece_array(w, self._cpu)  # the gather's pieces, from C to an array
+                raw = self._gather_pieces(w)
                 dst = self._dense_of(w, which)
                 r = self._region(li, which)
                 jobs.append((raw, self._remote[r], int(dst.address or 0), dst.nbytes))
@@ -693,11 +735,113 @@ class RemoteTier:
             places.append((local_base, local_bytes, placed))
             total += int(got[:, 1].sum())
         batch = np.concatenate(reads) if reads else np.zeros((0, 2), dtype=np.uintp)
+        return _PullPlan(li, name, kout, vout, batch, places, total, plan_pieces, bytes_read, self._predict(batch))
+
+    def _predict(self, batch: np.ndarray) -> float:
+        """The model's seconds for a batch's reads (rows remote address, bytes): a call, and each
+        piece's cost and its bytes at its size's rate."""
         m = self._model
-        sizes, counts = np.unique(batch[:, 1], return_counts=True)  # a piece's bytes at its size's rate
-        predicted = m.call_us * 1e-6 + sum(int(c) * (m.piece_ns * 1e-9 + m.piece_seconds(int(b)))
-                                           for b, c in zip(sizes, counts))
-        return _PullPlan(li, name, kout, vout, batch, places, total, plan_pieces, bytes_read, predicted)
+        sizes, counts = np.unique(batch[:, 1], return_counts=True)
+        return m.call_us * 1e-6 + sum(int(c) * (m.piece_ns * 1e-9 + m.piece_seconds(int(b)))
+                                      for b, c in zip(sizes, counts))
+
+    def _gather_pieces(self, window: Tensor) -> np.ndarray:
+        """A paged window's gather's pieces (src_offset in the pool, dst_offset in the dense window,
+        size), from C to an array."""
+        # planned for the host, which has no one-call gather: C takes AUTO as runs; the cache is left as set
+        return _paged_piece_array(window, self._cpu)
+
+    # ------------------------------------------------------------ pulls the scheduler makes
+
+    def fetch_layers(self, layers: Optional[Sequence[int]] = None, merge: bool = True) -> None:
+        """Have a Scheduler pull these layers' windows itself, as the tier below host memory
+        (ferry.fetch.set_fetch on each layer's K and V): each run that reads a window of one of them
+        issues the tier's async batch for the bytes its copy reads (under the scheduler's policy; a
+        paged window's blocks), landing at their own offsets in the local cache once the whole batch
+        arrived, and waits for it before the host -> device copy. With Scheduler.prefetch n the
+        batch is issued n + 1 parts ahead: it travels under the compute of the layers before. What
+        each pull did is kept for take_fetch_stats. A pull that fails fails the run with the
+        tier's error (PeerGoneError, RemoteTimeoutError: naming the peer and the layer); reconnect()
+        before the next. Calling it again replaces the layers; stop_fetching() ends it.
+
+        Parameters
+        ----------
+        layers : sequence of int, optional
+            The layers in the remote tier; default every layer.
+        merge : bool, optional
+            Merge pieces as pull does (False: a read per piece of the plan).
+
+        Raises
+        ------
+        InvalidArgumentError, OutOfBoundsError
+            For layers that are not the cache's layer indices, or merge not a bool.
+        """
+        n_layer = self._cache.params.n_layer
+        if layers is not None and not _checks._is_sequence(layers):
+            raise InvalidArgumentError(f"RemoteTier.fetch_layers: layers must be a sequence of layer indices, "
+                                       f"got {type(layers).__name__}")
+        chosen = list(range(n_layer)) if layers is None else [
+            _checks.as_c_int(x, f"RemoteTier.fetch_layers: layers[{i}]") for i, x in enumerate(layers)]
+        for i, layer in enumerate(chosen):
+            if not 0 <= layer < n_layer:
+                raise OutOfBoundsError(f"RemoteTier.fetch_layers: layers[{i}] is {layer}: the cache's layers are "
+                                       f"0..{n_layer - 1}")
+        joined = _checks.as_bool(merge, "RemoteTier.fetch_layers: merge")
+        self.stop_fetching()
+        self._fetch_merge = joined
+        for layer in sorted(set(chosen)):
+            for t in (self._cache.k(layer), self._cache.v(layer)):
+                set_fetch(t, self._fetcher)
+            self._fetching.append(layer)
+
+    @property
+    def fetching(self) -> Tuple[int, ...]:
+        """The layers a Scheduler pulls through the tier (fetch_layers), in order."""
+        return tuple(self._fetching)
+
+    def stop_fetching(self) -> None:
+        """The layers fetch_layers gave are read where they are again, as local ones."""
+        for layer in self._fetching:
+            for t in (self._cache.k(layer), self._cache.v(layer)):
+                set_fetch(t, None)
+        self._fetching = []
+        self._tickets.clear()
+
+    def take_fetch_stats(self) -> List[PullStats]:
+        """What each pull a Scheduler made through the tier did since the last call (fetch_layers),
+        in the order they landed (the last FETCH_STATS_KEPT of them); they are forgotten."""
+        out = list(self._fetch_stats)
+        self._fetch_stats.clear()
+        return out
+
+    def _fetch_begin(self, window: Tensor, policy: CopyPolicy) -> int:
+        """ferry.fetch's begin: plan the bytes a copy of window under policy reads, landing in place
+        in the local cache, and issue their batch."""
+        start = time.perf_counter()
+        root = int(window.root.address or 0)
+        r = next((i for i, reg in enumerate(self._regions) if reg[2] == root), -1)
+        if r < 0:
+            raise InvalidArgumentError(f"RemoteTier: a window of a tensor at {root:#x}, not one of the tier's regions")
+        layer, _, local_base, local_bytes = self._regions[r]
+        if isinstance(self._cache, PagedKVCache):
+            raw = self._gather_pieces(window).copy()
+            raw[:, 1] = raw[:, 0]  # in place: the scheduler's gather reads the pool
+            name = "paged"
+        else:
+            raw = _copy_piece_array(self._copies(window, policy))
+            name = str(policy)
+        got, placed = self._plan_reads(raw, self._remote[r], self._fetch_merge, 0)
+        plan = _PullPlan(layer, name, None, None, got, [(local_base, local_bytes, placed)], int(got[:, 1].sum()),
+                         len(raw), int(raw[:, 2].sum()), self._predict(got))
+        pending = self._issue(plan, start)
+        self._next_ticket += 1
+        self._tickets[self._next_ticket] = pending
+        return self._next_ticket
+
+    def _fetch_wait(self, ticket: int) -> None:
+        """ferry.fetch's wait: the batch waited for and placed; what it did kept."""
+        pending = self._tickets.pop(ticket)
+        self._fetch_stats.append(pending._land())
 
     def region_bytes(self) -> int:
         """Bytes of the smallest region (a layer's K or V): the most a timed read may span."""

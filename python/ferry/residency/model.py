@@ -268,11 +268,13 @@ class RemoteSpec:
     """A remote tier behind the host (remote -> host -> device) and the host memory beside it.
 
     A layer placed remote is pulled every step: its windows' pieces (LayerCost.pieces) merged by
-    the link's model as the tier merges them (ferry_copy_pieces_merge), in one batch that costs
+    the link's model as the tier merges them (ferry_copy_pieces_merge), a batch a window that costs
     link.call_us, each piece link.piece_ns and its bytes at its size's rate
-    (CopyCostModel.piece_seconds), what RemoteTier.pull predicts; then the same windows are copied
-    host -> device on the device's link, as a host layer's are. Host memory holds the K and V of
-    the layers kept local (their resident_bytes) and the largest remote pull's staging.
+    (CopyCostModel.piece_seconds), what the tier predicts of the scheduler's pulls
+    (RemoteTier.fetch_layers); then the same windows are copied host -> device on the device's
+    link, as a host layer's are. Host memory holds the K and V of the layers kept local (their
+    resident_bytes) and the staging of the pulls in flight (one serial; with a prefetch of n, the
+    n + 2 largest).
 
     Attributes
     ----------
@@ -701,52 +703,63 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
 
 
 def _pull_cost(layer: LayerCost, link: CopyCostModel) -> Tuple[float, int, int]:
-    """One pull of the layer's windows from a remote tier: (seconds, pieces, bytes), its pieces merged
-    by the link's model as RemoteTier.pull merges them (each window's pieces in source order, by
-    ferry_copy_pieces_merge) and priced as it predicts (a batch, then each piece piece_ns and its
-    bytes at its size's rate)."""
+    """A step's pulls of the layer's windows from a remote tier: (seconds, pieces, bytes), each
+    window's pieces merged by the link's model as the tier merges them (in source order, by
+    ferry_copy_pieces_merge) and priced as it predicts: a batch a window (the scheduler fetches
+    each window as its own batch: RemoteTier.fetch_layers), then each piece piece_ns and its bytes
+    at its size's rate."""
     windows = layer.pieces or tuple(((0, b),) for b in layer.transfers)
     sizes: List[int] = []
+    batches = 0
     for window in windows:
         rows = sorted((o, o, n) for o, n in window if n > 0)
         if rows:
             merged, _ = _merge_piece_array(np.array(rows, dtype=np.uintp), link)
             sizes += [int(n) for n in merged[:, 2]]
+        batches += 1
     counts = Counter(sizes)
-    seconds = link.call_us * 1e-6 + sum(c * (link.piece_ns * 1e-9 + link.piece_seconds(n)) for n, c in counts.items())
+    seconds = batches * link.call_us * 1e-6 + sum(c * (link.piece_ns * 1e-9 + link.piece_seconds(n))
+                                                  for n, c in counts.items())
     return seconds, len(sizes), sum(sizes)
 
 
 def _step_time(p: _Problem, host: Sequence[bool]) -> float:
     """The step's time with host[l] telling which layers live in host memory (see predict_step)."""
-    n = len(host)
-    # the remote layers' pulls come first, one after another on the calling thread, before the
-    # scheduler's step (which copies their windows as a host layer's)
-    pulls = sum(p.pull[i] for i in range(n) if p.remote[i])
-    return pulls + _scheduled_time(p, host)
+    return _scheduled_time(p, host)
 
 
 def _scheduled_time(p: _Problem, host: Sequence[bool]) -> float:
-    """The scheduler's step with host[l] telling which layers live in host memory (see predict_step)."""
+    """The scheduler's step with host[l] telling which layers live in host memory, the remote ones'
+    pulls included (see predict_step)."""
     n = len(host)
+    pull = [p.pull[i] if p.remote and p.remote[i] and host[i] else 0.0 for i in range(n)]
     if p.prefetch == 0:
         t = 0.0
         for i in range(n):
             if host[i]:
-                t += sum(p.carry[i])
+                t += pull[i] + sum(p.carry[i])
             t += p.compute[i]
         return t
     free = [0.0] * len(p.devices)  # when each device's link is free
     ready = [0.0] * n              # when each part's queued copies have arrived
+    landed = [0.0] * n             # when each remote layer's pull has landed in host memory
+    pulled_to = 0.0                # when the remote link is free
     t = 0.0                        # the calling thread: its copies, waits and the compute chain
-    queued = 0
+    queued = begun = 0
     for part in range(n):
+        while begun <= min(part + p.prefetch + 1, n - 1):  # the pulls, a part ahead of the copies they feed
+            if pull[begun]:
+                pulled_to = max(pulled_to, t) + pull[begun]
+                landed[begun] = pulled_to
+            begun += 1
         issue = t
         while queued <= min(part + p.prefetch, n - 1):
             q = queued
             queued += 1
             if not host[q]:
                 continue
+            t = max(t, landed[q])  # the calling thread waits for the pull before it queues the copies
+            issue = max(issue, landed[q])
             d, end = p.dev[q], 0.0
             for k, c in enumerate(p.carry[q]):
                 if q == 0 and k % 2 == 0:
@@ -862,10 +875,17 @@ def _prediction(p: _Problem, host: Sequence[bool], run_seconds: float = 0.0) -> 
 
 
 def _host_bytes(p: _Problem, host: Sequence[bool], remote: Sequence[bool]) -> int:
-    """Host memory a placement holds: the local host layers' K and V, and the staging of the largest
-    remote pull (one pull at a time)."""
+    """Host memory a placement holds: the local host layers' K and V, and the staging of the remote
+    pulls in flight at once: one serial, and with a prefetch of n up to n + 2 (the first part begins
+    those of parts 0..n + 1), the largest of them."""
     local = sum(p.layers[i].resident_bytes for i in range(len(host)) if host[i] and not remote[i])
-    return local + max((p.pulled[i] for i in range(len(host)) if remote[i]), default=0)
+    return local + _staging(p, [p.pulled[i] for i in range(len(host)) if remote[i]])
+
+
+def _staging(p: _Problem, pulled: Sequence[int]) -> int:
+    """Host bytes the staging of pulls of these bytes holds at most: the largest pull serial, the
+    prefetch + 2 largest prefetching (as _host_bytes says)."""
+    return sum(sorted(pulled, reverse=True)[:p.prefetch + 2 if p.prefetch else 1])
 
 
 #: The host/remote split enumerates at most this many count vectors (prod(n_kind + 1)); past it, greedy.
@@ -877,8 +897,8 @@ def _split_counts(p: _Problem, kinds: Sequence[Tuple[_HostKind, int]]) -> _Split
     seconds, how many of each kind stay local), or None where no split fits.
 
     Layers of a kind are interchangeable, so every count of each kind kept local is enumerated
-    (prod(n_kind + 1) vectors): the host holds the kept layers' K and V and the largest remote
-    pull's staging; the least total pull that fits wins, the fewest remote layers on a tie. Past
+    (prod(n_kind + 1) vectors): the host holds the kept layers' K and V and the staging of the
+    remote pulls in flight (_staging); the least total pull that fits wins, the fewest remote layers on a tie. Past
     SPLIT_LIMIT vectors, layers are kept local greedily, the most pull time saved per host byte
     first, and p.split_inexact says so. Asked once per multiset of kinds (p.splits)."""
     key = tuple(sorted(kinds))
@@ -890,7 +910,7 @@ def _split_counts(p: _Problem, kinds: Sequence[Tuple[_HostKind, int]]) -> _Split
     best: Optional[Tuple[float, int, List[int]]] = None  # (pull seconds, remote layers, counts kept)
     if math.prod(m + 1 for _, m in key) <= SPLIT_LIMIT:
         for counts in itertools.product(*(range(m + 1) for _, m in key)):
-            staged = max((k[2] for (k, m), c in zip(key, counts) if c < m), default=0)
+            staged = _staging(p, [k[2] for (k, m), c in zip(key, counts) for _ in range(m - c)])
             if sum(c * k[0] for (k, _), c in zip(key, counts)) + staged > budget:
                 continue
             pulls = sum((m - c) * k[1] for (k, m), c in zip(key, counts))
@@ -902,7 +922,7 @@ def _split_counts(p: _Problem, kinds: Sequence[Tuple[_HostKind, int]]) -> _Split
         kept = [0] * len(key)
 
         def held(kept: List[int]) -> int:
-            staged = max((k[2] for (k, m), c in zip(key, kept) if c < m), default=0)
+            staged = _staging(p, [k[2] for (k, m), c in zip(key, kept) for _ in range(m - c)])
             return sum(c * k[0] for (k, _), c in zip(key, kept)) + staged
 
         for j in sorted(range(len(key)), key=lambda j: -key[j][0][1] / max(1, key[j][0][0])):
@@ -962,10 +982,10 @@ def _refuse_host(p: _Problem, host: Sequence[bool]) -> None:
     """Refuse a placement whose host memory cannot hold even one remote pull's staging."""
     tier = p.remote_tier
     assert tier is not None and tier.host_memory is not None
-    need = max((p.pulled[i] for i in range(len(host)) if host[i]), default=0)
+    need = _staging(p, [p.pulled[i] for i in range(len(host)) if host[i]])
     raise PlanDoesNotFitError(
-        f"host memory: {tier.host_memory} bytes cannot hold the staging of a pull from the {tier.name} tier "
-        f"({need} bytes, the largest layer's window): raise the host memory")
+        f"host memory: {tier.host_memory} bytes cannot hold the staging of the pulls from the {tier.name} tier "
+        f"in flight at once ({need} bytes, the largest layers' windows): raise the host memory")
 
 
 def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], resident: Sequence[bool],
@@ -1002,10 +1022,13 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     each paying it, at steps of a fraction of a millisecond.
 
     A layer in a remote tier (remote, with remote_tier's link) pays two links a step: its pull
-    (remote -> host, RemoteSpec's arithmetic: one batch, its merged pieces, their bytes), and then
-    the host -> device copies a host layer's windows take. The pulls come first, one after another
-    on the calling thread (RemoteTier.pull is synchronous, and the scheduler does not pull), then
-    the scheduler's step as above: prefetching hides none of a pull.
+    (remote -> host, RemoteSpec's arithmetic: a batch a window, its merged pieces, their bytes), and
+    then the host -> device copies a host layer's windows take. The scheduler pulls
+    (RemoteTier.fetch_layers): serial, a layer's pull just before its copies, on the calling
+    thread's chain; prefetching, the pulls of parts up to p + prefetch + 1 are issued as part p
+    begins, carried one at a time by the remote link, and the calling thread waits for a layer's
+    pull before it queues the layer's copies, so that a pull travels under the compute of the
+    parts before.
 
     Memory per device: its resident layers' K and V (each rounded up to the device's alignment, as the
     cache places them), the scheduler's buffer, the step's own tensors on it (queries, lengths) and

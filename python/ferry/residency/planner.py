@@ -7,6 +7,7 @@ to keep", "Three tiers")."""
 from __future__ import annotations
 
 import itertools
+import dataclasses
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -349,7 +350,10 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
         device saving its copies and the pull of any layer it leaves the host room for
         (docs/design.md, "Three tiers"): serially over counts of each kind of layer on each device,
         in host memory and remote (exact up to JOINT_LIMIT steps); with prefetching, by the search
-        above, its bound then adding the least pull of the layers already in host memory.
+        above, its bound then adding the least pull of the layers already in host memory. The
+        prefetched search prices the pulls whole where the scheduler hides part of them under
+        compute: a prefetched plan with remote layers is the optimum of that upper bound of its
+        prediction, and claims neither exact nor a bound.
 
     Returns
     -------
@@ -389,4 +393,9 @@ def choose_auto(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec],
     # proof leaves the pulls out, so with the host/remote split a choice none is claimed
     bound = 1.0 if exact else (1.0 + len(p.devices) if not joint and conservative is not None and
                                _fits(p, conservative) else math.inf)
-    return _plan(p, "auto", host, exact, bound)
+    plan = _plan(p, "auto", host, exact, bound)
+    if p.prefetch and plan.remote_layers():
+        # the search prices the pulls whole, and the scheduler hides part of them under compute: the
+        # plan is the optimum of that upper bound of the prediction, which claims nothing of it
+        return dataclasses.replace(plan, exact=False, bound=math.inf)
+    return plan

@@ -18,9 +18,10 @@ Strategies that choose the same placement share one run.
 
 With a remote tier (ResidencyModel's planner.remote_link and host_memory), the plans' remote
 layers live in a server process on the loopback (ferry.remote.RemoteTier, the transfer engine of
-ferry[remote]): their local copies are overwritten, and each step pulls their windows (ranges, the
-pieces merged by the link's model) before the scheduler's step, inside the step's time, as the
-model has them (ferry.residency.predict_step's remote layers).
+ferry[remote]): their local copies are overwritten, and the scheduler pulls their windows in each
+step (RemoteTier.fetch_layers: ranges, the pieces merged by the link's model), a layer's pull
+before its copies, prefetched as the copies are, inside the step's time, as the model has them
+(ferry.residency.predict_step's remote layers).
 
 Timing: a step's time is the wall time of Scheduler.compute on its allocated graph, as
 `ferry bench` times it. The runs take turns: one untimed warm-up repetition of each, then the
@@ -188,6 +189,7 @@ class _Run:
                 for layer in self.remote:
                     for t in (self.kv.k(layer), self.kv.v(layer)):
                         t.set(bytes([SENTINEL]) * t.nbytes)
+                self.tier.fetch_layers(self.remote)  # the scheduler pulls them, a layer's before its copies
             rng = np.random.default_rng([seed, 1 << 20])
             self.q = [Tensor.from_numpy(on[i], rng.uniform(-1, 1, (n_stream, m.n_tok, g.n_head, g.head_dim))
                                         .astype(np.float32), name=f"q{i}") for i in range(m.n_layer)]
@@ -219,10 +221,7 @@ class _Run:
             graph = self.graphs.get(self.n_kv(t))
             self.kv_len.set(np.full(self.model.windows.n_stream, self.npp + t + self.model.n_tok, np.int32))
             t0 = time.perf_counter()
-            for layer in self.remote:  # the pulls first, then the step, as the model has them
-                assert self.tier is not None
-                self.tier.pull(layer, self.n_kv(t), "ranges")
-            self.sched.compute(graph)
+            self.sched.compute(graph)  # remote layers: their pulls inside it (fetch_layers)
             times.append(time.perf_counter() - t0)
             if not timed:
                 for out in graph.outputs:
@@ -331,8 +330,8 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
         beside attention in this run's own conditions (see calibrate_compute).
     remote_tier : RemoteSpec, optional
         The remote tier of the placements' remote layers: each such run starts a RemoteTier (its
-        link's model merging the pieces), and each step pulls the remote layers' windows (ranges)
-        before the scheduler's step, inside the step's time.
+        link's model merging the pieces), and the scheduler pulls the remote layers' windows
+        (ranges) in each step, inside the step's time (RemoteTier.fetch_layers).
 
     Returns
     -------

@@ -18,7 +18,8 @@ from ..sched import Span
 __all__ = ["TracedStep", "chrome_trace"]
 
 #: The trace's thread of each kind of span.
-THREADS = {"copy": "host thread", "wait": "host thread", "compute": "host thread", "queued copy": "copy queue"}
+THREADS = {"copy": "host thread", "wait": "host thread", "compute": "host thread", "fetch wait": "host thread",
+           "queued copy": "copy queue"}
 
 
 @dataclass(frozen=True)
