@@ -1,13 +1,24 @@
-"""The remote tier's link, measured: batch reads of the shapes the tier's pulls take (many pieces of
-a paged block, fewer of larger sizes, up to one read of the largest span), timed several times in
-turn, and a batch's cost, a piece's and a rate fitted to the medians (fit_remote_link), leaving out a
-timing the others disagree with. CopyCostModel.from_link makes the model pulls merge and predict by.
+"""The remote tier's link, measured: batch reads of the shapes the tier's pulls take (one piece of
+a paged block up to twice a region's blocks, and a few pieces of a quarter of the largest read up to
+two of all of it), timed several times in turn, and a batch's cost, a piece's and a rate fitted to
+the medians (fit_remote_link), leaving out a timing the others disagree with. CopyCostModel.from_link
+makes the model pulls merge and predict by.
 
 Why medians, turn by turn, and a fit that leaves one out: the bar a pull is held to is its median
 time, and a model predicts that only when fitted to medians too (the fastest of a few reads is the
 lucky tail, which moves from run to run as the host's load does); taking turns spreads a burst of
 load over every shape instead of all of one shape's reads; and one shape read while the host was
 busy would otherwise pull every figure toward it, since a least-squares fit follows its worst point.
+
+Why small pieces and large ones and nothing between: the engine overlaps a piece's own cost with
+other pieces' bytes (on the loopback 64 pieces of 16 KiB took some 30% less than their pieces and
+their bytes), so a batch of middle-sized pieces costs less than the sum the tier predicts by, and a fit
+that includes them lowers the piece and raises the rate for every pull (by 5 to 10% where the two
+overlap by half or more). Small pieces give what a piece costs (their bytes are a sixth of it), large
+ones what a byte costs (their pieces under a hundredth): the sum is right at both ends, where a merged
+pull (a few large spans) and a piece per block sit; a pull of middle-sized pieces is predicted high.
+And why the largest count and the largest read also doubled: a pull reads a layer's K and V windows
+in one batch, twice a region's pieces and bytes, and the fit should hold the batches it predicts.
 """
 
 from __future__ import annotations
@@ -23,12 +34,13 @@ from ..errors import InvalidArgumentError
 from ..link import LinkFit, LinkMeasurement, _relative_nonneg_lstsq
 from .tier import RemoteTier
 
-#: Batches of this many pieces of the tier's piece size (a paged block, a row): what a piece costs.
-PIECES = (16, 256, 1024)
-#: Larger pieces, each size in a batch of up to SIZED_PIECES of them (as many as the region holds
-#: with a gap as large after each): the merged spans' sizes, up to half the largest read.
-SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
-SIZED_PIECES = 64
+#: Batches of this many pieces of the tier's piece size (a paged block, a row): what a batch and a
+#: piece cost (the lone piece is the batch's own cost, not left to the others' intercept).
+PIECES = (1, 16, 256, 1024)
+#: The largest read in batches of this many pieces (then in one, and WINDOWS times): what a byte costs.
+LARGE_PIECES = (4, 2)
+#: A pull's batch holds a K and a V window: the largest count and the largest read, this many times.
+WINDOWS = 2
 #: A timing is left out when its relative error is this many times the median one and above
 #: OUTLIER_FLOOR; at most a quarter of the timings are.
 OUTLIER_FACTOR = 4.0
@@ -74,8 +86,10 @@ class RemoteLinkFit(NamedTuple):
 
 def remote_link_shapes(nbytes: int, piece_bytes: int) -> List[Tuple[int, int]]:
     """The (piece bytes, pieces) of the batches measure_remote_link times for a largest read of
-    nbytes (a region of nbytes holds each; time_remote_link leaves a gap as large as a piece after each
-    where the region holds it).
+    nbytes: small pieces by PIECES and WINDOWS times the most of them, then nbytes in LARGE_PIECES
+    pieces and WINDOWS pieces of nbytes, the one read of nbytes last. time_remote_link reads them
+    from a region of nbytes, a gap as large as a piece after each where the region holds it, and
+    from its start again where it does not.
 
     Parameters
     ----------
@@ -99,9 +113,8 @@ def remote_link_shapes(nbytes: int, piece_bytes: int) -> List[Tuple[int, int]]:
         raise InvalidArgumentError(f"remote_link_shapes: nbytes {n} must be at least {32 * max(PIECES)} and "
                                    f"piece_bytes {piece} at least 1")
     width = max(1, min(piece, n // max(PIECES)))
-    shapes = [(width, count) for count in PIECES]
-    shapes += [(size, min(SIZED_PIECES, n // (2 * size))) for size in SIZES if 2 * size <= n // 2]
-    return shapes + [(n // 2, 2), (n, 1)]
+    shapes = [(width, count) for count in PIECES] + [(width, WINDOWS * max(PIECES))]
+    return shapes + [(n // k, k) for k in LARGE_PIECES] + [(n, WINDOWS), (n, 1)]
 
 
 def fit_remote_link(timings: Sequence[BatchTiming]) -> RemoteLinkFit:
@@ -208,7 +221,10 @@ def time_remote_link(tier: RemoteTier, nbytes: int = 0, repeats: int = 5, piece_
         raise InvalidArgumentError(f"measure_remote_link: nbytes {n} must be from {least} to the tier's smallest "
                                    f"region, {region} bytes")
     shapes = remote_link_shapes(n, piece)
-    reads = [[(2 * b * i if 2 * b * k <= n else b * i, b) for i in range(k)] for b, k in shapes]  # gaps where they fit
+    reads = []
+    for b, k in shapes:  # a gap as large as a piece after each where the region holds it; else from its start again
+        step, span = (2 * b if 2 * b * k <= n else b), n - n % b
+        reads.append([(step * i % span, b) for i in range(k)])
     times: List[List[float]] = [[] for _ in shapes]
     for round_ in range(reps + 1):
         for i, pieces in enumerate(reads):
