@@ -280,6 +280,26 @@ def test_the_links_fit_gives_a_model_that_merges_gaps_cheaper_than_a_piece() -> 
         assert delivered(k, "ranges") == delivered(kv.window(0, 3)[0], "ranges")
 
 
+@needs_engine
+def test_pulls_timed_among_the_links_shapes_land_right_and_are_predicted_as_the_tier_predicts() -> None:
+    """time_remote_pulls on the loopback: the shapes and a pull each once a round (the warm-up's not
+    kept), the pull's bytes the local window's; remote_pull_seconds of the rounds' fit is the tier's
+    own prediction of a pull under the model made of that fit."""
+    from ferry.remote import RemoteTier, fit_remote_link, remote_pull_seconds, time_remote_pulls
+
+    kv = ferry.KVCache("f16", "f16", HEAD_DIM, N_HEAD_KV, 1024 * N_STREAM, N_STREAM, 1)
+    kv.k(0).set(np.arange(kv.k(0).nbytes, dtype=np.uint8).tobytes())
+    with RemoteTier(kv) as tier:
+        tier.upload()
+        rounds = time_remote_pulls(tier, [lambda: tier.pull(0, 3, "ranges")[2]], nbytes=32768, repeats=2)
+        assert [len(t.seconds) for t in rounds.timings] == [2] * 9 and len(rounds.pulls[0]) == 2
+        fit = fit_remote_link(rounds.timings)
+        tier.model = CopyCostModel.from_link(fit.fit)
+        k, _, st = tier.pull(0, 3, "ranges")
+        assert remote_pull_seconds(fit, st) == pytest.approx(st.predicted_seconds, rel=1e-9)
+        assert delivered(k, "ranges") == delivered(kv.window(0, 3)[0], "ranges")
+
+
 # ------------------------------------------------------------ the link's fit (synthetic timings, no engine)
 
 #: A loopback's link as the lead measured it on a quiet host: a batch, a piece, a byte.
@@ -369,6 +389,71 @@ def test_the_remote_link_fit_prices_the_pulls_at_both_ends_where_pieces_overlap_
         assert predicted(model, shape) == pytest.approx(truth, rel=0.02), shape
     for shape in ([(420, 33_000)], [(64, 16 << 10)]):
         assert predicted(model, shape) >= OverlappingTier.seconds(shape[0][0], shape[0][0] * shape[0][1]), shape
+
+
+class DriftingTier(SyntheticTier):
+    """Stands in for a tier on a host whose engine slows down: the link above, no noise, and every
+    read and pull after the first DRIFT_AFTER ones 1.5 times slower (measure_remote_link's 6 rounds of
+    9 shapes are the 54 before it). pull(pieces, nbytes) stands in for a pull of that batch; log
+    records each call in order."""
+
+    DRIFT_AFTER = 54
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: List[Tuple[str, int]] = []
+
+    def slowed(self, seconds: float, what: str, pieces: int) -> float:
+        self.log.append((what, pieces))
+        return seconds * (1.5 if len(self.log) > self.DRIFT_AFTER else 1.0)
+
+    def timed_read(self, pieces: List[Tuple[int, int]]) -> float:
+        return self.slowed(engine_seconds(len(pieces), sum(n for _, n in pieces)), "read", len(pieces))
+
+    def pull(self, pieces: int, nbytes: int) -> Any:
+        from ferry.remote import PullStats
+
+        sec = self.slowed(engine_seconds(pieces, nbytes), "pull", pieces)
+        return PullStats(layer=0, policy="paged", pieces=pieces, plan_pieces=pieces, bytes=nbytes, bytes_read=nbytes,
+                         gap_bytes=0, seconds=sec, predicted_seconds=0.0, pull_seconds=sec)
+
+
+def test_pulls_timed_in_the_fits_own_rounds_are_predicted_through_a_drift(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine slows by half after a first fit: that fit predicts the pulls 33% short, while
+    time_remote_pulls, reading the shapes and making the pulls in turn (each pull among the shapes,
+    spread evenly, a warm-up round first), gives a fit of the same rounds that predicts them within
+    2% (remote_pull_seconds: the tier's sum for the pull's pieces and bytes). Pulls that are not
+    callables, or do not give a PullStats, and repeats under 1 are refused naming them."""
+    import ferry.remote.link as remote_link
+    from ferry.remote import remote_pull_seconds, time_remote_pulls
+
+    tier = DriftingTier()
+    monkeypatch.setattr(remote_link, "RemoteTier", DriftingTier)
+    before = remote_link.measure_remote_link(tier)  # type: ignore[arg-type]
+    assert len(tier.log) == DriftingTier.DRIFT_AFTER and before.fit is not None
+    shapes = remote_link.remote_link_shapes(4 << 20, 4096)
+    pulls = [lambda: tier.pull(2, 8 << 20), lambda: tier.pull(2048, 8 << 20)]  # merged; a piece per block
+    rounds = time_remote_pulls(tier, pulls, repeats=3)  # type: ignore[arg-type]
+    # 4 rounds, each: 3 shapes, the first pull, 3 shapes, the second, 3 shapes
+    one = [("read", k) for _, k in shapes]
+    one[6:6] = [("pull", 2048)]
+    one[3:3] = [("pull", 2)]
+    assert tier.log[DriftingTier.DRIFT_AFTER:] == one * 4
+    assert [len(t.seconds) for t in rounds.timings] == [3] * len(shapes) and [len(p) for p in rounds.pulls] == [3, 3]
+    fit = remote_link.fit_remote_link(rounds.timings)
+    for stats in rounds.pulls:
+        st = stats[1]
+        assert remote_pull_seconds(fit, st) == pytest.approx(st.seconds, rel=0.02)
+        assert remote_pull_seconds(before.fit, st) == pytest.approx(st.seconds / 1.5, rel=0.02)
+    assert remote_pull_seconds(fit.fit, rounds.pulls[0][0]) == remote_pull_seconds(fit, rounds.pulls[0][0])
+    with pytest.raises(ferry.FerryError, match=r"pulls\[1\] is not a callable"):
+        time_remote_pulls(tier, [pulls[0], 3])  # type: ignore[arg-type, list-item]
+    with pytest.raises(ferry.FerryError, match=r"pulls\[0\] returned"):
+        time_remote_pulls(tier, [lambda: None])  # type: ignore[arg-type]
+    with pytest.raises(ferry.FerryError, match="repeats 0"):
+        time_remote_pulls(tier, pulls, repeats=0)  # type: ignore[arg-type]
+    with pytest.raises(ferry.FerryError, match="remote_pull_seconds: stats"):
+        remote_pull_seconds(fit, None)  # type: ignore[arg-type]
 
 
 def test_fit_remote_link_leaves_out_one_shape_the_others_disagree_with() -> None:
