@@ -335,11 +335,14 @@ def remote_pull_seconds(fit: Union[LinkFit, RemoteLinkFit], stats: PullStats) ->
         stats whose pieces or bytes are not sizes.
     """
     link = _checks.instance(fit.fit if isinstance(fit, RemoteLinkFit) else fit, LinkFit, "remote_pull_seconds: fit")
+    figures = []
     for name in ("latency_us", "row_ns", "gbps"):
         x = _checks.as_double(getattr(link, name), f"remote_pull_seconds: fit's {name}")
         if not (x >= 0 and (math.isfinite(x) or name == "gbps")) or (name == "gbps" and x == 0):
             raise InvalidArgumentError(f"remote_pull_seconds: fit's {name} is {x!r}; a fit_remote_link figure is "
                                        "finite and not below 0 (gbps above 0, or inf)")
+        figures.append(x)
+    link = LinkFit(figures[0], figures[1], figures[2], ())  # plain floats (numpy's are numbers too)
     st = _checks.instance(stats, PullStats, "remote_pull_seconds: stats")
     pieces = _checks.as_size(st.pieces, "remote_pull_seconds: stats' pieces")
     nbytes = _checks.as_size(st.bytes, "remote_pull_seconds: stats' bytes")
