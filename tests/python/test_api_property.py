@@ -5,7 +5,8 @@ measure_link and fit_link, Tensor.set_used_cells and plan_ragged, Scheduler.trac
 prefetch_next, drop_ahead and truncate, ops.attn_paged and PagedKVCache.table_tensor; BlockPool's
 constructor, set_prefetch, sync, truncate, set_resident, choose_resident and plan; ferry.plan's copy_pieces,
 gather_pieces and merge_pieces; ferry.remote.server's cache_layout and layout_differences; RemoteTier's
-pull, pull_async and fetch_layers; ferry.fetch.set_fetch.
+pull, pull_async and fetch_layers; ferry.fetch.set_fetch; ferry.remote.link's time_remote_pulls and
+remote_pull_seconds.
 
 Each test starts from a call that succeeds and gives one of its arguments a drawn value, valid or
 not: another type, negative, zero, huge, NaN, a string, None, a list of another length. The call
@@ -32,7 +33,7 @@ import ferry
 from ferry.block_pool import BlockPool
 from ferry.kv import KVWindows
 from ferry.paged import PagedKVCache
-from ferry.remote.link import BatchTiming, fit_remote_link, remote_link_shapes
+from ferry.remote.link import BatchTiming, fit_remote_link, remote_link_shapes, remote_pull_seconds
 from ferry.residency import (
     DeviceSpec,
     LayerCost,
@@ -869,6 +870,89 @@ def test_fit_remote_link_gives_back_the_times_it_came_from_or_refuses_naming_the
     if exact:
         assert got.left_out == () and max(abs(r) for r in got.residuals) < 1e-6
         assert fit_remote_link(timings) == got
+
+
+# ---------------------------------------------------------------- ferry.remote.link: time_remote_pulls, remote_pull_seconds
+
+
+def pull_stats(pieces: Any = 2, nbytes: Any = 8 << 20) -> Any:
+    from ferry.remote import PullStats
+
+    return PullStats(layer=0, policy="paged", pieces=pieces, plan_pieces=2, bytes=nbytes, bytes_read=8 << 20,
+                     gap_bytes=0, seconds=1e-3, predicted_seconds=0.0)
+
+
+class TimedTier:
+    """Stands in for a RemoteTier's timed reads (time_remote_pulls' instance check is patched to take it):
+    a 4 MiB region, each read 100 us and 1 ns a byte."""
+
+    peer = "timed:0"
+
+    def region_bytes(self) -> int:
+        return 4 << 20
+
+    def timed_read(self, pieces: List[Tuple[int, int]]) -> float:
+        return 100e-6 + sum(n for _, n in pieces) * 1e-9
+
+
+#: A value of any kind for repeats, but none so large that the rounds would not end.
+SMALL_JUNK = [v for v in JUNK if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 3)]
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(arg=st.sampled_from(["tier", "pulls", "nbytes", "repeats", "piece_bytes"]), data=st.data())
+@example(arg="pulls", data=None)  # a pull that returns no PullStats
+def test_time_remote_pulls_of_any_argument_times_the_rounds_or_is_refused_naming_it(arg: str, data: Any) -> None:
+    """time_remote_pulls from a call that succeeds, one argument drawn: every shape and pull is timed
+    once a round, or the call is refused naming that argument (a pull by its index)."""
+    from unittest import mock
+
+    import ferry.remote.link as remote_link
+
+    tier = TimedTier()
+    if data is None:
+        value: Any = [lambda: pull_stats(), lambda: "not stats"]
+    elif arg == "repeats":
+        value = data.draw(st.one_of(st.sampled_from(SMALL_JUNK), st.integers(-2, 3)))
+    elif arg == "pulls":
+        value = data.draw(st.one_of(junk(), st.lists(st.one_of(junk(), st.just(lambda: pull_stats()),
+                                                               st.just(lambda: None)), max_size=3)))
+    elif arg == "tier":
+        value = data.draw(st.one_of(junk(), st.just(tier)))
+    else:
+        value = data.draw(st.one_of(junk(), ints(), st.integers(32768, 8 << 20), st.integers(1, 1 << 20)))
+    base = dict(tier=tier, pulls=[lambda: pull_stats()], nbytes=0, repeats=1, piece_bytes=4096)
+    with mock.patch.object(remote_link, "RemoteTier", TimedTier):
+        got, err = outcome(lambda: remote_link.time_remote_pulls(**changed(base, arg, value)), (arg,))
+    if err is None:
+        reps = changed(base, arg, value)["repeats"]
+        assert all(len(t.seconds) == reps for t in got.timings) and all(len(p) == reps for p in got.pulls)
+        assert len(got.pulls) == len(changed(base, arg, value)["pulls"])
+
+
+@settings(max_examples=40 * SCALE, **SETTINGS)
+@given(arg=st.sampled_from(["fit", "stats"]), field=st.sampled_from([None, 0, 1, 2]),
+       value=st.one_of(junk(), numbers(), ints()))
+@example(arg="fit", field=2, value=0.0)  # a rate of 0
+@example(arg="fit", field=0, value=np.float32(2.5))  # a numpy number: priced as the float it is
+def test_remote_pull_seconds_of_any_fit_or_stats_prices_the_pull_or_is_refused_naming_it(
+        arg: str, field: Optional[int], value: Any) -> None:
+    """remote_pull_seconds of a fit and a pull's stats, one of them drawn whole (field None) or one of
+    its figures drawn (the fit's latency_us, row_ns, gbps; the stats' pieces, bytes): a price not below
+    the fit's batch cost, or a refusal naming fit or stats."""
+    from ferry.link import LinkFit
+
+    fit = LinkFit(latency_us=150.0, row_ns=20_000.0, gbps=1.2, points=())
+    stats = pull_stats()
+    if arg == "fit":
+        fit = value if field is None else fit._replace(**{LinkFit._fields[field]: value})
+    elif field is None:
+        stats = value
+    elif field < 2:
+        stats = pull_stats(**{("pieces", "nbytes")[field]: value})
+    got, err = outcome(lambda: remote_pull_seconds(fit, stats), (arg,))
+    if err is None:  # a rate drawn near 0 may price the bytes at inf: still a price, not NaN
+        assert not math.isnan(got) and got >= fit.latency_us * 1e-6
 
 
 # ---------------------------------------------------------------- Scheduler.trace
