@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 
 import ferry
+from conftest import SENTINEL
 from ferry.paged import PagedKVCache
 from ferry.plan import plan_paged
 from ferry.workloads.common import KVGeometry
 from ferry.workloads.paged_tables import adjacent_tables
 from ferry.workloads.remote import _gathers_same_cells, random_paged_cache
-from test_remote import SENTINEL, delivered, needs_engine, serve
+from test_remote import delivered, needs_engine, serve  # the peer as test_remote.py starts it
 
 #: The peer's layout: SERVE's geometry (test_remote), a pool of 128 cells in blocks of 4, 2 sequences.
 GEOMETRY = KVGeometry(n_layer=2, head_dim=32, n_head_kv=1)
