@@ -94,7 +94,7 @@ def test_a_paged_peer_started_alone_gathers_the_local_bytes_in_the_runs_pieces(
 def test_a_paged_peer_is_refused_to_a_cache_of_another_block_size_or_layout(
         paged_peer: Tuple["subprocess.Popen[str]", str]) -> None:
     """Another block size (the pool's cells the same): refused naming block_size and the blocks; a
-    cell-per-stream cache: refused naming the cache's class."""
+    cell-per-stream cache: refused naming the cache's class, and how each end is made paged."""
     from ferry.remote import PeerLayoutError, RemoteTier
 
     _, name = paged_peer
@@ -102,7 +102,9 @@ def test_a_paged_peer_is_refused_to_a_cache_of_another_block_size_or_layout(
                                               r"n_blocks: 32 at the peer, 16 here"):
         RemoteTier(served_paged(1, block=8), peer=name)
     cells = ferry.KVCache("f16", "f16", 32, 1, 128, 2, 2)
-    with pytest.raises(PeerLayoutError, match=rf"peer {name} .*the cache: 'PagedKVCache' at the peer, KVCache here"):
+    with pytest.raises(PeerLayoutError, match=rf"peer {name} .*the cache: 'PagedKVCache' at the peer, KVCache here "
+                                              r"\(a paged cache at one end only: `ferry remote-serve --paged` serves "
+                                              r"one, a run reads one with --paged\)"):
         RemoteTier(cells, peer=name)
 
 
