@@ -231,7 +231,8 @@ def test_every_condition_and_option_has_its_context_and_probe() -> None:
     (["paged-plan", "--v-trans"], "--v-trans acts only with --which v"),
     (["bench", "--json", "--wide"], "--wide acts only without --json"),
     (["bench", "--block-size", "8"], "--block-size is an option of ferry paged-plan, ferry paged-bench, "
-                                     "ferry validate"),  # issue 36
+                                     "ferry validate, ferry remote-serve"),  # issue 36
+    (["remote-serve", "--block-size", "8"], "--block-size acts only with --paged: give --paged"),
     (["validate", "--adjacency", "0.9"], "--adjacency acts only with --paged"),
     (["plan", "--row-ns", "100"], "--row-ns is an option of ferry paged-plan, ferry bench"),
     (["plan", "--paged", "--pad", "4"], "--pad acts only without --paged"),

@@ -126,7 +126,7 @@ MODES = {"table": [[]], "validate": [[], ["--no-overlap"], ["--devices", "2"], [
          "plan": [[]], "bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], ["--chunk", "2"]],
          "residency-plan": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], REMOTE_MODE],
          "residency-bench": [[], ["--overlap"], ["--devices", "2"], ["--draft", "2"], REMOTE_MODE], "paged-plan": [[]],
-         "paged-bench": [[]], "remote-serve": [[]]}
+         "paged-bench": [[]], "remote-serve": [[], ["--paged"]]}
 
 
 def command_lines(verb: str) -> st.SearchStrategy[List[str]]:

@@ -487,7 +487,7 @@ def run(j: Job) -> int:
     res = run_bench(j.config, progress_stream())
     q = j.config.sequences
     remote = (remote_hook.run(q.n_ctx, q.npl, q.npp, q.ntg, q.pad, q.lengths, j.config.kv, j.config.variants.policies,
-                              0, j.remote) if j.remote is not None else None)
+                              0, j.remote, j.config.paged_cache) if j.remote is not None else None)
     if j.json:
         print(f"ferry bench: split backend {res.split_name}, KV cache in {res.cache_memory}", file=sys.stderr)
         print(json.dumps(res.as_dicts() + ([remote_hook.as_json(remote)] if remote else []), indent=2))

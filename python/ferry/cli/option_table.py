@@ -259,7 +259,8 @@ OPTIONS: Tuple[Option, ...] = (
          type=int_list, default=list(d.npl), metavar="N,N,..."),
     _opt(["-npl"], "streams a wave serves, one sequence each: one gate per number", {"validate": ALWAYS}, SHAPE,
          type=int_list, default=list(d.npl), metavar="N,N,..."),
-    _opt(["-npl"], "streams of the cache served: one number, a client's -npl", {"remote-serve": ALWAYS}, SHAPE,
+    _opt(["-npl"], "streams (--paged: sequences) of the cache served: one number, a client's -npl",
+         {"remote-serve": ALWAYS}, SHAPE,
          type=int_list, default=list(d.npl[:1]), metavar="N,N,..."),
     _opt(["-npp"], "prompt cells per sequence", _all(WINDOWS), SHAPE, type=POSITIVE,
          default=d.npp),
@@ -348,11 +349,17 @@ OPTIONS: Tuple[Option, ...] = (
          _all(("bench", "paged-bench")), RUN, type=POSITIVE, default=d.rounds, metavar="N"),
     _opt(["--paged"], "also serve through a paged cache, per gather method", {"validate": ALWAYS}, RUN,
          action="store_true"),
+    _opt(["--paged"], "serve a paged cache: pools of -c cells in blocks, a table for each -npl sequence (a client's "
+         "--paged, or paged-bench)", {"remote-serve": ALWAYS}, RUN, action="store_true"),
     _opt(["--remote"], "also pull each policy's windows from a remote tier (`pip install ferry[remote]`): the peer "
          "HOST:PORT (`ferry remote-serve`), or alone a server on the loopback; pieces, bytes and time a step",
          {"bench": ALWAYS}, RUN, accepts=REMOTE_ACCEPTS, **REMOTE_ARG),
-    _opt(["--remote"], "also pull each policy's windows from a remote tier (`pip install ferry[remote]`): the peer "
-         "HOST:PORT (`ferry remote-serve`), or alone a server on the loopback; byte for byte against the local cache",
+    _opt(["--remote"], "also pull the paged windows per block, by runs and merged from a remote tier (`pip install "
+         "ferry[remote]`): the peer HOST:PORT (`ferry remote-serve --paged`), or alone a server on the loopback; "
+         "pieces, bytes and time a step", {"paged-bench": ALWAYS}, RUN, accepts=REMOTE_ACCEPTS, **REMOTE_ARG),
+    _opt(["--remote"], "also pull each policy's windows (--paged: the paged windows per block, by runs and merged) "
+         "from a remote tier (`pip install ferry[remote]`): the peer HOST:PORT (`ferry remote-serve`, with --paged "
+         "for --paged), or alone a server on the loopback; byte for byte against the local cache",
          {"validate": ALWAYS}, RUN, accepts=REMOTE_ACCEPTS, **REMOTE_ARG),
     # the remote tier's server
     _opt(["--host"], "the address clients reach this host at (its segment name's host)", {"remote-serve": ALWAYS},
@@ -362,6 +369,9 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--block-size"], "cells per block of the paged cache",
          {**_all(PAGED_VERBS), "validate": PAGED}, RUN, type=POSITIVE, default=d.block_size, metavar="N",
          rule=pool_holds_sequences),
+    # remote-serve's own: no sequences to check against the pool (its clients draw the tables)
+    _opt(["--block-size"], "cells per block of the paged cache", {"remote-serve": PAGED}, RUN, type=POSITIVE,
+         default=d.block_size, metavar="N"),
     _opt(["--adjacency"], "share of blocks after their predecessor", {**_all(PAGED_VERBS), "validate": PAGED}, RUN,
          type=argument_type(one_float("--adjacency", 0.0, 1.0), "number from 0 to 1"), metavar="F",
          default=d.adjacency),

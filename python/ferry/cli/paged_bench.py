@@ -7,7 +7,8 @@ stand-in) and by the gather ferry chooses.
 Each row: tokens/s, copy calls, copy time against the copies' predicted time, bytes copied and
 read per step. It is `ferry bench`'s run on a paged cache (ferry.workloads.bench, paged), serial,
 on one device with every layer's KV in host memory: bench's options for policies, overlap,
-devices and placement are not its own."""
+devices and placement are not its own. With --remote its windows are also pulled from a remote
+tier holding the pools (`ferry remote-serve --paged`)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from ..errors import InvalidArgumentError
 from ..workloads.common import KVGeometry
+from ..workloads.paged_tables import PagedOptions
 from ..workloads.remote import RemoteResult, format_remote, run_remote
 
 
@@ -31,10 +32,12 @@ def check(args: argparse.Namespace) -> Optional[str]:
 
 
 def run(n_ctx: int, npls: Sequence[int], npp: int, ntg: int, pad: int, lengths: Any, kv: KVGeometry,
-        policies: Sequence[str], seed: int, peer: str = "") -> RemoteResult:
-    """The remote rows of a run: its window options, geometry, policies and seed, and the peer
-    (HOST:PORT; "" for a server on the loopback) (run_remote)."""
-    return run_remote(kv, n_ctx, npls, npp, ntg, pad, lengths, policies, seed, peer or None)
+        policies: Sequence[str], seed: int, peer: str = "", paged: Optional[PagedOptions] = None) -> RemoteResult:
+    """The remote rows of a run: its window options, geometry, policies and seed, the peer (HOST:PORT;
+    "" for a server on the loopback), and its paged cache's options (--paged: the tier holds a paged
+    cache; otherwise the cells cache) (run_remote)."""
+    return run_remote(kv, n_ctx, npls, npp, ntg, pad, lengths, policies, seed, peer or None,
+                      paged if paged is not None and paged.paged else None)
 
 
 def as_json(res: RemoteResult) -> Dict[str, Any]:

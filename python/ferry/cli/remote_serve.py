@@ -1,18 +1,19 @@
 """`ferry remote-serve`: a KV cache's layers served to remote tiers, on this host or any other.
 
 A cache of the KV geometry (-c cells over one -npl of streams, --type, --head-dim, --kv-heads,
---layers, --v-trans), filled from --seed as `ferry bench --remote` and `ferry validate --remote`
-fill their local cache, registered with Mooncake's transfer engine (`pip install ferry[remote]`)
-on --host over --protocol (tcp; rdma where the machine has it). It prints the segment name a
-client gives (`--remote HOST:PORT`, RemoteTier(cache, peer=...)) and the layout, and serves until
-SIGTERM or Ctrl-C."""
+--layers, --v-trans), or with --paged a paged cache (pools of -c cells in --block-size blocks, a
+table for each of -npl sequences, drawn by the client), filled from --seed as `ferry bench
+--remote`, `ferry paged-bench --remote` and `ferry validate --remote` fill their local cache,
+registered with Mooncake's transfer engine (`pip install ferry[remote]`) on --host over --protocol
+(tcp; rdma where the machine has it). It prints the segment name a client gives (`--remote
+HOST:PORT`, RemoteTier(cache, peer=...)) and the layout, and serves until SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from dataclasses import dataclass
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from ..errors import InvalidArgumentError
 from ..workloads.common import KVGeometry
@@ -34,13 +35,15 @@ class ServeJob:
     ----------
     kv : KVGeometry
     n_ctx, n_stream : int
-        Cells in all streams together, and streams.
+        Cells in all streams together (paged: in a pool), and streams (paged: sequences).
     seed : int
-        The contents' seed (ferry.workloads.remote.random_cache).
+        The contents' seed (ferry.workloads.remote.random_cache, random_paged_cache).
     host, protocol : str
         Where the engine listens, and over what.
     json : bool
         Announce as one JSON line.
+    block_size : int or None
+        Cells per block of a paged cache (--paged --block-size); None for the cell-per-stream cache.
     """
 
     kv: KVGeometry
@@ -50,6 +53,7 @@ class ServeJob:
     host: str
     protocol: str
     json: bool
+    block_size: Optional[int] = None  # --paged: cells per block; None: the cell-per-stream cache
 
 
 def add_parser(sub: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
@@ -63,7 +67,8 @@ def job(args: argparse.Namespace) -> ServeJob:
     Raises
     ------
     InvalidArgumentError
-        For more than one -npl, -c that the streams do not divide, or an empty --host.
+        For more than one -npl, -c that the streams do not divide (a paged cache's sequences share its
+        pools: any -c), or an empty --host.
     """
     if not args.host:
         raise InvalidArgumentError("--host: give the address clients reach this host at")
@@ -71,11 +76,12 @@ def job(args: argparse.Namespace) -> ServeJob:
         raise InvalidArgumentError(f"-npl: remote-serve holds one cache: give one number of streams, got "
                                    f"{','.join(map(str, args.npl))}")
     npl = args.npl[0]
-    if args.c % npl:
+    if args.c % npl and not args.paged:
         raise InvalidArgumentError(f"-c {args.c} is not a whole number of cells per stream over -npl {npl}")
     return ServeJob(kv=KVGeometry(n_layer=args.layers, type_kv=args.type, head_dim=args.head_dim,
                                   n_head_kv=args.kv_heads, v_trans=args.v_trans),
-                    n_ctx=args.c, n_stream=npl, seed=args.seed, host=args.host, protocol=args.protocol, json=args.json)
+                    n_ctx=args.c, n_stream=npl, seed=args.seed, host=args.host, protocol=args.protocol, json=args.json,
+                    block_size=args.block_size if args.paged else None)
 
 
 def announcement(peer: str, layout: Dict[str, Any], j: ServeJob) -> str:
@@ -97,9 +103,10 @@ def run(j: ServeJob) -> int:
         EngineUnavailableError naming what to install, RegistrationError when the engine refuses a region.
     """
     from ..remote.server import serve_cache
-    from ..workloads.remote import random_cache
+    from ..workloads.remote import random_cache, random_paged_cache
 
-    cache = random_cache(j.kv, j.n_ctx, j.n_stream, j.seed)
+    cache = (random_cache(j.kv, j.n_ctx, j.n_stream, j.seed) if j.block_size is None
+             else random_paged_cache(j.kv, j.n_ctx, j.n_stream, j.block_size, j.seed))
     return serve_cache(cache, j.host, j.protocol, {"seed": j.seed},
                        lambda peer, layout: print(announcement(peer, layout, j), flush=True))
 

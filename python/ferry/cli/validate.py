@@ -131,7 +131,7 @@ def run(j: Job) -> int:
         w, c0 = j.configs[0].waves, j.configs[0]
         npp = w.npp if w.npp is not None else w.kv_size - w.n_step  # as the gate's waves take it
         remote = remote_hook.run(w.kv_size * w.n_stream, [c.waves.n_stream for c in j.configs], npp, w.n_step,
-                                 w.pad, w.lengths, c0.kv, c0.variants.policies, w.seed, j.remote)
+                                 w.pad, w.lengths, c0.kv, c0.variants.policies, w.seed, j.remote, c0.paged_cache)
         failed += sorted({r.npl for r in remote.rows if not r.identical} - set(failed))
     if j.json:
         print(json.dumps([{"npl": cfg.waves.n_stream, **res.as_dict()} for cfg, res in runs]

@@ -380,8 +380,11 @@ class RemoteTier:
         if not differ and len(addresses) != len(self._regions):
             differ = [f"the addresses: {len(addresses)} at the peer for {len(self._regions)} regions"]
         if differ:
+            one_paged = {published.get("cache"), type(self._cache).__name__} == {"KVCache", "PagedKVCache"}
             raise PeerLayoutError(f"remote tier: peer {peer} holds another layout than the tier's cache: "
-                                  + "; ".join(differ))
+                                  + "; ".join(differ) + (" (a paged cache at one end only: `ferry remote-serve "
+                                                         "--paged` serves one, a run reads one with --paged)"
+                                                         if one_paged else ""))
         self._remote, self._published = addresses, published
         _PEERS_USED.add(peer)  # a server this process starts must not take its port
 
