@@ -6,8 +6,8 @@ to keep", "Three tiers")."""
 
 from __future__ import annotations
 
-import itertools
 import dataclasses
+import itertools
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
