@@ -776,12 +776,34 @@ def test_bench_and_validate_remote_pull_every_policy_and_find_the_local_bytes(
             "--heads", "2", "--layers", "2"]
     assert main(["bench", *tiny, "--rounds", "1", "--repeat", "1", "--policy", "flat,ragged", "--lengths",
                  "uniform", "--remote", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)[-1]["remote"]["rows"]
+    remote = json.loads(capsys.readouterr().out)[-1]["remote"]
+    rows = remote["rows"]
     assert [(r["npl"], r["policy"], r["identical"]) for r in rows] == [(2, "flat", True), (2, "ragged", True)]
+    assert [(s["policy"], s["prefetch"], s["pulls_per_step"], s["identical"]) for s in remote["steps"]] == \
+        [("flat", 0, 4, True), ("flat", 1, 4, True), ("ragged", 0, 4, True), ("ragged", 1, 4, True)]
     assert rows[1]["bytes_per_step"] < rows[0]["bytes_per_step"]
     assert main(["validate", *tiny, "--no-overlap", "--policy", "flat,ranges,ragged", "--remote"]) == 0
     out = capsys.readouterr().out
     assert "remote tier" in out and "DIFFERENT" not in out and out.count("identical") >= 3
+    # the decode steps whose layers the scheduler pulled: each policy's outputs, serial and prefetching
+    assert "pulled by the scheduler" in out and out.count("identical / identical") == 3
+
+
+@needs_engine
+def test_the_remote_steps_check_finds_a_tier_that_does_not_land_its_pulls(monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The scheduler's steps in `validate --remote` can fail: with fetch_layers doing nothing, the tier's
+    own cache (wrong until pulled) is read, the outputs differ from the local cache's, and the gate
+    fails saying DIFFERENT."""
+    from ferry.cli import main
+    from ferry.remote import RemoteTier
+
+    monkeypatch.setattr(RemoteTier, "fetch_layers", lambda self, layers=None, merge=True: None)
+    tiny = ["-c", "128", "-npl", "2", "-npp", "16", "-ntg", "2", "--head-dim", "32", "--kv-heads", "1",
+            "--heads", "2", "--layers", "2"]
+    assert main(["validate", *tiny, "--no-overlap", "--policy", "ragged", "--remote"]) != 0
+    out = capsys.readouterr().out
+    assert "DIFFERENT / DIFFERENT" in out
 
 
 # ------------------------------------------------------------ a peer started alone

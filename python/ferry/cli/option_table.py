@@ -352,14 +352,17 @@ OPTIONS: Tuple[Option, ...] = (
     _opt(["--paged"], "serve a paged cache: pools of -c cells in blocks, a table for each -npl sequence (a client's "
          "--paged, or paged-bench)", {"remote-serve": ALWAYS}, RUN, action="store_true"),
     _opt(["--remote"], "also pull each policy's windows from a remote tier (`pip install ferry[remote]`): the peer "
-         "HOST:PORT (`ferry remote-serve`), or alone a server on the loopback; pieces, bytes and time a step",
+         "HOST:PORT (`ferry remote-serve`), or alone a server on the loopback; pieces, bytes and time a step; and "
+         "decode steps whose layers the scheduler pulls, their outputs against the local cache's",
          {"bench": ALWAYS}, RUN, accepts=REMOTE_ACCEPTS, **REMOTE_ARG),
     _opt(["--remote"], "also pull the paged windows per block, by runs and merged from a remote tier (`pip install "
          "ferry[remote]`): the peer HOST:PORT (`ferry remote-serve --paged`), or alone a server on the loopback; "
-         "pieces, bytes and time a step", {"paged-bench": ALWAYS}, RUN, accepts=REMOTE_ACCEPTS, **REMOTE_ARG),
+         "pieces, bytes and time a step; and decode steps whose layers the scheduler pulls, their outputs against "
+         "the local cache's", {"paged-bench": ALWAYS}, RUN, accepts=REMOTE_ACCEPTS, **REMOTE_ARG),
     _opt(["--remote"], "also pull each policy's windows (--paged: the paged windows per block, by runs and merged) "
          "from a remote tier (`pip install ferry[remote]`): the peer HOST:PORT (`ferry remote-serve`, with --paged "
-         "for --paged), or alone a server on the loopback; byte for byte against the local cache",
+         "for --paged), or alone a server on the loopback; byte for byte against the local cache, as are the "
+         "outputs of steps whose layers the scheduler pulls",
          {"validate": ALWAYS}, RUN, accepts=REMOTE_ACCEPTS, **REMOTE_ARG),
     # the remote tier's server
     _opt(["--host"], "the address clients reach this host at (its segment name's host)", {"remote-serve": ALWAYS},

@@ -132,7 +132,8 @@ def run(j: Job) -> int:
         npp = w.npp if w.npp is not None else w.kv_size - w.n_step  # as the gate's waves take it
         remote = remote_hook.run(w.kv_size * w.n_stream, [c.waves.n_stream for c in j.configs], npp, w.n_step,
                                  w.pad, w.lengths, c0.kv, c0.variants.policies, w.seed, j.remote, c0.paged_cache)
-        failed += sorted({r.npl for r in remote.rows if not r.identical} - set(failed))
+        wrong = {r.npl for r in remote.rows if not r.identical} | {s.npl for s in remote.steps if not s.identical}
+        failed += sorted(wrong - set(failed))
     if j.json:
         print(json.dumps([{"npl": cfg.waves.n_stream, **res.as_dict()} for cfg, res in runs]
                          + ([remote_hook.as_json(remote)] if remote else []), indent=2))

@@ -13,6 +13,11 @@ sequences drawn by --adjacency), the tier holds the pools, and each step's windo
 from it per block, by runs and by runs merged across the gaps the link's model prices below a
 piece (PAGED_PULLS): the policies do not change a paged window's pieces. Each cell a gathered
 window reads is compared with the local cache's gather of it.
+
+Then the decode steps themselves: a Scheduler pulls every layer from the tier (fetch_layers), under
+each policy, serially and prefetching one layer ahead (a layer's pull issued under the compute of
+the layer before), and each step's attention outputs (on a stand-in device) are compared byte for
+byte with the same step over the local cache (RemoteResult.steps).
 """
 
 from __future__ import annotations
@@ -91,16 +96,48 @@ class RemoteResult:
     rows: Tuple[RemoteRow, ...]
     links: Tuple[Tuple[int, float, float, float], ...]
     peer: str = ""
+    steps: Tuple["RemoteSteps", ...] = ()
 
     @property
     def identical(self) -> bool:
-        """Whether every pull delivered the local bytes."""
-        return all(r.identical for r in self.rows)
+        """Whether every pull delivered the local bytes, and every step through the scheduler gave the
+        local outputs."""
+        return all(r.identical for r in self.rows) and all(s.identical for s in self.steps)
 
     def as_dict(self) -> Dict[str, Any]:
-        """The rows and links as JSON-ready values."""
-        return {"peer": self.peer, "rows": [asdict(r) for r in self.rows],
+        """The rows, steps and links as JSON-ready values."""
+        return {"peer": self.peer, "rows": [asdict(r) for r in self.rows], "steps": [asdict(s) for s in self.steps],
                 "links": [dict(zip(("npl", "batch_us", "piece_ns", "gbps"), link)) for link in self.links]}
+
+
+@dataclass(frozen=True)
+class RemoteSteps:
+    """Decode steps whose layers a Scheduler pulled from the tier (RemoteTier.fetch_layers), at one npl,
+    policy and prefetch depth.
+
+    Attributes
+    ----------
+    npl : int
+    policy : str
+        The scheduler's copy policy.
+    prefetch : int
+        Its prefetch depth (1: a layer's pull issued under the compute of the layer before).
+    steps : int
+    pulls_per_step : float
+        Pulls the scheduler made a step (one a window: every layer's K and V).
+    bytes_per_step : float
+        Bytes they moved a step.
+    identical : bool
+        Every step's attention outputs were the local cache's step's, byte for byte.
+    """
+
+    npl: int
+    policy: str
+    prefetch: int
+    steps: int
+    pulls_per_step: float
+    bytes_per_step: float
+    identical: bool
 
 
 def _delivered(cpu: CPUBackend, window: Tensor, policy: str, fill: int = SENTINEL) -> bytes:
@@ -242,6 +279,7 @@ def run_remote(geometry: KVGeometry, n_ctx: int, npls: Sequence[int], npp: int, 
 
     cpu = CPUBackend()
     rows: List[RemoteRow] = []
+    steps: List[RemoteSteps] = []
     links = []
     for npl in npls:
         kv_size = n_ctx // npl
@@ -288,7 +326,58 @@ def run_remote(geometry: KVGeometry, n_ctx: int, npls: Sequence[int], npp: int, 
                 rows.append(RemoteRow(npl=npl, policy=name, steps=ntg, pieces_per_step=pieces / ntg,
                                       bytes_per_step=moved / ntg, ms_per_step=statistics.median(times) * 1e3,
                                       predicted_ms_per_step=statistics.median(predicted) * 1e3, identical=same))
-    return RemoteResult(rows=tuple(rows), links=tuple(links), peer=peer or "")
+            steps += _scheduled_steps(tier, local, mirror, geometry, npl, npp, ntg, pad, kv_size, prompts,
+                                      policies, seed)
+    return RemoteResult(rows=tuple(rows), links=tuple(links), peer=peer or "", steps=tuple(steps))
+
+
+def _scheduled_steps(tier: Any, local: LayerCache, mirror: LayerCache, geometry: KVGeometry, npl: int, npp: int,
+                     ntg: int, pad: int, kv_size: int, prompts: Sequence[int], policies: Sequence[str],
+                     seed: int) -> List[RemoteSteps]:
+    """The decode steps with every layer pulled by a Scheduler from the tier (its own cache, mirror),
+    each policy serially and prefetching, each step's outputs against the local cache's step."""
+    from ..backend import StandinBackend
+    from ..sched import Scheduler
+    from ..step import attention_step
+
+    cpu, dev = CPUBackend(), StandinBackend()
+    rng = np.random.default_rng([seed, 4545])
+    q = [Tensor.from_numpy(cpu, rng.uniform(-1, 1, (npl, 1, geometry.n_head, geometry.head_dim)).astype(np.float32))
+         for _ in range(geometry.n_layer)]
+
+    def outputs(cache: LayerCache, policy: str, prefetch: int, n_kv: int, kv_len: Tensor) -> List[bytes]:
+        sched = Scheduler([dev, cpu], policy=policy, prefetch=prefetch)
+        try:
+            step = attention_step(sched, dev, cache.windows(n_kv), q, kv_len, geometry.v_trans)  # type: ignore[attr-defined]
+            sched.compute(step.graph)
+            return [bytes(o.get()) for o in step]
+        finally:
+            sched.close()
+
+    out: List[RemoteSteps] = []
+    tier.fetch_layers()
+    try:
+        for policy in policies:
+            for prefetch in (0, 1):
+                same, pulls, moved = True, 0, 0
+                for step in range(ntg):
+                    n_kv = n_kv_for(npp, step + 1, pad, kv_size)
+                    kv_len = Tensor.from_numpy(cpu, np.array([min(p + step + 1, n_kv) for p in prompts], np.int32))
+                    for layer in range(geometry.n_layer):  # the tier's cache wrong until pulled
+                        for t in (mirror.k(layer), mirror.v(layer)):
+                            t.set(bytes([SENTINEL]) * t.nbytes)
+                    got = outputs(mirror, policy, prefetch, n_kv, kv_len)
+                    stats = tier.take_fetch_stats()
+                    pulls += len(stats)
+                    moved += sum(st.bytes for st in stats)
+                    tier.stop_fetching()
+                    same = same and got == outputs(local, policy, prefetch, n_kv, kv_len)
+                    tier.fetch_layers()
+                out.append(RemoteSteps(npl=npl, policy=policy, prefetch=prefetch, steps=ntg, pulls_per_step=pulls / ntg,
+                                       bytes_per_step=moved / ntg, identical=same))
+    finally:
+        tier.stop_fetching()
+    return out
 
 
 def format_remote(res: RemoteResult) -> List[str]:
@@ -302,6 +391,17 @@ def format_remote(res: RemoteResult) -> List[str]:
         lines.append(f"{r.npl:>4} {r.policy:>{width}} {r.pieces_per_step:>11.0f} {r.bytes_per_step:>12,.0f} "
                      f"{r.ms_per_step:>8.2f} {r.predicted_ms_per_step:>9.2f}  "
                      f"{'identical' if r.identical else 'DIFFERENT'}")
+    if res.steps:
+        lines.append("decode steps, every layer pulled by the scheduler (fetch_layers), outputs against the local "
+                     "cache's step:")
+        lines.append(f"{'npl':>4} {'policy':>{width}} {'pulls/step':>11} {'bytes/step':>12}  outputs, prefetch 0 / 1")
+        by: Dict[Tuple[int, str], List[RemoteSteps]] = {}
+        for st in res.steps:
+            by.setdefault((st.npl, st.policy), []).append(st)
+        for (npl, policy), sts in by.items():
+            said = " / ".join("identical" if st.identical else "DIFFERENT" for st in sts)
+            lines.append(f"{npl:>4} {policy:>{width}} {sts[0].pulls_per_step:>11.0f} {sts[0].bytes_per_step:>12,.0f}  "
+                         f"{said}")
     for npl, batch_us, piece_ns, gbps in res.links:
         lines.append(f"npl {npl}: link fitted: {batch_us:.0f} us a batch, {piece_ns / 1e3:.1f} us a piece, "
                      f"{gbps:.2f} GB/s")
