@@ -23,7 +23,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.errors", "ferry._handle", "ferry._checks", "ferry._pybuffer", "ferry.types", "ferry.quant"),
     ("ferry.stats", "ferry.policy", "ferry.copy2d", "ferry.export"),
     ("ferry.tensor",),
-    ("ferry.buffer", "ferry.event", "ferry.backend", "ferry.cuda", "ferry.interop", "ferry.link"),
+    ("ferry.buffer", "ferry.event", "ferry.backend", "ferry.cuda", "ferry.interop", "ferry.link", "ferry.fetch"),
     ("ferry.ops", "ferry.graph", "ferry._placements", "ferry.alloc"),
     ("ferry.plan", "ferry.copy_path"),
     ("ferry.kv_layers",),
