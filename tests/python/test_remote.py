@@ -523,8 +523,8 @@ def test_fit_remote_link_leaves_out_one_shape_the_others_disagree_with() -> None
 @needs_engine
 def test_a_server_killed_at_random_points_refuses_or_gives_the_right_bytes(lens: ferry.Tensor) -> None:
     """Steps of random layers and policies while the server is killed at a random moment (fixed
-    seeds): each pull is right, or refused naming the peer and the layer with the destination as it
-    was; after reconnect() the next pull is right."""
+    seeds; before the last pull at the latest): each pull is right, or refused naming the peer and
+    the layer with the destination as it was; after reconnect() the next pull is right."""
     from ferry.remote import PeerGoneError, RemoteError, RemoteTier
 
     ref, mirror = random_kv(5), random_kv(6)
@@ -537,7 +537,9 @@ def test_a_server_killed_at_random_points_refuses_or_gives_the_right_bytes(lens:
             assert pid is not None
             killer = threading.Timer(float(rng.uniform(0.0, 0.05)), os.kill, (pid, signal.SIGKILL))
             killer.start()
-            for _ in range(12):
+            for i in range(12):
+                if i == 11:  # the kill lands before the last pull at the latest, however fast the pulls are
+                    killer.join()
                 layer = int(rng.integers(N_LAYER))
                 policy = str(rng.choice(["flat", "ranges", "plan", "ragged"]))
                 sentinel_fill(mirror)
@@ -680,6 +682,41 @@ def test_a_stopped_server_times_out_and_a_second_tier_over_the_same_memory_is_re
         tier.reconnect()
         k, _, _ = tier.pull(1, 24, "ragged", lengths=lens)
         assert delivered(k, "ragged") == delivered(ref.window(1, 24, lengths=lens)[0], "ragged")
+
+
+@needs_engine
+def test_a_call_stuck_past_the_timeout_leaves_its_worker_and_the_next_call_runs_on_another(
+        lens: ferry.Tensor) -> None:
+    """The engine's calls run on one worker thread per tier: a call still running at the timeout is
+    refused (the tier broken until reconnect) and its worker let go; the pull after reconnect()
+    runs on a new worker while the stuck call still holds the old one, and is right; close() ends
+    the worker."""
+    from ferry.remote import PeerGoneError, RemoteTier, RemoteTimeoutError
+
+    ref, mirror = random_kv(13), random_kv(14)
+    release = threading.Event()
+    with RemoteTier(mirror, timeout_s=0.3) as tier:
+        tier.upload(ref)
+        first = tier._worker
+        assert first is not None and first.thread.is_alive()
+        try:
+            with pytest.raises(RemoteTimeoutError, match=rf"peer {tier.peer}: a stuck call: no answer within 0.3 s"):
+                tier._batch("a stuck call", lambda engine: release.wait(30.0))
+            with pytest.raises(PeerGoneError, match="reconnect"):
+                tier.pull(0, 24, "ragged", lengths=lens)
+            tier.reconnect()
+            k, v, _ = tier.pull(1, 24, "ragged", lengths=lens)
+            rk, rv = ref.window(1, 24, lengths=lens)
+            assert (delivered(k, "ragged"), delivered(v, "ragged")) == (delivered(rk, "ragged"),
+                                                                        delivered(rv, "ragged"))
+            assert first.thread.is_alive() and tier._worker is not first  # still in the stuck call
+        finally:
+            release.set()
+        first.thread.join(10.0)
+        assert not first.thread.is_alive()  # let go: it ended once its call returned
+        second = tier._worker
+        assert second is not None and second.thread.is_alive()
+    assert tier._worker is None and not second.thread.is_alive()
 
 
 # ------------------------------------------------------------ the async batch, prefetched under compute
