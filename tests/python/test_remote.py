@@ -684,6 +684,23 @@ def test_a_stopped_server_times_out_and_a_second_tier_over_the_same_memory_is_re
         assert delivered(k, "ragged") == delivered(ref.window(1, 24, lengths=lens)[0], "ragged")
 
 
+def test_the_engine_worker_reports_a_call_that_raised_as_a_thread_would_and_serves_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call that raises on the tier's worker: reported through threading.excepthook (as it was
+    when each call had a thread of its own), the caller sees it ended with no result (the tier
+    refuses it as a failed transfer), and the worker runs the next call; stop() ends it."""
+    from ferry.remote.tier import _EngineWorker
+
+    reported: List[Any] = []
+    monkeypatch.setattr(threading, "excepthook", reported.append)
+    worker = _EngineWorker(engine=None)
+    assert worker.run(lambda engine: 1 // 0, 10.0) == (True, [])
+    assert worker.run(lambda engine: 7 if engine is None else 0, 10.0) == (True, [7])
+    assert [type(args.exc_value) for args in reported] == [ZeroDivisionError]
+    worker.stop(wait_s=10.0)
+    assert not worker.thread.is_alive()
+
+
 @needs_engine
 def test_a_call_stuck_past_the_timeout_leaves_its_worker_and_the_next_call_runs_on_another(
         lens: ferry.Tensor) -> None:
