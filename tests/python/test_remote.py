@@ -736,6 +736,30 @@ def test_a_call_stuck_past_the_timeout_leaves_its_worker_and_the_next_call_runs_
     assert tier._worker is None and not second.thread.is_alive()
 
 
+@needs_engine
+def test_a_call_made_while_another_threads_call_runs_gets_a_worker_of_its_own() -> None:
+    """Two threads' calls at once: the second does not wait behind the first (its timeout counts
+    its own call, as when each call had a thread of its own)."""
+    from ferry.remote import RemoteTier
+
+    started, release = threading.Event(), threading.Event()
+    with RemoteTier(random_kv(15), timeout_s=5.0) as tier:
+        def held(engine: Any) -> int:
+            started.set()
+            release.wait(30.0)
+            return 0
+
+        first = threading.Thread(target=tier._call_engine, args=(held,))
+        first.start()
+        try:
+            assert started.wait(10.0)
+            assert tier._call_engine(lambda engine: 7) == (True, [7])
+        finally:
+            release.set()
+            first.join(10.0)
+        assert tier._worker is not None and tier._call_engine(lambda engine: 8) == (True, [8])
+
+
 # ------------------------------------------------------------ the async batch, prefetched under compute
 
 

@@ -217,6 +217,7 @@ class _EngineWorker:
     def __init__(self, engine: Any) -> None:
         self._engine = engine
         self._jobs: "queue.SimpleQueue[Optional[Tuple[Any, List[int], threading.Lock]]]" = queue.SimpleQueue()
+        self.busy = threading.Lock()  # held by the caller whose call it runs (RemoteTier._call_engine)
         self.thread = threading.Thread(target=self._serve, name="ferry-remote-engine", daemon=True)
         self.thread.start()
 
@@ -1021,14 +1022,24 @@ class RemoteTier:
     def _call_engine(self, call: Any) -> Tuple[bool, List[int]]:
         """call(engine) run on the tier's worker under the timeout: whether it ended in time, and its
         result ([] when it raised). A call still running at the timeout keeps its worker: that one
-        is let go (it ends once the call returns) and the next call starts another."""
+        is let go (it ends once the call returns) and the next call starts another. A call made
+        while another thread's runs gets a worker of its own, its timeout its own."""
         if self._worker is None:
             self._worker = _EngineWorker(self._engine)
             weakref.finalize(self, self._worker.stop)  # a tier dropped unclosed: its thread ends too
         worker = self._worker
-        ended, result = worker.run(call, self._timeout)
-        if not ended:
-            self._stop_worker()
+        if not worker.busy.acquire(blocking=False):  # another thread's call runs there: this one's own, as before
+            spare = _EngineWorker(self._engine)
+            try:
+                return spare.run(call, self._timeout)
+            finally:
+                spare.stop()
+        try:
+            ended, result = worker.run(call, self._timeout)
+            if not ended and self._worker is worker:
+                self._stop_worker()
+        finally:
+            worker.busy.release()
         return ended, result
 
     def _stop_worker(self, wait_s: float = 0.0) -> None:
