@@ -739,7 +739,8 @@ def test_a_call_stuck_past_the_timeout_leaves_its_worker_and_the_next_call_runs_
 @needs_engine
 def test_a_call_made_while_another_threads_call_runs_gets_a_worker_of_its_own() -> None:
     """Two threads' calls at once: the second does not wait behind the first (its timeout counts
-    its own call, as when each call had a thread of its own)."""
+    its own call, as when each call had a thread of its own); a worker whose thread is gone is
+    replaced by the next call."""
     from ferry.remote import RemoteTier
 
     started, release = threading.Event(), threading.Event()
@@ -758,6 +759,8 @@ def test_a_call_made_while_another_threads_call_runs_gets_a_worker_of_its_own() 
             release.set()
             first.join(10.0)
         assert tier._worker is not None and tier._call_engine(lambda engine: 8) == (True, [8])
+        tier._worker.stop(wait_s=10.0)  # a worker that is gone (a forked child has none): the next call starts one
+        assert tier._call_engine(lambda engine: 9) == (True, [9])
 
 
 # ------------------------------------------------------------ the async batch, prefetched under compute

@@ -1024,7 +1024,7 @@ class RemoteTier:
         result ([] when it raised). A call still running at the timeout keeps its worker: that one
         is let go (it ends once the call returns) and the next call starts another. A call made
         while another thread's runs gets a worker of its own, its timeout its own."""
-        if self._worker is None:
+        if self._worker is None or not self._worker.thread.is_alive():  # not started, or gone (in a forked child)
             self._worker = _EngineWorker(self._engine)
             weakref.finalize(self, self._worker.stop)  # a tier dropped unclosed: its thread ends too
         worker = self._worker
