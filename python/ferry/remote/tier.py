@@ -544,7 +544,8 @@ class RemoteTier:
             self.upload(self._source)
 
     def close(self) -> None:
-        """Stop the server, end the scheduler's pulls (fetch_layers) and unregister the local memory."""
+        """Stop the server, end the scheduler's pulls (fetch_layers) and the thread that runs the
+        engine's calls, and unregister the local memory."""
         if self._fetching:
             self.stop_fetching()
         self._stop()
