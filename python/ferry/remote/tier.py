@@ -1035,11 +1035,12 @@ class RemoteTier:
                 return spare.run(call, self._timeout)
             finally:
                 spare.stop()
+        ended = False
         try:
             ended, result = worker.run(call, self._timeout)
-            if not ended and self._worker is worker:
-                self._stop_worker()
         finally:
+            if not ended and self._worker is worker:  # timed out, or the wait interrupted: the call may still run
+                self._stop_worker()
             worker.busy.release()
         return ended, result
 
