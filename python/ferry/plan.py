@@ -410,10 +410,18 @@ class CopyCostModel:
         return cls.from_c(lib.ferry_backend_copy_cost_model(backend._p))
 
     def _c(self) -> Any:
-        m = ffi.new("ferry_copy_cost_model *")
-        for k, v in asdict(self).items():
-            setattr(m, k, v)
+        """The model as C's struct, built once: the model is frozen, and C only reads it (const)."""
+        m = self.__dict__.get("_c_struct")
+        if m is None:
+            m = ffi.new("ferry_copy_cost_model *")
+            for f in fields(self):
+                setattr(m, f.name, getattr(self, f.name))
+            object.__setattr__(self, "_c_struct", m)
         return m
+
+    def __getstate__(self) -> Dict[str, object]:
+        # the cached struct is C memory: a copy or pickle carries the figures and builds its own
+        return {k: v for k, v in self.__dict__.items() if k != "_c_struct"}
 
     def as_dict(self) -> Dict[str, object]:
         """The model's figures by field name."""

@@ -156,6 +156,22 @@ def test_scheduler_plan_path_moves_the_plan() -> None:
     np.testing.assert_array_equal(out.to_numpy(), v.to_numpy())
 
 
+def test_a_models_c_struct_is_built_once_and_its_copies_and_pickles_price_the_same() -> None:
+    """CopyCostModel keeps the struct C reads (built on first use: the model is frozen); a copy, a
+    deep copy, a pickle and a replace each carry the figures, not the struct, and price as it does."""
+    import copy
+    import pickle
+
+    gpu = ferry.plan.CopyCostModel.gpu()
+    m = gpu._c()
+    assert gpu._c() is m and m.kernel_gbps == gpu.kernel_gbps
+    for other in (copy.copy(gpu), copy.deepcopy(gpu), pickle.loads(pickle.dumps(gpu))):
+        assert other == gpu and other.piece_seconds(4096) == gpu.piece_seconds(4096)
+        assert other._c() is not m
+    dear = dataclasses.replace(gpu, call_us=1e6)
+    assert dear._c() is not m and dear._c().call_us == 1e6 and m.call_us == gpu.call_us
+
+
 def test_the_cost_models_are_frozen_presets_that_give_design_mds_copy_times() -> None:
     cpu, gpu = ferry.plan.CopyCostModel.cpu(), ferry.plan.CopyCostModel.gpu()
     assert cpu == ferry.plan.CopyCostModel(0.2, 30.0, 11.8, 64, 8192, 0.6, 0, 0.0, piece_ns=30.0)

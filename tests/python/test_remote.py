@@ -523,8 +523,8 @@ def test_fit_remote_link_leaves_out_one_shape_the_others_disagree_with() -> None
 @needs_engine
 def test_a_server_killed_at_random_points_refuses_or_gives_the_right_bytes(lens: ferry.Tensor) -> None:
     """Steps of random layers and policies while the server is killed at a random moment (fixed
-    seeds): each pull is right, or refused naming the peer and the layer with the destination as it
-    was; after reconnect() the next pull is right."""
+    seeds; before the last pull at the latest): each pull is right, or refused naming the peer and
+    the layer with the destination as it was; after reconnect() the next pull is right."""
     from ferry.remote import PeerGoneError, RemoteError, RemoteTier
 
     ref, mirror = random_kv(5), random_kv(6)
@@ -537,7 +537,9 @@ def test_a_server_killed_at_random_points_refuses_or_gives_the_right_bytes(lens:
             assert pid is not None
             killer = threading.Timer(float(rng.uniform(0.0, 0.05)), os.kill, (pid, signal.SIGKILL))
             killer.start()
-            for _ in range(12):
+            for i in range(12):
+                if i == 11:  # the kill lands before the last pull at the latest, however fast the pulls are
+                    killer.join()
                 layer = int(rng.integers(N_LAYER))
                 policy = str(rng.choice(["flat", "ranges", "plan", "ragged"]))
                 sentinel_fill(mirror)
@@ -680,6 +682,85 @@ def test_a_stopped_server_times_out_and_a_second_tier_over_the_same_memory_is_re
         tier.reconnect()
         k, _, _ = tier.pull(1, 24, "ragged", lengths=lens)
         assert delivered(k, "ragged") == delivered(ref.window(1, 24, lengths=lens)[0], "ragged")
+
+
+def test_the_engine_worker_reports_a_call_that_raised_as_a_thread_would_and_serves_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call that raises on the tier's worker: reported through threading.excepthook (as it was
+    when each call had a thread of its own), the caller sees it ended with no result (the tier
+    refuses it as a failed transfer), and the worker runs the next call; stop() ends it."""
+    from ferry.remote.tier import _EngineWorker
+
+    reported: List[Any] = []
+    monkeypatch.setattr(threading, "excepthook", reported.append)
+    worker = _EngineWorker(engine=None)
+    assert worker.run(lambda engine: 1 // 0, 10.0) == (True, [])
+    assert worker.run(lambda engine: 7 if engine is None else 0, 10.0) == (True, [7])
+    assert [type(args.exc_value) for args in reported] == [ZeroDivisionError]
+    worker.stop(wait_s=10.0)
+    assert not worker.thread.is_alive()
+
+
+@needs_engine
+def test_a_call_stuck_past_the_timeout_leaves_its_worker_and_the_next_call_runs_on_another(
+        lens: ferry.Tensor) -> None:
+    """The engine's calls run on one worker thread per tier: a call still running at the timeout is
+    refused (the tier broken until reconnect) and its worker let go; the pull after reconnect()
+    runs on a new worker while the stuck call still holds the old one, and is right; close() ends
+    the worker."""
+    from ferry.remote import PeerGoneError, RemoteTier, RemoteTimeoutError
+
+    ref, mirror = random_kv(13), random_kv(14)
+    release = threading.Event()
+    with RemoteTier(mirror, timeout_s=0.3) as tier:
+        tier.upload(ref)
+        first = tier._worker
+        assert first is not None and first.thread.is_alive()
+        try:
+            with pytest.raises(RemoteTimeoutError, match=rf"peer {tier.peer}: a stuck call: no answer within 0.3 s"):
+                tier._batch("a stuck call", lambda engine: release.wait(30.0))
+            with pytest.raises(PeerGoneError, match="reconnect"):
+                tier.pull(0, 24, "ragged", lengths=lens)
+            tier.reconnect()
+            k, v, _ = tier.pull(1, 24, "ragged", lengths=lens)
+            rk, rv = ref.window(1, 24, lengths=lens)
+            assert (delivered(k, "ragged"), delivered(v, "ragged")) == (delivered(rk, "ragged"),
+                                                                        delivered(rv, "ragged"))
+            assert first.thread.is_alive() and tier._worker is not first  # still in the stuck call
+        finally:
+            release.set()
+        first.thread.join(10.0)
+        assert not first.thread.is_alive()  # let go: it ended once its call returned
+        second = tier._worker
+        assert second is not None and second.thread.is_alive()
+    assert tier._worker is None and not second.thread.is_alive()
+
+
+@needs_engine
+def test_a_call_made_while_another_threads_call_runs_gets_a_worker_of_its_own() -> None:
+    """Two threads' calls at once: the second does not wait behind the first (its timeout counts
+    its own call, as when each call had a thread of its own); a worker whose thread is gone is
+    replaced by the next call."""
+    from ferry.remote import RemoteTier
+
+    started, release = threading.Event(), threading.Event()
+    with RemoteTier(random_kv(15), timeout_s=5.0) as tier:
+        def held(engine: Any) -> int:
+            started.set()
+            release.wait(30.0)
+            return 0
+
+        first = threading.Thread(target=tier._call_engine, args=(held,))
+        first.start()
+        try:
+            assert started.wait(10.0)
+            assert tier._call_engine(lambda engine: 7) == (True, [7])
+        finally:
+            release.set()
+            first.join(10.0)
+        assert tier._worker is not None and tier._call_engine(lambda engine: 8) == (True, [8])
+        tier._worker.stop(wait_s=10.0)  # a worker that is gone (a forked child has none): the next call starts one
+        assert tier._call_engine(lambda engine: 9) == (True, [9])
 
 
 # ------------------------------------------------------------ the async batch, prefetched under compute

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -208,6 +209,51 @@ class _SchedulerPulls:
         self._live()._fetch_wait(ticket)
 
 
+class _EngineWorker:
+    """A thread that runs the engine calls handed to it, one at a time, while the caller waits with
+    its timeout: a call costs a hand-off, not a thread started and joined. stop() lets it end once
+    the call it runs (if any) returned; a finalizer does so for a tier dropped unclosed."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._jobs: "queue.SimpleQueue[Optional[Tuple[Any, List[int], threading.Lock]]]" = queue.SimpleQueue()
+        self.busy = threading.Lock()  # held by the caller whose call it runs (RemoteTier._call_engine)
+        self.thread = threading.Thread(target=self._serve, name="ferry-remote-engine", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            self._run_one(*job)
+            del job  # the call's closure may hold the tier: not kept while idle
+
+    def _run_one(self, call: Any, result: List[int], done: threading.Lock) -> None:
+        try:
+            result.append(call(self._engine))
+        except BaseException as e:  # reported as a thread's own would be; the caller sees no result
+            threading.excepthook(threading.ExceptHookArgs((type(e), e, e.__traceback__, self.thread)))
+        finally:
+            done.release()
+
+    def run(self, call: Any, timeout: float) -> Tuple[bool, List[int]]:
+        """call(engine) on the thread: whether it ended within timeout seconds, and its result ([]
+        when it raised)."""
+        result: List[int] = []
+        done = threading.Lock()
+        done.acquire()
+        self._jobs.put((call, result, done))
+        return done.acquire(timeout=timeout), result
+
+    def stop(self, wait_s: float = 0.0) -> None:
+        """End the thread once it is idle (at once when it is; after its call when one runs),
+        waiting up to wait_s seconds for it."""
+        self._jobs.put(None)
+        if wait_s > 0 and threading.current_thread() is not self.thread:
+            self.thread.join(wait_s)
+
+
 def _starts(sizes: np.ndarray, at: int = 0) -> np.ndarray:
     """Where each of sizes' pieces starts when they are laid one after another from at (uintp)."""
     out = np.zeros(len(sizes), dtype=np.uintp)
@@ -313,6 +359,7 @@ class RemoteTier:
         self._next_ticket = 0
         self._fetch_stats: Deque[PullStats] = collections.deque(maxlen=FETCH_STATS_KEPT)
         self._fetcher = _SchedulerPulls(self)
+        self._worker: Optional[_EngineWorker] = None  # runs the engine's calls (_batch); started by the first
         try:
             for layer, which, addr, n in self._regions:
                 self._register(addr, n, f"layer {layer}'s {which.upper()}")
@@ -497,10 +544,12 @@ class RemoteTier:
             self.upload(self._source)
 
     def close(self) -> None:
-        """Stop the server, end the scheduler's pulls (fetch_layers) and unregister the local memory."""
+        """Stop the server, end the scheduler's pulls (fetch_layers) and the thread that runs the
+        engine's calls, and unregister the local memory."""
         if self._fetching:
             self.stop_fetching()
         self._stop()
+        self._stop_worker(wait_s=self._timeout)  # idle between calls: it ends at once
         for addr in self._registered:
             self._engine.unregister_memory(addr)
         self._registered = []
@@ -948,12 +997,8 @@ class RemoteTier:
             self._broken = "its process ended"
             raise PeerGoneError(f"remote tier: peer {self._peer}: {what}: the peer's process ended; nothing was "
                                 "written; reconnect() starts it again")
-        result: List[int] = []
-        engine = self._engine
-        worker = threading.Thread(target=lambda: result.append(call(engine)), daemon=True)
-        worker.start()
-        worker.join(self._timeout)
-        if worker.is_alive():
+        ended, result = self._call_engine(call)
+        if not ended:
             self._broken = f"a transfer took more than {self._timeout:g} s"
             if self._staging is not None:  # the late transfer may still write there: kept, registered, until close
                 self._abandoned.append(self._staging)
@@ -974,6 +1019,35 @@ class RemoteTier:
                       f"({'the peer is gone' if gone else f'status {result[:1]}'}); nothing was written; "
                       "reconnect() starts it again")
         return result[0]
+
+    def _call_engine(self, call: Any) -> Tuple[bool, List[int]]:
+        """call(engine) run on the tier's worker under the timeout: whether it ended in time, and its
+        result ([] when it raised). A call still running at the timeout keeps its worker: that one
+        is let go (it ends once the call returns) and the next call starts another. A call made
+        while another thread's runs gets a worker of its own, its timeout its own."""
+        if self._worker is None or not self._worker.thread.is_alive():  # not started, or gone (in a forked child)
+            self._worker = _EngineWorker(self._engine)
+            weakref.finalize(self, self._worker.stop)  # a tier dropped unclosed: its thread ends too
+        worker = self._worker
+        if not worker.busy.acquire(blocking=False):  # another thread's call runs there: this one's own, as before
+            spare = _EngineWorker(self._engine)
+            try:
+                return spare.run(call, self._timeout)
+            finally:
+                spare.stop()
+        ended = False
+        try:
+            ended, result = worker.run(call, self._timeout)
+        finally:
+            if not ended and self._worker is worker:  # timed out, or the wait interrupted: the call may still run
+                self._stop_worker()
+            worker.busy.release()
+        return ended, result
+
+    def _stop_worker(self, wait_s: float = 0.0) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop(wait_s)
 
     def __repr__(self) -> str:
         return f"RemoteTier(peer={self._peer}, regions={len(self._regions)}, broken={self._broken is not None})"
