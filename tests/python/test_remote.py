@@ -643,6 +643,25 @@ def test_a_peer_killed_under_the_schedulers_pulls_fails_the_run_naming_it_and_th
         assert scheduled_step(mirror, "ragged", 1, lengths)[0] == want
 
 
+@needs_engine
+def test_a_tier_handing_its_layers_to_the_scheduler_closes_in_either_order_with_its_cache() -> None:
+    """close() ends the scheduler's pulls whether the cache was closed first (nothing left to mark)
+    or is still open (its layers read locally again, no fetch left on them)."""
+    from ferry.remote import RemoteTier
+
+    kv = random_kv(8)
+    tier = RemoteTier(kv)
+    tier.fetch_layers()
+    kv.close()
+    tier.close()
+    assert tier.fetching == ()
+    kv = random_kv(9)
+    with RemoteTier(kv) as tier:
+        tier.fetch_layers([0])
+    assert tier.fetching == () and kv.k(0)._p.fetch == ferry._binding.ffi.NULL
+    kv.close()
+
+
 def stopped(pid: int) -> None:
     """Wait until every thread of process pid has stopped (a signal reaches a busy thread late)."""
     for _ in range(500):

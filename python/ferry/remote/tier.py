@@ -852,10 +852,12 @@ class RemoteTier:
         return tuple(self._fetching)
 
     def stop_fetching(self) -> None:
-        """The layers fetch_layers gave are read where they are again, as local ones."""
-        for layer in self._fetching:
-            for t in (self._cache.k(layer), self._cache.v(layer)):
-                set_fetch(t, None)
+        """The layers fetch_layers gave are read where they are again, as local ones (a cache closed
+        first has nothing left to mark)."""
+        if not self._cache.closed:
+            for layer in self._fetching:
+                for t in (self._cache.k(layer), self._cache.v(layer)):
+                    set_fetch(t, None)
         self._fetching = []
         self._tickets.clear()
 
