@@ -756,8 +756,6 @@ class RemoteTier:
         assert isinstance(cache, (KVCache, PagedKVCache))  # as the constructor checked
         k, v = cache.window(li, n_kv, s0, s1, lengths=lengths)
         jobs: List[Tuple[np.ndarray, int, int, int]] = []  # (pieces as rows, remote base, local base, local bytes)
-        plan_pieces = 0
-        bytes_read = 0
         if isinstance(cache, PagedKVCache):
             outs = []
             for which, w in (("k", k), ("v", v)):
@@ -776,9 +774,15 @@ class RemoteTier:
                 jobs.append((_copy_piece_array(self._copies(w, pol)), base, root, w.root.nbytes))
             kout, vout = k, v
             name = str(pol)
+        return self._plan_of(li, name, kout, vout, jobs, joined)
+
+    def _plan_of(self, layer: int, name: str, kout: Optional[Tensor], vout: Optional[Tensor],
+                 jobs: Sequence[Tuple[np.ndarray, int, int, int]], joined: bool) -> "_PullPlan":
+        """One batch of the jobs (per window: its pieces as rows, remote base, local base, local bytes),
+        merged or not: its reads, where each piece goes from staging, and what it counts."""
         reads: List[np.ndarray] = []  # per job, rows (remote address, bytes): the batch's pieces
         places: List[Tuple[int, int, np.ndarray]] = []  # per job, (local base, bytes, pieces staging -> local)
-        total = 0
+        total = plan_pieces = bytes_read = 0
         for raw, remote_base, local_base, local_bytes in jobs:
             plan_pieces += len(raw)
             bytes_read += int(raw[:, 2].sum())
@@ -787,7 +791,7 @@ class RemoteTier:
             places.append((local_base, local_bytes, placed))
             total += int(got[:, 1].sum())
         batch = np.concatenate(reads) if reads else np.zeros((0, 2), dtype=np.uintp)
-        return _PullPlan(li, name, kout, vout, batch, places, total, plan_pieces, bytes_read, self._predict(batch))
+        return _PullPlan(layer, name, kout, vout, batch, places, total, plan_pieces, bytes_read, self._predict(batch))
 
     def _predict(self, batch: np.ndarray) -> float:
         """The model's seconds for a batch's reads (rows remote address, bytes): a call, and each
@@ -884,9 +888,8 @@ class RemoteTier:
         else:
             raw = _copy_piece_array(self._copies(window, policy))
             name = str(policy)
-        got, placed = self._plan_reads(raw, self._remote[r], self._fetch_merge, 0)
-        plan = _PullPlan(layer, name, None, None, got, [(local_base, local_bytes, placed)], int(got[:, 1].sum()),
-                         len(raw), int(raw[:, 2].sum()), self._predict(got))
+        plan = self._plan_of(layer, name, None, None, [(raw, self._remote[r], local_base, local_bytes)],
+                             self._fetch_merge)
         pending = self._issue(plan, start)
         self._next_ticket += 1
         self._tickets[self._next_ticket] = pending

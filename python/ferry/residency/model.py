@@ -724,11 +724,6 @@ def _pull_cost(layer: LayerCost, link: CopyCostModel) -> Tuple[float, int, int]:
 
 
 def _step_time(p: _Problem, host: Sequence[bool]) -> float:
-    """The step's time with host[l] telling which layers live in host memory (see predict_step)."""
-    return _scheduled_time(p, host)
-
-
-def _scheduled_time(p: _Problem, host: Sequence[bool]) -> float:
     """The scheduler's step with host[l] telling which layers live in host memory, the remote ones'
     pulls included (see predict_step)."""
     n = len(host)

@@ -370,9 +370,7 @@ def _scheduled_steps(tier: Any, local: LayerCache, mirror: LayerCache, geometry:
                     stats = tier.take_fetch_stats()
                     pulls += len(stats)
                     moved += sum(st.bytes for st in stats)
-                    tier.stop_fetching()
-                    same = same and got == outputs(local, policy, prefetch, n_kv, kv_len)
-                    tier.fetch_layers()
+                    same = same and got == outputs(local, policy, prefetch, n_kv, kv_len)  # the local cache: no fetch
                 out.append(RemoteSteps(npl=npl, policy=policy, prefetch=prefetch, steps=ntg, pulls_per_step=pulls / ntg,
                                        bytes_per_step=moved / ntg, identical=same))
     finally:
