@@ -53,3 +53,30 @@ def test_draft_measure_refuses_an_unknown_run(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(SystemExit) as e:
         load_tool().main()
     assert e.value.code == 2
+
+
+def rows(npl: int, e: float, single: tuple, draft: tuple) -> tuple:
+    """A single and a draft bench row with their steps' compute A and other time O (seconds): (A, O) each."""
+    (a_s, o_s), (a_d, o_d) = single, draft
+    s = {"npl": npl, "compute_s_per_step": a_s, "tokens_per_s": npl / (a_s + o_s)}
+    d = {"npl": npl, "compute_s_per_step": a_d, "tokens_per_s": e * npl / (a_d + o_d), "accepted_per_step": e}
+    d["tokens_per_s_over_single"] = d["tokens_per_s"] / s["tokens_per_s"]
+    return s, d
+
+
+@pytest.mark.parametrize("npl,e,single,draft", [(2, 3.0, (1.0, 1.0), (4.0, 1.0)), (4, 2.62, (0.8, 2.1), (9.2, 2.2))])
+def test_speedup_for_is_the_compute_factor_that_reaches_the_bar(npl: int, e: float, single: tuple,
+                                                                 draft: tuple) -> None:
+    speedup_for = load_tool().speedup_for
+    s, d = rows(npl, e, single, draft)
+    k = speedup_for(s, d)
+    assert k > 1.0
+    faster_s, faster_d = rows(npl, e, (single[0] / k, single[1]), (draft[0] / k, draft[1]))
+    assert faster_d["tokens_per_s_over_single"] == pytest.approx(1.8)
+    assert speedup_for(faster_s, faster_d) == pytest.approx(1.0)
+
+
+def test_speedup_for_says_met_and_never() -> None:
+    speedup_for = load_tool().speedup_for
+    assert speedup_for(*rows(2, 3.0, (1.0, 1.0), (1.0, 1.0))) == 1.0  # 3x already
+    assert speedup_for(*rows(2, 3.0, (1.0, 1.0), (4.0, 2.0))) == float("inf")  # E O_s = 3 <= 1.8 O_d = 3.6

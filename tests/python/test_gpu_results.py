@@ -423,21 +423,24 @@ def test_report_puts_draft_and_chunk_rows_beside_their_single_rows_and_predictio
     tokens measured and predicted; the single rows are not rows of the table."""
     tiny = ["bench", "-c", "256", "-npl", "2", "-npp", "16", "-ntg", "2", "--layers", "1", "--device", "cpu",
             "--policy", "ragged", "--no-unified", "--repeat", "1", "--rounds", "1", "--json"]
-    runs = {"drafts verified": ["--draft", "2", "--accept", "0.5"], "prefill chunks": ["--chunk", "3"]}
+    runs = {"drafts verified over host windows, the 1.8x bar's geometry": ["--draft", "2", "--accept", "0.5"],
+            "drafts verified over host windows": ["--draft", "2", "--accept", "0.5"],
+            "prefill chunks over host windows": ["--chunk", "3"]}
+    labels = ["draft 2, the bar's geometry", "draft 2", "chunk 3"]
     with open(files_at / "bench.txt", "a") as f:
         for what, opts in runs.items():
             out = subprocess.run([sys.executable, "-m", "ferry.cli", *tiny, *opts], capture_output=True, text=True,
                                  check=True).stdout
-            f.write(f"\n## {what} over host windows: ferry {' '.join(tiny + opts)}\n{out}\n")
+            f.write(f"\n## {what}: ferry {' '.join(tiny + opts)}\n{out}\n")
             runs[what] = json.loads(out)
     text = load_tool().report(files_at, "bash tools/gpu-check")
     section = text.split("## Several tokens a copy: drafts and chunks on CUDA")[1].split("\n## ")[0]
     lines = [ln for ln in section.splitlines() if ln.startswith(("| draft ", "| chunk "))]
-    assert len(lines) == 2
-    for rows, line in zip(runs.values(), lines):
+    assert len(lines) == 3
+    for rows, line, label in zip(runs.values(), lines, labels):
         single, r = rows  # type: ignore[misc]
         assert not single["draft"] and not single["chunk"] and (r["draft"] or r["chunk"])
-        assert line == (f"| {'draft 2' if r['draft'] else 'chunk 3'} | 2 | ragged | {r['tokens_per_s']:.1f} | "
+        assert line == (f"| {label} | 2 | ragged | {r['tokens_per_s']:.1f} | "
                         f"{single['tokens_per_s']:.1f} | {r['tokens_per_s_over_single']:.2f} | "
                         f"{r['bytes_per_token_over_single']:.3f} | {r['accepted_per_step']:.2f} "
                         f"({r['expected_accepted_per_step']:.2f}) | {r['predicted_tokens_per_s']:.1f} | "
