@@ -18,7 +18,9 @@ import ferry
 from ferry.cli import bench, main
 from ferry.cli.text_table import fmt_tps_digits
 from ferry.workloads import bench as bench_workload
+from ferry.workloads import bench_config, bench_rows
 from ferry.workloads.common import accepted_drafts
+from ferry.workloads.devices import DeviceConfig
 
 TINY = ["-c", "256", "-npl", "2", "-npp", "16", "-ntg", "3", "--layers", "2", "--heads", "2",
         "--head-dim", "32", "--kv-heads", "1", "--device", "cpu", "--pad", "1", "--repeat", "1", "--rounds", "1"]
@@ -54,8 +56,8 @@ def test_a_verification_copies_each_window_once_at_its_lengths() -> None:
     for npl in cfg.sequences.npl:
         acc = accepted_drafts(cfg.sampling.seed, npl, cfg.sequences.ntg, n, cfg.sequences.accept)
         lengths = np.array(cfg.prompts(npl)) + np.concatenate([np.zeros((1, npl), int), np.cumsum(acc + 1, 0)])[:-1]
-        draft = next(r for r in res.rows if r.key == bench_workload.RunKey(npl=npl, policy="ragged", draft=n))
-        single = next(r for r in res.rows if r.key == bench_workload.RunKey(npl=npl, policy="ragged"))
+        draft = next(r for r in res.rows if r.key == bench_rows.RunKey(npl=npl, policy="ragged", draft=n))
+        single = next(r for r in res.rows if r.key == bench_rows.RunKey(npl=npl, policy="ragged"))
         assert draft.counts.bytes_copied == int((lengths + n + 1).sum()) * row * 2 * cfg.kv.n_layer
         assert draft.tokens == int((acc + 1).sum())
         assert draft.bytes_per_token == draft.counts.bytes_copied / draft.tokens
@@ -73,7 +75,7 @@ def test_the_draft_on_the_device_copies_nothing_and_matches_the_draft_in_host_me
     placed = bench.run_bench(cfg)
     monkeypatch.setattr(bench_workload, "draft_device", lambda split: None)
     host = bench.run_bench(cfg)
-    key = bench_workload.RunKey(npl=2, policy="ragged", draft=cfg.sequences.draft)
+    key = bench_rows.RunKey(npl=2, policy="ragged", draft=cfg.sequences.draft)
     on_device, in_host = (next(r for r in res.rows if r.key == key) for res in (placed, host))
     assert on_device.counts.draft_bytes_copied == 0
     assert in_host.counts.draft_bytes_copied > 0
@@ -100,7 +102,7 @@ def test_the_table_prints_the_draft_rows_beside_the_single_token_rows(capsys: py
 def test_a_run_without_a_draft_writes_no_draft_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", *TINY, "--policy", "ragged", "--json", "--no-unified"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert not {*bench_workload.DRAFT_ROW_KEYS, *bench_workload.DRAFT_CONFIG_KEYS} & {
+    assert not {*bench_rows.DRAFT_ROW_KEYS, *bench_config.DRAFT_CONFIG_KEYS} & {
         *rows[0], *rows[0]["config"]}
 
 
@@ -129,7 +131,7 @@ def test_a_chunk_row_copies_each_window_once_per_chunk_and_keeps_every_token() -
     cfg = tiny(draft=0, chunk=4, npl=(2,), policies=("ragged",))
     res = bench.run_bench(cfg)
     row = ferry.row_size(cfg.kv.type_kv, cfg.n_embd)
-    r = next(r for r in res.rows if r.key == bench_workload.RunKey(npl=2, policy="ragged", chunk=4))
+    r = next(r for r in res.rows if r.key == bench_rows.RunKey(npl=2, policy="ragged", chunk=4))
     lengths = [p + 4 * (t + 1) for p in cfg.prompts(2) for t in range(cfg.sequences.ntg)]
     assert r.counts.bytes_copied == sum(lengths) * row * 2 * cfg.kv.n_layer
     assert r.tokens == 2 * cfg.sequences.ntg * 4 and r.counts.draft_bytes_copied == 0
@@ -208,7 +210,7 @@ def test_a_several_token_rows_printed_prediction_is_predict_steps_at_the_windows
 
     monkeypatch.setattr(ferry.StepGraph, "get", get)
     cfg = replace(tiny(npl=(2,), policies=("ragged",), **several),
-                  devices=bench_workload.DeviceConfig(link_gbps=(8.0,)))
+                  devices=DeviceConfig(link_gbps=(8.0,)))
     res = bench.run_bench(cfg)
     [d] = [r for r in res.as_dicts() if r["draft"] or r["chunk"]]
     [single] = [r for r in res.as_dicts() if not (r["draft"] or r["chunk"])]
@@ -230,7 +232,7 @@ def test_a_several_token_rows_printed_prediction_is_predict_steps_at_the_windows
                                             run_seconds=run_s).step_seconds
 
     # serially: the computes by predict_step, the copies by the stand-in's model at the copies the row made
-    step_s = sum(predicted(n_kv, bench_workload.DRAFT_LAYERS, 1, True) if drafting else
+    step_s = sum(predicted(n_kv, bench_config.DRAFT_LAYERS, 1, True) if drafting else
                  predicted(n_kv, g.n_layer, n_tok, True) for drafting, n_kv in steps) / q.ntg
     step_s += d["predicted_copy_s_per_step"]
     assert d["predicted_copy_s_per_step"] > 0

@@ -14,7 +14,7 @@ import pytest
 
 from ferry.workloads import bench as bench_workload
 from ferry.workloads import estimate
-from ferry.workloads.bench import BenchConfig
+from ferry.workloads.bench_config import LINK_OVERRUN, BenchConfig
 from ferry.workloads.devices import DeviceConfig
 
 
@@ -113,5 +113,5 @@ def test_a_warning_when_the_standin_cannot_keep_to_its_link() -> None:
     assert res.link_overrun > 1.0 and res.standin_link_gbps == 1e6
     (w,) = res.warnings()
     assert w.startswith(f"the stand-in's copies ran {res.link_overrun:.0%} past the modelled link's time")
-    kept = dataclasses.replace(res, link_overrun=bench_workload.LINK_OVERRUN)
+    kept = dataclasses.replace(res, link_overrun=LINK_OVERRUN)
     assert kept.warnings() == []

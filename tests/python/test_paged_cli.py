@@ -18,7 +18,8 @@ import pytest
 import ferry
 from ferry.cli import main
 from ferry.workloads import validate as validate_workload
-from ferry.workloads.bench import BenchConfig, run_bench
+from ferry.workloads.bench import run_bench
+from ferry.workloads.bench_config import BenchConfig
 from ferry.workloads.devices import DeviceConfig
 from ferry.workloads.paged_plan import paged_cache, standin
 from ferry.workloads.paged_tables import adjacent_tables, blocks_for, runs_of

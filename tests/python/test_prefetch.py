@@ -15,7 +15,8 @@ import pytest
 import ferry
 from ferry.cli import bench as bench_cli
 from ferry.cli import main as cli_main
-from ferry.workloads.bench import BenchConfig, run_bench
+from ferry.workloads.bench import run_bench
+from ferry.workloads.bench_config import BenchConfig
 from ferry.workloads.devices import DeviceConfig
 from ferry.workloads.validate import ValidateConfig, run_validate
 

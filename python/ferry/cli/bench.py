@@ -13,19 +13,12 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..residency import expected_accepted_tokens
 from ..workloads import bench as bench_workload
-from ..workloads.bench import (
-    BenchConfig,
-    BenchReport,
-    BenchResult,
-    BenchRow,
-    KVGeometry,
-    PagedOptions,
-    Sampling,
-    Sequences,
-    VariantOptions,
-)
-from ..workloads.common import PREFETCH_NEXT, run_name
+from ..workloads.bench_config import PAGED_GATHERS, REPLICAS, BenchConfig, Sampling, Sequences
+from ..workloads.bench_report import BenchReport, BenchResult
+from ..workloads.bench_rows import BenchRow
+from ..workloads.common import PREFETCH_NEXT, KVGeometry, VariantOptions, run_name
 from ..workloads.estimate import Interval
+from ..workloads.paged_tables import DEVICE_TABLE, DEVICE_TABLE_PREFETCH, PagedOptions
 from ..workloads.trace import chrome_trace
 from . import remote_hook
 from .options import apply_model, check_one_head_dim, check_output_path, devices_from_args, run_fields, write_output
@@ -166,13 +159,13 @@ def format_paged(res: BenchResult, rep: BenchReport) -> str:
               if f.row.key.policy == "ragged" and not (f.row.key.unified or f.row.key.compact or f.row.key.prefetch)}
     body = []
     for npl in cfg.sequences.npl:  # each npl's paged gathers, then the cells cache's ragged copy
-        for gather in (*bench_workload.PAGED_GATHERS, bench_workload.DEVICE_TABLE, bench_workload.DEVICE_TABLE_PREFETCH,
+        for gather in (*PAGED_GATHERS, DEVICE_TABLE, DEVICE_TABLE_PREFETCH,
                        ""):
             if (npl, gather) not in serial:  # batched, on a device that does not offer it
                 continue
             r = serial[npl, gather]
             t, n = r.times, r.counts
-            named = gather in ("auto", bench_workload.DEVICE_TABLE, bench_workload.DEVICE_TABLE_PREFETCH)
+            named = gather in ("auto", DEVICE_TABLE, DEVICE_TABLE_PREFETCH)
             name = r.key.label + (f" ({n.gather_used})" if named else "") if gather else "cells ragged"
             body.append([str(npl), name, fmt_tps_digits(r.tokens_per_s), f"{r.per_step(n.copy_calls):,.0f}",
                          fmt_seconds(r.per_step(t.copy_s)), fmt_seconds(r.per_step(t.predicted_copy_s)),
@@ -184,7 +177,7 @@ def format_paged(res: BenchResult, rep: BenchReport) -> str:
                           "windows' copies (the device table's: what its pool was sent)"]
     lines += [ln.rstrip() for ln in format_table([head, *body], left=(1,))]
     for npl in cfg.sequences.npl:  # a decode loop's first step sends the prompts; each after, what is new
-        r, dense = serial[npl, bench_workload.DEVICE_TABLE], serial[npl, "per_block"]
+        r, dense = serial[npl, DEVICE_TABLE], serial[npl, "per_block"]
         n, steps = r.counts, max(r.ntg - 1, 1)
         later = (n.bytes_copied - n.first_step_bytes) / steps
         lines.append(f"npl {npl} device table: first step {fmt_bytes(n.first_step_bytes)}, then "
@@ -194,7 +187,7 @@ def format_paged(res: BenchResult, rep: BenchReport) -> str:
                      f"{_against(r.times.copy_s, r.times.predicted_copy_s + r.times.sync_host_s)} with its syncs' "
                      f"own host time ({fmt_seconds(r.per_step(r.times.sync_host_s))} a step, timed as a sync "
                      "sending nothing)")
-        ahead = serial.get((npl, bench_workload.DEVICE_TABLE_PREFETCH))
+        ahead = serial.get((npl, DEVICE_TABLE_PREFETCH))
         if ahead is not None:  # its sends made under the group before's compute: what is left exposed
             waited = _against(ahead.times.copy_s, ahead.times.predicted_copy_s)
             lines.append(f"npl {npl} device table+prefetch: {ahead.counts.bytes_copied / max(n.bytes_copied, 1):.3f}x "
@@ -436,7 +429,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         variants=VariantOptions(policies=policies, compact=args.compact, reuse=args.reuse, overlap=args.overlap,
                                 prefetch=tuple(args.prefetch), prefetch_next=PREFETCH_NEXT[args.prefetch_next]),
         unified=args.unified,
-        sampling=Sampling(repeat=bench_workload.REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
+        sampling=Sampling(repeat=REPLICAS if args.repeat is None else args.repeat, rounds=args.rounds,
                           trace=args.trace is not None),
         paged_cache=PagedOptions(paged=args.paged, block_size=args.block_size, adjacency=args.adjacency,
                                  shared_prefix=args.shared_prefix, device_blocks=args.device_blocks,

@@ -18,7 +18,7 @@ from ..backend import link_profiles
 from ..errors import InvalidArgumentError
 from ..remote.server import PROTOCOLS
 from ..residency import STRATEGIES
-from ..workloads.bench import Sequences
+from ..workloads.bench_config import Sequences
 from ..workloads.common import DEVICES, KV_TYPES, LENGTHS, POLICIES, PREFETCH_NEXT
 from ..workloads.devices import (
     MAX_OPTION_FILE,

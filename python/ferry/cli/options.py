@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set,
 from ..errors import InvalidArgumentError, OutOfBoundsError
 from ..residency import STRATEGIES
 from ..types import Type
-from ..workloads.bench import BenchConfig
+from ..workloads.bench_config import BenchConfig
 from ..workloads.common import LENGTHS, POLICIES, read_lengths
 from ..workloads.devices import MAX_OPTION_FILE, DeviceConfig, Place, parse_floats, parse_placement, read_placement
 from ..workloads.model_file import ModelGeometry, read_model_geometry
