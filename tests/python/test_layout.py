@@ -33,6 +33,8 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.remote.server", "ferry.remote.tier"),
     ("ferry.remote.link",),
     ("ferry.remote",),
+    ("ferry.residency.specs",),
+    ("ferry.residency.prediction",),
     ("ferry.residency.model",),
     ("ferry.residency.rules", "ferry.residency.measure"),
     ("ferry.residency.planner",),

@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from ..errors import InvalidArgumentError
 from ..plan import CopyCostModel
 from ..residency import LayerCost, ResidencyPlan
-from ..residency.model import PlanDoesNotFitError
+from ..residency.prediction import PlanDoesNotFitError
 from ..workloads.common import n_kv_for, prefetch_depths
 from ..workloads.devices import naming_device_memory
 from ..workloads.model_file import ModelGeometry

@@ -22,20 +22,11 @@ from typing import Callable, Dict, Optional, Sequence
 
 from ..errors import InvalidArgumentError
 from .measure import StepMemory, device_from_backend, layers_from_geometry, measure_compute, measure_token_share
-from .model import (
-    DeviceSpec,
-    LayerCost,
-    MeasureMemory,
-    PlanDoesNotFitError,
-    RemoteSpec,
-    ResidencyPlan,
-    StepPrediction,
-    expected_accepted_tokens,
-    predict_step,
-    remote_link_model,
-)
+from .model import MeasureMemory, predict_step
 from .planner import choose_auto
+from .prediction import PlanDoesNotFitError, ResidencyPlan, StepPrediction
 from .rules import choose_first, choose_round_robin, choose_slowest_link, link_groups
+from .specs import DeviceSpec, LayerCost, RemoteSpec, expected_accepted_tokens, remote_link_model
 
 __all__ = [
     "LayerCost", "DeviceSpec", "StepPrediction", "ResidencyPlan", "PlanDoesNotFitError", "STRATEGIES",

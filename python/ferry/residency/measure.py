@@ -20,7 +20,7 @@ from ..quant import quantize
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step
 from ..tensor import Tensor
-from .model import DeviceSpec, LayerCost
+from .specs import DeviceSpec, LayerCost
 
 
 def _rounded(size: int, alignment: int) -> int:

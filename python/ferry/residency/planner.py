@@ -12,12 +12,7 @@ import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .model import (
-    DeviceSpec,
-    LayerCost,
     MeasureMemory,
-    PlanDoesNotFitError,
-    RemoteSpec,
-    ResidencyPlan,
     _check_windows_fit,
     _fits,
     _least_pull,
@@ -29,7 +24,9 @@ from .model import (
     _split_counts,
     _step_time,
 )
+from .prediction import PlanDoesNotFitError, ResidencyPlan
 from .rules import choose_first, choose_round_robin, choose_slowest_link
+from .specs import DeviceSpec, LayerCost, RemoteSpec
 
 #: The planner's exact search stops after this many evaluated placements and keeps its best.
 DEFAULT_SEARCH_LIMIT = 20_000

@@ -6,11 +6,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence
 
 from .model import (
-    DeviceSpec,
-    LayerCost,
     MeasureMemory,
-    RemoteSpec,
-    ResidencyPlan,
     _check_windows_fit,
     _fits,
     _plan,
@@ -18,6 +14,8 @@ from .model import (
     _problem,
     _refuse_empty,
 )
+from .prediction import ResidencyPlan
+from .specs import DeviceSpec, LayerCost, RemoteSpec
 
 #: Devices whose links are within this fraction of the group's slowest count as one (slowest-link).
 LINK_GROUP_TOLERANCE = 0.15
