@@ -19,6 +19,9 @@ one computes); its PendingPull.wait() places it.
 
 A cell-per-stream window lands at its own offsets in the local cache (the windows pull returns
 are the cache's own); a paged window is gathered into a dense tensor of the window's layout.
+
+A pull's plan, its handle in flight and what it did are in ferry.remote.pulls; the thread the
+engine's calls run on in ferry.remote.engine_worker.
 """
 
 from __future__ import annotations
@@ -26,14 +29,11 @@ from __future__ import annotations
 import collections
 import json
 import os
-import queue
 import socket
 import subprocess
 import sys
-import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -59,7 +59,9 @@ from ..plan import (
 from ..policy import CopyPolicy, PolicyLike, to_policy
 from ..tensor import Tensor
 from .engine import local_engine
+from .engine_worker import _EngineWorker
 from .errors import PeerGoneError, PeerLayoutError, RegistrationError, RemoteError, RemoteTimeoutError
+from .pulls import PendingPull, PullStats, _PullPlan
 from .server import LAYOUT_HEADER, LAYOUT_MAGIC, PROTOCOLS, cache_layout, layout_differences
 
 #: The peers (host:port) this process has read from: a new server must take another port.
@@ -70,124 +72,6 @@ FETCH_STATS_KEPT = 1 << 16
 
 #: Seconds a server has to start and say where it is.
 START_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class PullStats:
-    """What one pull did.
-
-    Attributes
-    ----------
-    layer : int
-    policy : str
-        The copy policy whose copies were pulled ("paged" for a paged window: its gather's).
-    pieces : int
-        Pieces of the one batch transfer, after merging.
-    plan_pieces : int
-        Pieces of the plan before merging: a piece per row of its copies.
-    bytes : int
-        Bytes the transfer moved, merged gaps included.
-    bytes_read : int
-        Bytes of the plan's pieces: the cells the window reads under ragged and paged.
-    gap_bytes : int
-        Bytes of gaps the merged pieces carried (bytes - bytes_read).
-    seconds : float
-        Wall time of the batch transfer.
-    predicted_seconds : float
-        The tier's model: a call, piece_ns a piece and each piece's bytes at its size's rate (the
-        piece curve: CopyCostModel.piece_seconds; gbps without one).
-    pull_seconds : float
-        Wall time of the whole pull: the plan, its pieces, the transfer and the copy out of staging
-        (what ferry adds to the transfer is pull_seconds - seconds).
-    """
-
-    layer: int
-    policy: str
-    pieces: int
-    plan_pieces: int
-    bytes: int
-    bytes_read: int
-    gap_bytes: int
-    seconds: float
-    predicted_seconds: float
-    pull_seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class _PullPlan:
-    """A pull planned: its windows, the batch's reads (rows remote address, bytes), where each piece
-    goes from staging (per destination: local base, its bytes, pieces), and what it counts."""
-
-    layer: int
-    policy: str
-    kout: Optional[Tensor]
-    vout: Optional[Tensor]
-    batch: np.ndarray
-    places: List[Tuple[int, int, np.ndarray]]
-    total: int
-    plan_pieces: int
-    bytes_read: int
-    predicted: float
-
-    def stats(self, seconds: float, pull_seconds: float) -> PullStats:
-        return PullStats(layer=self.layer, policy=self.policy, pieces=len(self.batch), plan_pieces=self.plan_pieces,
-                         bytes=self.total, bytes_read=self.bytes_read, gap_bytes=self.total - self.bytes_read,
-                         seconds=seconds, predicted_seconds=self.predicted, pull_seconds=pull_seconds)
-
-
-class PendingPull:
-    """A pull in flight (RemoteTier.pull_async): its batch travelling into a staging area of its own.
-
-    wait() waits for it and places its pieces, then returns what pull returns; until then the
-    windows are untouched. Waiting twice returns the same result again (or raises the same error).
-    """
-
-    def __init__(self, tier: "RemoteTier", plan: _PullPlan, staging: np.ndarray, batch_id: int, start: float) -> None:
-        self._tier = tier
-        self._plan = plan
-        self._staging = staging
-        self._batch_id = batch_id
-        self._start = start
-        self._result: Optional[PullStats] = None
-        self._error: Optional[BaseException] = None
-
-    @property
-    def layer(self) -> int:
-        """The layer being pulled."""
-        return self._plan.layer
-
-    def wait(self) -> Tuple[Tensor, Tensor, PullStats]:
-        """Wait for the batch, then place its pieces in the windows.
-
-        Returns
-        -------
-        (Tensor, Tensor, PullStats)
-            As RemoteTier.pull: the K and V windows and what the pull did (seconds: the wait;
-            pull_seconds: from issue to placement).
-
-        Raises
-        ------
-        PeerGoneError
-            The peer ended or broke while the batch was in flight (naming it and the layer);
-            nothing was written.
-        RemoteTimeoutError
-            The batch took longer than the tier's timeout; nothing was written.
-        """
-        stats = self._land()
-        assert self._plan.kout is not None and self._plan.vout is not None  # a pull's: it has windows
-        return self._plan.kout, self._plan.vout, stats
-
-    def _land(self) -> PullStats:
-        """wait()'s work: the batch waited for and placed, once; what it did."""
-        if self._result is None and self._error is None:
-            try:
-                self._result = self._tier._finish(self)
-            except RemoteError as e:
-                self._error = e
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
 
 
 class _SchedulerPulls:
@@ -207,51 +91,6 @@ class _SchedulerPulls:
 
     def wait(self, ticket: int) -> None:
         self._live()._fetch_wait(ticket)
-
-
-class _EngineWorker:
-    """A thread that runs the engine calls handed to it, one at a time, while the caller waits with
-    its timeout: a call costs a hand-off, not a thread started and joined. stop() lets it end once
-    the call it runs (if any) returned; a finalizer does so for a tier dropped unclosed."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-        self._jobs: "queue.SimpleQueue[Optional[Tuple[Any, List[int], threading.Lock]]]" = queue.SimpleQueue()
-        self.busy = threading.Lock()  # held by the caller whose call it runs (RemoteTier._call_engine)
-        self.thread = threading.Thread(target=self._serve, name="ferry-remote-engine", daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            self._run_one(*job)
-            del job  # the call's closure may hold the tier: not kept while idle
-
-    def _run_one(self, call: Any, result: List[int], done: threading.Lock) -> None:
-        try:
-            result.append(call(self._engine))
-        except BaseException as e:  # reported as a thread's own would be; the caller sees no result
-            threading.excepthook(threading.ExceptHookArgs((type(e), e, e.__traceback__, self.thread)))
-        finally:
-            done.release()
-
-    def run(self, call: Any, timeout: float) -> Tuple[bool, List[int]]:
-        """call(engine) on the thread: whether it ended within timeout seconds, and its result ([]
-        when it raised)."""
-        result: List[int] = []
-        done = threading.Lock()
-        done.acquire()
-        self._jobs.put((call, result, done))
-        return done.acquire(timeout=timeout), result
-
-    def stop(self, wait_s: float = 0.0) -> None:
-        """End the thread once it is idle (at once when it is; after its call when one runs),
-        waiting up to wait_s seconds for it."""
-        self._jobs.put(None)
-        if wait_s > 0 and threading.current_thread() is not self.thread:
-            self.thread.join(wait_s)
 
 
 def _starts(sizes: np.ndarray, at: int = 0) -> np.ndarray:
