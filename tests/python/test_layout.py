@@ -31,6 +31,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.remote.errors",),
     ("ferry.remote.engine",),
     ("ferry.remote.pulls", "ferry.remote.engine_worker"),
+    ("ferry.remote.fetching",),
     ("ferry.remote.server", "ferry.remote.tier"),
     ("ferry.remote.link",),
     ("ferry.remote",),

@@ -20,13 +20,13 @@ one computes); its PendingPull.wait() places it.
 A cell-per-stream window lands at its own offsets in the local cache (the windows pull returns
 are the cache's own); a paged window is gathered into a dense tensor of the window's layout.
 
-A pull's plan, its handle in flight and what it did are in ferry.remote.pulls; the thread the
-engine's calls run on in ferry.remote.engine_worker.
+A pull's plan, its handle in flight and what it did are in ferry.remote.pulls; what the tier keeps
+of a Scheduler's pulls (fetch_layers) in ferry.remote.fetching; the thread the engine's calls run
+on in ferry.remote.engine_worker.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import socket
@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 import weakref
-from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -43,7 +43,6 @@ from ..backend import CPUBackend
 from ..copy2d import Copy2D
 from ..copy_path import copy_ranges_of
 from ..errors import InvalidArgumentError, OutOfBoundsError
-from ..fetch import set_fetch
 from ..kv import KVCache
 from ..kv_layers import LayerCache
 from ..paged import PagedKVCache
@@ -61,36 +60,15 @@ from ..tensor import Tensor
 from .engine import local_engine
 from .engine_worker import _EngineWorker
 from .errors import PeerGoneError, PeerLayoutError, RegistrationError, RemoteError, RemoteTimeoutError
+from .fetching import _SchedulerFetch, _SchedulerPulls
 from .pulls import PendingPull, PullStats, _PullPlan
 from .server import LAYOUT_HEADER, LAYOUT_MAGIC, PROTOCOLS, cache_layout, layout_differences
 
 #: The peers (host:port) this process has read from: a new server must take another port.
 _PEERS_USED: Set[str] = set()
 
-#: The scheduler's pulls whose PullStats a tier keeps for take_fetch_stats (the last ones).
-FETCH_STATS_KEPT = 1 << 16
-
 #: Seconds a server has to start and say where it is.
 START_TIMEOUT_S = 60.0
-
-
-class _SchedulerPulls:
-    """The tier as ferry.fetch's Fetcher: its begin and wait, without keeping the tier alive."""
-
-    def __init__(self, tier: "RemoteTier") -> None:
-        self._tier = weakref.ref(tier)
-
-    def _live(self) -> "RemoteTier":
-        tier = self._tier()
-        if tier is None:
-            raise PeerGoneError("remote tier: the tier whose layers this window reads was closed")
-        return tier
-
-    def begin(self, window: Tensor, policy: CopyPolicy) -> int:
-        return self._live()._fetch_begin(window, policy)
-
-    def wait(self, ticket: int) -> None:
-        self._live()._fetch_wait(ticket)
 
 
 def _starts(sizes: np.ndarray, at: int = 0) -> np.ndarray:
@@ -192,12 +170,7 @@ class RemoteTier:
         self._remote: List[int] = []
         self._broken: Optional[str] = None
         self._source: Optional[LayerCache] = None
-        self._fetching: List[int] = []  # the layers a Scheduler pulls (fetch_layers)
-        self._fetch_merge = True
-        self._tickets: Dict[int, PendingPull] = {}
-        self._next_ticket = 0
-        self._fetch_stats: Deque[PullStats] = collections.deque(maxlen=FETCH_STATS_KEPT)
-        self._fetcher = _SchedulerPulls(self)
+        self._fetch = _SchedulerFetch(self._cache, _SchedulerPulls(self))  # the pulls a Scheduler makes (fetch_layers)
         self._worker: Optional[_EngineWorker] = None  # runs the engine's calls (_batch); started by the first
         try:
             for layer, which, addr, n in self._regions:
@@ -385,7 +358,7 @@ class RemoteTier:
     def close(self) -> None:
         """Stop the server, end the scheduler's pulls (fetch_layers) and the thread that runs the
         engine's calls, and unregister the local memory."""
-        if self._fetching:
+        if self._fetch.layers:
             self.stop_fetching()
         self._stop()
         self._stop_worker(wait_s=self._timeout)  # idle between calls: it ends at once
@@ -681,35 +654,22 @@ class RemoteTier:
             if not 0 <= layer < n_layer:
                 raise OutOfBoundsError(f"RemoteTier.fetch_layers: layers[{i}] is {layer}: the cache's layers are "
                                        f"0..{n_layer - 1}")
-        joined = _checks.as_bool(merge, "RemoteTier.fetch_layers: merge")
-        self.stop_fetching()
-        self._fetch_merge = joined
-        for layer in sorted(set(chosen)):
-            for t in (self._cache.k(layer), self._cache.v(layer)):
-                set_fetch(t, self._fetcher)
-            self._fetching.append(layer)
+        self._fetch.start(chosen, _checks.as_bool(merge, "RemoteTier.fetch_layers: merge"))
 
     @property
     def fetching(self) -> Tuple[int, ...]:
         """The layers a Scheduler pulls through the tier (fetch_layers), in order."""
-        return tuple(self._fetching)
+        return tuple(self._fetch.layers)
 
     def stop_fetching(self) -> None:
         """The layers fetch_layers gave are read where they are again, as local ones (a cache closed
         first has nothing left to mark)."""
-        if not self._cache.closed:
-            for layer in self._fetching:
-                for t in (self._cache.k(layer), self._cache.v(layer)):
-                    set_fetch(t, None)
-        self._fetching = []
-        self._tickets.clear()
+        self._fetch.stop()
 
     def take_fetch_stats(self) -> List[PullStats]:
         """What each pull a Scheduler made through the tier did since the last call (fetch_layers),
         in the order they landed (the last FETCH_STATS_KEPT of them); they are forgotten."""
-        out = list(self._fetch_stats)
-        self._fetch_stats.clear()
-        return out
+        return self._fetch.take_stats()
 
     def _fetch_begin(self, window: Tensor, policy: CopyPolicy) -> int:
         """ferry.fetch's begin: plan the bytes a copy of window under policy reads, landing in place
@@ -728,16 +688,8 @@ class RemoteTier:
             raw = _copy_piece_array(self._copies(window, policy))
             name = str(policy)
         plan = self._plan_of(layer, name, None, None, [(raw, self._remote[r], local_base, local_bytes)],
-                             self._fetch_merge)
-        pending = self._issue(plan, start)
-        self._next_ticket += 1
-        self._tickets[self._next_ticket] = pending
-        return self._next_ticket
-
-    def _fetch_wait(self, ticket: int) -> None:
-        """ferry.fetch's wait: the batch waited for and placed; what it did kept."""
-        pending = self._tickets.pop(ticket)
-        self._fetch_stats.append(pending._land())
+                             self._fetch.merge)
+        return self._fetch.hold(self._issue(plan, start))
 
     def region_bytes(self) -> int:
         """Bytes of the smallest region (a layer's K or V): the most a timed read may span."""
