@@ -30,6 +30,8 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.sched", "ferry.kv", "ferry.paged", "ferry.step", "ferry.block_pool"),
     ("ferry.remote.errors",),
     ("ferry.remote.engine",),
+    ("ferry.remote.pulls", "ferry.remote.engine_worker"),
+    ("ferry.remote.fetching",),
     ("ferry.remote.server", "ferry.remote.tier"),
     ("ferry.remote.link",),
     ("ferry.remote",),

@@ -708,7 +708,7 @@ def test_the_engine_worker_reports_a_call_that_raised_as_a_thread_would_and_serv
     """A call that raises on the tier's worker: reported through threading.excepthook (as it was
     when each call had a thread of its own), the caller sees it ended with no result (the tier
     refuses it as a failed transfer), and the worker runs the next call; stop() ends it."""
-    from ferry.remote.tier import _EngineWorker
+    from ferry.remote.engine_worker import _EngineWorker
 
     reported: List[Any] = []
     monkeypatch.setattr(threading, "excepthook", reported.append)

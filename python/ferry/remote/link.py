@@ -34,7 +34,8 @@ from .. import _checks
 from ..errors import InvalidArgumentError
 from ..link import LinkFit, LinkMeasurement, _relative_nonneg_lstsq
 from ..plan import CopyCostModel
-from .tier import PullStats, RemoteTier
+from .pulls import PullStats
+from .tier import RemoteTier
 
 #: Batches of this many pieces of the tier's piece size (a paged block, a row): what a batch and a
 #: piece cost (the lone piece is the batch's own cost, not left to the others' intercept).

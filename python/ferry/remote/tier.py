@@ -19,22 +19,22 @@ one computes); its PendingPull.wait() places it.
 
 A cell-per-stream window lands at its own offsets in the local cache (the windows pull returns
 are the cache's own); a paged window is gathered into a dense tensor of the window's layout.
+
+A pull's plan, its handle in flight and what it did are in ferry.remote.pulls; what the tier keeps
+of a Scheduler's pulls (fetch_layers) in ferry.remote.fetching; the thread the engine's calls run
+on in ferry.remote.engine_worker.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
-import queue
 import socket
 import subprocess
 import sys
-import threading
 import time
 import weakref
-from dataclasses import dataclass
-from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -43,7 +43,6 @@ from ..backend import CPUBackend
 from ..copy2d import Copy2D
 from ..copy_path import copy_ranges_of
 from ..errors import InvalidArgumentError, OutOfBoundsError
-from ..fetch import set_fetch
 from ..kv import KVCache
 from ..kv_layers import LayerCache
 from ..paged import PagedKVCache
@@ -59,199 +58,17 @@ from ..plan import (
 from ..policy import CopyPolicy, PolicyLike, to_policy
 from ..tensor import Tensor
 from .engine import local_engine
+from .engine_worker import _EngineWorker
 from .errors import PeerGoneError, PeerLayoutError, RegistrationError, RemoteError, RemoteTimeoutError
+from .fetching import _SchedulerFetch, _SchedulerPulls
+from .pulls import PendingPull, PullStats, _PullPlan
 from .server import LAYOUT_HEADER, LAYOUT_MAGIC, PROTOCOLS, cache_layout, layout_differences
 
 #: The peers (host:port) this process has read from: a new server must take another port.
 _PEERS_USED: Set[str] = set()
 
-#: The scheduler's pulls whose PullStats a tier keeps for take_fetch_stats (the last ones).
-FETCH_STATS_KEPT = 1 << 16
-
 #: Seconds a server has to start and say where it is.
 START_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class PullStats:
-    """What one pull did.
-
-    Attributes
-    ----------
-    layer : int
-    policy : str
-        The copy policy whose copies were pulled ("paged" for a paged window: its gather's).
-    pieces : int
-        Pieces of the one batch transfer, after merging.
-    plan_pieces : int
-        Pieces of the plan before merging: a piece per row of its copies.
-    bytes : int
-        Bytes the transfer moved, merged gaps included.
-    bytes_read : int
-        Bytes of the plan's pieces: the cells the window reads under ragged and paged.
-    gap_bytes : int
-        Bytes of gaps the merged pieces carried (bytes - bytes_read).
-    seconds : float
-        Wall time of the batch transfer.
-    predicted_seconds : float
-        The tier's model: a call, piece_ns a piece and each piece's bytes at its size's rate (the
-        piece curve: CopyCostModel.piece_seconds; gbps without one).
-    pull_seconds : float
-        Wall time of the whole pull: the plan, its pieces, the transfer and the copy out of staging
-        (what ferry adds to the transfer is pull_seconds - seconds).
-    """
-
-    layer: int
-    policy: str
-    pieces: int
-    plan_pieces: int
-    bytes: int
-    bytes_read: int
-    gap_bytes: int
-    seconds: float
-    predicted_seconds: float
-    pull_seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class _PullPlan:
-    """A pull planned: its windows, the batch's reads (rows remote address, bytes), where each piece
-    goes from staging (per destination: local base, its bytes, pieces), and what it counts."""
-
-    layer: int
-    policy: str
-    kout: Optional[Tensor]
-    vout: Optional[Tensor]
-    batch: np.ndarray
-    places: List[Tuple[int, int, np.ndarray]]
-    total: int
-    plan_pieces: int
-    bytes_read: int
-    predicted: float
-
-    def stats(self, seconds: float, pull_seconds: float) -> PullStats:
-        return PullStats(layer=self.layer, policy=self.policy, pieces=len(self.batch), plan_pieces=self.plan_pieces,
-                         bytes=self.total, bytes_read=self.bytes_read, gap_bytes=self.total - self.bytes_read,
-                         seconds=seconds, predicted_seconds=self.predicted, pull_seconds=pull_seconds)
-
-
-class PendingPull:
-    """A pull in flight (RemoteTier.pull_async): its batch travelling into a staging area of its own.
-
-    wait() waits for it and places its pieces, then returns what pull returns; until then the
-    windows are untouched. Waiting twice returns the same result again (or raises the same error).
-    """
-
-    def __init__(self, tier: "RemoteTier", plan: _PullPlan, staging: np.ndarray, batch_id: int, start: float) -> None:
-        self._tier = tier
-        self._plan = plan
-        self._staging = staging
-        self._batch_id = batch_id
-        self._start = start
-        self._result: Optional[PullStats] = None
-        self._error: Optional[BaseException] = None
-
-    @property
-    def layer(self) -> int:
-        """The layer being pulled."""
-        return self._plan.layer
-
-    def wait(self) -> Tuple[Tensor, Tensor, PullStats]:
-        """Wait for the batch, then place its pieces in the windows.
-
-        Returns
-        -------
-        (Tensor, Tensor, PullStats)
-            As RemoteTier.pull: the K and V windows and what the pull did (seconds: the wait;
-            pull_seconds: from issue to placement).
-
-        Raises
-        ------
-        PeerGoneError
-            The peer ended or broke while the batch was in flight (naming it and the layer);
-            nothing was written.
-        RemoteTimeoutError
-            The batch took longer than the tier's timeout; nothing was written.
-        """
-        stats = self._land()
-        assert self._plan.kout is not None and self._plan.vout is not None  # a pull's: it has windows
-        return self._plan.kout, self._plan.vout, stats
-
-    def _land(self) -> PullStats:
-        """wait()'s work: the batch waited for and placed, once; what it did."""
-        if self._result is None and self._error is None:
-            try:
-                self._result = self._tier._finish(self)
-            except RemoteError as e:
-                self._error = e
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-
-class _SchedulerPulls:
-    """The tier as ferry.fetch's Fetcher: its begin and wait, without keeping the tier alive."""
-
-    def __init__(self, tier: "RemoteTier") -> None:
-        self._tier = weakref.ref(tier)
-
-    def _live(self) -> "RemoteTier":
-        tier = self._tier()
-        if tier is None:
-            raise PeerGoneError("remote tier: the tier whose layers this window reads was closed")
-        return tier
-
-    def begin(self, window: Tensor, policy: CopyPolicy) -> int:
-        return self._live()._fetch_begin(window, policy)
-
-    def wait(self, ticket: int) -> None:
-        self._live()._fetch_wait(ticket)
-
-
-class _EngineWorker:
-    """A thread that runs the engine calls handed to it, one at a time, while the caller waits with
-    its timeout: a call costs a hand-off, not a thread started and joined. stop() lets it end once
-    the call it runs (if any) returned; a finalizer does so for a tier dropped unclosed."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-        self._jobs: "queue.SimpleQueue[Optional[Tuple[Any, List[int], threading.Lock]]]" = queue.SimpleQueue()
-        self.busy = threading.Lock()  # held by the caller whose call it runs (RemoteTier._call_engine)
-        self.thread = threading.Thread(target=self._serve, name="ferry-remote-engine", daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            self._run_one(*job)
-            del job  # the call's closure may hold the tier: not kept while idle
-
-    def _run_one(self, call: Any, result: List[int], done: threading.Lock) -> None:
-        try:
-            result.append(call(self._engine))
-        except BaseException as e:  # reported as a thread's own would be; the caller sees no result
-            threading.excepthook(threading.ExceptHookArgs((type(e), e, e.__traceback__, self.thread)))
-        finally:
-            done.release()
-
-    def run(self, call: Any, timeout: float) -> Tuple[bool, List[int]]:
-        """call(engine) on the thread: whether it ended within timeout seconds, and its result ([]
-        when it raised)."""
-        result: List[int] = []
-        done = threading.Lock()
-        done.acquire()
-        self._jobs.put((call, result, done))
-        return done.acquire(timeout=timeout), result
-
-    def stop(self, wait_s: float = 0.0) -> None:
-        """End the thread once it is idle (at once when it is; after its call when one runs),
-        waiting up to wait_s seconds for it."""
-        self._jobs.put(None)
-        if wait_s > 0 and threading.current_thread() is not self.thread:
-            self.thread.join(wait_s)
 
 
 def _starts(sizes: np.ndarray, at: int = 0) -> np.ndarray:
@@ -353,12 +170,7 @@ class RemoteTier:
         self._remote: List[int] = []
         self._broken: Optional[str] = None
         self._source: Optional[LayerCache] = None
-        self._fetching: List[int] = []  # the layers a Scheduler pulls (fetch_layers)
-        self._fetch_merge = True
-        self._tickets: Dict[int, PendingPull] = {}
-        self._next_ticket = 0
-        self._fetch_stats: Deque[PullStats] = collections.deque(maxlen=FETCH_STATS_KEPT)
-        self._fetcher = _SchedulerPulls(self)
+        self._fetch = _SchedulerFetch(self._cache, _SchedulerPulls(self))  # the pulls a Scheduler makes (fetch_layers)
         self._worker: Optional[_EngineWorker] = None  # runs the engine's calls (_batch); started by the first
         try:
             for layer, which, addr, n in self._regions:
@@ -546,7 +358,7 @@ class RemoteTier:
     def close(self) -> None:
         """Stop the server, end the scheduler's pulls (fetch_layers) and the thread that runs the
         engine's calls, and unregister the local memory."""
-        if self._fetching:
+        if self._fetch.layers:
             self.stop_fetching()
         self._stop()
         self._stop_worker(wait_s=self._timeout)  # idle between calls: it ends at once
@@ -842,35 +654,22 @@ class RemoteTier:
             if not 0 <= layer < n_layer:
                 raise OutOfBoundsError(f"RemoteTier.fetch_layers: layers[{i}] is {layer}: the cache's layers are "
                                        f"0..{n_layer - 1}")
-        joined = _checks.as_bool(merge, "RemoteTier.fetch_layers: merge")
-        self.stop_fetching()
-        self._fetch_merge = joined
-        for layer in sorted(set(chosen)):
-            for t in (self._cache.k(layer), self._cache.v(layer)):
-                set_fetch(t, self._fetcher)
-            self._fetching.append(layer)
+        self._fetch.start(chosen, _checks.as_bool(merge, "RemoteTier.fetch_layers: merge"))
 
     @property
     def fetching(self) -> Tuple[int, ...]:
         """The layers a Scheduler pulls through the tier (fetch_layers), in order."""
-        return tuple(self._fetching)
+        return tuple(self._fetch.layers)
 
     def stop_fetching(self) -> None:
         """The layers fetch_layers gave are read where they are again, as local ones (a cache closed
         first has nothing left to mark)."""
-        if not self._cache.closed:
-            for layer in self._fetching:
-                for t in (self._cache.k(layer), self._cache.v(layer)):
-                    set_fetch(t, None)
-        self._fetching = []
-        self._tickets.clear()
+        self._fetch.stop()
 
     def take_fetch_stats(self) -> List[PullStats]:
         """What each pull a Scheduler made through the tier did since the last call (fetch_layers),
         in the order they landed (the last FETCH_STATS_KEPT of them); they are forgotten."""
-        out = list(self._fetch_stats)
-        self._fetch_stats.clear()
-        return out
+        return self._fetch.take_stats()
 
     def _fetch_begin(self, window: Tensor, policy: CopyPolicy) -> int:
         """ferry.fetch's begin: plan the bytes a copy of window under policy reads, landing in place
@@ -889,16 +688,8 @@ class RemoteTier:
             raw = _copy_piece_array(self._copies(window, policy))
             name = str(policy)
         plan = self._plan_of(layer, name, None, None, [(raw, self._remote[r], local_base, local_bytes)],
-                             self._fetch_merge)
-        pending = self._issue(plan, start)
-        self._next_ticket += 1
-        self._tickets[self._next_ticket] = pending
-        return self._next_ticket
-
-    def _fetch_wait(self, ticket: int) -> None:
-        """ferry.fetch's wait: the batch waited for and placed; what it did kept."""
-        pending = self._tickets.pop(ticket)
-        self._fetch_stats.append(pending._land())
+                             self._fetch.merge)
+        return self._fetch.hold(self._issue(plan, start))
 
     def region_bytes(self) -> int:
         """Bytes of the smallest region (a layer's K or V): the most a timed read may span."""
