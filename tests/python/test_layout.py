@@ -25,6 +25,8 @@ LAYERS: List[Tuple[str, ...]] = [
     ("ferry.tensor",),
     ("ferry.buffer", "ferry.event", "ferry.backend", "ferry.cuda", "ferry.interop", "ferry.link", "ferry.fetch"),
     ("ferry.ops", "ferry.graph", "ferry._placements", "ferry.alloc"),
+    ("ferry.copy_cost", "ferry.paged_plan"),
+    ("ferry.pieces",),
     ("ferry.plan", "ferry.copy_path"),
     ("ferry.kv_layers",),
     ("ferry.sched", "ferry.kv", "ferry.paged", "ferry.step", "ferry.block_pool"),

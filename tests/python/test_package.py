@@ -105,9 +105,10 @@ def test_no_second_spellings() -> None:
 # ------------------------------------------------------------ result types say what their fields hold
 
 
-#: The modules of the face whose names are public too (ferry.__all__'s modules).
+#: The modules of the face whose names are public too (ferry.__all__'s modules, and ferry.link: what
+#: measure_link returns, which CopyCostModel.from_link takes).
 MODULES: List[ModuleType] = [ferry, ferry.plan, ferry.residency, ferry.stats, ferry.sched, ferry.kv, ferry.paged,
-                             ferry.alloc]
+                             ferry.alloc, ferry.link]
 
 
 def _result_types() -> List[type]:

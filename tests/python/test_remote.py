@@ -29,10 +29,10 @@ import pytest
 
 import ferry
 from ferry.paged import PagedKVCache
+from ferry.pieces import _paged_piece_array
 from ferry.plan import (
     CopyCostModel,
     Piece,
-    _paged_piece_array,
     copy_pieces,
     gather_pieces,
     merge_pieces,

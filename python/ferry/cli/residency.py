@@ -11,8 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ..copy_cost import CopyCostModel
 from ..errors import InvalidArgumentError
-from ..plan import CopyCostModel
 from ..residency import LayerCost, ResidencyPlan
 from ..residency.prediction import PlanDoesNotFitError
 from ..workloads.common import n_kv_for, prefetch_depths

@@ -31,9 +31,9 @@ from typing import Callable, List, NamedTuple, Sequence, Tuple, Union
 import numpy as np
 
 from .. import _checks
+from ..copy_cost import CopyCostModel
 from ..errors import InvalidArgumentError
 from ..link import LinkFit, LinkMeasurement, _relative_nonneg_lstsq
-from ..plan import CopyCostModel
 from .pulls import PullStats
 from .tier import RemoteTier
 

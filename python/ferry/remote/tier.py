@@ -41,20 +41,14 @@ import numpy as np
 from .. import _checks
 from ..backend import CPUBackend
 from ..copy2d import Copy2D
+from ..copy_cost import CopyCostModel
 from ..copy_path import copy_ranges_of
 from ..errors import InvalidArgumentError, OutOfBoundsError
 from ..kv import KVCache
 from ..kv_layers import LayerCache
 from ..paged import PagedKVCache
-from ..plan import (
-    CopyCostModel,
-    _copy_piece_array,
-    _merge_piece_array,
-    _paged_piece_array,
-    _place_pieces,
-    plan_copy,
-    plan_ragged,
-)
+from ..pieces import _copy_piece_array, _merge_piece_array, _paged_piece_array, _place_pieces
+from ..plan import plan_copy, plan_ragged
 from ..policy import CopyPolicy, PolicyLike, to_policy
 from ..tensor import Tensor
 from .engine import local_engine

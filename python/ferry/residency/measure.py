@@ -15,7 +15,7 @@ from ..copy_path import bytes_read, copy_ranges_of
 from ..errors import InvalidArgumentError
 from ..kv import KVCache
 from ..link import measure_link
-from ..plan import copy_pieces
+from ..pieces import copy_pieces
 from ..quant import quantize
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step

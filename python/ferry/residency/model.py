@@ -12,8 +12,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..copy_cost import CopyCostModel
 from ..errors import InvalidArgumentError
-from ..plan import CopyCostModel, _merge_piece_array
+from ..pieces import _merge_piece_array
 from .prediction import PlanDoesNotFitError, ResidencyPlan, StepPrediction
 from .specs import DeviceSpec, LayerCost, RemoteSpec, _link_model, _number, _sequence
 

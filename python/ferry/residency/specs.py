@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from .._binding import lib
+from ..copy_cost import CopyCostModel
 from ..errors import InvalidArgumentError, check
-from ..plan import CopyCostModel
 
 
 def _set(obj: object, field_name: str, value: object) -> None:

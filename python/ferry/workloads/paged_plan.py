@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..backend import Backend, StandinBackend
 from ..errors import InvalidArgumentError
 from ..paged import PagedKVCache
-from ..plan import plan_paged
+from ..paged_plan import plan_paged
 from ..types import to_type
 from .common import JsonRecord, check_positive
 from .devices import DeviceConfig

@@ -20,7 +20,7 @@ import numpy as np
 from ..backend import Backend
 from ..errors import InvalidArgumentError
 from ..paged import PagedKVCache
-from ..plan import plan_paged
+from ..paged_plan import plan_paged
 from ..types import Type
 
 #: Cells per block (--block-size's default): vLLM's default block size.

@@ -16,11 +16,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..backend import DummyBackend
+from ..copy2d import Copy2D
+from ..copy_cost import cost_model as model_named
+from ..copy_cost import flat_cost, plan_cost
 from ..copy_path import bytes_read
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..kv import KVCache
-from ..plan import Copy2D, explain, flat_cost, plan_copy, plan_cost, plan_pays
-from ..plan import cost_model as model_named
+from ..plan import explain, plan_copy, plan_pays
 from ..types import to_type
 from .common import JsonRecord, check_positive, check_streams, n_kv_for
 from .model_file import layer_sizes

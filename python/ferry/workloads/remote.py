@@ -29,11 +29,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..backend import CPUBackend
+from ..copy_cost import CopyCostModel
 from ..copy_path import copy_input
 from ..kv import KVCache
 from ..kv_layers import LayerCache
 from ..paged import PagedKVCache
-from ..plan import CopyCostModel
 from ..tensor import Tensor
 from ..types import to_type
 from .common import KVGeometry, Lengths, n_kv_for, prompt_lengths

@@ -52,9 +52,9 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 import numpy as np
 
 from ..backend import Backend, CPUBackend, StandinBackend
+from ..copy_cost import CopyCostModel
 from ..errors import InvalidArgumentError
 from ..kv import KVCache
-from ..plan import CopyCostModel
 from ..residency import DeviceSpec, RemoteSpec, ResidencyPlan, predict_step
 from ..sched import Scheduler
 from ..step import StepGraph, attention_step

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..backend import StandinBackend
+from ..copy_cost import CopyCostModel
 from ..errors import InvalidArgumentError
 from ..kv import KVCache
 from ..link import measure_link
-from ..plan import CopyCostModel
 from ..residency import (
     STRATEGIES,
     DeviceSpec,
