@@ -469,7 +469,7 @@ def test_expected_accepted_tokens_of_any_draft_and_acceptance_is_in_range_or_ref
         assert isinstance(got, float) and 1.0 - 1e-12 <= got <= int(draft) + 1 + 1e-12
 
 
-REMOTE_FIELDS = ["link", "host_memory", "name"]
+REMOTE_FIELDS = ["link", "host_memory", "name", "host_us"]
 
 
 @settings(max_examples=200 * SCALE, **SETTINGS)

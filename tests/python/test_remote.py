@@ -253,6 +253,8 @@ def test_a_paged_window_pulls_its_runs_and_gathers_the_local_bytes() -> None:
         k, _, st = tier.pull(0, 24)
         assert st.pieces <= st.plan_pieces and st.bytes == st.bytes_read
         assert st.pull_seconds >= st.seconds > 0  # the whole pull holds its transfer
+        # the tier's own time: the pull but its transfer (plan, pieces, placing), what RemoteSpec.host_us models
+        assert st.host_seconds > 0 and st.host_seconds + st.seconds == pytest.approx(st.pull_seconds, rel=1e-9)
         assert bytes(k.get()) == delivered(ref.window(0, 24)[0], "flat")
 
 
@@ -609,6 +611,7 @@ def test_the_scheduler_pulls_the_remote_layers_itself_under_every_policy_and_pre
                 assert got == want, (policy, prefetch)
                 assert st.fetched == len(pulls) == 2 * N_LAYER and st.bytes_copied == local.bytes_copied
                 assert all(p.gap_bytes == 0 and p.bytes == p.bytes_read for p in pulls)
+                assert all(0 < p.host_seconds <= p.pull_seconds for p in pulls)  # planned, issued, placed here
                 if layout == "paged":
                     assert all(p.policy == "paged" and p.plan_pieces == runs >= p.pieces for p in pulls)
                     assert all(p.bytes == sum(lengths) * CELL for p in pulls)

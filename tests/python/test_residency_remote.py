@@ -94,6 +94,31 @@ def test_prefetching_the_pulls_travel_under_the_compute_of_the_layers_before() -
     assert host.step_seconds < two.step_seconds <= serial.step_seconds
 
 
+def test_the_tiers_own_time_a_window_is_the_calling_threads_serial_or_prefetching() -> None:
+    """RemoteSpec.host_us: the tier plans, issues and places each window's pull on the calling thread,
+    so serially a step pays it once a window of each remote layer on top of the pulls' link time, and
+    prefetching under long computes too (the link's time hidden, the thread's not); under short ones
+    part of it fills the thread's wait for the link. It counts in pull_seconds."""
+    layers = geometry()
+    link = remote_link_model(BATCH_US, PIECE_US, GBPS)
+    host_us = 300.0
+    resident, remote = [True, False, False, False], [False, False, True, True]
+    windows = 2 * 2  # K and V of each of the two remote layers
+    for dev in ([DeviceSpec(2.0, 10.0, 1e-4)], [DeviceSpec(2.0, 10.0, 5e-3)]):
+        for prefetch in (0, 1):
+            bare = predict_step(layers, dev, resident, prefetch=prefetch, remote=remote, remote_tier=RemoteSpec(link))
+            hosted = predict_step(layers, dev, resident, prefetch=prefetch, remote=remote,
+                                  remote_tier=RemoteSpec(link, host_us=host_us))
+            assert math.isclose(hosted.pull_seconds, bare.pull_seconds + windows * host_us * 1e-6, rel_tol=1e-12)
+            if prefetch == 0 or dev[0].compute_s == 5e-3:  # serial, or pulls hidden whole under 5 ms layers
+                assert math.isclose(hosted.step_seconds, bare.step_seconds + windows * host_us * 1e-6,
+                                    rel_tol=1e-12), (prefetch, dev)
+            # where the calling thread waits for the link anyway, its own work fills part of that wait
+            assert bare.step_seconds < hosted.step_seconds <= bare.step_seconds + windows * host_us * 1e-6 + 1e-12
+    with pytest.raises(ferry.InvalidArgumentError, match=r"RemoteSpec: host_us is a finite number of microseconds"):
+        RemoteSpec(link, host_us=-1.0)
+
+
 def test_small_gaps_merge_by_the_links_model() -> None:
     """A window of nearly the whole stream: the gaps between streams cost less than a piece at the
     link's rate, so the pull reads one span per window, gaps included (ferry_copy_pieces_merge)."""

@@ -323,6 +323,11 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
                          _spread(r.run.spread), fmt_seconds(r.run.fastest_step_s), f"{r.run.ratio:.2f}x",
                          fmt_tps_digits(n * r.accepted / r.run.measured_step_s)])
         lines += format_table([head, *body], left=(0, 2))
+        hosted = [f"{r.strategy} (prefetch {r.plan.prefetch}) {r.run.remote_host_us:.0f} µs" for r in rows
+                  if r.run.remote_host_us is not None]
+        if hosted:
+            lines.append("the tier's own time a window pulled (planning, issuing, placing: the median over each run's "
+                         "pulls), in its prediction: " + ", ".join(hosted))
         same = "identical" if res.outputs_identical(n) else "DIFFERENT"
         lines.append(f"attention outputs {same} across the placements")
     return "\n".join(lines)

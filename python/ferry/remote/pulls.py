@@ -4,6 +4,7 @@ and what a pull did (PullStats)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
@@ -43,6 +44,10 @@ class PullStats:
     pull_seconds : float
         Wall time of the whole pull: the plan, its pieces, the transfer and the copy out of staging
         (what ferry adds to the transfer is pull_seconds - seconds).
+    host_seconds : float
+        The tier's own time on the calling thread: planning and issuing the batch, and placing its
+        pieces out of staging; what a RemoteSpec's host_us stands for (not the wait for the transfer,
+        nor, for a pull issued ahead, the time it travelled under other work).
     """
 
     layer: int
@@ -55,6 +60,7 @@ class PullStats:
     seconds: float
     predicted_seconds: float
     pull_seconds: float = 0.0
+    host_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,10 +79,11 @@ class _PullPlan:
     bytes_read: int
     predicted: float
 
-    def stats(self, seconds: float, pull_seconds: float) -> PullStats:
+    def stats(self, seconds: float, pull_seconds: float, host_seconds: float) -> PullStats:
         return PullStats(layer=self.layer, policy=self.policy, pieces=len(self.batch), plan_pieces=self.plan_pieces,
                          bytes=self.total, bytes_read=self.bytes_read, gap_bytes=self.total - self.bytes_read,
-                         seconds=seconds, predicted_seconds=self.predicted, pull_seconds=pull_seconds)
+                         seconds=seconds, predicted_seconds=self.predicted, pull_seconds=pull_seconds,
+                         host_seconds=host_seconds)
 
 
 class PendingPull:
@@ -92,6 +99,7 @@ class PendingPull:
         self._staging = staging
         self._batch_id = batch_id
         self._start = start
+        self._issued = time.perf_counter()  # the plan made and the batch issued: the tier's host time so far
         self._result: Optional[PullStats] = None
         self._error: Optional[BaseException] = None
 

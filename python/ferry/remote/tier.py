@@ -480,7 +480,8 @@ class RemoteTier:
         plan = self._prepare("RemoteTier.pull", layer, n_kv, policy, lengths, s0, s1, merge)
         seconds = self._read(plan.layer, plan.batch, plan.places, plan.total)
         assert plan.kout is not None and plan.vout is not None  # a pull's plan has its windows
-        return plan.kout, plan.vout, plan.stats(seconds, time.perf_counter() - start)
+        total = time.perf_counter() - start
+        return plan.kout, plan.vout, plan.stats(seconds, total, total - seconds)
 
     def pull_async(self, layer: int, n_kv: int, policy: PolicyLike = "ragged", lengths: Optional[Tensor] = None,
                    s0: int = 0, s1: Optional[int] = None, merge: bool = True) -> "PendingPull":
@@ -536,11 +537,12 @@ class RemoteTier:
         except BaseException:
             self._abandoned.append(staging)  # a late batch may still write there: kept, registered, until close
             raise
+        arrived = time.perf_counter()
         for local_base, local_bytes, placed in plan.places:  # all arrived: only now does the destination change
             _place_pieces(local_base, local_bytes, staging.ctypes.data, staging.nbytes, placed)
         self._async_free.append(staging)
         end = time.perf_counter()
-        return plan.stats(end - t0, end - pending._start)
+        return plan.stats(end - t0, end - pending._start, pending._issued - pending._start + end - arrived)
 
     def _async_staging_of(self, nbytes: int) -> np.ndarray:
         """A registered staging area of at least nbytes that no batch in flight uses (taken from the

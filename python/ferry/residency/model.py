@@ -80,6 +80,7 @@ class _Problem:
     tokens_per_step: float = 1.0  # query tokens per stream per step: each layer's compute is this many times its figure
     remote_tier: Optional[RemoteSpec] = None
     pull: List[float] = field(default_factory=list)    # per layer, its pull's seconds (remote -> host)
+    pull_host: List[float] = field(default_factory=list)  # per layer, the tier's own seconds on the calling thread
     pull_pieces: List[int] = field(default_factory=list)  # per layer, its pull's pieces, merged
     pulled: List[int] = field(default_factory=list)    # per layer, its pull's bytes, gaps included
     remote: List[bool] = field(default_factory=list)   # per layer, remote under the placement asked of it
@@ -158,6 +159,7 @@ def _problem(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], layer_d
         for layer in layers:
             seconds, pieces, nbytes = _pull_cost(layer, remote_tier.link)
             p.pull.append(seconds)
+            p.pull_host.append(len(layer.pieces or layer.transfers) * remote_tier.host_us * 1e-6)  # a window each
             p.pull_pieces.append(pieces)
             p.pulled.append(nbytes)
     p.remote = [False] * len(layers)
@@ -185,16 +187,23 @@ def _pull_cost(layer: LayerCost, link: CopyCostModel) -> Tuple[float, int, int]:
     return seconds, len(sizes), sum(sizes)
 
 
+def _pull_seconds(p: _Problem, i: int) -> float:
+    """Layer i's pulls a step if it is remote: the link's time and the tier's own on the calling thread."""
+    return p.pull[i] + p.pull_host[i]
+
+
 def _step_time(p: _Problem, host: Sequence[bool]) -> float:
     """The scheduler's step with host[l] telling which layers live in host memory, the remote ones'
     pulls included (see predict_step)."""
     n = len(host)
-    pull = [p.pull[i] if p.remote and p.remote[i] and host[i] else 0.0 for i in range(n)]
+    pulled = [bool(p.remote and p.remote[i] and host[i]) for i in range(n)]
+    pull = [p.pull[i] if pulled[i] else 0.0 for i in range(n)]
+    pull_host = [p.pull_host[i] if pulled[i] else 0.0 for i in range(n)]
     if p.prefetch == 0:
         t = 0.0
         for i in range(n):
             if host[i]:
-                t += pull[i] + sum(p.carry[i])
+                t += pull_host[i] + pull[i] + sum(p.carry[i])
             t += p.compute[i]
         return t
     free = [0.0] * len(p.devices)  # when each device's link is free
@@ -205,7 +214,8 @@ def _step_time(p: _Problem, host: Sequence[bool]) -> float:
     queued = begun = 0
     for part in range(n):
         while begun <= min(part + p.prefetch + 1, n - 1):  # the pulls, a part ahead of the copies they feed
-            if pull[begun]:
+            if pulled[begun]:
+                t += pull_host[begun]  # the tier plans, issues and places on the calling thread
                 pulled_to = max(pulled_to, t) + pull[begun]
                 landed[begun] = pulled_to
             begun += 1
@@ -326,9 +336,9 @@ def _prediction(p: _Problem, host: Sequence[bool], run_seconds: float = 0.0) -> 
         memory=tuple(r + w + i + s.reserve for r, w, i, s in zip(resident, buffers, inputs, p.devices)),
         resident_bytes=tuple(resident), window_bytes=tuple(buffers), copy_seconds=tuple(copy),
         compute_seconds=sum(p.compute), input_bytes=tuple(inputs), measured=p.measure is not None,
-        tokens_per_step=p.tokens_per_step, run_seconds=run_seconds, pull_seconds=sum(p.pull[i] for i in remote),
-        remote_pieces=sum(p.pull_pieces[i] for i in remote), pulled_bytes=sum(p.pulled[i] for i in remote),
-        host_bytes=_host_bytes(p, host, p.remote))
+        tokens_per_step=p.tokens_per_step, run_seconds=run_seconds,
+        pull_seconds=sum(_pull_seconds(p, i) for i in remote), remote_pieces=sum(p.pull_pieces[i] for i in remote),
+        pulled_bytes=sum(p.pulled[i] for i in remote), host_bytes=_host_bytes(p, host, p.remote))
 
 
 def _host_bytes(p: _Problem, host: Sequence[bool], remote: Sequence[bool]) -> int:
@@ -399,7 +409,7 @@ def _host_kinds(p: _Problem, host: Sequence[bool]) -> Dict[_HostKind, List[int]]
     kinds: Dict[_HostKind, List[int]] = {}
     for i in range(len(host)):
         if host[i]:
-            kinds.setdefault((p.layers[i].resident_bytes, p.pull[i], p.pulled[i]), []).append(i)
+            kinds.setdefault((p.layers[i].resident_bytes, _pull_seconds(p, i), p.pulled[i]), []).append(i)
     return kinds
 
 
@@ -485,7 +495,8 @@ def predict_step(layers: Sequence[LayerCost], devices: Sequence[DeviceSpec], res
     thread's chain; prefetching, the pulls of parts up to p + prefetch + 1 are issued as part p
     begins, carried one at a time by the remote link, and the calling thread waits for a layer's
     pull before it queues the layer's copies, so that a pull travels under the compute of the
-    parts before.
+    parts before. The tier's own work a window (RemoteSpec.host_us) is the calling thread's, serial
+    or prefetching: it runs as the pull is issued, before its batch goes on the link.
 
     Memory per device: its resident layers' K and V (each rounded up to the device's alignment, as the
     cache places them), the scheduler's buffer, the step's own tensors on it (queries, lengths) and

@@ -20,6 +20,7 @@ from .model import (
     _plan,
     _Problem,
     _problem,
+    _pull_seconds,
     _refuse_empty,
     _split_counts,
     _step_time,
@@ -133,7 +134,7 @@ def _serial_joint(p: _Problem, limit: int, max_layers: Optional[int] = None) -> 
     split vectors together), where a device fits nothing, or where no split fits the host."""
     n = len(p.layers)
     Kind = Tuple[Tuple[int, ...], int, int, float, int]  # transfers, resident, staging, pull, pulled
-    host_kinds = sorted({(p.layers[i].resident_bytes, p.pull[i], p.pulled[i]) for i in range(n)})
+    host_kinds = sorted({(p.layers[i].resident_bytes, _pull_seconds(p, i), p.pulled[i]) for i in range(n)})
     column = {k: j for j, k in enumerate(host_kinds)}
     cap = n if max_layers is None else max_layers
     # layers left per host kind (of the devices so far) -> (most copies saved, each device's counts kept)
@@ -146,7 +147,7 @@ def _serial_joint(p: _Problem, limit: int, max_layers: Optional[int] = None) -> 
         kinds: Dict[Kind, List[int]] = {}
         for i in mine:
             layer = p.layers[i]
-            kinds.setdefault((layer.transfers, layer.resident_bytes, layer.staging, p.pull[i], p.pulled[i]),
+            kinds.setdefault((layer.transfers, layer.resident_bytes, layer.staging, _pull_seconds(p, i), p.pulled[i]),
                              []).append(i)
         keys = list(kinds)
         kinds_of.append((keys, kinds))

@@ -49,7 +49,8 @@ class StepPrediction:
         Query tokens each stream brings to the step (predict_step's): one copy of each window
         serves them all, and compute_seconds is for all of them.
     pull_seconds : float
-        The remote layers' pulls (remote -> host), all together; 0 without a remote tier.
+        The remote layers' pulls (remote -> host), all together, the tier's own time on the calling
+        thread included (RemoteSpec.host_us); 0 without a remote tier.
     remote_pieces : int
         Pieces the step's pulls read, merged as the tier merges them.
     pulled_bytes : int

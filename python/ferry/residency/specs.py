@@ -263,10 +263,11 @@ class RemoteSpec:
     the link's model as the tier merges them (ferry_copy_pieces_merge), a batch a window that costs
     link.call_us, each piece link.piece_ns and its bytes at its size's rate
     (CopyCostModel.piece_seconds), what the tier predicts of the scheduler's pulls
-    (RemoteTier.fetch_layers); then the same windows are copied host -> device on the device's
-    link, as a host layer's are. Host memory holds the K and V of the layers kept local (their
-    resident_bytes) and the staging of the pulls in flight (one serial; with a prefetch of n, the
-    n + 2 largest).
+    (RemoteTier.fetch_layers), plus host_us a window of the tier's own work on the calling thread
+    (planning and issuing the batch, placing it out of staging); then the same windows are copied
+    host -> device on the device's link, as a host layer's are. Host memory holds the K and V of
+    the layers kept local (their resident_bytes) and the staging of the pulls in flight (one
+    serial; with a prefetch of n, the n + 2 largest).
 
     Attributes
     ----------
@@ -278,16 +279,22 @@ class RemoteSpec:
         need go remote).
     name : str
         What messages call the tier.
+    host_us : float
+        Microseconds of the tier's own work a window pulled, on the calling thread (PullStats.host_seconds:
+        a window's plan, its batch issued, its pieces placed); 0: left out. `ferry residency-bench --remote`
+        measures it in each run's warm-up.
 
     Raises
     ------
     InvalidArgumentError
-        For a link that is not a CopyCostModel or a host_memory not a count of bytes, naming it.
+        For a link that is not a CopyCostModel, a host_memory not a count of bytes or a host_us not a
+        finite number >= 0, naming it.
     """
 
     link: CopyCostModel
     host_memory: Optional[int] = None
     name: str = "remote"
+    host_us: float = 0.0
 
     def __post_init__(self) -> None:
         """Check each field: InvalidArgumentError naming it."""
@@ -298,6 +305,8 @@ class RemoteSpec:
             _set(self, "host_memory", _byte_count(self.host_memory, "RemoteSpec: host_memory", "None or "))
         if not isinstance(self.name, str):
             raise InvalidArgumentError(f"RemoteSpec: name is a str, got {type(self.name).__name__}")
+        _set(self, "host_us", _number(self.host_us, "RemoteSpec: host_us", "a finite number of microseconds >= 0",
+                                      lambda x: x >= 0))
 
 
 def remote_link_model(batch_us: float, piece_us: float, gbps: float) -> CopyCostModel:

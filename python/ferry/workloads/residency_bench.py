@@ -114,6 +114,9 @@ class PlacementRun:
         Per device, the bytes its buffers held at the run's end, the most they held (the cache's
         resident layers, the step's queries and lengths, the scheduler's buffers, which only
         grow); None for a device without a memory size, whose use is the host's.
+    remote_host_us : float or None
+        The tier's own time a window pulled that the prediction took (RemoteSpec.host_us: the median of
+        the run's timed pulls' PullStats.host_seconds); None for a placement that pulls nothing.
     """
 
     placement: Placement
@@ -122,6 +125,7 @@ class PlacementRun:
     predicted_step_s: float
     output_sha256: str = field(repr=False)
     held_bytes: Tuple[Optional[int], ...] = ()
+    remote_host_us: Optional[float] = None
 
     @property
     def measured_step_s(self) -> float:
@@ -204,6 +208,7 @@ class _Run:
         self.step_s: List[float] = []
         self.steps: List[List[float]] = []  # per timed repetition, per step
         self.digest = ""
+        self.host_s: List[float] = []  # the timed repetitions' pulls: each its tier's own time (PullStats.host_seconds)
 
     def _build(self, n_kv: object) -> List[Tensor]:
         assert isinstance(n_kv, int) and self.kv is not None and self.sched is not None
@@ -228,10 +233,19 @@ class _Run:
                     digest.update(out.get())
             if on_step is not None:
                 on_step(self.placement.name)
+        pulls = [] if self.tier is None else self.tier.take_fetch_stats()
         if timed:
             self.steps.append(times)
+            self.host_s += [s.host_seconds for s in pulls]
         else:
             self.digest = digest.hexdigest()
+
+    def remote_tier(self, tier: Optional[RemoteSpec]) -> Optional[RemoteSpec]:
+        """tier with its host_us the median of this run's timed pulls' own time (PullStats.host_seconds); tier
+        itself for a run that pulled nothing."""
+        if tier is None or not self.host_s:
+            return tier
+        return replace(tier, host_us=statistics.median(self.host_s) * 1e6)
 
     def held_bytes(self) -> Tuple[Optional[int], ...]:
         """Per device, the bytes its buffers hold now (None without a memory size)."""
@@ -331,7 +345,9 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
     remote_tier : RemoteSpec, optional
         The remote tier of the placements' remote layers: each such run starts a RemoteTier (its
         link's model merging the pieces), and the scheduler pulls the remote layers' windows
-        (ranges) in each step, inside the step's time (RemoteTier.fetch_layers).
+        (ranges) in each step, inside the step's time (RemoteTier.fetch_layers). Each such run is
+        predicted with the tier's own time a window (RemoteSpec.host_us) measured over its timed
+        pulls (their PullStats.host_seconds, the median).
 
     Returns
     -------
@@ -396,14 +412,14 @@ def measure_placements(model: ResidencyModel, placements: Sequence[Placement], d
     for run, bytes_held in zip(runs, held):
         per_rep = tuple(sum(s) / len(s) for s in run.steps)
         fastest = sum(min(step) for step in zip(*run.steps)) / ntg
-        measured.append((per_rep, fastest,
-                         _predicted(model, devices, run.placement, npp, ntg, pad, layers_at, remote_tier),
-                         run.digest, bytes_held))
+        tier = run.remote_tier(remote_tier)
+        measured.append((per_rep, fastest, _predicted(model, devices, run.placement, npp, ntg, pad, layers_at, tier),
+                         run.digest, bytes_held, tier.host_us if tier is not None and run.host_s else None))
     out = []
     for p in placements:
-        per_rep, fastest, predicted, digest, bytes_held = measured[keys[p.key]]
+        per_rep, fastest, predicted, digest, bytes_held, host_us = measured[keys[p.key]]
         out.append(PlacementRun(placement=p, step_s=per_rep, fastest_step_s=fastest, predicted_step_s=predicted,
-                                output_sha256=digest, held_bytes=bytes_held))
+                                output_sha256=digest, held_bytes=bytes_held, remote_host_us=host_us))
     return out
 
 
@@ -435,7 +451,7 @@ class ResidencyRow:
                 "predicted_tokens_per_s": self.npl * self.accepted / self.run.predicted_step_s
                 if self.run.predicted_step_s > 0 else None,
                 "repeats": len(self.run.step_s), "output_sha256": self.run.output_sha256,
-                "held_bytes": list(self.run.held_bytes),
+                "held_bytes": list(self.run.held_bytes), "remote_host_us": self.run.remote_host_us,
                 "plan": self.plan.as_dict(self.npl, self.accepted)}
 
 
