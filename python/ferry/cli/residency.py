@@ -326,7 +326,7 @@ def format_bench(res: ResidencyResult, model: ResidencyModel, npl: Sequence[int]
         hosted = [f"{r.strategy} (prefetch {r.plan.prefetch}) {r.run.remote_host_us:.0f} µs" for r in rows
                   if r.run.remote_host_us is not None]
         if hosted:
-            lines.append("the tier's own time a window pulled (planning, issuing, placing: the median over each run's "
+            lines.append("the tier's own time a window pulled (planning, placing: the median over each run's "
                          "pulls), in its prediction: " + ", ".join(hosted))
         same = "identical" if res.outputs_identical(n) else "DIFFERENT"
         lines.append(f"attention outputs {same} across the placements")

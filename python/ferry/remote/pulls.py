@@ -4,7 +4,6 @@ and what a pull did (PullStats)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
@@ -45,9 +44,10 @@ class PullStats:
         Wall time of the whole pull: the plan, its pieces, the transfer and the copy out of staging
         (what ferry adds to the transfer is pull_seconds - seconds).
     host_seconds : float
-        The tier's own time on the calling thread: planning and issuing the batch, and placing its
-        pieces out of staging; what a RemoteSpec's host_us stands for (not the wait for the transfer,
-        nor, for a pull issued ahead, the time it travelled under other work).
+        The tier's own time on the calling thread: planning the pull (its pieces, merged, and their
+        staging) and placing its pieces out of staging; what a RemoteSpec's host_us stands for. Not
+        the batch's submission and wait (the link's, priced by its call_us), nor, for a pull issued
+        ahead, the time it travelled under other work.
     """
 
     layer: int
@@ -93,13 +93,14 @@ class PendingPull:
     windows are untouched. Waiting twice returns the same result again (or raises the same error).
     """
 
-    def __init__(self, tier: "RemoteTier", plan: _PullPlan, staging: np.ndarray, batch_id: int, start: float) -> None:
+    def __init__(self, tier: "RemoteTier", plan: _PullPlan, staging: np.ndarray, batch_id: int, start: float,
+                 planned: float) -> None:
         self._tier = tier
         self._plan = plan
         self._staging = staging
         self._batch_id = batch_id
         self._start = start
-        self._issued = time.perf_counter()  # the plan made and the batch issued: the tier's host time so far
+        self._planned = planned  # when the plan was made, before the batch's submission
         self._result: Optional[PullStats] = None
         self._error: Optional[BaseException] = None
 

@@ -513,6 +513,7 @@ class RemoteTier:
     def _issue(self, plan: "_PullPlan", start: float) -> "PendingPull":
         """A planned pull's batch issued as the engine's async read into a staging area of its own."""
         staging = self._async_staging_of(plan.total)
+        planned = time.perf_counter()  # the tier's own work so far; the submission is the link's (its call_us)
         batch_id = 0
         if len(plan.batch):
             lengths_ = plan.batch[:, 1].tolist()
@@ -524,7 +525,7 @@ class RemoteTier:
             except BaseException:
                 self._abandoned.append(staging)  # a late submission may still write there: kept until close
                 raise
-        return PendingPull(self, plan, staging, batch_id, start)
+        return PendingPull(self, plan, staging, batch_id, start, planned)
 
     def _finish(self, pending: "PendingPull") -> PullStats:
         """PendingPull.wait's work: the batch waited for under the timeout, then placed."""
@@ -542,7 +543,7 @@ class RemoteTier:
             _place_pieces(local_base, local_bytes, staging.ctypes.data, staging.nbytes, placed)
         self._async_free.append(staging)
         end = time.perf_counter()
-        return plan.stats(end - t0, end - pending._start, pending._issued - pending._start + end - arrived)
+        return plan.stats(end - t0, end - pending._start, pending._planned - pending._start + end - arrived)
 
     def _async_staging_of(self, nbytes: int) -> np.ndarray:
         """A registered staging area of at least nbytes that no batch in flight uses (taken from the

@@ -215,7 +215,7 @@ def _step_time(p: _Problem, host: Sequence[bool]) -> float:
     for part in range(n):
         while begun <= min(part + p.prefetch + 1, n - 1):  # the pulls, a part ahead of the copies they feed
             if pulled[begun]:
-                t += pull_host[begun]  # the tier plans, issues and places on the calling thread
+                t += pull_host[begun]  # the tier plans (and later places) on the calling thread
                 pulled_to = max(pulled_to, t) + pull[begun]
                 landed[begun] = pulled_to
             begun += 1

@@ -264,7 +264,7 @@ class RemoteSpec:
     link.call_us, each piece link.piece_ns and its bytes at its size's rate
     (CopyCostModel.piece_seconds), what the tier predicts of the scheduler's pulls
     (RemoteTier.fetch_layers), plus host_us a window of the tier's own work on the calling thread
-    (planning and issuing the batch, placing it out of staging); then the same windows are copied
+    (planning the pull, placing it out of staging); then the same windows are copied
     host -> device on the device's link, as a host layer's are. Host memory holds the K and V of
     the layers kept local (their resident_bytes) and the staging of the pulls in flight (one
     serial; with a prefetch of n, the n + 2 largest).
@@ -281,7 +281,7 @@ class RemoteSpec:
         What messages call the tier.
     host_us : float
         Microseconds of the tier's own work a window pulled, on the calling thread (PullStats.host_seconds:
-        a window's plan, its batch issued, its pieces placed); 0: left out. `ferry residency-bench --remote`
+        a window's plan and its pieces placed); 0: left out. `ferry residency-bench --remote`
         measures it in each run's warm-up.
 
     Raises
