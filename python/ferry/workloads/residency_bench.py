@@ -441,7 +441,9 @@ class ResidencyRow:
         """The row as `ferry residency-bench --json` writes it: the plan (ResidencyPlan.as_dict, its
         step time the model's for the last step's window), the prediction and measurement per step
         (the mean over the steps), their ratio and the spread over repetitions; tokens/s count the
-        tokens kept (`accepted` a step per sequence)."""
+        tokens kept (`accepted` a step per sequence); a placement that pulls from a remote tier, the
+        tier's own time a window its prediction took ("remote_host_us"; a run without one writes what it
+        always did)."""
         median, least, most = self.run.spread
         return {"npl": self.npl, "strategy": self.strategy, "prefetch": self.plan.prefetch,
                 "predicted_step_s": self.run.predicted_step_s, "measured_step_s": median,
@@ -451,7 +453,8 @@ class ResidencyRow:
                 "predicted_tokens_per_s": self.npl * self.accepted / self.run.predicted_step_s
                 if self.run.predicted_step_s > 0 else None,
                 "repeats": len(self.run.step_s), "output_sha256": self.run.output_sha256,
-                "held_bytes": list(self.run.held_bytes), "remote_host_us": self.run.remote_host_us,
+                "held_bytes": list(self.run.held_bytes),
+                **({} if self.run.remote_host_us is None else {"remote_host_us": self.run.remote_host_us}),
                 "plan": self.plan.as_dict(self.npl, self.accepted)}
 
 
