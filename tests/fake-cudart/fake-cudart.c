@@ -471,6 +471,9 @@ static int64_t attn_cell(const op * o, int64_t s, int64_t j) {
  * rows for a stream shorter than n_tok, not 0), cell j where attn_cell says; warp w of block / 32
  * takes cells w, w + warps, ... in order with an online softmax, lane l adds head elements l,
  * l + 32, ... and a butterfly sums the lanes; then the warps combine in warp order. */
+/* ops-cuda.cu's exp_below: e^(x - m), exactly 1 where x is m (an overflowed maximum's cells) */
+static float exp_below(float x, float m) { return x == m ? 1.0f : expf(x - m); }
+
 static void run_attn(const op * o) {
     const tview *q = &o->q, *k = &o->k, *v = &o->v;
     const void * reads[6] = {q->data, k->data, v->data, o->len.data, o->dst, o->table.data};
@@ -527,7 +530,7 @@ static void run_attn(const op * o) {
                         }
                         const float sc = o->scale * part[0];
                         const float m_new = fmaxf(m, sc);
-                        const float c = expf(m - m_new), p = expf(sc - m_new);
+                        const float c = exp_below(m, m_new), p = exp_below(sc, m_new);
                         l = l * c + p;
                         const char * vrow = vbase + cell * v_cell;
                         for (int64_t i = 0; i < d; i++) {
@@ -543,12 +546,12 @@ static void run_attn(const op * o) {
                     big = wl[w] > 0.0f ? fmaxf(big, wm[w]) : big;
                 }
                 for (int64_t w = 0; w < warps; w++) {
-                    sum += wl[w] > 0.0f ? wl[w] * expf(wm[w] - big) : 0.0f;
+                    sum += wl[w] > 0.0f ? wl[w] * exp_below(wm[w], big) : 0.0f;
                 }
                 for (int64_t i = 0; i < d && !sticky_error; i++) {
                     float out = 0.0f;
                     for (int64_t w = 0; w < warps; w++) {
-                        out += wl[w] > 0.0f ? acc[w][i] * expf(wm[w] - big) : 0.0f;
+                        out += wl[w] > 0.0f ? acc[w][i] * exp_below(wm[w], big) : 0.0f;
                     }
                     out = too_short ? NAN : n > 0 ? out / sum : 0.0f;
                     memcpy(o->dst + i * o->out_nb0 + h * o->out_nb1 + t * o->out_nb2 + s * o->out_nb3, &out, 4);

@@ -1150,6 +1150,7 @@ def paged_change(draw: st.DrawFn) -> Tuple[str, Any]:
 @example(("table", ("array", np.array([[4, 0, 2], [5, 7, -2]], np.int32))))  # entries no length reaches
 @example(("kv_len", ("array", np.array([14, -2], np.int32))))  # clamped to the table's 12 cells, and to 0
 @example(("block_size", 3))  # 24 cells in 8 slots of 3: another reading of the same pools
+@example(("scale", 1.6872138943520161e+38))  # scores past f32 (tools/fuzz): once inf - inf, NaN out
 def test_attn_paged_of_any_argument_computes_or_is_refused_naming_it_writing_nothing(change: Tuple[str, Any]) -> None:
     """ops.attn_paged with one argument drawn: refused naming it (when built, or when computed, the
     output then as it was), or computed to finite values."""

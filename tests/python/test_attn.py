@@ -249,6 +249,38 @@ def test_default_scale_is_one_over_sqrt_head_dim() -> None:
     assert run_cpu(replace(c, scale=0.5), b).tobytes() != explicit.tobytes()
 
 
+@pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("where", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_scores_that_overflow_give_the_overflowed_cells_the_weight(where: str, v_trans: bool) -> None:
+    """A scale so large that scale * q.k overflows f32 (a finite scale the op takes): the cells whose
+    scores reached +inf share the weight equally, the limit of a growing scale in f32, and the others
+    none; the output is their V's mean, finite (inf - inf in the softmax once made it NaN: tools/fuzz)."""
+    head_dim, cells = 32, 6
+    # q.k per cell, exact in f32: 16, 64, -32, 64, 0.5, then 0.5 (scaled by 1e38: inf, inf, -inf, inf, 5e37, 5e37)
+    per = np.array([0.5, 2.0, -1.0, 2.0, 2.0 ** -6, 2.0 ** -6])
+    kv = ferry.KVCache("f32", "f32", head_dim, 1, cells, 1, v_trans=v_trans)
+    kv.set_stream("k", 0, 0, np.repeat(per[:, None], head_dim, axis=1).astype(np.float32).tobytes())
+    values = np.random.default_rng(0).uniform(-1, 1, (cells, head_dim)).astype(np.float32)
+    kv.set_stream("v", 0, 0, (values.T if v_trans else values).tobytes())
+    k, v = kv.window(0, cells)
+    backend = ferry.CPUBackend() if where == "cpu" else ferry.CUDABackend()
+    q = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.ones((1, 1, 1, head_dim), np.float32))
+    lens = ferry.Tensor.from_numpy(ferry.CPUBackend(), np.array([cells], np.int32))
+    out = ferry.ops.attn_decode(q, k, v, lens, scale=1e38, v_trans=v_trans).set_output()
+    graph = ferry.Graph(out)
+    if where == "cpu":
+        ferry.GraphAllocator(backend).alloc(graph)
+        graph.compute(backend)
+    else:
+        sched = ferry.Scheduler([backend, ferry.CPUBackend()])
+        sched.assign(out, backend)
+        sched.compute(graph)
+    got = out.to_numpy().reshape(head_dim)
+    want = values[[0, 1, 3]].astype(np.float64).mean(axis=0)
+    assert np.isfinite(got).all()
+    assert np.abs(got - want).max() <= TOL * 4
+
+
 # ------------------------------------------------------------ bad input
 
 

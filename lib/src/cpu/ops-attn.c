@@ -86,6 +86,11 @@ static void load_row(ferry_type type, const char * p, size_t stride, int64_t n, 
     }
 }
 
+/* e^(x - m) for a score x against its row's maximum m, exactly 1 where x is m (as expf(0) is): a
+ * maximum that overflowed to inf gives its cells the whole weight, the limit of a growing scale,
+ * where inf - inf would make every output NaN. */
+static inline float exp_below(float x, float m) { return x == m ? 1.0f : expf(x - m); }
+
 /* Eight lanes, each summed in order, then a fixed tree: vectorizes, and never varies. */
 static inline float dot(const float * a, const float * b, int64_t n) {
     float lane[8] = {0};
@@ -276,7 +281,7 @@ ferry_status ferry_cpu_attn_decode(ferry_tensor * dst) {
                     }
                     float sum = 0.0f;
                     for (int64_t j = 0; j < len_q; j++) {
-                        pq[j] = expf(pq[j] - m);
+                        pq[j] = exp_below(pq[j], m);
                         sum += pq[j];
                     }
                     inv_sum[qi] = 1.0f / sum;

@@ -135,6 +135,11 @@ struct paged_cells {
  * check, ferry_attn_paged_check); a device cannot refuse, so its rows are NaN rather than a
  * plausible answer.
  */
+/* e^(x - m) against a running or combined maximum m, exactly 1 where x is m (as expf(0) is): a
+ * maximum that overflowed to inf gives its cells the whole weight, the limit of a growing scale,
+ * where inf - inf would make the row NaN (the CPU kernel's exp_below). */
+static __device__ __forceinline__ float exp_below(float x, float m) { return x == m ? 1.0f : expf(x - m); }
+
 template <int TK, int TV, class Cells>
 static __device__ __forceinline__ void attn_body(const tview & q, const tview & k, const tview & v, const tview & len,
                                                  char * out, int64_t out_nb0, int64_t out_nb1, int64_t out_nb2,
@@ -176,8 +181,8 @@ static __device__ __forceinline__ void attn_body(const tview & q, const tview & 
         }
         const float sc = scale * warp_sum(part);
         const float m_new = fmaxf(m, sc);
-        const float c = expf(m - m_new); /* 0 on the first cell: m is -inf */
-        const float p = expf(sc - m_new);
+        const float c = exp_below(m, m_new); /* 0 on the first cell: m is -inf */
+        const float p = exp_below(sc, m_new);
         l = l * c + p;
         const char * vrow = vbase + cell * v_cell;
         for (int64_t i = lane; i < d; i += 32) {
@@ -196,12 +201,12 @@ static __device__ __forceinline__ void attn_body(const tview & q, const tview & 
         big = wl[w] > 0.0f ? fmaxf(big, wm[w]) : big;
     }
     for (int w = 0; w < ATTN_WARPS; w++) {
-        sum += wl[w] > 0.0f ? wl[w] * expf(wm[w] - big) : 0.0f;
+        sum += wl[w] > 0.0f ? wl[w] * exp_below(wm[w], big) : 0.0f;
     }
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
         float o = 0.0f;
         for (int w = 0; w < ATTN_WARPS; w++) {
-            o += wl[w] > 0.0f ? acc[w * d + i] * expf(wm[w] - big) : 0.0f;
+            o += wl[w] > 0.0f ? acc[w * d + i] * exp_below(wm[w], big) : 0.0f;
         }
         *(float *) (out + i * out_nb0 + h * out_nb1 + t * out_nb2 + s * out_nb3) =
             too_short ? NAN : n > 0 ? o / sum : 0.0f;
