@@ -1,6 +1,6 @@
 /* The decode step the prefetch tests run: a KV cache in CPU memory, per layer a query and
  * attention over its windows on a device, every output pinned there (test_prefetch.c,
- * test_prefetch_next.c). The windows carry the streams' lengths from host memory (host_len),
+ * test_prefetch_next.c, test_fetch.c), and a scheduler that runs it (step_sched_new, step_run). The windows carry the streams' lengths from host memory (host_len),
  * attention reads them from the device (len): a test that changes one writes both. */
 #ifndef FERRY_STEP_FIXTURE_H
 #define FERRY_STEP_FIXTURE_H
@@ -144,6 +144,45 @@ static void step_free(step * s) {
     ferry_context_free(s->ctx);
     ferry_kv_cache_free(s->kv);
     ferry_backend_free(s->cpu);
+}
+
+
+/* The floats of one layer's attention output: every query head of every stream. */
+#define OUT_FLOATS (HEAD_DIM * N_HEAD * N_STREAM)
+
+/* What a run of the step gives: each layer's output, and the scheduler's stats. */
+typedef struct {
+    float out[N_LAYER][OUT_FLOATS];
+    ferry_sched_stats stats;
+} step_outputs;
+
+/* A scheduler [device, cpu] for s's graph, every output on the device: prefetch parts ahead, across
+ * runs when next. */
+static ferry_status step_sched_new(step * s, ferry_copy_policy policy, bool compact, int prefetch, bool next,
+                                   ferry_sched ** out) {
+    ferry_backend * backends[2] = {s->device, s->cpu};
+    FERRY_TRY_T(ferry_sched_new(backends, 2, out));
+    ferry_status st = ferry_sched_set_policy(*out, policy);
+    if (st == FERRY_OK) st = ferry_sched_set_compact(*out, compact);
+    if (st == FERRY_OK) st = ferry_sched_set_prefetch(*out, prefetch);
+    if (st == FERRY_OK) st = ferry_sched_set_prefetch_next(*out, next);
+    for (int l = 0; l < N_LAYER && st == FERRY_OK; l++) {
+        st = ferry_sched_set_tensor_backend(*out, s->out[l], s->device);
+    }
+    if (st != FERRY_OK) {
+        ferry_sched_free(*out);
+    }
+    return st;
+}
+
+/* Computes the step on sched and reads back its outputs and stats. */
+static ferry_status step_run(step * s, ferry_sched * sched, step_outputs * r) {
+    FERRY_TRY_T(ferry_sched_graph_compute(sched, s->graph));
+    FERRY_TRY_T(ferry_sched_get_stats(sched, &r->stats));
+    for (int l = 0; l < N_LAYER; l++) {
+        FERRY_TRY_T(ferry_tensor_get(s->out[l], r->out[l], 0, sizeof(r->out[l])));
+    }
+    return FERRY_OK;
 }
 
 

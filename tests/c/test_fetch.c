@@ -14,7 +14,6 @@
 
 #include "step-fixture.h"
 
-#define OUT_FLOATS (HEAD_DIM * N_HEAD * N_STREAM)
 #define SENTINEL 0xA5 /* a fetched layer's local bytes before its fetch: 0xA5A5 is a finite f16 */
 #define MAX_TICKETS 256
 
@@ -120,39 +119,10 @@ static void fake_free(fake * f) {
     }
 }
 
-typedef struct {
-    float out[N_LAYER][OUT_FLOATS];
-    ferry_sched_stats stats;
-} run_result;
-
-static ferry_status new_sched(step * s, ferry_copy_policy policy, int prefetch, bool next, ferry_sched ** out) {
-    ferry_backend * backends[2] = {s->device, s->cpu};
-    FERRY_TRY_T(ferry_sched_new(backends, 2, out));
-    ferry_status st = ferry_sched_set_policy(*out, policy);
-    if (st == FERRY_OK) st = ferry_sched_set_prefetch(*out, prefetch);
-    if (st == FERRY_OK) st = ferry_sched_set_prefetch_next(*out, next);
-    for (int l = 0; l < N_LAYER && st == FERRY_OK; l++) {
-        st = ferry_sched_set_tensor_backend(*out, s->out[l], s->device);
-    }
-    if (st != FERRY_OK) {
-        ferry_sched_free(*out);
-    }
-    return st;
-}
-
-static ferry_status run(ferry_sched * sched, step * s, run_result * r) {
-    FERRY_TRY_T(ferry_sched_graph_compute(sched, s->graph));
-    FERRY_TRY_T(ferry_sched_get_stats(sched, &r->stats));
-    for (int l = 0; l < N_LAYER; l++) {
-        FERRY_TRY_T(ferry_tensor_get(s->out[l], r->out[l], 0, sizeof(r->out[l])));
-    }
-    return FERRY_OK;
-}
-
-static ferry_status run_once(step * s, ferry_copy_policy policy, int prefetch, run_result * r) {
+static ferry_status run_once(step * s, ferry_copy_policy policy, int prefetch, step_outputs * r) {
     ferry_sched * sched;
-    FERRY_TRY_T(new_sched(s, policy, prefetch, false, &sched));
-    const ferry_status st = run(sched, s, r);
+    FERRY_TRY_T(step_sched_new(s, policy, false, prefetch, false, &sched));
+    const ferry_status st = step_run(s, sched, r);
     ferry_sched_free(sched);
     return st;
 }
@@ -176,7 +146,7 @@ static int count_spans(ferry_sched * sched, ferry_span_kind kind) {
 static void fetched_windows_give_the_local_outputs(ferry_backend * standin) {
     step s;
     CHECK_OK(step_init(&s, standin, false));
-    static run_result local, got;
+    static step_outputs local, got;
     fake f;
     const ferry_fetch fetch = fetch_of_fake(&f);
     const unsigned sets[2] = {0xF, 0xA}; /* every layer; layers 1 and 3 */
@@ -194,8 +164,8 @@ static void fetched_windows_give_the_local_outputs(ferry_backend * standin) {
             for (int d = 0; d < 3; d++) {
                 CHECK_OK(fake_spoil(&f, sets[set]));
                 ferry_sched * sched;
-                CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, depths[d], false, &sched));
-                CHECK_OK(run(sched, &s, &got));
+                CHECK_OK(step_sched_new(&s, (ferry_copy_policy) policy, false, depths[d], false, &sched));
+                CHECK_OK(step_run(&s, sched, &got));
                 if (memcmp(local.out, got.out, sizeof(local.out)) != 0) {
                     fprintf(stderr, "policy %d prefetch %d layers %#x: outputs differ\n", policy, depths[d], sets[set]);
                 }
@@ -263,7 +233,7 @@ static void test_fetches_run_a_part_ahead_of_the_copies_with_prefetch(void) {
     fake f;
     const ferry_fetch fetch = fetch_of_fake(&f);
     CHECK_OK(fake_init(&f, &s, &fetch, 0xF));
-    static run_result r;
+    static step_outputs r;
     for (int prefetch = 0; prefetch < 3; prefetch++) {
         CHECK_OK(fake_spoil(&f, 0xF));
         CHECK_OK(run_once(&s, FERRY_COPY_RAGGED, prefetch, &r));
@@ -293,7 +263,7 @@ static void test_refused_fetch_fails_the_run_naming_the_window(void) {
     CHECK_OK(step_init(&s, standin, false));
     fake f;
     const ferry_fetch fetch = fetch_of_fake(&f);
-    static run_result local, got;
+    static step_outputs local, got;
     CHECK_OK(run_once(&s, FERRY_COPY_RANGES, 0, &local));
     CHECK_OK(fake_init(&f, &s, &fetch, 0xF));
     for (int prefetch = 0; prefetch < 2; prefetch++) {
@@ -336,14 +306,14 @@ static void test_fetched_window_is_not_copied_ahead(void) {
     CHECK_OK(step_init(&s, standin, false));
     fake f;
     const ferry_fetch fetch = fetch_of_fake(&f);
-    static run_result local, got;
+    static step_outputs local, got;
     CHECK_OK(run_once(&s, FERRY_COPY_RAGGED, 0, &local));
     CHECK_OK(fake_init(&f, &s, &fetch, 0x1));
     ferry_sched * sched;
-    CHECK_OK(new_sched(&s, FERRY_COPY_RAGGED, 1, true, &sched));
+    CHECK_OK(step_sched_new(&s, FERRY_COPY_RAGGED, false, 1, true, &sched));
     for (int i = 0; i < 3; i++) {
         CHECK_OK(fake_spoil(&f, 0x1));
-        CHECK_OK(run(sched, &s, &got));
+        CHECK_OK(step_run(&s, sched, &got));
         CHECK(memcmp(local.out, got.out, sizeof(local.out)) == 0);
         CHECK_EQ_U(got.stats.kept_ahead, 0);
         CHECK_EQ_U(got.stats.fetched, 2);

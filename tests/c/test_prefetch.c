@@ -18,31 +18,14 @@ void ferry_fault_sched_drop_waits(bool drop);
 
 #include "step-fixture.h"
 
-#define OUT_FLOATS (HEAD_DIM * N_HEAD * N_STREAM)
-
-typedef struct {
-    float out[N_LAYER][OUT_FLOATS];
-    ferry_sched_stats stats;
-} run_result;
 
 /* A new scheduler [device, cpu] with these options; computes the step and reads it back.
  * keep: leave the scheduler to the caller (*kept), else free it. */
-static ferry_status run_step(step * s, ferry_copy_policy policy, bool compact, int prefetch, run_result * r,
+static ferry_status run_step(step * s, ferry_copy_policy policy, bool compact, int prefetch, step_outputs * r,
                              ferry_sched ** kept) {
-    ferry_backend * backends[2] = {s->device, s->cpu};
     ferry_sched * sched;
-    FERRY_TRY_T(ferry_sched_new(backends, 2, &sched));
-    ferry_status st = ferry_sched_set_policy(sched, policy);
-    if (st == FERRY_OK) st = ferry_sched_set_compact(sched, compact);
-    if (st == FERRY_OK) st = ferry_sched_set_prefetch(sched, prefetch);
-    for (int l = 0; l < N_LAYER && st == FERRY_OK; l++) {
-        st = ferry_sched_set_tensor_backend(sched, s->out[l], s->device);
-    }
-    if (st == FERRY_OK) st = ferry_sched_graph_compute(sched, s->graph);
-    if (st == FERRY_OK) st = ferry_sched_get_stats(sched, &r->stats);
-    for (int l = 0; l < N_LAYER && st == FERRY_OK; l++) {
-        st = ferry_tensor_get(s->out[l], r->out[l], 0, sizeof(r->out[l]));
-    }
+    FERRY_TRY_T(step_sched_new(s, policy, compact, prefetch, false, &sched));
+    const ferry_status st = step_run(s, sched, r);
     if (kept && st == FERRY_OK) {
         *kept = sched;
     } else {
@@ -72,7 +55,7 @@ static void same_bytes_as_serial(ferry_backend * device) {
     for (int vt = 0; vt < 2; vt++) {
         step s;
         CHECK_OK(step_init(&s, device, vt == 1));
-        static run_result serial, ahead, flat;
+        static step_outputs serial, ahead, flat;
         for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
             for (int compact = 0; compact < 2; compact++) {
                 CHECK_OK(run_step(&s, (ferry_copy_policy) policy, compact, 0, &serial, NULL));
@@ -129,7 +112,7 @@ static void test_copies_in_flight_never_share_memory(void) {
     CHECK_OK(ferry_standin_backend_new(&standin));
     step s;
     CHECK_OK(step_init(&s, standin, false));
-    static run_result r;
+    static step_outputs r;
     for (int depth = 1; depth <= N_LAYER; depth++) {
         ferry_sched * sched = NULL;
         CHECK_OK(run_step(&s, FERRY_COPY_RANGES, false, depth, &r, &sched));
@@ -197,7 +180,7 @@ static void test_trace_is_each_runs_copies_waits_and_computes(void) {
     CHECK_OK(ferry_standin_backend_new(&standin));
     step s;
     CHECK_OK(step_init(&s, standin, false));
-    static run_result r;
+    static step_outputs r;
     static ferry_sched_span sp[256];
     for (int depth = 0; depth <= 2; depth++) {
         ferry_sched * sched = NULL;
@@ -249,7 +232,7 @@ static void test_no_queue_copies_as_before(void) {
     CHECK(queue == NULL);
     step s;
     CHECK_OK(step_init(&s, device, false));
-    static run_result serial, ahead;
+    static step_outputs serial, ahead;
     CHECK_OK(run_step(&s, FERRY_COPY_RANGES, false, 0, &serial, NULL));
     CHECK_OK(run_step(&s, FERRY_COPY_RANGES, false, 3, &ahead, NULL));
     SUB(check_same_bytes(&serial.stats, &ahead.stats));
@@ -399,7 +382,7 @@ static void test_prefetch_takes_a_depth_and_refuses_a_negative_one(void) {
 static void dropped_wait_reads_stale(ferry_backend * device, bool hold_queue) {
     step s;
     CHECK_OK(step_init(&s, device, false));
-    static run_result serial, dropped, waited;
+    static step_outputs serial, dropped, waited;
     CHECK_OK(run_step(&s, FERRY_COPY_RANGES, false, 0, &serial, NULL));
     ferry_fault_sched_drop_waits(true);
     ferry_fault_copy_queue_pause(hold_queue);

@@ -8,40 +8,7 @@
  */
 #include "step-fixture.h"
 
-#define OUT_FLOATS (HEAD_DIM * N_HEAD * N_STREAM)
 #define CELL_BYTES (HEAD_DIM * N_HEAD_KV * 2) /* an f16 cell of K, or of V */
-
-typedef struct {
-    float out[N_LAYER][OUT_FLOATS];
-    ferry_sched_stats stats;
-} outputs;
-
-/* A scheduler [device, cpu] for s's graph: prefetch parts ahead, across runs when next. */
-static ferry_status new_sched(step * s, ferry_copy_policy policy, bool compact, int prefetch, bool next,
-                              ferry_sched ** out) {
-    ferry_backend * backends[2] = {s->device, s->cpu};
-    FERRY_TRY_T(ferry_sched_new(backends, 2, out));
-    ferry_status st = ferry_sched_set_policy(*out, policy);
-    if (st == FERRY_OK) st = ferry_sched_set_compact(*out, compact);
-    if (st == FERRY_OK) st = ferry_sched_set_prefetch(*out, prefetch);
-    if (st == FERRY_OK) st = ferry_sched_set_prefetch_next(*out, next);
-    for (int l = 0; l < N_LAYER && st == FERRY_OK; l++) {
-        st = ferry_sched_set_tensor_backend(*out, s->out[l], s->device);
-    }
-    if (st != FERRY_OK) {
-        ferry_sched_free(*out);
-    }
-    return st;
-}
-
-static ferry_status run(step * s, ferry_sched * sched, outputs * r) {
-    FERRY_TRY_T(ferry_sched_graph_compute(sched, s->graph));
-    FERRY_TRY_T(ferry_sched_get_stats(sched, &r->stats));
-    for (int l = 0; l < N_LAYER; l++) {
-        FERRY_TRY_T(ferry_tensor_get(s->out[l], r->out[l], 0, sizeof(r->out[l])));
-    }
-    return FERRY_OK;
-}
 
 /* New values in every layer's K and V for cells [lo[i], hi[i]) of each stream i, written
  * through the windows into the host cache. */
@@ -85,7 +52,7 @@ static const int32_t START[N_STREAM] = {N_KV, 17, 0, 33}; /* step_init's */
  * layer's K and V (the copy ahead took the whole window, the appended cell before it was written).
  */
 static void decode_loop_reads_what_the_host_wrote(ferry_backend * device) {
-    static outputs serial, ahead;
+    static step_outputs serial, ahead;
     for (int vt = 0; vt < 2; vt++) {
         for (int policy = 0; policy < FERRY_COPY_POLICY_COUNT; policy++) {
             for (int compact = 0; compact < 2; compact++) {
@@ -93,8 +60,8 @@ static void decode_loop_reads_what_the_host_wrote(ferry_backend * device) {
                     step s;
                     CHECK_OK(step_init(&s, device, vt == 1));
                     ferry_sched *plain, *next;
-                    CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, compact, 0, false, &plain));
-                    CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, compact, depth, true, &next));
+                    CHECK_OK(step_sched_new(&s, (ferry_copy_policy) policy, compact, 0, false, &plain));
+                    CHECK_OK(step_sched_new(&s, (ferry_copy_policy) policy, compact, depth, true, &next));
                     int32_t lens[N_STREAM];
                     memcpy(lens, START, sizeof(lens));
                     for (int r = 0; r < 6; r++) {
@@ -107,8 +74,8 @@ static void decode_loop_reads_what_the_host_wrote(ferry_backend * device) {
                         write_cells(&s, lens, grown);
                         memcpy(lens, grown, sizeof(lens));
                         CHECK_OK(set_lengths(&s, lens));
-                        CHECK_OK(run(&s, plain, &serial));
-                        CHECK_OK(run(&s, next, &ahead));
+                        CHECK_OK(step_run(&s, plain, &serial));
+                        CHECK_OK(step_run(&s, next, &ahead));
                         const bool same = memcmp(serial.out, ahead.out, sizeof(serial.out)) == 0;
                         if (!same) {
                             fprintf(stderr, "v_trans %d policy %d compact %d depth %d run %d: outputs differ\n", vt,
@@ -146,14 +113,14 @@ static void test_standin_decode_loop_reads_what_the_host_wrote(void) {
  * took the last run's used cells: that run's bytes_read).
  */
 static void rollback_copies_only_the_cells_since_it(ferry_backend * device) {
-    static outputs serial, ahead;
+    static step_outputs serial, ahead;
     for (int variant = 0; variant < 2 * FERRY_COPY_POLICY_COUNT; variant++) {
         const int policy = variant / 2, compact = variant % 2;
         step s;
         CHECK_OK(step_init(&s, device, policy % 2 == 1));
         ferry_sched *plain, *next;
-        CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, compact, 0, false, &plain));
-        CHECK_OK(new_sched(&s, (ferry_copy_policy) policy, compact, 1, true, &next));
+        CHECK_OK(step_sched_new(&s, (ferry_copy_policy) policy, compact, 0, false, &plain));
+        CHECK_OK(step_sched_new(&s, (ferry_copy_policy) policy, compact, 1, true, &next));
         int32_t kept[N_STREAM];
         memcpy(kept, START, sizeof(kept));
         uint64_t read_before[2] = {0, 0}; /* the first layer's K and V, the last run's bytes_read */
@@ -166,8 +133,8 @@ static void rollback_copies_only_the_cells_since_it(ferry_backend * device) {
             }
             write_cells(&s, kept, grown);
             CHECK_OK(set_lengths(&s, grown));
-            CHECK_OK(run(&s, plain, &serial));
-            CHECK_OK(run(&s, next, &ahead));
+            CHECK_OK(step_run(&s, plain, &serial));
+            CHECK_OK(step_run(&s, next, &ahead));
             const bool same = memcmp(serial.out, ahead.out, sizeof(serial.out)) == 0;
             if (!same) {
                 fprintf(stderr, "policy %d compact %d run %d: outputs differ\n", policy, compact, r);
@@ -210,10 +177,10 @@ static void test_truncate_refuses_what_was_not_copied_ahead(void) {
     step s;
     CHECK_OK(step_init(&s, standin, false));
     ferry_sched * next;
-    CHECK_OK(new_sched(&s, FERRY_COPY_RAGGED, false, 1, true, &next));
+    CHECK_OK(step_sched_new(&s, FERRY_COPY_RAGGED, false, 1, true, &next));
     CHECK_OK(ferry_sched_truncate(next, 1, 5)); /* not yet allocated: nothing ahead */
-    static outputs r;
-    CHECK_OK(run(&s, next, &r));
+    static step_outputs r;
+    CHECK_OK(step_run(&s, next, &r));
     const struct { int64_t stream, length; const char * says; } bad[] = {
         {1, -1, "stream 1's length -1"},      {1, 18, "stream 1's length 18 is above its length 17"},
         {N_STREAM, 0, "stream 4 (length 0)"}, {-1, 0, "stream -1 (length 0)"},
@@ -224,7 +191,7 @@ static void test_truncate_refuses_what_was_not_copied_ahead(void) {
     }
     CHECK_EQ_U(ferry_sched_truncate(NULL, 0, 0), FERRY_ERR_INVALID_ARG);
     CHECK_OK(ferry_sched_truncate(next, 1, 17)); /* its length: nothing to copy again */
-    CHECK_OK(run(&s, next, &r));
+    CHECK_OK(step_run(&s, next, &r));
     ferry_sched_input_info in;
     CHECK_OK(ferry_sched_input(next, 0, &in));
     CHECK_EQ_U(in.stats.bytes_copied, in.stats.bytes_read); /* the copy ahead alone: nothing since */
@@ -239,18 +206,18 @@ static void test_truncate_refuses_what_was_not_copied_ahead(void) {
  * the second run's outputs, and serial those of a scheduler without prefetching. */
 typedef void (*change_fn)(step * s, ferry_sched * next);
 
-static void second_run(change_fn change, bool v_trans, outputs * serial, outputs * r) {
+static void second_run(change_fn change, bool v_trans, step_outputs * serial, step_outputs * r) {
     ferry_backend * standin;
     CHECK_OK(ferry_standin_backend_new(&standin));
     step s;
     CHECK_OK(step_init(&s, standin, v_trans));
     ferry_sched *plain, *next;
-    CHECK_OK(new_sched(&s, FERRY_COPY_RAGGED, false, 0, false, &plain));
-    CHECK_OK(new_sched(&s, FERRY_COPY_RAGGED, false, 1, true, &next));
-    CHECK_OK(run(&s, next, r));
+    CHECK_OK(step_sched_new(&s, FERRY_COPY_RAGGED, false, 0, false, &plain));
+    CHECK_OK(step_sched_new(&s, FERRY_COPY_RAGGED, false, 1, true, &next));
+    CHECK_OK(step_run(&s, next, r));
     change(&s, next);
-    CHECK_OK(run(&s, next, r));
-    CHECK_OK(run(&s, plain, serial));
+    CHECK_OK(step_run(&s, next, r));
+    CHECK_OK(step_run(&s, plain, serial));
     ferry_sched_free(plain);
     ferry_sched_free(next);
     step_free(&s);
@@ -291,7 +258,7 @@ static void rewrite_silently(step * s, ferry_sched * next) {
  * length: the serial outputs when announced (drop_ahead), the first layer's stale ones when not
  * (what shows that its windows were copied under the last run, not this one). */
 static void test_a_length_that_falls_or_a_drop_copies_again(void) {
-    static outputs serial, r;
+    static step_outputs serial, r;
     for (int vt = 0; vt < 2; vt++) {
         SUB(second_run(cut_and_rewrite, vt == 1, &serial, &r));
         CHECK(memcmp(serial.out, r.out, sizeof(serial.out)) == 0);
@@ -313,11 +280,11 @@ static void test_copies_ahead_keep_their_memory(void) {
     CHECK_OK(ferry_standin_backend_new(&standin));
     step s;
     CHECK_OK(step_init(&s, standin, false));
-    static outputs r;
+    static step_outputs r;
     for (int depth = 1; depth <= N_LAYER; depth++) {
         ferry_sched * sched;
-        CHECK_OK(new_sched(&s, FERRY_COPY_FLAT, false, depth, true, &sched));
-        CHECK_OK(run(&s, sched, &r));
+        CHECK_OK(step_sched_new(&s, FERRY_COPY_FLAT, false, depth, true, &sched));
+        CHECK_OK(step_run(&s, sched, &r));
         const int n = ferry_sched_n_inputs(sched);
         CHECK_EQ_U(n, 2 * N_LAYER);
         for (int a = 0; a < 2; a++) { /* layer 0's K and V */
@@ -356,12 +323,12 @@ static void test_trace_shows_the_copy_ahead_before_the_run(void) {
     CHECK_OK(ferry_standin_backend_new_params(&slow, &standin));
     step s;
     CHECK_OK(step_init(&s, standin, false));
-    static outputs r;
+    static step_outputs r;
     static ferry_sched_span sp[64];
     ferry_sched * sched;
-    CHECK_OK(new_sched(&s, FERRY_COPY_RAGGED, false, 1, true, &sched));
+    CHECK_OK(step_sched_new(&s, FERRY_COPY_RAGGED, false, 1, true, &sched));
     for (int run_i = 0; run_i < 3; run_i++) {
-        CHECK_OK(run(&s, sched, &r));
+        CHECK_OK(step_run(&s, sched, &r));
         size_t n;
         CHECK_OK(ferry_sched_trace(sched, sp, 64, &n));
         int before = 0, within = 0;
@@ -391,10 +358,10 @@ static void test_one_part_copies_nothing_ahead(void) {
     CHECK_OK(ferry_graph_build(one, s.out[0]));
     ferry_graph * full = s.graph;
     s.graph = one;
-    static outputs serial, r;
+    static step_outputs serial, r;
     ferry_sched *plain, *next;
-    CHECK_OK(new_sched(&s, FERRY_COPY_FLAT, false, 0, false, &plain));
-    CHECK_OK(new_sched(&s, FERRY_COPY_FLAT, false, 1, true, &next));
+    CHECK_OK(step_sched_new(&s, FERRY_COPY_FLAT, false, 0, false, &plain));
+    CHECK_OK(step_sched_new(&s, FERRY_COPY_FLAT, false, 1, true, &next));
     for (int run_i = 0; run_i < 2; run_i++) {
         CHECK_OK(ferry_sched_graph_compute(plain, one));
         CHECK_OK(ferry_tensor_get(s.out[0], serial.out[0], 0, sizeof(serial.out[0])));
